@@ -1,0 +1,242 @@
+"""The one write path of the event log.
+
+Every event, from the API, the runtime, the tool gateway or the CLI, enters the log through
+`append_events`. It reads like healthchecks' Check.ping(): one transaction, the run's head row
+locked, a range of sequences allocated to the batch, the rows inserted, and the announcement
+sent only after commit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone as dj_timezone
+
+from . import announce
+from .artifacts import INLINE_LIMIT_BYTES, externalize
+from .canonical import NotCanonicalizable, canonical_bytes, digest, event_id
+from .envelopes import envelope, event_envelope
+from .errors import (
+    Fenced,
+    IdempotencyConflict,
+    InvalidEvent,
+    InvalidRunId,
+    RunAlreadyStarted,
+    RunFinished,
+    RunNotStarted,
+    SequenceConflict,
+)
+from .models import Event, Run, Workspace
+from .redaction import Redactor
+from .vocabulary import TERMINAL_RUN_TYPES, is_custom, validate_payload
+
+RUN_ID_RE = re.compile(r"^run_[A-Za-z0-9_-]{1,80}$")
+MAX_BATCH = 5000
+MAX_KEY_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    events: list[dict[str, Any]]  # envelopes, each with "replayed"
+    last_sequence: int
+
+
+@dataclass
+class _Prepared:
+    type: str
+    payload: dict[str, Any]  # redacted, as sent
+    canonical: bytes  # canonical JSON of `payload`
+    occurrence_id: str | None
+    idempotency_key: str | None
+    request_digest: str | None
+
+
+def validate_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+        raise InvalidRunId(
+            f"run id must match {RUN_ID_RE.pattern}", runId=run_id if isinstance(run_id, str) else None
+        )
+    return run_id
+
+
+def _optional_str(index: int, item: Mapping[str, Any], field: str) -> str | None:
+    value = item.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
+        raise InvalidEvent(
+            f"event {index}: {field} must be a non-empty string of at most {MAX_KEY_LENGTH} characters",
+            index=index, field=field,
+        )
+    return value
+
+
+def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
+    if not isinstance(item, Mapping):
+        raise InvalidEvent(f"event {index} must be an object", index=index, field="")
+    event_type = item.get("type")
+    if not isinstance(event_type, str) or not event_type or len(event_type) > 200:
+        raise InvalidEvent(f"event {index}: type must be a non-empty string", index=index, field="type")
+    occurrence_id = _optional_str(index, item, "occurrenceId")
+    key = _optional_str(index, item, "idempotencyKey")
+    payload = item.get("payload", {})
+    validate_payload(index, event_type, payload)
+    payload = redact(payload)
+    try:
+        canonical = canonical_bytes(payload)
+    except NotCanonicalizable as exc:
+        raise InvalidEvent(f"event {index}: payload has no canonical JSON form: {exc}",
+                           index=index, field="payload") from exc
+    request_digest = None
+    if key is not None:
+        body: dict[str, Any] = {"type": event_type, "payload": payload}
+        if occurrence_id is not None:
+            body["occurrenceId"] = occurrence_id
+        request_digest = digest(body)
+    return _Prepared(event_type, payload, canonical, occurrence_id, key, request_digest)
+
+
+def _now_ms() -> datetime:
+    # Stored at millisecond precision so that the envelope returned now equals the one read later.
+    now = dj_timezone.now().astimezone(timezone.utc)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def _lock_run_head(workspace: Workspace, run_id: str, first: _Prepared) -> Run:
+    try:
+        return Run.objects.select_for_update().get(workspace=workspace, run_id=run_id)
+    except Run.DoesNotExist:
+        pass
+    if first.type != "RunStarted":
+        raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted", runId=run_id)
+    try:
+        with transaction.atomic():
+            Run.objects.create(workspace=workspace, run_id=run_id)
+    except IntegrityError:
+        pass  # a concurrent writer created it first; its lock below orders us after it
+    return Run.objects.select_for_update().get(workspace=workspace, run_id=run_id)
+
+
+def _check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
+    if fencing_token is None:
+        if run.lease_expires_at is not None and run.lease_expires_at > now:
+            raise Fenced(f"run {run.run_id} is leased to {run.lease_owner}; send its fencingToken",
+                         runId=run.run_id)
+        return
+    if str(fencing_token) != str(run.fencing_token) or run.fencing_token == 0:
+        raise Fenced(
+            f"fencing token {fencing_token} is stale for run {run.run_id}; another executor holds it",
+            runId=run.run_id,
+        )
+
+
+def append_events(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    events: Sequence[Mapping[str, Any]],
+    expected_sequence: int | None = None,
+    fencing_token: Any = None,
+) -> AppendResult:
+    """Append a batch to a run's log, all or nothing.
+
+    `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`. Rejections raise a
+    LedgerError carrying the API.md code; nothing is written and no sequence number is consumed.
+    """
+    validate_run_id(run_id)
+    if not isinstance(events, Sequence) or isinstance(events, (str, bytes)) or not events:
+        raise InvalidEvent("events must be a non-empty list", field="events")
+    if len(events) > MAX_BATCH:
+        raise InvalidEvent(f"a batch holds at most {MAX_BATCH} events", field="events")
+    if expected_sequence is not None and (
+        isinstance(expected_sequence, bool) or not isinstance(expected_sequence, int) or expected_sequence < 0
+    ):
+        raise InvalidEvent("expectedSequence must be a non-negative integer", field="expectedSequence")
+    redact = Redactor(workspace.redact_keys, workspace.redact_value_patterns)
+    prepared = [_prepare(i, item, redact) for i, item in enumerate(events)]
+
+    with transaction.atomic():
+        run = _lock_run_head(workspace, run_id, prepared[0])
+        now = _now_ms()
+        _check_fencing(run, fencing_token, now)
+
+        keys = [p.idempotency_key for p in prepared if p.idempotency_key is not None]
+        seen: dict[str, Event] = {}
+        if keys and run.last_sequence:
+            seen = {e.idempotency_key: e for e in Event.objects.filter(run=run, idempotency_key__in=keys)}
+        for index, p in enumerate(prepared):
+            original = seen.get(p.idempotency_key) if p.idempotency_key else None
+            if original is not None and original.request_digest != p.request_digest:
+                raise IdempotencyConflict(
+                    f"event {index}: idempotency key {p.idempotency_key!r} was used for a different event",
+                    index=index, idempotencyKey=p.idempotency_key,
+                )
+        all_replayed = all(p.idempotency_key in seen for p in prepared)
+        # A retry of a batch that already landed answers with the originals even though the log
+        # has moved on since; expectedSequence guards only batches that write something.
+        if expected_sequence is not None and not all_replayed and expected_sequence != run.last_sequence:
+            raise SequenceConflict(
+                f"expected the run to end at sequence {expected_sequence}, it ends at {run.last_sequence}",
+                expected=expected_sequence, actual=run.last_sequence,
+            )
+
+        sequence = run.last_sequence
+        status = run.status
+        rows: list[Event] = []
+        out: list[dict[str, Any]] = []
+        in_batch: dict[str, tuple[Event, dict[str, Any]]] = {}
+        for index, p in enumerate(prepared):
+            key = p.idempotency_key
+            if key is not None and (key in seen or key in in_batch):
+                if key in in_batch:
+                    original, original_env = in_batch[key]
+                    if original.request_digest != p.request_digest:
+                        raise IdempotencyConflict(
+                            f"event {index}: idempotency key {key!r} is used twice in the batch for different events",
+                            index=index, idempotencyKey=key,
+                        )
+                    out.append({**original_env, "replayed": True})
+                else:
+                    out.append({**event_envelope(seen[key], run_id), "replayed": True})
+                continue
+            if sequence == 0 and p.type != "RunStarted":
+                raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted",
+                                    index=index, runId=run_id)
+            if sequence > 0 and p.type == "RunStarted":
+                raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
+            if status in ("completed", "failed") and not is_custom(p.type):
+                raise RunFinished(f"run {run_id} is {status}; only custom.* events may follow",
+                                  index=index, runId=run_id)
+            sequence += 1
+            payload = p.payload
+            if len(p.canonical) > INLINE_LIMIT_BYTES:
+                payload = externalize(workspace, payload, len(p.canonical))
+            eid = event_id(run_id=run_id, sequence=sequence, type=p.type, payload=payload,
+                           occurrence_id=p.occurrence_id)
+            row = Event(
+                run=run, sequence=sequence, event_id=eid, type=p.type, occurrence_id=p.occurrence_id,
+                recorded_at=now,
+                payload=(p.canonical if payload is p.payload else canonical_bytes(payload)).decode(),
+                idempotency_key=key, request_digest=p.request_digest,
+            )
+            rows.append(row)
+            env = envelope(event_id=eid, run_id=run_id, sequence=sequence, type=p.type,
+                           occurrence_id=p.occurrence_id, recorded_at=now, payload=payload)
+            if key is not None:
+                in_batch[key] = (row, env)
+            out.append({**env, "replayed": False})
+            if p.type == "RunStarted":
+                status = "running"
+            elif p.type in TERMINAL_RUN_TYPES:
+                status = "completed" if p.type == "RunCompleted" else "failed"
+
+        if rows:
+            Event.objects.bulk_create(rows)
+            Run.objects.filter(pk=run.pk).update(last_sequence=sequence, status=status)
+            announce.after_commit(run, sequence)
+    return AppendResult(events=out, last_sequence=sequence)

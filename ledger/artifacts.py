@@ -1,0 +1,122 @@
+"""Content-addressed artifact storage: bytes named by their sha256, re-hashed on every read."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from .canonical import canonical_bytes
+from .errors import IntegrityFailure, NotFound
+from .models import Artifact, Workspace
+
+# DESIGN.md §3: payloads whose canonical JSON is larger than this are stored as artifacts.
+INLINE_LIMIT_BYTES = 256_000
+REF_PREFIX = "artifact://"
+
+
+def _root() -> Path:
+    return Path(settings.ARTIFACTS_ROOT)
+
+
+def storage_key_for(workspace: Workspace, sha256: str) -> str:
+    return f"{workspace.tenant_id}/{workspace.pk}/{sha256[:2]}/{sha256}"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def store_bytes(workspace: Workspace, data: bytes, content_type: str = "application/json") -> Artifact:
+    sha256 = hashlib.sha256(data).hexdigest()
+    key = storage_key_for(workspace, sha256)
+    path = _root() / key
+    # The bytes go down before the row that names them; a rolled-back append leaves at most an
+    # unreferenced file with the right name, never a row without its bytes.
+    if not path.exists() or path.stat().st_size != len(data):
+        _write_atomically(path, data)
+    artifact, _ = Artifact.objects.get_or_create(
+        workspace=workspace,
+        sha256=sha256,
+        defaults={"size": len(data), "content_type": content_type, "storage_key": key},
+    )
+    return artifact
+
+
+def read_bytes(artifact: Artifact) -> bytes:
+    path = _root() / artifact.storage_key
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise IntegrityFailure(f"artifact {artifact.artifact_id} is missing from storage",
+                               artifactId=artifact.artifact_id) from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != artifact.sha256 or len(data) != artifact.size:
+        raise IntegrityFailure(
+            f"artifact {artifact.artifact_id} does not match its sha256 (stored bytes hash to {actual})",
+            artifactId=artifact.artifact_id,
+        )
+    return data
+
+
+def check(artifact: Artifact) -> str:
+    """'ok', 'missing' or 'mismatch', without raising: for verify and replay plans."""
+    try:
+        read_bytes(artifact)
+    except IntegrityFailure as exc:
+        return "missing" if "missing" in exc.message else "mismatch"
+    return "ok"
+
+
+def parse_ref(ref: str) -> str | None:
+    """The sha256 named by an `artifact://art_<sha256>` ref, or None for a ref that is not ours."""
+    if not ref.startswith(REF_PREFIX + "art_"):
+        return None
+    sha256 = ref[len(REF_PREFIX) + 4:]
+    return sha256 if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) else None
+
+
+def get_by_ref(workspace: Workspace, ref: str) -> Artifact:
+    sha256 = parse_ref(ref)
+    artifact = Artifact.objects.filter(workspace=workspace, sha256=sha256).first() if sha256 else None
+    if artifact is None:
+        raise NotFound(f"artifact {ref} not found", ref=ref)
+    return artifact
+
+
+def externalize(workspace: Workspace, payload: dict[str, Any], size: int) -> dict[str, Any]:
+    """Move the largest top-level fields of an oversized payload into artifacts.
+
+    Each moved field `name` is replaced by `nameRef` holding the artifact ref (for StepCompleted
+    that is Little Workflow's rule exactly: `output` moves out, `outputRef` stays).
+    """
+    stored = dict(payload)
+    sizes = sorted(
+        (
+            (len(canonical_bytes(v)), k)
+            for k, v in payload.items()
+            if not k.endswith("Ref") and f"{k}Ref" not in payload
+        ),
+        reverse=True,
+    )
+    for _, name in sizes:
+        if size <= INLINE_LIMIT_BYTES:
+            break
+        artifact = store_bytes(workspace, canonical_bytes(stored.pop(name)))
+        stored[f"{name}Ref"] = artifact.ref
+        size = len(canonical_bytes(stored))
+    return stored

@@ -1,0 +1,80 @@
+"""Domain errors. Each carries the API.md error code and HTTP status; the API's exception
+handler turns them into the error envelope, the CLI into a message and exit code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LedgerError(Exception):
+    code = "ledger_error"
+    status = 400
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def envelope(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+class InvalidRunId(LedgerError):
+    code = "invalid_run_id"
+
+
+class InvalidEvent(LedgerError):
+    code = "invalid_event"
+
+
+class UnknownEventType(LedgerError):
+    code = "unknown_event_type"
+
+
+class CostNotAllowed(LedgerError):
+    code = "cost_not_allowed"
+
+
+class NotFound(LedgerError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(LedgerError):
+    status = 409
+
+
+class IdempotencyConflict(Conflict):
+    code = "idempotency_conflict"
+
+
+class SequenceConflict(Conflict):
+    code = "sequence_conflict"
+
+
+class Fenced(Conflict):
+    code = "fenced"
+
+
+class RunNotStarted(Conflict):
+    code = "run_not_started"
+
+
+class RunAlreadyStarted(Conflict):
+    code = "run_already_started"
+
+
+class RunFinished(Conflict):
+    code = "run_finished"
+
+
+class PayloadTooLarge(LedgerError):
+    code = "payload_too_large"
+    status = 413
+
+
+class IntegrityFailure(LedgerError):
+    """Stored bytes no longer match their hash: never served silently."""
+
+    code = "integrity_failure"
+    status = 500

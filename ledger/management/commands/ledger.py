@@ -1,0 +1,115 @@
+"""`manage.py ledger …`: the operations of API.md, one subcommand each."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger import selectors, tenancy
+from ledger.errors import LedgerError
+from ledger.models import Run
+
+
+def _run_for(run_id: str, workspace: str | None) -> Run:
+    if workspace:
+        return selectors.get_run(tenancy.workspace_by_path(workspace), run_id)
+    matches = list(Run.objects.filter(run_id=run_id).select_related("workspace__tenant")[:2])
+    if not matches:
+        raise LedgerError(f"run {run_id} not found")
+    if len(matches) > 1:
+        raise LedgerError(f"run id {run_id} exists in several workspaces; pass --workspace T/W")
+    return matches[0]
+
+
+class Command(BaseCommand):
+    help = "Runledger operations (see API.md, Operations)."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+        p = sub.add_parser("bootstrap", help="create tenant and workspace if absent")
+        p.add_argument("--tenant", required=True)
+        p.add_argument("--workspace", required=True)
+
+        p = sub.add_parser("create-user", help="create or update a member")
+        p.add_argument("name")
+        p.add_argument("--tenant", required=True)
+        p.add_argument("--role", required=True, choices=["viewer", "operator", "approver", "admin"])
+        p.add_argument("--password")
+
+        p = sub.add_parser("create-key", help="print a new API key, alone on its line")
+        p.add_argument("--workspace", required=True, help="TENANT/WORKSPACE")
+        p.add_argument("--scopes", required=True, help="comma-separated: ingest,read,execute")
+        p.add_argument("--name", default="")
+
+        sub.add_parser("demo", help="bootstrap the demo tenants, users and runs (idempotent)")
+
+        p = sub.add_parser("events", help="one JSON envelope per line, in sequence order")
+        p.add_argument("run")
+        p.add_argument("--workspace", help="TENANT/WORKSPACE (needed when the run id is ambiguous)")
+        p.add_argument("--type", dest="type_filter", help="exact type, or PREFIX* for a prefix")
+
+        p = sub.add_parser("verify", help="integrity of one run or all; exit 1 on any failure")
+        p.add_argument("run", nargs="?")
+        p.add_argument("--workspace")
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        try:
+            getattr(self, "_" + action.replace("-", "_"))(**options)
+        except LedgerError as exc:
+            raise CommandError(exc.message) from exc
+
+    def _bootstrap(self, *, tenant: str, workspace: str, **_: Any) -> None:
+        ws = tenancy.bootstrap(tenant=tenant, workspace=workspace)
+        self.stdout.write(f"workspace {ws.tenant.slug}/{ws.slug} ready")
+
+    def _create_user(self, *, name: str, tenant: str, role: str, password: str | None, **_: Any) -> None:
+        m = tenancy.create_user(username=name, tenant=tenant, role=role, password=password)
+        self.stdout.write(f"{m.user.username} is {m.role} of {tenant}")
+
+    def _create_key(self, *, workspace: str, scopes: str, name: str, **_: Any) -> None:
+        ws = tenancy.workspace_by_path(workspace)
+        _, key = tenancy.create_key(workspace=ws, scopes=scopes.split(","), name=name)
+        self.stdout.write(key)
+
+    def _demo(self, **_: Any) -> None:
+        from ledger.demo import DEMO_PASSWORD, load_demo
+
+        summary = load_demo()
+        self.stdout.write(f"demo ready: {summary}")
+        self.stdout.write(f"log in as alice (admin), bob (approver), carol (operator) or dave (viewer), "
+                          f"password {DEMO_PASSWORD}")
+
+    def _events(self, *, run: str, workspace: str | None, type_filter: str | None, **_: Any) -> None:
+        try:
+            the_run = _run_for(run, workspace)
+        except LedgerError as exc:
+            self.stderr.write(exc.message)
+            sys.exit(1)
+        prefix, exact = None, None
+        if type_filter:
+            prefix, exact = (type_filter[:-1], None) if type_filter.endswith("*") else (None, type_filter)
+        for env in selectors.events(the_run, type_prefix=prefix):
+            if exact is None or env["type"] == exact:
+                self.stdout.write(json.dumps(env, ensure_ascii=False, separators=(",", ":")))
+
+    def _verify(self, *, run: str | None, workspace: str | None, **_: Any) -> None:
+        from ledger.verify import verify_run
+
+        targets = [_run_for(run, workspace)] if run else Run.objects.select_related("workspace__tenant").order_by("pk")
+        failures = 0
+        checked = 0
+        for target in targets:
+            checked += 1
+            report = verify_run(target)
+            for check in report:
+                if check.status == "fail":
+                    failures += 1
+                    self.stdout.write(f"FAIL {target.workspace}/{target.run_id} {check.name}: {check.detail}")
+        self.stdout.write(f"verified {checked} run(s): {'ok' if not failures else f'{failures} failure(s)'}")
+        if failures:
+            sys.exit(1)

@@ -1,0 +1,179 @@
+"""The ledger's tables: tenancy, the run head, the append-only event log and artifacts.
+
+Every query for tenant data goes through a scoped selector (ledger/selectors.py) that takes the
+workspace; these models only hold the shape and the invariants the database can enforce.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    APPROVER = "approver"
+    ADMIN = "admin"
+
+
+ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Workspace(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="workspaces")
+    slug = models.SlugField(max_length=64)
+    name = models.CharField(max_length=200)
+    # Extra redaction rules on top of the built-in secret key names (DESIGN.md §3).
+    redact_keys = models.JSONField(default=list, blank=True)
+    redact_value_patterns = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slug"], name="workspace_slug_unique_in_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.slug}"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_tenant"),
+            models.CheckConstraint(condition=Q(role__in=list(Role.values)), name="membership_role_known"),
+        ]
+
+    def allows(self, role: str) -> bool:
+        return ROLE_RANK[Role(self.role)] >= ROLE_RANK[Role(role)]
+
+
+class ApiKey(models.Model):
+    SCOPES = ("ingest", "read", "execute")
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200, blank=True)
+    prefix = models.CharField(max_length=16, unique=True)
+    # sha256 of the whole key: the secret is 32 random bytes, so a slow hash buys nothing.
+    secret_hash = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes
+
+
+class Run(models.Model):
+    """The head row of a run's log: locked by every append to allocate sequences."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs")
+    run_id = models.CharField(max_length=84)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_sequence = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=16, default="pending")
+    # Run lease with fencing (DESIGN.md §3): the token only ever grows.
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    # Set by retention in the same transaction that deletes the run; the database refuses to
+    # delete events of any run without it.
+    pruning = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "run_id"], name="run_id_unique_in_workspace"),
+        ]
+        indexes = [models.Index(fields=["workspace", "-created_at"], name="run_newest_first")]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed")
+
+
+class InsertOnlyQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise TypeError("the event log is insert-only")
+
+    def delete(self) -> NoReturn:
+        raise TypeError("the event log is insert-only; retention deletes whole runs (ledger prune)")
+
+
+class Event(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True)
+    sequence = models.PositiveIntegerField()
+    event_id = models.CharField(max_length=20)
+    type = models.CharField(max_length=200)
+    occurrence_id = models.CharField(max_length=200, null=True, blank=True)
+    recorded_at = models.DateTimeField()
+    # The payload as stored: RFC 8785 canonical JSON text, so event ids recompute byte for byte.
+    payload = models.TextField()
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_digest = models.CharField(max_length=71, null=True, blank=True)
+
+    objects = InsertOnlyQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "sequence"], name="event_sequence_unique_in_run"),
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="event_idempotency_key_unique_in_run",
+            ),
+            models.CheckConstraint(condition=Q(sequence__gte=1), name="event_sequence_positive"),
+            models.CheckConstraint(
+                condition=Q(idempotency_key__isnull=True) | Q(request_digest__isnull=False),
+                name="event_idempotency_key_has_digest",
+            ),
+        ]
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("events are written only by ledger.append.append_events")
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("the event log is insert-only; retention deletes whole runs (ledger prune)")
+
+
+class Artifact(models.Model):
+    """Content-addressed bytes (sha256) owned by a workspace; re-hashed on every read."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="artifacts")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    content_type = models.CharField(max_length=100, default="application/json")
+    storage_key = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "sha256"], name="artifact_unique_in_workspace"),
+        ]
+
+    @property
+    def artifact_id(self) -> str:
+        return f"art_{self.sha256}"
+
+    @property
+    def ref(self) -> str:
+        return f"artifact://{self.artifact_id}"

@@ -1,0 +1,94 @@
+"""Tenancy services: tenants, workspaces, members and API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from .errors import LedgerError, NotFound
+from .models import ApiKey, Membership, Role, Tenant, Workspace
+
+KEY_PREFIX = "rl_"
+
+
+@transaction.atomic
+def bootstrap(*, tenant: str, workspace: str) -> Workspace:
+    """Create the tenant and workspace if absent (idempotent)."""
+    t, _ = Tenant.objects.get_or_create(slug=tenant, defaults={"name": tenant})
+    ws, _ = Workspace.objects.get_or_create(tenant=t, slug=workspace, defaults={"name": workspace})
+    return ws
+
+
+def workspace_by_path(path: str) -> Workspace:
+    """`tenant/workspace` -> Workspace."""
+    tenant, sep, workspace = path.partition("/")
+    if not sep or not tenant or not workspace:
+        raise LedgerError(f"workspace must be given as TENANT/WORKSPACE, got {path!r}")
+    ws = Workspace.objects.select_related("tenant").filter(tenant__slug=tenant, slug=workspace).first()
+    if ws is None:
+        raise NotFound(f"workspace {path} not found")
+    return ws
+
+
+@transaction.atomic
+def create_user(*, username: str, tenant: str, role: str, password: str | None) -> Membership:
+    """Create or update a user and their membership (one role per tenant)."""
+    if role not in Role.values:
+        raise LedgerError(f"role must be one of {', '.join(Role.values)}, got {role!r}")
+    t = Tenant.objects.filter(slug=tenant).first()
+    if t is None:
+        raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    if password:
+        user.set_password(password)
+        user.save()
+    membership, _ = Membership.objects.update_or_create(user=user, tenant=t, defaults={"role": role})
+    return membership
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "") -> tuple[ApiKey, str]:
+    """Create an API key; the secret is returned once and only its hash is stored."""
+    scopes = sorted(set(scopes))
+    unknown = set(scopes) - set(ApiKey.SCOPES)
+    if not scopes or unknown:
+        raise LedgerError(f"scopes must be a non-empty subset of {', '.join(ApiKey.SCOPES)}")
+    prefix = secrets.token_hex(6)
+    key = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    api_key = ApiKey.objects.create(
+        workspace=workspace, name=name, prefix=prefix, secret_hash=_hash(key), scopes=scopes
+    )
+    return api_key, key
+
+
+def authenticate_key(key: str) -> ApiKey | None:
+    """The live ApiKey for a presented secret, or None."""
+    if not key.startswith(KEY_PREFIX):
+        return None
+    prefix, _, _ = key[len(KEY_PREFIX):].partition("_")
+    api_key = ApiKey.objects.select_related("workspace__tenant").filter(prefix=prefix).first()
+    if api_key is None or api_key.revoked_at is not None:
+        return None
+    if not hmac.compare_digest(api_key.secret_hash, _hash(key)):
+        return None
+    return api_key
+
+
+def revoke_key(api_key: ApiKey) -> None:
+    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def membership_for(user: AbstractBaseUser, tenant: Tenant) -> Membership | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(user=user, tenant=tenant).first()

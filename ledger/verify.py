@@ -1,0 +1,67 @@
+"""`ledger verify`: prove a run's stored log is intact."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from . import artifacts
+from .canonical import canonical_json, event_id
+from .models import Artifact, Event, Run
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass | fail
+    detail: str
+
+
+def artifact_refs(value: Any) -> Iterator[str]:
+    """Every `artifact://art_<sha256>` ref anywhere in a payload."""
+    if isinstance(value, dict):
+        for child in value.values():
+            yield from artifact_refs(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from artifact_refs(child)
+    elif isinstance(value, str) and artifacts.parse_ref(value):
+        yield value
+
+
+def verify_run(run: Run) -> list[Check]:
+    rows = list(Event.objects.filter(run=run).order_by("sequence").values_list(
+        "sequence", "event_id", "type", "occurrence_id", "payload"))
+    checks: list[Check] = []
+
+    sequences = [r[0] for r in rows]
+    expected = list(range(1, len(rows) + 1))
+    if sequences != expected or run.last_sequence != len(rows):
+        missing = sorted(set(expected) - set(sequences)) or sorted(set(range(1, run.last_sequence + 1)) - set(sequences))
+        checks.append(Check("dense_sequence", "fail",
+                            f"{len(rows)} events, head says {run.last_sequence}; missing {missing[:10]}"))
+    else:
+        checks.append(Check("dense_sequence", "pass", f"1..{len(rows)}"))
+
+    bad_ids, refs = [], set()
+    for sequence, stored_id, type_, occurrence_id, text in rows:
+        payload = json.loads(text)
+        recomputed = event_id(run_id=run.run_id, sequence=sequence, type=type_, payload=payload,
+                              occurrence_id=occurrence_id)
+        if recomputed != stored_id or canonical_json(payload) != text:
+            bad_ids.append(sequence)
+        refs.update(artifact_refs(payload))
+    checks.append(Check("event_ids", "fail" if bad_ids else "pass",
+                        f"recomputed ids differ at sequences {bad_ids[:10]}" if bad_ids else f"{len(rows)} ids recomputed"))
+
+    problems = []
+    for ref in sorted(refs):
+        artifact = Artifact.objects.filter(workspace_id=run.workspace_id, sha256=artifacts.parse_ref(ref)).first()
+        state = "missing" if artifact is None else artifacts.check(artifact)
+        if state != "ok":
+            problems.append(f"{ref} {state}")
+    checks.append(Check("artifact_hashes", "fail" if problems else "pass",
+                        "; ".join(problems) if problems else f"{len(refs)} artifact(s) re-hashed"))
+    return checks

@@ -1,0 +1,161 @@
+"""The event vocabulary (DESIGN.md §3) and payload validation.
+
+Validation checks the listed fields' presence and types only; fields not listed are kept
+untouched, because harnesses add their own and the interop vectors depend on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import CostNotAllowed, InvalidEvent, UnknownEventType
+
+STR = (str,)
+INT = (int,)
+NUM = (int, float)
+OBJ = (dict,)
+LIST = (list,)
+ANY = (object,)
+
+# field -> (accepted JSON types, required). A dotted field is checked inside its parent object.
+Spec = dict[str, tuple[tuple[type, ...], bool]]
+
+RUN_STARTED: Spec = {
+    "workflowVersionId": (STR, True), "parentRunId": (STR, False), "outerLoopId": (STR, False),
+    "label": (STR, False), "tags": (LIST + OBJ, False), "replayOf": (STR, False),
+}
+STEP: Spec = {"stepPath": (STR, True), "stepId": (STR, False)}
+ATTEMPT: Spec = {"stepPath": (STR, True), "attempt": (INT, True)}
+TOOL_TERMINAL: Spec = {"callId": (STR, True), "durationMs": (NUM, True)}
+
+VOCABULARY: dict[str, Spec] = {
+    "RunStarted": RUN_STARTED,
+    "RunCompleted": {"outputRef": (STR, False)},
+    "RunFailed": {"error": (ANY, True)},
+    "StepScheduled": STEP,
+    "StepAttemptStarted": ATTEMPT,
+    "StepCompleted": {**ATTEMPT, "outputRef": (STR, False), "artifactRefs": (LIST, False)},
+    "StepFailed": {**ATTEMPT, "error": (ANY, True)},
+    "ArtifactCreated": {},
+    "ParallelGroupStarted": {},
+    "ParallelBranchScheduled": {},
+    "ParallelBranchCompleted": {},
+    "ParallelBranchFailed": {},
+    "ParallelGroupCompleted": {},
+    "ParallelGroupFailed": {},
+    "harness.session.started": {
+        "role": (STR, True), "task": (ANY, True), "manifest": (OBJ, True),
+        "manifestHash": (STR, True), "parentRunId": (STR, False),
+    },
+    "harness.session.completed": {},
+    "harness.session.failed": {},
+    "harness.model.called": {"turn": (INT, True), "promptHash": (STR, True), "request": (OBJ, True)},
+    "harness.model.responded": {
+        "turn": (INT, True), "callId": (STR, True), "stepPath": (STR, False),
+        "model": (OBJ, True), "model.provider": (STR, True), "model.modelId": (STR, True),
+        "response": (OBJ, True), "response.text": (STR, False), "response.toolCalls": (LIST, False),
+        "response.usage": (OBJ, True),
+    },
+    "harness.model.failed": {"turn": (INT, True)},
+    "harness.tool_call.started": {
+        "callId": (STR, True), "caller": (STR, True), "toolName": (STR, True),
+        "args": (ANY, True), "turn": (INT, False),
+    },
+    "harness.tool_call.succeeded": {**TOOL_TERMINAL, "result": (ANY, True)},
+    "harness.tool_call.failed": {**TOOL_TERMINAL, "error": (ANY, True)},
+    "harness.tool_call.in_doubt": {"callId": (STR, True)},
+    "harness.tool_call.reconciled": {"callId": (STR, True), "outcome": (STR, True)},
+    "harness.execute_step.started": {},
+    "harness.execute_step.succeeded": {},
+    "OuterLoopCycleCompleted": {
+        "outerLoopId": (STR, True), "cycleNumber": (INT, True), "supervise": (OBJ, True),
+    },
+    # Little Workflow's compile, plan and legacy types: accepted so its logs import as they are.
+    "OrchestrationRequested": {}, "PlannerStarted": {}, "PlannerDraftedWorkflow": {},
+    "WorkflowValidationFailed": {}, "WorkflowValidationSucceeded": {},
+    "PlannerReuseDecisionRecorded": {}, "WorkflowVersionRegistered": {},
+    "StepOutputValidated": {}, "StepRepairAttempted": {},
+    "ToolCallStarted": {}, "ToolCallCompleted": {},
+    "ModelCallStarted": {}, "ModelCallCompleted": {},
+}
+
+MODEL_AND_TOOL_PREFIXES = ("harness.model.", "harness.tool_call.")
+ORIGINS = ("recorded", "simulated", "live")
+TERMINAL_RUN_TYPES = ("RunCompleted", "RunFailed")
+
+
+def is_custom(event_type: str) -> bool:
+    return event_type.startswith("custom.") and len(event_type) > len("custom.")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string", int: "integer", float: "number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
+    if accepted is ANY:
+        return True
+    if isinstance(value, bool):  # bool is an int subclass in Python, never in JSON
+        return False
+    return isinstance(value, accepted)
+
+
+def validate_payload(index: int, event_type: str, payload: Any) -> None:
+    """Raise InvalidEvent / UnknownEventType / CostNotAllowed for a payload that does not fit."""
+    if not isinstance(payload, dict):
+        raise InvalidEvent(
+            f"event {index}: payload must be an object", index=index, field="payload"
+        )
+    if not is_custom(event_type):
+        spec = VOCABULARY.get(event_type)
+        if spec is None:
+            raise UnknownEventType(
+                f"event {index}: unknown event type {event_type!r} (custom types start with 'custom.')",
+                index=index, field="type",
+            )
+        for field, (accepted, required) in spec.items():
+            parent, _, leaf = field.rpartition(".")
+            holder = payload.get(parent) if parent else payload
+            if not isinstance(holder, dict):
+                continue  # the parent's own check reports it
+            if leaf not in holder:
+                if required:
+                    raise InvalidEvent(
+                        f"event {index}: {event_type} needs payload.{field}",
+                        index=index, field=f"payload.{field}",
+                    )
+                continue
+            if not _type_ok(holder[leaf], accepted):
+                raise InvalidEvent(
+                    f"event {index}: payload.{field} has the wrong type ({_json_type(holder[leaf])})",
+                    index=index, field=f"payload.{field}",
+                )
+        if event_type.startswith(MODEL_AND_TOOL_PREFIXES):
+            origin = payload.get("origin")
+            if origin is not None and origin not in ORIGINS:
+                raise InvalidEvent(
+                    f"event {index}: payload.origin must be one of {', '.join(ORIGINS)}",
+                    index=index, field="payload.origin",
+                )
+    _reject_recorded_cost(index, payload, "payload")
+
+
+def _reject_recorded_cost(index: int, value: Any, path: str) -> None:
+    # Dollars are only ever computed by the fold; a harness's own figure would disagree with it.
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if key == "usage" and isinstance(child, dict) and "costUsd" in child:
+                raise CostNotAllowed(
+                    f"event {index}: {path}.usage.costUsd is not accepted; cost is computed from tokens",
+                    index=index, field=f"{path}.usage.costUsd",
+                )
+            _reject_recorded_cost(index, child, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            _reject_recorded_cost(index, child, f"{path}[{i}]")

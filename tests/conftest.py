@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from ledger.append import AppendResult, append_events
+from ledger.models import Workspace
+from ledger.tenancy import bootstrap, create_user
+
+
+@pytest.fixture(autouse=True)
+def _artifacts_in_tmp(settings: Any, tmp_path: Path) -> None:
+    settings.ARTIFACTS_ROOT = tmp_path / "artifacts"
+
+
+@pytest.fixture
+def workspace(db: None) -> Workspace:
+    return bootstrap(tenant="acme", workspace="support")
+
+
+@pytest.fixture
+def other_workspace(db: None) -> Workspace:
+    return bootstrap(tenant="globex", workspace="main")
+
+
+@pytest.fixture
+def member(workspace: Workspace) -> User:
+    return create_user(username="alice", tenant="acme", role="admin", password="pw-alice-123").user
+
+
+@pytest.fixture
+def outsider(other_workspace: Workspace) -> User:
+    return create_user(username="olga", tenant="globex", role="admin", password="pw-olga-123").user
+
+
+def started(workflow: str = "wfver_test", **extra: Any) -> dict[str, Any]:
+    return {"type": "RunStarted", "payload": {"workflowVersionId": workflow, **extra}}
+
+
+def ev(type_: str, **payload: Any) -> dict[str, Any]:
+    return {"type": type_, "payload": payload}
+
+
+@pytest.fixture
+def append(workspace: Workspace) -> Callable[..., AppendResult]:
+    def _append(run_id: str, *events: dict[str, Any], **kwargs: Any) -> AppendResult:
+        return append_events(workspace=workspace, run_id=run_id, events=list(events), **kwargs)
+
+    return _append

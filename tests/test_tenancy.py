@@ -1,0 +1,74 @@
+"""Tenants, members and API keys, through the management commands of API.md."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from ledger.models import ApiKey, Membership, Tenant, Workspace
+from ledger.tenancy import authenticate_key, revoke_key
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("ledger", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_bootstrap_is_idempotent() -> None:
+    run("bootstrap", "--tenant", "acme", "--workspace", "support")
+    run("bootstrap", "--tenant", "acme", "--workspace", "support")
+    run("bootstrap", "--tenant", "acme", "--workspace", "research")
+    assert Tenant.objects.count() == 1
+    assert sorted(Workspace.objects.values_list("slug", flat=True)) == ["research", "support"]
+
+
+def test_create_user_creates_then_updates_the_role() -> None:
+    run("bootstrap", "--tenant", "acme", "--workspace", "support")
+    run("create-user", "carol", "--tenant", "acme", "--role", "operator", "--password", "pw-carol-1")
+    run("create-user", "carol", "--tenant", "acme", "--role", "approver")
+    membership = Membership.objects.get(user__username="carol")
+    assert membership.role == "approver"
+    assert membership.user.check_password("pw-carol-1")
+    assert membership.allows("operator") and not membership.allows("admin")
+
+
+def test_create_user_needs_an_existing_tenant() -> None:
+    with pytest.raises(CommandError, match="tenant nope not found"):
+        run("create-user", "x", "--tenant", "nope", "--role", "viewer")
+
+
+def test_create_key_prints_the_key_alone_and_stores_only_its_hash() -> None:
+    run("bootstrap", "--tenant", "acme", "--workspace", "support")
+    out = run("create-key", "--workspace", "acme/support", "--scopes", "ingest,read", "--name", "ci")
+    key = out.strip()
+    assert out == key + "\n"
+    api_key = ApiKey.objects.get()
+    assert key not in (api_key.secret_hash, api_key.prefix) and api_key.secret_hash != key
+    assert api_key.scopes == ["ingest", "read"] and api_key.name == "ci"
+    found = authenticate_key(key)
+    assert found == api_key and found.has_scope("read") and not found.has_scope("execute")
+
+
+def test_tampered_or_revoked_keys_do_not_authenticate() -> None:
+    run("bootstrap", "--tenant", "acme", "--workspace", "support")
+    key = run("create-key", "--workspace", "acme/support", "--scopes", "read").strip()
+    assert authenticate_key(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    assert authenticate_key("Bearer " + key) is None
+    revoke_key(ApiKey.objects.get())
+    assert authenticate_key(key) is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workspace", "acme/nope", "--scopes", "read"], "not found"),
+    (["--workspace", "acme", "--scopes", "read"], "TENANT/WORKSPACE"),
+    (["--workspace", "acme/support", "--scopes", "read,admin"], "scopes"),
+])
+def test_create_key_errors_are_clear(args, message) -> None:
+    run("bootstrap", "--tenant", "acme", "--workspace", "support")
+    with pytest.raises(CommandError, match=message):
+        run("create-key", *args)
