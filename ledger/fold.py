@@ -1,0 +1,963 @@
+"""The fold: a run's events in, its materialized state out (DESIGN.md §4).
+
+Pure: no database, no clock, no randomness, no I/O. The append transaction (through
+`fold_into`), `ledger rebuild`, `ledger verify` and the replay plan all call it, so they
+cannot disagree. Payload fields are read defensively: a field of the wrong type is ignored,
+never an exception, because imported Little Workflow logs were never validated by us.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from decimal import Decimal
+from functools import cache
+from types import NoneType, UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from .pricing import PriceTable, Usage, UsageTotals, load_default_prices, price_call
+
+ARTIFACT_REF_PREFIX = "artifact://"
+_VISIT = re.compile(r"\.visit\[(\d+)\]$")
+
+
+class RunStateMismatch(ValueError):
+    """The events are not one run's dense log (Little Workflow's RunStateEventMismatchError)."""
+
+
+class _Record:
+    """Dataclass equality that also respects the order of keyed collections.
+
+    Steps, tool calls and the like are dicts kept in order of first appearance; plain dict
+    equality would call two states with differently ordered steps equal.
+    """
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        cls: Any = type(self)
+        keyed = _keyed_fields(cls)
+        for f in fields(self):  # type: ignore[arg-type]
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name in keyed and list(mine) != list(theirs):
+                return False
+            if mine != theirs:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(eq=False)
+class Attempt(_Record):
+    attempt: int
+    status: str  # running | completed | failed
+    error: Any = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+@dataclass(eq=False)
+class StepState(_Record):
+    step_path: str
+    status: str = "scheduled"  # scheduled | running | completed | failed
+    step_id: str | None = None
+    visit: int | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    output: Any = None
+    has_output: bool = False  # an output of null is still an output
+    output_ref: str | None = None
+    artifact_refs: list[str] = field(default_factory=list)
+    error: Any = None
+    metadata: Any = None
+    first_sequence: int = 0
+    last_sequence: int = 0
+    started_at: str | None = None
+    finished_at: str | None = None
+    usage: UsageTotals = field(default_factory=UsageTotals)
+
+
+@dataclass(eq=False)
+class ParallelBranch(_Record):
+    branch_path: str
+    status: str = "scheduled"  # scheduled | completed | failed
+    item_key: Any = None
+    branch_index: int | None = None
+    output_ref: str | None = None
+    artifact_refs: list[str] = field(default_factory=list)
+    error: Any = None
+    first_sequence: int = 0
+    last_sequence: int = 0
+
+
+@dataclass(eq=False)
+class ParallelGroup(_Record):
+    step_path: str
+    status: str = "running"  # running | completed | failed
+    attempt: int | None = None
+    branch_count: int | None = None
+    max_concurrency: int | None = None
+    failure_mode: str | None = None
+    fan_in_order: Any = None
+    error: Any = None
+    branches: dict[str, ParallelBranch] = field(default_factory=dict)
+    first_sequence: int = 0
+    last_sequence: int = 0
+
+
+@dataclass(eq=False)
+class HarnessSession(_Record):
+    sequence: int
+    step_path: str | None = None
+    role: str | None = None
+    task: Any = None
+    manifest: Any = None
+    manifest_hash: str | None = None
+    parent_run_id: str | None = None
+    status: str = "started"  # started | completed | failed
+    error: Any = None
+    ended_sequence: int | None = None
+
+
+@dataclass(eq=False)
+class ModelCall(_Record):
+    turn: int | None = None
+    call_id: str | None = None
+    step_path: str | None = None
+    status: str = "called"  # called | responded | failed
+    provider: str | None = None
+    model_id: str | None = None
+    usage: Usage | None = None
+    cost: Decimal | None = None
+    prompt_hash: str | None = None
+    error: Any = None
+    called_sequence: int | None = None
+    responded_sequence: int | None = None
+    failed_sequence: int | None = None
+    origin: str | None = None
+    replay_of: str | None = None
+    session: int | None = None  # index into RunState.sessions
+
+
+@dataclass(eq=False)
+class ToolCall(_Record):
+    call_id: str
+    tool_name: str | None = None
+    args: Any = None
+    caller: str | None = None
+    turn: int | None = None
+    step_path: str | None = None
+    status: str = "started"  # started | succeeded | failed | in_doubt
+    result: Any = None
+    error: Any = None
+    duration_ms: float | None = None
+    reconciled: bool = False
+    origin: str | None = None
+    replay_of: str | None = None
+    started_sequence: int | None = None
+    ended_sequence: int | None = None
+    session: int | None = None
+
+
+@dataclass(eq=False)
+class Artifact(_Record):
+    ref: str
+    step_path: str | None = None
+    name: str | None = None
+    content_type: str | None = None
+    first_sequence: int = 0
+    created_sequence: int | None = None  # the ArtifactCreated event, when there is one
+    payload: Any = None
+
+
+@dataclass(eq=False)
+class OuterLoopCycle(_Record):
+    outer_loop_id: str | None
+    cycle_number: int
+    supervise: Any = None
+    sequence: int = 0
+
+
+@dataclass(eq=False)
+class CostEntry(_Record):
+    sequence: int
+    call_id: str | None
+    turn: int | None
+    step_path: str | None
+    provider: str | None
+    model_id: str | None
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    reasoning_tokens: int
+    cost_usd: Decimal | None
+    price_table_version: str
+
+
+@dataclass(eq=False)
+class RunState(_Record):
+    run_id: str
+    workflow_version_id: str | None = None
+    status: str = "pending"  # pending | running | completed | failed
+    started_at: str | None = None
+    finished_at: str | None = None
+    input: Any = None
+    output: Any = None
+    has_output: bool = False
+    output_ref: str | None = None
+    error: Any = None
+    parent_run_id: str | None = None
+    outer_loop_id: str | None = None
+    label: str | None = None
+    tags: Any = None
+    replay_of: str | None = None
+    last_sequence: int = 0
+    event_count: int = 0
+    custom_event_count: int = 0
+    usage: UsageTotals = field(default_factory=UsageTotals)
+    steps: dict[str, StepState] = field(default_factory=dict)
+    parallel_groups: dict[str, ParallelGroup] = field(default_factory=dict)
+    sessions: list[HarnessSession] = field(default_factory=list)
+    model_calls: list[ModelCall] = field(default_factory=list)
+    tool_calls: dict[str, ToolCall] = field(default_factory=dict)
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    outer_loop_cycles: list[OuterLoopCycle] = field(default_factory=list)
+    cost_entries: list[CostEntry] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """camelCase, JSON-safe, for storing in a projection.
+
+        Keyed collections (steps, tool calls, …) become lists in order, because a jsonb
+        column does not keep key order. Money is a decimal string here so the stored state
+        round-trips exactly; API shapes with a numeric `costUsd` come from
+        `UsageTotals.to_json()`.
+        """
+        return _dump(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunState:
+        state = _load(cls, data)
+        assert isinstance(state, RunState)
+        return state
+
+
+def fold(
+    events: Sequence[Mapping[str, Any]],
+    *,
+    prices: PriceTable | None = None,
+    run_id: str | None = None,
+) -> RunState:
+    """The state of a run from its whole log (sequences 1..N, one runId)."""
+    if run_id is None:
+        if not events:
+            raise ValueError("fold needs a run_id when there are no events")
+        run_id = events[0].get("runId")
+        if not isinstance(run_id, str):
+            raise RunStateMismatch(f"Event runId mismatch at index 0: expected a run id, received {run_id}.")
+    return fold_into(RunState(run_id=run_id), events, prices=prices)
+
+
+def fold_into(
+    state: RunState,
+    events: Sequence[Mapping[str, Any]],
+    *,
+    prices: PriceTable | None = None,
+) -> RunState:
+    """Continue `state` with the events after `state.last_sequence`; `state` is not changed.
+
+    `fold(a + b) == fold_into(fold(a), b)` for any split, which is what lets the append
+    transaction keep projections current without re-reading the log.
+    """
+    check_events(state.run_id, events, after=state.last_sequence)
+    table = prices if prices is not None else load_default_prices()
+    return apply_unchecked(state, events, table)
+
+
+def check_events(run_id: str, events: Sequence[Mapping[str, Any]], *, after: int = 0) -> None:
+    """Raise RunStateMismatch unless `events` are run_id's sequences after+1, after+2, …"""
+    for offset, event in enumerate(events):
+        index = after + offset
+        received = event.get("runId")
+        if received != run_id:
+            raise RunStateMismatch(
+                f"Event runId mismatch at index {index}: expected {run_id}, received {received}."
+            )
+        sequence = event.get("sequence")
+        if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence != index + 1:
+            raise RunStateMismatch(
+                f"Event sequence mismatch for {run_id}: expected {index + 1}, received {sequence}."
+            )
+
+
+def apply_unchecked(state: RunState, events: Sequence[Mapping[str, Any]], prices: PriceTable) -> RunState:
+    """Fold without the shape check, for readers that report a broken log instead of refusing it."""
+    new: RunState = _clone(state)
+    for event in events:
+        _apply(new, event, prices)
+    return new
+
+
+def visit_index(step_path: str) -> int | None:
+    match = _VISIT.search(step_path)
+    return int(match.group(1)) if match else None
+
+
+def next_visit_index(state: RunState, base_path: str, *, max_visits: int) -> int:
+    """The visit a decision loop's next pass through `base_path` gets (0 when not a loop)."""
+    if max_visits <= 1:
+        return 0
+    prefix = f"{base_path}.visit["
+    return sum(
+        1 for path, step in state.steps.items()
+        if path.startswith(prefix) and visit_index(path) is not None and step.status == "completed"
+    )
+
+
+# --- applying one event -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Event:
+    sequence: int
+    at: str | None
+    payload: Mapping[str, Any]
+    step_path: str | None
+    table: PriceTable
+
+
+_Handler = Callable[[RunState, _Event], None]
+
+
+def _apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
+    event_type = event.get("type")
+    sequence = event.get("sequence")
+    state.event_count += 1
+    if isinstance(sequence, int):
+        state.last_sequence = sequence
+    if not isinstance(event_type, str):
+        return
+    if event_type.startswith("custom."):
+        state.custom_event_count += 1
+        return
+    payload = event.get("payload")
+    if not isinstance(payload, Mapping):
+        payload = {}
+    step_path = _str(payload.get("stepPath"))
+    if step_path is not None:
+        _touch_step(state, step_path, state.last_sequence)
+    handler = _HANDLERS.get(event_type)
+    if handler is not None:
+        handler(state, _Event(state.last_sequence, _str(event.get("recordedAt")), payload, step_path, table))
+
+
+def _touch_step(state: RunState, step_path: str, sequence: int) -> StepState:
+    step = state.steps.get(step_path)
+    if step is None:
+        step = StepState(step_path=step_path, visit=visit_index(step_path), first_sequence=sequence)
+        state.steps[step_path] = step
+    step.last_sequence = sequence
+    return step
+
+
+def _run_started(state: RunState, e: _Event) -> None:
+    p = e.payload
+    state.status = "running"
+    state.started_at = e.at
+    state.workflow_version_id = _str(p.get("workflowVersionId")) or state.workflow_version_id
+    state.input = p.get("input")
+    state.parent_run_id = _str(p.get("parentRunId"))
+    state.outer_loop_id = _str(p.get("outerLoopId"))
+    state.label = _str(p.get("label"))
+    state.tags = p.get("tags")
+    state.replay_of = _str(p.get("replayOf"))
+
+
+def _workflow_version_registered(state: RunState, e: _Event) -> None:
+    state.workflow_version_id = _str(e.payload.get("workflowVersionId")) or state.workflow_version_id
+
+
+def _run_completed(state: RunState, e: _Event) -> None:
+    state.status = "completed"
+    state.finished_at = e.at
+    state.error = None
+    if "output" in e.payload:
+        state.output = e.payload["output"]
+        state.has_output = True
+    ref = _ref(e.payload.get("outputRef"))
+    if ref is not None:
+        state.output_ref = ref
+        _note_artifact(state, ref, e.sequence, None)
+
+
+def _run_failed(state: RunState, e: _Event) -> None:
+    state.status = "failed"
+    state.finished_at = e.at
+    state.error = e.payload.get("error")
+
+
+def _step_scheduled(state: RunState, e: _Event) -> None:
+    if e.step_path is None:
+        return
+    step = state.steps[e.step_path]
+    step.step_id = _str(e.payload.get("stepId")) or step.step_id
+
+
+def _step_attempt_started(state: RunState, e: _Event) -> None:
+    if e.step_path is None:
+        return
+    step = state.steps[e.step_path]
+    step.status = "running"
+    step.error = None
+    step.output, step.has_output, step.output_ref = None, False, None
+    step.finished_at = None
+    step.started_at = step.started_at or e.at
+    step.step_id = _str(e.payload.get("stepId")) or step.step_id
+    number = _int(e.payload.get("attempt"))
+    step.attempts.append(
+        Attempt(attempt=number if number is not None else len(step.attempts) + 1, status="running", started_at=e.at)
+    )
+
+
+def _step_completed(state: RunState, e: _Event) -> None:
+    if e.step_path is None:
+        return
+    step = state.steps[e.step_path]
+    step.status = "completed"
+    step.error = None
+    step.finished_at = e.at
+    _close_attempt(step, _int(e.payload.get("attempt")), "completed", e.at, None)
+    if "output" in e.payload:
+        step.output = e.payload["output"]
+        step.has_output = True
+    ref = _ref(e.payload.get("outputRef"))
+    if ref is not None:
+        step.output_ref = ref
+        _add_unique(step.artifact_refs, ref)
+        _note_artifact(state, ref, e.sequence, e.step_path)
+    for ref in _refs(e.payload.get("artifactRefs")):
+        _add_unique(step.artifact_refs, ref)
+        _note_artifact(state, ref, e.sequence, e.step_path)
+    if isinstance(e.payload.get("metadata"), Mapping):
+        step.metadata = e.payload["metadata"]
+
+
+def _step_failed(state: RunState, e: _Event) -> None:
+    if e.step_path is None:
+        return
+    step = state.steps[e.step_path]
+    step.status = "failed"
+    step.error = e.payload.get("error")
+    step.finished_at = e.at
+    _close_attempt(step, _int(e.payload.get("attempt")), "failed", e.at, step.error)
+
+
+def _close_attempt(step: StepState, number: int | None, status: str, at: str | None, error: Any) -> None:
+    target = None
+    if number is not None:
+        target = next((a for a in reversed(step.attempts) if a.attempt == number), None)
+    if target is None and step.attempts and step.attempts[-1].status == "running":
+        target = step.attempts[-1]
+    if target is None:
+        target = Attempt(attempt=number if number is not None else len(step.attempts) + 1, status=status,
+                         started_at=at)
+        step.attempts.append(target)
+    target.status = status
+    target.finished_at = at
+    target.error = error
+
+
+def _artifact_created(state: RunState, e: _Event) -> None:
+    ref = _ref(e.payload.get("artifactRef"))
+    if ref is None:
+        return
+    artifact = _note_artifact(state, ref, e.sequence, e.step_path)
+    artifact.step_path = e.step_path or artifact.step_path
+    artifact.name = _str(e.payload.get("name")) or artifact.name
+    artifact.content_type = _str(e.payload.get("contentType")) or artifact.content_type
+    artifact.created_sequence = artifact.created_sequence or e.sequence
+    artifact.payload = dict(e.payload)
+    if e.step_path is not None:
+        _add_unique(state.steps[e.step_path].artifact_refs, ref)
+
+
+def _note_artifact(state: RunState, ref: str, sequence: int, step_path: str | None) -> Artifact:
+    artifact = state.artifacts.get(ref)
+    if artifact is None:
+        artifact = Artifact(ref=ref, step_path=step_path, first_sequence=sequence)
+        state.artifacts[ref] = artifact
+    return artifact
+
+
+def _group(state: RunState, e: _Event) -> ParallelGroup | None:
+    if e.step_path is None:
+        return None
+    group = state.parallel_groups.get(e.step_path)
+    if group is None:
+        group = ParallelGroup(step_path=e.step_path, first_sequence=e.sequence)
+        state.parallel_groups[e.step_path] = group
+    group.last_sequence = e.sequence
+    return group
+
+
+def _branch(state: RunState, e: _Event) -> ParallelBranch | None:
+    group = _group(state, e)
+    branch_path = _str(e.payload.get("branchPath"))
+    if group is None or branch_path is None:
+        return None
+    branch = group.branches.get(branch_path)
+    if branch is None:
+        branch = ParallelBranch(branch_path=branch_path, first_sequence=e.sequence)
+        group.branches[branch_path] = branch
+    branch.last_sequence = e.sequence
+    output_ref = _ref(e.payload.get("outputRef"))
+    for ref in _refs(e.payload.get("artifactRefs")) + ([output_ref] if output_ref else []):
+        _add_unique(branch.artifact_refs, ref)
+        _note_artifact(state, ref, e.sequence, e.step_path)
+    return branch
+
+
+def _parallel_group_started(state: RunState, e: _Event) -> None:
+    group = _group(state, e)
+    if group is None:
+        return
+    group.status = "running"
+    group.error = None
+    group.attempt = _int(e.payload.get("attempt"))
+    group.branch_count = _int(e.payload.get("branchCount"))
+    group.max_concurrency = _int(e.payload.get("maxConcurrency"))
+    group.failure_mode = _str(e.payload.get("failureMode"))
+
+
+def _parallel_group_ended(status: str) -> _Handler:
+    def handler(state: RunState, e: _Event) -> None:
+        group = _group(state, e)
+        if group is None:
+            return
+        group.status = status
+        if status == "failed":
+            group.error = e.payload.get("error")
+        else:
+            group.fan_in_order = e.payload.get("fanInOrder", group.fan_in_order)
+            group.branch_count = _int(e.payload.get("branchCount")) or group.branch_count
+    return handler
+
+
+def _parallel_branch_scheduled(state: RunState, e: _Event) -> None:
+    branch = _branch(state, e)
+    if branch is None:
+        return
+    branch.status = "scheduled"
+    branch.item_key = e.payload.get("itemKey", branch.item_key)
+    branch.branch_index = _int(e.payload.get("branchIndex"))
+
+
+def _parallel_branch_ended(status: str) -> _Handler:
+    def handler(state: RunState, e: _Event) -> None:
+        branch = _branch(state, e)
+        if branch is None:
+            return
+        branch.status = status
+        branch.error = e.payload.get("error") if status == "failed" else None
+        branch.output_ref = _ref(e.payload.get("outputRef")) or branch.output_ref
+    return handler
+
+
+def _session_started(state: RunState, e: _Event) -> None:
+    p = e.payload
+    state.sessions.append(
+        HarnessSession(
+            sequence=e.sequence,
+            step_path=e.step_path,
+            role=_str(p.get("role")),
+            task=p.get("task"),
+            manifest=p.get("manifest"),
+            manifest_hash=_str(p.get("manifestHash")),
+            parent_run_id=_str(p.get("parentRunId")),
+        )
+    )
+
+
+def _session_ended(status: str) -> _Handler:
+    def handler(state: RunState, e: _Event) -> None:
+        # No session id on the wire: the session that ends is the newest open one of the same
+        # step (harnesses stamp stepPath on every payload), narrowed by role when one is given.
+        role = _str(e.payload.get("role"))
+        index = _open_session(state, e.step_path, role)
+        if index is None:
+            return
+        session = state.sessions[index]
+        session.status = status
+        session.ended_sequence = e.sequence
+        if status == "failed":
+            session.error = e.payload.get("error")
+        # harness.session.completed carries a usage rollup of calls already counted one by
+        # one from harness.model.responded; adding it would count every call twice.
+    return handler
+
+
+def _open_session(state: RunState, step_path: str | None, role: str | None = None) -> int | None:
+    open_sessions = [i for i, s in enumerate(state.sessions) if s.status == "started"]
+    for i in reversed(open_sessions):
+        session = state.sessions[i]
+        if session.step_path == step_path and (role is None or session.role == role):
+            return i
+    return open_sessions[-1] if open_sessions else None
+
+
+def _model_called(state: RunState, e: _Event) -> None:
+    p = e.payload
+    state.model_calls.append(
+        ModelCall(
+            turn=_int(p.get("turn")),
+            call_id=_str(p.get("callId")),
+            step_path=e.step_path,
+            prompt_hash=_str(p.get("promptHash")),
+            called_sequence=e.sequence,
+            origin=_str(p.get("origin")),
+            replay_of=_str(p.get("replayOf")),
+            session=_open_session(state, e.step_path),
+        )
+    )
+
+
+def _pending_model_call(state: RunState, e: _Event) -> ModelCall | None:
+    """The called-but-unanswered call an answer belongs to: by callId, else by (stepPath, turn)."""
+    call_id, turn = _str(e.payload.get("callId")), _int(e.payload.get("turn"))
+    pending = [c for c in reversed(state.model_calls) if c.status == "called"]
+    if call_id is not None:
+        for call in pending:
+            if call.call_id == call_id:
+                return call
+    for call in pending:
+        if call.call_id in (None, call_id) and call.step_path == e.step_path and call.turn == turn:
+            return call
+    return None
+
+
+def _model_call_for_answer(state: RunState, e: _Event) -> ModelCall:
+    call = _pending_model_call(state, e)
+    if call is None:
+        call = ModelCall(turn=_int(e.payload.get("turn")), step_path=e.step_path,
+                         session=_open_session(state, e.step_path))
+        state.model_calls.append(call)
+    call.call_id = _str(e.payload.get("callId")) or call.call_id
+    call.step_path = e.step_path or call.step_path
+    call.origin = _str(e.payload.get("origin")) or call.origin
+    call.replay_of = _str(e.payload.get("replayOf")) or call.replay_of
+    return call
+
+
+def _model_responded(state: RunState, e: _Event) -> None:
+    call = _model_call_for_answer(state, e)
+    call.status = "responded"
+    call.responded_sequence = e.sequence
+    model = e.payload.get("model")
+    if isinstance(model, Mapping):
+        call.provider = _str(model.get("provider"))
+        call.model_id = _str(model.get("modelId"))
+    response = e.payload.get("response")
+    raw_usage = response.get("usage") if isinstance(response, Mapping) else None
+    if not isinstance(raw_usage, Mapping):
+        return  # Little Workflow's rule: a call without a usage object is not counted at all
+    usage = Usage.from_payload(raw_usage)
+    cost = price_call(usage, call.provider, call.model_id, e.table)
+    call.usage, call.cost = usage, cost
+    state.usage = state.usage.add_call(usage, cost)
+    if e.step_path is not None:
+        step = state.steps[e.step_path]
+        step.usage = step.usage.add_call(usage, cost)
+    state.cost_entries.append(
+        CostEntry(
+            sequence=e.sequence,
+            call_id=call.call_id,
+            turn=call.turn,
+            step_path=e.step_path,
+            provider=call.provider,
+            model_id=call.model_id,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cost_usd=cost,
+            price_table_version=e.table.version,
+        )
+    )
+
+
+def _model_failed(state: RunState, e: _Event) -> None:
+    call = _model_call_for_answer(state, e)
+    call.status = "failed"
+    call.failed_sequence = e.sequence
+    call.error = e.payload.get("error")
+
+
+def _tool_started(state: RunState, e: _Event) -> None:
+    p = e.payload
+    call_id = _str(p.get("callId"))
+    if call_id is None:
+        return
+    call = state.tool_calls.get(call_id)
+    if call is None:
+        call = ToolCall(call_id=call_id, started_sequence=e.sequence, session=_open_session(state, e.step_path))
+        state.tool_calls[call_id] = call
+    # A second `started` is the gateway re-claiming an expired lease: the call is live again.
+    call.status = "started"
+    call.result, call.error, call.duration_ms, call.ended_sequence = None, None, None, None
+    call.tool_name = _str(p.get("toolName")) or call.tool_name
+    call.args = p.get("args", call.args)
+    call.caller = _str(p.get("caller")) or call.caller
+    turn = _int(p.get("turn"))
+    call.turn = turn if turn is not None else call.turn
+    call.step_path = e.step_path or call.step_path
+    _tool_origin(call, p)
+
+
+def _tool_event(state: RunState, e: _Event) -> ToolCall | None:
+    call_id = _str(e.payload.get("callId"))
+    if call_id is None:
+        return None
+    call = state.tool_calls.get(call_id)
+    if call is None:
+        call = ToolCall(call_id=call_id, step_path=e.step_path, session=_open_session(state, e.step_path))
+        state.tool_calls[call_id] = call
+    call.step_path = call.step_path or e.step_path
+    _tool_origin(call, e.payload)
+    return call
+
+
+def _tool_origin(call: ToolCall, payload: Mapping[str, Any]) -> None:
+    call.origin = _str(payload.get("origin")) or call.origin
+    call.replay_of = _str(payload.get("replayOf")) or call.replay_of
+
+
+def _tool_ended(status: str) -> _Handler:
+    def handler(state: RunState, e: _Event) -> None:
+        call = _tool_event(state, e)
+        if call is None:
+            return
+        call.status = status
+        call.ended_sequence = e.sequence
+        if status == "succeeded":
+            call.result = e.payload.get("result")
+        else:
+            call.error = e.payload.get("error")
+        duration = e.payload.get("durationMs")
+        if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+            call.duration_ms = duration
+    return handler
+
+
+def _tool_in_doubt(state: RunState, e: _Event) -> None:
+    call = _tool_event(state, e)
+    if call is not None:
+        call.status = "in_doubt"
+
+
+def _tool_reconciled(state: RunState, e: _Event) -> None:
+    outcome = e.payload.get("outcome")
+    if outcome not in ("succeeded", "failed"):
+        return
+    call = _tool_event(state, e)
+    if call is None:
+        return
+    call.status = outcome
+    call.reconciled = True
+    call.ended_sequence = e.sequence
+    if outcome == "succeeded":
+        call.result, call.error = e.payload.get("result"), None
+    else:
+        call.result, call.error = None, e.payload.get("error")
+
+
+def _outer_loop_cycle(state: RunState, e: _Event) -> None:
+    number = _int(e.payload.get("cycleNumber"))
+    if number is None or any(c.cycle_number == number for c in state.outer_loop_cycles):
+        return  # Little Workflow appends a cycle once; a repeat restates it
+    state.outer_loop_cycles.append(
+        OuterLoopCycle(
+            outer_loop_id=_str(e.payload.get("outerLoopId")),
+            cycle_number=number,
+            supervise=e.payload.get("supervise"),
+            sequence=e.sequence,
+        )
+    )
+
+
+_HANDLERS: dict[str, _Handler] = {
+    "RunStarted": _run_started,
+    "WorkflowVersionRegistered": _workflow_version_registered,
+    "RunCompleted": _run_completed,
+    "RunFailed": _run_failed,
+    "StepScheduled": _step_scheduled,
+    "StepAttemptStarted": _step_attempt_started,
+    "StepCompleted": _step_completed,
+    "StepFailed": _step_failed,
+    "ArtifactCreated": _artifact_created,
+    "ParallelGroupStarted": _parallel_group_started,
+    "ParallelBranchScheduled": _parallel_branch_scheduled,
+    "ParallelBranchCompleted": _parallel_branch_ended("completed"),
+    "ParallelBranchFailed": _parallel_branch_ended("failed"),
+    "ParallelGroupCompleted": _parallel_group_ended("completed"),
+    "ParallelGroupFailed": _parallel_group_ended("failed"),
+    "harness.session.started": _session_started,
+    "harness.session.completed": _session_ended("completed"),
+    "harness.session.failed": _session_ended("failed"),
+    "harness.model.called": _model_called,
+    "harness.model.responded": _model_responded,
+    "harness.model.failed": _model_failed,
+    "harness.tool_call.started": _tool_started,
+    "harness.tool_call.succeeded": _tool_ended("succeeded"),
+    "harness.tool_call.failed": _tool_ended("failed"),
+    "harness.tool_call.in_doubt": _tool_in_doubt,
+    "harness.tool_call.reconciled": _tool_reconciled,
+    "OuterLoopCycleCompleted": _outer_loop_cycle,
+}
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ref(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.startswith(ARTIFACT_REF_PREFIX) else None
+
+
+def _refs(value: Any) -> list[str]:
+    return [ref for ref in map(_ref, value) if ref is not None] if isinstance(value, list) else []
+
+
+def _add_unique(items: list[str], value: str) -> None:
+    if value not in items:
+        items.append(value)
+
+
+# --- copies and JSON for projections ------------------------------------------------------
+# Driven by the dataclasses' type hints. A keyed collection (dict of records) is stored as a
+# list; on the way back, each record's first field is its key.
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@cache
+def _hints(cls: Any) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+@cache
+def _plan(cls: Any) -> tuple[tuple[str, str, str, Any], ...]:
+    """(field, JSON key, kind, record class) per field; kind is money|record|keyed|records|json."""
+    plan = []
+    for f in fields(cls):
+        hint = _hints(cls)[f.name]
+        if get_origin(hint) in (Union, UnionType):
+            present = [a for a in get_args(hint) if a is not NoneType]
+            hint = present[0] if len(present) == 1 else Any
+        origin, args = get_origin(hint), get_args(hint)
+        if hint is Decimal:
+            kind, item = "money", None
+        elif _is_dataclass_type(hint):
+            kind, item = "record", hint
+        elif origin is dict and _is_dataclass_type(args[1]):
+            kind, item = "keyed", args[1]
+        elif origin is list and _is_dataclass_type(args[0]):
+            kind, item = "records", args[0]
+        else:
+            kind, item = "json", None
+        plan.append((f.name, _camel(f.name), kind, item))
+    return tuple(plan)
+
+
+@cache
+def _keyed_fields(cls: Any) -> frozenset[str]:
+    return frozenset(name for name, _, kind, _ in _plan(cls) if kind == "keyed")
+
+
+@cache
+def _container_fields(cls: Any) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (name, kind) for name, _, kind, _ in _plan(cls)
+        if kind in ("keyed", "records") or get_origin(_hints(cls)[name]) is list
+    )
+
+
+def _is_dataclass_type(hint: Any) -> bool:
+    return isinstance(hint, type) and is_dataclass(hint)
+
+
+def _clone(record: Any) -> Any:
+    """Copy the records and their containers; share the JSON values inside them.
+
+    The fold replaces JSON values (outputs, args, manifests) and never edits them in place, so
+    sharing them is safe and makes an incremental fold cost a fraction of a deepcopy.
+    """
+    copied = copy.copy(record)
+    cls: Any = type(record)
+    for name, kind in _container_fields(cls):
+        value = getattr(record, name)
+        if kind == "keyed":
+            setattr(copied, name, {key: _clone(item) for key, item in value.items()})
+        elif kind == "records":
+            setattr(copied, name, [_clone(item) for item in value])
+        else:
+            setattr(copied, name, list(value))
+    return copied
+
+
+def _copy_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(item) for item in value]
+    return value
+
+
+def _dump(record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    cls: Any = type(record)
+    for name, key, kind, _ in _plan(cls):
+        value = getattr(record, name)
+        if value is None:
+            out[key] = None
+        elif kind == "money":
+            out[key] = f"{value.normalize():f}"
+        elif kind == "record":
+            out[key] = _dump(value)
+        elif kind == "keyed":
+            out[key] = [_dump(item) for item in value.values()]
+        elif kind == "records":
+            out[key] = [_dump(item) for item in value]
+        else:
+            out[key] = _copy_json(value)
+    return out
+
+
+def _load(cls: Any, data: Mapping[str, Any]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for name, key, kind, item_cls in _plan(cls):
+        if key not in data:
+            continue
+        value = data[key]
+        if value is None:
+            kwargs[name] = None
+        elif kind == "money":
+            kwargs[name] = Decimal(str(value))
+        elif kind == "record":
+            kwargs[name] = _load(item_cls, value)
+        elif kind == "keyed":
+            key_field = fields(item_cls)[0].name
+            items = [_load(item_cls, item) for item in value]
+            kwargs[name] = {getattr(item, key_field): item for item in items}
+        elif kind == "records":
+            kwargs[name] = [_load(item_cls, item) for item in value]
+        else:
+            kwargs[name] = _copy_json(value)
+    return cls(**kwargs)

@@ -1,0 +1,229 @@
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from ledger.pricing import (
+    PriceTable,
+    Usage,
+    UsageTotals,
+    load_default_prices,
+    price_call,
+)
+
+PRICES = load_default_prices()
+
+
+def cost(provider: str, model_id: str, **usage: int) -> Decimal | None:
+    return price_call(Usage(**usage), provider, model_id, PRICES)
+
+
+def test_shipped_table_holds_exactly_the_reference_rates() -> None:
+    path = Path(__file__).resolve().parents[1] / "ledger" / "prices" / "2026-11-01.json"
+    data = json.loads(path.read_text("utf-8"), parse_float=Decimal)
+    assert data["version"] == PRICES.version == "2026-11-01"
+    expected = {
+        "openai/gpt-4o-mini": ("0.15", "0.075", "0.6"),
+        "openai/gpt-4o": ("2.5", "1.25", "10"),
+        "openai/gpt-5": ("1.25", "0.125", "10"),
+        "openai/o4-mini": ("1.1", "0.275", "4.4"),
+        "anthropic/claude-sonnet-4-6": ("3", "0.3", "15"),
+        "anthropic/claude-opus-4-7": ("5", "0.5", "25"),
+        "google/gemini-2.5-pro": ("1.25", "0.125", "10"),
+        "google/gemini-2.5-flash": ("0.3", "0.03", "2.5"),
+        "deepseek/deepseek-v4-flash": ("0.14", "0.0028", "0.28"),
+        "deepseek/deepseek-v4-pro": ("0.435", "0.003625", "0.87"),
+        "mistral/mistral-large-latest": ("2", None, "6"),
+        "groq/llama-3.3-70b-versatile": ("0.59", None, "0.79"),
+        "amazon/nova-pro": ("0.8", None, "3.2"),
+    }
+    assert set(data["models"]) == set(expected) == set(PRICES.rates)
+    for key, (input_rate, cached_rate, output_rate) in expected.items():
+        entry = data["models"][key]
+        assert ("cachedInput" in entry) == (cached_rate is not None), key
+        rates = PRICES.rates[key]
+        assert rates.input == Decimal(input_rate)
+        assert rates.output == Decimal(output_rate)
+        assert rates.cached_input == (None if cached_rate is None else Decimal(cached_rate))
+
+
+def test_gpt_4o_one_million_in_half_million_out_costs_7_50() -> None:
+    assert cost("openai", "gpt-4o", input_tokens=1_000_000, output_tokens=500_000) == Decimal("7.50")
+
+
+def test_gpt_4o_mini_10k_in_2k_out_costs_0_0027() -> None:
+    assert cost("openai", "gpt-4o-mini", input_tokens=10_000, output_tokens=2_000) == Decimal("0.0027")
+
+
+def test_gpt_4o_mini_with_8k_cached_costs_0_0021() -> None:
+    result = cost("openai", "gpt-4o-mini", input_tokens=10_000, output_tokens=2_000, cached_input_tokens=8_000)
+    assert result == Decimal("0.0021")
+
+
+def test_reasoning_tokens_are_not_charged_twice() -> None:
+    plain = cost("openai", "o4-mini", input_tokens=1_000, output_tokens=5_000)
+    reasoning = cost("openai", "o4-mini", input_tokens=1_000, output_tokens=5_000, reasoning_tokens=4_000)
+    assert plain == reasoning == Decimal("0.0231")
+
+
+def test_model_without_cache_rate_bills_cached_tokens_at_input_rate() -> None:
+    result = cost("mistral", "mistral-large-latest", input_tokens=1_000, cached_input_tokens=1_000)
+    assert result == Decimal("0.002")
+
+
+def test_cached_tokens_above_input_clamp_to_input() -> None:
+    usage = Usage(input_tokens=100, cached_input_tokens=500)
+    assert usage.cached_input_tokens == 100
+    assert price_call(usage, "openai", "gpt-4o-mini", PRICES) == Decimal("0.0000075")
+
+
+def test_reasoning_tokens_above_output_clamp_to_output() -> None:
+    assert Usage(output_tokens=10, reasoning_tokens=50).reasoning_tokens == 10
+
+
+def test_ai_sdk_provider_suffix_prices_as_the_bare_provider() -> None:
+    assert cost("openai.responses", "gpt-4o-mini", input_tokens=10_000, output_tokens=2_000) == Decimal("0.0027")
+
+
+def test_unknown_models_are_null_not_zero() -> None:
+    assert cost("acme.chat", "nope", input_tokens=10, output_tokens=10) is None
+    assert cost("openai.responses", "gpt-9-imaginary", input_tokens=10, output_tokens=10) is None
+
+
+def test_lookup_is_case_insensitive_and_needs_provider_and_model() -> None:
+    assert PRICES.lookup("OpenAI", "GPT-4o-mini") is PRICES.rates["openai/gpt-4o-mini"]
+    assert PRICES.lookup(None, "gpt-4o-mini") is None
+    assert PRICES.lookup("openai", "") is None
+    # Dots are stripped from the provider only: a model id keeps its own dots.
+    assert PRICES.lookup("google.generative-ai", "gemini-2.5-pro") is PRICES.rates["google/gemini-2.5-pro"]
+
+
+def test_money_is_exact_decimal() -> None:
+    assert cost("deepseek", "deepseek-v4-pro", input_tokens=1_000_000, cached_input_tokens=1_000_000) == Decimal(
+        "0.003625"
+    )
+    totals = UsageTotals()
+    for _ in range(10_000):
+        totals = totals.add_call(Usage(input_tokens=1), cost("openai", "gpt-4o-mini", input_tokens=1))
+    assert totals.cost_usd == Decimal("0.0015")
+
+
+def test_usage_reads_ai_sdk_detail_objects_when_flat_fields_are_absent() -> None:
+    usage = Usage.from_payload(
+        {
+            "inputTokens": 1_000,
+            "outputTokens": 400,
+            "inputTokenDetails": {"cacheReadTokens": 600},
+            "outputTokenDetails": {"reasoningTokens": 300},
+        }
+    )
+    assert usage == Usage(input_tokens=1_000, output_tokens=400, cached_input_tokens=600, reasoning_tokens=300)
+
+
+def test_flat_usage_fields_win_over_details() -> None:
+    usage = Usage.from_payload(
+        {"inputTokens": 1_000, "cachedInputTokens": 100, "inputTokenDetails": {"cacheReadTokens": 600}}
+    )
+    assert usage.cached_input_tokens == 100
+
+
+def test_recorded_cost_is_never_read() -> None:
+    usage = Usage.from_payload({"inputTokens": 10_000, "outputTokens": 2_000, "costUsd": 999})
+    assert price_call(usage, "openai", "gpt-4o-mini", PRICES) == Decimal("0.0027")
+
+
+def test_negative_or_non_numeric_tokens_count_as_zero() -> None:
+    usage = Usage.from_payload(
+        {"inputTokens": -5, "outputTokens": "12", "cachedInputTokens": True, "reasoningTokens": float("nan")}
+    )
+    assert usage == Usage()
+    assert price_call(usage, "openai", "gpt-4o", PRICES) == 0
+
+
+def test_all_calls_unpriced_gives_null_cost() -> None:
+    totals = UsageTotals().add_call(Usage(input_tokens=10), None)
+    assert totals.cost_usd is None
+    assert (totals.priced_calls, totals.unpriced_calls) == (0, 1)
+
+
+def test_priced_plus_unpriced_sums_the_priced_calls() -> None:
+    totals = UsageTotals().add_call(Usage(input_tokens=1_000_000), Decimal("2.50")).add_call(Usage(), None)
+    assert totals.cost_usd == Decimal("2.5")
+    assert (totals.priced_calls, totals.unpriced_calls) == (1, 1)
+    assert totals.to_json() == {
+        "inputTokens": 1_000_000,
+        "outputTokens": 0,
+        "cachedInputTokens": 0,
+        "reasoningTokens": 0,
+        "costUsd": 2.5,
+        "pricedCalls": 1,
+        "unpricedCalls": 1,
+    }
+
+
+def test_no_calls_is_a_true_zero() -> None:
+    assert UsageTotals().cost_usd == 0
+    assert UsageTotals().to_json()["costUsd"] == 0.0
+    assert UsageTotals().to_json()["costUsd"] is not None
+
+
+def test_usage_totals_round_trip_through_json() -> None:
+    totals = UsageTotals().add_call(Usage(input_tokens=3, output_tokens=7), Decimal("0.0000123"))
+    assert UsageTotals.from_json(totals.to_json()) == totals
+    unpriced = UsageTotals().add_call(Usage(input_tokens=3), None)
+    assert UsageTotals.from_json(unpriced.to_json()) == unpriced
+
+
+def test_workspace_override_changes_rates_and_version() -> None:
+    table = PRICES.with_overrides({"openai/gpt-4o": {"output": 5}})
+    assert table.version.startswith("2026-11-01+ws")
+    assert table.version != PRICES.version
+    assert table.lookup("openai", "gpt-4o").cached_input == Decimal("1.25")  # type: ignore[union-attr]
+    result = price_call(Usage(input_tokens=1_000_000, output_tokens=500_000), "openai", "gpt-4o", table)
+    assert result == Decimal("5")
+    assert PRICES.lookup("openai", "gpt-4o").output == 10  # type: ignore[union-attr]
+
+
+def test_override_version_names_the_overrides() -> None:
+    one = PRICES.with_overrides({"openai/gpt-4o": {"output": 5}})
+    same = PRICES.with_overrides({"OpenAI/GPT-4o": {"output": 5.0}})
+    other = PRICES.with_overrides({"openai/gpt-4o": {"output": 6}})
+    assert one.version == same.version
+    assert one.version != other.version
+    assert PRICES.with_overrides({}) is PRICES
+
+
+def test_override_can_add_a_model_and_drop_a_cache_rate() -> None:
+    table = PRICES.with_overrides(
+        {"acme/house-model": {"input": 1, "output": 2}, "openai/gpt-4o-mini": {"cachedInput": None}}
+    )
+    assert price_call(Usage(input_tokens=1_000_000, output_tokens=1_000_000), "acme.chat", "house-model", table) == 3
+    assert price_call(Usage(input_tokens=10_000, cached_input_tokens=10_000), "openai", "gpt-4o-mini", table) == (
+        Decimal("0.0015")
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"acme/new": {"input": 1}},
+        {"openai/gpt-4o": {"cached_input": 1}},
+        {"openai/gpt-4o": {"input": -1}},
+        {"openai/gpt-4o": {"input": "cheap"}},
+        {"openai/gpt-4o": {"input": True}},
+        {"gpt-4o": {"input": 1, "output": 1}},
+    ],
+)
+def test_bad_overrides_are_refused(overrides: dict) -> None:
+    with pytest.raises(ValueError):
+        PRICES.with_overrides(overrides)
+
+
+def test_price_table_is_immutable() -> None:
+    with pytest.raises(TypeError):
+        PRICES.rates["acme/free"] = PRICES.rates["openai/gpt-4o"]  # type: ignore[index]
+    assert isinstance(PRICES, PriceTable)
+    assert load_default_prices() is PRICES
