@@ -1,0 +1,38 @@
+# Runledger: `make run` sets up a fresh machine and serves the console with demo data;
+# `make test` runs the tests. Both use the embedded defaults (SQLite, in-memory channel layer)
+# unless DATABASE_URL / REDIS_URL are set.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: setup run test migrate demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+migrate: setup
+	$(PY) manage.py migrate --noinput -v 0
+
+demo: migrate
+	$(PY) manage.py ledger demo
+
+run: demo
+	@echo "Runledger console: http://$(HOST):$(PORT)/  (Ctrl-C stops it)"
+	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) console.asgi:application
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) bench/ingest.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .hypothesis
