@@ -1,0 +1,59 @@
+"""Run leases with fencing tokens: one executor writes a run at a time (DESIGN.md §3).
+
+Taking a lease bumps the run's fencing token; appends carrying an older token are `fenced`, which
+is what stops a paused or zombie executor from writing after another one took the run over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from . import selectors
+from .errors import Conflict
+from .models import Run, Workspace
+
+
+class LeaseHeld(Conflict):
+    code = "run_leased"
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    owner: str
+    fencing_token: int
+    expires_at: datetime
+
+
+@transaction.atomic
+def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: float = 60,
+                      take_over: bool = False) -> Lease:
+    """Lease the run to `owner`. A live lease of another owner is refused unless `take_over`."""
+    run = selectors.runs(workspace).select_for_update().filter(run_id=run_id).first()
+    if run is None:
+        selectors.get_run(workspace, run_id)  # raises NotFound
+    assert run is not None
+    now = timezone.now()
+    live = run.lease_expires_at is not None and run.lease_expires_at > now
+    if live and run.lease_owner != owner and not take_over:
+        raise LeaseHeld(f"run {run_id} is leased to {run.lease_owner} until {run.lease_expires_at:%H:%M:%S}",
+                        owner=run.lease_owner)
+    expires = now + timedelta(seconds=ttl_s)
+    Run.objects.filter(pk=run.pk).update(
+        lease_owner=owner, lease_expires_at=expires, fencing_token=F("fencing_token") + 1
+    )
+    run.refresh_from_db(fields=["fencing_token"])
+    return Lease(run_id=run_id, owner=owner, fencing_token=run.fencing_token, expires_at=expires)
+
+
+@transaction.atomic
+def release_run_lease(*, workspace: Workspace, lease: Lease) -> None:
+    """Give the run back; a no-op if the lease was already taken over."""
+    selectors.runs(workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
+        lease_owner="", lease_expires_at=None
+    )
