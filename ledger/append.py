@@ -31,9 +31,11 @@ from .errors import (
     RunNotStarted,
     SequenceConflict,
 )
+from .fold import advance
 from .models import Event, Run, Workspace
+from .projection import prices_for, remember_after_commit, state_for_append, write_batch
 from .redaction import Redactor
-from .vocabulary import TERMINAL_RUN_TYPES, is_custom, validate_payload
+from .vocabulary import is_custom, validate_payload
 
 RUN_ID_RE = re.compile(r"^run_[A-Za-z0-9_-]{1,80}$")
 MAX_BATCH = 5000
@@ -185,9 +187,11 @@ def append_events(
                 expected=expected_sequence, actual=run.last_sequence,
             )
 
-        sequence = run.last_sequence
-        status = run.status
+        prices = prices_for(workspace)
+        state = state_for_append(run, prices)
+        before, cost_entries_before = state.last_sequence, len(state.cost_entries)
         rows: list[Event] = []
+        written: list[dict[str, Any]] = []
         out: list[dict[str, Any]] = []
         in_batch: dict[str, tuple[Event, dict[str, Any]]] = {}
         for index, p in enumerate(prepared):
@@ -204,15 +208,16 @@ def append_events(
                 else:
                     out.append({**event_envelope(seen[key], run_id), "replayed": True})
                 continue
-            if sequence == 0 and p.type != "RunStarted":
+            # The lifecycle rules read the fold's own state, advanced event by event below.
+            if state.last_sequence == 0 and p.type != "RunStarted":
                 raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted",
                                     index=index, runId=run_id)
-            if sequence > 0 and p.type == "RunStarted":
+            if state.last_sequence > 0 and p.type == "RunStarted":
                 raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
-            if status in ("completed", "failed") and not is_custom(p.type):
-                raise RunFinished(f"run {run_id} is {status}; only custom.* events may follow",
+            if state.status in ("completed", "failed") and not is_custom(p.type):
+                raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow",
                                   index=index, runId=run_id)
-            sequence += 1
+            sequence = state.last_sequence + 1
             payload = p.payload
             if len(p.canonical) > INLINE_LIMIT_BYTES:
                 payload = externalize(workspace, payload, len(p.canonical))
@@ -229,14 +234,13 @@ def append_events(
                            occurrence_id=p.occurrence_id, recorded_at=now, payload=payload)
             if key is not None:
                 in_batch[key] = (row, env)
+            written.append(env)
             out.append({**env, "replayed": False})
-            if p.type == "RunStarted":
-                status = "running"
-            elif p.type in TERMINAL_RUN_TYPES:
-                status = "completed" if p.type == "RunCompleted" else "failed"
+            advance(state, [env], prices=prices)
 
         if rows:
             Event.objects.bulk_create(rows)
-            Run.objects.filter(pk=run.pk).update(last_sequence=sequence, status=status)
-            announce.after_commit(run, sequence)
-    return AppendResult(events=out, last_sequence=sequence)
+            write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before)
+            remember_after_commit(run, prices, state)
+            announce.after_commit(run, state.last_sequence)
+    return AppendResult(events=out, last_sequence=state.last_sequence)

@@ -291,6 +291,18 @@ def check_events(run_id: str, events: Sequence[Mapping[str, Any]], *, after: int
             )
 
 
+def advance(state: RunState, events: Sequence[Mapping[str, Any]], *, prices: PriceTable | None = None) -> None:
+    """`fold_into` without the copy: continue `state` in place, for a caller that owns it.
+
+    The append transaction uses this on a state nobody else can see, so a batch costs the
+    batch, not the length of the run. Same checks, same handlers as `fold_into`.
+    """
+    check_events(state.run_id, events, after=state.last_sequence)
+    table = prices if prices is not None else load_default_prices()
+    for event in events:
+        _apply(state, event, table)
+
+
 def apply_unchecked(state: RunState, events: Sequence[Mapping[str, Any]], prices: PriceTable) -> RunState:
     """Fold without the shape check, for readers that report a broken log instead of refusing it."""
     new: RunState = _clone(state)

@@ -39,6 +39,8 @@ class Workspace(models.Model):
     # Extra redaction rules on top of the built-in secret key names (DESIGN.md §3).
     redact_keys = models.JSONField(default=list, blank=True)
     redact_value_patterns = models.JSONField(default=list, blank=True)
+    # {"provider/modelId": {"input": .., "cachedInput": .., "output": ..}} over the shipped table.
+    price_overrides = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -81,14 +83,32 @@ class ApiKey(models.Model):
         return scope in self.scopes
 
 
-class Run(models.Model):
-    """The head row of a run's log: locked by every append to allocate sequences."""
+class UsageColumns(models.Model):
+    """Usage totals as columns, so reports can aggregate them in SQL."""
+
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cached_input_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+    # NULL when every call was unpriced, never 0 for "unknown" (DESIGN.md §4).
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True, default=0)
+    priced_calls = models.PositiveIntegerField(default=0)
+    unpriced_calls = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class Run(UsageColumns):
+    """The head row of a run's log, locked by every append, and the run's projection.
+
+    Everything below `pruning` is projected from the log by the fold (ledger/projection.py).
+    """
 
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs")
     run_id = models.CharField(max_length=84)
     created_at = models.DateTimeField(auto_now_add=True)
     last_sequence = models.PositiveIntegerField(default=0)
-    status = models.CharField(max_length=16, default="pending")
     # Run lease with fencing (DESIGN.md §3): the token only ever grows.
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -97,11 +117,28 @@ class Run(models.Model):
     # delete events of any run without it.
     pruning = models.BooleanField(default=False)
 
+    status = models.CharField(max_length=16, default="pending")
+    workflow_version_id = models.CharField(max_length=200, blank=True)
+    label = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    output_ref = models.CharField(max_length=200, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    parent_run_id = models.CharField(max_length=84, blank=True)
+    root_run_id = models.CharField(max_length=84, blank=True)
+    replay_of = models.CharField(max_length=200, blank=True)
+    event_count = models.PositiveIntegerField(default=0)
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["workspace", "run_id"], name="run_id_unique_in_workspace"),
         ]
-        indexes = [models.Index(fields=["workspace", "-created_at"], name="run_newest_first")]
+        indexes = [
+            models.Index(fields=["workspace", "-created_at"], name="run_newest_first"),
+            models.Index(fields=["workspace", "parent_run_id"], name="run_children"),
+        ]
 
     def __str__(self) -> str:
         return self.run_id
@@ -177,3 +214,75 @@ class Artifact(models.Model):
     @property
     def ref(self) -> str:
         return f"artifact://{self.artifact_id}"
+
+
+class Step(UsageColumns):
+    """A step of a run, as the fold sees it; ordered by first appearance in the log."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    step_path = models.CharField(max_length=500)
+    position = models.PositiveIntegerField()
+    status = models.CharField(max_length=16)
+    visit = models.PositiveIntegerField(null=True, blank=True)
+    attempts = models.JSONField(default=list)
+    output = models.JSONField(null=True, blank=True)
+    has_output = models.BooleanField(default=False)
+    output_ref = models.CharField(max_length=200, blank=True)
+    artifact_refs = models.JSONField(default=list)
+    error = models.JSONField(null=True, blank=True)
+    first_sequence = models.PositiveIntegerField()
+    last_sequence = models.PositiveIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step_path"], name="step_path_unique_in_run")]
+        ordering = ["run", "position"]
+
+
+class ToolCall(models.Model):
+    """A tool call of a run: the fold's view of it (the gateway adds its lease columns)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    call_id = models.CharField(max_length=200)
+    position = models.PositiveIntegerField()
+    tool_name = models.CharField(max_length=200, blank=True)
+    args = models.JSONField(null=True, blank=True)
+    caller = models.CharField(max_length=50, blank=True)
+    turn = models.IntegerField(null=True, blank=True)
+    step_path = models.CharField(max_length=500, blank=True)
+    status = models.CharField(max_length=16)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    reconciled = models.BooleanField(default=False)
+    origin = models.CharField(max_length=16, blank=True)
+    started_sequence = models.PositiveIntegerField(null=True, blank=True)
+    ended_sequence = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "call_id"], name="tool_call_unique_in_run")]
+        ordering = ["run", "position"]
+
+
+class CostEntry(models.Model):
+    """One per answered model call: tokens as recorded, dollars as priced by the fold."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cost_entries")
+    sequence = models.PositiveIntegerField()
+    call_id = models.CharField(max_length=200, blank=True)
+    step_path = models.CharField(max_length=500, blank=True)
+    provider = models.CharField(max_length=200, blank=True)
+    model_id = models.CharField(max_length=200, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cached_input_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
+    price_table_version = models.CharField(max_length=100)
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "sequence"], name="cost_entry_unique_in_run")]
+        indexes = [models.Index(fields=["recorded_at"], name="cost_entry_by_time")]
+        ordering = ["run", "sequence"]

@@ -9,7 +9,9 @@ from typing import Any
 
 from . import artifacts
 from .canonical import canonical_json, event_id
+from .fold import RunStateMismatch, fold
 from .models import Artifact, Event, Run
+from .projection import differences, log_of, prices_for
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,28 @@ def verify_run(run: Run) -> list[Check]:
     checks.append(Check("event_ids", "fail" if bad_ids else "pass",
                         f"recomputed ids differ at sequences {bad_ids[:10]}" if bad_ids else f"{len(rows)} ids recomputed"))
 
-    problems = []
-    for ref in sorted(refs):
-        artifact = Artifact.objects.filter(workspace_id=run.workspace_id, sha256=artifacts.parse_ref(ref)).first()
-        state = "missing" if artifact is None else artifacts.check(artifact)
-        if state != "ok":
-            problems.append(f"{ref} {state}")
+    outcomes = check_artifacts(run, refs)
+    problems = [f"{ref} {state}" for ref, state in sorted(outcomes.items()) if state != "ok"]
     checks.append(Check("artifact_hashes", "fail" if problems else "pass",
                         "; ".join(problems) if problems else f"{len(refs)} artifact(s) re-hashed"))
+
+    log = log_of(run)
+    try:
+        state = fold(log, prices=prices_for(run.workspace), run_id=run.run_id)
+    except RunStateMismatch as exc:
+        checks.append(Check("projections", "fail", f"the log cannot be folded: {exc}"))
+        return checks
+    diffs = differences(run, state, log)
+    checks.append(Check("projections", "fail" if diffs else "pass",
+                        "; ".join(diffs[:10]) + (f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else "")
+                        if diffs else "run, steps, tool calls and cost entries equal the fold"))
     return checks
+
+
+def check_artifacts(run: Run, refs: set[str]) -> dict[str, str]:
+    """ref -> ok | missing | mismatch, re-hashing each artifact of the run's workspace."""
+    outcomes = {}
+    for ref in refs:
+        artifact = Artifact.objects.filter(workspace_id=run.workspace_id, sha256=artifacts.parse_ref(ref)).first()
+        outcomes[ref] = "missing" if artifact is None else artifacts.check(artifact)
+    return outcomes

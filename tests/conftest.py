@@ -17,6 +17,22 @@ def _artifacts_in_tmp(settings: Any, tmp_path: Path) -> None:
     settings.ARTIFACTS_ROOT = tmp_path / "artifacts"
 
 
+@pytest.fixture(autouse=True)
+def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
+    """Transactional tests end with a flush, which deletes events; the log's triggers allow that
+    only for runs marked for pruning, as retention does."""
+    marker = request.node.get_closest_marker("django_db")
+    if not (marker and marker.kwargs.get("transaction")):
+        yield
+        return
+    request.getfixturevalue("transactional_db")  # set up first, so torn down after this
+    yield
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("UPDATE ledger_run SET pruning = %s", [True])
+
+
 @pytest.fixture
 def workspace(db: None) -> Workspace:
     return bootstrap(tenant="acme", workspace="support")

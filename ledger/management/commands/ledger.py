@@ -57,6 +57,21 @@ class Command(BaseCommand):
         p.add_argument("run", nargs="?")
         p.add_argument("--workspace")
 
+        p = sub.add_parser("rebuild", help="rebuild projections of one run or all from the log")
+        p.add_argument("run", nargs="?")
+        p.add_argument("--workspace")
+
+        sub.add_parser("reprice", help="recompute cost entries from the recorded tokens after a price change")
+
+        p = sub.add_parser("report", help="usage and cost per step")
+        p.add_argument("run")
+        p.add_argument("--workspace")
+        p.add_argument("--table", action="store_true", help="a fixed-width table instead of JSON")
+
+        p = sub.add_parser("replay-plan", help="what a resume would do, without doing it")
+        p.add_argument("run")
+        p.add_argument("--workspace")
+
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
             getattr(self, "_" + action.replace("-", "_"))(**options)
@@ -85,11 +100,7 @@ class Command(BaseCommand):
                           f"password {DEMO_PASSWORD}")
 
     def _events(self, *, run: str, workspace: str | None, type_filter: str | None, **_: Any) -> None:
-        try:
-            the_run = _run_for(run, workspace)
-        except LedgerError as exc:
-            self.stderr.write(exc.message)
-            sys.exit(1)
+        the_run = self._existing(run, workspace)
         prefix, exact = None, None
         if type_filter:
             prefix, exact = (type_filter[:-1], None) if type_filter.endswith("*") else (None, type_filter)
@@ -97,10 +108,55 @@ class Command(BaseCommand):
             if exact is None or env["type"] == exact:
                 self.stdout.write(json.dumps(env, ensure_ascii=False, separators=(",", ":")))
 
+    def _runs(self, run: str | None, workspace: str | None) -> Any:
+        if run:
+            return [_run_for(run, workspace)]
+        qs = Run.objects.select_related("workspace__tenant").order_by("pk")
+        return qs.filter(workspace=tenancy.workspace_by_path(workspace)) if workspace else qs
+
+    def _rebuild(self, *, run: str | None, workspace: str | None, **_: Any) -> None:
+        from ledger.projection import rebuild
+
+        count = 0
+        for target in self._runs(run, workspace):
+            rebuild(target)
+            count += 1
+        self.stdout.write(f"rebuilt projections of {count} run(s)")
+
+    def _reprice(self, **_: Any) -> None:
+        from ledger.projection import reprice
+
+        runs, changed = reprice(Run.objects.select_related("workspace").order_by("pk"))
+        self.stdout.write(f"repriced {runs} run(s): {changed} cost entr{'y' if changed == 1 else 'ies'} changed")
+
+    def _report(self, *, run: str, workspace: str | None, table: bool, **_: Any) -> None:
+        from ledger.fold import fold
+        from ledger.projection import log_of, prices_for
+        from ledger.report import render_report_table, usage_report
+
+        the_run = self._existing(run, workspace)
+        report = usage_report(fold(log_of(the_run), prices=prices_for(the_run.workspace), run_id=the_run.run_id))
+        if table:
+            self.stdout.write(render_report_table(report), ending="")
+        else:
+            self.stdout.write(json.dumps(report, indent=2))
+
+    def _replay_plan(self, *, run: str, workspace: str | None, **_: Any) -> None:
+        from ledger.plans import replay_plan_for
+
+        self.stdout.write(json.dumps(replay_plan_for(self._existing(run, workspace)), indent=2))
+
+    def _existing(self, run: str, workspace: str | None) -> Run:
+        try:
+            return _run_for(run, workspace)
+        except LedgerError as exc:
+            self.stderr.write(exc.message)
+            sys.exit(1)
+
     def _verify(self, *, run: str | None, workspace: str | None, **_: Any) -> None:
         from ledger.verify import verify_run
 
-        targets = [_run_for(run, workspace)] if run else Run.objects.select_related("workspace__tenant").order_by("pk")
+        targets = self._runs(run, workspace)
         failures = 0
         checked = 0
         for target in targets:

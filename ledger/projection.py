@@ -1,0 +1,297 @@
+"""Projections: the Run, Step, ToolCall and CostEntry rows, written from the fold.
+
+There is one implementation of what a log means, `ledger.fold`. This module only turns a
+RunState into rows: inside the append transaction for the events just written (`project_batch`),
+from scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+
+from .fold import RunState, fold
+from .models import CostEntry, Event, Run, Step, ToolCall, Workspace
+from .pricing import PriceTable, UsageTotals, load_default_prices
+
+MONEY_PLACES = Decimal("1e-12")
+# SQLite hands decimals back through a 15-digit float; compare money at a precision both keep.
+COMPARE_PLACES = Decimal("1e-9")
+
+
+def prices_for(workspace: Workspace) -> PriceTable:
+    table = load_default_prices()
+    return table.with_overrides(workspace.price_overrides) if workspace.price_overrides else table
+
+
+# --- a process-local cache of folded states ------------------------------------------------
+
+
+class _StateCache:
+    """Recently folded states, so an append folds only its own batch.
+
+    Keyed by run and validated against the run's last sequence and price table version, read
+    while the run's head row is locked: a state from before another process appended is never
+    used, it is folded again from the log. A state is taken out while a transaction advances it
+    and put back only after commit, so a rolled-back batch can never leave it half-applied.
+    """
+
+    def __init__(self, size: int = 512) -> None:
+        self._states: OrderedDict[int, tuple[int, str, RunState]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size = size
+
+    def take(self, run_pk: int, last_sequence: int, version: str) -> RunState | None:
+        with self._lock:
+            entry = self._states.pop(run_pk, None)
+        if entry is None or entry[0] != last_sequence or entry[1] != version:
+            return None
+        return entry[2]
+
+    def put(self, run_pk: int, version: str, state: RunState) -> None:
+        with self._lock:
+            self._states[run_pk] = (state.last_sequence, version, state)
+            self._states.move_to_end(run_pk)
+            while len(self._states) > self.size:
+                self._states.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._states.clear()
+
+
+STATES = _StateCache()
+
+
+def log_of(run: Run) -> list[dict[str, Any]]:
+    """The run's envelopes, in order, straight from the log."""
+    rows = Event.objects.filter(run=run).order_by("sequence").values_list(
+        "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload")
+    from .envelopes import envelope
+
+    return [
+        envelope(event_id=eid, run_id=run.run_id, sequence=seq, type=t, occurrence_id=occ,
+                 recorded_at=at, payload=json.loads(payload))
+        for seq, eid, t, occ, at, payload in rows
+    ]
+
+
+def state_for_append(run: Run, prices: PriceTable) -> RunState:
+    """The state at the run's last sequence; the caller holds the run's row lock."""
+    if run.last_sequence == 0:
+        return RunState(run_id=run.run_id)
+    state = STATES.take(run.pk, run.last_sequence, prices.version)
+    if state is None or state.run_id != run.run_id:
+        state = fold(log_of(run), prices=prices)
+    return state
+
+
+def remember_after_commit(run: Run, prices: PriceTable, state: RunState) -> None:
+    transaction.on_commit(lambda: STATES.put(run.pk, prices.version, state))
+
+
+# --- rows from state -----------------------------------------------------------------------
+
+
+def _when(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _money(value: Decimal | None) -> Decimal | None:
+    return None if value is None else value.quantize(MONEY_PLACES)
+
+
+def _usage(usage: UsageTotals) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+        "cached_input_tokens": usage.cached_input_tokens, "reasoning_tokens": usage.reasoning_tokens,
+        "cost_usd": _money(usage.cost_usd), "priced_calls": usage.priced_calls,
+        "unpriced_calls": usage.unpriced_calls,
+    }
+
+
+def root_run_id(workspace_id: int, parent_run_id: str | None) -> str:
+    if not parent_run_id:
+        return ""
+    parent = Run.objects.filter(workspace_id=workspace_id, run_id=parent_run_id).values_list(
+        "root_run_id", flat=True).first()
+    return parent or parent_run_id
+
+
+def run_fields(run: Run, state: RunState) -> dict[str, Any]:
+    return {
+        "status": state.status, "workflow_version_id": state.workflow_version_id or "",
+        "label": state.label or "", "started_at": _when(state.started_at),
+        "finished_at": _when(state.finished_at), "input": state.input, "output": state.output,
+        "output_ref": state.output_ref or "", "error": state.error,
+        "parent_run_id": state.parent_run_id or "",
+        "root_run_id": root_run_id(run.workspace_id, state.parent_run_id),
+        "replay_of": state.replay_of or "", "event_count": state.event_count,
+        "last_sequence": state.last_sequence, **_usage(state.usage),
+    }
+
+
+def step_fields(state: RunState, path: str, position: int) -> dict[str, Any]:
+    step = state.steps[path]
+    return {
+        "step_path": path, "position": position, "status": step.status, "visit": step.visit,
+        "attempts": [
+            {"attempt": a.attempt, "status": a.status, "error": a.error,
+             "startedAt": a.started_at, "finishedAt": a.finished_at}
+            for a in step.attempts
+        ],
+        "output": step.output, "has_output": step.has_output, "output_ref": step.output_ref or "",
+        "artifact_refs": list(step.artifact_refs), "error": step.error,
+        "first_sequence": step.first_sequence, "last_sequence": step.last_sequence,
+        "started_at": _when(step.started_at), "finished_at": _when(step.finished_at),
+        **_usage(step.usage),
+    }
+
+
+def tool_fields(state: RunState, call_id: str, position: int) -> dict[str, Any]:
+    call = state.tool_calls[call_id]
+    return {
+        "call_id": call_id, "position": position, "tool_name": call.tool_name or "",
+        "args": call.args, "caller": call.caller or "", "turn": call.turn,
+        "step_path": call.step_path or "", "status": call.status, "result": call.result,
+        "error": call.error, "duration_ms": call.duration_ms, "reconciled": call.reconciled,
+        "origin": call.origin or "", "started_sequence": call.started_sequence,
+        "ended_sequence": call.ended_sequence,
+    }
+
+
+def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> dict[str, Any]:
+    entry = state.cost_entries[index]
+    return {
+        "sequence": entry.sequence, "call_id": entry.call_id or "", "step_path": entry.step_path or "",
+        "provider": entry.provider or "", "model_id": entry.model_id or "",
+        "input_tokens": entry.input_tokens, "output_tokens": entry.output_tokens,
+        "cached_input_tokens": entry.cached_input_tokens, "reasoning_tokens": entry.reasoning_tokens,
+        "cost_usd": _money(entry.cost_usd), "price_table_version": entry.price_table_version,
+        "recorded_at": _when(recorded_at[entry.sequence]),
+    }
+
+
+def _upsert(model: Any, run: Run, rows: Sequence[dict[str, Any]], key: str) -> None:
+    if not rows:
+        return
+    model.objects.bulk_create(
+        [model(run=run, **row) for row in rows],
+        update_conflicts=True, unique_fields=["run", key],
+        update_fields=[name for name in rows[0] if name != key],
+    )
+
+
+def _write(run: Run, state: RunState, steps: Iterable[str], calls: Iterable[str],
+           cost_indexes: Iterable[int], recorded_at: Mapping[int, str]) -> None:
+    Run.objects.filter(pk=run.pk).update(**run_fields(run, state))
+    step_positions = {path: i for i, path in enumerate(state.steps)}
+    call_positions = {call_id: i for i, call_id in enumerate(state.tool_calls)}
+    _upsert(Step, run, [step_fields(state, p, step_positions[p]) for p in steps], "step_path")
+    _upsert(ToolCall, run, [tool_fields(state, c, call_positions[c]) for c in calls], "call_id")
+    _upsert(CostEntry, run, [cost_fields(state, i, recorded_at) for i in cost_indexes], "sequence")
+
+
+# --- the three uses ------------------------------------------------------------------------
+
+
+def write_batch(run: Run, state: RunState, envelopes: Sequence[Mapping[str, Any]], *,
+                before: int, cost_entries_before: int) -> None:
+    """Write the rows that the batch `envelopes` touched; `state` has already been advanced by it."""
+    new_entries = range(cost_entries_before, len(state.cost_entries))
+    steps = {path for path, step in state.steps.items() if step.last_sequence > before}
+    steps |= {state.cost_entries[i].step_path for i in new_entries if state.cost_entries[i].step_path}
+    call_ids = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
+    calls = [c for c in state.tool_calls if c in call_ids]
+    recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
+    ordered_steps = [path for path in state.steps if path in steps]
+    _write(run, state, ordered_steps, calls, new_entries, recorded_at)
+
+
+@transaction.atomic
+def rebuild(run: Run) -> RunState:
+    """Throw the run's projections away and write them again from the log."""
+    run = Run.objects.select_for_update().select_related("workspace").get(pk=run.pk)
+    prices = prices_for(run.workspace)
+    log = log_of(run)
+    state = fold(log, prices=prices, run_id=run.run_id)
+    for model in (Step, ToolCall, CostEntry):
+        model.objects.filter(run=run).delete()
+    recorded_at = {e["sequence"]: e["recordedAt"] for e in log}
+    _write(run, state, list(state.steps), list(state.tool_calls), range(len(state.cost_entries)), recorded_at)
+    STATES.take(run.pk, -1, "")  # drop whatever this process cached for the run
+    return state
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return value.quantize(COMPARE_PLACES)
+    return value
+
+
+def _compare(label: str, expected: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{label}.{name}: projection has {stored.get(name)!r}, the log says {value!r}"
+        for name, value in expected.items()
+        if _comparable(stored.get(name)) != _comparable(value)
+    ]
+
+
+def differences(run: Run, state: RunState, log: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where the stored projections disagree with the fold of the log (empty when equal)."""
+    problems: list[str] = []
+    stored_run = Run.objects.filter(pk=run.pk).values(*run_fields(run, state)).get()
+    problems += _compare("run", run_fields(run, state), stored_run)
+
+    stored_steps = {r["step_path"]: r for r in Step.objects.filter(run=run).values()}
+    for i, path in enumerate(state.steps):
+        if path not in stored_steps:
+            problems.append(f"step {path}: missing from the projection")
+        else:
+            problems += _compare(f"step {path}", step_fields(state, path, i), stored_steps.pop(path))
+    problems += [f"step {path}: in the projection but not in the log" for path in stored_steps]
+
+    stored_calls = {r["call_id"]: r for r in ToolCall.objects.filter(run=run).values()}
+    for i, call_id in enumerate(state.tool_calls):
+        if call_id not in stored_calls:
+            problems.append(f"tool call {call_id}: missing from the projection")
+        else:
+            problems += _compare(f"tool call {call_id}", tool_fields(state, call_id, i), stored_calls.pop(call_id))
+    problems += [f"tool call {c}: in the projection but not in the log" for c in stored_calls]
+
+    recorded_at = {e["sequence"]: e["recordedAt"] for e in log}
+    stored_costs = {r["sequence"]: r for r in CostEntry.objects.filter(run=run).values()}
+    for i, entry in enumerate(state.cost_entries):
+        if entry.sequence not in stored_costs:
+            problems.append(f"cost entry @{entry.sequence}: missing from the projection")
+        else:
+            problems += _compare(f"cost entry @{entry.sequence}", cost_fields(state, i, recorded_at),
+                                 stored_costs.pop(entry.sequence))
+    problems += [f"cost entry @{s}: in the projection but not in the log" for s in stored_costs]
+    return problems
+
+
+def reprice(runs: Iterable[Run]) -> tuple[int, int]:
+    """Recompute every cost entry from its recorded tokens with today's prices.
+
+    Returns (runs, cost entries whose dollars or price table changed).
+    """
+    count = changed = 0
+    for run in runs:
+        before = dict(CostEntry.objects.filter(run=run).values_list("sequence", "cost_usd"))
+        versions = dict(CostEntry.objects.filter(run=run).values_list("sequence", "price_table_version"))
+        rebuild(run)
+        for sequence, cost, version in CostEntry.objects.filter(run=run).values_list(
+                "sequence", "cost_usd", "price_table_version"):
+            if _comparable(before.get(sequence)) != _comparable(cost) or versions.get(sequence) != version:
+                changed += 1
+        count += 1
+    STATES.clear()
+    return count, changed
