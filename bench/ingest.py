@@ -1,0 +1,400 @@
+"""Ingest benchmark: `append_events` against raw psycopg 3 baselines on the same PostgreSQL.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/ingest.py \
+        [--events N] [--single N] [--profile [batched|single|both]] [--keep]
+
+Measures, in one process against one database:
+
+  append, batched      append_events in batches of --batch (500) events, one fresh run
+  append, single       append_events with one event per call, one fresh run
+  raw COPY             COPY ... FROM STDIN (write_row), one transaction per batch
+  raw executemany      executemany of INSERTs, one transaction per batch
+  raw single INSERT    one INSERT per statement, autocommit
+
+The raw baselines write into a scratch copy of ledger_event (CREATE TABLE ... (LIKE ledger_event
+INCLUDING ...), in a schema of its own, dropped at the end) through a plain psycopg.connect()
+connection, with the same precomputed canonical payload text, event ids, sequences and
+timestamps, so that only the write path differs. See bench/README.md for what the ratios mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Targets from the issue: append throughput as a fraction of the raw baseline.
+TARGET_BATCHED_VS_COPY = 0.25
+TARGET_SINGLE_VS_INSERT = 0.40
+
+EVENT_COLUMNS = (
+    "run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload",
+    "idempotency_key", "request_digest",
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench/ingest.py",
+        description="Benchmark ledger.append.append_events against raw psycopg 3 on PostgreSQL.",
+    )
+    p.add_argument("--events", type=int, default=20_000,
+                   help="events for the batched measurements (default 20000)")
+    p.add_argument("--single", type=int, default=2_000,
+                   help="events for the one-event-per-call measurements (default 2000)")
+    p.add_argument("--batch", type=int, default=500, help="batch size (default 500)")
+    p.add_argument("--profile", nargs="?", const="batched", choices=("batched", "single", "both"),
+                   help="after the timed runs, run cProfile around an extra (untimed) batched and/or "
+                        "single append measurement and print the top 25 functions by cumulative time")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the bench runs and events in the ledger tables (default: delete them)")
+    args = p.parse_args(argv)
+    if args.events < args.batch or args.batch < 1 or args.single < 1:
+        p.error("need --batch >= 1, --events >= --batch and --single >= 1")
+    return args
+
+
+def require_postgres() -> str:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://", "pgsql://")):
+        sys.stderr.write(
+            "bench/ingest.py measures PostgreSQL only: set DATABASE_URL to a PostgreSQL database, e.g.\n"
+            "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/ingest.py\n"
+            f"(DATABASE_URL is {'unset' if not url else repr(url.split('://', 1)[0] + '://...')})\n"
+        )
+        raise SystemExit(2)
+    return url
+
+
+def setup_django() -> None:
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+# --- the events ---------------------------------------------------------------------------------
+
+_TEXT = (
+    "The invoice total matches the purchase order after applying the 4% early-payment discount; "
+    "I will now fetch the vendor record to confirm the remittance address before drafting the reply "
+    "{n}."
+)
+
+
+def make_events(n: int, tag: str) -> list[dict[str, Any]]:
+    """A run's worth of request items: RunStarted, then model responses and tool calls, alternating."""
+    events: list[dict[str, Any]] = [
+        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench"}}
+    ]
+    for i in range(1, n):
+        turn = (i + 1) // 2
+        if i % 2:
+            events.append({
+                "type": "harness.model.responded",
+                "payload": {
+                    "turn": turn, "callId": f"c{tag}{i}", "stepPath": "s",
+                    "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
+                    "response": {
+                        "text": _TEXT.format(n=i),
+                        "usage": {"inputTokens": 1200, "outputTokens": 150},
+                    },
+                },
+            })
+        else:
+            events.append({
+                "type": "harness.tool_call.started",
+                "payload": {
+                    "callId": f"t{tag}{i}", "caller": "agent", "toolName": "vendors.lookup", "turn": turn,
+                    "args": {"vendorId": f"v_{i % 97}", "fields": ["name", "remitTo"], "limit": 1},
+                },
+            })
+    return events
+
+
+def raw_rows(events: list[dict[str, Any]], run_pk: int, batch: int) -> list[tuple[Any, ...]]:
+    """The rows append_events would write for `events`, precomputed for the raw baselines."""
+    from ledger.canonical import canonical_bytes, event_id
+
+    base = datetime.now(timezone.utc).replace(microsecond=0)
+    rows = []
+    for index, item in enumerate(events):
+        sequence = index + 1
+        recorded_at = base + timedelta(milliseconds=index // batch)  # one timestamp per batch
+        rows.append((
+            run_pk, sequence,
+            event_id(run_id=f"run_raw_{run_pk}", sequence=sequence, type=item["type"], payload=item["payload"]),
+            item["type"], None, recorded_at, canonical_bytes(item["payload"]).decode(), None, None,
+        ))
+    return rows
+
+
+def chunks(seq: list[Any], size: int) -> list[list[Any]]:
+    return [seq[i:i + size] for i in range(0, len(seq), size)]
+
+
+# --- measurements -------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    name: str
+    events: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds else float("inf")
+
+
+def timed(name: str, events: int, fn: Callable[[], None]) -> Result:
+    start = time.perf_counter()
+    fn()
+    return Result(name, events, time.perf_counter() - start)
+
+
+class Appender:
+    def __init__(self, workspace: Any, batch: int) -> None:
+        self.workspace = workspace
+        self.batch = batch
+        self.run_ids: list[str] = []
+
+    def new_run_id(self) -> str:
+        run_id = f"run_bench_{secrets.token_hex(8)}"
+        self.run_ids.append(run_id)
+        return run_id
+
+    def batched(self, events: list[dict[str, Any]]) -> Callable[[], None]:
+        from ledger.append import append_events
+
+        run_id, batches, ws = self.new_run_id(), chunks(events, self.batch), self.workspace
+
+        def go() -> None:
+            for b in batches:
+                append_events(workspace=ws, run_id=run_id, events=b)
+        return go
+
+    def single(self, events: list[dict[str, Any]]) -> Callable[[], None]:
+        from ledger.append import append_events
+
+        run_id, items, ws = self.new_run_id(), [[e] for e in events], self.workspace
+
+        def go() -> None:
+            for item in items:
+                append_events(workspace=ws, run_id=run_id, events=item)
+        return go
+
+
+class Raw:
+    """Baselines through a plain psycopg 3 connection into a scratch copy of ledger_event."""
+
+    def __init__(self, url: str, batch: int) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(_libpq_url(url), autocommit=True)
+        self.batch = batch
+        self.schema = f"bench_{os.getpid()}_{secrets.token_hex(4)}"
+        self.table = f"{self.schema}.raw_event"
+        cols = ", ".join(EVENT_COLUMNS)
+        self.insert_sql = f"INSERT INTO {self.table} ({cols}) VALUES ({', '.join(['%s'] * len(EVENT_COLUMNS))})"
+        self.copy_sql = f"COPY {self.table} ({cols}) FROM STDIN"
+        self.conn.execute(f"CREATE SCHEMA {self.schema}")
+        # INCLUDING IDENTITY as well: ledger_event.id is an identity column that both write paths
+        # leave to the database. LIKE does not copy foreign keys (nor triggers).
+        self.conn.execute(
+            f"CREATE TABLE {self.table} (LIKE public.ledger_event INCLUDING DEFAULTS INCLUDING IDENTITY "
+            "INCLUDING CONSTRAINTS INCLUDING INDEXES)"
+        )
+
+    def drop(self) -> None:
+        self.conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        self.conn.close()
+
+    def copy(self, rows: list[tuple[Any, ...]]) -> Callable[[], None]:
+        batches = chunks(rows, self.batch)
+
+        def go() -> None:
+            with self.conn.cursor() as cur:
+                for b in batches:
+                    with self.conn.transaction(), cur.copy(self.copy_sql) as cp:
+                        for row in b:
+                            cp.write_row(row)
+        return go
+
+    def executemany(self, rows: list[tuple[Any, ...]]) -> Callable[[], None]:
+        batches = chunks(rows, self.batch)
+
+        def go() -> None:
+            with self.conn.cursor() as cur:
+                for b in batches:
+                    with self.conn.transaction():
+                        cur.executemany(self.insert_sql, b)
+        return go
+
+    def single(self, rows: list[tuple[Any, ...]]) -> Callable[[], None]:
+        def go() -> None:
+            with self.conn.cursor() as cur:
+                for row in rows:  # autocommit: each INSERT is its own transaction
+                    cur.execute(self.insert_sql, row)
+        return go
+
+
+def _libpq_url(url: str) -> str:
+    # libpq knows postgres:// and postgresql://; dj-database-url also accepts pgsql://.
+    return "postgresql://" + url.split("://", 1)[1]
+
+
+def profile(name: str, fn: Callable[[], None], top: int = 25) -> None:
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.runcall(fn)
+    elapsed = time.perf_counter() - start
+    for sort, limit in (("cumulative", top), ("tottime", 15)):
+        out = io.StringIO()
+        stats = pstats.Stats(prof, stream=out)
+        stats.strip_dirs().sort_stats(sort).print_stats(limit)
+        text = out.getvalue()
+        # Drop pstats' preamble up to the column header.
+        text = text[text.find("   ncalls"):] if "   ncalls" in text else text
+        print(f"\n=== cProfile: {name} ({elapsed:.2f}s under the profiler), top {limit} by {sort} ===")
+        print(text.rstrip())
+
+
+def cleanup(workspace: Any, run_ids: list[str]) -> None:
+    """Delete the bench runs the way retention does: mark them pruning, delete what hangs off them.
+
+    Best effort: a table added later that the generic delete below does not cover leaves the
+    bench rows in place, with a warning, rather than failing the benchmark.
+    """
+    from django.db import connection, transaction
+
+    from ledger.models import Run
+
+    try:
+        with transaction.atomic():
+            pks = list(Run.objects.filter(workspace=workspace, run_id__in=run_ids).values_list("pk", flat=True))
+            if pks:
+                Run.objects.filter(pk__in=pks).update(pruning=True)
+                with connection.cursor() as cur:
+                    # Every table with a foreign key to ledger_run (ledger_event among them).
+                    cur.execute(
+                        "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c "
+                        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
+                        "WHERE c.contype = 'f' AND c.confrelid = 'ledger_run'::regclass"
+                    )
+                    for table, column in cur.fetchall():
+                        cur.execute(f'DELETE FROM {table} WHERE "{column}" = ANY(%s)', [pks])
+                    cur.execute("DELETE FROM ledger_run WHERE id = ANY(%s)", [pks])
+            workspace.delete()
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the results
+        sys.stderr.write(f"warning: could not delete the bench data of workspace bench/{workspace.slug}: {exc}\n")
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def print_table(results: dict[str, Result]) -> None:
+    ratios = {
+        "append, batched": ("raw COPY", "raw executemany"),
+        "append, single": ("raw single INSERT",),
+    }
+    print(f"\n{'method':<22} {'events':>8} {'seconds':>9} {'events/s':>10}   ratio vs baseline")
+    print("-" * 86)
+    for key in ("append, batched", "raw COPY", "raw executemany", "append, single", "raw single INSERT"):
+        r = results[key]
+        vs = "  ".join(
+            f"{r.rate / results[b].rate:6.1%} of {b.removeprefix('raw ')}" for b in ratios.get(key, ())
+        )
+        print(f"{r.name:<22} {r.events:>8} {r.seconds:>9.3f} {r.rate:>10,.0f}   {vs}")
+
+    batched_copy = results["append, batched"].rate / results["raw COPY"].rate
+    single_insert = results["append, single"].rate / results["raw single INSERT"].rate
+    print("\nTargets (from the issue):")
+    for label, value, target in (
+        ("batched append >= 25% of COPY", batched_copy, TARGET_BATCHED_VS_COPY),
+        ("single append >= 40% of single autocommit INSERT", single_insert, TARGET_SINGLE_VS_INSERT),
+    ):
+        print(f"  {label:<50} {value:6.1%}  {'MET' if value >= target else 'NOT MET'}")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    url = require_postgres()
+    setup_django()
+
+    from django.conf import settings
+    from django.db import connection
+
+    from ledger.tenancy import bootstrap
+
+    ws_slug = f"bench-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
+    workspace = bootstrap(tenant="bench", workspace=ws_slug)
+    with connection.cursor() as cur:
+        cur.execute("SELECT version(), current_setting('synchronous_commit')")
+        version, sync_commit = cur.fetchone()
+    print(f"PostgreSQL: {version.split(' on ')[0]} (synchronous_commit={sync_commit}); "
+          f"Python {sys.version.split()[0]}; DEBUG={settings.DEBUG}; workspace bench/{ws_slug}")
+    print(f"batched: {args.events} events in batches of {args.batch}; single: {args.single} events, one per call")
+
+    appender = Appender(workspace, args.batch)
+    raw = Raw(url, args.batch)
+    try:
+        # Precompute everything outside the timed regions.
+        batched_events = make_events(args.events, "b")
+        single_events = make_events(args.single, "s")
+        warm_batched = make_events(2 * args.batch, "wb")
+        warm_single = make_events(50, "ws")
+        run_pk = iter(range(1_000_000_001, 1_000_001_000))  # distinct fake run ids in the scratch table
+        rows = {name: raw_rows(batched_events, next(run_pk), args.batch) for name in ("copy", "many")}
+        rows["single"] = raw_rows(single_events, next(run_pk), args.batch)
+        warm_rows = {name: raw_rows(warm_batched, next(run_pk), args.batch) for name in ("copy", "many")}
+        warm_rows["single"] = raw_rows(warm_single, next(run_pk), args.batch)
+
+        # Warm up each method briefly (imports, connection, plan caches, pages in shared buffers).
+        appender.batched(warm_batched)()
+        appender.single(warm_single)()
+        raw.copy(warm_rows["copy"])()
+        raw.executemany(warm_rows["many"])()
+        raw.single(warm_rows["single"])()
+
+        results: dict[str, Result] = {}
+        for name, n, fn in (
+            ("append, batched", args.events, appender.batched(batched_events)),
+            ("raw COPY", args.events, raw.copy(rows["copy"])),
+            ("raw executemany", args.events, raw.executemany(rows["many"])),
+            ("append, single", args.single, appender.single(single_events)),
+            ("raw single INSERT", args.single, raw.single(rows["single"])),
+        ):
+            results[name] = timed(name, n, fn)
+            print(f"  {name:<20} {results[name].seconds:8.3f}s", flush=True)
+        print_table(results)
+
+        if args.profile in ("batched", "both"):
+            profile(f"append_events, {args.events} events in batches of {args.batch}",
+                    appender.batched(make_events(args.events, "pb")))
+        if args.profile in ("single", "both"):
+            profile(f"append_events, {args.single} events one per call",
+                    appender.single(make_events(args.single, "ps")))
+    finally:
+        raw.drop()
+        if not args.keep:
+            cleanup(workspace, appender.run_ids)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
