@@ -286,3 +286,21 @@ class CostEntry(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "sequence"], name="cost_entry_unique_in_run")]
         indexes = [models.Index(fields=["recorded_at"], name="cost_entry_by_time")]
         ordering = ["run", "sequence"]
+
+
+class Feedback(models.Model):
+    """A member's (or a harness's) rating of a run; listed in the evidence bundle."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="feedback")
+    rating = models.PositiveSmallIntegerField()
+    category = models.CharField(max_length=100, blank=True)
+    comment = models.TextField(blank=True)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(rating__gte=1) & Q(rating__lte=5), name="feedback_rating_1_to_5"),
+        ]
+        ordering = ["run", "created_at", "pk"]

@@ -1,0 +1,57 @@
+"""Opaque cursors for lists: `?limit=` (default 50, max 500) and `?cursor=<next>`."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from rest_framework.request import Request
+
+from ledger.errors import LedgerError
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+
+class InvalidCursor(LedgerError):
+    code = "invalid_cursor"
+
+
+class InvalidParameter(LedgerError):
+    code = "invalid_parameter"
+
+
+def int_param(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidParameter(f"{name} must be an integer", parameter=name) from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise InvalidParameter(f"{name} must be {bounds}", parameter=name)
+    return value
+
+
+def limit_param(request: Request) -> int:
+    return int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
+
+
+def encode_cursor(position: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(position, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_cursor(request: Request) -> dict[str, Any] | None:
+    raw = request.query_params.get("cursor")
+    if not raw:
+        return None
+    try:
+        value = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    except (ValueError, TypeError):
+        raise InvalidCursor("cursor is not one this API gave out") from None
+    if not isinstance(value, dict):
+        raise InvalidCursor("cursor is not one this API gave out")
+    return value

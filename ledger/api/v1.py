@@ -1,0 +1,5 @@
+"""/api/v1/ routes. Each feature module owns its own list of paths."""
+
+from __future__ import annotations
+
+urlpatterns: list = []
