@@ -27,6 +27,17 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
 
 
+def _env_seconds(name: str, default: float, maximum: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        value = default if raw is None else float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not 0 < value <= maximum:
+        raise ImproperlyConfigured(f"{name} must be above 0 and at most {maximum}, got {raw!r}")
+    return value
+
+
 def _env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     return default if raw is None else [item.strip() for item in raw.split(",") if item.strip()]
@@ -94,6 +105,9 @@ TEMPLATES = [
 _SQLITE_DEFAULT = f"sqlite:///{VAR_DIR / 'runledger.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL", _SQLITE_DEFAULT))}
 _engine = DATABASES["default"]["ENGINE"]
+# Test databases are named per test session (inherited by subprocesses through the environment),
+# so two test runs on one machine never create or drop each other's database.
+_TEST_DB_TAG = os.environ.setdefault("RUNLEDGER_TEST_DB_TAG", str(os.getpid()))
 if _engine == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         # IMMEDIATE takes the write lock when a transaction starts, so concurrent appenders queue
@@ -102,13 +116,14 @@ if _engine == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    # A file, not :memory:, so that threads in the concurrency tests share one database.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    # A file, not :memory:, so that threads (and a Daphne subprocess) share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{_TEST_DB_TAG}.sqlite3")}
 elif _engine == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
     # Server-side parameter binding: psycopg sends parameters apart from the SQL instead of
     # quoting them into it in Python, which dominated batched appends (bench/ingest.py --profile).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True}
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{_TEST_DB_TAG}"}
 else:
     raise ImproperlyConfigured(f"DATABASE_URL must be sqlite or postgresql, got engine {_engine}")
 
@@ -122,6 +137,11 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Server-sent event streams (ledger/api/stream.py). Announcements are lossy, so a stream reads the
+# database itself after POLL seconds without one; API.md promises a keepalive at least every 15 s.
+LEDGER_STREAM_POLL_SECONDS = _env_seconds("LEDGER_STREAM_POLL_SECONDS", 1.0, 60.0)
+LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS", 15.0, 15.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -163,6 +183,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # The SSE stream is a plain Django view; its hook describes it.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "ledger.api.stream.openapi_hook"],
 }
 
 # Content-addressed artifact storage (payloads over the inline limit). Filesystem by default.

@@ -6,10 +6,13 @@ always fetch the events themselves from the database.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import threading
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from asgiref.sync import SyncToAsync, async_to_sync
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from .models import Run
@@ -21,14 +24,46 @@ def group_for(run_pk: int) -> str:
     return f"ledger.run.{run_pk}"
 
 
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    """One event loop per process for announcements sent from plain sync code (CLI, workers),
+    so channels_redis keeps its connections instead of opening one per announcement."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="ledger-announce", daemon=True).start()
+        return _loop
+
+
+def _report(future: concurrent.futures.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("an announcement was lost", exc_info=future.exception())
+
+
 def _send(group: str, run_id: str, sequence: int) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    message = {"type": "ledger.appended", "runId": run_id, "sequence": sequence}
     try:
-        async_to_sync(layer.group_send)(group, {"type": "ledger.appended", "runId": run_id, "sequence": sequence})
+        # Inside Daphne (sync code under sync_to_async) async_to_sync runs on the server's loop.
+        # The in-memory layer's queues belong to whichever loop reads them, so it always takes
+        # that path; a network layer from plain sync code goes to the background loop instead.
+        if isinstance(layer, InMemoryChannelLayer) or _has_outer_loop():
+            async_to_sync(layer.group_send)(group, message)
+        else:
+            asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop()) \
+                .add_done_callback(_report)
     except Exception:  # an announcement lost is caught up by readers; the append has committed
         log.warning("announcement for %s seq %s was lost", run_id, sequence, exc_info=True)
+
+
+def _has_outer_loop() -> bool:
+    return getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None
 
 
 def after_commit(run: Run, sequence: int) -> None:

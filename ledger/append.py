@@ -19,7 +19,13 @@ from django.utils import timezone as dj_timezone
 
 from . import announce
 from .artifacts import INLINE_LIMIT_BYTES, externalize
-from .canonical import NotCanonicalizable, canonical_bytes, digest, event_id
+from .bulk import insert_rows
+from .canonical import (
+    NotCanonicalizable,
+    canonical_bytes,
+    event_id_for_canonical,
+    request_digest_for_canonical,
+)
 from .envelopes import envelope, event_envelope
 from .errors import (
     Fenced,
@@ -33,7 +39,7 @@ from .errors import (
 )
 from .fold import advance
 from .models import Event, Run, Workspace
-from .projection import prices_for, remember_after_commit, state_for_append, write_batch
+from .projection import prices_for, remember_after_commit, run_fields, state_for_append, write_batch
 from .redaction import Redactor
 from .vocabulary import is_custom, validate_payload
 
@@ -96,10 +102,8 @@ def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
                            index=index, field="payload") from exc
     request_digest = None
     if key is not None:
-        body: dict[str, Any] = {"type": event_type, "payload": payload}
-        if occurrence_id is not None:
-            body["occurrenceId"] = occurrence_id
-        request_digest = digest(body)
+        request_digest = request_digest_for_canonical(type=event_type, payload_canonical=canonical,
+                                                      occurrence_id=occurrence_id)
     return _Prepared(event_type, payload, canonical, occurrence_id, key, request_digest)
 
 
@@ -109,11 +113,16 @@ def _now_ms() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+# The head columns an append reads; the projected ones (input, output, ...) are not loaded.
+HEAD_FIELDS = ("id", "workspace_id", "run_id", "last_sequence", "status",
+               "lease_owner", "lease_expires_at", "fencing_token")
+
+
 def _lock_run_head(workspace: Workspace, run_id: str, first: _Prepared) -> Run:
-    try:
-        return Run.objects.select_for_update().get(workspace=workspace, run_id=run_id)
-    except Run.DoesNotExist:
-        pass
+    heads = Run.objects.select_for_update().only(*HEAD_FIELDS).filter(workspace=workspace, run_id=run_id)
+    run = heads.first()
+    if run is not None:
+        return run
     if first.type != "RunStarted":
         raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted", runId=run_id)
     try:
@@ -121,7 +130,7 @@ def _lock_run_head(workspace: Workspace, run_id: str, first: _Prepared) -> Run:
             Run.objects.create(workspace=workspace, run_id=run_id)
     except IntegrityError:
         pass  # a concurrent writer created it first; its lock below orders us after it
-    return Run.objects.select_for_update().get(workspace=workspace, run_id=run_id)
+    return heads.get()
 
 
 def _check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
@@ -190,6 +199,7 @@ def append_events(
         prices = prices_for(workspace)
         state = state_for_append(run, prices)
         before, cost_entries_before = state.last_sequence, len(state.cost_entries)
+        run_before = run_fields(state)
         rows: list[Event] = []
         written: list[dict[str, Any]] = []
         out: list[dict[str, Any]] = []
@@ -218,15 +228,15 @@ def append_events(
                 raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow",
                                   index=index, runId=run_id)
             sequence = state.last_sequence + 1
-            payload = p.payload
+            payload, stored = p.payload, p.canonical
             if len(p.canonical) > INLINE_LIMIT_BYTES:
                 payload = externalize(workspace, payload, len(p.canonical))
-            eid = event_id(run_id=run_id, sequence=sequence, type=p.type, payload=payload,
-                           occurrence_id=p.occurrence_id)
+                stored = canonical_bytes(payload)
+            eid = event_id_for_canonical(run_id=run_id, sequence=sequence, type=p.type,
+                                         payload_canonical=stored, occurrence_id=p.occurrence_id)
             row = Event(
                 run=run, sequence=sequence, event_id=eid, type=p.type, occurrence_id=p.occurrence_id,
-                recorded_at=now,
-                payload=(p.canonical if payload is p.payload else canonical_bytes(payload)).decode(),
+                recorded_at=now, payload=stored.decode(),
                 idempotency_key=key, request_digest=p.request_digest,
             )
             rows.append(row)
@@ -239,8 +249,9 @@ def append_events(
             advance(state, [env], prices=prices)
 
         if rows:
-            Event.objects.bulk_create(rows)
-            write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before)
+            insert_rows(Event, rows)
+            write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before,
+                        run_before=run_before)
             remember_after_commit(run, prices, state)
             announce.after_commit(run, state.last_sequence)
     return AppendResult(events=out, last_sequence=state.last_sequence)

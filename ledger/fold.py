@@ -221,6 +221,9 @@ class RunState(_Record):
     parallel_groups: dict[str, ParallelGroup] = field(default_factory=dict)
     sessions: list[HarnessSession] = field(default_factory=list)
     model_calls: list[ModelCall] = field(default_factory=list)
+    # Indexes into model_calls of calls still waiting for an answer, so pairing an answer costs
+    # the number of open calls, not the length of the run.
+    pending_model_calls: list[int] = field(default_factory=list)
     tool_calls: dict[str, ToolCall] = field(default_factory=dict)
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     outer_loop_cycles: list[OuterLoopCycle] = field(default_factory=list)
@@ -632,12 +635,13 @@ def _model_called(state: RunState, e: _Event) -> None:
             session=_open_session(state, e.step_path),
         )
     )
+    state.pending_model_calls.append(len(state.model_calls) - 1)
 
 
 def _pending_model_call(state: RunState, e: _Event) -> ModelCall | None:
     """The called-but-unanswered call an answer belongs to: by callId, else by (stepPath, turn)."""
     call_id, turn = _str(e.payload.get("callId")), _int(e.payload.get("turn"))
-    pending = [c for c in reversed(state.model_calls) if c.status == "called"]
+    pending = [state.model_calls[i] for i in reversed(state.pending_model_calls)]
     if call_id is not None:
         for call in pending:
             if call.call_id == call_id:
@@ -650,7 +654,9 @@ def _pending_model_call(state: RunState, e: _Event) -> ModelCall | None:
 
 def _model_call_for_answer(state: RunState, e: _Event) -> ModelCall:
     call = _pending_model_call(state, e)
-    if call is None:
+    if call is not None:
+        state.pending_model_calls = [i for i in state.pending_model_calls if state.model_calls[i] is not call]
+    else:
         call = ModelCall(turn=_int(e.payload.get("turn")), step_path=e.step_path,
                          session=_open_session(state, e.step_path))
         state.model_calls.append(call)

@@ -19,6 +19,7 @@ from django.db import transaction
 
 from .fold import RunState, fold
 from .models import CostEntry, Event, Run, Step, ToolCall, Workspace
+from .bulk import insert_rows
 from .pricing import PriceTable, UsageTotals, load_default_prices
 
 MONEY_PLACES = Decimal("1e-12")
@@ -125,17 +126,21 @@ def root_run_id(workspace_id: int, parent_run_id: str | None) -> str:
     return parent or parent_run_id
 
 
-def run_fields(run: Run, state: RunState) -> dict[str, Any]:
+def run_fields(state: RunState) -> dict[str, Any]:
+    """The Run row's projected columns, except root_run_id (which needs the parent's row)."""
     return {
         "status": state.status, "workflow_version_id": state.workflow_version_id or "",
         "label": state.label or "", "started_at": _when(state.started_at),
         "finished_at": _when(state.finished_at), "input": state.input, "output": state.output,
         "output_ref": state.output_ref or "", "error": state.error,
         "parent_run_id": state.parent_run_id or "",
-        "root_run_id": root_run_id(run.workspace_id, state.parent_run_id),
         "replay_of": state.replay_of or "", "event_count": state.event_count,
         "last_sequence": state.last_sequence, **_usage(state.usage),
     }
+
+
+def all_run_fields(run: Run, state: RunState) -> dict[str, Any]:
+    return {**run_fields(state), "root_run_id": root_run_id(run.workspace_id, state.parent_run_id)}
 
 
 def step_fields(state: RunState, path: str, position: int) -> dict[str, Any]:
@@ -189,22 +194,26 @@ def _upsert(model: Any, run: Run, rows: Sequence[dict[str, Any]], key: str) -> N
     )
 
 
-def _write(run: Run, state: RunState, steps: Iterable[str], calls: Iterable[str],
-           cost_indexes: Iterable[int], recorded_at: Mapping[int, str]) -> None:
-    Run.objects.filter(pk=run.pk).update(**run_fields(run, state))
+def _write(run: Run, state: RunState, run_changes: Mapping[str, Any], steps: Iterable[str],
+           calls: Iterable[str], cost_indexes: Iterable[int], recorded_at: Mapping[int, str]) -> None:
+    Run.objects.filter(pk=run.pk).update(**run_changes)
     step_positions = {path: i for i, path in enumerate(state.steps)}
     call_positions = {call_id: i for i, call_id in enumerate(state.tool_calls)}
     _upsert(Step, run, [step_fields(state, p, step_positions[p]) for p in steps], "step_path")
     _upsert(ToolCall, run, [tool_fields(state, c, call_positions[c]) for c in calls], "call_id")
-    _upsert(CostEntry, run, [cost_fields(state, i, recorded_at) for i in cost_indexes], "sequence")
+    # Cost entries are only ever added: one per answered model call, at its own sequence.
+    insert_rows(CostEntry, [CostEntry(run=run, **cost_fields(state, i, recorded_at)) for i in cost_indexes])
 
 
 # --- the three uses ------------------------------------------------------------------------
 
 
 def write_batch(run: Run, state: RunState, envelopes: Sequence[Mapping[str, Any]], *,
-                before: int, cost_entries_before: int) -> None:
-    """Write the rows that the batch `envelopes` touched; `state` has already been advanced by it."""
+                before: int, cost_entries_before: int, run_before: Mapping[str, Any]) -> None:
+    """Write the rows that the batch `envelopes` touched; `state` has already been advanced by it.
+
+    `run_before` is `run_fields` of the state before the batch: only changed columns are sent.
+    """
     new_entries = range(cost_entries_before, len(state.cost_entries))
     steps = {path for path, step in state.steps.items() if step.last_sequence > before}
     steps |= {state.cost_entries[i].step_path for i in new_entries if state.cost_entries[i].step_path}
@@ -212,7 +221,10 @@ def write_batch(run: Run, state: RunState, envelopes: Sequence[Mapping[str, Any]
     calls = [c for c in state.tool_calls if c in call_ids]
     recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
     ordered_steps = [path for path in state.steps if path in steps]
-    _write(run, state, ordered_steps, calls, new_entries, recorded_at)
+    changes = {k: v for k, v in run_fields(state).items() if k not in run_before or run_before[k] != v}
+    if any(e["type"] == "RunStarted" for e in envelopes):
+        changes["root_run_id"] = root_run_id(run.workspace_id, state.parent_run_id)
+    _write(run, state, changes, ordered_steps, calls, new_entries, recorded_at)
 
 
 @transaction.atomic
@@ -225,7 +237,8 @@ def rebuild(run: Run) -> RunState:
     for model in (Step, ToolCall, CostEntry):
         model.objects.filter(run=run).delete()
     recorded_at = {e["sequence"]: e["recordedAt"] for e in log}
-    _write(run, state, list(state.steps), list(state.tool_calls), range(len(state.cost_entries)), recorded_at)
+    _write(run, state, all_run_fields(run, state), list(state.steps), list(state.tool_calls),
+           range(len(state.cost_entries)), recorded_at)
     STATES.take(run.pk, -1, "")  # drop whatever this process cached for the run
     return state
 
@@ -247,8 +260,9 @@ def _compare(label: str, expected: Mapping[str, Any], stored: Mapping[str, Any])
 def differences(run: Run, state: RunState, log: Sequence[Mapping[str, Any]]) -> list[str]:
     """Where the stored projections disagree with the fold of the log (empty when equal)."""
     problems: list[str] = []
-    stored_run = Run.objects.filter(pk=run.pk).values(*run_fields(run, state)).get()
-    problems += _compare("run", run_fields(run, state), stored_run)
+    expected_run = all_run_fields(run, state)
+    stored_run = Run.objects.filter(pk=run.pk).values(*expected_run).get()
+    problems += _compare("run", expected_run, stored_run)
 
     stored_steps = {r["step_path"]: r for r in Step.objects.filter(run=run).values()}
     for i, path in enumerate(state.steps):

@@ -50,3 +50,15 @@ def test_little_workflow_unicode_vector_v6() -> None:
 def test_values_without_canonical_form_are_refused(value: object) -> None:
     with pytest.raises(NotCanonicalizable):
         canonical_json({"x": value})
+
+
+def test_composed_request_digest_equals_digest_of_the_whole() -> None:
+    from ledger.canonical import canonical_bytes, digest, request_digest_for_canonical
+
+    payload = {"b": [1, 2.5, "é"], "a": {"😀": None}}
+    for occurrence in (None, "occ_1"):
+        whole = {"type": "StepScheduled", "payload": payload}
+        if occurrence:
+            whole["occurrenceId"] = occurrence
+        assert request_digest_for_canonical(type="StepScheduled", payload_canonical=canonical_bytes(payload),
+                                            occurrence_id=occurrence) == digest(whole)
