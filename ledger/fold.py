@@ -9,8 +9,10 @@ never an exception, because imported Little Workflow logs were never validated b
 from __future__ import annotations
 
 import copy
+import gc
 import re
-from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from decimal import Decimal
 from functools import cache
@@ -302,16 +304,35 @@ def advance(state: RunState, events: Sequence[Mapping[str, Any]], *, prices: Pri
     """
     check_events(state.run_id, events, after=state.last_sequence)
     table = prices if prices is not None else load_default_prices()
-    for event in events:
-        _apply(state, event, table)
+    with paused_gc():
+        for event in events:
+            _apply(state, event, table)
 
 
 def apply_unchecked(state: RunState, events: Sequence[Mapping[str, Any]], prices: PriceTable) -> RunState:
     """Fold without the shape check, for readers that report a broken log instead of refusing it."""
     new: RunState = _clone(state)
-    for event in events:
-        _apply(new, event, prices)
+    with paused_gc():
+        for event in events:
+            _apply(new, event, prices)
     return new
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a fold allocates its records.
+
+    A long fold allocates tens of thousands of small objects and no cycles that need collecting
+    before it returns; without the pause, repeated full collections walk the growing state
+    (a quarter of the time of folding 10,000 events, bench/fold.py).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def visit_index(step_path: str) -> int | None:

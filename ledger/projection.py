@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .fold import RunState, fold
+from .fold import RunState, fold, paused_gc
 from .models import CostEntry, Event, Run, Step, ToolCall, Workspace
 from .bulk import insert_rows
 from .pricing import PriceTable, UsageTotals, load_default_prices
@@ -77,11 +77,12 @@ def log_of(run: Run) -> list[dict[str, Any]]:
         "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload")
     from .envelopes import envelope
 
-    return [
-        envelope(event_id=eid, run_id=run.run_id, sequence=seq, type=t, occurrence_id=occ,
-                 recorded_at=at, payload=json.loads(payload))
-        for seq, eid, t, occ, at, payload in rows
-    ]
+    with paused_gc():
+        return [
+            envelope(event_id=eid, run_id=run.run_id, sequence=seq, type=t, occurrence_id=occ,
+                     recorded_at=at, payload=json.loads(payload))
+            for seq, eid, t, occ, at, payload in rows
+        ]
 
 
 def state_for_append(run: Run, prices: PriceTable) -> RunState:
