@@ -2,4 +2,8 @@
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import include, path
+
+urlpatterns: list = [
+    path("", include("ledger.api.stream")),
+]
