@@ -336,27 +336,36 @@ def test_keepalive_comments_while_nothing_happens(
     assert KEEPALIVE_S * 2 <= time.monotonic() - began < KEEPALIVE_S * 2 + 3
 
 
-@pytest.mark.skipif(not REDIS_URL, reason="the in-memory layer of another process cannot be inspected")
-def test_stream_joins_the_group_and_leaves_it_on_disconnect(
-    server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
-) -> None:
-    import redis
+def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspace: Workspace) -> None:
+    """In-process, on whichever channel layer the settings give (in-memory, or Redis)."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+    from ledger.announce import group_for
+    from ledger.api.stream import _event_stream
 
     append_events(workspace=workspace, run_id="run_group", events=[started()])
     run = Run.objects.get(workspace=workspace, run_id="run_group")
-    group_key = f"asgi:group:ledger.run.{run.pk}"
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        with http.stream("GET", _url(server, "run_group"), headers=read_key) as response:
-            stream = messages(response)  # held: dropping the iterator drops the connection
-            read_until(stream, 1)
-            assert client.zcard(group_key) == 1
-        deadline = time.monotonic() + 5
-        while client.zcard(group_key) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert client.zcard(group_key) == 0
-    finally:
-        client.close()
+    layer = get_channel_layer()
+    group = group_for(run.pk)
+
+    async def members() -> int:
+        if isinstance(layer, InMemoryChannelLayer):
+            return len(layer.groups.get(group, {}))
+        connection = layer.connection(layer.consistent_hash(group))
+        async with connection as redis:
+            return await redis.zcard(layer._group_key(group))
+
+    async def scenario() -> tuple[int, int, int]:
+        before = await members()
+        stream = _event_stream(run, 0)
+        first = await stream.__anext__()  # sent after subscribing and before the first read
+        assert first == b": connected\n\n"
+        during = await members()
+        await stream.aclose()
+        return before, during, await members()
+
+    assert async_to_sync(scenario)() == (0, 1, 0)
 
 
 # --- who may read -------------------------------------------------------------------------------
