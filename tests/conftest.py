@@ -22,7 +22,9 @@ def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
     """Transactional tests end with a flush, which deletes events; the log's triggers allow that
     only for runs marked for pruning, as retention does."""
     marker = request.node.get_closest_marker("django_db")
-    if not (marker and marker.kwargs.get("transaction")):
+    transactional = (marker and marker.kwargs.get("transaction")) or any(
+        name in request.fixturenames for name in ("transactional_db", "live_server"))
+    if not transactional:
         yield
         return
     request.getfixturevalue("transactional_db")  # set up first, so torn down after this
