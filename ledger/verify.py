@@ -9,9 +9,10 @@ from typing import Any
 
 from . import artifacts
 from .canonical import canonical_json, event_id
+from .envelopes import envelope
 from .fold import RunStateMismatch, fold
 from .models import Artifact, Event, Run
-from .projection import differences, log_of, prices_for
+from .projection import differences, prices_for
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,23 @@ def artifact_refs(value: Any) -> Iterator[str]:
         yield value
 
 
+@dataclass(frozen=True)
+class Inspection:
+    """What verifying a run read, so the evidence bundle and replay plan need not read it again."""
+
+    checks: list[Check]
+    log: list[dict[str, Any]]  # the envelopes, in sequence order
+    artifact_outcomes: dict[str, str]  # ref -> ok | missing | mismatch
+
+
 def verify_run(run: Run) -> list[Check]:
+    return inspect_run(run).checks
+
+
+def inspect_run(run: Run) -> Inspection:
+    """The integrity checks of `ledger verify`, reading the log once, in a constant number of queries."""
     rows = list(Event.objects.filter(run=run).order_by("sequence").values_list(
-        "sequence", "event_id", "type", "occurrence_id", "payload"))
+        "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload"))
     checks: list[Check] = []
 
     sequences = [r[0] for r in rows]
@@ -48,8 +63,11 @@ def verify_run(run: Run) -> list[Check]:
         checks.append(Check("dense_sequence", "pass", f"1..{len(rows)}"))
 
     bad_ids, refs = [], set()
-    for sequence, stored_id, type_, occurrence_id, text in rows:
+    log = []
+    for sequence, stored_id, type_, occurrence_id, recorded_at, text in rows:
         payload = json.loads(text)
+        log.append(envelope(event_id=stored_id, run_id=run.run_id, sequence=sequence, type=type_,
+                            occurrence_id=occurrence_id, recorded_at=recorded_at, payload=payload))
         recomputed = event_id(run_id=run.run_id, sequence=sequence, type=type_, payload=payload,
                               occurrence_id=occurrence_id)
         if recomputed != stored_id or canonical_json(payload) != text:
@@ -63,23 +81,20 @@ def verify_run(run: Run) -> list[Check]:
     checks.append(Check("artifact_hashes", "fail" if problems else "pass",
                         "; ".join(problems) if problems else f"{len(refs)} artifact(s) re-hashed"))
 
-    log = log_of(run)
     try:
         state = fold(log, prices=prices_for(run.workspace), run_id=run.run_id)
     except RunStateMismatch as exc:
         checks.append(Check("projections", "fail", f"the log cannot be folded: {exc}"))
-        return checks
+        return Inspection(checks, log, outcomes)
     diffs = differences(run, state, log)
     checks.append(Check("projections", "fail" if diffs else "pass",
                         "; ".join(diffs[:10]) + (f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else "")
                         if diffs else "run, steps, tool calls and cost entries equal the fold"))
-    return checks
+    return Inspection(checks, log, outcomes)
 
 
 def check_artifacts(run: Run, refs: set[str]) -> dict[str, str]:
     """ref -> ok | missing | mismatch, re-hashing each artifact of the run's workspace."""
-    outcomes = {}
-    for ref in refs:
-        artifact = Artifact.objects.filter(workspace_id=run.workspace_id, sha256=artifacts.parse_ref(ref)).first()
-        outcomes[ref] = "missing" if artifact is None else artifacts.check(artifact)
-    return outcomes
+    by_sha = {artifacts.parse_ref(ref): ref for ref in refs}
+    found = {a.sha256: a for a in Artifact.objects.filter(workspace_id=run.workspace_id, sha256__in=list(by_sha))}
+    return {ref: "missing" if sha not in found else artifacts.check(found[sha]) for sha, ref in by_sha.items()}
