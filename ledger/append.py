@@ -113,6 +113,8 @@ def _now_ms() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+EVENT_COLUMNS = ("run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload",
+                 "idempotency_key", "request_digest")
 # The head columns an append reads; the projected ones (input, output, ...) are not loaded.
 HEAD_FIELDS = ("id", "workspace_id", "run_id", "last_sequence", "status",
                "lease_owner", "lease_expires_at", "fencing_token")
@@ -200,16 +202,16 @@ def append_events(
         state = state_for_append(run, prices)
         before, cost_entries_before = state.last_sequence, len(state.cost_entries)
         run_before = run_fields(state)
-        rows: list[Event] = []
+        rows: list[tuple[Any, ...]] = []
         written: list[dict[str, Any]] = []
         out: list[dict[str, Any]] = []
-        in_batch: dict[str, tuple[Event, dict[str, Any]]] = {}
+        in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
         for index, p in enumerate(prepared):
             key = p.idempotency_key
             if key is not None and (key in seen or key in in_batch):
                 if key in in_batch:
-                    original, original_env = in_batch[key]
-                    if original.request_digest != p.request_digest:
+                    original_digest, original_env = in_batch[key]
+                    if original_digest != p.request_digest:
                         raise IdempotencyConflict(
                             f"event {index}: idempotency key {key!r} is used twice in the batch for different events",
                             index=index, idempotencyKey=key,
@@ -234,22 +236,18 @@ def append_events(
                 stored = canonical_bytes(payload)
             eid = event_id_for_canonical(run_id=run_id, sequence=sequence, type=p.type,
                                          payload_canonical=stored, occurrence_id=p.occurrence_id)
-            row = Event(
-                run=run, sequence=sequence, event_id=eid, type=p.type, occurrence_id=p.occurrence_id,
-                recorded_at=now, payload=stored.decode(),
-                idempotency_key=key, request_digest=p.request_digest,
-            )
-            rows.append(row)
+            rows.append((run.pk, sequence, eid, p.type, p.occurrence_id, now, stored.decode(), key,
+                         p.request_digest))
             env = envelope(event_id=eid, run_id=run_id, sequence=sequence, type=p.type,
                            occurrence_id=p.occurrence_id, recorded_at=now, payload=payload)
             if key is not None:
-                in_batch[key] = (row, env)
+                in_batch[key] = (p.request_digest, env)
             written.append(env)
             out.append({**env, "replayed": False})
             advance(state, [env], prices=prices)
 
         if rows:
-            insert_rows(Event, rows)
+            insert_rows(Event, EVENT_COLUMNS, rows)
             write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before,
                         run_before=run_before)
             remember_after_commit(run, prices, state)

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from .fold import RunState, fold, paused_gc
 from .models import CostEntry, Event, Run, Step, ToolCall, Workspace
-from .bulk import insert_rows
+from .bulk import insert_rows, upsert_rows
 from .pricing import PriceTable, UsageTotals, load_default_prices
 
 MONEY_PLACES = Decimal("1e-12")
@@ -185,25 +185,19 @@ def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> 
     }
 
 
-def _upsert(model: Any, run: Run, rows: Sequence[dict[str, Any]], key: str) -> None:
-    if not rows:
-        return
-    model.objects.bulk_create(
-        [model(run=run, **row) for row in rows],
-        update_conflicts=True, unique_fields=["run", key],
-        update_fields=[name for name in rows[0] if name != key],
-    )
-
-
 def _write(run: Run, state: RunState, run_changes: Mapping[str, Any], steps: Iterable[str],
            calls: Iterable[str], cost_indexes: Iterable[int], recorded_at: Mapping[int, str]) -> None:
     Run.objects.filter(pk=run.pk).update(**run_changes)
     step_positions = {path: i for i, path in enumerate(state.steps)}
     call_positions = {call_id: i for i, call_id in enumerate(state.tool_calls)}
-    _upsert(Step, run, [step_fields(state, p, step_positions[p]) for p in steps], "step_path")
-    _upsert(ToolCall, run, [tool_fields(state, c, call_positions[c]) for c in calls], "call_id")
+    upsert_rows(Step, ("run_id", "step_path"),
+                [{"run_id": run.pk, **step_fields(state, p, step_positions[p])} for p in steps])
+    upsert_rows(ToolCall, ("run_id", "call_id"),
+                [{"run_id": run.pk, **tool_fields(state, c, call_positions[c])} for c in calls])
     # Cost entries are only ever added: one per answered model call, at its own sequence.
-    insert_rows(CostEntry, [CostEntry(run=run, **cost_fields(state, i, recorded_at)) for i in cost_indexes])
+    rows = [{"run_id": run.pk, **cost_fields(state, i, recorded_at)} for i in cost_indexes]
+    if rows:
+        insert_rows(CostEntry, list(rows[0]), [list(row.values()) for row in rows])
 
 
 # --- the three uses ------------------------------------------------------------------------
