@@ -304,3 +304,79 @@ class Feedback(models.Model):
             models.CheckConstraint(condition=Q(rating__gte=1) & Q(rating__lte=5), name="feedback_rating_1_to_5"),
         ]
         ordering = ["run", "created_at", "pk"]
+
+
+class ToolGatewayClaim(models.Model):
+    """The tool gateway's control row of one call: identity, lease, outbound stamp and outcome.
+
+    Not a projection: owners, lease tokens and the outbound stamp are not in the log, so `ledger
+    rebuild` leaves this table alone. Every change that the log must know about is written in the
+    same transaction as its `harness.tool_call.*` event (ledger/gateway.py).
+    """
+
+    class Status(models.TextChoices):
+        CLAIMED = "claimed"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        IN_DOUBT = "in_doubt"
+
+    class Effect(models.TextChoices):
+        READ = "read"
+        WRITE = "write"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="gateway_claims")
+    call_id = models.CharField(max_length=200)
+    tool_name = models.CharField(max_length=200)
+    args = models.JSONField(null=True, blank=True)  # redacted, as in the log
+    # digest({toolName, args}) of the redacted arguments: what "the same call" means for a key.
+    args_digest = models.CharField(max_length=71)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    effect = models.CharField(max_length=8, choices=Effect.choices)
+    timeout_s = models.FloatField(null=True, blank=True)
+    owner = models.CharField(max_length=200)
+    lease_token = models.CharField(max_length=64)
+    lease_expires_at = models.DateTimeField()
+    attempt = models.PositiveIntegerField(default=1)
+    claimed_at = models.DateTimeField()  # of the current attempt
+    outbound_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CLAIMED)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    # A result or error over 8 KiB lives in an artifact (ledger/gateway.py wraps it with its run
+    # and call, so a cached answer can prove whose it is); `result`/`error` stay NULL then.
+    outcome_ref = models.CharField(max_length=200, blank=True)
+    outcome_digest = models.CharField(max_length=71, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    reconciled_by = models.CharField(max_length=150, blank=True)
+    reconcile_note = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "call_id"], name="gateway_call_unique_in_run"),
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="gateway_idempotency_key_unique_in_run",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["claimed", "succeeded", "failed", "in_doubt"]),
+                name="gateway_status_known",
+            ),
+            models.CheckConstraint(condition=Q(effect__in=["read", "write"]), name="gateway_effect_known"),
+            models.CheckConstraint(condition=Q(attempt__gte=1), name="gateway_attempt_positive"),
+            models.CheckConstraint(
+                condition=Q(status__in=["claimed", "in_doubt"]) | Q(finished_at__isnull=False),
+                name="gateway_finished_has_time",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="in_doubt") | Q(outbound_at__isnull=False),
+                name="gateway_in_doubt_went_out",
+            ),
+        ]
+        ordering = ["run", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.call_id}"

@@ -7,4 +7,5 @@ from django.urls import include, path
 urlpatterns: list = [
     path("", include("ledger.api.stream")),
     path("", include("ledger.api.runs")),
+    path("", include("ledger.api.gateway")),
 ]

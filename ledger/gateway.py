@@ -1,0 +1,413 @@
+"""The tool gateway: idempotent tool calls under a lease (DESIGN.md §5 item 3).
+
+A harness claims a call before running it, says when the request is about to leave (`outbound`),
+and completes it with a result or an error. The control row (ToolGatewayClaim) holds what the log
+does not: owner, lease token, the outbound stamp. Every change the log must know about is
+appended through `append_events` in the same transaction as the row change, so the row and the
+`harness.tool_call.*` events never disagree.
+
+Every service locks the run's head row first: it is the row `append_events` locks too, so the lock
+order is always run → claim, and two claimers of one call are serialized (on SQLite the IMMEDIATE
+transaction does the same).
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from django.db import transaction
+
+from . import artifacts, clock
+from .append import append_events, validate_run_id
+from .canonical import NotCanonicalizable, canonical_bytes, digest
+from .envelopes import format_recorded_at
+from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
+from .models import Run, ToolGatewayClaim, Workspace
+from .redaction import Redactor
+
+Status = ToolGatewayClaim.Status
+
+DEFAULT_LEASE_S = 60.0
+LEASE_MARGIN_S = 10.0
+# Results (or errors) whose canonical JSON is larger than this are kept as artifacts.
+INLINE_RESULT_BYTES = 8192
+ARTIFACT_KIND = "tool_result"
+
+
+class ToolCallInProgress(Conflict):
+    code = "tool_call_in_progress"
+
+
+class ToolCallInDoubt(Conflict):
+    code = "tool_call_in_doubt"
+
+
+class LeaseLost(Conflict):
+    code = "lease_lost"
+
+
+class ToolCallNotInDoubt(Conflict):
+    code = "tool_call_not_in_doubt"
+
+
+class InvalidToolCall(LedgerError):
+    code = "invalid_request"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    call_id: str
+    lease_token: str
+    lease_expires_at: datetime
+    attempt: int
+    status: str = "claimed"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished call's recorded outcome: what a replay (or a repeated complete) answers."""
+
+    call_id: str
+    status: str  # succeeded | failed
+    attempt: int
+    result: Any = None
+    error: Any = None
+    duration_ms: float | None = None
+    reconciled: bool = False
+    idempotent_replay: bool = False
+
+
+@dataclass(frozen=True)
+class Outbound:
+    call_id: str
+    attempt: int
+    outbound_at: datetime
+    lease_expires_at: datetime
+    status: str = "claimed"
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _atomic_then_refuse(service: Callable[P, T | LedgerError]) -> Callable[P, T]:
+    """Run `service` in one transaction; a refusal it *returns* is raised after the commit.
+
+    A lease found expired after the request left turns the call in doubt (a row change and an
+    event) *and* refuses the caller; raising inside the transaction would roll the first back.
+    So the services return their refusals, and raise only for bad input.
+    """
+    atomic_service = transaction.atomic(service)
+
+    @functools.wraps(service)
+    def refusing(*args: P.args, **kwargs: P.kwargs) -> T:
+        outcome = atomic_service(*args, **kwargs)
+        if isinstance(outcome, LedgerError):
+            raise outcome
+        return outcome
+
+    return refusing
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _lock_run(workspace: Workspace, run_id: str) -> Run:
+    validate_run_id(run_id)
+    run = Run.objects.select_for_update().filter(workspace=workspace, run_id=run_id).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found", runId=run_id)
+    run.workspace = workspace  # the same row; saves a query on every append and artifact read
+    return run
+
+
+def _get_claim(run: Run, call_id: str) -> ToolGatewayClaim:
+    claim = ToolGatewayClaim.objects.select_for_update().filter(run=run, call_id=call_id).first()
+    if claim is None:
+        raise NotFound(f"tool call {call_id} not found in run {run.run_id}", runId=run.run_id, callId=call_id)
+    return claim
+
+
+def _redactor(workspace: Workspace) -> Redactor:
+    return Redactor(workspace.redact_keys, workspace.redact_value_patterns)
+
+
+def _canonical(value: Any, field: str) -> bytes:
+    try:
+        return canonical_bytes(value)
+    except NotCanonicalizable as exc:
+        raise InvalidToolCall(f"{field} has no canonical JSON form: {exc}", field=field) from exc
+
+
+def _lease_seconds(timeout_s: float | None) -> float:
+    if timeout_s is None:
+        return DEFAULT_LEASE_S
+    return max(DEFAULT_LEASE_S, timeout_s + LEASE_MARGIN_S)
+
+
+def _token_matches(claim: ToolGatewayClaim, lease_token: str) -> bool:
+    return hmac.compare_digest(claim.lease_token.encode(), str(lease_token).encode())
+
+
+def _append(run: Run, fencing_token: Any, *events: dict[str, Any]) -> None:
+    append_events(workspace=run.workspace, run_id=run.run_id, events=list(events), fencing_token=fencing_token)
+
+
+def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, fencing_token: Any) -> bool:
+    """A lease that ran out after the request left makes the call in doubt: nobody knows whether
+    the tool acted, so it is never retried automatically. True when this call just became so."""
+    if claim.status != Status.CLAIMED or claim.outbound_at is None or claim.lease_expires_at > now:
+        return False
+    claim.status = Status.IN_DOUBT
+    claim.updated_at = now
+    claim.save(update_fields=["status", "updated_at"])
+    _append(run, fencing_token, {"type": "harness.tool_call.in_doubt", "payload": {
+        "callId": claim.call_id, "toolName": claim.tool_name, "attempt": claim.attempt,
+        "owner": claim.owner, "outboundAt": format_recorded_at(claim.outbound_at),
+        "leaseExpiredAt": format_recorded_at(claim.lease_expires_at),
+    }})
+    return True
+
+
+def _in_doubt_error(claim: ToolGatewayClaim) -> ToolCallInDoubt:
+    return ToolCallInDoubt(
+        f"tool call {claim.call_id} is in doubt: its lease expired after the request left; "
+        "an operator must reconcile it", callId=claim.call_id, attempt=claim.attempt,
+    )
+
+
+def _store_outcome(run: Run, claim: ToolGatewayClaim, field: str, value: Any) -> None:
+    """Put the outcome on the row, or in an artifact bound to this run and call when large."""
+    claim.result = claim.error = None
+    claim.outcome_ref = ""
+    claim.outcome_digest = digest({field: value})
+    if len(canonical_bytes(value)) <= INLINE_RESULT_BYTES:
+        setattr(claim, field, value)
+        return
+    wrapped = {"kind": ARTIFACT_KIND, "runId": run.run_id, "callId": claim.call_id, "field": field, "value": value}
+    claim.outcome_ref = artifacts.store_bytes(run.workspace, canonical_bytes(wrapped)).ref
+
+
+def _outcome(run: Run, claim: ToolGatewayClaim) -> tuple[str, Any]:
+    """(field, value) of a finished call, re-checking an artifact's scope and hash before use."""
+    field = "result" if claim.status == Status.SUCCEEDED else "error"
+    if not claim.outcome_ref:
+        return field, getattr(claim, field)
+    try:
+        artifact = artifacts.get_by_ref(run.workspace, claim.outcome_ref)
+    except NotFound:
+        raise IntegrityFailure(f"the stored {field} of tool call {claim.call_id} is missing",
+                               callId=claim.call_id, ref=claim.outcome_ref) from None
+    data = artifacts.read_bytes(artifact)  # raises IntegrityFailure when the bytes changed
+    try:
+        wrapped = json.loads(data)
+    except ValueError:
+        wrapped = None
+    if not (isinstance(wrapped, dict) and wrapped.get("kind") == ARTIFACT_KIND
+            and wrapped.get("runId") == run.run_id and wrapped.get("callId") == claim.call_id
+            and wrapped.get("field") == field):
+        raise IntegrityFailure(f"the stored {field} of tool call {claim.call_id} belongs to another call",
+                               callId=claim.call_id, ref=claim.outcome_ref)
+    return field, wrapped.get("value")
+
+
+def _finished(run: Run, claim: ToolGatewayClaim, *, replay: bool) -> Finished:
+    field, value = _outcome(run, claim)
+    return Finished(
+        call_id=claim.call_id, status=claim.status, attempt=claim.attempt,
+        result=value if field == "result" else None, error=value if field == "error" else None,
+        duration_ms=claim.duration_ms, reconciled=bool(claim.reconciled_by), idempotent_replay=replay,
+    )
+
+
+def _identity_conflict(claim: ToolGatewayClaim, message: str) -> IdempotencyConflict:
+    return IdempotencyConflict(message, callId=claim.call_id, idempotencyKey=claim.idempotency_key)
+
+
+# --- services --------------------------------------------------------------------------------
+
+
+@_atomic_then_refuse
+def claim_tool_call(
+    *, workspace: Workspace, run_id: str, call_id: str, tool_name: str, args: Any, effect: str, owner: str,
+    idempotency_key: str | None = None, timeout_s: float | None = None, caller: str = "gateway",
+    turn: int | None = None, step_path: str | None = None, fencing_token: Any = None,
+) -> Claimed | Finished | LedgerError:
+    """Claim a tool call under a lease, or answer with what is known of it.
+
+    Returns Claimed (new, re-claimed after an expiry before outbound, or the holder's own live
+    lease) or Finished with idempotent_replay (a finished call with the same identity: nothing
+    runs, nothing is appended). Refuses with IdempotencyConflict, ToolCallInProgress, ToolCallInDoubt.
+    """
+    run = _lock_run(workspace, run_id)
+    now = clock.now()
+    args = _redactor(workspace)(args)
+    _canonical(args, "args")
+    args_digest = digest({"toolName": tool_name, "args": args})
+
+    # The key names the logical call: a harness retrying under a fresh callId still finds it.
+    claim = None
+    if idempotency_key is not None:
+        claim = ToolGatewayClaim.objects.select_for_update().filter(run=run, idempotency_key=idempotency_key).first()
+    by_call = ToolGatewayClaim.objects.select_for_update().filter(run=run, call_id=call_id).first()
+    if by_call is not None and (claim is None or by_call.pk != claim.pk):
+        if by_call.idempotency_key != idempotency_key:
+            return _identity_conflict(by_call, f"tool call {call_id} was claimed with another idempotency key")
+        claim = by_call
+    if claim is not None and (claim.tool_name != tool_name or claim.args_digest != args_digest):
+        return _identity_conflict(claim, "this idempotency key (or callId) was used for another tool or other arguments")
+
+    if claim is not None:
+        if claim.status in (Status.SUCCEEDED, Status.FAILED):
+            return _finished(run, claim, replay=True)  # nothing executed, nothing appended
+        if claim.status == Status.IN_DOUBT:
+            return _in_doubt_error(claim)
+        if claim.lease_expires_at > now:
+            if claim.owner == owner:  # a retried claim of the holder: the same lease again
+                return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt)
+            return ToolCallInProgress(
+                f"tool call {claim.call_id} is leased to another owner until {claim.lease_expires_at.isoformat()}",
+                callId=claim.call_id, leaseExpiresAt=claim.lease_expires_at.isoformat(),
+            )
+        if _settle_expiry(run, claim, now, fencing_token):
+            return _in_doubt_error(claim)
+        # Expired before the request left: nothing happened outside, so it may run again.
+        claim.attempt += 1
+    else:
+        claim = ToolGatewayClaim(
+            run=run, call_id=call_id, tool_name=tool_name, args=args, args_digest=args_digest,
+            idempotency_key=idempotency_key, created_at=now, attempt=1,
+        )
+    claim.effect, claim.timeout_s, claim.owner = effect, timeout_s, owner
+    claim.lease_token = secrets.token_urlsafe(32)
+    claim.lease_expires_at = now + timedelta(seconds=_lease_seconds(timeout_s))
+    claim.claimed_at = claim.updated_at = now
+    claim.outbound_at = None
+    claim.status = Status.CLAIMED
+    claim.save()
+
+    payload: dict[str, Any] = {
+        "callId": claim.call_id, "caller": caller, "toolName": tool_name, "args": args,
+        "effect": effect, "attempt": claim.attempt, "owner": owner,
+    }
+    optional = {"idempotencyKey": idempotency_key, "timeoutS": timeout_s, "turn": turn, "stepPath": step_path}
+    payload.update({k: v for k, v in optional.items() if v is not None})
+    _append(run, fencing_token, {"type": "harness.tool_call.started", "payload": payload})
+    return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt)
+
+
+@_atomic_then_refuse
+def mark_outbound(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str,
+                  fencing_token: Any = None) -> Outbound | LedgerError:
+    """Stamp that the request is about to leave: from now on an expiry means in doubt."""
+    run = _lock_run(workspace, run_id)
+    claim = _get_claim(run, call_id)
+    now = clock.now()
+    if _settle_expiry(run, claim, now, fencing_token):
+        return _lease_lost(claim)
+    if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.lease_expires_at <= now:
+        return _lease_lost(claim)
+    if claim.outbound_at is None:  # a repeated outbound keeps the first stamp
+        claim.outbound_at = claim.updated_at = now
+        claim.save(update_fields=["outbound_at", "updated_at"])
+    return Outbound(claim.call_id, claim.attempt, claim.outbound_at, claim.lease_expires_at)
+
+
+
+def _lease_lost(claim: ToolGatewayClaim) -> LeaseLost:
+    return LeaseLost(
+        f"the lease on tool call {claim.call_id} is stale or held by another owner",
+        callId=claim.call_id, status=claim.status, attempt=claim.attempt,
+    )
+
+
+@_atomic_then_refuse
+def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str, outcome: str,
+                       value: Any, fencing_token: Any = None) -> Finished | LedgerError:
+    """Record the call's result (`outcome="result"`) or error (`"error"`) under a live lease.
+
+    A stale or foreign lease raises LeaseLost; the holder repeating the same complete gets the
+    recorded answer back with idempotent_replay and nothing is appended.
+    """
+    if outcome not in ("result", "error"):
+        raise InvalidToolCall("send either result or error", field="result")
+    run = _lock_run(workspace, run_id)
+    claim = _get_claim(run, call_id)
+    now = clock.now()
+    value = _redactor(workspace)(value)
+    _canonical(value, outcome)
+    if (claim.status in (Status.SUCCEEDED, Status.FAILED) and not claim.reconciled_by
+            and _token_matches(claim, lease_token) and claim.outcome_digest == digest({outcome: value})):
+        return _finished(run, claim, replay=True)  # the holder retrying its own complete
+    if _settle_expiry(run, claim, now, fencing_token):
+        return _lease_lost(claim)
+    if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.lease_expires_at <= now:
+        return _lease_lost(claim)
+
+    status = Status.SUCCEEDED if outcome == "result" else Status.FAILED
+    # The tool's own time: from when the request left, else from the claim of this attempt.
+    duration_ms = round((now - (claim.outbound_at or claim.claimed_at)).total_seconds() * 1000)
+    _store_outcome(run, claim, outcome, value)
+    claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = status, duration_ms, now, now
+    claim.save()
+    _append(run, fencing_token, {"type": f"harness.tool_call.{status}", "payload": {
+        "callId": claim.call_id, outcome: value, "durationMs": duration_ms, "attempt": claim.attempt,
+    }})
+    return Finished(call_id=claim.call_id, status=status, attempt=claim.attempt,
+                    result=value if outcome == "result" else None,
+                    error=value if outcome == "error" else None, duration_ms=duration_ms)
+
+
+
+@_atomic_then_refuse
+def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outcome: str, value: Any,
+                        note: str, by: str, fencing_token: Any = None) -> Finished | LedgerError:
+    """An operator settles a call in doubt as succeeded (with its result) or failed (its error).
+
+    Only from in doubt (a claimed call whose lease ran out after outbound counts: it is written
+    down as in doubt first); anything else raises ToolCallNotInDoubt.
+    """
+    if outcome not in (Status.SUCCEEDED, Status.FAILED):
+        raise InvalidToolCall("outcome must be succeeded or failed", field="outcome")
+    run = _lock_run(workspace, run_id)
+    claim = _get_claim(run, call_id)
+    now = clock.now()
+    _settle_expiry(run, claim, now, fencing_token)
+    if claim.status != Status.IN_DOUBT:
+        return ToolCallNotInDoubt(
+            f"tool call {call_id} is {claim.status}; only a call in doubt can be reconciled",
+            callId=call_id, status=claim.status,
+        )
+    field = "result" if outcome == Status.SUCCEEDED else "error"
+    value = _redactor(workspace)(value)
+    _canonical(value, field)
+    _store_outcome(run, claim, field, value)
+    claim.status, claim.finished_at, claim.updated_at = outcome, now, now
+    claim.reconciled_by, claim.reconcile_note = by, note
+    claim.save()
+    _append(run, fencing_token, {"type": "harness.tool_call.reconciled", "payload": {
+        "callId": call_id, "outcome": outcome, field: value, "note": note, "by": by, "attempt": claim.attempt,
+    }})
+    return Finished(call_id=call_id, status=outcome, attempt=claim.attempt,
+                    result=value if field == "result" else None, error=value if field == "error" else None,
+                    reconciled=True)
+
+
+
+# --- selectors -------------------------------------------------------------------------------
+
+
+def tool_call_rows(run: Run, *, after_pk: int = 0, limit: int = 50, status: str | None = None) -> list[ToolGatewayClaim]:
+    """The run's control rows in claim order, `limit` of them after the row `after_pk`."""
+    qs = ToolGatewayClaim.objects.filter(run=run, pk__gt=after_pk).order_by("pk")
+    if status:
+        qs = qs.filter(status=status)
+    return list(qs[:limit])
+

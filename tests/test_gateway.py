@@ -1,0 +1,504 @@
+"""The tool gateway over real HTTP: a live server, httpx, and a clock the tests move by hand."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.utils import timezone
+
+from ledger.artifacts import get_by_ref
+from ledger.models import Event, Run, ToolCall, ToolGatewayClaim, Workspace
+from ledger.tenancy import create_key, create_user
+from tests.conftest import started
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUN = "run_tools"
+BASE = f"/api/v1/runs/{RUN}/tool-calls"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.moment = timezone.now()
+
+    def now(self) -> datetime:
+        return self.moment
+
+    def advance(self, seconds: float) -> None:
+        self.moment += timedelta(seconds=seconds)
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    # The live server runs in a thread of this process, so it reads the patched function too.
+    monkeypatch.setattr("ledger.clock.now", fake.now)
+    return fake
+
+
+@pytest.fixture
+def run(append: Callable[..., Any]) -> str:
+    append(RUN, started())
+    return RUN
+
+
+def _key_client(live_server: Any, workspace: Workspace, scopes: list[str]) -> httpx.Client:
+    _, key = create_key(workspace=workspace, scopes=scopes)
+    return httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+@pytest.fixture
+def api(live_server: Any, workspace: Workspace) -> Iterator[httpx.Client]:
+    with _key_client(live_server, workspace, ["ingest", "read"]) as client:
+        yield client
+
+
+@pytest.fixture
+def foreign_api(live_server: Any, other_workspace: Workspace) -> Iterator[httpx.Client]:
+    with _key_client(live_server, other_workspace, ["ingest", "read", "execute"]) as client:
+        yield client
+
+
+def _session(live_server: Any, *, username: str, tenant: str, role: str) -> httpx.Client:
+    password = f"pw-{username}-123"
+    create_user(username=username, tenant=tenant, role=role, password=password)
+    client = httpx.Client(base_url=live_server.url, timeout=30)
+    client.get("/accounts/login/")
+    response = client.post("/accounts/login/", data={
+        "username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"],
+    })
+    assert response.status_code == 302, response.text
+    # Login rotates the CSRF token; unsafe API calls from a session must send the new one.
+    client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
+    return client
+
+
+@pytest.fixture
+def operator(live_server: Any, workspace: Workspace) -> Iterator[httpx.Client]:
+    client = _session(live_server, username="oscar", tenant="acme", role="operator")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def viewer(live_server: Any, workspace: Workspace) -> Iterator[httpx.Client]:
+    client = _session(live_server, username="vera", tenant="acme", role="viewer")
+    yield client
+    client.close()
+
+
+def claim_body(**overrides: Any) -> dict[str, Any]:
+    return {"callId": "call_1", "toolName": "search", "args": {"q": "runledger"}, "idempotencyKey": "k1",
+            "effect": "write", "owner": "worker-1", **overrides}
+
+
+def _claim(api: httpx.Client, **overrides: Any) -> httpx.Response:
+    return api.post(BASE, json=claim_body(**overrides))
+
+
+def _claimed(api: httpx.Client, **overrides: Any) -> dict[str, Any]:
+    response = _claim(api, **overrides)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def _post(api: httpx.Client, call_id: str, action: str, body: dict[str, Any]) -> httpx.Response:
+    return api.post(f"{BASE}/{call_id}/{action}", json=body)
+
+
+def _error_code(response: httpx.Response) -> str:
+    return response.json()["error"]["code"]
+
+
+def _events(type_prefix: str = "harness.tool_call.") -> list[dict[str, Any]]:
+    rows = Event.objects.filter(run__run_id=RUN, type__startswith=type_prefix).order_by("sequence")
+    return [{"type": e.type, **json.loads(e.payload)} for e in rows]
+
+
+def _event_count() -> int:
+    return Event.objects.filter(run__run_id=RUN).count()
+
+
+def _verify_passes() -> None:
+    out = io.StringIO()
+    call_command("ledger", "verify", RUN, "--workspace", "acme/support", stdout=out)  # exits 1 on failure
+    assert "ok" in out.getvalue(), out.getvalue()
+
+
+def _in_doubt(api: httpx.Client, clock: FakeClock, **overrides: Any) -> str:
+    lease = _claimed(api, **overrides)
+    call_id = lease["callId"]
+    assert _post(api, call_id, "outbound", {"leaseToken": lease["leaseToken"]}).status_code == 200
+    clock.advance(61)
+    response = _claim(api, **{**overrides, "owner": "worker-2"})
+    assert response.status_code == 409 and _error_code(response) == "tool_call_in_doubt"
+    return call_id
+
+
+# --- the three identity outcomes of a claim --------------------------------------------------
+
+
+def test_a_new_call_is_claimed_with_a_lease_and_a_started_event(api: httpx.Client, run: str, clock: FakeClock) -> None:
+    body = _claimed(api)
+    assert body["status"] == "claimed" and body["attempt"] == 1 and body["callId"] == "call_1"
+    assert body["leaseToken"]
+    assert datetime.fromisoformat(body["leaseExpiresAt"]) == clock.moment + timedelta(seconds=60)
+    [event] = _events()
+    assert event == {"type": "harness.tool_call.started", "callId": "call_1", "caller": "gateway",
+                     "toolName": "search", "args": {"q": "runledger"}, "effect": "write", "attempt": 1,
+                     "owner": "worker-1", "idempotencyKey": "k1"}
+
+
+def test_the_lease_widens_to_the_tool_timeout_plus_ten_seconds(api: httpx.Client, run: str, clock: FakeClock) -> None:
+    short = _claimed(api, callId="call_short", idempotencyKey="short", timeoutS=5)
+    long = _claimed(api, callId="call_long", idempotencyKey="long", timeoutS=120)
+    assert datetime.fromisoformat(short["leaseExpiresAt"]) == clock.moment + timedelta(seconds=60)
+    assert datetime.fromisoformat(long["leaseExpiresAt"]) == clock.moment + timedelta(seconds=130)
+
+
+def test_same_key_and_args_after_completion_replays_the_result_and_appends_nothing(api: httpx.Client, run: str) -> None:
+    lease = _claimed(api)
+    _post(api, "call_1", "outbound", {"leaseToken": lease["leaseToken"]})
+    done = _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "result": {"hits": 3}})
+    assert done.status_code == 200 and done.json()["status"] == "succeeded"
+    events_before = _event_count()
+
+    # A harness retrying after a crash, even under a fresh callId, gets the recorded answer.
+    for call_id in ("call_1", "call_1_retry"):
+        replay = _claim(api, callId=call_id, owner="worker-9")
+        assert replay.status_code == 200, replay.text
+        assert replay.json() == {"status": "succeeded", "callId": "call_1", "attempt": 1, "result": {"hits": 3},
+                                 "durationMs": replay.json()["durationMs"], "reconciled": False,
+                                 "idempotentReplay": True}
+    assert _event_count() == events_before
+    assert ToolGatewayClaim.objects.count() == 1
+
+
+def test_a_failed_call_replays_its_error(api: httpx.Client, run: str) -> None:
+    lease = _claimed(api)
+    _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "error": {"message": "503"}})
+    replay = _claim(api)
+    assert replay.status_code == 200
+    assert replay.json()["status"] == "failed" and replay.json()["error"] == {"message": "503"}
+    assert "result" not in replay.json()
+    assert _events()[-1]["type"] == "harness.tool_call.failed"
+
+
+def test_same_key_other_args_or_tool_is_an_idempotency_conflict(api: httpx.Client, run: str) -> None:
+    lease = _claimed(api)
+    _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "result": "ok"})
+    events_before = _event_count()
+    for overrides in ({"args": {"q": "other"}}, {"toolName": "fetch"}, {"callId": "call_2", "args": {"q": "x"}}):
+        response = _claim(api, **overrides)
+        assert response.status_code == 409 and _error_code(response) == "idempotency_conflict", overrides
+    # The same callId under another key is refused too: a callId names one call.
+    response = _claim(api, idempotencyKey="k2")
+    assert response.status_code == 409 and _error_code(response) == "idempotency_conflict"
+    assert _event_count() == events_before
+
+
+def test_secrets_in_args_are_redacted_before_storage_and_digest(api: httpx.Client, run: str) -> None:
+    _claimed(api, args={"q": "x", "api_key": "sk-live-123"})
+    assert _events()[0]["args"] == {"q": "x", "api_key": "[REDACTED]"}
+    assert ToolGatewayClaim.objects.get().args == {"q": "x", "api_key": "[REDACTED]"}
+    assert b"sk-live-123" not in json.dumps(api.get(BASE).json()).encode()
+
+
+# --- leases ----------------------------------------------------------------------------------
+
+
+def test_a_live_lease_of_another_owner_is_in_progress(api: httpx.Client, run: str) -> None:
+    lease = _claimed(api)
+    response = _claim(api, owner="worker-2")
+    assert response.status_code == 409 and _error_code(response) == "tool_call_in_progress"
+    # The holder repeating its claim gets the same lease back; nothing new is written.
+    again = _claim(api)
+    assert again.status_code == 201 and again.json()["leaseToken"] == lease["leaseToken"]
+    assert len(_events()) == 1
+
+
+def test_two_racing_claimers_of_one_call_get_one_lease(api: httpx.Client, run: str) -> None:
+    barrier = threading.Barrier(2)
+    answers: list[httpx.Response] = []
+
+    def claimer(owner: str) -> None:
+        barrier.wait()
+        answers.append(_claim(api, owner=owner))
+
+    threads = [threading.Thread(target=claimer, args=(f"worker-{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.status_code for r in answers) == [201, 409]
+    assert [_error_code(r) for r in answers if r.status_code == 409] == ["tool_call_in_progress"]
+    assert len(_events()) == 1 and ToolGatewayClaim.objects.count() == 1
+
+
+def test_an_expired_lease_without_outbound_is_claimed_again_as_attempt_2(
+        api: httpx.Client, run: str, clock: FakeClock) -> None:
+    first = _claimed(api)
+    clock.advance(61)
+    second = _claimed(api, owner="worker-2")
+    assert second["attempt"] == 2 and second["leaseToken"] != first["leaseToken"]
+    assert [e["attempt"] for e in _events()] == [1, 2]
+
+    stale = _post(api, "call_1", "complete", {"leaseToken": first["leaseToken"], "result": "late"})
+    assert stale.status_code == 409 and _error_code(stale) == "lease_lost"
+    done = _post(api, "call_1", "complete", {"leaseToken": second["leaseToken"], "result": "ok"})
+    assert done.status_code == 200 and done.json()["attempt"] == 2
+    _verify_passes()
+    assert ToolCall.objects.get(call_id="call_1").status == "succeeded"
+
+
+def test_an_expired_lease_after_outbound_is_in_doubt_and_never_retried(
+        api: httpx.Client, run: str, clock: FakeClock) -> None:
+    lease = _claimed(api)
+    assert _post(api, "call_1", "outbound", {"leaseToken": lease["leaseToken"]}).json()["outboundAt"]
+    clock.advance(61)
+    for owner in ("worker-2", "worker-3"):
+        response = _claim(api, owner=owner)
+        assert response.status_code == 409 and _error_code(response) == "tool_call_in_doubt"
+    # The original worker, back from a pause, cannot complete it either.
+    late = _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "result": "late"})
+    assert late.status_code == 409 and _error_code(late) == "lease_lost"
+    assert late.json()["error"]["details"]["status"] == "in_doubt"
+
+    assert [e["type"] for e in _events()] == ["harness.tool_call.started", "harness.tool_call.in_doubt"]
+    assert _events()[1]["callId"] == "call_1"
+    [row] = api.get(BASE).json()["toolCalls"]
+    assert row["status"] == "in_doubt" and row["attempt"] == 1 and row["outboundAt"]
+    assert ToolCall.objects.get(call_id="call_1").status == "in_doubt"
+    _verify_passes()
+
+
+def test_complete_with_a_stale_or_foreign_token_is_lease_lost(api: httpx.Client, run: str, clock: FakeClock) -> None:
+    lease = _claimed(api)
+    wrong = _post(api, "call_1", "complete", {"leaseToken": "not-the-token", "result": 1})
+    assert wrong.status_code == 409 and _error_code(wrong) == "lease_lost"
+    clock.advance(61)
+    expired = _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "result": 1})
+    assert expired.status_code == 409 and _error_code(expired) == "lease_lost"
+    assert _post(api, "call_1", "outbound", {"leaseToken": lease["leaseToken"]}).status_code == 409
+    assert [e["type"] for e in _events()] == ["harness.tool_call.started"]
+
+
+def test_the_holder_repeating_its_complete_gets_the_same_answer(api: httpx.Client, run: str) -> None:
+    lease = _claimed(api)
+    body = {"leaseToken": lease["leaseToken"], "result": {"ok": True}}
+    assert _post(api, "call_1", "complete", body).json()["idempotentReplay"] is False
+    again = _post(api, "call_1", "complete", body)
+    assert again.status_code == 200 and again.json()["idempotentReplay"] is True
+    other = _post(api, "call_1", "complete", {**body, "result": {"ok": False}})
+    assert other.status_code == 409 and _error_code(other) == "lease_lost"
+    assert [e["type"] for e in _events()] == ["harness.tool_call.started", "harness.tool_call.succeeded"]
+
+
+# --- reconcile -------------------------------------------------------------------------------
+
+
+def test_an_operator_session_reconciles_a_call_in_doubt(
+        api: httpx.Client, operator: httpx.Client, viewer: httpx.Client, run: str, clock: FakeClock) -> None:
+    call_id = _in_doubt(api, clock)
+    body = {"outcome": "succeeded", "result": {"charged": True}, "note": "the provider's dashboard shows the charge"}
+
+    as_viewer = _post(viewer, call_id, "reconcile", body)
+    assert as_viewer.status_code == 403
+    as_key = _post(api, call_id, "reconcile", body)
+    assert as_key.status_code == 403 and _error_code(as_key) == "forbidden"
+
+    done = _post(operator, call_id, "reconcile", body)
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "succeeded" and done.json()["reconciled"] is True
+    reconciled = _events()[-1]
+    assert reconciled == {"type": "harness.tool_call.reconciled", "callId": call_id, "outcome": "succeeded",
+                          "result": {"charged": True}, "note": body["note"], "by": "oscar", "attempt": 1}
+
+    again = _post(operator, call_id, "reconcile", body)
+    assert again.status_code == 409 and _error_code(again) == "tool_call_not_in_doubt"
+    replay = _claim(api, owner="worker-3")
+    assert replay.status_code == 200 and replay.json()["result"] == {"charged": True}
+    assert replay.json()["reconciled"] is True and replay.json()["idempotentReplay"] is True
+    projected = ToolCall.objects.get(call_id=call_id)
+    assert projected.status == "succeeded" and projected.reconciled
+    _verify_passes()
+
+
+def test_reconcile_as_failed_records_the_error(
+        api: httpx.Client, operator: httpx.Client, run: str, clock: FakeClock) -> None:
+    call_id = _in_doubt(api, clock)
+    done = _post(operator, call_id, "reconcile", {"outcome": "failed", "error": {"message": "never arrived"},
+                                                  "note": "no trace on the provider side"})
+    assert done.status_code == 200 and done.json()["error"] == {"message": "never arrived"}
+    replay = _claim(api)
+    assert replay.status_code == 200 and replay.json()["status"] == "failed"
+    _verify_passes()
+
+
+def test_reconcile_works_only_from_in_doubt(api: httpx.Client, operator: httpx.Client, run: str) -> None:
+    _claimed(api)
+    response = _post(operator, "call_1", "reconcile", {"outcome": "failed", "note": "looks stuck"})
+    assert response.status_code == 409 and _error_code(response) == "tool_call_not_in_doubt"
+    assert response.json()["error"]["details"]["status"] == "claimed"
+    bad = _post(operator, "call_1", "reconcile", {"outcome": "succeeded", "error": "x", "note": "n"})
+    assert bad.status_code == 400 and _error_code(bad) == "invalid_request"
+
+
+def test_a_lease_that_ran_out_after_outbound_can_be_reconciled_directly(
+        api: httpx.Client, operator: httpx.Client, run: str, clock: FakeClock) -> None:
+    lease = _claimed(api)
+    _post(api, "call_1", "outbound", {"leaseToken": lease["leaseToken"]})
+    clock.advance(61)
+    done = _post(operator, "call_1", "reconcile", {"outcome": "succeeded", "result": 1, "note": "seen"})
+    assert done.status_code == 200
+    assert [e["type"] for e in _events()][-2:] == ["harness.tool_call.in_doubt", "harness.tool_call.reconciled"]
+    _verify_passes()
+
+
+# --- large results ---------------------------------------------------------------------------
+
+
+def _complete_large(api: httpx.Client, call_id: str, key: str, text: str) -> str:
+    lease = _claimed(api, callId=call_id, idempotencyKey=key)
+    done = _post(api, call_id, "complete", {"leaseToken": lease["leaseToken"], "result": {"text": text}})
+    assert done.status_code == 200, done.text
+    row = next(r for r in api.get(BASE).json()["toolCalls"] if r["callId"] == call_id)
+    assert row["result"] is None and row["resultRef"].startswith("artifact://art_")
+    return row["resultRef"]
+
+
+def test_a_large_result_is_kept_as_an_artifact_and_served_back_on_replay(
+        api: httpx.Client, workspace: Workspace, run: str) -> None:
+    text = "x" * 9000
+    ref = _complete_large(api, "call_big", "big", text)
+    assert get_by_ref(workspace, ref).size > 8192
+    replay = _claim(api, callId="call_big", idempotencyKey="big")
+    assert replay.status_code == 200 and replay.json()["result"] == {"text": text}
+    assert ToolCall.objects.get(call_id="call_big").result == {"text": text}  # the log has it too
+    _verify_passes()
+
+
+def test_a_tampered_result_artifact_is_not_served(api: httpx.Client, workspace: Workspace, run: str) -> None:
+    ref = _complete_large(api, "call_big", "big", "y" * 9000)
+    path = settings.ARTIFACTS_ROOT / get_by_ref(workspace, ref).storage_key
+    path.write_bytes(path.read_bytes().replace(b"yyyy", b"zzzz", 1))
+    replay = _claim(api, callId="call_big", idempotencyKey="big")
+    assert replay.status_code == 500 and _error_code(replay) == "integrity_failure"
+    assert "zzzz" not in replay.text
+
+
+def test_a_result_artifact_of_another_call_is_not_served(api: httpx.Client, run: str) -> None:
+    _complete_large(api, "call_a", "a", "a" * 9000)
+    other_ref = _complete_large(api, "call_b", "b", "b" * 9000)
+    ToolGatewayClaim.objects.filter(call_id="call_a").update(outcome_ref=other_ref)
+    replay = _claim(api, callId="call_a", idempotencyKey="a")
+    assert replay.status_code == 500 and _error_code(replay) == "integrity_failure"
+    assert "bbbb" not in replay.text
+
+
+# --- the log ---------------------------------------------------------------------------------
+
+
+def test_the_gateway_events_are_in_the_log_and_verify_passes(
+        api: httpx.Client, operator: httpx.Client, run: str, clock: FakeClock) -> None:
+    lease = _claimed(api, callId="call_ok", idempotencyKey="ok", turn=1)
+    _post(api, "call_ok", "complete", {"leaseToken": lease["leaseToken"], "result": [1, 2]})
+    _claimed(api, callId="call_retry", idempotencyKey="retry")
+    clock.advance(61)
+    again = _claimed(api, callId="call_retry", idempotencyKey="retry", owner="worker-2")
+    _post(api, "call_retry", "complete", {"leaseToken": again["leaseToken"], "error": "boom"})
+    doubtful = _in_doubt(api, clock, callId="call_doubt", idempotencyKey="doubt")
+    _post(operator, doubtful, "reconcile", {"outcome": "failed", "error": "gone", "note": "checked"})
+
+    types = [e["type"].rpartition(".")[2] for e in _events()]
+    assert types == ["started", "succeeded", "started", "started", "failed", "started", "in_doubt", "reconciled"]
+    sequences = list(Event.objects.filter(run__run_id=RUN).order_by("sequence").values_list("sequence", flat=True))
+    assert sequences == list(range(1, len(sequences) + 1))
+    assert Run.objects.get(run_id=RUN).last_sequence == len(sequences)
+    projected = {c.call_id: (c.status, c.reconciled) for c in ToolCall.objects.filter(run__run_id=RUN)}
+    assert projected == {"call_ok": ("succeeded", False), "call_retry": ("failed", False),
+                         "call_doubt": ("failed", True)}
+    _verify_passes()
+
+
+def test_a_finished_run_still_replays_but_refuses_new_calls(api: httpx.Client, append: Callable[..., Any],
+                                                             run: str) -> None:
+    lease = _claimed(api)
+    _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "result": "ok"})
+    append(RUN, {"type": "RunCompleted", "payload": {}})
+    assert _claim(api).status_code == 200
+    fresh = _claim(api, callId="call_2", idempotencyKey="k2")
+    assert fresh.status_code == 409 and _error_code(fresh) == "run_finished"
+    assert not ToolGatewayClaim.objects.filter(call_id="call_2").exists()  # rolled back with the append
+
+
+# --- listing, input, auth and tenancy --------------------------------------------------------
+
+
+def test_the_list_pages_with_a_cursor_and_never_shows_lease_tokens(api: httpx.Client, run: str) -> None:
+    tokens = [_claimed(api, callId=f"call_{i}", idempotencyKey=f"k{i}")["leaseToken"] for i in range(3)]
+    first = api.get(BASE, params={"limit": 2}).json()
+    assert [r["callId"] for r in first["toolCalls"]] == ["call_0", "call_1"] and first["next"]
+    second = api.get(BASE, params={"limit": 2, "cursor": first["next"]}).json()
+    assert [r["callId"] for r in second["toolCalls"]] == ["call_2"] and second["next"] is None
+    assert not any(t in json.dumps([first, second]) for t in tokens)
+    assert api.get(BASE, params={"cursor": "garbage!"}).status_code == 400
+    assert api.get(BASE, params={"status": "in_doubt"}).json() == {"toolCalls": [], "next": None}
+
+
+def test_bad_input_is_a_400_envelope(api: httpx.Client, run: str) -> None:
+    for body in ({**claim_body(), "effect": "delete"}, {**claim_body(), "callId": "a/b"},
+                 {k: v for k, v in claim_body().items() if k != "owner"}, {**claim_body(), "timeoutS": -1}):
+        response = api.post(BASE, json=body)
+        assert response.status_code == 400 and _error_code(response) == "invalid_request", body
+    lease = _claimed(api)
+    both = _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "result": 1, "error": 2})
+    assert both.status_code == 400 and _error_code(both) == "invalid_request"
+    bad_run = api.post("/api/v1/runs/not-a-run/tool-calls", json=claim_body())
+    assert bad_run.status_code == 400 and _error_code(bad_run) == "invalid_run_id"
+    missing = api.post("/api/v1/runs/run_missing/tool-calls", json=claim_body())
+    assert missing.status_code == 404 and _error_code(missing) == "not_found"
+    unknown_call = _post(api, "call_nope", "outbound", {"leaseToken": "x"})
+    assert unknown_call.status_code == 404
+
+
+def test_credentials_and_scopes_are_checked(live_server: Any, workspace: Workspace, run: str) -> None:
+    with httpx.Client(base_url=live_server.url) as anonymous:
+        assert anonymous.post(BASE, json=claim_body()).status_code == 401
+        assert anonymous.get(BASE).status_code == 401
+    with _key_client(live_server, workspace, ["read"]) as reader:
+        response = reader.post(BASE, json=claim_body())
+        assert response.status_code == 403 and _error_code(response) == "insufficient_scope"
+        assert reader.get(BASE).status_code == 200
+
+
+def test_another_tenant_gets_404_on_every_route(
+        api: httpx.Client, foreign_api: httpx.Client, live_server: Any, other_workspace: Workspace,
+        run: str, clock: FakeClock) -> None:
+    call_id = _in_doubt(api, clock)
+    lease = _claimed(api, callId="call_live", idempotencyKey="live")
+    probes = [
+        foreign_api.post(BASE, json=claim_body(callId="call_x", idempotencyKey="x")),
+        foreign_api.get(BASE),
+        _post(foreign_api, "call_live", "outbound", {"leaseToken": lease["leaseToken"]}),
+        _post(foreign_api, "call_live", "complete", {"leaseToken": lease["leaseToken"], "result": 1}),
+    ]
+    outsider = _session(live_server, username="olga", tenant="globex", role="admin")
+    probes.append(_post(outsider, call_id, "reconcile", {"outcome": "failed", "note": "mine now"}))
+    probes.append(outsider.get(BASE))
+    outsider.close()
+    assert [p.status_code for p in probes] == [404] * len(probes)
+    assert all(_error_code(p) == "not_found" for p in probes)
+    assert not any(re.search(r"call_live|call_1|search", p.text) for p in probes)
+    assert ToolGatewayClaim.objects.get(call_id="call_live").outbound_at is None
+    assert ToolGatewayClaim.objects.get(call_id=call_id).status == "in_doubt"
