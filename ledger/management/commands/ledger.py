@@ -25,6 +25,13 @@ def _run_for(run_id: str, workspace: str | None) -> Run:
     return matches[0]
 
 
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"--input is not JSON: {exc}") from exc
+
+
 class Command(BaseCommand):
     help = "Runledger operations (see API.md, Operations)."
 
@@ -71,6 +78,20 @@ class Command(BaseCommand):
         p = sub.add_parser("replay-plan", help="what a resume would do, without doing it")
         p.add_argument("run")
         p.add_argument("--workspace")
+
+        p = sub.add_parser("run", help="run a registered workflow; prints the run id alone on its line")
+        p.add_argument("workflow")
+        p.add_argument("--input", required=True, help="the run input, JSON")
+        p.add_argument("--workspace", required=True, help="TENANT/WORKSPACE")
+        p.add_argument("--run-id", help="the id to start (or resume) under; a new one by default")
+        p.add_argument("--module", action="append", default=[], help="import this module to register workflows")
+
+        p = sub.add_parser("resume", help="continue a run from where its log ends")
+        p.add_argument("run")
+        p.add_argument("--workspace")
+        p.add_argument("--input", help="the run input, JSON; must equal the original when given")
+        p.add_argument("--take-over", action="store_true", help="take the run lease from a live executor")
+        p.add_argument("--module", action="append", default=[], help="import this module to register workflows")
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
@@ -145,6 +166,46 @@ class Command(BaseCommand):
         from ledger.plans import replay_plan_for
 
         self.stdout.write(json.dumps(replay_plan_for(self._existing(run, workspace)), indent=2))
+
+    def _run(self, *, workflow: str, input: str, workspace: str, run_id: str | None, module: list[str],
+             **_: Any) -> None:
+        from ledger.runtime.executor import new_run_id, start_run
+        from ledger.runtime.registry import load_modules
+
+        load_modules(module)
+        ws = tenancy.workspace_by_path(workspace)
+        run_id = run_id or new_run_id()
+        self.stdout.write(run_id)
+        self.stdout.flush()  # the id is known to the caller even if the executor dies
+        outcome = self._report_outcome(lambda: start_run(workspace=ws, workflow=workflow, input=_json_arg(input),
+                                                         run_id=run_id))
+        if outcome.status != "completed":
+            sys.exit(1)
+
+    def _resume(self, *, run: str, workspace: str | None, input: str | None, take_over: bool, module: list[str],
+                **_: Any) -> None:
+        from ledger.runtime.executor import resume_run
+        from ledger.runtime.registry import load_modules
+
+        load_modules(module)
+        the_run = self._existing(run, workspace)
+        kwargs: dict[str, Any] = {"input": _json_arg(input)} if input is not None else {}
+        outcome = self._report_outcome(lambda: resume_run(workspace=the_run.workspace, run_id=the_run.run_id,
+                                                          take_over=take_over, **kwargs))
+        self.stdout.write(json.dumps({"runId": outcome.run_id, "status": outcome.status,
+                                      "output": outcome.output, "error": outcome.error}))
+        if outcome.status != "completed":
+            sys.exit(1)
+
+    def _report_outcome(self, execute: Any) -> Any:
+        from ledger.replay import CapabilityDriftError
+
+        try:
+            outcome = execute()
+        except CapabilityDriftError as exc:
+            raise CommandError(f"CapabilityDriftError: {exc}") from exc
+        self.stderr.write(f"run {outcome.run_id} {outcome.status}")
+        return outcome
 
     def _existing(self, run: str, workspace: str | None) -> Run:
         try:

@@ -1,0 +1,12 @@
+"""The runtime (DESIGN.md §6): workflows defined in Python, executed and recorded through the
+one write path, with two levels of durability (committed steps never run again; inside an
+unfinished `ai.generate` step, committed model and tool calls fast-forward from the log).
+
+- registry.py: named, versioned workflow definitions and their step kinds
+- providers.py: model providers (`scripted`)
+- record.py: what the log already holds, indexed for fast-forwarding
+- recorder.py: appends under the run lease's fencing token, and the kill test seams
+- toolcalls.py: one tool call through the tool gateway
+- session.py: the `ai.generate` agent loop (a harness session)
+- executor.py: `start_run` / `resume_run`
+"""

@@ -1,0 +1,31 @@
+"""Errors of the runtime. Integrity errors refuse a run before it writes anything and are never
+recorded as RunFailed (Little Workflow's rule): the log is fine, the caller's request is not."""
+
+from __future__ import annotations
+
+from ..errors import Conflict, LedgerError, NotFound
+
+
+class RuntimeIntegrityError(Conflict):
+    code = "runtime_integrity"
+
+
+class RunInputMismatch(RuntimeIntegrityError):
+    code = "run_input_mismatch"
+
+
+class UnknownWorkflow(NotFound):
+    code = "unknown_workflow"
+
+
+class StepFailure(LedgerError):
+    """A step failed: recorded as StepFailed, then RunFailed."""
+
+    code = "step_failed"
+
+    def __init__(self, message: str, *, name: str = "StepError", **details: object) -> None:
+        super().__init__(message, **details)
+        self.name = name
+
+    def as_error(self) -> dict[str, object]:
+        return {"name": self.name, "message": self.message}

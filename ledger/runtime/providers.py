@@ -1,0 +1,82 @@
+"""Model providers. `scripted` answers from a script: deterministic, built in, what the demo and
+the tests use. It counts its invocations (and can append them to a file, for a test whose
+executor is killed) so a test can prove that a committed response is never asked for again."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    step_path: str
+    turn: int
+    body: Mapping[str, Any]  # {model, messages, tools}: what harness.model.called records
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    text: str | None
+    tool_calls: list[dict[str, Any]]  # [{id, name, args}]
+    usage: dict[str, Any]
+
+    def response(self) -> dict[str, Any]:
+        response: dict[str, Any] = {"toolCalls": self.tool_calls, "usage": self.usage}
+        if self.text is not None:
+            response["text"] = self.text
+        return response
+
+
+class ModelProvider(Protocol):
+    name: str
+    model_id: str
+
+    def generate(self, request: ModelRequest) -> ModelReply: ...
+
+
+class ScriptExhausted(Exception):
+    pass
+
+
+Script = Mapping[str, Sequence[Mapping[str, Any]]] | Callable[[ModelRequest], Mapping[str, Any]]
+
+
+@dataclass
+class ScriptedProvider:
+    """Replies by step id (the step path's first segment) and turn: `script[step][turn - 1]` is
+    `{text?, toolCalls?: [{id, name, args}], usage?}`; or `script` is a function of the request."""
+
+    script: Script
+    model_id: str = "scripted-1"
+    name: str = "scripted"
+    invocation_log: Path | None = None  # one JSON line per invocation, flushed before returning
+    invocations: list[tuple[str, int]] = field(default_factory=list)
+
+    def generate(self, request: ModelRequest) -> ModelReply:
+        self.invocations.append((request.step_path, request.turn))
+        if self.invocation_log is not None:
+            append_invocation(self.invocation_log, {"kind": "model", "stepPath": request.step_path,
+                                                    "turn": request.turn})
+        if callable(self.script):
+            entry = self.script(request)
+        else:
+            replies = self.script.get(request.step_path.split(".")[0], ())
+            if request.turn > len(replies):
+                raise ScriptExhausted(f"the script has no reply for {request.step_path} turn {request.turn}")
+            entry = replies[request.turn - 1]
+        usage = dict(entry.get("usage") or {"inputTokens": 100 * request.turn, "outputTokens": 20})
+        return ModelReply(text=entry.get("text"), tool_calls=[dict(c) for c in entry.get("toolCalls", ())],
+                          usage=usage)
+
+
+def append_invocation(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one line and fsync it: the process may be killed right after."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -1,0 +1,45 @@
+"""One tool call through the tool gateway, or its outcome from the log when it was recorded."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .. import gateway
+from .record import Record
+from .recorder import Recorder
+from .registry import Tool
+
+
+def idempotency_key(run_id: str, step_path: str, call_id: str) -> str:
+    """The gateway key of a runtime call: the same run, step and call is the same logical call."""
+    key = f"rt:{run_id}:{step_path}:{call_id}"
+    return key if len(key) <= 200 else "rt:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call_id: str, step_path: str,
+              caller: str, turn: int | None = None) -> tuple[str, Any]:
+    """("result", value) or ("error", {name, message}).
+
+    A call with a terminal event in the log is answered from it and nothing runs. A call that was
+    claimed but never finished is claimed again under the same owner (the run's, since the run
+    lease already makes this executor the only writer), which hands back the live claim, and runs.
+    A call in doubt raises ToolCallInDoubt: it is never retried automatically.
+    """
+    if call_id in record.tool_outcomes:
+        return record.tool_outcomes[call_id]
+    claimed = recorder.gateway(
+        gateway.claim_tool_call, call_id=call_id, tool_name=tool.name, args=args, effect=tool.effect,
+        owner=f"runtime:{recorder.run_id}", idempotency_key=idempotency_key(recorder.run_id, step_path, call_id),
+        timeout_s=tool.timeout_s, caller=caller, turn=turn, step_path=step_path,
+    )
+    if isinstance(claimed, gateway.Finished):
+        return ("result", claimed.result) if claimed.status == "succeeded" else ("error", claimed.error)
+    recorder.gateway(gateway.mark_outbound, appends=False, call_id=call_id, lease_token=claimed.lease_token)
+    try:
+        outcome: tuple[str, Any] = ("result", tool.fn(args))
+    except Exception as exc:  # the tool's failure is the call's recorded error, not ours
+        outcome = ("error", {"name": type(exc).__name__, "message": str(exc)})
+    recorder.gateway(gateway.complete_tool_call, call_id=call_id, lease_token=claimed.lease_token,
+                     outcome=outcome[0], value=outcome[1])
+    return outcome

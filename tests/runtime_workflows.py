@@ -1,0 +1,91 @@
+"""Workflows for tests/test_runtime.py, importable by a `manage.py ledger run` subprocess
+(`--module tests.runtime_workflows`). With RUNLEDGER_TEST_INVOCATIONS set, every model and tool
+invocation is appended to that file, so a test can count them across a killed process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ledger.runtime.providers import ScriptedProvider, append_invocation
+from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow, register
+
+INVOCATIONS_ENV = "RUNLEDGER_TEST_INVOCATIONS"
+
+
+def _log_path() -> Path | None:
+    value = os.environ.get(INVOCATIONS_ENV)
+    return Path(value) if value else None
+
+
+def _tool(name: str, answer: Any) -> Tool:
+    def run(args: Any) -> Any:
+        path = _log_path()
+        if path is not None:
+            append_invocation(path, {"kind": "tool", "tool": name, "args": args})
+        return answer(args)
+
+    run.__qualname__ = f"tool_{name}"
+    return Tool(name, run, description=f"the {name} tool", parameters={"type": "object"})
+
+
+def weather(args: Any) -> dict[str, Any]:
+    return {"city": args["city"], "tempC": len(args["city"]) * 3}
+
+
+def prepare(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"cities": sorted(run_input["cities"])}
+
+
+def research_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    return "Compare the weather in " + ", ".join(outputs["prepare"]["cities"])
+
+
+def notify_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"to": run_input["to"], "text": outputs["research"]}
+
+
+def summary_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    return f"Summarize: {outputs['research']} (sent {outputs['notify']['id']})"
+
+
+def finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"summary": outputs["summarize"], "notified": outputs["notify"]["id"]}
+
+
+SCRIPT = {
+    "research": [
+        {"toolCalls": [{"id": "w1", "name": "weather", "args": {"city": "Oslo"}},
+                       {"id": "w2", "name": "weather", "args": {"city": "Lisbon"}}],
+         "usage": {"inputTokens": 200, "outputTokens": 30}},
+        {"toolCalls": [{"id": "w3", "name": "weather", "args": {"city": "Reykjavik"}}],
+         "usage": {"inputTokens": 320, "outputTokens": 18, "cachedInputTokens": 200}},
+        {"text": "Lisbon is warmest, Oslo coldest.", "usage": {"inputTokens": 400, "outputTokens": 12}},
+    ],
+    "summarize": [{"text": "Lisbon wins.", "usage": {"inputTokens": 90, "outputTokens": 4}}],
+}
+
+
+def build_drill(*, weather_description: str = "the weather tool", system: str = "You compare weather.",
+                provider: ScriptedProvider | None = None) -> Workflow:
+    tools = {"weather": _tool("weather", weather), "notify": _tool("notify", lambda a: {"id": f"msg-{a['to']}"})}
+    tools["weather"] = Tool("weather", tools["weather"].fn, description=weather_description,
+                            parameters={"type": "object"})
+    return Workflow(
+        name="drill",
+        steps=(
+            CodeRun("prepare", prepare),
+            AIGenerate("research", research_prompt, system=system, tools=("weather",)),
+            ToolCall("notify", "notify", notify_args),
+            AIGenerate("summarize", summary_prompt, system="You summarize."),
+            CodeRun("finish", finish),
+        ),
+        tools=tools,
+        models={"default": provider or ScriptedProvider(script=SCRIPT, model_id="scripted-1",
+                                                        invocation_log=_log_path())},
+    )
+
+
+DRILL = register(build_drill())

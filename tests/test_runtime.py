@@ -1,0 +1,276 @@
+"""The runtime: workflows run to completion, survive being killed at any committed event (resume
+finishes them, repeating only the in-flight call), refuse drift and changed input, and a zombie
+executor is fenced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from ledger.canonical import canonical_json
+from ledger.errors import Fenced
+from ledger.leases import acquire_run_lease
+from ledger.models import Run, Workspace
+from ledger.projection import log_of
+from ledger.replay import CapabilityDriftError
+from ledger.runtime.errors import RunInputMismatch
+from ledger.runtime.executor import resume_run, start_run
+from ledger.runtime.providers import ModelRequest, ScriptedProvider
+from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow
+from ledger.verify import verify_run
+from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill
+
+ROOT = Path(__file__).resolve().parent.parent
+DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
+DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
+
+
+def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
+    return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
+
+
+def _verified(workspace: Workspace, run_id: str) -> None:
+    checks = verify_run(Run.objects.get(workspace=workspace, run_id=run_id))
+    assert [c for c in checks if c.status == "fail"] == []
+
+
+def test_multi_step_workflow_runs_to_completion_and_verifies(workspace: Workspace) -> None:
+    provider = ScriptedProvider(script=SCRIPT)
+    outcome = start_run(workspace=workspace, workflow=build_drill(provider=provider), input=DRILL_INPUT)
+
+    assert (outcome.status, outcome.output) == ("completed", DRILL_OUTPUT)
+    _verified(workspace, outcome.run_id)
+    events = _events(workspace, outcome.run_id)
+    types = [e["type"] for e in events]
+    assert types[0] == "RunStarted" and types[-1] == "RunCompleted"
+    assert types.count("StepCompleted") == 5 and types.count("harness.session.started") == 2
+    assert types.count("harness.model.responded") == 4 and types.count("harness.tool_call.succeeded") == 4
+    started_paths = {e["payload"]["callId"]: e["payload"]["stepPath"]
+                     for e in events if e["type"] == "harness.tool_call.started"}
+    for e in events:
+        if e["type"] in ("harness.tool_call.succeeded", "harness.tool_call.failed"):
+            # the gateway's terminal events name the call; its started event carries the step
+            assert started_paths[e["payload"]["callId"]] in ("research", "notify")
+        elif e["type"].startswith("harness."):
+            assert e["payload"]["stepPath"] in ("research", "summarize", "notify")
+    # the model call is on the log before the provider answers it
+    called = [e["sequence"] for e in events if e["type"] == "harness.model.called"]
+    responded = [e["sequence"] for e in events if e["type"] == "harness.model.responded"]
+    assert all(c < r for c, r in zip(called, responded))
+    session = next(e["payload"] for e in events if e["type"] == "harness.session.started")
+    assert set(session["manifest"]) == {"harnessId", "modelSlot", "model", "systemPromptHash", "toolsHash",
+                                        "workflowDefinitionHash"}
+    run = Run.objects.get(workspace=workspace, run_id=outcome.run_id)
+    assert run.status == "completed"
+    assert provider.invocations == [("research", 1), ("research", 2), ("research", 3), ("summarize", 1)]
+
+
+def test_completed_steps_and_recorded_calls_are_not_run_again_on_resume(workspace: Workspace) -> None:
+    failing = {"armed": True}
+
+    def flaky(request: ModelRequest) -> dict[str, Any]:
+        if request.step_path == "research" and request.turn == 2 and failing.pop("armed", False):
+            raise ConnectionError("provider went away")  # a crash, not a step failure
+        return SCRIPT[request.step_path][request.turn - 1]
+
+    provider = ScriptedProvider(script=flaky)
+    with pytest.raises(ConnectionError):
+        start_run(workspace=workspace, workflow=build_drill(provider=provider), input=DRILL_INPUT, run_id="run_flaky")
+    assert provider.invocations == [("research", 1), ("research", 2)]
+
+    outcome = resume_run(workspace=workspace, run_id="run_flaky", workflow=build_drill(provider=provider))
+
+    assert (outcome.status, outcome.output) == ("completed", DRILL_OUTPUT)
+    # turn 1 was replayed from the log; only the turn without a response was asked again
+    assert provider.invocations == [("research", 1), ("research", 2), ("research", 2), ("research", 3),
+                                    ("summarize", 1)]
+    types = [e["type"] for e in _events(workspace, "run_flaky")]
+    assert types.count("harness.model.called") == 4 and types.count("harness.session.started") == 2
+    _verified(workspace, "run_flaky")
+
+
+def test_changed_capabilities_in_an_open_session_refuse_resume_with_drift(workspace: Workspace) -> None:
+    def down(request: ModelRequest) -> dict[str, Any]:
+        raise ConnectionError("provider down")
+
+    with pytest.raises(ConnectionError):
+        start_run(workspace=workspace, workflow=build_drill(provider=ScriptedProvider(script=down)),
+                  input=DRILL_INPUT, run_id="run_drift")
+    before = Run.objects.get(workspace=workspace, run_id="run_drift").last_sequence
+
+    changed = build_drill(provider=ScriptedProvider(script=SCRIPT), weather_description="now with rain")
+    with pytest.raises(CapabilityDriftError) as refused:
+        resume_run(workspace=workspace, run_id="run_drift", workflow=changed)
+
+    assert refused.value.changes and refused.value.changes[0].startswith("$.toolsHash: ")
+    assert "manifest changed" in str(refused.value)
+    assert Run.objects.get(workspace=workspace, run_id="run_drift").last_sequence == before  # nothing written
+    done = resume_run(workspace=workspace, run_id="run_drift", workflow=build_drill(provider=ScriptedProvider(script=SCRIPT)))
+    assert done.output == DRILL_OUTPUT
+
+
+def test_changed_workflow_definition_refuses_resume(workspace: Workspace) -> None:
+    with pytest.raises(ConnectionError):
+        start_run(workspace=workspace, input=DRILL_INPUT, run_id="run_def",
+                  workflow=build_drill(provider=ScriptedProvider(script=lambda r: (_ for _ in ()).throw(ConnectionError()))))
+    with pytest.raises(CapabilityDriftError, match=r"\$\.workflowDefinitionHash: "):
+        resume_run(workspace=workspace, run_id="run_def",
+                   workflow=build_drill(provider=ScriptedProvider(script=SCRIPT), system="Different prompt."))
+
+
+def test_resuming_with_other_input_is_refused(workspace: Workspace) -> None:
+    wf = build_drill(provider=ScriptedProvider(script=SCRIPT))
+    start_run(workspace=workspace, workflow=wf, input=DRILL_INPUT, run_id="run_input")
+
+    with pytest.raises(RunInputMismatch, match="existing run was started with different input"):
+        start_run(workspace=workspace, workflow=wf, input={**DRILL_INPUT, "to": "someone-else"}, run_id="run_input")
+    again = start_run(workspace=workspace, workflow=wf, input=DRILL_INPUT, run_id="run_input")
+    assert again.output == DRILL_OUTPUT
+
+
+def test_failing_tool_step_fails_the_run_with_its_error(workspace: Workspace) -> None:
+    def broken(args: Any) -> Any:
+        raise PermissionError("mailbox locked")
+
+    wf = Workflow(name="broken", steps=(ToolCall("send", "send", {"to": "ops"}),),
+                  tools={"send": Tool("send", broken, effect="write")})
+    outcome = start_run(workspace=workspace, workflow=wf, input={})
+
+    assert outcome.status == "failed" and "mailbox locked" in outcome.error["message"]
+    types = [e["type"] for e in _events(workspace, outcome.run_id)]
+    assert types[-3:] == ["harness.tool_call.failed", "StepFailed", "RunFailed"]
+    assert Run.objects.get(workspace=workspace, run_id=outcome.run_id).status == "failed"
+    _verified(workspace, outcome.run_id)
+
+
+def test_model_that_never_answers_fails_its_session_step_and_run(workspace: Workspace) -> None:
+    looping = ScriptedProvider(script=lambda r: {"toolCalls": [{"id": f"t{r.turn}", "name": "echo", "args": {}}]})
+    wf = Workflow(name="looping", steps=(AIGenerate("chat", "hi", tools=("echo",), max_turns=2),),
+                  tools={"echo": Tool("echo", lambda a: {})}, models={"default": looping})
+    outcome = start_run(workspace=workspace, workflow=wf, input={})
+
+    assert outcome.status == "failed" and outcome.error["name"] == "MaxTurnsExceeded"
+    types = [e["type"] for e in _events(workspace, outcome.run_id)]
+    assert types[-3:] == ["harness.session.failed", "StepFailed", "RunFailed"]
+    assert len(looping.invocations) == 2
+    _verified(workspace, outcome.run_id)
+
+
+def test_zombie_executor_is_fenced_and_the_log_stays_dense(workspace: Workspace) -> None:
+    paused = {"first": True}
+
+    def slow_step(run_input: Any, outputs: Any) -> Any:
+        if paused.pop("first", False):
+            # While this executor is "paused", another one takes the run over.
+            acquire_run_lease(workspace=workspace, run_id="run_zombie", owner="executor-b", take_over=True)
+        return {"ok": True}
+
+    wf = Workflow(name="zombie", steps=(CodeRun("one", lambda i, o: 1), CodeRun("slow", slow_step)))
+    with pytest.raises(Fenced):
+        start_run(workspace=workspace, workflow=wf, input={}, run_id="run_zombie")
+
+    events = _events(workspace, "run_zombie")
+    assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["type"] == "StepAttemptStarted" and events[-1]["payload"]["stepPath"] == "slow"
+    _verified(workspace, "run_zombie")
+    outcome = resume_run(workspace=workspace, run_id="run_zombie", workflow=wf, take_over=True)
+    assert outcome.output == {"ok": True}
+    _verified(workspace, "run_zombie")
+
+
+def test_cli_run_prints_the_run_id_alone_and_resume_reports_the_outcome(workspace: Workspace) -> None:
+    out = StringIO()
+    call_command("ledger", "run", "triage", "--input", '{"ticket": "where?"}', "--workspace", "acme/support",
+                 stdout=out, stderr=StringIO())
+    run_id = out.getvalue().strip()
+    assert run_id.startswith("run_") and "\n" not in run_id
+
+    out = StringIO()
+    call_command("ledger", "resume", run_id, stdout=out, stderr=StringIO())
+    assert json.loads(out.getvalue())["status"] == "completed"
+
+
+# --- killed executors -------------------------------------------------------------------------
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{Path(db['NAME']).resolve()}"
+    return f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def _manage(*args: str, invocations: Path, **seams: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": _database_url(), INVOCATIONS_ENV: str(invocations),
+           "RUNLEDGER_WORKFLOW_MODULES": "tests.runtime_workflows"}
+    for name in ("RUNLEDGER_KILL_AFTER_SEQUENCE", "RUNLEDGER_KILL_BEFORE_SEQUENCE"):
+        env.pop(name, None)
+    env.update(seams)
+    return subprocess.run([sys.executable, "manage.py", "ledger", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _calls(path: Path) -> Counter[str]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return Counter(f"model {r['stepPath']} turn {r['turn']}" if r["kind"] == "model"
+                   else f"tool {r['tool']} {canonical_json(r['args'])}" for r in lines)
+
+
+def _call_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    """The invocation an event records the answer of, in _calls' terms."""
+    p = event["payload"]
+    if event["type"] == "harness.model.responded":
+        return f"model {p['stepPath']} turn {p['turn']}"
+    started = next(e["payload"] for e in events
+                   if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"])
+    return f"tool {started['toolName']} {canonical_json(started['args'])}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_killed_executor_resumes_to_the_same_output_repeating_only_the_in_flight_call(
+        workspace: Workspace, tmp_path: Path) -> None:
+    baseline_calls = tmp_path / "baseline.jsonl"
+    done = _manage("run", "drill", "--input", json.dumps(DRILL_INPUT), "--workspace", "acme/support",
+                   "--run-id", "run_baseline", invocations=baseline_calls)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "run_baseline"
+    baseline = _events(workspace, "run_baseline")
+    expected_calls = _calls(baseline_calls)
+    assert set(expected_calls.values()) == {1} and len(expected_calls) == 8  # 4 model turns, 4 tool runs
+    answers = [e for e in baseline if e["type"] in ("harness.model.responded", "harness.tool_call.succeeded")]
+
+    last = len(baseline)
+    after_points = [1, 7, last // 2, last - 4, last - 1]
+    # right before an answer is committed: the call was made, its record was not
+    before_points = [answers[0]["sequence"], answers[2]["sequence"], answers[-2]["sequence"]]
+    kills = [("RUNLEDGER_KILL_AFTER_SEQUENCE", n) for n in after_points] + \
+            [("RUNLEDGER_KILL_BEFORE_SEQUENCE", n) for n in before_points]
+    for seam, n in kills:
+        run_id, calls = f"run_kill_{seam[15:20].lower()}_{n}", tmp_path / f"{seam}-{n}.jsonl"
+        killed = _manage("run", "drill", "--input", json.dumps(DRILL_INPUT), "--workspace", "acme/support",
+                         "--run-id", run_id, invocations=calls, **{seam: str(n)})
+        assert killed.returncode == -signal.SIGKILL, (seam, n, killed.stderr)
+        written = Run.objects.get(workspace=workspace, run_id=run_id).last_sequence
+        assert written == (n if seam.endswith("AFTER_SEQUENCE") else n - 1)
+
+        resumed = _manage("resume", run_id, "--workspace", "acme/support", invocations=calls)
+
+        assert resumed.returncode == 0, (seam, n, resumed.stderr)
+        assert json.loads(resumed.stdout.splitlines()[-1])["output"] == DRILL_OUTPUT
+        events = _events(workspace, run_id)
+        assert [e["type"] for e in events] == [e["type"] for e in baseline], (seam, n)
+        _verified(workspace, run_id)
+        in_flight = ({_call_of(e, events) for e in events if e["sequence"] == n}
+                     if seam.endswith("BEFORE_SEQUENCE") else set())
+        assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in expected_calls}), (seam, n)
