@@ -16,6 +16,7 @@ from django.db.models import CharField, Count, F, Q, QuerySet, Sum, Value
 from django.db.models.functions import Concat, TruncDate
 
 from .models import CostEntry, Tenant, Workspace
+from .pricing import UsageTotals
 
 GROUPINGS = ("day", "model", "workflow", "workspace")
 _TOKENS = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
@@ -33,16 +34,12 @@ class UsageRow:
     unpriced_calls: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "inputTokens": self.input_tokens,
-            "outputTokens": self.output_tokens,
-            "cachedInputTokens": self.cached_input_tokens,
-            "reasoningTokens": self.reasoning_tokens,
-            "costUsd": None if self.cost_usd is None else float(self.cost_usd),
-            "pricedCalls": self.priced_calls,
-            "unpricedCalls": self.unpriced_calls,
-        }
+        totals = UsageTotals(
+            input_tokens=self.input_tokens, output_tokens=self.output_tokens,
+            cached_input_tokens=self.cached_input_tokens, reasoning_tokens=self.reasoning_tokens,
+            cost_usd=self.cost_usd, priced_calls=self.priced_calls, unpriced_calls=self.unpriced_calls,
+        )
+        return {"key": self.key, **totals.to_json()}
 
 
 def _entries(*, workspace: Workspace | None, tenant: Tenant | None, start: date, end: date) -> QuerySet[CostEntry]:
