@@ -1,0 +1,6 @@
+"""Channels consumers of the console (DESIGN.md §7), one module per live view; each exports
+`websocket_urlpatterns`, collected by console/routing.py.
+
+- run.py: `/ws/runs/<runId>/?after=N`, the run page's timeline
+- runs.py: `/ws/workspaces/<tenant>/<workspace>/runs/`, new runs at the top of the runs list
+"""

@@ -1,0 +1,12 @@
+"""WebSocket routes: every live view's consumer, behind the session and the allowed-hosts check."""
+
+from __future__ import annotations
+
+from channels.auth import AuthMiddlewareStack
+from channels.security.websocket import AllowedHostsOriginValidator
+from channels.routing import URLRouter
+
+from .live import run, runs
+
+websocket_application = AllowedHostsOriginValidator(
+    AuthMiddlewareStack(URLRouter([*run.websocket_urlpatterns, *runs.websocket_urlpatterns])))
