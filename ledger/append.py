@@ -15,9 +15,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone as dj_timezone
 
-from . import announce
+from . import announce, clock
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .canonical import (
@@ -109,7 +108,7 @@ def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
 
 def _now_ms() -> datetime:
     # Stored at millisecond precision so that the envelope returned now equals the one read later.
-    now = dj_timezone.now().astimezone(timezone.utc)
+    now = clock.recorded_now().astimezone(timezone.utc)
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 

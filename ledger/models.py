@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from . import clock
+
 
 class Role(models.TextChoices):
     VIEWER = "viewer"
@@ -107,7 +109,7 @@ class Run(UsageColumns):
 
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs")
     run_id = models.CharField(max_length=84)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(default=clock.recorded_now)
     last_sequence = models.PositiveIntegerField(default=0)
     # Run lease with fencing (DESIGN.md §3): the token only ever grows.
     lease_owner = models.CharField(max_length=200, blank=True)
