@@ -1,7 +1,9 @@
 """Run leases with fencing tokens: one executor writes a run at a time (DESIGN.md §3).
 
 Taking a lease bumps the run's fencing token; appends carrying an older token are `fenced`, which
-is what stops a paused or zombie executor from writing after another one took the run over.
+is what stops a paused or zombie executor from writing after another one took the run over. A
+holder renews its lease (same token, later expiry) while it works; a renewal after a takeover is
+`fenced` too. Time is `ledger.clock.now()`, so tests move it instead of sleeping.
 """
 
 from __future__ import annotations
@@ -11,10 +13,8 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import F
-from django.utils import timezone
-
-from . import selectors
-from .errors import Conflict
+from . import clock, selectors
+from .errors import Conflict, Fenced
 from .models import Run, Workspace
 
 
@@ -28,6 +28,11 @@ class Lease:
     owner: str
     fencing_token: int
     expires_at: datetime
+    ttl_s: float = 60.0
+
+    def due_for_renewal(self, now: datetime) -> bool:
+        """More than half the lease has passed."""
+        return now >= self.expires_at - timedelta(seconds=self.ttl_s / 2)
 
 
 @transaction.atomic
@@ -38,7 +43,7 @@ def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: f
     if run is None:
         selectors.get_run(workspace, run_id)  # raises NotFound
     assert run is not None
-    now = timezone.now()
+    now = clock.now()
     live = run.lease_expires_at is not None and run.lease_expires_at > now
     if live and run.lease_owner != owner and not take_over:
         raise LeaseHeld(f"run {run_id} is leased to {run.lease_owner} until {run.lease_expires_at:%H:%M:%S}",
@@ -48,7 +53,20 @@ def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: f
         lease_owner=owner, lease_expires_at=expires, fencing_token=F("fencing_token") + 1
     )
     run.refresh_from_db(fields=["fencing_token"])
-    return Lease(run_id=run_id, owner=owner, fencing_token=run.fencing_token, expires_at=expires)
+    return Lease(run_id=run_id, owner=owner, fencing_token=run.fencing_token, expires_at=expires, ttl_s=ttl_s)
+
+
+@transaction.atomic
+def renew_run_lease(*, workspace: Workspace, lease: Lease) -> Lease:
+    """Extend `lease` by its TTL from now, keeping its fencing token; Fenced if it was taken over."""
+    expires = clock.now() + timedelta(seconds=lease.ttl_s)
+    renewed = selectors.runs(workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
+        lease_owner=lease.owner, lease_expires_at=expires)
+    if not renewed:
+        raise Fenced(f"the lease on run {lease.run_id} was taken over; fencing token {lease.fencing_token} is stale",
+                     runId=lease.run_id)
+    return Lease(run_id=lease.run_id, owner=lease.owner, fencing_token=lease.fencing_token, expires_at=expires,
+                 ttl_s=lease.ttl_s)
 
 
 @transaction.atomic

@@ -36,6 +36,10 @@ DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
 
 
+class Crash(BaseException):
+    """The executor dying mid-call: not an Exception, so nothing in the runtime records it."""
+
+
 def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
     return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
 
@@ -81,11 +85,11 @@ def test_completed_steps_and_recorded_calls_are_not_run_again_on_resume(workspac
 
     def flaky(request: ModelRequest) -> dict[str, Any]:
         if request.step_path == "research" and request.turn == 2 and failing.pop("armed", False):
-            raise ConnectionError("provider went away")  # a crash, not a step failure
+            raise Crash("executor died mid-call")
         return SCRIPT[request.step_path][request.turn - 1]
 
     provider = ScriptedProvider(script=flaky)
-    with pytest.raises(ConnectionError):
+    with pytest.raises(Crash):
         start_run(workspace=workspace, workflow=build_drill(provider=provider), input=DRILL_INPUT, run_id="run_flaky")
     assert provider.invocations == [("research", 1), ("research", 2)]
 
@@ -102,9 +106,9 @@ def test_completed_steps_and_recorded_calls_are_not_run_again_on_resume(workspac
 
 def test_changed_capabilities_in_an_open_session_refuse_resume_with_drift(workspace: Workspace) -> None:
     def down(request: ModelRequest) -> dict[str, Any]:
-        raise ConnectionError("provider down")
+        raise Crash("executor died mid-call")
 
-    with pytest.raises(ConnectionError):
+    with pytest.raises(Crash):
         start_run(workspace=workspace, workflow=build_drill(provider=ScriptedProvider(script=down)),
                   input=DRILL_INPUT, run_id="run_drift")
     before = Run.objects.get(workspace=workspace, run_id="run_drift").last_sequence
@@ -121,9 +125,9 @@ def test_changed_capabilities_in_an_open_session_refuse_resume_with_drift(worksp
 
 
 def test_changed_workflow_definition_refuses_resume(workspace: Workspace) -> None:
-    with pytest.raises(ConnectionError):
+    with pytest.raises(Crash):
         start_run(workspace=workspace, input=DRILL_INPUT, run_id="run_def",
-                  workflow=build_drill(provider=ScriptedProvider(script=lambda r: (_ for _ in ()).throw(ConnectionError()))))
+                  workflow=build_drill(provider=ScriptedProvider(script=lambda r: (_ for _ in ()).throw(Crash()))))
     with pytest.raises(CapabilityDriftError, match=r"\$\.workflowDefinitionHash: "):
         resume_run(workspace=workspace, run_id="run_def",
                    workflow=build_drill(provider=ScriptedProvider(script=SCRIPT), system="Different prompt."))

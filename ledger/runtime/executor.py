@@ -1,30 +1,44 @@
 """Run a registered workflow, or resume one, recording every fact through the one write path.
 
 Durability level one: a step with a committed StepCompleted never runs again; its recorded
-output is what later steps see. Level two lives in session.py. The executor holds the run's
-lease for the whole execution and writes only with its fencing token.
+output is what later steps see (a decision's recorded target steers a resumed loop the same
+way). Level two lives in session.py. The executor holds the run's lease for the whole
+execution, renews it as it writes, and writes only with its fencing token.
+
+A sub-workflow is a run of its own, executed here in the same process under its own lease. Its
+id is reserved from the parent's run id and step path, and written to the parent's log
+(`harness.tool_call.started`, caller `workflow`) before the sub-run starts; on the parent's
+resume a sub-run that already finished is not run again, its recorded outcome is written to the
+parent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Q
+
+from .. import clock
 from ..canonical import digest
 from ..errors import NotFound
+from ..gateway import ToolCallInDoubt
 from ..leases import Lease, LeaseHeld, acquire_run_lease, release_run_lease
-from ..models import Run, Workspace
+from ..models import Run, ToolGatewayClaim, Workspace
 from ..projection import log_of
 from ..replay import CapabilityDriftError, manifest_drift
-from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
+from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure, UnknownWorkflow
 from .record import Record, inline_or_ref, read_record
 from .recorder import Recorder
-from .registry import AIGenerate, CodeRun, Step, ToolCall, Workflow, get_workflow
-from .session import run_session
+from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolCall, Workflow,
+                       get_workflow)
+from .session import call_prefix, run_session
 from .toolcalls import call_tool
 
 LEASE_TTL_S = 300.0
@@ -43,23 +57,32 @@ def new_run_id() -> str:
     return "run_" + uuid.uuid4().hex
 
 
+def sub_run_id(parent_run_id: str, call_prefix: str) -> str:
+    """The reserved id of the sub-run a step (attempt) of `parent_run_id` starts: the same step
+    always names the same sub-run, so a resumed parent finds it."""
+    return "run_sub_" + hashlib.sha256(f"{parent_run_id}\n{call_prefix}".encode()).hexdigest()[:32]
+
+
 def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run_id: str | None = None,
-              take_over: bool = False) -> RunOutcome:
+              take_over: bool = False, parent_run_id: str | None = None, parent: Recorder | None = None) -> RunOutcome:
     """Start `workflow` on `input` and run it to the end. An existing `run_id` is resumed instead,
     and its input must equal `input`."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     run_id = run_id or new_run_id()
     if Run.objects.filter(workspace=workspace, run_id=run_id).exists():
-        return resume_run(workspace=workspace, run_id=run_id, input=input, workflow=wf, take_over=take_over)
-    recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=0)
-    recorder.append({"type": "RunStarted", "payload": {
-        "workflowVersionId": wf.version_id, "workflow": wf.name, "workflowVersionHash": wf.version,
-        "input": input}})
-    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over)
+        return resume_run(workspace=workspace, run_id=run_id, input=input, workflow=wf, take_over=take_over,
+                          parent=parent)
+    recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent)
+    payload = {"workflowVersionId": wf.version_id, "workflow": wf.name, "workflowVersionHash": wf.version,
+               "input": input}
+    if parent_run_id is not None:
+        payload["parentRunId"] = parent_run_id
+    recorder.append({"type": "RunStarted", "payload": payload})
+    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent)
 
 
 def resume_run(*, workspace: Workspace, run_id: str, input: Any = _UNSET, workflow: str | Workflow | None = None,
-               take_over: bool = False) -> RunOutcome:
+               take_over: bool = False, parent: Recorder | None = None) -> RunOutcome:
     """Continue a run from where its log ends: completed steps are reused, an open harness session
     fast-forwards, only calls without a terminal event run again."""
     events = _log(workspace, run_id)
@@ -76,7 +99,7 @@ def resume_run(*, workspace: Workspace, run_id: str, input: Any = _UNSET, workfl
         if digest(recorded) != digest(input):
             raise RunInputMismatch("Run input mismatch: existing run was started with different input.",
                                    runId=run_id)
-    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over)
+    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent)
 
 
 def _log(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
@@ -117,18 +140,38 @@ def _acquire(workspace: Workspace, run_id: str, take_over: bool) -> Lease:
         return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=LEASE_TTL_S, take_over=True)
 
 
-def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over: bool) -> RunOutcome:
+def _refuse_in_doubt(workspace: Workspace, run_id: str) -> None:
+    """A tool call in doubt (its lease ran out after the request left) stops the run until an
+    operator reconciles it: refuse before writing anything, naming the call and where to settle it."""
+    claim = ToolGatewayClaim.objects.filter(run__workspace=workspace, run__run_id=run_id).filter(
+        Q(status=ToolGatewayClaim.Status.IN_DOUBT)
+        | Q(status=ToolGatewayClaim.Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=clock.now()),
+    ).order_by("pk").first()
+    if claim is None:
+        return
+    raise ToolCallInDoubt(
+        f"run {run_id} cannot continue: tool call {claim.call_id} ({claim.tool_name}) is in doubt, its "
+        f"request left and no outcome was recorded. Reconcile it first: POST /api/v1/runs/{run_id}/tool-calls/"
+        f"{claim.call_id}/reconcile with outcome succeeded (and its result) or failed (and its error); "
+        "then resume the run.", runId=run_id, callId=claim.call_id, toolName=claim.tool_name)
+
+
+def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over: bool,
+             parent: Recorder | None = None) -> RunOutcome:
+    _refuse_in_doubt(workspace, run_id)
     lease = _acquire(workspace, run_id, take_over)
+    recorder: Recorder | None = None
     try:
         record = read_record(run_id, _log(workspace, run_id))
         if record.terminal is not None:
             return _outcome(workspace, run_id, record.terminal)
         _check_version(run_id, record, workflow)
-        recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease)
+        recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease,
+                            parent=parent)
         started = record.started or {}
         run_input = inline_or_ref(workspace, started.get("input"), started.get("inputRef"))
         try:
-            output = _run_steps(workspace, recorder, record, workflow, run_input)
+            output = _Runner(workspace, recorder, record, workflow, run_input).run()
         except StepFailure as failure:
             recorder.append({"type": "RunFailed", "payload": {
                 "workflowVersionId": workflow.version_id, "error": failure.as_error()}})
@@ -137,7 +180,7 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
                                                               "output": output}})
         return RunOutcome(run_id=run_id, status="completed", output=output)
     finally:
-        release_run_lease(workspace=workspace, lease=lease)
+        release_run_lease(workspace=workspace, lease=recorder.lease if recorder and recorder.lease else lease)
 
 
 def _check_version(run_id: str, record: Record, workflow: Workflow) -> None:
@@ -156,58 +199,210 @@ def _outcome(workspace: Workspace, run_id: str, terminal: tuple[str, dict[str, A
                       output=inline_or_ref(workspace, payload.get("output"), payload.get("outputRef")))
 
 
-def _run_steps(workspace: Workspace, recorder: Recorder, record: Record, workflow: Workflow, run_input: Any) -> Any:
-    outputs: dict[str, Any] = {}
-    for step in workflow.steps:
-        path = step.id
-        done = record.steps.get(path)
+def _failure(error: Any, default: str) -> StepFailure:
+    error = error if isinstance(error, Mapping) else {}
+    return StepFailure(str(error.get("message", default)), name=str(error.get("name", "StepError")))
+
+
+class _Runner:
+    """One execution of a workflow's steps: fresh work appended, recorded work reused."""
+
+    def __init__(self, workspace: Workspace, recorder: Recorder, record: Record, workflow: Workflow,
+                 run_input: Any) -> None:
+        self.workspace, self.recorder, self.record, self.workflow = workspace, recorder, record, workflow
+        self.run_input = run_input
+
+    def run(self) -> Any:
+        steps = self.workflow.steps
+        index = {s.id: i for i, s in enumerate(steps)}
+        region_of = {i: region for region in self.workflow.loop_regions()
+                     for i in range(region.start, region.end + 1)}
+        visits = {region.decision.id: 0 for region in self.workflow.loop_regions()}
+        outputs: dict[str, Any] = {}
+        pc = 0
+        while pc < len(steps):
+            step = steps[pc]
+            region = region_of.get(pc)
+            visit = visits[region.decision.id] if region is not None else None
+            path = step.id if visit is None else f"{step.id}.visit[{visit}]"
+            output = self.step(step, path, self.run_input, outputs, visit=visit)
+            outputs[step.id] = output
+            target = output.get("target") if isinstance(step, Decision) and isinstance(output, Mapping) else None
+            if target is None:
+                pc += 1
+            elif index[target] <= pc and region is not None:
+                visits[region.decision.id] += 1
+                pc = index[target]
+            else:
+                pc = index[target]
+        if self.workflow.output is not None:
+            return self.workflow.output(self.run_input, outputs)
+        return outputs[steps[-1].id]
+
+    def step(self, step: Step, path: str, arg: Any, outputs: Mapping[str, Any], *, visit: int | None = None) -> Any:
+        """Run one step at `path` through its attempts; its output, or StepFailure once it is out of them."""
+        done = self.record.steps.get(path)
         if done is not None and done.status == "completed":
-            outputs[step.id] = inline_or_ref(workspace, done.output, done.output_ref)
-            continue
-        if done is not None and done.status == "failed":
-            # Killed between StepFailed and RunFailed: the failure is recorded, only the run's is due.
-            error = done.error if isinstance(done.error, Mapping) else {}
-            raise StepFailure(str(error.get("message", f"step {path} failed")), name=str(error.get("name", "StepError")))
+            return inline_or_ref(self.workspace, done.output, done.output_ref)
+        if done is not None and done.status == "failed" and not done.retriable:
+            # Killed between StepFailed and what follows it: the failure is recorded, not redone.
+            raise _failure(done.error, f"step {path} failed")
+        append = self.recorder.append
         if done is None or not done.scheduled:
-            recorder.append({"type": "StepScheduled", "payload": {"stepPath": path, "stepId": step.id,
-                                                                  "uses": step.kind}})
-        attempt = done.attempt if done is not None and done.status == "running" else 0
-        if attempt == 0:
-            attempt = 1
-            recorder.append({"type": "StepAttemptStarted", "payload": {
-                "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}"}})
-        try:
-            output = _run_step(recorder, record, workflow, step, path, run_input, outputs)
-        except StepFailure as failure:
-            recorder.append({"type": "StepFailed", "payload": {
-                "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}",
-                "error": {**failure.as_error(), "retriable": False}}})
-            raise
-        recorder.append({"type": "StepCompleted", "payload": {
-            "stepPath": path, "stepId": step.id, "attempt": attempt, "output": output,
-            "metadata": {"uses": step.kind}}})
-        outputs[step.id] = output
-    if workflow.output is not None:
-        return workflow.output(run_input, outputs)
-    return outputs[workflow.steps[-1].id]
+            append({"type": "StepScheduled", "payload": {"stepPath": path, "stepId": step.id, "uses": step.kind}})
+        if done is not None and done.status == "running":
+            attempt = done.attempt
+        else:
+            attempt = (done.attempt if done is not None else 0) + 1
+            append(_attempt_started(step, path, attempt))
+        while True:
+            try:
+                output = self._body(step, path, attempt, arg, outputs, visit)
+            except StepFailure as failure:
+                retriable = attempt <= step.retries
+                append({"type": "StepFailed", "payload": {
+                    "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}",
+                    "error": {**failure.as_error(), "retriable": retriable}}})
+                if not retriable:
+                    raise
+                attempt += 1
+                append(_attempt_started(step, path, attempt))
+                continue
+            append({"type": "StepCompleted", "payload": {
+                "stepPath": path, "stepId": step.id, "attempt": attempt, "output": output,
+                "metadata": {"uses": step.kind}}})
+            return output
+
+    def _body(self, step: Step, path: str, attempt: int, arg: Any, outputs: Mapping[str, Any],
+              visit: int | None) -> Any:
+        if isinstance(step, CodeRun):
+            return _user_code(step.fn, arg, outputs)
+        if isinstance(step, ToolCall):
+            args = _user_code(step.args, arg, outputs) if callable(step.args) else dict(step.args)
+            field, value = call_tool(recorder=self.recorder, record=self.record, tool=self.workflow.tools[step.tool],
+                                     args=args, call_id=f"{call_prefix(path, attempt)}:call", step_path=path,
+                                     caller="code")
+            if field == "error":
+                raise StepFailure(f"tool {step.tool} failed: {value}", name="ToolCallFailed")
+            return value
+        if isinstance(step, AIGenerate):
+            prompt = _user_code(step.prompt, arg, outputs) if callable(step.prompt) else step.prompt
+            return run_session(recorder=self.recorder, record=self.record, workflow=self.workflow, step=step,
+                               step_path=path, prompt=prompt, attempt=attempt)
+        if isinstance(step, Decision):
+            return self._decide(step, path, arg, outputs, visit)
+        if isinstance(step, Parallel):
+            return self._parallel(step, path, attempt, outputs)
+        if isinstance(step, SubWorkflow):
+            return self._sub_workflow(step, path, attempt, arg, outputs)
+        raise TypeError(f"unknown step kind {type(step).__name__}")
+
+    def _decide(self, step: Decision, path: str, arg: Any, outputs: Mapping[str, Any], visit: int | None) -> Any:
+        target = _user_code(step.route, arg, outputs)
+        ids = [s.id for s in self.workflow.steps]
+        if target is None:
+            return {"target": None}
+        if target not in ids:
+            raise StepFailure(f"decision {step.id} routed to {target!r}, which is not a step of "
+                              f"{self.workflow.name}", name="invalid_route")
+        if ids.index(target) <= ids.index(step.id):
+            if target != step.loop_to:
+                raise StepFailure(f"decision {step.id} routed back to {target!r}; it may only loop to its "
+                                  f"loop_to ({step.loop_to!r})", name="invalid_route")
+            next_visit = (visit or 0) + 1
+            if next_visit >= step.max_visits:
+                raise StepFailure(f"decision {step.id} routed to {target!r} for visit {next_visit + 1} of its loop; "
+                                  f"max_visits is {step.max_visits}", name="max_visits_exceeded")
+        return {"target": target}
+
+    def _parallel(self, step: Parallel, path: str, attempt: int, outputs: Mapping[str, Any]) -> Any:
+        items = _user_code(step.items, self.run_input, outputs)
+        if isinstance(items, Mapping):
+            keyed = [(str(key), item) for key, item in items.items()]
+        elif isinstance(items, (list, tuple)):
+            keyed = list(enumerate(items))
+        else:
+            raise StepFailure(f"the items of {step.id} must be a list or a dict, got {type(items).__name__}",
+                              name="InvalidItems")
+        if len(keyed) > step.max_branches:
+            raise StepFailure(f"{step.id} has {len(keyed)} items; max_branches is {step.max_branches}",
+                              name="too_many_branches")
+        group = self.record.groups.get(path)
+        append = self.recorder.append
+        if group is None or not group.started:
+            append({"type": "ParallelGroupStarted", "payload": {
+                "stepPath": path, "attempt": attempt, "branchCount": len(keyed), "maxConcurrency": 1,
+                "failureMode": "fail_fast"}})
+        scheduled = group.scheduled if group is not None else set()
+        due = [{"type": "ParallelBranchScheduled", "payload": {
+            "stepPath": path, "branchPath": f"{path}[{key}]", "itemKey": key, "branchIndex": i}}
+            for i, (key, _) in enumerate(keyed) if f"{path}[{key}]" not in scheduled]
+        if due:
+            append(*due)
+        ended = group.ended if group is not None else {}
+        results: list[tuple[Any, Any]] = []
+        for key, item in keyed:
+            branch_path = f"{path}[{key}]"
+            try:
+                output = self.step(step.branch, branch_path, item, outputs)
+            except StepFailure as failure:
+                error = failure.as_error()
+                if branch_path not in ended:
+                    append({"type": "ParallelBranchFailed", "payload": {
+                        "stepPath": path, "branchPath": branch_path, "error": error}})
+                append({"type": "ParallelGroupFailed", "payload": {
+                    "stepPath": path, "error": {"name": "BranchFailed", "message": f"{branch_path}: {error['message']}"}}})
+                raise StepFailure(f"branch {branch_path} failed: {error['message']}", name="BranchFailed") from failure
+            if branch_path not in ended:
+                append({"type": "ParallelBranchCompleted", "payload": {"stepPath": path, "branchPath": branch_path}})
+            results.append((key, output))
+        if group is None or not group.finished:
+            append({"type": "ParallelGroupCompleted", "payload": {
+                "stepPath": path, "branchCount": len(keyed), "fanInOrder": [key for key, _ in keyed]}})
+        return dict(results) if isinstance(items, Mapping) else [output for _, output in results]
+
+    def _sub_workflow(self, step: SubWorkflow, path: str, attempt: int, arg: Any, outputs: Mapping[str, Any]) -> Any:
+        sub_input = _user_code(step.input, arg, outputs) if callable(step.input) else dict(step.input)
+        prefix = call_prefix(path, attempt)
+        call_id = f"{prefix}:workflow"
+        child_id = sub_run_id(self.recorder.run_id, prefix)
+        recorded = self.record.tool_outcomes.get(call_id)
+        if recorded is None:
+            if call_id not in self.record.tool_started:
+                # The reservation is on the parent's log before the sub-run exists.
+                self.recorder.append({"type": "harness.tool_call.started", "payload": {
+                    "callId": call_id, "caller": "workflow", "toolName": f"workflow:{step.workflow}",
+                    "args": {"subRunId": child_id, "workflow": step.workflow, "input": sub_input},
+                    "effect": "write", "stepPath": path, "subRunId": child_id}})
+            began = time.monotonic()
+            try:
+                outcome = start_run(workspace=self.workspace, workflow=step.workflow, input=sub_input,
+                                    run_id=child_id, parent_run_id=self.recorder.run_id, parent=self.recorder)
+            except UnknownWorkflow as exc:
+                outcome = RunOutcome(run_id=child_id, status="failed",
+                                     error={"name": "UnknownWorkflow", "message": exc.message})
+            field = "result" if outcome.status == "completed" else "error"
+            value = outcome.output if field == "result" else outcome.error
+            self.recorder.append({"type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",
+                                  "payload": {"callId": call_id, field: value, "stepPath": path, "subRunId": child_id,
+                                              "durationMs": round((time.monotonic() - began) * 1000)}})
+            recorded = (field, value)
+        field, value = recorded
+        if field == "result":
+            return value
+        if step.allow_failure:
+            return {"status": "failed", "subRunId": child_id, "error": value}
+        message = value.get("message") if isinstance(value, Mapping) else value
+        raise StepFailure(f"sub-run {child_id} ({step.workflow}) failed: {message}", name="SubRunFailed")
 
 
-def _run_step(recorder: Recorder, record: Record, workflow: Workflow, step: Step, path: str, run_input: Any,
-              outputs: Mapping[str, Any]) -> Any:
-    if isinstance(step, CodeRun):
-        try:
-            return step.fn(run_input, dict(outputs))
-        except Exception as exc:  # the step's failure is recorded, not the executor's
-            raise StepFailure(str(exc), name=type(exc).__name__) from exc
-    if isinstance(step, ToolCall):
-        args = step.args(run_input, dict(outputs)) if callable(step.args) else dict(step.args)
-        field, value = call_tool(recorder=recorder, record=record, tool=workflow.tools[step.tool], args=args,
-                                 call_id=f"{path}:call", step_path=path, caller="code")
-        if field == "error":
-            raise StepFailure(f"tool {step.tool} failed: {value}", name="ToolCallFailed")
-        return value
-    if isinstance(step, AIGenerate):
-        prompt = step.prompt(run_input, dict(outputs)) if callable(step.prompt) else step.prompt
-        return run_session(recorder=recorder, record=record, workflow=workflow, step=step, step_path=path,
-                           prompt=prompt)
-    raise TypeError(f"unknown step kind {type(step).__name__}")
+def _attempt_started(step: Step, path: str, attempt: int) -> dict[str, Any]:
+    return {"type": "StepAttemptStarted", "payload": {
+        "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}"}}
+
+
+def _user_code(fn: Any, arg: Any, outputs: Mapping[str, Any]) -> Any:
+    try:
+        return fn(arg, dict(outputs))
+    except Exception as exc:  # the step's failure is recorded, not the executor's
+        raise StepFailure(str(exc), name=type(exc).__name__) from exc

@@ -20,9 +20,24 @@ class StepRecord:
     scheduled: bool = False
     attempt: int = 0  # the newest StepAttemptStarted
     status: str = "scheduled"  # scheduled | running | completed | failed
+    attempt_sequence: int = 0  # where the newest attempt started
     output: Any = None
     output_ref: str | None = None
     error: Any = None
+
+    @property
+    def retriable(self) -> bool:
+        return self.status == "failed" and isinstance(self.error, Mapping) and self.error.get("retriable") is True
+
+
+@dataclass
+class GroupRecord:
+    """A parallel group's own events: which were written, so a resume writes only the rest."""
+
+    started: bool = False
+    scheduled: set[str] = field(default_factory=set)  # branch paths
+    ended: dict[str, str] = field(default_factory=dict)  # branch path -> completed | failed
+    finished: bool = False
 
 
 @dataclass
@@ -32,9 +47,14 @@ class Record:
     terminal: tuple[str, dict[str, Any]] | None = None  # (RunCompleted | RunFailed, payload)
     steps: dict[str, StepRecord] = field(default_factory=dict)
     open_sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # stepPath -> started payload
-    model_called: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
-    model_responded: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    failed_sessions: dict[str, tuple[int, Any]] = field(default_factory=dict)  # stepPath -> (sequence, error, attempt)
+    # by callId (one per step attempt, turn and retry of the call)
+    model_called: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_responded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_failed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tool_started: dict[str, dict[str, Any]] = field(default_factory=dict)  # callId -> started payload
     tool_outcomes: dict[str, tuple[str, Any]] = field(default_factory=dict)  # callId -> (result|error, value)
+    groups: dict[str, GroupRecord] = field(default_factory=dict)  # parallel step path -> its events
     last_sequence: int = 0
 
 
@@ -52,7 +72,7 @@ def read_record(run_id: str, events: Sequence[Mapping[str, Any]]) -> Record:
             record.steps.setdefault(path, StepRecord()).scheduled = True
         elif kind == "StepAttemptStarted":
             step = record.steps.setdefault(path, StepRecord())
-            step.attempt, step.status = p["attempt"], "running"
+            step.attempt, step.status, step.attempt_sequence = p["attempt"], "running", env["sequence"]
         elif kind == "StepCompleted":
             step = record.steps.setdefault(path, StepRecord())
             step.status, step.output, step.output_ref = "completed", p.get("output"), p.get("outputRef")
@@ -62,11 +82,18 @@ def read_record(run_id: str, events: Sequence[Mapping[str, Any]]) -> Record:
         elif kind == "harness.session.started":
             record.open_sessions[path] = dict(p)
         elif kind in ("harness.session.completed", "harness.session.failed"):
+            if kind == "harness.session.failed":
+                opened = record.open_sessions.get(path) or {}
+                record.failed_sessions[path] = (env["sequence"], p.get("error"), opened.get("attempt", 1))
             record.open_sessions.pop(path, None)
         elif kind == "harness.model.called":
-            record.model_called[(path, p["turn"])] = dict(p)
+            record.model_called[p.get("callId") or f"{path}:turn{p['turn']}"] = dict(p)
         elif kind == "harness.model.responded":
-            record.model_responded[(path, p["turn"])] = dict(p)
+            record.model_responded[p["callId"]] = dict(p)
+        elif kind == "harness.model.failed":
+            record.model_failed[p.get("callId") or f"{path}:turn{p['turn']}"] = dict(p)
+        elif kind == "harness.tool_call.started":
+            record.tool_started[p["callId"]] = dict(p)
         elif kind == "harness.tool_call.succeeded":
             record.tool_outcomes[p["callId"]] = ("result", p.get("result"))
         elif kind == "harness.tool_call.failed":
@@ -74,7 +101,20 @@ def read_record(run_id: str, events: Sequence[Mapping[str, Any]]) -> Record:
         elif kind == "harness.tool_call.reconciled":
             field_ = "result" if p.get("outcome") == "succeeded" else "error"
             record.tool_outcomes[p["callId"]] = (field_, p.get(field_))
+        elif kind.startswith("Parallel"):
+            _group_event(record.groups.setdefault(path, GroupRecord()), kind, p)
     return record
+
+
+def _group_event(group: GroupRecord, kind: str, p: Mapping[str, Any]) -> None:
+    if kind == "ParallelGroupStarted":
+        group.started = True
+    elif kind == "ParallelBranchScheduled":
+        group.scheduled.add(p["branchPath"])
+    elif kind in ("ParallelBranchCompleted", "ParallelBranchFailed"):
+        group.ended[p["branchPath"]] = "completed" if kind == "ParallelBranchCompleted" else "failed"
+    elif kind in ("ParallelGroupCompleted", "ParallelGroupFailed"):
+        group.finished = True
 
 
 def inline_or_ref(workspace: Workspace, value: Any, ref: str | None) -> Any:

@@ -5,6 +5,42 @@ and what it runs (a callable counts by its qualified name and the hash of its so
 tools and model slots a workflow binds are its *capabilities*: they are not part of the
 version, they are what an `ai.generate` session's manifest records, so a change to them shows
 up as drift on resume rather than as a new workflow.
+
+Step kinds (every one takes `retries=N`: a StepFailed with `retriable: true`, then attempt N+1):
+
+- `CodeRun(id, fn)`: `fn(input, outputs)` -> a JSON value.
+- `ToolCall(id, tool, args)`: one call of a workflow tool through the tool gateway.
+- `AIGenerate(id, prompt, system=, model=, tools=)`: an agent loop in a harness session.
+- `Decision(id, route, max_visits=3, loop_to=None)`: `route(input, outputs)` returns the id of
+  the step to go to next, or None to go on in order. Its output is `{"target": id-or-None}`.
+  Routing back needs `loop_to` (the one earlier step it may return to): the steps from `loop_to`
+  through the decision are a loop region, and every step in it is recorded as
+  `<id>.visit[N]` (N = 0, 1, …) on every pass. A pass beyond `max_visits` fails the decision
+  with `max_visits_exceeded`. Later steps see the newest visit's output under the plain id.
+  Loop regions may not overlap.
+- `Parallel(id, items, branch, max_branches=16)`: `items(input, outputs)` is a list or dict;
+  `branch` (a CodeRun, ToolCall, AIGenerate or SubWorkflow) runs once per item at the path
+  `<id>[<key>]` (list index or dict key), its callables called as `fn(item, outputs)`. The
+  output is the list (or dict) of branch outputs. Branches run one after another in this
+  executor; more than `max_branches` items fail the step. Retries are the branch's own.
+- `SubWorkflow(id, workflow, input, allow_failure=False)`: runs the registered workflow `workflow`
+  as a run of its own (`parentRunId` = this run) and outputs its output. A failed sub-run fails
+  the step, unless `allow_failure`: then the step outputs
+  `{"status": "failed", "subRunId": …, "error": …}` and the workflow goes on.
+
+    register(Workflow(
+        name="review",
+        steps=(
+            AIGenerate("draft", lambda i, o: f"Write about {i['topic']}"),
+            Decision("gate", lambda i, o: None if "ok" in o["draft"] else "draft",
+                     max_visits=3, loop_to="draft"),
+            Parallel("fan", lambda i, o: i["topics"],
+                     SubWorkflow("research", "research_topic", lambda item, o: {"topic": item},
+                                 allow_failure=True)),
+            CodeRun("finish", lambda i, o: {"draft": o["draft"], "research": o["fan"]}),
+        ),
+        models={"default": ScriptedProvider(script=...)},
+    ))
 """
 
 from __future__ import annotations
@@ -24,7 +60,7 @@ from .providers import ModelProvider
 # input, outputs of earlier steps by step id -> a JSON value
 StepFn = Callable[[Any, Mapping[str, Any]], Any]
 WORKFLOW_MODULES_ENV = "RUNLEDGER_WORKFLOW_MODULES"
-BUILTIN_MODULES = ("ledger.runtime.examples",)
+BUILTIN_MODULES = ("ledger.runtime.examples", "ledger.demo_workflows")
 
 
 @dataclass(frozen=True)
@@ -41,14 +77,20 @@ class Tool:
                 "effect": self.effect, "timeoutS": self.timeout_s}
 
 
+def _with_retries(definition: dict[str, Any], retries: int) -> dict[str, Any]:
+    # Only a non-default count enters the definition, so adding the field kept older versions.
+    return {**definition, "retries": retries} if retries else definition
+
+
 @dataclass(frozen=True)
 class CodeRun:
     id: str
     fn: StepFn
     kind: str = "code.run"
+    retries: int = field(default=0, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}
+        return _with_retries({"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}, self.retries)
 
 
 @dataclass(frozen=True)
@@ -57,10 +99,11 @@ class ToolCall:
     tool: str
     args: StepFn | Mapping[str, Any] = field(default_factory=dict)
     kind: str = "tool.call"
+    retries: int = field(default=0, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
         args = callable_identity(self.args) if callable(self.args) else dict(self.args)
-        return {"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}
+        return _with_retries({"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}, self.retries)
 
 
 @dataclass(frozen=True)
@@ -72,14 +115,69 @@ class AIGenerate:
     tools: tuple[str, ...] = ()
     max_turns: int = 8
     kind: str = "ai.generate"
+    retries: int = field(default=0, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
         prompt = callable_identity(self.prompt) if callable(self.prompt) else self.prompt
-        return {"id": self.id, "kind": self.kind, "prompt": prompt, "system": self.system,
-                "model": self.model, "tools": list(self.tools), "maxTurns": self.max_turns}
+        return _with_retries({"id": self.id, "kind": self.kind, "prompt": prompt, "system": self.system,
+                              "model": self.model, "tools": list(self.tools), "maxTurns": self.max_turns},
+                             self.retries)
 
 
-Step = CodeRun | ToolCall | AIGenerate
+@dataclass(frozen=True)
+class SubWorkflow:
+    id: str
+    workflow: str  # a registered workflow's name
+    input: StepFn | Mapping[str, Any] = field(default_factory=dict)
+    allow_failure: bool = False
+    kind: str = "sub.workflow"
+    retries: int = field(default=0, kw_only=True)
+
+    def definition(self) -> dict[str, Any]:
+        value = callable_identity(self.input) if callable(self.input) else dict(self.input)
+        return _with_retries({"id": self.id, "kind": self.kind, "workflow": self.workflow, "input": value,
+                              "allowFailure": self.allow_failure}, self.retries)
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: str
+    route: StepFn  # (input, outputs) -> the id of the next step, or None for the one after
+    max_visits: int = 3
+    loop_to: str | None = None  # the earlier step a route may go back to
+    kind: str = "decision"
+    retries: int = field(default=0, kw_only=True)
+
+    def definition(self) -> dict[str, Any]:
+        return _with_retries({"id": self.id, "kind": self.kind, "route": callable_identity(self.route),
+                              "maxVisits": self.max_visits, "loopTo": self.loop_to}, self.retries)
+
+
+BranchStep = CodeRun | ToolCall | AIGenerate | SubWorkflow
+
+
+@dataclass(frozen=True)
+class Parallel:
+    id: str
+    items: StepFn  # (input, outputs) -> list | dict
+    branch: BranchStep  # its callables get (item, outputs)
+    max_branches: int = 16
+    kind: str = "parallel"
+    retries: int = field(default=0, kw_only=True)
+
+    def definition(self) -> dict[str, Any]:
+        return _with_retries({"id": self.id, "kind": self.kind, "items": callable_identity(self.items),
+                              "branch": self.branch.definition(), "maxBranches": self.max_branches}, self.retries)
+
+
+Step = CodeRun | ToolCall | AIGenerate | SubWorkflow | Decision | Parallel
+
+
+@dataclass(frozen=True)
+class LoopRegion:
+    start: int  # index of the `loop_to` step
+    end: int  # index of the decision
+    decision: Decision
 
 
 @dataclass(frozen=True)
@@ -95,13 +193,50 @@ class Workflow:
         if not ids or len(set(ids)) != len(ids):
             raise ValueError(f"workflow {self.name}: step ids must be present and unique, got {ids}")
         for step in self.steps:
-            if isinstance(step, (ToolCall,)) and step.tool not in self.tools:
-                raise ValueError(f"workflow {self.name}: step {step.id} uses unknown tool {step.tool}")
-            if isinstance(step, AIGenerate):
-                missing = [t for t in step.tools if t not in self.tools]
-                if missing or step.model not in self.models:
-                    raise ValueError(f"workflow {self.name}: step {step.id} needs tools {missing} "
-                                     f"or model slot {step.model!r} the workflow does not bind")
+            if any(c in step.id for c in ".[]:"):
+                raise ValueError(f"workflow {self.name}: step id {step.id!r} may not contain . [ ] or :")
+            if step.retries < 0:
+                raise ValueError(f"workflow {self.name}: step {step.id} has negative retries")
+            self._check_step(step)
+            if isinstance(step, Parallel):
+                if step.retries:
+                    raise ValueError(f"workflow {self.name}: parallel step {step.id} cannot retry as a whole; "
+                                     "give its branch step `retries` instead")
+                if step.max_branches < 1:
+                    raise ValueError(f"workflow {self.name}: parallel step {step.id} needs max_branches >= 1")
+                if not isinstance(step.branch, (CodeRun, ToolCall, AIGenerate, SubWorkflow)):
+                    raise ValueError(f"workflow {self.name}: the branch of {step.id} must be a CodeRun, ToolCall, "
+                                     "AIGenerate or SubWorkflow")
+                self._check_step(step.branch)
+            if isinstance(step, Decision) and step.max_visits < 1:
+                raise ValueError(f"workflow {self.name}: decision {step.id} needs max_visits >= 1")
+        self.loop_regions()  # raises on a bad loop_to or overlapping loops
+
+    def _check_step(self, step: Step) -> None:
+        if isinstance(step, ToolCall) and step.tool not in self.tools:
+            raise ValueError(f"workflow {self.name}: step {step.id} uses unknown tool {step.tool}")
+        if isinstance(step, AIGenerate):
+            missing = [t for t in step.tools if t not in self.tools]
+            if missing or step.model not in self.models:
+                raise ValueError(f"workflow {self.name}: step {step.id} needs tools {missing} "
+                                 f"or model slot {step.model!r} the workflow does not bind")
+
+    def loop_regions(self) -> list[LoopRegion]:
+        index = {s.id: i for i, s in enumerate(self.steps)}
+        regions: list[LoopRegion] = []
+        for end, step in enumerate(self.steps):
+            if not isinstance(step, Decision) or step.loop_to is None:
+                continue
+            start = index.get(step.loop_to)
+            if start is None or start > end:
+                raise ValueError(f"workflow {self.name}: decision {step.id} loops to {step.loop_to!r}, "
+                                 "which is not a step at or before it")
+            for other in regions:
+                if start <= other.end and other.start <= end:
+                    raise ValueError(f"workflow {self.name}: the loops of {other.decision.id} and {step.id} "
+                                     "overlap; loop regions must be disjoint")
+            regions.append(LoopRegion(start, end, step))
+        return regions
 
     def definition(self) -> dict[str, Any]:
         return {"name": self.name, "steps": [s.definition() for s in self.steps],

@@ -22,6 +22,9 @@ from .toolcalls import call_tool
 
 HARNESS_ID = "runledger.runtime/1"
 ROLE = "worker.ai-generate"
+# A provider that raises (a timeout, a 5xx, a refused connection) is asked again this many times
+# in all before the step fails; each failure is recorded as harness.model.failed.
+MODEL_CALL_TRIES = 3
 
 
 def manifest_for(workflow: Workflow, step: AIGenerate) -> dict[str, Any]:
@@ -36,28 +39,39 @@ def manifest_for(workflow: Workflow, step: AIGenerate) -> dict[str, Any]:
     }
 
 
-def model_call_id(step_path: str, turn: int) -> str:
-    return f"{step_path}:turn{turn}"
+def call_prefix(step_path: str, attempt: int) -> str:
+    """What the call ids of one attempt of a step start with (attempt 1 keeps the bare path)."""
+    return step_path if attempt == 1 else f"{step_path}:attempt{attempt}"
+
+
+def model_call_id(prefix: str, turn: int, retry: int = 0) -> str:
+    return f"{prefix}:turn{turn}" + (f":retry{retry}" if retry else "")
 
 
 def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
-                prompt: str) -> str:
-    """The model's final text. Raises StepFailure when the model loops past max_turns."""
+                prompt: str, attempt: int = 1) -> str:
+    """The model's final text. Raises StepFailure when the model loops past max_turns or a model
+    call keeps failing."""
     manifest = manifest_for(workflow, step)
+    ended = record.failed_sessions.get(step_path)
+    if ended is not None and ended[2] == attempt:
+        # This attempt's session already failed (killed before its StepFailed): the same failure.
+        error = ended[1] if isinstance(ended[1], dict) else {}
+        raise StepFailure(str(error.get("message", "session failed")), name=str(error.get("name", "StepError")))
     opened = record.open_sessions.get(step_path)
-    if opened is not None:
+    if opened is not None and opened.get("attempt", 1) == attempt:
         changes = manifest_drift(opened.get("manifest"), manifest)
         if changes or opened.get("manifestHash") != digest(manifest):
             raise CapabilityDriftError(recorder.run_id, changes or ["$: manifestHash differs"])
     else:
         recorder.append({"type": "harness.session.started", "payload": {
             "role": ROLE, "task": {"kind": "execute_step", "stepPath": step_path}, "stepPath": step_path,
-            "manifest": manifest, "manifestHash": digest(manifest),
+            "manifest": manifest, "manifestHash": digest(manifest), **({"attempt": attempt} if attempt > 1 else {}),
         }})
 
     try:
         return _agent_loop(recorder=recorder, record=record, workflow=workflow, step=step, step_path=step_path,
-                           prompt=prompt)
+                           prompt=prompt, prefix=call_prefix(step_path, attempt))
     except StepFailure as failure:
         recorder.append({"type": "harness.session.failed", "payload": {
             "stepPath": step_path, "role": ROLE, "error": failure.as_error()}})
@@ -65,7 +79,7 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
 
 
 def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
-                prompt: str) -> str:
+                prompt: str, prefix: str) -> str:
     provider = workflow.models[step.model]
     tools = {name: workflow.tools[name] for name in step.tools}
     specs = [tools[name].spec() for name in step.tools]
@@ -75,7 +89,7 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
     messages.append({"role": "user", "content": prompt})
     usage = {"inputTokens": 0, "outputTokens": 0}
     for turn in range(1, step.max_turns + 1):
-        reply = _model_turn(recorder, record, provider, step_path, turn,
+        reply = _model_turn(recorder, record, provider, step_path, prefix, turn,
                             {"model": provider.model_id, "messages": messages, "tools": specs})
         for key in usage:
             usage[key] += int(reply.usage.get(key, 0) or 0)
@@ -91,34 +105,50 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
                 raise StepFailure(f"the model asked for tool {request.get('name')!r}, which step {step_path} "
                                   f"does not offer", name="UnknownTool")
             field, value = call_tool(recorder=recorder, record=record, tool=tool, args=request.get("args", {}),
-                                     call_id=f"{step_path}:turn{turn}:{request.get('id')}", step_path=step_path,
+                                     call_id=f"{prefix}:turn{turn}:{request.get('id')}", step_path=step_path,
                                      caller="model", turn=turn)
             messages.append({"role": "tool", "toolCallId": request.get("id"), field: value})
     raise StepFailure(f"step {step_path} reached max_turns={step.max_turns} without a final answer",
                       name="MaxTurnsExceeded")
 
 
-def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: str, turn: int,
+def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: str, prefix: str, turn: int,
                 body: dict[str, Any]) -> ModelReply:
-    key = (step_path, turn)
     prompt_hash = digest(body)
-    called = record.model_called.get(key)
-    if called is not None and called.get("promptHash") != prompt_hash:
-        # The fast-forwarded conversation no longer produces the recorded request: replaying
-        # recorded answers to a different question would be wrong, so stop.
-        raise RuntimeIntegrityError(f"step {step_path} turn {turn}: the request differs from the recorded one "
-                                    f"({called.get('promptHash')} -> {prompt_hash})", stepPath=step_path, turn=turn)
-    responded = record.model_responded.get(key)
-    if responded is not None:
-        response = responded["response"]
-        return ModelReply(text=response.get("text"), tool_calls=list(response.get("toolCalls") or []),
-                          usage=dict(response.get("usage") or {}))
-    call_id = model_call_id(step_path, turn)
-    if called is None:  # committed before the provider is invoked: a crash leaves it pending
-        recorder.append({"type": "harness.model.called", "payload": {
-            "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": body}})
-    reply = provider.generate(ModelRequest(step_path=step_path, turn=turn, body=body))
-    recorder.append({"type": "harness.model.responded", "payload": {
-        "turn": turn, "callId": call_id, "stepPath": step_path,
-        "model": {"provider": provider.name, "modelId": provider.model_id}, "response": reply.response()}})
-    return reply
+    last_error: Any = None
+    for retry in range(MODEL_CALL_TRIES):
+        call_id = model_call_id(prefix, turn, retry)
+        called = record.model_called.get(call_id)
+        if called is not None and called.get("promptHash") != prompt_hash:
+            # The fast-forwarded conversation no longer produces the recorded request: replaying
+            # recorded answers to a different question would be wrong, so stop.
+            raise RuntimeIntegrityError(f"step {step_path} turn {turn}: the request differs from the recorded "
+                                        f"one ({called.get('promptHash')} -> {prompt_hash})",
+                                        stepPath=step_path, turn=turn)
+        responded = record.model_responded.get(call_id)
+        if responded is not None:
+            response = responded["response"]
+            return ModelReply(text=response.get("text"), tool_calls=list(response.get("toolCalls") or []),
+                              usage=dict(response.get("usage") or {}))
+        failed = record.model_failed.get(call_id)
+        if failed is not None:
+            last_error = failed.get("error")
+            continue
+        if called is None:  # committed before the provider is invoked: a crash leaves it pending
+            recorder.append({"type": "harness.model.called", "payload": {
+                "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": body}})
+        try:
+            reply = provider.generate(ModelRequest(step_path=step_path, turn=turn, body=body))
+        except Exception as exc:  # the provider's failure is the call's recorded error, not the executor's
+            last_error = {"name": type(exc).__name__, "message": str(exc)}
+            recorder.append({"type": "harness.model.failed", "payload": {
+                "turn": turn, "callId": call_id, "stepPath": step_path, "error": last_error,
+                "model": {"provider": provider.name, "modelId": provider.model_id}}})
+            continue
+        recorder.append({"type": "harness.model.responded", "payload": {
+            "turn": turn, "callId": call_id, "stepPath": step_path,
+            "model": {"provider": provider.name, "modelId": provider.model_id}, "response": reply.response()}})
+        return reply
+    message = last_error.get("message") if isinstance(last_error, dict) else last_error
+    raise StepFailure(f"step {step_path} turn {turn}: the model call failed {MODEL_CALL_TRIES} times "
+                      f"(last: {message})", name="ModelCallFailed")
