@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.runtime.providers import ScriptedProvider, append_invocation
-from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow, register
+from ledger.runtime.registry import AIGenerate, CodeRun, SubWorkflow, Tool, ToolCall, Workflow, register
 
 INVOCATIONS_ENV = "RUNLEDGER_TEST_INVOCATIONS"
 
@@ -89,3 +89,65 @@ def build_drill(*, weather_description: str = "the weather tool", system: str = 
 
 
 DRILL = register(build_drill())
+
+
+# --- sub-runs ---------------------------------------------------------------------------------
+# `rt_child` is what the parent workflows below start as sub-runs: a model turn with a tool call.
+
+CHILD_SCRIPT = {"look": [
+    {"toolCalls": [{"id": "k1", "name": "weather", "args": {"city": "Bergen"}}],
+     "usage": {"inputTokens": 50, "outputTokens": 5}},
+    {"text": "Bergen is mild.", "usage": {"inputTokens": 70, "outputTokens": 4}},
+]}
+
+
+def child_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    if run_input.get("fail"):
+        raise ValueError(f"cannot look up {run_input.get('topic')}")
+    return f"Look at {run_input.get('topic')}"
+
+
+def child_finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"topic": run_input.get("topic"), "answer": outputs["look"]}
+
+
+def build_child(provider: ScriptedProvider | None = None) -> Workflow:
+    return Workflow(
+        name="rt_child",
+        steps=(AIGenerate("look", child_prompt, system="You look things up.", tools=("weather",)),
+               CodeRun("answer", child_finish)),
+        tools={"weather": _tool("weather", weather)},
+        models={"default": provider or ScriptedProvider(script=CHILD_SCRIPT, invocation_log=_log_path())},
+    )
+
+
+def pipeline_input(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"topic": outputs["prepare"]["cities"][0]}
+
+
+def pipeline_finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"child": outputs["sub"], "notified": outputs["notify"]["id"]}
+
+
+def pipeline_notify(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"to": run_input["to"], "text": outputs["sub"]["answer"]}
+
+
+def build_pipeline() -> Workflow:
+    """prepare -> a sub-run of rt_child -> a tool call -> finish."""
+    return Workflow(
+        name="rt_pipeline",
+        steps=(CodeRun("prepare", prepare), SubWorkflow("sub", "rt_child", pipeline_input),
+               ToolCall("notify", "notify", pipeline_notify), CodeRun("finish", pipeline_finish)),
+        tools={"notify": _tool("notify", lambda a: {"id": f"msg-{a['to']}"})},
+    )
+
+
+def reset_registrations() -> None:
+    """Register this module's workflows again, reading the invocation log path from the environment."""
+    register(build_drill())
+    register(build_child())
+    register(build_pipeline())
+
+
+reset_registrations()

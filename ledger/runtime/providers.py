@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ Script = Mapping[str, Sequence[Mapping[str, Any]]] | Callable[[ModelRequest], Ma
 
 @dataclass
 class ScriptedProvider:
-    """Replies by step id (the step path's first segment) and turn: `script[step][turn - 1]` is
+    """Replies by step id (the step path up to its first `.` or `[`) and turn: `script[step][turn - 1]` is
     `{text?, toolCalls?: [{id, name, args}], usage?}`; or `script` is a function of the request."""
 
     script: Script
@@ -65,7 +66,8 @@ class ScriptedProvider:
         if callable(self.script):
             entry = self.script(request)
         else:
-            replies = self.script.get(request.step_path.split(".")[0], ())
+            # the step id: a loop's visit suffix and a parallel branch's key are not part of it
+            replies = self.script.get(re.split(r"[.\[]", request.step_path)[0], ())
             if request.turn > len(replies):
                 raise ScriptExhausted(f"the script has no reply for {request.step_path} turn {request.turn}")
             entry = replies[request.turn - 1]
