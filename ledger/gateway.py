@@ -29,7 +29,7 @@ from .append import append_events, validate_run_id
 from .canonical import NotCanonicalizable, canonical_bytes, digest
 from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
-from .models import Run, ToolGatewayClaim, Workspace
+from .models import Run, ToolCall, ToolGatewayClaim, Workspace
 from .redaction import Redactor
 
 Status = ToolGatewayClaim.Status
@@ -160,6 +160,12 @@ def _append(run: Run, fencing_token: Any, *events: dict[str, Any]) -> None:
     append_events(workspace=run.workspace, run_id=run.run_id, events=list(events), fencing_token=fencing_token)
 
 
+def _with_step_path(run: Run, call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Stamp the step of the call, as its started event named it (the projection kept it)."""
+    step_path = ToolCall.objects.filter(run=run, call_id=call_id).values_list("step_path", flat=True).first()
+    return {**payload, "stepPath": step_path} if step_path else payload
+
+
 def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, fencing_token: Any) -> bool:
     """A lease that ran out after the request left makes the call in doubt: nobody knows whether
     the tool acted, so it is never retried automatically. True when this call just became so."""
@@ -168,11 +174,11 @@ def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, fencing_tok
     claim.status = Status.IN_DOUBT
     claim.updated_at = now
     claim.save(update_fields=["status", "updated_at"])
-    _append(run, fencing_token, {"type": "harness.tool_call.in_doubt", "payload": {
+    _append(run, fencing_token, {"type": "harness.tool_call.in_doubt", "payload": _with_step_path(run, claim.call_id, {
         "callId": claim.call_id, "toolName": claim.tool_name, "attempt": claim.attempt,
         "owner": claim.owner, "outboundAt": format_recorded_at(claim.outbound_at),
         "leaseExpiredAt": format_recorded_at(claim.lease_expires_at),
-    }})
+    })})
     return True
 
 
@@ -357,9 +363,9 @@ def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease
     _store_outcome(run, claim, outcome, value)
     claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = status, duration_ms, now, now
     claim.save()
-    _append(run, fencing_token, {"type": f"harness.tool_call.{status}", "payload": {
+    _append(run, fencing_token, {"type": f"harness.tool_call.{status}", "payload": _with_step_path(run, call_id, {
         "callId": claim.call_id, outcome: value, "durationMs": duration_ms, "attempt": claim.attempt,
-    }})
+    })})
     return Finished(call_id=claim.call_id, status=status, attempt=claim.attempt,
                     result=value if outcome == "result" else None,
                     error=value if outcome == "error" else None, duration_ms=duration_ms)
@@ -392,9 +398,9 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
     claim.status, claim.finished_at, claim.updated_at = outcome, now, now
     claim.reconciled_by, claim.reconcile_note = by, note
     claim.save()
-    _append(run, fencing_token, {"type": "harness.tool_call.reconciled", "payload": {
+    _append(run, fencing_token, {"type": "harness.tool_call.reconciled", "payload": _with_step_path(run, call_id, {
         "callId": call_id, "outcome": outcome, field: value, "note": note, "by": by, "attempt": claim.attempt,
-    }})
+    })})
     return Finished(call_id=call_id, status=outcome, attempt=claim.attempt,
                     result=value if field == "result" else None, error=value if field == "error" else None,
                     reconciled=True)

@@ -60,13 +60,8 @@ def test_multi_step_workflow_runs_to_completion_and_verifies(workspace: Workspac
     assert types[0] == "RunStarted" and types[-1] == "RunCompleted"
     assert types.count("StepCompleted") == 5 and types.count("harness.session.started") == 2
     assert types.count("harness.model.responded") == 4 and types.count("harness.tool_call.succeeded") == 4
-    started_paths = {e["payload"]["callId"]: e["payload"]["stepPath"]
-                     for e in events if e["type"] == "harness.tool_call.started"}
     for e in events:
-        if e["type"] in ("harness.tool_call.succeeded", "harness.tool_call.failed"):
-            # the gateway's terminal events name the call; its started event carries the step
-            assert started_paths[e["payload"]["callId"]] in ("research", "notify")
-        elif e["type"].startswith("harness."):
+        if e["type"].startswith("harness."):  # the gateway's terminal events included
             assert e["payload"]["stepPath"] in ("research", "summarize", "notify")
     # the model call is on the log before the provider answers it
     called = [e["sequence"] for e in events if e["type"] == "harness.model.called"]

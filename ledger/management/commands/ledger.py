@@ -53,7 +53,9 @@ class Command(BaseCommand):
         p.add_argument("--scopes", required=True, help="comma-separated: ingest,read,execute")
         p.add_argument("--name", default="")
 
-        sub.add_parser("demo", help="bootstrap the demo tenants, users and runs (idempotent)")
+        p = sub.add_parser("demo", help="bootstrap the demo tenants, users and runs (idempotent)")
+        p.add_argument("--history-runs", type=int, default=None,
+                       help="how many runs to lay out over the last 30 days (default 300)")
 
         p = sub.add_parser("events", help="one JSON envelope per line, in sequence order")
         p.add_argument("run")
@@ -112,10 +114,12 @@ class Command(BaseCommand):
         _, key = tenancy.create_key(workspace=ws, scopes=scopes.split(","), name=name)
         self.stdout.write(key)
 
-    def _demo(self, **_: Any) -> None:
-        from ledger.demo import DEMO_PASSWORD, load_demo
+    def _demo(self, *, history_runs: int | None = None, **_: Any) -> None:
+        from ledger.demo import DEMO_PASSWORD, HISTORY_RUNS, load_demo
 
-        summary = load_demo()
+        if history_runs is not None and history_runs < 0:
+            raise CommandError("--history-runs must be 0 or more")
+        summary = load_demo(history_runs=HISTORY_RUNS if history_runs is None else history_runs)
         self.stdout.write(f"demo ready: {summary}")
         self.stdout.write(f"log in as alice (admin), bob (approver), carol (operator) or dave (viewer), "
                           f"password {DEMO_PASSWORD}")
@@ -170,14 +174,16 @@ class Command(BaseCommand):
     def _run(self, *, workflow: str, input: str, workspace: str, run_id: str | None, module: list[str],
              **_: Any) -> None:
         from ledger.runtime.executor import new_run_id, start_run
-        from ledger.runtime.registry import load_modules
+        from ledger.runtime.registry import get_workflow, load_modules
 
+        run_input = _json_arg(input)  # before anything is printed or created
         load_modules(module)
+        get_workflow(workflow)  # an unknown name is refused before a run id is handed out
         ws = tenancy.workspace_by_path(workspace)
         run_id = run_id or new_run_id()
         self.stdout.write(run_id)
         self.stdout.flush()  # the id is known to the caller even if the executor dies
-        outcome = self._report_outcome(lambda: start_run(workspace=ws, workflow=workflow, input=_json_arg(input),
+        outcome = self._report_outcome(lambda: start_run(workspace=ws, workflow=workflow, input=run_input,
                                                          run_id=run_id))
         if outcome.status != "completed":
             sys.exit(1)
@@ -198,12 +204,15 @@ class Command(BaseCommand):
             sys.exit(1)
 
     def _report_outcome(self, execute: Any) -> Any:
+        from ledger.gateway import ToolCallInDoubt
         from ledger.replay import CapabilityDriftError
 
         try:
             outcome = execute()
         except CapabilityDriftError as exc:
             raise CommandError(f"CapabilityDriftError: {exc}") from exc
+        except ToolCallInDoubt as exc:
+            raise CommandError(f"ToolCallInDoubt: {exc.message}", returncode=3) from exc
         self.stderr.write(f"run {outcome.run_id} {outcome.status}")
         return outcome
 
