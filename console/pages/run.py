@@ -1,33 +1,544 @@
-"""The run page."""
+"""The run page: a header, and five tabs that are each an htmx partial and a plain page.
+
+Every tab is served two ways from one template: an htmx request gets the partial alone, a plain
+request (a link, a reload, a history restore) the whole page with that tab open. Timeline rows are
+rendered by one row template for the page, the `timeline/rows/` fragment and the WebSocket push
+(console/live/run.py), so a row looks the same however it arrived.
+
+Query counts do not grow with the run: every list is one query (or a replay-plan/evidence read,
+which is a constant number of queries over the whole log), and the timeline reads one page.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Avg, Count, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.urls import path
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import path, reverse
+from django.views.decorators.http import require_GET, require_POST
 
-from ledger import selectors
-from ledger.errors import NotFound
+from ledger import clock, gateway, selectors, serialize
+from ledger.errors import LedgerError, NotFound
+from ledger.evidence import evidence_bundle
+from ledger.feedback import record_feedback
+from ledger.models import CostEntry, Feedback, Run, Step, ToolGatewayClaim, UsageColumns, Workspace
+from ledger.plans import replay_plan_for
+from ledger.verify import artifact_refs
 
-from ..access import workspace_or_404
+from ..access import has_role, workspace_or_404
+
+TABS = ("timeline", "steps", "subruns", "evidence", "costs")
+TAB_LABELS = {"timeline": "Timeline", "steps": "Steps & replay plan", "subruns": "Sub-runs",
+              "evidence": "Evidence", "costs": "Costs"}
+PAGE_SIZE = 200
+MAX_PAGE_SIZE = 1000
+ORIGINS = ("recorded", "simulated", "live")
+FEEDBACK_SHOWN = 50
+MAX_CATEGORY = 100
+MAX_COMMENT = 10_000
+MAX_NOTE = 2000
 
 
-@login_required
-def run_detail(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+class BadParameter(Exception):
+    """A query or form value the console cannot use: a readable 400, never a 500."""
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+
+def money(value: Decimal | float | None) -> str:
+    """Dollars, or n/a when nothing was priced (NULL is never shown as 0)."""
+    if value is None:
+        return "n/a"
+    return f"${Decimal(value):,.6f}"
+
+
+def coverage(priced: int, unpriced: int) -> str:
+    total = priced + unpriced
+    if total == 0:
+        return "no model calls"
+    return f"{priced}/{total} priced ({round(100 * priced / total)}%)"
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None:
+        return "n/a"
+    seconds = ((end or clock.now()) - start).total_seconds()
+    text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return text if end is not None else f"{text} so far"
+
+
+def tokens(row: UsageColumns) -> dict[str, int]:
+    return {"input": row.input_tokens, "output": row.output_tokens,
+            "cached": row.cached_input_tokens, "reasoning": row.reasoning_tokens}
+
+
+# --- timeline rows (shared with the WebSocket consumer) --------------------------------------
+
+
+def artifact_url(workspace: Workspace, artifact_id: str) -> str:
+    """The verified download: the API re-hashes the bytes before serving them."""
+    url = reverse("api-artifact-content", args=[artifact_id])
+    return f"{url}?workspace={workspace.tenant.slug}/{workspace.slug}"
+
+
+def event_row(envelope: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
+    """What the row template shows of one envelope.
+
+    `origin` is what a re-execution wrote (recorded | simulated | live); an event without one was
+    written as it happened, so it reads "live".
+    """
+    payload = envelope["payload"]
+    origin = payload.get("origin") if isinstance(payload, dict) else None
+    step_path = payload.get("stepPath") if isinstance(payload, dict) else None
+    refs = sorted(set(artifact_refs(payload)))
+    return {
+        "sequence": envelope["sequence"],
+        "event_id": envelope["eventId"],
+        "type": envelope["type"],
+        "step_path": step_path if isinstance(step_path, str) else "",
+        "recorded_at": envelope["recordedAt"],
+        "origin": origin if origin in ORIGINS else "live",
+        # The stored payload is canonical JSON; json.loads kept its key order, so this is it, indented.
+        "pretty": json.dumps(payload, indent=2, ensure_ascii=False),
+        "artifacts": [{"id": ref.removeprefix("artifact://"),
+                       "url": artifact_url(workspace, ref.removeprefix("artifact://"))} for ref in refs],
+    }
+
+
+def render_row(row: dict[str, Any]) -> str:
+    return render_to_string("console/run/event_row.html", {"row": row})
+
+
+# --- lookups and parameters ------------------------------------------------------------------
+
+
+def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> Run:
     ws = workspace_or_404(request.user, tenant, workspace)
     try:
         run = selectors.get_run(ws, run_id)
     except NotFound:
         raise Http404("not found") from None
-    return render(request, "console/run.html", {
-        "workspace": ws,
-        "workspaces": selectors.workspaces_for(request.user),
-        "run": run,
-        "events": selectors.events(run, limit=500),
+    run.workspace = ws  # the same row, with its tenant: saves a query wherever the run is serialized
+    return run
+
+
+def _int_param(request: HttpRequest, name: str, default: int | None, *, minimum: int,
+               maximum: int | None = None) -> int | None:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadParameter(f"{name} must be a whole number, got {raw[:40]!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise BadParameter(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _bad_request(request: HttpRequest, message: str) -> HttpResponse:
+    return render(request, "console/run/bad_request.html", {"message": message}, status=400)
+
+
+def _wants_partial(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request
+
+
+def _tab_url(run: Run, tab: str) -> str:
+    ws = run.workspace
+    return reverse("run-tab", args=[ws.tenant.slug, ws.slug, run.run_id, tab])
+
+
+# --- header ----------------------------------------------------------------------------------
+
+
+@dataclass
+class FeedbackForm:
+    rating: str = ""
+    category: str = ""
+    comment: str = ""
+    error: str = ""
+
+
+def _feedback_context(run: Run, form: FeedbackForm | None = None) -> dict[str, Any]:
+    summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
+    latest = list(Feedback.objects.filter(run=run).select_related("author", "api_key")
+                  .order_by("-created_at", "-pk")[:FEEDBACK_SHOWN])
+    return {
+        "feedback_count": summary["count"],
+        "feedback_average": None if summary["average"] is None else f"{summary['average']:.1f}",
+        "feedback_rows": [serialize.feedback(f, run.run_id) for f in latest],
+        "feedback_form": form or FeedbackForm(),
+        "feedback_url": reverse("run-feedback", args=[run.workspace.tenant.slug, run.workspace.slug, run.run_id]),
+        "ratings": range(1, 6),
+    }
+
+
+def _header_context(run: Run) -> dict[str, Any]:
+    ws = run.workspace
+    parent_url = None
+    if run.parent_run_id:
+        parent_url = reverse("run", args=[ws.tenant.slug, ws.slug, run.parent_run_id])
+    return {
+        "duration": duration(run.started_at, run.finished_at) if run.finished or run.started_at else "n/a",
+        "cost": money(run.cost_usd),
+        "coverage": coverage(run.priced_calls, run.unpriced_calls),
+        "parent_url": parent_url,
+        "ws_param": f"{ws.tenant.slug}/{ws.slug}",
+    }
+
+
+# --- tabs ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tab:
+    template: str
+    context: dict[str, Any] = field(default_factory=dict)
+    status: int = 200
+
+
+def _timeline(request: HttpRequest, run: Run) -> Tab:
+    limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
+    assert limit is not None
+    return _timeline_page(run, _int_param(request, "after", None, minimum=0), limit)
+
+
+def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
+    """Events after `after` (default: the newest page); live only on the newest page."""
+    last = run.last_sequence
+    if after is None:
+        after = max(0, last - limit)  # the newest page
+    envelopes = selectors.events(run, after=after, limit=limit)
+    rows = [event_row(e, run.workspace) for e in envelopes]
+    shown_last = rows[-1]["sequence"] if rows else after
+    newest = after + limit >= last
+    base = _tab_url(run, "timeline")
+    ws = run.workspace
+    return Tab("console/run/timeline.html", {
+        "rows": rows,
+        "after": after,
+        "limit": limit,
+        "newest": newest,
+        "last_on_page": shown_last,
+        "older_url": f"{base}?after={max(0, after - limit)}&limit={limit}" if after > 0 else None,
+        "newer_url": f"{base}?after={shown_last}&limit={limit}" if not newest else None,
+        "newest_url": base if not newest else None,
+        "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
+        "ws_path": f"/ws/runs/{run.run_id}/",
     })
 
 
+def _steps(request: HttpRequest, run: Run) -> Tab:
+    steps = list(Step.objects.filter(run=run).order_by("position"))
+    plan = replay_plan_for(run) if run.last_sequence else None
+    should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
+    rows = [{
+        "path": s.step_path, "status": s.status, "attempts": len(s.attempts or []), "visit": s.visit,
+        "duration": duration(s.started_at, s.finished_at) if s.started_at else "n/a",
+        "tokens": tokens(s), "cost": money(s.cost_usd), "coverage": coverage(s.priced_calls, s.unpriced_calls),
+        "should_run": should_run.get(s.step_path, s.status != "completed"), "error": s.error,
+    } for s in steps]
+    return Tab("console/run/steps.html", {"steps": rows, "plan": plan})
+
+
+@dataclass
+class SubRunNode:
+    run: Run
+    url: str
+    children: list[SubRunNode] = field(default_factory=list)
+    cost: Decimal | None = None
+    priced: int = 0
+    unpriced: int = 0
+    started: datetime | None = None
+    finished: datetime | None = None
+    open: bool = False  # a run still going anywhere in the subtree
+    failed: bool = False  # a failed run anywhere in the subtree
+    size: int = 1
+
+    @property
+    def cost_text(self) -> str:
+        return money(self.cost)
+
+    @property
+    def coverage_text(self) -> str:
+        return coverage(self.priced, self.unpriced)
+
+    @property
+    def own_duration(self) -> str:
+        return duration(self.run.started_at, self.run.finished_at) if self.run.started_at else "n/a"
+
+    @property
+    def subtree_duration(self) -> str:
+        """Wall clock from the subtree's first start to its last finish (still running: so far)."""
+        return duration(self.started, None if self.open else self.finished) if self.started else "n/a"
+
+
+def _subrun_tree(run: Run) -> SubRunNode:
+    """The run and every run below it, any depth, from one query on the root's projection."""
+    ws = run.workspace
+    root = run.root_run_id or run.run_id
+    family = list(selectors.runs(ws).filter(
+        Q(root_run_id__in={root, run.run_id}) | Q(parent_run_id=run.run_id)).order_by("created_at", "pk"))
+    children: dict[str, list[Run]] = {}
+    for r in family:
+        if r.parent_run_id and r.pk != run.pk:
+            children.setdefault(r.parent_run_id, []).append(r)
+    seen: set[int] = set()
+
+    def build(r: Run) -> SubRunNode:
+        seen.add(r.pk)
+        node = SubRunNode(r, reverse("run", args=[ws.tenant.slug, ws.slug, r.run_id]))
+        node.children = [build(c) for c in children.get(r.run_id, []) if c.pk not in seen]
+        costs = [r.cost_usd] + [c.cost for c in node.children]
+        # NULL only when every run in the subtree is unpriced (DESIGN.md §4).
+        priced_costs = [c for c in costs if c is not None]
+        node.cost = sum(priced_costs, Decimal(0)) if priced_costs else None
+        node.priced = r.priced_calls + sum(c.priced for c in node.children)
+        node.unpriced = r.unpriced_calls + sum(c.unpriced for c in node.children)
+        starts = [s for s in [r.started_at, *(c.started for c in node.children)] if s is not None]
+        ends = [e for e in [r.finished_at, *(c.finished for c in node.children)] if e is not None]
+        node.started = min(starts) if starts else None
+        node.finished = max(ends) if ends else None
+        node.open = not r.finished or any(c.open for c in node.children)
+        node.failed = r.status == "failed" or any(c.failed for c in node.children)
+        node.size = 1 + sum(c.size for c in node.children)
+        return node
+
+    return build(run)
+
+
+def _subruns(request: HttpRequest, run: Run) -> Tab:
+    tree = _subrun_tree(run)
+    return Tab("console/run/subruns.html", {"tree": tree, "descendants": tree.size - 1})
+
+
+def _claim_in_doubt(claim: ToolGatewayClaim) -> bool:
+    """In doubt, or about to be: a lease that ran out after the request left (the gateway writes
+    it down as in doubt on the next touch, which reconciling is)."""
+    if claim.status == ToolGatewayClaim.Status.IN_DOUBT:
+        return True
+    return (claim.status == ToolGatewayClaim.Status.CLAIMED and claim.outbound_at is not None
+            and claim.lease_expires_at <= clock.now())
+
+
+@dataclass
+class ReconcileForm:
+    outcome: str = "succeeded"
+    value: str = ""
+    note: str = ""
+    error: str = ""
+
+
+def _evidence(request: HttpRequest, run: Run, forms: dict[str, ReconcileForm] | None = None) -> Tab:
+    bundle = evidence_bundle(run)
+    claims = {c.call_id: c for c in ToolGatewayClaim.objects.filter(run=run)}
+    can_reconcile = has_role(request.user, run.workspace, "operator")
+    ws = run.workspace
+    forms = forms or {}
+    calls = []
+    for call in bundle["toolCalls"]:
+        claim = claims.get(call["callId"])
+        reconcilable = claim is not None and _claim_in_doubt(claim)
+        calls.append({
+            **call,
+            "in_doubt": call["status"] == "in_doubt" or reconcilable,
+            "reconcilable": reconcilable and can_reconcile,
+            "args_json": json.dumps(call["args"], indent=2, ensure_ascii=False),
+            "outcome_json": json.dumps(call["result"] if call["error"] is None else call["error"],
+                                       indent=2, ensure_ascii=False),
+            "form": forms.get(call["callId"], ReconcileForm()),
+            "reconcile_url": reverse("run-reconcile", args=[ws.tenant.slug, ws.slug, run.run_id, call["callId"]]),
+        })
+    artifacts = [{**a, "url": artifact_url(ws, a["artifactId"]) if a["size"] is not None else None}
+                 for a in bundle["artifacts"]]
+    costs = [{**c, "cost": money(c["costUsd"])} for c in bundle["costs"]]
+    return Tab("console/run/evidence.html", {
+        "bundle": bundle, "tool_calls": calls, "artifacts": artifacts, "costs": costs,
+        "in_doubt_count": sum(1 for c in calls if c["in_doubt"]), "can_reconcile": can_reconcile,
+    })
+
+
+def _costs(request: HttpRequest, run: Run) -> Tab:
+    steps = [{
+        "path": s.step_path, "tokens": tokens(s), "cost": money(s.cost_usd),
+        "coverage": coverage(s.priced_calls, s.unpriced_calls),
+    } for s in Step.objects.filter(run=run).order_by("position")]
+    per_model = (
+        CostEntry.objects.filter(run=run).values("provider", "model_id")
+        .annotate(calls=Count("pk"), priced=Count("cost_usd"), cost=Sum("cost_usd"),
+                  input=Sum("input_tokens"), output=Sum("output_tokens"),
+                  cached=Sum("cached_input_tokens"), reasoning=Sum("reasoning_tokens"))
+        .order_by("provider", "model_id")
+    )
+    models = [{
+        **m, "cost_text": money(m["cost"]), "coverage": coverage(m["priced"], m["calls"] - m["priced"]),
+    } for m in per_model]
+    return Tab("console/run/costs.html", {
+        "steps": steps, "models": models, "total_tokens": tokens(run),
+        "run_cost": money(run.cost_usd), "run_coverage": coverage(run.priced_calls, run.unpriced_calls),
+    })
+
+
+TAB_VIEWS: dict[str, Callable[[HttpRequest, Run], Tab]] = {
+    "timeline": _timeline, "steps": _steps, "subruns": _subruns, "evidence": _evidence, "costs": _costs,
+}
+
+
+def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
+             feedback: FeedbackForm | None = None) -> HttpResponse:
+    context = {
+        **tab.context, "run": run, "workspace": run.workspace, "tab": name, "tab_template": tab.template,
+        "tabs": [{"name": t, "label": TAB_LABELS[t], "url": _tab_url(run, t)} for t in TABS],
+    }
+    if _wants_partial(request):
+        return render(request, "console/run/tab_partial.html", context, status=tab.status)
+    context.update(_header_context(run))
+    context.update(_feedback_context(run, feedback))
+    context["workspaces"] = selectors.workspaces_for(request.user)
+    return render(request, "console/run.html", context, status=tab.status)
+
+
+# --- views -----------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab: str = "timeline") -> HttpResponse:
+    if tab not in TAB_VIEWS:
+        raise Http404("no such tab")
+    run = _run_or_404(request, tenant, workspace, run_id)
+    try:
+        content = TAB_VIEWS[tab](request, run)
+    except BadParameter as exc:
+        return _bad_request(request, str(exc))
+    return _respond(request, run, tab, content)
+
+
+@login_required
+@require_GET
+def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """Just the rows after `after` (the live view's catch-up); the last sequence in a header."""
+    run = _run_or_404(request, tenant, workspace, run_id)
+    try:
+        after = _int_param(request, "after", 0, minimum=0)
+        limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
+    except BadParameter as exc:
+        return _bad_request(request, str(exc))
+    assert after is not None and limit is not None
+    rows = [event_row(e, run.workspace) for e in selectors.events(run, after=after, limit=limit)]
+    response = HttpResponse("".join(render_row(r) for r in rows))
+    response["X-Last-Sequence"] = str(rows[-1]["sequence"] if rows else after)
+    response["X-Run-Status"] = run.status
+    return response
+
+
+def _feedback_form(request: HttpRequest) -> FeedbackForm:
+    form = FeedbackForm(rating=request.POST.get("rating", "").strip(),
+                        category=request.POST.get("category", "").strip(),
+                        comment=request.POST.get("comment", ""))
+    if form.rating not in {"1", "2", "3", "4", "5"}:
+        form.error = "Choose a rating from 1 to 5."
+    elif len(form.category) > MAX_CATEGORY:
+        form.error = f"The category is at most {MAX_CATEGORY} characters."
+    elif len(form.comment) > MAX_COMMENT:
+        form.error = f"The comment is at most {MAX_COMMENT} characters."
+    return form
+
+
+@login_required
+@require_POST
+def feedback(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """Any member may rate a run (viewer and up, as the API allows)."""
+    run = _run_or_404(request, tenant, workspace, run_id)
+    form = _feedback_form(request)
+    status = 400 if form.error else 201
+    if not form.error:
+        record_feedback(run=run, rating=int(form.rating), category=form.category, comment=form.comment,
+                        author=request.user)
+        form = FeedbackForm()
+    if _wants_partial(request):
+        context = {"run": run, **_feedback_context(run, form)}
+        return render(request, "console/run/feedback.html", context, status=status)
+    if status == 201:
+        return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#feedback", permanent=False)
+    return _feedback_page_error(request, run, form)
+
+
+def _feedback_page_error(request: HttpRequest, run: Run, form: FeedbackForm) -> HttpResponse:
+    tab = _timeline_page(run, None, PAGE_SIZE)
+    tab.status = 400
+    return _respond(request, run, "timeline", tab, feedback=form)
+
+
+def _reconcile_form(request: HttpRequest) -> tuple[ReconcileForm, Any]:
+    form = ReconcileForm(outcome=request.POST.get("outcome", "").strip(),
+                         value=request.POST.get("value", ""), note=request.POST.get("note", "").strip())
+    value: Any = None
+    if form.outcome not in ("succeeded", "failed"):
+        form.error = "Choose succeeded or failed."
+    elif not form.note:
+        form.error = "Say why you believe this outcome (the note is required)."
+    elif len(form.note) > MAX_NOTE:
+        form.error = f"The note is at most {MAX_NOTE} characters."
+    elif form.value.strip():
+        try:
+            value = json.loads(form.value)
+        except ValueError as exc:
+            what = "result" if form.outcome == "succeeded" else "error"
+            form.error = f"The {what} must be JSON: {exc}"
+    return form, value
+
+
+@login_required
+@require_POST
+def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, call_id: str) -> HttpResponse:
+    """An operator settles an in-doubt tool call through the gateway's reconcile service."""
+    run = _run_or_404(request, tenant, workspace, run_id)
+    if not has_role(request.user, run.workspace, "operator"):
+        raise PermissionDenied("reconciling a tool call needs the operator role")
+    form, value = _reconcile_form(request)
+    status = 400
+    if not form.error:
+        try:
+            gateway.reconcile_tool_call(workspace=run.workspace, run_id=run.run_id, call_id=call_id,
+                                        outcome=form.outcome, value=value, note=form.note,
+                                        by=request.user.get_username())
+        except LedgerError as exc:
+            if isinstance(exc, NotFound):
+                raise Http404("not found") from None
+            form.error, status = exc.message, (exc.status if 400 <= exc.status < 500 else 409)
+        else:
+            if not _wants_partial(request):
+                return redirect(_tab_url(run, "evidence"))
+            ws = run.workspace
+            run.refresh_from_db()
+            run.workspace = ws
+            return _respond(request, run, "evidence", _evidence(request, run))
+    tab = _evidence(request, run, forms={call_id: form})
+    tab.status = status
+    return _respond(request, run, "evidence", tab)
+
+
+RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"
+
 urlpatterns = [
-    path("w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/", run_detail, name="run"),
+    path(RUN, run_page, name="run"),
+    path(RUN + "timeline/rows/", timeline_rows, name="run-timeline-rows"),
+    path(RUN + "feedback/", feedback, name="run-feedback"),
+    path(RUN + "tool-calls/<str:call_id>/reconcile/", reconcile, name="run-reconcile"),
+    path(RUN + "<slug:tab>/", run_page, name="run-tab"),
 ]

@@ -1,0 +1,511 @@
+"""The run page: its header, five tabs (each a plain page and an htmx partial), the timeline's
+paging and rows fragment, reconcile and feedback forms, and query counts that do not grow with
+the run."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from ledger import artifacts, gateway
+from ledger.append import append_events
+from ledger.canonical import digest
+from ledger.models import Event, Feedback, ToolGatewayClaim, Workspace
+from ledger.tenancy import create_user
+from tests.conftest import ev, started
+
+pytestmark = pytest.mark.django_db
+
+RUN = "run_page"
+BASE = f"/w/acme/support/runs/{RUN}/"
+TABS = ("timeline", "steps", "subruns", "evidence", "costs")
+MINI = {"provider": "openai", "modelId": "gpt-4o-mini"}
+UNPRICED = {"provider": "acme-labs", "modelId": "house-model"}
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+def _model_events(step: str, turn: int, model: dict[str, str], *, inp: int = 100, out: int = 20) -> list[dict[str, Any]]:
+    call_id = f"{step}-m{turn}"
+    return [
+        ev("harness.model.called", stepPath=step, turn=turn, callId=call_id, promptHash="h", request={}),
+        ev("harness.model.responded", stepPath=step, turn=turn, callId=call_id, model=model,
+           response={"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}}),
+    ]
+
+
+def _session(step: str) -> dict[str, Any]:
+    manifest = {"tools": ["search"], "stepPath": step}
+    return ev("harness.session.started", stepPath=step, role="worker", task={"kind": "execute_step"},
+              manifest=manifest, manifestHash=digest(manifest))
+
+
+def _rich_run(workspace: Workspace, run_id: str = RUN, *, extra_steps: int = 0) -> None:
+    """A run with a completed step (priced model call, artifact), a running step (unpriced call,
+    an unanswered model call), a simulated event and `extra_steps` more completed steps."""
+    blob = artifacts.store_bytes(workspace, b'{"big": true}')
+    events = [
+        started(label="demo"),
+        ev("StepScheduled", stepPath="extract"), ev("StepAttemptStarted", stepPath="extract", attempt=1),
+        _session("extract"), *_model_events("extract", 1, MINI),
+        ev("StepCompleted", stepPath="extract", attempt=1, output={"name": "Ada"}, outputRef=blob.ref),
+        ev("StepScheduled", stepPath="score"), ev("StepAttemptStarted", stepPath="score", attempt=1),
+        _session("score"), *_model_events("score", 1, UNPRICED),
+        ev("harness.model.called", stepPath="score", turn=2, callId="score-m2", promptHash="h", request={},
+           origin="simulated"),
+    ]
+    for n in range(extra_steps):
+        path = f"extra{n}"
+        events += [ev("StepScheduled", stepPath=path), ev("StepAttemptStarted", stepPath=path, attempt=1),
+                   *_model_events(path, 1, MINI), ev("StepCompleted", stepPath=path, attempt=1, output=n)]
+    append_events(workspace=workspace, run_id=run_id, events=events)
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def rich_run(workspace: Workspace) -> str:
+    _rich_run(workspace)
+    return RUN
+
+
+@pytest.fixture
+def viewer(workspace: Workspace) -> Any:
+    return create_user(username="victor", tenant="acme", role="viewer", password="pw-victor-123").user
+
+
+@pytest.fixture
+def operator(workspace: Workspace) -> Any:
+    return create_user(username="oscar", tenant="acme", role="operator", password="pw-oscar-123").user
+
+
+def _sequences(html: bytes) -> list[int]:
+    return [int(n) for n in re.findall(rb'<tr class="event" id="event-\d+" data-sequence="(\d+)"', html)]
+
+
+def _tab_url(tab: str) -> str:
+    return BASE if tab == "timeline" else f"{BASE}{tab}/"
+
+
+# --- every tab, both ways, for the right people ----------------------------------------------
+
+
+@pytest.mark.parametrize("tab", TABS)
+def test_each_tab_is_a_full_page_and_an_htmx_partial(client: Client, member: Any, rich_run: str, tab: str) -> None:
+    client.force_login(member)
+    page = client.get(f"{BASE}{tab}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<html" in html and 'id="feedback-form"' in html and 'id="tab-panel"' in html
+    assert re.search(rf'<a data-tab="{tab}" href="{BASE}{tab}/"[^>]*aria-current="page"', html)
+    for other in TABS:
+        assert f'data-tab="{other}" href="{BASE}{other}/" hx-get="{BASE}{other}/" hx-target="#tab-panel" hx-push-url="true"' in html
+
+    partial = client.get(f"{BASE}{tab}/", **HTMX)
+    assert partial.status_code == 200
+    body = partial.content.decode()
+    assert "<html" not in body and 'id="feedback-form"' not in body
+    # The tab bar comes along out of band, so the current tab is marked after an htmx swap too.
+    assert 'id="run-tabs" class="tabs" aria-label="Run sections" hx-swap-oob="true"' in body
+    assert re.search(rf'<a data-tab="{tab}"[^>]*aria-current="page"', body)
+
+
+def test_an_htmx_history_restore_gets_the_whole_page(client: Client, member: Any, rich_run: str) -> None:
+    client.force_login(member)
+    page = client.get(f"{BASE}steps/", HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    assert page.status_code == 200 and b"<html" in page.content
+
+
+def test_the_run_page_opens_on_the_timeline(client: Client, member: Any, rich_run: str) -> None:
+    client.force_login(member)
+    default, timeline = client.get(BASE), client.get(f"{BASE}timeline/")
+    assert _sequences(default.content) == _sequences(timeline.content) == list(range(1, 14))
+    assert b'<tbody id="timeline-rows">' in default.content
+
+
+@pytest.mark.parametrize("tab", TABS)
+def test_anonymous_is_sent_to_login(client: Client, rich_run: str, tab: str) -> None:
+    response = client.get(f"{BASE}{tab}/")
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+
+
+@pytest.mark.parametrize("url", [*(f"{BASE}{t}/" for t in TABS), f"{BASE}timeline/rows/?after=0"])
+def test_outsider_gets_404(client: Client, outsider: Any, rich_run: str, url: str) -> None:
+    client.force_login(outsider)
+    assert client.get(url).status_code == 404
+    assert client.get(url, **HTMX).status_code == 404
+
+
+@pytest.mark.parametrize("url", ["/w/acme/support/runs/run_nope/", "/w/acme/support/runs/run_nope/steps/",
+                                 f"{BASE}nonsense/", "/w/acme/support/runs/run_nope/timeline/rows/"])
+def test_unknown_run_or_tab_is_404(client: Client, member: Any, rich_run: str, url: str) -> None:
+    client.force_login(member)
+    assert client.get(url).status_code == 404
+
+
+# --- header ----------------------------------------------------------------------------------
+
+
+def test_header_shows_status_workflow_cost_and_parent(client: Client, member: Any, workspace: Workspace,
+                                                      rich_run: str) -> None:
+    append_events(workspace=workspace, run_id="run_child", events=[started("wf_child", parentRunId=RUN)])
+    client.force_login(member)
+    html = client.get(BASE).content.decode()
+    assert '<span class="mono run-id">run_page</span>' in html
+    assert 'id="run-status" class="status status-running" data-status="running">running</span>' in html
+    assert "wfver_test" in html
+    assert "1/2 priced (50%)" in html  # one priced model call, one unpriced
+    assert "Parent run</dt><dd>none" in html
+
+    child = client.get("/w/acme/support/runs/run_child/").content.decode()
+    assert f'href="{BASE}">run_page</a>' in child
+    assert "Cost</dt><dd>$0.000000 <span class=\"muted\">no model calls" in child
+
+
+def test_an_unpriced_run_costs_n_a(client: Client, member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_unpriced", events=[
+        started(), ev("StepScheduled", stepPath="a"), *_model_events("a", 1, UNPRICED)])
+    client.force_login(member)
+    html = client.get("/w/acme/support/runs/run_unpriced/").content.decode()
+    assert "Cost</dt><dd>n/a <span class=\"muted\">0/1 priced (0%)" in html
+
+
+# --- timeline ----------------------------------------------------------------------------------
+
+
+def test_rows_show_type_step_time_origin_payload_and_artifact_links(client: Client, member: Any,
+                                                                     workspace: Workspace, rich_run: str) -> None:
+    client.force_login(member)
+    html = client.get(BASE).content.decode()
+    completed = re.search(r'<tr class="event" id="event-7" data-sequence="7">.*?</tr>', html, re.S).group(0)
+    assert "StepCompleted" in completed and ">extract<" in completed
+    assert '<span class="origin origin-live">live</span>' in completed
+    assert '"name": "Ada"' in completed.replace("&quot;", '"')
+    assert '<button type="button" class="copy"' in completed
+    blob = artifacts.store_bytes(workspace, b'{"big": true}')  # the same bytes: the same artifact
+    link = f"/api/v1/artifacts/{blob.artifact_id}/content?workspace=acme/support"
+    assert f'href="{link}"' in completed
+    download = client.get(link)
+    assert download.status_code == 200 and b"".join(download.streaming_content) == b'{"big": true}'
+
+    simulated = re.search(r'<tr class="event" id="event-13" data-sequence="13">.*?</tr>', html, re.S).group(0)
+    assert '<span class="origin origin-simulated">simulated</span>' in simulated
+
+
+def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(client: Client, member: Any,
+                                                                     workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_long", events=[started()] + [
+        ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 451)])
+    client.force_login(member)
+    base = "/w/acme/support/runs/run_long/timeline/"
+
+    newest = client.get(base).content.decode()
+    assert _sequences(newest.encode()) == list(range(251, 451))
+    assert 'id="live-status" data-state="reconnecting"' in newest and 'data-live="1"' in newest
+    assert 'data-last-sequence="450"' in newest
+    assert f'href="{base}?after=50&amp;limit=200"' in newest  # older
+    assert "newer →" not in newest
+
+    first = client.get(base, {"after": 0}).content.decode()
+    assert _sequences(first.encode()) == list(range(1, 201))
+    assert 'id="live-status"' not in first and 'data-live="0"' in first
+    assert f'href="{base}?after=200&amp;limit=200"' in first and "← older" not in first
+
+    middle = client.get(base, {"after": 200, "limit": 100}).content.decode()
+    assert _sequences(middle.encode()) == list(range(201, 301))
+    assert f'href="{base}?after=100&amp;limit=100"' in middle and f'href="{base}?after=300&amp;limit=100"' in middle
+
+
+def test_a_finished_run_says_finished_and_is_not_live(client: Client, member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_done", events=[started(), ev("RunCompleted")])
+    client.force_login(member)
+    html = client.get("/w/acme/support/runs/run_done/").content.decode()
+    assert '<span id="live-status" data-state="finished">finished</span>' in html
+    assert 'data-finished="1"' in html
+
+
+def test_rows_fragment_returns_just_the_rows_after(client: Client, member: Any, rich_run: str) -> None:
+    client.force_login(member)
+    response = client.get(f"{BASE}timeline/rows/", {"after": 10})
+    assert response.status_code == 200
+    assert _sequences(response.content) == [11, 12, 13]
+    assert response.content.decode().lstrip().startswith('<tr class="event"')
+    assert response["X-Last-Sequence"] == "13"
+    assert _sequences(client.get(f"{BASE}timeline/rows/", {"after": 2, "limit": 2}).content) == [3, 4]
+    assert client.get(f"{BASE}timeline/rows/", {"after": 13}).content == b""
+
+
+def test_the_row_template_is_the_same_for_page_and_fragment(client: Client, member: Any, rich_run: str) -> None:
+    client.force_login(member)
+    page = client.get(BASE).content.decode()
+    fragment = client.get(f"{BASE}timeline/rows/", {"after": 9, "limit": 1}).content.decode().strip()
+    assert fragment in page
+
+
+@pytest.mark.parametrize("query", ["?after=x", "?after=-1", "?limit=0", "?limit=5000", "?after=1.5"])
+def test_bad_paging_is_a_readable_400(client: Client, member: Any, rich_run: str, query: str) -> None:
+    client.force_login(member)
+    for url in (f"{BASE}{query}", f"{BASE}timeline/rows/{query}"):
+        response = client.get(url)
+        assert response.status_code == 400 and b"must be" in response.content
+
+
+# --- steps & replay plan ------------------------------------------------------------------------
+
+
+def test_steps_tab_shows_steps_should_run_sessions_and_replay_readiness(client: Client, member: Any,
+                                                                         rich_run: str) -> None:
+    client.force_login(member)
+    html = client.get(f"{BASE}steps/", **HTMX).content.decode()
+    extract = re.search(r'<tr class="step" data-step="extract">.*?</tr>', html, re.S).group(0)
+    assert "status-completed" in extract and "no (reused)" in extract and "$0.000027" in extract
+    score = re.search(r'<tr class="step" data-step="score">.*?</tr>', html, re.S).group(0)
+    assert "status-running" in score and "<strong>yes</strong> (would run)" in score and "n/a" in score
+    assert 'id="replay-ready" class="verdict verdict-fail"' in html
+    assert "model:score:turn2:response" in html  # the unanswered call is what is missing
+    assert html.count("replay from the record") == 2 and html.count("<strong>re-invoke</strong>") == 1
+    for check in ("dense_sequence", "artifact_hashes", "manifest_drift"):
+        assert f'<span class="mono">{check}</span>' in html
+
+
+# --- sub-runs -----------------------------------------------------------------------------------
+
+
+def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(client: Client, member: Any,
+                                                                     workspace: Workspace) -> None:
+    def run(run_id: str, parent: str | None, *tail: dict[str, Any], model: dict[str, str] = MINI) -> None:
+        extra = {"parentRunId": parent} if parent else {}
+        append_events(workspace=workspace, run_id=run_id, events=[
+            started(f"wf_{run_id}", **extra), ev("StepScheduled", stepPath="a"),
+            *_model_events("a", 1, model, inp=1_000_000, out=0), *tail])
+
+    run("run_root", None, ev("RunCompleted"))
+    run("run_ok", "run_root", ev("RunCompleted"))
+    run("run_mid", "run_root", ev("RunCompleted"), model=UNPRICED)
+    run("run_leaf", "run_mid", ev("RunFailed", error={"message": "boom"}))
+    append_events(workspace=workspace, run_id="run_elsewhere", events=[started()])  # not family
+
+    client.force_login(member)
+    html = client.get("/w/acme/support/runs/run_root/subruns/").content.decode()
+    assert "3 below this run" in html and "run_elsewhere" not in html
+    for run_id in ("run_root", "run_ok", "run_mid", "run_leaf"):
+        assert f'href="/w/acme/support/runs/{run_id}/">{run_id}</a>' in html
+    nodes = {m.group(1): m.group(0) for m in re.finditer(r'<li class="subrun[^"]*" data-run-id="(\w+)">', html)}
+    assert "branch-failed" in nodes["run_root"] and "branch-failed" in nodes["run_mid"]
+    assert "branch-failed" in nodes["run_leaf"] and "branch-failed" not in nodes["run_ok"]
+    assert html.count("✗ failed below") == 2  # root and mid: failed below, not themselves
+    # gpt-4o-mini at $0.15 per 1M input tokens: root + ok + leaf priced, mid unpriced.
+    assert "cost $0.450000 <span class=\"muted\">(3/4 priced (75%))" in html
+    mid = html.split('data-run-id="run_mid"')[1]
+    assert "cost $0.150000 <span class=\"muted\">(1/2 priced (50%))" in mid
+    # A sub-run's own page shows the tree below it.
+    assert "1 below this run" in client.get("/w/acme/support/runs/run_mid/subruns/").content.decode()
+
+
+# --- evidence and reconcile -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def in_doubt(workspace: Workspace, rich_run: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A write whose request left and whose lease then ran out: in doubt."""
+    claim = gateway.claim_tool_call(workspace=workspace, run_id=RUN, call_id="call_pay", tool_name="pay",
+                                    args={"amount": 5}, effect="write", owner="worker-1")
+    gateway.mark_outbound(workspace=workspace, run_id=RUN, call_id="call_pay", lease_token=claim.lease_token)
+    later = timezone.now() + timedelta(minutes=5)
+    monkeypatch.setattr("ledger.clock.now", lambda: later)
+    return "call_pay"
+
+
+def test_evidence_tab_highlights_in_doubt_calls_and_lists_the_rest(client: Client, operator: Any,
+                                                                   in_doubt: str) -> None:
+    client.force_login(operator)
+    html = client.get(f"{BASE}evidence/", **HTMX).content.decode()
+    assert '<tr class="tool-call in-doubt" data-call-id="call_pay">' in html and "⚠ 1 in doubt" in html
+    assert f'<form class="reconcile-form" method="post" action="{BASE}tool-calls/call_pay/reconcile/"' in html
+    assert "csrfmiddlewaretoken" in html
+    assert "re-hashed" in html and "/content?workspace=acme/support" in html  # artifact, verified download
+    assert "openai/gpt-4o-mini" in html and "acme-labs/house-model" in html  # costs per model call
+    assert 'id="approvals">none<' in html
+
+
+def test_a_viewer_sees_no_reconcile_form_and_may_not_post_one(client: Client, viewer: Any, in_doubt: str) -> None:
+    client.force_login(viewer)
+    html = client.get(f"{BASE}evidence/").content.decode()
+    assert "in-doubt" in html and "reconcile-form" not in html
+    before = Event.objects.count()
+    response = client.post(f"{BASE}tool-calls/call_pay/reconcile/", {"outcome": "succeeded", "note": "checked"})
+    assert response.status_code == 403
+    assert Event.objects.count() == before
+
+
+def test_an_outsider_reconciling_gets_404(client: Client, outsider: Any, in_doubt: str) -> None:
+    client.force_login(outsider)
+    response = client.post(f"{BASE}tool-calls/call_pay/reconcile/", {"outcome": "succeeded", "note": "x"})
+    assert response.status_code == 404
+
+
+def test_an_operator_reconciles_through_the_gateway(client: Client, operator: Any, in_doubt: str) -> None:
+    client.force_login(operator)
+    response = client.post(f"{BASE}tool-calls/call_pay/reconcile/",
+                           {"outcome": "succeeded", "value": '{"paid": true}', "note": "bank says paid"})
+    assert response.status_code == 302 and response["Location"] == f"{BASE}evidence/"
+    claim = ToolGatewayClaim.objects.get(call_id="call_pay")
+    assert (claim.status, claim.result, claim.reconciled_by) == ("succeeded", {"paid": True}, "oscar")
+    last = Event.objects.filter(run__run_id=RUN).order_by("-sequence").first()
+    assert last.type == "harness.tool_call.reconciled"
+    html = client.get(f"{BASE}evidence/").content.decode()
+    assert "reconcile-form" not in html and "reconciled</span>" in html
+
+
+def test_reconcile_over_htmx_answers_with_the_evidence_tab(client: Client, operator: Any, in_doubt: str) -> None:
+    client.force_login(operator)
+    response = client.post(f"{BASE}tool-calls/call_pay/reconcile/",
+                           {"outcome": "failed", "value": '{"message": "declined"}', "note": "bank says no"}, **HTMX)
+    assert response.status_code == 200 and b"<html" not in response.content
+    assert b"reconcile-form" not in response.content
+    assert ToolGatewayClaim.objects.get(call_id="call_pay").error == {"message": "declined"}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"outcome": "maybe", "note": "x"}, "Choose succeeded or failed."),
+    ({"outcome": "succeeded", "note": ""}, "the note is required"),
+    ({"outcome": "succeeded", "value": "{not json", "note": "x"}, "The result must be JSON"),
+])
+def test_a_bad_reconcile_form_is_re_rendered_with_a_message(client: Client, operator: Any, in_doubt: str,
+                                                             data: dict[str, str], message: str) -> None:
+    client.force_login(operator)
+    before = Event.objects.count()
+    for extra in ({}, HTMX):
+        response = client.post(f"{BASE}tool-calls/call_pay/reconcile/", data, **extra)
+        assert response.status_code == 400
+        html = response.content.decode()
+        assert message in html.replace("&#x27;", "'") and "reconcile-form" in html
+    assert Event.objects.count() == before
+    assert ToolGatewayClaim.objects.get(call_id="call_pay").status != "succeeded"
+
+
+def test_reconciling_a_call_that_is_not_in_doubt_is_409_with_a_message(client: Client, operator: Any,
+                                                                        workspace: Workspace, rich_run: str) -> None:
+    claim = gateway.claim_tool_call(workspace=workspace, run_id=RUN, call_id="call_ok", tool_name="read",
+                                    args={}, effect="read", owner="w")
+    gateway.complete_tool_call(workspace=workspace, run_id=RUN, call_id="call_ok", lease_token=claim.lease_token,
+                               outcome="result", value={"ok": 1})
+    client.force_login(operator)
+    response = client.post(f"{BASE}tool-calls/call_ok/reconcile/", {"outcome": "succeeded", "note": "x"})
+    assert response.status_code == 409 and b"only a call in doubt can be reconciled" in response.content
+    assert client.post(f"{BASE}tool-calls/call_none/reconcile/", {"outcome": "succeeded", "note": "x"}).status_code == 404
+
+
+# --- costs ----------------------------------------------------------------------------------------
+
+
+def test_costs_tab_per_step_and_per_model_with_coverage(client: Client, member: Any, rich_run: str) -> None:
+    client.force_login(member)
+    html = client.get(f"{BASE}costs/", **HTMX).content.decode()
+    per_model = html.split('id="costs-per-model"')[1]
+    assert re.search(r"acme-labs/house-model</td><td class=\"num\">1</td>.*?<td>n/a</td><td>0/1 priced \(0%\)", per_model, re.S)
+    assert re.search(r"openai/gpt-4o-mini</td><td class=\"num\">1</td>.*?<td>\$0.000027</td><td>1/1 priced \(100%\)",
+                     per_model, re.S)
+    assert "Run total" in per_model and "1/2 priced (50%)" in per_model
+
+
+# --- feedback -------------------------------------------------------------------------------------
+
+
+def test_a_member_rates_a_run_and_sees_it(client: Client, viewer: Any, rich_run: str) -> None:
+    client.force_login(viewer)
+    response = client.post(f"{BASE}feedback/", {"rating": "4", "category": "correctness", "comment": "good"})
+    assert response.status_code == 302 and response["Location"] == f"{BASE}#feedback"
+    row = Feedback.objects.get()
+    assert (row.rating, row.category, row.comment, row.author) == (4, "correctness", "good", viewer)
+    page = client.get(BASE).content.decode()
+    assert "4.0/5 from 1 rating" in page and "correctness" in page
+    assert "<td>4/5</td>" in client.get(f"{BASE}evidence/").content.decode()  # and in the evidence
+
+
+def test_feedback_over_htmx_re_renders_the_feedback_section(client: Client, member: Any, rich_run: str) -> None:
+    client.force_login(member)
+    client.post(f"{BASE}feedback/", {"rating": "2"}, **HTMX)
+    response = client.post(f"{BASE}feedback/", {"rating": "5", "comment": "fixed"}, **HTMX)
+    assert response.status_code == 201
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="feedback"') and "3.5/5 from 2" in html and "fixed" in html
+
+
+@pytest.mark.parametrize("rating", ["", "0", "6", "x", "4.5"])
+def test_a_bad_rating_is_400_with_a_message_and_nothing_stored(client: Client, member: Any, rich_run: str,
+                                                               rating: str) -> None:
+    client.force_login(member)
+    for extra in ({}, HTMX):
+        response = client.post(f"{BASE}feedback/", {"rating": rating}, **extra)
+        assert response.status_code == 400 and b"Choose a rating from 1 to 5." in response.content
+    assert not Feedback.objects.exists()
+
+
+def test_an_outsider_cannot_rate(client: Client, outsider: Any, rich_run: str) -> None:
+    client.force_login(outsider)
+    assert client.post(f"{BASE}feedback/", {"rating": "1"}).status_code == 404
+    assert not Feedback.objects.exists()
+
+
+def test_anonymous_posts_are_sent_to_login(client: Client, rich_run: str) -> None:
+    for url in (f"{BASE}feedback/", f"{BASE}tool-calls/x/reconcile/"):
+        response = client.post(url, {"rating": "3"})
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    assert not Feedback.objects.exists()
+
+
+# --- query counts ---------------------------------------------------------------------------------
+
+
+def _big_run(workspace: Workspace, run_id: str, total: int) -> None:
+    append_events(workspace=workspace, run_id=run_id, events=[started()])
+    batch = 2500
+    for start in range(2, total + 1, batch):
+        append_events(workspace=workspace, run_id=run_id, events=[
+            ev("custom.tick", n=n) for n in range(start, min(start + batch, total + 1))])
+
+
+def _queries(client: Client, url: str) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries)
+
+
+def test_the_timeline_of_10000_events_takes_as_many_queries_as_100(
+    client: Client, member: Any, workspace: Workspace, django_assert_num_queries: Callable[..., Any]
+) -> None:
+    _big_run(workspace, "run_small", 100)
+    _big_run(workspace, "run_huge", 10_000)
+    client.force_login(member)
+    small = _queries(client, "/w/acme/support/runs/run_small/")
+    with django_assert_num_queries(small):
+        response = client.get("/w/acme/support/runs/run_huge/")
+    assert _sequences(response.content) == list(range(9801, 10001))
+    with django_assert_num_queries(_queries(client, "/w/acme/support/runs/run_small/timeline/rows/?after=0")):
+        client.get("/w/acme/support/runs/run_huge/timeline/rows/?after=5000")
+
+
+@pytest.mark.parametrize("tab", ["steps", "evidence", "costs", "subruns"])
+def test_tabs_take_as_many_queries_for_a_large_run_as_for_a_small_one(
+    client: Client, member: Any, workspace: Workspace, django_assert_num_queries: Callable[..., Any], tab: str
+) -> None:
+    _rich_run(workspace, "run_few", extra_steps=2)
+    _rich_run(workspace, "run_many", extra_steps=120)
+    for n in range(5):  # sub-runs for the tree
+        append_events(workspace=workspace, run_id=f"run_kid{n}", events=[started(parentRunId="run_many")])
+        append_events(workspace=workspace, run_id=f"run_grandkid{n}", events=[started(parentRunId=f"run_kid{n}")])
+    client.force_login(member)
+    small = _queries(client, f"/w/acme/support/runs/run_few/{tab}/")
+    with django_assert_num_queries(small):
+        client.get(f"/w/acme/support/runs/run_many/{tab}/")
