@@ -1,20 +1,37 @@
-"""`ledger demo`: the demo tenants, members and a few recorded runs (idempotent).
+"""`ledger demo`: the demo tenants, members and runs (idempotent: what exists is left alone).
 
-The runs here are appended through the one write path, like any harness would. The runtime
-(issue 5) will replace them with runs it actually executes.
+- tenants `acme` (workspaces `support`, `research`) and `globex` (`main`); members alice (admin),
+  bob (approver), carol (operator), dave (viewer) in acme, gina (admin) in globex.
+- runs an external harness appended through the API's write path (`DEMO_RUNS`), one still open;
+- runs the runtime executed (ledger/demo_workflows.py): a run that crashed mid-step and was
+  resumed (its log shows the fast-forward), a tool call left in doubt for an operator to
+  reconcile, a model the price table does not know (cost n/a), an output large enough to be an
+  artifact, the orchestrator and decision loop of ledger/demo_workflows.py;
+- `history_runs` runs spread over the last 30 days (backdated with ledger.clock.backdated) for
+  the usage report, a few of them failed, some rated.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from . import clock, demo_workflows
 from .append import append_events
 from .canonical import digest
+from .errors import LedgerError
+from .feedback import record_feedback
 from .models import Run, Workspace
+from .runtime.executor import resume_run, start_run
 from .tenancy import bootstrap, create_user
 
 DEMO_PASSWORD = "runledger-demo"
 USERS = [("alice", "admin"), ("bob", "approver"), ("carol", "operator"), ("dave", "viewer")]
+HISTORY_RUNS = 300
+WORKSPACES = [("acme", "support"), ("acme", "research"), ("globex", "main")]
 
 
 def _model_turn(step: str, turn: int, model: tuple[str, str], tokens: tuple[int, int, int]) -> list[dict[str, Any]]:
@@ -32,6 +49,7 @@ def _model_turn(step: str, turn: int, model: tuple[str, str], tokens: tuple[int,
 
 
 def _summarize_run(model: tuple[str, str], finish: bool) -> list[dict[str, Any]]:
+    """The events an external harness sends for one summarize run (the API's write path)."""
     manifest = {"harnessId": "runledger.demo", "modelSlot": model[1], "tools": ["search"]}
     events: list[dict[str, Any]] = [
         {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_support_summarize",
@@ -68,16 +86,93 @@ DEMO_RUNS: list[tuple[str, str, str, list[dict[str, Any]]]] = [
 ]
 
 
-def load_demo() -> str:
-    for tenant, workspace in [("acme", "support"), ("acme", "research"), ("globex", "main")]:
-        bootstrap(tenant=tenant, workspace=workspace)
+def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
+    workspaces = {f"{t}/{w}": bootstrap(tenant=t, workspace=w) for t, w in WORKSPACES}
     for username, role in USERS:
         create_user(username=username, tenant="acme", role=role, password=DEMO_PASSWORD)
     create_user(username="gina", tenant="globex", role="admin", password=DEMO_PASSWORD)
-    created = 0
+    existing = set(Run.objects.filter(workspace__in=workspaces.values()).values_list("workspace_id", "run_id"))
+    before = len(existing)
+
+    def missing(ws: Workspace, run_id: str) -> bool:
+        return (ws.pk, run_id) not in existing
+
     for tenant, workspace, run_id, events in DEMO_RUNS:
-        ws = Workspace.objects.get(tenant__slug=tenant, slug=workspace)
-        if not Run.objects.filter(workspace=ws, run_id=run_id).exists():
+        ws = workspaces[f"{tenant}/{workspace}"]
+        if missing(ws, run_id):
             append_events(workspace=ws, run_id=run_id, events=events)
-            created += 1
-    return f"{created} run(s) created, {len(DEMO_RUNS) - created} already present"
+    _showcase(workspaces, missing)
+    _history(workspaces, missing, history_runs)
+    created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
+    return f"{created} run(s) created, {before} already present"
+
+
+def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
+    support, research = workspaces["acme/support"], workspaces["acme/research"]
+    now = timezone.now()
+    if missing(support, "run_demo_triage"):
+        start_run(workspace=support, workflow="support.triage", run_id="run_demo_triage",
+                  input={"ticket": "Where is my parcel?", "orderId": "A-1"})
+    if missing(support, "run_demo_crashed_resumed"):
+        run_input = {"ticket": "My order is late, again.", "orderId": "B-2"}
+        demo_workflows.CRASH_ON_TURN[f"Customer says: {run_input['ticket']} (order B-2)"] = 2
+        with clock.backdated(now - timedelta(minutes=20)):
+            try:
+                start_run(workspace=support, workflow="support.triage", run_id="run_demo_crashed_resumed",
+                          input=run_input)
+            except demo_workflows.DemoCrash:
+                pass  # the log now ends with turn 2's harness.model.called and no response
+        resume_run(workspace=support, run_id="run_demo_crashed_resumed", input=run_input)
+    if missing(support, "run_demo_in_doubt"):
+        demo_workflows.CRASH_ON_REFUND.add("C-3")
+        with clock.backdated(now - timedelta(hours=2)):
+            try:
+                start_run(workspace=support, workflow="support.refund", run_id="run_demo_in_doubt",
+                          input={"ticket": "Parcel lost, refund please.", "orderId": "C-3", "amount": 49.9})
+            except demo_workflows.DemoCrash:
+                pass  # the refund request left; its lease has long expired since
+        try:
+            resume_run(workspace=support, run_id="run_demo_in_doubt")
+        except LedgerError:
+            pass  # in doubt: recorded, and the run waits for an operator to reconcile the call
+    if missing(research, "run_demo_house_model"):
+        start_run(workspace=research, workflow="research.house-model", run_id="run_demo_house_model",
+                  input={"topic": "internal model evaluation"})
+    if missing(research, "run_demo_export"):
+        start_run(workspace=research, workflow="research.export", run_id="run_demo_export",
+                  input={"topic": "churn signals", "rows": 4000})
+
+
+_HISTORY_MIX = [
+    ("acme/support", "support.triage"), ("acme/support", "support.triage"), ("acme/support", "support.triage-premium"),
+    ("acme/research", "research.brief"), ("acme/research", "research.brief"), ("acme/research", "research.house-model"),
+    ("globex/main", "support.triage"),
+]
+_TICKETS = ["Where is my parcel?", "Wrong size delivered", "Refund status?", "Tracking link broken",
+            "Package damaged", "Change delivery address", "Invoice missing"]
+_TOPICS = ["pricing pages", "churn signals", "onboarding funnels", "support backlog", "model costs", "search quality"]
+_CATEGORIES = ["accuracy", "tone", "speed", "cost"]
+
+
+def _history(workspaces: dict[str, Workspace], missing: Any, count: int) -> None:
+    """`count` runs over the last 30 days, oldest first; every 19th fails (unknown order)."""
+    now = timezone.now()
+    raters = list(User.objects.filter(username__in=["alice", "bob", "carol", "dave"]).order_by("username"))
+    for i in range(count):
+        ws_key, workflow = _HISTORY_MIX[i % len(_HISTORY_MIX)]
+        ws = workspaces[ws_key]
+        run_id = f"run_hist_{i:04d}"
+        if not missing(ws, run_id):
+            continue
+        at: datetime = now - timedelta(days=30) + timedelta(days=30 * i / max(count, 1), minutes=(i * 37) % 600)
+        if workflow.startswith("research."):
+            run_input: dict[str, Any] = {"topic": f"{_TOPICS[i % len(_TOPICS)]} #{i}"}
+        else:
+            order = "Z-9" if i % 19 == 7 else sorted(demo_workflows._ORDERS)[i % 4]
+            run_input = {"ticket": f"{_TICKETS[i % len(_TICKETS)]} (#{i})", "orderId": order}
+        with clock.backdated(at):
+            start_run(workspace=ws, workflow=workflow, run_id=run_id, input=run_input)
+        if i % 5 == 0 and ws.tenant.slug == "acme" and raters:
+            run = Run.objects.get(workspace=ws, run_id=run_id)
+            record_feedback(run=run, rating=1 + (i * 7) % 5, category=_CATEGORIES[i % len(_CATEGORIES)],
+                            comment=f"demo rating {i}", author=raters[i % len(raters)])

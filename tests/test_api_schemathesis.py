@@ -20,7 +20,7 @@ EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "15"))
 
 @pytest.mark.django_db(transaction=True)
 def test_no_server_errors_and_responses_match_the_schema(live_server: Any) -> None:
-    load_demo()
+    load_demo(history_runs=10)
     _, key = create_key(workspace=workspace_by_path("acme/support"), scopes=["ingest", "read", "execute"])
     headers = {"Authorization": f"Bearer {key}"}
     schema = schemathesis.openapi.from_url(f"{live_server.url}/api/schema/")

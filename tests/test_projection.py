@@ -183,7 +183,7 @@ def test_reprice_applies_a_workspace_price_override(workspace, append) -> None:
 
 @pytest.mark.django_db
 def test_rebuild_then_verify_passes_on_every_demo_run() -> None:
-    cli("demo")
+    cli("demo", "--history-runs", "10")
     assert cli("rebuild")[0] == 0
     code, out = cli("verify")
     assert code == 0 and out.endswith("ok\n")

@@ -40,7 +40,7 @@ def _database_url() -> str:
 
 def test_readme_first_run_commands_work_as_written(live_server: Any) -> None:
     assert shutil.which("curl"), "curl is needed: the README's commands are run as written"
-    load_demo()  # what `make run` does before serving
+    load_demo(history_runs=10)  # what `make run` does before serving
     script = _first_run_block().replace("http://127.0.0.1:8000", live_server.url)
     env = {**os.environ, "DATABASE_URL": _database_url()}
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script + "\n" + script], cwd=ROOT, env=env,

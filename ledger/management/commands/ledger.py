@@ -53,7 +53,9 @@ class Command(BaseCommand):
         p.add_argument("--scopes", required=True, help="comma-separated: ingest,read,execute")
         p.add_argument("--name", default="")
 
-        sub.add_parser("demo", help="bootstrap the demo tenants, users and runs (idempotent)")
+        p = sub.add_parser("demo", help="bootstrap the demo tenants, users and runs (idempotent)")
+        p.add_argument("--history-runs", type=int, default=None,
+                       help="how many runs to lay out over the last 30 days (default 300)")
 
         p = sub.add_parser("events", help="one JSON envelope per line, in sequence order")
         p.add_argument("run")
@@ -112,10 +114,12 @@ class Command(BaseCommand):
         _, key = tenancy.create_key(workspace=ws, scopes=scopes.split(","), name=name)
         self.stdout.write(key)
 
-    def _demo(self, **_: Any) -> None:
-        from ledger.demo import DEMO_PASSWORD, load_demo
+    def _demo(self, *, history_runs: int | None = None, **_: Any) -> None:
+        from ledger.demo import DEMO_PASSWORD, HISTORY_RUNS, load_demo
 
-        summary = load_demo()
+        if history_runs is not None and history_runs < 0:
+            raise CommandError("--history-runs must be 0 or more")
+        summary = load_demo(history_runs=HISTORY_RUNS if history_runs is None else history_runs)
         self.stdout.write(f"demo ready: {summary}")
         self.stdout.write(f"log in as alice (admin), bob (approver), carol (operator) or dave (viewer), "
                           f"password {DEMO_PASSWORD}")

@@ -1,0 +1,187 @@
+"""The workflows `ledger demo` executes with the runtime (registered like any other workflow module,
+so `ledger resume` finds them too).
+
+The models are the built-in scripted provider standing in for named models (provider and model
+id are what the price table knows), so the demo's costs are priced like real traffic; one
+workflow uses a model the price table does not know, so its cost shows n/a.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from .runtime.providers import ModelRequest, ScriptedProvider
+from .runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow, register
+
+
+class DemoCrash(BaseException):
+    """Raised out of the executor where a SIGKILL would land: nothing after it is written, the
+    log ends mid-step exactly as a killed process leaves it. (tests/test_runtime.py kills real
+    processes; the demo stays in one.)"""
+
+
+def _n(text: str, spread: int) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % spread
+
+
+# --- tools ------------------------------------------------------------------------------------
+
+_ORDERS = {"A-1": ("shipped", "DHL"), "B-2": ("delayed", "UPS"), "C-3": ("lost", "FedEx"), "D-4": ("delivered", "DPD")}
+
+
+def lookup_order(args: Any) -> dict[str, Any]:
+    status = _ORDERS.get(str(args.get("orderId")))
+    if status is None:
+        raise LookupError(f"no order {args.get('orderId')}")
+    return {"orderId": args["orderId"], "status": status[0], "carrier": status[1]}
+
+
+def search_kb(args: Any) -> dict[str, Any]:
+    query = str(args.get("q", ""))
+    return {"q": query, "hits": [f"kb-{_n(query + str(i), 900) + 100}" for i in range(1 + _n(query, 3))]}
+
+
+CRASH_ON_REFUND: set[str] = set()  # order ids whose refund request "leaves" and never comes back
+
+
+def issue_refund(args: Any) -> dict[str, Any]:
+    if str(args.get("orderId")) in CRASH_ON_REFUND:
+        CRASH_ON_REFUND.discard(str(args.get("orderId")))
+        raise DemoCrash("the executor died while the refund request was out")
+    return {"refundId": f"rf-{args.get('orderId')}", "amount": args.get("amount")}
+
+
+LOOKUP = Tool("lookup_order", lookup_order, description="Find an order by id",
+              parameters={"type": "object", "properties": {"orderId": {"type": "string"}}, "required": ["orderId"]})
+SEARCH = Tool("search_kb", search_kb, description="Search the knowledge base",
+              parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
+REFUND = Tool("issue_refund", issue_refund, description="Refund an order (has an effect)", effect="write",
+              timeout_s=20, parameters={"type": "object", "properties": {"orderId": {"type": "string"},
+                                                                          "amount": {"type": "number"}}})
+
+
+# --- scripted models --------------------------------------------------------------------------
+
+CRASH_ON_TURN: dict[str, int] = {}  # prompt -> the turn at which the demo's executor "dies" once
+
+
+def _agent_script(tool: str, arg: str) -> Any:
+    """Turn 1 asks for one tool call, turn 2 answers; token counts vary with the prompt."""
+
+    def script(request: ModelRequest) -> Mapping[str, Any]:
+        prompt = str(request.body["messages"][-1]["content"]) if request.turn == 1 else ""
+        first = next((m for m in request.body["messages"] if m.get("role") == "user"), {})
+        key = str(first.get("content", ""))
+        if CRASH_ON_TURN.get(key) == request.turn:
+            del CRASH_ON_TURN[key]
+            raise DemoCrash(f"the executor died waiting for turn {request.turn}")
+        base = 400 + _n(key, 1600)
+        if request.turn == 1:
+            value = key.split("order ")[-1].rstrip(")") if arg == "orderId" else prompt[:60]
+            return {"toolCalls": [{"id": "c1", "name": tool, "args": {arg: value}}],
+                    "usage": {"inputTokens": base, "cachedInputTokens": base // 2, "outputTokens": 30 + _n(key, 40)}}
+        return {"text": f"Answer for: {key[:80]}",
+                "usage": {"inputTokens": base + 300, "cachedInputTokens": base, "outputTokens": 80 + _n(key, 200)}}
+
+    return script
+
+
+def _provider(provider: str, model: str, tool: str, arg: str) -> ScriptedProvider:
+    return ScriptedProvider(script=_agent_script(tool, arg), name=provider, model_id=model)
+
+
+# --- support ----------------------------------------------------------------------------------
+
+
+def normalize(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"ticket": str(run_input.get("ticket", "")).strip(), "orderId": str(run_input.get("orderId", "A-1"))}
+
+
+def triage_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    return f"Customer says: {outputs['normalize']['ticket']} (order {outputs['normalize']['orderId']})"
+
+
+def confirm_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"orderId": outputs["normalize"]["orderId"]}
+
+
+def triage_output(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"reply": outputs["draft"], "order": outputs["confirm"]}
+
+
+def _triage(name: str, provider: str, model: str) -> Workflow:
+    return register(Workflow(
+        name=name,
+        steps=(
+            CodeRun("normalize", normalize),
+            AIGenerate("draft", triage_prompt, system="You answer support tickets.", tools=("lookup_order",)),
+            ToolCall("confirm", "lookup_order", confirm_args),
+        ),
+        tools={"lookup_order": LOOKUP},
+        models={"default": _provider(provider, model, "lookup_order", "orderId")},
+        output=triage_output,
+    ))
+
+
+SUPPORT_TRIAGE = _triage("support.triage", "openai", "gpt-4o-mini")
+SUPPORT_TRIAGE_PREMIUM = _triage("support.triage-premium", "anthropic", "claude-sonnet-4-6")
+
+
+def refund_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"orderId": outputs["normalize"]["orderId"], "amount": run_input.get("amount", 10)}
+
+
+SUPPORT_REFUND = register(Workflow(
+    name="support.refund",
+    steps=(
+        CodeRun("normalize", normalize),
+        AIGenerate("assess", triage_prompt, system="Decide whether a refund is due.", tools=("lookup_order",)),
+        ToolCall("refund", "issue_refund", refund_args),
+    ),
+    tools={"lookup_order": LOOKUP, "issue_refund": REFUND},
+    models={"default": _provider("openai", "gpt-4o", "lookup_order", "orderId")},
+))
+
+
+# --- research ---------------------------------------------------------------------------------
+
+
+def brief_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    return f"Write a short brief on {run_input.get('topic', 'nothing')}"
+
+
+def _brief(name: str, provider: str, model: str) -> Workflow:
+    return register(Workflow(
+        name=name,
+        steps=(AIGenerate("brief", brief_prompt, system="You write research briefs.", tools=("search_kb",)),),
+        tools={"search_kb": SEARCH},
+        models={"default": _provider(provider, model, "search_kb", "q")},
+    ))
+
+
+RESEARCH_BRIEF = _brief("research.brief", "google", "gemini-2.5-flash")
+RESEARCH_HOUSE_MODEL = _brief("research.house-model", "acme.chat", "house-model-2")  # not in the price table
+
+
+def export_rows(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    # Large on purpose: over the 256,000-byte inline limit, so the output is stored as an artifact.
+    rows = [{"row": i, "topic": run_input.get("topic"), "text": f"finding {i:05d} " + "x" * 48}
+            for i in range(int(run_input.get("rows", 4000)))]
+    return {"rows": rows, "count": len(rows)}
+
+
+def export_summary(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"count": outputs["export"]["count"], "first": outputs["export"]["rows"][0]}
+
+
+def export_output(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return outputs["export"]
+
+
+RESEARCH_EXPORT = register(Workflow(
+    name="research.export",
+    steps=(CodeRun("export", export_rows), CodeRun("summary", export_summary)),
+    output=export_output,
+))

@@ -1,0 +1,88 @@
+"""`ledger demo`: real runs made by the runtime, each showing what it is there to show."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from ledger.demo import load_demo
+from ledger.models import Run, ToolGatewayClaim, Workspace
+from ledger.projection import log_of
+from ledger.tenancy import create_key
+from ledger.verify import verify_run
+
+pytestmark = pytest.mark.django_db
+
+HISTORY = 21
+
+
+@pytest.fixture
+def demo() -> dict[str, Workspace]:
+    load_demo(history_runs=HISTORY)
+    return {f"{ws.tenant.slug}/{ws.slug}": ws for ws in Workspace.objects.select_related("tenant")}
+
+
+def _log(ws: Workspace, run_id: str) -> list[dict[str, Any]]:
+    return log_of(Run.objects.get(workspace=ws, run_id=run_id))
+
+
+def _types(events: list[dict[str, Any]], prefix: str) -> list[tuple[str, Any]]:
+    return [(e["type"], e["payload"].get("turn")) for e in events if e["type"].startswith(prefix)]
+
+
+def test_the_crashed_run_resumed_by_fast_forwarding(demo: dict[str, Workspace]) -> None:
+    events = _log(demo["acme/support"], "run_demo_crashed_resumed")
+    assert events[-1]["type"] == "RunCompleted"
+    # Turn 1 and its tool call were committed before the crash: called and answered once each.
+    # Turn 2 was in flight: called once before the crash, answered once after the resume.
+    assert _types(events, "harness.model.") == [
+        ("harness.model.called", 1), ("harness.model.responded", 1),
+        ("harness.model.called", 2), ("harness.model.responded", 2)]
+    called_2, responded_2 = (e for e in events if e["type"].startswith("harness.model.") and e["payload"]["turn"] == 2)
+    assert responded_2["recordedAt"] > called_2["recordedAt"]
+    assert sum(e["type"] == "StepCompleted" and e["payload"]["stepPath"] == "normalize" for e in events) == 1
+
+
+def test_the_showcase_runs(demo: dict[str, Workspace]) -> None:
+    support, research = demo["acme/support"], demo["acme/research"]
+    in_doubt = Run.objects.get(workspace=support, run_id="run_demo_in_doubt")
+    assert in_doubt.status == "running"
+    assert "harness.tool_call.in_doubt" in [e["type"] for e in log_of(in_doubt)]
+    assert ToolGatewayClaim.objects.get(run=in_doubt, tool_name="issue_refund").status == "in_doubt"
+
+    house = Run.objects.get(workspace=research, run_id="run_demo_house_model")
+    assert house.status == "completed" and house.cost_usd is None and house.unpriced_calls == 2
+
+    export = Run.objects.get(workspace=research, run_id="run_demo_export")
+    assert export.status == "completed" and export.output_ref.startswith("artifact://")
+
+    triage = Run.objects.get(workspace=support, run_id="run_demo_triage")
+    assert triage.status == "completed" and triage.cost_usd is not None and triage.cost_usd > 0
+
+
+def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:
+    history = Run.objects.filter(run_id__startswith="run_hist_")
+    assert history.count() == HISTORY
+    oldest = history.order_by("created_at").first()
+    assert oldest is not None and oldest.created_at < timezone.now() - timedelta(days=28)
+    assert history.filter(status="failed").exists() and history.filter(status="completed").count() > HISTORY // 2
+    for run in Run.objects.select_related("workspace"):
+        failed = [c for c in verify_run(run) if c.status != "pass"]
+        assert not failed, (run.run_id, failed)
+    assert load_demo(history_runs=HISTORY).startswith("0 run(s) created")
+
+
+def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo: dict[str, Workspace]) -> None:
+    _, key = create_key(workspace=demo["acme/support"], scopes=["read"])
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    listed = client.get("/api/v1/runs?limit=200").json()
+    ids = {r["runId"] for r in listed["runs"]}
+    assert {"run_demo_triage", "run_demo_crashed_resumed", "run_demo_in_doubt"} <= ids
+    assert "run_demo_export" not in ids and "run_demo_globex" not in ids
+    evidence = client.get("/api/v1/runs/run_demo_in_doubt/evidence").json()
+    assert [c["toolName"] for c in evidence["toolCalls"] if c["status"] == "in_doubt"] == ["issue_refund"]
+    assert client.get("/api/v1/runs/run_demo_export").status_code == 404
