@@ -22,8 +22,8 @@ from django.utils import timezone
 from . import clock, demo_workflows
 from .append import append_events
 from .canonical import digest
-from .errors import LedgerError
 from .feedback import record_feedback
+from .gateway import ToolCallInDoubt, settle_expired_claims
 from .models import Run, Workspace
 from .runtime.executor import resume_run, start_run
 from .tenancy import bootstrap, create_user
@@ -131,10 +131,11 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
                           input={"ticket": "Parcel lost, refund please.", "orderId": "C-3", "amount": 49.9})
             except demo_workflows.DemoCrash:
                 pass  # the refund request left; its lease has long expired since
+        settle_expired_claims(workspace=support, run_id="run_demo_in_doubt")
         try:
             resume_run(workspace=support, run_id="run_demo_in_doubt")
-        except LedgerError:
-            pass  # in doubt: recorded, and the run waits for an operator to reconcile the call
+        except ToolCallInDoubt:
+            pass  # refused before writing: the run waits for an operator to reconcile the call
     if missing(research, "run_demo_house_model"):
         start_run(workspace=research, workflow="research.house-model", run_id="run_demo_house_model",
                   input={"topic": "internal model evaluation"})

@@ -406,6 +406,17 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
                     reconciled=True)
 
 
+@transaction.atomic
+def settle_expired_claims(*, workspace: Workspace, run_id: str, fencing_token: Any = None) -> list[str]:
+    """Write down as in doubt every call of the run whose lease ran out after its request left
+    (otherwise that is only discovered when someone touches the call). The call ids settled now."""
+    run = _lock_run(workspace, run_id)
+    now = clock.now()
+    expired = ToolGatewayClaim.objects.select_for_update().filter(
+        run=run, status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=now).order_by("pk")
+    return [claim.call_id for claim in expired if _settle_expiry(run, claim, now, fencing_token)]
+
+
 
 # --- selectors -------------------------------------------------------------------------------
 

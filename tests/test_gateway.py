@@ -502,3 +502,20 @@ def test_another_tenant_gets_404_on_every_route(
     assert not any(re.search(r"call_live|call_1|search", p.text) for p in probes)
     assert ToolGatewayClaim.objects.get(call_id="call_live").outbound_at is None
     assert ToolGatewayClaim.objects.get(call_id=call_id).status == "in_doubt"
+
+
+def test_settling_expired_claims_writes_calls_in_doubt_once_and_leaves_live_ones(
+        api: httpx.Client, run: str, clock: FakeClock, workspace: Workspace) -> None:
+    from ledger.gateway import settle_expired_claims
+
+    out = _claimed(api)
+    assert _post(api, out["callId"], "outbound", {"leaseToken": out["leaseToken"]}).status_code == 200
+    _claimed(api, callId="call_2", idempotencyKey="k2", args={"q": "not sent yet"})
+    clock.advance(30)
+    assert settle_expired_claims(workspace=workspace, run_id=RUN) == []
+    clock.advance(31)
+    assert settle_expired_claims(workspace=workspace, run_id=RUN) == ["call_1"]
+    assert settle_expired_claims(workspace=workspace, run_id=RUN) == []
+    assert [e["callId"] for e in _events("harness.tool_call.in_doubt")] == ["call_1"]
+    assert ToolGatewayClaim.objects.get(call_id="call_2").status == "claimed"
+    _verify_passes()
