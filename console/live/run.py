@@ -119,8 +119,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             except Exception:
                 log.warning("could not leave %s", self.group, exc_info=True)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The socket is one-way: whatever a client sends is ignored."""
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """The socket is one-way: whatever a client sends (JSON or not) is ignored."""
 
     async def ledger_appended(self, message: dict[str, Any]) -> None:
         if self.live:

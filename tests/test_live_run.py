@@ -1,0 +1,308 @@
+"""The run consumer, `/ws/runs/<runId>/?after=N&workspace=T/W` (console/live/run.py).
+
+In process through the real ASGI stack (origin check, session auth, router) with
+WebsocketCommunicator; and against two Daphne processes, each with a browser-like WebSocket
+client, while events are appended through the HTTP API of either. With Redis (the PostgreSQL
+pass) the two share the channel layer and poll the database only every 30 s, so what arrives
+sooner crossed processes by announcement; without Redis (the SQLite pass) each has its own
+in-memory layer, so an append through one reaches the other's socket only by its database
+poll, which is the lossy-layer path: both must still deliver every event once, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import websocket
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from console.asgi import application
+from ledger.announce import group_for
+from ledger.append import append_events
+from ledger.models import Event, Run, Workspace
+from ledger.tenancy import bootstrap, create_key, create_user
+from tests.conftest import ev, started
+from tests.test_stream import Daphne, _start_daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+TIMEOUT_S = 10  # per message; a loaded 2-core machine can stall a read for seconds
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def _session_id(user: Any) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+def _communicator(path: str, session_id: str | None = None, origin: str = "http://testserver") -> WebsocketCommunicator:
+    headers = [(b"origin", origin.encode())]
+    if session_id:
+        headers.append((b"cookie", f"sessionid={session_id}".encode()))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+async def _events(comm: WebsocketCommunicator, count: int) -> list[dict[str, Any]]:
+    return [await comm.receive_json_from(timeout=TIMEOUT_S) for _ in range(count)]
+
+
+def _append(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> Any:
+    return database_sync_to_async(append_events)(workspace=workspace, run_id=run_id, events=list(events))
+
+
+# --- in process ------------------------------------------------------------------------------------
+
+
+def test_catch_up_after_n_then_live_rows_in_order_without_duplicates(member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_ws", events=[started()] + [
+        ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 6)])
+    run = Run.objects.get(run_id="run_ws")
+    session = _session_id(member)
+
+    async def scenario() -> list[dict[str, Any]]:
+        comm = _communicator("/ws/runs/run_ws/?after=2&workspace=acme/support", session)
+        connected, _ = await comm.connect(timeout=TIMEOUT_S)
+        assert connected
+        received = await _events(comm, 3)
+        await _append(workspace, "run_ws", ev("StepScheduled", stepPath="s6"))
+        await _append(workspace, "run_ws", ev("StepScheduled", stepPath="s7"), ev("StepScheduled", stepPath="s8"))
+        received += await _events(comm, 3)
+        # An announcement is only a wake-up: one for old sequences (or a made-up one) sends nothing.
+        await get_channel_layer().group_send(group_for(run.pk), {"type": "ledger.appended", "runId": "run_ws", "sequence": 4})
+        await get_channel_layer().group_send(group_for(run.pk), {"type": "ledger.appended", "runId": "run_ws", "sequence": 99})
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+        return received
+
+    received = async_to_sync(scenario)()
+    assert [m["sequence"] for m in received] == [3, 4, 5, 6, 7, 8]
+    assert {m["type"] for m in received} == {"event"}
+    for message in received:
+        assert f'<tr class="event" id="event-{message["sequence"]}" data-sequence="{message["sequence"]}">' in message["html"]
+    assert "s7" in received[4]["html"]
+
+
+def test_pushed_rows_are_the_rows_the_page_renders(client: Client, member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_same", events=[
+        started(), ev("StepCompleted", stepPath="a", attempt=1, output={"answer": "<b>42</b>"})])
+    session = _session_id(member)
+
+    async def scenario() -> list[dict[str, Any]]:
+        comm = _communicator("/ws/runs/run_same/", session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        messages = await _events(comm, 2)
+        await comm.disconnect()
+        return messages
+
+    pushed = async_to_sync(scenario)()
+    client.force_login(member)
+    page = client.get("/w/acme/support/runs/run_same/").content.decode()
+    fragment = client.get("/w/acme/support/runs/run_same/timeline/rows/?after=1").content.decode()
+    assert pushed[1]["html"].strip() == fragment.strip()
+    assert pushed[1]["html"].strip() in page
+    assert "&lt;b&gt;42&lt;/b&gt;" in pushed[1]["html"]  # payloads are escaped
+
+
+def test_end_is_sent_when_the_run_finishes_and_the_socket_closes(member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_end", events=[started()])
+    session = _session_id(member)
+
+    async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        comm = _communicator("/ws/runs/run_end/?after=0", session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        received = await _events(comm, 1)
+        await _append(workspace, "run_end", ev("StepScheduled", stepPath="a"), ev("RunFailed", error={"m": "x"}))
+        received += await _events(comm, 3)
+        closed = await comm.receive_output(timeout=TIMEOUT_S)
+        return received, closed
+
+    received, closed = async_to_sync(scenario)()
+    assert [m.get("sequence") for m in received] == [1, 2, 3, None]
+    assert received[-1] == {"type": "end", "status": "failed"}
+    assert closed["type"] == "websocket.close"
+
+
+def test_a_finished_run_sends_what_is_after_n_then_end(member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_old", events=[started(), ev("StepScheduled", stepPath="a"),
+                                                                  ev("RunCompleted")])
+    session = _session_id(member)
+
+    async def scenario() -> list[dict[str, Any]]:
+        comm = _communicator("/ws/runs/run_old/?after=1", session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        received = await _events(comm, 3)
+        assert (await comm.receive_output(timeout=TIMEOUT_S))["type"] == "websocket.close"
+        return received
+
+    received = async_to_sync(scenario)()
+    assert [m.get("sequence") for m in received] == [2, 3, None]
+    assert received[-1] == {"type": "end", "status": "completed"}
+
+
+def test_what_a_client_sends_is_ignored_and_writes_nothing(member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_quiet", events=[started()])
+    session = _session_id(member)
+
+    async def scenario() -> None:
+        comm = _communicator("/ws/runs/run_quiet/", session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        await _events(comm, 1)
+        await comm.send_json_to({"type": "append", "events": [{"type": "RunCompleted", "payload": {}}]})
+        await comm.send_to(text_data="not json either")
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+    assert Event.objects.filter(run__run_id="run_quiet").count() == 1
+
+
+def _refused(path: str, session_id: str | None, origin: str = "http://testserver") -> bool:
+    async def scenario() -> bool:
+        comm = _communicator(path, session_id, origin)
+        connected, _ = await comm.connect(timeout=TIMEOUT_S)
+        if connected:
+            await comm.disconnect()
+        return not connected
+
+    return async_to_sync(scenario)()
+
+
+def test_anonymous_is_refused(workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_anon", events=[started()])
+    assert _refused("/ws/runs/run_anon/", None)
+    assert _refused("/ws/runs/run_anon/?workspace=acme/support", None)
+
+
+def test_an_outsider_is_refused_as_for_an_unknown_run(member: Any, outsider: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_private", events=[started()])
+    olga = _session_id(outsider)
+    assert _refused("/ws/runs/run_private/", olga)
+    assert _refused("/ws/runs/run_private/?workspace=acme/support", olga)
+    assert _refused("/ws/runs/run_private/?workspace=globex/main", olga)
+    assert _refused("/ws/runs/run_nope/", _session_id(member))
+
+
+@pytest.mark.parametrize("query", ["?after=-1", "?after=x", "?workspace=acme", "?workspace=acme/nope"])
+def test_bad_parameters_are_refused(member: Any, workspace: Workspace, query: str) -> None:
+    append_events(workspace=workspace, run_id="run_params", events=[started()])
+    assert _refused(f"/ws/runs/run_params/{query}", _session_id(member))
+
+
+def test_another_sites_page_is_refused(member: Any, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_origin", events=[started()])
+    assert _refused("/ws/runs/run_origin/", _session_id(member), origin="http://evil.example")
+
+
+def test_workspace_picks_the_run_when_two_workspaces_hold_the_same_id(member: Any, workspace: Workspace) -> None:
+    second = bootstrap(tenant="acme", workspace="research")
+    append_events(workspace=workspace, run_id="run_twin", events=[started("wf_support")])
+    append_events(workspace=second, run_id="run_twin", events=[started("wf_research")])
+    session = _session_id(member)
+    assert _refused("/ws/runs/run_twin/", session)  # ambiguous without it
+
+    async def first_row(path: str) -> str:
+        comm = _communicator(path, session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        message = await comm.receive_json_from(timeout=TIMEOUT_S)
+        await comm.disconnect()
+        return message["html"]
+
+    assert "wf_research" in async_to_sync(first_row)("/ws/runs/run_twin/?workspace=acme/research")
+    assert "wf_support" in async_to_sync(first_row)("/ws/runs/run_twin/?workspace=acme/support")
+
+
+# --- two Daphne processes -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_servers(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daphne, Daphne]]:
+    poll = "30" if REDIS_URL else "0.2"
+    log_dir = tmp_path_factory.mktemp("daphne")
+    servers = [_start_daphne(log_dir, name, {"LEDGER_STREAM_POLL_SECONDS": poll}) for name in ("a", "b")]
+    yield servers[0], servers[1]
+    for server in servers:
+        server.stop()  # before the test database is dropped: they hold connections to it
+
+
+def _ws_url(server: Daphne, run_id: str) -> str:
+    return server.url.replace("http://", "ws://") + f"/ws/runs/{run_id}/?after=0&workspace=acme/support"
+
+
+def _collect(server: Daphne, run_id: str, session_id: str, out: list[dict[str, Any]], ready: threading.Event) -> None:
+    """A browser's view: every message until `end`, then the server's close."""
+    sock = websocket.create_connection(_ws_url(server, run_id), cookie=f"sessionid={session_id}",
+                                       origin=server.url, timeout=TIMEOUT_S * 2)
+    try:
+        while True:
+            message = json.loads(sock.recv())
+            out.append(message)
+            if message.get("sequence") == 1:
+                ready.set()
+            if message["type"] == "end":
+                return
+    finally:
+        ready.set()
+        sock.close()
+
+
+def test_two_daphne_processes_each_deliver_every_event_appended_through_either(
+    two_servers: tuple[Daphne, Daphne], member: Any, workspace: Workspace
+) -> None:
+    a, b = two_servers
+    _, key = create_key(workspace=workspace, scopes=["ingest"])
+    headers = {"Authorization": f"Bearer {key}"}
+    session = _session_id(member)
+    with httpx.Client(headers=headers, timeout=30) as http:
+        def post(server: Daphne, *events: dict[str, Any]) -> None:
+            response = http.post(f"{server.url}/api/v1/runs/run_two/events", json={"events": list(events)})
+            assert response.status_code == 200, response.text
+
+        post(a, started())
+        seen: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+        threads = []
+        for name, server in (("a", a), ("b", b)):
+            ready = threading.Event()
+            thread = threading.Thread(target=_collect, args=(server, "run_two", session, seen[name], ready), daemon=True)
+            thread.start()
+            assert ready.wait(TIMEOUT_S * 2), f"the socket on {name} never caught up"
+            threads.append(thread)
+        for n in range(2, 12):
+            post(a if n % 2 else b, ev("StepScheduled", stepPath=f"s{n}"))
+        post(b, ev("StepScheduled", stepPath="s12"), ev("StepScheduled", stepPath="s13"))
+        post(a, ev("RunCompleted", output={"ok": True}))
+        for thread in threads:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "a socket never received end"
+
+    for name in ("a", "b"):
+        events = [m for m in seen[name] if m["type"] == "event"]
+        assert [m["sequence"] for m in events] == list(range(1, 15)), name
+        assert seen[name][-1] == {"type": "end", "status": "completed"}
+        assert "RunCompleted" in events[-1]["html"]
+
+
+def test_live_daphne_refuses_an_outsider_and_anonymous(
+    two_servers: tuple[Daphne, Daphne], outsider: Any, workspace: Workspace
+) -> None:
+    append_events(workspace=workspace, run_id="run_guarded", events=[started()])
+    a, _ = two_servers
+    for cookie in (f"sessionid={_session_id(outsider)}", None):
+        with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+            websocket.create_connection(_ws_url(a, "run_guarded"), cookie=cookie, origin=a.url, timeout=TIMEOUT_S)
+        assert refused.value.status_code == 403
