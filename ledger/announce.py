@@ -1,7 +1,7 @@
 """After-commit announcements of appended events on the channel layer.
 
-The layer is lossy by design: a message carries only the run and its last sequence, and readers
-always fetch the events themselves from the database.
+The layer is lossy by design: a message carries only the run and its last sequence (or, to a
+workspace's runs list, only the run id), and readers always fetch what changed from the database.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -22,6 +24,14 @@ log = logging.getLogger(__name__)
 
 def group_for(run_pk: int) -> str:
     return f"ledger.run.{run_pk}"
+
+
+def workspace_group_for(workspace_pk: int) -> str:
+    return f"ledger.workspace.{workspace_pk}"
+
+
+# The events that move a run in or through its workspace's runs list (new row, final status).
+_LIFECYCLE = frozenset({"RunStarted", "RunCompleted", "RunFailed"})
 
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -44,11 +54,10 @@ def _report(future: concurrent.futures.Future[None]) -> None:
         log.warning("an announcement was lost", exc_info=future.exception())
 
 
-def _send(group: str, run_id: str, sequence: int) -> None:
+def _send(group: str, message: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    message = {"type": "ledger.appended", "runId": run_id, "sequence": sequence}
     try:
         # Inside Daphne (sync code under sync_to_async) async_to_sync runs on the server's loop.
         # The in-memory layer's queues belong to whichever loop reads them, so it always takes
@@ -59,14 +68,25 @@ def _send(group: str, run_id: str, sequence: int) -> None:
             asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop()) \
                 .add_done_callback(_report)
     except Exception:  # an announcement lost is caught up by readers; the append has committed
-        log.warning("announcement for %s seq %s was lost", run_id, sequence, exc_info=True)
+        log.warning("announcement %s to %s was lost", message, group, exc_info=True)
 
 
 def _has_outer_loop() -> bool:
     return getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None
 
 
-def after_commit(run: Run, sequence: int) -> None:
+def after_commit(run: Run, sequence: int, written: Iterable[Mapping[str, Any]] = ()) -> None:
+    """Announce a committed batch to the run's group; and to the workspace's group when the batch
+    started or finished the run. `written` are the batch's new envelopes (no query is made)."""
     group, run_id = group_for(run.pk), run.run_id
+    appended = {"type": "ledger.appended", "runId": run_id, "sequence": sequence}
+    lifecycle = any(e["type"] in _LIFECYCLE for e in written)
+    workspace_group = workspace_group_for(run.workspace_id)
+
+    def send() -> None:
+        _send(group, appended)
+        if lifecycle:
+            _send(workspace_group, {"type": "ledger.run_changed", "runId": run_id})
+
     # Only after commit: a reader woken by this must find the rows it is told about.
-    transaction.on_commit(lambda: _send(group, run_id, sequence))
+    transaction.on_commit(send)

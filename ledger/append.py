@@ -250,5 +250,5 @@ def append_events(
             write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before,
                         run_before=run_before)
             remember_after_commit(run, prices, state)
-            announce.after_commit(run, state.last_sequence)
+            announce.after_commit(run, state.last_sequence, written)
     return AppendResult(events=out, last_sequence=state.last_sequence)

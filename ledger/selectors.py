@@ -7,15 +7,19 @@ is not revealed (DESIGN.md §2).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from datetime import timezone as dt_timezone
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Avg, Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 
 from .envelopes import event_envelope
 from .errors import NotFound
-from .models import Event, Membership, Run, Workspace
+from .models import CostEntry, Event, Feedback, Membership, Run, Step, Tenant, Workspace
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -103,3 +107,118 @@ def children_counts(workspace: Workspace, run_ids: Iterable[str]) -> dict[str, i
         .annotate(n=Count("pk")).values_list("parent_run_id", "n")
     )
     return dict(rows)
+
+
+ANY_MODEL = "*"
+
+
+def _utc_day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
+
+
+def search_runs(
+    workspace: Workspace,
+    *,
+    status: str | None = None,
+    workflow: str | None = None,
+    q: str | None = None,
+    start: date | None = None,
+    end: date | None = None,
+    has_failures: bool = False,
+    cost_above: Decimal | None = None,
+    min_rating: int | None = None,
+    model: tuple[str, str] | str | None = None,
+) -> QuerySet[Run]:
+    """The console's runs list: filtered_runs plus the console's filters, newest first.
+
+    `start`/`end` are UTC days, both inclusive, and select runs by the day they were created
+    (`created_at`, the list's order) — except with `model`, where they select the model calls
+    instead (by the day they were recorded, as the usage report counts them), so a drill-down from
+    a day of the usage chart lists exactly the runs behind it. `model` is (provider, modelId) or
+    ANY_MODEL (any model call). `has_failures`: the run failed, one of its steps failed, or a
+    sub-run below it failed (a direct sub-run; for a root run, any run of its tree).
+    `min_rating`: the average of the run's ratings is at least this. `cost_above`: strictly above,
+    so an unpriced run (NULL cost) never matches.
+    """
+    qs = filtered_runs(workspace, status=status, workflow=workflow, q=q)
+    since = _utc_day_start(start) if start else None
+    until = _utc_day_start(end + timedelta(days=1)) if end else None
+    if model is not None:
+        calls = CostEntry.objects.filter(run=OuterRef("pk"))
+        if model != ANY_MODEL:
+            provider, model_id = model
+            calls = calls.filter(provider=provider, model_id=model_id)
+        if since:
+            calls = calls.filter(recorded_at__gte=since)
+        if until:
+            calls = calls.filter(recorded_at__lt=until)
+        qs = qs.filter(Exists(calls))
+    else:
+        if since:
+            qs = qs.filter(created_at__gte=since)
+        if until:
+            qs = qs.filter(created_at__lt=until)
+    if has_failures:
+        failed_below = runs(workspace).filter(status="failed").exclude(parent_run_id="")
+        qs = qs.filter(
+            Q(status="failed")
+            | Exists(Step.objects.filter(run=OuterRef("pk"), status="failed"))
+            | Q(run_id__in=failed_below.values("parent_run_id"))
+            | Q(run_id__in=failed_below.exclude(root_run_id="").values("root_run_id"))
+        )
+    if cost_above is not None:
+        qs = qs.filter(cost_usd__gt=cost_above)
+    if min_rating is not None:
+        rated = (Feedback.objects.filter(run__workspace=workspace).values("run")
+                 .annotate(average=Avg("rating")).filter(average__gte=min_rating).values("run"))
+        qs = qs.filter(pk__in=rated)
+    return qs
+
+
+def ratings_for(run_pks: Iterable[int]) -> dict[int, tuple[float, int]]:
+    """(average rating, number of ratings) per rated run, in one query for a whole page."""
+    pks = list(run_pks)
+    if not pks:
+        return {}
+    rows = (Feedback.objects.filter(run_id__in=pks).values("run_id")
+            .annotate(average=Avg("rating"), n=Count("pk")).values_list("run_id", "average", "n"))
+    return {pk: (float(average), n) for pk, average, n in rows}
+
+
+@dataclass(frozen=True)
+class DailyModelCost:
+    day: date
+    provider: str
+    model_id: str
+    cost_usd: Decimal | None  # NULL when every call of the cell is unpriced
+    calls: int
+    priced_calls: int
+
+    @property
+    def model(self) -> str:
+        return f"{self.provider}/{self.model_id}"
+
+
+def daily_model_costs(*, start: date, end: date, workspace: Workspace | None = None,
+                      tenant: Tenant | None = None) -> list[DailyModelCost]:
+    """Cost per UTC day and model over the cost entries recorded from `start` to `end` (inclusive),
+    in one workspace or across a tenant: the cells of the usage chart (ledger.usage has the rows)."""
+    qs = CostEntry.objects.filter(recorded_at__gte=_utc_day_start(start),
+                                  recorded_at__lt=_utc_day_start(end + timedelta(days=1)))
+    if workspace is not None:
+        qs = qs.filter(run__workspace=workspace)
+    else:
+        assert tenant is not None
+        qs = qs.filter(run__workspace__tenant=tenant)
+    cells = (
+        qs.annotate(day=TruncDate("recorded_at", tzinfo=dt_timezone.utc))
+        .values("day", "provider", "model_id")
+        .annotate(cost=Sum("cost_usd"), calls=Count("pk"), priced=Count("pk", filter=Q(cost_usd__isnull=False)))
+        .order_by("day", "provider", "model_id")
+    )
+    return [
+        DailyModelCost(day=c["day"], provider=c["provider"], model_id=c["model_id"],
+                       cost_usd=None if not c["priced"] else Decimal(c["cost"]),
+                       calls=c["calls"], priced_calls=c["priced"])
+        for c in cells
+    ]

@@ -1,15 +1,200 @@
-"""The runs list of a workspace."""
+"""The runs list of a workspace: filters in the URL, cursor pages, one row template for page,
+htmx fragment and live push (console/live/runs.py)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import path
+from django.utils import timezone
 
 from ledger import selectors
+from ledger.models import Run, Workspace
 
 from ..access import workspace_or_404
+
+PAGE_SIZE = 50
+ROW_TEMPLATE = "console/runs/run_row.html"
+FILTERS = ("q", "status", "workflow", "from", "to", "has_failures", "cost_above", "rating", "model")
+
+
+# --- formatting shared by the row template and the usage report ----------------------------
+
+
+def usd(value: Decimal | None) -> str:
+    """Dollars for people: NULL (every call unpriced) is "n/a", never $0."""
+    if value is None:
+        return "n/a"
+    if value == 0:
+        return "$0"
+    if value >= 1:
+        return f"${value:,.2f}"
+    if value < Decimal("0.0001"):
+        return "<$0.0001"
+    return f"${value:.4f}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{int(seconds * 1000)} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """What one row of the runs list shows, besides the run's own columns."""
+
+    run: Run
+    children: int
+    rating: tuple[float, int] | None
+    now: datetime
+
+    @property
+    def started(self) -> datetime:
+        return self.run.started_at or self.run.created_at
+
+    @property
+    def duration(self) -> str:
+        if self.run.started_at is None:
+            return ""
+        end = self.run.finished_at or self.now
+        text = duration(max((end - self.run.started_at).total_seconds(), 0.0))
+        return text if self.run.finished_at else f"{text}…"
+
+    @property
+    def cost(self) -> str:
+        return usd(self.run.cost_usd)
+
+    @property
+    def partly_priced(self) -> bool:
+        return bool(self.run.unpriced_calls and self.run.priced_calls)
+
+    @property
+    def calls(self) -> int:
+        return self.run.priced_calls + self.run.unpriced_calls
+
+
+def run_rows(workspace: Workspace, runs: list[Run]) -> list[RunRow]:
+    """Rows for a page of runs: two queries however long the page is."""
+    counts = selectors.children_counts(workspace, [r.run_id for r in runs])
+    ratings = selectors.ratings_for(r.pk for r in runs)
+    now = timezone.now()
+    for run in runs:
+        run.workspace = workspace  # already loaded with its tenant: the row's link needs both
+    return [RunRow(run, counts.get(run.run_id, 0), ratings.get(run.pk), now) for run in runs]
+
+
+def render_row(workspace: Workspace, run: Run) -> str:
+    return render_to_string(ROW_TEMPLATE, {"row": run_rows(workspace, [run])[0], "workspace": workspace})
+
+
+# --- filters -------------------------------------------------------------------------------
+
+
+def _parse_model(value: str) -> tuple[str, str] | str:
+    if value == selectors.ANY_MODEL:
+        return value
+    provider, _, model_id = value.partition("/")
+    if not provider or not model_id:
+        raise ValidationError("Model must be written provider/modelId, e.g. openai/gpt-4o (or * for any model).")
+    return provider, model_id
+
+
+class RunFilterForm(forms.Form):
+    q = forms.CharField(required=False, max_length=200, label="Search")
+    status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in selectors.RUN_STATUSES])
+    workflow = forms.CharField(required=False, max_length=200)
+    has_failures = forms.BooleanField(required=False, label="Has failures")
+    cost_above = forms.DecimalField(required=False, min_value=0, max_digits=20, decimal_places=12,
+                                    label="Cost above ($)")
+    rating = forms.TypedChoiceField(required=False, coerce=int, empty_value=None, label="Rating at least",
+                                    choices=[("", "any")] + [(str(n), f"{n}★") for n in range(1, 6)])
+    model = forms.CharField(required=False, max_length=401, help_text="provider/modelId")
+    cursor = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # "from" is a keyword: these two are added here rather than declared above.
+        for name, label in (("from", "From"), ("to", "To")):
+            self.fields[name] = forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
+                                                widget=forms.DateInput(attrs={"type": "date"}))
+        self.order_fields(["q", "status", "workflow", "from", "to", "model", "cost_above", "rating",
+                           "has_failures"])
+
+    def clean_model(self) -> tuple[str, str] | str | None:
+        value = self.cleaned_data["model"].strip()
+        return _parse_model(value) if value else None
+
+    def clean_cursor(self) -> tuple[datetime, int] | None:
+        raw = self.cleaned_data["cursor"]
+        if not raw:
+            return None
+        try:
+            position = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+            return datetime.fromisoformat(position["t"]), int(position["id"])
+        except (ValueError, TypeError, KeyError, binascii.Error):
+            raise ValidationError("This page link is broken: start again from the first page.") from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        start, end = data.get("from"), data.get("to")
+        if start and end and start > end:
+            self.add_error("from", "From must not be after To.")
+        return data
+
+    @property
+    def filtered(self) -> bool:
+        return any(self.data.get(name) for name in FILTERS)
+
+    def selector_filters(self) -> dict[str, Any]:
+        d = self.cleaned_data
+        return {
+            "status": d["status"] or None, "workflow": d["workflow"].strip() or None, "q": d["q"].strip() or None,
+            "start": d["from"], "end": d["to"], "has_failures": d["has_failures"],
+            "cost_above": d["cost_above"], "min_rating": d["rating"], "model": d["model"],
+        }
+
+
+def _cursor(run: Run) -> str:
+    position = json.dumps({"t": run.created_at.isoformat(), "id": run.pk}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+
+
+def _query(request: HttpRequest, **changes: str) -> str:
+    params = {k: v for k, v in request.GET.items() if k in FILTERS and v}
+    params.update({k: v for k, v in changes.items() if v})
+    return "?" + urlencode(params) if params else ""
+
+
+def runs_url(workspace: Workspace, **params: str | date) -> str:
+    """The runs list of a workspace with these filters (drill-downs from the usage report)."""
+    query = urlencode({k: str(v) for k, v in params.items() if v})
+    return f"/w/{workspace.tenant.slug}/{workspace.slug}/" + (f"?{query}" if query else "")
+
+
+# --- views ---------------------------------------------------------------------------------
 
 
 @login_required
@@ -23,12 +208,26 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 def runs_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = workspace_or_404(request.user, tenant, workspace)
-    runs = selectors.runs(ws).order_by("-created_at")[:100]
-    return render(request, "console/runs.html", {
-        "workspace": ws,
-        "workspaces": selectors.workspaces_for(request.user),
-        "runs": runs,
+    form = RunFilterForm(request.GET)
+    context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs"}
+    if not form.is_valid():
+        template = "console/runs/invalid.html" if request.htmx else "console/runs.html"
+        context["workspaces"] = selectors.workspaces_for(request.user)
+        return render(request, template, context, status=400)
+    qs = selectors.search_runs(ws, **form.selector_filters())
+    page, more = selectors.runs_page(qs, limit=PAGE_SIZE, after=form.cleaned_data["cursor"])
+    context.update({
+        "rows": run_rows(ws, page),
+        "next_url": _query(request, cursor=_cursor(page[-1])) if more and page else None,
+        "first_page": form.cleaned_data["cursor"] is None,
+        "first_url": _query(request, cursor=""),
+        # New runs are pushed only where they belong for sure: the unfiltered first page.
+        "live": not form.filtered and form.cleaned_data["cursor"] is None,
     })
+    if request.htmx:
+        return render(request, "console/runs/rows.html", context)
+    context["workspaces"] = selectors.workspaces_for(request.user)
+    return render(request, "console/runs.html", context)
 
 
 urlpatterns = [

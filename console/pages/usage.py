@@ -1,7 +1,270 @@
-"""The usage report (not built yet: see issue 6)."""
+"""The usage report: daily cost by model as a server-rendered SVG chart, the table behind it
+(ledger.usage, the same rows as the API and its CSV), and drill-downs to the runs list."""
 
 from __future__ import annotations
 
-from django.urls import URLPattern
+import math
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
 
-urlpatterns: list[URLPattern] = []
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import path
+from django.utils import timezone
+
+from ledger import selectors
+from ledger.models import Workspace
+from ledger.selectors import DailyModelCost
+from ledger.usage import UsageRow, usage_rows
+
+from ..access import has_role, workspace_or_404
+from .runs import runs_url, usd
+
+DEFAULT_DAYS = 30
+MAX_DAYS = 366
+
+
+class UsageForm(forms.Form):
+    scope = forms.ChoiceField(required=False, choices=[("", "workspace"), ("workspace", "workspace"),
+                                                       ("tenant", "tenant")])
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, label in (("from", "From"), ("to", "To")):
+            self.fields[name] = forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
+                                                widget=forms.DateInput(attrs={"type": "date"}))
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors:
+            return data
+        end = data.get("to") or timezone.now().date()
+        start = data.get("from") or end - timedelta(days=DEFAULT_DAYS - 1)
+        if start > end:
+            self.add_error("from", "From must not be after To.")
+        elif (end - start).days + 1 > MAX_DAYS:
+            self.add_error("from", f"Choose at most {MAX_DAYS} days.")
+        data["from"], data["to"], data["scope"] = start, end, data.get("scope") or "workspace"
+        return data
+
+
+# --- the table -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableRow:
+    key: str
+    href: str | None
+    usage: UsageRow
+
+    @property
+    def calls(self) -> int:
+        return self.usage.priced_calls + self.usage.unpriced_calls
+
+    @property
+    def cost(self) -> str:
+        return usd(self.usage.cost_usd)
+
+    @property
+    def coverage(self) -> str:
+        if not self.calls:
+            return "—"
+        return f"{100 * self.usage.priced_calls / self.calls:.0f}%"
+
+    @property
+    def tokens(self) -> list[str]:
+        u = self.usage
+        return [f"{n:,}" for n in (u.input_tokens, u.cached_input_tokens, u.output_tokens, u.reasoning_tokens)]
+
+
+# --- the chart -----------------------------------------------------------------------------
+
+# Colour and a pattern per series, so two series differ without colour too (print, colour blindness).
+_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
+            "#ff9da7", "#8cd17d")
+_PATTERNS = ("solid", "diagonal", "dots", "horizontal", "cross", "vertical", "checks", "backslash")
+_W, _PLOT_H, _LEFT, _RIGHT, _TOP, _AXIS_H = 900, 240, 70, 10, 14, 28
+_LEGEND_COL, _LEGEND_ROW = 222, 20
+
+
+@dataclass(frozen=True)
+class Series:
+    model: str
+    pattern_id: str
+    colour: str
+    pattern: str
+    total: Decimal | None
+    calls: int
+    x: float = 0.0
+    y: float = 0.0
+
+    @property
+    def total_label(self) -> str:
+        return usd(self.total) + ("" if self.total is not None else " (unpriced)")
+
+    @property
+    def short(self) -> str:
+        return self.model if len(self.model) <= 26 else self.model[:25] + "…"
+
+
+@dataclass(frozen=True)
+class Segment:
+    x: float
+    y: float
+    width: float
+    height: float
+    series: Series
+    href: str
+    title: str
+    unpriced: bool = False
+
+
+@dataclass
+class Chart:
+    label: str
+    height: float
+    plot_bottom: float
+    ticks: list[tuple[float, str]] = field(default_factory=list)
+    days: list[tuple[float, str]] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    series: list[Series] = field(default_factory=list)
+    empty: bool = False
+    width: int = _W
+    left: int = _LEFT
+    right: int = _W - _RIGHT
+
+    @property
+    def middle(self) -> float:
+        return (self.left + self.right) / 2
+
+
+def _nice_step(top: float, ticks: int = 4) -> float:
+    raw = top / ticks
+    magnitude = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * magnitude >= raw:
+            return m * magnitude
+    return 10 * magnitude  # pragma: no cover - the loop always returns
+
+
+def _dollars(value: float, step: float) -> str:
+    """A tick label with as many decimals as the step needs ($0.025 steps: three)."""
+    exponent = Decimal(repr(round(step, 12))).normalize().as_tuple().exponent
+    decimals = max(0, -int(exponent))
+    return f"${value:,.{decimals}f}"
+
+
+def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: Workspace) -> Chart:
+    days = [start + timedelta(days=i) for i in range((end - start).days + 1)]
+    totals: dict[str, Decimal | None] = {}
+    calls: dict[str, int] = {}
+    day_totals: dict[date, Decimal] = {}
+    for c in cells:
+        if c.cost_usd is not None:
+            totals[c.model] = (totals.get(c.model) or Decimal(0)) + c.cost_usd
+            day_totals[c.day] = day_totals.get(c.day, Decimal(0)) + c.cost_usd
+        else:
+            totals.setdefault(c.model, None)
+        calls[c.model] = calls.get(c.model, 0) + c.calls
+    order = sorted(totals, key=lambda m: (-(totals[m] or Decimal(-1)), m))
+    columns = max(1, (_W - _LEFT) // _LEGEND_COL)
+    legend_top = _TOP + _PLOT_H + _AXIS_H + 8
+    series = {
+        m: Series(model=m, pattern_id=f"usage-p{i}", colour=_COLOURS[i % len(_COLOURS)],
+                  pattern=_PATTERNS[i % len(_PATTERNS)], total=totals[m], calls=calls[m],
+                  x=_LEFT + (i % columns) * _LEGEND_COL, y=legend_top + (i // columns) * _LEGEND_ROW)
+        for i, m in enumerate(order)
+    }
+    rows = math.ceil(len(order) / columns)
+    peak = float(max(day_totals.values(), default=Decimal(0)))
+    step = _nice_step(peak) if peak > 0 else 1.0
+    top = step * math.ceil(peak / step) if peak > 0 else 4.0
+    bottom = _TOP + _PLOT_H
+    total = sum(day_totals.values(), Decimal(0))
+    chart = Chart(
+        label=(f"Daily cost by model from {start} to {end}: {usd(total) if totals else '$0'} in total"
+               f" across {len(order)} model{'s' if len(order) != 1 else ''}"),
+        height=legend_top + rows * _LEGEND_ROW + 4, plot_bottom=bottom, empty=not cells,
+        series=list(series.values()),
+    )
+    n = top / step
+    chart.ticks = [(bottom - _PLOT_H * i / n, _dollars(step * i, step)) for i in range(int(round(n)) + 1)]
+    slot = (_W - _LEFT - _RIGHT) / len(days)
+    width = max(slot * 0.72, 1.0)
+    every = math.ceil(len(days) / 12)
+    chart.days = [(_LEFT + slot * (i + 0.5), d.strftime("%b %d")) for i, d in enumerate(days) if i % every == 0]
+    index = {d: i for i, d in enumerate(days)}
+    stacked: dict[date, float] = {}
+    for c in sorted(cells, key=lambda c: (c.day, order.index(c.model))):
+        x = _LEFT + slot * index[c.day] + (slot - width) / 2
+        href = runs_url(workspace, model=c.model, **{"from": c.day, "to": c.day})
+        s = series[c.model]
+        if c.cost_usd is None:
+            chart.segments.append(Segment(x, bottom - 3, width, 3, s, href, unpriced=True,
+                                          title=f"{c.model} on {c.day}: n/a ({c.calls} unpriced calls)"))
+            continue
+        height = max(float(c.cost_usd) / top * _PLOT_H, 1.0)
+        base = stacked.get(c.day, 0.0)
+        stacked[c.day] = base + height
+        chart.segments.append(Segment(x, bottom - base - height, width, height, s, href,
+                                      title=f"{c.model} on {c.day}: {usd(c.cost_usd)} ({c.priced_calls} of "
+                                            f"{c.calls} calls priced)"))
+    return chart
+
+
+# --- the view ------------------------------------------------------------------------------
+
+
+def _csv_url(workspace: Workspace, scope: str, start: date, end: date, group_by: str) -> str:
+    params = {"from": start, "to": end, "groupBy": group_by, "format": "csv"}
+    if scope == "tenant":
+        params.update(scope="tenant", tenant=workspace.tenant.slug)
+    else:
+        params["workspace"] = f"{workspace.tenant.slug}/{workspace.slug}"
+    return "/api/v1/usage?" + urlencode(params)
+
+
+@login_required
+def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws = workspace_or_404(request.user, tenant, workspace)
+    form = UsageForm(request.GET)
+    is_admin = has_role(request.user, ws, "admin")
+    context: dict[str, Any] = {"workspace": ws, "workspaces": selectors.workspaces_for(request.user),
+                               "form": form, "is_admin": is_admin,
+                               "from_value": request.GET.get("from", ""), "to_value": request.GET.get("to", "")}
+    if not form.is_valid():
+        return render(request, "console/usage/report.html", context, status=400)
+    start, end, scope = form.cleaned_data["from"], form.cleaned_data["to"], form.cleaned_data["scope"]
+    context.update(from_value=start.isoformat(), to_value=end.isoformat())
+    if scope == "tenant" and not is_admin:
+        context["refused"] = True
+        return render(request, "console/usage/report.html", context, status=403)
+    where: dict[str, Any] = {"tenant": ws.tenant} if scope == "tenant" else {"workspace": ws}
+    by_model, total = usage_rows(group_by="model", start=start, end=end, **where)
+    by_day, _ = usage_rows(group_by="day", start=start, end=end, **where)
+    rng = {"from": start, "to": end}
+    context.update({
+        "scope": scope, "start": start, "end": end,
+        "chart": build_chart(selectors.daily_model_costs(start=start, end=end, **where), start, end, ws),
+        "models": [TableRow(r.key or "", runs_url(ws, model=r.key or "", **rng), r) for r in by_model],
+        "days": [TableRow(r.key or "", runs_url(ws, model=selectors.ANY_MODEL, **{"from": r.key or "", "to": r.key or ""}), r)
+                 for r in by_day],
+        "total": TableRow("Total", runs_url(ws, model=selectors.ANY_MODEL, **rng), total),
+        "csv_url": _csv_url(ws, scope, start, end, "model"),
+        "csv_days_url": _csv_url(ws, scope, start, end, "day"),
+    })
+    if scope == "tenant":
+        by_workspace, _ = usage_rows(group_by="workspace", start=start, end=end, tenant=ws.tenant)
+        context["workspaces_usage"] = [
+            TableRow(r.key or "", f"/w/{r.key}/usage/?" + urlencode(rng), r) for r in by_workspace]
+    return render(request, "console/usage/report.html", context)
+
+
+urlpatterns = [
+    path("w/<slug:tenant>/<slug:workspace>/usage/", usage_report, name="usage"),
+]

@@ -1,0 +1,262 @@
+"""The console's usage report: the SVG chart, the table behind it, CSV, drill-downs, tenant scope."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import date, datetime, time, timedelta, timezone
+from decimal import Decimal
+from html import unescape
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from console.pages.usage import _dollars, _nice_step
+from ledger.append import append_events
+from ledger.models import CostEntry, Run, Workspace
+from ledger.tenancy import bootstrap, create_user
+from ledger.usage import usage_rows
+from tests.conftest import ev, started
+
+pytestmark = pytest.mark.django_db
+
+URL = "/w/acme/support/usage/"
+DAY1, DAY2 = date(2026, 3, 1), date(2026, 3, 2)
+RANGE = "?from=2026-03-01&to=2026-03-02"
+
+
+def responded(call: str, provider: str, model: str, *, inp: int = 1000, out: int = 100, cached: int = 0,
+              reasoning: int = 0) -> dict[str, Any]:
+    usage = {"inputTokens": inp, "outputTokens": out, "cachedInputTokens": cached, "reasoningTokens": reasoning}
+    return ev("harness.model.responded", turn=1, callId=call, model={"provider": provider, "modelId": model},
+              response={"text": "ok", "usage": usage})
+
+
+def on_day(run_id: str, day: date, hour: int = 12) -> None:
+    when = datetime.combine(day, time(hour), tzinfo=timezone.utc)
+    CostEntry.objects.filter(run__run_id=run_id).update(recorded_at=when)
+
+
+@pytest.fixture
+def browser(client: Client, member) -> Client:
+    client.force_login(member)
+    return client
+
+
+@pytest.fixture
+def calls(append, workspace: Workspace) -> None:
+    """Day 1: gpt-4o-mini (priced) and an unpriced house model; day 2: gpt-4o, and gpt-4o-mini again
+    from a run that started on day 1; another workspace of the tenant spends on claude."""
+    append("run_a", started("wf_a"), responded("c1", "openai", "gpt-4o-mini", inp=2000, out=200, cached=1000),
+           responded("c2", "acme.chat", "house", inp=500, out=50))
+    on_day("run_a", DAY1)
+    append("run_b", started("wf_b"), responded("c1", "openai", "gpt-4o", inp=1000, out=100, reasoning=40))
+    on_day("run_b", DAY2)
+    append("run_c", started("wf_b"), responded("c1", "openai", "gpt-4o-mini", inp=1000, out=100))
+    Run.objects.filter(run_id="run_c").update(created_at=datetime.combine(DAY1, time(23), tzinfo=timezone.utc))
+    on_day("run_c", DAY2, hour=0)
+    append("run_none", started("wf_a"))
+    research = bootstrap(tenant="acme", workspace="research")
+    append_events(workspace=research, run_id="run_r", events=[started("wf_r"), responded("c1", "anthropic", "claude-sonnet-4-6")])
+    on_day("run_r", DAY2)
+
+
+def table(html: str, table_id: str) -> dict[str, list[str]]:
+    body = re.search(rf'<table class="grid usage-rows" id="{table_id}">(.*?)</table>', html, re.S).group(1)
+    rows = {}
+    for key, cells in re.findall(r'<tr[^>]* data-key="([^"]+)">(.*?)</tr>', body, re.S):
+        rows[key] = [unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", cells, re.S)]
+    return rows
+
+
+def svg(html: str) -> str:
+    return re.search(r'<svg class="usage-chart".*?</svg>', html, re.S).group(0)
+
+
+# --- access --------------------------------------------------------------------------------
+
+
+def test_anonymous_is_sent_to_login(client: Client, workspace: Workspace) -> None:
+    for url in (URL, URL + "?scope=tenant"):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+
+
+def test_outsider_gets_404_for_workspace_and_tenant_scope(client: Client, outsider, calls: None) -> None:
+    client.force_login(outsider)
+    for url in (URL, URL + RANGE, URL + "?scope=tenant", URL + "?from=nonsense"):
+        assert client.get(url).status_code == 404
+    assert client.get("/w/globex/main/usage/").status_code == 200
+
+
+def test_tenant_scope_is_for_admins_only(client: Client, calls: None) -> None:
+    viewer = create_user(username="vic", tenant="acme", role="viewer", password=None).user
+    client.force_login(viewer)
+    mine = client.get(URL + RANGE)
+    assert mine.status_code == 200 and 'name="scope"' not in mine.content.decode()
+    refused = client.get(URL + RANGE + "&scope=tenant")
+    assert refused.status_code == 403 and "for admins" in refused.content.decode()
+    assert 'class="usage-chart"' not in refused.content.decode()
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def test_table_shows_tokens_cost_calls_and_coverage_per_model(browser: Client, calls: None) -> None:
+    response = browser.get(URL + RANGE)
+    assert response.status_code == 200
+    html = response.content.decode()
+    rows = table(html, "usage-table")
+    assert list(rows) == ["acme.chat/house", "openai/gpt-4o", "openai/gpt-4o-mini", "total"]
+    assert rows["acme.chat/house"][1:] == ["500", "0", "50", "0", "n/a", "0", "1", "0%"]
+    assert rows["openai/gpt-4o"][1:] == ["1,000", "0", "100", "40", "$0.0035", "1", "0", "100%"]
+    # (1000 x 0.15 + 1000 x 0.075 + 200 x 0.6 + 1000 x 0.15 + 100 x 0.6) / 1M
+    assert rows["openai/gpt-4o-mini"][1:] == ["3,000", "1,000", "300", "0", "$0.0006", "2", "0", "100%"]
+    assert rows["total"][1:] == ["4,500", "1,000", "450", "40", "$0.0041", "3", "1", "75%"]
+    days = table(html, "usage-days")
+    assert list(days) == ["2026-03-01", "2026-03-02"]
+    assert days["2026-03-01"][-3:] == ["1", "1", "50%"]
+    assert "research" not in html.split('<svg class="usage-chart"')[1].split("</svg>")[0]
+
+
+def test_default_range_is_the_last_30_days(browser: Client, append) -> None:
+    append("run_today", started(), responded("c1", "openai", "gpt-4o"))
+    html = browser.get(URL).content.decode()
+    today = datetime.now(timezone.utc).date()
+    assert f'name="from" value="{today - timedelta(days=29)}"' in html and f'name="to" value="{today}"' in html
+    assert list(table(html, "usage-table")) == ["openai/gpt-4o", "total"]
+    assert svg(html).count("<text class=\"tick\"") >= 5 + 12 - 2  # dollar ticks and day labels
+
+
+def test_chart_stacks_bars_per_day_and_model_with_dollar_ticks_and_legend(browser: Client, calls: None) -> None:
+    chart = svg(browser.get(URL + RANGE).content.decode())
+    assert 'role="img"' in chart and re.search(r'aria-label="Daily cost by model from 2026-03-01 to 2026-03-02: \$0\.0041', chart)
+    ticks = re.findall(r'<text class="tick"[^>]*text-anchor="end"[^>]*>([^<]+)</text>', chart)
+    assert ticks[0] == "$0.000" and ticks[-1].startswith("$0.00") and len(ticks) >= 3
+    assert re.findall(r'<text class="tick"[^>]*text-anchor="middle">([^<]+)</text>', chart) == ["Mar 01", "Mar 02"]
+    legend = re.findall(r'<tspan class="legend-model">([^<]+)</tspan> <tspan class="legend-total">([^<]+)</tspan>', chart)
+    assert legend == [("openai/gpt-4o", "$0.0035"), ("openai/gpt-4o-mini", "$0.0006"),
+                      ("acme.chat/house", "n/a (unpriced)")]
+    patterns = re.findall(r'<pattern id="(usage-p\d)"', chart)
+    assert patterns == ["usage-p0", "usage-p1", "usage-p2"]
+    bars = re.findall(r'<a class="bar( unpriced)?" href="([^"]+)" data-model="([^"]+)"', chart)
+    assert len(bars) == 4
+    by_model = {(m, unescape(href)) for _, href, m in bars}
+    assert ("openai/gpt-4o-mini", "/w/acme/support/?model=openai%2Fgpt-4o-mini&from=2026-03-02&to=2026-03-02") in by_model
+    assert [m for unpriced, _, m in bars if unpriced] == ["acme.chat/house"]
+    heights = {m: float(h) for m, h in
+               re.findall(r'<a class="bar" href="[^"]+" data-model="([^"]+)"[^>]*><rect [^>]*height="([\d.]+)"', chart)}
+    assert heights["openai/gpt-4o"] > heights["openai/gpt-4o-mini"] > 0
+
+
+def test_chart_bars_drill_down_to_the_runs_behind_them(browser: Client, calls: None) -> None:
+    chart = svg(browser.get(URL + RANGE).content.decode())
+    expected = {("openai/gpt-4o-mini", "2026-03-01"): ["run_a"], ("openai/gpt-4o-mini", "2026-03-02"): ["run_c"],
+                ("openai/gpt-4o", "2026-03-02"): ["run_b"], ("acme.chat/house", "2026-03-01"): ["run_a"]}
+    seen = {}
+    for href, model in re.findall(r'<a class="bar[^"]*" href="([^"]+)" data-model="([^"]+)"', chart):
+        href = unescape(href)
+        day = re.search(r"from=([\d-]+)", href).group(1)
+        runs = browser.get(href)
+        assert runs.status_code == 200
+        seen[model, day] = re.findall(r'data-run-id="([^"]+)"', runs.content.decode())
+    assert seen == expected
+
+
+def test_table_rows_drill_down_by_model_and_by_day(browser: Client, calls: None) -> None:
+    html = browser.get(URL + RANGE).content.decode()
+    links = dict((k, unescape(h)) for h, k in re.findall(r'<a class="drill" href="([^"]+)">([^<]+)</a>', html))
+    def runs(key: str) -> list[str]:
+        return sorted(re.findall(r'data-run-id="([^"]+)"', browser.get(links[key]).content.decode()))
+    assert runs("openai/gpt-4o-mini") == ["run_a", "run_c"]
+    assert runs("acme.chat/house") == ["run_a"]
+    assert runs("2026-03-01") == ["run_a"]
+    assert runs("2026-03-02") == ["run_b", "run_c"]
+    assert runs("Total") == ["run_a", "run_b", "run_c"]  # never run_none: it made no model calls
+
+
+def test_csv_download_matches_the_table(browser: Client, calls: None) -> None:
+    html = browser.get(URL + RANGE).content.decode()
+    href = unescape(re.search(r'<a id="usage-csv" href="([^"]+)"', html).group(1))
+    response = browser.get(href)  # the API, on the console's session
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    lines = list(csv.DictReader(io.StringIO(response.content.decode())))
+    rows = table(html, "usage-table")
+    assert [line["key"] for line in lines] == [k for k in rows if k != "total"]
+    for line in lines:
+        shown = rows[line["key"]]
+        assert [f"{int(line[c]):,}" for c in ("inputTokens", "cachedInputTokens", "outputTokens", "reasoningTokens")] == shown[1:5]
+        assert [line["pricedCalls"], line["unpricedCalls"]] == shown[6:8]
+        if line["costUsd"] == "":
+            assert shown[5] == "n/a"
+        else:
+            assert shown[5] == f"${Decimal(line['costUsd']):.4f}"
+    days = browser.get(unescape(re.search(r'<a id="usage-csv-days" href="([^"]+)"', html).group(1)))
+    assert [line["key"] for line in csv.DictReader(io.StringIO(days.content.decode()))] == ["2026-03-01", "2026-03-02"]
+
+
+def test_tenant_scope_covers_every_workspace_of_the_tenant(browser: Client, calls: None, outsider) -> None:
+    append_events(workspace=Workspace.objects.get(slug="main"), run_id="run_g",
+                  events=[started(), responded("c1", "openai", "gpt-5")])
+    on_day("run_g", DAY2)
+    response = browser.get(URL + RANGE + "&scope=tenant")
+    assert response.status_code == 200
+    html = response.content.decode()
+    models = table(html, "usage-table")
+    assert "anthropic/claude-sonnet-4-6" in models and "openai/gpt-5" not in models
+    assert list(table(html, "usage-workspaces")) == ["acme/research", "acme/support"]
+    assert "/w/acme/research/usage/?from=2026-03-01&amp;to=2026-03-02" in html
+    csv_href = unescape(re.search(r'<a id="usage-csv" href="([^"]+)"', html).group(1))
+    keys = [line["key"] for line in csv.DictReader(io.StringIO(browser.get(csv_href).content.decode()))]
+    assert keys == [k for k in models if k != "total"]
+
+
+def test_an_empty_range_has_an_empty_chart_and_zero_cost(browser: Client, calls: None) -> None:
+    html = browser.get(URL + "?from=2001-01-01&to=2001-01-31").content.decode()
+    assert "No model calls in this range" in svg(html)
+    assert table(html, "usage-table")["total"][5:] == ["$0", "0", "0", "—"]
+
+
+@pytest.mark.parametrize("query, message", [
+    ("?from=2026-02-30", "Enter a valid date"),
+    ("?to=soon", "Enter a valid date"),
+    ("?from=2026-03-02&to=2026-03-01", "From must not be after To"),
+    ("?from=2020-01-01&to=2026-01-01", "at most 366 days"),
+    ("?scope=galaxy", "Select a valid choice"),
+])
+def test_invalid_ranges_are_a_readable_400(browser: Client, workspace: Workspace, query: str, message: str) -> None:
+    response = browser.get(URL + query)
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert message in html and 'role="alert"' in html and 'class="usage-chart"' not in html
+
+
+def test_dollar_ticks_use_round_steps() -> None:
+    assert _nice_step(0.0041) == pytest.approx(0.002)
+    assert _nice_step(9) == pytest.approx(2.5)
+    assert _nice_step(130) == pytest.approx(50)
+    assert _dollars(0.003, 0.001) == "$0.003" and _dollars(7.5, 2.5) == "$7.5" and _dollars(1500, 500) == "$1,500"
+
+
+def test_usage_page_queries_do_not_grow_with_the_calls(browser: Client, calls: None, django_assert_num_queries) -> None:
+    with CaptureQueriesContext(connection) as small:
+        assert browser.get(URL + "?from=2026-02-01&to=2026-03-31").status_code == 200
+    run = Run.objects.get(run_id="run_b")
+    base = datetime(2026, 2, 1, tzinfo=timezone.utc)
+    models = [("openai", "gpt-4o"), ("openai", "gpt-5"), ("google", "gemini-2.5-pro"), ("acme", "private")]
+    CostEntry.objects.bulk_create([
+        CostEntry(run=run, sequence=1000 + i, provider=models[i % 4][0], model_id=models[i % 4][1],
+                  input_tokens=100, output_tokens=10, cost_usd=None if i % 4 == 3 else Decimal("0.001"),
+                  price_table_version="t", recorded_at=base + timedelta(minutes=17 * i))
+        for i in range(5_000)
+    ], batch_size=1000)
+    with django_assert_num_queries(len(small)):
+        response = browser.get(URL + "?from=2026-02-01&to=2026-03-31")
+    html = response.content.decode()
+    assert len(table(html, "usage-days")) == 59 and "google/gemini-2.5-pro" in table(html, "usage-table")
+    rows, _ = usage_rows(group_by="model", start=date(2026, 2, 1), end=date(2026, 3, 31), workspace=run.workspace)
+    assert len(rows) == 6
