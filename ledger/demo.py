@@ -136,6 +136,13 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
             resume_run(workspace=support, run_id="run_demo_in_doubt")
         except ToolCallInDoubt:
             pass  # refused before writing: the run waits for an operator to reconcile the call
+    if missing(research, "run_demo_orchestrator"):
+        start_run(workspace=research, workflow="research.orchestrator", run_id="run_demo_orchestrator",
+                  input={"topics": ["pricing pages", "churn signals", "restricted market data",
+                                    "onboarding funnels", "support backlog"]})
+    if missing(support, "run_demo_escalation"):
+        start_run(workspace=support, workflow="support.escalation", run_id="run_demo_escalation",
+                  input={"ticket": "Third outage this month, we want a call.", "passesNeeded": 3})
     if missing(research, "run_demo_house_model"):
         start_run(workspace=research, workflow="research.house-model", run_id="run_demo_house_model",
                   input={"topic": "internal model evaluation"})

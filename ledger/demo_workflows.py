@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .runtime.providers import ModelRequest, ScriptedProvider
-from .runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow, register
+from .runtime.registry import AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall, Workflow, register
 
 
 class DemoCrash(BaseException):
@@ -184,4 +184,102 @@ RESEARCH_EXPORT = register(Workflow(
     name="research.export",
     steps=(CodeRun("export", export_rows), CodeRun("summary", export_summary)),
     output=export_output,
+))
+
+
+# --- an orchestrator with five sub-runs, one of which fails -----------------------------------
+
+
+def _text_provider(provider: str, model: str) -> ScriptedProvider:
+    def script(request: ModelRequest) -> Mapping[str, Any]:
+        prompt = str(request.body["messages"][-1].get("content", ""))
+        return {"text": f"[{request.step_path}] {prompt[:120]}",
+                "usage": {"inputTokens": 600 + _n(prompt, 900), "outputTokens": 120 + _n(prompt, 300)}}
+
+    return ScriptedProvider(script=script, name=provider, model_id=model)
+
+
+def fetch_sources(args: Any) -> dict[str, Any]:
+    topic = str(args.get("topic", ""))
+    if "restricted" in topic:
+        raise PermissionError(f"sources for {topic!r} are behind a licence we do not hold")
+    return {"topic": topic, "sources": [f"doc-{_n(topic + str(i), 9000) + 1000}" for i in range(3)]}
+
+
+def sources_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"topic": run_input["topic"]}
+
+
+def topic_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    return f"Summarise {run_input['topic']} from {', '.join(outputs['sources']['sources'])}"
+
+
+RESEARCH_TOPIC = register(Workflow(
+    name="research.topic",
+    steps=(
+        ToolCall("sources", "fetch_sources", sources_args),
+        AIGenerate("summary", topic_prompt, system="You summarise sources."),
+    ),
+    tools={"fetch_sources": Tool("fetch_sources", fetch_sources, description="Licensed sources for a topic",
+                                 parameters={"type": "object", "properties": {"topic": {"type": "string"}}})},
+    models={"default": _text_provider("google", "gemini-2.5-flash")},
+))
+
+
+def plan_topics(run_input: Any, outputs: Mapping[str, Any]) -> list[str]:
+    return list(run_input["topics"])
+
+
+def topic_input(item: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"topic": item}
+
+
+def synthesis_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    done = [o for o in outputs["fan"] if isinstance(o, str)]
+    failed = [o["subRunId"] for o in outputs["fan"] if isinstance(o, dict) and o.get("status") == "failed"]
+    return f"Combine {len(done)} summaries; {len(failed)} topic(s) failed: {', '.join(failed)}"
+
+
+RESEARCH_ORCHESTRATOR = register(Workflow(
+    name="research.orchestrator",
+    steps=(
+        CodeRun("plan", plan_topics),
+        Parallel("fan", plan_topics, SubWorkflow("topic", "research.topic", topic_input, allow_failure=True),
+                 max_branches=8),
+        AIGenerate("synthesize", synthesis_prompt, system="You write the final report."),
+    ),
+    models={"default": _text_provider("anthropic", "claude-sonnet-4-6")},
+))
+
+
+# --- a decision loop that takes three visits --------------------------------------------------
+
+
+def escalation_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    previous = outputs.get("review") or {}
+    return f"Draft an escalation reply to: {run_input['ticket']} (pass {previous.get('pass', 0) + 1})"
+
+
+def review_draft(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    passes = (outputs.get("review") or {}).get("pass", 0) + 1
+    return {"pass": passes, "approved": passes >= int(run_input.get("passesNeeded", 3))}
+
+
+def gate(run_input: Any, outputs: Mapping[str, Any]) -> str | None:
+    return None if outputs["review"]["approved"] else "draft"
+
+
+def send_reply(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"sent": outputs["draft"], "passes": outputs["review"]["pass"]}
+
+
+SUPPORT_ESCALATION = register(Workflow(
+    name="support.escalation",
+    steps=(
+        AIGenerate("draft", escalation_prompt, system="You write careful escalation replies."),
+        CodeRun("review", review_draft),
+        Decision("gate", gate, max_visits=3, loop_to="draft"),
+        CodeRun("send", send_reply),
+    ),
+    models={"default": _text_provider("openai", "gpt-4o")},
 ))

@@ -64,6 +64,22 @@ def test_the_showcase_runs(demo: dict[str, Workspace]) -> None:
     assert triage.status == "completed" and triage.cost_usd is not None and triage.cost_usd > 0
 
 
+def test_the_orchestrator_fans_out_five_sub_runs_and_the_loop_takes_three_visits(demo: dict[str, Workspace]) -> None:
+    research, support = demo["acme/research"], demo["acme/support"]
+    orchestrator = Run.objects.get(workspace=research, run_id="run_demo_orchestrator")
+    children = Run.objects.filter(workspace=research, parent_run_id=orchestrator.run_id)
+    assert orchestrator.status == "completed"
+    assert sorted(children.values_list("status", flat=True)) == ["completed"] * 4 + ["failed"]
+    assert set(children.values_list("root_run_id", flat=True)) == {orchestrator.run_id}
+    started = [e for e in log_of(orchestrator) if e["type"] == "harness.tool_call.started"]
+    assert sorted(e["payload"]["args"]["subRunId"] for e in started) == sorted(children.values_list("run_id", flat=True))
+
+    escalation = Run.objects.get(workspace=support, run_id="run_demo_escalation")
+    paths = [s.step_path for s in escalation.steps.all()]
+    assert [p for p in paths if p.startswith("draft")] == ["draft.visit[0]", "draft.visit[1]", "draft.visit[2]"]
+    assert escalation.status == "completed" and escalation.output["passes"] == 3
+
+
 def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:
     history = Run.objects.filter(run_id__startswith="run_hist_")
     assert history.count() == HISTORY
