@@ -47,7 +47,9 @@ class Record:
     terminal: tuple[str, dict[str, Any]] | None = None  # (RunCompleted | RunFailed, payload)
     steps: dict[str, StepRecord] = field(default_factory=dict)
     open_sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # stepPath -> started payload
-    failed_sessions: dict[str, tuple[int, Any]] = field(default_factory=dict)  # stepPath -> (sequence, error, attempt)
+    # stepPath -> (sequence, error or output, attempt) of the newest ended session
+    failed_sessions: dict[str, tuple[int, Any, int]] = field(default_factory=dict)
+    completed_sessions: dict[str, tuple[int, Any, int]] = field(default_factory=dict)
     # by callId (one per step attempt, turn and retry of the call)
     model_called: dict[str, dict[str, Any]] = field(default_factory=dict)
     model_responded: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -82,9 +84,11 @@ def read_record(run_id: str, events: Sequence[Mapping[str, Any]]) -> Record:
         elif kind == "harness.session.started":
             record.open_sessions[path] = dict(p)
         elif kind in ("harness.session.completed", "harness.session.failed"):
+            opened = record.open_sessions.get(path) or {}
             if kind == "harness.session.failed":
-                opened = record.open_sessions.get(path) or {}
                 record.failed_sessions[path] = (env["sequence"], p.get("error"), opened.get("attempt", 1))
+            else:
+                record.completed_sessions[path] = (env["sequence"], p.get("output"), opened.get("attempt", 1))
             record.open_sessions.pop(path, None)
         elif kind == "harness.model.called":
             record.model_called[p.get("callId") or f"{path}:turn{p['turn']}"] = dict(p)

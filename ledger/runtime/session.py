@@ -58,6 +58,9 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         # This attempt's session already failed (killed before its StepFailed): the same failure.
         error = ended[1] if isinstance(ended[1], dict) else {}
         raise StepFailure(str(error.get("message", "session failed")), name=str(error.get("name", "StepError")))
+    finished = record.completed_sessions.get(step_path)
+    if finished is not None and finished[2] == attempt:
+        return finished[1]  # killed between the session's end and the step's
     opened = record.open_sessions.get(step_path)
     if opened is not None and opened.get("attempt", 1) == attempt:
         changes = manifest_drift(opened.get("manifest"), manifest)

@@ -1,0 +1,216 @@
+"""The kill sweep (issue 5, Done when): an executor process is SIGKILLed between every pair of
+events of a multi-step run with model and tool calls, and `ledger resume` finishes it each time
+with the same output; the invocation log proves that no call whose answer was committed was made
+again and that only the in-flight call was repeated. Then the same for a sub-run pipeline,
+including the parent dying after its sub-run finished but before it recorded the outcome.
+
+The killed executor is a fork of the test process (no interpreter or Django start-up, so the
+sweep stays fast); it dies by SIGKILL from the recorder's seams, exactly as `ledger run` would.
+The resume is `manage.py ledger resume` run in-process with call_command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import traceback
+from collections import Counter
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+from ledger.canonical import canonical_json
+from ledger.models import Run, Workspace
+from ledger.projection import log_of
+from ledger.runtime.executor import start_run, sub_run_id
+from ledger.runtime.recorder import KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV
+from ledger.verify import verify_run
+from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
+
+DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
+DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
+PIPELINE_OUTPUT = {"child": {"topic": "Lisbon", "answer": "Bergen is mild."}, "notified": "msg-ops"}
+# The drill's log is 37 events; 36 gaps between them, each a kill point, plus the moment before
+# each of its 8 answers is committed (the call made, its record not).
+DRILL_EVENTS = 37
+DRILL_ANSWERS = [9, 11, 13, 15, 17, 19, 25, 31]  # harness.model.responded / tool_call.succeeded sequences
+ANSWER_TYPES = ("harness.model.responded", "harness.tool_call.succeeded")
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in (KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, INVOCATIONS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    monkeypatch.delenv(INVOCATIONS_ENV, raising=False)
+    reset_registrations()
+
+
+def _run_in_child(workspace: Workspace, workflow: str, run_id: str, run_input: Any, invocations: Path,
+                  **seams: str) -> int:
+    """Run the workflow in a forked process with the kill seams set; its wait status."""
+    connections.close_all()  # the child opens its own connection
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child process
+        code = 0
+        try:
+            os.environ[INVOCATIONS_ENV] = str(invocations)
+            os.environ.update(seams)
+            reset_registrations()
+            start_run(workspace=workspace, workflow=workflow, input=run_input, run_id=run_id)
+        except BaseException:
+            traceback.print_exc()
+            code = 70
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def _resume(run_id: str, invocations: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv(INVOCATIONS_ENV, str(invocations))
+    reset_registrations()
+    out = StringIO()
+    call_command("ledger", "resume", run_id, "--workspace", "acme/support", stdout=out, stderr=StringIO())
+    return json.loads(out.getvalue().splitlines()[-1])
+
+
+def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
+    return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
+
+
+def _verified(workspace: Workspace, run_id: str) -> None:
+    failed = [c for c in verify_run(Run.objects.get(workspace=workspace, run_id=run_id)) if c.status == "fail"]
+    assert failed == [], (run_id, failed)
+
+
+def _calls(path: Path) -> Counter[str]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return Counter(f"model {r['stepPath']} turn {r['turn']}" if r["kind"] == "model"
+                   else f"tool {r['tool']} {canonical_json(r['args'])}" for r in lines)
+
+
+def _call_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    """The invocation whose answer `event` records, in _calls' terms."""
+    p = event["payload"]
+    if event["type"] == "harness.model.responded":
+        return f"model {p['stepPath']} turn {p['turn']}"
+    started = next(e["payload"] for e in events
+                   if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"])
+    return f"tool {started['toolName']} {canonical_json(started['args'])}"
+
+
+def _shape(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    return [(e["type"], e["payload"].get("stepPath")) for e in events]
+
+
+# Computed once per session from an uninterrupted run: what every killed run must end up as.
+_BASELINE: dict[str, Any] = {}
+
+
+def _baseline(workspace: Workspace, tmp_path: Path, workflow: str, run_input: Any) -> dict[str, Any]:
+    if workflow not in _BASELINE:
+        calls = tmp_path / f"baseline-{workflow}.jsonl"
+        run_id = f"run_base_{workflow}"
+        assert _run_in_child(workspace, workflow, run_id, run_input, calls) == 0
+        events = _events(workspace, run_id)
+        children = {e["payload"]["callId"]: _shape(_events(workspace, e["payload"]["args"]["subRunId"]))
+                    for e in events if e["payload"].get("caller") == "workflow"}
+        _BASELINE[workflow] = {"shape": _shape(events), "calls": _calls(calls), "children": children,
+                               "sequences": {(e["type"], e["payload"].get("callId")): e["sequence"] for e in events}}
+    return _BASELINE[workflow]
+
+
+KILLS = [(KILL_AFTER_ENV, n) for n in range(1, DRILL_EVENTS)] + [(KILL_BEFORE_ENV, n) for n in DRILL_ANSWERS]
+
+
+@pytest.mark.parametrize(("seam", "n"), KILLS, ids=[f"{s.split('_')[2].lower()}-{n}" for s, n in KILLS])
+def test_drill_killed_at_any_point_resumes_to_the_same_output_repeating_only_the_in_flight_call(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seam: str, n: int) -> None:
+    baseline = _baseline(workspace, tmp_path, "drill", DRILL_INPUT)
+    assert len(baseline["shape"]) == DRILL_EVENTS
+    assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == DRILL_ANSWERS
+    run_id, calls = f"run_kill_{n}", tmp_path / "calls.jsonl"
+
+    status = _run_in_child(workspace, "drill", run_id, DRILL_INPUT, calls, **{seam: str(n)})
+
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    written = _events(workspace, run_id)
+    assert len(written) == (n if seam == KILL_AFTER_ENV else n - 1)
+    resumed = _resume(run_id, calls, monkeypatch)
+    assert (resumed["status"], resumed["output"]) == ("completed", DRILL_OUTPUT)
+    events = _events(workspace, run_id)
+    assert _shape(events) == baseline["shape"]
+    _verified(workspace, run_id)
+    in_flight = {_call_of(e, events) for e in events if e["sequence"] == n and e["type"] in ANSWER_TYPES} \
+        if seam == KILL_BEFORE_ENV else set()
+    assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in baseline["calls"]})
+
+
+PIPELINE_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
+
+
+def _pipeline_kill(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_child: bool,
+                   seam: str, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Counter[str]]:
+    baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
+    run_id, calls = "run_pipe", tmp_path / "pipe-calls.jsonl"
+    child_id = sub_run_id(run_id, "sub")
+    status = _run_in_child(workspace, "rt_pipeline", run_id, PIPELINE_INPUT, calls,
+                           **{seam: str(n), KILL_RUN_ENV: child_id if in_child else run_id})
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+    resumed = _resume(run_id, calls, monkeypatch)
+
+    assert (resumed["status"], resumed["output"]) == ("completed", PIPELINE_OUTPUT)
+    parent, child = _events(workspace, run_id), _events(workspace, child_id)
+    assert _shape(parent) == baseline["shape"]
+    assert _shape(child) == baseline["children"]["sub:workflow"]
+    assert child[0]["payload"]["parentRunId"] == run_id
+    _verified(workspace, run_id)
+    _verified(workspace, child_id)
+    return parent, child, _calls(calls)
+
+
+def test_parent_killed_after_its_sub_run_finished_records_the_outcome_without_running_it_again(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
+    recorded_at = baseline["sequences"][("harness.tool_call.succeeded", "sub:workflow")]
+
+    parent, child, calls = _pipeline_kill(workspace, tmp_path, monkeypatch, in_child=False,
+                                          seam=KILL_BEFORE_ENV, n=recorded_at)
+
+    assert calls == baseline["calls"]  # each model turn and tool run of the sub-run happened once
+    assert set(calls.values()) == {1} and len(calls) == 4
+    assert [e["type"] for e in child].count("RunStarted") == 1 and child[-1]["type"] == "RunCompleted"
+    outcome = next(e for e in parent if e["sequence"] == recorded_at)
+    assert outcome["type"] == "harness.tool_call.succeeded"
+    assert outcome["payload"]["result"] == PIPELINE_OUTPUT["child"]
+    assert outcome["payload"]["subRunId"] == sub_run_id("run_pipe", "sub")
+
+
+@pytest.mark.parametrize(("in_child", "seam", "point"), [
+    (False, KILL_AFTER_ENV, "reserved"),  # the sub-run is reserved in the parent, not started
+    (True, KILL_AFTER_ENV, 3),  # the sub-run started its first step
+    (True, KILL_BEFORE_ENV, "answer"),  # the sub-run's model answered, the answer is not recorded
+    (True, KILL_AFTER_ENV, "last"),  # the sub-run completed its last step, not the run
+])
+def test_pipeline_killed_inside_its_sub_run_resumes_the_sub_run_where_it_stopped(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_child: bool, seam: str,
+        point: Any) -> None:
+    baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
+    child_shape = baseline["children"]["sub:workflow"]
+    n = {"reserved": baseline["sequences"][("harness.tool_call.started", "sub:workflow")],
+         "answer": next(i + 1 for i, (t, _) in enumerate(child_shape) if t == "harness.model.responded"),
+         "last": len(child_shape) - 1}.get(point, point)
+
+    _, child, calls = _pipeline_kill(workspace, tmp_path, monkeypatch, in_child=in_child, seam=seam, n=n)
+
+    repeated = {"model look turn 1"} if point == "answer" else set()
+    assert calls == Counter({call: 2 if call in repeated else 1 for call in baseline["calls"]})
