@@ -1,0 +1,197 @@
+"""The runs list's live feed, `ws/workspaces/<tenant>/<workspace>/runs/` (console/live/runs.py), and
+the workspace announcements behind it (ledger/announce.py).
+
+In process through the real ASGI stack (origin check, session auth, router) with
+WebsocketCommunicator; and once against a live Daphne with a browser-like client, the run appended
+through that server's HTTP API so its announcement crosses its own channel layer on both passes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import websocket
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from console.asgi import application
+from ledger.announce import workspace_group_for
+from ledger.append import append_events
+from ledger.models import Workspace
+from ledger.tenancy import bootstrap, create_key
+from tests.conftest import ev, started
+from tests.test_stream import Daphne, _start_daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT_S = 10  # per message; a loaded 2-core machine can stall a read for seconds
+PATH = "/ws/workspaces/acme/support/runs/"
+
+
+def _session_id(user: Any) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+def _communicator(path: str, session_id: str | None = None, origin: str = "http://testserver") -> WebsocketCommunicator:
+    headers = [(b"origin", origin.encode())]
+    if session_id:
+        headers.append((b"cookie", f"sessionid={session_id}".encode()))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+def _append(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> Any:
+    return database_sync_to_async(append_events)(workspace=workspace, run_id=run_id, events=list(events))
+
+
+def _row_on_page(client: Client, run_id: str) -> str:
+    html = client.get("/w/acme/support/").content.decode()
+    match = re.search(rf'<tr class="run" data-run-id="{run_id}".*?</tr>', html, re.S)
+    assert match, f"{run_id} is not on the page"
+    return match.group(0)
+
+
+def test_a_new_run_arrives_as_the_row_the_page_renders(member: Any, workspace: Workspace) -> None:
+    session = _session_id(member)
+
+    async def scenario() -> list[dict[str, Any]]:
+        comm = _communicator(PATH, session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        await _append(workspace, "run_new", started("wf_live", label="fresh"))
+        received = [await comm.receive_json_from(timeout=TIMEOUT_S)]
+        await comm.disconnect()
+        return received
+
+    [message] = async_to_sync(scenario)()
+    assert message["type"] == "run" and message["runId"] == "run_new"
+    assert '<span class="status status-running">running</span>' in message["html"]
+    client = Client()
+    client.force_login(member)
+    row = _row_on_page(client, "run_new")
+    assert _without_elapsed(message["html"]) == _without_elapsed(row)
+
+
+def _without_elapsed(row: str) -> str:
+    """The duration of a running run is the time so far; everything else must be identical."""
+    return re.sub(r'<td class="num">[^<]*…</td>', "", row).strip()
+
+
+def test_a_finished_run_is_pushed_again_and_ordinary_appends_are_not(member: Any, workspace: Workspace) -> None:
+    session = _session_id(member)
+    append_events(workspace=workspace, run_id="run_busy", events=[started()])
+
+    async def scenario() -> list[dict[str, Any]]:
+        comm = _communicator(PATH, session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        await _append(workspace, "run_busy", ev("StepScheduled", stepPath="a"))
+        await _append(workspace, "run_busy", ev("custom.note", text="hi"))
+        assert await comm.receive_nothing(timeout=0.3)
+        await _append(workspace, "run_busy", ev("StepScheduled", stepPath="b"), ev("RunFailed", error={"m": "x"}))
+        received = [await comm.receive_json_from(timeout=TIMEOUT_S)]
+        await _append(workspace, "run_quick", started(), ev("RunCompleted"))  # one batch: one push
+        received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+        return received
+
+    failed, quick = async_to_sync(scenario)()
+    assert failed["runId"] == "run_busy" and '<span class="status status-failed">failed</span>' in failed["html"]
+    assert quick["runId"] == "run_quick" and "status-completed" in quick["html"]
+
+
+def test_other_workspaces_runs_are_not_pushed(member: Any, workspace: Workspace) -> None:
+    research = bootstrap(tenant="acme", workspace="research")
+    session = _session_id(member)
+
+    async def scenario() -> None:
+        comm = _communicator(PATH, session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        await _append(research, "run_elsewhere", started())
+        assert await comm.receive_nothing(timeout=0.3)
+        # A made-up announcement for a run this workspace does not hold sends nothing either.
+        await get_channel_layer().group_send(workspace_group_for(workspace.pk),
+                                             {"type": "ledger.run_changed", "runId": "run_elsewhere"})
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def test_a_batch_that_starts_or_finishes_a_run_is_announced_to_its_workspace(workspace: Workspace) -> None:
+    layer = get_channel_layer()
+
+    async def scenario() -> list[dict[str, Any]]:
+        channel = await layer.new_channel()
+        await layer.group_add(workspace_group_for(workspace.pk), channel)
+        await _append(workspace, "run_told", started())
+        first = await layer.receive(channel)
+        await _append(workspace, "run_told", ev("StepScheduled", stepPath="a"), ev("custom.x"))
+        await _append(workspace, "run_told", ev("RunCompleted"))
+        second = await layer.receive(channel)
+        await layer.group_discard(workspace_group_for(workspace.pk), channel)
+        return [first, second]
+
+    assert async_to_sync(scenario)() == [{"type": "ledger.run_changed", "runId": "run_told"}] * 2
+
+
+def _refused(path: str, session_id: str | None, origin: str = "http://testserver") -> bool:
+    async def scenario() -> bool:
+        comm = _communicator(path, session_id, origin)
+        connected, _ = await comm.connect(timeout=TIMEOUT_S)
+        if connected:
+            await comm.disconnect()
+        return not connected
+
+    return async_to_sync(scenario)()
+
+
+def test_anonymous_outsiders_unknown_workspaces_and_foreign_pages_are_refused(
+        member: Any, outsider: Any, workspace: Workspace) -> None:
+    assert _refused(PATH, None)
+    assert _refused(PATH, _session_id(outsider))
+    assert not _refused("/ws/workspaces/globex/main/runs/", _session_id(outsider))
+    alice = _session_id(member)
+    assert _refused("/ws/workspaces/acme/nope/runs/", alice)
+    assert _refused("/ws/workspaces/globex/main/runs/", alice)
+    assert _refused(PATH, alice, origin="http://evil.example")
+    assert not _refused(PATH, alice)
+
+
+# --- a live Daphne -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
+    daphne = _start_daphne(tmp_path_factory.mktemp("daphne"), "runs-list", {})
+    yield daphne
+    daphne.stop()  # before the test database is dropped: it holds connections to it
+
+
+def test_live_daphne_pushes_a_run_appended_through_its_api(server: Daphne, member: Any, outsider: Any,
+                                                             workspace: Workspace) -> None:
+    url = server.url.replace("http://", "ws://") + PATH
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        websocket.create_connection(url, cookie=f"sessionid={_session_id(outsider)}", origin=server.url,
+                                    timeout=TIMEOUT_S)
+    assert refused.value.status_code == 403
+    sock = websocket.create_connection(url, cookie=f"sessionid={_session_id(member)}", origin=server.url,
+                                       timeout=TIMEOUT_S * 2)
+    try:
+        _, key = create_key(workspace=workspace, scopes=["ingest"])
+        response = httpx.post(f"{server.url}/api/v1/runs/run_over_http/events", timeout=30,
+                              headers={"Authorization": f"Bearer {key}"}, json={"events": [started("wf_http")]})
+        assert response.status_code == 200, response.text
+        message = json.loads(sock.recv())
+    finally:
+        sock.close()
+    assert message["type"] == "run" and message["runId"] == "run_over_http"
+    assert 'data-run-id="run_over_http"' in message["html"] and "wf_http" in message["html"]
