@@ -338,6 +338,17 @@ def test_evidence_tab_highlights_in_doubt_calls_and_lists_the_rest(client: Clien
     assert 'id="approvals">none<' in html
 
 
+def test_the_replay_plan_shows_an_in_doubt_call_as_blocking(client: Client, viewer: Any, workspace: Workspace,
+                                                            in_doubt: str) -> None:
+    client.force_login(viewer)
+    # Before the gateway has written it down (nobody touched the call since the lease ran out)...
+    assert "⚠ in doubt: reconcile it first" in client.get(f"{BASE}steps/").content.decode()
+    # ...and after, when the plan itself lists it as missing.
+    assert gateway.settle_expired_claims(workspace=workspace, run_id=RUN) == ["call_pay"]
+    html = client.get(f"{BASE}steps/").content.decode()
+    assert "tool:call_pay:in_doubt" in html and "⚠ in doubt: reconcile it first" in html
+
+
 def test_a_viewer_sees_no_reconcile_form_and_may_not_post_one(client: Client, viewer: Any, in_doubt: str) -> None:
     client.force_login(viewer)
     html = client.get(f"{BASE}evidence/").content.decode()
@@ -440,6 +451,8 @@ def test_feedback_over_htmx_re_renders_the_feedback_section(client: Client, memb
     assert response.status_code == 201
     html = response.content.decode()
     assert html.lstrip().startswith('<section id="feedback"') and "3.5/5 from 2" in html and "fixed" in html
+    # The header's summary is refreshed out of band.
+    assert '<dd id="feedback-summary" hx-swap-oob="true">3.5/5 from 2 ratings</dd>' in html
 
 
 @pytest.mark.parametrize("rating", ["", "0", "6", "x", "4.5"])

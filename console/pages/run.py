@@ -252,7 +252,18 @@ def _steps(request: HttpRequest, run: Run) -> Tab:
         "tokens": tokens(s), "cost": money(s.cost_usd), "coverage": coverage(s.priced_calls, s.unpriced_calls),
         "should_run": should_run.get(s.step_path, s.status != "completed"), "error": s.error,
     } for s in steps]
-    return Tab("console/run/steps.html", {"steps": rows, "plan": plan})
+    sessions = []
+    if plan:
+        # The plan replays an in-doubt call's outcome once reconciled; until then it blocks the replay.
+        in_doubt = {m[len("tool:"):-len(":in_doubt")] for m in plan["replayReady"]["missing"]
+                    if m.startswith("tool:") and m.endswith(":in_doubt")}
+        # A lease that ran out after outbound is in doubt before the gateway has written it down.
+        in_doubt |= {c.call_id for c in ToolGatewayClaim.objects.filter(run=run, status="claimed")
+                     if _claim_in_doubt(c)}
+        sessions = [{**session, "calls": [
+            {**call, "in_doubt": call["kind"] == "tool" and call.get("callId") in in_doubt}
+            for call in session["calls"]]} for session in plan["sessions"]]
+    return Tab("console/run/steps.html", {"steps": rows, "plan": plan, "sessions": sessions})
 
 
 @dataclass
@@ -472,7 +483,7 @@ def feedback(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> 
         form = FeedbackForm()
     if _wants_partial(request):
         context = {"run": run, **_feedback_context(run, form)}
-        return render(request, "console/run/feedback.html", context, status=status)
+        return render(request, "console/run/feedback_response.html", context, status=status)
     if status == 201:
         return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#feedback", permanent=False)
     return _feedback_page_error(request, run, form)
