@@ -387,3 +387,22 @@ def test_a_retried_tool_step_calls_the_tool_under_a_new_call_id(workspace: Works
     calls = fold(_events(workspace, outcome.run_id)).tool_calls
     assert [(c.call_id, c.status) for c in calls.values()] == [("send:call", "failed"), ("send:attempt2:call", "succeeded")]
     _verified(workspace, outcome.run_id)
+
+
+def test_the_documented_example_runs_as_described(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ledger.runtime.registry as registry
+
+    monkeypatch.setattr(registry, "_WORKFLOWS", dict(registry._WORKFLOWS))  # the example registers two
+    doc = registry.__doc__ or ""
+    example = "\n".join(line[4:] for line in doc[doc.index("    register("):doc.index("\n`start_run(")].splitlines())
+    exec(example, vars(registry).copy())  # registers research_topic and review
+
+    outcome = start_run(workspace=workspace, workflow="review", input={"topics": ["tides", "moons"]})
+
+    assert outcome.output == {"drafts": 3, "research": [{"topic": "tides", "words": 5}, {"topic": "moons", "words": 5}]}
+    paths = _step_events(_events(workspace, outcome.run_id), "StepCompleted")
+    assert paths == ["draft.visit[0]", "gate.visit[0]", "draft.visit[1]", "gate.visit[1]", "draft.visit[2]",
+                     "gate.visit[2]", "fan[0]", "fan[1]", "fan", "finish"]
+    children = list(Run.objects.filter(workspace=workspace, parent_run_id=outcome.run_id).values_list("run_id", flat=True))
+    assert len(children) == 2
+    _verified(workspace, outcome.run_id, *children)

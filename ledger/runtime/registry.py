@@ -26,21 +26,30 @@ Step kinds (every one takes `retries=N`: a StepFailed with `retriable: true`, th
 - `SubWorkflow(id, workflow, input, allow_failure=False)`: runs the registered workflow `workflow`
   as a run of its own (`parentRunId` = this run) and outputs its output. A failed sub-run fails
   the step, unless `allow_failure`: then the step outputs
-  `{"status": "failed", "subRunId": …, "error": …}` and the workflow goes on.
+  `{"status": "failed", "subRunId": …, "error": …}` and the workflow goes on. Its id is
+  `sub_run_id(parent, step path)` (executor.py): the same step always names the same sub-run.
 
+A ScriptedProvider's script is keyed by the step path up to its first `.` or `[`, so a loop's
+visits and a parallel group's branches share the script of their step.
+
+    register(Workflow(name="research_topic", steps=(
+        CodeRun("read", lambda i, o: {"topic": i["topic"], "words": len(i["topic"])}),)))
     register(Workflow(
         name="review",
         steps=(
-            AIGenerate("draft", lambda i, o: f"Write about {i['topic']}"),
-            Decision("gate", lambda i, o: None if "ok" in o["draft"] else "draft",
+            CodeRun("draft", lambda i, o: {"n": o.get("draft", {"n": 0})["n"] + 1}),
+            Decision("gate", lambda i, o: "draft" if o["draft"]["n"] < 3 else None,
                      max_visits=3, loop_to="draft"),
             Parallel("fan", lambda i, o: i["topics"],
                      SubWorkflow("research", "research_topic", lambda item, o: {"topic": item},
                                  allow_failure=True)),
-            CodeRun("finish", lambda i, o: {"draft": o["draft"], "research": o["fan"]}),
+            CodeRun("finish", lambda i, o: {"drafts": o["draft"]["n"], "research": o["fan"]}),
         ),
-        models={"default": ScriptedProvider(script=...)},
     ))
+
+`start_run(workspace=ws, workflow="review", input={"topics": ["tides", "moons"]})` records
+draft.visit[0..2] and gate.visit[0..2], then fan[0] and fan[1] (each a sub-run whose
+RunStarted names this run as parentRunId), then finish.
 """
 
 from __future__ import annotations
