@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ledger.runtime.providers import ScriptedProvider, append_invocation
-from ledger.runtime.registry import AIGenerate, CodeRun, SubWorkflow, Tool, ToolCall, Workflow, register
+from ledger.runtime.registry import (AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall, Workflow,
+                                     register)
 
 INVOCATIONS_ENV = "RUNLEDGER_TEST_INVOCATIONS"
 
@@ -148,6 +149,37 @@ def reset_registrations() -> None:
     register(build_drill())
     register(build_child())
     register(build_pipeline())
+    register(build_maze())
+
+
+
+# --- a loop and a fan-out ---------------------------------------------------------------------
+
+def maze_draft(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"n": outputs.get("draft", {"n": 0})["n"] + 1}
+
+
+def maze_gate(run_input: Any, outputs: Mapping[str, Any]) -> str | None:
+    return "draft" if outputs["draft"]["n"] < 2 else None
+
+
+def maze_items(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {city.lower(): {"city": city} for city in run_input["cities"]}
+
+
+def maze_finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"drafts": outputs["draft"]["n"], "temps": {k: v["tempC"] for k, v in outputs["fan"].items()}}
+
+
+def build_maze() -> Workflow:
+    """A two-visit decision loop, then a parallel group of tool calls."""
+    return Workflow(
+        name="rt_maze",
+        steps=(CodeRun("draft", maze_draft), Decision("gate", maze_gate, max_visits=3, loop_to="draft"),
+               Parallel("fan", maze_items, ToolCall("temp", "weather", lambda item, o: item)),
+               CodeRun("finish", maze_finish)),
+        tools={"weather": _tool("weather", weather)},
+    )
 
 
 reset_registrations()

@@ -214,3 +214,35 @@ def test_pipeline_killed_inside_its_sub_run_resumes_the_sub_run_where_it_stopped
 
     repeated = {"model look turn 1"} if point == "answer" else set()
     assert calls == Counter({call: 2 if call in repeated else 1 for call in baseline["calls"]})
+
+
+MAZE_INPUT = {"cities": ["Oslo", "Lisbon"]}
+MAZE_OUTPUT = {"drafts": 2, "temps": {"oslo": 12, "lisbon": 18}}
+MAZE_EVENTS = 36
+MAZE_ANSWERS = [22, 28]  # the two branches' harness.tool_call.succeeded
+# Every other gap of the loop-and-fan run (the drill above takes every one), and before each answer.
+MAZE_KILLS = [(KILL_AFTER_ENV, n) for n in range(1, MAZE_EVENTS, 2)] + [(KILL_BEFORE_ENV, n) for n in MAZE_ANSWERS]
+
+
+@pytest.mark.parametrize(("seam", "n"), MAZE_KILLS, ids=[f"{s.split('_')[2].lower()}-{n}" for s, n in MAZE_KILLS])
+def test_loop_and_fan_out_killed_mid_way_resume_without_repeating_visits_or_branches(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seam: str, n: int) -> None:
+    baseline = _baseline(workspace, tmp_path, "rt_maze", MAZE_INPUT)
+    assert len(baseline["shape"]) == MAZE_EVENTS
+    assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == MAZE_ANSWERS
+    run_id, calls = f"run_maze_{n}", tmp_path / "maze-calls.jsonl"
+
+    status = _run_in_child(workspace, "rt_maze", run_id, MAZE_INPUT, calls, **{seam: str(n)})
+
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    written = len(_events(workspace, run_id))
+    # the branches are scheduled in one commit, so a kill after the first lands after both
+    assert written in ((n, n + 1) if seam == KILL_AFTER_ENV else (n - 1,))
+    resumed = _resume(run_id, calls, monkeypatch)
+    assert (resumed["status"], resumed["output"]) == ("completed", MAZE_OUTPUT)
+    events = _events(workspace, run_id)
+    assert _shape(events) == baseline["shape"]
+    _verified(workspace, run_id)
+    in_flight = {_call_of(e, events) for e in events if e["sequence"] == n and e["type"] in ANSWER_TYPES} \
+        if seam == KILL_BEFORE_ENV else set()
+    assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in baseline["calls"]})

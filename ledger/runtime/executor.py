@@ -350,8 +350,9 @@ class _Runner:
                 if branch_path not in ended:
                     append({"type": "ParallelBranchFailed", "payload": {
                         "stepPath": path, "branchPath": branch_path, "error": error}})
-                append({"type": "ParallelGroupFailed", "payload": {
-                    "stepPath": path, "error": {"name": "BranchFailed", "message": f"{branch_path}: {error['message']}"}}})
+                if group is None or not group.finished:
+                    append({"type": "ParallelGroupFailed", "payload": {"stepPath": path, "error": {
+                        "name": "BranchFailed", "message": f"{branch_path}: {error['message']}"}}})
                 raise StepFailure(f"branch {branch_path} failed: {error['message']}", name="BranchFailed") from failure
             if branch_path not in ended:
                 append({"type": "ParallelBranchCompleted", "payload": {"stepPath": path, "branchPath": branch_path}})
