@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -46,3 +48,23 @@ def test_outsider_gets_404_for_another_tenants_pages(client: Client, outsider, r
 def test_member_gets_404_for_an_unknown_run(client: Client, member, run_url: str) -> None:
     client.force_login(member)
     assert client.get("/w/acme/support/runs/run_nope/").status_code == 404
+
+
+def test_a_user_without_membership_is_told_so(client: Client, workspace) -> None:
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user("newbie"))
+    response = client.get("/")
+    assert response.status_code == 200 and b"not a member of any workspace" in response.content
+    assert client.get("/w/acme/support/").status_code == 404
+
+
+def test_every_page_offers_the_workspace_sections(client: Client, member, run_url: str) -> None:
+    client.force_login(member)
+    for url, current in (("/w/acme/support/", "nav-runs"), ("/w/acme/support/usage/", "nav-usage"), (run_url, None)):
+        html = client.get(url).content.decode()
+        assert 'id="nav-runs" href="/w/acme/support/"' in html and 'id="nav-usage" href="/w/acme/support/usage/"' in html
+        assert 'class="switcher"' in html and 'data-workspace="acme/support" aria-current="page"' in html
+        if current:
+            assert re.search(f'id="{current}" href="[^"]+" aria-current="page"', html)
+            assert html.count('aria-current="page"') == 2  # the workspace and the section

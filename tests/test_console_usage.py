@@ -239,7 +239,7 @@ def test_dollar_ticks_use_round_steps() -> None:
     assert _nice_step(0.0041) == pytest.approx(0.002)
     assert _nice_step(9) == pytest.approx(2.5)
     assert _nice_step(130) == pytest.approx(50)
-    assert _dollars(0.003, 0.001) == "$0.003" and _dollars(7.5, 2.5) == "$7.5" and _dollars(1500, 500) == "$1,500"
+    assert _dollars(0.003, 0.001) == "$0.003" and _dollars(7.5, 2.5) == "$7.50" and _dollars(1500, 500) == "$1,500"
 
 
 def test_usage_page_queries_do_not_grow_with_the_calls(browser: Client, calls: None, django_assert_num_queries) -> None:

@@ -123,7 +123,8 @@ def _parse_model(value: str) -> tuple[str, str] | str:
 
 
 class RunFilterForm(forms.Form):
-    q = forms.CharField(required=False, max_length=200, label="Search")
+    q = forms.CharField(required=False, max_length=200, label="Search",
+                        widget=forms.TextInput(attrs={"placeholder": "run id, workflow or label", "type": "search"}))
     status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in selectors.RUN_STATUSES])
     workflow = forms.CharField(required=False, max_length=200)
     has_failures = forms.BooleanField(required=False, label="Has failures")
@@ -131,7 +132,8 @@ class RunFilterForm(forms.Form):
                                     label="Cost above ($)")
     rating = forms.TypedChoiceField(required=False, coerce=int, empty_value=None, label="Rating at least",
                                     choices=[("", "any")] + [(str(n), f"{n}★") for n in range(1, 6)])
-    model = forms.CharField(required=False, max_length=401, help_text="provider/modelId")
+    model = forms.CharField(required=False, max_length=401,
+                            widget=forms.TextInput(attrs={"placeholder": "provider/modelId"}))
     cursor = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -71,6 +71,10 @@ class TableRow:
         return usd(self.usage.cost_usd)
 
     @property
+    def calls_label(self) -> str:
+        return f"{self.calls:,} model call{'s' if self.calls != 1 else ''}"
+
+    @property
     def coverage(self) -> str:
         if not self.calls:
             return "—"
@@ -89,7 +93,7 @@ _COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#
             "#ff9da7", "#8cd17d")
 _PATTERNS = ("solid", "diagonal", "dots", "horizontal", "cross", "vertical", "checks", "backslash")
 _W, _PLOT_H, _LEFT, _RIGHT, _TOP, _AXIS_H = 900, 240, 70, 10, 14, 28
-_LEGEND_COL, _LEGEND_ROW = 222, 20
+_LEGEND_COL, _LEGEND_ROW, _MAX_BAR = 275, 20, 48
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class Series:
 
     @property
     def short(self) -> str:
-        return self.model if len(self.model) <= 26 else self.model[:25] + "…"
+        return self.model if len(self.model) <= 30 else self.model[:29] + "…"
 
 
 @dataclass(frozen=True)
@@ -153,9 +157,12 @@ def _nice_step(top: float, ticks: int = 4) -> float:
 
 
 def _dollars(value: float, step: float) -> str:
-    """A tick label with as many decimals as the step needs ($0.025 steps: three)."""
+    """A tick label with as many decimals as the step needs ($0.025 steps: three), cents at least
+    below whole-dollar steps."""
     exponent = Decimal(repr(round(step, 12))).normalize().as_tuple().exponent
     decimals = max(0, -int(exponent))
+    if decimals:
+        decimals = max(decimals, 2)
     return f"${value:,.{decimals}f}"
 
 
@@ -195,7 +202,7 @@ def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: 
     n = top / step
     chart.ticks = [(bottom - _PLOT_H * i / n, _dollars(step * i, step)) for i in range(int(round(n)) + 1)]
     slot = (_W - _LEFT - _RIGHT) / len(days)
-    width = max(slot * 0.72, 1.0)
+    width = min(max(slot * 0.72, 1.0), _MAX_BAR)
     every = math.ceil(len(days) / 12)
     chart.days = [(_LEFT + slot * (i + 0.5), d.strftime("%b %d")) for i, d in enumerate(days) if i % every == 0]
     index = {d: i for i, d in enumerate(days)}
