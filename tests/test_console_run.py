@@ -221,6 +221,9 @@ def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(client: Cli
     assert 'id="live-status"' not in first and 'data-live="0"' in first
     assert f'href="{base}?after=200&amp;limit=200"' in first and "← older" not in first
 
+    past_the_end = client.get(base, {"after": 99999}).content.decode()
+    assert _sequences(past_the_end.encode()) == [] and 'data-last-sequence="450"' in past_the_end
+
     middle = client.get(base, {"after": 200, "limit": 100}).content.decode()
     assert _sequences(middle.encode()) == list(range(201, 301))
     assert f'href="{base}?after=100&amp;limit=100"' in middle and f'href="{base}?after=300&amp;limit=100"' in middle

@@ -220,8 +220,9 @@ def _timeline(request: HttpRequest, run: Run) -> Tab:
 def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
     """Events after `after` (default: the newest page); live only on the newest page."""
     last = run.last_sequence
-    if after is None:
-        after = max(0, last - limit)  # the newest page
+    # Past the end is the (empty) end: a live view from there would wait for sequences that
+    # belong to no page.
+    after = max(0, last - limit) if after is None else min(after, last)
     envelopes = selectors.events(run, after=after, limit=limit)
     rows = [event_row(e, run.workspace) for e in envelopes]
     shown_last = rows[-1]["sequence"] if rows else after
