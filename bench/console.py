@@ -1,0 +1,497 @@
+"""Console benchmark: page server time against a bare query, and commit-to-browser latency of a
+live event against a raw channel-layer fan-out.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench REDIS_URL=redis://127.0.0.1:6379/0 \
+        .venv/bin/python bench/console.py [--repeats N] [--events N] [--subscribers 1,50] [--keep]
+
+Pages (in this process, through Django's test client and the whole middleware stack): the run
+page of a run with 100 and with 10,000 events, and the runs list of a workspace with 100 and with
+10,000 runs, each against the bare SELECT of the rows that page shows (the newest page of events;
+the first page of runs), timed in the same run on the same connection. It also counts the page's
+queries at both sizes.
+
+Live (against Daphne on Redis, started here as a subprocess): 1 and 50 WebSocket subscribers
+(autobahn clients in a subprocess of their own, signed in with a session cookie) on a run's
+`/ws/runs/<runId>/`; events appended one at a time here; per delivery, the time from the append's
+COMMIT returning to the subscriber having the message; against a `group_send` to a group of as many
+channel-layer receivers, from the send to each receive. Both ends read CLOCK_MONOTONIC.
+See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, this file's folder comes first on the path, and this file is named like the
+# `console` package that Django's settings live in: the repository root must win.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.stream import append_one, percentile, setup_django, start_daphne, stop  # noqa: E402
+
+SIZES = (100, 10_000)
+WARMUP_EVENTS = 10
+COPY_BATCH = 100  # runs written through append_events; the rest of a big workspace copies their rows
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/console.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=15, help="timed requests per page and size (default 15)")
+    p.add_argument("--events", type=int, default=60, help="live events measured per subscriber count (default 60)")
+    p.add_argument("--subscribers", default="1,50", help="WebSocket subscriber counts (default 1,50)")
+    p.add_argument("--gap-ms", type=float, default=20.0, help="pause between live events (default 20)")
+    p.add_argument("--keep", action="store_true", help="keep the bench data in the ledger tables")
+    args = p.parse_args(argv)
+    try:
+        args.subscribers = [int(n) for n in args.subscribers.split(",")]
+    except ValueError:
+        p.error("--subscribers is a comma-separated list of numbers")
+    if args.repeats < 1 or args.events < 1 or min(args.subscribers) < 1 or args.gap_ms < 0:
+        p.error("need --repeats >= 1, --events >= 1, subscriber counts >= 1 and --gap-ms >= 0")
+    return args
+
+
+def require_services() -> str:
+    url, redis_url = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")) or not redis_url.startswith(("redis://", "rediss://")):
+        sys.stderr.write(
+            "bench/console.py measures PostgreSQL + Redis: set both, e.g.\n"
+            "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench "
+            "REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python bench/console.py\n"
+        )
+        raise SystemExit(2)
+    return redis_url
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def _step_events(n: int) -> list[dict[str, Any]]:
+    """Five events per step, as a harness writes them: scheduled, attempt, model call and answer, done."""
+    path = f"step{n}"
+    return [
+        {"type": "StepScheduled", "payload": {"stepPath": path}},
+        {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
+        {"type": "harness.model.called", "payload": {"turn": 1, "promptHash": f"sha256:{n:064x}", "stepPath": path,
+                                                     "request": {"messages": [{"role": "user", "content": f"task {n}"}]}}},
+        {"type": "harness.model.responded", "payload": {
+            "turn": 1, "callId": f"mc_{n}", "stepPath": path, "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
+            "response": {"text": f"answer {n}", "usage": {"inputTokens": 800 + n % 50, "outputTokens": 120}}}},
+        {"type": "StepCompleted", "payload": {"stepPath": path, "attempt": 1, "output": {"n": n}}},
+    ]
+
+
+def write_run(workspace: Any, run_id: str, events: int) -> None:
+    from ledger.append import append_events
+
+    body = [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_console", "label": f"{events} events"}}]
+    step = 0
+    while len(body) < events - 1:
+        body.extend(_step_events(step))
+        step += 1
+    body = body[: events - 1] + [{"type": "RunCompleted", "payload": {"output": {"steps": step}}}]
+    for start in range(0, len(body), 500):
+        append_events(workspace=workspace, run_id=run_id, events=body[start:start + 500])
+
+
+def write_small_runs(workspace: Any, prefix: str, count: int) -> list[str]:
+    """`count` short runs through append_events (one transaction per 25, so commits do not dominate)."""
+    from django.db import transaction
+
+    from ledger.append import append_events
+
+    ids = [f"{prefix}_{n}" for n in range(count)]
+    for start in range(0, count, 25):
+        with transaction.atomic():
+            for n, run_id in enumerate(ids[start:start + 25], start):
+                events = [{"type": "RunStarted", "payload": {"workflowVersionId": f"wfver_bench_{n % 7}",
+                                                             "label": f"ticket {n}"}},
+                          *_step_events(n)[:4]]
+                if n % 5:
+                    events.append({"type": "RunCompleted" if n % 11 else "RunFailed",
+                                   "payload": {} if n % 11 else {"error": {"message": "boom"}}})
+                append_events(workspace=workspace, run_id=run_id, events=events)
+    return ids
+
+
+def copy_runs(workspace: Any, source_ids: list[str], copies: int) -> list[str]:
+    """`copies` older copies of each source run's row in ledger_run, with new run ids.
+
+    The runs list reads the run rows (plus children counts and ratings for the page shown), so
+    copies of the rows are what it would see of runs written one by one; writing 10,000 runs
+    through append_events takes minutes on a loaded machine. The copies have no events: the bench
+    deletes them at the end, as retention would."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'ledger_run' "
+                    "AND table_schema = current_schema() ORDER BY ordinal_position")
+        columns = [name for (name,) in cur.fetchall() if name != "id"]
+        new_id = "r.run_id || '_c' || g"
+        shifted = "r.{0} - g * interval '1 hour'"
+        override = {
+            "run_id": new_id,
+            "root_run_id": f"CASE WHEN r.root_run_id = r.run_id THEN {new_id} ELSE r.root_run_id END",
+            "created_at": shifted.format("created_at"),
+            "started_at": shifted.format("started_at"),
+            "finished_at": shifted.format("finished_at"),
+        }
+        select = ", ".join(override.get(c, f"r.{c}") for c in columns)
+        cur.execute(
+            f"INSERT INTO ledger_run ({', '.join(columns)}) SELECT {select} "
+            "FROM ledger_run r CROSS JOIN generate_series(1, %s) g "
+            "WHERE r.workspace_id = %s AND r.run_id = ANY(%s)",
+            [copies, workspace.pk, source_ids],
+        )
+    return [f"{run_id}_c{g}" for run_id in source_ids for g in range(1, copies + 1)]
+
+
+# --- pages --------------------------------------------------------------------------------------
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    for _ in range(2):  # warm-up: templates compiled, connection open, plans cached
+        fn()
+    timings = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        timings.append(time.perf_counter() - began)
+    return statistics.median(timings)
+
+
+def _bare(sql: str, params: list[Any]) -> Callable[[], Any]:
+    from django.db import connection
+
+    def go() -> Any:
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+    return go
+
+
+def _page(client: Any, url: str) -> Callable[[], Any]:
+    def go() -> Any:
+        response = client.get(url)
+        if response.status_code != 200:
+            raise SystemExit(f"GET {url} answered {response.status_code}")
+        return response
+
+    return go
+
+
+def _queries(fn: Callable[[], Any]) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        fn()
+    return len(captured)
+
+
+def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple[Any, str]],
+                  repeats: int) -> list[tuple[str, float, float, int]]:
+    from console.pages import run as run_page
+    from console.pages import runs as runs_page
+    from ledger.models import Run
+
+    results = []
+    for size, (ws, run_id) in runs.items():
+        run = Run.objects.get(workspace=ws, run_id=run_id)
+        url = f"/w/{ws.tenant.slug}/{ws.slug}/runs/{run_id}/"
+        page = _page(client, url)
+        shown = run_page.PAGE_SIZE
+        bare = _bare("SELECT * FROM ledger_event WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
+                     [run.pk, max(0, run.last_sequence - shown), shown])
+        results.append((f"run page, {size:,} events", _median_seconds(page, repeats),
+                        _median_seconds(bare, repeats), _queries(page)))
+    for size in SIZES:
+        ws = workspaces[f"runs{size}"]
+        page = _page(client, f"/w/{ws.tenant.slug}/{ws.slug}/")
+        bare = _bare("SELECT * FROM ledger_run WHERE workspace_id = %s ORDER BY created_at DESC, id DESC LIMIT %s",
+                     [ws.pk, runs_page.PAGE_SIZE + 1])
+        results.append((f"runs list, {size:,} runs", _median_seconds(page, repeats),
+                        _median_seconds(bare, repeats), _queries(page)))
+    return results
+
+
+# --- live: WebSocket subscribers ----------------------------------------------------------------
+
+
+class Board:
+    """Arrival moments per (subscriber, sequence), filled by the client thread."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[int, dict[int, float]] = defaultdict(dict)
+        self.changed = threading.Condition()
+
+    def record(self, subscriber: int, sequence: int, moment: float) -> None:
+        with self.changed:
+            self.arrived[sequence].setdefault(subscriber, moment)
+            self.changed.notify_all()
+
+    def wait_for(self, sequence: int, subscribers: int, timeout: float = 30.0) -> dict[int, float]:
+        with self.changed:
+            if not self.changed.wait_for(lambda: len(self.arrived[sequence]) >= subscribers, timeout):
+                got = len(self.arrived[sequence])
+                raise SystemExit(f"sequence {sequence} reached {got} of {subscribers} subscribers within {timeout:g} s")
+            return dict(self.arrived[sequence])
+
+
+class Subscribers:
+    """N autobahn WebSocket clients in a process of their own (as browsers would be): it reports
+    `subscriber sequence moment` lines, the moment read from CLOCK_MONOTONIC when the message was
+    in, which on Linux is the same clock as this process's perf_counter."""
+
+    def __init__(self, base: str, path: str, session: str, count: int, board: Board) -> None:
+        import subprocess
+
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--subscribe", base, path, session, str(count)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.process.stdout is not None
+        ready = self.process.stdout.readline().strip()
+        if ready != "ready":
+            self.close()
+            raise SystemExit(f"the WebSocket subscribers did not connect: {ready or 'no answer'}")
+        self.reader = threading.Thread(target=self._read, args=(board,), daemon=True)
+        self.reader.start()
+
+    def _read(self, board: Board) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            subscriber, sequence, moment = line.split()
+            board.record(int(subscriber), int(sequence), float(moment))
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=15)
+        except Exception:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def subscribe(base: str, path: str, session: str, count: int) -> int:
+    """The subscriber process: connect `count` clients, say ready, report every event message
+    until stdin closes."""
+    from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
+
+    host, port = base.removeprefix("http://").split(":")
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    done = loop.create_future()
+
+    class Client(WebSocketClientProtocol):  # type: ignore[misc]
+        def onOpen(self) -> None:
+            self.factory.opened.set_result(None)
+
+        def onMessage(self, payload: bytes, is_binary: bool) -> None:
+            moment = time.perf_counter()
+            message = json.loads(payload)
+            if message.get("type") == "event":
+                sys.stdout.write(f"{self.factory.index} {message['sequence']} {moment!r}\n")
+                sys.stdout.flush()
+
+        def onClose(self, was_clean: bool, code: int | None, reason: str | None) -> None:
+            if not self.factory.opened.done():
+                self.factory.opened.set_exception(RuntimeError(f"refused: {code} {reason}"))
+
+    async def connect(index: int) -> Any:
+        factory = WebSocketClientFactory(f"ws://{host}:{port}{path}", origin=base,
+                                         headers={"Cookie": f"sessionid={session}"})
+        factory.protocol = Client
+        factory.index, factory.opened = index, loop.create_future()
+        transport, _ = await loop.create_connection(factory, host, int(port))
+        await asyncio.wait_for(factory.opened, 30)
+        return transport
+
+    async def run() -> None:
+        transports = []
+        try:
+            for start in range(0, count, 10):  # a few handshakes at a time, not a thundering herd
+                transports += await asyncio.gather(*(connect(i) for i in range(start, min(count, start + 10))))
+        except Exception as exc:  # reported to the parent instead of "ready"
+            print(f"error {exc!r}", flush=True)
+            return
+        print("ready", flush=True)
+        loop.add_reader(sys.stdin.fileno(), lambda: done.done() or sys.stdin.read(1) or done.set_result(None))
+        await done
+        loop.remove_reader(sys.stdin.fileno())
+        for transport in transports:
+            transport.close()
+        await asyncio.sleep(0.1)
+
+    loop.run_until_complete(run())
+    return 0
+
+
+def measure_live(workspace: Any, run_id: str, base: str, session: str, subscribers: int, events: int,
+                 gap: float) -> list[float]:
+    from ledger.models import Run
+
+    append_one(workspace, run_id, {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_console"}})
+    last = Run.objects.get(workspace=workspace, run_id=run_id).last_sequence
+    board = Board()
+    path = f"/ws/runs/{run_id}/?after={last}&workspace={workspace.tenant.slug}/{workspace.slug}"
+    clients = Subscribers(base, path, session, subscribers, board)
+    latencies: list[float] = []
+    try:
+        for n in range(WARMUP_EVENTS + events):
+            sequence, committed = append_one(workspace, run_id, {"type": "StepScheduled", "payload": {"stepPath": f"s{n}"}})
+            arrived = board.wait_for(sequence, subscribers)
+            if n >= WARMUP_EVENTS:
+                latencies.extend(moment - committed for moment in arrived.values())
+            time.sleep(gap)
+        append_one(workspace, run_id, {"type": "RunCompleted", "payload": {}})
+    finally:
+        clients.close()
+    return latencies
+
+
+async def measure_fanout(receivers: int, events: int, gap: float) -> list[float]:
+    """group_send to a group of `receivers` channels of one layer (as a Daphne process holds its
+    consumers), then every receive: per receiver, the time from the send to its message."""
+    from channels_redis.core import RedisChannelLayer
+    from django.conf import settings
+
+    layer = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])  # as Daphne's is
+    group = f"bench.console.{secrets.token_hex(4)}"
+    channels = [await layer.new_channel() for _ in range(receivers)]
+    for channel in channels:
+        await layer.group_add(group, channel)
+
+    async def receive(channel: str) -> float:
+        await layer.receive(channel)
+        return time.perf_counter()
+
+    timings: list[float] = []
+    try:
+        for n in range(WARMUP_EVENTS + events):
+            began = time.perf_counter()
+            await layer.group_send(group, {"type": "ledger.appended", "runId": "run_x", "sequence": n})
+            arrived = await asyncio.wait_for(asyncio.gather(*(receive(c) for c in channels)), 30)
+            if n >= WARMUP_EVENTS:
+                timings.extend(moment - began for moment in arrived)
+            await asyncio.sleep(gap)
+    finally:
+        for channel in channels:
+            await layer.group_discard(group, channel)
+        await layer.close_pools()
+    return timings
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--subscribe"]:
+        base, path, session, count = argv[1:]
+        return subscribe(base, path, session, int(count))
+    args = parse_args(argv)
+    redis_url = require_services()
+    began = time.monotonic()
+    setup_django()
+
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+
+    from bench.ingest import cleanup
+    from ledger.tenancy import bootstrap, create_user
+
+    stamp = f"{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
+    workspaces = {name: bootstrap(tenant="bench", workspace=f"console-{name}-{stamp}")
+                  for name in ("pages", "runs100", "runs10000", "live")}
+    username = f"bench-console-{stamp}"
+    create_user(username=username, tenant="bench", role="viewer", password=secrets.token_urlsafe(12))
+    user = User.objects.get(username=username)
+    client = Client()
+    client.force_login(user)
+    session = client.cookies["sessionid"].value
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_setting('server_version')")
+        (version,) = cur.fetchone()
+    print(f"PostgreSQL {version}, Redis {redis_url}; workspaces bench/console-*-{stamp}")
+
+    written: dict[str, list[str]] = defaultdict(list)
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-console-daphne-{os.getpid()}.log"
+    process = None
+    try:
+        print("writing runs ...", flush=True)
+        runs: dict[int, tuple[Any, str]] = {}
+        for size in SIZES:
+            run_id = f"run_bench_page_{size}"
+            write_run(workspaces["pages"], run_id, size)
+            written["pages"].append(run_id)
+            runs[size] = (workspaces["pages"], run_id)
+        for size in SIZES:
+            ws = workspaces[f"runs{size}"]
+            real = write_small_runs(ws, "run_bench_list", min(size, COPY_BATCH))
+            written[f"runs{size}"] += real
+            if size > COPY_BATCH:
+                written[f"runs{size}"] += copy_runs(ws, real, size // COPY_BATCH - 1)
+        with connection.cursor() as cur:  # fresh statistics, as autovacuum would gather after such a load
+            cur.execute("ANALYZE ledger_run, ledger_event")
+        print(f"  done in {time.monotonic() - began:.0f} s; timing pages ...", flush=True)
+        pages = measure_pages(client, workspaces, runs, args.repeats)
+
+        print(f"  done at {time.monotonic() - began:.0f} s; timing live delivery ...", flush=True)
+        process, base = start_daphne(log_path)
+        gap = args.gap_ms / 1000
+        live: dict[int, tuple[list[float], list[float]]] = {}
+        for count in args.subscribers:
+            fanout = asyncio.run(measure_fanout(count, args.events, gap))
+            run_id = f"run_bench_live_{count}"
+            written["live"].append(run_id)
+            delivered = measure_live(workspaces["live"], run_id, base, session, count, args.events, gap)
+            live[count] = (delivered, fanout)
+    finally:
+        if process is not None:
+            stop(process)
+        if not args.keep:
+            for name, ws in workspaces.items():
+                cleanup(ws, written[name])
+            User.objects.filter(username=username).delete()
+    log_path.unlink(missing_ok=True)
+
+    print(f"\n{'server time, ms (median of ' + str(args.repeats) + ')':<34} {'page':>8} {'bare query':>11} "
+          f"{'ratio':>7} {'queries':>8}")
+    for name, page_s, bare_s, queries in pages:
+        print(f"{name:<34} {page_s * 1000:>8.2f} {bare_s * 1000:>11.3f} {page_s / bare_s:>6.0f}x {queries:>8}")
+    print("  bare query: the SELECT of the rows the page shows (newest page of events; first page of runs)")
+
+    print(f"\n{'live delivery, ms':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
+    for count, (delivered, fanout) in live.items():
+        for name, values in ((f"commit -> WebSocket message, {count} subscriber(s)", delivered),
+                             (f"  baseline: group_send -> {count} receive(s)", fanout)):
+            ms = [v * 1000 for v in values]
+            print(f"{name:<44} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
+                  f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}")
+        print(f"  ratio: p50 {percentile(delivered, 50) / percentile(fanout, 50):.1f}x, "
+              f"p99 {percentile(delivered, 99) / percentile(fanout, 99):.1f}x "
+              f"({len(delivered)} deliveries of {args.events} events)")
+    print(f"\ntotal {time.monotonic() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
