@@ -306,3 +306,72 @@ def test_live_daphne_refuses_an_outsider_and_anonymous(
         with pytest.raises(websocket.WebSocketBadStatusException) as refused:
             websocket.create_connection(_ws_url(a, "run_guarded"), cookie=cookie, origin=a.url, timeout=TIMEOUT_S)
         assert refused.value.status_code == 403
+
+
+# --- the browser side: a gap in the pushed sequences is filled from the database ------------------
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def test_the_page_fills_a_gap_in_pushed_sequences_from_the_database(
+    two_servers: tuple[Daphne, Daphne], member: Any, workspace: Workspace
+) -> None:
+    """A message lost between server and page (here: dropped by a WebSocket route in the browser)
+    shows as a gap at the next one; the page fetches the missing rows from `timeline/rows/`
+    before applying it, and the pushed duplicate is ignored."""
+    from playwright.sync_api import expect, sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"this test needs Debian's Chromium at {CHROMIUM} (.ci/run installs it)", pytrace=False)
+    server, _ = two_servers
+    append_events(workspace=workspace, run_id="run_gap", events=[
+        started(), ev("StepScheduled", stepPath="a"), ev("StepScheduled", stepPath="b")])
+    _, key = create_key(workspace=workspace, scopes=["ingest"])
+    session = _session_id(member)
+    dropped: list[int] = []
+    fetched: list[str] = []
+
+    def post(*events: dict[str, Any]) -> None:
+        response = httpx.post(f"{server.url}/api/v1/runs/run_gap/events", json={"events": list(events)},
+                              headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert response.status_code == 200, response.text
+
+    def lose_sequence_5(route: Any) -> None:
+        upstream = route.connect_to_server()
+
+        def forward(message: str | bytes) -> None:
+            if json.loads(message).get("sequence") == 5 and not dropped:
+                dropped.append(5)
+                return
+            route.send(message)
+
+        upstream.on_message(forward)
+
+    # No ORM call from here on: Playwright's sync API runs an event loop in this thread.
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=["--no-sandbox", "--disable-gpu"])
+        try:
+            context = browser.new_context()
+            context.add_cookies([{"name": "sessionid", "value": session, "url": server.url}])
+            page = context.new_page()
+            page.route_web_socket("**/ws/runs/**", lose_sequence_5)
+            page.on("request", lambda request: fetched.append(request.url) if "/timeline/rows/" in request.url else None)
+            page.goto(f"{server.url}/w/acme/support/runs/run_gap/")
+            rows = page.locator("#timeline-rows tr.event")
+            expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15_000)
+            post(ev("StepScheduled", stepPath="c"))
+            expect(page.locator('#timeline-rows tr.event[data-sequence="4"]')).to_have_count(1, timeout=15_000)
+            post(ev("StepScheduled", stepPath="d"))  # 5: lost on the way
+            post(ev("StepScheduled", stepPath="e"))  # 6: a gap, so the page reads 5 and 6 itself
+            expect(rows).to_have_count(6, timeout=15_000)
+            post(ev("RunCompleted"))
+            expect(page.locator("#live-status")).to_have_attribute("data-state", "finished", timeout=15_000)
+            shown = rows.evaluate_all("rows => rows.map(row => Number(row.dataset.sequence))")
+            last = page.evaluate("window.runledgerLive.lastSequence")
+        finally:
+            browser.close()
+
+    assert dropped == [5]
+    assert shown == [1, 2, 3, 4, 5, 6, 7] and last == 7
+    assert any("after=4" in url for url in fetched), fetched
