@@ -394,6 +394,7 @@ def test_reconcile_over_htmx_answers_with_the_evidence_tab(client: Client, opera
     ({"outcome": "maybe", "note": "x"}, "Choose succeeded or failed."),
     ({"outcome": "succeeded", "note": ""}, "the note is required"),
     ({"outcome": "succeeded", "value": "{not json", "note": "x"}, "The result must be JSON"),
+    ({"outcome": "failed", "value": "NaN", "note": "x"}, "error has no canonical JSON form"),
 ])
 def test_a_bad_reconcile_form_is_re_rendered_with_a_message(client: Client, operator: Any, in_doubt: str,
                                                              data: dict[str, str], message: str) -> None:

@@ -25,7 +25,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import path, reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from ledger import clock, gateway, selectors, serialize
 from ledger.errors import LedgerError, NotFound
@@ -133,8 +133,7 @@ def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) 
     return run
 
 
-def _int_param(request: HttpRequest, name: str, default: int | None, *, minimum: int,
-               maximum: int | None = None) -> int | None:
+def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default
@@ -213,8 +212,8 @@ class Tab:
 
 def _timeline(request: HttpRequest, run: Run) -> Tab:
     limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
-    assert limit is not None
-    return _timeline_page(run, _int_param(request, "after", None, minimum=0), limit)
+    after = _int_param(request, "after", 0, minimum=0) if request.GET.get("after", "") != "" else None
+    return _timeline_page(run, after, limit)
 
 
 def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
@@ -428,7 +427,7 @@ def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
 
 
 @login_required
-@require_GET
+@require_safe
 def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab: str = "timeline") -> HttpResponse:
     if tab not in TAB_VIEWS:
         raise Http404("no such tab")
@@ -441,7 +440,7 @@ def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab
 
 
 @login_required
-@require_GET
+@require_safe
 def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """Just the rows after `after` (the live view's catch-up); the last sequence in a header."""
     run = _run_or_404(request, tenant, workspace, run_id)
@@ -450,7 +449,6 @@ def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str
         limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
     except BadParameter as exc:
         return _bad_request(request, str(exc))
-    assert after is not None and limit is not None
     rows = [event_row(e, run.workspace) for e in selectors.events(run, after=after, limit=limit)]
     response = HttpResponse("".join(render_row(r) for r in rows))
     response["X-Last-Sequence"] = str(rows[-1]["sequence"] if rows else after)
@@ -532,7 +530,9 @@ def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, ca
         except LedgerError as exc:
             if isinstance(exc, NotFound):
                 raise Http404("not found") from None
-            form.error, status = exc.message, (exc.status if 400 <= exc.status < 500 else 409)
+            if exc.status >= 500:  # an integrity failure is not the operator's input: never hide it
+                raise
+            form.error, status = exc.message, exc.status
         else:
             if not _wants_partial(request):
                 return redirect(_tab_url(run, "evidence"))
