@@ -60,6 +60,7 @@ def in_doubt_call(workspace: Workspace, run_id: str, call_id: str = "call_refund
     claimed = gateway.claim_tool_call(
         workspace=workspace, run_id=run_id, call_id=call_id, tool_name="issue_refund",
         args={"order": 1042, "amountUsd": 19.9}, effect="write", owner="worker-1", idempotency_key=call_id,
+        step_path="refund",
     )
     gateway.mark_outbound(workspace=workspace, run_id=run_id, call_id=call_id, lease_token=claimed.lease_token)
     later = timezone.now() + timedelta(seconds=3600)
@@ -76,7 +77,7 @@ def in_doubt_call(workspace: Workspace, run_id: str, call_id: str = "call_refund
 def succeeded_call(workspace: Workspace, run_id: str, call_id: str = "call_lookup") -> None:
     claimed = gateway.claim_tool_call(
         workspace=workspace, run_id=run_id, call_id=call_id, tool_name="lookup_order",
-        args={"order": 1042}, effect="read", owner="worker-1", idempotency_key=call_id,
+        args={"order": 1042}, effect="read", owner="worker-1", idempotency_key=call_id, step_path="lookup",
     )
     gateway.mark_outbound(workspace=workspace, run_id=run_id, call_id=call_id, lease_token=claimed.lease_token)
     gateway.complete_tool_call(workspace=workspace, run_id=run_id, call_id=call_id, lease_token=claimed.lease_token,

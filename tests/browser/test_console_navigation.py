@@ -1,0 +1,64 @@
+"""Getting around the console in a real browser: from the usage chart to the runs behind a bar,
+and what each role is offered on the evidence tab."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from ledger.models import Workspace
+from tests.browser import data
+from tests.browser.conftest import Daphne, log_in, member
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_bar_of_the_usage_chart_drills_down_to_its_runs_and_on_to_a_run(
+    page: Page, server: Daphne, workspace: Workspace,
+) -> None:
+    data.priced_run(workspace, "run_mini", "openai", "gpt-4o-mini")
+    data.priced_run(workspace, "run_sonnet", "anthropic", "claude-sonnet-4-6")
+    data.running_run(workspace, "run_no_model")
+    today = datetime.now(timezone.utc).date().isoformat()
+    log_in(page, server, member("uma", "viewer"))
+
+    page.goto(f"{server.url}/w/acme/support/usage/?from={today}&to={today}")
+    expect(page.locator("table#usage-table")).to_contain_text("gpt-4o-mini")
+    expect(page.locator("a#usage-csv")).to_be_visible()
+    bar = page.locator('svg.usage-chart a.bar[href*="gpt-4o-mini"]')
+    expect(bar).to_have_count(1)
+    bar.click()
+
+    page.wait_for_url(re.compile(r"/w/acme/support/\?"))
+    query = page.evaluate("Object.fromEntries(new URLSearchParams(location.search))")
+    assert query["model"] == "openai/gpt-4o-mini"
+    assert query["from"] == today and query["to"] == today
+    rows = page.locator("#runs-rows tr.run")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-run-id", "run_mini")
+    # The filter lives in the URL: its form shows it too.
+    expect(page.locator("form#run-filters [name=model]")).to_have_value("openai/gpt-4o-mini")
+
+    rows.first.locator('a[href*="/runs/run_mini/"]').first.click()
+    page.wait_for_url(re.compile(r"/w/acme/support/runs/run_mini/"))
+    expect(page.locator('#timeline-rows tr.event[data-sequence="1"]')).to_be_visible()
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "finished")
+
+
+@pytest.mark.parametrize("role, sees_form", [("viewer", False), ("operator", True)])
+def test_only_an_operator_is_offered_the_reconcile_form(
+    page: Page, server: Daphne, workspace: Workspace, role: str, sees_form: bool,
+) -> None:
+    data.running_run(workspace, "run_doubt")
+    data.in_doubt_call(workspace, "run_doubt")
+    log_in(page, server, member(f"{role}-user", role))
+
+    page.goto(f"{server.url}/w/acme/support/runs/run_doubt/evidence/")
+    # Both see the call in doubt; only one may settle it.
+    expect(page.get_by_text("call_refund").first).to_be_visible()
+    expect(page.get_by_text(re.compile(r"in[ _-]doubt", re.IGNORECASE)).first).to_be_visible()
+    expect(page.locator("form.reconcile-form")).to_have_count(1 if sees_form else 0)
+    expect(page.locator("form#feedback-form")).to_be_visible()

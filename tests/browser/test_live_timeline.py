@@ -1,0 +1,99 @@
+"""The run page's timeline in a real browser: live rows over the WebSocket, and catch-up after the
+socket drops, with every sequence exactly once and in order."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from ledger.models import Workspace
+from tests.browser import data
+from tests.browser.conftest import Appender, Daphne, log_in, member, sequences
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _open_live_run(page: Page, server: Daphne, workspace: Workspace, run_id: str) -> None:
+    data.running_run(workspace, run_id)
+    log_in(page, server, member("rita", "viewer"))
+    page.goto(f"{server.url}/w/acme/support/runs/{run_id}/")
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(3)
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+
+
+def test_events_appended_by_another_process_appear_without_a_reload(
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+) -> None:
+    _open_live_run(page, server, workspace, "run_live")
+    page.evaluate("window.__notReloaded = true")  # gone if the page reloads
+
+    appender.append("run_live", data.ev("StepCompleted", stepPath="extract", attempt=1, output={"n": 1}))
+    expect(page.locator('#timeline-rows tr.event[data-sequence="4"]')).to_be_visible()
+    appender.append("run_live", *data.step("summarize"), *data.model_call("summarize", 1, "openai", "gpt-4o-mini", (10, 5)))
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(8)
+    assert sequences(page) == list(range(1, 9))
+    assert page.evaluate("window.__notReloaded") is True
+    assert page.evaluate("window.runledgerLive.lastSequence") == 8
+    live_rows = page.locator("#timeline-rows tr.event").all_inner_texts()
+    assert "harness.model.responded" in live_rows[-1]
+
+    # The pushed rows come from the template the page itself renders.
+    page.reload()
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(8)
+    assert page.locator("#timeline-rows tr.event").all_inner_texts() == live_rows
+
+
+def test_a_dropped_socket_catches_up_from_the_database_without_duplicates(
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+) -> None:
+    _open_live_run(page, server, workspace, "run_drop")
+    status = page.locator("#live-status")
+
+    page.evaluate("window.runledgerLive.disconnect(3000)")
+    expect(status).to_have_attribute("data-state", "reconnecting")
+    appender.append("run_drop", data.ev("StepCompleted", stepPath="extract", attempt=1, output={"n": 1}))
+    appender.append("run_drop", *data.step("second"), data.ev("StepCompleted", stepPath="second", attempt=1))
+    # Committed while the socket was down (the appender answers within milliseconds of a 3 s
+    # outage): these rows can only come from the catch-up after reconnecting.
+    assert status.get_attribute("data-state") == "reconnecting"
+
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(7)
+    expect(status).to_have_attribute("data-state", "live")
+    assert sequences(page) == list(range(1, 8))
+
+    # Live again: the next events arrive over the new socket, and the run's end shows.
+    appender.append("run_drop", data.ev("custom.note", text="after the reconnect"))
+    expect(page.locator('#timeline-rows tr.event[data-sequence="8"]')).to_be_visible()
+    appender.append("run_drop", data.ev("RunCompleted", output={"ok": True}))
+    expect(status).to_have_attribute("data-state", "finished")
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(9)
+    assert sequences(page) == list(range(1, 10))
+
+
+def test_an_outsider_gets_404_for_the_run_page(
+    page: Page, server: Daphne, workspace: Workspace, other_workspace: Workspace,
+) -> None:
+    data.running_run(workspace, "run_private")
+    log_in(page, server, member("oscar", "admin", tenant="globex"))
+    response = page.goto(f"{server.url}/w/acme/support/runs/run_private/")
+    assert response is not None and response.status == 404
+    assert page.locator("#timeline-rows").count() == 0
+
+
+def test_an_idle_page_keeps_its_socket_and_still_receives(
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+) -> None:
+    """Nothing happens for longer than the channel layer blocks on a read (5 s on Redis): the
+    socket must stay up, not drop and reconnect."""
+    _open_live_run(page, server, workspace, "run_idle")
+    page.evaluate("""() => {
+        window.__states = [];
+        window.__firstSocket = window.runledgerLive.socket;
+        new MutationObserver(() => window.__states.push(document.querySelector('#live-status').dataset.state))
+            .observe(document.querySelector('#live-status'), {attributes: true, attributeFilter: ['data-state']});
+    }""")
+    page.wait_for_timeout(6_500)  # the idleness is the behaviour under test
+    appender.append("run_idle", data.ev("custom.note", text="after a quiet spell"))
+    expect(page.locator('#timeline-rows tr.event[data-sequence="4"]')).to_be_visible()
+    assert page.evaluate("window.__states") == []
+    assert page.evaluate("window.runledgerLive.socket === window.__firstSocket") is True

@@ -1,0 +1,121 @@
+"""Every console page rendered in headless Chromium, light and dark, with a screenshot of each left
+in var/screenshots/ for a person to look at (README, "Browser tests and screenshots"); overwritten
+on every run."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from playwright.sync_api import Locator, Page, expect
+
+from ledger import clock
+from ledger.models import Workspace
+from tests.browser import data
+from tests.browser.conftest import Daphne, log_in, member, screenshot_dir
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUN = "run_showcase"
+SUB_RUNS = ("run_showcase_notify", "run_showcase_sms", "run_showcase_audit")
+PAGES = ("login", "runs", "run-timeline", "run-steps", "run-subruns", "run-evidence", "run-costs", "usage")
+SCHEMES = ("light", "dark")
+
+
+def _background_luminance(page: Page) -> float:
+    rgb = page.evaluate("""() => getComputedStyle(document.body).backgroundColor
+                               .match(/[0-9.]+/g).slice(0, 3).map(Number)""")
+    return sum(weight * channel for weight, channel in zip((0.2126, 0.7152, 0.0722), rgb)) / 255
+
+
+def _shoot(page: Page, name: str, backgrounds: dict[str, list[float]]) -> None:
+    """Both schemes of the page as it is, switched in place (no second login, no reload)."""
+    for scheme in SCHEMES:
+        page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
+        backgrounds[scheme].append(_background_luminance(page))
+        page.screenshot(path=str(screenshot_dir() / f"{name}-{scheme}.png"), full_page=True)
+    page.emulate_media(color_scheme="light")
+
+
+def _tab(page: Page, server: Daphne, tab: str) -> Locator:
+    path = f"/w/acme/support/runs/{RUN}/{tab}/"
+    response = page.goto(f"{server.url}{path}")
+    assert response is not None and response.status == 200, path
+    for name in ("timeline", "steps", "subruns", "evidence", "costs"):
+        expect(page.locator(f'a[data-tab="{name}"]')).to_have_count(1)
+    return page.locator("main")
+
+
+WEEK = (("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4-6"), ("google", "gemini-2.5-flash"),
+        ("openai", "gpt-4o"), ("deepseek", "deepseek-v4-flash"), ("anthropic", "claude-sonnet-4-6"))
+
+
+def _populate(workspace: Workspace) -> None:
+    # A week of history behind the usage chart, written as the demo writes its past.
+    for days_ago, (provider, model) in enumerate(WEEK, start=1):
+        with clock.backdated(datetime.now(timezone.utc) - timedelta(days=days_ago, hours=2)):
+            data.priced_run(workspace, f"run_history_{days_ago}", provider, model)
+    data.showcase(workspace)
+    data.priced_run(workspace, "run_weekly_digest", "google", "gemini-2.5-flash")
+    data.priced_run(workspace, "run_ticket_4471", "openai", "gpt-4o", finish=False)
+    data.append(workspace, "run_broken_import", data.started("wfver_import", label="nightly import"),
+                *data.step("fetch"), data.ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "403"}),
+                data.ev("RunFailed", error={"message": "fetch failed"}))
+
+
+def test_every_page_renders_light_and_dark_and_is_photographed(
+    page: Page, server: Daphne, workspace: Workspace,
+) -> None:
+    _populate(workspace)
+    member("ada", "admin")
+    today = datetime.now(timezone.utc).date()
+    backgrounds: dict[str, list[float]] = {scheme: [] for scheme in SCHEMES}
+    expected = [screenshot_dir() / f"{name}-{scheme}.png" for name in PAGES for scheme in SCHEMES]
+    for path in expected:
+        path.unlink(missing_ok=True)
+
+    page.goto(f"{server.url}/accounts/login/")
+    expect(page.locator("input[name=password]")).to_be_visible()
+    _shoot(page, "login", backgrounds)
+    log_in(page, server, "ada")
+
+    page.goto(f"{server.url}/w/acme/support/")
+    expect(page.locator(f'#runs-rows tr.run[data-run-id="{RUN}"]')).to_be_visible()
+    expect(page.locator('#runs-rows tr.run[data-run-id="run_broken_import"]')).to_be_visible()
+    expect(page.locator("form#run-filters")).to_be_visible()
+    _shoot(page, "runs", backgrounds)
+
+    _tab(page, server, "timeline")
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(22)
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    _shoot(page, "run-timeline", backgrounds)
+
+    main = _tab(page, server, "steps")
+    for step in ("classify", "lookup", "decide", "refund"):
+        expect(main).to_contain_text(step)
+    _shoot(page, "run-steps", backgrounds)
+
+    _tab(page, server, "subruns")
+    for child in SUB_RUNS:
+        expect(page.locator(f'a[href*="/runs/{child}/"]').first).to_be_visible()
+    _shoot(page, "run-subruns", backgrounds)
+
+    main = _tab(page, server, "evidence")
+    expect(main).to_contain_text("call_refund")
+    expect(page.locator("form.reconcile-form")).to_have_count(1)
+    _shoot(page, "run-evidence", backgrounds)
+
+    main = _tab(page, server, "costs")
+    for model in ("gpt-4o-mini", "claude-sonnet-4-6", "house-model"):
+        expect(main).to_contain_text(model)
+    _shoot(page, "run-costs", backgrounds)
+
+    page.goto(f"{server.url}/w/acme/support/usage/?from={today - timedelta(days=len(WEEK))}&to={today}")
+    expect(page.locator("svg.usage-chart a.bar").first).to_be_visible()
+    expect(page.locator('svg.usage-chart a.bar[href*="deepseek-v4-flash"]')).to_have_count(1)
+    expect(page.locator("table#usage-table")).to_contain_text("gemini-2.5-flash")
+    _shoot(page, "usage", backgrounds)
+
+    # Dark is dark and light is light on every page, not only where a stylesheet remembered it.
+    assert max(backgrounds["dark"]) < 0.3 and min(backgrounds["light"]) > 0.7, backgrounds
+    assert [path.name for path in expected if not path.exists()] == []
