@@ -80,6 +80,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
     last_sent = 0
     live = False  # accepted and not yet ended
+    last_read = 0.0  # loop time of the last database read
     poller: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
@@ -127,9 +128,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self._catch_up()
 
     async def _poll(self) -> None:
+        """Read the database when nothing else made it read for a poll interval."""
         interval = float(getattr(settings, "LEDGER_STREAM_POLL_SECONDS", 1.0))
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, self.last_read + interval - loop.time()))
+            if loop.time() < self.last_read + interval:
+                continue  # an announcement made it read meanwhile
             try:
                 if not await self._catch_up():
                     return
@@ -144,6 +149,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         async with self.lock:
             while self.live:
                 status, last_sequence, rows = await database_sync_to_async(_read)(self.run, self.last_sent)
+                self.last_read = asyncio.get_running_loop().time()
                 if status is None:
                     self.live = False
                     await self.close(code=4404)
