@@ -131,27 +131,36 @@ def _baseline(workspace: Workspace, tmp_path: Path, workflow: str, run_input: An
 KILLS = [(KILL_AFTER_ENV, n) for n in range(1, DRILL_EVENTS)] + [(KILL_BEFORE_ENV, n) for n in DRILL_ANSWERS]
 
 
-@pytest.mark.parametrize(("seam", "n"), KILLS, ids=[f"{s.split('_')[2].lower()}-{n}" for s, n in KILLS])
-def test_drill_killed_at_any_point_resumes_to_the_same_output_repeating_only_the_in_flight_call(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seam: str, n: int) -> None:
+def test_drill_killed_at_every_point_resumes_to_the_same_output_repeating_only_the_in_flight_call(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One test, not one per point: a transactional test's flush costs as much as a kill and resume.
     baseline = _baseline(workspace, tmp_path, "drill", DRILL_INPUT)
     assert len(baseline["shape"]) == DRILL_EVENTS
     assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == DRILL_ANSWERS
-    run_id, calls = f"run_kill_{n}", tmp_path / "calls.jsonl"
+    assert len(KILLS) == 44
+    for seam, n in KILLS:
+        _kill_and_resume(workspace, tmp_path, monkeypatch, "drill", DRILL_INPUT, DRILL_OUTPUT, baseline, seam, n)
 
-    status = _run_in_child(workspace, "drill", run_id, DRILL_INPUT, calls, **{seam: str(n)})
 
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    written = _events(workspace, run_id)
-    assert len(written) == (n if seam == KILL_AFTER_ENV else n - 1)
+def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workflow: str,
+                     run_input: Any, expected: Any, baseline: dict[str, Any], seam: str, n: int) -> None:
+    point = f"{workflow} {seam} {n}"
+    run_id, calls = f"run_kill_{workflow}_{seam.split('_')[2].lower()}_{n}", tmp_path / f"{workflow}-{seam}-{n}.jsonl"
+
+    status = _run_in_child(workspace, workflow, run_id, run_input, calls, **{seam: str(n)})
+
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, point
+    written = len(_events(workspace, run_id))
+    # a parallel group's branches are scheduled in one commit, so a kill after the first lands after all
+    assert written in ((n, n + 1) if seam == KILL_AFTER_ENV else (n - 1,)), (point, written)
     resumed = _resume(run_id, calls, monkeypatch)
-    assert (resumed["status"], resumed["output"]) == ("completed", DRILL_OUTPUT)
+    assert (resumed["status"], resumed["output"]) == ("completed", expected), point
     events = _events(workspace, run_id)
-    assert _shape(events) == baseline["shape"]
+    assert _shape(events) == baseline["shape"], point
     _verified(workspace, run_id)
     in_flight = {_call_of(e, events) for e in events if e["sequence"] == n and e["type"] in ANSWER_TYPES} \
         if seam == KILL_BEFORE_ENV else set()
-    assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in baseline["calls"]})
+    assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in baseline["calls"]}), point
 
 
 PIPELINE_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
@@ -160,7 +169,8 @@ PIPELINE_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 def _pipeline_kill(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_child: bool,
                    seam: str, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Counter[str]]:
     baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
-    run_id, calls = "run_pipe", tmp_path / "pipe-calls.jsonl"
+    run_id = f"run_pipe_{'child' if in_child else 'parent'}_{seam.split('_')[2].lower()}_{n}"
+    calls = tmp_path / f"{run_id}.jsonl"
     child_id = sub_run_id(run_id, "sub")
     status = _run_in_child(workspace, "rt_pipeline", run_id, PIPELINE_INPUT, calls,
                            **{seam: str(n), KILL_RUN_ENV: child_id if in_child else run_id})
@@ -192,28 +202,30 @@ def test_parent_killed_after_its_sub_run_finished_records_the_outcome_without_ru
     outcome = next(e for e in parent if e["sequence"] == recorded_at)
     assert outcome["type"] == "harness.tool_call.succeeded"
     assert outcome["payload"]["result"] == PIPELINE_OUTPUT["child"]
-    assert outcome["payload"]["subRunId"] == sub_run_id("run_pipe", "sub")
+    assert outcome["payload"]["subRunId"] == sub_run_id(parent[0]["runId"], "sub")
 
 
-@pytest.mark.parametrize(("in_child", "seam", "point"), [
+PIPELINE_KILLS = [
     (False, KILL_AFTER_ENV, "reserved"),  # the sub-run is reserved in the parent, not started
     (True, KILL_AFTER_ENV, 3),  # the sub-run started its first step
     (True, KILL_BEFORE_ENV, "answer"),  # the sub-run's model answered, the answer is not recorded
     (True, KILL_AFTER_ENV, "last"),  # the sub-run completed its last step, not the run
-])
+]
+
+
 def test_pipeline_killed_inside_its_sub_run_resumes_the_sub_run_where_it_stopped(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_child: bool, seam: str,
-        point: Any) -> None:
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
     child_shape = baseline["children"]["sub:workflow"]
-    n = {"reserved": baseline["sequences"][("harness.tool_call.started", "sub:workflow")],
-         "answer": next(i + 1 for i, (t, _) in enumerate(child_shape) if t == "harness.model.responded"),
-         "last": len(child_shape) - 1}.get(point, point)
+    for in_child, seam, point in PIPELINE_KILLS:
+        n = {"reserved": baseline["sequences"][("harness.tool_call.started", "sub:workflow")],
+             "answer": next(i + 1 for i, (t, _) in enumerate(child_shape) if t == "harness.model.responded"),
+             "last": len(child_shape) - 1}.get(point, point)
 
-    _, child, calls = _pipeline_kill(workspace, tmp_path, monkeypatch, in_child=in_child, seam=seam, n=n)
+        _, child, calls = _pipeline_kill(workspace, tmp_path, monkeypatch, in_child=in_child, seam=seam, n=n)
 
-    repeated = {"model look turn 1"} if point == "answer" else set()
-    assert calls == Counter({call: 2 if call in repeated else 1 for call in baseline["calls"]})
+        repeated = {"model look turn 1"} if point == "answer" else set()
+        assert calls == Counter({call: 2 if call in repeated else 1 for call in baseline["calls"]}), point
 
 
 MAZE_INPUT = {"cities": ["Oslo", "Lisbon"]}
@@ -224,25 +236,10 @@ MAZE_ANSWERS = [22, 28]  # the two branches' harness.tool_call.succeeded
 MAZE_KILLS = [(KILL_AFTER_ENV, n) for n in range(1, MAZE_EVENTS, 2)] + [(KILL_BEFORE_ENV, n) for n in MAZE_ANSWERS]
 
 
-@pytest.mark.parametrize(("seam", "n"), MAZE_KILLS, ids=[f"{s.split('_')[2].lower()}-{n}" for s, n in MAZE_KILLS])
 def test_loop_and_fan_out_killed_mid_way_resume_without_repeating_visits_or_branches(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seam: str, n: int) -> None:
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     baseline = _baseline(workspace, tmp_path, "rt_maze", MAZE_INPUT)
     assert len(baseline["shape"]) == MAZE_EVENTS
     assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == MAZE_ANSWERS
-    run_id, calls = f"run_maze_{n}", tmp_path / "maze-calls.jsonl"
-
-    status = _run_in_child(workspace, "rt_maze", run_id, MAZE_INPUT, calls, **{seam: str(n)})
-
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    written = len(_events(workspace, run_id))
-    # the branches are scheduled in one commit, so a kill after the first lands after both
-    assert written in ((n, n + 1) if seam == KILL_AFTER_ENV else (n - 1,))
-    resumed = _resume(run_id, calls, monkeypatch)
-    assert (resumed["status"], resumed["output"]) == ("completed", MAZE_OUTPUT)
-    events = _events(workspace, run_id)
-    assert _shape(events) == baseline["shape"]
-    _verified(workspace, run_id)
-    in_flight = {_call_of(e, events) for e in events if e["sequence"] == n and e["type"] in ANSWER_TYPES} \
-        if seam == KILL_BEFORE_ENV else set()
-    assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in baseline["calls"]})
+    for seam, n in MAZE_KILLS:
+        _kill_and_resume(workspace, tmp_path, monkeypatch, "rt_maze", MAZE_INPUT, MAZE_OUTPUT, baseline, seam, n)
