@@ -406,3 +406,20 @@ def test_the_documented_example_runs_as_described(workspace: Workspace, monkeypa
     children = list(Run.objects.filter(workspace=workspace, parent_run_id=outcome.run_id).values_list("run_id", flat=True))
     assert len(children) == 2
     _verified(workspace, outcome.run_id, *children)
+
+
+def test_a_workflow_output_function_that_raises_fails_the_run(workspace: Workspace) -> None:
+    wf = Workflow(name="bad_output", steps=(CodeRun("a", lambda i, o: 1),), output=lambda i, o: o["missing"])
+    outcome = start_run(workspace=workspace, workflow=wf, input={})
+
+    assert outcome.status == "failed" and outcome.error["name"] == "KeyError"
+    assert _events(workspace, outcome.run_id)[-1]["type"] == "RunFailed"
+    _verified(workspace, outcome.run_id)
+
+
+def test_an_empty_parallel_group_completes_with_no_branches(workspace: Workspace) -> None:
+    outcome = start_run(workspace=workspace, workflow=_fan(Counter(), []), input={})
+
+    assert outcome.output == {"squares": []}
+    assert fold(_events(workspace, outcome.run_id)).parallel_groups["fan"].status == "completed"
+    _verified(workspace, outcome.run_id)

@@ -236,7 +236,7 @@ class _Runner:
             else:
                 pc = index[target]
         if self.workflow.output is not None:
-            return self.workflow.output(self.run_input, outputs)
+            return _user_code(self.workflow.output, self.run_input, outputs)  # raising fails the run
         return outputs[steps[-1].id]
 
     def step(self, step: Step, path: str, arg: Any, outputs: Mapping[str, Any], *, visit: int | None = None) -> Any:
