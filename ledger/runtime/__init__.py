@@ -2,11 +2,12 @@
 one write path, with two levels of durability (committed steps never run again; inside an
 unfinished `ai.generate` step, committed model and tool calls fast-forward from the log).
 
-- registry.py: named, versioned workflow definitions and their step kinds
-- providers.py: model providers (`scripted`)
+- registry.py: named, versioned workflow definitions and their step kinds (code.run, tool.call,
+  ai.generate, decision loops, parallel groups, sub-workflows; retries on each), with an example
+- providers.py: model providers (`scripted`; `openai_compat.py`: `openai-compatible`)
 - record.py: what the log already holds, indexed for fast-forwarding
-- recorder.py: appends under the run lease's fencing token, and the kill test seams
+- recorder.py: appends under the run lease's fencing token (renewing it), and the kill test seams
 - toolcalls.py: one tool call through the tool gateway
 - session.py: the `ai.generate` agent loop (a harness session)
-- executor.py: `start_run` / `resume_run`
+- executor.py: `start_run` / `resume_run`, steps, loops, parallel groups and sub-runs
 """
