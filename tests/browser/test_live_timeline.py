@@ -1,5 +1,5 @@
-"""The run page's timeline in a real browser: live rows over the WebSocket, and catch-up after the
-socket drops, with every sequence exactly once and in order."""
+"""Live pages in a real browser: the run page's timeline over the WebSocket, with catch-up after
+the socket drops (every sequence exactly once and in order), and the runs list's new runs."""
 
 from __future__ import annotations
 
@@ -97,3 +97,27 @@ def test_an_idle_page_keeps_its_socket_and_still_receives(
     expect(page.locator('#timeline-rows tr.event[data-sequence="4"]')).to_be_visible()
     assert page.evaluate("window.__states") == []
     assert page.evaluate("window.runledgerLive.socket === window.__firstSocket") is True
+
+
+def test_the_runs_list_shows_a_new_run_on_top_and_a_finished_one_in_place_without_a_reload(
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+) -> None:
+    data.running_run(workspace, "run_older")
+    log_in(page, server, member("rhea", "viewer"))
+    page.goto(f"{server.url}/w/acme/support/")
+    rows = page.locator("#runs-rows tr.run")
+    expect(rows).to_have_count(1)
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    page.evaluate("window.__notReloaded = true")
+
+    appender.append("run_newer", data.started(label="fresh off the harness"))
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_have_attribute("data-run-id", "run_newer")
+    expect(rows.first).to_contain_text("fresh off the harness")
+
+    older = page.locator('#runs-rows tr.run[data-run-id="run_older"]')
+    expect(older).to_contain_text("running")
+    appender.append("run_older", data.ev("RunCompleted", output={"ok": True}))
+    expect(older).to_contain_text("completed")
+    expect(rows).to_have_count(2)
+    assert page.evaluate("window.__notReloaded") is True
