@@ -29,7 +29,7 @@ from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow
 from ledger.verify import verify_run
-from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill
+from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill, reset_registrations
 
 ROOT = Path(__file__).resolve().parent.parent
 DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
@@ -236,9 +236,17 @@ def _call_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
     return f"tool {started['toolName']} {canonical_json(started['args'])}"
 
 
+@pytest.fixture
+def registrations_restored(monkeypatch: pytest.MonkeyPatch) -> Any:
+    yield
+    monkeypatch.delenv(INVOCATIONS_ENV, raising=False)
+    reset_registrations()  # the registered workflows log to no file again
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("registrations_restored")
 def test_killed_executor_resumes_to_the_same_output_repeating_only_the_in_flight_call(
-        workspace: Workspace, tmp_path: Path) -> None:
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     baseline_calls = tmp_path / "baseline.jsonl"
     done = _manage("run", "drill", "--input", json.dumps(DRILL_INPUT), "--workspace", "acme/support",
                    "--run-id", "run_baseline", invocations=baseline_calls)
@@ -261,10 +269,12 @@ def test_killed_executor_resumes_to_the_same_output_repeating_only_the_in_flight
         written = Run.objects.get(workspace=workspace, run_id=run_id).last_sequence
         assert written == (n if seam.endswith("AFTER_SEQUENCE") else n - 1)
 
-        resumed = _manage("resume", run_id, "--workspace", "acme/support", invocations=calls)
-
-        assert resumed.returncode == 0, (seam, n, resumed.stderr)
-        assert json.loads(resumed.stdout.splitlines()[-1])["output"] == DRILL_OUTPUT
+        # `ledger resume` in this process (the killed one was a real `manage.py ledger run`)
+        monkeypatch.setenv(INVOCATIONS_ENV, str(calls))
+        reset_registrations()
+        out = StringIO()
+        call_command("ledger", "resume", run_id, "--workspace", "acme/support", stdout=out, stderr=StringIO())
+        assert json.loads(out.getvalue().splitlines()[-1])["output"] == DRILL_OUTPUT
         events = _events(workspace, run_id)
         assert [e["type"] for e in events] == [e["type"] for e in baseline], (seam, n)
         _verified(workspace, run_id)
