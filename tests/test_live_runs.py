@@ -36,6 +36,11 @@ TIMEOUT_S = 10  # per message; a loaded 2-core machine can stall a read for seco
 PATH = "/ws/workspaces/acme/support/runs/"
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def _session_id(user: Any) -> str:
     client = Client()
     client.force_login(user)
