@@ -12,6 +12,7 @@ import pytest
 from ledger.fold import fold, next_visit_index
 from ledger.models import Run, Workspace
 from ledger.projection import log_of
+from ledger.runtime.errors import UnknownWorkflow
 from ledger.runtime.executor import resume_run, start_run, sub_run_id
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import (AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall,
@@ -423,3 +424,14 @@ def test_an_empty_parallel_group_completes_with_no_branches(workspace: Workspace
     assert outcome.output == {"squares": []}
     assert fold(_events(workspace, outcome.run_id)).parallel_groups["fan"].status == "completed"
     _verified(workspace, outcome.run_id)
+
+
+def test_a_sub_workflow_not_registered_here_refuses_without_recording_a_failure(
+        workspace: Workspace, child_workflows: Counter[str]) -> None:
+    wf = Workflow(name="orphan", steps=(SubWorkflow("sub", "not_registered_anywhere", {"x": 1}),))
+    with pytest.raises(UnknownWorkflow):
+        start_run(workspace=workspace, workflow=wf, input={}, run_id="run_orphan")
+
+    types = [e["type"] for e in _events(workspace, "run_orphan")]
+    assert types == ["RunStarted", "StepScheduled", "StepAttemptStarted"]  # resumable once it is deployed
+    _verified(workspace, "run_orphan")

@@ -33,7 +33,7 @@ from ..leases import Lease, LeaseHeld, acquire_run_lease, release_run_lease
 from ..models import Run, ToolGatewayClaim, Workspace
 from ..projection import log_of
 from ..replay import CapabilityDriftError, manifest_drift
-from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure, UnknownWorkflow
+from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
 from .record import Record, inline_or_ref, read_record
 from .recorder import Recorder
 from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolCall, Workflow,
@@ -197,6 +197,15 @@ def _outcome(workspace: Workspace, run_id: str, terminal: tuple[str, dict[str, A
         return RunOutcome(run_id=run_id, status="failed", error=payload.get("error"))
     return RunOutcome(run_id=run_id, status="completed",
                       output=inline_or_ref(workspace, payload.get("output"), payload.get("outputRef")))
+
+
+def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
+    """The outcome of a run that has ended, from its log; None when it is absent or unfinished."""
+    run = Run.objects.filter(workspace=workspace, run_id=run_id).first()
+    if run is None or run.status not in ("completed", "failed"):
+        return None
+    terminal = read_record(run_id, log_of(run)).terminal
+    return _outcome(workspace, run_id, terminal) if terminal is not None else None
 
 
 def _failure(error: Any, default: str) -> StepFailure:
@@ -369,19 +378,19 @@ class _Runner:
         child_id = sub_run_id(self.recorder.run_id, prefix)
         recorded = self.record.tool_outcomes.get(call_id)
         if recorded is None:
-            if call_id not in self.record.tool_started:
-                # The reservation is on the parent's log before the sub-run exists.
-                self.recorder.append({"type": "harness.tool_call.started", "payload": {
-                    "callId": call_id, "caller": "workflow", "toolName": f"workflow:{step.workflow}",
-                    "args": {"subRunId": child_id, "workflow": step.workflow, "input": sub_input},
-                    "effect": "write", "stepPath": path, "subRunId": child_id}})
             began = time.monotonic()
-            try:
-                outcome = start_run(workspace=self.workspace, workflow=step.workflow, input=sub_input,
-                                    run_id=child_id, parent_run_id=self.recorder.run_id, parent=self.recorder)
-            except UnknownWorkflow as exc:
-                outcome = RunOutcome(run_id=child_id, status="failed",
-                                     error={"name": "UnknownWorkflow", "message": exc.message})
+            outcome = _finished_run(self.workspace, child_id)  # finished while the parent was down
+            if outcome is None:
+                # Unregistered here is a deployment problem, not the step's: refuse, record nothing.
+                workflow = get_workflow(step.workflow)
+                if call_id not in self.record.tool_started:
+                    # The reservation is on the parent's log before the sub-run exists.
+                    self.recorder.append({"type": "harness.tool_call.started", "payload": {
+                        "callId": call_id, "caller": "workflow", "toolName": f"workflow:{step.workflow}",
+                        "args": {"subRunId": child_id, "workflow": step.workflow, "input": sub_input},
+                        "effect": "write", "stepPath": path, "subRunId": child_id}})
+                outcome = start_run(workspace=self.workspace, workflow=workflow, input=sub_input, run_id=child_id,
+                                    parent_run_id=self.recorder.run_id, parent=self.recorder)
             field = "result" if outcome.status == "completed" else "error"
             value = outcome.output if field == "result" else outcome.error
             self.recorder.append({"type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",
