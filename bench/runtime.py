@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import io
 import operator
 import os
@@ -460,6 +461,12 @@ def census(makers: dict[str, Callable[[int], Callable[[], Any]]], databases: dic
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     only = set(args.only or ("ours", "dbos", "langgraph"))
+    missing = [m for m, system in (("dbos", "dbos"), ("langgraph.checkpoint.postgres", "langgraph"))
+               if system in only and importlib.util.find_spec(m.split(".")[0]) is None]
+    if missing:
+        sys.stderr.write(f"bench/runtime.py needs {', '.join(missing)}: .venv/bin/pip install -e '.[bench]' "
+                         "(or leave them out with --only ours)\n")
+        return 2
     ours_url, dbos_url, lg_url = database_urls()
     prepare_databases(ours_url, [u for s, u in (("dbos", dbos_url), ("langgraph", lg_url)) if s in only])
     setup_django()
