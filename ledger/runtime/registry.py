@@ -29,6 +29,10 @@ Step kinds (every one takes `retries=N`: a StepFailed with `retriable: true`, th
   `{"status": "failed", "subRunId": …, "error": …}` and the workflow goes on. Its id is
   `sub_run_id(parent, step path)` (executor.py): the same step always names the same sub-run.
 
+Step callables should be deterministic functions of their arguments: a resume calls them again
+for every step that has not completed (a completed step's output, and a completed decision's
+target, come from the log instead).
+
 A ScriptedProvider's script is keyed by the step path up to its first `.` or `[`, so a loop's
 visits and a parallel group's branches share the script of their step.
 
