@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from io import StringIO
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +35,14 @@ from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill, reset_
 ROOT = Path(__file__).resolve().parent.parent
 DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
+
+@pytest.fixture(autouse=True)
+def every_run_verifies(db: None) -> Iterator[None]:
+    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
+    yield
+    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
+    assert {run_id: names for run_id, names in failures.items() if names} == {}
+
 
 
 class Crash(BaseException):

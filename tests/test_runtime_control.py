@@ -25,6 +25,14 @@ from ledger.runtime.registry import CodeRun, Tool, ToolCall, Workflow
 from ledger.verify import verify_run
 from tests.runtime_workflows import SCRIPT, build_drill
 
+@pytest.fixture(autouse=True)
+def every_run_verifies(db: None) -> Iterator[None]:
+    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
+    yield
+    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
+    assert {run_id: names for run_id, names in failures.items() if names} == {}
+
+
 
 class Crash(BaseException):
     """The executor dying: not an Exception, so nothing in the runtime records it."""

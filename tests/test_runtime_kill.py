@@ -44,6 +44,14 @@ ANSWER_TYPES = ("harness.model.responded", "harness.tool_call.succeeded")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+@pytest.fixture(autouse=True)
+def every_run_verifies(db: None) -> Iterator[None]:
+    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
+    yield
+    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
+    assert {run_id: names for run_id, names in failures.items() if names} == {}
+
+
 
 @pytest.fixture(autouse=True)
 def _registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

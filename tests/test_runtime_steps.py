@@ -4,7 +4,7 @@ reuses, and that every run they leave behind verifies."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -19,6 +19,14 @@ from ledger.runtime.registry import (AIGenerate, CodeRun, Decision, Parallel, Su
                                      Workflow, register)
 from ledger.verify import verify_run
 from tests.runtime_workflows import reset_registrations
+
+@pytest.fixture(autouse=True)
+def every_run_verifies(db: None) -> Iterator[None]:
+    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
+    yield
+    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
+    assert {run_id: names for run_id, names in failures.items() if names} == {}
+
 
 
 class Crash(BaseException):
