@@ -151,9 +151,10 @@ def _refuse_in_doubt(workspace: Workspace, run_id: str) -> None:
         return
     raise ToolCallInDoubt(
         f"run {run_id} cannot continue: tool call {claim.call_id} ({claim.tool_name}) is in doubt, its "
-        f"request left and no outcome was recorded. Reconcile it first: POST /api/v1/runs/{run_id}/tool-calls/"
-        f"{claim.call_id}/reconcile with outcome succeeded (and its result) or failed (and its error); "
-        "then resume the run.", runId=run_id, callId=claim.call_id, toolName=claim.tool_name)
+        f"request left and no outcome was recorded. An operator must reconcile it first: POST /api/v1/runs/{run_id}/"
+        f"tool-calls/{claim.call_id}/reconcile from a console session (outcome succeeded with its result, or "
+        "failed with its error, and a note), or the reconcile form on the run page's evidence tab; then resume "
+        "the run.", runId=run_id, callId=claim.call_id, toolName=claim.tool_name)
 
 
 def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over: bool,
