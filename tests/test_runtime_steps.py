@@ -443,3 +443,9 @@ def test_a_sub_workflow_not_registered_here_refuses_without_recording_a_failure(
     types = [e["type"] for e in _events(workspace, "run_orphan")]
     assert types == ["RunStarted", "StepScheduled", "StepAttemptStarted"]  # resumable once it is deployed
     _verified(workspace, "run_orphan")
+
+
+def test_an_item_key_too_long_for_a_step_path_fails_the_step(workspace: Workspace) -> None:
+    outcome = start_run(workspace=workspace, workflow=_fan(Counter(), {"k" * 200: 1}), input={})
+
+    assert outcome.status == "failed" and outcome.error["name"] == "InvalidItems"

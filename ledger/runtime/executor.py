@@ -42,6 +42,8 @@ from .session import call_prefix, run_session
 from .toolcalls import call_tool
 
 LEASE_TTL_S = 300.0
+# Call ids are stored in 200 characters and carry the step path plus attempt, turn and call suffixes.
+MAX_BRANCH_PATH = 120
 _UNSET: Any = object()
 
 
@@ -334,6 +336,10 @@ class _Runner:
         else:
             raise StepFailure(f"the items of {step.id} must be a list or a dict, got {type(items).__name__}",
                               name="InvalidItems")
+        too_long = next((key for key, _ in keyed if len(f"{path}[{key}]") > MAX_BRANCH_PATH), None)
+        if too_long is not None:
+            raise StepFailure(f"the item key {str(too_long)[:40]!r}… of {step.id} makes a step path longer than "
+                              f"{MAX_BRANCH_PATH} characters; use shorter keys (or a list)", name="InvalidItems")
         if len(keyed) > step.max_branches:
             raise StepFailure(f"{step.id} has {len(keyed)} items; max_branches is {step.max_branches}",
                               name="too_many_branches")
