@@ -89,8 +89,6 @@ def build_drill(*, weather_description: str = "the weather tool", system: str = 
     )
 
 
-DRILL = register(build_drill())
-
 
 # --- sub-runs ---------------------------------------------------------------------------------
 # `rt_child` is what the parent workflows below start as sub-runs: a model turn with a tool call.

@@ -227,9 +227,9 @@ class _Runner:
     def run(self) -> Any:
         steps = self.workflow.steps
         index = {s.id: i for i, s in enumerate(steps)}
-        region_of = {i: region for region in self.workflow.loop_regions()
-                     for i in range(region.start, region.end + 1)}
-        visits = {region.decision.id: 0 for region in self.workflow.loop_regions()}
+        regions = self.workflow.loop_regions()
+        region_of = {i: region for region in regions for i in range(region.start, region.end + 1)}
+        visits = {region.decision.id: 0 for region in regions}  # the pass each loop is on
         outputs: dict[str, Any] = {}
         pc = 0
         while pc < len(steps):
