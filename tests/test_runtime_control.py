@@ -21,7 +21,7 @@ from ledger.models import Run, Workspace
 from ledger.projection import log_of
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ScriptedProvider
-from ledger.runtime.registry import CodeRun, Tool, ToolCall, Workflow
+from ledger.runtime.registry import CodeRun, SubWorkflow, Tool, ToolCall, Workflow
 from ledger.verify import verify_run
 from tests.runtime_workflows import SCRIPT, build_drill
 
@@ -105,6 +105,30 @@ def test_the_executor_renews_its_lease_once_half_of_it_has_passed(workspace: Wor
     assert seen["expires"] == start + timedelta(seconds=500)  # renewed at +200 s for another 300 s
     assert seen["token_after"] == seen["token"]
     _verified(workspace, "run_renew")
+
+
+def test_a_sub_run_s_writes_renew_its_parent_s_lease(workspace: Workspace, clock: FakeClock,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.runtime import registry
+
+    seen: dict[str, Any] = {}
+
+    def slow(run_input: Any, outputs: Any) -> str:
+        clock.advance(200)  # the parent writes nothing while its sub-run works
+        return "slow done"
+
+    def peek_parent(run_input: Any, outputs: Any) -> str:  # after the sub-run's next writes
+        seen["expires"] = Run.objects.get(workspace=workspace, run_id="run_parent").lease_expires_at
+        return "peeked"
+
+    monkeypatch.setattr(registry, "_WORKFLOWS", dict(registry._WORKFLOWS))
+    registry.register(Workflow(name="slow_child", steps=(CodeRun("slow", slow), CodeRun("peek", peek_parent))))
+    wf = Workflow(name="parent", steps=(SubWorkflow("sub", "slow_child", {}),))
+    start = clock.now()
+    outcome = start_run(workspace=workspace, workflow=wf, input={}, run_id="run_parent")
+
+    assert outcome.status == "completed"
+    assert seen["expires"] == start + timedelta(seconds=500)  # renewed by the sub-run's write at +200 s
 
 
 def test_an_executor_paused_past_its_lease_is_fenced_when_it_renews_and_the_log_stays_dense(
