@@ -20,7 +20,6 @@ class StepRecord:
     scheduled: bool = False
     attempt: int = 0  # the newest StepAttemptStarted
     status: str = "scheduled"  # scheduled | running | completed | failed
-    attempt_sequence: int = 0  # where the newest attempt started
     output: Any = None
     output_ref: str | None = None
     error: Any = None
@@ -74,7 +73,7 @@ def read_record(run_id: str, events: Sequence[Mapping[str, Any]]) -> Record:
             record.steps.setdefault(path, StepRecord()).scheduled = True
         elif kind == "StepAttemptStarted":
             step = record.steps.setdefault(path, StepRecord())
-            step.attempt, step.status, step.attempt_sequence = p["attempt"], "running", env["sequence"]
+            step.attempt, step.status = p["attempt"], "running"
         elif kind == "StepCompleted":
             step = record.steps.setdefault(path, StepRecord())
             step.status, step.output, step.output_ref = "completed", p.get("output"), p.get("outputRef")
