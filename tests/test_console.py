@@ -18,6 +18,19 @@ def run_url(append) -> str:
     return "/w/acme/support/runs/run_page/"
 
 
+def test_home_lands_in_the_workspace_with_the_newest_run(client: Client, member, append) -> None:
+    from ledger.append import append_events
+    from ledger.tenancy import bootstrap
+
+    research = bootstrap(tenant="acme", workspace="research")
+    client.force_login(member)
+    assert client.get("/")["Location"] == "/w/acme/research/"  # no runs anywhere: by name
+    append("run_old", started())
+    assert client.get("/")["Location"] == "/w/acme/support/"
+    append_events(workspace=research, run_id="run_new", events=[started()])
+    assert client.get("/")["Location"] == "/w/acme/research/"
+
+
 def test_login_page_renders(client: Client) -> None:
     response = client.get("/accounts/login/")
     assert response.status_code == 200 and b'name="username"' in response.content

@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db.models import F, Max
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -201,7 +202,9 @@ def runs_url(workspace: Workspace, **params: str | date) -> str:
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    ws = selectors.workspaces_for(request.user).first()
+    # The member lands where something happened last, not on the first workspace by name.
+    ws = selectors.workspaces_for(request.user).annotate(newest=Max("runs__created_at")).order_by(
+        F("newest").desc(nulls_last=True), "tenant__slug", "slug").first()
     if ws is None:
         return render(request, "console/no_workspace.html", status=200)
     return redirect("workspace-runs", tenant=ws.tenant.slug, workspace=ws.slug)
