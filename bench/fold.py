@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ingest import Appender, _libpq_url, chunks, cleanup, make_events, require_postgres, setup_django  # noqa: E402
+from ingest import Appender, _libpq_url, cleanup, make_events, require_postgres, setup_django  # noqa: E402
 
 TARGET_FOLD_VS_SELECT = 2.0
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ledger.append import append_events
 from ledger.fold import fold
 from ledger.models import CostEntry, Run, Step, ToolCall
-from ledger.projection import STATES, differences, log_of, prices_for, rebuild
+from ledger.projection import STATES, differences, log_of, prices_for
 from tests.conftest import ev, started
 
 
