@@ -7,9 +7,10 @@ model calls and N tool calls, the model a deterministic scripted function (no ne
 a dictionary lookup. The conversation grows by two messages per turn, as an agent's does.
 
   ours                  ledger.runtime: one ai.generate step; per model call harness.model.called
-                        (committed before the call) and harness.model.responded, per tool call the
-                        gateway's claim (harness.tool_call.started) and completion (succeeded), all
-                        through append_events under the run lease's fencing token
+                        (committed before the call, with the previous tool call's succeeded) and
+                        harness.model.responded (committed with the gateway's claim of the tool call
+                        it asks for, stamped outbound): two commits per model call with its tool
+                        call, all under the run lease's fencing token
   DBOS                  @DBOS.workflow with one @DBOS.step per model call, the tool call inside it
   DBOS, tool step       the same with the tool call as its own @DBOS.step
   LangGraph             StateGraph with PostgresSaver, one node per model call (tool call inside),

@@ -134,7 +134,7 @@ def _lock_run_head(workspace: Workspace, run_id: str, first: _Prepared) -> Run:
     return heads.get()
 
 
-def _check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
+def check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
     if fencing_token is None:
         if run.lease_expires_at is not None and run.lease_expires_at > now:
             raise Fenced(f"run {run.run_id} is leased to {run.lease_owner}; send its fencingToken",
@@ -154,11 +154,17 @@ def append_events(
     events: Sequence[Mapping[str, Any]],
     expected_sequence: int | None = None,
     fencing_token: Any = None,
+    locked: Run | None = None,
 ) -> AppendResult:
     """Append a batch to a run's log, all or nothing.
 
     `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`. Rejections raise a
     LedgerError carrying the API.md code; nothing is written and no sequence number is consumed.
+
+    `locked` is the run's head row (HEAD_FIELDS at least) that the caller locked with
+    `select_for_update` in the transaction it is in (the tool gateway): the append does not lock it
+    again and runs in the caller's transaction without a savepoint, so a rejection it raises must
+    end that transaction (the gateway lets it propagate).
     """
     validate_run_id(run_id)
     if not isinstance(events, Sequence) or isinstance(events, (str, bytes)) or not events:
@@ -172,10 +178,10 @@ def append_events(
     redact = Redactor(workspace.redact_keys, workspace.redact_value_patterns)
     prepared = [_prepare(i, item, redact) for i, item in enumerate(events)]
 
-    with transaction.atomic():
-        run = _lock_run_head(workspace, run_id, prepared[0])
+    with transaction.atomic(savepoint=locked is None):
+        run = _lock_run_head(workspace, run_id, prepared[0]) if locked is None else locked
         now = _now_ms()
-        _check_fencing(run, fencing_token, now)
+        check_fencing(run, fencing_token, now)
 
         keys = [p.idempotency_key for p in prepared if p.idempotency_key is not None]
         seen: dict[str, Event] = {}

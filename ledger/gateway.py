@@ -17,15 +17,16 @@ import functools
 import hmac
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import transaction
+from django.db.models import Q
 
 from . import artifacts, clock
-from .append import append_events, validate_run_id
+from .append import HEAD_FIELDS, append_events, check_fencing, validate_run_id
 from .canonical import NotCanonicalizable, canonical_bytes, digest
 from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
@@ -93,6 +94,7 @@ class Outbound:
     status: str = "claimed"
 
 
+Emit = Callable[[dict[str, Any]], None]  # where a service's events go: appended now, or batched
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -160,13 +162,17 @@ def _append(run: Run, fencing_token: Any, *events: dict[str, Any]) -> None:
     append_events(workspace=run.workspace, run_id=run.run_id, events=list(events), fencing_token=fencing_token)
 
 
+def _appender(run: Run, fencing_token: Any) -> Emit:
+    return lambda event: _append(run, fencing_token, event)
+
+
 def _with_step_path(run: Run, call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Stamp the step of the call, as its started event named it (the projection kept it)."""
     step_path = ToolCall.objects.filter(run=run, call_id=call_id).values_list("step_path", flat=True).first()
     return {**payload, "stepPath": step_path} if step_path else payload
 
 
-def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, fencing_token: Any) -> bool:
+def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, emit: Emit) -> bool:
     """A lease that ran out after the request left makes the call in doubt: nobody knows whether
     the tool acted, so it is never retried automatically. True when this call just became so."""
     if claim.status != Status.CLAIMED or claim.outbound_at is None or claim.lease_expires_at > now:
@@ -174,7 +180,7 @@ def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, fencing_tok
     claim.status = Status.IN_DOUBT
     claim.updated_at = now
     claim.save(update_fields=["status", "updated_at"])
-    _append(run, fencing_token, {"type": "harness.tool_call.in_doubt", "payload": _with_step_path(run, claim.call_id, {
+    emit({"type": "harness.tool_call.in_doubt", "payload": _with_step_path(run, claim.call_id, {
         "callId": claim.call_id, "toolName": claim.tool_name, "attempt": claim.attempt,
         "owner": claim.owner, "outboundAt": format_recorded_at(claim.outbound_at),
         "leaseExpiredAt": format_recorded_at(claim.lease_expires_at),
@@ -240,6 +246,12 @@ def _identity_conflict(claim: ToolGatewayClaim, message: str) -> IdempotencyConf
 # --- services --------------------------------------------------------------------------------
 
 
+def _prepare_args(workspace: Workspace, tool_name: str, args: Any) -> tuple[Any, str]:
+    args = _redactor(workspace)(args)
+    _canonical(args, "args")
+    return args, digest({"toolName": tool_name, "args": args})
+
+
 @_atomic_then_refuse
 def claim_tool_call(
     *, workspace: Workspace, run_id: str, call_id: str, tool_name: str, args: Any, effect: str, owner: str,
@@ -253,16 +265,24 @@ def claim_tool_call(
     runs, nothing is appended). Refuses with IdempotencyConflict, ToolCallInProgress, ToolCallInDoubt.
     """
     run = _lock_run(workspace, run_id)
-    now = clock.now()
-    args = _redactor(workspace)(args)
-    _canonical(args, "args")
-    args_digest = digest({"toolName": tool_name, "args": args})
+    args, args_digest = _prepare_args(workspace, tool_name, args)
+    return _claim(run, clock.now(), _appender(run, fencing_token), call_id=call_id, tool_name=tool_name, args=args,
+                  args_digest=args_digest, effect=effect, owner=owner, idempotency_key=idempotency_key,
+                  timeout_s=timeout_s, caller=caller, turn=turn, step_path=step_path)
 
+
+def _claim(
+    run: Run, now: datetime, emit: Emit, *, call_id: str, tool_name: str, args: Any, args_digest: str, effect: str,
+    owner: str, idempotency_key: str | None, timeout_s: float | None, caller: str, turn: int | None,
+    step_path: str | None, outbound: bool = False,
+) -> Claimed | Finished | LedgerError:
+    """claim_tool_call's work with the run locked and the args prepared; `outbound` also stamps
+    the claim it hands back as outbound, in the same write (the caller's request leaves next)."""
     # The key names the logical call: a harness retrying under a fresh callId still finds it.
-    claim = None
-    if idempotency_key is not None:
-        claim = ToolGatewayClaim.objects.select_for_update().filter(run=run, idempotency_key=idempotency_key).first()
-    by_call = ToolGatewayClaim.objects.select_for_update().filter(run=run, call_id=call_id).first()
+    match = Q(call_id=call_id) | Q(idempotency_key=idempotency_key) if idempotency_key is not None else Q(call_id=call_id)
+    rows = list(ToolGatewayClaim.objects.select_for_update().filter(match, run=run).order_by("pk"))
+    claim = next((row for row in rows if idempotency_key is not None and row.idempotency_key == idempotency_key), None)
+    by_call = next((row for row in rows if row.call_id == call_id), None)
     if by_call is not None and (claim is None or by_call.pk != claim.pk):
         if by_call.idempotency_key != idempotency_key:
             return _identity_conflict(by_call, f"tool call {call_id} was claimed with another idempotency key")
@@ -277,12 +297,15 @@ def claim_tool_call(
             return _in_doubt_error(claim)
         if claim.lease_expires_at > now:
             if claim.owner == owner:  # a retried claim of the holder: the same lease again
+                if outbound and claim.outbound_at is None:
+                    claim.outbound_at = claim.updated_at = now
+                    claim.save(update_fields=["outbound_at", "updated_at"])
                 return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt)
             return ToolCallInProgress(
                 f"tool call {claim.call_id} is leased to another owner until {claim.lease_expires_at.isoformat()}",
                 callId=claim.call_id, leaseExpiresAt=claim.lease_expires_at.isoformat(),
             )
-        if _settle_expiry(run, claim, now, fencing_token):
+        if _settle_expiry(run, claim, now, emit):
             return _in_doubt_error(claim)
         # Expired before the request left: nothing happened outside, so it may run again.
         claim.attempt += 1
@@ -295,7 +318,7 @@ def claim_tool_call(
     claim.lease_token = secrets.token_urlsafe(32)
     claim.lease_expires_at = now + timedelta(seconds=_lease_seconds(timeout_s))
     claim.claimed_at = claim.updated_at = now
-    claim.outbound_at = None
+    claim.outbound_at = now if outbound else None
     claim.status = Status.CLAIMED
     claim.save()
 
@@ -305,7 +328,7 @@ def claim_tool_call(
     }
     optional = {"idempotencyKey": idempotency_key, "timeoutS": timeout_s, "turn": turn, "stepPath": step_path}
     payload.update({k: v for k, v in optional.items() if v is not None})
-    _append(run, fencing_token, {"type": "harness.tool_call.started", "payload": payload})
+    emit({"type": "harness.tool_call.started", "payload": payload})
     return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt)
 
 
@@ -316,7 +339,7 @@ def mark_outbound(*, workspace: Workspace, run_id: str, call_id: str, lease_toke
     run = _lock_run(workspace, run_id)
     claim = _get_claim(run, call_id)
     now = clock.now()
-    if _settle_expiry(run, claim, now, fencing_token):
+    if _settle_expiry(run, claim, now, _appender(run, fencing_token)):
         return _lease_lost(claim)
     if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.lease_expires_at <= now:
         return _lease_lost(claim)
@@ -326,12 +349,20 @@ def mark_outbound(*, workspace: Workspace, run_id: str, call_id: str, lease_toke
     return Outbound(claim.call_id, claim.attempt, claim.outbound_at, claim.lease_expires_at)
 
 
-
 def _lease_lost(claim: ToolGatewayClaim) -> LeaseLost:
     return LeaseLost(
         f"the lease on tool call {claim.call_id} is stale or held by another owner",
         callId=claim.call_id, status=claim.status, attempt=claim.attempt,
     )
+
+
+def prepare_outcome(workspace: Workspace, outcome: str, value: Any) -> Any:
+    """The value as the log will hold it (redacted); raises for an outcome with no JSON form."""
+    if outcome not in ("result", "error"):
+        raise InvalidToolCall("send either result or error", field="result")
+    value = _redactor(workspace)(value)
+    _canonical(value, outcome)
+    return value
 
 
 @_atomic_then_refuse
@@ -345,14 +376,20 @@ def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease
     if outcome not in ("result", "error"):
         raise InvalidToolCall("send either result or error", field="result")
     run = _lock_run(workspace, run_id)
+    value = prepare_outcome(workspace, outcome, value)
+    return _complete(run, clock.now(), _appender(run, fencing_token), call_id=call_id, lease_token=lease_token,
+                     outcome=outcome, value=value)
+
+
+def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token: str, outcome: str, value: Any,
+              step_path: str | None = None) -> Finished | LedgerError:
+    """complete_tool_call's work with the run locked and the value prepared. `step_path`, when the
+    caller knows it (the one it claimed the call with), saves looking it up."""
     claim = _get_claim(run, call_id)
-    now = clock.now()
-    value = _redactor(workspace)(value)
-    _canonical(value, outcome)
     if (claim.status in (Status.SUCCEEDED, Status.FAILED) and not claim.reconciled_by
             and _token_matches(claim, lease_token) and claim.outcome_digest == digest({outcome: value})):
         return _finished(run, claim, replay=True)  # the holder retrying its own complete
-    if _settle_expiry(run, claim, now, fencing_token):
+    if _settle_expiry(run, claim, now, emit):
         return _lease_lost(claim)
     if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.lease_expires_at <= now:
         return _lease_lost(claim)
@@ -363,13 +400,70 @@ def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease
     _store_outcome(run, claim, outcome, value)
     claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = status, duration_ms, now, now
     claim.save()
-    _append(run, fencing_token, {"type": f"harness.tool_call.{status}", "payload": _with_step_path(run, call_id, {
-        "callId": claim.call_id, outcome: value, "durationMs": duration_ms, "attempt": claim.attempt,
-    })})
+    payload = {"callId": claim.call_id, outcome: value, "durationMs": duration_ms, "attempt": claim.attempt}
+    emit({"type": f"harness.tool_call.{status}",
+          "payload": {**payload, "stepPath": step_path} if step_path else _with_step_path(run, call_id, payload)})
     return Finished(call_id=claim.call_id, status=status, attempt=claim.attempt,
                     result=value if outcome == "result" else None,
                     error=value if outcome == "error" else None, duration_ms=duration_ms)
 
+
+@dataclass(frozen=True)
+class Batch:
+    """What runtime_batch did: the completion's and the claim's answers, where the log ends."""
+
+    completed: Finished | None
+    claimed: Claimed | Finished | None
+    last_sequence: int
+
+
+@_atomic_then_refuse
+def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = None,
+                  complete: dict[str, Any] | None = None, events: Sequence[Mapping[str, Any]] = (),
+                  claim: dict[str, Any] | None = None) -> Batch | LedgerError:
+    """In ONE transaction and one append: complete a call (complete_tool_call's keywords, the
+    value already through prepare_outcome), then `events`, then claim a call and stamp it
+    outbound (claim_tool_call's keywords). For a harness whose writes have no effect outside
+    between them: the outcome of one call and the intent of the next commit together, and a
+    claim is outbound in the commit that precedes the request.
+
+    A refusal of the completion stops there (nothing after it is written); a refusal of the claim
+    comes after `events`. Either way what was written (an in-doubt fact) commits, then it raises.
+    """
+    args = None
+    if claim is not None:
+        args, args_digest = _prepare_args(workspace, claim["tool_name"], claim["args"])
+    validate_run_id(run_id)
+    run = Run.objects.select_for_update().only(*HEAD_FIELDS).filter(workspace=workspace, run_id=run_id).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found", runId=run_id)
+    run.workspace = workspace
+    now = clock.now()
+    batch: list[Mapping[str, Any]] = []
+    completed: Finished | None = None
+    claimed: Claimed | Finished | None = None
+    refusal: LedgerError | None = None
+    if complete is not None:
+        done = _complete(run, now, batch.append, **complete)
+        if isinstance(done, LedgerError):
+            refusal = done
+        else:
+            completed = done
+    if refusal is None:
+        batch.extend(events)
+        if claim is not None:
+            got = _claim(run, now, batch.append, **{**claim, "args": args}, args_digest=args_digest, outbound=True)
+            if isinstance(got, LedgerError):
+                refusal = got
+            else:
+                claimed = got
+    last = run.last_sequence
+    if batch:
+        last = append_events(workspace=workspace, run_id=run_id, events=batch, fencing_token=fencing_token,
+                             locked=run).last_sequence
+    else:  # nothing to append (a replayed claim): the rows changed still answer to the fence
+        check_fencing(run, fencing_token, clock.recorded_now())
+    return refusal or Batch(completed, claimed, last)
 
 
 @_atomic_then_refuse
@@ -385,7 +479,7 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
     run = _lock_run(workspace, run_id)
     claim = _get_claim(run, call_id)
     now = clock.now()
-    _settle_expiry(run, claim, now, fencing_token)
+    _settle_expiry(run, claim, now, _appender(run, fencing_token))
     if claim.status != Status.IN_DOUBT:
         return ToolCallNotInDoubt(
             f"tool call {call_id} is {claim.status}; only a call in doubt can be reconciled",
@@ -414,7 +508,8 @@ def settle_expired_claims(*, workspace: Workspace, run_id: str, fencing_token: A
     now = clock.now()
     expired = ToolGatewayClaim.objects.select_for_update().filter(
         run=run, status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=now).order_by("pk")
-    return [claim.call_id for claim in expired if _settle_expiry(run, claim, now, fencing_token)]
+    emit = _appender(run, fencing_token)
+    return [claim.call_id for claim in expired if _settle_expiry(run, claim, now, emit)]
 
 
 

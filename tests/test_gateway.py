@@ -519,3 +519,87 @@ def test_settling_expired_claims_writes_calls_in_doubt_once_and_leaves_live_ones
     assert [e["callId"] for e in _events("harness.tool_call.in_doubt")] == ["call_1"]
     assert ToolGatewayClaim.objects.get(call_id="call_2").status == "claimed"
     _verify_passes()
+
+
+# --- runtime_batch: the runtime's one-commit form (service level, no HTTP) ---------------------
+
+def _claim_kwargs(call_id: str, **extra: Any) -> dict[str, Any]:
+    return {"call_id": call_id, "tool_name": "lookup", "args": {"q": call_id}, "effect": "read", "owner": "rt",
+            "idempotency_key": f"k-{call_id}", "timeout_s": None, "caller": "model", "turn": 1,
+            "step_path": "agent", **extra}
+
+
+def _log(workspace: Workspace, run_id: str = RUN) -> list[Event]:
+    return list(Event.objects.filter(run__workspace=workspace, run__run_id=run_id).order_by("sequence"))
+
+
+def test_runtime_batch_commits_an_outcome_events_and_an_outbound_claim_in_one_append(
+        workspace: Workspace, run: str, clock: FakeClock) -> None:
+    from ledger import gateway
+
+    first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
+    assert isinstance(first.claimed, gateway.Claimed) and first.last_sequence == 2
+    assert ToolGatewayClaim.objects.get(call_id="c1").outbound_at == clock.now()  # outbound in the same commit
+    clock.advance(2)
+
+    done = gateway.runtime_batch(
+        workspace=workspace, run_id=run,
+        complete={"call_id": "c1", "lease_token": first.claimed.lease_token, "outcome": "result",
+                  "value": gateway.prepare_outcome(workspace, "result", {"n": 1}), "step_path": "agent"},
+        events=[{"type": "custom.note", "payload": {"between": True}}], claim=_claim_kwargs("c2"))
+
+    assert done.completed is not None and done.completed.status == "succeeded" and done.completed.duration_ms == 2000
+    assert isinstance(done.claimed, gateway.Claimed) and done.last_sequence == 5
+    log = _log(workspace)
+    assert [e.type for e in log[2:]] == ["harness.tool_call.succeeded", "custom.note", "harness.tool_call.started"]
+    assert len({e.recorded_at for e in log[2:]}) == 1  # one append, one transaction
+    assert Run.objects.get(run_id=run).last_sequence == 5
+    assert ToolCall.objects.get(call_id="c1").status == "succeeded"
+
+
+def test_runtime_batch_refused_completion_writes_nothing_after_it(workspace: Workspace, run: str) -> None:
+    from ledger import gateway
+
+    first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
+    with pytest.raises(gateway.LeaseLost):
+        gateway.runtime_batch(
+            workspace=workspace, run_id=run,
+            complete={"call_id": "c1", "lease_token": "not-the-token", "outcome": "result", "value": 1},
+            events=[{"type": "custom.note", "payload": {}}], claim=_claim_kwargs("c2"))
+    assert [e.type for e in _log(workspace)] == ["RunStarted", "harness.tool_call.started"]
+    assert not ToolGatewayClaim.objects.filter(call_id="c2").exists()
+    assert first.claimed is not None and ToolGatewayClaim.objects.get(call_id="c1").status == "claimed"
+
+
+def test_runtime_batch_commits_the_in_doubt_fact_of_an_expired_outbound_call_then_refuses(
+        workspace: Workspace, run: str, clock: FakeClock) -> None:
+    from ledger import gateway
+
+    first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
+    clock.advance(gateway.DEFAULT_LEASE_S + 1)
+    with pytest.raises(gateway.LeaseLost):
+        gateway.runtime_batch(
+            workspace=workspace, run_id=run,
+            complete={"call_id": "c1", "lease_token": first.claimed.lease_token, "outcome": "result", "value": 1},
+            events=[{"type": "custom.note", "payload": {}}])
+    assert [e.type for e in _log(workspace)][-1] == "harness.tool_call.in_doubt"
+    assert ToolGatewayClaim.objects.get(call_id="c1").status == "in_doubt"
+
+
+def test_runtime_batch_under_a_stale_fencing_token_writes_nothing(workspace: Workspace, run: str) -> None:
+    from ledger import gateway
+    from ledger.errors import Fenced
+    from ledger.leases import acquire_run_lease
+
+    lease = acquire_run_lease(workspace=workspace, run_id=run, owner="executor-a")
+    stale = lease.fencing_token + 1
+    with pytest.raises(Fenced):
+        gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=stale, claim=_claim_kwargs("c1"))
+    assert not ToolGatewayClaim.objects.filter(call_id="c1").exists()
+    held = gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=lease.fencing_token,
+                                 claim=_claim_kwargs("c1"))
+    replayed_claim = gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=lease.fencing_token,
+                                           claim=_claim_kwargs("c1"))  # the holder's own live claim: no event
+    assert held.claimed == replayed_claim.claimed
+    with pytest.raises(Fenced):  # even a write that appends nothing answers to the fence
+        gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=stale, claim=_claim_kwargs("c1"))

@@ -19,7 +19,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from ledger.canonical import canonical_json
+from ledger.canonical import canonical_json, digest
 from ledger.errors import Fenced
 from ledger.leases import acquire_run_lease
 from ledger.models import Run, Workspace
@@ -82,6 +82,34 @@ def test_multi_step_workflow_runs_to_completion_and_verifies(workspace: Workspac
     run = Run.objects.get(workspace=workspace, run_id=outcome.run_id)
     assert run.status == "completed"
     assert provider.invocations == [("research", 1), ("research", 2), ("research", 3), ("summarize", 1)]
+
+
+def test_each_model_call_records_only_the_new_messages_and_the_hash_of_the_whole_request(
+        workspace: Workspace) -> None:
+    bodies: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def script(request: ModelRequest) -> dict[str, Any]:
+        bodies[(request.step_path, request.turn)] = json.loads(canonical_json(request.body))
+        return SCRIPT[request.step_path][request.turn - 1]
+
+    outcome = start_run(workspace=workspace, workflow=build_drill(provider=ScriptedProvider(script=script)),
+                        input=DRILL_INPUT)
+
+    assert outcome.status == "completed"
+    called = [e["payload"] for e in _events(workspace, outcome.run_id) if e["type"] == "harness.model.called"]
+    assert len(called) == len(bodies) == 4
+    rebuilt: dict[str, list[Any]] = {}
+    for p in called:
+        body = bodies[(p["stepPath"], p["turn"])]
+        request = p["request"]
+        assert set(request) == {"model", "messagesFrom", "messages", "toolsHash"}
+        conversation = rebuilt.setdefault(p["stepPath"], [])
+        assert request["messagesFrom"] == len(conversation)  # what earlier turns recorded
+        conversation += request["messages"]
+        assert conversation == body["messages"]
+        assert (request["model"], request["toolsHash"]) == (body["model"], digest(body["tools"]))
+        assert p["promptHash"] == digest(body)
+    assert [p["request"]["messagesFrom"] for p in called if p["stepPath"] == "research"] == [0, 2, 5]
 
 
 def test_completed_steps_and_recorded_calls_are_not_run_again_on_resume(workspace: Workspace) -> None:

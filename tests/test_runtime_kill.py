@@ -36,8 +36,11 @@ from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
 DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
 PIPELINE_OUTPUT = {"child": {"topic": "Lisbon", "answer": "Bergen is mild."}, "notified": "msg-ops"}
-# The drill's log is 37 events; 36 gaps between them, each a kill point, plus the moment before
-# each of its 8 answers is committed (the call made, its record not).
+# The drill's log is 37 events; a kill is tried after each of them but the last, plus the moment
+# before each of its 8 answers is committed (the call made, its record not). Events with no effect
+# outside between them share a commit (a model's response and the claim of the tool call it asks
+# for; a tool's outcome and the next model call), so a kill after the first of such a pair lands
+# after the pair: every commit boundary is still a kill point.
 DRILL_EVENTS = 37
 DRILL_ANSWERS = [9, 11, 13, 15, 17, 19, 25, 31]  # harness.model.responded / tool_call.succeeded sequences
 ANSWER_TYPES = ("harness.model.responded", "harness.tool_call.succeeded")
@@ -146,12 +149,17 @@ def test_drill_killed_at_every_point_resumes_to_the_same_output_repeating_only_t
     assert len(baseline["shape"]) == DRILL_EVENTS
     assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == DRILL_ANSWERS
     assert len(KILLS) == 44
+    boundaries = set()
     for seam, n in KILLS:
-        _kill_and_resume(workspace, tmp_path, monkeypatch, "drill", DRILL_INPUT, DRILL_OUTPUT, baseline, seam, n)
+        written = _kill_and_resume(workspace, tmp_path, monkeypatch, "drill", DRILL_INPUT, DRILL_OUTPUT, baseline,
+                                   seam, n)
+        boundaries.add((seam, written))
+    assert len(boundaries) >= 30, sorted(boundaries)  # distinct places the executor died
 
 
 def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workflow: str,
-                     run_input: Any, expected: Any, baseline: dict[str, Any], seam: str, n: int) -> None:
+                     run_input: Any, expected: Any, baseline: dict[str, Any], seam: str, n: int) -> int:
+    """Kill at the point, resume, check; how many events the killed executor had committed."""
     point = f"{workflow} {seam} {n}"
     run_id, calls = f"run_kill_{workflow}_{seam.split('_')[2].lower()}_{n}", tmp_path / f"{workflow}-{seam}-{n}.jsonl"
 
@@ -159,7 +167,8 @@ def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.M
 
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, point
     written = len(_events(workspace, run_id))
-    # a parallel group's branches are scheduled in one commit, so a kill after the first lands after all
+    # a kill after the first event of a commit of two (a parallel group's branches, a response and
+    # the claim it leads to, an outcome and the next model call) lands after the second
     assert written in ((n, n + 1) if seam == KILL_AFTER_ENV else (n - 1,)), (point, written)
     resumed = _resume(run_id, calls, monkeypatch)
     assert (resumed["status"], resumed["output"]) == ("completed", expected), point
@@ -169,6 +178,7 @@ def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.M
     in_flight = {_call_of(e, events) for e in events if e["sequence"] == n and e["type"] in ANSWER_TYPES} \
         if seam == KILL_BEFORE_ENV else set()
     assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in baseline["calls"]}), point
+    return written
 
 
 PIPELINE_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}

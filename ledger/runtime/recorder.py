@@ -8,9 +8,15 @@ Test seams (documented here, read only from the environment, inert when unset):
 
 - RUNLEDGER_KILL_AFTER_SEQUENCE=N: the process SIGKILLs itself right after the commit that took
   the log to sequence N or beyond, if this process wrote past N (a resumer started after N lives).
-- RUNLEDGER_KILL_BEFORE_SEQUENCE=N: it SIGKILLs itself right before the write that would commit
-  sequence N, i.e. after the work that event records (a model reply, a tool run) was done: the
-  in-flight case a resume must repeat.
+- RUNLEDGER_KILL_BEFORE_SEQUENCE=N: it SIGKILLs itself right before the write (one commit, maybe
+  of several events) that would commit sequence N, i.e. after the work that event records (a
+  model reply, a tool run) was done: the in-flight case a resume must repeat.
+
+Facts with no effect outside between them share one commit: a model's response is deferred to
+the write that claims the tool call it asks for (or ends the session), a tool call's outcome to
+the write that records the next model call (or claims the next tool call, or ends the step).
+Whatever acts outside (a model request, a tool run) runs only after a commit that holds
+everything before it, so a crash loses at most the in-flight call's answer.
 - RUNLEDGER_KILL_RUN_ID=run_…: the two above apply only to that run's writes (a parent or one of
   its sub-runs); unset, to every run this process writes.
 """
@@ -19,18 +25,17 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-from .. import clock
-from ..append import AppendResult, append_events
+from .. import clock, gateway
+from ..append import append_events
 from ..leases import Lease, renew_run_lease
-from ..models import Run, Workspace
+from ..models import Workspace
 
 KILL_AFTER_ENV = "RUNLEDGER_KILL_AFTER_SEQUENCE"
 KILL_BEFORE_ENV = "RUNLEDGER_KILL_BEFORE_SEQUENCE"
 KILL_RUN_ENV = "RUNLEDGER_KILL_RUN_ID"
-T = TypeVar("T")
 
 
 def _seam(name: str) -> int | None:
@@ -51,6 +56,8 @@ class Recorder:
         self.parent = parent
         self.last_sequence = last_sequence
         self._started_at = last_sequence
+        self._pending: list[Mapping[str, Any]] = []
+        self._completion: dict[str, Any] | None = None
         armed = os.environ.get(KILL_RUN_ENV, "").strip() in ("", run_id)
         self._kill_after = _seam(KILL_AFTER_ENV) if armed else None
         self._kill_before = _seam(KILL_BEFORE_ENV) if armed else None
@@ -59,21 +66,51 @@ class Recorder:
     def fencing_token(self) -> int | None:
         return self.lease.fencing_token if self.lease else None
 
-    def append(self, *events: Mapping[str, Any]) -> AppendResult:
-        self._before_write()
-        result = append_events(workspace=self.workspace, run_id=self.run_id, events=list(events),
-                               fencing_token=self.fencing_token)
-        self._after_write(result.last_sequence)
-        return result
+    def append(self, *events: Mapping[str, Any]) -> int:
+        """Commit `events` (after whatever was deferred) in one transaction; the log's new end."""
+        return self._write(list(events)).last_sequence
 
-    def gateway(self, service: Callable[..., T], *, appends: bool = True, **kwargs: Any) -> T:
-        """Call a tool gateway service for this run: it appends itself, with our fencing token."""
-        if appends:
-            self._before_write()
-        outcome = service(workspace=self.workspace, run_id=self.run_id, fencing_token=self.fencing_token, **kwargs)
-        last = Run.objects.filter(workspace=self.workspace, run_id=self.run_id).values_list(
-            "last_sequence", flat=True).get()
-        self._after_write(last)
+    def defer(self, *events: Mapping[str, Any]) -> None:
+        """Hold `events` for the next write, which commits them first. Only for facts with no
+        effect outside before that write: every call that acts outside (a model request, a tool
+        run) is preceded by a write, and `flush` runs before it anyway."""
+        self._pending.extend(events)
+
+    def defer_completion(self, *, call_id: str, lease_token: str, outcome: str, value: Any, step_path: str) -> None:
+        """Hold a tool call's gateway completion for the next write (see `defer`). The value is
+        checked now, so a value with no JSON form still fails where the tool returned it."""
+        self.flush()  # at most one completion waits; an earlier one goes first
+        self._completion = {"call_id": call_id, "lease_token": lease_token, "outcome": outcome, "step_path": step_path,
+                            "value": gateway.prepare_outcome(self.workspace, outcome, value)}
+
+    def claim_outbound(self, **claim: Any) -> gateway.Claimed | gateway.Finished:
+        """Claim a tool call and mark it outbound in one commit with everything deferred: after it
+        returns Claimed, the call may run."""
+        claimed = self._write([], claim=claim).claimed
+        assert claimed is not None
+        return claimed
+
+    def flush(self) -> None:
+        if self._pending or self._completion is not None:
+            self._write([])
+
+    def discard(self) -> None:
+        """Forget what was deferred (after a failed write that may or may not have carried it)."""
+        self._pending, self._completion = [], None
+
+    def _write(self, events: list[Mapping[str, Any]], claim: dict[str, Any] | None = None) -> gateway.Batch:
+        batch, completion = [*self._pending, *events], self._completion
+        self._before_write(len(batch) + (completion is not None) + (claim is not None))
+        self.discard()
+        if completion is None and claim is None:
+            last = append_events(workspace=self.workspace, run_id=self.run_id, events=batch,
+                                 fencing_token=self.fencing_token).last_sequence
+            outcome = gateway.Batch(None, None, last)
+        else:
+            outcome = gateway.runtime_batch(workspace=self.workspace, run_id=self.run_id,
+                                            fencing_token=self.fencing_token, complete=completion, events=batch,
+                                            claim=claim)
+        self._after_write(outcome.last_sequence)
         return outcome
 
     def keep_alive(self) -> None:
@@ -83,8 +120,9 @@ class Recorder:
         if self.parent is not None:
             self.parent.keep_alive()
 
-    def _before_write(self) -> None:
-        if self._kill_before is not None and self.last_sequence + 1 == self._kill_before:
+    def _before_write(self, count: int) -> None:
+        # `count` is what the write is expected to append (a gateway refusal may add or drop one)
+        if self._kill_before is not None and self.last_sequence < self._kill_before <= self.last_sequence + count:
             _die()
         self.keep_alive()
 

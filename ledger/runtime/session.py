@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..canonical import digest
+from ..canonical import canonical_bytes, digest, sha256_hex
 from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RuntimeIntegrityError, StepFailure
 from .providers import ModelReply, ModelRequest
@@ -79,6 +79,38 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         recorder.append({"type": "harness.session.failed", "payload": {
             "stepPath": step_path, "role": ROLE, "error": failure.as_error()}})
         raise
+    except BaseException:
+        _flush_quietly(recorder)
+        raise
+
+
+def _flush_quietly(recorder: Recorder) -> None:
+    """Commit what was deferred before an unexpected error ends the session (a response or a
+    tool outcome that is already known); if that write fails too, the original error wins."""
+    try:
+        recorder.flush()
+    except Exception:  # noqa: BLE001 - e.g. Fenced again; the error being raised says more
+        recorder.discard()
+
+
+class PromptHasher:
+    """digest({"model", "messages", "tools"}) of a conversation that only grows, without
+    canonicalizing every earlier message again each turn: RFC 8785 composes (an array of canonical
+    values, an object of them in key order, is canonical), so each message is encoded once."""
+
+    def __init__(self, model_id: str, specs: list[dict[str, Any]]) -> None:
+        self._tail = b'],"model":' + canonical_bytes(model_id) + b',"tools":' + canonical_bytes(specs) + b"}"
+        self._parts: list[bytes] = []
+        self._messages: list[Any] = []
+
+    def __call__(self, messages: list[Any]) -> str:
+        known = len(self._parts)
+        if len(messages) < known or any(a is not b for a, b in zip(self._messages, messages)):
+            self._parts, self._messages, known = [], [], 0  # not the conversation seen so far
+        for message in messages[known:]:
+            self._parts.append(canonical_bytes(message))
+            self._messages.append(message)
+        return "sha256:" + sha256_hex(b'{"messages":[' + b",".join(self._parts) + self._tail)
 
 
 def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
@@ -91,9 +123,15 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         messages.append({"role": "system", "content": step.system})
     messages.append({"role": "user", "content": prompt})
     usage = {"inputTokens": 0, "outputTokens": 0}
+    tools_hash = digest(specs)
+    hashed = PromptHasher(provider.model_id, specs)
+    recorded = 0  # messages an earlier turn's harness.model.called already holds
     for turn in range(1, step.max_turns + 1):
-        reply = _model_turn(recorder, record, provider, step_path, prefix, turn,
-                            {"model": provider.model_id, "messages": messages, "tools": specs})
+        body = {"model": provider.model_id, "messages": messages, "tools": specs}
+        delta = {"model": provider.model_id, "messagesFrom": recorded, "messages": messages[recorded:],
+                 "toolsHash": tools_hash}
+        reply = _model_turn(recorder, record, provider, step_path, prefix, turn, body, delta, hashed(messages))
+        recorded = len(messages)
         for key in usage:
             usage[key] += int(reply.usage.get(key, 0) or 0)
         messages = [*messages, {"role": "assistant", "content": reply.text, "toolCalls": reply.tool_calls}]
@@ -116,8 +154,9 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
 
 
 def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: str, prefix: str, turn: int,
-                body: dict[str, Any]) -> ModelReply:
-    prompt_hash = digest(body)
+                body: dict[str, Any], delta: dict[str, Any], prompt_hash: str) -> ModelReply:
+    """`body` is what the provider gets; the log records `delta` (the messages new since the
+    previous turn's record) and `prompt_hash`, digest(body), which a resume recomputes."""
     last_error: Any = None
     for retry in range(MODEL_CALL_TRIES):
         call_id = model_call_id(prefix, turn, retry)
@@ -139,7 +178,8 @@ def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: st
             continue
         if called is None:  # committed before the provider is invoked: a crash leaves it pending
             recorder.append({"type": "harness.model.called", "payload": {
-                "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": body}})
+                "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": delta}})
+        recorder.flush()  # nothing may wait uncommitted while the request is out
         try:
             reply = provider.generate(ModelRequest(step_path=step_path, turn=turn, body=body))
         except Exception as exc:  # the provider's failure is the call's recorded error, not the executor's
@@ -148,7 +188,8 @@ def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: st
                 "turn": turn, "callId": call_id, "stepPath": step_path, "error": last_error,
                 "model": {"provider": provider.name, "modelId": provider.model_id}}})
             continue
-        recorder.append({"type": "harness.model.responded", "payload": {
+        # Committed with the next write (the claim of the tool call it asks for, or the session's end).
+        recorder.defer({"type": "harness.model.responded", "payload": {
             "turn": turn, "callId": call_id, "stepPath": step_path,
             "model": {"provider": provider.name, "modelId": provider.model_id}, "response": reply.response()}})
         return reply

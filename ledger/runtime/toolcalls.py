@@ -28,18 +28,19 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     """
     if call_id in record.tool_outcomes:
         return record.tool_outcomes[call_id]
-    claimed = recorder.gateway(
-        gateway.claim_tool_call, call_id=call_id, tool_name=tool.name, args=args, effect=tool.effect,
+    # One commit claims the call, marks it outbound and holds what was deferred before it.
+    claimed = recorder.claim_outbound(
+        call_id=call_id, tool_name=tool.name, args=args, effect=tool.effect,
         owner=f"runtime:{recorder.run_id}", idempotency_key=idempotency_key(recorder.run_id, step_path, call_id),
         timeout_s=tool.timeout_s, caller=caller, turn=turn, step_path=step_path,
     )
     if isinstance(claimed, gateway.Finished):
         return ("result", claimed.result) if claimed.status == "succeeded" else ("error", claimed.error)
-    recorder.gateway(gateway.mark_outbound, appends=False, call_id=call_id, lease_token=claimed.lease_token)
     try:
         outcome: tuple[str, Any] = ("result", tool.fn(args))
     except Exception as exc:  # the tool's failure is the call's recorded error, not ours
         outcome = ("error", {"name": type(exc).__name__, "message": str(exc)})
-    recorder.gateway(gateway.complete_tool_call, call_id=call_id, lease_token=claimed.lease_token,
-                     outcome=outcome[0], value=outcome[1])
+    # Committed with the next write, before anything else acts outside.
+    recorder.defer_completion(call_id=call_id, lease_token=claimed.lease_token, outcome=outcome[0],
+                              value=outcome[1], step_path=step_path)
     return outcome
