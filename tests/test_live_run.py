@@ -11,6 +11,7 @@ poll, which is the lossy-layer path: both must still deliver every event once, i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -27,6 +28,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from console.asgi import application
+from console.live import run as live_run
 from ledger.announce import group_for
 from ledger.append import append_events
 from ledger.models import Event, Run, Workspace
@@ -225,6 +227,94 @@ def test_workspace_picks_the_run_when_two_workspaces_hold_the_same_id(member: An
 
     assert "wf_research" in async_to_sync(first_row)("/ws/runs/run_twin/?workspace=acme/research")
     assert "wf_support" in async_to_sync(first_row)("/ws/runs/run_twin/?workspace=acme/support")
+
+
+# --- one read per run per process, shared by its subscribers -------------------------------------
+
+
+def test_subscribers_at_different_positions_each_get_their_sequences_once_in_order_while_events_land(
+    member: Any, workspace: Workspace, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Subscribers that connect at different `after`s while events are appended (and poll, and
+    page through small reads) share reads; each still gets exactly the sequences after its own
+    position, once, in order, then `end`."""
+    monkeypatch.setattr(live_run, "PAGE_SIZE", 4)  # catch-up over several pages
+    settings.LEDGER_STREAM_POLL_SECONDS = 0.05  # polls interleave with announcements
+    append_events(workspace=workspace, run_id="run_many", events=[started()] + [
+        ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 13)])
+    run_pk = Run.objects.get(run_id="run_many").pk
+    session = _session_id(member)
+    positions = [0, 3, 7, 7, 12, 12, 5]
+
+    async def listen(after: int) -> list[dict[str, Any]]:
+        comm = _communicator(f"/ws/runs/run_many/?after={after}&workspace=acme/support", session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        received: list[dict[str, Any]] = []
+        while not received or received[-1]["type"] != "end":
+            received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
+        assert (await comm.receive_output(timeout=TIMEOUT_S))["type"] == "websocket.close"
+        return received
+
+    async def write() -> None:
+        n = 13
+        for size in (1, 3, 1, 2, 5, 1, 1, 4, 2):
+            await _append(workspace, "run_many", *(ev("StepScheduled", stepPath=f"s{n + i}") for i in range(size)))
+            n += size
+            await asyncio.sleep(0.01)
+        await _append(workspace, "run_many", ev("RunCompleted"))
+
+    async def scenario() -> tuple[list[list[dict[str, Any]]], bool]:
+        listeners = [asyncio.ensure_future(listen(after)) for after in positions]
+        await asyncio.sleep(0)
+        await write()
+        received = [await asyncio.wait_for(listener, 60) for listener in listeners]
+        return received, run_pk in live_run.feeds_here()
+
+    received, feed_left_behind = async_to_sync(scenario)()
+    last = Run.objects.get(run_id="run_many").last_sequence
+    assert last == 33
+    for after, messages in zip(positions, received):
+        assert [m["sequence"] for m in messages[:-1]] == list(range(after + 1, last + 1)), after
+        assert messages[-1] == {"type": "end", "status": "completed"}
+        assert all(f'data-sequence="{m["sequence"]}"' in m["html"] for m in messages[:-1])
+    assert not feed_left_behind  # the last subscriber to end took the run's feed with it
+
+
+def test_one_database_read_per_announcement_serves_every_subscriber_of_the_run(
+    member: Any, workspace: Workspace, settings: Any
+) -> None:
+    settings.LEDGER_STREAM_POLL_SECONDS = 60  # only announcements make them read
+    append_events(workspace=workspace, run_id="run_fan", events=[started(), ev("StepScheduled", stepPath="a")])
+    run_pk = Run.objects.get(run_id="run_fan").pk
+    session = _session_id(member)
+    subscribers = 12
+
+    async def scenario() -> tuple[list[int], list[list[int]], bool]:
+        comms = [_communicator("/ws/runs/run_fan/?after=1&workspace=acme/support", session)
+                 for _ in range(subscribers)]
+        for comm in comms:
+            assert (await comm.connect(timeout=TIMEOUT_S))[0]
+            # Its connect read is over once it sent what it found.
+            assert (await comm.receive_json_from(timeout=TIMEOUT_S))["sequence"] == 2
+        feed = live_run.feeds_here()[run_pk]
+        reads, got = [], []
+        for batch in ([ev("StepScheduled", stepPath="b")],
+                      [ev("StepScheduled", stepPath="c"), ev("StepScheduled", stepPath="d")]):
+            before = feed.database_reads
+            await _append(workspace, "run_fan", *batch)
+            got.append([(await comm.receive_json_from(timeout=TIMEOUT_S))["sequence"]
+                        for comm in comms for _ in batch])
+            for comm in comms:
+                assert await comm.receive_nothing(timeout=0.05)
+            reads.append(feed.database_reads - before)
+        for comm in comms:
+            await comm.disconnect()
+        return reads, got, run_pk in live_run.feeds_here()
+
+    reads, got, feed_left_behind = async_to_sync(scenario)()
+    assert got == [[3] * subscribers, [4, 5] * subscribers]
+    assert reads == [1, 1]
+    assert not feed_left_behind
 
 
 # --- two Daphne processes -------------------------------------------------------------------------
