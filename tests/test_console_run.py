@@ -64,7 +64,7 @@ def _rich_run(workspace: Workspace, run_id: str = RUN, *, extra_steps: int = 0) 
     for n in range(extra_steps):
         path = f"extra{n}"
         events += [ev("StepScheduled", stepPath=path), ev("StepAttemptStarted", stepPath=path, attempt=1),
-                   *_model_events(path, 1, MINI), ev("StepCompleted", stepPath=path, attempt=1, output=n)]
+                   _session(path), *_model_events(path, 1, MINI), ev("StepCompleted", stepPath=path, attempt=1, output=n)]
     append_events(workspace=workspace, run_id=run_id, events=events)
 
 
@@ -189,7 +189,7 @@ def test_rows_show_type_step_time_origin_payload_and_artifact_links(client: Clie
     html = client.get(BASE).content.decode()
     completed = re.search(r'<tr class="event" id="event-7" data-sequence="7">.*?</tr>', html, re.S).group(0)
     assert "StepCompleted" in completed and ">extract<" in completed
-    assert '<span class="origin origin-live">live</span>' in completed
+    assert 'class="origin' not in completed  # not a model or tool event: no origin badge
     assert '"name": "Ada"' in completed.replace("&quot;", '"')
     assert '<button type="button" class="copy"' in completed
     blob = artifacts.store_bytes(workspace, b'{"big": true}')  # the same bytes: the same artifact
@@ -200,6 +200,36 @@ def test_rows_show_type_step_time_origin_payload_and_artifact_links(client: Clie
 
     simulated = re.search(r'<tr class="event" id="event-13" data-sequence="13">.*?</tr>', html, re.S).group(0)
     assert '<span class="origin origin-simulated">simulated</span>' in simulated
+
+
+def _origin_badges(html: str) -> dict[int, str | None]:
+    rows = re.findall(r'<tr class="event" id="event-(\d+)".*?</tr>', html, re.S)
+    bodies = re.split(r'<tr class="event" id="event-\d+"', html)[1:]
+    return {int(n): (re.findall(r'<span class="origin origin-(\w+)">', body) or [None])[0]
+            for n, body in zip(rows, bodies)}
+
+
+def test_only_model_and_tool_events_carry_an_origin_badge(client: Client, member: Any, workspace: Workspace) -> None:
+    """DESIGN.md §3: a re-execution writes `origin` on model and tool events; an original run's
+    calls happened live; no other event has an origin, whatever its payload says."""
+    append_events(workspace=workspace, run_id="run_origins", events=[
+        started(),
+        ev("StepScheduled", stepPath="a"),
+        _session("a"),
+        ev("harness.model.called", stepPath="a", turn=1, callId="m1", promptHash="h", request={}, origin="recorded"),
+        ev("harness.model.responded", stepPath="a", turn=1, callId="m1", model=MINI, origin="recorded",
+           response={"text": "ok", "usage": {"inputTokens": 1, "outputTokens": 1}}),
+        ev("harness.tool_call.started", callId="t1", caller="model", toolName="search", args={}, origin="simulated"),
+        ev("harness.tool_call.succeeded", callId="t1", result={"hits": 0}, durationMs=1.0),
+        ev("custom.note", origin="simulated"),
+        ev("harness.model.called", stepPath="a", turn=2, callId="m2", promptHash="h", request={}),
+    ])
+    client.force_login(member)
+    badges = _origin_badges(client.get("/w/acme/support/runs/run_origins/").content.decode())
+    assert badges == {1: None, 2: None, 3: None, 4: "recorded", 5: "recorded", 6: "simulated", 7: "live",
+                      8: None, 9: "live"}
+    pushed_the_same = client.get("/w/acme/support/runs/run_origins/timeline/rows/", {"after": 5}).content.decode()
+    assert _origin_badges(pushed_the_same) == {6: "simulated", 7: "live", 8: None, 9: "live"}
 
 
 def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(client: Client, member: Any,
@@ -279,6 +309,59 @@ def test_steps_tab_shows_steps_should_run_sessions_and_replay_readiness(client: 
     assert html.count("replay from the record") == 2 and html.count("<strong>re-invoke</strong>") == 1
     for check in ("dense_sequence", "artifact_hashes", "manifest_drift"):
         assert f'<span class="mono">{check}</span>' in html
+
+
+def _step_rows(html: str) -> list[str]:
+    return re.findall(r'<tr class="step" data-step="([^"]+)">', html)
+
+
+def _session_steps(html: str) -> list[str]:
+    return re.findall(r'<details class="session"[^>]*><summary><span class="mono">([^<]+)</span>', html)
+
+
+def test_steps_tab_pages_by_position_and_shows_the_sessions_of_the_page_only(
+    client: Client, member: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("console.pages.run.STEPS_PAGE_SIZE", 5)
+    _rich_run(workspace, extra_steps=10)  # extract, score, extra0..extra9
+    client.force_login(member)
+    url = f"{BASE}steps/"
+
+    first = client.get(url).content.decode()
+    assert _step_rows(first) == ["extract", "score", "extra0", "extra1", "extra2"]
+    assert _session_steps(first) == ["extract", "score", "extra0", "extra1", "extra2"]
+    assert "steps 1–5 of 12" in first
+    assert f'<a class="next" href="{url}?start=5" hx-get="{url}?start=5" hx-target="#tab-panel" hx-push-url="true">' in first
+    assert 'class="previous"' not in first
+    assert 'id="replay-ready" class="verdict verdict-fail"' in first  # the plan is the whole run's
+
+    second = client.get(url, {"start": 5}, **HTMX).content.decode()
+    assert "<html" not in second
+    assert _step_rows(second) == _session_steps(second) == [f"extra{n}" for n in range(3, 8)]
+    assert f'<a class="previous" href="{url}?start=0"' in second and f'<a class="next" href="{url}?start=10"' in second
+    assert "model:score:turn2:response" in second
+
+    last = client.get(url, {"start": 10}).content.decode()
+    assert _step_rows(last) == _session_steps(last) == ["extra8", "extra9"]
+    assert "steps 11–12 of 12" in last and 'class="next"' not in last
+
+    past = client.get(url, {"start": 50}).content.decode()
+    assert _step_rows(past) == [] and "No steps on this page." in past and f'<a class="first" href="{url}"' in past
+
+
+def test_a_run_of_one_page_of_steps_has_no_pager(client: Client, member: Any, rich_run: str) -> None:
+    client.force_login(member)
+    for tab in ("steps", "costs"):
+        html = client.get(f"{BASE}{tab}/").content.decode()
+        assert "step-pager" not in html
+
+
+@pytest.mark.parametrize("tab", ["steps", "costs"])
+@pytest.mark.parametrize("start", ["-1", "x", "1.5"])
+def test_a_bad_step_page_is_a_readable_400(client: Client, member: Any, rich_run: str, tab: str, start: str) -> None:
+    client.force_login(member)
+    response = client.get(f"{BASE}{tab}/", {"start": start})
+    assert response.status_code == 400 and b"start must be" in response.content
 
 
 # --- sub-runs -----------------------------------------------------------------------------------
@@ -434,6 +517,20 @@ def test_costs_tab_per_step_and_per_model_with_coverage(client: Client, member: 
     assert "Run total" in per_model and "1/2 priced (50%)" in per_model
 
 
+def test_costs_tab_pages_its_steps_and_totals_the_whole_run(client: Client, member: Any, workspace: Workspace,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("console.pages.run.STEPS_PAGE_SIZE", 5)
+    _rich_run(workspace, extra_steps=10)
+    client.force_login(member)
+    html = client.get(f"{BASE}costs/", {"start": 5}, **HTMX).content.decode()
+    per_step, per_model = html.split('id="costs-per-model"')
+    assert re.findall(r'<tr><td class="mono">([^<]+)</td>', per_step) == [f"extra{n}" for n in range(3, 8)]
+    assert "steps 6–10 of 12" in per_step and f'href="{BASE}costs/?start=10"' in per_step
+    # Per model and in total: every call of the run, not the page's.
+    assert re.search(r"openai/gpt-4o-mini</td><td class=\"num\">11</td><td class=\"num\">1100</td>", per_model)
+    assert re.search(r"Run total</th><td></td><td class=\"num\">1200</td>.*?11/12 priced \(92%\)", per_model, re.S)
+
+
 # --- feedback -------------------------------------------------------------------------------------
 
 
@@ -511,6 +608,21 @@ def test_the_timeline_of_10000_events_takes_as_many_queries_as_100(
     assert _sequences(response.content) == list(range(9801, 10001))
     with django_assert_num_queries(_queries(client, "/w/acme/support/runs/run_small/timeline/rows/?after=0")):
         client.get("/w/acme/support/runs/run_huge/timeline/rows/?after=5000")
+
+
+@pytest.mark.parametrize("tab", ["steps", "costs"])
+def test_a_page_of_a_many_page_run_takes_as_many_queries_as_a_one_page_run(
+    client: Client, member: Any, workspace: Workspace, django_assert_num_queries: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch, tab: str
+) -> None:
+    monkeypatch.setattr("console.pages.run.STEPS_PAGE_SIZE", 20)
+    _rich_run(workspace, "run_few", extra_steps=2)
+    _rich_run(workspace, "run_many", extra_steps=150)
+    client.force_login(member)
+    small = _queries(client, f"/w/acme/support/runs/run_few/{tab}/")
+    with django_assert_num_queries(small):
+        response = client.get(f"/w/acme/support/runs/run_many/{tab}/", {"start": 60})
+    assert "steps 61–80 of 152" in response.content.decode()
 
 
 @pytest.mark.parametrize("tab", ["steps", "evidence", "costs", "subruns"])

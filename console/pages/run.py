@@ -6,7 +6,8 @@ rendered by one row template for the page, the `timeline/rows/` fragment and the
 (console/live/run.py), so a row looks the same however it arrived.
 
 Query counts do not grow with the run: every list is one query (or a replay-plan/evidence read,
-which is a constant number of queries over the whole log), and the timeline reads one page.
+which is a constant number of queries over the whole log), the timeline reads one page of events,
+and the steps and costs tabs one page of steps (`?start=N`, by position).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ledger.feedback import record_feedback
 from ledger.models import CostEntry, Feedback, Run, Step, ToolGatewayClaim, UsageColumns, Workspace
 from ledger.plans import replay_plan_for
 from ledger.verify import artifact_refs
+from ledger.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
 
 from ..access import has_role, workspace_or_404
 
@@ -42,7 +44,8 @@ TAB_LABELS = {"timeline": "Timeline", "steps": "Steps & replay plan", "subruns":
               "evidence": "Evidence", "costs": "Costs"}
 PAGE_SIZE = 200
 MAX_PAGE_SIZE = 1000
-ORIGINS = ("recorded", "simulated", "live")
+STEPS_PAGE_SIZE = 200  # steps per page of the steps and costs tabs, by position
+MISSING_SHOWN = 50  # replayReady's missing items listed before "and N more"
 FEEDBACK_SHOWN = 50
 MAX_CATEGORY = 100
 MAX_COMMENT = 10_000
@@ -92,14 +95,19 @@ def artifact_url(workspace: Workspace, artifact_id: str) -> str:
     return f"{url}?workspace={workspace.tenant.slug}/{workspace.slug}"
 
 
-def event_row(envelope: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
-    """What the row template shows of one envelope.
-
-    `origin` is what a re-execution wrote (recorded | simulated | live); an event without one was
-    written as it happened, so it reads "live".
-    """
-    payload = envelope["payload"]
+def event_origin(event_type: str, payload: Any) -> str | None:
+    """The origin badge of a model or tool event (DESIGN.md §3): what a re-execution wrote
+    (recorded | simulated | live), else "live" (an original run's calls happened live). Other
+    events have no origin: None."""
+    if not event_type.startswith(MODEL_AND_TOOL_PREFIXES):
+        return None
     origin = payload.get("origin") if isinstance(payload, dict) else None
+    return origin if origin in ORIGINS else "live"
+
+
+def event_row(envelope: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
+    """What the row template shows of one envelope."""
+    payload = envelope["payload"]
     step_path = payload.get("stepPath") if isinstance(payload, dict) else None
     refs = sorted(set(artifact_refs(payload)))
     return {
@@ -108,7 +116,7 @@ def event_row(envelope: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         "type": envelope["type"],
         "step_path": step_path if isinstance(step_path, str) else "",
         "recorded_at": envelope["recordedAt"],
-        "origin": origin if origin in ORIGINS else "live",
+        "origin": event_origin(envelope["type"], payload),
         # The stored payload is canonical JSON; json.loads kept its key order, so this is it, indented.
         "pretty": json.dumps(payload, indent=2, ensure_ascii=False),
         "artifacts": [{"id": ref.removeprefix("artifact://"),
@@ -242,8 +250,26 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
     })
 
 
+def _step_page(request: HttpRequest, run: Run, tab: str) -> tuple[list[Step], dict[str, Any]]:
+    """One page of the run's steps by position (`?start=N`, 0-based) and its pager."""
+    start = _int_param(request, "start", 0, minimum=0)
+    # Positions are dense from 0 (the fold numbers steps by first appearance), so a page is a range.
+    steps = list(Step.objects.filter(run=run, position__gte=start, position__lt=start + STEPS_PAGE_SIZE)
+                 .order_by("position"))
+    total = Step.objects.filter(run=run).count()
+    base = _tab_url(run, tab)
+    end = start + STEPS_PAGE_SIZE
+    return steps, {
+        "start": start, "first_shown": start + 1, "last_shown": start + len(steps), "total": total,
+        "paged": total > STEPS_PAGE_SIZE or start > 0,
+        "previous_url": (f"{base}?start={max(0, start - STEPS_PAGE_SIZE)}" if start > 0 else None),
+        "next_url": f"{base}?start={end}" if end < total else None,
+        "first_url": base if start > 0 else None,
+    }
+
+
 def _steps(request: HttpRequest, run: Run) -> Tab:
-    steps = list(Step.objects.filter(run=run).order_by("position"))
+    steps, pager = _step_page(request, run, "steps")
     plan = replay_plan_for(run) if run.last_sequence else None
     should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
     rows = [{
@@ -253,17 +279,26 @@ def _steps(request: HttpRequest, run: Run) -> Tab:
         "should_run": should_run.get(s.step_path, s.status != "completed"), "error": s.error,
     } for s in steps]
     sessions = []
+    missing: list[str] = []
     if plan:
-        # The plan replays an in-doubt call's outcome once reconciled; until then it blocks the replay.
-        in_doubt = {m[len("tool:"):-len(":in_doubt")] for m in plan["replayReady"]["missing"]
+        missing = plan["replayReady"]["missing"]
+        # In doubt: the plan replays an in-doubt call's outcome once reconciled; until then it
+        # blocks the replay.
+        in_doubt = {m[len("tool:"):-len(":in_doubt")] for m in missing
                     if m.startswith("tool:") and m.endswith(":in_doubt")}
         # A lease that ran out after outbound is in doubt before the gateway has written it down.
         in_doubt |= {c.call_id for c in ToolGatewayClaim.objects.filter(run=run, status="claimed")
                      if _claim_in_doubt(c)}
+        on_page = {s.step_path for s in steps}
+        if pager["start"] == 0:  # sessions of no step go with the first page
+            on_page |= {session["stepPath"] for session in plan["sessions"]} - set(should_run)
         sessions = [{**session, "calls": [
             {**call, "in_doubt": call["kind"] == "tool" and call.get("callId") in in_doubt}
-            for call in session["calls"]]} for session in plan["sessions"]]
-    return Tab("console/run/steps.html", {"steps": rows, "plan": plan, "sessions": sessions})
+            for call in session["calls"]]} for session in plan["sessions"] if session["stepPath"] in on_page]
+    return Tab("console/run/steps.html", {
+        "steps": rows, "plan": plan, "sessions": sessions, "pager": pager,
+        "missing": missing[:MISSING_SHOWN], "missing_more": max(0, len(missing) - MISSING_SHOWN),
+    })
 
 
 @dataclass
@@ -384,10 +419,12 @@ def _evidence(request: HttpRequest, run: Run, forms: dict[str, ReconcileForm] | 
 
 
 def _costs(request: HttpRequest, run: Run) -> Tab:
-    steps = [{
+    """Per step (a page of them), per model (summed in the database) and the run's totals."""
+    steps, pager = _step_page(request, run, "costs")
+    rows = [{
         "path": s.step_path, "tokens": tokens(s), "cost": money(s.cost_usd),
         "coverage": coverage(s.priced_calls, s.unpriced_calls),
-    } for s in Step.objects.filter(run=run).order_by("position")]
+    } for s in steps]
     per_model = (
         CostEntry.objects.filter(run=run).values("provider", "model_id")
         .annotate(calls=Count("pk"), priced=Count("cost_usd"), cost=Sum("cost_usd"),
@@ -399,7 +436,7 @@ def _costs(request: HttpRequest, run: Run) -> Tab:
         **m, "cost_text": money(m["cost"]), "coverage": coverage(m["priced"], m["calls"] - m["priced"]),
     } for m in per_model]
     return Tab("console/run/costs.html", {
-        "steps": steps, "models": models, "total_tokens": tokens(run),
+        "steps": rows, "pager": pager, "models": models, "total_tokens": tokens(run),
         "run_cost": money(run.cost_usd), "run_coverage": coverage(run.priced_calls, run.unpriced_calls),
     })
 
