@@ -399,7 +399,8 @@ def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token:
     duration_ms = round((now - (claim.outbound_at or claim.claimed_at)).total_seconds() * 1000)
     _store_outcome(run, claim, outcome, value)
     claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = status, duration_ms, now, now
-    claim.save()
+    claim.save(update_fields=["result", "error", "outcome_ref", "outcome_digest", "status", "duration_ms",
+                              "finished_at", "updated_at"])
     payload = {"callId": claim.call_id, outcome: value, "durationMs": duration_ms, "attempt": claim.attempt}
     emit({"type": f"harness.tool_call.{status}",
           "payload": {**payload, "stepPath": step_path} if step_path else _with_step_path(run, call_id, payload)})
