@@ -132,6 +132,7 @@ def test_end_is_sent_when_the_run_finishes_and_the_socket_closes(member: Any, wo
         await _append(workspace, "run_end", ev("StepScheduled", stepPath="a"), ev("RunFailed", error={"m": "x"}))
         received += await _events(comm, 3)
         closed = await comm.receive_output(timeout=TIMEOUT_S)
+        await comm.disconnect()
         return received, closed
 
     received, closed = async_to_sync(scenario)()
@@ -150,6 +151,7 @@ def test_a_finished_run_sends_what_is_after_n_then_end(member: Any, workspace: W
         assert (await comm.connect(timeout=TIMEOUT_S))[0]
         received = await _events(comm, 3)
         assert (await comm.receive_output(timeout=TIMEOUT_S))["type"] == "websocket.close"
+        await comm.disconnect()
         return received
 
     received = async_to_sync(scenario)()
@@ -178,8 +180,9 @@ def _refused(path: str, session_id: str | None, origin: str = "http://testserver
     async def scenario() -> bool:
         comm = _communicator(path, session_id, origin)
         connected, _ = await comm.connect(timeout=TIMEOUT_S)
-        if connected:
-            await comm.disconnect()
+        # Finish the consumer here, as a browser's closed socket would: left running, it is
+        # cancelled only when async_to_sync closes the loop, in the middle of a channel-layer read.
+        await comm.disconnect()
         return not connected
 
     return async_to_sync(scenario)()
@@ -253,6 +256,7 @@ def test_subscribers_at_different_positions_each_get_their_sequences_once_in_ord
         while not received or received[-1]["type"] != "end":
             received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
         assert (await comm.receive_output(timeout=TIMEOUT_S))["type"] == "websocket.close"
+        await comm.disconnect()
         return received
 
     async def write() -> None:
