@@ -27,37 +27,20 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from console.asgi import application
 from console.live import run as live_run
 from ledger.announce import group_for
 from ledger.append import append_events
 from ledger.models import Event, Run, Workspace
-from ledger.tenancy import bootstrap, create_key, create_user
+from ledger.tenancy import bootstrap, create_key
 from tests.conftest import ev, started
 from tests.test_stream import Daphne, _start_daphne
+from tests.live_support import (  # noqa: F401  (_fast_passwords is an autouse fixture)
+    TIMEOUT_S, _fast_passwords, communicator as _communicator, session_id as _session_id,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
-TIMEOUT_S = 10  # per message; a loaded 2-core machine can stall a read for seconds
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def _session_id(user: Any) -> str:
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
-
-
-def _communicator(path: str, session_id: str | None = None, origin: str = "http://testserver") -> WebsocketCommunicator:
-    headers = [(b"origin", origin.encode())]
-    if session_id:
-        headers.append((b"cookie", f"sessionid={session_id}".encode()))
-    return WebsocketCommunicator(application, path, headers=headers)
 
 
 async def _events(comm: WebsocketCommunicator, count: int) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ import sys
 from collections import Counter
 from io import StringIO
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,39 +22,20 @@ from ledger.canonical import canonical_json, digest
 from ledger.errors import Fenced
 from ledger.leases import acquire_run_lease
 from ledger.models import Run, Workspace
-from ledger.projection import log_of
 from ledger.replay import CapabilityDriftError
 from ledger.runtime.errors import RunInputMismatch
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow
-from ledger.verify import verify_run
 from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill, reset_registrations
+from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
+    every_run_verifies, Crash, run_events as _events,
+    assert_verified as _verified, invocation_counts as _calls, invocation_of as _call_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
-
-@pytest.fixture(autouse=True)
-def every_run_verifies(db: None) -> Iterator[None]:
-    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
-    yield
-    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
-    assert {run_id: names for run_id, names in failures.items() if names} == {}
-
-
-
-class Crash(BaseException):
-    """The executor dying mid-call: not an Exception, so nothing in the runtime records it."""
-
-
-def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
-
-
-def _verified(workspace: Workspace, run_id: str) -> None:
-    checks = verify_run(Run.objects.get(workspace=workspace, run_id=run_id))
-    assert [c for c in checks if c.status == "fail"] == []
 
 
 def test_multi_step_workflow_runs_to_completion_and_verifies(workspace: Workspace) -> None:
@@ -255,22 +235,6 @@ def _manage(*args: str, invocations: Path, **seams: str) -> subprocess.Completed
     env.update(seams)
     return subprocess.run([sys.executable, "manage.py", "ledger", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
-
-
-def _calls(path: Path) -> Counter[str]:
-    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return Counter(f"model {r['stepPath']} turn {r['turn']}" if r["kind"] == "model"
-                   else f"tool {r['tool']} {canonical_json(r['args'])}" for r in lines)
-
-
-def _call_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
-    """The invocation an event records the answer of, in _calls' terms."""
-    p = event["payload"]
-    if event["type"] == "harness.model.responded":
-        return f"model {p['stepPath']} turn {p['turn']}"
-    started = next(e["payload"] for e in events
-                   if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"])
-    return f"tool {started['toolName']} {canonical_json(started['args'])}"
 
 
 @pytest.fixture

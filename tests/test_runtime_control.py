@@ -18,24 +18,13 @@ from ledger.errors import Fenced
 from ledger.gateway import ToolCallInDoubt
 from ledger.leases import acquire_run_lease, renew_run_lease
 from ledger.models import Run, Workspace
-from ledger.projection import log_of
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ScriptedProvider
 from ledger.runtime.registry import CodeRun, SubWorkflow, Tool, ToolCall, Workflow
-from ledger.verify import verify_run
 from tests.runtime_workflows import SCRIPT, build_drill
-
-@pytest.fixture(autouse=True)
-def every_run_verifies(db: None) -> Iterator[None]:
-    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
-    yield
-    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
-    assert {run_id: names for run_id, names in failures.items() if names} == {}
-
-
-
-class Crash(BaseException):
-    """The executor dying: not an Exception, so nothing in the runtime records it."""
+from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
+    every_run_verifies, Crash, run_events as _events, assert_verified as _verified,
+)
 
 
 class FakeClock:
@@ -54,14 +43,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
     fake = FakeClock()
     monkeypatch.setattr("ledger.clock.now", fake.now)
     yield fake
-
-
-def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
-
-
-def _verified(workspace: Workspace, run_id: str) -> None:
-    assert [c for c in verify_run(Run.objects.get(workspace=workspace, run_id=run_id)) if c.status == "fail"] == []
 
 
 # --- leases -----------------------------------------------------------------------------------

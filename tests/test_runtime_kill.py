@@ -25,13 +25,14 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
-from ledger.canonical import canonical_json
-from ledger.models import Run, Workspace
-from ledger.projection import log_of
+from ledger.models import Workspace
 from ledger.runtime.executor import start_run, sub_run_id
 from ledger.runtime.recorder import KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV
-from ledger.verify import verify_run
 from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
+from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
+    every_run_verifies, run_events as _events,
+    assert_verified as _verified, invocation_counts as _calls, invocation_of as _call_of,
+)
 
 DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
@@ -46,15 +47,6 @@ DRILL_ANSWERS = [9, 11, 13, 15, 17, 19, 25, 31]  # harness.model.responded / too
 ANSWER_TYPES = ("harness.model.responded", "harness.tool_call.succeeded")
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-@pytest.fixture(autouse=True)
-def every_run_verifies(db: None) -> Iterator[None]:
-    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
-    yield
-    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
-    assert {run_id: names for run_id, names in failures.items() if names} == {}
-
-
 
 @pytest.fixture(autouse=True)
 def _registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -91,31 +83,6 @@ def _resume(run_id: str, invocations: Path, monkeypatch: pytest.MonkeyPatch) -> 
     out = StringIO()
     call_command("ledger", "resume", run_id, "--workspace", "acme/support", stdout=out, stderr=StringIO())
     return json.loads(out.getvalue().splitlines()[-1])
-
-
-def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
-
-
-def _verified(workspace: Workspace, run_id: str) -> None:
-    failed = [c for c in verify_run(Run.objects.get(workspace=workspace, run_id=run_id)) if c.status == "fail"]
-    assert failed == [], (run_id, failed)
-
-
-def _calls(path: Path) -> Counter[str]:
-    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return Counter(f"model {r['stepPath']} turn {r['turn']}" if r["kind"] == "model"
-                   else f"tool {r['tool']} {canonical_json(r['args'])}" for r in lines)
-
-
-def _call_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
-    """The invocation whose answer `event` records, in _calls' terms."""
-    p = event["payload"]
-    if event["type"] == "harness.model.responded":
-        return f"model {p['stepPath']} turn {p['turn']}"
-    started = next(e["payload"] for e in events
-                   if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"])
-    return f"tool {started['toolName']} {canonical_json(started['args'])}"
 
 
 def _shape(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:

@@ -4,43 +4,22 @@ reuses, and that every run they leave behind verifies."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from ledger.fold import fold, next_visit_index
 from ledger.models import Run, Workspace
-from ledger.projection import log_of
 from ledger.runtime.errors import UnknownWorkflow
 from ledger.runtime.executor import resume_run, start_run, sub_run_id
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import (AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall,
                                      Workflow, register)
-from ledger.verify import verify_run
 from tests.runtime_workflows import reset_registrations
-
-@pytest.fixture(autouse=True)
-def every_run_verifies(db: None) -> Iterator[None]:
-    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
-    yield
-    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
-    assert {run_id: names for run_id, names in failures.items() if names} == {}
-
-
-
-class Crash(BaseException):
-    """The executor dying mid-step: not an Exception, so nothing in the runtime records it."""
-
-
-def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
-
-
-def _verified(workspace: Workspace, *run_ids: str) -> None:
-    for run_id in run_ids:
-        failed = [c for c in verify_run(Run.objects.get(workspace=workspace, run_id=run_id)) if c.status == "fail"]
-        assert failed == [], run_id
+from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
+    every_run_verifies, Crash, run_events as _events, assert_verified as _verified,
+)
 
 
 def _step_events(events: list[dict[str, Any]], kind: str) -> list[str]:

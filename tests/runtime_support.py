@@ -1,0 +1,56 @@
+"""What the runtime tests share: every run they leave behind verifies, the executor's death as an
+exception, a run's log, and the invocation log read as counts of calls."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.canonical import canonical_json
+from ledger.models import Run, Workspace
+from ledger.projection import log_of
+from ledger.verify import verify_run
+
+
+@pytest.fixture(autouse=True)
+def every_run_verifies(db: None) -> Iterator[None]:
+    """`ledger verify` passes on every run a test leaves behind, whatever else it asserts."""
+    yield
+    failures = {run.run_id: [c.name for c in verify_run(run) if c.status == "fail"] for run in Run.objects.all()}
+    assert {run_id: names for run_id, names in failures.items() if names} == {}
+
+
+class Crash(BaseException):
+    """The executor dying mid-call: not an Exception, so nothing in the runtime records it."""
+
+
+def run_events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
+    return log_of(Run.objects.get(workspace=workspace, run_id=run_id))
+
+
+def assert_verified(workspace: Workspace, *run_ids: str) -> None:
+    for run_id in run_ids:
+        failed = [c for c in verify_run(Run.objects.get(workspace=workspace, run_id=run_id)) if c.status == "fail"]
+        assert failed == [], (run_id, failed)
+
+
+def invocation_counts(path: Path) -> Counter[str]:
+    """The model and tool invocations an invocation log holds (tests/runtime_workflows.py)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return Counter(f"model {r['stepPath']} turn {r['turn']}" if r["kind"] == "model"
+                   else f"tool {r['tool']} {canonical_json(r['args'])}" for r in lines)
+
+
+def invocation_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    """The invocation whose answer `event` records, in invocation_counts' terms."""
+    p = event["payload"]
+    if event["type"] == "harness.model.responded":
+        return f"model {p['stepPath']} turn {p['turn']}"
+    started = next(e["payload"] for e in events
+                   if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"])
+    return f"tool {started['toolName']} {canonical_json(started['args'])}"
