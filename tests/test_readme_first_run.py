@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from ledger.demo import load_demo
 from ledger.models import Run
+from tests.servers import database_url as _database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,14 +28,6 @@ def _first_run_block() -> str:
     match = re.search(r"```sh\n(.*?)```", section, re.S)
     assert match, "README has no shell block under 'Send your first run'"
     return match.group(1)
-
-
-def _database_url() -> str:
-    """The test database, for the `manage.py` the README runs in a subprocess."""
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(db['NAME']).resolve()}"
-    return f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def test_readme_first_run_commands_work_as_written(live_server: Any) -> None:

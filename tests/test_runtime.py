@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
 from ledger.canonical import canonical_json, digest
 from ledger.errors import Fenced
@@ -32,6 +31,7 @@ from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an aut
     every_run_verifies, Crash, run_events as _events,
     assert_verified as _verified, invocation_counts as _calls, invocation_of as _call_of,
 )
+from tests.servers import database_url as _database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
@@ -218,13 +218,6 @@ def test_cli_run_prints_the_run_id_alone_and_resume_reports_the_outcome(workspac
 
 
 # --- killed executors -------------------------------------------------------------------------
-
-
-def _database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(db['NAME']).resolve()}"
-    return f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def _manage(*args: str, invocations: Path, **seams: str) -> subprocess.CompletedProcess[str]:

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.test import Client
 
 from ledger import selectors
@@ -32,10 +27,10 @@ from ledger.append import append_events
 from ledger.models import Run, Workspace
 from ledger.tenancy import create_key
 from tests.conftest import ev, started
+from tests.servers import Daphne, start_daphne as _start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "")
 KEEPALIVE_S = 0.5
 STREAM_DEADLINE_S = 15.0  # no test stream runs longer than this
@@ -44,67 +39,6 @@ TIMEOUT = httpx.Timeout(15.0)
 
 
 # --- Daphne in a subprocess -------------------------------------------------------------------
-
-
-def _database_url() -> str:
-    s = connection.settings_dict  # after django_db_setup: the test database
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(s['NAME']).resolve()}"
-    auth = quote(s["USER"] or "", safe="")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Daphne:
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-
-def _start_daphne(log_dir: Path, name: str, env: dict[str, str | None]) -> Daphne:
-    environment = dict(os.environ)
-    environment["DATABASE_URL"] = _database_url()
-    for key, value in env.items():
-        if value is None:
-            environment.pop(key, None)
-        else:
-            environment[key] = value
-    for attempt in range(3):  # the free port may be taken between probing and binding it
-        port = _free_port()
-        log = log_dir / f"daphne-{name}-{attempt}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                 "console.asgi:application"],
-                cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
-            )
-        server = Daphne(process, f"http://127.0.0.1:{port}", log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                if httpx.get(f"{server.url}/api/v1/runs/run_probe/stream", timeout=1).status_code == 401:
-                    return server
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        server.stop()
-    raise RuntimeError(f"Daphne did not start; see {log}:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")

@@ -14,26 +14,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import pytest
 from django.conf import settings
-from django.db import connection
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
 
 from ledger.models import Workspace
 from ledger.tenancy import create_key, create_user
+from tests.servers import Daphne, start_daphne
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
@@ -57,60 +52,9 @@ def screenshot_dir() -> Path:
 # --- Daphne in a subprocess (the pattern of tests/test_stream.py) -------------------------------
 
 
-def _database_url() -> str:
-    s = connection.settings_dict  # after django_db_setup: the test database
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(s['NAME']).resolve()}"
-    auth = quote(s["USER"] or "", safe="")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Daphne:
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-
 def _start_daphne(log_dir: Path, name: str) -> Daphne:
-    environment = {**os.environ, "DATABASE_URL": _database_url()}
-    environment.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the server keeps Django's async checks
-    for attempt in range(3):  # the free port may be taken between probing and binding it
-        port = _free_port()
-        log = log_dir / f"daphne-{name}-{attempt}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                 "console.asgi:application"],
-                cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
-            )
-        server = Daphne(process, f"http://127.0.0.1:{port}", log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                if httpx.get(f"{server.url}/accounts/login/", timeout=1).status_code == 200:
-                    return server
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        server.stop()
-    raise RuntimeError(f"Daphne did not start; see {log}:\n{log.read_text()[-3000:]}")
+    # The test process sets DJANGO_ALLOW_ASYNC_UNSAFE for Playwright; the server keeps Django's checks.
+    return start_daphne(log_dir, name, {"DJANGO_ALLOW_ASYNC_UNSAFE": None})
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,80 @@
+"""A Daphne serving the test database in a subprocess, for the tests that need a real server
+(SSE, two processes on one channel layer, the browser): the test database's URL, a free port,
+and a start that retries when the port is taken between probing and binding it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+from django.db import connection
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    s = connection.settings_dict  # after django_db_setup: the test database
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{Path(s['NAME']).resolve()}"
+    auth = quote(s["USER"] or "", safe="")
+    if s.get("PASSWORD"):
+        auth += ":" + quote(s["PASSWORD"], safe="")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Daphne:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def start_daphne(log_dir: Path, name: str, env: dict[str, str | None]) -> Daphne:
+    environment = dict(os.environ)
+    environment["DATABASE_URL"] = database_url()
+    for key, value in env.items():
+        if value is None:
+            environment.pop(key, None)
+        else:
+            environment[key] = value
+    for attempt in range(3):  # the free port may be taken between probing and binding it
+        port = free_port()
+        log = log_dir / f"daphne-{name}-{attempt}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
+                 "console.asgi:application"],
+                cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
+            )
+        server = Daphne(process, f"http://127.0.0.1:{port}", log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if httpx.get(f"{server.url}/api/v1/runs/run_probe/stream", timeout=1).status_code == 401:
+                    return server
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        server.stop()
+    raise RuntimeError(f"Daphne did not start; see {log}:\n{log.read_text()[-3000:]}")
