@@ -72,7 +72,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "ledger.api.errors.ApiErrorMiddleware",
+    "console.api.errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -140,7 +140,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# Server-sent event streams (ledger/api/stream.py). Announcements are lossy, so a stream reads the
+# Server-sent event streams (console/api/stream.py). Announcements are lossy, so a stream reads the
 # database itself after POLL seconds without one; API.md promises a keepalive at least every 15 s.
 LEDGER_STREAM_POLL_SECONDS = _env_seconds("LEDGER_STREAM_POLL_SECONDS", 1.0, 60.0)
 LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS", 15.0, 15.0)
@@ -169,13 +169,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "ledger.api.auth.ApiKeyAuthentication",
-        "ledger.api.auth.CsrfSessionAuthentication",
+        "console.api.auth.ApiKeyAuthentication",
+        "console.api.auth.CsrfSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["ledger.api.permissions.Authenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.Authenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "EXCEPTION_HANDLER": "ledger.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -186,7 +186,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     # The SSE stream is a plain Django view; its hook describes it.
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "ledger.api.stream.openapi_hook"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "console.api.stream.openapi_hook"],
 }
 
 # Content-addressed artifact storage (payloads over the inline limit). Filesystem by default.

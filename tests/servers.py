@@ -53,6 +53,9 @@ class Daphne:
 def start_daphne(log_dir: Path, name: str, env: dict[str, str | None]) -> Daphne:
     environment = dict(os.environ)
     environment["DATABASE_URL"] = database_url()
+    # The daphne script's own directory comes first on its path, not the checkout: name the checkout,
+    # so a second worktree's server imports its own code rather than the installed one's.
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
     for key, value in env.items():
         if value is None:
             environment.pop(key, None)

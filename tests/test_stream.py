@@ -278,7 +278,7 @@ def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspa
     from channels.layers import InMemoryChannelLayer, get_channel_layer
 
     from ledger.announce import group_for
-    from ledger.api.stream import _event_stream
+    from console.api.stream import _event_stream
 
     append_events(workspace=workspace, run_id="run_group", events=[started()])
     run = Run.objects.get(workspace=workspace, run_id="run_group")

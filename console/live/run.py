@@ -1,6 +1,6 @@
 """`/ws/runs/<runId>/?after=N&workspace=T/W`: a run's timeline rows, caught up and then live.
 
-Catch-up (DESIGN.md §5 item 2), as the SSE stream does it (ledger/api/stream.py): join the run's
+Catch-up (DESIGN.md §5 item 2), as the SSE stream does it (console/api/stream.py): join the run's
 group *before* reading the database, so an event committed between the two is either in the read
 or announced after it; send only sequences above the last one sent, so an event both read and
 announced goes out once. An announcement only wakes the consumer: its content is never trusted,

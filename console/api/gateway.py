@@ -1,7 +1,7 @@
 """The tool gateway over HTTP (API.md "Tool gateway"): claim, outbound, complete, reconcile, list.
 
 One small view per operation: validate, call the service in ledger/gateway.py, serialize. Domain
-refusals are LedgerErrors, turned into the error envelope by ledger/api/errors.py.
+refusals are LedgerErrors, turned into the error envelope by console/api/errors.py.
 """
 
 from __future__ import annotations

@@ -12,5 +12,5 @@ urlpatterns = [
          name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema", permission_classes=[AllowAny],
                                                  authentication_classes=[]), name="api-docs"),
-    path("v1/", include("ledger.api.v1")),
+    path("v1/", include("console.api.v1")),
 ]

@@ -41,7 +41,7 @@ def error_responses(**codes: str | list[str]) -> dict[int, OpenApiResponse]:
 
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "ledger.api.auth.ApiKeyAuthentication"
+    target_class = "console.api.auth.ApiKeyAuthentication"
     name = "apiKey"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
@@ -53,7 +53,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 
 
 class ConsoleSessionScheme(OpenApiAuthenticationExtension):
-    target_class = "ledger.api.auth.CsrfSessionAuthentication"
+    target_class = "console.api.auth.CsrfSessionAuthentication"
     name = "consoleSession"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

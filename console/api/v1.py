@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import include, path
 
 urlpatterns: list = [
-    path("", include("ledger.api.stream")),
-    path("", include("ledger.api.runs")),
-    path("", include("ledger.api.gateway")),
+    path("", include("console.api.stream")),
+    path("", include("console.api.runs")),
+    path("", include("console.api.gateway")),
 ]
