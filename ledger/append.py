@@ -37,7 +37,7 @@ from .errors import (
     SequenceConflict,
 )
 from .fold import advance
-from .models import Event, Run, Workspace
+from .models import Event, Run, RunStatus, Workspace
 from .projection import prices_for, remember_after_commit, run_fields, state_for_append, write_batch
 from .redaction import Redactor
 from .vocabulary import is_custom, validate_payload
@@ -231,7 +231,7 @@ def append_events(
                                     index=index, runId=run_id)
             if state.last_sequence > 0 and p.type == "RunStarted":
                 raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
-            if state.status in ("completed", "failed") and not is_custom(p.type):
+            if state.status in RunStatus.finished() and not is_custom(p.type):
                 raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow",
                                   index=index, runId=run_id)
             sequence = state.last_sequence + 1

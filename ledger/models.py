@@ -25,6 +25,20 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
 
 
+class RunStatus(models.TextChoices):
+    """A run's status as the fold derives it from the log (DESIGN.md §4)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @classmethod
+    def finished(cls) -> tuple[RunStatus, RunStatus]:
+        """The statuses after which only custom.* events may follow."""
+        return (cls.COMPLETED, cls.FAILED)
+
+
 class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
@@ -119,7 +133,7 @@ class Run(UsageColumns):
     # delete events of any run without it.
     pruning = models.BooleanField(default=False)
 
-    status = models.CharField(max_length=16, default="pending")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
     workflow_version_id = models.CharField(max_length=200, blank=True)
     label = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -147,7 +161,7 @@ class Run(UsageColumns):
 
     @property
     def finished(self) -> bool:
-        return self.status in ("completed", "failed")
+        return self.status in RunStatus.finished()
 
 
 class InsertOnlyQuerySet(models.QuerySet):
@@ -155,7 +169,7 @@ class InsertOnlyQuerySet(models.QuerySet):
         raise TypeError("the event log is insert-only")
 
     def delete(self) -> NoReturn:
-        raise TypeError("the event log is insert-only; retention deletes whole runs (ledger prune)")
+        raise TypeError("the event log is insert-only; retention deletes whole runs, never single events")
 
 
 class Event(models.Model):
@@ -191,7 +205,7 @@ class Event(models.Model):
         raise TypeError("events are written only by ledger.append.append_events")
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("the event log is insert-only; retention deletes whole runs (ledger prune)")
+        raise TypeError("the event log is insert-only; retention deletes whole runs, never single events")
 
 
 class Artifact(models.Model):

@@ -1,7 +1,7 @@
 """Projections: the Run, Step, ToolCall and CostEntry rows, written from the fold.
 
 There is one implementation of what a log means, `ledger.fold`. This module only turns a
-RunState into rows: inside the append transaction for the events just written (`project_batch`),
+RunState into rows: inside the append transaction for the events just written (`write_batch`),
 from scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`).
 """
 

@@ -19,7 +19,7 @@ from django.db.models.functions import TruncDate
 
 from .envelopes import event_envelope
 from .errors import NotFound
-from .models import CostEntry, Event, Feedback, Membership, Run, Step, Tenant, Workspace
+from .models import CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -62,9 +62,6 @@ def workspace_for(user: AbstractBaseUser, tenant_slug: str, workspace_slug: str)
     if ws is None:
         raise NotFound(f"workspace {tenant_slug}/{workspace_slug} not found")
     return ws
-
-
-RUN_STATUSES = ("pending", "running", "completed", "failed")
 
 
 def filtered_runs(
@@ -159,9 +156,9 @@ def search_runs(
         if until:
             qs = qs.filter(created_at__lt=until)
     if has_failures:
-        failed_below = runs(workspace).filter(status="failed").exclude(parent_run_id="")
+        failed_below = runs(workspace).filter(status=RunStatus.FAILED).exclude(parent_run_id="")
         qs = qs.filter(
-            Q(status="failed")
+            Q(status=RunStatus.FAILED)
             | Exists(Step.objects.filter(run=OuterRef("pk"), status="failed"))
             | Q(run_id__in=failed_below.values("parent_run_id"))
             | Q(run_id__in=failed_below.exclude(root_run_id="").values("root_run_id"))

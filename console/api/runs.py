@@ -38,7 +38,7 @@ from ledger.artifacts import open_verified
 from ledger.errors import LedgerError, NotFound
 from ledger.evidence import evidence_bundle
 from ledger.feedback import record_feedback
-from ledger.models import ApiKey, Artifact, Run, Tenant, Workspace
+from ledger.models import ApiKey, Artifact, Run, RunStatus, Tenant, Workspace
 from ledger.plans import replay_plan_for
 from ledger.usage import GROUPINGS, usage_rows
 
@@ -191,7 +191,7 @@ class RunLinksSerializer(serializers.Serializer):
 class RunSerializer(serializers.Serializer):
     runId = serializers.RegexField(RUN_ID_RE.pattern)
     workflowVersionId = serializers.CharField(allow_null=True)
-    status = _enum(list(selectors.RUN_STATUSES))
+    status = _enum(list(RunStatus.values))
     parentRunId = serializers.CharField(allow_null=True)
     rootRunId = serializers.CharField(allow_null=True, help_text="top of the parent chain; null for a run without parent")
     startedAt = serializers.DateTimeField(allow_null=True)
@@ -404,7 +404,7 @@ class RunListView(_ApiView):
         operation_id="list_runs",
         summary="Runs of the workspace, newest first (scope read)",
         parameters=[
-            OpenApiParameter("status", OpenApiTypes.STR, enum=list(selectors.RUN_STATUSES)),
+            OpenApiParameter("status", OpenApiTypes.STR, enum=list(RunStatus.values)),
             OpenApiParameter("workflow", OpenApiTypes.STR, description="exact workflowVersionId"),
             OpenApiParameter("parentRunId", OpenApiTypes.STR, description="exact parent run id"),
             OpenApiParameter("q", OpenApiTypes.STR, description="case-insensitive substring of run id, workflow or label"),
@@ -417,8 +417,8 @@ class RunListView(_ApiView):
     def get(self, request: Request) -> Response:
         caller = caller_for(request, "read")
         status = request.query_params.get("status") or None
-        if status is not None and status not in selectors.RUN_STATUSES:
-            raise InvalidParameter(f"status must be one of {', '.join(selectors.RUN_STATUSES)}", parameter="status")
+        if status is not None and status not in RunStatus.values:
+            raise InvalidParameter(f"status must be one of {', '.join(RunStatus.values)}", parameter="status")
         return Response(_runs_page(
             request, caller.workspace, status=status, workflow=request.query_params.get("workflow") or None,
             parent_run_id=request.query_params.get("parentRunId") or None, q=request.query_params.get("q") or None,

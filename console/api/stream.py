@@ -43,7 +43,7 @@ from ledger import selectors
 from ledger.announce import group_for
 from ledger.append import validate_run_id
 from ledger.errors import LedgerError
-from ledger.models import Run
+from ledger.models import Run, RunStatus
 
 from .auth import caller_for
 from .errors import exception_handler
@@ -57,7 +57,6 @@ POLL_SECONDS = 1.0
 KEEPALIVE_SECONDS = 15.0
 # Catch-up reads the log in pages so that a long run is never held in memory at once.
 PAGE_SIZE = 500
-FINISHED = ("completed", "failed")
 
 
 def _poll_seconds() -> float:
@@ -203,7 +202,7 @@ async def _event_stream(run: Run, after: int) -> AsyncIterator[bytes]:
                 last_write = loop.time()
                 if len(page) == PAGE_SIZE:
                     continue
-            if status in FINISHED and last_sent >= last_sequence:
+            if status in RunStatus.finished() and last_sent >= last_sequence:
                 yield _end_frame(status)
                 return
             # Read again on an announcement past last_sent, or when the poll timer runs out;

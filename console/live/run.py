@@ -44,12 +44,11 @@ from console.pages.run import event_row, render_row
 from ledger import selectors
 from ledger.announce import group_for
 from ledger.errors import NotFound
-from ledger.models import Run
+from ledger.models import Run, RunStatus
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
-FINISHED = ("completed", "failed")
 HEARD_KEPT = 256  # announcements remembered per feed; a subscriber further behind reads afresh
 
 Snapshot = tuple[str | None, int, list[tuple[int, str]]]  # status, last sequence, rows after a position
@@ -285,7 +284,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 self.feed.moved(self, self.last_sent)
                 if len(rows) == PAGE_SIZE:
                     continue
-                if status in FINISHED and self.last_sent >= last_sequence:
+                if status in RunStatus.finished() and self.last_sent >= last_sequence:
                     self._stop()
                     await self.send_json({"type": "end", "status": status})
                     await self.close(code=1000)

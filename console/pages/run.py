@@ -32,7 +32,7 @@ from ledger import clock, gateway, selectors, serialize
 from ledger.errors import LedgerError, NotFound
 from ledger.evidence import evidence_bundle
 from ledger.feedback import record_feedback
-from ledger.models import CostEntry, Feedback, Run, Step, ToolGatewayClaim, UsageColumns, Workspace
+from ledger.models import CostEntry, Feedback, Run, RunStatus, Step, ToolGatewayClaim, UsageColumns, Workspace
 from ledger.plans import replay_plan_for
 from ledger.verify import artifact_refs
 from ledger.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
@@ -360,7 +360,7 @@ def _subrun_tree(run: Run) -> SubRunNode:
         node.started = min(starts) if starts else None
         node.finished = max(ends) if ends else None
         node.open = not r.finished or any(c.open for c in node.children)
-        node.failed = r.status == "failed" or any(c.failed for c in node.children)
+        node.failed = r.status == RunStatus.FAILED or any(c.failed for c in node.children)
         node.size = 1 + sum(c.size for c in node.children)
         return node
 

@@ -23,7 +23,7 @@ from django.urls import path
 from django.utils import timezone
 
 from ledger import selectors
-from ledger.models import Run, Workspace
+from ledger.models import Run, RunStatus, Workspace
 
 from ..access import workspace_or_404
 
@@ -126,7 +126,7 @@ def _parse_model(value: str) -> tuple[str, str] | str:
 class RunFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=200, label="Search",
                         widget=forms.TextInput(attrs={"placeholder": "run id, workflow or label", "type": "search"}))
-    status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in selectors.RUN_STATUSES])
+    status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in RunStatus.values])
     workflow = forms.CharField(required=False, max_length=200)
     has_failures = forms.BooleanField(required=False, label="Has failures")
     cost_above = forms.DecimalField(required=False, min_value=0, max_digits=20, decimal_places=12,

@@ -30,7 +30,7 @@ from ..canonical import digest
 from ..errors import NotFound
 from ..gateway import ToolCallInDoubt
 from ..leases import Lease, LeaseHeld, acquire_run_lease, release_run_lease
-from ..models import Run, ToolGatewayClaim, Workspace
+from ..models import Run, RunStatus, ToolGatewayClaim, Workspace
 from ..projection import log_of
 from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
@@ -178,10 +178,10 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
         except StepFailure as failure:
             recorder.append({"type": "RunFailed", "payload": {
                 "workflowVersionId": workflow.version_id, "error": failure.as_error()}})
-            return RunOutcome(run_id=run_id, status="failed", error=failure.as_error())
+            return RunOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure.as_error())
         recorder.append({"type": "RunCompleted", "payload": {"workflowVersionId": workflow.version_id,
                                                               "output": output}})
-        return RunOutcome(run_id=run_id, status="completed", output=output)
+        return RunOutcome(run_id=run_id, status=RunStatus.COMPLETED, output=output)
     finally:
         release_run_lease(workspace=workspace, lease=recorder.lease if recorder and recorder.lease else lease)
 
@@ -197,15 +197,15 @@ def _check_version(run_id: str, record: Record, workflow: Workflow) -> None:
 def _outcome(workspace: Workspace, run_id: str, terminal: tuple[str, dict[str, Any]]) -> RunOutcome:
     kind, payload = terminal
     if kind == "RunFailed":
-        return RunOutcome(run_id=run_id, status="failed", error=payload.get("error"))
-    return RunOutcome(run_id=run_id, status="completed",
+        return RunOutcome(run_id=run_id, status=RunStatus.FAILED, error=payload.get("error"))
+    return RunOutcome(run_id=run_id, status=RunStatus.COMPLETED,
                       output=inline_or_ref(workspace, payload.get("output"), payload.get("outputRef")))
 
 
 def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
     """The outcome of a run that has ended, from its log; None when it is absent or unfinished."""
     run = Run.objects.filter(workspace=workspace, run_id=run_id).first()
-    if run is None or run.status not in ("completed", "failed"):
+    if run is None or not run.finished:
         return None
     terminal = read_record(run_id, log_of(run)).terminal
     return _outcome(workspace, run_id, terminal) if terminal is not None else None
@@ -398,7 +398,7 @@ class _Runner:
                         "effect": "write", "stepPath": path, "subRunId": child_id}})
                 outcome = start_run(workspace=self.workspace, workflow=workflow, input=sub_input, run_id=child_id,
                                     parent_run_id=self.recorder.run_id, parent=self.recorder)
-            field = "result" if outcome.status == "completed" else "error"
+            field = "result" if outcome.status == RunStatus.COMPLETED else "error"
             value = outcome.output if field == "result" else outcome.error
             self.recorder.append({"type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",
                                   "payload": {"callId": call_id, field: value, "stepPath": path, "subRunId": child_id,
