@@ -16,7 +16,7 @@ from .fold import (
     RunState,
     RunStateMismatch,
     StepState,
-    ToolCall,
+    ToolCallState,
     apply_unchecked,
     check_events,
 )
@@ -179,7 +179,7 @@ def _superseded(model_calls: list[ModelCall], index: int) -> bool:
     )
 
 
-def _first_sequence(call: ModelCall | ToolCall) -> int:
+def _first_sequence(call: ModelCall | ToolCallState) -> int:
     if isinstance(call, ModelCall):
         candidates = [call.called_sequence, call.responded_sequence, call.failed_sequence]
     else:

@@ -5,7 +5,7 @@ unfinished `ai.generate` step, committed model and tool calls fast-forward from 
 - registry.py: named, versioned workflow definitions and their step kinds (code.run, tool.call,
   ai.generate, decision loops, parallel groups, sub-workflows; retries on each), with an example
 - providers.py: model providers (`scripted`; `openai_compat.py`: `openai-compatible`)
-- record.py: what the log already holds, indexed for fast-forwarding
+- record.py: what the log already holds (the fold's state), indexed for fast-forwarding
 - recorder.py: appends under the run lease's fencing token (renewing it), and the kill test seams
 - toolcalls.py: one tool call through the tool gateway
 - session.py: the `ai.generate` agent loop (a harness session)

@@ -28,13 +28,14 @@ from django.db.models import Q
 from .. import clock
 from ..canonical import digest
 from ..errors import NotFound
+from ..fold import RunState
 from ..gateway import ToolCallInDoubt
 from ..leases import Lease, LeaseHeld, acquire_run_lease, release_run_lease
 from ..models import Run, RunStatus, ToolGatewayClaim, Workspace
 from ..projection import log_of
 from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
-from .record import Record, inline_or_ref, read_record
+from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable
 from .recorder import Recorder
 from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolCall, Workflow,
                        get_workflow)
@@ -87,17 +88,15 @@ def resume_run(*, workspace: Workspace, run_id: str, input: Any = _UNSET, workfl
                take_over: bool = False, parent: Recorder | None = None) -> RunOutcome:
     """Continue a run from where its log ends: completed steps are reused, an open harness session
     fast-forwards, only calls without a terminal event run again."""
-    events = _log(workspace, run_id)
-    started = events[0]["payload"] if events and events[0]["type"] == "RunStarted" else {}
+    state = read_record(run_id, _log(workspace, run_id)).state
     if workflow is None:
-        name = started.get("workflow")
-        if not isinstance(name, str):
+        if state.workflow is None:
             raise RuntimeIntegrityError(f"run {run_id} was not started by the runtime (its RunStarted names "
                                         "no workflow)", runId=run_id)
-        workflow = name
+        workflow = state.workflow
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     if input is not _UNSET:
-        recorded = inline_or_ref(workspace, started.get("input"), started.get("inputRef"))
+        recorded = inline_or_ref(workspace, state.input, state.input_ref)
         if digest(recorded) != digest(input):
             raise RunInputMismatch("Run input mismatch: existing run was started with different input.",
                                    runId=run_id)
@@ -166,13 +165,12 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
     recorder: Recorder | None = None
     try:
         record = read_record(run_id, _log(workspace, run_id))
-        if record.terminal is not None:
-            return _outcome(workspace, run_id, record.terminal)
+        if record.finished:
+            return _outcome(workspace, record.state)
         _check_version(run_id, record, workflow)
         recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease,
                             parent=parent)
-        started = record.started or {}
-        run_input = inline_or_ref(workspace, started.get("input"), started.get("inputRef"))
+        run_input = inline_or_ref(workspace, record.state.input, record.state.input_ref)
         try:
             output = _Runner(workspace, recorder, record, workflow, run_input).run()
         except StepFailure as failure:
@@ -187,19 +185,18 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
 
 
 def _check_version(run_id: str, record: Record, workflow: Workflow) -> None:
-    recorded = (record.started or {}).get("workflowVersionHash")
+    recorded = record.state.workflow_version_hash
     if recorded != workflow.version:
         # The steps a resume would run are not the ones the run was started with: fail closed.
         raise CapabilityDriftError(run_id, manifest_drift({"workflowDefinitionHash": recorded},
                                                           {"workflowDefinitionHash": workflow.version}))
 
 
-def _outcome(workspace: Workspace, run_id: str, terminal: tuple[str, dict[str, Any]]) -> RunOutcome:
-    kind, payload = terminal
-    if kind == "RunFailed":
-        return RunOutcome(run_id=run_id, status=RunStatus.FAILED, error=payload.get("error"))
-    return RunOutcome(run_id=run_id, status=RunStatus.COMPLETED,
-                      output=inline_or_ref(workspace, payload.get("output"), payload.get("outputRef")))
+def _outcome(workspace: Workspace, state: RunState) -> RunOutcome:
+    if state.status == RunStatus.FAILED:
+        return RunOutcome(run_id=state.run_id, status=RunStatus.FAILED, error=state.error)
+    return RunOutcome(run_id=state.run_id, status=RunStatus.COMPLETED,
+                      output=inline_or_ref(workspace, state.output, state.output_ref))
 
 
 def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
@@ -207,8 +204,8 @@ def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
     run = Run.objects.filter(workspace=workspace, run_id=run_id).first()
     if run is None or not run.finished:
         return None
-    terminal = read_record(run_id, log_of(run)).terminal
-    return _outcome(workspace, run_id, terminal) if terminal is not None else None
+    record = read_record(run_id, log_of(run))
+    return _outcome(workspace, record.state) if record.finished else None
 
 
 def _failure(error: Any, default: str) -> StepFailure:
@@ -253,19 +250,19 @@ class _Runner:
 
     def step(self, step: Step, path: str, arg: Any, outputs: Mapping[str, Any], *, visit: int | None = None) -> Any:
         """Run one step at `path` through its attempts; its output, or StepFailure once it is out of them."""
-        done = self.record.steps.get(path)
+        done = self.record.step(path)
         if done is not None and done.status == "completed":
             return inline_or_ref(self.workspace, done.output, done.output_ref)
-        if done is not None and done.status == "failed" and not done.retriable:
+        if done is not None and done.status == "failed" and not retriable(done):
             # Killed between StepFailed and what follows it: the failure is recorded, not redone.
             raise _failure(done.error, f"step {path} failed")
         append = self.recorder.append
         if done is None or not done.scheduled:
             append({"type": "StepScheduled", "payload": {"stepPath": path, "stepId": step.id, "uses": step.kind}})
         if done is not None and done.status == "running":
-            attempt = done.attempt
+            attempt = attempt_of(done)
         else:
-            attempt = (done.attempt if done is not None else 0) + 1
+            attempt = (attempt_of(done) if done is not None else 0) + 1
             append(_attempt_started(step, path, attempt))
         while True:
             try:
@@ -343,19 +340,19 @@ class _Runner:
         if len(keyed) > step.max_branches:
             raise StepFailure(f"{step.id} has {len(keyed)} items; max_branches is {step.max_branches}",
                               name="too_many_branches")
-        group = self.record.groups.get(path)
+        group = self.record.group(path)  # recorded by an earlier execution of this attempt
         append = self.recorder.append
-        if group is None or not group.started:
+        if group is None:
             append({"type": "ParallelGroupStarted", "payload": {
                 "stepPath": path, "attempt": attempt, "branchCount": len(keyed), "maxConcurrency": 1,
                 "failureMode": "fail_fast"}})
-        scheduled = group.scheduled if group is not None else set()
+        scheduled = set(group.branches) if group is not None else set()
         due = [{"type": "ParallelBranchScheduled", "payload": {
             "stepPath": path, "branchPath": f"{path}[{key}]", "itemKey": key, "branchIndex": i}}
             for i, (key, _) in enumerate(keyed) if f"{path}[{key}]" not in scheduled]
         if due:
             append(*due)
-        ended = group.ended if group is not None else {}
+        ended = {p for p, b in group.branches.items() if b.status in ENDED} if group is not None else set()
         results: list[tuple[Any, Any]] = []
         for key, item in keyed:
             branch_path = f"{path}[{key}]"
@@ -366,14 +363,14 @@ class _Runner:
                 if branch_path not in ended:
                     append({"type": "ParallelBranchFailed", "payload": {
                         "stepPath": path, "branchPath": branch_path, "error": error}})
-                if group is None or not group.finished:
+                if group is None or group.status not in ENDED:
                     append({"type": "ParallelGroupFailed", "payload": {"stepPath": path, "error": {
                         "name": "BranchFailed", "message": f"{branch_path}: {error['message']}"}}})
                 raise StepFailure(f"branch {branch_path} failed: {error['message']}", name="BranchFailed") from failure
             if branch_path not in ended:
                 append({"type": "ParallelBranchCompleted", "payload": {"stepPath": path, "branchPath": branch_path}})
             results.append((key, output))
-        if group is None or not group.finished:
+        if group is None or group.status not in ENDED:
             append({"type": "ParallelGroupCompleted", "payload": {
                 "stepPath": path, "branchCount": len(keyed), "fanInOrder": [key for key, _ in keyed]}})
         return dict(results) if isinstance(items, Mapping) else [output for _, output in results]
@@ -383,14 +380,14 @@ class _Runner:
         prefix = call_prefix(path, attempt)
         call_id = f"{prefix}:workflow"
         child_id = sub_run_id(self.recorder.run_id, prefix)
-        recorded = self.record.tool_outcomes.get(call_id)
+        recorded = self.record.tool_outcome(call_id)
         if recorded is None:
             began = time.monotonic()
             outcome = _finished_run(self.workspace, child_id)  # finished while the parent was down
             if outcome is None:
                 # Unregistered here is a deployment problem, not the step's: refuse, record nothing.
                 workflow = get_workflow(step.workflow)
-                if call_id not in self.record.tool_started:
+                if not self.record.tool_started(call_id):
                     # The reservation is on the parent's log before the sub-run exists.
                     self.recorder.append({"type": "harness.tool_call.started", "payload": {
                         "callId": call_id, "caller": "workflow", "toolName": f"workflow:{step.workflow}",

@@ -9,6 +9,7 @@ with CapabilityDriftError.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..canonical import canonical_bytes, digest, sha256_hex
@@ -54,17 +55,17 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
     call keeps failing."""
     manifest = manifest_for(workflow, step)
     ended = record.failed_sessions.get(step_path)
-    if ended is not None and ended[2] == attempt:
+    if ended is not None and ended.attempt == attempt:
         # This attempt's session already failed (killed before its StepFailed): the same failure.
-        error = ended[1] if isinstance(ended[1], dict) else {}
+        error = ended.error if isinstance(ended.error, dict) else {}
         raise StepFailure(str(error.get("message", "session failed")), name=str(error.get("name", "StepError")))
     finished = record.completed_sessions.get(step_path)
-    if finished is not None and finished[2] == attempt:
-        return finished[1]  # killed between the session's end and the step's
+    if finished is not None and finished.attempt == attempt:
+        return finished.output  # killed between the session's end and the step's
     opened = record.open_sessions.get(step_path)
-    if opened is not None and opened.get("attempt", 1) == attempt:
-        changes = manifest_drift(opened.get("manifest"), manifest)
-        if changes or opened.get("manifestHash") != digest(manifest):
+    if opened is not None and opened.attempt == attempt:
+        changes = manifest_drift(opened.manifest, manifest)
+        if changes or opened.manifest_hash != digest(manifest):
             raise CapabilityDriftError(recorder.run_id, changes or ["$: manifestHash differs"])
     else:
         recorder.append({"type": "harness.session.started", "payload": {
@@ -160,23 +161,22 @@ def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: st
     last_error: Any = None
     for retry in range(MODEL_CALL_TRIES):
         call_id = model_call_id(prefix, turn, retry)
-        called = record.model_called.get(call_id)
-        if called is not None and called.get("promptHash") != prompt_hash:
+        call = record.model_calls.get(call_id)
+        called = call is not None and call.called_sequence is not None
+        if call is not None and called and call.prompt_hash != prompt_hash:
             # The fast-forwarded conversation no longer produces the recorded request: replaying
             # recorded answers to a different question would be wrong, so stop.
             raise RuntimeIntegrityError(f"step {step_path} turn {turn}: the request differs from the recorded "
-                                        f"one ({called.get('promptHash')} -> {prompt_hash})",
+                                        f"one ({call.prompt_hash} -> {prompt_hash})",
                                         stepPath=step_path, turn=turn)
-        responded = record.model_responded.get(call_id)
-        if responded is not None:
-            response = responded["response"]
+        if call is not None and call.status == "responded":
+            response = call.response if isinstance(call.response, Mapping) else {}
             return ModelReply(text=response.get("text"), tool_calls=list(response.get("toolCalls") or []),
                               usage=dict(response.get("usage") or {}))
-        failed = record.model_failed.get(call_id)
-        if failed is not None:
-            last_error = failed.get("error")
+        if call is not None and call.status == "failed":
+            last_error = call.error
             continue
-        if called is None:  # committed before the provider is invoked: a crash leaves it pending
+        if not called:  # committed before the provider is invoked: a crash leaves it pending
             recorder.append({"type": "harness.model.called", "payload": {
                 "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": delta}})
         recorder.flush()  # nothing may wait uncommitted while the request is out

@@ -26,8 +26,9 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     lease already makes this executor the only writer), which hands back the live claim, and runs.
     A call in doubt raises ToolCallInDoubt: it is never retried automatically.
     """
-    if call_id in record.tool_outcomes:
-        return record.tool_outcomes[call_id]
+    recorded = record.tool_outcome(call_id)
+    if recorded is not None:
+        return recorded
     # One commit claims the call, marks it outbound and holds what was deferred before it.
     claimed = recorder.claim_outbound(
         call_id=call_id, tool_name=tool.name, args=args, effect=tool.effect,

@@ -1,358 +1,32 @@
-"""The fold: a run's events in, its materialized state out (DESIGN.md §4).
+"""The fold's handlers: one per event type, each advancing a RunState by one event.
 
-Pure: no database, no clock, no randomness, no I/O. The append transaction (through
-`fold_into`), `ledger rebuild`, `ledger verify` and the replay plan all call it, so they
-cannot disagree. Payload fields are read defensively: a field of the wrong type is ignored,
-never an exception, because imported Little Workflow logs were never validated by us.
+`HANDLERS` is the vocabulary table: an event type the table does not name changes only the
+counters (custom.* events and types from newer harnesses). Payload fields are read
+defensively: a field of the wrong type is ignored, never an exception.
 """
 
 from __future__ import annotations
 
-import copy
-import gc
-import re
-from contextlib import contextmanager
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
-from decimal import Decimal
-from functools import cache
-from types import NoneType, UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from .pricing import PriceTable, Usage, UsageTotals, load_default_prices, price_call
-
-ARTIFACT_REF_PREFIX = "artifact://"
-_VISIT = re.compile(r"\.visit\[(\d+)\]$")
-
-
-class RunStateMismatch(ValueError):
-    """The events are not one run's dense log (Little Workflow's RunStateEventMismatchError)."""
-
-
-class _Record:
-    """Dataclass equality that also respects the order of keyed collections.
-
-    Steps, tool calls and the like are dicts kept in order of first appearance; plain dict
-    equality would call two states with differently ordered steps equal.
-    """
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        cls: Any = type(self)
-        keyed = _keyed_fields(cls)
-        for f in fields(self):  # type: ignore[arg-type]
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name in keyed and list(mine) != list(theirs):
-                return False
-            if mine != theirs:
-                return False
-        return True
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-@dataclass(eq=False)
-class Attempt(_Record):
-    attempt: int
-    status: str  # running | completed | failed
-    error: Any = None
-    started_at: str | None = None
-    finished_at: str | None = None
-
-
-@dataclass(eq=False)
-class StepState(_Record):
-    step_path: str
-    status: str = "scheduled"  # scheduled | running | completed | failed
-    step_id: str | None = None
-    visit: int | None = None
-    attempts: list[Attempt] = field(default_factory=list)
-    output: Any = None
-    has_output: bool = False  # an output of null is still an output
-    output_ref: str | None = None
-    artifact_refs: list[str] = field(default_factory=list)
-    error: Any = None
-    metadata: Any = None
-    first_sequence: int = 0
-    last_sequence: int = 0
-    started_at: str | None = None
-    finished_at: str | None = None
-    usage: UsageTotals = field(default_factory=UsageTotals)
-
-
-@dataclass(eq=False)
-class ParallelBranch(_Record):
-    branch_path: str
-    status: str = "scheduled"  # scheduled | completed | failed
-    item_key: Any = None
-    branch_index: int | None = None
-    output_ref: str | None = None
-    artifact_refs: list[str] = field(default_factory=list)
-    error: Any = None
-    first_sequence: int = 0
-    last_sequence: int = 0
-
-
-@dataclass(eq=False)
-class ParallelGroup(_Record):
-    step_path: str
-    status: str = "running"  # running | completed | failed
-    attempt: int | None = None
-    branch_count: int | None = None
-    max_concurrency: int | None = None
-    failure_mode: str | None = None
-    fan_in_order: Any = None
-    error: Any = None
-    branches: dict[str, ParallelBranch] = field(default_factory=dict)
-    first_sequence: int = 0
-    last_sequence: int = 0
-
-
-@dataclass(eq=False)
-class HarnessSession(_Record):
-    sequence: int
-    step_path: str | None = None
-    role: str | None = None
-    task: Any = None
-    manifest: Any = None
-    manifest_hash: str | None = None
-    parent_run_id: str | None = None
-    status: str = "started"  # started | completed | failed
-    error: Any = None
-    ended_sequence: int | None = None
-
-
-@dataclass(eq=False)
-class ModelCall(_Record):
-    turn: int | None = None
-    call_id: str | None = None
-    step_path: str | None = None
-    status: str = "called"  # called | responded | failed
-    provider: str | None = None
-    model_id: str | None = None
-    usage: Usage | None = None
-    cost: Decimal | None = None
-    prompt_hash: str | None = None
-    error: Any = None
-    called_sequence: int | None = None
-    responded_sequence: int | None = None
-    failed_sequence: int | None = None
-    origin: str | None = None
-    replay_of: str | None = None
-    session: int | None = None  # index into RunState.sessions
-
-
-@dataclass(eq=False)
-class ToolCall(_Record):
-    call_id: str
-    tool_name: str | None = None
-    args: Any = None
-    caller: str | None = None
-    turn: int | None = None
-    step_path: str | None = None
-    status: str = "started"  # started | succeeded | failed | in_doubt
-    result: Any = None
-    error: Any = None
-    duration_ms: float | None = None
-    reconciled: bool = False
-    origin: str | None = None
-    replay_of: str | None = None
-    started_sequence: int | None = None
-    ended_sequence: int | None = None
-    session: int | None = None
-
-
-@dataclass(eq=False)
-class Artifact(_Record):
-    ref: str
-    step_path: str | None = None
-    name: str | None = None
-    content_type: str | None = None
-    first_sequence: int = 0
-    created_sequence: int | None = None  # the ArtifactCreated event, when there is one
-    payload: Any = None
-
-
-@dataclass(eq=False)
-class OuterLoopCycle(_Record):
-    outer_loop_id: str | None
-    cycle_number: int
-    supervise: Any = None
-    sequence: int = 0
-
-
-@dataclass(eq=False)
-class CostEntry(_Record):
-    sequence: int
-    call_id: str | None
-    turn: int | None
-    step_path: str | None
-    provider: str | None
-    model_id: str | None
-    input_tokens: int
-    output_tokens: int
-    cached_input_tokens: int
-    reasoning_tokens: int
-    cost_usd: Decimal | None
-    price_table_version: str
-
-
-@dataclass(eq=False)
-class RunState(_Record):
-    run_id: str
-    workflow_version_id: str | None = None
-    status: str = "pending"  # pending | running | completed | failed
-    started_at: str | None = None
-    finished_at: str | None = None
-    input: Any = None
-    output: Any = None
-    has_output: bool = False
-    output_ref: str | None = None
-    error: Any = None
-    parent_run_id: str | None = None
-    outer_loop_id: str | None = None
-    label: str | None = None
-    tags: Any = None
-    replay_of: str | None = None
-    last_sequence: int = 0
-    event_count: int = 0
-    custom_event_count: int = 0
-    usage: UsageTotals = field(default_factory=UsageTotals)
-    steps: dict[str, StepState] = field(default_factory=dict)
-    parallel_groups: dict[str, ParallelGroup] = field(default_factory=dict)
-    sessions: list[HarnessSession] = field(default_factory=list)
-    model_calls: list[ModelCall] = field(default_factory=list)
-    # Indexes into model_calls of calls still waiting for an answer, so pairing an answer costs
-    # the number of open calls, not the length of the run.
-    pending_model_calls: list[int] = field(default_factory=list)
-    tool_calls: dict[str, ToolCall] = field(default_factory=dict)
-    artifacts: dict[str, Artifact] = field(default_factory=dict)
-    outer_loop_cycles: list[OuterLoopCycle] = field(default_factory=list)
-    cost_entries: list[CostEntry] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """camelCase, JSON-safe, for storing in a projection.
-
-        Keyed collections (steps, tool calls, …) become lists in order, because a jsonb
-        column does not keep key order. Money is a decimal string here so the stored state
-        round-trips exactly; API shapes with a numeric `costUsd` come from
-        `UsageTotals.to_json()`.
-        """
-        return _dump(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RunState:
-        state = _load(cls, data)
-        assert isinstance(state, RunState)
-        return state
-
-
-def fold(
-    events: Sequence[Mapping[str, Any]],
-    *,
-    prices: PriceTable | None = None,
-    run_id: str | None = None,
-) -> RunState:
-    """The state of a run from its whole log (sequences 1..N, one runId)."""
-    if run_id is None:
-        if not events:
-            raise ValueError("fold needs a run_id when there are no events")
-        run_id = events[0].get("runId")
-        if not isinstance(run_id, str):
-            raise RunStateMismatch(f"Event runId mismatch at index 0: expected a run id, received {run_id}.")
-    return fold_into(RunState(run_id=run_id), events, prices=prices)
-
-
-def fold_into(
-    state: RunState,
-    events: Sequence[Mapping[str, Any]],
-    *,
-    prices: PriceTable | None = None,
-) -> RunState:
-    """Continue `state` with the events after `state.last_sequence`; `state` is not changed.
-
-    `fold(a + b) == fold_into(fold(a), b)` for any split, which is what lets the append
-    transaction keep projections current without re-reading the log.
-    """
-    check_events(state.run_id, events, after=state.last_sequence)
-    table = prices if prices is not None else load_default_prices()
-    return apply_unchecked(state, events, table)
-
-
-def check_events(run_id: str, events: Sequence[Mapping[str, Any]], *, after: int = 0) -> None:
-    """Raise RunStateMismatch unless `events` are run_id's sequences after+1, after+2, …"""
-    for offset, event in enumerate(events):
-        index = after + offset
-        received = event.get("runId")
-        if received != run_id:
-            raise RunStateMismatch(
-                f"Event runId mismatch at index {index}: expected {run_id}, received {received}."
-            )
-        sequence = event.get("sequence")
-        if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence != index + 1:
-            raise RunStateMismatch(
-                f"Event sequence mismatch for {run_id}: expected {index + 1}, received {sequence}."
-            )
-
-
-def advance(state: RunState, events: Sequence[Mapping[str, Any]], *, prices: PriceTable | None = None) -> None:
-    """`fold_into` without the copy: continue `state` in place, for a caller that owns it.
-
-    The append transaction uses this on a state nobody else can see, so a batch costs the
-    batch, not the length of the run. Same checks, same handlers as `fold_into`.
-    """
-    check_events(state.run_id, events, after=state.last_sequence)
-    table = prices if prices is not None else load_default_prices()
-    with paused_gc():
-        for event in events:
-            _apply(state, event, table)
-
-
-def apply_unchecked(state: RunState, events: Sequence[Mapping[str, Any]], prices: PriceTable) -> RunState:
-    """Fold without the shape check, for readers that report a broken log instead of refusing it."""
-    new: RunState = _clone(state)
-    with paused_gc():
-        for event in events:
-            _apply(new, event, prices)
-    return new
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a fold allocates its records.
-
-    A long fold allocates tens of thousands of small objects and no cycles that need collecting
-    before it returns; without the pause, repeated full collections walk the growing state
-    (a quarter of the time of folding 10,000 events, bench/fold.py).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def visit_index(step_path: str) -> int | None:
-    match = _VISIT.search(step_path)
-    return int(match.group(1)) if match else None
-
-
-def next_visit_index(state: RunState, base_path: str, *, max_visits: int) -> int:
-    """The visit a decision loop's next pass through `base_path` gets (0 when not a loop)."""
-    if max_visits <= 1:
-        return 0
-    prefix = f"{base_path}.visit["
-    return sum(
-        1 for path, step in state.steps.items()
-        if path.startswith(prefix) and visit_index(path) is not None and step.status == "completed"
-    )
-
-
-# --- applying one event -------------------------------------------------------------------
-
+from ..pricing import PriceTable, Usage, price_call
+from .state import (
+    ARTIFACT_REF_PREFIX,
+    Artifact,
+    Attempt,
+    CostEntry,
+    HarnessSession,
+    ModelCall,
+    OuterLoopCycle,
+    ParallelBranch,
+    ParallelGroup,
+    RunState,
+    StepState,
+    ToolCallState,
+    visit_index,
+)
 
 @dataclass(frozen=True)
 class _Event:
@@ -366,7 +40,7 @@ class _Event:
 _Handler = Callable[[RunState, _Event], None]
 
 
-def _apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
+def apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
     event_type = event.get("type")
     sequence = event.get("sequence")
     state.event_count += 1
@@ -383,7 +57,7 @@ def _apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None
     step_path = _str(payload.get("stepPath"))
     if step_path is not None:
         _touch_step(state, step_path, state.last_sequence)
-    handler = _HANDLERS.get(event_type)
+    handler = HANDLERS.get(event_type)
     if handler is not None:
         handler(state, _Event(state.last_sequence, _str(event.get("recordedAt")), payload, step_path, table))
 
@@ -402,7 +76,10 @@ def _run_started(state: RunState, e: _Event) -> None:
     state.status = "running"
     state.started_at = e.at
     state.workflow_version_id = _str(p.get("workflowVersionId")) or state.workflow_version_id
+    state.workflow = _str(p.get("workflow"))
+    state.workflow_version_hash = _str(p.get("workflowVersionHash"))
     state.input = p.get("input")
+    state.input_ref = _ref(p.get("inputRef"))
     state.parent_run_id = _str(p.get("parentRunId"))
     state.outer_loop_id = _str(p.get("outerLoopId"))
     state.label = _str(p.get("label"))
@@ -437,6 +114,7 @@ def _step_scheduled(state: RunState, e: _Event) -> None:
     if e.step_path is None:
         return
     step = state.steps[e.step_path]
+    step.scheduled = True
     step.step_id = _str(e.payload.get("stepId")) or step.step_id
 
 
@@ -611,6 +289,7 @@ def _session_started(state: RunState, e: _Event) -> None:
             manifest=p.get("manifest"),
             manifest_hash=_str(p.get("manifestHash")),
             parent_run_id=_str(p.get("parentRunId")),
+            attempt=_int(p.get("attempt")) or 1,
         )
     )
 
@@ -628,6 +307,8 @@ def _session_ended(status: str) -> _Handler:
         session.ended_sequence = e.sequence
         if status == "failed":
             session.error = e.payload.get("error")
+        else:
+            session.output = e.payload.get("output")
         # harness.session.completed carries a usage rollup of calls already counted one by
         # one from harness.model.responded; adding it would count every call twice.
     return handler
@@ -697,6 +378,7 @@ def _model_responded(state: RunState, e: _Event) -> None:
         call.provider = _str(model.get("provider"))
         call.model_id = _str(model.get("modelId"))
     response = e.payload.get("response")
+    call.response = response
     raw_usage = response.get("usage") if isinstance(response, Mapping) else None
     if not isinstance(raw_usage, Mapping):
         return  # Little Workflow's rule: a call without a usage object is not counted at all
@@ -739,7 +421,7 @@ def _tool_started(state: RunState, e: _Event) -> None:
         return
     call = state.tool_calls.get(call_id)
     if call is None:
-        call = ToolCall(call_id=call_id, started_sequence=e.sequence, session=_open_session(state, e.step_path))
+        call = ToolCallState(call_id=call_id, started_sequence=e.sequence, session=_open_session(state, e.step_path))
         state.tool_calls[call_id] = call
     # A second `started` is the gateway re-claiming an expired lease: the call is live again.
     call.status = "started"
@@ -753,20 +435,20 @@ def _tool_started(state: RunState, e: _Event) -> None:
     _tool_origin(call, p)
 
 
-def _tool_event(state: RunState, e: _Event) -> ToolCall | None:
+def _tool_event(state: RunState, e: _Event) -> ToolCallState | None:
     call_id = _str(e.payload.get("callId"))
     if call_id is None:
         return None
     call = state.tool_calls.get(call_id)
     if call is None:
-        call = ToolCall(call_id=call_id, step_path=e.step_path, session=_open_session(state, e.step_path))
+        call = ToolCallState(call_id=call_id, step_path=e.step_path, session=_open_session(state, e.step_path))
         state.tool_calls[call_id] = call
     call.step_path = call.step_path or e.step_path
     _tool_origin(call, e.payload)
     return call
 
 
-def _tool_origin(call: ToolCall, payload: Mapping[str, Any]) -> None:
+def _tool_origin(call: ToolCallState, payload: Mapping[str, Any]) -> None:
     call.origin = _str(payload.get("origin")) or call.origin
     call.replay_of = _str(payload.get("replayOf")) or call.replay_of
 
@@ -824,7 +506,7 @@ def _outer_loop_cycle(state: RunState, e: _Event) -> None:
     )
 
 
-_HANDLERS: dict[str, _Handler] = {
+HANDLERS: dict[str, _Handler] = {
     "RunStarted": _run_started,
     "WorkflowVersionRegistered": _workflow_version_registered,
     "RunCompleted": _run_completed,
@@ -874,129 +556,3 @@ def _refs(value: Any) -> list[str]:
 def _add_unique(items: list[str], value: str) -> None:
     if value not in items:
         items.append(value)
-
-
-# --- copies and JSON for projections ------------------------------------------------------
-# Driven by the dataclasses' type hints. A keyed collection (dict of records) is stored as a
-# list; on the way back, each record's first field is its key.
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-@cache
-def _hints(cls: Any) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-@cache
-def _plan(cls: Any) -> tuple[tuple[str, str, str, Any], ...]:
-    """(field, JSON key, kind, record class) per field; kind is money|record|keyed|records|json."""
-    plan = []
-    for f in fields(cls):
-        hint = _hints(cls)[f.name]
-        if get_origin(hint) in (Union, UnionType):
-            present = [a for a in get_args(hint) if a is not NoneType]
-            hint = present[0] if len(present) == 1 else Any
-        origin, args = get_origin(hint), get_args(hint)
-        if hint is Decimal:
-            kind, item = "money", None
-        elif _is_dataclass_type(hint):
-            kind, item = "record", hint
-        elif origin is dict and _is_dataclass_type(args[1]):
-            kind, item = "keyed", args[1]
-        elif origin is list and _is_dataclass_type(args[0]):
-            kind, item = "records", args[0]
-        else:
-            kind, item = "json", None
-        plan.append((f.name, _camel(f.name), kind, item))
-    return tuple(plan)
-
-
-@cache
-def _keyed_fields(cls: Any) -> frozenset[str]:
-    return frozenset(name for name, _, kind, _ in _plan(cls) if kind == "keyed")
-
-
-@cache
-def _container_fields(cls: Any) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        (name, kind) for name, _, kind, _ in _plan(cls)
-        if kind in ("keyed", "records") or get_origin(_hints(cls)[name]) is list
-    )
-
-
-def _is_dataclass_type(hint: Any) -> bool:
-    return isinstance(hint, type) and is_dataclass(hint)
-
-
-def _clone(record: Any) -> Any:
-    """Copy the records and their containers; share the JSON values inside them.
-
-    The fold replaces JSON values (outputs, args, manifests) and never edits them in place, so
-    sharing them is safe and makes an incremental fold cost a fraction of a deepcopy.
-    """
-    copied = copy.copy(record)
-    cls: Any = type(record)
-    for name, kind in _container_fields(cls):
-        value = getattr(record, name)
-        if kind == "keyed":
-            setattr(copied, name, {key: _clone(item) for key, item in value.items()})
-        elif kind == "records":
-            setattr(copied, name, [_clone(item) for item in value])
-        else:
-            setattr(copied, name, list(value))
-    return copied
-
-
-def _copy_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _copy_json(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_copy_json(item) for item in value]
-    return value
-
-
-def _dump(record: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    cls: Any = type(record)
-    for name, key, kind, _ in _plan(cls):
-        value = getattr(record, name)
-        if value is None:
-            out[key] = None
-        elif kind == "money":
-            out[key] = f"{value.normalize():f}"
-        elif kind == "record":
-            out[key] = _dump(value)
-        elif kind == "keyed":
-            out[key] = [_dump(item) for item in value.values()]
-        elif kind == "records":
-            out[key] = [_dump(item) for item in value]
-        else:
-            out[key] = _copy_json(value)
-    return out
-
-
-def _load(cls: Any, data: Mapping[str, Any]) -> Any:
-    kwargs: dict[str, Any] = {}
-    for name, key, kind, item_cls in _plan(cls):
-        if key not in data:
-            continue
-        value = data[key]
-        if value is None:
-            kwargs[name] = None
-        elif kind == "money":
-            kwargs[name] = Decimal(str(value))
-        elif kind == "record":
-            kwargs[name] = _load(item_cls, value)
-        elif kind == "keyed":
-            key_field = fields(item_cls)[0].name
-            items = [_load(item_cls, item) for item in value]
-            kwargs[name] = {getattr(item, key_field): item for item in items}
-        elif kind == "records":
-            kwargs[name] = [_load(item_cls, item) for item in value]
-        else:
-            kwargs[name] = _copy_json(value)
-    return cls(**kwargs)

@@ -1,0 +1,266 @@
+"""The fold's state: what a run's log means, as plain records (DESIGN.md §4).
+
+Records compare by value and by the order of their keyed collections; `RunState.to_json()` and
+`from_json()` go through `ledger.fold.codec`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from decimal import Decimal
+from typing import Any
+
+from ..pricing import Usage, UsageTotals
+from .codec import dump, keyed_fields, load
+
+ARTIFACT_REF_PREFIX = "artifact://"
+_VISIT = re.compile(r"\.visit\[(\d+)\]$")
+
+
+class RunStateMismatch(ValueError):
+    """The events are not one run's dense log (Little Workflow's RunStateEventMismatchError)."""
+
+
+class _Record:
+    """Dataclass equality that also respects the order of keyed collections.
+
+    Steps, tool calls and the like are dicts kept in order of first appearance; plain dict
+    equality would call two states with differently ordered steps equal.
+    """
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        cls: Any = type(self)
+        keyed = keyed_fields(cls)
+        for f in fields(self):  # type: ignore[arg-type]
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name in keyed and list(mine) != list(theirs):
+                return False
+            if mine != theirs:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(eq=False)
+class Attempt(_Record):
+    attempt: int
+    status: str  # running | completed | failed
+    error: Any = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+@dataclass(eq=False)
+class StepState(_Record):
+    step_path: str
+    status: str = "scheduled"  # scheduled | running | completed | failed
+    scheduled: bool = False  # a StepScheduled was recorded (other events name the step too)
+    step_id: str | None = None
+    visit: int | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    output: Any = None
+    has_output: bool = False  # an output of null is still an output
+    output_ref: str | None = None
+    artifact_refs: list[str] = field(default_factory=list)
+    error: Any = None
+    metadata: Any = None
+    first_sequence: int = 0
+    last_sequence: int = 0
+    started_at: str | None = None
+    finished_at: str | None = None
+    usage: UsageTotals = field(default_factory=UsageTotals)
+
+
+@dataclass(eq=False)
+class ParallelBranch(_Record):
+    branch_path: str
+    status: str = "scheduled"  # scheduled | completed | failed
+    item_key: Any = None
+    branch_index: int | None = None
+    output_ref: str | None = None
+    artifact_refs: list[str] = field(default_factory=list)
+    error: Any = None
+    first_sequence: int = 0
+    last_sequence: int = 0
+
+
+@dataclass(eq=False)
+class ParallelGroup(_Record):
+    step_path: str
+    status: str = "running"  # running | completed | failed
+    attempt: int | None = None
+    branch_count: int | None = None
+    max_concurrency: int | None = None
+    failure_mode: str | None = None
+    fan_in_order: Any = None
+    error: Any = None
+    branches: dict[str, ParallelBranch] = field(default_factory=dict)
+    first_sequence: int = 0
+    last_sequence: int = 0
+
+
+@dataclass(eq=False)
+class HarnessSession(_Record):
+    sequence: int
+    step_path: str | None = None
+    role: str | None = None
+    task: Any = None
+    manifest: Any = None
+    manifest_hash: str | None = None
+    parent_run_id: str | None = None
+    attempt: int = 1  # the step attempt the session belongs to
+    status: str = "started"  # started | completed | failed
+    output: Any = None
+    error: Any = None
+    ended_sequence: int | None = None
+
+
+@dataclass(eq=False)
+class ModelCall(_Record):
+    turn: int | None = None
+    call_id: str | None = None
+    step_path: str | None = None
+    status: str = "called"  # called | responded | failed
+    provider: str | None = None
+    model_id: str | None = None
+    usage: Usage | None = None
+    cost: Decimal | None = None
+    prompt_hash: str | None = None
+    response: Any = None  # as recorded: a resume answers the same turn with it
+    error: Any = None
+    called_sequence: int | None = None
+    responded_sequence: int | None = None
+    failed_sequence: int | None = None
+    origin: str | None = None
+    replay_of: str | None = None
+    session: int | None = None  # index into RunState.sessions
+
+
+@dataclass(eq=False)
+class ToolCallState(_Record):
+    call_id: str
+    tool_name: str | None = None
+    args: Any = None
+    caller: str | None = None
+    turn: int | None = None
+    step_path: str | None = None
+    status: str = "started"  # started | succeeded | failed | in_doubt
+    result: Any = None
+    error: Any = None
+    duration_ms: float | None = None
+    reconciled: bool = False
+    origin: str | None = None
+    replay_of: str | None = None
+    started_sequence: int | None = None
+    ended_sequence: int | None = None
+    session: int | None = None
+
+
+@dataclass(eq=False)
+class Artifact(_Record):
+    ref: str
+    step_path: str | None = None
+    name: str | None = None
+    content_type: str | None = None
+    first_sequence: int = 0
+    created_sequence: int | None = None  # the ArtifactCreated event, when there is one
+    payload: Any = None
+
+
+@dataclass(eq=False)
+class OuterLoopCycle(_Record):
+    outer_loop_id: str | None
+    cycle_number: int
+    supervise: Any = None
+    sequence: int = 0
+
+
+@dataclass(eq=False)
+class CostEntry(_Record):
+    sequence: int
+    call_id: str | None
+    turn: int | None
+    step_path: str | None
+    provider: str | None
+    model_id: str | None
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    reasoning_tokens: int
+    cost_usd: Decimal | None
+    price_table_version: str
+
+
+@dataclass(eq=False)
+class RunState(_Record):
+    run_id: str
+    workflow_version_id: str | None = None
+    status: str = "pending"  # pending | running | completed | failed
+    started_at: str | None = None
+    finished_at: str | None = None
+    workflow: str | None = None  # the built-in runtime's registered name and definition digest
+    workflow_version_hash: str | None = None
+    input: Any = None
+    input_ref: str | None = None
+    output: Any = None
+    has_output: bool = False
+    output_ref: str | None = None
+    error: Any = None
+    parent_run_id: str | None = None
+    outer_loop_id: str | None = None
+    label: str | None = None
+    tags: Any = None
+    replay_of: str | None = None
+    last_sequence: int = 0
+    event_count: int = 0
+    custom_event_count: int = 0
+    usage: UsageTotals = field(default_factory=UsageTotals)
+    steps: dict[str, StepState] = field(default_factory=dict)
+    parallel_groups: dict[str, ParallelGroup] = field(default_factory=dict)
+    sessions: list[HarnessSession] = field(default_factory=list)
+    model_calls: list[ModelCall] = field(default_factory=list)
+    # Indexes into model_calls of calls still waiting for an answer, so pairing an answer costs
+    # the number of open calls, not the length of the run.
+    pending_model_calls: list[int] = field(default_factory=list)
+    tool_calls: dict[str, ToolCallState] = field(default_factory=dict)
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    outer_loop_cycles: list[OuterLoopCycle] = field(default_factory=list)
+    cost_entries: list[CostEntry] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """camelCase, JSON-safe, for storing in a projection.
+
+        Keyed collections (steps, tool calls, …) become lists in order, because a jsonb
+        column does not keep key order. Money is a decimal string here so the stored state
+        round-trips exactly; API shapes with a numeric `costUsd` come from
+        `UsageTotals.to_json()`.
+        """
+        return dump(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunState:
+        state = load(cls, data)
+        assert isinstance(state, RunState)
+        return state
+
+
+def visit_index(step_path: str) -> int | None:
+    match = _VISIT.search(step_path)
+    return int(match.group(1)) if match else None
+
+
+def next_visit_index(state: RunState, base_path: str, *, max_visits: int) -> int:
+    """The visit a decision loop's next pass through `base_path` gets (0 when not a loop)."""
+    if max_visits <= 1:
+        return 0
+    prefix = f"{base_path}.visit["
+    return sum(
+        1 for path, step in state.steps.items()
+        if path.startswith(prefix) and visit_index(path) is not None and step.status == "completed"
+    )
+
