@@ -25,8 +25,8 @@ demo: migrate
 	$(PY) manage.py ledger demo
 
 run: demo
-	@echo "Runledger console: http://$(HOST):$(PORT)/  (Ctrl-C stops it)"
-	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) console.asgi:application
+	@echo "Runledger console: http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
+	$(PY) bin/serve $(HOST) $(PORT)
 
 test: setup
 	$(PY) -m pytest

@@ -27,12 +27,12 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
 
 
-def _env_seconds(name: str, default: float, maximum: float) -> float:
+def _env_seconds(name: str, default: float, maximum: float, unit: str = "seconds") -> float:
     raw = os.environ.get(name)
     try:
         value = default if raw is None else float(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise ImproperlyConfigured(f"{name} must be a number of {unit}, got {raw!r}") from None
     if not 0 < value <= maximum:
         raise ImproperlyConfigured(f"{name} must be above 0 and at most {maximum}, got {raw!r}")
     return value
@@ -67,6 +67,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_htmx",
+    "django_tasks",
+    "django_tasks_db",
     "ledger",
     "console",
 ]
@@ -186,8 +188,21 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     # The SSE stream is a plain Django view; its hook describes it.
+    "ENUM_NAME_OVERRIDES": {
+        "ReexecutionModeEnum": "ledger.models.ReexecutionRequest.Mode",
+        "ReexecutionStatusEnum": "ledger.models.ReexecutionRequest.Status",
+    },
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "console.api.stream.openapi_hook"],
 }
+
+# Re-execution (ledger/reexecution): approved requests go onto a durable queue in the database
+# (django-tasks with its database backend), worked by `manage.py ledger worker` (make run starts
+# one beside Daphne). Tests that want a request executed inline switch to the immediate backend.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default", "reexecutions"]}}
+RUNLEDGER_APPROVAL_TTL_HOURS = _env_seconds("RUNLEDGER_APPROVAL_TTL_HOURS", 24.0, 24.0 * 365, unit="hours")
+# A worker (or external executor) holding a request renews its lease; one not renewed for this long
+# is taken as dead and the request is handed out again, resuming the same new run.
+RUNLEDGER_REEXEC_LEASE_SECONDS = _env_seconds("RUNLEDGER_REEXEC_LEASE_SECONDS", 120.0, 86_400.0)
 
 # Content-addressed artifact storage (payloads over the inline limit). Filesystem by default.
 ARTIFACTS_ROOT = Path(os.environ.get("RUNLEDGER_ARTIFACTS_ROOT", VAR_DIR / "artifacts"))

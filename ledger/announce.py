@@ -90,3 +90,9 @@ def after_commit(run: Run, sequence: int, written: Iterable[Mapping[str, Any]] =
 
     # Only after commit: a reader woken by this must find the rows it is told about.
     transaction.on_commit(send)
+
+
+def send_after_commit(group: str, message: dict[str, Any]) -> None:
+    """Send `message` to `group` once the current transaction commits (re-execution changes,
+    ledger/reexecution); lossy like every announcement, readers fetch the state themselves."""
+    transaction.on_commit(lambda: _send(group, message))

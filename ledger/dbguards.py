@@ -56,3 +56,46 @@ def install(apps: Any, schema_editor: Any) -> None:
 def drop(apps: Any, schema_editor: Any) -> None:
     for sql in [POSTGRES_DROP] if schema_editor.connection.vendor == "postgresql" else SQLITE_DROP:
         schema_editor.execute(sql)
+
+
+# The audit log (ledger_auditentry) refuses UPDATE and DELETE outright: nothing in the product
+# deletes audit entries. (PostgreSQL's TRUNCATE fires no row triggers; it is how the test
+# database is emptied, and it needs the table owner.)
+AUDIT_POSTGRES_INSTALL = """
+CREATE OR REPLACE FUNCTION ledger_audit_append_only() RETURNS trigger AS $$
+BEGIN
+  RAISE EXCEPTION USING MESSAGE = 'ledger_auditentry is append-only: ' || TG_OP || ' refused';
+END;
+$$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS ledger_audit_no_update ON ledger_auditentry;
+DROP TRIGGER IF EXISTS ledger_audit_no_delete ON ledger_auditentry;
+CREATE TRIGGER ledger_audit_no_update BEFORE UPDATE ON ledger_auditentry
+  FOR EACH ROW EXECUTE FUNCTION ledger_audit_append_only();
+CREATE TRIGGER ledger_audit_no_delete BEFORE DELETE ON ledger_auditentry
+  FOR EACH ROW EXECUTE FUNCTION ledger_audit_append_only();
+"""
+AUDIT_POSTGRES_DROP = """
+DROP TRIGGER IF EXISTS ledger_audit_no_update ON ledger_auditentry;
+DROP TRIGGER IF EXISTS ledger_audit_no_delete ON ledger_auditentry;
+DROP FUNCTION IF EXISTS ledger_audit_append_only();
+"""
+AUDIT_SQLITE_DROP = ["DROP TRIGGER IF EXISTS ledger_audit_no_update;", "DROP TRIGGER IF EXISTS ledger_audit_no_delete;"]
+AUDIT_SQLITE_INSTALL = [
+    *AUDIT_SQLITE_DROP,
+    """CREATE TRIGGER ledger_audit_no_update BEFORE UPDATE ON ledger_auditentry
+       BEGIN SELECT RAISE(ABORT, 'ledger_auditentry is append-only: UPDATE refused'); END;""",
+    """CREATE TRIGGER ledger_audit_no_delete BEFORE DELETE ON ledger_auditentry
+       BEGIN SELECT RAISE(ABORT, 'ledger_auditentry is append-only: DELETE refused'); END;""",
+]
+
+
+def install_audit(apps: Any, schema_editor: Any) -> None:
+    postgres = schema_editor.connection.vendor == "postgresql"
+    for sql in [AUDIT_POSTGRES_INSTALL] if postgres else AUDIT_SQLITE_INSTALL:
+        schema_editor.execute(sql)
+
+
+def drop_audit(apps: Any, schema_editor: Any) -> None:
+    postgres = schema_editor.connection.vendor == "postgresql"
+    for sql in [AUDIT_POSTGRES_DROP] if postgres else AUDIT_SQLITE_DROP:
+        schema_editor.execute(sql)

@@ -14,6 +14,7 @@ from . import artifacts as artifact_store
 from . import selectors, serialize
 from .models import Artifact, CostEntry, Feedback, Run, Step, ToolCall
 from .projection import prices_for
+from .reexecution import selectors as reexecutions
 from .replay import replay_plan
 from .verify import inspect_run
 
@@ -47,6 +48,17 @@ def _integrity(verify_checks: list[dict[str, str]], plan_checks: list[dict[str, 
     return {"ok": all(c["status"] == "pass" for c in checks), "checks": checks}
 
 
+def approvals(run: Run) -> list[dict[str, Any]]:
+    """The run's re-execution requests (asked of it, or the one that made it), oldest first, each
+    with its decision: who asked and why, who approved or denied with which note, the new run."""
+    asked = list(reexecutions.of_run(run.workspace, run.run_id).select_related("workspace__tenant"))
+    made = reexecutions.made_run(run.workspace, run.run_id)
+    if made is not None and all(r.pk != made.pk for r in asked):
+        asked.insert(0, made)
+    return [{**reexecutions.as_dict(r), "relation": "made_this_run" if r.new_run_id == run.run_id
+             and r.original_run_id != run.run_id else "of_this_run"} for r in asked]
+
+
 def evidence_bundle(run: Run) -> dict[str, Any]:
     """API.md's evidence: `{run, steps, toolCalls, artifacts, costs, approvals, feedback, subRuns,
     usage, integrity, replayReady}`. `run` must come with `workspace__tenant` selected."""
@@ -65,8 +77,7 @@ def evidence_bundle(run: Run) -> dict[str, Any]:
         "toolCalls": [serialize.tool_call(c) for c in ToolCall.objects.filter(run=run).order_by("position")],
         "artifacts": _artifacts(run, inspection.artifact_outcomes),
         "costs": [serialize.cost(c) for c in CostEntry.objects.filter(run=run).order_by("sequence")],
-        # Approvals belong to re-execution requests, which do not exist yet: always empty for now.
-        "approvals": [],
+        "approvals": approvals(run),
         "feedback": [serialize.feedback(f, run.run_id) for f in feedback],
         "subRuns": serialize.runs(sub_runs, counts),
         "usage": serialize.usage(run),

@@ -396,3 +396,163 @@ class ToolGatewayClaim(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.call_id}"
+
+
+class ReexecutionRequest(models.Model):
+    """A request to re-execute a run (DESIGN.md §5, fifth of the replay family) and its decision.
+
+    Not a projection: who asked, who approved and the executor's lease are not in any run's log.
+    The original run is named by id, not by foreign key, so retention pruning a run keeps the
+    record of what was asked and decided about it.
+    """
+
+    class Mode(models.TextChoices):
+        SIMULATE = "simulate"
+        EVALUATE = "evaluate"
+        RESUME = "resume"
+        FORK = "fork"
+        RERUN = "rerun"
+
+    class Status(models.TextChoices):
+        PENDING_APPROVAL = "pending_approval"
+        APPROVED = "approved"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        DENIED = "denied"
+        EXPIRED = "expired"
+
+    class Executor(models.TextChoices):
+        BUILTIN = "builtin"  # the django-tasks queue and this deployment's runtime
+        EXTERNAL = "external"  # a harness claiming through POST /api/v1/reexecutions/claim
+
+    public_id = models.CharField(max_length=40, unique=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="reexecutions")
+    original_run_id = models.CharField(max_length=84)
+    mode = models.CharField(max_length=16, choices=Mode.choices)
+    from_step = models.CharField(max_length=500, null=True, blank=True)
+    # An input override of null is a value; `has_input` says whether one was given at all.
+    has_input = models.BooleanField(default=False)
+    input = models.JSONField(null=True, blank=True)
+    model_overrides = models.JSONField(default=dict, blank=True)
+    reason = models.TextField()
+    requested_by = models.CharField(max_length=160)  # username, or key:<prefix>
+    requested_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                          on_delete=models.SET_NULL, related_name="+")
+    requested_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # What the approval binds to: digest({mode, fromStep, input?, modelOverrides, lastSequence, planDigest}).
+    digest = models.CharField(max_length=71)
+    last_sequence = models.PositiveIntegerField()
+    plan_digest = models.CharField(max_length=71)
+    status = models.CharField(max_length=20, choices=Status.choices)
+    approver = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="+")
+    approver_name = models.CharField(max_length=150, blank=True)
+    note = models.TextField(blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    new_run_id = models.CharField(max_length=84, blank=True)
+    executor = models.CharField(max_length=16, choices=Executor.choices, blank=True)
+    batch_id = models.CharField(max_length=40, blank=True, db_index=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_token = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(mode__in=["simulate", "evaluate", "resume", "fork", "rerun"]),
+                                   name="reexecution_mode_known"),
+            models.CheckConstraint(
+                condition=Q(status__in=["pending_approval", "approved", "running", "succeeded", "failed", "denied",
+                                        "expired"]),
+                name="reexecution_status_known"),
+            models.CheckConstraint(condition=~Q(reason=""), name="reexecution_reason_given"),
+            models.CheckConstraint(condition=Q(mode="fork", from_step__isnull=False) | Q(~Q(mode="fork"), from_step__isnull=True),
+                                   name="reexecution_from_step_only_for_fork"),
+            # Whatever was approved has its run id reserved and knows who executes it.
+            models.CheckConstraint(
+                condition=Q(status__in=["pending_approval", "denied", "expired"]) | (~Q(new_run_id="") & ~Q(executor="")),
+                name="reexecution_approved_has_run_and_executor"),
+        ]
+        indexes = [
+            models.Index(fields=["workspace", "status", "created_at"], name="reexecution_by_status"),
+            models.Index(fields=["workspace", "original_run_id"], name="reexecution_by_run"),
+            models.Index(fields=["workspace", "new_run_id"], name="reexecution_by_new_run"),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.DENIED, self.Status.EXPIRED)
+
+
+class AuditQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise TypeError("the audit log is append-only")
+
+    def delete(self) -> NoReturn:
+        raise TypeError("the audit log is append-only")
+
+
+class AuditEntry(models.Model):
+    """One privileged action, written in the transaction of the action (ledger/audit.py).
+
+    Append-only in code (save of an existing row, delete and queryset update/delete raise) and in
+    the database (triggers, ledger/dbguards.py). Actors and targets are strings, not foreign keys:
+    an entry outlives the user, key or run it names.
+    """
+
+    class Action(models.TextChoices):
+        # Stable strings, never renamed (API.md "Audit").
+        REEXECUTION_REQUESTED = "reexecution.requested"
+        REEXECUTION_APPROVED = "reexecution.approved"
+        REEXECUTION_DENIED = "reexecution.denied"
+        REEXECUTION_EXPIRED = "reexecution.expired"
+        REEXECUTION_CLAIMED = "reexecution.claimed"
+        REEXECUTION_STARTED = "reexecution.started"
+        REEXECUTION_FINISHED = "reexecution.finished"
+        TOOL_CALL_RECONCILED = "tool_call.reconciled"
+        API_KEY_CREATED = "api_key.created"
+        API_KEY_REVOKED = "api_key.revoked"
+        MEMBER_ADDED = "member.added"
+        MEMBER_CHANGED = "member.changed"
+        MEMBER_REMOVED = "member.removed"
+        RETENTION_CHANGED = "retention.changed"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    actor = models.CharField(max_length=160)  # username, key:<prefix>, or system:<what>
+    actor_user_id = models.BigIntegerField(null=True, blank=True)
+    action = models.CharField(max_length=40, choices=Action.choices)
+    target = models.CharField(max_length=300)
+    reason = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=~Q(actor=""), name="audit_actor_given"),
+            models.CheckConstraint(condition=~Q(action=""), name="audit_action_given"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "at", "id"], name="audit_by_time"),
+            models.Index(fields=["tenant", "action", "at"], name="audit_by_action"),
+        ]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise TypeError("the audit log is append-only: an entry is never changed")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("the audit log is append-only")

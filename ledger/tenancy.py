@@ -12,10 +12,13 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from . import audit
 from .errors import LedgerError, NotFound
 from .models import ApiKey, Membership, Role, Tenant, Workspace
 
 KEY_PREFIX = "rl_"
+# Tenancy changes made at the command line (`manage.py ledger create-user`, `create-key`, the demo).
+CLI = audit.Actor(name="system:cli")
 
 
 @transaction.atomic
@@ -38,8 +41,10 @@ def workspace_by_path(path: str) -> Workspace:
 
 
 @transaction.atomic
-def create_user(*, username: str, tenant: str, role: str, password: str | None) -> Membership:
-    """Create or update a user and their membership (one role per tenant)."""
+def create_user(*, username: str, tenant: str, role: str, password: str | None,
+                by: audit.Actor = CLI) -> Membership:
+    """Create or update a user and their membership (one role per tenant); audited as
+    member.added or member.changed (a role change; a password alone is not a membership change)."""
     if role not in Role.values:
         raise LedgerError(f"role must be one of {', '.join(Role.values)}, got {role!r}")
     t = Tenant.objects.filter(slug=tenant).first()
@@ -49,16 +54,38 @@ def create_user(*, username: str, tenant: str, role: str, password: str | None) 
     if password:
         user.set_password(password)
         user.save()
+    before = Membership.objects.filter(user=user, tenant=t).values_list("role", flat=True).first()
     membership, _ = Membership.objects.update_or_create(user=user, tenant=t, defaults={"role": role})
+    if before is None:
+        audit.record(actor=by, tenant=t, action=audit.Action.MEMBER_ADDED, target=f"user:{username}",
+                     details={"role": role})
+    elif before != role:
+        audit.record(actor=by, tenant=t, action=audit.Action.MEMBER_CHANGED, target=f"user:{username}",
+                     details={"role": role, "previousRole": before})
     return membership
+
+
+@transaction.atomic
+def remove_member(*, username: str, tenant: str, by: audit.Actor = CLI) -> None:
+    """End a user's membership of a tenant (the user account stays); audited as member.removed."""
+    membership = Membership.objects.select_related("tenant").filter(
+        user__username=username, tenant__slug=tenant).first()
+    if membership is None:
+        raise NotFound(f"{username} is not a member of {tenant}")
+    role = membership.role
+    membership.delete()
+    audit.record(actor=by, tenant=membership.tenant, action=audit.Action.MEMBER_REMOVED, target=f"user:{username}",
+                 details={"role": role})
 
 
 def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "") -> tuple[ApiKey, str]:
-    """Create an API key; the secret is returned once and only its hash is stored."""
+@transaction.atomic
+def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "",
+               by: audit.Actor = CLI) -> tuple[ApiKey, str]:
+    """Create an API key; the secret is returned once and only its hash is stored. Audited."""
     scopes = sorted(set(scopes))
     unknown = set(scopes) - set(ApiKey.SCOPES)
     if not scopes or unknown:
@@ -68,6 +95,8 @@ def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "") -
     api_key = ApiKey.objects.create(
         workspace=workspace, name=name, prefix=prefix, secret_hash=_hash(key), scopes=scopes
     )
+    audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_CREATED,
+                 target=audit.key_actor(api_key), details={"name": name, "scopes": scopes})
     return api_key, key
 
 
@@ -84,8 +113,14 @@ def authenticate_key(key: str) -> ApiKey | None:
     return api_key
 
 
-def revoke_key(api_key: ApiKey) -> None:
-    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+@transaction.atomic
+def revoke_key(api_key: ApiKey, *, by: audit.Actor = CLI) -> None:
+    """Revoke a key (idempotent: only the first revocation is audited)."""
+    revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    if revoked:
+        workspace = Workspace.objects.select_related("tenant").get(pk=api_key.workspace_id)
+        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_REVOKED,
+                     target=audit.key_actor(api_key), details={"name": api_key.name})
 
 
 def membership_for(user: AbstractBaseUser, tenant: Tenant) -> Membership | None:

@@ -336,7 +336,7 @@ class EvidenceSerializer(serializers.Serializer):
     toolCalls = ToolCallSerializer(many=True)
     artifacts = EvidenceArtifactSerializer(many=True, help_text="every artifact the log references")
     costs = CostSerializer(many=True, help_text="one per answered model call, in sequence order")
-    approvals = serializers.ListField(child=serializers.JSONField(), help_text="always [] until re-execution requests exist")
+    approvals = serializers.ListField(child=serializers.JSONField(), help_text="the run's re-execution requests (asked of it, or the one that made it), each with its decision; shaped like GET /api/v1/reexecutions/{id} without plan, plus relation: of_this_run | made_this_run")
     feedback = FeedbackSerializer(many=True)
     subRuns = RunSerializer(many=True, help_text="direct sub-runs, oldest first")
     usage = UsageSerializer()

@@ -8,4 +8,6 @@ urlpatterns: list = [
     path("", include("console.api.stream")),
     path("", include("console.api.runs")),
     path("", include("console.api.gateway")),
+    path("", include("console.api.reexecutions")),
+    path("", include("console.api.audit")),
 ]

@@ -95,11 +95,21 @@ class Command(BaseCommand):
         p.add_argument("--take-over", action="store_true", help="take the run lease from a live executor")
         p.add_argument("--module", action="append", default=[], help="import this module to register workflows")
 
+        p = sub.add_parser("worker", help="execute approved re-executions from the queue (django-tasks), sweep "
+                                          "expired approvals and stalled requests; Ctrl-C stops it")
+        p.add_argument("--batch", action="store_true", help="exit once the queue is empty")
+        p.add_argument("--interval", type=float, default=1.0, help="seconds between looks at an empty queue")
+
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
             getattr(self, "_" + action.replace("-", "_"))(**options)
         except LedgerError as exc:
             raise CommandError(exc.message) from exc
+
+    def _worker(self, *, batch: bool, interval: float, **_: Any) -> None:
+        from ledger.reexecution.worker import run_worker
+
+        run_worker(interval=interval, batch=batch)
 
     def _bootstrap(self, *, tenant: str, workspace: str, **_: Any) -> None:
         ws = tenancy.bootstrap(tenant=tenant, workspace=workspace)

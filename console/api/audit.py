@@ -1,0 +1,142 @@
+"""/api/v1/audit (API.md "Audit"): the tenant's audit log for its admins, as JSON pages or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import date, datetime, time, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from django.http import HttpResponse
+from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ledger import audit
+from ledger.errors import NotFound
+from ledger.models import ApiKey, Membership, Role, Tenant
+
+from .auth import RoleRequired, WorkspaceRequired
+from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
+from .schema import error_responses
+
+CSV_COLUMNS = ["id", "at", "actor", "action", "tenant", "workspace", "target", "reason"]
+
+
+class AuditEntrySerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="aud_<n>")
+    at = serializers.DateTimeField()
+    actor = serializers.CharField(help_text="a username, key:<prefix> for an API key, or system:<what>")
+    action = serializers.CharField(help_text="a stable string, never renamed: " + ", ".join(audit.Action.values))
+    tenant = serializers.CharField()
+    workspace = serializers.CharField(allow_null=True, help_text="TENANT/WORKSPACE; null for tenant-wide actions")
+    target = serializers.CharField(help_text="what was acted on: rx_…, user:NAME, key:PREFIX, RUN/CALL")
+    reason = serializers.CharField(allow_blank=True, help_text="the reason or note given, if any")
+    details = serializers.DictField(help_text="action-specific facts (run ids, roles, digest, …)")
+
+
+class AuditPageSerializer(serializers.Serializer):
+    entries = AuditEntrySerializer(many=True)
+    next = serializers.CharField(allow_null=True)
+
+
+def _tenant(request: Request) -> Tenant:
+    """The tenant whose log an admin member reads (?tenant= when they belong to several)."""
+    if isinstance(request.auth, ApiKey):
+        raise RoleRequired("the audit log is for admins in a console session; API keys cannot read it")
+    memberships = Membership.objects.filter(user=request.user).select_related("tenant")
+    named = request.query_params.get("tenant")
+    if named:
+        memberships = memberships.filter(tenant__slug=named)
+    found = list(memberships[:2])
+    if not found:
+        raise NotFound("tenant not found")
+    if len(found) > 1:
+        raise WorkspaceRequired("pass ?tenant=TENANT: you are a member of more than one tenant")
+    if not found[0].allows(Role.ADMIN):
+        raise RoleRequired("the audit log needs the admin role", role="admin")
+    return found[0].tenant
+
+
+def _bound(request: Request, name: str, *, end: bool) -> datetime | None:
+    """`from`/`to`: a date (whole days, `to` inclusive) or an ISO 8601 instant."""
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    try:
+        if len(raw) == 10:
+            day = date.fromisoformat(raw)
+            return datetime.combine(day + timedelta(days=1 if end else 0), time.min, tzinfo=dt_timezone.utc)
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidParameter(f"{name} must be a date YYYY-MM-DD or an ISO 8601 time", parameter=name) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt_timezone.utc)
+
+
+class AuditView(APIView):
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # ?format=csv is this view's own switch (answered with text/csv below), not DRF's renderer override.
+        return super().perform_content_negotiation(request, force=True)
+
+    @extend_schema(
+        operation_id="list_audit_entries",
+        parameters=[
+            OpenApiParameter("from", OpenApiTypes.STR, description="YYYY-MM-DD or ISO 8601, inclusive"),
+            OpenApiParameter("to", OpenApiTypes.STR, description="YYYY-MM-DD (that whole day) or ISO 8601, exclusive"),
+            OpenApiParameter("actor", OpenApiTypes.STR, description="exact actor, e.g. bob or key:0a1b2c3d4e5f"),
+            OpenApiParameter("action", OpenApiTypes.STR, enum=audit.Action.values),
+            OpenApiParameter("tenant", OpenApiTypes.STR, description="needed only by members of several tenants"),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500"),
+            OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page"),
+            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"],
+                             description="csv: every matching entry (no paging), columns " + ", ".join(CSV_COLUMNS)),
+        ],
+        responses={200: OpenApiResponse(AuditPageSerializer, description="JSON page; text/csv with format=csv"),
+                   **error_responses(e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
+                                     e403=["forbidden"], e404=["not_found"])},
+        summary="The tenant's audit log, oldest first (admin session)", tags=["audit"],
+    )
+    def get(self, request: Request) -> Any:
+        tenant = _tenant(request)
+        fmt = request.query_params.get("format") or "json"
+        if fmt not in ("json", "csv"):
+            raise InvalidParameter("format must be json or csv", parameter="format")
+        action = request.query_params.get("action") or None
+        if action is not None and action not in audit.Action.values:
+            raise InvalidParameter(f"action must be one of {', '.join(audit.Action.values)}", parameter="action")
+        filters: dict[str, Any] = {"tenant": tenant, "start": _bound(request, "from", end=False),
+                                   "end": _bound(request, "to", end=True),
+                                   "actor": request.query_params.get("actor") or None, "action": action}
+        if fmt == "csv":
+            return _csv([audit.as_dict(e) for e in audit.entries(**filters).iterator()])
+        limit = limit_param(request)
+        cursor = decode_cursor(request)
+        if cursor is not None:
+            try:
+                filters["after"] = (datetime.fromisoformat(cursor["t"]), int(cursor["id"]))
+            except (KeyError, TypeError, ValueError):
+                raise InvalidCursor("cursor is not one this API gave out") from None
+        rows = list(audit.entries(**filters)[: limit + 1])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = encode_cursor({"t": rows[-1].at.isoformat(), "id": rows[-1].pk}) if more else None
+        return Response({"entries": [audit.as_dict(e) for e in rows], "next": next_cursor})
+
+
+def _csv(entries: list[dict[str, Any]]) -> HttpResponse:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(CSV_COLUMNS)
+    for entry in entries:
+        writer.writerow(["" if entry[c] is None else entry[c] for c in CSV_COLUMNS])
+    response = HttpResponse(out.getvalue().encode(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="audit.csv"'
+    return response
+
+
+urlpatterns = [path("audit", AuditView.as_view(), name="audit")]

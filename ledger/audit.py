@@ -1,0 +1,97 @@
+"""The audit log: one append-only row per privileged action (API.md "Audit").
+
+`record` is called inside the transaction of the action it records (the zulip way: a `do_*`
+service writes, audits and announces on commit), so an action and its entry commit or roll back
+together. Reads are the selectors below, always scoped to one tenant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q, QuerySet
+
+from . import clock
+from .models import ApiKey, AuditEntry, Tenant, Workspace
+
+Action = AuditEntry.Action
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who did it: a member (by username), an API key (`key:<prefix>`), or the system itself."""
+
+    name: str
+    user_id: int | None = None
+
+    @classmethod
+    def of(cls, who: AbstractBaseUser | ApiKey | str) -> Actor:
+        if isinstance(who, ApiKey):
+            return cls(name=key_actor(who))
+        if isinstance(who, str):
+            return cls(name=who)
+        return cls(name=who.get_username(), user_id=who.pk)
+
+
+def key_actor(api_key: ApiKey) -> str:
+    return f"key:{api_key.prefix}"
+
+
+SYSTEM = Actor(name="system")
+
+
+def record(*, actor: Actor | AbstractBaseUser | ApiKey | str, tenant: Tenant, action: str, target: str,
+           workspace: Workspace | None = None, reason: str = "", details: dict[str, Any] | None = None) -> AuditEntry:
+    """Write one entry; must run inside the transaction of the action it records."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("audit entries are written in the transaction of the action they record")
+    who = actor if isinstance(actor, Actor) else Actor.of(actor)
+    return AuditEntry.objects.create(
+        tenant=tenant, workspace=workspace, actor=who.name, actor_user_id=who.user_id, action=Action(action).value,
+        target=target, reason=reason, details=details or {}, at=clock.now(),
+    )
+
+
+# --- selectors -------------------------------------------------------------------------------
+
+
+def entries(*, tenant: Tenant, start: datetime | None = None, end: datetime | None = None,
+            actor: str | None = None, action: str | None = None,
+            after: tuple[datetime, int] | None = None) -> QuerySet[AuditEntry]:
+    """The tenant's entries, oldest first, filtered; `after` is the (at, id) keyset of a page's last."""
+    qs = AuditEntry.objects.filter(tenant=tenant).select_related("tenant", "workspace__tenant")
+    if start is not None:
+        qs = qs.filter(at__gte=start)
+    if end is not None:
+        qs = qs.filter(at__lt=end)
+    if actor:
+        qs = qs.filter(actor=actor)
+    if action:
+        qs = qs.filter(action=action)
+    if after is not None:
+        qs = qs.filter(Q(at__gt=after[0]) | Q(at=after[0], pk__gt=after[1]))
+    return qs.order_by("at", "pk")
+
+
+def for_target(*, tenant: Tenant, target: str) -> QuerySet[AuditEntry]:
+    return AuditEntry.objects.filter(tenant=tenant, target=target).order_by("at", "pk")
+
+
+def as_dict(entry: AuditEntry) -> dict[str, Any]:
+    """API.md's entry `{id, at, actor, action, tenant, workspace, target, reason}` plus details."""
+    workspace = entry.workspace
+    return {
+        "id": f"aud_{entry.pk}",
+        "at": entry.at.isoformat().replace("+00:00", "Z"),
+        "actor": entry.actor,
+        "action": entry.action,
+        "tenant": entry.tenant.slug,
+        "workspace": f"{workspace.tenant.slug}/{workspace.slug}" if workspace is not None else None,
+        "target": entry.target,
+        "reason": entry.reason,
+        "details": entry.details,
+    }

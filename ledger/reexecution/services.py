@@ -1,0 +1,578 @@
+"""Re-execution requests: ask, approve, deny, expire, claim, start and finish (DESIGN.md §5).
+
+Every service is one transaction that changes the request, writes its audit entry and announces
+the change after commit. Refusals that must leave a change behind (a request found expired at
+approval is written down as expired, audited, and *then* refused) are returned by the service
+body and raised after the commit, as the tool gateway does.
+
+Rules (API.md "Re-execution"):
+- operators (session) or keys with `execute` request; `simulate` starts `approved`, every other
+  mode waits for an approver or admin who is not the requester (`self_approval_forbidden`);
+- approval is a human in a session: keys never approve or deny;
+- the approval binds to the request's digest: `digest({mode, fromStep, input?, modelOverrides,
+  lastSequence, planDigest})`, where `input` is absent when no override was given (null is an
+  override) and `planDigest` is the digest of the run's replay plan. A run whose last sequence
+  or plan moved since is `plan_changed` at approval;
+- a pending request expires after RUNLEDGER_APPROVAL_TTL_HOURS (`approval_expired`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q
+
+from .. import announce, audit, clock, selectors
+from ..canonical import NotCanonicalizable, canonical_bytes, digest
+from ..errors import LedgerError, NotFound, RunFinished
+from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, Workspace
+from ..plans import replay_plan_for
+from ..runtime.errors import UnknownWorkflow
+from ..runtime.registry import get_workflow
+from .errors import (
+    ApprovalExpired,
+    Forbidden,
+    InvalidReexecution,
+    LeaseLost,
+    NotPending,
+    PlanChanged,
+    SelfApprovalForbidden,
+)
+
+Mode = ReexecutionRequest.Mode
+Status = ReexecutionRequest.Status
+Executor = ReexecutionRequest.Executor
+Action = audit.Action
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+MAX_BATCH_RUNS = 200
+MAX_REASON = 2000
+# Modes that make a new run; `resume` continues the original.
+NEW_RUN_MODES = (Mode.SIMULATE, Mode.EVALUATE, Mode.FORK, Mode.RERUN)
+OVERRIDABLE_MODELS = (Mode.EVALUATE, Mode.FORK, Mode.RERUN)
+
+
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN: Any = _NotGiven()
+EXPIRY = audit.Actor(name="system:expiry")
+
+Principal = AbstractBaseUser | ApiKey
+
+
+def _commit_then_raise(service: Callable[P, T | LedgerError]) -> Callable[P, T]:
+    """Run `service` in one transaction; a refusal it *returns* is raised after the commit."""
+    atomic_service = transaction.atomic(service)
+
+    @functools.wraps(service)
+    def refusing(*args: P.args, **kwargs: P.kwargs) -> T:
+        outcome = atomic_service(*args, **kwargs)
+        if isinstance(outcome, LedgerError):
+            raise outcome
+        return outcome
+
+    return refusing
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def reexecution_group_for(workspace_pk: int) -> str:
+    """The channel-layer group told (after commit) when a request of the workspace changes."""
+    return f"ledger.reexecutions.{workspace_pk}"
+
+
+def _announce(request: ReexecutionRequest) -> None:
+    announce.send_after_commit(reexecution_group_for(request.workspace_id), {
+        "type": "ledger.reexecution_changed", "reexecutionId": request.public_id, "status": request.status,
+        "runId": request.original_run_id, "newRunId": request.new_run_id or None,
+    })
+
+
+def _membership(user: AbstractBaseUser, workspace: Workspace) -> Membership | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(user=user, tenant_id=workspace.tenant_id).first()
+
+
+def _require_member(user: AbstractBaseUser, workspace: Workspace, role: str) -> Membership:
+    membership = _membership(user, workspace)
+    if membership is None:
+        raise NotFound("not found")  # another tenant: its existence is not revealed
+    if not membership.allows(role):
+        raise Forbidden(f"this operation needs the {role} role", role=role)
+    return membership
+
+
+def _requester(by: Principal, workspace: Workspace) -> tuple[str, AbstractBaseUser | None, ApiKey | None]:
+    if isinstance(by, ApiKey):
+        if by.workspace_id != workspace.pk:
+            raise NotFound("not found")
+        if not by.has_scope("execute"):
+            raise Forbidden("requesting a re-execution needs an API key with the 'execute' scope", scope="execute")
+        return audit.key_actor(by), None, by
+    _require_member(by, workspace, Role.OPERATOR)
+    return by.get_username(), by, None
+
+
+def _run_shape(run: Run) -> tuple[int, str]:
+    """(last sequence, digest of the replay plan): what an approval binds the run to."""
+    return run.last_sequence, digest(replay_plan_for(run))
+
+
+def request_digest(*, mode: str, from_step: str | None, input: Any, model_overrides: Mapping[str, Any],
+                   last_sequence: int, plan_digest: str) -> str:
+    body: dict[str, Any] = {"mode": mode, "fromStep": from_step, "modelOverrides": dict(model_overrides),
+                            "lastSequence": last_sequence, "planDigest": plan_digest}
+    if input is not NOT_GIVEN:
+        body["input"] = input
+    return digest(body)
+
+
+def _digest_of(request: ReexecutionRequest, last_sequence: int, plan_digest: str) -> str:
+    return request_digest(mode=request.mode, from_step=request.from_step,
+                          input=request.input if request.has_input else NOT_GIVEN,
+                          model_overrides=request.model_overrides, last_sequence=last_sequence,
+                          plan_digest=plan_digest)
+
+
+def _check_model_overrides(value: Any) -> dict[str, dict[str, str]]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidReexecution("modelOverrides must be an object: slot -> {provider, model}", field="modelOverrides")
+    out: dict[str, dict[str, str]] = {}
+    for slot, target in value.items():
+        if not isinstance(slot, str) or not slot or not isinstance(target, Mapping) \
+                or set(target) != {"provider", "model"} \
+                or not all(isinstance(target[k], str) and target[k] for k in ("provider", "model")):
+            raise InvalidReexecution(f"modelOverrides[{slot!r}] must be {{provider, model}}, both non-empty strings",
+                                     field="modelOverrides")
+        out[slot] = {"provider": target["provider"], "model": target["model"]}
+    return out
+
+
+def _check_request(run: Run, *, mode: str, from_step: str | None, input: Any,
+                   model_overrides: dict[str, dict[str, str]], reason: str) -> None:
+    if mode not in Mode.values:
+        raise InvalidReexecution(f"mode must be one of {', '.join(Mode.values)}", field="mode")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidReexecution("a reason is required", field="reason")
+    if len(reason) > MAX_REASON:
+        raise InvalidReexecution(f"reason is limited to {MAX_REASON} characters", field="reason")
+    if mode == Mode.FORK:
+        if not from_step:
+            raise InvalidReexecution("a fork names the step it starts from (fromStep)", field="fromStep")
+        if not run.steps.filter(step_path=from_step).exists():
+            raise InvalidReexecution(f"run {run.run_id} has no step {from_step!r}", field="fromStep")
+    elif from_step is not None:
+        raise InvalidReexecution("fromStep is only for mode fork", field="fromStep")
+    if input is not NOT_GIVEN:
+        if mode != Mode.FORK:
+            raise InvalidReexecution("an input override is only for mode fork", field="input")
+        try:
+            canonical_bytes(input)
+        except NotCanonicalizable as exc:
+            raise InvalidReexecution(f"input has no canonical JSON form: {exc}", field="input") from None
+    if model_overrides and mode not in OVERRIDABLE_MODELS:
+        raise InvalidReexecution("modelOverrides are for modes evaluate, fork and rerun", field="modelOverrides")
+    if run.event_count == 0:
+        raise InvalidReexecution(f"run {run.run_id} has no events", field="runId")
+    if mode == Mode.RESUME and run.finished:
+        raise RunFinished(f"run {run.run_id} is {run.status}; there is nothing to resume", runId=run.run_id)
+
+
+def _new_public_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def _ttl() -> timedelta:
+    return timedelta(hours=float(settings.RUNLEDGER_APPROVAL_TTL_HOURS))
+
+
+def lease_ttl() -> timedelta:
+    return timedelta(seconds=float(settings.RUNLEDGER_REEXEC_LEASE_SECONDS))
+
+
+def _executor_for(workspace: Workspace, run_id: str) -> str:
+    """Built in when this deployment registers the workflow the run was started with (the
+    runtime's RunStarted names it); anything else waits for an external executor's claim."""
+    first = Event.objects.filter(run__workspace=workspace, run__run_id=run_id, sequence=1).values_list(
+        "payload", flat=True).first()
+    name = json.loads(first).get("workflow") if first else None
+    if not isinstance(name, str):
+        return Executor.EXTERNAL
+    try:
+        get_workflow(name)
+    except UnknownWorkflow:
+        return Executor.EXTERNAL
+    return Executor.BUILTIN
+
+
+def _mark_approved(request: ReexecutionRequest, now: datetime) -> None:
+    """Reserve the new run's id and pick the executor; queue it for the built-in worker."""
+    request.status = Status.APPROVED
+    request.new_run_id = request.original_run_id if request.mode == Mode.RESUME else f"run_{request.public_id}"
+    request.executor = _executor_for(request.workspace, request.original_run_id)
+    request.updated_at = now
+
+
+def _enqueue_after_save(request: ReexecutionRequest) -> None:
+    if request.executor == Executor.BUILTIN:
+        from .tasks import enqueue
+
+        enqueue(request.pk)
+
+
+def _lock(workspace: Workspace, public_id: str) -> ReexecutionRequest:
+    request = (ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant")
+               .filter(workspace=workspace, public_id=public_id).first())
+    if request is None:
+        raise NotFound(f"re-execution {public_id} not found", reexecutionId=public_id)
+    return request
+
+
+def _expire(request: ReexecutionRequest, now: datetime, noticed_by: AbstractBaseUser | None = None) -> None:
+    request.status, request.updated_at = Status.EXPIRED, now
+    request.save(update_fields=["status", "updated_at"])
+    audit.record(actor=EXPIRY, tenant=request.workspace.tenant, workspace=request.workspace,
+                 action=Action.REEXECUTION_EXPIRED, target=request.public_id,
+                 details={"runId": request.original_run_id, "expiresAt": request.expires_at.isoformat(),
+                          **({"noticedBy": noticed_by.get_username()} if noticed_by is not None else {})})
+    _announce(request)
+
+
+# --- request -----------------------------------------------------------------------------------
+
+
+def _create(*, workspace: Workspace, run: Run, mode: str, reason: str, by: Principal, from_step: str | None,
+            input: Any, model_overrides: dict[str, dict[str, str]], batch_id: str, now: datetime) -> ReexecutionRequest:
+    name, user, key = _requester(by, workspace)
+    last_sequence, plan_digest = _run_shape(run)
+    request = ReexecutionRequest(
+        public_id=_new_public_id("rx"), workspace=workspace, original_run_id=run.run_id, mode=mode,
+        from_step=from_step, has_input=input is not NOT_GIVEN, input=None if input is NOT_GIVEN else input,
+        model_overrides=model_overrides, reason=reason.strip(), requested_by=name, requested_by_user=user,
+        requested_by_key=key, last_sequence=last_sequence, plan_digest=plan_digest,
+        digest=request_digest(mode=mode, from_step=from_step, input=input, model_overrides=model_overrides,
+                              last_sequence=last_sequence, plan_digest=plan_digest),
+        status=Status.PENDING_APPROVAL, expires_at=now + _ttl(), batch_id=batch_id, created_at=now, updated_at=now,
+    )
+    if mode == Mode.SIMULATE:
+        # No side effects, no spend: operators start it without approval (DESIGN.md §5).
+        _mark_approved(request, now)
+        request.decided_at = now
+    request.save()
+    actor = audit.Actor(name=name, user_id=user.pk if user is not None else None)
+    audit.record(actor=actor, tenant=workspace.tenant, workspace=workspace, action=Action.REEXECUTION_REQUESTED,
+                 target=request.public_id, reason=request.reason,
+                 details={"runId": run.run_id, "mode": mode, "digest": request.digest,
+                          **({"batchId": batch_id} if batch_id else {}),
+                          **({"newRunId": request.new_run_id} if request.new_run_id else {})})
+    _enqueue_after_save(request)
+    _announce(request)
+    return request
+
+
+@transaction.atomic
+def request_reexecution(*, workspace: Workspace, run_id: str, mode: str, reason: str, by: Principal,
+                        from_step: str | None = None, input: Any = NOT_GIVEN,
+                        model_overrides: Mapping[str, Any] | None = None) -> ReexecutionRequest:
+    """Ask for a re-execution of `run_id`. Pass `input` only to override it (None is an override)."""
+    run = selectors.get_run(workspace, run_id)
+    run.workspace = workspace
+    overrides = _check_model_overrides(model_overrides)
+    _check_request(run, mode=mode, from_step=from_step, input=input, model_overrides=overrides, reason=reason)
+    return _create(workspace=workspace, run=run, mode=mode, reason=reason, by=by, from_step=from_step, input=input,
+                   model_overrides=overrides, batch_id="", now=clock.now())
+
+
+@transaction.atomic
+def request_batch(*, workspace: Workspace, run_ids: Sequence[str], reason: str, by: Principal,
+                  mode: str = Mode.EVALUATE, model_overrides: Mapping[str, Any] | None = None,
+                  ) -> tuple[str, list[ReexecutionRequest]]:
+    """One `evaluate` request per run, sharing a batch id: one approval decides them all."""
+    if mode != Mode.EVALUATE:
+        raise InvalidReexecution("a batch is for mode evaluate", field="mode")
+    ids = list(run_ids)
+    if not ids or len(ids) > MAX_BATCH_RUNS or not all(isinstance(r, str) for r in ids):
+        raise InvalidReexecution(f"runIds must list 1 to {MAX_BATCH_RUNS} run ids", field="runIds")
+    if len(set(ids)) != len(ids):
+        raise InvalidReexecution("runIds lists a run twice", field="runIds")
+    overrides = _check_model_overrides(model_overrides)
+    runs = {r.run_id: r for r in selectors.runs(workspace).filter(run_id__in=ids)}
+    missing = [r for r in ids if r not in runs]
+    if missing:
+        raise NotFound(f"run {missing[0]} not found", runId=missing[0])
+    batch_id, now = _new_public_id("rxb"), clock.now()
+    made = []
+    for run_id in ids:
+        run = runs[run_id]
+        run.workspace = workspace
+        _check_request(run, mode=mode, from_step=None, input=NOT_GIVEN, model_overrides=overrides, reason=reason)
+        made.append(_create(workspace=workspace, run=run, mode=mode, reason=reason, by=by, from_step=None,
+                            input=NOT_GIVEN, model_overrides=overrides, batch_id=batch_id, now=now))
+    return batch_id, made
+
+
+# --- decide ------------------------------------------------------------------------------------
+
+
+def _decidable(workspace: Workspace, public_id: str, by: AbstractBaseUser) -> list[ReexecutionRequest]:
+    """The request (and, for a batch, its siblings), locked; refuses keys, outsiders and roles below approver."""
+    if isinstance(by, ApiKey):
+        raise Forbidden("approval is always a human in a console session; API keys cannot approve or deny")
+    _require_member(by, workspace, Role.APPROVER)
+    request = _lock(workspace, public_id)
+    if not request.batch_id:
+        return [request]
+    return list(ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant")
+                .filter(workspace=workspace, batch_id=request.batch_id).order_by("pk"))
+
+
+def _refuse_undecidable(requests: list[ReexecutionRequest], by: AbstractBaseUser, now: datetime,
+                        *, approving: bool) -> LedgerError | None:
+    first = requests[0]
+    if any(r.status == Status.EXPIRED for r in requests):
+        return ApprovalExpired(f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+                               reexecutionId=first.public_id, expiresAt=first.expires_at.isoformat())
+    decided = [r for r in requests if r.status != Status.PENDING_APPROVAL]
+    if decided:
+        return NotPending(f"re-execution {decided[0].public_id} is {decided[0].status}, not pending approval",
+                          reexecutionId=decided[0].public_id, status=decided[0].status)
+    if approving and any(r.requested_by_user_id == by.pk for r in requests):
+        return SelfApprovalForbidden("a re-execution is approved by another member, never by its requester",
+                                     reexecutionId=first.public_id)
+    if any(r.expires_at <= now for r in requests):
+        for r in requests:
+            _expire(r, now, by)
+        return ApprovalExpired(f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+                               reexecutionId=first.public_id, expiresAt=first.expires_at.isoformat())
+    return None
+
+
+@_commit_then_raise
+def approve(*, workspace: Workspace, reexecution_id: str, by: AbstractBaseUser,
+            note: str) -> list[ReexecutionRequest] | LedgerError:
+    """Approve a pending request (for a batch: all of it, one decision). Returns what was approved."""
+    requests = _decidable(workspace, reexecution_id, by)
+    now = clock.now()
+    refusal = _refuse_undecidable(requests, by, now, approving=True)
+    if refusal is not None:
+        return refusal
+    if not isinstance(note, str) or not note.strip():
+        raise InvalidReexecution("a note is required", field="note")
+    runs = {r.run_id: r for r in selectors.runs(workspace).filter(
+        run_id__in=[q.original_run_id for q in requests])}
+    changed = []
+    for request in requests:
+        run = runs.get(request.original_run_id)
+        if run is None:
+            changed.append(request.original_run_id)
+            continue
+        run.workspace = workspace
+        last_sequence, plan_digest = _run_shape(run)
+        if (last_sequence, plan_digest) != (request.last_sequence, request.plan_digest) \
+                or _digest_of(request, last_sequence, plan_digest) != request.digest:
+            changed.append(request.original_run_id)
+    if changed:
+        return PlanChanged(f"run {changed[0]} changed since the request was made; ask again to approve what it is now",
+                           reexecutionId=reexecution_id, runIds=changed)
+    for request in requests:
+        _mark_approved(request, now)
+        request.approver, request.approver_name = by, by.get_username()
+        request.note, request.decided_at = note.strip(), now
+        request.save()
+        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=Action.REEXECUTION_APPROVED,
+                     target=request.public_id, reason=request.note,
+                     details={"runId": request.original_run_id, "digest": request.digest,
+                              "newRunId": request.new_run_id, "executor": request.executor,
+                              **({"batchId": request.batch_id} if request.batch_id else {})})
+        _enqueue_after_save(request)
+        _announce(request)
+    return requests
+
+
+@_commit_then_raise
+def deny(*, workspace: Workspace, reexecution_id: str, by: AbstractBaseUser,
+         note: str) -> list[ReexecutionRequest] | LedgerError:
+    """Deny a pending request (for a batch: all of it) with a note."""
+    requests = _decidable(workspace, reexecution_id, by)
+    now = clock.now()
+    refusal = _refuse_undecidable(requests, by, now, approving=False)
+    if refusal is not None:
+        return refusal
+    if not isinstance(note, str) or not note.strip():
+        raise InvalidReexecution("a note is required", field="note")
+    for request in requests:
+        request.status, request.updated_at = Status.DENIED, now
+        request.approver, request.approver_name = by, by.get_username()
+        request.note, request.decided_at = note.strip(), now
+        request.save()
+        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=Action.REEXECUTION_DENIED,
+                     target=request.public_id, reason=request.note,
+                     details={"runId": request.original_run_id,
+                              **({"batchId": request.batch_id} if request.batch_id else {})})
+        _announce(request)
+    return requests
+
+
+@transaction.atomic
+def expire_overdue(*, workspace: Workspace | None = None) -> list[str]:
+    """Write down as expired every pending request past its expiry (the worker sweeps this)."""
+    now = clock.now()
+    qs = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
+        status=Status.PENDING_APPROVAL, expires_at__lte=now)
+    if workspace is not None:
+        qs = qs.filter(workspace=workspace)
+    expired = list(qs.order_by("pk"))
+    for request in expired:
+        _expire(request, now)
+    return [r.public_id for r in expired]
+
+
+# --- execute -----------------------------------------------------------------------------------
+
+
+def _lease_is_live(request: ReexecutionRequest, now: datetime) -> bool:
+    return request.lease_expires_at is not None and request.lease_expires_at > now
+
+
+def _take_lease(request: ReexecutionRequest, owner: str, now: datetime) -> None:
+    request.status = Status.RUNNING
+    request.lease_owner, request.lease_token = owner, secrets.token_hex(16)
+    request.lease_expires_at = now + lease_ttl()
+    request.attempts += 1
+    request.started_at = request.started_at or now
+    request.updated_at = now
+    request.save()
+
+
+@transaction.atomic
+def start(*, request_pk: int, owner: str, owner_is_dead: Callable[[str], bool] = lambda owner: False,
+          ) -> ReexecutionRequest | None:
+    """The built-in worker takes an approved request (or a running one whose worker is gone);
+    None when there is nothing to do: decided otherwise, finished, or held by a live worker."""
+    request = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
+        pk=request_pk).first()
+    if request is None or request.executor != Executor.BUILTIN:
+        return None
+    now = clock.now()
+    if request.status == Status.RUNNING:
+        if _lease_is_live(request, now) and not owner_is_dead(request.lease_owner):
+            return None
+    elif request.status != Status.APPROVED:
+        return None
+    resumed_from = request.lease_owner if request.status == Status.RUNNING else None
+    _take_lease(request, owner, now)
+    audit.record(actor=audit.Actor(name=f"worker:{owner}"), tenant=request.workspace.tenant,
+                 workspace=request.workspace, action=Action.REEXECUTION_STARTED, target=request.public_id,
+                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
+                          "attempt": request.attempts, **({"takenOverFrom": resumed_from} if resumed_from else {})})
+    _announce(request)
+    return request
+
+
+@transaction.atomic
+def claim_next(*, api_key: ApiKey, owner: str = "") -> ReexecutionRequest | None:
+    """An external executor (key with `execute`) takes the oldest approved request of its
+    workspace that this deployment does not execute itself, or one whose previous claimant's
+    lease ran out (it continues the same new run). None when there is none."""
+    if not api_key.has_scope("execute"):
+        raise Forbidden("claiming needs an API key with the 'execute' scope", scope="execute")
+    now = clock.now()
+    request = (ReexecutionRequest.objects.select_for_update(skip_locked=True, of=("self",))
+               .select_related("workspace__tenant")
+               .filter(workspace_id=api_key.workspace_id, executor=Executor.EXTERNAL)
+               .filter(Q(status=Status.APPROVED) | Q(status=Status.RUNNING, lease_expires_at__lte=now))
+               .order_by("decided_at", "pk").first())
+    if request is None:
+        return None
+    previous = request.lease_owner if request.status == Status.RUNNING else None
+    _take_lease(request, audit.key_actor(api_key), now)
+    audit.record(actor=api_key, tenant=request.workspace.tenant, workspace=request.workspace,
+                 action=Action.REEXECUTION_CLAIMED, target=request.public_id,
+                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
+                          "attempt": request.attempts, "leaseExpiresAt": request.lease_expires_at.isoformat(),
+                          **({"owner": owner} if owner else {}), **({"takenOverFrom": previous} if previous else {})})
+    _announce(request)
+    return request
+
+
+@transaction.atomic
+def renew_lease(*, workspace: Workspace, reexecution_id: str, lease_token: str) -> ReexecutionRequest:
+    """Extend the executor's lease by its TTL from now; `lease_lost` once another took it over
+    or the request finished."""
+    request = _lock(workspace, reexecution_id)
+    if request.status != Status.RUNNING or not lease_token or not secrets.compare_digest(
+            request.lease_token, lease_token):
+        raise LeaseLost(f"re-execution {reexecution_id} is not held with this lease token",
+                        reexecutionId=reexecution_id, status=request.status)
+    now = clock.now()
+    request.lease_expires_at, request.updated_at = now + lease_ttl(), now
+    request.save(update_fields=["lease_expires_at", "updated_at"])
+    return request
+
+
+def _finish(request: ReexecutionRequest, *, succeeded: bool, error: Any, actor: audit.Actor, now: datetime) -> None:
+    request.status = Status.SUCCEEDED if succeeded else Status.FAILED
+    request.error = None if succeeded else error
+    request.finished_at, request.updated_at = now, now
+    request.lease_expires_at = None
+    request.save()
+    audit.record(actor=actor, tenant=request.workspace.tenant, workspace=request.workspace,
+                 action=Action.REEXECUTION_FINISHED, target=request.public_id,
+                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
+                          "status": request.status, **({"error": error} if not succeeded else {})})
+    _announce(request)
+
+
+@transaction.atomic
+def finish(*, request_pk: int, lease_token: str, succeeded: bool, error: Any = None) -> ReexecutionRequest | None:
+    """The built-in worker's end of a request: a no-op when the new run's terminal event already
+    settled it (see `settle_on_terminal`) or another worker holds it now."""
+    request = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
+        pk=request_pk).first()
+    if request is None or request.status != Status.RUNNING or request.lease_token != lease_token:
+        return None
+    _finish(request, succeeded=succeeded, error=error, actor=audit.Actor(name=f"worker:{request.lease_owner}"),
+            now=clock.now())
+    return request
+
+
+def settle_on_terminal(*, run: Run, written: Sequence[Mapping[str, Any]]) -> None:
+    """Called by the append path, in its transaction, for a batch that ended `run`: a running
+    request whose new run this is follows the run's outcome. This is how a request executed by
+    an external harness (which reports only through appends) finishes, and it is the same for the
+    built-in worker, so the request's status and its run's terminal event commit together."""
+    terminal = next((e for e in reversed(written) if e["type"] in ("RunCompleted", "RunFailed")), None)
+    if terminal is None:
+        return
+    requests = list(ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
+        workspace_id=run.workspace_id, new_run_id=run.run_id, status=Status.RUNNING))
+    now = clock.now()
+    for request in requests:
+        executor = request.lease_owner if request.executor == Executor.EXTERNAL else f"worker:{request.lease_owner}"
+        _finish(request, succeeded=terminal["type"] == "RunCompleted",
+                error=terminal["payload"].get("error"), actor=audit.Actor(name=executor), now=now)
+
+
+@transaction.atomic
+def heartbeat(*, request_pk: int, lease_token: str) -> bool:
+    """The built-in worker renews its lease while it executes; False once it was taken over."""
+    now = clock.now()
+    return bool(ReexecutionRequest.objects.filter(pk=request_pk, status=Status.RUNNING, lease_token=lease_token)
+                .update(lease_expires_at=now + lease_ttl(), updated_at=now))

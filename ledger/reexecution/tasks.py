@@ -1,0 +1,29 @@
+"""The durable queue's task: an approved request, executed by the built-in worker.
+
+The database backend (django-tasks-db) stores the task in the same transaction as the approval,
+so an approval never commits without its task; other backends (the immediate one in tests)
+enqueue after commit instead, so the execution never runs inside the approving transaction.
+A duplicate task is harmless: `services.start` hands a request to one live worker only.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django_tasks import task
+from django_tasks_db import DatabaseBackend
+
+QUEUE = "reexecutions"
+
+
+@task(queue_name=QUEUE)
+def execute_request(request_pk: int) -> str:
+    from .worker import run_request
+
+    return run_request(request_pk=request_pk)
+
+
+def enqueue(request_pk: int) -> None:
+    if isinstance(execute_request.get_backend(), DatabaseBackend):
+        execute_request.enqueue(request_pk)
+    else:
+        transaction.on_commit(lambda: execute_request.enqueue(request_pk))

@@ -1,0 +1,159 @@
+"""The built-in executor's queue and worker: an approved request of a registered workflow goes onto
+the durable queue (django-tasks-db) in the approval's transaction; one live worker holds it at a
+time; a worker that is gone leaves it recoverable; `bin/serve` runs Daphne and the worker as one
+command that Ctrl-C stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+from django_tasks_db.models import DBTaskResult
+
+from ledger.models import AuditEntry, ReexecutionRequest, Workspace
+from ledger.reexecution import services, worker
+from ledger.runtime.executor import start_run
+from ledger.tenancy import create_user
+from tests.servers import REPO_ROOT, database_url, free_port
+from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+
+Status = ReexecutionRequest.Status
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.moment = timezone.now()
+
+    def now(self) -> datetime:
+        return self.moment
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr("ledger.clock.now", fake.now)
+    return fake
+
+
+@pytest.fixture
+def people(workspace: Workspace) -> dict[str, User]:
+    return {name: create_user(username=name, tenant="acme", role=role, password=None).user
+            for name, role in [("bob", "approver"), ("carol", "operator")]}
+
+
+@pytest.fixture
+def triage_run(workspace: Workspace) -> str:
+    outcome = start_run(workspace=workspace, workflow="triage", input={"ticket": "Where is my order?"},
+                        run_id="run_triage")
+    assert outcome.status == "completed"
+    return outcome.run_id
+
+
+def _queued(request: ReexecutionRequest) -> int:
+    return DBTaskResult.objects.filter(args_kwargs__args=[request.pk]).count()
+
+
+@pytest.mark.django_db
+def test_an_approval_of_a_registered_workflow_is_queued_in_its_own_transaction(workspace, triage_run, people) -> None:
+    made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="rerun", reason="flaky",
+                                        by=people["carol"])
+    assert _queued(made) == 0  # nothing runs before approval
+    [approved] = services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
+    assert approved.executor == ReexecutionRequest.Executor.BUILTIN and _queued(made) == 1
+    simulated = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate",
+                                             reason="reproduce", by=people["carol"])
+    assert simulated.status == Status.APPROVED and _queued(simulated) == 1
+
+
+@pytest.mark.django_db
+def test_one_live_worker_holds_a_request_and_a_dead_or_silent_one_loses_it(
+        workspace, triage_run, people, clock) -> None:
+    made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate", reason="r",
+                                        by=people["carol"])
+    first = services.start(request_pk=made.pk, owner="w1")
+    assert first is not None and first.status == Status.RUNNING and first.attempts == 1
+    assert services.start(request_pk=made.pk, owner="w2") is None  # held under a live lease
+    assert worker.recover_stalled() == []
+    # Its process is gone: the next worker takes it at once.
+    taken = services.start(request_pk=made.pk, owner="w2", owner_is_dead=lambda owner: owner == "w1")
+    assert taken is not None and taken.attempts == 2 and taken.new_run_id == first.new_run_id
+    # The old holder can no longer finish it or renew.
+    assert services.finish(request_pk=made.pk, lease_token=first.lease_token, succeeded=True) is None
+    assert not services.heartbeat(request_pk=made.pk, lease_token=first.lease_token)
+    # A holder that stops renewing is stalled once the lease runs out, and queued again.
+    clock.moment += services.lease_ttl() + timedelta(seconds=1)
+    before = _queued(made)
+    assert worker.recover_stalled() == [made.public_id]
+    assert _queued(made) == before + 1
+    started = AuditEntry.objects.filter(target=made.public_id, action="reexecution.started")
+    assert [e.details["attempt"] for e in started.order_by("pk")] == [1, 2]
+
+
+@pytest.mark.django_db
+def test_a_lost_task_of_an_approved_request_is_queued_again(workspace, triage_run, people, clock) -> None:
+    made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate", reason="r",
+                                        by=people["carol"])
+    assert worker.recover_stalled() == []  # just approved: its task is on the queue
+    clock.moment += services.lease_ttl() + timedelta(seconds=1)
+    assert worker.recover_stalled() == [made.public_id]
+
+
+@pytest.mark.django_db
+def test_an_owner_of_this_host_whose_process_is_gone_is_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    import socket
+
+    assert worker.owner_is_dead(f"{socket.gethostname()}:{child.pid}:abcd")
+    assert not worker.owner_is_dead(worker.new_owner())  # this process
+    assert not worker.owner_is_dead("elsewhere:1:abcd")  # another host: only its lease tells
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.extend(int(p) for p in text)
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bin_serve_runs_daphne_and_the_worker_and_ctrl_c_stops_both(workspace, tmp_path) -> None:
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url(),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        serve = subprocess.Popen([sys.executable, "bin/serve", "127.0.0.1", str(port)], cwd=REPO_ROOT, env=env,
+                                 stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        up = False
+        while time.monotonic() < deadline and serve.poll() is None and not up:
+            try:
+                up = httpx.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=1).status_code == 200
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert up, log.read_text()[-3000:]
+        children = _children(serve.pid)
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in children]
+        assert len(children) == 2 and any("daphne" in c for c in commands) \
+            and any("ledger worker" in c for c in commands), commands
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=30) == 0, log.read_text()[-3000:]
+        for pid in children:
+            assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+
