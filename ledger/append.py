@@ -1,9 +1,11 @@
 """The one write path of the event log.
 
 Every event, from the API, the runtime, the tool gateway or the CLI, enters the log through
-`append_events`. It reads like healthchecks' Check.ping(): one transaction, the run's head row
-locked, a range of sequences allocated to the batch, the rows inserted, and the announcement
-sent only after commit.
+`append_events`. It reads like healthchecks' Check.ping(): the batch prepared outside any lock,
+then one transaction: the run's head row locked, the fence checked, idempotent replays matched,
+a range of sequences allocated and inserted, the projections written, and the announcement
+sent only after commit. A service that must change other rows of the run in the same
+transaction (the tool gateway) locks the head itself (`lock_head`) and calls `append_locked`.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from .errors import (
     RunNotStarted,
     SequenceConflict,
 )
-from .fold import advance
+from .fold import RunState, advance
 from .models import Event, Run, RunStatus, Workspace
 from .projection import prices_for, remember_after_commit, run_fields, state_for_append, write_batch
+from .pricing import PriceTable
 from .redaction import Redactor
 from .vocabulary import is_custom, validate_payload
 
@@ -119,22 +122,125 @@ HEAD_FIELDS = ("id", "workspace_id", "run_id", "last_sequence", "status",
                "lease_owner", "lease_expires_at", "fencing_token")
 
 
-def _lock_run_head(workspace: Workspace, run_id: str, first: _Prepared) -> Run:
-    heads = Run.objects.select_for_update().only(*HEAD_FIELDS).filter(workspace=workspace, run_id=run_id)
-    run = heads.first()
+def append_events(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    events: Sequence[Mapping[str, Any]],
+    expected_sequence: int | None = None,
+    fencing_token: Any = None,
+) -> AppendResult:
+    """Append a batch to a run's log, all or nothing.
+
+    `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`. Rejections raise a
+    LedgerError carrying the API.md code; nothing is written and no sequence number is consumed.
+    """
+    validate_run_id(run_id)
+    batch = _prepare_batch(workspace, events, expected_sequence)
+    with transaction.atomic():
+        run = _lock_or_create_head(workspace, run_id)
+        return _append_under_lock(run, batch, expected_sequence, fencing_token)
+
+
+def lock_head(*, workspace: Workspace, run_id: str) -> Run | None:
+    """The run's head row (HEAD_FIELDS), locked until the caller's transaction ends; None if absent.
+
+    Every writer of a run queues on this lock: it is what keeps sequences dense under concurrent
+    writers and the cached fold state current, so a service that changes other rows of the run in
+    the same transaction (the tool gateway) takes it first and then calls `append_locked`.
+    """
+    validate_run_id(run_id)
+    run = Run.objects.select_for_update().only(*HEAD_FIELDS).filter(workspace=workspace, run_id=run_id).first()
+    if run is not None:
+        run.workspace = workspace  # the same row; saves a query on every append and artifact read
+    return run
+
+
+def append_locked(
+    *,
+    run: Run,
+    events: Sequence[Mapping[str, Any]],
+    expected_sequence: int | None = None,
+    fencing_token: Any = None,
+) -> AppendResult:
+    """`append_events` under the head row lock the caller already holds (`lock_head`, or a
+    `select_for_update` of the row) in the transaction it is in.
+
+    No savepoint: a rejection raised here must end the caller's transaction. An empty batch writes
+    nothing and only answers to the fence, for a caller whose row changes need no event.
+    """
+    if not events:
+        _check_fencing(run, fencing_token, _now_ms())
+        return AppendResult(events=[], last_sequence=run.last_sequence)
+    batch = _prepare_batch(run.workspace, events, expected_sequence)
+    return _append_under_lock(run, batch, expected_sequence, fencing_token)
+
+
+# --- the steps, in the order an append takes them -----------------------------------------
+
+
+def _prepare_batch(workspace: Workspace, events: Any, expected_sequence: Any) -> list[_Prepared]:
+    """Validate, redact and canonicalize the batch before any lock is taken."""
+    if not isinstance(events, Sequence) or isinstance(events, (str, bytes)) or not events:
+        raise InvalidEvent("events must be a non-empty list", field="events")
+    if len(events) > MAX_BATCH:
+        raise InvalidEvent(f"a batch holds at most {MAX_BATCH} events", field="events")
+    if expected_sequence is not None and (
+        isinstance(expected_sequence, bool) or not isinstance(expected_sequence, int) or expected_sequence < 0
+    ):
+        raise InvalidEvent("expectedSequence must be a non-negative integer", field="expectedSequence")
+    redact = Redactor(workspace.redact_keys, workspace.redact_value_patterns)
+    return [_prepare(i, item, redact) for i, item in enumerate(events)]
+
+
+def _lock_or_create_head(workspace: Workspace, run_id: str) -> Run:
+    run = lock_head(workspace=workspace, run_id=run_id)
     if run is not None:
         return run
-    if first.type != "RunStarted":
-        raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted", runId=run_id)
+    # A batch that does not start the run is refused below, which rolls this row back with it.
     try:
         with transaction.atomic():
             Run.objects.create(workspace=workspace, run_id=run_id)
     except IntegrityError:
-        pass  # a concurrent writer created it first; its lock below orders us after it
-    return heads.get()
+        pass  # a concurrent writer created it first; the lock below orders us after it
+    run = lock_head(workspace=workspace, run_id=run_id)
+    assert run is not None
+    return run
 
 
-def check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
+def _append_under_lock(run: Run, batch: list[_Prepared], expected_sequence: int | None,
+                       fencing_token: Any) -> AppendResult:
+    now = _now_ms()
+    _check_fencing(run, fencing_token, now)
+    logged = _match_replays(run, batch)
+    # A retry of a batch that already landed answers with the originals even though the log
+    # has moved on since; expectedSequence guards only batches that write something.
+    writes = any(p.idempotency_key not in logged for p in batch)
+    if expected_sequence is not None and writes and expected_sequence != run.last_sequence:
+        raise SequenceConflict(
+            f"expected the run to end at sequence {expected_sequence}, it ends at {run.last_sequence}",
+            expected=expected_sequence, actual=run.last_sequence,
+        )
+    prices = prices_for(run.workspace)
+    state = state_for_append(run, prices)
+    before, cost_entries_before, run_before = state.last_sequence, len(state.cost_entries), run_fields(state)
+    rows, written, out = _allocate(run, state, batch, logged, now, prices)
+    if rows:
+        insert_rows(Event, EVENT_COLUMNS, rows)
+        write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before,
+                    run_before=run_before)
+        run.last_sequence, run.status = state.last_sequence, state.status  # a caller's lock stays current
+        remember_after_commit(run, prices, state)
+        announce.after_commit(run, state.last_sequence, written)
+        if state.status in RunStatus.finished():
+            # A re-execution request whose new run this is ends with it, in this transaction.
+            from .reexecution.services import settle_on_terminal
+
+            settle_on_terminal(run=run, written=written)
+    return AppendResult(events=out, last_sequence=state.last_sequence)
+
+
+def _check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
     if fencing_token is None:
         if run.lease_expires_at is not None and run.lease_expires_at > now:
             raise Fenced(f"run {run.run_id} is leased to {run.lease_owner}; send its fencingToken",
@@ -147,119 +253,74 @@ def check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
         )
 
 
-def append_events(
-    *,
-    workspace: Workspace,
-    run_id: str,
-    events: Sequence[Mapping[str, Any]],
-    expected_sequence: int | None = None,
-    fencing_token: Any = None,
-    locked: Run | None = None,
-) -> AppendResult:
-    """Append a batch to a run's log, all or nothing.
+def _match_replays(run: Run, batch: list[_Prepared]) -> dict[str, Event]:
+    """The logged originals of the batch's idempotency keys; a key sent with another event is a conflict."""
+    keys = [p.idempotency_key for p in batch if p.idempotency_key is not None]
+    if not keys or not run.last_sequence:
+        return {}
+    logged = {e.idempotency_key: e for e in Event.objects.filter(run=run, idempotency_key__in=keys)}
+    for index, p in enumerate(batch):
+        original = logged.get(p.idempotency_key) if p.idempotency_key else None
+        if original is not None:
+            _same_request(index, p, original.request_digest, "was used for a different event")
+    return logged
 
-    `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`. Rejections raise a
-    LedgerError carrying the API.md code; nothing is written and no sequence number is consumed.
 
-    `locked` is the run's head row (HEAD_FIELDS at least) that the caller locked with
-    `select_for_update` in the transaction it is in (the tool gateway): the append does not lock it
-    again and runs in the caller's transaction without a savepoint, so a rejection it raises must
-    end that transaction (the gateway lets it propagate).
+def _same_request(index: int, p: _Prepared, original_digest: str | None, conflict: str) -> None:
+    if original_digest != p.request_digest:
+        raise IdempotencyConflict(f"event {index}: idempotency key {p.idempotency_key!r} {conflict}",
+                                  index=index, idempotencyKey=p.idempotency_key)
+
+
+def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping[str, Event], now: datetime,
+              prices: PriceTable) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Number the batch's new events after the log's end, advancing `state` event by event.
+
+    Returns the rows to insert, their envelopes, and the answer: every item's envelope in batch
+    order, each flagged `replayed`.
     """
-    validate_run_id(run_id)
-    if not isinstance(events, Sequence) or isinstance(events, (str, bytes)) or not events:
-        raise InvalidEvent("events must be a non-empty list", field="events")
-    if len(events) > MAX_BATCH:
-        raise InvalidEvent(f"a batch holds at most {MAX_BATCH} events", field="events")
-    if expected_sequence is not None and (
-        isinstance(expected_sequence, bool) or not isinstance(expected_sequence, int) or expected_sequence < 0
-    ):
-        raise InvalidEvent("expectedSequence must be a non-negative integer", field="expectedSequence")
-    redact = Redactor(workspace.redact_keys, workspace.redact_value_patterns)
-    prepared = [_prepare(i, item, redact) for i, item in enumerate(events)]
+    rows: list[tuple[Any, ...]] = []
+    written: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
+    in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
+    for index, p in enumerate(batch):
+        key = p.idempotency_key
+        if key is not None and key in logged:
+            out.append({**event_envelope(logged[key], run.run_id), "replayed": True})
+            continue
+        if key is not None and key in in_batch:
+            original_digest, original_env = in_batch[key]
+            _same_request(index, p, original_digest, "is used twice in the batch for different events")
+            out.append({**original_env, "replayed": True})
+            continue
+        _check_lifecycle(state, p.type, index)
+        sequence = state.last_sequence + 1
+        payload, stored = p.payload, p.canonical
+        if len(p.canonical) > INLINE_LIMIT_BYTES:
+            payload = externalize(run.workspace, payload, len(p.canonical))
+            stored = canonical_bytes(payload)
+        eid = event_id_for_canonical(run_id=run.run_id, sequence=sequence, type=p.type,
+                                     payload_canonical=stored, occurrence_id=p.occurrence_id)
+        rows.append((run.pk, sequence, eid, p.type, p.occurrence_id, now, stored.decode(), key,
+                     p.request_digest))
+        env = envelope(event_id=eid, run_id=run.run_id, sequence=sequence, type=p.type,
+                       occurrence_id=p.occurrence_id, recorded_at=now, payload=payload)
+        if key is not None:
+            in_batch[key] = (p.request_digest, env)
+        written.append(env)
+        out.append({**env, "replayed": False})
+        advance(state, [env], prices=prices)
+    return rows, written, out
 
-    with transaction.atomic(savepoint=locked is None):
-        run = _lock_run_head(workspace, run_id, prepared[0]) if locked is None else locked
-        now = _now_ms()
-        check_fencing(run, fencing_token, now)
 
-        keys = [p.idempotency_key for p in prepared if p.idempotency_key is not None]
-        seen: dict[str, Event] = {}
-        if keys and run.last_sequence:
-            seen = {e.idempotency_key: e for e in Event.objects.filter(run=run, idempotency_key__in=keys)}
-        for index, p in enumerate(prepared):
-            original = seen.get(p.idempotency_key) if p.idempotency_key else None
-            if original is not None and original.request_digest != p.request_digest:
-                raise IdempotencyConflict(
-                    f"event {index}: idempotency key {p.idempotency_key!r} was used for a different event",
-                    index=index, idempotencyKey=p.idempotency_key,
-                )
-        all_replayed = all(p.idempotency_key in seen for p in prepared)
-        # A retry of a batch that already landed answers with the originals even though the log
-        # has moved on since; expectedSequence guards only batches that write something.
-        if expected_sequence is not None and not all_replayed and expected_sequence != run.last_sequence:
-            raise SequenceConflict(
-                f"expected the run to end at sequence {expected_sequence}, it ends at {run.last_sequence}",
-                expected=expected_sequence, actual=run.last_sequence,
-            )
-
-        prices = prices_for(workspace)
-        state = state_for_append(run, prices)
-        before, cost_entries_before = state.last_sequence, len(state.cost_entries)
-        run_before = run_fields(state)
-        rows: list[tuple[Any, ...]] = []
-        written: list[dict[str, Any]] = []
-        out: list[dict[str, Any]] = []
-        in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
-        for index, p in enumerate(prepared):
-            key = p.idempotency_key
-            if key is not None and (key in seen or key in in_batch):
-                if key in in_batch:
-                    original_digest, original_env = in_batch[key]
-                    if original_digest != p.request_digest:
-                        raise IdempotencyConflict(
-                            f"event {index}: idempotency key {key!r} is used twice in the batch for different events",
-                            index=index, idempotencyKey=key,
-                        )
-                    out.append({**original_env, "replayed": True})
-                else:
-                    out.append({**event_envelope(seen[key], run_id), "replayed": True})
-                continue
-            # The lifecycle rules read the fold's own state, advanced event by event below.
-            if state.last_sequence == 0 and p.type != "RunStarted":
-                raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted",
-                                    index=index, runId=run_id)
-            if state.last_sequence > 0 and p.type == "RunStarted":
-                raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
-            if state.status in RunStatus.finished() and not is_custom(p.type):
-                raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow",
-                                  index=index, runId=run_id)
-            sequence = state.last_sequence + 1
-            payload, stored = p.payload, p.canonical
-            if len(p.canonical) > INLINE_LIMIT_BYTES:
-                payload = externalize(workspace, payload, len(p.canonical))
-                stored = canonical_bytes(payload)
-            eid = event_id_for_canonical(run_id=run_id, sequence=sequence, type=p.type,
-                                         payload_canonical=stored, occurrence_id=p.occurrence_id)
-            rows.append((run.pk, sequence, eid, p.type, p.occurrence_id, now, stored.decode(), key,
-                         p.request_digest))
-            env = envelope(event_id=eid, run_id=run_id, sequence=sequence, type=p.type,
-                           occurrence_id=p.occurrence_id, recorded_at=now, payload=payload)
-            if key is not None:
-                in_batch[key] = (p.request_digest, env)
-            written.append(env)
-            out.append({**env, "replayed": False})
-            advance(state, [env], prices=prices)
-
-        if rows:
-            insert_rows(Event, EVENT_COLUMNS, rows)
-            write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before,
-                        run_before=run_before)
-            remember_after_commit(run, prices, state)
-            announce.after_commit(run, state.last_sequence, written)
-            if state.status in RunStatus.finished():
-                # A re-execution request whose new run this is ends with it, in this transaction.
-                from .reexecution.services import settle_on_terminal
-
-                settle_on_terminal(run=run, written=written)
-    return AppendResult(events=out, last_sequence=state.last_sequence)
+def _check_lifecycle(state: RunState, event_type: str, index: int) -> None:
+    """The run's lifecycle rules, read from the fold's own state as the batch advances it."""
+    run_id = state.run_id
+    if state.last_sequence == 0 and event_type != "RunStarted":
+        raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted",
+                            index=index, runId=run_id)
+    if state.last_sequence > 0 and event_type == "RunStarted":
+        raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
+    if state.status in RunStatus.finished() and not is_custom(event_type):
+        raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow",
+                          index=index, runId=run_id)

@@ -3,10 +3,10 @@
 A harness claims a call before running it, says when the request is about to leave (`outbound`),
 and completes it with a result or an error. The control row (ToolGatewayClaim) holds what the log
 does not: owner, lease token, the outbound stamp. Every change the log must know about is
-appended through `append_events` in the same transaction as the row change, so the row and the
+appended through `append_locked` in the same transaction as the row change, so the row and the
 `harness.tool_call.*` events never disagree.
 
-Every service locks the run's head row first: it is the row `append_events` locks too, so the lock
+Every service locks the run's head row first: it is the row every append locks, so the lock
 order is always run → claim, and two claimers of one call are serialized (on SQLite the IMMEDIATE
 transaction does the same).
 """
@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from . import artifacts, audit, clock
-from .append import HEAD_FIELDS, append_events, check_fencing, validate_run_id
+from .append import append_locked, lock_head, validate_run_id
 from .canonical import NotCanonicalizable, canonical_bytes, digest
 from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
@@ -159,7 +159,7 @@ def _token_matches(claim: ToolGatewayClaim, lease_token: str) -> bool:
 
 
 def _append(run: Run, fencing_token: Any, *events: dict[str, Any]) -> None:
-    append_events(workspace=run.workspace, run_id=run.run_id, events=list(events), fencing_token=fencing_token)
+    append_locked(run=run, events=list(events), fencing_token=fencing_token)
 
 
 def _appender(run: Run, fencing_token: Any) -> Emit:
@@ -434,11 +434,9 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     args = None
     if claim is not None:
         args, args_digest = _prepare_args(workspace, claim["tool_name"], claim["args"])
-    validate_run_id(run_id)
-    run = Run.objects.select_for_update().only(*HEAD_FIELDS).filter(workspace=workspace, run_id=run_id).first()
+    run = lock_head(workspace=workspace, run_id=run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found", runId=run_id)
-    run.workspace = workspace
     now = clock.now()
     batch: list[Mapping[str, Any]] = []
     completed: Finished | None = None
@@ -458,12 +456,8 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
                 refusal = got
             else:
                 claimed = got
-    last = run.last_sequence
-    if batch:
-        last = append_events(workspace=workspace, run_id=run_id, events=batch, fencing_token=fencing_token,
-                             locked=run).last_sequence
-    else:  # nothing to append (a replayed claim): the rows changed still answer to the fence
-        check_fencing(run, fencing_token, clock.recorded_now())
+    # An empty batch (a replayed claim) appends nothing: the rows changed still answer to the fence.
+    last = append_locked(run=run, events=batch, fencing_token=fencing_token).last_sequence
     return refusal or Batch(completed, claimed, last)
 
 
