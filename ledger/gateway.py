@@ -32,6 +32,7 @@ from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
 from .models import Run, ToolCall, ToolGatewayClaim, Workspace
 from .redaction import Redactor
+from .vocabulary import with_origin
 
 Status = ToolGatewayClaim.Status
 
@@ -421,7 +422,7 @@ class Batch:
 @_atomic_then_refuse
 def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = None,
                   complete: dict[str, Any] | None = None, events: Sequence[Mapping[str, Any]] = (),
-                  claim: dict[str, Any] | None = None) -> Batch | LedgerError:
+                  claim: dict[str, Any] | None = None, origin: str | None = None) -> Batch | LedgerError:
     """In ONE transaction and one append: complete a call (complete_tool_call's keywords, the
     value already through prepare_outcome), then `events`, then claim a call and stamp it
     outbound (claim_tool_call's keywords). For a harness whose writes have no effect outside
@@ -430,6 +431,7 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
 
     A refusal of the completion stops there (nothing after it is written); a refusal of the claim
     comes after `events`. Either way what was written (an in-doubt fact) commits, then it raises.
+    `origin` (a re-execution's live calls) is stamped on the model and tool events written.
     """
     args = None
     if claim is not None:
@@ -457,6 +459,7 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
             else:
                 claimed = got
     # An empty batch (a replayed claim) appends nothing: the rows changed still answer to the fence.
+    batch = [with_origin(event, origin) for event in batch]
     last = append_locked(run=run, events=batch, fencing_token=fencing_token).last_sequence
     return refusal or Batch(completed, claimed, last)
 

@@ -6,6 +6,7 @@ untouched, because harnesses add their own and the interop vectors depend on it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import CostNotAllowed, InvalidEvent, UnknownEventType
@@ -65,6 +66,8 @@ VOCABULARY: dict[str, Spec] = {
     "harness.tool_call.failed": {**TOOL_TERMINAL, "error": (ANY, True)},
     "harness.tool_call.in_doubt": {"callId": (STR, True)},
     "harness.tool_call.reconciled": {"callId": (STR, True), "outcome": (STR, True)},
+    # Ours: a re-execution call its original's record could not answer (ledger/runtime/reexecute.py).
+    "harness.replay.diverged": {"stepPath": (STR, True), "kind": (STR, True), "reason": (STR, True)},
     "harness.execute_step.started": {},
     "harness.execute_step.succeeded": {},
     "OuterLoopCycleCompleted": {
@@ -82,6 +85,16 @@ VOCABULARY: dict[str, Spec] = {
 MODEL_AND_TOOL_PREFIXES = ("harness.model.", "harness.tool_call.")
 ORIGINS = ("recorded", "simulated", "live")
 TERMINAL_RUN_TYPES = ("RunCompleted", "RunFailed")
+
+
+def with_origin(event: Mapping[str, Any], origin: str | None) -> Mapping[str, Any]:
+    """`event` with `payload.origin` set to `origin` when it is a model or tool event without one
+    (what a re-execution's live calls carry); anything else unchanged."""
+    kind, payload = event.get("type"), event.get("payload")
+    if (origin is None or not isinstance(kind, str) or not kind.startswith(MODEL_AND_TOOL_PREFIXES)
+            or not isinstance(payload, Mapping) or "origin" in payload):
+        return event
+    return {**event, "payload": {**payload, "origin": origin}}
 
 
 def is_custom(event_type: str) -> bool:

@@ -21,6 +21,7 @@ from .codec import clone
 from .handlers import apply
 from .state import (
     ARTIFACT_REF_PREFIX,
+    REPLAYED_ORIGINS,
     Artifact,
     Attempt,
     CostEntry,
@@ -38,7 +39,7 @@ from .state import (
 )
 
 __all__ = [
-    "ARTIFACT_REF_PREFIX", "Artifact", "Attempt", "CostEntry", "HarnessSession", "ModelCall", "OuterLoopCycle",
+    "ARTIFACT_REF_PREFIX", "REPLAYED_ORIGINS", "Artifact", "Attempt", "CostEntry", "HarnessSession", "ModelCall", "OuterLoopCycle",
     "ParallelBranch", "ParallelGroup", "RunState", "RunStateMismatch", "StepState", "ToolCallState",
     "advance", "apply_unchecked", "check_events", "fold", "fold_into", "next_visit_index", "paused_gc",
     "visit_index",

@@ -14,6 +14,7 @@ from typing import Any
 from ..pricing import PriceTable, Usage, price_call
 from .state import (
     ARTIFACT_REF_PREFIX,
+    REPLAYED_ORIGINS,
     Artifact,
     Attempt,
     CostEntry,
@@ -385,6 +386,11 @@ def _model_responded(state: RunState, e: _Event) -> None:
     usage = Usage.from_payload(raw_usage)
     cost = price_call(usage, call.provider, call.model_id, e.table)
     call.usage, call.cost = usage, cost
+    if call.origin in REPLAYED_ORIGINS:
+        # Served from the original's record: the original already counted (and paid) this call;
+        # counting it here would double it in every rollup, so it gets no cost entry either.
+        state.replayed_usage = state.replayed_usage.add_call(usage, cost)
+        return
     state.usage = state.usage.add_call(usage, cost)
     if e.step_path is not None:
         step = state.steps[e.step_path]
@@ -492,6 +498,10 @@ def _tool_reconciled(state: RunState, e: _Event) -> None:
         call.result, call.error = None, e.payload.get("error")
 
 
+def _replay_diverged(state: RunState, e: _Event) -> None:
+    state.divergences.append({**e.payload, "sequence": e.sequence})
+
+
 def _outer_loop_cycle(state: RunState, e: _Event) -> None:
     number = _int(e.payload.get("cycleNumber"))
     if number is None or any(c.cycle_number == number for c in state.outer_loop_cycles):
@@ -534,6 +544,7 @@ HANDLERS: dict[str, _Handler] = {
     "harness.tool_call.in_doubt": _tool_in_doubt,
     "harness.tool_call.reconciled": _tool_reconciled,
     "OuterLoopCycleCompleted": _outer_loop_cycle,
+    "harness.replay.diverged": _replay_diverged,
 }
 
 

@@ -17,6 +17,8 @@ from .codec import dump, keyed_fields, load
 
 ARTIFACT_REF_PREFIX = "artifact://"
 _VISIT = re.compile(r"\.visit\[(\d+)\]$")
+# Origins of model calls answered from an earlier run's record rather than by a provider.
+REPLAYED_ORIGINS = ("recorded", "simulated")
 
 
 class RunStateMismatch(ValueError):
@@ -220,6 +222,11 @@ class RunState(_Record):
     event_count: int = 0
     custom_event_count: int = 0
     usage: UsageTotals = field(default_factory=UsageTotals)
+    # Model calls a re-execution served from the original's record (origin recorded|simulated):
+    # their tokens, priced for comparison, kept out of `usage` because nothing was spent on them.
+    replayed_usage: UsageTotals = field(default_factory=UsageTotals)
+    # harness.replay.diverged payloads: calls a re-execution's record could not answer.
+    divergences: list[Any] = field(default_factory=list)
     steps: dict[str, StepState] = field(default_factory=dict)
     parallel_groups: dict[str, ParallelGroup] = field(default_factory=dict)
     sessions: list[HarnessSession] = field(default_factory=list)

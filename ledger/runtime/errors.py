@@ -29,3 +29,24 @@ class StepFailure(LedgerError):
 
     def as_error(self) -> dict[str, object]:
         return {"name": self.name, "message": self.message}
+
+
+class UnknownModelProvider(LedgerError):
+    code = "unknown_model_provider"
+
+
+class UnknownStep(LedgerError):
+    code = "unknown_step"
+
+
+class InvalidReexecution(LedgerError):
+    code = "invalid_reexecution"
+
+
+class ReplayDiverged(StepFailure):
+    """A re-execution asked for a call its original's record cannot answer (never made live)."""
+
+    code = "replay_diverged"
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message, name="ReplayDiverged", **details)

@@ -85,9 +85,10 @@ def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run
 
 
 def resume_run(*, workspace: Workspace, run_id: str, input: Any = _UNSET, workflow: str | Workflow | None = None,
-               take_over: bool = False, parent: Recorder | None = None) -> RunOutcome:
+               take_over: bool = False, parent: Recorder | None = None, replay: Any = None) -> RunOutcome:
     """Continue a run from where its log ends: completed steps are reused, an open harness session
-    fast-forwards, only calls without a terminal event run again."""
+    fast-forwards, only calls without a terminal event run again. `replay` is a re-execution's
+    policy (reexecute.py): which calls are served from an original's record instead."""
     state = read_record(run_id, _log(workspace, run_id)).state
     if workflow is None:
         if state.workflow is None:
@@ -100,7 +101,8 @@ def resume_run(*, workspace: Workspace, run_id: str, input: Any = _UNSET, workfl
         if digest(recorded) != digest(input):
             raise RunInputMismatch("Run input mismatch: existing run was started with different input.",
                                    runId=run_id)
-    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent)
+    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent,
+                    replay=replay)
 
 
 def _log(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
@@ -159,7 +161,7 @@ def _refuse_in_doubt(workspace: Workspace, run_id: str) -> None:
 
 
 def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over: bool,
-             parent: Recorder | None = None) -> RunOutcome:
+             parent: Recorder | None = None, replay: Any = None) -> RunOutcome:
     _refuse_in_doubt(workspace, run_id)
     lease = _acquire(workspace, run_id, take_over)
     recorder: Recorder | None = None
@@ -169,10 +171,10 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
             return _outcome(workspace, record.state)
         _check_version(run_id, record, workflow)
         recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease,
-                            parent=parent)
+                            parent=parent, origin=replay.origin if replay is not None else None)
         run_input = inline_or_ref(workspace, record.state.input, record.state.input_ref)
         try:
-            output = _Runner(workspace, recorder, record, workflow, run_input).run()
+            output = _Runner(workspace, recorder, record, workflow, run_input, replay).run()
         except StepFailure as failure:
             recorder.append({"type": "RunFailed", "payload": {
                 "workflowVersionId": workflow.version_id, "error": failure.as_error()}})
@@ -217,9 +219,9 @@ class _Runner:
     """One execution of a workflow's steps: fresh work appended, recorded work reused."""
 
     def __init__(self, workspace: Workspace, recorder: Recorder, record: Record, workflow: Workflow,
-                 run_input: Any) -> None:
+                 run_input: Any, replay: Any = None) -> None:
         self.workspace, self.recorder, self.record, self.workflow = workspace, recorder, record, workflow
-        self.run_input = run_input
+        self.run_input, self.replay = run_input, replay
 
     def run(self) -> Any:
         steps = self.workflow.steps
@@ -290,14 +292,14 @@ class _Runner:
             args = _user_code(step.args, arg, outputs) if callable(step.args) else dict(step.args)
             field, value = call_tool(recorder=self.recorder, record=self.record, tool=self.workflow.tools[step.tool],
                                      args=args, call_id=f"{call_prefix(path, attempt)}:call", step_path=path,
-                                     caller="code")
+                                     caller="code", replay=self.replay)
             if field == "error":
                 raise StepFailure(f"tool {step.tool} failed: {value}", name="ToolCallFailed")
             return value
         if isinstance(step, AIGenerate):
             prompt = _user_code(step.prompt, arg, outputs) if callable(step.prompt) else step.prompt
             return run_session(recorder=self.recorder, record=self.record, workflow=self.workflow, step=step,
-                               step_path=path, prompt=prompt, attempt=attempt)
+                               step_path=path, prompt=prompt, attempt=attempt, replay=self.replay)
         if isinstance(step, Decision):
             return self._decide(step, path, arg, outputs, visit)
         if isinstance(step, Parallel):
@@ -393,8 +395,12 @@ class _Runner:
                         "callId": call_id, "caller": "workflow", "toolName": f"workflow:{step.workflow}",
                         "args": {"subRunId": child_id, "workflow": step.workflow, "input": sub_input},
                         "effect": "write", "stepPath": path, "subRunId": child_id}})
-                outcome = start_run(workspace=self.workspace, workflow=workflow, input=sub_input, run_id=child_id,
-                                    parent_run_id=self.recorder.run_id, parent=self.recorder)
+                if self.replay is not None:  # the sub-run is re-executed too, against its original's record
+                    outcome = self.replay.run_child(workspace=self.workspace, workflow=workflow, input=sub_input,
+                                                    run_id=child_id, call_id=call_id, parent=self.recorder)
+                else:
+                    outcome = start_run(workspace=self.workspace, workflow=workflow, input=sub_input, run_id=child_id,
+                                        parent_run_id=self.recorder.run_id, parent=self.recorder)
             field = "result" if outcome.status == RunStatus.COMPLETED else "error"
             value = outcome.output if field == "result" else outcome.error
             self.recorder.append({"type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",

@@ -82,3 +82,60 @@ def append_invocation(path: Path, record: Mapping[str, Any]) -> None:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+# --- the provider registry: what a re-execution's model override names -----------------------
+# A model override maps a workflow's model slot to `{provider, model}`; `provider` names an entry
+# here. The factory gets the model id and the slot's own provider (so `scripted` can keep the
+# slot's script under another model id). Built in: `scripted` and `openai-compatible` (configured
+# from RUNLEDGER_OPENAI_* like the runtime's own; the override's model replaces _MODEL). A
+# workflow module (RUNLEDGER_WORKFLOW_MODULES) or a test registers more with register_provider.
+
+ProviderFactory = Callable[[str, "ModelProvider"], "ModelProvider"]
+_PROVIDERS: dict[str, ProviderFactory] = {}
+
+
+def register_provider(name: str, factory: ProviderFactory) -> None:
+    """Make `name` usable in model overrides; a later registration of the same name replaces it."""
+    _PROVIDERS[name] = factory
+
+
+def unregister_provider(name: str) -> None:
+    _PROVIDERS.pop(name, None)
+
+
+def known_providers() -> list[str]:
+    return sorted(_PROVIDERS)
+
+
+def provider_for(*, provider: str, model: str, current: ModelProvider) -> ModelProvider:
+    from .errors import UnknownModelProvider
+
+    factory = _PROVIDERS.get(provider)
+    if factory is None:
+        raise UnknownModelProvider(f"no model provider named {provider!r} is registered (known: {known_providers()})",
+                                   provider=provider)
+    return factory(model, current)
+
+
+def _scripted(model: str, current: ModelProvider) -> ModelProvider:
+    """The slot's own script under another model id (its pricing label kept); a slot that is not
+    scripted gets a script that answers every request with one line of text."""
+    if isinstance(current, ScriptedProvider):
+        return ScriptedProvider(script=current.script, model_id=model, name=current.name,
+                                invocation_log=current.invocation_log)
+    return ScriptedProvider(script=lambda request: {"text": f"[{model}] {request.step_path} turn {request.turn}"},
+                            model_id=model)
+
+
+def _openai_compatible(model: str, current: ModelProvider) -> ModelProvider:
+    from dataclasses import replace
+
+    from .openai_compat import OpenAICompatibleProvider
+
+    provider: Any = replace(OpenAICompatibleProvider.from_env(), model=model)  # model_id is its read-only view
+    return provider
+
+
+register_provider("scripted", _scripted)
+register_provider("openai-compatible", _openai_compatible)

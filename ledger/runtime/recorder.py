@@ -32,6 +32,7 @@ from .. import clock, gateway
 from ..append import append_events
 from ..leases import Lease, renew_run_lease
 from ..models import Workspace
+from ..vocabulary import with_origin
 
 KILL_AFTER_ENV = "RUNLEDGER_KILL_AFTER_SEQUENCE"
 KILL_BEFORE_ENV = "RUNLEDGER_KILL_BEFORE_SEQUENCE"
@@ -49,8 +50,9 @@ def _die() -> None:
 
 class Recorder:
     def __init__(self, *, workspace: Workspace, run_id: str, last_sequence: int, lease: Lease | None = None,
-                 parent: Recorder | None = None) -> None:
+                 parent: Recorder | None = None, origin: str | None = None) -> None:
         self.workspace = workspace
+        self.origin = origin  # a re-execution's: stamped on model and tool events that carry none
         self.run_id = run_id
         self.lease = lease
         self.parent = parent
@@ -99,7 +101,7 @@ class Recorder:
         self._pending, self._completion = [], None
 
     def _write(self, events: list[Mapping[str, Any]], claim: dict[str, Any] | None = None) -> gateway.Batch:
-        batch, completion = [*self._pending, *events], self._completion
+        batch, completion = [with_origin(e, self.origin) for e in (*self._pending, *events)], self._completion
         self._before_write(len(batch) + (completion is not None) + (claim is not None))
         self.discard()
         if completion is None and claim is None:
@@ -109,7 +111,7 @@ class Recorder:
         else:
             outcome = gateway.runtime_batch(workspace=self.workspace, run_id=self.run_id,
                                             fencing_token=self.fencing_token, complete=completion, events=batch,
-                                            claim=claim)
+                                            claim=claim, origin=self.origin)
         self._after_write(outcome.last_sequence)
         return outcome
 

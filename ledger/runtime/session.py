@@ -50,7 +50,7 @@ def model_call_id(prefix: str, turn: int, retry: int = 0) -> str:
 
 
 def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
-                prompt: str, attempt: int = 1) -> str:
+                prompt: str, attempt: int = 1, replay: Any = None) -> str:
     """The model's final text. Raises StepFailure when the model loops past max_turns or a model
     call keeps failing."""
     manifest = manifest_for(workflow, step)
@@ -75,7 +75,7 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
 
     try:
         return _agent_loop(recorder=recorder, record=record, workflow=workflow, step=step, step_path=step_path,
-                           prompt=prompt, prefix=call_prefix(step_path, attempt))
+                           prompt=prompt, prefix=call_prefix(step_path, attempt), replay=replay)
     except StepFailure as failure:
         recorder.append({"type": "harness.session.failed", "payload": {
             "stepPath": step_path, "role": ROLE, "error": failure.as_error()}})
@@ -115,7 +115,7 @@ class PromptHasher:
 
 
 def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
-                prompt: str, prefix: str) -> str:
+                prompt: str, prefix: str, replay: Any = None) -> str:
     provider = workflow.models[step.model]
     tools = {name: workflow.tools[name] for name in step.tools}
     specs = [tools[name].spec() for name in step.tools]
@@ -131,7 +131,7 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         body = {"model": provider.model_id, "messages": messages, "tools": specs}
         delta = {"model": provider.model_id, "messagesFrom": recorded, "messages": messages[recorded:],
                  "toolsHash": tools_hash}
-        reply = _model_turn(recorder, record, provider, step_path, prefix, turn, body, delta, hashed(messages))
+        reply = _model_turn(recorder, record, provider, step_path, prefix, turn, body, delta, hashed(messages), replay)
         recorded = len(messages)
         for key in usage:
             usage[key] += int(reply.usage.get(key, 0) or 0)
@@ -148,14 +148,14 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
                                   f"does not offer", name="UnknownTool")
             field, value = call_tool(recorder=recorder, record=record, tool=tool, args=request.get("args", {}),
                                      call_id=f"{prefix}:turn{turn}:{request.get('id')}", step_path=step_path,
-                                     caller="model", turn=turn)
+                                     caller="model", turn=turn, replay=replay)
             messages.append({"role": "tool", "toolCallId": request.get("id"), field: value})
     raise StepFailure(f"step {step_path} reached max_turns={step.max_turns} without a final answer",
                       name="MaxTurnsExceeded")
 
 
 def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: str, prefix: str, turn: int,
-                body: dict[str, Any], delta: dict[str, Any], prompt_hash: str) -> ModelReply:
+                body: dict[str, Any], delta: dict[str, Any], prompt_hash: str, replay: Any = None) -> ModelReply:
     """`body` is what the provider gets; the log records `delta` (the messages new since the
     previous turn's record) and `prompt_hash`, digest(body), which a resume recomputes."""
     last_error: Any = None
@@ -176,6 +176,16 @@ def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: st
         if call is not None and call.status == "failed":
             last_error = call.error
             continue
+        if replay is not None and not called:
+            # A re-execution serving models from its original's record: the answer (or the recorded
+            # failure) comes from there, or the call diverged (ReplayDiverged); no provider is asked.
+            served = replay.serve_model(recorder=recorder, step_path=step_path, call_id=call_id, turn=turn,
+                                        prompt_hash=prompt_hash, request=delta, body=body)
+            if served is not None:
+                if isinstance(served, ModelReply):
+                    return served
+                last_error = served
+                continue
         if not called:  # committed before the provider is invoked: a crash leaves it pending
             recorder.append({"type": "harness.model.called", "payload": {
                 "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": delta}})

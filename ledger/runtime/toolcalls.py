@@ -18,17 +18,24 @@ def idempotency_key(run_id: str, step_path: str, call_id: str) -> str:
 
 
 def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call_id: str, step_path: str,
-              caller: str, turn: int | None = None) -> tuple[str, Any]:
+              caller: str, turn: int | None = None, replay: Any = None) -> tuple[str, Any]:
     """("result", value) or ("error", {name, message}).
 
     A call with a terminal event in the log is answered from it and nothing runs. A call that was
     claimed but never finished is claimed again under the same owner (the run's, since the run
     lease already makes this executor the only writer), which hands back the live claim, and runs.
-    A call in doubt raises ToolCallInDoubt: it is never retried automatically.
+    A call in doubt raises ToolCallInDoubt: it is never retried automatically. A re-execution's
+    `replay` policy may answer the call from its original's record instead (reexecute.py); then
+    the gateway is not involved and nothing runs.
     """
     recorded = record.tool_outcome(call_id)
     if recorded is not None:
         return recorded
+    if replay is not None:
+        served = replay.serve_tool(recorder=recorder, tool=tool, args=args, call_id=call_id, step_path=step_path,
+                                   caller=caller, turn=turn)
+        if served is not None:
+            return served
     # One commit claims the call, marks it outbound and holds what was deferred before it.
     claimed = recorder.claim_outbound(
         call_id=call_id, tool_name=tool.name, args=args, effect=tool.effect,
