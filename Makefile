@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test migrate demo bench clean
+.PHONY: setup run test lint check migrate demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ run: demo
 
 test: setup
 	$(PY) -m pytest
+
+# Static checks, no database needed: types (mypy, config in pyproject.toml).
+lint: setup
+	$(PY) -m mypy
+
+# lint, plus: every model change has its migration.
+check: lint
+	$(PY) manage.py makemigrations --check --dry-run
 
 bench: setup
 	$(PY) bench/ingest.py

@@ -6,7 +6,7 @@ place (DESIGN.md §2), not in each view.
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.http import Http404
 
 from ledger import selectors
@@ -14,18 +14,18 @@ from ledger.errors import NotFound
 from ledger.models import ROLE_RANK, Role, Workspace
 from ledger.tenancy import membership_for
 
-def workspace_or_404(user: AbstractBaseUser | AnonymousUser, tenant: str, workspace: str) -> Workspace:
+def workspace_or_404(user: User | AnonymousUser, tenant: str, workspace: str) -> Workspace:
     try:
         return selectors.workspace_for(user, tenant, workspace)
     except NotFound:
         raise Http404("not found") from None
 
 
-def role_of(user: AbstractBaseUser | AnonymousUser, workspace: Workspace) -> str | None:
-    membership = membership_for(user, workspace.tenant)  # type: ignore[arg-type]
+def role_of(user: User | AnonymousUser, workspace: Workspace) -> str | None:
+    membership = membership_for(user, workspace.tenant)
     return str(membership.role) if membership is not None else None
 
 
-def has_role(user: AbstractBaseUser | AnonymousUser, workspace: Workspace, at_least: str) -> bool:
+def has_role(user: User | AnonymousUser, workspace: Workspace, at_least: str) -> bool:
     role = role_of(user, workspace)
     return role is not None and ROLE_RANK[Role(role)] >= ROLE_RANK[Role(at_least)]

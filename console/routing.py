@@ -8,5 +8,6 @@ from channels.routing import URLRouter
 
 from .live import run, runs
 
+# The stubs want their own URL pattern type here, which Django's path() (what Channels documents) never returns.
 websocket_application = AllowedHostsOriginValidator(
-    AuthMiddlewareStack(URLRouter([*run.websocket_urlpatterns, *runs.websocket_urlpatterns])))
+    AuthMiddlewareStack(URLRouter([*run.websocket_urlpatterns, *runs.websocket_urlpatterns])))  # type: ignore[list-item]

@@ -126,13 +126,14 @@ def append_events(
     *,
     workspace: Workspace,
     run_id: str,
-    events: Sequence[Mapping[str, Any]],
+    events: object,
     expected_sequence: int | None = None,
     fencing_token: Any = None,
 ) -> AppendResult:
     """Append a batch to a run's log, all or nothing.
 
-    `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`. Rejections raise a
+    `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`, checked here as
+    they came in (hence `object`). Rejections raise a
     LedgerError carrying the API.md code; nothing is written and no sequence number is consumed.
     """
     validate_run_id(run_id)
@@ -258,7 +259,8 @@ def _match_replays(run: Run, batch: list[_Prepared]) -> dict[str, Event]:
     keys = [p.idempotency_key for p in batch if p.idempotency_key is not None]
     if not keys or not run.last_sequence:
         return {}
-    logged = {e.idempotency_key: e for e in Event.objects.filter(run=run, idempotency_key__in=keys)}
+    found = Event.objects.filter(run=run, idempotency_key__in=keys)
+    logged = {e.idempotency_key: e for e in found if e.idempotency_key is not None}
     for index, p in enumerate(batch):
         original = logged.get(p.idempotency_key) if p.idempotency_key else None
         if original is not None:

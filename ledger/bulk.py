@@ -19,7 +19,19 @@ COPY_FROM_ROWS = 20
 
 
 def _columns(model: type[models.Model], names: Sequence[str]) -> list[models.Field[Any, Any]]:
-    return [model._meta.get_field(name) for name in names]
+    return [_concrete(model, name) for name in names]
+
+
+def _concrete(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    field = model._meta.get_field(name)
+    # Raw SQL names columns: a reverse relation or a generic key has none, so fail on the name.
+    if not isinstance(field, models.Field) or field.column is None:
+        raise ValueError(f"{model.__name__}.{name} is not a column")
+    return field
+
+
+def _column(field: models.Field[Any, Any]) -> str:
+    return str(field.column)  # _concrete checked that there is one
 
 
 def _adapt(fields: Sequence[models.Field[Any, Any]], row: Sequence[Any]) -> list[Any]:
@@ -32,9 +44,9 @@ def insert_rows(model: type[models.Model], names: Sequence[str], rows: Sequence[
         return
     fields = _columns(model, names)
     if connection.vendor != "postgresql":
-        model.objects.bulk_create([model(**dict(zip(names, row))) for row in rows])
+        model._default_manager.bulk_create([model(**dict(zip(names, row))) for row in rows])
         return
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    columns = ", ".join(connection.ops.quote_name(_column(f)) for f in fields)
     table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
         if len(rows) < COPY_FROM_ROWS:
@@ -54,14 +66,14 @@ def upsert_rows(model: type[models.Model], key: Sequence[str], rows: Sequence[Ma
         return
     names = list(rows[0])
     if connection.vendor != "postgresql":
-        model.objects.bulk_create([model(**row) for row in rows], update_conflicts=True,
-                                  unique_fields=[model._meta.get_field(k).name for k in key],
+        model._default_manager.bulk_create([model(**row) for row in rows], update_conflicts=True,
+                                  unique_fields=[_concrete(model, k).name for k in key],
                                   update_fields=[n for n in names if n not in key])
         return
     fields = _columns(model, names)
     quote = connection.ops.quote_name
-    columns = [quote(f.column) for f in fields]
-    conflict = ", ".join(quote(model._meta.get_field(k).column) for k in key)
+    columns = [quote(_column(f)) for f in fields]
+    conflict = ", ".join(quote(_column(_concrete(model, k))) for k in key)
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for f, c in zip(fields, columns) if f.name not in key
                         and f.attname not in key)
     sql = (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(columns)}) "

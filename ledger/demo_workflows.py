@@ -72,7 +72,7 @@ def _agent_script(tool: str, arg: str) -> Any:
 
     def script(request: ModelRequest) -> Mapping[str, Any]:
         prompt = str(request.body["messages"][-1]["content"]) if request.turn == 1 else ""
-        first = next((m for m in request.body["messages"] if m.get("role") == "user"), {})
+        first: Mapping[str, Any] = next((m for m in request.body["messages"] if m.get("role") == "user"), {})
         key = str(first.get("content", ""))
         if CRASH_ON_TURN.get(key) == request.turn:
             del CRASH_ON_TURN[key]

@@ -25,7 +25,7 @@ def _artifacts(run: Run, outcomes: dict[str, str]) -> list[dict[str, Any]]:
     found = {a.sha256: a for a in Artifact.objects.filter(workspace_id=run.workspace_id, sha256__in=list(by_sha))}
     listed = []
     for sha256, ref in sorted(by_sha.items(), key=lambda item: item[1]):
-        row = found.get(sha256)
+        row = found.get(sha256) if sha256 is not None else None
         if row is None:
             listed.append({"artifactId": f"art_{sha256}", "sha256": sha256, "size": None,
                            "contentType": None, "ref": ref, "verified": False})

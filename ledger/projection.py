@@ -211,7 +211,7 @@ def write_batch(run: Run, state: RunState, envelopes: Sequence[Mapping[str, Any]
     """
     new_entries = range(cost_entries_before, len(state.cost_entries))
     steps = {path for path, step in state.steps.items() if step.last_sequence > before}
-    steps |= {state.cost_entries[i].step_path for i in new_entries if state.cost_entries[i].step_path}
+    steps |= {path for i in new_entries if (path := state.cost_entries[i].step_path)}
     call_ids = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
     calls = [c for c in state.tool_calls if c in call_ids]
     recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}

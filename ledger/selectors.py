@@ -13,7 +13,7 @@ from datetime import timezone as dt_timezone
 from decimal import Decimal
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Avg, Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
@@ -42,13 +42,15 @@ def events(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: s
     return [event_envelope(e, run.run_id) for e in qs]
 
 
-def memberships(user: AbstractBaseUser) -> QuerySet[Membership]:
+def memberships(user: User | AnonymousUser) -> QuerySet[Membership]:
+    if isinstance(user, AnonymousUser):
+        return Membership.objects.none()
     return Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
 
 
-def workspaces_for(user: AbstractBaseUser) -> QuerySet[Workspace]:
+def workspaces_for(user: User | AnonymousUser) -> QuerySet[Workspace]:
     """The workspaces of every tenant the user is a member of."""
-    if not user.is_authenticated:
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
         return Workspace.objects.none()
     return (
         Workspace.objects.filter(tenant__memberships__user=user)
@@ -57,7 +59,7 @@ def workspaces_for(user: AbstractBaseUser) -> QuerySet[Workspace]:
     )
 
 
-def workspace_for(user: AbstractBaseUser, tenant_slug: str, workspace_slug: str) -> Workspace:
+def workspace_for(user: User | AnonymousUser, tenant_slug: str, workspace_slug: str) -> Workspace:
     ws = workspaces_for(user).filter(tenant__slug=tenant_slug, slug=workspace_slug).first()
     if ws is None:
         raise NotFound(f"workspace {tenant_slug}/{workspace_slug} not found")
@@ -142,7 +144,7 @@ def search_runs(
     until = _utc_day_start(end + timedelta(days=1)) if end else None
     if model is not None:
         calls = CostEntry.objects.filter(run=OuterRef("pk"))
-        if model != ANY_MODEL:
+        if not isinstance(model, str):  # ANY_MODEL is the one string `model` may be
             provider, model_id = model
             calls = calls.filter(provider=provider, model_id=model_id)
         if since:

@@ -144,9 +144,9 @@ def artifact(row: Artifact) -> dict[str, Any]:
 
 def feedback(row: Feedback, run_id: str) -> dict[str, Any]:
     """`author` names who rated: a member by username, or an API key by its name (or prefix)."""
-    if row.author_id is not None:
+    if row.author is not None:
         author: dict[str, Any] | None = {"type": "member", "name": row.author.get_username()}
-    elif row.api_key_id is not None:
+    elif row.api_key is not None:
         author = {"type": "apiKey", "name": row.api_key.name or f"key {row.api_key.prefix}"}
     else:
         author = None

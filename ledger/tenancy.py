@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Iterable
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -123,7 +123,7 @@ def revoke_key(api_key: ApiKey, *, by: audit.Actor = CLI) -> None:
                      target=audit.key_actor(api_key), details={"name": api_key.name})
 
 
-def membership_for(user: AbstractBaseUser, tenant: Tenant) -> Membership | None:
-    if not user.is_authenticated:
+def membership_for(user: User | AnonymousUser, tenant: Tenant) -> Membership | None:
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
         return None
     return Membership.objects.filter(user=user, tenant=tenant).first()

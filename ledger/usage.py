@@ -6,7 +6,7 @@ Dollars follow DESIGN.md §4: a row's cost is NULL only when every call in it is
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -61,7 +61,7 @@ _AGGREGATES = {
 }
 
 
-def _row(key: Any, values: dict[str, Any]) -> UsageRow:
+def _row(key: Any, values: Mapping[str, Any]) -> UsageRow:
     calls, priced = values["calls"] or 0, values["priced"] or 0
     cost = values["cost"]
     if priced == 0:
@@ -92,7 +92,7 @@ def usage_rows(*, group_by: str, start: date, end: date, workspace: Workspace | 
     if group_by not in GROUPINGS:
         raise ValueError(f"group_by must be one of {GROUPINGS}")
     entries = _entries(workspace=workspace, tenant=tenant, start=start, end=end)
-    grouped: Iterable[dict[str, Any]] = (
+    grouped: Iterable[Mapping[str, Any]] = (
         entries.annotate(group_key=_key_expression(group_by)).values("group_key")
         .annotate(**_AGGREGATES).order_by("group_key")
     )

@@ -62,7 +62,8 @@ def inspect_run(run: Run) -> Inspection:
     else:
         checks.append(Check("dense_sequence", "pass", f"1..{len(rows)}"))
 
-    bad_ids, refs = [], set()
+    bad_ids: list[int] = []
+    refs: set[str] = set()
     log = []
     for sequence, stored_id, type_, occurrence_id, recorded_at, text in rows:
         payload = json.loads(text)

@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from ledger import selectors
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ApiKey, Membership, Role, Workspace
-from ledger.tenancy import authenticate_key
+from ledger.tenancy import authenticate_key, membership_for
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -100,7 +100,7 @@ def caller_for(request: Request, scope: str, *, run_id: str | None = None, role:
             raise RoleRequired(f"this operation needs a {role} in a console session; API keys cannot do it")
         return Caller(workspace=request.auth.workspace, api_key=request.auth)
     workspace = _session_workspace(request, run_id)
-    membership = Membership.objects.filter(user=request.user, tenant_id=workspace.tenant_id).first()
+    membership = membership_for(request.user, workspace.tenant)
     if membership is None:  # pragma: no cover - workspaces_for only yields member tenants
         raise NotFound("not found")
     needed = role or SCOPE_ROLES[scope]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterable
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -94,7 +95,7 @@ def _csv_cell(value: Any) -> str:
 
 
 class _Negotiation(DefaultContentNegotiation):
-    def filter_renderers(self, renderers: list[BaseRenderer], format: str) -> list[BaseRenderer]:
+    def filter_renderers(self, renderers: Iterable[BaseRenderer], format: str) -> list[BaseRenderer]:
         matching = [r for r in renderers if r.format == format]
         if not matching:
             raise InvalidParameter(f"format must be one of {', '.join(r.format for r in renderers)}",
@@ -668,7 +669,7 @@ class ArtifactContentView(_ApiView):
             **error_responses(e403=["insufficient_scope"], e404=["not_found"], e500=["integrity_failure"]),
         },
     )
-    def get(self, request: Request, artifact_id: str) -> HttpResponse:
+    def get(self, request: Request, artifact_id: str) -> FileResponse:
         artifact = _artifact_for(request, artifact_id)
         response = FileResponse(open_verified(artifact), content_type=artifact.content_type)
         response["Content-Length"] = str(artifact.size)

@@ -32,6 +32,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
@@ -83,7 +84,9 @@ def _start_after(request: Request) -> int:
 def _authorize(django_request: HttpRequest, run_id: str) -> tuple[Run, int]:
     """The run and the sequence to start after, for a caller authenticated exactly as the DRF
     views are (same authenticators, same permission, same scope rule): 401, 400, 403, 404."""
-    request = Request(django_request, authenticators=[cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES])
+    # api_settings imports the dotted paths it is given; the stubs type the setting as those strings.
+    authenticators = [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]  # type: ignore[operator]
+    request = Request(django_request, authenticators=authenticators)
     if not Authenticated().has_permission(request, None):
         raise NotAuthenticated("authentication credentials were not provided")
     validate_run_id(run_id)
@@ -233,7 +236,7 @@ async def _event_stream(run: Run, after: int) -> AsyncIterator[bytes]:
 
 @csrf_exempt  # read-only and GET only, like the DRF views (which are exempt too)
 @require_GET
-async def run_stream(request: HttpRequest, run_id: str) -> HttpResponse:
+async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
     try:
         run, after = await sync_to_async(_authorize)(request, run_id)
     except (LedgerError, APIException) as exc:

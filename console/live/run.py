@@ -128,9 +128,9 @@ class RunFeed:
         read = self.reads.get(after)
         if read is None or read.created <= since:
             self.clock += 1
-            read = _Read(self.clock, asyncio.ensure_future(self._fetch(after)))
-            self.reads[after] = read
-            read.task.add_done_callback(lambda task, read=read: self._settled(after, read))
+            fresh = _Read(self.clock, asyncio.ensure_future(self._fetch(after)))
+            self.reads[after] = read = fresh
+            fresh.task.add_done_callback(lambda _task: self._settled(after, fresh))
         # A subscriber that leaves mid-read must not cancel the read for the others.
         return await asyncio.shield(read.task)
 
@@ -299,5 +299,5 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
 
 websocket_urlpatterns = [
-    path("ws/runs/<str:run_id>/", RunConsumer.as_asgi(), name="ws-run"),
+    path("ws/runs/<str:run_id>/", RunConsumer.as_asgi(), name="ws-run"),  # type: ignore[arg-type]  # Channels routes ASGI apps with Django's path(); the stubs allow only views
 ]

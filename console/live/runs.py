@@ -62,5 +62,5 @@ class RunsListConsumer(AsyncJsonWebsocketConsumer):
 
 
 websocket_urlpatterns = [
-    path("ws/workspaces/<slug:tenant>/<slug:workspace>/runs/", RunsListConsumer.as_asgi()),
+    path("ws/workspaces/<slug:tenant>/<slug:workspace>/runs/", RunsListConsumer.as_asgi()),  # type: ignore[arg-type]  # Channels routes ASGI apps with Django's path(); the stubs allow only views
 ]

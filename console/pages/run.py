@@ -161,7 +161,7 @@ def _bad_request(request: HttpRequest, message: str) -> HttpResponse:
 
 def _wants_partial(request: HttpRequest) -> bool:
     htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request
+    return htmx is not None and bool(htmx) and not htmx.history_restore_request
 
 
 def _tab_url(run: Run, tab: str) -> str:

@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import F, Max
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django_htmx.middleware import HtmxDetails
 from django.template.loader import render_to_string
 from django.urls import path
 from django.utils import timezone
@@ -161,7 +162,8 @@ class RunFilterForm(forms.Form):
             raise ValidationError("This page link is broken: start again from the first page.") from None
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         start, end = data.get("from"), data.get("to")
         if start and end and start > end:
             self.add_error("from", "From must not be after To.")
@@ -210,8 +212,12 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("workspace-runs", tenant=ws.tenant.slug, workspace=ws.slug)
 
 
+class _HtmxRequest(HttpRequest):
+    htmx: HtmxDetails  # set on every request by django_htmx's middleware
+
+
 @login_required
-def runs_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = workspace_or_404(request.user, tenant, workspace)
     form = RunFilterForm(request.GET)
     context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs"}

@@ -40,7 +40,8 @@ class UsageForm(forms.Form):
                                                 widget=forms.DateInput(attrs={"type": "date"}))
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors:
             return data
         end = data.get("to") or timezone.now().date()

@@ -329,7 +329,7 @@ class _Runner:
     def _parallel(self, step: Parallel, path: str, attempt: int, outputs: Mapping[str, Any]) -> Any:
         items = _user_code(step.items, self.run_input, outputs)
         if isinstance(items, Mapping):
-            keyed = [(str(key), item) for key, item in items.items()]
+            keyed: list[tuple[str | int, Any]] = [(str(key), item) for key, item in items.items()]
         elif isinstance(items, (list, tuple)):
             keyed = list(enumerate(items))
         else:

@@ -222,7 +222,7 @@ def _tool_call(index: int, call: Any) -> dict[str, Any]:
     elif isinstance(raw, str):
         try:
             args = json.loads(raw)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ModelProviderError(f"tool call {call['id']} ({name}) has arguments that are not valid JSON "
                                      f"({exc.msg} at position {exc.pos}): {_snippet(raw)!r}") from None
     else:

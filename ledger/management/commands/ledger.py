@@ -121,7 +121,7 @@ class Command(BaseCommand):
 
     def _create_key(self, *, workspace: str, scopes: str, name: str, **_: Any) -> None:
         ws = tenancy.workspace_by_path(workspace)
-        _, key = tenancy.create_key(workspace=ws, scopes=scopes.split(","), name=name)
+        _api_key, key = tenancy.create_key(workspace=ws, scopes=scopes.split(","), name=name)
         self.stdout.write(key)
 
     def _demo(self, *, history_runs: int | None = None, **_: Any) -> None:
