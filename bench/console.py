@@ -35,16 +35,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# Run as a script, this file's folder comes first on the path, and this file is named like the
-# `console` package that Django's settings live in: the repository root must win.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO_ROOT))
+if not __package__:  # run as a script: import the bench package from the repository root (bench/common.py)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.stream import append_one, percentile, setup_django, start_daphne, stop  # noqa: E402
+from bench.common import (  # noqa: E402
+    cleanup, median_seconds, percentile, require_services, setup_django, start_daphne, stop,
+)
+from bench.stream import append_one  # noqa: E402
 
 SIZES = (100, 10_000)
 WARMUP_EVENTS = 10
+PAGE_WARMUP = 2  # untimed calls first: templates compiled, connection open, plans cached
 COPY_BATCH = 100  # runs written through append_events; the rest of a big workspace copies their rows
 
 
@@ -63,18 +65,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.repeats < 1 or args.events < 1 or min(args.subscribers) < 1 or args.gap_ms < 0:
         p.error("need --repeats >= 1, --events >= 1, subscriber counts >= 1 and --gap-ms >= 0")
     return args
-
-
-def require_services() -> str:
-    url, redis_url = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")) or not redis_url.startswith(("redis://", "rediss://")):
-        sys.stderr.write(
-            "bench/console.py measures PostgreSQL + Redis: set both, e.g.\n"
-            "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench "
-            "REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python bench/console.py\n"
-        )
-        raise SystemExit(2)
-    return redis_url
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -163,17 +153,6 @@ def copy_runs(workspace: Any, source_ids: list[str], copies: int) -> list[str]:
 # --- pages --------------------------------------------------------------------------------------
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    for _ in range(2):  # warm-up: templates compiled, connection open, plans cached
-        fn()
-    timings = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        timings.append(time.perf_counter() - began)
-    return statistics.median(timings)
-
-
 def _bare(sql: str, params: list[Any]) -> Callable[[], Any]:
     from django.db import connection
 
@@ -218,15 +197,15 @@ def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple
         shown = run_page.PAGE_SIZE
         bare = _bare("SELECT * FROM ledger_event WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
                      [run.pk, max(0, run.last_sequence - shown), shown])
-        results.append((f"run page, {size:,} events", _median_seconds(page, repeats),
-                        _median_seconds(bare, repeats), _queries(page)))
+        results.append((f"run page, {size:,} events", median_seconds(page, repeats, warmup=PAGE_WARMUP),
+                        median_seconds(bare, repeats, warmup=PAGE_WARMUP), _queries(page)))
     for size in SIZES:
         ws = workspaces[f"runs{size}"]
         page = _page(client, f"/w/{ws.tenant.slug}/{ws.slug}/")
         bare = _bare("SELECT * FROM ledger_run WHERE workspace_id = %s ORDER BY created_at DESC, id DESC LIMIT %s",
                      [ws.pk, runs_page.PAGE_SIZE + 1])
-        results.append((f"runs list, {size:,} runs", _median_seconds(page, repeats),
-                        _median_seconds(bare, repeats), _queries(page)))
+        results.append((f"runs list, {size:,} runs", median_seconds(page, repeats, warmup=PAGE_WARMUP),
+                        median_seconds(bare, repeats, warmup=PAGE_WARMUP), _queries(page)))
     return results
 
 
@@ -406,7 +385,7 @@ def main(argv: list[str]) -> int:
         base, path, session, count = argv[1:]
         return subscribe(base, path, session, int(count))
     args = parse_args(argv)
-    redis_url = require_services()
+    redis_url = require_services("bench/console.py")
     began = time.monotonic()
     setup_django()
 
@@ -414,7 +393,6 @@ def main(argv: list[str]) -> int:
     from django.db import connection
     from django.test import Client
 
-    from bench.ingest import cleanup
     from ledger.tenancy import bootstrap, create_user
 
     stamp = f"{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"

@@ -16,25 +16,18 @@ Target (issue 3): fold <= 2x the bare SELECT.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if not __package__:  # run as a script: import the bench package from the repository root (bench/common.py)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ingest import Appender, _libpq_url, cleanup, make_events, require_postgres, setup_django  # noqa: E402
+from bench.common import cleanup, libpq_url, median_seconds, require_postgres, setup_django  # noqa: E402
+from bench.ingest import Appender, make_events  # noqa: E402
 
 TARGET_FOLD_VS_SELECT = 2.0
-
-
-def median_seconds(fn, repeat: int) -> float:
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def main(argv: list[str]) -> int:
@@ -42,7 +35,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
-    url = require_postgres()
+    url = require_postgres("bench/fold.py")
     setup_django()
 
     import psycopg
@@ -61,7 +54,7 @@ def main(argv: list[str]) -> int:
         log = log_of(run)
         assert len(log) == args.events
 
-        with psycopg.connect(_libpq_url(url)) as conn:
+        with psycopg.connect(libpq_url(url)) as conn:
             def bare_select() -> None:
                 with conn.cursor() as cur:
                     cur.execute(

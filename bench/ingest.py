@@ -20,10 +20,7 @@ timestamps, so that only the write path differs. See bench/README.md for what th
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import secrets
 import sys
 import time
@@ -32,7 +29,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+if not __package__:  # run as a script: import the bench package from the repository root (bench/common.py)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import cleanup, libpq_url, profile, require_postgres, setup_django, start_daphne, stop  # noqa: E402
 
 # Targets from the issue: append throughput as a fraction of the raw baseline.
 TARGET_BATCHED_VS_COPY = 0.25
@@ -63,30 +64,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.events < args.batch or args.batch < 1 or args.single < 1:
         p.error("need --batch >= 1, --events >= --batch and --single >= 1")
     return args
-
-
-def require_postgres() -> str:
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith(("postgres://", "postgresql://", "pgsql://")):
-        sys.stderr.write(
-            "bench/ingest.py measures PostgreSQL only: set DATABASE_URL to a PostgreSQL database, e.g.\n"
-            "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/ingest.py\n"
-            f"(DATABASE_URL is {'unset' if not url else repr(url.split('://', 1)[0] + '://...')})\n"
-        )
-        raise SystemExit(2)
-    return url
-
-
-def setup_django() -> None:
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
 
 
 # --- the events ---------------------------------------------------------------------------------
@@ -206,7 +183,7 @@ class Raw:
     def __init__(self, url: str, batch: int) -> None:
         import psycopg
 
-        self.conn = psycopg.connect(_libpq_url(url), autocommit=True)
+        self.conn = psycopg.connect(libpq_url(url), autocommit=True)
         self.batch = batch
         self.schema = f"bench_{os.getpid()}_{secrets.token_hex(4)}"
         self.table = f"{self.schema}.raw_event"
@@ -254,57 +231,6 @@ class Raw:
         return go
 
 
-def _libpq_url(url: str) -> str:
-    # libpq knows postgres:// and postgresql://; dj-database-url also accepts pgsql://.
-    return "postgresql://" + url.split("://", 1)[1]
-
-
-def profile(name: str, fn: Callable[[], None], top: int = 25) -> None:
-    prof = cProfile.Profile()
-    start = time.perf_counter()
-    prof.runcall(fn)
-    elapsed = time.perf_counter() - start
-    for sort, limit in (("cumulative", top), ("tottime", 15)):
-        out = io.StringIO()
-        stats = pstats.Stats(prof, stream=out)
-        stats.strip_dirs().sort_stats(sort).print_stats(limit)
-        text = out.getvalue()
-        # Drop pstats' preamble up to the column header.
-        text = text[text.find("   ncalls"):] if "   ncalls" in text else text
-        print(f"\n=== cProfile: {name} ({elapsed:.2f}s under the profiler), top {limit} by {sort} ===")
-        print(text.rstrip())
-
-
-def cleanup(workspace: Any, run_ids: list[str]) -> None:
-    """Delete the bench runs the way retention does: mark them pruning, delete what hangs off them.
-
-    Best effort: a table added later that the generic delete below does not cover leaves the
-    bench rows in place, with a warning, rather than failing the benchmark.
-    """
-    from django.db import connection, transaction
-
-    from ledger.models import Run
-
-    try:
-        with transaction.atomic():
-            pks = list(Run.objects.filter(workspace=workspace, run_id__in=run_ids).values_list("pk", flat=True))
-            if pks:
-                Run.objects.filter(pk__in=pks).update(pruning=True)
-                with connection.cursor() as cur:
-                    # Every table with a foreign key to ledger_run (ledger_event among them).
-                    cur.execute(
-                        "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c "
-                        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
-                        "WHERE c.contype = 'f' AND c.confrelid = 'ledger_run'::regclass"
-                    )
-                    for table, column in cur.fetchall():
-                        cur.execute(f'DELETE FROM {table} WHERE "{column}" = ANY(%s)', [pks])
-                    cur.execute("DELETE FROM ledger_run WHERE id = ANY(%s)", [pks])
-            workspace.delete()
-    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the results
-        sys.stderr.write(f"warning: could not delete the bench data of workspace bench/{workspace.slug}: {exc}\n")
-
-
 # --- report -------------------------------------------------------------------------------------
 
 def print_table(results: dict[str, Result]) -> None:
@@ -339,9 +265,6 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
                events: list[dict[str, Any]], copy: Result) -> None:
     """The same batched events POSTed by one HTTP client to Daphne (+ the same PostgreSQL)."""
     import httpx
-
-    sys.path.insert(0, str(REPO_ROOT / "bench"))
-    from stream import start_daphne, stop
 
     from ledger.tenancy import create_key
 
@@ -418,7 +341,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    url = require_postgres()
+    url = require_postgres("bench/ingest.py")
     setup_django()
 
     from django.conf import settings

@@ -28,13 +28,9 @@ the figure is the median. See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import importlib.util
-import io
 import operator
 import os
-import pstats
-import secrets
 import statistics
 import sys
 import time
@@ -43,7 +39,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+if not __package__:  # run as a script: import the bench package from the repository root (bench/common.py)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import cleanup, profile, setup_django  # noqa: E402
+
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/runledger_bench"
 
 # Targets from issue 5: recorded model calls per second, ours over theirs.
@@ -133,20 +134,6 @@ def prepare_databases(ours: str, peers: list[str]) -> None:
             conn.execute(f'CREATE DATABASE "{peer}"')
 
 
-def setup_django() -> None:
-    sys.path.insert(0, str(REPO_ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
-    # DEBUG makes Django keep every query it ran; production runs without it, so the bench does.
-    os.environ.setdefault("DEBUG", "0")
-    os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_hex(16))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-
-
 # --- the three systems --------------------------------------------------------------------------
 
 class Ours:
@@ -201,9 +188,6 @@ class Ours:
 
     def close(self, keep: bool) -> None:
         if not keep:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from ingest import cleanup
-
             cleanup(self.workspace, self.run_ids)
 
 
@@ -384,22 +368,12 @@ def print_table(seconds: dict[str, list[float]], calls: int) -> None:
                 print(f"Target: ours >= {target:g}x {peer}: {ratio:.2f}x {'MET' if ratio >= target else 'NOT MET'}")
 
 
-def profile(run: Callable[[], Any], calls: int, top: int = 30) -> None:
+def profile_ours(run: Callable[[], Any], calls: int, top: int = 30) -> None:
     """cProfile of one run of ours, then one run with synchronous_commit=off on our connection
     (not durable: it only shows how much of a run is waiting for WAL flushes)."""
     from django.db import connection
 
-    prof = cProfile.Profile()
-    start = time.perf_counter()
-    prof.runcall(run)
-    elapsed = time.perf_counter() - start
-    for sort, limit in (("cumulative", top), ("tottime", 20)):
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).strip_dirs().sort_stats(sort).print_stats(limit)
-        text = out.getvalue()
-        text = text[text.find("   ncalls"):] if "   ncalls" in text else text
-        print(f"\n=== cProfile: ours, one run ({elapsed:.2f}s under the profiler), top {limit} by {sort} ===")
-        print(text.rstrip())
+    profile("ours, one run", run, top=top, top_tottime=20)
     timings = {}
     for mode in ("on", "off"):
         with connection.cursor() as cur:
@@ -470,7 +444,8 @@ def main(argv: list[str]) -> int:
         return 2
     ours_url, dbos_url, lg_url = database_urls()
     prepare_databases(ours_url, [u for s, u in (("dbos", dbos_url), ("langgraph", lg_url)) if s in only])
-    setup_django()
+    # DEBUG makes Django keep every query it ran; production runs without it, so the bench does.
+    setup_django(production=True)
 
     from django.db import connection
 
@@ -506,7 +481,7 @@ def main(argv: list[str]) -> int:
                             "LangGraph": lg_url.rpartition("/")[2]},
                    ours_url.rpartition("/")[0] + "/postgres", args.calls)
         if args.profile and ours:
-            profile(ours.runner(args.calls), args.calls)
+            profile_ours(ours.runner(args.calls), args.calls)
     finally:
         if graph:
             graph.close()

@@ -20,9 +20,7 @@ import argparse
 import asyncio
 import os
 import secrets
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -30,7 +28,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+if not __package__:  # run as a script: import the bench package from the repository root (bench/common.py)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import cleanup, percentile, require_services, setup_django, start_daphne, stop  # noqa: E402
+
 WARMUP = 20
 
 
@@ -46,66 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def require_services() -> str:
-    url, redis_url = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")) or not redis_url.startswith(("redis://", "rediss://")):
-        sys.stderr.write(
-            "bench/stream.py measures PostgreSQL + Redis: set both, e.g.\n"
-            "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 "
-            ".venv/bin/python bench/stream.py\n"
-        )
-        raise SystemExit(2)
-    return redis_url
-
-
-def setup_django() -> None:
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-
-
 # --- Daphne -------------------------------------------------------------------------------------
-
-
-def start_daphne(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    import httpx
-
-    for _ in range(3):  # the free port may be taken between probing and binding it
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                 "console.asgi:application"],
-                cwd=REPO_ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
-            )
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                if httpx.get(f"{base}/api/v1/runs/run_probe/stream", timeout=1).status_code == 401:
-                    return process, base
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        stop(process)
-    raise SystemExit(f"Daphne did not start; see {log_path}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
 
 
 # --- the subscriber -----------------------------------------------------------------------------
@@ -222,19 +166,13 @@ async def measure_layer_round_trip(redis_url: str, events: int, gap: float) -> l
     return timings
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
-
-
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    redis_url = require_services()
+    redis_url = require_services("bench/stream.py")
     setup_django()
 
     from django.db import connection
 
-    from bench.ingest import cleanup
     from ledger.tenancy import bootstrap, create_key
 
     ws_slug = f"stream-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"

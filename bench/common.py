@@ -1,0 +1,186 @@
+"""What every benchmark needs: the services it measures, Django set up on them, timing and
+percentile helpers, a live Daphne, a cProfile report and the clean-up of its runs.
+
+A benchmark is run as a script (`.venv/bin/python bench/fold.py`), so Python puts `bench/` first
+on the path; each script swaps it for the repository root before importing `bench.common`:
+`bench/console.py` is named like the `console` package that holds the settings, and one module
+object per helper needs one way of importing it.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_SCHEMES = ("postgres://", "postgresql://", "pgsql://")
+
+
+# --- services -----------------------------------------------------------------------------------
+
+
+def require_postgres(script: str) -> str:
+    """DATABASE_URL if it names PostgreSQL; otherwise say how to run `script` and exit 2."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(POSTGRES_SCHEMES):
+        sys.stderr.write(
+            f"{script} measures PostgreSQL only: set DATABASE_URL to a PostgreSQL database, e.g.\n"
+            f"  DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench .venv/bin/python {script}\n"
+            f"(DATABASE_URL is {'unset' if not url else repr(url.split('://', 1)[0] + '://...')})\n"
+        )
+        raise SystemExit(2)
+    return url
+
+
+def require_services(script: str) -> str:
+    """REDIS_URL, if DATABASE_URL names PostgreSQL and REDIS_URL names Redis; otherwise exit 2."""
+    url, redis_url = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
+    if not url.startswith(POSTGRES_SCHEMES) or not redis_url.startswith(("redis://", "rediss://")):
+        sys.stderr.write(
+            f"{script} measures PostgreSQL + Redis: set both, e.g.\n"
+            "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench "
+            f"REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python {script}\n"
+        )
+        raise SystemExit(2)
+    return redis_url
+
+
+def libpq_url(url: str) -> str:
+    # libpq knows postgres:// and postgresql://; dj-database-url also accepts pgsql://.
+    return "postgresql://" + url.split("://", 1)[1]
+
+
+def setup_django(*, production: bool = False) -> None:
+    """Django on the configured database, migrated. `production`: DEBUG off (and a throwaway
+    SECRET_KEY), for a benchmark whose figure would count DEBUG's keeping of every query."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
+    if production:
+        os.environ.setdefault("DEBUG", "0")
+        os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_hex(16))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int, *, warmup: int = 0) -> float:
+    """The median wall time of `repeat` calls of `fn`, after `warmup` calls that are not counted."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def profile(name: str, fn: Callable[[], Any], *, top: int = 25, top_tottime: int = 15) -> None:
+    """Run `fn` once under cProfile and print where the time went, by cumulative and own time."""
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.runcall(fn)
+    elapsed = time.perf_counter() - start
+    for sort, limit in (("cumulative", top), ("tottime", top_tottime)):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).strip_dirs().sort_stats(sort).print_stats(limit)
+        text = out.getvalue()
+        # Drop pstats' preamble up to the column header.
+        text = text[text.find("   ncalls"):] if "   ncalls" in text else text
+        print(f"\n=== cProfile: {name} ({elapsed:.2f}s under the profiler), top {limit} by {sort} ===")
+        print(text.rstrip())
+
+
+# --- Daphne -------------------------------------------------------------------------------------
+
+
+def start_daphne(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A Daphne serving this checkout on a free port, and its base URL, once it answers."""
+    import httpx
+
+    for _ in range(3):  # the free port may be taken between probing and binding it
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
+                 "console.asgi:application"],
+                cwd=REPO_ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
+            )
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if httpx.get(f"{base}/api/v1/runs/run_probe/stream", timeout=1).status_code == 401:
+                    return process, base
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        stop(process)
+    raise SystemExit(f"Daphne did not start; see {log_path}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+# --- clean-up -----------------------------------------------------------------------------------
+
+
+def cleanup(workspace: Any, run_ids: list[str]) -> None:
+    """Delete the bench runs the way retention does: mark them pruning, delete what hangs off them.
+
+    Best effort: a table added later that the generic delete below does not cover leaves the
+    bench rows in place, with a warning, rather than failing the benchmark.
+    """
+    from django.db import connection, transaction
+
+    from ledger.models import Run
+
+    try:
+        with transaction.atomic():
+            pks = list(Run.objects.filter(workspace=workspace, run_id__in=run_ids).values_list("pk", flat=True))
+            if pks:
+                Run.objects.filter(pk__in=pks).update(pruning=True)
+                with connection.cursor() as cur:
+                    # Every table with a foreign key to ledger_run (ledger_event among them).
+                    cur.execute(
+                        "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c "
+                        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
+                        "WHERE c.contype = 'f' AND c.confrelid = 'ledger_run'::regclass"
+                    )
+                    for table, column in cur.fetchall():
+                        cur.execute(f'DELETE FROM {table} WHERE "{column}" = ANY(%s)', [pks])
+                    cur.execute("DELETE FROM ledger_run WHERE id = ANY(%s)", [pks])
+            workspace.delete()
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the results
+        sys.stderr.write(f"warning: could not delete the bench data of workspace bench/{workspace.slug}: {exc}\n")
