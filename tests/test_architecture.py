@@ -1,7 +1,7 @@
-"""The layers of docs/architecture.md stay true: the import contracts in pyproject.toml
-(`lint-imports`, run by `make lint` in CI) and no ORM manager outside the domain (a scan, since
-the import graph cannot see an attribute). Each check is shown failing on a deliberate violation,
-so a contract that has stopped looking at anything would be noticed."""
+"""The layers stay true: ledger/ is the domain, console/api, console/pages and console/live are its
+transports. Checked by the import contracts in pyproject.toml (`lint-imports`, in `make lint` and
+CI) and by a scan for ORM managers in console/ (the import graph cannot see an attribute). Each
+check is shown failing on a deliberate violation, so one that stopped looking would be noticed."""
 
 from __future__ import annotations
 
