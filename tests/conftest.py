@@ -1,15 +1,32 @@
+"""What every test module shares: the workspaces and their named users (one per role, and an
+outsider of another tenant, as healthchecks' tests have), fast passwords, a fake clock, event and
+envelope factories, and a logged-in console client.
+
+The users: alice is the admin (the owner) of acme, bob its approver, carol its operator, dave its
+viewer; olga is an admin of globex, another tenant, so every page and endpoint can be checked to
+be a 404 for her. All of them log in with PASSWORD.
+"""
+
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
 
 from ledger.append import AppendResult, append_events
+from ledger.canonical import event_id
 from ledger.models import Workspace
 from ledger.tenancy import bootstrap, create_user
+
+PASSWORD = "pw-runledger-test"
 
 
 @pytest.fixture(autouse=True)
@@ -52,14 +69,95 @@ def other_workspace(db: None) -> Workspace:
     return bootstrap(tenant="globex", workspace="main")
 
 
+# --- named users --------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings: Any) -> None:
+    """Hash in microseconds: the default hasher costs a user ~0.3 s per create and log-in.
+    (tests/browser turns this off: its Daphne processes check passwords with the default.)"""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def named_user(username: str, role: str, tenant: str = "acme") -> User:
+    return create_user(username=username, tenant=tenant, role=role, password=PASSWORD).user
+
+
 @pytest.fixture
-def member(workspace: Workspace) -> User:
-    return create_user(username="alice", tenant="acme", role="admin", password="pw-alice-123").user
+def admin(workspace: Workspace) -> User:
+    return named_user("alice", "admin")
+
+
+@pytest.fixture
+def member(admin: User) -> User:
+    """Someone of the workspace, when the role does not matter: its admin."""
+    return admin
+
+
+@pytest.fixture
+def approver(workspace: Workspace) -> User:
+    return named_user("bob", "approver")
+
+
+@pytest.fixture
+def operator(workspace: Workspace) -> User:
+    return named_user("carol", "operator")
+
+
+@pytest.fixture
+def viewer(workspace: Workspace) -> User:
+    return named_user("dave", "viewer")
 
 
 @pytest.fixture
 def outsider(other_workspace: Workspace) -> User:
-    return create_user(username="olga", tenant="globex", role="admin", password="pw-olga-123").user
+    return named_user("olga", "admin", tenant="globex")
+
+
+@pytest.fixture
+def browser(client: Client, member: User) -> Client:
+    """The console as the workspace's admin sees it (Django's test client, logged in)."""
+    client.force_login(member)
+    return client
+
+
+def log_in(base_url: str, user: User) -> httpx.Client:
+    """An HTTP client with `user`'s console session, through the real login form of a live server."""
+    client = httpx.Client(base_url=base_url, timeout=30)
+    page = client.get("/accounts/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert token, page.text
+    done = client.post("/accounts/login/", data={"username": user.get_username(), "password": PASSWORD,
+                                                  "csrfmiddlewaretoken": token.group(1)})
+    assert done.status_code == 302, done.text
+    return client
+
+
+# --- time ---------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """`ledger.clock.now`, moved by hand (the `clock` fixture installs it)."""
+
+    def __init__(self) -> None:
+        self.moment = timezone.now()
+
+    def now(self) -> datetime:
+        return self.moment
+
+    def advance(self, seconds: float) -> None:
+        self.moment += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    # A live server runs in a thread of this process, so it reads the patched function too.
+    monkeypatch.setattr("ledger.clock.now", fake.now)
+    return fake
+
+
+# --- events -------------------------------------------------------------------------------------
 
 
 def started(workflow: str = "wfver_test", **extra: Any) -> dict[str, Any]:
@@ -68,6 +166,22 @@ def started(workflow: str = "wfver_test", **extra: Any) -> dict[str, Any]:
 
 def ev(type_: str, **payload: Any) -> dict[str, Any]:
     return {"type": type_, "payload": payload}
+
+
+def envelopes(items: list[tuple[str, dict[str, Any]]], *, run_id: str, start: int = 1) -> list[dict[str, Any]]:
+    """Stored envelopes of (type, payload) items, for the pure functions that read a log (fold,
+    replay plan, report): dense sequences from `start` and the ids the server would give them."""
+    return [
+        {
+            "eventId": event_id(run_id=run_id, sequence=sequence, type=event_type, payload=payload),
+            "runId": run_id,
+            "sequence": sequence,
+            "type": event_type,
+            "recordedAt": f"2026-11-02T10:{sequence // 60:02d}:{sequence % 60:02d}.000Z",
+            "payload": payload,
+        }
+        for sequence, (event_type, payload) in enumerate(items, start)
+    ]
 
 
 @pytest.fixture

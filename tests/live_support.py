@@ -1,22 +1,16 @@
-"""What the WebSocket consumer tests share: a fast login, a member's session cookie, and a
+"""What the WebSocket consumer tests share: a member's session cookie, and a
 communicator that presents it (with an Origin the allowed-hosts check accepts)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from console.asgi import application
 
 TIMEOUT_S = 10  # per message; a loaded 2-core machine can stall a read for seconds
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def session_id(user: Any) -> str:

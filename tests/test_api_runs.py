@@ -13,12 +13,14 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 
 from ledger.append import append_events
 from ledger.demo import _summarize_run
 from ledger.leases import acquire_run_lease
 from ledger.models import Artifact, Run, Workspace
-from ledger.tenancy import bootstrap, create_key, create_user
+from ledger.tenancy import bootstrap, create_key
+from tests.conftest import log_in, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,16 +29,6 @@ RUN_ROUTES = ["", "/events", "/children", "/evidence", "/replay-plan"]
 
 
 # --- fixtures ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def acme(db: None) -> Workspace:
-    return bootstrap(tenant="acme", workspace="support")
-
-
-@pytest.fixture
-def globex(db: None) -> Workspace:
-    return bootstrap(tenant="globex", workspace="main")
 
 
 @pytest.fixture
@@ -63,17 +55,13 @@ def client_for(server: str) -> Iterator[Callable[..., httpx.Client]]:
 
 
 @pytest.fixture
-def api(acme: Workspace, client_for: Callable[..., httpx.Client]) -> httpx.Client:
-    return client_for(acme)
+def api(workspace: Workspace, client_for: Callable[..., httpx.Client]) -> httpx.Client:
+    return client_for(workspace)
 
 
 @pytest.fixture
-def outsider_api(globex: Workspace, client_for: Callable[..., httpx.Client]) -> httpx.Client:
-    return client_for(globex)
-
-
-def started(workflow: str = "wfver_test", **extra: Any) -> dict[str, Any]:
-    return {"type": "RunStarted", "payload": {"workflowVersionId": workflow, **extra}}
+def outsider_api(other_workspace: Workspace, client_for: Callable[..., httpx.Client]) -> httpx.Client:
+    return client_for(other_workspace)
 
 
 def post_events(api: httpx.Client, run_id: str, *events: dict[str, Any], **body: Any) -> httpx.Response:
@@ -90,14 +78,14 @@ def error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def rich_run(acme: Workspace) -> str:
+def rich_run(workspace: Workspace) -> str:
     """A finished run with a step, two priced model calls, a tool call, an artifact and a sub-run."""
     events = _summarize_run(("openai", "gpt-4o-mini"), finish=True)
     big = {"type": "StepCompleted", "payload": {"stepPath": "attach", "attempt": 1, "output": {"blob": "x" * 300_000}}}
     events[-1:-1] = [{"type": "StepScheduled", "payload": {"stepPath": "attach"}},
                      {"type": "StepAttemptStarted", "payload": {"stepPath": "attach", "attempt": 1}}, big]
-    append_events(workspace=acme, run_id="run_rich", events=events)
-    append_events(workspace=acme, run_id="run_rich_child",
+    append_events(workspace=workspace, run_id="run_rich", events=events)
+    append_events(workspace=workspace, run_id="run_rich_child",
                   events=[started("wfver_child", parentRunId="run_rich")])
     return "run_rich"
 
@@ -154,10 +142,10 @@ def test_expected_sequence_mismatch_is_conflict_with_expected_and_actual(api: ht
     assert error(response, 409, "sequence_conflict") == {"expected": 5, "actual": 1}
 
 
-def test_stale_or_missing_fencing_token_is_fenced(api: httpx.Client, acme: Workspace) -> None:
+def test_stale_or_missing_fencing_token_is_fenced(api: httpx.Client, workspace: Workspace) -> None:
     post_events(api, "run_f", started())
-    old = acquire_run_lease(workspace=acme, run_id="run_f", owner="zombie")
-    new = acquire_run_lease(workspace=acme, run_id="run_f", owner="worker-2", take_over=True)
+    old = acquire_run_lease(workspace=workspace, run_id="run_f", owner="zombie")
+    new = acquire_run_lease(workspace=workspace, run_id="run_f", owner="worker-2", take_over=True)
     step = {"type": "StepScheduled", "payload": {"stepPath": "a"}}
     error(post_events(api, "run_f", step), 409, "fenced")
     error(post_events(api, "run_f", step, fencingToken=str(old.fencing_token)), 409, "fenced")
@@ -216,9 +204,9 @@ def _artifact_id(workspace: Workspace) -> str:
     return Artifact.objects.filter(workspace=workspace).get().artifact_id
 
 
-def test_no_credentials_is_401_everywhere(client_for: Callable[..., httpx.Client], rich_run: str, acme: Workspace) -> None:
+def test_no_credentials_is_401_everywhere(client_for: Callable[..., httpx.Client], rich_run: str, workspace: Workspace) -> None:
     anonymous = client_for()
-    for method, url, body in _every_route(rich_run, _artifact_id(acme)):
+    for method, url, body in _every_route(rich_run, _artifact_id(workspace)):
         response = anonymous.request(method, url, json=body)
         error(response, 401, "unauthenticated")
         assert response.headers["www-authenticate"] == "Bearer"
@@ -226,17 +214,17 @@ def test_no_credentials_is_401_everywhere(client_for: Callable[..., httpx.Client
     error(bogus, 401, "unauthenticated")
 
 
-def test_key_without_the_scope_is_403(client_for: Callable[..., httpx.Client], rich_run: str, acme: Workspace) -> None:
-    read_only, ingest_only = client_for(acme, "read"), client_for(acme, "ingest")
-    for method, url, body in _every_route(rich_run, _artifact_id(acme)):
+def test_key_without_the_scope_is_403(client_for: Callable[..., httpx.Client], rich_run: str, workspace: Workspace) -> None:
+    read_only, ingest_only = client_for(workspace, "read"), client_for(workspace, "ingest")
+    for method, url, body in _every_route(rich_run, _artifact_id(workspace)):
         key = read_only if method == "POST" else ingest_only
         details = error(key.request(method, url, json=body), 403, "insufficient_scope")
         assert details["scope"] == ("ingest" if method == "POST" else "read")
 
 
 def test_another_tenants_objects_are_404_on_every_route(outsider_api: httpx.Client, rich_run: str,
-                                                        acme: Workspace) -> None:
-    artifact_id = _artifact_id(acme)
+                                                        workspace: Workspace) -> None:
+    artifact_id = _artifact_id(workspace)
     before = Run.objects.get(run_id=rich_run).last_sequence
     for method, url, body in _every_route(rich_run, artifact_id):
         response = outsider_api.request(method, url, json=body)
@@ -283,8 +271,8 @@ def test_unknown_run_is_404(api: httpx.Client) -> None:
         assert error(api.get(f"{V1}/runs/run_nope{suffix}"), 404, "not_found")["runId"] == "run_nope"
 
 
-def test_unpriced_run_reports_null_cost(api: httpx.Client, acme: Workspace) -> None:
-    append_events(workspace=acme, run_id="run_unpriced", events=_summarize_run(("acme.chat", "house"), finish=True))
+def test_unpriced_run_reports_null_cost(api: httpx.Client, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_unpriced", events=_summarize_run(("acme.chat", "house"), finish=True))
     usage = api.get(f"{V1}/runs/run_unpriced").json()["usage"]
     assert usage["costUsd"] is None and usage["unpricedCalls"] == 2 and usage["pricedCalls"] == 0
 
@@ -395,8 +383,8 @@ def test_evidence_bundle(api: httpx.Client, rich_run: str) -> None:
     assert bundle["replayReady"] == {"status": "pass", "missing": []}
 
 
-def test_evidence_reports_a_tampered_artifact(api: httpx.Client, rich_run: str, acme: Workspace) -> None:
-    artifact = Artifact.objects.get(workspace=acme)
+def test_evidence_reports_a_tampered_artifact(api: httpx.Client, rich_run: str, workspace: Workspace) -> None:
+    artifact = Artifact.objects.get(workspace=workspace)
     (Path(settings.ARTIFACTS_ROOT) / artifact.storage_key).write_bytes(b"tampered")
     bundle = api.get(f"{V1}/runs/{rich_run}/evidence").json()
     assert bundle["artifacts"][0]["verified"] is False
@@ -405,8 +393,8 @@ def test_evidence_reports_a_tampered_artifact(api: httpx.Client, rich_run: str, 
     assert bundle["replayReady"]["status"] == "fail"
 
 
-def test_replay_plan(api: httpx.Client, acme: Workspace) -> None:
-    append_events(workspace=acme, run_id="run_crashed", events=_summarize_run(("openai", "gpt-4o"), finish=False))
+def test_replay_plan(api: httpx.Client, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id="run_crashed", events=_summarize_run(("openai", "gpt-4o"), finish=False))
     plan = api.get(f"{V1}/runs/run_crashed/replay-plan").json()
     assert set(plan) == {"runId", "steps", "completedStepPaths", "pendingStepPaths", "sessions", "integrity",
                          "replayReady"}
@@ -418,8 +406,8 @@ def test_replay_plan(api: httpx.Client, acme: Workspace) -> None:
 # --- artifacts -----------------------------------------------------------------------------
 
 
-def test_artifact_metadata_and_verified_content(api: httpx.Client, rich_run: str, acme: Workspace) -> None:
-    artifact = Artifact.objects.get(workspace=acme)
+def test_artifact_metadata_and_verified_content(api: httpx.Client, rich_run: str, workspace: Workspace) -> None:
+    artifact = Artifact.objects.get(workspace=workspace)
     meta = api.get(f"{V1}/artifacts/{artifact.artifact_id}").json()
     assert meta["sha256"] == artifact.sha256 and meta["size"] == artifact.size
     assert meta["ref"] == f"artifact://{artifact.artifact_id}" and meta["contentType"] == "application/json"
@@ -434,8 +422,8 @@ def test_artifact_metadata_and_verified_content(api: httpx.Client, rich_run: str
     error(api.get(f"{V1}/artifacts/not-an-id/content"), 404, "not_found")
 
 
-def test_tampered_artifact_bytes_are_never_served(api: httpx.Client, rich_run: str, acme: Workspace) -> None:
-    artifact = Artifact.objects.get(workspace=acme)
+def test_tampered_artifact_bytes_are_never_served(api: httpx.Client, rich_run: str, workspace: Workspace) -> None:
+    artifact = Artifact.objects.get(workspace=workspace)
     (Path(settings.ARTIFACTS_ROOT) / artifact.storage_key).write_bytes(b'{"blob":"evil"}')
     response = api.get(f"{V1}/artifacts/{artifact.artifact_id}/content")
     assert error(response, 500, "integrity_failure")["artifactId"] == artifact.artifact_id
@@ -462,20 +450,8 @@ def test_feedback_with_an_ingest_key(api: httpx.Client, rich_run: str) -> None:
 # --- the console session, from the browser side --------------------------------------------
 
 
-def _login(server: str, username: str, password: str) -> httpx.Client:
-    browser = httpx.Client(base_url=server, timeout=30)
-    page = browser.get("/accounts/login/")
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
-    assert token, page.text
-    done = browser.post("/accounts/login/", data={"username": username, "password": password,
-                                                   "csrfmiddlewaretoken": token.group(1)})
-    assert done.status_code == 302, done.text
-    return browser
-
-
-def test_session_reads_and_writes_only_with_the_csrf_token(server: str, rich_run: str, acme: Workspace) -> None:
-    create_user(username="vera", tenant="acme", role="viewer", password="pw-vera-123")
-    browser = _login(server, "vera", "pw-vera-123")
+def test_session_reads_and_writes_only_with_the_csrf_token(server: str, rich_run: str, viewer: User) -> None:
+    browser = log_in(server, viewer)
     try:
         assert browser.get(f"{V1}/runs/{rich_run}").json()["runId"] == rich_run
         assert browser.get(f"{V1}/runs").status_code == 200
@@ -485,7 +461,7 @@ def test_session_reads_and_writes_only_with_the_csrf_token(server: str, rich_run
         assert "CSRF" in refused.json()["error"]["message"]
         accepted = browser.post(url, json={"rating": 2}, headers={"X-CSRFToken": browser.cookies["csrftoken"]})
         assert accepted.status_code == 201, accepted.text
-        assert accepted.json()["author"] == {"type": "member", "name": "vera"}
+        assert accepted.json()["author"] == {"type": "member", "name": "dave"}
         # a viewer may rate but not append: appending stands in for the ingest scope (operator)
         step = {"events": [{"type": "custom.note", "payload": {}}]}
         error(browser.post(f"{V1}/runs/{rich_run}/events", json=step,
@@ -494,12 +470,11 @@ def test_session_reads_and_writes_only_with_the_csrf_token(server: str, rich_run
         browser.close()
 
 
-def test_session_outsider_gets_404(server: str, rich_run: str, acme: Workspace, globex: Workspace) -> None:
-    create_user(username="olga", tenant="globex", role="admin", password="pw-olga-123")
-    browser = _login(server, "olga", "pw-olga-123")
+def test_session_outsider_gets_404(server: str, rich_run: str, workspace: Workspace, outsider: User) -> None:
+    browser = log_in(server, outsider)
     try:
         csrf = {"X-CSRFToken": browser.cookies["csrftoken"]}
-        for method, url, body in _every_route(rich_run, _artifact_id(acme)):
+        for method, url, body in _every_route(rich_run, _artifact_id(workspace)):
             response = browser.request(method, url, json=body, headers=csrf)
             if url.endswith("/usage") or url.endswith("/runs"):
                 assert response.status_code == 200 and rich_run not in response.text
@@ -515,10 +490,10 @@ def test_session_outsider_gets_404(server: str, rich_run: str, acme: Workspace, 
 
 
 @pytest.fixture
-def usage_runs(acme: Workspace) -> None:
+def usage_runs(workspace: Workspace) -> None:
     research = bootstrap(tenant="acme", workspace="research")
-    append_events(workspace=acme, run_id="run_u1", events=_summarize_run(("openai", "gpt-4o-mini"), finish=True))
-    append_events(workspace=acme, run_id="run_u2", events=_summarize_run(("acme.chat", "house"), finish=True))
+    append_events(workspace=workspace, run_id="run_u1", events=_summarize_run(("openai", "gpt-4o-mini"), finish=True))
+    append_events(workspace=workspace, run_id="run_u2", events=_summarize_run(("acme.chat", "house"), finish=True))
     append_events(workspace=research, run_id="run_u3", events=_summarize_run(("openai", "gpt-4o"), finish=True))
 
 
@@ -572,22 +547,21 @@ def test_usage_bad_parameters_are_400(api: httpx.Client) -> None:
         error(api.get(f"{V1}/usage?{query}"), 400, "invalid_parameter")
 
 
-def test_usage_across_the_tenant_is_for_admins_in_a_session(server: str, api: httpx.Client, usage_runs: None) -> None:
+def test_usage_across_the_tenant_is_for_admins_in_a_session(
+        server: str, api: httpx.Client, usage_runs: None, admin: User, viewer: User) -> None:
     error(api.get(f"{V1}/usage?scope=tenant"), 403, "forbidden")
-    create_user(username="adam", tenant="acme", role="admin", password="pw-adam-123")
-    create_user(username="vic", tenant="acme", role="viewer", password="pw-vic-1234")
-    admin, viewer = _login(server, "adam", "pw-adam-123"), _login(server, "vic", "pw-vic-1234")
+    as_admin, as_viewer = log_in(server, admin), log_in(server, viewer)
     try:
-        rows = admin.get(f"{V1}/usage?scope=tenant&groupBy=workspace").json()["rows"]
+        rows = as_admin.get(f"{V1}/usage?scope=tenant&groupBy=workspace").json()["rows"]
         assert [r["key"] for r in rows] == ["acme/research", "acme/support"]
-        error(viewer.get(f"{V1}/usage?scope=tenant"), 403, "forbidden")
+        error(as_viewer.get(f"{V1}/usage?scope=tenant"), 403, "forbidden")
         # without scope=tenant a member with two workspaces names one
-        error(viewer.get(f"{V1}/usage"), 400, "workspace_required")
-        mine = viewer.get(f"{V1}/usage?groupBy=workspace&workspace=acme/research").json()["rows"]
+        error(as_viewer.get(f"{V1}/usage"), 400, "workspace_required")
+        mine = as_viewer.get(f"{V1}/usage?groupBy=workspace&workspace=acme/research").json()["rows"]
         assert [r["key"] for r in mine] == ["acme/research"]
     finally:
-        admin.close()
-        viewer.close()
+        as_admin.close()
+        as_viewer.close()
 
 
 # --- the schema ----------------------------------------------------------------------------

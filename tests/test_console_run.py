@@ -19,7 +19,6 @@ from ledger import artifacts, gateway
 from ledger.append import append_events
 from ledger.canonical import digest
 from ledger.models import Event, Feedback, ToolGatewayClaim, Workspace
-from ledger.tenancy import create_user
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -68,25 +67,10 @@ def _rich_run(workspace: Workspace, run_id: str = RUN, *, extra_steps: int = 0) 
     append_events(workspace=workspace, run_id=run_id, events=events)
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def rich_run(workspace: Workspace) -> str:
     _rich_run(workspace)
     return RUN
-
-
-@pytest.fixture
-def viewer(workspace: Workspace) -> Any:
-    return create_user(username="victor", tenant="acme", role="viewer", password="pw-victor-123").user
-
-
-@pytest.fixture
-def operator(workspace: Workspace) -> Any:
-    return create_user(username="oscar", tenant="acme", role="operator", password="pw-oscar-123").user
 
 
 def _sequences(html: bytes) -> list[int]:
@@ -457,7 +441,7 @@ def test_an_operator_reconciles_through_the_gateway(client: Client, operator: An
                            {"outcome": "succeeded", "value": '{"paid": true}', "note": "bank says paid"})
     assert response.status_code == 302 and response["Location"] == f"{BASE}evidence/"
     claim = ToolGatewayClaim.objects.get(call_id="call_pay")
-    assert (claim.status, claim.result, claim.reconciled_by) == ("succeeded", {"paid": True}, "oscar")
+    assert (claim.status, claim.result, claim.reconciled_by) == ("succeeded", {"paid": True}, "carol")
     last = Event.objects.filter(run__run_id=RUN).order_by("-sequence").first()
     assert last.type == "harness.tool_call.reconciled"
     html = client.get(f"{BASE}evidence/").content.decode()

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -38,17 +39,6 @@ def row_of(html: bytes, run_id: str) -> str:
 
 def set_created(run_id: str, when: datetime) -> None:
     Run.objects.filter(run_id=run_id).update(created_at=when)
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def browser(client: Client, member) -> Client:
-    client.force_login(member)
-    return client
 
 
 @pytest.fixture
@@ -85,8 +75,7 @@ def test_outsider_gets_404_with_and_without_filters(client: Client, outsider, ru
         assert client.get(url, headers={"HX-Request": "true"}).status_code == 404
 
 
-def test_viewer_can_read_the_list(client: Client, workspace: Workspace, runs: None) -> None:
-    viewer = create_user(username="vic", tenant="acme", role="viewer", password=None).user
+def test_viewer_can_read_the_list(client: Client, viewer: User, runs: None) -> None:
     client.force_login(viewer)
     assert "run_priced" in row_ids(client.get(URL).content)
 
@@ -130,7 +119,7 @@ def test_switcher_shows_only_the_members_workspaces_grouped_by_tenant(
         client: Client, member, outsider, workspace: Workspace, runs: None) -> None:
     bootstrap(tenant="acme", workspace="research")
     bootstrap(tenant="initech", workspace="ops")
-    create_user(username="alice", tenant="initech", role="viewer", password=None)
+    create_user(username=member.get_username(), tenant="initech", role="viewer", password=None)
     client.force_login(member)
     html = client.get("/w/acme/research/").content.decode()
     nav = re.search(r'<nav class="switcher".*?</nav>', html, re.S).group(0)

@@ -11,6 +11,7 @@ from html import unescape
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -18,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from console.pages.usage import _dollars, _nice_step
 from ledger.append import append_events
 from ledger.models import CostEntry, Run, Workspace
-from ledger.tenancy import bootstrap, create_user
+from ledger.tenancy import bootstrap
 from ledger.usage import usage_rows
 from tests.conftest import ev, started
 
@@ -39,17 +40,6 @@ def responded(call: str, provider: str, model: str, *, inp: int = 1000, out: int
 def on_day(run_id: str, day: date, hour: int = 12) -> None:
     when = datetime.combine(day, time(hour), tzinfo=timezone.utc)
     CostEntry.objects.filter(run__run_id=run_id).update(recorded_at=when)
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def browser(client: Client, member) -> Client:
-    client.force_login(member)
-    return client
 
 
 @pytest.fixture
@@ -98,8 +88,7 @@ def test_outsider_gets_404_for_workspace_and_tenant_scope(client: Client, outsid
     assert client.get("/w/globex/main/usage/").status_code == 200
 
 
-def test_tenant_scope_is_for_admins_only(client: Client, calls: None) -> None:
-    viewer = create_user(username="vic", tenant="acme", role="viewer", password=None).user
+def test_tenant_scope_is_for_admins_only(client: Client, viewer: User, calls: None) -> None:
     client.force_login(viewer)
     mine = client.get(URL + RANGE)
     assert mine.status_code == 200 and 'name="scope"' not in mine.content.decode()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.canonical import canonical_json, digest, event_id
+from ledger.canonical import canonical_json, digest
 from ledger.fold import (
     RunState,
     RunStateMismatch,
@@ -17,26 +17,14 @@ from ledger.fold import (
     next_visit_index,
 )
 from ledger.pricing import Usage, load_default_prices
+from tests.conftest import envelopes as stored_envelopes
 
 RUN = "run_fold"
 MINI = {"provider": "openai", "modelId": "gpt-4o-mini"}
 
 
 def envelopes(items: list[tuple[str, dict[str, Any]]], run_id: str = RUN, start: int = 1) -> list[dict[str, Any]]:
-    """Stored envelopes with dense sequences from `start` and the ids the server would give them."""
-    out = []
-    for sequence, (event_type, payload) in enumerate(items, start):
-        out.append(
-            {
-                "eventId": event_id(run_id=run_id, sequence=sequence, type=event_type, payload=payload),
-                "runId": run_id,
-                "sequence": sequence,
-                "type": event_type,
-                "recordedAt": f"2026-11-02T10:{sequence // 60:02d}:{sequence % 60:02d}.000Z",
-                "payload": payload,
-            }
-        )
-    return out
+    return stored_envelopes(items, run_id=run_id, start=start)
 
 
 def responded(step_path: str | None, usage: dict[str, Any], model: dict[str, str] = MINI, **extra: Any) -> tuple:

@@ -14,36 +14,18 @@ import httpx
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.utils import timezone
+from django.contrib.auth.models import User
 
 from ledger.artifacts import get_by_ref
 from ledger.models import Event, Run, ToolCall, ToolGatewayClaim, Workspace
-from ledger.tenancy import create_key, create_user
-from tests.conftest import started
+from ledger.tenancy import create_key
+from tests.conftest import FakeClock, log_in, started
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Every test runs on the fake clock (conftest), which the live server's thread reads too.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock")]
 
 RUN = "run_tools"
 BASE = f"/api/v1/runs/{RUN}/tool-calls"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.moment = timezone.now()
-
-    def now(self) -> datetime:
-        return self.moment
-
-    def advance(self, seconds: float) -> None:
-        self.moment += timedelta(seconds=seconds)
-
-
-@pytest.fixture(autouse=True)
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    # The live server runs in a thread of this process, so it reads the patched function too.
-    monkeypatch.setattr("ledger.clock.now", fake.now)
-    return fake
 
 
 @pytest.fixture
@@ -69,30 +51,23 @@ def foreign_api(live_server: Any, other_workspace: Workspace) -> Iterator[httpx.
         yield client
 
 
-def _session(live_server: Any, *, username: str, tenant: str, role: str) -> httpx.Client:
-    password = f"pw-{username}-123"
-    create_user(username=username, tenant=tenant, role=role, password=password)
-    client = httpx.Client(base_url=live_server.url, timeout=30)
-    client.get("/accounts/login/")
-    response = client.post("/accounts/login/", data={
-        "username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"],
-    })
-    assert response.status_code == 302, response.text
+def _session(live_server: Any, user: User) -> httpx.Client:
+    client = log_in(live_server.url, user)
     # Login rotates the CSRF token; unsafe API calls from a session must send the new one.
     client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
     return client
 
 
 @pytest.fixture
-def operator(live_server: Any, workspace: Workspace) -> Iterator[httpx.Client]:
-    client = _session(live_server, username="oscar", tenant="acme", role="operator")
+def operator_session(live_server: Any, operator: User) -> Iterator[httpx.Client]:
+    client = _session(live_server, operator)
     yield client
     client.close()
 
 
 @pytest.fixture
-def viewer(live_server: Any, workspace: Workspace) -> Iterator[httpx.Client]:
-    client = _session(live_server, username="vera", tenant="acme", role="viewer")
+def viewer_session(live_server: Any, viewer: User) -> Iterator[httpx.Client]:
+    client = _session(live_server, viewer)
     yield client
     client.close()
 
@@ -308,23 +283,23 @@ def test_the_holder_repeating_its_complete_gets_the_same_answer(api: httpx.Clien
 
 
 def test_an_operator_session_reconciles_a_call_in_doubt(
-        api: httpx.Client, operator: httpx.Client, viewer: httpx.Client, run: str, clock: FakeClock) -> None:
+        api: httpx.Client, operator_session: httpx.Client, viewer_session: httpx.Client, run: str, clock: FakeClock) -> None:
     call_id = _in_doubt(api, clock)
     body = {"outcome": "succeeded", "result": {"charged": True}, "note": "the provider's dashboard shows the charge"}
 
-    as_viewer = _post(viewer, call_id, "reconcile", body)
+    as_viewer = _post(viewer_session, call_id, "reconcile", body)
     assert as_viewer.status_code == 403
     as_key = _post(api, call_id, "reconcile", body)
     assert as_key.status_code == 403 and _error_code(as_key) == "forbidden"
 
-    done = _post(operator, call_id, "reconcile", body)
+    done = _post(operator_session, call_id, "reconcile", body)
     assert done.status_code == 200, done.text
     assert done.json()["status"] == "succeeded" and done.json()["reconciled"] is True
     reconciled = _events()[-1]
     assert reconciled == {"type": "harness.tool_call.reconciled", "callId": call_id, "outcome": "succeeded",
-                          "result": {"charged": True}, "note": body["note"], "by": "oscar", "attempt": 1}
+                          "result": {"charged": True}, "note": body["note"], "by": "carol", "attempt": 1}
 
-    again = _post(operator, call_id, "reconcile", body)
+    again = _post(operator_session, call_id, "reconcile", body)
     assert again.status_code == 409 and _error_code(again) == "tool_call_not_in_doubt"
     replay = _claim(api, owner="worker-3")
     assert replay.status_code == 200 and replay.json()["result"] == {"charged": True}
@@ -335,9 +310,9 @@ def test_an_operator_session_reconciles_a_call_in_doubt(
 
 
 def test_reconcile_as_failed_records_the_error(
-        api: httpx.Client, operator: httpx.Client, run: str, clock: FakeClock) -> None:
+        api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock) -> None:
     call_id = _in_doubt(api, clock)
-    done = _post(operator, call_id, "reconcile", {"outcome": "failed", "error": {"message": "never arrived"},
+    done = _post(operator_session, call_id, "reconcile", {"outcome": "failed", "error": {"message": "never arrived"},
                                                   "note": "no trace on the provider side"})
     assert done.status_code == 200 and done.json()["error"] == {"message": "never arrived"}
     replay = _claim(api)
@@ -345,21 +320,21 @@ def test_reconcile_as_failed_records_the_error(
     _verify_passes()
 
 
-def test_reconcile_works_only_from_in_doubt(api: httpx.Client, operator: httpx.Client, run: str) -> None:
+def test_reconcile_works_only_from_in_doubt(api: httpx.Client, operator_session: httpx.Client, run: str) -> None:
     _claimed(api)
-    response = _post(operator, "call_1", "reconcile", {"outcome": "failed", "note": "looks stuck"})
+    response = _post(operator_session, "call_1", "reconcile", {"outcome": "failed", "note": "looks stuck"})
     assert response.status_code == 409 and _error_code(response) == "tool_call_not_in_doubt"
     assert response.json()["error"]["details"]["status"] == "claimed"
-    bad = _post(operator, "call_1", "reconcile", {"outcome": "succeeded", "error": "x", "note": "n"})
+    bad = _post(operator_session, "call_1", "reconcile", {"outcome": "succeeded", "error": "x", "note": "n"})
     assert bad.status_code == 400 and _error_code(bad) == "invalid_request"
 
 
 def test_a_lease_that_ran_out_after_outbound_can_be_reconciled_directly(
-        api: httpx.Client, operator: httpx.Client, run: str, clock: FakeClock) -> None:
+        api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock) -> None:
     lease = _claimed(api)
     _post(api, "call_1", "outbound", {"leaseToken": lease["leaseToken"]})
     clock.advance(61)
-    done = _post(operator, "call_1", "reconcile", {"outcome": "succeeded", "result": 1, "note": "seen"})
+    done = _post(operator_session, "call_1", "reconcile", {"outcome": "succeeded", "result": 1, "note": "seen"})
     assert done.status_code == 200
     assert [e["type"] for e in _events()][-2:] == ["harness.tool_call.in_doubt", "harness.tool_call.reconciled"]
     _verify_passes()
@@ -410,7 +385,7 @@ def test_a_result_artifact_of_another_call_is_not_served(api: httpx.Client, run:
 
 
 def test_the_gateway_events_are_in_the_log_and_verify_passes(
-        api: httpx.Client, operator: httpx.Client, run: str, clock: FakeClock) -> None:
+        api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock) -> None:
     lease = _claimed(api, callId="call_ok", idempotencyKey="ok", turn=1)
     _post(api, "call_ok", "complete", {"leaseToken": lease["leaseToken"], "result": [1, 2]})
     _claimed(api, callId="call_retry", idempotencyKey="retry")
@@ -418,7 +393,7 @@ def test_the_gateway_events_are_in_the_log_and_verify_passes(
     again = _claimed(api, callId="call_retry", idempotencyKey="retry", owner="worker-2")
     _post(api, "call_retry", "complete", {"leaseToken": again["leaseToken"], "error": "boom"})
     doubtful = _in_doubt(api, clock, callId="call_doubt", idempotencyKey="doubt")
-    _post(operator, doubtful, "reconcile", {"outcome": "failed", "error": "gone", "note": "checked"})
+    _post(operator_session, doubtful, "reconcile", {"outcome": "failed", "error": "gone", "note": "checked"})
 
     types = [e["type"].rpartition(".")[2] for e in _events()]
     assert types == ["started", "succeeded", "started", "started", "failed", "started", "in_doubt", "reconciled"]
@@ -483,7 +458,7 @@ def test_credentials_and_scopes_are_checked(live_server: Any, workspace: Workspa
 
 
 def test_another_tenant_gets_404_on_every_route(
-        api: httpx.Client, foreign_api: httpx.Client, live_server: Any, other_workspace: Workspace,
+        api: httpx.Client, foreign_api: httpx.Client, live_server: Any, outsider: User,
         run: str, clock: FakeClock) -> None:
     call_id = _in_doubt(api, clock)
     lease = _claimed(api, callId="call_live", idempotencyKey="live")
@@ -493,10 +468,10 @@ def test_another_tenant_gets_404_on_every_route(
         _post(foreign_api, "call_live", "outbound", {"leaseToken": lease["leaseToken"]}),
         _post(foreign_api, "call_live", "complete", {"leaseToken": lease["leaseToken"], "result": 1}),
     ]
-    outsider = _session(live_server, username="olga", tenant="globex", role="admin")
-    probes.append(_post(outsider, call_id, "reconcile", {"outcome": "failed", "note": "mine now"}))
-    probes.append(outsider.get(BASE))
-    outsider.close()
+    outsider_session = _session(live_server, outsider)
+    probes.append(_post(outsider_session, call_id, "reconcile", {"outcome": "failed", "note": "mine now"}))
+    probes.append(outsider_session.get(BASE))
+    outsider_session.close()
     assert [p.status_code for p in probes] == [404] * len(probes)
     assert all(_error_code(p) == "not_found" for p in probes)
     assert not any(re.search(r"call_live|call_1|search", p.text) for p in probes)

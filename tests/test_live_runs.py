@@ -26,10 +26,8 @@ from ledger.append import append_events
 from ledger.models import Workspace
 from ledger.tenancy import bootstrap, create_key
 from tests.conftest import ev, started
-from tests.test_stream import Daphne, _start_daphne
-from tests.live_support import (  # noqa: F401  (_fast_passwords is an autouse fixture)
-    TIMEOUT_S, _fast_passwords, communicator as _communicator, session_id as _session_id,
-)
+from tests.servers import Daphne, start_daphne as _start_daphne
+from tests.live_support import TIMEOUT_S, communicator as _communicator, session_id as _session_id
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,26 +4,16 @@ from typing import Any
 
 import pytest
 
-from ledger.canonical import digest, event_id
+from ledger.canonical import digest
 from ledger.replay import CapabilityDriftError, manifest_drift, replay_plan
+from tests.conftest import envelopes as stored_envelopes
 
 RUN = "run_replay"
 MINI = {"provider": "openai", "modelId": "gpt-4o-mini"}
 
 
 def envelopes(items: list[tuple[str, dict[str, Any]]], run_id: str = RUN) -> list[dict[str, Any]]:
-    """Stored envelopes with dense sequences and the ids the server would give them."""
-    return [
-        {
-            "eventId": event_id(run_id=run_id, sequence=sequence, type=event_type, payload=payload),
-            "runId": run_id,
-            "sequence": sequence,
-            "type": event_type,
-            "recordedAt": f"2026-11-02T10:{sequence // 60:02d}:{sequence % 60:02d}.000Z",
-            "payload": payload,
-        }
-        for sequence, (event_type, payload) in enumerate(items, 1)
-    ]
+    return stored_envelopes(items, run_id=run_id)
 
 
 def session(step_path: str | None, role: str, manifest: dict[str, Any], manifest_hash: str | None = None) -> tuple:

@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 
-from ledger.canonical import event_id
 from ledger.fold import fold
 from ledger.report import locale_sort_key, render_report_table, usage_report
+from tests.conftest import envelopes
 
 MINI = {"provider": "openai", "modelId": "gpt-4o-mini"}
 
@@ -26,21 +26,6 @@ Note: 1 model call(s) had no registry pricing and are excluded from the cost abo
 SUMMARIZE_ROW = "summarize  20000       0    0.0%  10000      1    0.009000\n"
 
 
-def envelopes(run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Stored envelopes with dense sequences and the ids the server would give them."""
-    return [
-        {
-            "eventId": event_id(run_id=run_id, sequence=sequence, type=event_type, payload=payload),
-            "runId": run_id,
-            "sequence": sequence,
-            "type": event_type,
-            "recordedAt": f"2026-11-02T10:{sequence // 60:02d}:{sequence % 60:02d}.000Z",
-            "payload": payload,
-        }
-        for sequence, (event_type, payload) in enumerate(items, 1)
-    ]
-
-
 def step(path: str, usage: dict[str, int], model: dict[str, str] = MINI) -> list[tuple[str, dict[str, Any]]]:
     return [
         ("StepScheduled", {"stepPath": path}),
@@ -52,8 +37,8 @@ def step(path: str, usage: dict[str, int], model: dict[str, str] = MINI) -> list
 
 
 def report_for(run_id: str, *items: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    return usage_report(fold(envelopes(run_id, [("RunStarted", {"workflowVersionId": "wfver_1"}), *items,
-                                                ("RunCompleted", {})])))
+    return usage_report(fold(envelopes([("RunStarted", {"workflowVersionId": "wfver_1"}), *items,
+                                        ("RunCompleted", {})], run_id=run_id)))
 
 
 def run_7f3a() -> dict[str, Any]:

@@ -4,14 +4,12 @@ an operator reconciles them, and the CLI refusing bad input before it creates an
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.utils import timezone
 
 from ledger import gateway
 from ledger.errors import Fenced
@@ -21,28 +19,11 @@ from ledger.models import Run, Workspace
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ScriptedProvider
 from ledger.runtime.registry import CodeRun, SubWorkflow, Tool, ToolCall, Workflow
+from tests.conftest import FakeClock
 from tests.runtime_workflows import SCRIPT, build_drill
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     every_run_verifies, Crash, run_events as _events, assert_verified as _verified,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.moment = timezone.now()
-
-    def now(self) -> datetime:
-        return self.moment
-
-    def advance(self, seconds: float) -> None:
-        self.moment += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
-    fake = FakeClock()
-    monkeypatch.setattr("ledger.clock.now", fake.now)
-    yield fake
 
 
 # --- leases -----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ledger import selectors
 from ledger.append import append_events
 from ledger.models import Run, Workspace
 from ledger.tenancy import create_key
-from tests.conftest import ev, started
+from tests.conftest import PASSWORD, ev, started
 from tests.servers import Daphne, start_daphne as _start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -379,16 +379,16 @@ def test_bad_position_is_400(
 def test_member_session_streams_and_an_outsider_session_gets_404(
     server: Daphne, http: httpx.Client, member: Any, outsider: Any, finished_run: str
 ) -> None:
-    def session_cookie(username: str, password: str) -> dict[str, str]:
+    def session_cookie(user: Any) -> dict[str, str]:
         client = Client()
-        assert client.login(username=username, password=password)
+        assert client.login(username=user.get_username(), password=PASSWORD)
         return {"sessionid": client.cookies["sessionid"].value}
 
-    with httpx.Client(timeout=TIMEOUT, cookies=session_cookie("alice", "pw-alice-123")) as alice:
+    with httpx.Client(timeout=TIMEOUT, cookies=session_cookie(member)) as alice:
         with alice.stream("GET", _url(server, finished_run)) as response:
             events, end = read_to_end(messages(response))
         assert [m.sequence for m in events] == [1, 2]
-    with httpx.Client(timeout=TIMEOUT, cookies=session_cookie("olga", "pw-olga-123")) as olga:
+    with httpx.Client(timeout=TIMEOUT, cookies=session_cookie(outsider)) as olga:
         _error(olga.get(_url(server, finished_run)), 404, "not_found")
 
 

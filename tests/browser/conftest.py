@@ -23,10 +23,12 @@ from urllib.parse import quote
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
 
 from ledger.models import Workspace
-from ledger.tenancy import create_key, create_user
+from ledger.tenancy import create_key
+from tests.conftest import PASSWORD
 from tests.servers import Daphne, start_daphne
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -37,7 +39,6 @@ CHROMIUM_ARGS = [
 REDIS_URL = os.environ.get("REDIS_URL", "")
 # Generous: the CI machine has two cores and runs the suite while other things happen.
 WAIT_MS = 15_000
-PASSWORD = "pw-browser-123"
 
 expect.set_options(timeout=WAIT_MS)
 
@@ -194,16 +195,17 @@ def page(open_context: Any) -> Page:
     return open_context().new_page()
 
 
-def member(username: str, role: str, tenant: str = "acme") -> str:
-    create_user(username=username, tenant=tenant, role=role, password=PASSWORD)
-    return username
+@pytest.fixture(autouse=True)
+def fast_passwords() -> None:
+    """Off here (tests/conftest.py has it on): the Daphne processes that serve the browser check
+    the named users' passwords with the default hashers."""
 
 
-def log_in(page: Page, server: Daphne, username: str, next_path: str = "") -> None:
+def log_in(page: Page, server: Daphne, user: User, next_path: str = "") -> None:
     """Through the real login form, as a person would."""
     query = f"?next={quote(next_path)}" if next_path else ""
     page.goto(f"{server.url}/accounts/login/{query}")
-    page.fill("input[name=username]", username)
+    page.fill("input[name=username]", user.get_username())
     page.fill("input[name=password]", PASSWORD)
     page.click("form:has(input[name=password]) [type=submit]")
     page.wait_for_url(lambda url: "/accounts/login/" not in url)

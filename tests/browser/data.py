@@ -11,14 +11,12 @@ from django.utils import timezone
 from ledger import gateway
 from ledger.append import append_events
 from ledger.models import Workspace
+from tests import conftest
+from tests.conftest import ev
 
 
 def started(workflow: str = "wfver_support_triage", **extra: Any) -> dict[str, Any]:
-    return {"type": "RunStarted", "payload": {"workflowVersionId": workflow, **extra}}
-
-
-def ev(type_: str, **payload: Any) -> dict[str, Any]:
-    return {"type": type_, "payload": payload}
+    return conftest.started(workflow, **extra)
 
 
 def step(path: str, n: int = 1) -> list[dict[str, Any]]:

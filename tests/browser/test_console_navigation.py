@@ -7,23 +7,24 @@ import re
 from datetime import datetime, timezone
 
 import pytest
+from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from ledger.models import Workspace
 from tests.browser import data
-from tests.browser.conftest import Daphne, log_in, member
+from tests.browser.conftest import Daphne, log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_bar_of_the_usage_chart_drills_down_to_its_runs_and_on_to_a_run(
-    page: Page, server: Daphne, workspace: Workspace,
+    page: Page, server: Daphne, workspace: Workspace, viewer: User,
 ) -> None:
     data.priced_run(workspace, "run_mini", "openai", "gpt-4o-mini")
     data.priced_run(workspace, "run_sonnet", "anthropic", "claude-sonnet-4-6")
     data.running_run(workspace, "run_no_model")
     today = datetime.now(timezone.utc).date().isoformat()
-    log_in(page, server, member("uma", "viewer"))
+    log_in(page, server, viewer)
 
     page.goto(f"{server.url}/w/acme/support/usage/?from={today}&to={today}")
     expect(page.locator("table#usage-table")).to_contain_text("gpt-4o-mini")
@@ -50,11 +51,11 @@ def test_a_bar_of_the_usage_chart_drills_down_to_its_runs_and_on_to_a_run(
 
 @pytest.mark.parametrize("role, sees_form", [("viewer", False), ("operator", True)])
 def test_only_an_operator_is_offered_the_reconcile_form(
-    page: Page, server: Daphne, workspace: Workspace, role: str, sees_form: bool,
+    page: Page, server: Daphne, workspace: Workspace, role: str, sees_form: bool, request: pytest.FixtureRequest,
 ) -> None:
     data.running_run(workspace, "run_doubt")
     data.in_doubt_call(workspace, "run_doubt")
-    log_in(page, server, member(f"{role}-user", role))
+    log_in(page, server, request.getfixturevalue(role))  # the named user of that role
 
     page.goto(f"{server.url}/w/acme/support/runs/run_doubt/evidence/")
     # Both see the call in doubt; only one may settle it.

@@ -4,27 +4,28 @@ the socket drops (every sequence exactly once and in order), and the runs list's
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from ledger.models import Workspace
 from tests.browser import data
-from tests.browser.conftest import Appender, Daphne, log_in, member, sequences
+from tests.browser.conftest import Appender, Daphne, log_in, sequences
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _open_live_run(page: Page, server: Daphne, workspace: Workspace, run_id: str) -> None:
+def _open_live_run(page: Page, server: Daphne, workspace: Workspace, viewer: User, run_id: str) -> None:
     data.running_run(workspace, run_id)
-    log_in(page, server, member("rita", "viewer"))
+    log_in(page, server, viewer)
     page.goto(f"{server.url}/w/acme/support/runs/{run_id}/")
     expect(page.locator("#timeline-rows tr.event")).to_have_count(3)
     expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
 
 
 def test_events_appended_by_another_process_appear_without_a_reload(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
 ) -> None:
-    _open_live_run(page, server, workspace, "run_live")
+    _open_live_run(page, server, workspace, viewer, "run_live")
     page.evaluate("window.__notReloaded = true")  # gone if the page reloads
 
     appender.append("run_live", data.ev("StepCompleted", stepPath="extract", attempt=1, output={"n": 1}))
@@ -44,9 +45,9 @@ def test_events_appended_by_another_process_appear_without_a_reload(
 
 
 def test_a_dropped_socket_catches_up_from_the_database_without_duplicates(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
 ) -> None:
-    _open_live_run(page, server, workspace, "run_drop")
+    _open_live_run(page, server, workspace, viewer, "run_drop")
     status = page.locator("#live-status")
 
     page.evaluate("window.runledgerLive.disconnect(3000)")
@@ -71,21 +72,21 @@ def test_a_dropped_socket_catches_up_from_the_database_without_duplicates(
 
 
 def test_an_outsider_gets_404_for_the_run_page(
-    page: Page, server: Daphne, workspace: Workspace, other_workspace: Workspace,
+    page: Page, server: Daphne, workspace: Workspace, outsider: User,
 ) -> None:
     data.running_run(workspace, "run_private")
-    log_in(page, server, member("oscar", "admin", tenant="globex"))
+    log_in(page, server, outsider)
     response = page.goto(f"{server.url}/w/acme/support/runs/run_private/")
     assert response is not None and response.status == 404
     assert page.locator("#timeline-rows").count() == 0
 
 
 def test_an_idle_page_keeps_its_socket_and_still_receives(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
 ) -> None:
     """Nothing happens for longer than the channel layer blocks on a read (5 s on Redis): the
     socket must stay up, not drop and reconnect."""
-    _open_live_run(page, server, workspace, "run_idle")
+    _open_live_run(page, server, workspace, viewer, "run_idle")
     page.evaluate("""() => {
         window.__states = [];
         window.__firstSocket = window.runledgerLive.socket;
@@ -100,10 +101,10 @@ def test_an_idle_page_keeps_its_socket_and_still_receives(
 
 
 def test_the_runs_list_shows_a_new_run_on_top_and_a_finished_one_in_place_without_a_reload(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace,
+    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
 ) -> None:
     data.running_run(workspace, "run_older")
-    log_in(page, server, member("rhea", "viewer"))
+    log_in(page, server, viewer)
     page.goto(f"{server.url}/w/acme/support/")
     rows = page.locator("#runs-rows tr.run")
     expect(rows).to_have_count(1)

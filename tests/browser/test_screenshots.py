@@ -7,12 +7,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from django.contrib.auth.models import User
 from playwright.sync_api import Locator, Page, expect
 
 from ledger import clock
 from ledger.models import Workspace
 from tests.browser import data
-from tests.browser.conftest import Daphne, log_in, member, screenshot_dir
+from tests.browser.conftest import Daphne, log_in, screenshot_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,10 +65,9 @@ def _populate(workspace: Workspace) -> None:
 
 
 def test_every_page_renders_light_and_dark_and_is_photographed(
-    page: Page, server: Daphne, workspace: Workspace,
+    page: Page, server: Daphne, workspace: Workspace, admin: User,
 ) -> None:
     _populate(workspace)
-    member("ada", "admin")
     today = datetime.now(timezone.utc).date()
     backgrounds: dict[str, list[float]] = {scheme: [] for scheme in SCHEMES}
     expected = [screenshot_dir() / f"{name}-{scheme}.png" for name in PAGES for scheme in SCHEMES]
@@ -77,7 +77,7 @@ def test_every_page_renders_light_and_dark_and_is_photographed(
     page.goto(f"{server.url}/accounts/login/")
     expect(page.locator("input[name=password]")).to_be_visible()
     _shoot(page, "login", backgrounds)
-    log_in(page, server, "ada")
+    log_in(page, server, admin)
 
     page.goto(f"{server.url}/w/acme/support/")
     expect(page.locator(f'#runs-rows tr.run[data-run-id="{RUN}"]')).to_be_visible()
