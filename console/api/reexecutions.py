@@ -185,7 +185,7 @@ def _find(request: Request, public_id: str, scope: str, role: str | None = None)
         caller = caller_for(request, scope, role=role)  # a key without the scope, or asked for a role: 403
         return caller, selectors.get([caller.workspace], public_id)
     found = selectors.get(_visible_workspaces(request, scope), public_id)
-    membership = Membership.objects.filter(user=request.user, tenant_id=found.workspace.tenant_id).first()
+    membership = Membership.objects.filter(user=request.user, tenant_id=found.workspace.tenant_id).first()  # type: ignore[misc]  # past the API key branch the caller is a logged-in user (DRF permission)
     if membership is None:  # pragma: no cover - visible workspaces are the member's
         raise NotFound("not found")
     needed = role or SCOPE_ROLES[scope]
@@ -367,7 +367,7 @@ class ClaimView(APIView):
             return Response(status=204)
         return Response({"request": selectors.as_dict(claimed), "newRunId": claimed.new_run_id,
                          "leaseToken": claimed.lease_token,
-                         "leaseExpiresAt": claimed.lease_expires_at.isoformat().replace("+00:00", "Z")})
+                         "leaseExpiresAt": claimed.lease_expires_at.isoformat().replace("+00:00", "Z")})  # type: ignore[union-attr]  # a taken lease always has its expiry
 
 
 class LeaseView(APIView):
@@ -387,7 +387,7 @@ class LeaseView(APIView):
         renewed = services.renew_lease(workspace=caller.workspace, reexecution_id=found.public_id,
                                        lease_token=data.validated_data["leaseToken"])
         return Response({"id": renewed.public_id,
-                         "leaseExpiresAt": renewed.lease_expires_at.isoformat().replace("+00:00", "Z")})
+                         "leaseExpiresAt": renewed.lease_expires_at.isoformat().replace("+00:00", "Z")})  # type: ignore[union-attr]  # a taken lease always has its expiry
 
 
 class DivergenceView(APIView):

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 
@@ -70,7 +70,7 @@ class _NotGiven:
 NOT_GIVEN: Any = _NotGiven()
 EXPIRY = audit.Actor(name="system:expiry")
 
-Principal = AbstractBaseUser | ApiKey
+Principal = User | ApiKey
 
 
 def _commit_then_raise(service: Callable[P, T | LedgerError]) -> Callable[P, T]:
@@ -102,13 +102,13 @@ def _announce(request: ReexecutionRequest) -> None:
     })
 
 
-def _membership(user: AbstractBaseUser, workspace: Workspace) -> Membership | None:
+def _membership(user: User, workspace: Workspace) -> Membership | None:
     if not user.is_authenticated:
         return None
     return Membership.objects.filter(user=user, tenant_id=workspace.tenant_id).first()
 
 
-def _require_member(user: AbstractBaseUser, workspace: Workspace, role: str) -> Membership:
+def _require_member(user: User, workspace: Workspace, role: str) -> Membership:
     membership = _membership(user, workspace)
     if membership is None:
         raise NotFound("not found")  # another tenant: its existence is not revealed
@@ -117,7 +117,7 @@ def _require_member(user: AbstractBaseUser, workspace: Workspace, role: str) -> 
     return membership
 
 
-def _requester(by: Principal, workspace: Workspace) -> tuple[str, AbstractBaseUser | None, ApiKey | None]:
+def _requester(by: Principal, workspace: Workspace) -> tuple[str, User | None, ApiKey | None]:
     if isinstance(by, ApiKey):
         if by.workspace_id != workspace.pk:
             raise NotFound("not found")
@@ -245,7 +245,7 @@ def _lock(workspace: Workspace, public_id: str) -> ReexecutionRequest:
     return request
 
 
-def _expire(request: ReexecutionRequest, now: datetime, noticed_by: AbstractBaseUser | None = None) -> None:
+def _expire(request: ReexecutionRequest, now: datetime, noticed_by: User | None = None) -> None:
     request.status, request.updated_at = Status.EXPIRED, now
     request.save(update_fields=["status", "updated_at"])
     audit.record(actor=EXPIRY, tenant=request.workspace.tenant, workspace=request.workspace,
@@ -331,7 +331,7 @@ def request_batch(*, workspace: Workspace, run_ids: Sequence[str], reason: str, 
 # --- decide ------------------------------------------------------------------------------------
 
 
-def _decidable(workspace: Workspace, public_id: str, by: AbstractBaseUser) -> list[ReexecutionRequest]:
+def _decidable(workspace: Workspace, public_id: str, by: User) -> list[ReexecutionRequest]:
     """The request (and, for a batch, its siblings), locked; refuses keys, outsiders and roles below approver."""
     if isinstance(by, ApiKey):
         raise Forbidden("approval is always a human in a console session; API keys cannot approve or deny")
@@ -343,7 +343,7 @@ def _decidable(workspace: Workspace, public_id: str, by: AbstractBaseUser) -> li
                 .filter(workspace=workspace, batch_id=request.batch_id).order_by("pk"))
 
 
-def _refuse_undecidable(requests: list[ReexecutionRequest], by: AbstractBaseUser, now: datetime,
+def _refuse_undecidable(requests: list[ReexecutionRequest], by: User, now: datetime,
                         *, approving: bool) -> LedgerError | None:
     first = requests[0]
     if any(r.status == Status.EXPIRED for r in requests):
@@ -365,7 +365,7 @@ def _refuse_undecidable(requests: list[ReexecutionRequest], by: AbstractBaseUser
 
 
 @_commit_then_raise
-def approve(*, workspace: Workspace, reexecution_id: str, by: AbstractBaseUser,
+def approve(*, workspace: Workspace, reexecution_id: str, by: User,
             note: str) -> list[ReexecutionRequest] | LedgerError:
     """Approve a pending request (for a batch: all of it, one decision). Returns what was approved."""
     requests = _decidable(workspace, reexecution_id, by)
@@ -407,7 +407,7 @@ def approve(*, workspace: Workspace, reexecution_id: str, by: AbstractBaseUser,
 
 
 @_commit_then_raise
-def deny(*, workspace: Workspace, reexecution_id: str, by: AbstractBaseUser,
+def deny(*, workspace: Workspace, reexecution_id: str, by: User,
          note: str) -> list[ReexecutionRequest] | LedgerError:
     """Deny a pending request (for a batch: all of it) with a note."""
     requests = _decidable(workspace, reexecution_id, by)
@@ -506,7 +506,7 @@ def claim_next(*, api_key: ApiKey, owner: str = "") -> ReexecutionRequest | None
     audit.record(actor=api_key, tenant=request.workspace.tenant, workspace=request.workspace,
                  action=Action.REEXECUTION_CLAIMED, target=request.public_id,
                  details={"runId": request.original_run_id, "newRunId": request.new_run_id,
-                          "attempt": request.attempts, "leaseExpiresAt": request.lease_expires_at.isoformat(),
+                          "attempt": request.attempts, "leaseExpiresAt": request.lease_expires_at.isoformat(),  # type: ignore[union-attr]  # a taken lease always has its expiry
                           **({"owner": owner} if owner else {}), **({"takenOverFrom": previous} if previous else {})})
     _announce(request)
     return request
