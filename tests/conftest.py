@@ -121,15 +121,20 @@ def browser(client: Client, member: User) -> Client:
     return client
 
 
-def log_in(base_url: str, user: User) -> httpx.Client:
-    """An HTTP client with `user`'s console session, through the real login form of a live server."""
+def log_in(base_url: str, user: User | str, *, send_csrf: bool = False) -> httpx.Client:
+    """An HTTP client with a named user's console session, through the real login form of a live
+    server. `send_csrf`: send the CSRF token with every request, as the console's pages do."""
     client = httpx.Client(base_url=base_url, timeout=30)
     page = client.get("/accounts/login/")
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
     assert token, page.text
-    done = client.post("/accounts/login/", data={"username": user.get_username(), "password": PASSWORD,
+    username = user if isinstance(user, str) else user.get_username()
+    done = client.post("/accounts/login/", data={"username": username, "password": PASSWORD,
                                                   "csrfmiddlewaretoken": token.group(1)})
     assert done.status_code == 302, done.text
+    if send_csrf:
+        # Login rotates the CSRF token: the new one is what unsafe requests must send.
+        client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
     return client
 
 
@@ -145,8 +150,8 @@ class FakeClock:
     def now(self) -> datetime:
         return self.moment
 
-    def advance(self, seconds: float) -> None:
-        self.moment += timedelta(seconds=seconds)
+    def advance(self, seconds: float = 0, **delta: float) -> None:
+        self.moment += timedelta(seconds=seconds, **delta)
 
 
 @pytest.fixture

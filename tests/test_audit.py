@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -16,24 +16,12 @@ from django.utils import timezone
 
 from ledger import audit, gateway
 from ledger.models import ApiKey, AuditEntry, Workspace
-from ledger.tenancy import bootstrap, create_key, create_user, remove_member, revoke_key
-from tests.conftest import started
+from ledger.tenancy import create_key, create_user, remove_member, revoke_key
+from tests.conftest import FakeClock, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.moment = timezone.now()
-
-    def now(self) -> datetime:
-        return self.moment
-
-
-@pytest.fixture(autouse=True)
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr("ledger.clock.now", fake.now)
-    return fake
+# Every test runs on the fake clock (conftest), which a live server's thread reads too.
+pytestmark = pytest.mark.usefixtures("clock")
 
 
 @pytest.fixture
@@ -112,23 +100,14 @@ def test_a_reconciled_tool_call_is_audited_with_its_note(workspace: Workspace, a
 # --- GET /api/v1/audit ---------------------------------------------------------------------------
 
 
-def _session(live_server: Any, username: str) -> httpx.Client:
-    client = httpx.Client(base_url=live_server.url, timeout=30)
-    client.get("/accounts/login/")
-    response = client.post("/accounts/login/", data={
-        "username": username, "password": f"pw-{username}-123", "csrfmiddlewaretoken": client.cookies["csrftoken"]})
-    assert response.status_code == 302, response.text
-    return client
-
-
 @pytest.fixture
-def clients(live_server: Any, workspace: Workspace) -> Iterator[dict[str, httpx.Client]]:
-    globex = bootstrap(tenant="globex", workspace="main")
-    for name, tenant, role in [("alice", "acme", "admin"), ("bob", "acme", "approver"), ("gina", "globex", "admin")]:
-        create_user(username=name, tenant=tenant, role=role, password=f"pw-{name}-123")
+def clients(live_server: Any, workspace: Workspace, admin: User, approver: User,
+            other_workspace: Workspace) -> Iterator[dict[str, httpx.Client]]:
+    globex = other_workspace
+    named_user("gina", "admin", tenant="globex")
     create_key(workspace=globex, scopes=["read"], name="globex-ci")
     _, secret = create_key(workspace=workspace, scopes=["read", "execute"], name="acme-ci")
-    opened = {name: _session(live_server, name) for name in ("alice", "bob", "gina")}
+    opened = {name: log_in(live_server.url, name) for name in ("alice", "bob", "gina")}
     opened["key"] = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
     yield opened
     for client in opened.values():

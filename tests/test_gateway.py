@@ -51,23 +51,16 @@ def foreign_api(live_server: Any, other_workspace: Workspace) -> Iterator[httpx.
         yield client
 
 
-def _session(live_server: Any, user: User) -> httpx.Client:
-    client = log_in(live_server.url, user)
-    # Login rotates the CSRF token; unsafe API calls from a session must send the new one.
-    client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
-    return client
-
-
 @pytest.fixture
 def operator_session(live_server: Any, operator: User) -> Iterator[httpx.Client]:
-    client = _session(live_server, operator)
+    client = log_in(live_server.url, operator, send_csrf=True)
     yield client
     client.close()
 
 
 @pytest.fixture
 def viewer_session(live_server: Any, viewer: User) -> Iterator[httpx.Client]:
-    client = _session(live_server, viewer)
+    client = log_in(live_server.url, viewer, send_csrf=True)
     yield client
     client.close()
 
@@ -468,7 +461,7 @@ def test_another_tenant_gets_404_on_every_route(
         _post(foreign_api, "call_live", "outbound", {"leaseToken": lease["leaseToken"]}),
         _post(foreign_api, "call_live", "complete", {"leaseToken": lease["leaseToken"], "result": 1}),
     ]
-    outsider_session = _session(live_server, outsider)
+    outsider_session = log_in(live_server.url, outsider, send_csrf=True)
     probes.append(_post(outsider_session, call_id, "reconcile", {"outcome": "failed", "note": "mine now"}))
     probes.append(outsider_session.get(BASE))
     outsider_session.close()

@@ -10,44 +10,27 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.utils import timezone
 
 from ledger.models import AuditEntry, ReexecutionRequest, Workspace
 from ledger.reexecution import services
 from ledger.reexecution.errors import ApprovalExpired, Forbidden, InvalidReexecution, PlanChanged, SelfApprovalForbidden
 from ledger.errors import NotFound
-from ledger.tenancy import bootstrap, create_key, create_user
-from tests.conftest import ev, started
+from ledger.tenancy import bootstrap, create_key
+from tests.conftest import ev, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+
+# Every test runs on the fake clock (conftest), which a live server's thread reads too.
+pytestmark = pytest.mark.usefixtures("clock")
 
 RUN = "run_original"
 Status = ReexecutionRequest.Status
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.moment = timezone.now()
-
-    def now(self) -> datetime:
-        return self.moment
-
-    def advance(self, **delta: float) -> None:
-        self.moment += timedelta(**delta)
-
-
-@pytest.fixture(autouse=True)
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    # A live server runs in a thread of this process, so it reads the patched function too.
-    monkeypatch.setattr("ledger.clock.now", fake.now)
-    return fake
 
 
 def _finished_run(append: Callable[..., Any], run_id: str = RUN) -> str:
@@ -66,12 +49,10 @@ def run(append: Callable[..., Any]) -> str:
 
 
 @pytest.fixture
-def people(workspace: Workspace) -> dict[str, User]:
-    bootstrap(tenant="globex", workspace="main")
-    return {name: create_user(username=name, tenant=tenant, role=role, password=f"pw-{name}-123").user
-            for name, tenant, role in [("alice", "acme", "admin"), ("bob", "acme", "approver"),
-                                       ("carol", "acme", "operator"), ("dave", "acme", "viewer"),
-                                       ("olga", "globex", "approver")]}
+def people(admin: User, approver: User, operator: User, viewer: User, other_workspace: Workspace) -> dict[str, User]:
+    """The named users by name, and olga as an approver of another tenant."""
+    olga = named_user("olga", "approver", tenant="globex")
+    return {user.get_username(): user for user in (admin, approver, operator, viewer, olga)}
 
 
 def _fork(workspace: Workspace, by: Any, **overrides: Any) -> ReexecutionRequest:
@@ -308,22 +289,12 @@ def test_the_evidence_lists_the_runs_requests_and_decisions(workspace, run, peop
 # --- over HTTP ------------------------------------------------------------------------------------
 
 
-def _session(live_server: Any, username: str) -> httpx.Client:
-    client = httpx.Client(base_url=live_server.url, timeout=30)
-    client.get("/accounts/login/")
-    response = client.post("/accounts/login/", data={
-        "username": username, "password": f"pw-{username}-123", "csrfmiddlewaretoken": client.cookies["csrftoken"]})
-    assert response.status_code == 302, response.text
-    client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
-    return client
-
-
 @pytest.fixture
 def sessions(live_server: Any, people: dict[str, User]) -> Iterator[Callable[[str], httpx.Client]]:
     opened: list[httpx.Client] = []
 
     def open_(username: str) -> httpx.Client:
-        opened.append(_session(live_server, username))
+        opened.append(log_in(live_server.url, username, send_csrf=True))
         return opened[-1]
 
     yield open_

@@ -10,44 +10,29 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from ledger.models import AuditEntry, ReexecutionRequest, Workspace
 from ledger.reexecution import services, worker
 from ledger.runtime.executor import start_run
-from ledger.tenancy import create_user
 from tests.servers import REPO_ROOT, database_url, free_port
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+
+# Every test runs on the fake clock (conftest), which a live server's thread reads too.
+pytestmark = pytest.mark.usefixtures("clock")
 
 Status = ReexecutionRequest.Status
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.moment = timezone.now()
-
-    def now(self) -> datetime:
-        return self.moment
-
-
-@pytest.fixture(autouse=True)
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr("ledger.clock.now", fake.now)
-    return fake
-
-
 @pytest.fixture
-def people(workspace: Workspace) -> dict[str, User]:
-    return {name: create_user(username=name, tenant="acme", role=role, password=None).user
-            for name, role in [("bob", "approver"), ("carol", "operator")]}
+def people(approver: User, operator: User) -> dict[str, User]:
+    return {user.get_username(): user for user in (approver, operator)}
 
 
 @pytest.fixture
