@@ -23,17 +23,17 @@ scratch database, as above. The bench workspace and its runs are deleted at the 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if not __package__:  # run as a script: import the bench package from the repository root (bench/common.py)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ingest import cleanup, profile, require_postgres  # noqa: E402
-from runtime import setup_django  # noqa: E402
+from bench.common import cleanup, median_seconds, profile, require_postgres, setup_django  # noqa: E402
 
 TURNS = 8  # per AI step: 7 turns asking for a tool call, then the answer
 EVENTS_PER_STEP = 5 + 4 * (TURNS - 1) + 2  # scheduled, attempt, session start/end, completed + calls
@@ -76,23 +76,15 @@ def build_workflow(steps: int) -> Any:
     ))
 
 
-def median_seconds(fn: Any, repeat: int) -> float:
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench/reexec.py")
     parser.add_argument("--events", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
-    require_postgres()
-    setup_django()
+    require_postgres("bench/reexec.py")
+    # DEBUG makes Django keep every query it ran; production runs without it, so the bench does.
+    setup_django(production=True)
 
     from ledger.divergence import divergence_report
     from ledger.fold import fold
