@@ -380,3 +380,42 @@ def test_over_http_a_key_requests_claims_and_renews_but_never_approves(live_serv
         client.close()
     out = io.StringIO()
     call_command("ledger", "verify", stdout=out)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_over_http_an_evaluate_batch_is_requested_and_approved_at_once(live_server, workspace, append, sessions) -> None:
+    for run_id in ("run_case_1", "run_case_2"):
+        _finished_run(append, run_id)
+    carol, bob, olga = (sessions(n) for n in ("carol", "bob", "olga"))
+    body = {"runIds": ["run_case_1", "run_case_2"], "mode": "evaluate", "reason": "new model on the cases",
+            "modelOverrides": {"main": {"provider": "scripted", "model": "m2"}}}
+    assert olga.post("/api/v1/reexecutions/batches", json=body).status_code == 404
+    assert _code(carol.post("/api/v1/reexecutions/batches", json={**body, "mode": "rerun"})) == "invalid_request"
+    made = carol.post("/api/v1/reexecutions/batches", json=body)
+    assert made.status_code == 201, made.text
+    batch = made.json()
+    assert batch["status"] == "pending_approval" and len(batch["reexecutions"]) == 2
+    assert olga.get(f"/api/v1/reexecutions/batches/{batch['batchId']}").status_code == 404
+    second = batch["reexecutions"][1]["id"]
+    decided = bob.post(f"/api/v1/reexecutions/{second}/approve", json={"note": "go"})
+    assert decided.status_code == 200, decided.text
+    assert [r["status"] for r in decided.json()["reexecutions"]] == ["approved", "approved"]
+    shown = carol.get(f"/api/v1/reexecutions/batches/{batch['batchId']}").json()
+    assert shown["status"] == "approved" and {r["batchId"] for r in shown["reexecutions"]} == {batch["batchId"]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_over_http_a_request_shows_its_plan_digest_and_decision(live_server, workspace, append, sessions) -> None:
+    _finished_run(append)
+    carol, bob, olga = (sessions(n) for n in ("carol", "bob", "olga"))
+    made = carol.post(f"/api/v1/runs/{RUN}/reexecutions", json={"mode": "fork", "fromStep": "answer",
+                                                                 "reason": "new prompt"}).json()
+    bob.post(f"/api/v1/reexecutions/{made['id']}/approve", json={"note": "fine"})
+    shown = carol.get(f"/api/v1/reexecutions/{made['id']}")
+    assert shown.status_code == 200, shown.text
+    body = shown.json()
+    assert body["status"] == "approved" and body["approver"] == "bob" and body["note"] == "fine"
+    assert body["digest"] == made["digest"] and body["digest"].startswith("sha256:")
+    assert body["newRunId"] == f"run_{made['id']}" and "input" not in body
+    assert body["plan"]["mode"] == "fork" and "liveWriteTools" in body["plan"]
+    assert olga.get(f"/api/v1/reexecutions/{made['id']}").status_code == 404

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -142,3 +143,103 @@ def test_bin_serve_runs_daphne_and_the_worker_and_ctrl_c_stops_both(workspace, t
             serve.kill()
             serve.wait()
 
+
+
+# --- execution (the runtime's ledger.runtime.reexecute) -------------------------------------------
+
+DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
+
+
+@pytest.fixture
+def drill(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A finished run of the test drill workflow (model and tool calls), recorded in-process."""
+    from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
+
+    monkeypatch.delenv(INVOCATIONS_ENV, raising=False)
+    monkeypatch.setenv("RUNLEDGER_WORKFLOW_MODULES", "tests.runtime_workflows")
+    reset_registrations()
+    outcome = start_run(workspace=workspace, workflow="drill", input=DRILL_INPUT, run_id="run_drill")
+    assert outcome.status == "completed"
+    yield outcome.run_id
+    reset_registrations()
+
+
+def _worker(env: dict[str, str], log: Path) -> subprocess.CompletedProcess[bytes]:
+    environment = {**os.environ, "DATABASE_URL": database_url(), "RUNLEDGER_WORKFLOW_MODULES": "tests.runtime_workflows",
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])), **env}
+    with log.open("ab") as out:
+        return subprocess.run([sys.executable, "manage.py", "ledger", "worker", "--batch", "--interval", "0.1"],
+                              cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_execution_leaves_the_request_recoverable_and_it_is_never_run_twice(
+        workspace, drill, people, tmp_path, monkeypatch) -> None:
+    from ledger.models import Run
+    from ledger.runtime.recorder import KILL_AFTER_ENV, KILL_RUN_ENV
+    from tests.runtime_support import invocation_counts
+    from tests.runtime_workflows import INVOCATIONS_ENV
+
+    from django.utils import timezone
+
+    monkeypatch.setattr("ledger.clock.now", timezone.now)  # the subprocesses read the real clock
+    made = services.request_reexecution(workspace=workspace, run_id=drill, mode="rerun", reason="nightly check",
+                                        by=people["carol"])
+    assert not Run.objects.filter(run_id__startswith="run_rx").exists()  # nothing runs before approval
+    [approved] = services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
+    new_run_id, invocations, log = approved.new_run_id, tmp_path / "invocations.jsonl", tmp_path / "worker.log"
+
+    killed = _worker({KILL_AFTER_ENV: "14", KILL_RUN_ENV: new_run_id, INVOCATIONS_ENV: str(invocations)}, log)
+    assert killed.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    approved.refresh_from_db()
+    assert approved.status == Status.RUNNING and worker.owner_is_dead(approved.lease_owner)
+    assert 14 <= Run.objects.get(run_id=new_run_id).last_sequence < Run.objects.get(run_id=drill).last_sequence
+
+    assert worker.recover_stalled() == [made.public_id]
+    finished = _worker({INVOCATIONS_ENV: str(invocations)}, log)
+    assert finished.returncode == 0, log.read_text()[-3000:]
+
+    approved.refresh_from_db()
+    assert approved.status == Status.SUCCEEDED and approved.attempts == 2
+    assert set(Run.objects.values_list("run_id", flat=True)) == {drill, new_run_id}  # one new run, not two
+    new, original = Run.objects.get(run_id=new_run_id), Run.objects.get(run_id=drill)
+    assert new.status == "completed" and new.output == original.output
+    counts = invocation_counts(invocations)
+    assert counts and set(counts.values()) == {1}, counts  # no call was made twice
+    assert [a for a in AuditEntry.objects.filter(target=made.public_id).order_by("pk").values_list("action", flat=True)] \
+        == ["reexecution.requested", "reexecution.approved", "reexecution.started", "reexecution.started",
+            "reexecution.finished"]
+
+
+@pytest.mark.django_db
+def test_a_simulation_needs_no_approval_and_is_executed_at_once(
+        workspace, drill, people, settings, django_capture_on_commit_callbacks) -> None:
+    from ledger.models import Run
+
+    # The immediate backend runs the task when the request's transaction commits.
+    settings.TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
+                                  "QUEUES": ["default", "reexecutions"]}}
+    with django_capture_on_commit_callbacks(execute=True):
+        made = services.request_reexecution(workspace=workspace, run_id=drill, mode="simulate", reason="reproduce",
+                                            by=people["carol"])
+    made.refresh_from_db()
+    assert made.status == Status.SUCCEEDED and made.approver_name == ""
+    new, original = Run.objects.get(run_id=made.new_run_id), Run.objects.get(run_id=drill)
+    assert new.status == "completed" and new.output == original.output and new.replay_of == drill
+    assert list(AuditEntry.objects.filter(target=made.public_id).order_by("pk").values_list("action", flat=True)) \
+        == ["reexecution.requested", "reexecution.started", "reexecution.finished"]
+
+
+@pytest.mark.django_db
+def test_a_request_the_runtime_refuses_fails_with_its_reason(workspace, drill, people, settings,
+                                                               django_capture_on_commit_callbacks) -> None:
+    settings.TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
+                                  "QUEUES": ["default", "reexecutions"]}}
+    made = services.request_reexecution(workspace=workspace, run_id=drill, mode="evaluate", reason="other model",
+                                        by=people["carol"],
+                                        model_overrides={"no-such-slot": {"provider": "scripted", "model": "x"}})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="try")
+    made.refresh_from_db()
+    assert made.status == Status.FAILED and made.error["message"]
+    assert AuditEntry.objects.get(target=made.public_id, action="reexecution.finished").details["status"] == "failed"

@@ -96,7 +96,7 @@ class ReexecutionSerializer(serializers.Serializer):
 
 
 class ReexecutionDetailSerializer(ReexecutionSerializer):
-    plan = serializers.JSONField(help_text="the replay plan for this mode: reused and live steps, liveWriteTools "
+    plan = serializers.JSONField(allow_null=True, help_text="null once the original run was pruned; else the replay plan for this mode: reused and live steps, liveWriteTools "
                                  "(every live write tool call the plan may make)")
 
 
@@ -201,8 +201,10 @@ def _principal(caller: Caller) -> Any:
 def _detail(found: ReexecutionRequest) -> dict[str, Any]:
     from ledger.runtime.reexecute import mode_plan
 
-    plan = mode_plan(workspace=found.workspace, run_id=found.original_run_id, mode=found.mode,
-                     from_step=found.from_step, model_overrides=found.model_overrides or None)
+    plan = None
+    if ledger_selectors.runs(found.workspace).filter(run_id=found.original_run_id).exists():  # not pruned since
+        plan = mode_plan(workspace=found.workspace, run_id=found.original_run_id, mode=found.mode,
+                         from_step=found.from_step, model_overrides=found.model_overrides or None)
     return {**selectors.as_dict(found), "plan": plan}
 
 
