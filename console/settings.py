@@ -189,8 +189,8 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # The SSE stream is a plain Django view; its hook describes it.
     "ENUM_NAME_OVERRIDES": {
-        "ReexecutionModeEnum": "ledger.models.ReexecutionRequest.Mode",
-        "ReexecutionStatusEnum": "ledger.models.ReexecutionRequest.Status",
+        "ReexecutionModeEnum": "console.api.reexecutions.MODES",
+        "ReexecutionStatusEnum": "console.api.reexecutions.STATUSES",
     },
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "console.api.stream.openapi_hook"],
 }

@@ -419,3 +419,18 @@ def test_over_http_a_request_shows_its_plan_digest_and_decision(live_server, wor
     assert body["newRunId"] == f"run_{made['id']}" and "input" not in body
     assert body["plan"]["mode"] == "fork" and "liveWriteTools" in body["plan"]
     assert olga.get(f"/api/v1/reexecutions/{made['id']}").status_code == 404
+
+
+@pytest.mark.django_db
+def test_an_operator_requests_from_the_terminal_and_a_viewer_cannot(workspace, run, people) -> None:
+    out = io.StringIO()
+    call_command("ledger", "reexecute", RUN, "--mode", "fork", "--from-step", "answer", "--input", "null",
+                 "--reason", "from the shell", "--as", "carol", stdout=out)
+    public_id, status = out.getvalue().split()
+    made = ReexecutionRequest.objects.get(public_id=public_id)
+    assert status == "pending_approval" and made.requested_by == "carol" and made.has_input and made.input is None
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError):
+        call_command("ledger", "reexecute", RUN, "--mode", "rerun", "--reason", "r", "--as", "dave")
+    assert _actions(public_id) == ["reexecution.requested"]

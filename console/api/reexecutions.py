@@ -29,6 +29,9 @@ from .schema import error_responses
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
+# Named enums of the schema (SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]).
+MODES = list(Mode.values)
+STATUSES = list(Status.values)
 TAGS = ["re-execution"]
 
 

@@ -95,6 +95,16 @@ class Command(BaseCommand):
         p.add_argument("--take-over", action="store_true", help="take the run lease from a live executor")
         p.add_argument("--module", action="append", default=[], help="import this module to register workflows")
 
+        p = sub.add_parser("reexecute", help="request a re-execution as a member (simulate starts at once; "
+                                             "other modes wait for an approver); prints the request id")
+        p.add_argument("run")
+        p.add_argument("--mode", required=True, choices=["simulate", "evaluate", "resume", "fork", "rerun"])
+        p.add_argument("--reason", required=True)
+        p.add_argument("--as", dest="as_user", required=True, help="the requesting member's username (operator+)")
+        p.add_argument("--workspace", help="TENANT/WORKSPACE (needed when the run id is ambiguous)")
+        p.add_argument("--from-step", help="fork: the first step that runs live")
+        p.add_argument("--input", help="fork: the new run's input, JSON")
+
         p = sub.add_parser("worker", help="execute approved re-executions from the queue (django-tasks), sweep "
                                           "expired approvals and stalled requests; Ctrl-C stops it")
         p.add_argument("--batch", action="store_true", help="exit once the queue is empty")
@@ -105,6 +115,21 @@ class Command(BaseCommand):
             getattr(self, "_" + action.replace("-", "_"))(**options)
         except LedgerError as exc:
             raise CommandError(exc.message) from exc
+
+    def _reexecute(self, *, run: str, mode: str, reason: str, as_user: str, workspace: str | None,
+                   from_step: str | None, input: str | None, **_: Any) -> None:
+        from django.contrib.auth import get_user_model
+
+        from ledger.reexecution import services
+
+        the_run = _run_for(run, workspace)
+        user = get_user_model().objects.filter(username=as_user).first()
+        if user is None:
+            raise CommandError(f"no user {as_user}")
+        made = services.request_reexecution(
+            workspace=the_run.workspace, run_id=the_run.run_id, mode=mode, reason=reason, by=user,
+            from_step=from_step, input=_json_arg(input) if input is not None else services.NOT_GIVEN)
+        self.stdout.write(f"{made.public_id} {made.status}")
 
     def _worker(self, *, batch: bool, interval: float, **_: Any) -> None:
         from ledger.reexecution.worker import run_worker
