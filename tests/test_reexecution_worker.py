@@ -119,8 +119,9 @@ def test_bin_serve_runs_daphne_and_the_worker_and_ctrl_c_stops_both(workspace, t
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
+        # Its own process group, as in a terminal, where Ctrl-C signals the whole foreground group.
         serve = subprocess.Popen([sys.executable, "bin/serve", "127.0.0.1", str(port)], cwd=REPO_ROOT, env=env,
-                                 stdout=out, stderr=subprocess.STDOUT)
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         up = False
@@ -134,7 +135,7 @@ def test_bin_serve_runs_daphne_and_the_worker_and_ctrl_c_stops_both(workspace, t
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in children]
         assert len(children) == 2 and any("daphne" in c for c in commands) \
             and any("ledger worker" in c for c in commands), commands
-        serve.send_signal(signal.SIGINT)
+        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C
         assert serve.wait(timeout=30) == 0, log.read_text()[-3000:]
         for pid in children:
             assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
