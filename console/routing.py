@@ -6,8 +6,9 @@ from channels.auth import AuthMiddlewareStack
 from channels.security.websocket import AllowedHostsOriginValidator
 from channels.routing import URLRouter
 
-from .live import run, runs
+from .live import reexecutions, run, runs
 
 # The stubs want their own URL pattern type here, which Django's path() (what Channels documents) never returns.
 websocket_application = AllowedHostsOriginValidator(
-    AuthMiddlewareStack(URLRouter([*run.websocket_urlpatterns, *runs.websocket_urlpatterns])))  # type: ignore[list-item]
+    AuthMiddlewareStack(URLRouter([*run.websocket_urlpatterns, *runs.websocket_urlpatterns,  # type: ignore[list-item]
+                                   *reexecutions.websocket_urlpatterns])))

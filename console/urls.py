@@ -9,7 +9,11 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("console.pages.runs")),
+    # Before the run page: its `<tab>/` route would take `reexecute/` for a tab name.
+    path("", include("console.pages.reexecution")),
     path("", include("console.pages.run")),
+    path("", include("console.pages.approvals")),
+    path("", include("console.pages.audit")),
     path("", include("console.pages.usage")),
 ]
 # Daphne does not serve static files itself; the console serves its own few (no CDN, no build).

@@ -7,6 +7,9 @@
   resumed (its log shows the fast-forward), a tool call left in doubt for an operator to
   reconcile, a model the price table does not know (cost n/a), an output large enough to be an
   artifact, the orchestrator and decision loop of ledger/demo_workflows.py;
+- re-executions of run_demo_triage in every state (ledger/demo_reexecution.py): a fork waiting
+  for approval, an approved fork whose output changed, a simulation that reproduced its original,
+  a denied rerun;
 - `history_runs` runs spread over the last 30 days (backdated with ledger.clock.backdated) for
   the usage report, a few of them failed, some rated.
 """
@@ -19,7 +22,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from . import clock, demo_workflows
+from . import clock, demo_reexecution, demo_workflows
 from .append import append_events
 from .canonical import digest
 from .feedback import record_feedback
@@ -102,6 +105,7 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
         if missing(ws, run_id):
             append_events(workspace=ws, run_id=run_id, events=events)
     _showcase(workspaces, missing)
+    demo_reexecution.lay_out(workspaces["acme/support"])
     _history(workspaces, missing, history_runs)
     created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
     return f"{created} run(s) created, {before} already present"

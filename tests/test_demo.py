@@ -102,3 +102,37 @@ def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo:
     evidence = client.get("/api/v1/runs/run_demo_in_doubt/evidence").json()
     assert [c["toolName"] for c in evidence["toolCalls"] if c["status"] == "in_doubt"] == ["issue_refund"]
     assert client.get("/api/v1/runs/run_demo_export").status_code == 404
+
+
+def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspace]) -> None:
+    from ledger import demo_reexecution
+    from ledger.divergence import divergence_report
+    from ledger.models import AuditEntry, ReexecutionRequest
+
+    support = demo["acme/support"]
+    by_reason = {r.reason: r for r in ReexecutionRequest.objects.filter(workspace=support)}
+    waiting = by_reason[demo_reexecution.WAITING]
+    assert (waiting.mode, waiting.status, waiting.requested_by) == ("fork", "pending_approval", "carol")
+
+    changed = by_reason[demo_reexecution.CHANGED]
+    assert (changed.mode, changed.status, changed.approver_name) == ("fork", "succeeded", "bob")
+    report = divergence_report(workspace=support, original_run_id="run_demo_triage", new_run_id=changed.new_run_id)
+    assert report["firstDivergence"] == "normalize" and report["counts"]["changed"] >= 1
+    assert report["new"]["output"] != report["original"]["output"]
+
+    simulated = by_reason[demo_reexecution.SIMULATED]
+    assert (simulated.mode, simulated.status) == ("simulate", "succeeded")
+    report = divergence_report(workspace=support, original_run_id="run_demo_triage", new_run_id=simulated.new_run_id)
+    assert report["firstDivergence"] is None and report["divergences"] == []
+    assert report["new"]["output"] == report["original"]["output"]
+
+    denied = by_reason[demo_reexecution.DENIED]
+    assert (denied.mode, denied.status, denied.approver_name) == ("rerun", "denied", "bob")
+    for run_id in (changed.new_run_id, simulated.new_run_id):
+        run = Run.objects.get(workspace=support, run_id=run_id)
+        assert all(c.status == "pass" for c in verify_run(run)), run_id
+    assert AuditEntry.objects.filter(action="reexecution.approved", target=changed.public_id).count() == 1
+    assert AuditEntry.objects.filter(action="reexecution.denied", target=denied.public_id).count() == 1
+
+    load_demo(history_runs=HISTORY)
+    assert ReexecutionRequest.objects.filter(workspace=support).count() == len(by_reason)

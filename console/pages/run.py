@@ -38,6 +38,7 @@ from ledger.verify import artifact_refs
 from ledger.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
 
 from ..access import has_role, workspace_or_404
+from .reexecution import can_request, reexecution_rows, run_origin
 
 TABS = ("timeline", "steps", "subruns", "evidence", "costs")
 TAB_LABELS = {"timeline": "Timeline", "steps": "Steps & replay plan", "subruns": "Sub-runs",
@@ -205,6 +206,7 @@ def _header_context(run: Run) -> dict[str, Any]:
         "coverage": coverage(run.priced_calls, run.unpriced_calls),
         "parent_url": parent_url,
         "ws_param": f"{ws.tenant.slug}/{ws.slug}",
+        "origin": run_origin(run),
     }
 
 
@@ -415,6 +417,7 @@ def _evidence(request: HttpRequest, run: Run, forms: dict[str, ReconcileForm] | 
     return Tab("console/run/evidence.html", {
         "bundle": bundle, "tool_calls": calls, "artifacts": artifacts, "costs": costs,
         "in_doubt_count": sum(1 for c in calls if c["in_doubt"]), "can_reconcile": can_reconcile,
+        "reexecutions": reexecution_rows(run, bundle["approvals"]),
     })
 
 
@@ -455,6 +458,7 @@ def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
     if _wants_partial(request):
         return render(request, "console/run/tab_partial.html", context, status=tab.status)
     context.update(_header_context(run))
+    context["can_reexecute"] = can_request(request.user, run.workspace)
     context.update(_feedback_context(run, feedback))
     context["workspaces"] = selectors.workspaces_for(request.user)
     return render(request, "console/run.html", context, status=tab.status)

@@ -1,0 +1,94 @@
+"""The Approvals page's live feed: `ws/workspaces/<tenant>/<workspace>/reexecutions/`.
+
+ledger.reexecution.services announces every change of a request (asked, approved, denied,
+expired, started, finished) to the workspace's re-execution group after commit. The message says
+only which request and its status; the page reloads its list from the database (the page's own
+fragment), so what a push shows is what a reload shows.
+
+Announcements are lossy and stay inside one process on the in-memory channel layer (a worker
+process finishing a request announces into its own), so the consumer also compares the
+workspace's per-status counts every LEDGER_STREAM_POLL_SECONDS and tells the page when they moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.urls import path
+
+from ledger import selectors
+from ledger.errors import NotFound
+from ledger.models import Workspace
+from ledger.reexecution import selectors as reexecutions
+from ledger.reexecution.services import reexecution_group_for
+
+
+def _workspace(user: Any, tenant: str, workspace: str) -> Workspace | None:
+    try:
+        return selectors.workspace_for(user, tenant, workspace)
+    except NotFound:
+        return None
+
+
+def _counts(workspace: Workspace) -> dict[str, int]:
+    return reexecutions.counts(workspace)
+
+
+class ReexecutionsConsumer(AsyncJsonWebsocketConsumer):
+    workspace: Workspace | None = None
+    group: str | None = None
+    poller: asyncio.Task[None] | None = None
+    counts: dict[str, int] | None = None
+
+    async def connect(self) -> None:
+        kwargs = self.scope["url_route"]["kwargs"]
+        # Anonymous users and other tenants' members are refused alike (DESIGN.md §2: 404, not 403).
+        self.workspace = await database_sync_to_async(_workspace)(
+            self.scope["user"], kwargs["tenant"], kwargs["workspace"])
+        if self.workspace is None:
+            await self.close()
+            return
+        self.group = reexecution_group_for(self.workspace.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.counts = await database_sync_to_async(_counts)(self.workspace)
+        await self.accept()
+        self.poller = asyncio.create_task(self._poll())
+
+    async def disconnect(self, code: int) -> None:
+        if self.poller is not None:
+            self.poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.poller
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def _poll(self) -> None:
+        interval = float(getattr(settings, "LEDGER_STREAM_POLL_SECONDS", 1.0))
+        while True:
+            await asyncio.sleep(interval)
+            assert self.workspace is not None
+            counts = await database_sync_to_async(_counts)(self.workspace)
+            if counts != self.counts:
+                self.counts = counts
+                await self.send_json({"type": "reexecution", "id": None, "status": None,
+                                      "pending": counts["pending_approval"]})
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """The feed is one-way; anything a browser sends is ignored."""
+
+    async def ledger_reexecution_changed(self, message: dict[str, Any]) -> None:
+        assert self.workspace is not None
+        self.counts = await database_sync_to_async(_counts)(self.workspace)
+        await self.send_json({"type": "reexecution", "id": message["reexecutionId"], "status": message["status"],
+                              "runId": message["runId"], "newRunId": message.get("newRunId"),
+                              "pending": self.counts["pending_approval"]})
+
+
+websocket_urlpatterns = [
+    path("ws/workspaces/<slug:tenant>/<slug:workspace>/reexecutions/", ReexecutionsConsumer.as_asgi()),  # type: ignore[arg-type]  # Channels routes ASGI apps with Django's path(); the stubs allow only views
+]

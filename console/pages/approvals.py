@@ -1,0 +1,272 @@
+"""The Approvals page of a workspace, and evaluate batches (DESIGN.md §5: four eyes).
+
+Pending requests show what an approver binds themself to: the mode's plan (what is reused, what
+runs live, which write tools could fire), the digest, the requester and the reason. Approving and
+denying go through ledger.reexecution.services, which refuses a requester approving their own
+request (`self_approval_forbidden`); the page does not offer them the button either. A batch (one
+evaluate request per run selected on the runs list) is decided once, on any of its requests.
+
+The list is also an htmx fragment (`?fragment=list`): the page's script reloads it when the
+workspace's re-execution socket (console/live/reexecutions.py) says a request changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST, require_safe
+
+from ledger import selectors
+from ledger.errors import LedgerError, NotFound
+from ledger.models import ReexecutionRequest, Workspace
+from ledger.reexecution import selectors as reexecutions
+from ledger.reexecution import services
+from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
+from ledger.runtime.reexecute import mode_plan
+
+from ..access import has_role, workspace_or_404
+from .reexecution import divergence_url, member, report_for
+
+Status = ReexecutionRequest.Status
+DECIDED_SHOWN = 50
+MAX_NOTE = 2000
+MAX_BATCH = services.MAX_BATCH_RUNS
+
+
+def _plan_of(rx: ReexecutionRequest) -> tuple[dict[str, Any] | None, str]:
+    try:
+        return mode_plan(workspace=rx.workspace, run_id=rx.original_run_id, mode=rx.mode,
+                         from_step=rx.from_step, model_overrides=rx.model_overrides or None), ""
+    except LedgerError as exc:  # the run is gone, or its workflow is not registered here
+        return None, exc.message
+
+
+def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: bool) -> dict[str, Any]:
+    ws = rx.workspace
+    plan, problem = _plan_of(rx) if with_plan else (None, "")
+    own = rx.requested_by_user_id is not None and rx.requested_by_user_id == user.pk
+    return {
+        "rx": rx, "plan": plan, "plan_problem": problem, "own": own,
+        "input_json": json.dumps(rx.input, ensure_ascii=False) if rx.has_input else "",
+        "can_approve": can_decide and not own, "can_deny": can_decide,
+        "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.original_run_id]),
+        "new_run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id]) if rx.new_run_id
+        and rx.status in (Status.RUNNING, Status.SUCCEEDED, Status.FAILED) else None,
+        "divergence_url": divergence_url(rx),
+        "approve_url": reverse("approval-approve", args=[ws.tenant.slug, ws.slug, rx.public_id]),
+        "deny_url": reverse("approval-deny", args=[ws.tenant.slug, ws.slug, rx.public_id]),
+        "batch_url": reverse("batch", args=[ws.tenant.slug, ws.slug, rx.batch_id]) if rx.batch_id else None,
+    }
+
+
+def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, Any]]:
+    """One card per pending request, except a batch: one card for all of it (one decision)."""
+    groups: OrderedDict[str, list[ReexecutionRequest]] = OrderedDict()
+    for rx in reexecutions.pending_approval(ws).select_related("workspace__tenant"):
+        rx.workspace = ws
+        groups.setdefault(rx.batch_id or rx.public_id, []).append(rx)
+    cards = []
+    for members in groups.values():
+        card = _card(members[0], user, can_decide=can_decide, with_plan=len(members) == 1)
+        card["batch"] = [{"rx": m, "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, m.original_run_id])}
+                         for m in members] if members[0].batch_id else []
+        card["live_write_tools"] = card["plan"]["liveWriteTools"] if card["plan"] else []
+        cards.append(card)
+    return cards
+
+
+def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | None = None) -> dict[str, Any]:
+    can_decide = has_role(request.user, ws, "approver")
+    decided = [r for r in reexecutions.requests(ws).exclude(status=Status.PENDING_APPROVAL)
+               .select_related("workspace__tenant").order_by("-updated_at", "-pk")[:DECIDED_SHOWN]]
+    for rx in decided:
+        rx.workspace = ws
+    return {
+        "workspace": ws, "can_decide": can_decide,
+        "pending": _pending_cards(ws, request.user, can_decide),
+        "decided": [_card(rx, request.user, can_decide=False, with_plan=False) for rx in decided],
+        # A refused decision: which request, why, and the note as typed (kept in its card's form).
+        "refused": refused or {},
+        "list_url": reverse("approvals", args=[ws.tenant.slug, ws.slug]) + "?fragment=list",
+        "socket": f"/ws/workspaces/{ws.tenant.slug}/{ws.slug}/reexecutions/",
+    }
+
+
+def _page(request: HttpRequest, ws: Workspace, *, status: int = 200, **extra: Any) -> HttpResponse:
+    context = _context(request, ws, **extra)
+    if getattr(request, "htmx", False) or request.GET.get("fragment") == "list":
+        return render(request, "console/approvals/list.html", context, status=status)
+    context["workspaces"] = selectors.workspaces_for(request.user)
+    return render(request, "console/approvals.html", context, status=status)
+
+
+@login_required
+@require_safe
+def approvals(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """Every member sees what is asked and decided; approvers and admins decide."""
+    return _page(request, workspace_or_404(request.user, tenant, workspace))
+
+
+def _refused(reexecution_id: str, message: str, note: str) -> dict[str, str]:
+    return {"id": reexecution_id, "message": message, "note": note}
+
+
+def _decide(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str, *, approve: bool) -> HttpResponse:
+    ws = workspace_or_404(request.user, tenant, workspace)
+    try:
+        reexecutions.get([ws], reexecution_id)
+    except NotFound:
+        raise Http404("not found") from None
+    if not has_role(request.user, ws, "approver"):
+        raise PermissionDenied("deciding a re-execution needs the approver role")
+    note = request.POST.get("note", "").strip()
+    if not note:
+        return _page(request, ws, status=400, refused=_refused(reexecution_id, "Say why: the note is required.", note))
+    if len(note) > MAX_NOTE:
+        return _page(request, ws, status=400,
+                     refused=_refused(reexecution_id, f"The note is at most {MAX_NOTE} characters.", note))
+    decide = services.approve if approve else services.deny
+    try:
+        decide(workspace=ws, reexecution_id=reexecution_id, by=member(request), note=note)
+    except NotFound:
+        raise Http404("not found") from None
+    except (SelfApprovalForbidden, Forbidden, LedgerError) as exc:
+        if exc.status >= 500:
+            raise
+        # Refused (own request, expired, plan changed, already decided): the page again, saying why.
+        return _page(request, ws, status=exc.status, refused=_refused(reexecution_id, exc.message, note))
+    if getattr(request, "htmx", False):
+        return _page(request, ws)
+    return redirect("approvals", tenant=tenant, workspace=workspace)
+
+
+@login_required
+@require_POST
+def approve(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str) -> HttpResponse:
+    return _decide(request, tenant, workspace, reexecution_id, approve=True)
+
+
+@login_required
+@require_POST
+def deny(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str) -> HttpResponse:
+    return _decide(request, tenant, workspace, reexecution_id, approve=False)
+
+
+# --- evaluate batches --------------------------------------------------------------------------
+
+
+def parse_mapping(text: str) -> tuple[dict[str, dict[str, str]], str]:
+    """`slot=provider/model`, one a line (blank lines ignored) -> modelOverrides, or an error."""
+    out: dict[str, dict[str, str]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        slot, eq, target = line.partition("=")
+        provider, slash, model = target.strip().partition("/")
+        if not eq or not slot.strip() or not slash or not provider or not model:
+            return {}, f"Line {number}: write slot=provider/model, e.g. default=scripted/gpt-4o."
+        out[slot.strip()] = {"provider": provider.strip(), "model": model.strip()}
+    return out, ""
+
+
+@login_required
+@require_POST
+def batch_create(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """The runs list's selection -> one evaluate request per run, one batch, one approval."""
+    ws = workspace_or_404(request.user, tenant, workspace)
+    if not has_role(request.user, ws, "operator"):
+        raise PermissionDenied("requesting an evaluation needs the operator role")
+    run_ids = [r for r in request.POST.getlist("run") if r]
+    reason = request.POST.get("reason", "").strip()
+    mapping, problem = parse_mapping(request.POST.get("models", ""))
+    if not run_ids:
+        problem = "Select the runs to evaluate (the boxes in the runs list)."
+    elif len(run_ids) > MAX_BATCH:
+        problem = f"A batch holds at most {MAX_BATCH} runs."
+    elif not reason:
+        problem = "Say why these runs should be evaluated (the reason is required)."
+    elif not mapping:
+        problem = problem or "Give the model mapping to evaluate, e.g. default=scripted/gpt-4o."
+    if not problem:
+        try:
+            batch_id, _ = services.request_batch(workspace=ws, run_ids=list(dict.fromkeys(run_ids)), reason=reason,
+                                                 by=member(request), model_overrides=mapping)
+        except NotFound as exc:
+            problem = exc.message
+        except Forbidden as exc:
+            raise PermissionDenied(exc.message) from None
+        except LedgerError as exc:
+            if exc.status >= 500:
+                raise
+            problem = exc.message
+        else:
+            return redirect("batch", tenant=tenant, workspace=workspace, batch_id=batch_id)
+    return render(request, "console/approvals/batch_refused.html", {
+        "workspace": ws, "message": problem, "workspaces": selectors.workspaces_for(request.user),
+    }, status=400)
+
+
+def _outcome_kept(report: dict[str, Any]) -> bool:
+    before, after = report["original"], report["new"]
+    return before["status"] == after["status"] and before.get("output") == after.get("output")
+
+
+def _sum(values: list[Any]) -> Decimal | None:
+    known = [Decimal(str(v)) for v in values if v is not None]
+    return sum(known, Decimal(0)) if known else None
+
+
+@login_required
+@require_safe
+def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> HttpResponse:
+    """The batch's runs side by side: which kept their outcome, which changed, cost before/after."""
+    ws = workspace_or_404(request.user, tenant, workspace)
+    try:
+        members = reexecutions.of_batch(ws, batch_id)
+    except NotFound:
+        raise Http404("not found") from None
+    rows = []
+    for rx in members:
+        rx.workspace = ws
+        report = report_for(rx) if rx.status in (Status.SUCCEEDED, Status.FAILED) else None
+        rows.append({
+            **_card(rx, request.user, can_decide=False, with_plan=False), "report": report,
+            "kept": _outcome_kept(report) if report else None,
+            "cost_before": report["original"]["costUsd"] if report else None,
+            "cost_after": report["new"]["costUsd"] if report else None,
+        })
+    compared = [r for r in rows if r["report"] is not None]
+    first = members[0]
+    return render(request, "console/approvals/batch.html", {
+        "workspace": ws, "batch_id": batch_id, "first": first, "rows": rows,
+        "kept": sum(1 for r in compared if r["kept"]), "changed": [r for r in compared if not r["kept"]],
+        "compared": len(compared), "total": len(rows),
+        "cost_before": _usd(_sum([r["cost_before"] for r in compared])),
+        "cost_after": _usd(_sum([r["cost_after"] for r in compared])),
+        "approvals_url": reverse("approvals", args=[tenant, workspace]),
+        "workspaces": selectors.workspaces_for(request.user),
+    })
+
+
+def _usd(value: Decimal | float | None) -> str:
+    return "n/a" if value is None else f"${Decimal(str(value)):,.6f}"
+
+
+WS = "w/<slug:tenant>/<slug:workspace>/"
+
+urlpatterns = [
+    path(WS + "approvals/", approvals, name="approvals"),
+    path(WS + "approvals/<str:reexecution_id>/approve/", approve, name="approval-approve"),
+    path(WS + "approvals/<str:reexecution_id>/deny/", deny, name="approval-deny"),
+    path(WS + "batches/", batch_create, name="batch-create"),
+    path(WS + "batches/<str:batch_id>/", batch, name="batch"),
+]

@@ -1,0 +1,122 @@
+"""The audit log of a tenant, for its admins: filters in the URL, cursor pages, a CSV link.
+
+Another tenant's log is a 404 (its existence is not revealed, DESIGN.md §2); a member below admin
+gets 403. The CSV is the API's own (`GET /api/v1/audit?format=csv`, which takes the session), so
+the page and the export can never disagree about what an entry says.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime, time, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import path, reverse
+from django.views.decorators.http import require_safe
+
+from ledger import audit, selectors
+from ledger.models import AuditEntry, Role, Tenant
+
+PAGE_SIZE = 50
+API_AUDIT = "/api/v1/audit"  # API.md "Audit": the public path, not a route name of ours
+FILTERS = ("actor", "action", "from", "to")
+
+
+class AuditFilterForm(forms.Form):
+    actor = forms.CharField(required=False, max_length=160,
+                            widget=forms.TextInput(attrs={"placeholder": "bob, key:0a1b…, system:expiry"}))
+    action = forms.ChoiceField(required=False, choices=[("", "any")] + [(a, a) for a in audit.Action.values])
+    cursor = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, label in (("from", "From"), ("to", "To")):  # "from" is a keyword
+            self.fields[name] = forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
+                                                widget=forms.DateInput(attrs={"type": "date"}))
+        self.order_fields(["actor", "action", "from", "to"])
+
+    def clean_cursor(self) -> tuple[datetime, int] | None:
+        raw = self.cleaned_data["cursor"]
+        if not raw:
+            return None
+        try:
+            position = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+            return datetime.fromisoformat(position["t"]), int(position["id"])
+        except (ValueError, TypeError, KeyError, binascii.Error):
+            raise ValidationError("This page link is broken: start again from the first page.") from None
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        if data.get("from") and data.get("to") and data["from"] > data["to"]:
+            self.add_error("from", "From must not be after To.")
+        return data
+
+    def selector_filters(self) -> dict[str, Any]:
+        d = self.cleaned_data
+        day = lambda value: datetime.combine(value, time.min, tzinfo=dt_timezone.utc)  # noqa: E731
+        return {"actor": d["actor"].strip() or None, "action": d["action"] or None,
+                "start": day(d["from"]) if d["from"] else None,
+                # `to` is a whole day, inclusive (as on the runs list and in the API).
+                "end": day(d["to"] + timedelta(days=1)) if d["to"] else None,
+                "after": d["cursor"]}
+
+
+def _cursor(entry: AuditEntry) -> str:
+    position = json.dumps({"t": entry.at.isoformat(), "id": entry.pk}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+
+
+def _admin_tenant(request: HttpRequest, tenant: str) -> Tenant:
+    membership = selectors.memberships(request.user).filter(tenant__slug=tenant).first()
+    if membership is None:
+        raise Http404("not found")
+    if not membership.allows(Role.ADMIN):
+        raise PermissionDenied("the audit log is for the tenant's admins")
+    return membership.tenant
+
+
+def _query(request: HttpRequest, **changes: str) -> str:
+    params = {k: v for k, v in request.GET.items() if k in FILTERS and v}
+    params.update({k: v for k, v in changes.items() if v})
+    return urlencode(params)
+
+
+@login_required
+@require_safe
+def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
+    found = _admin_tenant(request, tenant)
+    form = AuditFilterForm(request.GET)
+    workspaces = selectors.workspaces_for(request.user)
+    context: dict[str, Any] = {"tenant": found, "form": form, "workspaces": workspaces,
+                               "workspace": workspaces.filter(tenant=found).first(),
+                               "page_url": reverse("tenant-audit", args=[tenant])}
+    if not form.is_valid():
+        return render(request, "console/audit.html", context, status=400)
+    rows = list(audit.entries(tenant=found, **form.selector_filters())[: PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    csv_query = urlencode({"format": "csv", "tenant": tenant, **{k: v for k, v in request.GET.items()
+                                                                 if k in FILTERS and v}})
+    context.update({
+        "entries": [{"entry": e, "details": json.dumps(e.details, ensure_ascii=False, sort_keys=True)
+                     if e.details else ""} for e in rows],
+        "next_query": _query(request, cursor=_cursor(rows[-1])) if more else None,
+        "first_query": _query(request) if form.cleaned_data["cursor"] else None,
+        "csv_url": f"{API_AUDIT}?{csv_query}",
+    })
+    return render(request, "console/audit.html", context)
+
+
+urlpatterns = [
+    path("t/<slug:tenant>/audit/", audit_log, name="tenant-audit"),
+]

@@ -1,0 +1,451 @@
+"""Re-execution in the console: the run page's "Re-execute…" form and plan, the Approvals page
+(approve/deny, self-approval refused, the navigation's count, the live socket), evaluate batches,
+the divergence page and the tenant's audit page. For each page: it works, anonymous is refused,
+each role sees what it may, another tenant's member gets 404.
+
+Runs are made by the runtime (the demo's support.triage workflow) and requests go through the
+real services; an approved request is executed by the built-in worker's task body, in-process."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.contrib.auth.models import User
+from django.test import Client
+
+from ledger.models import AuditEntry, ReexecutionRequest, Run, Workspace
+from ledger.reexecution import services, worker
+from ledger.runtime.executor import start_run
+from ledger.verify import verify_run
+from tests.conftest import named_user
+from tests.live_support import communicator, session_id
+
+pytestmark = pytest.mark.django_db
+
+RUN = "run_triage"
+BASE = "/w/acme/support"
+FORM = f"{BASE}/runs/{RUN}/reexecute/"
+TICKET = {"ticket": "Where is my parcel?", "orderId": "A-1"}
+Status = ReexecutionRequest.Status
+
+
+@pytest.fixture
+def people(admin: User, approver: User, operator: User, viewer: User, outsider: User) -> dict[str, User]:
+    """conftest's named users: alice admin, bob approver, carol operator, dave viewer; olga of globex."""
+    return {u.get_username(): u for u in (admin, approver, operator, viewer, outsider)}
+
+
+@pytest.fixture
+def run(workspace: Workspace) -> Run:
+    start_run(workspace=workspace, workflow="support.triage", run_id=RUN, input=TICKET)
+    return Run.objects.get(workspace=workspace, run_id=RUN)
+
+
+def as_(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _fork(workspace: Workspace, by: User, **extra: Any) -> ReexecutionRequest:
+    """A fork from the first step (the later ones read its output, not the run's input)."""
+    return services.request_reexecution(workspace=workspace, run_id=RUN, mode="fork", from_step="normalize",
+                                        reason="try order D-4", by=by, **extra)
+
+
+def _execute(rx: ReexecutionRequest) -> ReexecutionRequest:
+    worker.run_request(request_pk=rx.pk)
+    rx.refresh_from_db()
+    return rx
+
+
+# --- the request form --------------------------------------------------------------------------
+
+
+def test_operators_see_the_action_and_viewers_do_not(people: dict[str, User], run: Run) -> None:
+    for name in ("carol", "bob", "alice"):
+        html = as_(people[name]).get(f"{BASE}/runs/{RUN}/").content.decode()
+        assert f'href="{FORM}"' in html, name
+    html = as_(people["dave"]).get(f"{BASE}/runs/{RUN}/").content.decode()
+    assert 'id="reexecute"' not in html
+    assert as_(people["dave"]).get(FORM).status_code == 403
+    assert as_(people["dave"]).post(FORM, {"mode": "simulate", "reason": "x"}).status_code == 403
+    assert not ReexecutionRequest.objects.exists()
+
+
+def test_anonymous_and_outsiders_are_refused(people: dict[str, User], run: Run) -> None:
+    response = Client().get(FORM)
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+    outsider = as_(people["olga"])
+    assert outsider.get(FORM).status_code == 404
+    assert outsider.post(FORM, {"mode": "simulate", "reason": "x"}).status_code == 404
+    assert outsider.get(f"{FORM}plan/?mode=simulate").status_code == 404
+    assert not ReexecutionRequest.objects.exists()
+
+
+def test_the_form_shows_each_modes_plan_and_the_fork_steps(people: dict[str, User], run: Run) -> None:
+    carol = as_(people["carol"])
+    html = carol.get(FORM).content.decode()
+    for mode in ("simulate", "evaluate", "resume", "fork", "rerun"):
+        assert f'value="{mode}"' in html
+    for step in ("normalize", "draft", "confirm"):
+        assert f'<option value="{step}"' in html
+    # The fork's plan, as a plain GET (no JavaScript) and as the htmx fragment.
+    page = carol.get(FORM, {"mode": "fork", "from_step": "draft"}).content.decode()
+    fragment = carol.get(f"{FORM}plan/", {"mode": "fork", "from_step": "draft"}, HTTP_HX_REQUEST="true")
+    assert fragment.status_code == 200 and "<html" not in fragment.content.decode()
+    for html in (page, fragment.content.decode()):
+        assert re.search(r'data-step="normalize" data-action="reuse"', html)
+        assert re.search(r'data-step="draft" data-action="live"', html)
+        assert re.search(r'data-step="confirm" data-action="live"', html)
+    simulate = carol.get(f"{FORM}plan/", {"mode": "simulate"}, HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-action="live"' not in simulate and "no write tool can fire" in simulate
+
+
+def test_the_plan_lists_write_tools_that_could_fire(people: dict[str, User], workspace: Workspace) -> None:
+    start_run(workspace=workspace, workflow="support.refund", run_id="run_refund",
+              input={"ticket": "Refund please", "orderId": "A-1", "amount": 10})
+    html = as_(people["carol"]).get(f"{BASE}/runs/run_refund/reexecute/plan/", {"mode": "rerun"},
+                                    HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="live-write-tools"' in html and "issue_refund" in html
+
+
+def test_bad_json_input_is_the_form_again_with_an_error_and_nothing_is_made(people: dict[str, User], run: Run) -> None:
+    response = as_(people["carol"]).post(FORM, {"mode": "fork", "from_step": "draft", "input": "{not json",
+                                                "reason": "try another order"})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="input-error"' in html and "must be JSON" in html and "{not json" in html
+    assert not ReexecutionRequest.objects.exists()
+    assert not AuditEntry.objects.filter(action__startswith="reexecution.").exists()
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"mode": "fork", "from_step": "draft", "reason": ""}, "reason is required"),
+    ({"mode": "fork", "reason": "x"}, "Choose the step"),
+    ({"mode": "teleport", "reason": "x"}, "Choose one of the five modes"),
+    ({"mode": "evaluate", "reason": "x", "model:default": "gpt-4o"}, "as provider/model"),
+    ({"mode": "evaluate", "reason": "x", "model:default": "nobody/gpt-4o"}, "no model provider"),
+])
+def test_invalid_requests_are_400_with_the_reason(people: dict[str, User], run: Run, body: dict[str, str],
+                                                  message: str) -> None:
+    response = as_(people["carol"]).post(FORM, body)
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert not ReexecutionRequest.objects.exists()
+
+
+def test_a_fork_request_goes_through_the_service_and_is_listed_on_the_evidence_tab(
+    people: dict[str, User], run: Run,
+) -> None:
+    response = as_(people["carol"]).post(FORM, {
+        "mode": "fork", "from_step": "draft", "input": '{"ticket": "Where is my parcel?", "orderId": "D-4"}',
+        "reason": "what if it had been delivered", "model:default": ""})
+    assert response.status_code == 302 and response["Location"].startswith(f"{BASE}/runs/{RUN}/evidence/")
+    rx = ReexecutionRequest.objects.get()
+    assert (rx.mode, rx.from_step, rx.status, rx.requested_by) == ("fork", "draft", Status.PENDING_APPROVAL, "carol")
+    assert rx.has_input and rx.input == {"ticket": "Where is my parcel?", "orderId": "D-4"}
+    assert AuditEntry.objects.filter(action="reexecution.requested", target=rx.public_id, actor="carol").count() == 1
+    html = as_(people["dave"]).get(f"{BASE}/runs/{RUN}/evidence/").content.decode()
+    assert f'data-reexecution="{rx.public_id}" data-status="pending_approval"' in html
+    assert "what if it had been delivered" in html
+
+
+def test_a_resume_of_a_finished_run_is_refused_on_the_form(people: dict[str, User], run: Run) -> None:
+    response = as_(people["carol"]).post(FORM, {"mode": "resume", "reason": "again"})
+    assert response.status_code in (400, 409)
+    assert 'id="request-refused"' in response.content.decode() or "resume" in response.content.decode()
+    assert not ReexecutionRequest.objects.exists()
+
+
+# --- approvals ---------------------------------------------------------------------------------
+
+
+def test_approvals_page_shows_pending_with_plan_digest_requester_and_reason(
+    people: dict[str, User], workspace: Workspace, run: Run,
+) -> None:
+    rx = _fork(workspace, people["carol"])
+    html = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
+    card = html[html.index(f'id="rx-{rx.public_id}"'):]
+    assert "carol" in card and "try order D-4" in card and rx.digest[:20] in card
+    assert 'data-step="normalize" data-action="live"' in card and 'id="live-write-tools"' in card
+    assert f'action="{BASE}/approvals/{rx.public_id}/approve/"' in card
+    # The count in the navigation, on every workspace page.
+    runs_page = as_(people["dave"]).get(f"{BASE}/").content.decode()
+    assert re.search(r'id="pending-badge"[^>]*>1<', runs_page)
+
+
+def test_the_requester_has_no_approve_button_and_a_post_is_refused(
+    people: dict[str, User], workspace: Workspace, run: Run,
+) -> None:
+    promoted = named_user("carol", "approver")
+    rx = _fork(workspace, promoted)
+    carol = as_(promoted)
+    card = carol.get(f"{BASE}/approvals/").content.decode()
+    assert f'formaction="{BASE}/approvals/{rx.public_id}/approve/"' not in card
+    assert "another approver decides it" in card
+    response = carol.post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "looks fine to me"})
+    assert response.status_code == 403
+    assert "never by its requester" in response.content.decode()
+    rx.refresh_from_db()
+    assert rx.status == Status.PENDING_APPROVAL
+    assert not AuditEntry.objects.filter(action="reexecution.approved").exists()
+
+
+def test_viewers_and_operators_cannot_decide(people: dict[str, User], workspace: Workspace, run: Run) -> None:
+    rx = _fork(workspace, people["bob"])
+    for name in ("dave", "carol"):
+        client = as_(people[name])
+        html = client.get(f"{BASE}/approvals/").content.decode()
+        assert f'id="rx-{rx.public_id}"' in html and "form class=\"decide\"" not in html
+        assert client.post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "ok"}).status_code == 403
+        assert client.post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "no"}).status_code == 403
+    assert ReexecutionRequest.objects.get().status == Status.PENDING_APPROVAL
+
+
+def test_outsiders_get_404_on_approvals(people: dict[str, User], workspace: Workspace, run: Run) -> None:
+    rx = _fork(workspace, people["carol"])
+    olga = as_(people["olga"])
+    assert olga.get(f"{BASE}/approvals/").status_code == 404
+    assert olga.post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "ok"}).status_code == 404
+    assert olga.post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "no"}).status_code == 404
+    # Another tenant's request id in one's own workspace is not found either.
+    assert as_(people["olga"]).post(f"/w/globex/main/approvals/{rx.public_id}/approve/",
+                                    {"note": "ok"}).status_code == 404
+    assert Client().get(f"{BASE}/approvals/").status_code == 302
+
+
+def test_a_note_is_required(people: dict[str, User], workspace: Workspace, run: Run) -> None:
+    rx = _fork(workspace, people["carol"])
+    response = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "  "})
+    assert response.status_code == 400 and "the note is required" in response.content.decode()
+    assert ReexecutionRequest.objects.get().status == Status.PENDING_APPROVAL
+
+
+def test_approve_executes_the_fork_and_both_runs_link_the_divergence(
+    people: dict[str, User], workspace: Workspace, run: Run,
+) -> None:
+    rx = _fork(workspace, people["carol"], input={"ticket": "Where is my parcel?", "orderId": "D-4"})
+    response = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "go ahead"})
+    assert response.status_code == 302 and response["Location"] == f"{BASE}/approvals/"
+    rx.refresh_from_db()
+    assert (rx.status, rx.approver_name, rx.note) == (Status.APPROVED, "bob", "go ahead")
+    rx = _execute(rx)
+    assert rx.status == Status.SUCCEEDED
+    new = Run.objects.get(workspace=workspace, run_id=rx.new_run_id)
+    assert all(c.status == "pass" for c in verify_run(new))
+    divergence = f"{BASE}/reexecutions/{rx.public_id}/divergence/"
+
+    new_page = as_(people["dave"]).get(f"{BASE}/runs/{new.run_id}/").content.decode()
+    assert 'id="run-origin"' in new_page and f'href="{BASE}/runs/{RUN}/"' in new_page
+    assert f'href="{divergence}"' in new_page and "approved by bob" in new_page and "fork" in new_page
+    evidence = as_(people["dave"]).get(f"{BASE}/runs/{RUN}/evidence/").content.decode()
+    row = evidence[evidence.index(f'data-reexecution="{rx.public_id}"'):]
+    assert 'data-status="succeeded"' in row[:80] and f'href="{divergence}"' in row
+    assert f'href="{BASE}/runs/{new.run_id}/"' in row and "carol" in row and "bob" in row
+
+    page = as_(people["dave"]).get(divergence)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="first-divergence"' in html and 'data-comparison="changed"' in html
+    first = re.search(r'<tr class="dv-row dv-row-(\w+) first-divergence" data-step="([^"]+)"', html)
+    assert first is not None and first.group(1) == "changed" and first.group(2) == "normalize"
+    assert re.search(r'data-step="draft" data-comparison="changed"', html)
+    assert 'class="d-add"' in html and 'class="d-del"' in html  # the text diff, coloured per line
+    assert "D-4" in html
+    decided = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
+    assert f'data-reexecution="{rx.public_id}" data-status="succeeded"' in decided
+
+
+def test_a_simulation_needs_no_approval_and_reproduces_the_original(
+    people: dict[str, User], workspace: Workspace, run: Run,
+) -> None:
+    response = as_(people["carol"]).post(FORM, {"mode": "simulate", "reason": "check the record replays"})
+    assert response.status_code == 302
+    rx = _execute(ReexecutionRequest.objects.get())
+    assert rx.status == Status.SUCCEEDED and rx.approver_name == ""
+    html = as_(people["carol"]).get(f"{BASE}/reexecutions/{rx.public_id}/divergence/").content.decode()
+    assert "no divergence" in html and 'data-comparison="changed"' not in html
+    assert 'id="first-divergence"' not in html
+
+
+def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Run) -> None:
+    rx = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason="again", by=people["carol"])
+    assert as_(people["alice"]).post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "costs too much"}) \
+        .status_code == 302
+    rx.refresh_from_db()
+    assert (rx.status, rx.approver_name, rx.note) == (Status.DENIED, "alice", "costs too much")
+    html = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
+    assert 'id="nothing-pending"' in html and "costs too much" in html
+    # Deciding again is refused with the reason, not a 500.
+    again = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "ok now"})
+    assert again.status_code == 409 and "not pending" in again.content.decode()
+
+
+def test_plan_changed_since_the_request_is_refused_at_approval(
+    people: dict[str, User], workspace: Workspace,
+) -> None:
+    from ledger.append import append_events
+    from tests.conftest import ev, started
+
+    append_events(workspace=workspace, run_id="run_open", events=[
+        started(), ev("StepScheduled", stepPath="a"), ev("StepAttemptStarted", stepPath="a", attempt=1)])
+    rx = services.request_reexecution(workspace=workspace, run_id="run_open", mode="rerun", reason="x",
+                                      by=people["carol"])
+    append_events(workspace=workspace, run_id="run_open", events=[ev("StepCompleted", stepPath="a", attempt=1)])
+    response = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "fine"})
+    assert response.status_code == 409 and "changed since the request" in response.content.decode()
+
+
+# --- batches -----------------------------------------------------------------------------------
+
+
+def test_batch_evaluate_from_the_runs_list(people: dict[str, User], workspace: Workspace, run: Run) -> None:
+    start_run(workspace=workspace, workflow="support.triage", run_id="run_triage_2",
+              input={"ticket": "Refund status?", "orderId": "B-2"})
+    runs_page = as_(people["carol"]).get(f"{BASE}/").content.decode()
+    assert 'id="batch-form"' in runs_page and 'name="run" value="run_triage_2"' in runs_page
+    assert 'id="batch-form"' not in as_(people["dave"]).get(f"{BASE}/").content.decode()
+
+    response = as_(people["carol"]).post(f"{BASE}/batches/", {
+        "run": [RUN, "run_triage_2"], "models": "default=scripted/gpt-4o", "reason": "does gpt-4o do better"})
+    assert response.status_code == 302
+    made = list(ReexecutionRequest.objects.order_by("pk"))
+    assert [r.mode for r in made] == ["evaluate", "evaluate"] and len({r.batch_id for r in made}) == 1
+    batch_url = response["Location"]
+    assert batch_url == f"{BASE}/batches/{made[0].batch_id}/"
+    # One card, one decision, for the whole batch.
+    approvals = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
+    assert approvals.count('class="request pending"') == 1 and "a batch of 2 runs" in approvals
+    assert as_(people["bob"]).post(f"{BASE}/approvals/{made[1].public_id}/approve/", {"note": "try it"}) \
+        .status_code == 302
+    for rx in made:
+        assert _execute(rx).status == Status.SUCCEEDED
+    html = as_(people["dave"]).get(batch_url).content.decode()
+    summary = html[html.index('id="batch-summary"'):]
+    assert re.search(r"<strong>\d of 2</strong> kept their outcome", summary)
+    assert "cost before" in summary and "after" in summary
+    assert as_(people["olga"]).get(batch_url).status_code == 404
+    assert as_(people["dave"]).post(f"{BASE}/batches/", {"run": [RUN], "models": "default=scripted/x",
+                                                         "reason": "x"}).status_code == 403
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"models": "default=scripted/gpt-4o", "reason": "x"}, "Select the runs"),
+    ({"run": [RUN], "models": "default=scripted/gpt-4o"}, "reason is required"),
+    ({"run": [RUN], "models": "gpt-4o", "reason": "x"}, "slot=provider/model"),
+    ({"run": ["run_nope"], "models": "default=scripted/gpt-4o", "reason": "x"}, "not found"),
+])
+def test_bad_batches_are_400(people: dict[str, User], run: Run, body: dict[str, Any], message: str) -> None:
+    response = as_(people["carol"]).post(f"{BASE}/batches/", body)
+    assert response.status_code == 400 and message in response.content.decode()
+    assert not ReexecutionRequest.objects.exists()
+
+
+# --- divergence page access --------------------------------------------------------------------
+
+
+def test_divergence_page_before_the_run_exists_and_for_outsiders(
+    people: dict[str, User], workspace: Workspace, run: Run,
+) -> None:
+    rx = _fork(workspace, people["carol"])
+    url = f"{BASE}/reexecutions/{rx.public_id}/divergence/"
+    html = as_(people["dave"]).get(url).content.decode()
+    assert 'id="no-report"' in html
+    assert as_(people["olga"]).get(url).status_code == 404
+    assert as_(people["olga"]).get(f"/w/globex/main/reexecutions/{rx.public_id}/divergence/").status_code == 404
+    assert Client().get(url).status_code == 302
+
+
+# --- audit -------------------------------------------------------------------------------------
+
+
+def test_the_audit_page_lists_each_action_for_admins_only(
+    people: dict[str, User], workspace: Workspace, run: Run,
+) -> None:
+    rx = _fork(workspace, people["carol"])
+    services.approve(workspace=workspace, reexecution_id=rx.public_id, by=people["bob"], note="go")
+    _execute(ReexecutionRequest.objects.get())
+    alice = as_(people["alice"])
+    html = alice.get("/t/acme/audit/").content.decode()
+    for action in ("reexecution.requested", "reexecution.approved", "reexecution.started",
+                   "reexecution.finished"):
+        assert f'data-action="{action}"' in html, action
+    assert 'id="audit-csv" href="/api/v1/audit?format=csv&amp;tenant=acme"' in html
+    assert 'id="nav-audit"' in alice.get(f"{BASE}/").content.decode()
+    assert 'id="nav-audit"' not in as_(people["bob"]).get(f"{BASE}/").content.decode()
+
+    only_bob = alice.get("/t/acme/audit/", {"actor": "bob"}).content.decode()
+    assert only_bob.count('class="audit-entry"') == 1 and 'data-action="reexecution.approved"' in only_bob
+    denied = alice.get("/t/acme/audit/", {"action": "reexecution.denied"}).content.decode()
+    assert 'class="audit-entry"' not in denied
+    csv = alice.get("/api/v1/audit", {"format": "csv", "tenant": "acme", "actor": "bob"})
+    assert csv.status_code == 200 and "reexecution.approved" in csv.content.decode()
+
+    for name in ("bob", "carol", "dave"):
+        assert as_(people[name]).get("/t/acme/audit/").status_code == 403
+    assert as_(people["olga"]).get("/t/acme/audit/").status_code == 404
+    assert as_(people["alice"]).get("/t/globex/audit/").status_code == 404
+    assert Client().get("/t/acme/audit/").status_code == 302
+
+
+@pytest.mark.parametrize("query", [{"from": "yesterday"}, {"action": "reexecution.teleported"},
+                                   {"from": "2026-02-02", "to": "2026-01-01"}, {"cursor": "!!"}])
+def test_bad_audit_filters_are_400_with_the_form(people: dict[str, User], query: dict[str, str]) -> None:
+    response = as_(people["alice"]).get("/t/acme/audit/", query)
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="audit-filters"' in html and "cannot be applied" in html
+
+
+def test_audit_pages_by_cursor(people: dict[str, User], workspace: Workspace, run: Run) -> None:
+    from ledger.audit import record
+
+    from django.db import transaction
+
+    with transaction.atomic():
+        for n in range(55):
+            record(actor="alice", tenant=workspace.tenant, action="api_key.created", target=f"key:{n:04d}")
+    alice = as_(people["alice"])
+    first = alice.get("/t/acme/audit/", {"action": "api_key.created"}).content.decode()
+    assert first.count('class="audit-entry"') == 50
+    link = re.search(r'id="next-page" href="([^"]+)"', first)
+    assert link is not None
+    second = alice.get(link.group(1).replace("&amp;", "&")).content.decode()
+    assert second.count('class="audit-entry"') == 5 and "key:0054" in second and "key:0000" not in second
+
+
+# --- live --------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_approvals_socket_tells_members_and_refuses_outsiders(people: dict[str, User], run: Run) -> None:
+    workspace = run.workspace
+    bob_session, olga_session = session_id(people["bob"]), session_id(people["olga"])
+
+    async def scenario() -> tuple[dict[str, Any], bool, bool]:
+        from channels.db import database_sync_to_async
+
+        path = "/ws/workspaces/acme/support/reexecutions/"
+        bob = communicator(path, bob_session)
+        connected, _ = await bob.connect()
+        assert connected
+        olga = communicator(path, olga_session)
+        olga_connected, _ = await olga.connect()
+        anonymous = communicator(path)
+        anonymous_connected, _ = await anonymous.connect()
+        rx = await database_sync_to_async(_fork)(workspace, people["carol"])
+        message = await bob.receive_json_from(timeout=10)
+        assert message["id"] == rx.public_id
+        for each in (bob, olga, anonymous):
+            await each.disconnect()
+        return message, olga_connected, anonymous_connected
+
+    message, olga_connected, anonymous_connected = async_to_sync(scenario)()
+    assert message["type"] == "reexecution" and message["status"] == "pending_approval" and message["pending"] == 1
+    assert not olga_connected and not anonymous_connected
+    assert get_channel_layer() is not None
