@@ -549,3 +549,33 @@ def test_the_plan_lists_what_each_mode_reuses_runs_live_and_every_live_write_too
     assert [(t["toolName"], t["args"]) for t in external["liveWriteTools"]] == [("wire", {"usd": 5})]
     assert canonical_json(mode_plan(workspace=workspace, run_id=original, mode="simulate")) == canonical_json(
         plans["simulate"])
+
+
+def test_a_simulation_replays_recorded_model_failures_and_their_retries(workspace: Workspace) -> None:
+    from tests.runtime_workflows import SCRIPT, build_drill
+
+    failures = {"left": 2}
+
+    def flaky(request: Any) -> Any:
+        if request.step_path == "research" and request.turn == 2 and failures["left"]:
+            failures["left"] -= 1
+            raise TimeoutError("the provider timed out")
+        return SCRIPT[request.step_path][request.turn - 1]
+
+    provider = ScriptedProvider(script=flaky)
+    register(build_drill(provider=provider))
+    try:
+        original = start_run(workspace=workspace, workflow="drill", input=DRILL_INPUT)
+        asked = len(provider.invocations)
+
+        outcome = _reexecute(workspace, original.run_id, "simulate", "run_sim")
+    finally:
+        reset_registrations()
+
+    assert (outcome.status, outcome.output) == ("completed", original.output)
+    assert len(provider.invocations) == asked == 6  # 4 answers and 2 failures, all from the original
+    failed = [e["payload"] for e in run_events(workspace, "run_sim") if e["type"] == "harness.model.failed"]
+    assert [(f["callId"], f["origin"], f["error"]["name"]) for f in failed] == [
+        ("research:turn2", "simulated", "TimeoutError"), ("research:turn2:retry1", "simulated", "TimeoutError")]
+    report = divergence_report(workspace=workspace, original_run_id=original.run_id, new_run_id="run_sim")
+    assert report["firstDivergence"] is None
