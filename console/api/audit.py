@@ -18,8 +18,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger import audit
+from ledger import selectors as ledger_selectors
 from ledger.errors import NotFound
-from ledger.models import ApiKey, Membership, Role, Tenant
+from ledger.models import ApiKey, Role, Tenant
 
 from .auth import RoleRequired, WorkspaceRequired
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
@@ -49,7 +50,7 @@ def _tenant(request: Request) -> Tenant:
     """The tenant whose log an admin member reads (?tenant= when they belong to several)."""
     if isinstance(request.auth, ApiKey):
         raise RoleRequired("the audit log is for admins in a console session; API keys cannot read it")
-    memberships = Membership.objects.filter(user=request.user).select_related("tenant")  # type: ignore[misc]  # past the API key branch the caller is a logged-in user (DRF permission)
+    memberships = ledger_selectors.memberships(request.user)
     named = request.query_params.get("tenant")
     if named:
         memberships = memberships.filter(tenant__slug=named)

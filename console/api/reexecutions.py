@@ -20,8 +20,9 @@ from rest_framework.views import APIView
 from ledger import selectors as ledger_selectors
 from ledger.append import RUN_ID_RE, validate_run_id
 from ledger.errors import Conflict, NotFound
-from ledger.models import ApiKey, Membership, ReexecutionRequest, Workspace
+from ledger.models import ApiKey, ReexecutionRequest, Workspace
 from ledger.reexecution import selectors, services
+from ledger.tenancy import membership_for
 
 from .auth import SCOPE_ROLES, Caller, RoleRequired, caller_for
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
@@ -188,7 +189,7 @@ def _find(request: Request, public_id: str, scope: str, role: str | None = None)
         caller = caller_for(request, scope, role=role)  # a key without the scope, or asked for a role: 403
         return caller, selectors.get([caller.workspace], public_id)
     found = selectors.get(_visible_workspaces(request, scope), public_id)
-    membership = Membership.objects.filter(user=request.user, tenant_id=found.workspace.tenant_id).first()  # type: ignore[misc]  # past the API key branch the caller is a logged-in user (DRF permission)
+    membership = membership_for(request.user, found.workspace.tenant)
     if membership is None:  # pragma: no cover - visible workspaces are the member's
         raise NotFound("not found")
     needed = role or SCOPE_ROLES[scope]
