@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,8 @@ class Worker:
         environment["DATABASE_URL"] = database_url()
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
         environment.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        # The same workflow with a model that takes a second per call: the run streams visibly.
+        environment["RUNLEDGER_WORKFLOW_MODULES"] = "tests.browser.slow_workflows"
         self.log = log
         with log.open("wb") as out:
             self.process = subprocess.Popen(
@@ -57,6 +60,15 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+def _wait_for_run(workspace: Workspace, run_id: str) -> None:
+    """Until the worker has written the new run's first event (it is `running` a moment before)."""
+    for _ in range(600):
+        if Run.objects.filter(workspace=workspace, run_id=run_id).exists():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the worker never started run {run_id}")
 
 
 @pytest.fixture
@@ -118,18 +130,25 @@ def test_carol_asks_bob_approves_the_worker_executes_and_the_audit_log_shows_it(
     # The worker process takes the approved request from the durable queue and executes it; bob's
     # page follows over its socket, without a reload.
     start_worker.append(Worker(tmp_path / "worker.log"))
-    expect(decided).to_have_attribute("data-status", "succeeded", timeout=60_000)
+    expect(decided).to_have_attribute("data-status", "running", timeout=60_000)
+    assert bob.evaluate("window.stillTheSamePage === true")
+    rx.refresh_from_db()
+    _wait_for_run(workspace, rx.new_run_id)
+
+    # The new run streams into its page while the worker executes it (its model answers slowly).
+    decided.locator("a.new-run").click()
+    expect(bob.locator("#run-origin")).to_contain_text(RUN)
+    expect(bob.locator("#run-origin")).to_contain_text("approved by bob")
+    shown_at_load = bob.locator("#timeline-rows tr.event").count()
+    bob.evaluate("window.stillTheSamePage = true")
+    expect(bob.locator("#run-status")).to_have_attribute("data-status", "completed", timeout=60_000)
+    expect(bob.locator("#timeline-rows tr.event").last).to_contain_text("RunCompleted")
+    assert bob.locator("#timeline-rows tr.event").count() > shown_at_load
     assert bob.evaluate("window.stillTheSamePage === true")
     rx.refresh_from_db()
     assert rx.status == "succeeded" and rx.approver_name == "bob"
     assert Run.objects.get(workspace=workspace, run_id=rx.new_run_id).status == "completed"
 
-    # The new run: where it came from, its events (the reused and the live), its divergence.
-    decided.locator("a.new-run").click()
-    expect(bob.locator("#run-origin")).to_contain_text(RUN)
-    expect(bob.locator("#run-origin")).to_contain_text("approved by bob")
-    expect(bob.locator("#run-status")).to_have_attribute("data-status", "completed")
-    expect(bob.locator("#timeline-rows tr.event").first).to_be_visible()
     bob.click("#divergence-link")
     first = bob.locator("#first-divergence")
     expect(first).to_have_attribute("data-step", "normalize")
