@@ -204,6 +204,20 @@ RUNLEDGER_APPROVAL_TTL_HOURS = _env_seconds("RUNLEDGER_APPROVAL_TTL_HOURS", 24.0
 # is taken as dead and the request is handed out again, resuming the same new run.
 RUNLEDGER_REEXEC_LEASE_SECONDS = _env_seconds("RUNLEDGER_REEXEC_LEASE_SECONDS", 120.0, 86_400.0)
 
+# The runtime (ledger/runtime): the modules that register() workflows, imported before a workflow
+# is looked up. The demo's workflows are always among them; RUNLEDGER_WORKFLOW_MODULES
+# (comma-separated) adds more. The runtime itself imports none of them.
+RUNLEDGER_WORKFLOW_MODULES = ["ledger.demo.workflows", *_env_list("RUNLEDGER_WORKFLOW_MODULES", [])]
+
+# The openai-compatible model provider (ledger/runtime/openai_compat.py), read when a workflow
+# builds one with `OpenAICompatibleProvider.from_env()`. None = unset: the provider names every
+# missing one then, since a deployment that uses only the scripted provider sets none of them.
+RUNLEDGER_OPENAI_BASE_URL = os.environ.get("RUNLEDGER_OPENAI_BASE_URL")
+RUNLEDGER_OPENAI_API_KEY = os.environ.get("RUNLEDGER_OPENAI_API_KEY")
+RUNLEDGER_OPENAI_MODEL = os.environ.get("RUNLEDGER_OPENAI_MODEL")
+RUNLEDGER_OPENAI_PROVIDER = os.environ.get("RUNLEDGER_OPENAI_PROVIDER")
+RUNLEDGER_OPENAI_TIMEOUT_S = os.environ.get("RUNLEDGER_OPENAI_TIMEOUT_S")
+
 # Content-addressed artifact storage (payloads over the inline limit). Filesystem by default.
 ARTIFACTS_ROOT = Path(os.environ.get("RUNLEDGER_ARTIFACTS_ROOT", VAR_DIR / "artifacts"))
 

@@ -173,11 +173,17 @@ def _with_step_path(run: Run, call_id: str, payload: dict[str, Any]) -> dict[str
     return {**payload, "stepPath": step_path} if step_path else payload
 
 
+def lease_ran_out_after_outbound(claim: ToolGatewayClaim, now: datetime) -> bool:
+    """The call is in doubt but not yet written down as such (the next touch of the call does)."""
+    return claim.status == Status.CLAIMED and claim.outbound_at is not None and claim.lease_expires_at <= now
+
+
 def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, emit: Emit) -> bool:
     """A lease that ran out after the request left makes the call in doubt: nobody knows whether
     the tool acted, so it is never retried automatically. True when this call just became so."""
-    if claim.status != Status.CLAIMED or claim.outbound_at is None or claim.lease_expires_at > now:
+    if not lease_ran_out_after_outbound(claim, now):
         return False
+    assert claim.outbound_at is not None  # checked just above, out of mypy's sight
     claim.status = Status.IN_DOUBT
     claim.updated_at = now
     claim.save(update_fields=["status", "updated_at"])
@@ -515,6 +521,15 @@ def settle_expired_claims(*, workspace: Workspace, run_id: str, fencing_token: A
 
 
 # --- selectors -------------------------------------------------------------------------------
+
+
+def first_call_in_doubt(*, workspace: Workspace, run_id: str) -> ToolGatewayClaim | None:
+    """The run's oldest call in doubt, written down as such or with a lease that ran out after the
+    request left: the run may not continue until an operator reconciles it."""
+    return ToolGatewayClaim.objects.filter(run__workspace=workspace, run__run_id=run_id).filter(
+        Q(status=Status.IN_DOUBT)
+        | Q(status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=clock.now()),
+    ).order_by("pk").first()
 
 
 def tool_call_rows(run: Run, *, after_pk: int = 0, limit: int = 50, status: str | None = None) -> list[ToolGatewayClaim]:

@@ -8,6 +8,9 @@ holder renews its lease (same token, later expiry) while it works; a renewal aft
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -33,6 +36,27 @@ class Lease:
     def due_for_renewal(self, now: datetime) -> bool:
         """More than half the lease has passed."""
         return now >= self.expires_at - timedelta(seconds=self.ttl_s / 2)
+
+
+def new_owner() -> str:
+    """`host:pid:random`: an executor process as a lease owner, so that one of this host that died
+    (killed, crashed), and so cannot give its lease back, is recognised by `owner_is_dead`."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True when `owner` names a process of this host that no longer exists."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 @transaction.atomic

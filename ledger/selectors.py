@@ -26,8 +26,12 @@ def runs(workspace: Workspace) -> QuerySet[Run]:
     return Run.objects.filter(workspace=workspace)
 
 
+def find_run(workspace: Workspace, run_id: str) -> Run | None:
+    return runs(workspace).filter(run_id=run_id).first()
+
+
 def get_run(workspace: Workspace, run_id: str) -> Run:
-    run = runs(workspace).filter(run_id=run_id).first()
+    run = find_run(workspace, run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found", runId=run_id)
     return run

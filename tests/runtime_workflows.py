@@ -12,8 +12,12 @@ from typing import Any
 from ledger.runtime.providers import ScriptedProvider, append_invocation
 from ledger.runtime.registry import (AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall, Workflow,
                                      register)
+from ledger.runtime.testing import install_kill_switches
 
 INVOCATIONS_ENV = "RUNLEDGER_TEST_INVOCATIONS"
+# A `manage.py ledger run` subprocess or a forked executor that imports this module dies where the
+# RUNLEDGER_KILL_* variables say (ledger/runtime/testing.py); unset, nothing changes.
+install_kill_switches()
 
 
 def _log_path() -> Path | None:

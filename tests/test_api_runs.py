@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 
 from ledger.append import append_events
-from ledger.demo import _summarize_run
+from ledger.demo.data import _summarize_run
 from ledger.leases import acquire_run_lease
 from ledger.models import Artifact, Run, Workspace
 from ledger.tenancy import bootstrap, create_key

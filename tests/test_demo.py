@@ -105,7 +105,7 @@ def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo:
 
 
 def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspace]) -> None:
-    from ledger import demo_reexecution
+    from ledger.demo import reexecution as demo_reexecution
     from ledger.divergence import divergence_report
     from ledger.models import AuditEntry, ReexecutionRequest
 

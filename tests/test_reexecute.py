@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from ledger import clock, demo_workflows
+from ledger import clock
 from ledger.canonical import canonical_json
 from ledger.demo import DEMO_RUNS
+from ledger.demo import workflows as demo_workflows
 from ledger.divergence import divergence_report
 from ledger.gateway import ToolCallInDoubt, settle_expired_claims
 from ledger.models import CostEntry, Run, ToolGatewayClaim, Workspace

@@ -177,7 +177,7 @@ def _worker(env: dict[str, str], log: Path) -> subprocess.CompletedProcess[bytes
 def test_a_worker_killed_mid_execution_leaves_the_request_recoverable_and_it_is_never_run_twice(
         workspace, drill, people, tmp_path, monkeypatch) -> None:
     from ledger.models import Run
-    from ledger.runtime.recorder import KILL_AFTER_ENV, KILL_RUN_ENV
+    from ledger.runtime.testing import KILL_AFTER_ENV, KILL_RUN_ENV
     from tests.runtime_support import invocation_counts
     from tests.runtime_workflows import INVOCATIONS_ENV
 

@@ -5,7 +5,8 @@ again and that only the in-flight call was repeated. Then the same for a sub-run
 including the parent dying after its sub-run finished but before it recorded the outcome.
 
 The killed executor is a fork of the test process (no interpreter or Django start-up, so the
-sweep stays fast); it dies by SIGKILL from the recorder's seams, exactly as `ledger run` would.
+sweep stays fast); it dies by SIGKILL from the kill switches tests/runtime_workflows.py installs
+(ledger/runtime/testing.py), exactly as a `ledger run` of those workflows would.
 The resume is `manage.py ledger resume` run in-process with call_command.
 """
 
@@ -27,7 +28,7 @@ from django.db import connections
 
 from ledger.models import Workspace
 from ledger.runtime.executor import start_run, sub_run_id
-from ledger.runtime.recorder import KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV
+from ledger.runtime.testing import KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV
 from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     every_run_verifies, run_events as _events,

@@ -291,6 +291,20 @@ def test_from_env_reads_the_settings_and_names_what_is_missing() -> None:
                                            TIMEOUT_ENV: "soon"})
 
 
+def test_from_env_without_a_mapping_reads_the_django_settings(settings: Any) -> None:
+    settings.RUNLEDGER_OPENAI_BASE_URL, settings.RUNLEDGER_OPENAI_API_KEY = "http://127.0.0.1:11434/v1", ""
+    settings.RUNLEDGER_OPENAI_MODEL, settings.RUNLEDGER_OPENAI_TIMEOUT_S = "llama3", "7"
+    settings.RUNLEDGER_OPENAI_PROVIDER = None
+    provider = OpenAICompatibleProvider.from_env()
+    assert (provider.endpoint, provider.model_id, provider.name, provider.timeout_s) == (
+        "http://127.0.0.1:11434/v1/chat/completions", "llama3", "openai", 7.0)
+
+    settings.RUNLEDGER_OPENAI_MODEL = None
+    with pytest.raises(ModelProviderError) as missing:
+        OpenAICompatibleProvider.from_env()
+    assert missing.value.details["missing"] == [MODEL_ENV]
+
+
 def test_a_failed_tool_call_reaches_the_model_as_an_error_object() -> None:
     assert chat_message({"role": "tool", "toolCallId": "c1", "error": {"name": "LookupError", "message": "no"}}) == {
         "role": "tool", "tool_call_id": "c1", "content": '{"error": {"name": "LookupError", "message": "no"}}'}

@@ -53,19 +53,16 @@ from .permissions import Authenticated
 
 log = logging.getLogger(__name__)
 
-# Defaults; settings (LEDGER_STREAM_POLL_SECONDS, LEDGER_STREAM_KEEPALIVE_SECONDS) override them.
-POLL_SECONDS = 1.0
-KEEPALIVE_SECONDS = 15.0
 # Catch-up reads the log in pages so that a long run is never held in memory at once.
 PAGE_SIZE = 500
 
 
 def _poll_seconds() -> float:
-    return float(getattr(settings, "LEDGER_STREAM_POLL_SECONDS", POLL_SECONDS))
+    return float(settings.LEDGER_STREAM_POLL_SECONDS)
 
 
 def _keepalive_seconds() -> float:
-    return float(getattr(settings, "LEDGER_STREAM_KEEPALIVE_SECONDS", KEEPALIVE_SECONDS))
+    return float(settings.LEDGER_STREAM_KEEPALIVE_SECONDS)
 
 
 def _start_after(request: Request) -> int:

@@ -250,7 +250,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def _poll(self) -> None:
         """Read the database when nothing else made it read for a poll interval."""
-        interval = float(getattr(settings, "LEDGER_STREAM_POLL_SECONDS", 1.0))
+        interval = float(settings.LEDGER_STREAM_POLL_SECONDS)
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(max(0.0, self.last_read + interval - loop.time()))

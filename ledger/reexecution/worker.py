@@ -12,42 +12,20 @@ executed into a second new run, and no call whose answer was committed is made a
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
-import uuid
 from typing import Any
 
 from django.db import close_old_connections, connections
 
 from .. import clock
 from ..errors import LedgerError
+from ..leases import new_owner, owner_is_dead
 from ..models import ReexecutionRequest
 from . import services
 
 log = logging.getLogger(__name__)
 
 Status = ReexecutionRequest.Status
-
-
-def new_owner() -> str:
-    """`host:pid:random`, the runtime's owner format, so a dead process of this host is recognised."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """True when `owner` names a process of this host that no longer exists."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 class _Heartbeat(threading.Thread):

@@ -2,8 +2,9 @@
 
 Durability level one: a step with a committed StepCompleted never runs again; its recorded
 output is what later steps see (a decision's recorded target steers a resumed loop the same
-way). Level two lives in session.py. The executor holds the run's lease for the whole
-execution, renews it as it writes, and writes only with its fencing token.
+way). Level two lives in session.py. The executor only decides what runs next: the recorder
+(recorder.py) holds the run's lease for the whole execution, hands over what the log already
+holds (the fold's state), and writes, renewing the lease, with its fencing token.
 
 A sub-workflow is a run of its own, executed here in the same process under its own lease. Its
 id is reserved from the parent's run id and step path, and written to the parent's log
@@ -15,34 +16,26 @@ parent.
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q
-
-from .. import clock
+from .. import selectors
 from ..canonical import digest
-from ..errors import NotFound
 from ..fold import RunState
-from ..gateway import ToolCallInDoubt
-from ..leases import Lease, LeaseHeld, acquire_run_lease, release_run_lease
-from ..models import Run, RunStatus, ToolGatewayClaim, Workspace
+from ..gateway import ToolCallInDoubt, first_call_in_doubt
+from ..models import RunStatus, Workspace
 from ..projection import log_of
 from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
 from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable
 from .recorder import Recorder
-from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolCall, Workflow,
+from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow,
                        get_workflow)
 from .session import call_prefix, run_session
 from .toolcalls import call_tool
-
-LEASE_TTL_S = 300.0
 # Call ids are stored in 200 characters and carry the step path plus attempt, turn and call suffixes.
 MAX_BRANCH_PATH = 120
 _UNSET: Any = object()
@@ -72,7 +65,7 @@ def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run
     and its input must equal `input`."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     run_id = run_id or new_run_id()
-    if Run.objects.filter(workspace=workspace, run_id=run_id).exists():
+    if selectors.find_run(workspace, run_id) is not None:
         return resume_run(workspace=workspace, run_id=run_id, input=input, workflow=wf, take_over=take_over,
                           parent=parent)
     recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent)
@@ -106,50 +99,13 @@ def resume_run(*, workspace: Workspace, run_id: str, input: Any = _UNSET, workfl
 
 
 def _log(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    run = Run.objects.filter(workspace=workspace, run_id=run_id).first()
-    if run is None:
-        raise NotFound(f"run {run_id} not found", runId=run_id)
-    return log_of(run)
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _owner_is_dead(owner: str) -> bool:
-    """True when the owner is an executor process of this host that no longer exists."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def _acquire(workspace: Workspace, run_id: str, take_over: bool) -> Lease:
-    owner = _owner()
-    try:
-        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=LEASE_TTL_S,
-                                 take_over=take_over)
-    except LeaseHeld as exc:
-        # An executor of this host that died (killed, crashed) cannot give its lease back.
-        if not _owner_is_dead(str(exc.details.get("owner", ""))):
-            raise
-        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=LEASE_TTL_S, take_over=True)
+    return log_of(selectors.get_run(workspace, run_id))
 
 
 def _refuse_in_doubt(workspace: Workspace, run_id: str) -> None:
     """A tool call in doubt (its lease ran out after the request left) stops the run until an
     operator reconciles it: refuse before writing anything, naming the call and where to settle it."""
-    claim = ToolGatewayClaim.objects.filter(run__workspace=workspace, run__run_id=run_id).filter(
-        Q(status=ToolGatewayClaim.Status.IN_DOUBT)
-        | Q(status=ToolGatewayClaim.Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=clock.now()),
-    ).order_by("pk").first()
+    claim = first_call_in_doubt(workspace=workspace, run_id=run_id)
     if claim is None:
         return
     raise ToolCallInDoubt(
@@ -163,18 +119,16 @@ def _refuse_in_doubt(workspace: Workspace, run_id: str) -> None:
 def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over: bool,
              parent: Recorder | None = None, replay: Any = None) -> RunOutcome:
     _refuse_in_doubt(workspace, run_id)
-    lease = _acquire(workspace, run_id, take_over)
-    recorder: Recorder | None = None
-    try:
-        record = read_record(run_id, _log(workspace, run_id))
+    origin = replay.origin if replay is not None else None
+    with Recorder.leased(workspace=workspace, run_id=run_id, take_over=take_over, parent=parent,
+                         origin=origin) as recorder:
+        record = recorder.record
         if record.finished:
             return _outcome(workspace, record.state)
         _check_version(run_id, record, workflow)
-        recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease,
-                            parent=parent, origin=replay.origin if replay is not None else None)
         run_input = inline_or_ref(workspace, record.state.input, record.state.input_ref)
         try:
-            output = _Runner(workspace, recorder, record, workflow, run_input, replay).run()
+            output = _Runner(workspace, recorder, workflow, run_input, replay).run()
         except StepFailure as failure:
             recorder.append({"type": "RunFailed", "payload": {
                 "workflowVersionId": workflow.version_id, "error": failure.as_error()}})
@@ -182,8 +136,6 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
         recorder.append({"type": "RunCompleted", "payload": {"workflowVersionId": workflow.version_id,
                                                               "output": output}})
         return RunOutcome(run_id=run_id, status=RunStatus.COMPLETED, output=output)
-    finally:
-        release_run_lease(workspace=workspace, lease=recorder.lease if recorder and recorder.lease else lease)
 
 
 def _check_version(run_id: str, record: Record, workflow: Workflow) -> None:
@@ -203,7 +155,7 @@ def _outcome(workspace: Workspace, state: RunState) -> RunOutcome:
 
 def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
     """The outcome of a run that has ended, from its log; None when it is absent or unfinished."""
-    run = Run.objects.filter(workspace=workspace, run_id=run_id).first()
+    run = selectors.find_run(workspace, run_id)
     if run is None or not run.finished:
         return None
     record = read_record(run_id, log_of(run))
@@ -218,9 +170,10 @@ def _failure(error: Any, default: str) -> StepFailure:
 class _Runner:
     """One execution of a workflow's steps: fresh work appended, recorded work reused."""
 
-    def __init__(self, workspace: Workspace, recorder: Recorder, record: Record, workflow: Workflow,
-                 run_input: Any, replay: Any = None) -> None:
-        self.workspace, self.recorder, self.record, self.workflow = workspace, recorder, record, workflow
+    def __init__(self, workspace: Workspace, recorder: Recorder, workflow: Workflow, run_input: Any,
+                 replay: Any = None) -> None:
+        self.workspace, self.recorder, self.workflow = workspace, recorder, workflow
+        self.record = recorder.record
         self.run_input, self.replay = run_input, replay
 
     def run(self) -> Any:
@@ -288,7 +241,7 @@ class _Runner:
               visit: int | None) -> Any:
         if isinstance(step, CodeRun):
             return _user_code(step.fn, arg, outputs)
-        if isinstance(step, ToolCall):
+        if isinstance(step, ToolStep):
             args = _user_code(step.args, arg, outputs) if callable(step.args) else dict(step.args)
             field, value = call_tool(recorder=self.recorder, record=self.record, tool=self.workflow.tools[step.tool],
                                      args=args, call_id=f"{call_prefix(path, attempt)}:call", step_path=path,

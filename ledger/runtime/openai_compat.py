@@ -14,12 +14,12 @@ body that `harness.model.called` records, and it is masked out of every error me
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from django.conf import settings
 
 from ..errors import LedgerError
 from .providers import ModelReply, ModelRequest
@@ -40,6 +40,14 @@ class ModelProviderError(LedgerError):
 
     code = "model_provider_error"
     status = 502
+
+
+def _configured() -> dict[str, str]:
+    """The provider's settings that are set, by their environment variable names."""
+    values = {BASE_URL_ENV: settings.RUNLEDGER_OPENAI_BASE_URL, API_KEY_ENV: settings.RUNLEDGER_OPENAI_API_KEY,
+              MODEL_ENV: settings.RUNLEDGER_OPENAI_MODEL, PROVIDER_ENV: settings.RUNLEDGER_OPENAI_PROVIDER,
+              TIMEOUT_ENV: settings.RUNLEDGER_OPENAI_TIMEOUT_S}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 @dataclass
@@ -74,8 +82,9 @@ class OpenAICompatibleProvider:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OpenAICompatibleProvider:
         """From RUNLEDGER_OPENAI_BASE_URL, _API_KEY, _MODEL (all required; an empty key sends no
-        Authorization header, for local servers), _PROVIDER (default `openai`) and _TIMEOUT_S."""
-        env = os.environ if environ is None else environ
+        Authorization header, for local servers), _PROVIDER (default `openai`) and _TIMEOUT_S: the
+        settings of those names (console/settings.py reads them from the environment), or `environ`."""
+        env = _configured() if environ is None else environ
         missing = [name for name in (BASE_URL_ENV, API_KEY_ENV, MODEL_ENV) if name not in env]
         missing += [name for name in (BASE_URL_ENV, MODEL_ENV) if name in env and not env[name].strip()]
         if missing:

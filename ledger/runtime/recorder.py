@@ -1,68 +1,78 @@
-"""Every fact the runtime records goes through `append_events` under the run lease's fencing
-token, so an executor that lost its lease (paused, partitioned, a zombie) is `fenced` on its next
-write instead of interleaving with the one that took the run over. Before each write the lease is
-renewed once more than half of it has passed (a sub-run's writes renew its parent's lease too,
-since the parent writes nothing while its sub-run works).
+"""The runtime's one recorder: it owns the run's lease and fencing token, reads what the run's
+log already holds (from the fold, `record`), and batches the runtime's writes.
 
-Test seams (documented here, read only from the environment, inert when unset):
-
-- RUNLEDGER_KILL_AFTER_SEQUENCE=N: the process SIGKILLs itself right after the commit that took
-  the log to sequence N or beyond, if this process wrote past N (a resumer started after N lives).
-- RUNLEDGER_KILL_BEFORE_SEQUENCE=N: it SIGKILLs itself right before the write (one commit, maybe
-  of several events) that would commit sequence N, i.e. after the work that event records (a
-  model reply, a tool run) was done: the in-flight case a resume must repeat.
+Every fact goes through the one write path under the lease's fencing token, so an executor that
+lost its lease (paused, partitioned, a zombie) is `fenced` on its next write instead of
+interleaving with the one that took the run over. Before each write the lease is renewed once
+more than half of it has passed (a sub-run's writes renew its parent's lease too, since the
+parent writes nothing while its sub-run works).
 
 Facts with no effect outside between them share one commit: a model's response is deferred to
 the write that claims the tool call it asks for (or ends the session), a tool call's outcome to
 the write that records the next model call (or claims the next tool call, or ends the step).
 Whatever acts outside (a model request, a tool run) runs only after a commit that holds
 everything before it, so a crash loses at most the in-flight call's answer.
-- RUNLEDGER_KILL_RUN_ID=run_…: the two above apply only to that run's writes (a parent or one of
-  its sub-runs); unset, to every run this process writes.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
 
-from .. import clock, gateway
+from .. import clock, gateway, selectors
 from ..append import append_events
-from ..leases import Lease, renew_run_lease
+from ..fold import RunState
+from ..leases import (Lease, LeaseHeld, acquire_run_lease, new_owner, owner_is_dead, release_run_lease,
+                      renew_run_lease)
 from ..models import Workspace
+from ..projection import log_of
 from ..vocabulary import with_origin
+from .record import Record, read_record
 
-KILL_AFTER_ENV = "RUNLEDGER_KILL_AFTER_SEQUENCE"
-KILL_BEFORE_ENV = "RUNLEDGER_KILL_BEFORE_SEQUENCE"
-KILL_RUN_ENV = "RUNLEDGER_KILL_RUN_ID"
-
-
-def _seam(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value else None
+LEASE_TTL_S = 300.0
 
 
-def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+class WriteSeam(Protocol):
+    def before_write(self, last_sequence: int, count: int) -> None: ...
+
+    def after_write(self, last_sequence: int) -> None: ...
+
+
+# A test seam (ledger/runtime/testing.py installs one): given a new recorder's run id and log end,
+# what to call around its writes. None in production.
+test_seam: Callable[[str, int], WriteSeam | None] | None = None
 
 
 class Recorder:
     def __init__(self, *, workspace: Workspace, run_id: str, last_sequence: int, lease: Lease | None = None,
-                 parent: Recorder | None = None, origin: str | None = None) -> None:
+                 parent: Recorder | None = None, record: Record | None = None, origin: str | None = None) -> None:
         self.workspace = workspace
         self.origin = origin  # a re-execution's: stamped on model and tool events that carry none
         self.run_id = run_id
         self.lease = lease
         self.parent = parent
+        # What the log held when the lease was taken (nothing, for the write that starts a run).
+        self.record = record if record is not None else Record(RunState(run_id=run_id))
         self.last_sequence = last_sequence
-        self._started_at = last_sequence
         self._pending: list[Mapping[str, Any]] = []
         self._completion: dict[str, Any] | None = None
-        armed = os.environ.get(KILL_RUN_ENV, "").strip() in ("", run_id)
-        self._kill_after = _seam(KILL_AFTER_ENV) if armed else None
-        self._kill_before = _seam(KILL_BEFORE_ENV) if armed else None
+        self._seam = test_seam(run_id, last_sequence) if test_seam is not None else None
+
+    @classmethod
+    @contextmanager
+    def leased(cls, *, workspace: Workspace, run_id: str, take_over: bool, parent: Recorder | None = None,
+               origin: str | None = None) -> Iterator[Recorder]:
+        """Take the run's lease, read its log through the fold, and give the lease back at the end."""
+        lease = _acquire(workspace, run_id, take_over)
+        recorder: Recorder | None = None
+        try:
+            record = read_record(run_id, log_of(selectors.get_run(workspace, run_id)))
+            recorder = cls(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease,
+                           parent=parent, record=record, origin=origin)
+            yield recorder
+        finally:
+            release_run_lease(workspace=workspace, lease=recorder.lease if recorder and recorder.lease else lease)
 
     @property
     def fencing_token(self) -> int | None:
@@ -102,7 +112,9 @@ class Recorder:
 
     def _write(self, events: list[Mapping[str, Any]], claim: dict[str, Any] | None = None) -> gateway.Batch:
         batch, completion = [with_origin(e, self.origin) for e in (*self._pending, *events)], self._completion
-        self._before_write(len(batch) + (completion is not None) + (claim is not None))
+        if self._seam is not None:
+            self._seam.before_write(self.last_sequence, len(batch) + (completion is not None) + (claim is not None))
+        self.keep_alive()
         self.discard()
         if completion is None and claim is None:
             last = append_events(workspace=self.workspace, run_id=self.run_id, events=batch,
@@ -112,7 +124,9 @@ class Recorder:
             outcome = gateway.runtime_batch(workspace=self.workspace, run_id=self.run_id,
                                             fencing_token=self.fencing_token, complete=completion, events=batch,
                                             claim=claim, origin=self.origin)
-        self._after_write(outcome.last_sequence)
+        self.last_sequence = outcome.last_sequence
+        if self._seam is not None:
+            self._seam.after_write(outcome.last_sequence)
         return outcome
 
     def keep_alive(self) -> None:
@@ -122,14 +136,14 @@ class Recorder:
         if self.parent is not None:
             self.parent.keep_alive()
 
-    def _before_write(self, count: int) -> None:
-        # `count` is what the write is expected to append (a gateway refusal may add or drop one)
-        if self._kill_before is not None and self.last_sequence < self._kill_before <= self.last_sequence + count:
-            _die()
-        self.keep_alive()
 
-    def _after_write(self, last_sequence: int) -> None:
-        self.last_sequence = last_sequence
-        n = self._kill_after
-        if n is not None and self._started_at < n <= last_sequence:
-            _die()
+def _acquire(workspace: Workspace, run_id: str, take_over: bool) -> Lease:
+    owner = new_owner()
+    try:
+        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=LEASE_TTL_S,
+                                 take_over=take_over)
+    except LeaseHeld as exc:
+        # An executor of this host that died (killed, crashed) cannot give its lease back.
+        if not owner_is_dead(str(exc.details.get("owner", ""))):
+            raise
+        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=LEASE_TTL_S, take_over=True)

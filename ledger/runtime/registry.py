@@ -9,7 +9,8 @@ up as drift on resume rather than as a new workflow.
 Step kinds (every one takes `retries=N`: a StepFailed with `retriable: true`, then attempt N+1):
 
 - `CodeRun(id, fn)`: `fn(input, outputs)` -> a JSON value.
-- `ToolCall(id, tool, args)`: one call of a workflow tool through the tool gateway.
+- `ToolStep(id, tool, args)`: one call of a workflow tool through the tool gateway (`ToolCall`
+  is the same class under its former name).
 - `AIGenerate(id, prompt, system=, model=, tools=)`: an agent loop in a harness session.
 - `Decision(id, route, max_visits=3, loop_to=None)`: `route(input, outputs)` returns the id of
   the step to go to next, or None to go on in order. Its output is `{"target": id-or-None}`.
@@ -19,7 +20,7 @@ Step kinds (every one takes `retries=N`: a StepFailed with `retriable: true`, th
   with `max_visits_exceeded`. Later steps see the newest visit's output under the plain id.
   Loop regions may not overlap.
 - `Parallel(id, items, branch, max_branches=16)`: `items(input, outputs)` is a list or dict;
-  `branch` (a CodeRun, ToolCall, AIGenerate or SubWorkflow) runs once per item at the path
+  `branch` (a CodeRun, ToolStep, AIGenerate or SubWorkflow) runs once per item at the path
   `<id>[<key>]` (list index or dict key), its callables called as `fn(item, outputs)`. The
   output is the list (or dict) of branch outputs. Branches run one after another in this
   executor; more than `max_branches` items fail the step. Retries are the branch's own.
@@ -61,10 +62,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.conf import settings
 
 from ..canonical import digest
 from .errors import UnknownWorkflow
@@ -72,8 +74,6 @@ from .providers import ModelProvider
 
 # input, outputs of earlier steps by step id -> a JSON value
 StepFn = Callable[[Any, Mapping[str, Any]], Any]
-WORKFLOW_MODULES_ENV = "RUNLEDGER_WORKFLOW_MODULES"
-BUILTIN_MODULES = ("ledger.runtime.examples", "ledger.demo_workflows")
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class CodeRun:
 
 
 @dataclass(frozen=True)
-class ToolCall:
+class ToolStep:
     id: str
     tool: str
     args: StepFn | Mapping[str, Any] = field(default_factory=dict)
@@ -166,7 +166,11 @@ class Decision:
                               "maxVisits": self.max_visits, "loopTo": self.loop_to}, self.retries)
 
 
-BranchStep = CodeRun | ToolCall | AIGenerate | SubWorkflow
+# The step's name before the fold's record (ToolCallState) and the gateway's model (ToolCall) made
+# three things of that name; workflow code written with it keeps working.
+ToolCall = ToolStep
+
+BranchStep = CodeRun | ToolStep | AIGenerate | SubWorkflow
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,7 @@ class Parallel:
                               "branch": self.branch.definition(), "maxBranches": self.max_branches}, self.retries)
 
 
-Step = CodeRun | ToolCall | AIGenerate | SubWorkflow | Decision | Parallel
+Step = CodeRun | ToolStep | AIGenerate | SubWorkflow | Decision | Parallel
 
 
 @dataclass(frozen=True)
@@ -217,8 +221,8 @@ class Workflow:
                                      "give its branch step `retries` instead")
                 if step.max_branches < 1:
                     raise ValueError(f"workflow {self.name}: parallel step {step.id} needs max_branches >= 1")
-                if not isinstance(step.branch, (CodeRun, ToolCall, AIGenerate, SubWorkflow)):
-                    raise ValueError(f"workflow {self.name}: the branch of {step.id} must be a CodeRun, ToolCall, "
+                if not isinstance(step.branch, (CodeRun, ToolStep, AIGenerate, SubWorkflow)):
+                    raise ValueError(f"workflow {self.name}: the branch of {step.id} must be a CodeRun, ToolStep, "
                                      "AIGenerate or SubWorkflow")
                 self._check_step(step.branch)
             if isinstance(step, Decision) and step.max_visits < 1:
@@ -226,7 +230,7 @@ class Workflow:
         self.loop_regions()  # raises on a bad loop_to or overlapping loops
 
     def _check_step(self, step: Step) -> None:
-        if isinstance(step, ToolCall) and step.tool not in self.tools:
+        if isinstance(step, ToolStep) and step.tool not in self.tools:
             raise ValueError(f"workflow {self.name}: step {step.id} uses unknown tool {step.tool}")
         if isinstance(step, AIGenerate):
             missing = [t for t in step.tools if t not in self.tools]
@@ -289,12 +293,11 @@ def get_workflow(name: str) -> Workflow:
         return _WORKFLOWS[name]
     except KeyError:
         raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {sorted(_WORKFLOWS)}); "
-                              f"list modules that define workflows in {WORKFLOW_MODULES_ENV}", workflow=name) from None
+                              "list modules that define workflows in RUNLEDGER_WORKFLOW_MODULES", workflow=name) from None
 
 
 def load_modules(extra: Iterable[str] = ()) -> None:
-    """Import the modules that register workflows: the built-in examples, those named in
-    RUNLEDGER_WORKFLOW_MODULES (comma-separated) and `extra`."""
-    named = [m.strip() for m in os.environ.get(WORKFLOW_MODULES_ENV, "").split(",") if m.strip()]
-    for module in (*BUILTIN_MODULES, *named, *extra):
+    """Import the modules that register workflows: those of the RUNLEDGER_WORKFLOW_MODULES setting
+    (the demo's, and those the environment variable of that name adds) and `extra`."""
+    for module in (*settings.RUNLEDGER_WORKFLOW_MODULES, *extra):
         importlib.import_module(module)

@@ -1,5 +1,6 @@
-"""The workflows `ledger demo` executes with the runtime (registered like any other workflow module,
-so `ledger resume` finds them too).
+"""The demo's workflows, registered like any other workflow module: `ledger.demo.workflows` is in
+the default RUNLEDGER_WORKFLOW_MODULES setting (console/settings.py), so `ledger run`, `ledger
+resume` and `ledger demo` find them; the runtime itself never imports the demo.
 
 The models are the built-in scripted provider standing in for named models (provider and model
 id are what the price table knows), so the demo's costs are priced like real traffic; one
@@ -12,8 +13,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from .runtime.providers import ModelRequest, ScriptedProvider
-from .runtime.registry import AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall, Workflow, register
+from ..runtime.providers import ModelRequest, ScriptedProvider
+from ..runtime.registry import AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolStep, Workflow, register
 
 
 class DemoCrash(BaseException):
@@ -28,11 +29,11 @@ def _n(text: str, spread: int) -> int:
 
 # --- tools ------------------------------------------------------------------------------------
 
-_ORDERS = {"A-1": ("shipped", "DHL"), "B-2": ("delayed", "UPS"), "C-3": ("lost", "FedEx"), "D-4": ("delivered", "DPD")}
+ORDERS = {"A-1": ("shipped", "DHL"), "B-2": ("delayed", "UPS"), "C-3": ("lost", "FedEx"), "D-4": ("delivered", "DPD")}
 
 
 def lookup_order(args: Any) -> dict[str, Any]:
-    status = _ORDERS.get(str(args.get("orderId")))
+    status = ORDERS.get(str(args.get("orderId")))
     if status is None:
         raise LookupError(f"no order {args.get('orderId')}")
     return {"orderId": args["orderId"], "status": status[0], "carrier": status[1]}
@@ -117,7 +118,7 @@ def _triage(name: str, provider: str, model: str) -> Workflow:
         steps=(
             CodeRun("normalize", normalize),
             AIGenerate("draft", triage_prompt, system="You answer support tickets.", tools=("lookup_order",)),
-            ToolCall("confirm", "lookup_order", confirm_args),
+            ToolStep("confirm", "lookup_order", confirm_args),
         ),
         tools={"lookup_order": LOOKUP},
         models={"default": _provider(provider, model, "lookup_order", "orderId")},
@@ -127,6 +128,23 @@ def _triage(name: str, provider: str, model: str) -> Workflow:
 
 SUPPORT_TRIAGE = _triage("support.triage", "openai", "gpt-4o-mini")
 SUPPORT_TRIAGE_PREMIUM = _triage("support.triage-premium", "anthropic", "claude-sonnet-4-6")
+
+# The README's first run: `manage.py ledger run triage --input '{"ticket": "...", "orderId": "A-1"}'`.
+TRIAGE = register(Workflow(
+    name="triage",
+    steps=(
+        CodeRun("normalize", normalize),
+        AIGenerate("draft", triage_prompt, system="You answer support tickets.", tools=("lookup_order",)),
+        ToolStep("confirm", "lookup_order", confirm_args),
+        CodeRun("summarize", triage_output),
+    ),
+    tools={"lookup_order": LOOKUP},
+    models={"default": ScriptedProvider(script={"draft": [
+        {"toolCalls": [{"id": "c1", "name": "lookup_order", "args": {"orderId": "A-1"}}],
+         "usage": {"inputTokens": 120, "outputTokens": 15}},
+        {"text": "Your order A-1 has shipped with DHL.", "usage": {"inputTokens": 180, "outputTokens": 12}},
+    ]}, model_id="scripted-1")},
+))
 
 
 def refund_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,7 +156,7 @@ SUPPORT_REFUND = register(Workflow(
     steps=(
         CodeRun("normalize", normalize),
         AIGenerate("assess", triage_prompt, system="Decide whether a refund is due.", tools=("lookup_order",)),
-        ToolCall("refund", "issue_refund", refund_args),
+        ToolStep("refund", "issue_refund", refund_args),
     ),
     tools={"lookup_order": LOOKUP, "issue_refund": REFUND},
     models={"default": _provider("openai", "gpt-4o", "lookup_order", "orderId")},
@@ -217,7 +235,7 @@ def topic_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
 RESEARCH_TOPIC = register(Workflow(
     name="research.topic",
     steps=(
-        ToolCall("sources", "fetch_sources", sources_args),
+        ToolStep("sources", "fetch_sources", sources_args),
         AIGenerate("summary", topic_prompt, system="You summarise sources."),
     ),
     tools={"fetch_sources": Tool("fetch_sources", fetch_sources, description="Licensed sources for a topic",

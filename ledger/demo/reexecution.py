@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 
-from .models import ReexecutionRequest, Workspace
-from .reexecution import selectors as reexecutions
-from .reexecution import services, worker
+from ..models import ReexecutionRequest, Workspace
+from ..reexecution import selectors as reexecutions
+from ..reexecution import services, worker
 
 RUN = "run_demo_triage"
 WAITING = "Does the draft hold up with the new knowledge-base prompt? Please approve a fork from draft."

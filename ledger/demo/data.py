@@ -3,11 +3,11 @@
 - tenants `acme` (workspaces `support`, `research`) and `globex` (`main`); members alice (admin),
   bob (approver), carol (operator), dave (viewer) in acme, gina (admin) in globex.
 - runs an external harness appended through the API's write path (`DEMO_RUNS`), one still open;
-- runs the runtime executed (ledger/demo_workflows.py): a run that crashed mid-step and was
+- runs the runtime executed (ledger/demo/workflows.py): a run that crashed mid-step and was
   resumed (its log shows the fast-forward), a tool call left in doubt for an operator to
   reconcile, a model the price table does not know (cost n/a), an output large enough to be an
-  artifact, the orchestrator and decision loop of ledger/demo_workflows.py;
-- re-executions of run_demo_triage in every state (ledger/demo_reexecution.py): a fork waiting
+  artifact, the orchestrator and decision loop of ledger/demo/workflows.py;
+- re-executions of run_demo_triage in every state (ledger/demo/reexecution.py): a fork waiting
   for approval, an approved fork whose output changed, a simulation that reproduced its original,
   a denied rerun;
 - `history_runs` runs spread over the last 30 days (backdated with ledger.clock.backdated) for
@@ -22,14 +22,15 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from . import clock, demo_reexecution, demo_workflows
-from .append import append_events
-from .canonical import digest
-from .feedback import record_feedback
-from .gateway import ToolCallInDoubt, settle_expired_claims
-from .models import Run, Workspace
-from .runtime.executor import resume_run, start_run
-from .tenancy import bootstrap, create_user
+from .. import clock
+from ..append import append_events
+from ..canonical import digest
+from ..feedback import record_feedback
+from ..gateway import ToolCallInDoubt, settle_expired_claims
+from ..models import Run, Workspace
+from ..runtime.executor import resume_run, start_run
+from ..tenancy import bootstrap, create_user
+from . import reexecution, workflows
 
 DEMO_PASSWORD = "runledger-demo"
 USERS = [("alice", "admin"), ("bob", "approver"), ("carol", "operator"), ("dave", "viewer")]
@@ -105,7 +106,7 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
         if missing(ws, run_id):
             append_events(workspace=ws, run_id=run_id, events=events)
     _showcase(workspaces, missing)
-    demo_reexecution.lay_out(workspaces["acme/support"])
+    reexecution.lay_out(workspaces["acme/support"])
     _history(workspaces, missing, history_runs)
     created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
     return f"{created} run(s) created, {before} already present"
@@ -119,21 +120,21 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
                   input={"ticket": "Where is my parcel?", "orderId": "A-1"})
     if missing(support, "run_demo_crashed_resumed"):
         run_input = {"ticket": "My order is late, again.", "orderId": "B-2"}
-        demo_workflows.CRASH_ON_TURN[f"Customer says: {run_input['ticket']} (order B-2)"] = 2
+        workflows.CRASH_ON_TURN[f"Customer says: {run_input['ticket']} (order B-2)"] = 2
         with clock.backdated(now - timedelta(minutes=20)):
             try:
                 start_run(workspace=support, workflow="support.triage", run_id="run_demo_crashed_resumed",
                           input=run_input)
-            except demo_workflows.DemoCrash:
+            except workflows.DemoCrash:
                 pass  # the log now ends with turn 2's harness.model.called and no response
         resume_run(workspace=support, run_id="run_demo_crashed_resumed", input=run_input)
     if missing(support, "run_demo_in_doubt"):
-        demo_workflows.CRASH_ON_REFUND.add("C-3")
+        workflows.CRASH_ON_REFUND.add("C-3")
         with clock.backdated(now - timedelta(hours=2)):
             try:
                 start_run(workspace=support, workflow="support.refund", run_id="run_demo_in_doubt",
                           input={"ticket": "Parcel lost, refund please.", "orderId": "C-3", "amount": 49.9})
-            except demo_workflows.DemoCrash:
+            except workflows.DemoCrash:
                 pass  # the refund request left; its lease has long expired since
         settle_expired_claims(workspace=support, run_id="run_demo_in_doubt")
         try:
@@ -180,7 +181,7 @@ def _history(workspaces: dict[str, Workspace], missing: Any, count: int) -> None
         if workflow.startswith("research."):
             run_input: dict[str, Any] = {"topic": f"{_TOPICS[i % len(_TOPICS)]} #{i}"}
         else:
-            order = "Z-9" if i % 19 == 7 else sorted(demo_workflows._ORDERS)[i % 4]
+            order = "Z-9" if i % 19 == 7 else sorted(workflows.ORDERS)[i % 4]
             run_input = {"ticket": f"{_TICKETS[i % len(_TICKETS)]} (#{i})", "orderId": order}
         with clock.backdated(at):
             start_run(workspace=ws, workflow=workflow, run_id=run_id, input=run_input)
