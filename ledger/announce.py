@@ -1,4 +1,4 @@
-"""After-commit announcements of appended events on the channel layer.
+"""After-commit announcements of appended events on the channel layer, and hearing them.
 
 The layer is lossy by design: a message carries only the run and its last sequence (or, to a
 workspace's runs list, only the run id), and readers always fetch what changed from the database.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.layers import BaseChannelLayer, InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from .models import Run
@@ -96,3 +96,45 @@ def send_after_commit(group: str, message: dict[str, Any]) -> None:
     """Send `message` to `group` once the current transaction commits (re-execution changes,
     ledger/reexecution); lossy like every announcement, readers fetch the state themselves."""
     transaction.on_commit(lambda: _send(group, message))
+
+
+class Subscription:
+    """A channel of this process's own in a run's group (ledger.follow listens on it). Joining
+    and leaving never fail the reader: without the layer it only hears nothing, and polls."""
+
+    def __init__(self, run_pk: int) -> None:
+        self.group = group_for(run_pk)
+        self.layer: BaseChannelLayer | None = None
+        self.channel: str | None = None
+
+    async def join(self) -> bool:
+        layer = get_channel_layer()
+        if layer is None:
+            return False
+        try:
+            channel = await layer.new_channel()
+            await layer.group_add(self.group, channel)
+        except Exception:
+            log.warning("could not join %s; polling the database only", self.group, exc_info=True)
+            return False
+        self.layer, self.channel = layer, channel
+        return True
+
+    async def receive(self) -> dict[str, Any]:
+        assert self.layer is not None and self.channel is not None
+        return await self.layer.receive(self.channel)
+
+    async def refresh(self) -> None:
+        """Layers expire group membership (a day by default); a long reader renews it."""
+        if self.layer is not None and self.channel is not None:
+            try:
+                await self.layer.group_add(self.group, self.channel)
+            except Exception:
+                log.warning("could not renew %s", self.group, exc_info=True)
+
+    async def leave(self) -> None:
+        if self.layer is not None and self.channel is not None:
+            try:
+                await self.layer.group_discard(self.group, self.channel)
+            except Exception:
+                log.warning("could not leave %s", self.group, exc_info=True)

@@ -1,5 +1,5 @@
 """Domain errors. Each carries the API.md error code and HTTP status; the API's exception
-handler turns them into the error envelope, the CLI into a message and exit code."""
+handler turns them into the error body, the CLI into a message and exit code."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ class LedgerError(Exception):
         self.message = message
         self.details = details
 
-    def envelope(self) -> dict[str, Any]:
+    def error_body(self) -> dict[str, Any]:
+        """The API's error body `{"error": {code, message, details}}` (not an event envelope)."""
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
 
@@ -66,11 +67,6 @@ class RunAlreadyStarted(Conflict):
 
 class RunFinished(Conflict):
     code = "run_finished"
-
-
-class PayloadTooLarge(LedgerError):
-    code = "payload_too_large"
-    status = 413
 
 
 class IntegrityFailure(LedgerError):

@@ -178,6 +178,12 @@ def lease_ran_out_after_outbound(claim: ToolGatewayClaim, now: datetime) -> bool
     return claim.status == Status.CLAIMED and claim.outbound_at is not None and claim.lease_expires_at <= now
 
 
+def is_in_doubt(claim: ToolGatewayClaim, now: datetime | None = None) -> bool:
+    """In doubt, or about to be: the gateway writes a lapsed call down as in doubt on the next
+    touch (reconciling is one)."""
+    return claim.status == Status.IN_DOUBT or lease_ran_out_after_outbound(claim, now or clock.now())
+
+
 def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, emit: Emit) -> bool:
     """A lease that ran out after the request left makes the call in doubt: nobody knows whether
     the tool acted, so it is never retried automatically. True when this call just became so."""
@@ -539,3 +545,14 @@ def tool_call_rows(run: Run, *, after_pk: int = 0, limit: int = 50, status: str 
         qs = qs.filter(status=status)
     return list(qs[:limit])
 
+
+def claims_by_call(run: Run) -> dict[str, ToolGatewayClaim]:
+    """The run's control rows by call id."""
+    return {c.call_id: c for c in ToolGatewayClaim.objects.filter(run=run)}
+
+
+def in_doubt_call_ids(run: Run) -> set[str]:
+    """Calls in doubt or about to be (`is_in_doubt`), read now."""
+    now = clock.now()
+    rows = ToolGatewayClaim.objects.filter(run=run, status__in=[Status.CLAIMED, Status.IN_DOUBT])
+    return {c.call_id for c in rows if is_in_doubt(c, now)}

@@ -14,12 +14,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import Avg, Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from .envelopes import event_envelope
 from .errors import NotFound
-from .models import CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
+from .models import Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -27,7 +27,10 @@ def runs(workspace: Workspace) -> QuerySet[Run]:
 
 
 def find_run(workspace: Workspace, run_id: str) -> Run | None:
-    return runs(workspace).filter(run_id=run_id).first()
+    run = runs(workspace).filter(run_id=run_id).first()
+    if run is not None:
+        run.workspace = workspace  # the same row, loaded with its tenant by whoever found it
+    return run
 
 
 def get_run(workspace: Workspace, run_id: str) -> Run:
@@ -35,6 +38,17 @@ def get_run(workspace: Workspace, run_id: str) -> Run:
     if run is None:
         raise NotFound(f"run {run_id} not found", runId=run_id)
     return run
+
+
+def all_runs(workspace: Workspace | None = None) -> QuerySet[Run]:
+    """Every run (of one workspace, or of all: the command line's view), in creation order."""
+    qs = Run.objects.select_related("workspace__tenant").order_by("pk")
+    return qs.filter(workspace=workspace) if workspace is not None else qs
+
+
+def run_head(run: Run) -> tuple[str, int] | None:
+    """The run's status and last sequence as committed now; None once retention deleted it."""
+    return Run.objects.filter(pk=run.pk).values_list("status", "last_sequence").first()
 
 
 def events(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None) -> list[dict[str, Any]]:
@@ -46,10 +60,33 @@ def events(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: s
     return [event_envelope(e, run.run_id) for e in qs]
 
 
-def memberships(user: User | AnonymousUser) -> QuerySet[Membership]:
-    if isinstance(user, AnonymousUser):
-        return Membership.objects.none()
-    return Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
+def artifact_in(workspaces: Iterable[Workspace], sha256: str) -> Artifact | None:
+    """The first stored copy of these bytes in any of the workspaces."""
+    return Artifact.objects.filter(workspace__in=list(workspaces), sha256=sha256).order_by("pk").first()
+
+
+def user_named(username: str) -> User | None:
+    return User.objects.filter(username=username).first()
+
+
+def memberships(user: User | AnonymousUser, *, tenant_slug: str | None = None) -> list[Membership]:
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return []
+    qs = Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
+    return list(qs.filter(tenant__slug=tenant_slug) if tenant_slug else qs)
+
+
+def membership(user: User, tenant: Tenant) -> Membership | None:
+    return Membership.objects.filter(user=user, tenant=tenant).first()
+
+
+def all_workspaces() -> QuerySet[Workspace]:
+    """Every workspace of every tenant: the command line's view (it holds the database anyway)."""
+    return Workspace.objects.select_related("tenant").order_by("tenant__slug", "slug")
+
+
+def workspace_named(tenant_slug: str, workspace_slug: str) -> Workspace | None:
+    return all_workspaces().filter(tenant__slug=tenant_slug, slug=workspace_slug).first()
 
 
 def workspaces_for(user: User | AnonymousUser) -> QuerySet[Workspace]:
@@ -61,13 +98,6 @@ def workspaces_for(user: User | AnonymousUser) -> QuerySet[Workspace]:
         .select_related("tenant")
         .order_by("tenant__slug", "slug")
     )
-
-
-def workspace_for(user: User | AnonymousUser, tenant_slug: str, workspace_slug: str) -> Workspace:
-    ws = workspaces_for(user).filter(tenant__slug=tenant_slug, slug=workspace_slug).first()
-    if ws is None:
-        raise NotFound(f"workspace {tenant_slug}/{workspace_slug} not found")
-    return ws
 
 
 def filtered_runs(
@@ -225,3 +255,57 @@ def daily_model_costs(*, start: date, end: date, workspace: Workspace | None = N
                        calls=c["calls"], priced_calls=c["priced"])
         for c in cells
     ]
+
+
+# --- one run, for its page -----------------------------------------------------------------------
+
+
+def newest_workspace_for(user: User | AnonymousUser) -> Workspace | None:
+    """The member's workspace where a run started last (those without runs last, by name)."""
+    return workspaces_for(user).annotate(newest=Max("runs__created_at")).order_by(
+        F("newest").desc(nulls_last=True), "tenant__slug", "slug").first()
+
+
+@dataclass(frozen=True)
+class FeedbackSummary:
+    count: int
+    average: float | None
+    latest: list[Feedback]
+
+
+def feedback_summary(run: Run, *, latest: int) -> FeedbackSummary:
+    """How many ratings, their average, and the newest `latest` of them (with their authors)."""
+    summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
+    rows = list(Feedback.objects.filter(run=run).select_related("author", "api_key")
+                .order_by("-created_at", "-pk")[:latest])
+    average = summary["average"]
+    return FeedbackSummary(summary["count"], None if average is None else float(average), rows)
+
+
+def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:
+    """Steps at positions start .. start+size-1, and how many the run has. Positions are dense
+    from 0 (the fold numbers steps by first appearance), so a page is a range."""
+    steps = list(Step.objects.filter(run=run, position__gte=start, position__lt=start + size).order_by("position"))
+    return steps, Step.objects.filter(run=run).count()
+
+
+def costs_by_model(run: Run) -> list[dict[str, Any]]:
+    """Per (provider, model): calls, priced calls, cost (NULL when none priced) and tokens, summed
+    in the database."""
+    return [dict(row) for row in
+        CostEntry.objects.filter(run=run).values("provider", "model_id")
+        .annotate(calls=Count("pk"), priced=Count("cost_usd"), cost=Sum("cost_usd"),
+                  input=Sum("input_tokens"), output=Sum("output_tokens"),
+                  cached=Sum("cached_input_tokens"), reasoning=Sum("reasoning_tokens"))
+        .order_by("provider", "model_id")]
+
+
+def run_family(run: Run) -> list[Run]:
+    """The run and every run below it, any depth, in one query on the root's projection (plus
+    direct children recorded before their root was known), oldest first."""
+    root = run.root_run_id or run.run_id
+    family = list(runs(run.workspace).filter(
+        Q(root_run_id__in={root, run.run_id}) | Q(parent_run_id=run.run_id)).order_by("created_at", "pk"))
+    for r in family:
+        r.workspace = run.workspace
+    return family

@@ -8,7 +8,6 @@ import secrets
 from collections.abc import Iterable
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -26,17 +25,6 @@ def bootstrap(*, tenant: str, workspace: str) -> Workspace:
     """Create the tenant and workspace if absent (idempotent)."""
     t, _ = Tenant.objects.get_or_create(slug=tenant, defaults={"name": tenant})
     ws, _ = Workspace.objects.get_or_create(tenant=t, slug=workspace, defaults={"name": workspace})
-    return ws
-
-
-def workspace_by_path(path: str) -> Workspace:
-    """`tenant/workspace` -> Workspace."""
-    tenant, sep, workspace = path.partition("/")
-    if not sep or not tenant or not workspace:
-        raise LedgerError(f"workspace must be given as TENANT/WORKSPACE, got {path!r}")
-    ws = Workspace.objects.select_related("tenant").filter(tenant__slug=tenant, slug=workspace).first()
-    if ws is None:
-        raise NotFound(f"workspace {path} not found")
     return ws
 
 
@@ -121,9 +109,3 @@ def revoke_key(api_key: ApiKey, *, by: audit.Actor = CLI) -> None:
         workspace = Workspace.objects.select_related("tenant").get(pk=api_key.workspace_id)
         audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_REVOKED,
                      target=audit.key_actor(api_key), details={"name": api_key.name})
-
-
-def membership_for(user: User | AnonymousUser, tenant: Tenant) -> Membership | None:
-    if isinstance(user, AnonymousUser) or not user.is_authenticated:
-        return None
-    return Membership.objects.filter(user=user, tenant=tenant).first()

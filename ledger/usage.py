@@ -85,20 +85,35 @@ def _key_expression(group_by: str) -> Any:
     return Concat(F("run__workspace__tenant__slug"), Value("/"), F("run__workspace__slug"), output_field=CharField())
 
 
-def usage_rows(*, group_by: str, start: date, end: date, workspace: Workspace | None = None,
-               tenant: Tenant | None = None) -> tuple[list[UsageRow], UsageRow]:
-    """Rows ordered by key, and the total over all of them, for cost entries recorded from `start`
-    to `end` (both inclusive, UTC days) in one workspace or across a tenant."""
+def _grouped(entries: QuerySet[CostEntry], group_by: str) -> QuerySet[Any]:
     if group_by not in GROUPINGS:
         raise ValueError(f"group_by must be one of {GROUPINGS}")
-    entries = _entries(workspace=workspace, tenant=tenant, start=start, end=end)
-    grouped: Iterable[Mapping[str, Any]] = (
-        entries.annotate(group_key=_key_expression(group_by)).values("group_key")
-        .annotate(**_AGGREGATES).order_by("group_key")
-    )
+    return (entries.annotate(group_key=_key_expression(group_by)).values("group_key")
+            .annotate(**_AGGREGATES).order_by("group_key"))
+
+
+def _rows(grouped: Iterable[Mapping[str, Any]], group_by: str) -> list[UsageRow]:
     rows = [_row(r["group_key"], r) for r in grouped]
     if group_by == "workflow":
         # A run without a RunStarted workflow id projects as "": report it as null.
         rows = [r if r.key else replace(r, key=None) for r in rows]
-    total = _row(None, entries.aggregate(**_AGGREGATES))
-    return rows, total
+    return rows
+
+
+def usage_rows(*, group_by: str, start: date, end: date, workspace: Workspace | None = None,
+               tenant: Tenant | None = None) -> tuple[list[UsageRow], UsageRow]:
+    """Rows ordered by key, and the total over all of them, for cost entries recorded from `start`
+    to `end` (both inclusive, UTC days) in one workspace or across a tenant."""
+    entries = _entries(workspace=workspace, tenant=tenant, start=start, end=end)
+    rows = _rows(_grouped(entries, group_by), group_by)
+    return rows, _row(None, entries.aggregate(**_AGGREGATES))
+
+
+def usage_page(*, group_by: str, start: date, end: date, offset: int, limit: int,
+               workspace: Workspace | None = None, tenant: Tenant | None = None,
+               ) -> tuple[list[UsageRow], UsageRow, bool]:
+    """`usage_rows`, `limit` rows from the `offset`-th (paged in SQL), the total over all rows,
+    and whether more rows follow."""
+    entries = _entries(workspace=workspace, tenant=tenant, start=start, end=end)
+    rows = _rows(_grouped(entries, group_by)[offset:offset + limit + 1], group_by)
+    return rows[:limit], _row(None, entries.aggregate(**_AGGREGATES)), len(rows) > limit

@@ -93,3 +93,8 @@ def _section(report: str, contract: str) -> str:
     start = report.index(contract + "\n")
     headings = [report.index(name + "\n", start + 1) for name in CONTRACTS if name + "\n" in report[start + 1:]]
     return report[start:min(headings, default=len(report))]
+
+
+def test_the_console_makes_no_orm_query() -> None:
+    """Views, consumers and their helpers read through ledger selectors and services only."""
+    assert orm_uses(REPO_ROOT) == []

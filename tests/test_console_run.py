@@ -153,7 +153,7 @@ def test_header_shows_status_workflow_cost_and_parent(client: Client, member: An
 
     child = client.get("/w/acme/support/runs/run_child/").content.decode()
     assert f'href="{BASE}">run_page</a>' in child
-    assert "Cost</dt><dd>$0.000000 <span class=\"muted\">no model calls" in child
+    assert "Cost</dt><dd>$0 <span class=\"muted\">no model calls" in child
 
 
 def test_an_unpriced_run_costs_n_a(client: Client, member: Any, workspace: Workspace) -> None:
@@ -375,9 +375,9 @@ def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(client: Cli
     assert "branch-failed" in nodes["run_leaf"] and "branch-failed" not in nodes["run_ok"]
     assert html.count("✗ failed below") == 2  # root and mid: failed below, not themselves
     # gpt-4o-mini at $0.15 per 1M input tokens: root + ok + leaf priced, mid unpriced.
-    assert "cost $0.450000 <span class=\"muted\">(3/4 priced (75%))" in html
+    assert "cost $0.45 <span class=\"muted\">(3/4 priced (75%))" in html
     mid = html.split('data-run-id="run_mid"')[1]
-    assert "cost $0.150000 <span class=\"muted\">(1/2 priced (50%))" in mid
+    assert "cost $0.15 <span class=\"muted\">(1/2 priced (50%))" in mid
     # A sub-run's own page shows the tree below it.
     assert "1 below this run" in client.get("/w/acme/support/runs/run_mid/subruns/").content.decode()
 

@@ -93,7 +93,7 @@ def test_rows_show_status_workflow_cost_subruns_and_rating(browser: Client, runs
     assert 'href="/w/acme/support/runs/run_priced/"' in priced and 'class="mono run-id"' in priced
     assert '<span class="status status-completed">completed</span>' in priced
     assert "wf_summarize" in priced and "nightly digest" in priced
-    assert re.search(r"\$0\.0002\b", priced)  # 1000 in x 0.15 + 100 out x 0.6 per 1M tokens
+    assert re.search(r"\$0\.00021\b", priced)  # 1000 in x 0.15 + 100 out x 0.6 per 1M tokens
     assert "4.5★" in priced and "(2)" in priced
     unpriced = row_of(response.content, "run_unpriced")
     assert 'class="num cost na"' in unpriced and ">n/a<" in unpriced and "$0" not in unpriced

@@ -16,6 +16,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from console.format import money
 from console.pages.usage import _dollars, _nice_step
 from ledger.append import append_events
 from ledger.models import CostEntry, Run, Workspace
@@ -109,8 +110,8 @@ def test_table_shows_tokens_cost_calls_and_coverage_per_model(browser: Client, c
     assert rows["acme.chat/house"][1:] == ["500", "0", "50", "0", "n/a", "0", "1", "0%"]
     assert rows["openai/gpt-4o"][1:] == ["1,000", "0", "100", "40", "$0.0035", "1", "0", "100%"]
     # (1000 x 0.15 + 1000 x 0.075 + 200 x 0.6 + 1000 x 0.15 + 100 x 0.6) / 1M
-    assert rows["openai/gpt-4o-mini"][1:] == ["3,000", "1,000", "300", "0", "$0.0006", "2", "0", "100%"]
-    assert rows["total"][1:] == ["4,500", "1,000", "450", "40", "$0.0041", "3", "1", "75%"]
+    assert rows["openai/gpt-4o-mini"][1:] == ["3,000", "1,000", "300", "0", "$0.000555", "2", "0", "100%"]
+    assert rows["total"][1:] == ["4,500", "1,000", "450", "40", "$0.004055", "3", "1", "75%"]
     days = table(html, "usage-days")
     assert list(days) == ["2026-03-01", "2026-03-02"]
     assert days["2026-03-01"][-3:] == ["1", "1", "50%"]
@@ -128,12 +129,12 @@ def test_default_range_is_the_last_30_days(browser: Client, append) -> None:
 
 def test_chart_stacks_bars_per_day_and_model_with_dollar_ticks_and_legend(browser: Client, calls: None) -> None:
     chart = svg(browser.get(URL + RANGE).content.decode())
-    assert 'role="img"' in chart and re.search(r'aria-label="Daily cost by model from 2026-03-01 to 2026-03-02: \$0\.0041', chart)
+    assert 'role="img"' in chart and re.search(r'aria-label="Daily cost by model from 2026-03-01 to 2026-03-02: \$0\.004055', chart)
     ticks = re.findall(r'<text class="tick"[^>]*text-anchor="end"[^>]*>([^<]+)</text>', chart)
     assert ticks[0] == "$0.000" and ticks[-1].startswith("$0.00") and len(ticks) >= 3
     assert re.findall(r'<text class="tick"[^>]*text-anchor="middle">([^<]+)</text>', chart) == ["Mar 01", "Mar 02"]
     legend = re.findall(r'<tspan class="legend-model">([^<]+)</tspan> <tspan class="legend-total">([^<]+)</tspan>', chart)
-    assert legend == [("openai/gpt-4o", "$0.0035"), ("openai/gpt-4o-mini", "$0.0006"),
+    assert legend == [("openai/gpt-4o", "$0.0035"), ("openai/gpt-4o-mini", "$0.000555"),
                       ("acme.chat/house", "n/a (unpriced)")]
     patterns = re.findall(r'<pattern id="(usage-p\d)"', chart)
     assert patterns == ["usage-p0", "usage-p1", "usage-p2"]
@@ -188,7 +189,7 @@ def test_csv_download_matches_the_table(browser: Client, calls: None) -> None:
         if line["costUsd"] == "":
             assert shown[5] == "n/a"
         else:
-            assert shown[5] == f"${Decimal(line['costUsd']):.4f}"
+            assert shown[5] == money(Decimal(line["costUsd"]))  # the one money format of the console
     days = browser.get(unescape(re.search(r'<a id="usage-csv-days" href="([^"]+)"', html).group(1)))
     assert [line["key"] for line in csv.DictReader(io.StringIO(days.content.decode()))] == ["2026-03-01", "2026-03-02"]
 

@@ -28,6 +28,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from console.live import run as live_run
+from ledger import follow
 from ledger.announce import group_for
 from ledger.append import append_events
 from ledger.models import Event, Run, Workspace
@@ -222,7 +223,7 @@ def test_subscribers_at_different_positions_each_get_their_sequences_once_in_ord
     """Subscribers that connect at different `after`s while events are appended (and poll, and
     page through small reads) share reads; each still gets exactly the sequences after its own
     position, once, in order, then `end`."""
-    monkeypatch.setattr(live_run, "PAGE_SIZE", 4)  # catch-up over several pages
+    monkeypatch.setattr(follow, "PAGE_SIZE", 4)  # catch-up over several pages
     settings.LEDGER_STREAM_POLL_SECONDS = 0.05  # polls interleave with announcements
     append_events(workspace=workspace, run_id="run_many", events=[started()] + [
         ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 13)])

@@ -18,11 +18,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger import audit
-from ledger import selectors as ledger_selectors
-from ledger.errors import NotFound
-from ledger.models import ApiKey, Role, Tenant
+from ledger.access import tenant_admin
+from ledger.models import Tenant
 
-from .auth import RoleRequired, WorkspaceRequired
+from .auth import principal
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
 from .schema import error_responses
 
@@ -48,20 +47,7 @@ class AuditPageSerializer(serializers.Serializer):
 
 def _tenant(request: Request) -> Tenant:
     """The tenant whose log an admin member reads (?tenant= when they belong to several)."""
-    if isinstance(request.auth, ApiKey):
-        raise RoleRequired("the audit log is for admins in a console session; API keys cannot read it")
-    memberships = ledger_selectors.memberships(request.user)
-    named = request.query_params.get("tenant")
-    if named:
-        memberships = memberships.filter(tenant__slug=named)
-    found = list(memberships[:2])
-    if not found:
-        raise NotFound("tenant not found")
-    if len(found) > 1:
-        raise WorkspaceRequired("pass ?tenant=TENANT: you are a member of more than one tenant")
-    if not found[0].allows(Role.ADMIN):
-        raise RoleRequired("the audit log needs the admin role", role="admin")
-    return found[0].tenant
+    return tenant_admin(principal(request), tenant=request.query_params.get("tenant") or None, what="the audit log")
 
 
 def _bound(request: Request, name: str, *, end: bool) -> datetime | None:

@@ -1,9 +1,11 @@
-"""The error envelope of API.md for everything under /api/: domain errors, DRF's own, and
-Django's 404/413/500 pages, which would otherwise be HTML."""
+"""The error body of API.md, `{"error": {"code", "message", "details"}}`, for everything under
+/api/: domain errors, DRF's own, and Django's 404/413/500 pages, which would otherwise be HTML.
+
+"Error body" on purpose: an *envelope* is an event (DESIGN.md §3), never an error.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -20,9 +22,20 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 10 * 1024 * 1024
 
 
-def envelope(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
+
+class PayloadTooLarge(LedgerError):
+    code = "payload_too_large"
+    status = 413
+
+    def __init__(self) -> None:
+        super().__init__("request bodies are limited to 10 MiB", limit=MAX_BODY_BYTES)
+
+
+NOT_FOUND = ("not_found", "not found")
+INTERNAL = ("internal_error", "an unexpected error occurred; it has been logged")
 
 _DRF_CODES: list[tuple[type[Exception], str, int]] = [
     (drf.NotAuthenticated, "unauthenticated", 401),
@@ -38,30 +51,33 @@ _DRF_CODES: list[tuple[type[Exception], str, int]] = [
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
-    """DRF's EXCEPTION_HANDLER: every failure becomes the envelope."""
+    """DRF's EXCEPTION_HANDLER: every failure becomes the error body."""
+    if isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge()
     if isinstance(exc, LedgerError):
         if exc.status >= 500:
             log.error("integrity failure: %s", exc.message)
-        return Response(exc.envelope(), status=exc.status)
+        return Response(exc.error_body(), status=exc.status)
     if isinstance(exc, Http404):
-        return Response(envelope("not_found", "not found"), status=404)
-    if isinstance(exc, RequestDataTooBig):
-        return Response(envelope("payload_too_large", "request bodies are limited to 10 MiB"), status=413)
+        return Response(error_body(*NOT_FOUND), status=404)
     if isinstance(exc, drf.ValidationError):
-        return Response(envelope("invalid_request", "the request is not valid", {"fields": exc.detail}), status=400)
+        return Response(error_body("invalid_request", "the request is not valid", {"fields": exc.detail}), status=400)
     for cls, code, status in _DRF_CODES:
         if isinstance(exc, cls):
-            response = Response(envelope(code, str(getattr(exc, "detail", exc))), status=status)
+            response = Response(error_body(code, str(getattr(exc, "detail", exc))), status=status)
             if status == 401:
                 response["WWW-Authenticate"] = "Bearer"
             return response
     log.exception("unexpected error in %s", context.get("view"))
-    return Response(envelope("internal_error", "an unexpected error occurred; it has been logged"), status=500)
+    return Response(error_body(*INTERNAL), status=500)
+
+
+_PAGES = {404: NOT_FOUND, 405: ("method_not_allowed", "method not allowed"), 500: INTERNAL}
 
 
 class ApiErrorMiddleware:
     """Under /api/: refuse bodies over 10 MiB before anything parses them, and turn Django's
-    HTML 404/405/500 pages (unknown paths, unexpected exceptions) into the envelope."""
+    HTML 404/405/500 pages (unknown paths, unexpected exceptions) into the error body."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -74,27 +90,19 @@ class ApiErrorMiddleware:
         except ValueError:
             length = 0
         if length > MAX_BODY_BYTES:
-            return JsonResponse(envelope("payload_too_large", "request bodies are limited to 10 MiB",
-                                         {"limit": MAX_BODY_BYTES}), status=413)
+            too_large = PayloadTooLarge()
+            return JsonResponse(too_large.error_body(), status=too_large.status)
         response = self.get_response(request)
-        if response.status_code in (404, 405, 500) and not response.get("Content-Type", "").startswith("application/json") \
-                and not response.get("Content-Type", "").startswith("text/event-stream"):
-            code = {404: "not_found", 405: "method_not_allowed", 500: "internal_error"}[response.status_code]
-            return JsonResponse(envelope(code, {404: "not found", 405: "method not allowed",
-                                                500: "an unexpected error occurred; it has been logged"}[response.status_code]),
-                                status=response.status_code)
+        content_type = response.get("Content-Type", "")
+        if response.status_code in _PAGES and not content_type.startswith(("application/json", "text/event-stream")):
+            return JsonResponse(error_body(*_PAGES[response.status_code]), status=response.status_code)
         return response
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not request.path.startswith("/api/"):
             return None
-        if isinstance(exception, RequestDataTooBig):
-            return JsonResponse(envelope("payload_too_large", "request bodies are limited to 10 MiB"), status=413)
-        if isinstance(exception, Http404):
-            return JsonResponse(envelope("not_found", "not found"), status=404)
+        if isinstance(exception, (RequestDataTooBig, Http404)):
+            handled = exception_handler(exception, {"view": request.path})
+            return JsonResponse(handled.data, status=handled.status_code)
         log.exception("unexpected error under /api/", exc_info=exception)
-        return JsonResponse(envelope("internal_error", "an unexpected error occurred; it has been logged"), status=500)
-
-
-def json_body(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+        return JsonResponse(error_body(*INTERNAL), status=500)

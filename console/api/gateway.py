@@ -1,7 +1,7 @@
 """The tool gateway over HTTP (API.md "Tool gateway"): claim, outbound, complete, reconcile, list.
 
 One small view per operation: validate, call the service in ledger/gateway.py, serialize. Domain
-refusals are LedgerErrors, turned into the error envelope by console/api/errors.py.
+refusals are LedgerErrors, turned into the error body by console/api/errors.py.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import gateway, selectors
+from ledger import gateway
 from ledger.append import validate_run_id
-from ledger.models import Run, ToolGatewayClaim
+from ledger.models import ToolGatewayClaim
 
-from .auth import Caller, caller_for
+from .auth import access_for
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
+from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, error_responses
 
 CALL_ID_PATTERN = r"^[^/\s]{1,200}$"
 MAX_TIMEOUT_S = 86_400
@@ -30,35 +31,16 @@ MAX_TIMEOUT_S = 86_400
 # --- shared shapes ---------------------------------------------------------------------------
 
 
-@extend_schema_serializer(component_name="ToolGatewayErrorBody")
-class ErrorBodySerializer(serializers.Serializer):
-    code = serializers.CharField()
-    message = serializers.CharField()
-    details = serializers.DictField()
-
-
-@extend_schema_serializer(component_name="ToolGatewayError")
-class ErrorSerializer(serializers.Serializer):
-    error = ErrorBodySerializer()
-
-
-def _error(description: str) -> OpenApiResponse:
-    return OpenApiResponse(ErrorSerializer, description=description)
-
-
-COMMON_ERRORS = {
-    400: _error("`invalid_run_id`, `invalid_request` (details.fields), `invalid_event`"),
-    401: _error("`unauthenticated`: no or unknown credentials"),
-    403: _error("`insufficient_scope` / `forbidden`"),
-    404: _error("`not_found`: no such run (or tool call) in the caller's workspace"),
-}
-RUN_ID = OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH,
-                          description="the runId, `^run_[A-Za-z0-9_-]{1,80}$`")
 CALL_ID = OpenApiParameter("call_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="the callId")
-WORKSPACE = OpenApiParameter(
-    "workspace", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
-    description="TENANT/WORKSPACE, for a console session that is a member of several workspaces",
-)
+COMMON_ERRORS = {
+    "e400": ["invalid_run_id", "invalid_request (details.fields)", "invalid_event", "invalid_json"],
+    "e403": ["insufficient_scope", "forbidden"],
+    "e404": ["not_found (no such run or tool call in the caller's workspace)"],
+}
+
+
+def _errors(**codes: list[str]) -> dict[int, OpenApiResponse]:
+    return error_responses(**{**COMMON_ERRORS, **codes})
 
 
 def _fencing() -> serializers.CharField:
@@ -68,10 +50,6 @@ def _fencing() -> serializers.CharField:
 
 def _any_json(**kwargs: Any) -> serializers.JSONField:
     return serializers.JSONField(allow_null=True, **kwargs)
-
-
-def _run(caller: Caller, run_id: str) -> Run:
-    return selectors.get_run(caller.workspace, run_id)
 
 
 @extend_schema_serializer(component_name="ToolCallOutcome")
@@ -125,17 +103,16 @@ class ClaimView(APIView):
             201: ClaimedSerializer,
             200: OpenApiResponse(FinishedSerializer, description="a finished call with the same identity: "
                                  "its recorded outcome, `idempotentReplay: true`; nothing ran, nothing was appended"),
-            **COMMON_ERRORS,
-            409: _error("`tool_call_in_progress` (a live lease of another owner), `tool_call_in_doubt`, "
-                        "`idempotency_conflict` (same key or callId, other tool or args), `fenced`, `run_finished`"),
+            **_errors(e409=["tool_call_in_progress (a live lease of another owner)", "tool_call_in_doubt",
+                            "idempotency_conflict (same key or callId, other tool or args)", "fenced",
+                            "run_finished"]),
         },
         description="Claim before running the tool. The lease is 60 s, or timeoutS + 10 s when that is longer. A lease that expired before `outbound` may be claimed again (attempt + 1); one that expired after it makes the call in doubt (harness.tool_call.in_doubt), never retried automatically. The lease holder repeating its claim gets its live lease back. With an idempotencyKey, the key names the call even under another callId.",
         summary="Claim a tool call under a lease", tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
-        caller = caller_for(request, "ingest", run_id=run_id)
-        _run(caller, run_id)
+        caller = access_for(request, "ingest", run_id=run_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -172,16 +149,14 @@ class OutboundView(APIView):
         responses={
             200: OpenApiResponse(OutputSerializer, description="stamped (a repeat keeps the first stamp); "
                                  "from now on an expired lease makes the call in doubt"),
-            **COMMON_ERRORS,
-            409: _error("`lease_lost`: the lease expired or belongs to another claim (details.status)"),
+            **_errors(e409=["lease_lost (the lease expired or belongs to another claim; details.status)"]),
         },
         description="Call just before the request leaves. No event is written: the stamp decides what an expired lease means (re-claimable before it, in doubt after it).",
         summary="Mark that the tool request is about to leave", tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str, call_id: str) -> Response:
         validate_run_id(run_id)
-        caller = caller_for(request, "ingest", run_id=run_id)
-        _run(caller, run_id)
+        caller = access_for(request, "ingest", run_id=run_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         answer = gateway.mark_outbound(
@@ -213,16 +188,14 @@ class CompleteView(APIView):
             200: OpenApiResponse(FinishedSerializer, description="recorded, with harness.tool_call.succeeded|failed "
                                  "in the same transaction; the holder repeating the same complete gets "
                                  "`idempotentReplay: true`. Results over 8 KiB are kept as artifacts."),
-            **COMMON_ERRORS,
-            409: _error("`lease_lost`: stale or foreign lease (details.status: the call's status now)"),
+            **_errors(e409=["lease_lost (stale or foreign lease; details.status: the call's status now)"]),
         },
         description="Send exactly one of result or error with the live lease token; harness.tool_call.succeeded|failed {callId, result|error, durationMs, attempt} is appended in the same transaction.",
         summary="Complete a claimed tool call with its result or error", tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str, call_id: str) -> Response:
         validate_run_id(run_id)
-        caller = caller_for(request, "ingest", run_id=run_id)
-        _run(caller, run_id)
+        caller = access_for(request, "ingest", run_id=run_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -256,17 +229,16 @@ class ReconcileView(APIView):
         operation_id="reconcile_tool_call", parameters=[RUN_ID, CALL_ID, WORKSPACE], request=InputSerializer,
         responses={
             200: OpenApiResponse(FinishedSerializer, description="settled; harness.tool_call.reconciled written"),
-            **COMMON_ERRORS,
-            403: _error("`forbidden`: an operator (or above) in a console session only; API keys are refused"),
-            409: _error("`tool_call_not_in_doubt` (details.status), `fenced`"),
+            **_errors(e403=["insufficient_scope", "forbidden (an operator or above in a console session only; "
+                            "API keys are refused)"],
+                      e409=["tool_call_not_in_doubt (details.status)", "fenced"]),
         },
         description="An operator (console session; API keys are refused) settles a call in doubt; harness.tool_call.reconciled {callId, outcome, result|error, note, by} is appended. Later claims with the same key replay this outcome.",
         summary="Reconcile a tool call in doubt (operator session)", tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str, call_id: str) -> Response:
         validate_run_id(run_id)
-        caller = caller_for(request, "ingest", run_id=run_id, role="operator")
-        _run(caller, run_id)
+        caller = access_for(request, "ingest", run_id=run_id, role="operator")
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -332,21 +304,19 @@ class ListView(APIView):
     @extend_schema(
         operation_id="list_tool_calls",
         parameters=[
-            RUN_ID, WORKSPACE,
-            OpenApiParameter("limit", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
-                             description="1..500, default 50"),
-            OpenApiParameter("cursor", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False),
+            RUN_ID, WORKSPACE, LIMIT, CURSOR,
             OpenApiParameter("status", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
                              enum=ToolGatewayClaim.Status.values),
         ],
-        responses={200: ListSerializer, **COMMON_ERRORS},
+        responses={200: ListSerializer, **_errors(e400=[*COMMON_ERRORS["e400"], "invalid_parameter",
+                                                        "invalid_cursor"])},
         description="Control rows with cursor pagination (`?limit=`, `?cursor=`). Lease tokens are never listed.",
         summary="The run's tool gateway control rows, in claim order", tags=["tool gateway"],
     )
     def get(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
-        caller = caller_for(request, "read", run_id=run_id)
-        run = _run(caller, run_id)
+        run = access_for(request, "read", run_id=run_id).run
+        assert run is not None
         limit = limit_param(request)
         cursor = decode_cursor(request) or {}
         after = cursor.get("after", 0)

@@ -1,9 +1,11 @@
-"""Opaque cursors for lists: `?limit=` (default 50, max 500) and `?cursor=<next>`."""
+"""Query parameters: opaque cursors for lists (`?limit=`, default 50, max 500, and
+`?cursor=<next>`), integers and dates, each refused with a 400 that names it."""
 
 from __future__ import annotations
 
 import base64
 import json
+from datetime import date
 from typing import Any
 
 from rest_framework.request import Request
@@ -55,3 +57,18 @@ def decode_cursor(request: Request) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise InvalidCursor("cursor is not one this API gave out")
     return value
+
+
+def date_param(request: Request, name: str, default: date) -> date:
+    raw = request.query_params.get(name)
+    if not raw:
+        return default
+    try:
+        return date.fromisoformat(raw) if len(raw) == 10 else _bad_date(name)
+    except ValueError:
+        return _bad_date(name)
+
+
+def _bad_date(name: str) -> date:
+    raise InvalidParameter(f"{name} must be a date YYYY-MM-DD", parameter=name)
+

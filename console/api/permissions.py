@@ -9,7 +9,7 @@ from ledger.models import ApiKey
 
 
 class Authenticated(BasePermission):
-    """An API key or a logged-in member; scopes and roles are checked per operation (caller_for)."""
+    """An API key or a logged-in member; scopes and roles are checked per operation (auth.access_for)."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return isinstance(request.auth, ApiKey) or bool(request.user and request.user.is_authenticated)

@@ -18,15 +18,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger import selectors as ledger_selectors
-from ledger.append import RUN_ID_RE, validate_run_id
+from ledger.append import validate_run_id
 from ledger.errors import Conflict, NotFound
+from ledger.access import Access, RoleRequired, visible_workspaces, within
 from ledger.models import ApiKey, ReexecutionRequest, Workspace
 from ledger.reexecution import selectors, services
-from ledger.tenancy import membership_for
 
-from .auth import SCOPE_ROLES, Caller, RoleRequired, caller_for
+from .auth import access_for, principal
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
-from .schema import error_responses
+from .schema import RUN_ID, WORKSPACE, enum, error_responses
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
@@ -38,14 +38,6 @@ TAGS = ["re-execution"]
 
 class NotStarted(Conflict):
     code = "not_started"
-
-
-def _enum(choices: list[str], **kwargs: Any) -> serializers.Field:
-    @extend_schema_field({"type": "string", "enum": list(choices)})
-    class Enum(serializers.CharField):
-        pass
-
-    return Enum(**kwargs)
 
 
 def _choice(choices: list[str], **kwargs: Any) -> serializers.Field:
@@ -74,14 +66,14 @@ class ReexecutionSerializer(serializers.Serializer):
     id = serializers.CharField(help_text="rx_<random>")
     workspace = serializers.CharField(help_text="TENANT/WORKSPACE")
     runId = serializers.CharField(help_text="the original run")
-    mode = _enum(Mode.values)
+    mode = enum(Mode.values)
     fromStep = _nullable_str(help_text="fork only: the first step that runs live")
     input = serializers.JSONField(required=False, allow_null=True,
                                   help_text="present only when the request overrides the input (null is an override)")
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), help_text="slot -> {provider, model}")
     reason = serializers.CharField()
     requestedBy = serializers.CharField(help_text="a username, or key:<prefix> for an API key")
-    status = _enum(Status.values)
+    status = enum(Status.values)
     digest = serializers.CharField(help_text="sha256 of canonical {mode, fromStep, input?, modelOverrides, lastSequence, planDigest}: what an approval binds to")
     lastSequence = serializers.IntegerField(help_text="the run's last sequence when requested")
     planDigest = serializers.CharField(help_text="digest of the run's replay plan when requested")
@@ -157,48 +149,32 @@ class BatchInputSerializer(serializers.Serializer):
 
 class BatchSerializer(serializers.Serializer):
     batchId = serializers.CharField()
-    status = _enum(Status.values, help_text="the batch's requests share a decision; this is the first one's status")
+    status = enum(Status.values, help_text="the batch's requests share a decision; this is the first one's status")
     reexecutions = ReexecutionSerializer(many=True)
 
 
-RUN_ID = OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, pattern=RUN_ID_RE.pattern,
-                          description="runId; anything else is 400 `invalid_run_id`")
 RX_ID = OpenApiParameter("reexecution_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="rx_<random>")
 BATCH_ID = OpenApiParameter("batch_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="rxb_<random>")
-WORKSPACE = OpenApiParameter("workspace", OpenApiTypes.STR, description=(
-    "console sessions only: TENANT/WORKSPACE, needed when the member has several workspaces and "
-    "nothing else decides; ignored for API keys"))
 
 
 # --- helpers -----------------------------------------------------------------------------------
 
 
 def _visible_workspaces(request: Request, scope: str) -> list[Workspace]:
-    if isinstance(request.auth, ApiKey):
-        return [caller_for(request, scope).workspace]
-    named = request.query_params.get("workspace")
-    if named:
-        tenant, _, slug = named.partition("/")
-        return [ledger_selectors.workspace_for(request.user, tenant, slug)]
-    return list(ledger_selectors.workspaces_for(request.user))
+    return visible_workspaces(principal(request), workspace=request.query_params.get("workspace") or None,
+                              scope=scope)
 
 
-def _find(request: Request, public_id: str, scope: str, role: str | None = None) -> tuple[Caller, ReexecutionRequest]:
+def _find(request: Request, public_id: str, scope: str, role: str | None = None) -> tuple[Access, ReexecutionRequest]:
     """The request, if the caller may see it (404 otherwise), and the caller acting on it."""
     if isinstance(request.auth, ApiKey):
-        caller = caller_for(request, scope, role=role)  # a key without the scope, or asked for a role: 403
+        caller = access_for(request, scope, role=role)  # a key without the scope, or asked for a role: 403
         return caller, selectors.get([caller.workspace], public_id)
     found = selectors.get(_visible_workspaces(request, scope), public_id)
-    membership = membership_for(request.user, found.workspace.tenant)
-    if membership is None:  # pragma: no cover - visible workspaces are the member's
-        raise NotFound("not found")
-    needed = role or SCOPE_ROLES[scope]
-    if not membership.allows(needed):
-        raise RoleRequired(f"this operation needs the {needed} role", role=needed)
-    return Caller(workspace=found.workspace, membership=membership), found
+    return within(principal(request), found.workspace, scope=scope, role=role), found
 
 
-def _principal(caller: Caller) -> Any:
+def _principal(caller: Access) -> Any:
     return caller.api_key if caller.api_key is not None else caller.user
 
 
@@ -206,7 +182,7 @@ def _detail(found: ReexecutionRequest) -> dict[str, Any]:
     from ledger.runtime.reexecute import mode_plan
 
     plan = None
-    if ledger_selectors.runs(found.workspace).filter(run_id=found.original_run_id).exists():  # not pruned since
+    if ledger_selectors.find_run(found.workspace, found.original_run_id) is not None:  # not pruned since
         plan = mode_plan(workspace=found.workspace, run_id=found.original_run_id, mode=found.mode,
                          from_step=found.from_step, model_overrides=found.model_overrides or None)
     return {**selectors.as_dict(found), "plan": plan}
@@ -227,7 +203,7 @@ class RunReexecutionsView(APIView):
     )
     def post(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
-        caller = caller_for(request, "execute", run_id=run_id)
+        caller = access_for(request, "execute", run_id=run_id)
         data = RequestInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -247,8 +223,7 @@ class RunReexecutionsView(APIView):
     )
     def get(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
-        caller = caller_for(request, "read", run_id=run_id)
-        ledger_selectors.get_run(caller.workspace, run_id)
+        caller = access_for(request, "read", run_id=run_id)
         found = list(selectors.of_run(caller.workspace, run_id).select_related("workspace__tenant"))
         made = selectors.made_run(caller.workspace, run_id)
         if made is not None and all(r.pk != made.pk for r in found):
@@ -272,7 +247,7 @@ class ReexecutionListView(APIView):
         summary="Re-execution requests of the workspace, oldest first (scope read)", tags=TAGS,
     )
     def get(self, request: Request) -> Response:
-        caller = caller_for(request, "read")
+        caller = access_for(request, "read")
         status = request.query_params.get("status") or None
         if status is not None and status not in Status.values:
             raise InvalidParameter(f"status must be one of {', '.join(Status.values)}", parameter="status")
@@ -281,10 +256,7 @@ class ReexecutionListView(APIView):
         after = cursor.get("after", 0)
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise InvalidCursor("cursor is not one this API gave out")
-        qs = selectors.requests(caller.workspace).select_related("workspace__tenant").filter(pk__gt=after)
-        if status:
-            qs = qs.filter(status=status)
-        rows = list(qs.order_by("pk")[: limit + 1])
+        rows = selectors.page(caller.workspace, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]
         return Response({"reexecutions": [selectors.as_dict(r) for r in rows],
@@ -365,7 +337,7 @@ class ClaimView(APIView):
     def post(self, request: Request) -> Response:
         if not isinstance(request.auth, ApiKey):
             raise RoleRequired("claiming is for executors: an API key with the execute scope")
-        caller_for(request, "execute")
+        access_for(request, "execute")
         data = ClaimInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         claimed = services.claim_next(api_key=request.auth, owner=data.validated_data.get("owner", ""))
@@ -406,7 +378,7 @@ class DivergenceView(APIView):
     )
     def get(self, request: Request, reexecution_id: str) -> Response:
         _, found = _find(request, reexecution_id, "read")
-        if not found.new_run_id or not ledger_selectors.runs(found.workspace).filter(run_id=found.new_run_id).exists():
+        if not found.new_run_id or ledger_selectors.find_run(found.workspace, found.new_run_id) is None:
             raise NotStarted(f"re-execution {found.public_id} has no new run yet ({found.status})",
                              reexecutionId=found.public_id, status=found.status)
         from ledger.divergence import divergence_report  # built with the runtime's re-execution
@@ -426,7 +398,7 @@ class BatchesView(APIView):
                     "batch) decides them all, and plan_changed on any run refuses the whole approval.",
     )
     def post(self, request: Request) -> Response:
-        caller = caller_for(request, "execute")
+        caller = access_for(request, "execute")
         data = BatchInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data

@@ -1,12 +1,22 @@
-"""OpenAPI pieces shared by the API modules: the error envelope, error responses, the auth schemes."""
+"""OpenAPI in one place: the error body and error responses, the auth schemes, the shared
+parameters, and the shapes the views return.
+
+The output dicts come from ledger/serialize.py (and ledger.evidence, ledger.plans, ledger.usage);
+the serializers here only describe them for the schema, and tests/test_api_shapes.py checks that
+each describes exactly the fields the code returns.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import serializers
+
+from ledger.append import RUN_ID_RE
+from ledger.models import RunStatus
 
 
 class ErrorBodySerializer(serializers.Serializer):
@@ -27,17 +37,33 @@ STATUS_TEXT = {
 }
 
 
-def error_responses(**codes: str | list[str]) -> dict[int, OpenApiResponse]:
-    """`{status: OpenApiResponse(error envelope)}` from `e400=[codes…]`-style keywords; 401 is
-    always added (every endpoint needs credentials)."""
-    out: dict[int, OpenApiResponse] = {}
-    merged: dict[str, Any] = {"e401": ["unauthenticated"], **codes}
+def _error_descriptions(codes: dict[str, str | list[str]]) -> dict[int, str]:
+    """`e400=["code", "code (what details hold)"]`-style keywords -> {status: description}; 401
+    is always added (every endpoint needs credentials)."""
+    out: dict[int, str] = {}
+    merged: dict[str, str | list[str]] = {"e401": ["unauthenticated"], **codes}
     for key, value in sorted(merged.items(), key=lambda kv: int(kv[0][1:])):
         status = int(key[1:])
         names = [value] if isinstance(value, str) else value
-        description = f"{STATUS_TEXT.get(status, '')}. Error codes: " + ", ".join(f"`{n}`" for n in names)
-        out[status] = OpenApiResponse(ErrorSerializer, description=description)
+        shown = []
+        for name in names:
+            code, _, note = name.partition(" ")
+            shown.append(f"`{code}` {note}".rstrip())
+        out[status] = f"{STATUS_TEXT.get(status, '')}. Error codes: " + ", ".join(shown)
     return out
+
+
+def error_responses(**codes: str | list[str]) -> dict[int, OpenApiResponse]:
+    """The error responses of a DRF view, for `@extend_schema(responses=…)`."""
+    return {status: OpenApiResponse(ErrorSerializer, description=description)
+            for status, description in _error_descriptions(codes).items()}
+
+
+def error_response_objects(**codes: str | list[str]) -> dict[str, dict[str, Any]]:
+    """The same error responses as plain OpenAPI, for views described by a postprocessing hook."""
+    schema = {"$ref": "#/components/schemas/Error"}
+    return {str(status): {"description": description, "content": {"application/json": {"schema": schema}}}
+            for status, description in _error_descriptions(codes).items()}
 
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
@@ -65,3 +91,240 @@ class ConsoleSessionScheme(OpenApiAuthenticationExtension):
                            "(value of the `csrftoken` cookie). Members with several workspaces pass "
                            "`?workspace=TENANT/WORKSPACE`.",
         }
+
+
+# --- shapes: what ledger/serialize.py returns, described for OpenAPI ------------------------
+
+
+def enum(choices: list[str], **kwargs: Any) -> serializers.Field:
+    """A string with fixed values, inlined in the schema (named enum components collide across modules)."""
+
+    @extend_schema_field({"type": "string", "enum": list(choices)})
+    class Enum(serializers.CharField):
+        pass
+
+    return Enum(**kwargs)
+
+
+class UsageSerializer(serializers.Serializer):
+    inputTokens = serializers.IntegerField()
+    outputTokens = serializers.IntegerField()
+    cachedInputTokens = serializers.IntegerField(help_text="part of inputTokens")
+    reasoningTokens = serializers.IntegerField(help_text="part of outputTokens")
+    costUsd = serializers.FloatField(allow_null=True, help_text="null only when every call is unpriced; 0 means no model calls")
+    pricedCalls = serializers.IntegerField()
+    unpricedCalls = serializers.IntegerField()
+
+
+class RunLinksSerializer(serializers.Serializer):
+    console = serializers.CharField(help_text="console page, path on this host: /w/<tenant>/<workspace>/runs/<runId>/")
+    evidence = serializers.CharField(help_text="path of the evidence bundle")
+    events = serializers.CharField(help_text="path of the event log")
+
+
+class RunSerializer(serializers.Serializer):
+    runId = serializers.RegexField(RUN_ID_RE.pattern)
+    workflowVersionId = serializers.CharField(allow_null=True)
+    status = enum(list(RunStatus.values))
+    parentRunId = serializers.CharField(allow_null=True)
+    rootRunId = serializers.CharField(allow_null=True, help_text="top of the parent chain; null for a run without parent")
+    startedAt = serializers.DateTimeField(allow_null=True)
+    finishedAt = serializers.DateTimeField(allow_null=True)
+    input = serializers.JSONField(allow_null=True)
+    output = serializers.JSONField(allow_null=True)
+    error = serializers.JSONField(allow_null=True)
+    lastSequence = serializers.IntegerField()
+    eventCount = serializers.IntegerField()
+    usage = UsageSerializer()
+    replayOf = serializers.CharField(allow_null=True)
+    children = serializers.IntegerField(help_text="number of direct sub-runs")
+    links = RunLinksSerializer()
+
+
+class RunListSerializer(serializers.Serializer):
+    runs = RunSerializer(many=True)
+    next = serializers.CharField(allow_null=True, help_text="pass as ?cursor= for the next page; null on the last")
+
+
+class EnvelopeSerializer(serializers.Serializer):
+    eventId = serializers.CharField()
+    runId = serializers.CharField()
+    sequence = serializers.IntegerField(min_value=1)
+    type = serializers.CharField()
+    occurrenceId = serializers.CharField(required=False)
+    recordedAt = serializers.CharField(help_text="ISO 8601 UTC with milliseconds, e.g. 2026-11-01T12:00:00.000Z")
+    payload = serializers.JSONField()
+
+
+class AppendedEnvelopeSerializer(EnvelopeSerializer):
+    replayed = serializers.BooleanField(help_text="true when an idempotency key matched an event already written")
+
+
+class EventsPageSerializer(serializers.Serializer):
+    events = EnvelopeSerializer(many=True)
+    lastSequence = serializers.IntegerField(help_text="the run's last sequence now")
+    next = serializers.IntegerField(allow_null=True, help_text="the `after` of the next page; null when this page reaches lastSequence")
+
+
+class StepSerializer(serializers.Serializer):
+    stepPath = serializers.CharField()
+    status = serializers.CharField()
+    visit = serializers.IntegerField(allow_null=True)
+    attempts = serializers.JSONField()
+    output = serializers.JSONField(allow_null=True)
+    hasOutput = serializers.BooleanField(help_text="distinguishes an output of null from no output")
+    outputRef = serializers.CharField(allow_null=True)
+    artifactRefs = serializers.ListField(child=serializers.CharField())
+    error = serializers.JSONField(allow_null=True)
+    firstSequence = serializers.IntegerField()
+    lastSequence = serializers.IntegerField()
+    startedAt = serializers.DateTimeField(allow_null=True)
+    finishedAt = serializers.DateTimeField(allow_null=True)
+    usage = UsageSerializer()
+
+
+class ToolCallSerializer(serializers.Serializer):
+    callId = serializers.CharField()
+    toolName = serializers.CharField(allow_null=True)
+    args = serializers.JSONField(allow_null=True)
+    caller = serializers.CharField(allow_null=True)
+    turn = serializers.IntegerField(allow_null=True)
+    stepPath = serializers.CharField(allow_null=True)
+    status = serializers.CharField()
+    result = serializers.JSONField(allow_null=True)
+    error = serializers.JSONField(allow_null=True)
+    durationMs = serializers.FloatField(allow_null=True)
+    reconciled = serializers.BooleanField()
+    origin = serializers.CharField(allow_null=True)
+    startedSequence = serializers.IntegerField(allow_null=True)
+    endedSequence = serializers.IntegerField(allow_null=True)
+
+
+class CostSerializer(serializers.Serializer):
+    sequence = serializers.IntegerField()
+    callId = serializers.CharField(allow_null=True)
+    stepPath = serializers.CharField(allow_null=True)
+    provider = serializers.CharField(allow_null=True)
+    modelId = serializers.CharField(allow_null=True)
+    inputTokens = serializers.IntegerField()
+    outputTokens = serializers.IntegerField()
+    cachedInputTokens = serializers.IntegerField()
+    reasoningTokens = serializers.IntegerField()
+    costUsd = serializers.FloatField(allow_null=True, help_text="null: the model has no price")
+    priceTableVersion = serializers.CharField()
+    recordedAt = serializers.DateTimeField()
+
+
+class ArtifactSerializer(serializers.Serializer):
+    artifactId = serializers.CharField(help_text="art_<sha256>")
+    sha256 = serializers.CharField()
+    size = serializers.IntegerField()
+    contentType = serializers.CharField()
+    ref = serializers.CharField(help_text="artifact://art_<sha256>, as payloads reference it")
+    createdAt = serializers.DateTimeField()
+
+
+class EvidenceArtifactSerializer(serializers.Serializer):
+    artifactId = serializers.CharField()
+    sha256 = serializers.CharField()
+    size = serializers.IntegerField(allow_null=True, help_text="null when the artifact is missing")
+    contentType = serializers.CharField(allow_null=True)
+    ref = serializers.CharField()
+    verified = serializers.BooleanField(help_text="its bytes were re-hashed now and match")
+
+
+class FeedbackAuthorSerializer(serializers.Serializer):
+    type = enum(["member", "apiKey"])
+    name = serializers.CharField()
+
+
+class FeedbackSerializer(serializers.Serializer):
+    feedbackId = serializers.CharField()
+    runId = serializers.CharField()
+    rating = serializers.IntegerField(min_value=1, max_value=5)
+    category = serializers.CharField(allow_null=True)
+    comment = serializers.CharField(allow_null=True)
+    author = FeedbackAuthorSerializer(allow_null=True)
+    createdAt = serializers.DateTimeField()
+
+
+class CheckSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="dense_sequence, event_ids, artifact_hashes, projections, manifest_drift")
+    status = enum(["pass", "fail"])
+    detail = serializers.CharField()
+
+
+class IntegritySerializer(serializers.Serializer):
+    ok = serializers.BooleanField()
+    checks = CheckSerializer(many=True)
+
+
+class ReplayReadySerializer(serializers.Serializer):
+    status = serializers.CharField(help_text="pass | fail")
+    missing = serializers.ListField(child=serializers.CharField(), help_text="what a replay would lack, e.g. tool:<callId>:result")
+
+
+class EvidenceSerializer(serializers.Serializer):
+    run = RunSerializer()
+    steps = StepSerializer(many=True, help_text="in order of first appearance in the log")
+    toolCalls = ToolCallSerializer(many=True)
+    artifacts = EvidenceArtifactSerializer(many=True, help_text="every artifact the log references")
+    costs = CostSerializer(many=True, help_text="one per answered model call, in sequence order")
+    approvals = serializers.ListField(child=serializers.JSONField(), help_text="the run's re-execution requests (asked of it, or the one that made it), each with its decision; shaped like GET /api/v1/reexecutions/{id} without plan, plus relation: of_this_run | made_this_run")
+    feedback = FeedbackSerializer(many=True)
+    subRuns = RunSerializer(many=True, help_text="direct sub-runs, oldest first")
+    usage = UsageSerializer()
+    integrity = IntegritySerializer(help_text="ledger verify's checks plus the replay plan's manifest drift check")
+    replayReady = ReplayReadySerializer()
+
+
+class PlanCallSerializer(serializers.Serializer):
+    kind = enum(["model", "tool"])
+    turn = serializers.IntegerField(required=False)
+    callId = serializers.CharField(required=False)
+    action = enum(["replay", "reinvoke"])
+
+
+class PlanSessionSerializer(serializers.Serializer):
+    stepPath = serializers.CharField(allow_null=True)
+    role = serializers.CharField(allow_null=True)
+    calls = PlanCallSerializer(many=True)
+
+
+class PlanStepSerializer(serializers.Serializer):
+    stepPath = serializers.CharField()
+    status = serializers.CharField()
+    shouldRun = serializers.BooleanField(help_text='status != "completed"')
+    visit = serializers.IntegerField(required=False)
+    output = serializers.JSONField(required=False)
+    outputRef = serializers.CharField(required=False)
+    artifactRefs = serializers.ListField(child=serializers.CharField())
+
+
+class ReplayPlanSerializer(serializers.Serializer):
+    runId = serializers.CharField()
+    steps = PlanStepSerializer(many=True)
+    completedStepPaths = serializers.ListField(child=serializers.CharField())
+    pendingStepPaths = serializers.ListField(child=serializers.CharField())
+    sessions = PlanSessionSerializer(many=True)
+    integrity = IntegritySerializer()
+    replayReady = ReplayReadySerializer()
+
+
+class UsageRowSerializer(UsageSerializer):
+    key = serializers.CharField(allow_null=True, help_text="day YYYY-MM-DD, provider/modelId, workflowVersionId (null: none) or tenant/workspace")
+
+
+class UsageReportSerializer(serializers.Serializer):
+    rows = UsageRowSerializer(many=True)
+    total = UsageSerializer(help_text="over every row of the range, not only this page")
+    next = serializers.CharField(allow_null=True)
+
+
+RUN_ID = OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, pattern=RUN_ID_RE.pattern,
+                          description="runId; anything else is 400 `invalid_run_id`")
+WORKSPACE = OpenApiParameter("workspace", OpenApiTypes.STR, description=(
+    "console sessions only: TENANT/WORKSPACE, needed when the member has several workspaces and "
+    "nothing else (the run, the request) decides; ignored for API keys"))
+LIMIT = OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500")
+CURSOR = OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page")

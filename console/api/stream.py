@@ -1,12 +1,7 @@
 """`GET /api/v1/runs/{runId}/stream`: a run's events as server-sent events (API.md "Streams").
 
-Catch-up (DESIGN.md §5 item 2): the stream joins the run's channel-layer group *before* it reads
-the database, so an event committed between the two is either in the read or announced after it;
-it then sends only sequences above the last one it sent (`last_sent`), so one that is both read
-and announced goes out once. Announcements only wake the stream: events are always read from the
-database. The layer is lossy (another process's in-memory layer never reaches us, Redis may drop a
-message or be down), so without an announcement the stream reads the database anyway every
-`LEDGER_STREAM_POLL_SECONDS`.
+Catch-up and live delivery are ledger.follow's (subscribe first, de-duplicate by sequence, poll
+when announcements are lost, stop when finished); this module only authorizes and writes frames.
 
 Where to start: `Last-Event-ID` when the header is present, else `?after=N`, else 0. A browser's
 EventSource reconnects to the same URL (still carrying the first `?after=`) and sends the id of the
@@ -20,16 +15,11 @@ reconnecting client keeps its position) and the stream closes. Clients should st
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator
-from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -40,26 +30,16 @@ from rest_framework.exceptions import APIException, NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from ledger import selectors
-from ledger.announce import group_for
 from ledger.append import validate_run_id
 from ledger.errors import LedgerError
-from ledger.models import Run, RunStatus
+from ledger.follow import Follower
+from ledger.models import Run
 
-from .auth import caller_for
+from .auth import access_for
 from .errors import exception_handler
 from .pagination import InvalidParameter, int_param
 from .permissions import Authenticated
-
-log = logging.getLogger(__name__)
-
-# Catch-up reads the log in pages so that a long run is never held in memory at once.
-PAGE_SIZE = 500
-
-
-def _poll_seconds() -> float:
-    return float(settings.LEDGER_STREAM_POLL_SECONDS)
-
+from .schema import error_response_objects
 
 def _keepalive_seconds() -> float:
     return float(settings.LEDGER_STREAM_KEEPALIVE_SECONDS)
@@ -88,8 +68,9 @@ def _authorize(django_request: HttpRequest, run_id: str) -> tuple[Run, int]:
         raise NotAuthenticated("authentication credentials were not provided")
     validate_run_id(run_id)
     after = _start_after(request)
-    caller = caller_for(request, "read", run_id=run_id)
-    return selectors.get_run(caller.workspace, run_id), after
+    run = access_for(request, "read", run_id=run_id).run
+    assert run is not None
+    return run, after
 
 
 def _error_response(exc: Exception) -> HttpResponse:
@@ -101,17 +82,6 @@ def _error_response(exc: Exception) -> HttpResponse:
     return response
 
 
-def _read(run: Run, after: int) -> tuple[str | None, int, list[dict[str, Any]]]:
-    """The run's status and last sequence, then its events after `after` (one page).
-
-    The head is read first: its last sequence is committed with the events, so the page read
-    next contains at least everything up to it (or a full page)."""
-    head = Run.objects.filter(pk=run.pk).values_list("status", "last_sequence").first()
-    if head is None:  # deleted by retention while we streamed
-        return None, 0, []
-    return head[0], head[1], selectors.events(run, after=after, limit=PAGE_SIZE)
-
-
 def _frame(envelope: dict[str, Any]) -> bytes:
     data = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
     return f"id: {envelope['sequence']}\nevent: ledger.event\ndata: {data}\n\n".encode()
@@ -121,114 +91,21 @@ def _end_frame(status: str) -> bytes:
     return f"event: end\ndata: {json.dumps({'status': status})}\n\n".encode()
 
 
-@dataclass
-class _News:
-    """The highest sequence announced so far, and a wake-up for the stream."""
-
-    latest: int = 0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-async def _listen(layer: BaseChannelLayer, channel: str, news: _News, retry_after: float) -> None:
-    while True:
-        try:
-            message = await layer.receive(channel)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the layer is lossy; the stream goes on polling meanwhile
-            log.warning("receiving announcements on %s failed; polling meanwhile", channel, exc_info=True)
-            await asyncio.sleep(retry_after)
-            continue
-        if message.get("type") == "ledger.appended":
-            sequence = message.get("sequence")
-            if isinstance(sequence, int):
-                news.latest = max(news.latest, sequence)
-            news.wake.set()
-
-
-async def _subscribe(layer: BaseChannelLayer | None, group: str) -> str | None:
-    if layer is None:
-        return None
-    try:
-        channel = await layer.new_channel()
-        await layer.group_add(group, channel)
-    except Exception:
-        log.warning("could not join %s; the stream polls the database only", group, exc_info=True)
-        return None
-    return channel
-
-
-async def _wait_for_news(news: _News, last_sent: int, timeout: float) -> None:
-    """Return when an announcement past `last_sent` arrives, or after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while news.latest <= last_sent:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return
-        news.wake.clear()
-        try:
-            await asyncio.wait_for(news.wake.wait(), remaining)
-        except TimeoutError:
-            return
-
-
 async def _event_stream(run: Run, after: int) -> AsyncIterator[bytes]:
-    poll, keepalive = _poll_seconds(), _keepalive_seconds()
-    loop = asyncio.get_running_loop()
-    layer = get_channel_layer()
-    group = group_for(run.pk)
-    news = _News()
-    listener: asyncio.Task[None] | None = None
-    read = sync_to_async(_read)
-    channel: str | None = None
-    try:
-        # Subscribe before the first read: see the module docstring.
-        channel = await _subscribe(layer, group)
-        if layer is not None and channel is not None:
-            listener = asyncio.create_task(_listen(layer, channel, news, poll))
-        last_sent = after
-        # Sent at once so that the client sees the headers even when there is nothing to catch up.
+    async with Follower(run, after, idle_after=_keepalive_seconds()) as follower:
+        # Sent once subscribed, so that the client sees the headers even when there is nothing to
+        # catch up.
         yield b": connected\n\n"
-        last_write = loop.time()
-        while True:
-            status, last_sequence, page = await read(run, last_sent)
-            last_read = loop.time()
-            if status is None:
+        async for page in follower:
+            if page.status is None:  # deleted by retention while we streamed
                 return
-            if page:
-                yield b"".join(_frame(envelope) for envelope in page)
-                last_sent = page[-1]["sequence"]
-                last_write = loop.time()
-                if len(page) == PAGE_SIZE:
-                    continue
-            if status in RunStatus.finished() and last_sent >= last_sequence:
-                yield _end_frame(status)
+            if page.items:
+                yield b"".join(_frame(envelope) for _, envelope in page.items)
+            elif not page.final:
+                yield b": keepalive\n\n"
+            if page.final:
+                yield _end_frame(page.status)
                 return
-            # Read again on an announcement past last_sent, or when the poll timer runs out;
-            # keepalives in between do not read the database.
-            while True:
-                wake_at = min(last_read + poll, last_write + keepalive)
-                await _wait_for_news(news, last_sent, wake_at - loop.time())
-                if loop.time() >= last_write + keepalive:
-                    yield b": keepalive\n\n"
-                    last_write = loop.time()
-                    if layer is not None and channel is not None:
-                        # Layers expire group membership (a day by default); a stream may outlive it.
-                        with suppress(Exception):
-                            await layer.group_add(group, channel)
-                if news.latest > last_sent or loop.time() >= last_read + poll:
-                    break
-    finally:
-        if listener is not None:
-            listener.cancel()
-            with suppress(asyncio.CancelledError):
-                await listener
-        if layer is not None and channel is not None:
-            try:
-                await layer.group_discard(group, channel)
-            except Exception:
-                log.warning("could not leave %s", group, exc_info=True)
 
 
 @csrf_exempt  # read-only and GET only, like the DRF views (which are exempt too)
@@ -246,9 +123,6 @@ async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
 
 
 urlpatterns = [path("runs/<str:run_id>/stream", run_stream, name="run-stream")]
-
-
-_OPENAPI_ERROR = {"description": "the error envelope", "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
 def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
@@ -280,10 +154,9 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
             "responses": {
                 "200": {"description": "The event stream",
                         "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-                "400": {**_OPENAPI_ERROR, "description": "invalid_run_id, or invalid_parameter (after, Last-Event-ID)"},
-                "401": {**_OPENAPI_ERROR, "description": "unauthenticated"},
-                "403": {**_OPENAPI_ERROR, "description": "insufficient_scope"},
-                "404": {**_OPENAPI_ERROR, "description": "not_found (also a run of another workspace)"},
+                **error_response_objects(
+                    e400=["invalid_run_id", "invalid_parameter (after, Last-Event-ID)"],
+                    e403=["insufficient_scope"], e404=["not_found (also a run of another workspace)"]),
             },
         }
     }

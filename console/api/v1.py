@@ -1,13 +1,11 @@
-"""/api/v1/ routes. Each feature module owns its own list of paths."""
+"""/api/v1/ routes. Each resource module owns its own list of paths; a new resource is one more
+name here."""
 
 from __future__ import annotations
 
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 
-urlpatterns: list = [
-    path("", include("console.api.stream")),
-    path("", include("console.api.runs")),
-    path("", include("console.api.gateway")),
-    path("", include("console.api.reexecutions")),
-    path("", include("console.api.audit")),
-]
+RESOURCES = ["stream", "runs", "events", "evidence", "feedback", "artifacts", "usage", "gateway", "reexecutions",
+             "audit"]
+
+urlpatterns: list[URLPattern | URLResolver] = [path("", include(f"console.api.{name}")) for name in RESOURCES]

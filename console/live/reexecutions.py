@@ -21,8 +21,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.urls import path
 
-from ledger import selectors
-from ledger.errors import NotFound
+from ledger import access
+from ledger.errors import LedgerError
 from ledger.models import Workspace
 from ledger.reexecution import selectors as reexecutions
 from ledger.reexecution.services import reexecution_group_for
@@ -30,8 +30,8 @@ from ledger.reexecution.services import reexecution_group_for
 
 def _workspace(user: Any, tenant: str, workspace: str) -> Workspace | None:
     try:
-        return selectors.workspace_for(user, tenant, workspace)
-    except NotFound:
+        return access.resolve(user, workspace=f"{tenant}/{workspace}").workspace
+    except LedgerError:
         return None
 
 

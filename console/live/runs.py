@@ -12,23 +12,23 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.urls import path
 
-from ledger import announce, selectors
-from ledger.errors import NotFound
+from ledger import access, announce, selectors
+from ledger.errors import LedgerError
 from ledger.models import Workspace
 
-from ..pages.runs import render_row
+from ..rows import render_run_row
 
 
 def _workspace(user: Any, tenant: str, workspace: str) -> Workspace | None:
     try:
-        return selectors.workspace_for(user, tenant, workspace)
-    except NotFound:
+        return access.resolve(user, workspace=f"{tenant}/{workspace}").workspace
+    except LedgerError:
         return None
 
 
 def _row_html(workspace: Workspace, run_id: str) -> str | None:
-    run = selectors.runs(workspace).filter(run_id=run_id).first()
-    return None if run is None else render_row(workspace, run)
+    run = selectors.find_run(workspace, run_id)
+    return None if run is None else render_run_row(workspace, run)
 
 
 class RunsListConsumer(AsyncJsonWebsocketConsumer):

@@ -32,7 +32,7 @@ from ledger.reexecution import services
 from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
 from ledger.runtime.reexecute import mode_plan
 
-from ..access import has_role, workspace_or_404
+from .guard import has_role, workspace_or_404
 from .reexecution import divergence_url, member, report_for
 
 Status = ReexecutionRequest.Status
@@ -112,7 +112,7 @@ def _page(request: HttpRequest, ws: Workspace, *, status: int = 200, **extra: An
 @require_safe
 def approvals(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """Every member sees what is asked and decided; approvers and admins decide."""
-    return _page(request, workspace_or_404(request.user, tenant, workspace))
+    return _page(request, workspace_or_404(request, tenant, workspace))
 
 
 def _refused(reexecution_id: str, message: str, note: str) -> dict[str, str]:
@@ -120,7 +120,7 @@ def _refused(reexecution_id: str, message: str, note: str) -> dict[str, str]:
 
 
 def _decide(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str, *, approve: bool) -> HttpResponse:
-    ws = workspace_or_404(request.user, tenant, workspace)
+    ws = workspace_or_404(request, tenant, workspace)
     try:
         reexecutions.get([ws], reexecution_id)
     except NotFound:
@@ -182,7 +182,7 @@ def parse_mapping(text: str) -> tuple[dict[str, dict[str, str]], str]:
 @require_POST
 def batch_create(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """The runs list's selection -> one evaluate request per run, one batch, one approval."""
-    ws = workspace_or_404(request.user, tenant, workspace)
+    ws = workspace_or_404(request, tenant, workspace)
     if not has_role(request.user, ws, "operator"):
         raise PermissionDenied("requesting an evaluation needs the operator role")
     run_ids = [r for r in request.POST.getlist("run") if r]
@@ -229,7 +229,7 @@ def _sum(values: list[Any]) -> Decimal | None:
 @require_safe
 def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> HttpResponse:
     """The batch's runs side by side: which kept their outcome, which changed, cost before/after."""
-    ws = workspace_or_404(request.user, tenant, workspace)
+    ws = workspace_or_404(request, tenant, workspace)
     try:
         members = reexecutions.of_batch(ws, batch_id)
     except NotFound:

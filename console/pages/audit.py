@@ -77,7 +77,7 @@ def _cursor(entry: AuditEntry) -> str:
 
 
 def _admin_tenant(request: HttpRequest, tenant: str) -> Tenant:
-    membership = selectors.memberships(request.user).filter(tenant__slug=tenant).first()
+    membership = next(iter(selectors.memberships(request.user, tenant_slug=tenant)), None)
     if membership is None:
         raise Http404("not found")
     if not membership.allows(Role.ADMIN):

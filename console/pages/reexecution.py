@@ -33,7 +33,7 @@ from ledger.runtime.providers import known_providers
 from ledger.runtime.reexecute import mode_plan
 from ledger.runtime.registry import get_workflow
 
-from ..access import has_role, workspace_or_404
+from .guard import has_role, workspace_or_404
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
@@ -146,7 +146,7 @@ class RequestForm:
 
 
 def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> Run:
-    ws = workspace_or_404(request.user, tenant, workspace)
+    ws = workspace_or_404(request, tenant, workspace)
     try:
         run = selectors.get_run(ws, run_id)
     except NotFound:
@@ -283,7 +283,7 @@ def plan_fragment(request: HttpRequest, tenant: str, workspace: str, run_id: str
 
 def request_or_404(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str,
                    ) -> ReexecutionRequest:
-    ws = workspace_or_404(request.user, tenant, workspace)
+    ws = workspace_or_404(request, tenant, workspace)
     try:
         found = reexecutions.get([ws], reexecution_id)
     except NotFound:

@@ -15,29 +15,27 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Avg, Count, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import clock, gateway, selectors, serialize
+from ledger import gateway, selectors, serialize
+from ledger.access import Access
 from ledger.errors import LedgerError, NotFound
 from ledger.evidence import evidence_bundle
 from ledger.feedback import record_feedback
-from ledger.models import CostEntry, Feedback, Run, RunStatus, Step, ToolGatewayClaim, UsageColumns, Workspace
+from ledger.models import Run, Step, UsageColumns
 from ledger.plans import replay_plan_for
-from ledger.verify import artifact_refs
-from ledger.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
+from ledger.subruns import subrun_tree
 
-from ..access import has_role, workspace_or_404
+from ..format import coverage
+from ..rows import artifact_url, event_row, render_event_row
+from .guard import member_access
 from .reexecution import can_request, reexecution_rows, run_origin
 
 TABS = ("timeline", "steps", "subruns", "evidence", "costs")
@@ -57,89 +55,18 @@ class BadParameter(Exception):
     """A query or form value the console cannot use: a readable 400, never a 500."""
 
 
-# --- formatting ------------------------------------------------------------------------------
-
-
-def money(value: Decimal | float | None) -> str:
-    """Dollars, or n/a when nothing was priced (NULL is never shown as 0)."""
-    if value is None:
-        return "n/a"
-    return f"${Decimal(value):,.6f}"
-
-
-def coverage(priced: int, unpriced: int) -> str:
-    total = priced + unpriced
-    if total == 0:
-        return "no model calls"
-    return f"{priced}/{total} priced ({round(100 * priced / total)}%)"
-
-
-def duration(start: datetime | None, end: datetime | None) -> str:
-    if start is None:
-        return "n/a"
-    seconds = ((end or clock.now()) - start).total_seconds()
-    text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return text if end is not None else f"{text} so far"
-
-
 def tokens(row: UsageColumns) -> dict[str, int]:
     return {"input": row.input_tokens, "output": row.output_tokens,
             "cached": row.cached_input_tokens, "reasoning": row.reasoning_tokens}
 
 
-# --- timeline rows (shared with the WebSocket consumer) --------------------------------------
-
-
-def artifact_url(workspace: Workspace, artifact_id: str) -> str:
-    """The verified download: the API re-hashes the bytes before serving them."""
-    url = reverse("api-artifact-content", args=[artifact_id])
-    return f"{url}?workspace={workspace.tenant.slug}/{workspace.slug}"
-
-
-def event_origin(event_type: str, payload: Any) -> str | None:
-    """The origin badge of a model or tool event (DESIGN.md §3): what a re-execution wrote
-    (recorded | simulated | live), else "live" (an original run's calls happened live). Other
-    events have no origin: None."""
-    if not event_type.startswith(MODEL_AND_TOOL_PREFIXES):
-        return None
-    origin = payload.get("origin") if isinstance(payload, dict) else None
-    return origin if origin in ORIGINS else "live"
-
-
-def event_row(envelope: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
-    """What the row template shows of one envelope."""
-    payload = envelope["payload"]
-    step_path = payload.get("stepPath") if isinstance(payload, dict) else None
-    refs = sorted(set(artifact_refs(payload)))
-    return {
-        "sequence": envelope["sequence"],
-        "event_id": envelope["eventId"],
-        "type": envelope["type"],
-        "step_path": step_path if isinstance(step_path, str) else "",
-        "recorded_at": envelope["recordedAt"],
-        "origin": event_origin(envelope["type"], payload),
-        # The stored payload is canonical JSON; json.loads kept its key order, so this is it, indented.
-        "pretty": json.dumps(payload, indent=2, ensure_ascii=False),
-        "artifacts": [{"id": ref.removeprefix("artifact://"),
-                       "url": artifact_url(workspace, ref.removeprefix("artifact://"))} for ref in refs],
-    }
-
-
-def render_row(row: dict[str, Any]) -> str:
-    return render_to_string("console/run/event_row.html", {"row": row})
-
-
 # --- lookups and parameters ------------------------------------------------------------------
 
 
-def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> Run:
-    ws = workspace_or_404(request.user, tenant, workspace)
-    try:
-        run = selectors.get_run(ws, run_id)
-    except NotFound:
-        raise Http404("not found") from None
-    run.workspace = ws  # the same row, with its tenant: saves a query wherever the run is serialized
-    return run
+def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> tuple[Access, Run]:
+    member = member_access(request, tenant, workspace, run_id=run_id)
+    assert member.run is not None
+    return member, member.run
 
 
 def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
@@ -182,13 +109,11 @@ class FeedbackForm:
 
 
 def _feedback_context(run: Run, form: FeedbackForm | None = None) -> dict[str, Any]:
-    summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
-    latest = list(Feedback.objects.filter(run=run).select_related("author", "api_key")
-                  .order_by("-created_at", "-pk")[:FEEDBACK_SHOWN])
+    summary = selectors.feedback_summary(run, latest=FEEDBACK_SHOWN)
     return {
-        "feedback_count": summary["count"],
-        "feedback_average": None if summary["average"] is None else f"{summary['average']:.1f}",
-        "feedback_rows": [serialize.feedback(f, run.run_id) for f in latest],
+        "feedback_count": summary.count,
+        "feedback_average": None if summary.average is None else f"{summary.average:.1f}",
+        "feedback_rows": [serialize.feedback(f, run.run_id) for f in summary.latest],
         "feedback_form": form or FeedbackForm(),
         "feedback_url": reverse("run-feedback", args=[run.workspace.tenant.slug, run.workspace.slug, run.run_id]),
         "ratings": range(1, 6),
@@ -201,9 +126,6 @@ def _header_context(run: Run) -> dict[str, Any]:
     if run.parent_run_id:
         parent_url = reverse("run", args=[ws.tenant.slug, ws.slug, run.parent_run_id])
     return {
-        "duration": duration(run.started_at, run.finished_at) if run.finished or run.started_at else "n/a",
-        "cost": money(run.cost_usd),
-        "coverage": coverage(run.priced_calls, run.unpriced_calls),
         "parent_url": parent_url,
         "ws_param": f"{ws.tenant.slug}/{ws.slug}",
         "origin": run_origin(run),
@@ -220,7 +142,7 @@ class Tab:
     status: int = 200
 
 
-def _timeline(request: HttpRequest, run: Run) -> Tab:
+def _timeline(request: HttpRequest, member: Access, run: Run) -> Tab:
     limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
     after = _int_param(request, "after", 0, minimum=0) if request.GET.get("after", "") != "" else None
     return _timeline_page(run, after, limit)
@@ -255,10 +177,7 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
 def _step_page(request: HttpRequest, run: Run, tab: str) -> tuple[list[Step], dict[str, Any]]:
     """One page of the run's steps by position (`?start=N`, 0-based) and its pager."""
     start = _int_param(request, "start", 0, minimum=0)
-    # Positions are dense from 0 (the fold numbers steps by first appearance), so a page is a range.
-    steps = list(Step.objects.filter(run=run, position__gte=start, position__lt=start + STEPS_PAGE_SIZE)
-                 .order_by("position"))
-    total = Step.objects.filter(run=run).count()
+    steps, total = selectors.steps_page(run, start=start, size=STEPS_PAGE_SIZE)
     base = _tab_url(run, tab)
     end = start + STEPS_PAGE_SIZE
     return steps, {
@@ -270,15 +189,13 @@ def _step_page(request: HttpRequest, run: Run, tab: str) -> tuple[list[Step], di
     }
 
 
-def _steps(request: HttpRequest, run: Run) -> Tab:
+def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
     steps, pager = _step_page(request, run, "steps")
     plan = replay_plan_for(run) if run.last_sequence else None
     should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
     rows = [{
-        "path": s.step_path, "status": s.status, "attempts": len(s.attempts or []), "visit": s.visit,
-        "duration": duration(s.started_at, s.finished_at) if s.started_at else "n/a",
-        "tokens": tokens(s), "cost": money(s.cost_usd), "coverage": coverage(s.priced_calls, s.unpriced_calls),
-        "should_run": should_run.get(s.step_path, s.status != "completed"), "error": s.error,
+        "step": s, "path": s.step_path, "status": s.status, "attempts": len(s.attempts or []), "visit": s.visit,
+        "tokens": tokens(s), "should_run": should_run.get(s.step_path, s.status != "completed"), "error": s.error,
     } for s in steps]
     sessions = []
     missing: list[str] = []
@@ -289,8 +206,7 @@ def _steps(request: HttpRequest, run: Run) -> Tab:
         in_doubt = {m[len("tool:"):-len(":in_doubt")] for m in missing
                     if m.startswith("tool:") and m.endswith(":in_doubt")}
         # A lease that ran out after outbound is in doubt before the gateway has written it down.
-        in_doubt |= {c.call_id for c in ToolGatewayClaim.objects.filter(run=run, status="claimed")
-                     if _claim_in_doubt(c)}
+        in_doubt |= gateway.in_doubt_call_ids(run)
         on_page = {s.step_path for s in steps}
         if pager["start"] == 0:  # sessions of no step go with the first page
             on_page |= {session["stepPath"] for session in plan["sessions"]} - set(should_run)
@@ -303,84 +219,9 @@ def _steps(request: HttpRequest, run: Run) -> Tab:
     })
 
 
-@dataclass
-class SubRunNode:
-    run: Run
-    url: str
-    children: list[SubRunNode] = field(default_factory=list)
-    cost: Decimal | None = None
-    priced: int = 0
-    unpriced: int = 0
-    started: datetime | None = None
-    finished: datetime | None = None
-    open: bool = False  # a run still going anywhere in the subtree
-    failed: bool = False  # a failed run anywhere in the subtree
-    size: int = 1
-
-    @property
-    def cost_text(self) -> str:
-        return money(self.cost)
-
-    @property
-    def coverage_text(self) -> str:
-        return coverage(self.priced, self.unpriced)
-
-    @property
-    def own_duration(self) -> str:
-        return duration(self.run.started_at, self.run.finished_at) if self.run.started_at else "n/a"
-
-    @property
-    def subtree_duration(self) -> str:
-        """Wall clock from the subtree's first start to its last finish (still running: so far)."""
-        return duration(self.started, None if self.open else self.finished) if self.started else "n/a"
-
-
-def _subrun_tree(run: Run) -> SubRunNode:
-    """The run and every run below it, any depth, from one query on the root's projection."""
-    ws = run.workspace
-    root = run.root_run_id or run.run_id
-    family = list(selectors.runs(ws).filter(
-        Q(root_run_id__in={root, run.run_id}) | Q(parent_run_id=run.run_id)).order_by("created_at", "pk"))
-    children: dict[str, list[Run]] = {}
-    for r in family:
-        if r.parent_run_id and r.pk != run.pk:
-            children.setdefault(r.parent_run_id, []).append(r)
-    seen: set[int] = set()
-
-    def build(r: Run) -> SubRunNode:
-        seen.add(r.pk)
-        node = SubRunNode(r, reverse("run", args=[ws.tenant.slug, ws.slug, r.run_id]))
-        node.children = [build(c) for c in children.get(r.run_id, []) if c.pk not in seen]
-        costs = [r.cost_usd] + [c.cost for c in node.children]
-        # NULL only when every run in the subtree is unpriced (DESIGN.md §4).
-        priced_costs = [c for c in costs if c is not None]
-        node.cost = sum(priced_costs, Decimal(0)) if priced_costs else None
-        node.priced = r.priced_calls + sum(c.priced for c in node.children)
-        node.unpriced = r.unpriced_calls + sum(c.unpriced for c in node.children)
-        starts = [s for s in [r.started_at, *(c.started for c in node.children)] if s is not None]
-        ends = [e for e in [r.finished_at, *(c.finished for c in node.children)] if e is not None]
-        node.started = min(starts) if starts else None
-        node.finished = max(ends) if ends else None
-        node.open = not r.finished or any(c.open for c in node.children)
-        node.failed = r.status == RunStatus.FAILED or any(c.failed for c in node.children)
-        node.size = 1 + sum(c.size for c in node.children)
-        return node
-
-    return build(run)
-
-
-def _subruns(request: HttpRequest, run: Run) -> Tab:
-    tree = _subrun_tree(run)
+def _subruns(request: HttpRequest, member: Access, run: Run) -> Tab:
+    tree = subrun_tree(run)
     return Tab("console/run/subruns.html", {"tree": tree, "descendants": tree.size - 1})
-
-
-def _claim_in_doubt(claim: ToolGatewayClaim) -> bool:
-    """In doubt, or about to be: a lease that ran out after the request left (the gateway writes
-    it down as in doubt on the next touch, which reconciling is)."""
-    if claim.status == ToolGatewayClaim.Status.IN_DOUBT:
-        return True
-    return (claim.status == ToolGatewayClaim.Status.CLAIMED and claim.outbound_at is not None
-            and claim.lease_expires_at <= clock.now())
 
 
 @dataclass
@@ -391,16 +232,16 @@ class ReconcileForm:
     error: str = ""
 
 
-def _evidence(request: HttpRequest, run: Run, forms: dict[str, ReconcileForm] | None = None) -> Tab:
+def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, ReconcileForm] | None = None) -> Tab:
     bundle = evidence_bundle(run)
-    claims = {c.call_id: c for c in ToolGatewayClaim.objects.filter(run=run)}
-    can_reconcile = has_role(request.user, run.workspace, "operator")
+    claims = gateway.claims_by_call(run)
+    can_reconcile = member.allows("operator")
     ws = run.workspace
     forms = forms or {}
     calls = []
     for call in bundle["toolCalls"]:
         claim = claims.get(call["callId"])
-        reconcilable = claim is not None and _claim_in_doubt(claim)
+        reconcilable = claim is not None and gateway.is_in_doubt(claim)
         calls.append({
             **call,
             "in_doubt": call["status"] == "in_doubt" or reconcilable,
@@ -413,7 +254,7 @@ def _evidence(request: HttpRequest, run: Run, forms: dict[str, ReconcileForm] | 
         })
     artifacts = [{**a, "url": artifact_url(ws, a["artifactId"]) if a["size"] is not None else None}
                  for a in bundle["artifacts"]]
-    costs = [{**c, "cost": money(c["costUsd"])} for c in bundle["costs"]]
+    costs = bundle["costs"]
     return Tab("console/run/evidence.html", {
         "bundle": bundle, "tool_calls": calls, "artifacts": artifacts, "costs": costs,
         "in_doubt_count": sum(1 for c in calls if c["in_doubt"]), "can_reconcile": can_reconcile,
@@ -421,30 +262,18 @@ def _evidence(request: HttpRequest, run: Run, forms: dict[str, ReconcileForm] | 
     })
 
 
-def _costs(request: HttpRequest, run: Run) -> Tab:
+def _costs(request: HttpRequest, member: Access, run: Run) -> Tab:
     """Per step (a page of them), per model (summed in the database) and the run's totals."""
     steps, pager = _step_page(request, run, "costs")
-    rows = [{
-        "path": s.step_path, "tokens": tokens(s), "cost": money(s.cost_usd),
-        "coverage": coverage(s.priced_calls, s.unpriced_calls),
-    } for s in steps]
-    per_model = (
-        CostEntry.objects.filter(run=run).values("provider", "model_id")
-        .annotate(calls=Count("pk"), priced=Count("cost_usd"), cost=Sum("cost_usd"),
-                  input=Sum("input_tokens"), output=Sum("output_tokens"),
-                  cached=Sum("cached_input_tokens"), reasoning=Sum("reasoning_tokens"))
-        .order_by("provider", "model_id")
-    )
-    models = [{
-        **m, "cost_text": money(m["cost"]), "coverage": coverage(m["priced"], m["calls"] - m["priced"]),
-    } for m in per_model]
+    rows = [{"step": s, "path": s.step_path, "tokens": tokens(s)} for s in steps]
+    models = [{**m, "coverage": coverage(m["priced"], m["calls"] - m["priced"])}
+              for m in selectors.costs_by_model(run)]
     return Tab("console/run/costs.html", {
         "steps": rows, "pager": pager, "models": models, "total_tokens": tokens(run),
-        "run_cost": money(run.cost_usd), "run_coverage": coverage(run.priced_calls, run.unpriced_calls),
     })
 
 
-TAB_VIEWS: dict[str, Callable[[HttpRequest, Run], Tab]] = {
+TAB_VIEWS: dict[str, Callable[[HttpRequest, Access, Run], Tab]] = {
     "timeline": _timeline, "steps": _steps, "subruns": _subruns, "evidence": _evidence, "costs": _costs,
 }
 
@@ -472,9 +301,9 @@ def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
 def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab: str = "timeline") -> HttpResponse:
     if tab not in TAB_VIEWS:
         raise Http404("no such tab")
-    run = _run_or_404(request, tenant, workspace, run_id)
+    member, run = _run_or_404(request, tenant, workspace, run_id)
     try:
-        content = TAB_VIEWS[tab](request, run)
+        content = TAB_VIEWS[tab](request, member, run)
     except BadParameter as exc:
         return _bad_request(request, str(exc))
     return _respond(request, run, tab, content)
@@ -484,14 +313,14 @@ def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab
 @require_safe
 def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """Just the rows after `after` (the live view's catch-up); the last sequence in a header."""
-    run = _run_or_404(request, tenant, workspace, run_id)
+    _, run = _run_or_404(request, tenant, workspace, run_id)
     try:
         after = _int_param(request, "after", 0, minimum=0)
         limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
     except BadParameter as exc:
         return _bad_request(request, str(exc))
     rows = [event_row(e, run.workspace) for e in selectors.events(run, after=after, limit=limit)]
-    response = HttpResponse("".join(render_row(r) for r in rows))
+    response = HttpResponse("".join(render_event_row(r) for r in rows))
     response["X-Last-Sequence"] = str(rows[-1]["sequence"] if rows else after)
     response["X-Run-Status"] = run.status
     return response
@@ -514,7 +343,7 @@ def _feedback_form(request: HttpRequest) -> FeedbackForm:
 @require_POST
 def feedback(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """Any member may rate a run (viewer and up, as the API allows)."""
-    run = _run_or_404(request, tenant, workspace, run_id)
+    _, run = _run_or_404(request, tenant, workspace, run_id)
     form = _feedback_form(request)
     status = 400 if form.error else 201
     if not form.error:
@@ -558,8 +387,8 @@ def _reconcile_form(request: HttpRequest) -> tuple[ReconcileForm, Any]:
 @require_POST
 def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, call_id: str) -> HttpResponse:
     """An operator settles an in-doubt tool call through the gateway's reconcile service."""
-    run = _run_or_404(request, tenant, workspace, run_id)
-    if not has_role(request.user, run.workspace, "operator"):
+    member, run = _run_or_404(request, tenant, workspace, run_id)
+    if not member.allows("operator"):
         raise PermissionDenied("reconciling a tool call needs the operator role")
     form, value = _reconcile_form(request)
     status = 400
@@ -580,8 +409,8 @@ def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, ca
             ws = run.workspace
             run.refresh_from_db()
             run.workspace = ws
-            return _respond(request, run, "evidence", _evidence(request, run))
-    tab = _evidence(request, run, forms={call_id: form})
+            return _respond(request, run, "evidence", _evidence(request, member, run))
+    tab = _evidence(request, member, run, forms={call_id: form})
     tab.status = status
     return _respond(request, run, "evidence", tab)
 

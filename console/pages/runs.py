@@ -6,110 +6,26 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
 from datetime import date, datetime
-from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.db.models import F, Max
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django_htmx.middleware import HtmxDetails
-from django.template.loader import render_to_string
 from django.urls import path
-from django.utils import timezone
 
 from ledger import selectors
 from ledger.models import Run, RunStatus, Workspace
 
-from ..access import workspace_or_404
+from ..rows import run_rows
+from .guard import member_access
 
 PAGE_SIZE = 50
-ROW_TEMPLATE = "console/runs/run_row.html"
 FILTERS = ("q", "status", "workflow", "from", "to", "has_failures", "cost_above", "rating", "model")
-
-
-# --- formatting shared by the row template and the usage report ----------------------------
-
-
-def usd(value: Decimal | None) -> str:
-    """Dollars for people: NULL (every call unpriced) is "n/a", never $0."""
-    if value is None:
-        return "n/a"
-    if value == 0:
-        return "$0"
-    if value >= 1:
-        return f"${value:,.2f}"
-    if value < Decimal("0.0001"):
-        return "<$0.0001"
-    return f"${value:.4f}"
-
-
-def duration(seconds: float) -> str:
-    if seconds < 1:
-        return f"{int(seconds * 1000)} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h"
-
-
-@dataclass(frozen=True)
-class RunRow:
-    """What one row of the runs list shows, besides the run's own columns."""
-
-    run: Run
-    children: int
-    rating: tuple[float, int] | None
-    now: datetime
-
-    @property
-    def started(self) -> datetime:
-        return self.run.started_at or self.run.created_at
-
-    @property
-    def duration(self) -> str:
-        if self.run.started_at is None:
-            return ""
-        end = self.run.finished_at or self.now
-        text = duration(max((end - self.run.started_at).total_seconds(), 0.0))
-        return text if self.run.finished_at else f"{text}…"
-
-    @property
-    def cost(self) -> str:
-        return usd(self.run.cost_usd)
-
-    @property
-    def partly_priced(self) -> bool:
-        return bool(self.run.unpriced_calls and self.run.priced_calls)
-
-    @property
-    def calls(self) -> int:
-        return self.run.priced_calls + self.run.unpriced_calls
-
-
-def run_rows(workspace: Workspace, runs: list[Run]) -> list[RunRow]:
-    """Rows for a page of runs: two queries however long the page is."""
-    counts = selectors.children_counts(workspace, [r.run_id for r in runs])
-    ratings = selectors.ratings_for(r.pk for r in runs)
-    now = timezone.now()
-    for run in runs:
-        run.workspace = workspace  # already loaded with its tenant: the row's link needs both
-    return [RunRow(run, counts.get(run.run_id, 0), ratings.get(run.pk), now) for run in runs]
-
-
-def render_row(workspace: Workspace, run: Run) -> str:
-    return render_to_string(ROW_TEMPLATE, {"row": run_rows(workspace, [run])[0], "workspace": workspace})
 
 
 # --- filters -------------------------------------------------------------------------------
@@ -205,8 +121,7 @@ def runs_url(workspace: Workspace, **params: str | date) -> str:
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     # The member lands where something happened last, not on the first workspace by name.
-    ws = selectors.workspaces_for(request.user).annotate(newest=Max("runs__created_at")).order_by(
-        F("newest").desc(nulls_last=True), "tenant__slug", "slug").first()
+    ws = selectors.newest_workspace_for(request.user)
     if ws is None:
         return render(request, "console/no_workspace.html", status=200)
     return redirect("workspace-runs", tenant=ws.tenant.slug, workspace=ws.slug)
@@ -218,7 +133,7 @@ class _HtmxRequest(HttpRequest):
 
 @login_required
 def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws = workspace_or_404(request.user, tenant, workspace)
+    ws = member_access(request, tenant, workspace).workspace
     form = RunFilterForm(request.GET)
     context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs"}
     if not form.is_valid():

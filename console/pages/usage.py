@@ -22,8 +22,9 @@ from ledger.models import Workspace
 from ledger.selectors import DailyModelCost
 from ledger.usage import UsageRow, usage_rows
 
-from ..access import has_role, workspace_or_404
-from .runs import runs_url, usd
+from .guard import member_access
+from ..format import money
+from .runs import runs_url
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
@@ -68,10 +69,6 @@ class TableRow:
         return self.usage.priced_calls + self.usage.unpriced_calls
 
     @property
-    def cost(self) -> str:
-        return usd(self.usage.cost_usd)
-
-    @property
     def calls_label(self) -> str:
         return f"{self.calls:,} model call{'s' if self.calls != 1 else ''}"
 
@@ -110,7 +107,7 @@ class Series:
 
     @property
     def total_label(self) -> str:
-        return usd(self.total) + ("" if self.total is not None else " (unpriced)")
+        return money(self.total) + ("" if self.total is not None else " (unpriced)")
 
     @property
     def short(self) -> str:
@@ -195,7 +192,7 @@ def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: 
     bottom = _TOP + _PLOT_H
     total = sum(day_totals.values(), Decimal(0))
     chart = Chart(
-        label=(f"Daily cost by model from {start} to {end}: {usd(total) if totals else '$0'} in total"
+        label=(f"Daily cost by model from {start} to {end}: {money(total) if totals else '$0'} in total"
                f" across {len(order)} model{'s' if len(order) != 1 else ''}"),
         height=legend_top + rows * _LEGEND_ROW + 4, plot_bottom=bottom, empty=not cells,
         series=list(series.values()),
@@ -220,7 +217,7 @@ def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: 
         base = stacked.get(c.day, 0.0)
         stacked[c.day] = base + height
         chart.segments.append(Segment(x, bottom - base - height, width, height, s, href,
-                                      title=f"{c.model} on {c.day}: {usd(c.cost_usd)} ({c.priced_calls} of "
+                                      title=f"{c.model} on {c.day}: {money(c.cost_usd)} ({c.priced_calls} of "
                                             f"{c.calls} calls priced)"))
     return chart
 
@@ -239,9 +236,10 @@ def _csv_url(workspace: Workspace, scope: str, start: date, end: date, group_by:
 
 @login_required
 def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws = workspace_or_404(request.user, tenant, workspace)
+    member = member_access(request, tenant, workspace)
+    ws = member.workspace
     form = UsageForm(request.GET)
-    is_admin = has_role(request.user, ws, "admin")
+    is_admin = member.allows("admin")
     context: dict[str, Any] = {"workspace": ws, "workspaces": selectors.workspaces_for(request.user),
                                "form": form, "is_admin": is_admin,
                                "from_value": request.GET.get("from", ""), "to_value": request.GET.get("to", "")}

@@ -12,7 +12,7 @@ from django import template
 
 from ledger.models import Role, Workspace
 from ledger.reexecution import selectors as reexecutions
-from ledger.tenancy import membership_for
+from ledger import selectors
 
 register = template.Library()
 
@@ -28,7 +28,7 @@ def workspace_nav(context: Any, user: Any, workspace: Workspace | None) -> dict[
     request = context.get("request")
     cache: dict[int, dict[str, Any]] = getattr(request, "_workspace_nav", {}) if request is not None else {}
     if workspace.pk not in cache:
-        membership = membership_for(user, workspace.tenant)
+        membership = selectors.membership(user, workspace.tenant)
         cache[workspace.pk] = NOTHING if membership is None else {
             "pending": reexecutions.pending_approval(workspace).count(), "admin": membership.allows(Role.ADMIN),
             "operator": membership.allows(Role.OPERATOR)}

@@ -17,6 +17,14 @@ def requests(workspace: Workspace) -> QuerySet[ReexecutionRequest]:
     return ReexecutionRequest.objects.filter(workspace=workspace)
 
 
+def page(workspace: Workspace, *, after_pk: int, limit: int, status: str | None = None) -> list[ReexecutionRequest]:
+    """Up to `limit` of the workspace's requests after the row `after_pk`, oldest first."""
+    qs = requests(workspace).select_related("workspace__tenant").filter(pk__gt=after_pk)
+    if status:
+        qs = qs.filter(status=status)
+    return list(qs.order_by("pk")[:limit])
+
+
 def get(workspaces: Iterable[Workspace], public_id: str) -> ReexecutionRequest:
     """The request with this id in one of `workspaces`; NotFound otherwise (another tenant's too)."""
     found = (ReexecutionRequest.objects.select_related("workspace__tenant")

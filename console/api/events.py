@@ -1,0 +1,154 @@
+"""/api/v1/runs/{runId}/events: append a batch (ingest) and read the log by sequence (read), as JSON
+or NDJSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
+from rest_framework import serializers
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ledger import selectors
+from ledger.append import append_events, validate_run_id
+from ledger.errors import LedgerError, NotFound
+
+from .auth import access_for
+from .base import ApiView, run_for
+from .pagination import int_param, limit_param
+from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, EventsPageSerializer, error_responses
+
+
+class InvalidRequest(LedgerError):
+    code = "invalid_request"
+
+
+class NdjsonRenderer(BaseRenderer):
+    """One JSON document per line (events); an error envelope is a single line."""
+
+    media_type = "application/x-ndjson"
+    format = "ndjson"
+    charset = None
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        items = data if isinstance(data, list) else [data]
+        return b"".join(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+                        for item in items)
+
+
+class RunEventsView(ApiView):
+    renderer_classes = [JSONRenderer, NdjsonRenderer]
+    @extend_schema_serializer(component_name="AppendEventsRequest")
+    class InputSerializer(serializers.Serializer):
+        @extend_schema_serializer(component_name="AppendEventItem")
+        class EventInput(serializers.Serializer):
+            type = serializers.CharField(help_text="a vocabulary type (DESIGN.md §3) or custom.*")
+            payload = serializers.JSONField(required=False, help_text="an object; default {}")
+            idempotencyKey = serializers.CharField(required=False, max_length=200)
+            occurrenceId = serializers.CharField(required=False, max_length=200)
+
+        events = EventInput(many=True, help_text="1..5000 events, appended in one transaction")
+        expectedSequence = serializers.IntegerField(required=False, min_value=0,
+                                                    help_text="the last sequence the writer saw")
+        fencingToken = serializers.CharField(required=False, help_text="required while the run is leased")
+
+    @extend_schema_serializer(component_name="AppendEventsResponse")
+    class OutputSerializer(serializers.Serializer):
+        events = AppendedEnvelopeSerializer(many=True)
+        lastSequence = serializers.IntegerField()
+
+    @extend_schema(
+        operation_id="append_events",
+        summary="Append a batch of events to a run (scope ingest)",
+        description=(
+            "All or nothing, one transaction. A body that is not a JSON object is 400 `invalid_request`; "
+            "`events` missing, empty or not a list is 400 `invalid_event` with `details.field = \"events\"`; "
+            "malformed JSON is 400 `invalid_json`. For another tenant's run id the answer is the same as for "
+            "a run id never used in your workspace (run ids are per workspace). Console sessions need the "
+            "operator role and the CSRF header."
+        ),
+        parameters=[RUN_ID, WORKSPACE],
+        request=InputSerializer,
+        responses={
+            200: OutputSerializer,
+            **error_responses(
+                e400=["invalid_run_id", "invalid_json", "invalid_request", "invalid_event (details: index, field)",
+                      "unknown_event_type", "cost_not_allowed"],
+                e403=["insufficient_scope", "forbidden"],
+                e404=["not_found"],
+                e409=["idempotency_conflict", "sequence_conflict (details: expected, actual)", "fenced",
+                      "run_not_started", "run_already_started", "run_finished"],
+                e413=["payload_too_large"],
+            ),
+        },
+        examples=[OpenApiExample("start a run", request_only=True, value={
+            "events": [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_hello"},
+                        "idempotencyKey": "start"}]})],
+    )
+    def post(self, request: Request, run_id: str) -> Response:
+        validate_run_id(run_id)
+        try:
+            caller = access_for(request, "ingest", run_id=run_id)
+        except NotFound:
+            # A new run: it cannot name the workspace yet.
+            caller = access_for(request, "ingest")
+        body = request.data
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object {events: [...]}", field="")
+        result = append_events(
+            workspace=caller.workspace, run_id=run_id, events=body.get("events"),
+            expected_sequence=body.get("expectedSequence"), fencing_token=body.get("fencingToken"),
+        )
+        return Response({"events": result.events, "lastSequence": result.last_sequence})
+
+
+
+    @extend_schema(
+        operation_id="list_events",
+        summary="A run's envelopes in sequence order (scope read)",
+        description=(
+            "Pages by sequence: `?after=N` (default 0) and `?limit=M` (default 50, max 500). With "
+            "`Accept: application/x-ndjson` (or `?format=ndjson`) the body is one envelope per line and the "
+            "page's position travels in headers: `X-Last-Sequence` (the run's last sequence) and "
+            "`X-Next-After` (the `after` of the next page; absent on the last page). Errors are always JSON."
+        ),
+        parameters=[
+            RUN_ID,
+            OpenApiParameter("after", OpenApiTypes.INT, description="return events with sequence > after; default 0"),
+            LIMIT, WORKSPACE,
+        ],
+        responses={
+            (200, "application/json"): EventsPageSerializer,
+            (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR, description="one envelope per line"),
+            **error_responses(e400=["invalid_run_id", "invalid_parameter"], e403=["insufficient_scope"],
+                              e404=["not_found"]),
+        },
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        _, run = run_for(request, run_id, "read")
+        after = int_param(request, "after", 0, minimum=0)
+        limit = limit_param(request)
+        events = selectors.events(run, after=after, limit=limit)
+        next_after = events[-1]["sequence"] if events and events[-1]["sequence"] < run.last_sequence else None
+        if request.accepted_renderer.format == NdjsonRenderer.format:
+            headers = {"X-Last-Sequence": str(run.last_sequence)}
+            if next_after is not None:
+                headers["X-Next-After"] = str(next_after)
+            return Response(events, headers=headers)
+        return Response({"events": events, "lastSequence": run.last_sequence, "next": next_after})
+
+
+urlpatterns = [
+    path("runs/<str:run_id>/events", RunEventsView.as_view(), name="api-run-events")  # GET list, POST append,
+]

@@ -1,0 +1,53 @@
+"""/api/v1/runs/{runId}/evidence and /replay-plan: the replay family's two reads (DESIGN.md §5 items 1
+and 4); both execute nothing."""
+
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ledger.evidence import evidence_bundle
+from ledger.plans import replay_plan_for
+
+from .base import ApiView, run_for
+from .schema import RUN_ID, WORKSPACE, EvidenceSerializer, ReplayPlanSerializer, error_responses
+
+
+class RunEvidenceView(ApiView):
+    @extend_schema(
+        operation_id="get_run_evidence",
+        summary="The evidence bundle (scope read): read-only, executes nothing",
+        description=(
+            "Steps in order of first appearance, costs in sequence order, artifacts re-hashed now. "
+            "`approvals` lists the run's re-execution requests with their decisions. `integrity` holds ledger verify's "
+            "checks (dense_sequence, event_ids, artifact_hashes, projections) and the replay plan's "
+            "manifest_drift; `replayReady` is the replay plan's."
+        ),
+        parameters=[RUN_ID, WORKSPACE],
+        responses={200: EvidenceSerializer, **error_responses(
+            e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"])},
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        _, run = run_for(request, run_id, "read")
+        return Response(evidence_bundle(run))
+
+
+class RunReplayPlanView(ApiView):
+    @extend_schema(
+        operation_id="get_run_replay_plan",
+        summary="What a resume or re-execution would do, without doing it (scope read)",
+        parameters=[RUN_ID, WORKSPACE],
+        responses={200: ReplayPlanSerializer, **error_responses(
+            e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"])},
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        _, run = run_for(request, run_id, "read")
+        return Response(replay_plan_for(run))
+
+
+urlpatterns = [
+    path("runs/<str:run_id>/evidence", RunEvidenceView.as_view(), name="api-run-evidence"),
+    path("runs/<str:run_id>/replay-plan", RunReplayPlanView.as_view(), name="api-run-replay-plan"),
+]

@@ -1,0 +1,124 @@
+"""/api/v1/usage: tokens and cost over time, grouped, as JSON pages or CSV (API.md "Usage")."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+from typing import Any
+
+from django.urls import path
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ledger.access import tenant_admin
+from ledger.usage import GROUPINGS, usage_page, usage_rows
+
+from .auth import access_for, principal
+from .base import ApiView
+from .pagination import InvalidCursor, InvalidParameter, date_param, decode_cursor, encode_cursor, limit_param
+from .schema import CURSOR, LIMIT, WORKSPACE, UsageReportSerializer, error_responses
+
+
+CSV_COLUMNS = ["key", "inputTokens", "outputTokens", "cachedInputTokens", "reasoningTokens", "costUsd",
+               "pricedCalls", "unpricedCalls"]
+
+
+class CsvRenderer(BaseRenderer):
+    """Usage rows as CSV with a header line; an unpriced cost is an empty cell."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\r\n")
+        writer.writerow(CSV_COLUMNS)
+        for row in data if isinstance(data, list) else []:
+            writer.writerow(["" if row.get(c) is None else _csv_cell(row[c]) for c in CSV_COLUMNS])
+        return out.getvalue().encode()
+
+
+def _csv_cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.12f}".rstrip("0").rstrip(".") or "0"
+    return str(value)
+
+
+class UsageView(ApiView):
+    renderer_classes = [JSONRenderer, CsvRenderer]
+
+    @extend_schema(
+        operation_id="get_usage",
+        summary="Tokens and cost over time, grouped (scope read)",
+        description=(
+            "Aggregated in SQL from the cost entries (one per answered model call) by the time they were "
+            "recorded. `from` and `to` are UTC days, both inclusive; default the 30 days ending today. Rows are "
+            "ordered by key and paged with `limit`/`cursor`; `total` covers the whole range. A row's costUsd is "
+            "null only when every call in it is unpriced. `?format=csv` (or `Accept: text/csv`) gives every row "
+            "of the range as CSV, unpaged, header `" + ",".join(CSV_COLUMNS) + "`, an unpriced cost as an empty "
+            "cell. By default the caller's workspace; `?scope=tenant` (admin members in a console session only; "
+            "`?tenant=T` when a member of several) covers every workspace of the tenant."
+        ),
+        parameters=[
+            OpenApiParameter("from", OpenApiTypes.DATE, description="first day, YYYY-MM-DD"),
+            OpenApiParameter("to", OpenApiTypes.DATE, description="last day (inclusive), YYYY-MM-DD; default today (UTC)"),
+            OpenApiParameter("groupBy", OpenApiTypes.STR, enum=list(GROUPINGS), description="default day"),
+            OpenApiParameter("scope", OpenApiTypes.STR, enum=["workspace", "tenant"], description="default workspace"),
+            OpenApiParameter("tenant", OpenApiTypes.STR, description="with scope=tenant: which tenant"),
+            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
+            LIMIT, CURSOR, WORKSPACE,
+        ],
+        responses={
+            (200, "application/json"): UsageReportSerializer,
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="the rows as CSV"),
+            **error_responses(e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
+                              e403=["insufficient_scope", "forbidden"], e404=["not_found"]),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        group_by = params.get("groupBy") or "day"
+        if group_by not in GROUPINGS:
+            raise InvalidParameter(f"groupBy must be one of {', '.join(GROUPINGS)}", parameter="groupBy")
+        end = date_param(request, "to", timezone.now().date())
+        start = date_param(request, "from", end - timedelta(days=29))
+        if start > end:
+            raise InvalidParameter("from must not be after to", parameter="from")
+        scope = params.get("scope") or "workspace"
+        where: dict[str, Any]
+        if scope == "tenant":
+            chosen = params.get("tenant") or params.get("workspace", "").partition("/")[0] or None
+            where = {"tenant": tenant_admin(principal(request), tenant=chosen)}
+        elif scope == "workspace":
+            where = {"workspace": access_for(request, "read").workspace}
+        else:
+            raise InvalidParameter("scope must be workspace or tenant", parameter="scope")
+        if request.accepted_renderer.format == CsvRenderer.format:
+            rows, _ = usage_rows(group_by=group_by, start=start, end=end, **where)
+            filename = f"usage-{start}-{end}-{group_by}.csv"
+            return Response([r.to_json() for r in rows],
+                            headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+        limit = limit_param(request)
+        cursor = decode_cursor(request)
+        offset = 0
+        if cursor is not None:
+            if not isinstance(cursor.get("o"), int) or cursor["o"] < 0:
+                raise InvalidCursor("cursor is not one this API gave out")
+            offset = cursor["o"]
+        page, total, more = usage_page(group_by=group_by, start=start, end=end, offset=offset, limit=limit, **where)
+        return Response({
+            "rows": [r.to_json() for r in page],
+            "total": {k: v for k, v in total.to_json().items() if k != "key"},
+            "next": encode_cursor({"o": offset + limit}) if more else None,
+        })
+
+
+urlpatterns = [
+    path("usage", UsageView.as_view(), name="api-usage"),
+]

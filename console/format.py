@@ -1,0 +1,77 @@
+"""How the console shows money, priced coverage and durations: one format each, for every page.
+
+The runs list, the run page, the usage report and the live rows all use these (in Python, or as
+the template filters of console/templatetags/console_format.py), so the same run reads the same
+everywhere.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from ledger import clock
+
+SIGNIFICANT = 4  # digits shown of an amount under a dollar: per-call costs are fractions of a cent
+SMALLEST_PLACE = -6  # a millionth of a dollar: below it, "<$0.000001"
+SMALLEST = Decimal(1).scaleb(SMALLEST_PLACE)
+
+
+def money(value: Decimal | float | None) -> str:
+    """Dollars for people. NULL (every call unpriced) is "n/a", never $0; $1 and more to the cent;
+    less to four significant digits, so a per-call cost keeps its size ($0.000027)."""
+    if value is None:
+        return "n/a"
+    amount = Decimal(value)
+    if amount == 0:
+        return "$0"
+    if abs(amount) >= 1:
+        return f"${amount:,.2f}"
+    if abs(amount) < SMALLEST:
+        return f"<${SMALLEST}"
+    exponent = amount.adjusted() - SIGNIFICANT + 1  # the place of the last significant digit
+    rounded = amount.quantize(Decimal(1).scaleb(max(exponent, SMALLEST_PLACE)), ROUND_HALF_UP)
+    text = f"{rounded:f}".rstrip("0").rstrip(".")
+    return f"${text}" if amount > 0 else f"-${text.lstrip('-')}"
+
+
+def coverage(priced: int, unpriced: int) -> str:
+    """Priced coverage: priced calls of all calls (DESIGN.md §4)."""
+    total = priced + unpriced
+    if total == 0:
+        return "no model calls"
+    return f"{priced}/{total} priced ({round(100 * priced / total)}%)"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{int(seconds * 1000)} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def elapsed(start: datetime | None, end: datetime | None, *, now: datetime | None = None) -> str:
+    """From start to end; without an end, the time so far, marked "…". "—" before a start."""
+    if start is None:
+        return "—"
+    text = duration(max(((end or now or clock.now()) - start).total_seconds(), 0.0))
+    return text if end is not None else f"{text}…"
+
+
+def span(item: Any) -> str:
+    """`elapsed` of anything with `started_at` and `finished_at` (a run, a step, a subtree)."""
+    return elapsed(item.started_at, item.finished_at)
+
+
+def priced(item: Any) -> str:
+    """`coverage` of anything with `priced_calls` and `unpriced_calls` (a run, a step, usage)."""
+    return coverage(item.priced_calls, item.unpriced_calls)

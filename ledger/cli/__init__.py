@@ -1,0 +1,14 @@
+"""`manage.py ledger …`: one module per subcommand (API.md, Operations).
+
+Each module names its subcommand (`NAME`, `HELP`), declares its flags (`add_arguments`) and does
+the work (`handle(cmd, **options)`, writing to `cmd.stdout` / `cmd.stderr`). The management
+command (ledger/management/commands/ledger.py) only dispatches; a new subcommand is a new module
+listed in `MODULES`. A LedgerError becomes a CommandError (its message, exit 1).
+"""
+
+from __future__ import annotations
+
+MODULES = [
+    "bootstrap", "create_user", "create_key", "demo", "events", "verify", "rebuild", "reprice", "report",
+    "replay_plan", "run", "resume", "reexecute", "worker",
+]

@@ -1,0 +1,73 @@
+"""What several subcommands share: finding runs, parsing JSON flags, reporting an execution."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import ArgumentParser
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger import access, selectors
+from ledger.errors import LedgerError
+from ledger.gateway import ToolCallInDoubt
+from ledger.models import Run, RunStatus
+from ledger.replay import CapabilityDriftError
+from ledger.runtime.executor import RunOutcome
+
+
+def add_run_arguments(parser: ArgumentParser, *, optional: bool = False, workspace_help: str | None = None) -> None:
+    """RUN (optional: every run) and --workspace T/W, as every subcommand about runs takes them."""
+    parser.add_argument("run", nargs="?" if optional else None)
+    parser.add_argument("--workspace", help=workspace_help)
+
+
+def find_run(run_id: str, workspace: str | None) -> Run:
+    """The run by id (anywhere, or in `workspace` TENANT/WORKSPACE); LedgerError when none or
+    when the id is ambiguous."""
+    run = access.resolve(access.OPERATOR, workspace=workspace, run_id=run_id).run
+    assert run is not None
+    return run
+
+
+def existing_run(cmd: BaseCommand, run_id: str, workspace: str | None) -> Run:
+    """`find_run`, or the message on stderr and exit 1 (nothing on stdout)."""
+    try:
+        return find_run(run_id, workspace)
+    except LedgerError as exc:
+        cmd.stderr.write(exc.message)
+        sys.exit(1)
+
+
+def runs_for(run_id: str | None, workspace: str | None) -> Iterable[Run]:
+    """One run, a workspace's runs, or every run, in creation order."""
+    if run_id:
+        return [find_run(run_id, workspace)]
+    return selectors.all_runs(access.workspace_by_path(workspace) if workspace else None)
+
+
+def json_arg(text: str, flag: str = "--input") -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"{flag} is not JSON: {exc}") from exc
+
+
+def report_outcome(cmd: BaseCommand, execute: Callable[[], RunOutcome]) -> RunOutcome:
+    """Run `execute` and say how the run ended on stderr; drift and an in-doubt tool call are
+    errors with their own exit codes (1 and 3)."""
+    try:
+        outcome = execute()
+    except CapabilityDriftError as exc:
+        raise CommandError(f"CapabilityDriftError: {exc}") from exc
+    except ToolCallInDoubt as exc:
+        raise CommandError(f"ToolCallInDoubt: {exc.message}", returncode=3) from exc
+    cmd.stderr.write(f"run {outcome.run_id} {outcome.status}")
+    return outcome
+
+
+def exit_unless_completed(outcome: RunOutcome) -> None:
+    if outcome.status != RunStatus.COMPLETED:
+        sys.exit(1)

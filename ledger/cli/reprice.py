@@ -1,0 +1,23 @@
+"""`ledger reprice`: recompute cost entries from the recorded tokens after a price change."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from ledger import selectors
+from ledger.projection import reprice
+
+NAME = "reprice"
+HELP = "recompute cost entries from the recorded tokens after a price change"
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    pass
+
+
+def handle(cmd: BaseCommand, **_: Any) -> None:
+    runs, changed = reprice(selectors.all_runs())
+    cmd.stdout.write(f"repriced {runs} run(s): {changed} cost entr{'y' if changed == 1 else 'ies'} changed")

@@ -1,0 +1,36 @@
+"""`ledger resume RUN`: continue a crashed run of a registered workflow from where its log ends."""
+
+from __future__ import annotations
+
+import json
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from ledger.runtime.executor import resume_run
+from ledger.runtime.registry import load_modules
+
+from .common import add_run_arguments, existing_run, exit_unless_completed, json_arg, report_outcome
+
+NAME = "resume"
+HELP = "continue a run from where its log ends"
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    add_run_arguments(parser)
+    parser.add_argument("--input", help="the run input, JSON; must equal the original when given")
+    parser.add_argument("--take-over", action="store_true", help="take the run lease from a live executor")
+    parser.add_argument("--module", action="append", default=[], help="import this module to register workflows")
+
+
+def handle(cmd: BaseCommand, *, run: str, workspace: str | None, input: str | None, take_over: bool,
+           module: list[str], **_: Any) -> None:
+    load_modules(module)
+    the_run = existing_run(cmd, run, workspace)
+    kwargs: dict[str, Any] = {"input": json_arg(input)} if input is not None else {}
+    outcome = report_outcome(cmd, lambda: resume_run(workspace=the_run.workspace, run_id=the_run.run_id,
+                                                     take_over=take_over, **kwargs))
+    cmd.stdout.write(json.dumps({"runId": outcome.run_id, "status": outcome.status,
+                                 "output": outcome.output, "error": outcome.error}))
+    exit_unless_completed(outcome)

@@ -1,0 +1,39 @@
+"""`ledger run WORKFLOW --input JSON --workspace T/W`: run a registered workflow; its run id is
+printed alone on its line before it starts (so the caller knows it even if the executor dies)."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from ledger import access
+from ledger.runtime.executor import new_run_id, start_run
+from ledger.runtime.registry import get_workflow, load_modules
+
+from .common import exit_unless_completed, json_arg, report_outcome
+
+NAME = "run"
+HELP = "run a registered workflow; prints the run id alone on its line"
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    parser.add_argument("workflow")
+    parser.add_argument("--input", required=True, help="the run input, JSON")
+    parser.add_argument("--workspace", required=True, help="TENANT/WORKSPACE")
+    parser.add_argument("--run-id", help="the id to start (or resume) under; a new one by default")
+    parser.add_argument("--module", action="append", default=[], help="import this module to register workflows")
+
+
+def handle(cmd: BaseCommand, *, workflow: str, input: str, workspace: str, run_id: str | None, module: list[str],
+           **_: Any) -> None:
+    run_input = json_arg(input)  # before anything is printed or created
+    load_modules(module)
+    get_workflow(workflow)  # an unknown name is refused before a run id is handed out
+    ws = access.workspace_by_path(workspace)
+    run_id = run_id or new_run_id()
+    cmd.stdout.write(run_id)
+    cmd.stdout.flush()  # the id is known to the caller even if the executor dies
+    outcome = report_outcome(cmd, lambda: start_run(workspace=ws, workflow=workflow, input=run_input, run_id=run_id))
+    exit_unless_completed(outcome)

@@ -1,0 +1,356 @@
+"""Catch-up and live (DESIGN.md §5 item 2): a run's events after a sequence, page by page, then
+as they are written, until the run is finished. SSE and the WebSocket consumer only format frames.
+
+The rules, in the order they are applied:
+
+- **Subscribe first, then read.** The follower hears announcements on the run's channel-layer
+  group from before its first read, so an event committed between the two is either in the read
+  or announced after it.
+- **De-duplicate by sequence.** Only sequences above the last one handed out leave the follower,
+  so an event both read and announced goes out once.
+- **Announcements only wake; the database answers.** Their content is never trusted. The layer is
+  lossy (another process's in-memory layer never reaches us; Redis may drop a message or be down),
+  so without one the follower reads the head anyway every `LEDGER_STREAM_POLL_SECONDS`.
+- **Stop when finished.** Once the run is completed or failed and everything up to its last
+  sequence was handed out, the last page says so (`final`) and the iteration ends. A run deleted
+  meanwhile ends it too, with `status` None.
+
+One read serves every follower of a run in this process (`RunFeed`): fifty browsers on one run
+cost one database read (and one rendering) per announcement, not fifty. A read is shared only
+with a follower it is fresh enough for: one woken by an announcement of sequence S joins a read
+created after this process first heard S (every copy of one announcement leaves Redis after the
+same commit); a start or a poll joins only a read created after it asked. Reads are keyed by the
+position they read after, so each follower keeps its own position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from . import selectors
+from .announce import Subscription
+from .models import Run, RunStatus
+
+log = logging.getLogger(__name__)
+
+# Catch-up reads the log in pages so that a long run is never held in memory at once.
+PAGE_SIZE = 500
+FINISHED = RunStatus.finished()
+HEARD_KEPT = 256  # announcements remembered per feed; a follower further behind reads afresh
+
+# What a transport makes of one envelope (the WebSocket: its rendered row); done once per read.
+Render = Callable[[dict[str, Any], Run], Any]
+Snapshot = tuple[str | None, int, list[tuple[int, Any]]]  # status, last sequence, items after a position
+
+
+def poll_seconds() -> float:
+    return float(settings.LEDGER_STREAM_POLL_SECONDS)
+
+
+def _envelope(envelope: dict[str, Any], run: Run) -> dict[str, Any]:
+    return envelope
+
+
+def _read(run: Run, after: int, render: Render) -> Snapshot:
+    """The run's status and last sequence, then up to a page of items after `after`.
+
+    The head first: its last sequence commits with the events, so the page read next holds
+    everything up to it (or is full)."""
+    # A follower lives as long as its socket: drop a connection past CONN_MAX_AGE or broken
+    # meanwhile, as Django does between requests.
+    close_old_connections()
+    try:
+        return _snapshot(run, after, render)
+    finally:
+        close_old_connections()
+
+
+def _snapshot(run: Run, after: int, render: Render) -> Snapshot:
+    head = selectors.run_head(run)
+    if head is None:  # deleted by retention meanwhile
+        return None, 0, []
+    status, last_sequence = head
+    if last_sequence <= after:
+        return status, last_sequence, []
+    envelopes = selectors.events(run, after=after, limit=PAGE_SIZE)
+    # Not past the head: whoever handed out the last sequence saw the status that came with it,
+    # so a later announcement of it (which a follower skips) is never needed to end.
+    return status, last_sequence, [(e["sequence"], render(e, run)) for e in envelopes
+                                   if e["sequence"] <= last_sequence]
+
+
+@dataclass
+class _Read:
+    created: int  # the feed's clock when it was asked for: its queries run after that
+    task: asyncio.Future[Snapshot]
+    full: bool = False
+
+
+class RunFeed:
+    """This process's reads of one run for one rendering, shared by all of its followers here
+    (see the module docstring). Lives while it has followers; everything in it runs on the loop."""
+
+    def __init__(self, run: Run, render: Render, feeds: dict[int, RunFeed]) -> None:
+        self.run = run
+        self.render = render
+        self.feeds = feeds
+        self.at: Counter[int] = Counter()  # followers per position (the last sequence each handed out)
+        self.positions: dict[object, int] = {}
+        self.clock = 0
+        self.heard: dict[int, int] = {}  # announced sequence -> clock when first heard here
+        self.reads: dict[int, _Read] = {}  # position -> the newest read of the items after it
+        self.database_reads = 0
+
+    def now(self) -> int:
+        return self.clock
+
+    def heard_at(self, sequence: int) -> int:
+        """The moment this process first heard of `sequence`: every read created later sees it."""
+        if sequence not in self.heard:
+            self.heard[sequence] = self.clock
+            if len(self.heard) > HEARD_KEPT:
+                del self.heard[next(iter(self.heard))]
+        return self.heard[sequence]
+
+    async def read(self, after: int, since: int) -> Snapshot:
+        """The run after `after`, from a read created after the moment `since`: the newest one
+        for that position if it is, else a new one."""
+        read = self.reads.get(after)
+        if read is None or read.created <= since:
+            self.clock += 1
+            read = _Read(self.clock, asyncio.ensure_future(self._fetch(after)))
+            self.reads[after] = read
+            read.task.add_done_callback(partial(self._settled, after, read))
+        # A follower that leaves mid-read must not cancel the read for the others.
+        return await asyncio.shield(read.task)
+
+    async def _fetch(self, after: int) -> Snapshot:
+        self.database_reads += 1
+        return await sync_to_async(_read)(self.run, after, self.render)
+
+    def _settled(self, after: int, read: _Read, task: asyncio.Future[Snapshot]) -> None:
+        if read.task.cancelled() or read.task.exception() is not None:  # also marks it retrieved
+            if self.reads.get(after) is read:
+                del self.reads[after]  # a failed read is retried, never shared
+
+    def join(self, follower: object, position: int) -> None:
+        self.positions[follower] = position
+        self.at[position] += 1
+
+    def moved(self, follower: object, position: int) -> None:
+        old = self.positions.get(follower)
+        if old is None or old == position:
+            return
+        self._vacate(old)
+        self.positions[follower] = position
+        self.at[position] += 1
+
+    def leave(self, follower: object) -> None:
+        old = self.positions.pop(follower, None)
+        if old is None:
+            return
+        self._vacate(old)
+        if not self.positions and self.feeds.get(self.run.pk) is self:
+            del self.feeds[self.run.pk]
+
+    def _vacate(self, position: int) -> None:
+        self.at[position] -= 1
+        if self.at[position] <= 0:
+            del self.at[position]
+            self.reads.pop(position, None)  # nobody here needs the items after it any more
+
+
+# Per event loop (a Daphne process has one; each test's async_to_sync has its own), per
+# rendering, per run pk.
+_feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Render, dict[int, RunFeed]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def feeds_here(render: Render = _envelope) -> dict[int, RunFeed]:
+    """The running event loop's feeds of one rendering, by run pk."""
+    return _feeds.setdefault(asyncio.get_running_loop(), {}).setdefault(render, {})
+
+
+def _feed_for(run: Run, render: Render) -> RunFeed:
+    feeds = feeds_here(render)
+    if run.pk not in feeds:
+        feeds[run.pk] = RunFeed(run, render, feeds)
+    return feeds[run.pk]
+
+
+@dataclass(frozen=True)
+class Page:
+    """Items (sequence, rendered envelope) above everything handed out before, in order.
+
+    An empty page that is not final means the follower was idle for `idle_after` seconds (SSE
+    sends its keepalive then)."""
+
+    items: list[tuple[int, Any]]
+    status: str | None  # the run's status when read; None: the run is gone
+    final: bool = False  # nothing follows: finished and everything handed out, or gone
+
+
+@dataclass
+class _News:
+    # Edge-triggered: an announcement asks for one read. (Waiting instead until the announced
+    # sequence arrives would spin on an announcement of a sequence that was never written.)
+    pending: bool = False
+    since: int = 0  # the feed's clock when the newest useful announcement was first heard here
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Follower:
+    """One reader's catch-up and live pages of one run, after `after`.
+
+    Use it as `async with Follower(run, after) as follower: async for page in follower: …`.
+    By default it subscribes its own channel to the run's group (SSE); a Channels consumer that
+    joined the group itself passes `listen=False` and hands each announcement to `announce()`.
+    """
+
+    def __init__(self, run: Run, after: int, *, render: Render = _envelope, listen: bool = True,
+                 idle_after: float | None = None) -> None:
+        self.run = run
+        self.last_sent = after
+        self.render = render
+        self.listen = listen
+        self.idle_after = idle_after
+        self.news = _News()
+        self.feed: RunFeed | None = None
+        self.subscription: Subscription | None = None
+        self.listener: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Follower:
+        self.feed = _feed_for(self.run, self.render)
+        self.feed.join(self, self.last_sent)
+        if self.listen:
+            await self._subscribe()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.feed is not None:
+            self.feed.leave(self)
+        if self.listener is not None:
+            self.listener.cancel()
+            with suppress(asyncio.CancelledError):
+                await self.listener
+        if self.subscription is not None:
+            await self.subscription.leave()
+
+    def announce(self, sequence: object) -> None:
+        """An announcement reached this follower: wake it if it may bring something new."""
+        assert self.feed is not None
+        if not isinstance(sequence, int):
+            heard = self.feed.now()
+        elif sequence > self.last_sent:
+            heard = self.feed.heard_at(sequence)
+        else:
+            return  # it announces nothing this follower has not handed out
+        self.news.pending = True
+        self.news.since = max(self.news.since, heard)
+        self.news.wake.set()
+
+    def __aiter__(self) -> AsyncIterator[Page]:
+        return self._pages()
+
+    async def _pages(self) -> AsyncIterator[Page]:
+        assert self.feed is not None, "use the follower as an async context manager"
+        feed = self.feed
+        loop = asyncio.get_running_loop()
+        poll = poll_seconds()
+        since = feed.now()
+        last_page = loop.time()
+        while True:
+            self.news.pending = False
+            try:
+                status, last_sequence, items = await feed.read(self.last_sent, since)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed read is retried on the next poll or announcement
+                log.warning("reading run %s failed; retrying", self.run, exc_info=True)
+                status, last_sequence, items = "", 0, []
+            last_read = loop.time()
+            if status is None:
+                yield Page([], None, final=True)
+                return
+            fresh = [(sequence, item) for sequence, item in items if sequence > self.last_sent]
+            if fresh:
+                self.last_sent = fresh[-1][0]
+                feed.moved(self, self.last_sent)
+            full = len(items) == PAGE_SIZE
+            final = not full and status in FINISHED and self.last_sent >= last_sequence
+            if fresh or final:
+                yield Page(fresh, status, final)
+                last_page = loop.time()
+                if final:
+                    feed.leave(self)  # its reads are done; whoever follows on shares without it
+                    return
+            if full:
+                since = feed.now()
+                continue
+            # Read again on an announcement past last_sent, or when the poll timer runs out;
+            # idle pages in between do not read the database.
+            while True:
+                wake_at = last_read + poll
+                if self.idle_after is not None:
+                    wake_at = min(wake_at, last_page + self.idle_after)
+                await self._wait_for_news(wake_at - loop.time())
+                if self.idle_after is not None and loop.time() >= last_page + self.idle_after:
+                    yield Page([], status)
+                    last_page = loop.time()
+                    await self._resubscribe()
+                if self.news.pending:
+                    since = self.news.since
+                    break
+                if loop.time() >= last_read + poll:
+                    since = feed.now()
+                    break
+
+    async def _wait_for_news(self, timeout: float) -> None:
+        """Return when an announcement past last_sent arrives, or after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.news.pending:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self.news.wake.clear()
+            try:
+                await asyncio.wait_for(self.news.wake.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def _subscribe(self) -> None:
+        subscription = Subscription(self.run.pk)
+        if await subscription.join():
+            self.subscription = subscription
+            self.listener = asyncio.create_task(self._listen(subscription))
+
+    async def _resubscribe(self) -> None:
+        if self.subscription is not None:
+            await self.subscription.refresh()
+
+    async def _listen(self, subscription: Subscription) -> None:
+        while True:
+            try:
+                message = await subscription.receive()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the layer is lossy; the follower goes on polling meanwhile
+                log.warning("receiving announcements on %s failed; polling meanwhile", subscription.group,
+                            exc_info=True)
+                await asyncio.sleep(poll_seconds())
+                continue
+            if message.get("type") == "ledger.appended":
+                self.announce(message.get("sequence"))

@@ -1,0 +1,84 @@
+"""ledger.access: the one answer to "which workspace and run, as whom" for every transport."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+
+from ledger import access
+from ledger.errors import LedgerError, NotFound
+from ledger.models import Workspace
+from ledger.tenancy import bootstrap, create_key
+
+from tests.conftest import started
+
+
+@pytest.fixture
+def runs(workspace: Workspace, other_workspace: Workspace) -> None:
+    from ledger.append import append_events
+
+    append_events(workspace=workspace, run_id="run_a", events=[started()])
+    append_events(workspace=other_workspace, run_id="run_b", events=[started()])
+
+
+def test_member_finds_the_run_by_its_id_alone(runs: None, member: Any, workspace: Workspace) -> None:
+    found = access.resolve(member, run_id="run_a")
+    assert (found.workspace, found.run.run_id, found.role) == (workspace, "run_a", "admin")
+
+
+def test_another_tenants_run_is_not_found_never_forbidden(runs: None, member: Any) -> None:
+    with pytest.raises(NotFound):
+        access.resolve(member, run_id="run_b")
+    with pytest.raises(NotFound):
+        access.resolve(member, workspace="globex/main", run_id="run_b")
+    with pytest.raises(NotFound):
+        access.resolve(AnonymousUser(), run_id="run_a")
+
+
+def test_two_workspaces_holding_the_run_need_a_name(runs: None, member: Any) -> None:
+    from ledger.append import append_events
+
+    second = bootstrap(tenant="acme", workspace="research")
+    append_events(workspace=second, run_id="run_a", events=[started()])
+    with pytest.raises(access.WorkspaceRequired) as refused:
+        access.resolve(member, run_id="run_a")
+    assert refused.value.code == "workspace_required" and refused.value.status == 400
+    assert access.resolve(member, workspace="acme/research", run_id="run_a").workspace == second
+
+
+def test_key_scope_and_member_role_are_403(runs: None, workspace: Workspace, viewer: Any) -> None:
+    key, _ = create_key(workspace=workspace, scopes=["read"])
+    assert access.resolve(key, run_id="run_a", scope="read").api_key == key
+    with pytest.raises(access.InsufficientScope):
+        access.resolve(key, run_id="run_a", scope="ingest")
+    with pytest.raises(access.RoleRequired):
+        access.resolve(key, run_id="run_a", role="operator")  # a key never holds a role
+    assert access.resolve(viewer, run_id="run_a").role == "viewer"
+    with pytest.raises(access.RoleRequired):
+        access.resolve(viewer, run_id="run_a", scope="ingest")
+
+
+def test_a_key_sees_only_its_own_workspace(runs: None, workspace: Workspace) -> None:
+    key, _ = create_key(workspace=workspace, scopes=["read"])
+    with pytest.raises(NotFound):
+        access.resolve(key, workspace="globex/main", run_id="run_b")
+
+
+def test_the_command_line_sees_every_workspace(runs: None, other_workspace: Workspace) -> None:
+    assert access.resolve(access.OPERATOR, run_id="run_b").workspace == other_workspace
+    assert access.workspace_by_path("globex/main") == other_workspace
+    with pytest.raises(LedgerError, match="TENANT/WORKSPACE"):
+        access.workspace_by_path("globex")
+    with pytest.raises(NotFound):
+        access.resolve(access.OPERATOR, run_id="run_nope")
+
+
+def test_tenant_usage_needs_an_admin_member(workspace: Workspace, member: Any, viewer: Any) -> None:
+    assert access.tenant_admin(member) == workspace.tenant
+    with pytest.raises(access.RoleRequired):
+        access.tenant_admin(viewer)
+    key, _ = create_key(workspace=workspace, scopes=["read"])
+    with pytest.raises(access.RoleRequired):
+        access.tenant_admin(key)
