@@ -32,6 +32,7 @@ from ledger.reexecution import services
 from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
 from ledger.runtime.reexecute import mode_plan
 
+from ..format import money
 from .guard import has_role, workspace_or_404
 from .reexecution import divergence_url, member, report_for
 
@@ -250,15 +251,12 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
         "workspace": ws, "batch_id": batch_id, "first": first, "rows": rows,
         "kept": sum(1 for r in compared if r["kept"]), "changed": [r for r in compared if not r["kept"]],
         "compared": len(compared), "total": len(rows),
-        "cost_before": _usd(_sum([r["cost_before"] for r in compared])),
-        "cost_after": _usd(_sum([r["cost_after"] for r in compared])),
+        "cost_before": money(_sum([r["cost_before"] for r in compared])),
+        "cost_after": money(_sum([r["cost_after"] for r in compared])),
         "approvals_url": reverse("approvals", args=[tenant, workspace]),
         "workspaces": selectors.workspaces_for(request.user),
     })
 
-
-def _usd(value: Decimal | float | None) -> str:
-    return "n/a" if value is None else f"${Decimal(str(value)):,.6f}"
 
 
 WS = "w/<slug:tenant>/<slug:workspace>/"

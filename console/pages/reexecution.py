@@ -33,6 +33,7 @@ from ledger.runtime.providers import known_providers
 from ledger.runtime.reexecute import mode_plan
 from ledger.runtime.registry import get_workflow
 
+from ..format import duration, money
 from .guard import has_role, workspace_or_404
 
 Mode = ReexecutionRequest.Mode
@@ -304,20 +305,14 @@ def report_for(found: ReexecutionRequest) -> dict[str, Any] | None:
 
 
 def _duration(ms: float | None) -> str:
-    if ms is None:
-        return "n/a"
-    return f"{ms / 1000:.1f} s" if ms >= 1000 else f"{int(ms)} ms"
-
-
-def _usd(value: float | None) -> str:
-    return "n/a" if value is None else f"${value:,.6f}"
+    return "n/a" if ms is None else duration(ms / 1000)
 
 
 def _side(side: dict[str, Any] | None) -> dict[str, Any] | None:
     if side is None:
         return None
-    return {**side, "duration": _duration(side.get("durationMs")), "cost": _usd(side.get("costUsd")),
-            "replayed_cost": _usd(side.get("replayedCostUsd")) if side.get("replayedCostUsd") else "",
+    return {**side, "duration": _duration(side.get("durationMs")), "cost": money(side.get("costUsd")),
+            "replayed_cost": money(side.get("replayedCostUsd")) if side.get("replayedCostUsd") else "",
             "output_json": json.dumps(side.get("output"), indent=2, ensure_ascii=False, default=str)}
 
 
