@@ -31,9 +31,11 @@ run: demo
 test: setup
 	$(PY) -m pytest
 
-# Static checks, no database needed: types (mypy, config in pyproject.toml).
+# Static checks, no database needed: types (mypy) and the import contracts (lint-imports);
+# both are configured in pyproject.toml.
 lint: setup
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 # lint, plus: every model change has its migration.
 check: lint
