@@ -13,14 +13,13 @@ transaction does the same).
 
 from __future__ import annotations
 
-import functools
 import hmac
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
@@ -33,6 +32,7 @@ from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError
 from .models import Run, ToolCall, ToolGatewayClaim, Workspace
 from .redaction import Redactor
 from .vocabulary import with_origin
+from .transactions import atomic_then_refuse
 
 Status = ToolGatewayClaim.Status
 
@@ -96,27 +96,6 @@ class Outbound:
 
 
 Emit = Callable[[dict[str, Any]], None]  # where a service's events go: appended now, or batched
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-def _atomic_then_refuse(service: Callable[P, T | LedgerError]) -> Callable[P, T]:
-    """Run `service` in one transaction; a refusal it *returns* is raised after the commit.
-
-    A lease found expired after the request left turns the call in doubt (a row change and an
-    event) *and* refuses the caller; raising inside the transaction would roll the first back.
-    So the services return their refusals, and raise only for bad input.
-    """
-    atomic_service = transaction.atomic(service)
-
-    @functools.wraps(service)
-    def refusing(*args: P.args, **kwargs: P.kwargs) -> T:
-        outcome = atomic_service(*args, **kwargs)
-        if isinstance(outcome, LedgerError):
-            raise outcome
-        return outcome
-
-    return refusing
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -265,7 +244,7 @@ def _prepare_args(workspace: Workspace, tool_name: str, args: Any) -> tuple[Any,
     return args, digest({"toolName": tool_name, "args": args})
 
 
-@_atomic_then_refuse
+@atomic_then_refuse
 def claim_tool_call(
     *, workspace: Workspace, run_id: str, call_id: str, tool_name: str, args: Any, effect: str, owner: str,
     idempotency_key: str | None = None, timeout_s: float | None = None, caller: str = "gateway",
@@ -345,7 +324,7 @@ def _claim(
     return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt)
 
 
-@_atomic_then_refuse
+@atomic_then_refuse
 def mark_outbound(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str,
                   fencing_token: Any = None) -> Outbound | LedgerError:
     """Stamp that the request is about to leave: from now on an expiry means in doubt."""
@@ -378,7 +357,7 @@ def prepare_outcome(workspace: Workspace, outcome: str, value: Any) -> Any:
     return value
 
 
-@_atomic_then_refuse
+@atomic_then_refuse
 def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str, outcome: str,
                        value: Any, fencing_token: Any = None) -> Finished | LedgerError:
     """Record the call's result (`outcome="result"`) or error (`"error"`) under a live lease.
@@ -431,7 +410,7 @@ class Batch:
     last_sequence: int
 
 
-@_atomic_then_refuse
+@atomic_then_refuse
 def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = None,
                   complete: dict[str, Any] | None = None, events: Sequence[Mapping[str, Any]] = (),
                   claim: dict[str, Any] | None = None, origin: str | None = None) -> Batch | LedgerError:
@@ -476,7 +455,7 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     return refusal or Batch(completed, claimed, last)
 
 
-@_atomic_then_refuse
+@atomic_then_refuse
 def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outcome: str, value: Any,
                         note: str, by: str, fencing_token: Any = None) -> Finished | LedgerError:
     """An operator settles a call in doubt as succeeded (with its result) or failed (its error).

@@ -17,46 +17,29 @@ import contextlib
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.urls import path
 
-from ledger import access
-from ledger.errors import LedgerError
 from ledger.models import Workspace
 from ledger.reexecution import selectors as reexecutions
 from ledger.reexecution.services import reexecution_group_for
 
-
-def _workspace(user: Any, tenant: str, workspace: str) -> Workspace | None:
-    try:
-        return access.resolve(user, workspace=f"{tenant}/{workspace}").workspace
-    except LedgerError:
-        return None
+from .workspace import WorkspaceFeed
 
 
 def _counts(workspace: Workspace) -> dict[str, int]:
     return reexecutions.counts(workspace)
 
 
-class ReexecutionsConsumer(AsyncJsonWebsocketConsumer):
-    workspace: Workspace | None = None
-    group: str | None = None
+class ReexecutionsConsumer(WorkspaceFeed):
     poller: asyncio.Task[None] | None = None
     counts: dict[str, int] | None = None
 
-    async def connect(self) -> None:
-        kwargs = self.scope["url_route"]["kwargs"]
-        # Anonymous users and other tenants' members are refused alike (DESIGN.md §2: 404, not 403).
-        self.workspace = await database_sync_to_async(_workspace)(
-            self.scope["user"], kwargs["tenant"], kwargs["workspace"])
-        if self.workspace is None:
-            await self.close()
-            return
-        self.group = reexecution_group_for(self.workspace.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+    group_of = staticmethod(reexecution_group_for)
+
+    async def joined(self) -> None:
+        assert self.workspace is not None
         self.counts = await database_sync_to_async(_counts)(self.workspace)
-        await self.accept()
         self.poller = asyncio.create_task(self._poll())
 
     async def disconnect(self, code: int) -> None:
@@ -64,11 +47,10 @@ class ReexecutionsConsumer(AsyncJsonWebsocketConsumer):
             self.poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.poller
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        await super().disconnect(code)
 
     async def _poll(self) -> None:
-        interval = float(getattr(settings, "LEDGER_STREAM_POLL_SECONDS", 1.0))
+        interval = settings.LEDGER_STREAM_POLL_SECONDS
         while True:
             await asyncio.sleep(interval)
             assert self.workspace is not None
@@ -77,9 +59,6 @@ class ReexecutionsConsumer(AsyncJsonWebsocketConsumer):
                 self.counts = counts
                 await self.send_json({"type": "reexecution", "id": None, "status": None,
                                       "pending": counts["pending_approval"]})
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The feed is one-way; anything a browser sends is ignored."""
 
     async def ledger_reexecution_changed(self, message: dict[str, Any]) -> None:
         assert self.workspace is not None

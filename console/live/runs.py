@@ -9,21 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.urls import path
 
-from ledger import access, announce, selectors
-from ledger.errors import LedgerError
+from ledger import announce, selectors
 from ledger.models import Workspace
 
 from ..rows import render_run_row
-
-
-def _workspace(user: Any, tenant: str, workspace: str) -> Workspace | None:
-    try:
-        return access.resolve(user, workspace=f"{tenant}/{workspace}").workspace
-    except LedgerError:
-        return None
+from .workspace import WorkspaceFeed
 
 
 def _row_html(workspace: Workspace, run_id: str) -> str | None:
@@ -31,28 +23,8 @@ def _row_html(workspace: Workspace, run_id: str) -> str | None:
     return None if run is None else render_run_row(workspace, run)
 
 
-class RunsListConsumer(AsyncJsonWebsocketConsumer):
-    workspace: Workspace | None = None
-    group: str | None = None
-
-    async def connect(self) -> None:
-        kwargs = self.scope["url_route"]["kwargs"]
-        # Anonymous users and other tenants' members are refused alike (DESIGN.md §2: 404, not 403).
-        self.workspace = await database_sync_to_async(_workspace)(
-            self.scope["user"], kwargs["tenant"], kwargs["workspace"])
-        if self.workspace is None:
-            await self.close()
-            return
-        self.group = announce.workspace_group_for(self.workspace.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The feed is one-way; anything a browser sends is ignored."""
+class RunsListConsumer(WorkspaceFeed):
+    group_of = staticmethod(announce.workspace_group_for)
 
     async def ledger_run_changed(self, message: dict[str, Any]) -> None:
         assert self.workspace is not None

@@ -7,8 +7,6 @@ the page and the export can never disagree about what an entry says.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from datetime import datetime, time, timedelta
 from datetime import timezone as dt_timezone
@@ -17,7 +15,7 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import path, reverse
@@ -26,40 +24,21 @@ from django.views.decorators.http import require_safe
 from ledger import audit, selectors
 from ledger.models import AuditEntry, Role, Tenant
 
+from .filters import DateRangePageForm, page_cursor
+
 PAGE_SIZE = 50
 API_AUDIT = "/api/v1/audit"  # API.md "Audit": the public path, not a route name of ours
 FILTERS = ("actor", "action", "from", "to")
 
 
-class AuditFilterForm(forms.Form):
+class AuditFilterForm(DateRangePageForm):
     actor = forms.CharField(required=False, max_length=160,
                             widget=forms.TextInput(attrs={"placeholder": "bob, key:0a1b…, system:expiry"}))
     action = forms.ChoiceField(required=False, choices=[("", "any")] + [(a, a) for a in audit.Action.values])
-    cursor = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for name, label in (("from", "From"), ("to", "To")):  # "from" is a keyword
-            self.fields[name] = forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
-                                                widget=forms.DateInput(attrs={"type": "date"}))
         self.order_fields(["actor", "action", "from", "to"])
-
-    def clean_cursor(self) -> tuple[datetime, int] | None:
-        raw = self.cleaned_data["cursor"]
-        if not raw:
-            return None
-        try:
-            position = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-            return datetime.fromisoformat(position["t"]), int(position["id"])
-        except (ValueError, TypeError, KeyError, binascii.Error):
-            raise ValidationError("This page link is broken: start again from the first page.") from None
-
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        data = self.cleaned_data
-        if data.get("from") and data.get("to") and data["from"] > data["to"]:
-            self.add_error("from", "From must not be after To.")
-        return data
 
     def selector_filters(self) -> dict[str, Any]:
         d = self.cleaned_data
@@ -72,8 +51,7 @@ class AuditFilterForm(forms.Form):
 
 
 def _cursor(entry: AuditEntry) -> str:
-    position = json.dumps({"t": entry.at.isoformat(), "id": entry.pk}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+    return page_cursor(entry.at, entry.pk)
 
 
 def _admin_tenant(request: HttpRequest, tenant: str) -> Tenant:

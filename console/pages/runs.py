@@ -3,9 +3,6 @@ htmx fragment and live push (console/live/runs.py)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from datetime import date, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -22,6 +19,7 @@ from ledger import selectors
 from ledger.models import Run, RunStatus, Workspace
 
 from ..rows import run_rows
+from .filters import DateRangePageForm, page_cursor
 from .guard import member_access
 
 PAGE_SIZE = 50
@@ -40,7 +38,7 @@ def _parse_model(value: str) -> tuple[str, str] | str:
     return provider, model_id
 
 
-class RunFilterForm(forms.Form):
+class RunFilterForm(DateRangePageForm):
     q = forms.CharField(required=False, max_length=200, label="Search",
                         widget=forms.TextInput(attrs={"placeholder": "run id, workflow or label", "type": "search"}))
     status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in RunStatus.values])
@@ -52,38 +50,15 @@ class RunFilterForm(forms.Form):
                                     choices=[("", "any")] + [(str(n), f"{n}★") for n in range(1, 6)])
     model = forms.CharField(required=False, max_length=401,
                             widget=forms.TextInput(attrs={"placeholder": "provider/modelId"}))
-    cursor = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # "from" is a keyword: these two are added here rather than declared above.
-        for name, label in (("from", "From"), ("to", "To")):
-            self.fields[name] = forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
-                                                widget=forms.DateInput(attrs={"type": "date"}))
         self.order_fields(["q", "status", "workflow", "from", "to", "model", "cost_above", "rating",
                            "has_failures"])
 
     def clean_model(self) -> tuple[str, str] | str | None:
         value = self.cleaned_data["model"].strip()
         return _parse_model(value) if value else None
-
-    def clean_cursor(self) -> tuple[datetime, int] | None:
-        raw = self.cleaned_data["cursor"]
-        if not raw:
-            return None
-        try:
-            position = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-            return datetime.fromisoformat(position["t"]), int(position["id"])
-        except (ValueError, TypeError, KeyError, binascii.Error):
-            raise ValidationError("This page link is broken: start again from the first page.") from None
-
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        data = self.cleaned_data
-        start, end = data.get("from"), data.get("to")
-        if start and end and start > end:
-            self.add_error("from", "From must not be after To.")
-        return data
 
     @property
     def filtered(self) -> bool:
@@ -99,8 +74,7 @@ class RunFilterForm(forms.Form):
 
 
 def _cursor(run: Run) -> str:
-    position = json.dumps({"t": run.created_at.isoformat(), "id": run.pk}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+    return page_cursor(run.created_at, run.pk)
 
 
 def _query(request: HttpRequest, **changes: str) -> str:

@@ -18,12 +18,11 @@ Rules (API.md "Re-execution"):
 
 from __future__ import annotations
 
-import functools
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -46,14 +45,13 @@ from .errors import (
     PlanChanged,
     SelfApprovalForbidden,
 )
+from ..transactions import atomic_then_refuse
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
 Executor = ReexecutionRequest.Executor
 Action = audit.Action
 
-P = ParamSpec("P")
-T = TypeVar("T")
 
 MAX_BATCH_RUNS = 200
 MAX_REASON = 2000
@@ -71,20 +69,6 @@ NOT_GIVEN: Any = _NotGiven()
 EXPIRY = audit.Actor(name="system:expiry")
 
 Principal = User | ApiKey
-
-
-def _commit_then_raise(service: Callable[P, T | LedgerError]) -> Callable[P, T]:
-    """Run `service` in one transaction; a refusal it *returns* is raised after the commit."""
-    atomic_service = transaction.atomic(service)
-
-    @functools.wraps(service)
-    def refusing(*args: P.args, **kwargs: P.kwargs) -> T:
-        outcome = atomic_service(*args, **kwargs)
-        if isinstance(outcome, LedgerError):
-            raise outcome
-        return outcome
-
-    return refusing
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -364,7 +348,7 @@ def _refuse_undecidable(requests: list[ReexecutionRequest], by: User, now: datet
     return None
 
 
-@_commit_then_raise
+@atomic_then_refuse
 def approve(*, workspace: Workspace, reexecution_id: str, by: User,
             note: str) -> list[ReexecutionRequest] | LedgerError:
     """Approve a pending request (for a batch: all of it, one decision). Returns what was approved."""
@@ -406,7 +390,7 @@ def approve(*, workspace: Workspace, reexecution_id: str, by: User,
     return requests
 
 
-@_commit_then_raise
+@atomic_then_refuse
 def deny(*, workspace: Workspace, reexecution_id: str, by: User,
          note: str) -> list[ReexecutionRequest] | LedgerError:
     """Deny a pending request (for a batch: all of it) with a note."""
