@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ledger import demo_workflows
+from ledger.demo import workflows as demo_workflows
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import register
 
