@@ -83,6 +83,9 @@ def test_a_sub_run_s_writes_renew_its_parent_s_lease(workspace: Workspace, clock
         seen["expires"] = Run.objects.get(workspace=workspace, run_id="run_parent").lease_expires_at
         return "peeked"
 
+    # Load the configured modules into the real registry first: imported for the first time into the
+    # copy, their workflows would vanish with it (a module registers once, on import).
+    registry.load_modules()
     monkeypatch.setattr(registry, "_WORKFLOWS", dict(registry._WORKFLOWS))
     registry.register(Workflow(name="slow_child", steps=(CodeRun("slow", slow), CodeRun("peek", peek_parent))))
     wf = Workflow(name="parent", steps=(SubWorkflow("sub", "slow_child", {}),))
