@@ -11,7 +11,7 @@ from typing import Any
 
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,7 +26,7 @@ from ledger.reexecution import selectors, services
 
 from .auth import access_for, principal
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
-from .schema import RUN_ID, WORKSPACE, enum, error_responses
+from .schema import RUN_ID, WORKSPACE, choice, enum, error_responses
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
@@ -38,16 +38,6 @@ TAGS = ["re-execution"]
 
 class NotStarted(Conflict):
     code = "not_started"
-
-
-def _choice(choices: list[str], **kwargs: Any) -> serializers.Field:
-    """A validated choice, its enum inlined in the schema (named enums collide across modules)."""
-
-    @extend_schema_field({"type": "string", "enum": list(choices)})
-    class Choice(serializers.ChoiceField):
-        pass
-
-    return Choice(choices=list(choices), **kwargs)
 
 
 def _nullable_str(**kwargs: Any) -> serializers.CharField:
@@ -102,7 +92,7 @@ class ReexecutionListSerializer(serializers.Serializer):
 
 
 class RequestInputSerializer(serializers.Serializer):
-    mode = _choice(Mode.values)
+    mode = choice(Mode.values)
     fromStep = serializers.CharField(required=False, max_length=500, help_text="required for fork, refused otherwise")
     input = serializers.JSONField(required=False, allow_null=True,
                                   help_text="fork only: the new run's input; absent keeps the original's")
@@ -142,7 +132,7 @@ class LeaseSerializer(serializers.Serializer):
 class BatchInputSerializer(serializers.Serializer):
     runIds = serializers.ListField(child=serializers.CharField(max_length=84), min_length=1,
                                    max_length=services.MAX_BATCH_RUNS)
-    mode = _choice(Mode.values, default=Mode.EVALUATE, help_text="evaluate (the only mode a batch takes)")
+    mode = choice(Mode.values, default=Mode.EVALUATE, help_text="evaluate (the only mode a batch takes)")
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), required=False)
     reason = serializers.CharField(max_length=services.MAX_REASON)
 

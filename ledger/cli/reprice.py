@@ -15,7 +15,7 @@ HELP = "recompute cost entries from the recorded tokens after a price change"
 
 
 def add_arguments(parser: ArgumentParser) -> None:
-    pass
+    """`ledger reprice` takes no arguments: it reprices every stored cost entry."""
 
 
 def handle(cmd: BaseCommand, **_: Any) -> None:
