@@ -1,5 +1,6 @@
 """What every benchmark needs: the services it measures, Django set up on them, timing and
-percentile helpers, a live Daphne, a cProfile report and the clean-up of its runs.
+percentile helpers, the recording of its figures for `make bench`, a live Daphne, a cProfile report
+and the clean-up of its runs.
 
 A benchmark is run as a script (`.venv/bin/python bench/fold.py`), so Python puts `bench/` first
 on the path; each script swaps it for the repository root before importing `bench.common`:
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import json
 import os
 import pstats
 import secrets
@@ -114,6 +116,26 @@ def profile(name: str, fn: Callable[[], Any], *, top: int = 25, top_tottime: int
         print(text.rstrip())
 
 
+def record(figure: str, *, value: float, unit: str, baseline: float | None, ratio: float | None,
+           target: str, met: bool | None, ratio_format: str = "{:.2f}×", note: str = "") -> None:
+    """Add one figure to the results file `make bench` collects (env BENCH_RESULTS); no-op without it.
+
+    A benchmark still prints its own table; this is the line `bench/all.py` turns into a row of
+    `bench/results.md`. `value` and `baseline` are in `unit` (the baseline measured in the same run),
+    `ratio` the figure the target is about, shown with `ratio_format` ("{:.1%}" for a share of the
+    baseline, "{:+.0%}" for an overhead); `met` is None where the figure has no target.
+    """
+    path = os.environ.get("BENCH_RESULTS")
+    if not path:
+        return
+    line = {"bench": Path(sys.argv[0]).stem, "figure": figure, "value": value, "unit": unit,
+            "baseline": baseline, "ratio": ratio, "ratio_text": "" if ratio is None else ratio_format.format(ratio),
+            "target": target, "met": met, "note": note}
+    # One write of one line in append mode: figures of concurrent benches never interleave.
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
 # --- Daphne -------------------------------------------------------------------------------------
 
 
@@ -157,30 +179,47 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def cleanup(workspace: Any, run_ids: list[str]) -> None:
-    """Delete the bench runs the way retention does: mark them pruning, delete what hangs off them.
+    """Delete the bench runs the way retention does (mark them pruning, delete what hangs off them),
+    then what else the workspace holds (keys, artifacts, re-execution requests), then the workspace.
 
-    Best effort: a table added later that the generic delete below does not cover leaves the
-    bench rows in place, with a warning, rather than failing the benchmark.
+    The audit log is insert-only and outlives what it names (ledger/audit.py), and retention in the
+    product deletes runs, never a workspace. So a bench workspace that an audit entry names (an API
+    key was created in it) is emptied but kept, with its entries, and the bench says so; one that no
+    entry names is deleted. Best effort: a table added later that the deletes below do not cover
+    leaves the bench rows in place, with a warning, rather than failing the benchmark.
     """
     from django.db import connection, transaction
 
-    from ledger.models import Run
+    from ledger.models import AuditEntry, Run
 
     try:
         with transaction.atomic():
             pks = list(Run.objects.filter(workspace=workspace, run_id__in=run_ids).values_list("pk", flat=True))
-            if pks:
-                Run.objects.filter(pk__in=pks).update(pruning=True)
-                with connection.cursor() as cur:
-                    # Every table with a foreign key to ledger_run (ledger_event among them).
-                    cur.execute(
-                        "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c "
-                        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
-                        "WHERE c.contype = 'f' AND c.confrelid = 'ledger_run'::regclass"
-                    )
-                    for table, column in cur.fetchall():
+            with connection.cursor() as cur:
+                if pks:
+                    Run.objects.filter(pk__in=pks).update(pruning=True)
+                    for table, column in _referencing("ledger_run", cur):  # ledger_event among them
                         cur.execute(f'DELETE FROM {table} WHERE "{column}" = ANY(%s)', [pks])
                     cur.execute("DELETE FROM ledger_run WHERE id = ANY(%s)", [pks])
-            workspace.delete()
+                # Re-execution requests name the API key that asked, so they go before the keys.
+                for table in ("ledger_reexecutionrequest", "ledger_artifact", "ledger_apikey"):
+                    cur.execute(f"DELETE FROM {table} WHERE workspace_id = %s", [workspace.pk])
+            audited = AuditEntry.objects.filter(workspace=workspace).count()
+            if not audited:
+                workspace.delete()
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the results
         sys.stderr.write(f"warning: could not delete the bench data of workspace bench/{workspace.slug}: {exc}\n")
+        return
+    if audited:
+        print(f"(workspace bench/{workspace.slug} emptied and kept: {audited} audit entries name it, "
+              "and the audit log is insert-only)")
+
+
+def _referencing(table: str, cur: Any) -> list[tuple[str, str]]:
+    """(table, column) of every single-column foreign key to `table`."""
+    cur.execute(
+        "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c "
+        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
+        "WHERE c.contype = 'f' AND c.confrelid = %s::regclass", [table]
+    )
+    return list(cur.fetchall())
