@@ -28,7 +28,7 @@ from django.db import connections
 
 from ledger.models import Workspace
 from ledger.runtime.executor import start_run, sub_run_id
-from ledger.runtime.testing import KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV
+from ledger.runtime.testing import COMMITS_ENV, KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, commit_ends
 from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     every_run_verifies, run_events as _events,
@@ -40,10 +40,14 @@ DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
 PIPELINE_OUTPUT = {"child": {"topic": "Lisbon", "answer": "Bergen is mild."}, "notified": "msg-ops"}
 # The drill's log is 37 events; a kill is tried after each of them but the last, plus the moment
 # before each of its 8 answers is committed (the call made, its record not). Events with no effect
-# outside between them share a commit (a model's response and the claim of the tool call it asks
-# for; a tool's outcome and the next model call), so a kill after the first of such a pair lands
-# after the pair: every commit boundary is still a kill point.
+# outside between them share a commit (a step's end and the next step's start; a model's response
+# and the claim of the tool call it asks for; a tool's outcome and the next model call), so a kill
+# after an event lands at the end of its commit: every commit boundary is a kill point.
 DRILL_EVENTS = 37
+# Where the drill's 15 commits end: RunStarted; each step boundary (the previous step's end with the
+# next one's start); per model call its intent (with the tool outcome before it) and its response
+# (with the claim of the tool call it asks for); the last step's end with RunCompleted.
+DRILL_COMMITS = [1, 3, 6, 8, 10, 12, 14, 16, 18, 23, 24, 28, 30, 35, 37]
 DRILL_ANSWERS = [9, 11, 13, 15, 17, 19, 25, 31]  # harness.model.responded / tool_call.succeeded sequences
 ANSWER_TYPES = ("harness.model.responded", "harness.tool_call.succeeded")
 
@@ -51,7 +55,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in (KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, INVOCATIONS_ENV):
+    for name in (KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, COMMITS_ENV, INVOCATIONS_ENV):
         monkeypatch.delenv(name, raising=False)
     yield
     monkeypatch.delenv(INVOCATIONS_ENV, raising=False)
@@ -96,13 +100,14 @@ _BASELINE: dict[str, Any] = {}
 
 def _baseline(workspace: Workspace, tmp_path: Path, workflow: str, run_input: Any) -> dict[str, Any]:
     if workflow not in _BASELINE:
-        calls = tmp_path / f"baseline-{workflow}.jsonl"
+        calls, commits = tmp_path / f"baseline-{workflow}.jsonl", tmp_path / f"baseline-{workflow}.commits"
         run_id = f"run_base_{workflow}"
-        assert _run_in_child(workspace, workflow, run_id, run_input, calls) == 0
+        assert _run_in_child(workspace, workflow, run_id, run_input, calls, **{COMMITS_ENV: str(commits)}) == 0
         events = _events(workspace, run_id)
         children = {e["payload"]["callId"]: _shape(_events(workspace, e["payload"]["args"]["subRunId"]))
                     for e in events if e["payload"].get("caller") == "workflow"}
         _BASELINE[workflow] = {"shape": _shape(events), "calls": _calls(calls), "children": children,
+                               "commits": commit_ends(commits)[run_id],
                                "sequences": {(e["type"], e["payload"].get("callId")): e["sequence"] for e in events}}
     return _BASELINE[workflow]
 
@@ -116,13 +121,16 @@ def test_drill_killed_at_every_point_resumes_to_the_same_output_repeating_only_t
     baseline = _baseline(workspace, tmp_path, "drill", DRILL_INPUT)
     assert len(baseline["shape"]) == DRILL_EVENTS
     assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == DRILL_ANSWERS
+    assert baseline["commits"] == DRILL_COMMITS
     assert len(KILLS) == 44
     boundaries = set()
     for seam, n in KILLS:
         written = _kill_and_resume(workspace, tmp_path, monkeypatch, "drill", DRILL_INPUT, DRILL_OUTPUT, baseline,
                                    seam, n)
         boundaries.add((seam, written))
-    assert len(boundaries) >= 30, sorted(boundaries)  # distinct places the executor died
+    # The executor died after every one of its commits, and before each answer was committed.
+    assert {written for seam, written in boundaries if seam == KILL_AFTER_ENV} == set(DRILL_COMMITS)
+    assert len(boundaries) == len(DRILL_COMMITS) + len(DRILL_ANSWERS), sorted(boundaries)
 
 
 def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workflow: str,
@@ -135,9 +143,11 @@ def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.M
 
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, point
     written = len(_events(workspace, run_id))
-    # a kill after the first event of a commit of two (a parallel group's branches, a response and
-    # the claim it leads to, an outcome and the next model call) lands after the second
-    assert written in ((n, n + 1) if seam == KILL_AFTER_ENV else (n - 1,)), (point, written)
+    # a kill after an event lands at the end of the commit that holds it; one before an event, at
+    # the end of the commit before it
+    commits = baseline["commits"]
+    assert written == (min(c for c in commits if c >= n) if seam == KILL_AFTER_ENV
+                       else max((c for c in commits if c < n), default=0)), (point, written)
     resumed = _resume(run_id, calls, monkeypatch)
     assert (resumed["status"], resumed["output"]) == ("completed", expected), point
     events = _events(workspace, run_id)
@@ -195,7 +205,7 @@ PIPELINE_KILLS = [
     (False, KILL_AFTER_ENV, "reserved"),  # the sub-run is reserved in the parent, not started
     (True, KILL_AFTER_ENV, 3),  # the sub-run started its first step
     (True, KILL_BEFORE_ENV, "answer"),  # the sub-run's model answered, the answer is not recorded
-    (True, KILL_AFTER_ENV, "last"),  # the sub-run completed its last step, not the run
+    (True, KILL_AFTER_ENV, "last"),  # the sub-run started its last step (with the end of the one before)
 ]
 
 
@@ -206,7 +216,7 @@ def test_pipeline_killed_inside_its_sub_run_resumes_the_sub_run_where_it_stopped
     for in_child, seam, point in PIPELINE_KILLS:
         n = {"reserved": baseline["sequences"][("harness.tool_call.started", "sub:workflow")],
              "answer": next(i + 1 for i, (t, _) in enumerate(child_shape) if t == "harness.model.responded"),
-             "last": len(child_shape) - 1}.get(point, point)
+             "last": max(i + 1 for i, (t, _) in enumerate(child_shape) if t == "StepAttemptStarted")}.get(point, point)
 
         _, child, calls = _pipeline_kill(workspace, tmp_path, monkeypatch, in_child=in_child, seam=seam, n=n)
 

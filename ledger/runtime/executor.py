@@ -211,28 +211,31 @@ class _Runner:
         if done is not None and done.status == "failed" and not retriable(done):
             # Killed between StepFailed and what follows it: the failure is recorded, not redone.
             raise _failure(done.error, f"step {path} failed")
-        append = self.recorder.append
+        # A step's facts are deferred: its start commits in one write with the end of the step
+        # before it (the step boundary), just before its body runs.
+        defer = self.recorder.defer
         if done is None or not done.scheduled:
-            append({"type": "StepScheduled", "payload": {"stepPath": path, "stepId": step.id, "uses": step.kind}})
+            defer({"type": "StepScheduled", "payload": {"stepPath": path, "stepId": step.id, "uses": step.kind}})
         if done is not None and done.status == "running":
             attempt = attempt_of(done)
         else:
             attempt = (attempt_of(done) if done is not None else 0) + 1
-            append(_attempt_started(step, path, attempt))
+            defer(_attempt_started(step, path, attempt))
         while True:
+            self.recorder.flush()
             try:
                 output = self._body(step, path, attempt, arg, outputs, visit)
             except StepFailure as failure:
                 retriable = attempt <= step.retries
-                append({"type": "StepFailed", "payload": {
+                defer({"type": "StepFailed", "payload": {
                     "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}",
                     "error": {**failure.as_error(), "retriable": retriable}}})
                 if not retriable:
                     raise
                 attempt += 1
-                append(_attempt_started(step, path, attempt))
+                defer(_attempt_started(step, path, attempt))
                 continue
-            append({"type": "StepCompleted", "payload": {
+            defer({"type": "StepCompleted", "payload": {
                 "stepPath": path, "stepId": step.id, "attempt": attempt, "output": output,
                 "metadata": {"uses": step.kind}}})
             return output
@@ -296,9 +299,9 @@ class _Runner:
             raise StepFailure(f"{step.id} has {len(keyed)} items; max_branches is {step.max_branches}",
                               name="too_many_branches")
         group = self.record.group(path)  # recorded by an earlier execution of this attempt
-        append = self.recorder.append
+        defer = self.recorder.defer  # committed with the boundary of the branch step that follows
         if group is None:
-            append({"type": "ParallelGroupStarted", "payload": {
+            defer({"type": "ParallelGroupStarted", "payload": {
                 "stepPath": path, "attempt": attempt, "branchCount": len(keyed), "maxConcurrency": 1,
                 "failureMode": "fail_fast"}})
         scheduled = set(group.branches) if group is not None else set()
@@ -306,7 +309,7 @@ class _Runner:
             "stepPath": path, "branchPath": f"{path}[{key}]", "itemKey": key, "branchIndex": i}}
             for i, (key, _) in enumerate(keyed) if f"{path}[{key}]" not in scheduled]
         if due:
-            append(*due)
+            defer(*due)
         ended = {p for p, b in group.branches.items() if b.status in ENDED} if group is not None else set()
         results: list[tuple[Any, Any]] = []
         for key, item in keyed:
@@ -316,17 +319,17 @@ class _Runner:
             except StepFailure as failure:
                 error = failure.as_error()
                 if branch_path not in ended:
-                    append({"type": "ParallelBranchFailed", "payload": {
+                    defer({"type": "ParallelBranchFailed", "payload": {
                         "stepPath": path, "branchPath": branch_path, "error": error}})
                 if group is None or group.status not in ENDED:
-                    append({"type": "ParallelGroupFailed", "payload": {"stepPath": path, "error": {
+                    defer({"type": "ParallelGroupFailed", "payload": {"stepPath": path, "error": {
                         "name": "BranchFailed", "message": f"{branch_path}: {error['message']}"}}})
                 raise StepFailure(f"branch {branch_path} failed: {error['message']}", name="BranchFailed") from failure
             if branch_path not in ended:
-                append({"type": "ParallelBranchCompleted", "payload": {"stepPath": path, "branchPath": branch_path}})
+                defer({"type": "ParallelBranchCompleted", "payload": {"stepPath": path, "branchPath": branch_path}})
             results.append((key, output))
         if group is None or group.status not in ENDED:
-            append({"type": "ParallelGroupCompleted", "payload": {
+            defer({"type": "ParallelGroupCompleted", "payload": {
                 "stepPath": path, "branchCount": len(keyed), "fanInOrder": [key for key, _ in keyed]}})
         return dict(results) if isinstance(items, Mapping) else [output for _, output in results]
 
@@ -356,9 +359,10 @@ class _Runner:
                                         parent_run_id=self.recorder.run_id, parent=self.recorder)
             field = "result" if outcome.status == RunStatus.COMPLETED else "error"
             value = outcome.output if field == "result" else outcome.error
-            self.recorder.append({"type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",
-                                  "payload": {"callId": call_id, field: value, "stepPath": path, "subRunId": child_id,
-                                              "durationMs": round((time.monotonic() - began) * 1000)}})
+            # Committed with the step's end: the sub-run's own log already holds its outcome.
+            self.recorder.defer({"type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",
+                                 "payload": {"callId": call_id, field: value, "stepPath": path, "subRunId": child_id,
+                                             "durationMs": round((time.monotonic() - began) * 1000)}})
             recorded = (field, value)
         field, value = recorded
         if field == "result":

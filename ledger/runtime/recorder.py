@@ -8,10 +8,24 @@ more than half of it has passed (a sub-run's writes renew its parent's lease too
 parent writes nothing while its sub-run works).
 
 Facts with no effect outside between them share one commit: a model's response is deferred to
-the write that claims the tool call it asks for (or ends the session), a tool call's outcome to
+the write that claims the tool call it asks for (or to the step's end), a tool call's outcome to
 the write that records the next model call (or claims the next tool call, or ends the step).
-Whatever acts outside (a model request, a tool run) runs only after a commit that holds
-everything before it, so a crash loses at most the in-flight call's answer.
+Whatever acts outside (a model request, a tool run, a step's code) runs only after a commit that
+holds everything before it, so a crash loses at most the in-flight call's answer.
+
+The commits of a run, then (the executor's rhythm):
+
+- RunStarted, alone (the run's row must exist before its lease is taken);
+- one per step boundary, just before a step's body runs: the previous step's end (its
+  StepCompleted, the session's end and the last model response of an `ai.generate` step) with
+  this step's StepScheduled and StepAttemptStarted;
+- inside an `ai.generate` step, two per model call that asks for a tool: harness.model.called
+  (with the session's start, or the previous tool call's outcome) before the request, then
+  harness.model.responded with the claim of the tool call, stamped outbound, before the tool runs;
+- the last step's end with RunCompleted (or RunFailed).
+
+A re-execution serving calls from a record writes nothing that acts outside inside a step, so
+its steps commit once each, at their boundary.
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -259,8 +260,10 @@ class Workflow:
         return {"name": self.name, "steps": [s.definition() for s in self.steps],
                 "output": callable_identity(self.output) if self.output else None}
 
-    @property
+    @cached_property
     def version(self) -> str:
+        """Computed once: the definition is immutable, and each callable's identity re-reads its
+        source (inspect.getsource), which an executor would otherwise pay on every step it runs."""
         return digest(self.definition())
 
     @property

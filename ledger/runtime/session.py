@@ -67,8 +67,8 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         changes = manifest_drift(opened.manifest, manifest)
         if changes or opened.manifest_hash != digest(manifest):
             raise CapabilityDriftError(recorder.run_id, changes or ["$: manifestHash differs"])
-    else:
-        recorder.append({"type": "harness.session.started", "payload": {
+    else:  # committed with the session's first model call (or the step's end)
+        recorder.defer({"type": "harness.session.started", "payload": {
             "role": ROLE, "task": {"kind": "execute_step", "stepPath": step_path}, "stepPath": step_path,
             "manifest": manifest, "manifestHash": digest(manifest), **({"attempt": attempt} if attempt > 1 else {}),
         }})
@@ -76,8 +76,8 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
     try:
         return _agent_loop(recorder=recorder, record=record, workflow=workflow, step=step, step_path=step_path,
                            prompt=prompt, prefix=call_prefix(step_path, attempt), replay=replay)
-    except StepFailure as failure:
-        recorder.append({"type": "harness.session.failed", "payload": {
+    except StepFailure as failure:  # committed with the step's failure
+        recorder.defer({"type": "harness.session.failed", "payload": {
             "stepPath": step_path, "role": ROLE, "error": failure.as_error()}})
         raise
     except BaseException:
@@ -138,7 +138,7 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         messages = [*messages, {"role": "assistant", "content": reply.text, "toolCalls": reply.tool_calls}]
         if not reply.tool_calls:
             text = reply.text or ""
-            recorder.append({"type": "harness.session.completed", "payload": {
+            recorder.defer({"type": "harness.session.completed", "payload": {
                 "stepPath": step_path, "role": ROLE, "output": text, "usage": usage}})
             return text
         for request in reply.tool_calls:
