@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 
 from . import artifacts, audit, clock
@@ -70,6 +70,7 @@ class Claimed:
     lease_expires_at: datetime
     attempt: int
     status: str = "claimed"
+    outbound_at: datetime | None = None  # what the row holds: when the request left
 
 
 @dataclass(frozen=True)
@@ -187,16 +188,21 @@ def _in_doubt_error(claim: ToolGatewayClaim) -> ToolCallInDoubt:
     )
 
 
-def _store_outcome(run: Run, claim: ToolGatewayClaim, field: str, value: Any) -> None:
-    """Put the outcome on the row, or in an artifact bound to this run and call when large."""
-    claim.result = claim.error = None
-    claim.outcome_ref = ""
-    claim.outcome_digest = digest({field: value})
+def _outcome_columns(run: Run, call_id: str, field: str, value: Any) -> dict[str, Any]:
+    """The row's outcome columns: the value inline, or in an artifact bound to this run and call
+    when large."""
+    columns = {"result": None, "error": None, "outcome_ref": "", "outcome_digest": digest({field: value})}
     if len(canonical_bytes(value)) <= INLINE_RESULT_BYTES:
-        setattr(claim, field, value)
-        return
-    wrapped = {"kind": ARTIFACT_KIND, "runId": run.run_id, "callId": claim.call_id, "field": field, "value": value}
-    claim.outcome_ref = artifacts.store_bytes(run.workspace, canonical_bytes(wrapped)).ref
+        columns[field] = value
+        return columns
+    wrapped = {"kind": ARTIFACT_KIND, "runId": run.run_id, "callId": call_id, "field": field, "value": value}
+    columns["outcome_ref"] = artifacts.store_bytes(run.workspace, canonical_bytes(wrapped)).ref
+    return columns
+
+
+def _store_outcome(run: Run, claim: ToolGatewayClaim, field: str, value: Any) -> None:
+    for name, column in _outcome_columns(run, claim.call_id, field, value).items():
+        setattr(claim, name, column)
 
 
 def _outcome(run: Run, claim: ToolGatewayClaim) -> tuple[str, Any]:
@@ -270,6 +276,13 @@ def _claim(
 ) -> Claimed | Finished | LedgerError:
     """claim_tool_call's work with the run locked and the args prepared; `outbound` also stamps
     the claim it hands back as outbound, in the same write (the caller's request leaves next)."""
+    identity = {"call_id": call_id, "tool_name": tool_name, "args": args, "args_digest": args_digest,
+                "effect": effect, "owner": owner, "idempotency_key": idempotency_key, "timeout_s": timeout_s}
+    new = _claim_new(run, now, identity, outbound=outbound)
+    if new is not None:
+        emit(_started(call_id, new.attempt, caller=caller, tool_name=tool_name, args=args, effect=effect, owner=owner,
+                      idempotency_key=idempotency_key, timeout_s=timeout_s, turn=turn, step_path=step_path))
+        return new
     # The key names the logical call: a harness retrying under a fresh callId still finds it.
     match = Q(call_id=call_id) | Q(idempotency_key=idempotency_key) if idempotency_key is not None else Q(call_id=call_id)
     rows = list(ToolGatewayClaim.objects.select_for_update().filter(match, run=run).order_by("pk"))
@@ -279,33 +292,29 @@ def _claim(
         if by_call.idempotency_key != idempotency_key:
             return _identity_conflict(by_call, f"tool call {call_id} was claimed with another idempotency key")
         claim = by_call
-    if claim is not None and (claim.tool_name != tool_name or claim.args_digest != args_digest):
+    assert claim is not None  # the row that stopped _claim_new; the run's lock keeps it there
+    if claim.tool_name != tool_name or claim.args_digest != args_digest:
         return _identity_conflict(claim, "this idempotency key (or callId) was used for another tool or other arguments")
 
-    if claim is not None:
-        if claim.status in (Status.SUCCEEDED, Status.FAILED):
-            return _finished(run, claim, replay=True)  # nothing executed, nothing appended
-        if claim.status == Status.IN_DOUBT:
-            return _in_doubt_error(claim)
-        if claim.lease_expires_at > now:
-            if claim.owner == owner:  # a retried claim of the holder: the same lease again
-                if outbound and claim.outbound_at is None:
-                    claim.outbound_at = claim.updated_at = now
-                    claim.save(update_fields=["outbound_at", "updated_at"])
-                return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt)
-            return ToolCallInProgress(
-                f"tool call {claim.call_id} is leased to another owner until {claim.lease_expires_at.isoformat()}",
-                callId=claim.call_id, leaseExpiresAt=claim.lease_expires_at.isoformat(),
-            )
-        if _settle_expiry(run, claim, now, emit):
-            return _in_doubt_error(claim)
-        # Expired before the request left: nothing happened outside, so it may run again.
-        claim.attempt += 1
-    else:
-        claim = ToolGatewayClaim(
-            run=run, call_id=call_id, tool_name=tool_name, args=args, args_digest=args_digest,
-            idempotency_key=idempotency_key, created_at=now, attempt=1,
+    if claim.status in (Status.SUCCEEDED, Status.FAILED):
+        return _finished(run, claim, replay=True)  # nothing executed, nothing appended
+    if claim.status == Status.IN_DOUBT:
+        return _in_doubt_error(claim)
+    if claim.lease_expires_at > now:
+        if claim.owner == owner:  # a retried claim of the holder: the same lease again
+            if outbound and claim.outbound_at is None:
+                claim.outbound_at = claim.updated_at = now
+                claim.save(update_fields=["outbound_at", "updated_at"])
+            return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt,
+                           outbound_at=claim.outbound_at)
+        return ToolCallInProgress(
+            f"tool call {claim.call_id} is leased to another owner until {claim.lease_expires_at.isoformat()}",
+            callId=claim.call_id, leaseExpiresAt=claim.lease_expires_at.isoformat(),
         )
+    if _settle_expiry(run, claim, now, emit):
+        return _in_doubt_error(claim)
+    # Expired before the request left: nothing happened outside, so it may run again.
+    claim.attempt += 1
     claim.effect, claim.timeout_s, claim.owner = effect, timeout_s, owner
     claim.lease_token = secrets.token_urlsafe(32)
     claim.lease_expires_at = now + timedelta(seconds=_lease_seconds(timeout_s))
@@ -313,15 +322,22 @@ def _claim(
     claim.outbound_at = now if outbound else None
     claim.status = Status.CLAIMED
     claim.save()
+    emit(_started(claim.call_id, claim.attempt, caller=caller, tool_name=tool_name, args=args, effect=effect,
+                  owner=owner, idempotency_key=idempotency_key, timeout_s=timeout_s, turn=turn, step_path=step_path))
+    return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt,
+                   outbound_at=claim.outbound_at)
 
+
+def _started(call_id: str, attempt: int, *, caller: str, tool_name: str, args: Any, effect: str, owner: str,
+             idempotency_key: str | None, timeout_s: float | None, turn: int | None,
+             step_path: str | None) -> dict[str, Any]:
     payload: dict[str, Any] = {
-        "callId": claim.call_id, "caller": caller, "toolName": tool_name, "args": args,
-        "effect": effect, "attempt": claim.attempt, "owner": owner,
+        "callId": call_id, "caller": caller, "toolName": tool_name, "args": args,
+        "effect": effect, "attempt": attempt, "owner": owner,
     }
     optional = {"idempotencyKey": idempotency_key, "timeoutS": timeout_s, "turn": turn, "stepPath": step_path}
     payload.update({k: v for k, v in optional.items() if v is not None})
-    emit({"type": "harness.tool_call.started", "payload": payload})
-    return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt)
+    return {"type": "harness.tool_call.started", "payload": payload}
 
 
 @atomic_then_refuse
@@ -374,9 +390,15 @@ def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease
 
 
 def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token: str, outcome: str, value: Any,
-              step_path: str | None = None) -> Finished | LedgerError:
+              step_path: str | None = None, held: Claimed | None = None) -> Finished | LedgerError:
     """complete_tool_call's work with the run locked and the value prepared. `step_path`, when the
-    caller knows it (the one it claimed the call with), saves looking it up."""
+    caller knows it (the one it claimed the call with), saves looking it up; `held`, the claim the
+    caller got for this call, lets the common case (it still holds it) skip reading the row."""
+    if held is not None and held.lease_token == lease_token:
+        done = _complete_held(run, now, held, outcome, value)
+        if done is not None:
+            emit(_finished_event(run, done, outcome, value, step_path))
+            return done
     claim = _get_claim(run, call_id)
     if (claim.status in (Status.SUCCEEDED, Status.FAILED) and not claim.reconciled_by
             and _token_matches(claim, lease_token) and claim.outcome_digest == digest({outcome: value})):
@@ -393,12 +415,77 @@ def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token:
     claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = status, duration_ms, now, now
     claim.save(update_fields=["result", "error", "outcome_ref", "outcome_digest", "status", "duration_ms",
                               "finished_at", "updated_at"])
-    payload = {"callId": claim.call_id, outcome: value, "durationMs": duration_ms, "attempt": claim.attempt}
-    emit({"type": f"harness.tool_call.{status}",
-          "payload": {**payload, "stepPath": step_path} if step_path else _with_step_path(run, call_id, payload)})
-    return Finished(call_id=claim.call_id, status=status, attempt=claim.attempt,
+    done = Finished(call_id=claim.call_id, status=status, attempt=claim.attempt,
                     result=value if outcome == "result" else None,
                     error=value if outcome == "error" else None, duration_ms=duration_ms)
+    emit(_finished_event(run, done, outcome, value, step_path))
+    return done
+
+
+def _finished_event(run: Run, done: Finished, outcome: str, value: Any, step_path: str | None) -> dict[str, Any]:
+    payload = {"callId": done.call_id, outcome: value, "durationMs": done.duration_ms, "attempt": done.attempt}
+    return {"type": f"harness.tool_call.{done.status}",
+            "payload": {**payload, "stepPath": step_path} if step_path else _with_step_path(run, done.call_id, payload)}
+
+
+# --- the common case in one statement --------------------------------------------------------
+# A harness claims calls nobody claimed before and completes the calls it holds. The services
+# above read the row first, for everything else (a retry, a key used again, a lease that ran
+# out); these two write it with one statement whose condition is the common case, and answer
+# None when it does not hold, for the service to read the row and sort it out.
+
+
+def _claim_new(run: Run, now: datetime, identity: Mapping[str, Any], *, outbound: bool) -> Claimed | None:
+    """Insert a claim for a call with no row yet (neither its call id nor its idempotency key has
+    one: the unique constraints turn the INSERT into nothing otherwise)."""
+    token = secrets.token_urlsafe(32)
+    expires = now + timedelta(seconds=_lease_seconds(identity["timeout_s"]))
+    row = {"run": run.pk, **identity, "lease_token": token, "lease_expires_at": expires, "attempt": 1,
+           "claimed_at": now, "outbound_at": now if outbound else None, "status": Status.CLAIMED, "result": None,
+           "error": None, "outcome_ref": "", "outcome_digest": "", "duration_ms": None, "finished_at": None,
+           "reconciled_by": "", "reconcile_note": "", "created_at": now, "updated_at": now}
+    columns, params = _columns(row)
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {_CLAIMS} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))}) "
+                       "ON CONFLICT DO NOTHING", params)
+        if cursor.rowcount != 1:
+            return None
+    return Claimed(identity["call_id"], token, expires, 1, outbound_at=row["outbound_at"])
+
+
+def _complete_held(run: Run, now: datetime, held: Claimed, outcome: str, value: Any) -> Finished | None:
+    """Record the outcome of a call the caller claimed (`held`), if its lease is still the live one."""
+    if held.outbound_at is None:
+        return None  # the tool's time counts from the claim, which only the row holds
+    status = Status.SUCCEEDED if outcome == "result" else Status.FAILED
+    duration_ms = round((now - held.outbound_at).total_seconds() * 1000)  # from when the request left
+    changes = {**_outcome_columns(run, held.call_id, outcome, value), "status": status, "duration_ms": duration_ms,
+               "finished_at": now, "updated_at": now}
+    columns, params = _columns(changes)
+    where, keys = _columns({"run": run.pk, "call_id": held.call_id, "status": Status.CLAIMED,
+                            "lease_token": held.lease_token, "outbound_at": held.outbound_at})
+    _, (live_after,) = _columns({"lease_expires_at": now})
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {_CLAIMS} SET {', '.join(f'{c} = %s' for c in columns)} "
+                       f"WHERE {' AND '.join(f'{c} = %s' for c in where)} AND lease_expires_at > %s",
+                       [*params, *keys, live_after])
+        if cursor.rowcount != 1:
+            return None
+    return Finished(call_id=held.call_id, status=status, attempt=held.attempt,
+                    result=value if outcome == "result" else None, error=value if outcome == "error" else None,
+                    duration_ms=duration_ms)
+
+
+_CLAIMS = ToolGatewayClaim._meta.db_table
+_CLAIM_FIELDS = {f.name: f for f in ToolGatewayClaim._meta.concrete_fields}
+
+
+def _columns(values: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
+    """The columns of ToolGatewayClaim's fields `values` names, and the values as this backend
+    stores them (JSON, datetimes)."""
+    fields = [_CLAIM_FIELDS[name] for name in values]
+    return ([connection.ops.quote_name(str(f.column)) for f in fields],
+            [f.get_db_prep_save(v, connection) for f, v in zip(fields, values.values())])
 
 
 @dataclass(frozen=True)

@@ -501,28 +501,54 @@ def _log(workspace: Workspace, run_id: str = RUN) -> list[Event]:
     return list(Event.objects.filter(run__workspace=workspace, run__run_id=run_id).order_by("sequence"))
 
 
+# `held` (the claim the caller got) lets the completion skip reading the row: both ways answer alike.
+@pytest.mark.parametrize("held", [True, False], ids=["held", "read"])
 def test_runtime_batch_commits_an_outcome_events_and_an_outbound_claim_in_one_append(
-        workspace: Workspace, run: str, clock: FakeClock) -> None:
+        workspace: Workspace, run: str, clock: FakeClock, held: bool) -> None:
     from ledger import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     assert isinstance(first.claimed, gateway.Claimed) and first.last_sequence == 2
     assert ToolGatewayClaim.objects.get(call_id="c1").outbound_at == clock.now()  # outbound in the same commit
+    assert first.claimed.outbound_at == clock.now()
     clock.advance(2)
 
     done = gateway.runtime_batch(
         workspace=workspace, run_id=run,
         complete={"call_id": "c1", "lease_token": first.claimed.lease_token, "outcome": "result",
-                  "value": gateway.prepare_outcome(workspace, "result", {"n": 1}), "step_path": "agent"},
+                  "value": gateway.prepare_outcome(workspace, "result", {"n": 1}), "step_path": "agent",
+                  **({"held": first.claimed} if held else {})},
         events=[{"type": "custom.note", "payload": {"between": True}}], claim=_claim_kwargs("c2"))
 
     assert done.completed is not None and done.completed.status == "succeeded" and done.completed.duration_ms == 2000
+    row = ToolGatewayClaim.objects.get(call_id="c1")
+    assert (row.status, row.result, row.duration_ms, row.finished_at) == ("succeeded", {"n": 1}, 2000, clock.now())
+    assert row.outcome_digest and row.outcome_ref == ""
     assert isinstance(done.claimed, gateway.Claimed) and done.last_sequence == 5
     log = _log(workspace)
     assert [e.type for e in log[2:]] == ["harness.tool_call.succeeded", "custom.note", "harness.tool_call.started"]
     assert len({e.recorded_at for e in log[2:]}) == 1  # one append, one transaction
     assert Run.objects.get(run_id=run).last_sequence == 5
     assert ToolCall.objects.get(call_id="c1").status == "succeeded"
+
+
+def test_runtime_batch_keeps_a_large_outcome_of_a_held_call_as_an_artifact_and_serves_it_back(
+        workspace: Workspace, run: str) -> None:
+    from ledger import gateway
+
+    first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
+    assert isinstance(first.claimed, gateway.Claimed)
+    big = {"text": "x" * 9000}
+    gateway.runtime_batch(workspace=workspace, run_id=run, complete={
+        "call_id": "c1", "lease_token": first.claimed.lease_token, "held": first.claimed, "outcome": "result",
+        "value": gateway.prepare_outcome(workspace, "result", big), "step_path": "agent"})
+
+    row = ToolGatewayClaim.objects.get(call_id="c1")
+    assert row.status == "succeeded" and row.result is None and row.outcome_ref.startswith("artifact://")
+    replay = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
+    assert isinstance(replay.claimed, gateway.Finished) and replay.claimed.idempotent_replay
+    assert replay.claimed.result == big
+    _verify_passes()
 
 
 def test_runtime_batch_refused_completion_writes_nothing_after_it(workspace: Workspace, run: str) -> None:
@@ -539,8 +565,9 @@ def test_runtime_batch_refused_completion_writes_nothing_after_it(workspace: Wor
     assert first.claimed is not None and ToolGatewayClaim.objects.get(call_id="c1").status == "claimed"
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held", "read"])
 def test_runtime_batch_commits_the_in_doubt_fact_of_an_expired_outbound_call_then_refuses(
-        workspace: Workspace, run: str, clock: FakeClock) -> None:
+        workspace: Workspace, run: str, clock: FakeClock, held: bool) -> None:
     from ledger import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
@@ -548,7 +575,8 @@ def test_runtime_batch_commits_the_in_doubt_fact_of_an_expired_outbound_call_the
     with pytest.raises(gateway.LeaseLost):
         gateway.runtime_batch(
             workspace=workspace, run_id=run,
-            complete={"call_id": "c1", "lease_token": first.claimed.lease_token, "outcome": "result", "value": 1},
+            complete={"call_id": "c1", "lease_token": first.claimed.lease_token, "outcome": "result", "value": 1,
+                      **({"held": first.claimed} if held else {})},
             events=[{"type": "custom.note", "payload": {}}])
     assert [e.type for e in _log(workspace)][-1] == "harness.tool_call.in_doubt"
     assert ToolGatewayClaim.objects.get(call_id="c1").status == "in_doubt"

@@ -102,11 +102,12 @@ class Recorder:
         run) is preceded by a write, and `flush` runs before it anyway."""
         self._pending.extend(events)
 
-    def defer_completion(self, *, call_id: str, lease_token: str, outcome: str, value: Any, step_path: str) -> None:
-        """Hold a tool call's gateway completion for the next write (see `defer`). The value is
-        checked now, so a value with no JSON form still fails where the tool returned it."""
+    def defer_completion(self, *, claimed: gateway.Claimed, outcome: str, value: Any, step_path: str) -> None:
+        """Hold the gateway completion of the tool call `claimed` for the next write (see `defer`).
+        The value is checked now, so a value with no JSON form still fails where the tool returned it."""
         self.flush()  # at most one completion waits; an earlier one goes first
-        self._completion = {"call_id": call_id, "lease_token": lease_token, "outcome": outcome, "step_path": step_path,
+        self._completion = {"call_id": claimed.call_id, "lease_token": claimed.lease_token, "held": claimed,
+                            "outcome": outcome, "step_path": step_path,
                             "value": gateway.prepare_outcome(self.workspace, outcome, value)}
 
     def claim_outbound(self, **claim: Any) -> gateway.Claimed | gateway.Finished:

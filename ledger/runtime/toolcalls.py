@@ -49,6 +49,5 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     except Exception as exc:  # the tool's failure is the call's recorded error, not ours
         outcome = ("error", {"name": type(exc).__name__, "message": str(exc)})
     # Committed with the next write, before anything else acts outside.
-    recorder.defer_completion(call_id=call_id, lease_token=claimed.lease_token, outcome=outcome[0],
-                              value=outcome[1], step_path=step_path)
+    recorder.defer_completion(claimed=claimed, outcome=outcome[0], value=outcome[1], step_path=step_path)
     return outcome
