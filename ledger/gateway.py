@@ -29,6 +29,7 @@ from .append import append_locked, lock_head, validate_run_id
 from .canonical import NotCanonicalizable, canonical_bytes, digest
 from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
+from .leases import Lease, renew_locked
 from .models import Run, ToolCall, ToolGatewayClaim, Workspace
 from .redaction import Redactor
 from .vocabulary import with_origin
@@ -495,12 +496,14 @@ class Batch:
     completed: Finished | None
     claimed: Claimed | Finished | None
     last_sequence: int
+    lease: Lease | None = None  # the run lease, renewed by this write
 
 
 @atomic_then_refuse
 def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = None,
                   complete: dict[str, Any] | None = None, events: Sequence[Mapping[str, Any]] = (),
-                  claim: dict[str, Any] | None = None, origin: str | None = None) -> Batch | LedgerError:
+                  claim: dict[str, Any] | None = None, origin: str | None = None,
+                  renew: Lease | None = None) -> Batch | LedgerError:
     """In ONE transaction and one append: complete a call (complete_tool_call's keywords, the
     value already through prepare_outcome), then `events`, then claim a call and stamp it
     outbound (claim_tool_call's keywords). For a harness whose writes have no effect outside
@@ -510,6 +513,7 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     A refusal of the completion stops there (nothing after it is written); a refusal of the claim
     comes after `events`. Either way what was written (an in-doubt fact) commits, then it raises.
     `origin` (a re-execution's live calls) is stamped on the model and tool events written.
+    `renew`, the run lease of the writer, is renewed in the same transaction (Fenced if taken over).
     """
     args = None
     if claim is not None:
@@ -517,6 +521,7 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     run = lock_head(workspace=workspace, run_id=run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found", runId=run_id)
+    lease = renew_locked(run=run, lease=renew) if renew is not None else None
     now = clock.now()
     batch: list[Mapping[str, Any]] = []
     completed: Finished | None = None
@@ -539,7 +544,7 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     # An empty batch (a replayed claim) appends nothing: the rows changed still answer to the fence.
     batch = [with_origin(event, origin) for event in batch]
     last = append_locked(run=run, events=batch, fencing_token=fencing_token).last_sequence
-    return refusal or Batch(completed, claimed, last)
+    return refusal or Batch(completed, claimed, last, lease)
 
 
 @atomic_then_refuse

@@ -2,8 +2,8 @@
 
 Taking a lease bumps the run's fencing token; appends carrying an older token are `fenced`, which
 is what stops a paused or zombie executor from writing after another one took the run over. A
-holder renews its lease (same token, later expiry) while it works; a renewal after a takeover is
-`fenced` too. Time is `ledger.clock.now()`, so tests move it instead of sleeping.
+holder renews its lease (same token, later expiry) while it works, on a write it makes anyway
+(`renew_locked`, in that write's transaction); a renewal after a takeover is `fenced` too. Time is `ledger.clock.now()`, so tests move it instead of sleeping.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -87,10 +87,24 @@ def renew_run_lease(*, workspace: Workspace, lease: Lease) -> Lease:
     renewed = selectors.runs(workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
         lease_owner=lease.owner, lease_expires_at=expires)
     if not renewed:
-        raise Fenced(f"the lease on run {lease.run_id} was taken over; fencing token {lease.fencing_token} is stale",
-                     runId=lease.run_id)
-    return Lease(run_id=lease.run_id, owner=lease.owner, fencing_token=lease.fencing_token, expires_at=expires,
-                 ttl_s=lease.ttl_s)
+        raise _taken_over(lease)
+    return replace(lease, expires_at=expires)
+
+
+def renew_locked(*, run: Run, lease: Lease) -> Lease:
+    """`renew_run_lease` in the caller's transaction, on the run's head row it holds locked
+    (`ledger.append.lock_head`): the holder's next write carries the renewal, no commit of its own."""
+    if run.fencing_token != lease.fencing_token:
+        raise _taken_over(lease)
+    expires = clock.now() + timedelta(seconds=lease.ttl_s)
+    Run.objects.filter(pk=run.pk).update(lease_owner=lease.owner, lease_expires_at=expires)
+    run.lease_owner, run.lease_expires_at = lease.owner, expires  # the caller's head row stays current
+    return replace(lease, expires_at=expires)
+
+
+def _taken_over(lease: Lease) -> Fenced:
+    return Fenced(f"the lease on run {lease.run_id} was taken over; fencing token {lease.fencing_token} is stale",
+                  runId=lease.run_id)
 
 
 @transaction.atomic

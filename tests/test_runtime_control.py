@@ -46,6 +46,28 @@ def test_a_renewed_lease_keeps_its_token_and_a_taken_over_one_cannot_be_renewed(
         renew_run_lease(workspace=workspace, lease=renewed)
 
 
+def test_a_write_carries_the_renewal_of_its_writer_s_lease_and_a_taken_over_one_writes_nothing(
+        workspace: Workspace, clock: FakeClock, append: Any) -> None:
+    from ledger import gateway
+
+    append("run_ride", {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x"}})
+    lease = acquire_run_lease(workspace=workspace, run_id="run_ride", owner="a", ttl_s=300)
+    clock.advance(151)
+
+    batch = gateway.runtime_batch(workspace=workspace, run_id="run_ride", fencing_token=lease.fencing_token,
+                                  events=[{"type": "custom.note", "payload": {}}], renew=lease)
+
+    assert batch.lease is not None and batch.lease.fencing_token == lease.fencing_token
+    assert batch.lease.expires_at == clock.now() + timedelta(seconds=300)
+    row = Run.objects.get(workspace=workspace, run_id="run_ride")
+    assert (row.lease_expires_at, row.last_sequence) == (batch.lease.expires_at, 2)
+    acquire_run_lease(workspace=workspace, run_id="run_ride", owner="b", take_over=True)
+    with pytest.raises(Fenced, match="taken over"):
+        gateway.runtime_batch(workspace=workspace, run_id="run_ride", fencing_token=lease.fencing_token,
+                              events=[{"type": "custom.note", "payload": {}}], renew=batch.lease)
+    assert Run.objects.get(workspace=workspace, run_id="run_ride").last_sequence == 2
+
+
 def test_the_executor_renews_its_lease_once_half_of_it_has_passed(workspace: Workspace, clock: FakeClock) -> None:
     seen: dict[str, Any] = {}
 

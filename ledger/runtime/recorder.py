@@ -3,9 +3,9 @@ log already holds (from the fold, `record`), and batches the runtime's writes.
 
 Every fact goes through the one write path under the lease's fencing token, so an executor that
 lost its lease (paused, partitioned, a zombie) is `fenced` on its next write instead of
-interleaving with the one that took the run over. Before each write the lease is renewed once
-more than half of it has passed (a sub-run's writes renew its parent's lease too, since the
-parent writes nothing while its sub-run works).
+interleaving with the one that took the run over. Once more than half of the lease has passed,
+the next write renews it in its own transaction (a sub-run's writes renew its parent's lease too,
+with a commit of their own, since the parent writes nothing while its sub-run works).
 
 Facts with no effect outside between them share one commit: a model's response is deferred to
 the write that claims the tool call it asks for (or to the step's end), a tool call's outcome to
@@ -129,27 +129,34 @@ class Recorder:
         batch, completion = [with_origin(e, self.origin) for e in (*self._pending, *events)], self._completion
         if self._seam is not None:
             self._seam.before_write(self.last_sequence, len(batch) + (completion is not None) + (claim is not None))
-        self.keep_alive()
+        if self.parent is not None:
+            self.parent.keep_alive()
         self.discard()
-        if completion is None and claim is None:
-            last = append_events(workspace=self.workspace, run_id=self.run_id, events=batch,
-                                 fencing_token=self.fencing_token).last_sequence
+        if self.lease is None:  # the write that starts a run (and creates its row) comes before its lease
+            last = append_events(workspace=self.workspace, run_id=self.run_id, events=batch).last_sequence
             outcome = gateway.Batch(None, None, last)
         else:
+            # The lease is renewed by this write once half of it has passed, in the same transaction.
             outcome = gateway.runtime_batch(workspace=self.workspace, run_id=self.run_id,
                                             fencing_token=self.fencing_token, complete=completion, events=batch,
-                                            claim=claim, origin=self.origin)
+                                            claim=claim, origin=self.origin, renew=self._due_for_renewal())
+            self.lease = outcome.lease or self.lease
         self.last_sequence = outcome.last_sequence
         if self._seam is not None:
             self._seam.after_write(outcome.last_sequence)
         return outcome
 
     def keep_alive(self) -> None:
-        """Renew the lease (and the parent's) when more than half of it has passed; Fenced if lost."""
-        if self.lease is not None and self.lease.due_for_renewal(clock.now()):
-            self.lease = renew_run_lease(workspace=self.workspace, lease=self.lease)
+        """Renew the lease (and the parent's) when more than half of it has passed; Fenced if lost.
+        For a parent, which writes nothing while its sub-run works: its own writes renew it."""
+        lease = self._due_for_renewal()
+        if lease is not None:
+            self.lease = renew_run_lease(workspace=self.workspace, lease=lease)
         if self.parent is not None:
             self.parent.keep_alive()
+
+    def _due_for_renewal(self) -> Lease | None:
+        return self.lease if self.lease is not None and self.lease.due_for_renewal(clock.now()) else None
 
 
 def _acquire(workspace: Workspace, run_id: str, take_over: bool) -> Lease:
