@@ -33,7 +33,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import cleanup, median_seconds, profile, require_postgres, setup_django  # noqa: E402
+from bench.common import cleanup, median_seconds, profile, record, require_postgres, setup_django  # noqa: E402
 
 TURNS = 8  # per AI step: 7 turns asking for a tool call, then the answer
 EVENTS_PER_STEP = 5 + 4 * (TURNS - 1) + 2  # scheduled, attempt, session start/end, completed + calls
@@ -74,6 +74,15 @@ def build_workflow(steps: int) -> Any:
                               parameters={"type": "object", "properties": {"orderId": {"type": "string"}}})},
         models={"default": ScriptedProvider(script=script, name="openai", model_id="gpt-4o-mini")},
     ))
+
+
+def commits_of(run: Any) -> int:
+    """The transactions that wrote a run's events: rows inserted by one transaction share its xmin."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(DISTINCT xmin::text) FROM ledger_event WHERE run_id = %s", [run.pk])
+        return int(cur.fetchone()[0])
 
 
 def main(argv: list[str]) -> int:
@@ -118,15 +127,20 @@ def main(argv: list[str]) -> int:
         fold_s = median_seconds(lambda: fold(log, prices=prices), args.repeat)
         read_fold_s = median_seconds(lambda: fold(log_of(run), prices=prices), args.repeat)
         simulate_s = median_seconds(simulate, args.repeat)
-        new_events = Run.objects.get(workspace=workspace, run_id=run_ids[-1]).last_sequence
+        simulated = Run.objects.get(workspace=workspace, run_id=run_ids[-1])
+        new_events, commits = simulated.last_sequence, commits_of(simulated)
 
         print(f"original: {len(log)} events ({steps} AI steps of {TURNS} turns); a simulation writes "
-              f"{new_events} events; median of {args.repeat}")
+              f"{new_events} events in {commits} commits ({commits / steps:.1f} per AI step); median of {args.repeat}")
         print(f"{'what':<12} {'ms':>9} {'vs fold':>9} {'vs read+fold':>13}")
         for name, seconds in (("fold", fold_s), ("read + fold", read_fold_s), ("simulate", simulate_s)):
             print(f"{name:<12} {seconds * 1000:9.1f} {seconds / fold_s:8.1f}x {seconds / read_fold_s:12.1f}x")
         print(f"\nsimulate / fold: {simulate_s / fold_s:.1f}x "
               f"({simulate_s * 1000 / new_events:.2f} ms per event written)")
+        record("re-execution: simulate / fold of the original", value=simulate_s * 1000, unit="ms",
+               baseline=fold_s * 1000, ratio=simulate_s / fold_s, ratio_format="{:.0f}×", target="", met=None)
+        record("re-execution: commits per simulated AI step", value=commits / steps, unit="commits",
+               baseline=None, ratio=None, target="≤ 3", met=commits / steps <= 3)
         if args.profile:
             profile("simulate", simulate, top=30)
     finally:

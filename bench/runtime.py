@@ -43,12 +43,13 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import cleanup, profile, setup_django  # noqa: E402
+from bench.common import cleanup, profile, record, setup_django  # noqa: E402
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/runledger_bench"
 
 # Targets from issue 5: recorded model calls per second, ours over theirs.
 TARGETS = {"LangGraph": 1.0, "DBOS": 3.0}
+PEER_FIGURES = {"LangGraph": "LangGraph (sync) steps/s", "DBOS": "DBOS steps/s"}
 
 SYSTEM = "You check orders and report their status."
 PROMPT = "Check every order on the list and tell me which are late."
@@ -366,6 +367,9 @@ def print_table(seconds: dict[str, list[float]], calls: int) -> None:
             if peer in rates:
                 ratio = rates["ours"] / rates[peer]
                 print(f"Target: ours >= {target:g}x {peer}: {ratio:.2f}x {'MET' if ratio >= target else 'NOT MET'}")
+                record(f"runtime: recorded model calls/s / {PEER_FIGURES[peer]}", value=rates["ours"],
+                       unit="calls/s", baseline=rates[peer], ratio=ratio, target=f"≥ {target:g}×",
+                       met=ratio >= target)
 
 
 def profile_ours(run: Callable[[], Any], calls: int, top: int = 30) -> None:
