@@ -303,7 +303,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
     """
     import ledger.append as append_module
 
-    real_advance, real_write = append_module.advance, append_module.write_batch
+    real_advance, real_changes = append_module.advance, append_module.batch_changes
     fold_seconds = 0.0
 
     def timed_advance(*a: Any, **kw: Any) -> None:
@@ -317,18 +317,18 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
         append_module.advance = timed_advance
         full = timed("with projections", n, appender.batched(make_events(n, "pf")))
         fold_in_full = fold_seconds
-        from ledger.models import Run
+        from ledger.projection import Changes
 
-        def head_only(run: Any, state: Any, *a: Any, **kw: Any) -> None:
+        def head_only(workspace_id: int, state: Any, *a: Any, **kw: Any) -> Changes:
             # The head row's sequence and status are the log's own bookkeeping, not a projection.
-            Run.objects.filter(pk=run.pk).update(last_sequence=state.last_sequence, status=state.status)
+            return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
 
-        append_module.write_batch = head_only
+        append_module.batch_changes = head_only
         fold_seconds = 0.0
         no_writes = timed("no projection writes", n, appender.batched(make_events(n, "pn")))
         fold_in_no_writes = fold_seconds
     finally:
-        append_module.advance, append_module.write_batch = real_advance, real_write
+        append_module.advance, append_module.batch_changes = real_advance, real_changes
     base = no_writes.seconds - fold_in_no_writes
     overhead = (full.seconds - base) / base
     print(f"\nProjection upkeep in a batched append ({n} events, batches of {args.batch}):")
@@ -342,7 +342,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     url = require_postgres("bench/ingest.py")
-    setup_django()
+    setup_django(production=True)
 
     from django.conf import settings
     from django.db import connection

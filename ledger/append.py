@@ -4,21 +4,34 @@ Every event, from the API, the runtime, the tool gateway or the CLI, enters the 
 `append_events`. It reads like healthchecks' Check.ping(): the batch prepared outside any lock,
 then one transaction: the run's head row locked, the fence checked, idempotent replays matched,
 a range of sequences allocated and inserted, the projections written, and the announcement
-sent only after commit. A service that must change other rows of the run in the same
-transaction (the tool gateway) locks the head itself (`lock_head`) and calls `append_locked`.
+sent only after commit.
+
+On PostgreSQL `append_events` first tries without the lock: it guesses the run's head from the
+process's cache of folded states (projection.STATES), numbers and folds the batch on that guess,
+and sends one statement whose head update holds only if the guess (and the fence, and the
+freshness of the idempotency keys) still holds (ledger/pgappend.py). Outside a transaction that
+is one round trip. A miss writes nothing and falls back to the locked path, as does every batch
+the cache cannot guess for (a run this process has not appended to lately, a payload to
+externalize) and every refusal, so refusals and replays are always decided under the lock.
+
+A service that must change other rows of the run in the same transaction (the tool gateway)
+locks the head itself (`lock_head`) and calls `append_locked`: that costs the lock's round trip
+on top of the one statement. Called inside a caller's transaction, `append_events` stays
+optimistic (its statement joins that transaction) and needs no lock when the guess holds.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import connection, transaction
 
-from . import announce, clock
+from . import announce, clock, pgappend
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .canonical import (
@@ -32,6 +45,7 @@ from .errors import (
     Fenced,
     IdempotencyConflict,
     InvalidEvent,
+    LedgerError,
     InvalidRunId,
     RunAlreadyStarted,
     RunFinished,
@@ -40,7 +54,16 @@ from .errors import (
 )
 from .fold import RunState, advance
 from .models import Event, Run, RunStatus, Workspace
-from .projection import prices_for, remember_after_commit, run_fields, state_for_append, write_batch
+from .projection import (
+    STATES,
+    Changes,
+    Mark,
+    batch_changes,
+    prices_for,
+    remember_after_commit,
+    state_for_append,
+    write,
+)
 from .pricing import PriceTable
 from .redaction import Redactor
 from .vocabulary import is_custom, validate_payload
@@ -115,8 +138,6 @@ def _now_ms() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
-EVENT_COLUMNS = ("run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload",
-                 "idempotency_key", "request_digest")
 # The head columns an append reads; the projected ones (input, output, ...) are not loaded.
 HEAD_FIELDS = ("id", "workspace_id", "run_id", "last_sequence", "status",
                "lease_owner", "lease_expires_at", "fencing_token")
@@ -138,6 +159,10 @@ def append_events(
     """
     validate_run_id(run_id)
     batch = _prepare_batch(workspace, events, expected_sequence)
+    if connection.vendor == "postgresql":
+        result = _append_optimistic(workspace, run_id, batch, expected_sequence, fencing_token)
+        if result is not None:
+            return result
     with transaction.atomic():
         run = _lock_or_create_head(workspace, run_id)
         return _append_under_lock(run, batch, expected_sequence, fencing_token)
@@ -198,15 +223,60 @@ def _lock_or_create_head(workspace: Workspace, run_id: str) -> Run:
     run = lock_head(workspace=workspace, run_id=run_id)
     if run is not None:
         return run
-    # A batch that does not start the run is refused below, which rolls this row back with it.
-    try:
-        with transaction.atomic():
-            Run.objects.create(workspace=workspace, run_id=run_id)
-    except IntegrityError:
-        pass  # a concurrent writer created it first; the lock below orders us after it
+    # ON CONFLICT DO NOTHING: a concurrent writer may create it first; the lock below orders us
+    # after it. A batch that does not start the run is refused below, which rolls this row back.
+    Run.objects.bulk_create([Run(workspace=workspace, run_id=run_id)], ignore_conflicts=True)
     run = lock_head(workspace=workspace, run_id=run_id)
     assert run is not None
     return run
+
+
+def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared], expected_sequence: int | None,
+                       fencing_token: Any) -> AppendResult | None:
+    """The append on a guess of the run's head, without its lock (PostgreSQL); None when there
+    is no guess or the database did not confirm it: then nothing was written."""
+    if any(len(p.canonical) > INLINE_LIMIT_BYTES for p in batch):
+        return None  # the artifact must be written in the same transaction as its event
+    prices = prices_for(workspace)
+    cached = STATES.take(workspace.pk, run_id, prices.version)
+    if cached is not None:
+        run = Run(pk=cached.run_pk, workspace=workspace, run_id=run_id)
+        state = cached.state
+    elif batch[0].type == "RunStarted" and fencing_token is None:
+        run, state = Run(workspace=workspace, run_id=run_id), RunState(run_id=run_id)
+    else:
+        return None
+    if expected_sequence is not None and expected_sequence != state.last_sequence:
+        if cached is not None:
+            STATES.put(workspace.pk, run_id, cached)  # untouched; the locked path may use it
+        return None
+    now = _now_ms()
+    before = Mark.of(state)
+    try:
+        rows, written, out = _allocate(run, state, batch, {}, now, prices)
+    except LedgerError:
+        return None  # the guess may be stale: refusals are decided under the lock, on the log
+    changes = batch_changes(workspace.pk, state, written, before)
+    finishing = state.status in RunStatus.finished()
+    with transaction.atomic() if finishing else nullcontext():  # settle_on_terminal joins it
+        if run.pk is None:
+            run.pk = pgappend.insert_head(_new_head(run, changes), rows, now, changes)
+            if run.pk is None:
+                return None
+        else:
+            guard = pgappend.Guard(fencing_token=None if fencing_token is None else str(fencing_token), now=now,
+                                   keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None))
+            if not pgappend.update_head(run.pk, before.last_sequence, rows, now, changes, guard):
+                return None
+        _after_write(run, state, prices, written)
+    return AppendResult(events=out, last_sequence=state.last_sequence)
+
+
+def _new_head(run: Run, changes: Changes) -> dict[str, Any]:
+    """Every column of a new run's head row: the model's defaults, then the batch's projection."""
+    for name, value in changes.run.items():
+        setattr(run, name, value)
+    return {f.attname: getattr(run, f.attname) for f in Run._meta.concrete_fields if not f.primary_key}
 
 
 def _append_under_lock(run: Run, batch: list[_Prepared], expected_sequence: int | None,
@@ -224,21 +294,31 @@ def _append_under_lock(run: Run, batch: list[_Prepared], expected_sequence: int 
         )
     prices = prices_for(run.workspace)
     state = state_for_append(run, prices)
-    before, cost_entries_before, run_before = state.last_sequence, len(state.cost_entries), run_fields(state)
+    before = Mark.of(state)
     rows, written, out = _allocate(run, state, batch, logged, now, prices)
     if rows:
-        insert_rows(Event, EVENT_COLUMNS, rows)
-        write_batch(run, state, written, before=before, cost_entries_before=cost_entries_before,
-                    run_before=run_before)
-        run.last_sequence, run.status = state.last_sequence, state.status  # a caller's lock stays current
-        remember_after_commit(run, prices, state)
-        announce.after_commit(run, state.last_sequence, written)
-        if state.status in RunStatus.finished():
-            # A re-execution request whose new run this is ends with it, in this transaction.
-            from .reexecution.services import settle_on_terminal
-
-            settle_on_terminal(run=run, written=written)
+        changes = batch_changes(run.workspace_id, state, written, before)
+        if connection.vendor == "postgresql":
+            if not pgappend.update_head(run.pk, before.last_sequence, rows, now, changes, guard=None):
+                raise RuntimeError(f"the head of run {run.run_id} moved under its lock")
+        else:
+            insert_rows(Event, [{"run_id": run.pk, "recorded_at": now, **row} for row in rows])
+            write(run.pk, changes)
+        _after_write(run, state, prices, written)
     return AppendResult(events=out, last_sequence=state.last_sequence)
+
+
+def _after_write(run: Run, state: RunState, prices: PriceTable, written: list[dict[str, Any]]) -> None:
+    """What follows a written batch in its transaction: the caller's head object kept current,
+    the state cached and the batch announced once it commits, a re-execution settled."""
+    run.last_sequence, run.status = state.last_sequence, state.status
+    remember_after_commit(run, prices, state)
+    announce.after_commit(run, state.last_sequence, written)
+    if state.status in RunStatus.finished():
+        # A re-execution request whose new run this is ends with it, in this transaction.
+        from .reexecution.services import settle_on_terminal
+
+        settle_on_terminal(run=run, written=written)
 
 
 def _check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
@@ -275,13 +355,13 @@ def _same_request(index: int, p: _Prepared, original_digest: str | None, conflic
 
 
 def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping[str, Event], now: datetime,
-              prices: PriceTable) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]], list[dict[str, Any]]]:
+              prices: PriceTable) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Number the batch's new events after the log's end, advancing `state` event by event.
 
-    Returns the rows to insert, their envelopes, and the answer: every item's envelope in batch
-    order, each flagged `replayed`.
+    Returns the rows to insert (pgappend.EVENT_FIELDS), their envelopes, and the answer: every
+    item's envelope in batch order, each flagged `replayed`.
     """
-    rows: list[tuple[Any, ...]] = []
+    rows: list[dict[str, Any]] = []
     written: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
@@ -303,8 +383,8 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
             stored = canonical_bytes(payload)
         eid = event_id_for_canonical(run_id=run.run_id, sequence=sequence, type=p.type,
                                      payload_canonical=stored, occurrence_id=p.occurrence_id)
-        rows.append((run.pk, sequence, eid, p.type, p.occurrence_id, now, stored.decode(), key,
-                     p.request_digest))
+        rows.append({"sequence": sequence, "event_id": eid, "type": p.type, "occurrence_id": p.occurrence_id,
+                     "payload": stored.decode(), "idempotency_key": key, "request_digest": p.request_digest})
         env = envelope(event_id=eid, run_id=run.run_id, sequence=sequence, type=p.type,
                        occurrence_id=p.occurrence_id, recorded_at=now, payload=payload)
         if key is not None:

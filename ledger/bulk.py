@@ -1,25 +1,26 @@
-"""Multi-row INSERTs and upserts for the append path.
+"""Set-based INSERTs and upserts: one statement per table, whatever the number of rows.
 
-On PostgreSQL, rows go in with COPY and upserts with one pipelined executemany: Django's
-bulk_create sends each column as an array that psycopg escapes in Python, and builds a model
-instance per row, which together cost more than the rest of a batched append
-(bench/ingest.py --profile). On SQLite, bulk_create is fine.
+On PostgreSQL the rows travel as one JSON array that the server unpacks with
+`json_to_recordset`: orjson writes it in microseconds and the statement's text does not depend
+on the number of rows, so it can be prepared once. Django's bulk_create sends each column as an
+array that psycopg escapes in Python, and builds a model instance per row, which together cost
+more than the rest of a batched append (bench/ingest.py --profile). Long row lists without a
+conflict clause still go in by COPY. On SQLite, bulk_create is fine.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
+import orjson
 from django.db import connection, models
 from psycopg.types.json import Jsonb
 
-
 COPY_FROM_ROWS = 20
-
-
-def _columns(model: type[models.Model], names: Sequence[str]) -> list[models.Field[Any, Any]]:
-    return [_concrete(model, name) for name in names]
 
 
 def _concrete(model: type[models.Model], name: str) -> models.Field[Any, Any]:
@@ -30,53 +31,80 @@ def _concrete(model: type[models.Model], name: str) -> models.Field[Any, Any]:
     return field
 
 
-def _column(field: models.Field[Any, Any]) -> str:
-    return str(field.column)  # _concrete checked that there is one
+def column(model: type[models.Model], name: str) -> str:
+    """The quoted column of field (or attname) `name`."""
+    return connection.ops.quote_name(str(_concrete(model, name).column))
 
 
-def _adapt(fields: Sequence[models.Field[Any, Any]], row: Sequence[Any]) -> list[Any]:
-    return [Jsonb(v) if isinstance(f, models.JSONField) and v is not None else v for f, v in zip(fields, row)]
+def table(model: type[models.Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
 
 
-def insert_rows(model: type[models.Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """INSERT `rows` (tuples in the order of the field `names`; foreign keys by attname)."""
+def recordset(model: type[models.Model], names: Sequence[str], param: str) -> str:
+    """`json_to_recordset(%(param)s::json) AS r(...)`: the rows of a JSON array parameter
+    (`json_rows`) as a table whose columns are `names`, typed as `model`'s columns."""
+    types = ", ".join(f"{column(model, n)} {_concrete(model, n).db_type(connection)}" for n in names)
+    return f"json_to_recordset(%({param})s::json) AS r({types})"
+
+
+def conflict_update(model: type[models.Model], key: Sequence[str], names: Sequence[str]) -> str:
+    """`ON CONFLICT (key) DO UPDATE SET` every one of `names` that is not in the key."""
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in (column(model, n) for n in names if n not in key))
+    return f"ON CONFLICT ({', '.join(column(model, k) for k in key)}) DO UPDATE SET {updates}"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)  # exact; numeric's input reads it
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The JSON text of `rows` for a `recordset` parameter (keys are field names = columns)."""
+    try:
+        return orjson.dumps(rows, default=_jsonable).decode()
+    except orjson.JSONEncodeError:  # an integer past 64 bits in a JSON column: json writes it
+        return json.dumps(rows, default=_jsonable, ensure_ascii=False)
+
+
+def insert_rows(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) -> None:
+    """INSERT `rows` (dicts of field name or attname to value, all with the same keys)."""
     if not rows:
         return
-    fields = _columns(model, names)
     if connection.vendor != "postgresql":
-        model._default_manager.bulk_create([model(**dict(zip(names, row))) for row in rows])
+        model._default_manager.bulk_create([model(**row) for row in rows])
         return
-    columns = ", ".join(connection.ops.quote_name(_column(f)) for f in fields)
-    table = connection.ops.quote_name(model._meta.db_table)
+    names = list(rows[0])
+    columns = ", ".join(column(model, n) for n in names)
     with connection.cursor() as cursor:
         if len(rows) < COPY_FROM_ROWS:
-            # COPY costs extra round trips to start and finish; a few rows go in as one pipeline.
-            placeholders = ", ".join(["%s"] * len(fields))
-            cursor.cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})",
-                                      [_adapt(fields, row) for row in rows])
+            # COPY costs extra round trips to start and finish; a few rows go in as one statement.
+            cursor.execute(f"INSERT INTO {table(model)} ({columns}) SELECT * FROM {recordset(model, names, 'rows')}",
+                           {"rows": json_rows(rows)})
             return
-        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        fields = [_concrete(model, n) for n in names]
+        with cursor.cursor.copy(f"COPY {table(model)} ({columns}) FROM STDIN") as copy:
             for row in rows:
-                copy.write_row(_adapt(fields, row))
+                copy.write_row([_copy_value(f, row[n]) for f, n in zip(fields, names)])
+
+
+def _copy_value(field: models.Field[Any, Any], value: Any) -> Any:
+    return Jsonb(value) if isinstance(field, models.JSONField) and value is not None else value
 
 
 def upsert_rows(model: type[models.Model], key: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
-    """INSERT … ON CONFLICT (key) DO UPDATE, one statement per row, pipelined on PostgreSQL."""
+    """INSERT … ON CONFLICT (key) DO UPDATE, one statement for all `rows` (unique by `key`)."""
     if not rows:
         return
     names = list(rows[0])
     if connection.vendor != "postgresql":
         model._default_manager.bulk_create([model(**row) for row in rows], update_conflicts=True,
-                                  unique_fields=[_concrete(model, k).name for k in key],
-                                  update_fields=[n for n in names if n not in key])
+                                           unique_fields=[_concrete(model, k).name for k in key],
+                                           update_fields=[_concrete(model, n).name for n in names if n not in key])
         return
-    fields = _columns(model, names)
-    quote = connection.ops.quote_name
-    columns = [quote(_column(f)) for f in fields]
-    conflict = ", ".join(quote(_column(_concrete(model, k))) for k in key)
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for f, c in zip(fields, columns) if f.name not in key
-                        and f.attname not in key)
-    sql = (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(columns)}) "
-           f"VALUES ({', '.join(['%s'] * len(columns))}) ON CONFLICT ({conflict}) DO UPDATE SET {updates}")
+    columns = ", ".join(column(model, n) for n in names)
     with connection.cursor() as cursor:
-        cursor.cursor.executemany(sql, [_adapt(fields, [row[n] for n in names]) for row in rows])
+        cursor.execute(f"INSERT INTO {table(model)} ({columns}) SELECT * FROM {recordset(model, names, 'rows')} "
+                       f"{conflict_update(model, key, names)}", {"rows": json_rows(rows)})

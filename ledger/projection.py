@@ -1,8 +1,9 @@
 """Projections: the Run, Step, ToolCall and CostEntry rows, written from the fold.
 
 There is one implementation of what a log means, `ledger.fold`. This module only turns a
-RunState into rows: inside the append transaction for the events just written (`write_batch`),
-from scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`).
+RunState into rows: inside the append transaction for the events just written (`batch_changes`,
+written by `write` or, on PostgreSQL, inside the append's one statement: ledger/pgappend.py), from
+scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import transaction
 
@@ -35,31 +37,38 @@ def prices_for(workspace: Workspace) -> PriceTable:
 # --- a process-local cache of folded states ------------------------------------------------
 
 
+class Cached(NamedTuple):
+    run_pk: int
+    version: str  # of the price table the state was folded with
+    state: RunState
+
+
 class _StateCache:
     """Recently folded states, so an append folds only its own batch.
 
-    Keyed by run and validated against the run's last sequence and price table version, read
-    while the run's head row is locked: a state from before another process appended is never
-    used, it is folded again from the log. A state is taken out while a transaction advances it
-    and put back only after commit, so a rolled-back batch can never leave it half-applied.
+    Keyed by workspace and run id, so that an append can guess the run's row and last sequence
+    without a query. A guess is only ever used where the database confirms it: under the run's
+    row lock (`state_for_append`), or in the condition of the head update itself (ledger/
+    pgappend.py), so a state from before another process appended is never used. A state is
+    taken out while a transaction advances it and put back only after commit, so a rolled-back
+    batch can never leave it half-applied; at most `size` runs are kept, least recent out first.
     """
 
     def __init__(self, size: int = 512) -> None:
-        self._states: OrderedDict[int, tuple[int, str, RunState]] = OrderedDict()
+        self._states: OrderedDict[tuple[int, str], Cached] = OrderedDict()
         self._lock = threading.Lock()
         self.size = size
 
-    def take(self, run_pk: int, last_sequence: int, version: str) -> RunState | None:
+    def take(self, workspace_pk: int, run_id: str, version: str) -> Cached | None:
         with self._lock:
-            entry = self._states.pop(run_pk, None)
-        if entry is None or entry[0] != last_sequence or entry[1] != version:
-            return None
-        return entry[2]
+            entry = self._states.pop((workspace_pk, run_id), None)
+        return entry if entry is not None and entry.version == version else None
 
-    def put(self, run_pk: int, version: str, state: RunState) -> None:
+    def put(self, workspace_pk: int, run_id: str, entry: Cached) -> None:
+        key = (workspace_pk, run_id)
         with self._lock:
-            self._states[run_pk] = (state.last_sequence, version, state)
-            self._states.move_to_end(run_pk)
+            self._states[key] = entry
+            self._states.move_to_end(key)
             while len(self._states) > self.size:
                 self._states.popitem(last=False)
 
@@ -89,14 +98,15 @@ def state_for_append(run: Run, prices: PriceTable) -> RunState:
     """The state at the run's last sequence; the caller holds the run's row lock."""
     if run.last_sequence == 0:
         return RunState(run_id=run.run_id)
-    state = STATES.take(run.pk, run.last_sequence, prices.version)
-    if state is None or state.run_id != run.run_id:
-        state = fold(log_of(run), prices=prices)
-    return state
+    cached = STATES.take(run.workspace_id, run.run_id, prices.version)
+    if cached is not None and cached.run_pk == run.pk and cached.state.last_sequence == run.last_sequence:
+        return cached.state
+    return fold(log_of(run), prices=prices)
 
 
 def remember_after_commit(run: Run, prices: PriceTable, state: RunState) -> None:
-    transaction.on_commit(lambda: STATES.put(run.pk, prices.version, state))
+    entry = Cached(run.pk, prices.version, state)
+    transaction.on_commit(lambda: STATES.put(run.workspace_id, run.run_id, entry))
 
 
 # --- rows from state -----------------------------------------------------------------------
@@ -185,41 +195,64 @@ def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> 
     }
 
 
-def _write(run: Run, state: RunState, run_changes: Mapping[str, Any], steps: Iterable[str],
-           calls: Iterable[str], cost_indexes: Iterable[int], recorded_at: Mapping[int, str]) -> None:
-    Run.objects.filter(pk=run.pk).update(**run_changes)
-    step_positions = {path: i for i, path in enumerate(state.steps)}
-    call_positions = {call_id: i for i, call_id in enumerate(state.tool_calls)}
-    upsert_rows(Step, ("run_id", "step_path"),
-                [{"run_id": run.pk, **step_fields(state, p, step_positions[p])} for p in steps])
-    upsert_rows(ToolCall, ("run_id", "call_id"),
-                [{"run_id": run.pk, **tool_fields(state, c, call_positions[c])} for c in calls])
-    # Cost entries are only ever added: one per answered model call, at its own sequence.
-    rows = [{"run_id": run.pk, **cost_fields(state, i, recorded_at)} for i in cost_indexes]
-    if rows:
-        insert_rows(CostEntry, list(rows[0]), [list(row.values()) for row in rows])
+@dataclass
+class Changes:
+    """What a batch (or a rebuild) writes to the projections: the Run columns to set, and whole
+    Step, ToolCall and CostEntry rows (field name to value, without run_id), in the fold's order."""
+
+    run: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    cost_entries: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a state stood before a batch advanced it: enough to tell what the batch changed."""
+
+    last_sequence: int
+    cost_entries: int
+    run: dict[str, Any]
+
+    @classmethod
+    def of(cls, state: RunState) -> Mark:
+        return cls(state.last_sequence, len(state.cost_entries), run_fields(state))
+
+
+def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mapping[str, Any]],
+                  before: Mark) -> Changes:
+    """The rows that the batch `envelopes` touched; `state` has already been advanced by it.
+
+    Only changed Run columns are set, only touched steps and tool calls upserted, only new cost
+    entries inserted (they are only ever added: one per answered model call, at its sequence).
+    """
+    new_entries = range(before.cost_entries, len(state.cost_entries))
+    cost_paths = {path for i in new_entries if (path := state.cost_entries[i].step_path)}
+    call_ids = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
+    recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
+    run = {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
+    if any(e["type"] == "RunStarted" for e in envelopes):
+        run["root_run_id"] = root_run_id(workspace_id, state.parent_run_id)
+    return Changes(
+        run=run,
+        steps=[step_fields(state, path, i) for i, (path, step) in enumerate(state.steps.items())
+               if step.last_sequence > before.last_sequence or path in cost_paths],
+        tool_calls=[tool_fields(state, c, i) for i, c in enumerate(state.tool_calls) if c in call_ids],
+        cost_entries=[cost_fields(state, i, recorded_at) for i in new_entries],
+    )
+
+
+def write(run_pk: int, changes: Changes) -> None:
+    """Write `changes` with one statement per table (ledger/bulk.py); the appends on PostgreSQL
+    write them inside their head statement instead (ledger/pgappend.py)."""
+    if changes.run:
+        Run.objects.filter(pk=run_pk).update(**changes.run)
+    upsert_rows(Step, ("run_id", "step_path"), [{"run_id": run_pk, **row} for row in changes.steps])
+    upsert_rows(ToolCall, ("run_id", "call_id"), [{"run_id": run_pk, **row} for row in changes.tool_calls])
+    insert_rows(CostEntry, [{"run_id": run_pk, **row} for row in changes.cost_entries])
 
 
 # --- the three uses ------------------------------------------------------------------------
-
-
-def write_batch(run: Run, state: RunState, envelopes: Sequence[Mapping[str, Any]], *,
-                before: int, cost_entries_before: int, run_before: Mapping[str, Any]) -> None:
-    """Write the rows that the batch `envelopes` touched; `state` has already been advanced by it.
-
-    `run_before` is `run_fields` of the state before the batch: only changed columns are sent.
-    """
-    new_entries = range(cost_entries_before, len(state.cost_entries))
-    steps = {path for path, step in state.steps.items() if step.last_sequence > before}
-    steps |= {path for i in new_entries if (path := state.cost_entries[i].step_path)}
-    call_ids = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
-    calls = [c for c in state.tool_calls if c in call_ids]
-    recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
-    ordered_steps = [path for path in state.steps if path in steps]
-    changes = {k: v for k, v in run_fields(state).items() if k not in run_before or run_before[k] != v}
-    if any(e["type"] == "RunStarted" for e in envelopes):
-        changes["root_run_id"] = root_run_id(run.workspace_id, state.parent_run_id)
-    _write(run, state, changes, ordered_steps, calls, new_entries, recorded_at)
 
 
 @transaction.atomic
@@ -232,9 +265,13 @@ def rebuild(run: Run) -> RunState:
     for model in (Step, ToolCall, CostEntry):
         model.objects.filter(run=run).delete()
     recorded_at = {e["sequence"]: e["recordedAt"] for e in log}
-    _write(run, state, all_run_fields(run, state), list(state.steps), list(state.tool_calls),
-           range(len(state.cost_entries)), recorded_at)
-    STATES.take(run.pk, -1, "")  # drop whatever this process cached for the run
+    write(run.pk, Changes(
+        run=all_run_fields(run, state),
+        steps=[step_fields(state, path, i) for i, path in enumerate(state.steps)],
+        tool_calls=[tool_fields(state, call_id, i) for i, call_id in enumerate(state.tool_calls)],
+        cost_entries=[cost_fields(state, i, recorded_at) for i in range(len(state.cost_entries))],
+    ))
+    STATES.take(run.workspace_id, run.run_id, prices.version)  # drop whatever this process cached for the run
     return state
 
 

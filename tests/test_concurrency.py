@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from ledger.append import append_events
 from ledger.models import Event, Run
@@ -75,3 +76,70 @@ def test_concurrent_first_appends_create_one_run() -> None:
         t.join(timeout=60)
     assert sorted(outcomes) == ["ok", "run_already_started", "run_already_started", "run_already_started"]
     assert Event.objects.filter(run__run_id="run_race").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
+    """B guesses the head from its process's cache while A holds the run's row lock; A appends and
+    commits first. On PostgreSQL B's conditional head update waits for A's row, re-checks its
+    guess against A's committed head, misses, writes nothing, and B appends under the lock after
+    A. (On SQLite B queues on the database lock.) The log stays dense either way."""
+    from ledger.append import append_locked, lock_head
+
+    workspace = bootstrap(tenant="acme", workspace="support")
+    append_events(workspace=workspace, run_id="run_race", events=[started()])
+    append_events(workspace=workspace, run_id="run_race", events=[ev("custom.warm")])  # cached at 2
+    a_locked, a_may_append = threading.Event(), threading.Event()
+    results: dict[str, int] = {}
+    failures: list[BaseException] = []
+
+    def writer_a() -> None:
+        try:
+            with transaction.atomic():
+                run = lock_head(workspace=workspace, run_id="run_race")
+                assert run is not None
+                a_locked.set()
+                a_may_append.wait(timeout=120)
+                results["a"] = append_locked(run=run, events=[ev("custom.a")]).last_sequence
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    def writer_b() -> None:
+        try:
+            results["b"] = append_events(workspace=workspace, run_id="run_race",
+                                         events=[ev("custom.b")]).last_sequence
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=writer_a)
+    a.start()
+    assert a_locked.wait(timeout=120)
+    b = threading.Thread(target=writer_b)
+    b.start()
+    if connection.vendor == "postgresql":
+        _wait_for_head_update_blocked_on_a_lock()
+    a_may_append.set()
+    a.join(timeout=120)
+    b.join(timeout=120)
+
+    assert not failures, failures
+    assert results == {"a": 3, "b": 4}
+    stored = Event.objects.filter(run__run_id="run_race").order_by("sequence")
+    assert [(e.sequence, e.type) for e in stored][2:] == [(3, "custom.a"), (4, "custom.b")]
+    assert Run.objects.get(run_id="run_race").last_sequence == 4
+
+
+def _wait_for_head_update_blocked_on_a_lock() -> None:
+    """Until another session's guessed head update (ledger/pgappend.py) waits on a row lock."""
+    for _ in range(1200):
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock' AND query LIKE %s", ["WITH head AS (UPDATE%"])
+            if cur.fetchone()[0]:
+                return
+        time.sleep(0.05)
+    raise AssertionError("the second writer never waited for the first one's row lock")

@@ -1,0 +1,160 @@
+"""An append as one PostgreSQL statement: the run's head, its events and its projections.
+
+Locking the head first costs a wait on the server per statement: BEGIN, SELECT … FOR UPDATE,
+INSERT, UPDATE, the projection upserts, COMMIT. Here the head update is conditional and every
+other write hangs off it in a data-modifying CTE, so outside a transaction an append is one
+round trip and one commit, like a bare INSERT:
+
+    WITH head AS (UPDATE ledger_run SET last_sequence = …, <changed projected columns>
+                  WHERE id = … AND last_sequence = <the writer's guess> [AND <guard>]
+                  RETURNING id),
+         events AS (INSERT INTO ledger_event … SELECT head.id, r.* FROM head, json_to_recordset(…) r),
+         steps AS (INSERT INTO ledger_step … ON CONFLICT … DO UPDATE …), tool calls, cost entries
+    SELECT id FROM head
+
+Every INSERT selects FROM head: when the condition misses (another writer moved the head, the
+run is leased to someone else, an idempotency key is already in the log), nothing is written and
+no row comes back; the caller then takes the locked path, which answers with the refusal or the
+replay. Under READ COMMITTED a concurrent writer's UPDATE waits for the row and re-checks the
+condition on the committed version, so two writers can never pass with the same guess: dense
+sequences hold without a lock held across round trips. A run's first batch inserts the head
+instead (`INSERT … ON CONFLICT DO NOTHING`): the loser of a creation race gets no row back.
+
+The statement's text depends only on which columns and tables a batch touches, not on its rows
+(they travel as JSON, ledger/bulk.py), so each shape is prepared once per connection.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from django.db import connection, models
+from psycopg.types.json import Jsonb
+
+from .bulk import conflict_update, json_rows, recordset
+from .bulk import column as col
+from .bulk import table
+from .models import CostEntry, Event, Run, Step, ToolCall
+from .projection import Changes
+
+# The event columns an append sends per row; run_id comes from the head, recorded_at is one value.
+EVENT_FIELDS = ("sequence", "event_id", "type", "occurrence_id", "payload", "idempotency_key", "request_digest")
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What an optimistic writer claims, checked by the head update together with its guess."""
+
+    fencing_token: str | None  # None: the run must not be leased (to anyone, now)
+    now: datetime
+    keys: tuple[str, ...]  # idempotency keys that the log must not hold yet
+
+
+def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], recorded_at: datetime,
+                changes: Changes, guard: Guard | None) -> bool:
+    """Write the batch if the run still ends at `before` (and `guard` holds); False if nothing
+    was written. Without a guard the caller holds the row lock, so it cannot miss."""
+    params: dict[str, Any] = {"run_pk": run_pk, "before": before}
+    if guard is not None:
+        params.update(now=guard.now, token=guard.fencing_token, keys=list(guard.keys))
+    guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys))
+    sql = _update_sql(tuple(changes.run), guard_shape, *_shape(changes))
+    return _execute(sql, params, events, recorded_at, changes) is not None
+
+
+def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]], recorded_at: datetime,
+                changes: Changes) -> int | None:
+    """Create the run's head row (`run_row`: every column) with its first batch; its pk, or
+    None if the row already exists (nothing was written)."""
+    return _execute(_insert_sql(tuple(run_row), *_shape(changes)), {}, events, recorded_at,
+                    Changes(run=dict(run_row), steps=changes.steps, tool_calls=changes.tool_calls,
+                            cost_entries=changes.cost_entries))
+
+
+# --- the statement ---------------------------------------------------------------------------
+
+
+def _shape(changes: Changes) -> tuple[tuple[str, ...] | None, ...]:
+    return tuple(tuple(rows[0]) if rows else None
+                 for rows in (changes.steps, changes.tool_calls, changes.cost_entries))
+
+
+def _execute(sql: str, params: dict[str, Any], events: Sequence[Mapping[str, Any]], recorded_at: datetime,
+             changes: Changes) -> int | None:
+    params["recorded_at"] = recorded_at
+    params["events"] = json_rows(events)
+    for name, value in changes.run.items():
+        params[f"run_{name}"] = _adapt(name, value)
+    for key, rows in (("steps", changes.steps), ("tool_calls", changes.tool_calls),
+                      ("cost_entries", changes.cost_entries)):
+        if rows:
+            params[key] = json_rows(rows)
+    with connection.cursor() as cursor, connection.wrap_database_errors:
+        _allow_preparing(cursor.connection)
+        cursor.cursor.execute(sql, params, prepare=True)
+        row = cursor.cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _allow_preparing(conn: psycopg.Connection[Any]) -> None:
+    # Django turns psycopg's statement preparing off (threshold None, for poolers that cannot
+    # keep prepared statements); a threshold no statement reaches keeps it off for every other
+    # query while these, which ask for it, are prepared once per connection.
+    if conn.prepare_threshold is None:
+        conn.prepare_threshold = 2**31
+
+
+def _adapt(name: str, value: Any) -> Any:
+    if value is not None and isinstance(Run._meta.get_field(name), models.JSONField):
+        return Jsonb(value)
+    return value
+
+
+@functools.lru_cache(maxsize=256)
+def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool] | None, *rows: tuple[str, ...] | None) -> str:
+    sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
+    where = "id = %(run_pk)s AND last_sequence = %(before)s"
+    if guard is not None:
+        token, keys = guard
+        where += (" AND fencing_token <> 0 AND fencing_token::text = %(token)s" if token else
+                  " AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s)")
+        if keys:
+            where += (f" AND NOT EXISTS (SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s"
+                      " AND idempotency_key = ANY(%(keys)s::varchar[]))")
+    return _with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", *rows)
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_sql(run_columns: tuple[str, ...], *rows: tuple[str, ...] | None) -> str:
+    values = ", ".join(f"%(run_{n})s" for n in run_columns)
+    return _with_head(
+        f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) VALUES ({values}) "
+        f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id", *rows)
+
+
+def _with_head(head: str, steps: tuple[str, ...] | None, calls: tuple[str, ...] | None,
+               costs: tuple[str, ...] | None) -> str:
+    parts = [f"head AS ({head})", "events AS (" + _insert_from_head(
+        Event, EVENT_FIELDS, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
+    if steps:
+        parts.append(f"steps AS ({_insert_from_head(Step, steps, 'steps', key=('run_id', 'step_path'))})")
+    if calls:
+        parts.append(f"tool_calls AS ({_insert_from_head(ToolCall, calls, 'tool_calls', key=('run_id', 'call_id'))})")
+    if costs:
+        parts.append(f"cost_entries AS ({_insert_from_head(CostEntry, costs, 'cost_entries')})")
+    return "WITH " + ", ".join(parts) + " SELECT id FROM head"
+
+
+def _insert_from_head(model: type[models.Model], names: Sequence[str], param: str, *,
+                      extra: tuple[str, str] | None = None, key: Sequence[str] = ()) -> str:
+    """INSERT of the rows in `param` for the run the head CTE returned (none if it returned none)."""
+    columns = ["run_id", *([extra[0]] if extra else []), *names]
+    values = ["head.id", *([extra[1]] if extra else []), "r.*"]
+    sql = (f"INSERT INTO {table(model)} ({', '.join(col(model, n) for n in columns)}) "
+           f"SELECT {', '.join(values)} FROM head, {recordset(model, names, param)}")
+    return f"{sql} {conflict_update(model, key, names)}" if key else sql
