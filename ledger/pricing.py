@@ -20,12 +20,15 @@ from typing import Any
 from .canonical import digest
 
 TOKENS_PER_PRICE_UNIT = 1_000_000
+_PRICE_UNIT = Decimal(TOKENS_PER_PRICE_UNIT)
 DEFAULT_PRICE_FILE = "2026-11-01.json"
 
 # Wide enough that no product or sum of token counts and rates is ever rounded.
 MONEY = Context(prec=50)
 
 _RATE_KEYS = {"input", "cachedInput", "output"}
+# A recorded JSON object: dict first, so the usual case skips the Mapping ABC's Python-level check.
+_OBJECT = (dict, Mapping)
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ def _plain(value: Decimal | None) -> str | None:
 
 def _tokens(value: Any) -> int:
     """A token count as the fold counts it: anything but a positive finite number is 0."""
+    if value.__class__ is int:  # the usual case, ahead of the checks bool (an int) needs
+        return value if value > 0 else 0
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
@@ -161,7 +166,7 @@ def _tokens(value: Any) -> int:
     return 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Usage:
     """One model call's tokens. `cached` is part of `input`, `reasoning` part of `output`."""
 
@@ -170,18 +175,21 @@ class Usage:
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
 
-    def __post_init__(self) -> None:
-        input_tokens = _tokens(self.input_tokens)
-        output_tokens = _tokens(self.output_tokens)
+    def __init__(self, input_tokens: Any = 0, output_tokens: Any = 0, cached_input_tokens: Any = 0,
+                 reasoning_tokens: Any = 0) -> None:
+        # Counted as the fold counts them, each field set once: the fold builds one per model call
+        # (a generated __init__ plus a normalising __post_init__ set every field twice).
+        input_tokens, output_tokens = _tokens(input_tokens), _tokens(output_tokens)
+        cached, reasoning = _tokens(cached_input_tokens), _tokens(reasoning_tokens)
         object.__setattr__(self, "input_tokens", input_tokens)
         object.__setattr__(self, "output_tokens", output_tokens)
-        object.__setattr__(self, "cached_input_tokens", min(_tokens(self.cached_input_tokens), input_tokens))
-        object.__setattr__(self, "reasoning_tokens", min(_tokens(self.reasoning_tokens), output_tokens))
+        object.__setattr__(self, "cached_input_tokens", cached if cached < input_tokens else input_tokens)
+        object.__setattr__(self, "reasoning_tokens", reasoning if reasoning < output_tokens else output_tokens)
 
     @classmethod
     def from_payload(cls, usage: Mapping[str, Any]) -> Usage:
         """Read a recorded `usage` object; a `costUsd` in it is never read."""
-        if not isinstance(usage, Mapping):
+        if not isinstance(usage, _OBJECT):
             raise TypeError("usage must be an object")
         cached = usage.get("cachedInputTokens")
         if cached is None:
@@ -190,12 +198,7 @@ class Usage:
         reasoning = usage.get("reasoningTokens")
         if reasoning is None:
             reasoning = _detail(usage.get("outputTokenDetails"), "reasoningTokens")
-        return cls(
-            input_tokens=usage.get("inputTokens", 0),
-            output_tokens=usage.get("outputTokens", 0),
-            cached_input_tokens=cached,
-            reasoning_tokens=reasoning,
-        )
+        return cls(usage.get("inputTokens", 0), usage.get("outputTokens", 0), cached, reasoning)
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -207,7 +210,9 @@ class Usage:
 
 
 def _detail(details: Any, key: str) -> Any:
-    return details.get(key) if isinstance(details, Mapping) else None
+    if details is None or not isinstance(details, _OBJECT):  # None first: the usual case, no ABC check
+        return None
+    return details.get(key)
 
 
 def price_call(usage: Usage, provider: Any, model_id: Any, table: PriceTable) -> Decimal | None:
@@ -215,17 +220,18 @@ def price_call(usage: Usage, provider: Any, model_id: Any, table: PriceTable) ->
     rates = table.lookup(provider, model_id)
     if rates is None:
         return None
-    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    cached = usage.cached_input_tokens  # Usage keeps it within input_tokens
     cache_rate = rates.input if rates.cached_input is None else rates.cached_input
     # Reasoning tokens are already inside output_tokens: charging them again would double-bill.
+    # MONEY's operations take the token counts as ints: no Decimal built per term.
     total = MONEY.add(
         MONEY.add(
-            MONEY.multiply(Decimal(usage.input_tokens - cached), rates.input),
-            MONEY.multiply(Decimal(cached), cache_rate),
+            MONEY.multiply(usage.input_tokens - cached, rates.input),
+            MONEY.multiply(cached, cache_rate),
         ),
-        MONEY.multiply(Decimal(usage.output_tokens), rates.output),
+        MONEY.multiply(usage.output_tokens, rates.output),
     )
-    return MONEY.divide(total, Decimal(TOKENS_PER_PRICE_UNIT))
+    return MONEY.divide(total, _PRICE_UNIT)
 
 
 @dataclass(frozen=True)
@@ -245,16 +251,18 @@ class UsageTotals:
         return self.priced_calls + self.unpriced_calls
 
     def add_call(self, usage: Usage, cost: Decimal | None) -> UsageTotals:
-        one = UsageTotals(
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cached_input_tokens=usage.cached_input_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=cost,
-            priced_calls=0 if cost is None else 1,
-            unpriced_calls=1 if cost is None else 0,
+        """`merge` with the totals of one call, built directly: the fold calls this per model call."""
+        priced = self.priced_calls + (0 if cost is None else 1)
+        total = None if priced == 0 else MONEY.add(self.cost_usd or Decimal(0), cost or Decimal(0))
+        return UsageTotals(  # positional, in field order: cheaper than keywords, and this is hot
+            self.input_tokens + usage.input_tokens,
+            self.output_tokens + usage.output_tokens,
+            self.cached_input_tokens + usage.cached_input_tokens,
+            self.reasoning_tokens + usage.reasoning_tokens,
+            total,
+            priced,
+            self.unpriced_calls + (1 if cost is None else 0),
         )
-        return self.merge(one)
 
     def merge(self, other: UsageTotals) -> UsageTotals:
         priced = self.priced_calls + other.priced_calls

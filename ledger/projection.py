@@ -8,7 +8,6 @@ scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`)
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,8 +18,8 @@ from typing import Any, NamedTuple
 
 from django.db import transaction
 
-from .fold import RunState, fold, paused_gc
-from .models import CostEntry, Event, Run, Step, ToolCall, Workspace
+from .fold import RunState, fold
+from .models import CostEntry, Run, Step, ToolCall, Workspace
 from .bulk import insert_rows, upsert_rows
 from .pricing import PriceTable, UsageTotals, load_default_prices
 
@@ -82,16 +81,9 @@ STATES = _StateCache()
 
 def log_of(run: Run) -> list[dict[str, Any]]:
     """The run's envelopes, in order, straight from the log."""
-    rows = Event.objects.filter(run=run).order_by("sequence").values_list(
-        "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload")
-    from .envelopes import envelope
+    from .envelopes import read_envelopes
 
-    with paused_gc():
-        return [
-            envelope(event_id=eid, run_id=run.run_id, sequence=seq, type=t, occurrence_id=occ,
-                     recorded_at=at, payload=json.loads(payload))
-            for seq, eid, t, occ, at, payload in rows
-        ]
+    return read_envelopes(run)
 
 
 def state_for_append(run: Run, prices: PriceTable) -> RunState:

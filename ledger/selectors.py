@@ -17,9 +17,9 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from .envelopes import event_envelope
+from .envelopes import read_envelopes
 from .errors import NotFound
-from .models import Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
+from .models import Artifact, CostEntry, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -52,12 +52,7 @@ def run_head(run: Run) -> tuple[str, int] | None:
 
 
 def events(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None) -> list[dict[str, Any]]:
-    qs = Event.objects.filter(run=run, sequence__gt=after).order_by("sequence")
-    if type_prefix:
-        qs = qs.filter(type__startswith=type_prefix)
-    if limit is not None:
-        qs = qs[:limit]
-    return [event_envelope(e, run.run_id) for e in qs]
+    return read_envelopes(run, after=after, limit=limit, type_prefix=type_prefix)
 
 
 def artifact_in(workspaces: Iterable[Workspace], sha256: str) -> Artifact | None:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from . import artifacts
 from .canonical import canonical_json, event_id
-from .envelopes import envelope
+from .envelopes import decode_payload, log_rows, row_envelope
 from .fold import RunStateMismatch, fold
-from .models import Artifact, Event, Run
+from .models import Artifact, Run
 from .projection import differences, prices_for
 
 
@@ -49,8 +48,7 @@ def verify_run(run: Run) -> list[Check]:
 
 def inspect_run(run: Run) -> Inspection:
     """The integrity checks of `ledger verify`, reading the log once, in a constant number of queries."""
-    rows = list(Event.objects.filter(run=run).order_by("sequence").values_list(
-        "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload"))
+    rows = log_rows(run)
     checks: list[Check] = []
 
     sequences = [r[0] for r in rows]
@@ -65,10 +63,10 @@ def inspect_run(run: Run) -> Inspection:
     bad_ids: list[int] = []
     refs: set[str] = set()
     log = []
-    for sequence, stored_id, type_, occurrence_id, recorded_at, text in rows:
-        payload = json.loads(text)
-        log.append(envelope(event_id=stored_id, run_id=run.run_id, sequence=sequence, type=type_,
-                            occurrence_id=occurrence_id, recorded_at=recorded_at, payload=payload))
+    for row in rows:
+        sequence, stored_id, type_, occurrence_id, _, text = row
+        payload = decode_payload(text)
+        log.append(row_envelope(row, run.run_id, payload))
         recomputed = event_id(run_id=run.run_id, sequence=sequence, type=type_, payload=payload,
                               occurrence_id=occurrence_id)
         if recomputed != stored_id or canonical_json(payload) != text:

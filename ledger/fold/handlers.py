@@ -29,8 +29,11 @@ from .state import (
     visit_index,
 )
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Event:
+    """One event as the handlers read it. Handlers never assign to it; it is not frozen because a
+    frozen dataclass pays a call per field on construction, and one is built per event."""
+
     sequence: int
     at: str | None
     payload: Mapping[str, Any]
@@ -39,6 +42,10 @@ class _Event:
 
 
 _Handler = Callable[[RunState, _Event], None]
+
+# What a JSON object may be. isinstance tries dict, what a decoded payload holds, before the Mapping
+# ABC, whose check is a Python-level call: several per model call otherwise.
+_OBJECT = (dict, Mapping)
 
 
 def apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
@@ -53,23 +60,18 @@ def apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
         state.custom_event_count += 1
         return
     payload = event.get("payload")
-    if not isinstance(payload, Mapping):
+    if not isinstance(payload, _OBJECT):
         payload = {}
     step_path = _str(payload.get("stepPath"))
-    if step_path is not None:
-        _touch_step(state, step_path, state.last_sequence)
+    if step_path is not None:  # any event naming a step touches it, whether or not a handler reads it
+        step = state.steps.get(step_path)
+        if step is None:
+            step = StepState(step_path=step_path, visit=visit_index(step_path), first_sequence=state.last_sequence)
+            state.steps[step_path] = step
+        step.last_sequence = state.last_sequence
     handler = HANDLERS.get(event_type)
     if handler is not None:
         handler(state, _Event(state.last_sequence, _str(event.get("recordedAt")), payload, step_path, table))
-
-
-def _touch_step(state: RunState, step_path: str, sequence: int) -> StepState:
-    step = state.steps.get(step_path)
-    if step is None:
-        step = StepState(step_path=step_path, visit=visit_index(step_path), first_sequence=sequence)
-        state.steps[step_path] = step
-    step.last_sequence = sequence
-    return step
 
 
 def _run_started(state: RunState, e: _Event) -> None:
@@ -316,12 +318,21 @@ def _session_ended(status: str) -> _Handler:
 
 
 def _open_session(state: RunState, step_path: str | None, role: str | None = None) -> int | None:
-    open_sessions = [i for i, s in enumerate(state.sessions) if s.status == "started"]
-    for i in reversed(open_sessions):
+    """The newest open session of `step_path` (and `role`), else the newest open one, else None.
+
+    Newest first, stopping at the first match: the session a model or tool event belongs to is
+    nearly always the newest, and a long run has one session per AI step.
+    """
+    newest_open = None
+    for i in range(len(state.sessions) - 1, -1, -1):
         session = state.sessions[i]
+        if session.status != "started":
+            continue
         if session.step_path == step_path and (role is None or session.role == role):
             return i
-    return open_sessions[-1] if open_sessions else None
+        if newest_open is None:
+            newest_open = i
+    return newest_open
 
 
 def _model_called(state: RunState, e: _Event) -> None:
@@ -356,7 +367,7 @@ def _pending_model_call(state: RunState, e: _Event) -> ModelCall | None:
 
 
 def _model_call_for_answer(state: RunState, e: _Event) -> ModelCall:
-    call = _pending_model_call(state, e)
+    call = _pending_model_call(state, e) if state.pending_model_calls else None
     if call is not None:
         state.pending_model_calls = [i for i in state.pending_model_calls if state.model_calls[i] is not call]
     else:
@@ -375,13 +386,13 @@ def _model_responded(state: RunState, e: _Event) -> None:
     call.status = "responded"
     call.responded_sequence = e.sequence
     model = e.payload.get("model")
-    if isinstance(model, Mapping):
+    if isinstance(model, _OBJECT):
         call.provider = _str(model.get("provider"))
         call.model_id = _str(model.get("modelId"))
     response = e.payload.get("response")
     call.response = response
-    raw_usage = response.get("usage") if isinstance(response, Mapping) else None
-    if not isinstance(raw_usage, Mapping):
+    raw_usage = response.get("usage") if isinstance(response, _OBJECT) else None
+    if not isinstance(raw_usage, _OBJECT):
         return  # Little Workflow's rule: a call without a usage object is not counted at all
     usage = Usage.from_payload(raw_usage)
     cost = price_call(usage, call.provider, call.model_id, e.table)

@@ -45,10 +45,13 @@ class _Record:
                 return False
         return True
 
+    # The records are slotted dataclasses: a long run holds one per model and tool call, and
+    # slots make each smaller and cheaper to build.
+    __slots__ = ()
     __hash__ = None  # type: ignore[assignment]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Attempt(_Record):
     attempt: int
     status: str  # running | completed | failed
@@ -57,7 +60,7 @@ class Attempt(_Record):
     finished_at: str | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class StepState(_Record):
     step_path: str
     status: str = "scheduled"  # scheduled | running | completed | failed
@@ -78,7 +81,7 @@ class StepState(_Record):
     usage: UsageTotals = field(default_factory=UsageTotals)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ParallelBranch(_Record):
     branch_path: str
     status: str = "scheduled"  # scheduled | completed | failed
@@ -91,7 +94,7 @@ class ParallelBranch(_Record):
     last_sequence: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ParallelGroup(_Record):
     step_path: str
     status: str = "running"  # running | completed | failed
@@ -106,7 +109,7 @@ class ParallelGroup(_Record):
     last_sequence: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class HarnessSession(_Record):
     sequence: int
     step_path: str | None = None
@@ -122,7 +125,7 @@ class HarnessSession(_Record):
     ended_sequence: int | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ModelCall(_Record):
     turn: int | None = None
     call_id: str | None = None
@@ -143,7 +146,7 @@ class ModelCall(_Record):
     session: int | None = None  # index into RunState.sessions
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ToolCallState(_Record):
     call_id: str
     tool_name: str | None = None
@@ -163,7 +166,7 @@ class ToolCallState(_Record):
     session: int | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Artifact(_Record):
     ref: str
     step_path: str | None = None
@@ -174,7 +177,7 @@ class Artifact(_Record):
     payload: Any = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class OuterLoopCycle(_Record):
     outer_loop_id: str | None
     cycle_number: int
@@ -182,7 +185,7 @@ class OuterLoopCycle(_Record):
     sequence: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class CostEntry(_Record):
     sequence: int
     call_id: str | None
@@ -198,7 +201,7 @@ class CostEntry(_Record):
     price_table_version: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RunState(_Record):
     run_id: str
     workflow_version_id: str | None = None
