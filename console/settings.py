@@ -175,8 +175,9 @@ REST_FRAMEWORK = {
         "console.api.auth.CsrfSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.Authenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's JSON parser and renderer, through orjson where it gives the same result (console/api/fastjson.py).
+    "DEFAULT_RENDERER_CLASSES": ["console.api.fastjson.JsonRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["console.api.fastjson.JsonParser"],
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

@@ -17,6 +17,7 @@ from ledger.append import validate_run_id
 from ledger.models import Run
 
 from .auth import access_for
+from .fastjson import JsonRenderer
 from .pagination import InvalidParameter
 
 
@@ -37,8 +38,8 @@ class ApiView(APIView):
         # Errors are always the JSON envelope, whatever representation was asked for.
         if isinstance(response, Response) and response.status_code >= 400 \
                 and not isinstance(response.accepted_renderer, JSONRenderer):
-            response.accepted_renderer = JSONRenderer()
-            response.accepted_media_type = JSONRenderer.media_type
+            response.accepted_renderer = JsonRenderer()
+            response.accepted_media_type = JsonRenderer.media_type
         return response
 
 

@@ -16,7 +16,7 @@ from drf_spectacular.utils import (
     extend_schema_serializer,
 )
 from rest_framework import serializers
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -26,6 +26,7 @@ from ledger.errors import LedgerError, NotFound
 
 from .auth import access_for
 from .base import ApiView, run_for
+from .fastjson import JsonRenderer
 from .pagination import int_param, limit_param
 from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, EventsPageSerializer, error_responses
 
@@ -48,7 +49,7 @@ class NdjsonRenderer(BaseRenderer):
 
 
 class RunEventsView(ApiView):
-    renderer_classes = [JSONRenderer, NdjsonRenderer]
+    renderer_classes = [JsonRenderer, NdjsonRenderer]
     @extend_schema_serializer(component_name="AppendEventsRequest")
     class InputSerializer(serializers.Serializer):
         @extend_schema_serializer(component_name="AppendEventItem")

@@ -11,7 +11,7 @@ from django.urls import path
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -20,6 +20,7 @@ from ledger.usage import GROUPINGS, usage_page, usage_rows
 
 from .auth import access_for, principal
 from .base import ApiView
+from .fastjson import JsonRenderer
 from .pagination import InvalidCursor, InvalidParameter, date_param, decode_cursor, encode_cursor, limit_param
 from .schema import CURSOR, LIMIT, WORKSPACE, UsageReportSerializer, error_responses
 
@@ -51,7 +52,7 @@ def _csv_cell(value: Any) -> str:
 
 
 class UsageView(ApiView):
-    renderer_classes = [JSONRenderer, CsvRenderer]
+    renderer_classes = [JsonRenderer, CsvRenderer]
 
     @extend_schema(
         operation_id="get_usage",
