@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -38,9 +39,9 @@ class JsonParser(JSONParser):
     stdlib's decoder is 400 `invalid_json` too, where its RecursionError used to be a 500.
     """
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
-        parser_context = parser_context or {}
-        if str(parser_context.get("encoding", "utf-8")).lower() in _UTF8:
+    def parse(self, stream: Any, media_type: str | None = None,
+              parser_context: Mapping[str, Any] | None = None) -> Any:
+        if str((parser_context or {}).get("encoding", "utf-8")).lower() in _UTF8:
             body = stream.read()
             if not _LONG_DIGITS.search(body):
                 try:
