@@ -166,7 +166,7 @@ def _tokens(value: Any) -> int:
     return 0
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, slots=True)  # slots: a long run's state holds one per model call
 class Usage:
     """One model call's tokens. `cached` is part of `input`, `reasoning` part of `output`."""
 

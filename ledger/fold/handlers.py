@@ -7,6 +7,7 @@ defensively: a field of the wrong type is ignored, never an exception.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,7 @@ def apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
     payload = event.get("payload")
     if not isinstance(payload, _OBJECT):
         payload = {}
-    step_path = _str(payload.get("stepPath"))
+    step_path = _name(payload.get("stepPath"))
     if step_path is not None:  # any event naming a step touches it, whether or not a handler reads it
         step = state.steps.get(step_path)
         if step is None:
@@ -387,8 +388,8 @@ def _model_responded(state: RunState, e: _Event) -> None:
     call.responded_sequence = e.sequence
     model = e.payload.get("model")
     if isinstance(model, _OBJECT):
-        call.provider = _str(model.get("provider"))
-        call.model_id = _str(model.get("modelId"))
+        call.provider = _name(model.get("provider"))
+        call.model_id = _name(model.get("modelId"))
     response = e.payload.get("response")
     call.response = response
     raw_usage = response.get("usage") if isinstance(response, _OBJECT) else None
@@ -443,9 +444,9 @@ def _tool_started(state: RunState, e: _Event) -> None:
     # A second `started` is the gateway re-claiming an expired lease: the call is live again.
     call.status = "started"
     call.result, call.error, call.duration_ms, call.ended_sequence = None, None, None, None
-    call.tool_name = _str(p.get("toolName")) or call.tool_name
+    call.tool_name = _name(p.get("toolName")) or call.tool_name
     call.args = p.get("args", call.args)
-    call.caller = _str(p.get("caller")) or call.caller
+    call.caller = _name(p.get("caller")) or call.caller
     turn = _int(p.get("turn"))
     call.turn = turn if turn is not None else call.turn
     call.step_path = e.step_path or call.step_path
@@ -561,6 +562,12 @@ HANDLERS: dict[str, _Handler] = {
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _name(value: Any) -> str | None:
+    """`_str` for the values a run repeats on every call (step paths, providers, models, tools):
+    one shared string each, instead of one per event held by every record of a long run."""
+    return sys.intern(value) if isinstance(value, str) and value else None
 
 
 def _int(value: Any) -> int | None:
