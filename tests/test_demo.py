@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from ledger.demo import load_demo
-from ledger.models import Run, ToolGatewayClaim, Workspace
+from ledger.models import Event, Run, ToolGatewayClaim, Workspace
 from ledger.projection import log_of
 from ledger.tenancy import create_key
 from ledger.verify import verify_run
@@ -90,6 +90,15 @@ def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str,
         failed = [c for c in verify_run(run) if c.status != "pass"]
         assert not failed, (run.run_id, failed)
     assert load_demo(history_runs=HISTORY).startswith("0 run(s) created")
+
+
+def test_no_demo_run_starts_or_records_anything_in_the_future(demo: dict[str, Workspace]) -> None:
+    now = timezone.now()
+    assert Run.objects.exists() and not Run.objects.filter(started_at__gt=now).exists()
+    assert not Run.objects.filter(created_at__gt=now).exists()
+    assert not Event.objects.filter(recorded_at__gt=now).exists()
+    newest = Run.objects.filter(run_id__startswith="run_hist_").order_by("-started_at").first()
+    assert newest is not None and newest.started_at is not None and newest.started_at > now - timedelta(days=3)
 
 
 def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo: dict[str, Workspace]) -> None:

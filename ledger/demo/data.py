@@ -167,6 +167,12 @@ _TOPICS = ["pricing pages", "churn signals", "onboarding funnels", "support back
 _CATEGORIES = ["accuracy", "tone", "speed", "cost"]
 
 
+HISTORY_SPAN = timedelta(days=30)
+# Each history run starts up to ten hours after its day's slot, so the slots end that much (and a
+# margin for the runs' own seconds) before now: no run of the past starts in the future.
+SCATTER = timedelta(minutes=600 + 5)
+
+
 def _history(workspaces: dict[str, Workspace], missing: Any, count: int) -> None:
     """`count` runs over the last 30 days, oldest first; every 19th fails (unknown order)."""
     now = timezone.now()
@@ -177,7 +183,7 @@ def _history(workspaces: dict[str, Workspace], missing: Any, count: int) -> None
         run_id = f"run_hist_{i:04d}"
         if not missing(ws, run_id):
             continue
-        at: datetime = now - timedelta(days=30) + timedelta(days=30 * i / max(count, 1), minutes=(i * 37) % 600)
+        at: datetime = now - HISTORY_SPAN + (HISTORY_SPAN - SCATTER) * (i / max(count, 1)) + timedelta(minutes=(i * 37) % 600)
         if workflow.startswith("research."):
             run_input: dict[str, Any] = {"topic": f"{_TOPICS[i % len(_TOPICS)]} #{i}"}
         else:
