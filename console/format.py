@@ -7,7 +7,7 @@ everywhere.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -75,3 +75,27 @@ def span(item: Any) -> str:
 def priced(item: Any) -> str:
     """`coverage` of anything with `priced_calls` and `unpriced_calls` (a run, a step, usage)."""
     return coverage(item.priced_calls, item.unpriced_calls)
+
+
+LONG_CHARS = 1500  # a text longer than this (or of more lines) is folded behind "show all"
+LONG_LINES = 20
+PREVIEW_LINES = 6
+PREVIEW_CHARS = 500
+
+
+def preview(text: str) -> str | None:
+    """The beginning shown of a long text (a prompt, a tool result); None when it is short enough
+    to show whole."""
+    lines = text.splitlines()
+    if len(text) <= LONG_CHARS and len(lines) <= LONG_LINES:
+        return None
+    return "\n".join(lines[:PREVIEW_LINES])[:PREVIEW_CHARS]
+
+
+def utc(value: datetime | str | None) -> str:
+    """A moment as the console writes it everywhere: UTC to the second ("2026-11-30 17:20:13 UTC");
+    the browser adds the reader's local time on hover (static/js/local-time.js)."""
+    if value is None or value == "":
+        return "—"
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

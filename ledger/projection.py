@@ -79,11 +79,12 @@ class _StateCache:
 STATES = _StateCache()
 
 
-def log_of(run: Run) -> list[dict[str, Any]]:
-    """The run's envelopes, in order, straight from the log."""
+def log_of(run: Run, *, upto: int | None = None) -> list[dict[str, Any]]:
+    """The run's envelopes, in order, straight from the log (up to sequence `upto`: a prefix;
+    sequences are dense from 1, so that is the first `upto` rows)."""
     from .envelopes import read_envelopes
 
-    return read_envelopes(run)
+    return read_envelopes(run, limit=upto)
 
 
 def state_for_append(run: Run, prices: PriceTable) -> RunState:

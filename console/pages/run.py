@@ -1,4 +1,4 @@
-"""The run page: a header, and five tabs that are each an htmx partial and a plain page.
+"""The run page: a header, and tabs that are each an htmx partial and a plain page.
 
 Every tab is served two ways from one template: an htmx request gets the partial alone, a plain
 request (a link, a reload, a history restore) the whole page with that tab open. Timeline rows are
@@ -6,8 +6,10 @@ rendered by one row template for the page, the `timeline/rows/` fragment and the
 (console/live/run.py), so a row looks the same however it arrived.
 
 Query counts do not grow with the run: every list is one query (or a replay-plan/evidence read,
-which is a constant number of queries over the whole log), the timeline reads one page of events,
-and the steps and costs tabs one page of steps (`?start=N`, by position).
+which is a constant number of queries over the whole log), the timeline reads one page of events
+(of the events that match its search, when it has one), and the steps and costs tabs one page of
+steps (`?start=N`, by position). The conversation, waterfall and state tabs read the log (or its
+prefix up to `?at=N`) once and fold it: the fold is the one reading of a log (ledger/runlog.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -24,7 +27,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import gateway, selectors, serialize
+from ledger import gateway, runlog, selectors, serialize
 from ledger.access import Access
 from ledger.errors import LedgerError, NotFound
 from ledger.evidence import evidence_bundle
@@ -35,12 +38,18 @@ from ledger.subruns import subrun_tree
 
 from ..format import coverage
 from ..rows import artifact_url, event_row, render_event_row
+from .at import state_after
+from .conversation import SESSIONS_PER_PAGE, conversations
 from .guard import member_access
 from .reexecution import can_request, reexecution_rows, run_origin
+from .waterfall import Axis, parse_time, waterfall
 
-TABS = ("timeline", "steps", "subruns", "evidence", "costs")
-TAB_LABELS = {"timeline": "Timeline", "steps": "Steps & replay plan", "subruns": "Sub-runs",
+TABS = ("timeline", "conversation", "waterfall", "state", "steps", "subruns", "evidence", "costs")
+TAB_LABELS = {"timeline": "Timeline", "conversation": "Conversation", "waterfall": "Waterfall",
+              "state": "At event N", "steps": "Steps & replay plan", "subruns": "Sub-runs",
               "evidence": "Evidence", "costs": "Costs"}
+SEARCH_FIELDS = ("type", "step", "tool", "q")
+MAX_SEARCH = 200  # characters of one search field
 PAGE_SIZE = 200
 MAX_PAGE_SIZE = 1000
 STEPS_PAGE_SIZE = 200  # steps per page of the steps and costs tabs, by position
@@ -142,10 +151,61 @@ class Tab:
     status: int = 200
 
 
-def _timeline(request: HttpRequest, member: Access, run: Run) -> Tab:
+def _search(request: HttpRequest) -> runlog.EventFilter:
+    values = {name: request.GET.get(name, "").strip() for name in SEARCH_FIELDS}
+    for name, value in values.items():
+        if len(value) > MAX_SEARCH:
+            raise BadParameter(f"{name} is at most {MAX_SEARCH} characters")
+    return runlog.EventFilter(type=values["type"], step=values["step"], tool=values["tool"], text=values["q"])
+
+
+def _timeline(request: HttpRequest, member: Access, run: Run) -> Tab | HttpResponse:
     limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
+    jump = request.GET.get("first", "")
+    if jump:
+        return _jump(run, jump, limit)
     after = _int_param(request, "after", 0, minimum=0) if request.GET.get("after", "") != "" else None
+    search = _search(request)
+    if search:
+        return _search_page(request, run, search, after or 0, limit)
     return _timeline_page(run, after, limit)
+
+
+def _jump(run: Run, kind: str, limit: int) -> HttpResponse:
+    """To the page of the run's first failure (or first in-doubt call), that event marked."""
+    if kind not in ("failure", "in_doubt"):
+        raise BadParameter("first must be failure or in_doubt")
+    sequence = runlog.first_sequence(run, "failure" if kind == "failure" else "in_doubt")
+    if sequence is None:
+        what = "failure" if kind == "failure" else "in-doubt tool call"
+        raise BadParameter(f"this run has no {what}")
+    return redirect(f"{_tab_url(run, 'timeline')}?after={sequence - 1}&limit={limit}#event-{sequence}")
+
+
+def _search_context(request: HttpRequest, run: Run) -> dict[str, Any]:
+    return {"search": {name: request.GET.get(name, "").strip() for name in SEARCH_FIELDS},
+            "timeline_url": _tab_url(run, "timeline")}
+
+
+def _search_page(request: HttpRequest, run: Run, search: runlog.EventFilter, after: int, limit: int) -> Tab:
+    """The events that match, a page at a time (by sequence, like the unfiltered timeline); not live."""
+    envelopes = runlog.search_events(run, search, after=after, limit=limit + 1)
+    more = len(envelopes) > limit
+    rows = [event_row(e, run.workspace) for e in envelopes[:limit]]
+    query = "&".join(f"{name}={quote(request.GET.get(name, '').strip())}" for name in SEARCH_FIELDS
+                     if request.GET.get(name, "").strip())
+    base = f"{_tab_url(run, 'timeline')}?{query}&limit={limit}"
+    ws = run.workspace
+    return Tab("console/run/timeline.html", {
+        **_search_context(request, run),
+        "rows": rows, "after": after, "limit": limit, "newest": False, "searching": True,
+        "last_on_page": rows[-1]["sequence"] if rows else after,
+        "older_url": None,
+        "newer_url": f"{base}&after={rows[-1]['sequence']}" if more else None,
+        "newest_url": base if after else None,
+        "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
+        "ws_path": f"/ws/runs/{run.run_id}/",
+    })
 
 
 def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
@@ -161,6 +221,7 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
     base = _tab_url(run, "timeline")
     ws = run.workspace
     return Tab("console/run/timeline.html", {
+        "search": {}, "timeline_url": base,
         "rows": rows,
         "after": after,
         "limit": limit,
@@ -174,19 +235,52 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
     })
 
 
+def _pager(base: str, start: int, shown: int, total: int, size: int) -> dict[str, Any]:
+    """Links around a window of `size` items from position `start` (0-based) of `total`."""
+    end = start + size
+    return {
+        "start": start, "first_shown": start + 1, "last_shown": start + shown, "total": total,
+        "paged": total > size or start > 0,
+        "previous_url": (f"{base}?start={max(0, start - size)}" if start > 0 else None),
+        "next_url": f"{base}?start={end}" if end < total else None,
+        "first_url": base if start > 0 else None,
+    }
+
+
 def _step_page(request: HttpRequest, run: Run, tab: str) -> tuple[list[Step], dict[str, Any]]:
     """One page of the run's steps by position (`?start=N`, 0-based) and its pager."""
     start = _int_param(request, "start", 0, minimum=0)
     steps, total = selectors.steps_page(run, start=start, size=STEPS_PAGE_SIZE)
-    base = _tab_url(run, tab)
-    end = start + STEPS_PAGE_SIZE
-    return steps, {
-        "start": start, "first_shown": start + 1, "last_shown": start + len(steps), "total": total,
-        "paged": total > STEPS_PAGE_SIZE or start > 0,
-        "previous_url": (f"{base}?start={max(0, start - STEPS_PAGE_SIZE)}" if start > 0 else None),
-        "next_url": f"{base}?start={end}" if end < total else None,
-        "first_url": base if start > 0 else None,
-    }
+    return steps, _pager(_tab_url(run, tab), start, len(steps), total, STEPS_PAGE_SIZE)
+
+
+def _conversation(request: HttpRequest, member: Access, run: Run) -> Tab:
+    """Every harness session as a conversation, a window of sessions at a time."""
+    start = _int_param(request, "start", 0, minimum=0)
+    sessions = conversations(run.workspace, runlog.folded(run)) if run.last_sequence else []
+    shown = sessions[start:start + SESSIONS_PER_PAGE]
+    pager = _pager(_tab_url(run, "conversation"), start, len(shown), len(sessions), SESSIONS_PER_PAGE)
+    return Tab("console/run/conversation.html", {"sessions": shown, "pager": pager})
+
+
+def _waterfall(request: HttpRequest, member: Access, run: Run) -> Tab:
+    view = waterfall(run, runlog.folded(run), runlog.children_of(run)) if run.last_sequence else {
+        "rows": [], "axis": None, "ticks": []}
+    return Tab("console/run/waterfall.html", {**view, "run_id": run.run_id})
+
+
+def _state(request: HttpRequest, member: Access, run: Run) -> Tab:
+    """The run after event N (`?at=N`, default: the last), from the fold of events 1..N."""
+    if not run.last_sequence:
+        return Tab("console/run/state.html", {"at": None})
+    at = _int_param(request, "at", run.last_sequence, minimum=1, maximum=run.last_sequence)
+    base = _tab_url(run, "state")
+    return Tab("console/run/state.html", {
+        **state_after(run, at), "last": run.last_sequence, "state_url": base,
+        "previous_url": f"{base}?at={at - 1}" if at > 1 else None,
+        "next_url": f"{base}?at={at + 1}" if at < run.last_sequence else None,
+        "events_url": f"{_tab_url(run, 'timeline')}?after={max(at - 1, 0)}#event-{at}",
+    })
 
 
 def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
@@ -273,8 +367,9 @@ def _costs(request: HttpRequest, member: Access, run: Run) -> Tab:
     })
 
 
-TAB_VIEWS: dict[str, Callable[[HttpRequest, Access, Run], Tab]] = {
-    "timeline": _timeline, "steps": _steps, "subruns": _subruns, "evidence": _evidence, "costs": _costs,
+TAB_VIEWS: dict[str, Callable[[HttpRequest, Access, Run], Tab | HttpResponse]] = {
+    "timeline": _timeline, "conversation": _conversation, "waterfall": _waterfall, "state": _state,
+    "steps": _steps, "subruns": _subruns, "evidence": _evidence, "costs": _costs,
 }
 
 
@@ -306,7 +401,28 @@ def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab
         content = TAB_VIEWS[tab](request, member, run)
     except BadParameter as exc:
         return _bad_request(request, str(exc))
+    if isinstance(content, HttpResponse):
+        return content
     return _respond(request, run, tab, content)
+
+
+@login_required
+@require_safe
+def waterfall_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """A sub-run's bars, drawn in place inside its parent's waterfall, on the parent's axis."""
+    _, run = _run_or_404(request, tenant, workspace, run_id)
+    start, end = parse_time(request.GET.get("from")), parse_time(request.GET.get("to"))
+    if start is None or end is None or end < start:
+        return _bad_request(request, "from and to must be ISO 8601 times, from before to")
+    try:
+        depth = _int_param(request, "depth", 1, minimum=0, maximum=50)
+    except BadParameter as exc:
+        return _bad_request(request, str(exc))
+    view = waterfall(run, runlog.folded(run), runlog.children_of(run), Axis(start, end)) if run.last_sequence else {
+        "rows": []}
+    for row in view["rows"]:
+        row.depth += depth
+    return render(request, "console/run/waterfall_rows.html", {**view, "axis": Axis(start, end)})
 
 
 @login_required
@@ -420,6 +536,7 @@ RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"
 urlpatterns = [
     path(RUN, run_page, name="run"),
     path(RUN + "timeline/rows/", timeline_rows, name="run-timeline-rows"),
+    path(RUN + "waterfall/rows/", waterfall_rows, name="run-waterfall-rows"),
     path(RUN + "feedback/", feedback, name="run-feedback"),
     path(RUN + "tool-calls/<str:call_id>/reconcile/", reconcile, name="run-reconcile"),
     path(RUN + "<slug:tab>/", run_page, name="run-tab"),

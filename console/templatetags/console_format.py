@@ -1,12 +1,15 @@
 """Template filters over console/format.py: `{{ run.cost_usd|money }}`, `{{ run|elapsed }}`,
-`{{ step|coverage }}`."""
+`{{ step|coverage }}`, `{{ at|timestamp }}` and `{% long_text text %}`."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from console import format as fmt
 
@@ -26,3 +29,24 @@ def elapsed(item: Any) -> str:
 @register.filter
 def coverage(item: Any) -> str:
     return fmt.priced(item)
+
+
+@register.filter
+def milliseconds(value: float | None) -> str:
+    """A recorded duration in milliseconds (a tool call's durationMs), in the one duration format."""
+    return "—" if value is None else fmt.duration(value / 1000)
+
+
+@register.filter
+def timestamp(value: datetime | str | None) -> SafeString | str:
+    """A `<time>` in UTC; local-time.js puts the reader's local time in its title."""
+    if value is None or value == "":
+        return "—"
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return format_html('<time datetime="{}">{}</time>', moment.isoformat(), fmt.utc(moment))
+
+
+@register.inclusion_tag("console/long_text.html")
+def long_text(text: str) -> dict[str, Any]:
+    """Text in a <pre>; a long one folded to its beginning with a "show all"."""
+    return {"text": text, "preview": fmt.preview(text), "size": len(text)}

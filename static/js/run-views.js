@@ -1,0 +1,51 @@
+// The run page's evidence views. Both work without it (links and forms); it adds the keys.
+//
+// The "At event N" tab: ← / → step one event back or forward (the links' own requests, so the URL
+// keeps ?at=N), anywhere on the page except while typing in a field; the slider keeps the focus
+// across the swap so a held arrow key keeps stepping.
+(function () {
+  "use strict";
+  var TYPING = /^(INPUT|TEXTAREA|SELECT)$/;
+  document.addEventListener("keydown", function (event) {
+    if (event.altKey || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    if (event.key !== "ArrowLeft" && event.key !== "ArrowRight") return;
+    if (!document.getElementById("run-at")) return;
+    var target = event.target;
+    if (target && target.id !== "scrubber" && (TYPING.test(target.tagName) || target.isContentEditable)) return;
+    var link = document.getElementById(event.key === "ArrowLeft" ? "scrub-previous" : "scrub-next");
+    event.preventDefault();
+    if (link) link.click();
+  });
+  var keepFocus = false;
+  document.addEventListener("htmx:beforeRequest", function () {
+    keepFocus = !!document.activeElement && document.activeElement.id === "scrubber";
+  });
+  document.addEventListener("input", function (event) {
+    if (event.target && event.target.id === "scrubber") {
+      var output = document.getElementById("scrubber-at");
+      if (output) output.firstElementChild.textContent = event.target.value;
+    }
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    var slider = document.getElementById("scrubber");
+    if (slider && keepFocus) slider.focus();
+    keepFocus = false;
+  });
+
+  // The waterfall: a sub-run's bars load once (htmx, hx-trigger="click once"); later clicks
+  // fold and unfold them.
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest(".wf-expand");
+    if (!button || button.dataset.loaded !== "1") return;
+    var rows = document.getElementById(button.getAttribute("aria-controls"));
+    var open = button.getAttribute("aria-expanded") === "true";
+    button.setAttribute("aria-expanded", open ? "false" : "true");
+    if (rows) rows.hidden = open;
+  });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    if (!target || !target.classList.contains("wf-children")) return;
+    var button = document.querySelector('.wf-expand[aria-controls="' + target.id + '"]');
+    if (button) { button.dataset.loaded = "1"; button.setAttribute("aria-expanded", "true"); }
+  });
+})();
