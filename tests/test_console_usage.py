@@ -129,7 +129,7 @@ def test_default_range_is_the_last_30_days(browser: Client, append) -> None:
 
 def test_chart_stacks_bars_per_day_and_model_with_dollar_ticks_and_legend(browser: Client, calls: None) -> None:
     chart = svg(browser.get(URL + RANGE).content.decode())
-    assert 'role="img"' in chart and re.search(r'aria-label="Daily cost by model from 2026-03-01 to 2026-03-02: \$0\.004055', chart)
+    assert 'role="group"' in chart and re.search(r'aria-label="Daily cost by model from 2026-03-01 to 2026-03-02: \$0\.004055', chart)
     ticks = re.findall(r'<text class="tick"[^>]*text-anchor="end"[^>]*>([^<]+)</text>', chart)
     assert ticks[0] == "$0.000" and ticks[-1].startswith("$0.00") and len(ticks) >= 3
     assert re.findall(r'<text class="tick"[^>]*text-anchor="middle">([^<]+)</text>', chart) == ["Mar 01", "Mar 02"]

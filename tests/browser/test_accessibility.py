@@ -1,0 +1,104 @@
+"""axe-core on every page of the console, light and dark: no serious or critical violation (issue
+13). The pages show `ledger demo`'s runs, so each view has something in it: a conversation, a
+waterfall with a sub-run expanded, an in-doubt call with its reconcile form, a pending approval.
+The new views are photographed into var/screenshots/ on the way. And the keyboard: every action
+on the run page is reached with Tab and shows where the focus is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.axe import blocking_violations
+from tests.browser.conftest import Daphne, log_in_to_demo, screenshot_dir
+from tests.browser.test_evidence_views import RESEARCH, SUPPORT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCHEMES = ("light", "dark")
+PAGES = {
+    "runs": "/w/acme/support/",
+    "run-timeline": f"{SUPPORT}/run_demo_crashed_resumed/",
+    "run-search": f"{SUPPORT}/run_demo_crashed_resumed/?tool=lookup_order",
+    "run-conversation": f"{SUPPORT}/run_demo_crashed_resumed/conversation/",
+    "run-waterfall": f"{RESEARCH}/run_demo_orchestrator/waterfall/",
+    "run-state": f"{SUPPORT}/run_demo_in_doubt/state/?at=18",
+    "run-steps": f"{SUPPORT}/run_demo_in_doubt/steps/",
+    "run-subruns": f"{RESEARCH}/run_demo_orchestrator/subruns/",
+    "run-evidence": f"{SUPPORT}/run_demo_in_doubt/evidence/",
+    "run-costs": f"{RESEARCH}/run_demo_orchestrator/costs/",
+    "usage": "/w/acme/support/usage/",
+    "approvals": "/w/acme/support/approvals/",
+}
+PHOTOGRAPHED = ("run-search", "run-conversation", "run-waterfall", "run-state")
+
+
+def _check(page: Page, name: str, scheme: str, failures: dict[str, Any]) -> None:
+    found = blocking_violations(page)
+    if found:
+        failures[f"{name} ({scheme})"] = found
+
+
+def test_no_page_has_a_serious_or_critical_violation_light_or_dark(open_context: Any, server: Daphne, demo: None) -> None:
+    failures: dict[str, Any] = {}
+    for scheme in SCHEMES:
+        page = open_context(color_scheme=scheme).new_page()
+        page.goto(f"{server.url}/accounts/login/")
+        _check(page, "login", scheme, failures)
+        log_in_to_demo(page, server)
+        for name, path in PAGES.items():
+            response = page.goto(f"{server.url}{path}")
+            assert response is not None and response.status == 200, path
+            if name == "run-waterfall":  # with a sub-run's bars loaded in place
+                page.locator(".wf-expand").first.click()
+                expect(page.locator(".wf-children .wf-row").first).to_be_visible()
+            _check(page, name, scheme, failures)
+            if name in PHOTOGRAPHED:
+                page.screenshot(path=str(screenshot_dir() / f"{name}-{scheme}.png"), full_page=True)
+    assert failures == {}, failures
+
+
+def _tab_to(page: Page, selector: str, limit: int = 80) -> None:
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        if page.evaluate("sel => document.activeElement && document.activeElement.matches(sel)", selector):
+            return
+    raise AssertionError(f"{selector} is not reachable with Tab")
+
+
+def _focus_is_visible(page: Page) -> bool:
+    return bool(page.evaluate("""() => {
+        const style = getComputedStyle(document.activeElement);
+        return style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) >= 1;
+    }"""))
+
+
+def test_the_evidence_views_are_reached_and_worked_by_keyboard(page: Page, server: Daphne, demo: None) -> None:
+    log_in_to_demo(page, server)
+    page.goto(f"{server.url}{SUPPORT}/run_demo_in_doubt/")
+    _tab_to(page, 'a[data-tab="state"]')
+    assert _focus_is_visible(page)
+    page.keyboard.press("Enter")
+    expect(page.locator("#scrubber")).to_be_visible()
+    _tab_to(page, "#scrubber")
+    assert _focus_is_visible(page)
+    page.keyboard.press("ArrowLeft")
+    expect(page.locator("#scrubber")).to_have_value("18")
+
+    page.goto(f"{server.url}{RESEARCH}/run_demo_orchestrator/waterfall/")
+    _tab_to(page, ".wf-expand")
+    assert _focus_is_visible(page)
+    page.keyboard.press("Enter")
+    expect(page.locator(".wf-expand").first).to_have_attribute("aria-expanded", "true")
+    _tab_to(page, ".wf-row a.wf-link")
+    assert _focus_is_visible(page)
+
+    page.goto(f"{server.url}{SUPPORT}/run_demo_crashed_resumed/")
+    _tab_to(page, "#timeline-search input[name=tool]")
+    page.keyboard.type("lookup_order")
+    page.keyboard.press("Enter")
+    expect(page.locator("#search-summary")).to_contain_text("4 matching events")
+    _tab_to(page, "#feedback-form input[name=rating]")  # the rating form, after the evidence
+    assert _focus_is_visible(page)
