@@ -92,10 +92,13 @@ def preview(text: str) -> str | None:
     return "\n".join(lines[:PREVIEW_LINES])[:PREVIEW_CHARS]
 
 
-def utc(value: datetime | str | None) -> str:
-    """A moment as the console writes it everywhere: UTC to the second ("2026-11-30 17:20:13 UTC");
-    the browser adds the reader's local time on hover (static/js/local-time.js)."""
+def utc(value: datetime | str | None, *, milliseconds: bool = False) -> str:
+    """A moment as the console writes it everywhere: UTC to the second ("2026-11-30 17:20:13 UTC"),
+    or to the millisecond where events a few ms apart must read apart (the timeline); the browser
+    adds the reader's local time on hover (static/js/local-time.js)."""
     if value is None or value == "":
         return "—"
-    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    moment = (datetime.fromisoformat(value) if isinstance(value, str) else value).astimezone(timezone.utc)
+    if milliseconds:
+        return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

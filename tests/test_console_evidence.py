@@ -361,3 +361,22 @@ def test_every_new_view_takes_as_many_queries_for_10000_events_as_for_100(
         assert response.status_code == 200, view
     long_state = browser.get("/w/acme/support/runs/run_long/state/?at=5000").content.decode()
     assert 'value="5000"' in long_state and 'max="10000"' in long_state
+
+
+# --- one format ------------------------------------------------------------------------------------
+
+
+def test_a_run_reads_the_same_on_the_list_its_page_and_the_usage_report(browser: Client, chat_run: str) -> None:
+    listed = _page(browser, "/w/acme/support/")
+    row = re.search(rf'<tr class="run" data-run-id="{RUN}".*?</tr>', listed, re.S)
+    assert row
+    cost = re.search(r'class="num cost[^"]*"[^>]*>(\$[0-9.]+)', row.group(0))
+    started_at = re.search(r'<time datetime="[^"]+">([^<]+ UTC)</time>', row.group(0))
+    assert cost and started_at
+    page = _page(browser, BASE)
+    assert f"<dt>Cost</dt><dd>{cost.group(1)} " in page
+    assert f'">{started_at.group(1)}</time>' in page
+    usage = _page(browser, "/w/acme/support/usage/")  # the run is the workspace's only spend
+    assert re.search(rf'<td class="num cost">{re.escape(cost.group(1))}</td>', usage)
+    # its one session holds every model call: the session's cost is the run's
+    assert f"· {cost.group(1)}</span></h2>" in _page(browser, f"{BASE}conversation/")

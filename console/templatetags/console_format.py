@@ -38,15 +38,23 @@ def milliseconds(value: float | None) -> str:
 
 
 @register.filter
-def timestamp(value: datetime | str | None) -> SafeString | str:
-    """A `<time>` in UTC; local-time.js puts the reader's local time in its title."""
+def timestamp(value: datetime | str | None, precision: str = "") -> SafeString | str:
+    """A `<time>` in UTC (`|timestamp:"ms"` to the millisecond); local-time.js puts the reader's
+    local time in its title."""
     if value is None or value == "":
         return "—"
     moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return format_html('<time datetime="{}">{}</time>', moment.isoformat(), fmt.utc(moment))
+    return format_html('<time datetime="{}">{}</time>', moment.isoformat(),
+                       fmt.utc(moment, milliseconds=precision == "ms"))
 
 
 @register.inclusion_tag("console/long_text.html")
 def long_text(text: str) -> dict[str, Any]:
     """Text in a <pre>; a long one folded to its beginning with a "show all"."""
     return {"text": text, "preview": fmt.preview(text), "size": len(text)}
+
+
+@register.filter
+def words(value: str) -> str:
+    """A status as words: "in_doubt" reads "in doubt"."""
+    return str(value).replace("_", " ")

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
 
+from ledger.demo import DEMO_PASSWORD, load_demo
 from ledger.models import Workspace
 from ledger.tenancy import create_key
 from tests.conftest import PASSWORD
@@ -207,6 +208,21 @@ def log_in(page: Page, server: Daphne, user: User, next_path: str = "") -> None:
     page.goto(f"{server.url}/accounts/login/{query}")
     page.fill("input[name=username]", user.get_username())
     page.fill("input[name=password]", PASSWORD)
+    page.click("form:has(input[name=password]) [type=submit]")
+    page.wait_for_url(lambda url: "/accounts/login/" not in url)
+
+
+@pytest.fixture
+def demo(transactional_db: None) -> None:
+    """The runs `ledger demo` lays out (no history), for the views that show what they show."""
+    load_demo(history_runs=0)
+
+
+def log_in_to_demo(page: Page, server: Daphne, username: str = "alice") -> None:
+    """As a demo member, with the demo's password."""
+    page.goto(f"{server.url}/accounts/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", DEMO_PASSWORD)
     page.click("form:has(input[name=password]) [type=submit]")
     page.wait_for_url(lambda url: "/accounts/login/" not in url)
 
