@@ -122,7 +122,7 @@ def _plan_step(step: StepState) -> dict[str, Any]:
 
 def _sessions(state: RunState) -> tuple[list[dict[str, Any]], list[str]]:
     """Per harness session, which calls fast-forward from the record and which run again."""
-    live_models = [c for i, c in enumerate(state.model_calls) if not _superseded(state.model_calls, i)]
+    live_models = [c for i, c in enumerate(state.model_calls) if not superseded(state.model_calls, i)]
     calls: list[tuple[int, int | None, str | None, dict[str, Any]]] = []
     missing: list[str] = []
     for call in live_models:
@@ -133,7 +133,7 @@ def _sessions(state: RunState) -> tuple[list[dict[str, Any]], list[str]]:
         if call.call_id is not None:
             entry["callId"] = call.call_id
         entry["action"] = "replay" if answered else "reinvoke"
-        calls.append((_first_sequence(call), call.session, call.step_path, entry))
+        calls.append((first_sequence(call), call.session, call.step_path, entry))
         if not answered:
             turn = "?" if call.turn is None else call.turn
             missing.append(f"model:{call.step_path or UNATTRIBUTED}:turn{turn}:response")
@@ -145,7 +145,7 @@ def _sessions(state: RunState) -> tuple[list[dict[str, Any]], list[str]]:
         # An in-doubt call is never re-invoked (DESIGN.md §5): once an operator reconciles
         # it, its outcome is replayed like any other; until then replayReady fails.
         entry["action"] = "reinvoke" if tool.status == "started" else "replay"
-        calls.append((_first_sequence(tool), tool.session, tool.step_path, entry))
+        calls.append((first_sequence(tool), tool.session, tool.step_path, entry))
         if tool.status == "in_doubt":
             missing.append(f"tool:{tool.call_id}:in_doubt")
         elif tool.status == "started":
@@ -170,7 +170,7 @@ def _session_entry(session: HarnessSession, calls: list[dict[str, Any]]) -> dict
     return {"stepPath": session.step_path, "role": session.role, "calls": calls}
 
 
-def _superseded(model_calls: list[ModelCall], index: int) -> bool:
+def superseded(model_calls: list[ModelCall], index: int) -> bool:
     """A failed call that the harness retried: the retry, not the failure, is what replays."""
     call = model_calls[index]
     return call.status == "failed" and any(
@@ -179,7 +179,8 @@ def _superseded(model_calls: list[ModelCall], index: int) -> bool:
     )
 
 
-def _first_sequence(call: ModelCall | ToolCallState) -> int:
+def first_sequence(call: ModelCall | ToolCallState) -> int:
+    """The sequence of a call's first event (the console's conversation and waterfall order by it)."""
     if isinstance(call, ModelCall):
         candidates = [call.called_sequence, call.responded_sequence, call.failed_sequence]
     else:

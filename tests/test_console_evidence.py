@@ -145,8 +145,6 @@ def test_a_run_of_the_runtime_reads_the_same_way(browser: Client, workspace: Wor
         *_turn("draft", 1, [{"role": "user", "content": "hi"}], {"text": "hello"}),
         *_turn("draft", 2, [{"role": "user", "content": "again"}], {"text": "hello again"}, origin="recorded"),
     ])
-    from ledger.models import Event
-    assert Event.objects.filter(run__run_id="run_rt").count() == 8
     html = _page(browser, "/w/acme/support/runs/run_rt/conversation/")
     _in_order(html, "Turn 1", "hello", "Turn 2", 'origin-recorded">recorded', "hello again")
 
@@ -197,6 +195,16 @@ def test_the_state_tab_is_a_page_and_an_htmx_partial(browser: Client, chat_run: 
     assert 'id="run-at"' in partial and "<html" not in partial
     assert 'href="/w/acme/support/runs/run_chat/state/?at=4"' in partial
     assert 'href="/w/acme/support/runs/run_chat/state/?at=6"' in partial
+
+
+def test_a_long_run_lists_the_steps_and_calls_nearest_the_event(browser: Client, workspace: Workspace,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("console.pages.at.SHOWN", 3)
+    _long_chat(workspace, "run_steps", 60)  # steps of eight events each: s4 starts at event 34
+    html = _page(browser, "/w/acme/support/runs/run_steps/state/", at=35)
+    assert re.findall(r'<tr data-step="(\w+)"', html) == ["s2", "s3", "s4"]
+    assert "2 more steps, further from event 35, not listed." in html  # s0 and s1
+    assert re.findall(r'<tr data-call="(\w+):c"', html) == ["s2", "s3", "s4"]
 
 
 # --- search and jumps ---------------------------------------------------------------------------
@@ -284,6 +292,14 @@ def test_a_sub_run_expands_in_place_on_the_parents_axis(browser: Client, workspa
     rows = browser.get(url.group(1).replace("&amp;", "&"), **HTMX).content.decode()
     assert "<html" not in rows and 'data-kind="step"' in rows and "inner" in rows
     assert 'data-subrun="run_grandkid"' in rows and "--depth: 1" in rows
+
+
+def test_a_waterfall_of_too_many_bars_says_how_many_it_left_out(browser: Client, chat_run: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("console.pages.waterfall.MAX_ROWS", 4)
+    html = _page(browser, f"{BASE}waterfall/")
+    assert len(re.findall(r'data-kind="', html)) == 4
+    assert re.search(r"The first 4 bars; \d+ more, later in the run, are not drawn", html)
 
 
 @pytest.mark.parametrize("query", ["", "?from=x&to=y", "?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z"])

@@ -7,13 +7,15 @@ plan of that prefix: what a resume would have done had the run stopped there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ledger.models import Run, ToolCall
 from ledger.runlog import FoldedRun, folded, replay_plan_of
 
 OPEN_TOOL_STATUSES = ("started", "in_doubt")
+SHOWN = 200  # steps, tool calls and plan sessions listed: the ones nearest event N
 
 
 @dataclass(frozen=True)
@@ -23,18 +25,35 @@ class ToolAt:
     step_path: str
     status: str  # the call's status after event N, or "not started"
     open: bool
+    sequence: int  # of its last event up to N, or of its start (after N) when not started
 
 
 def _tools_at(run: Run, run_at: FoldedRun) -> list[ToolAt]:
     """Every tool call of the whole run as it stood then: those that came later "not started"."""
-    rows = ToolCall.objects.filter(run=run).order_by("position").values_list("call_id", "tool_name", "step_path")
+    rows = ToolCall.objects.filter(run=run).order_by("position").values_list(
+        "call_id", "tool_name", "step_path", "started_sequence")
     tools = []
-    for call_id, tool_name, step_path in rows:
+    for call_id, tool_name, step_path, started in rows:
         then = run_at.state.tool_calls.get(call_id)
-        status = "not started" if then is None else then.status
-        opened = then is not None and then.status in OPEN_TOOL_STATUSES and not then.reconciled
-        tools.append(ToolAt(call_id, tool_name, step_path, status, opened))
+        if then is None:
+            tools.append(ToolAt(call_id, tool_name, step_path, "not started", False, started or 0))
+            continue
+        opened = then.status in OPEN_TOOL_STATUSES and not then.reconciled
+        last = then.ended_sequence or then.started_sequence or 0
+        tools.append(ToolAt(call_id, tool_name, step_path, then.status, opened, last))
     return tools
+
+
+T = TypeVar("T")
+
+
+def _nearest(items: list[T], position: Callable[[T], int], at: int) -> tuple[list[T], int]:
+    """At most SHOWN of the items, those whose position is nearest event N, in their order;
+    and how many were left out."""
+    if len(items) <= SHOWN:
+        return items, 0
+    kept = set(sorted(range(len(items)), key=lambda i: abs(at - position(items[i])))[:SHOWN])
+    return [item for i, item in enumerate(items) if i in kept], len(items) - SHOWN
 
 
 def state_after(run: Run, at: int) -> dict[str, Any]:
@@ -44,13 +63,15 @@ def state_after(run: Run, at: int) -> dict[str, Any]:
     event = run_at.log[-1]
     payload = event["payload"] if isinstance(event["payload"], dict) else {}
     plan = replay_plan_of(run, run_at)
+    steps, steps_left_out = _nearest(list(state.steps.values()), lambda s: s.last_sequence, at)
+    tools, tools_left_out = _nearest(_tools_at(run, run_at), lambda t: t.sequence, at)
     return {
         "at": at,
         "event": event,
         "event_step": payload.get("stepPath") if isinstance(payload.get("stepPath"), str) else "",
         "state": state,
-        "steps": list(state.steps.values()),
-        "tools": _tools_at(run, run_at),
+        "steps": steps, "steps_left_out": steps_left_out,
+        "tools": tools, "tools_left_out": tools_left_out,
         "open_model_calls": [c for c in state.model_calls if c.status == "called"],
         "plan": plan,
     }

@@ -17,6 +17,7 @@ from typing import Any
 
 from ledger.fold import ModelCall, RunState, ToolCallState
 from ledger.models import Workspace
+from ledger.replay import first_sequence, superseded
 from ledger.runlog import FoldedRun
 from ledger.verify import artifact_refs
 
@@ -91,8 +92,7 @@ class TurnView:
 
     @property
     def anchor(self) -> str:
-        index = self.call.called_sequence or self.call.responded_sequence or self.call.failed_sequence
-        return f"turn-{index}"
+        return f"turn-{first_sequence(self.call)}"
 
 
 @dataclass
@@ -168,11 +168,9 @@ def _turn_view(workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], 
     text = response.get("text")
     tool_calls = response.get("toolCalls")
     messages, incremental = _request(folded, call)
-    retried = call.status == "failed" and any(
-        later.session == call.session and later.step_path == call.step_path and later.turn == call.turn
-        for later in calls[index + 1:])
     return TurnView(
-        call=call, origin=_origin(call.origin), retried=retried, messages=messages, incremental=incremental,
+        call=call, origin=_origin(call.origin), retried=superseded(calls, index),
+        messages=messages, incremental=incremental,
         response_text=text if isinstance(text, str) and text else None,
         response_tool_calls=requested(tool_calls),
         called_at=folded.recorded_at(call.called_sequence),
@@ -183,21 +181,13 @@ def _turn_view(workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], 
     )
 
 
-def _first(call: ModelCall | ToolCallState) -> int:
-    if isinstance(call, ModelCall):
-        found = [call.called_sequence, call.responded_sequence, call.failed_sequence]
-    else:
-        found = [call.started_sequence, call.ended_sequence]
-    return min((s for s in found if s is not None), default=0)
-
-
 def _attach(view: SessionView, workspace: Workspace, folded: FoldedRun,
             calls: list[ModelCall], tools: list[ToolCallState]) -> SessionView:
     """Turns in order, each tool call under the turn whose call came last before it."""
     view.turns = [_turn_view(workspace, folded, calls, i) for i in range(len(calls))]
-    starts = [_first(c) for c in calls]
+    starts = [first_sequence(c) for c in calls]
     for tool in tools:
-        before = [i for i, start in enumerate(starts) if start < _first(tool)]
+        before = [i for i, start in enumerate(starts) if start < first_sequence(tool)]
         target = view.turns[before[-1]].tools if before else view.loose_tools
         target.append(_tool_view(workspace, folded, tool))
     return view
@@ -229,7 +219,7 @@ def conversations(workspace: Workspace, folded: FoldedRun) -> list[SessionView]:
     for step_path in steps:
         own_calls = [c for c in loose_calls if c.step_path == step_path]
         own_tools = [t for t in loose_tools if t.step_path == step_path]
-        first = min([*(_first(c) for c in own_calls), *(_first(t) for t in own_tools)])
+        first = min([*(first_sequence(c) for c in own_calls), *(first_sequence(t) for t in own_tools)])
         view = SessionView(title="Outside a harness session", step_path=step_path, status=None, attempt=None,
                            manifest_hash=None, system_prompt_hash=None,
                            first_sequence=first, error=None)

@@ -18,11 +18,13 @@ from django.urls import reverse
 
 from ledger.fold import ModelCall, RunState, ToolCallState
 from ledger.models import Run
+from ledger.replay import first_sequence
 from ledger.runlog import FoldedRun
 
 from ..format import duration
 
 _LAST_SEGMENT = re.compile(r"(\[[^\]]*\]|\.[^.\[]*)$")
+MAX_ROWS = 1000  # bars drawn, in display order; a longer run says how many it left out
 MIN_WIDTH = 0.4  # percent: an instant still shows as a sliver one can click
 OPEN_STATUSES = ("running", "started", "called", "scheduled", "pending")
 
@@ -113,9 +115,9 @@ def _parent_step(path: str, steps: dict[str, Bar]) -> str | None:
 
 
 def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar | None:
-    first = call.called_sequence or call.responded_sequence or call.failed_sequence
+    first = first_sequence(call)
     start = parse_time(folded.recorded_at(first))
-    if first is None or start is None:
+    if start is None:
         return None
     last = call.responded_sequence or call.failed_sequence
     model = f"{call.provider}/{call.model_id}" if call.model_id else "model"
@@ -125,9 +127,9 @@ def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar |
 
 
 def _tool_bar(folded: FoldedRun, urls: dict[str, str], tool: ToolCallState, subruns: dict[str, Run]) -> Bar | None:
-    first = tool.started_sequence or tool.ended_sequence
+    first = first_sequence(tool)
     start = parse_time(folded.recorded_at(first))
-    if first is None or start is None:
+    if start is None:
         return None
     end = parse_time(folded.recorded_at(tool.ended_sequence)) if tool.ended_sequence else None
     bar = Bar("tool", tool.tool_name or tool.call_id, tool.status, start, end,
@@ -239,7 +241,8 @@ def flatten(bars: list[Bar], axis: Axis, depth: int = 0) -> list[Bar]:
     return rows
 
 
-def axis_of(run: Run, folded: FoldedRun, bars: list[Bar]) -> Axis | None:
+def axis_of(folded: FoldedRun, bars: list[Bar]) -> Axis | None:
+    """From the run's first event (or earliest bar) to the latest of its last event and its bars."""
     starts = [b.start for b in bars]
     first = parse_time(folded.recorded_at(1))
     if first is not None:
@@ -257,8 +260,9 @@ def _all(bars: list[Bar]) -> list[Bar]:
 def waterfall(run: Run, folded: FoldedRun, children: list[Run], axis: Axis | None = None) -> dict[str, Any]:
     """The rows and axis of a run's waterfall; `axis` given: a sub-run drawn on its parent's."""
     bars = bars_of(run, folded, children)
-    axis = axis or axis_of(run, folded, bars)
+    axis = axis or axis_of(folded, bars)
     if axis is None:
         return {"rows": [], "axis": None, "ticks": []}
     mark_critical(bars, axis.end)
-    return {"rows": flatten(bars, axis), "axis": axis, "ticks": axis.ticks()}
+    rows = flatten(bars, axis)
+    return {"rows": rows[:MAX_ROWS], "left_out": max(len(rows) - MAX_ROWS, 0), "axis": axis, "ticks": axis.ticks()}
