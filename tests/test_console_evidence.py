@@ -396,3 +396,9 @@ def test_a_run_reads_the_same_on_the_list_its_page_and_the_usage_report(browser:
     assert re.search(rf'<td class="num cost">{re.escape(cost.group(1))}</td>', usage)
     # its one session holds every model call: the session's cost is the run's
     assert f"· {cost.group(1)}</span></h2>" in _page(browser, f"{BASE}conversation/")
+
+
+def test_the_rating_form_comes_after_the_evidence(browser: Client, chat_run: str) -> None:
+    page = _page(browser, f"{BASE}conversation/")
+    _in_order(page, 'id="run-tabs"', 'id="tab-panel"', 'id="conversation"', 'id="feedback"', 'id="feedback-form"')
+    assert 'href="#feedback">rate this run</a>' in page.split('id="run-tabs"')[0]  # the header links to it
