@@ -97,6 +97,13 @@ def first_sequence(run: Run, kind: Literal["failure", "in_doubt"]) -> int | None
     return qs.order_by("sequence").values_list("sequence", flat=True).first()
 
 
+def tool_call_starts(run: Run) -> list[tuple[str, str, str, int | None]]:
+    """Every tool call of the run (its projection row): call id, tool, step and the sequence of
+    its start, in the order the calls appeared."""
+    return list(ToolCall.objects.filter(run=run).order_by("position").values_list(
+        "call_id", "tool_name", "step_path", "started_sequence"))
+
+
 def children_of(run: Run) -> list[Run]:
     """The run's direct sub-runs (parentRunId), oldest first, with the workspace already loaded."""
     children = list(Run.objects.filter(workspace_id=run.workspace_id, parent_run_id=run.run_id)

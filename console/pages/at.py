@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ledger.models import Run, ToolCall
-from ledger.runlog import FoldedRun, folded, replay_plan_of
+from ledger.models import Run
+from ledger.runlog import FoldedRun, folded, replay_plan_of, tool_call_starts
 
 OPEN_TOOL_STATUSES = ("started", "in_doubt")
 SHOWN = 200  # steps, tool calls and plan sessions listed: the ones nearest event N
@@ -30,10 +30,8 @@ class ToolAt:
 
 def _tools_at(run: Run, run_at: FoldedRun) -> list[ToolAt]:
     """Every tool call of the whole run as it stood then: those that came later "not started"."""
-    rows = ToolCall.objects.filter(run=run).order_by("position").values_list(
-        "call_id", "tool_name", "step_path", "started_sequence")
     tools = []
-    for call_id, tool_name, step_path, started in rows:
+    for call_id, tool_name, step_path, started in tool_call_starts(run):
         then = run_at.state.tool_calls.get(call_id)
         if then is None:
             tools.append(ToolAt(call_id, tool_name, step_path, "not started", False, started or 0))
