@@ -56,6 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=60, help="live events measured per subscriber count (default 60)")
     p.add_argument("--subscribers", default="1,50", help="WebSocket subscriber counts (default 1,50)")
     p.add_argument("--gap-ms", type=float, default=20.0, help="pause between live events (default 20)")
+    p.add_argument("--live-only", action="store_true", help="skip the pages; measure live delivery only")
     p.add_argument("--keep", action="store_true", help="keep the bench data in the ledger tables")
     args = p.parse_args(argv)
     try:
@@ -207,6 +208,28 @@ def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple
         results.append((f"runs list, {size:,} runs", median_seconds(page, repeats, warmup=PAGE_WARMUP),
                         median_seconds(bare, repeats, warmup=PAGE_WARMUP), _queries(page)))
     return results
+
+
+def bench_pages(client: Any, workspaces: dict[str, Any], written: dict[str, list[str]],
+                repeats: int) -> list[tuple[str, float, float, int]]:
+    """Write the page runs and workspaces (noting them in `written` for the clean-up), then time the pages."""
+    from django.db import connection
+
+    runs: dict[int, tuple[Any, str]] = {}
+    for size in SIZES:
+        run_id = f"run_bench_page_{size}"
+        write_run(workspaces["pages"], run_id, size)
+        written["pages"].append(run_id)
+        runs[size] = (workspaces["pages"], run_id)
+    for size in SIZES:
+        ws = workspaces[f"runs{size}"]
+        real = write_small_runs(ws, "run_bench_list", min(size, COPY_BATCH))
+        written[f"runs{size}"] += real
+        if size > COPY_BATCH:
+            written[f"runs{size}"] += copy_runs(ws, real, size // COPY_BATCH - 1)
+    with connection.cursor() as cur:  # fresh statistics, as autovacuum would gather after such a load
+        cur.execute("ANALYZE ledger_run, ledger_event")
+    return measure_pages(client, workspaces, runs, repeats)
 
 
 # --- live: WebSocket subscribers ----------------------------------------------------------------
@@ -387,7 +410,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     redis_url = require_services("bench/console.py")
     began = time.monotonic()
-    setup_django()
+    setup_django(production=True)  # Daphne inherits DEBUG=0 and the SECRET_KEY through the environment
 
     from django.contrib.auth.models import User
     from django.db import connection
@@ -413,26 +436,13 @@ def main(argv: list[str]) -> int:
     written: dict[str, list[str]] = defaultdict(list)
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-console-daphne-{os.getpid()}.log"
     process = None
+    pages: list[tuple[str, float, float, int]] = []
     try:
-        print("writing runs ...", flush=True)
-        runs: dict[int, tuple[Any, str]] = {}
-        for size in SIZES:
-            run_id = f"run_bench_page_{size}"
-            write_run(workspaces["pages"], run_id, size)
-            written["pages"].append(run_id)
-            runs[size] = (workspaces["pages"], run_id)
-        for size in SIZES:
-            ws = workspaces[f"runs{size}"]
-            real = write_small_runs(ws, "run_bench_list", min(size, COPY_BATCH))
-            written[f"runs{size}"] += real
-            if size > COPY_BATCH:
-                written[f"runs{size}"] += copy_runs(ws, real, size // COPY_BATCH - 1)
-        with connection.cursor() as cur:  # fresh statistics, as autovacuum would gather after such a load
-            cur.execute("ANALYZE ledger_run, ledger_event")
-        print(f"  done in {time.monotonic() - began:.0f} s; timing pages ...", flush=True)
-        pages = measure_pages(client, workspaces, runs, args.repeats)
-
-        print(f"  done at {time.monotonic() - began:.0f} s; timing live delivery ...", flush=True)
+        if not args.live_only:
+            print("writing runs ...", flush=True)
+            pages = bench_pages(client, workspaces, written, args.repeats)
+            print(f"  done at {time.monotonic() - began:.0f} s", flush=True)
+        print("timing live delivery ...", flush=True)
         process, base = start_daphne(log_path)
         gap = args.gap_ms / 1000
         live: dict[int, tuple[list[float], list[float]]] = {}
@@ -451,11 +461,12 @@ def main(argv: list[str]) -> int:
             User.objects.filter(username=username).delete()
     log_path.unlink(missing_ok=True)
 
-    print(f"\n{'server time, ms (median of ' + str(args.repeats) + ')':<34} {'page':>8} {'bare query':>11} "
-          f"{'ratio':>7} {'queries':>8}")
-    for name, page_s, bare_s, queries in pages:
-        print(f"{name:<34} {page_s * 1000:>8.2f} {bare_s * 1000:>11.3f} {page_s / bare_s:>6.0f}x {queries:>8}")
-    print("  bare query: the SELECT of the rows the page shows (newest page of events; first page of runs)")
+    if pages:
+        print(f"\n{'server time, ms (median of ' + str(args.repeats) + ')':<34} {'page':>8} {'bare query':>11} "
+              f"{'ratio':>7} {'queries':>8}")
+        for name, page_s, bare_s, queries in pages:
+            print(f"{name:<34} {page_s * 1000:>8.2f} {bare_s * 1000:>11.3f} {page_s / bare_s:>6.0f}x {queries:>8}")
+        print("  bare query: the SELECT of the rows the page shows (newest page of events; first page of runs)")
 
     print(f"\n{'live delivery, ms':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
     for count, (delivered, fanout) in live.items():

@@ -169,7 +169,7 @@ async def measure_layer_round_trip(redis_url: str, events: int, gap: float) -> l
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     redis_url = require_services("bench/stream.py")
-    setup_django()
+    setup_django(production=True)  # Daphne inherits DEBUG=0 and the SECRET_KEY through the environment
 
     from django.db import connection
 
