@@ -7,9 +7,9 @@ workspace's runs list, only the run id), and readers always fetch what changed f
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,8 +39,8 @@ _loop_lock = threading.Lock()
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
-    """One event loop per process for announcements sent from plain sync code (CLI, workers),
-    so channels_redis keeps its connections instead of opening one per announcement."""
+    """One event loop per process that sends the announcements to a network layer (channels_redis
+    keeps its connections on it instead of opening one per announcement)."""
     global _loop
     with _loop_lock:
         if _loop is None:
@@ -49,30 +49,93 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def _report(future: concurrent.futures.Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("an announcement was lost", exc_info=future.exception())
+Message = dict[str, Any]
 
 
-def _send(group: str, message: dict[str, Any]) -> None:
+def _sequence(message: Message) -> int:
+    sequence = message.get("sequence")
+    return sequence if isinstance(sequence, int) else -1
+
+
+class _Sender:
+    """The announcements waiting to go out on one event loop, and the one task that sends them.
+
+    Posting never waits for the layer: the committing thread only files the message and, when the
+    task is idle, wakes it. Messages that differ in nothing but their sequence (a run's appends)
+    wait as one, the highest sequence standing for all: a reader woken by it reads everything up
+    to it from the database, so under a burst of commits the layer carries one message per run per
+    round trip instead of one per commit."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.waiting: dict[tuple[Any, ...], tuple[BaseChannelLayer, str, Message]] = {}
+        self.busy = False  # a send task is scheduled or running; it drains `waiting` before it ends
+
+    def post(self, layer: BaseChannelLayer, group: str, message: Message) -> None:
+        # Announcements carry scalars only (ids, sequence, status), so the rest of one is a key.
+        key = (id(layer), group, *sorted((k, v) for k, v in message.items() if k != "sequence"))
+        with self.lock:
+            earlier = self.waiting.get(key)
+            if earlier is None or _sequence(message) >= _sequence(earlier[2]):
+                self.waiting[key] = (layer, group, message)
+            if self.busy:
+                return
+            self.busy = True
+        try:
+            self.loop.call_soon_threadsafe(self._start)
+        except RuntimeError:  # the loop is closed: nobody is left on it to hear
+            with self.lock:
+                self.waiting.clear()
+                self.busy = False
+
+    def _start(self) -> None:
+        self.loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while True:
+            with self.lock:
+                if not self.waiting:
+                    self.busy = False
+                    return
+                batch = list(self.waiting.values())
+                self.waiting.clear()
+            for layer, group, message in batch:
+                try:
+                    await layer.group_send(group, message)
+                except Exception:  # an announcement lost is caught up by readers; the append has committed
+                    log.warning("announcement %s to %s was lost", message, group, exc_info=True)
+
+
+_senders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sender] = weakref.WeakKeyDictionary()
+
+
+def _sender_on(loop: asyncio.AbstractEventLoop) -> _Sender:
+    with _loop_lock:
+        if loop not in _senders:
+            _senders[loop] = _Sender(loop)
+        return _senders[loop]
+
+
+def _send(group: str, message: Message) -> None:
+    """Hand `message` to the sender of the loop its readers are on; never waits for the layer.
+
+    A network layer is reached from the background loop. The in-memory layer's queues belong to
+    the loop that reads them, which is the server's (Daphne's, or a test's) when this runs in sync
+    code under it; with no such loop nobody in this process can be waiting on one, so it is put in
+    the queues here and now."""
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        # Inside Daphne (sync code under sync_to_async) async_to_sync runs on the server's loop.
-        # The in-memory layer's queues belong to whichever loop reads them, so it always takes
-        # that path; a network layer from plain sync code goes to the background loop instead.
-        if isinstance(layer, InMemoryChannelLayer) or _has_outer_loop():
-            async_to_sync(layer.group_send)(group, message)
+        if not isinstance(layer, InMemoryChannelLayer):
+            _sender_on(_background_loop()).post(layer, group, message)
+        elif (outer := getattr(SyncToAsync.threadlocal, "main_event_loop", None)) is not None:
+            _sender_on(outer).post(layer, group, message)
         else:
-            asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop()) \
-                .add_done_callback(_report)
+            async_to_sync(layer.group_send)(group, message)
     except Exception:  # an announcement lost is caught up by readers; the append has committed
         log.warning("announcement %s to %s was lost", message, group, exc_info=True)
-
-
-def _has_outer_loop() -> bool:
-    return getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None
 
 
 def after_commit(run: Run, sequence: int, written: Iterable[Mapping[str, Any]] = ()) -> None:
