@@ -26,7 +26,9 @@ position they read after, so each follower keeps its own position.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -35,9 +37,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import connection
 
 from . import selectors
 from .announce import Subscription
@@ -63,32 +64,42 @@ def _envelope(envelope: dict[str, Any], run: Run) -> dict[str, Any]:
     return envelope
 
 
+# The live reads of this process run on one thread of their own, which keeps its database
+# connection between reads: opening one per read (CONN_MAX_AGE=0 closes it after each, as for a
+# request) was about half of a delivery's time on PostgreSQL (bench/console.py). The connection is
+# closed after a failed read, and once no follower is left here.
+_reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-follow")
+_followed = 0  # feeds alive in this process, over all event loops (each test has its own)
+_followed_lock = threading.Lock()
+
+
 def _read(run: Run, after: int, render: Render) -> Snapshot:
-    """The run's status and last sequence, then up to a page of items after `after`.
-
-    The head first: its last sequence commits with the events, so the page read next holds
-    everything up to it (or is full)."""
-    # A follower lives as long as its socket: drop a connection past CONN_MAX_AGE or broken
-    # meanwhile, as Django does between requests.
-    close_old_connections()
+    """The run's status and last sequence, and up to a page of items after `after` (not past it:
+    whoever handed out the last sequence saw the status that came with it, so a later announcement
+    of it, which a follower skips, is never needed to end). On the reader thread."""
     try:
-        return _snapshot(run, after, render)
-    finally:
-        close_old_connections()
-
-
-def _snapshot(run: Run, after: int, render: Render) -> Snapshot:
-    head = selectors.run_head(run)
-    if head is None:  # deleted by retention meanwhile
+        tail = selectors.run_tail(run, after=after, limit=PAGE_SIZE)
+    except Exception:
+        connection.close()  # broken or not, the next read starts on a fresh one
+        raise
+    if tail is None:  # deleted by retention meanwhile
         return None, 0, []
-    status, last_sequence = head
-    if last_sequence <= after:
-        return status, last_sequence, []
-    envelopes = selectors.events(run, after=after, limit=PAGE_SIZE)
-    # Not past the head: whoever handed out the last sequence saw the status that came with it,
-    # so a later announcement of it (which a follower skips) is never needed to end.
-    return status, last_sequence, [(e["sequence"], render(e, run)) for e in envelopes
-                                   if e["sequence"] <= last_sequence]
+    status, last_sequence, envelopes = tail
+    return status, last_sequence, [(e["sequence"], render(e, run)) for e in envelopes]
+
+
+def _feed_opened() -> None:
+    global _followed
+    with _followed_lock:
+        _followed += 1
+
+
+def _feed_closed() -> None:
+    global _followed
+    with _followed_lock:
+        _followed -= 1
+        if not _followed:
+            _reader.submit(connection.close)
 
 
 @dataclass
@@ -112,6 +123,7 @@ class RunFeed:
         self.heard: dict[int, int] = {}  # announced sequence -> clock when first heard here
         self.reads: dict[int, _Read] = {}  # position -> the newest read of the items after it
         self.database_reads = 0
+        _feed_opened()
 
     def now(self) -> int:
         return self.clock
@@ -138,7 +150,7 @@ class RunFeed:
 
     async def _fetch(self, after: int) -> Snapshot:
         self.database_reads += 1
-        return await sync_to_async(_read)(self.run, after, self.render)
+        return await asyncio.get_running_loop().run_in_executor(_reader, _read, self.run, after, self.render)
 
     def _settled(self, after: int, read: _Read, task: asyncio.Future[Snapshot]) -> None:
         if read.task.cancelled() or read.task.exception() is not None:  # also marks it retrieved
@@ -164,6 +176,7 @@ class RunFeed:
         self._vacate(old)
         if not self.positions and self.feeds.get(self.run.pk) is self:
             del self.feeds[self.run.pk]
+            _feed_closed()
 
     def _vacate(self, position: int) -> None:
         self.at[position] -= 1

@@ -6,6 +6,7 @@ is not revealed (DESIGN.md §2).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -14,10 +15,10 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
+from django.db.models import Avg, Count, Exists, F, FilteredRelation, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from .envelopes import read_envelopes
+from .envelopes import envelope, read_envelopes
 from .errors import NotFound
 from .models import Artifact, CostEntry, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 
@@ -46,9 +47,24 @@ def all_runs(workspace: Workspace | None = None) -> QuerySet[Run]:
     return qs.filter(workspace=workspace) if workspace is not None else qs
 
 
-def run_head(run: Run) -> tuple[str, int] | None:
-    """The run's status and last sequence as committed now; None once retention deleted it."""
-    return Run.objects.filter(pk=run.pk).values_list("status", "last_sequence").first()
+def run_tail(run: Run, *, after: int, limit: int) -> tuple[str, int, list[dict[str, Any]]] | None:
+    """The run's status and last sequence as committed now, and up to `limit` of its events after
+    `after` and not past that last sequence; None once retention deleted the run.
+
+    One statement (the run row, its new events joined on), so the head and the events come from
+    one snapshot and a live reader waits for one round trip, not two."""
+    tail = FilteredRelation("events", condition=Q(events__sequence__gt=after,
+                                                  events__sequence__lte=F("last_sequence")))
+    rows = list(Run.objects.filter(pk=run.pk).annotate(tail=tail).order_by("tail__sequence").values_list(
+        "status", "last_sequence", "tail__event_id", "tail__sequence", "tail__type", "tail__occurrence_id",
+        "tail__recorded_at", "tail__payload")[:limit])
+    if not rows:
+        return None
+    status, last_sequence = rows[0][:2]
+    return status, last_sequence, [
+        envelope(event_id=event_id, run_id=run.run_id, sequence=sequence, type=type_,
+                 occurrence_id=occurrence_id, recorded_at=recorded_at, payload=json.loads(payload))
+        for _, _, event_id, sequence, type_, occurrence_id, recorded_at, payload in rows if sequence is not None]
 
 
 def events(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None) -> list[dict[str, Any]]:
