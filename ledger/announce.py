@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -163,12 +164,17 @@ def send_after_commit(group: str, message: dict[str, Any]) -> None:
 
 class Subscription:
     """A channel of this process's own in a run's group (ledger.follow listens on it). Joining
-    and leaving never fail the reader: without the layer it only hears nothing, and polls."""
+    and leaving never fail the reader: without the layer it only hears nothing, and polls.
+
+    Leaving ends a pending `receive` with None by sending the channel a message of its own:
+    cancelling a channels_redis receive instead can be lost inside redis-py's read timeout
+    (Python 3.11's asyncio.timeout), which left a stream hanging after its end frame."""
 
     def __init__(self, run_pk: int) -> None:
         self.group = group_for(run_pk)
         self.layer: BaseChannelLayer | None = None
         self.channel: str | None = None
+        self.left = {"type": "ledger.subscription_left", "token": secrets.token_hex(8)}
 
     async def join(self) -> bool:
         layer = get_channel_layer()
@@ -183,9 +189,19 @@ class Subscription:
         self.layer, self.channel = layer, channel
         return True
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> dict[str, Any] | None:
+        """The next message on the channel; None once the subscription was left."""
         assert self.layer is not None and self.channel is not None
-        return await self.layer.receive(self.channel)
+        message = await self.layer.receive(self.channel)
+        if message != self.left:
+            return message
+        # channels_redis drops a received message from its backup queue in a task of its own,
+        # holding a lock of the layer meanwhile: wait for it, so that an event loop that closes
+        # next (a test's) does not leave that lock held for the next loop.
+        cleaners = list(getattr(self.layer, "receive_cleaners", ()))
+        if cleaners:
+            await asyncio.wait(cleaners)
+        return None
 
     async def refresh(self) -> None:
         """Layers expire group membership (a day by default); a long reader renews it."""
@@ -199,5 +215,6 @@ class Subscription:
         if self.layer is not None and self.channel is not None:
             try:
                 await self.layer.group_discard(self.group, self.channel)
+                await self.layer.send(self.channel, self.left)
             except Exception:
                 log.warning("could not leave %s", self.group, exc_info=True)

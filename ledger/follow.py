@@ -4,8 +4,8 @@ as they are written, until the run is finished. SSE and the WebSocket consumer o
 The rules, in the order they are applied:
 
 - **Subscribe first, then read.** The follower hears announcements on the run's channel-layer
-  group from before its first read, so an event committed between the two is either in the read
-  or announced after it.
+  group (through its feed's channel, below) from before its first read, so an event committed
+  between the two is either in the read or announced after it.
 - **De-duplicate by sequence.** Only sequences above the last one handed out leave the follower,
   so an event both read and announced goes out once.
 - **Announcements only wake; the database answers.** Their content is never trusted. The layer is
@@ -15,12 +15,14 @@ The rules, in the order they are applied:
   sequence was handed out, the last page says so (`final`) and the iteration ends. A run deleted
   meanwhile ends it too, with `status` None.
 
-One read serves every follower of a run in this process (`RunFeed`): fifty browsers on one run
-cost one database read (and one rendering) per announcement, not fifty. A read is shared only
-with a follower it is fresh enough for: one woken by an announcement of sequence S joins a read
-created after this process first heard S (every copy of one announcement leaves Redis after the
-same commit); a start or a poll joins only a read created after it asked. Reads are keyed by the
-position they read after, so each follower keeps its own position.
+One channel in the run's group and one read serve every follower of a run in this process
+(`RunFeed`): fifty browsers on one run cost the layer one message and the database one read (and
+one rendering) per announcement, not fifty. A read is shared only with a follower it is fresh
+enough for: one woken by an announcement of sequence S joins a read created after this process
+first heard S; a start or a poll joins only a read created after it asked. Reads are keyed by the
+position they read after, so each follower keeps its own position. The reads run on one thread
+of the process that keeps its database connection (`_reader`), in one statement
+(`selectors.run_tail`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 500
 FINISHED = RunStatus.finished()
 HEARD_KEPT = 256  # announcements remembered per feed; a follower further behind reads afresh
+LISTENER_GRACE = 2.0  # seconds a closing feed's listener has to take its leave message
 
 # What a transport makes of one envelope (the WebSocket: its rendered row); done once per read.
 Render = Callable[[dict[str, Any], Run], Any]
@@ -99,7 +102,11 @@ def _feed_closed() -> None:
     with _followed_lock:
         _followed -= 1
         if not _followed:
-            _reader.submit(connection.close)
+            _reader.submit(_close_connection)
+
+
+def _close_connection() -> None:
+    connection.close()  # the reader thread's own: `connection` is per thread
 
 
 @dataclass
@@ -110,20 +117,63 @@ class _Read:
 
 
 class RunFeed:
-    """This process's reads of one run for one rendering, shared by all of its followers here
-    (see the module docstring). Lives while it has followers; everything in it runs on the loop."""
+    """This process's channel in the run's group and its reads of the run for one rendering,
+    shared by all of its followers here (see the module docstring). Lives while it has followers;
+    everything in it runs on the loop."""
 
     def __init__(self, run: Run, render: Render, feeds: dict[int, RunFeed]) -> None:
         self.run = run
         self.render = render
         self.feeds = feeds
         self.at: Counter[int] = Counter()  # followers per position (the last sequence each handed out)
-        self.positions: dict[object, int] = {}
+        self.positions: dict[Follower, int] = {}
         self.clock = 0
         self.heard: dict[int, int] = {}  # announced sequence -> clock when first heard here
         self.reads: dict[int, _Read] = {}  # position -> the newest read of the items after it
         self.database_reads = 0
+        self.subscription = Subscription(run.pk)
+        self.listener: asyncio.Task[None] | None = None
+        self.joined = asyncio.ensure_future(self._subscribe())
         _feed_opened()
+
+    async def subscribed(self) -> None:
+        """Return once the feed hears the run's announcements (or knows it cannot: it polls)."""
+        # A follower cancelled while it waits must not cancel the join for the others.
+        await asyncio.shield(self.joined)
+
+    async def _subscribe(self) -> None:
+        if await self.subscription.join():
+            self.listener = asyncio.ensure_future(self._listen())
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                message = await self.subscription.receive()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the layer is lossy; the followers go on polling meanwhile
+                log.warning("receiving announcements on %s failed; polling meanwhile", self.subscription.group,
+                            exc_info=True)
+                await asyncio.sleep(poll_seconds())
+                continue
+            if message is None:  # the feed closed
+                return
+            if message.get("type") == "ledger.appended":
+                for follower in list(self.positions):
+                    follower.announce(message.get("sequence"))
+
+    async def refresh(self) -> None:
+        await self.subscription.refresh()
+
+    async def close(self) -> None:
+        """Leave the run's group: the last follower here left (`leave` said so)."""
+        with suppress(Exception):
+            await self.joined
+        await self.subscription.leave()  # which ends the listener's receive
+        if self.listener is not None:
+            done, _ = await asyncio.wait({self.listener}, timeout=LISTENER_GRACE)
+            if not done:  # asleep after a failed receive, or the layer did not answer
+                self.listener.cancel()
 
     def now(self) -> int:
         return self.clock
@@ -157,11 +207,11 @@ class RunFeed:
             if self.reads.get(after) is read:
                 del self.reads[after]  # a failed read is retried, never shared
 
-    def join(self, follower: object, position: int) -> None:
+    def join(self, follower: Follower, position: int) -> None:
         self.positions[follower] = position
         self.at[position] += 1
 
-    def moved(self, follower: object, position: int) -> None:
+    def moved(self, follower: Follower, position: int) -> None:
         old = self.positions.get(follower)
         if old is None or old == position:
             return
@@ -169,14 +219,17 @@ class RunFeed:
         self.positions[follower] = position
         self.at[position] += 1
 
-    def leave(self, follower: object) -> None:
+    def leave(self, follower: Follower) -> bool:
+        """Forget `follower`; True when it was the last one here: the caller then `close`s the feed."""
         old = self.positions.pop(follower, None)
         if old is None:
-            return
+            return False
         self._vacate(old)
-        if not self.positions and self.feeds.get(self.run.pk) is self:
-            del self.feeds[self.run.pk]
-            _feed_closed()
+        if self.positions or self.feeds.get(self.run.pk) is not self:
+            return False
+        del self.feeds[self.run.pk]
+        _feed_closed()
+        return True
 
     def _vacate(self, position: int) -> None:
         self.at[position] -= 1
@@ -228,38 +281,35 @@ class Follower:
     """One reader's catch-up and live pages of one run, after `after`.
 
     Use it as `async with Follower(run, after) as follower: async for page in follower: …`.
-    By default it subscribes its own channel to the run's group (SSE); a Channels consumer that
-    joined the group itself passes `listen=False` and hands each announcement to `announce()`.
+    It hears the run's announcements through its feed: one channel in the run's group per process
+    and rendering, however many follow the run here, so a commit costs the layer one message per
+    process rather than one per browser.
     """
 
-    def __init__(self, run: Run, after: int, *, render: Render = _envelope, listen: bool = True,
-                 idle_after: float | None = None) -> None:
+    def __init__(self, run: Run, after: int, *, render: Render = _envelope, idle_after: float | None = None) -> None:
         self.run = run
         self.last_sent = after
         self.render = render
-        self.listen = listen
         self.idle_after = idle_after
         self.news = _News()
         self.feed: RunFeed | None = None
-        self.subscription: Subscription | None = None
-        self.listener: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Follower:
         self.feed = _feed_for(self.run, self.render)
         self.feed.join(self, self.last_sent)
-        if self.listen:
-            await self._subscribe()
+        try:
+            await self.feed.subscribed()  # subscribe first, then read
+        except BaseException:
+            await self._leave()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.feed is not None:
-            self.feed.leave(self)
-        if self.listener is not None:
-            self.listener.cancel()
-            with suppress(asyncio.CancelledError):
-                await self.listener
-        if self.subscription is not None:
-            await self.subscription.leave()
+        await self._leave()
+
+    async def _leave(self) -> None:
+        if self.feed is not None and self.feed.leave(self):
+            await self.feed.close()
 
     def announce(self, sequence: object) -> None:
         """An announcement reached this follower: wake it if it may bring something new."""
@@ -307,7 +357,7 @@ class Follower:
                 yield Page(fresh, status, final)
                 last_page = loop.time()
                 if final:
-                    feed.leave(self)  # its reads are done; whoever follows on shares without it
+                    await self._leave()  # its reads are done; whoever follows on shares without it
                     return
             if full:
                 since = feed.now()
@@ -322,7 +372,7 @@ class Follower:
                 if self.idle_after is not None and loop.time() >= last_page + self.idle_after:
                     yield Page([], status)
                     last_page = loop.time()
-                    await self._resubscribe()
+                    await feed.refresh()
                 if self.news.pending:
                     since = self.news.since
                     break
@@ -343,27 +393,3 @@ class Follower:
                 await asyncio.wait_for(self.news.wake.wait(), remaining)
             except TimeoutError:
                 return
-
-    async def _subscribe(self) -> None:
-        subscription = Subscription(self.run.pk)
-        if await subscription.join():
-            self.subscription = subscription
-            self.listener = asyncio.create_task(self._listen(subscription))
-
-    async def _resubscribe(self) -> None:
-        if self.subscription is not None:
-            await self.subscription.refresh()
-
-    async def _listen(self, subscription: Subscription) -> None:
-        while True:
-            try:
-                message = await subscription.receive()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the layer is lossy; the follower goes on polling meanwhile
-                log.warning("receiving announcements on %s failed; polling meanwhile", subscription.group,
-                            exc_info=True)
-                await asyncio.sleep(poll_seconds())
-                continue
-            if message.get("type") == "ledger.appended":
-                self.announce(message.get("sequence"))

@@ -1,9 +1,9 @@
 """`/ws/runs/<runId>/?after=N&workspace=T/W`: a run's timeline rows, caught up and then live.
 
 Catch-up and live delivery are ledger.follow's (subscribe first, de-duplicate by sequence, poll
-when announcements are lost, stop when finished; one shared read and one rendering per
-announcement for every subscriber of the run in this process). The consumer joins the run's group
-itself before it starts following, hands each announcement to its follower, and formats frames.
+when announcements are lost, stop when finished; one channel in the run's group, one shared read
+and one rendering per announcement for every subscriber of the run in this process). The consumer
+authorizes and formats frames.
 
 Messages: `{"type": "event", "sequence": N, "html": "<tr …>"}` (the page's own row template) and,
 once the run is finished and everything up to its last sequence was sent, `{"type": "end",
@@ -26,7 +26,6 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.urls import path
 
 from ledger import access, follow
-from ledger.announce import group_for
 from ledger.errors import LedgerError
 from ledger.models import Run
 
@@ -58,7 +57,6 @@ def feeds_here() -> dict[int, follow.RunFeed]:
 class RunConsumer(AsyncJsonWebsocketConsumer):
     follower: follow.Follower | None = None
     sender: asyncio.Task[None] | None = None
-    group: str | None = None
 
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -75,10 +73,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if run is None:
             await self.close(code=4404)
             return
-        # Join first, follow second: announcements from before the first read reach the follower.
-        self.group = group_for(run.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        self.follower = await follow.Follower(run, after, render=_row, listen=False).__aenter__()
+        self.follower = await follow.Follower(run, after, render=_row).__aenter__()
         await self.accept()
         self.sender = asyncio.create_task(self._send_pages(self.follower))
 
@@ -110,18 +105,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.sender
         if self.follower is not None:
             await self.follower.__aexit__(None, None, None)
-        if self.group is not None:
-            try:
-                await self.channel_layer.group_discard(self.group, self.channel_name)
-            except Exception:
-                log.warning("could not leave %s", self.group, exc_info=True)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         """The socket is one-way: whatever a client sends (JSON or not) is ignored."""
-
-    async def ledger_appended(self, message: dict[str, Any]) -> None:
-        if self.follower is not None:
-            self.follower.announce(message.get("sequence"))
 
 
 websocket_urlpatterns = [
