@@ -25,6 +25,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.db import transaction
 from django.test import Client
 
 from console.live import run as live_run
@@ -301,6 +302,56 @@ def test_one_database_read_per_announcement_serves_every_subscriber_of_the_run(
     assert got == [[3] * subscribers, [4, 5] * subscribers]
     assert reads == [1, 1]
     assert not feed_left_behind
+
+
+def test_a_burst_of_appends_reaches_every_subscriber_once_and_in_order_though_its_announcements_coalesce(
+    member: Any, workspace: Workspace, settings: Any
+) -> None:
+    """Forty appends back to back, twenty of them five to a transaction (whose announcements are
+    filed together at its commit): announcements that wait together go out as one, the run's
+    highest sequence standing for the ones before it. Polls are off, so only announcements make
+    the subscribers read: each must still get every event after its own position, once, in
+    order, then `end`."""
+    settings.LEDGER_STREAM_POLL_SECONDS = 60
+    append_events(workspace=workspace, run_id="run_burst", events=[started(), ev("StepScheduled", stepPath="a")])
+    session = _session_id(member)
+    positions = [2, 2, 0, 1, 2]
+
+    async def connect(after: int) -> WebsocketCommunicator:
+        comm = _communicator(f"/ws/runs/run_burst/?after={after}&workspace=acme/support", session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        return comm
+
+    async def until_end(comm: WebsocketCommunicator) -> list[dict[str, Any]]:
+        received: list[dict[str, Any]] = []
+        while not received or received[-1]["type"] != "end":
+            received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
+        await comm.disconnect()
+        return received
+
+    def append(n: int) -> None:
+        append_events(workspace=workspace, run_id="run_burst", events=[ev("StepScheduled", stepPath=f"b{n}")])
+
+    def burst() -> None:
+        for n in range(20):
+            append(n)
+        for first in range(20, 40, 5):
+            with transaction.atomic():
+                for n in range(first, first + 5):
+                    append(n)
+        append_events(workspace=workspace, run_id="run_burst", events=[ev("RunCompleted")])
+
+    async def scenario() -> list[list[dict[str, Any]]]:
+        comms = [await connect(after) for after in positions]
+        listeners = [asyncio.ensure_future(until_end(comm)) for comm in comms]
+        await database_sync_to_async(burst)()
+        return [await asyncio.wait_for(listener, 60) for listener in listeners]
+
+    received = async_to_sync(scenario)()
+    assert Run.objects.get(run_id="run_burst").last_sequence == 43
+    for after, messages in zip(positions, received):
+        assert [m["sequence"] for m in messages[:-1]] == list(range(after + 1, 44)), after
+        assert messages[-1] == {"type": "end", "status": "completed"}
 
 
 # --- two Daphne processes -------------------------------------------------------------------------
