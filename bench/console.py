@@ -40,7 +40,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, median_seconds, percentile, require_services, setup_django, start_daphne, stop,
+    cleanup, median_seconds, percentile, record, require_services, setup_django, start_daphne, stop,
 )
 from bench.stream import append_one  # noqa: E402
 
@@ -442,7 +442,7 @@ def main(argv: list[str]) -> int:
             print("writing runs ...", flush=True)
             pages = bench_pages(client, workspaces, written, args.repeats)
             print(f"  done at {time.monotonic() - began:.0f} s", flush=True)
-        print("timing live delivery ...", flush=True)
+        print(f"timing live delivery (load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}) ...", flush=True)
         process, base = start_daphne(log_path)
         gap = args.gap_ms / 1000
         live: dict[int, tuple[list[float], list[float]]] = {}
@@ -468,7 +468,8 @@ def main(argv: list[str]) -> int:
             print(f"{name:<34} {page_s * 1000:>8.2f} {bare_s * 1000:>11.3f} {page_s / bare_s:>6.0f}x {queries:>8}")
         print("  bare query: the SELECT of the rows the page shows (newest page of events; first page of runs)")
 
-    print(f"\n{'live delivery, ms':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"\n{'live delivery, ms (load average ' + load + ')':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
     for count, (delivered, fanout) in live.items():
         for name, values in ((f"commit -> WebSocket message, {count} subscriber(s)", delivered),
                              (f"  baseline: group_send -> {count} receive(s)", fanout)):
@@ -478,6 +479,11 @@ def main(argv: list[str]) -> int:
         print(f"  ratio: p50 {percentile(delivered, 50) / percentile(fanout, 50):.1f}x, "
               f"p99 {percentile(delivered, 99) / percentile(fanout, 99):.1f}x "
               f"({len(delivered)} deliveries of {args.events} events)")
+        for q, target in ((50, 3.0), (99, 5.0)):
+            value, baseline = percentile(delivered, q) * 1000, percentile(fanout, q) * 1000
+            record(f"commit -> WebSocket message p{q}, {count} subscriber(s) / group_send", value=value, unit="ms",
+                   baseline=baseline, ratio=value / baseline, target=f"<= {target:g}x", met=value / baseline <= target,
+                   ratio_format="{:.1f}x", note=f"load average {load}")
     print(f"\ntotal {time.monotonic() - began:.0f} s")
     return 0
 

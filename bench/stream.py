@@ -32,7 +32,9 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import cleanup, percentile, require_services, setup_django, start_daphne, stop  # noqa: E402
+from bench.common import (  # noqa: E402
+    cleanup, percentile, record, require_services, setup_django, start_daphne, stop,
+)
 
 WARMUP = 20
 
@@ -206,7 +208,12 @@ def main(argv: list[str]) -> int:
     print(row("commit -> SSE receipt (append_events, Daphne)", latencies))
     print(row("baseline: group_send -> receive (raw Redis)", floor))
     print(f"\nSSE p50 is {percentile(latencies, 50) / percentile(floor, 50):.1f}x the layer round trip; "
-          f"p99 {percentile(latencies, 99) / percentile(floor, 99):.1f}x")
+          f"p99 {percentile(latencies, 99) / percentile(floor, 99):.1f}x "
+          f"(load average {' '.join(f'{v:.2f}' for v in os.getloadavg())})")
+    for q in (50, 99):
+        value, baseline = percentile(latencies, q) * 1000, percentile(floor, q) * 1000
+        record(f"commit -> SSE receipt p{q} / group_send -> receive", value=value, unit="ms", baseline=baseline,
+               ratio=value / baseline, target="", met=None, ratio_format="{:.1f}x")
     return 0
 
 
