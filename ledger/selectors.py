@@ -6,7 +6,6 @@ is not revealed (DESIGN.md §2).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -20,9 +19,9 @@ from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, 
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from .envelopes import envelope, read_envelopes
+from .envelopes import decode_payload, envelope, read_envelopes
 from .errors import NotFound
-from .models import Artifact, CostEntry, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
+from .models import Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -76,7 +75,7 @@ def run_tail(run: Run, *, after: int, limit: int) -> tuple[str, int, list[dict[s
         envelope(event_id=event_id, run_id=run.run_id, sequence=sequence, type=type_, occurrence_id=occurrence_id,
                  # SQLite hands datetimes back naive, in the connection's time zone, as the ORM would read them.
                  recorded_at=at if at.tzinfo else timezone.make_aware(at, connection.timezone),
-                 payload=json.loads(payload))
+                 payload=decode_payload(payload))
         for _, _, sequence, event_id, type_, occurrence_id, at, payload in rows if sequence is not None]
 
 
