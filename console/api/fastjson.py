@@ -9,7 +9,6 @@ bodies, their messages and the content types stay those of API.md.
 from __future__ import annotations
 
 import io
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,8 +20,10 @@ from rest_framework.utils.encoders import JSONEncoder
 
 # orjson decodes an integer beyond 64 bits as a float; the stdlib keeps it exact (and canonical
 # JSON then refuses it). Such an integer has at least 19 digits in a row; so does a long string
-# of digits, which merely takes the stdlib's path.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# of digits, which merely takes the stdlib's path. The body with every ASCII digit made "0" and
+# every other byte " " finds such a run by a substring search: a regex took longer than decoding.
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
 _UTF8 = frozenset({"utf-8", "utf8", "utf_8"})
 # DRF's encoder for what orjson leaves to `default`: Decimal, lazy strings, bytes, querysets, and
 # datetimes, dates, times and dataclasses (passed through so they are written as DRF writes them).
@@ -43,7 +44,7 @@ class JsonParser(JSONParser):
               parser_context: Mapping[str, Any] | None = None) -> Any:
         if str((parser_context or {}).get("encoding", "utf-8")).lower() in _UTF8:
             body = stream.read()
-            if not _LONG_DIGITS.search(body):
+            if _LONG_DIGIT_RUN not in body.translate(_DIGITS_AS_ZEROS):
                 try:
                     return orjson.loads(body)
                 except orjson.JSONDecodeError:
