@@ -7,7 +7,9 @@ live event against a raw channel-layer fan-out.
 Pages (in this process, through Django's test client and the whole middleware stack): the run
 page of a run with 100 and with 10,000 events, and the runs list of a workspace with 100 and with
 10,000 runs, each against the bare SELECT of the rows that page shows (the newest page of events;
-the first page of runs), timed in the same run on the same connection. It also counts the page's
+the first page of runs), timed in the same run on the same connection; and the run page's
+evidence views (conversation, waterfall, the state at event N, a search) against the SELECT of the
+events they read (the whole log, the prefix up to N, one page of matches). It also counts the page's
 queries at both sizes.
 
 Live (against Daphne on Redis, started here as a subprocess): 1 and 50 WebSocket subscribers
@@ -184,6 +186,31 @@ def _queries(fn: Callable[[], Any]) -> int:
     return len(captured)
 
 
+def measure_views(client: Any, url: str, run: Any, repeats: int) -> list[tuple[str, float, float, int]]:
+    """The run page's evidence views (issue 13). The conversation and waterfall fold the whole
+    log and the state tab the prefix up to event N, so their bare query reads those rows; a
+    search reads one page of the events that match."""
+    from console.pages import run as run_page
+
+    log = "SELECT * FROM ledger_event WHERE run_id = %s ORDER BY sequence"
+    half = max(1, run.last_sequence // 2)
+    views = [
+        ("conversation", "conversation/", log, [run.pk]),
+        ("waterfall", "waterfall/", log, [run.pk]),
+        (f"state at event {half:,}", f"state/?at={half}",
+         "SELECT * FROM ledger_event WHERE run_id = %s AND sequence <= %s ORDER BY sequence", [run.pk, half]),
+        ("search by type", "?type=harness.model.",
+         "SELECT * FROM ledger_event WHERE run_id = %s AND sequence > 0 AND type LIKE %s ORDER BY sequence LIMIT %s",
+         [run.pk, "harness.model.%", run_page.PAGE_SIZE + 1]),
+    ]
+    results = []
+    for name, suffix, sql, params in views:
+        page = _page(client, url + suffix)
+        results.append((f"  {name}", median_seconds(page, repeats, warmup=PAGE_WARMUP),
+                        median_seconds(_bare(sql, params), repeats, warmup=PAGE_WARMUP), _queries(page)))
+    return results
+
+
 def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple[Any, str]],
                   repeats: int) -> list[tuple[str, float, float, int]]:
     from console.pages import run as run_page
@@ -200,6 +227,7 @@ def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple
                      [run.pk, max(0, run.last_sequence - shown), shown])
         results.append((f"run page, {size:,} events", median_seconds(page, repeats, warmup=PAGE_WARMUP),
                         median_seconds(bare, repeats, warmup=PAGE_WARMUP), _queries(page)))
+        results += measure_views(client, url, run, repeats)
     for size in SIZES:
         ws = workspaces[f"runs{size}"]
         page = _page(client, f"/w/{ws.tenant.slug}/{ws.slug}/")
@@ -466,7 +494,8 @@ def main(argv: list[str]) -> int:
               f"{'ratio':>7} {'queries':>8}")
         for name, page_s, bare_s, queries in pages:
             print(f"{name:<34} {page_s * 1000:>8.2f} {bare_s * 1000:>11.3f} {page_s / bare_s:>6.0f}x {queries:>8}")
-        print("  bare query: the SELECT of the rows the page shows (newest page of events; first page of runs)")
+        print("  bare query: the SELECT of the rows the page shows (newest page of events; first page of runs;")
+        print("  the whole log for the conversation and waterfall, events 1..N for the state, a page of matches)")
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"\n{'live delivery, ms (load average ' + load + ')':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
