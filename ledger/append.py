@@ -356,7 +356,7 @@ def _same_request(index: int, p: _Prepared, original_digest: str | None, conflic
 
 def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping[str, Event], now: datetime,
               prices: PriceTable) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Number the batch's new events after the log's end, advancing `state` event by event.
+    """Number the batch's new events after the log's end, advancing `state` with them.
 
     Returns the rows to insert (pgappend.EVENT_FIELDS), their envelopes, and the answer: every
     item's envelope in batch order, each flagged `replayed`.
@@ -365,6 +365,7 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
     written: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
+    unfolded = 0  # envelopes at the end of `written` that `state` has not seen yet
     for index, p in enumerate(batch):
         key = p.idempotency_key
         if key is not None and key in logged:
@@ -375,8 +376,8 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
             _same_request(index, p, original_digest, "is used twice in the batch for different events")
             out.append({**original_env, "replayed": True})
             continue
-        _check_lifecycle(state, p.type, index)
-        sequence = state.last_sequence + 1
+        sequence = state.last_sequence + unfolded + 1
+        _check_lifecycle(state, sequence - 1, p.type, index)
         payload, stored = p.payload, p.canonical
         if len(p.canonical) > INLINE_LIMIT_BYTES:
             payload = externalize(run.workspace, payload, len(p.canonical))
@@ -391,17 +392,27 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
             in_batch[key] = (p.request_digest, env)
         written.append(env)
         out.append({**env, "replayed": False})
-        advance(state, [env], prices=prices)
+        unfolded += 1
+        if p.type in _MOVES_STATUS:  # the next event's lifecycle check reads the status it set
+            advance(state, written[-unfolded:], prices=prices)
+            unfolded = 0
+    if unfolded:  # one call for the rest: a call per event costed as much as the handlers
+        advance(state, written[-unfolded:], prices=prices)
     return rows, written, out
 
 
-def _check_lifecycle(state: RunState, event_type: str, index: int) -> None:
-    """The run's lifecycle rules, read from the fold's own state as the batch advances it."""
+# The run's own lifecycle events: the only ones whose fold moves the run's status.
+_MOVES_STATUS = frozenset({"RunStarted", "RunCompleted", "RunFailed"})
+
+
+def _check_lifecycle(state: RunState, last_sequence: int, event_type: str, index: int) -> None:
+    """The run's lifecycle rules for an event after `last_sequence`, read from the fold's status
+    (`state` may lag behind `last_sequence` by events that do not move the status)."""
     run_id = state.run_id
-    if state.last_sequence == 0 and event_type != "RunStarted":
+    if last_sequence == 0 and event_type != "RunStarted":
         raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted",
                             index=index, runId=run_id)
-    if state.last_sequence > 0 and event_type == "RunStarted":
+    if last_sequence > 0 and event_type == "RunStarted":
         raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
     if state.status in RunStatus.finished() and not is_custom(event_type):
         raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow",

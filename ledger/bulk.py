@@ -47,9 +47,11 @@ def recordset(model: type[models.Model], names: Sequence[str], param: str) -> st
     return f"json_to_recordset(%({param})s::json) AS r({types})"
 
 
-def conflict_update(model: type[models.Model], key: Sequence[str], names: Sequence[str]) -> str:
-    """`ON CONFLICT (key) DO UPDATE SET` every one of `names` that is not in the key."""
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in (column(model, n) for n in names if n not in key))
+def conflict_update(model: type[models.Model], key: Sequence[str], names: Sequence[str],
+                    keep: Sequence[str] = ()) -> str:
+    """`ON CONFLICT (key) DO UPDATE SET` every one of `names` that is not in the key or `keep`."""
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in (column(model, n) for n in names
+                                                         if n not in key and n not in keep))
     return f"ON CONFLICT ({', '.join(column(model, k) for k in key)}) DO UPDATE SET {updates}"
 
 
@@ -94,17 +96,20 @@ def _copy_value(field: models.Field[Any, Any], value: Any) -> Any:
     return Jsonb(value) if isinstance(field, models.JSONField) and value is not None else value
 
 
-def upsert_rows(model: type[models.Model], key: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
-    """INSERT … ON CONFLICT (key) DO UPDATE, one statement for all `rows` (unique by `key`)."""
+def upsert_rows(model: type[models.Model], key: Sequence[str], rows: Sequence[Mapping[str, Any]],
+                keep: Sequence[str] = ()) -> None:
+    """INSERT … ON CONFLICT (key) DO UPDATE, one statement for all `rows` (unique by `key`); a
+    row that exists keeps its columns in `keep`."""
     if not rows:
         return
     names = list(rows[0])
     if connection.vendor != "postgresql":
         model._default_manager.bulk_create([model(**row) for row in rows], update_conflicts=True,
                                            unique_fields=[_concrete(model, k).name for k in key],
-                                           update_fields=[_concrete(model, n).name for n in names if n not in key])
+                                           update_fields=[_concrete(model, n).name for n in names
+                                                          if n not in key and n not in keep])
         return
     columns = ", ".join(column(model, n) for n in names)
     with connection.cursor() as cursor:
         cursor.execute(f"INSERT INTO {table(model)} ({columns}) SELECT * FROM {recordset(model, names, 'rows')} "
-                       f"{conflict_update(model, key, names)}", {"rows": json_rows(rows)})
+                       f"{conflict_update(model, key, names, keep)}", {"rows": json_rows(rows)})

@@ -40,7 +40,7 @@ from .bulk import conflict_update, json_rows, recordset
 from .bulk import column as col
 from .bulk import table
 from .models import CostEntry, Event, Run, Step, ToolCall
-from .projection import Changes
+from .projection import POSITIONED, Changes
 
 # The event columns an append sends per row; run_id comes from the head, recorded_at is one value.
 EVENT_FIELDS = ("sequence", "event_id", "type", "occurrence_id", "payload", "idempotency_key", "request_digest")
@@ -157,4 +157,4 @@ def _insert_from_head(model: type[models.Model], names: Sequence[str], param: st
     values = ["head.id", *([extra[1]] if extra else []), "r.*"]
     sql = (f"INSERT INTO {table(model)} ({', '.join(col(model, n) for n in columns)}) "
            f"SELECT {', '.join(values)} FROM head, {recordset(model, names, param)}")
-    return f"{sql} {conflict_update(model, key, names)}" if key else sql
+    return f"{sql} {conflict_update(model, key, names, POSITIONED)}" if key else sql

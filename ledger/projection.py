@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -205,11 +206,12 @@ class Mark:
 
     last_sequence: int
     cost_entries: int
+    tool_calls: int
     run: dict[str, Any]
 
     @classmethod
     def of(cls, state: RunState) -> Mark:
-        return cls(state.last_sequence, len(state.cost_entries), run_fields(state))
+        return cls(state.last_sequence, len(state.cost_entries), len(state.tool_calls), run_fields(state))
 
 
 def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mapping[str, Any]],
@@ -221,7 +223,6 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     """
     new_entries = range(before.cost_entries, len(state.cost_entries))
     cost_paths = {path for i in new_entries if (path := state.cost_entries[i].step_path)}
-    call_ids = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
     recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
     run = {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
     if any(e["type"] == "RunStarted" for e in envelopes):
@@ -230,9 +231,25 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
         run=run,
         steps=[step_fields(state, path, i) for i, (path, step) in enumerate(state.steps.items())
                if step.last_sequence > before.last_sequence or path in cost_paths],
-        tool_calls=[tool_fields(state, c, i) for i, c in enumerate(state.tool_calls) if c in call_ids],
+        tool_calls=_touched_tool_calls(state, envelopes, before),
         cost_entries=[cost_fields(state, i, recorded_at) for i in new_entries],
     )
+
+
+def _touched_tool_calls(state: RunState, envelopes: Sequence[Mapping[str, Any]], before: Mark) -> list[dict[str, Any]]:
+    """The rows of the calls the batch named (by `callId`), without a walk over all of the run's
+    calls: a call new in the batch is among the last keys, its position their count before; a
+    call written before keeps its stored position (the upsert never sets it: POSITIONED)."""
+    new = list(islice(reversed(state.tool_calls), len(state.tool_calls) - before.tool_calls))
+    positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
+    named = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
+    return [tool_fields(state, call_id, positions.get(call_id, 0))
+            for call_id in [*positions, *(c for c in named if c in state.tool_calls and c not in positions)]]
+
+
+# A step's or tool call's position is its order of first appearance: set by the row's first
+# write, never by an upsert of a later batch.
+POSITIONED = ("position",)
 
 
 def write(run_pk: int, changes: Changes) -> None:
@@ -240,8 +257,10 @@ def write(run_pk: int, changes: Changes) -> None:
     write them inside their head statement instead (ledger/pgappend.py)."""
     if changes.run:
         Run.objects.filter(pk=run_pk).update(**changes.run)
-    upsert_rows(Step, ("run_id", "step_path"), [{"run_id": run_pk, **row} for row in changes.steps])
-    upsert_rows(ToolCall, ("run_id", "call_id"), [{"run_id": run_pk, **row} for row in changes.tool_calls])
+    upsert_rows(Step, ("run_id", "step_path"), [{"run_id": run_pk, **row} for row in changes.steps],
+                keep=POSITIONED)
+    upsert_rows(ToolCall, ("run_id", "call_id"), [{"run_id": run_pk, **row} for row in changes.tool_calls],
+                keep=POSITIONED)
     insert_rows(CostEntry, [{"run_id": run_pk, **row} for row in changes.cost_entries])
 
 

@@ -156,19 +156,30 @@ def validate_payload(index: int, event_type: str, payload: Any) -> None:
                     f"event {index}: payload.origin must be one of {', '.join(ORIGINS)}",
                     index=index, field="payload.origin",
                 )
-    _reject_recorded_cost(index, payload, "payload")
+    _reject_recorded_cost(index, payload)
 
 
-def _reject_recorded_cost(index: int, value: Any, path: str) -> None:
+def _reject_recorded_cost(index: int, payload: Any) -> None:
     # Dollars are only ever computed by the fold; a harness's own figure would disagree with it.
+    holder = _recorded_cost_holder(payload)
+    if holder is not None:
+        raise CostNotAllowed(
+            f"event {index}: payload{holder}.usage.costUsd is not accepted; cost is computed from tokens",
+            index=index, field=f"payload{holder}.usage.costUsd",
+        )
+
+
+def _recorded_cost_holder(value: Any) -> str | None:
+    """The path below `value` of an object whose `usage` holds a `costUsd`, or None. The path is
+    assembled only on the way back from a find: most payloads have none and pay no strings."""
     if isinstance(value, dict):
         for key, child in value.items():
             if key == "usage" and isinstance(child, dict) and "costUsd" in child:
-                raise CostNotAllowed(
-                    f"event {index}: {path}.usage.costUsd is not accepted; cost is computed from tokens",
-                    index=index, field=f"{path}.usage.costUsd",
-                )
-            _reject_recorded_cost(index, child, f"{path}.{key}")
+                return ""
+            if isinstance(child, (dict, list)) and (found := _recorded_cost_holder(child)) is not None:
+                return f".{key}{found}"
     elif isinstance(value, list):
         for i, child in enumerate(value):
-            _reject_recorded_cost(index, child, f"{path}[{i}]")
+            if isinstance(child, (dict, list)) and (found := _recorded_cost_holder(child)) is not None:
+                return f"[{i}]{found}"
+    return None
