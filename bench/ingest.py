@@ -20,6 +20,7 @@ timestamps, so that only the write path differs. See bench/README.md for what th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import secrets
 import sys
@@ -57,14 +58,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--single", type=int, default=2_000,
                    help="events for the one-event-per-call measurements (default 2000)")
     p.add_argument("--batch", type=int, default=500, help="batch size (default 500)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="the five methods take turns in this many slices of their work (default 10)")
     p.add_argument("--profile", nargs="?", const="batched", choices=("batched", "single", "both"),
                    help="after the timed runs, run cProfile around an extra (untimed) batched and/or "
                         "single append measurement and print the top 25 functions by cumulative time")
     p.add_argument("--keep", action="store_true",
                    help="keep the bench runs and events in the ledger tables (default: delete them)")
     args = p.parse_args(argv)
-    if args.events < args.batch or args.batch < 1 or args.single < 1:
-        p.error("need --batch >= 1, --events >= --batch and --single >= 1")
+    if args.events < args.batch or args.batch < 1 or args.single < 1 or args.rounds < 1:
+        p.error("need --batch >= 1, --events >= --batch, --single >= 1 and --rounds >= 1")
     return args
 
 
@@ -141,10 +144,26 @@ class Result:
         return self.events / self.seconds if self.seconds else float("inf")
 
 
-def timed(name: str, events: int, fn: Callable[[], None]) -> Result:
+Steps = list[Callable[[], None]]  # one write each: a batch, or a single event
+
+
+def timed(name: str, events: int, steps: Steps) -> Result:
     start = time.perf_counter()
-    fn()
+    for step in steps:
+        step()
     return Result(name, events, time.perf_counter() - start)
+
+
+def interleaved(methods: dict[str, tuple[int, Steps]], rounds: int) -> dict[str, Result]:
+    """Each method's steps in `rounds` slices, the methods taking turns slice by slice: a change
+    in the machine's load (other processes on a shared machine) then hits every method alike,
+    and the ratios hold up even when the absolute rates do not."""
+    seconds = dict.fromkeys(methods, 0.0)
+    for r in range(rounds):
+        for name, (_, steps) in methods.items():
+            part = steps[r * len(steps) // rounds:(r + 1) * len(steps) // rounds]
+            seconds[name] += timed(name, 0, part).seconds
+    return {name: Result(name, n, seconds[name]) for name, (n, _) in methods.items()}
 
 
 class Appender:
@@ -158,25 +177,17 @@ class Appender:
         self.run_ids.append(run_id)
         return run_id
 
-    def batched(self, events: list[dict[str, Any]]) -> Callable[[], None]:
+    def batched(self, events: list[dict[str, Any]]) -> Steps:
+        return self._appends(chunks(events, self.batch))
+
+    def single(self, events: list[dict[str, Any]]) -> Steps:
+        return self._appends([[e] for e in events])
+
+    def _appends(self, batches: list[list[dict[str, Any]]]) -> Steps:
         from ledger.append import append_events
 
-        run_id, batches, ws = self.new_run_id(), chunks(events, self.batch), self.workspace
-
-        def go() -> None:
-            for b in batches:
-                append_events(workspace=ws, run_id=run_id, events=b)
-        return go
-
-    def single(self, events: list[dict[str, Any]]) -> Callable[[], None]:
-        from ledger.append import append_events
-
-        run_id, items, ws = self.new_run_id(), [[e] for e in events], self.workspace
-
-        def go() -> None:
-            for item in items:
-                append_events(workspace=ws, run_id=run_id, events=item)
-        return go
+        run_id, ws = self.new_run_id(), self.workspace
+        return [functools.partial(append_events, workspace=ws, run_id=run_id, events=b) for b in batches]
 
 
 class Raw:
@@ -204,33 +215,24 @@ class Raw:
         self.conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
         self.conn.close()
 
-    def copy(self, rows: list[tuple[Any, ...]]) -> Callable[[], None]:
-        batches = chunks(rows, self.batch)
+    def copy(self, rows: list[tuple[Any, ...]]) -> Steps:
+        return [functools.partial(self._copy, b) for b in chunks(rows, self.batch)]
 
-        def go() -> None:
-            with self.conn.cursor() as cur:
-                for b in batches:
-                    with self.conn.transaction(), cur.copy(self.copy_sql) as cp:
-                        for row in b:
-                            cp.write_row(row)
-        return go
+    def executemany(self, rows: list[tuple[Any, ...]]) -> Steps:
+        return [functools.partial(self._executemany, b) for b in chunks(rows, self.batch)]
 
-    def executemany(self, rows: list[tuple[Any, ...]]) -> Callable[[], None]:
-        batches = chunks(rows, self.batch)
+    def single(self, rows: list[tuple[Any, ...]]) -> Steps:
+        # autocommit: each INSERT is its own transaction
+        return [functools.partial(self.conn.execute, self.insert_sql, row) for row in rows]
 
-        def go() -> None:
-            with self.conn.cursor() as cur:
-                for b in batches:
-                    with self.conn.transaction():
-                        cur.executemany(self.insert_sql, b)
-        return go
+    def _copy(self, batch: list[tuple[Any, ...]]) -> None:
+        with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(self.copy_sql) as cp:
+            for row in batch:
+                cp.write_row(row)
 
-    def single(self, rows: list[tuple[Any, ...]]) -> Callable[[], None]:
-        def go() -> None:
-            with self.conn.cursor() as cur:
-                for row in rows:  # autocommit: each INSERT is its own transaction
-                    cur.execute(self.insert_sql, row)
-        return go
+    def _executemany(self, batch: list[tuple[Any, ...]]) -> None:
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.executemany(self.insert_sql, batch)
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -307,8 +309,8 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
 
             for send in (through_daphne, through_test_client):  # warm up
                 post_all(send, make_events(2 * args.batch, "hw"))()
-            http = timed("HTTP append, batched", args.events, post_all(through_daphne, events))
-            direct = timed("same, Django in-process", args.events, post_all(through_test_client, events))
+            http = timed("HTTP append, batched", args.events, [post_all(through_daphne, events)])
+            direct = timed("same, Django in-process", args.events, [post_all(through_test_client, events)])
     finally:
         stop(process)
     ratio = http.rate / copy.rate
@@ -330,12 +332,13 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
 def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> None:
     """What keeping the projections current adds to a batched append.
 
-    Measured in the same run: the batched append as shipped, with the fold's `advance` timed
-    inside it, then again with the projection writes switched off. The append without any
-    projection work is the second figure less the fold time (the fold still runs there, since
-    the lifecycle checks read its state).
+    Measured in the same run, interleaved batch by batch: the batched append as shipped, with the
+    fold's `advance` timed inside it, and on another run with the projection writes switched off.
+    The append without any projection work is the second figure less the fold time (the fold
+    still runs there, since the lifecycle checks read its state).
     """
     import ledger.append as append_module
+    from ledger.projection import Changes
 
     real_advance, real_changes = append_module.advance, append_module.batch_changes
     fold_seconds = 0.0
@@ -346,28 +349,30 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
         real_advance(*a, **kw)
         fold_seconds += time.perf_counter() - start
 
+    def head_only(workspace_id: int, state: Any, *a: Any, **kw: Any) -> Changes:
+        # The head row's sequence and status are the log's own bookkeeping, not a projection.
+        return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
+
     n = min(args.events, 10_000)
+    variants = {"with projections": (real_changes, appender.batched(make_events(n, "pf"))),
+                "no projection writes": (head_only, appender.batched(make_events(n, "pn")))}
+    seconds, folds = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
     try:
         append_module.advance = timed_advance
-        full = timed("with projections", n, appender.batched(make_events(n, "pf")))
-        fold_in_full = fold_seconds
-        from ledger.projection import Changes
-
-        def head_only(workspace_id: int, state: Any, *a: Any, **kw: Any) -> Changes:
-            # The head row's sequence and status are the log's own bookkeeping, not a projection.
-            return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
-
-        append_module.batch_changes = head_only
-        fold_seconds = 0.0
-        no_writes = timed("no projection writes", n, appender.batched(make_events(n, "pn")))
-        fold_in_no_writes = fold_seconds
+        for batches in zip(*(steps for _, steps in variants.values())):
+            for (name, (changes, _)), batch in zip(variants.items(), batches):
+                append_module.batch_changes = changes
+                fold_seconds = 0.0
+                seconds[name] += timed(name, 0, [batch]).seconds
+                folds[name] += fold_seconds
     finally:
         append_module.advance, append_module.batch_changes = real_advance, real_changes
-    base = no_writes.seconds - fold_in_no_writes
-    overhead = (full.seconds - base) / base
-    print(f"\nProjection upkeep in a batched append ({n} events, batches of {args.batch}):")
-    print(f"  append with projections        {full.seconds:8.3f}s  (fold {fold_in_full:.3f}s of it)")
-    print(f"  append, projection writes off  {no_writes.seconds:8.3f}s  (fold {fold_in_no_writes:.3f}s of it)")
+    full, no_writes = seconds["with projections"], seconds["no projection writes"]
+    base = no_writes - folds["no projection writes"]
+    overhead = (full - base) / base
+    print(f"\nProjection upkeep in a batched append ({n} events, batches of {args.batch}, interleaved):")
+    print(f"  append with projections        {full:8.3f}s  (fold {folds['with projections']:.3f}s of it)")
+    print(f"  append, projection writes off  {no_writes:8.3f}s  (fold {folds['no projection writes']:.3f}s of it)")
     print(f"  append without projection work {base:8.3f}s  (the line above less its fold)")
     print(f"  projection upkeep adds {overhead:6.1%}   target <= 30%  "
           f"{'MET' if overhead <= TARGET_PROJECTION_OVERHEAD else 'NOT MET'}")
@@ -407,32 +412,29 @@ def main(argv: list[str]) -> int:
         warm_rows["single"] = raw_rows(warm_single, next(run_pk), args.batch)
 
         # Warm up each method briefly (imports, connection, plan caches, pages in shared buffers).
-        appender.batched(warm_batched)()
-        appender.single(warm_single)()
-        raw.copy(warm_rows["copy"])()
-        raw.executemany(warm_rows["many"])()
-        raw.single(warm_rows["single"])()
+        for steps in (appender.batched(warm_batched), appender.single(warm_single), raw.copy(warm_rows["copy"]),
+                      raw.executemany(warm_rows["many"]), raw.single(warm_rows["single"])):
+            timed("warm-up", 0, steps)
 
-        results: dict[str, Result] = {}
-        for name, n, fn in (
-            ("append, batched", args.events, appender.batched(batched_events)),
-            ("raw COPY", args.events, raw.copy(rows["copy"])),
-            ("raw executemany", args.events, raw.executemany(rows["many"])),
-            ("append, single", args.single, appender.single(single_events)),
-            ("raw single INSERT", args.single, raw.single(rows["single"])),
-        ):
-            results[name] = timed(name, n, fn)
-            print(f"  {name:<20} {results[name].seconds:8.3f}s", flush=True)
+        results = interleaved({
+            "append, batched": (args.events, appender.batched(batched_events)),
+            "raw COPY": (args.events, raw.copy(rows["copy"])),
+            "raw executemany": (args.events, raw.executemany(rows["many"])),
+            "append, single": (args.single, appender.single(single_events)),
+            "raw single INSERT": (args.single, raw.single(rows["single"])),
+        }, rounds=args.rounds)
+        for name, result in results.items():
+            print(f"  {name:<20} {result.seconds:8.3f}s", flush=True)
         print_table(results)
         print_http(workspace, appender, args, batched_events, results["raw COPY"])
         print_projection_overhead(appender, args)
 
         if args.profile in ("batched", "both"):
             profile(f"append_events, {args.events} events in batches of {args.batch}",
-                    appender.batched(make_events(args.events, "pb")))
+                    functools.partial(timed, "profiled", args.events, appender.batched(make_events(args.events, "pb"))))
         if args.profile in ("single", "both"):
             profile(f"append_events, {args.single} events one per call",
-                    appender.single(make_events(args.single, "ps")))
+                    functools.partial(timed, "profiled", args.single, appender.single(make_events(args.single, "ps"))))
     finally:
         raw.drop()
         if not args.keep:
