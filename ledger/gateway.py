@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from . import artifacts, audit, clock
-from .append import append_locked, lock_head, validate_run_id
+from .append import append_events, append_locked, lock_head, validate_run_id
 from .canonical import NotCanonicalizable, canonical_bytes, digest
 from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
@@ -150,8 +150,12 @@ def _appender(run: Run, fencing_token: Any) -> Emit:
 
 def _with_step_path(run: Run, call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Stamp the step of the call, as its started event named it (the projection kept it)."""
-    step_path = ToolCall.objects.filter(run=run, call_id=call_id).values_list("step_path", flat=True).first()
+    step_path = _step_path_of(run, call_id)
     return {**payload, "stepPath": step_path} if step_path else payload
+
+
+def _step_path_of(run: Run, call_id: str) -> str | None:
+    return ToolCall.objects.filter(run=run, call_id=call_id).values_list("step_path", flat=True).first()
 
 
 def lease_ran_out_after_outbound(claim: ToolGatewayClaim, now: datetime) -> bool:
@@ -189,20 +193,20 @@ def _in_doubt_error(claim: ToolGatewayClaim) -> ToolCallInDoubt:
     )
 
 
-def _outcome_columns(run: Run, call_id: str, field: str, value: Any) -> dict[str, Any]:
+def _outcome_columns(workspace: Workspace, run_id: str, call_id: str, field: str, value: Any) -> dict[str, Any]:
     """The row's outcome columns: the value inline, or in an artifact bound to this run and call
     when large."""
     columns = {"result": None, "error": None, "outcome_ref": "", "outcome_digest": digest({field: value})}
     if len(canonical_bytes(value)) <= INLINE_RESULT_BYTES:
         columns[field] = value
         return columns
-    wrapped = {"kind": ARTIFACT_KIND, "runId": run.run_id, "callId": call_id, "field": field, "value": value}
-    columns["outcome_ref"] = artifacts.store_bytes(run.workspace, canonical_bytes(wrapped)).ref
+    wrapped = {"kind": ARTIFACT_KIND, "runId": run_id, "callId": call_id, "field": field, "value": value}
+    columns["outcome_ref"] = artifacts.store_bytes(workspace, canonical_bytes(wrapped)).ref
     return columns
 
 
 def _store_outcome(run: Run, claim: ToolGatewayClaim, field: str, value: Any) -> None:
-    for name, column in _outcome_columns(run, claim.call_id, field, value).items():
+    for name, column in _outcome_columns(run.workspace, run.run_id, claim.call_id, field, value).items():
         setattr(claim, name, column)
 
 
@@ -279,7 +283,7 @@ def _claim(
     the claim it hands back as outbound, in the same write (the caller's request leaves next)."""
     identity = {"call_id": call_id, "tool_name": tool_name, "args": args, "args_digest": args_digest,
                 "effect": effect, "owner": owner, "idempotency_key": idempotency_key, "timeout_s": timeout_s}
-    new = _claim_new(run, now, identity, outbound=outbound)
+    new = _claim_new(run.workspace, run.run_id, now, identity, outbound=outbound)
     if new is not None:
         emit(_started(call_id, new.attempt, caller=caller, tool_name=tool_name, args=args, effect=effect, owner=owner,
                       idempotency_key=idempotency_key, timeout_s=timeout_s, turn=turn, step_path=step_path))
@@ -396,9 +400,9 @@ def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token:
     caller knows it (the one it claimed the call with), saves looking it up; `held`, the claim the
     caller got for this call, lets the common case (it still holds it) skip reading the row."""
     if held is not None and held.lease_token == lease_token:
-        done = _complete_held(run, now, held, outcome, value)
+        done = _complete_held(run.workspace, run.run_id, now, held, outcome, value)
         if done is not None:
-            emit(_finished_event(run, done, outcome, value, step_path))
+            emit(_finished_event(done, outcome, value, step_path or _step_path_of(run, call_id)))
             return done
     claim = _get_claim(run, call_id)
     if (claim.status in (Status.SUCCEEDED, Status.FAILED) and not claim.reconciled_by
@@ -419,14 +423,15 @@ def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token:
     done = Finished(call_id=claim.call_id, status=status, attempt=claim.attempt,
                     result=value if outcome == "result" else None,
                     error=value if outcome == "error" else None, duration_ms=duration_ms)
-    emit(_finished_event(run, done, outcome, value, step_path))
+    emit(_finished_event(done, outcome, value, step_path or _step_path_of(run, call_id)))
     return done
 
 
-def _finished_event(run: Run, done: Finished, outcome: str, value: Any, step_path: str | None) -> dict[str, Any]:
+def _finished_event(done: Finished, outcome: str, value: Any, step_path: str | None) -> dict[str, Any]:
     payload = {"callId": done.call_id, outcome: value, "durationMs": done.duration_ms, "attempt": done.attempt}
-    return {"type": f"harness.tool_call.{done.status}",
-            "payload": {**payload, "stepPath": step_path} if step_path else _with_step_path(run, done.call_id, payload)}
+    if step_path:
+        payload["stepPath"] = step_path
+    return {"type": f"harness.tool_call.{done.status}", "payload": payload}
 
 
 # --- the common case in one statement --------------------------------------------------------
@@ -436,40 +441,45 @@ def _finished_event(run: Run, done: Finished, outcome: str, value: Any, step_pat
 # None when it does not hold, for the service to read the row and sort it out.
 
 
-def _claim_new(run: Run, now: datetime, identity: Mapping[str, Any], *, outbound: bool) -> Claimed | None:
+def _claim_new(workspace: Workspace, run_id: str, now: datetime, identity: Mapping[str, Any], *,
+               outbound: bool) -> Claimed | None:
     """Insert a claim for a call with no row yet (neither its call id nor its idempotency key has
     one: the unique constraints turn the INSERT into nothing otherwise)."""
     token = secrets.token_urlsafe(32)
     expires = now + timedelta(seconds=_lease_seconds(identity["timeout_s"]))
-    row = {"run": run.pk, **identity, "lease_token": token, "lease_expires_at": expires, "attempt": 1,
+    row = {**identity, "lease_token": token, "lease_expires_at": expires, "attempt": 1,
            "claimed_at": now, "outbound_at": now if outbound else None, "status": Status.CLAIMED, "result": None,
            "error": None, "outcome_ref": "", "outcome_digest": "", "duration_ms": None, "finished_at": None,
            "reconciled_by": "", "reconcile_note": "", "created_at": now, "updated_at": now}
     columns, params = _columns(row)
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {_CLAIMS} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))}) "
-                       "ON CONFLICT DO NOTHING", params)
+        cursor.execute(f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
+                       f"SELECT id, {', '.join(['%s'] * len(columns))} FROM {_RUNS} "
+                       "WHERE workspace_id = %s AND run_id = %s ON CONFLICT DO NOTHING",
+                       [*params, workspace.pk, run_id])
         if cursor.rowcount != 1:
             return None
     return Claimed(identity["call_id"], token, expires, 1, outbound_at=row["outbound_at"])
 
 
-def _complete_held(run: Run, now: datetime, held: Claimed, outcome: str, value: Any) -> Finished | None:
+def _complete_held(workspace: Workspace, run_id: str, now: datetime, held: Claimed, outcome: str,
+                   value: Any) -> Finished | None:
     """Record the outcome of a call the caller claimed (`held`), if its lease is still the live one."""
     if held.outbound_at is None:
         return None  # the tool's time counts from the claim, which only the row holds
     status = Status.SUCCEEDED if outcome == "result" else Status.FAILED
     duration_ms = round((now - held.outbound_at).total_seconds() * 1000)  # from when the request left
-    changes = {**_outcome_columns(run, held.call_id, outcome, value), "status": status, "duration_ms": duration_ms,
-               "finished_at": now, "updated_at": now}
+    changes = {**_outcome_columns(workspace, run_id, held.call_id, outcome, value), "status": status,
+               "duration_ms": duration_ms, "finished_at": now, "updated_at": now}
     columns, params = _columns(changes)
-    where, keys = _columns({"run": run.pk, "call_id": held.call_id, "status": Status.CLAIMED,
-                            "lease_token": held.lease_token, "outbound_at": held.outbound_at})
+    where, keys = _columns({"call_id": held.call_id, "status": Status.CLAIMED, "lease_token": held.lease_token,
+                            "outbound_at": held.outbound_at})
     _, (live_after,) = _columns({"lease_expires_at": now})
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {_CLAIMS} SET {', '.join(f'{c} = %s' for c in columns)} "
-                       f"WHERE {' AND '.join(f'{c} = %s' for c in where)} AND lease_expires_at > %s",
-                       [*params, *keys, live_after])
+                       f"WHERE {' AND '.join(f'{c} = %s' for c in where)} AND lease_expires_at > %s "
+                       f"AND run_id = (SELECT id FROM {_RUNS} WHERE workspace_id = %s AND run_id = %s)",
+                       [*params, *keys, live_after, workspace.pk, run_id])
         if cursor.rowcount != 1:
             return None
     return Finished(call_id=held.call_id, status=status, attempt=held.attempt,
@@ -477,7 +487,7 @@ def _complete_held(run: Run, now: datetime, held: Claimed, outcome: str, value: 
                     duration_ms=duration_ms)
 
 
-_CLAIMS = ToolGatewayClaim._meta.db_table
+_CLAIMS, _RUNS = ToolGatewayClaim._meta.db_table, Run._meta.db_table
 _CLAIM_FIELDS = {f.name: f for f in ToolGatewayClaim._meta.concrete_fields}
 
 
@@ -499,11 +509,10 @@ class Batch:
     lease: Lease | None = None  # the run lease, renewed by this write
 
 
-@atomic_then_refuse
 def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = None,
                   complete: dict[str, Any] | None = None, events: Sequence[Mapping[str, Any]] = (),
                   claim: dict[str, Any] | None = None, origin: str | None = None,
-                  renew: Lease | None = None) -> Batch | LedgerError:
+                  renew: Lease | None = None) -> Batch:
     """In ONE transaction and one append: complete a call (complete_tool_call's keywords, the
     value already through prepare_outcome), then `events`, then claim a call and stamp it
     outbound (claim_tool_call's keywords). For a harness whose writes have no effect outside
@@ -514,7 +523,74 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     comes after `events`. Either way what was written (an in-doubt fact) commits, then it raises.
     `origin` (a re-execution's live calls) is stamped on the model and tool events written.
     `renew`, the run lease of the writer, is renewed in the same transaction (Fenced if taken over).
+
+    The common case takes no lock of its own (`_unlocked`): a claim of a call never claimed, the
+    completion of a call the caller holds, appended by `append_events`, which guesses the run's
+    head. Anything else (a renewal, a row that exists, a refusal) goes the locked way.
     """
+    if renew is None and complete is None and claim is None and events:
+        # Events alone: append_events outside a transaction is one statement when its guess holds.
+        return Batch(None, None, append_events(workspace=workspace, run_id=run_id,
+                                               events=[with_origin(e, origin) for e in events],
+                                               fencing_token=fencing_token).last_sequence)
+    if renew is None:
+        try:
+            return _unlocked(workspace=workspace, run_id=run_id, fencing_token=fencing_token, complete=complete,
+                             events=events, claim=claim, origin=origin)
+        except _Uncommon:
+            pass  # rolled back: nothing of it was written
+    return _locked(workspace=workspace, run_id=run_id, fencing_token=fencing_token, complete=complete,
+                   events=events, claim=claim, origin=origin, renew=renew)
+
+
+class _Uncommon(Exception):
+    """Not the common case: `_unlocked` rolls back and the locked way takes over."""
+
+
+@transaction.atomic
+def _unlocked(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: dict[str, Any] | None,
+              events: Sequence[Mapping[str, Any]], claim: dict[str, Any] | None, origin: str | None) -> Batch:
+    """runtime_batch without locking the run's head first. The rows go in with the one-statement
+    forms, which write nothing unless the call is new or still held; the events after them, with
+    append_events, which checks the fence and the head in its own statement. The lock order is
+    claim row, then head: a writer who locked the head and wants this claim row must be another
+    claimer of the same call of the run, which the run lease fences off anyway."""
+    now = clock.now()
+    batch: list[Mapping[str, Any]] = []
+    completed: Finished | None = None
+    claimed: Claimed | None = None
+    if complete is not None:
+        held, step_path = complete.get("held"), complete.get("step_path")
+        if held is None or step_path is None or held.lease_token != complete["lease_token"]:
+            raise _Uncommon
+        completed = _complete_held(workspace, run_id, now, held, complete["outcome"], complete["value"])
+        if completed is None:
+            raise _Uncommon
+        batch.append(_finished_event(completed, complete["outcome"], complete["value"], step_path))
+    batch.extend(events)
+    if claim is not None:
+        args, args_digest = _prepare_args(workspace, claim["tool_name"], claim["args"])
+        identity = {k: claim[k] for k in ("call_id", "tool_name", "effect", "owner", "idempotency_key", "timeout_s")}
+        claimed = _claim_new(workspace, run_id, now, {**identity, "args": args, "args_digest": args_digest},
+                             outbound=True)
+        if claimed is None:
+            raise _Uncommon
+        batch.append(_started(claimed.call_id, claimed.attempt, caller=claim["caller"], tool_name=claim["tool_name"],
+                              args=args, effect=claim["effect"], owner=claim["owner"],
+                              idempotency_key=claim["idempotency_key"], timeout_s=claim["timeout_s"],
+                              turn=claim["turn"], step_path=claim["step_path"]))
+    if not batch:
+        raise _Uncommon  # nothing to append: only the locked way answers to the fence then
+    last = append_events(workspace=workspace, run_id=run_id, events=[with_origin(e, origin) for e in batch],
+                         fencing_token=fencing_token).last_sequence
+    return Batch(completed, claimed, last)
+
+
+@atomic_then_refuse
+def _locked(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: dict[str, Any] | None,
+            events: Sequence[Mapping[str, Any]], claim: dict[str, Any] | None, origin: str | None,
+            renew: Lease | None) -> Batch | LedgerError:
+    """runtime_batch with the run's head locked first: every case, refusals included."""
     args = None
     if claim is not None:
         args, args_digest = _prepare_args(workspace, claim["tool_name"], claim["args"])
