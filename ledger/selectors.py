@@ -148,7 +148,9 @@ def runs_page(qs: QuerySet[Run], *, limit: int, after: tuple[datetime, int] | No
     """One page of a newest-first run list, strictly after (created_at, pk); and whether more follow."""
     if after is not None:
         created_at, pk = after
-        qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk))
+        # created_at <= the cursor's as well: the range the index (workspace, -created_at) starts
+        # at; the OR alone is a filter only, and a deep page would read every newer row first.
+        qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk), created_at__lte=created_at)
     page = list(qs[: limit + 1])
     return page[:limit], len(page) > limit
 
