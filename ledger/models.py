@@ -304,6 +304,36 @@ class CostEntry(models.Model):
         ordering = ["run", "sequence"]
 
 
+class DailyUsage(models.Model):
+    """The cost entries of one workspace, UTC day, model and workflow, summed: what the usage report
+    reads, so that a year's report reads days, not every model call (bench/scale.py).
+
+    Kept in the append transaction of each cost entry (ledger/rollup.py), recounted from the cost
+    entries by `ledger rebuild`, checked against them by `ledger verify`. `cost_usd` sums the
+    priced calls only; a cell whose calls are all unpriced has 0 there and priced_calls 0.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    provider = models.CharField(max_length=200, blank=True)
+    model_id = models.CharField(max_length=200, blank=True)
+    workflow_version_id = models.CharField(max_length=200, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cached_input_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
+    calls = models.PositiveIntegerField(default=0)
+    priced_calls = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # Also the report's index: every read filters on workspace and a range of days.
+            models.UniqueConstraint(fields=["workspace", "day", "provider", "model_id", "workflow_version_id"],
+                                    name="daily_usage_cell_unique"),
+        ]
+
+
 class Feedback(models.Model):
     """A member's (or a harness's) rating of a run; listed in the evidence bundle."""
 

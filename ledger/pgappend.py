@@ -9,7 +9,8 @@ round trip and one commit, like a bare INSERT:
                   WHERE id = … AND last_sequence = <the writer's guess> [AND <guard>]
                   RETURNING id),
          events AS (INSERT INTO ledger_event … SELECT head.id, r.* FROM head, json_to_recordset(…) r),
-         steps AS (INSERT INTO ledger_step … ON CONFLICT … DO UPDATE …), tool calls, cost entries
+         steps AS (INSERT INTO ledger_step … ON CONFLICT … DO UPDATE …), tool calls, cost entries,
+         daily usage (ledger/rollup.py: added to, ON CONFLICT … DO UPDATE SET calls = calls + …)
     SELECT id FROM head
 
 Every INSERT selects FROM head: when the condition misses (another writer moved the head, the
@@ -39,7 +40,8 @@ from psycopg.types.json import Jsonb
 from .bulk import conflict_update, json_rows, recordset
 from .bulk import column as col
 from .bulk import table
-from .models import CostEntry, Event, Run, Step, ToolCall
+from . import rollup
+from .models import CostEntry, DailyUsage, Event, Run, Step, ToolCall
 from .projection import POSITIONED, Changes
 
 # The event columns an append sends per row; run_id comes from the head, recorded_at is one value.
@@ -73,7 +75,7 @@ def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     None if the row already exists (nothing was written)."""
     return _execute(_insert_sql(tuple(run_row), *_shape(changes)), {}, events, recorded_at,
                     Changes(run=dict(run_row), steps=changes.steps, tool_calls=changes.tool_calls,
-                            cost_entries=changes.cost_entries))
+                            cost_entries=changes.cost_entries, daily_usage=changes.daily_usage))
 
 
 # --- the statement ---------------------------------------------------------------------------
@@ -81,7 +83,7 @@ def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
 
 def _shape(changes: Changes) -> tuple[tuple[str, ...] | None, ...]:
     return tuple(tuple(rows[0]) if rows else None
-                 for rows in (changes.steps, changes.tool_calls, changes.cost_entries))
+                 for rows in (changes.steps, changes.tool_calls, changes.cost_entries, changes.daily_usage))
 
 
 def _execute(sql: str, params: dict[str, Any], events: Sequence[Mapping[str, Any]], recorded_at: datetime,
@@ -91,7 +93,7 @@ def _execute(sql: str, params: dict[str, Any], events: Sequence[Mapping[str, Any
     for name, value in changes.run.items():
         params[f"run_{name}"] = _adapt(name, value)
     for key, rows in (("steps", changes.steps), ("tool_calls", changes.tool_calls),
-                      ("cost_entries", changes.cost_entries)):
+                      ("cost_entries", changes.cost_entries), ("daily_usage", changes.daily_usage)):
         if rows:
             params[key] = json_rows(rows)
     with connection.cursor() as cursor, connection.wrap_database_errors:
@@ -138,7 +140,7 @@ def _insert_sql(run_columns: tuple[str, ...], *rows: tuple[str, ...] | None) -> 
 
 
 def _with_head(head: str, steps: tuple[str, ...] | None, calls: tuple[str, ...] | None,
-               costs: tuple[str, ...] | None) -> str:
+               costs: tuple[str, ...] | None, usage: tuple[str, ...] | None) -> str:
     parts = [f"head AS ({head})", "events AS (" + _insert_from_head(
         Event, EVENT_FIELDS, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
     if steps:
@@ -147,6 +149,8 @@ def _with_head(head: str, steps: tuple[str, ...] | None, calls: tuple[str, ...] 
         parts.append(f"tool_calls AS ({_insert_from_head(ToolCall, calls, 'tool_calls', key=('run_id', 'call_id'))})")
     if costs:
         parts.append(f"cost_entries AS ({_insert_from_head(CostEntry, costs, 'cost_entries')})")
+    if usage:
+        parts.append(f"daily_usage AS ({rollup.upsert_sql('head, ' + recordset(DailyUsage, usage, 'daily_usage'))})")
     return "WITH " + ", ".join(parts) + " SELECT id FROM head"
 
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from django.db import transaction
 
+from . import rollup
 from .fold import RunState, fold
 from .models import CostEntry, Run, Step, ToolCall, Workspace
 from .bulk import insert_rows, upsert_rows
@@ -192,12 +193,14 @@ def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> 
 @dataclass
 class Changes:
     """What a batch (or a rebuild) writes to the projections: the Run columns to set, and whole
-    Step, ToolCall and CostEntry rows (field name to value, without run_id), in the fold's order."""
+    Step, ToolCall and CostEntry rows (field name to value, without run_id), in the fold's order;
+    and the new cost entries' daily usage rows to add (ledger/rollup.py)."""
 
     run: dict[str, Any]
     steps: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     cost_entries: list[dict[str, Any]] = field(default_factory=list)
+    daily_usage: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -227,12 +230,14 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     run = {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
     if any(e["type"] == "RunStarted" for e in envelopes):
         run["root_run_id"] = root_run_id(workspace_id, state.parent_run_id)
+    cost_entries = [cost_fields(state, i, recorded_at) for i in new_entries]
     return Changes(
         run=run,
         steps=[step_fields(state, path, i) for i, (path, step) in enumerate(state.steps.items())
                if step.last_sequence > before.last_sequence or path in cost_paths],
         tool_calls=_touched_tool_calls(state, envelopes, before),
-        cost_entries=[cost_fields(state, i, recorded_at) for i in new_entries],
+        cost_entries=cost_entries,
+        daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", cost_entries),
     )
 
 
@@ -262,6 +267,7 @@ def write(run_pk: int, changes: Changes) -> None:
     upsert_rows(ToolCall, ("run_id", "call_id"), [{"run_id": run_pk, **row} for row in changes.tool_calls],
                 keep=POSITIONED)
     insert_rows(CostEntry, [{"run_id": run_pk, **row} for row in changes.cost_entries])
+    rollup.add(changes.daily_usage)
 
 
 # --- the three uses ------------------------------------------------------------------------
@@ -274,6 +280,7 @@ def rebuild(run: Run) -> RunState:
     prices = prices_for(run.workspace)
     log = log_of(run)
     state = fold(log, prices=prices, run_id=run.run_id)
+    days = rollup.days_of([run.pk]).get(run.workspace_id, set())
     for model in (Step, ToolCall, CostEntry):
         model.objects.filter(run=run).delete()
     recorded_at = {e["sequence"]: e["recordedAt"] for e in log}
@@ -283,6 +290,8 @@ def rebuild(run: Run) -> RunState:
         tool_calls=[tool_fields(state, call_id, i) for i, call_id in enumerate(state.tool_calls)],
         cost_entries=[cost_fields(state, i, recorded_at) for i in range(len(state.cost_entries))],
     ))
+    # The days of the old entries and of the new are counted again, whatever the old rows were.
+    rollup.recount(run.workspace_id, days | rollup.days_of([run.pk]).get(run.workspace_id, set()))
     STATES.take(run.workspace_id, run.run_id, prices.version)  # drop whatever this process cached for the run
     return state
 

@@ -16,7 +16,6 @@ from typing import Any
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
 from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
-from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from .envelopes import decode_payload, envelope, read_envelopes
@@ -241,45 +240,6 @@ def ratings_for(run_pks: Iterable[int]) -> dict[int, tuple[float, int]]:
     rows = (Feedback.objects.filter(run_id__in=pks).values("run_id")
             .annotate(average=Avg("rating"), n=Count("pk")).values_list("run_id", "average", "n"))
     return {pk: (float(average), n) for pk, average, n in rows}
-
-
-@dataclass(frozen=True)
-class DailyModelCost:
-    day: date
-    provider: str
-    model_id: str
-    cost_usd: Decimal | None  # NULL when every call of the cell is unpriced
-    calls: int
-    priced_calls: int
-
-    @property
-    def model(self) -> str:
-        return f"{self.provider}/{self.model_id}"
-
-
-def daily_model_costs(*, start: date, end: date, workspace: Workspace | None = None,
-                      tenant: Tenant | None = None) -> list[DailyModelCost]:
-    """Cost per UTC day and model over the cost entries recorded from `start` to `end` (inclusive),
-    in one workspace or across a tenant: the cells of the usage chart (ledger.usage has the rows)."""
-    qs = CostEntry.objects.filter(recorded_at__gte=_utc_day_start(start),
-                                  recorded_at__lt=_utc_day_start(end + timedelta(days=1)))
-    if workspace is not None:
-        qs = qs.filter(run__workspace=workspace)
-    else:
-        assert tenant is not None
-        qs = qs.filter(run__workspace__tenant=tenant)
-    cells = (
-        qs.annotate(day=TruncDate("recorded_at", tzinfo=dt_timezone.utc))
-        .values("day", "provider", "model_id")
-        .annotate(cost=Sum("cost_usd"), calls=Count("pk"), priced=Count("pk", filter=Q(cost_usd__isnull=False)))
-        .order_by("day", "provider", "model_id")
-    )
-    return [
-        DailyModelCost(day=c["day"], provider=c["provider"], model_id=c["model_id"],
-                       cost_usd=None if not c["priced"] else Decimal(c["cost"]),
-                       calls=c["calls"], priced_calls=c["priced"])
-        for c in cells
-    ]
 
 
 # --- one run, for its page -----------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from html import unescape
@@ -18,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 
 from console.format import money
 from console.pages.usage import _dollars, _nice_step
+from ledger import clock, rollup
 from ledger.append import append_events
 from ledger.models import CostEntry, Run, Workspace
 from ledger.tenancy import bootstrap
@@ -38,27 +41,31 @@ def responded(call: str, provider: str, model: str, *, inp: int = 1000, out: int
               response={"text": "ok", "usage": usage})
 
 
-def on_day(run_id: str, day: date, hour: int = 12) -> None:
-    when = datetime.combine(day, time(hour), tzinfo=timezone.utc)
-    CostEntry.objects.filter(run__run_id=run_id).update(recorded_at=when)
+@contextmanager
+def on_day(day: date, hour: int = 12) -> Iterator[None]:
+    """Appends inside are recorded on `day` at `hour` UTC: their events, cost entries and daily usage."""
+    with clock.backdated(datetime.combine(day, time(hour), tzinfo=timezone.utc)):
+        yield
 
 
 @pytest.fixture
 def calls(append, workspace: Workspace) -> None:
     """Day 1: gpt-4o-mini (priced) and an unpriced house model; day 2: gpt-4o, and gpt-4o-mini again
     from a run that started on day 1; another workspace of the tenant spends on claude."""
-    append("run_a", started("wf_a"), responded("c1", "openai", "gpt-4o-mini", inp=2000, out=200, cached=1000),
-           responded("c2", "acme.chat", "house", inp=500, out=50))
-    on_day("run_a", DAY1)
-    append("run_b", started("wf_b"), responded("c1", "openai", "gpt-4o", inp=1000, out=100, reasoning=40))
-    on_day("run_b", DAY2)
-    append("run_c", started("wf_b"), responded("c1", "openai", "gpt-4o-mini", inp=1000, out=100))
-    Run.objects.filter(run_id="run_c").update(created_at=datetime.combine(DAY1, time(23), tzinfo=timezone.utc))
-    on_day("run_c", DAY2, hour=0)
+    with on_day(DAY1):
+        append("run_a", started("wf_a"), responded("c1", "openai", "gpt-4o-mini", inp=2000, out=200, cached=1000),
+               responded("c2", "acme.chat", "house", inp=500, out=50))
+    with on_day(DAY2):
+        append("run_b", started("wf_b"), responded("c1", "openai", "gpt-4o", inp=1000, out=100, reasoning=40))
+    with on_day(DAY1, hour=23):
+        append("run_c", started("wf_b"))
+    with on_day(DAY2, hour=0):
+        append("run_c", responded("c1", "openai", "gpt-4o-mini", inp=1000, out=100))
     append("run_none", started("wf_a"))
     research = bootstrap(tenant="acme", workspace="research")
-    append_events(workspace=research, run_id="run_r", events=[started("wf_r"), responded("c1", "anthropic", "claude-sonnet-4-6")])
-    on_day("run_r", DAY2)
+    with on_day(DAY2):
+        append_events(workspace=research, run_id="run_r",
+                      events=[started("wf_r"), responded("c1", "anthropic", "claude-sonnet-4-6")])
 
 
 def table(html: str, table_id: str) -> dict[str, list[str]]:
@@ -195,9 +202,9 @@ def test_csv_download_matches_the_table(browser: Client, calls: None) -> None:
 
 
 def test_tenant_scope_covers_every_workspace_of_the_tenant(browser: Client, calls: None, outsider) -> None:
-    append_events(workspace=Workspace.objects.get(slug="main"), run_id="run_g",
-                  events=[started(), responded("c1", "openai", "gpt-5")])
-    on_day("run_g", DAY2)
+    with on_day(DAY2):
+        append_events(workspace=Workspace.objects.get(slug="main"), run_id="run_g",
+                      events=[started(), responded("c1", "openai", "gpt-5")])
     response = browser.get(URL + RANGE + "&scope=tenant")
     assert response.status_code == 200
     html = response.content.decode()
@@ -252,6 +259,7 @@ def test_usage_page_queries_do_not_grow_with_the_calls(browser: Client, calls: N
                   price_table_version="t", recorded_at=base + timedelta(minutes=17 * i))
         for i in range(5_000)
     ], batch_size=1000)
+    rollup.recount(run.workspace_id, {base.date() + timedelta(days=d) for d in range(60)})
     with django_assert_num_queries(len(small)):
         response = browser.get(URL + "?from=2026-02-01&to=2026-03-31")
     html = response.content.decode()

@@ -17,10 +17,9 @@ from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
 
-from ledger import selectors
+from ledger import selectors, usage
 from ledger.models import Workspace
-from ledger.selectors import DailyModelCost
-from ledger.usage import UsageRow, usage_rows
+from ledger.usage import DailyModelCost, UsageRow, usage_rows
 
 from .guard import member_access
 from ..format import money
@@ -251,16 +250,15 @@ def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
         context["refused"] = True
         return render(request, "console/usage/report.html", context, status=403)
     where: dict[str, Any] = {"tenant": ws.tenant} if scope == "tenant" else {"workspace": ws}
-    by_model, total = usage_rows(group_by="model", start=start, end=end, **where)
-    by_day, _ = usage_rows(group_by="day", start=start, end=end, **where)
+    report = usage.report(start=start, end=end, **where)
     rng = {"from": start, "to": end}
     context.update({
         "scope": scope, "start": start, "end": end,
-        "chart": build_chart(selectors.daily_model_costs(start=start, end=end, **where), start, end, ws),
-        "models": [TableRow(r.key or "", runs_url(ws, model=r.key or "", **rng), r) for r in by_model],
+        "chart": build_chart(report.cells, start, end, ws),
+        "models": [TableRow(r.key or "", runs_url(ws, model=r.key or "", **rng), r) for r in report.by_model],
         "days": [TableRow(r.key or "", runs_url(ws, model=selectors.ANY_MODEL, **{"from": r.key or "", "to": r.key or ""}), r)
-                 for r in by_day],
-        "total": TableRow("Total", runs_url(ws, model=selectors.ANY_MODEL, **rng), total),
+                 for r in report.by_day],
+        "total": TableRow("Total", runs_url(ws, model=selectors.ANY_MODEL, **rng), report.total),
         "csv_url": _csv_url(ws, scope, start, end, "model"),
         "csv_days_url": _csv_url(ws, scope, start, end, "day"),
     })
