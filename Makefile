@@ -41,8 +41,10 @@ lint: setup
 check: lint
 	$(PY) manage.py makemigrations --check --dry-run
 
+# Every benchmark against PostgreSQL and Redis (DATABASE_URL, REDIS_URL: a scratch database; exit 2
+# when either is not set or does not answer), one table to stdout and bench/results.md.
 bench: setup
-	$(PY) bench/ingest.py
+	$(PY) bench/all.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis

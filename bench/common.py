@@ -178,18 +178,20 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 # --- clean-up -----------------------------------------------------------------------------------
 
 
-def cleanup(workspace: Any, run_ids: list[str]) -> None:
+def cleanup(workspace: Any, run_ids: list[str], *, keep_workspace: bool = False) -> None:
     """Delete the bench runs the way retention does (mark them pruning, delete what hangs off them),
     then what else the workspace holds (keys, artifacts, re-execution requests), then the workspace.
 
     The audit log is insert-only and outlives what it names (ledger/audit.py), and retention in the
     product deletes runs, never a workspace. So a bench workspace that an audit entry names (an API
     key was created in it) is emptied but kept, with its entries, and the bench says so; one that no
-    entry names is deleted. Best effort: a table added later that the deletes below do not cover
+    entry names is deleted. `keep_workspace`: only the runs go (a bench that
+    wrote into a workspace it did not make). Best effort: a table added later that the deletes below do not cover
     leaves the bench rows in place, with a warning, rather than failing the benchmark.
     """
     from django.db import connection, transaction
 
+    from ledger import rollup
     from ledger.models import AuditEntry, Run
 
     try:
@@ -197,10 +199,15 @@ def cleanup(workspace: Any, run_ids: list[str]) -> None:
             pks = list(Run.objects.filter(workspace=workspace, run_id__in=run_ids).values_list("pk", flat=True))
             with connection.cursor() as cur:
                 if pks:
+                    days = rollup.days_of(pks)
                     Run.objects.filter(pk__in=pks).update(pruning=True)
                     for table, column in _referencing("ledger_run", cur):  # ledger_event among them
                         cur.execute(f'DELETE FROM {table} WHERE "{column}" = ANY(%s)', [pks])
                     cur.execute("DELETE FROM ledger_run WHERE id = ANY(%s)", [pks])
+                    for workspace_id, spent in days.items():  # the daily usage without their cost entries
+                        rollup.recount(workspace_id, spent)
+                if keep_workspace:
+                    return
                 # Re-execution requests name the API key that asked, so they go before the keys.
                 for table in ("ledger_reexecutionrequest", "ledger_artifact", "ledger_apikey"):
                     cur.execute(f"DELETE FROM {table} WHERE workspace_id = %s", [workspace.pk])
