@@ -50,7 +50,7 @@ class Bench:
 BENCHES = (
     Bench("ingest"),
     Bench("fold"),
-    Bench("memory"),
+    Bench("memory", ("--events", "200000"), "200,000 events instead of 1,000,000"),
     Bench("runtime", ("--calls", "200", "--repeat", "3")),
     Bench("reexec", ("--repeat", "3"), "3 repeats instead of 5"),
     Bench("stream"),

@@ -43,7 +43,8 @@ WORKSPACES = ("scale-a", "scale-b", "scale-c")
 SPAN_DAYS = 400  # so that a 1-year usage window does not cover every row
 SMALL_RUNS = 100
 PROBE_RUN = "run_scale_probe"  # 10,000 events, in both datasets: evidence and replay plan
-PROBE_STEPS = 769  # 2 + 769 * 13 = 9,999 events with RunCompleted
+PROBE_STEPS = 769
+PROBE_EVENTS = 2 + PROBE_STEPS * 13  # 9,999: 2 turns a step, RunStarted and RunCompleted
 TARGET_RATIO = 1.5
 # (provider, modelId); the last is in no price table, so some cost entries are unpriced.
 MODELS = (("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4-6"), ("google", "gemini-2.5-flash"),
@@ -624,9 +625,9 @@ def main(argv: list[str]) -> int:
 
 
 def print_table(figures: list[Figure], markers: dict[str, Marker]) -> None:
-    def size(dataset: str) -> str:
-        return f"{markers[dataset].events / 1e6:.0f}M" if markers[dataset].events >= 1e6 else \
-            f"{markers[dataset].events / 1e3:.0f}k"
+    def size(dataset: str) -> str:  # without the probe's events: the 10k, 1M and 10M of the names
+        events = markers[dataset].events - PROBE_EVENTS
+        return f"{events / 1e6:.0f}M" if events >= 1e6 else f"{events / 1e3:.0f}k"
 
     base, other = size(figures[0].base), size(figures[0].other)
     print(f"\n| figure | {base} events, ms | {other} events, ms | ratio | queries | target <= {TARGET_RATIO}x |")
