@@ -68,21 +68,25 @@ def upsert_sql(source: str) -> str:
     """INSERT of the rows of `source` (a FROM list whose columns include COLUMNS), each added to its
     cell; in key order, so that two transactions lock the cells they share in the same order. The
     appends on PostgreSQL put it in their one statement (ledger/pgappend.py)."""
-    name = table(DailyUsage)
-    add_to = ", ".join(f"{c} = {name}.{c} + EXCLUDED.{c}" for c in SUMS)
-    return (f"INSERT INTO {name} ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM {source} "
-            f"ORDER BY {', '.join(KEY)} ON CONFLICT ({', '.join(('workspace_id', *KEY))}) DO UPDATE SET {add_to}")
+    return (f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM {source} "
+            f"ORDER BY {', '.join(KEY)} {_added_to_cell()}")
 
 
 def add(rows: Sequence[Mapping[str, Any]]) -> None:
-    """Add `rows` (`cells`) to the rollup, in the caller's transaction."""
+    """Add `rows` (`cells`, in key order) to the rollup, in the caller's transaction."""
     if not rows:
         return
     values = ", ".join(["(" + ", ".join(["%s"] * len(COLUMNS)) + ")"] * len(rows))
-    source = f"(VALUES {values}) AS r({', '.join(COLUMNS)})"
     params = [row[c].isoformat() if c == "day" else row[c] for row in rows for c in COLUMNS]
     with connection.cursor() as cursor:
-        cursor.execute(upsert_sql(source), params)
+        cursor.execute(f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) VALUES {values} {_added_to_cell()}",
+                       params)
+
+
+def _added_to_cell() -> str:
+    name = table(DailyUsage)
+    return (f"ON CONFLICT ({', '.join(('workspace_id', *KEY))}) DO UPDATE SET "
+            + ", ".join(f"{c} = {name}.{c} + EXCLUDED.{c}" for c in SUMS))
 
 
 def days_of(run_pks: Iterable[int]) -> dict[int, set[date]]:
