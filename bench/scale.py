@@ -618,7 +618,7 @@ def main(argv: list[str]) -> int:
     print_table(saturated, markers)
     print(f"\nA year's usage report data at {markers['big'].events:,} events: {gain[0] * 1000:.1f} ms from the daily "
           f"usage rollup, {gain[1] * 1000:.1f} ms from the cost entries as before it ({gain[0] / gain[1]:.3f}x)")
-    record("scale: usage report data, 1 year, 10M events: daily rollup / cost entries", value=gain[0] * 1000,
+    record("usage report data, 1 year, 10M events: daily rollup / cost entries", value=gain[0] * 1000,
            unit="ms", baseline=gain[1] * 1000, ratio=gain[0] / gain[1], target="(what the rollup saves)", met=None)
     print(f"\ntotal {time.monotonic() - began:.0f} s")
     return 0
@@ -627,7 +627,7 @@ def main(argv: list[str]) -> int:
 def print_table(figures: list[Figure], markers: dict[str, Marker]) -> None:
     def size(dataset: str) -> str:  # without the probe's events: the 10k, 1M and 10M of the names
         events = markers[dataset].events - PROBE_EVENTS
-        return f"{events / 1e6:.0f}M" if events >= 1e6 else f"{events / 1e3:.0f}k"
+        return f"{events / 1e6:.0f}M" if events >= 950_000 else f"{events / 1e3:.0f}k"
 
     base, other = size(figures[0].base), size(figures[0].other)
     print(f"\n| figure | {base} events, ms | {other} events, ms | ratio | queries | target <= {TARGET_RATIO}x |")
@@ -637,7 +637,7 @@ def print_table(figures: list[Figure], markers: dict[str, Marker]) -> None:
         queries = f"{f.queries[f.base]}" + ("" if f.queries[f.base] == f.queries[f.other] else f" / {f.queries[f.other]}")
         print(f"| {f.name} | {f.median(f.base) * 1000:.2f} | {f.median(f.other) * 1000:.2f} | {f.ratio:.2f}x | "
               f"{queries} | {'met' if met else 'NOT MET'} |")
-        record(f"scale: {f.name} ({other} vs {base} events)", value=f.median(f.other) * 1000, unit="ms",
+        record(f"{f.name} ({other} vs {base} events)", value=f.median(f.other) * 1000, unit="ms",
                baseline=f.median(f.base) * 1000, ratio=f.ratio, target=f"≤ {TARGET_RATIO}×", met=met)
 
 
