@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.contrib.auth import views as auth_views
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path
 
 urlpatterns = [
@@ -16,5 +15,3 @@ urlpatterns = [
     path("", include("console.pages.audit")),
     path("", include("console.pages.usage")),
 ]
-# Daphne does not serve static files itself; the console serves its own few (no CDN, no build).
-urlpatterns += staticfiles_urlpatterns()
