@@ -56,7 +56,8 @@ def main(argv: list[str]) -> int:
     workspace = bootstrap(tenant="bench", workspace=f"fold-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")
     appender = Appender(workspace, 500)
     try:
-        appender.batched(make_events(args.events, "f"))()
+        for append in appender.batched(make_events(args.events, "f")):  # Steps: one call per batch
+            append()
         run = Run.objects.get(workspace=workspace, run_id=appender.run_ids[-1])
         prices = prices_for(workspace)
         log = log_of(run)
