@@ -118,8 +118,12 @@ def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
     occurrence_id = _optional_str(index, item, "occurrenceId")
     key = _optional_str(index, item, "idempotencyKey")
     payload = item.get("payload", {})
-    validate_payload(index, event_type, payload)
-    payload = redact(payload)
+    try:
+        validate_payload(index, event_type, payload)
+        payload = redact(payload)
+    except RecursionError:
+        # A body the JSON parser accepted can still be deeper than these recursive walks go.
+        raise InvalidEvent(f"event {index}: payload is nested too deeply", index=index, field="payload") from None
     try:
         canonical = canonical_bytes(payload)
     except NotCanonicalizable as exc:

@@ -123,6 +123,9 @@ def test_what_only_the_stdlib_decodes_is_decoded_by_it() -> None:
      400, "invalid_event"),
     (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\\ud800"}}]}', 400, "invalid_event"),
     (b"[]", 400, "invalid_request"),
+    # Parsed (orjson reads up to 1024 levels), then too deep for the checks of the append itself.
+    *((b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
+       + b"[" * depth + b"]" * depth + b"}}]}", 400, "invalid_event") for depth in (500, 1000)),
 ])
 def test_bad_bodies_get_the_error_body_never_a_500(workspace, body: bytes, status: int, code: str) -> None:
     _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
