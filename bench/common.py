@@ -95,6 +95,17 @@ def median_seconds(fn: Callable[[], Any], repeat: int, *, warmup: int = 0) -> fl
     return statistics.median(samples)
 
 
+def get_ok(client: Any, url: str) -> Callable[[], Any]:
+    """A timed call that GETs `url` with a Django test client and stops the bench on anything but 200."""
+    def go() -> Any:
+        response = client.get(url)
+        if response.status_code != 200:
+            raise SystemExit(f"GET {url} answered {response.status_code}")
+        return response
+
+    return go
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]

@@ -42,7 +42,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, median_seconds, percentile, record, require_services, setup_django, start_daphne, stop,
+    cleanup, get_ok, median_seconds, percentile, record, require_services, setup_django, start_daphne, stop,
 )
 from bench.stream import append_one  # noqa: E402
 
@@ -167,16 +167,6 @@ def _bare(sql: str, params: list[Any]) -> Callable[[], Any]:
     return go
 
 
-def _page(client: Any, url: str) -> Callable[[], Any]:
-    def go() -> Any:
-        response = client.get(url)
-        if response.status_code != 200:
-            raise SystemExit(f"GET {url} answered {response.status_code}")
-        return response
-
-    return go
-
-
 def _queries(fn: Callable[[], Any]) -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -205,7 +195,7 @@ def measure_views(client: Any, url: str, run: Any, repeats: int) -> list[tuple[s
     ]
     results = []
     for name, suffix, sql, params in views:
-        page = _page(client, url + suffix)
+        page = get_ok(client, url + suffix)
         results.append((f"  {name}", median_seconds(page, repeats, warmup=PAGE_WARMUP),
                         median_seconds(_bare(sql, params), repeats, warmup=PAGE_WARMUP), _queries(page)))
     return results
@@ -221,7 +211,7 @@ def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple
     for size, (ws, run_id) in runs.items():
         run = Run.objects.get(workspace=ws, run_id=run_id)
         url = f"/w/{ws.tenant.slug}/{ws.slug}/runs/{run_id}/"
-        page = _page(client, url)
+        page = get_ok(client, url)
         shown = run_page.PAGE_SIZE
         bare = _bare("SELECT * FROM ledger_event WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
                      [run.pk, max(0, run.last_sequence - shown), shown])
@@ -230,7 +220,7 @@ def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple
         results += measure_views(client, url, run, repeats)
     for size in SIZES:
         ws = workspaces[f"runs{size}"]
-        page = _page(client, f"/w/{ws.tenant.slug}/{ws.slug}/")
+        page = get_ok(client, f"/w/{ws.tenant.slug}/{ws.slug}/")
         bare = _bare("SELECT * FROM ledger_run WHERE workspace_id = %s ORDER BY created_at DESC, id DESC LIMIT %s",
                      [ws.pk, runs_page.PAGE_SIZE + 1])
         results.append((f"runs list, {size:,} runs", median_seconds(page, repeats, warmup=PAGE_WARMUP),

@@ -34,7 +34,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import libpq_url, record, require_postgres, setup_django  # noqa: E402
+from bench.common import get_ok, libpq_url, record, require_postgres, setup_django  # noqa: E402
 
 # Bump when the generated data changes: a dataset with another version is loaded again.
 LOADER_VERSION = 1
@@ -411,15 +411,6 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
     )
 
 
-def _get(client: Any, url: str) -> Callable[[], Any]:
-    def go() -> Any:
-        response = client.get(url)
-        if response.status_code != 200:
-            raise SystemExit(f"GET {url} answered {response.status_code}")
-        return response
-    return go
-
-
 def _append(p: Probes, *, per_call: int, events: int) -> Callable[[], Any]:
     """A new run in scale-a: `events` events of a generated run, `per_call` per append_events call."""
     from ledger.append import append_events
@@ -438,12 +429,12 @@ def _append(p: Probes, *, per_call: int, events: int) -> Callable[[], Any]:
 PAGES: dict[str, Callable[[Probes], Callable[[], Any]]] = {
     "append, single (50 events, 1 per call)": lambda p: _append(p, per_call=1, events=50),
     "append, batched (5,000 events, 500 per call)": lambda p: _append(p, per_call=500, events=5000),
-    "run page (172-event run)": lambda p: _get(p.client, _run_url(p, p.typical)),
-    "run page (10,000-event run)": lambda p: _get(p.client, _run_url(p, p.probe)),
-    "runs list, first page": lambda p: _get(p.client, _ws_url(p)),
-    "runs list, last full page (cursor)": lambda p: _get(p.client, _ws_url(p) + f"?cursor={p.deep_cursor}"),
-    "usage report, 30 days": lambda p: _get(p.client, _usage_url(p, 30)),
-    "usage report, 1 year": lambda p: _get(p.client, _usage_url(p, 365)),
+    "run page (172-event run)": lambda p: get_ok(p.client, _run_url(p, p.typical)),
+    "run page (10,000-event run)": lambda p: get_ok(p.client, _run_url(p, p.probe)),
+    "runs list, first page": lambda p: get_ok(p.client, _ws_url(p)),
+    "runs list, last full page (cursor)": lambda p: get_ok(p.client, _ws_url(p) + f"?cursor={p.deep_cursor}"),
+    "usage report, 30 days": lambda p: get_ok(p.client, _usage_url(p, 30)),
+    "usage report, 1 year": lambda p: get_ok(p.client, _usage_url(p, 365)),
     "usage report data, 1 year (ledger.usage.report)": lambda p: _usage_data(p, 365),
     "evidence bundle (10,000-event run)": lambda p: _evidence(p.probe),
     "replay plan (10,000-event run)": lambda p: _replay_plan(p.probe),

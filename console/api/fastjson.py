@@ -48,7 +48,7 @@ class JsonParser(JSONParser):
                 try:
                     return orjson.loads(body)
                 except orjson.JSONDecodeError:
-                    pass
+                    pass  # DRF's parser below gives the error (or accepts what only the stdlib reads)
             stream = io.BytesIO(body)
         try:
             return super().parse(stream, media_type, parser_context)
@@ -72,7 +72,7 @@ class JsonRenderer(JSONRenderer):
             try:
                 out = orjson.dumps(data, default=_DRF_DEFAULT, option=_DUMPS_OPTIONS)
             except orjson.JSONEncodeError:
-                pass
+                pass  # DRF's renderer below writes it
             else:
                 return out.replace(b"\xe2\x80\xa8", b"\\u2028").replace(b"\xe2\x80\xa9", b"\\u2029")
         rendered: bytes = super().render(data, accepted_media_type, renderer_context)
