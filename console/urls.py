@@ -10,6 +10,8 @@ urlpatterns = [
     path("", include("console.pages.runs")),
     # Before the run page: its `<tab>/` route would take `reexecute/` for a tab name.
     path("", include("console.pages.reexecution")),
+    # Also before it: `share-links/` and `share-policy/` would be taken for tab names.
+    path("", include("console.pages.share")),
     path("", include("console.pages.run")),
     path("", include("console.pages.approvals")),
     path("", include("console.pages.audit")),

@@ -57,6 +57,8 @@ class Workspace(models.Model):
     redact_value_patterns = models.JSONField(default=list, blank=True)
     # {"provider/modelId": {"input": .., "cachedInput": .., "output": ..}} over the shipped table.
     price_overrides = models.JSONField(default=dict, blank=True)
+    # Shared views (share links) hide model inputs and tool arguments: an admin's choice, audited.
+    share_hides_inputs = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -524,6 +526,45 @@ class ReexecutionRequest(models.Model):
         return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.DENIED, self.Status.EXPIRED)
 
 
+class ShareLink(models.Model):
+    """A read-only, login-free link to one run's evidence (API.md "Share links").
+
+    The token is shown once, in the URL given to its creator; only its sha256 is kept. The run is
+    named by id, not by foreign key (as a re-execution request names its run), so retention
+    deleting the run leaves the link's record and its audit trail; the link then answers 410.
+    """
+
+    public_id = models.CharField(max_length=40, unique=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="share_links")
+    run_id = models.CharField(max_length=84)
+    # sha256 of the token: the token is 32 random bytes, so a slow hash buys nothing (as for API keys).
+    token_hash = models.CharField(max_length=64, unique=True)
+    include_sub_runs = models.BooleanField(default=False)
+    expires_at = models.DateTimeField()
+    max_opens = models.PositiveIntegerField(null=True, blank=True)
+    open_count = models.PositiveIntegerField(default=0)
+    last_opened_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=160)  # a username
+    created_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                        on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=160, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(max_opens__isnull=True) | Q(max_opens__gte=1, max_opens__lte=10_000),
+                                   name="share_link_max_opens_in_range"),
+            # The backstop of the counted open (ledger/sharing.py): never one open past the limit.
+            models.CheckConstraint(condition=Q(max_opens__isnull=True) | Q(open_count__lte=models.F("max_opens")),
+                                   name="share_link_opens_within_max"),
+        ]
+        indexes = [models.Index(fields=["workspace", "run_id", "created_at"], name="share_link_by_run")]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
 class AuditQuerySet(models.QuerySet):
     def update(self, **kwargs: Any) -> NoReturn:
         raise TypeError("the audit log is append-only")
@@ -556,6 +597,10 @@ class AuditEntry(models.Model):
         MEMBER_CHANGED = "member.changed"
         MEMBER_REMOVED = "member.removed"
         RETENTION_CHANGED = "retention.changed"
+        SHARE_LINK_CREATED = "share_link.created"
+        SHARE_LINK_REVOKED = "share_link.revoked"
+        SHARE_LINK_OPENED = "share_link.opened"
+        SHARE_POLICY_CHANGED = "share_policy.changed"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

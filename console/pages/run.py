@@ -42,6 +42,7 @@ from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversations
 from .guard import member_access
 from .reexecution import can_request, reexecution_rows, run_origin
+from .share import panel_context
 from .waterfall import Axis, parse_time, waterfall
 
 TABS = ("timeline", "conversation", "waterfall", "state", "steps", "subruns", "evidence", "costs")
@@ -384,6 +385,7 @@ def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
     context.update(_header_context(run))
     context["can_reexecute"] = can_request(request.user, run.workspace)
     context.update(_feedback_context(run, feedback))
+    context.update(panel_context(request, run))
     context["workspaces"] = selectors.workspaces_for(request.user)
     return render(request, "console/run.html", context, status=tab.status)
 

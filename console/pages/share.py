@@ -1,0 +1,293 @@
+"""Share links in the console: the public, read-only page a link opens (`/s/<token>/`), its
+evidence.json, and the share panel of the run page (list, create, revoke; the workspace's policy).
+
+The public page needs no login and offers nothing to do: no forms, no live updates, no link into
+the console (every link stays under `/s/<token>/`). It reuses the run page's partials — timeline,
+conversation, steps, sub-run tree, costs — with `shared` set, which leaves out their controls and
+points their links under the share link. Every response under `/s/` is `noindex`, `no-referrer`
+(the token is in the URL: it must not leak to another site) and `no-store`.
+
+Every request for a page or the JSON counts as one open of the link (ledger/sharing.py): the
+page shows all its sections at once, so one reading is one open; the timeline's pager links are
+opens too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST, require_safe
+
+from ledger import evidence, selectors, sharing
+from ledger.access import Access
+from ledger.errors import NotFound
+from ledger.models import Run, ShareLink
+from ledger.plans import replay_plan_for
+from ledger.subruns import subrun_tree
+
+from ..format import coverage
+from ..rows import event_row
+from .conversation import SESSIONS_PER_PAGE, conversations
+from .guard import has_role, member_access
+
+TIMELINE_PAGE = 200
+STEPS_SHOWN = 200
+DEFAULT_EXPIRY_HOURS = 72
+
+
+def _private(response: HttpResponse) -> HttpResponse:
+    """What every response under /s/ carries, refusals included."""
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    response["Referrer-Policy"] = "no-referrer"
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _refusal(request: HttpRequest, status: int, title: str, message: str) -> HttpResponse:
+    return _private(render(request, "share/refused.html", {"title": title, "message": message}, status=status))
+
+
+GONE_TITLES = {"expired": "Link expired", "revoked": "Link revoked", "used_up": "Link used up",
+               "run_deleted": "Run deleted"}
+
+
+def _open(request: HttpRequest, token: str, run_id: str | None, what: str) -> sharing.Opened | HttpResponse:
+    try:
+        return sharing.open_link(token, what=what, sub_run_id=run_id)
+    except NotFound:
+        return _refusal(request, 404, "Not found", "There is no share link at this address.")
+    except sharing.ShareLinkGone as gone:
+        return _refusal(request, 410, GONE_TITLES.get(gone.reason, "Link gone"), gone.message)
+
+
+def _after(request: HttpRequest) -> int | None | str:
+    """`?after=N` of the timeline: None when absent, the error message when not a whole number ≥ 0."""
+    raw = request.GET.get("after", "")
+    if raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 12:
+        return f"after must be a whole number, got {raw[:40]!r}"
+    return int(raw)
+
+
+def _strip_artifact_links(views: list[Any]) -> None:
+    """The verified downloads are the console's (a member's session): a shared view names the
+    artifacts without linking them."""
+    for session in views:
+        for tool in session.loose_tools:
+            tool.artifacts = [{**a, "url": None} for a in tool.artifacts]
+        for turn in session.turns:
+            turn.artifacts = [{**a, "url": None} for a in turn.artifacts]
+            for tool in turn.tools:
+                tool.artifacts = [{**a, "url": None} for a in tool.artifacts]
+
+
+def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool) -> dict[str, Any]:
+    last = run.last_sequence
+    after = 0 if after is None else min(after, last)
+    envelopes = [sharing.shared_envelope(e, hide_inputs=hide_inputs)
+                 for e in selectors.events(run, after=after, limit=TIMELINE_PAGE)]
+    rows = [event_row(e, run.workspace) for e in envelopes]
+    for row in rows:
+        row["artifacts"] = [{**a, "url": None} for a in row["artifacts"]]
+    shown_last = rows[-1]["sequence"] if rows else after
+    return {
+        "rows": rows, "after": after, "limit": TIMELINE_PAGE, "newest": False, "searching": False, "search": {},
+        "last_on_page": shown_last,
+        "older_url": f"{page_path}?after={max(0, after - TIMELINE_PAGE)}#timeline" if after > 0 else None,
+        "newer_url": f"{page_path}?after={shown_last}#timeline" if shown_last < last else None,
+        "newest_url": None,
+    }
+
+
+def _pager(shown: int, total: int) -> dict[str, Any]:
+    """The run page's pager with no links: a shared page shows the first window only."""
+    return {"start": 0, "first_shown": 1, "last_shown": shown, "total": total, "paged": total > shown,
+            "previous_url": None, "next_url": None, "first_url": None}
+
+
+def _steps(run: Run) -> dict[str, Any]:
+    from .run import tokens
+
+    steps, total = selectors.steps_page(run, start=0, size=STEPS_SHOWN)
+    plan = replay_plan_for(run) if run.last_sequence else None
+    should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
+    rows = [{"step": s, "path": s.step_path, "status": s.status, "attempts": len(s.attempts or []), "visit": s.visit,
+             "tokens": tokens(s), "should_run": should_run.get(s.step_path, s.status != "completed"),
+             "error": s.error} for s in steps]
+    missing = plan["replayReady"]["missing"] if plan else []
+    return {
+        "steps": rows, "plan": plan, "plan_sessions": plan["sessions"] if plan else [],
+        "step_pager": _pager(len(steps), total),
+        "missing": missing[:50], "missing_more": max(0, len(missing) - 50),
+        "models": [{**m, "coverage": coverage(m["priced"], m["calls"] - m["priced"])}
+                   for m in selectors.costs_by_model(run)],
+        "total_tokens": tokens(run),
+    }
+
+
+@require_safe
+def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> HttpResponse:
+    after = _after(request)
+    if isinstance(after, str):
+        try:
+            sharing.find_link(token)
+        except NotFound:
+            return _refusal(request, 404, "Not found", "There is no share link at this address.")
+        return _refusal(request, 400, "Bad request", after)
+    opened = _open(request, token, run_id, "page")
+    if isinstance(opened, HttpResponse):
+        return opened
+    link, run = opened.link, opened.run
+    hide = link.workspace.share_hides_inputs
+    base = sharing.share_path(token)
+    page_path = sharing.shared_run_path(token, opened.root.run_id, run.run_id)
+    sessions = conversations(run.workspace, sharing.shared_folded(run, hide_inputs=hide)) if run.last_sequence else []
+    shown_sessions = sessions[:SESSIONS_PER_PAGE]
+    _strip_artifact_links(shown_sessions)
+    context: dict[str, Any] = {
+        "shared": True, "run": run, "workspace": run.workspace, "link": link, "hide_inputs": hide,
+        "share_base": base, "share_root": opened.root.run_id, "page_path": page_path,
+        "is_root": run.pk == opened.root.pk,
+        "parent_path": (sharing.shared_run_path(token, opened.root.run_id, run.parent_run_id)
+                        if run.pk != opened.root.pk else None),
+        "evidence_path": f"{page_path}evidence.json",
+        "conversation_sessions": shown_sessions,
+        "session_pager": _pager(len(shown_sessions), len(sessions)),
+        **_timeline(run, page_path, after, hide),
+        **_steps(run),
+    }
+    if link.include_sub_runs:
+        tree = subrun_tree(run)
+        context.update({"tree": tree, "descendants": tree.size - 1})
+    return _private(render(request, "share/run.html", context))
+
+
+@require_safe
+def shared_evidence(request: HttpRequest, token: str, run_id: str | None = None) -> HttpResponse:
+    opened = _open(request, token, run_id, "evidence.json")
+    if isinstance(opened, HttpResponse):
+        return opened
+    bundle = evidence.evidence_bundle(opened.run)
+    shared = sharing.shared_bundle(bundle, token=token, root_run_id=opened.root.run_id,
+                                   hide_inputs=opened.link.workspace.share_hides_inputs,
+                                   include_sub_runs=opened.link.include_sub_runs)
+    return _private(JsonResponse(shared, json_dumps_params={"ensure_ascii": False}))
+
+
+# --- the share panel of the run page (operators and up) ---------------------------------------
+
+
+def panel_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, Any]:
+    """The panel's context, or nothing for a member below operator (they see no panel)."""
+    ws = run.workspace
+    if not has_role(request.user, ws, "operator"):
+        return {}
+    args = [ws.tenant.slug, ws.slug, run.run_id]
+    links = [{**sharing.as_dict(link), "revoke_url": reverse("run-share-link-revoke", args=[*args, link.public_id])}
+             for link in sharing.links_of_run(ws, run.run_id)[:100]]
+    return {
+        "share_panel": True,
+        "share_links": links,
+        "share_create_url": reverse("run-share-links", args=args),
+        "share_policy_url": reverse("run-share-policy", args=args),
+        "share_can_admin": has_role(request.user, ws, "admin"),
+        "share_hides_inputs": ws.share_hides_inputs,
+        "share_form": {"expires": str(DEFAULT_EXPIRY_HOURS), "include_sub_runs": False, "max_opens": ""},
+        **extra,
+    }
+
+
+def _wants_partial(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return htmx is not None and bool(htmx)
+
+
+def _operator_run(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> tuple[Access, Run]:
+    member = member_access(request, tenant, workspace, run_id=run_id)
+    if not member.allows("operator"):
+        raise PermissionDenied("share links need the operator role")
+    assert member.run is not None
+    return member, member.run
+
+
+def _whole(raw: str, name: str, low: int, high: int) -> tuple[int | None, str]:
+    raw = raw.strip()
+    if not raw.isascii() or not raw.isdigit() or not low <= int(raw[:12]) <= high:
+        return None, f"{name} must be a whole number from {low} to {high}."
+    return int(raw), ""
+
+
+def _panel(request: HttpRequest, run: Run, status: int = 200, **extra: Any) -> HttpResponse:
+    context = {"run": run, "workspace": run.workspace, **panel_context(request, run, **extra)}
+    if _wants_partial(request):
+        return render(request, "console/run/share_panel.html", context, status=status)
+    return render(request, "console/share_panel_page.html", context, status=status)
+
+
+@login_required
+@require_POST
+def create_share_link(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    member, run = _operator_run(request, tenant, workspace, run_id)
+    expires = request.POST.get("expires_in_hours", "").strip()
+    include_sub_runs = request.POST.get("include_sub_runs") == "on"
+    raw_max = request.POST.get("max_opens", "").strip()
+    hours, error = _whole(expires, "Expiry (hours)", 1, sharing.MAX_EXPIRY_HOURS)
+    max_opens = None
+    if not error and raw_max:
+        max_opens, error = _whole(raw_max, "Max opens", 1, sharing.MAX_OPENS)
+    if error or hours is None:
+        form = {"expires": expires, "include_sub_runs": include_sub_runs, "max_opens": raw_max}
+        return _panel(request, run, 400, share_form=form, share_error=error)
+    _, token = sharing.create_link(workspace=run.workspace, run=run, by=member.user, expires_in_hours=hours,
+                                   include_sub_runs=include_sub_runs, max_opens=max_opens)
+    return _panel(request, run, 201, share_new_url=request.build_absolute_uri(sharing.share_path(token)))
+
+
+@login_required
+@require_POST
+def revoke_share_link(request: HttpRequest, tenant: str, workspace: str, run_id: str, link_id: str) -> HttpResponse:
+    member, run = _operator_run(request, tenant, workspace, run_id)
+    try:
+        link: ShareLink = sharing.get_link([run.workspace], link_id)
+    except NotFound:
+        raise Http404("not found") from None
+    if link.run_id != run.run_id:
+        raise Http404("not found")
+    sharing.revoke_link(link, by=member.user)
+    if not _wants_partial(request):
+        return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#share-panel")
+    return _panel(request, run)
+
+
+@login_required
+@require_POST
+def share_policy(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """The workspace's policy for every shared view (an admin's); posted from a run's panel."""
+    member = member_access(request, tenant, workspace, run_id=run_id)
+    if not member.allows("admin"):
+        raise PermissionDenied("the share policy is an admin's setting")
+    assert member.run is not None
+    sharing.set_share_policy(workspace=member.workspace, hides_inputs=request.POST.get("hides_inputs") == "on",
+                             by=member.user)
+    if not _wants_partial(request):
+        return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#share-panel")
+    return _panel(request, member.run)
+
+
+RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"
+
+urlpatterns = [
+    path("s/<str:token>/", shared_run, name="share"),
+    path("s/<str:token>/evidence.json", shared_evidence, name="share-evidence"),
+    path("s/<str:token>/runs/<str:run_id>/", shared_run, name="share-run"),
+    path("s/<str:token>/runs/<str:run_id>/evidence.json", shared_evidence, name="share-run-evidence"),
+    path(RUN + "share-links/", create_share_link, name="run-share-links"),
+    path(RUN + "share-links/<str:link_id>/revoke/", revoke_share_link, name="run-share-link-revoke"),
+    path(RUN + "share-policy/", share_policy, name="run-share-policy"),
+]

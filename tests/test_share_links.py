@@ -1,0 +1,482 @@
+"""Share links (API.md "Share links"): an operator makes a link to a run; anyone holding it reads
+the run's evidence without a login — read-only, unindexed, never a referrer — until it expires,
+is revoked or has been opened `maxOpens` times. A tampered token is a 404, a dead link a 410
+saying why; every open is counted and audited; the token is stored only as its sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+
+from ledger import artifacts, sharing
+from ledger.append import append_events
+from ledger.models import AuditEntry, ShareLink, Workspace
+from ledger.tenancy import bootstrap, create_key
+from tests.conftest import FakeClock, ev, named_user, started
+
+pytestmark = pytest.mark.django_db
+
+RUN = "run_shared"
+SUB = "run_shared_sub"
+SUBSUB = "run_shared_subsub"
+SECRET_PROMPT = "PROMPT-ONLY-THE-TEAM-SEES"
+SECRET_ARG = "ARG-ONLY-THE-TEAM-SEES"
+MINI = {"provider": "openai", "modelId": "gpt-4o-mini"}
+TOKEN_IN_URL = re.compile(r"/s/([A-Za-z0-9_-]{43})/$")
+
+
+def _chat(workspace: Workspace, run_id: str, **extra: Any) -> None:
+    report = artifacts.store_bytes(workspace, b'{"report": true}')
+    append_events(workspace=workspace, run_id=run_id, events=[
+        started(**extra),
+        ev("StepScheduled", stepPath="draft"), ev("StepAttemptStarted", stepPath="draft", attempt=1),
+        ev("harness.session.started", stepPath="draft", role="worker", task={"kind": "execute_step"},
+           manifest={}, manifestHash="sha256:" + "0" * 64),
+        ev("harness.model.called", stepPath="draft", turn=1, callId="m1", promptHash="h1",
+           request={"messages": [{"role": "user", "content": SECRET_PROMPT}]}),
+        ev("harness.model.responded", stepPath="draft", turn=1, callId="m1", model=MINI,
+           response={"usage": {"inputTokens": 100, "outputTokens": 10},
+                     "toolCalls": [{"id": "c1", "name": "lookup", "args": {"q": SECRET_ARG}}]}),
+        ev("harness.tool_call.started", stepPath="draft", callId="c1", caller="model", turn=1, toolName="lookup",
+           args={"q": SECRET_ARG}),
+        ev("harness.tool_call.succeeded", stepPath="draft", callId="c1", result={"file": report.ref}, durationMs=3),
+        ev("StepCompleted", stepPath="draft", attempt=1, output={"answer": "fine"}),
+        ev("RunCompleted", output={"ok": True}),
+    ])
+
+
+@pytest.fixture
+def shared_run(workspace: Workspace) -> str:
+    _chat(workspace, RUN)
+    append_events(workspace=workspace, run_id=SUB, events=[started(parentRunId=RUN)])
+    append_events(workspace=workspace, run_id=SUBSUB, events=[started(parentRunId=SUB)])
+    append_events(workspace=workspace, run_id="run_unrelated", events=[started()])
+    return RUN
+
+
+def _api(client: Client, user: User) -> Client:
+    client.force_login(user)
+    return client
+
+
+def _create(client: Client, run_id: str = RUN, **body: Any) -> Any:
+    return client.post(f"/api/v1/runs/{run_id}/share-links", {"expiresInHours": 24, **body},
+                       content_type="application/json")
+
+
+def _token(url: str) -> str:
+    found = TOKEN_IN_URL.search(url)
+    assert found, url
+    return found.group(1)
+
+
+@pytest.fixture
+def link(client: Client, operator: User, shared_run: str) -> str:
+    """A fresh link's token, created by carol the operator; the client is logged out after."""
+    made = _create(_api(client, operator), includeSubRuns=True)
+    assert made.status_code == 201, made.content
+    client.logout()
+    return _token(made.json()["url"])
+
+
+def _opened(workspace: Workspace) -> list[AuditEntry]:
+    return list(AuditEntry.objects.filter(tenant=workspace.tenant, action="share_link.opened").order_by("pk"))
+
+
+# --- the API -------------------------------------------------------------------------------------
+
+
+def test_create_answers_id_url_and_expiry_and_stores_only_the_hash(client: Client, operator: User,
+                                                                   workspace: Workspace, shared_run: str) -> None:
+    made = _create(_api(client, operator), maxOpens=5)
+    assert made.status_code == 201
+    body = made.json()
+    assert set(body) == {"id", "url", "expiresAt"} and body["id"].startswith("shl_")
+    token = _token(body["url"])
+    assert RUN not in body["url"] and "acme" not in body["url"]
+    stored = ShareLink.objects.get(public_id=body["id"])
+    assert stored.token_hash == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in str(ShareLink.objects.filter(pk=stored.pk).values().get())
+    listed = client.get(f"/api/v1/runs/{RUN}/share-links").json()
+    assert [item["id"] for item in listed["shareLinks"]] == [body["id"]] and listed["next"] is None
+    item = listed["shareLinks"][0]
+    assert token not in str(listed)
+    assert item["creator"] == "carol" and item["maxOpens"] == 5 and item["openCount"] == 0
+    assert item["includeSubRuns"] is False and item["revokedAt"] is None and item["lastOpenedAt"] is None
+    created = AuditEntry.objects.get(action="share_link.created")
+    assert (created.actor, created.target, created.details["runId"]) == ("carol", f"share_link:{body['id']}", RUN)
+
+
+def test_two_links_have_unrelated_tokens_of_256_bits(client: Client, operator: User, shared_run: str) -> None:
+    one, two = (_token(_create(_api(client, operator)).json()["url"]) for _ in range(2))
+    assert one != two and len(one) == 43  # 32 random bytes, URL-safe base64
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"expiresInHours": 0}, "expiresInHours"), ({"expiresInHours": 721}, "expiresInHours"),
+    ({"expiresInHours": "soon"}, "expiresInHours"), ({"expiresInHours": 1.5}, "expiresInHours"),
+    ({"expiresInHours": None}, "expiresInHours"), ({"maxOpens": 0}, "maxOpens"),
+    ({"maxOpens": 10_001}, "maxOpens"), ({"includeSubRuns": "perhaps"}, "includeSubRuns"),
+])
+def test_invalid_fields_are_a_400_naming_them(client: Client, operator: User, shared_run: str,
+                                              body: dict[str, Any], field: str) -> None:
+    answer = _create(_api(client, operator), **body)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request" and field in error["details"]["fields"]
+    assert not ShareLink.objects.exists()
+
+
+def test_missing_expiry_bad_json_and_bad_run_id_are_400s(client: Client, operator: User, shared_run: str) -> None:
+    _api(client, operator)
+    missing = client.post(f"/api/v1/runs/{RUN}/share-links", {}, content_type="application/json")
+    assert missing.status_code == 400 and "expiresInHours" in missing.json()["error"]["details"]["fields"]
+    broken = client.post(f"/api/v1/runs/{RUN}/share-links", "{", content_type="application/json")
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+    bad_id = _create(client, run_id="not-a-run-id")
+    assert bad_id.status_code == 400 and bad_id.json()["error"]["code"] == "invalid_run_id"
+    bad_cursor = client.get(f"/api/v1/runs/{RUN}/share-links?cursor=zzz")
+    assert bad_cursor.status_code == 400 and bad_cursor.json()["error"]["code"] == "invalid_cursor"
+
+
+def test_the_list_pages_with_a_cursor(client: Client, operator: User, shared_run: str) -> None:
+    ids = [_create(_api(client, operator)).json()["id"] for _ in range(3)]
+    first = client.get(f"/api/v1/runs/{RUN}/share-links?limit=2").json()
+    assert [i["id"] for i in first["shareLinks"]] == ids[::-1][:2] and first["next"]
+    rest = client.get(f"/api/v1/runs/{RUN}/share-links?limit=2&cursor={first['next']}").json()
+    assert [i["id"] for i in rest["shareLinks"]] == ids[:1] and rest["next"] is None
+
+
+def test_an_outsider_gets_404_on_create_list_and_revoke(client: Client, operator: User, outsider: User,
+                                                        shared_run: str) -> None:
+    link_id = _create(_api(client, operator)).json()["id"]
+    _api(client, outsider)
+    assert _create(client).status_code == 404
+    assert client.get(f"/api/v1/runs/{RUN}/share-links").status_code == 404
+    revoked = client.delete(f"/api/v1/share-links/{link_id}")
+    assert revoked.status_code == 404 and revoked.json()["error"]["code"] == "not_found"
+    assert ShareLink.objects.get(public_id=link_id).revoked_at is None
+
+
+def test_a_viewer_and_an_api_key_are_refused_with_403(client: Client, operator: User, viewer: User,
+                                                      workspace: Workspace, shared_run: str) -> None:
+    link_id = _create(_api(client, operator)).json()["id"]
+    _api(client, viewer)
+    assert _create(client).status_code == 403
+    assert client.get(f"/api/v1/runs/{RUN}/share-links").status_code == 403
+    assert client.delete(f"/api/v1/share-links/{link_id}").json()["error"]["code"] == "forbidden"
+    client.logout()
+    _, key = create_key(workspace=workspace, scopes=["read", "ingest", "execute"])
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    assert client.post(f"/api/v1/runs/{RUN}/share-links", {"expiresInHours": 1}, content_type="application/json",
+                       **auth).status_code == 403
+    assert client.get(f"/api/v1/runs/{RUN}/share-links", **auth).status_code == 403
+    assert client.delete(f"/api/v1/share-links/{link_id}", **auth).status_code == 403
+    assert client.post(f"/api/v1/runs/{RUN}/share-links", {"expiresInHours": 1},
+                       content_type="application/json").status_code == 401
+    assert ShareLink.objects.get(public_id=link_id).revoked_at is None
+
+
+def test_the_schema_documents_the_share_link_operations(client: Client) -> None:
+    schema = client.get("/api/schema/?format=json").json()
+    paths = schema["paths"]
+    assert {"post", "get"} <= set(paths["/api/v1/runs/{run_id}/share-links"])
+    assert "delete" in paths["/api/v1/share-links/{link_id}"]
+    created = paths["/api/v1/runs/{run_id}/share-links"]["post"]["responses"]["201"]
+    assert "url" in str(schema["components"]["schemas"]) and created
+
+
+# --- opening a link ------------------------------------------------------------------------------
+
+
+def test_the_page_and_the_json_open_without_login(client: Client, link: str, workspace: Workspace) -> None:
+    page = client.get(f"/s/{link}/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert RUN in text and "draft" in text and "lookup" in text and SECRET_PROMPT in text
+    bundle = client.get(f"/s/{link}/evidence.json")
+    assert bundle.status_code == 200 and bundle["Content-Type"] == "application/json"
+    body = bundle.json()
+    assert body["run"]["runId"] == RUN and [s["stepPath"] for s in body["steps"]] == ["draft"]
+    assert body["run"]["links"]["evidence"] == f"/s/{link}/evidence.json"
+    assert [s["runId"] for s in body["subRuns"]] == [SUB]
+    assert body["subRuns"][0]["links"]["console"] == f"/s/{link}/runs/{SUB}/"
+    opened = _opened(workspace)
+    assert [(e.actor, e.details["what"]) for e in opened] == [("anonymous", "page"), ("anonymous", "evidence.json")]
+    stored = ShareLink.objects.get()
+    assert stored.open_count == 2 and stored.last_opened_at is not None
+
+
+def test_the_shared_bundle_is_the_apis_bundle(client: Client, link: str, admin: User) -> None:
+    shared = client.get(f"/s/{link}/evidence.json").json()
+    client.force_login(admin)
+    own = client.get(f"/api/v1/runs/{RUN}/evidence").json()
+    for key in ("steps", "toolCalls", "costs", "artifacts", "usage", "integrity", "replayReady", "feedback"):
+        assert shared[key] == own[key], key
+    own["run"].pop("links"), shared["run"].pop("links")
+    assert shared["run"] == own["run"]
+
+
+def test_every_response_is_noindex_no_referrer_no_store(client: Client, link: str) -> None:
+    tampered = link[:-1] + ("A" if link[-1] != "A" else "B")
+    for url in (f"/s/{link}/", f"/s/{link}/evidence.json", f"/s/{tampered}/", f"/s/{link}/runs/run_unrelated/"):
+        answer = client.get(url)
+        assert answer["X-Robots-Tag"].startswith("noindex"), url
+        assert answer["Referrer-Policy"] == "no-referrer", url
+        assert answer["Cache-Control"] == "no-store", url
+    page = client.get(f"/s/{link}/").content.decode()
+    assert '<meta name="robots" content="noindex, nofollow">' in page
+    assert '<meta name="referrer" content="no-referrer">' in page
+
+
+@pytest.mark.parametrize("position", [0, 10, 42])
+def test_one_changed_character_is_a_404(client: Client, link: str, workspace: Workspace, position: int) -> None:
+    swapped = "B" if link[position] == "A" else "A"
+    tampered = link[:position] + swapped + link[position + 1:]
+    for url in (f"/s/{tampered}/", f"/s/{tampered}/evidence.json"):
+        answer = client.get(url)
+        assert answer.status_code == 404, url
+    assert client.get(f"/s/{link[:-1]}/").status_code == 404  # one character short
+    assert client.get(f"/s/{link}x/").status_code == 404
+    assert client.get("/s/not-a-token/").status_code == 404
+    assert _opened(workspace) == [] and ShareLink.objects.get().open_count == 0
+
+
+def test_an_expired_link_is_a_410_that_says_so(client: Client, clock: FakeClock, link: str) -> None:
+    assert client.get(f"/s/{link}/").status_code == 200
+    clock.advance(hours=24, seconds=1)
+    for url in (f"/s/{link}/", f"/s/{link}/evidence.json"):
+        gone = client.get(url)
+        assert gone.status_code == 410
+        assert "expired" in gone.content.decode() and "text/html" in gone["Content-Type"]
+    assert ShareLink.objects.get().open_count == 1
+
+
+def test_a_revoked_link_is_a_410_at_once(client: Client, operator: User, link: str, workspace: Workspace) -> None:
+    link_id = ShareLink.objects.get().public_id
+    _api(client, operator)
+    revoked = client.delete(f"/api/v1/share-links/{link_id}")
+    assert revoked.status_code == 200 and revoked.json()["revokedAt"] and revoked.json()["status"] == "revoked"
+    assert client.delete(f"/api/v1/share-links/{link_id}").status_code == 200  # idempotent
+    client.logout()
+    gone = client.get(f"/s/{link}/")
+    assert gone.status_code == 410 and "revoked" in gone.content.decode()
+    assert client.get(f"/s/{link}/evidence.json").status_code == 410
+    entries = AuditEntry.objects.filter(action="share_link.revoked")
+    assert [(e.actor, e.target) for e in entries] == [("carol", f"share_link:{link_id}")]
+
+
+def test_max_opens_allows_exactly_that_many(client: Client, operator: User, shared_run: str,
+                                            workspace: Workspace) -> None:
+    token = _token(_create(_api(client, operator), maxOpens=3).json()["url"])
+    client.logout()
+    answers = [client.get(url).status_code for url in
+               (f"/s/{token}/", f"/s/{token}/evidence.json", f"/s/{token}/", f"/s/{token}/", f"/s/{token}/evidence.json")]
+    assert answers == [200, 200, 200, 410, 410]
+    gone = client.get(f"/s/{token}/").content.decode()
+    assert "opened as many times as it allows" in gone
+    assert ShareLink.objects.get().open_count == 3 and len(_opened(workspace)) == 3
+    _api(client, operator)
+    listed = client.get(f"/api/v1/runs/{RUN}/share-links").json()["shareLinks"][0]
+    assert (listed["openCount"], listed["status"]) == (3, "used_up")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_readers_get_exactly_max_opens() -> None:
+    workspace = bootstrap(tenant="acme", workspace="support")
+    append_events(workspace=workspace, run_id=RUN, events=[started()])
+    carol = named_user("carol", "operator")
+    from ledger import selectors
+
+    run = selectors.get_run(workspace, RUN)
+    _, token = sharing.create_link(workspace=workspace, run=run, by=carol, expires_in_hours=1, max_opens=5)
+    readers = 12
+    outcomes: list[str] = []
+    barrier = threading.Barrier(readers)
+
+    def read() -> None:
+        try:
+            barrier.wait()
+            sharing.open_link(token, what="page")
+            outcomes.append("opened")
+        except sharing.ShareLinkGone as gone:
+            outcomes.append(gone.reason)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=read) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(outcomes) == ["opened"] * 5 + ["used_up"] * 7
+    assert ShareLink.objects.get().open_count == 5
+    assert AuditEntry.objects.filter(action="share_link.opened").count() == 5
+
+
+def test_a_deleted_run_makes_the_link_gone(client: Client, link: str, workspace: Workspace) -> None:
+    ShareLink.objects.filter(token_hash=hashlib.sha256(link.encode()).hexdigest()).update(run_id="run_pruned")
+    gone = client.get(f"/s/{link}/")
+    assert gone.status_code == 410 and "deleted" in gone.content.decode()
+
+
+# --- what the page offers: reading only, links only under the link -------------------------------
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[tuple[str, str, str]] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("href", "src", "action", "formaction") or name.startswith(("hx-", "data-hx", "on")):
+                self.urls.append((tag, name, value or ""))
+
+
+def _check_page(html: str, token: str) -> _Links:
+    parsed = _Links()
+    parsed.feed(html)
+    assert parsed.urls, "a page with no links at all proves nothing"
+    for tag, name, value in parsed.urls:
+        assert name in ("href", "src"), (tag, name, value)  # no action, no hx-*, no on* handler
+        assert value.startswith((f"/s/{token}/", "/static/", "#")), (tag, name, value)
+    assert not {"form", "input", "button", "textarea", "select"} & set(parsed.tags)
+    assert "/w/" not in html and "/api/" not in html and "/accounts/" not in html
+    # Nothing inline, for the Content-Security-Policy: styles and scripts come from /static/ only.
+    assert " style=" not in html and "<style" not in html
+    assert all("src" in attrs for attrs in re.findall(r"<script([^>]*)>", html))
+    return parsed
+
+
+def test_the_page_has_no_action_and_no_link_out_of_the_share(client: Client, link: str) -> None:
+    page = client.get(f"/s/{link}/").content.decode()
+    parsed = _check_page(page, link)
+    hrefs = [v for _, n, v in parsed.urls if n == "href"]
+    assert f"/s/{link}/runs/{SUB}/" in hrefs and f"/s/{link}/runs/{SUBSUB}/" in hrefs
+    assert f"/s/{link}/evidence.json" in hrefs
+    sub = client.get(f"/s/{link}/runs/{SUBSUB}/")
+    assert sub.status_code == 200
+    parsed_sub = _check_page(sub.content.decode(), link)
+    assert f"/s/{link}/runs/{SUB}/" in [v for _, n, v in parsed_sub.urls]  # its parent, under the link
+
+
+def test_the_timeline_pages_under_the_link(client: Client, link: str, workspace: Workspace) -> None:
+    append_events(workspace=workspace, run_id=SUB, events=[ev("custom.tick", n=n) for n in range(250)])
+    page = client.get(f"/s/{link}/runs/{SUB}/").content.decode()
+    assert f'href="/s/{link}/runs/{SUB}/?after=200#timeline"' in page
+    second = client.get(f"/s/{link}/runs/{SUB}/?after=200")
+    assert second.status_code == 200 and "events 201–251 of 251" in second.content.decode()
+    _check_page(second.content.decode(), link)
+    bad = client.get(f"/s/{link}/?after=-1")
+    assert bad.status_code == 400 and bad["Cache-Control"] == "no-store"
+    tampered = link[:-1] + ("A" if link[-1] != "A" else "B")
+    assert client.get(f"/s/{tampered}/?after=x").status_code == 404
+
+
+def test_sub_runs_only_below_the_run_and_only_when_included(client: Client, operator: User, link: str) -> None:
+    assert client.get(f"/s/{link}/runs/{SUB}/evidence.json").json()["run"]["runId"] == SUB
+    assert client.get(f"/s/{link}/runs/run_unrelated/").status_code == 404
+    assert client.get(f"/s/{link}/runs/run_unrelated/evidence.json").status_code == 404
+    below = _token(_create(_api(client, operator), run_id=SUB, includeSubRuns=True).json()["url"])
+    without = _token(_create(client).json()["url"])
+    client.logout()
+    assert client.get(f"/s/{below}/runs/{RUN}/").status_code == 404  # its parent is not below it
+    assert client.get(f"/s/{below}/runs/{SUBSUB}/").status_code == 200
+    assert client.get(f"/s/{without}/runs/{SUB}/").status_code == 404
+    page = client.get(f"/s/{without}/").content.decode()
+    assert SUB not in page and 'id="subruns"' not in page
+    assert client.get(f"/s/{without}/evidence.json").json()["subRuns"] == []
+
+
+# --- the workspace's policy: hide model inputs and tool arguments -------------------------------
+
+
+def test_the_policy_hides_inputs_and_arguments_on_the_page_and_in_the_json(
+        client: Client, admin: User, operator: User, link: str, workspace: Workspace) -> None:
+    assert SECRET_ARG in client.get(f"/s/{link}/evidence.json").content.decode()
+    _api(client, operator)
+    refused = client.post(f"/w/acme/support/runs/{RUN}/share-policy/", {"hides_inputs": "on"})
+    assert refused.status_code == 403
+    _api(client, admin)
+    saved = client.post(f"/w/acme/support/runs/{RUN}/share-policy/", {"hides_inputs": "on"})
+    assert saved.status_code == 302
+    client.logout()
+    page = client.get(f"/s/{link}/").content.decode()
+    assert SECRET_PROMPT not in page and SECRET_ARG not in page
+    assert "[HIDDEN]" in page and 'id="inputs-hidden"' in page
+    assert "lookup" in page and "draft" in page  # what was done still shows; what was sent does not
+    bundle = client.get(f"/s/{link}/evidence.json")
+    assert SECRET_PROMPT not in bundle.content.decode() and SECRET_ARG not in bundle.content.decode()
+    assert [c["args"] for c in bundle.json()["toolCalls"]] == ["[HIDDEN]"]
+    changed = AuditEntry.objects.get(action="share_policy.changed")
+    assert (changed.actor, changed.details) == ("alice", {"hidesInputs": True})
+    _api(client, admin)
+    client.post(f"/w/acme/support/runs/{RUN}/share-policy/", {"hides_inputs": "on"})  # no change: no entry
+    assert AuditEntry.objects.filter(action="share_policy.changed").count() == 1
+    assert client.get(f"/w/acme/support/runs/{RUN}/conversation/").content.decode().count(SECRET_PROMPT) >= 1
+
+
+# --- the share panel of the run page -------------------------------------------------------------
+
+
+def test_the_panel_creates_shows_the_url_once_lists_and_revokes(client: Client, operator: User,
+                                                                shared_run: str) -> None:
+    _api(client, operator)
+    run_page = client.get(f"/w/acme/support/runs/{RUN}/").content.decode()
+    assert 'id="share-panel"' in run_page and 'id="share-create"' in run_page and 'id="share-policy"' not in run_page
+    htmx = {"HTTP_HX_REQUEST": "true"}
+    made = client.post(f"/w/acme/support/runs/{RUN}/share-links/",
+                       {"expires_in_hours": "2", "max_opens": "4", "include_sub_runs": "on"}, **htmx)
+    assert made.status_code == 201
+    html = made.content.decode()
+    url = re.search(r'id="share-new-url" readonly value="([^"]+)"', html)
+    assert url and TOKEN_IN_URL.search(url.group(1))
+    stored = ShareLink.objects.get()
+    assert (stored.max_opens, stored.include_sub_runs, stored.created_by) == (4, True, "carol")
+    again = client.get(f"/w/acme/support/runs/{RUN}/").content.decode()
+    assert stored.public_id in again and _token(url.group(1)) not in again  # shown once
+    bad = client.post(f"/w/acme/support/runs/{RUN}/share-links/", {"expires_in_hours": "721"}, **htmx)
+    assert bad.status_code == 400 and 'id="share-error"' in bad.content.decode()
+    revoked = client.post(f"/w/acme/support/runs/{RUN}/share-links/{stored.public_id}/revoke/", **htmx)
+    assert revoked.status_code == 200 and "revoked" in revoked.content.decode()
+    stored.refresh_from_db()
+    assert stored.revoked_at is not None and stored.revoked_by == "carol"
+    client.logout()
+    assert client.get(url.group(1).split("testserver", 1)[-1]).status_code == 410
+
+
+def test_a_viewer_sees_no_panel_and_cannot_post_to_it(client: Client, operator: User, viewer: User,
+                                                      shared_run: str) -> None:
+    link_id = _create(_api(client, operator)).json()["id"]
+    _api(client, viewer)
+    page = client.get(f"/w/acme/support/runs/{RUN}/").content.decode()
+    assert 'id="share-panel"' not in page and link_id not in page
+    assert client.post(f"/w/acme/support/runs/{RUN}/share-links/", {"expires_in_hours": "2"}).status_code == 403
+    assert client.post(f"/w/acme/support/runs/{RUN}/share-links/{link_id}/revoke/").status_code == 403
+    assert not AuditEntry.objects.filter(action="share_link.revoked").exists()
+
+
+def test_an_outsider_gets_404_from_the_panel(client: Client, operator: User, outsider: User,
+                                             shared_run: str) -> None:
+    link_id = _create(_api(client, operator)).json()["id"]
+    _api(client, outsider)
+    assert client.post(f"/w/acme/support/runs/{RUN}/share-links/", {"expires_in_hours": "2"}).status_code == 404
+    assert client.post(f"/w/acme/support/runs/{RUN}/share-links/{link_id}/revoke/").status_code == 404
+    assert client.post(f"/w/acme/support/runs/{RUN}/share-policy/", {"hides_inputs": "on"}).status_code == 404
+    other = bootstrap(tenant="globex", workspace="main")
+    append_events(workspace=other, run_id="run_theirs", events=[started()])
+    # A link of acme's named under globex's run (which olga may see) is still not hers.
+    assert client.post(f"/w/globex/main/runs/run_theirs/share-links/{link_id}/revoke/").status_code == 404
+    assert ShareLink.objects.get().revoked_at is None
