@@ -10,6 +10,7 @@
 - re-executions of run_demo_triage in every state (ledger/demo/reexecution.py): a fork waiting
   for approval, an approved fork whose output changed, a simulation that reproduced its original,
   a denied rerun;
+- one share link of run_demo_orchestrator (with its sub-runs) by carol, its token not kept;
 - `history_runs` runs spread over the last 30 days (backdated with ledger.clock.backdated) for
   the usage report, a few of them failed, some rated.
 """
@@ -22,7 +23,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from .. import clock
+from .. import clock, sharing
 from ..append import append_events
 from ..canonical import digest
 from ..feedback import record_feedback
@@ -107,6 +108,7 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
             append_events(workspace=ws, run_id=run_id, events=events)
     _showcase(workspaces, missing)
     reexecution.lay_out(workspaces["acme/support"])
+    _share_link(workspaces["acme/research"])
     _history(workspaces, missing, history_runs)
     created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
     return f"{created} run(s) created, {before} already present"
@@ -154,6 +156,19 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
     if missing(research, "run_demo_export"):
         start_run(workspace=research, workflow="research.export", run_id="run_demo_export",
                   input={"topic": "churn signals", "rows": 4000})
+
+
+def _share_link(research: Workspace) -> None:
+    """One share link of the orchestrator and its sub-runs, made by carol, so the run page's share
+    panel has a row to show and revoke. Its token is thrown away (it is shown once, to whoever
+    creates a link): make a new one from the panel to open a shared page."""
+    run = Run.objects.select_related("workspace__tenant").filter(
+        workspace=research, run_id="run_demo_orchestrator").first()
+    if run is None or sharing.links_of_run(research, run.run_id).exists():
+        return
+    carol = User.objects.get(username="carol")
+    sharing.create_link(workspace=research, run=run, by=carol, expires_in_hours=sharing.MAX_EXPIRY_HOURS,
+                        include_sub_runs=True)
 
 
 _HISTORY_MIX = [
