@@ -480,3 +480,14 @@ def test_an_outsider_gets_404_from_the_panel(client: Client, operator: User, out
     # A link of acme's named under globex's run (which olga may see) is still not hers.
     assert client.post(f"/w/globex/main/runs/run_theirs/share-links/{link_id}/revoke/").status_code == 404
     assert ShareLink.objects.get().revoked_at is None
+
+
+def test_the_schema_shapes_are_what_the_api_returns(client: Client, operator: User, shared_run: str) -> None:
+    from console.api import share_links
+    from tests.test_api_shapes import _matches
+
+    made = _create(_api(client, operator), maxOpens=2)
+    _matches(share_links.CreatedSerializer(), made.json(), "created")
+    _matches(share_links.ShareLinkListSerializer(), client.get(f"/api/v1/runs/{RUN}/share-links").json(), "list")
+    revoked = client.delete(f"/api/v1/share-links/{made.json()['id']}").json()
+    _matches(share_links.ShareLinkSerializer(), revoked, "revoked")
