@@ -75,6 +75,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "console.api.errors.ApiErrorMiddleware",
+    "console.input_limits.InputLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -171,8 +172,8 @@ WHITENOISE_AUTOREFRESH = DEBUG
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# API.md: request bodies over 10 MiB are refused with 413 (ApiErrorMiddleware checks the
-# declared length first; this catches bodies that do not declare one).
+# API.md: request bodies over 10 MiB are refused with 413 (console.input_limits: the declared length,
+# and the bytes counted as they arrive for bodies that declare none; this is Django's own backstop).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 REST_FRAMEWORK = {

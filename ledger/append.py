@@ -53,6 +53,7 @@ from .errors import (
     SequenceConflict,
 )
 from .fold import RunState, advance
+from .limits import NUL, nul_path
 from .models import Event, Run, RunStatus, Workspace
 from .projection import (
     STATES,
@@ -68,6 +69,8 @@ from .pricing import PriceTable
 from .redaction import Redactor
 from .vocabulary import is_custom, validate_payload
 
+# Published as is (API.md, the OpenAPI schema), so written for ECMAScript too; matched with
+# fullmatch, since `$` alone also matches before a trailing newline ("run_a\n" would pass).
 RUN_ID_RE = re.compile(r"^run_[A-Za-z0-9_-]{1,80}$")
 MAX_BATCH = 5000
 MAX_KEY_LENGTH = 200
@@ -90,7 +93,7 @@ class _Prepared:
 
 
 def validate_run_id(run_id: Any) -> str:
-    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
         raise InvalidRunId(
             f"run id must match {RUN_ID_RE.pattern}", runId=run_id if isinstance(run_id, str) else None
         )
@@ -101,7 +104,7 @@ def _optional_str(index: int, item: Mapping[str, Any], field: str) -> str | None
     value = item.get(field)
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH or NUL in value:
         raise InvalidEvent(
             f"event {index}: {field} must be a non-empty string of at most {MAX_KEY_LENGTH} characters",
             index=index, field=field,
@@ -113,7 +116,7 @@ def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
     if not isinstance(item, Mapping):
         raise InvalidEvent(f"event {index} must be an object", index=index, field="")
     event_type = item.get("type")
-    if not isinstance(event_type, str) or not event_type or len(event_type) > 200:
+    if not isinstance(event_type, str) or not event_type or len(event_type) > 200 or NUL in event_type:
         raise InvalidEvent(f"event {index}: type must be a non-empty string", index=index, field="type")
     occurrence_id = _optional_str(index, item, "occurrenceId")
     key = _optional_str(index, item, "idempotencyKey")
@@ -129,6 +132,11 @@ def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
     except NotCanonicalizable as exc:
         raise InvalidEvent(f"event {index}: payload has no canonical JSON form: {exc}",
                            index=index, field="payload") from exc
+    # PostgreSQL's jsonb cannot hold U+0000 (SQLite could): refused on both. Canonical JSON writes
+    # it as \u0000, so only a payload whose canonical form holds that is walked.
+    if b"\\u0000" in canonical and (where := nul_path(payload)) is not None:
+        raise InvalidEvent(f"event {index}: strings may not contain the NUL character (U+0000)",
+                           index=index, field=".".join(["payload", *map(str, where)]))
     request_digest = None
     if key is not None:
         request_digest = request_digest_for_canonical(type=event_type, payload_canonical=canonical,

@@ -20,7 +20,8 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 
-from console.api.fastjson import JsonParser, JsonRenderer
+from console.api.fastjson import BadBody, JsonParser, JsonRenderer
+from ledger.limits import has_nul
 from ledger.tenancy import create_key
 
 _text = st.text(alphabet=st.one_of(
@@ -68,7 +69,13 @@ def has_small_float(value: Any) -> bool:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_json)
 def test_any_json_body_parses_to_the_same_value(value: Any) -> None:
+    """The same value, or (ledger.limits) a refusal when a string holds a NUL character."""
     body = json.dumps(value, ensure_ascii=False).encode()
+    if has_nul(value):
+        with pytest.raises(BadBody) as refused:
+            our_parse(body)
+        assert refused.value.code == "invalid_request"
+        return
     assert typed(our_parse(body)) == typed(drf_parse(body))
 
 
@@ -117,15 +124,18 @@ def test_what_only_the_stdlib_decodes_is_decoded_by_it() -> None:
 @pytest.mark.parametrize(("body", "status", "code"), [
     (b"{not json", 400, "invalid_json"),
     (b'{"events": [{"type": "RunStarted", "payload": {"n": NaN}}]}', 400, "invalid_json"),
-    (b'{"events": [{"type": "RunStarted", "payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}", 400, "invalid_json"),
+    # Refused before parsing: deeper than ledger.limits.MAX_JSON_DEPTH.
+    (b'{"events": [{"type": "RunStarted", "payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}", 400, "invalid_event"),
     (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\x00"}}]}', 400, "invalid_json"),
     (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "n": 184467440737095516160}}]}',
      400, "invalid_event"),
     (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\\ud800"}}]}', 400, "invalid_event"),
     (b"[]", 400, "invalid_request"),
-    # Parsed (orjson reads up to 1024 levels), then too deep for the checks of the append itself.
+    # Deeper than ledger.limits.MAX_JSON_DEPTH: refused before parsing.
     *((b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
-       + b"[" * depth + b"]" * depth + b"}}]}", 400, "invalid_event") for depth in (500, 1000)),
+       + b"[" * depth + b"]" * depth + b"}}]}", 400, "invalid_event") for depth in (61, 500, 1000)),
+    # A NUL character: PostgreSQL could not store it, so neither backend does.
+    (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\\u0000"}}]}', 400, "invalid_event"),
 ])
 def test_bad_bodies_get_the_error_body_never_a_500(workspace, body: bytes, status: int, code: str) -> None:
     _, key = create_key(workspace=workspace, scopes=["ingest", "read"])

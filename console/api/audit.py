@@ -19,10 +19,12 @@ from rest_framework.views import APIView
 
 from ledger import audit
 from ledger.access import tenant_admin
+from ledger.limits import FIRST_DAY, LAST_DAY, day_in_range
 from ledger.models import Tenant
 
 from .auth import principal
-from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
+from .csvcells import text_cell
+from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_param
 from .schema import error_responses
 
 CSV_COLUMNS = ["id", "at", "actor", "action", "tenant", "workspace", "target", "reason"]
@@ -55,13 +57,19 @@ def _bound(request: Request, name: str, *, end: bool) -> datetime | None:
     raw = request.query_params.get(name)
     if not raw:
         return None
+    problem = InvalidParameter(f"{name} must be a date YYYY-MM-DD or an ISO 8601 time, from {FIRST_DAY} to "
+                               f"{LAST_DAY}", parameter=name)
     try:
         if len(raw) == 10:
             day = date.fromisoformat(raw)
-            return datetime.combine(day + timedelta(days=1 if end else 0), time.min, tzinfo=dt_timezone.utc)
-        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidParameter(f"{name} must be a date YYYY-MM-DD or an ISO 8601 time", parameter=name) from None
+            moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min, tzinfo=dt_timezone.utc)
+        else:
+            moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except (ValueError, OverflowError):
+        raise problem from None
+    # Off the calendar's edges, the database's conversions to UTC overflow (ledger.limits).
+    if not day_in_range(moment.date()):
+        raise problem
     return moment if moment.tzinfo else moment.replace(tzinfo=dt_timezone.utc)
 
 
@@ -81,7 +89,8 @@ class AuditView(APIView):
             OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500"),
             OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page"),
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"],
-                             description="csv: every matching entry (no paging), columns " + ", ".join(CSV_COLUMNS)),
+                             description="csv: every matching entry (no paging), columns " + ", ".join(CSV_COLUMNS)
+                             + "; a cell that begins with = + - @, a tab or a carriage return gets a leading '"),
         ],
         responses={200: OpenApiResponse(AuditPageSerializer, description="JSON page; text/csv with format=csv"),
                    **error_responses(e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
@@ -102,12 +111,9 @@ class AuditView(APIView):
         if fmt == "csv":
             return _csv([audit.as_dict(e) for e in audit.entries(**filters).iterator()])
         limit = limit_param(request)
-        cursor = decode_cursor(request)
-        if cursor is not None:
-            try:
-                filters["after"] = (datetime.fromisoformat(cursor["t"]), int(cursor["id"]))
-            except (KeyError, TypeError, ValueError):
-                raise InvalidCursor("cursor is not one this API gave out") from None
+        after = keyset_cursor(request)
+        if after is not None:
+            filters["after"] = after
         rows = list(audit.entries(**filters)[: limit + 1])
         more = len(rows) > limit
         rows = rows[:limit]
@@ -120,7 +126,7 @@ def _csv(entries: list[dict[str, Any]]) -> HttpResponse:
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS)
     for entry in entries:
-        writer.writerow(["" if entry[c] is None else entry[c] for c in CSV_COLUMNS])
+        writer.writerow(["" if entry[c] is None else text_cell(str(entry[c])) for c in CSV_COLUMNS])
     response = HttpResponse(out.getvalue().encode(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="audit.csv"'
     return response

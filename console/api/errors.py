@@ -17,21 +17,13 @@ from rest_framework.response import Response
 
 from ledger.errors import LedgerError
 
-log = logging.getLogger(__name__)
+from ..input_limits import MAX_BODY_BYTES, PayloadTooLarge
 
-MAX_BODY_BYTES = 10 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details or {}}}
-
-
-class PayloadTooLarge(LedgerError):
-    code = "payload_too_large"
-    status = 413
-
-    def __init__(self) -> None:
-        super().__init__("request bodies are limited to 10 MiB", limit=MAX_BODY_BYTES)
 
 
 NOT_FOUND = ("not_found", "not found")

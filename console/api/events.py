@@ -50,6 +50,8 @@ class NdjsonRenderer(BaseRenderer):
 
 class RunEventsView(ApiView):
     renderer_classes = [JsonRenderer, NdjsonRenderer]
+    invalid_body_code = "invalid_event"  # a body too deep or with a NUL (fastjson.BadBody)
+
     @extend_schema_serializer(component_name="AppendEventsRequest")
     class InputSerializer(serializers.Serializer):
         @extend_schema_serializer(component_name="AppendEventItem")

@@ -18,6 +18,9 @@ from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.encoders import JSONEncoder
 
+from ledger.errors import LedgerError
+from ledger.limits import MAX_JSON_DEPTH, json_depth_exceeds, nul_path
+
 # orjson decodes an integer beyond 64 bits as a float; the stdlib keeps it exact (and canonical
 # JSON then refuses it). Such an integer has at least 19 digits in a row; so does a long string
 # of digits, which merely takes the stdlib's path. The body with every ASCII digit made "0" and
@@ -31,28 +34,68 @@ _DRF_DEFAULT = JSONEncoder().default
 _DUMPS_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
+class BadBody(LedgerError):
+    """A JSON body refused for what it holds rather than how it is written: nested deeper than
+    MAX_JSON_DEPTH, or a string with a NUL character (docs/security.md "Input limits"). The code is
+    the view's own validation code (`invalid_body_code`: `invalid_event` for appends), else
+    `invalid_request`; for a batch of events, details name the event's `index` and its `field`."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.code = code
+
+
+def _refuse(parser_context: Mapping[str, Any] | None, message: str, path: list[str | int] | None = None,
+            **details: Any) -> BadBody:
+    view = (parser_context or {}).get("view")
+    code = getattr(view, "invalid_body_code", "invalid_request")
+    if path is not None:
+        if len(path) >= 2 and path[0] == "events" and isinstance(path[1], int):
+            details.update(index=path[1], field=".".join(str(p) for p in path[2:]))
+        else:
+            details["field"] = ".".join(str(p) for p in path)
+    return BadBody(code, message, **details)
+
+
+def _checked(value: Any, body: bytes | None, parser_context: Mapping[str, Any] | None) -> Any:
+    # An escaped \u0000 is the only way a NUL gets into JSON (a raw one is malformed): without it, no walk.
+    if body is None or b"\\u0000" in body:
+        path = nul_path(value)
+        if path is not None:
+            raise _refuse(parser_context, "strings may not contain the NUL character (U+0000)", path)
+    return value
+
+
 class JsonParser(JSONParser):
     """DRF's JSONParser, decoding a UTF-8 body with orjson when orjson accepts it.
 
     A body orjson refuses goes to DRF's parser, so malformed JSON is 400 `invalid_json` with the
     stdlib's message as before, and what only the stdlib accepts (a lone surrogate escape, 1e400)
-    reaches validation as before. Other charsets are DRF's alone. Nesting too deep for the
-    stdlib's decoder is 400 `invalid_json` too, where its RecursionError used to be a 500.
+    reaches validation as before. Other charsets are DRF's alone.
+
+    Before any of that, a body nested deeper than MAX_JSON_DEPTH is refused unparsed; after it, a
+    string holding a NUL character (`BadBody`, with the view's validation code).
     """
 
     def parse(self, stream: Any, media_type: str | None = None,
               parser_context: Mapping[str, Any] | None = None) -> Any:
-        if str((parser_context or {}).get("encoding", "utf-8")).lower() in _UTF8:
-            body = stream.read()
-            if _LONG_DIGIT_RUN not in body.translate(_DIGITS_AS_ZEROS):
-                try:
-                    return orjson.loads(body)
-                except orjson.JSONDecodeError:
-                    pass  # DRF's parser below gives the error (or accepts what only the stdlib reads)
-            stream = io.BytesIO(body)
+        body = stream.read()
+        if json_depth_exceeds(body):
+            raise _refuse(parser_context, f"JSON may nest arrays and objects at most {MAX_JSON_DEPTH} levels deep",
+                          limit=MAX_JSON_DEPTH)
+        if str((parser_context or {}).get("encoding", "utf-8")).lower() not in _UTF8:
+            return _checked(self._stdlib(body, media_type, parser_context), None, parser_context)
+        if _LONG_DIGIT_RUN not in body.translate(_DIGITS_AS_ZEROS):
+            try:
+                return _checked(orjson.loads(body), body, parser_context)
+            except orjson.JSONDecodeError:
+                pass  # DRF's parser below gives the error (or accepts what only the stdlib reads)
+        return _checked(self._stdlib(body, media_type, parser_context), body, parser_context)
+
+    def _stdlib(self, body: bytes, media_type: str | None, parser_context: Mapping[str, Any] | None) -> Any:
         try:
-            return super().parse(stream, media_type, parser_context)
-        except RecursionError:
+            return super().parse(io.BytesIO(body), media_type, parser_context)
+        except RecursionError:  # a charset whose brackets the depth check cannot see
             raise ParseError("JSON parse error - the document is nested too deeply") from None
 
 

@@ -21,8 +21,8 @@ from ledger.append import validate_run_id
 from ledger.models import ToolGatewayClaim
 
 from .auth import access_for
-from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
-from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, error_responses
+from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
+from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, FullMatchField, error_responses
 
 CALL_ID_PATTERN = r"^[^/\s]{1,200}$"
 MAX_TIMEOUT_S = 86_400
@@ -75,7 +75,7 @@ class FinishedSerializer(serializers.Serializer):
 class ClaimView(APIView):
     @extend_schema_serializer(component_name="ToolCallClaim")
     class InputSerializer(serializers.Serializer):
-        callId = serializers.RegexField(CALL_ID_PATTERN, help_text="no '/' or whitespace, at most 200 characters")
+        callId = FullMatchField(CALL_ID_PATTERN, help_text="no '/' or whitespace, at most 200 characters")
         toolName = serializers.CharField(max_length=200)
         args = _any_json()
         idempotencyKey = serializers.CharField(required=False, max_length=200)
@@ -318,10 +318,7 @@ class ListView(APIView):
         run = access_for(request, "read", run_id=run_id).run
         assert run is not None
         limit = limit_param(request)
-        cursor = decode_cursor(request) or {}
-        after = cursor.get("after", 0)
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise InvalidCursor("cursor is not one this API gave out")
+        after = row_cursor(request, "after")
         status = request.query_params.get("status") or None
         if status is not None and status not in ToolGatewayClaim.Status.values:
             raise InvalidParameter(f"status must be one of {', '.join(ToolGatewayClaim.Status.values)}",

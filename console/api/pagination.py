@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
 from rest_framework.request import Request
 
+from ledger import limits
 from ledger.errors import LedgerError
 
 DEFAULT_LIMIT = 50
@@ -51,7 +52,8 @@ def decode_cursor(request: Request) -> dict[str, Any] | None:
     if not raw:
         return None
     try:
-        value = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        # Depth-limited: a cursor is the client's to forge (ledger.limits).
+        value = limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
     except (ValueError, TypeError):
         raise InvalidCursor("cursor is not one this API gave out") from None
     if not isinstance(value, dict):
@@ -59,16 +61,43 @@ def decode_cursor(request: Request) -> dict[str, Any] | None:
     return value
 
 
+def keyset_cursor(request: Request) -> tuple[datetime, int] | None:
+    """A `{t, id}` cursor as (time, row id), refused unless both are in range (no Infinity or NaN,
+    no id past a bigint, no time off the calendar)."""
+    cursor = decode_cursor(request)
+    if cursor is None:
+        return None
+    try:
+        return limits.keyset_position(cursor)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidCursor("cursor is not one this API gave out") from None
+
+
+def row_cursor(request: Request, key: str) -> int:
+    """A cursor holding one row id or offset under `key` (0 without a cursor)."""
+    cursor = decode_cursor(request)
+    if cursor is None:
+        return 0
+    try:
+        return limits.row_id(cursor.get(key))
+    except ValueError:
+        raise InvalidCursor("cursor is not one this API gave out") from None
+
+
 def date_param(request: Request, name: str, default: date) -> date:
+    """A day YYYY-MM-DD between ledger.limits.FIRST_DAY and LAST_DAY: ranges add and subtract days,
+    and the calendar's own edges would overflow."""
     raw = request.query_params.get(name)
     if not raw:
         return default
     try:
-        return date.fromisoformat(raw) if len(raw) == 10 else _bad_date(name)
+        day = date.fromisoformat(raw) if len(raw) == 10 else _bad_date(name)
     except ValueError:
         return _bad_date(name)
+    return day if limits.day_in_range(day) else _bad_date(name)
 
 
 def _bad_date(name: str) -> date:
-    raise InvalidParameter(f"{name} must be a date YYYY-MM-DD", parameter=name)
+    raise InvalidParameter(f"{name} must be a date YYYY-MM-DD from {limits.FIRST_DAY} to {limits.LAST_DAY}",
+                           parameter=name)
 

@@ -25,7 +25,7 @@ from ledger.models import ApiKey, ReexecutionRequest, Workspace
 from ledger.reexecution import selectors, services
 
 from .auth import access_for, principal
-from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
+from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
 from .schema import RUN_ID, WORKSPACE, choice, enum, error_responses
 
 Mode = ReexecutionRequest.Mode
@@ -242,10 +242,7 @@ class ReexecutionListView(APIView):
         if status is not None and status not in Status.values:
             raise InvalidParameter(f"status must be one of {', '.join(Status.values)}", parameter="status")
         limit = limit_param(request)
-        cursor = decode_cursor(request) or {}
-        after = cursor.get("after", 0)
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise InvalidCursor("cursor is not one this API gave out")
+        after = row_cursor(request, "after")
         rows = selectors.page(caller.workspace, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.urls import path
@@ -16,19 +15,13 @@ from ledger.models import RunStatus, Workspace
 
 from .auth import access_for
 from .base import ApiView, run_for
-from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, limit_param
+from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_param
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, RunListSerializer, RunSerializer, error_responses
 
 
 def _runs_page(request: Request, workspace: Workspace, **filters: Any) -> dict[str, Any]:
     limit = limit_param(request)
-    cursor = decode_cursor(request)
-    after = None
-    if cursor is not None:
-        try:
-            after = (datetime.fromisoformat(cursor["t"]), int(cursor["id"]))
-        except (KeyError, TypeError, ValueError):
-            raise InvalidCursor("cursor is not one this API gave out") from None
+    after = keyset_cursor(request)
     page, more = selectors.runs_page(selectors.filtered_runs(workspace, **filters), limit=limit, after=after)
     for row in page:
         row.workspace = workspace

@@ -8,6 +8,7 @@ each describes exactly the fields the code returns.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -17,6 +18,22 @@ from rest_framework import serializers
 
 from ledger.append import RUN_ID_RE
 from ledger.models import RunStatus
+
+
+class FullMatchField(serializers.RegexField):
+    """An id field whose pattern must match the whole value as sent: DRF's RegexValidator
+    searches, `$` also matches before a trailing newline, and CharField trims whitespace, so
+    "id\\n" would pass as "id". The pattern stays as written for the schema (ECMAScript has no `\\Z`)."""
+
+    def __init__(self, regex: str, **kwargs: Any) -> None:
+        super().__init__(regex, trim_whitespace=False, **kwargs)
+        self.full = re.compile(regex)
+
+    def to_internal_value(self, data: Any) -> str:
+        value: str = super().to_internal_value(data)
+        if not self.full.fullmatch(value):
+            self.fail("invalid")
+        return value
 
 
 class ErrorBodySerializer(serializers.Serializer):
@@ -133,7 +150,7 @@ class RunLinksSerializer(serializers.Serializer):
 
 
 class RunSerializer(serializers.Serializer):
-    runId = serializers.RegexField(RUN_ID_RE.pattern)
+    runId = FullMatchField(RUN_ID_RE.pattern)
     workflowVersionId = serializers.CharField(allow_null=True)
     status = enum(list(RunStatus.values))
     parentRunId = serializers.CharField(allow_null=True)

@@ -16,12 +16,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ledger.access import tenant_admin
+from ledger.limits import FIRST_DAY
 from ledger.usage import GROUPINGS, usage_page, usage_rows
 
 from .auth import access_for, principal
 from .base import ApiView
+from .csvcells import text_cell
 from .fastjson import JsonRenderer
-from .pagination import InvalidCursor, InvalidParameter, date_param, decode_cursor, encode_cursor, limit_param
+from .pagination import InvalidParameter, date_param, encode_cursor, limit_param, row_cursor
 from .schema import CURSOR, LIMIT, WORKSPACE, UsageReportSerializer, error_responses
 
 
@@ -48,6 +50,8 @@ class CsvRenderer(BaseRenderer):
 def _csv_cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.12f}".rstrip("0").rstrip(".") or "0"
+    if isinstance(value, str):  # a key: a model, workflow or workspace name anyone with ingest may choose
+        return text_cell(value)
     return str(value)
 
 
@@ -63,7 +67,9 @@ class UsageView(ApiView):
             "ordered by key and paged with `limit`/`cursor`; `total` covers the whole range. A row's costUsd is "
             "null only when every call in it is unpriced. `?format=csv` (or `Accept: text/csv`) gives every row "
             "of the range as CSV, unpaged, header `" + ",".join(CSV_COLUMNS) + "`, an unpriced cost as an empty "
-            "cell. By default the caller's workspace; `?scope=tenant` (admin members in a console session only; "
+            "cell, a key that begins with = + - @, a tab or a carriage return written with a leading ' (so no "
+            "spreadsheet runs it as a formula). Days run from 1900-01-01 to 9998-12-31; others are 400 "
+            "`invalid_parameter`. By default the caller's workspace; `?scope=tenant` (admin members in a console session only; "
             "`?tenant=T` when a member of several) covers every workspace of the tenant."
         ),
         parameters=[
@@ -88,7 +94,7 @@ class UsageView(ApiView):
         if group_by not in GROUPINGS:
             raise InvalidParameter(f"groupBy must be one of {', '.join(GROUPINGS)}", parameter="groupBy")
         end = date_param(request, "to", timezone.now().date())
-        start = date_param(request, "from", end - timedelta(days=29))
+        start = date_param(request, "from", max(end - timedelta(days=29), FIRST_DAY))
         if start > end:
             raise InvalidParameter("from must not be after to", parameter="from")
         scope = params.get("scope") or "workspace"
@@ -106,12 +112,7 @@ class UsageView(ApiView):
             return Response([r.to_json() for r in rows],
                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
         limit = limit_param(request)
-        cursor = decode_cursor(request)
-        offset = 0
-        if cursor is not None:
-            if not isinstance(cursor.get("o"), int) or cursor["o"] < 0:
-                raise InvalidCursor("cursor is not one this API gave out")
-            offset = cursor["o"]
+        offset = row_cursor(request, "o")
         page, total, more = usage_page(group_by=group_by, start=start, end=end, offset=offset, limit=limit, **where)
         return Response({
             "rows": [r.to_json() for r in page],

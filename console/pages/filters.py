@@ -11,11 +11,22 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+
+from ledger import limits
 
 
 def page_cursor(at: datetime, pk: int) -> str:
     position = json.dumps({"t": at.isoformat(), "id": pk}, separators=(",", ":"))
     return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+
+
+def day_field(label: str) -> forms.DateField:
+    """A day YYYY-MM-DD within ledger.limits' calendar range (ranges add and subtract days, and
+    the calendar's own edges would overflow)."""
+    return forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
+                           widget=forms.DateInput(attrs={"type": "date"}),
+                           validators=[MinValueValidator(limits.FIRST_DAY), MaxValueValidator(limits.LAST_DAY)])
 
 
 class DateRangePageForm(forms.Form):
@@ -27,18 +38,16 @@ class DateRangePageForm(forms.Form):
         super().__init__(*args, **kwargs)
         # "from" is a keyword: these two are added here rather than declared on the class.
         for name, label in (("from", "From"), ("to", "To")):
-            self.fields[name] = forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
-                                                widget=forms.DateInput(attrs={"type": "date"}))
+            self.fields[name] = day_field(label)
 
     def clean_cursor(self) -> tuple[datetime, int] | None:
         raw = self.cleaned_data["cursor"]
         if not raw:
             return None
         try:
-            position = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-            return datetime.fromisoformat(position["t"]), int(position["id"])
-        # OverflowError: an id of Infinity; the rest: anything that is not a cursor of ours.
-        except (ValueError, TypeError, KeyError, OverflowError, binascii.Error):
+            # Depth-limited and range-checked: the link is the browser's to forge (ledger.limits).
+            return limits.keyset_position(limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))))
+        except (ValueError, TypeError, OverflowError, binascii.Error):
             raise ValidationError("This page link is broken: start again from the first page.") from None
 
     def clean(self) -> dict[str, Any]:

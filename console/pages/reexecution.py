@@ -21,7 +21,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods, require_safe
 
-from ledger import selectors
+from ledger import limits, selectors
 from ledger.divergence import divergence_report
 from ledger.errors import LedgerError, NotFound, RunFinished
 from ledger.models import ReexecutionRequest, Run, Workspace
@@ -140,10 +140,14 @@ class RequestForm:
             self.errors["input"] = f"The input override is at most {MAX_INPUT:,} characters."
             return services.NOT_GIVEN
         try:
-            return json.loads(self.input_text)
+            value = limits.loads(self.input_text)  # depth-limited before parsing
         except ValueError as exc:
             self.errors["input"] = f"The input override must be JSON: {exc}"
             return services.NOT_GIVEN
+        if limits.has_nul(value):
+            self.errors["input"] = "The input override may not contain the NUL character (\\u0000)."
+            return services.NOT_GIVEN
+        return value
 
 
 def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> Run:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 from urllib.parse import quote
 
@@ -27,11 +29,12 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import gateway, runlog, selectors, serialize
+from ledger import gateway, limits, runlog, selectors, serialize
 from ledger.access import Access
 from ledger.errors import LedgerError, NotFound
 from ledger.evidence import evidence_bundle
 from ledger.feedback import record_feedback
+from ledger.limits import day_in_range
 from ledger.models import Run, Step, UsageColumns
 from ledger.plans import replay_plan_for
 from ledger.subruns import subrun_tree
@@ -91,6 +94,15 @@ def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int, m
         bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
         raise BadParameter(f"{name} must be {bound}, got {value}")
     return value
+
+
+def _moment(raw: str | None) -> datetime | None:
+    """An ISO 8601 time from the query (UTC when it names no offset), within ledger.limits'
+    calendar range; None for anything else."""
+    moment = parse_time(raw)
+    if moment is None or not day_in_range(moment.date()):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt_timezone.utc)
 
 
 def _bad_request(request: HttpRequest, message: str) -> HttpResponse:
@@ -413,7 +425,7 @@ def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab
 def waterfall_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """A sub-run's bars, drawn in place inside its parent's waterfall, on the parent's axis."""
     _, run = _run_or_404(request, tenant, workspace, run_id)
-    start, end = parse_time(request.GET.get("from")), parse_time(request.GET.get("to"))
+    start, end = _moment(request.GET.get("from")), _moment(request.GET.get("to"))
     if start is None or end is None or end < start:
         return _bad_request(request, "from and to must be ISO 8601 times, from before to")
     try:
@@ -493,11 +505,14 @@ def _reconcile_form(request: HttpRequest) -> tuple[ReconcileForm, Any]:
     elif len(form.note) > MAX_NOTE:
         form.error = f"The note is at most {MAX_NOTE} characters."
     elif form.value.strip():
+        what = "result" if form.outcome == "succeeded" else "error"
         try:
-            value = json.loads(form.value)
-        except ValueError as exc:
-            what = "result" if form.outcome == "succeeded" else "error"
+            value = limits.loads(form.value)
+        except ValueError as exc:  # TooDeep too: refused before parsing
             form.error = f"The {what} must be JSON: {exc}"
+        else:
+            if limits.has_nul(value):
+                form.error = f"The {what} may not contain the NUL character (\\u0000)."
     return form, value
 
 

@@ -18,9 +18,11 @@ from django.urls import path
 from django.utils import timezone
 
 from ledger import selectors, usage
+from ledger.limits import FIRST_DAY
 from ledger.models import Workspace
 from ledger.usage import DailyModelCost, UsageRow, usage_rows
 
+from .filters import day_field
 from .guard import member_access
 from ..format import money
 from .runs import runs_url
@@ -36,8 +38,7 @@ class UsageForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name, label in (("from", "From"), ("to", "To")):
-            self.fields[name] = forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
-                                                widget=forms.DateInput(attrs={"type": "date"}))
+            self.fields[name] = day_field(label)
 
     def clean(self) -> dict[str, Any]:
         super().clean()
@@ -45,7 +46,7 @@ class UsageForm(forms.Form):
         if self.errors:
             return data
         end = data.get("to") or timezone.now().date()
-        start = data.get("from") or end - timedelta(days=DEFAULT_DAYS - 1)
+        start = data.get("from") or max(end - timedelta(days=DEFAULT_DAYS - 1), FIRST_DAY)
         if start > end:
             self.add_error("from", "From must not be after To.")
         elif (end - start).days + 1 > MAX_DAYS:

@@ -23,7 +23,7 @@ from ledger.runlog import FoldedRun
 
 from ..format import duration
 
-_LAST_SEGMENT = re.compile(r"(\[[^\]]*\]|\.[^.\[]*)$")
+_LAST_SEGMENT = re.compile(r"(\[[^\]]*\]|\.[^.\[]*)\Z")
 MAX_ROWS = 1000  # bars drawn, in display order; a longer run says how many it left out
 MIN_WIDTH = 0.4  # percent: an instant still shows as a sliver one can click
 OPEN_STATUSES = ("running", "started", "called", "scheduled", "pending")

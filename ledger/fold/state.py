@@ -16,7 +16,7 @@ from ..pricing import Usage, UsageTotals
 from .codec import dump, keyed_fields, load
 
 ARTIFACT_REF_PREFIX = "artifact://"
-_VISIT = re.compile(r"\.visit\[(\d+)\]$")
+_VISIT = re.compile(r"\.visit\[(\d+)\]\Z")
 # Origins of model calls answered from an earlier run's record rather than by a provider.
 REPLAYED_ORIGINS = ("recorded", "simulated")
 

@@ -1,0 +1,115 @@
+"""Input limits every transport applies alike (docs/security.md "Input limits").
+
+- **Nesting depth.** JSON nested deeper than MAX_JSON_DEPTH arrays and objects is refused before it
+  is parsed: the parsers, the payload validation, redaction and canonical JSON all walk documents
+  recursively, and a body of a few kilobytes can nest a thousand levels. The deepest payload of the
+  interop vectors and the demo is far below the limit.
+- **NUL characters.** PostgreSQL cannot store U+0000 in text or jsonb; SQLite can. A NUL anywhere
+  in what would be stored or queried is refused on both, so the two backends answer alike.
+- **Calendar edges.** Dates outside FIRST_DAY..LAST_DAY are refused: ranges add and subtract days
+  and would leave the calendar (`date(9999, 12, 31) + 1 day` raises).
+- **Keyset positions.** A cursor decodes to a (time, row id) only if both are in range.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from datetime import date, datetime, timezone
+from itertools import accumulate
+from typing import Any
+
+MAX_JSON_DEPTH = 64
+FIRST_DAY = date(1900, 1, 1)
+LAST_DAY = date(9998, 12, 31)
+MAX_ROW_ID = 2**63 - 1  # a bigint primary key
+
+NUL = "\x00"
+
+# A JSON string, escapes included (the unrolled form: no backtracking on long strings).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_OPENERS = b"[{"
+# Brackets as +1 / -1, every other byte dropped.
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class TooDeep(ValueError):
+    def __init__(self, limit: int = MAX_JSON_DEPTH) -> None:
+        super().__init__(f"JSON is nested more than {limit} levels deep")
+        self.limit = limit
+
+
+def json_depth_exceeds(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text nests arrays and objects more than `limit` deep, without parsing it.
+
+    Brackets inside strings do not count. Malformed text gets an answer too (the parser refuses it
+    afterwards); a string left open counts the brackets after its quote, erring towards "too deep".
+    """
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if data.count(b"[") + data.count(b"{") <= limit:  # the common case: nothing to scan
+        return False
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if brackets.count(b"[") + brackets.count(b"{") <= limit:
+        return False
+    steps = array("b", brackets.translate(_BRACKETS))
+    return max(accumulate(steps), default=0) > limit
+
+
+def loads(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads, refusing (TooDeep) a document nested deeper than `limit` before parsing it."""
+    if json_depth_exceeds(text, limit):
+        raise TooDeep(limit)
+    return json.loads(text)
+
+
+def nul_path(value: Any) -> list[str | int] | None:
+    """The path to the first string (or object key) holding a NUL character, or None.
+
+    Iterative, so any depth the parser produced is walked."""
+    stack: list[tuple[list[str | int], Any]] = [([], value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if NUL in item:
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and NUL in key:
+                    return [*path, key]
+                stack.append(([*path, key], child))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(([*path, i], child) for i, child in enumerate(item))
+    return None
+
+
+def has_nul(value: Any) -> bool:
+    return nul_path(value) is not None
+
+
+def day_in_range(day: date) -> bool:
+    return FIRST_DAY <= day <= LAST_DAY
+
+
+def keyset_position(value: Any) -> tuple[datetime, int]:
+    """A decoded `{"t": ISO time, "id": row id}` cursor as (aware time, id); ValueError when it is
+    not one we could have given out (wrong types, NaN, an id past bigint, a time off the calendar)."""
+    if not isinstance(value, dict):
+        raise ValueError("not an object")
+    moment, row = value.get("t"), value.get("id")
+    if not isinstance(moment, str) or len(moment) > 40 or isinstance(row, bool) or not isinstance(row, int):
+        raise ValueError("wrong types")
+    if not 0 <= row <= MAX_ROW_ID:
+        raise ValueError("id out of range")
+    parsed = datetime.fromisoformat(moment)
+    if parsed.tzinfo is None or not day_in_range(parsed.date()):
+        raise ValueError("time out of range")
+    return parsed.astimezone(timezone.utc), row
+
+
+def row_id(value: Any) -> int:
+    """A cursor's row id: an int (not a bool) within a bigint; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ROW_ID:
+        raise ValueError("not a row id")
+    return value
