@@ -15,9 +15,11 @@ the cache cannot guess for (a run this process has not appended to lately, a pay
 externalize) and every refusal, so refusals and replays are always decided under the lock.
 
 A service that must change other rows of the run in the same transaction (the tool gateway)
-locks the head itself (`lock_head`) and calls `append_locked`: that costs the lock's round trip
-on top of the one statement. Called inside a caller's transaction, `append_events` stays
-optimistic (its statement joins that transaction) and needs no lock when the guess holds.
+either attaches those changes to the one statement (`append_attached`, its common case: one
+round trip, one commit) or locks the head itself (`lock_head`) and calls `append_locked`, which
+costs the lock's round trip, BEGIN and COMMIT on top of the one statement. Called inside a
+caller's transaction, `append_events` stays optimistic (its statement joins that transaction)
+and needs no lock when the guess holds.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from . import announce, clock, pgappend
 from .artifacts import INLINE_LIMIT_BYTES, externalize
@@ -180,6 +182,25 @@ def append_events(
         return _append_under_lock(run, batch, expected_sequence, fencing_token)
 
 
+def append_attached(*, workspace: Workspace, run_id: str, events: Sequence[Mapping[str, Any]],
+                    attached: Sequence[pgappend.Attached], fencing_token: Any = None) -> AppendResult | None:
+    """PostgreSQL: `events` and the row changes `attached` (pgappend.Attached) in one statement,
+    on this process's guess of the run's head: outside a transaction one round trip and one
+    commit. None when that cannot be done (no guess, a payload to externalize) or the database
+    did not confirm it (the head moved, the fence or an attached condition failed, a race on the
+    attached rows): then nothing was written, and the caller takes its locked way, which decides
+    refusals and replays on what the rows hold.
+
+    For a service that changes another table with the events it appends (the tool gateway)
+    without taking the head lock first (`lock_head`): both wait on the head row in one statement.
+    """
+    validate_run_id(run_id)
+    if connection.vendor != "postgresql":
+        return None  # the statement is PostgreSQL's; elsewhere the caller's locked way does it all
+    batch = _prepare_batch(workspace, events, None)
+    return _append_optimistic(workspace, run_id, batch, None, fencing_token, tuple(attached))
+
+
 def lock_head(*, workspace: Workspace, run_id: str) -> Run | None:
     """The run's head row (HEAD_FIELDS), locked until the caller's transaction ends; None if absent.
 
@@ -244,7 +265,7 @@ def _lock_or_create_head(workspace: Workspace, run_id: str) -> Run:
 
 
 def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared], expected_sequence: int | None,
-                       fencing_token: Any) -> AppendResult | None:
+                       fencing_token: Any, attached: tuple[pgappend.Attached, ...] = ()) -> AppendResult | None:
     """The append on a guess of the run's head, without its lock (PostgreSQL); None when there
     is no guess or the database did not confirm it: then nothing was written."""
     if any(len(p.canonical) > INLINE_LIMIT_BYTES for p in batch):
@@ -254,7 +275,7 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
     if cached is not None:
         run = Run(pk=cached.run_pk, workspace=workspace, run_id=run_id)
         state = cached.state
-    elif batch[0].type == "RunStarted" and fencing_token is None:
+    elif batch[0].type == "RunStarted" and fencing_token is None and not attached:
         run, state = Run(workspace=workspace, run_id=run_id), RunState(run_id=run_id)
     else:
         return None
@@ -270,17 +291,25 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
         return None  # the guess may be stale: refusals are decided under the lock, on the log
     changes = batch_changes(workspace.pk, state, written, before)
     finishing = state.status in RunStatus.finished()
-    with transaction.atomic() if finishing else nullcontext():  # settle_on_terminal joins it
-        if run.pk is None:
-            run.pk = pgappend.insert_head(_new_head(run, changes), rows, now, changes)
+    # An attached change may fail the statement (a race on its rows): inside a caller's
+    # transaction a savepoint keeps that failure from ending the caller's transaction.
+    atomic = finishing or (bool(attached) and connection.in_atomic_block)
+    try:
+        with transaction.atomic() if atomic else nullcontext():  # settle_on_terminal joins it
             if run.pk is None:
-                return None
-        else:
-            guard = pgappend.Guard(fencing_token=None if fencing_token is None else str(fencing_token), now=now,
-                                   keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None))
-            if not pgappend.update_head(run.pk, before.last_sequence, rows, now, changes, guard):
-                return None
-        _after_write(run, state, prices, written)
+                run.pk = pgappend.insert_head(_new_head(run, changes), rows, now, changes)
+                if run.pk is None:
+                    return None
+            else:
+                guard = pgappend.Guard(fencing_token=None if fencing_token is None else str(fencing_token), now=now,
+                                       keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None))
+                if not pgappend.update_head(run.pk, before.last_sequence, rows, now, changes, guard, attached):
+                    return None
+            _after_write(run, state, prices, written)
+    except (pgappend.AttachedMissed, IntegrityError):
+        if not attached:
+            raise
+        return None  # an attached row changed under the guess (a unique key taken, a row gone): nothing written
     return AppendResult(events=out, last_sequence=state.last_sequence)
 
 

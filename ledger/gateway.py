@@ -3,12 +3,14 @@
 A harness claims a call before running it, says when the request is about to leave (`outbound`),
 and completes it with a result or an error. The control row (ToolGatewayClaim) holds what the log
 does not: owner, lease token, the outbound stamp. Every change the log must know about is
-appended through `append_locked` in the same transaction as the row change, so the row and the
-`harness.tool_call.*` events never disagree.
+appended through `append_locked` in the same transaction as the row change, or, in a harness's
+common case on PostgreSQL (`runtime_batch`), in the same statement (`append_attached`), so the row
+and the `harness.tool_call.*` events never disagree.
 
 Every service locks the run's head row first: it is the row every append locks, so the lock
 order is always run → claim, and two claimers of one call are serialized (on SQLite the IMMEDIATE
-transaction does the same).
+transaction does the same). The one-statement form keeps that order: its head update takes the
+run's row lock before its claim row is written.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Q
 
-from . import artifacts, audit, clock
-from .append import append_events, append_locked, lock_head, validate_run_id
+from . import artifacts, audit, clock, pgappend
+from .append import append_attached, append_events, append_locked, lock_head, validate_run_id
 from .canonical import NotCanonicalizable, canonical_bytes, digest
 from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
@@ -196,13 +198,21 @@ def _in_doubt_error(claim: ToolGatewayClaim) -> ToolCallInDoubt:
 def _outcome_columns(workspace: Workspace, run_id: str, call_id: str, field: str, value: Any) -> dict[str, Any]:
     """The row's outcome columns: the value inline, or in an artifact bound to this run and call
     when large."""
+    inline = _inline_outcome_columns(field, value)
+    if inline is not None:
+        return inline
     columns = {"result": None, "error": None, "outcome_ref": "", "outcome_digest": digest({field: value})}
-    if len(canonical_bytes(value)) <= INLINE_RESULT_BYTES:
-        columns[field] = value
-        return columns
     wrapped = {"kind": ARTIFACT_KIND, "runId": run_id, "callId": call_id, "field": field, "value": value}
     columns["outcome_ref"] = artifacts.store_bytes(workspace, canonical_bytes(wrapped)).ref
     return columns
+
+
+def _inline_outcome_columns(field: str, value: Any) -> dict[str, Any] | None:
+    """The row's outcome columns with the value inline; None when it is too large to be."""
+    if len(canonical_bytes(value)) > INLINE_RESULT_BYTES:
+        return None
+    return {"result": value if field == "result" else None, "error": value if field == "error" else None,
+            "outcome_ref": "", "outcome_digest": digest({field: value})}
 
 
 def _store_outcome(run: Run, claim: ToolGatewayClaim, field: str, value: Any) -> None:
@@ -445,12 +455,7 @@ def _claim_new(workspace: Workspace, run_id: str, now: datetime, identity: Mappi
                outbound: bool) -> Claimed | None:
     """Insert a claim for a call with no row yet (neither its call id nor its idempotency key has
     one: the unique constraints turn the INSERT into nothing otherwise)."""
-    token = secrets.token_urlsafe(32)
-    expires = now + timedelta(seconds=_lease_seconds(identity["timeout_s"]))
-    row = {**identity, "lease_token": token, "lease_expires_at": expires, "attempt": 1,
-           "claimed_at": now, "outbound_at": now if outbound else None, "status": Status.CLAIMED, "result": None,
-           "error": None, "outcome_ref": "", "outcome_digest": "", "duration_ms": None, "finished_at": None,
-           "reconciled_by": "", "reconcile_note": "", "created_at": now, "updated_at": now}
+    row, claimed = _new_claim(now, identity, outbound=outbound)
     columns, params = _columns(row)
     with connection.cursor() as cursor:
         cursor.execute(f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
@@ -459,7 +464,18 @@ def _claim_new(workspace: Workspace, run_id: str, now: datetime, identity: Mappi
                        [*params, workspace.pk, run_id])
         if cursor.rowcount != 1:
             return None
-    return Claimed(identity["call_id"], token, expires, 1, outbound_at=row["outbound_at"])
+    return claimed
+
+
+def _new_claim(now: datetime, identity: Mapping[str, Any], *, outbound: bool) -> tuple[dict[str, Any], Claimed]:
+    """The row of a first claim of a call (every column but the run), and what the claimer holds."""
+    token = secrets.token_urlsafe(32)
+    expires = now + timedelta(seconds=_lease_seconds(identity["timeout_s"]))
+    row = {**identity, "lease_token": token, "lease_expires_at": expires, "attempt": 1,
+           "claimed_at": now, "outbound_at": now if outbound else None, "status": Status.CLAIMED, "result": None,
+           "error": None, "outcome_ref": "", "outcome_digest": "", "duration_ms": None, "finished_at": None,
+           "reconciled_by": "", "reconcile_note": "", "created_at": now, "updated_at": now}
+    return row, Claimed(identity["call_id"], token, expires, 1, outbound_at=row["outbound_at"])
 
 
 def _complete_held(workspace: Workspace, run_id: str, now: datetime, held: Claimed, outcome: str,
@@ -467,13 +483,10 @@ def _complete_held(workspace: Workspace, run_id: str, now: datetime, held: Claim
     """Record the outcome of a call the caller claimed (`held`), if its lease is still the live one."""
     if held.outbound_at is None:
         return None  # the tool's time counts from the claim, which only the row holds
-    status = Status.SUCCEEDED if outcome == "result" else Status.FAILED
-    duration_ms = round((now - held.outbound_at).total_seconds() * 1000)  # from when the request left
-    changes = {**_outcome_columns(workspace, run_id, held.call_id, outcome, value), "status": status,
-               "duration_ms": duration_ms, "finished_at": now, "updated_at": now}
+    changes, done = _held_completion(now, held, outcome, value,
+                                     _outcome_columns(workspace, run_id, held.call_id, outcome, value))
     columns, params = _columns(changes)
-    where, keys = _columns({"call_id": held.call_id, "status": Status.CLAIMED, "lease_token": held.lease_token,
-                            "outbound_at": held.outbound_at})
+    where, keys = _columns(_held_row(held))
     _, (live_after,) = _columns({"lease_expires_at": now})
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {_CLAIMS} SET {', '.join(f'{c} = %s' for c in columns)} "
@@ -482,13 +495,71 @@ def _complete_held(workspace: Workspace, run_id: str, now: datetime, held: Claim
                        [*params, *keys, live_after, workspace.pk, run_id])
         if cursor.rowcount != 1:
             return None
-    return Finished(call_id=held.call_id, status=status, attempt=held.attempt,
-                    result=value if outcome == "result" else None, error=value if outcome == "error" else None,
-                    duration_ms=duration_ms)
+    return done
+
+
+def _held_completion(now: datetime, held: Claimed, outcome: str, value: Any,
+                     outcome_columns: Mapping[str, Any]) -> tuple[dict[str, Any], Finished]:
+    """The columns a completion of the held call `held` sets, and its answer."""
+    assert held.outbound_at is not None
+    status = Status.SUCCEEDED if outcome == "result" else Status.FAILED
+    duration_ms = round((now - held.outbound_at).total_seconds() * 1000)  # from when the request left
+    changes = {**outcome_columns, "status": status, "duration_ms": duration_ms, "finished_at": now, "updated_at": now}
+    return changes, Finished(call_id=held.call_id, status=status, attempt=held.attempt,
+                             result=value if outcome == "result" else None,
+                             error=value if outcome == "error" else None, duration_ms=duration_ms)
+
+
+def _held_row(held: Claimed) -> dict[str, Any]:
+    """What the row of a call still held by its claimer `held` holds."""
+    return {"call_id": held.call_id, "status": Status.CLAIMED, "lease_token": held.lease_token,
+            "outbound_at": held.outbound_at}
+
+
+# --- the common case attached to the append's statement (PostgreSQL) --------------------------
+# The same two changes as pgappend.Attached: their condition joins the run head's conditional
+# update, so the control row and the events commit in one statement (outside a transaction one
+# round trip, one commit) without the head's lock taken first. The parameters are named, each
+# value once per use, so that no parameter's type is deduced from two contexts.
+
+
+def _attached_claim(row: Mapping[str, Any]) -> pgappend.Attached:
+    """Insert the first claim `row` (`_new_claim`) if neither its call id nor its idempotency key
+    has a row in the run. A row that appears after the condition's snapshot fails the INSERT on
+    the unique constraints, and with it the whole statement."""
+    columns, values = _columns(row)
+    params = {f"claim_{i}": v for i, v in enumerate(values)}
+    params.update(claim_call=row["call_id"], claim_key=row["idempotency_key"])
+    return pgappend.Attached(name="claim", condition=_CLAIM_CONDITION, params=params, sql=(
+        f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
+        f"SELECT head.id, {', '.join(f'%(claim_{i})s' for i in range(len(columns)))} FROM head RETURNING 1"))
+
+
+def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any]) -> pgappend.Attached:
+    """Set `changes` (`_held_completion`) on the row of the call `held`, if its claimer still holds
+    it under a live lease."""
+    columns, values = _columns(changes)
+    where, keys = _columns(_held_row(held))
+    _, (live_after,) = _columns({"lease_expires_at": now})
+    params = {f"done_{i}": v for i, v in enumerate(values)}
+    params.update({f"done_where_{i}": v for i, v in enumerate(keys)})
+    params.update({f"done_cond_{i}": v for i, v in enumerate(keys)})
+    params.update(done_live_after=live_after, done_cond_live_after=live_after)
+    held_now = " AND ".join(f"c.{c} = %(done_where_{i})s" for i, c in enumerate(where))
+    held_then = " AND ".join(f"c.{c} = %(done_cond_{i})s" for i, c in enumerate(where))
+    sets = ", ".join(f"{c} = %(done_{i})s" for i, c in enumerate(columns))
+    return pgappend.Attached(
+        name="done", params=params,
+        condition=(f"EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND {held_then} "
+                   "AND c.lease_expires_at > %(done_cond_live_after)s)"),
+        sql=(f"UPDATE {_CLAIMS} c SET {sets} FROM head WHERE c.run_id = head.id AND {held_now} "
+             "AND c.lease_expires_at > %(done_live_after)s RETURNING 1"))
 
 
 _CLAIMS, _RUNS = ToolGatewayClaim._meta.db_table, Run._meta.db_table
 _CLAIM_FIELDS = {f.name: f for f in ToolGatewayClaim._meta.concrete_fields}
+_CLAIM_CONDITION = (f"NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s "
+                    "AND (c.call_id = %(claim_call)s OR c.idempotency_key = %(claim_key)s))")
 
 
 def _columns(values: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
@@ -524,66 +595,63 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     `origin` (a re-execution's live calls) is stamped on the model and tool events written.
     `renew`, the run lease of the writer, is renewed in the same transaction (Fenced if taken over).
 
-    The common case takes no lock of its own (`_unlocked`): a claim of a call never claimed, the
-    completion of a call the caller holds, appended by `append_events`, which guesses the run's
-    head. Anything else (a renewal, a row that exists, a refusal) goes the locked way.
+    On PostgreSQL the common case (a claim of a call never claimed, the completion of a call the
+    caller holds under its live lease, no renewal) is one statement and takes no lock of its own
+    (`_in_one_statement`): outside a transaction one round trip, one commit. Anything else (a
+    renewal, a row that exists, a refusal, a miss of the guessed head, SQLite) goes the locked way.
     """
     if renew is None and complete is None and claim is None and events:
         # Events alone: append_events outside a transaction is one statement when its guess holds.
         return Batch(None, None, append_events(workspace=workspace, run_id=run_id,
                                                events=[with_origin(e, origin) for e in events],
                                                fencing_token=fencing_token).last_sequence)
-    if renew is None:
-        try:
-            return _unlocked(workspace=workspace, run_id=run_id, fencing_token=fencing_token, complete=complete,
-                             events=events, claim=claim, origin=origin)
-        except _Uncommon:
-            pass  # rolled back: nothing of it was written
+    if renew is None and connection.vendor == "postgresql":
+        done = _in_one_statement(workspace=workspace, run_id=run_id, fencing_token=fencing_token,
+                                 complete=complete, events=events, claim=claim, origin=origin)
+        if done is not None:
+            return done
     return _locked(workspace=workspace, run_id=run_id, fencing_token=fencing_token, complete=complete,
                    events=events, claim=claim, origin=origin, renew=renew)
 
 
-class _Uncommon(Exception):
-    """Not the common case: `_unlocked` rolls back and the locked way takes over."""
-
-
-@transaction.atomic
-def _unlocked(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: dict[str, Any] | None,
-              events: Sequence[Mapping[str, Any]], claim: dict[str, Any] | None, origin: str | None) -> Batch:
-    """runtime_batch without locking the run's head first. The rows go in with the one-statement
-    forms, which write nothing unless the call is new or still held; the events after them, with
-    append_events, which checks the fence and the head in its own statement. The lock order is
-    claim row, then head: a writer who locked the head and wants this claim row must be another
-    claimer of the same call of the run, which the run lease fences off anyway."""
+def _in_one_statement(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: dict[str, Any] | None,
+                      events: Sequence[Mapping[str, Any]], claim: dict[str, Any] | None,
+                      origin: str | None) -> Batch | None:
+    """runtime_batch's common case as one statement: the control rows attached to the append
+    (`append_attached`), whose head update checks the fence, the guessed head and the rows'
+    conditions at once. None, with nothing written, when it is not the common case or the
+    database did not confirm it; the locked way then sorts it out on what the rows hold."""
     now = clock.now()
     batch: list[Mapping[str, Any]] = []
+    attached: list[pgappend.Attached] = []
     completed: Finished | None = None
     claimed: Claimed | None = None
     if complete is not None:
         held, step_path = complete.get("held"), complete.get("step_path")
-        if held is None or step_path is None or held.lease_token != complete["lease_token"]:
-            raise _Uncommon
-        completed = _complete_held(workspace, run_id, now, held, complete["outcome"], complete["value"])
-        if completed is None:
-            raise _Uncommon
-        batch.append(_finished_event(completed, complete["outcome"], complete["value"], step_path))
+        if held is None or step_path is None or held.lease_token != complete["lease_token"] or held.outbound_at is None:
+            return None
+        outcome, value = complete["outcome"], complete["value"]
+        columns = _inline_outcome_columns(outcome, value)
+        if columns is None:
+            return None  # its artifact is written in the locked way's transaction
+        changes, completed = _held_completion(now, held, outcome, value, columns)
+        attached.append(_attached_completion(now, held, changes))
+        batch.append(_finished_event(completed, outcome, value, step_path))
     batch.extend(events)
     if claim is not None:
         args, args_digest = _prepare_args(workspace, claim["tool_name"], claim["args"])
         identity = {k: claim[k] for k in ("call_id", "tool_name", "effect", "owner", "idempotency_key", "timeout_s")}
-        claimed = _claim_new(workspace, run_id, now, {**identity, "args": args, "args_digest": args_digest},
-                             outbound=True)
-        if claimed is None:
-            raise _Uncommon
+        row, claimed = _new_claim(now, {**identity, "args": args, "args_digest": args_digest}, outbound=True)
+        attached.append(_attached_claim(row))
         batch.append(_started(claimed.call_id, claimed.attempt, caller=claim["caller"], tool_name=claim["tool_name"],
                               args=args, effect=claim["effect"], owner=claim["owner"],
                               idempotency_key=claim["idempotency_key"], timeout_s=claim["timeout_s"],
                               turn=claim["turn"], step_path=claim["step_path"]))
     if not batch:
-        raise _Uncommon  # nothing to append: only the locked way answers to the fence then
-    last = append_events(workspace=workspace, run_id=run_id, events=[with_origin(e, origin) for e in batch],
-                         fencing_token=fencing_token).last_sequence
-    return Batch(completed, claimed, last)
+        return None  # nothing to append: only the locked way answers to the fence then
+    result = append_attached(workspace=workspace, run_id=run_id, events=[with_origin(e, origin) for e in batch],
+                             attached=attached, fencing_token=fencing_token)
+    return None if result is None else Batch(completed, claimed, result.last_sequence)
 
 
 @atomic_then_refuse

@@ -21,6 +21,13 @@ condition on the committed version, so two writers can never pass with the same 
 sequences hold without a lock held across round trips. A run's first batch inserts the head
 instead (`INSERT … ON CONFLICT DO NOTHING`): the loser of a creation race gets no row back.
 
+A writer whose batch must commit with a change to a row of another table (the tool gateway's
+control row: a claim, a completion) attaches that change (`Attached`): its condition joins the
+head update's WHERE and its statement runs as one more CTE off the head, so the row change and the
+events are one statement too, and outside a transaction one round trip and one commit. The final
+SELECT fails the statement (nothing written) should the head move but an attached change find no
+row, so the two are all or nothing even against a race the condition's snapshot did not see.
+
 The statement's text depends only on which columns and tables a batch touches, not on its rows
 (they travel as JSON, ledger/bulk.py), so each shape is prepared once per connection.
 """
@@ -34,7 +41,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import connection, models
+from django.db import DataError, connection, models
 from psycopg.types.json import Jsonb
 
 from .bulk import conflict_update, json_rows, recordset
@@ -57,16 +64,54 @@ class Guard:
     keys: tuple[str, ...]  # idempotency keys that the log must not hold yet
 
 
+@dataclass(frozen=True)
+class Attached:
+    """A change to a row of another table that commits with the batch or not at all.
+
+    `condition` joins the head update's WHERE: it holds when the change can be made (it may name
+    `%(run_pk)s`). `sql` is a data-modifying statement run as the CTE `name`, after the head,
+    that reads the run's pk from `head` and RETURNs one row when it made its change. `params`
+    are its parameters and the condition's, each key starting with `name` and an underscore.
+    The text of `condition` and `sql` must not depend on the row (it is part of the prepared
+    statement's shape).
+    """
+
+    name: str
+    condition: str
+    sql: str
+    params: Mapping[str, Any]
+
+
+class AttachedMissed(Exception):
+    """The head moved but an attached change found no row: the statement failed, nothing was written."""
+
+
+# The SQLSTATE the final SELECT raises with (invalid_text_representation) when an attached change missed.
+_MISSED = "22P02"
+_MISSED_TEXT = "runledger: attached row change missed "
+
+
 def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], recorded_at: datetime,
-                changes: Changes, guard: Guard | None) -> bool:
-    """Write the batch if the run still ends at `before` (and `guard` holds); False if nothing
-    was written. Without a guard the caller holds the row lock, so it cannot miss."""
+                changes: Changes, guard: Guard | None, attached: Sequence[Attached] = ()) -> bool:
+    """Write the batch (and the `attached` row changes) if the run still ends at `before` (and
+    `guard` and every attached condition hold); False if nothing was written. Without a guard the
+    caller holds the row lock, so it cannot miss. Raises AttachedMissed (nothing written) when
+    the head held but an attached change did not."""
     params: dict[str, Any] = {"run_pk": run_pk, "before": before}
     if guard is not None:
         params.update(now=guard.now, token=guard.fencing_token, keys=list(guard.keys))
+    for change in attached:
+        params.update(change.params)
     guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys))
-    sql = _update_sql(tuple(changes.run), guard_shape, *_shape(changes))
-    return _execute(sql, params, events, recorded_at, changes) is not None
+    sql = _update_sql(tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached),
+                      *_shape(changes))
+    try:
+        return _execute(sql, params, events, recorded_at, changes) is not None
+    except DataError as exc:
+        cause = exc.__cause__
+        if attached and getattr(cause, "sqlstate", None) == _MISSED and _MISSED_TEXT in str(cause):
+            raise AttachedMissed(str(cause)) from exc
+        raise
 
 
 def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]], recorded_at: datetime,
@@ -118,7 +163,8 @@ def _adapt(name: str, value: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool] | None, *rows: tuple[str, ...] | None) -> str:
+def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool] | None,
+                attached: tuple[tuple[str, str, str], ...], *rows: tuple[str, ...] | None) -> str:
     sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
     where = "id = %(run_pk)s AND last_sequence = %(before)s"
     if guard is not None:
@@ -128,7 +174,8 @@ def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool] | None, *
         if keys:
             where += (f" AND NOT EXISTS (SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s"
                       " AND idempotency_key = ANY(%(keys)s::varchar[]))")
-    return _with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", *rows)
+    where += "".join(f" AND ({condition})" for _, condition, _ in attached)
+    return _with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached)
 
 
 @functools.lru_cache(maxsize=16)
@@ -136,13 +183,15 @@ def _insert_sql(run_columns: tuple[str, ...], *rows: tuple[str, ...] | None) -> 
     values = ", ".join(f"%(run_{n})s" for n in run_columns)
     return _with_head(
         f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) VALUES ({values}) "
-        f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id", *rows)
+        f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id", rows)
 
 
-def _with_head(head: str, steps: tuple[str, ...] | None, calls: tuple[str, ...] | None,
-               costs: tuple[str, ...] | None, usage: tuple[str, ...] | None) -> str:
-    parts = [f"head AS ({head})", "events AS (" + _insert_from_head(
-        Event, EVENT_FIELDS, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
+def _with_head(head: str, rows: tuple[tuple[str, ...] | None, ...],
+               attached: tuple[tuple[str, str, str], ...] = ()) -> str:
+    steps, calls, costs, usage = rows
+    parts = [f"head AS ({head})", *(f"{name} AS ({sql})" for name, _, sql in attached),
+             "events AS (" + _insert_from_head(
+                 Event, EVENT_FIELDS, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
     if steps:
         parts.append(f"steps AS ({_insert_from_head(Step, steps, 'steps', key=('run_id', 'step_path'))})")
     if calls:
@@ -151,7 +200,14 @@ def _with_head(head: str, steps: tuple[str, ...] | None, calls: tuple[str, ...] 
         parts.append(f"cost_entries AS ({_insert_from_head(CostEntry, costs, 'cost_entries')})")
     if usage:
         parts.append(f"daily_usage AS ({rollup.upsert_sql('head, ' + recordset(DailyUsage, usage, 'daily_usage'))})")
-    return "WITH " + ", ".join(parts) + " SELECT id FROM head"
+    if not attached:
+        return "WITH " + ", ".join(parts) + " SELECT id FROM head"
+    # Every attached change must have written its row when the head did; the ELSE branch (a
+    # subquery, so never folded at planning) fails the statement with _MISSED, rolling it all back.
+    written = " AND ".join(f"(SELECT count(*) FROM {name}) = 1" for name, _, _ in attached)
+    missed = " || ".join(f"'{name}=' || (SELECT count(*) FROM {name})" for name, _, _ in attached)
+    return ("WITH " + ", ".join(parts) + f" SELECT CASE WHEN {written} THEN id "
+            f"ELSE ('{_MISSED_TEXT}' || {missed})::bigint END FROM head")
 
 
 def _insert_from_head(model: type[models.Model], names: Sequence[str], param: str, *,

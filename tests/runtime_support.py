@@ -1,15 +1,19 @@
 """What the runtime tests share: every run they leave behind verifies, the executor's death as an
-exception, a run's log, and the invocation log read as counts of calls."""
+exception, a run's log, the invocation log read as counts of calls, and the round trips a block
+of code makes to PostgreSQL."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from ledger.canonical import canonical_json
 from ledger.models import Run, Workspace
@@ -54,3 +58,24 @@ def invocation_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
     started = next(e["payload"] for e in events
                    if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"])
     return f"tool {started['toolName']} {canonical_json(started['args'])}"
+
+
+@contextmanager
+def round_trips() -> Iterator[list[int]]:
+    """The round trips this thread's PostgreSQL connection makes inside the block, counted from
+    libpq's protocol trace (one ReadyForQuery ends each): the yielded list gets the count at the end.
+    On another database it stays empty."""
+    counted: list[int] = []
+    if connection.vendor != "postgresql":
+        yield counted
+        return
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile() as trace:
+        pgconn.trace(trace.fileno())
+        try:
+            yield counted
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        counted.append(sum(1 for line in trace if b"\tReadyForQuery" in line))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -14,12 +15,14 @@ import httpx
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.db import connection, transaction
 from django.contrib.auth.models import User
 
 from ledger.artifacts import get_by_ref
 from ledger.models import Event, Run, ToolCall, ToolGatewayClaim, Workspace
 from ledger.tenancy import create_key
 from tests.conftest import FakeClock, log_in, started
+from tests.runtime_support import round_trips
 
 # Every test runs on the fake clock (conftest), which the live server's thread reads too.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock")]
@@ -530,6 +533,100 @@ def test_runtime_batch_commits_an_outcome_events_and_an_outbound_claim_in_one_ap
     assert len({e.recorded_at for e in log[2:]}) == 1  # one append, one transaction
     assert Run.objects.get(run_id=run).last_sequence == 5
     assert ToolCall.objects.get(call_id="c1").status == "succeeded"
+
+
+def _xmin(sql: str, *params: Any) -> str:
+    """The transaction that wrote the row `sql` selects (PostgreSQL's xmin)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return str(cursor.fetchone()[0])
+
+
+def test_runtime_batch_writes_a_claim_or_a_completion_with_its_events_in_one_round_trip(
+        workspace: Workspace, run: str, clock: FakeClock) -> None:
+    """PostgreSQL: the control row rides in the append's statement (no BEGIN, no head lock, no
+    separate row statement, no COMMIT of its own): one round trip once the statement's shape is
+    prepared (the first call of a shape on a connection adds the Parse's), and the row and its
+    events carry one transaction id. Elsewhere the locked way writes the same rows and events."""
+    from ledger import gateway
+
+    def claim_and_complete(call_id: str) -> tuple[gateway.Batch, gateway.Batch, list[int], list[int]]:
+        with round_trips() as claim_trips:
+            claimed = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs(call_id),
+                                            events=[{"type": "custom.note", "payload": {"before": call_id}}])
+        assert isinstance(claimed.claimed, gateway.Claimed)
+        if connection.vendor == "postgresql":  # the row and the started event: one transaction
+            assert _xmin(f"SELECT xmin FROM ledger_toolgatewayclaim WHERE call_id = '{call_id}'") == _xmin(
+                "SELECT xmin FROM ledger_event WHERE sequence = %s", claimed.last_sequence)
+        clock.advance(1)
+        with round_trips() as complete_trips:
+            done = gateway.runtime_batch(
+                workspace=workspace, run_id=run, events=[{"type": "custom.note", "payload": {"after": call_id}}],
+                complete={"call_id": call_id, "lease_token": claimed.claimed.lease_token, "held": claimed.claimed,
+                          "outcome": "result", "value": gateway.prepare_outcome(workspace, "result", {"n": 1}),
+                          "step_path": "agent"})
+        return claimed, done, claim_trips, complete_trips
+
+    claim_and_complete("c0")  # prepares the two shapes on this connection
+    first, done, claim_trips, complete_trips = claim_and_complete("c1")
+
+    assert first.last_sequence == 7 and done.last_sequence == 9
+    assert done.completed is not None and done.completed.duration_ms == 1000
+    assert [e.type for e in _log(workspace)][5:] == ["custom.note", "harness.tool_call.started",
+                                                     "harness.tool_call.succeeded", "custom.note"]
+    assert isinstance(first.claimed, gateway.Claimed)
+    row = ToolGatewayClaim.objects.get(call_id="c1")
+    assert (row.status, row.result, row.outbound_at, row.lease_token) == (
+        "succeeded", {"n": 1}, first.claimed.outbound_at, first.claimed.lease_token)
+    _verify_passes()
+    if connection.vendor == "postgresql":
+        assert (claim_trips, complete_trips) == ([1], [1])
+        event = "SELECT xmin FROM ledger_event WHERE sequence = %s"  # the test's one run
+        claim = "SELECT xmin FROM ledger_toolgatewayclaim WHERE call_id = 'c1'"
+        assert _xmin(event, 8) == _xmin(event, 9) == _xmin(claim)  # c1's succeeded and the row's completion
+
+
+def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
+        workspace: Workspace, run: str, append: Callable[..., Any], clock: FakeClock) -> None:
+    """The all-or-nothing of `append_attached` against a race its conditions did not see: a
+    completion that finds no row once the head is taken, a claim whose row appeared meanwhile
+    (the unique constraint). Nothing is written, the answer is None (the caller's locked way
+    decides), and the run takes the next append as if nothing happened, inside a caller's
+    transaction too. (On SQLite append_attached always answers None: the locked way does it all.)"""
+    from ledger import gateway, pgappend
+    from ledger.append import append_attached
+
+    first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
+    assert isinstance(first.claimed, gateway.Claimed)
+    gone = pgappend.Attached(name="done", condition="TRUE", params={},
+                             sql="UPDATE ledger_toolgatewayclaim SET updated_at = updated_at WHERE false RETURNING 1")
+    row, _ = gateway._new_claim(clock.now(), {
+        "call_id": "c1", "tool_name": "lookup", "args": {}, "args_digest": "sha256:x", "effect": "read",
+        "owner": "rt", "idempotency_key": "k-other", "timeout_s": None}, outbound=True)
+    taken = dataclasses.replace(gateway._attached_claim(row), condition="TRUE")  # blind to the row there
+    note = [{"type": "custom.note", "payload": {}}]
+    trips: list[list[int]] = []
+
+    def missed(change: pgappend.Attached) -> None:
+        with round_trips() as sent:
+            assert append_attached(workspace=workspace, run_id=run, events=note, attached=[change]) is None
+        trips.append(sent)
+
+    missed(gone)
+    assert append(run, {"type": "custom.a", "payload": {}}).last_sequence == 3  # and the head is guessed again
+    missed(taken)
+    append(run, {"type": "custom.b", "payload": {}})
+    with transaction.atomic():  # the failed statement rolls back to its savepoint, not the caller's transaction
+        missed(gone)
+        assert append(run, {"type": "custom.inside", "payload": {}}).last_sequence == 5
+    assert [e.type for e in _log(workspace)] == ["RunStarted", "harness.tool_call.started", "custom.a", "custom.b",
+                                                 "custom.inside"]
+    assert Run.objects.get(run_id=run).last_sequence == 5
+    assert list(ToolGatewayClaim.objects.values_list("call_id", "idempotency_key")) == [("c1", "k-c1")]
+    assert append(run, {"type": "custom.after", "payload": {}}).last_sequence == 6
+    _verify_passes()
+    if connection.vendor == "postgresql":  # each statement was sent (and failed), none was spared by a cache miss
+        assert all(sent and sent[0] >= 1 for sent in trips), trips
 
 
 def test_runtime_batch_keeps_a_large_outcome_of_a_held_call_as_an_artifact_and_serves_it_back(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 from ledger.canonical import canonical_json, digest
 from ledger.errors import Fenced
@@ -28,7 +29,7 @@ from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow
 from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill, reset_registrations
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, Crash, run_events as _events,
+    every_run_verifies, Crash, round_trips, run_events as _events,
     assert_verified as _verified, invocation_counts as _calls, invocation_of as _call_of,
 )
 from tests.servers import database_url as _database_url
@@ -228,6 +229,40 @@ def _manage(*args: str, invocations: Path, **seams: str) -> subprocess.Completed
     env.update(seams)
     return subprocess.run([sys.executable, "manage.py", "ledger", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+def _lookup_loop(calls: int) -> Workflow:
+    """An agent loop of `calls` model turns that each ask for one lookup, then one that answers."""
+    def model(request: ModelRequest) -> dict[str, Any]:
+        if request.turn <= calls:
+            return {"toolCalls": [{"id": f"t{request.turn}", "name": "lookup", "args": {"n": request.turn}}]}
+        return {"text": f"looked up {calls}"}
+
+    return Workflow(name=f"lookup_loop_{calls}",
+                    steps=(AIGenerate("agent", "Look them up.", tools=("lookup",), max_turns=calls + 1),),
+                    tools={"lookup": Tool("lookup", lambda args: {"n": args["n"], "found": True})},
+                    models={"default": ScriptedProvider(script=model)})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_model_call_with_its_tool_call_is_two_round_trips_on_postgresql(workspace: Workspace) -> None:
+    """The two commits the durability contract asks of a model call that asks for a tool (its
+    intent before the request leaves; its response with the tool call claimed outbound before the
+    tool runs), each one statement: one round trip, no BEGIN, no COMMIT, no lock of its own
+    (the gateway's control row attached to the append, ledger/pgappend.py). Counted as the
+    difference between a run of 8 and one of 3 such calls, so the run's own start and end, and the
+    first use of each statement shape (prepared once per connection), drop out."""
+    start_run(workspace=workspace, workflow=_lookup_loop(3), input={})  # prepares the shapes
+    with round_trips() as short:
+        few = start_run(workspace=workspace, workflow=_lookup_loop(3), input={})
+    with round_trips() as long:
+        many = start_run(workspace=workspace, workflow=_lookup_loop(8), input={})
+
+    assert (few.output, many.output) == ("looked up 3", "looked up 8")
+    types = [e["type"] for e in _events(workspace, many.run_id)]
+    assert types.count("harness.model.called") == 9 and types.count("harness.tool_call.succeeded") == 8
+    if connection.vendor == "postgresql":
+        assert long[0] - short[0] == 2 * 5, (short, long)
 
 
 @pytest.fixture
