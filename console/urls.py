@@ -16,4 +16,5 @@ urlpatterns = [
     path("", include("console.pages.approvals")),
     path("", include("console.pages.audit")),
     path("", include("console.pages.usage")),
+    path("", include("console.pages.settings")),
 ]

@@ -105,6 +105,11 @@ def check(artifact: Artifact) -> str:
     return "ok"
 
 
+def delete_file(artifact: Artifact) -> None:
+    """Remove an artifact's bytes from storage (retention, after the commit that deleted its row)."""
+    (_root() / artifact.storage_key).unlink(missing_ok=True)
+
+
 def parse_ref(ref: str) -> str | None:
     """The sha256 named by an `artifact://art_<sha256>` ref, or None for a ref that is not ours."""
     if not ref.startswith(REF_PREFIX + "art_"):

@@ -59,11 +59,16 @@ class Workspace(models.Model):
     price_overrides = models.JSONField(default=dict, blank=True)
     # Shared views (share links) hide model inputs and tool arguments: an admin's choice, audited.
     share_hides_inputs = models.BooleanField(default=False)
+    # Days a finished run is kept after its last event before `ledger prune` deletes it
+    # (ledger/retention.py); NULL keeps runs forever. Changed only by retention.set_retention (audited).
+    retention_days = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "slug"], name="workspace_slug_unique_in_tenant")
+            models.UniqueConstraint(fields=["tenant", "slug"], name="workspace_slug_unique_in_tenant"),
+            models.CheckConstraint(condition=Q(retention_days__isnull=True) | Q(retention_days__gte=1),
+                                   name="workspace_retention_at_least_a_day"),
         ]
 
     def __str__(self) -> str:
@@ -96,6 +101,9 @@ class ApiKey(models.Model):
     scopes = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # When the key last authenticated, to the minute: written at most once a minute per key
+    # (tenancy.authenticate_key), not on every request.
+    last_used_at = models.DateTimeField(null=True, blank=True)
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes
@@ -601,6 +609,7 @@ class AuditEntry(models.Model):
         SHARE_LINK_REVOKED = "share_link.revoked"
         SHARE_LINK_OPENED = "share_link.opened"
         SHARE_POLICY_CHANGED = "share_policy.changed"
+        RUN_PRUNED = "run.pruned"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

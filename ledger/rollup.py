@@ -6,8 +6,10 @@ It is written three ways, all inside the caller's transaction:
 - in the append transaction: a batch's new cost entries (`cells`) added to their cells with one
   upsert (`add`, or inside the append's one statement on PostgreSQL: `upsert_sql`), the cells in
   key order (two appends that share cells lock them in the same order);
-- `recount`: the cells of some days counted again from the cost entries, for what rewrites or
-  deletes cost entries (`ledger rebuild` and `ledger reprice`, deleting runs);
+- `recount`: the cells of some days counted again from the cost entries, for what rewrites
+  cost entries (`ledger rebuild` and `ledger reprice`);
+- `subtract`: the cost entries of runs about to be deleted (`ledger prune`) taken out of their
+  cells, a cell left with no calls deleted: exact under concurrent appends, unlike a recount;
 - and `differences` compares the cells with a fresh count, for `ledger verify`.
 
 A recount is exact when no append to the same workspace and day commits while it runs (the
@@ -81,6 +83,34 @@ def add(rows: Sequence[Mapping[str, Any]]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) VALUES {values} {_added_to_cell()}",
                        params)
+
+
+def subtract(rows: Sequence[Mapping[str, Any]]) -> dict[int, set[date]]:
+    """Take `rows` (`cells` of cost entries about to be deleted) out of the rollup, in the caller's
+    transaction; a cell whose calls drop to none goes (a fresh count would not have it). A cell that
+    holds less than is taken out (a rollup already wrong) is left alone: its days come back
+    (workspace id -> days) for the caller to `recount` once the cost entries are gone."""
+    merged: dict[tuple[Any, ...], list[Any]] = {}
+    for row in rows:
+        key = (row["workspace_id"], *(row[k] for k in KEY))
+        sums = merged.setdefault(key, [0] * len(SUMS))
+        for i, name in enumerate(SUMS):
+            sums[i] += row[name]
+    name = table(DailyUsage)
+    where = " AND ".join(f"{c} = %s" for c in ("workspace_id", *KEY))
+    sets = ", ".join(f"{c} = {c} - %s" for c in SUMS)
+    wrong: dict[int, set[date]] = {}
+    with connection.cursor() as cursor:
+        for key in sorted(merged):  # key order, as the appends lock cells
+            sums = merged[key]
+            where_params = [key[0], key[1].isoformat(), *key[2:]]
+            cursor.execute(f"UPDATE {name} SET {sets} WHERE {where} AND calls >= %s AND priced_calls >= %s",
+                           [*sums, *where_params, sums[SUMS.index("calls")], sums[SUMS.index("priced_calls")]])
+            if cursor.rowcount != 1:
+                wrong.setdefault(key[0], set()).add(key[1])
+                continue
+            cursor.execute(f"DELETE FROM {name} WHERE {where} AND calls = 0", where_params)
+    return wrong
 
 
 def _added_to_cell() -> str:

@@ -7,15 +7,21 @@ import hmac
 import secrets
 from collections.abc import Iterable
 
+from datetime import timedelta
+
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from . import audit
+from . import audit, clock
 from .errors import LedgerError, NotFound
 from .models import ApiKey, Membership, Role, Tenant, Workspace
 
 KEY_PREFIX = "rl_"
+# How fresh `ApiKey.last_used_at` is kept: one write per key per this, not one per request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 # Tenancy changes made at the command line (`manage.py ledger create-user`, `create-key`, the demo).
 CLI = audit.Actor(name="system:cli")
 
@@ -89,7 +95,7 @@ def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "",
 
 
 def authenticate_key(key: str) -> ApiKey | None:
-    """The live ApiKey for a presented secret, or None."""
+    """The live ApiKey for a presented secret, or None; notes its use (`_note_use`)."""
     if not key.startswith(KEY_PREFIX):
         return None
     prefix, _, _ = key[len(KEY_PREFIX):].partition("_")
@@ -98,14 +104,43 @@ def authenticate_key(key: str) -> ApiKey | None:
         return None
     if not hmac.compare_digest(api_key.secret_hash, _hash(key)):
         return None
+    _note_use(api_key)
     return api_key
 
 
+def _note_use(api_key: ApiKey) -> None:
+    """Stamp `last_used_at`, at most once a minute per key: the row just read says whether the
+    stamp is stale, so a busy key costs no write on most requests. The conditional UPDATE makes
+    concurrent requests at the turn of the minute write once between them."""
+    now = clock.now()
+    stale = now - LAST_USED_RESOLUTION
+    if api_key.last_used_at is not None and api_key.last_used_at > stale:
+        return
+    ApiKey.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale), pk=api_key.pk).update(
+        last_used_at=now)
+    api_key.last_used_at = now
+
+
+def keys(*, workspace: Workspace | None = None, include_revoked: bool = True) -> QuerySet[ApiKey]:
+    """API keys (of one workspace, or all: the command line's view), newest first."""
+    qs = ApiKey.objects.select_related("workspace__tenant").order_by("-created_at", "-pk")
+    if workspace is not None:
+        qs = qs.filter(workspace=workspace)
+    return qs if include_revoked else qs.filter(revoked_at__isnull=True)
+
+
+def key_by_prefix(prefix: str, *, workspace: Workspace | None = None) -> ApiKey | None:
+    """The key with this prefix (in `workspace` when given: a member sees only their own)."""
+    return keys(workspace=workspace).filter(prefix=prefix).first()
+
+
 @transaction.atomic
-def revoke_key(api_key: ApiKey, *, by: audit.Actor = CLI) -> None:
-    """Revoke a key (idempotent: only the first revocation is audited)."""
+def revoke_key(api_key: ApiKey, *, by: audit.Actor | AbstractBaseUser = CLI, reason: str = "") -> bool:
+    """Revoke a key (idempotent: only the first revocation is audited, and returns True)."""
     revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if revoked:
         workspace = Workspace.objects.select_related("tenant").get(pk=api_key.workspace_id)
         audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_REVOKED,
-                     target=audit.key_actor(api_key), details={"name": api_key.name})
+                     target=audit.key_actor(api_key), reason=reason.strip(), details={"name": api_key.name})
+    api_key.refresh_from_db(fields=["revoked_at"])
+    return bool(revoked)

@@ -31,6 +31,7 @@ PAGES = {
     "run-costs": f"{RESEARCH}/run_demo_orchestrator/costs/",
     "usage": "/w/acme/support/usage/",
     "approvals": "/w/acme/support/approvals/",
+    "settings": "/w/acme/support/settings/",
 }
 PHOTOGRAPHED = ("run-search", "run-conversation", "run-waterfall", "run-state")
 

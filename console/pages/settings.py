@@ -1,0 +1,129 @@
+"""A workspace's settings, for the tenant's admins: retention and API keys (DESIGN.md §2).
+
+- Retention: days a finished run is kept after its last event before `ledger prune` deletes it
+  (empty: forever). Changing it needs a reason; the change is audited (`retention.changed`).
+- API keys: listed by prefix with name, scopes, created, last used and revoked, never a secret;
+  revoking one is audited (`api_key.revoked`). Keys are made with `ledger create-key`.
+
+Another tenant's workspace is a 404; a member below admin gets 403 (as the audit log). Both forms
+post with htmx and answer with their own fragment (a refused retention: 422 with the form and the
+reason); without JavaScript they post and redirect, or answer 400 with the page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST, require_safe
+
+from ledger import retention, selectors, tenancy
+from ledger.errors import LedgerError
+from ledger.models import ApiKey, Role, Workspace
+
+from .guard import member_access
+
+MAX_REASON = 2000
+WS = "w/<slug:tenant>/<slug:workspace>/"
+
+
+def _admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:
+    """The workspace and its admin, the signed-in member (403 below admin, 404 elsewhere)."""
+    found = member_access(request, tenant, workspace, role=Role.ADMIN)
+    return found.workspace, found.user
+
+
+def _partial(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return htmx is not None and bool(htmx) and not htmx.history_restore_request
+
+
+def _retention_context(ws: Workspace, *, error: str = "", days: str | None = None, reason: str = "",
+                       saved: bool = False) -> dict[str, Any]:
+    return {"retention": {
+        "days": days if days is not None else ("" if ws.retention_days is None else str(ws.retention_days)),
+        "current": ws.retention_days, "reason": reason, "error": error, "saved": saved,
+        "url": reverse("workspace-retention", args=[ws.tenant.slug, ws.slug]),
+        "max": retention.MAX_RETENTION_DAYS,
+    }}
+
+
+def _key_row(ws: Workspace, key: ApiKey) -> dict[str, Any]:
+    return {"key": key, "revoke_url": reverse("workspace-key-revoke", args=[ws.tenant.slug, ws.slug, key.prefix])}
+
+
+def _page(request: HttpRequest, ws: Workspace, status: int = 200, **retention_state: Any) -> HttpResponse:
+    context = {
+        "workspace": ws, "workspaces": selectors.workspaces_for(request.user),
+        "keys": [_key_row(ws, k) for k in tenancy.keys(workspace=ws)],
+        **_retention_context(ws, **retention_state),
+    }
+    return render(request, "console/settings.html", context, status=status)
+
+
+@login_required
+@require_safe
+def workspace_settings(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    return _page(request, _admin(request, tenant, workspace)[0])
+
+
+def _parse_days(text: str) -> int | None:
+    text = text.strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()):
+        raise retention.InvalidRetention("Retention is a whole number of days, or empty to keep runs forever.")
+    return retention.validate_days(int(text))
+
+
+@login_required
+@require_POST
+def set_retention(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws, admin = _admin(request, tenant, workspace)
+    days_text = request.POST.get("days", "")[:20]
+    reason = request.POST.get("reason", "").strip()
+    error, saved = "", False
+    if len(reason) > MAX_REASON:
+        error = f"The reason is at most {MAX_REASON} characters."
+    else:
+        try:
+            saved = retention.set_retention(workspace=ws, days=_parse_days(days_text), by=admin,
+                                            reason=reason)
+            if not saved:
+                error = "That is the retention already set; nothing changed."
+        except LedgerError as exc:
+            error = exc.message
+    state: dict[str, Any] = ({"saved": True} if saved else
+                             {"error": error, "days": days_text.strip(), "reason": reason})
+    status = 200 if saved else 400
+    if _partial(request):
+        # A refused fragment is 422, not 400: django-htmx's debug script (DEBUG on) replaces the
+        # whole document with any 400 answer to htmx; static/js/settings.js swaps the 422 in place.
+        return render(request, "console/settings/retention.html", {"workspace": ws, **_retention_context(ws, **state)},
+                      status=status if saved else 422)
+    if saved:
+        return redirect(reverse("workspace-settings", args=[tenant, workspace]) + "#retention")
+    return _page(request, ws, status=status, **state)
+
+
+@login_required
+@require_POST
+def revoke_key(request: HttpRequest, tenant: str, workspace: str, prefix: str) -> HttpResponse:
+    ws, admin = _admin(request, tenant, workspace)
+    key = tenancy.key_by_prefix(prefix, workspace=ws)
+    if key is None:  # another workspace's key, or none at all: alike
+        raise Http404("not found")
+    tenancy.revoke_key(key, by=admin, reason=request.POST.get("reason", "")[:MAX_REASON])
+    if _partial(request):
+        return render(request, "console/settings/key_row.html", {"row": _key_row(ws, key)})
+    return redirect(reverse("workspace-settings", args=[tenant, workspace]) + "#api-keys")
+
+
+urlpatterns = [
+    path(WS + "settings/", workspace_settings, name="workspace-settings"),
+    path(WS + "settings/retention/", set_retention, name="workspace-retention"),
+    path(WS + "settings/keys/<str:prefix>/revoke/", revoke_key, name="workspace-key-revoke"),
+]
