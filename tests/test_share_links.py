@@ -228,11 +228,13 @@ def test_the_shared_bundle_is_the_apis_bundle(client: Client, link: str, admin: 
 
 def test_every_response_is_noindex_no_referrer_no_store(client: Client, link: str) -> None:
     tampered = link[:-1] + ("A" if link[-1] != "A" else "B")
-    for url in (f"/s/{link}/", f"/s/{link}/evidence.json", f"/s/{tampered}/", f"/s/{link}/runs/run_unrelated/"):
+    for url in (f"/s/{link}/", f"/s/{link}/evidence.json", f"/s/{tampered}/", f"/s/{link}/runs/run_unrelated/",
+                f"/s/{link}/no/such/page", f"/s/{link}/runs/{SUB}/evidence.jsonx"):
         answer = client.get(url)
         assert answer["X-Robots-Tag"].startswith("noindex"), url
         assert answer["Referrer-Policy"] == "no-referrer", url
         assert answer["Cache-Control"] == "no-store", url
+    assert client.get(f"/s/{link}/no/such/page").status_code == 404
     page = client.get(f"/s/{link}/").content.decode()
     assert '<meta name="robots" content="noindex, nofollow">' in page
     assert '<meta name="referrer" content="no-referrer">' in page

@@ -180,6 +180,12 @@ def shared_evidence(request: HttpRequest, token: str, run_id: str | None = None)
     return _private(JsonResponse(shared, json_dumps_params={"ensure_ascii": False}))
 
 
+def shared_nothing(request: HttpRequest, token: str, rest: str) -> HttpResponse:
+    """Any other path under a link: the same private 404 as an unknown token (Django's own 404
+    page would carry none of the headers)."""
+    return _refusal(request, 404, "Not found", "There is no share link at this address.")
+
+
 # --- the share panel of the run page (operators and up) ---------------------------------------
 
 
@@ -287,6 +293,7 @@ urlpatterns = [
     path("s/<str:token>/evidence.json", shared_evidence, name="share-evidence"),
     path("s/<str:token>/runs/<str:run_id>/", shared_run, name="share-run"),
     path("s/<str:token>/runs/<str:run_id>/evidence.json", shared_evidence, name="share-run-evidence"),
+    path("s/<str:token>/<path:rest>", shared_nothing),
     path(RUN + "share-links/", create_share_link, name="run-share-links"),
     path(RUN + "share-links/<str:link_id>/revoke/", revoke_share_link, name="run-share-link-revoke"),
     path(RUN + "share-policy/", share_policy, name="run-share-policy"),
