@@ -10,6 +10,11 @@ PORT ?= 8000
 
 .PHONY: setup run test lint check migrate demo bench clean
 
+# DEBUG is off unless turned on (console/settings.py). The development targets turn it on, for the
+# embedded setup (development SECRET_KEY, debug pages), unless the environment sets DEBUG itself;
+# `make serve` (production) does not.
+run demo migrate check lint: export DEBUG ?= 1
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -25,6 +30,7 @@ demo: migrate
 	$(PY) manage.py ledger demo
 
 run: demo
+	@echo "DEBUG=$(DEBUG): development settings (debug pages, a development SECRET_KEY); for production see docs/operations.md § Production"
 	@echo "Runledger console: http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
 	$(PY) bin/serve $(HOST) $(PORT)
 
@@ -37,9 +43,11 @@ lint: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# lint, plus: every model change has its migration.
+# lint, plus: every model change has its migration, and `check --deploy` has no warning under the
+# production environment of docs/operations.md § Production.
 check: lint
 	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) bin/check-deploy
 
 # Every benchmark against PostgreSQL and Redis (DATABASE_URL, REDIS_URL: a scratch database; exit 2
 # when either is not set or does not answer), one table to stdout and bench/results.md.

@@ -72,6 +72,8 @@ def setup_django(*, production: bool = False) -> None:
     if production:
         os.environ.setdefault("DEBUG", "0")
         os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_hex(16))
+    else:
+        os.environ.setdefault("DEBUG", "1")  # DEBUG is off unless turned on; these benches ran with it on
     import django
 
     django.setup()

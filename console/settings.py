@@ -43,14 +43,53 @@ def _env_list(name: str, default: list[str]) -> list[str]:
     return default if raw is None else [item.strip() for item in raw.split(",") if item.strip()]
 
 
-DEBUG = _env_bool("DEBUG", True)
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    try:
+        value = default if raw is None else int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise ImproperlyConfigured(f"{name} must be 0 or more, got {raw!r}")
+    return value
+
+
+def _env_proxy_header(name: str) -> tuple[str, str] | None:
+    """`X-Forwarded-Proto: https` -> ("HTTP_X_FORWARDED_PROTO", "https"), Django's form."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    header, sep, value = raw.partition(":")
+    if not sep or not header.strip() or not value.strip():
+        raise ImproperlyConfigured(f"{name} must be 'Header-Name: value' (e.g. 'X-Forwarded-Proto: https'), got {raw!r}")
+    return "HTTP_" + header.strip().upper().replace("-", "_"), value.strip()
+
+
+# Off unless turned on: a deployment that forgets DEBUG must never serve debug pages with
+# tracebacks. `make run` (and the test settings) turn it on for the embedded development setup.
+DEBUG = _env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set when DEBUG is off (DEBUG is off unless DEBUG=1; `make run` sets "
+            "DEBUG=1 for development; production: docs/operations.md § Production)")
     SECRET_KEY = "runledger-insecure-development-key-set-SECRET_KEY-in-production"
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS switches (docs/operations.md § Production). Off by default, since `make run` serves plain
+# http://127.0.0.1; the production environment turns every one on (`bin/check-deploy` holds it to
+# `check --deploy` with no warning).
+SESSION_COOKIE_SECURE = _env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = _env_bool("CSRF_COOKIE_SECURE", False)
+SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = _env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", False)
+# Behind a TLS-terminating proxy: the header it sets on requests that came in over HTTPS. Only set
+# it when the proxy always sets (or strips) that header, or a client could claim HTTPS.
+SECURE_PROXY_SSL_HEADER = _env_proxy_header("SECURE_PROXY_SSL_HEADER")
 
 VAR_DIR = Path(os.environ.get("RUNLEDGER_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -199,6 +238,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ReexecutionModeEnum": "console.api.reexecutions.MODES",
         "ReexecutionStatusEnum": "console.api.reexecutions.STATUSES",
+        "ToolCallOutcomeEnum": "console.api.gateway.TOOL_CALL_OUTCOMES",
     },
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "console.api.stream.openapi_hook"],
 }

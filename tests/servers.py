@@ -50,7 +50,10 @@ class Daphne:
             self.process.wait(timeout=10)
 
 
-def start_daphne(log_dir: Path, name: str, env: dict[str, str | None]) -> Daphne:
+def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
+                 probe_headers: dict[str, str] | None = None) -> Daphne:
+    """`probe_headers`: what the start-up probe must send to be answered at all (a production
+    environment's Host, its proxy's X-Forwarded-Proto)."""
     environment = dict(os.environ)
     environment["DATABASE_URL"] = database_url()
     # The daphne script's own directory comes first on its path, not the checkout: name the checkout,
@@ -74,7 +77,7 @@ def start_daphne(log_dir: Path, name: str, env: dict[str, str | None]) -> Daphne
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and process.poll() is None:
             try:
-                if httpx.get(f"{server.url}/api/v1/runs/run_probe/stream", timeout=1).status_code == 401:
+                if httpx.get(f"{server.url}/api/v1/runs/run_probe/stream", headers=probe_headers, timeout=1).status_code == 401:
                     return server
             except httpx.TransportError:
                 pass

@@ -48,13 +48,17 @@ def _fencing() -> serializers.CharField:
                                  help_text="the run's fencing token; needed only while the run is leased")
 
 
+# How a tool call ended: one enum in the schema (ToolCallOutcomeEnum) for every field that says it.
+TOOL_CALL_OUTCOMES = ["succeeded", "failed"]
+
+
 def _any_json(**kwargs: Any) -> serializers.JSONField:
     return serializers.JSONField(allow_null=True, **kwargs)
 
 
 @extend_schema_serializer(component_name="ToolCallOutcome")
 class FinishedSerializer(serializers.Serializer):
-    status = serializers.ChoiceField(choices=["succeeded", "failed"])
+    status = serializers.ChoiceField(choices=TOOL_CALL_OUTCOMES)
     callId = serializers.CharField(source="call_id")
     attempt = serializers.IntegerField()
     result = _any_json(required=False, help_text="present when status is succeeded")
@@ -213,7 +217,7 @@ class CompleteView(APIView):
 class ReconcileView(APIView):
     @extend_schema_serializer(component_name="ToolCallReconcile")
     class InputSerializer(serializers.Serializer):
-        outcome = serializers.ChoiceField(choices=["succeeded", "failed"])
+        outcome = serializers.ChoiceField(choices=TOOL_CALL_OUTCOMES)
         result = _any_json(required=False)
         error = _any_json(required=False)
         note = serializers.CharField(max_length=2000, help_text="why the operator believes this outcome")

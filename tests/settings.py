@@ -1,0 +1,12 @@
+"""The test run's settings: console/settings.py with DEBUG=1, the embedded development setup that
+`make run` serves, unless the environment already says otherwise. Set in the environment, not
+here, so every server and command a test starts (Daphne, manage.py, the README's shell block)
+inherits it; the tests of production mode start theirs with DEBUG=0 or DEBUG unset."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DEBUG", "1")
+
+from console.settings import *  # noqa: E402,F403
