@@ -105,6 +105,8 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "csp",
     "django_htmx",
     "django_tasks",
     "django_tasks_db",
@@ -117,6 +119,7 @@ MIDDLEWARE = [
     "console.input_limits.InputLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -209,6 +212,27 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# Content-Security-Policy (django-csp) on every response: scripts and styles only from our own
+# static files (no inline script, style element or style attribute, no eval: templates keep their
+# numbers in data-* attributes that static/js applies), connections only to our own origin (CSP3's
+# 'self' includes ws:/wss: of the same host, which the live pages use), never framed.
+# docs/security.md § Production; tests/browser/test_production_console.py fails on any violation.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        # Swagger UI's stylesheet draws its icons as data: SVG images.
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "font-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # API.md: request bodies over 10 MiB are refused with 413 (console.input_limits: the declared length,
@@ -234,6 +258,12 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI at /api/docs/ from our own static files (drf-spectacular-sidecar), no CDN; its
+    # init script is a file of its own (SpectacularSwaggerSplitView) for the CSP, and the online
+    # validator badge (an image from another host) is off.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # The SSE stream is a plain Django view; its hook describes it.
     "ENUM_NAME_OVERRIDES": {
         "ReexecutionModeEnum": "console.api.reexecutions.MODES",

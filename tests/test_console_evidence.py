@@ -291,7 +291,7 @@ def test_a_sub_run_expands_in_place_on_the_parents_axis(browser: Client, workspa
     assert url
     rows = browser.get(url.group(1).replace("&amp;", "&"), **HTMX).content.decode()
     assert "<html" not in rows and 'data-kind="step"' in rows and "inner" in rows
-    assert 'data-subrun="run_grandkid"' in rows and "--depth: 1" in rows
+    assert 'data-subrun="run_grandkid"' in rows and 'data-depth="1"' in rows
 
 
 def test_a_waterfall_of_too_many_bars_says_how_many_it_left_out(browser: Client, chat_run: str,

@@ -27,7 +27,7 @@ def test_production_daphne_serves_the_pages_static_files(tmp_path: Path) -> None
         for asset in assets:
             response = httpx.get(f"{daphne.url}{asset}", timeout=10)
             assert response.status_code == 200, asset
-            kind = "text/css" if asset.endswith(".css") else "javascript"
+            kind = {"css": "text/css", "js": "javascript", "svg": "image/svg+xml"}[asset.rsplit(".", 1)[1]]
             assert kind in response.headers["content-type"], (asset, response.headers["content-type"])
             assert response.content
         assert httpx.get(f"{daphne.url}/static/css/absent.css", timeout=10).status_code == 404
