@@ -107,6 +107,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "csp",
+    "axes",
     "django_htmx",
     "django_tasks",
     "django_tasks_db",
@@ -127,6 +128,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -191,9 +194,33 @@ else:
 LEDGER_STREAM_POLL_SECONDS = _env_seconds("LEDGER_STREAM_POLL_SECONDS", 1.0, 60.0)
 LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS", 15.0, 15.0)
 
+# Every password set through ledger.tenancy.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins for one username from one
+# client address, that pair is refused (429, the login page saying so) for AXES_COOLOFF_TIME hours;
+# other users, and the same user elsewhere, are not. Failures are kept in the database (axes'
+# tables), so every Daphne process counts the same ones. A success clears the pair's failures.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = _env_int("AXES_FAILURE_LIMIT", 5)
+if AXES_FAILURE_LIMIT < 1:
+    raise ImproperlyConfigured(f"AXES_FAILURE_LIMIT must be 1 or more, got {AXES_FAILURE_LIMIT}")
+AXES_COOLOFF_TIME = _env_seconds("AXES_COOLOFF_TIME", 0.25, 24.0 * 30, unit="hours")
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Behind proxies, the client's address is in X-Forwarded-For, RUNLEDGER_TRUSTED_PROXIES hops from
+# the right (each proxy appends the address it saw); 0 (the default) uses the peer address.
+RUNLEDGER_TRUSTED_PROXIES = _env_int("RUNLEDGER_TRUSTED_PROXIES", 0)
+AXES_CLIENT_IP_CALLABLE = "console.login.client_ip"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

@@ -11,6 +11,8 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -44,6 +46,12 @@ def create_user(*, username: str, tenant: str, role: str, password: str | None,
     t = Tenant.objects.filter(slug=tenant).first()
     if t is None:
         raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
+    if password:
+        # AUTH_PASSWORD_VALIDATORS, before anything is written: a refused password changes nothing.
+        try:
+            validate_password(password, user=get_user_model()(username=username))
+        except ValidationError as exc:
+            raise LedgerError("password refused: " + " ".join(exc.messages)) from None
     user, _ = get_user_model().objects.get_or_create(username=username)
     if password:
         user.set_password(password)

@@ -26,7 +26,7 @@ from ledger import selectors
 from ledger.append import append_events
 from ledger.models import Run, Workspace
 from ledger.tenancy import create_key
-from tests.conftest import PASSWORD, ev, started
+from tests.conftest import ev, started
 from tests.servers import Daphne, start_daphne as _start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -381,7 +381,7 @@ def test_member_session_streams_and_an_outsider_session_gets_404(
 ) -> None:
     def session_cookie(user: Any) -> dict[str, str]:
         client = Client()
-        assert client.login(username=user.get_username(), password=PASSWORD)
+        client.force_login(user)
         return {"sessionid": client.cookies["sessionid"].value}
 
     with httpx.Client(timeout=TIMEOUT, cookies=session_cookie(member)) as alice:
