@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test lint check migrate demo bench clean
+.PHONY: setup run serve test lint check migrate demo bench clean
 
 # DEBUG is off unless turned on (console/settings.py). The development targets turn it on, for the
 # embedded setup (development SECRET_KEY, debug pages), unless the environment sets DEBUG itself;
@@ -32,6 +32,15 @@ demo: migrate
 run: demo
 	@echo "DEBUG=$(DEBUG): development settings (debug pages, a development SECRET_KEY); for production see docs/operations.md § Production"
 	@echo "Runledger console: http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
+	$(PY) bin/serve $(HOST) $(PORT)
+
+# Production (docs/operations.md § Production): the environment there (DEBUG off, SECRET_KEY, ...),
+# then migrate, collect the static files (hashed, compressed) and serve Daphne with the worker.
+serve: setup
+	@test -n "$$SECRET_KEY" || { echo "make serve is production: set SECRET_KEY and the rest of docs/operations.md § Production (make run is for development)" >&2; exit 2; }
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py collectstatic --noinput -v 0
+	@echo "Runledger (production, DEBUG=$${DEBUG:-0}): http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
 	$(PY) bin/serve $(HOST) $(PORT)
 
 test: setup

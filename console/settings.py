@@ -232,10 +232,17 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT = Path(os.environ.get("RUNLEDGER_STATIC_ROOT", VAR_DIR / "staticfiles"))
 # WhiteNoise serves static files with DEBUG on or off (Daphne serves none itself). It finds them
-# where runserver would (STATICFILES_DIRS, app static/), so no collectstatic step is needed; an
-# operator who runs collectstatic gets STATIC_ROOT served the same way.
+# where runserver would (STATICFILES_DIRS, app static/), so `make run` and the tests need no
+# collectstatic step. Production (`make serve`) runs collectstatic: WhiteNoise's storage writes
+# each file under a content-hashed name, compressed beside it, and with DEBUG off the pages name
+# those, which WhiteNoise serves with a far-future `immutable` cache header
+# (console/staticfiles.py: without a collected manifest the plain names are used instead).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "console.staticfiles.StaticStorage"},
+}
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 

@@ -59,6 +59,14 @@ def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
         dbguards.install_audit(None, editor)
 
 
+@pytest.fixture(scope="session")
+def collected_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The static files as production serves them (collectstatic, once per test session)."""
+    from tests.servers import collect_static
+
+    return collect_static(tmp_path_factory.mktemp("staticfiles"))
+
+
 @pytest.fixture
 def workspace(db: None) -> Workspace:
     return bootstrap(tenant="acme", workspace="support")

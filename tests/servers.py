@@ -5,6 +5,7 @@ and a start that retries when the port is taken between probing and binding it."
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -84,3 +85,27 @@ def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
             time.sleep(0.1)
         server.stop()
     raise RuntimeError(f"Daphne did not start; see {log}:\n{log.read_text()[-3000:]}")
+
+
+def production_env(static_root: Path | None = None) -> dict[str, str | None]:
+    """For start_daphne: console/settings.py itself (not the test settings) with DEBUG off and a
+    fresh SECRET_KEY, serving `static_root` (collect_static's) when given."""
+    env: dict[str, str | None] = {"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(50),
+                                  "DJANGO_SETTINGS_MODULE": "console.settings", "DJANGO_ALLOW_ASYNC_UNSAFE": None}
+    if static_root is not None:
+        env["RUNLEDGER_STATIC_ROOT"] = str(static_root)
+    return env
+
+
+def collect_static(static_root: Path) -> Path:
+    """`manage.py collectstatic` as `make serve` runs it (DEBUG off), into `static_root`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    for key, value in production_env(static_root).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    done = subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return static_root

@@ -8,7 +8,6 @@ with none recorded."""
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from ledger.models import Workspace
 from ledger.tenancy import create_key
 from tests.browser import data
 from tests.browser.conftest import Appender, log_in_to_demo
-from tests.servers import Daphne, start_daphne
+from tests.servers import Daphne, production_env, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,11 +34,9 @@ document.addEventListener("securitypolicyviolation", function (e) {
 
 
 @pytest.fixture(scope="module")
-def production(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production", {
-        "DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(50), "DJANGO_SETTINGS_MODULE": "console.settings",
-        "DJANGO_ALLOW_ASYNC_UNSAFE": None,
-    })
+def production(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path) -> Iterator[Daphne]:
+    """As `make serve` runs it: DEBUG off, the static files collected (hashed names)."""
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production", production_env(collected_static))
     yield daphne
     daphne.stop()
 
@@ -74,7 +71,8 @@ def test_the_console_works_with_debug_off_under_the_csp(
     assert login is not None
     policy = login.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "unsafe-inline" not in policy
-    expect(page.locator("link[rel=stylesheet]").first).to_have_attribute("href", re.compile(r"^/static/"))
+    expect(page.locator("link[rel=stylesheet]").first).to_have_attribute(
+        "href", re.compile(r"^/static/css/console\.[0-9a-f]{12}\.css$"))  # collected: hashed names
     assert page.evaluate("htmx.config.includeIndicatorStyles") is False
     assert page.evaluate("getComputedStyle(document.body).margin") != "8px"  # console.css applied
     log_in_to_demo(page, production)

@@ -1,0 +1,74 @@
+"""`make serve`, the production start of docs/operations.md § Production: migrate, collectstatic,
+Daphne and the worker, with DEBUG off; and it refuses to start without a SECRET_KEY."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import REPO_ROOT, database_url, free_port
+
+# The test already runs inside the virtualenv: never let make rebuild it.
+MAKE = ["make", "--no-print-directory", "-o", ".venv/.installed"]
+
+
+def _env(**changes: str | None) -> dict[str, str]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings"}
+    for name in ("DEBUG", "DJANGO_ALLOW_ASYNC_UNSAFE"):
+        env.pop(name, None)
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def test_make_serve_refuses_to_start_without_a_secret_key() -> None:
+    done = subprocess.run([*MAKE, "serve"], cwd=REPO_ROOT, env=_env(SECRET_KEY=None), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    assert "set SECRET_KEY" in done.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_make_serve_collects_static_files_and_serves_with_debug_off(tmp_path: Path) -> None:
+    port = free_port()
+    static_root = tmp_path / "static"
+    env = _env(SECRET_KEY=secrets.token_urlsafe(50), DATABASE_URL=database_url(),
+               RUNLEDGER_STATIC_ROOT=str(static_root))
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([*MAKE, "serve", f"PORT={port}"], cwd=REPO_ROOT, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        page = None
+        deadline = time.monotonic() + 300  # migrate and collectstatic first, on a loaded machine
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                page = httpx.get(f"{url}/accounts/login/", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        assert page is not None and page.status_code == 200, log.read_text()[-3000:]
+        assert (static_root / "staticfiles.json").exists()
+        assert re.search(r'href="/static/css/console\.[0-9a-f]{12}\.css"', page.text)
+        missing = httpx.get(f"{url}/no/such/page/", timeout=10)
+        assert missing.status_code == 404 and "DEBUG = True" not in missing.text
+        assert "production, DEBUG=0" in log.read_text()
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
