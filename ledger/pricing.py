@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from decimal import Context, Decimal
+from dataclasses import dataclass, field, fields
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
@@ -25,8 +25,13 @@ DEFAULT_PRICE_FILE = "2026-11-01.json"
 
 # Wide enough that no product or sum of token counts and rates is ever rounded.
 MONEY = Context(prec=50)
+# Never rounds: a call's dollars are an exact integer count of a power of ten (price_call).
+EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+_ZERO = Decimal(0)
 
 _RATE_KEYS = {"input", "cachedInput", "output"}
+_new = object.__new__
+_LOOKUPS_KEPT = 1024  # distinct (provider, modelId) answers a table remembers; payloads name them
 # A recorded JSON object: dict first, so the usual case skips the Mapping ABC's Python-level check.
 _OBJECT = (dict, Mapping)
 
@@ -36,6 +41,16 @@ class ModelRates:
     input: Decimal
     output: Decimal
     cached_input: Decimal | None = None  # None: cache hits bill at the input rate
+    # (input, cached input, output) as integers of one power of ten, and that power less the six
+    # of the per-million unit: price_call multiplies ints and builds one Decimal, exactly.
+    scaled: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cache_rate = self.input if self.cached_input is None else self.cached_input
+        rates = (self.input, cache_rate, self.output)
+        exponent = min(0, *(int(rate.as_tuple().exponent) for rate in rates))
+        ints = [int(EXACT.scaleb(rate, -exponent)) for rate in rates]
+        object.__setattr__(self, "scaled", (*ints, exponent - 6))
 
 
 @dataclass(frozen=True)
@@ -46,8 +61,22 @@ class PriceTable:
     def __post_init__(self) -> None:
         frozen = MappingProxyType({key.lower(): rates for key, rates in self.rates.items()})
         object.__setattr__(self, "rates", frozen)
+        # lookup's answers by (provider, modelId): the fold asks once per model call.
+        object.__setattr__(self, "_found", {})
 
     def lookup(self, provider: Any, model_id: Any) -> ModelRates | None:
+        found: dict[tuple[str, str], ModelRates | None] = self._found  # type: ignore[attr-defined]
+        key = (provider, model_id)
+        try:
+            return found[key]
+        except (KeyError, TypeError):  # TypeError: an unhashable value from a payload
+            pass
+        rates = self._lookup(provider, model_id)
+        if isinstance(provider, str) and isinstance(model_id, str) and len(found) < _LOOKUPS_KEPT:
+            found[key] = rates
+        return rates
+
+    def _lookup(self, provider: Any, model_id: Any) -> ModelRates | None:
         """Rates for `provider/modelId`, trying `openai.responses`, then `openai`.
 
         Trailing dot segments come off the provider only, one at a time: model ids contain
@@ -177,28 +206,27 @@ class Usage:
 
     def __init__(self, input_tokens: Any = 0, output_tokens: Any = 0, cached_input_tokens: Any = 0,
                  reasoning_tokens: Any = 0) -> None:
-        # Counted as the fold counts them, each field set once: the fold builds one per model call
-        # (a generated __init__ plus a normalising __post_init__ set every field twice).
-        input_tokens, output_tokens = _tokens(input_tokens), _tokens(output_tokens)
-        cached, reasoning = _tokens(cached_input_tokens), _tokens(reasoning_tokens)
-        object.__setattr__(self, "input_tokens", input_tokens)
-        object.__setattr__(self, "output_tokens", output_tokens)
-        object.__setattr__(self, "cached_input_tokens", cached if cached < input_tokens else input_tokens)
-        object.__setattr__(self, "reasoning_tokens", reasoning if reasoning < output_tokens else output_tokens)
+        _fill_usage(self, _tokens(input_tokens), _tokens(output_tokens), _tokens(cached_input_tokens),
+                    _tokens(reasoning_tokens))
 
     @classmethod
     def from_payload(cls, usage: Mapping[str, Any]) -> Usage:
         """Read a recorded `usage` object; a `costUsd` in it is never read."""
         if not isinstance(usage, _OBJECT):
             raise TypeError("usage must be an object")
-        cached = usage.get("cachedInputTokens")
+        get = usage.get
+        cached = get("cachedInputTokens")
         if cached is None:
             # AI SDK v7 records only the details objects; v6 recorded the flat fields.
-            cached = _detail(usage.get("inputTokenDetails"), "cacheReadTokens")
-        reasoning = usage.get("reasoningTokens")
+            cached = _detail(get("inputTokenDetails"), "cacheReadTokens")
+        reasoning = get("reasoningTokens")
         if reasoning is None:
-            reasoning = _detail(usage.get("outputTokenDetails"), "reasoningTokens")
-        return cls(usage.get("inputTokens", 0), usage.get("outputTokens", 0), cached, reasoning)
+            reasoning = _detail(get("outputTokenDetails"), "reasoningTokens")
+        # The fold builds one per model call: without the keyword __init__'s call frame.
+        made = _new(cls)
+        _fill_usage(made, _tokens(get("inputTokens", 0)), _tokens(get("outputTokens", 0)),
+                    0 if cached is None else _tokens(cached), 0 if reasoning is None else _tokens(reasoning))
+        return made
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -207,6 +235,22 @@ class Usage:
             "cachedInputTokens": self.cached_input_tokens,
             "reasoningTokens": self.reasoning_tokens,
         }
+
+
+# The slots' own setters: a frozen dataclass refuses setattr, and object.__setattr__ looks each up.
+_SET_INPUT, _SET_OUTPUT, _SET_CACHED, _SET_REASONING = (
+    Usage.__dict__[name].__set__
+    for name in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+)
+
+
+def _fill_usage(usage: Usage, input_tokens: int, output_tokens: int, cached: int, reasoning: int) -> None:
+    """Set a Usage's counts once each (counted by _tokens): cached within input, reasoning
+    within output."""
+    _SET_INPUT(usage, input_tokens)
+    _SET_OUTPUT(usage, output_tokens)
+    _SET_CACHED(usage, cached if cached < input_tokens else input_tokens)
+    _SET_REASONING(usage, reasoning if reasoning < output_tokens else output_tokens)
 
 
 def _detail(details: Any, key: str) -> Any:
@@ -220,18 +264,12 @@ def price_call(usage: Usage, provider: Any, model_id: Any, table: PriceTable) ->
     rates = table.lookup(provider, model_id)
     if rates is None:
         return None
+    rate_in, rate_cached, rate_out, exponent = rates.scaled
     cached = usage.cached_input_tokens  # Usage keeps it within input_tokens
-    cache_rate = rates.input if rates.cached_input is None else rates.cached_input
     # Reasoning tokens are already inside output_tokens: charging them again would double-bill.
-    # MONEY's operations take the token counts as ints: no Decimal built per term.
-    total = MONEY.add(
-        MONEY.add(
-            MONEY.multiply(usage.input_tokens - cached, rates.input),
-            MONEY.multiply(cached, cache_rate),
-        ),
-        MONEY.multiply(usage.output_tokens, rates.output),
-    )
-    return MONEY.divide(total, _PRICE_UNIT)
+    # (tokens x rate) / 1M in integers of 10^exponent dollars: exact, as the Decimal sum was.
+    units = (usage.input_tokens - cached) * rate_in + cached * rate_cached + usage.output_tokens * rate_out
+    return EXACT.scaleb(Decimal(units), exponent)
 
 
 @dataclass(frozen=True)
@@ -253,16 +291,20 @@ class UsageTotals:
     def add_call(self, usage: Usage, cost: Decimal | None) -> UsageTotals:
         """`merge` with the totals of one call, built directly: the fold calls this per model call."""
         priced = self.priced_calls + (0 if cost is None else 1)
-        total = None if priced == 0 else MONEY.add(self.cost_usd or Decimal(0), cost or Decimal(0))
-        return UsageTotals(  # positional, in field order: cheaper than keywords, and this is hot
-            self.input_tokens + usage.input_tokens,
-            self.output_tokens + usage.output_tokens,
-            self.cached_input_tokens + usage.cached_input_tokens,
-            self.reasoning_tokens + usage.reasoning_tokens,
-            total,
-            priced,
-            self.unpriced_calls + (1 if cost is None else 0),
+        total = None if priced == 0 else MONEY.add(self.cost_usd or _ZERO, cost or _ZERO)
+        # Built without the frozen __init__ (a guarded setattr per field): the same fields, filled
+        # in one step, as copy.copy does; the fold calls this twice per model call.
+        totals = _new(UsageTotals)
+        totals.__dict__.update(
+            input_tokens=self.input_tokens + usage.input_tokens,
+            output_tokens=self.output_tokens + usage.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + usage.cached_input_tokens,
+            reasoning_tokens=self.reasoning_tokens + usage.reasoning_tokens,
+            cost_usd=total,
+            priced_calls=priced,
+            unpriced_calls=self.unpriced_calls + (1 if cost is None else 0),
         )
+        return totals
 
     def merge(self, other: UsageTotals) -> UsageTotals:
         priced = self.priced_calls + other.priced_calls

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Context, Decimal
 from typing import Any
 
 import pytest
@@ -10,8 +11,8 @@ from django.test import Client
 from django.utils import timezone
 
 from ledger.demo import load_demo
-from ledger.models import Event, Run, ToolGatewayClaim, Workspace
-from ledger.projection import log_of
+from ledger.models import CostEntry, Event, Run, ToolGatewayClaim, Workspace
+from ledger.projection import COMPARE_PLACES, log_of, prices_for
 from ledger.tenancy import create_key
 from ledger.verify import verify_run
 
@@ -145,3 +146,28 @@ def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspa
 
     load_demo(history_runs=HISTORY)
     assert ReexecutionRequest.objects.filter(workspace=support).count() == len(by_reason)
+
+
+def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspace]) -> None:
+    """The fold prices in integers (ledger.pricing.price_call): every stored cost entry and run
+    total of the demo is what the Decimal definition gives, tokens x rate / 1M, summed."""
+    wide = Context(prec=200)
+    totals: dict[int, Decimal] = {}
+    entries = CostEntry.objects.select_related("run__workspace")
+    assert entries.count() > 20
+    for entry in entries:
+        rates = prices_for(entry.run.workspace).lookup(entry.provider, entry.model_id)
+        if rates is None:
+            assert entry.cost_usd is None
+            continue
+        cache_rate = rates.input if rates.cached_input is None else rates.cached_input
+        expected = wide.divide(
+            wide.add(wide.add(wide.multiply(Decimal(entry.input_tokens - entry.cached_input_tokens), rates.input),
+                              wide.multiply(Decimal(entry.cached_input_tokens), cache_rate)),
+                     wide.multiply(Decimal(entry.output_tokens), rates.output)),
+            Decimal(1_000_000))
+        assert entry.cost_usd == expected.quantize(Decimal("1e-12")), entry.sequence
+        totals[entry.run_id] = totals.get(entry.run_id, Decimal(0)) + expected
+    for run in Run.objects.filter(pk__in=totals):
+        assert run.cost_usd is not None
+        assert run.cost_usd.quantize(COMPARE_PLACES) == totals[run.pk].quantize(COMPARE_PLACES), run.run_id

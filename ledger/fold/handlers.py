@@ -368,17 +368,23 @@ def _pending_model_call(state: RunState, e: _Event) -> ModelCall | None:
 
 
 def _model_call_for_answer(state: RunState, e: _Event) -> ModelCall:
+    p = e.payload
     call = _pending_model_call(state, e) if state.pending_model_calls else None
     if call is not None:
         state.pending_model_calls = [i for i in state.pending_model_calls if state.model_calls[i] is not call]
     else:
-        call = ModelCall(turn=_int(e.payload.get("turn")), step_path=e.step_path,
-                         session=_open_session(state, e.step_path))
+        call = ModelCall(turn=_int(p.get("turn")), step_path=e.step_path,
+                         session=_open_session(state, e.step_path) if state.sessions else None)
         state.model_calls.append(call)
-    call.call_id = _str(e.payload.get("callId")) or call.call_id
-    call.step_path = e.step_path or call.step_path
-    call.origin = _str(e.payload.get("origin")) or call.origin
-    call.replay_of = _str(e.payload.get("replayOf")) or call.replay_of
+    call_id, origin, replay_of = p.get("callId"), p.get("origin"), p.get("replayOf")
+    if isinstance(call_id, str) and call_id:
+        call.call_id = call_id
+    if e.step_path is not None:
+        call.step_path = e.step_path
+    if origin is not None:  # absent in all but re-executions: skip the checks
+        call.origin = _str(origin) or call.origin
+    if replay_of is not None:
+        call.replay_of = _str(replay_of) or call.replay_of
     return call
 
 
@@ -386,11 +392,12 @@ def _model_responded(state: RunState, e: _Event) -> None:
     call = _model_call_for_answer(state, e)
     call.status = "responded"
     call.responded_sequence = e.sequence
-    model = e.payload.get("model")
+    p = e.payload
+    model = p.get("model")
     if isinstance(model, _OBJECT):
         call.provider = _name(model.get("provider"))
         call.model_id = _name(model.get("modelId"))
-    response = e.payload.get("response")
+    response = p.get("response")
     call.response = response
     raw_usage = response.get("usage") if isinstance(response, _OBJECT) else None
     if not isinstance(raw_usage, _OBJECT):
@@ -407,21 +414,10 @@ def _model_responded(state: RunState, e: _Event) -> None:
     if e.step_path is not None:
         step = state.steps[e.step_path]
         step.usage = step.usage.add_call(usage, cost)
-    state.cost_entries.append(
-        CostEntry(
-            sequence=e.sequence,
-            call_id=call.call_id,
-            turn=call.turn,
-            step_path=e.step_path,
-            provider=call.provider,
-            model_id=call.model_id,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cached_input_tokens=usage.cached_input_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=cost,
-            price_table_version=e.table.version,
-        )
+    state.cost_entries.append(  # positional, in field order: one per priced or unpriced call
+        CostEntry(e.sequence, call.call_id, call.turn, e.step_path, call.provider, call.model_id,
+                  usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens,
+                  cost, e.table.version)
     )
 
 
@@ -439,7 +435,8 @@ def _tool_started(state: RunState, e: _Event) -> None:
         return
     call = state.tool_calls.get(call_id)
     if call is None:
-        call = ToolCallState(call_id=call_id, started_sequence=e.sequence, session=_open_session(state, e.step_path))
+        call = ToolCallState(call_id=call_id, started_sequence=e.sequence,
+                             session=_open_session(state, e.step_path) if state.sessions else None)
         state.tool_calls[call_id] = call
     # A second `started` is the gateway re-claiming an expired lease: the call is live again.
     call.status = "started"
@@ -467,8 +464,11 @@ def _tool_event(state: RunState, e: _Event) -> ToolCallState | None:
 
 
 def _tool_origin(call: ToolCallState, payload: Mapping[str, Any]) -> None:
-    call.origin = _str(payload.get("origin")) or call.origin
-    call.replay_of = _str(payload.get("replayOf")) or call.replay_of
+    origin, replay_of = payload.get("origin"), payload.get("replayOf")
+    if origin is not None:  # absent in all but re-executions: skip the checks
+        call.origin = _str(origin) or call.origin
+    if replay_of is not None:
+        call.replay_of = _str(replay_of) or call.replay_of
 
 
 def _tool_ended(status: str) -> _Handler:
