@@ -183,7 +183,10 @@ class InsertOnlyQuerySet(models.QuerySet):
 
 
 class Event(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True)
+    # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
+    # a second index on run_id alone only cost each insert (migration 0012).
+    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True,
+                            db_index=False)
     sequence = models.PositiveIntegerField()
     event_id = models.CharField(max_length=20)
     type = models.CharField(max_length=200)
@@ -245,7 +248,9 @@ class Artifact(models.Model):
 class Step(UsageColumns):
     """A step of a run, as the fold sees it; ordered by first appearance in the log."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
+    # a second index on run_id alone only cost each insert (migration 0012).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_path = models.CharField(max_length=500)
     position = models.PositiveIntegerField()
     status = models.CharField(max_length=16)
@@ -269,7 +274,9 @@ class Step(UsageColumns):
 class ToolCall(models.Model):
     """A tool call of a run: the fold's view of it (the gateway adds its lease columns)."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
+    # a second index on run_id alone only cost each insert (migration 0012).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     call_id = models.CharField(max_length=200)
     position = models.PositiveIntegerField()
     tool_name = models.CharField(max_length=200, blank=True)
@@ -294,7 +301,9 @@ class ToolCall(models.Model):
 class CostEntry(models.Model):
     """One per answered model call: tokens as recorded, dollars as priced by the fold."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cost_entries")
+    # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
+    # a second index on run_id alone only cost each insert (migration 0012).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cost_entries", db_index=False)
     sequence = models.PositiveIntegerField()
     call_id = models.CharField(max_length=200, blank=True)
     step_path = models.CharField(max_length=500, blank=True)

@@ -1,0 +1,25 @@
+"""Migration 0012: the event and projection tables keep one index for lookups by run, the unique
+(run_id, …) constraint's, and no second index on run_id alone that every insert had to write."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+pytestmark = pytest.mark.django_db
+
+LEADING = {
+    "ledger_event": ["run_id", "sequence"],
+    "ledger_step": ["run_id", "step_path"],
+    "ledger_toolcall": ["run_id", "call_id"],
+    "ledger_costentry": ["run_id", "sequence"],
+}
+
+
+@pytest.mark.parametrize("table", sorted(LEADING))
+def test_run_lookups_have_the_unique_index_and_no_other(table: str) -> None:
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, table)
+    by_columns = [c["columns"] for c in constraints.values() if c["index"] or c["unique"]]
+    assert LEADING[table] in by_columns
+    assert ["run_id"] not in by_columns
