@@ -50,15 +50,16 @@ def batches(total: int, size: int) -> Any:
         yield make_events(min(size, total - start) + 1, f"m{number}-")[1:]
 
 
-def held_by_the_state(run_pk: int) -> str:
-    from ledger.projection import STATES
+def held_by_the_state(workspace_pk: int, run_id: str) -> str:
+    from ledger.projection import STATES, AppendState
 
-    entry = STATES._states.get(run_pk)
+    entry = STATES._states.get((workspace_pk, run_id))
     if entry is None:
         return "not cached"
-    state = entry[2]
-    return (f"{len(state.model_calls)} model calls, {len(state.tool_calls)} tool calls, "
-            f"{len(state.cost_entries)} cost entries, {len(state.steps)} steps")
+    state = entry.state
+    kind = "compacted, " if isinstance(state, AppendState) else ""
+    return (f"{kind}{len(state.model_calls)} model calls, {len(state.tool_calls)} tool calls, "
+            f"{len(state.cost_entries)} cost entries, {len(state.steps)} steps; the cache {STATES.held:,} records")
 
 
 def main(argv: list[str]) -> int:
@@ -73,7 +74,6 @@ def main(argv: list[str]) -> int:
     from django.conf import settings
 
     from ledger.append import append_events
-    from ledger.models import Run
     from ledger.tenancy import bootstrap
 
     workspace = bootstrap(tenant="bench", workspace=f"memory-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")
@@ -86,17 +86,15 @@ def main(argv: list[str]) -> int:
     peaks: dict[int, float] = {}
     try:
         appended, started = 0, time.perf_counter()
-        run_pk = 0
         for batch in batches(args.events, args.batch):
             append_events(workspace=workspace, run_id=run_id, events=batch)
             appended += len(batch)
             if appended in checkpoints:
                 gc.collect()
-                run_pk = run_pk or Run.objects.get(workspace=workspace, run_id=run_id).pk
                 peaks[appended] = status_mb("VmHWM")
                 rate = appended / (time.perf_counter() - started)
                 print(f"{appended:>9} {peaks[appended]:>12.0f} {status_mb('VmRSS'):>8.0f} {rate:>7.0f}  "
-                      f"{held_by_the_state(run_pk)}", flush=True)
+                      f"{held_by_the_state(workspace.pk, run_id)}", flush=True)
         first, last = peaks[checkpoints[0]], peaks[checkpoints[-1]]
         ratio = last / first
         met = ratio <= TARGET_GROWTH

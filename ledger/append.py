@@ -64,6 +64,7 @@ from .projection import (
     batch_changes,
     prices_for,
     remember_after_commit,
+    restore_tool_calls,
     state_for_append,
     write,
 )
@@ -284,6 +285,8 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
             STATES.put(workspace.pk, run_id, cached)  # untouched; the locked path may use it
         return None
     now = _now_ms()
+    if run.pk is not None:
+        restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
     before = Mark.of(state)
     try:
         rows, written, out = _allocate(run, state, batch, {}, now, prices)
@@ -335,6 +338,7 @@ def _append_under_lock(run: Run, batch: list[_Prepared], expected_sequence: int 
         )
     prices = prices_for(run.workspace)
     state = state_for_append(run, prices)
+    restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
     before = Mark.of(state)
     rows, written, out = _allocate(run, state, batch, logged, now, prices)
     if rows:

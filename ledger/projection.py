@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import islice
 from datetime import datetime
 from decimal import Decimal
@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from django.db import transaction
 
 from . import rollup
-from .fold import RunState, fold
+from .fold import RunState, ToolCallState, fold
 from .models import CostEntry, Run, Step, ToolCall, Workspace
 from .bulk import insert_rows, upsert_rows
 from .pricing import PriceTable, UsageTotals, load_default_prices
@@ -44,6 +44,77 @@ class Cached(NamedTuple):
     state: RunState
 
 
+# A cached state is compacted once it holds this many per-call records (model calls, tool calls,
+# cost entries): what an append needs of a long run is its head, its steps and open model calls;
+# its settled calls and cost entries stay in the database.
+COMPACT_AT = 1_000
+# What the cache may hold in all, estimated at RECORD_BYTES per record (a model call with its
+# response, a tool call with its arguments, a cost entry: about 1 kB each, bench/memory.py).
+BUDGET_BYTES = 64 * 1024 * 1024
+RECORD_BYTES = 1_000
+
+
+@dataclass(eq=False, slots=True)
+class AppendState(RunState):
+    """A RunState compacted for the append path only (`compact`): the model calls still waiting
+    for their answer, no cost entries, no tool calls. A tool call a later batch names is read
+    back from its projection row (`restore_tool_calls`) before the batch is folded, so the rows an
+    append writes are the ones the full fold gives (tests/test_state_cache.py). Never compared
+    with a fold, never shown: `ledger verify`, rebuilds and pages fold the log."""
+
+    tool_calls_dropped: int = 0  # tool calls left out: positions of new calls count them
+
+
+def compact(state: RunState) -> RunState:
+    """`state` as the cache keeps it: itself while small, else an AppendState."""
+    held = len(state.model_calls) + len(state.tool_calls) + len(state.cost_entries)
+    if held < COMPACT_AT:
+        return state
+    values = {f.name: getattr(state, f.name) for f in fields(RunState)}
+    pending = [state.model_calls[i] for i in state.pending_model_calls]
+    values.update(model_calls=pending, pending_model_calls=list(range(len(pending))), cost_entries=[],
+                  tool_calls={})
+    dropped = getattr(state, "tool_calls_dropped", 0) + len(state.tool_calls)
+    return AppendState(**values, tool_calls_dropped=dropped)
+
+
+def tool_call_count(state: RunState) -> int:
+    """How many tool calls the run has had: those the state holds and those compaction left out."""
+    return len(state.tool_calls) + getattr(state, "tool_calls_dropped", 0)
+
+
+def restore_tool_calls(run_pk: int, state: RunState, items: Iterable[tuple[str, Any]]) -> None:
+    """Put back into a compacted `state` the tool calls that the batch `items` ((type, payload)
+    pairs) names and it left out, from their projection rows (by the unique (run, call_id))."""
+    if not getattr(state, "tool_calls_dropped", 0):
+        return
+    named = {payload.get("callId") for type_, payload in items
+             if type_.startswith("harness.tool_call.") and isinstance(payload, Mapping)}
+    wanted = [c for c in named if isinstance(c, str) and c and c not in state.tool_calls]
+    if not wanted:
+        return
+    for row in ToolCall.objects.filter(run_id=run_pk, call_id__in=wanted).order_by("position").values(*_TOOL_COLUMNS):
+        # tool_fields in reverse: the fold never holds "" where a row holds it for None.
+        state.tool_calls[row["call_id"]] = ToolCallState(
+            call_id=row["call_id"], tool_name=row["tool_name"] or None, args=row["args"],
+            caller=row["caller"] or None, turn=row["turn"], step_path=row["step_path"] or None,
+            status=row["status"], result=row["result"], error=row["error"], duration_ms=row["duration_ms"],
+            reconciled=row["reconciled"], origin=row["origin"] or None,
+            started_sequence=row["started_sequence"], ended_sequence=row["ended_sequence"])
+        state.tool_calls_dropped -= 1  # type: ignore[attr-defined]
+
+
+_TOOL_COLUMNS = ("call_id", "tool_name", "args", "caller", "turn", "step_path", "status", "result", "error",
+                 "duration_ms", "reconciled", "origin", "started_sequence", "ended_sequence")
+
+
+def weight(state: RunState) -> int:
+    """The records a state holds, what the cache's budget counts."""
+    return (1 + len(state.steps) + len(state.model_calls) + len(state.tool_calls) + len(state.cost_entries)
+            + len(state.sessions) + len(state.artifacts) + len(state.parallel_groups)
+            + len(state.outer_loop_cycles) + len(state.divergences))
+
+
 class _StateCache:
     """Recently folded states, so an append folds only its own batch.
 
@@ -52,30 +123,50 @@ class _StateCache:
     row lock (`state_for_append`), or in the condition of the head update itself (ledger/
     pgappend.py), so a state from before another process appended is never used. A state is
     taken out while a transaction advances it and put back only after commit, so a rolled-back
-    batch can never leave it half-applied; at most `size` runs are kept, least recent out first.
+    batch can never leave it half-applied.
+
+    Bounded twice: at most `size` runs, and at most `budget` bytes (estimated, RECORD_BYTES a
+    record); least recent out first. A long run's state is compacted (`compact`) when it is put
+    back, so one run of a million events weighs what its steps do, not what its calls do.
     """
 
-    def __init__(self, size: int = 512) -> None:
+    def __init__(self, size: int = 512, budget: int = BUDGET_BYTES) -> None:
         self._states: OrderedDict[tuple[int, str], Cached] = OrderedDict()
+        self._weights: dict[tuple[int, str], int] = {}
         self._lock = threading.Lock()
         self.size = size
+        self.budget = budget
+        self.held = 0  # records, the sum of _weights
 
     def take(self, workspace_pk: int, run_id: str, version: str) -> Cached | None:
+        key = (workspace_pk, run_id)
         with self._lock:
-            entry = self._states.pop((workspace_pk, run_id), None)
+            entry = self._states.pop(key, None)
+            self.held -= self._weights.pop(key, 0)
         return entry if entry is not None and entry.version == version else None
 
     def put(self, workspace_pk: int, run_id: str, entry: Cached) -> None:
         key = (workspace_pk, run_id)
+        entry = entry._replace(state=compact(entry.state))
+        records = weight(entry.state)
+        limit = self.budget // RECORD_BYTES
         with self._lock:
+            self.held -= self._weights.pop(key, 0)
+            self._states.pop(key, None)
+            if records > limit:
+                return  # alone over the budget: the next append folds the log
             self._states[key] = entry
-            self._states.move_to_end(key)
-            while len(self._states) > self.size:
-                self._states.popitem(last=False)
+            self._weights[key] = records
+            self.held += records
+            while len(self._states) > self.size or self.held > limit:
+                old, _ = self._states.popitem(last=False)
+                self.held -= self._weights.pop(old)
 
     def clear(self) -> None:
         with self._lock:
             self._states.clear()
+            self._weights.clear()
+            self.held = 0
 
 
 STATES = _StateCache()
@@ -214,7 +305,7 @@ class Mark:
 
     @classmethod
     def of(cls, state: RunState) -> Mark:
-        return cls(state.last_sequence, len(state.cost_entries), len(state.tool_calls), run_fields(state))
+        return cls(state.last_sequence, len(state.cost_entries), tool_call_count(state), run_fields(state))
 
 
 def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mapping[str, Any]],
@@ -245,7 +336,7 @@ def _touched_tool_calls(state: RunState, envelopes: Sequence[Mapping[str, Any]],
     """The rows of the calls the batch named (by `callId`), without a walk over all of the run's
     calls: a call new in the batch is among the last keys, its position their count before; a
     call written before keeps its stored position (the upsert never sets it: POSITIONED)."""
-    new = list(islice(reversed(state.tool_calls), len(state.tool_calls) - before.tool_calls))
+    new = list(islice(reversed(state.tool_calls), tool_call_count(state) - before.tool_calls))
     positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
     named = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
     return [tool_fields(state, call_id, positions.get(call_id, 0))
