@@ -17,4 +17,5 @@ urlpatterns = [
     path("", include("console.pages.audit")),
     path("", include("console.pages.usage")),
     path("", include("console.pages.settings")),
+    path("", include("console.pages.redaction")),
 ]

@@ -69,7 +69,7 @@ from .projection import (
     write,
 )
 from .pricing import PriceTable
-from .redaction import Redactor
+from .redaction import Redactor, policy
 from .vocabulary import is_custom, validate_payload
 
 # Published as is (API.md, the OpenAPI schema), so written for ECMAScript too; matched with
@@ -249,7 +249,7 @@ def _prepare_batch(workspace: Workspace, events: Any, expected_sequence: Any) ->
         isinstance(expected_sequence, bool) or not isinstance(expected_sequence, int) or expected_sequence < 0
     ):
         raise InvalidEvent("expectedSequence must be a non-negative integer", field="expectedSequence")
-    redact = Redactor(workspace.redact_keys, workspace.redact_value_patterns)
+    redact = policy(workspace.redact_keys, workspace.redact_value_patterns)
     return [_prepare(i, item, redact) for i, item in enumerate(events)]
 
 

@@ -33,7 +33,7 @@ from .envelopes import format_recorded_at
 from .errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
 from .leases import Lease, renew_locked
 from .models import Run, ToolCall, ToolGatewayClaim, Workspace
-from .redaction import Redactor
+from .redaction import Redactor, policy
 from .vocabulary import with_origin
 from .transactions import atomic_then_refuse
 
@@ -122,7 +122,7 @@ def _get_claim(run: Run, call_id: str) -> ToolGatewayClaim:
 
 
 def _redactor(workspace: Workspace) -> Redactor:
-    return Redactor(workspace.redact_keys, workspace.redact_value_patterns)
+    return policy(workspace.redact_keys, workspace.redact_value_patterns)
 
 
 def _canonical(value: Any, field: str) -> bytes:

@@ -619,6 +619,7 @@ class AuditEntry(models.Model):
         SHARE_LINK_OPENED = "share_link.opened"
         SHARE_POLICY_CHANGED = "share_policy.changed"
         RUN_PRUNED = "run.pruned"
+        REDACTION_CHANGED = "redaction.changed"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

@@ -43,7 +43,7 @@ from ..errors import Conflict, NotFound
 from ..fold import ModelCall, RunState, ToolCallState, fold
 from ..models import Run, Workspace
 from ..projection import log_of, prices_for
-from ..redaction import Redactor
+from ..redaction import Redactor, policy
 from ..vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
 from .errors import InvalidReexecution, ReplayDiverged, UnknownModelProvider, UnknownStep, UnknownWorkflow
 from .executor import RunOutcome, resume_run, sub_run_id
@@ -369,7 +369,7 @@ def execute_reexecution(*, workspace: Workspace, original_run_id: str, mode: str
     overrides = _check_overrides(workflow, mode, model_overrides)
     cut = _fork_cut(original, from_step) if mode == "fork" else None
     replay = Replay(mode=mode, original=original, reexecution_id=reexecution_id, model_overrides=overrides,
-                    redactor=Redactor(workspace.redact_keys, workspace.redact_value_patterns))
+                    redactor=policy(workspace.redact_keys, workspace.redact_value_patterns))
     spec = {"mode": mode, **({"fromStep": from_step} if mode == "fork" else {}),
             **({"modelOverrides": {k: dict(v) for k, v in overrides.items()}} if overrides else {})}
     if input is UNSET:
