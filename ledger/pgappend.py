@@ -35,6 +35,7 @@ The statement's text depends only on which columns and tables a batch touches, n
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -103,10 +104,10 @@ def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], r
     for change in attached:
         params.update(change.params)
     guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys))
-    sql = _update_sql(tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached),
-                      *_shape(changes))
+    statement = _update_sql(tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached),
+                            *_shape(changes))
     try:
-        return _execute(sql, params, events, recorded_at, changes) is not None
+        return _execute(statement, params, events, recorded_at, changes) is not None
     except DataError as exc:
         cause = exc.__cause__
         if attached and getattr(cause, "sqlstate", None) == _MISSED and _MISSED_TEXT in str(cause):
@@ -131,8 +132,35 @@ def _shape(changes: Changes) -> tuple[tuple[str, ...] | None, ...]:
                  for rows in (changes.steps, changes.tool_calls, changes.cost_entries, changes.daily_usage))
 
 
-def _execute(sql: str, params: dict[str, Any], events: Sequence[Mapping[str, Any]], recorded_at: datetime,
-             changes: Changes) -> int | None:
+@dataclass(frozen=True)
+class _Statement:
+    """A statement's text with PostgreSQL's own placeholders ($1, $2, …) and the parameter
+    each stands for. psycopg turns `%(name)s` into those itself, but caches the conversion only
+    for statements under 4 KB: these are longer, and converting one cost more than the rest of
+    the Python of its append (a regular-expression pass over the whole text on every call). So
+    each shape is converted once, here, and sent through a RawCursor, which takes it as it is."""
+
+    text: bytes
+    names: tuple[str, ...]
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+
+
+def _numbered(sql: str) -> _Statement:
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match[0] == "%%":
+            return "%"
+        return f"${numbers.setdefault(match[1], len(numbers) + 1)}"
+
+    text = _PLACEHOLDER.sub(number, sql)
+    return _Statement(text.encode(), tuple(numbers))
+
+
+def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
+             recorded_at: datetime, changes: Changes) -> int | None:
     params["recorded_at"] = recorded_at
     params["events"] = json_rows(events)
     for name, value in changes.run.items():
@@ -141,10 +169,13 @@ def _execute(sql: str, params: dict[str, Any], events: Sequence[Mapping[str, Any
                       ("cost_entries", changes.cost_entries), ("daily_usage", changes.daily_usage)):
         if rows:
             params[key] = json_rows(rows)
+    values = [params[name] for name in statement.names]
     with connection.cursor() as cursor, connection.wrap_database_errors:
-        _allow_preparing(cursor.connection)
-        cursor.cursor.execute(sql, params, prepare=True)
-        row = cursor.cursor.fetchone()
+        conn = cursor.connection
+        _allow_preparing(conn)
+        with psycopg.RawCursor(conn) as raw:
+            raw.execute(statement.text, values, prepare=True)
+            row = raw.fetchone()
     return None if row is None else int(row[0])
 
 
@@ -164,7 +195,7 @@ def _adapt(name: str, value: Any) -> Any:
 
 @functools.lru_cache(maxsize=256)
 def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool] | None,
-                attached: tuple[tuple[str, str, str], ...], *rows: tuple[str, ...] | None) -> str:
+                attached: tuple[tuple[str, str, str], ...], *rows: tuple[str, ...] | None) -> _Statement:
     sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
     where = "id = %(run_pk)s AND last_sequence = %(before)s"
     if guard is not None:
@@ -175,15 +206,15 @@ def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool] | None,
             where += (f" AND NOT EXISTS (SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s"
                       " AND idempotency_key = ANY(%(keys)s::varchar[]))")
     where += "".join(f" AND ({condition})" for _, condition, _ in attached)
-    return _with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached)
+    return _numbered(_with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached))
 
 
 @functools.lru_cache(maxsize=16)
-def _insert_sql(run_columns: tuple[str, ...], *rows: tuple[str, ...] | None) -> str:
+def _insert_sql(run_columns: tuple[str, ...], *rows: tuple[str, ...] | None) -> _Statement:
     values = ", ".join(f"%(run_{n})s" for n in run_columns)
-    return _with_head(
+    return _numbered(_with_head(
         f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) VALUES ({values}) "
-        f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id", rows)
+        f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id", rows))
 
 
 def _with_head(head: str, rows: tuple[tuple[str, ...] | None, ...],
