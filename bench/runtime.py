@@ -1,6 +1,7 @@
 """Runtime benchmark: one agent loop run by our runtime, by DBOS and by LangGraph, on one PostgreSQL.
 
     .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/runtime.py [--calls 200] [--repeat 3] [--profile]
+        [--round-trips] [--census]
 
 The loop: N model turns that each ask for one tool call, then one turn that answers; so N + 1
 model calls and N tool calls, the model a deterministic scripted function (no network), the tool
@@ -10,7 +11,8 @@ a dictionary lookup. The conversation grows by two messages per turn, as an agen
                         (committed before the call, with the previous tool call's succeeded) and
                         harness.model.responded (committed with the gateway's claim of the tool call
                         it asks for, stamped outbound): two commits per model call with its tool
-                        call, all under the run lease's fencing token
+                        call, all under the run lease's fencing token, each one statement and one
+                        round trip (the gateway's row attached to the append's statement)
   DBOS                  @DBOS.workflow with one @DBOS.step per model call, the tool call inside it
   DBOS, tool step       the same with the tool call as its own @DBOS.step
   LangGraph             StateGraph with PostgresSaver, one node per model call (tool call inside),
@@ -65,6 +67,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="after the table, run each configuration once more and print the transactions and "
                         "rows it wrote per model call, from pg_stat_database (waits ~11 s per configuration "
                         "for the server's statistics to settle)")
+    p.add_argument("--round-trips", action="store_true",
+                   help="after the table, run ours once more under libpq's protocol trace and print its round "
+                        "trips to PostgreSQL per model call, and the statements they carried")
     p.add_argument("--only", choices=("ours", "dbos", "langgraph"), action="append",
                    help="measure only these systems (repeatable); default all")
     p.add_argument("--keep", action="store_true", help="keep our bench runs (default: delete them)")
@@ -190,6 +195,43 @@ class Ours:
     def close(self, keep: bool) -> None:
         if not keep:
             cleanup(self.workspace, self.run_ids)
+
+
+class Floor:
+    """The floor of ours under its durability contract: the same loop (scripted model, tool) with
+    nothing recorded but two durable commits per model call, each a bare single-row INSERT in
+    autocommit on a plain psycopg connection to our database (a WAL flush and one round trip
+    each): the intent before the model is asked, the answer before the tool runs."""
+
+    label = "floor: 2 commits/call"
+    TABLE = "bench_runtime_floor"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.TABLE} (id bigserial PRIMARY KEY, turn int, fact text)")
+
+    def runner(self, calls: int) -> Callable[[], Any]:
+        insert = f"INSERT INTO {self.TABLE} (turn, fact) VALUES (%s, %s)"
+
+        def run() -> Any:
+            messages = first_messages()
+            for turn in range(1, calls + 2):
+                self.conn.execute(insert, (turn, "called"), prepare=True)
+                reply = scripted_model(turn, messages, calls)
+                self.conn.execute(insert, (turn, "responded"), prepare=True)
+                messages.append(assistant_message(reply))
+                if not reply["toolCalls"]:
+                    return reply["text"]
+                messages.extend(tool_message(c, lookup_order(c["args"])) for c in reply["toolCalls"])
+            raise RuntimeError("no answer")
+
+        return run
+
+    def close(self) -> None:
+        self.conn.execute(f"DROP TABLE IF EXISTS {self.TABLE}")
+        self.conn.close()
 
 
 class Dbos:
@@ -363,6 +405,12 @@ def print_table(seconds: dict[str, list[float]], calls: int) -> None:
         print(f"{label:<20} {rate:9.1f} {1000 / rate:9.2f} {model_calls / rate:8.3f}  {ratio:>8}")
     if "ours" in rates:
         print()
+        if Floor.label in rates:
+            to_floor = rates["ours"] / rates[Floor.label]
+            print(f"ours / its floor (two bare durable commits per model call): {to_floor:.2f}x")
+            record("runtime: recorded model calls/s / two bare durable commits per call (its floor)",
+                   value=rates["ours"], unit="calls/s", baseline=rates[Floor.label], ratio=to_floor,
+                   target="(for the floor analysis)", met=None)
         for peer, target in TARGETS.items():
             if peer in rates:
                 ratio = rates["ours"] / rates[peer]
@@ -391,6 +439,66 @@ def profile_ours(run: Callable[[], Any], calls: int, top: int = 30) -> None:
           f"({(calls + 1) / timings['on']:.1f} calls/s), off {timings['off']:.2f}s "
           f"({(calls + 1) / timings['off']:.1f} calls/s): WAL flush waits are about "
           f"{max(0.0, 1 - timings['off'] / timings['on']):.0%} of a run")
+
+
+def round_trips(run: Callable[[], Any], calls: int, top: int = 8) -> None:
+    """Round trips of one run of ours on its PostgreSQL connection, from libpq's protocol trace:
+    each ends with the server's ReadyForQuery. Beside them, the statements sent (simple-protocol
+    queries such as BEGIN and COMMIT; Parse of a statement prepared now; Bind of a prepared one or
+    of an unnamed one with its parameters), the most frequent first."""
+    import re
+    import tempfile
+    from collections import Counter
+
+    import psycopg
+    from django.db import connection
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile() as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            run()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().decode(errors="replace").splitlines()
+    trips = sum(1 for line in lines if "\tReadyForQuery" in line)
+    prepared: dict[str, str] = {}  # a prepared statement's name: its text
+    sent: Counter[str] = Counter()
+    for line in lines:
+        m = re.match(r'F\s+\d+\s+(Query|Parse|Bind)\s+"([^"]*)"\s+(?:"([^"]*)"\s+)?"?(.*)', line)
+        if m is None:
+            continue
+        kind, first, second, rest = m.groups()
+        if kind == "Query":
+            sent[f"{first}"] += 1
+        elif kind == "Parse" and first:
+            prepared[first] = rest
+        elif kind == "Parse":  # an unnamed statement, bound and run at once
+            sent[rest] += 1
+        elif second:  # Bind of a prepared statement, named for now
+            sent[f"[prepared] {second}"] += 1
+    with connection.cursor() as cur:  # the statements prepared before the trace began
+        cur.execute("SELECT name, statement FROM pg_prepared_statements")
+        prepared = {**dict(cur.fetchall()), **prepared}
+
+    def label(text: str) -> str:
+        named = re.match(r"\[prepared\] (\S+)$", text)
+        if named:
+            text = "[prepared] " + prepared.get(named[1], named[1])
+        ctes = re.findall(r"(?:WITH|,) (\w+) AS \(", text)
+        return f"{text[:text.index('WITH')]}one statement: {' + '.join(ctes)}" if "WITH head AS" in text else text
+
+    labelled: Counter[str] = Counter()
+    for text, n in sent.items():
+        labelled[label(text)] += n
+    model_calls = calls + 1
+    print(f"\nours, one run of {model_calls} model calls: {trips} round trips to PostgreSQL, "
+          f"{trips / model_calls:.2f} per model call; statements sent, most frequent first (per model call):")
+    for text, n in labelled.most_common(top):
+        print(f"  {n / model_calls:5.2f}  {text[:150]}")
 
 
 SETTLE_S = 11.0  # an idle backend flushes its statistics after 10 s (PostgreSQL 15+)
@@ -463,12 +571,14 @@ def main(argv: list[str]) -> int:
           + "; load average %.2f %.2f %.2f" % os.getloadavg())
 
     ours = Ours() if "ours" in only else None
+    floor = Floor(ours_url) if ours else None
     dbos = Dbos(dbos_url) if "dbos" in only else None
     graph = LangGraph(lg_url) if "langgraph" in only else None
     try:
         makers: dict[str, Callable[[int], Callable[[], Any]]] = {}
-        if ours:
+        if ours and floor:
             makers["ours"] = ours.runner
+            makers[floor.label] = floor.runner
         if dbos:
             for label in ("DBOS", "DBOS, tool step"):
                 makers[label] = lambda n, label=label: dbos.runner(label, n)
@@ -481,14 +591,19 @@ def main(argv: list[str]) -> int:
                 print(f"  recorded: {type(system).__name__}: {system.check(args.calls)}")
         print_table(seconds, args.calls)
         if args.census:
-            census(makers, {"ours": ours_url.rpartition("/")[2], "DBOS": dbos_url.rpartition("/")[2],
+            census(makers, {"ours": ours_url.rpartition("/")[2], Floor.label: ours_url.rpartition("/")[2],
+                            "DBOS": dbos_url.rpartition("/")[2],
                             "LangGraph": lg_url.rpartition("/")[2]},
                    ours_url.rpartition("/")[0] + "/postgres", args.calls)
+        if args.round_trips and ours:
+            round_trips(ours.runner(args.calls), args.calls)
         if args.profile and ours:
             profile_ours(ours.runner(args.calls), args.calls)
     finally:
         if graph:
             graph.close()
+        if floor:
+            floor.close()
         if dbos:
             dbos.close()
         if ours:
