@@ -43,14 +43,16 @@ def _env_list(name: str, default: list[str]) -> list[str]:
     return default if raw is None else [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
     raw = os.environ.get(name)
     try:
         value = default if raw is None else int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a whole number, got {raw!r}") from None
-    if value < 0:
-        raise ImproperlyConfigured(f"{name} must be 0 or more, got {raw!r}")
+    if maximum is not None and not minimum <= value <= maximum:
+        raise ImproperlyConfigured(f"{name} must be from {minimum} to {maximum}, got {raw!r}")
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be {minimum} or more, got {raw!r}")
     return value
 
 
@@ -193,6 +195,10 @@ else:
 # database itself after POLL seconds without one; API.md promises a keepalive at least every 15 s.
 LEDGER_STREAM_POLL_SECONDS = _env_seconds("LEDGER_STREAM_POLL_SECONDS", 1.0, 60.0)
 LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS", 15.0, 15.0)
+# Streams (SSE and the console's WebSockets) re-check their caller's credentials at least every
+# keepalive and end when they are gone; one caller (an API key, or a user) holds at most this many
+# open at once per process (console/streams.py, docs/security.md).
+LEDGER_STREAM_MAX_PER_CALLER = _env_int("LEDGER_STREAM_MAX_PER_CALLER", 20, 1, 10_000)
 
 # Every password set through ledger.tenancy.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import Client
 
 from ledger.append import append_events, validate_run_id
@@ -18,6 +19,7 @@ from ledger.models import Run
 from ledger.tenancy import create_key
 
 from tests.conftest import ev, started
+from tests.live_support import TIMEOUT_S, communicator, session_id
 
 DEEP = 900
 
@@ -91,6 +93,10 @@ API_GETS = [
     ("/api/v1/usage?workspace=%00", "invalid_parameter"),
     ("/api/v1/reexecutions?status=%00", "invalid_parameter"),
     ("/api/v1/artifacts/sha256:%00", "invalid_parameter"),
+    # integers past a bigint
+    ("/api/v1/runs/run_a/events?after=99999999999999999999", "invalid_parameter"),
+    ("/api/v1/runs/run_a/stream?after=99999999999999999999", "invalid_parameter"),
+    ("/api/v1/runs/run_a/events?after=-1", "invalid_parameter"),
     # ids with a trailing newline
     ("/api/v1/runs/run_a%0A", "invalid_run_id"),
     ("/api/v1/runs/run_a%0A/events", "invalid_run_id"),
@@ -184,6 +190,9 @@ CONSOLE_GETS = [
     "/w/acme/support/runs/run_a/waterfall/rows/?from=0001-01-01T00:00:00&to=9999-12-31T23:59:59",
     "/w/acme/support/runs/run_a/waterfall/rows/?from=%00&to=%00",
     "/w/acme/support/approvals/?status=%00",
+    "/w/acme/support/runs/run_a/?after=99999999999999999999",
+    "/w/acme/support/runs/run_a/timeline/rows/?after=99999999999999999999",
+    "/w/acme/support/runs/run_a/steps/?start=99999999999999999999",
 ]
 
 
@@ -257,3 +266,18 @@ def test_the_write_path_refuses_nul_whoever_calls_it(workspace) -> None:
 def test_a_run_id_must_match_whole(run_id: str) -> None:
     with pytest.raises(InvalidRunId):
         validate_run_id(run_id)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("after", ["99999999999999999999", "-1", "x"])
+def test_a_socket_after_no_sequence_is_refused(admin, append, after: str) -> None:
+    append("run_a", started())
+    session = session_id(admin)
+
+    async def scenario() -> tuple[bool, Any]:
+        comm = communicator(f"/ws/runs/run_a/?after={after}", session)
+        connected, code = await comm.connect(timeout=TIMEOUT_S)
+        await comm.disconnect()
+        return connected, code
+
+    assert async_to_sync(scenario)() == (False, 4400)

@@ -278,7 +278,8 @@ def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspa
     from channels.layers import InMemoryChannelLayer, get_channel_layer
 
     from ledger.announce import group_for
-    from console.api.stream import _event_stream
+    from console.api.stream import _event_stream, _Opened
+    from console.streams import SLOTS, Grant
 
     append_events(workspace=workspace, run_id="run_group", events=[started()])
     run = Run.objects.get(workspace=workspace, run_id="run_group")
@@ -299,11 +300,15 @@ def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspa
 
     async def scenario() -> tuple[int, int, int]:
         before = await members()
-        stream = _event_stream(run, 0)
+        slot = SLOTS.take("test:group", 1)
+        assert slot is not None
+        grant = Grant(None, None, None, None, run.run_id, workspace.pk, run.pk)
+        stream = _event_stream(_Opened(run, 0, None, grant), slot)
         first = await stream.__anext__()  # sent after subscribing and before the first read
         assert first == b": connected\n\n"
         during = await members()
         await stream.aclose()
+        assert not slot.held  # closing the stream gave its slot back
         return before, during, await members()
 
     before, during, after = async_to_sync(scenario)()

@@ -25,7 +25,10 @@ class InvalidParameter(LedgerError):
     code = "invalid_parameter"
 
 
-def int_param(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+def int_param(request: Request, name: str, default: int, *, minimum: int = 0,
+              maximum: int = limits.MAX_ROW_ID) -> int:
+    """An integer query parameter; at most a bigint unless less is asked (the database's
+    integers are 64-bit: a larger one would overflow in the query, not be "not found")."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
@@ -33,9 +36,8 @@ def int_param(request: Request, name: str, default: int, *, minimum: int = 0, ma
         value = int(raw)
     except ValueError:
         raise InvalidParameter(f"{name} must be an integer", parameter=name) from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise InvalidParameter(f"{name} must be {bounds}", parameter=name)
+    if not minimum <= value <= maximum:
+        raise InvalidParameter(f"{name} must be between {minimum} and {maximum}", parameter=name)
     return value
 
 

@@ -11,15 +11,25 @@ Frames: `id: <sequence>` / `event: ledger.event` / `data: <envelope JSON>`; a `:
 after `LEDGER_STREAM_KEEPALIVE_SECONDS` without a write; when the run is completed or failed and
 everything up to its last sequence was sent, `event: end` / `data: {"status": ...}` (no id, so a
 reconnecting client keeps its position) and the stream closes. Clients should stop on `end`.
+
+Credentials are checked again while the stream lives (console/streams.py): at every keepalive, and
+once a keepalive's time has passed since the last check while events flow. A revoked key, a
+logged-out session or a removed member ends the stream (no `end` frame: an EventSource reconnects
+and is refused). One caller holds at most LEDGER_STREAM_MAX_PER_CALLER streams per process; the
+next is 429 `too_many_streams`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -33,13 +43,18 @@ from rest_framework.settings import api_settings
 from ledger.append import validate_run_id
 from ledger.errors import LedgerError
 from ledger.follow import Follower
+from ledger.limits import MAX_ROW_ID
 from ledger.models import Run
 
-from .auth import access_for
+from ..streams import Grant, Slot, grant_for, max_per_caller, still_allowed, take_slot
+from .auth import access_for, principal
 from .errors import exception_handler
 from .pagination import InvalidParameter, int_param
 from .permissions import Authenticated
 from .schema import error_response_objects
+
+log = logging.getLogger(__name__)
+
 
 def _keepalive_seconds() -> float:
     return float(settings.LEDGER_STREAM_KEEPALIVE_SECONDS)
@@ -53,14 +68,28 @@ def _start_after(request: Request) -> int:
         value = int(header)
     except ValueError:
         raise InvalidParameter("Last-Event-ID must be a sequence number", parameter="Last-Event-ID") from None
-    if value < 0:
-        raise InvalidParameter("Last-Event-ID must be at least 0", parameter="Last-Event-ID")
+    if not 0 <= value <= MAX_ROW_ID:
+        raise InvalidParameter(f"Last-Event-ID must be between 0 and {MAX_ROW_ID}", parameter="Last-Event-ID")
     return value
 
 
-def _authorize(django_request: HttpRequest, run_id: str) -> tuple[Run, int]:
+class TooManyStreams(LedgerError):
+    code = "too_many_streams"
+    status = 429
+
+
+@dataclass(frozen=True)
+class _Opened:
+    run: Run
+    after: int
+    caller: Any  # the API key or the session's user
+    grant: Grant
+
+
+def _authorize(django_request: HttpRequest, run_id: str) -> _Opened:
     """The run and the sequence to start after, for a caller authenticated exactly as the DRF
-    views are (same authenticators, same permission, same scope rule): 401, 400, 403, 404."""
+    views are (same authenticators, same permission, same scope rule): 401, 400, 403, 404; and
+    what the stream re-checks while it lives."""
     # api_settings imports the dotted paths it is given; the stubs type the setting as those strings.
     authenticators = [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]  # type: ignore[operator]
     request = Request(django_request, authenticators=authenticators)
@@ -68,9 +97,20 @@ def _authorize(django_request: HttpRequest, run_id: str) -> tuple[Run, int]:
         raise NotAuthenticated("authentication credentials were not provided")
     validate_run_id(run_id)
     after = _start_after(request)
-    run = access_for(request, "read", run_id=run_id).run
-    assert run is not None
-    return run, after
+    found = access_for(request, "read", run_id=run_id)
+    assert found.run is not None
+    caller = principal(request)
+    workspace = request.query_params.get("workspace") or None
+    grant = grant_for(caller, getattr(django_request, "session", None), workspace=workspace, found=found)
+    return _Opened(found.run, after, caller, grant)
+
+
+def _allowed(grant: Grant) -> bool:
+    try:
+        return still_allowed(grant)
+    except Exception:  # cannot tell: the stream ends, and a reconnecting client is asked again
+        log.warning("re-checking a stream's credentials failed", exc_info=True)
+        return False
 
 
 def _error_response(exc: Exception) -> HttpResponse:
@@ -91,31 +131,51 @@ def _end_frame(status: str) -> bytes:
     return f"event: end\ndata: {json.dumps({'status': status})}\n\n".encode()
 
 
-async def _event_stream(run: Run, after: int) -> AsyncIterator[bytes]:
-    async with Follower(run, after, idle_after=_keepalive_seconds()) as follower:
-        # Sent once subscribed, so that the client sees the headers even when there is nothing to
-        # catch up.
-        yield b": connected\n\n"
-        async for page in follower:
-            if page.status is None:  # deleted by retention while we streamed
-                return
-            if page.items:
-                yield b"".join(_frame(envelope) for _, envelope in page.items)
-            elif not page.final:
-                yield b": keepalive\n\n"
-            if page.final:
-                yield _end_frame(page.status)
-                return
+async def _event_stream(opened: _Opened, slot: Slot) -> AsyncIterator[bytes]:
+    """The frames; the caller's credentials are checked again on every keepalive, and whenever a
+    keepalive's time has passed since the last check, and the stream ends when they are gone."""
+    try:
+        keepalive = _keepalive_seconds()
+        loop = asyncio.get_running_loop()
+        async with Follower(opened.run, opened.after, idle_after=keepalive) as follower:
+            # Sent once subscribed, so that the client sees the headers even when there is nothing
+            # to catch up.
+            yield b": connected\n\n"
+            checked = loop.time()
+            async for page in follower:
+                idle = not page.items and not page.final
+                if idle or loop.time() - checked >= keepalive:
+                    if not await database_sync_to_async(_allowed)(opened.grant):
+                        return  # revoked, logged out, or no longer a member: the response ends
+                    checked = loop.time()
+                if page.status is None:  # deleted by retention while we streamed
+                    return
+                if page.items:
+                    yield b"".join(_frame(envelope) for _, envelope in page.items)
+                elif not page.final:
+                    yield b": keepalive\n\n"
+                if page.final:
+                    yield _end_frame(page.status)
+                    return
+    finally:
+        slot.release()  # also when the client went away and the response was cancelled
 
 
 @csrf_exempt  # read-only and GET only, like the DRF views (which are exempt too)
 @require_GET
 async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
     try:
-        run, after = await sync_to_async(_authorize)(request, run_id)
+        opened = await sync_to_async(_authorize)(request, run_id)
     except (LedgerError, APIException) as exc:
         return _error_response(exc)
-    response = StreamingHttpResponse(_event_stream(run, after), content_type="text/event-stream")
+    slot = take_slot(opened.caller)
+    if slot is None:
+        return _error_response(TooManyStreams(
+            f"this caller already holds {max_per_caller()} open streams; close one first",
+            limit=max_per_caller()))
+    # The slot goes back when the stream ends (the generator's finally), or, should the response
+    # never be iterated (the client left first), when the generator holding it is collected.
+    response = StreamingHttpResponse(_event_stream(opened, slot), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     # Proxies such as nginx would otherwise hold events back until a buffer fills.
     response["X-Accel-Buffering"] = "no"
@@ -137,7 +197,10 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
                 "no gap and no duplicate. N is the `Last-Event-ID` header when present (an EventSource "
                 "reconnect), else `?after=`, else 0. A `: keepalive` comment at least every 15 s. When the "
                 "run is completed or failed and everything is sent: `event: end` / `data: {\"status\": ...}` "
-                "(without an id), and the stream closes."
+                "(without an id), and the stream closes. The caller's credentials are checked again at least "
+                "every keepalive: a revoked key, a logged-out session or a removed member ends the stream "
+                "(without `end`). One caller (a key, or a user) holds at most LEDGER_STREAM_MAX_PER_CALLER "
+                "(default 20) streams at once per server process; the next is 429 `too_many_streams`."
             ),
             "tags": ["runs"],
             "parameters": [
@@ -156,7 +219,8 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
                         "content": {"text/event-stream": {"schema": {"type": "string"}}}},
                 **error_response_objects(
                     e400=["invalid_run_id", "invalid_parameter (after, Last-Event-ID)"],
-                    e403=["insufficient_scope"], e404=["not_found (also a run of another workspace)"]),
+                    e403=["insufficient_scope"], e404=["not_found (also a run of another workspace)"],
+                    e429=["too_many_streams"]),
             },
         }
     }

@@ -42,12 +42,13 @@ class ReexecutionsConsumer(WorkspaceFeed):
         self.counts = await database_sync_to_async(_counts)(self.workspace)
         self.poller = asyncio.create_task(self._poll())
 
-    async def disconnect(self, code: int) -> None:
+    async def stop_sending(self) -> None:
         if self.poller is not None:
-            self.poller.cancel()
+            poller, self.poller = self.poller, None
+            poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.poller
-        await super().disconnect(code)
+                await poller
+        await super().stop_sending()
 
     async def _poll(self) -> None:
         interval = settings.LEDGER_STREAM_POLL_SECONDS

@@ -10,7 +10,10 @@ once the run is finished and everything up to its last sequence was sent, `{"typ
 "status": …}`, after which the socket closes. Nothing is ever written from `receive`.
 
 Who may subscribe: a signed-in member of the run's tenant. Anonymous, unknown run, another
-tenant's run, a bad `after`: the handshake is refused (the same for all, so nothing is revealed).
+tenant's run, a bad `after`: the handshake is refused (the same for all, so nothing is revealed);
+so is a user's socket past LEDGER_STREAM_MAX_PER_CALLER. While open, the socket re-checks every
+keepalive that the session and the membership still hold, and closes with 4401 when not
+(console/live/watch.py).
 """
 
 from __future__ import annotations
@@ -22,25 +25,27 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.urls import path
 
 from ledger import access, follow
+from ledger.access import Access
 from ledger.errors import LedgerError
+from ledger.limits import MAX_ROW_ID
 from ledger.models import Run
 
 from ..rows import event_row, render_event_row
+from .watch import WatchedConsumer
 
 log = logging.getLogger(__name__)
 
 
-def _find_run(user: Any, run_id: str, workspace: str | None) -> Run | None:
+def _find_run(user: Any, run_id: str, workspace: str | None) -> Access | None:
     """The run among the member's workspaces; `workspace=T/W` picks one (needed when two hold
     the same run id). None for anything the user may not see."""
     if user is None:
         return None
     try:
-        return access.resolve(user, workspace=workspace or None, run_id=run_id).run
+        return access.resolve(user, workspace=workspace or None, run_id=run_id)
     except LedgerError:
         return None
 
@@ -54,7 +59,7 @@ def feeds_here() -> dict[int, follow.RunFeed]:
     return follow.feeds_here(_row)
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
+class RunConsumer(WatchedConsumer):
     follower: follow.Follower | None = None
     sender: asyncio.Task[None] | None = None
 
@@ -64,18 +69,22 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             after = int(query.get("after", ["0"])[0] or 0)
         except ValueError:
             after = -1
-        if after < 0:
+        if not 0 <= after <= MAX_ROW_ID:  # a sequence is a bigint
             await self.close(code=4400)
             return
         run_id = self.scope["url_route"]["kwargs"]["run_id"]
-        run = await database_sync_to_async(_find_run)(self.scope.get("user"), run_id,
-                                                      query.get("workspace", [""])[0])
-        if run is None:
+        workspace = query.get("workspace", [""])[0] or None
+        found = await database_sync_to_async(_find_run)(self.scope.get("user"), run_id, workspace)
+        if found is None or found.run is None:
             await self.close(code=4404)
             return
-        self.follower = await follow.Follower(run, after, render=_row).__aenter__()
+        if not self.take_slot():  # the user holds as many streams as allowed
+            await self.close(code=4429)
+            return
+        self.follower = await follow.Follower(found.run, after, render=_row).__aenter__()
         await self.accept()
         self.sender = asyncio.create_task(self._send_pages(self.follower))
+        self.watch(found, workspace)
 
     async def _send_pages(self, follower: follow.Follower) -> None:
         try:
@@ -98,16 +107,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.close(code=1000)
                 return
 
-    async def disconnect(self, code: int) -> None:
-        if self.sender is not None:
+    async def stop_sending(self) -> None:
+        if self.sender is not None and self.sender is not asyncio.current_task():
             self.sender.cancel()
             with suppress(asyncio.CancelledError):
                 await self.sender
-        if self.follower is not None:
-            await self.follower.__aexit__(None, None, None)
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
-        """The socket is one-way: whatever a client sends (JSON or not) is ignored."""
+    async def disconnect(self, code: int) -> None:
+        await self.stop_sending()
+        if self.follower is not None:
+            follower, self.follower = self.follower, None
+            await follower.__aexit__(None, None, None)
+        await self.stop_watching()
 
 
 websocket_urlpatterns = [

@@ -6,21 +6,22 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from ledger import access
 from ledger.errors import LedgerError
 from ledger.models import Workspace
 
+from .watch import WatchedConsumer
 
-def _workspace(user: Any, tenant: str, workspace: str) -> Workspace | None:
+
+def _access(user: Any, path: str) -> access.Access | None:
     try:
-        return access.resolve(user, workspace=f"{tenant}/{workspace}").workspace
+        return access.resolve(user, workspace=path)
     except LedgerError:
         return None
 
 
-class WorkspaceFeed(AsyncJsonWebsocketConsumer):
+class WorkspaceFeed(WatchedConsumer):
     """Joins the workspace's announcement group (`group_of(workspace pk)`, set by each feed as a
     staticmethod) for a member of the URL's workspace; anyone else is refused."""
 
@@ -34,19 +35,24 @@ class WorkspaceFeed(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]
         # Anonymous users and other tenants' members are refused alike (DESIGN.md §2: 404, not 403).
-        self.workspace = await database_sync_to_async(_workspace)(
-            self.scope["user"], kwargs["tenant"], kwargs["workspace"])
-        if self.workspace is None:
+        path = f"{kwargs['tenant']}/{kwargs['workspace']}"
+        found = await database_sync_to_async(_access)(self.scope["user"], path)
+        if found is None or not self.take_slot():  # … and so is a user past their streams' cap
             await self.close()
             return
+        self.workspace = found.workspace
         self.group = self.group_of(self.workspace.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.joined()
         await self.accept()
+        self.watch(found, path)
+
+    async def stop_sending(self) -> None:
+        if self.group is not None:
+            group, self.group = self.group, None
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def disconnect(self, code: int) -> None:
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        await self.stop_sending()
+        await self.stop_watching()
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The feed is one-way; anything a browser sends is ignored."""

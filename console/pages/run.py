@@ -82,7 +82,8 @@ def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) 
     return member, member.run
 
 
-def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
+def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int,
+               maximum: int = limits.MAX_ROW_ID) -> int:
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default
@@ -90,9 +91,8 @@ def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int, m
         value = int(raw)
     except ValueError:
         raise BadParameter(f"{name} must be a whole number, got {raw[:40]!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise BadParameter(f"{name} must be {bound}, got {value}")
+    if not minimum <= value <= maximum:  # at most a bigint: the database's integers are 64-bit
+        raise BadParameter(f"{name} must be between {minimum} and {maximum}, got {raw[:40]}")
     return value
 
 
