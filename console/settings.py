@@ -294,7 +294,15 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Runledger API",
-    "DESCRIPTION": "The evidence ledger and replay console for AI-agent runs (see API.md).",
+    "DESCRIPTION": (
+        "The evidence ledger and replay console for AI-agent runs (see API.md).\n\n"
+        "Input limits (every endpoint; docs/security.md): request bodies up to 10 MiB however they are "
+        "framed (413 `payload_too_large`); JSON nested at most 64 levels of arrays and objects, counted over "
+        "the whole body and refused before parsing (400 `invalid_event` for appends, `invalid_request` "
+        "elsewhere); no NUL character (U+0000) in any JSON string or key, query parameter or path (400 "
+        "`invalid_event`, `invalid_request` or `invalid_parameter`); days from 1900-01-01 to 9998-12-31; "
+        "integer parameters and cursors within a signed 64-bit integer; ids match their pattern whole."
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,

@@ -77,7 +77,9 @@ class RunEventsView(ApiView):
         description=(
             "All or nothing, one transaction. A body that is not a JSON object is 400 `invalid_request`; "
             "`events` missing, empty or not a list is 400 `invalid_event` with `details.field = \"events\"`; "
-            "malformed JSON is 400 `invalid_json`. For another tenant's run id the answer is the same as for "
+            "malformed JSON is 400 `invalid_json`; a body nested deeper than 64 levels (refused before parsing, "
+            "`details.limit`) or a NUL character in any string or key (`details.index`, `details.field`) is 400 "
+            "`invalid_event`. For another tenant's run id the answer is the same as for "
             "a run id never used in your workspace (run ids are per workspace). Console sessions need the "
             "operator role and the CSRF header."
         ),
