@@ -156,6 +156,9 @@ def start_daphne(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     """A Daphne serving this checkout on a free port, and its base URL, once it answers."""
     import httpx
 
+    # The benches play many browsers of one member (50 subscribers of a run): lift the per-caller
+    # cap on open streams (LEDGER_STREAM_MAX_PER_CALLER, console/streams.py), which would refuse them.
+    env = {**os.environ, "LEDGER_STREAM_MAX_PER_CALLER": "10000"}
     for _ in range(3):  # the free port may be taken between probing and binding it
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -164,7 +167,7 @@ def start_daphne(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
                  "console.asgi:application"],
-                cwd=REPO_ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
