@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.base import SessionBase
 from django.utils.crypto import constant_time_compare
 
-from ledger import access
+from ledger import access, selectors
 from ledger.errors import LedgerError
 from ledger.models import ApiKey
 
@@ -139,7 +139,7 @@ def _session_user(grant: Grant) -> Any:
     data = session.load()  # a deleted or expired session loads empty
     if str(data.get(SESSION_KEY, "")) != str(user_id):
         return None
-    user = get_user_model()._default_manager.filter(pk=user_id, is_active=True).first()
+    user = selectors.active_user(user_id)
     if user is None:
         return None
     stored_hash = data.get(HASH_SESSION_KEY, "")
@@ -153,8 +153,7 @@ def still_allowed(grant: Grant) -> bool:
     principal: Any
     key_id = grant.api_key_id
     if key_id is not None:
-        principal = ApiKey.objects.select_related("workspace__tenant").filter(
-            pk=key_id, revoked_at__isnull=True).first()
+        principal = selectors.live_api_key(key_id)
     else:
         principal = _session_user(grant)
     if principal is None:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from .envelopes import decode_payload, envelope, read_envelopes
 from .errors import NotFound
-from .models import Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
+from .models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -89,6 +89,16 @@ def artifact_in(workspaces: Iterable[Workspace], sha256: str) -> Artifact | None
 
 def user_named(username: str) -> User | None:
     return User.objects.filter(username=username).first()
+
+
+def active_user(pk: int) -> User | None:
+    """The user with this id, if still active (a stream re-checking its session's user)."""
+    return User.objects.filter(pk=pk, is_active=True).first()
+
+
+def live_api_key(pk: int) -> ApiKey | None:
+    """The API key with this id, with its workspace, unless revoked (a stream re-checking its key)."""
+    return ApiKey.objects.select_related("workspace__tenant").filter(pk=pk, revoked_at__isnull=True).first()
 
 
 def memberships(user: User | AnonymousUser, *, tenant_slug: str | None = None) -> list[Membership]:
