@@ -14,17 +14,21 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.template import Context, Template
+from django.template.defaultfilters import floatformat
+from hypothesis import given
+from hypothesis import strategies as st
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from console.format import money
-from console.pages.usage import _dollars, _nice_step
+from console.pages.usage import TableRow, _dollars, _nice_step, _two_places, build_chart
 from ledger import clock, rollup
 from ledger.append import append_events
-from ledger.models import CostEntry, Run, Workspace
+from ledger.models import CostEntry, Run, Tenant, Workspace
 from ledger.tenancy import bootstrap
-from ledger.usage import usage_rows
+from ledger.usage import DailyModelCost, UsageRow, usage_rows
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -266,3 +270,50 @@ def test_usage_page_queries_do_not_grow_with_the_calls(browser: Client, calls: N
     assert len(table(html, "usage-days")) == 59 and "google/gemini-2.5-pro" in table(html, "usage-table")
     rows, _ = usage_rows(group_by="model", start=date(2026, 2, 1), end=date(2026, 3, 31), workspace=run.workspace)
     assert len(rows) == 6
+
+
+# --- the bars and table rows written in Python, against the template loops they replaced ----------
+
+BARS_TEMPLATE = Template(
+    '{% for seg in chart.segments %}<a class="bar{% if seg.unpriced %} unpriced{% endif %}" href="{{ seg.href }}" '
+    'data-model="{{ seg.series.model }}" aria-label="{{ seg.title }}"><rect x="{{ seg.x|floatformat:2 }}" '
+    'y="{{ seg.y|floatformat:2 }}" width="{{ seg.width|floatformat:2 }}" height="{{ seg.height|floatformat:2 }}" '
+    'fill="url(#{{ seg.series.pattern_id }})"/><title>{{ seg.title }}</title></a>\n    {% endfor %}')
+ROWS_TEMPLATE = Template(
+    '{% load console_format %}{% for row in rows %}\n  <tr data-key="{{ row.key }}">\n    <th scope="row" class="mono">'
+    '{% if row.href %}<a class="drill" href="{{ row.href }}">{{ row.key }}</a>{% else %}{{ row.key }}{% endif %}</th>\n'
+    '    {% for n in row.tokens %}<td class="num">{{ n }}</td>{% endfor %}\n    <td class="num cost'
+    '{% if row.usage.cost_usd is None %} na{% endif %}">{{ row.usage.cost_usd|money }}</td>\n    <td class="num">'
+    '{{ row.usage.priced_calls }}</td><td class="num">{{ row.usage.unpriced_calls }}</td><td class="num">'
+    '{{ row.coverage }}</td>\n  </tr>\n  {% endfor %}')
+
+
+def test_bars_and_rows_are_the_markup_the_template_loops_wrote() -> None:
+    workspace = Workspace(tenant=Tenant(slug="acme"), slug="support")
+    start = date(2026, 1, 1)
+    models = [("openai", "gpt-4o"), ("a<b>&\"c'", "m/x?y=1&z"), ("acme", "house")]
+    cells = [DailyModelCost(start + timedelta(days=d), *models[(d + i) % 3],
+                            cost_usd=None if (d + i) % 3 == 2 else Decimal(d * 7 + i) / Decimal(997) + Decimal("1e-9"),
+                            calls=3 + i, priced_calls=3 + i)
+             for d in range(0, 366, 3) for i in range(2)]
+    chart = build_chart(cells, start, start + timedelta(days=365), workspace)
+    assert len(chart.segments) == len(cells)
+    assert str(chart.bars) == BARS_TEMPLATE.render(Context({"chart": chart}))
+    rows = [TableRow(key, href, UsageRow(key, 12_345_678, 9, 1_000, 0, cost, priced, unpriced))
+            for key, href, cost, priced, unpriced in [
+                ("openai/gpt-4o", "/w/acme/support/?model=openai%2Fgpt-4o&from=2026-01-01", Decimal("1234.5"), 3, 0),
+                ("<x>&'\"", None, None, 0, 2), ("2026-01-02", "/w/?a=1&b=<2>", Decimal("0.0000001"), 1, 1),
+                ("zero", "/w/", Decimal(0), 0, 0)]]
+    assert "".join(str(r.html) for r in rows) == ROWS_TEMPLATE.render(Context({"rows": rows}))
+
+
+# What a chart's coordinates are: 0, or from a pixel's fraction to far beyond the viewBox.
+@given(st.just(0.0) | st.floats(min_value=1e-3, max_value=1e6) | st.integers(0, 10**6).map(lambda n: n / 1000)
+       | st.integers(0, 10**5).map(lambda n: n / 200))
+def test_two_places_is_floatformat_2(value: float) -> None:
+    assert _two_places(value) == floatformat(value, 2)
+
+
+@pytest.mark.parametrize("value", [0.125, 12.345, 1.005, 2.675, 0.0, 5.0, 1e-7, 899.995, 254.0, 3])
+def test_two_places_on_ties(value: float) -> None:
+    assert _two_places(value) == floatformat(value, 2)

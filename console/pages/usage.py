@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
+from django.utils.safestring import SafeString, mark_safe
 
 from ledger import selectors, usage
 from ledger.limits import FIRST_DAY
@@ -83,6 +85,19 @@ class TableRow:
         u = self.usage
         return [f"{n:,}" for n in (u.input_tokens, u.cached_input_tokens, u.output_tokens, u.reasoning_tokens)]
 
+    @property
+    def html(self) -> SafeString:
+        """The row's markup in the table (console/usage/table.html), written here: a year by day is
+        hundreds of rows, and the template engine's cost per row was most of the page's."""
+        key, u = html.escape(self.key), self.usage
+        head = f'<a class="drill" href="{html.escape(self.href)}">{key}</a>' if self.href else key
+        tokens = "".join(f'<td class="num">{n}</td>' for n in self.tokens)
+        return mark_safe(
+            f'\n  <tr data-key="{key}">\n    <th scope="row" class="mono">{head}</th>\n    {tokens}\n'
+            f'    <td class="num cost{" na" if u.cost_usd is None else ""}">{html.escape(money(u.cost_usd))}</td>\n'
+            f'    <td class="num">{u.priced_calls}</td><td class="num">{u.unpriced_calls}</td>'
+            f'<td class="num">{self.coverage}</td>\n  </tr>\n  ')
+
 
 # --- the chart -----------------------------------------------------------------------------
 
@@ -114,7 +129,7 @@ class Series:
         return self.model if len(self.model) <= 30 else self.model[:29] + "…"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a year's chart builds thousands, and nothing changes one
 class Segment:
     x: float
     y: float
@@ -143,6 +158,38 @@ class Chart:
     @property
     def middle(self) -> float:
         return (self.left + self.right) / 2
+
+    @property
+    def bars(self) -> SafeString:
+        """The bars' markup, one segment a line: written here, not by a template loop, because a
+        year of days times models is thousands of segments (what the template engine took most
+        of the page's time for: bench/scale.py). The same markup the loop wrote."""
+        return mark_safe("".join(_bar(segment) + "\n    " for segment in self.segments))
+
+
+_CENT = Decimal("0.01")
+
+
+def _two_places(value: float) -> str:
+    """`value|floatformat:2` as the template wrote it: half up from the shortest repr.
+
+    Formatting the float itself rounds its exact binary value, which gives the same digits unless
+    the shortest repr is a tie at the third place (12.345, whose double lies just below it): only
+    then is the repr rounded as a Decimal (tests/test_console_usage.py checks both against
+    floatformat)."""
+    text = repr(value)
+    if text[-1] == "5" and text[-4:-3] == ".":
+        return f"{Decimal(text).quantize(_CENT, ROUND_HALF_UP):f}"
+    return f"{value:.2f}"
+
+
+def _bar(seg: Segment) -> str:
+    # html.escape is what Django's escape (the templates' autoescape) calls, without its lazy wrapper.
+    title, series = html.escape(seg.title), seg.series
+    return (f'<a class="bar{" unpriced" if seg.unpriced else ""}" href="{html.escape(seg.href)}" '
+            f'data-model="{html.escape(series.model)}" aria-label="{title}"><rect x="{_two_places(seg.x)}" '
+            f'y="{_two_places(seg.y)}" width="{_two_places(seg.width)}" height="{_two_places(seg.height)}" '
+            f'fill="url(#{html.escape(series.pattern_id)})"/><title>{title}</title></a>')
 
 
 def _nice_step(top: float, ticks: int = 4) -> float:
@@ -204,10 +251,13 @@ def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: 
     every = math.ceil(len(days) / 12)
     chart.days = [(_LEFT + slot * (i + 0.5), d.strftime("%b %d")) for i, d in enumerate(days) if i % every == 0]
     index = {d: i for i, d in enumerate(days)}
+    rank = {m: i for i, m in enumerate(order)}
+    # runs_url(workspace, model=m, from=day, to=day), its model part encoded once per model.
+    drill = {m: runs_url(workspace, model=m) for m in order}
     stacked: dict[date, float] = {}
-    for c in sorted(cells, key=lambda c: (c.day, order.index(c.model))):
+    for c in sorted(cells, key=lambda c: (c.day, rank[c.model])):
         x = _LEFT + slot * index[c.day] + (slot - width) / 2
-        href = runs_url(workspace, model=c.model, **{"from": c.day, "to": c.day})
+        href = f"{drill[c.model]}&from={c.day}&to={c.day}"
         s = series[c.model]
         if c.cost_usd is None:
             chart.segments.append(Segment(x, bottom - 3, width, 3, s, href, unpriced=True,
