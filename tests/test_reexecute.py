@@ -200,6 +200,24 @@ def test_a_simulation_after_the_code_changed_diverges_at_the_changed_step(
     assert report["divergences"][0]["callId"] == "summarize:turn1"
 
 
+@pytest.mark.parametrize("mode", ["simulate", "evaluate"])
+def test_tool_calls_recorded_under_older_redaction_rules_still_match(workspace: Workspace, invocations: Path,
+                                                                     mode: str) -> None:
+    original = _drill(workspace)
+    workspace.redact_keys = ["city"]  # the weather tool's argument, redacted since the recording
+    workspace.save()
+    before = invocation_counts(invocations)
+    outcome = _reexecute(workspace, original, mode, "run_new")
+    assert outcome.status == "completed"
+    events = run_events(workspace, "run_new")
+    assert not [e for e in events if e["type"] == "harness.replay.diverged"]
+    started = [e["payload"]["args"] for e in events if e["type"] == "harness.tool_call.started"
+               and e["payload"]["toolName"] == "weather"]
+    assert started and all(args == {"city": "[REDACTED]"} for args in started)
+    tools = lambda counts: {k: n for k, n in counts.items() if not k.startswith("model ")}  # noqa: E731
+    assert tools(invocation_counts(invocations)) == tools(before)  # tools served from the record, never live
+
+
 def test_a_call_missing_from_the_record_never_leaves_a_simulation(workspace: Workspace, invocations: Path) -> None:
     original = _drill(workspace)
     before = invocation_counts(invocations)

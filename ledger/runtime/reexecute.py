@@ -255,6 +255,11 @@ class Replay:
 
     # -- tools --
 
+    def _recorded_under_other_rules(self, call: ToolCallState, args: Any) -> bool:
+        """Whether the recorded call's arguments, redacted by today's rules, are `args`: the
+        workspace's redaction rules may have changed since the original was recorded."""
+        return _args_digest(self.redactor(call.args)) == _args_digest(args)
+
     def serve_tool(self, *, recorder: Recorder, tool: Tool, args: Any, call_id: str, step_path: str, caller: str,
                    turn: int | None) -> tuple[str, Any] | None:
         """("result"|"error", value) from the original's record; None when tools are live here."""
@@ -273,7 +278,7 @@ class Replay:
             assert call is not None
             recorded = _args_digest(call.args)
             if call.tool_name != tool.name or (recorded != _args_digest(args) and recorded != _args_digest(
-                    self.as_original(recorder.run_id, args))):
+                    self.as_original(recorder.run_id, args)) and not self._recorded_under_other_rules(call, args)):
                 self._diverge(recorder, where, "request_changed",
                               f"step {step_path}: tool call {call_id} asks for {tool.name} with other arguments "
                               f"than the original ({call.tool_name})",
@@ -283,6 +288,9 @@ class Replay:
                               f"step {step_path}: the original's tool call {call_id} has no outcome ({call.status})")
         else:
             candidates = self.original.by_tool.get((tool.name, _args_digest(args)), [])
+            if not candidates:
+                candidates = [c for (name, _), calls in self.original.by_tool.items() if name == tool.name
+                              for c in calls if self._recorded_under_other_rules(c, args)]
             call = next((c for c in candidates if c.step_path == step_path), candidates[0] if candidates else None)
             if call is None:
                 # Answered to the model as an error; the call itself never leaves.
