@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django_htmx.middleware import HtmxDetails
 from django.urls import path
+from django.views.decorators.http import require_safe
 
 from ledger import selectors
 from ledger.models import Run, RunStatus, Workspace
@@ -93,6 +94,7 @@ def runs_url(workspace: Workspace, **params: str | date) -> str:
 
 
 @login_required
+@require_safe
 def home(request: HttpRequest) -> HttpResponse:
     # The member lands where something happened last, not on the first workspace by name.
     ws = selectors.newest_workspace_for(request.user)
@@ -106,6 +108,7 @@ class _HtmxRequest(HttpRequest):
 
 
 @login_required
+@require_safe
 def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = member_access(request, tenant, workspace).workspace
     form = RunFilterForm(request.GET)

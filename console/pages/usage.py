@@ -18,6 +18,7 @@ from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
+from django.views.decorators.http import require_safe
 
 from ledger import selectors, usage
 from ledger.limits import FIRST_DAY
@@ -285,6 +286,7 @@ def _csv_url(workspace: Workspace, scope: str, start: date, end: date, group_by:
 
 
 @login_required
+@require_safe
 def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     member = member_access(request, tenant, workspace)
     ws = member.workspace
