@@ -620,6 +620,7 @@ class AuditEntry(models.Model):
         SHARE_POLICY_CHANGED = "share_policy.changed"
         RUN_PRUNED = "run.pruned"
         REDACTION_CHANGED = "redaction.changed"
+        RUN_OTLP_EXPORTED = "run.otlp_exported"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

@@ -49,7 +49,7 @@ class ErrorSerializer(serializers.Serializer):
 STATUS_TEXT = {
     400: "Bad request", 401: "No or unknown credentials", 403: "Authenticated but not allowed",
     404: "Not found, or not in the caller's workspace (never 403)", 406: "Not acceptable",
-    409: "Conflict with the run's state", 410: "Gone", 413: "Request body over 10 MiB",
+    409: "Conflict with the run's state", 410: "Gone", 413: "Request body over 10 MiB", 415: "Unsupported media type",
     429: "Too many at once", 500: "Server-side failure",
 }
 

@@ -1,0 +1,454 @@
+"""OpenTelemetry interop (docs/otlp.md), against a live Daphne: the real OpenTelemetry SDK's OTLP/HTTP
+exporter sends GenAI spans to `POST /api/v1/otlp/v1/traces` and they become the run's events;
+OTLP/JSON works too; a retried export writes nothing twice; bad input is refused with the log
+untouched; and `GET /api/v1/runs/{runId}/otlp` gives spans that parse with opentelemetry-proto's
+own JSON mapping and come back in as the same run."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from google.protobuf import json_format
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from ledger import selectors
+from ledger.models import AuditEntry, Event, Run, Workspace
+from ledger.tenancy import create_key
+from ledger.verify import verify_run
+from tests.conftest import ev, started
+from tests.servers import Daphne, start_daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TRACES = "/api/v1/otlp/v1/traces"
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "otlp", {})
+    yield daphne
+    daphne.stop()
+
+
+def _key(workspace: Workspace, scopes: list[str]) -> str:
+    return create_key(workspace=workspace, scopes=scopes)[1]
+
+
+@pytest.fixture
+def key(workspace: Workspace) -> str:
+    return _key(workspace, ["ingest", "read"])
+
+
+def _agent_trace(provider: TracerProvider, *, fail_tool: bool = False) -> str:
+    """A GenAI agent as an instrumented harness records it: a request span holding an agent span
+    holding two model calls with a tool call between them, and a database span. Returns the trace id."""
+    tracer = provider.get_tracer("tests.agent", "1.0")
+    with tracer.start_as_current_span("handle request") as root:
+        with tracer.start_as_current_span("invoke_agent weather", attributes={
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather",
+                "gen_ai.provider.name": "openai"}):
+            with tracer.start_as_current_span("chat gpt-4o", kind=SpanKind.CLIENT, attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+                    "gen_ai.request.model": "gpt-4o", "gen_ai.response.model": "gpt-4o-2024-08-06",
+                    "gen_ai.request.temperature": 0.2, "gen_ai.usage.input_tokens": 120,
+                    "gen_ai.usage.output_tokens": 30, "gen_ai.response.id": "chatcmpl-1",
+                    "gen_ai.response.finish_reasons": ["tool_calls"],
+                    "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
+                        {"type": "text", "content": "Weather in Paris?"}]}]),
+                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+                        {"type": "tool_call", "id": "call_1", "name": "get_weather",
+                         "arguments": {"city": "Paris"}}]}])}):
+                pass
+            with tracer.start_as_current_span("execute_tool get_weather", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+                    "gen_ai.tool.call.id": "call_1", "gen_ai.tool.call.arguments": '{"city": "Paris"}',
+                    "gen_ai.tool.call.result": '{"celsius": 21}'}) as tool:
+                if fail_tool:
+                    tool.set_attribute("error.type", "TimeoutError")
+                    tool.set_status(Status(StatusCode.ERROR, "the weather service timed out"))
+            with tracer.start_as_current_span("SELECT weather_cache", attributes={"db.system.name": "postgresql"}):
+                pass
+            with tracer.start_as_current_span("chat gpt-4o", kind=SpanKind.CLIENT, attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.system": "openai", "gen_ai.request.model": "gpt-4o",
+                    "gen_ai.usage.input_tokens": 200, "gen_ai.usage.output_tokens": 15,
+                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+                        {"type": "text", "content": "21 °C and sunny."}]}])}):
+                pass
+        return format(root.get_span_context().trace_id, "032x")
+
+
+def _provider(exporter: Any) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def _run(workspace: Workspace, trace: str) -> Run:
+    return Run.objects.get(workspace=workspace, run_id=f"run_otel_{trace}")
+
+
+def _types(run: Run) -> list[str]:
+    return [e["type"] for e in selectors.events(run)]
+
+
+EXPECTED_TYPES = [
+    "RunStarted",
+    "StepScheduled", "StepAttemptStarted",
+    "harness.model.called", "harness.model.responded",
+    "harness.tool_call.started", "harness.tool_call.succeeded",
+    "custom.otel.span",
+    "harness.model.called", "harness.model.responded",
+    "StepCompleted",
+    "RunCompleted",
+]
+
+
+def test_sdk_exporter_spans_become_the_runs_events(server: Daphne, workspace: Workspace, key: str) -> None:
+    """The SDK's http/protobuf exporter, gzip, one export per ended span: children reach the server
+    before their parents, in six exports, and the run still reads in order of time."""
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"},
+                                compression=Compression.Gzip, timeout=30)
+    provider = _provider(exporter)
+    trace = _agent_trace(provider)
+    provider.shutdown()
+
+    run = _run(workspace, trace)
+    assert run.status == "completed"
+    assert run.workflow_version_id == "otel:weather-agent"
+    events = selectors.events(run)
+    # Six exports, each its own append: the log keeps arrival order, a span's end events at its end.
+    assert [e["type"] for e in events] == [
+        "RunStarted", "harness.model.called", "harness.model.responded", "harness.tool_call.started",
+        "harness.tool_call.succeeded", "custom.otel.span", "harness.model.called", "harness.model.responded",
+        "StepScheduled", "StepAttemptStarted", "StepCompleted", "RunCompleted"]
+    by_type = {e["type"]: e["payload"] for e in events}
+    responded = [e["payload"] for e in events if e["type"] == "harness.model.responded"]
+    assert responded[0]["model"] == {"provider": "openai", "modelId": "gpt-4o-2024-08-06"}
+    assert responded[0]["response"]["usage"] == {"inputTokens": 120, "outputTokens": 30}
+    assert responded[0]["response"]["toolCalls"] == [
+        {"callId": "call_1", "toolName": "get_weather", "args": {"city": "Paris"}}]
+    assert responded[1]["model"] == {"provider": "openai", "modelId": "gpt-4o"}  # gen_ai.system, the older name
+    assert responded[1]["response"]["text"] == "21 °C and sunny."
+    assert [p["turn"] for p in responded] == [1, 2]
+    called = next(e["payload"] for e in events if e["type"] == "harness.model.called")
+    assert called["request"]["parameters"] == {"temperature": 0.2}
+    assert called["request"]["messages"] == [{"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}]
+    agent_step = by_type["StepScheduled"]["stepPath"]
+    assert by_type["StepScheduled"]["stepId"] == "invoke_agent weather"
+    assert all(p.get("stepPath") == agent_step for p in responded)
+    assert by_type["harness.tool_call.started"] == {**by_type["harness.tool_call.started"], "callId": "call_1",
+                                                   "toolName": "get_weather", "args": {"city": "Paris"}}
+    assert by_type["harness.tool_call.succeeded"]["result"] == {"celsius": 21}
+    assert by_type["custom.otel.span"]["otel"]["attributes"] == {"db.system.name": "postgresql"}
+
+    run.refresh_from_db()
+    assert (run.input_tokens, run.output_tokens) == (320, 45)
+    step = run.steps.get(step_path=agent_step)
+    assert step.status == "completed" and (step.input_tokens, step.output_tokens) == (320, 45)
+    assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)
+
+
+def test_one_batched_export_is_ordered_by_time(server: Daphne, workspace: Workspace, key: str) -> None:
+    memory = InMemorySpanExporter()
+    trace = _agent_trace(_provider(memory))
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert exporter.export(memory.get_finished_spans()) == SpanExportResult.SUCCESS
+    assert _types(_run(workspace, trace)) == EXPECTED_TYPES
+
+
+def test_a_retried_export_writes_nothing_twice(server: Daphne, workspace: Workspace, key: str) -> None:
+    memory = InMemorySpanExporter()
+    trace = _agent_trace(_provider(memory), fail_tool=True)
+    spans: tuple[ReadableSpan, ...] = memory.get_finished_spans()
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert exporter.export(spans[:3]) == SpanExportResult.SUCCESS
+    assert exporter.export(spans[:3]) == SpanExportResult.SUCCESS  # the exporter's retry after a lost answer
+    run = _run(workspace, trace)
+    first = list(Event.objects.filter(run=run).order_by("sequence").values_list("event_id", flat=True))
+    assert exporter.export(spans) == SpanExportResult.SUCCESS  # all of it, the first three again among them
+    assert exporter.export(spans) == SpanExportResult.SUCCESS
+    run.refresh_from_db()
+    events = selectors.events(run)
+    assert [e["eventId"] for e in events][:len(first)] == first
+    assert len({e["payload"].get("otel", {}).get("spanId") for e in events if e["type"].startswith("harness.")}) == 3
+    assert run.status == "completed" and run.last_sequence == len(EXPECTED_TYPES)
+    failed = next(e["payload"] for e in events if e["type"] == "harness.tool_call.failed")
+    assert failed["error"] == {"name": "TimeoutError", "message": "the weather service timed out"}
+    assert all(check.status == "pass" for check in verify_run(run))
+
+
+# --- OTLP/JSON ---------------------------------------------------------------------------------
+
+TRACE = "5b8efff798038103d269b633813fc60c"
+ROOT, CHAT = "eee19b7ec3c1b174", "eee19b7ec3c1b173"
+
+
+def _json_export(*spans: dict[str, Any]) -> dict[str, Any]:
+    return {"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-agent"}}]},
+        "scopeSpans": [{"scope": {"name": "manual"}, "spans": list(spans)}]}]}
+
+
+def _json_span(span_id: str, name: str, start: int, end: int, parent: str = "", trace: str = TRACE,
+               **attributes: Any) -> dict[str, Any]:
+    def value(v: Any) -> dict[str, Any]:
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
+    return {"traceId": trace, "spanId": span_id, "parentSpanId": parent, "name": name, "kind": 1,
+            "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
+            "attributes": [{"key": k.replace("__", "."), "value": value(v)} for k, v in attributes.items()],
+            "status": {}}
+
+
+T0 = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z
+
+
+def _chat_trace(trace: str = TRACE) -> dict[str, Any]:
+    return _json_export(
+        _json_span(CHAT, "chat claude", T0 + 1_000_000, T0 + 900_000_000, parent=ROOT, trace=trace,
+                   gen_ai__operation__name="chat", gen_ai__provider__name="anthropic",
+                   gen_ai__request__model="claude-sonnet-4", gen_ai__usage__input_tokens=50,
+                   gen_ai__usage__output_tokens=7),
+        _json_span(ROOT, "agent", T0, T0 + 1_000_000_000, trace=trace))
+
+
+def test_otlp_json_with_gzip_is_accepted(server: Daphne, workspace: Workspace, key: str) -> None:
+    body = gzip.compress(json.dumps(_chat_trace()).encode())
+    response = httpx.post(server.url + TRACES, content=body, timeout=30, headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {}
+    run = _run(workspace, TRACE)
+    assert _types(run) == ["RunStarted", "StepScheduled", "StepAttemptStarted", "harness.model.called",
+                           "harness.model.responded", "StepCompleted", "RunCompleted"]
+    assert (run.input_tokens, run.output_tokens, run.status) == (50, 7, "completed")
+    started_payload = selectors.events(run)[0]["payload"]
+    assert started_payload["workflowVersionId"] == "otel:json-agent"
+    assert started_payload["otel"]["traceId"] == TRACE
+
+
+def test_partial_success_names_the_refused_spans(server: Daphne, workspace: Workspace, key: str) -> None:
+    export = _chat_trace()
+    export["resourceSpans"][0]["scopeSpans"][0]["spans"].append(
+        _json_span("0000000000000000", "broken", T0, T0 + 1))
+    response = httpx.post(server.url + TRACES, json=export, timeout=30, headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    assert "spanId must be 8 bytes" in partial["errorMessage"]
+    assert _run(workspace, TRACE).status == "completed"
+
+
+def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(server: Daphne, workspace: Workspace,
+                                                                     key: str) -> None:
+    auth = {"Authorization": f"Bearer {key}"}
+    assert httpx.post(server.url + TRACES, json=_chat_trace(), headers=auth, timeout=30).status_code == 200
+    late = _json_export(_json_span("aaaaaaaaaaaaaaaa", "chat late", T0 + 2, T0 + 3, parent=ROOT,
+                                   gen_ai__operation__name="chat", gen_ai__usage__input_tokens=5))
+    response = httpx.post(server.url + TRACES, json=late, headers=auth, timeout=30)
+    assert response.status_code == 200
+    # Nothing refused (a zero rejectedSpans is omitted, as protobuf's JSON omits defaults): a warning only.
+    assert response.json() == {"partialSuccess": {"errorMessage": "1 span(s) arrived after their trace's root span "
+                                                                  "ended and were kept as custom.otel.span"}}
+    run = _run(workspace, TRACE)
+    last = selectors.events(run)[-1]
+    assert last["type"] == "custom.otel.span" and last["payload"]["late"] is True
+    assert run.input_tokens == 50  # a late span's tokens are kept in its event, not counted
+    assert all(check.status == "pass" for check in verify_run(run))
+
+
+@pytest.mark.parametrize(("headers", "body", "status", "code"), [
+    ({"Content-Type": "application/x-protobuf"}, b"\xff\xff\xff\xff", 400, "invalid_otlp"),
+    ({"Content-Type": "application/json"}, b"{not json", 400, "invalid_otlp"),
+    ({"Content-Type": "application/json"}, b"[1, 2]", 400, "invalid_otlp"),
+    ({"Content-Type": "application/json"}, json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "not-hex", "spanId": ROOT}]}]}]}).encode(), 400, "invalid_otlp"),
+    ({"Content-Type": "application/json"}, json.dumps({"resourceSpans": "many"}).encode(), 400, "invalid_otlp"),
+    ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, b"not gzip", 400, "invalid_otlp"),
+    ({"Content-Type": "application/json", "Content-Encoding": "br"}, b"{}", 415, "unsupported_media_type"),
+    ({"Content-Type": "text/plain"}, b"{}", 415, "unsupported_media_type"),
+    ({"Content-Type": "application/json", "Content-Encoding": "gzip"},
+     gzip.compress(b" " * (11 * 1024 * 1024)), 413, "payload_too_large"),
+])
+def test_bad_input_is_refused_with_the_error_body(server: Daphne, workspace: Workspace, key: str,
+                                                  headers: dict[str, str], body: bytes, status: int,
+                                                  code: str) -> None:
+    response = httpx.post(server.url + TRACES, content=body, timeout=30,
+                          headers={"Authorization": f"Bearer {key}", **headers})
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["error"]["code"] == code
+    assert not Event.objects.exists()
+
+
+def test_keys_credentials_and_tenants(server: Daphne, workspace: Workspace, other_workspace: Workspace,
+                                      key: str) -> None:
+    body = json.dumps(_chat_trace()).encode()
+
+    def post(headers: dict[str, str]) -> httpx.Response:
+        return httpx.post(server.url + TRACES, content=body, timeout=30,
+                          headers={"Content-Type": "application/json", **headers})
+
+    assert post({}).status_code == 401
+    assert post({"Authorization": "Bearer rl_not_a_key"}).status_code == 401
+    read_only = post({"Authorization": f"Bearer {_key(workspace, ['read'])}"})
+    assert read_only.status_code == 403 and read_only.json()["error"]["code"] == "insufficient_scope"
+    assert not Event.objects.exists()
+    # Another tenant's key writes the same trace into its own workspace, and cannot read ours.
+    outsider = _key(other_workspace, ["ingest", "read"])
+    assert post({"Authorization": f"Bearer {key}"}).status_code == 200
+    assert post({"Authorization": f"Bearer {outsider}"}).status_code == 200
+    ours, theirs = _run(workspace, TRACE), _run(other_workspace, TRACE)
+    assert ours.pk != theirs.pk and ours.last_sequence == theirs.last_sequence == 7
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def _parse_otlp_json(document: dict[str, Any]) -> ExportTraceServiceRequest:
+    """OTLP/JSON through protobuf's own JSON mapping (strict: an unknown field fails): only the
+    hex ids become base64 first, the one place OTLP/JSON differs from the mapping."""
+    def ids(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId")
+                    else ids(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [ids(v) for v in value]
+        return value
+    return json_format.ParseDict(ids(document), ExportTraceServiceRequest())
+
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _value(kv.value) for kv in v.kvlist_value.values}
+    return getattr(v, kind)
+
+
+def _attributes(span: Any) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in span.attributes}
+
+
+def _native_run(append: Any) -> None:
+    append("run_native", started("wfver_support"),
+           ev("StepScheduled", stepPath="answer", stepId="answer"),
+           ev("StepAttemptStarted", stepPath="answer", attempt=1),
+           ev("harness.model.called", turn=1, promptHash="sha256:p", request={"model": "gpt-4o-mini"},
+              stepPath="answer", callId="m1"),
+           ev("harness.model.responded", turn=1, callId="m1", stepPath="answer",
+              model={"provider": "openai", "modelId": "gpt-4o-mini"},
+              response={"text": "hi", "usage": {"inputTokens": 40, "outputTokens": 9}}),
+           ev("harness.tool_call.started", callId="t1", caller="agent", toolName="lookup", args={"q": "x"},
+              stepPath="answer"),
+           ev("harness.tool_call.succeeded", callId="t1", durationMs=12, result={"hits": 2}, stepPath="answer"),
+           ev("StepCompleted", stepPath="answer", attempt=1),
+           ev("RunCompleted", output={"ok": True}))
+
+
+def test_a_run_exports_as_otlp_json_and_comes_back_in(server: Daphne, workspace: Workspace,
+                                                      other_workspace: Workspace, key: str, append: Any) -> None:
+    _native_run(append)
+    url = f"{server.url}/api/v1/runs/run_native/otlp"
+    auth = {"Authorization": f"Bearer {key}"}
+    response = httpx.get(url, headers=auth, timeout=30)
+    assert response.status_code == 200, response.text
+    document = response.json()
+    assert httpx.get(url, headers=auth, timeout=30).json() == document  # stable ids, same spans
+    parsed = _parse_otlp_json(document)
+    spans = parsed.resource_spans[0].scope_spans[0].spans
+    assert len({s.trace_id for s in spans}) == 1 and len(spans[0].trace_id) == 16
+    by_name = {s.name: s for s in spans}
+    assert set(by_name) == {"wfver_support", "answer", "chat gpt-4o-mini", "execute_tool lookup"}
+    root, step, chat, tool = (by_name[n] for n in ("wfver_support", "answer", "chat gpt-4o-mini",
+                                                    "execute_tool lookup"))
+    assert not root.parent_span_id and step.parent_span_id == root.span_id
+    assert chat.parent_span_id == tool.parent_span_id == step.span_id
+    events = {e["type"]: e for e in selectors.events(Run.objects.get(run_id="run_native"))}
+    assert chat.span_id.hex() == events["harness.model.called"]["eventId"][4:]
+    assert chat.kind == chat.SPAN_KIND_CLIENT
+    assert _attributes(chat) | {} == {**_attributes(chat), "gen_ai.operation.name": "chat",
+                                      "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o-mini",
+                                      "gen_ai.response.model": "gpt-4o-mini", "gen_ai.usage.input_tokens": 40,
+                                      "gen_ai.usage.output_tokens": 9}
+    assert _attributes(tool)["gen_ai.tool.name"] == "lookup" and _attributes(tool)["gen_ai.tool.call.id"] == "t1"
+    assert chat.start_time_unix_nano <= chat.end_time_unix_nano
+    entries = AuditEntry.objects.filter(action="run.otlp_exported", target="run_native")
+    assert len(entries) == 2  # one per export
+    assert all(e.workspace == workspace and e.actor.startswith("key:") and e.details["spans"] == 4 for e in entries)
+
+    # Posted as it is to the OTLP endpoint of another workspace, it is the same run again.
+    theirs = _key(other_workspace, ["ingest", "read"])
+    back = httpx.post(server.url + TRACES, json=document, headers={"Authorization": f"Bearer {theirs}"}, timeout=30)
+    assert back.status_code == 200 and back.json() == {}
+    copy = _run(other_workspace, root.trace_id.hex())
+    assert (copy.status, copy.input_tokens, copy.output_tokens) == ("completed", 40, 9)
+    assert list(copy.steps.values_list("status", flat=True)) == ["completed"]
+    copied = selectors.events(copy)
+    assert [e["type"] for e in copied] == [
+        "RunStarted", "StepScheduled", "StepAttemptStarted", "harness.model.called", "harness.model.responded",
+        "harness.tool_call.started", "harness.tool_call.succeeded", "StepCompleted", "RunCompleted"]
+    assert next(e for e in copied if e["type"] == "harness.tool_call.succeeded")["payload"]["result"] == {"hits": 2}
+
+    # An ingested run exports with its own trace and span ids, and posting that back writes nothing.
+    again = httpx.get(f"{server.url}/api/v1/runs/{copy.run_id}/otlp", headers={"Authorization": f"Bearer {theirs}"},
+                      timeout=30).json()
+    respans = _parse_otlp_json(again).resource_spans[0].scope_spans[0].spans
+    assert {(s.span_id, s.parent_span_id) for s in respans} == {(s.span_id, s.parent_span_id) for s in spans}
+    before = copy.last_sequence
+    assert httpx.post(server.url + TRACES, json=again, headers={"Authorization": f"Bearer {theirs}"},
+                      timeout=30).json() == {}
+    copy.refresh_from_db()
+    assert copy.last_sequence == before
+
+
+def test_an_ingested_trace_exports_with_its_own_ids(server: Daphne, workspace: Workspace, key: str) -> None:
+    memory = InMemorySpanExporter()
+    trace = _agent_trace(_provider(memory))
+    originals = {format(s.context.span_id, "016x"): s for s in memory.get_finished_spans()}
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert exporter.export(memory.get_finished_spans()) == SpanExportResult.SUCCESS
+    document = httpx.get(f"{server.url}/api/v1/runs/run_otel_{trace}/otlp", headers={"Authorization": f"Bearer {key}"},
+                         timeout=30).json()
+    spans = _parse_otlp_json(document).resource_spans[0].scope_spans[0].spans
+    assert {s.trace_id.hex() for s in spans} == {trace}
+    assert {s.span_id.hex() for s in spans} == set(originals)
+    for span in spans:
+        original = originals[span.span_id.hex()]
+        assert span.name == original.name
+        assert span.start_time_unix_nano == original.start_time and span.end_time_unix_nano == original.end_time
+        parent = original.parent.span_id if original.parent else None
+        assert (span.parent_span_id.hex() if span.parent_span_id else None) == (
+            format(parent, "016x") if parent else None)
+        # Every original attribute comes back; the GenAI names a backend may look for are added.
+        exported = _attributes(span)
+        assert exported | {k: list(v) if isinstance(v, tuple) else v
+                           for k, v in (original.attributes or {}).items()} == exported
+
+
+def test_the_run_export_is_not_for_outsiders(server: Daphne, workspace: Workspace, other_workspace: Workspace,
+                                             key: str, append: Any) -> None:
+    _native_run(append)
+    url = f"{server.url}/api/v1/runs/run_native/otlp"
+    outsider = httpx.get(url, headers={"Authorization": f"Bearer {_key(other_workspace, ['read'])}"}, timeout=30)
+    assert outsider.status_code == 404 and outsider.json()["error"]["code"] == "not_found"
+    assert httpx.get(url, timeout=30).status_code == 401
+    ingest_only = httpx.get(url, headers={"Authorization": f"Bearer {_key(workspace, ['ingest'])}"}, timeout=30)
+    assert ingest_only.status_code == 403
+    assert httpx.get(f"{server.url}/api/v1/runs/bad id/otlp", headers={"Authorization": f"Bearer {key}"},
+                     timeout=30).json()["error"]["code"] == "invalid_run_id"
+    assert not AuditEntry.objects.filter(action="run.otlp_exported").exists()
