@@ -9,6 +9,7 @@ bodies, their messages and the content types stay those of API.md.
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ import orjson
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
+from rest_framework.compat import INDENT_SEPARATORS, SHORT_SEPARATORS
 from rest_framework.utils.encoders import JSONEncoder
 
 from ledger.errors import LedgerError
@@ -107,7 +109,9 @@ class JsonRenderer(JSONRenderer):
     Floats are orjson's shortest form, spelt differently from Python's below 1e-4 (`1e-7`, not
     `1e-07`): the same number to any JSON parser. An indent asked for, and anything orjson refuses
     (an integer beyond 64 bits, nesting deeper than 254, a type DRF cannot encode either), go to
-    DRF's renderer.
+    DRF's renderer. Text that is not Unicode (a lone surrogate a client sent, echoed in an error)
+    is written as JSON's `\\ud800` escape: UTF-8 cannot carry it, and a client's bad input never
+    makes a 500.
     """
 
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
@@ -118,5 +122,11 @@ class JsonRenderer(JSONRenderer):
                 pass  # DRF's renderer below writes it
             else:
                 return out.replace(b"\xe2\x80\xa8", b"\\u2028").replace(b"\xe2\x80\xa9", b"\\u2029")
-        rendered: bytes = super().render(data, accepted_media_type, renderer_context)
+        try:
+            rendered: bytes = super().render(data, accepted_media_type, renderer_context)
+        except UnicodeEncodeError:
+            indent = self.get_indent(accepted_media_type or "", renderer_context or {})
+            rendered = json.dumps(data, cls=self.encoder_class, indent=indent, ensure_ascii=True,
+                                  allow_nan=not self.strict,
+                                  separators=INDENT_SEPARATORS if indent else SHORT_SEPARATORS).encode()
         return rendered
