@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run serve test lint check migrate demo bench clean
+.PHONY: setup run serve test lint check migrate demo bench crash crash-short soak clean
 
 # DEBUG is off unless turned on (console/settings.py). The development targets turn it on, for the
 # embedded setup (development SECRET_KEY, debug pages), unless the environment sets DEBUG itself;
@@ -62,6 +62,16 @@ check: lint
 # when either is not set or does not answer), one table to stdout and bench/results.md.
 bench: setup
 	$(PY) bench/all.py
+
+# The crash test (reliability/crash.py, docs/reliability.md): a private PostgreSQL cluster (initdb,
+# its own port), two Daphne processes on Redis (REDIS_URL's server, database 13), clients and
+# executors, Daphne SIGKILLed >= 100 times and PostgreSQL crashed >= 10 times; crash-short is the
+# few-minute form .ci/run runs. Needs PostgreSQL's server binaries and a Redis; nothing else is touched.
+crash: setup
+	$(PY) reliability/crash.py
+
+crash-short: setup
+	$(PY) reliability/crash.py --short
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis

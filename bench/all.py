@@ -56,6 +56,7 @@ BENCHES = (
     Bench("stream"),
     Bench("console", ("--repeats", "9"), "9 page repeats instead of 15"),
     Bench("fanout", ("--events", "40"), "40 events instead of 60"),
+    Bench("soak"),
     Bench("scale"),
 )
 
