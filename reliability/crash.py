@@ -207,6 +207,7 @@ def batch_events(run_id: str, batch: int, size: int) -> list[dict[str, Any]]:
 def client(index: int, urls: list[str], key: str, runs: list[str], history: Path, stop: Path, drain_s: float) -> None:
     """Append batches to `runs` until `stop` exists; then only finish the batch in hand (its
     retries, for at most `drain_s`), so that nothing stays indeterminate that could be settled."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the controller's handler is not ours
     rng = random.Random(index)
     next_batch = {run: 0 for run in runs}
     headers = {"Authorization": f"Bearer {key}"}
@@ -312,6 +313,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, histories)")
     args = parser.parse_args()
+    # Stopped from outside (SIGTERM, Ctrl-C), it still stops everything it started (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     kills = args.daphne_kills or (12 if args.short else 100)
     crashes = args.postgres_crashes or (3 if args.short else 10)
     executions = args.executions or (4 if args.short else 16)
