@@ -41,10 +41,11 @@ class Bench:
     args: tuple[str, ...] = ()
     # Why the runner's arguments differ from the script's defaults (shown under the table).
     shortened: str = ""
+    path: str = ""  # a script outside bench/
 
     @property
     def script(self) -> Path:
-        return REPO_ROOT / "bench" / f"{self.name}.py"
+        return REPO_ROOT / (self.path or f"bench/{self.name}.py")
 
 
 BENCHES = (
@@ -57,6 +58,8 @@ BENCHES = (
     Bench("console", ("--repeats", "9"), "9 page repeats instead of 15"),
     Bench("fanout", ("--events", "40"), "40 events instead of 60"),
     Bench("soak"),
+    Bench("crash", ("--short",), "the short form: 12 Daphne kills, 3 PostgreSQL crashes (make crash: 100 and 10)",
+          path="reliability/crash.py"),
     Bench("scale"),
 )
 

@@ -487,7 +487,26 @@ def check(env: dict[str, str], cluster: Cluster, root: Path, clients: int, execs
         if examples:
             print(f"  !! {name}: {examples}")
     print("PASS" if ok else "FAIL")
+    _record(facts, ok)
     return 0 if ok else 1
+
+
+def _record(facts: dict[str, Any], ok: bool) -> None:
+    """The counts as rows of `make bench`'s table (bench/results.md), when it runs this."""
+    sys.path.insert(0, str(REPO))
+    from bench.common import record
+
+    bad = facts["lost"] + facts["duplicated"] + facts["invented"]
+    record("crash: acknowledged events lost + duplicated + invented", value=bad, unit="events",
+           baseline=facts["acknowledged events"], ratio=None, target="0", met=bad == 0 and ok,
+           note=(f"{facts['daphne kills']} Daphne SIGKILLs, {facts['postgresql crashes']} PostgreSQL crashes, "
+                 f"{facts['requests']} requests ({facts['indeterminate requests']} indeterminate, retried), "
+                 f"verify {facts['ledger verify']}"))
+    record("crash: workflow executions killed and resumed, wrong outcome or call answered twice",
+           value=facts["executions with a wrong outcome"] + facts["calls answered twice"], unit="executions",
+           baseline=facts["workflow executions"], ratio=None, target="0",
+           met=facts["executions with a wrong outcome"] + facts["calls answered twice"] == 0,
+           note=f"{facts['executor deaths']} executor deaths, {facts['calls repeated (in flight at a death)']} in-flight calls repeated")
 
 
 if __name__ == "__main__":
