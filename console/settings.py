@@ -334,6 +334,13 @@ RUNLEDGER_REEXEC_LEASE_SECONDS = _env_seconds("RUNLEDGER_REEXEC_LEASE_SECONDS", 
 # is looked up. The demo's workflows are always among them; RUNLEDGER_WORKFLOW_MODULES
 # (comma-separated) adds more. The runtime itself imports none of them.
 RUNLEDGER_WORKFLOW_MODULES = ["ledger.demo.workflows", *_env_list("RUNLEDGER_WORKFLOW_MODULES", [])]
+# The most threads one parallel group's branches use at a time in this process (a group's own
+# `max_concurrency` caps it further); 1 runs every group's branches one after another.
+RUNLEDGER_PARALLEL_THREADS = _env_int("RUNLEDGER_PARALLEL_THREADS", 8, minimum=1, maximum=256)
+# The run lease an executor holds (with its fencing token) while it runs a run. Its writes renew it
+# once half has passed, and a heartbeat thread renews it while a step is silent that long, so a
+# long tool or model call keeps its run; an executor that died frees its run after this long.
+RUNLEDGER_RUN_LEASE_SECONDS = _env_seconds("RUNLEDGER_RUN_LEASE_SECONDS", 300.0, 86_400.0)
 
 # The openai-compatible model provider (ledger/runtime/openai_compat.py), read when a workflow
 # builds one with `OpenAICompatibleProvider.from_env()`. None = unset: the provider names every

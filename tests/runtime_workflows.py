@@ -152,6 +152,7 @@ def reset_registrations() -> None:
     register(build_child())
     register(build_pipeline())
     register(build_maze())
+    register(build_fanout())
 
 
 
@@ -178,8 +179,27 @@ def build_maze() -> Workflow:
     return Workflow(
         name="rt_maze",
         steps=(CodeRun("draft", maze_draft), Decision("gate", maze_gate, max_visits=3, loop_to="draft"),
-               Parallel("fan", maze_items, ToolCall("temp", "weather", lambda item, o: item)),
+               # one branch at a time: this sweep compares every kill with one baseline, event by event
+               Parallel("fan", maze_items, ToolCall("temp", "weather", lambda item, o: item), max_concurrency=1),
                CodeRun("finish", maze_finish)),
+        tools={"weather": _tool("weather", weather)},
+    )
+
+
+# --- a parallel group whose branches run concurrently --------------------------------------------
+
+def fanout_finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v["tempC"] for k, v in outputs["fan"].items()}
+
+
+def build_fanout() -> Workflow:
+    """A group of four tool-call branches on four threads, between two code steps."""
+    return Workflow(
+        name="rt_fanout",
+        steps=(CodeRun("prepare", prepare),
+               Parallel("fan", lambda i, o: {c.lower(): {"city": c} for c in o["prepare"]["cities"]},
+                        ToolCall("temp", "weather", lambda item, o: item), max_concurrency=4),
+               CodeRun("finish", fanout_finish)),
         tools={"weather": _tool("weather", weather)},
     )
 

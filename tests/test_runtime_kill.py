@@ -239,3 +239,41 @@ def test_loop_and_fan_out_killed_mid_way_resume_without_repeating_visits_or_bran
     assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == MAZE_ANSWERS
     for seam, n in MAZE_KILLS:
         _kill_and_resume(workspace, tmp_path, monkeypatch, "rt_maze", MAZE_INPUT, MAZE_OUTPUT, baseline, seam, n)
+
+
+FANOUT_INPUT = {"cities": ["Oslo", "Lisbon", "Rome", "Lima"]}
+FANOUT_OUTPUT = {"lima": 12, "lisbon": 18, "oslo": 12, "rome": 12}
+
+
+def test_parallel_group_with_concurrent_branches_killed_mid_group_resumes_only_the_unfinished_branches(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rt_fanout's four branches run on four threads, so their commits interleave differently on
+    every run: each kill is compared with the baseline as a set of facts, not event by event."""
+    baseline = _baseline(workspace, tmp_path, "rt_fanout", FANOUT_INPUT)
+    total = len(baseline["shape"])
+    mid_group = 0
+    for n in range(1, total):
+        point = f"rt_fanout after {n}"
+        run_id, calls = f"run_kill_fanout_{n}", tmp_path / f"fanout-{n}.jsonl"
+        status = _run_in_child(workspace, "rt_fanout", run_id, FANOUT_INPUT, calls, **{KILL_AFTER_ENV: str(n)})
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, point
+        before = _events(workspace, run_id)
+        finished = {e["payload"]["branchPath"] for e in before if e["type"] == "ParallelBranchCompleted"}
+        claimed = {e["payload"]["stepPath"] for e in before if e["type"] == "harness.tool_call.started"}
+        mid_group += 0 < len(finished) < 4
+
+        resumed = _resume(run_id, calls, monkeypatch)
+
+        assert (resumed["status"], resumed["output"]) == ("completed", FANOUT_OUTPUT), point
+        events = _events(workspace, run_id)
+        assert sorted(_shape(events), key=str) == sorted(baseline["shape"], key=str), point
+        assert [e["sequence"] for e in events] == list(range(1, len(events) + 1)), point
+        _verified(workspace, run_id)
+        counts = _calls(calls)
+        for city in FANOUT_INPUT["cities"]:
+            branch = f"fan[{city.lower()}]"
+            ran = counts[f'tool weather {{"city":"{city}"}}']
+            # a finished branch never runs again; one whose call was out when the executor died runs it again
+            assert ran == (1 if branch in finished or branch not in claimed else ran), point
+            assert ran in (1, 2) and (ran == 1 or branch in claimed), point
+    assert mid_group > 0  # some kills landed with some branches finished and others not

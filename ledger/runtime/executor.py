@@ -15,24 +15,35 @@ parent.
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import hashlib
+import random
+import threading
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from .. import selectors
+from django.conf import settings
+from django.db import connections
+from django.utils.dateparse import parse_datetime
+
+from .. import clock, selectors
 from ..canonical import digest
-from ..fold import RunState
+from ..envelopes import format_recorded_at
+from ..fold import RunState, StepState
 from ..gateway import ToolCallInDoubt, first_call_in_doubt
 from ..models import RunStatus, Workspace
 from ..projection import log_of
 from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
 from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable
-from .recorder import Recorder
-from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow,
+from .recorder import Recorder, threads_allowed
+from .registry import (AIGenerate, Backoff, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow,
                        get_workflow)
 from .session import call_prefix, run_session
 from .toolcalls import call_tool
@@ -219,6 +230,8 @@ class _Runner:
         if done is not None and done.status == "running":
             attempt = attempt_of(done)
         else:
+            if done is not None:  # killed while waiting for a recorded retry: only what is left of it
+                wait_until(recorded_retry_at(done))
             attempt = (attempt_of(done) if done is not None else 0) + 1
             defer(_attempt_started(step, path, attempt))
         while True:
@@ -227,11 +240,18 @@ class _Runner:
                 output = self._body(step, path, attempt, arg, outputs, visit)
             except StepFailure as failure:
                 retriable = attempt <= step.retries
+                retry_at = next_try_at(step.backoff, attempt) if retriable else None
+                error = {**failure.as_error(), "retriable": retriable}
+                if retry_at is not None:
+                    error["retryAt"] = format_recorded_at(retry_at)
                 defer({"type": "StepFailed", "payload": {
                     "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}",
-                    "error": {**failure.as_error(), "retriable": retriable}}})
+                    "error": error}})
                 if not retriable:
                     raise
+                if retry_at is not None:
+                    self.recorder.flush()  # the retry's moment is on the log before the wait
+                    wait_until(retry_at)
                 attempt += 1
                 defer(_attempt_started(step, path, attempt))
                 continue
@@ -302,8 +322,8 @@ class _Runner:
         defer = self.recorder.defer  # committed with the boundary of the branch step that follows
         if group is None:
             defer({"type": "ParallelGroupStarted", "payload": {
-                "stepPath": path, "attempt": attempt, "branchCount": len(keyed), "maxConcurrency": 1,
-                "failureMode": "fail_fast"}})
+                "stepPath": path, "attempt": attempt, "branchCount": len(keyed),
+                "maxConcurrency": step.max_concurrency, "failureMode": step.failure_mode}})
         scheduled = set(group.branches) if group is not None else set()
         due = [{"type": "ParallelBranchScheduled", "payload": {
             "stepPath": path, "branchPath": f"{path}[{key}]", "itemKey": key, "branchIndex": i}}
@@ -311,27 +331,98 @@ class _Runner:
         if due:
             defer(*due)
         ended = {p for p, b in group.branches.items() if b.status in ENDED} if group is not None else set()
+        # Branches a resume finds completed are answered from the log, here; only the rest run.
+        unfinished = [(key, item) for key, item in keyed if not self._completed(f"{path}[{key}]")]
+        threads = min(step.max_concurrency, settings.RUNLEDGER_PARALLEL_THREADS, len(unfinished))
+        if threads > 1 and threads_allowed():
+            self.recorder.flush()  # the group's start is on the log before any branch writes
+            fresh = self._concurrently(step, path, unfinished, outputs, ended, threads)
+        else:
+            fresh = self._one_by_one(step, path, unfinished, outputs, ended)
         results: list[tuple[Any, Any]] = []
         for key, item in keyed:
             branch_path = f"{path}[{key}]"
-            try:
-                output = self.step(step.branch, branch_path, item, outputs)
-            except StepFailure as failure:
-                error = failure.as_error()
-                if branch_path not in ended:
-                    defer({"type": "ParallelBranchFailed", "payload": {
-                        "stepPath": path, "branchPath": branch_path, "error": error}})
+            if branch_path not in fresh:
+                fresh[branch_path] = self._branch(step, path, key, item, outputs, ended)
+            outcome, value = fresh[branch_path]
+            if outcome == "failed" and not step.allow_failure:
                 if group is None or group.status not in ENDED:
                     defer({"type": "ParallelGroupFailed", "payload": {"stepPath": path, "error": {
-                        "name": "BranchFailed", "message": f"{branch_path}: {error['message']}"}}})
-                raise StepFailure(f"branch {branch_path} failed: {error['message']}", name="BranchFailed") from failure
-            if branch_path not in ended:
-                defer({"type": "ParallelBranchCompleted", "payload": {"stepPath": path, "branchPath": branch_path}})
-            results.append((key, output))
+                        "name": "BranchFailed", "message": f"{branch_path}: {value['message']}"}}})
+                raise StepFailure(f"branch {branch_path} failed: {value['message']}", name="BranchFailed")
+            results.append((key, value if outcome == "completed" else {"status": "failed", "error": value}))
         if group is None or group.status not in ENDED:
             defer({"type": "ParallelGroupCompleted", "payload": {
                 "stepPath": path, "branchCount": len(keyed), "fanInOrder": [key for key, _ in keyed]}})
         return dict(results) if isinstance(items, Mapping) else [output for _, output in results]
+
+    def _completed(self, branch_path: str) -> bool:
+        done = self.record.step(branch_path)
+        return done is not None and done.status == "completed"
+
+    def _branch(self, step: Parallel, path: str, key: Any, item: Any, outputs: Mapping[str, Any],
+                ended: set[str]) -> tuple[str, Any]:
+        """Run one branch (its step through its attempts) and defer its end: ("completed", output)
+        or ("failed", error)."""
+        branch_path = f"{path}[{key}]"
+        try:
+            output = self.step(step.branch, branch_path, item, outputs)
+        except StepFailure as failure:
+            error = failure.as_error()
+            if branch_path not in ended:
+                self.recorder.defer({"type": "ParallelBranchFailed", "payload": {
+                    "stepPath": path, "branchPath": branch_path, "error": error}})
+            return "failed", error
+        if branch_path not in ended:
+            self.recorder.defer({"type": "ParallelBranchCompleted", "payload": {
+                "stepPath": path, "branchPath": branch_path}})
+        return "completed", output
+
+    def _one_by_one(self, step: Parallel, path: str, todo: list[tuple[Any, Any]], outputs: Mapping[str, Any],
+                    ended: set[str]) -> dict[str, tuple[str, Any]]:
+        """The branches in this thread, in item order; a failure stops the rest (fail_fast)."""
+        done: dict[str, tuple[str, Any]] = {}
+        for key, item in todo:
+            done[f"{path}[{key}]"] = outcome = self._branch(step, path, key, item, outputs, ended)
+            if outcome[0] == "failed" and not step.allow_failure:
+                break
+        return done
+
+    def _concurrently(self, step: Parallel, path: str, todo: list[tuple[Any, Any]], outputs: Mapping[str, Any],
+                      ended: set[str], threads: int) -> dict[str, tuple[str, Any]]:
+        """The branches on `threads` threads, each with its own view of the recorder (its facts in its
+        own commits, under the run's one lease and write lock) and its own database connection,
+        closed when it ends. A failed branch (fail_fast) or an executor error keeps the branches not
+        yet started from starting; those running finish. An executor error (fenced, a call in doubt,
+        an integrity error, the process being told to stop) is raised once all have stopped."""
+        stop = threading.Event()
+        done: dict[str, tuple[str, Any]] = {}
+        errors: list[BaseException] = []
+
+        def work(key: Any, item: Any) -> None:
+            if stop.is_set():
+                return
+            runner = copy.copy(self)
+            runner.recorder = self.recorder.branch()
+            try:
+                outcome = runner._branch(step, path, key, item, outputs, ended)
+                runner.recorder.flush()  # the branch's end commits when it ends
+                done[f"{path}[{key}]"] = outcome
+                if outcome[0] == "failed" and not step.allow_failure:
+                    stop.set()
+            except BaseException as exc:  # noqa: BLE001 - handed to the executor's thread below
+                errors.append(exc)
+                stop.set()
+            finally:
+                connections.close_all()  # this thread's own
+
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"branch:{path}") as pool:
+            for key, item in todo:
+                # Each branch sees the caller's context (ledger.clock's backdating, for one).
+                pool.submit(contextvars.copy_context().run, work, key, item)
+        if errors:
+            raise errors[0]
+        return done
 
     def _sub_workflow(self, step: SubWorkflow, path: str, attempt: int, arg: Any, outputs: Mapping[str, Any]) -> Any:
         sub_input = _user_code(step.input, arg, outputs) if callable(step.input) else dict(step.input)
@@ -371,6 +462,30 @@ class _Runner:
             return {"status": "failed", "subRunId": child_id, "error": value}
         message = value.get("message") if isinstance(value, Mapping) else value
         raise StepFailure(f"sub-run {child_id} ({step.workflow}) failed: {message}", name="SubRunFailed")
+
+
+def next_try_at(backoff: Backoff | None, failed_attempt: int) -> datetime | None:
+    """When the next try may start after `failed_attempt` failed: None (at once) without a backoff."""
+    if backoff is None:
+        return None
+    return clock.now() + timedelta(seconds=backoff.delay_s(failed_attempt, random.random()))
+
+
+def recorded_retry_at(step: StepState) -> datetime | None:
+    """The retryAt its last (retriable) StepFailed recorded, if any."""
+    error = step.error if isinstance(step.error, Mapping) else {}
+    value = error.get("retryAt")
+    return parse_datetime(value) if isinstance(value, str) else None
+
+
+def wait_until(moment: datetime | None) -> None:
+    """Sleep until `moment` (ledger.clock's time); at once when it passed or is None. The run's
+    lease is kept meanwhile by the recorder's heartbeat."""
+    if moment is None:
+        return
+    remaining = (moment - clock.now()).total_seconds()
+    if remaining > 0:
+        time.sleep(remaining)
 
 
 def _attempt_started(step: Step, path: str, attempt: int) -> dict[str, Any]:

@@ -26,16 +26,35 @@ The commits of a run, then (the executor's rhythm):
 
 A re-execution serving calls from a record writes nothing that acts outside inside a step, so
 its steps commit once each, at their boundary.
+
+Branches of a parallel group run in threads, each with a view of the recorder (`branch()`): its
+own deferred facts, the one lease, log end and lock of the run. Every write takes that lock, so
+the writes of concurrent branches commit one after another under the run's fencing token, each
+branch's facts in its own commits, the log dense.
+
+Heartbeat: while the run is leased, a background thread renews the lease whenever more than half
+of it passed without a write (a long tool or model call, a step's silent code), so a second
+executor cannot take the run over from a live one. If the renewal finds the lease taken over, the
+run is lost to this executor: its next write raises `fenced` without writing. The heartbeat, like
+parallel branches, needs the executor's writes committed (another thread's connection cannot see
+an open transaction's), so inside an atomic block (a test's transaction) there is none.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from django.conf import settings
+from django.db import connection, connections
+
 from .. import clock, gateway, selectors
 from ..append import append_events
+from ..errors import Fenced
 from ..fold import RunState
 from ..leases import (Lease, LeaseHeld, acquire_run_lease, new_owner, owner_is_dead, release_run_lease,
                       renew_run_lease)
@@ -44,7 +63,18 @@ from ..projection import log_of
 from ..vocabulary import with_origin
 from .record import Record, read_record
 
-LEASE_TTL_S = 300.0
+logger = logging.getLogger(__name__)
+
+
+def lease_ttl_s() -> float:
+    """The run lease's length (RUNLEDGER_RUN_LEASE_SECONDS), read when a lease is taken."""
+    return float(settings.RUNLEDGER_RUN_LEASE_SECONDS)
+
+
+def threads_allowed() -> bool:
+    """Whether work may move to other threads: not inside an atomic block, whose writes another
+    thread's database connection cannot see."""
+    return not connection.in_atomic_block
 
 
 class WriteSeam(Protocol):
@@ -64,14 +94,33 @@ class Recorder:
         self.workspace = workspace
         self.origin = origin  # a re-execution's: stamped on model and tool events that carry none
         self.run_id = run_id
-        self.lease = lease
         self.parent = parent
         # What the log held when the lease was taken (nothing, for the write that starts a run).
         self.record = record if record is not None else Record(RunState(run_id=run_id))
-        self.last_sequence = last_sequence
+        # Shared by every view of this recorder (`branch`): the lease, the log's end, the write lock.
+        self._core = _Core(lease=lease, last_sequence=last_sequence,
+                           seam=test_seam(run_id, last_sequence) if test_seam is not None else None)
         self._pending: list[Mapping[str, Any]] = []
         self._completion: dict[str, Any] | None = None
-        self._seam = test_seam(run_id, last_sequence) if test_seam is not None else None
+
+    @property
+    def lease(self) -> Lease | None:
+        return self._core.lease
+
+    @lease.setter
+    def lease(self, lease: Lease | None) -> None:
+        self._core.lease = lease
+
+    @property
+    def last_sequence(self) -> int:
+        return self._core.last_sequence
+
+    def branch(self) -> Recorder:
+        """A view for one parallel branch: its own deferred facts, this recorder's lease, log end
+        and write lock. Flush it before the branch ends (what it still holds is not written)."""
+        view = copy.copy(self)
+        view._pending, view._completion = [], None
+        return view
 
     @classmethod
     @contextmanager
@@ -80,12 +129,17 @@ class Recorder:
         """Take the run's lease, read its log through the fold, and give the lease back at the end."""
         lease = _acquire(workspace, run_id, take_over)
         recorder: Recorder | None = None
+        heartbeat: _Heartbeat | None = None
         try:
             record = read_record(run_id, log_of(selectors.get_run(workspace, run_id)))
             recorder = cls(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease,
                            parent=parent, record=record, origin=origin)
+            if threads_allowed():
+                heartbeat = _Heartbeat(workspace, recorder._core)
             yield recorder
         finally:
+            if heartbeat is not None:
+                heartbeat.stop()
             release_run_lease(workspace=workspace, lease=recorder.lease if recorder and recorder.lease else lease)
 
     @property
@@ -126,9 +180,17 @@ class Recorder:
         self._pending, self._completion = [], None
 
     def _write(self, events: list[Mapping[str, Any]], claim: dict[str, Any] | None = None) -> gateway.Batch:
+        with self._core.lock:  # one write at a time per run, whichever branch it comes from
+            return self._write_locked(events, claim)
+
+    def _write_locked(self, events: list[Mapping[str, Any]], claim: dict[str, Any] | None) -> gateway.Batch:
         batch, completion = [with_origin(e, self.origin) for e in (*self._pending, *events)], self._completion
-        if self._seam is not None:
-            self._seam.before_write(self.last_sequence, len(batch) + (completion is not None) + (claim is not None))
+        seam = self._core.seam
+        if self._core.lost is not None:  # the heartbeat found the lease taken over: write nothing more
+            self.discard()
+            raise self._core.lost
+        if seam is not None:
+            seam.before_write(self.last_sequence, len(batch) + (completion is not None) + (claim is not None))
         if self.parent is not None:
             self.parent.keep_alive()
         self.discard()
@@ -141,17 +203,20 @@ class Recorder:
                                             fencing_token=self.fencing_token, complete=completion, events=batch,
                                             claim=claim, origin=self.origin, renew=self._due_for_renewal())
             self.lease = outcome.lease or self.lease
-        self.last_sequence = outcome.last_sequence
-        if self._seam is not None:
-            self._seam.after_write(outcome.last_sequence)
+        self._core.last_sequence = outcome.last_sequence
+        if seam is not None:
+            seam.after_write(outcome.last_sequence)
         return outcome
 
     def keep_alive(self) -> None:
         """Renew the lease (and the parent's) when more than half of it has passed; Fenced if lost.
         For a parent, which writes nothing while its sub-run works: its own writes renew it."""
-        lease = self._due_for_renewal()
-        if lease is not None:
-            self.lease = renew_run_lease(workspace=self.workspace, lease=lease)
+        with self._core.lock:
+            if self._core.lost is not None:
+                raise self._core.lost
+            lease = self._due_for_renewal()
+            if lease is not None:
+                self.lease = renew_run_lease(workspace=self.workspace, lease=lease)
         if self.parent is not None:
             self.parent.keep_alive()
 
@@ -162,10 +227,65 @@ class Recorder:
 def _acquire(workspace: Workspace, run_id: str, take_over: bool) -> Lease:
     owner = new_owner()
     try:
-        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=LEASE_TTL_S,
+        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=lease_ttl_s(),
                                  take_over=take_over)
     except LeaseHeld as exc:
         # An executor of this host that died (killed, crashed) cannot give its lease back.
         if not owner_is_dead(str(exc.details.get("owner", ""))):
             raise
-        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=LEASE_TTL_S, take_over=True)
+        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=lease_ttl_s(), take_over=True)
+
+
+class _Core:
+    """What every view of one recorder shares."""
+
+    def __init__(self, *, lease: Lease | None, last_sequence: int, seam: WriteSeam | None) -> None:
+        self.lease = lease
+        self.last_sequence = last_sequence
+        self.seam = seam
+        self.lock = threading.RLock()
+        self.lost: Fenced | None = None  # set by the heartbeat when the lease was taken over
+
+
+class _Heartbeat:
+    """Renews a leased run's lease from a background thread while the run is silent for more than
+    half of it (see the module docstring); stops at `stop()` or once the lease is lost."""
+
+    def __init__(self, workspace: Workspace, core: _Core) -> None:
+        self.workspace, self.core = workspace, core
+        self._stopped = threading.Event()
+        lease = core.lease
+        assert lease is not None
+        # Often enough that a renewal comes well before the lease's second half runs out.
+        self._interval = max(0.02, lease.ttl_s / 10)
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat:{lease.run_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        try:
+            while not self._stopped.wait(self._interval):
+                if not self._renew():
+                    return
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    def _renew(self) -> bool:
+        """False once the lease is lost (nothing more to renew)."""
+        with self.core.lock:
+            lease = self.core.lease
+            if lease is None or self.core.lost is not None:
+                return False
+            if not lease.due_for_renewal(clock.now()):
+                return True
+            try:
+                self.core.lease = renew_run_lease(workspace=self.workspace, lease=lease)
+            except Fenced as lost:
+                self.core.lost = lost
+                return False
+            except Exception:  # a passing database error: the next beat tries again
+                logger.warning("heartbeat of run %s could not renew its lease", lease.run_id, exc_info=True)
+        return True

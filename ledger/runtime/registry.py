@@ -6,7 +6,9 @@ tools and model slots a workflow binds are its *capabilities*: they are not part
 version, they are what an `ai.generate` session's manifest records, so a change to them shows
 up as drift on resume rather than as a new workflow.
 
-Step kinds (every one takes `retries=N`: a StepFailed with `retriable: true`, then attempt N+1):
+Step kinds (every one takes `retries=N` and `backoff=Backoff(…)`: a failed attempt is recorded as
+StepFailed with `error.retriable: true` and `error.retryAt`, the moment the next attempt may start,
+then attempt N+1 starts at that moment; see `Backoff`):
 
 - `CodeRun(id, fn)`: `fn(input, outputs)` -> a JSON value.
 - `ToolStep(id, tool, args)`: one call of a workflow tool through the tool gateway (`ToolCall`
@@ -19,11 +21,17 @@ Step kinds (every one takes `retries=N`: a StepFailed with `retriable: true`, th
   `<id>.visit[N]` (N = 0, 1, …) on every pass. A pass beyond `max_visits` fails the decision
   with `max_visits_exceeded`. Later steps see the newest visit's output under the plain id.
   Loop regions may not overlap.
-- `Parallel(id, items, branch, max_branches=16)`: `items(input, outputs)` is a list or dict;
-  `branch` (a CodeRun, ToolStep, AIGenerate or SubWorkflow) runs once per item at the path
-  `<id>[<key>]` (list index or dict key), its callables called as `fn(item, outputs)`. The
-  output is the list (or dict) of branch outputs. Branches run one after another in this
-  executor; more than `max_branches` items fail the step. Retries are the branch's own.
+- `Parallel(id, items, branch, max_branches=16, max_concurrency=4, allow_failure=False)`:
+  `items(input, outputs)` is a list or dict; `branch` (a CodeRun, ToolStep, AIGenerate or
+  SubWorkflow) runs once per item at the path `<id>[<key>]` (list index or dict key), its
+  callables called as `fn(item, outputs)`. The output is the list (or dict) of branch outputs,
+  in item order whatever order they finished in. Branches run concurrently, in threads: at most
+  `max_concurrency` of them at a time, and at most the process's RUNLEDGER_PARALLEL_THREADS
+  (executor.py); more than `max_branches` items fail the step. Retries are the branch's own. A
+  failed branch fails the group (failureMode `fail_fast`): branches not yet started are not
+  started, those running finish and are recorded. With `allow_failure` (failureMode
+  `allow_failure`) it does not stop its siblings: its output is
+  `{"status": "failed", "error": …}` and the group completes.
 - `SubWorkflow(id, workflow, input, allow_failure=False)`: runs the registered workflow `workflow`
   as a run of its own (`parentRunId` = this run) and outputs its output. A failed sub-run fails
   the step, unless `allow_failure`: then the step outputs
@@ -91,9 +99,38 @@ class Tool:
                 "effect": self.effect, "timeoutS": self.timeout_s}
 
 
-def _with_retries(definition: dict[str, Any], retries: int) -> dict[str, Any]:
-    # Only a non-default count enters the definition, so adding the field kept older versions.
-    return {**definition, "retries": retries} if retries else definition
+@dataclass(frozen=True)
+class Backoff:
+    """The delay before a retry: attempt n+1 of a step (or try n+1 of a model call) starts
+    `min(max_s, initial_s * factor ** (n - 1))` seconds after attempt n failed, of which the
+    last `jitter` fraction is random (equal jitter: with the default 0.5, a delay d becomes a
+    uniform pick in [d/2, d]), so a fleet of runs failing together does not retry together.
+    The chosen moment is recorded (`retryAt`), so a resumed run waits only for what is left of
+    it. No backoff (the default) retries at once."""
+
+    initial_s: float = 1.0
+    factor: float = 2.0
+    max_s: float = 60.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.initial_s < 0 or self.max_s < 0 or self.factor < 1 or not 0 <= self.jitter <= 1:
+            raise ValueError(f"a Backoff needs initial_s >= 0, max_s >= 0, factor >= 1 and 0 <= jitter <= 1, "
+                             f"got {self}")
+
+    def delay_s(self, failed_attempt: int, draw: float) -> float:
+        """The delay after attempt `failed_attempt` (1-based) failed; `draw` is uniform in [0, 1)."""
+        full = min(self.max_s, self.initial_s * self.factor ** max(0, failed_attempt - 1))
+        return full * (1 - self.jitter) + full * self.jitter * draw
+
+    def definition(self) -> dict[str, Any]:
+        return {"initialS": self.initial_s, "factor": self.factor, "maxS": self.max_s, "jitter": self.jitter}
+
+
+def _with_retries(definition: dict[str, Any], retries: int, backoff: Backoff | None = None) -> dict[str, Any]:
+    # Only a non-default count (or backoff) enters the definition, so adding the field kept older versions.
+    definition = {**definition, "retries": retries} if retries else definition
+    return {**definition, "backoff": backoff.definition()} if backoff is not None else definition
 
 
 @dataclass(frozen=True)
@@ -102,9 +139,10 @@ class CodeRun:
     fn: StepFn
     kind: str = "code.run"
     retries: int = field(default=0, kw_only=True)
+    backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
-        return _with_retries({"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}, self.retries)
+        return _with_retries({"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}, self.retries, self.backoff)
 
 
 @dataclass(frozen=True)
@@ -114,10 +152,11 @@ class ToolStep:
     args: StepFn | Mapping[str, Any] = field(default_factory=dict)
     kind: str = "tool.call"
     retries: int = field(default=0, kw_only=True)
+    backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
         args = callable_identity(self.args) if callable(self.args) else dict(self.args)
-        return _with_retries({"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}, self.retries)
+        return _with_retries({"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}, self.retries, self.backoff)
 
 
 @dataclass(frozen=True)
@@ -130,12 +169,13 @@ class AIGenerate:
     max_turns: int = 8
     kind: str = "ai.generate"
     retries: int = field(default=0, kw_only=True)
+    backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
         prompt = callable_identity(self.prompt) if callable(self.prompt) else self.prompt
         return _with_retries({"id": self.id, "kind": self.kind, "prompt": prompt, "system": self.system,
                               "model": self.model, "tools": list(self.tools), "maxTurns": self.max_turns},
-                             self.retries)
+                             self.retries, self.backoff)
 
 
 @dataclass(frozen=True)
@@ -146,11 +186,12 @@ class SubWorkflow:
     allow_failure: bool = False
     kind: str = "sub.workflow"
     retries: int = field(default=0, kw_only=True)
+    backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
         value = callable_identity(self.input) if callable(self.input) else dict(self.input)
         return _with_retries({"id": self.id, "kind": self.kind, "workflow": self.workflow, "input": value,
-                              "allowFailure": self.allow_failure}, self.retries)
+                              "allowFailure": self.allow_failure}, self.retries, self.backoff)
 
 
 @dataclass(frozen=True)
@@ -161,10 +202,11 @@ class Decision:
     loop_to: str | None = None  # the earlier step a route may go back to
     kind: str = "decision"
     retries: int = field(default=0, kw_only=True)
+    backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
         return _with_retries({"id": self.id, "kind": self.kind, "route": callable_identity(self.route),
-                              "maxVisits": self.max_visits, "loopTo": self.loop_to}, self.retries)
+                              "maxVisits": self.max_visits, "loopTo": self.loop_to}, self.retries, self.backoff)
 
 
 # The step's name before the fold's record (ToolCallState) and the gateway's model (ToolCall) made
@@ -182,10 +224,24 @@ class Parallel:
     max_branches: int = 16
     kind: str = "parallel"
     retries: int = field(default=0, kw_only=True)
+    backoff: Backoff | None = field(default=None, kw_only=True)
+    max_concurrency: int = field(default=4, kw_only=True)  # branches at a time (and the process's cap)
+    allow_failure: bool = field(default=False, kw_only=True)  # a failed branch does not stop the others
+
+    @property
+    def failure_mode(self) -> str:
+        return "allow_failure" if self.allow_failure else "fail_fast"
 
     def definition(self) -> dict[str, Any]:
-        return _with_retries({"id": self.id, "kind": self.kind, "items": callable_identity(self.items),
-                              "branch": self.branch.definition(), "maxBranches": self.max_branches}, self.retries)
+        definition = _with_retries({"id": self.id, "kind": self.kind, "items": callable_identity(self.items),
+                                    "branch": self.branch.definition(), "maxBranches": self.max_branches},
+                                   self.retries, self.backoff)
+        # Non-default values only, as for retries: older versions keep their hash.
+        if self.max_concurrency != 4:
+            definition["maxConcurrency"] = self.max_concurrency
+        if self.allow_failure:
+            definition["allowFailure"] = True
+        return definition
 
 
 Step = CodeRun | ToolStep | AIGenerate | SubWorkflow | Decision | Parallel
@@ -220,8 +276,9 @@ class Workflow:
                 if step.retries:
                     raise ValueError(f"workflow {self.name}: parallel step {step.id} cannot retry as a whole; "
                                      "give its branch step `retries` instead")
-                if step.max_branches < 1:
-                    raise ValueError(f"workflow {self.name}: parallel step {step.id} needs max_branches >= 1")
+                if step.max_branches < 1 or step.max_concurrency < 1:
+                    raise ValueError(f"workflow {self.name}: parallel step {step.id} needs max_branches >= 1 "
+                                     "and max_concurrency >= 1")
                 if not isinstance(step.branch, (CodeRun, ToolStep, AIGenerate, SubWorkflow)):
                     raise ValueError(f"workflow {self.name}: the branch of {step.id} must be a CodeRun, ToolStep, "
                                      "AIGenerate or SubWorkflow")
