@@ -95,7 +95,8 @@ def main(argv: list[str]) -> int:
         if not args.keep and connection.vendor == "postgresql":  # cleanup() speaks PostgreSQL
             cleanup(workspace, run_ids)
     floor = args.branches * sleep_s
-    print(f"\n{args.branches} branches, each tool sleeping {args.sleep_ms} ms (one after another: {floor * 1000:.0f} ms)")
+    print(f"\n{args.branches} branches, each tool sleeping {args.sleep_ms} ms "
+          f"(one after another: {floor * 1000:.0f} ms)")
     print(f"{'configuration':<16}{'threads':>8}{'median ms':>12}{'of the serial floor':>22}")
     for label, n in configs.items():
         median = statistics.median(seconds[label])

@@ -741,6 +741,27 @@ def settle_expired_claims(*, workspace: Workspace, run_id: str, fencing_token: A
 
 
 
+@transaction.atomic
+def declare_in_doubt(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str, reason: str,
+                     fencing_token: Any = None, **details: Any) -> int:
+    """The holder of a claimed, outbound call gives up on it without an outcome (its tool outlived
+    its timeout): nobody knows whether it acted, so the call is in doubt now, as a lease running out
+    would make it, and an operator must reconcile it. The log's new end; LeaseLost (nothing written)
+    when the caller no longer holds the call."""
+    run = _lock_run(workspace, run_id)
+    claim = _get_claim(run, call_id)
+    now = clock.now()
+    if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.outbound_at is None:
+        raise _lease_lost(claim)
+    claim.status, claim.updated_at = Status.IN_DOUBT, now
+    claim.save(update_fields=["status", "updated_at"])
+    payload = _with_step_path(run, call_id, {
+        "callId": call_id, "toolName": claim.tool_name, "attempt": claim.attempt, "owner": claim.owner,
+        "outboundAt": format_recorded_at(claim.outbound_at), "reason": reason, **details})
+    return append_locked(run=run, events=[{"type": "harness.tool_call.in_doubt", "payload": payload}],
+                         fencing_token=fencing_token).last_sequence
+
+
 # --- selectors -------------------------------------------------------------------------------
 
 

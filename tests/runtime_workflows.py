@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ledger.runtime.providers import ScriptedProvider, append_invocation
-from ledger.runtime.registry import (AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall, Workflow,
-                                     register)
+from ledger.runtime.registry import (AIGenerate, Backoff, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall,
+                                     Workflow, register)
 from ledger.runtime.testing import install_kill_switches
 
 INVOCATIONS_ENV = "RUNLEDGER_TEST_INVOCATIONS"
@@ -153,6 +153,7 @@ def reset_registrations() -> None:
     register(build_pipeline())
     register(build_maze())
     register(build_fanout())
+    register(build_retry())
 
 
 
@@ -201,6 +202,28 @@ def build_fanout() -> Workflow:
                         ToolCall("temp", "weather", lambda item, o: item), max_concurrency=4),
                CodeRun("finish", fanout_finish)),
         tools={"weather": _tool("weather", weather)},
+    )
+
+
+# --- a retry an hour away ---------------------------------------------------------------------------
+
+def flaky_fetch(args: Any) -> dict[str, Any]:
+    """Refuses its first call (the invocation log, written just before, holds one fetch then)."""
+    path = _log_path()
+    seen = path.read_text().count('"tool": "fetch"') if path is not None and path.exists() else 0
+    if seen <= 1:
+        raise ConnectionError("the first fetch is refused")
+    return {"fetched": args["url"]}
+
+
+def build_retry() -> Workflow:
+    """A tool step whose first call fails and whose retry is due an hour later (no jitter)."""
+    return Workflow(
+        name="rt_retry",
+        steps=(ToolCall("fetch", "fetch", {"url": "https://example.test/report"}, retries=1,
+                        backoff=Backoff(initial_s=3600.0, max_s=3600.0, jitter=0.0)),
+               CodeRun("done", lambda i, o: o["fetch"])),
+        tools={"fetch": _tool("fetch", flaky_fetch)},
     )
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import traceback
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connections
+from django.utils.dateparse import parse_datetime
 
 from ledger.models import Workspace
 from ledger.runtime.executor import start_run, sub_run_id
 from ledger.runtime.testing import COMMITS_ENV, KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, commit_ends
+from tests.conftest import FakeClock
 from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     every_run_verifies, run_events as _events,
@@ -277,3 +281,36 @@ def test_parallel_group_with_concurrent_branches_killed_mid_group_resumes_only_t
             assert ran == (1 if branch in finished or branch not in claimed else ran), point
             assert ran in (1, 2) and (ran == 1 or branch in claimed), point
     assert mid_group > 0  # some kills landed with some branches finished and others not
+
+
+RETRY_FAILED_AT = 6  # RunStarted; the step's start with its call's claim; the call's failure with StepFailed
+
+
+def test_a_retry_delay_survives_a_kill_the_resumed_run_waits_only_for_what_is_left(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
+    calls = tmp_path / "retry.jsonl"
+    status = _run_in_child(workspace, "rt_retry", "run_kill_retry", {}, calls,
+                           **{KILL_AFTER_ENV: str(RETRY_FAILED_AT)})
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    before = _events(workspace, "run_kill_retry")
+    assert before[-1]["type"] == "StepFailed" and before[-1]["sequence"] == RETRY_FAILED_AT
+    error = before[-1]["payload"]["error"]
+    retry_at = parse_datetime(error["retryAt"])
+    assert error["retriable"] is True and retry_at is not None
+    assert abs(retry_at - (clock.now() + timedelta(hours=1))) < timedelta(milliseconds=1)  # stored to the ms
+
+    # 59 min 59.8 s later: a resume that started the delay from zero would wait another hour
+    clock.advance(3599.8)
+    outcomes: list[dict[str, Any]] = []
+    resuming = threading.Thread(target=lambda: outcomes.append(_resume("run_kill_retry", calls, monkeypatch)))
+    resuming.start()
+    resuming.join(120)
+    assert not resuming.is_alive(), "the resumed run is waiting the whole delay again"
+
+    assert [(o["status"], o["output"]) for o in outcomes] == [("completed", {"fetched": "https://example.test/report"})]
+    events = _events(workspace, "run_kill_retry")
+    assert [(e["payload"]["stepPath"], e["payload"]["attempt"]) for e in events
+            if e["type"] == "StepAttemptStarted"] == [("fetch", 1), ("fetch", 2), ("done", 1)]
+    assert [e["payload"]["error"]["retryAt"] for e in events if e["type"] == "StepFailed"] == [error["retryAt"]]
+    assert _calls(calls) == Counter({'tool fetch {"url":"https://example.test/report"}': 2})
+    _verified(workspace, "run_kill_retry")

@@ -8,6 +8,7 @@ every branch must reach while the others are still in their tool)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,32 +26,30 @@ from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an aut
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _barrier_fan(parties: int, branches: int, *, max_concurrency: int) -> tuple[Workflow, list[str]]:
+def _barrier_fan(parties: int, branches: int, *, max_concurrency: int) -> Workflow:
     """A group of `branches` tool calls whose tool waits at a barrier of `parties`: it completes only
     if that many calls are in the tool at the same time (a broken barrier fails the call)."""
     barrier = threading.Barrier(parties, timeout=60)
-    threads: list[str] = []
 
     def wait(args: Any) -> dict[str, Any]:
-        threads.append(threading.current_thread().name)
-        barrier.wait()
-        return {"item": args["item"], "thread": threading.current_thread().name}
+        # each of the parties waiting together gets its own index; a lone caller breaks the barrier
+        return {"item": args["item"], "met": barrier.wait()}
 
     wf = Workflow(name="fan_barrier", steps=(
         Parallel("fan", lambda i, o: [{"item": n} for n in range(branches)],
                  ToolCall("meet", "meet", lambda item, o: item), max_concurrency=max_concurrency),
-        CodeRun("count", lambda i, o: len({r["thread"] for r in o["fan"]})),
+        CodeRun("count", lambda i, o: len({r["met"] for r in o["fan"]})),
     ), tools={"meet": Tool("meet", wait, effect="read", timeout_s=120)})
-    return wf, threads
+    return wf
 
 
 def test_eight_branches_are_in_their_tools_at_the_same_time_and_the_log_stays_dense(workspace: Workspace) -> None:
-    wf, _ = _barrier_fan(8, 8, max_concurrency=8)
+    wf = _barrier_fan(8, 8, max_concurrency=8)
 
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
     assert outcome.status == "completed", outcome.error
-    assert outcome.output == 8  # eight threads, all inside the tool together
+    assert outcome.output == 8  # eight calls, all inside the tool together
     events = _events(workspace, outcome.run_id)
     assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
     state = fold(events)
@@ -69,10 +68,10 @@ def test_eight_branches_are_in_their_tools_at_the_same_time_and_the_log_stays_de
 
 def test_the_group_cap_bounds_the_branches_in_flight(workspace: Workspace) -> None:
     # Four branches, two at a time: a barrier of two is met twice; one of three would never be.
-    wf, _ = _barrier_fan(2, 4, max_concurrency=2)
+    wf = _barrier_fan(2, 4, max_concurrency=2)
     assert start_run(workspace=workspace, workflow=wf, input={}).status == "completed"
 
-    wf, _ = _barrier_fan(3, 3, max_concurrency=2)
+    wf = _barrier_fan(3, 3, max_concurrency=2)
     wf = Workflow(name="fan_barrier3", steps=wf.steps, tools={
         "meet": Tool("meet", _broken_barrier_tool(3), effect="read", timeout_s=120)})
     outcome = start_run(workspace=workspace, workflow=wf, input={})
@@ -83,8 +82,7 @@ def _broken_barrier_tool(parties: int) -> Any:
     barrier = threading.Barrier(parties, timeout=1)
 
     def meet(args: Any) -> dict[str, Any]:
-        barrier.wait()
-        return {"item": args["item"], "thread": threading.current_thread().name}
+        return {"item": args["item"], "met": barrier.wait()}
     return meet
 
 
@@ -104,19 +102,20 @@ def test_the_process_setting_caps_the_threads_of_every_group(workspace: Workspac
     assert set(seen) == {threading.current_thread().name}  # every branch in the executor's own thread
 
 
-def _gate_fan(*, allow_failure: bool) -> tuple[Workflow, list[Any]]:
-    """Branch 0 fails at once; branch 1 holds its thread until branch 0 has failed; branches 2 and 3
-    can only start after that (two threads)."""
-    failed = threading.Event()
+def _gate_fan(workspace: Workspace, run_id: str, *, allow_failure: bool) -> tuple[Workflow, list[Any]]:
+    """Branch 0 fails at once; branch 1 holds its thread until branch 0's failure is on the log;
+    branches 2 and 3 can only start after that (two threads)."""
     ran: list[Any] = []
 
     def work(item: Any, outputs: Mapping[str, Any]) -> Any:
         ran.append(item)
         if item == 0:
-            failed.set()
             raise ValueError("branch zero breaks")
         if item == 1:
-            assert failed.wait(60)
+            for _ in range(6000):
+                if any(e["type"] == "ParallelBranchFailed" for e in _events(workspace, run_id)):
+                    break
+                time.sleep(0.01)
         return item * 10
 
     wf = Workflow(name=f"fan_gate_{allow_failure}", steps=(
@@ -126,9 +125,9 @@ def _gate_fan(*, allow_failure: bool) -> tuple[Workflow, list[Any]]:
 
 
 def test_a_failed_branch_with_allow_failure_does_not_stop_its_siblings(workspace: Workspace) -> None:
-    wf, ran = _gate_fan(allow_failure=True)
+    wf, ran = _gate_fan(workspace, "run_gate_allow", allow_failure=True)
 
-    outcome = start_run(workspace=workspace, workflow=wf, input={})
+    outcome = start_run(workspace=workspace, workflow=wf, input={}, run_id="run_gate_allow")
 
     assert outcome.status == "completed"
     assert outcome.output == [{"status": "failed", "error": {"name": "ValueError", "message": "branch zero breaks"}},
@@ -143,9 +142,9 @@ def test_a_failed_branch_with_allow_failure_does_not_stop_its_siblings(workspace
 
 
 def test_a_failed_branch_stops_the_unstarted_ones_and_lets_the_running_ones_finish(workspace: Workspace) -> None:
-    wf, ran = _gate_fan(allow_failure=False)
+    wf, ran = _gate_fan(workspace, "run_gate_fail", allow_failure=False)
 
-    outcome = start_run(workspace=workspace, workflow=wf, input={})
+    outcome = start_run(workspace=workspace, workflow=wf, input={}, run_id="run_gate_fail")
 
     assert outcome.status == "failed" and outcome.error["name"] == "BranchFailed"
     assert sorted(ran) == [0, 1]  # 2 and 3 never started

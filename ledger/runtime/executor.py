@@ -11,6 +11,12 @@ id is reserved from the parent's run id and step path, and written to the parent
 (`harness.tool_call.started`, caller `workflow`) before the sub-run starts; on the parent's
 resume a sub-run that already finished is not run again, its recorded outcome is written to the
 parent.
+
+A parallel group's branches run on threads (at most the group's max_concurrency and the
+process's RUNLEDGER_PARALLEL_THREADS), each with a copy of the runner bound to a view of the
+recorder (`Recorder.branch`); a resume runs only the branches without a StepCompleted. A failed
+attempt with retries left records its `retryAt` (retry.py) before waiting for it, so a resumed
+run waits only for what is left.
 """
 
 from __future__ import annotations
@@ -18,24 +24,21 @@ from __future__ import annotations
 import contextvars
 import copy
 import hashlib
-import random
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connections
-from django.utils.dateparse import parse_datetime
 
-from .. import clock, selectors
+from .. import selectors
 from ..canonical import digest
 from ..envelopes import format_recorded_at
-from ..fold import RunState, StepState
+from ..fold import RunState
 from ..gateway import ToolCallInDoubt, first_call_in_doubt
 from ..models import RunStatus, Workspace
 from ..projection import log_of
@@ -43,8 +46,9 @@ from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
 from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable
 from .recorder import Recorder, threads_allowed
-from .registry import (AIGenerate, Backoff, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow,
+from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow,
                        get_workflow)
+from .retry import next_try_at, recorded_retry_at, wait_until
 from .session import call_prefix, run_session
 from .toolcalls import call_tool
 # Call ids are stored in 200 characters and carry the step path plus attempt, turn and call suffixes.
@@ -231,7 +235,7 @@ class _Runner:
             attempt = attempt_of(done)
         else:
             if done is not None:  # killed while waiting for a recorded retry: only what is left of it
-                wait_until(recorded_retry_at(done))
+                wait_until(recorded_retry_at(done.error))
             attempt = (attempt_of(done) if done is not None else 0) + 1
             defer(_attempt_started(step, path, attempt))
         while True:
@@ -239,15 +243,15 @@ class _Runner:
             try:
                 output = self._body(step, path, attempt, arg, outputs, visit)
             except StepFailure as failure:
-                retriable = attempt <= step.retries
-                retry_at = next_try_at(step.backoff, attempt) if retriable else None
-                error = {**failure.as_error(), "retriable": retriable}
+                will_retry = attempt <= step.retries
+                retry_at = next_try_at(step.backoff, attempt) if will_retry else None
+                error = {**failure.as_error(), "retriable": will_retry}
                 if retry_at is not None:
                     error["retryAt"] = format_recorded_at(retry_at)
                 defer({"type": "StepFailed", "payload": {
                     "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}",
                     "error": error}})
-                if not retriable:
+                if not will_retry:
                     raise
                 if retry_at is not None:
                     self.recorder.flush()  # the retry's moment is on the log before the wait
@@ -406,10 +410,10 @@ class _Runner:
             runner.recorder = self.recorder.branch()
             try:
                 outcome = runner._branch(step, path, key, item, outputs, ended)
+                if outcome[0] == "failed" and not step.allow_failure:
+                    stop.set()  # before its failure commits: no branch starts once that is on the log
                 runner.recorder.flush()  # the branch's end commits when it ends
                 done[f"{path}[{key}]"] = outcome
-                if outcome[0] == "failed" and not step.allow_failure:
-                    stop.set()
             except BaseException as exc:  # noqa: BLE001 - handed to the executor's thread below
                 errors.append(exc)
                 stop.set()
@@ -462,30 +466,6 @@ class _Runner:
             return {"status": "failed", "subRunId": child_id, "error": value}
         message = value.get("message") if isinstance(value, Mapping) else value
         raise StepFailure(f"sub-run {child_id} ({step.workflow}) failed: {message}", name="SubRunFailed")
-
-
-def next_try_at(backoff: Backoff | None, failed_attempt: int) -> datetime | None:
-    """When the next try may start after `failed_attempt` failed: None (at once) without a backoff."""
-    if backoff is None:
-        return None
-    return clock.now() + timedelta(seconds=backoff.delay_s(failed_attempt, random.random()))
-
-
-def recorded_retry_at(step: StepState) -> datetime | None:
-    """The retryAt its last (retriable) StepFailed recorded, if any."""
-    error = step.error if isinstance(step.error, Mapping) else {}
-    value = error.get("retryAt")
-    return parse_datetime(value) if isinstance(value, str) else None
-
-
-def wait_until(moment: datetime | None) -> None:
-    """Sleep until `moment` (ledger.clock's time); at once when it passed or is None. The run's
-    lease is kept meanwhile by the recorder's heartbeat."""
-    if moment is None:
-        return
-    remaining = (moment - clock.now()).total_seconds()
-    if remaining > 0:
-        time.sleep(remaining)
 
 
 def _attempt_started(step: Step, path: str, attempt: int) -> dict[str, Any]:

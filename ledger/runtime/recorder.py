@@ -42,6 +42,7 @@ an open transaction's), so inside an atomic block (a test's transaction) there i
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import logging
 import threading
@@ -171,6 +172,16 @@ class Recorder:
         assert claimed is not None
         return claimed
 
+    def declare_in_doubt(self, *, claimed: gateway.Claimed, reason: str, **details: Any) -> None:
+        """Give up on the outbound call `claimed` without an outcome: it is in doubt (gateway)."""
+        self.flush()
+        with self._core.lock:
+            if self._core.lost is not None:
+                raise self._core.lost
+            self._core.last_sequence = gateway.declare_in_doubt(
+                workspace=self.workspace, run_id=self.run_id, call_id=claimed.call_id,
+                lease_token=claimed.lease_token, reason=reason, fencing_token=self.fencing_token, **details)
+
     def flush(self) -> None:
         if self._pending or self._completion is not None:
             self._write([])
@@ -258,7 +269,9 @@ class _Heartbeat:
         assert lease is not None
         # Often enough that a renewal comes well before the lease's second half runs out.
         self._interval = max(0.02, lease.ttl_s / 10)
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat:{lease.run_id}", daemon=True)
+        # In the executor's context: its clock (ledger.clock's backdating, for the demo) is the lease's.
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._beat,),
+                                        name=f"heartbeat:{lease.run_id}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

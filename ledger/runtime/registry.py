@@ -127,6 +127,24 @@ class Backoff:
         return {"initialS": self.initial_s, "factor": self.factor, "maxS": self.max_s, "jitter": self.jitter}
 
 
+@dataclass(frozen=True)
+class ModelPolicy:
+    """How the model calls of one slot are made (`Workflow.model_policies[slot]`): a call that
+    raises or outlives `timeout_s` (enforced: the call is abandoned, ledger/runtime/timeouts.py) is
+    recorded as `harness.model.failed` and made again up to `retries` more times, after `backoff`'s
+    delay (`retryAt` recorded on the failure, so a resumed run waits only for what is left of it);
+    then the step fails (`ModelCallFailed`, which the step's own retries may retry). The default:
+    two retries at once, no timeout."""
+
+    timeout_s: float | None = None
+    retries: int = 2
+    backoff: Backoff | None = None
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or (self.timeout_s is not None and self.timeout_s <= 0):
+            raise ValueError(f"a ModelPolicy needs retries >= 0 and a positive timeout_s, got {self}")
+
+
 def _with_retries(definition: dict[str, Any], retries: int, backoff: Backoff | None = None) -> dict[str, Any]:
     # Only a non-default count (or backoff) enters the definition, so adding the field kept older versions.
     definition = {**definition, "retries": retries} if retries else definition
@@ -142,7 +160,8 @@ class CodeRun:
     backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
-        return _with_retries({"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}, self.retries, self.backoff)
+        return _with_retries({"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}, self.retries,
+                             self.backoff)
 
 
 @dataclass(frozen=True)
@@ -156,7 +175,8 @@ class ToolStep:
 
     def definition(self) -> dict[str, Any]:
         args = callable_identity(self.args) if callable(self.args) else dict(self.args)
-        return _with_retries({"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}, self.retries, self.backoff)
+        return _with_retries({"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}, self.retries,
+                             self.backoff)
 
 
 @dataclass(frozen=True)
@@ -261,8 +281,17 @@ class Workflow:
     tools: Mapping[str, Tool] = field(default_factory=dict)
     models: Mapping[str, ModelProvider] = field(default_factory=dict)
     output: StepFn | None = None  # default: the last step's output
+    # Per model slot: timeout, retries and backoff of its calls (default ModelPolicy()). Operational
+    # policy, like the providers themselves: not part of the workflow's version.
+    model_policies: Mapping[str, ModelPolicy] = field(default_factory=dict)
+
+    def model_policy(self, slot: str) -> ModelPolicy:
+        return self.model_policies.get(slot) or ModelPolicy()
 
     def __post_init__(self) -> None:
+        unknown = sorted(set(self.model_policies) - set(self.models))
+        if unknown:
+            raise ValueError(f"workflow {self.name}: model_policies name slots it does not bind: {unknown}")
         ids = [s.id for s in self.steps]
         if not ids or len(set(ids)) != len(ids):
             raise ValueError(f"workflow {self.name}: step ids must be present and unique, got {ids}")

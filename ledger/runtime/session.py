@@ -9,23 +9,28 @@ with CapabilityDriftError.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..canonical import canonical_bytes, digest, sha256_hex
+from ..envelopes import format_recorded_at
 from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RuntimeIntegrityError, StepFailure
 from .providers import ModelReply, ModelRequest
 from .record import Record
 from .recorder import Recorder
-from .registry import AIGenerate, Workflow
+from .registry import AIGenerate, ModelPolicy, Workflow
+from .retry import next_try_at, recorded_retry_at, wait_until
+from .timeouts import CallTimedOut, call_with_timeout
 from .toolcalls import call_tool
 
 HARNESS_ID = "runledger.runtime/1"
 ROLE = "worker.ai-generate"
-# A provider that raises (a timeout, a 5xx, a refused connection) is asked again this many times
-# in all before the step fails; each failure is recorded as harness.model.failed.
-MODEL_CALL_TRIES = 3
+# A provider that raises (a timeout, a 5xx, a refused connection) or outlives its slot's timeout is
+# asked again per the slot's ModelPolicy (registry.py; default: 3 tries in all, at once) before the
+# step fails; each failure is recorded as harness.model.failed (with willRetry, and retryAt when
+# the policy has a backoff).
 
 
 def manifest_for(workflow: Workflow, step: AIGenerate) -> dict[str, Any]:
@@ -131,7 +136,8 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         body = {"model": provider.model_id, "messages": messages, "tools": specs}
         delta = {"model": provider.model_id, "messagesFrom": recorded, "messages": messages[recorded:],
                  "toolsHash": tools_hash}
-        reply = _model_turn(recorder, record, provider, step_path, prefix, turn, body, delta, hashed(messages), replay)
+        reply = _model_turn(recorder, record, provider, workflow.model_policy(step.model), step_path, prefix, turn,
+                            body, delta, hashed(messages), replay)
         recorded = len(messages)
         for key in usage:
             usage[key] += int(reply.usage.get(key, 0) or 0)
@@ -154,12 +160,16 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
                       name="MaxTurnsExceeded")
 
 
-def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: str, prefix: str, turn: int,
-                body: dict[str, Any], delta: dict[str, Any], prompt_hash: str, replay: Any = None) -> ModelReply:
+def _model_turn(recorder: Recorder, record: Record, provider: Any, policy: ModelPolicy, step_path: str, prefix: str,
+                turn: int, body: dict[str, Any], delta: dict[str, Any], prompt_hash: str,
+                replay: Any = None) -> ModelReply:
     """`body` is what the provider gets; the log records `delta` (the messages new since the
     previous turn's record) and `prompt_hash`, digest(body), which a resume recomputes."""
     last_error: Any = None
-    for retry in range(MODEL_CALL_TRIES):
+    tries = policy.retries + 1
+    for retry in range(tries):
+        if retry and isinstance(last_error, Mapping):  # after a failure: its recorded retryAt, if any
+            wait_until(recorded_retry_at(last_error))
         call_id = model_call_id(prefix, turn, retry)
         call = record.model_calls.get(call_id)
         called = call is not None and call.called_sequence is not None
@@ -190,12 +200,21 @@ def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: st
             recorder.append({"type": "harness.model.called", "payload": {
                 "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": delta}})
         recorder.flush()  # nothing may wait uncommitted while the request is out
+        began = time.monotonic()
         try:
-            reply = provider.generate(ModelRequest(step_path=step_path, turn=turn, body=body))
+            reply = call_with_timeout(provider.generate, ModelRequest(step_path=step_path, turn=turn, body=body),
+                                      policy.timeout_s, f"model call {call_id}")
         except Exception as exc:  # the provider's failure is the call's recorded error, not the executor's
-            last_error = {"name": type(exc).__name__, "message": str(exc)}
+            last_error = {"name": "ModelCallTimeout" if isinstance(exc, CallTimedOut) else type(exc).__name__,
+                          "message": str(exc)}
+            will_retry = retry + 1 < tries
+            retry_at = next_try_at(policy.backoff, retry + 1) if will_retry else None
+            if retry_at is not None:
+                last_error["retryAt"] = format_recorded_at(retry_at)
             recorder.append({"type": "harness.model.failed", "payload": {
                 "turn": turn, "callId": call_id, "stepPath": step_path, "error": last_error,
+                "durationMs": round((time.monotonic() - began) * 1000), "willRetry": will_retry,
+                **({"retryAt": last_error["retryAt"]} if retry_at is not None else {}),
                 "model": {"provider": provider.name, "modelId": provider.model_id}}})
             continue
         # Committed with the next write (the claim of the tool call it asks for, or the session's end).
@@ -204,5 +223,5 @@ def _model_turn(recorder: Recorder, record: Record, provider: Any, step_path: st
             "model": {"provider": provider.name, "modelId": provider.model_id}, "response": reply.response()}})
         return reply
     message = last_error.get("message") if isinstance(last_error, dict) else last_error
-    raise StepFailure(f"step {step_path} turn {turn}: the model call failed {MODEL_CALL_TRIES} times "
+    raise StepFailure(f"step {step_path} turn {turn}: the model call failed {tries} times "
                       f"(last: {message})", name="ModelCallFailed")

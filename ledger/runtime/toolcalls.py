@@ -9,6 +9,7 @@ from .. import gateway
 from .record import Record
 from .recorder import Recorder
 from .registry import Tool
+from .timeouts import CallTimedOut, call_with_timeout
 
 
 def idempotency_key(run_id: str, step_path: str, call_id: str) -> str:
@@ -24,7 +25,9 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     A call with a terminal event in the log is answered from it and nothing runs. A call that was
     claimed but never finished is claimed again under the same owner (the run's, since the run
     lease already makes this executor the only writer), which hands back the live claim, and runs.
-    A call in doubt raises ToolCallInDoubt: it is never retried automatically. A re-execution's
+    A call in doubt raises ToolCallInDoubt: it is never retried automatically. The tool's declared
+    `timeout_s` is enforced (timeouts.py): a read tool that outlives it fails (`ToolTimeout`, which
+    the step's retries may retry), a write tool's call becomes in doubt. A re-execution's
     `replay` policy may answer the call from its original's record instead (reexecute.py); then
     the gateway is not involved and nothing runs.
     """
@@ -45,7 +48,17 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     if isinstance(claimed, gateway.Finished):
         return ("result", claimed.result) if claimed.status == "succeeded" else ("error", claimed.error)
     try:
-        outcome: tuple[str, Any] = ("result", tool.fn(args))
+        outcome: tuple[str, Any] = ("result", call_with_timeout(tool.fn, args, tool.timeout_s, f"tool {tool.name}"))
+    except CallTimedOut as late:
+        if tool.effect == "write":
+            # It may have acted: in doubt, never retried automatically; the run stops until an
+            # operator reconciles the call (DESIGN.md §5).
+            recorder.declare_in_doubt(claimed=claimed, reason="timeout", timeoutS=late.timeout_s)
+            raise gateway.ToolCallInDoubt(
+                f"tool call {call_id} ({tool.name}, effect write) is in doubt: it outlived its timeout of "
+                f"{late.timeout_s:g} s and may have acted; an operator must reconcile it before the run "
+                "continues", callId=call_id, toolName=tool.name) from None
+        outcome = ("error", {"name": "ToolTimeout", "message": str(late), "timeoutS": late.timeout_s})
     except Exception as exc:  # the tool's failure is the call's recorded error, not ours
         outcome = ("error", {"name": type(exc).__name__, "message": str(exc)})
     # Committed with the next write, before anything else acts outside.
