@@ -285,8 +285,9 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
             STATES.put(workspace.pk, run_id, cached)  # untouched; the locked path may use it
         return None
     now = _now_ms()
+    new_calls: tuple[str, ...] = ()
     if run.pk is not None:
-        restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
+        new_calls = restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch], started_new=True)
     before = Mark.of(state)
     try:
         rows, written, out = _allocate(run, state, batch, {}, now, prices)
@@ -305,7 +306,8 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
                     return None
             else:
                 guard = pgappend.Guard(fencing_token=None if fencing_token is None else str(fencing_token), now=now,
-                                       keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None))
+                                       keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None),
+                                       new_calls=new_calls)
                 if not pgappend.update_head(run.pk, before.last_sequence, rows, now, changes, guard, attached):
                     return None
             _after_write(run, state, prices, written)

@@ -63,6 +63,9 @@ class Guard:
     fencing_token: str | None  # None: the run must not be leased (to anyone, now)
     now: datetime
     keys: tuple[str, ...]  # idempotency keys that the log must not hold yet
+    # Tool calls the batch starts and takes to be new without having read their rows
+    # (projection.restore_tool_calls): the projection must not hold them yet.
+    new_calls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,10 +103,10 @@ def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], r
     the head held but an attached change did not."""
     params: dict[str, Any] = {"run_pk": run_pk, "before": before}
     if guard is not None:
-        params.update(now=guard.now, token=guard.fencing_token, keys=list(guard.keys))
+        params.update(now=guard.now, token=guard.fencing_token, keys=list(guard.keys), new_calls=list(guard.new_calls))
     for change in attached:
         params.update(change.params)
-    guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys))
+    guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys), bool(guard.new_calls))
     statement = _update_sql(tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached),
                             *_shape(changes))
     try:
@@ -194,17 +197,20 @@ def _adapt(name: str, value: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool] | None,
+def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool, bool] | None,
                 attached: tuple[tuple[str, str, str], ...], *rows: tuple[str, ...] | None) -> _Statement:
     sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
     where = "id = %(run_pk)s AND last_sequence = %(before)s"
     if guard is not None:
-        token, keys = guard
+        token, keys, new_calls = guard
         where += (" AND fencing_token <> 0 AND fencing_token::text = %(token)s" if token else
                   " AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s)")
         if keys:
             where += (f" AND NOT EXISTS (SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s"
                       " AND idempotency_key = ANY(%(keys)s::varchar[]))")
+        if new_calls:
+            where += (f" AND NOT EXISTS (SELECT 1 FROM {table(ToolCall)} WHERE run_id = %(run_pk)s"
+                      " AND call_id = ANY(%(new_calls)s::varchar[]))")
     where += "".join(f" AND ({condition})" for _, condition, _ in attached)
     return _numbered(_with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached))
 

@@ -8,6 +8,7 @@ scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`)
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,12 +18,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from django.db import transaction
+import orjson
+from django.db import connection, transaction
 
 from . import rollup
 from .fold import RunState, ToolCallState, fold
 from .models import CostEntry, Run, Step, ToolCall, Workspace
-from .bulk import insert_rows, upsert_rows
+from .bulk import column, insert_rows, table, upsert_rows
 from .pricing import PriceTable, UsageTotals, load_default_prices
 
 MONEY_PLACES = Decimal("1e-12")
@@ -83,29 +85,64 @@ def tool_call_count(state: RunState) -> int:
     return len(state.tool_calls) + getattr(state, "tool_calls_dropped", 0)
 
 
-def restore_tool_calls(run_pk: int, state: RunState, items: Iterable[tuple[str, Any]]) -> None:
+def restore_tool_calls(run_pk: int, state: RunState, items: Iterable[tuple[str, Any]], *,
+                       started_new: bool = False) -> tuple[str, ...]:
     """Put back into a compacted `state` the tool calls that the batch `items` ((type, payload)
-    pairs) names and it left out, from their projection rows (by the unique (run, call_id))."""
+    pairs) names and it left out, from their projection rows (by the unique (run, call_id)).
+
+    With `started_new`, a call whose first event in the batch is its start is taken to be new and
+    not read; the ids so taken are returned, and the caller's write must hold only if none of
+    them has a row (pgappend.Guard.new_calls: a repeated start of a call compaction left out,
+    the gateway re-claiming it, then misses and the locked path reads it). A batch of new calls,
+    the common case, then costs no read at all."""
     if not getattr(state, "tool_calls_dropped", 0):
-        return
-    named = {payload.get("callId") for type_, payload in items
-             if type_.startswith("harness.tool_call.") and isinstance(payload, Mapping)}
-    wanted = [c for c in named if isinstance(c, str) and c and c not in state.tool_calls]
-    if not wanted:
-        return
-    for row in ToolCall.objects.filter(run_id=run_pk, call_id__in=wanted).order_by("position").values(*_TOOL_COLUMNS):
+        return ()
+    first: dict[str, bool] = {}  # call id -> its first event in the batch is its start
+    for type_, payload in items:
+        if type_.startswith("harness.tool_call.") and isinstance(payload, Mapping):
+            call_id = payload.get("callId")
+            if isinstance(call_id, str) and call_id and call_id not in first and call_id not in state.tool_calls:
+                first[call_id] = type_ == "harness.tool_call.started"
+    assumed = tuple(c for c, starts in first.items() if starts) if started_new else ()
+    wanted = [c for c, starts in first.items() if not (starts and started_new)]
+    if wanted:
+        _read_tool_calls(run_pk, state, wanted)
+    return assumed
+
+
+def _read_tool_calls(run_pk: int, state: RunState, call_ids: Sequence[str]) -> None:
+    # A plain cursor and orjson: the ORM's rows and json.loads cost more than the query.
+    columns = ", ".join(f"CAST({column(ToolCall, n)} AS text)" if n in _TOOL_JSON else column(ToolCall, n)
+                        for n in _TOOL_COLUMNS)
+    marks = ", ".join(["%s"] * len(call_ids))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {columns} FROM {table(ToolCall)} WHERE {column(ToolCall, 'run')} = %s "
+                       f"AND {column(ToolCall, 'call_id')} IN ({marks}) ORDER BY {column(ToolCall, 'position')}",
+                       [run_pk, *call_ids])
+        rows = cursor.fetchall()
+    for (call_id, tool_name, args, caller, turn, step_path, status, result, error, duration_ms, reconciled,
+         origin, started_sequence, ended_sequence) in rows:
         # tool_fields in reverse: the fold never holds "" where a row holds it for None.
-        state.tool_calls[row["call_id"]] = ToolCallState(
-            call_id=row["call_id"], tool_name=row["tool_name"] or None, args=row["args"],
-            caller=row["caller"] or None, turn=row["turn"], step_path=row["step_path"] or None,
-            status=row["status"], result=row["result"], error=row["error"], duration_ms=row["duration_ms"],
-            reconciled=row["reconciled"], origin=row["origin"] or None,
-            started_sequence=row["started_sequence"], ended_sequence=row["ended_sequence"])
+        state.tool_calls[call_id] = ToolCallState(
+            call_id=call_id, tool_name=tool_name or None, args=_json(args), caller=caller or None, turn=turn,
+            step_path=step_path or None, status=status, result=_json(result), error=_json(error),
+            duration_ms=duration_ms, reconciled=bool(reconciled), origin=origin or None,
+            started_sequence=started_sequence, ended_sequence=ended_sequence)
         state.tool_calls_dropped -= 1  # type: ignore[attr-defined]
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # an integer beyond 64 bits: the standard library reads it
+        return json.loads(text)
 
 
 _TOOL_COLUMNS = ("call_id", "tool_name", "args", "caller", "turn", "step_path", "status", "result", "error",
                  "duration_ms", "reconciled", "origin", "started_sequence", "ended_sequence")
+_TOOL_JSON = frozenset({"args", "result", "error"})
 
 
 def weight(state: RunState) -> int:

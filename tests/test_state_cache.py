@@ -109,6 +109,38 @@ def test_a_compacted_run_keeps_every_projection_equal_to_the_fold(ws: Workspace,
     assert run.cost_entries.count() == 5 and run.status == "completed"
 
 
+@pytest.mark.parametrize("per_call", [1, 3])
+def test_a_repeated_start_of_a_call_compaction_left_out(ws: Workspace, small_compaction: None, per_call: int) -> None:
+    """An append takes a call its batch starts to be new without reading its row; the gateway
+    re-claiming a call starts it again, and if compaction left that call out, the write must not
+    hold on the guess (its started_sequence, its position and the positions after it would be
+    wrong): the head update's guard sees the row and the locked path reads it."""
+    events = [
+        started(), ev("StepScheduled", stepPath="s"), ev("StepAttemptStarted", stepPath="s", attempt=1),
+        _tool("started", "t1", args={"id": 1}, turn=1),
+        _answer("m1", 1), _tool("started", "t2", turn=2), _answer("m2", 2), _answer("m3", 3),
+        _tool("started", "t3", turn=3), _answer("m4", 4),
+        _tool("started", "t1", args={"id": 1, "again": True}),  # re-claimed, long after compaction
+        _tool("started", "t4"),  # new, after the repeated start: position 3
+        _tool("started", "t2"), _tool("succeeded", "t2", result={"ok": 2}),  # again, and settled
+        _tool("succeeded", "t1", result={"ok": 1}),
+        _tool("started", "t5"), _answer("m5", 5),
+        ev("StepCompleted", stepPath="s", attempt=1, output={"ok": True}),
+    ]
+    compacted_before_restart = False
+    for start in range(0, len(events), per_call):
+        batch = events[start:start + per_call]
+        if any(e["payload"].get("args") == {"id": 1, "again": True} for e in batch):
+            compacted_before_restart = "t1" not in _cached(ws, "run_again").tool_calls
+        append_events(workspace=ws, run_id="run_again", events=batch)
+        _equal_to_the_fold(ws, "run_again")
+    assert compacted_before_restart
+    run = Run.objects.get(workspace=ws, run_id="run_again")
+    rows = {c: (p, s) for c, p, s in run.tool_calls.values_list("call_id", "position", "started_sequence")}
+    assert rows == {"t1": (0, 4), "t2": (1, 6), "t3": (2, 9), "t4": (3, 12), "t5": (4, 16)}
+    assert run.tool_calls.get(call_id="t1").args == {"id": 1, "again": True}
+
+
 def test_a_long_runs_cached_state_stops_growing(ws: Workspace) -> None:
     STATES.clear()
     append_events(workspace=ws, run_id="run_grow", events=[started()])
