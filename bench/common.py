@@ -152,13 +152,15 @@ def record(figure: str, *, value: float, unit: str, baseline: float | None, rati
 # --- Daphne -------------------------------------------------------------------------------------
 
 
-def start_daphne(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A Daphne serving this checkout on a free port, and its base URL, once it answers."""
+def start_daphne(log_path: Path, app: str = "console.asgi:application", *, probe: str = "/api/v1/runs/run_probe/stream",
+                 probe_status: int = 401, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A Daphne serving `app` (this checkout's by default) on a free port, and its base URL, once
+    `probe` answers with `probe_status`."""
     import httpx
 
     # The benches play many browsers of one member (50 subscribers of a run): lift the per-caller
     # cap on open streams (LEDGER_STREAM_MAX_PER_CALLER, console/streams.py), which would refuse them.
-    env = {**os.environ, "LEDGER_STREAM_MAX_PER_CALLER": "10000"}
+    env = {**os.environ, "LEDGER_STREAM_MAX_PER_CALLER": "10000", **(env or {})}
     for _ in range(3):  # the free port may be taken between probing and binding it
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -166,14 +168,14 @@ def start_daphne(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                 "console.asgi:application"],
+                 app],
                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and process.poll() is None:
             try:
-                if httpx.get(f"{base}/api/v1/runs/run_probe/stream", timeout=1).status_code == 401:
+                if httpx.get(f"{base}{probe}", timeout=1).status_code == probe_status:
                     return process, base
             except httpx.TransportError:
                 pass

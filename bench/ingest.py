@@ -305,10 +305,12 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
 
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-ingest-daphne-{os.getpid()}.log"
     process, base = start_daphne(log_path)
+    sizes: list[int] = []
     try:
         with httpx.Client(base_url=base, timeout=120, headers=headers) as client:
             def through_daphne(url: str, body: bytes) -> tuple[int, str]:
                 response = client.post(url, content=body)
+                sizes.append(len(response.content))
                 return response.status_code, response.text
 
             for send in (through_daphne, through_test_client):  # warm up
@@ -317,6 +319,7 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
             direct = timed("same, Django in-process", args.events, [post_all(through_test_client, events)])
     finally:
         stop(process)
+    bare = time_bare_daphne(events, args.batch, max(sizes))
     ratio = http.rate / copy.rate
     requests = len(chunks(events, args.batch))
     per_request, per_direct = http.seconds / requests * 1000, direct.seconds / requests * 1000
@@ -326,11 +329,36 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
               f"   {ms:7.1f} ms/request")
     print(f"  serving a request (Daphne, ASGI, loopback, httpx): {per_request - per_direct:.1f} ms of {per_request:.1f} "
           f"({(per_request - per_direct) / per_request:.0%})")
+    print(f"  Daphne alone (a bare ASGI app answering {max(sizes):,} bytes, bench/bareasgi.py): {bare:.1f} ms/request; "
+          f"Django's ASGI handler, its thread hop and the rest: {per_request - per_direct - bare:.1f} ms")
     print(f"  target >= 15% of COPY: {'MET' if ratio >= TARGET_HTTP_VS_COPY else 'NOT MET'}")
     record("HTTP batch of 500 through Daphne / raw COPY", value=http.rate, unit="ev/s", baseline=copy.rate,
            ratio=ratio, target=">= 15%", met=ratio >= TARGET_HTTP_VS_COPY, ratio_format="{:.1%}",
            note=f"Daphne's share of a request: {(per_request - per_direct) / per_request:.0%} "
                 f"({per_request - per_direct:.1f} of {per_request:.1f} ms)")
+
+
+def time_bare_daphne(events: list[dict[str, Any]], batch: int, response_bytes: int) -> float:
+    """ms per request of the same bodies POSTed to a Daphne serving bench/bareasgi.py, which
+    reads each body and answers `response_bytes` bytes: what Daphne costs with no application."""
+    import httpx
+    import orjson
+
+    bodies = [orjson.dumps({"events": b}) for b in chunks(events, batch)]
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-ingest-bare-{os.getpid()}.log"
+    process, base = start_daphne(log_path, "bench.bareasgi:application", probe="/", probe_status=200,
+                                 env={"BENCH_BARE_RESPONSE_BYTES": str(response_bytes)})
+    try:
+        with httpx.Client(base_url=base, timeout=120) as client:
+            for body in bodies[:2]:  # warm up
+                client.post("/", content=body)
+            start = time.perf_counter()
+            for body in bodies:
+                if client.post("/", content=body).status_code != 200:
+                    raise SystemExit("the bare ASGI app did not answer 200")
+            return (time.perf_counter() - start) / len(bodies) * 1000
+    finally:
+        stop(process)
 
 
 def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> None:
