@@ -274,7 +274,11 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
     prices = prices_for(workspace)
     cached = STATES.take(workspace.pk, run_id, prices.version)
     if cached is not None:
-        run = Run(pk=cached.run_pk, workspace=workspace, run_id=run_id)
+        # The head as this path uses it (pk, workspace, run_id; last_sequence and status are set
+        # after the write), the other columns deferred: Run() fills the defaults of all 29 columns,
+        # at 124-180 µs against 34-53 µs at load 17, and this runs on every append.
+        run = Run.from_db(connection.alias, ("id", "workspace_id", "run_id"), (cached.run_pk, workspace.pk, run_id))
+        run.workspace = workspace
         state = cached.state
     elif batch[0].type == "RunStarted" and fencing_token is None and not attached:
         run, state = Run(workspace=workspace, run_id=run_id), RunState(run_id=run_id)
