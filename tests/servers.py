@@ -52,9 +52,10 @@ class Daphne:
 
 
 def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
-                 probe_headers: dict[str, str] | None = None) -> Daphne:
+                 probe_headers: dict[str, str] | None = None, port: int | None = None) -> Daphne:
     """`probe_headers`: what the start-up probe must send to be answered at all (a production
-    environment's Host, its proxy's X-Forwarded-Proto)."""
+    environment's Host, its proxy's X-Forwarded-Proto). `port`: this one (a server restarted where
+    its clients expect it), else a free one."""
     environment = dict(os.environ)
     environment["DATABASE_URL"] = database_url()
     # The daphne script's own directory comes first on its path, not the checkout: name the checkout,
@@ -65,9 +66,10 @@ def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
             environment.pop(key, None)
         else:
             environment[key] = value
+    fixed = port
     for attempt in range(3):  # the free port may be taken between probing and binding it
-        port = free_port()
-        log = log_dir / f"daphne-{name}-{attempt}.log"
+        port = fixed or free_port()
+        log = log_dir / f"daphne-{name}-{attempt}-{time.monotonic_ns()}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),

@@ -1,0 +1,193 @@
+"""What the sync and the async client share, with no I/O: the retry rule, request bodies, the
+deterministic idempotency keys, the server-sent-events parser and the harness payloads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import socket
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__version__ = "0.1.0"
+USER_AGENT = f"runledger-client/{__version__}"
+API = "/api/v1"
+MAX_BATCH = 5000  # the server's limit per append (API: invalid_event beyond it)
+
+Envelope = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a failed request is sent again: after a network error, a 5xx or a 429 (never another
+    4xx), up to `attempts` tries in all and no later than `deadline_s` after the first. The wait
+    doubles from `backoff_s` up to `max_backoff_s`, with jitter (half of it random), unless the
+    server said how long in `Retry-After`, which is honoured as given."""
+
+    attempts: int = 10
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    deadline_s: float = 60.0
+
+    def delay(self, attempt: int, retry_after: float | None, elapsed: float) -> float | None:
+        """Seconds to wait before try `attempt + 1`; None when the policy gives up."""
+        if attempt >= self.attempts:
+            return None
+        if retry_after is not None:
+            wait = retry_after
+        else:
+            step = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+            wait = step / 2 + random.uniform(0, step / 2)
+        if elapsed + wait > self.deadline_s:
+            return None
+        return wait
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def encode(body: Any) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def run_path(run_id: str, *rest: str) -> str:
+    return "/".join([f"{API}/runs/{run_id}", *rest])
+
+
+def new_run_id() -> str:
+    return f"run_{uuid.uuid4().hex}"
+
+
+def new_owner() -> str:
+    """Who holds a tool call's lease: this process, unique per client."""
+    return f"runledger-client:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Appended(list[Envelope]):
+    """The envelopes of an append, in batch order (each with `replayed`), and the run's `last_sequence`."""
+
+    def __init__(self, events: Iterable[Envelope] = (), last_sequence: int = 0) -> None:
+        super().__init__(events)
+        self.last_sequence = last_sequence
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Appended:
+        return cls(body.get("events") or [], int(body.get("lastSequence") or 0))
+
+    def extend_with(self, other: Appended) -> None:
+        self.extend(other)
+        self.last_sequence = max(self.last_sequence, other.last_sequence)
+
+
+def event_item(type_: str, payload: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None,
+               occurrence_id: str | None = None) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": type_, "payload": dict(payload or {})}
+    if idempotency_key is not None:
+        item["idempotencyKey"] = idempotency_key
+    if occurrence_id is not None:
+        item["occurrenceId"] = occurrence_id
+    return item
+
+
+def check_item(item: Any) -> dict[str, Any]:
+    if not isinstance(item, Mapping) or not isinstance(item.get("type"), str):
+        raise TypeError(f"an event is a mapping with a 'type' string, not {item!r}")
+    return dict(item)
+
+
+class KeyMaker:
+    """Idempotency keys `<writer>:<n>`, n counting the events this writer has given the run (0 is
+    RunStarted's). A retry resends the keys it was given, so it is a replay, never a second event;
+    and a harness restarted with the same writer name that appends the same events in the same
+    order gets replays too (a different event under a used key is 409 idempotency_conflict)."""
+
+    def __init__(self, writer: str, start: int = 0) -> None:
+        if not writer or ":" in writer:
+            raise ValueError("writer must be a non-empty name without ':'")
+        self.writer = writer
+        self.next = start
+
+    def keyed(self, item: dict[str, Any]) -> dict[str, Any]:
+        if "idempotencyKey" not in item:
+            item["idempotencyKey"] = f"{self.writer}:{self.next}"
+        self.next += 1
+        return item
+
+    def name(self, kind: str) -> str:
+        """A deterministic id for the writer's `kind` objects (tool calls): `<writer>:<kind><n>`."""
+        self.next += 1
+        return f"{self.writer}:{kind}{self.next - 1}"
+
+
+def canonical_digest(value: Any) -> str:
+    """sha256 of the value's sorted-key, compact JSON ("sha256:<hex>"), as promptHash and manifestHash carry."""
+    data = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def error_payload(exc: BaseException) -> dict[str, str]:
+    return {"name": type(exc).__name__, "message": str(exc)}
+
+
+# --- server-sent events -------------------------------------------------------------------------
+
+
+@dataclass
+class SseMessage:
+    event: str
+    data: str
+    id: str | None
+
+
+class SseParser:
+    """Lines in, messages out (the WHATWG event-stream rules this server uses: comments ignored,
+    `data` lines joined with newlines, a blank line dispatches)."""
+
+    def __init__(self) -> None:
+        self._event, self._data, self._id = "", [], None  # type: tuple[str, list[str], str | None]
+
+    def feed(self, line: str) -> SseMessage | None:
+        if line == "":
+            if not self._data and not self._event:
+                return None
+            message = SseMessage(self._event or "message", "\n".join(self._data), self._id)
+            self._event, self._data, self._id = "", [], None
+            return message
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            self._id = value
+        return None
+
+
+# --- the harness vocabulary (API.md, ledger/vocabulary.py) -------------------------------------
+
+
+def model_responded(*, turn: int, call_id: str, step_path: str | None, provider: str, model_id: str,
+                    response: Mapping[str, Any]) -> dict[str, Any]:
+    payload: dict[str, Any] = {"turn": turn, "callId": call_id, "model": {"provider": provider, "modelId": model_id},
+                               "response": dict(response)}
+    if step_path is not None:
+        payload["stepPath"] = step_path
+    return payload
+
+
+def response_body(text: str | None, tool_calls: list[Any] | None, usage: Mapping[str, Any] | None,
+                  extra: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {**extra, "usage": dict(usage or {})}
+    if text is not None:
+        body["text"] = text
+    if tool_calls is not None:
+        body["toolCalls"] = list(tool_calls)
+    return body
