@@ -11,6 +11,9 @@ Measures, in one process against one database:
   raw executemany      executemany of INSERTs, one transaction per batch
   raw single INSERT    one INSERT per statement, autocommit
 
+and, through a Daphne serving this checkout, the batched events POSTed pre-encoded by httpx and
+written by runledger.client (client/) as a harness would, each as a share of raw COPY.
+
 The raw baselines write into a scratch copy of ledger_event (CREATE TABLE ... (LIKE ledger_event
 INCLUDING ...), in a schema of its own, dropped at the end) through a plain psycopg.connect()
 connection, with the same precomputed canonical payload text, event ids, sequences and
@@ -315,8 +318,11 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
 
             for send in (through_daphne, through_test_client):  # warm up
                 post_all(send, make_events(2 * args.batch, "hw"))()
+            through_client(base, key, appender, make_events(2 * args.batch, "cw"), args.batch)()  # warm up
             http = timed("HTTP append, batched", args.events, [post_all(through_daphne, events)])
             direct = timed("same, Django in-process", args.events, [post_all(through_test_client, events)])
+            via_client = timed("runledger.client, batched", args.events,
+                           [through_client(base, key, appender, events, args.batch)])
     finally:
         stop(process)
     bare = time_bare_daphne(events, args.batch, max(sizes))
@@ -332,6 +338,12 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
     print(f"  Daphne alone (a bare ASGI app answering {max(sizes):,} bytes, bench/bareasgi.py): {bare:.1f} ms/request; "
           f"Django's ASGI handler, its thread hop and the rest: {per_request - per_direct - bare:.1f} ms")
     print(f"  target >= 15% of COPY: {'MET' if ratio >= TARGET_HTTP_VS_COPY else 'NOT MET'}")
+    client_ratio = via_client.rate / copy.rate
+    print(f"  {via_client.name:<24} {via_client.events:>8} {via_client.seconds:>9.3f} {via_client.rate:>10,.0f}   "
+          f"{client_ratio:6.1%} of COPY   {via_client.rate / http.rate:6.1%} of the pre-encoded POSTs")
+    record("client (runledger.client, batched, through HTTP) / raw COPY", value=via_client.rate, unit="ev/s",
+           baseline=copy.rate, ratio=client_ratio, target="none (issue 16 asks for the figure)", met=None,
+           ratio_format="{:.1%}", note=f"{via_client.rate / http.rate:.0%} of the same batches POSTed pre-encoded")
     record("HTTP batch of 500 through Daphne / raw COPY", value=http.rate, unit="ev/s", baseline=copy.rate,
            ratio=ratio, target=">= 15%", met=ratio >= TARGET_HTTP_VS_COPY, ratio_format="{:.1%}",
            note=f"Daphne's share of a request: {(per_request - per_direct) / per_request:.0%} "
@@ -359,6 +371,28 @@ def time_bare_daphne(events: list[dict[str, Any]], batch: int, response_bytes: i
             return (time.perf_counter() - start) / len(bodies) * 1000
     finally:
         stop(process)
+
+
+def through_client(base: str, key: str, appender: Appender, events: list[dict[str, Any]],
+                   batch: int) -> Callable[[], None]:
+    """`events` written by runledger.client as a harness would: a run started, the rest emitted
+    into batches of `batch` (no time flush), flushed at the end. Unlike the pre-encoded POSTs the
+    client pays for what a harness pays for: its JSON, its idempotency keys, its retry loop."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
+    from runledger.client import Client
+
+    run_id = appender.new_run_id()
+
+    def go() -> None:
+        with Client(base, key, timeout=120) as client:
+            run = client.start_run(events[0]["payload"]["workflowVersionId"], run_id=run_id, batch_size=batch,
+                                   flush_interval=0)
+            for item in events[1:]:
+                run.emit(item["type"], item["payload"])
+            run.flush()
+            if run.last_sequence != len(events):
+                raise SystemExit(f"client append ended at {run.last_sequence}, not {len(events)}")
+    return go
 
 
 def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> None:
