@@ -85,6 +85,8 @@ def test_append_returns_the_envelopes_and_a_keyed_retry_is_a_replay(client: Clie
     assert [e["replayed"] for e in again] == [True, True]
     assert [e["eventId"] for e in again] == [e["eventId"] for e in first]
     assert [e["eventId"] for e in logged(workspace, "run_low")] == [e["eventId"] for e in first]
+    client.append("run_low", [ev("StepScheduled", stepPath=f"p{n}") for n in range(3)])
+    assert [e["sequence"] for e in client.events("run_low", after=1, page_size=2)] == [2, 3, 4, 5]
 
 
 def test_expected_sequence_refuses_a_stale_writer_with_the_actual_end(client: Client, workspace: Workspace) -> None:

@@ -63,6 +63,8 @@ class AsyncClient:
             try:
                 response = await self._http.request(method, path, content=content, headers=headers,
                                                     params={**self._params, **(params or {})})
+            except httpx.UnsupportedProtocol:
+                raise  # a base_url without http(s): no retry can fix it
             except httpx.TransportError as exc:
                 failure, retry_after = exc, None
             else:
