@@ -621,6 +621,8 @@ class AuditEntry(models.Model):
         RUN_PRUNED = "run.pruned"
         REDACTION_CHANGED = "redaction.changed"
         RUN_OTLP_EXPORTED = "run.otlp_exported"
+        EXPORT_DOWNLOADED = "export.downloaded"
+        EVIDENCE_BUNDLE_DOWNLOADED = "evidence_bundle.downloaded"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

@@ -1,16 +1,8 @@
-"""Text cells of the CSV exports, made safe to open in a spreadsheet (docs/security.md "CSV").
-
-A cell that begins with `=`, `+`, `-` or `@` (or a tab or carriage return, which some spreadsheets
-skip before reading a formula) is taken for a formula by Excel, LibreOffice and Sheets:
-`=HYPERLINK(…)` in a model name recorded by any ingest key would run in the auditor's
-spreadsheet. Such a cell is written with a leading `'` (OWASP's advice), which spreadsheets show
-as text and hide. Numbers the exports write themselves are not text cells and are left alone.
-"""
+"""Text cells of the CSV exports, made safe to open in a spreadsheet: the rule lives in
+ledger/csvcells.py, shared with the command line's exports."""
 
 from __future__ import annotations
 
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+from ledger.csvcells import FORMULA_STARTS, text_cell
 
-
-def text_cell(value: str) -> str:
-    return "'" + value if value.startswith(FORMULA_STARTS) else value
+__all__ = ["FORMULA_STARTS", "text_cell"]

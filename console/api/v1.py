@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.urls import URLPattern, URLResolver, include, path
 
 RESOURCES = ["stream", "runs", "events", "evidence", "feedback", "artifacts", "usage", "gateway", "reexecutions",
-             "audit", "share_links", "otlp"]
+             "audit", "share_links", "otlp",
+             "exports"]
 
 urlpatterns: list[URLPattern | URLResolver] = [path("", include(f"console.api.{name}")) for name in RESOURCES]

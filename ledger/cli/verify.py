@@ -1,16 +1,20 @@
 """`ledger verify [RUN]`: dense sequences, event ids recomputed, artifact hashes, projections ==
-fold, and (without RUN) the daily usage == the cost entries; exit 1 on any failure."""
+fold, and (without RUN) the daily usage == the cost entries; exit 1 on any failure.
+
+`ledger verify --export FILE` and `--bundle FILE` check a file that left the ledger, from the file
+alone (ledger/offline.py): no database is read."""
 
 from __future__ import annotations
 
 import sys
 from argparse import ArgumentParser
+from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from ledger import access, rollup, selectors
-from ledger.verify import verify_run
+from ledger import access, offline, rollup, selectors
+from ledger.verify import Check, verify_run
 
 from .common import add_run_arguments, runs_for
 
@@ -20,9 +24,16 @@ HELP = "integrity of one run or all; exit 1 on any failure"
 
 def add_arguments(parser: ArgumentParser) -> None:
     add_run_arguments(parser, optional=True)
+    files = parser.add_mutually_exclusive_group()
+    files.add_argument("--export", dest="export_file", metavar="FILE", help="an export file (JSONL or CSV)")
+    files.add_argument("--bundle", dest="bundle_file", metavar="FILE", help="an evidence bundle (zip)")
 
 
-def handle(cmd: BaseCommand, *, run: str | None, workspace: str | None, **_: Any) -> None:
+def handle(cmd: BaseCommand, *, run: str | None, workspace: str | None, export_file: str | None = None,
+           bundle_file: str | None = None, **_: Any) -> None:
+    if export_file or bundle_file:
+        _verify_file(cmd, export_file, bundle_file)
+        return
     failures = 0
     checked = 0
     for target in runs_for(run, workspace):
@@ -41,5 +52,19 @@ def handle(cmd: BaseCommand, *, run: str | None, workspace: str | None, **_: Any
     if spaces:
         cmd.stdout.write(f"checked the daily usage of {len(spaces)} workspace(s)")
     cmd.stdout.write(f"verified {checked} run(s): {'ok' if not failures else f'{failures} failure(s)'}")
+    if failures:
+        sys.exit(1)
+
+
+def _verify_file(cmd: BaseCommand, export_file: str | None, bundle_file: str | None) -> None:
+    name = export_file or bundle_file or ""
+    path = Path(name)
+    if not path.is_file():
+        raise CommandError(f"{name}: no such file")
+    checks: list[Check] = offline.verify_export(path) if export_file else offline.verify_bundle(path)
+    failures = [c for c in checks if c.status == "fail"]
+    for check in checks:
+        cmd.stdout.write(f"{'FAIL' if check.status == 'fail' else 'ok  '} {name} {check.name}: {check.detail}")
+    cmd.stdout.write(f"verified {name}: {'ok' if not failures else f'{len(failures)} failure(s)'}")
     if failures:
         sys.exit(1)

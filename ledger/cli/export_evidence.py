@@ -1,0 +1,40 @@
+"""`ledger export-evidence RUN [--workspace T/W] [--output FILE]`: the run's deterministic evidence
+zip (ledger/bundle.py), to a file (default RUN.evidence.zip) or `-` for stdout; audited
+(`evidence_bundle.downloaded`, actor `system:cli`). Prints the file's sha256 on stderr."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from ledger import bundle
+
+from .common import add_run_arguments, existing_run
+from .export import CLI_ACTOR
+
+NAME = "export-evidence"
+HELP = "write a run's evidence bundle (deterministic zip, verifiable offline with verify --bundle)"
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    add_run_arguments(parser, workspace_help="TENANT/WORKSPACE (needed when the run id is ambiguous)")
+    parser.add_argument("--output", "-o", help="the zip's path (default RUN.evidence.zip; - for stdout)")
+
+
+def handle(cmd: BaseCommand, *, run: str, workspace: str | None, output: str | None, **_: Any) -> None:
+    the_run = existing_run(cmd, run, workspace)
+    with bundle.bundle_file(the_run) as spooled:
+        sha256 = bundle.file_sha256(spooled)
+        bundle.record_bundle(run=the_run, by=CLI_ACTOR, sha256=sha256)
+        target = output or bundle.bundle_name(the_run)
+        if target == "-":
+            shutil.copyfileobj(spooled, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        else:
+            with open(target, "wb") as out:
+                shutil.copyfileobj(spooled, out)
+            cmd.stderr.write(f"wrote {target} sha256 {sha256}")
