@@ -61,6 +61,7 @@ BENCHES = (
     Bench("crash", ("--short",), "the short form: 12 Daphne kills, 3 PostgreSQL crashes (make crash: 100 and 10)",
           path="reliability/crash.py"),
     Bench("scale"),
+    Bench("export", ("--events", "200000"), "200,000 events instead of 1,000,000"),
 )
 
 
