@@ -87,6 +87,11 @@ ROUTES: dict[str, Route] = {
     V1 + "audit": api({"GET": (None, ADMIN)}, collection=True),
     V1 + "runs/<str:run_id>/share-links": api({"GET": (None, OPERATOR), "POST": (None, OPERATOR)}),
     V1 + "share-links/<str:link_id>": api({"DELETE": (None, OPERATOR)}),
+    V1 + "export/runs": api({"GET": READ}, collection=True),
+    V1 + "export/events": api({"GET": READ}, collection=True),
+    V1 + "export/costs": api({"GET": READ}, collection=True),
+    V1 + "export/audit": api({"GET": (None, ADMIN)}, collection=True),
+    V1 + "runs/<str:run_id>/evidence.zip": api({"GET": READ}),
     # --- the console: a member's session with the role (pages never take keys)
     "": page({"GET": (None, Role.VIEWER)}, collection=True),
     W: page({"GET": (None, Role.VIEWER)}),

@@ -12,13 +12,12 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import FileResponse, StreamingHttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework.request import Request
 
 from ledger import access, bundle, exports
 from ledger.access import tenant_admin
 from ledger.append import validate_run_id
-from ledger.errors import NotFound
 
 from .auth import access_for, principal
 from .base import ApiView, run_for
@@ -84,19 +83,14 @@ def _selection(request: Request, kind: str) -> exports.Selection:
                              filters=filters)
 
 
-KIND = OpenApiParameter("kind", OpenApiTypes.STR, OpenApiParameter.PATH, enum=list(exports.KINDS),
-                        description="audit: admin members in a console session only")
-
-
 class ExportView(ApiView):
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # ?format=jsonl|csv is this view's own switch, not DRF's renderer override; errors are JSON.
         return super().perform_content_negotiation(request, force=True)
 
+    kind = ""  # set by each path's subclass below
+
     @extend_schema(
-        operation_id="export",
-        summary="Runs, events, cost entries or the audit log as a JSONL or CSV file, streamed (scope read; "
-                "audit: admin session)",
         description=(
             "The whole selection in one streamed response (read in keyset-ordered chunks: memory stays flat "
             "for millions of rows), oldest first. JSONL: the first line is the header `{schemaVersion: 1, "
@@ -116,7 +110,6 @@ class ExportView(ApiView):
             "several; `?workspace=` keeps one workspace's entries) and is refused to API keys (403)."
         ),
         parameters=[
-            KIND,
             OpenApiParameter("format", OpenApiTypes.STR, enum=list(exports.FORMATS), description="default jsonl"),
             OpenApiParameter("from", OpenApiTypes.STR, description="YYYY-MM-DD or ISO 8601, inclusive"),
             OpenApiParameter("to", OpenApiTypes.STR, description="YYYY-MM-DD (that whole day) or ISO 8601, exclusive"),
@@ -132,9 +125,8 @@ class ExportView(ApiView):
         },
         tags=["export"],
     )
-    def get(self, request: Request, kind: str) -> StreamingHttpResponse:
-        if kind not in exports.KINDS:
-            raise NotFound(f"no export named {kind}; exports are {', '.join(exports.KINDS)}")
+    def get(self, request: Request) -> StreamingHttpResponse:
+        kind = self.kind
         fmt = request.query_params.get("format") or "jsonl"
         if fmt not in exports.FORMATS:
             raise InvalidParameter(f"format must be one of {', '.join(exports.FORMATS)}", parameter="format")
@@ -143,6 +135,20 @@ class ExportView(ApiView):
         response = streamed(request, exports.render(selection, fmt), MEDIA_TYPES[fmt])
         response["Content-Disposition"] = f'attachment; filename="{exports.filename(selection, fmt)}"'
         return response
+
+
+SUMMARIES = {
+    "runs": "The workspace's runs as a JSONL or CSV file, streamed (scope read)",
+    "events": "The workspace's events, whole runs with ids and sequences, as a JSONL or CSV file, streamed "
+              "(scope read)",
+    "costs": "The workspace's cost entries as a JSONL or CSV file, streamed (scope read)",
+    "audit": "The tenant's audit log as a JSONL or CSV file, streamed (admin session)",
+}
+
+
+def _export_view(kind: str) -> type[ExportView]:
+    view = type(f"Export{kind.title()}View", (ExportView,), {"kind": kind})
+    return extend_schema_view(get=extend_schema(operation_id=f"export_{kind}", summary=SUMMARIES[kind]))(view)
 
 
 class RunEvidenceZipView(ApiView):
@@ -181,7 +187,9 @@ class RunEvidenceZipView(ApiView):
         return response
 
 
+# One path per export (not `export/<kind>`): each is declared on its own, with who may use it, and
+# an unknown one is a plain 404.
 urlpatterns = [
-    path("export/<str:kind>", ExportView.as_view(), name="api-export"),
+    *[path(f"export/{kind}", _export_view(kind).as_view(), name=f"api-export-{kind}") for kind in exports.KINDS],
     path("runs/<str:run_id>/evidence.zip", RunEvidenceZipView.as_view(), name="api-run-evidence-zip"),
 ]
