@@ -2,7 +2,7 @@
 then 1,000,000 events (issue 16: "Export of 1 million events streams in constant memory").
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench .venv/bin/python bench/export.py \
-        [--events 1000000] [--per-run 10000] [--batch 500] [--keep]
+        [--events 1000000] [--per-run 10000] [--batch 500] [--keep | --reuse bench/export-…]
 
 PostgreSQL only, DEBUG off. Writes `--events` events through `append_events` (the mix of
 bench/ingest.py) into runs of `--per-run` events in a fresh workspace, then, for 10k events (one
@@ -12,7 +12,9 @@ run, `?runId=`) and for all of them (the workspace):
   the stream and counts the rows; then Daphne's peak RSS (VmHWM in /proc/<pid>/status).
 - **CLI**: a fresh process runs `ledger export events … -o /dev/null`; then its peak RSS.
 
-Each measurement is its own process, so a peak is the export's and not the fill's. The figures:
+`--keep` leaves the workspace and its runs in place (the fill takes about 8 minutes a million
+events on the loaded machine); `--reuse bench/SLUG` measures such a workspace again without filling
+it (and keeps it). Each measurement is its own process, so a peak is the export's and not the fill's. The figures:
 peak RSS at 1M / at 10k, for each; target: flat (<= 1.2x). Rows per second are printed alongside.
 """
 
@@ -113,20 +115,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--per-run", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--keep", action="store_true", help="keep the runs (default: delete them)")
+    parser.add_argument("--reuse", metavar="bench/SLUG", help="a kept workspace to measure again, unfilled")
     args = parser.parse_args(argv)
     require_postgres("bench/export.py")
     setup_django(production=True)
 
+    from ledger.access import workspace_by_path
+    from ledger.models import Run
     from ledger.tenancy import bootstrap, create_key
 
     runs = max(1, args.events // args.per_run)
-    workspace = bootstrap(tenant="bench", workspace=f"export-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")
+    if args.reuse:
+        workspace = workspace_by_path(args.reuse)
+        kept = list(Run.objects.filter(workspace=workspace).order_by("pk").values_list("run_id", "last_sequence"))
+        runs, args.per_run = len(kept), kept[0][1]
+        if any(last != args.per_run for _, last in kept):
+            raise SystemExit(f"{args.reuse}: its runs are not all of {args.per_run} events")
+    else:
+        workspace = bootstrap(tenant="bench", workspace=f"export-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")
     path = f"bench/{workspace.slug}"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{runs * args.per_run:,} events in {runs} runs of {args.per_run:,}; load average {load}")
+    print(f"{runs * args.per_run:,} events in {runs} runs of {args.per_run:,} ({path}); load average {load}")
     run_ids: list[str] = []
     try:
-        run_ids = fill(workspace, runs, args.per_run, args.batch)
+        run_ids = [r for r, _ in kept] if args.reuse else fill(workspace, runs, args.per_run, args.batch)
         _, key = create_key(workspace=workspace, scopes=["read"], name="bench/export.py")
         total = runs * args.per_run
         print(f"\n{'export':<22} {'rows':>10} {'s':>7} {'rows/s':>9} {'peak RSS MB':>12}")
@@ -151,7 +163,7 @@ def main(argv: list[str]) -> int:
             record(f"peak RSS, {how} export of {total} events / of {args.per_run}", value=peaks["all"], unit="MB",
                    baseline=peaks["10k"], ratio=ratio, target=f"<= {TARGET_GROWTH}x (flat)", met=met)
     finally:
-        if not args.keep:
+        if not (args.keep or args.reuse):
             cleanup(workspace, run_ids)
     return 0
 

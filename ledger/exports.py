@@ -18,7 +18,7 @@ each run's sequences are 1..N from the file alone (ledger/offline.py). `from`/`t
 so events) by the run's creation time, cost entries by when they were recorded, audit entries by
 their time.
 
-Each chunk is a fresh keyset query (`pk > last`, or `(run, sequence) > last`), never an OFFSET and
+Each chunk is a fresh keyset query (`pk > last`, or a run's `sequence > last`), never an OFFSET and
 never a cursor held open between chunks: a stream served over ASGI resumes in whichever thread is
 free, and a reader that stalls holds no transaction open.
 """
@@ -36,7 +36,6 @@ from typing import Any
 
 import orjson
 from django.db import transaction
-from django.db.models import Q
 
 from . import audit, clock, serialize
 from .audit import Actor
@@ -161,25 +160,50 @@ class EventRow:
     payload_text: str
 
 
+def _event_query(**where: Any) -> Any:
+    return Event.objects.filter(**where).values_list(
+        "run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload")
+
+
+def _event_batches(runs: list[Run]) -> Iterator[list[tuple[Any, ...]]]:
+    """The events of `runs` (in pk order), a list of at most about CHUNK_ROWS rows at a time, each
+    query an index range scan of (run, sequence): runs small enough are read together with
+    `run IN (…)`; a larger run alone, by `sequence > last` — never `(run, sequence) > (a, b)`
+    spelled as an OR, which PostgreSQL answers by filtering the index from the start each time."""
+    small: list[Run] = []
+    held = 0
+    for run in [*runs, None]:
+        if run is None or (small and held + run.last_sequence > CHUNK_ROWS):
+            if small:
+                yield list(_event_query(run_id__in=[r.pk for r in small]).order_by("run_id", "sequence"))
+            small, held = [], 0
+        if run is None:
+            break
+        if run.last_sequence <= CHUNK_ROWS:
+            small.append(run)
+            held += run.last_sequence
+            continue
+        after = 0
+        while after < run.last_sequence:
+            rows = list(_event_query(run_id=run.pk, sequence__gt=after, sequence__lte=run.last_sequence)
+                        .order_by("sequence")[:CHUNK_ROWS])
+            if not rows:
+                break
+            yield rows
+            after = rows[-1][1]
+
+
 def event_rows(selection: Selection) -> Iterator[EventRow]:
     """Whole runs in creation order, each in sequence order up to its last sequence as read when
     its chunk of runs was (events appended meanwhile are left for the next export)."""
     for runs in _chunks_by_pk(_runs(selection), RUN_CHUNK):
         heads = {run.pk: (run.last_sequence, run.run_id, _path(run.workspace)) for run in runs}
-        position = (0, 0)  # (run pk, sequence) of the last row read
-        while True:
-            qs = Event.objects.filter(run_id__in=list(heads)).filter(
-                Q(run_id__gt=position[0]) | Q(run_id=position[0], sequence__gt=position[1]))
-            rows = list(qs.order_by("run_id", "sequence").values_list(
-                "run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload")[:CHUNK_ROWS])
-            if not rows:
-                break
+        for rows in _event_batches(runs):
             for run_pk, sequence, event_id, type_, occurrence_id, recorded_at, payload in rows:
                 last, run_id, workspace = heads[run_pk]
                 if sequence <= last:
                     yield EventRow(workspace, run_id, sequence, event_id, type_, occurrence_id,
                                    format_recorded_at(recorded_at), payload)
-            position = (rows[-1][0], rows[-1][1])
 
 
 def cost_rows(selection: Selection) -> Iterator[dict[str, Any]]:
