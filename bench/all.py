@@ -53,6 +53,7 @@ BENCHES = (
     Bench("fold"),
     Bench("memory", ("--events", "200000"), "200,000 events instead of 1,000,000"),
     Bench("runtime", ("--calls", "200", "--repeat", "3")),
+    Bench("parallel"),
     Bench("reexec", ("--repeat", "3"), "3 repeats instead of 5"),
     Bench("stream"),
     Bench("console", ("--repeats", "9"), "9 page repeats instead of 15"),

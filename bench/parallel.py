@@ -27,7 +27,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import cleanup, setup_django  # noqa: E402
+from bench.common import cleanup, record, setup_django  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -101,6 +101,11 @@ def main(argv: list[str]) -> int:
     for label, n in configs.items():
         median = statistics.median(seconds[label])
         print(f"{label:<16}{n:>8}{median * 1000:>12.0f}{median / floor if floor else 0:>21.2f}x")
+    concurrent, serial = (statistics.median(seconds[label]) * 1000 for label in configs)
+    record(f"parallel group, {args.branches} branches x {args.sleep_ms} ms tool: run wall time", value=concurrent,
+           unit="ms", baseline=serial, ratio=concurrent / serial, target="<= 0.5x one branch at a time",
+           met=concurrent / serial <= 0.5,
+           note=f"{configs['concurrent']} threads; the serial floor is {floor * 1000:.0f} ms")
     return 0
 
 

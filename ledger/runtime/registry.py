@@ -92,7 +92,7 @@ class Tool:
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=dict)  # JSON schema of args
     effect: str = "read"  # read | write
-    timeout_s: float | None = None
+    timeout_s: float | None = None  # enforced (timeouts.py): a read call fails, a write call is in doubt
 
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "parameters": dict(self.parameters),
