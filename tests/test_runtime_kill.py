@@ -302,7 +302,13 @@ def test_a_retry_delay_survives_a_kill_the_resumed_run_waits_only_for_what_is_le
     # 59 min 59.8 s later: a resume that started the delay from zero would wait another hour
     clock.advance(3599.8)
     outcomes: list[dict[str, Any]] = []
-    resuming = threading.Thread(target=lambda: outcomes.append(_resume("run_kill_retry", calls, monkeypatch)))
+    def resume() -> None:
+        try:
+            outcomes.append(_resume("run_kill_retry", calls, monkeypatch))
+        finally:
+            connections.close_all()  # this thread's own, or the test database cannot be dropped
+
+    resuming = threading.Thread(target=resume)
     resuming.start()
     resuming.join(120)
     assert not resuming.is_alive(), "the resumed run is waiting the whole delay again"
