@@ -10,6 +10,8 @@ Measures, in one process against one database:
   raw COPY             COPY ... FROM STDIN (write_row), one transaction per batch
   raw executemany      executemany of INSERTs, one transaction per batch
   raw single INSERT    one INSERT per statement, autocommit
+  OTLP spans           --events/2 GenAI spans POSTed as OTLP protobuf to Daphne, against the events
+                       they become POSTed to the append endpoint (bench/otlp.py)
 
 and, through a Daphne serving this checkout, the batched events POSTed pre-encoded by httpx and
 written by runledger.client (client/) as a harness would, each as a share of raw COPY.
@@ -495,6 +497,9 @@ def main(argv: list[str]) -> int:
             print(f"  {name:<20} {result.seconds:8.3f}s", flush=True)
         print_table(results)
         print_http(workspace, appender, args, batched_events, results["raw COPY"])
+        from bench.otlp import print_otlp
+
+        print_otlp(workspace, appender, spans=args.events // 2, copy_rate=results["raw COPY"].rate)
         print_projection_overhead(appender, args)
 
         if args.profile in ("batched", "both"):

@@ -9,6 +9,10 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
+import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +33,7 @@ from ledger.models import AuditEntry, Event, Run, Workspace
 from ledger.tenancy import create_key
 from ledger.verify import verify_run
 from tests.conftest import ev, started
-from tests.servers import Daphne, start_daphne
+from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -252,6 +256,22 @@ def test_partial_success_names_the_refused_spans(server: Daphne, workspace: Work
     assert _run(workspace, TRACE).status == "completed"
 
 
+def test_a_trace_the_log_refuses_is_rejected_alone(server: Daphne, workspace: Workspace, key: str) -> None:
+    """A NUL in an attribute (no database holds it, the write path refuses it): that trace's spans are
+    counted as rejected and nothing of it is written; the other trace of the same export is."""
+    other = "0af7651916cd43dd8448eb211c80319c"
+    export = _chat_trace()
+    bad = _json_span("bbbbbbbbbbbbbbbb", "bad", T0, T0 + 5, trace=other, note="a\x00b")
+    export["resourceSpans"][0]["scopeSpans"][0]["spans"].append(bad)
+    response = httpx.post(server.url + TRACES, json=export, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert response.status_code == 200, response.text
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    assert partial["errorMessage"].startswith(f"trace {other}: invalid_event: ")
+    assert _run(workspace, TRACE).status == "completed"
+    assert not Run.objects.filter(run_id=f"run_otel_{other}").exists()
+
+
 def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(server: Daphne, workspace: Workspace,
                                                                      key: str) -> None:
     auth = {"Authorization": f"Bearer {key}"}
@@ -277,6 +297,8 @@ def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(server: Daph
     ({"Content-Type": "application/json"}, json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
         {"traceId": "not-hex", "spanId": ROOT}]}]}]}).encode(), 400, "invalid_otlp"),
     ({"Content-Type": "application/json"}, json.dumps({"resourceSpans": "many"}).encode(), 400, "invalid_otlp"),
+    ({"Content-Type": "application/json"}, b'{"resourceSpans": ' + b"[" * 70 + b"]" * 70 + b"}", 400, "invalid_otlp"),
+    ({"Content-Type": "application/json"}, b"[" * 5000 + b"]" * 5000, 400, "invalid_otlp"),
     ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, b"not gzip", 400, "invalid_otlp"),
     ({"Content-Type": "application/json", "Content-Encoding": "br"}, b"{}", 415, "unsupported_media_type"),
     ({"Content-Type": "text/plain"}, b"{}", 415, "unsupported_media_type"),
@@ -452,3 +474,36 @@ def test_the_run_export_is_not_for_outsiders(server: Daphne, workspace: Workspac
     assert httpx.get(f"{server.url}/api/v1/runs/bad id/otlp", headers={"Authorization": f"Bearer {key}"},
                      timeout=30).json()["error"]["code"] == "invalid_run_id"
     assert not AuditEntry.objects.filter(action="run.otlp_exported").exists()
+
+
+# --- README -----------------------------------------------------------------------------------
+
+
+def _readme_block() -> str:
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Send OpenTelemetry traces", 1)[1]
+    match = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert match, "README has no shell block under 'Send OpenTelemetry traces'"
+    return match.group(1)
+
+
+def test_readme_otlp_example_works_as_written(server: Daphne, workspace: Workspace) -> None:
+    assert shutil.which("curl"), "curl is needed: the README's commands are run as written"
+    script = _readme_block().replace("http://127.0.0.1:8000", server.url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["DATABASE_URL"] = database_url()
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script + "\n" + script], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    outputs = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    run, exported = outputs[0], outputs[1]
+    assert run["runId"].startswith("run_otel_") and run["workflowVersionId"] == "otel:weather-agent"
+    assert run["status"] == "completed"
+    assert (run["usage"]["inputTokens"], run["usage"]["outputTokens"]) == (120, 30)
+    stored = Run.objects.get(workspace=workspace, run_id=run["runId"])
+    assert _types(stored) == ["RunStarted", "StepScheduled", "StepAttemptStarted", "harness.model.called",
+                              "harness.model.responded", "harness.tool_call.started",
+                              "harness.tool_call.succeeded", "StepCompleted", "RunCompleted"]
+    names = {s.name for s in _parse_otlp_json(exported).resource_spans[0].scope_spans[0].spans}
+    assert names == {"invoke_agent weather", "chat gpt-4o", "execute_tool get_weather"}
+    assert outputs[2]["runId"] != run["runId"]  # run twice, as a user would: a new trace, a new run

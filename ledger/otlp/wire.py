@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from ..errors import LedgerError
+from ..limits import MAX_JSON_DEPTH, json_depth_exceeds
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -46,6 +47,10 @@ def parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:
             raise InvalidOtlp(f"the body is not a protobuf ExportTraceServiceRequest: {exc}", field="") from None
         return request
     if media == JSON:
+        if json_depth_exceeds(body):
+            # The API's limit for every JSON body (docs/security.md): refused before parsing.
+            raise InvalidOtlp(f"the body nests arrays and objects more than {MAX_JSON_DEPTH} deep",
+                              field="", limit=MAX_JSON_DEPTH)
         try:
             document = json.loads(body)
         except (ValueError, RecursionError) as exc:
