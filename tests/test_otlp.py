@@ -14,6 +14,8 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,8 +43,13 @@ TRACES = "/api/v1/otlp/v1/traces"
 
 
 @pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "otlp", {})
+def server_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server-artifacts")
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, server_artifacts: Path) -> Iterator[Daphne]:
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "otlp", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)})
     yield daphne
     daphne.stop()
 
@@ -507,3 +514,79 @@ def test_readme_otlp_example_works_as_written(server: Daphne, workspace: Workspa
     names = {s.name for s in _parse_otlp_json(exported).resource_spans[0].scope_spans[0].spans}
     assert names == {"invoke_agent weather", "chat gpt-4o", "execute_tool get_weather"}
     assert outputs[2]["runId"] != run["runId"]  # run twice, as a user would: a new trace, a new run
+
+
+HOSTILE = [
+    # What no encoder writes, in the places OTLP/JSON has strings, numbers and ids.
+    json.dumps(_json_export(_json_span("ccccccccccccccc0", "\ud800", T0, T0 + 1, note="\udfff"))).encode(),
+    json.dumps(_json_export(_json_span("0000000000000000", "\ud800", T0, T0 + 1))).encode(),
+    json.dumps(_json_export(_json_span("ccccccccccccccc1", "n", T0, T0 + 1))).replace(
+        '"startTimeUnixNano": "1', '"startTimeUnixNano": "-1').encode(),
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
+    + ROOT.encode() + b'", "attributes": [{"key": "x", "value": {"doubleValue": NaN}}, '
+    b'{"key": "y", "value": {"intValue": 1e400}}]}]}]}]}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
+    + ROOT.encode() + b'", "kind": 99, "status": {"code": 7}, "startTimeUnixNano": "99999999999999999999"}]}]}]}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
+    + ROOT.encode() + b'", "attributes": [{"key": "k", "value": {"stringValue": "' + b"x" * 1_048_576 + b'"}}]}]}]}]}',
+    b'{"resourceSpans": [], "resourceSpans": [{"scopeSpans": "x"}]}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
+    + ROOT.encode() + b'", "parentSpanId": "' + ROOT.encode() + b'"}]}]}]}',
+    b"\xff\xfe not utf-8",
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'"',
+]
+
+
+def test_hostile_bodies_are_never_a_server_error(server: Daphne, workspace: Workspace, key: str, settings: Any,
+                                                 server_artifacts: Path) -> None:
+    """Each answered 200 (what was valid written, the rest in partialSuccess) or a 4xx error body;
+    whatever was written is a dense run that verifies (a megabyte attribute is an artifact)."""
+    settings.ARTIFACTS_ROOT = server_artifacts
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {key}"}) as client:
+        for body in HOSTILE:
+            for content_type in ("application/json", "application/x-protobuf"):
+                response = client.post(TRACES, content=body, headers={"Content-Type": content_type})
+                assert response.status_code == 200 or (
+                    400 <= response.status_code < 500 and "error" in response.json()), (body[:200], response.text)
+    for run in Run.objects.all():
+        assert all(check.status == "pass" for check in verify_run(run)), [c for c in verify_run(run) if c.status != "pass"]
+
+
+@pytest.fixture(scope="module")
+def second_server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory,
+                  server_artifacts: Path) -> Iterator[Daphne]:
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne2"), "otlp2", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)})
+    yield daphne
+    daphne.stop()
+
+
+def test_concurrent_exports_of_one_trace_write_each_span_once(server: Daphne, second_server: Daphne,
+                                                              workspace: Workspace, key: str) -> None:
+    """An exporter's retry racing its first attempt, and a second exporter of the same trace, sent to
+    two server processes at once: the run's start and every span are decided under the run's lock,
+    and a loser is mapped again."""
+    memory = InMemorySpanExporter()
+    trace = _agent_trace(_provider(memory))
+    spans = memory.get_finished_spans()
+    bodies = [_encode(spans[:3]), _encode(spans[:3]), _encode(spans), _encode(spans[2:5]), _encode(spans)]
+
+    def post(item: tuple[int, bytes]) -> int:
+        index, body = item
+        return httpx.post((server, second_server)[index % 2].url + TRACES, content=body, timeout=60, headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/x-protobuf"}).status_code
+
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        assert list(pool.map(post, enumerate(bodies))) == [200] * len(bodies)
+    run = _run(workspace, trace)
+    events = selectors.events(run)
+    keys = [e for e in Event.objects.filter(run=run).values_list("idempotency_key", flat=True)]
+    assert len(keys) == len(set(keys)) == run.last_sequence == len(EXPECTED_TYPES)
+    assert sorted(e["type"] for e in events) == sorted(EXPECTED_TYPES)
+    assert events[0]["type"] == "RunStarted"
+    assert all(check.status == "pass" for check in verify_run(run))
+
+
+def _encode(spans: Any) -> bytes:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return encode_spans(spans).SerializeToString()
