@@ -13,6 +13,7 @@ urlpatterns = [
     # Also before it: `share-links/` and `share-policy/` would be taken for tab names.
     path("", include("console.pages.share")),
     path("", include("console.pages.run")),
+    path("", include("console.pages.loop")),
     path("", include("console.pages.approvals")),
     path("", include("console.pages.audit")),
     path("", include("console.pages.usage")),

@@ -37,6 +37,7 @@ from ledger.feedback import record_feedback
 from ledger.limits import day_in_range
 from ledger.models import Run, Step, UsageColumns
 from ledger.plans import replay_plan_for
+from ledger.runtime.outer_loop import outer_loop_of, record_run_id
 from ledger.subruns import subrun_tree
 
 from ..format import coverage
@@ -147,8 +148,11 @@ def _header_context(run: Run) -> dict[str, Any]:
     parent_url = None
     if run.parent_run_id:
         parent_url = reverse("run", args=[ws.tenant.slug, ws.slug, run.parent_run_id])
+    loop = outer_loop_of(run)
     return {
         "parent_url": parent_url,
+        "outer_loop": {"id": loop[0], "cycle": loop[1], "record": run.run_id == record_run_id(loop[0]),
+                       "url": reverse("outer-loop", args=[ws.tenant.slug, ws.slug, loop[0]])} if loop else None,
         "ws_param": f"{ws.tenant.slug}/{ws.slug}",
         "origin": run_origin(run),
     }

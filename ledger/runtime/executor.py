@@ -75,9 +75,11 @@ def sub_run_id(parent_run_id: str, call_prefix: str) -> str:
 
 
 def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run_id: str | None = None,
-              take_over: bool = False, parent_run_id: str | None = None, parent: Recorder | None = None) -> RunOutcome:
+              take_over: bool = False, parent_run_id: str | None = None, parent: Recorder | None = None,
+              outer_loop_id: str | None = None, label: str | None = None) -> RunOutcome:
     """Start `workflow` on `input` and run it to the end. An existing `run_id` is resumed instead,
-    and its input must equal `input`."""
+    and its input must equal `input`. `outer_loop_id` names the outer loop (outer_loop.py) this run
+    is a cycle of."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     run_id = run_id or new_run_id()
     if selectors.find_run(workspace, run_id) is not None:
@@ -88,6 +90,10 @@ def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run
                "input": input}
     if parent_run_id is not None:
         payload["parentRunId"] = parent_run_id
+    if outer_loop_id is not None:
+        payload["outerLoopId"] = outer_loop_id
+    if label is not None:
+        payload["label"] = label
     recorder.append({"type": "RunStarted", "payload": payload})
     return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent)
 

@@ -1,0 +1,78 @@
+"""The outer-loop page: a loop's goal, its cycles (each a run, linked) with status, cost and the
+supervise verdicts, the pending cycle's reserved run, and the usage summed across cycles.
+
+Everything on it is read from the ledger (ledger/runtime/outer_loop.py, `read_loop`): the loop's
+record run and its cycle runs. The page is the record run's, for access: another tenant's loop
+and one that does not exist are the same 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import path, reverse
+from django.views.decorators.http import require_safe
+
+from ledger import selectors
+from ledger.canonical import canonical_json
+from ledger.errors import LedgerError
+from ledger.runtime.outer_loop import Cycle, OuterLoopManifestCorrupt, check_outer_loop_id, read_loop, record_run_id
+
+from .guard import member_access
+
+PREVIEW = 240  # characters of a cycle's output or a final output shown in the table
+
+
+def _preview(value: Any) -> str:
+    text = value if isinstance(value, str) else canonical_json(value)
+    return text if len(text) <= PREVIEW else text[:PREVIEW] + "…"
+
+
+def _cycle_row(tenant: str, workspace: str, cycle: Cycle) -> dict[str, Any]:
+    verdict = cycle.supervise
+    note = None
+    if verdict is not None and verdict.get("kind") == "continue":
+        note = verdict.get("promptNote")
+    final = _preview(verdict.get("finalOutput")) if verdict is not None and verdict.get("kind") == "done" else None
+    return {
+        "cycle": cycle, "url": reverse("run", args=[tenant, workspace, cycle.run_id]) if cycle.status != "pending" else None,
+        "verdict": verdict.get("kind") if verdict is not None else None, "note": note, "final": final,
+        "output": _preview(cycle.output) if cycle.output is not None else None,
+        "error": cycle.error.get("message") if isinstance(cycle.error, dict) else cycle.error,
+    }
+
+
+@login_required
+@require_safe
+def loop_page(request: HttpRequest, tenant: str, workspace: str, outer_loop_id: str) -> HttpResponse:
+    try:
+        check_outer_loop_id(outer_loop_id)
+    except LedgerError:
+        raise Http404("not found") from None
+    member = member_access(request, tenant, workspace, run_id=record_run_id(outer_loop_id))
+    record = member.run
+    assert record is not None
+    context: dict[str, Any] = {"workspace": record.workspace, "outer_loop_id": outer_loop_id, "record": record,
+                               "record_url": reverse("run", args=[tenant, workspace, record.run_id]),
+                               "workspaces": selectors.workspaces_for(request.user)}
+    try:
+        loop = read_loop(record.workspace, outer_loop_id, record)
+    except OuterLoopManifestCorrupt as exc:
+        context["corrupt"] = exc.message
+        return render(request, "console/loop.html", context, status=409)
+    error = loop.error if isinstance(loop.error, dict) else {}
+    context.update({
+        "loop": loop, "usage": loop.usage, "rows": [_cycle_row(tenant, workspace, c) for c in loop.cycles],
+        "final": _preview(loop.result.get("finalOutput")) if loop.result is not None else None,
+        "error_code": error.get("causeCode"), "error_message": error.get("message"),
+        "recorded": len(loop.completed_cycles),
+    })
+    return render(request, "console/loop.html", context)
+
+
+urlpatterns = [
+    path("w/<slug:tenant>/<slug:workspace>/loops/<str:outer_loop_id>/", loop_page, name="outer-loop"),
+]
