@@ -7,6 +7,7 @@ from decimal import Context, Decimal
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
@@ -79,6 +80,25 @@ def test_the_orchestrator_fans_out_five_sub_runs_and_the_loop_takes_three_visits
     paths = [s.step_path for s in escalation.steps.all()]
     assert [p for p in paths if p.startswith("draft")] == ["draft.visit[0]", "draft.visit[1]", "draft.visit[2]"]
     assert escalation.status == "completed" and escalation.output["passes"] == 3
+
+
+def test_the_outer_loop_takes_three_cycles_each_a_run_and_its_page_lists_them(demo: dict[str, Workspace]) -> None:
+    from ledger.runtime.outer_loop import read_loop
+
+    research = demo["acme/research"]
+    loop = read_loop(research, "ol_demo_refine")
+    assert loop.status == "completed" and loop.max_cycles == 5
+    assert [(c.status, c.supervise["kind"]) for c in loop.cycles] == [  # type: ignore[index]
+        ("completed", "continue"), ("completed", "continue"), ("completed", "done")]
+    assert loop.cycles[1].supervise == {"kind": "continue", "promptNote": "cut it to 120 words and lead with the finding"}
+    assert loop.result is not None and loop.result["finalOutput"]["cycles"] == 3
+    assert loop.usage.cost_usd == sum(c.usage.cost_usd for c in loop.cycles) and loop.usage.priced_calls == 3
+    for cycle in loop.cycles:
+        assert Run.objects.get(workspace=research, run_id=cycle.run_id).status == "completed"
+    client = Client()
+    client.force_login(User.objects.get(username="dave"))
+    page = client.get("/w/acme/research/loops/ol_demo_refine/")
+    assert page.status_code == 200 and page.content.decode().count('class="cycle"') == 3
 
 
 def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:

@@ -320,3 +320,95 @@ def test_a_retry_delay_survives_a_kill_the_resumed_run_waits_only_for_what_is_le
     assert [e["payload"]["error"]["retryAt"] for e in events if e["type"] == "StepFailed"] == [error["retryAt"]]
     assert _calls(calls) == Counter({'tool fetch {"url":"https://example.test/report"}': 2})
     _verified(workspace, "run_kill_retry")
+
+
+# --- an outer loop (issue 15) -------------------------------------------------------------------
+# Three cycles of rt_refine (continue, continue, done), each a run of its own, their verdicts in the
+# loop's record run. The driver is killed after each of the record's commits and before each of its
+# verdicts is committed (the cycle's run over, its supervise answered: "between a cycle's run
+# finishing and its OuterLoopCycleCompleted"), and inside cycle 2's run after each of its commits
+# and before its model answer is committed; `ledger loop resume` ends each the same way.
+
+LOOP_INPUT = {"topic": "tides"}
+LOOP_RESULT = {"kind": "done", "finalOutput": {"text": "draft 3", "cycles": 3}}
+
+
+def _loop_in_child(workspace: Workspace, outer_loop_id: str, invocations: Path, **seams: str) -> int:
+    from ledger.runtime.outer_loop import start_outer_loop
+    from tests.loop_workflows import reset_loop_registrations
+
+    connections.close_all()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child process
+        code = 0
+        try:
+            os.environ[INVOCATIONS_ENV] = str(invocations)
+            os.environ.update(seams)
+            reset_loop_registrations()
+            start_outer_loop(workspace=workspace, workflow="rt_refine", input=LOOP_INPUT, goal="tight", max_cycles=4,
+                             supervise="rt_until_third", outer_loop_id=outer_loop_id)
+        except BaseException:
+            traceback.print_exc()
+            code = 70
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def _loop_resume(outer_loop_id: str, invocations: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    from tests.loop_workflows import reset_loop_registrations
+
+    monkeypatch.setenv(INVOCATIONS_ENV, str(invocations))
+    reset_loop_registrations()
+    out = StringIO()
+    call_command("ledger", "loop", "resume", outer_loop_id, "--workspace", "acme/support", stdout=out,
+                 stderr=StringIO())
+    return json.loads(out.getvalue().splitlines()[-1])
+
+
+def _loop_shapes(workspace: Workspace, outer_loop_id: str) -> list[list[tuple[str, str | None]]]:
+    from ledger.runtime.outer_loop import cycle_run_id, record_run_id
+
+    return [_shape(_events(workspace, run_id)) for run_id in
+            [record_run_id(outer_loop_id), *(cycle_run_id(outer_loop_id, n) for n in (1, 2, 3))]]
+
+
+def test_outer_loop_killed_at_its_commits_and_between_a_cycle_and_its_verdict_resumes_without_rerunning_a_cycle(
+        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.runtime.outer_loop import cycle_run_id, record_run_id
+
+    base_calls, base_commits = tmp_path / "loop-base.jsonl", tmp_path / "loop-base.commits"
+    assert _loop_in_child(workspace, "ol_base", base_calls, **{COMMITS_ENV: str(base_commits)}) == 0
+    shapes = _loop_shapes(workspace, "ol_base")
+    commits = commit_ends(base_commits)
+    record_commits = commits[record_run_id("ol_base")]
+    assert record_commits == [1, 2, 3, 5]  # the goal; cycles 1 and 2; cycle 3 with the record's end
+    cycle_commits = commits[cycle_run_id("ol_base", 2)]
+    base = _calls(base_calls)
+    assert base == Counter({"model draft turn 1": 3, **{f'tool plan {{"cycle":{n}}}': 1 for n in (1, 2, 3)},
+                            **{f'tool supervise {{"cycle":{n}}}': 1 for n in (1, 2, 3)}})
+    answered = next(i + 1 for i, (t, _) in enumerate(shapes[2]) if t == "harness.model.responded")
+
+    kills: list[tuple[str, str, int, Counter[str]]] = []
+    for n in record_commits[:-1]:  # after each commit of the record
+        kills.append(("record", KILL_AFTER_ENV, n, Counter()))
+    for cycle, n in ((1, 2), (2, 3), (3, 4)):  # before each verdict: that cycle's supervise runs again
+        kills.append(("record", KILL_BEFORE_ENV, n, Counter({f'tool supervise {{"cycle":{cycle}}}': 1})))
+    for n in cycle_commits[:-1]:  # inside cycle 2's run, after each of its commits
+        kills.append(("cycle", KILL_AFTER_ENV, n, Counter()))
+    kills.append(("cycle", KILL_BEFORE_ENV, answered, Counter({"model draft turn 1": 1})))
+
+    for where, seam, n, repeated in kills:
+        ol = f"ol_k_{where}_{seam.split('_')[2].lower()}_{n}"
+        point = f"{where} {seam} {n}"
+        calls = tmp_path / f"{ol}.jsonl"
+        target = record_run_id(ol) if where == "record" else cycle_run_id(ol, 2)
+
+        status = _loop_in_child(workspace, ol, calls, **{seam: str(n), KILL_RUN_ENV: target})
+
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, point
+        resumed = _loop_resume(ol, calls, monkeypatch)
+        assert (resumed["status"], resumed["result"]) == ("completed", LOOP_RESULT), point
+        assert _loop_shapes(workspace, ol) == shapes, point  # each cycle's run started once, ran once
+        _verified(workspace, record_run_id(ol), *(cycle_run_id(ol, c) for c in (1, 2, 3)))
+        assert _calls(calls) == base + repeated, point

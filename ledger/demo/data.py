@@ -30,6 +30,7 @@ from ..feedback import record_feedback
 from ..gateway import ToolCallInDoubt, settle_expired_claims
 from ..models import Run, Workspace
 from ..runtime.executor import resume_run, start_run
+from ..runtime.outer_loop import start_outer_loop
 from ..tenancy import bootstrap, create_user
 from . import reexecution, workflows
 
@@ -153,6 +154,10 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
     if missing(research, "run_demo_house_model"):
         start_run(workspace=research, workflow="research.house-model", run_id="run_demo_house_model",
                   input={"topic": "internal model evaluation"})
+    if missing(research, "run_ol_demo_refine"):  # the outer loop's record: three cycles, each a run
+        start_outer_loop(workspace=research, workflow="research.refine", input={"topic": "churn signals"},
+                         goal="A tight, cited summary of churn signals", max_cycles=5, supervise="research.editor",
+                         outer_loop_id="ol_demo_refine")
     if missing(research, "run_demo_export"):
         start_run(workspace=research, workflow="research.export", run_id="run_demo_export",
                   input={"topic": "churn signals", "rows": 4000})

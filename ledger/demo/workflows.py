@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from ..runtime.outer_loop import SuperviseContext, register_supervisor
 from ..runtime.providers import ModelRequest, ScriptedProvider
 from ..runtime.registry import AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolStep, Workflow, register
 
@@ -301,3 +302,40 @@ SUPPORT_ESCALATION = register(Workflow(
     ),
     models={"default": _text_provider("openai", "gpt-4o")},
 ))
+
+
+# --- an outer loop: a summary refined over three cycles until the editor is satisfied ----------
+
+
+def refine_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
+    note = run_input.get("promptNote") or "a first draft"
+    before = (run_input.get("previousOutput") or {}).get("draft", "")
+    return (f"{run_input['goal']}. Topic: {run_input['input']['topic']}. Cycle {run_input['cycleNumber']}: "
+            f"{note}. Previous draft: {before[:80] or 'none'}")
+
+
+def refine_measure(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"draft": outputs["draft"], "words": len(str(outputs["draft"]).split()),
+            "cycle": run_input["cycleNumber"]}
+
+
+RESEARCH_REFINE = register(Workflow(
+    name="research.refine",
+    steps=(AIGenerate("draft", refine_prompt, system="You write tight, cited summaries."),
+           CodeRun("measure", refine_measure)),
+    models={"default": _text_provider("openai", "gpt-4o")},
+))
+
+# The editor's notes, cycle by cycle: two rounds of changes, then the draft is accepted.
+EDITOR_NOTES = {1: "cite two of the sources by name", 2: "cut it to 120 words and lead with the finding"}
+
+
+def editor(ctx: SuperviseContext) -> dict[str, Any]:
+    """The demo loop's supervise adapter: asks for changes twice, then takes the third draft."""
+    note = EDITOR_NOTES.get(ctx.cycle_number)
+    if note is not None and ctx.status == "completed":
+        return {"kind": "continue", "promptNote": note}
+    return {"kind": "done", "finalOutput": {"summary": (ctx.output or {}).get("draft"), "cycles": ctx.cycle_number}}
+
+
+register_supervisor("research.editor", editor)
