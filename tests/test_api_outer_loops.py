@@ -56,3 +56,20 @@ def test_errors_are_the_envelope_and_another_workspace_gets_404(workspace: Works
         "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_bad", "input": {}}}])
     corrupt = reader.get("/api/v1/outer-loops/ol_bad")
     assert corrupt.status_code == 409 and corrupt.json()["error"]["code"] == "outer_loop_manifest_corrupt"
+
+
+def test_the_schema_names_exactly_the_fields_returned_done_and_pending(workspace: Workspace, loop: Any) -> None:
+    from console.api.outer_loops import OuterLoopSerializer
+    from tests.test_api_shapes import _matches
+
+    reader = _client(workspace, ["read"])
+    _matches(OuterLoopSerializer(), reader.get("/api/v1/outer-loops/ol_api").json(), "done")
+    start_outer_loop(workspace=workspace, workflow="rt_refine", input={}, max_cycles=2, supervise="rt_never_done",
+                     outer_loop_id="ol_api_tired")
+    _matches(OuterLoopSerializer(), reader.get("/api/v1/outer-loops/ol_api_tired").json(), "exhausted")
+    append_events(workspace=workspace, run_id="run_ol_api_waiting", events=[{"type": "RunStarted", "payload": {
+        "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_api_waiting", "input": {},
+        "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"}, "maxCycles": 2}}}])
+    pending = reader.get("/api/v1/outer-loops/ol_api_waiting").json()
+    assert pending["pendingCycleRunId"] == "run_ol_api_waiting_c1" and pending["cycles"][0]["status"] == "pending"
+    _matches(OuterLoopSerializer(), pending, "pending")

@@ -29,11 +29,12 @@ PAGES = {
     "run-subruns": f"{RESEARCH}/run_demo_orchestrator/subruns/",
     "run-evidence": f"{SUPPORT}/run_demo_in_doubt/evidence/",
     "run-costs": f"{RESEARCH}/run_demo_orchestrator/costs/",
+    "outer-loop": "/w/acme/research/loops/ol_demo_refine/",
     "usage": "/w/acme/support/usage/",
     "approvals": "/w/acme/support/approvals/",
     "settings": "/w/acme/support/settings/",
 }
-PHOTOGRAPHED = ("run-search", "run-conversation", "run-waterfall", "run-state")
+PHOTOGRAPHED = ("run-search", "run-conversation", "run-waterfall", "run-state", "outer-loop")
 
 
 def _check(page: Page, name: str, scheme: str, failures: dict[str, Any]) -> None:
