@@ -92,6 +92,7 @@ ROUTES: dict[str, Route] = {
     V1 + "export/costs": api({"GET": READ}, collection=True),
     V1 + "export/audit": api({"GET": (None, ADMIN)}, collection=True),
     V1 + "runs/<str:run_id>/evidence.zip": api({"GET": READ}),
+    V1 + "outer-loops/<str:outer_loop_id>": api({"GET": READ}),
     # --- the console: a member's session with the role (pages never take keys)
     "": page({"GET": (None, Role.VIEWER)}, collection=True),
     W: page({"GET": (None, Role.VIEWER)}),
@@ -114,6 +115,7 @@ ROUTES: dict[str, Route] = {
     W + "batches/<str:batch_id>/": page({"GET": (None, Role.VIEWER)}),
     "t/<slug:tenant>/audit/": page({"GET": (None, ADMIN)}),
     W + "usage/": page({"GET": (None, Role.VIEWER)}),
+    W + "loops/<str:outer_loop_id>/": page({"GET": (None, Role.VIEWER)}),
     W + "settings/": page({"GET": (None, ADMIN)}),
     W + "settings/retention/": page({"POST": (None, ADMIN)}),
     W + "settings/keys/<str:prefix>/revoke/": page({"POST": (None, ADMIN)}),

@@ -16,6 +16,7 @@ from ledger.demo import load_demo
 from ledger.access import workspace_by_path
 from ledger.models import ApiKey, ReexecutionRequest, Run, ToolGatewayClaim
 from ledger.reexecution.services import request_batch
+from ledger.runtime.outer_loop import start_outer_loop
 from ledger.tenancy import create_key, revoke_key
 from tests.isolation_sweep import ROUTES, Caller, Route, Sweep, csrf_client, http_routes, websocket_routes
 from tests.live_support import session_id
@@ -61,7 +62,9 @@ def _sweep(base_url: str) -> Sweep:
     revoked_link, revoked_token = sharing.create_link(workspace=support, run=run, by=alice, expires_in_hours=1)
     sharing.revoke_link(revoked_link, by=alice)
     key, _ = create_key(workspace=support, scopes=["read"])
-    values = {"tenant": "acme", "workspace": "support", "run_id": run.run_id, "call_id": call.call_id,
+    loop = start_outer_loop(workspace=support, workflow="research.refine", input={"topic": "sweep"}, max_cycles=3,
+                            supervise="research.editor", outer_loop_id="ol_swept")
+    values = {"outer_loop_id": loop.outer_loop_id, "tenant": "acme", "workspace": "support", "run_id": run.run_id, "call_id": call.call_id,
               "artifact_id": artifact.artifact_id, "reexecution_id": request.public_id, "batch_id": batch_id,
               "link_id": link.public_id, "prefix": key.prefix, "tab": "evidence", "rest": "anything"}
     no_token = "tok_" + "x" * 40
@@ -91,10 +94,10 @@ def _sweep(base_url: str) -> Sweep:
     callers.append(Caller("a revoked key", csrf_client(base_url, key=revoked_secret), "revoked"))
     ours = [r.run_id for r in Run.objects.filter(workspace__tenant__slug="acme")]
     ours += [r.public_id for r in ReexecutionRequest.objects.filter(workspace__tenant__slug="acme")]
-    ours += [artifact.artifact_id, link.public_id, key.prefix]
+    ours += [artifact.artifact_id, link.public_id, key.prefix, loop.outer_loop_id]
     unknown = {**values, "tenant": "nobody", "workspace": "nowhere", "run_id": "run_never_swept",
                "call_id": "never:turn1:c1", "artifact_id": "art_" + "0" * 64, "reexecution_id": "rx_" + "0" * 16,
-               "batch_id": "rxb_" + "0" * 16, "link_id": "shl_" + "0" * 16, "prefix": "0" * 12}
+               "batch_id": "rxb_" + "0" * 16, "outer_loop_id": "ol_" + "0" * 16, "link_id": "shl_" + "0" * 16, "prefix": "0" * 12}
     return Sweep(base_url=base_url, values=values, unknown=unknown, share_values=share_values, callers=callers, ours=ours,
                  session_cookies=sessions)
 

@@ -14,6 +14,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ledger.errors import NotFound
 from ledger.runtime.outer_loop import OUTER_LOOP_ID, check_outer_loop_id, read_loop, record_run_id
 
 from .auth import access_for
@@ -79,7 +80,10 @@ class OuterLoopView(ApiView):
     )
     def get(self, request: Request, outer_loop_id: str) -> Response:
         check_outer_loop_id(outer_loop_id)
-        caller = access_for(request, "read", run_id=record_run_id(outer_loop_id))
+        try:
+            caller = access_for(request, "read", run_id=record_run_id(outer_loop_id))
+        except NotFound:  # named by what the caller asked for, not by the record's run id
+            raise NotFound(f"outer loop {outer_loop_id} not found", outerLoopId=outer_loop_id) from None
         assert caller.run is not None
         ws = caller.run.workspace
         body: dict[str, Any] = read_loop(ws, outer_loop_id, caller.run).to_json()

@@ -94,7 +94,7 @@ class InvalidOuterLoop(LedgerError):
 
 
 class UnknownOuterLoop(NotFound):
-    code = "unknown_outer_loop"
+    """No record of that loop in the workspace (`not_found`, like any missing object)."""
 
 
 class UnknownSupervisor(NotFound):
