@@ -144,7 +144,7 @@ def outer_loop_of(run: Run) -> tuple[str, int | None] | None:
     is that loop's reserved cycle run, else None: the loop's record, or a run that names the loop
     from outside). None for a run of no loop."""
     first = run.events.filter(sequence=1).values_list("payload", flat=True).first()
-    if first is None:
+    if first is None or '"outerLoopId"' not in first:  # canonical JSON: no need to parse a big input
         return None
     ol = json.loads(first).get("outerLoopId")
     if not isinstance(ol, str) or not OUTER_LOOP_ID.match(ol):
@@ -492,6 +492,7 @@ def _drive(workspace: Workspace, outer_loop_id: str, wf: Workflow, adapter: Supe
             outcome = start_run(workspace=workspace, workflow=wf, input=cycle_input(loop, n), run_id=pending.run_id,
                                 take_over=take_over, parent=recorder, outer_loop_id=outer_loop_id,
                                 label=f"{outer_loop_id} cycle {n}")
+            recorder.keep_alive()  # a long supervise call starts with the loop's lease renewed, if due
             earlier = loop.cycles[:-1]
             ctx = SuperviseContext(outer_loop_id=outer_loop_id, goal=loop.description, input=loop.input,
                                    cycle_number=n, max_cycles=loop.max_cycles, run_id=outcome.run_id,
