@@ -160,8 +160,10 @@ def test_the_demo_runs_the_runtime_made_simulate_exactly(workspace: Workspace, c
     load_demo(history_runs=0)
     made = sum(counted_demo.values())
     runs = Run.objects.filter(status="completed", parent_run_id="", replay_of="").exclude(
-        run_id__in=[run_id for *_, run_id, _ in DEMO_RUNS]).select_related("workspace")
-    assert {"run_demo_crashed_resumed", "run_demo_orchestrator", "run_demo_escalation"} <= {r.run_id for r in runs}
+        run_id__in=[run_id for *_, run_id, _ in DEMO_RUNS]).exclude(  # an outer loop's record: below
+        workflow_version_id__startswith="outer_loop:").select_related("workspace")
+    assert {"run_demo_crashed_resumed", "run_demo_orchestrator", "run_demo_escalation",
+            "run_ol_demo_refine_c2"} <= {r.run_id for r in runs}
     for run in runs:
         outcome = _reexecute(run.workspace, run.run_id, "simulate", f"{run.run_id}_sim")
         assert outcome.status == "completed", run.run_id
@@ -174,6 +176,11 @@ def test_the_demo_runs_the_runtime_made_simulate_exactly(workspace: Workspace, c
     with pytest.raises(UnknownWorkflow, match="names no workflow"):
         _reexecute(external.workspace, external.run_id, "simulate", "run_nope")
     assert not Run.objects.filter(run_id="run_nope").exists()
+    # an outer loop's record holds loop facts, not a workflow's steps: its cycles re-execute, it does not
+    record = Run.objects.get(run_id="run_ol_demo_refine")
+    with pytest.raises(UnknownWorkflow, match="names no workflow"):
+        _reexecute(record.workspace, record.run_id, "simulate", "run_nope_loop")
+    assert not Run.objects.filter(run_id="run_nope_loop").exists()
 
 
 def test_a_simulation_after_the_code_changed_diverges_at_the_changed_step(
