@@ -64,7 +64,8 @@ def _sweep(base_url: str) -> Sweep:
     key, _ = create_key(workspace=support, scopes=["read"])
     loop = start_outer_loop(workspace=support, workflow="research.refine", input={"topic": "sweep"}, max_cycles=3,
                             supervise="research.editor", outer_loop_id="ol_swept")
-    values = {"outer_loop_id": loop.outer_loop_id, "tenant": "acme", "workspace": "support", "run_id": run.run_id, "call_id": call.call_id,
+    values = {"outer_loop_id": loop.outer_loop_id,
+              "tenant": "acme", "workspace": "support", "run_id": run.run_id, "call_id": call.call_id,
               "artifact_id": artifact.artifact_id, "reexecution_id": request.public_id, "batch_id": batch_id,
               "link_id": link.public_id, "prefix": key.prefix, "tab": "evidence", "rest": "anything"}
     no_token = "tok_" + "x" * 40
@@ -97,7 +98,8 @@ def _sweep(base_url: str) -> Sweep:
     ours += [artifact.artifact_id, link.public_id, key.prefix, loop.outer_loop_id]
     unknown = {**values, "tenant": "nobody", "workspace": "nowhere", "run_id": "run_never_swept",
                "call_id": "never:turn1:c1", "artifact_id": "art_" + "0" * 64, "reexecution_id": "rx_" + "0" * 16,
-               "batch_id": "rxb_" + "0" * 16, "outer_loop_id": "ol_" + "0" * 16, "link_id": "shl_" + "0" * 16, "prefix": "0" * 12}
+               "batch_id": "rxb_" + "0" * 16, "outer_loop_id": "ol_" + "0" * 16,
+               "link_id": "shl_" + "0" * 16, "prefix": "0" * 12}
     return Sweep(base_url=base_url, values=values, unknown=unknown, share_values=share_values, callers=callers, ours=ours,
                  session_cookies=sessions)
 

@@ -38,7 +38,8 @@ def _cycle_row(tenant: str, workspace: str, cycle: Cycle) -> dict[str, Any]:
         note = verdict.get("promptNote")
     final = _preview(verdict.get("finalOutput")) if verdict is not None and verdict.get("kind") == "done" else None
     return {
-        "cycle": cycle, "url": reverse("run", args=[tenant, workspace, cycle.run_id]) if cycle.status != "pending" else None,
+        "cycle": cycle,
+        "url": reverse("run", args=[tenant, workspace, cycle.run_id]) if cycle.status != "pending" else None,
         "verdict": verdict.get("kind") if verdict is not None else None, "note": note, "final": final,
         "output": _preview(cycle.output) if cycle.output is not None else None,
         "error": cycle.error.get("message") if isinstance(cycle.error, dict) else cycle.error,
