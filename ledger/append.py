@@ -165,22 +165,28 @@ def append_events(
     events: object,
     expected_sequence: int | None = None,
     fencing_token: Any = None,
+    imported: bool = False,
 ) -> AppendResult:
     """Append a batch to a run's log, all or nothing.
 
     `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`, checked here as
     they came in (hence `object`). Rejections raise a
     LedgerError carrying the API.md code; nothing is written and no sequence number is consumed.
+
+    `imported`: the batch is a log Little Workflow wrote (`ledger import-little`), whose runtime
+    records a cycle's compile events before `RunStarted` and its outer loop's
+    `OuterLoopCycleCompleted` after the run ended (IMPORTED_BEFORE_START, IMPORTED_AFTER_END);
+    those are accepted there. Never set for what a client sends (API.md's lifecycle holds).
     """
     validate_run_id(run_id)
     batch = _prepare_batch(workspace, events, expected_sequence)
     if connection.vendor == "postgresql":
-        result = _append_optimistic(workspace, run_id, batch, expected_sequence, fencing_token)
+        result = _append_optimistic(workspace, run_id, batch, expected_sequence, fencing_token, imported=imported)
         if result is not None:
             return result
     with transaction.atomic():
         run = _lock_or_create_head(workspace, run_id)
-        return _append_under_lock(run, batch, expected_sequence, fencing_token)
+        return _append_under_lock(run, batch, expected_sequence, fencing_token, imported=imported)
 
 
 def append_attached(*, workspace: Workspace, run_id: str, events: Sequence[Mapping[str, Any]],
@@ -266,7 +272,8 @@ def _lock_or_create_head(workspace: Workspace, run_id: str) -> Run:
 
 
 def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared], expected_sequence: int | None,
-                       fencing_token: Any, attached: tuple[pgappend.Attached, ...] = ()) -> AppendResult | None:
+                       fencing_token: Any, attached: tuple[pgappend.Attached, ...] = (),
+                       imported: bool = False) -> AppendResult | None:
     """The append on a guess of the run's head, without its lock (PostgreSQL); None when there
     is no guess or the database did not confirm it: then nothing was written."""
     if any(len(p.canonical) > INLINE_LIMIT_BYTES for p in batch):
@@ -280,7 +287,7 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
         run = Run.from_db(connection.alias, ("id", "workspace_id", "run_id"), (cached.run_pk, workspace.pk, run_id))
         run.workspace = workspace
         state = cached.state
-    elif batch[0].type == "RunStarted" and fencing_token is None and not attached:
+    elif batch[0].type == "RunStarted" and fencing_token is None and not attached and not imported:
         run, state = Run(workspace=workspace, run_id=run_id), RunState(run_id=run_id)
     else:
         return None
@@ -294,7 +301,7 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
         new_calls = restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch], started_new=True)
     before = Mark.of(state)
     try:
-        rows, written, out = _allocate(run, state, batch, {}, now, prices)
+        rows, written, out = _allocate(run, state, batch, {}, now, prices, imported)
     except LedgerError:
         return None  # the guess may be stale: refusals are decided under the lock, on the log
     changes = batch_changes(workspace.pk, state, written, before)
@@ -330,7 +337,7 @@ def _new_head(run: Run, changes: Changes) -> dict[str, Any]:
 
 
 def _append_under_lock(run: Run, batch: list[_Prepared], expected_sequence: int | None,
-                       fencing_token: Any) -> AppendResult:
+                       fencing_token: Any, imported: bool = False) -> AppendResult:
     now = _now_ms()
     _check_fencing(run, fencing_token, now)
     logged = _match_replays(run, batch)
@@ -346,7 +353,7 @@ def _append_under_lock(run: Run, batch: list[_Prepared], expected_sequence: int 
     state = state_for_append(run, prices)
     restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
     before = Mark.of(state)
-    rows, written, out = _allocate(run, state, batch, logged, now, prices)
+    rows, written, out = _allocate(run, state, batch, logged, now, prices, imported)
     if rows:
         changes = batch_changes(run.workspace_id, state, written, before)
         if connection.vendor == "postgresql":
@@ -406,7 +413,7 @@ def _same_request(index: int, p: _Prepared, original_digest: str | None, conflic
 
 
 def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping[str, Event], now: datetime,
-              prices: PriceTable) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+              prices: PriceTable, imported: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Number the batch's new events after the log's end, advancing `state` with them.
 
     Returns the rows to insert (pgappend.EVENT_FIELDS), their envelopes, and the answer: every
@@ -428,7 +435,7 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
             out.append({**original_env, "replayed": True})
             continue
         sequence = state.last_sequence + unfolded + 1
-        _check_lifecycle(state, sequence - 1, p.type, index)
+        _check_lifecycle(state, sequence - 1, p.type, index, imported)
         payload, stored = p.payload, p.canonical
         if len(p.canonical) > INLINE_LIMIT_BYTES:
             payload = externalize(run.workspace, payload, len(p.canonical))
@@ -454,12 +461,27 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
 
 # The run's own lifecycle events: the only ones whose fold moves the run's status.
 _MOVES_STATUS = frozenset({"RunStarted", "RunCompleted", "RunFailed"})
+# Little Workflow's runtime writes a cycle's compile and planning events into the run's log before
+# RunStarted, and the outer loop's supervise decision after the cycle's run ended (its
+# outer-loop.ts); an imported log keeps them where they are, or its event ids would change.
+IMPORTED_BEFORE_START = frozenset({
+    "OrchestrationRequested", "PlannerStarted", "PlannerDraftedWorkflow", "WorkflowValidationFailed",
+    "WorkflowValidationSucceeded", "PlannerReuseDecisionRecorded", "WorkflowVersionRegistered",
+})
+IMPORTED_AFTER_END = frozenset({"OuterLoopCycleCompleted"})
 
 
-def _check_lifecycle(state: RunState, last_sequence: int, event_type: str, index: int) -> None:
+def _check_lifecycle(state: RunState, last_sequence: int, event_type: str, index: int,
+                     imported: bool = False) -> None:
     """The run's lifecycle rules for an event after `last_sequence`, read from the fold's status
     (`state` may lag behind `last_sequence` by events that do not move the status)."""
     run_id = state.run_id
+    if imported and state.status == "pending" and event_type in IMPORTED_BEFORE_START:
+        return
+    if imported and state.status in RunStatus.finished() and event_type in IMPORTED_AFTER_END:
+        return
+    if imported and state.status == "pending" and event_type == "RunStarted":
+        return  # after the compile events above
     if last_sequence == 0 and event_type != "RunStarted":
         raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted",
                             index=index, runId=run_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -12,11 +13,13 @@ from django.conf import settings
 
 from .canonical import canonical_bytes
 from .errors import IntegrityFailure, NotFound
-from .models import Artifact, Workspace
+from .models import Artifact, ImportedArtifact, Run, Workspace
 
 # DESIGN.md §3: payloads whose canonical JSON is larger than this are stored as artifacts.
 INLINE_LIMIT_BYTES = 256_000
 REF_PREFIX = "artifact://"
+# Little Workflow's refs (`art_` + 16 hex of its identity digest), kept as they are in imported logs.
+FOREIGN_REF_RE = re.compile(r"artifact://art_[0-9a-f]{16}")
 
 
 def _root() -> Path:
@@ -116,6 +119,25 @@ def parse_ref(ref: str) -> str | None:
         return None
     sha256 = ref[len(REF_PREFIX) + 4:]
     return sha256 if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) else None
+
+
+def is_ref(value: str) -> bool:
+    """Ours (`art_<sha256>`) or an imported log's (`art_<16 hex>`, resolved by ImportedArtifact)."""
+    return parse_ref(value) is not None or FOREIGN_REF_RE.fullmatch(value) is not None
+
+
+def resolve(run: Run, refs: list[str]) -> dict[str, Artifact | None]:
+    """ref -> the artifact holding its bytes (None when there is none), for refs in `run`'s log:
+    ours by sha256 in the run's workspace, an imported log's through its ImportedArtifact row."""
+    ours = {sha: ref for ref in refs if (sha := parse_ref(ref)) is not None}
+    found = {a.sha256: a for a in Artifact.objects.filter(workspace_id=run.workspace_id, sha256__in=list(ours))}
+    resolved: dict[str, Artifact | None] = {ref: found.get(sha) for sha, ref in ours.items()}
+    foreign = [ref for ref in refs if ref not in resolved]
+    if foreign:
+        mapped = {m.ref: m.artifact for m in
+                  ImportedArtifact.objects.filter(run_id=run.pk, ref__in=foreign).select_related("artifact")}
+        resolved.update({ref: mapped.get(ref) for ref in foreign})
+    return resolved
 
 
 def get_by_ref(workspace: Workspace, ref: str) -> Artifact:

@@ -8,6 +8,10 @@ One exception, for one caller: `ledger demo` lays out a month of history, so it 
 inside `backdated(at)`, which shifts both clocks back by a fixed offset for the current context
 (time still advances inside it). Nothing else uses it; an event's `recordedAt` is never part of
 its id or hash, so a backdated log verifies like any other.
+
+And one more: `ledger import-little` appends each event of a Little Workflow log inside
+`recorded_at(at)`, which stamps exactly the `recordedAt` the log holds (the moment it was first
+written), not the moment of the import.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 _OFFSET: ContextVar[timedelta] = ContextVar("ledger_clock_offset", default=timedelta(0))
+_RECORDED_AT: ContextVar[datetime | None] = ContextVar("ledger_clock_recorded_at", default=None)
 
 
 def now() -> datetime:
@@ -27,7 +32,8 @@ def now() -> datetime:
 
 
 def recorded_now() -> datetime:
-    return timezone.now() - _OFFSET.get()
+    fixed = _RECORDED_AT.get()
+    return fixed if fixed is not None else timezone.now() - _OFFSET.get()
 
 
 @contextmanager
@@ -38,3 +44,13 @@ def backdated(at: datetime) -> Iterator[None]:
         yield
     finally:
         _OFFSET.reset(token)
+
+
+@contextmanager
+def recorded_at(at: datetime) -> Iterator[None]:
+    """Stamp appends in the block with `at` exactly (see the module docstring: imported logs)."""
+    token = _RECORDED_AT.set(at)
+    try:
+        yield
+    finally:
+        _RECORDED_AT.reset(token)

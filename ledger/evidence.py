@@ -12,7 +12,7 @@ from typing import Any
 
 from . import artifacts as artifact_store
 from . import selectors, serialize
-from .models import Artifact, CostEntry, Feedback, Run, Step, ToolCall
+from .models import CostEntry, Feedback, Run, Step, ToolCall
 from .projection import prices_for
 from .reexecution import selectors as reexecutions
 from .replay import replay_plan
@@ -21,18 +21,19 @@ from .verify import inspect_run
 
 def _artifacts(run: Run, outcomes: dict[str, str]) -> list[dict[str, Any]]:
     """Every artifact the run's log references, ours or missing, with whether its bytes re-hash."""
-    by_sha = {artifact_store.parse_ref(ref): ref for ref in outcomes}
-    found = {a.sha256: a for a in Artifact.objects.filter(workspace_id=run.workspace_id, sha256__in=list(by_sha))}
+    rows = artifact_store.resolve(run, sorted(outcomes))
     listed = []
-    for sha256, ref in sorted(by_sha.items(), key=lambda item: item[1]):
-        row = found.get(sha256) if sha256 is not None else None
+    for ref in sorted(outcomes):
+        row = rows.get(ref)
         if row is None:
-            listed.append({"artifactId": f"art_{sha256}", "sha256": sha256, "size": None,
+            sha256 = artifact_store.parse_ref(ref)
+            listed.append({"artifactId": ref[len(artifact_store.REF_PREFIX):], "sha256": sha256, "size": None,
                            "contentType": None, "ref": ref, "verified": False})
         else:
+            # An imported log's ref keeps its name; artifactId is ours, the one the API serves.
             entry = serialize.artifact(row)
             entry.pop("createdAt")
-            listed.append({**entry, "verified": outcomes[ref] == "ok"})
+            listed.append({**entry, "ref": ref, "verified": outcomes[ref] == "ok"})
     return listed
 
 

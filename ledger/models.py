@@ -245,6 +245,26 @@ class Artifact(models.Model):
         return f"artifact://{self.artifact_id}"
 
 
+class ImportedArtifact(models.Model):
+    """A ref another system wrote into a log imported as it is (Little Workflow's
+    `artifact://art_<16 hex>`, ledger/little_import.py) and the artifact that holds its bytes.
+
+    The events keep the foreign ref, since their ids hash it; this row resolves it, so `ledger
+    verify`, the evidence and the replay plan re-hash those bytes like any other artifact's.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="imported_artifacts", db_index=False)
+    ref = models.CharField(max_length=200)
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="imported_as")
+    step_path = models.CharField(max_length=500, blank=True)
+    name = models.TextField()
+    encoding = models.CharField(max_length=16)
+    created_at = models.DateTimeField(null=True, blank=True)  # when the other system wrote it
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "ref"], name="imported_artifact_unique_in_run")]
+
+
 class Step(UsageColumns):
     """A step of a run, as the fold sees it; ordered by first appearance in the log."""
 

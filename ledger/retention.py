@@ -41,7 +41,7 @@ from . import artifacts, audit, clock, rollup
 from .bulk import table
 from .errors import LedgerError
 from .models import (
-    Artifact, CostEntry, Event, ReexecutionRequest, Run, RunStatus, ToolGatewayClaim, Workspace,
+    Artifact, CostEntry, Event, ImportedArtifact, ReexecutionRequest, Run, RunStatus, ToolGatewayClaim, Workspace,
 )
 from .projection import STATES, prices_for
 
@@ -171,7 +171,8 @@ def _artifact_candidates(runs: list[Run]) -> set[str]:
         refs.update(artifact_refs(decode_payload(text)))
     refs.update(ToolGatewayClaim.objects.filter(run__in=runs).exclude(outcome_ref="").values_list(
         "outcome_ref", flat=True))
-    return {sha for sha in (artifacts.parse_ref(ref) for ref in refs) if sha}
+    imported = ImportedArtifact.objects.filter(run__in=runs).values_list("artifact__sha256", flat=True)
+    return {sha for sha in (artifacts.parse_ref(ref) for ref in refs) if sha} | set(imported)
 
 
 def _unreferenced(workspace: Workspace, runs: list[Run], shas: set[str]) -> list[Artifact]:
@@ -186,7 +187,8 @@ def _unreferenced(workspace: Workspace, runs: list[Run], shas: set[str]) -> list
             run__in=runs).exists()
         in_claims = ToolGatewayClaim.objects.filter(run__workspace=workspace, outcome_ref=found.ref).exclude(
             run__in=runs).exists()
-        if not in_events and not in_claims:
+        in_imports = ImportedArtifact.objects.filter(artifact=found).exclude(run__in=runs).exists()
+        if not in_events and not in_claims and not in_imports:
             gone.append(found)
     return gone
 

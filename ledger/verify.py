@@ -10,7 +10,7 @@ from . import artifacts
 from .canonical import canonical_json, event_id
 from .envelopes import decode_payload, log_rows, row_envelope
 from .fold import RunStateMismatch, fold
-from .models import Artifact, Run
+from .models import Run
 from .projection import differences, prices_for
 
 
@@ -22,14 +22,14 @@ class Check:
 
 
 def artifact_refs(value: Any) -> Iterator[str]:
-    """Every `artifact://art_<sha256>` ref anywhere in a payload."""
+    """Every artifact ref anywhere in a payload: ours, and an imported log's (artifacts.is_ref)."""
     if isinstance(value, dict):
         for child in value.values():
             yield from artifact_refs(child)
     elif isinstance(value, list):
         for child in value:
             yield from artifact_refs(child)
-    elif isinstance(value, str) and artifacts.parse_ref(value):
+    elif isinstance(value, str) and artifacts.is_ref(value):
         yield value
 
 
@@ -94,6 +94,5 @@ def inspect_run(run: Run) -> Inspection:
 
 def check_artifacts(run: Run, refs: set[str]) -> dict[str, str]:
     """ref -> ok | missing | mismatch, re-hashing each artifact of the run's workspace."""
-    by_sha = {artifacts.parse_ref(ref): ref for ref in refs}
-    found = {a.sha256: a for a in Artifact.objects.filter(workspace_id=run.workspace_id, sha256__in=list(by_sha))}
-    return {ref: "missing" if sha not in found else artifacts.check(found[sha]) for sha, ref in by_sha.items()}
+    return {ref: "missing" if row is None else artifacts.check(row)
+            for ref, row in artifacts.resolve(run, sorted(refs)).items()}

@@ -1,0 +1,38 @@
+"""`ledger import-little DIR --workspace T/W`: a Little Workflow data directory into a workspace,
+with the same event ids (ledger/little_import.py). Exit 1, nothing written, on any problem."""
+
+from __future__ import annotations
+
+import sys
+from argparse import ArgumentParser
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from ledger import access
+from ledger.little_import import ImportRefused, import_data_dir
+
+NAME = "import-little"
+HELP = "import a Little Workflow data directory (logs, artifacts, outer loops) with the same event ids"
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    parser.add_argument("directory", help="the data directory (holds events/, artifacts/, outer-loops/)")
+    parser.add_argument("--workspace", required=True, help="TENANT/WORKSPACE to import into")
+
+
+def handle(cmd: BaseCommand, *, directory: str, workspace: str, **_: Any) -> None:
+    space = access.workspace_by_path(workspace)
+    try:
+        summary = import_data_dir(Path(directory), space)
+    except ImportRefused as exc:
+        for problem in exc.problems:
+            cmd.stderr.write(problem)
+        cmd.stderr.write(exc.message)
+        sys.exit(1)
+    for line in summary.lines:
+        cmd.stdout.write(line)
+    cmd.stdout.write(f"{summary.runs_imported} run(s) imported, {summary.runs_continued} continued, "
+                     f"{summary.runs_skipped} skipped; {summary.events_written} event(s) written, "
+                     f"{summary.artifacts_stored} artifact(s) stored, into {workspace}")
