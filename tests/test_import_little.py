@@ -421,6 +421,11 @@ def test_a_little_ref_nothing_resolves_fails_verify(workspace: Workspace) -> Non
         started(), ev("StepCompleted", stepPath="s", attempt=1, outputRef=f"artifact://{ARTIFACT}")])
     code, out, _ = ledger("verify", "run_api")
     assert code == 1 and f"artifact://{ARTIFACT} missing" in out
+    from ledger.evidence import evidence_bundle
+
+    evidence = evidence_bundle(Run.objects.select_related("workspace__tenant").get(run_id="run_api"))
+    assert evidence["artifacts"] == [{"artifactId": ARTIFACT, "sha256": None, "size": None, "contentType": None,
+                                      "ref": f"artifact://{ARTIFACT}", "verified": False}]
 
 
 def test_pruning_an_imported_run_takes_its_artifact_along(workspace: Workspace) -> None:

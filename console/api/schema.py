@@ -252,11 +252,14 @@ class ArtifactSerializer(serializers.Serializer):
 
 
 class EvidenceArtifactSerializer(serializers.Serializer):
-    artifactId = serializers.CharField()
-    sha256 = serializers.CharField()
+    artifactId = serializers.CharField(help_text="art_<sha256>, the id GET /api/v1/artifacts/{artifactId} serves; "
+                                                 "for a missing ref, the id the ref names")
+    sha256 = serializers.CharField(allow_null=True, help_text="null for a missing ref of an imported Little "
+                                                              "Workflow log (its name does not hold the hash)")
     size = serializers.IntegerField(allow_null=True, help_text="null when the artifact is missing")
     contentType = serializers.CharField(allow_null=True)
-    ref = serializers.CharField()
+    ref = serializers.CharField(help_text="as the log references it: artifact://art_<sha256>, or an imported "
+                                          "Little Workflow log's artifact://art_<16 hex>")
     verified = serializers.BooleanField(help_text="its bytes were re-hashed now and match")
 
 
