@@ -90,6 +90,7 @@ class LittleArtifact:
 @dataclass(frozen=True)
 class OuterLoop:
     outer_loop_id: str
+    goal: str
     max_cycles: int
     cycles: list[dict[str, Any]]
     done: bool
@@ -208,7 +209,7 @@ def _read_jsonl(root: Path, path: Path, logs: dict[str, list[LoggedEvent]], prob
 
 
 def _envelope_problem(env: Any) -> str | None:
-    """What is wrong with the shape of one envelope (§1), or None."""
+    """What is wrong with the shape of one envelope (§1), or None (a null occurrenceId dropped)."""
     if not isinstance(env, dict):
         return "an envelope must be a JSON object"
     for key, kind in (("eventId", str), ("runId", str), ("type", str), ("recordedAt", str), ("payload", dict)):
@@ -217,7 +218,9 @@ def _envelope_problem(env: Any) -> str | None:
     sequence = env.get("sequence")
     if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
         return "envelope field sequence must be a positive integer"
-    if "occurrenceId" in env and not isinstance(env["occurrenceId"], str):
+    if env.get("occurrenceId") is None:
+        env.pop("occurrenceId", None)  # Little Workflow omits a null one; it is not hashed either way
+    elif not isinstance(env["occurrenceId"], str):
         return "envelope field occurrenceId must be a string when present"
     if not RUN_ID_RE.fullmatch(env["runId"]):
         return f"invalid run id {env['runId']!r} (Little Workflow's own rule: {RUN_ID_RE.pattern})"
@@ -347,7 +350,9 @@ def _outer_loop(path: Path, m: Any, name: str) -> tuple[OuterLoop | None, str | 
     pending = m.get("pendingCycleRunId")
     if pending is not None and (not isinstance(pending, str) or not RUN_ID_RE.fullmatch(pending)):
         return None, "pendingCycleRunId must be a valid run id"
-    return OuterLoop(oid, max_cycles, cycles, done, pending, name), None
+    description = m["goal"].get("description")
+    return OuterLoop(oid, description if isinstance(description, str) else "", max_cycles, cycles, done, pending,
+                     name), None
 
 
 # --- checking --------------------------------------------------------------------------------
@@ -542,5 +547,5 @@ def import_data_dir(root: Path, workspace: Workspace) -> Summary:
         state = "done" if loop.done else (f"pending cycle in {loop.pending_run_id}" if loop.pending_run_id
                                           else "not done")
         summary.lines.append(f"outer loop {loop.outer_loop_id}: {len(loop.cycles)} of at most {loop.max_cycles} "
-                             f"cycle(s) ({runs}), {state}")
+                             f"cycle(s) ({runs}), {state}; goal: {json.dumps(loop.goal, ensure_ascii=False)}")
     return summary

@@ -182,7 +182,8 @@ def test_report_prints_little_workflows_table(workspace: Workspace, run_id: str,
 
 def test_outer_loop_cycles_come_in_with_their_runs(workspace: Workspace) -> None:
     _, out, _ = import_little(SAMPLE)
-    assert "outer loop ol_sample: 2 of at most 3 cycle(s) (run_cycle_1, run_cycle_2), done" in out
+    assert ("outer loop ol_sample: 2 of at most 3 cycle(s) (run_cycle_1, run_cycle_2), done; "
+            'goal: "Summarize until the supervisor is satisfied"') in out
     for number in (1, 2):
         run = Run.objects.get(workspace=workspace, run_id=f"run_cycle_{number}")
         state = fold(log_of(run), run_id=run.run_id)
@@ -455,3 +456,13 @@ def test_a_log_the_write_path_refuses_rolls_the_whole_import_back(workspace: Wor
     assert ("events/run_session.jsonl:1: run run_session: the ledger refused the log: run run_session has no "
             "events; its first event must be RunStarted") in err
     assert nothing_written(workspace)
+
+
+def test_a_null_occurrence_id_is_no_occurrence_id(workspace: Workspace, tmp_path: Path) -> None:
+    nulls = copy_of_sample(tmp_path)
+    lines = [json.loads(line) for line in sample_lines("run_order")]
+    (nulls / "events" / "run_order.jsonl").write_text(
+        "\n".join(json.dumps({**e, "occurrenceId": None}) for e in lines) + "\n", encoding="utf-8")
+    code, _, err = import_little(nulls)
+    assert (code, err) == (0, "")
+    assert ledger("events", "run_order")[1].splitlines() == sample_lines("run_order")
