@@ -413,7 +413,8 @@ def _same_request(index: int, p: _Prepared, original_digest: str | None, conflic
 
 
 def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping[str, Event], now: datetime,
-              prices: PriceTable, imported: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+              prices: PriceTable, imported: bool = False,
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Number the batch's new events after the log's end, advancing `state` with them.
 
     Returns the rows to insert (pgappend.EVENT_FIELDS), their envelopes, and the answer: every

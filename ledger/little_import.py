@@ -346,7 +346,8 @@ def _outer_loop(path: Path, m: Any, name: str) -> tuple[OuterLoop | None, str | 
         return None, "result must be {kind: 'done', finalOutput}"
     if done and not cycles:
         # Little Workflow's own words for this manifest (outer-loop.ts).
-        return None, f"outer_loop_manifest_corrupt — existing outer loop '{oid}' has result.kind='done' but cycles is empty."
+        return None, (f"outer_loop_manifest_corrupt — existing outer loop '{oid}' has result.kind='done' "
+                      "but cycles is empty.")
     pending = m.get("pendingCycleRunId")
     if pending is not None and (not isinstance(pending, str) or not RUN_ID_RE.fullmatch(pending)):
         return None, "pendingCycleRunId must be a valid run id"
