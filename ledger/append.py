@@ -242,6 +242,28 @@ def append_locked(
     return _append_under_lock(run, batch, expected_sequence, fencing_token)
 
 
+def stored_payload(workspace: Workspace, index: int, item: Mapping[str, Any]) -> bytes:
+    """The canonical payload `append_events` would store for request item `item` (validated,
+    redacted), or the LedgerError it would raise: for a caller that checks a whole log before
+    writing any of it (`ledger import-little`)."""
+    return _prepare(index, item, policy(workspace.redact_keys, workspace.redact_value_patterns)).canonical
+
+
+def lifecycle_refusal(run_id: str, types: Sequence[str], *, imported: bool = False) -> tuple[int, LedgerError] | None:
+    """The first of a whole log's events (their types, from sequence 1) that `append_events`
+    would refuse for the run's lifecycle, with the error; None when it would take them all."""
+    state = RunState(run_id=run_id)
+    for index, event_type in enumerate(types):
+        try:
+            _check_lifecycle(state, index, event_type, index, imported)
+        except LedgerError as exc:
+            return index, exc
+        # What the fold's run handlers do to the status, the one thing the rules read.
+        state.status = {"RunStarted": "running", "RunCompleted": "completed", "RunFailed": "failed"}.get(
+            event_type, state.status)
+    return None
+
+
 # --- the steps, in the order an append takes them -----------------------------------------
 
 

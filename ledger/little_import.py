@@ -6,12 +6,13 @@ A data directory (shared/reference/little-workflow.md §1, §6, §7) holds the r
 `artifacts/blobs/<art_id>.bin` bytes) and outer-loop manifests (`outer-loops/<ol_id>.json`).
 
 The import reads and checks everything first and writes only when nothing is wrong: every
-event id recomputed from its content, sequences dense, payloads in the vocabulary and left as
-they are by the workspace's redaction, every artifact re-hashed against its manifest and named by
-the id its identity gives, every artifact a log references present, every outer-loop manifest
-agreeing with the logs. Then each run goes through the one write path (`append_events`), event
-by event with its original `recordedAt`, all runs in one transaction: the ids the write path
-computes must equal the log's, or the transaction rolls back. A refusal writes nothing.
+event id recomputed from its content, sequences dense, every event one the write path takes
+(vocabulary, lifecycle, limits) with its payload left as it is by the workspace's redaction,
+every artifact re-hashed against its manifest and named by the id its identity gives, every
+artifact a log references present, every outer-loop manifest agreeing with the logs. A refusal
+writes nothing. Then each run goes through the one write path (`append_events`), its events
+grouped by their original `recordedAt`, which each append stamps; the ids the write path
+computes must equal the log's, or that append rolls back.
 
 A run the workspace already holds with the same events is skipped; one that holds a prefix of
 the directory's log gets the rest appended; one that holds something else is a problem.
@@ -32,12 +33,10 @@ from typing import Any
 from django.db import transaction
 
 from . import artifacts, clock
-from .append import MAX_BATCH, RUN_ID_RE, append_events
+from .append import MAX_BATCH, RUN_ID_RE, append_events, lifecycle_refusal, stored_payload
 from .canonical import NotCanonicalizable, canonical_bytes, digest, event_id
 from .errors import LedgerError
 from .models import Artifact, Event, ImportedArtifact, Run, Workspace
-from .redaction import policy
-from .vocabulary import validate_payload
 
 EVENT_ID_RE = re.compile(r"evt_[0-9a-f]{16}")
 ARTIFACT_ID_RE = re.compile(r"art_[0-9a-f]{16}")
@@ -50,8 +49,8 @@ _EVENT_INDEX_PREFIX = re.compile(r"^event \d+: ")
 class ImportRefused(LedgerError):
     code = "import_refused"
 
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__(f"nothing was imported: {len(problems)} problem(s)", problems=problems)
+    def __init__(self, problems: list[str], message: str | None = None) -> None:
+        super().__init__(message or f"nothing was imported: {len(problems)} problem(s)", problems=problems)
         self.problems = problems
 
 
@@ -373,9 +372,9 @@ def _refs(value: Any) -> Iterator[str]:
 
 def check_log(run_id: str, log: list[LoggedEvent], data: DataDir, workspace: Workspace) -> list[str]:
     """What stops `log` from entering the ledger with its ids: the first event whose id does not
-    recompute, a gap, a payload the write path would refuse or change, a missing artifact."""
+    recompute, a gap, an event the write path would refuse or whose payload it would change, a
+    missing artifact."""
     problems: list[str] = []
-    redact = policy(workspace.redact_keys, workspace.redact_value_patterns)
     for expected, event in enumerate(log, start=1):
         env, where = event.envelope, event.where
         if env["sequence"] != expected:
@@ -390,13 +389,12 @@ def check_log(run_id: str, log: list[LoggedEvent], data: DataDir, workspace: Wor
             return [f"{where}: run {run_id}, sequence {expected}: eventId expected {recomputed} (recomputed "
                     f"from the event's content), found {env['eventId']}: the log was changed after it was written"]
         try:
-            validate_payload(expected - 1, env["type"], env["payload"])
+            stored = stored_payload(workspace, expected - 1, _item(env))
         except LedgerError as exc:
             problems.append(f"{where}: run {run_id}, sequence {expected}: "
                             f"{_EVENT_INDEX_PREFIX.sub('', exc.message)}")
             continue
-        stored = canonical_bytes(env["payload"])
-        if canonical_bytes(redact(env["payload"])) != stored:
+        if stored != canonical_bytes(env["payload"]):
             problems.append(f"{where}: run {run_id}, sequence {expected}: the workspace's redaction rules would "
                             "rewrite this payload (it holds a secret), which would change its event id")
         if len(stored) > artifacts.INLINE_LIMIT_BYTES:
@@ -412,7 +410,20 @@ def check_log(run_id: str, log: list[LoggedEvent], data: DataDir, workspace: Wor
             elif found.run_id != run_id:
                 problems.append(f"{where}: run {run_id}, sequence {expected}: references {ref}, "
                                 f"which belongs to run {found.run_id}")
+    refused = lifecycle_refusal(run_id, [e.type for e in log], imported=True)
+    if refused is not None:
+        index, exc = refused
+        problems.append(f"{log[index].where}: run {run_id}, sequence {index + 1}: "
+                        f"{_EVENT_INDEX_PREFIX.sub('', exc.message)}")
     return problems
+
+
+def _item(env: dict[str, Any]) -> dict[str, Any]:
+    """The append request item of a logged envelope."""
+    item = {"type": env["type"], "payload": env["payload"]}
+    if "occurrenceId" in env:
+        item["occurrenceId"] = env["occurrenceId"]
+    return item
 
 
 def _stored_ids(workspace: Workspace, run_ids: list[str]) -> dict[str, list[str]]:
@@ -466,22 +477,30 @@ def _batches(log: list[LoggedEvent]) -> Iterator[list[LoggedEvent]]:
 
 
 def _write_run(workspace: Workspace, run_id: str, log: list[LoggedEvent]) -> None:
+    """One append per run of events sharing a `recordedAt`, each in its own transaction: the
+    checks above let nothing through that the write path refuses, and a transaction per batch
+    lets the write path keep its folded state from one batch to the next (inside one transaction
+    it would fold the whole log again for every batch, and hold every state until the commit)."""
     for batch in _batches(log):
         at = _recorded_at(batch[0].envelope["recordedAt"])
         assert at is not None  # checked when read
-        items = [{"type": e.type, "payload": e.envelope["payload"],
-                  **({"occurrenceId": e.envelope["occurrenceId"]} if "occurrenceId" in e.envelope else {})}
-                 for e in batch]
         try:
-            with clock.recorded_at(at):
-                result = append_events(workspace=workspace, run_id=run_id, events=items,
+            with transaction.atomic(), clock.recorded_at(at):
+                result = append_events(workspace=workspace, run_id=run_id, events=[_item(e.envelope) for e in batch],
                                        expected_sequence=batch[0].sequence - 1, imported=True)
+                for event, written in zip(batch, result.events):
+                    if written["eventId"] != event.envelope["eventId"]:
+                        raise ImportRefused([f"{event.where}: run {run_id}, sequence {event.sequence}: the ledger "
+                                             f"computed {written['eventId']}, the log says "
+                                             f"{event.envelope['eventId']}"])
         except LedgerError as exc:
-            raise ImportRefused([f"{batch[0].where}: run {run_id}: the ledger refused the log: {exc.message}"]) from exc
-        for event, written in zip(batch, result.events):
-            if written["eventId"] != event.envelope["eventId"]:
-                raise ImportRefused([f"{event.where}: run {run_id}, sequence {event.sequence}: the ledger "
-                                     f"recorded {written['eventId']} where the log says {event.envelope['eventId']}"])
+            # Only a writer racing the import gets here (the checks passed): what is in stays, and
+            # importing again continues the run from there.
+            problems = exc.problems if isinstance(exc, ImportRefused) else [
+                f"{batch[0].where}: run {run_id}: the ledger refused the log: {exc.message}"]
+            raise ImportRefused(problems, f"the import stopped at run {run_id} sequence {batch[0].sequence}; "
+                                          "what was written before stays, and importing again continues from "
+                                          "there") from exc
 
 
 def _store_artifact(workspace: Workspace, artifact: LittleArtifact, summary: Summary) -> str:
@@ -531,17 +550,17 @@ def import_data_dir(root: Path, workspace: Workspace) -> Summary:
     if problems:
         raise ImportRefused(problems)
 
-    with transaction.atomic():
-        for run_id, events, how in plan:
-            _write_run(workspace, run_id, events)
-            summary.events_written += len(events)
-            if how == "imported":
-                summary.runs_imported += 1
-                summary.lines.append(f"imported {run_id}: {len(events)} events")
-            else:
-                summary.runs_continued += 1
-                summary.lines.append(f"continued {run_id}: events {events[0].sequence}..{events[-1].sequence}")
-        for artifact in sorted(data.artifacts.values(), key=lambda a: a.artifact_id):
+    for run_id, events, how in plan:
+        _write_run(workspace, run_id, events)
+        summary.events_written += len(events)
+        if how == "imported":
+            summary.runs_imported += 1
+            summary.lines.append(f"imported {run_id}: {len(events)} events")
+        else:
+            summary.runs_continued += 1
+            summary.lines.append(f"continued {run_id}: events {events[0].sequence}..{events[-1].sequence}")
+    for artifact in sorted(data.artifacts.values(), key=lambda a: a.artifact_id):
+        with transaction.atomic():
             summary.lines.append(_store_artifact(workspace, artifact, summary))
     for loop in data.outer_loops:
         runs = ", ".join(c["runId"] for c in loop.cycles) or "none"

@@ -442,9 +442,10 @@ def test_pruning_an_imported_run_takes_its_artifact_along(workspace: Workspace) 
     assert not ImportedArtifact.objects.exists() and not Artifact.objects.filter(workspace=workspace).exists()
 
 
-def test_a_log_the_write_path_refuses_rolls_the_whole_import_back(workspace: Workspace, tmp_path: Path) -> None:
-    """A bare harness session's log has no RunStarted: the ledger's lifecycle refuses it when it is
-    written, after the other runs went in, and the one transaction takes them back out."""
+def test_a_log_the_write_path_would_refuse_is_named_before_anything_is_written(workspace: Workspace,
+                                                                                tmp_path: Path) -> None:
+    """A bare harness session's log has no RunStarted: the ledger's lifecycle would refuse it, so
+    the import names it up front and writes none of the other runs either."""
     bad = copy_of_sample(tmp_path)
     payload = {"runId": "run_session", "role": "worker.code-run", "task": {"kind": "execute_step"},
                "manifest": {}, "manifestHash": digest({})}
@@ -453,8 +454,8 @@ def test_a_log_the_write_path_refuses_rolls_the_whole_import_back(workspace: Wor
            "recordedAt": "2026-05-19T18:09:00.000Z", "payload": payload}
     (bad / "events" / "run_session.jsonl").write_text(json.dumps(env) + "\n", encoding="utf-8")
     err = problems_of(bad)
-    assert ("events/run_session.jsonl:1: run run_session: the ledger refused the log: run run_session has no "
-            "events; its first event must be RunStarted") in err
+    assert ("events/run_session.jsonl:1: run run_session, sequence 1: run run_session has no events; its first "
+            "event must be RunStarted") in err
     assert nothing_written(workspace)
 
 
@@ -466,3 +467,46 @@ def test_a_null_occurrence_id_is_no_occurrence_id(workspace: Workspace, tmp_path
     code, _, err = import_little(nulls)
     assert (code, err) == (0, "")
     assert ledger("events", "run_order")[1].splitlines() == sample_lines("run_order")
+
+
+def test_the_lifecycle_is_checked_before_writing(workspace: Workspace, tmp_path: Path) -> None:
+    """An event after the run's end that Little Workflow never writes there is named up front."""
+    bad = copy_of_sample(tmp_path)
+    lines = sample_lines("run_order")
+    extra = {"stepPath": "late"}
+    env = {"eventId": event_id(run_id="run_order", sequence=4, type="StepScheduled", payload=extra),
+           "runId": "run_order", "sequence": 4, "type": "StepScheduled", "recordedAt": "2026-05-19T18:01:02.000Z",
+           "payload": extra}
+    (bad / "events" / "run_order.jsonl").write_text("\n".join([*lines, json.dumps(env)]) + "\n", encoding="utf-8")
+    err = problems_of(bad)
+    assert "events/run_order.jsonl:4: run run_order, sequence 4: run run_order is completed; only custom.* " in err
+    assert nothing_written(workspace)
+
+
+def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(
+        workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks passed, then another writer appended to a run first: that append is refused
+    (expectedSequence), the runs written before it stay, and importing again finishes the job."""
+    from ledger import little_import
+
+    original = little_import._write_run
+
+    def racing(space: Workspace, run_id: str, log: list[Any]) -> None:
+        if run_id == "run_cycle_1":
+            append_events(workspace=space, run_id=run_id, events=[ev("OrchestrationRequested", requestId="req_1",
+                          workflowId="support.summarize", workflowDefinitionHash=log[0].payload[
+                              "workflowDefinitionHash"])], imported=True)
+        original(space, run_id, log)
+
+    # The other writer's append lands, for real, just before the import's first one for that run.
+    monkeypatch.setattr(little_import, "_write_run", racing)
+    with pytest.raises(little_import.ImportRefused) as refused:
+        little_import.import_data_dir(SAMPLE, workspace)
+    monkeypatch.undo()
+    assert "the import stopped at run run_cycle_1 sequence 1" in refused.value.message
+    assert set(Run.objects.filter(workspace=workspace).values_list("run_id", flat=True)) == {
+        "run_7f3a", "run_artifacts", "run_cycle_1"}
+    # The racing writer's event is the log's own first event (same content, same id): the rest follows.
+    code, out, _ = import_little(SAMPLE)
+    assert code == 0 and "continued run_cycle_1: events 2..9" in out
+    assert ledger("verify", "--workspace", "acme/support")[0] == 0
