@@ -412,9 +412,9 @@ def check_log(run_id: str, log: list[LoggedEvent], data: DataDir, workspace: Wor
                                 f"which belongs to run {found.run_id}")
     refused = lifecycle_refusal(run_id, [e.type for e in log], imported=True)
     if refused is not None:
-        index, exc = refused
+        index, error = refused
         problems.append(f"{log[index].where}: run {run_id}, sequence {index + 1}: "
-                        f"{_EVENT_INDEX_PREFIX.sub('', exc.message)}")
+                        f"{_EVENT_INDEX_PREFIX.sub('', error.message)}")
     return problems
 
 
