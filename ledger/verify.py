@@ -21,15 +21,16 @@ class Check:
     detail: str
 
 
-def artifact_refs(value: Any) -> Iterator[str]:
-    """Every artifact ref anywhere in a payload: ours, and an imported log's (artifacts.is_ref)."""
+def artifact_refs(value: Any, *, imported: bool = False) -> Iterator[str]:
+    """Every `artifact://art_<sha256>` ref anywhere in a payload; with `imported`, an imported
+    log's refs too (artifacts.is_ref), which only ImportedArtifact rows resolve."""
     if isinstance(value, dict):
         for child in value.values():
-            yield from artifact_refs(child)
+            yield from artifact_refs(child, imported=imported)
     elif isinstance(value, list):
         for child in value:
-            yield from artifact_refs(child)
-    elif isinstance(value, str) and artifacts.is_ref(value):
+            yield from artifact_refs(child, imported=imported)
+    elif isinstance(value, str) and (artifacts.is_ref(value) if imported else artifacts.parse_ref(value)):
         yield value
 
 
@@ -71,7 +72,7 @@ def inspect_run(run: Run) -> Inspection:
                               occurrence_id=occurrence_id)
         if recomputed != stored_id or canonical_json(payload) != text:
             bad_ids.append(sequence)
-        refs.update(artifact_refs(payload))
+        refs.update(artifact_refs(payload, imported=True))
     checks.append(Check("event_ids", "fail" if bad_ids else "pass",
                         f"recomputed ids differ at sequences {bad_ids[:10]}" if bad_ids else f"{len(rows)} ids recomputed"))
 

@@ -510,3 +510,22 @@ def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(
     code, out, _ = import_little(SAMPLE)
     assert code == 0 and "continued run_cycle_1: events 2..9" in out
     assert ledger("verify", "--workspace", "acme/support")[0] == 0
+
+
+def test_the_run_pages_of_an_imported_run_link_its_artifact_by_our_id(browser: Any, outsider: Any,
+                                                                       workspace: Workspace) -> None:
+    from django.test import Client
+
+    import_little(SAMPLE)
+    stored = Artifact.objects.get(workspace=workspace)
+    base = "/w/acme/support/runs/run_artifacts/"
+    for tab in ("evidence/", "conversation/", "timeline/"):
+        assert browser.get(base + tab).status_code == 200, tab
+    html = browser.get(base + "evidence/").content.decode()
+    assert f"/api/v1/artifacts/{stored.artifact_id}/content?workspace=acme/support" in html
+    assert f"/api/v1/artifacts/{ARTIFACT}/" not in html  # the foreign id has nothing to download
+    content = browser.get(f"/api/v1/artifacts/{stored.artifact_id}/content", {"workspace": "acme/support"})
+    assert b"".join(content.streaming_content) == b'{"name":"Ada","score":98}'  # type: ignore[attr-defined]
+    other = Client()
+    other.force_login(outsider)
+    assert other.get(base + "evidence/").status_code == 404
