@@ -265,6 +265,11 @@ def _prepare_args(workspace: Workspace, tool_name: str, args: Any) -> tuple[Any,
     return args, digest({"toolName": tool_name, "args": args})
 
 
+def prepare_args(workspace: Workspace, tool_name: str, args: Any) -> tuple[Any, str]:
+    """The args as the log will hold them (redacted, canonical-checked) and the claim's digest of them."""
+    return _prepare_args(workspace, tool_name, args)
+
+
 @atomic_then_refuse
 def claim_tool_call(
     *, workspace: Workspace, run_id: str, call_id: str, tool_name: str, args: Any, effect: str, owner: str,
@@ -760,6 +765,34 @@ def declare_in_doubt(*, workspace: Workspace, run_id: str, call_id: str, lease_t
         "outboundAt": format_recorded_at(claim.outbound_at), "reason": reason, **details})
     return append_locked(run=run, events=[{"type": "harness.tool_call.in_doubt", "payload": payload}],
                          fencing_token=fencing_token).last_sequence
+
+
+def abandon_for_cancel(run: Run, now: datetime, emit: Emit, reason: str) -> tuple[list[str], list[str]]:
+    """A cancelled run's calls still claimed (ledger/cancellation.py, with the run locked): a
+    write call whose request left is in doubt (nobody knows whether the tool acted; an operator
+    reconciles it), every other call is abandoned, recorded as failed with `Cancelled`. Its holder
+    completing it later is refused (`lease_lost`). The call ids (abandoned, in doubt)."""
+    abandoned: list[str] = []
+    in_doubt: list[str] = []
+    claims = ToolGatewayClaim.objects.select_for_update().filter(run=run, status=Status.CLAIMED).order_by("pk")
+    for claim in claims:
+        if claim.effect == ToolGatewayClaim.Effect.WRITE and claim.outbound_at is not None:
+            claim.lease_expires_at = min(claim.lease_expires_at, now)  # cancelling ends its lease now
+            claim.save(update_fields=["lease_expires_at"])
+            _settle_expiry(run, claim, now, emit)
+            in_doubt.append(claim.call_id)
+            continue
+        error = {"name": "Cancelled", "message": reason}
+        duration_ms = round((now - (claim.outbound_at or claim.claimed_at)).total_seconds() * 1000)
+        _store_outcome(run, claim, "error", error)
+        claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = Status.FAILED, duration_ms, now, now
+        claim.save(update_fields=["result", "error", "outcome_ref", "outcome_digest", "status", "duration_ms",
+                                  "finished_at", "updated_at"])
+        done = Finished(call_id=claim.call_id, status=Status.FAILED, attempt=claim.attempt, error=error,
+                        duration_ms=duration_ms)
+        emit(_finished_event(done, "error", error, _step_path_of(run, claim.call_id)))
+        abandoned.append(claim.call_id)
+    return abandoned, in_doubt
 
 
 # --- selectors -------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ class Workspace(models.Model):
     # Days a finished run is kept after its last event before `ledger prune` deletes it
     # (ledger/retention.py); NULL keeps runs forever. Changed only by retention.set_retention (audited).
     retention_days = models.PositiveIntegerField(null=True, blank=True)
+    # Tool names whose every call waits for a human approver before it runs (on top of the tools
+    # that declare `approval="required"` themselves): ledger/toolapproval.py.
+    approval_tools = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -643,6 +646,9 @@ class AuditEntry(models.Model):
         RUN_OTLP_EXPORTED = "run.otlp_exported"
         EXPORT_DOWNLOADED = "export.downloaded"
         EVIDENCE_BUNDLE_DOWNLOADED = "evidence_bundle.downloaded"
+        RUN_CANCELLED = "run.cancelled"
+        TOOL_CALL_APPROVED = "tool_call.approved"
+        TOOL_CALL_REJECTED = "tool_call.rejected"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

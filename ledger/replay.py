@@ -93,7 +93,7 @@ def replay_plan(
         if step.status == "completed" and not step.has_output and step.output_ref is None
     ] + missing_calls + missing_artifacts
 
-    return {
+    plan = {
         "runId": run_id,
         "steps": [_plan_step(step) for step in state.steps.values()],
         "completedStepPaths": [p for p, s in state.steps.items() if s.status == "completed"],
@@ -102,6 +102,17 @@ def replay_plan(
         "integrity": {"ok": all(c["status"] == "pass" for c in checks), "checks": checks},
         "replayReady": {"status": "fail" if missing else "pass", "missing": missing},
     }
+    waiting = _waiting_approval(state)
+    if waiting:  # only present while a call waits: every other plan keeps its shape (and digest)
+        plan["waitingApproval"] = waiting
+    return plan
+
+
+def _waiting_approval(state: RunState) -> list[dict[str, Any]]:
+    """The tool calls a resume would stop at until an approver decides (ledger/toolapproval.py)."""
+    return [{"callId": c.call_id, "toolName": c.tool_name, "stepPath": c.step_path, "args": c.args,
+             "argsDigest": c.approval.get("argsDigest") if isinstance(c.approval, dict) else None}
+            for c in state.tool_calls.values() if c.status == "waiting_approval"]
 
 
 def _plan_step(step: StepState) -> dict[str, Any]:

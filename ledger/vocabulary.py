@@ -23,7 +23,7 @@ Spec = dict[str, tuple[tuple[type, ...], bool]]
 
 RUN_STARTED: Spec = {
     "workflowVersionId": (STR, True), "parentRunId": (STR, False), "outerLoopId": (STR, False),
-    "label": (STR, False), "tags": (LIST + OBJ, False), "replayOf": (STR, False),
+    "label": (STR, False), "tags": (LIST + OBJ, False), "replayOf": (STR, False), "requestedBy": (STR, False),
 }
 STEP: Spec = {"stepPath": (STR, True), "stepId": (STR, False)}
 ATTEMPT: Spec = {"stepPath": (STR, True), "attempt": (INT, True)}
@@ -66,6 +66,13 @@ VOCABULARY: dict[str, Spec] = {
     "harness.tool_call.failed": {**TOOL_TERMINAL, "error": (ANY, True)},
     "harness.tool_call.in_doubt": {"callId": (STR, True)},
     "harness.tool_call.reconciled": {"callId": (STR, True), "outcome": (STR, True)},
+    # Ours: a call that waits for a human approver, and the approver's decision (ledger/toolapproval.py).
+    "harness.tool_call.approval_requested": {
+        "callId": (STR, True), "toolName": (STR, True), "args": (ANY, True), "argsDigest": (STR, True),
+    },
+    "harness.tool_call.approved": {"callId": (STR, True), "argsDigest": (STR, True), "by": (STR, True)},
+    "harness.tool_call.rejected": {"callId": (STR, True), "argsDigest": (STR, True), "by": (STR, True),
+                                   "error": (ANY, True)},
     # Ours: a re-execution call its original's record could not answer (ledger/runtime/reexecute.py).
     "harness.replay.diverged": {"stepPath": (STR, True), "kind": (STR, True), "reason": (STR, True)},
     "harness.execute_step.started": {},

@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from ledger.demo import load_demo
-from ledger.models import CostEntry, Event, Run, ToolGatewayClaim, Workspace
+from ledger.models import AuditEntry, CostEntry, Event, Run, ToolGatewayClaim, Workspace
 from ledger.projection import COMPARE_PLACES, log_of, prices_for
 from ledger.tenancy import create_key
 from ledger.verify import verify_run
@@ -99,6 +99,17 @@ def test_the_outer_loop_takes_three_cycles_each_a_run_and_its_page_lists_them(de
     client.force_login(User.objects.get(username="dave"))
     page = client.get("/w/acme/research/loops/ol_demo_refine/")
     assert page.status_code == 200 and page.content.decode().count('class="cycle"') == 3
+
+
+def test_a_cancelled_run_and_a_tool_call_waiting_for_approval(demo: dict[str, Workspace]) -> None:
+    support = demo["acme/support"]
+    cancelled = Run.objects.get(workspace=support, run_id="run_demo_cancelled")
+    assert cancelled.status == "failed" and cancelled.error["name"] == "Cancelled"
+    assert _log(support, "run_demo_cancelled")[-1]["type"] == "RunFailed"
+    waiting = Run.objects.get(workspace=support, run_id="run_demo_awaiting_approval")
+    assert waiting.status == "running"
+    assert [(c.tool_name, c.status) for c in waiting.tool_calls.all()] == [("send_goodwill_credit", "waiting_approval")]
+    assert AuditEntry.objects.filter(action="run.cancelled", target="run_demo_cancelled", actor="carol").count() == 1
 
 
 def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:

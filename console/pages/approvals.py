@@ -24,7 +24,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import selectors
+from ledger import selectors, toolapproval
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ReexecutionRequest, Workspace
 from ledger.reexecution import selectors as reexecutions
@@ -84,6 +84,24 @@ def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str,
     return cards
 
 
+def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, Any]]:
+    """One card per tool call waiting for an approver (ledger/toolapproval.py): the exact
+    arguments and the digest the decision binds to."""
+    cards = []
+    for call in toolapproval.waiting_calls(ws):
+        requester = toolapproval.requester_of(call.run)
+        own = requester is not None and requester == user.get_username()
+        cards.append({
+            "call": call, "run_id": call.run.run_id, "requester": requester, "own": own,
+            "digest": toolapproval.pending_digest(call),
+            "args_json": json.dumps(call.args, ensure_ascii=False, indent=2, sort_keys=True),
+            "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, call.run.run_id]),
+            "can_approve": can_decide and not own, "can_reject": can_decide,
+            "key": f"{call.run.run_id}/{call.call_id}",
+        })
+    return cards
+
+
 def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | None = None) -> dict[str, Any]:
     can_decide = has_role(request.user, ws, "approver")
     decided = [r for r in reexecutions.requests(ws).exclude(status=Status.PENDING_APPROVAL)
@@ -93,6 +111,8 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
     return {
         "workspace": ws, "can_decide": can_decide,
         "pending": _pending_cards(ws, request.user, can_decide),
+        "tool_calls": _tool_cards(ws, request.user, can_decide),
+        "tool_decide_url": reverse("approval-tool-call", args=[ws.tenant.slug, ws.slug]),
         "decided": [_card(rx, request.user, can_decide=False, with_plan=False) for rx in decided],
         # A refused decision: which request, why, and the note as typed (kept in its card's form).
         "refused": refused or {},
@@ -159,6 +179,41 @@ def approve(request: HttpRequest, tenant: str, workspace: str, reexecution_id: s
 @require_POST
 def deny(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str) -> HttpResponse:
     return _decide(request, tenant, workspace, reexecution_id, approve=False)
+
+
+@login_required
+@require_POST
+def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """An approver approves or rejects a tool call waiting for approval, bound to the digest of
+    the arguments the page showed them (ledger/toolapproval.py)."""
+    ws = workspace_or_404(request, tenant, workspace)
+    run_id, call_id = request.POST.get("run", ""), request.POST.get("call", "")
+    key = f"{run_id}/{call_id}"
+    if not run_id or not call_id or selectors.find_run(ws, run_id) is None:
+        raise Http404("not found")
+    if not has_role(request.user, ws, "approver"):
+        raise PermissionDenied("deciding a tool call needs the approver role")
+    note = request.POST.get("note", "").strip()
+    decision = request.POST.get("decision", "")
+    if decision not in ("approve", "reject"):
+        return _page(request, ws, status=400, refused=_refused(key, "Choose approve or reject.", note))
+    if not note:
+        return _page(request, ws, status=400, refused=_refused(key, "Say why: the note is required.", note))
+    if len(note) > MAX_NOTE:
+        return _page(request, ws, status=400, refused=_refused(key, f"The note is at most {MAX_NOTE} characters.", note))
+    try:
+        toolapproval.decide(workspace=ws, run_id=run_id, call_id=call_id, approve=decision == "approve",
+                            seen_digest=request.POST.get("digest", ""), note=note, by=member(request))
+    except NotFound:
+        raise Http404("not found") from None
+    except LedgerError as exc:
+        if exc.status >= 500:
+            raise
+        # Refused (the run's requester, other arguments since, already decided): the page again, saying why.
+        return _page(request, ws, status=exc.status, refused=_refused(key, exc.message, note))
+    if getattr(request, "htmx", False):
+        return _page(request, ws)
+    return redirect("approvals", tenant=tenant, workspace=workspace)
 
 
 # --- evaluate batches --------------------------------------------------------------------------
@@ -263,6 +318,7 @@ WS = "w/<slug:tenant>/<slug:workspace>/"
 
 urlpatterns = [
     path(WS + "approvals/", approvals, name="approvals"),
+    path(WS + "approvals/tool-calls/", tool_call_decide, name="approval-tool-call"),
     path(WS + "approvals/<str:reexecution_id>/approve/", approve, name="approval-approve"),
     path(WS + "approvals/<str:reexecution_id>/deny/", deny, name="approval-deny"),
     path(WS + "batches/", batch_create, name="batch-create"),

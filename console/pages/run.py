@@ -29,7 +29,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import gateway, limits, runlog, selectors, serialize
+from ledger import cancellation, gateway, limits, runlog, selectors, serialize
 from ledger.access import Access
 from ledger.errors import LedgerError, NotFound
 from ledger.evidence import evidence_bundle
@@ -44,7 +44,7 @@ from ..format import coverage
 from ..rows import artifact_url, event_row, render_event_row
 from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversations
-from .guard import member_access
+from .guard import has_role, member_access
 from .reexecution import can_request, reexecution_rows, run_origin
 from .share import panel_context
 from .waterfall import Axis, parse_time, waterfall
@@ -390,8 +390,18 @@ TAB_VIEWS: dict[str, Callable[[HttpRequest, Access, Run], Tab | HttpResponse]] =
 }
 
 
+def _cancel_context(request: HttpRequest, run: Run, *, reason: str = "", error: str = "") -> dict[str, Any]:
+    """The Cancel action of the run's header: an operator's, on a run that has not ended."""
+    ws = run.workspace
+    return {"cancel": {
+        "allowed": not run.finished and has_role(request.user, ws, "operator"),
+        "url": reverse("run-cancel", args=[ws.tenant.slug, ws.slug, run.run_id]),
+        "reason": reason, "error": error, "max": cancellation.MAX_REASON,
+    }}
+
+
 def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
-             feedback: FeedbackForm | None = None) -> HttpResponse:
+             feedback: FeedbackForm | None = None, cancel: dict[str, Any] | None = None) -> HttpResponse:
     context = {
         **tab.context, "run": run, "workspace": run.workspace, "tab": name, "tab_template": tab.template,
         "tabs": [{"name": t, "label": TAB_LABELS[t], "url": _tab_url(run, t)} for t in TABS],
@@ -400,6 +410,7 @@ def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
         return render(request, "console/run/tab_partial.html", context, status=tab.status)
     context.update(_header_context(run))
     context["can_reexecute"] = can_request(request.user, run.workspace)
+    context.update(cancel or _cancel_context(request, run))
     context.update(_feedback_context(run, feedback))
     context.update(panel_context(request, run))
     context["workspaces"] = selectors.workspaces_for(request.user)
@@ -552,6 +563,44 @@ def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, ca
     return _respond(request, run, "evidence", tab)
 
 
+@login_required
+@require_POST
+def cancel(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """An operator cancels the run (ledger/cancellation.py), saying why. htmx: the run page is
+    loaded again (HX-Redirect); a refusal answers 400/409 with the form and the message."""
+    member, run = _run_or_404(request, tenant, workspace, run_id)
+    if not member.allows("operator"):
+        raise PermissionDenied("cancelling a run needs the operator role")
+    reason = request.POST.get("reason", "").strip()
+    error, status = "", 400
+    if not reason:
+        error = "Say why: the reason is required."
+    elif len(reason) > cancellation.MAX_REASON:
+        error = f"The reason is at most {cancellation.MAX_REASON} characters."
+    else:
+        try:
+            cancellation.cancel_run(workspace=run.workspace, run_id=run.run_id, reason=reason, by=request.user)
+        except NotFound:
+            raise Http404("not found") from None
+        except LedgerError as exc:
+            if exc.status >= 500:
+                raise
+            error, status = exc.message, exc.status
+        else:
+            url = reverse("run", args=[tenant, workspace, run_id])
+            if _wants_partial(request):
+                done = HttpResponse(status=204)
+                done["HX-Redirect"] = url
+                return done
+            return redirect(url)
+    context = _cancel_context(request, run, reason=reason, error=error)
+    if _wants_partial(request):
+        return render(request, "console/run/cancel.html", {**context, "run": run}, status=status)
+    tab = _timeline_page(run, None, PAGE_SIZE)
+    tab.status = status
+    return _respond(request, run, "timeline", tab, cancel=context)
+
+
 RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"
 
 urlpatterns = [
@@ -560,5 +609,6 @@ urlpatterns = [
     path(RUN + "waterfall/rows/", waterfall_rows, name="run-waterfall-rows"),
     path(RUN + "feedback/", feedback, name="run-feedback"),
     path(RUN + "tool-calls/<str:call_id>/reconcile/", reconcile, name="run-reconcile"),
+    path(RUN + "cancel/", cancel, name="run-cancel"),
     path(RUN + "<slug:tab>/", run_page, name="run-tab"),
 ]

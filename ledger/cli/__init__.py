@@ -10,6 +10,6 @@ from __future__ import annotations
 
 MODULES = [
     "bootstrap", "create_user", "create_key", "demo", "events", "verify", "rebuild", "reprice", "report",
-    "replay_plan", "run", "resume", "reexecute", "worker", "loop",
+    "replay_plan", "run", "resume", "cancel", "reexecute", "worker", "loop",
     "prune", "keys", "export", "export_evidence", "import_little",
 ]

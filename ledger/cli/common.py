@@ -15,6 +15,7 @@ from ledger.errors import LedgerError
 from ledger.gateway import ToolCallInDoubt
 from ledger.models import Run, RunStatus
 from ledger.replay import CapabilityDriftError
+from ledger.runtime.errors import WAITING_APPROVAL
 from ledger.runtime.executor import RunOutcome
 
 
@@ -65,9 +66,17 @@ def report_outcome(cmd: BaseCommand, execute: Callable[[], RunOutcome]) -> RunOu
     except ToolCallInDoubt as exc:
         raise CommandError(f"ToolCallInDoubt: {exc.message}", returncode=3) from exc
     cmd.stderr.write(f"run {outcome.run_id} {outcome.status}")
+    if outcome.status == WAITING_APPROVAL and isinstance(outcome.error, dict):
+        cmd.stderr.write(
+            f"tool call {outcome.error.get('callId')} ({outcome.error.get('toolName')}) in step "
+            f"{outcome.error.get('stepPath')} waits for an approver (not the run's requester) on the workspace's "
+            f"Approvals page; after the decision: ledger resume {outcome.run_id}")
     return outcome
 
 
 def exit_unless_completed(outcome: RunOutcome) -> None:
+    """Exit 0 when the run completed, 4 when it waits for a tool call's approval, else 1."""
+    if outcome.status == WAITING_APPROVAL:
+        sys.exit(4)
     if outcome.status != RunStatus.COMPLETED:
         sys.exit(1)

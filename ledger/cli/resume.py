@@ -8,8 +8,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.runtime.executor import resume_run
-from ledger.runtime.registry import load_modules
+from ledger import selectors
+from ledger.runtime import progress
+from ledger.runtime.errors import UnknownWorkflow
+from ledger.runtime.executor import RunOutcome, resume_run
+from ledger.runtime.registry import get_workflow, load_modules
 
 from .common import add_run_arguments, existing_run, exit_unless_completed, json_arg, report_outcome
 
@@ -29,8 +32,23 @@ def handle(cmd: BaseCommand, *, run: str, workspace: str | None, input: str | No
     load_modules(module)
     the_run = existing_run(cmd, run, workspace)
     kwargs: dict[str, Any] = {"input": json_arg(input)} if input is not None else {}
-    outcome = report_outcome(cmd, lambda: resume_run(workspace=the_run.workspace, run_id=the_run.run_id,
-                                                     take_over=take_over, **kwargs))
+    reporter = None
+    first = selectors.events(the_run, limit=1)
+    name = first[0]["payload"].get("workflow") if first else None
+    try:
+        if isinstance(name, str):
+            reporter = progress.reporter_for(cmd.stderr, workspace=the_run.workspace, run_id=the_run.run_id,
+                                             workflow=get_workflow(name))
+    except UnknownWorkflow:
+        pass  # resume_run refuses it, saying so
+
+    def execute() -> RunOutcome:
+        if reporter is None:  # not a registered workflow: resume_run says why
+            return resume_run(workspace=the_run.workspace, run_id=the_run.run_id, take_over=take_over, **kwargs)
+        with progress.reporting(reporter):
+            return resume_run(workspace=the_run.workspace, run_id=the_run.run_id, take_over=take_over, **kwargs)
+
+    outcome = report_outcome(cmd, execute)
     cmd.stdout.write(json.dumps({"runId": outcome.run_id, "status": outcome.status,
                                  "output": outcome.output, "error": outcome.error}))
     exit_unless_completed(outcome)

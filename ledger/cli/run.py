@@ -9,7 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from ledger import access
-from ledger.runtime.executor import new_run_id, start_run
+from ledger.runtime import progress
+from ledger.runtime.executor import RunOutcome, new_run_id, start_run
 from ledger.runtime.registry import get_workflow, load_modules
 
 from .common import exit_unless_completed, json_arg, report_outcome
@@ -24,10 +25,11 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, help="TENANT/WORKSPACE")
     parser.add_argument("--run-id", help="the id to start (or resume) under; a new one by default")
     parser.add_argument("--module", action="append", default=[], help="import this module to register workflows")
+    parser.add_argument("--requested-by", help="the member asking for the run: they may not approve its tool calls")
 
 
 def handle(cmd: BaseCommand, *, workflow: str, input: str, workspace: str, run_id: str | None, module: list[str],
-           **_: Any) -> None:
+           requested_by: str | None = None, **_: Any) -> None:
     run_input = json_arg(input)  # before anything is printed or created
     load_modules(module)
     get_workflow(workflow)  # an unknown name is refused before a run id is handed out
@@ -35,5 +37,12 @@ def handle(cmd: BaseCommand, *, workflow: str, input: str, workspace: str, run_i
     run_id = run_id or new_run_id()
     cmd.stdout.write(run_id)
     cmd.stdout.flush()  # the id is known to the caller even if the executor dies
-    outcome = report_outcome(cmd, lambda: start_run(workspace=ws, workflow=workflow, input=run_input, run_id=run_id))
+    reporter = progress.reporter_for(cmd.stderr, workspace=ws, run_id=run_id, workflow=get_workflow(workflow))
+
+    def execute() -> RunOutcome:
+        with progress.reporting(reporter):
+            return start_run(workspace=ws, workflow=workflow, input=run_input, run_id=run_id,
+                             requested_by=requested_by)
+
+    outcome = report_outcome(cmd, execute)
     exit_unless_completed(outcome)

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from .. import clock, sharing
 from ..append import append_events
+from ..cancellation import cancel_run
 from ..canonical import digest
 from ..feedback import record_feedback
 from ..gateway import ToolCallInDoubt, settle_expired_claims
@@ -144,6 +145,18 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
             resume_run(workspace=support, run_id="run_demo_in_doubt")
         except ToolCallInDoubt:
             pass  # refused before writing: the run waits for an operator to reconcile the call
+    if missing(support, "run_demo_awaiting_approval"):
+        # A goodwill credit waits for an approver other than carol, who asked for it (Approvals page).
+        start_run(workspace=support, workflow="support.goodwill", run_id="run_demo_awaiting_approval",
+                  input={"ticket": "Late twice, a gesture please.", "orderId": "B-2", "amount": 25},
+                  requested_by="carol")
+    if missing(support, "run_demo_cancelled"):
+        with clock.backdated(now - timedelta(minutes=45)):
+            start_run(workspace=support, workflow="support.goodwill", run_id="run_demo_cancelled",
+                      input={"ticket": "Credit me for order D-4.", "orderId": "D-4", "amount": 500},
+                      requested_by="carol")
+            cancel_run(workspace=support, run_id="run_demo_cancelled", by=User.objects.get(username="carol"),
+                       reason="order D-4 was delivered on time: no credit is due")
     if missing(research, "run_demo_orchestrator"):
         start_run(workspace=research, workflow="research.orchestrator", run_id="run_demo_orchestrator",
                   input={"topics": ["pricing pages", "churn signals", "restricted market data",

@@ -164,6 +164,32 @@ SUPPORT_REFUND = register(Workflow(
 ))
 
 
+def send_goodwill_credit(args: Any) -> dict[str, Any]:
+    return {"creditId": f"gc-{args.get('orderId')}", "amount": args.get("amount")}
+
+
+# A write tool every call of which waits for an approver (ledger/toolapproval.py).
+GOODWILL = Tool("send_goodwill_credit", send_goodwill_credit, description="Credit the customer's account",
+                effect="write", approval="required",
+                parameters={"type": "object", "properties": {"orderId": {"type": "string"},
+                                                             "amount": {"type": "number"}}})
+
+
+def goodwill_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"orderId": outputs["normalize"]["orderId"], "amount": run_input.get("amount", 20)}
+
+
+SUPPORT_GOODWILL = register(Workflow(
+    name="support.goodwill",
+    steps=(
+        CodeRun("normalize", normalize),
+        ToolStep("credit", "send_goodwill_credit", goodwill_args),
+        CodeRun("confirm", lambda run_input, outputs: {"credited": outputs["credit"]["creditId"]}),
+    ),
+    tools={"send_goodwill_credit": GOODWILL},
+))
+
+
 # --- research ---------------------------------------------------------------------------------
 
 

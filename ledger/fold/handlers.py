@@ -510,6 +510,39 @@ def _tool_reconciled(state: RunState, e: _Event) -> None:
         call.result, call.error = None, e.payload.get("error")
 
 
+def _tool_approval_requested(state: RunState, e: _Event) -> None:
+    call = _tool_event(state, e)
+    if call is None:
+        return
+    p = e.payload
+    if call.started_sequence is None:  # the call's first event: where it sits among the run's calls
+        call.started_sequence = e.sequence
+    call.status = "waiting_approval"
+    call.tool_name = _name(p.get("toolName")) or call.tool_name
+    call.args = p.get("args", call.args)
+    call.caller = _name(p.get("caller")) or call.caller
+    turn = _int(p.get("turn"))
+    call.turn = turn if turn is not None else call.turn
+    call.approval = {"status": "pending", "argsDigest": _str(p.get("argsDigest")), "sequence": e.sequence}
+
+
+def _tool_decided(decision: str) -> _Handler:
+    def handler(state: RunState, e: _Event) -> None:
+        call = _tool_event(state, e)
+        if call is None:
+            return
+        p = e.payload
+        call.approval = {"status": decision, "argsDigest": _str(p.get("argsDigest")), "sequence": e.sequence,
+                         "by": _str(p.get("by"))}
+        if decision == "approved":
+            call.status = "approved"
+            return
+        call.status = "failed"  # a rejected call is over: it never ran
+        call.error = p.get("error")
+        call.ended_sequence = e.sequence
+    return handler
+
+
 def _replay_diverged(state: RunState, e: _Event) -> None:
     state.divergences.append({**e.payload, "sequence": e.sequence})
 
@@ -555,6 +588,9 @@ HANDLERS: dict[str, _Handler] = {
     "harness.tool_call.failed": _tool_ended("failed"),
     "harness.tool_call.in_doubt": _tool_in_doubt,
     "harness.tool_call.reconciled": _tool_reconciled,
+    "harness.tool_call.approval_requested": _tool_approval_requested,
+    "harness.tool_call.approved": _tool_decided("approved"),
+    "harness.tool_call.rejected": _tool_decided("rejected"),
     "OuterLoopCycleCompleted": _outer_loop_cycle,
     "harness.replay.diverged": _replay_diverged,
 }

@@ -154,7 +154,7 @@ class ToolCallState(_Record):
     caller: str | None = None
     turn: int | None = None
     step_path: str | None = None
-    status: str = "started"  # started | succeeded | failed | in_doubt
+    status: str = "started"  # waiting_approval | approved | started | succeeded | failed | in_doubt
     result: Any = None
     error: Any = None
     duration_ms: float | None = None
@@ -164,6 +164,9 @@ class ToolCallState(_Record):
     started_sequence: int | None = None
     ended_sequence: int | None = None
     session: int | None = None
+    # A call that needs a human approver (ledger/toolapproval.py): {status: pending | approved |
+    # rejected, argsDigest, sequence, by?}, the newest request's; None for every other call.
+    approval: Any = None
 
 
 @dataclass(eq=False, slots=True)

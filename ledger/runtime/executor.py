@@ -36,14 +36,16 @@ from django.conf import settings
 from django.db import connections
 
 from .. import selectors
+from ..cancellation import is_cancelled
 from ..canonical import digest
 from ..envelopes import format_recorded_at
+from ..errors import LedgerError
 from ..fold import RunState
 from ..gateway import ToolCallInDoubt, first_call_in_doubt
 from ..models import RunStatus, Workspace
 from ..projection import log_of
 from ..replay import CapabilityDriftError, manifest_drift
-from .errors import RunInputMismatch, RuntimeIntegrityError, StepFailure
+from .errors import WAITING_APPROVAL, RunInputMismatch, RuntimeIntegrityError, StepFailure, WaitingApproval
 from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable
 from .recorder import Recorder, threads_allowed
 from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow,
@@ -59,7 +61,7 @@ _UNSET: Any = object()
 @dataclass(frozen=True)
 class RunOutcome:
     run_id: str
-    status: str  # completed | failed
+    status: str  # completed | failed | waiting_approval (a tool call waits for an approver; resume after)
     output: Any = None
     error: Any = None
 
@@ -76,10 +78,12 @@ def sub_run_id(parent_run_id: str, call_prefix: str) -> str:
 
 def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run_id: str | None = None,
               take_over: bool = False, parent_run_id: str | None = None, parent: Recorder | None = None,
-              outer_loop_id: str | None = None, label: str | None = None) -> RunOutcome:
+              outer_loop_id: str | None = None, label: str | None = None,
+              requested_by: str | None = None) -> RunOutcome:
     """Start `workflow` on `input` and run it to the end. An existing `run_id` is resumed instead,
     and its input must equal `input`. `outer_loop_id` names the outer loop (outer_loop.py) this run
-    is a cycle of."""
+    is a cycle of. `requested_by` (a username) is recorded as the run's requester: who may not
+    approve its tool calls (ledger/toolapproval.py)."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     run_id = run_id or new_run_id()
     if selectors.find_run(workspace, run_id) is not None:
@@ -94,6 +98,8 @@ def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run
         payload["outerLoopId"] = outer_loop_id
     if label is not None:
         payload["label"] = label
+    if requested_by:
+        payload["requestedBy"] = requested_by
     recorder.append({"type": "RunStarted", "payload": payload})
     return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent)
 
@@ -149,14 +155,41 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
         _check_version(run_id, record, workflow)
         run_input = inline_or_ref(workspace, record.state.input, record.state.input_ref)
         try:
-            output = _Runner(workspace, recorder, workflow, run_input, replay).run()
-        except StepFailure as failure:
-            recorder.append({"type": "RunFailed", "payload": {
-                "workflowVersionId": workflow.version_id, "error": failure.as_error()}})
-            return RunOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure.as_error())
-        recorder.append({"type": "RunCompleted", "payload": {"workflowVersionId": workflow.version_id,
-                                                              "output": output}})
-        return RunOutcome(run_id=run_id, status=RunStatus.COMPLETED, output=output)
+            return _run_to_end(workspace, recorder, workflow, run_input, replay)
+        except LedgerError:
+            # Cancelled (ledger/cancellation.py): the log ended the run, and this write, the
+            # executor's next boundary, was refused for it. Stop here; nothing more is written.
+            cancelled = _cancelled(workspace, run_id)
+            if cancelled is None:
+                raise
+            recorder.discard()
+            return cancelled
+        except WaitingApproval as waiting:
+            if parent is not None:
+                raise  # the parent waits with its sub-run
+            return RunOutcome(run_id=run_id, status=WAITING_APPROVAL, error=waiting.as_error())
+
+
+def _run_to_end(workspace: Workspace, recorder: Recorder, workflow: Workflow, run_input: Any,
+                replay: Any) -> RunOutcome:
+    run_id = recorder.run_id
+    try:
+        output = _Runner(workspace, recorder, workflow, run_input, replay).run()
+    except StepFailure as failure:
+        recorder.append({"type": "RunFailed", "payload": {
+            "workflowVersionId": workflow.version_id, "error": failure.as_error()}})
+        return RunOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure.as_error())
+    recorder.append({"type": "RunCompleted", "payload": {"workflowVersionId": workflow.version_id,
+                                                          "output": output}})
+    return RunOutcome(run_id=run_id, status=RunStatus.COMPLETED, output=output)
+
+
+def _cancelled(workspace: Workspace, run_id: str) -> RunOutcome | None:
+    """The outcome of a run that was cancelled while this executor held it; None otherwise."""
+    run = selectors.find_run(workspace, run_id)
+    if run is None or run.status != RunStatus.FAILED or not is_cancelled(run.error):
+        return None
+    return RunOutcome(run_id=run_id, status=RunStatus.FAILED, error=run.error)
 
 
 def _check_version(run_id: str, record: Record, workflow: Workflow) -> None:

@@ -62,6 +62,7 @@ from ..leases import (Lease, LeaseHeld, acquire_run_lease, new_owner, owner_is_d
 from ..models import Workspace
 from ..projection import log_of
 from ..vocabulary import with_origin
+from . import progress
 from .record import Record, read_record
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,7 @@ class Recorder:
         self._core.last_sequence = outcome.last_sequence
         if seam is not None:
             seam.after_write(outcome.last_sequence)
+        progress.notify(self.run_id, batch)
         return outcome
 
     def keep_alive(self) -> None:

@@ -93,10 +93,13 @@ class Tool:
     parameters: Mapping[str, Any] = field(default_factory=dict)  # JSON schema of args
     effect: str = "read"  # read | write
     timeout_s: float | None = None  # enforced (timeouts.py): a read call fails, a write call is in doubt
+    approval: str | None = None  # "required": every call waits for a human approver (ledger/toolapproval.py)
 
     def spec(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "parameters": dict(self.parameters),
+        spec = {"name": self.name, "description": self.description, "parameters": dict(self.parameters),
                 "effect": self.effect, "timeoutS": self.timeout_s}
+        # Only when set, so the manifests recorded before the field existed keep their hash.
+        return {**spec, "approval": self.approval} if self.approval else spec
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .. import gateway
+from .. import gateway, toolapproval
+from .errors import WaitingApproval
 from .record import Record
 from .recorder import Recorder
 from .registry import Tool
@@ -39,6 +40,9 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
                                    caller=caller, turn=turn)
         if served is not None:
             return served
+    if toolapproval.needs_approval(recorder.workspace, tool.name, tool.approval):
+        _await_approval(recorder=recorder, record=record, tool=tool, args=args, call_id=call_id,
+                        step_path=step_path, caller=caller, turn=turn)
     # One commit claims the call, marks it outbound and holds what was deferred before it.
     claimed = recorder.claim_outbound(
         call_id=call_id, tool_name=tool.name, args=args, effect=tool.effect,
@@ -64,3 +68,21 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     # Committed with the next write, before anything else acts outside.
     recorder.defer_completion(claimed=claimed, outcome=outcome[0], value=outcome[1], step_path=step_path)
     return outcome
+
+
+def _await_approval(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call_id: str, step_path: str,
+                    caller: str, turn: int | None) -> None:
+    """Return when the call is approved for these arguments; else write the request (once per
+    arguments) with everything deferred, and stop the run: WaitingApproval."""
+    call = record.state.tool_calls.get(call_id)
+    decided = toolapproval.verdict(workspace=recorder.workspace, approval=call.approval if call else None,
+                                   tool_name=tool.name, args=args, call_id=call_id, step_path=step_path,
+                                   caller=caller, turn=turn)
+    if decided.proceed:
+        return
+    if decided.request is not None:
+        recorder.append(decided.request)
+    else:
+        recorder.flush()
+    raise WaitingApproval(run_id=recorder.run_id, call_id=call_id, tool_name=tool.name,
+                          args_digest=decided.args_digest, step_path=step_path)

@@ -229,7 +229,8 @@
   document.addEventListener("htmx:beforeSwap", function (event) {
     var status = event.detail.xhr.status;
     var source = event.detail.elt;
-    var isForm = source && source.closest && (source.closest("#feedback-form") || source.closest(".reconcile-form"));
+    var isForm = source && source.closest && (source.closest("#feedback-form") || source.closest(".reconcile-form")
+                                                  || source.closest(".cancel-form"));
     if (isForm && (status === 400 || status === 409)) {
       event.detail.shouldSwap = true;
       event.detail.isError = false;
