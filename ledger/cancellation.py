@@ -21,9 +21,10 @@ from django.db import transaction
 from . import audit, clock, gateway
 from .append import append_locked, lock_head
 from .errors import LedgerError, NotFound, RunFinished
-from .models import Run, RunStatus, Workspace
+from .models import Run, RunStatus, ToolCall, Workspace
 
 CANCELLED = "Cancelled"
+UNCLAIMED = ("waiting_approval", "approved")  # tool call states before the gateway (ledger/toolapproval.py)
 MAX_REASON = 2000
 
 
@@ -97,6 +98,15 @@ def _cancel_one(workspace: Workspace, run_id: str, reason: str, by: str) -> Canc
     held = run.lease_expires_at is not None and run.lease_expires_at > now
     events: list[dict[str, Any]] = []
     abandoned, in_doubt = gateway.abandon_for_cancel(run, now, events.append, reason)
+    # Calls stopped before the gateway (waiting for an approver, or approved and not yet run)
+    # never left: they end with the run, as abandoned.
+    for call_id, step_path in ToolCall.objects.filter(run=run, status__in=UNCLAIMED).values_list(
+            "call_id", "step_path").order_by("position"):
+        payload: dict[str, Any] = {"callId": call_id, "error": cancelled_error(reason), "durationMs": 0}
+        if step_path:
+            payload["stepPath"] = step_path
+        events.append({"type": "harness.tool_call.failed", "payload": payload})
+        abandoned.append(call_id)
     events.append({"type": "RunFailed", "payload": {"error": cancelled_error(reason), "cancelledBy": by}})
     # Written under the holder's own fencing token: the cancel is not a takeover, the holder's
     # lease stays, and its next write meets the ended run.

@@ -234,3 +234,20 @@ def test_another_tenant_cannot_see_or_decide_the_call(client: Any, workspace: Wo
     assert client.post("/w/globex/main/approvals/tool-calls/", form).status_code == 404
     assert "run_hidden" not in client.get("/w/globex/main/approvals/").content.decode()
     assert _waiting(workspace, "run_hidden").status == "waiting_approval"
+
+
+def test_cancelling_a_run_that_waits_for_approval_ends_the_waiting_call(workspace: Workspace) -> None:
+    from ledger.cancellation import cancel_run
+
+    sent: list[Any] = []
+    wf = _mailer(sent, {"address": "a@x"})
+    start_run(workspace=workspace, workflow=wf, input={"subject": "s"}, run_id="run_wait_cancel", requested_by="carol")
+
+    done = cancel_run(workspace=workspace, run_id="run_wait_cancel", reason="not needed", by="carol")
+
+    assert done.held is False and len(done.abandoned) == 1
+    call = ToolCall.objects.get(run__run_id="run_wait_cancel")
+    assert (call.status, call.error) == ("failed", {"name": "Cancelled", "message": "not needed"})
+    assert toolapproval.waiting_calls(workspace) == []
+    assert resume_run(workspace=workspace, run_id="run_wait_cancel", workflow=wf).status == "failed"
+    assert sent == []

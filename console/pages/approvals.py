@@ -187,12 +187,12 @@ def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpR
     """An approver approves or rejects a tool call waiting for approval, bound to the digest of
     the arguments the page showed them (ledger/toolapproval.py)."""
     ws = workspace_or_404(request, tenant, workspace)
+    if not has_role(request.user, ws, "approver"):
+        raise PermissionDenied("deciding a tool call needs the approver role")
     run_id, call_id = request.POST.get("run", ""), request.POST.get("call", "")
     key = f"{run_id}/{call_id}"
     if not run_id or not call_id or selectors.find_run(ws, run_id) is None:
         raise Http404("not found")
-    if not has_role(request.user, ws, "approver"):
-        raise PermissionDenied("deciding a tool call needs the approver role")
     note = request.POST.get("note", "").strip()
     decision = request.POST.get("decision", "")
     if decision not in ("approve", "reject"):
