@@ -267,15 +267,22 @@ class Execution:
         if arm:  # die at a random commit: after it, or before it with its work done (in flight)
             child_env["RUNLEDGER_KILL_AFTER_SEQUENCE" if rng.random() < 0.5 else "RUNLEDGER_KILL_BEFORE_SEQUENCE"] = \
                 str(rng.randint(2, DRILL_EVENTS - 1))
-        if self.attempts == 0:
+        if not self.started(env["DATABASE_URL"]):  # the first try died before its RunStarted committed
             args = ["ledger", "run", "drill", "--module", "tests.runtime_workflows", "--workspace", WORKSPACE,
                     "--run-id", self.run_id, "--input", json.dumps(DRILL_INPUT)]
         else:
             args = ["ledger", "resume", self.run_id, "--take-over", "--module", "tests.runtime_workflows",
                     "--workspace", WORKSPACE]
         self.attempts += 1
-        self.process = subprocess.Popen([PYTHON, "manage.py", *args], cwd=REPO, env=child_env, text=True,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with self.invocations.with_suffix(".log").open("a") as log:
+            log.write(f"--- attempt {self.attempts}: {' '.join(args)}\n")
+            log.flush()
+            self.process = subprocess.Popen([PYTHON, "manage.py", *args], cwd=REPO, env=child_env, text=True,
+                                            stdout=log, stderr=subprocess.STDOUT)
+
+    def started(self, url: str) -> bool:
+        with psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=10) as conn:
+            return conn.execute("SELECT 1 FROM ledger_run WHERE run_id = %s", (self.run_id,)).fetchone() is not None
 
     def poll(self) -> bool:
         """True when the process in hand has ended (and says how)."""
@@ -359,7 +366,10 @@ def main() -> int:
             running = [e for e in execs if e.process is not None]
             for execution in [e for e in execs if not e.done and e.process is None][:max(0, 2 - len(running))]:
                 faults_left = counts.daphne_kills < kills or counts.postgres_crashes < crashes
-                execution.launch(env, rng, arm=faults_left and rng.random() < 0.8)
+                try:
+                    execution.launch(env, rng, arm=faults_left and rng.random() < 0.8)
+                except psycopg.OperationalError:
+                    pass  # the database is starting again: next round
             time.sleep(0.3 + rng.random() * 1.2)
             if counts.daphne_kills >= kills and counts.postgres_crashes >= crashes:
                 continue  # only the executions left to finish
