@@ -101,6 +101,10 @@ def test_an_approver_approves_the_waiting_call_on_the_approvals_page(watched: An
     bob, problems = watched()
     log_in_to_demo(bob, production, "bob")
     bob.goto(f"{production.url}{SUPPORT}/approvals/")
+    # The live list reloads itself once its socket opens (static/js/approvals-live.js): let that
+    # reload land before writing the note, or the click can hit the card the reload replaces.
+    expect(bob.locator("#live-status")).to_have_attribute("data-state", "live")
+    bob.wait_for_load_state("networkidle")
     card = bob.locator(card_selector)
     expect(card.locator("pre.tool-args")).to_contain_text('"amount": 25')
     card.locator("input[name=note]").fill("Two late deliveries: a credit is fair.")
