@@ -18,7 +18,7 @@ from typing import Any
 
 from ..pricing import PriceTable, load_default_prices
 from .codec import clone
-from .handlers import apply
+from .handlers import fold_events
 from .state import (
     ARTIFACT_REF_PREFIX,
     REPLAYED_ORIGINS,
@@ -80,6 +80,13 @@ def fold_into(
 
 def check_events(run_id: str, events: Sequence[Mapping[str, Any]], *, after: int = 0) -> None:
     """Raise RunStateMismatch unless `events` are run_id's sequences after+1, after+2, …"""
+    # The usual answer in two comprehensions (a fifth of the loop's time); the loop names the
+    # first event that is wrong.
+    sequences = [event.get("sequence") for event in events]
+    if (sequences == list(range(after + 1, after + 1 + len(sequences)))
+            and all(sequence.__class__ is int for sequence in sequences)
+            and all(event.get("runId") == run_id for event in events)):
+        return
     for offset, event in enumerate(events):
         index = after + offset
         received = event.get("runId")
@@ -103,16 +110,14 @@ def advance(state: RunState, events: Sequence[Mapping[str, Any]], *, prices: Pri
     check_events(state.run_id, events, after=state.last_sequence)
     table = prices if prices is not None else load_default_prices()
     with paused_gc():
-        for event in events:
-            apply(state, event, table)
+        fold_events(state, events, table)
 
 
 def apply_unchecked(state: RunState, events: Sequence[Mapping[str, Any]], prices: PriceTable) -> RunState:
     """Fold without the shape check, for readers that report a broken log instead of refusing it."""
     new: RunState = clone(state)
     with paused_gc():
-        for event in events:
-            apply(new, event, prices)
+        fold_events(new, events, prices)
     return new
 
 

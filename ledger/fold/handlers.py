@@ -8,11 +8,12 @@ defensively: a field of the wrong type is ignored, never an exception.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
-from ..pricing import PriceTable, Usage, price_call
+from ..pricing import EXACT, MONEY, PriceTable, Usage, UsageTotals
 from .state import (
     ARTIFACT_REF_PREFIX,
     REPLAYED_ORIGINS,
@@ -47,32 +48,132 @@ _Handler = Callable[[RunState, _Event], None]
 # What a JSON object may be. isinstance tries dict, what a decoded payload holds, before the Mapping
 # ABC, whose check is a Python-level call: several per model call otherwise.
 _OBJECT = (dict, Mapping)
+_intern = sys.intern
+_new = object.__new__
+_Decimal = Decimal
+# Usage's slot setters: it is frozen, and the fold builds one per model call (pricing._fill_usage).
+_set_input, _set_output, _set_cached, _set_reasoning = (
+    Usage.__dict__[name].__set__
+    for name in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+)
+_MONEY_ADD = MONEY.add
+_SCALEB = EXACT.scaleb
+_ZERO = Decimal(0)
 
 
 def apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
-    event_type = event.get("type")
-    sequence = event.get("sequence")
-    state.event_count += 1
-    if isinstance(sequence, int):
-        state.last_sequence = sequence
-    if not isinstance(event_type, str):
-        return
-    if event_type.startswith("custom."):
-        state.custom_event_count += 1
-        return
-    payload = event.get("payload")
-    if not isinstance(payload, _OBJECT):
-        payload = {}
-    step_path = _name(payload.get("stepPath"))
-    if step_path is not None:  # any event naming a step touches it, whether or not a handler reads it
-        step = state.steps.get(step_path)
-        if step is None:
-            step = StepState(step_path=step_path, visit=visit_index(step_path), first_sequence=state.last_sequence)
-            state.steps[step_path] = step
-        step.last_sequence = state.last_sequence
-    handler = HANDLERS.get(event_type)
-    if handler is not None:
-        handler(state, _Event(state.last_sequence, _str(event.get("recordedAt")), payload, step_path, table))
+    """Advance `state` by one event (`fold_events` of one)."""
+    fold_events(state, (event,), table)
+
+
+class _Totals:
+    """One `UsageTotals` while a fold runs: counted in place, built into the record once at the end.
+
+    `add_call` builds a new frozen record per call; the fold counts every model call into the run
+    and its step, so it keeps these instead and `build`s each once. The dollars take the same
+    `MONEY.add` steps in the same order as `add_call`, so the sums (value, exponent, any rounding
+    past 50 digits) are the ones it gives.
+    """
+
+    __slots__ = ("input", "output", "cached", "reasoning", "cost", "priced", "unpriced")
+
+    def __init__(self, start: UsageTotals) -> None:
+        self.input, self.output = start.input_tokens, start.output_tokens
+        self.cached, self.reasoning = start.cached_input_tokens, start.reasoning_tokens
+        self.cost, self.priced, self.unpriced = start.cost_usd, start.priced_calls, start.unpriced_calls
+
+    def count(self, usage: Usage, cost: Decimal | None) -> None:
+        self.input += usage.input_tokens
+        self.output += usage.output_tokens
+        self.cached += usage.cached_input_tokens
+        self.reasoning += usage.reasoning_tokens
+        if cost is None:
+            self.unpriced += 1
+            if self.priced:
+                self.cost = _MONEY_ADD(self.cost or _ZERO, _ZERO)
+        else:
+            self.priced += 1
+            self.cost = _MONEY_ADD(self.cost or _ZERO, cost or _ZERO)
+
+    def build(self) -> UsageTotals:
+        return UsageTotals(self.input, self.output, self.cached, self.reasoning,
+                           None if self.priced == 0 else self.cost, self.priced, self.unpriced)
+
+
+class _Fold:
+    """What one `fold_events` call keeps beside the state: the price table, its rates by
+    (provider, model) as `price_call` uses them, and the running totals."""
+
+    __slots__ = ("table", "version", "rates", "run", "replayed", "steps")
+
+    def __init__(self, table: PriceTable) -> None:
+        self.table = table
+        self.version = table.version
+        self.rates: dict[tuple[str | None, str | None], tuple[int, int, int, int] | None] = {}
+        self.run: _Totals | None = None
+        self.replayed: _Totals | None = None
+        self.steps: dict[str, _Totals] = {}
+
+    def finish(self, state: RunState) -> None:
+        if self.run is not None:
+            state.usage = self.run.build()
+        if self.replayed is not None:
+            state.replayed_usage = self.replayed.build()
+        for path, totals in self.steps.items():
+            state.steps[path].usage = totals.build()
+
+
+def fold_events(state: RunState, events: Iterable[Mapping[str, Any]], table: PriceTable) -> None:
+    """Advance `state` by `events` in order, without checking their run or sequence.
+
+    The dispatch: the counters, the step an event names (any event naming a step touches it,
+    whether or not a handler reads it), then the event type's handler. Model responses and tool
+    starts, most of a long run, take handlers that read the payload directly; the rest get an
+    `_Event`. The running totals are `_Totals` until the end (`_Fold.finish`).
+    """
+    fold = _Fold(table)
+    steps = state.steps
+    fast, slow = _FAST, HANDLERS
+    count, custom, last = state.event_count, state.custom_event_count, state.last_sequence
+    try:
+        for event in events:
+            event_type = event.get("type")
+            sequence = event.get("sequence")
+            count += 1
+            if isinstance(sequence, int):
+                last = sequence
+            if not isinstance(event_type, str):
+                continue
+            handler = fast.get(event_type)
+            if handler is None and event_type.startswith("custom."):
+                custom += 1
+                continue
+            payload = event.get("payload")
+            if payload.__class__ is not dict and not isinstance(payload, Mapping):
+                payload = {}
+            step_path = payload.get("stepPath")
+            if step_path is not None:
+                if isinstance(step_path, str) and step_path:
+                    step = steps.get(step_path)
+                    if step is None:
+                        step_path = _intern(step_path)
+                        step = StepState(step_path=step_path, visit=visit_index(step_path), first_sequence=last)
+                        steps[step_path] = step
+                    else:
+                        step_path = step.step_path  # the shared string (_name)
+                    step.last_sequence = last
+                else:
+                    step_path = None
+            if handler is not None:
+                handler(state, payload, last, step_path, fold)
+                continue
+            other = slow.get(event_type)
+            if other is not None:
+                state.last_sequence = last
+                other(state, _Event(last, _str(event.get("recordedAt")), payload, step_path, table))
+    finally:
+        state.event_count, state.custom_event_count, state.last_sequence = count, custom, last
+        fold.finish(state)
 
 
 def _run_started(state: RunState, e: _Event) -> None:
@@ -353,34 +454,34 @@ def _model_called(state: RunState, e: _Event) -> None:
     state.pending_model_calls.append(len(state.model_calls) - 1)
 
 
-def _pending_model_call(state: RunState, e: _Event) -> ModelCall | None:
+def _pending_model_call(state: RunState, p: Mapping[str, Any], step_path: str | None) -> ModelCall | None:
     """The called-but-unanswered call an answer belongs to: by callId, else by (stepPath, turn)."""
-    call_id, turn = _str(e.payload.get("callId")), _int(e.payload.get("turn"))
+    call_id, turn = _str(p.get("callId")), _int(p.get("turn"))
     pending = [state.model_calls[i] for i in reversed(state.pending_model_calls)]
     if call_id is not None:
         for call in pending:
             if call.call_id == call_id:
                 return call
     for call in pending:
-        if call.call_id in (None, call_id) and call.step_path == e.step_path and call.turn == turn:
+        if call.call_id in (None, call_id) and call.step_path == step_path and call.turn == turn:
             return call
     return None
 
 
-def _model_call_for_answer(state: RunState, e: _Event) -> ModelCall:
-    p = e.payload
-    call = _pending_model_call(state, e) if state.pending_model_calls else None
+def _model_call_for_answer(state: RunState, p: Mapping[str, Any], step_path: str | None) -> ModelCall:
+    call = _pending_model_call(state, p, step_path) if state.pending_model_calls else None
     if call is not None:
         state.pending_model_calls = [i for i in state.pending_model_calls if state.model_calls[i] is not call]
     else:
-        call = ModelCall(turn=_int(p.get("turn")), step_path=e.step_path,
-                         session=_open_session(state, e.step_path) if state.sessions else None)
+        turn = p.get("turn")
+        call = ModelCall(turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
+                         step_path=step_path, session=_open_session(state, step_path) if state.sessions else None)
         state.model_calls.append(call)
     call_id, origin, replay_of = p.get("callId"), p.get("origin"), p.get("replayOf")
     if isinstance(call_id, str) and call_id:
         call.call_id = call_id
-    if e.step_path is not None:
-        call.step_path = e.step_path
+    if step_path is not None:
+        call.step_path = step_path
     if origin is not None:  # absent in all but re-executions: skip the checks
         call.origin = _str(origin) or call.origin
     if replay_of is not None:
@@ -388,66 +489,126 @@ def _model_call_for_answer(state: RunState, e: _Event) -> ModelCall:
     return call
 
 
-def _model_responded(state: RunState, e: _Event) -> None:
-    call = _model_call_for_answer(state, e)
-    call.status = "responded"
-    call.responded_sequence = e.sequence
-    p = e.payload
+def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None,
+                     fold: _Fold) -> None:
+    # The usual answer (no `harness.model.called` waiting) is a new call: built once, positionally,
+    # with the values `_model_call_for_answer` and the lines below would set one by one.
+    call = _model_call_for_answer(state, p, step_path) if state.pending_model_calls else None
     model = p.get("model")
-    if isinstance(model, _OBJECT):
-        call.provider = _name(model.get("provider"))
-        call.model_id = _name(model.get("modelId"))
+    if model.__class__ is dict or isinstance(model, Mapping):
+        provider, model_id = model.get("provider"), model.get("modelId")
+        provider = _intern(provider) if isinstance(provider, str) and provider else None
+        model_id = _intern(model_id) if isinstance(model_id, str) and model_id else None
+    elif call is not None:
+        provider, model_id = call.provider, call.model_id
+    else:
+        provider = model_id = None
     response = p.get("response")
-    call.response = response
     raw_usage = response.get("usage") if isinstance(response, _OBJECT) else None
-    if not isinstance(raw_usage, _OBJECT):
-        return  # Little Workflow's rule: a call without a usage object is not counted at all
-    usage = Usage.from_payload(raw_usage)
-    cost = price_call(usage, call.provider, call.model_id, e.table)
-    call.usage, call.cost = usage, cost
+    usage: Usage | None = None
+    cost: Decimal | None = None
+    if isinstance(raw_usage, _OBJECT):  # Little Workflow's rule: a call without a usage object is not counted
+        get = raw_usage.get
+        input_tokens, output_tokens = get("inputTokens", 0), get("outputTokens", 0)
+        if (input_tokens.__class__ is int and output_tokens.__class__ is int and input_tokens >= 0
+                and output_tokens >= 0 and get("cachedInputTokens") is None and get("reasoningTokens") is None
+                and get("inputTokenDetails") is None and get("outputTokenDetails") is None):
+            usage = _new(Usage)  # Usage.from_payload's answer for plain counts, without its calls
+            _set_input(usage, input_tokens)
+            _set_output(usage, output_tokens)
+            _set_cached(usage, 0)
+            _set_reasoning(usage, 0)
+            cached = 0
+        else:
+            usage = Usage.from_payload(raw_usage)
+            input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
+            cached = usage.cached_input_tokens
+        # price_call, with the table's rates looked up once per (provider, model) in this fold
+        key = (provider, model_id)
+        try:
+            scaled = fold.rates[key]
+        except KeyError:
+            rates = fold.table.lookup(provider, model_id)
+            scaled = fold.rates[key] = None if rates is None else rates.scaled
+        if scaled is not None:
+            rate_in, rate_cached, rate_out, exponent = scaled
+            cost = _SCALEB(_Decimal((input_tokens - cached) * rate_in + cached * rate_cached
+                                    + output_tokens * rate_out), exponent)
+    if call is None:
+        call_id, origin, replay_of, turn = p.get("callId"), p.get("origin"), p.get("replayOf"), p.get("turn")
+        call = ModelCall(
+            turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
+            call_id if isinstance(call_id, str) and call_id else None,
+            step_path, "responded", provider, model_id, usage, cost, None, response, None, None, sequence, None,
+            None if origin is None else _str(origin), None if replay_of is None else _str(replay_of),
+            _open_session(state, step_path) if state.sessions else None,
+        )
+        state.model_calls.append(call)
+    else:
+        call.status = "responded"
+        call.responded_sequence = sequence
+        call.provider, call.model_id = provider, model_id
+        call.response = response
+        if usage is not None:
+            call.usage, call.cost = usage, cost
+    if usage is None:
+        return
     if call.origin in REPLAYED_ORIGINS:
         # Served from the original's record: the original already counted (and paid) this call;
         # counting it here would double it in every rollup, so it gets no cost entry either.
-        state.replayed_usage = state.replayed_usage.add_call(usage, cost)
+        if fold.replayed is None:
+            fold.replayed = _Totals(state.replayed_usage)
+        fold.replayed.count(usage, cost)
         return
-    state.usage = state.usage.add_call(usage, cost)
-    if e.step_path is not None:
-        step = state.steps[e.step_path]
-        step.usage = step.usage.add_call(usage, cost)
+    run = fold.run
+    if run is None:
+        run = fold.run = _Totals(state.usage)
+    run.count(usage, cost)
+    if step_path is not None:
+        totals = fold.steps.get(step_path)
+        if totals is None:
+            totals = fold.steps[step_path] = _Totals(state.steps[step_path].usage)
+        totals.count(usage, cost)
     state.cost_entries.append(  # positional, in field order: one per priced or unpriced call
-        CostEntry(e.sequence, call.call_id, call.turn, e.step_path, call.provider, call.model_id,
-                  usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens,
-                  cost, e.table.version)
+        CostEntry(sequence, call.call_id, call.turn, step_path, provider, model_id,
+                  input_tokens, output_tokens, cached, usage.reasoning_tokens, cost, fold.version)
     )
 
 
 def _model_failed(state: RunState, e: _Event) -> None:
-    call = _model_call_for_answer(state, e)
+    call = _model_call_for_answer(state, e.payload, e.step_path)
     call.status = "failed"
     call.failed_sequence = e.sequence
     call.error = e.payload.get("error")
 
 
-def _tool_started(state: RunState, e: _Event) -> None:
-    p = e.payload
-    call_id = _str(p.get("callId"))
-    if call_id is None:
+def _tool_started(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None,
+                  fold: _Fold) -> None:
+    call_id = p.get("callId")
+    if not isinstance(call_id, str) or not call_id:
         return
     call = state.tool_calls.get(call_id)
     if call is None:
-        call = ToolCallState(call_id=call_id, started_sequence=e.sequence,
-                             session=_open_session(state, e.step_path) if state.sessions else None)
+        call = ToolCallState(call_id=call_id, started_sequence=sequence,
+                             session=_open_session(state, step_path) if state.sessions else None)
         state.tool_calls[call_id] = call
     # A second `started` is the gateway re-claiming an expired lease: the call is live again.
     call.status = "started"
     call.result, call.error, call.duration_ms, call.ended_sequence = None, None, None, None
-    call.tool_name = _name(p.get("toolName")) or call.tool_name
+    name = p.get("toolName")
+    if isinstance(name, str) and name:
+        call.tool_name = _intern(name)
     call.args = p.get("args", call.args)
-    call.caller = _name(p.get("caller")) or call.caller
-    turn = _int(p.get("turn"))
-    call.turn = turn if turn is not None else call.turn
-    call.step_path = e.step_path or call.step_path
-    _tool_origin(call, p)
+    caller = p.get("caller")
+    if isinstance(caller, str) and caller:
+        call.caller = _intern(caller)
+    turn = p.get("turn")
+    if isinstance(turn, int) and not isinstance(turn, bool):
+        call.turn = turn
+    if step_path is not None:
+        call.step_path = step_path
+    if "origin" in p or "replayOf" in p:
+        _tool_origin(call, p)
 
 
 def _tool_event(state: RunState, e: _Event) -> ToolCallState | None:
@@ -581,9 +742,7 @@ HANDLERS: dict[str, _Handler] = {
     "harness.session.completed": _session_ended("completed"),
     "harness.session.failed": _session_ended("failed"),
     "harness.model.called": _model_called,
-    "harness.model.responded": _model_responded,
     "harness.model.failed": _model_failed,
-    "harness.tool_call.started": _tool_started,
     "harness.tool_call.succeeded": _tool_ended("succeeded"),
     "harness.tool_call.failed": _tool_ended("failed"),
     "harness.tool_call.in_doubt": _tool_in_doubt,
@@ -593,6 +752,12 @@ HANDLERS: dict[str, _Handler] = {
     "harness.tool_call.rejected": _tool_decided("rejected"),
     "OuterLoopCycleCompleted": _outer_loop_cycle,
     "harness.replay.diverged": _replay_diverged,
+}
+_FastHandler = Callable[[RunState, Mapping[str, Any], int, "str | None", _Fold], None]
+# The handlers of most of a long run's events: the payload, sequence and step path as arguments.
+_FAST: dict[str, _FastHandler] = {
+    "harness.model.responded": _model_responded,
+    "harness.tool_call.started": _tool_started,
 }
 
 
