@@ -67,13 +67,8 @@ def apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
 
 
 class _Totals:
-    """One `UsageTotals` while a fold runs: counted in place, built into the record once at the end.
-
-    `add_call` builds a new frozen record per call; the fold counts every model call into the run
-    and its step, so it keeps these instead and `build`s each once. The dollars take the same
-    `MONEY.add` steps in the same order as `add_call`, so the sums (value, exponent, any rounding
-    past 50 digits) are the ones it gives.
-    """
+    """A run's replayed totals while a fold runs: counted in place, built into the record once at
+    the end, with the same `MONEY.add` steps in the same order as `add_call`."""
 
     __slots__ = ("input", "output", "cached", "reasoning", "cost", "priced", "unpriced")
 
@@ -83,6 +78,7 @@ class _Totals:
         self.cost, self.priced, self.unpriced = start.cost_usd, start.priced_calls, start.unpriced_calls
 
     def count(self, usage: Usage, cost: Decimal | None) -> None:
+        """`UsageTotals.add_call`, in place."""
         self.input += usage.input_tokens
         self.output += usage.output_tokens
         self.cached += usage.cached_input_tokens
@@ -104,23 +100,56 @@ class _Fold:
     """What one `fold_events` call keeps beside the state: the price table, its rates by
     (provider, model) as `price_call` uses them, and the running totals."""
 
-    __slots__ = ("table", "version", "rates", "run", "replayed", "steps")
+    __slots__ = ("table", "version", "rates", "replayed", "entries_from")
 
-    def __init__(self, table: PriceTable) -> None:
+    def __init__(self, table: PriceTable, state: RunState) -> None:
         self.table = table
         self.version = table.version
         self.rates: dict[tuple[str | None, str | None], tuple[int, int, int, int] | None] = {}
-        self.run: _Totals | None = None
         self.replayed: _Totals | None = None
-        self.steps: dict[str, _Totals] = {}
+        self.entries_from = len(state.cost_entries)
 
     def finish(self, state: RunState) -> None:
-        if self.run is not None:
-            state.usage = self.run.build()
+        """The run's and the steps' totals: every call they count has one cost entry, in order, so
+        they are the entries this fold added, summed as `add_call` would have, call by call."""
         if self.replayed is not None:
             state.replayed_usage = self.replayed.build()
-        for path, totals in self.steps.items():
-            state.steps[path].usage = totals.build()
+        entries = state.cost_entries
+        if len(entries) == self.entries_from:
+            return
+        new = entries[self.entries_from:]
+        state.usage = _add_entries(state.usage, new)
+        by_step: dict[str, list[CostEntry]] = {}
+        for entry in new:
+            if entry.step_path is not None:
+                by_step.setdefault(entry.step_path, []).append(entry)
+        for path, step_entries in by_step.items():
+            step = state.steps[path]
+            step.usage = _add_entries(step.usage, step_entries)
+
+
+def _add_entries(totals: UsageTotals, entries: list[CostEntry]) -> UsageTotals:
+    """`totals.add_call(...)` for each entry's call in turn, in one loop: the same token sums and the
+    same `MONEY.add` steps in the same order (so the same value, exponent and any rounding)."""
+    input_tokens, output_tokens = totals.input_tokens, totals.output_tokens
+    cached, reasoning = totals.cached_input_tokens, totals.reasoning_tokens
+    cost, priced, unpriced = totals.cost_usd, totals.priced_calls, totals.unpriced_calls
+    add, zero = _MONEY_ADD, _ZERO
+    for entry in entries:
+        input_tokens += entry.input_tokens
+        output_tokens += entry.output_tokens
+        cached += entry.cached_input_tokens
+        reasoning += entry.reasoning_tokens
+        dollars = entry.cost_usd
+        if dollars is None:
+            unpriced += 1
+            if priced:
+                cost = add(cost or zero, zero)
+        else:
+            priced += 1
+            cost = add(cost or zero, dollars or zero)
+    return UsageTotals(input_tokens, output_tokens, cached, reasoning, None if priced == 0 else cost, priced,
+                       unpriced)
 
 
 def fold_events(state: RunState, events: Iterable[Mapping[str, Any]], table: PriceTable) -> None:
@@ -131,7 +160,7 @@ def fold_events(state: RunState, events: Iterable[Mapping[str, Any]], table: Pri
     starts, most of a long run, take handlers that read the payload directly; the rest get an
     `_Event`. The running totals are `_Totals` until the end (`_Fold.finish`).
     """
-    fold = _Fold(table)
+    fold = _Fold(table, state)
     steps = state.steps
     fast, slow = _FAST, HANDLERS
     count, custom, last = state.event_count, state.custom_event_count, state.last_sequence
@@ -560,15 +589,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             fold.replayed = _Totals(state.replayed_usage)
         fold.replayed.count(usage, cost)
         return
-    run = fold.run
-    if run is None:
-        run = fold.run = _Totals(state.usage)
-    run.count(usage, cost)
-    if step_path is not None:
-        totals = fold.steps.get(step_path)
-        if totals is None:
-            totals = fold.steps[step_path] = _Totals(state.steps[step_path].usage)
-        totals.count(usage, cost)
+    # Counted into the run's and the step's totals at the end of the fold, from this entry.
     state.cost_entries.append(  # positional, in field order: one per priced or unpriced call
         CostEntry(sequence, call.call_id, call.turn, step_path, provider, model_id,
                   input_tokens, output_tokens, cached, usage.reasoning_tokens, cost, fold.version)
@@ -588,10 +609,20 @@ def _tool_started(state: RunState, p: Mapping[str, Any], sequence: int, step_pat
     if not isinstance(call_id, str) or not call_id:
         return
     call = state.tool_calls.get(call_id)
-    if call is None:
-        call = ToolCallState(call_id=call_id, started_sequence=sequence,
-                             session=_open_session(state, step_path) if state.sessions else None)
-        state.tool_calls[call_id] = call
+    if call is None:  # the usual: built once, positionally, with what the lines below would set
+        name, caller, turn = p.get("toolName"), p.get("caller"), p.get("turn")
+        origin, replay_of = p.get("origin"), p.get("replayOf")
+        state.tool_calls[call_id] = ToolCallState(
+            call_id,
+            _intern(name) if isinstance(name, str) and name else None,
+            p.get("args"),
+            _intern(caller) if isinstance(caller, str) and caller else None,
+            turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
+            step_path, "started", None, None, None, False,
+            None if origin is None else _str(origin), None if replay_of is None else _str(replay_of),
+            sequence, None, _open_session(state, step_path) if state.sessions else None, None,
+        )
+        return
     # A second `started` is the gateway re-claiming an expired lease: the call is live again.
     call.status = "started"
     call.result, call.error, call.duration_ms, call.ended_sequence = None, None, None, None
