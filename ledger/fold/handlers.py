@@ -59,6 +59,9 @@ _set_input, _set_output, _set_cached, _set_reasoning = (
 _MONEY_ADD = MONEY.add
 _SCALEB = EXACT.scaleb
 _ZERO = Decimal(0)
+_UNKNOWN = object()
+# A usage object with only these keys has no cached or reasoning counts (Usage.from_payload).
+_PLAIN_USAGE = frozenset({"inputTokens", "outputTokens", "totalTokens"})
 
 
 def apply(state: RunState, event: Mapping[str, Any], table: PriceTable) -> None:
@@ -100,14 +103,26 @@ class _Fold:
     """What one `fold_events` call keeps beside the state: the price table, its rates by
     (provider, model) as `price_call` uses them, and the running totals."""
 
-    __slots__ = ("table", "version", "rates", "replayed", "entries_from")
+    __slots__ = ("table", "version", "rates", "models", "replayed", "entries_from")
 
     def __init__(self, table: PriceTable, state: RunState) -> None:
         self.table = table
         self.version = table.version
         self.rates: dict[tuple[str | None, str | None], tuple[int, int, int, int] | None] = {}
+        # (payload provider, payload modelId) -> (provider, model id, rates), for _model_responded
+        self.models: dict[tuple[Any, Any], tuple[str | None, str | None, tuple[int, int, int, int] | None]] = {}
         self.replayed: _Totals | None = None
         self.entries_from = len(state.cost_entries)
+
+    def rates_of(self, provider: str | None, model_id: str | None) -> tuple[int, int, int, int] | None:
+        """`price_call`'s rates for a model (`ModelRates.scaled`), looked up once per fold."""
+        key = (provider, model_id)
+        try:
+            return self.rates[key]
+        except KeyError:
+            rates = self.table.lookup(provider, model_id)
+            scaled = self.rates[key] = None if rates is None else rates.scaled
+            return scaled
 
     def finish(self, state: RunState) -> None:
         """The run's and the steps' totals: every call they count has one cost entry, in order, so
@@ -524,10 +539,19 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
     # with the values `_model_call_for_answer` and the lines below would set one by one.
     call = _model_call_for_answer(state, p, step_path) if state.pending_model_calls else None
     model = p.get("model")
+    scaled: tuple[int, int, int, int] | None | object = _UNKNOWN
     if model.__class__ is dict or isinstance(model, Mapping):
-        provider, model_id = model.get("provider"), model.get("modelId")
-        provider = _intern(provider) if isinstance(provider, str) and provider else None
-        model_id = _intern(model_id) if isinstance(model_id, str) and model_id else None
+        raw_provider, raw_model_id = model.get("provider"), model.get("modelId")
+        try:  # a run names a few models: what each (provider, modelId) means, once per fold
+            provider, model_id, scaled = fold.models[raw_provider, raw_model_id]
+        except (KeyError, TypeError):  # TypeError: an unhashable value from a payload
+            provider = _intern(raw_provider) if isinstance(raw_provider, str) and raw_provider else None
+            model_id = _intern(raw_model_id) if isinstance(raw_model_id, str) and raw_model_id else None
+            scaled = fold.rates_of(provider, model_id)
+            try:
+                fold.models[raw_provider, raw_model_id] = (provider, model_id, scaled)
+            except TypeError:
+                pass
     elif call is not None:
         provider, model_id = call.provider, call.model_id
     else:
@@ -540,8 +564,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
         get = raw_usage.get
         input_tokens, output_tokens = get("inputTokens", 0), get("outputTokens", 0)
         if (input_tokens.__class__ is int and output_tokens.__class__ is int and input_tokens >= 0
-                and output_tokens >= 0 and get("cachedInputTokens") is None and get("reasoningTokens") is None
-                and get("inputTokenDetails") is None and get("outputTokenDetails") is None):
+                and output_tokens >= 0 and raw_usage.keys() <= _PLAIN_USAGE):
             usage = _new(Usage)  # Usage.from_payload's answer for plain counts, without its calls
             _set_input(usage, input_tokens)
             _set_output(usage, output_tokens)
@@ -552,15 +575,10 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             usage = Usage.from_payload(raw_usage)
             input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
             cached = usage.cached_input_tokens
-        # price_call, with the table's rates looked up once per (provider, model) in this fold
-        key = (provider, model_id)
-        try:
-            scaled = fold.rates[key]
-        except KeyError:
-            rates = fold.table.lookup(provider, model_id)
-            scaled = fold.rates[key] = None if rates is None else rates.scaled
-        if scaled is not None:
-            rate_in, rate_cached, rate_out, exponent = scaled
+        if scaled is _UNKNOWN:
+            scaled = fold.rates_of(provider, model_id)
+        if scaled is not None:  # price_call's sum
+            rate_in, rate_cached, rate_out, exponent = scaled  # type: ignore[misc]
             cost = _SCALEB(_Decimal((input_tokens - cached) * rate_in + cached * rate_cached
                                     + output_tokens * rate_out), exponent)
     if call is None:
