@@ -192,7 +192,7 @@ def fold_events(state: RunState, events: Iterable[Mapping[str, Any]], table: Pri
             if handler is None and event_type.startswith("custom."):
                 custom += 1
                 continue
-            payload = event.get("payload")
+            payload: Any = event.get("payload")
             if payload.__class__ is not dict and not isinstance(payload, Mapping):
                 payload = {}
             step_path = payload.get("stepPath")
@@ -538,8 +538,8 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
     # The usual answer (no `harness.model.called` waiting) is a new call: built once, positionally,
     # with the values `_model_call_for_answer` and the lines below would set one by one.
     call = _model_call_for_answer(state, p, step_path) if state.pending_model_calls else None
-    model = p.get("model")
-    scaled: tuple[int, int, int, int] | None | object = _UNKNOWN
+    model: Any = p.get("model")
+    scaled: Any = _UNKNOWN  # ModelRates.scaled or None (unpriced), once known
     if model.__class__ is dict or isinstance(model, Mapping):
         raw_provider, raw_model_id = model.get("provider"), model.get("modelId")
         try:  # a run names a few models: what each (provider, modelId) means, once per fold
@@ -578,7 +578,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
         if scaled is _UNKNOWN:
             scaled = fold.rates_of(provider, model_id)
         if scaled is not None:  # price_call's sum
-            rate_in, rate_cached, rate_out, exponent = scaled  # type: ignore[misc]
+            rate_in, rate_cached, rate_out, exponent = scaled
             cost = _SCALEB(_Decimal((input_tokens - cached) * rate_in + cached * rate_cached
                                     + output_tokens * rate_out), exponent)
     if call is None:
