@@ -28,6 +28,9 @@ from .state import (
     RunState,
     StepState,
     ToolCallState,
+    build_cost_entry,
+    build_model_call,
+    build_tool_call,
     visit_index,
 )
 
@@ -583,7 +586,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
                                     + output_tokens * rate_out), exponent)
     if call is None:
         call_id, origin, replay_of, turn = p.get("callId"), p.get("origin"), p.get("replayOf"), p.get("turn")
-        call = ModelCall(
+        call = build_model_call(
             turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
             call_id if isinstance(call_id, str) and call_id else None,
             step_path, "responded", provider, model_id, usage, cost, None, response, None, None, sequence, None,
@@ -609,7 +612,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
         return
     # Counted into the run's and the step's totals at the end of the fold, from this entry.
     state.cost_entries.append(  # positional, in field order: one per priced or unpriced call
-        CostEntry(sequence, call.call_id, call.turn, step_path, provider, model_id,
+        build_cost_entry(sequence, call.call_id, call.turn, step_path, provider, model_id,
                   input_tokens, output_tokens, cached, usage.reasoning_tokens, cost, fold.version)
     )
 
@@ -630,7 +633,7 @@ def _tool_started(state: RunState, p: Mapping[str, Any], sequence: int, step_pat
     if call is None:  # the usual: built once, positionally, with what the lines below would set
         name, caller, turn = p.get("toolName"), p.get("caller"), p.get("turn")
         origin, replay_of = p.get("origin"), p.get("replayOf")
-        state.tool_calls[call_id] = ToolCallState(
+        state.tool_calls[call_id] = build_tool_call(
             call_id,
             _intern(name) if isinstance(name, str) and name else None,
             p.get("args"),

@@ -7,14 +7,15 @@ Records compare by value and by the order of their keyed collections; `RunState.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from ..pricing import Usage, UsageTotals
 from .codec import dump, keyed_fields, load
 
+_T = TypeVar("_T")
 ARTIFACT_REF_PREFIX = "artifact://"
 _VISIT = re.compile(r"\.visit\[(\d+)\]\Z")
 # Origins of model calls answered from an earlier run's record rather than by a provider.
@@ -260,6 +261,34 @@ class RunState(_Record):
         state = load(cls, data)
         assert isinstance(state, RunState)
         return state
+
+
+def _builder(cls: type[_T]) -> Callable[..., _T]:
+    """A function that builds a `cls` from every field's value, positionally, in field order.
+
+    The fold builds a model call, a cost entry or a tool call for most events of a long run; the
+    class call (type call, then the dataclass `__init__`) costs twice what this does: a plain
+    function (generated like the dataclass's own `__init__`) that fills the slots. A field added
+    to the class is a required argument here too, so no caller can leave one unset.
+    """
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    source = (f"def build_{cls.__name__}({', '.join(names)}):\n    record = _new(cls)\n"
+              + "".join(f"    record.{name} = {name}\n" for name in names) + "    return record\n")
+    namespace: dict[str, Any] = {"_new": object.__new__, "cls": cls}
+    exec(source, namespace)  # noqa: S102 (our own field names)
+    built: Callable[..., _T] = namespace[f"build_{cls.__name__}"]
+    return built
+
+
+# (turn, call_id, step_path, status, provider, model_id, usage, cost, prompt_hash, response, error,
+#  called_sequence, responded_sequence, failed_sequence, origin, replay_of, session)
+build_model_call = _builder(ModelCall)
+# (sequence, call_id, turn, step_path, provider, model_id, input_tokens, output_tokens,
+#  cached_input_tokens, reasoning_tokens, cost_usd, price_table_version)
+build_cost_entry = _builder(CostEntry)
+# (call_id, tool_name, args, caller, turn, step_path, status, result, error, duration_ms, reconciled,
+#  origin, replay_of, started_sequence, ended_sequence, session, approval)
+build_tool_call = _builder(ToolCallState)
 
 
 def visit_index(step_path: str) -> int | None:
