@@ -68,3 +68,17 @@ def test_fold_gives_the_frozen_state(name: str) -> None:
     for event in events:
         advance(one, [event], prices=table)
     assert _frozen(one) == case["expected"]
+
+
+def test_the_builders_fill_every_field_as_the_class_does() -> None:
+    from dataclasses import fields
+
+    from ledger.fold.state import (
+        CostEntry, ModelCall, ToolCallState, build_cost_entry, build_model_call, build_tool_call,
+    )
+
+    for cls, build in [(ModelCall, build_model_call), (CostEntry, build_cost_entry), (ToolCallState, build_tool_call)]:
+        values = [f"v{i}" for i, _ in enumerate(fields(cls))]
+        made, built = cls(*values), build(*values)
+        assert type(built) is cls and built == made
+        assert [getattr(built, f.name) for f in fields(cls)] == values

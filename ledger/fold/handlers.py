@@ -175,8 +175,10 @@ def fold_events(state: RunState, events: Iterable[Mapping[str, Any]], table: Pri
 
     The dispatch: the counters, the step an event names (any event naming a step touches it,
     whether or not a handler reads it), then the event type's handler. Model responses and tool
-    starts, most of a long run, take handlers that read the payload directly; the rest get an
-    `_Event`. The running totals are `_Totals` until the end (`_Fold.finish`).
+    starts, most of a long run, take handlers that read the payload directly (`_FAST`); the rest
+    get an `_Event`. The counters stay in locals and the run's and steps' usage totals are summed
+    from this fold's cost entries at the end (`_Fold.finish`): `state` is whole again when this
+    returns, not between events.
     """
     fold = _Fold(table, state)
     steps = state.steps
