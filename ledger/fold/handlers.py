@@ -1,8 +1,9 @@
 """The fold's handlers: one per event type, each advancing a RunState by one event.
 
-`HANDLERS` is the vocabulary table: an event type the table does not name changes only the
-counters (custom.* events and types from newer harnesses). Payload fields are read
-defensively: a field of the wrong type is ignored, never an exception.
+`HANDLERS` and `_FAST` (the two types of most of a long run, whose handlers take the payload as
+arguments) are the vocabulary: an event type neither names changes only the counters (custom.*
+events and types from newer harnesses). `fold_events` is the loop that dispatches them. Payload
+fields are read defensively: a field of the wrong type is ignored, never an exception.
 """
 
 from __future__ import annotations
