@@ -9,6 +9,7 @@ with CapabilityDriftError.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -111,7 +112,8 @@ class PromptHasher:
 
     def __call__(self, messages: list[Any]) -> str:
         known = len(self._parts)
-        if len(messages) < known or any(a is not b for a, b in zip(self._messages, messages)):
+        # The identity check walks the whole conversation each turn: in C (map), not a generator.
+        if len(messages) < known or any(map(operator.is_not, self._messages, messages)):
             self._parts, self._messages, known = [], [], 0  # not the conversation seen so far
         for message in messages[known:]:
             self._parts.append(canonical_bytes(message))
