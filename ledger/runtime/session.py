@@ -9,12 +9,13 @@ with CapabilityDriftError.
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..canonical import canonical_bytes, digest, sha256_hex
+from ..canonical import canonical_bytes, digest
 from ..envelopes import format_recorded_at
 from ..replay import CapabilityDriftError, manifest_drift
 from .errors import RuntimeIntegrityError, StepFailure
@@ -103,22 +104,29 @@ def _flush_quietly(recorder: Recorder) -> None:
 class PromptHasher:
     """digest({"model", "messages", "tools"}) of a conversation that only grows, without
     canonicalizing every earlier message again each turn: RFC 8785 composes (an array of canonical
-    values, an object of them in key order, is canonical), so each message is encoded once."""
+    values, an object of them in key order, is canonical), so each message is encoded once, and
+    hashed once: the hash of the conversation so far is kept open and copied to close it."""
 
     def __init__(self, model_id: str, specs: list[dict[str, Any]]) -> None:
         self._tail = b'],"model":' + canonical_bytes(model_id) + b',"tools":' + canonical_bytes(specs) + b"}"
-        self._parts: list[bytes] = []
+        self._start()
+
+    def _start(self) -> None:
         self._messages: list[Any] = []
+        self._open = hashlib.sha256(b'{"messages":[')
 
     def __call__(self, messages: list[Any]) -> str:
-        known = len(self._parts)
+        known = len(self._messages)
         # The identity check walks the whole conversation each turn: in C (map), not a generator.
         if len(messages) < known or any(map(operator.is_not, self._messages, messages)):
-            self._parts, self._messages, known = [], [], 0  # not the conversation seen so far
+            self._start()  # not the conversation seen so far
+            known = 0
         for message in messages[known:]:
-            self._parts.append(canonical_bytes(message))
+            self._open.update(b"," + canonical_bytes(message) if self._messages else canonical_bytes(message))
             self._messages.append(message)
-        return "sha256:" + sha256_hex(b'{"messages":[' + b",".join(self._parts) + self._tail)
+        closed = self._open.copy()
+        closed.update(self._tail)
+        return "sha256:" + closed.hexdigest()
 
 
 def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
