@@ -170,7 +170,13 @@ if _engine == "django.db.backends.sqlite3":
     # A file, not :memory:, so that threads (and a Daphne subprocess) share the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{_TEST_DB_TAG}.sqlite3")}
 elif _engine == "django.db.backends.postgresql":
-    DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+    # Daphne serves each request on a thread that earlier requests ran on (console/asgi_handler.py),
+    # so a connection kept between requests is used again: opening one per request (and preparing
+    # the append's statements again on it) was the largest part of serving a batch append over HTTP
+    # (bench/README.md). Checked before its first use in each request (CONN_HEALTH_CHECKS), so a
+    # restarted PostgreSQL costs a reconnect, not an error. RUNLEDGER_CONN_MAX_AGE=0: one per request.
+    DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("RUNLEDGER_CONN_MAX_AGE", "60"))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     # Server-side parameter binding: psycopg sends parameters apart from the SQL instead of
     # quoting them into it in Python, which dominated batched appends (bench/ingest.py --profile).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True}

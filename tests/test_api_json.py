@@ -156,3 +156,44 @@ def test_an_appended_batch_comes_back_as_drf_would_render_it(workspace) -> None:
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     assert response.content == JSONRenderer().render(response.json())
     assert b"\\u2028" in response.content
+
+
+_brackety_text = st.text(alphabet=st.sampled_from(['"', "\\", "[", "]", "{", "}", "a", "é", "\n", "/"]), max_size=12)
+_brackety_json = st.recursive(
+    st.one_of(st.none(), st.integers(), _brackety_text),
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(_brackety_text, children, max_size=4)),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=500)
+@given(_brackety_json, st.booleans(), st.integers(min_value=0, max_value=8))
+def test_the_depth_of_valid_json_is_found_as_the_general_check_finds_it(value: Any, ascii_only: bool,
+                                                                       limit: int) -> None:
+    """valid_json_too_deep (the parser's path for what orjson read) answers as json_depth_exceeds
+    does, for strings full of quotes, backslashes and brackets, at every limit around the depth."""
+    from console.api.fastjson import valid_json_too_deep
+    from ledger.limits import json_depth_exceeds
+
+    body = json.dumps(value, ensure_ascii=ascii_only).encode()
+    assert valid_json_too_deep(body, limit) == json_depth_exceeds(body, limit)
+    spaced = json.dumps(value, ensure_ascii=ascii_only, indent=1).encode()
+    assert valid_json_too_deep(spaced, limit) == json_depth_exceeds(spaced, limit)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"events": ' + b"[" * 64 + b"]" * 64 + b"}",
+    b'{"events": [{"type": "x", "payload": {"s": "\\\\\\"[[[[", "t": ' + b"[" * 63 + b"]" * 63 + b"}}]}",
+    b"[" * 65 + b"]" * 65,
+    b"[" * 2000 + b"]" * 2000,  # beyond orjson's own limit: refused by the general check
+    b"[" * 65,  # malformed: refused before the stdlib's parser sees it
+])
+def test_a_body_nested_too_deep_is_refused_whichever_parser_reads_it(body: bytes) -> None:
+    from ledger.limits import json_depth_exceeds
+
+    if json_depth_exceeds(body):
+        with pytest.raises(BadBody) as refused:
+            our_parse(body)
+        assert refused.value.details == {"limit": 64}
+    else:
+        assert typed(our_parse(body)) == typed(drf_parse(body))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from array import array
+from itertools import accumulate
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +37,8 @@ _UTF8 = frozenset({"utf-8", "utf8", "utf_8"})
 # datetimes, dates, times and dataclasses (passed through so they are written as DRF writes them).
 _DRF_DEFAULT = JSONEncoder().default
 _DUMPS_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+# U+2028 or U+2029 in UTF-8, which DRF writes escaped.
+_LINE_SEPARATOR = re.compile(b"\xe2\x80[\xa8\xa9]")
 
 
 class BadBody(LedgerError):
@@ -68,6 +73,29 @@ def _checked(value: Any, body: bytes | None, parser_context: Mapping[str, Any] |
     return value
 
 
+_QUOTE = b'"'
+_ESCAPED_BACKSLASH = b"\\\\"
+_ESCAPED_QUOTE = b'\\"'
+# Brackets as +1 / -1, every other byte dropped (as ledger.limits counts them).
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def valid_json_too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """json_depth_exceeds(body, limit) for a body that is valid JSON, about three times faster on
+    a batch of events: in valid JSON a backslash is only ever inside a string, where escapes pair
+    left to right, so with the escaped backslashes and then the escaped quotes removed, every quote
+    left opens or closes a string, and the text between the pairs is what is outside strings."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    if b"\\" in body:
+        body = body.replace(_ESCAPED_BACKSLASH, b"").replace(_ESCAPED_QUOTE, b"")
+    brackets = b"".join(body.split(_QUOTE)[::2]).translate(None, _NOT_BRACKETS)
+    if brackets.count(b"[") + brackets.count(b"{") <= limit:
+        return False
+    return max(accumulate(array("b", brackets.translate(_BRACKETS))), default=0) > limit
+
+
 class JsonParser(JSONParser):
     """DRF's JSONParser, decoding a UTF-8 body with orjson when orjson accepts it.
 
@@ -82,17 +110,27 @@ class JsonParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None,
               parser_context: Mapping[str, Any] | None = None) -> Any:
         body = stream.read()
-        if json_depth_exceeds(body):
-            raise _refuse(parser_context, f"JSON may nest arrays and objects at most {MAX_JSON_DEPTH} levels deep",
-                          limit=MAX_JSON_DEPTH)
-        if str((parser_context or {}).get("encoding", "utf-8")).lower() not in _UTF8:
-            return _checked(self._stdlib(body, media_type, parser_context), None, parser_context)
-        if _LONG_DIGIT_RUN not in body.translate(_DIGITS_AS_ZEROS):
+        utf8 = str((parser_context or {}).get("encoding", "utf-8")).lower() in _UTF8
+        if utf8 and _LONG_DIGIT_RUN not in body.translate(_DIGITS_AS_ZEROS):
+            # orjson first: it nests 1,024 levels at most and does not recurse in Python, so a deep
+            # body costs it nothing dangerous, and a body it reads is valid JSON, whose depth
+            # valid_json_too_deep finds faster than json_depth_exceeds (the same answer there).
             try:
-                return _checked(orjson.loads(body), body, parser_context)
+                value = orjson.loads(body)
             except orjson.JSONDecodeError:
                 pass  # DRF's parser below gives the error (or accepts what only the stdlib reads)
-        return _checked(self._stdlib(body, media_type, parser_context), body, parser_context)
+            else:
+                if valid_json_too_deep(body):
+                    raise self._too_deep(parser_context)
+                return _checked(value, body, parser_context)
+        if json_depth_exceeds(body):
+            raise self._too_deep(parser_context)
+        return _checked(self._stdlib(body, media_type, parser_context), body if utf8 else None, parser_context)
+
+    @staticmethod
+    def _too_deep(parser_context: Mapping[str, Any] | None) -> BadBody:
+        return _refuse(parser_context, f"JSON may nest arrays and objects at most {MAX_JSON_DEPTH} levels deep",
+                       limit=MAX_JSON_DEPTH)
 
     def _stdlib(self, body: bytes, media_type: str | None, parser_context: Mapping[str, Any] | None) -> Any:
         try:
@@ -121,6 +159,8 @@ class JsonRenderer(JSONRenderer):
             except orjson.JSONEncodeError:
                 pass  # DRF's renderer below writes it
             else:
+                if out.isascii() or _LINE_SEPARATOR.search(out) is None:  # the scan of ASCII is the cheap one
+                    return out
                 return out.replace(b"\xe2\x80\xa8", b"\\u2028").replace(b"\xe2\x80\xa9", b"\\u2029")
         try:
             rendered: bytes = super().render(data, accepted_media_type, renderer_context)
