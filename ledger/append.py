@@ -37,12 +37,13 @@ from . import announce, clock, pgappend
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .canonical import (
+    EventIds,
     NotCanonicalizable,
     canonical_bytes,
-    event_id_for_canonical,
+    canonical_bytes_plain,
     request_digest_for_canonical,
 )
-from .envelopes import envelope, event_envelope
+from .envelopes import event_envelope, format_recorded_at
 from .errors import (
     Fenced,
     IdempotencyConflict,
@@ -69,8 +70,8 @@ from .projection import (
     write,
 )
 from .pricing import PriceTable
-from .redaction import Redactor, policy
-from .vocabulary import is_custom, validate_payload
+from .redaction import NotPlain, Redactor, policy
+from .vocabulary import is_custom, reject_recorded_cost, validate_fields
 
 # Published as is (API.md, the OpenAPI schema), so written for ECMAScript too; matched with
 # fullmatch, since `$` alone also matches before a trailing newline ("run_a\n" would pass).
@@ -116,7 +117,7 @@ def _optional_str(index: int, item: Mapping[str, Any], field: str) -> str | None
 
 
 def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
-    if not isinstance(item, Mapping):
+    if item.__class__ is not dict and not isinstance(item, Mapping):
         raise InvalidEvent(f"event {index} must be an object", index=index, field="")
     event_type = item.get("type")
     if not isinstance(event_type, str) or not event_type or len(event_type) > 200 or NUL in event_type:
@@ -124,14 +125,21 @@ def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
     occurrence_id = _optional_str(index, item, "occurrenceId")
     key = _optional_str(index, item, "idempotencyKey")
     payload = item.get("payload", {})
+    to_canonical = canonical_bytes
     try:
-        validate_payload(index, event_type, payload)
-        payload = redact(payload)
+        validate_fields(index, event_type, payload)
+        try:
+            # One walk redacts, and shows that the recorded-cost rule has nothing to find and that
+            # orjson writes the canonical form; any other payload takes the three walks.
+            payload, to_canonical = redact.plain(payload), canonical_bytes_plain
+        except (NotPlain, RecursionError):
+            reject_recorded_cost(index, payload)
+            payload = redact(payload)
     except RecursionError:
         # A body the JSON parser accepted can still be deeper than these recursive walks go.
         raise InvalidEvent(f"event {index}: payload is nested too deeply", index=index, field="payload") from None
     try:
-        canonical = canonical_bytes(payload)
+        canonical = to_canonical(payload)
     except NotCanonicalizable as exc:
         raise InvalidEvent(f"event {index}: payload has no canonical JSON form: {exc}",
                            index=index, field="payload") from exc
@@ -447,34 +455,43 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
     out: list[dict[str, Any]] = []
     in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
     unfolded = 0  # envelopes at the end of `written` that `state` has not seen yet
+    run_id = run.run_id
+    event_id = EventIds(run_id)
+    recorded_at = format_recorded_at(now)
     for index, p in enumerate(batch):
         key = p.idempotency_key
-        if key is not None and key in logged:
-            out.append({**event_envelope(logged[key], run.run_id), "replayed": True})
-            continue
-        if key is not None and key in in_batch:
-            original_digest, original_env = in_batch[key]
-            _same_request(index, p, original_digest, "is used twice in the batch for different events")
-            out.append({**original_env, "replayed": True})
-            continue
+        if key is not None:
+            if key in logged:
+                out.append({**event_envelope(logged[key], run_id), "replayed": True})
+                continue
+            if key in in_batch:
+                original_digest, original_env = in_batch[key]
+                _same_request(index, p, original_digest, "is used twice in the batch for different events")
+                out.append({**original_env, "replayed": True})
+                continue
         sequence = state.last_sequence + unfolded + 1
-        _check_lifecycle(state, sequence - 1, p.type, index, imported)
+        event_type, occurrence_id = p.type, p.occurrence_id
+        _check_lifecycle(state, sequence - 1, event_type, index, imported)
         payload, stored = p.payload, p.canonical
-        if len(p.canonical) > INLINE_LIMIT_BYTES:
-            payload = externalize(run.workspace, payload, len(p.canonical))
+        if len(stored) > INLINE_LIMIT_BYTES:
+            payload = externalize(run.workspace, payload, len(stored))
             stored = canonical_bytes(payload)
-        eid = event_id_for_canonical(run_id=run.run_id, sequence=sequence, type=p.type,
-                                     payload_canonical=stored, occurrence_id=p.occurrence_id)
-        rows.append({"sequence": sequence, "event_id": eid, "type": p.type, "occurrence_id": p.occurrence_id,
+        eid = event_id(sequence, event_type, stored, occurrence_id)
+        rows.append({"sequence": sequence, "event_id": eid, "type": event_type, "occurrence_id": occurrence_id,
                      "payload": stored.decode(), "idempotency_key": key, "request_digest": p.request_digest})
-        env = envelope(event_id=eid, run_id=run.run_id, sequence=sequence, type=p.type,
-                       occurrence_id=p.occurrence_id, recorded_at=now, payload=payload)
+        # The envelope (ledger.envelopes.envelope), its keys in that order.
+        if occurrence_id is None:
+            env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
+                   "recordedAt": recorded_at, "payload": payload}
+        else:
+            env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
+                   "occurrenceId": occurrence_id, "recordedAt": recorded_at, "payload": payload}
         if key is not None:
             in_batch[key] = (p.request_digest, env)
         written.append(env)
         out.append({**env, "replayed": False})
         unfolded += 1
-        if p.type in _MOVES_STATUS:  # the next event's lifecycle check reads the status it set
+        if event_type in _MOVES_STATUS:  # the next event's lifecycle check reads the status it set
             advance(state, written[-unfolded:], prices=prices)
             unfolded = 0
     if unfolded:  # one call for the rest: a call per event costed as much as the handlers

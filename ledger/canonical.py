@@ -67,6 +67,15 @@ def canonical_bytes(value: Any) -> bytes:
         raise NotCanonicalizable(str(exc)) from exc
 
 
+def canonical_bytes_plain(value: Any) -> bytes:
+    """`canonical_bytes` of a value its caller has already walked for `_orjson_is_canonical`'s
+    conditions (ledger.redaction.Redactor.plain checks them in its own walk)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return canonical_bytes(value)  # lone surrogates, nesting past orjson's limit
+
+
 def canonical_json(value: Any) -> str:
     return canonical_bytes(value).decode("utf-8")
 
@@ -93,22 +102,58 @@ def event_id(
 # Key order (UTF-16 code units): occurrenceId < payload < runId < sequence < type.
 
 
+def _canonical_str(text: str) -> bytes:
+    # A str's RFC 8785 form is orjson's (the fast path's argument above); a lone surrogate makes
+    # orjson raise, and canonical_bytes refuses it as before.
+    if text.__class__ is str:
+        try:
+            return orjson.dumps(text)
+        except orjson.JSONEncodeError:
+            pass
+    return canonical_bytes(text)
+
+
+def _canonical_int(number: int) -> bytes:
+    if number.__class__ is int and -_INT_LIMIT <= number <= _INT_LIMIT:
+        return str(number).encode()
+    return canonical_bytes(number)
+
+
 def event_id_for_canonical(
     *, run_id: str, sequence: int, type: str, payload_canonical: bytes, occurrence_id: str | None = None
 ) -> str:
     """`evt_` + 16 hex of sha256 over canonical {runId, sequence, type, payload[, occurrenceId]}."""
     if isinstance(sequence, bool) or not isinstance(sequence, int):
         raise NotCanonicalizable("sequence must be an integer")
-    head = b'{"occurrenceId":' + canonical_bytes(occurrence_id) + b"," if occurrence_id is not None else b"{"
+    head = b'{"occurrenceId":' + _canonical_str(occurrence_id) + b"," if occurrence_id is not None else b"{"
     body = b"".join((
-        head, b'"payload":', payload_canonical, b',"runId":', canonical_bytes(run_id),
-        b',"sequence":', canonical_bytes(sequence), b',"type":', canonical_bytes(type), b"}",
+        head, b'"payload":', payload_canonical, b',"runId":', _canonical_str(run_id),
+        b',"sequence":', _canonical_int(sequence), b',"type":', _canonical_str(type), b"}",
     ))
     return "evt_" + sha256_hex(body)[:16]
 
 
+class EventIds:
+    """`event_id_for_canonical` for the events of one run, with the parts every event of the run
+    shares (its id, the canonical text of each type) written once."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run = b',"runId":' + _canonical_str(run_id) + b',"sequence":'
+        self._types: dict[str, bytes] = {}
+
+    def __call__(self, sequence: int, type: str, payload_canonical: bytes, occurrence_id: str | None) -> str:
+        if sequence.__class__ is not int:
+            raise NotCanonicalizable("sequence must be an integer")
+        tail = self._types.get(type)
+        if tail is None or type.__class__ is not str:
+            tail = self._types[type] = b',"type":' + _canonical_str(type) + b"}"
+        head = b'{"occurrenceId":' + _canonical_str(occurrence_id) + b"," if occurrence_id is not None else b"{"
+        return "evt_" + hashlib.sha256(b"".join((head, b'"payload":', payload_canonical, self._run,
+                                                 _canonical_int(sequence), tail))).hexdigest()[:16]
+
+
 def request_digest_for_canonical(*, type: str, payload_canonical: bytes, occurrence_id: str | None = None) -> str:
     """`digest({type, occurrenceId?, payload})`, the idempotency digest of one event."""
-    head = b'{"occurrenceId":' + canonical_bytes(occurrence_id) + b"," if occurrence_id is not None else b"{"
-    body = b"".join((head, b'"payload":', payload_canonical, b',"type":', canonical_bytes(type), b"}"))
+    head = b'{"occurrenceId":' + _canonical_str(occurrence_id) + b"," if occurrence_id is not None else b"{"
+    body = b"".join((head, b'"payload":', payload_canonical, b',"type":', _canonical_str(type), b"}"))
     return "sha256:" + sha256_hex(body)

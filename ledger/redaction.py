@@ -268,6 +268,7 @@ class Redactor:
                 self.invalid_patterns.append(str(p))
         self._extra_min = min((_min_width(p) for p in self.patterns), default=0)
         self._secret: dict[str, bool] = {}
+        self._plain_keys: dict[str, bool] = {}  # exact-str BMP keys seen by `plain`: is_secret
 
     def is_secret(self, key: str) -> bool:
         verdict = self._secret.get(key)
@@ -335,6 +336,92 @@ class Redactor:
         if isinstance(value, str):
             return self.scrub(value)
         return value
+
+
+    def plain(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """`self(payload)` in the same walk that shows the payload is plain, or NotPlain.
+
+        Plain: made only of exact dict / list / str / int within ±(2**53 - 1) / bool / None, its
+        keys strings inside the Basic Multilingual Plane, no secret-named key holding an object or
+        an array, and no `usage` object holding a `costUsd`. For such a payload the append needs
+        no other walk: orjson writes its RFC 8785 bytes (ledger.canonical's fast path, on the
+        same conditions) and the vocabulary's recorded-cost rule has nothing to find (a
+        secret-named key's value is replaced before that rule could look into it). Anything else
+        raises NotPlain, and the append takes its three walks, which decide it as before.
+        """
+        if payload.__class__ is not dict:
+            raise NotPlain
+        return self._plain_dict(payload)
+
+    def _plain_key(self, key: Any) -> bool:
+        """Whether `key` names a secret; NotPlain unless it is an exact str inside the BMP."""
+        if key.__class__ is not str or not (key.isascii() or max(key) <= "\uffff"):
+            raise NotPlain
+        verdict = self._plain_keys[key] = self.is_secret(key)
+        if len(self._plain_keys) > _VERDICTS_KEPT:
+            self._plain_keys.clear()
+        return verdict
+
+    def _plain_dict(self, value: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        verdicts, scrub, inline = self._plain_keys, self.scrub, not self.patterns
+        for k, v in value.items():
+            secret = verdicts.get(k)
+            if secret is None or k.__class__ is not str:
+                secret = self._plain_key(k)
+            cls = v.__class__
+            if secret:
+                if cls is dict or cls is list:
+                    raise NotPlain  # the recorded-cost rule reads the value redaction drops
+                out[k] = REDACTED
+            elif cls is str:
+                # As `__call__`: without workspace patterns a string shorter than 15 characters
+                # with no "=" or ":" holds no built-in match.
+                out[k] = v if inline and len(v) < 15 and "=" not in v and ":" not in v else scrub(v)
+            elif cls is int:
+                if not -_INT_LIMIT <= v <= _INT_LIMIT:
+                    raise NotPlain
+                out[k] = v
+            elif cls is dict:
+                if k == "usage" and "costUsd" in v:
+                    raise NotPlain
+                out[k] = self._plain_dict(v)
+            elif cls is list:
+                out[k] = self._plain_list(v)
+            elif v is None or cls is bool:
+                out[k] = v
+            else:
+                raise NotPlain
+        return out
+
+    def _plain_list(self, value: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        append = out.append
+        for v in value:
+            cls = v.__class__
+            if cls is str:
+                append(self.scrub(v))
+            elif cls is int:
+                if not -_INT_LIMIT <= v <= _INT_LIMIT:
+                    raise NotPlain
+                append(v)
+            elif cls is dict:
+                append(self._plain_dict(v))
+            elif cls is list:
+                append(self._plain_list(v))
+            elif v is None or cls is bool:
+                append(v)
+            else:
+                raise NotPlain
+        return out
+
+
+class NotPlain(Exception):
+    """A payload outside `Redactor.plain`'s conditions: the append walks it the long way."""
+
+
+# RFC 8785's integer range (ledger.canonical._INT_LIMIT).
+_INT_LIMIT = 2**53 - 1
 
 
 @functools.lru_cache(maxsize=256)
