@@ -166,7 +166,9 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                         index=index, field=f"payload.{field}",
                     )
                 continue
-            if accepted is not ANY and not _type_ok(holder[leaf], accepted):
+            value = holder[leaf]
+            # _type_ok, inlined: bool is an int subclass in Python, never in JSON.
+            if accepted is not ANY and (value.__class__ is bool or not isinstance(value, accepted)):
                 raise InvalidEvent(
                     f"event {index}: payload.{field} has the wrong type ({_json_type(holder[leaf])})",
                     index=index, field=f"payload.{field}",
