@@ -205,12 +205,17 @@ def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool, bool] | N
         token, keys, new_calls = guard
         where += (" AND fencing_token <> 0 AND fencing_token::text = %(token)s" if token else
                   " AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s)")
+        # One index probe per key (a LATERAL with LIMIT is never flattened into a join): with
+        # `= ANY(array)` the generic plan scanned all of the run's rows and filtered them, a cost
+        # that grew with the run (1,249 rows read for 250 calls in a run of 2,500 events).
         if keys:
-            where += (f" AND NOT EXISTS (SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s"
-                      " AND idempotency_key = ANY(%(keys)s::varchar[]))")
+            where += (" AND NOT EXISTS (SELECT 1 FROM unnest(%(keys)s::varchar[]) AS k(key), LATERAL ("
+                      f"SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s AND idempotency_key = k.key"
+                      " LIMIT 1) AS logged)")
         if new_calls:
-            where += (f" AND NOT EXISTS (SELECT 1 FROM {table(ToolCall)} WHERE run_id = %(run_pk)s"
-                      " AND call_id = ANY(%(new_calls)s::varchar[]))")
+            where += (" AND NOT EXISTS (SELECT 1 FROM unnest(%(new_calls)s::varchar[]) AS c(call_id), LATERAL ("
+                      f"SELECT 1 FROM {table(ToolCall)} WHERE run_id = %(run_pk)s AND call_id = c.call_id"
+                      " LIMIT 1) AS known)")
     where += "".join(f" AND ({condition})" for _, condition, _ in attached)
     return _numbered(_with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached))
 
