@@ -55,7 +55,7 @@ from .errors import (
     RunNotStarted,
     SequenceConflict,
 )
-from .fold import RunState, advance, paused_gc
+from .fold import RunState, advance
 from .limits import NUL, nul_path
 from .models import Event, Run, RunStatus, Workspace
 from .projection import (
@@ -286,11 +286,7 @@ def _prepare_batch(workspace: Workspace, events: Any, expected_sequence: Any) ->
     ):
         raise InvalidEvent("expectedSequence must be a non-negative integer", field="expectedSequence")
     redact = policy(workspace.redact_keys, workspace.redact_value_patterns)
-    # A batch allocates a few objects per event that hold no cycles and live until the append
-    # returns: the collector's passes over them (and the process's heap) cost ~10% of the CPU of
-    # a batched append. Paused here and while numbering (the fold pauses it too).
-    with paused_gc():
-        return [_prepare(i, item, redact) for i, item in enumerate(events)]
+    return [_prepare(i, item, redact) for i, item in enumerate(events)]
 
 
 def _lock_or_create_head(workspace: Workspace, run_id: str) -> Run:
@@ -457,51 +453,49 @@ def _allocate(run: Run, state: RunState, batch: list[_Prepared], logged: Mapping
     rows: list[dict[str, Any]] = []
     written: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
+    in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
+    unfolded = 0  # envelopes at the end of `written` that `state` has not seen yet
     run_id = run.run_id
     event_id = EventIds(run_id)
     recorded_at = format_recorded_at(now)
-    in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
-    unfolded = 0  # envelopes at the end of `written` that `state` has not seen yet
-    with paused_gc():  # see _prepare_batch
-        for index, p in enumerate(batch):
-            key = p.idempotency_key
-            if key is not None:
-                if key in logged:
-                    out.append({**event_envelope(logged[key], run_id), "replayed": True})
-                    continue
-                if key in in_batch:
-                    original_digest, original_env = in_batch[key]
-                    _same_request(index, p, original_digest, "is used twice in the batch for different events")
-                    out.append({**original_env, "replayed": True})
-                    continue
-            sequence = state.last_sequence + unfolded + 1
-            event_type, occurrence_id = p.type, p.occurrence_id
-            _check_lifecycle(state, sequence - 1, event_type, index, imported)
-            payload, stored = p.payload, p.canonical
-            if len(stored) > INLINE_LIMIT_BYTES:
-                payload = externalize(run.workspace, payload, len(stored))
-                stored = canonical_bytes(payload)
-            eid = event_id(sequence, event_type, stored, occurrence_id)
-            rows.append({"sequence": sequence, "event_id": eid, "type": event_type, "occurrence_id": occurrence_id,
-                         "payload": stored.decode(), "idempotency_key": key, "request_digest": p.request_digest})
-            # The envelope (ledger.envelopes.envelope), its keys in that order.
-            if occurrence_id is None:
-                env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
-                       "recordedAt": recorded_at, "payload": payload}
-            else:
-                env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
-                       "occurrenceId": occurrence_id, "recordedAt": recorded_at, "payload": payload}
-            if key is not None:
-                in_batch[key] = (p.request_digest, env)
-            written.append(env)
-            out.append({**env, "replayed": False})
-            unfolded += 1
-            if event_type in _MOVES_STATUS:  # the next event's lifecycle check reads the status it set
-                advance(state, written[-unfolded:], prices=prices)
-                unfolded = 0
-        if unfolded:  # one call for the rest: a call per event costed as much as the handlers
+    for index, p in enumerate(batch):
+        key = p.idempotency_key
+        if key is not None:
+            if key in logged:
+                out.append({**event_envelope(logged[key], run_id), "replayed": True})
+                continue
+            if key in in_batch:
+                original_digest, original_env = in_batch[key]
+                _same_request(index, p, original_digest, "is used twice in the batch for different events")
+                out.append({**original_env, "replayed": True})
+                continue
+        sequence = state.last_sequence + unfolded + 1
+        event_type, occurrence_id = p.type, p.occurrence_id
+        _check_lifecycle(state, sequence - 1, event_type, index, imported)
+        payload, stored = p.payload, p.canonical
+        if len(stored) > INLINE_LIMIT_BYTES:
+            payload = externalize(run.workspace, payload, len(stored))
+            stored = canonical_bytes(payload)
+        eid = event_id(sequence, event_type, stored, occurrence_id)
+        rows.append({"sequence": sequence, "event_id": eid, "type": event_type, "occurrence_id": occurrence_id,
+                     "payload": stored.decode(), "idempotency_key": key, "request_digest": p.request_digest})
+        # The envelope (ledger.envelopes.envelope), its keys in that order.
+        if occurrence_id is None:
+            env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
+                   "recordedAt": recorded_at, "payload": payload}
+        else:
+            env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
+                   "occurrenceId": occurrence_id, "recordedAt": recorded_at, "payload": payload}
+        if key is not None:
+            in_batch[key] = (p.request_digest, env)
+        written.append(env)
+        out.append({**env, "replayed": False})
+        unfolded += 1
+        if event_type in _MOVES_STATUS:  # the next event's lifecycle check reads the status it set
             advance(state, written[-unfolded:], prices=prices)
-
+            unfolded = 0
+    if unfolded:  # one call for the rest: a call per event costed as much as the handlers
+        advance(state, written[-unfolded:], prices=prices)
     return rows, written, out
 
 
