@@ -337,7 +337,6 @@ class Redactor:
             return self.scrub(value)
         return value
 
-
     def plain(self, payload: dict[str, Any]) -> dict[str, Any]:
         """`self(payload)` in the same walk that shows the payload is plain, or NotPlain.
 
