@@ -185,13 +185,34 @@ else:
     raise ImproperlyConfigured(f"DATABASE_URL must be sqlite or postgresql, got engine {_engine}")
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+
+
+def _redis_db(url: str) -> int:
+    from redis.connection import parse_url
+
+    try:
+        return int(parse_url(url).get("db", 0))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"REDIS_URL: {exc}") from exc
+
+
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # redis-py 8 times socket reads out after 5 s by default, which is also how long
-            # channels_redis blocks in BZPOPMIN: an idle consumer would crash every few seconds.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+            # channels_redis's pub/sub layer (ledger/announce.py says what it adds): a group
+            # message is one PUBLISH to the processes listening at that moment, where the default
+            # channels_redis layer spends two commands looking the group up before pushing to each
+            # member's list. Announcements are lossy by design, and so is pub/sub (docs/scaling.md).
+            "BACKEND": "ledger.announce.RedisPubSubLayer",
+            # Bounds how long a Redis that stops answering holds a command (the layer's own reads
+            # wait 0.1 s at a time); a connection refused fails at once and is retried later.
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}],
+                # Pub/sub channels are one namespace per Redis server, whatever the database number:
+                # the prefix carries it, so deployments (or test runs) on one server do not hear
+                # each other's groups.
+                "prefix": f"asgi.db{_redis_db(REDIS_URL)}.",
+            },
         }
     }
 else:

@@ -2,20 +2,32 @@
 
 The layer is lossy by design: a message carries only the run and its last sequence (or, to a
 workspace's runs list, only the run id), and readers always fetch what changed from the database.
+
+With Redis the layer is `RedisPubSubLayer` below: channels_redis's pub/sub layer, on which a group
+message is one PUBLISH that Redis hands to the processes subscribed to the group at that moment
+(nobody watching: Redis drops it), where the default channels_redis layer keeps groups in sorted
+sets and looks each group up (two commands) before pushing to every member's list. Announcements
+are sent to it from a thread of their own with a blocking Redis client, not from an event loop:
+an append costs one PUBLISH and the hand-over to that thread (bench/README.md, "Single append").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import queue
 import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import redis
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import BaseChannelLayer, InMemoryChannelLayer, get_channel_layer
+from channels_redis.pubsub import RedisPubSubChannelLayer  # type: ignore[import-untyped]
+from channels_redis.utils import decode_hosts  # type: ignore[import-untyped]
 from django.db import transaction
 
 from .models import Run
@@ -58,22 +70,22 @@ def _sequence(message: Message) -> int:
     return sequence if isinstance(sequence, int) else -1
 
 
-class _Sender:
-    """The announcements waiting to go out on one event loop, and the one task that sends them.
+class _Waiting:
+    """The announcements waiting to go out, and whether their sender is busy with them.
 
     Posting never waits for the layer: the committing thread only files the message and, when the
-    task is idle, wakes it. Messages that differ in nothing but their sequence (a run's appends)
+    sender is idle, wakes it. Messages that differ in nothing but their sequence (a run's appends)
     wait as one, the highest sequence standing for all: a reader woken by it reads everything up
     to it from the database, so under a burst of commits the layer carries one message per run per
     round trip instead of one per commit."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.waiting: dict[tuple[Any, ...], tuple[BaseChannelLayer, str, Message]] = {}
-        self.busy = False  # a send task is scheduled or running; it drains `waiting` before it ends
+        self.busy = False  # the sender is woken or sending; it drains `waiting` before it idles
 
-    def post(self, layer: BaseChannelLayer, group: str, message: Message) -> None:
+    def file(self, layer: BaseChannelLayer, group: str, message: Message) -> bool:
+        """File `message`; True when the sender was idle and must be woken."""
         # Announcements carry scalars only (ids, sequence, status), so the rest of one is a key.
         key = (id(layer), group, *sorted((k, v) for k, v in message.items() if k != "sequence"))
         with self.lock:
@@ -81,31 +93,128 @@ class _Sender:
             if earlier is None or _sequence(message) >= _sequence(earlier[2]):
                 self.waiting[key] = (layer, group, message)
             if self.busy:
-                return
+                return False
             self.busy = True
+            return True
+
+    def take(self) -> list[tuple[BaseChannelLayer, str, Message]]:
+        """Everything waiting; empty when nothing is, and the sender is idle from then on."""
+        with self.lock:
+            batch = list(self.waiting.values())
+            self.waiting.clear()
+            self.busy = bool(batch)
+            return batch
+
+    def drop(self) -> None:
+        with self.lock:
+            self.waiting.clear()
+            self.busy = False
+
+
+class _Sender(_Waiting):
+    """The announcements waiting to go out on one event loop, and the one task that sends them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+
+    def post(self, layer: BaseChannelLayer, group: str, message: Message) -> None:
+        if not self.file(layer, group, message):
+            return
         try:
             self.loop.call_soon_threadsafe(self._start)
         except RuntimeError:  # the loop is closed: nobody is left on it to hear
-            with self.lock:
-                self.waiting.clear()
-                self.busy = False
+            self.drop()
 
     def _start(self) -> None:
         self.loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        while True:
-            with self.lock:
-                if not self.waiting:
-                    self.busy = False
-                    return
-                batch = list(self.waiting.values())
-                self.waiting.clear()
+        while batch := self.take():
             for layer, group, message in batch:
                 try:
                     await layer.group_send(group, message)
                 except Exception:  # an announcement lost is caught up by readers; the append has committed
                     log.warning("announcement %s to %s was lost", message, group, exc_info=True)
+
+
+class RedisPubSubLayer(RedisPubSubChannelLayer):
+    """channels_redis's pub/sub layer (console/settings.py names it when REDIS_URL is set), plus
+    what the announcements need of it: a blocking PUBLISH of a group message, for the publisher
+    thread, and the end of a channel that a `Subscription` leaves.
+
+    The blocking client writes exactly what the layer's `group_send` writes (the group's Redis
+    channel, the layer's serializer): tests/test_announce.py holds the two together."""
+
+    def __init__(self, hosts: Any = None, prefix: str = "asgi", **kwargs: Any) -> None:
+        super().__init__(hosts=hosts, prefix=prefix, **kwargs)
+        self.prefix = prefix
+        self.hosts = decode_hosts(hosts)
+        self.client: redis.Redis | None = None
+
+    def group_channel(self, group: str) -> str:
+        return f"{self.prefix}__group__{group}"
+
+    @property
+    def publishes_directly(self) -> bool:
+        # One shard given by a URL, as the settings configure it; anything else (several shards,
+        # a sentinel) is sent by the layer itself on the background loop.
+        return len(self.hosts) == 1 and "address" in self.hosts[0]
+
+    def publish_now(self, group: str, message: Message) -> None:
+        """`group_send`, blocking, from any thread (only the publisher thread calls it)."""
+        if self.client is None:
+            options = dict(self.hosts[0])
+            self.client = redis.Redis.from_url(options.pop("address"), **options)
+        self.client.publish(self.group_channel(group), self.serialize(message))
+
+    async def forget_channel(self, channel: str) -> None:
+        """Unsubscribe `channel` and drop its queue. The layer does that itself only when a
+        `receive` on the channel is cancelled, as a consumer's is when it ends; a `Subscription`
+        ends its receive with a message instead (see there)."""
+        layer = self._get_layer()
+        if layer.channels.pop(channel, None) is not None:
+            await layer._get_shard(channel).unsubscribe(channel)
+
+
+class _Publisher(_Waiting):
+    """The announcements waiting for one `RedisPubSubLayer`, and the thread that publishes them.
+
+    A thread with a blocking client, not a task on the background loop: waking it is one queue
+    put, and a PUBLISH through redis-py's blocking client costs a fraction of one through its
+    asyncio client (bench/README.md). Redis being slow or away delays this thread only."""
+
+    def __init__(self, layer: RedisPubSubLayer) -> None:
+        super().__init__()
+        self.layer = layer
+        self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="ledger-publish", daemon=True).start()
+
+    def post(self, group: str, message: Message) -> None:
+        if self.file(self.layer, group, message):
+            self.wake.put(None)
+
+    def _run(self) -> None:
+        while True:
+            self.wake.get()
+            while batch := self.take():
+                for _, group, message in batch:
+                    try:
+                        self.layer.publish_now(group, message)
+                    except Exception:  # an announcement lost is caught up by readers; the append has committed
+                        log.warning("announcement %s to %s was lost", message, group, exc_info=True)
+
+
+_publishers: dict[RedisPubSubLayer, _Publisher] = {}  # one per layer, and a process has one layer
+# A forked child has none of its parent's threads: it starts publishers of its own.
+os.register_at_fork(after_in_child=_publishers.clear)
+
+
+def _publisher_for(layer: RedisPubSubLayer) -> _Publisher:
+    with _loop_lock:
+        if layer not in _publishers:
+            _publishers[layer] = _Publisher(layer)
+        return _publishers[layer]
 
 
 _senders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sender] = weakref.WeakKeyDictionary()
@@ -121,7 +230,8 @@ def _sender_on(loop: asyncio.AbstractEventLoop) -> _Sender:
 def _send(group: str, message: Message) -> None:
     """Hand `message` to the sender of the loop its readers are on; never waits for the layer.
 
-    A network layer is reached from the background loop. The in-memory layer's queues belong to
+    The Redis pub/sub layer is published to from its publisher thread; any other network layer is
+    reached from the background loop. The in-memory layer's queues belong to
     the loop that reads them, which is the server's (Daphne's, or a test's) when this runs in sync
     code under it; with no such loop nobody in this process can be waiting on one, so it is put in
     the queues here and now."""
@@ -129,7 +239,9 @@ def _send(group: str, message: Message) -> None:
     if layer is None:
         return
     try:
-        if not isinstance(layer, InMemoryChannelLayer):
+        if isinstance(layer, RedisPubSubLayer) and layer.publishes_directly:
+            _publisher_for(layer).post(group, message)
+        elif not isinstance(layer, InMemoryChannelLayer):
             _sender_on(_background_loop()).post(layer, group, message)
         elif (outer := getattr(SyncToAsync.threadlocal, "main_event_loop", None)) is not None:
             _sender_on(outer).post(layer, group, message)
@@ -195,6 +307,8 @@ class Subscription:
         message = await self.layer.receive(self.channel)
         if message != self.left:
             return message
+        if isinstance(self.layer, RedisPubSubLayer):
+            await self.layer.forget_channel(self.channel)
         # channels_redis drops a received message from its backup queue in a task of its own,
         # holding a lock of the layer meanwhile: wait for it, so that an event loop that closes
         # next (a test's) does not leave that lock held for the next loop.

@@ -5,12 +5,22 @@ tested end to end in tests/test_live_run.py; here, what goes out on the layer.""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
+import pytest
+import redis
+from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer
 
 from ledger import announce
-from ledger.announce import group_for, workspace_group_for
+from ledger.announce import RedisPubSubLayer, group_for, workspace_group_for
+from tests.servers import free_port
 
 
 def _appended(run_id: str, sequence: int) -> dict[str, Any]:
@@ -46,3 +56,115 @@ def test_announcements_waiting_together_go_out_once_per_run_with_the_highest_seq
         {"type": "ledger.run_changed", "runId": "run_a"}, {"type": "ledger.run_changed", "runId": "run_b"},
         {"type": "test.last"},
     ]
+
+
+
+# --- the Redis pub/sub layer (console/settings.py's with REDIS_URL), on a Redis of the test's own ---
+
+class PrivateRedis:
+    """A redis-server of the test's own, which it may kill and start again on the same port."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/3"
+        self.server: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.server = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                        "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
+                                       stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        try:
+            for _ in range(200):
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait()
+            self.server = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def _pubsub_layer(url: str) -> RedisPubSubLayer:
+    return RedisPubSubLayer(hosts=[{"address": url, "socket_timeout": 15, "socket_connect_timeout": 5}],
+                            prefix="asgi.db3.")
+
+
+def test_the_publisher_thread_writes_what_group_send_writes(private_redis: PrivateRedis) -> None:
+    layer = _pubsub_layer(private_redis.url)
+
+    async def heard() -> list[dict[str, Any]]:
+        channel = await layer.new_channel()
+        await layer.group_add(group_for(1), channel)
+        assert layer.group_channel(group_for(1)) == layer._get_layer()._get_group_channel_name(group_for(1))
+        await layer.group_send(group_for(1), _appended("run_a", 1))
+        announce._publisher_for(layer).post(group_for(1), _appended("run_a", 2))
+        return [await asyncio.wait_for(layer.receive(channel), 10) for _ in range(2)]
+
+    assert async_to_sync(heard)() == [_appended("run_a", 1), _appended("run_a", 2)]
+
+
+def test_a_subscription_left_on_the_pubsub_layer_unsubscribes_its_channel(private_redis: PrivateRedis) -> None:
+    layer = _pubsub_layer(private_redis.url)
+    client = redis.Redis.from_url(private_redis.url)
+
+    async def scenario() -> tuple[int, int]:
+        subscription = announce.Subscription(1)
+        with patch.object(announce, "get_channel_layer", return_value=layer):
+            assert await subscription.join()
+        during = len(client.pubsub_channels())
+        await subscription.leave()
+        assert await asyncio.wait_for(subscription.receive(), 10) is None
+        return during, len(client.pubsub_channels())
+
+    try:
+        # Its own channel and the group's while joined; nothing once left (a leak otherwise).
+        assert async_to_sync(scenario)() == (2, 0)
+    finally:
+        client.close()
+
+
+def test_announcements_reach_subscribers_again_once_redis_is_back(private_redis: PrivateRedis) -> None:
+    """Lost while Redis is away (readers poll meanwhile); heard again once it is back, with
+    nothing of ours restarted: the layer subscribes anew and the publisher reconnects."""
+    layer = _pubsub_layer(private_redis.url)
+    publisher = announce._publisher_for(layer)
+
+    async def scenario() -> list[dict[str, Any] | None]:
+        channel = await layer.new_channel()
+        await layer.group_add(group_for(1), channel)
+
+        async def heard(sequence: int) -> dict[str, Any] | None:
+            received = asyncio.ensure_future(layer.receive(channel))
+            for _ in range(60):  # pub/sub keeps nothing for later: announce until one arrives
+                publisher.post(group_for(1), _appended("run_a", sequence))
+                done, _ = await asyncio.wait({received}, timeout=0.5)
+                if done:
+                    return received.result()
+            received.cancel()
+            return None
+
+        before = await heard(1)
+        private_redis.kill()
+        publisher.post(group_for(1), _appended("run_a", 2))  # lost: nothing raises to the committer
+        private_redis.start()
+        return [before, await heard(3)]
+
+    assert async_to_sync(scenario)() == [_appended("run_a", 1), _appended("run_a", 3)]

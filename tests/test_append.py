@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 
 from ledger import errors
@@ -224,15 +225,19 @@ def test_announcement_is_sent_after_commit_with_run_and_sequence(
     append("run_a", started())
     run = Run.objects.get(run_id="run_a")
     layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(group_for(run.pk), channel)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         append("run_a", ev("StepScheduled", stepPath="s"), ev("StepScheduled", stepPath="t"))
     assert callbacks  # nothing is announced before commit
-    for callback in callbacks:
-        callback()
-    message = async_to_sync(asyncio.wait_for)(layer.receive(channel), 5)
-    assert message == {"type": "ledger.appended", "runId": "run_a", "sequence": 3}
+
+    # In one event loop: the Redis pub/sub layer's channels live as long as the loop they were made on.
+    async def heard() -> dict[str, Any]:
+        channel = await layer.new_channel()
+        await layer.group_add(group_for(run.pk), channel)
+        for callback in callbacks:
+            await sync_to_async(callback)()
+        return await asyncio.wait_for(layer.receive(channel), 5)
+
+    assert async_to_sync(heard)() == {"type": "ledger.appended", "runId": "run_a", "sequence": 3}
 
 
 def test_run_ids_are_per_workspace(workspace, other_workspace) -> None:

@@ -19,5 +19,5 @@ def test_database_is_the_one_configured() -> None:
 
 
 def test_channel_layer_is_the_one_configured() -> None:
-    expected = "RedisChannelLayer" if os.environ.get("REDIS_URL") else "InMemoryChannelLayer"
+    expected = "RedisPubSubLayer" if os.environ.get("REDIS_URL") else "InMemoryChannelLayer"
     assert type(get_channel_layer()).__name__ == expected
