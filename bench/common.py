@@ -108,6 +108,23 @@ def get_ok(client: Any, url: str) -> Callable[[], Any]:
     return go
 
 
+def channel_layer() -> Any:
+    """A new instance of the channel layer the settings configure (Daphne's, with `REDIS_URL`:
+    ledger.announce.RedisPubSubLayer), for a baseline `group_send` round trip on it."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    config = settings.CHANNEL_LAYERS["default"]
+    return import_string(config["BACKEND"])(**config.get("CONFIG", {}))
+
+
+async def close_layer(layer: Any) -> None:
+    """Close what `channel_layer()` opened on this event loop (the core channels_redis layer's
+    `flush` would delete every channel's messages in Redis, so that one closes its pools)."""
+    close_pools = getattr(layer, "close_pools", None)
+    await (close_pools() if close_pools is not None else layer.flush())
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]

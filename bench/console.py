@@ -42,7 +42,8 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, get_ok, median_seconds, percentile, record, require_services, setup_django, start_daphne, stop,
+    channel_layer, cleanup, close_layer, get_ok, median_seconds, percentile, record, require_services, setup_django,
+    start_daphne, stop,
 )
 from bench.stream import append_one  # noqa: E402
 
@@ -389,10 +390,7 @@ def measure_live(workspace: Any, run_id: str, base: str, session: str, subscribe
 async def measure_fanout(receivers: int, events: int, gap: float) -> list[float]:
     """group_send to a group of `receivers` channels of one layer (as a Daphne process holds its
     consumers), then every receive: per receiver, the time from the send to its message."""
-    from channels_redis.core import RedisChannelLayer
-    from django.conf import settings
-
-    layer = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])  # as Daphne's is
+    layer = channel_layer()  # as Daphne's is
     group = f"bench.console.{secrets.token_hex(4)}"
     channels = [await layer.new_channel() for _ in range(receivers)]
     for channel in channels:
@@ -414,7 +412,7 @@ async def measure_fanout(receivers: int, events: int, gap: float) -> list[float]
     finally:
         for channel in channels:
             await layer.group_discard(group, channel)
-        await layer.close_pools()
+        await close_layer(layer)
     return timings
 
 

@@ -33,7 +33,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, percentile, record, require_services, setup_django, start_daphne, stop,
+    channel_layer, cleanup, close_layer, percentile, record, require_services, setup_django, start_daphne, stop,
 )
 
 WARMUP = 20
@@ -146,10 +146,8 @@ def measure_stream(workspace: Any, run_id: str, base: str, key: str, events: int
     return [subscriber.received[seq] - committed for seq, committed in commits.items()]
 
 
-async def measure_layer_round_trip(redis_url: str, events: int, gap: float) -> list[float]:
-    from channels_redis.core import RedisChannelLayer
-
-    layer = RedisChannelLayer(hosts=[redis_url])
+async def measure_layer_round_trip(events: int, gap: float) -> list[float]:
+    layer = channel_layer()  # as Daphne's is
     group = f"bench.stream.{secrets.token_hex(4)}"
     channel = await layer.new_channel()
     await layer.group_add(group, channel)
@@ -164,7 +162,7 @@ async def measure_layer_round_trip(redis_url: str, events: int, gap: float) -> l
             await asyncio.sleep(gap)
     finally:
         await layer.group_discard(group, channel)
-        await layer.close_pools()
+        await close_layer(layer)
     return timings
 
 
@@ -191,7 +189,7 @@ def main(argv: list[str]) -> int:
     process, base = start_daphne(log_path)
     run_id = f"run_bench_stream_{secrets.token_hex(4)}"
     try:
-        floor = asyncio.run(measure_layer_round_trip(redis_url, args.events, gap))
+        floor = asyncio.run(measure_layer_round_trip(args.events, gap))
         latencies = measure_stream(workspace, run_id, base, key, args.events, gap)
     finally:
         stop(process)
