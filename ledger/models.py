@@ -376,6 +376,39 @@ class DailyUsage(models.Model):
         ]
 
 
+class MonthlyUsage(models.Model):
+    """The daily usage rollup summed per calendar month (UTC): what a long usage report reads, so a
+    year of a workspace is at most a row per cell and month (bench/scale.py).
+
+    Kept by database triggers on DailyUsage (migration 0018): every insert, update and delete of a
+    daily cell adds its difference to the cell's month in the same statement, so every writer of the
+    daily rollup (the append's one statement, recounts, retention) keeps it without code of its own.
+    `rollup.recount` also counts the months of the days it recounts again from the daily cells, and
+    `ledger verify` compares every month with the sum of its days. `month` is the month's first day.
+    A cell whose calls drop to none goes. No CHECK on the sums: a trigger adds signed differences.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+", db_index=False)
+    month = models.DateField()
+    provider = models.CharField(max_length=200, blank=True)
+    model_id = models.CharField(max_length=200, blank=True)
+    workflow_version_id = models.CharField(max_length=200, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cached_input_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
+    calls = models.BigIntegerField(default=0)
+    priced_calls = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # Also the report's index (the workspace leads it: no index of the foreign key alone).
+            models.UniqueConstraint(fields=["workspace", "month", "provider", "model_id", "workflow_version_id"],
+                                    name="monthly_usage_cell_unique"),
+        ]
+
+
 class Feedback(models.Model):
     """A member's (or a harness's) rating of a run; listed in the evidence bundle."""
 

@@ -12,6 +12,11 @@ It is written three ways, all inside the caller's transaction:
   cells, a cell left with no calls deleted: exact under concurrent appends, unlike a recount;
 - and `differences` compares the cells with a fresh count, for `ledger verify`.
 
+The monthly rollup (models.MonthlyUsage: the daily cells summed per calendar month, what a long
+usage report reads) is kept from the daily cells by database triggers (migration 0018), so each of
+these writes keeps it in the same statement; `recount` also counts the months of its days again from
+the daily cells, and `differences` compares every month with the sum of its days.
+
 A recount is exact when no append to the same workspace and day commits while it runs (the
 maintenance commands); `ledger verify` would show such a race and `ledger rebuild` mend it.
 """
@@ -26,10 +31,10 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
-from django.db.models.functions import TruncDate
+from django.db.models.functions import TruncDate, TruncMonth
 
 from .bulk import table
-from .models import CostEntry, DailyUsage
+from .models import CostEntry, DailyUsage, MonthlyUsage
 
 Cell = tuple[date, str, str, str]  # day, provider, model_id, workflow_version_id
 KEY = ("day", "provider", "model_id", "workflow_version_id")
@@ -138,6 +143,35 @@ def recount(workspace_id: int, days: Iterable[date]) -> None:
         DailyUsage(workspace_id=workspace_id, **dict(zip(KEY, cell)), **dict(zip(SUMS, sums)))
         for cell, sums in sorted(counted(workspace_id, wanted).items())
     ])
+    recount_months(workspace_id, {day.replace(day=1) for day in wanted})
+
+
+def recount_months(workspace_id: int, months: Iterable[date]) -> None:
+    """Count the monthly cells of `months` (their first days) in the workspace again from its daily
+    cells (the triggers keep them; this mends a month that was wrong before)."""
+    firsts = set(months)
+    if not firsts:
+        return
+    MonthlyUsage.objects.filter(workspace_id=workspace_id, month__in=firsts).delete()
+    MonthlyUsage.objects.bulk_create([
+        MonthlyUsage(workspace_id=workspace_id, **dict(zip(MONTH_KEY, cell)), **dict(zip(SUMS, sums)))
+        for cell, sums in sorted(summed_months(workspace_id, firsts).items())
+    ])
+
+
+MONTH_KEY = ("month", "provider", "model_id", "workflow_version_id")
+
+
+def summed_months(workspace_id: int, months: set[date] | None = None) -> dict[Cell, tuple[Any, ...]]:
+    """The monthly cells of `months` (None: every month) as the workspace's daily cells sum up now."""
+    days = DailyUsage.objects.filter(workspace_id=workspace_id)
+    if months is not None:
+        last = max(months)
+        days = days.filter(day__gte=min(months), day__lt=(last.replace(day=28) + timedelta(days=4)).replace(day=1))
+    rows = (days.annotate(month=TruncMonth("day")).values("month", "provider", "model_id", "workflow_version_id")
+            .annotate(**{name: Sum(name) for name in SUMS}).order_by())
+    return {tuple(r[k] for k in MONTH_KEY): tuple(r[s] for s in SUMS)
+            for r in rows if months is None or r["month"] in months}
 
 
 def counted(workspace_id: int, days: set[date] | None = None) -> dict[Cell, tuple[Any, ...]]:
@@ -163,7 +197,8 @@ def counted(workspace_id: int, days: set[date] | None = None) -> dict[Cell, tupl
 def differences(workspace_id: int, days: set[date] | None = None) -> list[str]:
     """Where the stored cells of `days` (None: every day) differ from a fresh count of the workspace's
     cost entries (empty when equal); both read in one snapshot, so an append meanwhile cannot make
-    them differ. `ledger verify` checks every day of every workspace."""
+    them differ; and the monthly cells of their months (None: every month) against the sums of the
+    daily cells. `ledger verify` checks every day and month of every workspace."""
     if days is not None and not days:
         return []
     with _snapshot():
@@ -172,12 +207,25 @@ def differences(workspace_id: int, days: set[date] | None = None) -> list[str]:
             cells = cells.filter(day__in=days)
         stored = {tuple(r[k] for k in KEY): tuple(r[s] for s in SUMS) for r in cells.values(*KEY, *SUMS)}
         expected = counted(workspace_id, days)
+        months = None if days is None else {day.replace(day=1) for day in days}
+        monthly = MonthlyUsage.objects.filter(workspace_id=workspace_id)
+        if months is not None:
+            monthly = monthly.filter(month__in=months)
+        stored_months = {tuple(r[k] for k in MONTH_KEY): tuple(r[s] for s in SUMS)
+                         for r in monthly.values(*MONTH_KEY, *SUMS)}
+        # The months as the daily cells now stored sum up (the daily cells are checked just above).
+        expected_months = summed_months(workspace_id, months)
     problems = []
     for cell in sorted(set(stored) | set(expected)):
         have, want = stored.get(cell), expected.get(cell)
         if have is None or want is None or _comparable(have) != _comparable(want):
             problems.append(f"{cell[0]} {cell[1]}/{cell[2]} {cell[3] or '(no workflow)'}: the rollup has "
                             f"{_describe(have)}, the cost entries say {_describe(want)}")
+    for cell in sorted(set(stored_months) | set(expected_months)):
+        have, want = stored_months.get(cell), expected_months.get(cell)
+        if have is None or want is None or _comparable(have) != _comparable(want):
+            problems.append(f"month {cell[0]:%Y-%m} {cell[1]}/{cell[2]} {cell[3] or '(no workflow)'}: the monthly "
+                            f"rollup has {_describe(have)}, its days sum to {_describe(want)}")
     return problems
 
 

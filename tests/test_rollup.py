@@ -13,7 +13,7 @@ import pytest
 from django.apps import apps
 
 from ledger import clock, rollup
-from ledger.models import DailyUsage, Run, Workspace
+from ledger.models import CostEntry, DailyUsage, MonthlyUsage, Run, Workspace
 from ledger.tenancy import bootstrap
 from tests.conftest import ev, started
 from tests.test_projection import cli
@@ -75,7 +75,7 @@ def test_verify_catches_a_wrong_rollup_row_and_rebuild_mends_it(spent, workspace
     # One run's verify checks that run; the rollup sums the whole workspace and is checked with it.
     assert cli("verify", "run_a") == (0, "verified 1 run(s): ok\n")
     assert cli("rebuild", "run_a")[0] == 0
-    assert cli("verify") == (0, "checked the daily usage of 1 workspace(s)\nverified 2 run(s): ok\n")
+    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\nverified 2 run(s): ok\n")
 
 
 def test_verify_catches_a_missing_and_a_stray_rollup_row(spent, workspace: Workspace) -> None:
@@ -117,3 +117,63 @@ def test_the_migration_counts_the_cost_entries_already_stored(spent, workspace: 
     migration.count_existing_cost_entries(apps, None)
     assert cells(workspace) == kept
     assert Run.objects.count() == 2
+
+
+# --- the monthly rollup (kept from the daily cells by triggers: migration 0018) --------------------
+
+
+def months(workspace: Workspace) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    return {tuple(r[k] for k in rollup.MONTH_KEY): tuple(r[s] for s in rollup.SUMS)
+            for r in MonthlyUsage.objects.filter(workspace=workspace).values(*rollup.MONTH_KEY, *rollup.SUMS)}
+
+
+def comparable(cells: dict[tuple[Any, ...], tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    return {k: rollup._comparable(v) for k, v in cells.items()}
+
+
+def test_every_write_of_a_daily_cell_keeps_its_month(spent, append, workspace: Workspace) -> None:
+    mini, march = ("openai", "gpt-4o-mini"), date(2026, 3, 1)
+    assert comparable(months(workspace)) == comparable(rollup.summed_months(workspace.pk))
+    got = months(workspace)
+    assert set(got) == {(march, *mini, "wf_a"), (march, "acme.chat", "house", "wf_a"), (march, *mini, "wf_b")}
+    assert got[(march, *mini, "wf_a")][0] == 3010 and got[(march, *mini, "wf_a")][5:] == (3, 3)
+    with on(date(2026, 4, 30), hour=23):  # another month
+        append("run_c", started("wf_a"), responded("c1", "openai", "gpt-4o-mini", inp=7))
+    assert months(workspace)[(date(2026, 4, 1), *mini, "wf_a")][0] == 7
+    # A recount (delete and insert of daily cells) and a subtraction (update to none, delete) keep it.
+    rollup.recount(workspace.pk, {DAY1, DAY2})
+    assert comparable(months(workspace)) == comparable(rollup.summed_months(workspace.pk))
+    rows = rollup.cells(workspace.pk, "wf_b", CostEntry.objects.filter(run__run_id="run_b").values(
+        "recorded_at", "provider", "model_id", *rollup.TOKENS, "cost_usd"))
+    assert rollup.subtract(rows) == {}
+    assert (march, *mini, "wf_b") not in months(workspace)  # its only day went: the month goes too
+    assert comparable(months(workspace)) == comparable(rollup.summed_months(workspace.pk))
+
+
+def test_verify_catches_a_wrong_month_and_rebuild_mends_it(spent, workspace: Workspace) -> None:
+    MonthlyUsage.objects.filter(workspace=workspace, model_id="house").update(calls=9)
+    MonthlyUsage.objects.filter(workspace=workspace, workflow_version_id="wf_b").delete()
+    code, out = cli("verify")
+    assert code == 1 and "month 2026-03 acme.chat/house wf_a: the monthly rollup has" in out and "calls=9" in out
+    assert "month 2026-03 openai/gpt-4o-mini wf_b: the monthly rollup has no row" in out
+    assert cli("rebuild")[0] == 0
+    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\nverified 2 run(s): ok\n")
+
+
+def test_the_migration_sums_the_daily_cells_already_stored(spent, workspace: Workspace) -> None:
+    from django.db import connection
+
+    kept = months(workspace)
+    migration = importlib.import_module("ledger.migrations.0018_monthly_usage")
+
+    class Editor:
+        pass
+
+    editor = Editor()
+    editor.connection = connection  # type: ignore[attr-defined]
+    migration.drop_triggers(apps, editor)
+    MonthlyUsage.objects.all().delete()
+    migration.keep_months(apps, editor)  # the sums, then the triggers again
+    assert comparable(months(workspace)) == comparable(kept)
+    rollup.recount(workspace.pk, {DAY1})
+    assert comparable(months(workspace)) == comparable(kept)

@@ -50,7 +50,7 @@ def handle(cmd: BaseCommand, *, run: str | None, workspace: str | None, export_f
             failures += 1
             cmd.stdout.write(f"FAIL {space} usage_rollup: {problem}")
     if spaces:
-        cmd.stdout.write(f"checked the daily usage of {len(spaces)} workspace(s)")
+        cmd.stdout.write(f"checked the daily and monthly usage of {len(spaces)} workspace(s)")
     cmd.stdout.write(f"verified {checked} run(s): {'ok' if not failures else f'{failures} failure(s)'}")
     if failures:
         sys.exit(1)
