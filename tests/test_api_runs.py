@@ -542,7 +542,7 @@ def test_usage_as_csv(api: httpx.Client, usage_runs: None) -> None:
 
 
 def test_usage_bad_parameters_are_400(api: httpx.Client) -> None:
-    for query in ("groupBy=week", "from=2026-13-01", "to=yesterday", "from=2026-02-02&to=2026-02-01",
+    for query in ("groupBy=year", "from=2026-13-01", "to=yesterday", "from=2026-02-02&to=2026-02-01",
                   "scope=galaxy", "format=xml", "from=20260101"):
         error(api.get(f"{V1}/usage?{query}"), 400, "invalid_parameter")
 

@@ -28,7 +28,7 @@ from ledger import clock, rollup
 from ledger.append import append_events
 from ledger.models import CostEntry, Run, Tenant, Workspace
 from ledger.tenancy import bootstrap
-from ledger.usage import DailyModelCost, UsageRow, usage_rows
+from ledger.usage import PeriodModelCost, UsageRow, usage_rows
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -292,7 +292,7 @@ def test_bars_and_rows_are_the_markup_the_template_loops_wrote() -> None:
     workspace = Workspace(tenant=Tenant(slug="acme"), slug="support")
     start = date(2026, 1, 1)
     models = [("openai", "gpt-4o"), ("a<b>&\"c'", "m/x?y=1&z"), ("acme", "house")]
-    cells = [DailyModelCost(start + timedelta(days=d), *models[(d + i) % 3],
+    cells = [PeriodModelCost(start + timedelta(days=d), *models[(d + i) % 3],
                             cost_usd=None if (d + i) % 3 == 2 else Decimal(d * 7 + i) / Decimal(997) + Decimal("1e-9"),
                             calls=3 + i, priced_calls=3 + i)
              for d in range(0, 366, 3) for i in range(2)]
@@ -317,3 +317,82 @@ def test_two_places_is_floatformat_2(value: float) -> None:
 @pytest.mark.parametrize("value", [0.125, 12.345, 1.005, 2.675, 0.0, 5.0, 1e-7, 899.995, 254.0, 3])
 def test_two_places_on_ties(value: float) -> None:
     assert _two_places(value) == floatformat(value, 2)
+
+
+# --- periods: a long range by week or month --------------------------------------------------------
+
+
+@pytest.fixture
+def months_of_calls(append) -> None:
+    """Calls on 2025-12-20, 2026-01-05, 2026-01-31, 2026-03-01 and 2026-03-02 (the `calls` days)."""
+    for i, day in enumerate((date(2025, 12, 20), date(2026, 1, 5), date(2026, 1, 31))):
+        with on_day(day):
+            append(f"run_m{i}", started("wf_m"), responded("c1", "openai", "gpt-4o", inp=1000 * (i + 1), out=10))
+
+
+def test_granularity_follows_the_length_of_the_range() -> None:
+    from ledger.usage import granularity_for, periods
+
+    assert granularity_for(date(2026, 1, 1), date(2026, 4, 2)) == "day"  # 92 days
+    assert granularity_for(date(2026, 1, 1), date(2026, 4, 3)) == "week"
+    assert granularity_for(date(2026, 1, 1), date(2026, 7, 2)) == "week"  # 183 days
+    assert granularity_for(date(2026, 1, 1), date(2026, 7, 3)) == "month"
+    assert periods(date(2025, 12, 20), date(2026, 3, 2), "month") == [
+        (date(2025, 12, 20), date(2025, 12, 31)), (date(2026, 1, 1), date(2026, 1, 31)),
+        (date(2026, 2, 1), date(2026, 2, 28)), (date(2026, 3, 1), date(2026, 3, 2))]
+    assert periods(date(2026, 3, 4), date(2026, 3, 17), "week") == [  # 2026-03-09 is a Monday
+        (date(2026, 3, 4), date(2026, 3, 8)), (date(2026, 3, 9), date(2026, 3, 15)), (date(2026, 3, 16), date(2026, 3, 17))]
+
+
+@pytest.mark.parametrize("start, end", [(date(2025, 12, 1), date(2026, 3, 31)), (date(2025, 12, 15), date(2026, 3, 1)),
+                                        (date(2026, 1, 1), date(2026, 1, 31)), (date(2026, 1, 6), date(2026, 1, 30)),
+                                        (date(2025, 3, 3), date(2026, 3, 2))])
+def test_months_and_weeks_sum_the_same_days(calls: None, months_of_calls: None, workspace: Workspace,
+                                            start: date, end: date) -> None:
+    from ledger import usage
+
+    days, total = usage_rows(group_by="day", start=start, end=end, workspace=workspace)
+    for granularity in ("week", "month"):
+        rows, period_total = usage_rows(group_by=granularity, start=start, end=end, workspace=workspace)
+        assert period_total == total, granularity
+        firsts = [first for first, _ in usage.periods(start, end, granularity)]
+        assert {r.key for r in rows} <= {f.isoformat() for f in firsts}
+        for row in rows:  # each period holds exactly its days
+            first = date.fromisoformat(row.key or "")
+            last = dict(usage.periods(start, end, granularity))[first]
+            inside = [d for d in days if first <= date.fromisoformat(d.key or "") <= last]
+            assert row.priced_calls + row.unpriced_calls == sum(d.priced_calls + d.unpriced_calls for d in inside)
+            assert row.input_tokens == sum(d.input_tokens for d in inside)
+        report = usage.report(start=start, end=end, granularity=granularity, workspace=workspace)
+        assert report.total == total and [r.key for r in report.by_period] == [r.key for r in rows]
+
+
+def test_a_year_is_shown_by_month(browser: Client, calls: None, months_of_calls: None) -> None:
+    html = browser.get(URL + "?from=2025-03-03&to=2026-03-02").content.decode()
+    months = table(html, "usage-days")
+    assert list(months) == ["2025-12", "2026-01", "2026-03-01 – 2026-03-02"]
+    assert months["2026-01"][-3:] == ["2", "0", "100%"] and "By month" in html and "Month (UTC)" in html
+    chart = svg(html)
+    assert "Monthly cost by model from 2025-03-03 to 2026-03-02" in chart
+    assert chart.count('<a class="bar') == 1 + 1 + 3  # gpt-4o in Dec and Jan; three models in March
+    assert "openai/gpt-4o in 2026-01: $" in chart and "Mar 2026" in chart
+    drill = re.search(r'<tr data-key="2026-01">.*?href="([^"]+)"', html, re.S).group(1)
+    assert "from=2026-01-01" in drill and "to=2026-01-31" in drill
+    assert 'CSV by month' in html and "groupBy=month" in unescape(html)
+    by_week = browser.get(URL + "?from=2025-03-03&to=2026-03-02&by=week").content.decode()
+    assert "Weekly cost by model" in by_week and "2025-12-15 – 2025-12-21" in table(by_week, "usage-days")
+    by_day = browser.get(URL + "?from=2025-03-03&to=2026-03-02&by=day").content.decode()
+    assert list(table(by_day, "usage-days"))[:2] == ["2025-12-20", "2026-01-05"]
+    assert browser.get(URL + "?by=fortnight").status_code == 400
+
+
+def test_api_usage_by_week_and_month(browser: Client, calls: None, months_of_calls: None) -> None:
+    params = {"from": "2025-12-15", "to": "2026-03-02", "workspace": "acme/support"}
+    by_month = browser.get("/api/v1/usage", {**params, "groupBy": "month"}).json()
+    assert [r["key"] for r in by_month["rows"]] == ["2025-12-15", "2026-01-01", "2026-03-01"]
+    assert [r["pricedCalls"] + r["unpricedCalls"] for r in by_month["rows"]] == [1, 2, 4]
+    assert by_month["total"] == browser.get("/api/v1/usage", {**params, "groupBy": "day"}).json()["total"]
+    by_week = browser.get("/api/v1/usage", {**params, "groupBy": "week", "limit": 2}).json()
+    assert [r["key"] for r in by_week["rows"]] == ["2025-12-15", "2026-01-05"] and by_week["next"]
+    csv_text = browser.get("/api/v1/usage", {**params, "groupBy": "month", "format": "csv"}).content.decode()
+    assert csv_text.splitlines()[2].startswith("2026-01-01,5000,")

@@ -63,7 +63,10 @@ class UsageView(ApiView):
         summary="Tokens and cost over time, grouped (scope read)",
         description=(
             "Aggregated in SQL from the cost entries (one per answered model call) by the time they were "
-            "recorded. `from` and `to` are UTC days, both inclusive; default the 30 days ending today. Rows are "
+            "recorded. `from` and `to` are UTC days, both inclusive; default the 30 days ending today. "
+            "`groupBy=week` (ISO weeks, Monday to Sunday) and `groupBy=month` (calendar months) give a row per "
+            "period with calls, keyed by the period's first day (YYYY-MM-DD), or by `from` for a period the range "
+            "begins inside; the first and last periods count only their days inside the range. Rows are "
             "ordered by key and paged with `limit`/`cursor`; `total` covers the whole range. A row's costUsd is "
             "null only when every call in it is unpriced. `?format=csv` (or `Accept: text/csv`) gives every row "
             "of the range as CSV, unpaged, header `" + ",".join(CSV_COLUMNS) + "`, an unpriced cost as an empty "
@@ -75,7 +78,8 @@ class UsageView(ApiView):
         parameters=[
             OpenApiParameter("from", OpenApiTypes.DATE, description="first day, YYYY-MM-DD"),
             OpenApiParameter("to", OpenApiTypes.DATE, description="last day (inclusive), YYYY-MM-DD; default today (UTC)"),
-            OpenApiParameter("groupBy", OpenApiTypes.STR, enum=list(GROUPINGS), description="default day"),
+            OpenApiParameter("groupBy", OpenApiTypes.STR, enum=list(GROUPINGS),
+                             description="default day; week and month are additions to API.md's four"),
             OpenApiParameter("scope", OpenApiTypes.STR, enum=["workspace", "tenant"], description="default workspace"),
             OpenApiParameter("tenant", OpenApiTypes.STR, description="with scope=tenant: which tenant"),
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),

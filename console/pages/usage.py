@@ -1,5 +1,6 @@
-"""The usage report: daily cost by model as a server-rendered SVG chart, the table behind it
-(ledger.usage, the same rows as the API and its CSV), and drill-downs to the runs list."""
+"""The usage report: cost by model per day, week or month (ledger.usage.granularity_for the range, or
+the reader's choice) as a server-rendered SVG chart, the tables behind it (ledger.usage, the same rows
+as the API and its CSV), and drill-downs to the runs list."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from django.views.decorators.http import require_safe
 from ledger import selectors, usage
 from ledger.limits import FIRST_DAY
 from ledger.models import Workspace
-from ledger.usage import DailyModelCost, UsageRow, usage_rows
+from ledger.usage import DAILY_UP_TO, WEEKLY_UP_TO, PeriodModelCost, UsageRow, granularity_for, periods, usage_rows
 
 from .filters import day_field
 from .guard import member_access
@@ -34,9 +35,16 @@ DEFAULT_DAYS = 30
 MAX_DAYS = 366
 
 
+GRANULARITY_CHOICES = [("", "auto"), ("day", "day"), ("week", "week"), ("month", "month")]
+# What the page calls a period of each granularity, in the chart's label and the table's caption.
+_PERIOD_WORDS = {"day": ("Daily", "day", "Day (UTC)"), "week": ("Weekly", "week", "Week (UTC, from Monday)"),
+                 "month": ("Monthly", "month", "Month (UTC)")}
+
+
 class UsageForm(forms.Form):
     scope = forms.ChoiceField(required=False, choices=[("", "workspace"), ("workspace", "workspace"),
                                                        ("tenant", "tenant")])
+    by = forms.ChoiceField(required=False, choices=GRANULARITY_CHOICES, label="By")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -55,6 +63,8 @@ class UsageForm(forms.Form):
         elif (end - start).days + 1 > MAX_DAYS:
             self.add_error("from", f"Choose at most {MAX_DAYS} days.")
         data["from"], data["to"], data["scope"] = start, end, data.get("scope") or "workspace"
+        if start <= end:
+            data["granularity"] = data.get("by") or granularity_for(start, end)
         return data
 
 
@@ -144,6 +154,7 @@ class Segment:
 
 @dataclass
 class Chart:
+    noun: str  # day, week or month: what a bar is
     label: str
     height: float
     plot_bottom: float
@@ -212,8 +223,21 @@ def _dollars(value: float, step: float) -> str:
     return f"${value:,.{decimals}f}"
 
 
-def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: Workspace) -> Chart:
-    days = [start + timedelta(days=i) for i in range((end - start).days + 1)]
+def period_label(first: date, last: date | None, granularity: str) -> str:
+    """A period as the page names it: 2026-03-01; 2026-03 for a whole month; else first – last."""
+    if last is None or last == first:
+        return first.isoformat()
+    if granularity == "month" and first.day == 1 and (last + timedelta(days=1)).day == 1:
+        return f"{first:%Y-%m}"
+    return f"{first} – {last}"
+
+
+def build_chart(cells: list[PeriodModelCost], start: date, end: date, workspace: Workspace,
+                granularity: str = "day") -> Chart:
+    spans = periods(start, end, granularity)
+    days = [first for first, _ in spans]
+    lasts = dict(spans)
+    adjective, noun, _ = _PERIOD_WORDS[granularity]
     totals: dict[str, Decimal | None] = {}
     calls: dict[str, int] = {}
     day_totals: dict[date, Decimal] = {}
@@ -240,7 +264,7 @@ def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: 
     bottom = _TOP + _PLOT_H
     total = sum(day_totals.values(), Decimal(0))
     chart = Chart(
-        label=(f"Daily cost by model from {start} to {end}: {money(total) if totals else '$0'} in total"
+        noun=noun, label=(f"{adjective} cost by model from {start} to {end}: {money(total) if totals else '$0'} in total"
                f" across {len(order)} model{'s' if len(order) != 1 else ''}"),
         height=legend_top + rows * _LEGEND_ROW + 4, plot_bottom=bottom, empty=not cells,
         series=list(series.values()),
@@ -250,25 +274,28 @@ def build_chart(cells: list[DailyModelCost], start: date, end: date, workspace: 
     slot = (_W - _LEFT - _RIGHT) / len(days)
     width = min(max(slot * 0.72, 1.0), _MAX_BAR)
     every = math.ceil(len(days) / 12)
-    chart.days = [(_LEFT + slot * (i + 0.5), d.strftime("%b %d")) for i, d in enumerate(days) if i % every == 0]
+    tick = "%b %Y" if granularity == "month" else "%b %d"
+    chart.days = [(_LEFT + slot * (i + 0.5), d.strftime(tick)) for i, d in enumerate(days) if i % every == 0]
     index = {d: i for i, d in enumerate(days)}
     rank = {m: i for i, m in enumerate(order)}
     # runs_url(workspace, model=m, from=day, to=day), its model part encoded once per model.
     drill = {m: runs_url(workspace, model=m) for m in order}
     stacked: dict[date, float] = {}
+    on = "on" if granularity == "day" else "in"
     for c in sorted(cells, key=lambda c: (c.day, rank[c.model])):
         x = _LEFT + slot * index[c.day] + (slot - width) / 2
-        href = f"{drill[c.model]}&from={c.day}&to={c.day}"
+        href = f"{drill[c.model]}&from={c.day}&to={lasts[c.day]}"
         s = series[c.model]
+        when = f"{on} {period_label(c.day, lasts[c.day], granularity)}"
         if c.cost_usd is None:
             chart.segments.append(Segment(x, bottom - 3, width, 3, s, href, unpriced=True,
-                                          title=f"{c.model} on {c.day}: n/a ({c.calls} unpriced calls)"))
+                                          title=f"{c.model} {when}: n/a ({c.calls} unpriced calls)"))
             continue
         height = max(float(c.cost_usd) / top * _PLOT_H, 1.0)
         base = stacked.get(c.day, 0.0)
         stacked[c.day] = base + height
         chart.segments.append(Segment(x, bottom - base - height, width, height, s, href,
-                                      title=f"{c.model} on {c.day}: {money(c.cost_usd)} ({c.priced_calls} of "
+                                      title=f"{c.model} {when}: {money(c.cost_usd)} ({c.priced_calls} of "
                                             f"{c.calls} calls priced)"))
     return chart
 
@@ -294,7 +321,9 @@ def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
     is_admin = member.allows("admin")
     context: dict[str, Any] = {"workspace": ws, "workspaces": selectors.workspaces_for(request.user),
                                "form": form, "is_admin": is_admin,
-                               "from_value": request.GET.get("from", ""), "to_value": request.GET.get("to", "")}
+                               "from_value": request.GET.get("from", ""), "to_value": request.GET.get("to", ""),
+                               "by_value": request.GET.get("by", ""), "daily_up_to": DAILY_UP_TO,
+                               "weekly_up_to": WEEKLY_UP_TO}
     if not form.is_valid():
         return render(request, "console/usage/report.html", context, status=400)
     start, end, scope = form.cleaned_data["from"], form.cleaned_data["to"], form.cleaned_data["scope"]
@@ -303,17 +332,27 @@ def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
         context["refused"] = True
         return render(request, "console/usage/report.html", context, status=403)
     where: dict[str, Any] = {"tenant": ws.tenant} if scope == "tenant" else {"workspace": ws}
-    report = usage.report(start=start, end=end, **where)
+    granularity = form.cleaned_data["granularity"]
+    report = usage.report(start=start, end=end, granularity=granularity, **where)
     rng = {"from": start, "to": end}
+    lasts = dict(periods(start, end, granularity))
+    _, noun, key_label = _PERIOD_WORDS[granularity]
+    period_rows = []
+    for r in report.by_period:
+        first = date.fromisoformat(r.key or "")
+        span = {"from": first, "to": lasts[first]}
+        period_rows.append(TableRow(period_label(first, lasts[first], granularity),
+                                    runs_url(ws, model=selectors.ANY_MODEL, **span), r))
     context.update({
-        "scope": scope, "start": start, "end": end,
-        "chart": build_chart(report.cells, start, end, ws),
+        "scope": scope, "start": start, "end": end, "granularity": granularity, "period_noun": noun,
+        "period_key_label": key_label, "period_caption": f"By {noun}",
+        "by_value": form.cleaned_data.get("by") or "",
+        "chart": build_chart(report.cells, start, end, ws, granularity),
         "models": [TableRow(r.key or "", runs_url(ws, model=r.key or "", **rng), r) for r in report.by_model],
-        "days": [TableRow(r.key or "", runs_url(ws, model=selectors.ANY_MODEL, **{"from": r.key or "", "to": r.key or ""}), r)
-                 for r in report.by_day],
+        "days": period_rows,
         "total": TableRow("Total", runs_url(ws, model=selectors.ANY_MODEL, **rng), report.total),
         "csv_url": _csv_url(ws, scope, start, end, "model"),
-        "csv_days_url": _csv_url(ws, scope, start, end, "day"),
+        "csv_days_url": _csv_url(ws, scope, start, end, granularity),
     })
     if scope == "tenant":
         by_workspace, _ = usage_rows(group_by="workspace", start=start, end=end, tenant=ws.tenant)
