@@ -25,6 +25,7 @@ timestamps, so that only the write path differs. See bench/README.md for what th
 from __future__ import annotations
 
 import argparse
+import gc
 import functools
 import os
 import secrets
@@ -431,6 +432,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
             for (name, (changes, _)), batch in zip(variants.items(), batches):
                 append_module.batch_changes = changes
                 fold_seconds = 0.0
+                gc.collect()  # neither variant pays for the other's garbage (the fold pauses the collector)
                 seconds[name] += timed(name, 0, [batch]).seconds
                 folds[name] += fold_seconds
     finally:
