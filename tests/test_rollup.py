@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 from datetime import date, datetime, time, timezone
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -166,11 +167,7 @@ def test_the_migration_sums_the_daily_cells_already_stored(spent, workspace: Wor
     kept = months(workspace)
     migration = importlib.import_module("ledger.migrations.0018_monthly_usage")
 
-    class Editor:
-        pass
-
-    editor = Editor()
-    editor.connection = connection  # type: ignore[attr-defined]
+    editor = SimpleNamespace(connection=connection)
     migration.drop_triggers(apps, editor)
     MonthlyUsage.objects.all().delete()
     migration.keep_months(apps, editor)  # the sums, then the triggers again

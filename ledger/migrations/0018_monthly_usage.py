@@ -101,13 +101,9 @@ def keep_months(apps, schema_editor):
             cursor.execute(f"LOCK TABLE {DAILY} IN SHARE ROW EXCLUSIVE MODE")
         cursor.execute(f"INSERT INTO {MONTHLY} ({COLUMNS}) SELECT {group}, "
                        + ", ".join(f"SUM({c})" for c in SUMS) + f" FROM {DAILY} GROUP BY {group}")
-        if vendor == "postgresql":
-            cursor.execute(POSTGRESQL)
-        elif vendor == "sqlite":
-            for statement in SQLITE:
-                cursor.execute(statement)
-        else:  # pragma: no cover - the project runs on PostgreSQL and SQLite
-            raise NotImplementedError(f"no monthly usage triggers for {vendor}")
+        # console/settings.py accepts no other database than these two.
+        for statement in [POSTGRESQL] if vendor == "postgresql" else SQLITE:
+            cursor.execute(statement)
 
 
 def drop_triggers(apps, schema_editor):
