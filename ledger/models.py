@@ -346,7 +346,23 @@ class CostEntry(models.Model):
         ordering = ["run", "sequence"]
 
 
-class DailyUsage(models.Model):
+class UsageCell(models.Model):
+    """What a usage rollup cell (DailyUsage, MonthlyUsage) sums, and the model and workflow it is of."""
+
+    provider = models.CharField(max_length=200, blank=True)
+    model_id = models.CharField(max_length=200, blank=True)
+    workflow_version_id = models.CharField(max_length=200, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cached_input_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
+
+    class Meta:
+        abstract = True
+
+
+class DailyUsage(UsageCell):
     """The cost entries of one workspace, UTC day, model and workflow, summed: what the usage report
     reads, so that a year's report reads days, not every model call (bench/scale.py).
 
@@ -357,14 +373,6 @@ class DailyUsage(models.Model):
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     day = models.DateField()
-    provider = models.CharField(max_length=200, blank=True)
-    model_id = models.CharField(max_length=200, blank=True)
-    workflow_version_id = models.CharField(max_length=200, blank=True)
-    input_tokens = models.BigIntegerField(default=0)
-    output_tokens = models.BigIntegerField(default=0)
-    cached_input_tokens = models.BigIntegerField(default=0)
-    reasoning_tokens = models.BigIntegerField(default=0)
-    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
     calls = models.PositiveIntegerField(default=0)
     priced_calls = models.PositiveIntegerField(default=0)
 
@@ -376,7 +384,7 @@ class DailyUsage(models.Model):
         ]
 
 
-class MonthlyUsage(models.Model):
+class MonthlyUsage(UsageCell):
     """The daily usage rollup summed per calendar month (UTC): what a long usage report reads, so a
     year of a workspace is at most a row per cell and month (bench/scale.py).
 
@@ -390,14 +398,6 @@ class MonthlyUsage(models.Model):
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+", db_index=False)
     month = models.DateField()
-    provider = models.CharField(max_length=200, blank=True)
-    model_id = models.CharField(max_length=200, blank=True)
-    workflow_version_id = models.CharField(max_length=200, blank=True)
-    input_tokens = models.BigIntegerField(default=0)
-    output_tokens = models.BigIntegerField(default=0)
-    cached_input_tokens = models.BigIntegerField(default=0)
-    reasoning_tokens = models.BigIntegerField(default=0)
-    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
     calls = models.BigIntegerField(default=0)
     priced_calls = models.BigIntegerField(default=0)
 
