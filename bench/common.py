@@ -236,7 +236,7 @@ def cleanup(workspace: Any, run_ids: list[str], *, keep_workspace: bool = False)
                 if pks:
                     days = rollup.days_of(pks)
                     Run.objects.filter(pk__in=pks).update(pruning=True)
-                    for table, column in _referencing("ledger_run", cur):  # ledger_event among them
+                    for table, column in _referencing(Run):  # ledger_event among them
                         cur.execute(f'DELETE FROM {table} WHERE "{column}" = ANY(%s)', [pks])
                     cur.execute("DELETE FROM ledger_run WHERE id = ANY(%s)", [pks])
                     for workspace_id, spent in days.items():  # the daily usage without their cost entries
@@ -257,11 +257,8 @@ def cleanup(workspace: Any, run_ids: list[str], *, keep_workspace: bool = False)
               "and the audit log is insert-only)")
 
 
-def _referencing(table: str, cur: Any) -> list[tuple[str, str]]:
-    """(table, column) of every single-column foreign key to `table`."""
-    cur.execute(
-        "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c "
-        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
-        "WHERE c.contype = 'f' AND c.confrelid = %s::regclass", [table]
-    )
-    return list(cur.fetchall())
+def _referencing(model: Any) -> list[tuple[str, str]]:
+    """(table, column) of every foreign key to `model`, as the models declare them: some have no
+    constraint in the database (ledger/models.py, Event.run), so the catalog would miss them."""
+    return [(rel.related_model._meta.db_table, rel.field.column) for rel in model._meta.related_objects
+            if rel.one_to_many or rel.one_to_one]

@@ -188,7 +188,13 @@ class InsertOnlyQuerySet(models.QuerySet):
 class Event(models.Model):
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
-    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True,
+    # db_constraint=False, here and on the step, tool call and cost entry rows (migration 0019):
+    # these rows are written only by the append's one statement (ledger/pgappend.py), which takes
+    # their run_id from the run row it has just inserted or updated, so the reference holds by
+    # construction; runs are deleted only by retention, which deletes these rows first. The
+    # database's per-row check of it (a deferred trigger, one locking lookup of the run per row)
+    # was a third of the statement's server time. `ledger verify` finds any row without its run.
+    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False,
                             db_index=False)
     sequence = models.PositiveIntegerField()
     event_id = models.CharField(max_length=20)
@@ -273,7 +279,8 @@ class Step(UsageColumns):
 
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False,
+                            db_constraint=False)  # see Event.run
     step_path = models.CharField(max_length=500)
     position = models.PositiveIntegerField()
     status = models.CharField(max_length=16)
@@ -299,7 +306,8 @@ class ToolCall(models.Model):
 
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False,
+                            db_constraint=False)  # see Event.run
     call_id = models.CharField(max_length=200)
     position = models.PositiveIntegerField()
     tool_name = models.CharField(max_length=200, blank=True)
@@ -326,7 +334,8 @@ class CostEntry(models.Model):
 
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cost_entries", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cost_entries", db_index=False,
+                            db_constraint=False)  # see Event.run
     sequence = models.PositiveIntegerField()
     call_id = models.CharField(max_length=200, blank=True)
     step_path = models.CharField(max_length=500, blank=True)

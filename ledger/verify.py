@@ -6,11 +6,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Exists, OuterRef
+
 from . import artifacts
 from .canonical import canonical_json, event_id
 from .envelopes import decode_payload, log_rows, row_envelope
 from .fold import RunStateMismatch, fold
-from .models import Run
+from .models import CostEntry, Event, Run, Step, ToolCall
 from .projection import differences, prices_for
 
 
@@ -97,3 +99,18 @@ def check_artifacts(run: Run, refs: set[str]) -> dict[str, str]:
     """ref -> ok | missing | mismatch, re-hashing each artifact of the run's workspace."""
     return {ref: "missing" if row is None else artifacts.check(row)
             for ref, row in artifacts.resolve(run, sorted(refs)).items()}
+
+
+def run_references() -> list[Check]:
+    """The rows that name their run without a database foreign key (models.Event.run): one check
+    per table, failing with the run pks that some row names and no run row has. A scan of each
+    table, as the rest of a whole-database `ledger verify` is."""
+    checks = []
+    for model in (Event, Step, ToolCall, CostEntry):
+        missing = list(model.objects.filter(~Exists(Run.objects.filter(pk=OuterRef("run_id"))))
+                       .values_list("run_id", flat=True).distinct().order_by("run_id")[:11])
+        name = f"run_reference_{model._meta.model_name}"
+        checks.append(Check(name, "fail", f"rows name runs that do not exist: pk {missing[:10]}"
+                            + (" and more" if len(missing) > 10 else "")) if missing else
+                      Check(name, "pass", f"every {model._meta.verbose_name} row names a run that exists"))
+    return checks

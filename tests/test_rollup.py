@@ -22,6 +22,8 @@ from tests.test_projection import cli
 pytestmark = pytest.mark.django_db
 
 DAY1, DAY2 = date(2026, 3, 1), date(2026, 3, 2)
+# The whole database's verify also checks that the rows name runs (tests/test_run_reference.py).
+REFERENCES = "checked that every event, step, tool call and cost entry names a run that exists\n"
 
 
 def responded(call: str, provider: str, model: str, *, step: str | None = None, inp: int = 1000,
@@ -76,7 +78,7 @@ def test_verify_catches_a_wrong_rollup_row_and_rebuild_mends_it(spent, workspace
     # One run's verify checks that run; the rollup sums the whole workspace and is checked with it.
     assert cli("verify", "run_a") == (0, "verified 1 run(s): ok\n")
     assert cli("rebuild", "run_a")[0] == 0
-    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\nverified 2 run(s): ok\n")
+    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n")
 
 
 def test_verify_catches_a_missing_and_a_stray_rollup_row(spent, workspace: Workspace) -> None:
@@ -158,7 +160,7 @@ def test_verify_catches_a_wrong_month_and_rebuild_mends_it(spent, workspace: Wor
     assert code == 1 and "month 2026-03 acme.chat/house wf_a: the monthly rollup has" in out and "calls=9" in out
     assert "month 2026-03 openai/gpt-4o-mini wf_b: the monthly rollup has no row" in out
     assert cli("rebuild")[0] == 0
-    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\nverified 2 run(s): ok\n")
+    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n")
 
 
 def test_the_migration_sums_the_daily_cells_already_stored(spent, workspace: Workspace) -> None:

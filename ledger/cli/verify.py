@@ -1,5 +1,6 @@
 """`ledger verify [RUN]`: dense sequences, event ids recomputed, artifact hashes, projections ==
-fold, and (without RUN) the daily usage == the cost entries; exit 1 on any failure.
+fold, (without RUN) the daily usage == the cost entries, and (without RUN or --workspace) that
+every row of the log and its projections names a run that exists; exit 1 on any failure.
 
 `ledger verify --export FILE` and `--bundle FILE` check a file that left the ledger, from the file
 alone (ledger/offline.py): no database is read."""
@@ -14,7 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger import access, offline, rollup, selectors
-from ledger.verify import Check, verify_run
+from ledger.verify import Check, run_references, verify_run
 
 from .common import add_run_arguments, runs_for
 
@@ -51,6 +52,12 @@ def handle(cmd: BaseCommand, *, run: str | None, workspace: str | None, export_f
             cmd.stdout.write(f"FAIL {space} usage_rollup: {problem}")
     if spaces:
         cmd.stdout.write(f"checked the daily and monthly usage of {len(spaces)} workspace(s)")
+    if not run and not workspace:  # a row whose run is gone belongs to no workspace: only the whole database finds it
+        for check in run_references():
+            if check.status == "fail":
+                failures += 1
+                cmd.stdout.write(f"FAIL {check.name}: {check.detail}")
+        cmd.stdout.write("checked that every event, step, tool call and cost entry names a run that exists")
     cmd.stdout.write(f"verified {checked} run(s): {'ok' if not failures else f'{failures} failure(s)'}")
     if failures:
         sys.exit(1)
