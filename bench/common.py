@@ -169,6 +169,21 @@ def record(figure: str, *, value: float, unit: str, baseline: float | None, rati
 # --- Daphne -------------------------------------------------------------------------------------
 
 
+def _free_port() -> int:
+    """A free port: any (the kernel's pick), or one in BENCH_PORTS=LOW-HIGH when that is set (a
+    shared machine where each session has a range of its own)."""
+    low, _, high = os.environ.get("BENCH_PORTS", "").partition("-")
+    candidates = range(int(low), int(high) + 1) if low and high else [0]
+    for candidate in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise SystemExit(f"no free port in BENCH_PORTS={os.environ['BENCH_PORTS']}")
+
+
 def start_daphne(log_path: Path, app: str = "console.asgi:application", *, probe: str = "/api/v1/runs/run_probe/stream",
                  probe_status: int = 401, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """A Daphne serving `app` (this checkout's by default) on a free port, and its base URL, once
@@ -179,9 +194,7 @@ def start_daphne(log_path: Path, app: str = "console.asgi:application", *, probe
     # cap on open streams (LEDGER_STREAM_MAX_PER_CALLER, console/streams.py), which would refuse them.
     env = {**os.environ, "LEDGER_STREAM_MAX_PER_CALLER": "10000", **(env or {})}
     for _ in range(3):  # the free port may be taken between probing and binding it
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = _free_port()
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),

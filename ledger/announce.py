@@ -1,7 +1,11 @@
 """After-commit announcements of appended events on the channel layer, and hearing them.
 
-The layer is lossy by design: a message carries only the run and its last sequence (or, to a
-workspace's runs list, only the run id), and readers always fetch what changed from the database.
+The layer is lossy by design: a message carries the run and its last sequence (or, to a
+workspace's runs list, only the run id), and readers fetch what changed from the database. A run's
+message also carries the batch as committed, when it is small (`events`: each new event's stored
+columns, `status`: the run's status after it), so that a reader standing exactly where the batch
+begins can hand it out without a read (ledger/follow.py); anyone else, and everyone after a lost,
+merged or oversized message, reads the log, which stays the authority.
 
 With Redis the layer is `RedisPubSubLayer` below: channels_redis's pub/sub layer, on which a group
 message is one PUBLISH that Redis hands to the processes subscribed to the group at that moment
@@ -20,7 +24,7 @@ import queue
 import secrets
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -65,6 +69,15 @@ def _background_loop() -> asyncio.AbstractEventLoop:
 Message = dict[str, Any]
 
 
+# What a run's message carries besides its run and type: messages that differ only in these wait
+# as one (`_Waiting`), the newest whole.
+_CARRIED = frozenset({"sequence", "status", "events"})
+# The batch rides along up to this many characters of stored payload (and never more events than a
+# reader's page); a bigger batch is announced by its sequence alone.
+ANNOUNCED_PAYLOAD_CHARS = 16 * 1024
+ANNOUNCED_EVENTS = 500
+
+
 def _sequence(message: Message) -> int:
     sequence = message.get("sequence")
     return sequence if isinstance(sequence, int) else -1
@@ -86,8 +99,9 @@ class _Waiting:
 
     def file(self, layer: BaseChannelLayer, group: str, message: Message) -> bool:
         """File `message`; True when the sender was idle and must be woken."""
-        # Announcements carry scalars only (ids, sequence, status), so the rest of one is a key.
-        key = (id(layer), group, *sorted((k, v) for k, v in message.items() if k != "sequence"))
+        # Besides what a run's message carries along (_CARRIED), announcements hold scalars only
+        # (type, ids), so the rest of one is a key; the newest message of a key is kept whole.
+        key = (id(layer), group, *sorted((k, v) for k, v in message.items() if k not in _CARRIED))
         with self.lock:
             earlier = self.waiting.get(key)
             if earlier is None or _sequence(message) >= _sequence(earlier[2]):
@@ -251,11 +265,35 @@ def _send(group: str, message: Message) -> None:
         log.warning("announcement %s to %s was lost", message, group, exc_info=True)
 
 
-def after_commit(run: Run, sequence: int, written: Iterable[Mapping[str, Any]] = ()) -> None:
+def announced_events(written: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> list[list[Any]] | None:
+    """The batch as a run's message carries it: per new event `[sequence, eventId, type,
+    occurrenceId, recordedAt, stored payload text]`, the columns of a read of the log
+    (envelopes.log_rows; ledger.follow.announced_envelope makes the envelope of one); None when the batch is too big to
+    ride along."""
+    if not written or len(written) != len(rows) or len(written) > ANNOUNCED_EVENTS:
+        return None
+    size = 0
+    events = []
+    for env, row in zip(written, rows, strict=True):
+        text = row["payload"]
+        size += len(text)
+        if size > ANNOUNCED_PAYLOAD_CHARS or row["sequence"] != env["sequence"]:
+            return None
+        events.append([env["sequence"], env["eventId"], env["type"], env.get("occurrenceId"), env["recordedAt"], text])
+    return events
+
+
+def after_commit(run: Run, sequence: int, written: Sequence[Mapping[str, Any]] = (),
+                 rows: Sequence[Mapping[str, Any]] = ()) -> None:
     """Announce a committed batch to the run's group; and to the workspace's group when the batch
-    started or finished the run. `written` are the batch's new envelopes (no query is made)."""
+    started or finished the run. `written` are the batch's new envelopes and `rows` the columns
+    stored for them, in the same order (no query is made); `run` holds its status after the batch."""
     group, run_id = group_for(run.pk), run.run_id
-    appended = {"type": "ledger.appended", "runId": run_id, "sequence": sequence}
+    appended: Message = {"type": "ledger.appended", "runId": run_id, "sequence": sequence}
+    events = announced_events(written, rows)
+    if events is not None and events[-1][0] == sequence:
+        appended["status"] = str(run.status)
+        appended["events"] = events
     lifecycle = any(e["type"] in _LIFECYCLE for e in written)
     workspace_group = workspace_group_for(run.workspace_id)
 

@@ -351,7 +351,7 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
                                        new_calls=new_calls)
                 if not pgappend.update_head(run.pk, before.last_sequence, rows, now, changes, guard, attached):
                     return None
-            _after_write(run, state, prices, written)
+            _after_write(run, state, prices, written, rows)
     except (pgappend.AttachedMissed, IntegrityError):
         if not attached:
             raise
@@ -392,16 +392,17 @@ def _append_under_lock(run: Run, batch: list[_Prepared], expected_sequence: int 
         else:
             insert_rows(Event, [{"run_id": run.pk, "recorded_at": now, **row} for row in rows])
             write(run.pk, changes)
-        _after_write(run, state, prices, written)
+        _after_write(run, state, prices, written, rows)
     return AppendResult(events=out, last_sequence=state.last_sequence)
 
 
-def _after_write(run: Run, state: RunState, prices: PriceTable, written: list[dict[str, Any]]) -> None:
+def _after_write(run: Run, state: RunState, prices: PriceTable, written: list[dict[str, Any]],
+                 rows: list[dict[str, Any]]) -> None:
     """What follows a written batch in its transaction: the caller's head object kept current,
     the state cached and the batch announced once it commits, a re-execution settled."""
     run.last_sequence, run.status = state.last_sequence, state.status
     remember_after_commit(run, prices, state)
-    announce.after_commit(run, state.last_sequence, written)
+    announce.after_commit(run, state.last_sequence, written, rows)
     if state.status in RunStatus.finished():
         # A re-execution request whose new run this is ends with it, in this transaction.
         from .reexecution.services import settle_on_terminal

@@ -8,9 +8,13 @@ The rules, in the order they are applied:
   between the two is either in the read or announced after it.
 - **De-duplicate by sequence.** Only sequences above the last one handed out leave the follower,
   so an event both read and announced goes out once.
-- **Announcements only wake; the database answers.** Their content is never trusted. The layer is
-  lossy (another process's in-memory layer never reaches us; Redis may drop a message or be down),
-  so without one the follower reads the head anyway every `LEDGER_STREAM_POLL_SECONDS`.
+- **Announcements wake; the log answers.** The layer is lossy (another process's in-memory layer
+  never reaches us; Redis may drop a message or be down), so without one the follower reads the
+  head anyway every `LEDGER_STREAM_POLL_SECONDS`. An announcement of a small batch carries the
+  batch as committed (ledger/announce.py: the stored columns of its events, the run's status
+  after it); followers that stand exactly where it begins take it as their read (below). Anything
+  else (a gap, a follower elsewhere, a message without the batch, one that does not add up) reads
+  the database.
 - **Stop when finished.** Once the run is completed or failed and everything up to its last
   sequence was handed out, the last page says so (`final`) and the iteration ends. A run deleted
   meanwhile ends it too, with `status` None.
@@ -22,7 +26,12 @@ enough for: one woken by an announcement of sequence S joins a read created afte
 first heard S; a start or a poll joins only a read created after it asked. Reads are keyed by the
 position they read after, so each follower keeps its own position. The reads run on one thread
 of the process that keeps its database connection (`_reader`), in one statement
-(`selectors.run_tail`).
+(`selectors.run_tail`). An announcement that carries its batch (events P+1..S, the status after S)
+becomes the feed's newest read after P, created once S was heard, as a read after P made just
+after that commit would have answered: a commit's rows and the head it moved are what any later
+read sees up to S. It serves only followers that need nothing announced past S (announcements of
+one run can arrive out of order when two threads commit to it); whatever came after S is
+announced after it.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -44,6 +53,7 @@ from django.db import connection
 
 from . import selectors
 from .announce import Subscription
+from .envelopes import decode_payload, row_envelope
 from .models import Run, RunStatus
 
 log = logging.getLogger(__name__)
@@ -51,7 +61,10 @@ log = logging.getLogger(__name__)
 # Catch-up reads the log in pages so that a long run is never held in memory at once.
 PAGE_SIZE = 500
 FINISHED = RunStatus.finished()
+STATUSES = frozenset(RunStatus.values)
+ANY_SEQUENCE = 2**63  # above every sequence (a bigint)
 HEARD_KEPT = 256  # announcements remembered per feed; a follower further behind reads afresh
+WAKE_GROUP = 5  # followers woken per turn of the loop (RunFeed._announce)
 LISTENER_GRACE = 2.0  # seconds a closing feed's listener has to take its leave message
 
 # What a transport makes of one envelope (the WebSocket: its rendered row); done once per read.
@@ -65,6 +78,30 @@ def poll_seconds() -> float:
 
 def _envelope(envelope: dict[str, Any], run: Run) -> dict[str, Any]:
     return envelope
+
+
+def announced_envelope(event: Any, run: Run) -> dict[str, Any]:
+    """The envelope of one event as an announcement carries it (ledger.announce.announced_events:
+    the columns a read returns, the time already formatted), as `selectors.run_tail` makes it."""
+    sequence, event_id, type_, occurrence_id, recorded_at, payload = event
+    if not (isinstance(sequence, int) and isinstance(event_id, str) and isinstance(type_, str)
+            and isinstance(occurrence_id, str | None) and isinstance(recorded_at, str) and isinstance(payload, str)):
+        raise ValueError(f"not an announced event: {event!r}")
+    return row_envelope(event, run.run_id, decode_payload(payload))
+
+
+def _announced(message: dict[str, Any], run: Run) -> tuple[int, str, int, list[Any]] | None:
+    """(position before, status, last sequence, events) of an announcement that carries its batch
+    of this run, dense and ending at its sequence; None for any other."""
+    events, status, last = message.get("events"), message.get("status"), message.get("sequence")
+    if (not isinstance(events, list) or not events or status not in STATUSES or not isinstance(last, int)
+            or message.get("runId") != run.run_id):
+        return None
+    first = last - len(events) + 1
+    for expected, event in enumerate(events, first):
+        if not isinstance(event, list | tuple) or len(event) != 6 or event[0] != expected:
+            return None
+    return first - 1, status, last, events
 
 
 # The live reads of this process run on one thread of their own, which keeps its database
@@ -114,6 +151,9 @@ class _Read:
     created: int  # the feed's clock when it was asked for: its queries run after that
     task: asyncio.Future[Snapshot]
     full: bool = False
+    # An announced batch's: what it holds is as of that batch's commit, so it answers only a
+    # follower that needs nothing announced past it. None: a database read, as of `created`.
+    upto: int | None = None
 
 
 class RunFeed:
@@ -131,6 +171,7 @@ class RunFeed:
         self.heard: dict[int, int] = {}  # announced sequence -> clock when first heard here
         self.reads: dict[int, _Read] = {}  # position -> the newest read of the items after it
         self.database_reads = 0
+        self.announced_reads = 0  # reads taken from announcements instead of the database
         self.subscription = Subscription(run.pk)
         self.listener: asyncio.Task[None] | None = None
         self.joined = asyncio.ensure_future(self._subscribe())
@@ -159,8 +200,40 @@ class RunFeed:
             if message is None:  # the feed closed
                 return
             if message.get("type") == "ledger.appended":
-                for follower in list(self.positions):
-                    follower.announce(message.get("sequence"))
+                self._take_batch(message)
+                await self._announce(message.get("sequence"))
+
+    async def _announce(self, sequence: object) -> None:
+        """Wake the followers a few at a time, the loop turning in between: a follower's frames
+        reach its socket's buffer as it runs, but the server writes them out only on the loop's
+        next turn, so with all fifty woken at once the first subscriber's frame left after the
+        fiftieth was made."""
+        followers = list(self.positions)
+        for start in range(0, len(followers), WAKE_GROUP):
+            if start:
+                await asyncio.sleep(0)
+            for follower in followers[start:start + WAKE_GROUP]:
+                if follower in self.positions:  # not gone meanwhile
+                    follower.announce(sequence)
+
+    def _take_batch(self, message: dict[str, Any]) -> None:
+        """The batch an announcement carries, as the newest read after the position it continues,
+        when a follower here stands there (module docstring)."""
+        announced = _announced(message, self.run)
+        if announced is None or announced[0] not in self.at:
+            return
+        after, status, last, events = announced
+        try:
+            items = [(event[0], self.render(announced_envelope(event, self.run), self.run)) for event in events]
+        except Exception:  # whatever it is, the database answers instead
+            log.warning("announced batch of %s not used; reading it", self.run, exc_info=True)
+            return
+        self.heard_at(last)  # the read is created after the moment S was heard here, as one asked for then
+        self.clock += 1
+        task: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
+        task.set_result((status, last, items))
+        self.reads[after] = _Read(self.clock, task, upto=last)
+        self.announced_reads += 1
 
     async def refresh(self) -> None:
         await self.subscription.refresh()
@@ -186,11 +259,12 @@ class RunFeed:
                 del self.heard[next(iter(self.heard))]
         return self.heard[sequence]
 
-    async def read(self, after: int, since: int) -> Snapshot:
-        """The run after `after`, from a read created after the moment `since`: the newest one
-        for that position if it is, else a new one."""
+    async def read(self, after: int, since: int, wanted: int = 0) -> Snapshot:
+        """The run after `after`, from a read created after the moment `since` (and, if it is an
+        announced batch, reaching the sequence `wanted`): the newest one for that position if it
+        is, else a new one from the database."""
         read = self.reads.get(after)
-        if read is None or read.created <= since:
+        if read is None or read.created <= since or (read.upto is not None and read.upto < wanted):
             self.clock += 1
             read = _Read(self.clock, asyncio.ensure_future(self._fetch(after)))
             self.reads[after] = read
@@ -274,7 +348,17 @@ class _News:
     # sequence arrives would spin on an announcement of a sequence that was never written.)
     pending: bool = False
     since: int = 0  # the feed's clock when the newest useful announcement was first heard here
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # The highest sequence announced since the follower's last read began: an announced batch
+    # serves it only if it reaches that far (announcements can arrive out of order: two threads
+    # committing to one run). An announcement without a sequence asks for the database.
+    wanted: int = 0
+    # The idle follower's wait: a bare future, resolved by `wake` or its timer. (An Event under
+    # asyncio.wait_for made a task per wait: fifty a commit for fifty followers.)
+    waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
 
 class Follower:
@@ -316,13 +400,15 @@ class Follower:
         assert self.feed is not None
         if not isinstance(sequence, int):
             heard = self.feed.now()
+            self.news.wanted = ANY_SEQUENCE
         elif sequence > self.last_sent:
             heard = self.feed.heard_at(sequence)
+            self.news.wanted = max(self.news.wanted, sequence)
         else:
             return  # it announces nothing this follower has not handed out
         self.news.pending = True
         self.news.since = max(self.news.since, heard)
-        self.news.wake.set()
+        self.news.wake()
 
     def __aiter__(self) -> AsyncIterator[Page]:
         return self._pages()
@@ -336,8 +422,9 @@ class Follower:
         last_page = loop.time()
         while True:
             self.news.pending = False
+            wanted, self.news.wanted = self.news.wanted, 0
             try:
-                status, last_sequence, items = await feed.read(self.last_sent, since)
+                status, last_sequence, items = await feed.read(self.last_sent, since, wanted)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a failed read is retried on the next poll or announcement
@@ -382,14 +469,13 @@ class Follower:
 
     async def _wait_for_news(self, timeout: float) -> None:
         """Return when an announcement past last_sent arrives, or after `timeout` seconds."""
+        if self.news.pending or timeout <= 0:
+            return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.news.pending:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            self.news.wake.clear()
-            try:
-                await asyncio.wait_for(self.news.wake.wait(), remaining)
-            except TimeoutError:
-                return
+        waiter = self.news.waiter = loop.create_future()
+        timer = loop.call_later(timeout, self.news.wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.news.waiter = None

@@ -58,6 +58,32 @@ def test_announcements_waiting_together_go_out_once_per_run_with_the_highest_seq
     ]
 
 
+def test_run_messages_carrying_their_batch_wait_as_one_the_newest_whole() -> None:
+    layer = InMemoryChannelLayer()
+    loop = asyncio.new_event_loop()
+    try:
+        channel = loop.run_until_complete(layer.new_channel())
+        loop.run_until_complete(layer.group_add(group_for(1), channel))
+        sender = announce._sender_on(loop)
+
+        def carrying(sequence: int, status: str) -> dict[str, Any]:
+            event = [sequence, f"evt_{sequence}", "StepScheduled", None, "2026-12-01T00:00:00.000Z", "{}"]
+            return {**_appended("run_a", sequence), "status": status, "events": [event]}
+
+        for message in (carrying(3, "running"), carrying(5, "completed"), carrying(4, "running"),
+                        _appended("run_a", 2)):
+            sender.post(layer, group_for(1), message)
+
+        async def everything_sent() -> list[dict[str, Any]]:
+            received = [await layer.receive(channel)]
+            await layer.send(channel, {"type": "test.last"})
+            return received + [await layer.receive(channel)]
+
+        received = loop.run_until_complete(everything_sent())
+    finally:
+        loop.close()
+    assert received == [carrying(5, "completed"), {"type": "test.last"}]
+
 
 # --- the Redis pub/sub layer (console/settings.py's with REDIS_URL), on a Redis of the test's own ---
 

@@ -219,7 +219,7 @@ def test_idempotency_digest_is_over_the_redacted_payload(append) -> None:
     assert append("run_a", {**ev("custom.login", password="two"), "idempotencyKey": "k"}).events[0]["replayed"]
 
 
-def test_announcement_is_sent_after_commit_with_run_and_sequence(
+def test_announcement_is_sent_after_commit_with_run_sequence_status_and_the_stored_batch(
     workspace, append, django_capture_on_commit_callbacks
 ) -> None:
     append("run_a", started())
@@ -237,7 +237,12 @@ def test_announcement_is_sent_after_commit_with_run_and_sequence(
             await sync_to_async(callback)()
         return await asyncio.wait_for(layer.receive(channel), 5)
 
-    assert async_to_sync(heard)() == {"type": "ledger.appended", "runId": "run_a", "sequence": 3}
+    # The batch rides along as stored: the columns a read of the log returns (envelopes.log_rows).
+    stored = [[e.sequence, e.event_id, e.type, e.occurrence_id, e.recorded_at, e.payload]
+              for e in Event.objects.filter(run=run, sequence__gt=1).order_by("sequence")]
+    heard_message = async_to_sync(heard)()
+    assert [event[:4] + event[5:] for event in heard_message.pop("events")] == [e[:4] + e[5:] for e in stored]
+    assert heard_message == {"type": "ledger.appended", "runId": "run_a", "sequence": 3, "status": "running"}
 
 
 def test_run_ids_are_per_workspace(workspace, other_workspace) -> None:

@@ -29,7 +29,7 @@ from django.db import transaction
 from django.test import Client
 
 from console.live import run as live_run
-from ledger import follow
+from ledger import announce, follow
 from ledger.announce import group_for
 from ledger.append import append_events
 from ledger.models import Event, Run, Workspace
@@ -49,6 +49,12 @@ async def _events(comm: WebsocketCommunicator, count: int) -> list[dict[str, Any
 
 def _append(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> Any:
     return database_sync_to_async(append_events)(workspace=workspace, run_id=run_id, events=list(events))
+
+
+async def _idle(feed: follow.RunFeed) -> None:
+    """Until every follower of the feed waits for news."""
+    while any(f.news.waiter is None for f in feed.positions):
+        await asyncio.sleep(0.01)
 
 
 # --- in process ------------------------------------------------------------------------------------
@@ -102,6 +108,38 @@ def test_pushed_rows_are_the_rows_the_page_renders(client: Client, member: Any, 
     assert pushed[1]["html"].strip() == fragment.strip()
     assert pushed[1]["html"].strip() in page
     assert "&lt;b&gt;42&lt;/b&gt;" in pushed[1]["html"]  # payloads are escaped
+
+
+def test_live_rows_from_an_announced_batch_are_the_rows_a_read_renders(
+    client: Client, member: Any, workspace: Workspace
+) -> None:
+    append_events(workspace=workspace, run_id="run_live_same", events=[started()])
+    session = _session_id(member)
+    run_pk = Run.objects.get(run_id="run_live_same").pk
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+        live = _communicator("/ws/runs/run_live_same/?after=1", session)
+        assert (await live.connect(timeout=TIMEOUT_S))[0]
+        feed = live_run.feeds_here()[run_pk]
+        await asyncio.wait_for(_idle(feed), TIMEOUT_S)  # its start read is over
+        await _append(workspace, "run_live_same",
+                      ev("StepCompleted", stepPath="a", attempt=1, output={"z": "<b>42</b>", "a": ["é", 1.5, None]}),
+                      {"type": "custom.note", "occurrenceId": "occ_1", "payload": {"b": {"y": 1, "x": 2}, "a": "\u2028"}})
+        pushed = await _events(live, 2)
+        announced = feed.announced_reads
+        await live.disconnect()
+        caught_up = _communicator("/ws/runs/run_live_same/?after=1", session)  # a read of the log
+        assert (await caught_up.connect(timeout=TIMEOUT_S))[0]
+        read = await _events(caught_up, 2)
+        await caught_up.disconnect()
+        return pushed, read, announced
+
+    pushed, read, announced = async_to_sync(scenario)()
+    assert announced == 1
+    assert pushed == read
+    client.force_login(member)
+    fragment = client.get("/w/acme/support/runs/run_live_same/timeline/rows/?after=1").content.decode()
+    assert 0 <= fragment.index(pushed[0]["html"].strip()) < fragment.index(pushed[1]["html"].strip())
 
 
 def test_end_is_sent_when_the_run_finishes_and_the_socket_closes(member: Any, workspace: Workspace) -> None:
@@ -267,16 +305,19 @@ def test_subscribers_at_different_positions_each_get_their_sequences_once_in_ord
     assert not feed_left_behind  # the last subscriber to end took the run's feed with it
 
 
-def test_one_database_read_per_announcement_serves_every_subscriber_of_the_run(
+def test_one_read_per_announcement_serves_every_subscriber_of_the_run(
     member: Any, workspace: Workspace, settings: Any
 ) -> None:
+    """The announcement of a small batch carries it: that is the read; a big one is read once."""
     settings.LEDGER_STREAM_POLL_SECONDS = 60  # only announcements make them read
     append_events(workspace=workspace, run_id="run_fan", events=[started(), ev("StepScheduled", stepPath="a")])
     run_pk = Run.objects.get(run_id="run_fan").pk
     session = _session_id(member)
     subscribers = 12
 
-    async def scenario() -> tuple[list[int], list[list[int]], bool]:
+    big = "x" * announce.ANNOUNCED_PAYLOAD_CHARS
+
+    async def scenario() -> tuple[list[tuple[int, int]], list[list[int]], bool]:
         comms = [_communicator("/ws/runs/run_fan/?after=1&workspace=acme/support", session)
                  for _ in range(subscribers)]
         for comm in comms:
@@ -286,21 +327,23 @@ def test_one_database_read_per_announcement_serves_every_subscriber_of_the_run(
         feed = live_run.feeds_here()[run_pk]
         reads, got = [], []
         for batch in ([ev("StepScheduled", stepPath="b")],
-                      [ev("StepScheduled", stepPath="c"), ev("StepScheduled", stepPath="d")]):
-            before = feed.database_reads
+                      [ev("StepScheduled", stepPath="c"), ev("StepScheduled", stepPath="d")],
+                      [ev("StepScheduled", stepPath="e", text=big)]):
+            before = (feed.database_reads, feed.announced_reads)
             await _append(workspace, "run_fan", *batch)
             got.append([(await comm.receive_json_from(timeout=TIMEOUT_S))["sequence"]
                         for comm in comms for _ in batch])
             for comm in comms:
                 assert await comm.receive_nothing(timeout=0.05)
-            reads.append(feed.database_reads - before)
+            reads.append((feed.database_reads - before[0], feed.announced_reads - before[1]))
         for comm in comms:
             await comm.disconnect()
         return reads, got, run_pk in live_run.feeds_here()
 
     reads, got, feed_left_behind = async_to_sync(scenario)()
-    assert got == [[3] * subscribers, [4, 5] * subscribers]
-    assert reads == [1, 1]
+    assert got == [[3] * subscribers, [4, 5] * subscribers, [6] * subscribers]
+    # (database reads, announced batches taken)
+    assert reads == [(0, 1), (0, 1), (1, 0)]
     assert not feed_left_behind
 
 

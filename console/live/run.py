@@ -19,6 +19,7 @@ keepalive that the session and the membership still hold, and closes with 4401 w
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from contextlib import suppress
 from typing import Any
@@ -51,7 +52,10 @@ def _find_run(user: Any, run_id: str, workspace: str | None) -> Access | None:
 
 
 def _row(envelope: dict[str, Any], run: Run) -> str:
-    return render_event_row(event_row(envelope, run.workspace))
+    """The event's whole message, as JSON text: made once per shared read (ledger.follow), sent as
+    it is to every subscriber of the run here."""
+    return json.dumps({"type": "event", "sequence": envelope["sequence"],
+                       "html": render_event_row(event_row(envelope, run.workspace))})
 
 
 def feeds_here() -> dict[int, follow.RunFeed]:
@@ -100,8 +104,8 @@ class RunConsumer(WatchedConsumer):
             if page.status is None:  # deleted by retention meanwhile
                 await self.close(code=4404)
                 return
-            for sequence, html in page.items:
-                await self.send_json({"type": "event", "sequence": sequence, "html": html})
+            for _, message in page.items:
+                await self.send(text_data=message)
             if page.final:
                 await self.send_json({"type": "end", "status": page.status})
                 await self.close(code=1000)
