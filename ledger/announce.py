@@ -11,8 +11,11 @@ With Redis the layer is `RedisPubSubLayer` below: channels_redis's pub/sub layer
 message is one PUBLISH that Redis hands to the processes subscribed to the group at that moment
 (nobody watching: Redis drops it), where the default channels_redis layer keeps groups in sorted
 sets and looks each group up (two commands) before pushing to every member's list. Announcements
-are sent to it from a thread of their own with a blocking Redis client, not from an event loop:
-an append costs one PUBLISH and the hand-over to that thread (bench/README.md, "Single append").
+are written by the committing thread itself, as one non-blocking send of the PUBLISH on a
+connection of their own whose replies Redis is told not to send (CLIENT REPLY OFF): no round trip,
+no wait, no hand-over to another thread. Whatever that send cannot do at once (no such connection
+yet, Redis gone or not reading) goes to a publisher thread with a blocking client, which also
+(re)opens the connection; the committing thread never waits for Redis (bench/README.md, "Runtime").
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import os
 import queue
 import secrets
+import socket
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -182,6 +186,29 @@ class RedisPubSubLayer(RedisPubSubChannelLayer):
             self.client = redis.Redis.from_url(options.pop("address"), **options)
         self.client.publish(self.group_channel(group), self.serialize(message))
 
+    def publish_command(self, group: str, message: Message) -> bytes:
+        """The PUBLISH that `group_send` makes, as the bytes of one Redis command (RESP)."""
+        channel, payload = self.group_channel(group).encode(), self.serialize(message)
+        return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(payload), payload)
+
+    def open_unanswered(self) -> _Unanswered | None:
+        """A connection of its own on which Redis sends no replies (CLIENT REPLY OFF), for
+        `_Unanswered.send`; None for a connection that is not a plain TCP or Unix socket (TLS)."""
+        options = dict(self.hosts[0])
+        pool = redis.ConnectionPool.from_url(options.pop("address"), **options)
+        conn = pool.make_connection()
+        if type(conn) not in (redis.connection.Connection, redis.connection.UnixDomainSocketConnection):
+            pool.disconnect()
+            return None
+        conn.connect()  # its handshake (AUTH, SELECT, ...) is answered, before replies are turned off
+        conn.send_command("CLIENT", "REPLY", "OFF")
+        sock = conn._sock  # type: ignore[attr-defined]
+        if not isinstance(sock, socket.socket):
+            conn.disconnect()
+            return None
+        sock.setblocking(False)
+        return _Unanswered(conn, sock)
+
     async def forget_channel(self, channel: str) -> None:
         """Unsubscribe `channel` and drop its queue. The layer does that itself only when a
         `receive` on the channel is cancelled, as a consumer's is when it ends; a `Subscription`
@@ -191,24 +218,59 @@ class RedisPubSubLayer(RedisPubSubChannelLayer):
             await layer._get_shard(channel).unsubscribe(channel)
 
 
-class _Publisher(_Waiting):
-    """The announcements waiting for one `RedisPubSubLayer`, and the thread that publishes them.
+class _Unanswered:
+    """A Redis connection that gets no replies: a command written to it is done with once the
+    kernel took all of its bytes. Not thread-safe: its `_Publisher` sends under its lock."""
 
-    A thread with a blocking client, not a task on the background loop: waking it is one queue
-    put, and a PUBLISH through redis-py's blocking client costs a fraction of one through its
-    asyncio client (bench/README.md). Redis being slow or away delays this thread only."""
+    def __init__(self, conn: Any, sock: socket.socket) -> None:
+        self.conn, self.sock = conn, sock
+
+    def send(self, command: bytes) -> bool:
+        """Write `command` without waiting; False (and the connection closed: a command cut short
+        is never run) when the kernel did not take all of it at once or the connection is gone."""
+        try:
+            if self.sock.send(command) == len(command):
+                return True
+        except OSError:
+            pass
+        self.close()
+        return False
+
+    def close(self) -> None:
+        try:
+            self.conn.disconnect()
+        except Exception:  # noqa: BLE001 - closing a connection that is already broken
+            pass
+
+
+class _Publisher(_Waiting):
+    """The announcements for one `RedisPubSubLayer`: written by the poster on the connection that
+    gets no replies (`direct`) when it is open and nothing waits for the thread; otherwise filed
+    for the publisher thread, which publishes them with a blocking client and then opens `direct`
+    (again). The poster never waits for Redis: the send is non-blocking, and one the kernel does not
+    take whole closes `direct` and goes to the thread. Redis being slow or away delays the thread only."""
 
     def __init__(self, layer: RedisPubSubLayer) -> None:
         super().__init__()
         self.layer = layer
+        self.direct: _Unanswered | None = None  # set by the thread, dropped by a failed send
         self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="ledger-publish", daemon=True).start()
 
     def post(self, group: str, message: Message) -> None:
+        if self.direct is not None:
+            command = self.layer.publish_command(group, message)
+            with self.lock:  # one writer at a time on `direct`; and nothing older still waiting
+                direct = self.direct
+                if direct is not None and not self.busy:
+                    if direct.send(command):
+                        return
+                    self.direct = None
         if self.file(self.layer, group, message):
             self.wake.put(None)
 
     def _run(self) -> None:
+        self._open_direct()
         while True:
             self.wake.get()
             while batch := self.take():
@@ -217,6 +279,17 @@ class _Publisher(_Waiting):
                         self.layer.publish_now(group, message)
                     except Exception:  # an announcement lost is caught up by readers; the append has committed
                         log.warning("announcement %s to %s was lost", message, group, exc_info=True)
+            if self.direct is None:
+                self._open_direct()
+
+    def _open_direct(self) -> None:
+        try:
+            direct = self.layer.open_unanswered()
+        except Exception:  # Redis away: the thread publishes meanwhile, and tries again when next woken
+            log.warning("could not open the announcements' connection to Redis", exc_info=True)
+            return
+        with self.lock:
+            self.direct = direct
 
 
 _publishers: dict[RedisPubSubLayer, _Publisher] = {}  # one per layer, and a process has one layer
@@ -248,7 +321,7 @@ def _send(group: str, message: Message) -> None:
     reached from the background loop. The in-memory layer's queues belong to
     the loop that reads them, which is the server's (Daphne's, or a test's) when this runs in sync
     code under it; with no such loop nobody in this process can be waiting on one, so it is put in
-    the queues here and now."""
+    the queues here and now, if the group has any."""
     layer = get_channel_layer()
     if layer is None:
         return
@@ -259,7 +332,9 @@ def _send(group: str, message: Message) -> None:
             _sender_on(_background_loop()).post(layer, group, message)
         elif (outer := getattr(SyncToAsync.threadlocal, "main_event_loop", None)) is not None:
             _sender_on(outer).post(layer, group, message)
-        else:
+        elif layer.groups.get(group):
+            # A group nobody joined gets nothing: no event loop is started to send it nothing
+            # (async_to_sync runs one on a new thread: ~40 % of a runtime model call without Redis).
             async_to_sync(layer.group_send)(group, message)
     except Exception:  # an announcement lost is caught up by readers; the append has committed
         log.warning("announcement %s to %s was lost", message, group, exc_info=True)

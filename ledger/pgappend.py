@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from django.db import DataError, connection, models
+from django.db import DEFAULT_DB_ALIAS, DataError, connections, models
 from psycopg.types.json import Jsonb
 
 from .bulk import conflict_update, json_rows, recordset
@@ -185,13 +185,28 @@ def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Map
         if rows:
             params[key] = json_rows(rows)
     values = [params[name] for name in statement.names]
-    with connection.cursor() as cursor, connection.wrap_database_errors:
-        conn = cursor.connection
-        _allow_preparing(conn)
-        with psycopg.RawCursor(conn) as raw:
-            raw.execute(statement.text, values, prepare=True)
-            row = raw.fetchone()
+    # What `connection.cursor()` checks before it hands out a cursor, without the two cursors it
+    # builds (Django's wrapper, psycopg's) per statement: one RawCursor per connection is reused.
+    db = connections[DEFAULT_DB_ALIAS]
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    with db.wrap_database_errors:
+        raw = _raw_cursor(db)
+        raw.execute(statement.text, values, prepare=True)
+        row = raw.fetchone()
     return None if row is None else int(row[0])
+
+
+def _raw_cursor(db: Any) -> psycopg.RawCursor[Any]:
+    """The RawCursor of `db`'s current connection (a new one after a reconnection)."""
+    conn = db.connection
+    kept = db.__dict__.get("_ledger_raw_cursor")
+    if kept is not None and kept.connection is conn and not kept.closed:
+        return kept
+    _allow_preparing(conn)
+    raw = db.__dict__["_ledger_raw_cursor"] = psycopg.RawCursor(conn)
+    return raw
 
 
 def _allow_preparing(conn: psycopg.Connection[Any]) -> None:
@@ -202,8 +217,11 @@ def _allow_preparing(conn: psycopg.Connection[Any]) -> None:
         conn.prepare_threshold = 2**31
 
 
+_RUN_JSON = frozenset(f.name for f in Run._meta.concrete_fields if isinstance(f, models.JSONField))
+
+
 def _adapt(name: str, value: Any) -> Any:
-    if value is not None and isinstance(Run._meta.get_field(name), models.JSONField):
+    if value is not None and name in _RUN_JSON:
         return Jsonb(value)
     return value
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,25 @@ def test_run_messages_carrying_their_batch_wait_as_one_the_newest_whole() -> Non
     assert received == [carrying(5, "completed"), {"type": "test.last"}]
 
 
+def test_a_group_nobody_joined_on_the_in_memory_layer_starts_no_event_loop() -> None:
+    """With no server loop in this thread (a command, a worker): a group with a member is sent
+    to on a loop of its own (async_to_sync), a group without one is not."""
+    layer = InMemoryChannelLayer()
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(layer.group_add(group_for(2), loop.run_until_complete(layer.new_channel())))
+    finally:
+        loop.close()
+    with patch.object(announce, "get_channel_layer", return_value=layer), \
+            patch.object(announce.SyncToAsync, "threadlocal", threading.local()), \
+            patch.object(announce, "async_to_sync") as started:
+        announce._send(group_for(1), _appended("run_a", 1))
+        assert not started.called
+        announce._send(group_for(2), _appended("run_b", 1))
+    started.assert_called_once_with(layer.group_send)
+    started.return_value.assert_called_once_with(group_for(2), _appended("run_b", 1))
+
+
 # --- the Redis pub/sub layer (console/settings.py's with REDIS_URL), on a Redis of the test's own ---
 
 class PrivateRedis:
@@ -145,6 +165,55 @@ def test_the_publisher_thread_writes_what_group_send_writes(private_redis: Priva
         return [await asyncio.wait_for(layer.receive(channel), 10) for _ in range(2)]
 
     assert async_to_sync(heard)() == [_appended("run_a", 1), _appended("run_a", 2)]
+
+
+@pytest.mark.redis_only
+def test_the_poster_writes_on_the_unanswered_connection_what_group_send_writes(private_redis: PrivateRedis) -> None:
+    layer = _pubsub_layer(private_redis.url)
+    publisher = announce._publisher_for(layer)
+    for _ in range(200):  # the publisher thread opens it
+        if publisher.direct is not None:
+            break
+        time.sleep(0.05)
+    direct = publisher.direct
+    assert direct is not None
+    assert layer.publish_command(group_for(1), _appended("run_a", 1)) == redis.connection.Connection().pack_command(
+        "PUBLISH", layer.group_channel(group_for(1)), layer.serialize(_appended("run_a", 1)))[0]
+
+    async def heard() -> list[dict[str, Any]]:
+        channel = await layer.new_channel()
+        await layer.group_add(group_for(1), channel)
+        await _subscribed(private_redis, layer.group_channel(group_for(1)))
+        for sequence in (1, 2):
+            publisher.post(group_for(1), _appended("run_a", sequence))
+        return [await asyncio.wait_for(layer.receive(channel), 10) for _ in range(2)]
+
+    assert async_to_sync(heard)() == [_appended("run_a", 1), _appended("run_a", 2)]
+    # Written by the poster, not filed for the thread; and Redis sent nothing back to read.
+    assert publisher.direct is direct and not publisher.busy and not publisher.waiting
+    assert _nothing_to_read(direct.sock)
+
+
+async def _subscribed(server: PrivateRedis, channel: str) -> None:
+    """Until Redis has the subscription: the layer's SUBSCRIBE is not waited for, and a PUBLISH
+    written at once on another connection may reach Redis first."""
+    client = redis.Redis.from_url(server.url)
+    try:
+        for _ in range(200):
+            if dict(client.pubsub_numsub(channel)).get(channel.encode(), 0):
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        client.close()
+    raise AssertionError(f"{channel} never subscribed")
+
+
+def _nothing_to_read(sock: Any) -> bool:
+    try:
+        sock.recv(1)
+    except BlockingIOError:
+        return True
+    return False
 
 
 @pytest.mark.redis_only
