@@ -201,6 +201,14 @@ class RedisPubSubLayer(RedisPubSubChannelLayer):
             pool.disconnect()
             return None
         conn.connect()  # its handshake (AUTH, SELECT, ...) is answered, before replies are turned off
+        # A server that refuses CLIENT REPLY (an old or a managed one) would answer every PUBLISH
+        # to a reader that never reads: asked first with an answer, ON, and not used if refused.
+        conn.send_command("CLIENT", "REPLY", "ON")
+        try:
+            conn.read_response()
+        except redis.ResponseError:
+            conn.disconnect()
+            return None
         conn.send_command("CLIENT", "REPLY", "OFF")
         sock = conn._sock  # type: ignore[attr-defined]
         if not isinstance(sock, socket.socket):

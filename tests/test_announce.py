@@ -110,15 +110,17 @@ def test_a_group_nobody_joined_on_the_in_memory_layer_starts_no_event_loop() -> 
 class PrivateRedis:
     """A redis-server of the test's own, which it may kill and start again on the same port."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *options: str) -> None:
         self.directory = directory
+        self.options = options
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/3"
         self.server: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.server = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                                        "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
+                                        "--save", "", "--appendonly", "no", "--dir", str(self.directory),
+                                        *self.options],
                                        stdout=subprocess.DEVNULL)
         client = redis.Redis(port=self.port)
         try:
@@ -206,6 +208,29 @@ async def _subscribed(server: PrivateRedis, channel: str) -> None:
     finally:
         client.close()
     raise AssertionError(f"{channel} never subscribed")
+
+
+@pytest.mark.redis_only
+def test_a_redis_that_refuses_client_reply_gets_its_announcements_from_the_thread(tmp_path: Path) -> None:
+    assert shutil.which("redis-server")
+    server = PrivateRedis(tmp_path, "--rename-command", "CLIENT", "")
+    server.start()
+    try:
+        layer = _pubsub_layer(server.url)
+        assert layer.open_unanswered() is None
+        publisher = announce._publisher_for(layer)
+
+        async def heard() -> dict[str, Any]:
+            channel = await layer.new_channel()
+            await layer.group_add(group_for(1), channel)
+            await _subscribed(server, layer.group_channel(group_for(1)))
+            publisher.post(group_for(1), _appended("run_a", 1))
+            return await asyncio.wait_for(layer.receive(channel), 10)
+
+        assert async_to_sync(heard)() == _appended("run_a", 1)
+        assert publisher.direct is None
+    finally:
+        server.kill()
 
 
 def _nothing_to_read(sock: Any) -> bool:
