@@ -29,6 +29,7 @@ import socket
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 
 import redis
@@ -236,19 +237,15 @@ class _Unanswered:
     def send(self, command: bytes) -> bool:
         """Write `command` without waiting; False (and the connection closed: a command cut short
         is never run) when the kernel did not take all of it at once or the connection is gone."""
-        try:
+        with suppress(OSError):  # the connection is gone: closed below, as a short send is
             if self.sock.send(command) == len(command):
                 return True
-        except OSError:
-            pass
         self.close()
         return False
 
     def close(self) -> None:
-        try:
+        with suppress(Exception):  # closing a connection that is already broken
             self.conn.disconnect()
-        except Exception:  # noqa: BLE001 - closing a connection that is already broken
-            pass
 
 
 class _Publisher(_Waiting):
