@@ -30,6 +30,11 @@ row, so the two are all or nothing even against a race the condition's snapshot 
 
 The statement's text depends only on which columns and tables a batch touches, not on its rows
 (they travel as JSON, ledger/bulk.py), so each shape is prepared once per connection.
+
+A long batch (ledger/append.py `_append_pipelined`) goes as several such statements, one per part,
+in one transaction and in psycopg's pipeline mode (`pipeline`): each is sent without waiting for
+its answer, so the server executes a part while the caller validates and folds the next, and the
+answers are read, and the transaction committed or rolled back, once the last part is sent.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -103,6 +109,18 @@ def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], r
     `guard` and every attached condition hold); False if nothing was written. Without a guard the
     caller holds the row lock, so it cannot miss. Raises AttachedMissed (nothing written) when
     the head held but an attached change did not."""
+    statement, params = _update_statement(run_pk, before, changes, guard, attached)
+    try:
+        return _execute(statement, params, events, recorded_at, changes) is not None
+    except DataError as exc:
+        cause = exc.__cause__
+        if attached and getattr(cause, "sqlstate", None) == _MISSED and _MISSED_TEXT in str(cause):
+            raise AttachedMissed(str(cause)) from exc
+        raise
+
+
+def _update_statement(run_pk: int, before: int, changes: Changes, guard: Guard | None,
+                      attached: Sequence[Attached]) -> tuple[_Statement, dict[str, Any]]:
     params: dict[str, Any] = {"run_pk": run_pk, "before": before}
     if guard is not None:
         # The lists as JSON text: psycopg's array dumper quotes each element in Python (a regular
@@ -114,13 +132,7 @@ def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], r
     guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys), bool(guard.new_calls))
     statement = _update_sql(tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached),
                             *_shape(changes))
-    try:
-        return _execute(statement, params, events, recorded_at, changes) is not None
-    except DataError as exc:
-        cause = exc.__cause__
-        if attached and getattr(cause, "sqlstate", None) == _MISSED and _MISSED_TEXT in str(cause):
-            raise AttachedMissed(str(cause)) from exc
-        raise
+    return statement, params
 
 
 def _json_texts(values: Sequence[str]) -> str:
@@ -174,8 +186,8 @@ def _numbered(sql: str) -> _Statement:
     return _Statement(text.encode(), tuple(numbers))
 
 
-def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
-             recorded_at: datetime, changes: Changes) -> int | None:
+def _values(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
+            recorded_at: datetime, changes: Changes) -> list[Any]:
     params["recorded_at"] = recorded_at
     params["events"] = json_rows(events)
     for name, value in changes.run.items():
@@ -184,13 +196,13 @@ def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Map
                       ("cost_entries", changes.cost_entries), ("daily_usage", changes.daily_usage)):
         if rows:
             params[key] = json_rows(rows)
-    values = [params[name] for name in statement.names]
-    # What `connection.cursor()` checks before it hands out a cursor, without the two cursors it
-    # builds (Django's wrapper, psycopg's) per statement: one RawCursor per connection is reused.
-    db = connections[DEFAULT_DB_ALIAS]
-    db.close_if_health_check_failed()
-    db.ensure_connection()
-    db.validate_thread_sharing()
+    return [params[name] for name in statement.names]
+
+
+def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
+             recorded_at: datetime, changes: Changes) -> int | None:
+    values = _values(statement, params, events, recorded_at, changes)
+    db = _ready()
     with db.wrap_database_errors:
         raw = _raw_cursor(db)
         raw.execute(statement.text, values, prepare=True)
@@ -198,8 +210,19 @@ def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Map
     return None if row is None else int(row[0])
 
 
+def _ready() -> Any:
+    """The default database's wrapper, connected: what `connection.cursor()` checks before it
+    hands out a cursor, without the two cursors it builds (Django's wrapper, psycopg's) per
+    statement."""
+    db = connections[DEFAULT_DB_ALIAS]
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    return db
+
+
 def _raw_cursor(db: Any) -> psycopg.RawCursor[Any]:
-    """The RawCursor of `db`'s current connection (a new one after a reconnection)."""
+    """The RawCursor of `db`'s current connection (one is reused: a new one after a reconnection)."""
     conn = db.connection
     kept = db.__dict__.get("_ledger_raw_cursor")
     if kept is not None and kept.connection is conn and not kept.closed:
@@ -290,3 +313,53 @@ def _insert_from_head(model: type[models.Model], names: Sequence[str], param: st
     sql = (f"INSERT INTO {table(model)} ({', '.join(col(model, n) for n in columns)}) "
            f"SELECT {', '.join(values)} FROM head, {recordset(model, names, param)}")
     return f"{sql} {conflict_update(model, key, names, POSITIONED)}" if key else sql
+
+
+# --- a long batch in parts, overlapped ----------------------------------------------------------
+
+
+# psycopg's libpq has pipeline mode (libpq 14 and later); without it every batch is one statement.
+PIPELINES = psycopg.Pipeline.is_supported()
+
+
+class PipelineMissed(Exception):
+    """A part's head update found no head (or the caller gave up): everything was rolled back."""
+
+
+class Pipeline:
+    """Head updates of one run sent back to back in one transaction without waiting for their
+    answers (psycopg's pipeline mode): the server executes a part of a batch while the caller
+    prepares the next. Each is `update_head`'s statement with its part's guard; after the first,
+    the run row is this transaction's, so a later part misses only on its own guard (a key or a
+    call that an earlier part of the batch wrote)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._sent: list[psycopg.RawCursor[Any]] = []
+
+    def update_head(self, run_pk: int, before: int, events: Sequence[Mapping[str, Any]], recorded_at: datetime,
+                    changes: Changes, guard: Guard) -> None:
+        statement, params = _update_statement(run_pk, before, changes, guard, ())
+        raw = psycopg.RawCursor(self._conn)  # a cursor per statement: each keeps its own answer
+        raw.execute(statement.text, _values(statement, params, events, recorded_at, changes), prepare=True)
+        self._sent.append(raw)
+
+    def confirmed(self) -> bool:
+        """Whether every statement sent found its head (after the pipeline's sync)."""
+        return all(raw.fetchone() is not None for raw in self._sent)
+
+
+@contextmanager
+def pipeline() -> Iterator[Pipeline]:
+    """A transaction for `Pipeline.update_head`s: it commits when the body returns and every
+    statement wrote; otherwise it rolls back and raises PipelineMissed. An exception of the body
+    rolls it back too. Outside a transaction only (Django's autocommit): it is its own."""
+    db = _ready()
+    conn = db.connection
+    _allow_preparing(conn)
+    with db.wrap_database_errors, conn.pipeline() as pipe, conn.transaction():
+        sent = Pipeline(conn)
+        yield sent
+        pipe.sync()
+        if not sent.confirmed():
+            raise PipelineMissed

@@ -1,0 +1,274 @@
+"""A long batch written in parts whose statements overlap the preparing of the next part
+(ledger/append.py `_append_pipelined`, ledger/pgappend.py `pipeline`): one transaction, so the
+batch is still all or nothing, and every refusal is the one the usual way gives.
+
+Transactional tests: the parts are taken only on a guess from the process's state cache, which
+commits fill. On SQLite every append takes the locked path; the outcomes asserted are the same,
+and the tests that the parts were taken check it only on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from ledger import append as append_module
+from ledger import pgappend, projection
+from ledger.append import PIPELINE_FROM, PIPELINE_PART, append_events
+from ledger.errors import Fenced, IdempotencyConflict, InvalidEvent, SequenceConflict
+from ledger.fold import fold
+from ledger.leases import acquire_run_lease, new_owner
+from ledger.models import CostEntry, Event, Run, ToolCall, Workspace
+from ledger.projection import differences, log_of, prices_for
+from ledger.tenancy import bootstrap
+from tests.conftest import ev, started
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LONG = PIPELINE_FROM + PIPELINE_PART  # three parts
+
+
+@pytest.fixture
+def ws() -> Workspace:
+    return bootstrap(tenant="acme", workspace="support")
+
+
+@pytest.fixture
+def parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of events of every part statement sent (a spy: the statements still run)."""
+    sent: list[int] = []
+    update_head = pgappend.Pipeline.update_head
+
+    def spy(self: pgappend.Pipeline, run_pk: int, before: int, events: Any, *args: Any) -> None:
+        sent.append(len(events))
+        update_head(self, run_pk, before, events, *args)
+
+    monkeypatch.setattr(pgappend.Pipeline, "update_head", spy)
+    return sent
+
+
+def _work(n: int, tag: str, start_turn: int = 1) -> list[dict[str, Any]]:
+    """A harness's long batch: model answers (usage, a step, cost entries) and tool calls that
+    start in one part and end in the next."""
+    items: list[dict[str, Any]] = []
+    for i in range(n):
+        turn = start_turn + i
+        if i % 3 == 0:
+            items.append(ev("harness.model.responded", turn=turn, callId=f"m{tag}{i}", stepPath="s",
+                            model={"provider": "openai", "modelId": "gpt-4o-mini"},
+                            response={"text": f"answer {i}", "usage": {"inputTokens": 10, "outputTokens": 5}}))
+        elif i % 3 == 1:
+            items.append(ev("harness.tool_call.started", callId=f"t{tag}{i}", caller="agent", toolName="lookup",
+                            args={"n": i}, turn=turn))
+        else:
+            items.append(ev("harness.tool_call.succeeded", callId=f"t{tag}{i - 1}", result={"n": i}, durationMs=3))
+    return items
+
+
+def _sequences(run_id: str) -> list[int]:
+    return list(Event.objects.filter(run__run_id=run_id).order_by("sequence").values_list("sequence", flat=True))
+
+
+def _projections_equal_the_fold(ws: Workspace, run_id: str) -> None:
+    run = Run.objects.get(workspace=ws, run_id=run_id)
+    log = log_of(run)
+    assert differences(run, fold(log, prices=prices_for(ws), run_id=run_id), log) == []
+
+
+def _cached_run(ws: Workspace, run_id: str) -> None:
+    append_events(workspace=ws, run_id=run_id, events=[started()])
+    append_events(workspace=ws, run_id=run_id, events=[ev("custom.warm")])  # the cache holds the run
+
+
+def _pipelined(parts: list[int], expected: list[int]) -> None:
+    if connection.vendor == "postgresql":
+        assert parts == expected
+    else:
+        assert parts == []
+
+
+def test_a_long_batch_lands_whole_with_its_projections(ws: Workspace, parts: list[int]) -> None:
+    _cached_run(ws, "run_p")
+    items = _work(LONG, "a")
+
+    result = append_events(workspace=ws, run_id="run_p", events=items)
+
+    _pipelined(parts, [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])
+    assert result.last_sequence == 2 + LONG
+    assert [e["sequence"] for e in result.events] == list(range(3, 3 + LONG))
+    assert not any(e["replayed"] for e in result.events)
+    assert _sequences("run_p") == list(range(1, 3 + LONG))
+    stored = list(Event.objects.filter(run__run_id="run_p", sequence__gt=2).order_by("sequence")
+                  .values_list("event_id", flat=True))
+    assert stored == [e["eventId"] for e in result.events]
+    run = Run.objects.get(run_id="run_p")
+    assert (run.last_sequence, run.event_count) == (2 + LONG, 2 + LONG)
+    assert ToolCall.objects.filter(run=run, status="succeeded").count() == LONG // 3
+    assert CostEntry.objects.filter(run=run).count() == (LONG + 2) // 3
+    _projections_equal_the_fold(ws, "run_p")
+    # The cache followed the batch: the next append's guess is right.
+    assert append_events(workspace=ws, run_id="run_p", events=[ev("custom.after")]).last_sequence == 3 + LONG
+
+
+def test_an_invalid_item_in_a_later_part_writes_nothing(ws: Workspace, parts: list[int]) -> None:
+    _cached_run(ws, "run_i")
+    items = _work(LONG, "b")
+    bad = PIPELINE_PART + 7
+    items[bad] = {"type": "custom.bad", "payload": {"text": "nul \u0000 here"}}
+
+    with pytest.raises(InvalidEvent) as refused:
+        append_events(workspace=ws, run_id="run_i", events=items)
+
+    assert refused.value.details["index"] == bad
+    _pipelined(parts, [PIPELINE_PART])  # the first part went out and was rolled back
+    assert _sequences("run_i") == [1, 2]
+    assert Run.objects.get(run_id="run_i").last_sequence == 2
+    assert not ToolCall.objects.filter(run__run_id="run_i").exists()
+    assert not CostEntry.objects.filter(run__run_id="run_i").exists()
+    _projections_equal_the_fold(ws, "run_i")
+    assert append_events(workspace=ws, run_id="run_i", events=_work(LONG, "b")).last_sequence == 2 + LONG
+
+
+def test_a_stale_guess_rolls_every_part_back_and_the_locked_path_appends(ws: Workspace, parts: list[int]) -> None:
+    _cached_run(ws, "run_s")
+    from ledger.projection import STATES
+
+    stale = STATES.take(ws.pk, "run_s", prices_for(ws).version)
+    assert stale is not None
+    append_events(workspace=ws, run_id="run_s", events=[ev("custom.elsewhere")])  # another process
+    STATES.put(ws.pk, "run_s", stale)
+
+    result = append_events(workspace=ws, run_id="run_s", events=_work(LONG, "c"))
+
+    _pipelined(parts, [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])  # sent, then missed
+    assert result.last_sequence == 3 + LONG
+    assert _sequences("run_s") == list(range(1, 4 + LONG))
+    _projections_equal_the_fold(ws, "run_s")
+
+
+def test_a_fenced_run_refuses_a_long_batch_without_its_token(ws: Workspace) -> None:
+    _cached_run(ws, "run_f")
+    lease = acquire_run_lease(workspace=ws, run_id="run_f", owner=new_owner())
+
+    with pytest.raises(Fenced):
+        append_events(workspace=ws, run_id="run_f", events=_work(LONG, "d"))
+    with pytest.raises(Fenced):
+        append_events(workspace=ws, run_id="run_f", events=_work(LONG, "d"), fencing_token=lease.fencing_token - 1)
+    assert _sequences("run_f") == [1, 2]
+
+    done = append_events(workspace=ws, run_id="run_f", events=_work(LONG, "d"), fencing_token=lease.fencing_token)
+    assert done.last_sequence == 2 + LONG
+    _projections_equal_the_fold(ws, "run_f")
+
+
+def test_expected_sequence_guards_a_long_batch(ws: Workspace) -> None:
+    _cached_run(ws, "run_e")
+
+    with pytest.raises(SequenceConflict):
+        append_events(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=1)
+    for wrong in (True, -1, "2", 2.0):  # True == 1 and 2.0 == 2 in Python: refused before any guess
+        with pytest.raises(InvalidEvent):
+            append_events(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=wrong)
+    assert _sequences("run_e") == [1, 2]
+    done = append_events(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=2)
+
+    assert done.last_sequence == 2 + LONG
+
+
+def test_idempotency_keys_across_parts(ws: Workspace, parts: list[int]) -> None:
+    _cached_run(ws, "run_k")
+    items = [{**item, "idempotencyKey": f"k{i}"} for i, item in enumerate(_work(LONG, "f"))]
+    # The same key twice in one batch, in different parts: one event, the second a replay.
+    items[PIPELINE_PART + 1] = dict(items[1])
+
+    first = append_events(workspace=ws, run_id="run_k", events=items)
+
+    assert first.events[PIPELINE_PART + 1]["replayed"] is True
+    assert first.events[PIPELINE_PART + 1]["eventId"] == first.events[1]["eventId"]
+    assert first.last_sequence == 2 + LONG - 1
+    assert _sequences("run_k") == list(range(1, 2 + LONG))
+    parts.clear()
+
+    again = append_events(workspace=ws, run_id="run_k", events=items)
+    assert all(e["replayed"] for e in again.events)
+    assert [e["eventId"] for e in again.events] == [e["eventId"] for e in first.events]
+    assert Run.objects.get(run_id="run_k").last_sequence == 2 + LONG - 1
+
+    changed = [dict(item) for item in items]
+    changed[PIPELINE_PART * 2] = {**changed[PIPELINE_PART * 2], "payload": {"other": True}, "type": "custom.x"}
+    with pytest.raises(IdempotencyConflict):
+        append_events(workspace=ws, run_id="run_k", events=changed)
+    assert _sequences("run_k") == list(range(1, 2 + LONG))
+    _projections_equal_the_fold(ws, "run_k")
+
+
+def test_a_batch_that_moves_the_run_takes_the_usual_way(ws: Workspace, parts: list[int]) -> None:
+    _cached_run(ws, "run_c")
+    items = [*_work(LONG, "g"), ev("RunCompleted", output={"ok": True})]
+
+    done = append_events(workspace=ws, run_id="run_c", events=items)
+
+    assert parts == []
+    assert done.last_sequence == 3 + LONG
+    assert Run.objects.get(run_id="run_c").status == "completed"
+    _projections_equal_the_fold(ws, "run_c")
+
+
+def test_a_part_reads_back_the_calls_a_compacted_state_left_out(
+        ws: Workspace, parts: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(projection, "COMPACT_AT", 4)
+    projection.STATES.clear()
+    _cached_run(ws, "run_r")
+    opened = [ev("harness.tool_call.started", callId=f"open{i}", caller="agent", toolName="lookup", args={"i": i})
+              for i in range(LONG)]
+    append_events(workspace=ws, run_id="run_r", events=opened)  # cached compacted: the calls left out
+    parts.clear()
+    # Every part ends calls the cache no longer holds: each reads them back inside the pipeline.
+    closing = [ev("harness.tool_call.succeeded", callId=f"open{i}", result={"i": i}, durationMs=1)
+               for i in range(LONG)]
+
+    done = append_events(workspace=ws, run_id="run_r", events=closing)
+
+    _pipelined(parts, [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])
+    assert done.last_sequence == 2 + 2 * LONG
+    assert ToolCall.objects.filter(run__run_id="run_r", status="succeeded").count() == LONG
+    _projections_equal_the_fold(ws, "run_r")
+    projection.STATES.clear()
+
+
+def test_concurrent_long_batches_leave_a_dense_log(ws: Workspace) -> None:
+    _cached_run(ws, "run_w")
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for k in range(3):
+                append_events(workspace=ws, run_id="run_w", events=[ev("custom.w", writer=n, k=k, i=i)
+                                                                      for i in range(LONG)])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert errors == []
+    assert _sequences("run_w") == list(range(1, 3 + 9 * LONG))
+    # Every batch is contiguous: its events were numbered together, in its order.
+    rows = Event.objects.filter(run__run_id="run_w", sequence__gt=2).order_by("sequence").values_list("payload", flat=True)
+    import json
+
+    payloads = [json.loads(p) for p in rows]
+    for at in range(0, len(payloads), LONG):
+        batch = payloads[at:at + LONG]
+        assert {(p["writer"], p["k"]) for p in batch} == {(batch[0]["writer"], batch[0]["k"])}
+        assert [p["i"] for p in batch] == list(range(LONG))
+    _projections_equal_the_fold(ws, "run_w")
+    assert append_module.PIPELINE_FROM <= LONG
