@@ -564,8 +564,12 @@ def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any
 
 _CLAIMS, _RUNS = ToolGatewayClaim._meta.db_table, Run._meta.db_table
 _CLAIM_FIELDS = {f.name: f for f in ToolGatewayClaim._meta.concrete_fields}
-_CLAIM_CONDITION = (f"NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s "
-                    "AND (c.call_id = %(claim_call)s OR c.idempotency_key = %(claim_key)s))")
+# Two probes of the two unique indexes: one NOT EXISTS with `call_id = … OR idempotency_key = …`
+# read every claim of the run (a bitmap scan on run_id, filtered), a cost that grew with the run
+# (0.12 ms of a 0.64 ms statement at the 200th call).
+_CLAIM_CONDITION = (f"NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND c.call_id = %(claim_call)s)"
+                    f" AND NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s"
+                    " AND c.idempotency_key = %(claim_key)s)")
 
 
 def _columns(values: Mapping[str, Any]) -> tuple[tuple[str, ...], list[Any]]:

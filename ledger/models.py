@@ -454,7 +454,10 @@ class ToolGatewayClaim(models.Model):
         READ = "read"
         WRITE = "write"
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="gateway_claims")
+    # db_index=False: the unique (run, call_id) constraint below is the index of every run_id lookup;
+    # a second one on run_id alone was what the generic plan of the gateway's conditions chose,
+    # filtering every claim of the run (a cost that grew with the run).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="gateway_claims", db_index=False)
     call_id = models.CharField(max_length=200)
     tool_name = models.CharField(max_length=200)
     args = models.JSONField(null=True, blank=True)  # redacted, as in the log

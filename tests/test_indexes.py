@@ -1,5 +1,6 @@
-"""Migration 0012: the event and projection tables keep one index for lookups by run, the unique
-(run_id, …) constraint's, and no second index on run_id alone that every insert had to write."""
+"""Migrations 0012 and 0020: the event, projection and gateway tables keep one index for lookups by
+run, the unique (run_id, …) constraint's, and no second index on run_id alone that every insert
+had to write (and that the gateway's generic plans chose, filtering every claim of the run)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ LEADING = {
     "ledger_step": ["run_id", "step_path"],
     "ledger_toolcall": ["run_id", "call_id"],
     "ledger_costentry": ["run_id", "sequence"],
+    "ledger_toolgatewayclaim": ["run_id", "call_id"],
 }
 
 
