@@ -368,6 +368,13 @@ RUNLEDGER_PARALLEL_THREADS = _env_int("RUNLEDGER_PARALLEL_THREADS", 8, minimum=1
 # once half has passed, and a heartbeat thread renews it while a step is silent that long, so a
 # long tool or model call keeps its run; an executor that died frees its run after this long.
 RUNLEDGER_RUN_LEASE_SECONDS = _env_seconds("RUNLEDGER_RUN_LEASE_SECONDS", 300.0, 86_400.0)
+# Allocations between two runs of Python's cyclic garbage collector over its youngest objects
+# (Python's own default is 700). Every process of the console sets it (ledger/apps.py): at 700 a
+# batched append of 500 events paid for collections that freed almost nothing, and every tenth
+# collection of the middle generation could start a full one over every object alive, the state
+# cache's folded runs included (bench/README.md § Floors, the collector). Reference counting frees
+# everything that is not in a cycle either way.
+RUNLEDGER_GC_THRESHOLD = _env_int("RUNLEDGER_GC_THRESHOLD", 50_000, minimum=1, maximum=10_000_000)
 
 # The openai-compatible model provider (ledger/runtime/openai_compat.py), read when a workflow
 # builds one with `OpenAICompatibleProvider.from_env()`. None = unset: the provider names every

@@ -1,6 +1,19 @@
+from __future__ import annotations
+
+import gc
+
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class LedgerConfig(AppConfig):
     name = "ledger"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The cyclic collector's youngest-generation threshold for the whole process
+        # (console/settings.py, RUNLEDGER_GC_THRESHOLD); the older generations keep Python's.
+        threshold = getattr(settings, "RUNLEDGER_GC_THRESHOLD", None)
+        if threshold is not None:
+            _, middle, oldest = gc.get_threshold()
+            gc.set_threshold(threshold, middle, oldest)
