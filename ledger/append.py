@@ -105,11 +105,25 @@ def validate_run_id(run_id: Any) -> str:
     return run_id
 
 
+def _is_text(value: str) -> bool:
+    """Whether `value` is Unicode text a column can hold: no NUL, no lone surrogate (a JSON body may
+    carry `\\ud800`, which UTF-8 cannot)."""
+    if NUL in value:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _optional_str(index: int, item: Mapping[str, Any], field: str) -> str | None:
     value = item.get(field)
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH or NUL in value:
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH or not _is_text(value):
         raise InvalidEvent(
             f"event {index}: {field} must be a non-empty string of at most {MAX_KEY_LENGTH} characters",
             index=index, field=field,
@@ -121,7 +135,7 @@ def _prepare(index: int, item: Any, redact: Redactor) -> _Prepared:
     if item.__class__ is not dict and not isinstance(item, Mapping):
         raise InvalidEvent(f"event {index} must be an object", index=index, field="")
     event_type = item.get("type")
-    if not isinstance(event_type, str) or not event_type or len(event_type) > 200 or NUL in event_type:
+    if not isinstance(event_type, str) or not event_type or len(event_type) > 200 or not _is_text(event_type):
         raise InvalidEvent(f"event {index}: type must be a non-empty string", index=index, field="type")
     occurrence_id = _optional_str(index, item, "occurrenceId")
     key = _optional_str(index, item, "idempotencyKey")

@@ -1,7 +1,10 @@
 """The event vocabulary (DESIGN.md §3) and payload validation.
 
 Validation checks the listed fields' presence and types only; fields not listed are kept
-untouched, because harnesses add their own and the interop vectors depend on it.
+untouched, because harnesses add their own and the interop vectors depend on it. One more rule,
+for the fields whose values the projections keep in columns of a bounded size (COLUMN_LIMITS):
+a longer text or a larger number is refused here, on both databases, instead of failing the
+write on PostgreSQL (a varchar or an integer column) and passing on SQLite.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import CostNotAllowed, InvalidEvent, UnknownEventType
+from .fold.state import visit_index
 
 STR = (str,)
 INT = (int,)
@@ -88,6 +92,17 @@ VOCABULARY: dict[str, Spec] = {
     "ToolCallStarted": {}, "ToolCallCompleted": {},
     "ModelCallStarted": {}, "ModelCallCompleted": {},
 }
+
+# Payload fields (of any non-custom event: the fold reads some outside the types that list them)
+# whose text a projection keeps in a column of this many characters (ledger/models.py; the
+# numbers are held to the columns by tests/test_column_limits.py).
+COLUMN_LIMITS: dict[str, int] = {
+    "workflowVersionId": 200, "label": 200, "parentRunId": 84, "replayOf": 200, "outputRef": 200,
+    "stepPath": 500, "callId": 200, "toolName": 200, "caller": 50,
+}
+MODEL_COLUMN_LIMITS: dict[str, int] = {"provider": 200, "modelId": 200}  # inside payload.model
+# `turn` (a tool call's column) and a step path's `visit[N]` (a step's) are 32-bit integers.
+INT32_MAX = 2**31 - 1
 
 MODEL_AND_TOOL_PREFIXES = ("harness.model.", "harness.tool_call.")
 ORIGINS = ("recorded", "simulated", "live")
@@ -173,6 +188,7 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                     f"event {index}: payload.{field} has the wrong type ({_json_type(holder[leaf])})",
                     index=index, field=f"payload.{field}",
                 )
+        _check_column_limits(index, payload)
         if event_type.startswith(MODEL_AND_TOOL_PREFIXES):
             origin = payload.get("origin")
             if origin is not None and origin not in ORIGINS:
@@ -180,6 +196,35 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                     f"event {index}: payload.origin must be one of {', '.join(ORIGINS)}",
                     index=index, field="payload.origin",
                 )
+
+
+def _check_column_limits(index: int, payload: Mapping[str, Any]) -> None:
+    # In the payload's order, so the first field that does not fit is the one named; inlined, as
+    # this runs for nearly every event of a batch.
+    for field, value in payload.items():
+        limit = COLUMN_LIMITS.get(field)
+        if limit is not None:
+            if value.__class__ is str and (len(value) > limit or field == "stepPath" and "visit[" in value):
+                _refuse_text(index, field, value, limit)
+        elif field == "turn":
+            if value.__class__ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+                raise InvalidEvent(f"event {index}: payload.turn must be from {-INT32_MAX - 1} to {INT32_MAX}",
+                                   index=index, field="payload.turn")
+        elif field == "model" and value.__class__ is dict:
+            for leaf, limit in MODEL_COLUMN_LIMITS.items():
+                text = value.get(leaf)
+                if text.__class__ is str and len(text) > limit:
+                    _refuse_text(index, f"model.{leaf}", text, limit)
+
+
+def _refuse_text(index: int, field: str, value: str, limit: int) -> None:
+    if len(value) > limit:
+        raise InvalidEvent(f"event {index}: payload.{field} is longer than {limit} characters",
+                           index=index, field=f"payload.{field}")
+    visit = visit_index(value)  # a step path's visit[N]: a step's 32-bit column
+    if visit is not None and visit > INT32_MAX:
+        raise InvalidEvent(f"event {index}: payload.stepPath's visit index must be at most {INT32_MAX}",
+                           index=index, field="payload.stepPath")
 
 
 def reject_recorded_cost(index: int, payload: Any) -> None:

@@ -1,0 +1,136 @@
+"""A payload value a projection cannot hold is a 400 `invalid_event` naming the field, on SQLite and
+PostgreSQL alike, never a 500 from a varchar or integer column (ledger/vocabulary.py, COLUMN_LIMITS);
+so is a request item's type, key or occurrence id that is not Unicode text (a lone surrogate)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.db import models
+from django.test import Client
+
+from ledger.models import CostEntry, DailyUsage, Event, MonthlyUsage, Run, Step, ToolCall
+from ledger.projection import log_of
+from ledger.tenancy import create_key
+from ledger.vocabulary import COLUMN_LIMITS, INT32_MAX, MODEL_COLUMN_LIMITS, VOCABULARY
+
+from tests.conftest import ev, started
+
+pytestmark = pytest.mark.django_db
+
+# Each limited payload field and the columns its text ends up in.
+COLUMNS: dict[str, list[tuple[type[models.Model], str]]] = {
+    "workflowVersionId": [(Run, "workflow_version_id"), (DailyUsage, "workflow_version_id"),
+                          (MonthlyUsage, "workflow_version_id")],
+    "label": [(Run, "label")],
+    "parentRunId": [(Run, "parent_run_id"), (Run, "root_run_id")],
+    "replayOf": [(Run, "replay_of")],
+    "outputRef": [(Run, "output_ref"), (Step, "output_ref")],
+    "stepPath": [(Step, "step_path"), (ToolCall, "step_path"), (CostEntry, "step_path")],
+    "callId": [(ToolCall, "call_id"), (CostEntry, "call_id")],
+    "toolName": [(ToolCall, "tool_name")],
+    "caller": [(ToolCall, "caller")],
+    "model.provider": [(CostEntry, "provider"), (DailyUsage, "provider"), (MonthlyUsage, "provider")],
+    "model.modelId": [(CostEntry, "model_id"), (DailyUsage, "model_id"), (MonthlyUsage, "model_id")],
+}
+
+
+@pytest.fixture
+def api(workspace) -> Client:
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
+    return Client(HTTP_AUTHORIZATION=f"Bearer {key}", raise_request_exception=False)
+
+
+def _post(api: Client, run_id: str, *events: dict[str, Any]) -> Any:
+    return api.post(f"/api/v1/runs/{run_id}/events", data=json.dumps({"events": list(events)}),
+                    content_type="application/json")
+
+
+def _refused(response: Any, field: str) -> None:
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["code"] == "invalid_event"
+    assert response.json()["error"]["details"]["field"] == field
+
+
+def test_the_limits_are_the_columns_the_values_land_in() -> None:
+    limits = {**COLUMN_LIMITS, **{f"model.{k}": v for k, v in MODEL_COLUMN_LIMITS.items()}}
+    assert set(limits) == set(COLUMNS)
+    for field, columns in COLUMNS.items():
+        for model, name in columns:
+            assert model._meta.get_field(name).max_length == limits[field], (field, model, name)
+    assert isinstance(ToolCall._meta.get_field("turn"), models.IntegerField)
+    assert not isinstance(ToolCall._meta.get_field("turn"), models.BigIntegerField)
+    assert isinstance(Step._meta.get_field("visit"), models.PositiveIntegerField)
+
+
+def _with_field(field: str, value: Any) -> list[dict[str, Any]]:
+    """A run whose events put `value` in the payload field `field`, where the fold projects it."""
+    model = {"provider": "openai", "modelId": "gpt-4o-mini"}
+    responded = {"turn": 1, "callId": "m1", "stepPath": "s", "model": model,
+                 "response": {"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 2}}}
+    tool = {"callId": "t1", "caller": "model", "toolName": "lookup", "args": {}, "turn": 1, "stepPath": "s"}
+    if field in ("workflowVersionId", "label", "parentRunId", "replayOf"):
+        return [started(**{"workflowVersionId": "wf", field: value}), ev("harness.model.responded", **responded)]
+    if field == "outputRef":
+        return [started(), ev("StepCompleted", stepPath="s", attempt=1, outputRef=value)]
+    if field in ("callId", "toolName", "caller", "stepPath"):
+        return [started(), ev("harness.tool_call.started", **{**tool, field: value}),
+                ev("harness.model.responded", **{**responded, **({field: value} if field in ("callId", "stepPath") else {})})]
+    leaf = field.removeprefix("model.")
+    return [started(), ev("harness.model.responded", **{**responded, "model": {**model, leaf: value}})]
+
+
+@pytest.mark.parametrize("field", sorted(COLUMNS))
+def test_a_value_at_its_columns_limit_is_stored_and_one_longer_is_refused(api: Client, field: str) -> None:
+    limit = COLUMNS[field][0][0]._meta.get_field(COLUMNS[field][0][1]).max_length
+    fits = "run_" + "a" * (limit - 4) if field == "parentRunId" else "r" * limit
+    response = _post(api, "run_fits", *_with_field(field, fits))
+    assert response.status_code == 200, response.content[:300]
+    too_long = _post(api, "run_too_long", *_with_field(field, fits + "x"))
+    _refused(too_long, f"payload.{field}")
+    assert not Run.objects.filter(run_id="run_too_long").exists()
+    assert not Event.objects.filter(run__run_id="run_too_long").exists()
+
+
+def test_a_turn_or_visit_past_32_bits_is_refused_and_the_largest_is_stored(api: Client, append) -> None:
+    append("run_t", started())
+    tool = {"callId": "t1", "caller": "model", "toolName": "lookup", "args": {}}
+    _refused(_post(api, "run_t", ev("harness.tool_call.started", **tool, turn=INT32_MAX + 1)), "payload.turn")
+    _refused(_post(api, "run_t", ev("harness.model.called", turn=-INT32_MAX - 2, promptHash="h", request={})),
+             "payload.turn")
+    _refused(_post(api, "run_t", ev("StepScheduled", stepPath=f"loop.visit[{INT32_MAX + 1}]")), "payload.stepPath")
+    assert [e["type"] for e in log_of(Run.objects.get(run_id="run_t"))] == ["RunStarted"]
+    stored = _post(api, "run_t", ev("harness.tool_call.started", **tool, turn=INT32_MAX),
+                   ev("StepScheduled", stepPath=f"loop.visit[{INT32_MAX}]"))
+    assert stored.status_code == 200, stored.content[:300]
+    assert ToolCall.objects.get(run__run_id="run_t", call_id="t1").turn == INT32_MAX
+    assert Step.objects.get(run__run_id="run_t", step_path=f"loop.visit[{INT32_MAX}]").visit == INT32_MAX
+
+
+@pytest.mark.parametrize("field", ["type", "idempotencyKey", "occurrenceId"])
+def test_a_lone_surrogate_in_a_request_item_is_refused(api: Client, append, field: str) -> None:
+    append("run_s", started())
+    item = {"type": "custom.note", "payload": {}, field: "custom.x\ud800" if field == "type" else "k\ud800"}
+    # json.dumps writes the lone surrogate as the \ud800 escape a client's JSON would carry.
+    response = api.post("/api/v1/runs/run_s/events", data=json.dumps({"events": [item]}),
+                        content_type="application/json")
+    _refused(response, field)
+    assert len(log_of(Run.objects.get(run_id="run_s"))) == 1
+
+
+def test_no_text_field_of_the_vocabulary_makes_a_500_at_any_length(api: Client, append) -> None:
+    """Every text field the vocabulary lists, and every limited one in every event type, 10,000
+    characters long: stored or refused, never a server error."""
+    long = "z" * 10_000
+    fields = {(t, f) for t, spec in VOCABULARY.items() for f, (kinds, _) in spec.items() if kinds == (str,)}
+    fields |= {(t, f) for t in VOCABULARY for f in COLUMN_LIMITS}
+    for number, (event_type, field) in enumerate(sorted(fields)):
+        run_id = f"run_long_{number}"
+        append(run_id, started())
+        payload: dict[str, Any] = {}
+        parent, _, leaf = field.rpartition(".")
+        (payload.setdefault(parent, {}) if parent else payload)[leaf] = long
+        response = _post(api, run_id, {"type": event_type, "payload": payload})
+        assert response.status_code < 500, (event_type, field, response.content[:300])
