@@ -93,16 +93,21 @@ VOCABULARY: dict[str, Spec] = {
     "ModelCallStarted": {}, "ModelCallCompleted": {},
 }
 
-# Payload fields (of any non-custom event: the fold reads some outside the types that list them)
-# whose text a projection keeps in a column of this many characters (ledger/models.py; the
-# numbers are held to the columns by tests/test_column_limits.py).
+# Payload fields whose text a projection keeps in a column of this many characters (ledger/models.py;
+# the numbers are held to the columns by tests/test_column_limits.py); `turn` (a tool call's
+# column) and a step path's `visit[N]` (a step's) are 32-bit integers.
 COLUMN_LIMITS: dict[str, int] = {
     "workflowVersionId": 200, "label": 200, "parentRunId": 84, "replayOf": 200, "outputRef": 200,
     "stepPath": 500, "callId": 200, "toolName": 200, "caller": 50,
 }
 MODEL_COLUMN_LIMITS: dict[str, int] = {"provider": 200, "modelId": 200}  # inside payload.model
-# `turn` (a tool call's column) and a step path's `visit[N]` (a step's) are 32-bit integers.
 INT32_MAX = 2**31 - 1
+_INT32 = -1  # the limit of `turn`: a range, not a length
+# What the fold projects of an event beyond the fields its type lists: every event's stepPath makes a
+# step, an approval request names the call's caller and turn, and Little Workflow's registration of a
+# workflow version names the run's (tests/test_column_limits.py tries every limited field in every type).
+_PROJECTED_UNLISTED: dict[str, tuple[str, ...]] = {"harness.tool_call.approval_requested": ("caller", "turn"),
+                                                  "WorkflowVersionRegistered": ("workflowVersionId",)}
 
 MODEL_AND_TOOL_PREFIXES = ("harness.model.", "harness.tool_call.")
 ORIGINS = ("recorded", "simulated", "live")
@@ -141,11 +146,24 @@ def _type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
     return isinstance(value, accepted)
 
 
-# VOCABULARY's specs as the validation walks them: (field, parent, leaf, accepted, required),
-# split once here rather than per event.
-_CHECKS: dict[str, tuple[tuple[str, str, str, tuple[type, ...], bool], ...]] = {
-    event_type: tuple((field, *field.rpartition(".")[::2], accepted, required)
+# VOCABULARY's specs as the validation walks them: (field, parent, leaf, accepted, required, limit),
+# split once here rather than per event; `limit` is the column's (0: none).
+def _limit(field: str) -> int:
+    if field == "turn":
+        return _INT32
+    parent, _, leaf = field.rpartition(".")
+    return MODEL_COLUMN_LIMITS.get(leaf, 0) if parent == "model" else COLUMN_LIMITS.get(field, 0) if not parent else 0
+
+
+_CHECKS: dict[str, tuple[tuple[str, str, str, tuple[type, ...], bool, int], ...]] = {
+    event_type: tuple((field, *field.rpartition(".")[::2], accepted, required, _limit(field))
                       for field, (accepted, required) in spec.items())
+    for event_type, spec in VOCABULARY.items()
+}
+# The projected fields a type does not list, with their limits: (field, limit).
+_UNLISTED: dict[str, tuple[tuple[str, int], ...]] = {
+    event_type: tuple((field, _limit(field)) for field in ("stepPath", *_PROJECTED_UNLISTED.get(event_type, ()))
+                      if field not in spec)
     for event_type, spec in VOCABULARY.items()
 }
 
@@ -170,7 +188,7 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                 f"event {index}: unknown event type {event_type!r} (custom types start with 'custom.')",
                 index=index, field="type",
             )
-        for field, parent, leaf, accepted, required in checks:
+        for field, parent, leaf, accepted, required, limit in checks:
             holder = payload.get(parent) if parent else payload
             if not isinstance(holder, dict):
                 continue  # the parent's own check reports it
@@ -188,7 +206,12 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                     f"event {index}: payload.{field} has the wrong type ({_json_type(holder[leaf])})",
                     index=index, field=f"payload.{field}",
                 )
-        _check_column_limits(index, payload)
+            if limit:
+                _check_limit(index, field, value, limit)
+        for field, limit in _UNLISTED[event_type]:
+            value = payload.get(field)
+            if value is not None:
+                _check_limit(index, field, value, limit)
         if event_type.startswith(MODEL_AND_TOOL_PREFIXES):
             origin = payload.get("origin")
             if origin is not None and origin not in ORIGINS:
@@ -198,33 +221,23 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                 )
 
 
-def _check_column_limits(index: int, payload: Mapping[str, Any]) -> None:
-    # In the payload's order, so the first field that does not fit is the one named; inlined, as
-    # this runs for nearly every event of a batch.
-    for field, value in payload.items():
-        limit = COLUMN_LIMITS.get(field)
-        if limit is not None:
-            if value.__class__ is str and (len(value) > limit or field == "stepPath" and "visit[" in value):
-                _refuse_text(index, field, value, limit)
-        elif field == "turn":
-            if value.__class__ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
-                raise InvalidEvent(f"event {index}: payload.turn must be from {-INT32_MAX - 1} to {INT32_MAX}",
-                                   index=index, field="payload.turn")
-        elif field == "model" and value.__class__ is dict:
-            for leaf, limit in MODEL_COLUMN_LIMITS.items():
-                text = value.get(leaf)
-                if text.__class__ is str and len(text) > limit:
-                    _refuse_text(index, f"model.{leaf}", text, limit)
-
-
-def _refuse_text(index: int, field: str, value: str, limit: int) -> None:
+def _check_limit(index: int, field: str, value: Any, limit: int) -> None:
+    """Refuse `value` of payload.`field` if its column cannot hold it (`limit`: _limit's)."""
+    if limit == _INT32:
+        if value.__class__ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+            raise InvalidEvent(f"event {index}: payload.{field} must be from {-INT32_MAX - 1} to {INT32_MAX}",
+                               index=index, field=f"payload.{field}")
+        return
+    if value.__class__ is not str:
+        return
     if len(value) > limit:
         raise InvalidEvent(f"event {index}: payload.{field} is longer than {limit} characters",
                            index=index, field=f"payload.{field}")
-    visit = visit_index(value)  # a step path's visit[N]: a step's 32-bit column
-    if visit is not None and visit > INT32_MAX:
-        raise InvalidEvent(f"event {index}: payload.stepPath's visit index must be at most {INT32_MAX}",
-                           index=index, field="payload.stepPath")
+    if field == "stepPath" and "visit[" in value:
+        visit = visit_index(value)  # a step path's visit[N]: the step's 32-bit column
+        if visit is not None and visit > INT32_MAX:
+            raise InvalidEvent(f"event {index}: payload.stepPath's visit index must be at most {INT32_MAX}",
+                               index=index, field="payload.stepPath")
 
 
 def reject_recorded_cost(index: int, payload: Any) -> None:

@@ -4,6 +4,7 @@ so is a request item's type, key or occurrence id that is not Unicode text (a lo
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -120,17 +121,39 @@ def test_a_lone_surrogate_in_a_request_item_is_refused(api: Client, append, fiel
     assert len(log_of(Run.objects.get(run_id="run_s"))) == 1
 
 
+def _valid_payload(event_type: str) -> dict[str, Any]:
+    """The smallest payload VOCABULARY accepts for `event_type`: every listed field, of its type."""
+    samples = {(str,): "x", (int,): 1, (int, float): 1, (dict,): {}, (list,): [], (list, dict): [],
+               (object,): {}}
+    payload: dict[str, Any] = {}
+    for field, (kinds, _) in sorted(VOCABULARY[event_type].items()):
+        parent, _, leaf = field.rpartition(".")
+        holder = payload.setdefault(parent, {}) if parent else payload
+        if leaf not in holder:
+            holder[leaf] = copy.deepcopy(samples[kinds])
+    return payload
+
+
 def test_no_text_field_of_the_vocabulary_makes_a_500_at_any_length(api: Client, append) -> None:
     """Every text field the vocabulary lists, and every limited one in every event type, 10,000
-    characters long: stored or refused, never a server error."""
+    characters long in an otherwise valid event: stored or refused, never a server error."""
     long = "z" * 10_000
     fields = {(t, f) for t, spec in VOCABULARY.items() for f, (kinds, _) in spec.items() if kinds == (str,)}
-    fields |= {(t, f) for t in VOCABULARY for f in COLUMN_LIMITS}
+    fields |= {(t, f) for t in VOCABULARY for f in [*COLUMN_LIMITS, "model.provider", "model.modelId"]}
+    statuses = set()
     for number, (event_type, field) in enumerate(sorted(fields)):
         run_id = f"run_long_{number}"
-        append(run_id, started())
-        payload: dict[str, Any] = {}
+        if event_type != "RunStarted":
+            append(run_id, started())
+        payload = _valid_payload(event_type)
         parent, _, leaf = field.rpartition(".")
-        (payload.setdefault(parent, {}) if parent else payload)[leaf] = long
+        holder = payload.setdefault(parent, {}) if parent else payload
+        if not isinstance(holder, dict):
+            payload[parent] = holder = {}
+        holder[leaf] = long
         response = _post(api, run_id, {"type": event_type, "payload": payload})
         assert response.status_code < 500, (event_type, field, response.content[:300])
+        statuses.add(response.status_code)
+        if response.status_code == 400 and field in COLUMN_LIMITS:
+            assert response.json()["error"]["details"]["field"] == f"payload.{field}", (event_type, field)
+    assert statuses == {200, 400}  # some stored (unprojected fields), the projected ones refused
