@@ -9,7 +9,8 @@ round trip and one commit, like a bare INSERT:
                   WHERE id = … AND last_sequence = <the writer's guess> [AND <guard>]
                   RETURNING id),
          events AS (INSERT INTO ledger_event … SELECT head.id, r.* FROM head, json_to_recordset(…) r),
-         steps AS (INSERT INTO ledger_step … ON CONFLICT … DO UPDATE …), tool calls, cost entries,
+         steps AS (INSERT INTO ledger_step … ON CONFLICT … DO UPDATE …), the tool calls the batch
+                  started (INSERT) and those it named that have a row (ON CONFLICT … DO UPDATE), cost entries,
          daily usage (ledger/rollup.py: added to, ON CONFLICT … DO UPDATE SET calls = calls + …)
     SELECT id FROM head
 
@@ -148,7 +149,8 @@ def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     None if the row already exists (nothing was written)."""
     return _execute(_insert_sql(tuple(run_row), *_shape(changes)), {}, events, recorded_at,
                     Changes(run=dict(run_row), steps=changes.steps, tool_calls=changes.tool_calls,
-                            cost_entries=changes.cost_entries, daily_usage=changes.daily_usage))
+                            cost_entries=changes.cost_entries, daily_usage=changes.daily_usage,
+                            new_tool_calls=changes.new_tool_calls))
 
 
 # --- the statement ---------------------------------------------------------------------------
@@ -156,7 +158,8 @@ def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
 
 def _shape(changes: Changes) -> tuple[tuple[str, ...] | None, ...]:
     return tuple(tuple(rows[0]) if rows else None
-                 for rows in (changes.steps, changes.tool_calls, changes.cost_entries, changes.daily_usage))
+                 for rows in (changes.steps, changes.tool_calls, changes.cost_entries, changes.daily_usage,
+                              changes.new_tool_calls))
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ def _values(statement: _Statement, params: dict[str, Any], events: Sequence[Mapp
     for name, value in changes.run.items():
         params[f"run_{name}"] = _adapt(name, value)
     for key, rows in (("steps", changes.steps), ("tool_calls", changes.tool_calls),
-                      ("cost_entries", changes.cost_entries), ("daily_usage", changes.daily_usage)):
+                      ("cost_entries", changes.cost_entries), ("daily_usage", changes.daily_usage),
+                      ("new_tool_calls", changes.new_tool_calls)):
         if rows:
             params[key] = json_rows(rows)
     return [params[name] for name in statement.names]
@@ -283,12 +287,14 @@ def _insert_sql(run_columns: tuple[str, ...], *rows: tuple[str, ...] | None) -> 
 
 def _with_head(head: str, rows: tuple[tuple[str, ...] | None, ...],
                attached: tuple[tuple[str, str, str], ...] = ()) -> str:
-    steps, calls, costs, usage = rows
+    steps, calls, costs, usage, new_calls = rows
     parts = [f"head AS ({head})", *(f"{name} AS ({sql})" for name, _, sql in attached),
              "events AS (" + _insert_from_head(
                  Event, EVENT_FIELDS, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
     if steps:
         parts.append(f"steps AS ({_insert_from_head(Step, steps, 'steps', key=('run_id', 'step_path'))})")
+    if new_calls:
+        parts.append(f"new_tool_calls AS ({_insert_from_head(ToolCall, new_calls, 'new_tool_calls')})")
     if calls:
         parts.append(f"tool_calls AS ({_insert_from_head(ToolCall, calls, 'tool_calls', key=('run_id', 'call_id'))})")
     if costs:

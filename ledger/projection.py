@@ -322,13 +322,18 @@ def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> 
 class Changes:
     """What a batch (or a rebuild) writes to the projections: the Run columns to set, and whole
     Step, ToolCall and CostEntry rows (field name to value, without run_id), in the fold's order;
-    and the new cost entries' daily usage rows to add (ledger/rollup.py)."""
+    and the new cost entries' daily usage rows to add (ledger/rollup.py).
+
+    `new_tool_calls` are the calls the batch started, which have no row yet: inserted, not
+    upserted (an upsert's speculative insertion cost the server ~3.5 of ~19 µs a row); the
+    `tool_calls` the batch named that have one are upserted."""
 
     run: dict[str, Any]
     steps: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     cost_entries: list[dict[str, Any]] = field(default_factory=list)
     daily_usage: list[dict[str, Any]] = field(default_factory=list)
+    new_tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -359,25 +364,30 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     if any(e["type"] == "RunStarted" for e in envelopes):
         run["root_run_id"] = root_run_id(workspace_id, state.parent_run_id)
     cost_entries = [cost_fields(state, i, recorded_at) for i in new_entries]
+    new_calls, touched_calls = _touched_tool_calls(state, envelopes, before)
     return Changes(
         run=run,
         steps=[step_fields(state, path, i) for i, (path, step) in enumerate(state.steps.items())
                if step.last_sequence > before.last_sequence or path in cost_paths],
-        tool_calls=_touched_tool_calls(state, envelopes, before),
+        tool_calls=touched_calls,
         cost_entries=cost_entries,
         daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", cost_entries),
+        new_tool_calls=new_calls,
     )
 
 
-def _touched_tool_calls(state: RunState, envelopes: Sequence[Mapping[str, Any]], before: Mark) -> list[dict[str, Any]]:
-    """The rows of the calls the batch named (by `callId`), without a walk over all of the run's
-    calls: a call new in the batch is among the last keys, its position their count before; a
-    call written before keeps its stored position (the upsert never sets it: POSITIONED)."""
+def _touched_tool_calls(state: RunState, envelopes: Sequence[Mapping[str, Any]], before: Mark,
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows of the calls the batch named (by `callId`): those it started (no row yet), then
+    those that have one, without a walk over all of the run's calls. A call new in the batch is
+    among the last keys, its position their count before; a call written before keeps its stored
+    position (the upsert never sets it: POSITIONED)."""
     new = list(islice(reversed(state.tool_calls), tool_call_count(state) - before.tool_calls))
     positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
     named = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
-    return [tool_fields(state, call_id, positions.get(call_id, 0))
-            for call_id in [*positions, *(c for c in named if c in state.tool_calls and c not in positions)]]
+    return ([tool_fields(state, call_id, position) for call_id, position in positions.items()],
+            [tool_fields(state, call_id, 0) for call_id in named if call_id in state.tool_calls
+             and call_id not in positions])
 
 
 # A step's or tool call's position is its order of first appearance: set by the row's first
@@ -392,6 +402,7 @@ def write(run_pk: int, changes: Changes) -> None:
         Run.objects.filter(pk=run_pk).update(**changes.run)
     upsert_rows(Step, ("run_id", "step_path"), [{"run_id": run_pk, **row} for row in changes.steps],
                 keep=POSITIONED)
+    insert_rows(ToolCall, [{"run_id": run_pk, **row} for row in changes.new_tool_calls])
     upsert_rows(ToolCall, ("run_id", "call_id"), [{"run_id": run_pk, **row} for row in changes.tool_calls],
                 keep=POSITIONED)
     insert_rows(CostEntry, [{"run_id": run_pk, **row} for row in changes.cost_entries])
