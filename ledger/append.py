@@ -358,9 +358,10 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
         return None  # the guess may be stale: refusals are decided under the lock, on the log
     changes = batch_changes(workspace.pk, state, written, before)
     finishing = state.status in RunStatus.finished()
+    in_caller_transaction = connection.in_atomic_block
     # An attached change may fail the statement (a race on its rows): inside a caller's
     # transaction a savepoint keeps that failure from ending the caller's transaction.
-    atomic = finishing or (bool(attached) and connection.in_atomic_block)
+    atomic = finishing or (bool(attached) and in_caller_transaction)
     try:
         with transaction.atomic() if atomic else nullcontext():  # settle_on_terminal joins it
             if run.pk is None:
@@ -368,16 +369,22 @@ def _append_optimistic(workspace: Workspace, run_id: str, batch: list[_Prepared]
                 if run.pk is None:
                     return None
             else:
+                # Outside a caller's transaction the unique indexes hold the keys and new calls
+                # (pgappend.Guard); inside one a failed statement would end the caller's too.
+                guarded = in_caller_transaction
                 guard = pgappend.Guard(fencing_token=None if fencing_token is None else str(fencing_token), now=now,
-                                       keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None),
-                                       new_calls=new_calls)
+                                       keys=tuple(p.idempotency_key for p in batch
+                                                  if p.idempotency_key is not None) if guarded else (),
+                                       new_calls=new_calls if guarded else ())
                 if not pgappend.update_head(run.pk, before.last_sequence, rows, now, changes, guard, attached):
                     return None
             _after_write(run, state, prices, written, rows)
-    except (pgappend.AttachedMissed, IntegrityError):
-        if not attached:
+    except (pgappend.AttachedMissed, IntegrityError) as exc:
+        if not attached and not (isinstance(exc, IntegrityError) and pgappend.held_by_constraint(exc)):
             raise
-        return None  # an attached row changed under the guess (a unique key taken, a row gone): nothing written
+        # An attached row changed under the guess (a unique key taken, a row gone), or the log
+        # holds a key or a call the guess took to be new: nothing written.
+        return None
     return AppendResult(events=out, last_sequence=state.last_sequence)
 
 
@@ -426,12 +433,12 @@ def _append_pipelined(workspace: Workspace, run_id: str, events: list[Any], expe
                     raise pgappend.PipelineMissed from None
                 if any(len(p.canonical) > INLINE_LIMIT_BYTES for p in part):
                     raise pgappend.PipelineMissed
-                new_calls = restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in part], started_new=True)
+                restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in part], started_new=True)
                 before = Mark.of(state)
                 part_rows, part_written, part_out = _allocate(run, state, part, {}, now, prices)
                 changes = batch_changes(workspace.pk, state, part_written, before)
-                guard = pgappend.Guard(fencing_token=token, now=now, new_calls=new_calls,
-                                       keys=tuple(p.idempotency_key for p in part if p.idempotency_key is not None))
+                # Its own transaction: the unique indexes hold the keys and new calls (pgappend.Guard).
+                guard = pgappend.Guard(fencing_token=token, now=now, keys=())
                 pipe.update_head(run.pk, before.last_sequence, part_rows, now, changes, guard)
                 rows += part_rows
                 written += part_written

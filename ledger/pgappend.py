@@ -51,7 +51,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, DataError, connections, models
+from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connections, models
 from psycopg.types.json import Jsonb
 
 from .bulk import conflict_update, json_rows, recordset
@@ -67,7 +67,15 @@ EVENT_FIELDS = ("sequence", "event_id", "type", "occurrence_id", "payload", "ide
 
 @dataclass(frozen=True)
 class Guard:
-    """What an optimistic writer claims, checked by the head update together with its guess."""
+    """What an optimistic writer claims, checked by the head update together with its guess.
+
+    `keys` and `new_calls` are needed only inside a caller's transaction. Elsewhere the statement
+    is its own transaction and the unique indexes hold them (`by_constraints`): a logged key is a
+    second row for the event's partial unique index, a call's row a second one for the tool
+    call's (the calls a batch starts are inserted, not upserted), the statement fails and nothing
+    is written (`held_by_constraint`). In the head's WHERE they were index probes whose generic
+    plan turned into a sequential scan of the whole table when the statistics called it small (a
+    table analyzed nearly empty, then grown on a server without autovacuum: quadratic)."""
 
     fencing_token: str | None  # None: the run must not be leased (to anyone, now)
     now: datetime
@@ -75,6 +83,18 @@ class Guard:
     # Tool calls the batch starts and takes to be new without having read their rows
     # (projection.restore_tool_calls): the projection must not hold them yet.
     new_calls: tuple[str, ...] = ()
+
+
+# The unique indexes that hold a Guard's keys and new calls when the statement is its own transaction.
+GUARDING_CONSTRAINTS = frozenset({"event_idempotency_key_unique_in_run", "tool_call_unique_in_run"})
+
+
+def held_by_constraint(exc: BaseException) -> bool:
+    """Whether `exc` (Django's IntegrityError) is a key the log already holds or a call that
+    already has a row: the guess was wrong, nothing was written, the locked way decides."""
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    return getattr(cause, "sqlstate", None) == "23505" and getattr(diag, "constraint_name", None) in GUARDING_CONSTRAINTS
 
 
 @dataclass(frozen=True)
@@ -363,9 +383,14 @@ def pipeline() -> Iterator[Pipeline]:
     db = _ready()
     conn = db.connection
     _allow_preparing(conn)
-    with db.wrap_database_errors, conn.pipeline() as pipe, conn.transaction():
-        sent = Pipeline(conn)
-        yield sent
-        pipe.sync()
-        if not sent.confirmed():
-            raise PipelineMissed
+    try:
+        with db.wrap_database_errors, conn.pipeline() as pipe, conn.transaction():
+            sent = Pipeline(conn)
+            yield sent
+            pipe.sync()
+            if not sent.confirmed():
+                raise PipelineMissed
+    except IntegrityError as exc:  # a part's key or new call the unique indexes refused (Guard)
+        if held_by_constraint(exc):
+            raise PipelineMissed from exc
+        raise
