@@ -268,21 +268,6 @@ def cleanup(workspace: Any, run_ids: list[str], *, keep_workspace: bool = False)
     if audited:
         print(f"(workspace bench/{workspace.slug} emptied and kept: {audited} audit entries name it, "
               "and the audit log is insert-only)")
-    _vacuum(["ledger_run", *sorted({table for table, _ in _referencing(Run)}), "ledger_dailyusage",
-             "ledger_monthlyusage"])
-
-
-def _vacuum(tables: list[str]) -> None:
-    """VACUUM what the clean-up deleted from, so the next bench on this scratch database starts
-    from reusable pages, not from its predecessors' dead rows: a server with autovacuum off (this
-    machine's PostgreSQL; CI's too) otherwise kept every deleted event and its index entries, and
-    after a session of benches the event table was 3 GB of them and appends measurably slower."""
-    from django.db import connection
-
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
-        return
-    with connection.cursor() as cur:
-        cur.execute(f"VACUUM {', '.join(tables)}")
 
 
 def _referencing(model: Any) -> list[tuple[str, str]]:
