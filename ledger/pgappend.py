@@ -69,11 +69,11 @@ EVENT_FIELDS = ("sequence", "event_id", "type", "occurrence_id", "payload", "ide
 class Guard:
     """What an optimistic writer claims, checked by the head update together with its guess.
 
-    `keys` and `new_calls` are needed only inside a caller's transaction. Elsewhere the statement
-    is its own transaction and the unique indexes hold them (`by_constraints`): a logged key is a
-    second row for the event's partial unique index, a call's row a second one for the tool
-    call's (the calls a batch starts are inserted, not upserted), the statement fails and nothing
-    is written (`held_by_constraint`). In the head's WHERE they were index probes whose generic
+    `keys` and `new_calls` are needed only inside a caller's transaction, which sends them.
+    Elsewhere the statement is its own transaction and the unique indexes hold them: a logged key
+    is a second row for the event's partial unique index, a call's row a second one for the tool
+    call's (the calls a batch starts are inserted, not upserted), so the statement fails and
+    nothing is written (`held_by_constraint`). In the head's WHERE they were index probes whose generic
     plan turned into a sequential scan of the whole table when the statistics called it small (a
     table analyzed nearly empty, then grown on a server without autovacuum: quadratic)."""
 
