@@ -146,15 +146,18 @@ def _type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
     return isinstance(value, accepted)
 
 
-# VOCABULARY's specs as the validation walks them: (field, parent, leaf, accepted, required, limit),
-# split once here rather than per event; `limit` is the column's (0: none).
 def _limit(field: str) -> int:
+    """The limit of the column payload.`field` lands in: characters, _INT32, or 0 for none."""
     if field == "turn":
         return _INT32
     parent, _, leaf = field.rpartition(".")
-    return MODEL_COLUMN_LIMITS.get(leaf, 0) if parent == "model" else COLUMN_LIMITS.get(field, 0) if not parent else 0
+    if parent == "model":
+        return MODEL_COLUMN_LIMITS.get(leaf, 0)
+    return 0 if parent else COLUMN_LIMITS.get(field, 0)
 
 
+# VOCABULARY's specs as the validation walks them: (field, parent, leaf, accepted, required, limit),
+# split once here rather than per event.
 _CHECKS: dict[str, tuple[tuple[str, str, str, tuple[type, ...], bool, int], ...]] = {
     event_type: tuple((field, *field.rpartition(".")[::2], accepted, required, _limit(field))
                       for field, (accepted, required) in spec.items())
