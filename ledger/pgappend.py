@@ -234,6 +234,18 @@ def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Map
     return None if row is None else int(row[0])
 
 
+def fetch_one(statement: bytes, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The first row of `statement` (PostgreSQL's $1, $2, … placeholders) on the default
+    connection, prepared once per connection like the append's statements: for a hot read whose
+    planning costs more than its execution (ledger.tenancy's key lookup)."""
+    db = _ready()
+    with db.wrap_database_errors:
+        raw = _raw_cursor(db)
+        raw.execute(statement, params, prepare=True)
+        row: tuple[Any, ...] | None = raw.fetchone()
+    return row
+
+
 def _ready() -> Any:
     """The default database's wrapper, connected: what `connection.cursor()` checks before it
     hands out a cursor, without the two cursors it builds (Django's wrapper, psycopg's) per

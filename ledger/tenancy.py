@@ -13,11 +13,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from . import audit, clock
+from . import audit, clock, pgappend
 from .errors import LedgerError, NotFound
 from .models import ApiKey, Membership, Role, Tenant, Workspace
 
@@ -107,13 +107,76 @@ def authenticate_key(key: str) -> ApiKey | None:
     if not key.startswith(KEY_PREFIX):
         return None
     prefix, _, _ = key[len(KEY_PREFIX):].partition("_")
-    api_key = ApiKey.objects.select_related("workspace__tenant").filter(prefix=prefix).first()
+    api_key = _key_with_workspace(prefix)
     if api_key is None or api_key.revoked_at is not None:
         return None
     if not hmac.compare_digest(api_key.secret_hash, _hash(key)):
         return None
     _note_use(api_key)
     return api_key
+
+
+class _KeyQuery:
+    """`ApiKey.objects.select_related("workspace__tenant").filter(prefix=…).first()`, its SQL
+    written once. Every request with an API key makes this read, and through the ORM it cost ~1 ms
+    (PostgreSQL, quiet machine): ~0.24 ms compiling the three models' 24 columns into SQL and
+    ~0.24 ms for PostgreSQL to plan the join again, for a 0.02 ms execution. Here the statement is
+    built once, prepared on PostgreSQL (planned once per connection), and the rows become the same
+    instances the ORM makes (`from_db`, each field's converters, the related objects cached as
+    `select_related` caches them); tests/test_tenancy.py holds it to the ORM's answer."""
+
+    def __init__(self, vendor: str) -> None:
+        self.models = (ApiKey, Workspace, Tenant)
+        tables = ("k", "w", "t")
+        self.fields = [list(m._meta.concrete_fields) for m in self.models]
+        self.attnames = [[f.attname for f in fields] for fields in self.fields]
+        quote = connection.ops.quote_name
+        columns = ", ".join(f"{alias}.{quote(f.column)}" for alias, fields in zip(tables, self.fields) for f in fields)
+        placeholder = "$1" if vendor == "postgresql" else "%s"
+        self.sql = (f"SELECT {columns} FROM {quote(ApiKey._meta.db_table)} k"
+                    f" JOIN {quote(Workspace._meta.db_table)} w ON w.{quote('id')} = k.{quote('workspace_id')}"
+                    f" JOIN {quote(Tenant._meta.db_table)} t ON t.{quote('id')} = w.{quote('tenant_id')}"
+                    f" WHERE k.{quote('prefix')} = {placeholder}")
+        self.prepared = self.sql.encode() if vendor == "postgresql" else None
+        # Per column, what the ORM runs on its value: the backend's converters, then the field's.
+        self.converters = []
+        for alias, fields in zip(tables, self.fields):
+            for f in fields:
+                col = f.get_col(alias)
+                self.converters.append((col, connection.ops.get_db_converters(col) + f.get_db_converters(connection)))  # type: ignore[attr-defined]  # not in django-stubs
+
+    def fetch(self, prefix: str) -> ApiKey | None:
+        if self.prepared is not None:
+            row = pgappend.fetch_one(self.prepared, (prefix,))
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(self.sql, [prefix])
+                row = cursor.fetchone()
+        if row is None:
+            return None
+        values = list(row)
+        for i, (col, converters) in enumerate(self.converters):
+            for convert in converters:
+                values[i] = convert(values[i], col, connection)
+        objects, start = [], 0
+        for model, attnames in zip(self.models, self.attnames):
+            objects.append(model.from_db(connection.alias, attnames, values[start:start + len(attnames)]))
+            start += len(attnames)
+        api_key, workspace, tenant = objects
+        assert isinstance(api_key, ApiKey)
+        ApiKey._meta.get_field("workspace").set_cached_value(api_key, workspace)
+        Workspace._meta.get_field("tenant").set_cached_value(workspace, tenant)
+        return api_key
+
+
+_key_queries: dict[str, _KeyQuery] = {}
+
+
+def _key_with_workspace(prefix: str) -> ApiKey | None:
+    query = _key_queries.get(connection.vendor)
+    if query is None:
+        query = _key_queries[connection.vendor] = _KeyQuery(connection.vendor)
+    return query.fetch(prefix)
 
 
 def _note_use(api_key: ApiKey) -> None:

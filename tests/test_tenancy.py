@@ -72,3 +72,29 @@ def test_create_key_errors_are_clear(args, message) -> None:
     run("bootstrap", "--tenant", "acme", "--workspace", "support")
     with pytest.raises(CommandError, match=message):
         run("create-key", *args)
+
+
+def _columns(obj: object) -> dict[str, object]:
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}  # type: ignore[attr-defined]
+
+
+def test_an_authenticated_key_is_the_row_the_orm_reads_with_its_workspace_and_tenant(django_assert_num_queries) -> None:
+    # authenticate_key reads the key, its workspace and its tenant with SQL of its own (prepared on
+    # PostgreSQL, ledger.tenancy._KeyQuery): every column, converted, as the ORM's select_related has it.
+    run("bootstrap", "--tenant", "acme", "--workspace", "support")
+    key = run("create-key", "--workspace", "acme/support", "--scopes", "ingest,read", "--name", "ci").strip()
+    Workspace.objects.update(redact_keys=["ssn", "ключ"], redact_value_patterns=[r"\d{3}-\d{4}"],
+                             price_overrides={"openai/gpt-x": {"inputPerMillion": "1.5"}}, share_hides_inputs=True,
+                             retention_days=30, approval_tools=["payments.send"])
+    authenticate_key(key)  # stamps last_used_at
+    expected = ApiKey.objects.select_related("workspace__tenant").get()
+    for _ in range(7):  # past the point where PostgreSQL would switch a prepared statement to its generic plan
+        found = authenticate_key(key)
+        assert found is not None
+        assert _columns(found) == _columns(expected)
+        assert _columns(found.workspace) == _columns(expected.workspace)
+        assert _columns(found.workspace.tenant) == _columns(expected.workspace.tenant)
+        assert found._state.db == "default" and not found._state.adding
+    with django_assert_num_queries(0):  # the related objects came with the key
+        assert found.workspace.tenant.slug == "acme" and found.workspace.redact_keys == ["ssn", "ключ"]
+    assert authenticate_key("rl_" + "0" * 12 + "_x") is None  # no such prefix
