@@ -10,6 +10,7 @@ conflict clause still go in by COPY. On SQLite, bulk_create is fine.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -47,6 +48,37 @@ def recordset(model: type[models.Model], names: Sequence[str], param: str) -> st
     return f"json_to_recordset(%({param})s::json) AS r({types})"
 
 
+def values_row(model: type[models.Model], names: Sequence[str], param: str) -> str:
+    """`(VALUES (…)) AS r(...)`: one row of `names` as scalar parameters `%(param_name)s`
+    (`row_params`), for where `recordset` would unpack a JSON array of one row. Each is cast to its
+    column's type without the length or precision (an explicit cast to varchar(n) cuts a longer
+    string short; the insert's own assignment refuses it, as it refuses it from a recordset)."""
+    values = ", ".join(f"%({param}_{n})s::{_base_type(model, n)}" for n in names)
+    return f"(VALUES ({values})) AS r({', '.join(column(model, n) for n in names)})"
+
+
+def _base_type(model: type[models.Model], name: str) -> str:
+    db_type = str(_concrete(model, name).db_type(connection))
+    return db_type.partition("(")[0]
+
+
+def row_params(model: type[models.Model], param: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of `values_row` for `row`: JSON columns as their JSON text, the rest as they are."""
+    names = tuple(row)
+    keys, json_names = _row_keys(model, param, names)
+    if not json_names:
+        return dict(zip(keys, row.values()))
+    return {key: json_text(value) if value is not None and name in json_names else value
+            for key, name, value in zip(keys, names, row.values())}
+
+
+@functools.lru_cache(maxsize=64)
+def _row_keys(model: type[models.Model], param: str, names: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+    json_fields = {name for f in model._meta.concrete_fields if isinstance(f, models.JSONField)
+                   for name in (f.name, f.attname)}
+    return tuple(f"{param}_{n}" for n in names), frozenset(n for n in names if n in json_fields)
+
+
 def conflict_update(model: type[models.Model], key: Sequence[str], names: Sequence[str],
                     keep: Sequence[str] = ()) -> str:
     """`ON CONFLICT (key) DO UPDATE SET` every one of `names` that is not in the key or `keep`."""
@@ -65,10 +97,14 @@ def _jsonable(value: Any) -> Any:
 
 def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """The JSON text of `rows` for a `recordset` parameter (keys are field names = columns)."""
+    return json_text(rows)
+
+
+def json_text(value: Any) -> str:
     try:
-        return orjson.dumps(rows, default=_jsonable).decode()
+        return orjson.dumps(value, default=_jsonable).decode()
     except orjson.JSONEncodeError:  # an integer past 64 bits in a JSON column: json writes it
-        return json.dumps(rows, default=_jsonable, ensure_ascii=False)
+        return json.dumps(value, default=_jsonable, ensure_ascii=False)
 
 
 def insert_rows(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) -> None:

@@ -29,8 +29,9 @@ events are one statement too, and outside a transaction one round trip and one c
 SELECT fails the statement (nothing written) should the head move but an attached change find no
 row, so the two are all or nothing even against a race the condition's snapshot did not see.
 
-The statement's text depends only on which columns and tables a batch touches, not on its rows
-(they travel as JSON, ledger/bulk.py), so each shape is prepared once per connection.
+The statement's text depends only on which columns and tables a batch touches and on which of
+them get exactly one row, not on the rows' values (more rows travel as one JSON array per table,
+one row as scalar parameters, ledger/bulk.py), so each shape is prepared once per connection.
 
 A long batch (ledger/append.py `_append_pipelined`) goes as several such statements, one per part,
 in one transaction and in psycopg's pipeline mode (`pipeline`): each is sent without waiting for
@@ -54,7 +55,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connections, models
 from psycopg.types.json import Jsonb
 
-from .bulk import conflict_update, json_rows, recordset
+from .bulk import conflict_update, json_rows, recordset, row_params, values_row
 from .bulk import column as col
 from .bulk import table
 from . import rollup
@@ -130,7 +131,7 @@ def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], r
     `guard` and every attached condition hold); False if nothing was written. Without a guard the
     caller holds the row lock, so it cannot miss. Raises AttachedMissed (nothing written) when
     the head held but an attached change did not."""
-    statement, params = _update_statement(run_pk, before, changes, guard, attached)
+    statement, params = _update_statement(run_pk, before, len(events), changes, guard, attached)
     try:
         return _execute(statement, params, events, recorded_at, changes) is not None
     except DataError as exc:
@@ -140,7 +141,7 @@ def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], r
         raise
 
 
-def _update_statement(run_pk: int, before: int, changes: Changes, guard: Guard | None,
+def _update_statement(run_pk: int, before: int, events: int, changes: Changes, guard: Guard | None,
                       attached: Sequence[Attached]) -> tuple[_Statement, dict[str, Any]]:
     params: dict[str, Any] = {"run_pk": run_pk, "before": before}
     if guard is not None:
@@ -152,7 +153,7 @@ def _update_statement(run_pk: int, before: int, changes: Changes, guard: Guard |
         params.update(change.params)
     guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys), bool(guard.new_calls))
     statement = _update_sql(tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached),
-                            *_shape(changes))
+                            *_shape(events, changes))
     return statement, params
 
 
@@ -167,7 +168,7 @@ def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
                 changes: Changes) -> int | None:
     """Create the run's head row (`run_row`: every column) with its first batch; its pk, or
     None if the row already exists (nothing was written)."""
-    return _execute(_insert_sql(tuple(run_row), *_shape(changes)), {}, events, recorded_at,
+    return _execute(_insert_sql(tuple(run_row), *_shape(len(events), changes)), {}, events, recorded_at,
                     Changes(run=dict(run_row), steps=changes.steps, tool_calls=changes.tool_calls,
                             cost_entries=changes.cost_entries, daily_usage=changes.daily_usage,
                             new_tool_calls=changes.new_tool_calls))
@@ -176,10 +177,18 @@ def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
 # --- the statement ---------------------------------------------------------------------------
 
 
-def _shape(changes: Changes) -> tuple[tuple[str, ...] | None, ...]:
-    return tuple(tuple(rows[0]) if rows else None
-                 for rows in (changes.steps, changes.tool_calls, changes.cost_entries, changes.daily_usage,
-                              changes.new_tool_calls))
+# A table's rows in the statement: their fields, and whether there is exactly one; None: no rows.
+# One row goes as scalar parameters (bulk.values_row), more as one JSON array (bulk.recordset): a
+# single append's statement then parses no JSON and runs no function scan, ~20 µs of the server's
+# time in a micro-benchmark of two of its CTEs (bench/README.md § Floors, session 10).
+RowShape = tuple[tuple[str, ...], bool] | None
+
+_ROW_TABLES = ("steps", "tool_calls", "cost_entries", "daily_usage", "new_tool_calls")
+
+
+def _shape(events: int, changes: Changes) -> tuple[RowShape, ...]:
+    return ((EVENT_FIELDS, events == 1), *((tuple(rows[0]), len(rows) == 1) if rows else None
+                                           for rows in (getattr(changes, name) for name in _ROW_TABLES)))
 
 
 @dataclass(frozen=True)
@@ -209,16 +218,23 @@ def _numbered(sql: str) -> _Statement:
     return _Statement(text.encode(), tuple(numbers))
 
 
+_ROW_MODELS = tuple(zip(_ROW_TABLES, (Step, ToolCall, CostEntry, DailyUsage, ToolCall)))
+
+
 def _values(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
             recorded_at: datetime, changes: Changes) -> list[Any]:
     params["recorded_at"] = recorded_at
-    params["events"] = json_rows(events)
+    if len(events) == 1:
+        params.update(row_params(Event, "events", events[0]))
+    else:
+        params["events"] = json_rows(events)
     for name, value in changes.run.items():
         params[f"run_{name}"] = _adapt(name, value)
-    for key, rows in (("steps", changes.steps), ("tool_calls", changes.tool_calls),
-                      ("cost_entries", changes.cost_entries), ("daily_usage", changes.daily_usage),
-                      ("new_tool_calls", changes.new_tool_calls)):
-        if rows:
+    for key, model in _ROW_MODELS:
+        rows = getattr(changes, key)
+        if len(rows) == 1:
+            params.update(row_params(model, key, rows[0]))
+        elif rows:
             params[key] = json_rows(rows)
     return [params[name] for name in statement.names]
 
@@ -287,7 +303,7 @@ def _adapt(name: str, value: Any) -> Any:
 
 @functools.lru_cache(maxsize=256)
 def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool, bool] | None,
-                attached: tuple[tuple[str, str, str], ...], *rows: tuple[str, ...] | None) -> _Statement:
+                attached: tuple[tuple[str, str, str], ...], *rows: RowShape) -> _Statement:
     sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
     where = "id = %(run_pk)s AND last_sequence = %(before)s"
     if guard is not None:
@@ -310,19 +326,19 @@ def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool, bool] | N
 
 
 @functools.lru_cache(maxsize=16)
-def _insert_sql(run_columns: tuple[str, ...], *rows: tuple[str, ...] | None) -> _Statement:
+def _insert_sql(run_columns: tuple[str, ...], *rows: RowShape) -> _Statement:
     values = ", ".join(f"%(run_{n})s" for n in run_columns)
     return _numbered(_with_head(
         f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) VALUES ({values}) "
         f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id", rows))
 
 
-def _with_head(head: str, rows: tuple[tuple[str, ...] | None, ...],
-               attached: tuple[tuple[str, str, str], ...] = ()) -> str:
-    steps, calls, costs, usage, new_calls = rows
+def _with_head(head: str, rows: tuple[RowShape, ...], attached: tuple[tuple[str, str, str], ...] = ()) -> str:
+    events, steps, calls, costs, usage, new_calls = rows
+    assert events is not None
     parts = [f"head AS ({head})", *(f"{name} AS ({sql})" for name, _, sql in attached),
              "events AS (" + _insert_from_head(
-                 Event, EVENT_FIELDS, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
+                 Event, events, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
     if steps:
         parts.append(f"steps AS ({_insert_from_head(Step, steps, 'steps', key=('run_id', 'step_path'))})")
     if new_calls:
@@ -332,7 +348,7 @@ def _with_head(head: str, rows: tuple[tuple[str, ...] | None, ...],
     if costs:
         parts.append(f"cost_entries AS ({_insert_from_head(CostEntry, costs, 'cost_entries')})")
     if usage:
-        parts.append(f"daily_usage AS ({rollup.upsert_sql('head, ' + recordset(DailyUsage, usage, 'daily_usage'))})")
+        parts.append(f"daily_usage AS ({rollup.upsert_sql('head, ' + _rows_from(DailyUsage, usage, 'daily_usage'))})")
     if not attached:
         return "WITH " + ", ".join(parts) + " SELECT id FROM head"
     # Every attached change must have written its row when the head did; the ELSE branch (a
@@ -343,13 +359,19 @@ def _with_head(head: str, rows: tuple[tuple[str, ...] | None, ...],
             f"ELSE ('{_MISSED_TEXT}' || {missed})::bigint END FROM head")
 
 
-def _insert_from_head(model: type[models.Model], names: Sequence[str], param: str, *,
+def _rows_from(model: type[models.Model], shape: tuple[tuple[str, ...], bool], param: str) -> str:
+    names, single = shape
+    return values_row(model, names, param) if single else recordset(model, names, param)
+
+
+def _insert_from_head(model: type[models.Model], shape: tuple[tuple[str, ...], bool], param: str, *,
                       extra: tuple[str, str] | None = None, key: Sequence[str] = ()) -> str:
     """INSERT of the rows in `param` for the run the head CTE returned (none if it returned none)."""
+    names = shape[0]
     columns = ["run_id", *([extra[0]] if extra else []), *names]
     values = ["head.id", *([extra[1]] if extra else []), "r.*"]
     sql = (f"INSERT INTO {table(model)} ({', '.join(col(model, n) for n in columns)}) "
-           f"SELECT {', '.join(values)} FROM head, {recordset(model, names, param)}")
+           f"SELECT {', '.join(values)} FROM head, {_rows_from(model, shape, param)}")
     return f"{sql} {conflict_update(model, key, names, POSITIONED)}" if key else sql
 
 
@@ -377,7 +399,7 @@ class Pipeline:
 
     def update_head(self, run_pk: int, before: int, events: Sequence[Mapping[str, Any]], recorded_at: datetime,
                     changes: Changes, guard: Guard) -> None:
-        statement, params = _update_statement(run_pk, before, changes, guard, ())
+        statement, params = _update_statement(run_pk, before, len(events), changes, guard, ())
         raw = psycopg.RawCursor(self._conn)  # a cursor per statement: each keeps its own answer
         raw.execute(statement.text, _values(statement, params, events, recorded_at, changes), prepare=True)
         self._sent.append(raw)
