@@ -348,7 +348,8 @@ def _with_head(head: str, rows: tuple[RowShape, ...], attached: tuple[tuple[str,
     if costs:
         parts.append(f"cost_entries AS ({_insert_from_head(CostEntry, costs, 'cost_entries')})")
     if usage:
-        parts.append(f"daily_usage AS ({rollup.upsert_sql('head, ' + _rows_from(DailyUsage, usage, 'daily_usage'))})")
+        upsert = rollup.upsert_sql("head, " + _rows_from(DailyUsage, usage, "daily_usage"), one_row=usage[1])
+        parts.append(f"daily_usage AS ({upsert})")
     if not attached:
         return "WITH " + ", ".join(parts) + " SELECT id FROM head"
     # Every attached change must have written its row when the head did; the ELSE branch (a

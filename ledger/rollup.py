@@ -71,12 +71,14 @@ def cells(workspace_id: int, workflow_version_id: str, entries: Iterable[Mapping
             for cell in sorted(sums)]
 
 
-def upsert_sql(source: str) -> str:
+def upsert_sql(source: str, *, one_row: bool = False) -> str:
     """INSERT of the rows of `source` (a FROM list whose columns include COLUMNS), each added to its
-    cell; in key order, so that two transactions lock the cells they share in the same order. The
-    appends on PostgreSQL put it in their one statement (ledger/pgappend.py)."""
+    cell; in key order, so that two transactions lock the cells they share in the same order (a
+    `one_row` source needs no sort). The appends on PostgreSQL put it in their one statement
+    (ledger/pgappend.py)."""
+    order = "" if one_row else f"ORDER BY {', '.join(KEY)} "
     return (f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM {source} "
-            f"ORDER BY {', '.join(KEY)} {_added_to_cell()}")
+            f"{order}{_added_to_cell()}")
 
 
 def add(rows: Sequence[Mapping[str, Any]]) -> None:
