@@ -181,6 +181,26 @@ def test_the_depth_of_valid_json_is_found_as_the_general_check_finds_it(value: A
     assert valid_json_too_deep(spaced, limit) == json_depth_exceeds(spaced, limit)
 
 
+def _nested(depth: int, mixed: bool) -> Any:
+    value: Any = "x"
+    for level in range(depth):
+        value = {"k": value, "[": "]"} if mixed and level % 2 else [value, "{"]
+    return value
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("depth", range(10, 21))
+def test_the_depth_of_deep_valid_json_is_found_around_the_peeling_passes(depth: int, mixed: bool) -> None:
+    # valid_json_too_deep peels up to eight levels-or-pairs of levels off before it counts: at and
+    # around that point (limits 14 to 18), and at the real limit, it answers as the general check.
+    from console.api.fastjson import valid_json_too_deep
+    from ledger.limits import json_depth_exceeds
+
+    body = json.dumps({"events": [_nested(depth, mixed), _nested(depth // 2, not mixed)]}).encode()
+    for limit in (*range(14, 19), 21, 64):
+        assert valid_json_too_deep(body, limit) == json_depth_exceeds(body, limit), limit
+
+
 @pytest.mark.parametrize("body", [
     b'{"events": ' + b"[" * 64 + b"]" * 64 + b"}",
     b'{"events": [{"type": "x", "payload": {"s": "\\\\\\"[[[[", "t": ' + b"[" * 63 + b"]" * 63 + b"}}]}",

@@ -74,26 +74,46 @@ def _checked(value: Any, body: bytes | None, parser_context: Mapping[str, Any] |
 
 
 _QUOTE = b'"'
+_EMPTY_STRING = b'""'
 _ESCAPED_BACKSLASH = b"\\\\"
 _ESCAPED_QUOTE = b'\\"'
 # Brackets as +1 / -1, every other byte dropped (as ledger.limits counts them).
 _BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_BRACKETS_OR_QUOTES = bytes(b for b in range(256) if b not in b'[]{}"')
 
 
 def valid_json_too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """json_depth_exceeds(body, limit) for a body that is valid JSON, about three times faster on
-    a batch of events: in valid JSON a backslash is only ever inside a string, where escapes pair
+    """json_depth_exceeds(body, limit) for a body that is valid JSON, several times faster on a
+    batch of events: in valid JSON a backslash is only ever inside a string, where escapes pair
     left to right, so with the escaped backslashes and then the escaped quotes removed, every quote
-    left opens or closes a string, and the text between the pairs is what is outside strings."""
-    if body.count(b"[") + body.count(b"{") <= limit:
-        return False
+    left opens or closes a string, and the text between the pairs is what is outside strings.
+
+    Only brackets and quotes matter then, and nearly every string holds no bracket: kept alone, such
+    a string is an empty pair `""`. Removing every `""` in one left-to-right pass leaves no quote
+    exactly when the pairs it removed were each string's own (the first quote is an opening one,
+    and a pass that skipped it would leave it), that is when no string holds a bracket; otherwise
+    the strings are taken out one by one (split at the quotes). What is left is the document's
+    brackets, balanced: a pass that removes every empty `[]` and then every empty `{}` takes one or
+    two levels off, so brackets gone within `limit // 2` passes nest no deeper than `limit`; a
+    deeper document (or a low limit) is counted through."""
     if b"\\" in body:
         body = body.replace(_ESCAPED_BACKSLASH, b"").replace(_ESCAPED_QUOTE, b"")
-    brackets = b"".join(body.split(_QUOTE)[::2]).translate(None, _NOT_BRACKETS)
-    if brackets.count(b"[") + brackets.count(b"{") <= limit:
+    marks = body.translate(None, _NOT_BRACKETS_OR_QUOTES)
+    if marks.count(b"[") + marks.count(b"{") <= limit:
         return False
+    brackets = marks.replace(_EMPTY_STRING, b"")
+    if _QUOTE in brackets:
+        brackets = b"".join(marks.split(_QUOTE)[::2])
+    left = brackets
+    for _ in range(min(_PEELS, limit // 2)):
+        left = left.replace(b"[]", b"").replace(b"{}", b"")
+        if not left:
+            return False
     return max(accumulate(array("b", brackets.translate(_BRACKETS))), default=0) > limit
+
+
+# Passes of valid_json_too_deep's peeling before it counts: a batch of events nests ~6 levels.
+_PEELS = 8
 
 
 class JsonParser(JSONParser):
