@@ -33,6 +33,22 @@ class Negotiation(DefaultContentNegotiation):
 class ApiView(APIView):
     content_negotiation_class = Negotiation
 
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        response = super().dispatch(request, *args, **kwargs)
+        # DRF and Django leave a request's objects referring to one another: the view to itself
+        # (View.setup's `self.head = self.get`), DRF's request to itself and the view through its
+        # parser context, the response to itself and the view through its renderer context. So
+        # the parsed body and the response's data outlived every request until the cyclic
+        # collector found them: a 500-event POST left ~3,600 objects to it, and its collections
+        # were ~10 % of such a request's time in Daphne (bench/README.md § Floors, session 10).
+        # With the links cut, the request's end frees them; the response is rendered first.
+        self.__dict__.pop("head", None)
+        self.request.parser_context = None  # type: ignore[assignment]
+        self.response = None  # type: ignore[assignment]
+        if isinstance(response, Response):
+            response.add_post_render_callback(_forget_renderer_context)
+        return response
+
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)
         # Errors are always the JSON envelope, whatever representation was asked for.
@@ -41,6 +57,10 @@ class ApiView(APIView):
             response.accepted_renderer = JsonRenderer()
             response.accepted_media_type = JsonRenderer.media_type
         return response
+
+
+def _forget_renderer_context(response: Response) -> None:
+    response.renderer_context = None  # type: ignore[attr-defined]  # set by APIView, read only while rendering
 
 
 def run_for(request: Request, run_id: str, scope: str) -> tuple[Access, Run]:
