@@ -74,9 +74,14 @@ def row_params(model: type[models.Model], param: str, row: Mapping[str, Any]) ->
 
 @functools.lru_cache(maxsize=64)
 def _row_keys(model: type[models.Model], param: str, names: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
-    json_fields = {name for f in model._meta.concrete_fields if isinstance(f, models.JSONField)
-                   for name in (f.name, f.attname)}
-    return tuple(f"{param}_{n}" for n in names), frozenset(n for n in names if n in json_fields)
+    return tuple(f"{param}_{n}" for n in names), json_fields(model).intersection(names)
+
+
+@functools.cache
+def json_fields(model: type[models.Model]) -> frozenset[str]:
+    """The names (and attnames) of `model`'s JSON columns."""
+    return frozenset(name for f in model._meta.concrete_fields if isinstance(f, models.JSONField)
+                     for name in (f.name, f.attname))
 
 
 def conflict_update(model: type[models.Model], key: Sequence[str], names: Sequence[str],

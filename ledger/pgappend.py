@@ -55,7 +55,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connections, models
 from psycopg.types.json import Jsonb
 
-from .bulk import conflict_update, json_rows, recordset, row_params, values_row
+from .bulk import conflict_update, json_fields, json_rows, recordset, row_params, values_row
 from .bulk import column as col
 from .bulk import table
 from . import rollup
@@ -184,6 +184,7 @@ def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
 RowShape = tuple[tuple[str, ...], bool] | None
 
 _ROW_TABLES = ("steps", "tool_calls", "cost_entries", "daily_usage", "new_tool_calls")
+_ROW_MODELS = tuple(zip(_ROW_TABLES, (Step, ToolCall, CostEntry, DailyUsage, ToolCall)))
 
 
 def _shape(events: int, changes: Changes) -> tuple[RowShape, ...]:
@@ -216,9 +217,6 @@ def _numbered(sql: str) -> _Statement:
 
     text = _PLACEHOLDER.sub(number, sql)
     return _Statement(text.encode(), tuple(numbers))
-
-
-_ROW_MODELS = tuple(zip(_ROW_TABLES, (Step, ToolCall, CostEntry, DailyUsage, ToolCall)))
 
 
 def _values(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
@@ -292,11 +290,8 @@ def _allow_preparing(conn: psycopg.Connection[Any]) -> None:
         conn.prepare_threshold = 2**31
 
 
-_RUN_JSON = frozenset(f.name for f in Run._meta.concrete_fields if isinstance(f, models.JSONField))
-
-
 def _adapt(name: str, value: Any) -> Any:
-    if value is not None and name in _RUN_JSON:
+    if value is not None and name in json_fields(Run):
         return Jsonb(value)
     return value
 

@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from . import audit, clock, pgappend
+from .bulk import column, table
 from .errors import LedgerError, NotFound
 from .models import ApiKey, Membership, Role, Tenant, Workspace
 
@@ -130,20 +131,25 @@ class _KeyQuery:
         tables = ("k", "w", "t")
         self.fields = [list(m._meta.concrete_fields) for m in self.models]
         self.attnames = [[f.attname for f in fields] for fields in self.fields]
-        quote = connection.ops.quote_name
-        columns = ", ".join(f"{alias}.{quote(f.column)}" for alias, fields in zip(tables, self.fields) for f in fields)
+        columns = ", ".join(f"{alias}.{column(model, f.name)}"
+                            for alias, model, fields in zip(tables, self.models, self.fields) for f in fields)
         placeholder = "$1" if vendor == "postgresql" else "%s"
-        self.sql = (f"SELECT {columns} FROM {quote(ApiKey._meta.db_table)} k"
-                    f" JOIN {quote(Workspace._meta.db_table)} w ON w.{quote('id')} = k.{quote('workspace_id')}"
-                    f" JOIN {quote(Tenant._meta.db_table)} t ON t.{quote('id')} = w.{quote('tenant_id')}"
-                    f" WHERE k.{quote('prefix')} = {placeholder}")
+        self.sql = (f"SELECT {columns} FROM {table(ApiKey)} k"
+                    f" JOIN {table(Workspace)} w ON w.{column(Workspace, 'id')} = k.{column(ApiKey, 'workspace')}"
+                    f" JOIN {table(Tenant)} t ON t.{column(Tenant, 'id')} = w.{column(Workspace, 'tenant')}"
+                    f" WHERE k.{column(ApiKey, 'prefix')} = {placeholder}")
         self.prepared = self.sql.encode() if vendor == "postgresql" else None
-        # Per column, what the ORM runs on its value: the backend's converters, then the field's.
+        # What the ORM runs on a column's value, for the columns that have any: the backend's
+        # converters, then the field's.
         self.converters = []
+        position = 0
         for alias, fields in zip(tables, self.fields):
             for f in fields:
                 col = f.get_col(alias)
-                self.converters.append((col, connection.ops.get_db_converters(col) + f.get_db_converters(connection)))  # type: ignore[attr-defined]  # not in django-stubs
+                converters = connection.ops.get_db_converters(col) + f.get_db_converters(connection)  # type: ignore[attr-defined]  # not in django-stubs
+                if converters:
+                    self.converters.append((position, col, converters))
+                position += 1
 
     def fetch(self, prefix: str) -> ApiKey | None:
         if self.prepared is not None:
@@ -155,7 +161,7 @@ class _KeyQuery:
         if row is None:
             return None
         values = list(row)
-        for i, (col, converters) in enumerate(self.converters):
+        for i, col, converters in self.converters:
             for convert in converters:
                 values[i] = convert(values[i], col, connection)
         objects, start = [], 0
