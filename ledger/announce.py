@@ -28,7 +28,7 @@ import secrets
 import socket
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -363,11 +363,12 @@ def announced_events(written: Sequence[Mapping[str, Any]], rows: Sequence[Mappin
     return events
 
 
-def after_commit(run: Run, sequence: int, written: Sequence[Mapping[str, Any]] = (),
-                 rows: Sequence[Mapping[str, Any]] = ()) -> None:
-    """Announce a committed batch to the run's group; and to the workspace's group when the batch
-    started or finished the run. `written` are the batch's new envelopes and `rows` the columns
-    stored for them, in the same order (no query is made); `run` holds its status after the batch."""
+def announcement(run: Run, sequence: int, written: Sequence[Mapping[str, Any]] = (),
+                 rows: Sequence[Mapping[str, Any]] = ()) -> Callable[[], None]:
+    """What announces a batch to the run's group, and to the workspace's group when the batch
+    started or finished the run; to be called only once the batch has committed (a reader woken by
+    it must find the rows it is told about). `written` are the batch's new envelopes and `rows` the
+    columns stored for them, in the same order (no query is made); `run` holds its status after the batch."""
     group, run_id = group_for(run.pk), run.run_id
     appended: Message = {"type": "ledger.appended", "runId": run_id, "sequence": sequence}
     events = announced_events(written, rows)
@@ -382,8 +383,7 @@ def after_commit(run: Run, sequence: int, written: Sequence[Mapping[str, Any]] =
         if lifecycle:
             _send(workspace_group, {"type": "ledger.run_changed", "runId": run_id})
 
-    # Only after commit: a reader woken by this must find the rows it is told about.
-    transaction.on_commit(send)
+    return send
 
 
 def send_after_commit(group: str, message: dict[str, Any]) -> None:

@@ -65,7 +65,7 @@ from .projection import (
     Mark,
     batch_changes,
     prices_for,
-    remember_after_commit,
+    remembering,
     restore_tool_calls,
     state_for_append,
     write,
@@ -506,8 +506,14 @@ def _after_write(run: Run, state: RunState, prices: PriceTable, written: list[di
     """What follows a written batch in its transaction: the caller's head object kept current,
     the state cached and the batch announced once it commits, a re-execution settled."""
     run.last_sequence, run.status = state.last_sequence, state.status
-    remember_after_commit(run, prices, state)
-    announce.after_commit(run, state.last_sequence, written, rows)
+    remember, send = remembering(run, prices, state), announce.announcement(run, state.last_sequence, written, rows)
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: (remember(), send()))
+    else:
+        # Autocommit: the batch's one statement has committed. What `on_commit` would do here,
+        # without its two lookups of the connection (a fifth of this function's time).
+        remember()
+        send()
     if state.status in RunStatus.finished():
         # A re-execution request whose new run this is ends with it, in this transaction.
         from .reexecution.services import settle_on_terminal

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import islice
 from datetime import datetime
@@ -227,9 +227,11 @@ def state_for_append(run: Run, prices: PriceTable) -> RunState:
     return fold(log_of(run), prices=prices)
 
 
-def remember_after_commit(run: Run, prices: PriceTable, state: RunState) -> None:
+def remembering(run: Run, prices: PriceTable, state: RunState) -> Callable[[], None]:
+    """What keeps `state` as the run's cached state; to be called once its batch has committed."""
     entry = Cached(run.pk, prices.version, state)
-    transaction.on_commit(lambda: STATES.put(run.workspace_id, run.run_id, entry))
+    workspace_id, run_id = run.workspace_id, run.run_id
+    return lambda: STATES.put(workspace_id, run_id, entry)
 
 
 # --- rows from state -----------------------------------------------------------------------
