@@ -113,7 +113,15 @@ class ApiKey(models.Model):
 
 
 class UsageColumns(models.Model):
-    """Usage totals as columns, so reports can aggregate them in SQL."""
+    """Usage totals as columns, so reports can aggregate them in SQL.
+
+    The projections' counters and sequence numbers (here and in Run, Event, Step, ToolCall,
+    CostEntry, UsageCell) are IntegerField, not PositiveIntegerField: what keeps them is the fold,
+    and `ledger verify` proves them equal to it. PositiveIntegerField's `>= 0` CHECK was read
+    again by PostgreSQL on every statement that writes its table (the projections' upserts, the
+    run's head update): ~40 µs of a single append's ~800 (bench/README.md § Floors, session 11).
+    The log's own rule stays a constraint (Event: sequence >= 1), so do the tool gateway's.
+    """
 
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
@@ -121,8 +129,8 @@ class UsageColumns(models.Model):
     reasoning_tokens = models.BigIntegerField(default=0)
     # NULL when every call was unpriced, never 0 for "unknown" (DESIGN.md §4).
     cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True, default=0)
-    priced_calls = models.PositiveIntegerField(default=0)
-    unpriced_calls = models.PositiveIntegerField(default=0)
+    priced_calls = models.IntegerField(default=0)
+    unpriced_calls = models.IntegerField(default=0)
 
     class Meta:
         abstract = True
@@ -137,7 +145,7 @@ class Run(UsageColumns):
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs")
     run_id = models.CharField(max_length=84)
     created_at = models.DateTimeField(default=clock.recorded_now)
-    last_sequence = models.PositiveIntegerField(default=0)
+    last_sequence = models.IntegerField(default=0)
     # Run lease with fencing (DESIGN.md §3): the token only ever grows.
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -158,7 +166,7 @@ class Run(UsageColumns):
     parent_run_id = models.CharField(max_length=84, blank=True)
     root_run_id = models.CharField(max_length=84, blank=True)
     replay_of = models.CharField(max_length=200, blank=True)
-    event_count = models.PositiveIntegerField(default=0)
+    event_count = models.IntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -196,7 +204,7 @@ class Event(models.Model):
     # was a third of the statement's server time. `ledger verify` finds any row without its run.
     run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False,
                             db_index=False)
-    sequence = models.PositiveIntegerField()
+    sequence = models.IntegerField()
     event_id = models.CharField(max_length=20)
     type = models.CharField(max_length=200)
     occurrence_id = models.CharField(max_length=200, null=True, blank=True)
@@ -282,17 +290,17 @@ class Step(UsageColumns):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False,
                             db_constraint=False)  # see Event.run
     step_path = models.CharField(max_length=500)
-    position = models.PositiveIntegerField()
+    position = models.IntegerField()
     status = models.CharField(max_length=16)
-    visit = models.PositiveIntegerField(null=True, blank=True)
+    visit = models.IntegerField(null=True, blank=True)
     attempts = models.JSONField(default=list)
     output = models.JSONField(null=True, blank=True)
     has_output = models.BooleanField(default=False)
     output_ref = models.CharField(max_length=200, blank=True)
     artifact_refs = models.JSONField(default=list)
     error = models.JSONField(null=True, blank=True)
-    first_sequence = models.PositiveIntegerField()
-    last_sequence = models.PositiveIntegerField()
+    first_sequence = models.IntegerField()
+    last_sequence = models.IntegerField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -309,7 +317,7 @@ class ToolCall(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False,
                             db_constraint=False)  # see Event.run
     call_id = models.CharField(max_length=200)
-    position = models.PositiveIntegerField()
+    position = models.IntegerField()
     tool_name = models.CharField(max_length=200, blank=True)
     args = models.JSONField(null=True, blank=True)
     caller = models.CharField(max_length=50, blank=True)
@@ -321,8 +329,8 @@ class ToolCall(models.Model):
     duration_ms = models.FloatField(null=True, blank=True)
     reconciled = models.BooleanField(default=False)
     origin = models.CharField(max_length=16, blank=True)
-    started_sequence = models.PositiveIntegerField(null=True, blank=True)
-    ended_sequence = models.PositiveIntegerField(null=True, blank=True)
+    started_sequence = models.IntegerField(null=True, blank=True)
+    ended_sequence = models.IntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "call_id"], name="tool_call_unique_in_run")]
@@ -336,7 +344,7 @@ class CostEntry(models.Model):
     # a second index on run_id alone only cost each insert (migration 0012).
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cost_entries", db_index=False,
                             db_constraint=False)  # see Event.run
-    sequence = models.PositiveIntegerField()
+    sequence = models.IntegerField()
     call_id = models.CharField(max_length=200, blank=True)
     step_path = models.CharField(max_length=500, blank=True)
     provider = models.CharField(max_length=200, blank=True)
@@ -382,8 +390,8 @@ class DailyUsage(UsageCell):
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     day = models.DateField()
-    calls = models.PositiveIntegerField(default=0)
-    priced_calls = models.PositiveIntegerField(default=0)
+    calls = models.IntegerField(default=0)
+    priced_calls = models.IntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -469,7 +477,7 @@ class ToolGatewayClaim(models.Model):
     owner = models.CharField(max_length=200)
     lease_token = models.CharField(max_length=64)
     lease_expires_at = models.DateTimeField()
-    attempt = models.PositiveIntegerField(default=1)
+    attempt = models.IntegerField(default=1)
     claimed_at = models.DateTimeField()  # of the current attempt
     outbound_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CLAIMED)

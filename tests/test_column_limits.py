@@ -63,7 +63,8 @@ def test_the_limits_are_the_columns_the_values_land_in() -> None:
             assert model._meta.get_field(name).max_length == limits[field], (field, model, name)
     assert isinstance(ToolCall._meta.get_field("turn"), models.IntegerField)
     assert not isinstance(ToolCall._meta.get_field("turn"), models.BigIntegerField)
-    assert isinstance(Step._meta.get_field("visit"), models.PositiveIntegerField)
+    assert isinstance(Step._meta.get_field("visit"), models.IntegerField)
+    assert not isinstance(Step._meta.get_field("visit"), models.BigIntegerField)
 
 
 def _with_field(field: str, value: Any) -> list[dict[str, Any]]:
