@@ -11,23 +11,26 @@ The log's own constraint (event_sequence_positive) and the gateway's (gateway_at
 
 from django.db import migrations, models
 
-CHECKED = {
-    "ledger_costentry": ("sequence",),
-    "ledger_dailyusage": ("calls", "priced_calls"),
-    "ledger_event": ("sequence",),
-    "ledger_run": ("event_count", "last_sequence", "priced_calls", "unpriced_calls"),
-    "ledger_step": ("first_sequence", "last_sequence", "position", "priced_calls", "unpriced_calls", "visit"),
-    "ledger_toolcall": ("ended_sequence", "position", "started_sequence"),
-    "ledger_toolgatewayclaim": ("attempt",),
+# model -> field -> the IntegerField options it keeps (PositiveIntegerField's, less the CHECK).
+REQUIRED, COUNTER, OPTIONAL = {}, {"default": 0}, {"blank": True, "null": True}
+FIELDS = {
+    "costentry": {"sequence": REQUIRED},
+    "dailyusage": {"calls": COUNTER, "priced_calls": COUNTER},
+    "event": {"sequence": REQUIRED},
+    "run": {"event_count": COUNTER, "last_sequence": COUNTER, "priced_calls": COUNTER, "unpriced_calls": COUNTER},
+    "step": {"first_sequence": REQUIRED, "last_sequence": REQUIRED, "position": REQUIRED, "priced_calls": COUNTER,
+             "unpriced_calls": COUNTER, "visit": OPTIONAL},
+    "toolcall": {"ended_sequence": OPTIONAL, "position": REQUIRED, "started_sequence": OPTIONAL},
+    "toolgatewayclaim": {"attempt": {"default": 1}},
 }
 
 
 def _alter(schema_editor, statement):
     if schema_editor.connection.vendor != "postgresql":
         return
-    for table, columns in CHECKED.items():
-        for column in columns:
-            schema_editor.execute(statement.format(table=table, column=column))
+    for model, fields in FIELDS.items():
+        for column in fields:
+            schema_editor.execute(statement.format(table=f"ledger_{model}", column=column))
 
 
 def drop_checks(apps, schema_editor):
@@ -48,96 +51,8 @@ class Migration(migrations.Migration):
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunPython(drop_checks, add_checks)],
             state_operations=[
-                migrations.AlterField(
-                    model_name='costentry',
-                    name='sequence',
-                    field=models.IntegerField(),
-                ),
-                migrations.AlterField(
-                    model_name='dailyusage',
-                    name='calls',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='dailyusage',
-                    name='priced_calls',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='event',
-                    name='sequence',
-                    field=models.IntegerField(),
-                ),
-                migrations.AlterField(
-                    model_name='run',
-                    name='event_count',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='run',
-                    name='last_sequence',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='run',
-                    name='priced_calls',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='run',
-                    name='unpriced_calls',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='step',
-                    name='first_sequence',
-                    field=models.IntegerField(),
-                ),
-                migrations.AlterField(
-                    model_name='step',
-                    name='last_sequence',
-                    field=models.IntegerField(),
-                ),
-                migrations.AlterField(
-                    model_name='step',
-                    name='position',
-                    field=models.IntegerField(),
-                ),
-                migrations.AlterField(
-                    model_name='step',
-                    name='priced_calls',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='step',
-                    name='unpriced_calls',
-                    field=models.IntegerField(default=0),
-                ),
-                migrations.AlterField(
-                    model_name='step',
-                    name='visit',
-                    field=models.IntegerField(blank=True, null=True),
-                ),
-                migrations.AlterField(
-                    model_name='toolcall',
-                    name='ended_sequence',
-                    field=models.IntegerField(blank=True, null=True),
-                ),
-                migrations.AlterField(
-                    model_name='toolcall',
-                    name='position',
-                    field=models.IntegerField(),
-                ),
-                migrations.AlterField(
-                    model_name='toolcall',
-                    name='started_sequence',
-                    field=models.IntegerField(blank=True, null=True),
-                ),
-                migrations.AlterField(
-                    model_name='toolgatewayclaim',
-                    name='attempt',
-                    field=models.IntegerField(default=1),
-                ),
+                migrations.AlterField(model_name=model, name=name, field=models.IntegerField(**options))
+                for model, fields in FIELDS.items() for name, options in fields.items()
             ],
         ),
     ]
