@@ -53,6 +53,7 @@ from typing import Any
 import orjson
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.types.json import Jsonb
 
 from .bulk import conflict_update, json_fields, json_rows, recordset, row_params, values_row
@@ -126,14 +127,16 @@ _MISSED_TEXT = "runledger: attached row change missed "
 
 
 def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], recorded_at: datetime,
-                changes: Changes, guard: Guard | None, attached: Sequence[Attached] = ()) -> bool:
+                changes: Changes, guard: Guard | None, attached: Sequence[Attached] = (), *,
+                db: BaseDatabaseWrapper | None = None) -> bool:
     """Write the batch (and the `attached` row changes) if the run still ends at `before` (and
     `guard` and every attached condition hold); False if nothing was written. Without a guard the
     caller holds the row lock, so it cannot miss. Raises AttachedMissed (nothing written) when
-    the head held but an attached change did not."""
+    the head held but an attached change did not. `db`: the default connection, if the caller
+    has it at hand (else it is looked up)."""
     statement, params = _update_statement(run_pk, before, len(events), changes, guard, attached)
     try:
-        return _execute(statement, params, events, recorded_at, changes) is not None
+        return _execute(statement, params, events, recorded_at, changes, db) is not None
     except DataError as exc:
         cause = exc.__cause__
         if attached and getattr(cause, "sqlstate", None) == _MISSED and _MISSED_TEXT in str(cause):
@@ -165,13 +168,13 @@ def _json_texts(values: Sequence[str]) -> str:
 
 
 def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]], recorded_at: datetime,
-                changes: Changes) -> int | None:
+                changes: Changes, *, db: BaseDatabaseWrapper | None = None) -> int | None:
     """Create the run's head row (`run_row`: every column) with its first batch; its pk, or
     None if the row already exists (nothing was written)."""
     return _execute(_insert_sql(tuple(run_row), *_shape(len(events), changes)), {}, events, recorded_at,
                     Changes(run=dict(run_row), steps=changes.steps, tool_calls=changes.tool_calls,
                             cost_entries=changes.cost_entries, daily_usage=changes.daily_usage,
-                            new_tool_calls=changes.new_tool_calls))
+                            new_tool_calls=changes.new_tool_calls), db)
 
 
 # --- the statement ---------------------------------------------------------------------------
@@ -238,9 +241,9 @@ def _values(statement: _Statement, params: dict[str, Any], events: Sequence[Mapp
 
 
 def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
-             recorded_at: datetime, changes: Changes) -> int | None:
+             recorded_at: datetime, changes: Changes, db: BaseDatabaseWrapper | None) -> int | None:
     values = _values(statement, params, events, recorded_at, changes)
-    db = _ready()
+    db = _ready(db)
     with db.wrap_database_errors:
         raw = _raw_cursor(db)
         raw.execute(statement.text, values, prepare=True)
@@ -260,11 +263,12 @@ def fetch_one(statement: bytes, params: Sequence[Any]) -> tuple[Any, ...] | None
     return row
 
 
-def _ready() -> Any:
-    """The default database's wrapper, connected: what `connection.cursor()` checks before it
-    hands out a cursor, without the two cursors it builds (Django's wrapper, psycopg's) per
-    statement."""
-    db = connections[DEFAULT_DB_ALIAS]
+def _ready(db: BaseDatabaseWrapper | None = None) -> Any:
+    """The default database's wrapper (`db`, or looked up), connected: what
+    `connection.cursor()` checks before it hands out a cursor, without the two cursors it builds
+    (Django's wrapper, psycopg's) per statement."""
+    if db is None:
+        db = connections[DEFAULT_DB_ALIAS]
     db.close_if_health_check_failed()
     db.ensure_connection()
     db.validate_thread_sharing()
@@ -406,11 +410,11 @@ class Pipeline:
 
 
 @contextmanager
-def pipeline() -> Iterator[Pipeline]:
+def pipeline(db: BaseDatabaseWrapper | None = None) -> Iterator[Pipeline]:
     """A transaction for `Pipeline.update_head`s: it commits when the body returns and every
     statement wrote; otherwise it rolls back and raises PipelineMissed. An exception of the body
     rolls it back too. Outside a transaction only (Django's autocommit): it is its own."""
-    db = _ready()
+    db = _ready(db)
     conn = db.connection
     _allow_preparing(conn)
     try:
