@@ -388,7 +388,8 @@ class DailyUsage(UsageCell):
     priced calls only; a cell whose calls are all unpriced has 0 there and priced_calls 0.
     """
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    # No index of its own: the unique constraint below leads with it (migration 0022).
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+", db_index=False)
     day = models.DateField()
     calls = models.IntegerField(default=0)
     priced_calls = models.IntegerField(default=0)

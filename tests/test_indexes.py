@@ -1,6 +1,9 @@
 """Migrations 0012 and 0020: the event, projection and gateway tables keep one index for lookups by
 run, the unique (run_id, …) constraint's, and no second index on run_id alone that every insert
-had to write (and that the gateway's generic plans chose, filtering every claim of the run)."""
+had to write (and that the gateway's generic plans chose, filtering every claim of the run).
+Migration 0022: the usage rollups likewise keep one index for their reads by workspace and range,
+the unique (workspace_id, day or month, …) constraint's, and none on workspace_id alone (which the
+planner chose for a range of days, filtering every day of the workspace)."""
 
 from __future__ import annotations
 
@@ -25,3 +28,12 @@ def test_run_lookups_have_the_unique_index_and_no_other(table: str) -> None:
     by_columns = [c["columns"] for c in constraints.values() if c["index"] or c["unique"]]
     assert LEADING[table] in by_columns
     assert ["run_id"] not in by_columns
+
+
+@pytest.mark.parametrize("table, leading", [("ledger_dailyusage", "day"), ("ledger_monthlyusage", "month")])
+def test_usage_reads_have_the_unique_index_and_no_other(table: str, leading: str) -> None:
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, table)
+    by_columns = [c["columns"] for c in constraints.values() if c["index"] or c["unique"]]
+    assert ["workspace_id", leading, "provider", "model_id", "workflow_version_id"] in by_columns
+    assert ["workspace_id"] not in by_columns
