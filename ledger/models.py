@@ -49,7 +49,8 @@ class Tenant(models.Model):
 
 
 class Workspace(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="workspaces")
+    # No index of its own: the unique (tenant, slug) constraint below leads with it (migration 0023).
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="workspaces", db_index=False)
     slug = models.SlugField(max_length=64)
     name = models.CharField(max_length=200)
     # Extra redaction rules on top of the built-in secret key names (DESIGN.md §3).
@@ -79,7 +80,9 @@ class Workspace(models.Model):
 
 
 class Membership(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    # No index of its own: the unique (user, tenant) constraint below leads with it (migration 0023).
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships",
+                             db_index=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices)
 
@@ -142,7 +145,9 @@ class Run(UsageColumns):
     Everything below `pruning` is projected from the log by the fold (ledger/projection.py).
     """
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs")
+    # No index of its own: the unique (workspace, run_id) constraint and both indexes below lead
+    # with it (migration 0023).
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs", db_index=False)
     run_id = models.CharField(max_length=84)
     created_at = models.DateTimeField(default=clock.recorded_now)
     last_sequence = models.IntegerField(default=0)
@@ -241,7 +246,8 @@ class Event(models.Model):
 class Artifact(models.Model):
     """Content-addressed bytes (sha256) owned by a workspace; re-hashed on every read."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="artifacts")
+    # No index of its own: the unique (workspace, sha256) constraint below leads with it (migration 0023).
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="artifacts", db_index=False)
     sha256 = models.CharField(max_length=64)
     size = models.PositiveBigIntegerField()
     content_type = models.CharField(max_length=100, default="application/json")
@@ -553,7 +559,8 @@ class ReexecutionRequest(models.Model):
         EXTERNAL = "external"  # a harness claiming through POST /api/v1/reexecutions/claim
 
     public_id = models.CharField(max_length=40, unique=True)
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="reexecutions")
+    # No index of its own: the three indexes below lead with it (migration 0023).
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="reexecutions", db_index=False)
     original_run_id = models.CharField(max_length=84)
     mode = models.CharField(max_length=16, choices=Mode.choices)
     from_step = models.CharField(max_length=500, null=True, blank=True)
@@ -629,7 +636,8 @@ class ShareLink(models.Model):
     """
 
     public_id = models.CharField(max_length=40, unique=True)
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="share_links")
+    # No index of its own: the index by run below leads with it (migration 0023).
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="share_links", db_index=False)
     run_id = models.CharField(max_length=84)
     # sha256 of the token: the token is 32 random bytes, so a slow hash buys nothing (as for API keys).
     token_hash = models.CharField(max_length=64, unique=True)
@@ -704,7 +712,8 @@ class AuditEntry(models.Model):
         TOOL_CALL_APPROVED = "tool_call.approved"
         TOOL_CALL_REJECTED = "tool_call.rejected"
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # No index of its own: both indexes below lead with it (migration 0023).
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     actor = models.CharField(max_length=160)  # username, key:<prefix>, or system:<what>
     actor_user_id = models.BigIntegerField(null=True, blank=True)

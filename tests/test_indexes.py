@@ -3,11 +3,14 @@ run, the unique (run_id, …) constraint's, and no second index on run_id alone 
 had to write (and that the gateway's generic plans chose, filtering every claim of the run).
 Migration 0022: the usage rollups likewise keep one index for their reads by workspace and range,
 the unique (workspace_id, day or month, …) constraint's, and none on workspace_id alone (which the
-planner chose for a range of days, filtering every day of the workspace)."""
+planner chose for a range of days, filtering every day of the workspace). Migration 0023: and no
+table of the ledger has an index that another of its indexes leads with: one more B-tree for
+every insert to write, and a second path for the planner to take."""
 
 from __future__ import annotations
 
 import pytest
+from django.apps import apps
 from django.db import connection
 
 pytestmark = pytest.mark.django_db
@@ -37,3 +40,19 @@ def test_usage_reads_have_the_unique_index_and_no_other(table: str, leading: str
     by_columns = [c["columns"] for c in constraints.values() if c["index"] or c["unique"]]
     assert ["workspace_id", leading, "provider", "model_id", "workflow_version_id"] in by_columns
     assert ["workspace_id"] not in by_columns
+
+
+LEDGER_TABLES = sorted(model._meta.db_table for model in apps.get_app_config("ledger").get_models())
+
+
+@pytest.mark.parametrize("table", LEDGER_TABLES)
+def test_no_index_is_the_start_of_another(table: str) -> None:
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, table)
+    # PostgreSQL's `…_like` indexes (varchar_pattern_ops, for LIKE 'x%') answer other queries.
+    indexes = {name: c for name, c in constraints.items()
+               if (c["index"] or c["unique"]) and c["columns"] and not name.endswith("_like")}
+    redundant = sorted((name, other) for name, index in indexes.items() if not index["unique"]
+                       for other, longer in indexes.items()
+                       if other != name and longer["columns"][:len(index["columns"])] == index["columns"])
+    assert redundant == []
