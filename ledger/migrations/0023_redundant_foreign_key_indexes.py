@@ -15,15 +15,17 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-# table -> (the name Django gave the index on both backends, its column)
-INDEXES = {
-    "ledger_artifact": ("ledger_artifact_workspace_id_7e4fd54a", "workspace_id"),
-    "ledger_auditentry": ("ledger_auditentry_tenant_id_47dae432", "tenant_id"),
-    "ledger_membership": ("ledger_membership_user_id_60737acd", "user_id"),
-    "ledger_reexecutionrequest": ("ledger_reexecutionrequest_workspace_id_85ff1949", "workspace_id"),
-    "ledger_run": ("ledger_run_workspace_id_3c90cbb3", "workspace_id"),
-    "ledger_sharelink": ("ledger_sharelink_workspace_id_b16bb868", "workspace_id"),
-    "ledger_workspace": ("ledger_workspace_tenant_id_17b6c0db", "tenant_id"),
+# model -> (its foreign key, the model it points to, on_delete, related_name, the name Django gave
+# the key's index on both backends)
+KEYS = {
+    "artifact": ("workspace", "ledger.workspace", "PROTECT", "artifacts", "ledger_artifact_workspace_id_7e4fd54a"),
+    "auditentry": ("tenant", "ledger.tenant", "PROTECT", "+", "ledger_auditentry_tenant_id_47dae432"),
+    "membership": ("user", settings.AUTH_USER_MODEL, "CASCADE", "memberships", "ledger_membership_user_id_60737acd"),
+    "reexecutionrequest": ("workspace", "ledger.workspace", "PROTECT", "reexecutions",
+                           "ledger_reexecutionrequest_workspace_id_85ff1949"),
+    "run": ("workspace", "ledger.workspace", "PROTECT", "runs", "ledger_run_workspace_id_3c90cbb3"),
+    "sharelink": ("workspace", "ledger.workspace", "PROTECT", "share_links", "ledger_sharelink_workspace_id_b16bb868"),
+    "workspace": ("tenant", "ledger.tenant", "PROTECT", "workspaces", "ledger_workspace_tenant_id_17b6c0db"),
 }
 
 
@@ -38,47 +40,19 @@ class Migration(migrations.Migration):
         migrations.SeparateDatabaseAndState(
             state_operations=[
                 migrations.AlterField(
-                    model_name='artifact',
-                    name='workspace',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='artifacts', to='ledger.workspace'),
-                ),
-                migrations.AlterField(
-                    model_name='auditentry',
-                    name='tenant',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='ledger.tenant'),
-                ),
-                migrations.AlterField(
-                    model_name='membership',
-                    name='user',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL),
-                ),
-                migrations.AlterField(
-                    model_name='reexecutionrequest',
-                    name='workspace',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='reexecutions', to='ledger.workspace'),
-                ),
-                migrations.AlterField(
-                    model_name='run',
-                    name='workspace',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='ledger.workspace'),
-                ),
-                migrations.AlterField(
-                    model_name='sharelink',
-                    name='workspace',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='share_links', to='ledger.workspace'),
-                ),
-                migrations.AlterField(
-                    model_name='workspace',
-                    name='tenant',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='workspaces', to='ledger.tenant'),
-                ),
+                    model_name=model,
+                    name=name,
+                    field=models.ForeignKey(db_index=False, on_delete=getattr(django.db.models.deletion, on_delete),
+                                            related_name=related_name, to=to),
+                )
+                for model, (name, to, on_delete, related_name, _) in KEYS.items()
             ],
             database_operations=[
                 migrations.RunSQL(
                     f'DROP INDEX IF EXISTS "{index}"',
-                    reverse_sql=f'CREATE INDEX "{index}" ON "{table}" ("{column}")',
+                    reverse_sql=f'CREATE INDEX "{index}" ON "ledger_{model}" ("{name}_id")',
                 )
-                for table, (index, column) in INDEXES.items()
+                for model, (name, _, _, _, index) in KEYS.items()
             ],
         ),
     ]
