@@ -11,21 +11,22 @@ Only the indexes go: an AlterField would remake each table on SQLite and drop th
 triggers of the audit log.
 """
 
-import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
 # model -> (its foreign key, the model it points to, on_delete, related_name, the name Django gave
 # the key's index on both backends)
 KEYS = {
-    "artifact": ("workspace", "ledger.workspace", "PROTECT", "artifacts", "ledger_artifact_workspace_id_7e4fd54a"),
-    "auditentry": ("tenant", "ledger.tenant", "PROTECT", "+", "ledger_auditentry_tenant_id_47dae432"),
-    "membership": ("user", settings.AUTH_USER_MODEL, "CASCADE", "memberships", "ledger_membership_user_id_60737acd"),
-    "reexecutionrequest": ("workspace", "ledger.workspace", "PROTECT", "reexecutions",
+    "artifact": ("workspace", "ledger.workspace", models.PROTECT, "artifacts", "ledger_artifact_workspace_id_7e4fd54a"),
+    "auditentry": ("tenant", "ledger.tenant", models.PROTECT, "+", "ledger_auditentry_tenant_id_47dae432"),
+    "membership": ("user", settings.AUTH_USER_MODEL, models.CASCADE, "memberships",
+                   "ledger_membership_user_id_60737acd"),
+    "reexecutionrequest": ("workspace", "ledger.workspace", models.PROTECT, "reexecutions",
                            "ledger_reexecutionrequest_workspace_id_85ff1949"),
-    "run": ("workspace", "ledger.workspace", "PROTECT", "runs", "ledger_run_workspace_id_3c90cbb3"),
-    "sharelink": ("workspace", "ledger.workspace", "PROTECT", "share_links", "ledger_sharelink_workspace_id_b16bb868"),
-    "workspace": ("tenant", "ledger.tenant", "PROTECT", "workspaces", "ledger_workspace_tenant_id_17b6c0db"),
+    "run": ("workspace", "ledger.workspace", models.PROTECT, "runs", "ledger_run_workspace_id_3c90cbb3"),
+    "sharelink": ("workspace", "ledger.workspace", models.PROTECT, "share_links",
+                  "ledger_sharelink_workspace_id_b16bb868"),
+    "workspace": ("tenant", "ledger.tenant", models.PROTECT, "workspaces", "ledger_workspace_tenant_id_17b6c0db"),
 }
 
 
@@ -42,8 +43,7 @@ class Migration(migrations.Migration):
                 migrations.AlterField(
                     model_name=model,
                     name=name,
-                    field=models.ForeignKey(db_index=False, on_delete=getattr(django.db.models.deletion, on_delete),
-                                            related_name=related_name, to=to),
+                    field=models.ForeignKey(db_index=False, on_delete=on_delete, related_name=related_name, to=to),
                 )
                 for model, (name, to, on_delete, related_name, _) in KEYS.items()
             ],
