@@ -16,8 +16,10 @@ Live (against Daphne on Redis, started here as a subprocess): 1 and 50 WebSocket
 (autobahn clients in a subprocess of their own, signed in with a session cookie) on a run's
 `/ws/runs/<runId>/`; events appended one at a time here; per delivery, the time from the append's
 COMMIT returning to the subscriber having the message; against a `group_send` to a group of as many
-channel-layer receivers, from the send to each receive. Both ends read CLOCK_MONOTONIC.
-See bench/README.md.
+channel-layer receivers, from the send to each receive. Both ends read CLOCK_MONOTONIC. The floor
+beside it: the same subscribers on a second Daphne serving bench/barews.py, a bare Channels
+consumer that forwards a group's messages, each frame (one of our rows) sent by `group_send`: what
+Channels, Daphne, autobahn and Twisted take with no Runledger code. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -387,6 +389,46 @@ def measure_live(workspace: Any, run_id: str, base: str, session: str, subscribe
     return latencies
 
 
+def row_html(workspace: Any, run_id: str) -> str:
+    """The html of the run's last StepScheduled row as the console's live socket sends it (the
+    bare fan-out below sends frames of the same size)."""
+    from console.live.run import _row
+    from ledger.models import Run
+    from ledger.projection import log_of
+
+    run = Run.objects.get(workspace=workspace, run_id=run_id)
+    last = next(e for e in reversed(log_of(run)) if e["type"] == "StepScheduled")
+    return json.loads(_row(last, run))["html"]
+
+
+def measure_bare(base: str, subscribers: int, events: int, gap: float, html: str) -> list[float]:
+    """The same subscriber process on a Daphne serving bench/barews.py (a Channels consumer that
+    only forwards its group's messages): per delivery, the time from the `group_send` of a frame
+    like ours (`html`) to the subscriber having it. What Channels, Daphne, autobahn and Twisted
+    take alone; no Runledger code runs between the send and the socket."""
+    from bench.barews import GROUP
+
+    board = Board()
+    clients = Subscribers(base, "/", "-", subscribers, board)
+    loop = asyncio.new_event_loop()
+    layer = channel_layer()
+    latencies: list[float] = []
+    try:
+        for n in range(1, WARMUP_EVENTS + events + 1):
+            text = json.dumps({"type": "event", "sequence": n, "html": html})
+            began = time.perf_counter()
+            loop.run_until_complete(layer.group_send(GROUP, {"type": "bench.frame", "text": text}))
+            arrived = board.wait_for(n, subscribers)
+            if n > WARMUP_EVENTS:
+                latencies.extend(moment - began for moment in arrived.values())
+            time.sleep(gap)
+    finally:
+        clients.close()
+        loop.run_until_complete(close_layer(layer))
+        loop.close()
+    return latencies
+
+
 async def measure_fanout(receivers: int, events: int, gap: float, *, sorted_set: bool = False) -> list[float]:
     """group_send to a group of `receivers` channels of one layer (as a Daphne process holds its
     consumers), then every receive: per receiver, the time from the send to its message. On the
@@ -459,7 +501,8 @@ def main(argv: list[str]) -> int:
 
     written: dict[str, list[str]] = defaultdict(list)
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-console-daphne-{os.getpid()}.log"
-    process = None
+    bare_log_path = log_path.with_name(f"bench-console-bare-daphne-{os.getpid()}.log")
+    process = bare_process = None
     pages: list[tuple[str, float, float, int]] = []
     try:
         if not args.live_only:
@@ -468,23 +511,27 @@ def main(argv: list[str]) -> int:
             print(f"  done at {time.monotonic() - began:.0f} s", flush=True)
         print(f"timing live delivery (load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}) ...", flush=True)
         process, base = start_daphne(log_path)
+        bare_process, bare_base = start_daphne(bare_log_path, "bench.barews:application", probe="/", probe_status=200)
         gap = args.gap_ms / 1000
-        live: dict[int, tuple[list[float], list[float], list[float]]] = {}
+        live: dict[int, tuple[list[float], list[float], list[float], list[float]]] = {}
         for count in args.subscribers:
             fanout = asyncio.run(measure_fanout(count, args.events, gap))
             sorted_set = asyncio.run(measure_fanout(count, args.events, gap, sorted_set=True))
             run_id = f"run_bench_live_{count}"
             written["live"].append(run_id)
             delivered = measure_live(workspaces["live"], run_id, base, session, count, args.events, gap)
-            live[count] = (delivered, fanout, sorted_set)
+            bare = measure_bare(bare_base, count, args.events, gap, row_html(workspaces["live"], run_id))
+            live[count] = (delivered, fanout, sorted_set, bare)
     finally:
-        if process is not None:
-            stop(process)
+        for running in (process, bare_process):
+            if running is not None:
+                stop(running)
         if not args.keep:
             for name, ws in workspaces.items():
                 cleanup(ws, written[name])
             User.objects.filter(username=username).delete()
     log_path.unlink(missing_ok=True)
+    bare_log_path.unlink(missing_ok=True)
 
     if pages:
         print(f"\n{'server time, ms (median of ' + str(args.repeats) + ')':<34} {'page':>8} {'bare query':>11} "
@@ -496,10 +543,11 @@ def main(argv: list[str]) -> int:
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"\n{'live delivery, ms (load average ' + load + ')':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
-    for count, (delivered, fanout, sorted_set) in live.items():
+    for count, (delivered, fanout, sorted_set, bare) in live.items():
         for name, values in ((f"commit -> WebSocket message, {count} subscriber(s)", delivered),
                              (f"  baseline: group_send -> {count} receive(s)", fanout),
-                             ("  (sorted-set layer's, not the figure's)", sorted_set)):
+                             ("  (sorted-set layer's, not the figure's)", sorted_set),
+                             ("  floor: bare Channels consumer on Daphne", bare)):
             ms = [v * 1000 for v in values]
             print(f"{name:<44} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
                   f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}")
@@ -508,11 +556,20 @@ def main(argv: list[str]) -> int:
               f"({len(delivered)} deliveries of {args.events} events); against the sorted-set layer's: "
               f"p50 {percentile(delivered, 50) / percentile(sorted_set, 50):.1f}x, "
               f"p99 {percentile(delivered, 99) / percentile(sorted_set, 99):.1f}x")
+        print(f"  floor: the bare fan-out is p50 {percentile(bare, 50) / percentile(fanout, 50):.1f}x, "
+              f"p99 {percentile(bare, 99) / percentile(fanout, 99):.1f}x the group_send; ours is "
+              f"p50 {percentile(delivered, 50) / percentile(bare, 50):.2f}x, "
+              f"p99 {percentile(delivered, 99) / percentile(bare, 99):.2f}x the bare fan-out")
         for q, target in ((50, 3.0), (99, 5.0)):
             value, baseline = percentile(delivered, q) * 1000, percentile(fanout, q) * 1000
+            floor = percentile(bare, q) * 1000
             record(f"commit -> WebSocket message p{q}, {count} subscriber(s) / group_send", value=value, unit="ms",
                    baseline=baseline, ratio=value / baseline, target=f"<= {target:g}x", met=value / baseline <= target,
-                   ratio_format="{:.1f}x", note=f"load average {load}")
+                   ratio_format="{:.1f}x", note=f"load average {load}; a bare Channels consumer on Daphne "
+                                                f"delivers the same frame at {floor / baseline:.1f}x")
+            record(f"WebSocket p{q}, {count} subscriber(s): ours / a bare Channels consumer on Daphne (group_send -> "
+                   "frame, no Runledger code)", value=value, unit="ms", baseline=floor, ratio=value / floor,
+                   target="(the floor under the figure above)", met=None, ratio_format="{:.2f}x")
     print(f"\ntotal {time.monotonic() - began:.0f} s")
     return 0
 
