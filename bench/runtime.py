@@ -13,6 +13,10 @@ a dictionary lookup. The conversation grows by two messages per turn, as an agen
                         it asks for, stamped outbound): two commits per model call with its tool
                         call, all under the run lease's fencing token, each one statement and one
                         round trip (the gateway's row attached to the append's statement)
+  ours, no projections  the same with the append's projection rows switched off (events, head and
+                        gateway row only; not a product configuration): what the projections,
+                        written in the append's transaction by DESIGN.md, cost a model call
+  floor                 two bare durable commits per model call (single-row INSERTs), nothing else
   DBOS                  @DBOS.workflow with one @DBOS.step per model call, the tool call inside it
   DBOS, tool step       the same with the tool call as its own @DBOS.step
   LangGraph             StateGraph with PostgresSaver, one node per model call (tool call inside),
@@ -52,6 +56,9 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/runledger_bench"
 # Targets from issue 5: recorded model calls per second, ours over theirs.
 TARGETS = {"LangGraph": 1.0, "DBOS": 3.0}
 PEER_FIGURES = {"LangGraph": "LangGraph (sync) steps/s", "DBOS": "DBOS steps/s"}
+
+# Ours with the projection rows switched off (Ours.runner_without_projections): for the floor analysis only.
+NO_PROJECTIONS = "ours, no projections"
 
 SYSTEM = "You check orders and report their status."
 PROMPT = "Check every order on the list and tell me which are late."
@@ -181,6 +188,30 @@ class Ours:
             return outcome.output
 
         return run
+
+    def runner_without_projections(self, calls: int) -> Callable[[], Any]:
+        """The same runs with the append's projection rows switched off (`batch_changes` answers
+        the head's sequence and status only, as bench/ingest.py's upkeep figure does): the events,
+        the head and the gateway's control row are written, the run's, step, tool-call, cost-entry
+        and usage rows are not. Not a product configuration: the bound on what the projections,
+        which DESIGN.md writes in the append's transaction, cost a model call."""
+        import ledger.append as append_module
+        from ledger.projection import Changes
+
+        run = self.runner(calls)
+
+        def head_only(workspace_id: int, state: Any, *a: Any, **kw: Any) -> Changes:
+            return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
+
+        def run_without() -> Any:
+            real = append_module.batch_changes
+            append_module.batch_changes = head_only
+            try:
+                return run()
+            finally:
+                append_module.batch_changes = real
+
+        return run_without
 
     def check(self, calls: int) -> str:
         from ledger.models import Run
@@ -411,6 +442,15 @@ def print_table(seconds: dict[str, list[float]], calls: int) -> None:
             record("runtime: recorded model calls/s / two bare durable commits per call (its floor)",
                    value=rates["ours"], unit="calls/s", baseline=rates[Floor.label], ratio=to_floor,
                    target="(for the floor analysis)", met=None)
+        if NO_PROJECTIONS in rates:
+            share = 1 - rates["ours"] / rates[NO_PROJECTIONS]
+            peers = ", ".join(f"{rates[NO_PROJECTIONS] / rates[peer]:.2f}x {peer}" for peer in TARGETS if peer in rates)
+            print(f"ours without its projection rows: {rates[NO_PROJECTIONS]:.1f} calls/s; the projections are "
+                  f"{share:.0%} of a model call" + (f"; without them ours would be {peers}" if peers else ""))
+            record("runtime: recorded model calls/s / the same with no projection rows written (for the floor)",
+                   value=rates["ours"], unit="calls/s", baseline=rates[NO_PROJECTIONS],
+                   ratio=rates["ours"] / rates[NO_PROJECTIONS], target="(for the floor analysis)", met=None,
+                   note=f"without them ours would be {peers}" if peers else "")
         for peer, target in TARGETS.items():
             if peer in rates:
                 ratio = rates["ours"] / rates[peer]
@@ -578,6 +618,7 @@ def main(argv: list[str]) -> int:
         makers: dict[str, Callable[[int], Callable[[], Any]]] = {}
         if ours and floor:
             makers["ours"] = ours.runner
+            makers[NO_PROJECTIONS] = ours.runner_without_projections
             makers[floor.label] = floor.runner
         if dbos:
             for label in ("DBOS", "DBOS, tool step"):
