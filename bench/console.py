@@ -401,15 +401,17 @@ def row_html(workspace: Any, run_id: str) -> str:
     return json.loads(_row(last, run))["html"]
 
 
-def measure_bare(base: str, subscribers: int, events: int, gap: float, html: str) -> list[float]:
-    """The same subscriber process on a Daphne serving bench/barews.py (a Channels consumer that
-    only forwards its group's messages): per delivery, the time from the `group_send` of a frame
-    like ours (`html`) to the subscriber having it. What Channels, Daphne, autobahn and Twisted
-    take alone; no Runledger code runs between the send and the socket."""
-    from bench.barews import GROUP
+def measure_bare(base: str, subscribers: int, events: int, gap: float, html: str, *, shared: bool) -> list[float]:
+    """The same subscriber process on a Daphne serving bench/barews.py (Channels consumers that
+    only forward a group's messages: a group member per socket, or with `shared` one for the
+    process, as ours has): per delivery, the time from the `group_send` of a frame like ours
+    (`html`) to the subscriber having it. What Channels, Daphne, autobahn and Twisted take alone;
+    no Runledger code runs between the send and the socket."""
+    from bench.barews import GROUP, SHARED_GROUP
 
+    group = SHARED_GROUP if shared else GROUP
     board = Board()
-    clients = Subscribers(base, "/", "-", subscribers, board)
+    clients = Subscribers(base, "/shared" if shared else "/", "-", subscribers, board)
     loop = asyncio.new_event_loop()
     layer = channel_layer()
     latencies: list[float] = []
@@ -417,7 +419,7 @@ def measure_bare(base: str, subscribers: int, events: int, gap: float, html: str
         for n in range(1, WARMUP_EVENTS + events + 1):
             text = json.dumps({"type": "event", "sequence": n, "html": html})
             began = time.perf_counter()
-            loop.run_until_complete(layer.group_send(GROUP, {"type": "bench.frame", "text": text}))
+            loop.run_until_complete(layer.group_send(group, {"type": "bench.frame", "text": text}))
             arrived = board.wait_for(n, subscribers)
             if n > WARMUP_EVENTS:
                 latencies.extend(moment - began for moment in arrived.values())
@@ -513,15 +515,17 @@ def main(argv: list[str]) -> int:
         process, base = start_daphne(log_path)
         bare_process, bare_base = start_daphne(bare_log_path, "bench.barews:application", probe="/", probe_status=200)
         gap = args.gap_ms / 1000
-        live: dict[int, tuple[list[float], list[float], list[float], list[float]]] = {}
+        live: dict[int, tuple[list[float], list[float], list[float], list[float], list[float]]] = {}
         for count in args.subscribers:
             fanout = asyncio.run(measure_fanout(count, args.events, gap))
             sorted_set = asyncio.run(measure_fanout(count, args.events, gap, sorted_set=True))
             run_id = f"run_bench_live_{count}"
             written["live"].append(run_id)
             delivered = measure_live(workspaces["live"], run_id, base, session, count, args.events, gap)
-            bare = measure_bare(bare_base, count, args.events, gap, row_html(workspaces["live"], run_id))
-            live[count] = (delivered, fanout, sorted_set, bare)
+            html = row_html(workspaces["live"], run_id)
+            per_socket = measure_bare(bare_base, count, args.events, gap, html, shared=False)
+            bare = measure_bare(bare_base, count, args.events, gap, html, shared=True)
+            live[count] = (delivered, fanout, sorted_set, bare, per_socket)
     finally:
         for running in (process, bare_process):
             if running is not None:
@@ -543,11 +547,12 @@ def main(argv: list[str]) -> int:
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"\n{'live delivery, ms (load average ' + load + ')':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
-    for count, (delivered, fanout, sorted_set, bare) in live.items():
+    for count, (delivered, fanout, sorted_set, bare, per_socket) in live.items():
         for name, values in ((f"commit -> WebSocket message, {count} subscriber(s)", delivered),
                              (f"  baseline: group_send -> {count} receive(s)", fanout),
                              ("  (sorted-set layer's, not the figure's)", sorted_set),
-                             ("  floor: bare Channels consumer on Daphne", bare)):
+                             ("  floor: bare Channels fan-out on Daphne", bare),
+                             ("  (bare, a group member per socket)", per_socket)):
             ms = [v * 1000 for v in values]
             print(f"{name:<44} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
                   f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}")
@@ -565,9 +570,9 @@ def main(argv: list[str]) -> int:
             floor = percentile(bare, q) * 1000
             record(f"commit -> WebSocket message p{q}, {count} subscriber(s) / group_send", value=value, unit="ms",
                    baseline=baseline, ratio=value / baseline, target=f"<= {target:g}x", met=value / baseline <= target,
-                   ratio_format="{:.1f}x", note=f"load average {load}; a bare Channels consumer on Daphne "
+                   ratio_format="{:.1f}x", note=f"load average {load}; the bare Channels fan-out on Daphne "
                                                 f"delivers the same frame at {floor / baseline:.1f}x")
-            record(f"WebSocket p{q}, {count} subscriber(s): ours / a bare Channels consumer on Daphne (group_send -> "
+            record(f"WebSocket p{q}, {count} subscriber(s): ours / the bare Channels fan-out on Daphne (group_send -> "
                    "frame, no Runledger code)", value=value, unit="ms", baseline=floor, ratio=value / floor,
                    target="(the floor under the figure above)", met=None, ratio_format="{:.2f}x")
     print(f"\ntotal {time.monotonic() - began:.0f} s")
