@@ -4,14 +4,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.auth import AuthMiddlewareStack
-from channels.security.websocket import AllowedHostsOriginValidator
+from channels.auth import AuthMiddleware
 from channels.routing import URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
+from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
 
 from .live import reexecutions, run, runs
+
+
+class SocketSessionMiddleware(SessionMiddleware):
+    """Channels' SessionMiddleware for sockets: the session from the cookie in the scope (which
+    AuthMiddleware reads the user from), and the socket's own `send` handed on unwrapped.
+
+    Channels' session middleware also wraps `send`, to save a modified session and set its
+    cookie on an `http.response.start`, a message a WebSocket never sends; its check ran on every
+    frame all the same, through the session's lazy object and the settings: 14 µs a frame, a
+    seventh of Daphne's CPU for an event with fifty subscribers (bench/README.md, console). The
+    console's sockets only read the session: at the handshake (AuthMiddleware) and on the
+    keepalive re-check (console/live/watch.py)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
+        wrapper = InstanceSessionWrapper(scope, send)
+        await wrapper.resolve_session()
+        inner: Any = self.inner  # an ASGI 3 application (the stubs also allow Channels' old ASGI 2 form)
+        return await inner(wrapper.scope, receive, send)  # SessionMiddleware hands on wrapper.send
+
 
 # Any: the stubs want a URL pattern type of their own, which Django's path() (what Channels
 # documents for routes) never returns.
 routes: list[Any] = [*run.websocket_urlpatterns, *runs.websocket_urlpatterns, *reexecutions.websocket_urlpatterns]
 
-websocket_application = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(routes)))
+# Channels' AuthMiddlewareStack (cookies, session, user) with the session middleware above.
+websocket_application = AllowedHostsOriginValidator(
+    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(URLRouter(routes)))))
