@@ -225,3 +225,64 @@ def test_an_announced_batch_does_not_answer_a_follower_woken_by_a_later_sequence
     got, reads = async_to_sync(scenario)()
     assert got == [3, 4]
     assert reads == (1, 1)  # the batch was taken, and not used: the follower read the database
+
+
+def test_a_waiting_follower_with_a_push_is_handed_the_batch_and_reads_its_end_itself(
+    workspace: Workspace, settings: Any
+) -> None:
+    """The feed sends an announced batch through the push of a follower that waits where it
+    begins (the WebSocket's way), instead of waking it: the same items, once, no read of its own.
+    A follower without a push, or not waiting, takes its pages as before; the page that ends the
+    run is never pushed (its follower ends on it)."""
+    settings.LEDGER_STREAM_POLL_SECONDS = 60  # only announcements make them read
+    append_events(workspace=workspace, run_id="run_push", events=[started(), ev("StepScheduled", stepPath="a")])
+    run = Run.objects.select_related("workspace__tenant").get(run_id="run_push")
+
+    def append(*events: dict[str, Any]) -> Any:
+        return database_sync_to_async(append_events)(workspace=workspace, run_id="run_push", events=list(events))
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]], list[Any], list[int], tuple[int, int, int]]:
+        pushed: list[list[int]] = []
+
+        async def until(condition: Any) -> None:
+            async def poll() -> None:
+                while not condition():
+                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(poll(), 10)
+
+        async def push(items: list[tuple[int, Any]]) -> None:
+            pushed.append([sequence for sequence, _ in items])
+
+        async with follow.Follower(run, 2, push=push) as a, follow.Follower(run, 2) as b, \
+                follow.Follower(run, 2, push=push) as late:
+            feed = a.feed
+            assert feed is not None
+            queues: list[asyncio.Queue[follow.Page]] = [asyncio.Queue(), asyncio.Queue()]
+
+            async def collect(follower: follow.Follower, queue: asyncio.Queue[follow.Page]) -> None:
+                async for page in follower:
+                    await queue.put(page)
+
+            tasks = [asyncio.ensure_future(collect(f, q)) for f, q in zip((a, b), queues)]
+            await until(lambda: a.news.waiter is not None and b.news.waiter is not None)  # start reads over
+            before = (feed.database_reads, feed.announced_reads, feed.pushed)
+            # `late` is not iterated: it waits for nothing, so it is woken, not pushed to.
+            await append(ev("StepScheduled", stepPath="b"), ev("StepScheduled", stepPath="c"))
+            from_b = [sequence for sequence, _ in (await asyncio.wait_for(queues[1].get(), 10)).items]
+            await until(lambda: bool(pushed))
+            reads = (feed.database_reads - before[0], feed.announced_reads - before[1], feed.pushed - before[2])
+            await until(lambda: a.news.waiter is not None and b.news.waiter is not None)
+            await append(ev("RunCompleted", output={}))
+            ends = [await asyncio.wait_for(q.get(), 10) for q in queues]
+            await asyncio.gather(*tasks)
+            late_page = await asyncio.wait_for(late.__aiter__().__anext__(), 10)
+            assert queues[0].empty()  # nothing but its end came to `a` as a page
+            return pushed, [from_b], [(p.items[0][0], p.status, p.final) for p in ends], \
+                [sequence for sequence, _ in late_page.items], reads
+
+    pushed, from_b, ends, late, reads = async_to_sync(scenario)()
+    assert pushed == [[3, 4]]  # to `a` only
+    assert from_b == [[3, 4]]
+    assert ends == [(5, "completed", True), (5, "completed", True)]
+    assert late == [3, 4, 5]
+    assert reads == (0, 1, 1)  # one announced batch, handed to `a` and taken by `b`; no database read

@@ -2,8 +2,9 @@
 
 Catch-up and live delivery are ledger.follow's (subscribe first, de-duplicate by sequence, poll
 when announcements are lost, stop when finished; one channel in the run's group, one shared read
-and one rendering per announcement for every subscriber of the run in this process). The consumer
-authorizes and formats frames.
+and one rendering per announcement for every subscriber of the run in this process, which the
+run's feed sends to the sockets standing where an announced batch begins through `_push`). The
+consumer authorizes and formats frames.
 
 Messages: `{"type": "event", "sequence": N, "html": "<tr …>"}` (the page's own row template) and,
 once the run is finished and everything up to its last sequence was sent, `{"type": "end",
@@ -85,7 +86,7 @@ class RunConsumer(WatchedConsumer):
         if not self.take_slot():  # the user holds as many streams as allowed
             await self.close(code=4429)
             return
-        self.follower = await follow.Follower(found.run, after, render=_row).__aenter__()
+        self.follower = await follow.Follower(found.run, after, render=_row, push=self._push).__aenter__()
         await self.accept()
         self.sender = asyncio.create_task(self._send_pages(self.follower))
         self.watch(found, workspace)
@@ -110,6 +111,11 @@ class RunConsumer(WatchedConsumer):
                 await self.send_json({"type": "end", "status": page.status})
                 await self.close(code=1000)
                 return
+
+    async def _push(self, items: list[tuple[int, Any]]) -> None:
+        """Items the run's feed hands this socket itself while its follower waits (ledger.follow)."""
+        for _, message in items:
+            await self.send(text_data=message)
 
     async def stop_sending(self) -> None:
         if self.sender is not None and self.sender is not asyncio.current_task():
