@@ -135,6 +135,11 @@ def test_only_a_whole_dense_batch_of_this_run_is_taken(workspace: Workspace) -> 
         follow.announced_envelope([3, "evt_a", "StepScheduled", None, None, "{}"], run)
 
 
+async def _collect(follower: follow.Follower, queue: asyncio.Queue[follow.Page]) -> None:
+    async for page in follower:
+        await queue.put(page)
+
+
 def test_followers_at_the_batch_start_take_it_and_a_follower_elsewhere_reads_the_log(
     workspace: Workspace, settings: Any
 ) -> None:
@@ -156,13 +161,8 @@ def test_followers_at_the_batch_start_take_it_and_a_follower_elsewhere_reads_the
             feed = a.feed
             assert feed is not None
             queues: list[asyncio.Queue[follow.Page]] = [asyncio.Queue(), asyncio.Queue()]
-
-            async def collect(follower: follow.Follower, queue: asyncio.Queue[follow.Page]) -> None:
-                async for page in follower:
-                    await queue.put(page)
-
             # `late` is not iterated: it keeps its position while the others move on.
-            tasks = [asyncio.ensure_future(collect(f, q)) for f, q in zip((a, b), queues)]
+            tasks = [asyncio.ensure_future(_collect(f, q)) for f, q in zip((a, b), queues)]
             got: list[list[int]] = [[], []]
             reads = []
             for batch in (("b", "c"), ("d",)):
@@ -258,12 +258,7 @@ def test_a_waiting_follower_with_a_push_is_handed_the_batch_and_reads_its_end_it
             feed = a.feed
             assert feed is not None
             queues: list[asyncio.Queue[follow.Page]] = [asyncio.Queue(), asyncio.Queue()]
-
-            async def collect(follower: follow.Follower, queue: asyncio.Queue[follow.Page]) -> None:
-                async for page in follower:
-                    await queue.put(page)
-
-            tasks = [asyncio.ensure_future(collect(f, q)) for f, q in zip((a, b), queues)]
+            tasks = [asyncio.ensure_future(_collect(f, q)) for f, q in zip((a, b), queues)]
             await until(lambda: a.news.waiter is not None and b.news.waiter is not None)  # start reads over
             before = (feed.database_reads, feed.announced_reads, feed.pushed)
             # `late` is not iterated: it waits for nothing, so it is woken, not pushed to.
