@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.sessions import SessionMiddleware
+from channels.auth import AuthMiddleware
+from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
 
-from console.routing import SocketSessionMiddleware
+from console.routing import SocketSessionMiddleware, websocket_application
 
 SESSION_KEY = "k" * 32
 
@@ -46,3 +47,11 @@ def test_channels_own_session_middleware_wraps_send() -> None:
     scope, handed_on, send = _handed_on(SessionMiddleware)
     assert scope["session"].session_key == SESSION_KEY
     assert handed_on is not send
+
+
+def test_the_console_sockets_are_served_through_it() -> None:
+    # The stack of console/routing.py: origin check, cookies, this session middleware, the user.
+    cookies = websocket_application.application
+    assert isinstance(cookies, CookieMiddleware)
+    assert type(cookies.inner) is SocketSessionMiddleware
+    assert isinstance(cookies.inner.inner, AuthMiddleware)
