@@ -82,6 +82,15 @@ def setup_django(*, production: bool = False) -> None:
     call_command("migrate", verbosity=0, interactive=False)
 
 
+def head_only_changes(workspace_id: int, state: Any, *args: Any, **kwargs: Any) -> Any:
+    """A stand-in for ledger.append.batch_changes that writes no projection row: only the head's
+    sequence and status, the log's own bookkeeping. For the benches' "projection writes off"
+    variants (ingest's upkeep figure, runtime's "ours, no projections"); never the product's."""
+    from ledger.projection import Changes
+
+    return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
+
+
 # --- measuring ----------------------------------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, libpq_url, profile, record, require_postgres, setup_django, start_daphne, stop,
+    cleanup, head_only_changes, libpq_url, profile, record, require_postgres, setup_django, start_daphne, stop,
 )
 
 # Targets from the issue: append throughput as a fraction of the raw baseline.
@@ -407,7 +407,6 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
     still runs there, since the lifecycle checks read its state).
     """
     import ledger.append as append_module
-    from ledger.projection import Changes
 
     real_advance, real_changes = append_module.advance, append_module.batch_changes
     fold_seconds = 0.0
@@ -418,13 +417,9 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
         real_advance(*a, **kw)
         fold_seconds += time.perf_counter() - start
 
-    def head_only(workspace_id: int, state: Any, *a: Any, **kw: Any) -> Changes:
-        # The head row's sequence and status are the log's own bookkeeping, not a projection.
-        return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
-
     n = min(args.events, 10_000)
     variants = {"with projections": (real_changes, appender.batched(make_events(n, "pf"))),
-                "no projection writes": (head_only, appender.batched(make_events(n, "pn")))}
+                "no projection writes": (head_only_changes, appender.batched(make_events(n, "pn")))}
     seconds, folds = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
     # Where each variant's time is spent: this thread's CPU and the PostgreSQL backend's (Linux's
     # /proc/<pid>/stat), for the floor analysis (bench/README.md § Floors).

@@ -49,7 +49,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import cleanup, profile, record, setup_django  # noqa: E402
+from bench.common import cleanup, head_only_changes, profile, record, setup_django  # noqa: E402
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/runledger_bench"
 
@@ -196,16 +196,12 @@ class Ours:
         and usage rows are not. Not a product configuration: the bound on what the projections,
         which DESIGN.md writes in the append's transaction, cost a model call."""
         import ledger.append as append_module
-        from ledger.projection import Changes
 
         run = self.runner(calls)
 
-        def head_only(workspace_id: int, state: Any, *a: Any, **kw: Any) -> Changes:
-            return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
-
         def run_without() -> Any:
             real = append_module.batch_changes
-            append_module.batch_changes = head_only
+            append_module.batch_changes = head_only_changes
             try:
                 return run()
             finally:

@@ -18,8 +18,8 @@ class SocketSessionMiddleware(SessionMiddleware):
 
     Channels' session middleware also wraps `send`, to save a modified session and set its
     cookie on an `http.response.start`, a message a WebSocket never sends; its check ran on every
-    frame all the same, through the session's lazy object and the settings: 14 µs a frame, a
-    seventh of Daphne's CPU for an event with fifty subscribers (bench/README.md, console). The
+    frame all the same, through the session's lazy object and the settings: ~11 µs a frame, a
+    tenth of Daphne's CPU for an event with fifty subscribers (bench/README.md, console). The
     console's sockets only read the session: at the handshake (AuthMiddleware) and on the
     keepalive re-check (console/live/watch.py)."""
 

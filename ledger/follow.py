@@ -24,11 +24,13 @@ One channel in the run's group and one read serve every follower of a run in thi
 one rendering) per announcement, not fifty. A follower whose transport gives it a `push` (the
 WebSocket) and that waits for news exactly where an announced batch begins is handed that batch
 by the feed itself, which sends it through `push`, instead of being woken to take the same read
-on a turn of its own: the same items it would have taken, with a fifth of the work per socket
-(bench/README.md, console). Anyone else, and every page that ends a run, goes the way below. A read is shared only with a follower it is fresh
-enough for: one woken by an announcement of sequence S joins a read created after this process
-first heard S; a start or a poll joins only a read created after it asked. Reads are keyed by the
-position they read after, so each follower keeps its own position. The reads run on one thread
+on a turn of its own: the same items it would have taken, without a task switch per socket
+(bench/README.md, console). Anyone else, and every page that ends a run, goes the way below.
+
+A read is shared only with a follower it is fresh enough for: one woken by an announcement of
+sequence S joins a read created after this process first heard S; a start or a poll joins only a
+read created after it asked. Reads are keyed by the position they read after, so each follower
+keeps its own position. The reads run on one thread
 of the process that keeps its database connection (`_reader`), in one statement
 (`selectors.run_tail`). An announcement that carries its batch (events P+1..S, the status after S)
 becomes the feed's newest read after P, created once S was heard, as a read after P made just
@@ -233,7 +235,7 @@ class RunFeed:
         after `after`, when a follower standing there may be handed it: a page that does not end
         the run (its end, `final`, is the follower's own to hand out and act on) nor fill a page."""
         read = self.reads.get(after) if after is not None else None
-        if read is None or read.upto != sequence or not read.task.done():
+        if read is None or read.upto != sequence:  # an announced batch's read is answered when made
             return None
         status, last, items = read.task.result()
         if status in FINISHED or not items or len(items) >= PAGE_SIZE:
@@ -512,11 +514,11 @@ class Follower:
             # Read again on an announcement past last_sent, or when the poll timer runs out;
             # idle pages in between do not read the database.
             while True:
-                last_read = max(last_read, self.pushed_at)  # a batch handed to it meanwhile was news too
                 wake_at = last_read + poll
                 if self.idle_after is not None:
                     wake_at = min(wake_at, last_page + self.idle_after)
                 await self._wait_for_news(wake_at - loop.time())
+                last_read = max(last_read, self.pushed_at)  # a batch handed to it meanwhile was news too
                 if self.idle_after is not None and loop.time() >= last_page + self.idle_after:
                     yield Page([], status)
                     last_page = loop.time()
@@ -524,7 +526,7 @@ class Follower:
                 if self.news.pending:
                     since = self.news.since
                     break
-                if loop.time() >= max(last_read, self.pushed_at) + poll:
+                if loop.time() >= last_read + poll:
                     since = feed.now()
                     break
 

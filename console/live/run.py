@@ -105,15 +105,15 @@ class RunConsumer(WatchedConsumer):
             if page.status is None:  # deleted by retention meanwhile
                 await self.close(code=4404)
                 return
-            for _, message in page.items:
-                await self.send(text_data=message)
+            await self._push(page.items)
             if page.final:
                 await self.send_json({"type": "end", "status": page.status})
                 await self.close(code=1000)
                 return
 
     async def _push(self, items: list[tuple[int, Any]]) -> None:
-        """Items the run's feed hands this socket itself while its follower waits (ledger.follow)."""
+        """Send items as frames: a page's, or those the run's feed hands this socket itself while
+        its follower waits (ledger.follow)."""
         for _, message in items:
             await self.send(text_data=message)
 
