@@ -1,13 +1,13 @@
 """A bare WebSocket fan-out for bench/console.py: what Daphne and Channels cost per frame alone.
 
 Served by Daphne on the channel layer the settings configure (with REDIS_URL, ours: the pub/sub
-layer of ledger/announce.py). Each socket is a Channels consumer that sends every message of one
+layer of ledger/log/announce.py). Each socket is a Channels consumer that sends every message of one
 group as a frame (its `text`), and nothing else: no session, no access check, no database, no
 rendering, no catch-up. Two ways, by path:
 
   /          a group member per socket (`groups = [GROUP]`), Channels' usual pattern
   /shared    one group member for the process, which forwards each message to every socket here,
-             a few sockets per turn of the event loop: how ledger/follow.py's RunFeed fans a run's
+             a few sockets per turn of the event loop: how ledger/replay/follow.py's RunFeed fans a run's
              announcement out to its followers (WAKE_GROUP)
 
 The bench sends the frame it measures (one of our rows, as the console renders it) with one
@@ -30,7 +30,7 @@ django.setup()
 from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402  (needs the settings)
 from channels.layers import get_channel_layer  # noqa: E402
 
-from ledger.follow import WAKE_GROUP  # noqa: E402
+from ledger.replay.follow import WAKE_GROUP  # noqa: E402
 
 GROUP = "bench.barews"
 SHARED_GROUP = "bench.barews.shared"

@@ -83,10 +83,10 @@ def setup_django(*, production: bool = False) -> None:
 
 
 def head_only_changes(workspace_id: int, state: Any, *args: Any, **kwargs: Any) -> Any:
-    """A stand-in for ledger.append.batch_changes that writes no projection row: only the head's
+    """A stand-in for ledger.log.append.batch_changes that writes no projection row: only the head's
     sequence and status, the log's own bookkeeping. For the benches' "projection writes off"
     variants (ingest's upkeep figure, runtime's "ours, no projections"); never the product's."""
-    from ledger.projection import Changes
+    from ledger.log.projection import Changes
 
     return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
 
@@ -119,7 +119,7 @@ def get_ok(client: Any, url: str) -> Callable[[], Any]:
 
 def channel_layer() -> Any:
     """A new instance of the channel layer the settings configure (Daphne's, with `REDIS_URL`:
-    ledger.announce.RedisPubSubLayer), for a baseline `group_send` round trip on it."""
+    ledger.log.announce.RedisPubSubLayer), for a baseline `group_send` round trip on it."""
     from django.conf import settings
     from django.utils.module_loading import import_string
 
@@ -248,7 +248,7 @@ def cleanup(workspace: Any, run_ids: list[str], *, keep_workspace: bool = False)
     """
     from django.db import connection, transaction
 
-    from ledger import rollup
+    from ledger.log import rollup
     from ledger.models import AuditEntry, Run
 
     try:

@@ -92,7 +92,7 @@ def _step_events(n: int) -> list[dict[str, Any]]:
 
 
 def write_run(workspace: Any, run_id: str, events: int) -> None:
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     body = [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_console", "label": f"{events} events"}}]
     step = 0
@@ -108,7 +108,7 @@ def write_small_runs(workspace: Any, prefix: str, count: int) -> list[str]:
     """`count` short runs through append_events (one transaction per 25, so commits do not dominate)."""
     from django.db import transaction
 
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     ids = [f"{prefix}_{n}" for n in range(count)]
     for start in range(0, count, 25):
@@ -394,7 +394,7 @@ def row_html(workspace: Any, run_id: str) -> str:
     bare fan-out below sends frames of the same size)."""
     from console.live.run import _row
     from ledger.models import Run
-    from ledger.projection import log_of
+    from ledger.log.projection import log_of
 
     run = Run.objects.get(workspace=workspace, run_id=run_id)
     last = next(e for e in reversed(log_of(run)) if e["type"] == "StepScheduled")
@@ -484,7 +484,7 @@ def main(argv: list[str]) -> int:
     from django.db import connection
     from django.test import Client
 
-    from ledger.tenancy import bootstrap, create_user
+    from ledger.tenancy.services import bootstrap, create_user
 
     stamp = f"{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspaces = {name: bootstrap(tenant="bench", workspace=f"console-{name}-{stamp}")

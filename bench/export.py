@@ -46,7 +46,7 @@ def peak_mb(pid: int | str = "self") -> float:
 
 
 def fill(workspace: object, runs: int, per_run: int, batch: int) -> list[str]:
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     run_ids = []
     started = time.perf_counter()
@@ -120,9 +120,9 @@ def main(argv: list[str]) -> int:
     require_postgres("bench/export.py")
     setup_django(production=True)
 
-    from ledger.access import workspace_by_path
+    from ledger.tenancy.access import workspace_by_path
     from ledger.models import Run
-    from ledger.tenancy import bootstrap, create_key
+    from ledger.tenancy.services import bootstrap, create_key
 
     runs = max(1, args.events // args.per_run)
     if args.reuse:

@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from ledger.tenancy import bootstrap, create_user
+    from ledger.tenancy.services import bootstrap, create_user
 
     stamp = f"{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspace = bootstrap(tenant="bench", workspace=f"fanout-{stamp}")

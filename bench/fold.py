@@ -6,7 +6,7 @@
 Measured in one process against one PostgreSQL, DEBUG off, each the median of --repeat:
 
   bare SELECT      raw psycopg on its own connection: the run's event rows ORDER BY sequence, fetchall
-  read             ledger.envelopes.read_envelopes (what log_of returns): plain cursor, orjson
+  read             ledger.log.envelopes.read_envelopes (what log_of returns): plain cursor, orjson
   read, ORM        for comparison: the ORM's Event rows turned into envelopes one by one
   fold             ledger.fold.fold over the run's envelopes (pure, in memory)
   read + fold      log_of then fold: what `ledger rebuild` and `ledger verify` pay per run
@@ -47,11 +47,11 @@ def main(argv: list[str]) -> int:
     import psycopg
     from django.conf import settings
 
-    from ledger.envelopes import event_envelope
+    from ledger.log.envelopes import event_envelope
     from ledger.fold import fold
     from ledger.models import Event, Run
-    from ledger.projection import log_of, prices_for
-    from ledger.tenancy import bootstrap
+    from ledger.log.projection import log_of, prices_for
+    from ledger.tenancy.services import bootstrap
 
     workspace = bootstrap(tenant="bench", workspace=f"fold-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")
     appender = Appender(workspace, 500)

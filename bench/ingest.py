@@ -57,7 +57,7 @@ EVENT_COLUMNS = (
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench/ingest.py",
-        description="Benchmark ledger.append.append_events against raw psycopg 3 on PostgreSQL.",
+        description="Benchmark ledger.log.append.append_events against raw psycopg 3 on PostgreSQL.",
     )
     p.add_argument("--events", type=int, default=20_000,
                    help="events for the batched measurements (default 20000)")
@@ -190,7 +190,7 @@ class Appender:
         return self._appends([[e] for e in events])
 
     def _appends(self, batches: list[list[dict[str, Any]]]) -> Steps:
-        from ledger.append import append_events
+        from ledger.log.append import append_events
 
         run_id, ws = self.new_run_id(), self.workspace
         return [functools.partial(append_events, workspace=ws, run_id=run_id, events=b) for b in batches]
@@ -288,7 +288,7 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
     import orjson
     from django.test import Client
 
-    from ledger.tenancy import create_key
+    from ledger.tenancy.services import create_key
 
     _, key = create_key(workspace=workspace, scopes=["ingest"])
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -406,7 +406,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
     The append without any projection work is the second figure less the fold time (the fold
     still runs there, since the lifecycle checks read its state).
     """
-    import ledger.append as append_module
+    import ledger.log.append as append_module
 
     real_advance, real_changes = append_module.advance, append_module.batch_changes
     fold_seconds = 0.0
@@ -485,7 +485,7 @@ def main(argv: list[str]) -> int:
     from django.conf import settings
     from django.db import connection
 
-    from ledger.tenancy import bootstrap
+    from ledger.tenancy.services import bootstrap
 
     ws_slug = f"bench-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspace = bootstrap(tenant="bench", workspace=ws_slug)

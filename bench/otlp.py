@@ -66,11 +66,11 @@ def print_otlp(workspace: Any, appender: Any, spans: int, copy_rate: float) -> N
     import httpx
     import orjson
 
-    from ledger import selectors
+    from ledger.reads import selectors
     from ledger.models import Run
-    from ledger.otlp.ingest import ingest
-    from ledger.otlp.wire import PROTOBUF, parse
-    from ledger.tenancy import create_key
+    from ledger.interop.otlp.ingest import ingest
+    from ledger.interop.otlp.wire import PROTOBUF, parse
+    from ledger.tenancy.services import create_key
 
     per_export = SPANS_PER_TRACE * TRACES_PER_EXPORT
     exports = max(2, spans // per_export)

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     from django.db import connection
 
     from ledger.runtime.executor import new_run_id, start_run
-    from ledger.tenancy import bootstrap
+    from ledger.tenancy.services import bootstrap
 
     workspace = bootstrap(tenant="bench", workspace=f"parallel-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}")
     sleep_s = args.sleep_ms / 1000

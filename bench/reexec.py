@@ -8,7 +8,7 @@ of several model turns, each asking for one tool call), then, in the same proces
 PostgreSQL:
 
   fold             ledger.fold.fold over the run's envelopes (pure, in memory)
-  read + fold      ledger.projection.log_of (the ORM read, JSON decoded) then fold
+  read + fold      ledger.log.projection.log_of (the ORM read, JSON decoded) then fold
   simulate         ledger.runtime.reexecute.execute_reexecution(mode="simulate") into a fresh
                    run: read and fold the original, execute the workflow's code, serve every
                    model and tool call from the record, append the new run's events through the
@@ -95,13 +95,13 @@ def main(argv: list[str]) -> int:
     # DEBUG makes Django keep every query it ran; production runs without it, so the bench does.
     setup_django(production=True)
 
-    from ledger.divergence import divergence_report
+    from ledger.replay.divergence import divergence_report
     from ledger.fold import fold
     from ledger.models import Run
-    from ledger.projection import log_of, prices_for
+    from ledger.log.projection import log_of, prices_for
     from ledger.runtime.executor import start_run
     from ledger.runtime.reexecute import execute_reexecution
-    from ledger.tenancy import bootstrap
+    from ledger.tenancy.services import bootstrap
 
     steps = max(1, round((args.events - 3) / EVENTS_PER_STEP))
     workflow = build_workflow(steps)

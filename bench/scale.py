@@ -170,7 +170,7 @@ def use(dataset: Dataset) -> None:
     from django.contrib.contenttypes.models import ContentType
     from django.db import connection
 
-    from ledger.projection import STATES
+    from ledger.log.projection import STATES
 
     if connection.settings_dict["NAME"] != dataset.database:
         connection.close()
@@ -231,7 +231,7 @@ def _empty(dataset: Dataset) -> None:
 
 def _count_daily_usage(end: datetime) -> None:
     """The daily usage rollup of the copied cost entries (an append keeps it; COPY does not)."""
-    from ledger import rollup
+    from ledger.log import rollup
     from ledger.models import Workspace
 
     days = {end.date() - timedelta(days=d) for d in range(SPAN_DAYS + 2)}
@@ -261,7 +261,7 @@ def _copy_runs(dataset: Dataset, end: datetime) -> int:
     """COPY every planned run's events and projection rows, CHUNK_RUNS runs per transaction."""
     import psycopg
 
-    from ledger.tenancy import bootstrap
+    from ledger.tenancy.services import bootstrap
 
     workspaces = [bootstrap(tenant=TENANT, workspace=slug) for slug in WORKSPACES]
     total = 0
@@ -295,10 +295,10 @@ def _reserve_run_ids(conn: Any, count: int) -> int:
 
 def _copy_chunk(conn: Any, chunk: list[PlannedRun], first_pk: int, workspaces: list[Any]) -> int:
     from ledger.canonical import canonical_bytes, event_id_for_canonical
-    from ledger.envelopes import format_recorded_at
+    from ledger.log.envelopes import format_recorded_at
     from ledger.fold import fold
     from ledger.models import CostEntry, Event, Run, Step, ToolCall
-    from ledger.projection import cost_fields, prices_for, run_fields, step_fields, tool_fields
+    from ledger.log.projection import cost_fields, prices_for, run_fields, step_fields, tool_fields
 
     prices = prices_for(workspaces[0])
     rows: dict[type, list[dict[str, Any]]] = {Run: [], Event: [], Step: [], ToolCall: [], CostEntry: []}
@@ -389,7 +389,7 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
     from console.pages import runs as runs_page
     from console.pages.filters import page_cursor
     from ledger.models import Membership, Run, Workspace
-    from ledger.tenancy import create_user
+    from ledger.tenancy.services import create_user
 
     workspace = Workspace.objects.select_related("tenant").get(tenant__slug=TENANT, slug=WORKSPACES[0])
     username = "scale-viewer"
@@ -413,7 +413,7 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
 
 def _append(p: Probes, *, per_call: int, events: int) -> Callable[[], Any]:
     """A new run in scale-a: `events` events of a generated run, `per_call` per append_events call."""
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     body = [{"type": t, "payload": payload} for t, payload in run_events(10**6, steps=events // 13 + 1, turns=2,
                                                                          failed=False)][:events]
@@ -435,7 +435,7 @@ PAGES: dict[str, Callable[[Probes], Callable[[], Any]]] = {
     "runs list, last full page (cursor)": lambda p: get_ok(p.client, _ws_url(p) + f"?cursor={p.deep_cursor}"),
     "usage report, 30 days": lambda p: get_ok(p.client, _usage_url(p, 30)),
     "usage report, 1 year": lambda p: get_ok(p.client, _usage_url(p, 365)),
-    "usage report data, 1 year (ledger.usage.report)": lambda p: _usage_data(p, 365),
+    "usage report data, 1 year (ledger.reads.usage.report)": lambda p: _usage_data(p, 365),
     "evidence bundle (10,000-event run)": lambda p: _evidence(p.probe),
     "replay plan (10,000-event run)": lambda p: _replay_plan(p.probe),
     "ledger verify (172-event run)": lambda p: _verify(p.typical),
@@ -455,7 +455,7 @@ def _usage_url(p: Probes, days: int) -> str:
 
 
 def _usage_data(p: Probes, days: int) -> Callable[[], Any]:
-    from ledger.usage import report
+    from ledger.reads.usage import report
     return lambda: report(start=p.end - timedelta(days=days - 1), end=p.end, workspace=p.workspace)
 
 
@@ -478,7 +478,7 @@ def _usage_from_cost_entries(p: Probes, days: int) -> Callable[[], Any]:
 
 def _usage_by_day(p: Probes, days: int) -> Callable[[], Any]:
     """A year's report data by day: what the report read before its periods (the daily rollup)."""
-    from ledger.usage import report
+    from ledger.reads.usage import report
     return lambda: report(start=p.end - timedelta(days=days - 1), end=p.end, granularity="day", workspace=p.workspace)
 
 
@@ -486,7 +486,7 @@ def _usage_mid_month(p: Probes) -> Callable[[], Any]:
     """A year's report data ending on the 15th: its first and last months only partly in the range,
     read from the daily rollup beside the whole months (the figures' window is whole months when the
     dataset ends on a month's last day)."""
-    from ledger.usage import report
+    from ledger.reads.usage import report
     end = p.end.replace(day=15)
     return lambda: report(start=end - timedelta(days=364), end=end, workspace=p.workspace)
 
@@ -502,17 +502,17 @@ def rollup_gain(p: Probes, repeat: int) -> dict[str, float]:
 
 
 def _evidence(run: Any) -> Callable[[], Any]:
-    from ledger.evidence import evidence_bundle
+    from ledger.replay.evidence import evidence_bundle
     return lambda: evidence_bundle(run)
 
 
 def _replay_plan(run: Any) -> Callable[[], Any]:
-    from ledger.plans import replay_plan_for
+    from ledger.replay.stored_plan import replay_plan_for
     return lambda: replay_plan_for(run)
 
 
 def _verify(run: Any) -> Callable[[], Any]:
-    from ledger.verify import verify_run
+    from ledger.log.verify import verify_run
 
     def go() -> None:
         failed = [c for c in verify_run(run) if c.status != "pass"]

@@ -176,8 +176,8 @@ def main() -> None:
     setup_django(production=True)
     import os
 
-    from ledger.append import append_events
-    from ledger.tenancy import bootstrap, create_key
+    from ledger.log.append import append_events
+    from ledger.tenancy.services import bootstrap, create_key
 
     url = os.environ["DATABASE_URL"]
     workspace = bootstrap(tenant="bench-soak", workspace=secrets.token_hex(4))

@@ -118,7 +118,7 @@ def append_one(workspace: Any, run_id: str, event: dict[str, Any]) -> tuple[int,
     announcement is sent (append_events' own atomic block becomes a savepoint in this one)."""
     from django.db import transaction
 
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     committed: list[float] = []
     with transaction.atomic():
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
 
     from django.db import connection
 
-    from ledger.tenancy import bootstrap, create_key
+    from ledger.tenancy.services import bootstrap, create_key
 
     ws_slug = f"stream-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspace = bootstrap(tenant="bench", workspace=ws_slug)

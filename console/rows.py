@@ -15,10 +15,10 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import Run, Workspace
-from ledger.verify import artifact_refs
-from ledger.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
+from ledger.log.verify import artifact_refs
+from ledger.log.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
 
 from .format import elapsed
 

@@ -199,11 +199,11 @@ def _redis_db(url: str) -> int:
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            # channels_redis's pub/sub layer (ledger/announce.py says what it adds): a group
+            # channels_redis's pub/sub layer (ledger/log/announce.py says what it adds): a group
             # message is one PUBLISH to the processes listening at that moment, where the default
             # channels_redis layer spends two commands looking the group up before pushing to each
             # member's list. Announcements are lossy by design, and so is pub/sub (docs/scaling.md).
-            "BACKEND": "ledger.announce.RedisPubSubLayer",
+            "BACKEND": "ledger.log.announce.RedisPubSubLayer",
             # Bounds how long a Redis that stops answering holds a command (the layer's own reads
             # wait 0.1 s at a time); a connection refused fails at once and is retried later.
             "CONFIG": {
@@ -227,7 +227,7 @@ LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS"
 # open at once per process (console/streams.py, docs/security.md).
 LEDGER_STREAM_MAX_PER_CALLER = _env_int("LEDGER_STREAM_MAX_PER_CALLER", 20, 1, 10_000)
 
-# Every password set through ledger.tenancy.create_user (`ledger create-user`, the demo) passes these.
+# Every password set through ledger.tenancy.services.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

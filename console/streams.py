@@ -33,7 +33,8 @@ from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.base import SessionBase
 from django.utils.crypto import constant_time_compare
 
-from ledger import access, selectors
+from ledger.tenancy import access
+from ledger.reads import selectors
 from ledger.errors import LedgerError
 from ledger.models import ApiKey
 

@@ -69,7 +69,7 @@ def canonical_bytes(value: Any) -> bytes:
 
 def canonical_bytes_plain(value: Any) -> bytes:
     """`canonical_bytes` of a value its caller has already walked for `_orjson_is_canonical`'s
-    conditions (ledger.redaction.Redactor.plain checks them in its own walk)."""
+    conditions (ledger.log.redaction.Redactor.plain checks them in its own walk)."""
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:

@@ -1,6 +1,6 @@
 """The ledger's tables: tenancy, the run head, the append-only event log and artifacts.
 
-Every query for tenant data goes through a scoped selector (ledger/selectors.py) that takes the
+Every query for tenant data goes through a scoped selector (ledger/reads/selectors.py) that takes the
 workspace; these models only hold the shape and the invariants the database can enforce.
 """
 
@@ -61,10 +61,10 @@ class Workspace(models.Model):
     # Shared views (share links) hide model inputs and tool arguments: an admin's choice, audited.
     share_hides_inputs = models.BooleanField(default=False)
     # Days a finished run is kept after its last event before `ledger prune` deletes it
-    # (ledger/retention.py); NULL keeps runs forever. Changed only by retention.set_retention (audited).
+    # (ledger/tenancy/retention.py); NULL keeps runs forever. Changed only by retention.set_retention (audited).
     retention_days = models.PositiveIntegerField(null=True, blank=True)
     # Tool names whose every call waits for a human approver before it runs (on top of the tools
-    # that declare `approval="required"` themselves): ledger/toolapproval.py.
+    # that declare `approval="required"` themselves): ledger/replay/toolapproval.py.
     approval_tools = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -142,7 +142,7 @@ class UsageColumns(models.Model):
 class Run(UsageColumns):
     """The head row of a run's log, locked by every append, and the run's projection.
 
-    Everything below `pruning` is projected from the log by the fold (ledger/projection.py).
+    Everything below `pruning` is projected from the log by the fold (ledger/log/projection.py).
     """
 
     # No index of its own: the unique (workspace, run_id) constraint and both indexes below lead
@@ -202,7 +202,7 @@ class Event(models.Model):
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
     # db_constraint=False, here and on the step, tool call and cost entry rows (migration 0019):
-    # these rows are written only by the append's one statement (ledger/pgappend.py), which takes
+    # these rows are written only by the append's one statement (ledger/log/pgappend.py), which takes
     # their run_id from the run row it has just inserted or updated, so the reference holds by
     # construction; runs are deleted only by retention, which deletes these rows first. The
     # database's per-row check of it (a deferred trigger, one locking lookup of the run per row)
@@ -237,7 +237,7 @@ class Event(models.Model):
         ]
 
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("events are written only by ledger.append.append_events")
+        raise TypeError("events are written only by ledger.log.append.append_events")
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("the event log is insert-only; retention deletes whole runs, never single events")
@@ -270,7 +270,7 @@ class Artifact(models.Model):
 
 class ImportedArtifact(models.Model):
     """A ref another system wrote into a log imported as it is (Little Workflow's
-    `artifact://art_<16 hex>`, ledger/little_import.py) and the artifact that holds its bytes.
+    `artifact://art_<16 hex>`, ledger/interop/little_import.py) and the artifact that holds its bytes.
 
     The events keep the foreign ref, since their ids hash it; this row resolves it, so `ledger
     verify`, the evidence and the replay plan re-hash those bytes like any other artifact's.
@@ -389,7 +389,7 @@ class DailyUsage(UsageCell):
     """The cost entries of one workspace, UTC day, model and workflow, summed: what the usage report
     reads, so that a year's report reads days, not every model call (bench/scale.py).
 
-    Kept in the append transaction of each cost entry (ledger/rollup.py), recounted from the cost
+    Kept in the append transaction of each cost entry (ledger/log/rollup.py), recounted from the cost
     entries by `ledger rebuild`, checked against them by `ledger verify`. `cost_usd` sums the
     priced calls only; a cell whose calls are all unpriced has 0 there and priced_calls 0.
     """
@@ -456,7 +456,7 @@ class ToolGatewayClaim(models.Model):
 
     Not a projection: owners, lease tokens and the outbound stamp are not in the log, so `ledger
     rebuild` leaves this table alone. Every change that the log must know about is written in the
-    same transaction as its `harness.tool_call.*` event (ledger/gateway.py).
+    same transaction as its `harness.tool_call.*` event (ledger/replay/gateway.py).
     """
 
     class Status(models.TextChoices):
@@ -490,7 +490,7 @@ class ToolGatewayClaim(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CLAIMED)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    # A result or error over 8 KiB lives in an artifact (ledger/gateway.py wraps it with its run
+    # A result or error over 8 KiB lives in an artifact (ledger/replay/gateway.py wraps it with its run
     # and call, so a cached answer can prove whose it is); `result`/`error` stay NULL then.
     outcome_ref = models.CharField(max_length=200, blank=True)
     outcome_digest = models.CharField(max_length=71, blank=True)
@@ -657,7 +657,7 @@ class ShareLink(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(max_opens__isnull=True) | Q(max_opens__gte=1, max_opens__lte=10_000),
                                    name="share_link_max_opens_in_range"),
-            # The backstop of the counted open (ledger/sharing.py): never one open past the limit.
+            # The backstop of the counted open (ledger/tenancy/sharing.py): never one open past the limit.
             models.CheckConstraint(condition=Q(max_opens__isnull=True) | Q(open_count__lte=models.F("max_opens")),
                                    name="share_link_opens_within_max"),
         ]

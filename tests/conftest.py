@@ -22,10 +22,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from ledger.append import AppendResult, append_events
+from ledger.log.append import AppendResult, append_events
 from ledger.canonical import event_id
 from ledger.models import Workspace
-from ledger.tenancy import bootstrap, create_user
+from ledger.tenancy.services import bootstrap, create_user
 
 PASSWORD = "pw-runledger-test"
 

@@ -17,8 +17,8 @@ from django.db import connection
 
 from ledger.canonical import canonical_json
 from ledger.models import Run, Workspace
-from ledger.projection import log_of
-from ledger.verify import verify_run
+from ledger.log.projection import log_of
+from ledger.log.verify import verify_run
 
 
 @pytest.fixture(autouse=True)

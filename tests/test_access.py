@@ -1,4 +1,4 @@
-"""ledger.access: the one answer to "which workspace and run, as whom" for every transport."""
+"""ledger.tenancy.access: the one answer to "which workspace and run, as whom" for every transport."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import AnonymousUser
 
-from ledger import access
+from ledger.tenancy import access
 from ledger.errors import LedgerError, NotFound
 from ledger.models import Workspace
-from ledger.tenancy import bootstrap, create_key
+from ledger.tenancy.services import bootstrap, create_key
 
 from tests.conftest import started
 
 
 @pytest.fixture
 def runs(workspace: Workspace, other_workspace: Workspace) -> None:
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     append_events(workspace=workspace, run_id="run_a", events=[started()])
     append_events(workspace=other_workspace, run_id="run_b", events=[started()])
@@ -38,7 +38,7 @@ def test_another_tenants_run_is_not_found_never_forbidden(runs: None, member: An
 
 
 def test_two_workspaces_holding_the_run_need_a_name(runs: None, member: Any) -> None:
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     second = bootstrap(tenant="acme", workspace="research")
     append_events(workspace=second, run_id="run_a", events=[started()])

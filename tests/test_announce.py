@@ -1,4 +1,4 @@
-"""The after-commit announcer (ledger/announce.py): messages that wait together while its sender is
+"""The after-commit announcer (ledger/log/announce.py): messages that wait together while its sender is
 busy go out coalesced. What coalescing must never cost (an event that reaches no subscriber) is
 tested end to end in tests/test_live_run.py; here, what goes out on the layer."""
 
@@ -19,8 +19,8 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer
 
-from ledger import announce
-from ledger.announce import RedisPubSubLayer, group_for, workspace_group_for
+from ledger.log import announce
+from ledger.log.announce import RedisPubSubLayer, group_for, workspace_group_for
 from tests.servers import free_port
 
 

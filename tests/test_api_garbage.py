@@ -19,7 +19,7 @@ from django.test import RequestFactory
 
 from console.api.events import RunEventsView
 from ledger.models import Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 
 from tests.conftest import ev, started
 

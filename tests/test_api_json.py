@@ -22,7 +22,7 @@ from rest_framework.renderers import JSONRenderer
 
 from console.api.fastjson import BadBody, JsonParser, JsonRenderer
 from ledger.limits import has_nul
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 
 _text = st.text(alphabet=st.one_of(
     st.characters(codec="utf-8"),

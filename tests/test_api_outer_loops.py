@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.models import Workspace
 from ledger.runtime.outer_loop import start_outer_loop
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.loop_workflows import reset_loop_registrations
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse)
 

@@ -15,11 +15,11 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.demo.data import _summarize_run
-from ledger.leases import acquire_run_lease
+from ledger.log.leases import acquire_run_lease
 from ledger.models import Artifact, Run, Workspace
-from ledger.tenancy import bootstrap, create_key
+from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import log_in, started
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 from ledger.demo import load_demo
-from ledger.access import workspace_by_path
-from ledger.tenancy import create_key
+from ledger.tenancy.access import workspace_by_path
+from ledger.tenancy.services import create_key
 
 EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "15"))
 

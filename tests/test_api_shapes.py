@@ -1,5 +1,5 @@
 """One source per shape: the OpenAPI serializers in console/api/schema.py describe exactly the
-fields the code returns (ledger/serialize.py, the evidence bundle, the replay plan, usage rows).
+fields the code returns (ledger/reads/serialize.py, the evidence bundle, the replay plan, usage rows).
 
 Schemathesis checks responses against the schema from outside; this checks the other way round,
 field by field, so a field added to the code and forgotten in the schema fails here."""
@@ -14,13 +14,13 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from console.api import schema
-from ledger import selectors, serialize
-from ledger.append import append_events
-from ledger.evidence import evidence_bundle
-from ledger.feedback import record_feedback
+from ledger.reads import selectors, serialize
+from ledger.log.append import append_events
+from ledger.replay.evidence import evidence_bundle
+from ledger.replay.feedback import record_feedback
 from ledger.models import Artifact, Run, Workspace
-from ledger.plans import replay_plan_for
-from ledger.usage import usage_rows
+from ledger.replay.stored_plan import replay_plan_for
+from ledger.reads.usage import usage_rows
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 
 from ledger import errors
-from ledger.announce import group_for
-from ledger.append import append_events
+from ledger.log.announce import group_for
+from ledger.log.append import append_events
 from ledger.canonical import canonical_json, event_id
 from ledger.models import Event, Run
 from tests.conftest import ev, started

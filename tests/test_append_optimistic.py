@@ -1,4 +1,4 @@
-"""The append on a guessed head (ledger/pgappend.py): a guess the database does not confirm
+"""The append on a guessed head (ledger/log/pgappend.py): a guess the database does not confirm
 writes nothing and the locked path answers, so every guarantee holds whatever the guess.
 
 Transactional tests: the process's state cache is filled only by commits, and the guesses are
@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.errors import Fenced, IdempotencyConflict, RunFinished, SequenceConflict
-from ledger.leases import acquire_run_lease, new_owner
+from ledger.log.leases import acquire_run_lease, new_owner
 from ledger.models import Event, Run, Workspace
-from ledger.projection import STATES, differences, log_of, prices_for
+from ledger.log.projection import STATES, differences, log_of, prices_for
 from ledger.fold import fold
-from ledger.tenancy import bootstrap
+from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db(transaction=True)

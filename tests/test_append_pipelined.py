@@ -1,5 +1,5 @@
 """A long batch written in parts whose statements overlap the preparing of the next part
-(ledger/append.py `_append_pipelined`, ledger/pgappend.py `pipeline`): one transaction, so the
+(ledger/log/append.py `_append_pipelined`, ledger/log/pgappend.py `pipeline`): one transaction, so the
 batch is still all or nothing, and every refusal is the one the usual way gives.
 
 Transactional tests: the parts are taken only on a guess from the process's state cache, which
@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from ledger import append as append_module
-from ledger import pgappend, projection
-from ledger.append import PIPELINE_FROM, PIPELINE_PART, append_events
+from ledger.log import append as append_module
+from ledger.log import pgappend, projection
+from ledger.log.append import PIPELINE_FROM, PIPELINE_PART, append_events
 from ledger.errors import Fenced, IdempotencyConflict, InvalidEvent, SequenceConflict
 from ledger.fold import fold
-from ledger.leases import acquire_run_lease, new_owner
+from ledger.log.leases import acquire_run_lease, new_owner
 from ledger.models import CostEntry, Event, Run, ToolCall, Workspace
-from ledger.projection import differences, log_of, prices_for
-from ledger.tenancy import bootstrap
+from ledger.log.projection import differences, log_of, prices_for
+from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -134,7 +134,7 @@ def test_an_invalid_item_in_a_later_part_writes_nothing(ws: Workspace, parts: li
 
 def test_a_stale_guess_rolls_every_part_back_and_the_locked_path_appends(ws: Workspace, parts: list[int]) -> None:
     _cached_run(ws, "run_s")
-    from ledger.projection import STATES
+    from ledger.log.projection import STATES
 
     stale = STATES.take(ws.pk, "run_s", prices_for(ws).version)
     assert stale is not None

@@ -10,8 +10,9 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from ledger import artifacts, errors
-from ledger.artifacts import INLINE_LIMIT_BYTES
+from ledger.log import artifacts
+from ledger import errors
+from ledger.log.artifacts import INLINE_LIMIT_BYTES
 from ledger.canonical import canonical_bytes, event_id
 from ledger.models import Artifact, Event
 from tests.conftest import ev, started

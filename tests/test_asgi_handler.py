@@ -15,7 +15,7 @@ from django.core import signals
 from django.test import Client
 
 from console.asgi import application, django_asgi_app
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,10 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from ledger import audit, gateway
+from ledger import audit
+from ledger.replay import gateway
 from ledger.models import ApiKey, AuditEntry, Workspace
-from ledger.tenancy import create_key, create_user, remove_member, revoke_key
+from ledger.tenancy.services import create_key, create_user, remove_member, revoke_key
 from tests.conftest import FakeClock, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
 

@@ -12,11 +12,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from ledger.append import append_events, validate_run_id
+from ledger.log.append import append_events, validate_run_id
 from ledger.errors import InvalidEvent, InvalidRunId
 from ledger.limits import MAX_JSON_DEPTH
 from ledger.models import Run
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 
 from tests.conftest import ev, started
 from tests.live_support import TIMEOUT_S, communicator, session_id

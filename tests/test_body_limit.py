@@ -12,7 +12,7 @@ import pytest
 
 from console.input_limits import MAX_BODY_BYTES
 from ledger.models import Run, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import started
 from tests.live_support import session_id
 from tests.servers import Daphne, start_daphne

@@ -15,13 +15,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
-from ledger.cancellation import cancel_run
+from ledger.replay.cancellation import cancel_run
 from ledger.errors import RunFinished
-from ledger.leases import acquire_run_lease
+from ledger.log.leases import acquire_run_lease
 from ledger.models import AuditEntry, Run, ToolCall, ToolGatewayClaim, Workspace
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.registry import CodeRun, SubWorkflow, Tool, ToolCall as ToolStep, Workflow, register
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import log_in
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     every_run_verifies, run_events,

@@ -48,7 +48,7 @@ def test_events_of_an_unknown_run_prints_nothing_and_exits_1(workspace) -> None:
 
 
 def test_events_needs_the_workspace_when_the_run_id_is_ambiguous(workspace, other_workspace, append) -> None:
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     append("run_same", started())
     append_events(workspace=other_workspace, run_id="run_same", events=[started(), ev("StepScheduled", stepPath="x")])

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger import selectors
-from ledger.append import append_events
-from ledger.leases import acquire_run_lease
+from ledger.reads import selectors
+from ledger.log.append import append_events
+from ledger.log.leases import acquire_run_lease
 from ledger.models import Run as RunRow, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from runledger.client import (
     Client,
     Fenced,

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import Run as RunRow, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from runledger.client import (
     AsyncClient,
     IdempotencyConflict,

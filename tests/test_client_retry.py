@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import Run as RunRow, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from runledger.client import Client, RetryPolicy, ServerError, Unauthenticated, UnknownEventType
 from runledger.client.errors import retry_after_seconds
 from tests.client_support import Fault, FaultyProxy

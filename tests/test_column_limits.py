@@ -1,5 +1,5 @@
 """A payload value a projection cannot hold is a 400 `invalid_event` naming the field, on SQLite and
-PostgreSQL alike, never a 500 from a varchar or integer column (ledger/vocabulary.py, COLUMN_LIMITS);
+PostgreSQL alike, never a 500 from a varchar or integer column (ledger/log/vocabulary.py, COLUMN_LIMITS);
 so is a request item's type, key or occurrence id that is not Unicode text (a lone surrogate)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from django.db import models
 from django.test import Client
 
 from ledger.models import CostEntry, DailyUsage, Event, MonthlyUsage, Run, Step, ToolCall
-from ledger.projection import log_of
-from ledger.tenancy import create_key
-from ledger.vocabulary import COLUMN_LIMITS, INT32_MAX, MODEL_COLUMN_LIMITS, VOCABULARY
+from ledger.log.projection import log_of
+from ledger.tenancy.services import create_key
+from ledger.log.vocabulary import COLUMN_LIMITS, INT32_MAX, MODEL_COLUMN_LIMITS, VOCABULARY
 
 from tests.conftest import ev, started
 

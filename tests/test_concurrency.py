@@ -8,9 +8,9 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.models import Event, Run
-from ledger.tenancy import bootstrap
+from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
 THREADS = 8
@@ -84,7 +84,7 @@ def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
     commits first. On PostgreSQL B's conditional head update waits for A's row, re-checks its
     guess against A's committed head, misses, writes nothing, and B appends under the lock after
     A. (On SQLite B queues on the database lock.) The log stays dense either way."""
-    from ledger.append import append_locked, lock_head
+    from ledger.log.append import append_locked, lock_head
 
     workspace = bootstrap(tenant="acme", workspace="support")
     append_events(workspace=workspace, run_id="run_race", events=[started()])
@@ -134,7 +134,7 @@ def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
 
 
 def _wait_for_head_update_blocked_on_a_lock() -> None:
-    """Until another session's guessed head update (ledger/pgappend.py) waits on a row lock."""
+    """Until another session's guessed head update (ledger/log/pgappend.py) waits on a row lock."""
     for _ in range(1200):
         with connection.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "

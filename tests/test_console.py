@@ -19,8 +19,8 @@ def run_url(append) -> str:
 
 
 def test_home_lands_in_the_workspace_with_the_newest_run(client: Client, member, append) -> None:
-    from ledger.append import append_events
-    from ledger.tenancy import bootstrap
+    from ledger.log.append import append_events
+    from ledger.tenancy.services import bootstrap
 
     research = bootstrap(tenant="acme", workspace="research")
     client.force_login(member)

@@ -14,8 +14,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from ledger import artifacts
-from ledger.append import append_events
+from ledger.log import artifacts
+from ledger.log.append import append_events
 from ledger.canonical import digest
 from ledger.models import Workspace
 from tests.conftest import ev, started

@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from console.format import money
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.models import Workspace
 from ledger.runtime.outer_loop import cycle_run_id, read_loop, record_run_id, start_outer_loop
 from tests.loop_workflows import reset_loop_registrations

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from ledger.models import AuditEntry, Event, Workspace
-from ledger.redaction import BUILTIN_VALUE_RULES, REDACTED
+from ledger.log.redaction import BUILTIN_VALUE_RULES, REDACTED
 from tests.conftest import ev, started
 
 URL = "/w/acme/support/settings/redaction/"

@@ -20,7 +20,7 @@ from django.test import Client
 from ledger.models import AuditEntry, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import services, worker
 from ledger.runtime.executor import start_run
-from ledger.verify import verify_run
+from ledger.log.verify import verify_run
 from tests.conftest import named_user
 from tests.live_support import communicator, session_id
 
@@ -289,7 +289,7 @@ def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Ru
 def test_plan_changed_since_the_request_is_refused_at_approval(
     people: dict[str, User], workspace: Workspace,
 ) -> None:
-    from ledger.append import append_events
+    from ledger.log.append import append_events
     from tests.conftest import ev, started
 
     append_events(workspace=workspace, run_id="run_open", events=[

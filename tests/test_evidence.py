@@ -8,9 +8,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger.append import append_events
-from ledger.evidence import evidence_bundle
-from ledger.feedback import record_feedback
+from ledger.log.append import append_events
+from ledger.replay.evidence import evidence_bundle
+from ledger.replay.feedback import record_feedback
 from ledger.models import Run, Workspace
 
 pytestmark = pytest.mark.django_db

@@ -16,10 +16,10 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.demo.data import _summarize_run
 from ledger.models import AuditEntry, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import log_in, started
 
 pytestmark = pytest.mark.django_db(transaction=True)

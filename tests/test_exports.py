@@ -18,11 +18,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
-from ledger import clock, exports
-from ledger.append import append_events
+from ledger import clock
+from ledger.interop import exports
+from ledger.log.append import append_events
 from ledger.demo.data import _summarize_run
 from ledger.models import AuditEntry, Event, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import ev, log_in, started
 from tests.servers import Daphne, start_daphne
 

@@ -16,7 +16,7 @@ from ledger.fold import (
     fold_into,
     next_visit_index,
 )
-from ledger.pricing import Usage, load_default_prices
+from ledger.fold.pricing import Usage, load_default_prices
 from tests.conftest import envelopes as stored_envelopes
 
 RUN = "run_fold"

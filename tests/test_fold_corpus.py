@@ -18,7 +18,7 @@ import pytest
 
 from ledger.fold import advance, apply_unchecked, fold, fold_into
 from ledger.fold.state import RunState
-from ledger.pricing import load_default_prices
+from ledger.fold.pricing import load_default_prices
 
 DATA = Path(__file__).parent / "data" / "fold"
 

@@ -1,4 +1,4 @@
-"""ledger/follow.py: a batch that rides along with its announcement (ledger/announce.py) is what a
+"""ledger/replay/follow.py: a batch that rides along with its announcement (ledger/log/announce.py) is what a
 read of the log would have returned, and followers take it only where it continues exactly from
 their position; everything else reads the database. Delivery end to end (every event once, in
 order, across positions, bursts and lost announcements) is tested in tests/test_live_run.py and
@@ -17,10 +17,12 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from ledger import announce, follow, selectors
-from ledger.append import append_events
-from ledger.artifacts import INLINE_LIMIT_BYTES
-from ledger.envelopes import format_recorded_at
+from ledger.log import announce
+from ledger.replay import follow
+from ledger.reads import selectors
+from ledger.log.append import append_events
+from ledger.log.artifacts import INLINE_LIMIT_BYTES
+from ledger.log.envelopes import format_recorded_at
 from ledger.models import Event, Run, Workspace
 from tests.conftest import ev, started
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.models import Event, Run, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,9 +18,9 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.contrib.auth.models import User
 
-from ledger.artifacts import get_by_ref
+from ledger.log.artifacts import get_by_ref
 from ledger.models import Event, Run, ToolCall, ToolGatewayClaim, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import FakeClock, log_in, started
 from tests.runtime_support import round_trips
 
@@ -477,7 +477,7 @@ def test_another_tenant_gets_404_on_every_route(
 
 def test_settling_expired_claims_writes_calls_in_doubt_once_and_leaves_live_ones(
         api: httpx.Client, run: str, clock: FakeClock, workspace: Workspace) -> None:
-    from ledger.gateway import settle_expired_claims
+    from ledger.replay.gateway import settle_expired_claims
 
     out = _claimed(api)
     assert _post(api, out["callId"], "outbound", {"leaseToken": out["leaseToken"]}).status_code == 200
@@ -508,7 +508,7 @@ def _log(workspace: Workspace, run_id: str = RUN) -> list[Event]:
 @pytest.mark.parametrize("held", [True, False], ids=["held", "read"])
 def test_runtime_batch_commits_an_outcome_events_and_an_outbound_claim_in_one_append(
         workspace: Workspace, run: str, clock: FakeClock, held: bool) -> None:
-    from ledger import gateway
+    from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     assert isinstance(first.claimed, gateway.Claimed) and first.last_sequence == 2
@@ -548,7 +548,7 @@ def test_runtime_batch_writes_a_claim_or_a_completion_with_its_events_in_one_rou
     separate row statement, no COMMIT of its own): one round trip once the statement's shape is
     prepared (the first call of a shape on a connection adds the Parse's), and the row and its
     events carry one transaction id. Elsewhere the locked way writes the same rows and events."""
-    from ledger import gateway
+    from ledger.replay import gateway
 
     def claim_and_complete(call_id: str) -> tuple[gateway.Batch, gateway.Batch, list[int], list[int]]:
         with round_trips() as claim_trips:
@@ -593,8 +593,9 @@ def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
     (the unique constraint). Nothing is written, the answer is None (the caller's locked way
     decides), and the run takes the next append as if nothing happened, inside a caller's
     transaction too. (On SQLite append_attached always answers None: the locked way does it all.)"""
-    from ledger import gateway, pgappend
-    from ledger.append import append_attached
+    from ledger.replay import gateway
+    from ledger.log import pgappend
+    from ledger.log.append import append_attached
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     assert isinstance(first.claimed, gateway.Claimed)
@@ -631,7 +632,7 @@ def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
 
 def test_runtime_batch_keeps_a_large_outcome_of_a_held_call_as_an_artifact_and_serves_it_back(
         workspace: Workspace, run: str) -> None:
-    from ledger import gateway
+    from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     assert isinstance(first.claimed, gateway.Claimed)
@@ -649,7 +650,7 @@ def test_runtime_batch_keeps_a_large_outcome_of_a_held_call_as_an_artifact_and_s
 
 
 def test_runtime_batch_refused_completion_writes_nothing_after_it(workspace: Workspace, run: str) -> None:
-    from ledger import gateway
+    from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     with pytest.raises(gateway.LeaseLost):
@@ -665,7 +666,7 @@ def test_runtime_batch_refused_completion_writes_nothing_after_it(workspace: Wor
 @pytest.mark.parametrize("held", [True, False], ids=["held", "read"])
 def test_runtime_batch_commits_the_in_doubt_fact_of_an_expired_outbound_call_then_refuses(
         workspace: Workspace, run: str, clock: FakeClock, held: bool) -> None:
-    from ledger import gateway
+    from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     clock.advance(gateway.DEFAULT_LEASE_S + 1)
@@ -680,9 +681,9 @@ def test_runtime_batch_commits_the_in_doubt_fact_of_an_expired_outbound_call_the
 
 
 def test_runtime_batch_under_a_stale_fencing_token_writes_nothing(workspace: Workspace, run: str) -> None:
-    from ledger import gateway
+    from ledger.replay import gateway
     from ledger.errors import Fenced
-    from ledger.leases import acquire_run_lease
+    from ledger.log.leases import acquire_run_lease
 
     lease = acquire_run_lease(workspace=workspace, run_id=run, owner="executor-a")
     stale = lease.fencing_token + 1

@@ -1,5 +1,5 @@
 """`ledger import-little DIR --workspace T/W`: a Little Workflow data directory into the ledger with
-the same event ids (ledger/little_import.py), on the sample of tests/data/little/."""
+the same event ids (ledger/interop/little_import.py), on the sample of tests/data/little/."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from ledger import artifacts
-from ledger.append import append_events
+from ledger.log import artifacts
+from ledger.log.append import append_events
 from ledger.canonical import canonical_bytes, digest, event_id
 from ledger.errors import RunFinished, RunNotStarted
 from ledger.fold import fold
 from ledger.models import Artifact, Event, Run, Workspace
-from ledger.projection import log_of
+from ledger.log.projection import log_of
 from tests.conftest import ev, started
 from tests.data.little import make_sample
 
@@ -397,7 +397,7 @@ def test_only_an_import_may_append_an_outer_loop_cycle_after_the_end(workspace: 
 
 def test_verify_and_the_evidence_re_hash_the_artifact_behind_a_little_ref(workspace: Workspace,
                                                                           settings: Any) -> None:
-    from ledger.evidence import evidence_bundle
+    from ledger.replay.evidence import evidence_bundle
 
     import_little(SAMPLE)
     run = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id="run_artifacts")
@@ -422,7 +422,7 @@ def test_a_little_ref_nothing_resolves_fails_verify(workspace: Workspace) -> Non
         started(), ev("StepCompleted", stepPath="s", attempt=1, outputRef=f"artifact://{ARTIFACT}")])
     code, out, _ = ledger("verify", "run_api")
     assert code == 1 and f"artifact://{ARTIFACT} missing" in out
-    from ledger.evidence import evidence_bundle
+    from ledger.replay.evidence import evidence_bundle
 
     evidence = evidence_bundle(Run.objects.select_related("workspace__tenant").get(run_id="run_api"))
     assert evidence["artifacts"] == [{"artifactId": ARTIFACT, "sha256": None, "size": None, "contentType": None,
@@ -432,7 +432,7 @@ def test_a_little_ref_nothing_resolves_fails_verify(workspace: Workspace) -> Non
 def test_pruning_an_imported_run_takes_its_artifact_along(workspace: Workspace) -> None:
     from datetime import datetime, timezone
 
-    from ledger import retention
+    from ledger.tenancy import retention
     from ledger.models import ImportedArtifact
 
     import_little(SAMPLE)
@@ -487,7 +487,7 @@ def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(
         workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks passed, then another writer appended to a run first: that append is refused
     (expectedSequence), the runs written before it stay, and importing again finishes the job."""
-    from ledger import little_import
+    from ledger.interop import little_import
 
     original = little_import._write_run
 

@@ -10,14 +10,14 @@ import pytest
 from django.contrib.auth.models import User
 from django.db.models import Sum
 
-from ledger import sharing
-from ledger.artifacts import store_bytes
+from ledger.tenancy import sharing
+from ledger.log.artifacts import store_bytes
 from ledger.demo import load_demo
-from ledger.access import workspace_by_path
+from ledger.tenancy.access import workspace_by_path
 from ledger.models import ApiKey, ReexecutionRequest, Run, ToolGatewayClaim
 from ledger.reexecution.services import request_batch
 from ledger.runtime.outer_loop import start_outer_loop
-from ledger.tenancy import create_key, revoke_key
+from ledger.tenancy.services import create_key, revoke_key
 from tests.isolation_sweep import ROUTES, Caller, Route, Sweep, csrf_client, http_routes, websocket_routes
 from tests.live_support import session_id
 from tests.servers import Daphne, start_daphne

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ledger import errors
-from ledger.leases import LeaseHeld, acquire_run_lease, release_run_lease
+from ledger.log.leases import LeaseHeld, acquire_run_lease, release_run_lease
 from ledger.models import Event
 from tests.conftest import ev, started
 

@@ -29,11 +29,12 @@ from django.db import transaction
 from django.test import Client
 
 from console.live import run as live_run
-from ledger import announce, follow
-from ledger.announce import group_for
-from ledger.append import append_events
+from ledger.log import announce
+from ledger.replay import follow
+from ledger.log.announce import group_for
+from ledger.log.append import append_events
 from ledger.models import Event, Run, Workspace
-from ledger.tenancy import bootstrap, create_key
+from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, started
 from tests.servers import Daphne, start_daphne as _start_daphne
 from tests.live_support import TIMEOUT_S, communicator as _communicator, session_id as _session_id

@@ -1,5 +1,5 @@
 """The runs list's live feed, `ws/workspaces/<tenant>/<workspace>/runs/` (console/live/runs.py), and
-the workspace announcements behind it (ledger/announce.py).
+the workspace announcements behind it (ledger/log/announce.py).
 
 In process through the real ASGI stack (origin check, session auth, router) with
 WebsocketCommunicator; and once against a live Daphne with a browser-like client, the run appended
@@ -21,10 +21,10 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.test import Client
 
-from ledger.announce import workspace_group_for
-from ledger.append import append_events
+from ledger.log.announce import workspace_group_for
+from ledger.log.append import append_events
 from ledger.models import Workspace
-from ledger.tenancy import bootstrap, create_key
+from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, started
 from tests.servers import Daphne, start_daphne as _start_daphne
 from tests.live_support import TIMEOUT_S, communicator as _communicator, session_id as _session_id

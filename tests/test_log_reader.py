@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import Event, Run
-from ledger.projection import log_of
-from ledger.verify import verify_run
+from ledger.log.projection import log_of
+from ledger.log.verify import verify_run
 from tests.conftest import ev, started
 
 # Payloads whose decoding could differ between JSON decoders: escapes, non-BMP text, control

@@ -30,10 +30,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import AuditEntry, Event, Run, Workspace
-from ledger.tenancy import create_key
-from ledger.verify import verify_run
+from ledger.tenancy.services import create_key
+from ledger.log.verify import verify_run
 from tests.conftest import ev, started
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 

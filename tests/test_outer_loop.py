@@ -13,9 +13,9 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.errors import Fenced
-from ledger.leases import LeaseHeld
+from ledger.log.leases import LeaseHeld
 from ledger.models import Run, Workspace
 from ledger.runtime import outer_loop
 from ledger.runtime.outer_loop import (OuterLoopGoalMismatch, OuterLoopManifestCorrupt, OuterLoopMaxCyclesMismatch,

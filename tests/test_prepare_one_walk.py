@@ -1,4 +1,4 @@
-"""An append prepares a plain payload in one walk (ledger.redaction.Redactor.plain: redaction, the
+"""An append prepares a plain payload in one walk (ledger.log.redaction.Redactor.plain: redaction, the
 recorded-cost rule and the canonical fast path's conditions together) and any other payload in
 the three walks it always took. Both must store exactly what the three walks store and refuse
 exactly what they refuse, with the same error: checked here for arbitrary JSON against the three
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.append import _prepare
+from ledger.log.append import _prepare
 from ledger.canonical import NotCanonicalizable, canonical_bytes
 from ledger.errors import InvalidEvent, LedgerError
-from ledger.redaction import NotPlain, Redactor
-from ledger.vocabulary import validate_payload
+from ledger.log.redaction import NotPlain, Redactor
+from ledger.log.vocabulary import validate_payload
 
 _tricky_text = st.sampled_from([
     "", "x", "\x00", "\ud800", "é", "\U0001f600", "a=b", "k: v", "Bearer abcdefghijklmnop1234",
@@ -50,7 +50,7 @@ _REDACTORS = (Redactor(), Redactor(["ticket"], [r"ticket-\d+"]))
 
 
 def _three_walks(index: int, payload: Any, redact: Redactor) -> tuple[Any, bytes]:
-    """What an append did before the one walk (ledger/append.py at 9a3c648)."""
+    """What an append did before the one walk (ledger/log/append.py at 9a3c648)."""
     try:
         validate_payload(index, "custom.x", payload)
         payload = redact(payload)

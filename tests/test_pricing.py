@@ -9,14 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.pricing import (
-    ModelRates,
-    PriceTable,
-    Usage,
-    UsageTotals,
-    load_default_prices,
-    price_call,
-)
+from ledger.fold.pricing import ModelRates, PriceTable, Usage, UsageTotals, load_default_prices, price_call
 
 PRICES = load_default_prices()
 

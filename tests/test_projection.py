@@ -12,10 +12,10 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.fold import fold
 from ledger.models import CostEntry, Run, Step, ToolCall
-from ledger.projection import STATES, differences, log_of, prices_for
+from ledger.log.projection import STATES, differences, log_of, prices_for
 from tests.conftest import ev, started
 
 
@@ -110,7 +110,7 @@ EVENT_POOL = [
                 min_size=1, max_size=8),
        st.booleans())
 def test_projection_equals_fold_after_random_interleavings(batches, forget_cache) -> None:
-    from ledger.tenancy import bootstrap
+    from ledger.tenancy.services import bootstrap
 
     workspace = bootstrap(tenant="acme", workspace=f"hyp-{Run.objects.count()}")
     for run_id in ("run_x", "run_y"):

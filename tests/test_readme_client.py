@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import Run, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.servers import Daphne, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)

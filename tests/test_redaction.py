@@ -13,17 +13,7 @@ import pytest
 
 from ledger.canonical import event_id
 from ledger.models import Event
-from ledger.redaction import (
-    BUILTIN_VALUE_RULES,
-    REDACTED,
-    InvalidRule,
-    Redactor,
-    check_pattern,
-    check_rules,
-    is_builtin_secret_key,
-    key_words,
-    policy,
-)
+from ledger.log.redaction import BUILTIN_VALUE_RULES, REDACTED, InvalidRule, Redactor, check_pattern, check_rules, is_builtin_secret_key, key_words, policy
 
 from tests.conftest import ev, started
 

@@ -17,17 +17,17 @@ from ledger import clock
 from ledger.canonical import canonical_json
 from ledger.demo import DEMO_RUNS
 from ledger.demo import workflows as demo_workflows
-from ledger.divergence import divergence_report
-from ledger.gateway import ToolCallInDoubt, settle_expired_claims
+from ledger.replay.divergence import divergence_report
+from ledger.replay.gateway import ToolCallInDoubt, settle_expired_claims
 from ledger.models import CostEntry, Run, ToolGatewayClaim, Workspace
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.runtime.errors import InvalidReexecution, UnknownModelProvider, UnknownStep, UnknownWorkflow
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider, register_provider, unregister_provider
 from ledger.runtime.record import inline_or_ref
 from ledger.runtime.reexecute import ReexecutionConflict, execute_reexecution, mode_plan
 from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow, get_workflow, register
-from ledger.usage import usage_rows
+from ledger.reads.usage import usage_rows
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     Crash, every_run_verifies, invocation_counts, run_events,
 )
@@ -249,7 +249,7 @@ def test_a_call_missing_from_the_record_never_leaves_a_simulation(workspace: Wor
 def test_simulate_and_evaluate_execute_without_any_live_tool_or_model_path(workspace: Workspace,
                                                                           invocations: Path) -> None:
     from ledger.runtime.reexecute import Replay, _Original
-    from ledger.redaction import Redactor
+    from ledger.log.redaction import Redactor
 
     original = _Original.load(workspace, _drill(workspace))
     drill = get_workflow("drill")

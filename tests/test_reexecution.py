@@ -22,7 +22,7 @@ from ledger.models import AuditEntry, ReexecutionRequest, Workspace
 from ledger.reexecution import services
 from ledger.reexecution.errors import ApprovalExpired, Forbidden, InvalidReexecution, PlanChanged, SelfApprovalForbidden
 from ledger.errors import NotFound
-from ledger.tenancy import bootstrap, create_key
+from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
 
@@ -276,8 +276,8 @@ def test_a_claim_whose_lease_ran_out_is_handed_out_again_for_the_same_new_run(wo
 
 @pytest.mark.django_db
 def test_the_evidence_lists_the_runs_requests_and_decisions(workspace, run, people) -> None:
-    from ledger.evidence import approvals
-    from ledger.selectors import get_run
+    from ledger.replay.evidence import approvals
+    from ledger.reads.selectors import get_run
 
     made = _fork(workspace, people["carol"])
     services.deny(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="no")

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from ledger.canonical import digest
-from ledger.replay import CapabilityDriftError, manifest_drift, replay_plan
+from ledger.replay.plan import CapabilityDriftError, manifest_drift, replay_plan
 from tests.conftest import envelopes as stored_envelopes
 
 RUN = "run_replay"

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from ledger.fold import fold
-from ledger.report import locale_sort_key, render_report_table, usage_report
+from ledger.reads.report import locale_sort_key, render_report_table, usage_report
 from tests.conftest import envelopes
 
 MINI = {"provider": "openai", "modelId": "gpt-4o-mini"}

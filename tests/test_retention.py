@@ -14,12 +14,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
-from ledger import audit, clock, retention
-from ledger.append import append_events
+from ledger import audit, clock
+from ledger.tenancy import retention
+from ledger.log.append import append_events
 from ledger.models import (
     Artifact, AuditEntry, CostEntry, DailyUsage, Event, Feedback, ReexecutionRequest, Run, Step, ToolCall, Workspace,
 )
-from ledger.retention import InvalidRetention, set_retention
+from ledger.tenancy.retention import InvalidRetention, set_retention
 from tests.conftest import ev, started
 from tests.test_projection import cli
 from tests.test_rollup import responded
@@ -328,7 +329,7 @@ def test_on_a_terminal_prune_draws_a_progress_bar(thirty_days: Workspace, monkey
 def test_a_share_link_to_a_pruned_run_answers_410_and_its_record_stays(thirty_days: Workspace, operator: Any,
                                                                        client: Any) -> None:
     from ledger.models import ShareLink
-    from ledger.sharing import create_link
+    from ledger.tenancy.sharing import create_link
 
     old = finished_run(thirty_days, "run_old", started_at=days_ago(50), ended_at=days_ago(45))
     link, token = create_link(workspace=thirty_days, run=old, by=operator, expires_in_hours=24)

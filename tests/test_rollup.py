@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from django.apps import apps
 
-from ledger import clock, rollup
+from ledger import clock
+from ledger.log import rollup
 from ledger.models import CostEntry, DailyUsage, MonthlyUsage, Run, Workspace
-from ledger.tenancy import bootstrap
+from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 from tests.test_projection import cli
 
@@ -104,7 +105,7 @@ def test_reprice_recounts_the_dollars_of_the_days(spent, workspace: Workspace) -
 
 def test_other_workspaces_keep_their_own_cells(spent, append, workspace: Workspace) -> None:
     research = bootstrap(tenant="acme", workspace="research")
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     with on(DAY1):
         append_events(workspace=research, run_id="run_a", events=[started("wf_a"),

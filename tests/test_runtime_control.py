@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from ledger import gateway
+from ledger.replay import gateway
 from ledger.errors import Fenced
-from ledger.gateway import ToolCallInDoubt
-from ledger.leases import acquire_run_lease, renew_run_lease
+from ledger.replay.gateway import ToolCallInDoubt
+from ledger.log.leases import acquire_run_lease, renew_run_lease
 from ledger.models import Run, Workspace
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ScriptedProvider
@@ -48,7 +48,7 @@ def test_a_renewed_lease_keeps_its_token_and_a_taken_over_one_cannot_be_renewed(
 
 def test_a_write_carries_the_renewal_of_its_writer_s_lease_and_a_taken_over_one_writes_nothing(
         workspace: Workspace, clock: FakeClock, append: Any) -> None:
-    from ledger import gateway
+    from ledger.replay import gateway
 
     append("run_ride", {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x"}})
     lease = acquire_run_lease(workspace=workspace, run_id="run_ride", owner="a", ttl_s=300)

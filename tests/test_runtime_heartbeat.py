@@ -15,7 +15,7 @@ import pytest
 from django.test import override_settings
 
 from ledger.errors import Fenced
-from ledger.leases import LeaseHeld, acquire_run_lease
+from ledger.log.leases import LeaseHeld, acquire_run_lease
 from ledger.models import Run, Workspace
 from ledger.runtime.executor import start_run
 from ledger.runtime.registry import CodeRun, Workflow

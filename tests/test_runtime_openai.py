@@ -18,7 +18,7 @@ import pytest
 
 from ledger.canonical import canonical_json
 from ledger.models import CostEntry, Run, Workspace
-from ledger.projection import log_of
+from ledger.log.projection import log_of
 from ledger.runtime.executor import start_run
 from ledger.runtime.openai_compat import (
     API_KEY_ENV,
@@ -32,7 +32,7 @@ from ledger.runtime.openai_compat import (
 )
 from ledger.runtime.providers import ModelRequest
 from ledger.runtime.registry import AIGenerate, Tool, Workflow
-from ledger.verify import verify_run
+from ledger.log.verify import verify_run
 
 KEY = "sk-test-Zq81secret"
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

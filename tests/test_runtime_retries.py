@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from django.utils.dateparse import parse_datetime
 
-from ledger import gateway
+from ledger.replay import gateway
 from ledger.fold import fold
-from ledger.gateway import ToolCallInDoubt
+from ledger.replay.gateway import ToolCallInDoubt
 from ledger.models import Workspace
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider

@@ -11,7 +11,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from ledger import clock, gateway
+from ledger import clock
+from ledger.replay import gateway
 from ledger.canonical import digest
 from ledger.models import ToolGatewayClaim
 from ledger.runtime.session import PromptHasher

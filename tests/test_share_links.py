@@ -17,10 +17,11 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
-from ledger import artifacts, sharing
-from ledger.append import append_events
+from ledger.log import artifacts
+from ledger.tenancy import sharing
+from ledger.log.append import append_events
 from ledger.models import AuditEntry, ShareLink, Workspace
-from ledger.tenancy import bootstrap, create_key
+from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import FakeClock, ev, named_user, started
 
 pytestmark = pytest.mark.django_db
@@ -297,7 +298,7 @@ def test_racing_readers_get_exactly_max_opens() -> None:
     workspace = bootstrap(tenant="acme", workspace="support")
     append_events(workspace=workspace, run_id=RUN, events=[started()])
     carol = named_user("carol", "operator")
-    from ledger import selectors
+    from ledger.reads import selectors
 
     run = selectors.get_run(workspace, RUN)
     _, token = sharing.create_link(workspace=workspace, run=run, by=carol, expires_in_hours=1, max_opens=5)

@@ -1,4 +1,4 @@
-"""The process-local state cache (ledger.projection.STATES) is bounded by size, not only by runs:
+"""The process-local state cache (ledger.log.projection.STATES) is bounded by size, not only by runs:
 a long run's state is compacted for the append path (its settled calls and cost entries left to
 the database), and the cache holds at most its byte budget. Whatever it drops, the projections an
 append writes stay equal to the fold of the log.
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from ledger import projection
-from ledger.append import append_events
+from ledger.log import projection
+from ledger.log.append import append_events
 from ledger.fold import fold
 from ledger.models import Run, Workspace
-from ledger.projection import STATES, AppendState, differences, log_of, prices_for
-from ledger.tenancy import bootstrap
+from ledger.log.projection import STATES, AppendState, differences, log_of, prices_for
+from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -22,10 +22,10 @@ import pytest
 from django.db import connections
 from django.test import Client
 
-from ledger import selectors
-from ledger.append import append_events
+from ledger.reads import selectors
+from ledger.log.append import append_events
 from ledger.models import Run, Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
 from tests.servers import Daphne, start_daphne as _start_daphne
 
@@ -277,7 +277,7 @@ def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspa
     from asgiref.sync import async_to_sync
     from channels.layers import InMemoryChannelLayer, get_channel_layer
 
-    from ledger.announce import group_for
+    from ledger.log.announce import group_for
     from console.api.stream import _event_stream, _Opened
     from console.streams import SLOTS, Grant
 
@@ -293,7 +293,7 @@ def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspa
 
         # A plain client, outside channels_redis's per-loop connection pools. On the pub/sub layer
         # a process listens to a group once, however many of its channels are in it; and a
-        # channel left must not stay subscribed (ledger.announce.Subscription).
+        # channel left must not stay subscribed (ledger.log.announce.Subscription).
         client = redis.Redis.from_url(REDIS_URL)
         try:
             [(_, listening)] = client.pubsub_numsub(layer.group_channel(group))

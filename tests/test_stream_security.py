@@ -22,9 +22,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from console.streams import SLOTS
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.models import ApiKey, Workspace
-from ledger.tenancy import create_key, remove_member, revoke_key
+from ledger.tenancy.services import create_key, remove_member, revoke_key
 from tests.conftest import ev, started
 from tests.live_support import TIMEOUT_S, communicator, session_id
 from tests.servers import Daphne, start_daphne

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ledger.models import ApiKey, Membership, Tenant, Workspace
-from ledger.tenancy import authenticate_key, revoke_key
+from ledger.tenancy.services import authenticate_key, revoke_key
 
 pytestmark = pytest.mark.django_db
 
@@ -80,7 +80,7 @@ def _columns(obj: object) -> dict[str, object]:
 
 def test_an_authenticated_key_is_the_row_the_orm_reads_with_its_workspace_and_tenant(django_assert_num_queries) -> None:
     # authenticate_key reads the key, its workspace and its tenant with SQL of its own (prepared on
-    # PostgreSQL, ledger.tenancy._KeyQuery): every column, converted, as the ORM's select_related has it.
+    # PostgreSQL, ledger.tenancy.services._KeyQuery): every column, converted, as the ORM's select_related has it.
     run("bootstrap", "--tenant", "acme", "--workspace", "support")
     key = run("create-key", "--workspace", "acme/support", "--scopes", "ingest,read", "--name", "ci").strip()
     Workspace.objects.update(redact_keys=["ssn", "ключ"], redact_value_patterns=[r"\d{3}-\d{4}"],

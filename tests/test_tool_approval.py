@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from ledger import toolapproval
+from ledger.replay import toolapproval
 from ledger.models import AuditEntry, Run, ToolCall, Workspace
-from ledger.plans import replay_plan_for
-from ledger.projection import log_of
+from ledger.replay.stored_plan import replay_plan_for
+from ledger.log.projection import log_of
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.registry import CodeRun, Tool, ToolCall as ToolStep, Workflow
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
@@ -237,7 +237,7 @@ def test_another_tenant_cannot_see_or_decide_the_call(client: Any, workspace: Wo
 
 
 def test_cancelling_a_run_that_waits_for_approval_ends_the_waiting_call(workspace: Workspace) -> None:
-    from ledger.cancellation import cancel_run
+    from ledger.replay.cancellation import cancel_run
 
     sent: list[Any] = []
     wf = _mailer(sent, {"address": "a@x"})

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ledger import audit
 from ledger.models import ApiKey, AuditEntry, Workspace
-from ledger.tenancy import authenticate_key, create_key
+from ledger.tenancy.services import authenticate_key, create_key
 from tests.conftest import FakeClock
 
 pytestmark = pytest.mark.django_db

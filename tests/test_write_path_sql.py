@@ -70,8 +70,8 @@ def _refused(fn: Callable[[], Any]) -> str:
 
 
 def _api_batches(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.append import append_events
-    from ledger.leases import acquire_run_lease, release_run_lease
+    from ledger.log.append import append_events
+    from ledger.log.leases import acquire_run_lease, release_run_lease
 
     def append(events: list[dict[str, Any]], **kwargs: Any) -> Any:
         return append_events(workspace=workspace, run_id="run_golden", events=events, **kwargs)
@@ -99,7 +99,7 @@ def _api_batches(workspace: Workspace, clock: FakeClock) -> None:
 
 
 def _pipelined(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.append import append_events
+    from ledger.log.append import append_events
 
     append_events(workspace=workspace, run_id="run_long", events=[started()])
     append_events(workspace=workspace, run_id="run_long", events=[
@@ -107,8 +107,8 @@ def _pipelined(workspace: Workspace, clock: FakeClock) -> None:
 
 
 def _cache_miss_and_transaction(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.append import append_events
-    from ledger.projection import STATES
+    from ledger.log.append import append_events
+    from ledger.log.projection import STATES
 
     append_events(workspace=workspace, run_id="run_miss", events=[started()])
     STATES.clear()
@@ -120,8 +120,8 @@ def _cache_miss_and_transaction(workspace: Workspace, clock: FakeClock) -> None:
 
 
 def _gateway(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger import gateway
-    from ledger.append import append_events
+    from ledger.replay import gateway
+    from ledger.log.append import append_events
 
     append_events(workspace=workspace, run_id="run_tools", events=[started()])
     claimed = gateway.claim_tool_call(workspace=workspace, run_id="run_tools", call_id="c1", tool_name="search",
@@ -153,8 +153,8 @@ def _runtime_and_simulation(workspace: Workspace, clock: FakeClock) -> None:
 
 
 def _cancel(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.append import append_events
-    from ledger.cancellation import cancel_run
+    from ledger.log.append import append_events
+    from ledger.replay.cancellation import cancel_run
 
     append_events(workspace=workspace, run_id="run_cancel", events=[started(), ev("StepScheduled", stepPath="a")])
     cancel_run(workspace=workspace, run_id="run_cancel", reason="no longer needed", by="carol")
@@ -173,7 +173,7 @@ SCENARIOS: dict[str, Callable[[Workspace, FakeClock], None]] = {
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_the_write_path_sends_the_golden_statements(scenario: str, workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.projection import STATES
+    from ledger.log.projection import STATES
 
     STATES.clear()
     connection.close()  # a new connection: every shape is prepared (and seen) afresh

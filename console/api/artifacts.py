@@ -11,9 +11,9 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger import selectors, serialize
-from ledger.access import visible_workspaces
-from ledger.artifacts import open_verified
+from ledger.reads import selectors, serialize
+from ledger.tenancy.access import visible_workspaces
+from ledger.log.artifacts import open_verified
 from ledger.errors import NotFound
 from ledger.models import Artifact
 

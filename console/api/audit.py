@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger import audit
-from ledger.access import tenant_admin
+from ledger.tenancy.access import tenant_admin
 from ledger.limits import FIRST_DAY, LAST_DAY, day_in_range
 from ledger.models import Tenant
 

@@ -12,8 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.access import Access
-from ledger.append import validate_run_id
+from ledger.tenancy.access import Access
+from ledger.log.append import validate_run_id
 from ledger.models import Run
 
 from .auth import access_for

@@ -20,8 +20,8 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger import selectors
-from ledger.append import append_events, validate_run_id
+from ledger.reads import selectors
+from ledger.log.append import append_events, validate_run_id
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ApiKey
 

@@ -8,8 +8,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.evidence import evidence_bundle
-from ledger.plans import replay_plan_for
+from ledger.replay.evidence import evidence_bundle
+from ledger.replay.stored_plan import replay_plan_for
 
 from .base import ApiView, run_for
 from .schema import RUN_ID, WORKSPACE, EvidenceSerializer, ReplayPlanSerializer, error_responses

@@ -1,6 +1,6 @@
 """/api/v1/export/{runs|events|costs|audit} and /api/v1/runs/{runId}/evidence.zip (API.md "Export
 and interop"): files that leave the ledger, streamed, audited, checkable offline with `ledger
-verify --export FILE` / `--bundle FILE` (ledger/exports.py, ledger/bundle.py, ledger/offline.py)."""
+verify --export FILE` / `--bundle FILE` (ledger/interop/exports.py, ledger/interop/bundle.py, ledger/interop/offline.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework.request import Request
 
-from ledger import access, bundle, exports
-from ledger.access import tenant_admin
-from ledger.append import validate_run_id
+from ledger.tenancy import access
+from ledger.interop import bundle, exports
+from ledger.tenancy.access import tenant_admin
+from ledger.log.append import validate_run_id
 
 from .auth import access_for, principal
 from .base import ApiView, run_for

@@ -8,8 +8,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger import serialize
-from ledger.feedback import record_feedback
+from ledger.reads import serialize
+from ledger.replay.feedback import record_feedback
 from ledger.models import ApiKey
 
 from .base import ApiView, run_for

@@ -1,6 +1,6 @@
 """The tool gateway over HTTP (API.md "Tool gateway"): claim, outbound, complete, reconcile, list.
 
-One small view per operation: validate, call the service in ledger/gateway.py, serialize. Domain
+One small view per operation: validate, call the service in ledger/replay/gateway.py, serialize. Domain
 refusals are LedgerErrors, turned into the error body by console/api/errors.py.
 """
 
@@ -16,8 +16,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import gateway
-from ledger.append import validate_run_id
+from ledger.replay import gateway
+from ledger.log.append import validate_run_id
 from ledger.models import ToolGatewayClaim
 
 from .auth import access_for

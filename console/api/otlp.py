@@ -21,9 +21,9 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.otlp.export import export_run
-from ledger.otlp.ingest import ingest
-from ledger.otlp.wire import JSON, PROTOBUF, InvalidOtlp, UnsupportedOtlp, parse
+from ledger.interop.otlp.export import export_run
+from ledger.interop.otlp.ingest import ingest
+from ledger.interop.otlp.wire import JSON, PROTOBUF, InvalidOtlp, UnsupportedOtlp, parse
 
 from ..input_limits import MAX_BODY_BYTES, PayloadTooLarge
 from .auth import access_for

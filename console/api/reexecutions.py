@@ -17,10 +17,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import selectors as ledger_selectors
-from ledger.append import validate_run_id
+from ledger.reads import selectors as ledger_selectors
+from ledger.log.append import validate_run_id
 from ledger.errors import Conflict, NotFound
-from ledger.access import Access, RoleRequired, visible_workspaces, within
+from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, within
 from ledger.models import ApiKey, ReexecutionRequest, Workspace
 from ledger.reexecution import selectors, services
 
@@ -368,7 +368,7 @@ class DivergenceView(APIView):
         if not found.new_run_id or ledger_selectors.find_run(found.workspace, found.new_run_id) is None:
             raise NotStarted(f"re-execution {found.public_id} has no new run yet ({found.status})",
                              reexecutionId=found.public_id, status=found.status)
-        from ledger.divergence import divergence_report  # built with the runtime's re-execution
+        from ledger.replay.divergence import divergence_report  # built with the runtime's re-execution
 
         return Response(divergence_report(workspace=found.workspace, original_run_id=found.original_run_id,
                                           new_run_id=found.new_run_id))

@@ -1,6 +1,6 @@
 """/api/v1/runs/{runId}/cancel (API.md "Run control"): an operator's session, or a key with the
 `execute` scope, ends a running run as `RunFailed {error: {name: "Cancelled", message: reason}}`
-(ledger/cancellation.py). Another tenant's run is 404, never 403."""
+(ledger/replay/cancellation.py). Another tenant's run is 404, never 403."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger import cancellation
+from ledger.replay import cancellation
 
 from .base import ApiView, run_for
 from .schema import RUN_ID, WORKSPACE, error_responses

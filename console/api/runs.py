@@ -10,7 +10,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger import selectors, serialize
+from ledger.reads import selectors, serialize
 from ledger.models import RunStatus, Workspace
 
 from .auth import access_for

@@ -1,7 +1,7 @@
 """OpenAPI in one place: the error body and error responses, the auth schemes, the shared
 parameters, and the shapes the views return.
 
-The output dicts come from ledger/serialize.py (and ledger.evidence, ledger.plans, ledger.usage);
+The output dicts come from ledger/reads/serialize.py (and ledger.replay.evidence, ledger.replay.stored_plan, ledger.reads.usage);
 the serializers here only describe them for the schema, and tests/test_api_shapes.py checks that
 each describes exactly the fields the code returns.
 """
@@ -16,7 +16,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
-from ledger.append import RUN_ID_RE
+from ledger.log.append import RUN_ID_RE
 from ledger.models import RunStatus
 
 
@@ -110,7 +110,7 @@ class ConsoleSessionScheme(OpenApiAuthenticationExtension):
         }
 
 
-# --- shapes: what ledger/serialize.py returns, described for OpenAPI ------------------------
+# --- shapes: what ledger/reads/serialize.py returns, described for OpenAPI ------------------------
 
 
 def enum(choices: list[str], **kwargs: Any) -> serializers.Field:

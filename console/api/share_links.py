@@ -1,7 +1,7 @@
 """/api/v1/ share links (API.md "Share links"): create and list a run's links, revoke one.
 
 Creating, listing and revoking are an operator's, in a console session: API keys hold no roles,
-so a key is refused with 403 `forbidden` (ledger/access.py), as a viewer is. A run or link of
+so a key is refused with 403 `forbidden` (ledger/tenancy/access.py), as a viewer is. A run or link of
 another tenant is 404, never 403. The token is in the `url` of the creation's answer only.
 """
 
@@ -14,8 +14,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger import sharing
-from ledger.access import Access, visible_workspaces, within
+from ledger.tenancy import sharing
+from ledger.tenancy.access import Access, visible_workspaces, within
 from ledger.models import ApiKey, Run
 
 from .auth import access_for, principal

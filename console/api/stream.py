@@ -1,6 +1,6 @@
 """`GET /api/v1/runs/{runId}/stream`: a run's events as server-sent events (API.md "Streams").
 
-Catch-up and live delivery are ledger.follow's (subscribe first, de-duplicate by sequence, poll
+Catch-up and live delivery are ledger.replay.follow's (subscribe first, de-duplicate by sequence, poll
 when announcements are lost, stop when finished); this module only authorizes and writes frames.
 
 Where to start: `Last-Event-ID` when the header is present, else `?after=N`, else 0. A browser's
@@ -40,9 +40,9 @@ from rest_framework.exceptions import APIException, NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from ledger.append import validate_run_id
+from ledger.log.append import validate_run_id
 from ledger.errors import LedgerError
-from ledger.follow import Follower
+from ledger.replay.follow import Follower
 from ledger.limits import MAX_ROW_ID
 from ledger.models import Run
 

@@ -15,9 +15,9 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.access import tenant_admin
+from ledger.tenancy.access import tenant_admin
 from ledger.limits import FIRST_DAY
-from ledger.usage import GROUPINGS, usage_page, usage_rows
+from ledger.reads.usage import GROUPINGS, usage_page, usage_rows
 
 from .auth import access_for, principal
 from .base import ApiView

@@ -1,6 +1,6 @@
 """`/ws/runs/<runId>/?after=N&workspace=T/W`: a run's timeline rows, caught up and then live.
 
-Catch-up and live delivery are ledger.follow's (subscribe first, de-duplicate by sequence, poll
+Catch-up and live delivery are ledger.replay.follow's (subscribe first, de-duplicate by sequence, poll
 when announcements are lost, stop when finished; one channel in the run's group, one shared read
 and one rendering per announcement for every subscriber of the run in this process, which the
 run's feed sends to the sockets standing where an announced batch begins through `_push`). The
@@ -29,8 +29,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from django.urls import path
 
-from ledger import access, follow
-from ledger.access import Access
+from ledger.tenancy import access
+from ledger.replay import follow
+from ledger.tenancy.access import Access
 from ledger.errors import LedgerError
 from ledger.limits import MAX_ROW_ID
 from ledger.models import Run
@@ -53,7 +54,7 @@ def _find_run(user: Any, run_id: str, workspace: str | None) -> Access | None:
 
 
 def _row(envelope: dict[str, Any], run: Run) -> str:
-    """The event's whole message, as JSON text: made once per shared read (ledger.follow), sent as
+    """The event's whole message, as JSON text: made once per shared read (ledger.replay.follow), sent as
     it is to every subscriber of the run here."""
     return json.dumps({"type": "event", "sequence": envelope["sequence"],
                        "html": render_event_row(event_row(envelope, run.workspace))})
@@ -113,7 +114,7 @@ class RunConsumer(WatchedConsumer):
 
     async def _push(self, items: list[tuple[int, Any]]) -> None:
         """Send items as frames: a page's, or those the run's feed hands this socket itself while
-        its follower waits (ledger.follow)."""
+        its follower waits (ledger.replay.follow)."""
         for _, message in items:
             await self.send(text_data=message)
 

@@ -1,6 +1,6 @@
 """The runs list's live feed: `ws/workspaces/<tenant>/<workspace>/runs/`.
 
-Announcements (ledger.announce) say only which run started or finished; the row is read from the
+Announcements (ledger.log.announce) say only which run started or finished; the row is read from the
 database and rendered with the page's own row template, so a pushed row is the row a reload shows.
 """
 
@@ -11,7 +11,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.urls import path
 
-from ledger import announce, selectors
+from ledger.log import announce
+from ledger.reads import selectors
 from ledger.models import Workspace
 
 from ..rows import render_run_row

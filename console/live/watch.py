@@ -15,7 +15,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from ledger.access import Access
+from ledger.tenancy.access import Access
 
 from ..streams import CLOSE_CREDENTIALS, Grant, Slot, grant_for, keepalive_seconds, still_allowed, take_slot
 

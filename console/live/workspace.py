@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
 
-from ledger import access
+from ledger.tenancy import access
 from ledger.errors import LedgerError
 from ledger.models import Workspace
 

@@ -24,7 +24,8 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import selectors, toolapproval
+from ledger.reads import selectors
+from ledger.replay import toolapproval
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ReexecutionRequest, Workspace
 from ledger.reexecution import selectors as reexecutions
@@ -85,7 +86,7 @@ def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str,
 
 
 def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, Any]]:
-    """One card per tool call waiting for an approver (ledger/toolapproval.py): the exact
+    """One card per tool call waiting for an approver (ledger/replay/toolapproval.py): the exact
     arguments and the digest the decision binds to."""
     cards = []
     for call in toolapproval.waiting_calls(ws):
@@ -185,7 +186,7 @@ def deny(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str)
 @require_POST
 def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """An approver approves or rejects a tool call waiting for approval, bound to the digest of
-    the arguments the page showed them (ledger/toolapproval.py)."""
+    the arguments the page showed them (ledger/replay/toolapproval.py)."""
     ws = workspace_or_404(request, tenant, workspace)
     if not has_role(request.user, ws, "approver"):
         raise PermissionDenied("deciding a tool call needs the approver role")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ledger.models import Run
-from ledger.runlog import FoldedRun, folded, replay_plan_of, tool_call_starts
+from ledger.replay.runlog import FoldedRun, folded, replay_plan_of, tool_call_starts
 
 OPEN_TOOL_STATUSES = ("started", "in_doubt")
 SHOWN = 200  # steps, tool calls and plan sessions listed: the ones nearest event N

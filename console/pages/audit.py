@@ -21,7 +21,8 @@ from django.shortcuts import render
 from django.urls import path, reverse
 from django.views.decorators.http import require_safe
 
-from ledger import audit, selectors
+from ledger import audit
+from ledger.reads import selectors
 from ledger.models import AuditEntry, Role, Tenant
 
 from .filters import DateRangePageForm, page_cursor

@@ -17,9 +17,9 @@ from typing import Any
 
 from ledger.fold import ModelCall, RunState, ToolCallState
 from ledger.models import Workspace
-from ledger.replay import first_sequence, superseded
-from ledger.runlog import FoldedRun
-from ledger.verify import artifact_refs
+from ledger.replay.plan import first_sequence, superseded
+from ledger.replay.runlog import FoldedRun
+from ledger.log.verify import artifact_refs
 
 from ..format import duration
 from ..rows import artifact_url

@@ -1,4 +1,4 @@
-"""The pages' door to ledger.access: a member's workspace (and run) from the URL, or Django's 404.
+"""The pages' door to ledger.tenancy.access: a member's workspace (and run) from the URL, or Django's 404.
 
 Another tenant's object and one that does not exist are the same 404 (DESIGN.md §2); a member
 below the role an action needs gets 403.
@@ -11,7 +11,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
-from ledger import access
+from ledger.tenancy import access
 from ledger.errors import LedgerError, NotFound
 from ledger.models import Workspace
 

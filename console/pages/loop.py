@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.urls import path, reverse
 from django.views.decorators.http import require_safe
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.canonical import canonical_json
 from ledger.errors import LedgerError
 from ledger.runtime.outer_loop import Cycle, OuterLoopManifestCorrupt, check_outer_loop_id, read_loop, record_run_id

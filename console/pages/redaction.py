@@ -1,6 +1,6 @@
 """A workspace's redaction policy: the built-in rules and the workspace's extras, for every member
 to read (so a "[REDACTED]" in the evidence can be explained); the extras editable by the tenant's
-admins, checked and audited (ledger/redaction_settings.py, docs/security.md).
+admins, checked and audited (ledger/tenancy/redaction_settings.py, docs/security.md).
 
 Another tenant's workspace is a 404 (DESIGN.md §2); a member below admin who posts gets 403.
 """
@@ -17,10 +17,10 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import Role, Workspace
-from ledger.redaction import MAX_EXTRA_KEYS, MAX_EXTRA_PATTERNS, MAX_KEY_NAME_LENGTH, MAX_PATTERN_LENGTH, InvalidRule
-from ledger.redaction_settings import policy_of, set_extra_rules
+from ledger.log.redaction import MAX_EXTRA_KEYS, MAX_EXTRA_PATTERNS, MAX_KEY_NAME_LENGTH, MAX_PATTERN_LENGTH, InvalidRule
+from ledger.tenancy.redaction_settings import policy_of, set_extra_rules
 
 from .guard import member_access
 

@@ -4,7 +4,7 @@
 The form is one template served three ways: the whole page (a link, a reload, a submit without
 JavaScript, a 400 with its errors), and its plan alone for htmx when the mode or step changes.
 Requests are made through ledger.reexecution.services and planned by ledger.runtime.reexecute; the
-divergence is computed by ledger.divergence from the two logs, never stored.
+divergence is computed by ledger.replay.divergence from the two logs, never stored.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods, require_safe
 
-from ledger import limits, selectors
-from ledger.divergence import divergence_report
+from ledger import limits
+from ledger.reads import selectors
+from ledger.replay.divergence import divergence_report
 from ledger.errors import LedgerError, NotFound, RunFinished
 from ledger.models import ReexecutionRequest, Run, Workspace
 from ledger.reexecution import selectors as reexecutions

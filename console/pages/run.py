@@ -9,7 +9,7 @@ Query counts do not grow with the run: every list is one query (or a replay-plan
 which is a constant number of queries over the whole log), the timeline reads one page of events
 (of the events that match its search, when it has one), and the steps and costs tabs one page of
 steps (`?start=N`, by position). The conversation, waterfall and state tabs read the log (or its
-prefix up to `?at=N`) once and fold it: the fold is the one reading of a log (ledger/runlog.py).
+prefix up to `?at=N`) once and fold it: the fold is the one reading of a log (ledger/replay/runlog.py).
 """
 
 from __future__ import annotations
@@ -29,16 +29,18 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import cancellation, gateway, limits, runlog, selectors, serialize
-from ledger.access import Access
+from ledger.replay import cancellation, gateway, runlog
+from ledger import limits
+from ledger.reads import selectors, serialize
+from ledger.tenancy.access import Access
 from ledger.errors import LedgerError, NotFound
-from ledger.evidence import evidence_bundle
-from ledger.feedback import record_feedback
+from ledger.replay.evidence import evidence_bundle
+from ledger.replay.feedback import record_feedback
 from ledger.limits import day_in_range
 from ledger.models import Run, Step, UsageColumns
-from ledger.plans import replay_plan_for
+from ledger.replay.stored_plan import replay_plan_for
 from ledger.runtime.outer_loop import outer_loop_of, record_run_id
-from ledger.subruns import subrun_tree
+from ledger.reads.subruns import subrun_tree
 
 from ..format import coverage
 from ..rows import artifact_url, event_row, render_event_row
@@ -566,7 +568,7 @@ def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, ca
 @login_required
 @require_POST
 def cancel(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
-    """An operator cancels the run (ledger/cancellation.py), saying why. htmx: the run page is
+    """An operator cancels the run (ledger/replay/cancellation.py), saying why. htmx: the run page is
     loaded again (HX-Redirect); a refusal answers 400/409 with the form and the message."""
     member, run = _run_or_404(request, tenant, workspace, run_id)
     if not member.allows("operator"):

@@ -16,7 +16,7 @@ from django_htmx.middleware import HtmxDetails
 from django.urls import path
 from django.views.decorators.http import require_safe
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import Run, RunStatus, Workspace
 
 from ..rows import run_rows

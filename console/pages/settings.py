@@ -20,7 +20,8 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import retention, selectors, tenancy
+from ledger.tenancy import retention, services as tenancy
+from ledger.reads import selectors
 from ledger.errors import LedgerError
 from ledger.models import ApiKey, Role, Workspace
 

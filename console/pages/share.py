@@ -7,7 +7,7 @@ conversation, steps, sub-run tree, costs — with `shared` set, which leaves out
 points their links under the share link. Every response under `/s/` is `noindex`, `no-referrer`
 (the token is in the URL: it must not leak to another site) and `no-store`.
 
-Every request for a page or the JSON counts as one open of the link (ledger/sharing.py): the
+Every request for a page or the JSON counts as one open of the link (ledger/tenancy/sharing.py): the
 page shows all its sections at once, so one reading is one open; the timeline's pager links are
 opens too.
 """
@@ -23,12 +23,14 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import evidence, selectors, sharing
-from ledger.access import Access
+from ledger.replay import evidence
+from ledger.reads import selectors
+from ledger.tenancy import sharing
+from ledger.tenancy.access import Access
 from ledger.errors import NotFound
 from ledger.models import Run, ShareLink
-from ledger.plans import replay_plan_for
-from ledger.subruns import subrun_tree
+from ledger.replay.stored_plan import replay_plan_for
+from ledger.reads.subruns import subrun_tree
 
 from ..format import coverage
 from ..rows import event_row

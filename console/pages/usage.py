@@ -1,5 +1,5 @@
-"""The usage report: cost by model per day, week or month (ledger.usage.granularity_for the range, or
-the reader's choice) as a server-rendered SVG chart, the tables behind it (ledger.usage, the same rows
+"""The usage report: cost by model per day, week or month (ledger.reads.usage.granularity_for the range, or
+the reader's choice) as a server-rendered SVG chart, the tables behind it (ledger.reads.usage, the same rows
 as the API and its CSV), and drill-downs to the runs list."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_safe
 
-from ledger import selectors, usage
+from ledger.reads import selectors, usage
 from ledger.limits import FIRST_DAY
 from ledger.models import Workspace
-from ledger.usage import DAILY_UP_TO, WEEKLY_UP_TO, PeriodModelCost, UsageRow, granularity_for, periods, usage_rows
+from ledger.reads.usage import DAILY_UP_TO, WEEKLY_UP_TO, PeriodModelCost, UsageRow, granularity_for, periods, usage_rows
 
 from .filters import day_field
 from .guard import member_access

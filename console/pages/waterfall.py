@@ -18,8 +18,8 @@ from django.urls import reverse
 
 from ledger.fold import ModelCall, RunState, ToolCallState
 from ledger.models import Run
-from ledger.replay import first_sequence
-from ledger.runlog import FoldedRun
+from ledger.replay.plan import first_sequence
+from ledger.replay.runlog import FoldedRun
 
 from ..format import duration
 

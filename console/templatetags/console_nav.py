@@ -12,7 +12,7 @@ from django import template
 
 from ledger.models import Role, Workspace
 from ledger.reexecution import selectors as reexecutions
-from ledger import selectors
+from ledger.reads import selectors
 
 register = template.Library()
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import tenancy
+from ledger.tenancy import services as tenancy
 
 NAME = "bootstrap"
 HELP = "create tenant and workspace if absent"

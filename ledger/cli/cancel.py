@@ -1,5 +1,5 @@
 """`ledger cancel RUN --reason TEXT`: end a running run as `RunFailed {error: {name: "Cancelled",
-message: reason}}` (ledger/cancellation.py); an executor holding it stops at its next write."""
+message: reason}}` (ledger/replay/cancellation.py); an executor holding it stops at its next write."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.cancellation import cancel_run
+from ledger.replay.cancellation import cancel_run
 
 from .common import add_run_arguments, existing_run
 

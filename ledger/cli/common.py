@@ -10,11 +10,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger import access, selectors
+from ledger.tenancy import access
+from ledger.reads import selectors
 from ledger.errors import LedgerError
-from ledger.gateway import ToolCallInDoubt
+from ledger.replay.gateway import ToolCallInDoubt
 from ledger.models import Run, RunStatus
-from ledger.replay import CapabilityDriftError
+from ledger.replay.plan import CapabilityDriftError
 from ledger.runtime.errors import WAITING_APPROVAL
 from ledger.runtime.executor import RunOutcome
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import access, tenancy
+from ledger.tenancy import access, services as tenancy
 
 NAME = "create-key"
 HELP = "print a new API key, alone on its line"

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import selectors
+from ledger.reads import selectors
 
 from .common import add_run_arguments, existing_run
 

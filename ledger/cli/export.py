@@ -1,5 +1,5 @@
 """`ledger export runs|events|costs|audit [--format jsonl|csv] [--workspace T/W | --tenant T]
-[--from …] [--to …] [--run RUN] [--output FILE]`: the data exports of ledger/exports.py, streamed
+[--from …] [--to …] [--run RUN] [--output FILE]`: the data exports of ledger/interop/exports.py, streamed
 to stdout or a file, audited (`export.downloaded`, actor `system:cli`)."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger import access, audit, exports
+from ledger.tenancy import access
+from ledger import audit
+from ledger.interop import exports
 from ledger.errors import NotFound
 from ledger.models import Tenant
 

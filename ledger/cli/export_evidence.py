@@ -1,5 +1,5 @@
 """`ledger export-evidence RUN [--workspace T/W] [--output FILE]`: the run's deterministic evidence
-zip (ledger/bundle.py), to a file (default RUN.evidence.zip) or `-` for stdout; audited
+zip (ledger/interop/bundle.py), to a file (default RUN.evidence.zip) or `-` for stdout; audited
 (`evidence_bundle.downloaded`, actor `system:cli`). Prints the file's sha256 on stderr."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import bundle
+from ledger.interop import bundle
 
 from .common import add_run_arguments, existing_run
 from .export import CLI_ACTOR

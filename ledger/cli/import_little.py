@@ -1,5 +1,5 @@
 """`ledger import-little DIR --workspace T/W`: a Little Workflow data directory into a workspace,
-with the same event ids (ledger/little_import.py). Exit 1, nothing written, on any problem."""
+with the same event ids (ledger/interop/little_import.py). Exit 1, nothing written, on any problem."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import access
-from ledger.little_import import ImportRefused, import_data_dir
+from ledger.tenancy import access
+from ledger.interop.little_import import ImportRefused, import_data_dir
 
 NAME = "import-little"
 HELP = "import a Little Workflow data directory (logs, artifacts, outer loops) with the same event ids"

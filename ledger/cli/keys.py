@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger import access, tenancy
+from ledger.tenancy import access, services as tenancy
 
 NAME = "keys"
 HELP = "list API keys by prefix, or revoke one"

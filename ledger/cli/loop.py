@@ -19,7 +19,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import access
+from ledger.tenancy import access
 from ledger.models import RunStatus
 from ledger.runtime.outer_loop import (LoopState, check_outer_loop_id, new_outer_loop_id, read_loop, record_run_id,
                                        resume_outer_loop, start_outer_loop)

@@ -1,7 +1,7 @@
 """`ledger prune [--workspace T/W] [--older-than DAYS] [--dry-run] [--batch-size N]`: retention.
 
 Deletes whole runs (with their sub-run trees) whose last activity is past their workspace's
-retention (ledger/retention.py says exactly when a run may go); `--older-than DAYS` applies that
+retention (ledger/tenancy/retention.py says exactly when a run may go); `--older-than DAYS` applies that
 many days to every workspace selected instead of their settings. One tree per transaction, each
 audited (`run.pruned`). `--dry-run` lists what would go and changes nothing. On a terminal a
 progress bar goes to stderr; otherwise one plain line per tree on stdout, and a total.
@@ -16,7 +16,9 @@ from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand
 
-from ledger import access, clock, retention, selectors
+from ledger.tenancy import access, retention
+from ledger import clock
+from ledger.reads import selectors
 
 NAME = "prune"
 HELP = "retention: delete whole runs past their workspace's retention, audited"

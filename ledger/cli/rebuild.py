@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.projection import rebuild
+from ledger.log.projection import rebuild
 
 from .common import add_run_arguments, runs_for
 

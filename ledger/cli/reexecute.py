@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.models import ReexecutionRequest
 from ledger.reexecution import services
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.plans import replay_plan_for
+from ledger.replay.stored_plan import replay_plan_for
 
 from .common import add_run_arguments, existing_run
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import selectors
+from ledger.reads import selectors
 from ledger.runtime import progress
 from ledger.runtime.errors import UnknownWorkflow
 from ledger.runtime.executor import RunOutcome, resume_run

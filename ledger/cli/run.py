@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import access
+from ledger.tenancy import access
 from ledger.runtime import progress
 from ledger.runtime.executor import RunOutcome, new_run_id, start_run
 from ledger.runtime.registry import get_workflow, load_modules

@@ -3,7 +3,7 @@ fold, (without RUN) the daily usage == the cost entries, and (without RUN or --w
 every row of the log and its projections names a run that exists; exit 1 on any failure.
 
 `ledger verify --export FILE` and `--bundle FILE` check a file that left the ledger, from the file
-alone (ledger/offline.py): no database is read."""
+alone (ledger/interop/offline.py): no database is read."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger import access, offline, rollup, selectors
-from ledger.verify import Check, run_references, verify_run
+from ledger.tenancy import access
+from ledger.interop import offline
+from ledger.log import rollup
+from ledger.reads import selectors
+from ledger.log.verify import Check, run_references, verify_run
 
 from .common import add_run_arguments, runs_for
 

@@ -23,16 +23,17 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from .. import clock, sharing
-from ..append import append_events
-from ..cancellation import cancel_run
+from .. import clock
+from ..tenancy import sharing
+from ..log.append import append_events
+from ..replay.cancellation import cancel_run
 from ..canonical import digest
-from ..feedback import record_feedback
-from ..gateway import ToolCallInDoubt, settle_expired_claims
+from ..replay.feedback import record_feedback
+from ..replay.gateway import ToolCallInDoubt, settle_expired_claims
 from ..models import Run, Workspace
 from ..runtime.executor import resume_run, start_run
 from ..runtime.outer_loop import start_outer_loop
-from ..tenancy import bootstrap, create_user
+from ..tenancy.services import bootstrap, create_user
 from . import reexecution, workflows
 
 DEMO_PASSWORD = "runledger-demo"

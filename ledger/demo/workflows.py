@@ -168,7 +168,7 @@ def send_goodwill_credit(args: Any) -> dict[str, Any]:
     return {"creditId": f"gc-{args.get('orderId')}", "amount": args.get("amount")}
 
 
-# A write tool every call of which waits for an approver (ledger/toolapproval.py).
+# A write tool every call of which waits for an approver (ledger/replay/toolapproval.py).
 GOODWILL = Tool("send_goodwill_credit", send_goodwill_credit, description="Credit the customer's account",
                 effect="write", approval="required",
                 parameters={"type": "object", "properties": {"orderId": {"type": "string"},

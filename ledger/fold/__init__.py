@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..pricing import PriceTable, load_default_prices
+from .pricing import PriceTable, load_default_prices
 from .codec import clone
 from .handlers import fold_events
 from .state import (

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ..pricing import EXACT, MONEY, PriceTable, Usage, UsageTotals
+from .pricing import EXACT, MONEY, PriceTable, Usage, UsageTotals
 from .state import (
     ARTIFACT_REF_PREFIX,
     REPLAYED_ORIGINS,

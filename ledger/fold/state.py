@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from ..pricing import Usage, UsageTotals
+from .pricing import Usage, UsageTotals
 from .codec import dump, keyed_fields, load
 
 _T = TypeVar("_T")
@@ -165,7 +165,7 @@ class ToolCallState(_Record):
     started_sequence: int | None = None
     ended_sequence: int | None = None
     session: int | None = None
-    # A call that needs a human approver (ledger/toolapproval.py): {status: pending | approved |
+    # A call that needs a human approver (ledger/replay/toolapproval.py): {status: pending | approved |
     # rejected, argsDigest, sequence, by?}, the newest request's; None for every other call.
     approval: Any = None
 

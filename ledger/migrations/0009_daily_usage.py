@@ -11,7 +11,7 @@ TOKENS = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tok
 
 
 def count_existing_cost_entries(apps, schema_editor):
-    """The rollup of the cost entries already stored (ledger/rollup.py keeps it from here on)."""
+    """The rollup of the cost entries already stored (ledger/log/rollup.py keeps it from here on)."""
     CostEntry = apps.get_model("ledger", "CostEntry")
     DailyUsage = apps.get_model("ledger", "DailyUsage")
     cells = (

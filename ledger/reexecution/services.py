@@ -29,11 +29,13 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 
-from .. import announce, audit, clock, selectors
+from ..log import announce
+from .. import audit, clock
+from ..reads import selectors
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
 from ..errors import LedgerError, NotFound, RunFinished
 from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, Workspace
-from ..plans import replay_plan_for
+from ..replay.stored_plan import replay_plan_for
 from ..runtime.errors import UnknownWorkflow
 from ..runtime.registry import get_workflow
 from .errors import (

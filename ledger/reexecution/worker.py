@@ -19,7 +19,7 @@ from django.db import close_old_connections, connections
 
 from .. import clock
 from ..errors import LedgerError
-from ..leases import new_owner, owner_is_dead
+from ..log.leases import new_owner, owner_is_dead
 from ..models import ReexecutionRequest
 from . import services
 

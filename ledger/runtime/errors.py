@@ -56,7 +56,7 @@ WAITING_APPROVAL = "waiting_approval"
 
 
 class WaitingApproval(Exception):
-    """A tool call that needs a human approver has none yet (ledger/toolapproval.py): the run
+    """A tool call that needs a human approver has none yet (ledger/replay/toolapproval.py): the run
     stops where it is, its lease is given back, and it continues on resume once decided. Not a
     failure: nothing of it is recorded as StepFailed or RunFailed."""
 

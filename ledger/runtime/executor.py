@@ -35,16 +35,16 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
-from .. import selectors
-from ..cancellation import is_cancelled
+from ..reads import selectors
+from ..replay.cancellation import is_cancelled
 from ..canonical import digest
-from ..envelopes import format_recorded_at
+from ..log.envelopes import format_recorded_at
 from ..errors import LedgerError
 from ..fold import RunState
-from ..gateway import ToolCallInDoubt, first_call_in_doubt
+from ..replay.gateway import ToolCallInDoubt, first_call_in_doubt
 from ..models import RunStatus, Workspace
-from ..projection import log_of
-from ..replay import CapabilityDriftError, manifest_drift
+from ..log.projection import log_of
+from ..replay.plan import CapabilityDriftError, manifest_drift
 from .errors import WAITING_APPROVAL, RunInputMismatch, RuntimeIntegrityError, StepFailure, WaitingApproval
 from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable
 from .recorder import Recorder, threads_allowed
@@ -83,7 +83,7 @@ def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run
     """Start `workflow` on `input` and run it to the end. An existing `run_id` is resumed instead,
     and its input must equal `input`. `outer_loop_id` names the outer loop (outer_loop.py) this run
     is a cycle of. `requested_by` (a username) is recorded as the run's requester: who may not
-    approve its tool calls (ledger/toolapproval.py)."""
+    approve its tool calls (ledger/replay/toolapproval.py)."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     run_id = run_id or new_run_id()
     if selectors.find_run(workspace, run_id) is not None:
@@ -157,7 +157,7 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
         try:
             return _run_to_end(workspace, recorder, workflow, run_input, replay)
         except LedgerError:
-            # Cancelled (ledger/cancellation.py): the log ended the run, and this write, the
+            # Cancelled (ledger/replay/cancellation.py): the log ended the run, and this write, the
             # executor's next boundary, was refused for it. Stop here; nothing more is written.
             cancelled = _cancelled(workspace, run_id)
             if cancelled is None:

@@ -24,7 +24,7 @@ is not written down, it is reserved by construction: cycle N of loop `ol_x` is t
 `run_ol_x_cN`, so a resumed loop finds the pending cycle's run (and resumes it, never starting it
 twice) from the number of cycles recorded.
 
-One driver per loop: the driver holds the record's run lease for the whole loop (ledger/leases.py,
+One driver per loop: the driver holds the record's run lease for the whole loop (ledger/log/leases.py,
 through the runtime's Recorder), writes every loop fact with its fencing token, and each cycle run
 is executed with the record's recorder as its parent, so the cycle's writes keep the loop's lease
 alive. A second driver is refused (`run_leased`) while the lease is live; one that takes it over
@@ -45,13 +45,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import selectors
+from ..reads import selectors
 from ..canonical import canonical_json, digest
 from ..errors import LedgerError, NotFound
 from ..models import Run, RunStatus, Workspace
-from ..pricing import UsageTotals
-from ..projection import log_of
-from ..subruns import subrun_tree
+from ..fold.pricing import UsageTotals
+from ..log.projection import log_of
+from ..reads.subruns import subrun_tree
 from .errors import RuntimeIntegrityError
 from .executor import start_run
 from .record import inline_or_ref, read_record

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import artifacts
+from ..log import artifacts
 from ..fold import HarnessSession, ModelCall, ParallelGroup, RunState, StepState, fold
 from ..models import RunStatus, Workspace
 

@@ -53,15 +53,16 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import connection, connections
 
-from .. import clock, gateway, selectors
-from ..append import append_events
+from .. import clock
+from ..replay import gateway
+from ..reads import selectors
+from ..log.append import append_events
 from ..errors import Fenced
 from ..fold import RunState
-from ..leases import (Lease, LeaseHeld, acquire_run_lease, new_owner, owner_is_dead, release_run_lease,
-                      renew_run_lease)
+from ..log.leases import Lease, LeaseHeld, acquire_run_lease, new_owner, owner_is_dead, release_run_lease, renew_run_lease
 from ..models import Workspace
-from ..projection import log_of
-from ..vocabulary import with_origin
+from ..log.projection import log_of
+from ..log.vocabulary import with_origin
 from . import progress
 from .record import Record, read_record
 

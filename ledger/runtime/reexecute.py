@@ -36,15 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..append import append_events
+from ..log.append import append_events
 from ..canonical import digest
-from ..divergence import rename_runs
+from ..replay.divergence import rename_runs
 from ..errors import Conflict, NotFound
 from ..fold import ModelCall, RunState, ToolCallState, fold
 from ..models import Run, Workspace
-from ..projection import log_of, prices_for
-from ..redaction import Redactor, policy
-from ..vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
+from ..log.projection import log_of, prices_for
+from ..log.redaction import Redactor, policy
+from ..log.vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
 from .errors import InvalidReexecution, ReplayDiverged, UnknownModelProvider, UnknownStep, UnknownWorkflow
 from .executor import RunOutcome, resume_run, sub_run_id
 from .providers import ModelReply, ModelRequest, known_providers, provider_for

@@ -93,7 +93,7 @@ class Tool:
     parameters: Mapping[str, Any] = field(default_factory=dict)  # JSON schema of args
     effect: str = "read"  # read | write
     timeout_s: float | None = None  # enforced (timeouts.py): a read call fails, a write call is in doubt
-    approval: str | None = None  # "required": every call waits for a human approver (ledger/toolapproval.py)
+    approval: str | None = None  # "required": every call waits for a human approver (ledger/replay/toolapproval.py)
 
     def spec(self) -> dict[str, Any]:
         spec = {"name": self.name, "description": self.description, "parameters": dict(self.parameters),

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..canonical import canonical_bytes, digest
-from ..envelopes import format_recorded_at
-from ..replay import CapabilityDriftError, manifest_drift
+from ..log.envelopes import format_recorded_at
+from ..replay.plan import CapabilityDriftError, manifest_drift
 from .errors import RuntimeIntegrityError, StepFailure
 from .providers import ModelReply, ModelRequest
 from .record import Record

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .. import gateway, toolapproval
+from ..replay import gateway, toolapproval
 from .errors import WaitingApproval
 from .record import Record
 from .recorder import Recorder

@@ -28,7 +28,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expec
 
 from ledger.demo import DEMO_PASSWORD, load_demo
 from ledger.models import Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.conftest import PASSWORD
 from tests.servers import Daphne, start_daphne
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from ledger import gateway
-from ledger.append import append_events
+from ledger.replay import gateway
+from ledger.log.append import append_events
 from ledger.models import Workspace
 from tests import conftest
 from tests.conftest import ev

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from ledger.models import Workspace
-from ledger.tenancy import create_key
+from ledger.tenancy.services import create_key
 from tests.browser import data
 from tests.browser.conftest import Appender, log_in_to_demo
 from tests.servers import Daphne, production_env, start_daphne

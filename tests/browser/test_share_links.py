@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from ledger.append import append_events
+from ledger.log.append import append_events
 from ledger.models import Workspace
 from tests.browser.conftest import Daphne, log_in, screenshot_dir
 from tests.conftest import ev, started

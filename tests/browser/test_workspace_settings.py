@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from ledger.models import ApiKey, AuditEntry, Workspace
-from ledger.tenancy import authenticate_key, create_key
+from ledger.tenancy.services import authenticate_key, create_key
 from tests.browser.conftest import Daphne, log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)

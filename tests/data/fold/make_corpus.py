@@ -159,7 +159,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from ledger.fold import apply_unchecked, fold
     from ledger.fold.state import RunState
-    from ledger.pricing import load_default_prices
+    from ledger.fold.pricing import load_default_prices
 
     vectors = json.loads((ROOT / "tests" / "data" / "vectors.json").read_text())["events"]
     by_run: dict[str, list[dict[str, Any]]] = {}

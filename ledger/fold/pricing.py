@@ -1,0 +1,350 @@
+"""Model prices and the one place tokens become dollars (DESIGN.md §4).
+
+Rates are USD per 1M tokens from a versioned table shipped in `ledger/prices/`. Money is
+`Decimal` throughout: a float sum of thousands of sub-cent calls drifts, and `ledger verify`
+compares projections with a fresh fold to the last digit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+from ..canonical import digest
+
+TOKENS_PER_PRICE_UNIT = 1_000_000
+_PRICE_UNIT = Decimal(TOKENS_PER_PRICE_UNIT)
+DEFAULT_PRICE_FILE = "2026-11-01.json"
+
+# Wide enough that no product or sum of token counts and rates is ever rounded.
+MONEY = Context(prec=50)
+# Never rounds: a call's dollars are an exact integer count of a power of ten (price_call).
+EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+_ZERO = Decimal(0)
+
+_RATE_KEYS = {"input", "cachedInput", "output"}
+_new = object.__new__
+_LOOKUPS_KEPT = 1024  # distinct (provider, modelId) answers a table remembers; payloads name them
+# A recorded JSON object: dict first, so the usual case skips the Mapping ABC's Python-level check.
+_OBJECT = (dict, Mapping)
+
+
+@dataclass(frozen=True)
+class ModelRates:
+    input: Decimal
+    output: Decimal
+    cached_input: Decimal | None = None  # None: cache hits bill at the input rate
+    # (input, cached input, output) as integers of one power of ten, and that power less the six
+    # of the per-million unit: price_call multiplies ints and builds one Decimal, exactly.
+    scaled: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cache_rate = self.input if self.cached_input is None else self.cached_input
+        rates = (self.input, cache_rate, self.output)
+        exponent = min(0, *(int(rate.as_tuple().exponent) for rate in rates))
+        ints = [int(EXACT.scaleb(rate, -exponent)) for rate in rates]
+        object.__setattr__(self, "scaled", (*ints, exponent - 6))
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    version: str
+    rates: Mapping[str, ModelRates]
+
+    def __post_init__(self) -> None:
+        frozen = MappingProxyType({key.lower(): rates for key, rates in self.rates.items()})
+        object.__setattr__(self, "rates", frozen)
+        # lookup's answers by (provider, modelId): the fold asks once per model call.
+        object.__setattr__(self, "_found", {})
+
+    def lookup(self, provider: Any, model_id: Any) -> ModelRates | None:
+        found: dict[tuple[str, str], ModelRates | None] = self._found  # type: ignore[attr-defined]
+        key = (provider, model_id)
+        try:
+            return found[key]
+        except (KeyError, TypeError):  # TypeError: an unhashable value from a payload
+            pass
+        rates = self._lookup(provider, model_id)
+        if isinstance(provider, str) and isinstance(model_id, str) and len(found) < _LOOKUPS_KEPT:
+            found[key] = rates
+        return rates
+
+    def _lookup(self, provider: Any, model_id: Any) -> ModelRates | None:
+        """Rates for `provider/modelId`, trying `openai.responses`, then `openai`.
+
+        Trailing dot segments come off the provider only, one at a time: model ids contain
+        dots of their own (`gpt-4.1`), and the exact key is tried first so a dotted entry in
+        the table shadows its bare provider.
+        """
+        if not isinstance(provider, str) or not provider:
+            return None
+        if not isinstance(model_id, str) or not model_id:
+            return None
+        candidate = provider
+        while True:
+            rates = self.rates.get(f"{candidate}/{model_id}".lower())
+            if rates is not None:
+                return rates
+            cut = candidate.rfind(".")
+            if cut <= 0:
+                return None
+            candidate = candidate[:cut]
+
+    def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> PriceTable:
+        """This table with a workspace's rates laid over it.
+
+        An entry may change some rates of a known model (`{"output": 5}`) or add a model
+        (then `input` and `output` are required; `cachedInput: null` drops a cache rate).
+        The version names a digest of the overrides, so `ledger reprice` can tell two
+        workspaces' tables, or one workspace before and after an edit, apart.
+        """
+        if not overrides:
+            return self
+        merged = dict(self.rates)
+        applied: dict[str, dict[str, str | None]] = {}
+        for key, entry in overrides.items():
+            if not isinstance(key, str) or "/" not in key.strip("/"):
+                raise ValueError(f"price override key {key!r} is not 'provider/modelId'")
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"price override {key!r} must be an object of rates")
+            unknown = set(entry) - _RATE_KEYS
+            if unknown:
+                raise ValueError(f"price override {key!r} has unknown rate(s): {sorted(unknown)}")
+            key = key.lower()
+            base = merged.get(key) or _override_base(key, entry)
+            rates = ModelRates(
+                input=_rate(entry["input"], key) if "input" in entry else base.input,
+                output=_rate(entry["output"], key) if "output" in entry else base.output,
+                cached_input=(
+                    (None if entry["cachedInput"] is None else _rate(entry["cachedInput"], key))
+                    if "cachedInput" in entry
+                    else base.cached_input
+                ),
+            )
+            merged[key] = rates
+            applied[key] = {
+                "input": _plain(rates.input),
+                "cachedInput": _plain(rates.cached_input),
+                "output": _plain(rates.output),
+            }
+        return PriceTable(version=f"{self.version}+ws.{digest(applied)[7:15]}", rates=merged)
+
+
+def _override_base(key: str, entry: Mapping[str, Any]) -> ModelRates:
+    if not {"input", "output"} <= set(entry):
+        raise ValueError(f"price override {key!r} adds a model, so needs input and output")
+    return ModelRates(input=Decimal(0), output=Decimal(0))
+
+
+@cache
+def load_default_prices() -> PriceTable:
+    text = resources.files("ledger").joinpath("prices", DEFAULT_PRICE_FILE).read_text("utf-8")
+    # parse_float keeps 0.003625 exactly 0.003625 instead of its nearest binary double.
+    return parse_price_table(json.loads(text, parse_float=Decimal))
+
+
+def parse_price_table(data: Mapping[str, Any]) -> PriceTable:
+    version = data.get("version")
+    models = data.get("models")
+    if not isinstance(version, str) or not version or not isinstance(models, Mapping):
+        raise ValueError("a price table needs a version string and a models object")
+    rates: dict[str, ModelRates] = {}
+    for key, entry in models.items():
+        if not isinstance(entry, Mapping) or set(entry) - _RATE_KEYS or not {"input", "output"} <= set(entry):
+            raise ValueError(f"price table entry {key!r} needs input and output rates only")
+        cached = entry.get("cachedInput")
+        rates[key] = ModelRates(
+            input=_rate(entry["input"], key),
+            output=_rate(entry["output"], key),
+            cached_input=None if cached is None else _rate(cached, key),
+        )
+    return PriceTable(version=version, rates=rates)
+
+
+def _rate(value: Any, where: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+        raise ValueError(f"rate for {where!r} must be a number, got {value!r}")
+    # repr gives the shortest decimal that round-trips, so 0.15 stays 0.15.
+    rate = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    if not rate.is_finite() or rate < 0:
+        raise ValueError(f"rate for {where!r} must be finite and not negative, got {value!r}")
+    return rate
+
+
+def _plain(value: Decimal | None) -> str | None:
+    return None if value is None else f"{value.normalize():f}"
+
+
+def _tokens(value: Any) -> int:
+    """A token count as the fold counts it: anything but a positive finite number is 0."""
+    if value.__class__ is int:  # the usual case, ahead of the checks bool (an int) needs
+        return value if value > 0 else 0
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float) and math.isfinite(value) and value > 0:
+        return int(value)
+    return 0
+
+
+@dataclass(frozen=True, init=False, slots=True)  # slots: a long run's state holds one per model call
+class Usage:
+    """One model call's tokens. `cached` is part of `input`, `reasoning` part of `output`."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def __init__(self, input_tokens: Any = 0, output_tokens: Any = 0, cached_input_tokens: Any = 0,
+                 reasoning_tokens: Any = 0) -> None:
+        _fill_usage(self, _tokens(input_tokens), _tokens(output_tokens), _tokens(cached_input_tokens),
+                    _tokens(reasoning_tokens))
+
+    @classmethod
+    def from_payload(cls, usage: Mapping[str, Any]) -> Usage:
+        """Read a recorded `usage` object; a `costUsd` in it is never read."""
+        if not isinstance(usage, _OBJECT):
+            raise TypeError("usage must be an object")
+        get = usage.get
+        cached = get("cachedInputTokens")
+        if cached is None:
+            # AI SDK v7 records only the details objects; v6 recorded the flat fields.
+            cached = _detail(get("inputTokenDetails"), "cacheReadTokens")
+        reasoning = get("reasoningTokens")
+        if reasoning is None:
+            reasoning = _detail(get("outputTokenDetails"), "reasoningTokens")
+        # The fold builds one per model call: without the keyword __init__'s call frame.
+        made = _new(cls)
+        _fill_usage(made, _tokens(get("inputTokens", 0)), _tokens(get("outputTokens", 0)),
+                    0 if cached is None else _tokens(cached), 0 if reasoning is None else _tokens(reasoning))
+        return made
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+            "cachedInputTokens": self.cached_input_tokens,
+            "reasoningTokens": self.reasoning_tokens,
+        }
+
+
+# The slots' own setters: a frozen dataclass refuses setattr, and object.__setattr__ looks each up.
+_SET_INPUT, _SET_OUTPUT, _SET_CACHED, _SET_REASONING = (
+    Usage.__dict__[name].__set__
+    for name in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+)
+
+
+def _fill_usage(usage: Usage, input_tokens: int, output_tokens: int, cached: int, reasoning: int) -> None:
+    """Set a Usage's counts once each (counted by _tokens): cached within input, reasoning
+    within output."""
+    _SET_INPUT(usage, input_tokens)
+    _SET_OUTPUT(usage, output_tokens)
+    _SET_CACHED(usage, cached if cached < input_tokens else input_tokens)
+    _SET_REASONING(usage, reasoning if reasoning < output_tokens else output_tokens)
+
+
+def _detail(details: Any, key: str) -> Any:
+    if details is None or not isinstance(details, _OBJECT):  # None first: the usual case, no ABC check
+        return None
+    return details.get(key)
+
+
+def price_call(usage: Usage, provider: Any, model_id: Any, table: PriceTable) -> Decimal | None:
+    """Dollars for one call, or None when the table has no price for the model (never 0)."""
+    rates = table.lookup(provider, model_id)
+    if rates is None:
+        return None
+    rate_in, rate_cached, rate_out, exponent = rates.scaled
+    cached = usage.cached_input_tokens  # Usage keeps it within input_tokens
+    # Reasoning tokens are already inside output_tokens: charging them again would double-bill.
+    # (tokens x rate) / 1M in integers of 10^exponent dollars: exact, as the Decimal sum was.
+    units = (usage.input_tokens - cached) * rate_in + cached * rate_cached + usage.output_tokens * rate_out
+    return EXACT.scaleb(Decimal(units), exponent)
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """Sums over calls. `cost_usd` is None only when every call was unpriced; 0 means no calls."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: Decimal | None = Decimal(0)
+    priced_calls: int = 0
+    unpriced_calls: int = 0
+
+    @property
+    def calls(self) -> int:
+        return self.priced_calls + self.unpriced_calls
+
+    def add_call(self, usage: Usage, cost: Decimal | None) -> UsageTotals:
+        """`merge` with the totals of one call, built directly: the fold calls this per model call."""
+        priced = self.priced_calls + (0 if cost is None else 1)
+        total = None if priced == 0 else MONEY.add(self.cost_usd or _ZERO, cost or _ZERO)
+        # Built without the frozen __init__ (a guarded setattr per field): the same fields, filled
+        # in one step, as copy.copy does; the fold calls this twice per model call.
+        totals = _new(UsageTotals)
+        totals.__dict__.update(
+            input_tokens=self.input_tokens + usage.input_tokens,
+            output_tokens=self.output_tokens + usage.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + usage.cached_input_tokens,
+            reasoning_tokens=self.reasoning_tokens + usage.reasoning_tokens,
+            cost_usd=total,
+            priced_calls=priced,
+            unpriced_calls=self.unpriced_calls + (1 if cost is None else 0),
+        )
+        return totals
+
+    def merge(self, other: UsageTotals) -> UsageTotals:
+        priced = self.priced_calls + other.priced_calls
+        unpriced = self.unpriced_calls + other.unpriced_calls
+        cost: Decimal | None
+        if priced == 0:
+            cost = None if unpriced else Decimal(0)
+        else:
+            cost = MONEY.add(self.cost_usd or Decimal(0), other.cost_usd or Decimal(0))
+        return UsageTotals(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cost_usd=cost,
+            priced_calls=priced,
+            unpriced_calls=unpriced,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's usage object; `costUsd` is a JSON number or null."""
+        return {
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+            "cachedInputTokens": self.cached_input_tokens,
+            "reasoningTokens": self.reasoning_tokens,
+            "costUsd": None if self.cost_usd is None else float(self.cost_usd),
+            "pricedCalls": self.priced_calls,
+            "unpricedCalls": self.unpriced_calls,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UsageTotals:
+        cost = data.get("costUsd")
+        return cls(
+            **{f.name: data.get(_camel(f.name), 0) for f in fields(cls) if f.name != "cost_usd"},
+            cost_usd=None if cost is None else Decimal(str(cost)),
+        )
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)

@@ -1,0 +1,1 @@
+"""What crosses the product's edge: OTLP, exports, evidence bundles, Little Workflow imports."""

@@ -1,0 +1,486 @@
+"""OTLP trace ingest: spans become ledger events, through the one write path (docs/otlp.md).
+
+A trace is a run, `run_otel_<traceId hex>`, in the API key's workspace. Spans following the
+OpenTelemetry GenAI semantic conventions map onto the vocabulary:
+
+- a model span (`gen_ai.operation.name` chat, text_completion, generate_content, embeddings, or a
+  span naming a `gen_ai.request.model` / `gen_ai.response.model`) is `harness.model.called` at its
+  start and `harness.model.responded` (or `harness.model.failed`, status ERROR) at its end;
+- a tool span (`execute_tool`, or one naming `gen_ai.tool.name`) is `harness.tool_call.started`
+  and `.succeeded` / `.failed`, its callId `gen_ai.tool.call.id` (else the span id);
+- the parent of a model or tool span, and every `invoke_agent` / `create_agent` span, is a step
+  `span-<spanId hex>` (`StepScheduled` with the span's name as `stepId`, `StepAttemptStarted`,
+  `StepCompleted` / `StepFailed`); model and tool events carry their parent's step path;
+- the root span (no parent) ends the run: `RunCompleted`, or `RunFailed` for status ERROR;
+- any other span is `custom.otel.span` with the whole span (attributes, events, status).
+
+Ordering. Exporters send spans when they end, in batches, so children come before parents and a
+trace may span several exports. The first export that names a trace starts its run
+(`RunStarted {workflowVersionId: "otel:<service.name>"}`). Within one export a trace's events
+follow its span tree depth first: a span's start events, then its children's (in order of start),
+then its end events; the run's end last. Across exports the log
+keeps arrival order; every event carries its span's `otel` timestamps. A span of a trace whose
+root span has already ended (a late exporter) is kept as `custom.otel.span` with `late: true`:
+the run stays finished and nothing is lost.
+
+Idempotency. A span's events have the keys `otel:<spanId>:<n>`, so a retried export (and every
+span sent twice) writes nothing new. A span already in the log is not mapped again, and a batch
+that raced another writer of the same trace is mapped again from the log's new state.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from ...log.append import MAX_BATCH, append_events
+from ...canonical import canonical_bytes
+from ...errors import IdempotencyConflict, LedgerError, RunAlreadyStarted, RunFinished, RunNotStarted
+from ...models import Event, Run, RunStatus, Step, Workspace
+
+RUN_PREFIX = "run_otel_"
+STEP_PREFIX = "span-"
+RUN_STARTED_KEY = "otel:run"
+MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
+AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
+TOOL_OPERATION = "execute_tool"
+_MAX_SAFE_INT = 2**53 - 1  # canonical JSON (ECMAScript numbers) holds integers exactly up to here
+_ATTEMPTS = 3  # a batch mapped on a state another writer of the trace changed is mapped again
+
+
+@dataclass
+class IngestResult:
+    """What an export did: spans written or already logged (`accepted`), spans refused with the
+    reasons (`rejected`, `messages`), spans kept as `custom.otel.span` after their run ended."""
+
+    accepted: int = 0
+    rejected: int = 0
+    late: int = 0
+    messages: list[str] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)
+
+    def error_message(self) -> str:
+        notes = list(self.messages[:5])
+        if len(self.messages) > 5:
+            notes.append(f"and {len(self.messages) - 5} more")
+        if self.late:
+            notes.append(f"{self.late} span(s) arrived after their trace's root span ended and were kept as "
+                         "custom.otel.span")
+        return "; ".join(notes)
+
+
+@dataclass
+class _Span:
+    trace: str  # hex
+    span: str
+    parent: str  # "" for a root span
+    name: str
+    kind: int
+    start: int  # unix nanoseconds
+    end: int
+    status_code: int
+    status_message: str
+    attributes: dict[str, Any]
+    events: list[dict[str, Any]]
+    resource: dict[str, Any]
+    scope: dict[str, Any]
+
+    @property
+    def operation(self) -> str | None:
+        op = self.attributes.get("gen_ai.operation.name")
+        return op if isinstance(op, str) else None
+
+    @property
+    def is_model(self) -> bool:
+        op = self.operation
+        if op is not None:
+            return op in MODEL_OPERATIONS
+        return "gen_ai.request.model" in self.attributes or "gen_ai.response.model" in self.attributes
+
+    @property
+    def is_tool(self) -> bool:
+        op = self.operation
+        return op == TOOL_OPERATION or (op is None and "gen_ai.tool.name" in self.attributes)
+
+    @property
+    def failed(self) -> bool:
+        return self.status_code == Status.STATUS_CODE_ERROR
+
+    def meta(self, *, at_start: bool) -> dict[str, Any]:
+        """The span's identity and one of its two timestamps (int64 nanoseconds as strings, as
+        OTLP/JSON writes them: they exceed what a JSON number holds exactly)."""
+        out: dict[str, Any] = {"spanId": self.span, "name": self.name}
+        if self.parent:
+            out["parentSpanId"] = self.parent
+        if at_start:
+            out["startTimeUnixNano"] = str(self.start)
+        else:
+            out["endTimeUnixNano"] = str(self.end)
+        return out
+
+    def whole(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            **self.meta(at_start=True), "endTimeUnixNano": str(self.end), "kind": self.kind,
+            "status": {"code": self.status_code, **({"message": self.status_message} if self.status_message else {})},
+            "attributes": self.attributes, "resource": self.resource, "scope": self.scope,
+        }
+        if self.events:
+            out["events"] = self.events
+        return out
+
+
+def run_id_for(trace_hex: str) -> str:
+    return f"{RUN_PREFIX}{trace_hex}"
+
+
+def step_path_for(span_hex: str) -> str:
+    return f"{STEP_PREFIX}{span_hex}"
+
+
+def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest) -> IngestResult:
+    """Write the export's spans into their runs, one append (one transaction) per trace."""
+    result = IngestResult()
+    traces: dict[str, dict[str, _Span]] = {}
+    for resource_spans in request.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            scope = {"name": scope_spans.scope.name, **({"version": scope_spans.scope.version}
+                                                        if scope_spans.scope.version else {})}
+            for index, span in enumerate(scope_spans.spans):
+                problem = _id_problem(span)
+                if problem is not None:
+                    result.rejected += 1
+                    result.messages.append(f"span {index} ({span.name!r}): {problem}")
+                    continue
+                spans = traces.setdefault(span.trace_id.hex(), {})
+                spans.setdefault(span.span_id.hex(), _read(span, resource, scope))  # a span sent twice counts once
+    for trace_hex, spans in traces.items():
+        run_id = run_id_for(trace_hex)
+        try:
+            late = _ingest_trace(workspace, run_id, list(spans.values()))
+        except LedgerError as exc:
+            result.rejected += len(spans)
+            result.messages.append(f"trace {trace_hex}: {exc.code}: {exc.message}")
+            continue
+        result.accepted += len(spans)
+        result.late += late
+        result.run_ids.append(run_id)
+    return result
+
+
+def _id_problem(span: Span) -> str | None:
+    if len(span.trace_id) != 16 or not any(span.trace_id):
+        return "traceId must be 16 bytes, not all zero"
+    if len(span.span_id) != 8 or not any(span.span_id):
+        return "spanId must be 8 bytes, not all zero"
+    if span.parent_span_id and len(span.parent_span_id) != 8:
+        return "parentSpanId must be empty or 8 bytes"
+    return None
+
+
+def _read(span: Span, resource: dict[str, Any], scope: dict[str, Any]) -> _Span:
+    parent = span.parent_span_id.hex() if any(span.parent_span_id) else ""
+    events = [{"name": e.name, "timeUnixNano": str(e.time_unix_nano), **(
+        {"attributes": _attributes(e.attributes)} if e.attributes else {})} for e in span.events]
+    return _Span(trace=span.trace_id.hex(), span=span.span_id.hex(), parent=parent, name=span.name,
+                 kind=int(span.kind), start=int(span.start_time_unix_nano), end=int(span.end_time_unix_nano),
+                 status_code=int(span.status.code), status_message=span.status.message,
+                 attributes=_attributes(span.attributes), events=events, resource=resource, scope=scope)
+
+
+def _attributes(attributes: Iterable[KeyValue]) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in attributes}
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return _attributes(value.kvlist_value.values)
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode()
+    if kind == "int_value":
+        # Past 2^53 a JSON number would round: kept exact as a string, as OTLP/JSON does.
+        return value.int_value if abs(value.int_value) <= _MAX_SAFE_INT else str(value.int_value)
+    if kind == "double_value":
+        number = value.double_value
+        return number if math.isfinite(number) else str(number)
+    return getattr(value, kind)
+
+
+# --- one trace ----------------------------------------------------------------------------
+
+
+def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span]) -> int:
+    """Append the trace's new spans; returns how many were late. A batch mapped on a state that
+    another writer changed meanwhile (it started the run, ended it, or logged the same spans) is
+    refused by the append, writes nothing, and is mapped again from the new state."""
+    for attempt in range(_ATTEMPTS):
+        events, late = _events_for(workspace, run_id, spans)
+        try:
+            for start in range(0, len(events), MAX_BATCH):
+                append_events(workspace=workspace, run_id=run_id, events=events[start:start + MAX_BATCH])
+        except (RunNotStarted, RunAlreadyStarted, RunFinished, IdempotencyConflict):
+            if attempt == _ATTEMPTS - 1:
+                raise
+            continue
+        return late
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[list[dict[str, Any]], int]:
+    run = Run.objects.filter(workspace=workspace, run_id=run_id).only("pk", "status", "last_sequence").first()
+    started = run is not None and run.last_sequence > 0
+    if started:
+        assert run is not None
+        logged = set(Event.objects.filter(run=run, idempotency_key__in=[_key(s, 0) for s in spans])
+                     .values_list("idempotency_key", flat=True))
+        spans = [s for s in spans if _key(s, 0) not in logged]
+    if not spans:
+        return [], 0
+    events: list[dict[str, Any]] = []
+    if not started:
+        first = min(spans, key=lambda s: (s.start, s.span))
+        service = first.resource.get("service.name")
+        events.append({"type": "RunStarted", "idempotencyKey": RUN_STARTED_KEY, "payload": {
+            "workflowVersionId": f"otel:{service if isinstance(service, str) and service else 'unknown'}",
+            "otel": {"traceId": run_id[len(RUN_PREFIX):], "resource": first.resource},
+        }})
+    if started and run is not None and run.status in RunStatus.finished():
+        for span in sorted(spans, key=lambda s: (s.start, s.span)):
+            events.append({"type": "custom.otel.span", "idempotencyKey": _key(span, 0),
+                           "payload": {"otel": span.whole(), "late": True}})
+        return events, len(spans)
+    steps = _step_spans(run if started else None, spans)
+    turns = _turns(run if started else None, spans)
+    roots = [s for s in spans if not s.parent]
+    # A trace has one root; another parentless span (a broken propagation) is kept, not a second end.
+    root = min(roots, key=lambda s: (s.start, s.span)) if roots else None
+    terminal: dict[str, Any] | None = None
+    mapped: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    for span in spans:
+        begin, end = _span_events(span, steps, turns, is_root=span is root)
+        if span is root:
+            end.append(_run_terminal(span))
+        for n, event in enumerate(begin + end):
+            event["idempotencyKey"] = _key(span, n)
+        if span is root:
+            terminal = end.pop()
+        mapped[span.span] = (begin, end)
+    for span, opening in _walk(spans):
+        events += mapped[span.span][0 if opening else 1]
+    if terminal is not None:
+        events.append(terminal)  # the run's end comes after everything the export says about it
+    return events, 0
+
+
+def _walk(spans: list[_Span]) -> Iterable[tuple[_Span, bool]]:
+    """The spans depth first, each opened before and closed after the spans it holds, siblings in
+    order of start: the nesting holds even where clocks give a parent and child the same instant.
+    A span whose parent is not in this export starts a tree of its own."""
+    ids = {s.span for s in spans}
+    children: dict[str, list[_Span]] = {}
+    for span in spans:
+        children.setdefault(span.parent if span.parent in ids else "", []).append(span)
+    for siblings in children.values():
+        siblings.sort(key=lambda s: (s.start, -s.end, s.span), reverse=True)  # popped from the end
+    # Spans in a parent cycle (a broken exporter) hang from no root: each is taken as one.
+    pending = sorted((s for s in spans if s.parent in ids), key=lambda s: (s.start, s.span),
+                     reverse=True) + children.get("", [])  # popped from the end: the roots first
+    stack: list[tuple[_Span, bool]] = []
+    seen: set[str] = set()
+    while stack or pending:
+        span, opening = stack.pop() if stack else (pending.pop(), True)
+        if opening:
+            if span.span in seen:
+                continue
+            seen.add(span.span)
+            stack.append((span, False))
+            stack += [(child, True) for child in children.get(span.span, [])]
+        yield span, opening
+
+
+def _key(span: _Span, n: int) -> str:
+    return f"otel:{span.span}:{n}"
+
+
+def _step_spans(run: Run | None, spans: list[_Span]) -> set[str]:
+    """The spans that are steps: parents of model and tool spans, agent spans, and spans whose
+    step an earlier export's children already named."""
+    steps = {s.parent for s in spans if s.parent and (s.is_model or s.is_tool)}
+    steps |= {s.span for s in spans if s.operation in AGENT_OPERATIONS}
+    if run is not None:
+        paths = {step_path_for(s.span): s.span for s in spans if s.span not in steps}
+        steps |= {paths[p] for p in Step.objects.filter(run=run, step_path__in=list(paths))
+                  .values_list("step_path", flat=True)}
+    return steps
+
+
+def _turns(run: Run | None, spans: list[_Span]) -> dict[str, int]:
+    """Each model span's turn: its rank by start time among the model spans of its step, after
+    those an earlier export logged for that step."""
+    models = sorted((s for s in spans if s.is_model), key=lambda s: (s.start, s.span))
+    counts: dict[str, int] = {}
+    turns: dict[str, int] = {}
+    for span in models:
+        path = step_path_for(span.parent) if span.parent else ""
+        if path not in counts:
+            counts[path] = 0
+            if run is not None:
+                logged = Event.objects.filter(run=run, type="harness.model.called", idempotency_key__startswith="otel:")
+                counts[path] = (logged.filter(payload__contains=f'"stepPath":"{path}"') if path
+                                else logged.exclude(payload__contains='"stepPath":')).count()
+        counts[path] += 1
+        turns[span.span] = counts[path]
+    return turns
+
+
+def _span_events(span: _Span, steps: set[str], turns: Mapping[str, int], *,
+                 is_root: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The events at the span's start and at its end."""
+    begin: list[dict[str, Any]] = []
+    end: list[dict[str, Any]] = []
+    located = {"stepPath": step_path_for(span.parent)} if span.parent in steps else {}
+    if span.span in steps:
+        path = step_path_for(span.span)
+        begin += [
+            {"type": "StepScheduled", "payload": {"stepPath": path, "stepId": span.name,
+                                                  "otel": span.meta(at_start=True)}},
+            {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
+        ]
+        closing = {"stepPath": path, "attempt": 1, "otel": {**span.meta(at_start=False),
+                                                            "attributes": span.attributes}}
+        end.append({"type": "StepFailed", "payload": {**closing, "error": _error(span)}} if span.failed
+                   else {"type": "StepCompleted", "payload": closing})
+    if span.is_model:
+        b, e = _model_events(span, located, turns[span.span])
+    elif span.is_tool:
+        b, e = _tool_events(span, located)
+    elif span.span in steps or is_root:
+        return begin, end  # a step or the run itself: nothing more to say about it
+    else:
+        b, e = [{"type": "custom.otel.span", "payload": {"otel": span.whole(), **located}}], []
+    return begin + b, e + end
+
+
+def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list[dict[str, Any]],
+                                                                            list[dict[str, Any]]]:
+    a = span.attributes
+    request: dict[str, Any] = {"operation": span.operation or "chat"}
+    if isinstance(a.get("gen_ai.request.model"), str):
+        request["model"] = a["gen_ai.request.model"]
+    parameters = {k[len("gen_ai.request."):]: v for k, v in a.items()
+                  if k.startswith("gen_ai.request.") and k != "gen_ai.request.model"}
+    if parameters:
+        request["parameters"] = parameters
+    for source, target in (("gen_ai.input.messages", "messages"), ("gen_ai.system_instructions", "instructions")):
+        if source in a:
+            request[target] = _maybe_json(a[source])
+    called = {"turn": turn, "callId": span.span, "promptHash": _digest(request), "request": request,
+              **located, "otel": span.meta(at_start=True)}
+    closing = {"turn": turn, "callId": span.span, **located,
+               "otel": {**span.meta(at_start=False), "attributes": a}}
+    provider = a.get("gen_ai.provider.name") or a.get("gen_ai.system")
+    model_id = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
+    model = {"provider": provider if isinstance(provider, str) and provider else "unknown",
+             "modelId": model_id if isinstance(model_id, str) and model_id else "unknown"}
+    if span.failed:
+        return [{"type": "harness.model.called", "payload": called}], [
+            {"type": "harness.model.failed", "payload": {**closing, "model": model, "error": _error(span)}}]
+    response: dict[str, Any] = {"usage": _usage(a)}
+    output = _maybe_json(a["gen_ai.output.messages"]) if "gen_ai.output.messages" in a else None
+    text, tool_calls = _output_parts(output)
+    if text is not None:
+        response["text"] = text
+    if tool_calls:
+        response["toolCalls"] = tool_calls
+    if output is not None:
+        response["messages"] = output
+    for source, target in (("gen_ai.response.id", "id"), ("gen_ai.response.finish_reasons", "finishReasons")):
+        if source in a:
+            response[target] = a[source]
+    return [{"type": "harness.model.called", "payload": called}], [
+        {"type": "harness.model.responded", "payload": {**closing, "model": model, "response": response}}]
+
+
+def _usage(a: Mapping[str, Any]) -> dict[str, int]:
+    usage: dict[str, int] = {}
+    for source, target in (("gen_ai.usage.input_tokens", "inputTokens"), ("gen_ai.usage.output_tokens", "outputTokens"),
+                           ("gen_ai.usage.cache_read.input_tokens", "cachedInputTokens"),
+                           ("gen_ai.usage.reasoning.output_tokens", "reasoningTokens")):
+        value = a.get(source)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            usage[target] = value
+    return usage
+
+
+def _output_parts(output: Any) -> tuple[str | None, list[dict[str, Any]]]:
+    """The text and tool calls of `gen_ai.output.messages` (its parts `text` and `tool_call`)."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for message in output if isinstance(output, list) else []:
+        for part in message.get("parts", []) if isinstance(message, dict) else []:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "text" and isinstance(part.get("content"), str):
+                texts.append(part["content"])
+            elif part.get("type") == "tool_call":
+                calls.append({"callId": part.get("id"), "toolName": part.get("name"), "args": part.get("arguments")})
+    return ("".join(texts) if texts else None), calls
+
+
+def _tool_events(span: _Span, located: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    a = span.attributes
+    call_id = a.get("gen_ai.tool.call.id")
+    call_id = call_id if isinstance(call_id, str) and call_id else span.span
+    name = a.get("gen_ai.tool.name")
+    started = {"callId": call_id, "caller": "otel", "toolName": name if isinstance(name, str) and name else span.name,
+               "args": _maybe_json(a.get("gen_ai.tool.call.arguments", {})), **located,
+               "otel": span.meta(at_start=True)}
+    closing = {"callId": call_id, "durationMs": max(0, span.end - span.start) / 1e6, **located,
+               "otel": {**span.meta(at_start=False), "attributes": a}}
+    if span.failed:
+        ended = {"type": "harness.tool_call.failed", "payload": {**closing, "error": _error(span)}}
+    else:
+        ended = {"type": "harness.tool_call.succeeded",
+                 "payload": {**closing, "result": _maybe_json(a.get("gen_ai.tool.call.result"))}}
+    return [{"type": "harness.tool_call.started", "payload": started}], [ended]
+
+
+def _run_terminal(span: _Span) -> dict[str, Any]:
+    otel = {**span.meta(at_start=False), "startTimeUnixNano": str(span.start), "attributes": span.attributes}
+    if span.failed:
+        return {"type": "RunFailed", "payload": {"error": _error(span), "otel": otel}}
+    return {"type": "RunCompleted", "payload": {"otel": otel}}
+
+
+def _error(span: _Span) -> dict[str, Any]:
+    kind = span.attributes.get("error.type")
+    return {"name": kind if isinstance(kind, str) and kind else "SpanError",
+            "message": span.status_message or f"span {span.name!r} ended with status ERROR"}
+
+
+def _maybe_json(value: Any) -> Any:
+    """GenAI attributes hold structured values as JSON strings (messages, tool arguments)."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _digest(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(canonical_bytes(value)).hexdigest()

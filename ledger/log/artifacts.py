@@ -1,0 +1,172 @@
+"""Content-addressed artifact storage: bytes named by their sha256, re-hashed on every read."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from django.conf import settings
+
+from ..canonical import canonical_bytes
+from ..errors import IntegrityFailure, NotFound
+from ..models import Artifact, ImportedArtifact, Run, Workspace
+
+# DESIGN.md §3: payloads whose canonical JSON is larger than this are stored as artifacts.
+INLINE_LIMIT_BYTES = 256_000
+REF_PREFIX = "artifact://"
+# Little Workflow's refs (`art_` + 16 hex of its identity digest), kept as they are in imported logs.
+FOREIGN_REF_RE = re.compile(r"artifact://art_[0-9a-f]{16}")
+
+
+def _root() -> Path:
+    return Path(settings.ARTIFACTS_ROOT)
+
+
+def storage_key_for(workspace: Workspace, sha256: str) -> str:
+    return f"{workspace.tenant_id}/{workspace.pk}/{sha256[:2]}/{sha256}"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def store_bytes(workspace: Workspace, data: bytes, content_type: str = "application/json") -> Artifact:
+    sha256 = hashlib.sha256(data).hexdigest()
+    key = storage_key_for(workspace, sha256)
+    path = _root() / key
+    # The bytes go down before the row that names them; a rolled-back append leaves at most an
+    # unreferenced file with the right name, never a row without its bytes.
+    if not path.exists() or path.stat().st_size != len(data):
+        _write_atomically(path, data)
+    artifact, _ = Artifact.objects.get_or_create(
+        workspace=workspace,
+        sha256=sha256,
+        defaults={"size": len(data), "content_type": content_type, "storage_key": key},
+    )
+    return artifact
+
+
+def read_bytes(artifact: Artifact) -> bytes:
+    path = _root() / artifact.storage_key
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise IntegrityFailure(f"artifact {artifact.artifact_id} is missing from storage",
+                               artifactId=artifact.artifact_id) from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != artifact.sha256 or len(data) != artifact.size:
+        raise IntegrityFailure(
+            f"artifact {artifact.artifact_id} does not match its sha256 (stored bytes hash to {actual})",
+            artifactId=artifact.artifact_id,
+        )
+    return data
+
+
+def open_verified(artifact: Artifact) -> BinaryIO:
+    """The artifact's bytes as an open file, rewound, after hashing them in chunks: a download
+    streams without holding the whole artifact in memory, and never serves bytes that do not match.
+    The handle is the inode just hashed; storage replaces files whole, never rewrites them."""
+    try:
+        handle = (_root() / artifact.storage_key).open("rb")
+    except FileNotFoundError:
+        raise IntegrityFailure(f"artifact {artifact.artifact_id} is missing from storage",
+                               artifactId=artifact.artifact_id) from None
+    hasher, size = hashlib.sha256(), 0
+    while chunk := handle.read(1 << 20):
+        hasher.update(chunk)
+        size += len(chunk)
+    if hasher.hexdigest() != artifact.sha256 or size != artifact.size:
+        handle.close()
+        raise IntegrityFailure(
+            f"artifact {artifact.artifact_id} does not match its sha256 (stored bytes hash to {hasher.hexdigest()})",
+            artifactId=artifact.artifact_id,
+        )
+    handle.seek(0)
+    return handle
+
+
+def check(artifact: Artifact) -> str:
+    """'ok', 'missing' or 'mismatch', without raising: for verify and replay plans."""
+    try:
+        read_bytes(artifact)
+    except IntegrityFailure as exc:
+        return "missing" if "missing" in exc.message else "mismatch"
+    return "ok"
+
+
+def delete_file(artifact: Artifact) -> None:
+    """Remove an artifact's bytes from storage (retention, after the commit that deleted its row)."""
+    (_root() / artifact.storage_key).unlink(missing_ok=True)
+
+
+def parse_ref(ref: str) -> str | None:
+    """The sha256 named by an `artifact://art_<sha256>` ref, or None for a ref that is not ours."""
+    if not ref.startswith(REF_PREFIX + "art_"):
+        return None
+    sha256 = ref[len(REF_PREFIX) + 4:]
+    return sha256 if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) else None
+
+
+def is_ref(value: str) -> bool:
+    """Ours (`art_<sha256>`) or an imported log's (`art_<16 hex>`, resolved by ImportedArtifact)."""
+    return parse_ref(value) is not None or FOREIGN_REF_RE.fullmatch(value) is not None
+
+
+def resolve(run: Run, refs: list[str]) -> dict[str, Artifact | None]:
+    """ref -> the artifact holding its bytes (None when there is none), for refs in `run`'s log:
+    ours by sha256 in the run's workspace, an imported log's through its ImportedArtifact row."""
+    ours = {sha: ref for ref in refs if (sha := parse_ref(ref)) is not None}
+    found = {a.sha256: a for a in Artifact.objects.filter(workspace_id=run.workspace_id, sha256__in=list(ours))}
+    resolved: dict[str, Artifact | None] = {ref: found.get(sha) for sha, ref in ours.items()}
+    foreign = [ref for ref in refs if ref not in resolved]
+    if foreign:
+        mapped = {m.ref: m.artifact for m in
+                  ImportedArtifact.objects.filter(run_id=run.pk, ref__in=foreign).select_related("artifact")}
+        resolved.update({ref: mapped.get(ref) for ref in foreign})
+    return resolved
+
+
+def get_by_ref(workspace: Workspace, ref: str) -> Artifact:
+    sha256 = parse_ref(ref)
+    artifact = Artifact.objects.filter(workspace=workspace, sha256=sha256).first() if sha256 else None
+    if artifact is None:
+        raise NotFound(f"artifact {ref} not found", ref=ref)
+    return artifact
+
+
+def externalize(workspace: Workspace, payload: dict[str, Any], size: int) -> dict[str, Any]:
+    """Move the largest top-level fields of an oversized payload into artifacts.
+
+    Each moved field `name` is replaced by `nameRef` holding the artifact ref (for StepCompleted
+    that is Little Workflow's rule exactly: `output` moves out, `outputRef` stays).
+    """
+    stored = dict(payload)
+    sizes = sorted(
+        (
+            (len(canonical_bytes(v)), k)
+            for k, v in payload.items()
+            if not k.endswith("Ref") and f"{k}Ref" not in payload
+        ),
+        reverse=True,
+    )
+    for _, name in sizes:
+        if size <= INLINE_LIMIT_BYTES:
+            break
+        artifact = store_bytes(workspace, canonical_bytes(stored.pop(name)))
+        stored[f"{name}Ref"] = artifact.ref
+        size = len(canonical_bytes(stored))
+    return stored

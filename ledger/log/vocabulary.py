@@ -1,0 +1,269 @@
+"""The event vocabulary (DESIGN.md §3) and payload validation.
+
+Validation checks the listed fields' presence and types only; fields not listed are kept
+untouched, because harnesses add their own and the interop vectors depend on it. One more rule,
+for the fields whose values the projections keep in columns of a bounded size (COLUMN_LIMITS):
+a longer text or a larger number is refused here, on both databases, instead of failing the
+write on PostgreSQL (a varchar or an integer column) and passing on SQLite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import CostNotAllowed, InvalidEvent, UnknownEventType
+from ..fold.state import visit_index
+
+STR = (str,)
+INT = (int,)
+NUM = (int, float)
+OBJ = (dict,)
+LIST = (list,)
+ANY = (object,)
+
+# field -> (accepted JSON types, required). A dotted field is checked inside its parent object.
+Spec = dict[str, tuple[tuple[type, ...], bool]]
+
+RUN_STARTED: Spec = {
+    "workflowVersionId": (STR, True), "parentRunId": (STR, False), "outerLoopId": (STR, False),
+    "label": (STR, False), "tags": (LIST + OBJ, False), "replayOf": (STR, False), "requestedBy": (STR, False),
+}
+STEP: Spec = {"stepPath": (STR, True), "stepId": (STR, False)}
+ATTEMPT: Spec = {"stepPath": (STR, True), "attempt": (INT, True)}
+TOOL_TERMINAL: Spec = {"callId": (STR, True), "durationMs": (NUM, True)}
+
+VOCABULARY: dict[str, Spec] = {
+    "RunStarted": RUN_STARTED,
+    "RunCompleted": {"outputRef": (STR, False)},
+    "RunFailed": {"error": (ANY, True)},
+    "StepScheduled": STEP,
+    "StepAttemptStarted": ATTEMPT,
+    "StepCompleted": {**ATTEMPT, "outputRef": (STR, False), "artifactRefs": (LIST, False)},
+    "StepFailed": {**ATTEMPT, "error": (ANY, True)},
+    "ArtifactCreated": {},
+    "ParallelGroupStarted": {},
+    "ParallelBranchScheduled": {},
+    "ParallelBranchCompleted": {},
+    "ParallelBranchFailed": {},
+    "ParallelGroupCompleted": {},
+    "ParallelGroupFailed": {},
+    "harness.session.started": {
+        "role": (STR, True), "task": (ANY, True), "manifest": (OBJ, True),
+        "manifestHash": (STR, True), "parentRunId": (STR, False),
+    },
+    "harness.session.completed": {},
+    "harness.session.failed": {},
+    "harness.model.called": {"turn": (INT, True), "promptHash": (STR, True), "request": (OBJ, True)},
+    "harness.model.responded": {
+        "turn": (INT, True), "callId": (STR, True), "stepPath": (STR, False),
+        "model": (OBJ, True), "model.provider": (STR, True), "model.modelId": (STR, True),
+        "response": (OBJ, True), "response.text": (STR, False), "response.toolCalls": (LIST, False),
+        "response.usage": (OBJ, True),
+    },
+    "harness.model.failed": {"turn": (INT, True)},
+    "harness.tool_call.started": {
+        "callId": (STR, True), "caller": (STR, True), "toolName": (STR, True),
+        "args": (ANY, True), "turn": (INT, False),
+    },
+    "harness.tool_call.succeeded": {**TOOL_TERMINAL, "result": (ANY, True)},
+    "harness.tool_call.failed": {**TOOL_TERMINAL, "error": (ANY, True)},
+    "harness.tool_call.in_doubt": {"callId": (STR, True)},
+    "harness.tool_call.reconciled": {"callId": (STR, True), "outcome": (STR, True)},
+    # Ours: a call that waits for a human approver, and the approver's decision (ledger/replay/toolapproval.py).
+    "harness.tool_call.approval_requested": {
+        "callId": (STR, True), "toolName": (STR, True), "args": (ANY, True), "argsDigest": (STR, True),
+    },
+    "harness.tool_call.approved": {"callId": (STR, True), "argsDigest": (STR, True), "by": (STR, True)},
+    "harness.tool_call.rejected": {"callId": (STR, True), "argsDigest": (STR, True), "by": (STR, True),
+                                   "error": (ANY, True)},
+    # Ours: a re-execution call its original's record could not answer (ledger/runtime/reexecute.py).
+    "harness.replay.diverged": {"stepPath": (STR, True), "kind": (STR, True), "reason": (STR, True)},
+    "harness.execute_step.started": {},
+    "harness.execute_step.succeeded": {},
+    "OuterLoopCycleCompleted": {
+        "outerLoopId": (STR, True), "cycleNumber": (INT, True), "supervise": (OBJ, True),
+    },
+    # Little Workflow's compile, plan and legacy types: accepted so its logs import as they are.
+    "OrchestrationRequested": {}, "PlannerStarted": {}, "PlannerDraftedWorkflow": {},
+    "WorkflowValidationFailed": {}, "WorkflowValidationSucceeded": {},
+    "PlannerReuseDecisionRecorded": {}, "WorkflowVersionRegistered": {},
+    "StepOutputValidated": {}, "StepRepairAttempted": {},
+    "ToolCallStarted": {}, "ToolCallCompleted": {},
+    "ModelCallStarted": {}, "ModelCallCompleted": {},
+}
+
+# Payload fields whose text a projection keeps in a column of this many characters (ledger/models.py;
+# the numbers are held to the columns by tests/test_column_limits.py); `turn` (a tool call's
+# column) and a step path's `visit[N]` (a step's) are 32-bit integers.
+COLUMN_LIMITS: dict[str, int] = {
+    "workflowVersionId": 200, "label": 200, "parentRunId": 84, "replayOf": 200, "outputRef": 200,
+    "stepPath": 500, "callId": 200, "toolName": 200, "caller": 50,
+}
+MODEL_COLUMN_LIMITS: dict[str, int] = {"provider": 200, "modelId": 200}  # inside payload.model
+INT32_MAX = 2**31 - 1
+_INT32 = -1  # the limit of `turn`: a range, not a length
+# What the fold projects of an event beyond the fields its type lists: every event's stepPath makes a
+# step, an approval request names the call's caller and turn, and Little Workflow's registration of a
+# workflow version names the run's (tests/test_column_limits.py tries every limited field in every type).
+_PROJECTED_UNLISTED: dict[str, tuple[str, ...]] = {"harness.tool_call.approval_requested": ("caller", "turn"),
+                                                  "WorkflowVersionRegistered": ("workflowVersionId",)}
+
+MODEL_AND_TOOL_PREFIXES = ("harness.model.", "harness.tool_call.")
+ORIGINS = ("recorded", "simulated", "live")
+TERMINAL_RUN_TYPES = ("RunCompleted", "RunFailed")
+
+
+def with_origin(event: Mapping[str, Any], origin: str | None) -> Mapping[str, Any]:
+    """`event` with `payload.origin` set to `origin` when it is a model or tool event without one
+    (what a re-execution's live calls carry); anything else unchanged."""
+    kind, payload = event.get("type"), event.get("payload")
+    if (origin is None or not isinstance(kind, str) or not kind.startswith(MODEL_AND_TOOL_PREFIXES)
+            or not isinstance(payload, Mapping) or "origin" in payload):
+        return event
+    return {**event, "payload": {**payload, "origin": origin}}
+
+
+def is_custom(event_type: str) -> bool:
+    return event_type.startswith("custom.") and len(event_type) > len("custom.")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string", int: "integer", float: "number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
+    if accepted is ANY:
+        return True
+    if isinstance(value, bool):  # bool is an int subclass in Python, never in JSON
+        return False
+    return isinstance(value, accepted)
+
+
+def _limit(field: str) -> int:
+    """The limit of the column payload.`field` lands in: characters, _INT32, or 0 for none."""
+    if field == "turn":
+        return _INT32
+    parent, _, leaf = field.rpartition(".")
+    if parent == "model":
+        return MODEL_COLUMN_LIMITS.get(leaf, 0)
+    return 0 if parent else COLUMN_LIMITS.get(field, 0)
+
+
+# VOCABULARY's specs as the validation walks them: (field, parent, leaf, accepted, required, limit),
+# split once here rather than per event.
+_CHECKS: dict[str, tuple[tuple[str, str, str, tuple[type, ...], bool, int], ...]] = {
+    event_type: tuple((field, *field.rpartition(".")[::2], accepted, required, _limit(field))
+                      for field, (accepted, required) in spec.items())
+    for event_type, spec in VOCABULARY.items()
+}
+# The projected fields a type does not list, with their limits: (field, limit).
+_UNLISTED: dict[str, tuple[tuple[str, int], ...]] = {
+    event_type: tuple((field, _limit(field)) for field in ("stepPath", *_PROJECTED_UNLISTED.get(event_type, ()))
+                      if field not in spec)
+    for event_type, spec in VOCABULARY.items()
+}
+
+
+def validate_payload(index: int, event_type: str, payload: Any) -> None:
+    """Raise InvalidEvent / UnknownEventType / CostNotAllowed for a payload that does not fit."""
+    validate_fields(index, event_type, payload)
+    reject_recorded_cost(index, payload)
+
+
+def validate_fields(index: int, event_type: str, payload: Any) -> None:
+    """`validate_payload` but for the recorded-cost rule, which walks the whole payload (the
+    append does that in its redaction walk, ledger.log.redaction.Redactor.plain)."""
+    if payload.__class__ is not dict and not isinstance(payload, dict):
+        raise InvalidEvent(
+            f"event {index}: payload must be an object", index=index, field="payload"
+        )
+    if not is_custom(event_type):
+        checks = _CHECKS.get(event_type)
+        if checks is None:
+            raise UnknownEventType(
+                f"event {index}: unknown event type {event_type!r} (custom types start with 'custom.')",
+                index=index, field="type",
+            )
+        for field, parent, leaf, accepted, required, limit in checks:
+            holder = payload.get(parent) if parent else payload
+            if not isinstance(holder, dict):
+                continue  # the parent's own check reports it
+            if leaf not in holder:
+                if required:
+                    raise InvalidEvent(
+                        f"event {index}: {event_type} needs payload.{field}",
+                        index=index, field=f"payload.{field}",
+                    )
+                continue
+            value = holder[leaf]
+            # _type_ok, inlined: bool is an int subclass in Python, never in JSON.
+            if accepted is not ANY and (value.__class__ is bool or not isinstance(value, accepted)):
+                raise InvalidEvent(
+                    f"event {index}: payload.{field} has the wrong type ({_json_type(holder[leaf])})",
+                    index=index, field=f"payload.{field}",
+                )
+            if limit:
+                _check_limit(index, field, value, limit)
+        for field, limit in _UNLISTED[event_type]:
+            value = payload.get(field)
+            if value is not None:
+                _check_limit(index, field, value, limit)
+        if event_type.startswith(MODEL_AND_TOOL_PREFIXES):
+            origin = payload.get("origin")
+            if origin is not None and origin not in ORIGINS:
+                raise InvalidEvent(
+                    f"event {index}: payload.origin must be one of {', '.join(ORIGINS)}",
+                    index=index, field="payload.origin",
+                )
+
+
+def _check_limit(index: int, field: str, value: Any, limit: int) -> None:
+    """Refuse `value` of payload.`field` if its column cannot hold it (`limit`: _limit's)."""
+    if limit == _INT32:
+        if value.__class__ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+            raise InvalidEvent(f"event {index}: payload.{field} must be from {-INT32_MAX - 1} to {INT32_MAX}",
+                               index=index, field=f"payload.{field}")
+        return
+    if value.__class__ is not str:
+        return
+    if len(value) > limit:
+        raise InvalidEvent(f"event {index}: payload.{field} is longer than {limit} characters",
+                           index=index, field=f"payload.{field}")
+    if field == "stepPath" and "visit[" in value:
+        visit = visit_index(value)  # a step path's visit[N]: the step's 32-bit column
+        if visit is not None and visit > INT32_MAX:
+            raise InvalidEvent(f"event {index}: payload.stepPath's visit index must be at most {INT32_MAX}",
+                               index=index, field="payload.stepPath")
+
+
+def reject_recorded_cost(index: int, payload: Any) -> None:
+    # Dollars are only ever computed by the fold; a harness's own figure would disagree with it.
+    holder = _recorded_cost_holder(payload)
+    if holder is not None:
+        raise CostNotAllowed(
+            f"event {index}: payload{holder}.usage.costUsd is not accepted; cost is computed from tokens",
+            index=index, field=f"payload{holder}.usage.costUsd",
+        )
+
+
+def _recorded_cost_holder(value: Any) -> str | None:
+    """The path below `value` of an object whose `usage` holds a `costUsd`, or None. The path is
+    assembled only on the way back from a find: most payloads have none and pay no strings."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if key == "usage" and isinstance(child, dict) and "costUsd" in child:
+                return ""
+            if isinstance(child, (dict, list)) and (found := _recorded_cost_holder(child)) is not None:
+                return f".{key}{found}"
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            if isinstance(child, (dict, list)) and (found := _recorded_cost_holder(child)) is not None:
+                return f"[{i}]{found}"
+    return None

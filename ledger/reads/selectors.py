@@ -1,0 +1,306 @@
+"""Reads, always scoped: every selector takes the workspace (or the user) it answers for.
+
+An object outside the caller's workspace raises NotFound, never a permission error: its existence
+is not revealed (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from datetime import timezone as dt_timezone
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import connection
+from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
+from django.utils import timezone
+
+from ..log.envelopes import decode_payload, envelope, read_envelopes
+from ..errors import NotFound
+from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
+
+
+def runs(workspace: Workspace) -> QuerySet[Run]:
+    return Run.objects.filter(workspace=workspace)
+
+
+def find_run(workspace: Workspace, run_id: str) -> Run | None:
+    run = runs(workspace).filter(run_id=run_id).first()
+    if run is not None:
+        run.workspace = workspace  # the same row, loaded with its tenant by whoever found it
+    return run
+
+
+def get_run(workspace: Workspace, run_id: str) -> Run:
+    run = find_run(workspace, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found", runId=run_id)
+    return run
+
+
+def all_runs(workspace: Workspace | None = None) -> QuerySet[Run]:
+    """Every run (of one workspace, or of all: the command line's view), in creation order."""
+    qs = Run.objects.select_related("workspace__tenant").order_by("pk")
+    return qs.filter(workspace=workspace) if workspace is not None else qs
+
+
+# The run row with its events after a position joined on (and not past its last sequence), newest
+# last. Plain SQL: a live reader runs it once per announcement, and compiling it through the ORM
+# (FilteredRelation) took twice as long as running it (bench/console.py).
+_TAIL_SQL = (
+    f"SELECT r.status, r.last_sequence, e.sequence, e.event_id, e.type, e.occurrence_id, e.recorded_at, e.payload "
+    f"FROM {Run._meta.db_table} r LEFT JOIN {Event._meta.db_table} e "
+    f"ON e.run_id = r.id AND e.sequence > %s AND e.sequence <= r.last_sequence "
+    f"WHERE r.id = %s ORDER BY e.sequence LIMIT %s"
+)
+
+
+def run_tail(run: Run, *, after: int, limit: int) -> tuple[str, int, list[dict[str, Any]]] | None:
+    """The run's status and last sequence as committed now, and up to `limit` of its events after
+    `after` and not past that last sequence; None once retention deleted the run.
+
+    One statement, so the head and the events come from one snapshot and a live reader waits for
+    one round trip, not two."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TAIL_SQL, [after, run.pk, limit])
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    status, last_sequence = rows[0][:2]
+    return status, last_sequence, [
+        envelope(event_id=event_id, run_id=run.run_id, sequence=sequence, type=type_, occurrence_id=occurrence_id,
+                 # SQLite hands datetimes back naive, in the connection's time zone, as the ORM would read them.
+                 recorded_at=at if at.tzinfo else timezone.make_aware(at, connection.timezone),
+                 payload=decode_payload(payload))
+        for _, _, sequence, event_id, type_, occurrence_id, at, payload in rows if sequence is not None]
+
+
+def events(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None) -> list[dict[str, Any]]:
+    return read_envelopes(run, after=after, limit=limit, type_prefix=type_prefix)
+
+
+def artifact_in(workspaces: Iterable[Workspace], sha256: str) -> Artifact | None:
+    """The first stored copy of these bytes in any of the workspaces."""
+    return Artifact.objects.filter(workspace__in=list(workspaces), sha256=sha256).order_by("pk").first()
+
+
+def user_named(username: str) -> User | None:
+    return User.objects.filter(username=username).first()
+
+
+def active_user(pk: int) -> User | None:
+    """The user with this id, if still active (a stream re-checking its session's user)."""
+    return User.objects.filter(pk=pk, is_active=True).first()
+
+
+def live_api_key(pk: int) -> ApiKey | None:
+    """The API key with this id, with its workspace, unless revoked (a stream re-checking its key)."""
+    return ApiKey.objects.select_related("workspace__tenant").filter(pk=pk, revoked_at__isnull=True).first()
+
+
+def memberships(user: User | AnonymousUser, *, tenant_slug: str | None = None) -> list[Membership]:
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return []
+    qs = Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
+    return list(qs.filter(tenant__slug=tenant_slug) if tenant_slug else qs)
+
+
+def membership(user: User, tenant: Tenant) -> Membership | None:
+    return Membership.objects.filter(user=user, tenant=tenant).first()
+
+
+def all_workspaces() -> QuerySet[Workspace]:
+    """Every workspace of every tenant: the command line's view (it holds the database anyway)."""
+    return Workspace.objects.select_related("tenant").order_by("tenant__slug", "slug")
+
+
+def workspace_named(tenant_slug: str, workspace_slug: str) -> Workspace | None:
+    return all_workspaces().filter(tenant__slug=tenant_slug, slug=workspace_slug).first()
+
+
+def workspaces_for(user: User | AnonymousUser) -> QuerySet[Workspace]:
+    """The workspaces of every tenant the user is a member of."""
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return Workspace.objects.none()
+    return (
+        Workspace.objects.filter(tenant__memberships__user=user)
+        .select_related("tenant")
+        .order_by("tenant__slug", "slug")
+    )
+
+
+def filtered_runs(
+    workspace: Workspace,
+    *,
+    status: str | None = None,
+    workflow: str | None = None,
+    parent_run_id: str | None = None,
+    q: str | None = None,
+) -> QuerySet[Run]:
+    """The workspace's runs, newest first (ties broken by the row id, so a cursor is stable)."""
+    qs = runs(workspace).select_related("workspace__tenant")
+    if status:
+        qs = qs.filter(status=status)
+    if workflow:
+        qs = qs.filter(workflow_version_id=workflow)
+    if parent_run_id:
+        qs = qs.filter(parent_run_id=parent_run_id)
+    if q:
+        qs = qs.filter(Q(run_id__icontains=q) | Q(workflow_version_id__icontains=q) | Q(label__icontains=q))
+    return qs.order_by("-created_at", "-pk")
+
+
+def runs_page(qs: QuerySet[Run], *, limit: int, after: tuple[datetime, int] | None) -> tuple[list[Run], bool]:
+    """One page of a newest-first run list, strictly after (created_at, pk); and whether more follow."""
+    if after is not None:
+        created_at, pk = after
+        # created_at <= the cursor's as well: the range the index (workspace, -created_at) starts
+        # at; the OR alone is a filter only, and a deep page would read every newer row first.
+        qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk), created_at__lte=created_at)
+    page = list(qs[: limit + 1])
+    return page[:limit], len(page) > limit
+
+
+def children_counts(workspace: Workspace, run_ids: Iterable[str]) -> dict[str, int]:
+    """Direct sub-runs per run, in one query for a whole page."""
+    ids = list(run_ids)
+    if not ids:
+        return {}
+    rows = (
+        runs(workspace).filter(parent_run_id__in=ids).values("parent_run_id")
+        .annotate(n=Count("pk")).values_list("parent_run_id", "n")
+    )
+    return dict(rows)
+
+
+ANY_MODEL = "*"
+
+
+def _utc_day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
+
+
+def search_runs(
+    workspace: Workspace,
+    *,
+    status: str | None = None,
+    workflow: str | None = None,
+    q: str | None = None,
+    start: date | None = None,
+    end: date | None = None,
+    has_failures: bool = False,
+    cost_above: Decimal | None = None,
+    min_rating: int | None = None,
+    model: tuple[str, str] | str | None = None,
+) -> QuerySet[Run]:
+    """The console's runs list: filtered_runs plus the console's filters, newest first.
+
+    `start`/`end` are UTC days, both inclusive, and select runs by the day they were created
+    (`created_at`, the list's order) — except with `model`, where they select the model calls
+    instead (by the day they were recorded, as the usage report counts them), so a drill-down from
+    a day of the usage chart lists exactly the runs behind it. `model` is (provider, modelId) or
+    ANY_MODEL (any model call). `has_failures`: the run failed, one of its steps failed, or a
+    sub-run below it failed (a direct sub-run; for a root run, any run of its tree).
+    `min_rating`: the average of the run's ratings is at least this. `cost_above`: strictly above,
+    so an unpriced run (NULL cost) never matches.
+    """
+    qs = filtered_runs(workspace, status=status, workflow=workflow, q=q)
+    since = _utc_day_start(start) if start else None
+    until = _utc_day_start(end + timedelta(days=1)) if end else None
+    if model is not None:
+        calls = CostEntry.objects.filter(run=OuterRef("pk"))
+        if not isinstance(model, str):  # ANY_MODEL is the one string `model` may be
+            provider, model_id = model
+            calls = calls.filter(provider=provider, model_id=model_id)
+        if since:
+            calls = calls.filter(recorded_at__gte=since)
+        if until:
+            calls = calls.filter(recorded_at__lt=until)
+        qs = qs.filter(Exists(calls))
+    else:
+        if since:
+            qs = qs.filter(created_at__gte=since)
+        if until:
+            qs = qs.filter(created_at__lt=until)
+    if has_failures:
+        failed_below = runs(workspace).filter(status=RunStatus.FAILED).exclude(parent_run_id="")
+        qs = qs.filter(
+            Q(status=RunStatus.FAILED)
+            | Exists(Step.objects.filter(run=OuterRef("pk"), status="failed"))
+            | Q(run_id__in=failed_below.values("parent_run_id"))
+            | Q(run_id__in=failed_below.exclude(root_run_id="").values("root_run_id"))
+        )
+    if cost_above is not None:
+        qs = qs.filter(cost_usd__gt=cost_above)
+    if min_rating is not None:
+        rated = (Feedback.objects.filter(run__workspace=workspace).values("run")
+                 .annotate(average=Avg("rating")).filter(average__gte=min_rating).values("run"))
+        qs = qs.filter(pk__in=rated)
+    return qs
+
+
+def ratings_for(run_pks: Iterable[int]) -> dict[int, tuple[float, int]]:
+    """(average rating, number of ratings) per rated run, in one query for a whole page."""
+    pks = list(run_pks)
+    if not pks:
+        return {}
+    rows = (Feedback.objects.filter(run_id__in=pks).values("run_id")
+            .annotate(average=Avg("rating"), n=Count("pk")).values_list("run_id", "average", "n"))
+    return {pk: (float(average), n) for pk, average, n in rows}
+
+
+# --- one run, for its page -----------------------------------------------------------------------
+
+
+def newest_workspace_for(user: User | AnonymousUser) -> Workspace | None:
+    """The member's workspace where a run started last (those without runs last, by name)."""
+    return workspaces_for(user).annotate(newest=Max("runs__created_at")).order_by(
+        F("newest").desc(nulls_last=True), "tenant__slug", "slug").first()
+
+
+@dataclass(frozen=True)
+class FeedbackSummary:
+    count: int
+    average: float | None
+    latest: list[Feedback]
+
+
+def feedback_summary(run: Run, *, latest: int) -> FeedbackSummary:
+    """How many ratings, their average, and the newest `latest` of them (with their authors)."""
+    summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
+    rows = list(Feedback.objects.filter(run=run).select_related("author", "api_key")
+                .order_by("-created_at", "-pk")[:latest])
+    average = summary["average"]
+    return FeedbackSummary(summary["count"], None if average is None else float(average), rows)
+
+
+def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:
+    """Steps at positions start .. start+size-1, and how many the run has. Positions are dense
+    from 0 (the fold numbers steps by first appearance), so a page is a range."""
+    steps = list(Step.objects.filter(run=run, position__gte=start, position__lt=start + size).order_by("position"))
+    return steps, Step.objects.filter(run=run).count()
+
+
+def costs_by_model(run: Run) -> list[dict[str, Any]]:
+    """Per (provider, model): calls, priced calls, cost (NULL when none priced) and tokens, summed
+    in the database."""
+    return [dict(row) for row in
+        CostEntry.objects.filter(run=run).values("provider", "model_id")
+        .annotate(calls=Count("pk"), priced=Count("cost_usd"), cost=Sum("cost_usd"),
+                  input=Sum("input_tokens"), output=Sum("output_tokens"),
+                  cached=Sum("cached_input_tokens"), reasoning=Sum("reasoning_tokens"))
+        .order_by("provider", "model_id")]
+
+
+def run_family(run: Run) -> list[Run]:
+    """The run and every run below it, any depth, in one query on the root's projection (plus
+    direct children recorded before their root was known), oldest first."""
+    root = run.root_run_id or run.run_id
+    family = list(runs(run.workspace).filter(
+        Q(root_run_id__in={root, run.run_id}) | Q(parent_run_id=run.run_id)).order_by("created_at", "pk"))
+    for r in family:
+        r.workspace = run.workspace
+    return family

@@ -1,0 +1,66 @@
+"""A run's tree of sub-runs with usage, cost and time rolled up per subtree (DESIGN.md §4: an
+aggregate's cost is NULL only when every call in it is unpriced; a true 0 means no model calls)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from . import selectors
+from ..models import Run, RunStatus
+from ..fold.pricing import UsageTotals
+
+
+@dataclass
+class SubRunTree:
+    run: Run
+    children: list[SubRunTree] = field(default_factory=list)
+    usage: UsageTotals = field(default_factory=UsageTotals)  # of the whole subtree
+    first_start: datetime | None = None
+    last_finish: datetime | None = None
+    open: bool = False  # a run still going anywhere in the subtree
+    failed: bool = False  # a failed run anywhere in the subtree
+    size: int = 1
+
+    @property
+    def started_at(self) -> datetime | None:
+        return self.first_start
+
+    @property
+    def finished_at(self) -> datetime | None:
+        """The subtree's last finish, once nothing in it is still going."""
+        return None if self.open else self.last_finish
+
+
+def own_usage(run: Run) -> UsageTotals:
+    return UsageTotals(
+        input_tokens=run.input_tokens, output_tokens=run.output_tokens,
+        cached_input_tokens=run.cached_input_tokens, reasoning_tokens=run.reasoning_tokens,
+        cost_usd=run.cost_usd, priced_calls=run.priced_calls, unpriced_calls=run.unpriced_calls,
+    )
+
+
+def subrun_tree(run: Run) -> SubRunTree:
+    """The run and every run below it, any depth (one query), each node rolled up."""
+    children: dict[str, list[Run]] = {}
+    for r in selectors.run_family(run):
+        if r.parent_run_id and r.pk != run.pk:
+            children.setdefault(r.parent_run_id, []).append(r)
+    seen: set[int] = set()
+
+    def build(r: Run) -> SubRunTree:
+        seen.add(r.pk)
+        node = SubRunTree(r, [build(c) for c in children.get(r.run_id, []) if c.pk not in seen])
+        node.usage = own_usage(r)
+        for child in node.children:
+            node.usage = node.usage.merge(child.usage)
+        starts = [s for s in [r.started_at, *(c.first_start for c in node.children)] if s is not None]
+        ends = [e for e in [r.finished_at, *(c.last_finish for c in node.children)] if e is not None]
+        node.first_start = min(starts) if starts else None
+        node.last_finish = max(ends) if ends else None
+        node.open = not r.finished or any(c.open for c in node.children)
+        node.failed = r.status == RunStatus.FAILED or any(c.failed for c in node.children)
+        node.size = 1 + sum(c.size for c in node.children)
+        return node
+
+    return build(run)

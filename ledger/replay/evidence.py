@@ -1,0 +1,87 @@
+"""The evidence bundle of a run (DESIGN.md §5, first of the replay family): read-only, executes
+nothing, costs nothing.
+
+Everything comes from the projections and the log in a number of queries that does not grow with
+the run: one per kind of row, plus what `ledger verify` reads once (the log is read a single time
+and shared with the replay plan).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..log import artifacts as artifact_store
+from ..reads import selectors, serialize
+from ..models import CostEntry, Feedback, Run, Step, ToolCall
+from ..log.projection import prices_for
+from ..reexecution import selectors as reexecutions
+from .plan import replay_plan
+from ..log.verify import inspect_run
+
+
+def _artifacts(run: Run, outcomes: dict[str, str]) -> list[dict[str, Any]]:
+    """Every artifact the run's log references, ours or missing, with whether its bytes re-hash."""
+    rows = artifact_store.resolve(run, sorted(outcomes))
+    listed = []
+    for ref in sorted(outcomes):
+        row = rows.get(ref)
+        if row is None:
+            sha256 = artifact_store.parse_ref(ref)
+            listed.append({"artifactId": ref[len(artifact_store.REF_PREFIX):], "sha256": sha256, "size": None,
+                           "contentType": None, "ref": ref, "verified": False})
+        else:
+            # An imported log's ref keeps its name; artifactId is ours, the one the API serves.
+            entry = serialize.artifact(row)
+            entry.pop("createdAt")
+            listed.append({**entry, "ref": ref, "verified": outcomes[ref] == "ok"})
+    return listed
+
+
+def _integrity(verify_checks: list[dict[str, str]], plan_checks: list[dict[str, str]]) -> dict[str, Any]:
+    """`ledger verify`'s checks, then the replay plan's that verify does not make (manifest drift);
+    a check both make fails if either says so."""
+    merged: dict[str, dict[str, str]] = {c["name"]: c for c in verify_checks}
+    for check in plan_checks:
+        mine = merged.get(check["name"])
+        if mine is None or (mine["status"] == "pass" and check["status"] == "fail"):
+            merged[check["name"]] = check
+    checks = list(merged.values())
+    return {"ok": all(c["status"] == "pass" for c in checks), "checks": checks}
+
+
+def approvals(run: Run) -> list[dict[str, Any]]:
+    """The run's re-execution requests (asked of it, or the one that made it), oldest first, each
+    with its decision: who asked and why, who approved or denied with which note, the new run."""
+    asked = list(reexecutions.of_run(run.workspace, run.run_id).select_related("workspace__tenant"))
+    made = reexecutions.made_run(run.workspace, run.run_id)
+    if made is not None and all(r.pk != made.pk for r in asked):
+        asked.insert(0, made)
+    return [{**reexecutions.as_dict(r), "relation": "made_this_run" if r.new_run_id == run.run_id
+             and r.original_run_id != run.run_id else "of_this_run"} for r in asked]
+
+
+def evidence_bundle(run: Run) -> dict[str, Any]:
+    """API.md's evidence: `{run, steps, toolCalls, artifacts, costs, approvals, feedback, subRuns,
+    usage, integrity, replayReady}`. `run` must come with `workspace__tenant` selected."""
+    workspace = run.workspace
+    inspection = inspect_run(run)
+    plan = replay_plan(inspection.log, artifact_checks=inspection.artifact_outcomes,
+                       prices=prices_for(workspace)) if inspection.log else None
+    verify_checks = [{"name": c.name, "status": c.status, "detail": c.detail} for c in inspection.checks]
+
+    sub_runs = list(selectors.filtered_runs(workspace, parent_run_id=run.run_id).order_by("created_at", "pk"))
+    counts = selectors.children_counts(workspace, [run.run_id, *(r.run_id for r in sub_runs)])
+    feedback = Feedback.objects.filter(run=run).select_related("author", "api_key").order_by("created_at", "pk")
+    return {
+        "run": serialize.run(run, children=counts.get(run.run_id, 0)),
+        "steps": [serialize.step(s) for s in Step.objects.filter(run=run).order_by("position")],
+        "toolCalls": [serialize.tool_call(c) for c in ToolCall.objects.filter(run=run).order_by("position")],
+        "artifacts": _artifacts(run, inspection.artifact_outcomes),
+        "costs": [serialize.cost(c) for c in CostEntry.objects.filter(run=run).order_by("sequence")],
+        "approvals": approvals(run),
+        "feedback": [serialize.feedback(f, run.run_id) for f in feedback],
+        "subRuns": serialize.runs(sub_runs, counts),
+        "usage": serialize.usage(run),
+        "integrity": _integrity(verify_checks, plan["integrity"]["checks"] if plan else []),
+        "replayReady": plan["replayReady"] if plan else {"status": "fail", "missing": ["run:events"]},
+    }

@@ -1,0 +1,113 @@
+"""Reads of one run's log for the console's evidence views: the run folded whole or up to an
+event (the run at any point), a search of its events, and where its first failure is.
+
+The fold is the one interpretation of a log (DESIGN.md §4): the state after event N is
+`fold(events 1..N)`, computed when asked and never stored. Every read here is a constant number
+of queries however long the run is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from django.db.models import Q
+
+from ..canonical import canonical_json
+from ..log.envelopes import event_envelope
+from ..fold import RunState, fold
+from ..models import Event, Run, ToolCall
+from .stored_plan import replay_plan_for
+from ..log.projection import log_of, prices_for
+
+IN_DOUBT = "harness.tool_call.in_doubt"
+# StepFailed, RunFailed, ParallelBranchFailed, … and harness.session.failed, harness.tool_call.failed, …
+FAILURE_TYPES = Q(type__endswith="Failed") | Q(type__endswith=".failed")
+# A tool's results name its call, not the tool: its calls are looked up, as many as this.
+TOOL_CALLS_SEARCHED = 200
+
+
+@dataclass(frozen=True)
+class FoldedRun:
+    """A run's log (or a prefix of it) and what the fold makes of it."""
+
+    log: list[dict[str, Any]]
+    state: RunState
+
+    def recorded_at(self, sequence: int | None) -> str | None:
+        """The recordedAt of an event of the log (sequences are dense: index = sequence - 1)."""
+        if sequence is None or not 0 < sequence <= len(self.log):
+            return None
+        value = self.log[sequence - 1]["recordedAt"]
+        return value if isinstance(value, str) else None
+
+
+def folded(run: Run, *, upto: int | None = None) -> FoldedRun:
+    """The run as it is, or as it was after event `upto`: the fold of that prefix."""
+    log = log_of(run, upto=upto)
+    return FoldedRun(log, fold(log, prices=prices_for(run.workspace), run_id=run.run_id))
+
+
+def replay_plan_of(run: Run, run_at: FoldedRun) -> dict[str, Any] | None:
+    """The replay plan of the folded log (a prefix gives the plan as it was then)."""
+    return replay_plan_for(run, run_at.log) if run_at.log else None
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """What to look for in a run's events; empty fields match everything."""
+
+    type: str = ""  # a prefix of the event type ("harness.tool_call." finds every tool event)
+    step: str = ""  # the exact stepPath
+    tool: str = ""  # the exact toolName: the calls of that tool and their outcomes
+    text: str = ""  # anywhere in the type or the payload, ignoring case
+
+    def __bool__(self) -> bool:
+        return bool(self.type or self.step or self.tool or self.text)
+
+
+def _field_is(name: str, value: str) -> Q:
+    """The payload (canonical JSON text, no whitespace) has `"name":value` at some depth."""
+    return Q(payload__contains=f"{canonical_json(name)}:{canonical_json(value)}")
+
+
+def search_events(run: Run, filters: EventFilter, *, after: int = 0, limit: int) -> list[dict[str, Any]]:
+    """The run's events after `after` that match every filter, in order, at most `limit`."""
+    qs = Event.objects.filter(run=run, sequence__gt=after)
+    if filters.type:
+        qs = qs.filter(type__startswith=filters.type)
+    if filters.step:
+        qs = qs.filter(_field_is("stepPath", filters.step))
+    if filters.tool:
+        call_ids = ToolCall.objects.filter(run=run, tool_name=filters.tool).values_list(
+            "call_id", flat=True)[:TOOL_CALLS_SEARCHED]
+        matches = _field_is("toolName", filters.tool)
+        for call_id in call_ids:
+            matches |= _field_is("callId", call_id)
+        qs = qs.filter(matches)
+    if filters.text:
+        qs = qs.filter(Q(type__icontains=filters.text) | Q(payload__icontains=filters.text))
+    return [event_envelope(e, run.run_id) for e in qs.order_by("sequence")[:limit]]
+
+
+def first_sequence(run: Run, kind: Literal["failure", "in_doubt"]) -> int | None:
+    """The sequence of the run's first failure event, or of its first in-doubt tool call."""
+    qs = Event.objects.filter(run=run)
+    qs = qs.filter(FAILURE_TYPES) if kind == "failure" else qs.filter(type=IN_DOUBT)
+    return qs.order_by("sequence").values_list("sequence", flat=True).first()
+
+
+def tool_call_starts(run: Run) -> list[tuple[str, str, str, int | None]]:
+    """Every tool call of the run (its projection row): call id, tool, step and the sequence of
+    its start, in the order the calls appeared."""
+    return list(ToolCall.objects.filter(run=run).order_by("position").values_list(
+        "call_id", "tool_name", "step_path", "started_sequence"))
+
+
+def children_of(run: Run) -> list[Run]:
+    """The run's direct sub-runs (parentRunId), oldest first, with the workspace already loaded."""
+    children = list(Run.objects.filter(workspace_id=run.workspace_id, parent_run_id=run.run_id)
+                    .order_by("started_at", "pk"))
+    for child in children:
+        child.workspace = run.workspace
+    return children

@@ -1,0 +1,192 @@
+"""Human approval before a write leaves (DESIGN.md §2 roles, §5 item 3): a tool declared
+`approval="required"`, or named by its workspace's policy (`Workspace.approval_tools`), does not
+run until an approver who is not the run's requester approves that exact call.
+
+The wait is a state of the tool call, not of the run: the run's status stays `running` (API.md
+keeps run statuses to pending | running | completed | failed) while a call of it is
+`waiting_approval`. Everything is in the run's log, through the one write path:
+
+- `harness.tool_call.approval_requested {callId, toolName, args, argsDigest, stepPath?, caller}`:
+  the executor met the call, wrote the exact arguments and their digest, gave the run's lease back
+  and stopped (`WaitingApproval`). Nothing left: the gateway has no claim of the call yet.
+- `harness.tool_call.approved {callId, argsDigest, by, note}` or
+  `harness.tool_call.rejected {callId, argsDigest, by, note, error}`: an approver decided, on the
+  Approvals page (the one re-execution uses), bound to the digest they saw. A rejected call is
+  failed (`ToolCallRejected`) and never runs; its step fails as a failed tool call does.
+
+On resume (`ledger resume RUN`) the executor reaches the call again with the arguments it
+computes now: approved with the same digest, the call runs (once: the gateway's idempotency key
+is the call's); other arguments than the ones approved need a new approval (a new request); still
+pending, the run stops again without writing anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from .. import audit, clock
+from . import gateway
+from ..log.append import append_locked, lock_head
+from ..canonical import digest
+from ..errors import Conflict, LedgerError, NotFound, RunFinished
+from ..models import Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
+
+WAITING = "waiting_approval"
+REJECTED = "ToolCallRejected"
+MAX_NOTE = 2000
+
+
+class ToolCallNotWaiting(Conflict):
+    code = "tool_call_not_waiting"
+
+
+class ApprovalStale(Conflict):
+    """The arguments the approver saw are no longer the ones waiting."""
+
+    code = "approval_stale"
+
+
+class SelfApprovalForbidden(LedgerError):
+    code = "self_approval_forbidden"
+    status = 403
+
+
+class ApproverRequired(LedgerError):
+    code = "forbidden"
+    status = 403
+
+
+class InvalidDecision(LedgerError):
+    code = "invalid_request"
+
+
+def needs_approval(workspace: Workspace, tool_name: str, declared: str | None) -> bool:
+    """Whether calls of the tool wait for an approver: declared so, or named by the workspace."""
+    return declared == "required" or tool_name in (workspace.approval_tools or [])
+
+
+def args_digest(tool_name: str, args: Any) -> str:
+    """What an approval binds to: the digest of the tool's name and its arguments as the log holds them."""
+    return digest({"toolName": tool_name, "args": args})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the executor does with a call that needs approval."""
+
+    proceed: bool  # approved for these arguments: claim it and run it
+    request: dict[str, Any] | None = None  # the approval_requested event to write before stopping
+    args_digest: str = ""
+
+
+def verdict(*, workspace: Workspace, approval: Any, tool_name: str, args: Any, call_id: str,
+            step_path: str, caller: str, turn: int | None) -> Verdict:
+    """Given what the log says of the call's approval (the fold's `ToolCallState.approval`), go on,
+    or stop, with a request to write when none waits for these very arguments."""
+    redacted, _ = gateway.prepare_args(workspace, tool_name, args)
+    wanted = args_digest(tool_name, redacted)
+    if isinstance(approval, dict) and approval.get("argsDigest") == wanted:
+        if approval.get("status") == "approved":
+            return Verdict(proceed=True, args_digest=wanted)
+        if approval.get("status") == "pending":
+            return Verdict(proceed=False, args_digest=wanted)  # still waiting: nothing new to write
+    payload: dict[str, Any] = {"callId": call_id, "toolName": tool_name, "args": redacted, "argsDigest": wanted,
+                               "stepPath": step_path, "caller": caller}
+    if turn is not None:
+        payload["turn"] = turn
+    if isinstance(approval, dict) and approval.get("argsDigest") not in (None, wanted):
+        payload["supersedes"] = approval.get("argsDigest")  # the arguments changed since the last request
+    return Verdict(proceed=False, args_digest=wanted,
+                   request={"type": "harness.tool_call.approval_requested", "payload": payload})
+
+
+# --- the approver's side ---------------------------------------------------------------------
+
+
+def requester_of(run: Run) -> str | None:
+    """Who asked for the run: the re-execution request that made it, else `requestedBy` of its
+    RunStarted (`ledger run --requested-by`, or a harness's own field); a sub-run's is its root
+    run's. None when unknown."""
+    for run_id in dict.fromkeys([run.run_id, run.root_run_id or run.run_id]):
+        made = ReexecutionRequest.objects.filter(workspace=run.workspace, new_run_id=run_id).order_by("pk").first()
+        if made is not None:
+            return made.requested_by
+        text = Event.objects.filter(run__workspace=run.workspace, run__run_id=run_id, sequence=1).values_list(
+            "payload", flat=True).first()
+        first = json.loads(text) if text else None
+        who = first.get("requestedBy") if isinstance(first, dict) else None
+        if isinstance(who, str) and who:
+            return who
+    return None
+
+
+def waiting_calls(workspace: Workspace) -> list[ToolCall]:
+    """The workspace's tool calls waiting for an approver, oldest first, of runs still running."""
+    calls = list(ToolCall.objects.select_related("run").filter(
+        run__workspace=workspace, status=WAITING).exclude(run__status__in=RunStatus.finished())
+        .order_by("run__created_at", "run_id", "position"))
+    for call in calls:
+        call.run.workspace = workspace
+    return calls
+
+
+def pending_digest(call: ToolCall) -> str:
+    return args_digest(call.tool_name, call.args)
+
+
+@transaction.atomic
+def decide(*, workspace: Workspace, run_id: str, call_id: str, approve: bool, seen_digest: str, note: str,
+           by: Any) -> ToolCall:
+    """An approver approves or rejects the waiting call `call_id` of `run_id`, bound to the
+    arguments' digest they saw (`seen_digest`); audited. Refusals: not an approver (403
+    forbidden), the run's requester (403 self_approval_forbidden), no such call (404), a call not
+    waiting (409 tool_call_not_waiting), other arguments waiting now (409 approval_stale), the
+    run ended (409 run_finished)."""
+    note = (note or "").strip()
+    if not note:
+        raise InvalidDecision("say why: the note is required", field="note")
+    if len(note) > MAX_NOTE:
+        raise InvalidDecision(f"the note is at most {MAX_NOTE} characters", field="note")
+    membership = Membership.objects.filter(user=by, tenant=workspace.tenant).first()
+    if membership is None or not membership.allows(Role.APPROVER):
+        raise ApproverRequired("deciding a tool call needs the approver role", role="approver")
+    run = lock_head(workspace=workspace, run_id=run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found", runId=run_id)
+    call = ToolCall.objects.filter(run=run, call_id=call_id).first()
+    if call is None:
+        raise NotFound(f"tool call {call_id} not found in run {run_id}", runId=run_id, callId=call_id)
+    if run.status in RunStatus.finished():
+        raise RunFinished(f"run {run_id} already ended ({run.status})", runId=run_id, status=run.status)
+    if call.status != WAITING:
+        raise ToolCallNotWaiting(f"tool call {call_id} is {call.status}, not waiting for approval",
+                                 callId=call_id, status=call.status)
+    current = pending_digest(call)
+    if seen_digest != current:
+        raise ApprovalStale("the arguments waiting for approval changed since you looked: review them again",
+                            callId=call_id, argsDigest=current)
+    requester = requester_of(Run.objects.select_related("workspace").get(pk=run.pk))
+    name = by.get_username()
+    if requester is not None and requester == name:
+        raise SelfApprovalForbidden("you requested this run; another approver must decide its tool calls",
+                                    callId=call_id)
+    payload: dict[str, Any] = {"callId": call_id, "argsDigest": current, "by": name, "note": note,
+                               "toolName": call.tool_name}
+    if call.step_path:
+        payload["stepPath"] = call.step_path
+    if not approve:
+        payload["error"] = {"name": REJECTED, "message": f"rejected by {name}: {note}"}
+    now = clock.now()
+    held = run.lease_expires_at is not None and run.lease_expires_at > now
+    append_locked(run=run, events=[{"type": f"harness.tool_call.{'approved' if approve else 'rejected'}",
+                                    "payload": payload}], fencing_token=run.fencing_token if held else None)
+    audit.record(actor=by, tenant=workspace.tenant, workspace=workspace,
+                 action=audit.Action.TOOL_CALL_APPROVED if approve else audit.Action.TOOL_CALL_REJECTED,
+                 target=f"{run_id}/{call_id}", reason=note,
+                 details={"runId": run_id, "callId": call_id, "toolName": call.tool_name, "argsDigest": current})
+    call.refresh_from_db()
+    return call

@@ -1,0 +1,224 @@
+"""Tenancy services: tenants, workspaces, members and API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from .. import audit, clock
+from ..log import pgappend
+from ..log.bulk import column, table
+from ..errors import LedgerError, NotFound
+from ..models import ApiKey, Membership, Role, Tenant, Workspace
+
+KEY_PREFIX = "rl_"
+# How fresh `ApiKey.last_used_at` is kept: one write per key per this, not one per request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+# Tenancy changes made at the command line (`manage.py ledger create-user`, `create-key`, the demo).
+CLI = audit.Actor(name="system:cli")
+
+
+@transaction.atomic
+def bootstrap(*, tenant: str, workspace: str) -> Workspace:
+    """Create the tenant and workspace if absent (idempotent)."""
+    t, _ = Tenant.objects.get_or_create(slug=tenant, defaults={"name": tenant})
+    ws, _ = Workspace.objects.get_or_create(tenant=t, slug=workspace, defaults={"name": workspace})
+    return ws
+
+
+@transaction.atomic
+def create_user(*, username: str, tenant: str, role: str, password: str | None,
+                by: audit.Actor = CLI) -> Membership:
+    """Create or update a user and their membership (one role per tenant); audited as
+    member.added or member.changed (a role change; a password alone is not a membership change)."""
+    if role not in Role.values:
+        raise LedgerError(f"role must be one of {', '.join(Role.values)}, got {role!r}")
+    t = Tenant.objects.filter(slug=tenant).first()
+    if t is None:
+        raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
+    if password:
+        # AUTH_PASSWORD_VALIDATORS, before anything is written: a refused password changes nothing.
+        try:
+            validate_password(password, user=get_user_model()(username=username))
+        except ValidationError as exc:
+            raise LedgerError("password refused: " + " ".join(exc.messages)) from None
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    if password:
+        user.set_password(password)
+        user.save()
+    before = Membership.objects.filter(user=user, tenant=t).values_list("role", flat=True).first()
+    membership, _ = Membership.objects.update_or_create(user=user, tenant=t, defaults={"role": role})
+    if before is None:
+        audit.record(actor=by, tenant=t, action=audit.Action.MEMBER_ADDED, target=f"user:{username}",
+                     details={"role": role})
+    elif before != role:
+        audit.record(actor=by, tenant=t, action=audit.Action.MEMBER_CHANGED, target=f"user:{username}",
+                     details={"role": role, "previousRole": before})
+    return membership
+
+
+@transaction.atomic
+def remove_member(*, username: str, tenant: str, by: audit.Actor = CLI) -> None:
+    """End a user's membership of a tenant (the user account stays); audited as member.removed."""
+    membership = Membership.objects.select_related("tenant").filter(
+        user__username=username, tenant__slug=tenant).first()
+    if membership is None:
+        raise NotFound(f"{username} is not a member of {tenant}")
+    role = membership.role
+    membership.delete()
+    audit.record(actor=by, tenant=membership.tenant, action=audit.Action.MEMBER_REMOVED, target=f"user:{username}",
+                 details={"role": role})
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@transaction.atomic
+def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "",
+               by: audit.Actor = CLI) -> tuple[ApiKey, str]:
+    """Create an API key; the secret is returned once and only its hash is stored. Audited."""
+    scopes = sorted(set(scopes))
+    unknown = set(scopes) - set(ApiKey.SCOPES)
+    if not scopes or unknown:
+        raise LedgerError(f"scopes must be a non-empty subset of {', '.join(ApiKey.SCOPES)}")
+    prefix = secrets.token_hex(6)
+    key = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    api_key = ApiKey.objects.create(
+        workspace=workspace, name=name, prefix=prefix, secret_hash=_hash(key), scopes=scopes
+    )
+    audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_CREATED,
+                 target=audit.key_actor(api_key), details={"name": name, "scopes": scopes})
+    return api_key, key
+
+
+def authenticate_key(key: str) -> ApiKey | None:
+    """The live ApiKey for a presented secret, or None; notes its use (`_note_use`)."""
+    if not key.startswith(KEY_PREFIX):
+        return None
+    prefix, _, _ = key[len(KEY_PREFIX):].partition("_")
+    api_key = _key_with_workspace(prefix)
+    if api_key is None or api_key.revoked_at is not None:
+        return None
+    if not hmac.compare_digest(api_key.secret_hash, _hash(key)):
+        return None
+    _note_use(api_key)
+    return api_key
+
+
+class _KeyQuery:
+    """`ApiKey.objects.select_related("workspace__tenant").filter(prefix=…).first()`, its SQL
+    written once. Every request with an API key makes this read, and through the ORM it cost ~1 ms
+    (PostgreSQL, quiet machine): ~0.24 ms compiling the three models' 24 columns into SQL and
+    ~0.24 ms for PostgreSQL to plan the join again, for a 0.02 ms execution. Here the statement is
+    built once, prepared on PostgreSQL (planned once per connection), and the rows become the same
+    instances the ORM makes (`from_db`, each field's converters, the related objects cached as
+    `select_related` caches them); tests/test_tenancy.py holds it to the ORM's answer."""
+
+    def __init__(self, vendor: str) -> None:
+        self.models = (ApiKey, Workspace, Tenant)
+        tables = ("k", "w", "t")
+        self.fields = [list(m._meta.concrete_fields) for m in self.models]
+        self.attnames = [[f.attname for f in fields] for fields in self.fields]
+        columns = ", ".join(f"{alias}.{column(model, f.name)}"
+                            for alias, model, fields in zip(tables, self.models, self.fields) for f in fields)
+        placeholder = "$1" if vendor == "postgresql" else "%s"
+        self.sql = (f"SELECT {columns} FROM {table(ApiKey)} k"
+                    f" JOIN {table(Workspace)} w ON w.{column(Workspace, 'id')} = k.{column(ApiKey, 'workspace')}"
+                    f" JOIN {table(Tenant)} t ON t.{column(Tenant, 'id')} = w.{column(Workspace, 'tenant')}"
+                    f" WHERE k.{column(ApiKey, 'prefix')} = {placeholder}")
+        self.prepared = self.sql.encode() if vendor == "postgresql" else None
+        # What the ORM runs on a column's value, for the columns that have any: the backend's
+        # converters, then the field's.
+        self.converters = []
+        position = 0
+        for alias, fields in zip(tables, self.fields):
+            for f in fields:
+                col = f.get_col(alias)
+                converters = connection.ops.get_db_converters(col) + f.get_db_converters(connection)  # type: ignore[attr-defined]  # not in django-stubs
+                if converters:
+                    self.converters.append((position, col, converters))
+                position += 1
+
+    def fetch(self, prefix: str) -> ApiKey | None:
+        if self.prepared is not None:
+            row = pgappend.fetch_one(self.prepared, (prefix,))
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(self.sql, [prefix])
+                row = cursor.fetchone()
+        if row is None:
+            return None
+        values = list(row)
+        for i, col, converters in self.converters:
+            for convert in converters:
+                values[i] = convert(values[i], col, connection)
+        objects, start = [], 0
+        for model, attnames in zip(self.models, self.attnames):
+            objects.append(model.from_db(connection.alias, attnames, values[start:start + len(attnames)]))
+            start += len(attnames)
+        api_key, workspace, tenant = objects
+        assert isinstance(api_key, ApiKey)
+        ApiKey._meta.get_field("workspace").set_cached_value(api_key, workspace)
+        Workspace._meta.get_field("tenant").set_cached_value(workspace, tenant)
+        return api_key
+
+
+_key_queries: dict[str, _KeyQuery] = {}
+
+
+def _key_with_workspace(prefix: str) -> ApiKey | None:
+    query = _key_queries.get(connection.vendor)
+    if query is None:
+        query = _key_queries[connection.vendor] = _KeyQuery(connection.vendor)
+    return query.fetch(prefix)
+
+
+def _note_use(api_key: ApiKey) -> None:
+    """Stamp `last_used_at`, at most once a minute per key: the row just read says whether the
+    stamp is stale, so a busy key costs no write on most requests. The conditional UPDATE makes
+    concurrent requests at the turn of the minute write once between them."""
+    now = clock.now()
+    stale = now - LAST_USED_RESOLUTION
+    if api_key.last_used_at is not None and api_key.last_used_at > stale:
+        return
+    ApiKey.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale), pk=api_key.pk).update(
+        last_used_at=now)
+    api_key.last_used_at = now
+
+
+def keys(*, workspace: Workspace | None = None, include_revoked: bool = True) -> QuerySet[ApiKey]:
+    """API keys (of one workspace, or all: the command line's view), newest first."""
+    qs = ApiKey.objects.select_related("workspace__tenant").order_by("-created_at", "-pk")
+    if workspace is not None:
+        qs = qs.filter(workspace=workspace)
+    return qs if include_revoked else qs.filter(revoked_at__isnull=True)
+
+
+def key_by_prefix(prefix: str, *, workspace: Workspace | None = None) -> ApiKey | None:
+    """The key with this prefix (in `workspace` when given: a member sees only their own)."""
+    return keys(workspace=workspace).filter(prefix=prefix).first()
+
+
+@transaction.atomic
+def revoke_key(api_key: ApiKey, *, by: audit.Actor | AbstractBaseUser = CLI, reason: str = "") -> bool:
+    """Revoke a key (idempotent: only the first revocation is audited, and returns True)."""
+    revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    if revoked:
+        workspace = Workspace.objects.select_related("tenant").get(pk=api_key.workspace_id)
+        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_REVOKED,
+                     target=audit.key_actor(api_key), reason=reason.strip(), details={"name": api_key.name})
+    api_key.refresh_from_db(fields=["revoked_at"])
+    return bool(revoked)
