@@ -83,7 +83,7 @@ def setup_django(*, production: bool = False) -> None:
 
 
 def head_only_changes(workspace_id: int, state: Any, *args: Any, **kwargs: Any) -> Any:
-    """A stand-in for ledger.log.append.batch_changes that writes no projection row: only the head's
+    """A stand-in for ledger.log.strategies.batch_changes that writes no projection row: only the head's
     sequence and status, the log's own bookkeeping. For the benches' "projection writes off"
     variants (ingest's upkeep figure, runtime's "ours, no projections"); never the product's."""
     from ledger.log.projection import Changes

@@ -92,7 +92,7 @@ def _step_events(n: int) -> list[dict[str, Any]]:
 
 
 def write_run(workspace: Any, run_id: str, events: int) -> None:
-    from ledger.log.append import append_events
+    from ledger.log import append
 
     body = [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_console", "label": f"{events} events"}}]
     step = 0
@@ -101,14 +101,14 @@ def write_run(workspace: Any, run_id: str, events: int) -> None:
         step += 1
     body = body[: events - 1] + [{"type": "RunCompleted", "payload": {"output": {"steps": step}}}]
     for start in range(0, len(body), 500):
-        append_events(workspace=workspace, run_id=run_id, events=body[start:start + 500])
+        append(workspace=workspace, run_id=run_id, events=body[start:start + 500])
 
 
 def write_small_runs(workspace: Any, prefix: str, count: int) -> list[str]:
     """`count` short runs through append_events (one transaction per 25, so commits do not dominate)."""
     from django.db import transaction
 
-    from ledger.log.append import append_events
+    from ledger.log import append
 
     ids = [f"{prefix}_{n}" for n in range(count)]
     for start in range(0, count, 25):
@@ -120,7 +120,7 @@ def write_small_runs(workspace: Any, prefix: str, count: int) -> list[str]:
                 if n % 5:
                     events.append({"type": "RunCompleted" if n % 11 else "RunFailed",
                                    "payload": {} if n % 11 else {"error": {"message": "boom"}}})
-                append_events(workspace=workspace, run_id=run_id, events=events)
+                append(workspace=workspace, run_id=run_id, events=events)
     return ids
 
 
@@ -394,7 +394,7 @@ def row_html(workspace: Any, run_id: str) -> str:
     bare fan-out below sends frames of the same size)."""
     from console.live.run import _row
     from ledger.models import Run
-    from ledger.log.projection import log_of
+    from ledger.log.envelopes import log_of
 
     run = Run.objects.get(workspace=workspace, run_id=run_id)
     last = next(e for e in reversed(log_of(run)) if e["type"] == "StepScheduled")

@@ -46,7 +46,7 @@ def peak_mb(pid: int | str = "self") -> float:
 
 
 def fill(workspace: object, runs: int, per_run: int, batch: int) -> list[str]:
-    from ledger.log.append import append_events
+    from ledger.log import append
 
     run_ids = []
     started = time.perf_counter()
@@ -55,7 +55,7 @@ def fill(workspace: object, runs: int, per_run: int, batch: int) -> list[str]:
         run_ids.append(run_id)
         events = make_events(per_run, f"r{number}-")
         for start in range(0, per_run, batch):
-            append_events(workspace=workspace, run_id=run_id, events=events[start:start + batch])  # type: ignore[arg-type]
+            append(workspace=workspace, run_id=run_id, events=events[start:start + batch])  # type: ignore[arg-type]
         if (number + 1) % 10 == 0 or number + 1 == runs:
             done = (number + 1) * per_run
             print(f"  filled {done:,} events ({done / (time.perf_counter() - started):,.0f} ev/s)", flush=True)

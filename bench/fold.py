@@ -50,7 +50,8 @@ def main(argv: list[str]) -> int:
     from ledger.log.envelopes import event_envelope
     from ledger.fold import fold
     from ledger.models import Event, Run
-    from ledger.log.projection import log_of, prices_for
+    from ledger.log.envelopes import log_of
+    from ledger.log.projection import prices_for
     from ledger.tenancy.services import bootstrap
 
     workspace = bootstrap(tenant="bench", workspace=f"fold-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")

@@ -57,7 +57,7 @@ EVENT_COLUMNS = (
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench/ingest.py",
-        description="Benchmark ledger.log.append.append_events against raw psycopg 3 on PostgreSQL.",
+        description="Benchmark ledger.log.append against raw psycopg 3 on PostgreSQL.",
     )
     p.add_argument("--events", type=int, default=20_000,
                    help="events for the batched measurements (default 20000)")
@@ -190,10 +190,10 @@ class Appender:
         return self._appends([[e] for e in events])
 
     def _appends(self, batches: list[list[dict[str, Any]]]) -> Steps:
-        from ledger.log.append import append_events
+        from ledger.log import append
 
         run_id, ws = self.new_run_id(), self.workspace
-        return [functools.partial(append_events, workspace=ws, run_id=run_id, events=b) for b in batches]
+        return [functools.partial(append, workspace=ws, run_id=run_id, events=b) for b in batches]
 
 
 class Raw:
@@ -406,7 +406,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
     The append without any projection work is the second figure less the fold time (the fold
     still runs there, since the lifecycle checks read its state).
     """
-    import ledger.log.append as append_module
+    import ledger.log.strategies as append_module
 
     real_advance, real_changes = append_module.advance, append_module.batch_changes
     fold_seconds = 0.0

@@ -8,7 +8,7 @@ PostgreSQL only, DEBUG off. Appends `--events` events to one fresh run in batche
 just before it is appended, so the bench itself holds one batch at a time. At 10k, 100k and 1M
 events (and at the end) it prints the process's peak RSS (VmHWM) and current RSS (VmRSS) from
 /proc/self/status, and what the run's folded state, which the append path keeps in the
-process-local state cache (ledger.log.projection.STATES) between batches, holds by then. The figure:
+process-local state cache (ledger.log.states.STATES) between batches, holds by then. The figure:
 peak RSS at the last checkpoint / peak RSS at 10k events; target (issue 12): flat.
 """
 
@@ -51,7 +51,7 @@ def batches(total: int, size: int) -> Any:
 
 
 def held_by_the_state(workspace_pk: int, run_id: str) -> str:
-    from ledger.log.projection import STATES, AppendState
+    from ledger.log.states import STATES, AppendState
 
     entry = STATES._states.get((workspace_pk, run_id))
     if entry is None:
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
 
     from django.conf import settings
 
-    from ledger.log.append import append_events
+    from ledger.log import append
     from ledger.tenancy.services import bootstrap
 
     workspace = bootstrap(tenant="bench", workspace=f"memory-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     try:
         appended, started = 0, time.perf_counter()
         for batch in batches(args.events, args.batch):
-            append_events(workspace=workspace, run_id=run_id, events=batch)
+            append(workspace=workspace, run_id=run_id, events=batch)
             appended += len(batch)
             if appended in checkpoints:
                 gc.collect()

@@ -8,7 +8,7 @@ of several model turns, each asking for one tool call), then, in the same proces
 PostgreSQL:
 
   fold             ledger.fold.fold over the run's envelopes (pure, in memory)
-  read + fold      ledger.log.projection.log_of (the ORM read, JSON decoded) then fold
+  read + fold      ledger.log.envelopes.log_of (the ORM read, JSON decoded) then fold
   simulate         ledger.runtime.reexecute.execute_reexecution(mode="simulate") into a fresh
                    run: read and fold the original, execute the workflow's code, serve every
                    model and tool call from the record, append the new run's events through the
@@ -98,7 +98,8 @@ def main(argv: list[str]) -> int:
     from ledger.replay.divergence import divergence_report
     from ledger.fold import fold
     from ledger.models import Run
-    from ledger.log.projection import log_of, prices_for
+    from ledger.log.envelopes import log_of
+    from ledger.log.projection import prices_for
     from ledger.runtime.executor import start_run
     from ledger.runtime.reexecute import execute_reexecution
     from ledger.tenancy.services import bootstrap

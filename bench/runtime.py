@@ -195,7 +195,7 @@ class Ours:
         the head and the gateway's control row are written, the run's, step, tool-call, cost-entry
         and usage rows are not. Not a product configuration: the bound on what the projections,
         which DESIGN.md writes in the append's transaction, cost a model call."""
-        import ledger.log.append as append_module
+        import ledger.log.strategies as append_module
 
         run = self.runner(calls)
 
@@ -211,7 +211,7 @@ class Ours:
 
     def check(self, calls: int) -> str:
         from ledger.models import Run
-        from ledger.log.projection import log_of
+        from ledger.log.envelopes import log_of
 
         log = log_of(Run.objects.get(workspace=self.workspace, run_id=self.run_ids[-1]))
         types = [e["type"] for e in log]

@@ -170,7 +170,7 @@ def use(dataset: Dataset) -> None:
     from django.contrib.contenttypes.models import ContentType
     from django.db import connection
 
-    from ledger.log.projection import STATES
+    from ledger.log.states import STATES
 
     if connection.settings_dict["NAME"] != dataset.database:
         connection.close()
@@ -413,7 +413,7 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
 
 def _append(p: Probes, *, per_call: int, events: int) -> Callable[[], Any]:
     """A new run in scale-a: `events` events of a generated run, `per_call` per append_events call."""
-    from ledger.log.append import append_events
+    from ledger.log import append
 
     body = [{"type": t, "payload": payload} for t, payload in run_events(10**6, steps=events // 13 + 1, turns=2,
                                                                          failed=False)][:events]
@@ -422,7 +422,7 @@ def _append(p: Probes, *, per_call: int, events: int) -> Callable[[], Any]:
         run_id = f"run_scale_append_{len(p.appended)}_{os.getpid()}_{time.monotonic_ns()}"
         p.appended.append(run_id)
         for start in range(0, len(body), per_call):
-            append_events(workspace=p.workspace, run_id=run_id, events=body[start:start + per_call])
+            append(workspace=p.workspace, run_id=run_id, events=body[start:start + per_call])
     return go
 
 

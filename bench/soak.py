@@ -176,7 +176,7 @@ def main() -> None:
     setup_django(production=True)
     import os
 
-    from ledger.log.append import append_events
+    from ledger.log import append
     from ledger.tenancy.services import bootstrap, create_key
 
     url = os.environ["DATABASE_URL"]
@@ -186,7 +186,7 @@ def main() -> None:
     distinct = [f"run_soak_{n}" for n in range(args.writers)]
     race_run = "run_soak_gateway"
     for run_id in [hot, *distinct, race_run, "run_soak_warm"]:
-        append_events(workspace=workspace, run_id=run_id,
+        append(workspace=workspace, run_id=run_id,
                       events=[{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_soak"}}])
     log_dir = REPO_ROOT / "var" / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)

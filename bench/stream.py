@@ -118,12 +118,12 @@ def append_one(workspace: Any, run_id: str, event: dict[str, Any]) -> tuple[int,
     announcement is sent (append_events' own atomic block becomes a savepoint in this one)."""
     from django.db import transaction
 
-    from ledger.log.append import append_events
+    from ledger.log import append
 
     committed: list[float] = []
     with transaction.atomic():
         transaction.on_commit(lambda: committed.append(time.perf_counter()))
-        result = append_events(workspace=workspace, run_id=run_id, events=[event])
+        result = append(workspace=workspace, run_id=run_id, events=[event])
     return result.last_sequence, committed[0]
 
 

@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "django_tasks",
     "django_tasks_db",
     "ledger",
+    "ledger.reexecution.apps.ReexecutionConfig",
     "console",
 ]
 

@@ -202,7 +202,7 @@ class Event(models.Model):
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
     # db_constraint=False, here and on the step, tool call and cost entry rows (migration 0019):
-    # these rows are written only by the append's one statement (ledger/log/pgappend.py), which takes
+    # these rows are written only by the append's one statement (ledger/log/statements.py), which takes
     # their run_id from the run row it has just inserted or updated, so the reference holds by
     # construction; runs are deleted only by retention, which deletes these rows first. The
     # database's per-row check of it (a deferred trigger, one locking lookup of the run per row)
@@ -237,7 +237,7 @@ class Event(models.Model):
         ]
 
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("events are written only by ledger.log.append.append_events")
+        raise TypeError("events are written only through the log's door, ledger.log.append")
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("the event log is insert-only; retention deletes whole runs, never single events")

@@ -22,7 +22,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from ledger.log.append import AppendResult, append_events
+from ledger.log import AppendResult
+
+from ledger import log
 from ledger.canonical import event_id
 from ledger.models import Workspace
 from ledger.tenancy.services import bootstrap, create_user
@@ -213,6 +215,6 @@ def envelopes(items: list[tuple[str, dict[str, Any]]], *, run_id: str, start: in
 @pytest.fixture
 def append(workspace: Workspace) -> Callable[..., AppendResult]:
     def _append(run_id: str, *events: dict[str, Any], **kwargs: Any) -> AppendResult:
-        return append_events(workspace=workspace, run_id=run_id, events=list(events), **kwargs)
+        return log.append(workspace=workspace, run_id=run_id, events=list(events), **kwargs)
 
     return _append

@@ -17,7 +17,7 @@ from django.db import connection
 
 from ledger.canonical import canonical_json
 from ledger.models import Run, Workspace
-from ledger.log.projection import log_of
+from ledger.log.envelopes import log_of
 from ledger.log.verify import verify_run
 
 

@@ -17,10 +17,10 @@ from tests.conftest import started
 
 @pytest.fixture
 def runs(workspace: Workspace, other_workspace: Workspace) -> None:
-    from ledger.log.append import append_events
+    from ledger.log import append
 
-    append_events(workspace=workspace, run_id="run_a", events=[started()])
-    append_events(workspace=other_workspace, run_id="run_b", events=[started()])
+    append(workspace=workspace, run_id="run_a", events=[started()])
+    append(workspace=other_workspace, run_id="run_b", events=[started()])
 
 
 def test_member_finds_the_run_by_its_id_alone(runs: None, member: Any, workspace: Workspace) -> None:
@@ -38,10 +38,10 @@ def test_another_tenants_run_is_not_found_never_forbidden(runs: None, member: An
 
 
 def test_two_workspaces_holding_the_run_need_a_name(runs: None, member: Any) -> None:
-    from ledger.log.append import append_events
+    from ledger.log import append
 
     second = bootstrap(tenant="acme", workspace="research")
-    append_events(workspace=second, run_id="run_a", events=[started()])
+    append(workspace=second, run_id="run_a", events=[started()])
     with pytest.raises(access.WorkspaceRequired) as refused:
         access.resolve(member, run_id="run_a")
     assert refused.value.code == "workspace_required" and refused.value.status == 400

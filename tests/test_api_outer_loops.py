@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import Workspace
 from ledger.runtime.outer_loop import start_outer_loop
 from ledger.tenancy.services import create_key
@@ -52,7 +52,7 @@ def test_errors_are_the_envelope_and_another_workspace_gets_404(workspace: Works
     assert outsider.status_code == 404 and outsider.json()["error"]["code"] == "not_found"
     assert _client(workspace, ["ingest"]).get("/api/v1/outer-loops/ol_api").status_code == 403
     assert client.get("/api/v1/outer-loops/ol_api").status_code == 401
-    append_events(workspace=workspace, run_id="run_ol_bad", events=[{"type": "RunStarted", "payload": {
+    append(workspace=workspace, run_id="run_ol_bad", events=[{"type": "RunStarted", "payload": {
         "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_bad", "input": {}}}])
     corrupt = reader.get("/api/v1/outer-loops/ol_bad")
     assert corrupt.status_code == 409 and corrupt.json()["error"]["code"] == "outer_loop_manifest_corrupt"
@@ -67,7 +67,7 @@ def test_the_schema_names_exactly_the_fields_returned_done_and_pending(workspace
     start_outer_loop(workspace=workspace, workflow="rt_refine", input={}, max_cycles=2, supervise="rt_never_done",
                      outer_loop_id="ol_api_tired")
     _matches(OuterLoopSerializer(), reader.get("/api/v1/outer-loops/ol_api_tired").json(), "exhausted")
-    append_events(workspace=workspace, run_id="run_ol_api_waiting", events=[{"type": "RunStarted", "payload": {
+    append(workspace=workspace, run_id="run_ol_api_waiting", events=[{"type": "RunStarted", "payload": {
         "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_api_waiting", "input": {},
         "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"}, "maxCycles": 2}}}])
     pending = reader.get("/api/v1/outer-loops/ol_api_waiting").json()

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.demo.data import _summarize_run
 from ledger.log.leases import acquire_run_lease
 from ledger.models import Artifact, Run, Workspace
@@ -84,8 +84,8 @@ def rich_run(workspace: Workspace) -> str:
     big = {"type": "StepCompleted", "payload": {"stepPath": "attach", "attempt": 1, "output": {"blob": "x" * 300_000}}}
     events[-1:-1] = [{"type": "StepScheduled", "payload": {"stepPath": "attach"}},
                      {"type": "StepAttemptStarted", "payload": {"stepPath": "attach", "attempt": 1}}, big]
-    append_events(workspace=workspace, run_id="run_rich", events=events)
-    append_events(workspace=workspace, run_id="run_rich_child",
+    append(workspace=workspace, run_id="run_rich", events=events)
+    append(workspace=workspace, run_id="run_rich_child",
                   events=[started("wfver_child", parentRunId="run_rich")])
     return "run_rich"
 
@@ -272,7 +272,7 @@ def test_unknown_run_is_404(api: httpx.Client) -> None:
 
 
 def test_unpriced_run_reports_null_cost(api: httpx.Client, workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id="run_unpriced", events=_summarize_run(("acme.chat", "house"), finish=True))
+    append(workspace=workspace, run_id="run_unpriced", events=_summarize_run(("acme.chat", "house"), finish=True))
     usage = api.get(f"{V1}/runs/run_unpriced").json()["usage"]
     assert usage["costUsd"] is None and usage["unpricedCalls"] == 2 and usage["pricedCalls"] == 0
 
@@ -394,7 +394,7 @@ def test_evidence_reports_a_tampered_artifact(api: httpx.Client, rich_run: str, 
 
 
 def test_replay_plan(api: httpx.Client, workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id="run_crashed", events=_summarize_run(("openai", "gpt-4o"), finish=False))
+    append(workspace=workspace, run_id="run_crashed", events=_summarize_run(("openai", "gpt-4o"), finish=False))
     plan = api.get(f"{V1}/runs/run_crashed/replay-plan").json()
     assert set(plan) == {"runId", "steps", "completedStepPaths", "pendingStepPaths", "sessions", "integrity",
                          "replayReady"}
@@ -492,9 +492,9 @@ def test_session_outsider_gets_404(server: str, rich_run: str, workspace: Worksp
 @pytest.fixture
 def usage_runs(workspace: Workspace) -> None:
     research = bootstrap(tenant="acme", workspace="research")
-    append_events(workspace=workspace, run_id="run_u1", events=_summarize_run(("openai", "gpt-4o-mini"), finish=True))
-    append_events(workspace=workspace, run_id="run_u2", events=_summarize_run(("acme.chat", "house"), finish=True))
-    append_events(workspace=research, run_id="run_u3", events=_summarize_run(("openai", "gpt-4o"), finish=True))
+    append(workspace=workspace, run_id="run_u1", events=_summarize_run(("openai", "gpt-4o-mini"), finish=True))
+    append(workspace=workspace, run_id="run_u2", events=_summarize_run(("acme.chat", "house"), finish=True))
+    append(workspace=research, run_id="run_u3", events=_summarize_run(("openai", "gpt-4o"), finish=True))
 
 
 def test_usage_grouped_by_model_day_workflow_and_workspace(api: httpx.Client, usage_runs: None) -> None:

@@ -15,7 +15,7 @@ from rest_framework import serializers
 
 from console.api import schema
 from ledger.reads import selectors, serialize
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
 from ledger.models import Artifact, Run, Workspace
@@ -46,7 +46,7 @@ def _matches(shape: serializers.Serializer, data: Any, where: str) -> None:
 @pytest.fixture
 def run(workspace: Workspace) -> Run:
     path = "answer"
-    append_events(workspace=workspace, run_id="run_shapes", events=[
+    append(workspace=workspace, run_id="run_shapes", events=[
         {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_s", "input": {"q": 1}}},
         {"type": "StepScheduled", "payload": {"stepPath": path}},
         {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
@@ -59,7 +59,7 @@ def run(workspace: Workspace) -> Run:
         {"type": "StepCompleted", "payload": {"stepPath": path, "attempt": 1, "output": {"big": "x" * 300_000}}},
         {"type": "RunCompleted", "payload": {"output": 1}},
     ])
-    append_events(workspace=workspace, run_id="run_shapes_sub", events=[
+    append(workspace=workspace, run_id="run_shapes_sub", events=[
         {"type": "RunStarted", "payload": {"workflowVersionId": "w", "parentRunId": "run_shapes"}}])
     found = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id="run_shapes")
     record_feedback(run=found, rating=4, category="tone", comment="fine")

@@ -12,7 +12,7 @@ from channels.layers import get_channel_layer
 
 from ledger import errors
 from ledger.log.announce import group_for
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.canonical import canonical_json, event_id
 from ledger.models import Event, Run
 from tests.conftest import ev, started
@@ -38,7 +38,7 @@ def test_appends_get_dense_sequences_and_reproducible_ids(append) -> None:
 def test_vector_log_appends_with_the_vector_ids(workspace) -> None:
     vectors = json.loads(open("tests/data/vectors.json").read())["events"]
     log = [v for v in vectors if v["runId"] == "run_order"]
-    result = append_events(workspace=workspace, run_id="run_order",
+    result = append(workspace=workspace, run_id="run_order",
                            events=[{"type": v["type"], "payload": v["payload"]} for v in log])
     assert [e["eventId"] for e in result.events] == [v["eventId"] for v in log]
 
@@ -246,8 +246,8 @@ def test_announcement_is_sent_after_commit_with_run_sequence_status_and_the_stor
 
 
 def test_run_ids_are_per_workspace(workspace, other_workspace) -> None:
-    append_events(workspace=workspace, run_id="run_same", events=[started()])
-    append_events(workspace=other_workspace, run_id="run_same", events=[started(), ev("StepScheduled", stepPath="s")])
+    append(workspace=workspace, run_id="run_same", events=[started()])
+    append(workspace=other_workspace, run_id="run_same", events=[started(), ev("StepScheduled", stepPath="s")])
     assert Run.objects.get(workspace=workspace, run_id="run_same").last_sequence == 1
     assert Run.objects.get(workspace=other_workspace, run_id="run_same").last_sequence == 2
 

@@ -1,5 +1,5 @@
 """A long batch written in parts whose statements overlap the preparing of the next part
-(ledger/log/append.py `_append_pipelined`, ledger/log/pgappend.py `pipeline`): one transaction, so the
+(ledger/log/append.py `_append_pipelined`, ledger/log/statements.py `pipeline`): one transaction, so the
 batch is still all or nothing, and every refusal is the one the usual way gives.
 
 Transactional tests: the parts are taken only on a guess from the process's state cache, which
@@ -15,14 +15,16 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from ledger.log import append as append_module
-from ledger.log import pgappend, projection
-from ledger.log.append import PIPELINE_FROM, PIPELINE_PART, append_events
+from ledger.log import strategies as append_module
+from ledger.log import projection, states, statements
+from ledger.log.strategies import PIPELINE_FROM, PIPELINE_PART
+from ledger.log import append
 from ledger.errors import Fenced, IdempotencyConflict, InvalidEvent, SequenceConflict
 from ledger.fold import fold
 from ledger.log.leases import acquire_run_lease, new_owner
 from ledger.models import CostEntry, Event, Run, ToolCall, Workspace
-from ledger.log.projection import differences, log_of, prices_for
+from ledger.log.projection import differences, prices_for
+from ledger.log.envelopes import log_of
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
@@ -40,13 +42,13 @@ def ws() -> Workspace:
 def parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of events of every part statement sent (a spy: the statements still run)."""
     sent: list[int] = []
-    update_head = pgappend.Pipeline.update_head
+    update_head = statements.Pipeline.update_head
 
-    def spy(self: pgappend.Pipeline, run_pk: int, before: int, events: Any, *args: Any) -> None:
+    def spy(self: statements.Pipeline, run_pk: int, before: int, events: Any, *args: Any) -> None:
         sent.append(len(events))
         update_head(self, run_pk, before, events, *args)
 
-    monkeypatch.setattr(pgappend.Pipeline, "update_head", spy)
+    monkeypatch.setattr(statements.Pipeline, "update_head", spy)
     return sent
 
 
@@ -79,8 +81,8 @@ def _projections_equal_the_fold(ws: Workspace, run_id: str) -> None:
 
 
 def _cached_run(ws: Workspace, run_id: str) -> None:
-    append_events(workspace=ws, run_id=run_id, events=[started()])
-    append_events(workspace=ws, run_id=run_id, events=[ev("custom.warm")])  # the cache holds the run
+    append(workspace=ws, run_id=run_id, events=[started()])
+    append(workspace=ws, run_id=run_id, events=[ev("custom.warm")])  # the cache holds the run
 
 
 def _pipelined(parts: list[int], expected: list[int]) -> None:
@@ -94,7 +96,7 @@ def test_a_long_batch_lands_whole_with_its_projections(ws: Workspace, parts: lis
     _cached_run(ws, "run_p")
     items = _work(LONG, "a")
 
-    result = append_events(workspace=ws, run_id="run_p", events=items)
+    result = append(workspace=ws, run_id="run_p", events=items)
 
     _pipelined(parts, [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])
     assert result.last_sequence == 2 + LONG
@@ -110,7 +112,7 @@ def test_a_long_batch_lands_whole_with_its_projections(ws: Workspace, parts: lis
     assert CostEntry.objects.filter(run=run).count() == (LONG + 2) // 3
     _projections_equal_the_fold(ws, "run_p")
     # The cache followed the batch: the next append's guess is right.
-    assert append_events(workspace=ws, run_id="run_p", events=[ev("custom.after")]).last_sequence == 3 + LONG
+    assert append(workspace=ws, run_id="run_p", events=[ev("custom.after")]).last_sequence == 3 + LONG
 
 
 def test_an_invalid_item_in_a_later_part_writes_nothing(ws: Workspace, parts: list[int]) -> None:
@@ -120,7 +122,7 @@ def test_an_invalid_item_in_a_later_part_writes_nothing(ws: Workspace, parts: li
     items[bad] = {"type": "custom.bad", "payload": {"text": "nul \u0000 here"}}
 
     with pytest.raises(InvalidEvent) as refused:
-        append_events(workspace=ws, run_id="run_i", events=items)
+        append(workspace=ws, run_id="run_i", events=items)
 
     assert refused.value.details["index"] == bad
     _pipelined(parts, [PIPELINE_PART])  # the first part went out and was rolled back
@@ -129,19 +131,19 @@ def test_an_invalid_item_in_a_later_part_writes_nothing(ws: Workspace, parts: li
     assert not ToolCall.objects.filter(run__run_id="run_i").exists()
     assert not CostEntry.objects.filter(run__run_id="run_i").exists()
     _projections_equal_the_fold(ws, "run_i")
-    assert append_events(workspace=ws, run_id="run_i", events=_work(LONG, "b")).last_sequence == 2 + LONG
+    assert append(workspace=ws, run_id="run_i", events=_work(LONG, "b")).last_sequence == 2 + LONG
 
 
 def test_a_stale_guess_rolls_every_part_back_and_the_locked_path_appends(ws: Workspace, parts: list[int]) -> None:
     _cached_run(ws, "run_s")
-    from ledger.log.projection import STATES
+    from ledger.log.states import STATES
 
     stale = STATES.take(ws.pk, "run_s", prices_for(ws).version)
     assert stale is not None
-    append_events(workspace=ws, run_id="run_s", events=[ev("custom.elsewhere")])  # another process
+    append(workspace=ws, run_id="run_s", events=[ev("custom.elsewhere")])  # another process
     STATES.put(ws.pk, "run_s", stale)
 
-    result = append_events(workspace=ws, run_id="run_s", events=_work(LONG, "c"))
+    result = append(workspace=ws, run_id="run_s", events=_work(LONG, "c"))
 
     _pipelined(parts, [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])  # sent, then missed
     assert result.last_sequence == 3 + LONG
@@ -154,12 +156,12 @@ def test_a_fenced_run_refuses_a_long_batch_without_its_token(ws: Workspace) -> N
     lease = acquire_run_lease(workspace=ws, run_id="run_f", owner=new_owner())
 
     with pytest.raises(Fenced):
-        append_events(workspace=ws, run_id="run_f", events=_work(LONG, "d"))
+        append(workspace=ws, run_id="run_f", events=_work(LONG, "d"))
     with pytest.raises(Fenced):
-        append_events(workspace=ws, run_id="run_f", events=_work(LONG, "d"), fencing_token=lease.fencing_token - 1)
+        append(workspace=ws, run_id="run_f", events=_work(LONG, "d"), fencing_token=lease.fencing_token - 1)
     assert _sequences("run_f") == [1, 2]
 
-    done = append_events(workspace=ws, run_id="run_f", events=_work(LONG, "d"), fencing_token=lease.fencing_token)
+    done = append(workspace=ws, run_id="run_f", events=_work(LONG, "d"), fencing_token=lease.fencing_token)
     assert done.last_sequence == 2 + LONG
     _projections_equal_the_fold(ws, "run_f")
 
@@ -168,12 +170,12 @@ def test_expected_sequence_guards_a_long_batch(ws: Workspace) -> None:
     _cached_run(ws, "run_e")
 
     with pytest.raises(SequenceConflict):
-        append_events(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=1)
+        append(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=1)
     for wrong in (True, -1, "2", 2.0):  # True == 1 and 2.0 == 2 in Python: refused before any guess
         with pytest.raises(InvalidEvent):
-            append_events(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=wrong)
+            append(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=wrong)
     assert _sequences("run_e") == [1, 2]
-    done = append_events(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=2)
+    done = append(workspace=ws, run_id="run_e", events=_work(LONG, "e"), expected_sequence=2)
 
     assert done.last_sequence == 2 + LONG
 
@@ -184,7 +186,7 @@ def test_idempotency_keys_across_parts(ws: Workspace, parts: list[int]) -> None:
     # The same key twice in one batch, in different parts: one event, the second a replay.
     items[PIPELINE_PART + 1] = dict(items[1])
 
-    first = append_events(workspace=ws, run_id="run_k", events=items)
+    first = append(workspace=ws, run_id="run_k", events=items)
 
     assert first.events[PIPELINE_PART + 1]["replayed"] is True
     assert first.events[PIPELINE_PART + 1]["eventId"] == first.events[1]["eventId"]
@@ -192,7 +194,7 @@ def test_idempotency_keys_across_parts(ws: Workspace, parts: list[int]) -> None:
     assert _sequences("run_k") == list(range(1, 2 + LONG))
     parts.clear()
 
-    again = append_events(workspace=ws, run_id="run_k", events=items)
+    again = append(workspace=ws, run_id="run_k", events=items)
     assert all(e["replayed"] for e in again.events)
     assert [e["eventId"] for e in again.events] == [e["eventId"] for e in first.events]
     assert Run.objects.get(run_id="run_k").last_sequence == 2 + LONG - 1
@@ -200,7 +202,7 @@ def test_idempotency_keys_across_parts(ws: Workspace, parts: list[int]) -> None:
     changed = [dict(item) for item in items]
     changed[PIPELINE_PART * 2] = {**changed[PIPELINE_PART * 2], "payload": {"other": True}, "type": "custom.x"}
     with pytest.raises(IdempotencyConflict):
-        append_events(workspace=ws, run_id="run_k", events=changed)
+        append(workspace=ws, run_id="run_k", events=changed)
     assert _sequences("run_k") == list(range(1, 2 + LONG))
     _projections_equal_the_fold(ws, "run_k")
 
@@ -209,7 +211,7 @@ def test_a_batch_that_moves_the_run_takes_the_usual_way(ws: Workspace, parts: li
     _cached_run(ws, "run_c")
     items = [*_work(LONG, "g"), ev("RunCompleted", output={"ok": True})]
 
-    done = append_events(workspace=ws, run_id="run_c", events=items)
+    done = append(workspace=ws, run_id="run_c", events=items)
 
     assert parts == []
     assert done.last_sequence == 3 + LONG
@@ -219,24 +221,24 @@ def test_a_batch_that_moves_the_run_takes_the_usual_way(ws: Workspace, parts: li
 
 def test_a_part_reads_back_the_calls_a_compacted_state_left_out(
         ws: Workspace, parts: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(projection, "COMPACT_AT", 4)
-    projection.STATES.clear()
+    monkeypatch.setattr(states, "COMPACT_AT", 4)
+    states.STATES.clear()
     _cached_run(ws, "run_r")
     opened = [ev("harness.tool_call.started", callId=f"open{i}", caller="agent", toolName="lookup", args={"i": i})
               for i in range(LONG)]
-    append_events(workspace=ws, run_id="run_r", events=opened)  # cached compacted: the calls left out
+    append(workspace=ws, run_id="run_r", events=opened)  # cached compacted: the calls left out
     parts.clear()
     # Every part ends calls the cache no longer holds: each reads them back inside the pipeline.
     closing = [ev("harness.tool_call.succeeded", callId=f"open{i}", result={"i": i}, durationMs=1)
                for i in range(LONG)]
 
-    done = append_events(workspace=ws, run_id="run_r", events=closing)
+    done = append(workspace=ws, run_id="run_r", events=closing)
 
     _pipelined(parts, [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])
     assert done.last_sequence == 2 + 2 * LONG
     assert ToolCall.objects.filter(run__run_id="run_r", status="succeeded").count() == LONG
     _projections_equal_the_fold(ws, "run_r")
-    projection.STATES.clear()
+    states.STATES.clear()
 
 
 def test_concurrent_long_batches_leave_a_dense_log(ws: Workspace) -> None:
@@ -246,7 +248,7 @@ def test_concurrent_long_batches_leave_a_dense_log(ws: Workspace) -> None:
     def writer(n: int) -> None:
         try:
             for k in range(3):
-                append_events(workspace=ws, run_id="run_w", events=[ev("custom.w", writer=n, k=k, i=i)
+                append(workspace=ws, run_id="run_w", events=[ev("custom.w", writer=n, k=k, i=i)
                                                                       for i in range(LONG)])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

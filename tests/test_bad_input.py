@@ -12,7 +12,9 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from ledger.log.append import append_events, validate_run_id
+from ledger.log import append
+
+from ledger.log.prepare import validate_run_id
 from ledger.errors import InvalidEvent, InvalidRunId
 from ledger.limits import MAX_JSON_DEPTH
 from ledger.models import Run
@@ -257,7 +259,7 @@ def test_the_write_path_refuses_nul_whoever_calls_it(workspace) -> None:
                           ([{**started(), "idempotencyKey": "\u0000"}], "idempotencyKey"),
                           ([started(x={"y\u0000": 1})], "payload.x.y\u0000")]:
         with pytest.raises(InvalidEvent) as refused:
-            append_events(workspace=workspace, run_id="run_n", events=events)
+            append(workspace=workspace, run_id="run_n", events=events)
         assert refused.value.details["field"] == field
     assert not Run.objects.filter(run_id="run_n").exists()
 

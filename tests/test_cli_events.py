@@ -48,10 +48,10 @@ def test_events_of_an_unknown_run_prints_nothing_and_exits_1(workspace) -> None:
 
 
 def test_events_needs_the_workspace_when_the_run_id_is_ambiguous(workspace, other_workspace, append) -> None:
-    from ledger.log.append import append_events
+    from ledger import log
 
     append("run_same", started())
-    append_events(workspace=other_workspace, run_id="run_same", events=[started(), ev("StepScheduled", stepPath="x")])
+    log.append(workspace=other_workspace, run_id="run_same", events=[started(), ev("StepScheduled", stepPath="x")])
     code, _, err = run("events", "run_same")
     assert code == 1 and "--workspace" in err
     _, out, _ = run("events", "run_same", "--workspace", "globex/main")

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 
 from ledger.reads import selectors
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.log.leases import acquire_run_lease
 from ledger.models import Run as RunRow, Workspace
 from ledger.tenancy.services import create_key
@@ -113,7 +113,7 @@ def test_errors_are_typed_by_their_code(client: Client, workspace: Workspace) ->
 
 
 def test_another_tenants_run_is_not_found(client: Client, server: Daphne, other_workspace: Workspace) -> None:
-    append_events(workspace=other_workspace, run_id="run_theirs", events=[started()])
+    append(workspace=other_workspace, run_id="run_theirs", events=[started()])
     with pytest.raises(NotFound):
         client.get_run("run_theirs")
     with pytest.raises(NotFound):
@@ -174,7 +174,7 @@ def test_the_run_context_ends_the_run(client: Client, workspace: Workspace) -> N
 def test_check_sequence_refuses_when_another_writer_got_in_between(client: Client, workspace: Workspace) -> None:
     run = client.start_run("wfver_seq", run_id="run_two_writers", check_sequence=True)
     run.append([ev("StepScheduled", stepPath="mine")])
-    append_events(workspace=workspace, run_id="run_two_writers", events=[ev("StepScheduled", stepPath="theirs")])
+    append(workspace=workspace, run_id="run_two_writers", events=[ev("StepScheduled", stepPath="theirs")])
     with pytest.raises(SequenceConflict) as refused:
         run.append([ev("StepScheduled", stepPath="mine again")])
     assert refused.value.actual == 3

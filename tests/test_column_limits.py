@@ -13,7 +13,7 @@ from django.db import models
 from django.test import Client
 
 from ledger.models import CostEntry, DailyUsage, Event, MonthlyUsage, Run, Step, ToolCall
-from ledger.log.projection import log_of
+from ledger.log.envelopes import log_of
 from ledger.tenancy.services import create_key
 from ledger.log.vocabulary import COLUMN_LIMITS, INT32_MAX, MODEL_COLUMN_LIMITS, VOCABULARY
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import Event, Run
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
@@ -20,7 +20,7 @@ APPENDS_PER_THREAD = 200
 @pytest.mark.django_db(transaction=True)
 def test_eight_writers_leave_a_dense_log() -> None:
     workspace = bootstrap(tenant="acme", workspace="support")
-    append_events(workspace=workspace, run_id="run_hot", events=[started()])
+    append(workspace=workspace, run_id="run_hot", events=[started()])
     returned: list[list[int]] = [[] for _ in range(THREADS)]
     failures: list[BaseException] = []
     barrier = threading.Barrier(THREADS)
@@ -29,7 +29,7 @@ def test_eight_writers_leave_a_dense_log() -> None:
         try:
             barrier.wait()
             for i in range(APPENDS_PER_THREAD):
-                result = append_events(workspace=workspace, run_id="run_hot",
+                result = append(workspace=workspace, run_id="run_hot",
                                        events=[ev("custom.tick", writer=n, i=i)])
                 returned[n].append(result.events[0]["sequence"])
         except BaseException as exc:  # surfaced below with the thread's own traceback
@@ -62,7 +62,7 @@ def test_concurrent_first_appends_create_one_run() -> None:
     def starter() -> None:
         try:
             barrier.wait()
-            append_events(workspace=workspace, run_id="run_race", events=[started()])
+            append(workspace=workspace, run_id="run_race", events=[started()])
             outcomes.append("ok")
         except Exception as exc:
             outcomes.append(getattr(exc, "code", repr(exc)))
@@ -84,11 +84,11 @@ def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
     commits first. On PostgreSQL B's conditional head update waits for A's row, re-checks its
     guess against A's committed head, misses, writes nothing, and B appends under the lock after
     A. (On SQLite B queues on the database lock.) The log stays dense either way."""
-    from ledger.log.append import append_locked, lock_head
+    from ledger.log import holding
 
     workspace = bootstrap(tenant="acme", workspace="support")
-    append_events(workspace=workspace, run_id="run_race", events=[started()])
-    append_events(workspace=workspace, run_id="run_race", events=[ev("custom.warm")])  # cached at 2
+    append(workspace=workspace, run_id="run_race", events=[started()])
+    append(workspace=workspace, run_id="run_race", events=[ev("custom.warm")])  # cached at 2
     a_locked, a_may_append = threading.Event(), threading.Event()
     results: dict[str, int] = {}
     failures: list[BaseException] = []
@@ -96,11 +96,10 @@ def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
     def writer_a() -> None:
         try:
             with transaction.atomic():
-                run = lock_head(workspace=workspace, run_id="run_race")
-                assert run is not None
+                head = holding(workspace=workspace, run_id="run_race")
                 a_locked.set()
                 a_may_append.wait(timeout=120)
-                results["a"] = append_locked(run=run, events=[ev("custom.a")]).last_sequence
+                results["a"] = head.append([ev("custom.a")]).last_sequence
         except BaseException as exc:
             failures.append(exc)
         finally:
@@ -108,7 +107,7 @@ def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
 
     def writer_b() -> None:
         try:
-            results["b"] = append_events(workspace=workspace, run_id="run_race",
+            results["b"] = append(workspace=workspace, run_id="run_race",
                                          events=[ev("custom.b")]).last_sequence
         except BaseException as exc:
             failures.append(exc)
@@ -134,7 +133,7 @@ def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
 
 
 def _wait_for_head_update_blocked_on_a_lock() -> None:
-    """Until another session's guessed head update (ledger/log/pgappend.py) waits on a row lock."""
+    """Until another session's guessed head update (ledger/log/statements.py) waits on a row lock."""
     for _ in range(1200):
         with connection.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "

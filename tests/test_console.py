@@ -19,7 +19,7 @@ def run_url(append) -> str:
 
 
 def test_home_lands_in_the_workspace_with_the_newest_run(client: Client, member, append) -> None:
-    from ledger.log.append import append_events
+    from ledger import log
     from ledger.tenancy.services import bootstrap
 
     research = bootstrap(tenant="acme", workspace="research")
@@ -27,7 +27,7 @@ def test_home_lands_in_the_workspace_with_the_newest_run(client: Client, member,
     assert client.get("/")["Location"] == "/w/acme/research/"  # no runs anywhere: by name
     append("run_old", started())
     assert client.get("/")["Location"] == "/w/acme/support/"
-    append_events(workspace=research, run_id="run_new", events=[started()])
+    log.append(workspace=research, run_id="run_new", events=[started()])
     assert client.get("/")["Location"] == "/w/acme/research/"
 
 

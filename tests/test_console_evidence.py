@@ -15,7 +15,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from ledger.log import artifacts
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.canonical import digest
 from ledger.models import Workspace
 from tests.conftest import ev, started
@@ -62,7 +62,7 @@ def _chat_run(workspace: Workspace, run_id: str = RUN) -> None:
     between them, a failed tool call, a model call that failed and was retried, a long result
     and an artifact; then a second step that failed."""
     report = artifacts.store_bytes(workspace, b'{"report": true}')
-    append_events(workspace=workspace, run_id=run_id, events=[
+    append(workspace=workspace, run_id=run_id, events=[
         started(label="chat"),
         ev("StepScheduled", stepPath="draft"), ev("StepAttemptStarted", stepPath="draft", attempt=1),
         _session("draft"),
@@ -139,7 +139,7 @@ def test_long_texts_fold_and_artifacts_link(browser: Client, chat_run: str) -> N
 
 def test_a_run_of_the_runtime_reads_the_same_way(browser: Client, workspace: Workspace) -> None:
     """Our runtime records only the new messages of each turn (`messagesFrom`): said as such."""
-    append_events(workspace=workspace, run_id="run_rt", events=[
+    append(workspace=workspace, run_id="run_rt", events=[
         started(), ev("StepScheduled", stepPath="draft"), ev("StepAttemptStarted", stepPath="draft", attempt=1),
         _session("draft"),
         *_turn("draft", 1, [{"role": "user", "content": "hi"}], {"text": "hello"}),
@@ -150,7 +150,7 @@ def test_a_run_of_the_runtime_reads_the_same_way(browser: Client, workspace: Wor
 
 
 def test_a_run_without_sessions_says_so(browser: Client, workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id="run_plain", events=[started()])
+    append(workspace=workspace, run_id="run_plain", events=[started()])
     assert "No harness sessions, model calls or tool calls" in _page(browser, "/w/acme/support/runs/run_plain/conversation/")
 
 
@@ -267,10 +267,10 @@ def test_an_overlong_search_is_a_readable_400(browser: Client, chat_run: str) ->
 
 def _family(workspace: Workspace) -> None:
     _chat_run(workspace)
-    append_events(workspace=workspace, run_id="run_kid", events=[
+    append(workspace=workspace, run_id="run_kid", events=[
         started(parentRunId=RUN), ev("StepScheduled", stepPath="inner"), ev("StepAttemptStarted", stepPath="inner", attempt=1),
         ev("StepCompleted", stepPath="inner", attempt=1, output=1), ev("RunCompleted")])
-    append_events(workspace=workspace, run_id="run_grandkid", events=[started(parentRunId="run_kid")])
+    append(workspace=workspace, run_id="run_grandkid", events=[started(parentRunId="run_kid")])
 
 
 def test_the_waterfall_nests_steps_sessions_calls_and_sub_runs(browser: Client, workspace: Workspace) -> None:
@@ -336,8 +336,8 @@ def test_a_viewer_may_read_them(client: Client, viewer: Any, chat_run: str, url:
 
 def _long_chat(workspace: Workspace, run_id: str, total: int) -> None:
     """A run of `total` events: sessions of a model turn and a tool call each, over many steps."""
-    append_events(workspace=workspace, run_id=run_id, events=[started()])
-    append_events(workspace=workspace, run_id=f"{run_id}_kid", events=[started(parentRunId=run_id)])
+    append(workspace=workspace, run_id=run_id, events=[started()])
+    append(workspace=workspace, run_id=f"{run_id}_kid", events=[started(parentRunId=run_id)])
     block: list[dict[str, Any]] = []
     written, n = 1, 0
     while written < total:
@@ -351,7 +351,7 @@ def _long_chat(workspace: Workspace, run_id: str, total: int) -> None:
         written += len(events)
         n += 1
         if len(block) >= 2000 or written >= total:
-            append_events(workspace=workspace, run_id=run_id, events=block)
+            append(workspace=workspace, run_id=run_id, events=block)
             block = []
 
 

@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from console.format import money
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import Workspace
 from ledger.runtime.outer_loop import cycle_run_id, read_loop, record_run_id, start_outer_loop
 from tests.loop_workflows import reset_loop_registrations
@@ -78,13 +78,13 @@ def test_another_tenant_and_unknown_or_malformed_loops_are_404(client: Client, o
 def test_a_pending_cycle_shows_its_reserved_run_and_a_corrupt_record_is_a_readable_409(
         client: Client, member: Any, workspace: Workspace) -> None:
     client.force_login(member)
-    append_events(workspace=workspace, run_id="run_ol_waiting", events=[{"type": "RunStarted", "payload": {
+    append(workspace=workspace, run_id="run_ol_waiting", events=[{"type": "RunStarted", "payload": {
         "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_waiting", "input": {},
         "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"}, "maxCycles": 2}}}])
     html = client.get("/w/acme/support/loops/ol_waiting/").content.decode()
     assert 'data-cycle="1"' in html and "run_ol_waiting_c1" in html and "reserved for this cycle" in html
     assert 'href="/w/acme/support/runs/run_ol_waiting_c1/"' not in html  # not started: nothing to link to
-    append_events(workspace=workspace, run_id="run_ol_bad", events=[
+    append(workspace=workspace, run_id="run_ol_bad", events=[
         {"type": "RunStarted", "payload": {
             "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_bad", "input": {},
             "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"}, "maxCycles": 2}}},

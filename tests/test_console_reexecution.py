@@ -289,14 +289,14 @@ def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Ru
 def test_plan_changed_since_the_request_is_refused_at_approval(
     people: dict[str, User], workspace: Workspace,
 ) -> None:
-    from ledger.log.append import append_events
+    from ledger.log import append
     from tests.conftest import ev, started
 
-    append_events(workspace=workspace, run_id="run_open", events=[
+    append(workspace=workspace, run_id="run_open", events=[
         started(), ev("StepScheduled", stepPath="a"), ev("StepAttemptStarted", stepPath="a", attempt=1)])
     rx = services.request_reexecution(workspace=workspace, run_id="run_open", mode="rerun", reason="x",
                                       by=people["carol"])
-    append_events(workspace=workspace, run_id="run_open", events=[ev("StepCompleted", stepPath="a", attempt=1)])
+    append(workspace=workspace, run_id="run_open", events=[ev("StepCompleted", stepPath="a", attempt=1)])
     response = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "fine"})
     assert response.status_code == 409 and "changed since the request" in response.content.decode()
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from ledger.log import artifacts
 from ledger.replay import gateway
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.canonical import digest
 from ledger.models import Event, Feedback, ToolGatewayClaim, Workspace
 from tests.conftest import ev, started
@@ -65,7 +65,7 @@ def _rich_run(workspace: Workspace, run_id: str = RUN, *, extra_steps: int = 0) 
         path = f"extra{n}"
         events += [ev("StepScheduled", stepPath=path), ev("StepAttemptStarted", stepPath=path, attempt=1),
                    _session(path), *_model_events(path, 1, MINI), ev("StepCompleted", stepPath=path, attempt=1, output=n)]
-    append_events(workspace=workspace, run_id=run_id, events=events)
+    append(workspace=workspace, run_id=run_id, events=events)
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_unknown_run_or_tab_is_404(client: Client, member: Any, rich_run: str, u
 
 def test_header_shows_status_workflow_cost_and_parent(client: Client, member: Any, workspace: Workspace,
                                                       rich_run: str) -> None:
-    append_events(workspace=workspace, run_id="run_child", events=[started("wf_child", parentRunId=RUN)])
+    append(workspace=workspace, run_id="run_child", events=[started("wf_child", parentRunId=RUN)])
     client.force_login(member)
     html = client.get(BASE).content.decode()
     assert '<span class="mono run-id">run_page</span>' in html
@@ -158,7 +158,7 @@ def test_header_shows_status_workflow_cost_and_parent(client: Client, member: An
 
 
 def test_an_unpriced_run_costs_n_a(client: Client, member: Any, workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id="run_unpriced", events=[
+    append(workspace=workspace, run_id="run_unpriced", events=[
         started(), ev("StepScheduled", stepPath="a"), *_model_events("a", 1, UNPRICED)])
     client.force_login(member)
     html = client.get("/w/acme/support/runs/run_unpriced/").content.decode()
@@ -197,7 +197,7 @@ def _origin_badges(html: str) -> dict[int, str | None]:
 def test_only_model_and_tool_events_carry_an_origin_badge(client: Client, member: Any, workspace: Workspace) -> None:
     """DESIGN.md §3: a re-execution writes `origin` on model and tool events; an original run's
     calls happened live; no other event has an origin, whatever its payload says."""
-    append_events(workspace=workspace, run_id="run_origins", events=[
+    append(workspace=workspace, run_id="run_origins", events=[
         started(),
         ev("StepScheduled", stepPath="a"),
         _session("a"),
@@ -219,7 +219,7 @@ def test_only_model_and_tool_events_carry_an_origin_badge(client: Client, member
 
 def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(client: Client, member: Any,
                                                                      workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id="run_long", events=[started()] + [
+    append(workspace=workspace, run_id="run_long", events=[started()] + [
         ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 451)])
     client.force_login(member)
     base = "/w/acme/support/runs/run_long/timeline/"
@@ -245,7 +245,7 @@ def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(client: Cli
 
 
 def test_a_finished_run_says_finished_and_is_not_live(client: Client, member: Any, workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id="run_done", events=[started(), ev("RunCompleted")])
+    append(workspace=workspace, run_id="run_done", events=[started(), ev("RunCompleted")])
     client.force_login(member)
     html = client.get("/w/acme/support/runs/run_done/").content.decode()
     assert '<span id="live-status" data-state="finished">finished</span>' in html
@@ -356,7 +356,7 @@ def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(client: Cli
                                                                      workspace: Workspace) -> None:
     def run(run_id: str, parent: str | None, *tail: dict[str, Any], model: dict[str, str] = MINI) -> None:
         extra = {"parentRunId": parent} if parent else {}
-        append_events(workspace=workspace, run_id=run_id, events=[
+        append(workspace=workspace, run_id=run_id, events=[
             started(f"wf_{run_id}", **extra), ev("StepScheduled", stepPath="a"),
             *_model_events("a", 1, model, inp=1_000_000, out=0), *tail])
 
@@ -364,7 +364,7 @@ def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(client: Cli
     run("run_ok", "run_root", ev("RunCompleted"))
     run("run_mid", "run_root", ev("RunCompleted"), model=UNPRICED)
     run("run_leaf", "run_mid", ev("RunFailed", error={"message": "boom"}))
-    append_events(workspace=workspace, run_id="run_elsewhere", events=[started()])  # not family
+    append(workspace=workspace, run_id="run_elsewhere", events=[started()])  # not family
 
     client.force_login(member)
     html = client.get("/w/acme/support/runs/run_root/subruns/").content.decode()
@@ -568,10 +568,10 @@ def test_anonymous_posts_are_sent_to_login(client: Client, rich_run: str) -> Non
 
 
 def _big_run(workspace: Workspace, run_id: str, total: int) -> None:
-    append_events(workspace=workspace, run_id=run_id, events=[started()])
+    append(workspace=workspace, run_id=run_id, events=[started()])
     batch = 2500
     for start in range(2, total + 1, batch):
-        append_events(workspace=workspace, run_id=run_id, events=[
+        append(workspace=workspace, run_id=run_id, events=[
             ev("custom.tick", n=n) for n in range(start, min(start + batch, total + 1))])
 
 
@@ -617,8 +617,8 @@ def test_tabs_take_as_many_queries_for_a_large_run_as_for_a_small_one(
     _rich_run(workspace, "run_few", extra_steps=2)
     _rich_run(workspace, "run_many", extra_steps=120)
     for n in range(5):  # sub-runs for the tree
-        append_events(workspace=workspace, run_id=f"run_kid{n}", events=[started(parentRunId="run_many")])
-        append_events(workspace=workspace, run_id=f"run_grandkid{n}", events=[started(parentRunId=f"run_kid{n}")])
+        append(workspace=workspace, run_id=f"run_kid{n}", events=[started(parentRunId="run_many")])
+        append(workspace=workspace, run_id=f"run_grandkid{n}", events=[started(parentRunId=f"run_kid{n}")])
     client.force_login(member)
     small = _queries(client, f"/w/acme/support/runs/run_few/{tab}/")
     with django_assert_num_queries(small):

@@ -26,7 +26,7 @@ from console.format import money
 from console.pages.usage import TableRow, _dollars, _nice_step, _two_places, build_chart
 from ledger import clock
 from ledger.log import rollup
-from ledger.log.append import append_events
+from ledger import log
 from ledger.models import CostEntry, Run, Tenant, Workspace
 from ledger.tenancy.services import bootstrap
 from ledger.reads.usage import PeriodModelCost, UsageRow, usage_rows
@@ -69,7 +69,7 @@ def calls(append, workspace: Workspace) -> None:
     append("run_none", started("wf_a"))
     research = bootstrap(tenant="acme", workspace="research")
     with on_day(DAY2):
-        append_events(workspace=research, run_id="run_r",
+        log.append(workspace=research, run_id="run_r",
                       events=[started("wf_r"), responded("c1", "anthropic", "claude-sonnet-4-6")])
 
 
@@ -208,7 +208,7 @@ def test_csv_download_matches_the_table(browser: Client, calls: None) -> None:
 
 def test_tenant_scope_covers_every_workspace_of_the_tenant(browser: Client, calls: None, outsider) -> None:
     with on_day(DAY2):
-        append_events(workspace=Workspace.objects.get(slug="main"), run_id="run_g",
+        log.append(workspace=Workspace.objects.get(slug="main"), run_id="run_g",
                       events=[started(), responded("c1", "openai", "gpt-5")])
     response = browser.get(URL + RANGE + "&scope=tenant")
     assert response.status_code == 200

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
 from ledger.models import Run, Workspace
@@ -33,9 +33,9 @@ def _run_with(workspace: Workspace, run_id: str, steps: int) -> Run:
             {"type": "StepCompleted", "payload": {"stepPath": path, "attempt": 1,
                                                   "output": {"big": str(i) * 300_000} if i % 3 == 0 else i}},
         ]
-    append_events(workspace=workspace, run_id=run_id, events=events)
+    append(workspace=workspace, run_id=run_id, events=events)
     for i in range(steps):
-        append_events(workspace=workspace, run_id=f"{run_id}_sub{i}",
+        append(workspace=workspace, run_id=f"{run_id}_sub{i}",
                       events=[{"type": "RunStarted", "payload": {"workflowVersionId": "w", "parentRunId": run_id}}])
     run = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=run_id)
     for i in range(steps):

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.demo.data import _summarize_run
 from ledger.models import AuditEntry, Workspace
 from ledger.tenancy.services import create_key
@@ -55,7 +55,7 @@ def rich_run(workspace: Workspace) -> str:
     big = {"type": "StepCompleted", "payload": {"stepPath": "attach", "attempt": 1, "output": {"blob": "x" * 300_000}}}
     events[-1:-1] = [{"type": "StepScheduled", "payload": {"stepPath": "attach"}},
                      {"type": "StepAttemptStarted", "payload": {"stepPath": "attach", "attempt": 1}}, big]
-    append_events(workspace=workspace, run_id="run_rich", events=events)
+    append(workspace=workspace, run_id="run_rich", events=events)
     return "run_rich"
 
 
@@ -188,7 +188,7 @@ def test_bundles_are_audited_with_their_sha256(workspace, api, rich_run, live_se
 
 
 def test_isolation_and_roles(workspace, other_workspace, key_client, rich_run, live_server, viewer, outsider) -> None:
-    append_events(workspace=other_workspace, run_id="run_theirs", events=[started()])
+    append(workspace=other_workspace, run_id="run_theirs", events=[started()])
     outsider_key = key_client(other_workspace)
     response = outsider_key.get(f"{V1}/runs/{rich_run}/evidence.zip")
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"

@@ -20,7 +20,7 @@ from django.core.management import call_command
 
 from ledger import clock
 from ledger.interop import exports
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.demo.data import _summarize_run
 from ledger.models import AuditEntry, Event, Workspace
 from ledger.tenancy.services import create_key
@@ -60,12 +60,12 @@ def api(workspace: Workspace, key_client: Callable[..., httpx.Client]) -> httpx.
 def seed(workspace: Workspace) -> None:
     """run_a: a finished run with priced model calls, a tool call and cells a spreadsheet would
     take for formulas; run_b: started only."""
-    append_events(workspace=workspace, run_id="run_a", events=[
+    append(workspace=workspace, run_id="run_a", events=[
         *_summarize_run(("openai", "gpt-4o-mini"), finish=False),
         {"type": "custom.note", "payload": {"text": FORMULA, "quote": "'=1+1", "n": 1.5}, "occurrenceId": "=occ"},
         {"type": "custom.note", "payload": {"text": "line\nbreak, \"quoted\"", "é": "ü"}},
     ])
-    append_events(workspace=workspace, run_id="run_b", events=[started("wfver_b", input={"x": "-1"})])
+    append(workspace=workspace, run_id="run_b", events=[started("wfver_b", input={"x": "-1"})])
 
 
 def error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def test_runs_and_costs_exports(workspace, api, fmt) -> None:
 def test_filters_by_run_and_time(workspace, api) -> None:
     old = datetime(2026, 1, 10, 12, tzinfo=timezone.utc)
     with clock.backdated(old):
-        append_events(workspace=workspace, run_id="run_old", events=[
+        append(workspace=workspace, run_id="run_old", events=[
             started(), *_summarize_run(("openai", "gpt-4o-mini"), finish=False)[1:6]])
     seed(workspace)
 
@@ -206,7 +206,7 @@ def test_keyset_chunks_cover_every_row_once_in_order(workspace, api, monkeypatch
     monkeypatch.setattr(exports, "RUN_CHUNK", 2)
     sizes = [1, 4, 7, 3, 2]
     for n, size in enumerate(sizes):
-        append_events(workspace=workspace, run_id=f"run_{n}", events=[
+        append(workspace=workspace, run_id=f"run_{n}", events=[
             started(), *[ev("custom.tick", i=i) for i in range(size - 1)]])
     response = api.get(f"{V1}/export/events")
     _, rows, end = jsonl(response.text)
@@ -278,7 +278,7 @@ def test_bad_filters_are_400_and_unknown_exports_404(workspace, api) -> None:
 def test_a_key_exports_its_own_workspace_only_and_another_tenants_run_is_404(
         workspace, other_workspace, key_client) -> None:
     seed(workspace)
-    append_events(workspace=other_workspace, run_id="run_theirs", events=[started()])
+    append(workspace=other_workspace, run_id="run_theirs", events=[started()])
     outsider = key_client(other_workspace)
     assert {r["runId"] for r in jsonl(outsider.get(f"{V1}/export/events").text)[1]} == {"run_theirs"}
     assert {r["runId"] for r in jsonl(outsider.get(f"{V1}/export/runs").text)[1]} == {"run_theirs"}
@@ -350,7 +350,7 @@ def cli(*args: str) -> tuple[int, str]:
 
 def test_ledger_export_writes_the_same_rows_and_is_audited(workspace, other_workspace, api, tmp_path) -> None:
     seed(workspace)
-    append_events(workspace=other_workspace, run_id="run_theirs", events=[started()])
+    append(workspace=other_workspace, run_id="run_theirs", events=[started()])
     target = tmp_path / "events.csv"
     assert cli("export", "events", "--workspace", "acme/support", "--format", "csv", "-o", str(target))[0] == 0
     assert verify_export(target)[0] == 0
@@ -387,9 +387,9 @@ def daphne(django_db_setup: None, tmp_path: Path) -> Iterator[Daphne]:
 def test_an_export_streams_through_daphne_across_chunks(workspace, daphne, tmp_path) -> None:
     """ASGI serves a sync iterator only after reading it whole; the view hands Daphne an async one.
     1,200 events cross a keyset chunk (1,000 rows) and many 64 KiB pieces."""
-    append_events(workspace=workspace, run_id="run_long", events=[started()])
+    append(workspace=workspace, run_id="run_long", events=[started()])
     for batch in range(12):
-        append_events(workspace=workspace, run_id="run_long", events=[
+        append(workspace=workspace, run_id="run_long", events=[
             ev("custom.tick", i=batch * 100 + i, pad="x" * 200) for i in range(100 if batch < 11 else 99)])
     _, key = create_key(workspace=workspace, scopes=["read"])
     pieces = 0

@@ -594,12 +594,12 @@ def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
     decides), and the run takes the next append as if nothing happened, inside a caller's
     transaction too. (On SQLite append_attached always answers None: the locked way does it all.)"""
     from ledger.replay import gateway
-    from ledger.log import pgappend
-    from ledger.log.append import append_attached
+    from ledger.log import statements
+    from ledger import log
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     assert isinstance(first.claimed, gateway.Claimed)
-    gone = pgappend.Attached(name="done", condition="TRUE", params={},
+    gone = statements.Attached(name="done", condition="TRUE", params={},
                              sql="UPDATE ledger_toolgatewayclaim SET updated_at = updated_at WHERE false RETURNING 1")
     row, _ = gateway._new_claim(clock.now(), {
         "call_id": "c1", "tool_name": "lookup", "args": {}, "args_digest": "sha256:x", "effect": "read",
@@ -608,9 +608,9 @@ def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
     note = [{"type": "custom.note", "payload": {}}]
     trips: list[list[int]] = []
 
-    def missed(change: pgappend.Attached) -> None:
+    def missed(change: statements.Attached) -> None:
         with round_trips() as sent:
-            assert append_attached(workspace=workspace, run_id=run, events=note, attached=[change]) is None
+            assert log.append(workspace=workspace, run_id=run, events=note, attached=[change]) is None
         trips.append(sent)
 
     missed(gone)

@@ -15,12 +15,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ledger.log import artifacts
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.canonical import canonical_bytes, digest, event_id
 from ledger.errors import RunFinished, RunNotStarted
 from ledger.fold import fold
 from ledger.models import Artifact, Event, Run, Workspace
-from ledger.log.projection import log_of
+from ledger.log.envelopes import log_of
 from tests.conftest import ev, started
 from tests.data.little import make_sample
 
@@ -354,7 +354,7 @@ def test_a_payload_the_workspace_would_redact_is_refused(workspace: Workspace) -
 
 
 def test_a_run_present_with_other_events_is_refused(workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id="run_order", events=[started("wfver_other")])
+    append(workspace=workspace, run_id="run_order", events=[started("wfver_other")])
     err = problems_of(SAMPLE)
     assert "events/run_order.jsonl:1: run run_order is already in the workspace with other events (sequence 1:" in err
     assert Run.objects.filter(workspace=workspace).count() == 1 and Event.objects.count() == 1
@@ -374,8 +374,8 @@ def test_imports_land_in_the_named_workspace_only(workspace: Workspace, other_wo
 def test_only_an_import_may_put_compile_events_before_run_started(workspace: Workspace) -> None:
     compile_event = ev("OrchestrationRequested", requestId="req_1")
     with pytest.raises(RunNotStarted):
-        append_events(workspace=workspace, run_id="run_api", events=[compile_event])
-    written = append_events(workspace=workspace, run_id="run_imp", events=[compile_event, started()], imported=True)
+        append(workspace=workspace, run_id="run_api", events=[compile_event])
+    written = append(workspace=workspace, run_id="run_imp", events=[compile_event, started()], imported=True)
     assert [e["sequence"] for e in written.events] == [1, 2]
     assert Run.objects.get(run_id="run_imp").status == "running"
 
@@ -383,12 +383,12 @@ def test_only_an_import_may_put_compile_events_before_run_started(workspace: Wor
 def test_only_an_import_may_append_an_outer_loop_cycle_after_the_end(workspace: Workspace) -> None:
     cycle = ev("OuterLoopCycleCompleted", outerLoopId="ol_x", cycleNumber=1, supervise={"kind": "continue"})
     for run_id in ("run_api", "run_imp"):
-        append_events(workspace=workspace, run_id=run_id, events=[started(), ev("RunCompleted", output=1)])
+        append(workspace=workspace, run_id=run_id, events=[started(), ev("RunCompleted", output=1)])
     with pytest.raises(RunFinished):
-        append_events(workspace=workspace, run_id="run_api", events=[cycle])
-    assert append_events(workspace=workspace, run_id="run_imp", events=[cycle], imported=True).last_sequence == 3
+        append(workspace=workspace, run_id="run_api", events=[cycle])
+    assert append(workspace=workspace, run_id="run_imp", events=[cycle], imported=True).last_sequence == 3
     with pytest.raises(RunFinished):  # nothing else follows the end, imported or not
-        append_events(workspace=workspace, run_id="run_imp", events=[ev("StepScheduled", stepPath="s")],
+        append(workspace=workspace, run_id="run_imp", events=[ev("StepScheduled", stepPath="s")],
                       imported=True)
 
 
@@ -418,7 +418,7 @@ def test_verify_and_the_evidence_re_hash_the_artifact_behind_a_little_ref(worksp
 
 def test_a_little_ref_nothing_resolves_fails_verify(workspace: Workspace) -> None:
     """A client that writes a Little-style ref without importing its bytes gets no pass."""
-    append_events(workspace=workspace, run_id="run_api", events=[
+    append(workspace=workspace, run_id="run_api", events=[
         started(), ev("StepCompleted", stepPath="s", attempt=1, outputRef=f"artifact://{ARTIFACT}")])
     code, out, _ = ledger("verify", "run_api")
     assert code == 1 and f"artifact://{ARTIFACT} missing" in out
@@ -493,7 +493,7 @@ def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(
 
     def racing(space: Workspace, run_id: str, log: list[Any]) -> None:
         if run_id == "run_cycle_1":
-            append_events(workspace=space, run_id=run_id, events=[ev("OrchestrationRequested", requestId="req_1",
+            append(workspace=space, run_id=run_id, events=[ev("OrchestrationRequested", requestId="req_1",
                           workflowId="support.summarize", workflowDefinitionHash=log[0].payload[
                               "workflowDefinitionHash"])], imported=True)
         original(space, run_id, log)

@@ -22,7 +22,7 @@ from channels.layers import get_channel_layer
 from django.test import Client
 
 from ledger.log.announce import workspace_group_for
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import Workspace
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, started
@@ -35,7 +35,7 @@ PATH = "/ws/workspaces/acme/support/runs/"
 
 
 def _append(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> Any:
-    return database_sync_to_async(append_events)(workspace=workspace, run_id=run_id, events=list(events))
+    return database_sync_to_async(append)(workspace=workspace, run_id=run_id, events=list(events))
 
 
 def _row_on_page(client: Client, run_id: str) -> str:
@@ -72,7 +72,7 @@ def _without_elapsed(row: str) -> str:
 
 def test_a_finished_run_is_pushed_again_and_ordinary_appends_are_not(member: Any, workspace: Workspace) -> None:
     session = _session_id(member)
-    append_events(workspace=workspace, run_id="run_busy", events=[started()])
+    append(workspace=workspace, run_id="run_busy", events=[started()])
 
     async def scenario() -> list[dict[str, Any]]:
         comm = _communicator(PATH, session)

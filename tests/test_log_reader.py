@@ -10,7 +10,7 @@ import pytest
 
 from ledger.reads import selectors
 from ledger.models import Event, Run
-from ledger.log.projection import log_of
+from ledger.log.envelopes import log_of
 from ledger.log.verify import verify_run
 from tests.conftest import ev, started
 

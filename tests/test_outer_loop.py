@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.errors import Fenced
 from ledger.log.leases import LeaseHeld
 from ledger.models import Run, Workspace
@@ -142,7 +142,7 @@ def test_each_mismatch_is_refused_with_its_text_and_writes_nothing(workspace: Wo
     assert Run.objects.get(run_id=record_run_id("ol_same")).last_sequence == before
 
     # a record that ended done without a cycle (written by someone else through the API)
-    append_events(workspace=workspace, run_id=record_run_id("ol_broken"), events=[
+    append(workspace=workspace, run_id=record_run_id("ol_broken"), events=[
         {"type": "RunStarted", "payload": {
             "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_broken", "input": INPUT,
             "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": old, "description": ""},
@@ -157,7 +157,7 @@ def test_each_mismatch_is_refused_with_its_text_and_writes_nothing(workspace: Wo
 
 
 def test_corrupt_records_of_other_shapes_are_refused_too(workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id=record_run_id("ol_gap"), events=[
+    append(workspace=workspace, run_id=record_run_id("ol_gap"), events=[
         {"type": "RunStarted", "payload": {
             "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_gap", "input": INPUT,
             "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": build_refine().version},
@@ -166,7 +166,7 @@ def test_corrupt_records_of_other_shapes_are_refused_too(workspace: Workspace) -
                                                         "supervise": {"kind": "continue"}}}])
     with pytest.raises(OuterLoopManifestCorrupt, match="records cycle 2 where cycle 1 was due"):
         read_loop(workspace, "ol_gap")
-    append_events(workspace=workspace, run_id="run_ol_plain", events=[
+    append(workspace=workspace, run_id="run_ol_plain", events=[
         {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_plain"}}])
     with pytest.raises(OuterLoopManifestCorrupt, match="has no goal"):
         read_loop(workspace, "ol_plain")

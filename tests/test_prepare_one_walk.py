@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.log.append import _prepare
+from ledger.log.prepare import item as _prepare
 from ledger.canonical import NotCanonicalizable, canonical_bytes
 from ledger.errors import InvalidEvent, LedgerError
 from ledger.log.redaction import NotPlain, Redactor

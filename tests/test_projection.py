@@ -12,10 +12,12 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.fold import fold
 from ledger.models import CostEntry, Run, Step, ToolCall
-from ledger.log.projection import STATES, differences, log_of, prices_for
+from ledger.log.states import STATES
+from ledger.log.projection import differences, prices_for
+from ledger.log.envelopes import log_of
 from tests.conftest import ev, started
 
 
@@ -114,20 +116,20 @@ def test_projection_equals_fold_after_random_interleavings(batches, forget_cache
 
     workspace = bootstrap(tenant="acme", workspace=f"hyp-{Run.objects.count()}")
     for run_id in ("run_x", "run_y"):
-        append_events(workspace=workspace, run_id=run_id, events=[started()])
+        append(workspace=workspace, run_id=run_id, events=[started()])
     for run_id, picks in batches:
         if forget_cache:  # another process appended: the next append must fold from the log
             STATES.clear()
-        append_events(workspace=workspace, run_id=run_id, events=[EVENT_POOL[i] for i in picks])
+        append(workspace=workspace, run_id=run_id, events=[EVENT_POOL[i] for i in picks])
     for run in Run.objects.filter(workspace=workspace):
         assert_projection_is_fold(run)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_appends_across_commits_use_and_refresh_the_cached_state(workspace) -> None:
-    append_events(workspace=workspace, run_id="run_c", events=[started()])
+    append(workspace=workspace, run_id="run_c", events=[started()])
     for turn in range(1, 6):
-        append_events(workspace=workspace, run_id="run_c",
+        append(workspace=workspace, run_id="run_c",
                       events=[responded("s", turn, "openai", "gpt-4o-mini", inputTokens=1000, outputTokens=100)])
     run = Run.objects.get(run_id="run_c")
     assert run.priced_calls == 5 and run.input_tokens == 5000

@@ -20,7 +20,7 @@ from ledger.demo import workflows as demo_workflows
 from ledger.replay.divergence import divergence_report
 from ledger.replay.gateway import ToolCallInDoubt, settle_expired_claims
 from ledger.models import CostEntry, Run, ToolGatewayClaim, Workspace
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.runtime.errors import InvalidReexecution, UnknownModelProvider, UnknownStep, UnknownWorkflow
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider, register_provider, unregister_provider
@@ -502,7 +502,7 @@ def test_unknown_modes_steps_slots_and_providers_are_clear_errors_that_write_not
         mode = kwargs.pop("mode")
         with pytest.raises(error, match=message):
             _reexecute(workspace, original, mode, "run_new", **kwargs)
-    append_events(workspace=workspace, run_id="run_other", events=[
+    append(workspace=workspace, run_id="run_other", events=[
         {"type": "RunStarted", "payload": {"workflowVersionId": "x", "workflow": "gone"}}])
     with pytest.raises(UnknownWorkflow, match="no workflow named 'gone'"):
         _reexecute(workspace, "run_other", "rerun", "run_new")
@@ -566,7 +566,7 @@ def test_the_plan_lists_what_each_mode_reuses_runs_live_and_every_live_write_too
     assert plans["resume"]["liveWriteTools"] == []  # the run finished: nothing would run
     assert plans["fork"]["liveModelCalls"] and not plans["simulate"]["liveModelCalls"]
     # an external harness's run is planned from its record alone
-    append_events(workspace=workspace, run_id="run_ext", events=[
+    append(workspace=workspace, run_id="run_ext", events=[
         {"type": "RunStarted", "payload": {"workflowVersionId": "x"}},
         {"type": "harness.tool_call.started", "payload": {"callId": "c1", "caller": "model", "toolName": "wire",
                                                           "args": {"usd": 5}, "effect": "write", "stepPath": "pay"}}])

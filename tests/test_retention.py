@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection, transaction
 
 from ledger import audit, clock
 from ledger.tenancy import retention
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import (
     Artifact, AuditEntry, CostEntry, DailyUsage, Event, Feedback, ReexecutionRequest, Run, Step, ToolCall, Workspace,
 )
@@ -42,9 +42,9 @@ def days_ago(n: float) -> datetime:
 def finished_run(workspace: Workspace, run_id: str, *, started_at: datetime, ended_at: datetime,
                  extra: list[dict[str, Any]] | None = None, **start: Any) -> Run:
     with at(started_at):
-        append_events(workspace=workspace, run_id=run_id, events=[started(**start), *(extra or [])])
+        append(workspace=workspace, run_id=run_id, events=[started(**start), *(extra or [])])
     with at(ended_at):
-        append_events(workspace=workspace, run_id=run_id, events=[ev("RunCompleted", output={"ok": True})])
+        append(workspace=workspace, run_id=run_id, events=[ev("RunCompleted", output={"ok": True})])
     return Run.objects.get(workspace=workspace, run_id=run_id)
 
 
@@ -111,13 +111,13 @@ def test_prune_removes_exactly_the_runs_past_retention(thirty_days: Workspace) -
     # Finished long ago, but a note was appended to it lately: its last activity is recent.
     noted = finished_run(ws, "run_noted", started_at=days_ago(90), ended_at=days_ago(80))
     with at(days_ago(5)):
-        append_events(workspace=ws, run_id="run_noted", events=[ev("custom.note", text="still looked at")])
+        append(workspace=ws, run_id="run_noted", events=[ev("custom.note", text="still looked at")])
     assert noted.finished_at is not None and noted.finished_at < days_ago(30)
     # Started a year ago and never finished: never pruned.
     with at(days_ago(365)):
-        append_events(workspace=ws, run_id="run_stuck", events=[started()])
+        append(workspace=ws, run_id="run_stuck", events=[started()])
     with at(days_ago(364)):
-        append_events(workspace=ws, run_id="run_failed", events=[started(), ev("RunFailed", error={"m": "x"})])
+        append(workspace=ws, run_id="run_failed", events=[started(), ev("RunFailed", error={"m": "x"})])
 
     code, out = prune()
     assert code == 0, out

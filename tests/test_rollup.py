@@ -105,10 +105,10 @@ def test_reprice_recounts_the_dollars_of_the_days(spent, workspace: Workspace) -
 
 def test_other_workspaces_keep_their_own_cells(spent, append, workspace: Workspace) -> None:
     research = bootstrap(tenant="acme", workspace="research")
-    from ledger.log.append import append_events
+    from ledger import log
 
     with on(DAY1):
-        append_events(workspace=research, run_id="run_a", events=[started("wf_a"),
+        log.append(workspace=research, run_id="run_a", events=[started("wf_a"),
                                                                   responded("c1", "openai", "gpt-4o-mini")])
     assert list(cells(research)) == [(DAY1, "openai", "gpt-4o-mini", "wf_a")]
     assert cells(workspace)[(DAY1, "openai", "gpt-4o-mini", "wf_a")][5] == 2

@@ -249,7 +249,7 @@ def test_a_model_call_with_its_tool_call_is_two_round_trips_on_postgresql(worksp
     """The two commits the durability contract asks of a model call that asks for a tool (its
     intent before the request leaves; its response with the tool call claimed outbound before the
     tool runs), each one statement: one round trip, no BEGIN, no COMMIT, no lock of its own
-    (the gateway's control row attached to the append, ledger/log/pgappend.py). Counted as the
+    (the gateway's control row attached to the append, ledger/log/statements.py). Counted as the
     difference between a run of 8 and one of 3 such calls, so the run's own start and end, and the
     first use of each statement shape (prepared once per connection), drop out."""
     start_run(workspace=workspace, workflow=_lookup_loop(3), input={})  # prepares the shapes

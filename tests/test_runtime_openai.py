@@ -18,7 +18,7 @@ import pytest
 
 from ledger.canonical import canonical_json
 from ledger.models import CostEntry, Run, Workspace
-from ledger.log.projection import log_of
+from ledger.log.envelopes import log_of
 from ledger.runtime.executor import start_run
 from ledger.runtime.openai_compat import (
     API_KEY_ENV,

@@ -19,7 +19,7 @@ from django.test import Client
 
 from ledger.log import artifacts
 from ledger.tenancy import sharing
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import AuditEntry, ShareLink, Workspace
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import FakeClock, ev, named_user, started
@@ -37,7 +37,7 @@ TOKEN_IN_URL = re.compile(r"/s/([A-Za-z0-9_-]{43})/$")
 
 def _chat(workspace: Workspace, run_id: str, **extra: Any) -> None:
     report = artifacts.store_bytes(workspace, b'{"report": true}')
-    append_events(workspace=workspace, run_id=run_id, events=[
+    append(workspace=workspace, run_id=run_id, events=[
         started(**extra),
         ev("StepScheduled", stepPath="draft"), ev("StepAttemptStarted", stepPath="draft", attempt=1),
         ev("harness.session.started", stepPath="draft", role="worker", task={"kind": "execute_step"},
@@ -58,9 +58,9 @@ def _chat(workspace: Workspace, run_id: str, **extra: Any) -> None:
 @pytest.fixture
 def shared_run(workspace: Workspace) -> str:
     _chat(workspace, RUN)
-    append_events(workspace=workspace, run_id=SUB, events=[started(parentRunId=RUN)])
-    append_events(workspace=workspace, run_id=SUBSUB, events=[started(parentRunId=SUB)])
-    append_events(workspace=workspace, run_id="run_unrelated", events=[started()])
+    append(workspace=workspace, run_id=SUB, events=[started(parentRunId=RUN)])
+    append(workspace=workspace, run_id=SUBSUB, events=[started(parentRunId=SUB)])
+    append(workspace=workspace, run_id="run_unrelated", events=[started()])
     return RUN
 
 
@@ -296,7 +296,7 @@ def test_max_opens_allows_exactly_that_many(client: Client, operator: User, shar
 @pytest.mark.django_db(transaction=True)
 def test_racing_readers_get_exactly_max_opens() -> None:
     workspace = bootstrap(tenant="acme", workspace="support")
-    append_events(workspace=workspace, run_id=RUN, events=[started()])
+    append(workspace=workspace, run_id=RUN, events=[started()])
     carol = named_user("carol", "operator")
     from ledger.reads import selectors
 
@@ -376,7 +376,7 @@ def test_the_page_has_no_action_and_no_link_out_of_the_share(client: Client, lin
 
 
 def test_the_timeline_pages_under_the_link(client: Client, link: str, workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id=SUB, events=[ev("custom.tick", n=n) for n in range(250)])
+    append(workspace=workspace, run_id=SUB, events=[ev("custom.tick", n=n) for n in range(250)])
     page = client.get(f"/s/{link}/runs/{SUB}/").content.decode()
     assert f'href="/s/{link}/runs/{SUB}/?after=200#timeline"' in page
     second = client.get(f"/s/{link}/runs/{SUB}/?after=200")
@@ -479,7 +479,7 @@ def test_an_outsider_gets_404_from_the_panel(client: Client, operator: User, out
     assert client.post(f"/w/acme/support/runs/{RUN}/share-links/{link_id}/revoke/").status_code == 404
     assert client.post(f"/w/acme/support/runs/{RUN}/share-policy/", {"hides_inputs": "on"}).status_code == 404
     other = bootstrap(tenant="globex", workspace="main")
-    append_events(workspace=other, run_id="run_theirs", events=[started()])
+    append(workspace=other, run_id="run_theirs", events=[started()])
     # A link of acme's named under globex's run (which olga may see) is still not hers.
     assert client.post(f"/w/globex/main/runs/run_theirs/share-links/{link_id}/revoke/").status_code == 404
     assert ShareLink.objects.get().revoked_at is None

@@ -1,4 +1,4 @@
-"""The process-local state cache (ledger.log.projection.STATES) is bounded by size, not only by runs:
+"""The process-local state cache (ledger.log.states.STATES) is bounded by size, not only by runs:
 a long run's state is compacted for the append path (its settled calls and cost entries left to
 the database), and the cache holds at most its byte budget. Whatever it drops, the projections an
 append writes stay equal to the fold of the log.
@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
-from ledger.log import projection
-from ledger.log.append import append_events
+from ledger.log import states
+from ledger.log import append
 from ledger.fold import fold
 from ledger.models import Run, Workspace
-from ledger.log.projection import STATES, AppendState, differences, log_of, prices_for
+from ledger.log.states import STATES, AppendState
+from ledger.log.projection import differences, prices_for
+from ledger.log.envelopes import log_of
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
@@ -33,7 +35,7 @@ def ws() -> Workspace:
 @pytest.fixture
 def small_compaction(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Compact past 4 records, so that a few batches cross the line."""
-    monkeypatch.setattr(projection, "COMPACT_AT", 4)
+    monkeypatch.setattr(states, "COMPACT_AT", 4)
     STATES.clear()
     yield
     STATES.clear()
@@ -96,11 +98,11 @@ def test_a_compacted_run_keeps_every_projection_equal_to_the_fold(ws: Workspace,
     ]
     compacted = False
     for start in range(0, len(events), per_call):
-        append_events(workspace=ws, run_id="run_long", events=events[start:start + per_call])
+        append(workspace=ws, run_id="run_long", events=events[start:start + per_call])
         _equal_to_the_fold(ws, "run_long")
         state = _cached(ws, "run_long")
         # Compacted whenever it reaches COMPACT_AT: what it holds between is the batches since.
-        assert len(state.model_calls) + len(state.tool_calls) + len(state.cost_entries) < projection.COMPACT_AT
+        assert len(state.model_calls) + len(state.tool_calls) + len(state.cost_entries) < states.COMPACT_AT
         compacted = compacted or isinstance(state, AppendState)
     assert compacted
     run = Run.objects.get(workspace=ws, run_id="run_long")
@@ -132,7 +134,7 @@ def test_a_repeated_start_of_a_call_compaction_left_out(ws: Workspace, small_com
         batch = events[start:start + per_call]
         if any(e["payload"].get("args") == {"id": 1, "again": True} for e in batch):
             compacted_before_restart = "t1" not in _cached(ws, "run_again").tool_calls
-        append_events(workspace=ws, run_id="run_again", events=batch)
+        append(workspace=ws, run_id="run_again", events=batch)
         _equal_to_the_fold(ws, "run_again")
     assert compacted_before_restart
     run = Run.objects.get(workspace=ws, run_id="run_again")
@@ -143,15 +145,15 @@ def test_a_repeated_start_of_a_call_compaction_left_out(ws: Workspace, small_com
 
 def test_a_long_runs_cached_state_stops_growing(ws: Workspace) -> None:
     STATES.clear()
-    append_events(workspace=ws, run_id="run_grow", events=[started()])
+    append(workspace=ws, run_id="run_grow", events=[started()])
     weights = []
     for batch in range(6):
         events = []
         for i in range(200):
             n = batch * 200 + i
             events += [_tool("started", f"t{n}", toolName="lookup", args={"n": n}), _answer(f"m{n}", n)]
-        append_events(workspace=ws, run_id="run_grow", events=events)
-        weights.append(projection.weight(_cached(ws, "run_grow")))
+        append(workspace=ws, run_id="run_grow", events=events)
+        weights.append(states.weight(_cached(ws, "run_grow")))
     # 600 records a batch (a tool call, a model call, a cost entry each 200 times): the state is
     # compacted whenever it holds COMPACT_AT (1,000), down to its head and its step, however long
     # the run grows.
@@ -163,11 +165,11 @@ def test_a_long_runs_cached_state_stops_growing(ws: Workspace) -> None:
 def test_the_cache_holds_its_byte_budget(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     STATES.clear()
     budget = STATES.budget
-    STATES.budget = 12 * projection.RECORD_BYTES  # 12 records
+    STATES.budget = 12 * states.RECORD_BYTES  # 12 records
     try:
         for n in range(4):
             # A run of 5 records: head, step "s", a tool call, a model call, a cost entry (under COMPACT_AT).
-            append_events(workspace=ws, run_id=f"run_w{n}", events=[
+            append(workspace=ws, run_id=f"run_w{n}", events=[
                 started(), _tool("started", f"t{n}"), _answer(f"m{n}", 1)])
         assert STATES.held <= 12
         version = prices_for(ws).version
@@ -175,10 +177,10 @@ def test_the_cache_holds_its_byte_budget(ws: Workspace, monkeypatch: pytest.Monk
         assert kept == [2, 3]  # least recent out first: two of 5 records each fit in 12
         assert STATES.held == 0
 
-        STATES.budget = 3 * projection.RECORD_BYTES  # one run alone is over it: not kept at all
-        append_events(workspace=ws, run_id="run_w0", events=[_answer("m9", 2)])
+        STATES.budget = 3 * states.RECORD_BYTES  # one run alone is over it: not kept at all
+        append(workspace=ws, run_id="run_w0", events=[_answer("m9", 2)])
         assert STATES.take(ws.pk, "run_w0", version) is None and STATES.held == 0
-        append_events(workspace=ws, run_id="run_w0", events=[_answer("m10", 3)])  # folds the log
+        append(workspace=ws, run_id="run_w0", events=[_answer("m10", 3)])  # folds the log
         _equal_to_the_fold(ws, "run_w0")
     finally:
         STATES.budget = budget

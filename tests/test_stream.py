@@ -23,7 +23,7 @@ from django.db import connections
 from django.test import Client
 
 from ledger.reads import selectors
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import Run, Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
@@ -136,7 +136,7 @@ def http() -> Iterator[httpx.Client]:
 
 def _steps(workspace: Workspace, run_id: str, numbers: range, *, pause: float = 0.0) -> None:
     for n in numbers:
-        append_events(workspace=workspace, run_id=run_id, events=[ev("StepScheduled", stepPath=f"step{n}")])
+        append(workspace=workspace, run_id=run_id, events=[ev("StepScheduled", stepPath=f"step{n}")])
         time.sleep(pause)
 
 
@@ -174,12 +174,12 @@ def test_reconnect_with_last_event_id_gets_the_rest_exactly_once(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
     run_id = "run_reconnect"
-    append_events(workspace=workspace, run_id=run_id, events=[started()])
+    append(workspace=workspace, run_id=run_id, events=[started()])
     _steps(workspace, run_id, range(2, 6))
 
     def twenty_more() -> None:
         _steps(workspace, run_id, range(6, 25), pause=0.02)
-        append_events(workspace=workspace, run_id=run_id, events=[ev("RunCompleted", output="done")])
+        append(workspace=workspace, run_id=run_id, events=[ev("RunCompleted", output="done")])
 
     with http.stream("GET", _url(server, run_id), headers=read_key) as response:
         stream = messages(response)
@@ -202,7 +202,7 @@ def test_reconnect_with_last_event_id_gets_the_rest_exactly_once(
 def test_after_starts_past_the_given_sequence_and_a_failed_run_ends(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
-    append_events(workspace=workspace, run_id="run_after", events=[
+    append(workspace=workspace, run_id="run_after", events=[
         started(), ev("StepScheduled", stepPath="a"), ev("StepScheduled", stepPath="b"),
         ev("RunFailed", error={"message": "boom"}),
     ])
@@ -215,7 +215,7 @@ def test_after_starts_past_the_given_sequence_and_a_failed_run_ends(
 def test_last_event_id_wins_over_after(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
-    append_events(workspace=workspace, run_id="run_both", events=[
+    append(workspace=workspace, run_id="run_both", events=[
         started(), ev("StepScheduled", stepPath="a"), ev("RunCompleted"),
     ])
     headers = {**read_key, "Last-Event-ID": "2"}
@@ -227,7 +227,7 @@ def test_last_event_id_wins_over_after(
 def test_live_events_arrive_without_reconnecting(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
-    append_events(workspace=workspace, run_id="run_live", events=[started()])
+    append(workspace=workspace, run_id="run_live", events=[started()])
     with http.stream("GET", _url(server, "run_live"), headers=read_key) as response:
         stream = messages(response)
         assert [m.sequence for m in read_until(stream, 1)] == [1]
@@ -236,7 +236,7 @@ def test_live_events_arrive_without_reconnecting(
         _join(appender)
         # Within 5 s: in the Redis pass this server polls every 30 s, so announcements delivered.
         assert [m.sequence for m in live] == [2, 3, 4]
-        append_events(workspace=workspace, run_id="run_live", events=[ev("RunCompleted")])
+        append(workspace=workspace, run_id="run_live", events=[ev("RunCompleted")])
         events, end = read_to_end(stream)
     assert [m.sequence for m in events] == [5]
     assert json.loads(end.data) == {"status": "completed"}
@@ -245,12 +245,12 @@ def test_live_events_arrive_without_reconnecting(
 def test_delivers_by_polling_when_announcements_cannot_reach_the_server(
     deaf_server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
-    append_events(workspace=workspace, run_id="run_deaf", events=[started()])
+    append(workspace=workspace, run_id="run_deaf", events=[started()])
     with http.stream("GET", _url(deaf_server, "run_deaf"), headers=read_key) as response:
         stream = messages(response)
         read_until(stream, 1)
         _steps(workspace, "run_deaf", range(2, 4))
-        append_events(workspace=workspace, run_id="run_deaf", events=[ev("RunCompleted")])
+        append(workspace=workspace, run_id="run_deaf", events=[ev("RunCompleted")])
         events, end = read_to_end(stream)
     assert [m.sequence for m in events] == [2, 3, 4]
     assert json.loads(end.data) == {"status": "completed"}
@@ -259,7 +259,7 @@ def test_delivers_by_polling_when_announcements_cannot_reach_the_server(
 def test_keepalive_comments_while_nothing_happens(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
-    append_events(workspace=workspace, run_id="run_quiet", events=[started()])
+    append(workspace=workspace, run_id="run_quiet", events=[started()])
     with http.stream("GET", _url(server, "run_quiet"), headers=read_key) as response:
         began = time.monotonic()
         keepalives = 0
@@ -281,7 +281,7 @@ def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspa
     from console.api.stream import _event_stream, _Opened
     from console.streams import SLOTS, Grant
 
-    append_events(workspace=workspace, run_id="run_group", events=[started()])
+    append(workspace=workspace, run_id="run_group", events=[started()])
     run = Run.objects.get(workspace=workspace, run_id="run_group")
     layer = get_channel_layer()
     group = group_for(run.pk)
@@ -333,7 +333,7 @@ def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
 
 @pytest.fixture
 def finished_run(workspace: Workspace) -> str:
-    append_events(workspace=workspace, run_id="run_done", events=[started(), ev("RunCompleted")])
+    append(workspace=workspace, run_id="run_done", events=[started(), ev("RunCompleted")])
     return "run_done"
 
 

@@ -22,7 +22,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from console.streams import SLOTS
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import ApiKey, Workspace
 from ledger.tenancy.services import create_key, remove_member, revoke_key
 from tests.conftest import ev, started
@@ -50,7 +50,7 @@ def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture
 def running(workspace: Workspace) -> str:
-    append_events(workspace=workspace, run_id="run_live", events=[started(), ev("StepScheduled", stepPath="a")])
+    append(workspace=workspace, run_id="run_live", events=[started(), ev("StepScheduled", stepPath="a")])
     return "run_live"
 
 
@@ -210,7 +210,7 @@ def test_a_socket_lives_on_while_its_credentials_hold(short_keepalive: None, wor
         assert (await comm.connect(timeout=TIMEOUT_S))[0]
         received = [await comm.receive_json_from(timeout=TIMEOUT_S) for _ in range(2)]
         assert await comm.receive_nothing(timeout=1.0)  # five re-checks pass, the socket stays open
-        await sync_to_async(append_events)(workspace=workspace, run_id=running,
+        await sync_to_async(append)(workspace=workspace, run_id=running,
                                            events=[ev("StepScheduled", stepPath="b")])
         received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
         await comm.disconnect()

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from ledger.replay import toolapproval
 from ledger.models import AuditEntry, Run, ToolCall, Workspace
 from ledger.replay.stored_plan import replay_plan_for
-from ledger.log.projection import log_of
+from ledger.log.envelopes import log_of
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.registry import CodeRun, Tool, ToolCall as ToolStep, Workflow
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)

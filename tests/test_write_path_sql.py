@@ -70,11 +70,11 @@ def _refused(fn: Callable[[], Any]) -> str:
 
 
 def _api_batches(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.log.append import append_events
+    from ledger import log
     from ledger.log.leases import acquire_run_lease, release_run_lease
 
     def append(events: list[dict[str, Any]], **kwargs: Any) -> Any:
-        return append_events(workspace=workspace, run_id="run_golden", events=events, **kwargs)
+        return log.append(workspace=workspace, run_id="run_golden", events=events, **kwargs)
 
     def keyed(key: str, event: dict[str, Any]) -> dict[str, Any]:
         return {**event, "idempotencyKey": key}
@@ -99,31 +99,31 @@ def _api_batches(workspace: Workspace, clock: FakeClock) -> None:
 
 
 def _pipelined(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.log.append import append_events
+    from ledger.log import append
 
-    append_events(workspace=workspace, run_id="run_long", events=[started()])
-    append_events(workspace=workspace, run_id="run_long", events=[
+    append(workspace=workspace, run_id="run_long", events=[started()])
+    append(workspace=workspace, run_id="run_long", events=[
         {**ev("custom.tick", n=n), "idempotencyKey": f"t{n}"} for n in range(450)])
 
 
 def _cache_miss_and_transaction(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.log.append import append_events
-    from ledger.log.projection import STATES
+    from ledger.log import append
+    from ledger.log.states import STATES
 
-    append_events(workspace=workspace, run_id="run_miss", events=[started()])
+    append(workspace=workspace, run_id="run_miss", events=[started()])
     STATES.clear()
-    append_events(workspace=workspace, run_id="run_miss", events=[ev("StepScheduled", stepPath="a")])
+    append(workspace=workspace, run_id="run_miss", events=[ev("StepScheduled", stepPath="a")])
     with transaction.atomic():
-        append_events(workspace=workspace, run_id="run_miss", events=[
+        append(workspace=workspace, run_id="run_miss", events=[
             {**ev("StepAttemptStarted", stepPath="a", attempt=1), "idempotencyKey": "k1"}])
-        append_events(workspace=workspace, run_id="run_miss", events=[ev("StepCompleted", stepPath="a", attempt=1)])
+        append(workspace=workspace, run_id="run_miss", events=[ev("StepCompleted", stepPath="a", attempt=1)])
 
 
 def _gateway(workspace: Workspace, clock: FakeClock) -> None:
     from ledger.replay import gateway
-    from ledger.log.append import append_events
+    from ledger.log import append
 
-    append_events(workspace=workspace, run_id="run_tools", events=[started()])
+    append(workspace=workspace, run_id="run_tools", events=[started()])
     claimed = gateway.claim_tool_call(workspace=workspace, run_id="run_tools", call_id="c1", tool_name="search",
                                       args={"q": "x"}, idempotency_key="k-c1", effect="read", owner="w1")
     gateway.mark_outbound(workspace=workspace, run_id="run_tools", call_id="c1", lease_token=claimed.lease_token)
@@ -153,10 +153,10 @@ def _runtime_and_simulation(workspace: Workspace, clock: FakeClock) -> None:
 
 
 def _cancel(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.log.append import append_events
+    from ledger.log import append
     from ledger.replay.cancellation import cancel_run
 
-    append_events(workspace=workspace, run_id="run_cancel", events=[started(), ev("StepScheduled", stepPath="a")])
+    append(workspace=workspace, run_id="run_cancel", events=[started(), ev("StepScheduled", stepPath="a")])
     cancel_run(workspace=workspace, run_id="run_cancel", reason="no longer needed", by="carol")
 
 
@@ -173,7 +173,7 @@ SCENARIOS: dict[str, Callable[[Workspace, FakeClock], None]] = {
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_the_write_path_sends_the_golden_statements(scenario: str, workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.log.projection import STATES
+    from ledger.log.states import STATES
 
     STATES.clear()
     connection.close()  # a new connection: every shape is prepared (and seen) afresh

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.tenancy.access import Access
-from ledger.log.append import validate_run_id
+from ledger.log.prepare import validate_run_id
 from ledger.models import Run
 
 from .auth import access_for

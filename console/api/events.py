@@ -21,7 +21,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ledger.reads import selectors
-from ledger.log.append import append_events, validate_run_id
+from ledger.log import append
+from ledger.log.prepare import validate_run_id
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ApiKey
 
@@ -117,7 +118,7 @@ class RunEventsView(ApiView):
         body = request.data
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object {events: [...]}", field="")
-        result = append_events(
+        result = append(
             workspace=caller.workspace, run_id=run_id, events=body.get("events"),
             expected_sequence=body.get("expectedSequence"), fencing_token=body.get("fencingToken"),
         )

@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from ledger.tenancy import access
 from ledger.interop import bundle, exports
 from ledger.tenancy.access import tenant_admin
-from ledger.log.append import validate_run_id
+from ledger.log.prepare import validate_run_id
 
 from .auth import access_for, principal
 from .base import ApiView, run_for

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.replay import gateway
-from ledger.log.append import validate_run_id
+from ledger.log.prepare import validate_run_id
 from ledger.models import ToolGatewayClaim
 
 from .auth import access_for

@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.reads import selectors as ledger_selectors
-from ledger.log.append import validate_run_id
+from ledger.log.prepare import validate_run_id
 from ledger.errors import Conflict, NotFound
 from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, within
 from ledger.models import ApiKey, ReexecutionRequest, Workspace

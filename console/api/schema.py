@@ -16,7 +16,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
-from ledger.log.append import RUN_ID_RE
+from ledger.log.prepare import RUN_ID_RE
 from ledger.models import RunStatus
 
 

@@ -40,7 +40,7 @@ from rest_framework.exceptions import APIException, NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from ledger.log.append import validate_run_id
+from ledger.log.prepare import validate_run_id
 from ledger.errors import LedgerError
 from ledger.replay.follow import Follower
 from ledger.limits import MAX_ROW_ID

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from .. import clock
 from ..tenancy import sharing
-from ..log.append import append_events
+from ..log import append
 from ..replay.cancellation import cancel_run
 from ..canonical import digest
 from ..replay.feedback import record_feedback
@@ -108,7 +108,7 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
     for tenant, workspace, run_id, events in DEMO_RUNS:
         ws = workspaces[f"{tenant}/{workspace}"]
         if missing(ws, run_id):
-            append_events(workspace=ws, run_id=run_id, events=events)
+            append(workspace=ws, run_id=run_id, events=events)
     _showcase(workspaces, missing)
     reexecution.lay_out(workspaces["acme/support"])
     _share_link(workspaces["acme/research"])

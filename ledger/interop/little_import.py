@@ -34,7 +34,9 @@ from django.db import transaction
 
 from ..log import artifacts
 from .. import clock
-from ..log.append import MAX_BATCH, RUN_ID_RE, append_events, lifecycle_refusal, stored_payload
+from ..log.prepare import MAX_BATCH, RUN_ID_RE, stored_payload
+from ..log import append
+from ..log.rules import lifecycle_refusal
 from ..canonical import NotCanonicalizable, canonical_bytes, digest, event_id
 from ..errors import LedgerError
 from ..models import Artifact, Event, ImportedArtifact, Run, Workspace
@@ -487,7 +489,7 @@ def _write_run(workspace: Workspace, run_id: str, log: list[LoggedEvent]) -> Non
         assert at is not None  # checked when read
         try:
             with transaction.atomic(), clock.recorded_at(at):
-                result = append_events(workspace=workspace, run_id=run_id, events=[_item(e.envelope) for e in batch],
+                result = append(workspace=workspace, run_id=run_id, events=[_item(e.envelope) for e in batch],
                                        expected_sequence=batch[0].sequence - 1, imported=True)
                 for event, written in zip(batch, result.events):
                     if written["eventId"] != event.envelope["eventId"]:

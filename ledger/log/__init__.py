@@ -1,1 +1,134 @@
-"""The event log: the one door every event comes in by, and what the append keeps beside it."""
+"""The event log's one door. Every event gets into the log through one of these three:
+
+    append(workspace=W, run_id=R, events=[...], expected_sequence=N?, fencing_token=T?)
+        The API's POST .../events, OTLP ingest, the runtime's writes outside the tool gateway,
+        the command line and the demo; `ledger import-little` with `imported=True` (Little
+        Workflow's own lifecycle: compile events before RunStarted, a verdict after the end).
+
+    append(..., attached=[Attached(...), ...])
+        The tool gateway's common case (`gateway.runtime_batch`): the batch and a change to the
+        call's control row in one statement, or None when the database did not confirm it
+        (nothing written); the gateway then does the same under `holding`.
+
+    head = holding(workspace=W, run_id=R); head.append([...])
+        In the caller's transaction, under the run's head lock: a service that reads and changes
+        other rows of the run with its events (the tool gateway's services, tool approval,
+        cancellation). The head row stays locked until the caller's transaction ends.
+
+Which strategy (ledger/log/strategies.py) writes a batch is decided here, and only here:
+
+| the append | strategy | costs | why |
+|---|---|---|---|
+| PostgreSQL, >= PIPELINE_FROM events, no transaction open, this process folded the run last, no RunStarted/RunCompleted/RunFailed | `pipelined` | one transaction, a statement per part of PIPELINE_PART | the server writes a part while the next is prepared |
+| PostgreSQL, this process folded the run last (or a new run's RunStarted), every payload inline | `one_statement` | 1 round trip, 1 commit (outside a transaction) | the head update holds only on the guessed head: a stale guess writes nothing |
+| `attached` (PostgreSQL) | `one_statement` with the row changes | 1 round trip | the control row and its events commit together or not at all |
+| everything else: SQLite, no guess, a payload to externalize, a guess that missed, a refusal or replay to decide, an imported log | `locked` | the lock, a statement, the commit | refusals and replays are decided on what the rows hold |
+| `holding(...)` | `locked`, in the caller's transaction | the lock, then a statement per `head.append` | the caller's row changes and the events share the lock |
+
+Every strategy obeys the same rules (ledger/log/rules.py: expected sequence, fencing, lifecycle,
+idempotent replay, a tool call still held), numbers the batch densely after the log's end,
+writes the projections of the fold in the same transaction (ledger/log/projection.py), runs the
+terminal hooks (ledger/log/hooks.py) and announces the batch after commit (ledger/log/announce.py).
+A refused batch writes nothing and consumes no sequence number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, overload
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from ..errors import NotFound
+from ..models import Run, Workspace
+from . import prepare, rules, statements, strategies
+from .statements import Attached
+from .strategies import HEAD_FIELDS, PIPELINE_FROM, AppendResult
+
+__all__ = ["AppendResult", "Attached", "Head", "append", "holding"]
+
+
+@overload
+def append(*, workspace: Workspace, run_id: str, events: object, expected_sequence: int | None = None,
+           fencing_token: Any = None, imported: bool = False, attached: None = None) -> AppendResult: ...
+
+
+@overload
+def append(*, workspace: Workspace, run_id: str, events: object, expected_sequence: int | None = None,
+           fencing_token: Any = None, imported: bool = False,
+           attached: Sequence[Attached]) -> AppendResult | None: ...
+
+
+def append(*, workspace: Workspace, run_id: str, events: object, expected_sequence: int | None = None,
+           fencing_token: Any = None, imported: bool = False,
+           attached: Sequence[Attached] | None = None) -> AppendResult | None:
+    """Append a batch to a run's log, all or nothing.
+
+    `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`, checked here as
+    they came in (hence `object`). A refusal raises a LedgerError carrying the API.md code; nothing
+    is written and no sequence number is consumed. With `attached`, None when the one statement
+    could not be taken or confirmed (see the module docstring).
+    """
+    prepare.validate_run_id(run_id)
+    # The connection looked up once for the append: each attribute read through the `connection`
+    # proxy is a context-local lookup (~1.5 µs), and an append asked for one five times.
+    db = connections[DEFAULT_DB_ALIAS]
+    if attached is not None:
+        if db.vendor != "postgresql":
+            return None  # the statement is PostgreSQL's; elsewhere the caller's locked way does it all
+        batch = prepare.batch(workspace, events, expected_sequence)
+        return strategies.one_statement(db, workspace, run_id, batch, expected_sequence, fencing_token,
+                                        tuple(attached))
+    if (db.vendor == "postgresql" and isinstance(events, list) and len(events) >= PIPELINE_FROM
+            and not imported and not db.in_atomic_block and statements.PIPELINES):
+        prepare.check_batch(events, expected_sequence)
+        result = strategies.pipelined(db, workspace, run_id, events, expected_sequence, fencing_token)
+        if result is not None:
+            return result
+    batch = prepare.batch(workspace, events, expected_sequence)
+    if db.vendor == "postgresql":
+        result = strategies.one_statement(db, workspace, run_id, batch, expected_sequence, fencing_token,
+                                          imported=imported)
+        if result is not None:
+            return result
+    with transaction.atomic():
+        run = strategies.lock_or_create_head(workspace, run_id)
+        return strategies.locked(run, batch, expected_sequence, fencing_token, imported=imported)
+
+
+def holding(*, workspace: Workspace, run_id: str, columns: tuple[str, ...] | None = HEAD_FIELDS) -> Head:
+    """The run's head row locked until the caller's transaction ends (one must be open); NotFound
+    when the run does not exist. `columns`: what of the row to read (None: all of it)."""
+    run = strategies.lock_head(workspace=workspace, run_id=run_id, columns=columns)
+    if run is None:
+        raise NotFound(f"run {run_id} not found", runId=run_id)
+    return Head(run)
+
+
+class Head:
+    """A run's head row, locked by `holding`: appends under that lock, and the lease it shows."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def append(self, events: Sequence[Mapping[str, Any]], *, expected_sequence: int | None = None,
+               fencing_token: Any = None) -> AppendResult:
+        """Append under the lock, in the caller's transaction. No savepoint: a refusal raised here
+        must end the caller's transaction. An empty batch writes nothing and only answers to the
+        fence, for a caller whose row changes need no event."""
+        if not events:
+            rules.check_fencing(self.run, fencing_token, strategies.now_ms())
+            return AppendResult(events=[], last_sequence=self.run.last_sequence)
+        batch = prepare.batch(self.run.workspace, events, expected_sequence)
+        return strategies.locked(self.run, batch, expected_sequence, fencing_token)
+
+    def leased(self, now: datetime) -> bool:
+        """Whether an executor holds the run's lease now."""
+        return rules.lease_live(self.run.lease_expires_at, now)
+
+    def holder_token(self, now: datetime) -> int | None:
+        """The token to write with beside the holder (rules.holder_token)."""
+        return rules.holder_token(self.run, now)

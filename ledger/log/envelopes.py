@@ -130,3 +130,9 @@ def read_envelopes(run: Run, *, after: int = 0, limit: int | None = None,
     rows = log_rows(run, after=after, limit=limit, type_prefix=type_prefix)
     with paused_gc():
         return [row_envelope(row, run_id, decode_payload(row[5])) for row in rows]
+
+
+def log_of(run: Run, *, upto: int | None = None) -> list[dict[str, Any]]:
+    """The run's envelopes, in order, straight from the log (up to sequence `upto`: a prefix;
+    sequences are dense from 1, so that is the first `upto` rows)."""
+    return read_envelopes(run, limit=upto)

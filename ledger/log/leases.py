@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import F
 from .. import clock
-from ..reads import selectors
-from ..errors import Conflict, Fenced
+from ..errors import Conflict, Fenced, NotFound
 from ..models import Run, Workspace
+from . import rules
 
 
 class LeaseHeld(Conflict):
@@ -64,12 +64,11 @@ def owner_is_dead(owner: str) -> bool:
 def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: float = 60,
                       take_over: bool = False) -> Lease:
     """Lease the run to `owner`. A live lease of another owner is refused unless `take_over`."""
-    run = selectors.runs(workspace).select_for_update().filter(run_id=run_id).first()
+    run = Run.objects.filter(workspace=workspace).select_for_update().filter(run_id=run_id).first()
     if run is None:
-        selectors.get_run(workspace, run_id)  # raises NotFound
-    assert run is not None
+        raise NotFound(f"run {run_id} not found", runId=run_id)
     now = clock.now()
-    live = run.lease_expires_at is not None and run.lease_expires_at > now
+    live = rules.lease_live(run.lease_expires_at, now)
     if live and run.lease_owner != owner and not take_over:
         raise LeaseHeld(f"run {run_id} is leased to {run.lease_owner} until {run.lease_expires_at:%H:%M:%S}",
                         owner=run.lease_owner)
@@ -85,7 +84,7 @@ def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: f
 def renew_run_lease(*, workspace: Workspace, lease: Lease) -> Lease:
     """Extend `lease` by its TTL from now, keeping its fencing token; Fenced if it was taken over."""
     expires = clock.now() + timedelta(seconds=lease.ttl_s)
-    renewed = selectors.runs(workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
+    renewed = Run.objects.filter(workspace=workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
         lease_owner=lease.owner, lease_expires_at=expires)
     if not renewed:
         raise _taken_over(lease)
@@ -94,7 +93,7 @@ def renew_run_lease(*, workspace: Workspace, lease: Lease) -> Lease:
 
 def renew_locked(*, run: Run, lease: Lease) -> Lease:
     """`renew_run_lease` in the caller's transaction, on the run's head row it holds locked
-    (`ledger.log.append.lock_head`): the holder's next write carries the renewal, no commit of its own."""
+    (`ledger.log.holding`): the holder's next write carries the renewal, no commit of its own."""
     if run.fencing_token != lease.fencing_token:
         raise _taken_over(lease)
     expires = clock.now() + timedelta(seconds=lease.ttl_s)
@@ -111,6 +110,6 @@ def _taken_over(lease: Lease) -> Fenced:
 @transaction.atomic
 def release_run_lease(*, workspace: Workspace, lease: Lease) -> None:
     """Give the run back; a no-op if the lease was already taken over."""
-    selectors.runs(workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
+    Run.objects.filter(workspace=workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
         lease_owner="", lease_expires_at=None
     )

@@ -75,7 +75,7 @@ def upsert_sql(source: str, *, one_row: bool = False) -> str:
     """INSERT of the rows of `source` (a FROM list whose columns include COLUMNS), each added to its
     cell; in key order, so that two transactions lock the cells they share in the same order (a
     `one_row` source needs no sort). The appends on PostgreSQL put it in their one statement
-    (ledger/log/pgappend.py)."""
+    (ledger/log/statements.py)."""
     order = "" if one_row else f"ORDER BY {', '.join(KEY)} "
     return (f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM {source} "
             f"{order}{_added_to_cell()}")

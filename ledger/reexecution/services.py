@@ -30,6 +30,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from ..log import announce
+from ..log.rules import lease_live
 from .. import audit, clock
 from ..reads import selectors
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
@@ -434,7 +435,7 @@ def expire_overdue(*, workspace: Workspace | None = None) -> list[str]:
 
 
 def _lease_is_live(request: ReexecutionRequest, now: datetime) -> bool:
-    return request.lease_expires_at is not None and request.lease_expires_at > now
+    return lease_live(request.lease_expires_at, now)
 
 
 def _take_lease(request: ReexecutionRequest, owner: str, now: datetime) -> None:

@@ -20,6 +20,7 @@ from django.db import close_old_connections, connections
 from .. import clock
 from ..errors import LedgerError
 from ..log.leases import new_owner, owner_is_dead
+from ..log.rules import lease_live
 from ..models import ReexecutionRequest
 from . import services
 
@@ -99,7 +100,7 @@ def recover_stalled() -> list[str]:
     queued = []
     for request in candidates:
         if request.status == Status.RUNNING:
-            stalled = (request.lease_expires_at is None or request.lease_expires_at <= now
+            stalled = (not lease_live(request.lease_expires_at, now)
                        or owner_is_dead(request.lease_owner))
         else:
             stalled = request.decided_at is not None and request.decided_at <= now - ttl

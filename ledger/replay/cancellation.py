@@ -20,7 +20,7 @@ from django.db import transaction
 
 from .. import audit, clock
 from . import gateway
-from ..log.append import append_locked, lock_head
+from ..log import holding
 from ..errors import LedgerError, NotFound, RunFinished
 from ..models import Run, RunStatus, ToolCall, Workspace
 
@@ -92,11 +92,12 @@ def _cancel_tree(workspace: Workspace, run_id: str, reason: str, by: str) -> lis
 
 
 def _cancel_one(workspace: Workspace, run_id: str, reason: str, by: str) -> Cancelled | None:
-    run = lock_head(workspace=workspace, run_id=run_id)
-    if run is None or run.status in RunStatus.finished():
+    head = holding(workspace=workspace, run_id=run_id)
+    run = head.run
+    if run.status in RunStatus.finished():
         return None
     now = clock.now()
-    held = run.lease_expires_at is not None and run.lease_expires_at > now
+    held = head.leased(now)
     events: list[dict[str, Any]] = []
     abandoned, in_doubt = gateway.abandon_for_cancel(run, now, events.append, reason)
     # Calls stopped before the gateway (waiting for an approver, or approved and not yet run)
@@ -111,5 +112,5 @@ def _cancel_one(workspace: Workspace, run_id: str, reason: str, by: str) -> Canc
     events.append({"type": "RunFailed", "payload": {"error": cancelled_error(reason), "cancelledBy": by}})
     # Written under the holder's own fencing token: the cancel is not a takeover, the holder's
     # lease stays, and its next write meets the ended run.
-    last = append_locked(run=run, events=events, fencing_token=run.fencing_token if held else None).last_sequence
+    last = head.append(events, fencing_token=head.holder_token(now)).last_sequence
     return Cancelled(run_id=run_id, held=held, abandoned=abandoned, in_doubt=in_doubt, last_sequence=last)

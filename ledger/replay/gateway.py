@@ -3,14 +3,16 @@
 A harness claims a call before running it, says when the request is about to leave (`outbound`),
 and completes it with a result or an error. The control row (ToolGatewayClaim) holds what the log
 does not: owner, lease token, the outbound stamp. Every change the log must know about is
-appended through `append_locked` in the same transaction as the row change, or, in a harness's
-common case on PostgreSQL (`runtime_batch`), in the same statement (`append_attached`), so the row
-and the `harness.tool_call.*` events never disagree.
+appended under the run's head lock in the same transaction as the row change (`log.holding`),
+or, in a harness's common case on PostgreSQL (`runtime_batch`), in the same statement
+(`log.append(..., attached=...)`), so the row and the `harness.tool_call.*` events never disagree.
 
 Every service locks the run's head row first: it is the row every append locks, so the lock
 order is always run → claim, and two claimers of one call are serialized (on SQLite the IMMEDIATE
 transaction does the same). The one-statement form keeps that order: its head update takes the
-run's row lock before its claim row is written.
+run's row lock before its claim row is written. Which of the two runs a batch is decided once,
+in `runtime_batch`; the conditions of its attached changes are the rule book's
+(ledger/log/rules.py `CLAIM_IS_NEW`, `held_condition`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db import models
 from django.db.models import Q
 
-from ..log import artifacts, pgappend
 from .. import audit, clock
-from ..log.append import append_attached, append_events, append_locked, lock_head, validate_run_id
+from ..log import Attached, Head, append, artifacts, holding, rules
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
 from ..log.envelopes import format_recorded_at
 from ..errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
@@ -107,13 +108,9 @@ Emit = Callable[[dict[str, Any]], None]  # where a service's events go: appended
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _lock_run(workspace: Workspace, run_id: str) -> Run:
-    validate_run_id(run_id)
-    run = Run.objects.select_for_update().filter(workspace=workspace, run_id=run_id).first()
-    if run is None:
-        raise NotFound(f"run {run_id} not found", runId=run_id)
-    run.workspace = workspace  # the same row; saves a query on every append and artifact read
-    return run
+def _lock_run(workspace: Workspace, run_id: str) -> Head:
+    # The whole row, as the gateway has always read it (tests/test_write_path_sql.py holds the statement).
+    return holding(workspace=workspace, run_id=run_id, columns=None)
 
 
 def _get_claim(run: Run, call_id: str) -> ToolGatewayClaim:
@@ -144,12 +141,11 @@ def _token_matches(claim: ToolGatewayClaim, lease_token: str) -> bool:
     return hmac.compare_digest(claim.lease_token.encode(), str(lease_token).encode())
 
 
-def _append(run: Run, fencing_token: Any, *events: dict[str, Any]) -> None:
-    append_locked(run=run, events=list(events), fencing_token=fencing_token)
+def _appender(head: Head, fencing_token: Any) -> Emit:
+    def emit(event: dict[str, Any]) -> None:
+        head.append([event], fencing_token=fencing_token)
 
-
-def _appender(run: Run, fencing_token: Any) -> Emit:
-    return lambda event: _append(run, fencing_token, event)
+    return emit
 
 
 def _with_step_path(run: Run, call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +160,8 @@ def _step_path_of(run: Run, call_id: str) -> str | None:
 
 def lease_ran_out_after_outbound(claim: ToolGatewayClaim, now: datetime) -> bool:
     """The call is in doubt but not yet written down as such (the next touch of the call does)."""
-    return claim.status == Status.CLAIMED and claim.outbound_at is not None and claim.lease_expires_at <= now
+    return (claim.status == Status.CLAIMED and claim.outbound_at is not None
+            and not rules.lease_live(claim.lease_expires_at, now))
 
 
 def is_in_doubt(claim: ToolGatewayClaim, now: datetime | None = None) -> bool:
@@ -284,9 +281,10 @@ def claim_tool_call(
     lease) or Finished with idempotent_replay (a finished call with the same identity: nothing
     runs, nothing is appended). Refuses with IdempotencyConflict, ToolCallInProgress, ToolCallInDoubt.
     """
-    run = _lock_run(workspace, run_id)
+    head = _lock_run(workspace, run_id)
+    run = head.run
     args, args_digest = _prepare_args(workspace, tool_name, args)
-    return _claim(run, clock.now(), _appender(run, fencing_token), call_id=call_id, tool_name=tool_name, args=args,
+    return _claim(run, clock.now(), _appender(head, fencing_token), call_id=call_id, tool_name=tool_name, args=args,
                   args_digest=args_digest, effect=effect, owner=owner, idempotency_key=idempotency_key,
                   timeout_s=timeout_s, caller=caller, turn=turn, step_path=step_path)
 
@@ -322,7 +320,7 @@ def _claim(
         return _finished(run, claim, replay=True)  # nothing executed, nothing appended
     if claim.status == Status.IN_DOUBT:
         return _in_doubt_error(claim)
-    if claim.lease_expires_at > now:
+    if rules.lease_live(claim.lease_expires_at, now):
         if claim.owner == owner:  # a retried claim of the holder: the same lease again
             if outbound and claim.outbound_at is None:
                 claim.outbound_at = claim.updated_at = now
@@ -366,12 +364,13 @@ def _started(call_id: str, attempt: int, *, caller: str, tool_name: str, args: A
 def mark_outbound(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str,
                   fencing_token: Any = None) -> Outbound | LedgerError:
     """Stamp that the request is about to leave: from now on an expiry means in doubt."""
-    run = _lock_run(workspace, run_id)
+    head = _lock_run(workspace, run_id)
+    run = head.run
     claim = _get_claim(run, call_id)
     now = clock.now()
-    if _settle_expiry(run, claim, now, _appender(run, fencing_token)):
+    if _settle_expiry(run, claim, now, _appender(head, fencing_token)):
         return _lease_lost(claim)
-    if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.lease_expires_at <= now:
+    if not rules.holds(claim, lease_token, now):
         return _lease_lost(claim)
     if claim.outbound_at is None:  # a repeated outbound keeps the first stamp
         claim.outbound_at = claim.updated_at = now
@@ -405,9 +404,10 @@ def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease
     """
     if outcome not in ("result", "error"):
         raise InvalidToolCall("send either result or error", field="result")
-    run = _lock_run(workspace, run_id)
+    head = _lock_run(workspace, run_id)
+    run = head.run
     value = prepare_outcome(workspace, outcome, value)
-    return _complete(run, clock.now(), _appender(run, fencing_token), call_id=call_id, lease_token=lease_token,
+    return _complete(run, clock.now(), _appender(head, fencing_token), call_id=call_id, lease_token=lease_token,
                      outcome=outcome, value=value)
 
 
@@ -427,7 +427,7 @@ def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token:
         return _finished(run, claim, replay=True)  # the holder retrying its own complete
     if _settle_expiry(run, claim, now, emit):
         return _lease_lost(claim)
-    if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.lease_expires_at <= now:
+    if not rules.holds(claim, lease_token, now):
         return _lease_lost(claim)
 
     status = Status.SUCCEEDED if outcome == "result" else Status.FAILED
@@ -493,11 +493,11 @@ def _complete_held(workspace: Workspace, run_id: str, now: datetime, held: Claim
     changes, done = _held_completion(now, held, outcome, value,
                                      _outcome_columns(workspace, run_id, held.call_id, outcome, value))
     columns, params = _columns(changes)
-    where, keys = _columns(_held_row(held))
+    where, keys = _columns(rules.held_row(held.call_id, held.lease_token, held.outbound_at))
     _, (live_after,) = _columns({"lease_expires_at": now})
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {_CLAIMS} SET {', '.join(f'{c} = %s' for c in columns)} "
-                       f"WHERE {' AND '.join(f'{c} = %s' for c in where)} AND lease_expires_at > %s "
+                       f"WHERE {rules.held_condition(where)} "
                        f"AND run_id = (SELECT id FROM {_RUNS} WHERE workspace_id = %s AND run_id = %s)",
                        [*params, *keys, live_after, workspace.pk, run_id])
         if cursor.rowcount != 1:
@@ -517,60 +517,46 @@ def _held_completion(now: datetime, held: Claimed, outcome: str, value: Any,
                              error=value if outcome == "error" else None, duration_ms=duration_ms)
 
 
-def _held_row(held: Claimed) -> dict[str, Any]:
-    """What the row of a call still held by its claimer `held` holds."""
-    return {"call_id": held.call_id, "status": Status.CLAIMED, "lease_token": held.lease_token,
-            "outbound_at": held.outbound_at}
-
-
 # --- the common case attached to the append's statement (PostgreSQL) --------------------------
-# The same two changes as pgappend.Attached: their condition joins the run head's conditional
+# The same two changes as Attached: their condition joins the run head's conditional
 # update, so the control row and the events commit in one statement (outside a transaction one
 # round trip, one commit) without the head's lock taken first. The parameters are named, each
 # value once per use, so that no parameter's type is deduced from two contexts.
 
 
-def _attached_claim(row: Mapping[str, Any]) -> pgappend.Attached:
+def _attached_claim(row: Mapping[str, Any]) -> Attached:
     """Insert the first claim `row` (`_new_claim`) if neither its call id nor its idempotency key
     has a row in the run. A row that appears after the condition's snapshot fails the INSERT on
     the unique constraints, and with it the whole statement."""
     columns, values = _columns(row)
     params = {f"claim_{i}": v for i, v in enumerate(values)}
     params.update(claim_call=row["call_id"], claim_key=row["idempotency_key"])
-    return pgappend.Attached(name="claim", condition=_CLAIM_CONDITION, params=params, sql=(
+    return Attached(name="claim", condition=rules.CLAIM_IS_NEW, params=params, sql=(
         f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
         f"SELECT head.id, {', '.join(f'%(claim_{i})s' for i in range(len(columns)))} FROM head RETURNING 1"))
 
 
-def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any]) -> pgappend.Attached:
+def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any]) -> Attached:
     """Set `changes` (`_held_completion`) on the row of the call `held`, if its claimer still holds
     it under a live lease."""
     columns, values = _columns(changes)
-    where, keys = _columns(_held_row(held))
+    where, keys = _columns(rules.held_row(held.call_id, held.lease_token, held.outbound_at))
     _, (live_after,) = _columns({"lease_expires_at": now})
     params = {f"done_{i}": v for i, v in enumerate(values)}
     params.update({f"done_where_{i}": v for i, v in enumerate(keys)})
     params.update({f"done_cond_{i}": v for i, v in enumerate(keys)})
     params.update(done_live_after=live_after, done_cond_live_after=live_after)
-    held_now = " AND ".join(f"c.{c} = %(done_where_{i})s" for i, c in enumerate(where))
-    held_then = " AND ".join(f"c.{c} = %(done_cond_{i})s" for i, c in enumerate(where))
+    held_then = rules.held_condition(where, alias="c", values="done_cond", live_after="done_cond_live_after")
+    held_now = rules.held_condition(where, alias="c", values="done_where", live_after="done_live_after")
     sets = ", ".join(f"{c} = %(done_{i})s" for i, c in enumerate(columns))
-    return pgappend.Attached(
+    return Attached(
         name="done", params=params,
-        condition=(f"EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND {held_then} "
-                   "AND c.lease_expires_at > %(done_cond_live_after)s)"),
-        sql=(f"UPDATE {_CLAIMS} c SET {sets} FROM head WHERE c.run_id = head.id AND {held_now} "
-             "AND c.lease_expires_at > %(done_live_after)s RETURNING 1"))
+        condition=f"EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND {held_then})",
+        sql=f"UPDATE {_CLAIMS} c SET {sets} FROM head WHERE c.run_id = head.id AND {held_now} RETURNING 1")
 
 
 _CLAIMS, _RUNS = ToolGatewayClaim._meta.db_table, Run._meta.db_table
 _CLAIM_FIELDS = {f.name: f for f in ToolGatewayClaim._meta.concrete_fields}
-# Two probes of the two unique indexes: one NOT EXISTS with `call_id = … OR idempotency_key = …`
-# read every claim of the run (a bitmap scan on run_id, filtered), a cost that grew with the run
-# (0.12 ms of a 0.64 ms statement at the 200th call).
-_CLAIM_CONDITION = (f"NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND c.call_id = %(claim_call)s)"
-                    f" AND NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s"
-                    " AND c.idempotency_key = %(claim_key)s)")
 
 
 def _columns(values: Mapping[str, Any]) -> tuple[tuple[str, ...], list[Any]]:
@@ -627,17 +613,18 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     `origin` (a re-execution's live calls) is stamped on the model and tool events written.
     `renew`, the run lease of the writer, is renewed in the same transaction (Fenced if taken over).
 
-    On PostgreSQL the common case (a claim of a call never claimed, the completion of a call the
-    caller holds under its live lease, no renewal) is one statement and takes no lock of its own
+    The common case (a claim of a call never claimed, the completion of a call the caller holds
+    under its live lease, no renewal) is one statement on PostgreSQL and takes no lock of its own
     (`_in_one_statement`): outside a transaction one round trip, one commit. Anything else (a
-    renewal, a row that exists, a refusal, a miss of the guessed head, SQLite) goes the locked way.
+    renewal, a row that exists, a refusal, a miss of the guessed head, SQLite, where the log
+    answers None to an attached append) goes the locked way.
     """
     if renew is None and complete is None and claim is None and events:
-        # Events alone: append_events outside a transaction is one statement when its guess holds.
-        return Batch(None, None, append_events(workspace=workspace, run_id=run_id,
-                                               events=[with_origin(e, origin) for e in events],
-                                               fencing_token=fencing_token).last_sequence)
-    if renew is None and connection.vendor == "postgresql":
+        # Events alone: the log's append outside a transaction is one statement when its guess holds.
+        return Batch(None, None, append(workspace=workspace, run_id=run_id,
+                                        events=[with_origin(e, origin) for e in events],
+                                        fencing_token=fencing_token).last_sequence)
+    if renew is None:
         done = _in_one_statement(workspace=workspace, run_id=run_id, fencing_token=fencing_token,
                                  complete=complete, events=events, claim=claim, origin=origin)
         if done is not None:
@@ -650,12 +637,12 @@ def _in_one_statement(*, workspace: Workspace, run_id: str, fencing_token: Any, 
                       events: Sequence[Mapping[str, Any]], claim: dict[str, Any] | None,
                       origin: str | None) -> Batch | None:
     """runtime_batch's common case as one statement: the control rows attached to the append
-    (`append_attached`), whose head update checks the fence, the guessed head and the rows'
+    (`log.append(..., attached=...)`), whose head update checks the fence, the guessed head and the rows'
     conditions at once. None, with nothing written, when it is not the common case or the
     database did not confirm it; the locked way then sorts it out on what the rows hold."""
     now = clock.now()
     batch: list[Mapping[str, Any]] = []
-    attached: list[pgappend.Attached] = []
+    attached: list[Attached] = []
     completed: Finished | None = None
     claimed: Claimed | None = None
     if complete is not None:
@@ -681,8 +668,8 @@ def _in_one_statement(*, workspace: Workspace, run_id: str, fencing_token: Any, 
                               turn=claim["turn"], step_path=claim["step_path"]))
     if not batch:
         return None  # nothing to append: only the locked way answers to the fence then
-    result = append_attached(workspace=workspace, run_id=run_id, events=[with_origin(e, origin) for e in batch],
-                             attached=attached, fencing_token=fencing_token)
+    result = append(workspace=workspace, run_id=run_id, events=[with_origin(e, origin) for e in batch],
+                    fencing_token=fencing_token, attached=attached)
     return None if result is None else Batch(completed, claimed, result.last_sequence)
 
 
@@ -694,9 +681,8 @@ def _locked(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: 
     args = None
     if claim is not None:
         args, args_digest = _prepare_args(workspace, claim["tool_name"], claim["args"])
-    run = lock_head(workspace=workspace, run_id=run_id)
-    if run is None:
-        raise NotFound(f"run {run_id} not found", runId=run_id)
+    head = holding(workspace=workspace, run_id=run_id)
+    run = head.run
     lease = renew_locked(run=run, lease=renew) if renew is not None else None
     now = clock.now()
     batch: list[Mapping[str, Any]] = []
@@ -719,7 +705,7 @@ def _locked(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: 
                 claimed = got
     # An empty batch (a replayed claim) appends nothing: the rows changed still answer to the fence.
     batch = [with_origin(event, origin) for event in batch]
-    last = append_locked(run=run, events=batch, fencing_token=fencing_token).last_sequence
+    last = head.append(batch, fencing_token=fencing_token).last_sequence
     return refusal or Batch(completed, claimed, last, lease)
 
 
@@ -733,10 +719,11 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
     """
     if outcome not in (Status.SUCCEEDED, Status.FAILED):
         raise InvalidToolCall("outcome must be succeeded or failed", field="outcome")
-    run = _lock_run(workspace, run_id)
+    head = _lock_run(workspace, run_id)
+    run = head.run
     claim = _get_claim(run, call_id)
     now = clock.now()
-    _settle_expiry(run, claim, now, _appender(run, fencing_token))
+    _settle_expiry(run, claim, now, _appender(head, fencing_token))
     if claim.status != Status.IN_DOUBT:
         return ToolCallNotInDoubt(
             f"tool call {call_id} is {claim.status}; only a call in doubt can be reconciled",
@@ -749,9 +736,9 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
     claim.status, claim.finished_at, claim.updated_at = outcome, now, now
     claim.reconciled_by, claim.reconcile_note = by, note
     claim.save()
-    _append(run, fencing_token, {"type": "harness.tool_call.reconciled", "payload": _with_step_path(run, call_id, {
+    head.append([{"type": "harness.tool_call.reconciled", "payload": _with_step_path(run, call_id, {
         "callId": call_id, "outcome": outcome, field: value, "note": note, "by": by, "attempt": claim.attempt,
-    })})
+    })}], fencing_token=fencing_token)
     audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.TOOL_CALL_RECONCILED,
                  target=f"{run_id}/{call_id}", reason=note,
                  details={"runId": run_id, "callId": call_id, "toolName": claim.tool_name, "outcome": outcome})
@@ -764,11 +751,12 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
 def settle_expired_claims(*, workspace: Workspace, run_id: str, fencing_token: Any = None) -> list[str]:
     """Write down as in doubt every call of the run whose lease ran out after its request left
     (otherwise that is only discovered when someone touches the call). The call ids settled now."""
-    run = _lock_run(workspace, run_id)
+    head = _lock_run(workspace, run_id)
+    run = head.run
     now = clock.now()
     expired = ToolGatewayClaim.objects.select_for_update().filter(
         run=run, status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=now).order_by("pk")
-    emit = _appender(run, fencing_token)
+    emit = _appender(head, fencing_token)
     return [claim.call_id for claim in expired if _settle_expiry(run, claim, now, emit)]
 
 
@@ -780,7 +768,8 @@ def declare_in_doubt(*, workspace: Workspace, run_id: str, call_id: str, lease_t
     its timeout): nobody knows whether it acted, so the call is in doubt now, as a lease running out
     would make it, and an operator must reconcile it. The log's new end; LeaseLost (nothing written)
     when the caller no longer holds the call."""
-    run = _lock_run(workspace, run_id)
+    head = _lock_run(workspace, run_id)
+    run = head.run
     claim = _get_claim(run, call_id)
     now = clock.now()
     if claim.status != Status.CLAIMED or not _token_matches(claim, lease_token) or claim.outbound_at is None:
@@ -790,8 +779,8 @@ def declare_in_doubt(*, workspace: Workspace, run_id: str, call_id: str, lease_t
     payload = _with_step_path(run, call_id, {
         "callId": call_id, "toolName": claim.tool_name, "attempt": claim.attempt, "owner": claim.owner,
         "outboundAt": format_recorded_at(claim.outbound_at), "reason": reason, **details})
-    return append_locked(run=run, events=[{"type": "harness.tool_call.in_doubt", "payload": payload}],
-                         fencing_token=fencing_token).last_sequence
+    return head.append([{"type": "harness.tool_call.in_doubt", "payload": payload}],
+                       fencing_token=fencing_token).last_sequence
 
 
 def abandon_for_cancel(run: Run, now: datetime, emit: Emit, reason: str) -> tuple[list[str], list[str]]:

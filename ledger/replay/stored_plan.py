@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..models import Run
-from ..log.projection import log_of, prices_for
+from ..log.envelopes import log_of
+from ..log.projection import prices_for
 from .plan import replay_plan
 from ..log.verify import artifact_refs, check_artifacts
 

@@ -30,7 +30,7 @@ from django.db import transaction
 
 from .. import audit, clock
 from . import gateway
-from ..log.append import append_locked, lock_head
+from ..log import holding
 from ..canonical import digest
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
 from ..models import Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
@@ -154,9 +154,8 @@ def decide(*, workspace: Workspace, run_id: str, call_id: str, approve: bool, se
     membership = Membership.objects.filter(user=by, tenant=workspace.tenant).first()
     if membership is None or not membership.allows(Role.APPROVER):
         raise ApproverRequired("deciding a tool call needs the approver role", role="approver")
-    run = lock_head(workspace=workspace, run_id=run_id)
-    if run is None:
-        raise NotFound(f"run {run_id} not found", runId=run_id)
+    head = holding(workspace=workspace, run_id=run_id)
+    run = head.run
     call = ToolCall.objects.filter(run=run, call_id=call_id).first()
     if call is None:
         raise NotFound(f"tool call {call_id} not found in run {run_id}", runId=run_id, callId=call_id)
@@ -180,10 +179,8 @@ def decide(*, workspace: Workspace, run_id: str, call_id: str, approve: bool, se
         payload["stepPath"] = call.step_path
     if not approve:
         payload["error"] = {"name": REJECTED, "message": f"rejected by {name}: {note}"}
-    now = clock.now()
-    held = run.lease_expires_at is not None and run.lease_expires_at > now
-    append_locked(run=run, events=[{"type": f"harness.tool_call.{'approved' if approve else 'rejected'}",
-                                    "payload": payload}], fencing_token=run.fencing_token if held else None)
+    head.append([{"type": f"harness.tool_call.{'approved' if approve else 'rejected'}", "payload": payload}],
+                fencing_token=head.holder_token(clock.now()))
     audit.record(actor=by, tenant=workspace.tenant, workspace=workspace,
                  action=audit.Action.TOOL_CALL_APPROVED if approve else audit.Action.TOOL_CALL_REJECTED,
                  target=f"{run_id}/{call_id}", reason=note,

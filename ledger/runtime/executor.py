@@ -43,7 +43,7 @@ from ..errors import LedgerError
 from ..fold import RunState
 from ..replay.gateway import ToolCallInDoubt, first_call_in_doubt
 from ..models import RunStatus, Workspace
-from ..log.projection import log_of
+from ..log.envelopes import log_of
 from ..replay.plan import CapabilityDriftError, manifest_drift
 from .errors import WAITING_APPROVAL, RunInputMismatch, RuntimeIntegrityError, StepFailure, WaitingApproval
 from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable

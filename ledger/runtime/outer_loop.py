@@ -50,7 +50,7 @@ from ..canonical import canonical_json, digest
 from ..errors import LedgerError, NotFound
 from ..models import Run, RunStatus, Workspace
 from ..fold.pricing import UsageTotals
-from ..log.projection import log_of
+from ..log.envelopes import log_of
 from ..reads.subruns import subrun_tree
 from .errors import RuntimeIntegrityError
 from .executor import start_run

@@ -56,12 +56,12 @@ from django.db import connection, connections
 from .. import clock
 from ..replay import gateway
 from ..reads import selectors
-from ..log.append import append_events
+from ..log import append
 from ..errors import Fenced
 from ..fold import RunState
 from ..log.leases import Lease, LeaseHeld, acquire_run_lease, new_owner, owner_is_dead, release_run_lease, renew_run_lease
 from ..models import Workspace
-from ..log.projection import log_of
+from ..log.envelopes import log_of
 from ..log.vocabulary import with_origin
 from . import progress
 from .record import Record, read_record
@@ -208,7 +208,7 @@ class Recorder:
             self.parent.keep_alive()
         self.discard()
         if self.lease is None:  # the write that starts a run (and creates its row) comes before its lease
-            last = append_events(workspace=self.workspace, run_id=self.run_id, events=batch).last_sequence
+            last = append(workspace=self.workspace, run_id=self.run_id, events=batch).last_sequence
             outcome = gateway.Batch(None, None, last)
         else:
             # The lease is renewed by this write once half of it has passed, in the same transaction.

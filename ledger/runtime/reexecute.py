@@ -36,13 +36,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..log.append import append_events
+from ..log import append
 from ..canonical import digest
 from ..replay.divergence import rename_runs
 from ..errors import Conflict, NotFound
 from ..fold import ModelCall, RunState, ToolCallState, fold
 from ..models import Run, Workspace
-from ..log.projection import log_of, prices_for
+from ..log.envelopes import log_of
+from ..log.projection import prices_for
 from ..log.redaction import Redactor, policy
 from ..log.vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
 from .errors import InvalidReexecution, ReplayDiverged, UnknownModelProvider, UnknownStep, UnknownWorkflow
@@ -411,7 +412,7 @@ def _run(*, workspace: Workspace, replay: Replay, workflow: Workflow, run_id: st
         last = run.last_sequence
         copied = last - 1  # the executor writes nothing before the whole prefix is copied
     for start in range(copied, len(prefix), COPY_BATCH):
-        last = append_events(workspace=workspace, run_id=run_id, events=list(prefix[start:start + COPY_BATCH]),
+        last = append(workspace=workspace, run_id=run_id, events=list(prefix[start:start + COPY_BATCH]),
                              expected_sequence=last).last_sequence
     return resume_run(workspace=workspace, run_id=run_id, workflow=derived, parent=parent, replay=replay)
 

@@ -42,7 +42,9 @@ from .. import audit, clock
 from ..log.bulk import table
 from ..errors import LedgerError
 from ..models import Artifact, CostEntry, Event, ImportedArtifact, ReexecutionRequest, Run, RunStatus, ToolGatewayClaim, Workspace
-from ..log.projection import STATES, prices_for
+from ..log.rules import lease_live
+from ..log.states import STATES
+from ..log.projection import prices_for
 
 MAX_RETENTION_DAYS = 36_500
 OPEN_REQUESTS = (ReexecutionRequest.Status.PENDING_APPROVAL, ReexecutionRequest.Status.APPROVED,
@@ -142,7 +144,7 @@ def _held(workspace: Workspace, runs: list[Run], now: datetime) -> bool:
     ids = [r.run_id for r in runs]
     if any(r.status not in RunStatus.finished() for r in runs):
         return True
-    if any(r.lease_expires_at is not None and r.lease_expires_at > now for r in runs):
+    if any(lease_live(r.lease_expires_at, now) for r in runs):
         return True
     if ReexecutionRequest.objects.filter(Q(original_run_id__in=ids) | Q(new_run_id__in=ids),
                                          workspace=workspace, status__in=OPEN_REQUESTS).exists():

@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .. import audit, clock
-from ..log import pgappend
+from ..log import statements
 from ..log.bulk import column, table
 from ..errors import LedgerError, NotFound
 from ..models import ApiKey, Membership, Role, Tenant, Workspace
@@ -154,7 +154,7 @@ class _KeyQuery:
 
     def fetch(self, prefix: str) -> ApiKey | None:
         if self.prepared is not None:
-            row = pgappend.fetch_one(self.prepared, (prefix,))
+            row = statements.fetch_one(self.prepared, (prefix,))
         else:
             with connection.cursor() as cursor:
                 cursor.execute(self.sql, [prefix])

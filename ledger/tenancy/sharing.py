@@ -32,7 +32,8 @@ from ..reads import selectors
 from ..errors import LedgerError, NotFound
 from ..fold import fold
 from ..models import Run, ShareLink, Workspace
-from ..log.projection import log_of, prices_for
+from ..log.envelopes import log_of
+from ..log.projection import prices_for
 from ..replay.runlog import FoldedRun, folded
 
 MAX_EXPIRY_HOURS = 720

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from ledger.replay import gateway
-from ledger.log.append import append_events
+from ledger import log
 from ledger.models import Workspace
 from tests import conftest
 from tests.conftest import ev
@@ -35,7 +35,7 @@ def model_call(step_path: str, turn: int, provider: str, model: str, tokens: tup
 
 
 def append(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> None:
-    append_events(workspace=workspace, run_id=run_id, events=list(events))
+    log.append(workspace=workspace, run_id=run_id, events=list(events))
 
 
 def running_run(workspace: Workspace, run_id: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from ledger.log.append import append_events
+from ledger.log import append
 from ledger.models import Workspace
 from tests.browser.conftest import Daphne, log_in, screenshot_dir
 from tests.conftest import ev, started
@@ -35,7 +35,7 @@ def production(tmp_path: Path) -> Iterator[Daphne]:
 
 
 def _run(workspace: Workspace) -> None:
-    append_events(workspace=workspace, run_id=RUN, events=[
+    append(workspace=workspace, run_id=RUN, events=[
         started(),
         ev("StepScheduled", stepPath="answer"), ev("StepAttemptStarted", stepPath="answer", attempt=1),
         ev("harness.model.called", stepPath="answer", turn=1, callId="m1", promptHash="h",
@@ -46,7 +46,7 @@ def _run(workspace: Workspace) -> None:
         ev("StepCompleted", stepPath="answer", attempt=1, output={"text": "It is on its way."}),
         ev("RunCompleted", output={"ok": True}),
     ])
-    append_events(workspace=workspace, run_id="run_to_share_child", events=[started(parentRunId=RUN)])
+    append(workspace=workspace, run_id="run_to_share_child", events=[started(parentRunId=RUN)])
 
 
 def test_create_open_count_and_revoke(page: Page, open_context: Any, server: Daphne, production: Daphne,

@@ -42,7 +42,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from ...log.append import MAX_BATCH, append_events
+from ...log.prepare import MAX_BATCH
+
+from ...log import append
 from ...canonical import canonical_bytes
 from ...errors import IdempotencyConflict, LedgerError, RunAlreadyStarted, RunFinished, RunNotStarted
 from ...models import Event, Run, RunStatus, Step, Workspace
@@ -231,7 +233,7 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span]) -> int:
         events, late = _events_for(workspace, run_id, spans)
         try:
             for start in range(0, len(events), MAX_BATCH):
-                append_events(workspace=workspace, run_id=run_id, events=events[start:start + MAX_BATCH])
+                append(workspace=workspace, run_id=run_id, events=events[start:start + MAX_BATCH])
         except (RunNotStarted, RunAlreadyStarted, RunFinished, IdempotencyConflict):
             if attempt == _ATTEMPTS - 1:
                 raise

@@ -59,7 +59,7 @@ from psycopg.types.json import Jsonb
 from .bulk import conflict_update, json_fields, json_rows, recordset, row_params, values_row
 from .bulk import column as col
 from .bulk import table
-from . import rollup
+from . import rollup, rules
 from ..models import CostEntry, DailyUsage, Event, Run, Step, ToolCall
 from .projection import POSITIONED, Changes
 
@@ -87,16 +87,12 @@ class Guard:
     new_calls: tuple[str, ...] = ()
 
 
-# The unique indexes that hold a Guard's keys and new calls when the statement is its own transaction.
-GUARDING_CONSTRAINTS = frozenset({"event_idempotency_key_unique_in_run", "tool_call_unique_in_run"})
-
-
 def held_by_constraint(exc: BaseException) -> bool:
     """Whether `exc` (Django's IntegrityError) is a key the log already holds or a call that
     already has a row: the guess was wrong, nothing was written, the locked way decides."""
     cause = exc.__cause__
     diag = getattr(cause, "diag", None)
-    return getattr(cause, "sqlstate", None) == "23505" and getattr(diag, "constraint_name", None) in GUARDING_CONSTRAINTS
+    return getattr(cause, "sqlstate", None) == "23505" and getattr(diag, "constraint_name", None) in rules.GUARDING_CONSTRAINTS
 
 
 @dataclass(frozen=True)
@@ -304,22 +300,15 @@ def _adapt(name: str, value: Any) -> Any:
 def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool, bool] | None,
                 attached: tuple[tuple[str, str, str], ...], *rows: RowShape) -> _Statement:
     sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
-    where = "id = %(run_pk)s AND last_sequence = %(before)s"
+    terms = [rules.HEAD_GUESS]
     if guard is not None:
         token, keys, new_calls = guard
-        where += (" AND fencing_token <> 0 AND fencing_token::text = %(token)s" if token else
-                  " AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s)")
-        # One index probe per key (a LATERAL with LIMIT is never flattened into a join): with
-        # `= ANY(array)` the generic plan scanned all of the run's rows and filtered them, a cost
-        # that grew with the run (1,249 rows read for 250 calls in a run of 2,500 events).
+        terms.append(rules.FENCING_TOKEN if token else rules.NOT_LEASED)
         if keys:
-            where += (" AND NOT EXISTS (SELECT 1 FROM json_array_elements_text(%(keys)s::json) AS k(key), LATERAL ("
-                      f"SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s AND idempotency_key = k.key"
-                      " LIMIT 1) AS logged)")
+            terms.append(rules.keys_not_logged())
         if new_calls:
-            where += (" AND NOT EXISTS (SELECT 1 FROM json_array_elements_text(%(new_calls)s::json) AS c(call_id), LATERAL ("
-                      f"SELECT 1 FROM {table(ToolCall)} WHERE run_id = %(run_pk)s AND call_id = c.call_id"
-                      " LIMIT 1) AS known)")
+            terms.append(rules.calls_not_known())
+    where = " AND ".join(terms)
     where += "".join(f" AND ({condition})" for _, condition, _ in attached)
     return _numbered(_with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached))
 
