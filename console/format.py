@@ -12,6 +12,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from ledger import clock
+from ledger.models import UsageColumns
 
 SIGNIFICANT = 4  # digits shown of an amount under a dollar: per-call costs are fractions of a cent
 SMALLEST_PLACE = -6  # a millionth of a dollar: below it, "<$0.000001"
@@ -102,3 +103,9 @@ def utc(value: datetime | str | None, *, milliseconds: bool = False) -> str:
     if milliseconds:
         return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def tokens(row: UsageColumns) -> dict[str, int]:
+    """A row's four token counts, as the usage columns hold them."""
+    return {"input": row.input_tokens, "output": row.output_tokens,
+            "cached": row.cached_input_tokens, "reasoning": row.reasoning_tokens}

@@ -20,6 +20,12 @@ class LedgerError(Exception):
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
 
+class InvalidRequest(LedgerError):
+    """A field of a request is missing or out of its limits (`details.field` names it)."""
+
+    code = "invalid_request"
+
+
 class InvalidRunId(LedgerError):
     code = "invalid_run_id"
 

@@ -9,6 +9,9 @@
 - **Calendar edges.** Dates outside FIRST_DAY..LAST_DAY are refused: ranges add and subtract days
   and would leave the calendar (`date(9999, 12, 31) + 1 day` raises).
 - **Keyset positions.** A cursor decodes to a (time, row id) only if both are in range.
+- **What a person writes.** A reason, a note or a comment (kept in the audit log, shown on pages)
+  is at most MAX_TEXT characters after trimming, and present where it is required: `written`,
+  called by the services, so every transport refuses alike and only shows the domain's message.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from datetime import date, datetime, timezone
 from itertools import accumulate
 from typing import Any
 
+from .errors import InvalidRequest, LedgerError
+
 MAX_JSON_DEPTH = 64
 FIRST_DAY = date(1900, 1, 1)
 LAST_DAY = date(9998, 12, 31)
 MAX_ROW_ID = 2**63 - 1  # a bigint primary key
 
 NUL = "\x00"
+MAX_TEXT = 2000
 
 # A JSON string, escapes included (the unrolled form: no backtracking on long strings).
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -82,6 +88,22 @@ def nul_path(value: Any) -> list[str | int] | None:
         elif isinstance(item, (list, tuple)):
             stack.extend(([*path, i], child) for i, child in enumerate(item))
     return None
+
+
+def written(value: Any, *, field: str, label: str, required: bool = True, limit: int = MAX_TEXT,
+            error: type[LedgerError] = InvalidRequest) -> str:
+    """A person's free text (a reason, a note, a comment), trimmed; `error` (naming `field`)
+    when it is required and empty, not text, or over `limit` characters."""
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise error(f"the {label} must be text", field=field)
+    text = value.strip()
+    if required and not text:
+        raise error(f"say why: the {label} is required", field=field)
+    if len(text) > limit:
+        raise error(f"the {label} is at most {limit} characters", field=field, limit=limit)
+    return text
 
 
 def has_nul(value: Any) -> bool:

@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from ledger.models import AuditEntry, ReexecutionRequest, Run, Workspace
-from ledger.reexecution import services, worker
+from ledger.reexecution import executor, services
 from ledger.runtime.executor import start_run
 from ledger.log.verify import verify_run
 from tests.conftest import named_user
@@ -58,7 +58,7 @@ def _fork(workspace: Workspace, by: User, **extra: Any) -> ReexecutionRequest:
 
 
 def _execute(rx: ReexecutionRequest) -> ReexecutionRequest:
-    worker.run_request(request_pk=rx.pk)
+    executor.run_request(request_pk=rx.pk)
     rx.refresh_from_db()
     return rx
 

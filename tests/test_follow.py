@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from ledger.log import announce
 from ledger.replay import follow
 from ledger.reads import selectors
-from ledger.log import append
+from ledger import log
 from ledger.log.artifacts import INLINE_LIMIT_BYTES
 from ledger.log.envelopes import format_recorded_at
 from ledger.models import Event, Run, Workspace
@@ -33,7 +33,7 @@ def _append_heard(workspace: Workspace, run_id: str, *events: dict[str, Any]) ->
     """Append (one transaction) and return the run messages its commit announced."""
     sent: list[tuple[str, dict[str, Any]]] = []
     with patch.object(announce, "_send", side_effect=lambda group, message: sent.append((group, message))):
-        append(workspace=workspace, run_id=run_id, events=list(events))
+        log.append(workspace=workspace, run_id=run_id, events=list(events))
     return [message for _, message in sent if message["type"] == "ledger.appended"]
 
 
@@ -57,7 +57,7 @@ PAYLOADS = [
 
 
 def test_an_announced_batch_is_what_a_read_after_its_start_returns(workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_carry", events=[started()])
+    log.append(workspace=workspace, run_id="run_carry", events=[started()])
     run = Run.objects.select_related("workspace__tenant").get(run_id="run_carry")
     batches = [
         [ev("StepScheduled", **payload) for payload in PAYLOADS],
@@ -73,7 +73,7 @@ def test_an_announced_batch_is_what_a_read_after_its_start_returns(workspace: Wo
 
 
 def test_a_batch_too_big_to_ride_along_is_announced_by_its_sequence_alone(workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_big", events=[started()])
+    log.append(workspace=workspace, run_id="run_big", events=[started()])
     big = "x" * announce.ANNOUNCED_PAYLOAD_CHARS
     (message,) = _append_heard(workspace, "run_big", ev("StepScheduled", stepPath="s", text=big))
     assert message == {"type": "ledger.appended", "runId": "run_big", "sequence": 2}
@@ -100,7 +100,7 @@ _text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=
     max_leaves=12), max_size=5))
 def test_any_payload_rides_along_as_it_reads_back(workspace: Workspace, payload: dict[str, Any]) -> None:
     if not Run.objects.filter(run_id="run_any").exists():
-        append(workspace=workspace, run_id="run_any", events=[started()])
+        log.append(workspace=workspace, run_id="run_any", events=[started()])
     run = Run.objects.select_related("workspace__tenant").get(run_id="run_any")
     before = Run.objects.get(pk=run.pk).last_sequence
     (message,) = _append_heard(workspace, "run_any", {"type": "custom.any", "payload": payload})
@@ -116,7 +116,7 @@ def _message(run: Run, **changes: Any) -> dict[str, Any]:
 
 
 def test_only_a_whole_dense_batch_of_this_run_is_taken(workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_shape", events=[started()])
+    log.append(workspace=workspace, run_id="run_shape", events=[started()])
     run = Run.objects.get(run_id="run_shape")
     events = _message(run)["events"]
     assert follow._announced(_message(run), run) == (2, "running", 4, events)
@@ -146,11 +146,11 @@ def test_followers_at_the_batch_start_take_it_and_a_follower_elsewhere_reads_the
     workspace: Workspace, settings: Any
 ) -> None:
     settings.LEDGER_STREAM_POLL_SECONDS = 60  # only announcements make them read
-    append(workspace=workspace, run_id="run_split", events=[started(), ev("StepScheduled", stepPath="a")])
+    log.append(workspace=workspace, run_id="run_split", events=[started(), ev("StepScheduled", stepPath="a")])
     run = Run.objects.select_related("workspace__tenant").get(run_id="run_split")
 
     def append(*paths: str) -> Any:
-        return database_sync_to_async(append)(
+        return database_sync_to_async(log.append)(
             workspace=workspace, run_id="run_split", events=[ev("StepScheduled", stepPath=p) for p in paths])
 
     async def idle(*followers: follow.Follower) -> None:
@@ -195,13 +195,13 @@ def test_an_announced_batch_does_not_answer_a_follower_woken_by_a_later_sequence
     """Two threads committing to one run may announce out of order: S+1 heard before S's batch.
     That batch is as of S, so the follower reads the database for S+1 (else it waited a poll)."""
     settings.LEDGER_STREAM_POLL_SECONDS = 60  # only announcements make them read
-    append(workspace=workspace, run_id="run_order", events=[started(), ev("StepScheduled", stepPath="a")])
+    log.append(workspace=workspace, run_id="run_order", events=[started(), ev("StepScheduled", stepPath="a")])
     run = Run.objects.select_related("workspace__tenant").get(run_id="run_order")
 
     def append_unannounced() -> dict[str, Any]:
         with patch.object(announce, "_send"):  # announced by hand below
-            append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="b")])
-            append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="c")])
+            log.append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="b")])
+            log.append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="c")])
         third = Event.objects.get(run=run, sequence=3)
         return {"type": "ledger.appended", "runId": "run_order", "sequence": 3, "status": "running", "events": [
             [3, third.event_id, third.type, third.occurrence_id, format_recorded_at(third.recorded_at), third.payload]]}
@@ -237,11 +237,11 @@ def test_a_waiting_follower_with_a_push_is_handed_the_batch_and_reads_its_end_it
     A follower without a push, or not waiting, takes its pages as before; the page that ends the
     run is never pushed (its follower ends on it)."""
     settings.LEDGER_STREAM_POLL_SECONDS = 60  # only announcements make them read
-    append(workspace=workspace, run_id="run_push", events=[started(), ev("StepScheduled", stepPath="a")])
+    log.append(workspace=workspace, run_id="run_push", events=[started(), ev("StepScheduled", stepPath="a")])
     run = Run.objects.select_related("workspace__tenant").get(run_id="run_push")
 
     def append(*events: dict[str, Any]) -> Any:
-        return database_sync_to_async(append)(workspace=workspace, run_id="run_push", events=list(events))
+        return database_sync_to_async(log.append)(workspace=workspace, run_id="run_push", events=list(events))
 
     async def scenario() -> tuple[list[list[int]], list[list[int]], list[Any], list[int], tuple[int, int, int]]:
         pushed: list[list[int]] = []

@@ -32,7 +32,7 @@ from console.live import run as live_run
 from ledger.log import announce
 from ledger.replay import follow
 from ledger.log.announce import group_for
-from ledger.log import append
+from ledger import log
 from ledger.models import Event, Run, Workspace
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, started
@@ -49,7 +49,7 @@ async def _events(comm: WebsocketCommunicator, count: int) -> list[dict[str, Any
 
 
 def _append(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> Any:
-    return database_sync_to_async(append)(workspace=workspace, run_id=run_id, events=list(events))
+    return database_sync_to_async(log.append)(workspace=workspace, run_id=run_id, events=list(events))
 
 
 async def _idle(feed: follow.RunFeed) -> None:
@@ -62,7 +62,7 @@ async def _idle(feed: follow.RunFeed) -> None:
 
 
 def test_catch_up_after_n_then_live_rows_in_order_without_duplicates(member: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_ws", events=[started()] + [
+    log.append(workspace=workspace, run_id="run_ws", events=[started()] + [
         ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 6)])
     run = Run.objects.get(run_id="run_ws")
     session = _session_id(member)
@@ -91,7 +91,7 @@ def test_catch_up_after_n_then_live_rows_in_order_without_duplicates(member: Any
 
 
 def test_pushed_rows_are_the_rows_the_page_renders(client: Client, member: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_same", events=[
+    log.append(workspace=workspace, run_id="run_same", events=[
         started(), ev("StepCompleted", stepPath="a", attempt=1, output={"answer": "<b>42</b>"})])
     session = _session_id(member)
 
@@ -114,7 +114,7 @@ def test_pushed_rows_are_the_rows_the_page_renders(client: Client, member: Any, 
 def test_live_rows_from_an_announced_batch_are_the_rows_a_read_renders(
     client: Client, member: Any, workspace: Workspace
 ) -> None:
-    append(workspace=workspace, run_id="run_live_same", events=[started()])
+    log.append(workspace=workspace, run_id="run_live_same", events=[started()])
     session = _session_id(member)
     run_pk = Run.objects.get(run_id="run_live_same").pk
 
@@ -144,7 +144,7 @@ def test_live_rows_from_an_announced_batch_are_the_rows_a_read_renders(
 
 
 def test_end_is_sent_when_the_run_finishes_and_the_socket_closes(member: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_end", events=[started()])
+    log.append(workspace=workspace, run_id="run_end", events=[started()])
     session = _session_id(member)
 
     async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -164,7 +164,7 @@ def test_end_is_sent_when_the_run_finishes_and_the_socket_closes(member: Any, wo
 
 
 def test_a_finished_run_sends_what_is_after_n_then_end(member: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_old", events=[started(), ev("StepScheduled", stepPath="a"),
+    log.append(workspace=workspace, run_id="run_old", events=[started(), ev("StepScheduled", stepPath="a"),
                                                                   ev("RunCompleted")])
     session = _session_id(member)
 
@@ -182,7 +182,7 @@ def test_a_finished_run_sends_what_is_after_n_then_end(member: Any, workspace: W
 
 
 def test_what_a_client_sends_is_ignored_and_writes_nothing(member: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_quiet", events=[started()])
+    log.append(workspace=workspace, run_id="run_quiet", events=[started()])
     session = _session_id(member)
 
     async def scenario() -> None:
@@ -211,13 +211,13 @@ def _refused(path: str, session_id: str | None, origin: str = "http://testserver
 
 
 def test_anonymous_is_refused(workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_anon", events=[started()])
+    log.append(workspace=workspace, run_id="run_anon", events=[started()])
     assert _refused("/ws/runs/run_anon/", None)
     assert _refused("/ws/runs/run_anon/?workspace=acme/support", None)
 
 
 def test_an_outsider_is_refused_as_for_an_unknown_run(member: Any, outsider: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_private", events=[started()])
+    log.append(workspace=workspace, run_id="run_private", events=[started()])
     olga = _session_id(outsider)
     assert _refused("/ws/runs/run_private/", olga)
     assert _refused("/ws/runs/run_private/?workspace=acme/support", olga)
@@ -227,19 +227,19 @@ def test_an_outsider_is_refused_as_for_an_unknown_run(member: Any, outsider: Any
 
 @pytest.mark.parametrize("query", ["?after=-1", "?after=x", "?workspace=acme", "?workspace=acme/nope"])
 def test_bad_parameters_are_refused(member: Any, workspace: Workspace, query: str) -> None:
-    append(workspace=workspace, run_id="run_params", events=[started()])
+    log.append(workspace=workspace, run_id="run_params", events=[started()])
     assert _refused(f"/ws/runs/run_params/{query}", _session_id(member))
 
 
 def test_another_sites_page_is_refused(member: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_origin", events=[started()])
+    log.append(workspace=workspace, run_id="run_origin", events=[started()])
     assert _refused("/ws/runs/run_origin/", _session_id(member), origin="http://evil.example")
 
 
 def test_workspace_picks_the_run_when_two_workspaces_hold_the_same_id(member: Any, workspace: Workspace) -> None:
     second = bootstrap(tenant="acme", workspace="research")
-    append(workspace=workspace, run_id="run_twin", events=[started("wf_support")])
-    append(workspace=second, run_id="run_twin", events=[started("wf_research")])
+    log.append(workspace=workspace, run_id="run_twin", events=[started("wf_support")])
+    log.append(workspace=second, run_id="run_twin", events=[started("wf_research")])
     session = _session_id(member)
     assert _refused("/ws/runs/run_twin/", session)  # ambiguous without it
 
@@ -265,7 +265,7 @@ def test_subscribers_at_different_positions_each_get_their_sequences_once_in_ord
     position, once, in order, then `end`."""
     monkeypatch.setattr(follow, "PAGE_SIZE", 4)  # catch-up over several pages
     settings.LEDGER_STREAM_POLL_SECONDS = 0.05  # polls interleave with announcements
-    append(workspace=workspace, run_id="run_many", events=[started()] + [
+    log.append(workspace=workspace, run_id="run_many", events=[started()] + [
         ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 13)])
     run_pk = Run.objects.get(run_id="run_many").pk
     session = _session_id(member)
@@ -311,7 +311,7 @@ def test_one_read_per_announcement_serves_every_subscriber_of_the_run(
 ) -> None:
     """The announcement of a small batch carries it: that is the read; a big one is read once."""
     settings.LEDGER_STREAM_POLL_SECONDS = 60  # only announcements make them read
-    append(workspace=workspace, run_id="run_fan", events=[started(), ev("StepScheduled", stepPath="a")])
+    log.append(workspace=workspace, run_id="run_fan", events=[started(), ev("StepScheduled", stepPath="a")])
     run_pk = Run.objects.get(run_id="run_fan").pk
     session = _session_id(member)
     subscribers = 12
@@ -357,7 +357,7 @@ def test_a_burst_of_appends_reaches_every_subscriber_once_and_in_order_though_it
     the subscribers read: each must still get every event after its own position, once, in
     order, then `end`."""
     settings.LEDGER_STREAM_POLL_SECONDS = 60
-    append(workspace=workspace, run_id="run_burst", events=[started(), ev("StepScheduled", stepPath="a")])
+    log.append(workspace=workspace, run_id="run_burst", events=[started(), ev("StepScheduled", stepPath="a")])
     session = _session_id(member)
     positions = [2, 2, 0, 1, 2]
 
@@ -374,7 +374,7 @@ def test_a_burst_of_appends_reaches_every_subscriber_once_and_in_order_though_it
         return received
 
     def append(n: int) -> None:
-        append(workspace=workspace, run_id="run_burst", events=[ev("StepScheduled", stepPath=f"b{n}")])
+        log.append(workspace=workspace, run_id="run_burst", events=[ev("StepScheduled", stepPath=f"b{n}")])
 
     def burst() -> None:
         for n in range(20):
@@ -383,7 +383,7 @@ def test_a_burst_of_appends_reaches_every_subscriber_once_and_in_order_though_it
             with transaction.atomic():
                 for n in range(first, first + 5):
                     append(n)
-        append(workspace=workspace, run_id="run_burst", events=[ev("RunCompleted")])
+        log.append(workspace=workspace, run_id="run_burst", events=[ev("RunCompleted")])
 
     async def scenario() -> list[list[dict[str, Any]]]:
         comms = [await connect(after) for after in positions]
@@ -471,7 +471,7 @@ def test_two_daphne_processes_each_deliver_every_event_appended_through_either(
 def test_live_daphne_refuses_an_outsider_and_anonymous(
     two_servers: tuple[Daphne, Daphne], outsider: Any, workspace: Workspace
 ) -> None:
-    append(workspace=workspace, run_id="run_guarded", events=[started()])
+    log.append(workspace=workspace, run_id="run_guarded", events=[started()])
     a, _ = two_servers
     for cookie in (f"sessionid={_session_id(outsider)}", None):
         with pytest.raises(websocket.WebSocketBadStatusException) as refused:
@@ -495,7 +495,7 @@ def test_the_page_fills_a_gap_in_pushed_sequences_from_the_database(
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"this test needs Debian's Chromium at {CHROMIUM} (.ci/run installs it)", pytrace=False)
     server, _ = two_servers
-    append(workspace=workspace, run_id="run_gap", events=[
+    log.append(workspace=workspace, run_id="run_gap", events=[
         started(), ev("StepScheduled", stepPath="a"), ev("StepScheduled", stepPath="b")])
     _, key = create_key(workspace=workspace, scopes=["ingest"])
     session = _session_id(member)

@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from ledger.models import AuditEntry, ReexecutionRequest, Workspace
-from ledger.reexecution import services
+from ledger.reexecution import execution, services
 from ledger.reexecution.errors import ApprovalExpired, Forbidden, InvalidReexecution, PlanChanged, SelfApprovalForbidden
 from ledger.errors import NotFound
 from ledger.tenancy.services import bootstrap, create_key
@@ -160,8 +160,8 @@ def test_the_expiry_sweep_expires_overdue_requests_only(workspace, run, people, 
     clock.advance(minutes=30)
     young = _fork(workspace, people["carol"])
     clock.advance(minutes=31)
-    assert services.expire_overdue() == [old.public_id]
-    assert services.expire_overdue() == []
+    assert execution.expire_overdue() == [old.public_id]
+    assert execution.expire_overdue() == []
     young.refresh_from_db()
     assert young.status == Status.PENDING_APPROVAL
     assert AuditEntry.objects.get(target=old.public_id, action="reexecution.expired").actor == "system:expiry"
@@ -239,11 +239,11 @@ def test_the_external_executor_claims_appends_the_new_run_and_its_end_settles_th
         workspace, run, people, append, clock) -> None:
     key, _ = create_key(workspace=workspace, scopes=["execute", "ingest"])
     made = _fork(workspace, people["carol"])
-    assert services.claim_next(api_key=key) is None  # pending approval: nothing to claim
+    assert execution.claim_next(api_key=key) is None  # pending approval: nothing to claim
     services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="go")
-    claimed = services.claim_next(api_key=key, owner="harness-7")
+    claimed = execution.claim_next(api_key=key, owner="harness-7")
     assert claimed is not None and claimed.public_id == made.public_id and claimed.status == Status.RUNNING
-    assert services.claim_next(api_key=key) is None  # held under a live lease
+    assert execution.claim_next(api_key=key) is None  # held under a live lease
     append(claimed.new_run_id, started(replayOf=RUN, reexecutionId=made.public_id))
     append(claimed.new_run_id, ev("RunCompleted", output="Refund sent, again."))
     made.refresh_from_db()
@@ -259,19 +259,19 @@ def test_a_claim_whose_lease_ran_out_is_handed_out_again_for_the_same_new_run(wo
     second, _ = create_key(workspace=workspace, scopes=["execute"])
     made = _fork(workspace, people["carol"])
     services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="go")
-    held = services.claim_next(api_key=first)
+    held = execution.claim_next(api_key=first)
     assert held is not None
     clock.advance(seconds=60)
-    services.renew_lease(workspace=workspace, reexecution_id=made.public_id, lease_token=held.lease_token)
+    execution.renew_lease(workspace=workspace, reexecution_id=made.public_id, lease_token=held.lease_token)
     clock.advance(seconds=100)
-    assert services.claim_next(api_key=second) is None  # renewed: still held
+    assert execution.claim_next(api_key=second) is None  # renewed: still held
     clock.advance(seconds=30)
-    again = services.claim_next(api_key=second)
+    again = execution.claim_next(api_key=second)
     assert again is not None and again.new_run_id == held.new_run_id and again.attempts == 2
     from ledger.reexecution.errors import LeaseLost
 
     with pytest.raises(LeaseLost):
-        services.renew_lease(workspace=workspace, reexecution_id=made.public_id, lease_token=held.lease_token)
+        execution.renew_lease(workspace=workspace, reexecution_id=made.public_id, lease_token=held.lease_token)
 
 
 @pytest.mark.django_db

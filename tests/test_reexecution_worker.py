@@ -20,7 +20,7 @@ from django.contrib.auth.models import User
 from django_tasks_db.models import DBTaskResult
 
 from ledger.models import AuditEntry, ReexecutionRequest, Workspace
-from ledger.reexecution import services, worker
+from ledger.reexecution import execution, services, worker
 from ledger.runtime.executor import start_run
 from tests.servers import REPO_ROOT, database_url, free_port
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
@@ -65,18 +65,18 @@ def test_one_live_worker_holds_a_request_and_a_dead_or_silent_one_loses_it(
         workspace, triage_run, people, clock) -> None:
     made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate", reason="r",
                                         by=people["carol"])
-    first = services.start(request_pk=made.pk, owner="w1")
+    first = execution.start(request_pk=made.pk, owner="w1")
     assert first is not None and first.status == Status.RUNNING and first.attempts == 1
-    assert services.start(request_pk=made.pk, owner="w2") is None  # held under a live lease
+    assert execution.start(request_pk=made.pk, owner="w2") is None  # held under a live lease
     assert worker.recover_stalled() == []
     # Its process is gone: the next worker takes it at once.
-    taken = services.start(request_pk=made.pk, owner="w2", owner_is_dead=lambda owner: owner == "w1")
+    taken = execution.start(request_pk=made.pk, owner="w2", owner_is_dead=lambda owner: owner == "w1")
     assert taken is not None and taken.attempts == 2 and taken.new_run_id == first.new_run_id
     # The old holder can no longer finish it or renew.
-    assert services.finish(request_pk=made.pk, lease_token=first.lease_token, succeeded=True) is None
-    assert not services.heartbeat(request_pk=made.pk, lease_token=first.lease_token)
+    assert execution.finish(request_pk=made.pk, lease_token=first.lease_token, succeeded=True) is None
+    assert not execution.heartbeat(request_pk=made.pk, lease_token=first.lease_token)
     # A holder that stops renewing is stalled once the lease runs out, and queued again.
-    clock.moment += services.lease_ttl() + timedelta(seconds=1)
+    clock.moment += execution.lease_ttl() + timedelta(seconds=1)
     before = _queued(made)
     assert worker.recover_stalled() == [made.public_id]
     assert _queued(made) == before + 1
@@ -89,7 +89,7 @@ def test_a_lost_task_of_an_approved_request_is_queued_again(workspace, triage_ru
     made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate", reason="r",
                                         by=people["carol"])
     assert worker.recover_stalled() == []  # just approved: its task is on the queue
-    clock.moment += services.lease_ttl() + timedelta(seconds=1)
+    clock.moment += execution.lease_ttl() + timedelta(seconds=1)
     assert worker.recover_stalled() == [made.public_id]
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.core.validators import MaxLengthValidator
+from rest_framework import serializers
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -14,11 +16,21 @@ from rest_framework.views import APIView
 
 from ledger.tenancy.access import Access
 from ledger.log.prepare import validate_run_id
+from ledger.limits import MAX_TEXT
 from ledger.models import Run
 
 from .auth import access_for
 from .fastjson import JsonRenderer
 from .pagination import InvalidParameter
+
+
+class WrittenText(serializers.CharField):
+    """A person's free text (a reason, a note, a comment). The schema shows the domain's limit;
+    the service checks it (ledger.limits.written), so the API says what the console says."""
+
+    def __init__(self, *, limit: int = MAX_TEXT, **kwargs: Any) -> None:
+        super().__init__(max_length=limit, allow_blank=True, trim_whitespace=False, **kwargs)
+        self.validators = [v for v in self.validators if not isinstance(v, MaxLengthValidator)]
 
 
 class Negotiation(DefaultContentNegotiation):

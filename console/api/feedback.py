@@ -8,11 +8,12 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ledger.replay.feedback import MAX_COMMENT
 from ledger.reads import serialize
 from ledger.replay.feedback import record_feedback
 from ledger.models import ApiKey
 
-from .base import ApiView, run_for
+from .base import ApiView, run_for, WrittenText
 from .schema import RUN_ID, WORKSPACE, FeedbackSerializer, error_responses
 
 
@@ -21,7 +22,7 @@ class RunFeedbackView(ApiView):
     class InputSerializer(serializers.Serializer):
         rating = serializers.IntegerField(min_value=1, max_value=5)
         category = serializers.CharField(required=False, allow_blank=True, max_length=100)
-        comment = serializers.CharField(required=False, allow_blank=True, max_length=10_000, trim_whitespace=False)
+        comment = WrittenText(required=False, limit=MAX_COMMENT)
 
     @extend_schema(
         operation_id="create_run_feedback",

@@ -20,6 +20,7 @@ from ledger.replay import gateway
 from ledger.log.prepare import validate_run_id
 from ledger.models import ToolGatewayClaim
 
+from .base import WrittenText
 from .auth import access_for
 from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, FullMatchField, error_responses
@@ -220,7 +221,7 @@ class ReconcileView(APIView):
         outcome = serializers.ChoiceField(choices=TOOL_CALL_OUTCOMES)
         result = _any_json(required=False)
         error = _any_json(required=False)
-        note = serializers.CharField(max_length=2000, help_text="why the operator believes this outcome")
+        note = WrittenText(help_text="why the operator believes this outcome")
         fencingToken = _fencing()
 
         def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -17,13 +17,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.reads import selectors as ledger_selectors
+from ledger.reads import reexecutions, selectors
 from ledger.log.prepare import validate_run_id
 from ledger.errors import Conflict, NotFound
 from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, within
 from ledger.models import ApiKey, ReexecutionRequest, Workspace
-from ledger.reexecution import selectors, services
+from ledger.reexecution import execution, services
 
+from .base import WrittenText
 from .auth import access_for, principal
 from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
 from .schema import RUN_ID, WORKSPACE, choice, enum, error_responses
@@ -98,11 +99,11 @@ class RequestInputSerializer(serializers.Serializer):
                                   help_text="fork only: the new run's input; absent keeps the original's")
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), required=False,
                                            help_text="evaluate, fork, rerun: slot -> {provider, model}")
-    reason = serializers.CharField(max_length=services.MAX_REASON)
+    reason = WrittenText()
 
 
 class DecisionInputSerializer(serializers.Serializer):
-    note = serializers.CharField(max_length=2000, help_text="required: why")
+    note = WrittenText(help_text="required: why")
 
 
 class DecisionSerializer(serializers.Serializer):
@@ -134,7 +135,7 @@ class BatchInputSerializer(serializers.Serializer):
                                    max_length=services.MAX_BATCH_RUNS)
     mode = choice(Mode.values, default=Mode.EVALUATE, help_text="evaluate (the only mode a batch takes)")
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), required=False)
-    reason = serializers.CharField(max_length=services.MAX_REASON)
+    reason = WrittenText()
 
 
 class BatchSerializer(serializers.Serializer):
@@ -159,8 +160,8 @@ def _find(request: Request, public_id: str, scope: str, role: str | None = None)
     """The request, if the caller may see it (404 otherwise), and the caller acting on it."""
     if isinstance(request.auth, ApiKey):
         caller = access_for(request, scope, role=role)  # a key without the scope, or asked for a role: 403
-        return caller, selectors.get([caller.workspace], public_id)
-    found = selectors.get(_visible_workspaces(request, scope), public_id)
+        return caller, reexecutions.get([caller.workspace], public_id)
+    found = reexecutions.get(_visible_workspaces(request, scope), public_id)
     return within(principal(request), found.workspace, scope=scope, role=role), found
 
 
@@ -172,10 +173,10 @@ def _detail(found: ReexecutionRequest) -> dict[str, Any]:
     from ledger.runtime.reexecute import mode_plan
 
     plan = None
-    if ledger_selectors.find_run(found.workspace, found.original_run_id) is not None:  # not pruned since
+    if selectors.find_run(found.workspace, found.original_run_id) is not None:  # not pruned since
         plan = mode_plan(workspace=found.workspace, run_id=found.original_run_id, mode=found.mode,
                          from_step=found.from_step, model_overrides=found.model_overrides or None)
-    return {**selectors.as_dict(found), "plan": plan}
+    return {**reexecutions.as_dict(found), "plan": plan}
 
 
 # --- views -------------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ class RunReexecutionsView(APIView):
             workspace=caller.workspace, run_id=run_id, mode=v["mode"], reason=v["reason"], by=_principal(caller),
             from_step=v.get("fromStep"), input=v["input"] if "input" in v else services.NOT_GIVEN,
             model_overrides=v.get("modelOverrides"))
-        return Response(selectors.as_dict(made), status=201)
+        return Response(reexecutions.as_dict(made), status=201)
 
     @extend_schema(
         operation_id="list_run_reexecutions", parameters=[RUN_ID, WORKSPACE],
@@ -214,11 +215,11 @@ class RunReexecutionsView(APIView):
     def get(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
         caller = access_for(request, "read", run_id=run_id)
-        found = list(selectors.of_run(caller.workspace, run_id).select_related("workspace__tenant"))
-        made = selectors.made_run(caller.workspace, run_id)
+        found = list(reexecutions.of_run(caller.workspace, run_id).select_related("workspace__tenant"))
+        made = reexecutions.made_run(caller.workspace, run_id)
         if made is not None and all(r.pk != made.pk for r in found):
             found.insert(0, made)
-        return Response({"reexecutions": [selectors.as_dict(r) for r in found], "next": None})
+        return Response({"reexecutions": [reexecutions.as_dict(r) for r in found], "next": None})
 
 
 class ReexecutionListView(APIView):
@@ -243,10 +244,10 @@ class ReexecutionListView(APIView):
             raise InvalidParameter(f"status must be one of {', '.join(Status.values)}", parameter="status")
         limit = limit_param(request)
         after = row_cursor(request, "after")
-        rows = selectors.page(caller.workspace, after_pk=after, limit=limit + 1, status=status)
+        rows = reexecutions.page(caller.workspace, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]
-        return Response({"reexecutions": [selectors.as_dict(r) for r in rows],
+        return Response({"reexecutions": [reexecutions.as_dict(r) for r in rows],
                          "next": encode_cursor({"after": rows[-1].pk}) if more else None})
 
 
@@ -271,7 +272,7 @@ class _DecisionView(APIView):
         data.is_valid(raise_exception=True)
         decided = type(self).decide(workspace=found.workspace, reexecution_id=found.public_id, by=caller.user,
                                     note=data.validated_data["note"])
-        return Response({"reexecutions": [selectors.as_dict(r) for r in decided]})
+        return Response({"reexecutions": [reexecutions.as_dict(r) for r in decided]})
 
 
 _DECISION_ERRORS = error_responses(
@@ -327,10 +328,10 @@ class ClaimView(APIView):
         access_for(request, "execute")
         data = ClaimInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        claimed = services.claim_next(api_key=request.auth, owner=data.validated_data.get("owner", ""))
+        claimed = execution.claim_next(api_key=request.auth, owner=data.validated_data.get("owner", ""))
         if claimed is None:
             return Response(status=204)
-        return Response({"request": selectors.as_dict(claimed), "newRunId": claimed.new_run_id,
+        return Response({"request": reexecutions.as_dict(claimed), "newRunId": claimed.new_run_id,
                          "leaseToken": claimed.lease_token,
                          "leaseExpiresAt": claimed.lease_expires_at.isoformat().replace("+00:00", "Z")})  # type: ignore[union-attr]  # a taken lease always has its expiry
 
@@ -349,7 +350,7 @@ class LeaseView(APIView):
         caller, found = _find(request, reexecution_id, "execute")
         data = LeaseInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        renewed = services.renew_lease(workspace=caller.workspace, reexecution_id=found.public_id,
+        renewed = execution.renew_lease(workspace=caller.workspace, reexecution_id=found.public_id,
                                        lease_token=data.validated_data["leaseToken"])
         return Response({"id": renewed.public_id,
                          "leaseExpiresAt": renewed.lease_expires_at.isoformat().replace("+00:00", "Z")})  # type: ignore[union-attr]  # a taken lease always has its expiry
@@ -365,7 +366,7 @@ class DivergenceView(APIView):
     )
     def get(self, request: Request, reexecution_id: str) -> Response:
         _, found = _find(request, reexecution_id, "read")
-        if not found.new_run_id or ledger_selectors.find_run(found.workspace, found.new_run_id) is None:
+        if not found.new_run_id or selectors.find_run(found.workspace, found.new_run_id) is None:
             raise NotStarted(f"re-execution {found.public_id} has no new run yet ({found.status})",
                              reexecutionId=found.public_id, status=found.status)
         from ledger.replay.divergence import divergence_report  # built with the runtime's re-execution
@@ -396,7 +397,7 @@ class BatchesView(APIView):
 
 
 def _batch(batch_id: str, made: list[ReexecutionRequest]) -> dict[str, Any]:
-    return {"batchId": batch_id, "status": made[0].status, "reexecutions": [selectors.as_dict(r) for r in made]}
+    return {"batchId": batch_id, "status": made[0].status, "reexecutions": [reexecutions.as_dict(r) for r in made]}
 
 
 class BatchView(APIView):
@@ -408,7 +409,7 @@ class BatchView(APIView):
     def get(self, request: Request, batch_id: str) -> Response:
         for workspace in _visible_workspaces(request, "read"):
             try:
-                made = selectors.of_batch(workspace, batch_id)
+                made = reexecutions.of_batch(workspace, batch_id)
             except NotFound:
                 continue
             _find(request, made[0].public_id, "read")

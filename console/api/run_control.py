@@ -12,15 +12,14 @@ from rest_framework.response import Response
 
 from ledger.replay import cancellation
 
-from .base import ApiView, run_for
+from .base import ApiView, run_for, WrittenText
 from .schema import RUN_ID, WORKSPACE, error_responses
 
 TAGS = ["run control"]
 
 
 class CancelInputSerializer(serializers.Serializer):
-    reason = serializers.CharField(max_length=cancellation.MAX_REASON,
-                                   help_text="why: recorded as the error's message and in the audit log")
+    reason = WrittenText(help_text="why: recorded as the error's message and in the audit log")
 
 
 class CancelledSerializer(serializers.Serializer):

@@ -21,8 +21,8 @@ from django.conf import settings
 from django.urls import path
 
 from ledger.models import Workspace
-from ledger.reexecution import selectors as reexecutions
-from ledger.reexecution.services import reexecution_group_for
+from ledger.reads import reexecutions
+from ledger.reexecution.execution import reexecution_group_for
 
 from .workspace import WorkspaceFeed
 

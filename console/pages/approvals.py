@@ -28,7 +28,7 @@ from ledger.reads import selectors
 from ledger.replay import toolapproval
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ReexecutionRequest, Workspace
-from ledger.reexecution import selectors as reexecutions
+from ledger.reads import reexecutions
 from ledger.reexecution import services
 from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
 from ledger.runtime.reexecute import mode_plan
@@ -39,7 +39,6 @@ from .reexecution import divergence_url, member, report_for
 
 Status = ReexecutionRequest.Status
 DECIDED_SHOWN = 50
-MAX_NOTE = 2000
 MAX_BATCH = services.MAX_BATCH_RUNS
 
 
@@ -150,11 +149,6 @@ def _decide(request: HttpRequest, tenant: str, workspace: str, reexecution_id: s
     if not has_role(request.user, ws, "approver"):
         raise PermissionDenied("deciding a re-execution needs the approver role")
     note = request.POST.get("note", "").strip()
-    if not note:
-        return _page(request, ws, status=400, refused=_refused(reexecution_id, "Say why: the note is required.", note))
-    if len(note) > MAX_NOTE:
-        return _page(request, ws, status=400,
-                     refused=_refused(reexecution_id, f"The note is at most {MAX_NOTE} characters.", note))
     decide = services.approve if approve else services.deny
     try:
         decide(workspace=ws, reexecution_id=reexecution_id, by=member(request), note=note)
@@ -198,10 +192,6 @@ def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpR
     decision = request.POST.get("decision", "")
     if decision not in ("approve", "reject"):
         return _page(request, ws, status=400, refused=_refused(key, "Choose approve or reject.", note))
-    if not note:
-        return _page(request, ws, status=400, refused=_refused(key, "Say why: the note is required.", note))
-    if len(note) > MAX_NOTE:
-        return _page(request, ws, status=400, refused=_refused(key, f"The note is at most {MAX_NOTE} characters.", note))
     try:
         toolapproval.decide(workspace=ws, run_id=run_id, call_id=call_id, approve=decision == "approve",
                             seen_digest=request.POST.get("digest", ""), note=note, by=member(request))

@@ -20,11 +20,11 @@ from django.views.decorators.http import require_http_methods
 from ledger.reads import selectors
 from ledger.models import Role, Workspace
 from ledger.log.redaction import MAX_EXTRA_KEYS, MAX_EXTRA_PATTERNS, MAX_KEY_NAME_LENGTH, MAX_PATTERN_LENGTH, InvalidRule
+from ledger.errors import LedgerError
 from ledger.tenancy.redaction_settings import policy_of, set_extra_rules
 
 from .guard import member_access
 
-MAX_REASON = 2000
 
 
 def _lines(text: str) -> list[str]:
@@ -39,7 +39,7 @@ class ExtraRulesForm(forms.Form):
                                max_length=MAX_EXTRA_PATTERNS * (MAX_PATTERN_LENGTH + 2),
                                label="Extra value patterns",
                                help_text="One Python regular expression a line; each match inside a string becomes [REDACTED].")
-    reason = forms.CharField(required=False, max_length=MAX_REASON, label="Why (kept in the audit log)")
+    reason = forms.CharField(required=False, label="Why (kept in the audit log)")
 
     def clean_keys(self) -> list[str]:
         return _lines(self.cleaned_data["keys"])
@@ -70,6 +70,8 @@ def redaction_settings(request: HttpRequest, tenant: str, workspace: str) -> Htt
                                 by=request.user, reason=form.cleaned_data["reason"].strip())
             except InvalidRule as exc:
                 form.add_error(None, str(exc))
+            except LedgerError as exc:  # the reason, refused by the domain's limit
+                form.add_error(exc.details.get("field") or None, exc.message)
             else:
                 return redirect(reverse("workspace-redaction", args=[tenant, workspace]) + "?saved=1")
         status = 400

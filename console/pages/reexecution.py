@@ -26,7 +26,7 @@ from ledger.reads import selectors
 from ledger.replay.divergence import divergence_report
 from ledger.errors import LedgerError, NotFound, RunFinished
 from ledger.models import ReexecutionRequest, Run, Workspace
-from ledger.reexecution import selectors as reexecutions
+from ledger.reads import reexecutions
 from ledger.reexecution import services
 from ledger.reexecution.errors import Forbidden
 from ledger.runtime.errors import UnknownWorkflow
@@ -242,10 +242,10 @@ def request_form(request: HttpRequest, tenant: str, workspace: str, run_id: str)
     form = RequestForm.read(request.POST, slots)
     if form.mode not in Mode.values:
         form.errors["mode"] = "Choose one of the five modes."
-    if not form.reason.strip():
-        form.errors["reason"] = "Say why this run should be re-executed (the reason is required)."
-    elif len(form.reason) > services.MAX_REASON:
-        form.errors["reason"] = f"The reason is at most {services.MAX_REASON} characters."
+    try:
+        limits.written(form.reason, field="reason", label="reason")
+    except LedgerError as exc:
+        form.errors["reason"] = exc.message
     if form.mode == Mode.FORK and not form.from_step:
         form.errors["from_step"] = "Choose the step the fork runs live from."
     run_input = form.parsed_input() if form.mode == Mode.FORK else services.NOT_GIVEN

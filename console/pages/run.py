@@ -37,12 +37,12 @@ from ledger.errors import LedgerError, NotFound
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
 from ledger.limits import day_in_range
-from ledger.models import Run, Step, UsageColumns
+from ledger.models import Run, Step
 from ledger.replay.stored_plan import replay_plan_for
 from ledger.runtime.outer_loop import outer_loop_of, record_run_id
 from ledger.reads.subruns import subrun_tree
 
-from ..format import coverage
+from ..format import coverage, tokens
 from ..rows import artifact_url, event_row, render_event_row
 from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversations
@@ -64,16 +64,10 @@ MISSING_SHOWN = 50  # replayReady's missing items listed before "and N more"
 FEEDBACK_SHOWN = 50
 MAX_CATEGORY = 100
 MAX_COMMENT = 10_000
-MAX_NOTE = 2000
 
 
 class BadParameter(Exception):
     """A query or form value the console cannot use: a readable 400, never a 500."""
-
-
-def tokens(row: UsageColumns) -> dict[str, int]:
-    return {"input": row.input_tokens, "output": row.output_tokens,
-            "cached": row.cached_input_tokens, "reasoning": row.reasoning_tokens}
 
 
 # --- lookups and parameters ------------------------------------------------------------------
@@ -314,12 +308,7 @@ def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
     missing: list[str] = []
     if plan:
         missing = plan["replayReady"]["missing"]
-        # In doubt: the plan replays an in-doubt call's outcome once reconciled; until then it
-        # blocks the replay.
-        in_doubt = {m[len("tool:"):-len(":in_doubt")] for m in missing
-                    if m.startswith("tool:") and m.endswith(":in_doubt")}
-        # A lease that ran out after outbound is in doubt before the gateway has written it down.
-        in_doubt |= gateway.in_doubt_call_ids(run)
+        in_doubt = gateway.calls_in_doubt(run, plan)
         on_page = {s.step_path for s in steps}
         if pager["start"] == 0:  # sessions of no step go with the first page
             on_page |= {session["stepPath"] for session in plan["sessions"]} - set(should_run)
@@ -347,14 +336,13 @@ class ReconcileForm:
 
 def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, ReconcileForm] | None = None) -> Tab:
     bundle = evidence_bundle(run)
-    claims = gateway.claims_by_call(run)
+    reconcilable_calls = gateway.in_doubt_call_ids(run)
     can_reconcile = member.allows("operator")
     ws = run.workspace
     forms = forms or {}
     calls = []
     for call in bundle["toolCalls"]:
-        claim = claims.get(call["callId"])
-        reconcilable = claim is not None and gateway.is_in_doubt(claim)
+        reconcilable = call["callId"] in reconcilable_calls
         calls.append({
             **call,
             "in_doubt": call["status"] == "in_doubt" or reconcilable,
@@ -517,10 +505,6 @@ def _reconcile_form(request: HttpRequest) -> tuple[ReconcileForm, Any]:
     value: Any = None
     if form.outcome not in ("succeeded", "failed"):
         form.error = "Choose succeeded or failed."
-    elif not form.note:
-        form.error = "Say why you believe this outcome (the note is required)."
-    elif len(form.note) > MAX_NOTE:
-        form.error = f"The note is at most {MAX_NOTE} characters."
     elif form.value.strip():
         what = "result" if form.outcome == "succeeded" else "error"
         try:
@@ -575,26 +559,21 @@ def cancel(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> Ht
         raise PermissionDenied("cancelling a run needs the operator role")
     reason = request.POST.get("reason", "").strip()
     error, status = "", 400
-    if not reason:
-        error = "Say why: the reason is required."
-    elif len(reason) > cancellation.MAX_REASON:
-        error = f"The reason is at most {cancellation.MAX_REASON} characters."
+    try:
+        cancellation.cancel_run(workspace=run.workspace, run_id=run.run_id, reason=reason, by=request.user)
+    except NotFound:
+        raise Http404("not found") from None
+    except LedgerError as exc:
+        if exc.status >= 500:
+            raise
+        error, status = exc.message, exc.status
     else:
-        try:
-            cancellation.cancel_run(workspace=run.workspace, run_id=run.run_id, reason=reason, by=request.user)
-        except NotFound:
-            raise Http404("not found") from None
-        except LedgerError as exc:
-            if exc.status >= 500:
-                raise
-            error, status = exc.message, exc.status
-        else:
-            url = reverse("run", args=[tenant, workspace, run_id])
-            if _wants_partial(request):
-                done = HttpResponse(status=204)
-                done["HX-Redirect"] = url
-                return done
-            return redirect(url)
+        url = reverse("run", args=[tenant, workspace, run_id])
+        if _wants_partial(request):
+            done = HttpResponse(status=204)
+            done["HX-Redirect"] = url
+            return done
+        return redirect(url)
     context = _cancel_context(request, run, reason=reason, error=error)
     if _wants_partial(request):
         return render(request, "console/run/cancel.html", {**context, "run": run}, status=status)

@@ -27,7 +27,6 @@ from ledger.models import ApiKey, Role, Workspace
 
 from .guard import member_access
 
-MAX_REASON = 2000
 WS = "w/<slug:tenant>/<slug:workspace>/"
 
 
@@ -87,16 +86,12 @@ def set_retention(request: HttpRequest, tenant: str, workspace: str) -> HttpResp
     days_text = request.POST.get("days", "")[:20]
     reason = request.POST.get("reason", "").strip()
     error, saved = "", False
-    if len(reason) > MAX_REASON:
-        error = f"The reason is at most {MAX_REASON} characters."
-    else:
-        try:
-            saved = retention.set_retention(workspace=ws, days=_parse_days(days_text), by=admin,
-                                            reason=reason)
-            if not saved:
-                error = "That is the retention already set; nothing changed."
-        except LedgerError as exc:
-            error = exc.message
+    try:
+        saved = retention.set_retention(workspace=ws, days=_parse_days(days_text), by=admin, reason=reason)
+        if not saved:
+            error = "That is the retention already set; nothing changed."
+    except LedgerError as exc:
+        error = exc.message
     state: dict[str, Any] = ({"saved": True} if saved else
                              {"error": error, "days": days_text.strip(), "reason": reason})
     status = 200 if saved else 400
@@ -117,7 +112,10 @@ def revoke_key(request: HttpRequest, tenant: str, workspace: str, prefix: str) -
     key = tenancy.key_by_prefix(prefix, workspace=ws)
     if key is None:  # another workspace's key, or none at all: alike
         raise Http404("not found")
-    tenancy.revoke_key(key, by=admin, reason=request.POST.get("reason", "")[:MAX_REASON])
+    try:
+        tenancy.revoke_key(key, by=admin, reason=request.POST.get("reason", ""))
+    except LedgerError as exc:
+        return HttpResponse(exc.message, status=exc.status, content_type="text/plain; charset=utf-8")
     if _partial(request):
         return render(request, "console/settings/key_row.html", {"row": _key_row(ws, key)})
     return redirect(reverse("workspace-settings", args=[tenant, workspace]) + "#api-keys")

@@ -32,7 +32,7 @@ from ledger.models import Run, ShareLink
 from ledger.replay.stored_plan import replay_plan_for
 from ledger.reads.subruns import subrun_tree
 
-from ..format import coverage
+from ..format import coverage, tokens
 from ..rows import event_row
 from .conversation import SESSIONS_PER_PAGE, conversations
 from .guard import has_role, member_access
@@ -114,8 +114,6 @@ def _pager(shown: int, total: int) -> dict[str, Any]:
 
 
 def _steps(run: Run) -> dict[str, Any]:
-    from .run import tokens
-
     steps, total = selectors.steps_page(run, start=0, size=STEPS_SHOWN)
     plan = replay_plan_for(run) if run.last_sequence else None
     should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}

@@ -11,7 +11,7 @@ from typing import Any
 from django import template
 
 from ledger.models import Role, Workspace
-from ledger.reexecution import selectors as reexecutions
+from ledger.reads import reexecutions
 from ledger.reads import selectors
 
 register = template.Library()

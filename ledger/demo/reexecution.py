@@ -17,8 +17,8 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 
 from ..models import ReexecutionRequest, Workspace
-from ..reexecution import selectors as reexecutions
-from ..reexecution import services, worker
+from ..reads import reexecutions
+from ..reexecution import executor, services
 
 RUN = "run_demo_triage"
 WAITING = "Does the draft hold up with the new knowledge-base prompt? Please approve a fork from draft."
@@ -38,14 +38,14 @@ def lay_out(workspace: Workspace) -> None:
     if missing(SIMULATED):
         made = services.request_reexecution(workspace=workspace, run_id=RUN, mode="simulate", reason=SIMULATED,
                                             by=carol)
-        worker.run_request(request_pk=made.pk)
+        executor.run_request(request_pk=made.pk)
     if missing(CHANGED):
         made = services.request_reexecution(
             workspace=workspace, run_id=RUN, mode="fork", from_step="normalize", reason=CHANGED, by=carol,
             input={"ticket": "Where is my parcel?", "orderId": "D-4"})
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=bob,
                          note="Read-only lookups only; go ahead.")
-        worker.run_request(request_pk=made.pk)
+        executor.run_request(request_pk=made.pk)
     if missing(DENIED):
         made = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason=DENIED, by=carol)
         services.deny(workspace=workspace, reexecution_id=made.public_id, by=bob,

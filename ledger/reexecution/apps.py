@@ -11,7 +11,7 @@ class ReexecutionConfig(AppConfig):
 
     def ready(self) -> None:
         from ..log import hooks
-        from .services import settle_on_terminal
+        from .execution import settle_on_terminal
 
         # A request whose new run ends follows the run's outcome, in the append's transaction.
         hooks.on_run_ended(settle_on_terminal)

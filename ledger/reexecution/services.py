@@ -1,4 +1,5 @@
-"""Re-execution requests: ask, approve, deny, expire, claim, start and finish (DESIGN.md §5).
+"""Re-execution requests: ask, approve, deny and expire (DESIGN.md §5); executing them (claim,
+start, finish) is ledger/reexecution/execution.py.
 
 Every service is one transaction that changes the request, writes its audit entry and announces
 the change after commit. Refusals that must leave a change behind (a request found expired at
@@ -20,17 +21,14 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Q
 
-from ..log import announce
-from ..log.rules import lease_live
 from .. import audit, clock
 from ..reads import selectors
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
@@ -39,15 +37,16 @@ from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, W
 from ..replay.stored_plan import replay_plan_for
 from ..runtime.errors import UnknownWorkflow
 from ..runtime.registry import get_workflow
+from .execution import announce_change, expire, lock_request
 from .errors import (
     ApprovalExpired,
     Forbidden,
     InvalidReexecution,
-    LeaseLost,
     NotPending,
     PlanChanged,
     SelfApprovalForbidden,
 )
+from ..limits import MAX_TEXT, written
 from ..transactions import atomic_then_refuse
 
 Mode = ReexecutionRequest.Mode
@@ -57,7 +56,7 @@ Action = audit.Action
 
 
 MAX_BATCH_RUNS = 200
-MAX_REASON = 2000
+MAX_REASON = MAX_TEXT
 # Modes that make a new run; `resume` continues the original.
 NEW_RUN_MODES = (Mode.SIMULATE, Mode.EVALUATE, Mode.FORK, Mode.RERUN)
 OVERRIDABLE_MODELS = (Mode.EVALUATE, Mode.FORK, Mode.RERUN)
@@ -69,24 +68,11 @@ class _NotGiven:
 
 
 NOT_GIVEN: Any = _NotGiven()
-EXPIRY = audit.Actor(name="system:expiry")
 
 Principal = User | ApiKey
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def reexecution_group_for(workspace_pk: int) -> str:
-    """The channel-layer group told (after commit) when a request of the workspace changes."""
-    return f"ledger.reexecutions.{workspace_pk}"
-
-
-def _announce(request: ReexecutionRequest) -> None:
-    announce.send_after_commit(reexecution_group_for(request.workspace_id), {
-        "type": "ledger.reexecution_changed", "reexecutionId": request.public_id, "status": request.status,
-        "runId": request.original_run_id, "newRunId": request.new_run_id or None,
-    })
 
 
 def _membership(user: User, workspace: Workspace) -> Membership | None:
@@ -156,10 +142,7 @@ def _check_request(run: Run, *, mode: str, from_step: str | None, input: Any,
                    model_overrides: dict[str, dict[str, str]], reason: str) -> None:
     if mode not in Mode.values:
         raise InvalidReexecution(f"mode must be one of {', '.join(Mode.values)}", field="mode")
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidReexecution("a reason is required", field="reason")
-    if len(reason) > MAX_REASON:
-        raise InvalidReexecution(f"reason is limited to {MAX_REASON} characters", field="reason")
+    written(reason, field="reason", label="reason", error=InvalidReexecution)
     if mode == Mode.FORK:
         if not from_step:
             raise InvalidReexecution("a fork names the step it starts from (fromStep)", field="fromStep")
@@ -188,10 +171,6 @@ def _new_public_id(prefix: str) -> str:
 
 def _ttl() -> timedelta:
     return timedelta(hours=float(settings.RUNLEDGER_APPROVAL_TTL_HOURS))
-
-
-def lease_ttl() -> timedelta:
-    return timedelta(seconds=float(settings.RUNLEDGER_REEXEC_LEASE_SECONDS))
 
 
 def _executor_for(workspace: Workspace, run_id: str) -> str:
@@ -224,24 +203,6 @@ def _enqueue_after_save(request: ReexecutionRequest) -> None:
         enqueue(request.pk)
 
 
-def _lock(workspace: Workspace, public_id: str) -> ReexecutionRequest:
-    request = (ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant")
-               .filter(workspace=workspace, public_id=public_id).first())
-    if request is None:
-        raise NotFound(f"re-execution {public_id} not found", reexecutionId=public_id)
-    return request
-
-
-def _expire(request: ReexecutionRequest, now: datetime, noticed_by: User | None = None) -> None:
-    request.status, request.updated_at = Status.EXPIRED, now
-    request.save(update_fields=["status", "updated_at"])
-    audit.record(actor=EXPIRY, tenant=request.workspace.tenant, workspace=request.workspace,
-                 action=Action.REEXECUTION_EXPIRED, target=request.public_id,
-                 details={"runId": request.original_run_id, "expiresAt": request.expires_at.isoformat(),
-                          **({"noticedBy": noticed_by.get_username()} if noticed_by is not None else {})})
-    _announce(request)
-
-
 # --- request -----------------------------------------------------------------------------------
 
 
@@ -270,7 +231,7 @@ def _create(*, workspace: Workspace, run: Run, mode: str, reason: str, by: Princ
                           **({"batchId": batch_id} if batch_id else {}),
                           **({"newRunId": request.new_run_id} if request.new_run_id else {})})
     _enqueue_after_save(request)
-    _announce(request)
+    announce_change(request)
     return request
 
 
@@ -323,7 +284,7 @@ def _decidable(workspace: Workspace, public_id: str, by: User) -> list[Reexecuti
     if isinstance(by, ApiKey):
         raise Forbidden("approval is always a human in a console session; API keys cannot approve or deny")
     _require_member(by, workspace, Role.APPROVER)
-    request = _lock(workspace, public_id)
+    request = lock_request(workspace, public_id)
     if not request.batch_id:
         return [request]
     return list(ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant")
@@ -345,7 +306,7 @@ def _refuse_undecidable(requests: list[ReexecutionRequest], by: User, now: datet
                                      reexecutionId=first.public_id)
     if any(r.expires_at <= now for r in requests):
         for r in requests:
-            _expire(r, now, by)
+            expire(r, now, by)
         return ApprovalExpired(f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
                                reexecutionId=first.public_id, expiresAt=first.expires_at.isoformat())
     return None
@@ -360,8 +321,7 @@ def approve(*, workspace: Workspace, reexecution_id: str, by: User,
     refusal = _refuse_undecidable(requests, by, now, approving=True)
     if refusal is not None:
         return refusal
-    if not isinstance(note, str) or not note.strip():
-        raise InvalidReexecution("a note is required", field="note")
+    note = written(note, field="note", label="note", error=InvalidReexecution)
     runs = {r.run_id: r for r in selectors.runs(workspace).filter(
         run_id__in=[q.original_run_id for q in requests])}
     changed = []
@@ -389,7 +349,7 @@ def approve(*, workspace: Workspace, reexecution_id: str, by: User,
                               "newRunId": request.new_run_id, "executor": request.executor,
                               **({"batchId": request.batch_id} if request.batch_id else {})})
         _enqueue_after_save(request)
-        _announce(request)
+        announce_change(request)
     return requests
 
 
@@ -402,8 +362,7 @@ def deny(*, workspace: Workspace, reexecution_id: str, by: User,
     refusal = _refuse_undecidable(requests, by, now, approving=False)
     if refusal is not None:
         return refusal
-    if not isinstance(note, str) or not note.strip():
-        raise InvalidReexecution("a note is required", field="note")
+    note = written(note, field="note", label="note", error=InvalidReexecution)
     for request in requests:
         request.status, request.updated_at = Status.DENIED, now
         request.approver, request.approver_name = by, by.get_username()
@@ -413,153 +372,7 @@ def deny(*, workspace: Workspace, reexecution_id: str, by: User,
                      target=request.public_id, reason=request.note,
                      details={"runId": request.original_run_id,
                               **({"batchId": request.batch_id} if request.batch_id else {})})
-        _announce(request)
+        announce_change(request)
     return requests
 
 
-@transaction.atomic
-def expire_overdue(*, workspace: Workspace | None = None) -> list[str]:
-    """Write down as expired every pending request past its expiry (the worker sweeps this)."""
-    now = clock.now()
-    qs = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        status=Status.PENDING_APPROVAL, expires_at__lte=now)
-    if workspace is not None:
-        qs = qs.filter(workspace=workspace)
-    expired = list(qs.order_by("pk"))
-    for request in expired:
-        _expire(request, now)
-    return [r.public_id for r in expired]
-
-
-# --- execute -----------------------------------------------------------------------------------
-
-
-def _lease_is_live(request: ReexecutionRequest, now: datetime) -> bool:
-    return lease_live(request.lease_expires_at, now)
-
-
-def _take_lease(request: ReexecutionRequest, owner: str, now: datetime) -> None:
-    request.status = Status.RUNNING
-    request.lease_owner, request.lease_token = owner, secrets.token_hex(16)
-    request.lease_expires_at = now + lease_ttl()
-    request.attempts += 1
-    request.started_at = request.started_at or now
-    request.updated_at = now
-    request.save()
-
-
-@transaction.atomic
-def start(*, request_pk: int, owner: str, owner_is_dead: Callable[[str], bool] = lambda owner: False,
-          ) -> ReexecutionRequest | None:
-    """The built-in worker takes an approved request (or a running one whose worker is gone);
-    None when there is nothing to do: decided otherwise, finished, or held by a live worker."""
-    request = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        pk=request_pk).first()
-    if request is None or request.executor != Executor.BUILTIN:
-        return None
-    now = clock.now()
-    if request.status == Status.RUNNING:
-        if _lease_is_live(request, now) and not owner_is_dead(request.lease_owner):
-            return None
-    elif request.status != Status.APPROVED:
-        return None
-    resumed_from = request.lease_owner if request.status == Status.RUNNING else None
-    _take_lease(request, owner, now)
-    audit.record(actor=audit.Actor(name=f"worker:{owner}"), tenant=request.workspace.tenant,
-                 workspace=request.workspace, action=Action.REEXECUTION_STARTED, target=request.public_id,
-                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
-                          "attempt": request.attempts, **({"takenOverFrom": resumed_from} if resumed_from else {})})
-    _announce(request)
-    return request
-
-
-@transaction.atomic
-def claim_next(*, api_key: ApiKey, owner: str = "") -> ReexecutionRequest | None:
-    """An external executor (key with `execute`) takes the oldest approved request of its
-    workspace that this deployment does not execute itself, or one whose previous claimant's
-    lease ran out (it continues the same new run). None when there is none."""
-    if not api_key.has_scope("execute"):
-        raise Forbidden("claiming needs an API key with the 'execute' scope", scope="execute")
-    now = clock.now()
-    request = (ReexecutionRequest.objects.select_for_update(skip_locked=True, of=("self",))
-               .select_related("workspace__tenant")
-               .filter(workspace_id=api_key.workspace_id, executor=Executor.EXTERNAL)
-               .filter(Q(status=Status.APPROVED) | Q(status=Status.RUNNING, lease_expires_at__lte=now))
-               .order_by("decided_at", "pk").first())
-    if request is None:
-        return None
-    previous = request.lease_owner if request.status == Status.RUNNING else None
-    _take_lease(request, audit.key_actor(api_key), now)
-    audit.record(actor=api_key, tenant=request.workspace.tenant, workspace=request.workspace,
-                 action=Action.REEXECUTION_CLAIMED, target=request.public_id,
-                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
-                          "attempt": request.attempts, "leaseExpiresAt": request.lease_expires_at.isoformat(),  # type: ignore[union-attr]  # a taken lease always has its expiry
-                          **({"owner": owner} if owner else {}), **({"takenOverFrom": previous} if previous else {})})
-    _announce(request)
-    return request
-
-
-@transaction.atomic
-def renew_lease(*, workspace: Workspace, reexecution_id: str, lease_token: str) -> ReexecutionRequest:
-    """Extend the executor's lease by its TTL from now; `lease_lost` once another took it over
-    or the request finished."""
-    request = _lock(workspace, reexecution_id)
-    if request.status != Status.RUNNING or not lease_token or not secrets.compare_digest(
-            request.lease_token, lease_token):
-        raise LeaseLost(f"re-execution {reexecution_id} is not held with this lease token",
-                        reexecutionId=reexecution_id, status=request.status)
-    now = clock.now()
-    request.lease_expires_at, request.updated_at = now + lease_ttl(), now
-    request.save(update_fields=["lease_expires_at", "updated_at"])
-    return request
-
-
-def _finish(request: ReexecutionRequest, *, succeeded: bool, error: Any, actor: audit.Actor, now: datetime) -> None:
-    request.status = Status.SUCCEEDED if succeeded else Status.FAILED
-    request.error = None if succeeded else error
-    request.finished_at, request.updated_at = now, now
-    request.lease_expires_at = None
-    request.save()
-    audit.record(actor=actor, tenant=request.workspace.tenant, workspace=request.workspace,
-                 action=Action.REEXECUTION_FINISHED, target=request.public_id,
-                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
-                          "status": request.status, **({"error": error} if not succeeded else {})})
-    _announce(request)
-
-
-@transaction.atomic
-def finish(*, request_pk: int, lease_token: str, succeeded: bool, error: Any = None) -> ReexecutionRequest | None:
-    """The built-in worker's end of a request: a no-op when the new run's terminal event already
-    settled it (see `settle_on_terminal`) or another worker holds it now."""
-    request = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        pk=request_pk).first()
-    if request is None or request.status != Status.RUNNING or request.lease_token != lease_token:
-        return None
-    _finish(request, succeeded=succeeded, error=error, actor=audit.Actor(name=f"worker:{request.lease_owner}"),
-            now=clock.now())
-    return request
-
-
-def settle_on_terminal(*, run: Run, written: Sequence[Mapping[str, Any]]) -> None:
-    """Called by the append path, in its transaction, for a batch that ended `run`: a running
-    request whose new run this is follows the run's outcome. This is how a request executed by
-    an external harness (which reports only through appends) finishes, and it is the same for the
-    built-in worker, so the request's status and its run's terminal event commit together."""
-    terminal = next((e for e in reversed(written) if e["type"] in ("RunCompleted", "RunFailed")), None)
-    if terminal is None:
-        return
-    requests = list(ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        workspace_id=run.workspace_id, new_run_id=run.run_id, status=Status.RUNNING))
-    now = clock.now()
-    for request in requests:
-        executor = request.lease_owner if request.executor == Executor.EXTERNAL else f"worker:{request.lease_owner}"
-        _finish(request, succeeded=terminal["type"] == "RunCompleted",
-                error=terminal["payload"].get("error"), actor=audit.Actor(name=executor), now=now)
-
-
-@transaction.atomic
-def heartbeat(*, request_pk: int, lease_token: str) -> bool:
-    """The built-in worker renews its lease while it executes; False once it was taken over."""
-    now = clock.now()
-    return bool(ReexecutionRequest.objects.filter(pk=request_pk, status=Status.RUNNING, lease_token=lease_token)
-                .update(lease_expires_at=now + lease_ttl(), updated_at=now))

@@ -3,7 +3,7 @@
 The database backend (django-tasks-db) stores the task in the same transaction as the approval,
 so an approval never commits without its task; other backends (the immediate one in tests)
 enqueue after commit instead, so the execution never runs inside the approving transaction.
-A duplicate task is harmless: `services.start` hands a request to one live worker only.
+A duplicate task is harmless: `execution.start` hands a request to one live worker only.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from django.db import transaction
 from django_tasks import task
 from django_tasks_db import DatabaseBackend
 
+from .executor import run_request
+
 QUEUE = "reexecutions"
 
 
 @task(queue_name=QUEUE)
 def execute_request(request_pk: int) -> str:
-    from .worker import run_request
-
     return run_request(request_pk=request_pk)
 
 

@@ -22,11 +22,12 @@ from .. import audit, clock
 from . import gateway
 from ..log import holding
 from ..errors import LedgerError, NotFound, RunFinished
+from ..limits import MAX_TEXT, written
 from ..models import Run, RunStatus, ToolCall, Workspace
 
 CANCELLED = "Cancelled"
 UNCLAIMED = ("waiting_approval", "approved")  # tool call states before the gateway (ledger/replay/toolapproval.py)
-MAX_REASON = 2000
+MAX_REASON = MAX_TEXT
 
 
 class InvalidCancel(LedgerError):
@@ -55,11 +56,7 @@ def is_cancelled(error: Any) -> bool:
 def cancel_run(*, workspace: Workspace, run_id: str, reason: str, by: Any) -> Cancelled:
     """End `run_id` as cancelled; audited (`run.cancelled`). `by`: a user, an API key or a name.
     Refuses an empty reason (invalid_request), a finished run (run_finished), an unknown run (404)."""
-    reason = (reason or "").strip()
-    if not reason:
-        raise InvalidCancel("say why: the reason is required", field="reason")
-    if len(reason) > MAX_REASON:
-        raise InvalidCancel(f"the reason is at most {MAX_REASON} characters", field="reason")
+    reason = written(reason, field="reason", label="reason", error=InvalidCancel)
     head = Run.objects.filter(workspace=workspace, run_id=run_id).values_list("status", flat=True).first()
     if head is None:
         raise NotFound(f"run {run_id} not found", runId=run_id)

@@ -14,7 +14,7 @@ from ..log import artifacts as artifact_store
 from ..reads import selectors, serialize
 from ..models import CostEntry, Feedback, Run, Step, ToolCall
 from ..log.projection import prices_for
-from ..reexecution import selectors as reexecutions
+from ..reads import reexecutions
 from .plan import replay_plan
 from ..log.verify import inspect_run
 

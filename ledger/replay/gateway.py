@@ -38,6 +38,7 @@ from ..log.leases import Lease, renew_locked
 from ..models import Run, ToolCall, ToolGatewayClaim, Workspace
 from ..log.redaction import Redactor, policy
 from ..log.vocabulary import with_origin
+from ..limits import written
 from ..transactions import atomic_then_refuse
 
 Status = ToolGatewayClaim.Status
@@ -719,6 +720,7 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
     """
     if outcome not in (Status.SUCCEEDED, Status.FAILED):
         raise InvalidToolCall("outcome must be succeeded or failed", field="outcome")
+    note = written(note, field="note", label="note", error=InvalidToolCall)
     head = _lock_run(workspace, run_id)
     run = head.run
     claim = _get_claim(run, call_id)
@@ -831,9 +833,14 @@ def tool_call_rows(run: Run, *, after_pk: int = 0, limit: int = 50, status: str 
     return list(qs[:limit])
 
 
-def claims_by_call(run: Run) -> dict[str, ToolGatewayClaim]:
-    """The run's control rows by call id."""
-    return {c.call_id: c for c in ToolGatewayClaim.objects.filter(run=run)}
+def calls_in_doubt(run: Run, plan: Mapping[str, Any] | None) -> set[str]:
+    """The calls a person must see as in doubt: those the replay plan `plan` reports missing as in
+    doubt (it replays an in-doubt call's outcome once reconciled; until then the call blocks the
+    replay), and those whose lease ran out after the request left, before the gateway wrote them
+    down (`in_doubt_call_ids`)."""
+    missing = plan["replayReady"]["missing"] if plan else []
+    reported = {m[len("tool:"):-len(":in_doubt")] for m in missing if m.startswith("tool:") and m.endswith(":in_doubt")}
+    return reported | in_doubt_call_ids(run)
 
 
 def in_doubt_call_ids(run: Run) -> set[str]:

@@ -32,12 +32,13 @@ from .. import audit, clock
 from . import gateway
 from ..log import holding
 from ..canonical import digest
+from ..limits import MAX_TEXT, written
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
 from ..models import Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
 
 WAITING = "waiting_approval"
 REJECTED = "ToolCallRejected"
-MAX_NOTE = 2000
+MAX_NOTE = MAX_TEXT
 
 
 class ToolCallNotWaiting(Conflict):
@@ -146,11 +147,7 @@ def decide(*, workspace: Workspace, run_id: str, call_id: str, approve: bool, se
     forbidden), the run's requester (403 self_approval_forbidden), no such call (404), a call not
     waiting (409 tool_call_not_waiting), other arguments waiting now (409 approval_stale), the
     run ended (409 run_finished)."""
-    note = (note or "").strip()
-    if not note:
-        raise InvalidDecision("say why: the note is required", field="note")
-    if len(note) > MAX_NOTE:
-        raise InvalidDecision(f"the note is at most {MAX_NOTE} characters", field="note")
+    note = written(note, field="note", label="note", error=InvalidDecision)
     membership = Membership.objects.filter(user=by, tenant=workspace.tenant).first()
     if membership is None or not membership.allows(Role.APPROVER):
         raise ApproverRequired("deciding a tool call needs the approver role", role="approver")

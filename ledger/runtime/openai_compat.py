@@ -22,7 +22,7 @@ import httpx
 from django.conf import settings
 
 from ..errors import LedgerError
-from .providers import ModelReply, ModelRequest
+from .model import ModelReply, ModelRequest
 
 BASE_URL_ENV = "RUNLEDGER_OPENAI_BASE_URL"
 API_KEY_ENV = "RUNLEDGER_OPENAI_API_KEY"

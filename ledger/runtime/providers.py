@@ -1,4 +1,5 @@
-"""Model providers. `scripted` answers from a script: deterministic, built in, what the demo and
+"""Model providers by name: `openai-compatible` (ledger/runtime/openai_compat.py) and `scripted`.
+`scripted` answers from a script: deterministic, built in, what the demo and
 the tests use. It counts its invocations (and can append them to a file, for a test whose
 executor is killed) so a test can prove that a committed response is never asked for again."""
 
@@ -8,36 +9,12 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-
-@dataclass(frozen=True)
-class ModelRequest:
-    step_path: str
-    turn: int
-    body: Mapping[str, Any]  # {model, messages, tools}: what harness.model.called records
-
-
-@dataclass(frozen=True)
-class ModelReply:
-    text: str | None
-    tool_calls: list[dict[str, Any]]  # [{id, name, args}]
-    usage: dict[str, Any]
-
-    def response(self) -> dict[str, Any]:
-        response: dict[str, Any] = {"toolCalls": self.tool_calls, "usage": self.usage}
-        if self.text is not None:
-            response["text"] = self.text
-        return response
-
-
-class ModelProvider(Protocol):
-    name: str
-    model_id: str
-
-    def generate(self, request: ModelRequest) -> ModelReply: ...
+from .model import ModelProvider, ModelReply, ModelRequest
+from .openai_compat import OpenAICompatibleProvider
 
 
 class ScriptExhausted(Exception):
@@ -129,10 +106,6 @@ def _scripted(model: str, current: ModelProvider) -> ModelProvider:
 
 
 def _openai_compatible(model: str, current: ModelProvider) -> ModelProvider:
-    from dataclasses import replace
-
-    from .openai_compat import OpenAICompatibleProvider
-
     provider: Any = replace(OpenAICompatibleProvider.from_env(), model=model)  # model_id is its read-only view
     return provider
 

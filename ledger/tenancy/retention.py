@@ -42,6 +42,7 @@ from .. import audit, clock
 from ..log.bulk import table
 from ..errors import LedgerError
 from ..models import Artifact, CostEntry, Event, ImportedArtifact, ReexecutionRequest, Run, RunStatus, ToolGatewayClaim, Workspace
+from ..limits import written
 from ..log.rules import lease_live
 from ..log.states import STATES
 from ..log.projection import prices_for
@@ -72,8 +73,7 @@ def set_retention(*, workspace: Workspace, days: int | None, by: audit.Actor | A
     """Set the workspace's retention (None: keep forever); audited as `retention.changed` with the
     old and new values and the reason. False (and no entry) when the value does not change."""
     validate_days(days)
-    if not reason.strip():
-        raise InvalidRetention("say why the retention changes (the reason is audited)")
+    reason = written(reason, field="reason", label="reason (it is audited)", error=InvalidRetention)
     locked = Workspace.objects.select_for_update().select_related("tenant").get(pk=workspace.pk)
     old = locked.retention_days
     if old == days:

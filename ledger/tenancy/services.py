@@ -21,6 +21,7 @@ from .. import audit, clock
 from ..log import statements
 from ..log.bulk import column, table
 from ..errors import LedgerError, NotFound
+from ..limits import written
 from ..models import ApiKey, Membership, Role, Tenant, Workspace
 
 KEY_PREFIX = "rl_"
@@ -215,10 +216,11 @@ def key_by_prefix(prefix: str, *, workspace: Workspace | None = None) -> ApiKey 
 @transaction.atomic
 def revoke_key(api_key: ApiKey, *, by: audit.Actor | AbstractBaseUser = CLI, reason: str = "") -> bool:
     """Revoke a key (idempotent: only the first revocation is audited, and returns True)."""
+    reason = written(reason, field="reason", label="reason", required=False)
     revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if revoked:
         workspace = Workspace.objects.select_related("tenant").get(pk=api_key.workspace_id)
         audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_REVOKED,
-                     target=audit.key_actor(api_key), reason=reason.strip(), details={"name": api_key.name})
+                     target=audit.key_actor(api_key), reason=reason, details={"name": api_key.name})
     api_key.refresh_from_db(fields=["revoked_at"])
     return bool(revoked)

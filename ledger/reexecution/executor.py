@@ -1,0 +1,73 @@
+"""The built-in executor of one approved request: the request's lease taken, kept by a heartbeat
+thread while the runtime executes it, and the request finished with the new run's outcome."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.db import connections
+
+from ..errors import LedgerError
+from ..log.leases import new_owner, owner_is_dead
+from . import execution
+
+log = logging.getLogger(__name__)
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the request's lease every third of its TTL until stopped."""
+
+    def __init__(self, request_pk: int, lease_token: str) -> None:
+        super().__init__(name=f"reexecution-heartbeat-{request_pk}", daemon=True)
+        self.request_pk, self.lease_token = request_pk, lease_token
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        interval = execution.lease_ttl().total_seconds() / 3
+        try:
+            while not self.stopped.wait(interval):
+                if not execution.heartbeat(request_pk=self.request_pk, lease_token=self.lease_token):
+                    log.warning("re-execution %s was taken over; the runtime's fencing stops this worker's writes",
+                                self.request_pk)
+                    return
+        finally:
+            connections.close_all()
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    error: dict[str, Any] = {"name": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, LedgerError):
+        error["code"] = exc.code
+    return error
+
+
+def run_request(*, request_pk: int, owner: str | None = None) -> str:
+    """Execute one request end to end (the task's body). Returns what happened, for the task result."""
+    from ..runtime.reexecute import UNSET, execute_reexecution
+
+    request = execution.start(request_pk=request_pk, owner=owner or new_owner(), owner_is_dead=owner_is_dead)
+    if request is None:
+        return "skipped"
+    heartbeat = _Heartbeat(request.pk, request.lease_token)
+    heartbeat.start()
+    try:
+        outcome = execute_reexecution(
+            workspace=request.workspace, original_run_id=request.original_run_id, mode=request.mode,
+            new_run_id=request.new_run_id, reexecution_id=request.public_id, from_step=request.from_step,
+            input=request.input if request.has_input else UNSET,
+            model_overrides=request.model_overrides or None,
+        )
+    except Exception as exc:  # the runtime refused or broke: the request failed, the worker lives on
+        log.warning("re-execution %s failed", request.public_id, exc_info=True)
+        execution.finish(request_pk=request.pk, lease_token=request.lease_token, succeeded=False, error=_error(exc))
+        return "failed"
+    finally:
+        heartbeat.stopped.set()
+        heartbeat.join()
+    # Normally the new run's terminal event already settled the request in its append
+    # transaction (execution.settle_on_terminal); this covers a run that had ended before.
+    execution.finish(request_pk=request.pk, lease_token=request.lease_token,
+                    succeeded=outcome.status == "completed", error=outcome.error)
+    return outcome.status
