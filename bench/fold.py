@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     from ledger.fold import fold
     from ledger.models import Event, Run
     from ledger.log.envelopes import log_of
-    from ledger.log.projection import prices_for
+    from ledger.fold.pricing import prices_for
     from ledger.tenancy.services import bootstrap
 
     workspace = bootstrap(tenant="bench", workspace=f"fold-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")

@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
     from ledger.fold import fold
     from ledger.models import Run
     from ledger.log.envelopes import log_of
-    from ledger.log.projection import prices_for
+    from ledger.fold.pricing import prices_for
     from ledger.runtime.executor import start_run
     from ledger.runtime.reexecute import execute_reexecution
     from ledger.tenancy.services import bootstrap

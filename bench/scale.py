@@ -298,7 +298,8 @@ def _copy_chunk(conn: Any, chunk: list[PlannedRun], first_pk: int, workspaces: l
     from ledger.log.envelopes import format_recorded_at
     from ledger.fold import fold
     from ledger.models import CostEntry, Event, Run, Step, ToolCall
-    from ledger.log.projection import cost_fields, prices_for, run_fields, step_fields, tool_fields
+    from ledger.log.projection import cost_fields, run_fields, step_fields, tool_fields
+    from ledger.fold.pricing import prices_for
 
     prices = prices_for(workspaces[0])
     rows: dict[type, list[dict[str, Any]]] = {Run: [], Event: [], Step: [], ToolCall: [], CostEntry: []}

@@ -34,14 +34,15 @@ PASSWORD = "pw-runledger-test"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked redis_only belong to the Redis pass (REDIS_URL set, as CI's second pass and
-    docs set it); the embedded default's pass, on a machine that may have no Redis, leaves them
-    out instead of skipping them."""
-    if os.environ.get("REDIS_URL"):
-        return
-    left_out = [item for item in items if item.get_closest_marker("redis_only")]
+    docs set it), those marked postgres_only to the PostgreSQL pass; the embedded default's pass,
+    on a machine that may have neither, leaves them out instead of skipping them."""
+    absent = [marker for marker, present in (("redis_only", bool(os.environ.get("REDIS_URL"))),
+                                             ("postgres_only", os.environ.get("DATABASE_URL", "").startswith("postgres")))
+              if not present]
+    left_out = [item for item in items if any(item.get_closest_marker(m) for m in absent)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if not item.get_closest_marker("redis_only")]
+        items[:] = [item for item in items if item not in left_out]
 
 
 @pytest.fixture(autouse=True)

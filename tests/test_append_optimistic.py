@@ -16,7 +16,8 @@ from ledger.errors import Fenced, IdempotencyConflict, RunFinished, SequenceConf
 from ledger.log.leases import acquire_run_lease, new_owner
 from ledger.models import Event, Run, Workspace
 from ledger.log.states import STATES
-from ledger.log.projection import differences, prices_for
+from ledger.log.projection import differences
+from ledger.fold.pricing import prices_for
 from ledger.log.envelopes import log_of
 from ledger.fold import fold
 from ledger.tenancy.services import bootstrap

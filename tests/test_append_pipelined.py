@@ -23,7 +23,8 @@ from ledger.errors import Fenced, IdempotencyConflict, InvalidEvent, SequenceCon
 from ledger.fold import fold
 from ledger.log.leases import acquire_run_lease, new_owner
 from ledger.models import CostEntry, Event, Run, ToolCall, Workspace
-from ledger.log.projection import differences, prices_for
+from ledger.log.projection import differences
+from ledger.fold.pricing import prices_for
 from ledger.log.envelopes import log_of
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from ledger.demo import load_demo
 from ledger.models import AuditEntry, CostEntry, Event, Run, ToolGatewayClaim, Workspace
-from ledger.log.projection import COMPARE_PLACES, prices_for
+from ledger.log.projection import COMPARE_PLACES
+from ledger.fold.pricing import prices_for
 from ledger.log.envelopes import log_of
 from ledger.tenancy.services import create_key
 from ledger.log.verify import verify_run

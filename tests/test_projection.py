@@ -16,7 +16,8 @@ from ledger.log import append
 from ledger.fold import fold
 from ledger.models import CostEntry, Run, Step, ToolCall
 from ledger.log.states import STATES
-from ledger.log.projection import differences, prices_for
+from ledger.log.projection import differences
+from ledger.fold.pricing import prices_for
 from ledger.log.envelopes import log_of
 from tests.conftest import ev, started
 

@@ -19,7 +19,8 @@ from ledger.log import append
 from ledger.fold import fold
 from ledger.models import Run, Workspace
 from ledger.log.states import STATES, AppendState
-from ledger.log.projection import differences, prices_for
+from ledger.log.projection import differences
+from ledger.fold.pricing import prices_for
 from ledger.log.envelopes import log_of
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started

@@ -185,3 +185,55 @@ def test_the_write_path_sends_the_golden_statements(scenario: str, workspace: Wo
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(got)
     assert got == golden.read_text()
+
+
+@pytest.mark.postgres_only  # the production path: SQLite's writes go through the ORM and bulk helpers
+@pytest.mark.django_db(transaction=True)
+def test_a_model_call_enters_each_module_of_the_log_at_most_twice(workspace: Workspace,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit of a model call's response with the claim of the tool it asks for, followed from
+    the door down: every call from one function of the log into another module of the log is a
+    way into that module, counted once per calling function (a call made again for each event of
+    the batch is the same way in). Each module is entered by at most two; the door by the gateway."""
+    import sys
+
+    from ledger.replay import gateway
+    from ledger.runtime.providers import ModelRequest
+    from ledger.runtime.registry import AIGenerate, Tool, Workflow
+
+    def model(request: ModelRequest) -> dict[str, Any]:
+        if request.turn == 1:
+            return {"toolCalls": [{"id": "t1", "name": "lookup", "args": {"n": 1}}],
+                    "usage": {"inputTokens": 5, "outputTokens": 1}}
+        return {"text": "done"}
+
+    workflow = Workflow(name="one_lookup", steps=(AIGenerate("agent", "Look it up.", tools=("lookup",), max_turns=2),),
+                        tools={"lookup": Tool("lookup", lambda args: {"found": True})},
+                        models={"default": ScriptedProvider(script=model)})
+    start_run(workspace=workspace, workflow=workflow, input={})  # the head is guessed from here on
+    ways_in: dict[str, set[str]] = {}
+    real = gateway.runtime_batch
+
+    def traced(**kwargs: Any) -> Any:
+        if kwargs.get("claim") is None or ways_in:
+            return real(**kwargs)
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event != "call" or frame.f_back is None:
+                return
+            callee, caller = frame.f_globals.get("__name__", ""), frame.f_back.f_globals.get("__name__", "")
+            if callee.startswith("ledger.log") and caller != callee and (
+                    caller.startswith("ledger.log") or callee == "ledger.log"):
+                ways_in.setdefault(callee, set()).add(f"{caller}.{frame.f_back.f_code.co_name}")
+
+        sys.setprofile(profile)
+        try:
+            return real(**kwargs)
+        finally:
+            sys.setprofile(None)
+
+    monkeypatch.setattr(gateway, "runtime_batch", traced)
+    assert start_run(workspace=workspace, workflow=workflow, input={}).status == "completed"
+
+    assert ways_in["ledger.log"] == {"ledger.replay.gateway._in_one_statement"}
+    assert {module: sorted(callers) for module, callers in ways_in.items() if len(callers) > 2} == {}

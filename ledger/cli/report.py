@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 
 from ledger.fold import fold
 from ledger.log.envelopes import log_of
-from ledger.log.projection import prices_for
+from ledger.fold.pricing import prices_for
 from ledger.reads.report import render_report_table, usage_report
 
 from .common import add_run_arguments, existing_run

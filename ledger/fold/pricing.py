@@ -15,7 +15,7 @@ from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from ..canonical import digest
 
@@ -348,3 +348,15 @@ class UsageTotals:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+class Priced(Protocol):
+    """What prices a run: its workspace's overrides of the shipped table (a Workspace)."""
+
+    price_overrides: Any
+
+
+def prices_for(workspace: Priced) -> PriceTable:
+    """The price table a workspace's runs are priced with: the shipped one, with its overrides."""
+    table = load_default_prices()
+    return table.with_overrides(workspace.price_overrides) if workspace.price_overrides else table

@@ -18,21 +18,21 @@ from typing import Any
 from django.db import transaction
 
 from ..fold import RunState, fold
-from ..fold.pricing import PriceTable, UsageTotals, load_default_prices
-from ..models import CostEntry, Run, Step, ToolCall, Workspace
+from ..fold.pricing import UsageTotals, prices_for
+from ..models import CostEntry, Run, Step, ToolCall
 from . import rollup
 from .bulk import insert_rows, upsert_rows
 from .envelopes import log_of
-from .states import STATES, tool_call_count
+from .states import STATES
 
 MONEY_PLACES = Decimal("1e-12")
 # SQLite hands decimals back through a 15-digit float; compare money at a precision both keep.
 COMPARE_PLACES = Decimal("1e-9")
 
 
-def prices_for(workspace: Workspace) -> PriceTable:
-    table = load_default_prices()
-    return table.with_overrides(workspace.price_overrides) if workspace.price_overrides else table
+def tool_call_count(state: RunState) -> int:
+    """How many tool calls the run has had: those the state holds and those compaction left out."""
+    return len(state.tool_calls) + getattr(state, "tool_calls_dropped", 0)
 
 
 # --- rows from state -----------------------------------------------------------------------

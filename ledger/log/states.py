@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
@@ -62,11 +62,6 @@ def compact(state: RunState) -> RunState:
                   tool_calls={})
     dropped = getattr(state, "tool_calls_dropped", 0) + len(state.tool_calls)
     return AppendState(**values, tool_calls_dropped=dropped)
-
-
-def tool_call_count(state: RunState) -> int:
-    """How many tool calls the run has had: those the state holds and those compaction left out."""
-    return len(state.tool_calls) + getattr(state, "tool_calls_dropped", 0)
 
 
 def restore_tool_calls(run_pk: int, state: RunState, items: Iterable[tuple[str, Any]], *,
@@ -203,8 +198,11 @@ def state_for_append(run: Run, prices: PriceTable) -> RunState:
     return fold(log_of(run), prices=prices)
 
 
-def remembering(run: Run, prices: PriceTable, state: RunState) -> Callable[[], None]:
-    """What keeps `state` as the run's cached state; to be called once its batch has committed."""
-    entry = Cached(run.pk, prices.version, state)
-    workspace_id, run_id = run.workspace_id, run.run_id
-    return lambda: STATES.put(workspace_id, run_id, entry)
+def guess(workspace_pk: int, run_id: str, version: str, items: Iterable[tuple[str, Any]]) -> tuple[Cached | None, tuple[str, ...]]:
+    """The run's cached state taken out of the cache (None without one), with the tool calls the
+    batch `items` names put back (`restore_tool_calls`, calls the batch starts taken to be new);
+    and those new calls' ids, which the write must find without a row."""
+    cached = STATES.take(workspace_pk, run_id, version)
+    if cached is None:
+        return None, ()
+    return cached, restore_tool_calls(cached.run_pk, cached.state, items, started_new=True)

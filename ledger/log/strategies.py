@@ -16,6 +16,7 @@ terminal hooks run).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -32,13 +33,14 @@ from ..errors import InvalidEvent, LedgerError
 from ..fold import RunState, advance
 from ..fold.pricing import PriceTable
 from ..models import Event, Run, RunStatus, Workspace
-from . import announce, hooks, prepare, rules, statements
+from . import announce, hooks, prepare, rules, states, statements
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .envelopes import event_envelope, format_recorded_at
 from .prepare import Prepared
-from .projection import Changes, Mark, batch_changes, prices_for, write
-from .states import STATES, remembering, restore_tool_calls, state_for_append
+from .projection import Changes, Mark, batch_changes, write
+from ..fold.pricing import prices_for
+from .states import STATES, Cached, restore_tool_calls, state_for_append
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def one_statement(db: BaseDatabaseWrapper, workspace: Workspace, run_id: str, ba
     if any(len(p.canonical) > INLINE_LIMIT_BYTES for p in batch):
         return None  # the artifact must be written in the same transaction as its event
     prices = prices_for(workspace)
-    cached = STATES.take(workspace.pk, run_id, prices.version)
+    cached, new_calls = states.guess(workspace.pk, run_id, prices.version, [(p.type, p.payload) for p in batch])
     if cached is not None:
         run = _cached_head(cached.run_pk, workspace, run_id)
         state = cached.state
@@ -109,9 +111,6 @@ def one_statement(db: BaseDatabaseWrapper, workspace: Workspace, run_id: str, ba
             STATES.put(workspace.pk, run_id, cached)  # untouched; the locked path may use it
         return None
     now = now_ms()
-    new_calls: tuple[str, ...] = ()
-    if run.pk is not None:
-        new_calls = restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch], started_new=True)
     before = Mark.of(state)
     try:
         rows, written, out = _allocate(run, state, batch, {}, now, prices, imported)
@@ -262,7 +261,8 @@ def _after_write(run: Run, state: RunState, prices: PriceTable, written: list[di
     ran in an atomic block; else it has committed): the caller's head object kept current, the
     state cached and the batch announced once it commits, a re-execution settled."""
     run.last_sequence, run.status = state.last_sequence, state.status
-    remember, send = remembering(run, prices, state), announce.announcement(run, state.last_sequence, written, rows)
+    remember = functools.partial(STATES.put, run.workspace_id, run.run_id, Cached(run.pk, prices.version, state))
+    send = announce.announcement(run, state.last_sequence, written, rows)
     if in_transaction:
         transaction.on_commit(lambda: (remember(), send()))
     else:

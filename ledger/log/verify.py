@@ -13,7 +13,8 @@ from ..canonical import canonical_json, event_id
 from .envelopes import decode_payload, log_rows, row_envelope
 from ..fold import RunStateMismatch, fold
 from ..models import CostEntry, Event, Run, Step, ToolCall
-from .projection import differences, prices_for
+from .projection import differences
+from ..fold.pricing import prices_for
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ..fold import REPLAYED_ORIGINS, RunState, StepState, fold
 from ..models import Run, Workspace
 from ..fold.pricing import UsageTotals
 from ..log.envelopes import log_of
-from ..log.projection import prices_for
+from ..fold.pricing import prices_for
 
 
 def divergence_report(*, workspace: Workspace, original_run_id: str, new_run_id: str) -> dict[str, Any]:

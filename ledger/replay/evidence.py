@@ -13,7 +13,7 @@ from typing import Any
 from ..log import artifacts as artifact_store
 from ..reads import selectors, serialize
 from ..models import CostEntry, Feedback, Run, Step, ToolCall
-from ..log.projection import prices_for
+from ..fold.pricing import prices_for
 from ..reads import reexecutions
 from .plan import replay_plan
 from ..log.verify import inspect_run

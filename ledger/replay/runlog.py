@@ -19,7 +19,7 @@ from ..fold import RunState, fold
 from ..models import Event, Run, ToolCall
 from .stored_plan import replay_plan_for
 from ..log.envelopes import log_of
-from ..log.projection import prices_for
+from ..fold.pricing import prices_for
 
 IN_DOUBT = "harness.tool_call.in_doubt"
 # StepFailed, RunFailed, ParallelBranchFailed, … and harness.session.failed, harness.tool_call.failed, …

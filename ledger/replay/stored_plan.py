@@ -7,7 +7,7 @@ from typing import Any
 
 from ..models import Run
 from ..log.envelopes import log_of
-from ..log.projection import prices_for
+from ..fold.pricing import prices_for
 from .plan import replay_plan
 from ..log.verify import artifact_refs, check_artifacts
 

@@ -43,7 +43,7 @@ from ..errors import Conflict, NotFound
 from ..fold import ModelCall, RunState, ToolCallState, fold
 from ..models import Run, Workspace
 from ..log.envelopes import log_of
-from ..log.projection import prices_for
+from ..fold.pricing import prices_for
 from ..log.redaction import Redactor, policy
 from ..log.vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
 from .errors import InvalidReexecution, ReplayDiverged, UnknownModelProvider, UnknownStep, UnknownWorkflow

@@ -45,7 +45,7 @@ from ..models import Artifact, CostEntry, Event, ImportedArtifact, ReexecutionRe
 from ..limits import written
 from ..log.rules import lease_live
 from ..log.states import STATES
-from ..log.projection import prices_for
+from ..fold.pricing import prices_for
 
 MAX_RETENTION_DAYS = 36_500
 OPEN_REQUESTS = (ReexecutionRequest.Status.PENDING_APPROVAL, ReexecutionRequest.Status.APPROVED,

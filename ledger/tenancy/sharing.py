@@ -33,7 +33,7 @@ from ..errors import LedgerError, NotFound
 from ..fold import fold
 from ..models import Run, ShareLink, Workspace
 from ..log.envelopes import log_of
-from ..log.projection import prices_for
+from ..fold.pricing import prices_for
 from ..replay.runlog import FoldedRun, folded
 
 MAX_EXPIRY_HOURS = 720
