@@ -52,7 +52,7 @@ from bench.stream import append_one  # noqa: E402
 SIZES = (100, 10_000)
 WARMUP_EVENTS = 10
 PAGE_WARMUP = 2  # untimed calls first: templates compiled, connection open, plans cached
-COPY_BATCH = 100  # runs written through append_events; the rest of a big workspace copies their rows
+COPY_BATCH = 100  # runs written through the log's append; the rest of a big workspace copies their rows
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -105,7 +105,7 @@ def write_run(workspace: Any, run_id: str, events: int) -> None:
 
 
 def write_small_runs(workspace: Any, prefix: str, count: int) -> list[str]:
-    """`count` short runs through append_events (one transaction per 25, so commits do not dominate)."""
+    """`count` short runs through the log's append (one transaction per 25, so commits do not dominate)."""
     from django.db import transaction
 
     from ledger.log import append
@@ -129,7 +129,7 @@ def copy_runs(workspace: Any, source_ids: list[str], copies: int) -> list[str]:
 
     The runs list reads the run rows (plus children counts and ratings for the page shown), so
     copies of the rows are what it would see of runs written one by one; writing 10,000 runs
-    through append_events takes minutes on a loaded machine. The copies have no events: the bench
+    through the log's append takes minutes on a loaded machine. The copies have no events: the bench
     deletes them at the end, as retention would."""
     from django.db import connection
 

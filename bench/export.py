@@ -4,7 +4,7 @@ then 1,000,000 events (issue 16: "Export of 1 million events streams in constant
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench .venv/bin/python bench/export.py \
         [--events 1000000] [--per-run 10000] [--batch 500] [--keep | --reuse bench/export-…]
 
-PostgreSQL only, DEBUG off. Writes `--events` events through `append_events` (the mix of
+PostgreSQL only, DEBUG off. Writes `--events` events through `ledger.log.append` (the mix of
 bench/ingest.py) into runs of `--per-run` events in a fresh workspace, then, for 10k events (one
 run, `?runId=`) and for all of them (the workspace):
 

@@ -1,12 +1,12 @@
-"""Ingest benchmark: `append_events` against raw psycopg 3 baselines on the same PostgreSQL.
+"""Ingest benchmark: `ledger.log.append` against raw psycopg 3 baselines on the same PostgreSQL.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/ingest.py \
         [--events N] [--single N] [--profile [batched|single|both]] [--keep]
 
 Measures, in one process against one database:
 
-  append, batched      append_events in batches of --batch (500) events, one fresh run
-  append, single       append_events with one event per call, one fresh run
+  append, batched      the log's append in batches of --batch (500) events, one fresh run
+  append, single       the log's append with one event per call, one fresh run
   raw COPY             COPY ... FROM STDIN (write_row), one transaction per batch
   raw executemany      executemany of INSERTs, one transaction per batch
   raw single INSERT    one INSERT per statement, autocommit
@@ -117,7 +117,7 @@ def make_events(n: int, tag: str) -> list[dict[str, Any]]:
 
 
 def raw_rows(events: list[dict[str, Any]], run_pk: int, batch: int) -> list[tuple[Any, ...]]:
-    """The rows append_events would write for `events`, precomputed for the raw baselines."""
+    """The rows the log's append would write for `events`, precomputed for the raw baselines."""
     from ledger.canonical import canonical_bytes, event_id
 
     base = datetime.now(timezone.utc).replace(microsecond=0)
@@ -532,10 +532,10 @@ def main(argv: list[str]) -> int:
         print_projection_overhead(appender, args)
 
         if args.profile in ("batched", "both"):
-            profile(f"append_events, {args.events} events in batches of {args.batch}",
+            profile(f"the log's append, {args.events} events in batches of {args.batch}",
                     functools.partial(timed, "profiled", args.events, appender.batched(make_events(args.events, "pb"))))
         if args.profile in ("single", "both"):
-            profile(f"append_events, {args.single} events one per call",
+            profile(f"the log's append, {args.single} events one per call",
                     functools.partial(timed, "profiled", args.single, appender.single(make_events(args.single, "ps"))))
     finally:
         raw.drop()

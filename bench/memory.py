@@ -1,4 +1,4 @@
-"""Memory benchmark: peak RSS while one run grows to 1,000,000 events through `append_events`.
+"""Memory benchmark: peak RSS while one run grows to 1,000,000 events through `ledger.log.append`.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench .venv/bin/python bench/memory.py \
         [--events 1000000] [--batch 500] [--keep]

@@ -413,7 +413,7 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
 
 
 def _append(p: Probes, *, per_call: int, events: int) -> Callable[[], Any]:
-    """A new run in scale-a: `events` events of a generated run, `per_call` per append_events call."""
+    """A new run in scale-a: `events` events of a generated run, `per_call` per the log's append call."""
     from ledger.log import append
 
     body = [{"type": t, "payload": payload} for t, payload in run_events(10**6, steps=events // 13 + 1, turns=2,

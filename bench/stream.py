@@ -5,7 +5,7 @@
 
 Starts Daphne (console.asgi:application) on 127.0.0.1 on a free port as a subprocess, opens one
 SSE subscriber (httpx, a thread of this process) on a fresh run, then appends N events one by one
-through `append_events` here and measures, per event, the time from its commit returning to the
+through `ledger.log.append` here and measures, per event, the time from its commit returning to the
 subscriber having received the whole frame. Both ends read this process's perf_counter.
 
 Baseline, measured in the same run through the same Redis: a `group_send` to a group of one
@@ -114,8 +114,8 @@ def append_one(workspace: Any, run_id: str, event: dict[str, Any]) -> tuple[int,
     """Append one event; return its sequence and the moment its COMMIT returned.
 
     on_commit callbacks run in the order they were registered: this one is registered before
-    append_events registers its announcement, so it runs right after COMMIT and before the
-    announcement is sent (append_events' own atomic block becomes a savepoint in this one)."""
+    the log's append registers its announcement, so it runs right after COMMIT and before the
+    announcement is sent (the log's append' own atomic block becomes a savepoint in this one)."""
     from django.db import transaction
 
     from ledger.log import append
@@ -203,7 +203,7 @@ def main(argv: list[str]) -> int:
                 f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}")
 
     print(f"\n{'ms':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
-    print(row("commit -> SSE receipt (append_events, Daphne)", latencies))
+    print(row("commit -> SSE receipt (the log's append, Daphne)", latencies))
     print(row("baseline: group_send -> receive (raw Redis)", floor))
     print(f"\nSSE p50 is {percentile(latencies, 50) / percentile(floor, 50):.1f}x the layer round trip; "
           f"p99 {percentile(latencies, 99) / percentile(floor, 99):.1f}x "

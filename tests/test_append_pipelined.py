@@ -1,5 +1,5 @@
 """A long batch written in parts whose statements overlap the preparing of the next part
-(ledger/log/append.py `_append_pipelined`, ledger/log/statements.py `pipeline`): one transaction, so the
+(ledger/log/strategies.py `pipelined`, ledger/log/statements.py `pipeline`): one transaction, so the
 batch is still all or nothing, and every refusal is the one the usual way gives.
 
 Transactional tests: the parts are taken only on a guess from the process's state cache, which

@@ -588,11 +588,11 @@ def test_runtime_batch_writes_a_claim_or_a_completion_with_its_events_in_one_rou
 
 def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
         workspace: Workspace, run: str, append: Callable[..., Any], clock: FakeClock) -> None:
-    """The all-or-nothing of `append_attached` against a race its conditions did not see: a
+    """The all-or-nothing of `append(..., attached=...)` against a race its conditions did not see: a
     completion that finds no row once the head is taken, a claim whose row appeared meanwhile
     (the unique constraint). Nothing is written, the answer is None (the caller's locked way
     decides), and the run takes the next append as if nothing happened, inside a caller's
-    transaction too. (On SQLite append_attached always answers None: the locked way does it all.)"""
+    transaction too. (On SQLite the attached append always answers None: the locked way does it all.)"""
     from ledger.replay import gateway
     from ledger.log import statements
     from ledger import log

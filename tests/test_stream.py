@@ -1,7 +1,7 @@
 """GET /api/v1/runs/{runId}/stream against a real Daphne in another process (API.md "Streams").
 
 The Daphne processes serve the test database. Events are appended from this process through
-`append_events`, so their announcements go to this process's channel layer: with the in-memory
+`ledger.log.append`, so their announcements go to this process's channel layer: with the in-memory
 layer (the SQLite pass) they never reach Daphne, and the streams deliver by reading the database
 on their timer; with Redis (the PostgreSQL pass) the main server polls only every 30 s, so what
 arrives sooner arrived by announcement.

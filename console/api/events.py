@@ -107,7 +107,7 @@ class RunEventsView(ApiView):
         validate_run_id(run_id)
         if isinstance(request.auth, ApiKey):
             # A key's workspace is its own whether or not the run exists there: no lookup of it
-            # (append_events finds the run, or starts it, in that workspace).
+            # (the log's append finds the run, or starts it, in that workspace).
             caller = access_for(request, "ingest")
         else:
             try:

@@ -10,7 +10,7 @@ event id recomputed from its content, sequences dense, every event one the write
 (vocabulary, lifecycle, limits) with its payload left as it is by the workspace's redaction,
 every artifact re-hashed against its manifest and named by the id its identity gives, every
 artifact a log references present, every outer-loop manifest agreeing with the logs. A refusal
-writes nothing. Then each run goes through the one write path (`append_events`), its events
+writes nothing. Then each run goes through the one write path (`ledger.log.append`), its events
 grouped by their original `recordedAt`, which each append stamps; the ids the write path
 computes must equal the log's, or that append rolls back.
 

@@ -33,7 +33,7 @@ The statement's text depends only on which columns and tables a batch touches an
 them get exactly one row, not on the rows' values (more rows travel as one JSON array per table,
 one row as scalar parameters, ledger/log/bulk.py), so each shape is prepared once per connection.
 
-A long batch (ledger/log/append.py `_append_pipelined`) goes as several such statements, one per part,
+A long batch (ledger/log/strategies.py `pipelined`) goes as several such statements, one per part,
 in one transaction and in psycopg's pipeline mode (`pipeline`): each is sent without waiting for
 its answer, so the server executes a part while the caller validates and folds the next, and the
 answers are read, and the transaction committed or rolled back, once the last part is sent.

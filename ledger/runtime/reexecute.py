@@ -56,7 +56,7 @@ from .registry import AIGenerate, Parallel, Step, SubWorkflow, Tool, ToolCall, W
 MODES = ("simulate", "evaluate", "resume", "fork", "rerun")
 NEW_RUN_MODES = ("simulate", "evaluate", "fork", "rerun")
 DIVERGED = "harness.replay.diverged"
-# Copied prefixes go in batches below append_events' limit.
+# Copied prefixes go in batches below the log's append' limit.
 COPY_BATCH = 2000
 
 

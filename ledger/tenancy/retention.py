@@ -220,7 +220,7 @@ def _prune_tree(workspace: Workspace, root: str, before: datetime, now: datetime
     append or a re-execution request may have come since the tree was picked)."""
     with transaction.atomic():
         pks = [r.pk for r in _tree(workspace, root)]
-        # The same lock every append takes first (ledger/log/append.py), in pk order.
+        # The same lock every append takes first (ledger/log/), in pk order.
         runs = list(Run.objects.select_for_update().filter(pk__in=pks).order_by("pk"))
         last = _prunable(workspace, runs, before, now)
         if last is None:
