@@ -46,9 +46,11 @@ serve: setup
 test: setup
 	$(PY) -m pytest
 
-# Static checks, no database needed: types (mypy) and the import contracts (lint-imports);
-# both are configured in pyproject.toml.
+# Static checks, no database needed: lint and format (ruff), types (mypy) and the import contracts
+# (lint-imports); all configured in pyproject.toml.
 lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,12 @@ BENCHES = (
     Bench("console", ("--repeats", "9"), "9 page repeats instead of 15"),
     Bench("fanout", ("--events", "40"), "40 events instead of 60"),
     Bench("soak"),
-    Bench("crash", ("--short",), "the short form: 12 Daphne kills, 3 PostgreSQL crashes (make crash: 100 and 10)",
-          path="reliability/crash.py"),
+    Bench(
+        "crash",
+        ("--short",),
+        "the short form: 12 Daphne kills, 3 PostgreSQL crashes (make crash: 100 and 10)",
+        path="reliability/crash.py",
+    ),
     Bench("scale"),
     Bench("export", ("--events", "200000"), "200,000 events instead of 1,000,000"),
 )
@@ -81,10 +85,12 @@ class Outcome:
 def require_reachable() -> tuple[str, str]:
     """DATABASE_URL and REDIS_URL, both configured and answering; otherwise say which and exit 2."""
     url, redis_url = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
-    example = ("  DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench "
-               "REDIS_URL=redis://127.0.0.1:6379/0 make bench\n"
-               "(a scratch database: the benches migrate it and write into it; make bench never starts "
-               "PostgreSQL or Redis itself)\n")
+    example = (
+        "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/runledger_bench "
+        "REDIS_URL=redis://127.0.0.1:6379/0 make bench\n"
+        "(a scratch database: the benches migrate it and write into it; make bench never starts "
+        "PostgreSQL or Redis itself)\n"
+    )
     if not url.startswith(POSTGRES_SCHEMES) or not redis_url.startswith(("redis://", "rediss://")):
         sys.stderr.write("make bench measures PostgreSQL and Redis: set DATABASE_URL and REDIS_URL, e.g.\n" + example)
         raise SystemExit(2)
@@ -124,15 +130,26 @@ def run(bench: Bench, results: Path) -> Outcome:
     load = os.getloadavg()[0]
     if not bench.script.exists():
         return Outcome(bench, "not found", 0.0, load)
-    env = {**os.environ, "DEBUG": "0", "SECRET_KEY": "bench-" + secrets.token_hex(16),
-           "BENCH_RESULTS": str(results), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "DEBUG": "0",
+        "SECRET_KEY": "bench-" + secrets.token_hex(16),
+        "BENCH_RESULTS": str(results),
+        "PYTHONUNBUFFERED": "1",
+    }
     log = LOG_DIR / f"{bench.name}.log"
     began = time.monotonic()
     print(f"{bench.name:<8} ({' '.join(bench.args) or 'defaults'}) ...", end=" ", flush=True)
     with log.open("wb") as out:
         try:
-            code = subprocess.run([sys.executable, str(bench.script), *bench.args], cwd=REPO_ROOT, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=BENCH_TIMEOUT_S).returncode
+            code = subprocess.run(
+                [sys.executable, str(bench.script), *bench.args],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=BENCH_TIMEOUT_S,
+            ).returncode
             status = "ok" if code == 0 else f"failed (exit {code})"
         except subprocess.TimeoutExpired:
             status = f"timed out after {BENCH_TIMEOUT_S // 60} min"
@@ -164,8 +181,9 @@ def _met(met: bool | None) -> str:
     return "" if met is None else "yes" if met else "**no**"
 
 
-def render(outcomes: list[Outcome], *, started: datetime, loads: tuple[float, float], server: str,
-           commit: str, total_s: float) -> str:
+def render(
+    outcomes: list[Outcome], *, started: datetime, loads: tuple[float, float], server: str, commit: str, total_s: float
+) -> str:
     met = [f["met"] for o in outcomes for f in o.figures if f["met"] is not None]
     lines = [
         "# Benchmark results (`make bench`)",
@@ -182,8 +200,10 @@ def render(outcomes: list[Outcome], *, started: datetime, loads: tuple[float, fl
     ]
     for o in outcomes:
         for f in o.figures:
-            lines.append(f"| {o.bench.name} | {f['figure']} | {_number(f['value'], f['unit'])} | "
-                         f"{_number(f['baseline'], f['unit'])} | {f['ratio_text']} | {f['target']} | {_met(f['met'])} |")
+            lines.append(
+                f"| {o.bench.name} | {f['figure']} | {_number(f['value'], f['unit'])} | "
+                f"{_number(f['baseline'], f['unit'])} | {f['ratio_text']} | {f['target']} | {_met(f['met'])} |"
+            )
         if not o.figures:
             lines.append(f"| {o.bench.name} | (no figure recorded: {o.status}) | | | | | |")
     lines += ["", "| bench | arguments | status | took | load at its start |", "|---|---|---|---:|---:|"]
@@ -208,15 +228,17 @@ def _server(url: str) -> str:
 
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                           capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench/all.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", help="comma-separated bench names (default: all of "
-                        + ", ".join(b.name for b in BENCHES) + ")")
+    parser.add_argument(
+        "--only", help="comma-separated bench names (default: all of " + ", ".join(b.name for b in BENCHES) + ")"
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "bench" / "results.md"), help="where the table goes")
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else {b.name for b in BENCHES}
@@ -228,12 +250,18 @@ def main(argv: list[str]) -> int:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     results = LOG_DIR / f"results-{os.getpid()}.jsonl"
     results.unlink(missing_ok=True)
-    started, began, load_before = datetime.now(timezone.utc), time.monotonic(), os.getloadavg()[0]
+    started, began, load_before = datetime.now(UTC), time.monotonic(), os.getloadavg()[0]
     outcomes = [run(bench, results) for bench in BENCHES if bench.name in wanted]
     collect(outcomes, results)
     results.unlink(missing_ok=True)
-    table = render(outcomes, started=started, loads=(load_before, os.getloadavg()[0]), server=_server(url),
-                   commit=_commit(), total_s=time.monotonic() - began)
+    table = render(
+        outcomes,
+        started=started,
+        loads=(load_before, os.getloadavg()[0]),
+        server=_server(url),
+        commit=_commit(),
+        total_s=time.monotonic() - began,
+    )
     print("\n" + table, end="")
     Path(args.out).write_text(table, encoding="utf-8")
     print(f"\nwritten to {args.out}")

@@ -6,15 +6,19 @@ loopback and the client), with no Django, no thread hop and no database."""
 from __future__ import annotations
 
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 _SIZE = max(16, int(os.environ.get("BENCH_BARE_RESPONSE_BYTES", "1000")))
 _BODY = b'{"pad":"' + b"x" * (_SIZE - 11) + b'"}'
 _HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(_BODY)).encode())]
 
 
-async def application(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                      send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+async def application(
+    scope: dict[str, Any],
+    receive: Callable[[], Awaitable[dict[str, Any]]],
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> None:
     if scope["type"] != "http":
         return
     more = True

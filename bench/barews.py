@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import django
 
@@ -84,8 +85,11 @@ class SharedForward(AsyncWebsocketConsumer):
 _websocket, _shared = Forward.as_asgi(), SharedForward.as_asgi()
 
 
-async def application(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                      send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+async def application(
+    scope: dict[str, Any],
+    receive: Callable[[], Awaitable[dict[str, Any]]],
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> None:
     if scope["type"] == "websocket":
         await (_shared if scope["path"] == "/shared" else _websocket)(scope, receive, send)
     elif scope["type"] == "http":

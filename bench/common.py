@@ -108,6 +108,7 @@ def median_seconds(fn: Callable[[], Any], repeat: int, *, warmup: int = 0) -> fl
 
 def get_ok(client: Any, url: str) -> Callable[[], Any]:
     """A timed call that GETs `url` with a Django test client and stops the bench on anything but 200."""
+
     def go() -> Any:
         response = client.get(url)
         if response.status_code != 200:
@@ -150,13 +151,23 @@ def profile(name: str, fn: Callable[[], Any], *, top: int = 25, top_tottime: int
         pstats.Stats(prof, stream=out).strip_dirs().sort_stats(sort).print_stats(limit)
         text = out.getvalue()
         # Drop pstats' preamble up to the column header.
-        text = text[text.find("   ncalls"):] if "   ncalls" in text else text
+        text = text[text.find("   ncalls") :] if "   ncalls" in text else text
         print(f"\n=== cProfile: {name} ({elapsed:.2f}s under the profiler), top {limit} by {sort} ===")
         print(text.rstrip())
 
 
-def record(figure: str, *, value: float, unit: str, baseline: float | None, ratio: float | None,
-           target: str, met: bool | None, ratio_format: str = "{:.2f}×", note: str = "") -> None:
+def record(
+    figure: str,
+    *,
+    value: float,
+    unit: str,
+    baseline: float | None,
+    ratio: float | None,
+    target: str,
+    met: bool | None,
+    ratio_format: str = "{:.2f}×",
+    note: str = "",
+) -> None:
     """Add one figure to the results file `make bench` collects (env BENCH_RESULTS); no-op without it.
 
     A benchmark still prints its own table; this is the line `bench/all.py` turns into a row of
@@ -167,9 +178,18 @@ def record(figure: str, *, value: float, unit: str, baseline: float | None, rati
     path = os.environ.get("BENCH_RESULTS")
     if not path:
         return
-    line = {"bench": Path(sys.argv[0]).stem, "figure": figure, "value": value, "unit": unit,
-            "baseline": baseline, "ratio": ratio, "ratio_text": "" if ratio is None else ratio_format.format(ratio),
-            "target": target, "met": met, "note": note}
+    line = {
+        "bench": Path(sys.argv[0]).stem,
+        "figure": figure,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "ratio": ratio,
+        "ratio_text": "" if ratio is None else ratio_format.format(ratio),
+        "target": target,
+        "met": met,
+        "note": note,
+    }
     # One write of one line in append mode: figures of concurrent benches never interleave.
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -193,8 +213,14 @@ def _free_port() -> int:
     raise SystemExit(f"no free port in BENCH_PORTS={os.environ['BENCH_PORTS']}")
 
 
-def start_daphne(log_path: Path, app: str = "console.asgi:application", *, probe: str = "/api/v1/runs/run_probe/stream",
-                 probe_status: int = 401, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def start_daphne(
+    log_path: Path,
+    app: str = "console.asgi:application",
+    *,
+    probe: str = "/api/v1/runs/run_probe/stream",
+    probe_status: int = 401,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
     """A Daphne serving `app` (this checkout's by default) on a free port, and its base URL, once
     `probe` answers with `probe_status`."""
     import httpx
@@ -206,9 +232,11 @@ def start_daphne(log_path: Path, app: str = "console.asgi:application", *, probe
         port = _free_port()
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                 app],
-                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), app],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -275,12 +303,17 @@ def cleanup(workspace: Any, run_ids: list[str], *, keep_workspace: bool = False)
         sys.stderr.write(f"warning: could not delete the bench data of workspace bench/{workspace.slug}: {exc}\n")
         return
     if audited:
-        print(f"(workspace bench/{workspace.slug} emptied and kept: {audited} audit entries name it, "
-              "and the audit log is insert-only)")
+        print(
+            f"(workspace bench/{workspace.slug} emptied and kept: {audited} audit entries name it, "
+            "and the audit log is insert-only)"
+        )
 
 
 def _referencing(model: Any) -> list[tuple[str, str]]:
     """(table, column) of every foreign key to `model`, as the models declare them: some have no
     constraint in the database (ledger/models.py, Event.run), so the catalog would miss them."""
-    return [(rel.related_model._meta.db_table, rel.field.column) for rel in model._meta.related_objects
-            if rel.one_to_many or rel.one_to_one]
+    return [
+        (rel.related_model._meta.db_table, rel.field.column)
+        for rel in model._meta.related_objects
+        if rel.one_to_many or rel.one_to_one
+    ]

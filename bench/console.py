@@ -35,7 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,17 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    channel_layer, cleanup, close_layer, get_ok, median_seconds, percentile, record, require_services, setup_django,
-    start_daphne, stop,
+    channel_layer,
+    cleanup,
+    close_layer,
+    get_ok,
+    median_seconds,
+    percentile,
+    record,
+    require_services,
+    setup_django,
+    start_daphne,
+    stop,
 )
 from bench.stream import append_one  # noqa: E402
 
@@ -82,11 +91,25 @@ def _step_events(n: int) -> list[dict[str, Any]]:
     return [
         {"type": "StepScheduled", "payload": {"stepPath": path}},
         {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
-        {"type": "harness.model.called", "payload": {"turn": 1, "promptHash": f"sha256:{n:064x}", "stepPath": path,
-                                                     "request": {"messages": [{"role": "user", "content": f"task {n}"}]}}},
-        {"type": "harness.model.responded", "payload": {
-            "turn": 1, "callId": f"mc_{n}", "stepPath": path, "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
-            "response": {"text": f"answer {n}", "usage": {"inputTokens": 800 + n % 50, "outputTokens": 120}}}},
+        {
+            "type": "harness.model.called",
+            "payload": {
+                "turn": 1,
+                "promptHash": f"sha256:{n:064x}",
+                "stepPath": path,
+                "request": {"messages": [{"role": "user", "content": f"task {n}"}]},
+            },
+        },
+        {
+            "type": "harness.model.responded",
+            "payload": {
+                "turn": 1,
+                "callId": f"mc_{n}",
+                "stepPath": path,
+                "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
+                "response": {"text": f"answer {n}", "usage": {"inputTokens": 800 + n % 50, "outputTokens": 120}},
+            },
+        },
         {"type": "StepCompleted", "payload": {"stepPath": path, "attempt": 1, "output": {"n": n}}},
     ]
 
@@ -94,14 +117,16 @@ def _step_events(n: int) -> list[dict[str, Any]]:
 def write_run(workspace: Any, run_id: str, events: int) -> None:
     from ledger.log import append
 
-    body = [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_console", "label": f"{events} events"}}]
+    body = [
+        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_console", "label": f"{events} events"}}
+    ]
     step = 0
     while len(body) < events - 1:
         body.extend(_step_events(step))
         step += 1
     body = body[: events - 1] + [{"type": "RunCompleted", "payload": {"output": {"steps": step}}}]
     for start in range(0, len(body), 500):
-        append(workspace=workspace, run_id=run_id, events=body[start:start + 500])
+        append(workspace=workspace, run_id=run_id, events=body[start : start + 500])
 
 
 def write_small_runs(workspace: Any, prefix: str, count: int) -> list[str]:
@@ -113,13 +138,21 @@ def write_small_runs(workspace: Any, prefix: str, count: int) -> list[str]:
     ids = [f"{prefix}_{n}" for n in range(count)]
     for start in range(0, count, 25):
         with transaction.atomic():
-            for n, run_id in enumerate(ids[start:start + 25], start):
-                events = [{"type": "RunStarted", "payload": {"workflowVersionId": f"wfver_bench_{n % 7}",
-                                                             "label": f"ticket {n}"}},
-                          *_step_events(n)[:4]]
+            for n, run_id in enumerate(ids[start : start + 25], start):
+                events = [
+                    {
+                        "type": "RunStarted",
+                        "payload": {"workflowVersionId": f"wfver_bench_{n % 7}", "label": f"ticket {n}"},
+                    },
+                    *_step_events(n)[:4],
+                ]
                 if n % 5:
-                    events.append({"type": "RunCompleted" if n % 11 else "RunFailed",
-                                   "payload": {} if n % 11 else {"error": {"message": "boom"}}})
+                    events.append(
+                        {
+                            "type": "RunCompleted" if n % 11 else "RunFailed",
+                            "payload": {} if n % 11 else {"error": {"message": "boom"}},
+                        }
+                    )
                 append(workspace=workspace, run_id=run_id, events=events)
     return ids
 
@@ -134,8 +167,10 @@ def copy_runs(workspace: Any, source_ids: list[str], copies: int) -> list[str]:
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'ledger_run' "
-                    "AND table_schema = current_schema() ORDER BY ordinal_position")
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'ledger_run' "
+            "AND table_schema = current_schema() ORDER BY ordinal_position"
+        )
         columns = [name for (name,) in cur.fetchall() if name != "id"]
         new_id = "r.run_id || '_c' || g"
         shifted = "r.{0} - g * interval '1 hour'"
@@ -190,22 +225,36 @@ def measure_views(client: Any, url: str, run: Any, repeats: int) -> list[tuple[s
     views = [
         ("conversation", "conversation/", log, [run.pk]),
         ("waterfall", "waterfall/", log, [run.pk]),
-        (f"state at event {half:,}", f"state/?at={half}",
-         "SELECT * FROM ledger_event WHERE run_id = %s AND sequence <= %s ORDER BY sequence", [run.pk, half]),
-        ("search by type", "?type=harness.model.",
-         "SELECT * FROM ledger_event WHERE run_id = %s AND sequence > 0 AND type LIKE %s ORDER BY sequence LIMIT %s",
-         [run.pk, "harness.model.%", run_page.PAGE_SIZE + 1]),
+        (
+            f"state at event {half:,}",
+            f"state/?at={half}",
+            "SELECT * FROM ledger_event WHERE run_id = %s AND sequence <= %s ORDER BY sequence",
+            [run.pk, half],
+        ),
+        (
+            "search by type",
+            "?type=harness.model.",
+            "SELECT * FROM ledger_event WHERE run_id = %s AND sequence > 0 AND type LIKE %s ORDER BY sequence LIMIT %s",
+            [run.pk, "harness.model.%", run_page.PAGE_SIZE + 1],
+        ),
     ]
     results = []
     for name, suffix, sql, params in views:
         page = get_ok(client, url + suffix)
-        results.append((f"  {name}", median_seconds(page, repeats, warmup=PAGE_WARMUP),
-                        median_seconds(_bare(sql, params), repeats, warmup=PAGE_WARMUP), _queries(page)))
+        results.append(
+            (
+                f"  {name}",
+                median_seconds(page, repeats, warmup=PAGE_WARMUP),
+                median_seconds(_bare(sql, params), repeats, warmup=PAGE_WARMUP),
+                _queries(page),
+            )
+        )
     return results
 
 
-def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple[Any, str]],
-                  repeats: int) -> list[tuple[str, float, float, int]]:
+def measure_pages(
+    client: Any, workspaces: dict[str, Any], runs: dict[int, tuple[Any, str]], repeats: int
+) -> list[tuple[str, float, float, int]]:
     from console.pages import run as run_page
     from console.pages import runs as runs_page
     from ledger.models import Run
@@ -216,23 +265,40 @@ def measure_pages(client: Any, workspaces: dict[str, Any], runs: dict[int, tuple
         url = f"/w/{ws.tenant.slug}/{ws.slug}/runs/{run_id}/"
         page = get_ok(client, url)
         shown = run_page.PAGE_SIZE
-        bare = _bare("SELECT * FROM ledger_event WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
-                     [run.pk, max(0, run.last_sequence - shown), shown])
-        results.append((f"run page, {size:,} events", median_seconds(page, repeats, warmup=PAGE_WARMUP),
-                        median_seconds(bare, repeats, warmup=PAGE_WARMUP), _queries(page)))
+        bare = _bare(
+            "SELECT * FROM ledger_event WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
+            [run.pk, max(0, run.last_sequence - shown), shown],
+        )
+        results.append(
+            (
+                f"run page, {size:,} events",
+                median_seconds(page, repeats, warmup=PAGE_WARMUP),
+                median_seconds(bare, repeats, warmup=PAGE_WARMUP),
+                _queries(page),
+            )
+        )
         results += measure_views(client, url, run, repeats)
     for size in SIZES:
         ws = workspaces[f"runs{size}"]
         page = get_ok(client, f"/w/{ws.tenant.slug}/{ws.slug}/")
-        bare = _bare("SELECT * FROM ledger_run WHERE workspace_id = %s ORDER BY created_at DESC, id DESC LIMIT %s",
-                     [ws.pk, runs_page.PAGE_SIZE + 1])
-        results.append((f"runs list, {size:,} runs", median_seconds(page, repeats, warmup=PAGE_WARMUP),
-                        median_seconds(bare, repeats, warmup=PAGE_WARMUP), _queries(page)))
+        bare = _bare(
+            "SELECT * FROM ledger_run WHERE workspace_id = %s ORDER BY created_at DESC, id DESC LIMIT %s",
+            [ws.pk, runs_page.PAGE_SIZE + 1],
+        )
+        results.append(
+            (
+                f"runs list, {size:,} runs",
+                median_seconds(page, repeats, warmup=PAGE_WARMUP),
+                median_seconds(bare, repeats, warmup=PAGE_WARMUP),
+                _queries(page),
+            )
+        )
     return results
 
 
-def bench_pages(client: Any, workspaces: dict[str, Any], written: dict[str, list[str]],
-                repeats: int) -> list[tuple[str, float, float, int]]:
+def bench_pages(
+    client: Any, workspaces: dict[str, Any], written: dict[str, list[str]], repeats: int
+) -> list[tuple[str, float, float, int]]:
     """Write the page runs and workspaces (noting them in `written` for the clean-up), then time the pages."""
     from django.db import connection
 
@@ -286,7 +352,9 @@ class Subscribers:
 
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--subscribe", base, path, session, str(count)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.process.stdout is not None
         ready = self.process.stdout.readline().strip()
@@ -338,8 +406,9 @@ def subscribe(base: str, path: str, session: str, count: int) -> int:
                 self.factory.opened.set_exception(RuntimeError(f"refused: {code} {reason}"))
 
     async def connect(index: int) -> Any:
-        factory = WebSocketClientFactory(f"ws://{host}:{port}{path}", origin=base,
-                                         headers={"Cookie": f"sessionid={session}"})
+        factory = WebSocketClientFactory(
+            f"ws://{host}:{port}{path}", origin=base, headers={"Cookie": f"sessionid={session}"}
+        )
         factory.protocol = Client
         factory.index, factory.opened = index, loop.create_future()
         transport, _ = await loop.create_connection(factory, host, int(port))
@@ -366,8 +435,9 @@ def subscribe(base: str, path: str, session: str, count: int) -> int:
     return 0
 
 
-def measure_live(workspace: Any, run_id: str, base: str, session: str, subscribers: int, events: int,
-                 gap: float) -> list[float]:
+def measure_live(
+    workspace: Any, run_id: str, base: str, session: str, subscribers: int, events: int, gap: float
+) -> list[float]:
     from ledger.models import Run
 
     append_one(workspace, run_id, {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_console"}})
@@ -378,7 +448,9 @@ def measure_live(workspace: Any, run_id: str, base: str, session: str, subscribe
     latencies: list[float] = []
     try:
         for n in range(WARMUP_EVENTS + events):
-            sequence, committed = append_one(workspace, run_id, {"type": "StepScheduled", "payload": {"stepPath": f"s{n}"}})
+            sequence, committed = append_one(
+                workspace, run_id, {"type": "StepScheduled", "payload": {"stepPath": f"s{n}"}}
+            )
             arrived = board.wait_for(sequence, subscribers)
             if n >= WARMUP_EVENTS:
                 latencies.extend(moment - committed for moment in arrived.values())
@@ -393,8 +465,8 @@ def row_html(workspace: Any, run_id: str) -> str:
     """The html of the run's last StepScheduled row as the console's live socket sends it (the
     bare fan-out below sends frames of the same size)."""
     from console.live.run import _row
-    from ledger.models import Run
     from ledger.log.envelopes import log_of
+    from ledger.models import Run
 
     run = Run.objects.get(workspace=workspace, run_id=run_id)
     last = next(e for e in reversed(log_of(run)) if e["type"] == "StepScheduled")
@@ -486,9 +558,11 @@ def main(argv: list[str]) -> int:
 
     from ledger.tenancy.services import bootstrap, create_user
 
-    stamp = f"{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
-    workspaces = {name: bootstrap(tenant="bench", workspace=f"console-{name}-{stamp}")
-                  for name in ("pages", "runs100", "runs10000", "live")}
+    stamp = f"{datetime.now(UTC):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
+    workspaces = {
+        name: bootstrap(tenant="bench", workspace=f"console-{name}-{stamp}")
+        for name in ("pages", "runs100", "runs10000", "live")
+    }
     username = f"bench-console-{stamp}"
     create_user(username=username, tenant="bench", role="viewer", password=secrets.token_urlsafe(12))
     user = User.objects.get(username=username)
@@ -538,8 +612,10 @@ def main(argv: list[str]) -> int:
     bare_log_path.unlink(missing_ok=True)
 
     if pages:
-        print(f"\n{'server time, ms (median of ' + str(args.repeats) + ')':<34} {'page':>8} {'bare query':>11} "
-              f"{'ratio':>7} {'queries':>8}")
+        print(
+            f"\n{'server time, ms (median of ' + str(args.repeats) + ')':<34} {'page':>8} {'bare query':>11} "
+            f"{'ratio':>7} {'queries':>8}"
+        )
         for name, page_s, bare_s, queries in pages:
             print(f"{name:<34} {page_s * 1000:>8.2f} {bare_s * 1000:>11.3f} {page_s / bare_s:>6.0f}x {queries:>8}")
         print("  bare query: the SELECT of the rows the page shows (newest page of events; first page of runs;")
@@ -548,33 +624,57 @@ def main(argv: list[str]) -> int:
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"\n{'live delivery, ms (load average ' + load + ')':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
     for count, (delivered, fanout, sorted_set, bare, per_socket) in live.items():
-        for name, values in ((f"commit -> WebSocket message, {count} subscriber(s)", delivered),
-                             (f"  baseline: group_send -> {count} receive(s)", fanout),
-                             ("  (sorted-set layer's, not the figure's)", sorted_set),
-                             ("  floor: bare Channels fan-out on Daphne", bare),
-                             ("  (bare, a group member per socket)", per_socket)):
+        for name, values in (
+            (f"commit -> WebSocket message, {count} subscriber(s)", delivered),
+            (f"  baseline: group_send -> {count} receive(s)", fanout),
+            ("  (sorted-set layer's, not the figure's)", sorted_set),
+            ("  floor: bare Channels fan-out on Daphne", bare),
+            ("  (bare, a group member per socket)", per_socket),
+        ):
             ms = [v * 1000 for v in values]
-            print(f"{name:<44} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
-                  f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}")
-        print(f"  ratio: p50 {percentile(delivered, 50) / percentile(fanout, 50):.1f}x, "
-              f"p99 {percentile(delivered, 99) / percentile(fanout, 99):.1f}x "
-              f"({len(delivered)} deliveries of {args.events} events); against the sorted-set layer's: "
-              f"p50 {percentile(delivered, 50) / percentile(sorted_set, 50):.1f}x, "
-              f"p99 {percentile(delivered, 99) / percentile(sorted_set, 99):.1f}x")
-        print(f"  floor: the bare fan-out is p50 {percentile(bare, 50) / percentile(fanout, 50):.1f}x, "
-              f"p99 {percentile(bare, 99) / percentile(fanout, 99):.1f}x the group_send; ours is "
-              f"p50 {percentile(delivered, 50) / percentile(bare, 50):.2f}x, "
-              f"p99 {percentile(delivered, 99) / percentile(bare, 99):.2f}x the bare fan-out")
+            print(
+                f"{name:<44} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
+                f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}"
+            )
+        print(
+            f"  ratio: p50 {percentile(delivered, 50) / percentile(fanout, 50):.1f}x, "
+            f"p99 {percentile(delivered, 99) / percentile(fanout, 99):.1f}x "
+            f"({len(delivered)} deliveries of {args.events} events); against the sorted-set layer's: "
+            f"p50 {percentile(delivered, 50) / percentile(sorted_set, 50):.1f}x, "
+            f"p99 {percentile(delivered, 99) / percentile(sorted_set, 99):.1f}x"
+        )
+        print(
+            f"  floor: the bare fan-out is p50 {percentile(bare, 50) / percentile(fanout, 50):.1f}x, "
+            f"p99 {percentile(bare, 99) / percentile(fanout, 99):.1f}x the group_send; ours is "
+            f"p50 {percentile(delivered, 50) / percentile(bare, 50):.2f}x, "
+            f"p99 {percentile(delivered, 99) / percentile(bare, 99):.2f}x the bare fan-out"
+        )
         for q, target in ((50, 3.0), (99, 5.0)):
             value, baseline = percentile(delivered, q) * 1000, percentile(fanout, q) * 1000
             floor = percentile(bare, q) * 1000
-            record(f"commit -> WebSocket message p{q}, {count} subscriber(s) / group_send", value=value, unit="ms",
-                   baseline=baseline, ratio=value / baseline, target=f"<= {target:g}x", met=value / baseline <= target,
-                   ratio_format="{:.1f}x", note=f"load average {load}; the bare Channels fan-out on Daphne "
-                                                f"delivers the same frame at {floor / baseline:.1f}x")
-            record(f"WebSocket p{q}, {count} subscriber(s): ours / the bare Channels fan-out on Daphne (group_send -> "
-                   "frame, no Runledger code)", value=value, unit="ms", baseline=floor, ratio=value / floor,
-                   target="(the floor under the figure above)", met=None, ratio_format="{:.2f}x")
+            record(
+                f"commit -> WebSocket message p{q}, {count} subscriber(s) / group_send",
+                value=value,
+                unit="ms",
+                baseline=baseline,
+                ratio=value / baseline,
+                target=f"<= {target:g}x",
+                met=value / baseline <= target,
+                ratio_format="{:.1f}x",
+                note=f"load average {load}; the bare Channels fan-out on Daphne "
+                f"delivers the same frame at {floor / baseline:.1f}x",
+            )
+            record(
+                f"WebSocket p{q}, {count} subscriber(s): ours / the bare Channels fan-out on Daphne (group_send -> "
+                "frame, no Runledger code)",
+                value=value,
+                unit="ms",
+                baseline=floor,
+                ratio=value / floor,
+                target="(the floor under the figure above)",
+                met=None,
+                ratio_format="{:.2f}x",
+            )
     print(f"\ntotal {time.monotonic() - began:.0f} s")
     return 0
 

@@ -55,7 +55,7 @@ def fill(workspace: object, runs: int, per_run: int, batch: int) -> list[str]:
         run_ids.append(run_id)
         events = make_events(per_run, f"r{number}-")
         for start in range(0, per_run, batch):
-            append(workspace=workspace, run_id=run_id, events=events[start:start + batch])  # type: ignore[arg-type]
+            append(workspace=workspace, run_id=run_id, events=events[start : start + batch])  # type: ignore[arg-type]
         if (number + 1) % 10 == 0 or number + 1 == runs:
             done = (number + 1) * per_run
             print(f"  filled {done:,} events ({done / (time.perf_counter() - started):,.0f} ev/s)", flush=True)
@@ -101,8 +101,16 @@ def child(workspace: str, run_id: str | None) -> int:
     setup_django(production=True)
     from django.core.management import call_command
 
-    call_command("ledger", "export", "events", "--workspace", workspace, *(["--run", run_id] if run_id else []),
-                 "--output", os.devnull)
+    call_command(
+        "ledger",
+        "export",
+        "events",
+        "--workspace",
+        workspace,
+        *(["--run", run_id] if run_id else []),
+        "--output",
+        os.devnull,
+    )
     print(f"{peak_mb():.1f}")
     return 0
 
@@ -120,8 +128,8 @@ def main(argv: list[str]) -> int:
     require_postgres("bench/export.py")
     setup_django(production=True)
 
-    from ledger.tenancy.access import workspace_by_path
     from ledger.models import Run
+    from ledger.tenancy.access import workspace_by_path
     from ledger.tenancy.services import bootstrap, create_key
 
     runs = max(1, args.events // args.per_run)
@@ -148,20 +156,34 @@ def main(argv: list[str]) -> int:
             if rows != expected:
                 raise SystemExit(f"the API export held {rows} rows, expected {expected}")
             figures["API"][label] = peak
-            print(f"{'API (Daphne) ' + label:<22} {rows:>10,} {seconds:>7.1f} {rows / seconds:>9,.0f} {peak:>12.0f}",
-                  flush=True)
+            print(
+                f"{'API (Daphne) ' + label:<22} {rows:>10,} {seconds:>7.1f} {rows / seconds:>9,.0f} {peak:>12.0f}",
+                flush=True,
+            )
             seconds, peak = through_cli(path, run_id)
             figures["CLI"][label] = peak
-            print(f"{'ledger export ' + label:<22} {expected:>10,} {seconds:>7.1f} {expected / seconds:>9,.0f} "
-                  f"{peak:>12.0f}", flush=True)
+            print(
+                f"{'ledger export ' + label:<22} {expected:>10,} {seconds:>7.1f} {expected / seconds:>9,.0f} "
+                f"{peak:>12.0f}",
+                flush=True,
+            )
         print()
         for how, peaks in figures.items():
             ratio = peaks["all"] / peaks["10k"]
             met = ratio <= TARGET_GROWTH
-            print(f"{how}: peak RSS exporting {total:,} events / exporting {args.per_run:,}: {ratio:.2f}x "
-                  f"(target: flat, <= {TARGET_GROWTH}x) {'MET' if met else 'NOT MET'}")
-            record(f"peak RSS, {how} export of {total} events / of {args.per_run}", value=peaks["all"], unit="MB",
-                   baseline=peaks["10k"], ratio=ratio, target=f"<= {TARGET_GROWTH}x (flat)", met=met)
+            print(
+                f"{how}: peak RSS exporting {total:,} events / exporting {args.per_run:,}: {ratio:.2f}x "
+                f"(target: flat, <= {TARGET_GROWTH}x) {'MET' if met else 'NOT MET'}"
+            )
+            record(
+                f"peak RSS, {how} export of {total} events / of {args.per_run}",
+                value=peaks["all"],
+                unit="MB",
+                baseline=peaks["10k"],
+                ratio=ratio,
+                target=f"<= {TARGET_GROWTH}x (flat)",
+                met=met,
+            )
     finally:
         if not (args.keep or args.reuse):
             cleanup(workspace, run_ids)

@@ -22,7 +22,7 @@ import os
 import secrets
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,21 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, percentile, record, require_services, setup_django, start_daphne, stop,
+    cleanup,
+    percentile,
+    record,
+    require_services,
+    setup_django,
+    start_daphne,
+    stop,
 )
 from bench.console import WARMUP_EVENTS, Board, Subscribers, measure_fanout  # noqa: E402
 from bench.stream import append_one  # noqa: E402
 
 
-def measure(workspace: Any, run_id: str, bases: list[str], session: str, subscribers: int, events: int,
-            gap: float) -> list[float]:
+def measure(
+    workspace: Any, run_id: str, bases: list[str], session: str, subscribers: int, events: int, gap: float
+) -> list[float]:
     """Commit-to-message latencies of `subscribers` clients spread evenly over the Daphnes at `bases`."""
     started, _ = append_one(workspace, run_id, {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench"}})
     path = f"/ws/runs/{run_id}/?after={started}&workspace={workspace.tenant.slug}/{workspace.slug}"
@@ -48,8 +55,9 @@ def measure(workspace: Any, run_id: str, bases: list[str], session: str, subscri
     latencies: list[float] = []
     try:
         for n in range(WARMUP_EVENTS + events):
-            sequence, committed = append_one(workspace, run_id, {"type": "StepScheduled",
-                                                                 "payload": {"stepPath": f"s{n}"}})
+            sequence, committed = append_one(
+                workspace, run_id, {"type": "StepScheduled", "payload": {"stepPath": f"s{n}"}}
+            )
             arrived = [board.wait_for(sequence, share) for board, share in zip(boards, shares)]
             if n >= WARMUP_EVENTS:
                 latencies += [moment - committed for moments in arrived for moment in moments.values()]
@@ -79,18 +87,23 @@ def main(argv: list[str]) -> int:
 
     from ledger.tenancy.services import bootstrap, create_user
 
-    stamp = f"{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
+    stamp = f"{datetime.now(UTC):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspace = bootstrap(tenant="bench", workspace=f"fanout-{stamp}")
     username = f"bench-fanout-{stamp}"
     create_user(username=username, tenant="bench", role="viewer", password=secrets.token_urlsafe(12))
     client = Client()
     client.force_login(User.objects.get(username=username))
     session = client.cookies["sessionid"].value
-    print(f"Redis {redis_url}; {args.subscribers} subscribers, {args.events} events {args.gap_ms:g} ms apart; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"Redis {redis_url}; {args.subscribers} subscribers, {args.events} events {args.gap_ms:g} ms apart; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
 
-    logs = [Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-fanout-daphne-{os.getpid()}-{i}.log"
-            for i in range(args.daphnes)]
+    logs = [
+        Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-fanout-daphne-{os.getpid()}-{i}.log"
+        for i in range(args.daphnes)
+    ]
     daphnes: list[Any] = []
     run_ids: list[str] = []
     try:
@@ -120,9 +133,16 @@ def main(argv: list[str]) -> int:
     for label, values in results.items():
         for q, base in ((50, base50), (99, base99)):
             value = percentile(values, q)
-            record(f"{args.subscribers} WebSocket subscribers on {label}, p{q}", value=value * 1000, unit="ms",
-                   baseline=base * 1000, ratio=value / base, target="(for docs/scaling.md)", met=None,
-                   ratio_format="{:.1f}×")
+            record(
+                f"{args.subscribers} WebSocket subscribers on {label}, p{q}",
+                value=value * 1000,
+                unit="ms",
+                baseline=base * 1000,
+                ratio=value / base,
+                target="(for docs/scaling.md)",
+                met=None,
+                ratio_format="{:.1f}×",
+            )
     return 0
 
 

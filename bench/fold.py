@@ -28,7 +28,13 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, libpq_url, median_seconds, profile, record, require_postgres, setup_django,
+    cleanup,
+    libpq_url,
+    median_seconds,
+    profile,
+    record,
+    require_postgres,
+    setup_django,
 )
 from bench.ingest import Appender, make_events  # noqa: E402
 
@@ -47,11 +53,10 @@ def main(argv: list[str]) -> int:
     import psycopg
     from django.conf import settings
 
-    from ledger.log.envelopes import event_envelope
     from ledger.fold import fold
-    from ledger.models import Event, Run
-    from ledger.log.envelopes import log_of
     from ledger.fold.pricing import prices_for
+    from ledger.log.envelopes import event_envelope, log_of
+    from ledger.models import Event, Run
     from ledger.tenancy.services import bootstrap
 
     workspace = bootstrap(tenant="bench", workspace=f"fold-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}")
@@ -70,11 +75,14 @@ def main(argv: list[str]) -> int:
         assert orm_read() == log, "the plain-cursor reader and the ORM disagree"
 
         with psycopg.connect(libpq_url(url)) as conn:
+
             def bare_select() -> None:
                 with conn.cursor() as cur:
                     cur.execute(
                         "SELECT sequence, event_id, type, occurrence_id, recorded_at, payload "
-                        "FROM ledger_event WHERE run_id = %s ORDER BY sequence", [run.pk])
+                        "FROM ledger_event WHERE run_id = %s ORDER BY sequence",
+                        [run.pk],
+                    )
                     assert len(cur.fetchall()) == args.events
 
             bare_select()  # warm: plan cache, pages in shared buffers
@@ -88,18 +96,29 @@ def main(argv: list[str]) -> int:
 
         select_s = figures["bare SELECT"]
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-        print(f"{args.events} events (model responses and tool calls, alternating), median of {args.repeat}; "
-              f"DEBUG={settings.DEBUG}; load average {load}")
+        print(
+            f"{args.events} events (model responses and tool calls, alternating), median of {args.repeat}; "
+            f"DEBUG={settings.DEBUG}; load average {load}"
+        )
         print(f"{'what':<14} {'ms':>9} {'vs bare SELECT':>15}")
         for name, seconds in figures.items():
             print(f"{name:<14} {seconds * 1000:9.1f} {seconds / select_s:14.2f}x")
         ratio = figures["fold"] / select_s
         met = ratio <= TARGET_FOLD_VS_SELECT
-        print(f"\nTarget: fold <= {TARGET_FOLD_VS_SELECT:.0f}x the bare SELECT: {ratio:.2f}x {'MET' if met else 'NOT MET'}")
-        record(f"fold of a {args.events}-event run / bare ordered SELECT", value=figures["fold"] * 1000, unit="ms",
-               baseline=select_s * 1000, ratio=ratio, target=f"<= {TARGET_FOLD_VS_SELECT:.0f}x", met=met,
-               note=f"read + fold {figures['read + fold'] / select_s:.2f}x; read {figures['read'] / select_s:.2f}x "
-                    f"(ORM read {figures['read, ORM'] / select_s:.2f}x)")
+        print(
+            f"\nTarget: fold <= {TARGET_FOLD_VS_SELECT:.0f}x the bare SELECT: {ratio:.2f}x {'MET' if met else 'NOT MET'}"
+        )
+        record(
+            f"fold of a {args.events}-event run / bare ordered SELECT",
+            value=figures["fold"] * 1000,
+            unit="ms",
+            baseline=select_s * 1000,
+            ratio=ratio,
+            target=f"<= {TARGET_FOLD_VS_SELECT:.0f}x",
+            met=met,
+            note=f"read + fold {figures['read + fold'] / select_s:.2f}x; read {figures['read'] / select_s:.2f}x "
+            f"(ORM read {figures['read, ORM'] / select_s:.2f}x)",
+        )
         if args.profile:
             profile(f"fold of {args.events} events", lambda: fold(log, prices=prices))
             profile(f"read of {args.events} events", lambda: log_of(run))

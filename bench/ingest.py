@@ -25,23 +25,32 @@ timestamps, so that only the write path differs. See bench/README.md for what th
 from __future__ import annotations
 
 import argparse
-import gc
 import functools
+import gc
 import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if not __package__:  # run as a script: import the bench package from the repository root (bench/common.py)
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    cleanup, head_only_changes, libpq_url, profile, record, require_postgres, setup_django, start_daphne, stop,
+    cleanup,
+    head_only_changes,
+    libpq_url,
+    profile,
+    record,
+    require_postgres,
+    setup_django,
+    start_daphne,
+    stop,
 )
 
 # Targets from the issue: append throughput as a fraction of the raw baseline.
@@ -49,8 +58,15 @@ TARGET_BATCHED_VS_COPY = 0.25
 TARGET_SINGLE_VS_INSERT = 0.40
 
 EVENT_COLUMNS = (
-    "run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload",
-    "idempotency_key", "request_digest",
+    "run_id",
+    "sequence",
+    "event_id",
+    "type",
+    "occurrence_id",
+    "recorded_at",
+    "payload",
+    "idempotency_key",
+    "request_digest",
 )
 
 
@@ -59,18 +75,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="bench/ingest.py",
         description="Benchmark ledger.log.append against raw psycopg 3 on PostgreSQL.",
     )
-    p.add_argument("--events", type=int, default=20_000,
-                   help="events for the batched measurements (default 20000)")
-    p.add_argument("--single", type=int, default=2_000,
-                   help="events for the one-event-per-call measurements (default 2000)")
+    p.add_argument("--events", type=int, default=20_000, help="events for the batched measurements (default 20000)")
+    p.add_argument(
+        "--single", type=int, default=2_000, help="events for the one-event-per-call measurements (default 2000)"
+    )
     p.add_argument("--batch", type=int, default=500, help="batch size (default 500)")
-    p.add_argument("--rounds", type=int, default=10,
-                   help="the five methods take turns in this many slices of their work (default 10)")
-    p.add_argument("--profile", nargs="?", const="batched", choices=("batched", "single", "both"),
-                   help="after the timed runs, run cProfile around an extra (untimed) batched and/or "
-                        "single append measurement and print the top 25 functions by cumulative time")
-    p.add_argument("--keep", action="store_true",
-                   help="keep the bench runs and events in the ledger tables (default: delete them)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="the five methods take turns in this many slices of their work (default 10)",
+    )
+    p.add_argument(
+        "--profile",
+        nargs="?",
+        const="batched",
+        choices=("batched", "single", "both"),
+        help="after the timed runs, run cProfile around an extra (untimed) batched and/or "
+        "single append measurement and print the top 25 functions by cumulative time",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the bench runs and events in the ledger tables (default: delete them)"
+    )
     args = p.parse_args(argv)
     if args.events < args.batch or args.batch < 1 or args.single < 1 or args.rounds < 1:
         p.error("need --batch >= 1, --events >= --batch, --single >= 1 and --rounds >= 1")
@@ -88,31 +114,38 @@ _TEXT = (
 
 def make_events(n: int, tag: str) -> list[dict[str, Any]]:
     """A run's worth of request items: RunStarted, then model responses and tool calls, alternating."""
-    events: list[dict[str, Any]] = [
-        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench"}}
-    ]
+    events: list[dict[str, Any]] = [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench"}}]
     for i in range(1, n):
         turn = (i + 1) // 2
         if i % 2:
-            events.append({
-                "type": "harness.model.responded",
-                "payload": {
-                    "turn": turn, "callId": f"c{tag}{i}", "stepPath": "s",
-                    "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
-                    "response": {
-                        "text": _TEXT.format(n=i),
-                        "usage": {"inputTokens": 1200, "outputTokens": 150},
+            events.append(
+                {
+                    "type": "harness.model.responded",
+                    "payload": {
+                        "turn": turn,
+                        "callId": f"c{tag}{i}",
+                        "stepPath": "s",
+                        "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
+                        "response": {
+                            "text": _TEXT.format(n=i),
+                            "usage": {"inputTokens": 1200, "outputTokens": 150},
+                        },
                     },
-                },
-            })
+                }
+            )
         else:
-            events.append({
-                "type": "harness.tool_call.started",
-                "payload": {
-                    "callId": f"t{tag}{i}", "caller": "agent", "toolName": "vendors.lookup", "turn": turn,
-                    "args": {"vendorId": f"v_{i % 97}", "fields": ["name", "remitTo"], "limit": 1},
-                },
-            })
+            events.append(
+                {
+                    "type": "harness.tool_call.started",
+                    "payload": {
+                        "callId": f"t{tag}{i}",
+                        "caller": "agent",
+                        "toolName": "vendors.lookup",
+                        "turn": turn,
+                        "args": {"vendorId": f"v_{i % 97}", "fields": ["name", "remitTo"], "limit": 1},
+                    },
+                }
+            )
     return events
 
 
@@ -120,24 +153,33 @@ def raw_rows(events: list[dict[str, Any]], run_pk: int, batch: int) -> list[tupl
     """The rows the log's append would write for `events`, precomputed for the raw baselines."""
     from ledger.canonical import canonical_bytes, event_id
 
-    base = datetime.now(timezone.utc).replace(microsecond=0)
+    base = datetime.now(UTC).replace(microsecond=0)
     rows = []
     for index, item in enumerate(events):
         sequence = index + 1
         recorded_at = base + timedelta(milliseconds=index // batch)  # one timestamp per batch
-        rows.append((
-            run_pk, sequence,
-            event_id(run_id=f"run_raw_{run_pk}", sequence=sequence, type=item["type"], payload=item["payload"]),
-            item["type"], None, recorded_at, canonical_bytes(item["payload"]).decode(), None, None,
-        ))
+        rows.append(
+            (
+                run_pk,
+                sequence,
+                event_id(run_id=f"run_raw_{run_pk}", sequence=sequence, type=item["type"], payload=item["payload"]),
+                item["type"],
+                None,
+                recorded_at,
+                canonical_bytes(item["payload"]).decode(),
+                None,
+                None,
+            )
+        )
     return rows
 
 
 def chunks(seq: list[Any], size: int) -> list[list[Any]]:
-    return [seq[i:i + size] for i in range(0, len(seq), size)]
+    return [seq[i : i + size] for i in range(0, len(seq), size)]
 
 
 # --- measurements -------------------------------------------------------------------------------
+
 
 @dataclass
 class Result:
@@ -167,7 +209,7 @@ def interleaved(methods: dict[str, tuple[int, Steps]], rounds: int) -> dict[str,
     seconds = dict.fromkeys(methods, 0.0)
     for r in range(rounds):
         for name, (_, steps) in methods.items():
-            part = steps[r * len(steps) // rounds:(r + 1) * len(steps) // rounds]
+            part = steps[r * len(steps) // rounds : (r + 1) * len(steps) // rounds]
             seconds[name] += timed(name, 0, part).seconds
     return {name: Result(name, n, seconds[name]) for name, (n, _) in methods.items()}
 
@@ -243,6 +285,7 @@ class Raw:
 
 # --- report -------------------------------------------------------------------------------------
 
+
 def print_table(results: dict[str, Result]) -> None:
     ratios = {
         "append, batched": ("raw COPY", "raw executemany"),
@@ -252,9 +295,7 @@ def print_table(results: dict[str, Result]) -> None:
     print("-" * 86)
     for key in ("append, batched", "raw COPY", "raw executemany", "append, single", "raw single INSERT"):
         r = results[key]
-        vs = "  ".join(
-            f"{r.rate / results[b].rate:6.1%} of {b.removeprefix('raw ')}" for b in ratios.get(key, ())
-        )
+        vs = "  ".join(f"{r.rate / results[b].rate:6.1%} of {b.removeprefix('raw ')}" for b in ratios.get(key, ()))
         print(f"{r.name:<22} {r.events:>8} {r.seconds:>9.3f} {r.rate:>10,.0f}   {vs}")
 
     batched_copy = results["append, batched"].rate / results["raw COPY"].rate
@@ -265,18 +306,30 @@ def print_table(results: dict[str, Result]) -> None:
         ("single append >= 40% of single autocommit INSERT", single_insert, TARGET_SINGLE_VS_INSERT),
     ):
         print(f"  {label:<50} {value:6.1%}  {'MET' if value >= target else 'NOT MET'}")
-        ours, raw = ("append, batched", "raw COPY") if target == TARGET_BATCHED_VS_COPY else \
-            ("append, single", "raw single INSERT")
-        record(f"{ours} / {raw}", value=results[ours].rate, unit="ev/s", baseline=results[raw].rate, ratio=value,
-               target=f">= {target:.0%}", met=value >= target, ratio_format="{:.1%}")
+        ours, raw = (
+            ("append, batched", "raw COPY")
+            if target == TARGET_BATCHED_VS_COPY
+            else ("append, single", "raw single INSERT")
+        )
+        record(
+            f"{ours} / {raw}",
+            value=results[ours].rate,
+            unit="ev/s",
+            baseline=results[raw].rate,
+            ratio=value,
+            target=f">= {target:.0%}",
+            met=value >= target,
+            ratio_format="{:.1%}",
+        )
 
 
 TARGET_PROJECTION_OVERHEAD = 0.30
 TARGET_HTTP_VS_COPY = 0.15
 
 
-def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
-               events: list[dict[str, Any]], copy: Result) -> None:
+def print_http(
+    workspace: Any, appender: Appender, args: argparse.Namespace, events: list[dict[str, Any]], copy: Result
+) -> None:
     """The same batched events POSTed to Daphne by one HTTP client, and the same requests handed to
     Django in this process (its test client: no server, no socket), against the same PostgreSQL.
 
@@ -303,6 +356,7 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
                 status, text = send(f"/api/v1/runs/{run_id}/events", body)
                 if status != 200:
                     raise SystemExit(f"HTTP append failed: {status} {text[:300]}")
+
         return go
 
     def through_test_client(url: str, body: bytes) -> tuple[int, str]:
@@ -314,6 +368,7 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
     sizes: list[int] = []
     try:
         with httpx.Client(base_url=base, timeout=120, headers=headers) as client:
+
             def through_daphne(url: str, body: bytes) -> tuple[int, str]:
                 response = client.post(url, content=body)
                 sizes.append(len(response.content))
@@ -324,33 +379,60 @@ def print_http(workspace: Any, appender: Appender, args: argparse.Namespace,
             through_client(base, key, appender, make_events(2 * args.batch, "cw"), args.batch)()  # warm up
             http = timed("HTTP append, batched", args.events, [post_all(through_daphne, events)])
             direct = timed("same, Django in-process", args.events, [post_all(through_test_client, events)])
-            via_client = timed("runledger.client, batched", args.events,
-                           [through_client(base, key, appender, events, args.batch)])
+            via_client = timed(
+                "runledger.client, batched", args.events, [through_client(base, key, appender, events, args.batch)]
+            )
     finally:
         stop(process)
     bare = time_bare_daphne(events, args.batch, max(sizes))
     ratio = http.rate / copy.rate
     requests = len(chunks(events, args.batch))
     per_request, per_direct = http.seconds / requests * 1000, direct.seconds / requests * 1000
-    print(f"\nHTTP: {args.events} events POSTed in batches of {args.batch} ({requests} requests, bodies encoded beforehand)")
+    print(
+        f"\nHTTP: {args.events} events POSTed in batches of {args.batch} ({requests} requests, bodies encoded beforehand)"
+    )
     for r, ms in ((http, per_request), (direct, per_direct)):
-        print(f"  {r.name:<24} {r.events:>8} {r.seconds:>9.3f} {r.rate:>10,.0f}   {r.rate / copy.rate:6.1%} of COPY"
-              f"   {ms:7.1f} ms/request")
-    print(f"  serving a request (Daphne, ASGI, loopback, httpx): {per_request - per_direct:.1f} ms of {per_request:.1f} "
-          f"({(per_request - per_direct) / per_request:.0%})")
-    print(f"  Daphne alone (a bare ASGI app answering {max(sizes):,} bytes, bench/bareasgi.py): {bare:.1f} ms/request; "
-          f"Django's ASGI handler, its thread hop and the rest: {per_request - per_direct - bare:.1f} ms")
+        print(
+            f"  {r.name:<24} {r.events:>8} {r.seconds:>9.3f} {r.rate:>10,.0f}   {r.rate / copy.rate:6.1%} of COPY"
+            f"   {ms:7.1f} ms/request"
+        )
+    print(
+        f"  serving a request (Daphne, ASGI, loopback, httpx): {per_request - per_direct:.1f} ms of {per_request:.1f} "
+        f"({(per_request - per_direct) / per_request:.0%})"
+    )
+    print(
+        f"  Daphne alone (a bare ASGI app answering {max(sizes):,} bytes, bench/bareasgi.py): {bare:.1f} ms/request; "
+        f"Django's ASGI handler, its thread hop and the rest: {per_request - per_direct - bare:.1f} ms"
+    )
     print(f"  target >= 15% of COPY: {'MET' if ratio >= TARGET_HTTP_VS_COPY else 'NOT MET'}")
     client_ratio = via_client.rate / copy.rate
-    print(f"  {via_client.name:<24} {via_client.events:>8} {via_client.seconds:>9.3f} {via_client.rate:>10,.0f}   "
-          f"{client_ratio:6.1%} of COPY   {via_client.rate / http.rate:6.1%} of the pre-encoded POSTs")
-    record("client (runledger.client, batched, through HTTP) / raw COPY", value=via_client.rate, unit="ev/s",
-           baseline=copy.rate, ratio=client_ratio, target="none (issue 16 asks for the figure)", met=None,
-           ratio_format="{:.1%}", note=f"{via_client.rate / http.rate:.0%} of the same batches POSTed pre-encoded")
-    record("HTTP batch of 500 through Daphne / raw COPY", value=http.rate, unit="ev/s", baseline=copy.rate,
-           ratio=ratio, target=">= 15%", met=ratio >= TARGET_HTTP_VS_COPY, ratio_format="{:.1%}",
-           note=f"Daphne's share of a request: {(per_request - per_direct) / per_request:.0%} "
-                f"({per_request - per_direct:.1f} of {per_request:.1f} ms)")
+    print(
+        f"  {via_client.name:<24} {via_client.events:>8} {via_client.seconds:>9.3f} {via_client.rate:>10,.0f}   "
+        f"{client_ratio:6.1%} of COPY   {via_client.rate / http.rate:6.1%} of the pre-encoded POSTs"
+    )
+    record(
+        "client (runledger.client, batched, through HTTP) / raw COPY",
+        value=via_client.rate,
+        unit="ev/s",
+        baseline=copy.rate,
+        ratio=client_ratio,
+        target="none (issue 16 asks for the figure)",
+        met=None,
+        ratio_format="{:.1%}",
+        note=f"{via_client.rate / http.rate:.0%} of the same batches POSTed pre-encoded",
+    )
+    record(
+        "HTTP batch of 500 through Daphne / raw COPY",
+        value=http.rate,
+        unit="ev/s",
+        baseline=copy.rate,
+        ratio=ratio,
+        target=">= 15%",
+        met=ratio >= TARGET_HTTP_VS_COPY,
+        ratio_format="{:.1%}",
+        note=f"Daphne's share of a request: {(per_request - per_direct) / per_request:.0%} "
+        f"({per_request - per_direct:.1f} of {per_request:.1f} ms)",
+    )
 
 
 def time_bare_daphne(events: list[dict[str, Any]], batch: int, response_bytes: int) -> float:
@@ -361,8 +443,13 @@ def time_bare_daphne(events: list[dict[str, Any]], batch: int, response_bytes: i
 
     bodies = [orjson.dumps({"events": b}) for b in chunks(events, batch)]
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-ingest-bare-{os.getpid()}.log"
-    process, base = start_daphne(log_path, "bench.bareasgi:application", probe="/", probe_status=200,
-                                 env={"BENCH_BARE_RESPONSE_BYTES": str(response_bytes)})
+    process, base = start_daphne(
+        log_path,
+        "bench.bareasgi:application",
+        probe="/",
+        probe_status=200,
+        env={"BENCH_BARE_RESPONSE_BYTES": str(response_bytes)},
+    )
     try:
         with httpx.Client(base_url=base, timeout=120) as client:
             for body in bodies[:2]:  # warm up
@@ -376,8 +463,9 @@ def time_bare_daphne(events: list[dict[str, Any]], batch: int, response_bytes: i
         stop(process)
 
 
-def through_client(base: str, key: str, appender: Appender, events: list[dict[str, Any]],
-                   batch: int) -> Callable[[], None]:
+def through_client(
+    base: str, key: str, appender: Appender, events: list[dict[str, Any]], batch: int
+) -> Callable[[], None]:
     """`events` written by runledger.client as a harness would: a run started, the rest emitted
     into batches of `batch` (no time flush), flushed at the end. Unlike the pre-encoded POSTs the
     client pays for what a harness pays for: its JSON, its idempotency keys, its retry loop."""
@@ -388,13 +476,15 @@ def through_client(base: str, key: str, appender: Appender, events: list[dict[st
 
     def go() -> None:
         with Client(base, key, timeout=120) as client:
-            run = client.start_run(events[0]["payload"]["workflowVersionId"], run_id=run_id, batch_size=batch,
-                                   flush_interval=0)
+            run = client.start_run(
+                events[0]["payload"]["workflowVersionId"], run_id=run_id, batch_size=batch, flush_interval=0
+            )
             for item in events[1:]:
                 run.emit(item["type"], item["payload"])
             run.flush()
             if run.last_sequence != len(events):
                 raise SystemExit(f"client append ended at {run.last_sequence}, not {len(events)}")
+
     return go
 
 
@@ -418,8 +508,10 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
         fold_seconds += time.perf_counter() - start
 
     n = min(args.events, 10_000)
-    variants = {"with projections": (real_changes, appender.batched(make_events(n, "pf"))),
-                "no projection writes": (head_only_changes, appender.batched(make_events(n, "pn")))}
+    variants = {
+        "with projections": (real_changes, appender.batched(make_events(n, "pf"))),
+        "no projection writes": (head_only_changes, appender.batched(make_events(n, "pn"))),
+    }
     seconds, folds = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
     # Where each variant's time is spent: this thread's CPU and the PostgreSQL backend's (Linux's
     # /proc/<pid>/stat), for the floor analysis (bench/README.md § Floors).
@@ -446,21 +538,35 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
     print(f"  append with projections        {full:8.3f}s  (fold {folds['with projections']:.3f}s of it)")
     print(f"  append, projection writes off  {no_writes:8.3f}s  (fold {folds['no projection writes']:.3f}s of it)")
     print(f"  append without projection work {base:8.3f}s  (the line above less its fold)")
-    print(f"  projection upkeep adds {overhead:6.1%}   target <= 30%  "
-          f"{'MET' if overhead <= TARGET_PROJECTION_OVERHEAD else 'NOT MET'}")
+    print(
+        f"  projection upkeep adds {overhead:6.1%}   target <= 30%  "
+        f"{'MET' if overhead <= TARGET_PROJECTION_OVERHEAD else 'NOT MET'}"
+    )
     per_event = {name: (seconds[name] / n * 1e6, client[name] / n * 1e6, server[name] / n * 1e6) for name in variants}
     for name, (wall, ours, pg) in per_event.items():
-        print(f"  {name:<30} per event: wall {wall:5.1f} us, this process's CPU {ours:5.1f} us, "
-              f"the backend's {pg:5.1f} us")
+        print(
+            f"  {name:<30} per event: wall {wall:5.1f} us, this process's CPU {ours:5.1f} us, "
+            f"the backend's {pg:5.1f} us"
+        )
     fold_us = folds["with projections"] / n * 1e6
     client_rows_us = per_event["with projections"][1] - per_event["no projection writes"][1]
     floor = (fold_us + client_rows_us) / (base / n * 1e6)
-    print(f"  before the server writes a projection row: the fold {fold_us:.1f} us and this process's projection "
-          f"rows {client_rows_us:.1f} us an event, {floor:+.0%} of the append without projection work")
-    record("projection upkeep in a batched append", value=full, unit="s", baseline=base, ratio=overhead,
-           target="<= +30%", met=overhead <= TARGET_PROJECTION_OVERHEAD, ratio_format="{:+.0%}",
-           note=f"the fold and this process's projection rows alone: {floor:+.0%} (backend CPU "
-                f"{per_event['no projection writes'][2]:.1f} -> {per_event['with projections'][2]:.1f} us an event)")
+    print(
+        f"  before the server writes a projection row: the fold {fold_us:.1f} us and this process's projection "
+        f"rows {client_rows_us:.1f} us an event, {floor:+.0%} of the append without projection work"
+    )
+    record(
+        "projection upkeep in a batched append",
+        value=full,
+        unit="s",
+        baseline=base,
+        ratio=overhead,
+        target="<= +30%",
+        met=overhead <= TARGET_PROJECTION_OVERHEAD,
+        ratio_format="{:+.0%}",
+        note=f"the fold and this process's projection rows alone: {floor:+.0%} (backend CPU "
+        f"{per_event['no projection writes'][2]:.1f} -> {per_event['with projections'][2]:.1f} us an event)",
+    )
 
 
 def backend_pid() -> int:
@@ -487,13 +593,15 @@ def main(argv: list[str]) -> int:
 
     from ledger.tenancy.services import bootstrap
 
-    ws_slug = f"bench-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
+    ws_slug = f"bench-{datetime.now(UTC):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspace = bootstrap(tenant="bench", workspace=ws_slug)
     with connection.cursor() as cur:
         cur.execute("SELECT version(), current_setting('synchronous_commit')")
         version, sync_commit = cur.fetchone()
-    print(f"PostgreSQL: {version.split(' on ')[0]} (synchronous_commit={sync_commit}); "
-          f"Python {sys.version.split()[0]}; DEBUG={settings.DEBUG}; workspace bench/{ws_slug}")
+    print(
+        f"PostgreSQL: {version.split(' on ')[0]} (synchronous_commit={sync_commit}); "
+        f"Python {sys.version.split()[0]}; DEBUG={settings.DEBUG}; workspace bench/{ws_slug}"
+    )
     print(f"batched: {args.events} events in batches of {args.batch}; single: {args.single} events, one per call")
 
     appender = Appender(workspace, args.batch)
@@ -511,17 +619,25 @@ def main(argv: list[str]) -> int:
         warm_rows["single"] = raw_rows(warm_single, next(run_pk), args.batch)
 
         # Warm up each method briefly (imports, connection, plan caches, pages in shared buffers).
-        for steps in (appender.batched(warm_batched), appender.single(warm_single), raw.copy(warm_rows["copy"]),
-                      raw.executemany(warm_rows["many"]), raw.single(warm_rows["single"])):
+        for steps in (
+            appender.batched(warm_batched),
+            appender.single(warm_single),
+            raw.copy(warm_rows["copy"]),
+            raw.executemany(warm_rows["many"]),
+            raw.single(warm_rows["single"]),
+        ):
             timed("warm-up", 0, steps)
 
-        results = interleaved({
-            "append, batched": (args.events, appender.batched(batched_events)),
-            "raw COPY": (args.events, raw.copy(rows["copy"])),
-            "raw executemany": (args.events, raw.executemany(rows["many"])),
-            "append, single": (args.single, appender.single(single_events)),
-            "raw single INSERT": (args.single, raw.single(rows["single"])),
-        }, rounds=args.rounds)
+        results = interleaved(
+            {
+                "append, batched": (args.events, appender.batched(batched_events)),
+                "raw COPY": (args.events, raw.copy(rows["copy"])),
+                "raw executemany": (args.events, raw.executemany(rows["many"])),
+                "append, single": (args.single, appender.single(single_events)),
+                "raw single INSERT": (args.single, raw.single(rows["single"])),
+            },
+            rounds=args.rounds,
+        )
         for name, result in results.items():
             print(f"  {name:<20} {result.seconds:8.3f}s", flush=True)
         print_table(results)
@@ -532,11 +648,15 @@ def main(argv: list[str]) -> int:
         print_projection_overhead(appender, args)
 
         if args.profile in ("batched", "both"):
-            profile(f"the log's append, {args.events} events in batches of {args.batch}",
-                    functools.partial(timed, "profiled", args.events, appender.batched(make_events(args.events, "pb"))))
+            profile(
+                f"the log's append, {args.events} events in batches of {args.batch}",
+                functools.partial(timed, "profiled", args.events, appender.batched(make_events(args.events, "pb"))),
+            )
         if args.profile in ("single", "both"):
-            profile(f"the log's append, {args.single} events one per call",
-                    functools.partial(timed, "profiled", args.single, appender.single(make_events(args.single, "ps"))))
+            profile(
+                f"the log's append, {args.single} events one per call",
+                functools.partial(timed, "profiled", args.single, appender.single(make_events(args.single, "ps"))),
+            )
     finally:
         raw.drop()
         if not args.keep:

@@ -58,8 +58,10 @@ def held_by_the_state(workspace_pk: int, run_id: str) -> str:
         return "not cached"
     state = entry.state
     kind = "compacted, " if isinstance(state, AppendState) else ""
-    return (f"{kind}{len(state.model_calls)} model calls, {len(state.tool_calls)} tool calls, "
-            f"{len(state.cost_entries)} cost entries, {len(state.steps)} steps; the cache {STATES.held:,} records")
+    return (
+        f"{kind}{len(state.model_calls)} model calls, {len(state.tool_calls)} tool calls, "
+        f"{len(state.cost_entries)} cost entries, {len(state.steps)} steps; the cache {STATES.held:,} records"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -80,8 +82,10 @@ def main(argv: list[str]) -> int:
     run_id = f"run_bench_{secrets.token_hex(8)}"
     checkpoints = sorted({c for c in CHECKPOINTS if c < args.events} | {args.events})
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{args.events} events into one run in batches of {args.batch}; DEBUG={settings.DEBUG}; "
-          f"load average {load}; before the first append: peak RSS {status_mb('VmHWM'):.0f} MB")
+    print(
+        f"{args.events} events into one run in batches of {args.batch}; DEBUG={settings.DEBUG}; "
+        f"load average {load}; before the first append: peak RSS {status_mb('VmHWM'):.0f} MB"
+    )
     print(f"{'events':>9} {'peak RSS MB':>12} {'RSS MB':>8} {'ev/s':>7}  the run's cached state holds")
     peaks: dict[int, float] = {}
     try:
@@ -93,15 +97,27 @@ def main(argv: list[str]) -> int:
                 gc.collect()
                 peaks[appended] = status_mb("VmHWM")
                 rate = appended / (time.perf_counter() - started)
-                print(f"{appended:>9} {peaks[appended]:>12.0f} {status_mb('VmRSS'):>8.0f} {rate:>7.0f}  "
-                      f"{held_by_the_state(workspace.pk, run_id)}", flush=True)
+                print(
+                    f"{appended:>9} {peaks[appended]:>12.0f} {status_mb('VmRSS'):>8.0f} {rate:>7.0f}  "
+                    f"{held_by_the_state(workspace.pk, run_id)}",
+                    flush=True,
+                )
         first, last = peaks[checkpoints[0]], peaks[checkpoints[-1]]
         ratio = last / first
         met = ratio <= TARGET_GROWTH
-        print(f"\npeak RSS at {checkpoints[-1]} events / at {checkpoints[0]}: {ratio:.2f}x "
-              f"(target: flat, <= {TARGET_GROWTH}x) {'MET' if met else 'NOT MET'}")
-        record(f"peak RSS, one run of {checkpoints[-1]} events / at {checkpoints[0]}", value=last, unit="MB",
-               baseline=first, ratio=ratio, target=f"<= {TARGET_GROWTH}x (flat)", met=met)
+        print(
+            f"\npeak RSS at {checkpoints[-1]} events / at {checkpoints[0]}: {ratio:.2f}x "
+            f"(target: flat, <= {TARGET_GROWTH}x) {'MET' if met else 'NOT MET'}"
+        )
+        record(
+            f"peak RSS, one run of {checkpoints[-1]} events / at {checkpoints[0]}",
+            value=last,
+            unit="MB",
+            baseline=first,
+            ratio=ratio,
+            target=f"<= {TARGET_GROWTH}x (flat)",
+            met=met,
+        )
     finally:
         if not args.keep:
             cleanup(workspace, [run_id])

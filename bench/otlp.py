@@ -28,8 +28,9 @@ def _export(trace_ids: list[bytes]) -> bytes:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
     def kv(key: str, value: Any) -> KeyValue:
-        return KeyValue(key=key, value=AnyValue(int_value=value) if isinstance(value, int)
-                        else AnyValue(string_value=value))
+        return KeyValue(
+            key=key, value=AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
+        )
 
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
@@ -40,24 +41,51 @@ def _export(trace_ids: list[bytes]) -> bytes:
         root, agent = secrets.token_bytes(8), secrets.token_bytes(8)
         calls = SPANS_PER_TRACE - 2
         for i in range(calls):
-            span = scope.spans.add(trace_id=trace_id, span_id=secrets.token_bytes(8), parent_span_id=agent,
-                                   start_time_unix_nano=_T0 + i * 1000, end_time_unix_nano=_T0 + i * 1000 + 900)
+            span = scope.spans.add(
+                trace_id=trace_id,
+                span_id=secrets.token_bytes(8),
+                parent_span_id=agent,
+                start_time_unix_nano=_T0 + i * 1000,
+                end_time_unix_nano=_T0 + i * 1000 + 900,
+            )
             if i % 2 == 0:
                 span.name = "chat gpt-4o-mini"
-                span.attributes.extend([kv("gen_ai.operation.name", "chat"), kv("gen_ai.provider.name", "openai"),
-                                        kv("gen_ai.request.model", "gpt-4o-mini"),
-                                        kv("gen_ai.usage.input_tokens", 1200), kv("gen_ai.usage.output_tokens", 150)])
+                span.attributes.extend(
+                    [
+                        kv("gen_ai.operation.name", "chat"),
+                        kv("gen_ai.provider.name", "openai"),
+                        kv("gen_ai.request.model", "gpt-4o-mini"),
+                        kv("gen_ai.usage.input_tokens", 1200),
+                        kv("gen_ai.usage.output_tokens", 150),
+                    ]
+                )
             else:
                 span.name = "execute_tool vendors.lookup"
-                span.attributes.extend([kv("gen_ai.operation.name", "execute_tool"),
-                                        kv("gen_ai.tool.name", "vendors.lookup"), kv("gen_ai.tool.call.id", f"t{i}"),
-                                        kv("gen_ai.tool.call.arguments", '{"vendorId": "v_1", "limit": 1}')])
+                span.attributes.extend(
+                    [
+                        kv("gen_ai.operation.name", "execute_tool"),
+                        kv("gen_ai.tool.name", "vendors.lookup"),
+                        kv("gen_ai.tool.call.id", f"t{i}"),
+                        kv("gen_ai.tool.call.arguments", '{"vendorId": "v_1", "limit": 1}'),
+                    ]
+                )
         end = _T0 + calls * 1000 + 1000
-        scope.spans.add(trace_id=trace_id, span_id=agent, parent_span_id=root, name="invoke_agent bench",
-                        start_time_unix_nano=_T0 - 10, end_time_unix_nano=end,
-                        attributes=[kv("gen_ai.operation.name", "invoke_agent")])
-        scope.spans.add(trace_id=trace_id, span_id=root, name="handle request", start_time_unix_nano=_T0 - 20,
-                        end_time_unix_nano=end + 10)
+        scope.spans.add(
+            trace_id=trace_id,
+            span_id=agent,
+            parent_span_id=root,
+            name="invoke_agent bench",
+            start_time_unix_nano=_T0 - 10,
+            end_time_unix_nano=end,
+            attributes=[kv("gen_ai.operation.name", "invoke_agent")],
+        )
+        scope.spans.add(
+            trace_id=trace_id,
+            span_id=root,
+            name="handle request",
+            start_time_unix_nano=_T0 - 20,
+            end_time_unix_nano=end + 10,
+        )
     return request.SerializeToString()
 
 
@@ -66,10 +94,10 @@ def print_otlp(workspace: Any, appender: Any, spans: int, copy_rate: float) -> N
     import httpx
     import orjson
 
-    from ledger.reads import selectors
-    from ledger.models import Run
     from ledger.interop.otlp.ingest import ingest
     from ledger.interop.otlp.wire import PROTOBUF, parse
+    from ledger.models import Run
+    from ledger.reads import selectors
     from ledger.tenancy.services import create_key
 
     per_export = SPANS_PER_TRACE * TRACES_PER_EXPORT
@@ -103,10 +131,12 @@ def print_otlp(workspace: Any, appender: Any, spans: int, copy_rate: float) -> N
     otlp_s = append_s = 0.0
     try:
         with httpx.Client(base_url=base, timeout=120, headers={"Authorization": f"Bearer {key}"}) as client:
+
             def send(url: str, body: bytes, content_type: str) -> None:
                 response = client.post(url, content=body, headers={"Content-Type": content_type})
-                if response.status_code != 200 or (content_type == "application/json" and
-                                                    b"partialSuccess" in response.content):
+                if response.status_code != 200 or (
+                    content_type == "application/json" and b"partialSuccess" in response.content
+                ):
                     raise SystemExit(f"OTLP bench request failed: {response.status_code} {response.text[:300]}")
 
             warm = traces()
@@ -126,15 +156,29 @@ def print_otlp(workspace: Any, appender: Any, spans: int, copy_rate: float) -> N
     events = sum(len(orjson.loads(body)["events"]) for appends in append_bodies for _, body in appends)
     otlp_rate, append_rate = total / otlp_s, total / append_s
     ratio = otlp_rate / append_rate
-    print(f"\nOTLP: {exports} protobuf exports of {per_export} GenAI spans ({TRACES_PER_EXPORT} traces each, "
-          f"{events / total:.2f} events per span), through Daphne, interleaved with the same events appended")
+    print(
+        f"\nOTLP: {exports} protobuf exports of {per_export} GenAI spans ({TRACES_PER_EXPORT} traces each, "
+        f"{events / total:.2f} events per span), through Daphne, interleaved with the same events appended"
+    )
     print(f"  OTLP /v1/traces          {total:>8} spans {otlp_s:9.3f}s {otlp_rate:>10,.0f} spans/s")
-    print(f"  the same events appended {total:>8} spans {append_s:9.3f}s {append_rate:>10,.0f} spans/s"
-          f"   ({TRACES_PER_EXPORT} requests per export, one per run)")
+    print(
+        f"  the same events appended {total:>8} spans {append_s:9.3f}s {append_rate:>10,.0f} spans/s"
+        f"   ({TRACES_PER_EXPORT} requests per export, one per run)"
+    )
     events_rate = events / otlp_s
-    print(f"  OTLP ingest runs at {ratio:.0%} of appending what it writes; it writes {events_rate:,.0f} events/s, "
-          f"{events_rate / copy_rate:.1%} of raw COPY")
-    record("OTLP spans through Daphne / the same events appended", value=otlp_rate, unit="spans/s",
-           baseline=append_rate, ratio=ratio, target="", met=None, ratio_format="{:.0%}",
-           note=f"{per_export}-span protobuf exports, {events / total:.2f} events per span; "
-                f"{events_rate:,.0f} events/s = {events_rate / copy_rate:.1%} of raw COPY")
+    print(
+        f"  OTLP ingest runs at {ratio:.0%} of appending what it writes; it writes {events_rate:,.0f} events/s, "
+        f"{events_rate / copy_rate:.1%} of raw COPY"
+    )
+    record(
+        "OTLP spans through Daphne / the same events appended",
+        value=otlp_rate,
+        unit="spans/s",
+        baseline=append_rate,
+        ratio=ratio,
+        target="",
+        met=None,
+        ratio_format="{:.0%}",
+        note=f"{per_export}-span protobuf exports, {events / total:.2f} events per span; "
+        f"{events_rate:,.0f} events/s = {events_rate / copy_rate:.1%} of raw COPY",
+    )

@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,20 @@ def workflow(branches: int, sleep_s: float, concurrency: int) -> Any:
         time.sleep(sleep_s)
         return {"item": args["item"]}
 
-    return Workflow(name=f"bench_parallel_{branches}_{concurrency}", steps=(
-        Parallel("fan", lambda i, o: [{"item": n} for n in range(branches)],
-                 ToolCall("slow", "slow", lambda item, o: item), max_branches=max(16, branches),
-                 max_concurrency=concurrency),
-        CodeRun("count", lambda i, o: len(o["fan"])),
-    ), tools={"slow": Tool("slow", slow, effect="read", timeout_s=60)})
+    return Workflow(
+        name=f"bench_parallel_{branches}_{concurrency}",
+        steps=(
+            Parallel(
+                "fan",
+                lambda i, o: [{"item": n} for n in range(branches)],
+                ToolCall("slow", "slow", lambda item, o: item),
+                max_branches=max(16, branches),
+                max_concurrency=concurrency,
+            ),
+            CodeRun("count", lambda i, o: len(o["fan"])),
+        ),
+        tools={"slow": Tool("slow", slow, effect="read", timeout_s=60)},
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -66,7 +74,7 @@ def main(argv: list[str]) -> int:
     from ledger.runtime.executor import new_run_id, start_run
     from ledger.tenancy.services import bootstrap
 
-    workspace = bootstrap(tenant="bench", workspace=f"parallel-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}")
+    workspace = bootstrap(tenant="bench", workspace=f"parallel-{datetime.now(UTC):%Y%m%d%H%M%S}-{os.getpid()}")
     sleep_s = args.sleep_ms / 1000
     configs = {"concurrent": min(args.branches, settings.RUNLEDGER_PARALLEL_THREADS), "one by one": 1}
     flows = {label: workflow(args.branches, sleep_s, n) for label, n in configs.items()}
@@ -82,9 +90,11 @@ def main(argv: list[str]) -> int:
         assert outcome.status == "completed" and outcome.output == args.branches, outcome
         return took
 
-    print(f"{connection.vendor}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
-          f"RUNLEDGER_PARALLEL_THREADS={settings.RUNLEDGER_PARALLEL_THREADS}; "
-          "load average %.2f %.2f %.2f" % os.getloadavg())
+    print(
+        f"{connection.vendor}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
+        f"RUNLEDGER_PARALLEL_THREADS={settings.RUNLEDGER_PARALLEL_THREADS}; "
+        "load average %.2f %.2f %.2f" % os.getloadavg()
+    )
     try:
         for label in configs:
             run(label)  # warm-up
@@ -95,17 +105,24 @@ def main(argv: list[str]) -> int:
         if not args.keep and connection.vendor == "postgresql":  # cleanup() speaks PostgreSQL
             cleanup(workspace, run_ids)
     floor = args.branches * sleep_s
-    print(f"\n{args.branches} branches, each tool sleeping {args.sleep_ms} ms "
-          f"(one after another: {floor * 1000:.0f} ms)")
+    print(
+        f"\n{args.branches} branches, each tool sleeping {args.sleep_ms} ms (one after another: {floor * 1000:.0f} ms)"
+    )
     print(f"{'configuration':<16}{'threads':>8}{'median ms':>12}{'of the serial floor':>22}")
     for label, n in configs.items():
         median = statistics.median(seconds[label])
         print(f"{label:<16}{n:>8}{median * 1000:>12.0f}{median / floor if floor else 0:>21.2f}x")
     concurrent, serial = (statistics.median(seconds[label]) * 1000 for label in configs)
-    record(f"parallel group, {args.branches} branches x {args.sleep_ms} ms tool: run wall time", value=concurrent,
-           unit="ms", baseline=serial, ratio=concurrent / serial, target="<= 0.5x one branch at a time",
-           met=concurrent / serial <= 0.5,
-           note=f"{configs['concurrent']} threads; the serial floor is {floor * 1000:.0f} ms")
+    record(
+        f"parallel group, {args.branches} branches x {args.sleep_ms} ms tool: run wall time",
+        value=concurrent,
+        unit="ms",
+        baseline=serial,
+        ratio=concurrent / serial,
+        target="<= 0.5x one branch at a time",
+        met=concurrent / serial <= 0.5,
+        note=f"{configs['concurrent']} threads; the serial floor is {floor * 1000:.0f} ms",
+    )
     return 0
 
 

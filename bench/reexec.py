@@ -45,11 +45,16 @@ def lookup(args: Any) -> dict[str, Any]:
 
 def script(request: Any) -> dict[str, Any]:
     if request.turn < TURNS:
-        return {"toolCalls": [{"id": f"c{request.turn}", "name": "lookup",
-                               "args": {"orderId": f"{request.step_path}-{request.turn}"}}],
-                "usage": {"inputTokens": 300 + 40 * request.turn, "cachedInputTokens": 200, "outputTokens": 25}}
-    return {"text": f"All {TURNS - 1} orders of {request.step_path} shipped.",
-            "usage": {"inputTokens": 700, "outputTokens": 60}}
+        return {
+            "toolCalls": [
+                {"id": f"c{request.turn}", "name": "lookup", "args": {"orderId": f"{request.step_path}-{request.turn}"}}
+            ],
+            "usage": {"inputTokens": 300 + 40 * request.turn, "cachedInputTokens": 200, "outputTokens": 25},
+        }
+    return {
+        "text": f"All {TURNS - 1} orders of {request.step_path} shipped.",
+        "usage": {"inputTokens": 700, "outputTokens": 60},
+    }
 
 
 def build_workflow(steps: int) -> Any:
@@ -62,18 +67,31 @@ def build_workflow(steps: int) -> Any:
     def prompt(index: int) -> Any:
         def make(run_input: Any, outputs: Any) -> str:
             return f"Check the orders of batch {index} for {outputs['prepare']['customer']}"
+
         make.__qualname__ = "batch_prompt"
         return make
 
-    return register(Workflow(
-        name="bench.reexec",
-        steps=(CodeRun("prepare", prepare),
-               *(AIGenerate(f"batch{i}", prompt(i), system="You check orders.", tools=("lookup",),
-                            max_turns=TURNS) for i in range(steps))),
-        tools={"lookup": Tool("lookup", lookup, description="Look an order up",
-                              parameters={"type": "object", "properties": {"orderId": {"type": "string"}}})},
-        models={"default": ScriptedProvider(script=script, name="openai", model_id="gpt-4o-mini")},
-    ))
+    return register(
+        Workflow(
+            name="bench.reexec",
+            steps=(
+                CodeRun("prepare", prepare),
+                *(
+                    AIGenerate(f"batch{i}", prompt(i), system="You check orders.", tools=("lookup",), max_turns=TURNS)
+                    for i in range(steps)
+                ),
+            ),
+            tools={
+                "lookup": Tool(
+                    "lookup",
+                    lookup,
+                    description="Look an order up",
+                    parameters={"type": "object", "properties": {"orderId": {"type": "string"}}},
+                )
+            },
+            models={"default": ScriptedProvider(script=script, name="openai", model_id="gpt-4o-mini")},
+        )
+    )
 
 
 def commits_of(run: Any) -> int:
@@ -95,11 +113,11 @@ def main(argv: list[str]) -> int:
     # DEBUG makes Django keep every query it ran; production runs without it, so the bench does.
     setup_django(production=True)
 
-    from ledger.replay.divergence import divergence_report
     from ledger.fold import fold
-    from ledger.models import Run
-    from ledger.log.envelopes import log_of
     from ledger.fold.pricing import prices_for
+    from ledger.log.envelopes import log_of
+    from ledger.models import Run
+    from ledger.replay.divergence import divergence_report
     from ledger.runtime.executor import start_run
     from ledger.runtime.reexecute import execute_reexecution
     from ledger.tenancy.services import bootstrap
@@ -118,8 +136,13 @@ def main(argv: list[str]) -> int:
         def simulate() -> None:
             new = "run_sim_" + uuid.uuid4().hex
             run_ids.append(new)
-            outcome = execute_reexecution(workspace=workspace, original_run_id=original.run_id, mode="simulate",
-                                          new_run_id=new, reexecution_id="bench")
+            outcome = execute_reexecution(
+                workspace=workspace,
+                original_run_id=original.run_id,
+                mode="simulate",
+                new_run_id=new,
+                reexecution_id="bench",
+            )
             assert outcome.status == "completed" and outcome.output == original.output, outcome
 
         simulate()  # warm: imports, plan cache, the prices
@@ -131,22 +154,43 @@ def main(argv: list[str]) -> int:
         simulated = Run.objects.get(workspace=workspace, run_id=run_ids[-1])
         new_events, commits = simulated.last_sequence, commits_of(simulated)
 
-        print(f"original: {len(log)} events ({steps} AI steps of {TURNS} turns); a simulation writes "
-              f"{new_events} events in {commits} commits ({commits / steps:.1f} per AI step); median of {args.repeat}")
+        print(
+            f"original: {len(log)} events ({steps} AI steps of {TURNS} turns); a simulation writes "
+            f"{new_events} events in {commits} commits ({commits / steps:.1f} per AI step); median of {args.repeat}"
+        )
         print(f"{'what':<12} {'ms':>9} {'vs fold':>9} {'vs read+fold':>13}")
         for name, seconds in (("fold", fold_s), ("read + fold", read_fold_s), ("simulate", simulate_s)):
             print(f"{name:<12} {seconds * 1000:9.1f} {seconds / fold_s:8.1f}x {seconds / read_fold_s:12.1f}x")
-        print(f"\nsimulate / fold: {simulate_s / fold_s:.1f}x "
-              f"({simulate_s * 1000 / new_events:.2f} ms per event written)")
-        record("re-execution: simulate / fold of the original", value=simulate_s * 1000, unit="ms",
-               baseline=fold_s * 1000, ratio=simulate_s / fold_s, ratio_format="{:.0f}×", target="", met=None)
-        record("re-execution: commits per simulated AI step", value=commits / steps, unit="commits",
-               baseline=None, ratio=None, target="≤ 3", met=commits / steps <= 3)
+        print(
+            f"\nsimulate / fold: {simulate_s / fold_s:.1f}x ({simulate_s * 1000 / new_events:.2f} ms per event written)"
+        )
+        record(
+            "re-execution: simulate / fold of the original",
+            value=simulate_s * 1000,
+            unit="ms",
+            baseline=fold_s * 1000,
+            ratio=simulate_s / fold_s,
+            ratio_format="{:.0f}×",
+            target="",
+            met=None,
+        )
+        record(
+            "re-execution: commits per simulated AI step",
+            value=commits / steps,
+            unit="commits",
+            baseline=None,
+            ratio=None,
+            target="≤ 3",
+            met=commits / steps <= 3,
+        )
         if args.profile:
             profile("simulate", simulate, top=30)
     finally:
-        cleanup(workspace, run_ids + [r for r in Run.objects.filter(workspace=workspace).values_list(
-            "run_id", flat=True) if r not in run_ids])
+        cleanup(
+            workspace,
+            run_ids
+            + [r for r in Run.objects.filter(workspace=workspace).values_list("run_id", flat=True) if r not in run_ids],
+        )
     return 0
 
 

@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -68,17 +68,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/runtime.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=200, help="model turns with a tool call per run (default 200)")
     p.add_argument("--repeat", type=int, default=3, help="measured runs per configuration (default 3)")
-    p.add_argument("--profile", action="store_true",
-                   help="after the table, run ours once more under cProfile and print where the time goes")
-    p.add_argument("--census", action="store_true",
-                   help="after the table, run each configuration once more and print the transactions and "
-                        "rows it wrote per model call, from pg_stat_database (waits ~11 s per configuration "
-                        "for the server's statistics to settle)")
-    p.add_argument("--round-trips", action="store_true",
-                   help="after the table, run ours once more under libpq's protocol trace and print its round "
-                        "trips to PostgreSQL per model call, and the statements they carried")
-    p.add_argument("--only", choices=("ours", "dbos", "langgraph"), action="append",
-                   help="measure only these systems (repeatable); default all")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the table, run ours once more under cProfile and print where the time goes",
+    )
+    p.add_argument(
+        "--census",
+        action="store_true",
+        help="after the table, run each configuration once more and print the transactions and "
+        "rows it wrote per model call, from pg_stat_database (waits ~11 s per configuration "
+        "for the server's statistics to settle)",
+    )
+    p.add_argument(
+        "--round-trips",
+        action="store_true",
+        help="after the table, run ours once more under libpq's protocol trace and print its round "
+        "trips to PostgreSQL per model call, and the statements they carried",
+    )
+    p.add_argument(
+        "--only",
+        choices=("ours", "dbos", "langgraph"),
+        action="append",
+        help="measure only these systems (repeatable); default all",
+    )
     p.add_argument("--keep", action="store_true", help="keep our bench runs (default: delete them)")
     args = p.parse_args(argv)
     if args.calls < 1 or args.repeat < 1:
@@ -88,12 +101,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 # --- the agent loop's parts, shared by all three ----------------------------------------------
 
+
 def script_entry(turn: int, calls: int) -> dict[str, Any]:
     """The scripted model: turns 1..calls ask for one lookup each, turn calls+1 answers."""
     usage = {"inputTokens": 200 + 40 * turn, "outputTokens": 24, "cachedInputTokens": 160}
     if turn <= calls:
-        return {"text": None, "usage": usage,
-                "toolCalls": [{"id": f"call_{turn}", "name": "lookup_order", "args": {"orderId": f"A-{turn}"}}]}
+        return {
+            "text": None,
+            "usage": usage,
+            "toolCalls": [{"id": f"call_{turn}", "name": "lookup_order", "args": {"orderId": f"A-{turn}"}}],
+        }
     return {"text": f"Checked {calls} orders; none is late.", "toolCalls": [], "usage": usage}
 
 
@@ -120,6 +137,7 @@ def scripted_model(turn: int, messages: list[dict[str, Any]], calls: int) -> dic
 
 
 # --- setup --------------------------------------------------------------------------------------
+
 
 def database_urls() -> tuple[str, str, str]:
     url = os.environ.setdefault("DATABASE_URL", DEFAULT_URL)
@@ -149,14 +167,14 @@ def prepare_databases(ours: str, peers: list[str]) -> None:
 
 # --- the three systems --------------------------------------------------------------------------
 
+
 class Ours:
     label = "ours"
 
     def __init__(self) -> None:
         from ledger.tenancy.services import bootstrap
 
-        self.workspace = bootstrap(tenant="bench",
-                                   workspace=f"runtime-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}")
+        self.workspace = bootstrap(tenant="bench", workspace=f"runtime-{datetime.now(UTC):%Y%m%d%H%M%S}-{os.getpid()}")
         self.run_ids: list[str] = []
 
     def workflow(self, calls: int) -> Any:
@@ -169,9 +187,14 @@ class Ours:
         return Workflow(
             name=f"bench_agent_loop_{calls}",
             steps=(AIGenerate("agent", PROMPT, system=SYSTEM, tools=("lookup_order",), max_turns=calls + 1),),
-            tools={"lookup_order": Tool("lookup_order", lookup_order, description="Find an order by id",
-                                        parameters={"type": "object",
-                                                    "properties": {"orderId": {"type": "string"}}})},
+            tools={
+                "lookup_order": Tool(
+                    "lookup_order",
+                    lookup_order,
+                    description="Find an order by id",
+                    parameters={"type": "object", "properties": {"orderId": {"type": "string"}}},
+                )
+            },
             models={"default": ScriptedProvider(script=model, model_id="gpt-4o-mini", name="openai")},
         )
 
@@ -210,8 +233,8 @@ class Ours:
         return run_without
 
     def check(self, calls: int) -> str:
-        from ledger.models import Run
         from ledger.log.envelopes import log_of
+        from ledger.models import Run
 
         log = log_of(Run.objects.get(workspace=self.workspace, run_id=self.run_ids[-1]))
         types = [e["type"] for e in log]
@@ -349,8 +372,11 @@ class LangGraph:
         def model_only(state: State) -> dict[str, Any]:
             turn = state["turn"] + 1
             reply = scripted_model(turn, state["messages"], state["calls"])
-            return {"messages": [assistant_message(reply)], "turn": turn,
-                    "answer": None if reply["toolCalls"] else reply["text"]}
+            return {
+                "messages": [assistant_message(reply)],
+                "turn": turn,
+                "answer": None if reply["toolCalls"] else reply["text"],
+            }
 
         def tools(state: State) -> dict[str, Any]:
             calls = state["messages"][-1]["toolCalls"]
@@ -369,8 +395,10 @@ class LangGraph:
         two_nodes.add_edge(START, "agent")
         two_nodes.add_conditional_edges("agent", done_or("tools"))
         two_nodes.add_edge("tools", "agent")
-        self.graphs = {"one": one_node.compile(checkpointer=self.saver),
-                       "two": two_nodes.compile(checkpointer=self.saver)}
+        self.graphs = {
+            "one": one_node.compile(checkpointer=self.saver),
+            "two": two_nodes.compile(checkpointer=self.saver),
+        }
         self.threads = 0
 
     def runner(self, label: str, calls: int) -> Callable[[], Any]:
@@ -379,10 +407,13 @@ class LangGraph:
 
         def run() -> Any:
             self.threads += 1
-            config = {"configurable": {"thread_id": f"bench-{os.getpid()}-{self.threads}"},
-                      "recursion_limit": 2 * calls + 10}
-            state = graph.invoke({"messages": first_messages(), "turn": 0, "calls": calls, "answer": None},
-                                      config, durability=durability)
+            config = {
+                "configurable": {"thread_id": f"bench-{os.getpid()}-{self.threads}"},
+                "recursion_limit": 2 * calls + 10,
+            }
+            state = graph.invoke(
+                {"messages": first_messages(), "turn": 0, "calls": calls, "answer": None}, config, durability=durability
+            )
             return state["answer"]
 
         return run
@@ -399,8 +430,8 @@ class LangGraph:
 
 # --- measuring ----------------------------------------------------------------------------------
 
-def measure(makers: dict[str, Callable[[int], Callable[[], Any]]], calls: int, repeat: int
-            ) -> dict[str, list[float]]:
+
+def measure(makers: dict[str, Callable[[int], Callable[[], Any]]], calls: int, repeat: int) -> dict[str, list[float]]:
     """Median-ready seconds per configuration: a short warm-up loop each (imports, connections,
     plan caches), then `repeat` rounds that run every configuration once, interleaved, so that a
     change in the machine's load hits all of them alike."""
@@ -435,25 +466,45 @@ def print_table(seconds: dict[str, list[float]], calls: int) -> None:
         if Floor.label in rates:
             to_floor = rates["ours"] / rates[Floor.label]
             print(f"ours / its floor (two bare durable commits per model call): {to_floor:.2f}x")
-            record("runtime: recorded model calls/s / two bare durable commits per call (its floor)",
-                   value=rates["ours"], unit="calls/s", baseline=rates[Floor.label], ratio=to_floor,
-                   target="(for the floor analysis)", met=None)
+            record(
+                "runtime: recorded model calls/s / two bare durable commits per call (its floor)",
+                value=rates["ours"],
+                unit="calls/s",
+                baseline=rates[Floor.label],
+                ratio=to_floor,
+                target="(for the floor analysis)",
+                met=None,
+            )
         if NO_PROJECTIONS in rates:
             share = 1 - rates["ours"] / rates[NO_PROJECTIONS]
             peers = ", ".join(f"{rates[NO_PROJECTIONS] / rates[peer]:.2f}x {peer}" for peer in TARGETS if peer in rates)
-            print(f"ours without its projection rows: {rates[NO_PROJECTIONS]:.1f} calls/s; the projections are "
-                  f"{share:.0%} of a model call" + (f"; without them ours would be {peers}" if peers else ""))
-            record("runtime: recorded model calls/s / the same with no projection rows written (for the floor)",
-                   value=rates["ours"], unit="calls/s", baseline=rates[NO_PROJECTIONS],
-                   ratio=rates["ours"] / rates[NO_PROJECTIONS], target="(for the floor analysis)", met=None,
-                   note=f"without them ours would be {peers}" if peers else "")
+            print(
+                f"ours without its projection rows: {rates[NO_PROJECTIONS]:.1f} calls/s; the projections are "
+                f"{share:.0%} of a model call" + (f"; without them ours would be {peers}" if peers else "")
+            )
+            record(
+                "runtime: recorded model calls/s / the same with no projection rows written (for the floor)",
+                value=rates["ours"],
+                unit="calls/s",
+                baseline=rates[NO_PROJECTIONS],
+                ratio=rates["ours"] / rates[NO_PROJECTIONS],
+                target="(for the floor analysis)",
+                met=None,
+                note=f"without them ours would be {peers}" if peers else "",
+            )
         for peer, target in TARGETS.items():
             if peer in rates:
                 ratio = rates["ours"] / rates[peer]
                 print(f"Target: ours >= {target:g}x {peer}: {ratio:.2f}x {'MET' if ratio >= target else 'NOT MET'}")
-                record(f"runtime: recorded model calls/s / {PEER_FIGURES[peer]}", value=rates["ours"],
-                       unit="calls/s", baseline=rates[peer], ratio=ratio, target=f"≥ {target:g}×",
-                       met=ratio >= target)
+                record(
+                    f"runtime: recorded model calls/s / {PEER_FIGURES[peer]}",
+                    value=rates["ours"],
+                    unit="calls/s",
+                    baseline=rates[peer],
+                    ratio=ratio,
+                    target=f"≥ {target:g}×",
+                    met=ratio >= target,
+                )
 
 
 def profile_ours(run: Callable[[], Any], calls: int, top: int = 30) -> None:
@@ -471,10 +522,12 @@ def profile_ours(run: Callable[[], Any], calls: int, top: int = 30) -> None:
         timings[mode] = time.perf_counter() - start
     with connection.cursor() as cur:
         cur.execute("RESET synchronous_commit")
-    print(f"\nours, one run each: synchronous_commit=on {timings['on']:.2f}s "
-          f"({(calls + 1) / timings['on']:.1f} calls/s), off {timings['off']:.2f}s "
-          f"({(calls + 1) / timings['off']:.1f} calls/s): WAL flush waits are about "
-          f"{max(0.0, 1 - timings['off'] / timings['on']):.0%} of a run")
+    print(
+        f"\nours, one run each: synchronous_commit=on {timings['on']:.2f}s "
+        f"({(calls + 1) / timings['on']:.1f} calls/s), off {timings['off']:.2f}s "
+        f"({(calls + 1) / timings['off']:.1f} calls/s): WAL flush waits are about "
+        f"{max(0.0, 1 - timings['off'] / timings['on']):.0%} of a run"
+    )
 
 
 def round_trips(run: Callable[[], Any], calls: int, top: int = 8) -> None:
@@ -525,14 +578,16 @@ def round_trips(run: Callable[[], Any], calls: int, top: int = 8) -> None:
         if named:
             text = "[prepared] " + prepared.get(named[1], named[1])
         ctes = re.findall(r"(?:WITH|,) (\w+) AS \(", text)
-        return f"{text[:text.index('WITH')]}one statement: {' + '.join(ctes)}" if "WITH head AS" in text else text
+        return f"{text[: text.index('WITH')]}one statement: {' + '.join(ctes)}" if "WITH head AS" in text else text
 
     labelled: Counter[str] = Counter()
     for text, n in sent.items():
         labelled[label(text)] += n
     model_calls = calls + 1
-    print(f"\nours, one run of {model_calls} model calls: {trips} round trips to PostgreSQL, "
-          f"{trips / model_calls:.2f} per model call; statements sent, most frequent first (per model call):")
+    print(
+        f"\nours, one run of {model_calls} model calls: {trips} round trips to PostgreSQL, "
+        f"{trips / model_calls:.2f} per model call; statements sent, most frequent first (per model call):"
+    )
     for text, n in labelled.most_common(top):
         print(f"  {n / model_calls:5.2f}  {text[:150]}")
 
@@ -541,8 +596,9 @@ SETTLE_S = 11.0  # an idle backend flushes its statistics after 10 s (PostgreSQL
 SETTLE_MAX_S = 75.0  # a flush that found the shared entry locked is retried, forced after 60 s
 
 
-def census(makers: dict[str, Callable[[int], Callable[[], Any]]], databases: dict[str, str], admin_url: str,
-           calls: int) -> None:
+def census(
+    makers: dict[str, Callable[[int], Callable[[], Any]]], databases: dict[str, str], admin_url: str, calls: int
+) -> None:
     """Transactions committed and rows written (inserted + updated + deleted) per model call, as
     the server counts them in pg_stat_database, for one run of each configuration. Read-only
     transactions count too (they cost no WAL flush), and so does what a system's background
@@ -551,8 +607,9 @@ def census(makers: dict[str, Callable[[int], Callable[[], Any]]], databases: dic
 
     def snapshot() -> dict[str, tuple[int, int]]:
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            rows = conn.execute("SELECT datname, xact_commit, tup_inserted + tup_updated + tup_deleted "
-                                "FROM pg_stat_database").fetchall()
+            rows = conn.execute(
+                "SELECT datname, xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database"
+            ).fetchall()
         return {name: (commits, tuples) for name, commits, tuples in rows}
 
     def settled() -> dict[str, tuple[int, int]]:
@@ -584,11 +641,16 @@ def census(makers: dict[str, Callable[[int], Callable[[], Any]]], databases: dic
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     only = set(args.only or ("ours", "dbos", "langgraph"))
-    missing = [m for m, system in (("dbos", "dbos"), ("langgraph.checkpoint.postgres", "langgraph"))
-               if system in only and importlib.util.find_spec(m.split(".")[0]) is None]
+    missing = [
+        m
+        for m, system in (("dbos", "dbos"), ("langgraph.checkpoint.postgres", "langgraph"))
+        if system in only and importlib.util.find_spec(m.split(".")[0]) is None
+    ]
     if missing:
-        sys.stderr.write(f"bench/runtime.py needs {', '.join(missing)}: .venv/bin/pip install -e '.[bench]' "
-                         "(or leave them out with --only ours)\n")
+        sys.stderr.write(
+            f"bench/runtime.py needs {', '.join(missing)}: .venv/bin/pip install -e '.[bench]' "
+            "(or leave them out with --only ours)\n"
+        )
         return 2
     ours_url, dbos_url, lg_url = database_urls()
     prepare_databases(ours_url, [u for s, u in (("dbos", dbos_url), ("langgraph", lg_url)) if s in only])
@@ -600,11 +662,13 @@ def main(argv: list[str]) -> int:
     with connection.cursor() as cur:
         cur.execute("SELECT version(), current_setting('synchronous_commit')")
         version, sync_commit = cur.fetchone()
-    print(f"PostgreSQL {version.split()[1]} (synchronous_commit={sync_commit}), "
-          f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; databases {ours_url.rpartition('/')[2]}"
-          + (f", {dbos_url.rpartition('/')[2]}" if "dbos" in only else "")
-          + (f", {lg_url.rpartition('/')[2]}" if "langgraph" in only else "")
-          + "; load average %.2f %.2f %.2f" % os.getloadavg())
+    print(
+        f"PostgreSQL {version.split()[1]} (synchronous_commit={sync_commit}), "
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; databases {ours_url.rpartition('/')[2]}"
+        + (f", {dbos_url.rpartition('/')[2]}" if "dbos" in only else "")
+        + (f", {lg_url.rpartition('/')[2]}" if "langgraph" in only else "")
+        + "; load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    )
 
     ours = Ours() if "ours" in only else None
     floor = Floor(ours_url) if ours else None
@@ -628,10 +692,17 @@ def main(argv: list[str]) -> int:
                 print(f"  recorded: {type(system).__name__}: {system.check(args.calls)}")
         print_table(seconds, args.calls)
         if args.census:
-            census(makers, {"ours": ours_url.rpartition("/")[2], Floor.label: ours_url.rpartition("/")[2],
-                            "DBOS": dbos_url.rpartition("/")[2],
-                            "LangGraph": lg_url.rpartition("/")[2]},
-                   ours_url.rpartition("/")[0] + "/postgres", args.calls)
+            census(
+                makers,
+                {
+                    "ours": ours_url.rpartition("/")[2],
+                    Floor.label: ours_url.rpartition("/")[2],
+                    "DBOS": dbos_url.rpartition("/")[2],
+                    "LangGraph": lg_url.rpartition("/")[2],
+                },
+                ours_url.rpartition("/")[0] + "/postgres",
+                args.calls,
+            )
         if args.round_trips and ours:
             round_trips(ours.runner(args.calls), args.calls)
         if args.profile and ours:

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,13 @@ PROBE_STEPS = 769
 PROBE_EVENTS = 2 + PROBE_STEPS * 13  # 9,999: 2 turns a step, RunStarted and RunCompleted
 TARGET_RATIO = 1.5
 # (provider, modelId); the last is in no price table, so some cost entries are unpriced.
-MODELS = (("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4-6"), ("google", "gemini-2.5-flash"),
-          ("openai", "gpt-4o"), ("acme", "house-model-1"))
+MODELS = (
+    ("openai", "gpt-4o-mini"),
+    ("anthropic", "claude-sonnet-4-6"),
+    ("google", "gemini-2.5-flash"),
+    ("openai", "gpt-4o"),
+    ("acme", "house-model-1"),
+)
 WORKFLOWS = 7
 CHUNK_RUNS = 500  # runs generated and copied per transaction
 
@@ -68,34 +73,75 @@ def _step(run: int, s: int, turns: int) -> list[tuple[str, dict[str, Any]]]:
     ]
     for t in range(turns + 1):
         prompt = f"{run}/{s}/{t}"
-        out.append(("harness.model.called", {
-            "turn": t, "stepPath": path, "promptHash": "sha256:" + hashlib.sha256(prompt.encode()).hexdigest(),
-            "request": {"messages": [{"role": "user", "content": f"ticket {run}: step {s}, turn {t}"}]}}))
-        usage = {"inputTokens": 600 + (run + 31 * s + 7 * t) % 1400, "outputTokens": 40 + (run + t) % 400,
-                 "cachedInputTokens": 200 * (t % 3)}
+        out.append(
+            (
+                "harness.model.called",
+                {
+                    "turn": t,
+                    "stepPath": path,
+                    "promptHash": "sha256:" + hashlib.sha256(prompt.encode()).hexdigest(),
+                    "request": {"messages": [{"role": "user", "content": f"ticket {run}: step {s}, turn {t}"}]},
+                },
+            )
+        )
+        usage = {
+            "inputTokens": 600 + (run + 31 * s + 7 * t) % 1400,
+            "outputTokens": 40 + (run + t) % 400,
+            "cachedInputTokens": 200 * (t % 3),
+        }
         call_id = f"tc_{s}_{t}"
         response: dict[str, Any] = {"usage": usage}
         if t < turns:
             response["toolCalls"] = [{"callId": call_id, "toolName": "lookup", "args": {"key": f"k{run % 997}"}}]
         else:
             response["text"] = f"answer for ticket {run}, step {s}"
-        out.append(("harness.model.responded", {"turn": t, "callId": f"mc_{s}_{t}", "stepPath": path,
-                                                "model": model, "response": response}))
+        out.append(
+            (
+                "harness.model.responded",
+                {"turn": t, "callId": f"mc_{s}_{t}", "stepPath": path, "model": model, "response": response},
+            )
+        )
         if t < turns:
-            out.append(("harness.tool_call.started", {"callId": call_id, "toolName": "lookup", "turn": t,
-                                                      "stepPath": path, "caller": "model",
-                                                      "args": {"key": f"k{run % 997}"}}))
-            out.append(("harness.tool_call.succeeded", {"callId": call_id, "stepPath": path,
-                                                        "durationMs": 3 + (run + s) % 40,
-                                                        "result": {"value": f"v{(run * s) % 1009}"}}))
+            out.append(
+                (
+                    "harness.tool_call.started",
+                    {
+                        "callId": call_id,
+                        "toolName": "lookup",
+                        "turn": t,
+                        "stepPath": path,
+                        "caller": "model",
+                        "args": {"key": f"k{run % 997}"},
+                    },
+                )
+            )
+            out.append(
+                (
+                    "harness.tool_call.succeeded",
+                    {
+                        "callId": call_id,
+                        "stepPath": path,
+                        "durationMs": 3 + (run + s) % 40,
+                        "result": {"value": f"v{(run * s) % 1009}"},
+                    },
+                )
+            )
     out.append(("StepCompleted", {"stepPath": path, "attempt": 1, "output": {"answer": f"a{run}.{s}"}}))
     return out
 
 
 def run_events(run: int, steps: int, turns: int, *, failed: bool) -> list[tuple[str, dict[str, Any]]]:
     """A whole run: RunStarted, its steps, RunCompleted (or RunFailed)."""
-    events = [("RunStarted", {"workflowVersionId": f"wfver_scale_{run % WORKFLOWS}", "label": f"ticket {run}",
-                              "input": {"ticket": run, "priority": ("low", "normal", "high")[run % 3]}})]
+    events = [
+        (
+            "RunStarted",
+            {
+                "workflowVersionId": f"wfver_scale_{run % WORKFLOWS}",
+                "label": f"ticket {run}",
+                "input": {"ticket": run, "priority": ("low", "normal", "high")[run % 3]},
+            },
+        )
+    ]
     for s in range(steps):
         events += _step(run, s, turns)
     if failed:
@@ -123,8 +169,9 @@ def planned_runs(count: int, end: datetime, workspaces: int) -> Iterator[Planned
     span = timedelta(days=SPAN_DAYS).total_seconds()
     for i in range(count):
         started = end - timedelta(seconds=span * (count - i) / count)
-        yield PlannedRun(i, f"run_s{i:07d}", i % workspaces, started, 3 + i % 10, 1 + (i // 10) % 3,
-                         failed=i % 20 == 19)
+        yield PlannedRun(
+            i, f"run_s{i:07d}", i % workspaces, started, 3 + i % 10, 1 + (i // 10) % 3, failed=i % 20 == 19
+        )
     yield PlannedRun(count, PROBE_RUN, 0, end - timedelta(days=3), PROBE_STEPS, 2, failed=False)
 
 
@@ -203,7 +250,7 @@ def load(dataset: Dataset, *, reload: bool) -> Marker:
         return marker
     _empty(dataset)  # whatever is there (an older version, a load cut short) goes
     began = time.monotonic()
-    end = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    end = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     print(f"loading {dataset.name}: {dataset.runs:,} runs + the probe into {dataset.database} ...", flush=True)
     events = _copy_runs(dataset, end)
     _analyze(dataset)  # before the rollup's count, whose plan needs the tables' statistics
@@ -243,11 +290,15 @@ def _write_marker(dataset: Dataset, marker: Marker) -> None:
     import psycopg
 
     with psycopg.connect(libpq_url(dataset.url), autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_scale_dataset (version int, runs int, events bigint, "
-                     "end_at timestamptz, load_seconds float8)")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_scale_dataset (version int, runs int, events bigint, "
+            "end_at timestamptz, load_seconds float8)"
+        )
         conn.execute("DELETE FROM bench_scale_dataset")
-        conn.execute("INSERT INTO bench_scale_dataset VALUES (%s, %s, %s, %s, %s)",
-                     [marker.version, marker.runs, marker.events, marker.end, marker.load_seconds])
+        conn.execute(
+            "INSERT INTO bench_scale_dataset VALUES (%s, %s, %s, %s, %s)",
+            [marker.version, marker.runs, marker.events, marker.end, marker.load_seconds],
+        )
 
 
 def _analyze(dataset: Dataset) -> None:
@@ -295,11 +346,11 @@ def _reserve_run_ids(conn: Any, count: int) -> int:
 
 def _copy_chunk(conn: Any, chunk: list[PlannedRun], first_pk: int, workspaces: list[Any]) -> int:
     from ledger.canonical import canonical_bytes, event_id_for_canonical
-    from ledger.log.envelopes import format_recorded_at
     from ledger.fold import fold
-    from ledger.models import CostEntry, Event, Run, Step, ToolCall
-    from ledger.log.projection import cost_fields, run_fields, step_fields, tool_fields
     from ledger.fold.pricing import prices_for
+    from ledger.log.envelopes import format_recorded_at
+    from ledger.log.projection import cost_fields, run_fields, step_fields, tool_fields
+    from ledger.models import CostEntry, Event, Run, Step, ToolCall
 
     prices = prices_for(workspaces[0])
     rows: dict[type, list[dict[str, Any]]] = {Run: [], Event: [], Step: [], ToolCall: [], CostEntry: []}
@@ -307,24 +358,53 @@ def _copy_chunk(conn: Any, chunk: list[PlannedRun], first_pk: int, workspaces: l
         pk = first_pk + planned.index
         log = []
         for sequence, (type_, payload) in enumerate(
-                run_events(planned.index, planned.steps, planned.turns, failed=planned.failed), 1):
+            run_events(planned.index, planned.steps, planned.turns, failed=planned.failed), 1
+        ):
             # About 1.5 s between events; milliseconds, as the append path stores them.
             at = planned.started + timedelta(milliseconds=1500 * sequence)
             text = canonical_bytes(payload)
             eid = event_id_for_canonical(run_id=planned.run_id, sequence=sequence, type=type_, payload_canonical=text)
-            rows[Event].append({"run_id": pk, "sequence": sequence, "event_id": eid, "type": type_,
-                                "recorded_at": at, "payload": text.decode()})
-            log.append({"eventId": eid, "runId": planned.run_id, "sequence": sequence, "type": type_,
-                        "recordedAt": format_recorded_at(at), "payload": payload})
+            rows[Event].append(
+                {
+                    "run_id": pk,
+                    "sequence": sequence,
+                    "event_id": eid,
+                    "type": type_,
+                    "recorded_at": at,
+                    "payload": text.decode(),
+                }
+            )
+            log.append(
+                {
+                    "eventId": eid,
+                    "runId": planned.run_id,
+                    "sequence": sequence,
+                    "type": type_,
+                    "recordedAt": format_recorded_at(at),
+                    "payload": payload,
+                }
+            )
         state = fold(log, prices=prices, run_id=planned.run_id)
-        rows[Run].append({"id": pk, "workspace_id": workspaces[planned.workspace].pk, "run_id": planned.run_id,
-                          "created_at": planned.started, "root_run_id": "", "lease_owner": "",
-                          "lease_expires_at": None, "fencing_token": 0, "pruning": False, **run_fields(state)})
+        rows[Run].append(
+            {
+                "id": pk,
+                "workspace_id": workspaces[planned.workspace].pk,
+                "run_id": planned.run_id,
+                "created_at": planned.started,
+                "root_run_id": "",
+                "lease_owner": "",
+                "lease_expires_at": None,
+                "fencing_token": 0,
+                "pruning": False,
+                **run_fields(state),
+            }
+        )
         rows[Step] += [{"run_id": pk, **step_fields(state, path, i)} for i, path in enumerate(state.steps)]
         rows[ToolCall] += [{"run_id": pk, **tool_fields(state, c, i)} for i, c in enumerate(state.tool_calls)]
         recorded_at = {e["sequence"]: e["recordedAt"] for e in log}
-        rows[CostEntry] += [{"run_id": pk, **cost_fields(state, i, recorded_at)}
-                            for i in range(len(state.cost_entries))]
+        rows[CostEntry] += [
+            {"run_id": pk, **cost_fields(state, i, recorded_at)} for i in range(len(state.cost_entries))
+        ]
     with conn.cursor() as cur:
         for model, dicts in rows.items():
             _copy(cur, model, dicts)
@@ -341,14 +421,13 @@ def _copy(cur: Any, model: Any, dicts: list[dict[str, Any]]) -> None:
     fields = [model._meta.get_field(name) for name in names]
     json_at = [i for i, f in enumerate(fields) if isinstance(f, models.JSONField)]
     columns = ", ".join(f'"{f.column}"' for f in fields)
-    with cur.copy(f'COPY {model._meta.db_table} ({columns}) FROM STDIN') as copy:
+    with cur.copy(f"COPY {model._meta.db_table} ({columns}) FROM STDIN") as copy:
         for d in dicts:
             row = [d[name] for name in names]
             for i in json_at:
                 if row[i] is not None:
                     row[i] = Jsonb(row[i])
             copy.write_row(row)
-
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -398,17 +477,23 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
         create_user(username=username, tenant=TENANT, role="viewer", password=None)
     client = Client()
     client.force_login(User.objects.get(username=username))
-    typical = max(r.index for r in planned_runs(dataset.runs, marker.end, dataset.workspaces)
-                  if r.workspace == 0 and (r.steps, r.turns) == (10, 3))
+    typical = max(
+        r.index
+        for r in planned_runs(dataset.runs, marker.end, dataset.workspaces)
+        if r.workspace == 0 and (r.steps, r.turns) == (10, 3)
+    )
     # The cursor of the last full page: 99.8% of the way down the big workspace's runs, half way
     # down the small one's, and 50 rows shown from both.
     runs = Run.objects.filter(workspace=workspace).order_by("-created_at", "-pk")
     deep = runs[runs.count() - runs_page.PAGE_SIZE - 1]
     return Probes(
-        workspace=workspace, client=client,
+        workspace=workspace,
+        client=client,
         typical=Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=f"run_s{typical:07d}"),
         probe=Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=PROBE_RUN),
-        deep_cursor=page_cursor(deep.created_at, deep.pk), end=marker.end.date() - timedelta(days=1), appended=[],
+        deep_cursor=page_cursor(deep.created_at, deep.pk),
+        end=marker.end.date() - timedelta(days=1),
+        appended=[],
     )
 
 
@@ -416,14 +501,17 @@ def _append(p: Probes, *, per_call: int, events: int) -> Callable[[], Any]:
     """A new run in scale-a: `events` events of a generated run, `per_call` per the log's append call."""
     from ledger.log import append
 
-    body = [{"type": t, "payload": payload} for t, payload in run_events(10**6, steps=events // 13 + 1, turns=2,
-                                                                         failed=False)][:events]
+    body = [
+        {"type": t, "payload": payload}
+        for t, payload in run_events(10**6, steps=events // 13 + 1, turns=2, failed=False)
+    ][:events]
 
     def go() -> None:
         run_id = f"run_scale_append_{len(p.appended)}_{os.getpid()}_{time.monotonic_ns()}"
         p.appended.append(run_id)
         for start in range(0, len(body), per_call):
-            append(workspace=p.workspace, run_id=run_id, events=body[start:start + per_call])
+            append(workspace=p.workspace, run_id=run_id, events=body[start : start + per_call])
+
     return go
 
 
@@ -457,6 +545,7 @@ def _usage_url(p: Probes, days: int) -> str:
 
 def _usage_data(p: Probes, days: int) -> Callable[[], Any]:
     from ledger.reads.usage import report
+
     return lambda: report(start=p.end - timedelta(days=days - 1), end=p.end, workspace=p.workspace)
 
 
@@ -467,19 +556,21 @@ def _usage_from_cost_entries(p: Probes, days: int) -> Callable[[], Any]:
 
     from ledger.models import CostEntry
 
-    since = datetime.combine(p.end - timedelta(days=days - 1), datetime.min.time(), tzinfo=timezone.utc)
-    until = datetime.combine(p.end + timedelta(days=1), datetime.min.time(), tzinfo=timezone.utc)
+    since = datetime.combine(p.end - timedelta(days=days - 1), datetime.min.time(), tzinfo=UTC)
+    until = datetime.combine(p.end + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
     entries = CostEntry.objects.filter(run__workspace=p.workspace, recorded_at__gte=since, recorded_at__lt=until)
     sums = {name: Sum(name) for name in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")}
-    return lambda: list(entries.annotate(day=TruncDate("recorded_at", tzinfo=timezone.utc))
-                        .values("day", "provider", "model_id")
-                        .annotate(**sums, cost=Sum("cost_usd"), calls=Count("pk"),
-                                  priced=Count("pk", filter=Q(cost_usd__isnull=False))))
+    return lambda: list(
+        entries.annotate(day=TruncDate("recorded_at", tzinfo=UTC))
+        .values("day", "provider", "model_id")
+        .annotate(**sums, cost=Sum("cost_usd"), calls=Count("pk"), priced=Count("pk", filter=Q(cost_usd__isnull=False)))
+    )
 
 
 def _usage_by_day(p: Probes, days: int) -> Callable[[], Any]:
     """A year's report data by day: what the report read before its periods (the daily rollup)."""
     from ledger.reads.usage import report
+
     return lambda: report(start=p.end - timedelta(days=days - 1), end=p.end, granularity="day", workspace=p.workspace)
 
 
@@ -488,6 +579,7 @@ def _usage_mid_month(p: Probes) -> Callable[[], Any]:
     read from the daily rollup beside the whole months (the figures' window is whole months when the
     dataset ends on a month's last day)."""
     from ledger.reads.usage import report
+
     end = p.end.replace(day=15)
     return lambda: report(start=end - timedelta(days=364), end=end, workspace=p.workspace)
 
@@ -497,18 +589,24 @@ def rollup_gain(p: Probes, repeat: int) -> dict[str, float]:
     same ending mid-month, by day from the daily rollup, and by day from the cost entries."""
     from bench.common import median_seconds
 
-    reads = {"months": _usage_data(p, 365), "mid-month": _usage_mid_month(p), "days": _usage_by_day(p, 365),
-             "cost entries": _usage_from_cost_entries(p, 365)}
+    reads = {
+        "months": _usage_data(p, 365),
+        "mid-month": _usage_mid_month(p),
+        "days": _usage_by_day(p, 365),
+        "cost entries": _usage_from_cost_entries(p, 365),
+    }
     return {name: median_seconds(fn, repeat, warmup=1) for name, fn in reads.items()}
 
 
 def _evidence(run: Any) -> Callable[[], Any]:
     from ledger.replay.evidence import evidence_bundle
+
     return lambda: evidence_bundle(run)
 
 
 def _replay_plan(run: Any) -> Callable[[], Any]:
     from ledger.replay.stored_plan import replay_plan_for
+
     return lambda: replay_plan_for(run)
 
 
@@ -519,11 +617,11 @@ def _verify(run: Any) -> Callable[[], Any]:
         failed = [c for c in verify_run(run) if c.status != "pass"]
         if failed:
             raise SystemExit(f"ledger verify {run.run_id}: {failed}")
+
     return go
 
 
-def measure(base: Dataset, other: Dataset, probes: dict[str, Probes], repeat: int,
-            names: list[str]) -> list[Figure]:
+def measure(base: Dataset, other: Dataset, probes: dict[str, Probes], repeat: int, names: list[str]) -> list[Figure]:
     """Each figure on both datasets in two alternating rounds (base, other, base, other), each round
     a warm-up call and then half the samples: a change in the machine's load hits both alike."""
     from django.db import connection
@@ -544,8 +642,11 @@ def measure(base: Dataset, other: Dataset, probes: dict[str, Probes], repeat: in
                     fn()
                     figure.samples[dataset.name].append(time.perf_counter() - start)
         figures.append(figure)
-        print(f"  {name:<50} {figure.median(base.name) * 1000:9.2f} {figure.median(other.name) * 1000:9.2f} ms "
-              f"{figure.ratio:6.2f}x", flush=True)
+        print(
+            f"  {name:<50} {figure.median(base.name) * 1000:9.2f} {figure.median(other.name) * 1000:9.2f} ms "
+            f"{figure.ratio:6.2f}x",
+            flush=True,
+        )
     return figures
 
 
@@ -587,9 +688,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=100_000, help="runs of the big dataset (default 100000)")
     parser.add_argument("--repeat", type=int, default=7, help="timed calls per figure and dataset (default 7)")
     parser.add_argument("--reload", action="store_true", help="load both datasets again")
-    parser.add_argument("--explain", nargs="?", const="*", metavar="FIGURE",
-                        help="EXPLAIN ANALYZE the queries of every figure (or those whose name contains FIGURE) "
-                             "on the big dataset")
+    parser.add_argument(
+        "--explain",
+        nargs="?",
+        const="*",
+        metavar="FIGURE",
+        help="EXPLAIN ANALYZE the queries of every figure (or those whose name contains FIGURE) on the big dataset",
+    )
     args = parser.parse_args(argv)
     url = require_postgres("bench/scale.py")
     began = time.monotonic()
@@ -606,8 +711,10 @@ def main(argv: list[str]) -> int:
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; median of {args.repeat}")
     for d in (small, mid, big):
         m = markers[d.name]
-        print(f"{d.name:>5}: {m.runs:,} runs + the probe in {d.workspaces} workspace(s), {m.events:,} events, in "
-              f"{d.database} (loaded in {m.load_seconds:.0f} s, ending {m.end.date()})")
+        print(
+            f"{d.name:>5}: {m.runs:,} runs + the probe in {d.workspaces} workspace(s), {m.events:,} events, in "
+            f"{d.database} (loaded in {m.load_seconds:.0f} s, ending {m.end.date()})"
+        )
     print(f"\n  {'figure':<50} {'small':>9} {'big':>9}    ratio")
     usage_pages = [name for name in PAGES if name.startswith("usage")]
     try:
@@ -626,16 +733,30 @@ def main(argv: list[str]) -> int:
     print_table(figures, markers)
     print_table(saturated, markers)
     ms = {name: seconds * 1000 for name, seconds in gain.items()}
-    print(f"\nA year's usage report data at {markers['big'].events:,} events: {ms['months']:.1f} ms by month from "
-          f"the rollups (the page's read), {ms['mid-month']:.1f} ms for a year ending on the 15th (its partial months "
-          f"from the daily rollup), {ms['days']:.1f} ms by day from the daily rollup, {ms['cost entries']:.1f} ms by "
-          f"day from the cost entries (before the rollups)")
-    record("usage report data, 1 year, 10M events: daily rollup / cost entries", value=ms["days"],
-           unit="ms", baseline=ms["cost entries"], ratio=ms["days"] / ms["cost entries"],
-           target="(what the rollup saves)", met=None)
-    record("usage report data, 1 year, 10M events: by month (monthly rollup) / by day (daily rollup)",
-           value=ms["months"], unit="ms", baseline=ms["days"], ratio=ms["months"] / ms["days"],
-           target="(what the periods save)", met=None)
+    print(
+        f"\nA year's usage report data at {markers['big'].events:,} events: {ms['months']:.1f} ms by month from "
+        f"the rollups (the page's read), {ms['mid-month']:.1f} ms for a year ending on the 15th (its partial months "
+        f"from the daily rollup), {ms['days']:.1f} ms by day from the daily rollup, {ms['cost entries']:.1f} ms by "
+        f"day from the cost entries (before the rollups)"
+    )
+    record(
+        "usage report data, 1 year, 10M events: daily rollup / cost entries",
+        value=ms["days"],
+        unit="ms",
+        baseline=ms["cost entries"],
+        ratio=ms["days"] / ms["cost entries"],
+        target="(what the rollup saves)",
+        met=None,
+    )
+    record(
+        "usage report data, 1 year, 10M events: by month (monthly rollup) / by day (daily rollup)",
+        value=ms["months"],
+        unit="ms",
+        baseline=ms["days"],
+        ratio=ms["months"] / ms["days"],
+        target="(what the periods save)",
+        met=None,
+    )
     print(f"\ntotal {time.monotonic() - began:.0f} s")
     return 0
 
@@ -650,11 +771,22 @@ def print_table(figures: list[Figure], markers: dict[str, Marker]) -> None:
     print("|---|---:|---:|---:|---:|---|")
     for f in figures:
         met = f.ratio <= TARGET_RATIO
-        queries = f"{f.queries[f.base]}" + ("" if f.queries[f.base] == f.queries[f.other] else f" / {f.queries[f.other]}")
-        print(f"| {f.name} | {f.median(f.base) * 1000:.2f} | {f.median(f.other) * 1000:.2f} | {f.ratio:.2f}x | "
-              f"{queries} | {'met' if met else 'NOT MET'} |")
-        record(f"{f.name} ({other} vs {base} events)", value=f.median(f.other) * 1000, unit="ms",
-               baseline=f.median(f.base) * 1000, ratio=f.ratio, target=f"≤ {TARGET_RATIO}×", met=met)
+        queries = f"{f.queries[f.base]}" + (
+            "" if f.queries[f.base] == f.queries[f.other] else f" / {f.queries[f.other]}"
+        )
+        print(
+            f"| {f.name} | {f.median(f.base) * 1000:.2f} | {f.median(f.other) * 1000:.2f} | {f.ratio:.2f}x | "
+            f"{queries} | {'met' if met else 'NOT MET'} |"
+        )
+        record(
+            f"{f.name} ({other} vs {base} events)",
+            value=f.median(f.other) * 1000,
+            unit="ms",
+            baseline=f.median(f.base) * 1000,
+            ratio=f.ratio,
+            target=f"≤ {TARGET_RATIO}×",
+            met=met,
+        )
 
 
 if __name__ == "__main__":

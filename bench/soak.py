@@ -32,7 +32,15 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    REPO_ROOT, cleanup, libpq_url, percentile, record, require_services, setup_django, start_daphne, stop,
+    REPO_ROOT,
+    cleanup,
+    libpq_url,
+    percentile,
+    record,
+    require_services,
+    setup_django,
+    start_daphne,
+    stop,
 )
 
 
@@ -74,8 +82,10 @@ def raw_inserts(url: str, count: int, seconds: float) -> int:
 
     with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_soak_raw")
-        conn.execute("CREATE TABLE bench_soak_raw (id bigserial PRIMARY KEY, run text NOT NULL, seq int NOT NULL, "
-                     "payload text NOT NULL)")
+        conn.execute(
+            "CREATE TABLE bench_soak_raw (id bigserial PRIMARY KEY, run text NOT NULL, seq int NOT NULL, "
+            "payload text NOT NULL)"
+        )
     done = [0] * count
     barrier = threading.Barrier(count)
 
@@ -84,8 +94,10 @@ def raw_inserts(url: str, count: int, seconds: float) -> int:
             barrier.wait()
             end = time.monotonic() + seconds
             while time.monotonic() < end:
-                conn.execute("INSERT INTO bench_soak_raw (run, seq, payload) VALUES (%s, %s, %s)",
-                             (f"r{n}", done[n], '{"stepPath":"s"}'))
+                conn.execute(
+                    "INSERT INTO bench_soak_raw (run, seq, payload) VALUES (%s, %s, %s)",
+                    (f"r{n}", done[n], '{"stepPath":"s"}'),
+                )
                 done[n] += 1
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(count)]
@@ -118,12 +130,19 @@ def gateway_races(base: str, key: str, run_id: str, claimers: int, races: int) -
     latencies: list[float] = []
     wrong = 0
     lock = threading.Lock()
-    clients = [httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-               for _ in range(claimers)]
+    clients = [
+        httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) for _ in range(claimers)
+    ]
     try:
         for race in range(races):
-            claim = {"callId": f"race-{race}", "toolName": "charge_card", "args": {"amount": race},
-                     "idempotencyKey": f"key-{race}", "effect": "write", "owner": ""}
+            claim = {
+                "callId": f"race-{race}",
+                "toolName": "charge_card",
+                "args": {"amount": race},
+                "idempotencyKey": f"key-{race}",
+                "effect": "write",
+                "owner": "",
+            }
             barrier = threading.Barrier(claimers)
             answers: list[Any] = [None] * claimers
 
@@ -142,22 +161,28 @@ def gateway_races(base: str, key: str, run_id: str, claimers: int, races: int) -
                 t.start()
             for t in threads:
                 t.join()
-            winners = [n for n, (status, body) in enumerate(answers) if status == 201 and body.get("status") == "claimed"]
+            winners = [
+                n for n, (status, body) in enumerate(answers) if status == 201 and body.get("status") == "claimed"
+            ]
             if len(winners) != 1:
                 wrong += 1
                 continue
             winner, token = winners[0], answers[winners[0]][1]["leaseToken"]
             call = f"/api/v1/runs/{run_id}/tool-calls/{claim['callId']}"
             clients[winner].post(f"{call}/outbound", json={"leaseToken": token}).raise_for_status()
-            clients[winner].post(f"{call}/complete", json={"leaseToken": token, "result": {"charged": race}}).raise_for_status()
+            clients[winner].post(
+                f"{call}/complete", json={"leaseToken": token, "result": {"charged": race}}
+            ).raise_for_status()
             barrier = threading.Barrier(claimers)
             threads = [threading.Thread(target=contend, args=(n, True)) for n in range(claimers)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            if not all(status == 200 and body.get("idempotentReplay") and body.get("result") == {"charged": race}
-                       for status, body in answers):
+            if not all(
+                status == 200 and body.get("idempotentReplay") and body.get("result") == {"charged": race}
+                for status, body in answers
+            ):
                 wrong += 1
     finally:
         for c in clients:
@@ -186,8 +211,11 @@ def main() -> None:
     distinct = [f"run_soak_{n}" for n in range(args.writers)]
     race_run = "run_soak_gateway"
     for run_id in [hot, *distinct, race_run, "run_soak_warm"]:
-        append(workspace=workspace, run_id=run_id,
-                      events=[{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_soak"}}])
+        append(
+            workspace=workspace,
+            run_id=run_id,
+            events=[{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_soak"}}],
+        )
     log_dir = REPO_ROOT / "var" / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     daphne, base = start_daphne(log_dir / "soak-daphne.log")
@@ -205,26 +233,53 @@ def main() -> None:
     hot_rate, spread_rate, raw_rate = hot_n / args.seconds, spread_n / args.seconds, raw_n / args.seconds
     ms = 1000.0
     print(f"soak: {args.writers} writers, {args.seconds:g} s each phase, Daphne at {base}")
-    print(f"  one run:       {hot_rate:8.0f} ev/s  p50 {percentile(hot_lat, 50) * ms:6.1f} ms  "
-          f"p99 {percentile(hot_lat, 99) * ms:6.1f} ms  refused {hot_refused}  dense {hot_dense}")
-    print(f"  distinct runs: {spread_rate:8.0f} ev/s  p50 {percentile(spread_lat, 50) * ms:6.1f} ms  "
-          f"p99 {percentile(spread_lat, 99) * ms:6.1f} ms  refused {spread_refused}  dense {spread_dense}")
+    print(
+        f"  one run:       {hot_rate:8.0f} ev/s  p50 {percentile(hot_lat, 50) * ms:6.1f} ms  "
+        f"p99 {percentile(hot_lat, 99) * ms:6.1f} ms  refused {hot_refused}  dense {hot_dense}"
+    )
+    print(
+        f"  distinct runs: {spread_rate:8.0f} ev/s  p50 {percentile(spread_lat, 50) * ms:6.1f} ms  "
+        f"p99 {percentile(spread_lat, 99) * ms:6.1f} ms  refused {spread_refused}  dense {spread_dense}"
+    )
     print(f"  raw INSERTs:   {raw_rate:8.0f} rows/s ({args.writers} autocommit connections)")
-    print(f"  gateway: {args.races} calls x {args.writers} claimers: answers {dict(codes)}, "
-          f"claim p50 {percentile(claim_lat, 50) * ms:.1f} ms p99 {percentile(claim_lat, 99) * ms:.1f} ms, "
-          f"calls not executed exactly once: {wrong}")
+    print(
+        f"  gateway: {args.races} calls x {args.writers} claimers: answers {dict(codes)}, "
+        f"claim p50 {percentile(claim_lat, 50) * ms:.1f} ms p99 {percentile(claim_lat, 99) * ms:.1f} ms, "
+        f"calls not executed exactly once: {wrong}"
+    )
     w = args.writers
-    record(f"soak: {w} writers on one run / on {w} runs (API, 1 event/request)", value=hot_rate, unit="ev/s",
-           baseline=spread_rate, ratio=hot_rate / spread_rate if spread_rate else None, target="reported",
-           met=None, note=f"dense: {hot_dense}; p50 {percentile(hot_lat, 50) * ms:.1f} ms, p99 {percentile(hot_lat, 99) * ms:.1f} ms")
-    record(f"soak: {w} writers on {w} runs (API) / raw autocommit INSERT, {w} connections", value=spread_rate,
-           unit="ev/s", baseline=raw_rate, ratio=spread_rate / raw_rate if raw_rate else None, target="reported",
-           met=None, ratio_format="{:.1%}",
-           note=f"dense: {spread_dense}; p50 {percentile(spread_lat, 50) * ms:.1f} ms, p99 {percentile(spread_lat, 99) * ms:.1f} ms")
-    record(f"soak: gateway, {w} claimers racing per call ({args.races} calls): executed exactly once",
-           value=args.races - wrong, unit="calls", baseline=args.races, ratio=(args.races - wrong) / args.races,
-           target="100%", met=wrong == 0, ratio_format="{:.0%}",
-           note=f"claim p50 {percentile(claim_lat, 50) * ms:.1f} ms, p99 {percentile(claim_lat, 99) * ms:.1f} ms")
+    record(
+        f"soak: {w} writers on one run / on {w} runs (API, 1 event/request)",
+        value=hot_rate,
+        unit="ev/s",
+        baseline=spread_rate,
+        ratio=hot_rate / spread_rate if spread_rate else None,
+        target="reported",
+        met=None,
+        note=f"dense: {hot_dense}; p50 {percentile(hot_lat, 50) * ms:.1f} ms, p99 {percentile(hot_lat, 99) * ms:.1f} ms",
+    )
+    record(
+        f"soak: {w} writers on {w} runs (API) / raw autocommit INSERT, {w} connections",
+        value=spread_rate,
+        unit="ev/s",
+        baseline=raw_rate,
+        ratio=spread_rate / raw_rate if raw_rate else None,
+        target="reported",
+        met=None,
+        ratio_format="{:.1%}",
+        note=f"dense: {spread_dense}; p50 {percentile(spread_lat, 50) * ms:.1f} ms, p99 {percentile(spread_lat, 99) * ms:.1f} ms",
+    )
+    record(
+        f"soak: gateway, {w} claimers racing per call ({args.races} calls): executed exactly once",
+        value=args.races - wrong,
+        unit="calls",
+        baseline=args.races,
+        ratio=(args.races - wrong) / args.races,
+        target="100%",
+        met=wrong == 0,
+        ratio_format="{:.0%}",
+        note=f"claim p50 {percentile(claim_lat, 50) * ms:.1f} ms, p99 {percentile(claim_lat, 99) * ms:.1f} ms",
+    )
     if not args.keep:
         cleanup(workspace, [hot, *distinct, race_run, "run_soak_warm"])
     if not (hot_dense and spread_dense and wrong == 0):

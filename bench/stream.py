@@ -24,7 +24,7 @@ import statistics
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,15 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    channel_layer, cleanup, close_layer, percentile, record, require_services, setup_django, start_daphne, stop,
+    channel_layer,
+    cleanup,
+    close_layer,
+    percentile,
+    record,
+    require_services,
+    setup_django,
+    start_daphne,
+    stop,
 )
 
 WARMUP = 20
@@ -42,8 +50,12 @@ WARMUP = 20
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/stream.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--events", type=int, default=500, help="measured events (default 500)")
-    p.add_argument("--gap-ms", type=float, default=10.0,
-                   help="pause between appends, so that each event is measured on its own (default 10)")
+    p.add_argument(
+        "--gap-ms",
+        type=float,
+        default=10.0,
+        help="pause between appends, so that each event is measured on its own (default 10)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the bench run in the ledger tables")
     args = p.parse_args(argv)
     if args.events < 1 or args.gap_ms < 0:
@@ -72,9 +84,10 @@ class Subscriber(threading.Thread):
         import httpx
 
         try:
-            with httpx.Client(timeout=httpx.Timeout(30.0)) as client, client.stream(
-                "GET", self.url, headers={"Authorization": f"Bearer {self.key}"}
-            ) as response:
+            with (
+                httpx.Client(timeout=httpx.Timeout(30.0)) as client,
+                client.stream("GET", self.url, headers={"Authorization": f"Bearer {self.key}"}) as response,
+            ):
                 response.raise_for_status()
                 sequence: int | None = None
                 event = ""
@@ -135,7 +148,8 @@ def measure_stream(workspace: Any, run_id: str, base: str, key: str, events: int
     commits: dict[int, float] = {}
     for n in range(WARMUP + events):
         sequence, committed = append_one(
-            workspace, run_id, {"type": "StepScheduled", "payload": {"stepPath": f"step{n}"}})
+            workspace, run_id, {"type": "StepScheduled", "payload": {"stepPath": f"step{n}"}}
+        )
         if n >= WARMUP:
             commits[sequence] = committed
         subscriber.wait_for(sequence)
@@ -175,7 +189,7 @@ def main(argv: list[str]) -> int:
 
     from ledger.tenancy.services import bootstrap, create_key
 
-    ws_slug = f"stream-{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
+    ws_slug = f"stream-{datetime.now(UTC):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspace = bootstrap(tenant="bench", workspace=ws_slug)
     _, key = create_key(workspace=workspace, scopes=["read"], name="bench/stream.py")
     with connection.cursor() as cur:
@@ -199,19 +213,31 @@ def main(argv: list[str]) -> int:
 
     def row(name: str, values: list[float]) -> str:
         ms = [v * 1000 for v in values]
-        return (f"{name:<44} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
-                f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}")
+        return (
+            f"{name:<44} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
+            f"{statistics.fmean(ms):>8.2f} {max(ms):>8.2f}"
+        )
 
     print(f"\n{'ms':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
     print(row("commit -> SSE receipt (the log's append, Daphne)", latencies))
     print(row("baseline: group_send -> receive (raw Redis)", floor))
-    print(f"\nSSE p50 is {percentile(latencies, 50) / percentile(floor, 50):.1f}x the layer round trip; "
-          f"p99 {percentile(latencies, 99) / percentile(floor, 99):.1f}x "
-          f"(load average {' '.join(f'{v:.2f}' for v in os.getloadavg())})")
+    print(
+        f"\nSSE p50 is {percentile(latencies, 50) / percentile(floor, 50):.1f}x the layer round trip; "
+        f"p99 {percentile(latencies, 99) / percentile(floor, 99):.1f}x "
+        f"(load average {' '.join(f'{v:.2f}' for v in os.getloadavg())})"
+    )
     for q in (50, 99):
         value, baseline = percentile(latencies, q) * 1000, percentile(floor, q) * 1000
-        record(f"commit -> SSE receipt p{q} / group_send -> receive", value=value, unit="ms", baseline=baseline,
-               ratio=value / baseline, target="", met=None, ratio_format="{:.1f}x")
+        record(
+            f"commit -> SSE receipt p{q} / group_send -> receive",
+            value=value,
+            unit="ms",
+            baseline=baseline,
+            ratio=value / baseline,
+            target="",
+            met=None,
+            ratio_format="{:.1f}x",
+        )
     return 0
 
 

@@ -126,8 +126,9 @@ class OneHopASGIHandler(ASGIHandler):
         try:
             response: Any = await sync_to_async(self._serve, thread_sensitive=True)(scope, body_file)
             if not response.streaming:
-                await send({"type": "http.response.start", "status": response.status_code,
-                            "headers": _headers(response)})
+                await send(
+                    {"type": "http.response.start", "status": response.status_code, "headers": _headers(response)}
+                )
                 await send({"type": "http.response.body", "body": response.content})
                 return
             await self._stream(response, receive, send)
@@ -155,8 +156,10 @@ class OneHopASGIHandler(ASGIHandler):
         then close it on the request's thread."""
         from django.core.exceptions import RequestAborted
 
-        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
-                 asyncio.create_task(self.send_response(response, send))]
+        tasks = [
+            asyncio.create_task(self.listen_for_disconnect(receive)),
+            asyncio.create_task(self.send_response(response, send)),
+        ]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
             if task.done():
@@ -174,9 +177,14 @@ class OneHopASGIHandler(ASGIHandler):
 
 
 def _headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
-    headers = [(name.encode("ascii") if isinstance(name, str) else bytes(name),
-                value.encode("latin1") if isinstance(value, str) else bytes(value))
-               for name, value in response.items()]
-    headers.extend((b"Set-Cookie", cookie.output(header="").encode("ascii").strip())
-                   for cookie in response.cookies.values())
+    headers = [
+        (
+            name.encode("ascii") if isinstance(name, str) else bytes(name),
+            value.encode("latin1") if isinstance(value, str) else bytes(value),
+        )
+        for name, value in response.items()
+    ]
+    headers.extend(
+        (b"Set-Cookie", cookie.output(header="").encode("ascii").strip()) for cookie in response.cookies.values()
+    )
     return headers

@@ -7,7 +7,7 @@ everywhere.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -99,7 +99,7 @@ def utc(value: datetime | str | None, *, milliseconds: bool = False) -> str:
     adds the reader's local time on hover (static/js/local-time.js)."""
     if value is None or value == "":
         return "—"
-    moment = (datetime.fromisoformat(value) if isinstance(value, str) else value).astimezone(timezone.utc)
+    moment = (datetime.fromisoformat(value) if isinstance(value, str) else value).astimezone(UTC)
     if milliseconds:
         return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -107,5 +107,9 @@ def utc(value: datetime | str | None, *, milliseconds: bool = False) -> str:
 
 def tokens(row: UsageColumns) -> dict[str, int]:
     """A row's four token counts, as the usage columns hold them."""
-    return {"input": row.input_tokens, "output": row.output_tokens,
-            "cached": row.cached_input_tokens, "reasoning": row.reasoning_tokens}
+    return {
+        "input": row.input_tokens,
+        "output": row.output_tokens,
+        "cached": row.cached_input_tokens,
+        "reasoning": row.reasoning_tokens,
+    }

@@ -123,14 +123,21 @@ class InputLimitsMiddleware:
             return _refuse(request, InvalidParameter("the path may not contain the NUL character (U+0000)"))
         name = _nul_parameter(request.GET.lists())
         if name is not None:
-            return _refuse(request, InvalidParameter(
-                f"query parameter {name} may not contain the NUL character (U+0000)", parameter=name))
+            return _refuse(
+                request,
+                InvalidParameter(f"query parameter {name} may not contain the NUL character (U+0000)", parameter=name),
+            )
         # Console forms only: the API reads JSON bodies (checked by its parser), and reading
         # request.POST here would consume a body DRF still has to read.
-        if request.method == "POST" and not request.path.startswith("/api/") and request.content_type in (
-                "application/x-www-form-urlencoded", "multipart/form-data"):
+        if (
+            request.method == "POST"
+            and not request.path.startswith("/api/")
+            and request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data")
+        ):
             name = _nul_parameter(request.POST.lists())
             if name is not None:
-                return _refuse(request, InvalidParameter(
-                    f"form field {name} may not contain the NUL character (U+0000)", parameter=name))
+                return _refuse(
+                    request,
+                    InvalidParameter(f"form field {name} may not contain the NUL character (U+0000)", parameter=name),
+                )
         return self.get_response(request)

@@ -36,4 +36,5 @@ routes: list[Any] = [*run.websocket_urlpatterns, *runs.websocket_urlpatterns, *r
 
 # Channels' AuthMiddlewareStack (cookies, session, user) with the session middleware above.
 websocket_application = AllowedHostsOriginValidator(
-    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(URLRouter(routes)))))
+    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(URLRouter(routes))))
+)

@@ -15,10 +15,10 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger.reads import selectors
-from ledger.models import Run, Workspace
 from ledger.log.verify import artifact_refs
 from ledger.log.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
+from ledger.models import Run, Workspace
+from ledger.reads import selectors
 
 from .format import elapsed
 
@@ -59,8 +59,10 @@ def event_row(envelope: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         "origin": event_origin(envelope["type"], payload),
         # The stored payload is canonical JSON; json.loads kept its key order, so this is it, indented.
         "pretty": json.dumps(payload, indent=2, ensure_ascii=False),
-        "artifacts": [{"id": ref.removeprefix("artifact://"),
-                       "url": artifact_url(workspace, ref.removeprefix("artifact://"))} for ref in refs],
+        "artifacts": [
+            {"id": ref.removeprefix("artifact://"), "url": artifact_url(workspace, ref.removeprefix("artifact://"))}
+            for ref in refs
+        ],
     }
 
 

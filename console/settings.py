@@ -63,7 +63,9 @@ def _env_proxy_header(name: str) -> tuple[str, str] | None:
         return None
     header, sep, value = raw.partition(":")
     if not sep or not header.strip() or not value.strip():
-        raise ImproperlyConfigured(f"{name} must be 'Header-Name: value' (e.g. 'X-Forwarded-Proto: https'), got {raw!r}")
+        raise ImproperlyConfigured(
+            f"{name} must be 'Header-Name: value' (e.g. 'X-Forwarded-Proto: https'), got {raw!r}"
+        )
     return "HTTP_" + header.strip().upper().replace("-", "_"), value.strip()
 
 
@@ -75,7 +77,8 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured(
             "SECRET_KEY must be set when DEBUG is off (DEBUG is off unless DEBUG=1; `make run` sets "
-            "DEBUG=1 for development; production: docs/operations.md § Production)")
+            "DEBUG=1 for development; production: docs/operations.md § Production)"
+        )
     SECRET_KEY = "runledger-insecure-development-key-set-SECRET_KEY-in-production"
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", [])

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import threading
 import weakref
-from importlib import import_module
 from collections import Counter
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
 from django.conf import settings
@@ -33,10 +33,10 @@ from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.base import SessionBase
 from django.utils.crypto import constant_time_compare
 
-from ledger.tenancy import access
-from ledger.reads import selectors
 from ledger.errors import LedgerError
 from ledger.models import ApiKey
+from ledger.reads import selectors
+from ledger.tenancy import access
 
 CLOSE_CREDENTIALS = 4401  # WebSocket close code: the credentials the socket opened with are gone
 
@@ -124,10 +124,24 @@ class Grant:
 
 def grant_for(principal: Any, session: SessionBase | None, *, workspace: str | None, found: access.Access) -> Grant:
     if isinstance(principal, ApiKey):
-        return Grant(principal.pk, None, None, workspace, found.run.run_id if found.run else None,
-                     found.workspace.pk, found.run.pk if found.run else None)
-    return Grant(None, principal.pk, session.session_key if session is not None else None, workspace,
-                 found.run.run_id if found.run else None, found.workspace.pk, found.run.pk if found.run else None)
+        return Grant(
+            principal.pk,
+            None,
+            None,
+            workspace,
+            found.run.run_id if found.run else None,
+            found.workspace.pk,
+            found.run.pk if found.run else None,
+        )
+    return Grant(
+        None,
+        principal.pk,
+        session.session_key if session is not None else None,
+        workspace,
+        found.run.run_id if found.run else None,
+        found.workspace.pk,
+        found.run.pk if found.run else None,
+    )
 
 
 def _session_user(grant: Grant) -> Any:

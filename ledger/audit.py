@@ -44,24 +44,45 @@ def key_actor(api_key: ApiKey) -> str:
 SYSTEM = Actor(name="system")
 
 
-def record(*, actor: Actor | AbstractBaseUser | ApiKey | str, tenant: Tenant, action: str, target: str,
-           workspace: Workspace | None = None, reason: str = "", details: dict[str, Any] | None = None) -> AuditEntry:
+def record(
+    *,
+    actor: Actor | AbstractBaseUser | ApiKey | str,
+    tenant: Tenant,
+    action: str,
+    target: str,
+    workspace: Workspace | None = None,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+) -> AuditEntry:
     """Write one entry; must run inside the transaction of the action it records."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit entries are written in the transaction of the action they record")
     who = actor if isinstance(actor, Actor) else Actor.of(actor)
     return AuditEntry.objects.create(
-        tenant=tenant, workspace=workspace, actor=who.name, actor_user_id=who.user_id, action=Action(action).value,
-        target=target, reason=reason, details=details or {}, at=clock.now(),
+        tenant=tenant,
+        workspace=workspace,
+        actor=who.name,
+        actor_user_id=who.user_id,
+        action=Action(action).value,
+        target=target,
+        reason=reason,
+        details=details or {},
+        at=clock.now(),
     )
 
 
 # --- selectors -------------------------------------------------------------------------------
 
 
-def entries(*, tenant: Tenant, start: datetime | None = None, end: datetime | None = None,
-            actor: str | None = None, action: str | None = None,
-            after: tuple[datetime, int] | None = None) -> QuerySet[AuditEntry]:
+def entries(
+    *,
+    tenant: Tenant,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    after: tuple[datetime, int] | None = None,
+) -> QuerySet[AuditEntry]:
     """The tenant's entries, oldest first, filtered; `after` is the (at, id) keyset of a page's last."""
     qs = AuditEntry.objects.filter(tenant=tenant).select_related("tenant", "workspace__tenant")
     if start is not None:

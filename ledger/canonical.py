@@ -32,7 +32,7 @@ def _orjson_is_canonical(value: Any) -> bool:
     non-BMP keys are left to rfc8785. tests/test_canonical_fast_path.py proves the equality.
     """
     stack = [value]
-    pop, push, extend = stack.pop, stack.append, stack.extend
+    pop, extend = stack.pop, stack.extend
     while stack:
         item = pop()
         kind = type(item)
@@ -89,11 +89,14 @@ def digest(value: Any) -> str:
     return "sha256:" + sha256_hex(canonical_bytes(value))
 
 
-def event_id(
-    *, run_id: str, sequence: int, type: str, payload: Any, occurrence_id: str | None = None
-) -> str:
-    return event_id_for_canonical(run_id=run_id, sequence=sequence, type=type,
-                                  payload_canonical=canonical_bytes(payload), occurrence_id=occurrence_id)
+def event_id(*, run_id: str, sequence: int, type: str, payload: Any, occurrence_id: str | None = None) -> str:
+    return event_id_for_canonical(
+        run_id=run_id,
+        sequence=sequence,
+        type=type,
+        payload_canonical=canonical_bytes(payload),
+        occurrence_id=occurrence_id,
+    )
 
 
 # RFC 8785 composes: an object whose members are canonical values, written in key order, is
@@ -126,10 +129,20 @@ def event_id_for_canonical(
     if isinstance(sequence, bool) or not isinstance(sequence, int):
         raise NotCanonicalizable("sequence must be an integer")
     head = b'{"occurrenceId":' + _canonical_str(occurrence_id) + b"," if occurrence_id is not None else b"{"
-    body = b"".join((
-        head, b'"payload":', payload_canonical, b',"runId":', _canonical_str(run_id),
-        b',"sequence":', _canonical_int(sequence), b',"type":', _canonical_str(type), b"}",
-    ))
+    body = b"".join(
+        (
+            head,
+            b'"payload":',
+            payload_canonical,
+            b',"runId":',
+            _canonical_str(run_id),
+            b',"sequence":',
+            _canonical_int(sequence),
+            b',"type":',
+            _canonical_str(type),
+            b"}",
+        )
+    )
     return "evt_" + sha256_hex(body)[:16]
 
 
@@ -148,8 +161,12 @@ class EventIds:
         if tail is None or type.__class__ is not str:
             tail = self._types[type] = b',"type":' + _canonical_str(type) + b"}"
         head = b'{"occurrenceId":' + _canonical_str(occurrence_id) + b"," if occurrence_id is not None else b"{"
-        return "evt_" + hashlib.sha256(b"".join((head, b'"payload":', payload_canonical, self._run,
-                                                 _canonical_int(sequence), tail))).hexdigest()[:16]
+        return (
+            "evt_"
+            + hashlib.sha256(
+                b"".join((head, b'"payload":', payload_canonical, self._run, _canonical_int(sequence), tail))
+            ).hexdigest()[:16]
+        )
 
 
 def request_digest_for_canonical(*, type: str, payload_canonical: bytes, occurrence_id: str | None = None) -> str:

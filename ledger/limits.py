@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from itertools import accumulate
 from typing import Any
 
@@ -90,8 +90,15 @@ def nul_path(value: Any) -> list[str | int] | None:
     return None
 
 
-def written(value: Any, *, field: str, label: str, required: bool = True, limit: int = MAX_TEXT,
-            error: type[LedgerError] = InvalidRequest) -> str:
+def written(
+    value: Any,
+    *,
+    field: str,
+    label: str,
+    required: bool = True,
+    limit: int = MAX_TEXT,
+    error: type[LedgerError] = InvalidRequest,
+) -> str:
     """A person's free text (a reason, a note, a comment), trimmed; `error` (naming `field`)
     when it is required and empty, not text, or over `limit` characters."""
     if value is None:
@@ -127,7 +134,7 @@ def keyset_position(value: Any) -> tuple[datetime, int]:
     parsed = datetime.fromisoformat(moment)
     if parsed.tzinfo is None or not day_in_range(parsed.date()):
         raise ValueError("time out of range")
-    return parsed.astimezone(timezone.utc), row
+    return parsed.astimezone(UTC), row
 
 
 def row_id(value: Any) -> int:

@@ -71,8 +71,10 @@ class Workspace(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "slug"], name="workspace_slug_unique_in_tenant"),
-            models.CheckConstraint(condition=Q(retention_days__isnull=True) | Q(retention_days__gte=1),
-                                   name="workspace_retention_at_least_a_day"),
+            models.CheckConstraint(
+                condition=Q(retention_days__isnull=True) | Q(retention_days__gte=1),
+                name="workspace_retention_at_least_a_day",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -81,8 +83,9 @@ class Workspace(models.Model):
 
 class Membership(models.Model):
     # No index of its own: the unique (user, tenant) constraint below leads with it (migration 0023).
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships",
-                             db_index=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships", db_index=False
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices)
 
@@ -207,8 +210,9 @@ class Event(models.Model):
     # construction; runs are deleted only by retention, which deletes these rows first. The
     # database's per-row check of it (a deferred trigger, one locking lookup of the run per row)
     # was a third of the statement's server time. `ledger verify` finds any row without its run.
-    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False,
-                            db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False, db_index=False
+    )
     sequence = models.IntegerField()
     event_id = models.CharField(max_length=20)
     type = models.CharField(max_length=200)
@@ -293,8 +297,9 @@ class Step(UsageColumns):
 
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False,
-                            db_constraint=False)  # see Event.run
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="steps", db_index=False, db_constraint=False
+    )  # see Event.run
     step_path = models.CharField(max_length=500)
     position = models.IntegerField()
     status = models.CharField(max_length=16)
@@ -320,8 +325,9 @@ class ToolCall(models.Model):
 
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False,
-                            db_constraint=False)  # see Event.run
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False, db_constraint=False
+    )  # see Event.run
     call_id = models.CharField(max_length=200)
     position = models.IntegerField()
     tool_name = models.CharField(max_length=200, blank=True)
@@ -348,8 +354,9 @@ class CostEntry(models.Model):
 
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cost_entries", db_index=False,
-                            db_constraint=False)  # see Event.run
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="cost_entries", db_index=False, db_constraint=False
+    )  # see Event.run
     sequence = models.IntegerField()
     call_id = models.CharField(max_length=200, blank=True)
     step_path = models.CharField(max_length=500, blank=True)
@@ -403,8 +410,10 @@ class DailyUsage(UsageCell):
     class Meta:
         constraints = [
             # Also the report's index: every read filters on workspace and a range of days.
-            models.UniqueConstraint(fields=["workspace", "day", "provider", "model_id", "workflow_version_id"],
-                                    name="daily_usage_cell_unique"),
+            models.UniqueConstraint(
+                fields=["workspace", "day", "provider", "model_id", "workflow_version_id"],
+                name="daily_usage_cell_unique",
+            ),
         ]
 
 
@@ -428,8 +437,10 @@ class MonthlyUsage(UsageCell):
     class Meta:
         constraints = [
             # Also the report's index (the workspace leads it: no index of the foreign key alone).
-            models.UniqueConstraint(fields=["workspace", "month", "provider", "model_id", "workflow_version_id"],
-                                    name="monthly_usage_cell_unique"),
+            models.UniqueConstraint(
+                fields=["workspace", "month", "provider", "model_id", "workflow_version_id"],
+                name="monthly_usage_cell_unique",
+            ),
         ]
 
 
@@ -570,16 +581,18 @@ class ReexecutionRequest(models.Model):
     model_overrides = models.JSONField(default=dict, blank=True)
     reason = models.TextField()
     requested_by = models.CharField(max_length=160)  # username, or key:<prefix>
-    requested_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                          on_delete=models.SET_NULL, related_name="+")
+    requested_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     requested_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # What the approval binds to: digest({mode, fromStep, input?, modelOverrides, lastSequence, planDigest}).
     digest = models.CharField(max_length=71)
     last_sequence = models.PositiveIntegerField()
     plan_digest = models.CharField(max_length=71)
     status = models.CharField(max_length=20, choices=Status.choices)
-    approver = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                 related_name="+")
+    approver = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     approver_name = models.CharField(max_length=150, blank=True)
     note = models.TextField(blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -599,19 +612,26 @@ class ReexecutionRequest(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(mode__in=["simulate", "evaluate", "resume", "fork", "rerun"]),
-                                   name="reexecution_mode_known"),
             models.CheckConstraint(
-                condition=Q(status__in=["pending_approval", "approved", "running", "succeeded", "failed", "denied",
-                                        "expired"]),
-                name="reexecution_status_known"),
+                condition=Q(mode__in=["simulate", "evaluate", "resume", "fork", "rerun"]), name="reexecution_mode_known"
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    status__in=["pending_approval", "approved", "running", "succeeded", "failed", "denied", "expired"]
+                ),
+                name="reexecution_status_known",
+            ),
             models.CheckConstraint(condition=~Q(reason=""), name="reexecution_reason_given"),
-            models.CheckConstraint(condition=Q(mode="fork", from_step__isnull=False) | Q(~Q(mode="fork"), from_step__isnull=True),
-                                   name="reexecution_from_step_only_for_fork"),
+            models.CheckConstraint(
+                condition=Q(mode="fork", from_step__isnull=False) | Q(~Q(mode="fork"), from_step__isnull=True),
+                name="reexecution_from_step_only_for_fork",
+            ),
             # Whatever was approved has its run id reserved and knows who executes it.
             models.CheckConstraint(
-                condition=Q(status__in=["pending_approval", "denied", "expired"]) | (~Q(new_run_id="") & ~Q(executor="")),
-                name="reexecution_approved_has_run_and_executor"),
+                condition=Q(status__in=["pending_approval", "denied", "expired"])
+                | (~Q(new_run_id="") & ~Q(executor="")),
+                name="reexecution_approved_has_run_and_executor",
+            ),
         ]
         indexes = [
             models.Index(fields=["workspace", "status", "created_at"], name="reexecution_by_status"),
@@ -647,19 +667,24 @@ class ShareLink(models.Model):
     open_count = models.PositiveIntegerField(default=0)
     last_opened_at = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=160)  # a username
-    created_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                        on_delete=models.SET_NULL, related_name="+")
+    created_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=160, blank=True)
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(max_opens__isnull=True) | Q(max_opens__gte=1, max_opens__lte=10_000),
-                                   name="share_link_max_opens_in_range"),
+            models.CheckConstraint(
+                condition=Q(max_opens__isnull=True) | Q(max_opens__gte=1, max_opens__lte=10_000),
+                name="share_link_max_opens_in_range",
+            ),
             # The backstop of the counted open (ledger/tenancy/sharing.py): never one open past the limit.
-            models.CheckConstraint(condition=Q(max_opens__isnull=True) | Q(open_count__lte=models.F("max_opens")),
-                                   name="share_link_opens_within_max"),
+            models.CheckConstraint(
+                condition=Q(max_opens__isnull=True) | Q(open_count__lte=models.F("max_opens")),
+                name="share_link_opens_within_max",
+            ),
         ]
         indexes = [models.Index(fields=["workspace", "run_id", "created_at"], name="share_link_by_run")]
 

@@ -76,6 +76,7 @@ def say(text: str) -> None:
 
 # --- the private PostgreSQL --------------------------------------------------------------------
 
+
 class Cluster:
     """A PostgreSQL cluster of our own: initdb'd in `root`, on `port`, crashed and restarted at will."""
 
@@ -102,10 +103,23 @@ class Cluster:
         self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "crash")
 
     def start(self) -> None:
-        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on "
-                   "-c synchronous_commit=on -c full_page_writes=on -c max_connections=200")
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "120",
-                  "-o", options, "start")
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on "
+            "-c synchronous_commit=on -c full_page_writes=on -c max_connections=200"
+        )
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            "120",
+            "-o",
+            options,
+            "start",
+        )
 
     def crash(self) -> None:
         """No checkpoint, no clean shutdown: the next start recovers from the WAL."""
@@ -121,19 +135,32 @@ class Cluster:
 
 # --- servers and commands ----------------------------------------------------------------------
 
+
 def environment(cluster: Cluster, redis_url: str, var: Path) -> dict[str, str]:
-    env = {**os.environ, "DATABASE_URL": cluster.url, "REDIS_URL": redis_url, "DEBUG": "1",
-           "DJANGO_SETTINGS_MODULE": "console.settings", "RUNLEDGER_VAR_DIR": str(var),
-           "PYTHONPATH": str(REPO)}
-    for name in ("RUNLEDGER_KILL_AFTER_SEQUENCE", "RUNLEDGER_KILL_BEFORE_SEQUENCE", "RUNLEDGER_KILL_RUN_ID",
-                 "RUNLEDGER_TEST_INVOCATIONS", "DJANGO_ALLOW_ASYNC_UNSAFE"):
+    env = {
+        **os.environ,
+        "DATABASE_URL": cluster.url,
+        "REDIS_URL": redis_url,
+        "DEBUG": "1",
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "RUNLEDGER_VAR_DIR": str(var),
+        "PYTHONPATH": str(REPO),
+    }
+    for name in (
+        "RUNLEDGER_KILL_AFTER_SEQUENCE",
+        "RUNLEDGER_KILL_BEFORE_SEQUENCE",
+        "RUNLEDGER_KILL_RUN_ID",
+        "RUNLEDGER_TEST_INVOCATIONS",
+        "DJANGO_ALLOW_ASYNC_UNSAFE",
+    ):
         env.pop(name, None)
     return env
 
 
 def manage(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @dataclass
@@ -149,8 +176,13 @@ class Server:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen([DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
-                                            cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                [DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
+                cwd=REPO,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.process.poll() is not None:  # the port was not free yet: try again
@@ -158,7 +190,11 @@ class Server:
                 with self.log.open("ab") as out:
                     self.process = subprocess.Popen(
                         [DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
-                        cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+                        cwd=REPO,
+                        env=self.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
                 continue
             try:
                 if httpx.get(f"{self.url}/api/v1/runs", timeout=2).status_code == 401:
@@ -184,6 +220,7 @@ class Server:
 
 # --- clients -------------------------------------------------------------------------------------
 
+
 def batch_events(run_id: str, batch: int, size: int) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     if batch == 0:
@@ -194,9 +231,18 @@ def batch_events(run_id: str, batch: int, size: int) -> list[dict[str, Any]]:
         if kind == 0:
             events.append({"type": "StepScheduled", "payload": {"stepPath": f"b{batch}.e{i}"}})
         elif kind == 1:
-            events.append({"type": "harness.model.responded", "payload": {
-                "turn": 1, "callId": f"b{batch}-m{i}", "stepPath": f"b{batch}", "model": MODEL,
-                "response": {"text": "ok", "usage": {"inputTokens": 100 + i, "outputTokens": 10 + batch % 7}}}})
+            events.append(
+                {
+                    "type": "harness.model.responded",
+                    "payload": {
+                        "turn": 1,
+                        "callId": f"b{batch}-m{i}",
+                        "stepPath": f"b{batch}",
+                        "model": MODEL,
+                        "response": {"text": "ok", "usage": {"inputTokens": 100 + i, "outputTokens": 10 + batch % 7}},
+                    },
+                }
+            )
         else:
             events.append({"type": "custom.crash.note", "payload": {"batch": batch, "index": i}})
     for i, event in enumerate(events):
@@ -231,8 +277,10 @@ def client(index: int, urls: list[str], key: str, runs: list[str], history: Path
                     if response.status_code == 200:
                         body = response.json()
                         # the envelopes come back in the order the events were sent
-                        record |= {"outcome": "acknowledged",
-                                   "ids": dict(zip(keys, ([e["eventId"], e["sequence"]] for e in body["events"])))}
+                        record |= {
+                            "outcome": "acknowledged",
+                            "ids": dict(zip(keys, ([e["eventId"], e["sequence"]] for e in body["events"]))),
+                        }
                     elif response.status_code >= 500:
                         record |= {"outcome": "indeterminate", "error": response.text[:200]}
                     else:
@@ -253,6 +301,7 @@ def client(index: int, urls: list[str], key: str, runs: list[str], history: Path
 
 # --- workflow executions -------------------------------------------------------------------------
 
+
 @dataclass
 class Execution:
     run_id: str
@@ -265,20 +314,41 @@ class Execution:
     def launch(self, env: dict[str, str], rng: random.Random, arm: bool) -> None:
         child_env = {**env, "RUNLEDGER_TEST_INVOCATIONS": str(self.invocations), "RUNLEDGER_KILL_RUN_ID": self.run_id}
         if arm:  # die at a random commit: after it, or before it with its work done (in flight)
-            child_env["RUNLEDGER_KILL_AFTER_SEQUENCE" if rng.random() < 0.5 else "RUNLEDGER_KILL_BEFORE_SEQUENCE"] = \
+            child_env["RUNLEDGER_KILL_AFTER_SEQUENCE" if rng.random() < 0.5 else "RUNLEDGER_KILL_BEFORE_SEQUENCE"] = (
                 str(rng.randint(2, DRILL_EVENTS - 1))
+            )
         if not self.started(env["DATABASE_URL"]):  # the first try died before its RunStarted committed
-            args = ["ledger", "run", "drill", "--module", "tests.runtime_workflows", "--workspace", WORKSPACE,
-                    "--run-id", self.run_id, "--input", json.dumps(DRILL_INPUT)]
+            args = [
+                "ledger",
+                "run",
+                "drill",
+                "--module",
+                "tests.runtime_workflows",
+                "--workspace",
+                WORKSPACE,
+                "--run-id",
+                self.run_id,
+                "--input",
+                json.dumps(DRILL_INPUT),
+            ]
         else:
-            args = ["ledger", "resume", self.run_id, "--take-over", "--module", "tests.runtime_workflows",
-                    "--workspace", WORKSPACE]
+            args = [
+                "ledger",
+                "resume",
+                self.run_id,
+                "--take-over",
+                "--module",
+                "tests.runtime_workflows",
+                "--workspace",
+                WORKSPACE,
+            ]
         self.attempts += 1
         with self.invocations.with_suffix(".log").open("a") as log:
             log.write(f"--- attempt {self.attempts}: {' '.join(args)}\n")
             log.flush()
-            self.process = subprocess.Popen([PYTHON, "manage.py", *args], cwd=REPO, env=child_env, text=True,
-                                            stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                [PYTHON, "manage.py", *args], cwd=REPO, env=child_env, text=True, stdout=log, stderr=subprocess.STDOUT
+            )
 
     def started(self, url: str) -> bool:
         with psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=10) as conn:
@@ -297,6 +367,7 @@ class Execution:
 
 
 # --- the run ------------------------------------------------------------------------------------
+
 
 @dataclass
 class Counts:
@@ -329,8 +400,10 @@ def main() -> int:
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="runledger-crash-"))
     root.chmod(0o755)  # the cluster's own directory below it belongs to the postgres user
-    say(f"seed {args.seed}; scratch {root}; targets: {kills} Daphne kills, {crashes} PostgreSQL crashes, "
-        f"{args.clients} clients x {args.runs_per_client} runs, {executions} workflow executions")
+    say(
+        f"seed {args.seed}; scratch {root}; targets: {kills} Daphne kills, {crashes} PostgreSQL crashes, "
+        f"{args.clients} clients x {args.runs_per_client} runs, {executions} workflow executions"
+    )
     cluster = Cluster(root / "pg", free_port())
     servers: list[Server] = []
     clients: list[multiprocessing.Process] = []
@@ -339,7 +412,10 @@ def main() -> int:
     try:
         cluster.init()
         env = environment(cluster, args.redis_url, root / "var")
-        for step in (["migrate", "--noinput", "-v", "0"], ["ledger", "bootstrap", "--tenant", "crash", "--workspace", "main"]):
+        for step in (
+            ["migrate", "--noinput", "-v", "0"],
+            ["ledger", "bootstrap", "--tenant", "crash", "--workspace", "main"],
+        ):
             done = manage(env, *step)
             if done.returncode:
                 raise RuntimeError(done.stdout + done.stderr)
@@ -351,8 +427,9 @@ def main() -> int:
         stop = root / "stop"
         for n in range(args.clients):
             runs = [f"run_crash_c{n}_r{r}" for r in range(args.runs_per_client)]
-            process = multiprocessing.Process(target=client, args=(n, [s.url for s in servers], key, runs,
-                                                                   root / f"history-{n}.jsonl", stop, 120.0))
+            process = multiprocessing.Process(
+                target=client, args=(n, [s.url for s in servers], key, runs, root / f"history-{n}.jsonl", stop, 120.0)
+            )
             process.start()
             clients.append(process)
         execs = [Execution(f"run_crash_exec_{n}", root / f"invocations-{n}.jsonl") for n in range(executions)]
@@ -364,7 +441,7 @@ def main() -> int:
             for execution in execs:  # keep two executions going, armed to die until the faults are done
                 execution.poll()
             running = [e for e in execs if e.process is not None]
-            for execution in [e for e in execs if not e.done and e.process is None][:max(0, 2 - len(running))]:
+            for execution in [e for e in execs if not e.done and e.process is None][: max(0, 2 - len(running))]:
                 faults_left = counts.daphne_kills < kills or counts.postgres_crashes < crashes
                 try:
                     execution.launch(env, rng, arm=faults_left and rng.random() < 0.8)
@@ -412,7 +489,9 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def check(env: dict[str, str], cluster: Cluster, root: Path, clients: int, execs: list[Execution], counts: Counts) -> int:
+def check(
+    env: dict[str, str], cluster: Cluster, root: Path, clients: int, execs: list[Execution], counts: Counts
+) -> int:
     sent: set[str] = set()
     acknowledged: dict[str, tuple[str, int]] = {}
     outcomes: Counter[str] = Counter()
@@ -430,8 +509,10 @@ def check(env: dict[str, str], cluster: Cluster, root: Path, clients: int, execs
             else:
                 batches.setdefault(batch, record["outcome"])
     with psycopg.connect(cluster.url.replace("postgres://", "postgresql://")) as conn:
-        rows = conn.execute("SELECT r.run_id, e.sequence, e.event_id, e.idempotency_key FROM ledger_event e "
-                            "JOIN ledger_run r ON r.id = e.run_id").fetchall()
+        rows = conn.execute(
+            "SELECT r.run_id, e.sequence, e.event_id, e.idempotency_key FROM ledger_event e "
+            "JOIN ledger_run r ON r.id = e.run_id"
+        ).fetchall()
         runs = conn.execute("SELECT run_id, last_sequence, status, output FROM ledger_run").fetchall()
     in_log: Counter[str] = Counter(k for _, _, _, k in rows if k is not None)
     where = {k: (event_id, sequence) for _, sequence, event_id, k in rows if k is not None}
@@ -445,7 +526,9 @@ def check(env: dict[str, str], cluster: Cluster, root: Path, clients: int, execs
     for run, sequence, _, _ in rows:
         per_run.setdefault(run, []).append(sequence)
     last = {run: last_sequence for run, last_sequence, _, _ in runs}
-    gaps = [run for run, seqs in per_run.items() if sorted(seqs) != list(range(1, len(seqs) + 1)) or last[run] != len(seqs)]
+    gaps = [
+        run for run, seqs in per_run.items() if sorted(seqs) != list(range(1, len(seqs) + 1)) or last[run] != len(seqs)
+    ]
     verify = manage(env, "ledger", "verify", timeout=1800)
     verified = verify.returncode == 0 and verify.stdout.strip().endswith(": ok")
     # Executions: the clean output, one answer per call, no call made more often than its executor died.
@@ -469,27 +552,46 @@ def check(env: dict[str, str], cluster: Cluster, root: Path, clients: int, execs
             repeats_over_bound.append((execution.run_id, execution.deaths, repeated))
     unsettled = sum(1 for outcome in batches.values() if outcome == "indeterminate")
     facts = {
-        "daphne kills": counts.daphne_kills, "daphne restarts": counts.daphne_restarts,
-        "postgresql crashes": counts.postgres_crashes, "requests": sum(outcomes.values()),
-        "acknowledged requests": outcomes["acknowledged"], "indeterminate requests": outcomes["indeterminate"],
-        "failed requests (4xx)": outcomes["failed"], "batches": len(batches),
-        "batches left indeterminate": unsettled, "acknowledged events": len(acknowledged),
-        "events in the log": len(rows), "runs": len(runs),
-        "lost": len(lost), "duplicated": len(duplicated), "invented": len(invented) + len(unkeyed),
-        "acknowledged id/sequence changed": len(changed), "runs not dense": len(gaps),
+        "daphne kills": counts.daphne_kills,
+        "daphne restarts": counts.daphne_restarts,
+        "postgresql crashes": counts.postgres_crashes,
+        "requests": sum(outcomes.values()),
+        "acknowledged requests": outcomes["acknowledged"],
+        "indeterminate requests": outcomes["indeterminate"],
+        "failed requests (4xx)": outcomes["failed"],
+        "batches": len(batches),
+        "batches left indeterminate": unsettled,
+        "acknowledged events": len(acknowledged),
+        "events in the log": len(rows),
+        "runs": len(runs),
+        "lost": len(lost),
+        "duplicated": len(duplicated),
+        "invented": len(invented) + len(unkeyed),
+        "acknowledged id/sequence changed": len(changed),
+        "runs not dense": len(gaps),
         "ledger verify": "ok" if verified else "FAILED",
-        "workflow executions": len(execs), "executor deaths": counts.executor_deaths,
-        "executions with a wrong outcome": len(wrong_output), "calls answered twice": len(answered_twice),
-        "calls repeated (in flight at a death)": repeated_calls, "executions over the repeat bound": len(repeats_over_bound),
+        "workflow executions": len(execs),
+        "executor deaths": counts.executor_deaths,
+        "executions with a wrong outcome": len(wrong_output),
+        "calls answered twice": len(answered_twice),
+        "calls repeated (in flight at a death)": repeated_calls,
+        "executions over the repeat bound": len(repeats_over_bound),
     }
     width = max(len(k) for k in facts)
     print("\ncrash test")
     for name, value in facts.items():
         print(f"  {name:<{width}}  {value}")
-    problems = {"lost": lost[:5], "duplicated": duplicated[:5], "invented": (invented + unkeyed)[:5],
-                "changed": changed[:5], "not dense": gaps[:5], "wrong outcome": wrong_output[:5],
-                "answered twice": answered_twice[:5], "over the repeat bound": repeats_over_bound[:5],
-                "requests refused (4xx)": ["failed"] * min(outcomes["failed"], 1)}
+    problems = {
+        "lost": lost[:5],
+        "duplicated": duplicated[:5],
+        "invented": (invented + unkeyed)[:5],
+        "changed": changed[:5],
+        "not dense": gaps[:5],
+        "wrong outcome": wrong_output[:5],
+        "answered twice": answered_twice[:5],
+        "over the repeat bound": repeats_over_bound[:5],
+        "requests refused (4xx)": ["failed"] * min(outcomes["failed"], 1),
+    }
     ok = not any(problems.values()) and verified
     if not verified:
         print(verify.stdout[-3000:] + verify.stderr[-3000:])
@@ -507,16 +609,30 @@ def _record(facts: dict[str, Any], ok: bool) -> None:
     from bench.common import record
 
     bad = facts["lost"] + facts["duplicated"] + facts["invented"]
-    record("crash: acknowledged events lost + duplicated + invented", value=bad, unit="events",
-           baseline=facts["acknowledged events"], ratio=None, target="0", met=bad == 0 and ok,
-           note=(f"{facts['daphne kills']} Daphne SIGKILLs, {facts['postgresql crashes']} PostgreSQL crashes, "
-                 f"{facts['requests']} requests ({facts['indeterminate requests']} indeterminate, retried), "
-                 f"verify {facts['ledger verify']}"))
-    record("crash: workflow executions killed and resumed, wrong outcome or call answered twice",
-           value=facts["executions with a wrong outcome"] + facts["calls answered twice"], unit="executions",
-           baseline=facts["workflow executions"], ratio=None, target="0",
-           met=facts["executions with a wrong outcome"] + facts["calls answered twice"] == 0,
-           note=f"{facts['executor deaths']} executor deaths, {facts['calls repeated (in flight at a death)']} in-flight calls repeated")
+    record(
+        "crash: acknowledged events lost + duplicated + invented",
+        value=bad,
+        unit="events",
+        baseline=facts["acknowledged events"],
+        ratio=None,
+        target="0",
+        met=bad == 0 and ok,
+        note=(
+            f"{facts['daphne kills']} Daphne SIGKILLs, {facts['postgresql crashes']} PostgreSQL crashes, "
+            f"{facts['requests']} requests ({facts['indeterminate requests']} indeterminate, retried), "
+            f"verify {facts['ledger verify']}"
+        ),
+    )
+    record(
+        "crash: workflow executions killed and resumed, wrong outcome or call answered twice",
+        value=facts["executions with a wrong outcome"] + facts["calls answered twice"],
+        unit="executions",
+        baseline=facts["workflow executions"],
+        ratio=None,
+        target="0",
+        met=facts["executions with a wrong outcome"] + facts["calls answered twice"] == 0,
+        note=f"{facts['executor deaths']} executor deaths, {facts['calls repeated (in flight at a death)']} in-flight calls repeated",
+    )
 
 
 if __name__ == "__main__":

@@ -103,8 +103,11 @@ class FaultyProxy:
             if fault is not None and fault.status is not None:
                 text = b'{"error": {"code": "unavailable", "message": "the proxy says: later", "details": {}}}'
                 retry = f"Retry-After: {fault.retry_after}\r\n" if fault.retry_after is not None else ""
-                client.sendall(f"HTTP/1.1 {fault.status} Busy\r\nContent-Type: application/json\r\n{retry}"
-                               f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n".encode() + text)
+                client.sendall(
+                    f"HTTP/1.1 {fault.status} Busy\r\nContent-Type: application/json\r\n{retry}"
+                    f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n".encode()
+                    + text
+                )
                 return
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30)

@@ -22,10 +22,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from ledger.log import AppendResult
-
 from ledger import log
 from ledger.canonical import event_id
+from ledger.log import AppendResult
 from ledger.models import Workspace
 from ledger.tenancy.services import bootstrap, create_user
 
@@ -36,9 +35,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked redis_only belong to the Redis pass (REDIS_URL set, as CI's second pass and
     docs set it), those marked postgres_only to the PostgreSQL pass; the embedded default's pass,
     on a machine that may have neither, leaves them out instead of skipping them."""
-    absent = [marker for marker, present in (("redis_only", bool(os.environ.get("REDIS_URL"))),
-                                             ("postgres_only", os.environ.get("DATABASE_URL", "").startswith("postgres")))
-              if not present]
+    absent = [
+        marker
+        for marker, present in (
+            ("redis_only", bool(os.environ.get("REDIS_URL"))),
+            ("postgres_only", os.environ.get("DATABASE_URL", "").startswith("postgres")),
+        )
+        if not present
+    ]
     left_out = [item for item in items if any(item.get_closest_marker(m) for m in absent)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
@@ -56,7 +60,8 @@ def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
     only for runs marked for pruning, as retention does. The audit log allows no DELETE at all."""
     marker = request.node.get_closest_marker("django_db")
     transactional = (marker and marker.kwargs.get("transaction")) or any(
-        name in request.fixturenames for name in ("transactional_db", "live_server"))
+        name in request.fixturenames for name in ("transactional_db", "live_server")
+    )
     if not transactional:
         yield
         return
@@ -153,8 +158,9 @@ def log_in(base_url: str, user: User | str, *, send_csrf: bool = False) -> httpx
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
     assert token, page.text
     username = user if isinstance(user, str) else user.get_username()
-    done = client.post("/accounts/login/", data={"username": username, "password": PASSWORD,
-                                                  "csrfmiddlewaretoken": token.group(1)})
+    done = client.post(
+        "/accounts/login/", data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": token.group(1)}
+    )
     assert done.status_code == 302, done.text
     if send_csrf:
         # Login rotates the CSRF token: the new one is what unsafe requests must send.

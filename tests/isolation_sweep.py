@@ -150,11 +150,13 @@ def http_routes(urlconf: str | None = None) -> list[str]:
                 yield from walk(p.url_patterns, prefix + str(p.pattern))
             elif isinstance(p, URLPattern):
                 yield prefix + str(p.pattern)
+
     return list(dict.fromkeys(walk(get_resolver(urlconf).url_patterns, "")))
 
 
 def websocket_routes() -> list[str]:
     from console.routing import routes
+
     return [str(r.pattern) for r in routes]
 
 
@@ -164,6 +166,7 @@ def fill(route: str, values: dict[str, str]) -> str:
         if name not in values:
             raise KeyError(f"the sweep has no object for <{match.group(1)}:{name}> in {route!r}: add one to its values")
         return values[name]
+
     return "/" + re.sub(r"<(?:(\w+):)?(\w+)>", lambda m: one(m), route)
 
 
@@ -261,8 +264,9 @@ class Sweep:
                 if caller.kind == "outsider":
                     self.check_outsider(route_text, route, caller, method, url, response)
 
-    def check_outsider(self, route_text: str, route: Route, caller: Caller, method: str, url: str,
-                       response: httpx.Response) -> None:
+    def check_outsider(
+        self, route_text: str, route: Route, caller: Caller, method: str, url: str, response: httpx.Response
+    ) -> None:
         """Another tenant learns nothing: no identifier of ours in the answer, and an answer other
         than 404 is exactly the answer for objects that do not exist (run ids are per workspace: an
         append to one unused in their own workspace is `run_not_started`, like any other)."""
@@ -278,8 +282,10 @@ class Sweep:
             return
         twin = self.request(caller, method, self.url(route_text, route, caller, self.unknown))
         if (twin.status_code, _code(twin)) != (response.status_code, _code(response)):
-            self.flag(f"{where}: {response.status_code} {_code(response)}, but {twin.status_code} {_code(twin)} for "
-                      "objects that do not exist: the answer tells ours apart")
+            self.flag(
+                f"{where}: {response.status_code} {_code(response)}, but {twin.status_code} {_code(twin)} for "
+                "objects that do not exist: the answer tells ours apart"
+            )
 
     def check_share(self, route_text: str) -> None:
         for values in self.share_values:
@@ -294,7 +300,9 @@ class Sweep:
                 # A revoked (or expired, or used up) link says so: 410, and nothing of the run.
                 want = ({410, 404} if values.get("gone") else {404}) if method == "GET" else {404, 405, 403}
                 if response.status_code not in want:
-                    self.flag(f"{method} {url} (share, {values['why']}): {response.status_code}, expected {sorted(want)}")
+                    self.flag(
+                        f"{method} {url} (share, {values['why']}): {response.status_code}, expected {sorted(want)}"
+                    )
 
     def check_websocket(self, route_text: str) -> None:
         url = self.base_url.replace("http://", "ws://") + fill(route_text, self.values)
@@ -302,8 +310,9 @@ class Sweep:
             cookie = self.session_cookies.get(name)
             self.requests += 1
             try:
-                sock = websocket.create_connection(url, cookie=f"sessionid={cookie}" if cookie else None,
-                                                   origin=self.base_url, timeout=30)
+                sock = websocket.create_connection(
+                    url, cookie=f"sessionid={cookie}" if cookie else None, origin=self.base_url, timeout=30
+                )
             except websocket.WebSocketBadStatusException as refused:
                 if refused.status_code != 403:
                     self.flag(f"WS {url} as {name}: handshake {refused.status_code}, expected 403")
@@ -315,8 +324,10 @@ class Sweep:
         for route_text in http:
             route = table.get(route_text)
             if route is None:
-                self.flag(f"route {route_text!r} is not declared in the isolation sweep (tests/isolation_sweep.py "
-                          "ROUTES): say who may use it")
+                self.flag(
+                    f"route {route_text!r} is not declared in the isolation sweep (tests/isolation_sweep.py "
+                    "ROUTES): say who may use it"
+                )
                 continue
             self.check(route_text, route)
         for route_text in sockets:

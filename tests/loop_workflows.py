@@ -24,8 +24,10 @@ def refine_plan(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def refine_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
-    return (f"Goal: {run_input['goal']}. Cycle {run_input['cycleNumber']} of {run_input['maxCycles']}. "
-            f"Note: {run_input['promptNote'] or 'none'}. Before: {run_input['previousOutput'] or 'nothing'}")
+    return (
+        f"Goal: {run_input['goal']}. Cycle {run_input['cycleNumber']} of {run_input['maxCycles']}. "
+        f"Note: {run_input['promptNote'] or 'none'}. Before: {run_input['previousOutput'] or 'nothing'}"
+    )
 
 
 def refine_reply(request: ModelRequest) -> dict[str, Any]:
@@ -36,8 +38,11 @@ def refine_reply(request: ModelRequest) -> dict[str, Any]:
 
 def build_refine() -> Workflow:
     provider = ScriptedProvider(script=refine_reply, name="openai", model_id="gpt-4o", invocation_log=_log_path())
-    return Workflow(name="rt_refine", steps=(CodeRun("plan", refine_plan), AIGenerate("draft", refine_prompt)),
-                    models={"default": provider})
+    return Workflow(
+        name="rt_refine",
+        steps=(CodeRun("plan", refine_plan), AIGenerate("draft", refine_prompt)),
+        models={"default": provider},
+    )
 
 
 def _logged(ctx: SuperviseContext) -> None:

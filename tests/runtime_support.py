@@ -16,9 +16,9 @@ import pytest
 from django.db import connection
 
 from ledger.canonical import canonical_json
-from ledger.models import Run, Workspace
 from ledger.log.envelopes import log_of
 from ledger.log.verify import verify_run
+from ledger.models import Run, Workspace
 
 
 @pytest.fixture(autouse=True)
@@ -46,8 +46,12 @@ def assert_verified(workspace: Workspace, *run_ids: str) -> None:
 def invocation_counts(path: Path) -> Counter[str]:
     """The model and tool invocations an invocation log holds (tests/runtime_workflows.py)."""
     lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return Counter(f"model {r['stepPath']} turn {r['turn']}" if r["kind"] == "model"
-                   else f"tool {r['tool']} {canonical_json(r['args'])}" for r in lines)
+    return Counter(
+        f"model {r['stepPath']} turn {r['turn']}"
+        if r["kind"] == "model"
+        else f"tool {r['tool']} {canonical_json(r['args'])}"
+        for r in lines
+    )
 
 
 def invocation_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
@@ -55,8 +59,11 @@ def invocation_of(event: dict[str, Any], events: list[dict[str, Any]]) -> str:
     p = event["payload"]
     if event["type"] == "harness.model.responded":
         return f"model {p['stepPath']} turn {p['turn']}"
-    started = next(e["payload"] for e in events
-                   if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"])
+    started = next(
+        e["payload"]
+        for e in events
+        if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == p["callId"]
+    )
     return f"tool {started['toolName']} {canonical_json(started['args'])}"
 
 

@@ -10,8 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from ledger.runtime.providers import ScriptedProvider, append_invocation
-from ledger.runtime.registry import (AIGenerate, Backoff, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolCall,
-                                     Workflow, register)
+from ledger.runtime.registry import (
+    AIGenerate,
+    Backoff,
+    CodeRun,
+    Decision,
+    Parallel,
+    SubWorkflow,
+    Tool,
+    ToolCall,
+    Workflow,
+    register,
+)
 from ledger.runtime.testing import install_kill_switches
 
 INVOCATIONS_ENV = "RUNLEDGER_TEST_INVOCATIONS"
@@ -62,22 +72,33 @@ def finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
 
 SCRIPT = {
     "research": [
-        {"toolCalls": [{"id": "w1", "name": "weather", "args": {"city": "Oslo"}},
-                       {"id": "w2", "name": "weather", "args": {"city": "Lisbon"}}],
-         "usage": {"inputTokens": 200, "outputTokens": 30}},
-        {"toolCalls": [{"id": "w3", "name": "weather", "args": {"city": "Reykjavik"}}],
-         "usage": {"inputTokens": 320, "outputTokens": 18, "cachedInputTokens": 200}},
+        {
+            "toolCalls": [
+                {"id": "w1", "name": "weather", "args": {"city": "Oslo"}},
+                {"id": "w2", "name": "weather", "args": {"city": "Lisbon"}},
+            ],
+            "usage": {"inputTokens": 200, "outputTokens": 30},
+        },
+        {
+            "toolCalls": [{"id": "w3", "name": "weather", "args": {"city": "Reykjavik"}}],
+            "usage": {"inputTokens": 320, "outputTokens": 18, "cachedInputTokens": 200},
+        },
         {"text": "Lisbon is warmest, Oslo coldest.", "usage": {"inputTokens": 400, "outputTokens": 12}},
     ],
     "summarize": [{"text": "Lisbon wins.", "usage": {"inputTokens": 90, "outputTokens": 4}}],
 }
 
 
-def build_drill(*, weather_description: str = "the weather tool", system: str = "You compare weather.",
-                provider: ScriptedProvider | None = None) -> Workflow:
+def build_drill(
+    *,
+    weather_description: str = "the weather tool",
+    system: str = "You compare weather.",
+    provider: ScriptedProvider | None = None,
+) -> Workflow:
     tools = {"weather": _tool("weather", weather), "notify": _tool("notify", lambda a: {"id": f"msg-{a['to']}"})}
-    tools["weather"] = Tool("weather", tools["weather"].fn, description=weather_description,
-                            parameters={"type": "object"})
+    tools["weather"] = Tool(
+        "weather", tools["weather"].fn, description=weather_description, parameters={"type": "object"}
+    )
     return Workflow(
         name="drill",
         steps=(
@@ -88,20 +109,24 @@ def build_drill(*, weather_description: str = "the weather tool", system: str = 
             CodeRun("finish", finish),
         ),
         tools=tools,
-        models={"default": provider or ScriptedProvider(script=SCRIPT, model_id="scripted-1",
-                                                        invocation_log=_log_path())},
+        models={
+            "default": provider or ScriptedProvider(script=SCRIPT, model_id="scripted-1", invocation_log=_log_path())
+        },
     )
-
 
 
 # --- sub-runs ---------------------------------------------------------------------------------
 # `rt_child` is what the parent workflows below start as sub-runs: a model turn with a tool call.
 
-CHILD_SCRIPT = {"look": [
-    {"toolCalls": [{"id": "k1", "name": "weather", "args": {"city": "Bergen"}}],
-     "usage": {"inputTokens": 50, "outputTokens": 5}},
-    {"text": "Bergen is mild.", "usage": {"inputTokens": 70, "outputTokens": 4}},
-]}
+CHILD_SCRIPT = {
+    "look": [
+        {
+            "toolCalls": [{"id": "k1", "name": "weather", "args": {"city": "Bergen"}}],
+            "usage": {"inputTokens": 50, "outputTokens": 5},
+        },
+        {"text": "Bergen is mild.", "usage": {"inputTokens": 70, "outputTokens": 4}},
+    ]
+}
 
 
 def child_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
@@ -117,8 +142,10 @@ def child_finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
 def build_child(provider: ScriptedProvider | None = None) -> Workflow:
     return Workflow(
         name="rt_child",
-        steps=(AIGenerate("look", child_prompt, system="You look things up.", tools=("weather",)),
-               CodeRun("answer", child_finish)),
+        steps=(
+            AIGenerate("look", child_prompt, system="You look things up.", tools=("weather",)),
+            CodeRun("answer", child_finish),
+        ),
         tools={"weather": _tool("weather", weather)},
         models={"default": provider or ScriptedProvider(script=CHILD_SCRIPT, invocation_log=_log_path())},
     )
@@ -140,8 +167,12 @@ def build_pipeline() -> Workflow:
     """prepare -> a sub-run of rt_child -> a tool call -> finish."""
     return Workflow(
         name="rt_pipeline",
-        steps=(CodeRun("prepare", prepare), SubWorkflow("sub", "rt_child", pipeline_input),
-               ToolCall("notify", "notify", pipeline_notify), CodeRun("finish", pipeline_finish)),
+        steps=(
+            CodeRun("prepare", prepare),
+            SubWorkflow("sub", "rt_child", pipeline_input),
+            ToolCall("notify", "notify", pipeline_notify),
+            CodeRun("finish", pipeline_finish),
+        ),
         tools={"notify": _tool("notify", lambda a: {"id": f"msg-{a['to']}"})},
     )
 
@@ -156,8 +187,8 @@ def reset_registrations() -> None:
     register(build_retry())
 
 
-
 # --- a loop and a fan-out ---------------------------------------------------------------------
+
 
 def maze_draft(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
     return {"n": outputs.get("draft", {"n": 0})["n"] + 1}
@@ -179,15 +210,19 @@ def build_maze() -> Workflow:
     """A two-visit decision loop, then a parallel group of tool calls."""
     return Workflow(
         name="rt_maze",
-        steps=(CodeRun("draft", maze_draft), Decision("gate", maze_gate, max_visits=3, loop_to="draft"),
-               # one branch at a time: this sweep compares every kill with one baseline, event by event
-               Parallel("fan", maze_items, ToolCall("temp", "weather", lambda item, o: item), max_concurrency=1),
-               CodeRun("finish", maze_finish)),
+        steps=(
+            CodeRun("draft", maze_draft),
+            Decision("gate", maze_gate, max_visits=3, loop_to="draft"),
+            # one branch at a time: this sweep compares every kill with one baseline, event by event
+            Parallel("fan", maze_items, ToolCall("temp", "weather", lambda item, o: item), max_concurrency=1),
+            CodeRun("finish", maze_finish),
+        ),
         tools={"weather": _tool("weather", weather)},
     )
 
 
 # --- a parallel group whose branches run concurrently --------------------------------------------
+
 
 def fanout_finish(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v["tempC"] for k, v in outputs["fan"].items()}
@@ -197,15 +232,22 @@ def build_fanout() -> Workflow:
     """A group of four tool-call branches on four threads, between two code steps."""
     return Workflow(
         name="rt_fanout",
-        steps=(CodeRun("prepare", prepare),
-               Parallel("fan", lambda i, o: {c.lower(): {"city": c} for c in o["prepare"]["cities"]},
-                        ToolCall("temp", "weather", lambda item, o: item), max_concurrency=4),
-               CodeRun("finish", fanout_finish)),
+        steps=(
+            CodeRun("prepare", prepare),
+            Parallel(
+                "fan",
+                lambda i, o: {c.lower(): {"city": c} for c in o["prepare"]["cities"]},
+                ToolCall("temp", "weather", lambda item, o: item),
+                max_concurrency=4,
+            ),
+            CodeRun("finish", fanout_finish),
+        ),
         tools={"weather": _tool("weather", weather)},
     )
 
 
 # --- a retry an hour away ---------------------------------------------------------------------------
+
 
 def flaky_fetch(args: Any) -> dict[str, Any]:
     """Refuses its first call (the invocation log, written just before, holds one fetch then)."""
@@ -220,9 +262,16 @@ def build_retry() -> Workflow:
     """A tool step whose first call fails and whose retry is due an hour later (no jitter)."""
     return Workflow(
         name="rt_retry",
-        steps=(ToolCall("fetch", "fetch", {"url": "https://example.test/report"}, retries=1,
-                        backoff=Backoff(initial_s=3600.0, max_s=3600.0, jitter=0.0)),
-               CodeRun("done", lambda i, o: o["fetch"])),
+        steps=(
+            ToolCall(
+                "fetch",
+                "fetch",
+                {"url": "https://example.test/report"},
+                retries=1,
+                backoff=Backoff(initial_s=3600.0, max_s=3600.0, jitter=0.0),
+            ),
+            CodeRun("done", lambda i, o: o["fetch"]),
+        ),
         tools={"fetch": _tool("fetch", flaky_fetch)},
     )
 

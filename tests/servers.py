@@ -51,8 +51,13 @@ class Daphne:
             self.process.wait(timeout=10)
 
 
-def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
-                 probe_headers: dict[str, str] | None = None, port: int | None = None) -> Daphne:
+def start_daphne(
+    log_dir: Path,
+    name: str,
+    env: dict[str, str | None],
+    probe_headers: dict[str, str] | None = None,
+    port: int | None = None,
+) -> Daphne:
     """`probe_headers`: what the start-up probe must send to be answered at all (a production
     environment's Host, its proxy's X-Forwarded-Proto). `port`: this one (a server restarted where
     its clients expect it), else a free one."""
@@ -72,15 +77,29 @@ def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
         log = log_dir / f"daphne-{name}-{attempt}-{time.monotonic_ns()}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                 "console.asgi:application"],
-                cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    str(Path(sys.executable).parent / "daphne"),
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "console.asgi:application",
+                ],
+                cwd=REPO_ROOT,
+                env=environment,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         server = Daphne(process, f"http://127.0.0.1:{port}", log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and process.poll() is None:
             try:
-                if httpx.get(f"{server.url}/api/v1/runs/run_probe/stream", headers=probe_headers, timeout=1).status_code == 401:
+                if (
+                    httpx.get(
+                        f"{server.url}/api/v1/runs/run_probe/stream", headers=probe_headers, timeout=1
+                    ).status_code
+                    == 401
+                ):
                     return server
             except httpx.TransportError:
                 pass
@@ -92,8 +111,12 @@ def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
 def production_env(static_root: Path | None = None) -> dict[str, str | None]:
     """For start_daphne: console/settings.py itself (not the test settings) with DEBUG off and a
     fresh SECRET_KEY, serving `static_root` (collect_static's) when given."""
-    env: dict[str, str | None] = {"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(50),
-                                  "DJANGO_SETTINGS_MODULE": "console.settings", "DJANGO_ALLOW_ASYNC_UNSAFE": None}
+    env: dict[str, str | None] = {
+        "DEBUG": "0",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DJANGO_ALLOW_ASYNC_UNSAFE": None,
+    }
     if static_root is not None:
         env["RUNLEDGER_STATIC_ROOT"] = str(static_root)
     return env
@@ -107,7 +130,13 @@ def collect_static(static_root: Path) -> Path:
             env.pop(key, None)
         else:
             env[key] = value
-    done = subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return static_root

@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import AnonymousUser
 
-from ledger.tenancy import access
 from ledger.errors import LedgerError, NotFound
 from ledger.models import Workspace
+from ledger.tenancy import access
 from ledger.tenancy.services import bootstrap, create_key
-
 from tests.conftest import started
 
 

@@ -53,8 +53,10 @@ def test_announcements_waiting_together_go_out_once_per_run_with_the_highest_seq
     finally:
         loop.close()
     assert received == [
-        _appended("run_a", 5), _appended("run_b", 1),
-        {"type": "ledger.run_changed", "runId": "run_a"}, {"type": "ledger.run_changed", "runId": "run_b"},
+        _appended("run_a", 5),
+        _appended("run_b", 1),
+        {"type": "ledger.run_changed", "runId": "run_a"},
+        {"type": "ledger.run_changed", "runId": "run_b"},
         {"type": "test.last"},
     ]
 
@@ -71,8 +73,12 @@ def test_run_messages_carrying_their_batch_wait_as_one_the_newest_whole() -> Non
             event = [sequence, f"evt_{sequence}", "StepScheduled", None, "2026-12-01T00:00:00.000Z", "{}"]
             return {**_appended("run_a", sequence), "status": status, "events": [event]}
 
-        for message in (carrying(3, "running"), carrying(5, "completed"), carrying(4, "running"),
-                        _appended("run_a", 2)):
+        for message in (
+            carrying(3, "running"),
+            carrying(5, "completed"),
+            carrying(4, "running"),
+            _appended("run_a", 2),
+        ):
             sender.post(layer, group_for(1), message)
 
         async def everything_sent() -> list[dict[str, Any]]:
@@ -95,9 +101,11 @@ def test_a_group_nobody_joined_on_the_in_memory_layer_starts_no_event_loop() -> 
         loop.run_until_complete(layer.group_add(group_for(2), loop.run_until_complete(layer.new_channel())))
     finally:
         loop.close()
-    with patch.object(announce, "get_channel_layer", return_value=layer), \
-            patch.object(announce.SyncToAsync, "threadlocal", threading.local()), \
-            patch.object(announce, "async_to_sync") as started:
+    with (
+        patch.object(announce, "get_channel_layer", return_value=layer),
+        patch.object(announce.SyncToAsync, "threadlocal", threading.local()),
+        patch.object(announce, "async_to_sync") as started,
+    ):
         announce._send(group_for(1), _appended("run_a", 1))
         assert not started.called
         announce._send(group_for(2), _appended("run_b", 1))
@@ -106,6 +114,7 @@ def test_a_group_nobody_joined_on_the_in_memory_layer_starts_no_event_loop() -> 
 
 
 # --- the Redis pub/sub layer (console/settings.py's with REDIS_URL), on a Redis of the test's own ---
+
 
 class PrivateRedis:
     """A redis-server of the test's own, which it may kill and start again on the same port."""
@@ -118,10 +127,23 @@ class PrivateRedis:
         self.server: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.server = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                                        "--save", "", "--appendonly", "no", "--dir", str(self.directory),
-                                        *self.options],
-                                       stdout=subprocess.DEVNULL)
+        self.server = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                *self.options,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=self.port)
         try:
             for _ in range(200):
@@ -150,8 +172,9 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 
 def _pubsub_layer(url: str) -> RedisPubSubLayer:
-    return RedisPubSubLayer(hosts=[{"address": url, "socket_timeout": 15, "socket_connect_timeout": 5}],
-                            prefix="asgi.db3.")
+    return RedisPubSubLayer(
+        hosts=[{"address": url, "socket_timeout": 15, "socket_connect_timeout": 5}], prefix="asgi.db3."
+    )
 
 
 @pytest.mark.redis_only
@@ -179,8 +202,12 @@ def test_the_poster_writes_on_the_unanswered_connection_what_group_send_writes(p
         time.sleep(0.05)
     direct = publisher.direct
     assert direct is not None
-    assert layer.publish_command(group_for(1), _appended("run_a", 1)) == redis.connection.Connection().pack_command(
-        "PUBLISH", layer.group_channel(group_for(1)), layer.serialize(_appended("run_a", 1)))[0]
+    assert (
+        layer.publish_command(group_for(1), _appended("run_a", 1))
+        == redis.connection.Connection().pack_command(
+            "PUBLISH", layer.group_channel(group_for(1)), layer.serialize(_appended("run_a", 1))
+        )[0]
+    )
 
     async def heard() -> list[dict[str, Any]]:
         channel = await layer.new_channel()

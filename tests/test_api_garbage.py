@@ -20,7 +20,6 @@ from django.test import RequestFactory
 from console.api.events import RunEventsView
 from ledger.models import Workspace
 from ledger.tenancy.services import create_key
-
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -38,8 +37,12 @@ def collector_off() -> Iterator[None]:
 
 def _post(workspace: Workspace, run_id: str, events: list[dict[str, object]]) -> tuple[int, list[weakref.ref[object]]]:
     _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
-    request = RequestFactory().post(f"/api/v1/runs/{run_id}/events", data=orjson.dumps({"events": events}),
-                                    content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}")
+    request = RequestFactory().post(
+        f"/api/v1/runs/{run_id}/events",
+        data=orjson.dumps({"events": events}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
     response = RunEventsView.as_view()(request, run_id=run_id)
     context = response.renderer_context
     kept = [weakref.ref(context["view"]), weakref.ref(context["request"]), weakref.ref(response)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -24,11 +24,16 @@ from console.api.fastjson import BadBody, JsonParser, JsonRenderer
 from ledger.limits import has_nul
 from ledger.tenancy.services import create_key
 
-_text = st.text(alphabet=st.one_of(
-    st.characters(codec="utf-8"),
-    st.sampled_from(["\x00", "\x1f", "\x7f", '"', "\\", "/", "\u2028", "\u2029", "\U0001f600", "é"])), max_size=10)
+_text = st.text(
+    alphabet=st.one_of(
+        st.characters(codec="utf-8"),
+        st.sampled_from(["\x00", "\x1f", "\x7f", '"', "\\", "/", "\u2028", "\u2029", "\U0001f600", "é"]),
+    ),
+    max_size=10,
+)
 _numbers = st.one_of(
-    st.integers(), st.sampled_from([2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1, 10**30]),
+    st.integers(),
+    st.sampled_from([2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1, 10**30]),
     st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from([0.0, -0.0, 1e21, 1e-7, 2.5e-5, 5e-324, 0.1, 100.0]),
 )
@@ -90,11 +95,19 @@ def test_any_response_renders_to_the_same_document(value: Any) -> None:
 
 
 def test_what_orjson_does_not_know_is_written_as_drf_writes_it() -> None:
-    value = {"cost": Decimal("0.0027"), "at": datetime(2026, 11, 30, 10, 0, 0, 123456, tzinfo=timezone.utc),
-             "lazy": gettext_lazy("run"), "raw": b"bytes", "tuple": (1, "\u2028"), "big": 2**70, "none": None}
+    value = {
+        "cost": Decimal("0.0027"),
+        "at": datetime(2026, 11, 30, 10, 0, 0, 123456, tzinfo=UTC),
+        "lazy": gettext_lazy("run"),
+        "raw": b"bytes",
+        "tuple": (1, "\u2028"),
+        "big": 2**70,
+        "none": None,
+    }
     assert JsonRenderer().render(value) == JSONRenderer().render(value)
-    assert JsonRenderer().render(value, "application/json; indent=4") == \
-        JSONRenderer().render(value, "application/json; indent=4")
+    assert JsonRenderer().render(value, "application/json; indent=4") == JSONRenderer().render(
+        value, "application/json; indent=4"
+    )
     assert JsonRenderer().render(None) == b""
     deep: Any = []
     for _ in range(300):  # deeper than orjson writes
@@ -102,10 +115,20 @@ def test_what_orjson_does_not_know_is_written_as_drf_writes_it() -> None:
     assert JsonRenderer().render(deep) == JSONRenderer().render(deep)
 
 
-@pytest.mark.parametrize("body", [
-    b"{not json", b"", b"[1,]", b'{"a": NaN}', b'{"a": Infinity}', b"\xef\xbb\xbf{}", b'{"a": "\xff"}',
-    b'{"a": "\x00"}', b'{"a": 1} x',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"",
+        b"[1,]",
+        b'{"a": NaN}',
+        b'{"a": Infinity}',
+        b"\xef\xbb\xbf{}",
+        b'{"a": "\xff"}',
+        b'{"a": "\x00"}',
+        b'{"a": 1} x',
+    ],
+)
 def test_a_body_that_is_not_json_fails_with_the_stdlib_message(body: bytes) -> None:
     with pytest.raises(ParseError) as drf:
         drf_parse(body)
@@ -115,28 +138,49 @@ def test_a_body_that_is_not_json_fails_with_the_stdlib_message(body: bytes) -> N
 
 
 def test_what_only_the_stdlib_decodes_is_decoded_by_it() -> None:
-    for body in (b'{"a": "\\ud800"}', b'{"a": 1e400}', b'{"a": 184467440737095516160}', b'[-9999999999999999999]'):
+    for body in (b'{"a": "\\ud800"}', b'{"a": 1e400}', b'{"a": 184467440737095516160}', b"[-9999999999999999999]"):
         assert typed(our_parse(body)) == typed(drf_parse(body))
-    assert typed(our_parse('{"a": "é"}'.encode("latin-1"), "latin-1")) == typed(drf_parse('{"a": "é"}'.encode("latin-1"), "latin-1"))
+    assert typed(our_parse('{"a": "é"}'.encode("latin-1"), "latin-1")) == typed(
+        drf_parse('{"a": "é"}'.encode("latin-1"), "latin-1")
+    )
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("body", "status", "code"), [
-    (b"{not json", 400, "invalid_json"),
-    (b'{"events": [{"type": "RunStarted", "payload": {"n": NaN}}]}', 400, "invalid_json"),
-    # Refused before parsing: deeper than ledger.limits.MAX_JSON_DEPTH.
-    (b'{"events": [{"type": "RunStarted", "payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}", 400, "invalid_event"),
-    (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\x00"}}]}', 400, "invalid_json"),
-    (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "n": 184467440737095516160}}]}',
-     400, "invalid_event"),
-    (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\\ud800"}}]}', 400, "invalid_event"),
-    (b"[]", 400, "invalid_request"),
-    # Deeper than ledger.limits.MAX_JSON_DEPTH: refused before parsing.
-    *((b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
-       + b"[" * depth + b"]" * depth + b"}}]}", 400, "invalid_event") for depth in (61, 500, 1000)),
-    # A NUL character: PostgreSQL could not store it, so neither backend does.
-    (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\\u0000"}}]}', 400, "invalid_event"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b'{"events": [{"type": "RunStarted", "payload": {"n": NaN}}]}', 400, "invalid_json"),
+        # Refused before parsing: deeper than ledger.limits.MAX_JSON_DEPTH.
+        (
+            b'{"events": [{"type": "RunStarted", "payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}",
+            400,
+            "invalid_event",
+        ),
+        (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\x00"}}]}', 400, "invalid_json"),
+        (
+            b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "n": 184467440737095516160}}]}',
+            400,
+            "invalid_event",
+        ),
+        (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\\ud800"}}]}', 400, "invalid_event"),
+        (b"[]", 400, "invalid_request"),
+        # Deeper than ledger.limits.MAX_JSON_DEPTH: refused before parsing.
+        *(
+            (
+                b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
+                + b"[" * depth
+                + b"]" * depth
+                + b"}}]}",
+                400,
+                "invalid_event",
+            )
+            for depth in (61, 500, 1000)
+        ),
+        # A NUL character: PostgreSQL could not store it, so neither backend does.
+        (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w\\u0000"}}]}', 400, "invalid_event"),
+    ],
+)
 def test_bad_bodies_get_the_error_body_never_a_500(workspace, body: bytes, status: int, code: str) -> None:
     _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}", raise_request_exception=False)
@@ -150,9 +194,12 @@ def test_bad_bodies_get_the_error_body_never_a_500(workspace, body: bytes, statu
 def test_an_appended_batch_comes_back_as_drf_would_render_it(workspace) -> None:
     _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
-    events = [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "text": "caf\u00e9 \u2028 \U0001f600", "f": 0.5}}]
-    response = client.post("/api/v1/runs/run_ok/events", data=json.dumps({"events": events}),
-                           content_type="application/json")
+    events = [
+        {"type": "RunStarted", "payload": {"workflowVersionId": "w", "text": "caf\u00e9 \u2028 \U0001f600", "f": 0.5}}
+    ]
+    response = client.post(
+        "/api/v1/runs/run_ok/events", data=json.dumps({"events": events}), content_type="application/json"
+    )
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     assert response.content == JSONRenderer().render(response.json())
     assert b"\\u2028" in response.content
@@ -168,8 +215,9 @@ _brackety_json = st.recursive(
 
 @settings(max_examples=500)
 @given(_brackety_json, st.booleans(), st.integers(min_value=0, max_value=8))
-def test_the_depth_of_valid_json_is_found_as_the_general_check_finds_it(value: Any, ascii_only: bool,
-                                                                       limit: int) -> None:
+def test_the_depth_of_valid_json_is_found_as_the_general_check_finds_it(
+    value: Any, ascii_only: bool, limit: int
+) -> None:
     """valid_json_too_deep (the parser's path for what orjson read) answers as json_depth_exceeds
     does, for strings full of quotes, backslashes and brackets, at every limit around the depth."""
     from console.api.fastjson import valid_json_too_deep
@@ -201,13 +249,16 @@ def test_the_depth_of_deep_valid_json_is_found_around_the_peeling_passes(depth: 
         assert valid_json_too_deep(body, limit) == json_depth_exceeds(body, limit), limit
 
 
-@pytest.mark.parametrize("body", [
-    b'{"events": ' + b"[" * 64 + b"]" * 64 + b"}",
-    b'{"events": [{"type": "x", "payload": {"s": "\\\\\\"[[[[", "t": ' + b"[" * 63 + b"]" * 63 + b"}}]}",
-    b"[" * 65 + b"]" * 65,
-    b"[" * 2000 + b"]" * 2000,  # beyond orjson's own limit: refused by the general check
-    b"[" * 65,  # malformed: refused before the stdlib's parser sees it
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"events": ' + b"[" * 64 + b"]" * 64 + b"}",
+        b'{"events": [{"type": "x", "payload": {"s": "\\\\\\"[[[[", "t": ' + b"[" * 63 + b"]" * 63 + b"}}]}",
+        b"[" * 65 + b"]" * 65,
+        b"[" * 2000 + b"]" * 2000,  # beyond orjson's own limit: refused by the general check
+        b"[" * 65,  # malformed: refused before the stdlib's parser sees it
+    ],
+)
 def test_a_body_nested_too_deep_is_refused_whichever_parser_reads_it(body: bytes) -> None:
     from ledger.limits import json_depth_exceeds
 

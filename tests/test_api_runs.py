@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from ledger.log import append
 from ledger.demo.data import _summarize_run
+from ledger.log import append
 from ledger.log.leases import acquire_run_lease
 from ledger.models import Artifact, Run, Workspace
 from ledger.tenancy.services import bootstrap, create_key
@@ -82,11 +82,13 @@ def rich_run(workspace: Workspace) -> str:
     """A finished run with a step, two priced model calls, a tool call, an artifact and a sub-run."""
     events = _summarize_run(("openai", "gpt-4o-mini"), finish=True)
     big = {"type": "StepCompleted", "payload": {"stepPath": "attach", "attempt": 1, "output": {"blob": "x" * 300_000}}}
-    events[-1:-1] = [{"type": "StepScheduled", "payload": {"stepPath": "attach"}},
-                     {"type": "StepAttemptStarted", "payload": {"stepPath": "attach", "attempt": 1}}, big]
+    events[-1:-1] = [
+        {"type": "StepScheduled", "payload": {"stepPath": "attach"}},
+        {"type": "StepAttemptStarted", "payload": {"stepPath": "attach", "attempt": 1}},
+        big,
+    ]
     append(workspace=workspace, run_id="run_rich", events=events)
-    append(workspace=workspace, run_id="run_rich_child",
-                  events=[started("wfver_child", parentRunId="run_rich")])
+    append(workspace=workspace, run_id="run_rich_child", events=[started("wfver_child", parentRunId="run_rich")])
     return "run_rich"
 
 
@@ -106,8 +108,12 @@ def test_append_returns_envelopes_and_replays_a_retry(api: httpx.Client) -> None
     assert again.status_code == 200
     assert again.json()["events"][0] == {**env, "replayed": True}
 
-    step = post_events(api, "run_one", {"type": "StepScheduled", "payload": {"stepPath": "a"},
-                                        "occurrenceId": "occ-1"}, expectedSequence=1)
+    step = post_events(
+        api,
+        "run_one",
+        {"type": "StepScheduled", "payload": {"stepPath": "a"}, "occurrenceId": "occ-1"},
+        expectedSequence=1,
+    )
     assert step.status_code == 200 and step.json()["events"][0]["occurrenceId"] == "occ-1"
     assert step.json()["lastSequence"] == 2
 
@@ -123,9 +129,15 @@ def test_unknown_event_type_is_400(api: httpx.Client) -> None:
 
 
 def test_recorded_cost_is_refused(api: httpx.Client) -> None:
-    responded = {"type": "harness.model.responded", "payload": {
-        "turn": 1, "callId": "c1", "model": {"provider": "openai", "modelId": "gpt-4o"},
-        "response": {"usage": {"inputTokens": 1, "outputTokens": 1, "costUsd": 0.5}}}}
+    responded = {
+        "type": "harness.model.responded",
+        "payload": {
+            "turn": 1,
+            "callId": "c1",
+            "model": {"provider": "openai", "modelId": "gpt-4o"},
+            "response": {"usage": {"inputTokens": 1, "outputTokens": 1, "costUsd": 0.5}},
+        },
+    }
     details = error(post_events(api, "run_x", started(), responded), 400, "cost_not_allowed")
     assert details["index"] == 1
 
@@ -182,7 +194,10 @@ def test_malformed_bodies_are_400_envelopes(api: httpx.Client) -> None:
     error(api.post(url, json=[started()]), 400, "invalid_request")
     assert error(api.post(url, json={"events": {"type": "RunStarted"}}), 400, "invalid_event")["field"] == "events"
     assert error(api.post(url, json={}), 400, "invalid_event")["field"] == "events"
-    assert error(post_events(api, "run_m", started(), expectedSequence="3"), 400, "invalid_event")["field"] == "expectedSequence"
+    assert (
+        error(post_events(api, "run_m", started(), expectedSequence="3"), 400, "invalid_event")["field"]
+        == "expectedSequence"
+    )
 
 
 # --- auth ----------------------------------------------------------------------------------
@@ -204,7 +219,9 @@ def _artifact_id(workspace: Workspace) -> str:
     return Artifact.objects.filter(workspace=workspace).get().artifact_id
 
 
-def test_no_credentials_is_401_everywhere(client_for: Callable[..., httpx.Client], rich_run: str, workspace: Workspace) -> None:
+def test_no_credentials_is_401_everywhere(
+    client_for: Callable[..., httpx.Client], rich_run: str, workspace: Workspace
+) -> None:
     anonymous = client_for()
     for method, url, body in _every_route(rich_run, _artifact_id(workspace)):
         response = anonymous.request(method, url, json=body)
@@ -214,7 +231,9 @@ def test_no_credentials_is_401_everywhere(client_for: Callable[..., httpx.Client
     error(bogus, 401, "unauthenticated")
 
 
-def test_key_without_the_scope_is_403(client_for: Callable[..., httpx.Client], rich_run: str, workspace: Workspace) -> None:
+def test_key_without_the_scope_is_403(
+    client_for: Callable[..., httpx.Client], rich_run: str, workspace: Workspace
+) -> None:
     read_only, ingest_only = client_for(workspace, "read"), client_for(workspace, "ingest")
     for method, url, body in _every_route(rich_run, _artifact_id(workspace)):
         key = read_only if method == "POST" else ingest_only
@@ -222,8 +241,9 @@ def test_key_without_the_scope_is_403(client_for: Callable[..., httpx.Client], r
         assert details["scope"] == ("ingest" if method == "POST" else "read")
 
 
-def test_another_tenants_objects_are_404_on_every_route(outsider_api: httpx.Client, rich_run: str,
-                                                        workspace: Workspace) -> None:
+def test_another_tenants_objects_are_404_on_every_route(
+    outsider_api: httpx.Client, rich_run: str, workspace: Workspace
+) -> None:
     artifact_id = _artifact_id(workspace)
     before = Run.objects.get(run_id=rich_run).last_sequence
     for method, url, body in _every_route(rich_run, artifact_id):
@@ -244,10 +264,33 @@ def test_another_tenants_objects_are_404_on_every_route(outsider_api: httpx.Clie
 # --- reads ---------------------------------------------------------------------------------
 
 
-RUN_FIELDS = {"runId", "workflowVersionId", "status", "parentRunId", "rootRunId", "startedAt", "finishedAt",
-              "input", "output", "error", "lastSequence", "eventCount", "usage", "replayOf", "children", "links"}
-USAGE_FIELDS = {"inputTokens", "outputTokens", "cachedInputTokens", "reasoningTokens", "costUsd", "pricedCalls",
-                "unpricedCalls"}
+RUN_FIELDS = {
+    "runId",
+    "workflowVersionId",
+    "status",
+    "parentRunId",
+    "rootRunId",
+    "startedAt",
+    "finishedAt",
+    "input",
+    "output",
+    "error",
+    "lastSequence",
+    "eventCount",
+    "usage",
+    "replayOf",
+    "children",
+    "links",
+}
+USAGE_FIELDS = {
+    "inputTokens",
+    "outputTokens",
+    "cachedInputTokens",
+    "reasoningTokens",
+    "costUsd",
+    "pricedCalls",
+    "unpricedCalls",
+}
 
 
 def test_run_object_is_the_documented_shape(api: httpx.Client, rich_run: str) -> None:
@@ -260,8 +303,11 @@ def test_run_object_is_the_documented_shape(api: httpx.Client, rich_run: str) ->
     assert run["startedAt"].endswith("Z") and run["finishedAt"].endswith("Z")
     assert run["usage"]["pricedCalls"] == 2 and run["usage"]["unpricedCalls"] == 0
     assert isinstance(run["usage"]["costUsd"], float) and run["usage"]["costUsd"] > 0
-    assert run["links"] == {"console": "/w/acme/support/runs/run_rich/", "evidence": "/api/v1/runs/run_rich/evidence",
-                            "events": "/api/v1/runs/run_rich/events"}
+    assert run["links"] == {
+        "console": "/w/acme/support/runs/run_rich/",
+        "evidence": "/api/v1/runs/run_rich/evidence",
+        "events": "/api/v1/runs/run_rich/events",
+    }
     child = api.get(f"{V1}/runs/run_rich_child").json()
     assert child["parentRunId"] == "run_rich" and child["rootRunId"] == "run_rich" and child["children"] == 0
 
@@ -357,8 +403,19 @@ def test_events_as_ndjson(api: httpx.Client, rich_run: str) -> None:
 def test_evidence_bundle(api: httpx.Client, rich_run: str) -> None:
     assert api.post(f"{V1}/runs/{rich_run}/feedback", json={"rating": 4, "category": "accuracy"}).status_code == 201
     bundle = api.get(f"{V1}/runs/{rich_run}/evidence").json()
-    assert set(bundle) == {"run", "steps", "toolCalls", "artifacts", "costs", "approvals", "feedback", "subRuns",
-                           "usage", "integrity", "replayReady"}
+    assert set(bundle) == {
+        "run",
+        "steps",
+        "toolCalls",
+        "artifacts",
+        "costs",
+        "approvals",
+        "feedback",
+        "subRuns",
+        "usage",
+        "integrity",
+        "replayReady",
+    }
     assert set(bundle["run"]) == RUN_FIELDS and bundle["usage"] == bundle["run"]["usage"]
     assert [s["stepPath"] for s in bundle["steps"]] == ["summarize", "attach"]
     assert all(s["status"] == "completed" for s in bundle["steps"])
@@ -396,8 +453,15 @@ def test_evidence_reports_a_tampered_artifact(api: httpx.Client, rich_run: str, 
 def test_replay_plan(api: httpx.Client, workspace: Workspace) -> None:
     append(workspace=workspace, run_id="run_crashed", events=_summarize_run(("openai", "gpt-4o"), finish=False))
     plan = api.get(f"{V1}/runs/run_crashed/replay-plan").json()
-    assert set(plan) == {"runId", "steps", "completedStepPaths", "pendingStepPaths", "sessions", "integrity",
-                         "replayReady"}
+    assert set(plan) == {
+        "runId",
+        "steps",
+        "completedStepPaths",
+        "pendingStepPaths",
+        "sessions",
+        "integrity",
+        "replayReady",
+    }
     assert plan["runId"] == "run_crashed" and plan["pendingStepPaths"] == ["summarize"]
     assert plan["steps"][0]["shouldRun"] is True
     assert [c["action"] for c in plan["sessions"][0]["calls"]] == ["replay", "replay", "replay"]
@@ -464,8 +528,13 @@ def test_session_reads_and_writes_only_with_the_csrf_token(server: str, rich_run
         assert accepted.json()["author"] == {"type": "member", "name": "dave"}
         # a viewer may rate but not append: appending stands in for the ingest scope (operator)
         step = {"events": [{"type": "custom.note", "payload": {}}]}
-        error(browser.post(f"{V1}/runs/{rich_run}/events", json=step,
-                           headers={"X-CSRFToken": browser.cookies["csrftoken"]}), 403, "forbidden")
+        error(
+            browser.post(
+                f"{V1}/runs/{rich_run}/events", json=step, headers={"X-CSRFToken": browser.cookies["csrftoken"]}
+            ),
+            403,
+            "forbidden",
+        )
     finally:
         browser.close()
 
@@ -533,7 +602,9 @@ def test_usage_as_csv(api: httpx.Client, usage_runs: None) -> None:
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
     assert "attachment" in response.headers["content-disposition"]
     lines = response.text.splitlines()
-    assert lines[0] == "key,inputTokens,outputTokens,cachedInputTokens,reasoningTokens,costUsd,pricedCalls,unpricedCalls"
+    assert (
+        lines[0] == "key,inputTokens,outputTokens,cachedInputTokens,reasoningTokens,costUsd,pricedCalls,unpricedCalls"
+    )
     assert lines[1] == "acme.chat/house,2800,370,2000,0,,0,2"
     key, *numbers = lines[2].split(",")
     json_row = api.get(f"{V1}/usage?groupBy=model").json()["rows"][1]
@@ -542,13 +613,21 @@ def test_usage_as_csv(api: httpx.Client, usage_runs: None) -> None:
 
 
 def test_usage_bad_parameters_are_400(api: httpx.Client) -> None:
-    for query in ("groupBy=year", "from=2026-13-01", "to=yesterday", "from=2026-02-02&to=2026-02-01",
-                  "scope=galaxy", "format=xml", "from=20260101"):
+    for query in (
+        "groupBy=year",
+        "from=2026-13-01",
+        "to=yesterday",
+        "from=2026-02-02&to=2026-02-01",
+        "scope=galaxy",
+        "format=xml",
+        "from=20260101",
+    ):
         error(api.get(f"{V1}/usage?{query}"), 400, "invalid_parameter")
 
 
 def test_usage_across_the_tenant_is_for_admins_in_a_session(
-        server: str, api: httpx.Client, usage_runs: None, admin: User, viewer: User) -> None:
+    server: str, api: httpx.Client, usage_runs: None, admin: User, viewer: User
+) -> None:
     error(api.get(f"{V1}/usage?scope=tenant"), 403, "forbidden")
     as_admin, as_viewer = log_in(server, admin), log_in(server, viewer)
     try:
@@ -571,12 +650,19 @@ def test_schema_documents_every_route_and_its_errors(api: httpx.Client) -> None:
     response = api.get("/api/schema/", headers={"Accept": "application/json"})
     assert response.status_code == 200
     paths = response.json()["paths"]
-    for route, method in [("/api/v1/runs/{run_id}/events", "post"), ("/api/v1/runs/{run_id}/events", "get"),
-                          ("/api/v1/runs", "get"), ("/api/v1/runs/{run_id}", "get"),
-                          ("/api/v1/runs/{run_id}/children", "get"), ("/api/v1/runs/{run_id}/evidence", "get"),
-                          ("/api/v1/runs/{run_id}/replay-plan", "get"), ("/api/v1/runs/{run_id}/feedback", "post"),
-                          ("/api/v1/artifacts/{artifact_id}", "get"), ("/api/v1/artifacts/{artifact_id}/content", "get"),
-                          ("/api/v1/usage", "get")]:
+    for route, method in [
+        ("/api/v1/runs/{run_id}/events", "post"),
+        ("/api/v1/runs/{run_id}/events", "get"),
+        ("/api/v1/runs", "get"),
+        ("/api/v1/runs/{run_id}", "get"),
+        ("/api/v1/runs/{run_id}/children", "get"),
+        ("/api/v1/runs/{run_id}/evidence", "get"),
+        ("/api/v1/runs/{run_id}/replay-plan", "get"),
+        ("/api/v1/runs/{run_id}/feedback", "post"),
+        ("/api/v1/artifacts/{artifact_id}", "get"),
+        ("/api/v1/artifacts/{artifact_id}/content", "get"),
+        ("/api/v1/usage", "get"),
+    ]:
         operation = paths[route][method]
         assert "401" in operation["responses"], route
         assert any(code.startswith("2") for code in operation["responses"]), route

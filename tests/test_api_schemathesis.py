@@ -33,11 +33,11 @@ def test_no_server_errors_and_responses_match_the_schema(live_server: Any) -> No
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         def check(case: Any) -> None:
-            case.call_and_validate(base_url=live_server.url, headers=headers,
-                                   checks=[not_a_server_error, response_schema_conformance])
+            case.call_and_validate(
+                base_url=live_server.url, headers=headers, checks=[not_a_server_error, response_schema_conformance]
+            )
 
         try:
             check()

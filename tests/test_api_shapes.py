@@ -14,13 +14,13 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from console.api import schema
-from ledger.reads import selectors, serialize
 from ledger.log import append
+from ledger.models import Artifact, Run, Workspace
+from ledger.reads import selectors, serialize
+from ledger.reads.usage import usage_rows
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
-from ledger.models import Artifact, Run, Workspace
 from ledger.replay.stored_plan import replay_plan_for
-from ledger.reads.usage import usage_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -46,21 +46,37 @@ def _matches(shape: serializers.Serializer, data: Any, where: str) -> None:
 @pytest.fixture
 def run(workspace: Workspace) -> Run:
     path = "answer"
-    append(workspace=workspace, run_id="run_shapes", events=[
-        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_s", "input": {"q": 1}}},
-        {"type": "StepScheduled", "payload": {"stepPath": path}},
-        {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
-        {"type": "harness.model.responded", "payload": {
-            "turn": 1, "callId": "m1", "stepPath": path, "model": {"provider": "openai", "modelId": "gpt-4o"},
-            "response": {"usage": {"inputTokens": 10, "outputTokens": 5}}}},
-        {"type": "harness.tool_call.started", "payload": {
-            "callId": "t1", "caller": "model", "toolName": "search", "args": {}, "stepPath": path}},
-        {"type": "harness.tool_call.succeeded", "payload": {"callId": "t1", "result": {}, "durationMs": 1}},
-        {"type": "StepCompleted", "payload": {"stepPath": path, "attempt": 1, "output": {"big": "x" * 300_000}}},
-        {"type": "RunCompleted", "payload": {"output": 1}},
-    ])
-    append(workspace=workspace, run_id="run_shapes_sub", events=[
-        {"type": "RunStarted", "payload": {"workflowVersionId": "w", "parentRunId": "run_shapes"}}])
+    append(
+        workspace=workspace,
+        run_id="run_shapes",
+        events=[
+            {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_s", "input": {"q": 1}}},
+            {"type": "StepScheduled", "payload": {"stepPath": path}},
+            {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
+            {
+                "type": "harness.model.responded",
+                "payload": {
+                    "turn": 1,
+                    "callId": "m1",
+                    "stepPath": path,
+                    "model": {"provider": "openai", "modelId": "gpt-4o"},
+                    "response": {"usage": {"inputTokens": 10, "outputTokens": 5}},
+                },
+            },
+            {
+                "type": "harness.tool_call.started",
+                "payload": {"callId": "t1", "caller": "model", "toolName": "search", "args": {}, "stepPath": path},
+            },
+            {"type": "harness.tool_call.succeeded", "payload": {"callId": "t1", "result": {}, "durationMs": 1}},
+            {"type": "StepCompleted", "payload": {"stepPath": path, "attempt": 1, "output": {"big": "x" * 300_000}}},
+            {"type": "RunCompleted", "payload": {"output": 1}},
+        ],
+    )
+    append(
+        workspace=workspace,
+        run_id="run_shapes_sub",
+        events=[{"type": "RunStarted", "payload": {"workflowVersionId": "w", "parentRunId": "run_shapes"}}],
+    )
     found = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id="run_shapes")
     record_feedback(run=found, rating=4, category="tone", comment="fine")
     return found
@@ -73,8 +89,7 @@ def test_run_and_run_list(run: Run) -> None:
 
 def test_events(run: Run) -> None:
     page = selectors.events(run)
-    _matches(schema.EventsPageSerializer(), {"events": page, "lastSequence": run.last_sequence, "next": None},
-             "events")
+    _matches(schema.EventsPageSerializer(), {"events": page, "lastSequence": run.last_sequence, "next": None}, "events")
 
 
 def test_evidence_bundle(run: Run) -> None:
@@ -89,8 +104,7 @@ def test_replay_plan(run: Run) -> None:
 
 
 def test_artifact_and_feedback(run: Run) -> None:
-    _matches(schema.ArtifactSerializer(), serialize.artifact(Artifact.objects.get(workspace=run.workspace)),
-             "artifact")
+    _matches(schema.ArtifactSerializer(), serialize.artifact(Artifact.objects.get(workspace=run.workspace)), "artifact")
     _matches(schema.FeedbackSerializer(), serialize.feedback(run.feedback.get(), run.run_id), "feedback")
 
 
@@ -98,6 +112,12 @@ def test_usage_report(run: Run) -> None:
     today = timezone.now().date()
     rows, total = usage_rows(group_by="model", start=today - timedelta(days=1), end=today, workspace=run.workspace)
     assert rows
-    _matches(schema.UsageReportSerializer(), {
-        "rows": [r.to_json() for r in rows],
-        "total": {k: v for k, v in total.to_json().items() if k != "key"}, "next": None}, "usage")
+    _matches(
+        schema.UsageReportSerializer(),
+        {
+            "rows": [r.to_json() for r in rows],
+            "total": {k: v for k, v in total.to_json().items() if k != "key"},
+            "next": None,
+        },
+        "usage",
+    )

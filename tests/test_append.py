@@ -11,9 +11,9 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 
 from ledger import errors
-from ledger.log.announce import group_for
-from ledger.log import append
 from ledger.canonical import canonical_json, event_id
+from ledger.log import append
+from ledger.log.announce import group_for
 from ledger.models import Event, Run
 from tests.conftest import ev, started
 
@@ -38,8 +38,9 @@ def test_appends_get_dense_sequences_and_reproducible_ids(append) -> None:
 def test_vector_log_appends_with_the_vector_ids(workspace) -> None:
     vectors = json.loads(open("tests/data/vectors.json").read())["events"]
     log = [v for v in vectors if v["runId"] == "run_order"]
-    result = append(workspace=workspace, run_id="run_order",
-                           events=[{"type": v["type"], "payload": v["payload"]} for v in log])
+    result = append(
+        workspace=workspace, run_id="run_order", events=[{"type": v["type"], "payload": v["payload"]} for v in log]
+    )
     assert [e["eventId"] for e in result.events] == [v["eventId"] for v in log]
 
 
@@ -47,8 +48,9 @@ def test_occurrence_id_is_hashed_and_returned(append) -> None:
     append("run_a", started())
     env = append("run_a", {**ev("StepScheduled", stepPath="x"), "occurrenceId": "occ_1"}).events[0]
     assert env["occurrenceId"] == "occ_1"
-    assert env["eventId"] == event_id(run_id="run_a", sequence=2, type="StepScheduled",
-                                      payload={"stepPath": "x"}, occurrence_id="occ_1")
+    assert env["eventId"] == event_id(
+        run_id="run_a", sequence=2, type="StepScheduled", payload={"stepPath": "x"}, occurrence_id="occ_1"
+    )
 
 
 def test_same_key_same_payload_returns_the_original_and_writes_nothing(append) -> None:
@@ -58,7 +60,8 @@ def test_same_key_same_payload_returns_the_original_and_writes_nothing(append) -
     again = append("run_a", {**ev("StepScheduled", stepPath="s"), "idempotencyKey": "k1"})
     assert again.events[0]["replayed"] is True
     assert {k: v for k, v in again.events[0].items() if k != "replayed"} == {
-        k: v for k, v in original.items() if k != "replayed"}
+        k: v for k, v in original.items() if k != "replayed"
+    }
     assert again.last_sequence == 3
     assert Event.objects.filter(run__run_id="run_a").count() == 3
 
@@ -86,7 +89,9 @@ def test_same_key_twice_in_one_batch(append) -> None:
     assert [e["replayed"] for e in result.events] == [False, True]
     assert result.events[0]["sequence"] == result.events[1]["sequence"] == 2
     with pytest.raises(errors.IdempotencyConflict):
-        append("run_a", {**item, "idempotencyKey": "k2"}, {**item, "payload": {"stepPath": "z"}, "idempotencyKey": "k2"})
+        append(
+            "run_a", {**item, "idempotencyKey": "k2"}, {**item, "payload": {"stepPath": "z"}, "idempotencyKey": "k2"}
+        )
 
 
 def test_failing_event_leaves_log_unchanged_and_consumes_no_sequence(append) -> None:
@@ -102,8 +107,11 @@ def test_failing_event_leaves_log_unchanged_and_consumes_no_sequence(append) -> 
 def test_conflict_in_the_middle_of_a_batch_rolls_back_everything(append) -> None:
     append("run_a", started(), {**ev("StepScheduled", stepPath="s"), "idempotencyKey": "k1"})
     with pytest.raises(errors.IdempotencyConflict):
-        append("run_a", ev("StepScheduled", stepPath="new"),
-               {**ev("StepScheduled", stepPath="changed"), "idempotencyKey": "k1"})
+        append(
+            "run_a",
+            ev("StepScheduled", stepPath="new"),
+            {**ev("StepScheduled", stepPath="changed"), "idempotencyKey": "k1"},
+        )
     assert len(stored("run_a")) == 2
 
 
@@ -150,9 +158,13 @@ def test_unknown_type_is_refused_and_custom_is_accepted(append) -> None:
 
 def test_cost_in_recorded_usage_is_refused(append) -> None:
     append("run_a", started())
-    responded = ev("harness.model.responded", turn=1, callId="c1",
-                   model={"provider": "openai", "modelId": "gpt-4o"},
-                   response={"usage": {"inputTokens": 10, "outputTokens": 2, "costUsd": 0.5}})
+    responded = ev(
+        "harness.model.responded",
+        turn=1,
+        callId="c1",
+        model={"provider": "openai", "modelId": "gpt-4o"},
+        response={"usage": {"inputTokens": 10, "outputTokens": 2, "costUsd": 0.5}},
+    )
     with pytest.raises(errors.CostNotAllowed) as exc:
         append("run_a", responded)
     assert exc.value.details["field"] == "payload.response.usage.costUsd"
@@ -160,14 +172,17 @@ def test_cost_in_recorded_usage_is_refused(append) -> None:
         append("run_a", ev("harness.session.completed", usage={"costUsd": 1}))
 
 
-@pytest.mark.parametrize("item, field", [
-    ({"type": "RunStarted", "payload": {}}, "payload.workflowVersionId"),
-    ({"type": "RunStarted", "payload": {"workflowVersionId": True}}, "payload.workflowVersionId"),
-    ({"type": "RunStarted", "payload": []}, "payload"),
-    ({"type": "", "payload": {}}, "type"),
-    ({"type": "RunStarted", "payload": {"workflowVersionId": "w", "x": float("nan")}}, "payload"),
-    ({"type": "RunStarted", "payload": {"workflowVersionId": "w"}, "idempotencyKey": 3}, "idempotencyKey"),
-])
+@pytest.mark.parametrize(
+    "item, field",
+    [
+        ({"type": "RunStarted", "payload": {}}, "payload.workflowVersionId"),
+        ({"type": "RunStarted", "payload": {"workflowVersionId": True}}, "payload.workflowVersionId"),
+        ({"type": "RunStarted", "payload": []}, "payload"),
+        ({"type": "", "payload": {}}, "type"),
+        ({"type": "RunStarted", "payload": {"workflowVersionId": "w", "x": float("nan")}}, "payload"),
+        ({"type": "RunStarted", "payload": {"workflowVersionId": "w"}, "idempotencyKey": 3}, "idempotencyKey"),
+    ],
+)
 def test_invalid_events_name_the_field(append, item, field) -> None:
     with pytest.raises(errors.InvalidEvent) as exc:
         append("run_a", item)
@@ -178,8 +193,10 @@ def test_invalid_events_name_the_field(append, item, field) -> None:
 def test_nested_required_fields_are_checked(append) -> None:
     append("run_a", started())
     with pytest.raises(errors.InvalidEvent) as exc:
-        append("run_a", ev("harness.model.responded", turn=1, callId="c", model={"provider": "openai"},
-                           response={"usage": {}}))
+        append(
+            "run_a",
+            ev("harness.model.responded", turn=1, callId="c", model={"provider": "openai"}, response={"usage": {}}),
+        )
     assert exc.value.details["field"] == "payload.model.modelId"
 
 
@@ -190,12 +207,16 @@ def test_unlisted_fields_are_kept_untouched(append) -> None:
 
 
 def test_redacted_keys_never_reach_the_database(append) -> None:
-    append("run_a", started(
-        config={"apiKey": "sk-live-1", "nested": [{"Set-Cookie": "sid=1", "client_secret": "cs"}]},
-        usage={"inputTokens": 5}, leaseToken="keep-me",
-    ))
+    append(
+        "run_a",
+        started(
+            config={"apiKey": "sk-live-1", "nested": [{"Set-Cookie": "sid=1", "client_secret": "cs"}]},
+            usage={"inputTokens": 5},
+            leaseToken="keep-me",
+        ),
+    )
     raw = Event.objects.get(run__run_id="run_a", sequence=1).payload
-    for secret in ("sk-live-1", "sid=1", "cs\""):
+    for secret in ("sk-live-1", "sid=1", 'cs"'):
         assert secret not in raw
     assert '"leaseToken":"keep-me"' in raw and '"inputTokens":5' in raw
     assert json.loads(raw)["config"]["nested"][0] == {"Set-Cookie": "[REDACTED]", "client_secret": "[REDACTED]"}
@@ -238,8 +259,10 @@ def test_announcement_is_sent_after_commit_with_run_sequence_status_and_the_stor
         return await asyncio.wait_for(layer.receive(channel), 5)
 
     # The batch rides along as stored: the columns a read of the log returns (envelopes.log_rows).
-    stored = [[e.sequence, e.event_id, e.type, e.occurrence_id, e.recorded_at, e.payload]
-              for e in Event.objects.filter(run=run, sequence__gt=1).order_by("sequence")]
+    stored = [
+        [e.sequence, e.event_id, e.type, e.occurrence_id, e.recorded_at, e.payload]
+        for e in Event.objects.filter(run=run, sequence__gt=1).order_by("sequence")
+    ]
     heard_message = async_to_sync(heard)()
     assert [event[:4] + event[5:] for event in heard_message.pop("events")] == [e[:4] + e[5:] for e in stored]
     assert heard_message == {"type": "ledger.appended", "runId": "run_a", "sequence": 3, "status": "running"}

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from ledger.log import append
 from ledger.errors import Fenced, IdempotencyConflict, RunFinished, SequenceConflict
-from ledger.log.leases import acquire_run_lease, new_owner
-from ledger.models import Event, Run, Workspace
-from ledger.log.states import STATES
-from ledger.log.projection import differences
-from ledger.fold.pricing import prices_for
-from ledger.log.envelopes import log_of
 from ledger.fold import fold
+from ledger.fold.pricing import prices_for
+from ledger.log import append
+from ledger.log.envelopes import log_of
+from ledger.log.leases import acquire_run_lease, new_owner
+from ledger.log.projection import differences
+from ledger.log.states import STATES
+from ledger.models import Event, Run, Workspace
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
@@ -43,9 +43,14 @@ def _projections_equal_the_fold(ws: Workspace, run_id: str) -> None:
 
 def _answer(call_id: str = "c1") -> dict[str, Any]:
     """A priced model answer: it moves the run's usage, a step and a cost entry."""
-    return ev("harness.model.responded", turn=1, callId=call_id, stepPath="s",
-              model={"provider": "openai", "modelId": "gpt-4o-mini"},
-              response={"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 5}})
+    return ev(
+        "harness.model.responded",
+        turn=1,
+        callId=call_id,
+        stepPath="s",
+        model={"provider": "openai", "modelId": "gpt-4o-mini"},
+        response={"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 5}},
+    )
 
 
 def test_a_stale_guess_writes_nothing_and_the_locked_path_appends(ws: Workspace) -> None:
@@ -73,10 +78,8 @@ def test_a_leased_run_refuses_a_writer_without_its_token(ws: Workspace) -> None:
     with pytest.raises(Fenced):
         append(workspace=ws, run_id="run_l", events=[ev("custom.no_token")])
     with pytest.raises(Fenced):
-        append(workspace=ws, run_id="run_l", events=[ev("custom.old_token")],
-                      fencing_token=lease.fencing_token - 1)
-    done = append(workspace=ws, run_id="run_l", events=[ev("custom.holder")],
-                         fencing_token=lease.fencing_token)
+        append(workspace=ws, run_id="run_l", events=[ev("custom.old_token")], fencing_token=lease.fencing_token - 1)
+    done = append(workspace=ws, run_id="run_l", events=[ev("custom.holder")], fencing_token=lease.fencing_token)
 
     assert done.last_sequence == 3
     assert _sequences("run_l") == [1, 2, 3]
@@ -113,8 +116,11 @@ def test_a_refused_batch_leaves_no_half_applied_state(ws: Workspace) -> None:
     append(workspace=ws, run_id="run_r", events=[ev("custom.a")])
 
     with pytest.raises(RunFinished):  # the second half of the batch is refused: nothing is written
-        append(workspace=ws, run_id="run_r", events=[
-            _answer(), ev("RunCompleted", output={"ok": True}), ev("StepScheduled", stepPath="late")])
+        append(
+            workspace=ws,
+            run_id="run_r",
+            events=[_answer(), ev("RunCompleted", output={"ok": True}), ev("StepScheduled", stepPath="late")],
+        )
     done = append(workspace=ws, run_id="run_r", events=[_answer("c9")])
 
     assert done.last_sequence == 3
@@ -123,8 +129,7 @@ def test_a_refused_batch_leaves_no_half_applied_state(ws: Workspace) -> None:
 
 
 def test_a_first_batch_that_finishes_the_run_projects_it(ws: Workspace) -> None:
-    append(workspace=ws, run_id="run_f", events=[
-        started(), _answer(), ev("RunCompleted", output={"answer": 42})])
+    append(workspace=ws, run_id="run_f", events=[started(), _answer(), ev("RunCompleted", output={"answer": 42})])
 
     run = Run.objects.get(run_id="run_f")
     assert (run.status, run.output, run.last_sequence, run.event_count) == ("completed", {"answer": 42}, 3, 3)

@@ -15,17 +15,16 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from ledger.log import strategies as append_module
-from ledger.log import projection, states, statements
-from ledger.log.strategies import PIPELINE_FROM, PIPELINE_PART
-from ledger.log import append
 from ledger.errors import Fenced, IdempotencyConflict, InvalidEvent, SequenceConflict
 from ledger.fold import fold
-from ledger.log.leases import acquire_run_lease, new_owner
-from ledger.models import CostEntry, Event, Run, ToolCall, Workspace
-from ledger.log.projection import differences
 from ledger.fold.pricing import prices_for
+from ledger.log import append, statements, states
+from ledger.log import strategies as append_module
 from ledger.log.envelopes import log_of
+from ledger.log.leases import acquire_run_lease, new_owner
+from ledger.log.projection import differences
+from ledger.log.strategies import PIPELINE_FROM, PIPELINE_PART
+from ledger.models import CostEntry, Event, Run, ToolCall, Workspace
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
@@ -60,12 +59,27 @@ def _work(n: int, tag: str, start_turn: int = 1) -> list[dict[str, Any]]:
     for i in range(n):
         turn = start_turn + i
         if i % 3 == 0:
-            items.append(ev("harness.model.responded", turn=turn, callId=f"m{tag}{i}", stepPath="s",
-                            model={"provider": "openai", "modelId": "gpt-4o-mini"},
-                            response={"text": f"answer {i}", "usage": {"inputTokens": 10, "outputTokens": 5}}))
+            items.append(
+                ev(
+                    "harness.model.responded",
+                    turn=turn,
+                    callId=f"m{tag}{i}",
+                    stepPath="s",
+                    model={"provider": "openai", "modelId": "gpt-4o-mini"},
+                    response={"text": f"answer {i}", "usage": {"inputTokens": 10, "outputTokens": 5}},
+                )
+            )
         elif i % 3 == 1:
-            items.append(ev("harness.tool_call.started", callId=f"t{tag}{i}", caller="agent", toolName="lookup",
-                            args={"n": i}, turn=turn))
+            items.append(
+                ev(
+                    "harness.tool_call.started",
+                    callId=f"t{tag}{i}",
+                    caller="agent",
+                    toolName="lookup",
+                    args={"n": i},
+                    turn=turn,
+                )
+            )
         else:
             items.append(ev("harness.tool_call.succeeded", callId=f"t{tag}{i - 1}", result={"n": i}, durationMs=3))
     return items
@@ -104,8 +118,11 @@ def test_a_long_batch_lands_whole_with_its_projections(ws: Workspace, parts: lis
     assert [e["sequence"] for e in result.events] == list(range(3, 3 + LONG))
     assert not any(e["replayed"] for e in result.events)
     assert _sequences("run_p") == list(range(1, 3 + LONG))
-    stored = list(Event.objects.filter(run__run_id="run_p", sequence__gt=2).order_by("sequence")
-                  .values_list("event_id", flat=True))
+    stored = list(
+        Event.objects.filter(run__run_id="run_p", sequence__gt=2)
+        .order_by("sequence")
+        .values_list("event_id", flat=True)
+    )
     assert stored == [e["eventId"] for e in result.events]
     run = Run.objects.get(run_id="run_p")
     assert (run.last_sequence, run.event_count) == (2 + LONG, 2 + LONG)
@@ -221,17 +238,19 @@ def test_a_batch_that_moves_the_run_takes_the_usual_way(ws: Workspace, parts: li
 
 
 def test_a_part_reads_back_the_calls_a_compacted_state_left_out(
-        ws: Workspace, parts: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, parts: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(states, "COMPACT_AT", 4)
     states.STATES.clear()
     _cached_run(ws, "run_r")
-    opened = [ev("harness.tool_call.started", callId=f"open{i}", caller="agent", toolName="lookup", args={"i": i})
-              for i in range(LONG)]
+    opened = [
+        ev("harness.tool_call.started", callId=f"open{i}", caller="agent", toolName="lookup", args={"i": i})
+        for i in range(LONG)
+    ]
     append(workspace=ws, run_id="run_r", events=opened)  # cached compacted: the calls left out
     parts.clear()
     # Every part ends calls the cache no longer holds: each reads them back inside the pipeline.
-    closing = [ev("harness.tool_call.succeeded", callId=f"open{i}", result={"i": i}, durationMs=1)
-               for i in range(LONG)]
+    closing = [ev("harness.tool_call.succeeded", callId=f"open{i}", result={"i": i}, durationMs=1) for i in range(LONG)]
 
     done = append(workspace=ws, run_id="run_r", events=closing)
 
@@ -249,8 +268,7 @@ def test_concurrent_long_batches_leave_a_dense_log(ws: Workspace) -> None:
     def writer(n: int) -> None:
         try:
             for k in range(3):
-                append(workspace=ws, run_id="run_w", events=[ev("custom.w", writer=n, k=k, i=i)
-                                                                      for i in range(LONG)])
+                append(workspace=ws, run_id="run_w", events=[ev("custom.w", writer=n, k=k, i=i) for i in range(LONG)])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
@@ -265,12 +283,14 @@ def test_concurrent_long_batches_leave_a_dense_log(ws: Workspace) -> None:
     assert errors == []
     assert _sequences("run_w") == list(range(1, 3 + 9 * LONG))
     # Every batch is contiguous: its events were numbered together, in its order.
-    rows = Event.objects.filter(run__run_id="run_w", sequence__gt=2).order_by("sequence").values_list("payload", flat=True)
+    rows = (
+        Event.objects.filter(run__run_id="run_w", sequence__gt=2).order_by("sequence").values_list("payload", flat=True)
+    )
     import json
 
     payloads = [json.loads(p) for p in rows]
     for at in range(0, len(payloads), LONG):
-        batch = payloads[at:at + LONG]
+        batch = payloads[at : at + LONG]
         assert {(p["writer"], p["k"]) for p in batch} == {(batch[0]["writer"], batch[0]["k"])}
         assert [p["i"] for p in batch] == list(range(LONG))
     _projections_equal_the_fold(ws, "run_w")

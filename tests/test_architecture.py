@@ -19,8 +19,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 # Manager attributes: `.objects` and the two managers Django gives every model besides it.
 MANAGERS = frozenset({"objects", "_default_manager", "_base_manager"})
-CONTRACTS = [c["name"] for c in
-             tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
+CONTRACTS = [
+    c["name"] for c in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+]
 
 
 def orm_uses(root: Path) -> list[str]:
@@ -52,8 +53,7 @@ def test_an_orm_query_in_the_console_is_named_by_file_and_line(tmp_path: Path) -
 
 def _copy_of_the_tree(destination: Path) -> Path:
     for package in ("ledger", "console"):
-        shutil.copytree(REPO_ROOT / package, destination / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO_ROOT / package, destination / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO_ROOT / "pyproject.toml", destination / "pyproject.toml")
     return destination
 
@@ -63,28 +63,59 @@ def test_an_import_across_a_layer_breaks_its_contract(tmp_path: Path) -> None:
     # module written, its one import, the import lint-imports reports (an external package by its
     # top-level name), and the contract that import breaks
     violations = [
-        ("ledger/_violation_console.py", "from console.api import urls", "console.api.urls",
-         "ledger (the domain) imports no transport: not console, DRF, htmx or Channels"),
-        ("ledger/_violation_drf.py", "from rest_framework.response import Response", "rest_framework",
-         "ledger (the domain) imports no transport: not console, DRF, htmx or Channels"),
-        ("ledger/_violation_http.py", "from django.http import HttpResponse", "django.http",
-         "ledger (the domain) uses nothing of Django's HTTP layer"),
-        ("console/api/_violation_pages.py", "from console.pages import runs", "console.pages.runs",
-         "The transports console.api, console.pages, console.live never import each other"),
-        ("ledger/runtime/_violation_demo.py", "import ledger.demo", "ledger.demo",
-         "ledger.runtime never imports the demo"),
-        ("ledger/log/_violation_feature.py", "from ledger.reexecution import services", "ledger.reexecution.services",
-         "The layers of docs/architecture.md: nothing imports upward"),
-        ("ledger/fold/_violation_log.py", "from ledger.log import prepare", "ledger.log.prepare",
-         "The layers of docs/architecture.md: nothing imports upward"),
+        (
+            "ledger/_violation_console.py",
+            "from console.api import urls",
+            "console.api.urls",
+            "ledger (the domain) imports no transport: not console, DRF, htmx or Channels",
+        ),
+        (
+            "ledger/_violation_drf.py",
+            "from rest_framework.response import Response",
+            "rest_framework",
+            "ledger (the domain) imports no transport: not console, DRF, htmx or Channels",
+        ),
+        (
+            "ledger/_violation_http.py",
+            "from django.http import HttpResponse",
+            "django.http",
+            "ledger (the domain) uses nothing of Django's HTTP layer",
+        ),
+        (
+            "console/api/_violation_pages.py",
+            "from console.pages import runs",
+            "console.pages.runs",
+            "The transports console.api, console.pages, console.live never import each other",
+        ),
+        (
+            "ledger/runtime/_violation_demo.py",
+            "import ledger.demo",
+            "ledger.demo",
+            "ledger.runtime never imports the demo",
+        ),
+        (
+            "ledger/log/_violation_feature.py",
+            "from ledger.reexecution import services",
+            "ledger.reexecution.services",
+            "The layers of docs/architecture.md: nothing imports upward",
+        ),
+        (
+            "ledger/fold/_violation_log.py",
+            "from ledger.log import prepare",
+            "ledger.log.prepare",
+            "The layers of docs/architecture.md: nothing imports upward",
+        ),
     ]
     for module, line, _, _ in violations:
         (tree / module).write_text(f"from __future__ import annotations\n\n{line}\n")
 
     result = subprocess.run(
         [str(LINT_IMPORTS), "--no-cache", "--config", str(tree / "pyproject.toml")],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},  # the copy, not the installed checkout
-        capture_output=True, text=True, timeout=120,
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},  # the copy, not the installed checkout
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert result.returncode == 1, result.stdout + result.stderr
@@ -97,8 +128,8 @@ def test_an_import_across_a_layer_breaks_its_contract(tmp_path: Path) -> None:
 def _section(report: str, contract: str) -> str:
     """The part of lint-imports' list of broken contracts under `contract`'s heading."""
     start = report.index(contract + "\n")
-    headings = [report.index(name + "\n", start + 1) for name in CONTRACTS if name + "\n" in report[start + 1:]]
-    return report[start:min(headings, default=len(report))]
+    headings = [report.index(name + "\n", start + 1) for name in CONTRACTS if name + "\n" in report[start + 1 :]]
+    return report[start : min(headings, default=len(report))]
 
 
 def test_the_console_makes_no_orm_query() -> None:
@@ -127,8 +158,9 @@ def import_cycles(root: Path, packages: tuple[str, ...] = ("ledger", "console"))
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, *([base] if base else [])])
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                           for alias in node.names]
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+                ]
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
@@ -189,8 +221,10 @@ def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path: Path) ->
     # level imports alone would miss.
     (tree / "ledger" / "log" / "_cycle.py").write_text(
         "from __future__ import annotations\n\n\ndef settle():\n"
-        "    from ..reexecution import _cycle_back\n\n    return _cycle_back\n")
+        "    from ..reexecution import _cycle_back\n\n    return _cycle_back\n"
+    )
     (tree / "ledger" / "reexecution" / "_cycle_back.py").write_text(
-        "from __future__ import annotations\n\nfrom ledger.log import _cycle\n")
+        "from __future__ import annotations\n\nfrom ledger.log import _cycle\n"
+    )
 
     assert import_cycles(tree) == [["ledger.log._cycle", "ledger.reexecution._cycle_back"]]

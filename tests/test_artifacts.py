@@ -10,10 +10,10 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from ledger.log import artifacts
 from ledger import errors
-from ledger.log.artifacts import INLINE_LIMIT_BYTES
 from ledger.canonical import canonical_bytes, event_id
+from ledger.log import artifacts
+from ledger.log.artifacts import INLINE_LIMIT_BYTES
 from ledger.models import Artifact, Event
 from tests.conftest import ev, started
 
@@ -57,7 +57,9 @@ def test_retry_of_an_oversized_event_still_matches_its_key(append) -> None:
 
 def test_tampered_artifact_file_is_detected(workspace, append) -> None:
     append("run_a", started())
-    ref = append("run_a", ev("StepCompleted", stepPath="s", attempt=1, output=BIG_OUTPUT)).events[0]["payload"]["outputRef"]
+    ref = append("run_a", ev("StepCompleted", stepPath="s", attempt=1, output=BIG_OUTPUT)).events[0]["payload"][
+        "outputRef"
+    ]
     artifact = artifacts.get_by_ref(workspace, ref)
     path = Path(settings.ARTIFACTS_ROOT) / artifact.storage_key
     data = bytearray(path.read_bytes())

@@ -45,7 +45,8 @@ def test_an_append_answers_over_asgi_as_through_the_test_client(workspace) -> No
     body = json.dumps({"events": events}).encode()
     over_asgi = asgi("POST", "/api/v1/runs/run_asgi_a/events", body, auth)
     through_client = Client(HTTP_AUTHORIZATION=auth["Authorization"]).post(
-        "/api/v1/runs/run_asgi_b/events", data=body, content_type="application/json")
+        "/api/v1/runs/run_asgi_b/events", data=body, content_type="application/json"
+    )
     assert over_asgi["status"] == through_client.status_code == 200
     ours, theirs = json.loads(over_asgi["body"]), through_client.json()
     assert [e["type"] for e in ours["events"]] == [e["type"] for e in theirs["events"]]

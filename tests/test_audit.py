@@ -11,12 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
+from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from ledger import audit
-from ledger.replay import gateway
 from ledger.models import ApiKey, AuditEntry, Workspace
+from ledger.replay import gateway
 from ledger.tenancy.services import create_key, create_user, remove_member, revoke_key
 from tests.conftest import FakeClock, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
@@ -28,8 +29,14 @@ pytestmark = pytest.mark.usefixtures("clock")
 @pytest.fixture
 def entry(workspace: Workspace) -> AuditEntry:
     with transaction.atomic():
-        return audit.record(actor="alice", tenant=workspace.tenant, workspace=workspace,
-                            action=audit.Action.RETENTION_CHANGED, target="workspace:acme/support", reason="90 days")
+        return audit.record(
+            actor="alice",
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=audit.Action.RETENTION_CHANGED,
+            target="workspace:acme/support",
+            reason="90 days",
+        )
 
 
 def _actions(**filters: Any) -> list[tuple[str, str, str]]:
@@ -87,12 +94,26 @@ def test_keys_and_members_are_audited_once_per_change(workspace: Workspace) -> N
 @pytest.mark.django_db
 def test_a_reconciled_tool_call_is_audited_with_its_note(workspace: Workspace, append: Any, clock: FakeClock) -> None:
     append("run_tools", started())
-    claimed = gateway.claim_tool_call(workspace=workspace, run_id="run_tools", call_id="c1", tool_name="refund",
-                                      args={"order": "A-1"}, effect="write", owner="w1")
+    claimed = gateway.claim_tool_call(
+        workspace=workspace,
+        run_id="run_tools",
+        call_id="c1",
+        tool_name="refund",
+        args={"order": "A-1"},
+        effect="write",
+        owner="w1",
+    )
     gateway.mark_outbound(workspace=workspace, run_id="run_tools", call_id="c1", lease_token=claimed.lease_token)
     clock.moment += timedelta(minutes=5)
-    gateway.reconcile_tool_call(workspace=workspace, run_id="run_tools", call_id="c1", outcome="succeeded",
-                                value={"refund": "R-9"}, note="seen in the payment console", by="carol")
+    gateway.reconcile_tool_call(
+        workspace=workspace,
+        run_id="run_tools",
+        call_id="c1",
+        outcome="succeeded",
+        value={"refund": "R-9"},
+        note="seen in the payment console",
+        by="carol",
+    )
     [entry] = AuditEntry.objects.filter(action="tool_call.reconciled")
     assert (entry.actor, entry.target, entry.reason) == ("carol", "run_tools/c1", "seen in the payment console")
     assert entry.workspace_id == workspace.pk and entry.details["outcome"] == "succeeded"
@@ -102,8 +123,9 @@ def test_a_reconciled_tool_call_is_audited_with_its_note(workspace: Workspace, a
 
 
 @pytest.fixture
-def clients(live_server: Any, workspace: Workspace, admin: User, approver: User,
-            other_workspace: Workspace) -> Iterator[dict[str, httpx.Client]]:
+def clients(
+    live_server: Any, workspace: Workspace, admin: User, approver: User, other_workspace: Workspace
+) -> Iterator[dict[str, httpx.Client]]:
     globex = other_workspace
     named_user("gina", "admin", tenant="globex")
     create_key(workspace=globex, scopes=["read"], name="globex-ci")
@@ -122,7 +144,10 @@ def test_admins_read_their_tenants_log_and_nobody_else_does(clients: dict[str, h
     assert page.status_code == 200, page.text
     entries = page.json()["entries"]
     assert [(e["action"], e["target"]) for e in entries] == [
-        ("member.added", "user:alice"), ("member.added", "user:bob"), ("api_key.created", entries[2]["target"])]
+        ("member.added", "user:alice"),
+        ("member.added", "user:bob"),
+        ("api_key.created", entries[2]["target"]),
+    ]
     assert entries[2]["workspace"] == "acme/support" and entries[0]["workspace"] is None
     assert {e["tenant"] for e in entries} == {"acme"}
     assert set(entries[0]) >= {"id", "at", "actor", "action", "tenant", "workspace", "target", "reason"}

@@ -28,20 +28,37 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _ids_here() -> list[tuple[str, int, str]]:
-    return list(Event.objects.order_by("run__workspace_id", "run__run_id", "sequence")
-                .values_list("run__run_id", "sequence", "event_id"))
+    return list(
+        Event.objects.order_by("run__workspace_id", "run__run_id", "sequence").values_list(
+            "run__run_id", "sequence", "event_id"
+        )
+    )
 
 
-IDS_SQL = ("SELECT r.run_id, e.sequence, e.event_id FROM ledger_event e JOIN ledger_run r ON r.id = e.run_id "
-           "ORDER BY r.workspace_id, r.run_id, e.sequence")
+IDS_SQL = (
+    "SELECT r.run_id, e.sequence, e.event_id FROM ledger_event e JOIN ledger_run r ON r.id = e.run_id "
+    "ORDER BY r.workspace_id, r.run_id, e.sequence"
+)
 
 
 def _ledger(command: list[str], url: str, artifacts: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": url, "RUNLEDGER_ARTIFACTS_ROOT": str(artifacts), "DEBUG": "1",
-           "DJANGO_SETTINGS_MODULE": "console.settings", "PYTHONPATH": str(REPO_ROOT)}
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "RUNLEDGER_ARTIFACTS_ROOT": str(artifacts),
+        "DEBUG": "1",
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
     env.pop("REDIS_URL", None)
-    return subprocess.run([sys.executable, "manage.py", "ledger", *command], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "manage.py", "ledger", *command],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _backup_postgres(tmp_path: Path) -> tuple[str, Any]:
@@ -60,6 +77,7 @@ def _backup_postgres(tmp_path: Path) -> tuple[str, Any]:
     def ids() -> list[tuple[str, int, str]]:
         with psycopg.connect(url.replace("postgres://", "postgresql://")) as conn:
             return [tuple(row) for row in conn.execute(IDS_SQL).fetchall()]  # type: ignore[misc]
+
     return url, (drop, ids)
 
 
@@ -72,6 +90,7 @@ def _backup_sqlite(tmp_path: Path) -> tuple[str, Any]:
     def ids() -> list[tuple[str, int, str]]:
         with sqlite3.connect(target) as conn:
             return [tuple(row) for row in conn.execute(IDS_SQL).fetchall()]  # type: ignore[misc]
+
     return f"sqlite:///{target}", (lambda: None, ids)
 
 

@@ -12,14 +12,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from ledger.log import append
-
-from ledger.log.prepare import validate_run_id
 from ledger.errors import InvalidEvent, InvalidRunId
 from ledger.limits import MAX_JSON_DEPTH
+from ledger.log import append
+from ledger.log.prepare import validate_run_id
 from ledger.models import Run
 from ledger.tenancy.services import create_key
-
 from tests.conftest import ev, started
 from tests.live_support import TIMEOUT_S, communicator, session_id
 
@@ -117,37 +115,68 @@ def _append(events: list[dict[str, Any]], **extra: Any) -> bytes:
 
 
 API_POSTS = [
-    ("/api/v1/runs/run_b/events", _append([{"type": "RunStarted\u0000", "payload": {"workflowVersionId": "w"}}]),
-     "invalid_event"),
+    (
+        "/api/v1/runs/run_b/events",
+        _append([{"type": "RunStarted\u0000", "payload": {"workflowVersionId": "w"}}]),
+        "invalid_event",
+    ),
     ("/api/v1/runs/run_b/events", _append([{**started(), "idempotencyKey": "k\u0000"}]), "invalid_event"),
     ("/api/v1/runs/run_b/events", _append([{**started(), "occurrenceId": "o\u0000"}]), "invalid_event"),
     ("/api/v1/runs/run_b/events", _append([started(note="a\u0000b")]), "invalid_event"),
     ("/api/v1/runs/run_b/events", _append([started(**{"k\u0000": 1})]), "invalid_event"),
     ("/api/v1/runs/run_b/events", _append([started(deep={"x": ["\u0000"]})]), "invalid_event"),
     ("/api/v1/runs/run_b/events", _append([started()], fencingToken="\u0000"), "invalid_event"),
-    ("/api/v1/runs/run_b/events",
-     b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
-     + _deep(DEEP).encode() + b"}}]}", "invalid_event"),
+    (
+        "/api/v1/runs/run_b/events",
+        b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
+        + _deep(DEEP).encode()
+        + b"}}]}",
+        "invalid_event",
+    ),
     ("/api/v1/runs/run_b/events", b'{"events": ' + _deep(DEEP).encode() + b"}", "invalid_event"),
     ("/api/v1/runs/run_a/feedback", json.dumps({"rating": 3, "comment": "a\u0000b"}).encode(), "invalid_request"),
     ("/api/v1/runs/run_a/feedback", json.dumps({"rating": 3, "category": "\u0000"}).encode(), "invalid_request"),
     ("/api/v1/runs/run_a/feedback", b'{"rating": 3, "comment": ' + _deep(DEEP).encode() + b"}", "invalid_request"),
-    ("/api/v1/runs/run_a/tool-calls",
-     json.dumps({"callId": "c1", "toolName": "t", "args": {"q": "\u0000"}, "effect": "read", "owner": "w"}).encode(),
-     "invalid_request"),
-    ("/api/v1/runs/run_a/tool-calls",
-     json.dumps({"callId": "c\u0000", "toolName": "t", "args": {}, "effect": "read", "owner": "w"}).encode(), "invalid_request"),
-    ("/api/v1/runs/run_a/tool-calls",
-     json.dumps({"callId": "c1", "toolName": "t\u0000", "args": {}, "effect": "read", "owner": "w"}).encode(), "invalid_request"),
-    ("/api/v1/runs/run_a/tool-calls",
-     json.dumps({"callId": "c1\n", "toolName": "t", "args": {}, "effect": "read", "owner": "w"}).encode(), "invalid_request"),
-    ("/api/v1/runs/run_a/tool-calls",
-     b'{"callId": "c1", "toolName": "t", "effect": "read", "owner": "w", "args": ' + _deep(DEEP).encode() + b"}",
-     "invalid_request"),
-    ("/api/v1/runs/run_a/tool-calls/c1/complete", json.dumps({"leaseToken": "x", "result": "\u0000"}).encode(), "invalid_request"),
-    ("/api/v1/runs/run_a/reexecutions", json.dumps({"mode": "simulate", "reason": "r\u0000"}).encode(), "invalid_request"),
-    ("/api/v1/runs/run_a/reexecutions", json.dumps({"mode": "fork", "reason": "r", "input": {"a": "\u0000"},
-                                                    "fromStep": "s"}).encode(), "invalid_request"),
+    (
+        "/api/v1/runs/run_a/tool-calls",
+        json.dumps({"callId": "c1", "toolName": "t", "args": {"q": "\u0000"}, "effect": "read", "owner": "w"}).encode(),
+        "invalid_request",
+    ),
+    (
+        "/api/v1/runs/run_a/tool-calls",
+        json.dumps({"callId": "c\u0000", "toolName": "t", "args": {}, "effect": "read", "owner": "w"}).encode(),
+        "invalid_request",
+    ),
+    (
+        "/api/v1/runs/run_a/tool-calls",
+        json.dumps({"callId": "c1", "toolName": "t\u0000", "args": {}, "effect": "read", "owner": "w"}).encode(),
+        "invalid_request",
+    ),
+    (
+        "/api/v1/runs/run_a/tool-calls",
+        json.dumps({"callId": "c1\n", "toolName": "t", "args": {}, "effect": "read", "owner": "w"}).encode(),
+        "invalid_request",
+    ),
+    (
+        "/api/v1/runs/run_a/tool-calls",
+        b'{"callId": "c1", "toolName": "t", "effect": "read", "owner": "w", "args": ' + _deep(DEEP).encode() + b"}",
+        "invalid_request",
+    ),
+    (
+        "/api/v1/runs/run_a/tool-calls/c1/complete",
+        json.dumps({"leaseToken": "x", "result": "\u0000"}).encode(),
+        "invalid_request",
+    ),
+    (
+        "/api/v1/runs/run_a/reexecutions",
+        json.dumps({"mode": "simulate", "reason": "r\u0000"}).encode(),
+        "invalid_request",
+    ),
+    (
+        "/api/v1/runs/run_a/reexecutions",
+        json.dumps({"mode": "fork", "reason": "r", "input": {"a": "\u0000"}, "fromStep": "s"}).encode(),
+        "invalid_request",
+    ),
 ]
 
 
@@ -209,14 +238,21 @@ CONSOLE_POSTS = [
     ("/w/acme/support/runs/run_a/feedback/", {"rating": "3", "comment": "a\u0000b"}),
     ("/w/acme/support/runs/run_a/feedback/", {"rating": "3", "category": "\u0000"}),
     ("/w/acme/support/runs/run_a/tool-calls/c1/reconcile/", {"outcome": "succeeded", "note": "n\u0000"}),
-    ("/w/acme/support/runs/run_a/tool-calls/c1/reconcile/",
-     {"outcome": "succeeded", "note": "n", "value": json.dumps({"a": "\u0000"})}),
-    ("/w/acme/support/runs/run_a/tool-calls/c1/reconcile/", {"outcome": "succeeded", "note": "n", "value": _deep(DEEP)}),
+    (
+        "/w/acme/support/runs/run_a/tool-calls/c1/reconcile/",
+        {"outcome": "succeeded", "note": "n", "value": json.dumps({"a": "\u0000"})},
+    ),
+    (
+        "/w/acme/support/runs/run_a/tool-calls/c1/reconcile/",
+        {"outcome": "succeeded", "note": "n", "value": _deep(DEEP)},
+    ),
     ("/w/acme/support/runs/run_a/tool-calls/c1%0A/reconcile/", {"outcome": "succeeded", "note": "n"}),
     ("/w/acme/support/runs/run_a/reexecute/", {"mode": "simulate", "reason": "r\u0000"}),
     ("/w/acme/support/runs/run_a/reexecute/", {"mode": "fork", "reason": "r", "fromStep": "s", "input": _deep(DEEP)}),
-    ("/w/acme/support/runs/run_a/reexecute/",
-     {"mode": "fork", "reason": "r", "fromStep": "s", "input": json.dumps({"a": "\u0000"})}),
+    (
+        "/w/acme/support/runs/run_a/reexecute/",
+        {"mode": "fork", "reason": "r", "fromStep": "s", "input": json.dumps({"a": "\u0000"})},
+    ),
 ]
 
 
@@ -231,33 +267,43 @@ def test_bad_form_is_a_console_400_never_a_500(console: Client, url: str, data: 
 @pytest.mark.django_db
 def test_a_nul_names_the_event_and_field(api: Client) -> None:
     body = _append([started(), ev("StepScheduled", stepPath="s", notes=["ok", "a\u0000b"])])
-    error = _assert_api_error(api.post("/api/v1/runs/run_b/events", data=body, content_type="application/json"),
-                              400, "invalid_event")["error"]
+    error = _assert_api_error(
+        api.post("/api/v1/runs/run_b/events", data=body, content_type="application/json"), 400, "invalid_event"
+    )["error"]
     assert error["details"] == {"index": 1, "field": "payload.notes.1"}
 
 
 @pytest.mark.django_db
 def test_the_depth_limit_is_exact(api: Client) -> None:
     """MAX_JSON_DEPTH counts the whole body: {events: [{payload: {deep: …}}]} is four levels."""
+
     def body(depth: int) -> bytes:
-        return (b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
-                + _deep(depth - 4).encode() + b"}}]}")
+        return (
+            b'{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "w", "deep": '
+            + _deep(depth - 4).encode()
+            + b"}}]}"
+        )
 
     refused = api.post("/api/v1/runs/run_b/events", data=body(MAX_JSON_DEPTH + 1), content_type="application/json")
     assert _assert_api_error(refused, 400, "invalid_event")["error"]["details"] == {"limit": MAX_JSON_DEPTH}
     accepted = api.post("/api/v1/runs/run_b/events", data=body(MAX_JSON_DEPTH), content_type="application/json")
     assert accepted.status_code == 200, accepted.content
     # Brackets inside strings are text, not depth.
-    text = api.post("/api/v1/runs/run_c/events", content_type="application/json",
-                    data=_append([started(text="[" * 5000 + "{" * 5000)]))
+    text = api.post(
+        "/api/v1/runs/run_c/events",
+        content_type="application/json",
+        data=_append([started(text="[" * 5000 + "{" * 5000)]),
+    )
     assert text.status_code == 200, text.content
 
 
 @pytest.mark.django_db
 def test_the_write_path_refuses_nul_whoever_calls_it(workspace) -> None:
-    for events, field in [([{"type": "RunStarted\u0000", "payload": {}}], "type"),
-                          ([{**started(), "idempotencyKey": "\u0000"}], "idempotencyKey"),
-                          ([started(x={"y\u0000": 1})], "payload.x.y\u0000")]:
+    for events, field in [
+        ([{"type": "RunStarted\u0000", "payload": {}}], "type"),
+        ([{**started(), "idempotencyKey": "\u0000"}], "idempotencyKey"),
+        ([started(x={"y\u0000": 1})], "payload.x.y\u0000"),
+    ]:
         with pytest.raises(InvalidEvent) as refused:
             append(workspace=workspace, run_id="run_n", events=events)
         assert refused.value.details["field"] == field

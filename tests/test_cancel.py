@@ -15,23 +15,31 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
-from ledger.replay.cancellation import cancel_run
 from ledger.errors import RunFinished
 from ledger.log.leases import acquire_run_lease
 from ledger.models import AuditEntry, Run, ToolCall, ToolGatewayClaim, Workspace
+from ledger.replay.cancellation import cancel_run
 from ledger.runtime.executor import resume_run, start_run
-from ledger.runtime.registry import CodeRun, SubWorkflow, Tool, ToolCall as ToolStep, Workflow, register
+from ledger.runtime.registry import CodeRun, SubWorkflow, Tool, Workflow, register
+from ledger.runtime.registry import ToolCall as ToolStep
 from ledger.tenancy.services import create_key
 from tests.conftest import log_in
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, run_events,
+    every_run_verifies,
+    run_events,
 )
 
 REASON = "wrong customer, stop it"
 
 
-def _cancelling_workflow(name: str, workspace: Workspace, calls: Counter[str], *, effect: str = "read",
-                         cancel: Callable[[str], Any] | None = None) -> Workflow:
+def _cancelling_workflow(
+    name: str,
+    workspace: Workspace,
+    calls: Counter[str],
+    *,
+    effect: str = "read",
+    cancel: Callable[[str], Any] | None = None,
+) -> Workflow:
     """A tool that cancels its own run while it is in flight (what an operator does from outside,
     at that moment), then a step that must never run."""
     holder: dict[str, str] = {}
@@ -39,7 +47,8 @@ def _cancelling_workflow(name: str, workspace: Workspace, calls: Counter[str], *
     def tool(args: Any) -> dict[str, Any]:
         calls["tool"] += 1
         (cancel or (lambda run_id: cancel_run(workspace=workspace, run_id=run_id, reason=REASON, by="carol")))(
-            holder["run_id"])
+            holder["run_id"]
+        )
         return {"sent": True}
 
     def remember(run_input: Any, outputs: Any) -> dict[str, Any]:
@@ -50,11 +59,15 @@ def _cancelling_workflow(name: str, workspace: Workspace, calls: Counter[str], *
         calls["after"] += 1
         return "never"
 
-    return Workflow(name=name, tools={"send": Tool("send", tool, effect=effect)}, steps=(
-        CodeRun("remember", remember),
-        ToolStep("send", "send", {"to": "x"}),
-        CodeRun("after", after),
-    ))
+    return Workflow(
+        name=name,
+        tools={"send": Tool("send", tool, effect=effect)},
+        steps=(
+            CodeRun("remember", remember),
+            ToolStep("send", "send", {"to": "x"}),
+            CodeRun("after", after),
+        ),
+    )
 
 
 def _cancelled_error(run: Run) -> Any:
@@ -79,7 +92,12 @@ def test_a_running_run_stops_at_its_next_write_and_its_read_call_in_flight_is_ab
     assert (run.status, run.error) == ("failed", {"name": "Cancelled", "message": REASON})
     assert ToolGatewayClaim.objects.get(run=run).status == "failed"
     entry = AuditEntry.objects.get(action="run.cancelled")
-    assert (entry.actor, entry.target, entry.reason, entry.details["held"]) == ("carol", "run_cancel_read", REASON, True)
+    assert (entry.actor, entry.target, entry.reason, entry.details["held"]) == (
+        "carol",
+        "run_cancel_read",
+        REASON,
+        True,
+    )
     assert entry.details["abandoned"] == [ToolGatewayClaim.objects.get(run=run).call_id]
     # Resuming a cancelled run runs nothing more.
     again = resume_run(workspace=workspace, run_id="run_cancel_read", workflow=wf)
@@ -90,7 +108,9 @@ def test_a_write_call_in_flight_when_its_run_is_cancelled_is_in_doubt(workspace:
     calls: Counter[str] = Counter()
     wf = _cancelling_workflow("cancel_write", workspace, calls, effect="write")
 
-    outcome = start_run(workspace=workspace, workflow=wf, input={"runId": "run_cancel_write"}, run_id="run_cancel_write")
+    outcome = start_run(
+        workspace=workspace, workflow=wf, input={"runId": "run_cancel_write"}, run_id="run_cancel_write"
+    )
 
     assert outcome.error == {"name": "Cancelled", "message": REASON}
     run = Run.objects.get(workspace=workspace, run_id="run_cancel_write")
@@ -98,7 +118,9 @@ def test_a_write_call_in_flight_when_its_run_is_cancelled_is_in_doubt(workspace:
     assert claim.status == "in_doubt"
     assert ToolCall.objects.get(run=run).status == "in_doubt"
     assert [e["type"] for e in run_events(workspace, "run_cancel_write")[-2:]] == [
-        "harness.tool_call.in_doubt", "RunFailed"]
+        "harness.tool_call.in_doubt",
+        "RunFailed",
+    ]
     assert AuditEntry.objects.get(action="run.cancelled").details["inDoubt"] == [claim.call_id]
 
 
@@ -115,7 +137,8 @@ def test_an_idle_run_is_failed_at_once(workspace: Workspace, append: Any) -> Non
 
 
 def test_a_run_whose_executor_died_holding_its_lease_is_failed_at_once_under_that_lease(
-        workspace: Workspace, append: Any) -> None:
+    workspace: Workspace, append: Any
+) -> None:
     append("run_held", {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x"}})
     acquire_run_lease(workspace=workspace, run_id="run_held", owner="elsewhere:1:x", ttl_s=300)
 
@@ -126,8 +149,11 @@ def test_a_run_whose_executor_died_holding_its_lease_is_failed_at_once_under_tha
 
 
 def test_a_finished_run_cannot_be_cancelled_and_nothing_is_written(workspace: Workspace, append: Any) -> None:
-    append("run_done", {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x"}},
-           {"type": "RunCompleted", "payload": {"output": 1}})
+    append(
+        "run_done",
+        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x"}},
+        {"type": "RunCompleted", "payload": {"output": 1}},
+    )
 
     with pytest.raises(RunFinished):
         cancel_run(workspace=workspace, run_id="run_done", reason=REASON, by="carol")
@@ -139,14 +165,20 @@ def test_a_finished_run_cannot_be_cancelled_and_nothing_is_written(workspace: Wo
 def test_cancelling_a_parent_cancels_its_running_sub_run_and_neither_goes_on(workspace: Workspace) -> None:
     calls: Counter[str] = Counter()
     parent_id = "run_cancel_parent"
-    child = _cancelling_workflow("cancel_child", workspace, calls,
-                                 cancel=lambda run_id: cancel_run(workspace=workspace, run_id=parent_id, reason=REASON,
-                                                                  by="carol"))
+    child = _cancelling_workflow(
+        "cancel_child",
+        workspace,
+        calls,
+        cancel=lambda run_id: cancel_run(workspace=workspace, run_id=parent_id, reason=REASON, by="carol"),
+    )
     register(child)
-    parent = Workflow(name="cancel_parent", steps=(
-        SubWorkflow("child", "cancel_child", {"runId": "unused"}),
-        CodeRun("after_child", lambda i, o: calls.update(["after_child"])),
-    ))
+    parent = Workflow(
+        name="cancel_parent",
+        steps=(
+            SubWorkflow("child", "cancel_child", {"runId": "unused"}),
+            CodeRun("after_child", lambda i, o: calls.update(["after_child"])),
+        ),
+    )
 
     outcome = start_run(workspace=workspace, workflow=parent, input={}, run_id=parent_id)
 
@@ -202,20 +234,29 @@ def _error(response: httpx.Response, status: int, code: str) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_api_cancels_a_running_run_from_inside_its_tool_call(server: str, workspace: Workspace,
-                                                             clients: list[httpx.Client]) -> None:
+def test_api_cancels_a_running_run_from_inside_its_tool_call(
+    server: str, workspace: Workspace, clients: list[httpx.Client]
+) -> None:
     api = _key_client(server, workspace, "read,execute", clients)
     answers: list[httpx.Response] = []
     calls: Counter[str] = Counter()
-    wf = _cancelling_workflow("cancel_api", workspace, calls, cancel=lambda run_id: answers.append(
-        api.post(f"/api/v1/runs/{run_id}/cancel", json={"reason": REASON})))
+    wf = _cancelling_workflow(
+        "cancel_api",
+        workspace,
+        calls,
+        cancel=lambda run_id: answers.append(api.post(f"/api/v1/runs/{run_id}/cancel", json={"reason": REASON})),
+    )
 
     outcome = start_run(workspace=workspace, workflow=wf, input={"runId": "run_api_cancel"}, run_id="run_api_cancel")
 
     assert answers[0].status_code == 202, answers[0].text
     body = answers[0].json()
     assert (body["runId"], body["status"], body["error"], body["executorHeld"]) == (
-        "run_api_cancel", "failed", {"name": "Cancelled", "message": REASON}, True)
+        "run_api_cancel",
+        "failed",
+        {"name": "Cancelled", "message": REASON},
+        True,
+    )
     assert len(body["abandonedCalls"]) == 1 and body["inDoubtCalls"] == []
     assert (outcome.status, outcome.error, calls["after"]) == ("failed", {"name": "Cancelled", "message": REASON}, 0)
     got = api.get("/api/v1/runs/run_api_cancel").json()
@@ -226,19 +267,31 @@ def test_api_cancels_a_running_run_from_inside_its_tool_call(server: str, worksp
 
 
 @pytest.mark.django_db(transaction=True)
-def test_api_cancel_refusals(server: str, workspace: Workspace, other_workspace: Workspace, append: Any,
-                             operator: User, viewer: User, outsider: User, clients: list[httpx.Client]) -> None:
+def test_api_cancel_refusals(
+    server: str,
+    workspace: Workspace,
+    other_workspace: Workspace,
+    append: Any,
+    operator: User,
+    viewer: User,
+    outsider: User,
+    clients: list[httpx.Client],
+) -> None:
     append("run_target", {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x"}})
     url = "/api/v1/runs/run_target/cancel"
     # Another tenant's key and member: 404, never 403 (existence not revealed).
-    _error(_key_client(server, other_workspace, "read,execute", clients).post(url, json={"reason": "x"}), 404,
-           "not_found")
+    _error(
+        _key_client(server, other_workspace, "read,execute", clients).post(url, json={"reason": "x"}), 404, "not_found"
+    )
     outsider_session = log_in(server, outsider, send_csrf=True)
     clients.append(outsider_session)
     _error(outsider_session.post(url, json={"reason": "x"}), 404, "not_found")
     # Below the role or the scope: 403.
-    _error(_key_client(server, workspace, "read,ingest", clients).post(url, json={"reason": "x"}), 403,
-           "insufficient_scope")
+    _error(
+        _key_client(server, workspace, "read,ingest", clients).post(url, json={"reason": "x"}),
+        403,
+        "insufficient_scope",
+    )
     viewer_session = log_in(server, viewer, send_csrf=True)
     clients.append(viewer_session)
     _error(viewer_session.post(url, json={"reason": "x"}), 403, "forbidden")
@@ -265,7 +318,8 @@ def test_api_cancel_refusals(server: str, workspace: Workspace, other_workspace:
 
 
 def test_operators_see_cancel_on_a_running_run_and_it_cancels_with_htmx(
-        client: Any, workspace: Workspace, append: Any, operator: User, viewer: User) -> None:
+    client: Any, workspace: Workspace, append: Any, operator: User, viewer: User
+) -> None:
     append("run_console", {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x"}})
     page = "/w/acme/support/runs/run_console/"
     url = page + "cancel/"

@@ -17,8 +17,27 @@ from ledger.canonical import NotCanonicalizable, _orjson_is_canonical, canonical
 # weight on the places where escaping and ordering differ: controls, DEL, quotes, backslash, the
 # line/paragraph separators, the private-use block above the surrogates, and the astral planes
 # whose UTF-16 order differs from code-point order.
-_tricky = st.sampled_from(["\x00", "\x08", "\x0c", "\x1f", "\x7f", '"', "\\", "/", "\u2028", "\u2029",
-                           "\ue000", "\uffff", "\U00010000", "\U0001f600", "\ud800", "\udfff", "é"])
+_tricky = st.sampled_from(
+    [
+        "\x00",
+        "\x08",
+        "\x0c",
+        "\x1f",
+        "\x7f",
+        '"',
+        "\\",
+        "/",
+        "\u2028",
+        "\u2029",
+        "\ue000",
+        "\uffff",
+        "\U00010000",
+        "\U0001f600",
+        "\ud800",
+        "\udfff",
+        "é",
+    ]
+)
 _chars = st.one_of(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), _tricky)
 _text = st.text(alphabet=_chars, max_size=12)
 _numbers = st.one_of(

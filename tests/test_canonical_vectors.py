@@ -29,10 +29,16 @@ def test_canonical_strings_reproduce_byte_for_byte(vector: dict) -> None:
 
 @pytest.mark.parametrize("vector", VECTORS["events"], ids=lambda v: v["eventId"])
 def test_event_ids_reproduce(vector: dict) -> None:
-    assert event_id(
-        run_id=vector["runId"], sequence=vector["sequence"], type=vector["type"],
-        payload=vector["payload"], occurrence_id=vector.get("occurrenceId"),
-    ) == vector["eventId"]
+    assert (
+        event_id(
+            run_id=vector["runId"],
+            sequence=vector["sequence"],
+            type=vector["type"],
+            payload=vector["payload"],
+            occurrence_id=vector.get("occurrenceId"),
+        )
+        == vector["eventId"]
+    )
 
 
 def test_number_formatting_is_ecmascript() -> None:
@@ -60,5 +66,6 @@ def test_composed_request_digest_equals_digest_of_the_whole() -> None:
         whole = {"type": "StepScheduled", "payload": payload}
         if occurrence:
             whole["occurrenceId"] = occurrence
-        assert request_digest_for_canonical(type="StepScheduled", payload_canonical=canonical_bytes(payload),
-                                            occurrence_id=occurrence) == digest(whole)
+        assert request_digest_for_canonical(
+            type="StepScheduled", payload_canonical=canonical_bytes(payload), occurrence_id=occurrence
+        ) == digest(whole)

@@ -25,8 +25,12 @@ def run(*args: str) -> tuple[int, str, str]:
 
 
 def test_events_prints_one_envelope_per_line_in_order(append) -> None:
-    written = append("run_a", started(), ev("StepScheduled", stepPath="s"),
-                     ev("harness.tool_call.started", callId="c", caller="model", toolName="t", args={})).events
+    written = append(
+        "run_a",
+        started(),
+        ev("StepScheduled", stepPath="s"),
+        ev("harness.tool_call.started", callId="c", caller="model", toolName="t", args={}),
+    ).events
     code, out, _ = run("events", "run_a")
     lines = [json.loads(line) for line in out.splitlines()]
     assert code == 0
@@ -34,8 +38,13 @@ def test_events_prints_one_envelope_per_line_in_order(append) -> None:
 
 
 def test_events_filters_by_type_prefix_and_exact_type(append) -> None:
-    append("run_a", started(), ev("harness.tool_call.started", callId="c", caller="model", toolName="t", args={}),
-           ev("harness.tool_call.succeeded", callId="c", result=1, durationMs=3), ev("StepScheduled", stepPath="s"))
+    append(
+        "run_a",
+        started(),
+        ev("harness.tool_call.started", callId="c", caller="model", toolName="t", args={}),
+        ev("harness.tool_call.succeeded", callId="c", result=1, durationMs=3),
+        ev("StepScheduled", stepPath="s"),
+    )
     _, out, _ = run("events", "run_a", "--type", "harness.tool_call.*")
     assert [json.loads(x)["sequence"] for x in out.splitlines()] == [2, 3]
     _, out, _ = run("events", "run_a", "--type", "StepScheduled")
@@ -65,11 +74,11 @@ def test_verify_passes_on_an_intact_log_and_fails_on_a_forged_event(append) -> N
     with transaction.atomic(), connection.cursor() as cur:
         if connection.vendor == "postgresql":
             cur.execute("SET LOCAL session_replication_role = replica")
-            cur.execute("UPDATE ledger_event SET payload = '{\"stepPath\":\"forged\"}' WHERE sequence = 2")
+            cur.execute('UPDATE ledger_event SET payload = \'{"stepPath":"forged"}\' WHERE sequence = 2')
             cur.execute("SET LOCAL session_replication_role = origin")
         else:
             cur.execute("DROP TRIGGER ledger_event_no_update")
-            cur.execute("UPDATE ledger_event SET payload = '{\"stepPath\":\"forged\"}' WHERE sequence = 2")
+            cur.execute('UPDATE ledger_event SET payload = \'{"stepPath":"forged"}\' WHERE sequence = 2')
     code, out, _ = run("verify", "run_a")
     assert code == 1 and "event_ids" in out and "[2]" in out
 

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger.reads import selectors
 from ledger.log import append
 from ledger.log.leases import acquire_run_lease
-from ledger.models import Run as RunRow, Workspace
+from ledger.models import Run as RunRow
+from ledger.models import Workspace
+from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import (
     Client,
@@ -196,7 +197,11 @@ def test_a_fencing_token_is_sent_with_every_write(client: Client, workspace: Wor
     with pytest.raises(Fenced):
         stale.append([ev("StepScheduled", stepPath="stale")])
     assert [e["type"] for e in logged(workspace, "run_fenced")] == [
-        "RunStarted", "StepScheduled", "harness.tool_call.started", "harness.tool_call.succeeded"]
+        "RunStarted",
+        "StepScheduled",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+    ]
 
 
 # --- follow -----------------------------------------------------------------------------------
@@ -253,11 +258,17 @@ def test_tool_call_claims_marks_outbound_and_completes(client: Client, workspace
         call.result = {"refundId": "r1"}
 
     rows = client._json("GET", "/api/v1/runs/run_tools/tool-calls")["toolCalls"]
-    assert [(r["callId"], r["status"], r["outboundAt"] is not None) for r in rows] == [(call.call_id, "succeeded", True)]
+    assert [(r["callId"], r["status"], r["outboundAt"] is not None) for r in rows] == [
+        (call.call_id, "succeeded", True)
+    ]
     assert call.status == "succeeded" and call.result == {"refundId": "r1"}
     # the buffered step was logged before the call's own events
     assert [e["type"] for e in logged(workspace, "run_tools")] == [
-        "RunStarted", "StepScheduled", "harness.tool_call.started", "harness.tool_call.succeeded"]
+        "RunStarted",
+        "StepScheduled",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+    ]
 
 
 def test_a_finished_call_is_replayed_from_the_record_without_running(client: Client, workspace: Workspace) -> None:
@@ -305,10 +316,12 @@ def test_a_session_records_model_and_tool_calls_around_user_code(client: Client,
     def agent(question: str) -> str:
         session = current_session()
         assert session is not None
-        with session.model_call({"messages": [{"role": "user", "content": question}]},
-                                provider="openai", model_id="gpt-4o-mini") as call:
-            call.respond(tool_calls=[{"name": "search", "args": {"q": question}}],
-                         usage={"inputTokens": 100, "outputTokens": 10})
+        with session.model_call(
+            {"messages": [{"role": "user", "content": question}]}, provider="openai", model_id="gpt-4o-mini"
+        ) as call:
+            call.respond(
+                tool_calls=[{"name": "search", "args": {"q": question}}], usage={"inputTokens": 100, "outputTokens": 10}
+            )
         with session.tool_call("search", {"q": question}, effect="read") as tool:
             tool.result = {"hits": 3}
         with session.model_call({"messages": ["..."]}, provider="openai", model_id="gpt-4o-mini") as call:
@@ -320,9 +333,17 @@ def test_a_session_records_model_and_tool_calls_around_user_code(client: Client,
 
     events = logged(workspace, "run_session")
     assert [e["type"] for e in events] == [
-        "RunStarted", "harness.session.started", "harness.model.called", "harness.model.responded",
-        "harness.tool_call.started", "harness.tool_call.succeeded", "harness.model.called",
-        "harness.model.responded", "harness.session.completed", "RunCompleted"]
+        "RunStarted",
+        "harness.session.started",
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.session.completed",
+        "RunCompleted",
+    ]
     assert events[1]["payload"]["manifestHash"].startswith("sha256:") and events[1]["payload"]["role"] == "agent"
     assert [e["payload"]["turn"] for e in events if e["type"].startswith("harness.model.")] == [1, 1, 2, 2]
     assert events[4]["payload"]["turn"] == 1 and events[4]["payload"]["caller"] == "agent"
@@ -339,6 +360,10 @@ def test_a_failing_model_call_and_session_are_recorded_failed(client: Client, wo
             raise TimeoutError("the provider did not answer")
     assert call.response is None
     assert [e["type"] for e in logged(workspace, "run_session_fails")] == [
-        "RunStarted", "harness.session.started", "harness.model.called", "harness.model.failed",
-        "harness.session.failed"]
+        "RunStarted",
+        "harness.session.started",
+        "harness.model.called",
+        "harness.model.failed",
+        "harness.session.failed",
+    ]
     assert logged(workspace, "run_session_fails")[-1]["payload"]["error"]["name"] == "TimeoutError"

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from ledger.models import Run as RunRow
+from ledger.models import Workspace
 from ledger.reads import selectors
-from ledger.models import Run as RunRow, Workspace
 from ledger.tenancy.services import create_key
 from runledger.client import (
     AsyncClient,
@@ -70,8 +71,9 @@ def test_async_append_run_batches_and_ending(server: Daphne, key: str, workspace
                 await client.append("run_alow", [ev("NoSuchType")])
             with pytest.raises(NotFound):
                 await client.get_run("run_never")
-            async with await client.start_run("wfver_async", run_id="run_async", batch_size=3,
-                                              flush_interval=0.2) as run:
+            async with await client.start_run(
+                "wfver_async", run_id="run_async", batch_size=3, flush_interval=0.2
+            ) as run:
                 for n in range(4):
                     await run.emit("StepScheduled", {"stepPath": f"s{n}"})
                 while run.last_sequence != 5:  # the fourth goes with the time flush
@@ -101,8 +103,9 @@ def test_async_tool_calls_and_sessions(server: Daphne, key: str, workspace: Work
             async def agent(question: str) -> str:
                 session = current_async_session()
                 assert session is not None
-                async with session.model_call({"messages": [question]}, provider="openai",
-                                              model_id="gpt-4o-mini") as call:
+                async with session.model_call(
+                    {"messages": [question]}, provider="openai", model_id="gpt-4o-mini"
+                ) as call:
                     call.respond("let me look", usage={"inputTokens": 10, "outputTokens": 2})
 
                 first = await run.call_tool("search", {"q": question}, lookup, effect="read", idempotency_key="q1")
@@ -129,19 +132,30 @@ def test_async_tool_calls_and_sessions(server: Daphne, key: str, workspace: Work
     followed, status = asyncio.run(main())
     events = logged(workspace, "run_async_agent")
     assert [e["type"] for e in events] == [
-        "RunStarted", "harness.session.started", "harness.model.called", "harness.model.responded",
-        "harness.tool_call.started", "harness.tool_call.succeeded", "harness.session.completed",
-        "harness.tool_call.started", "harness.tool_call.failed", "RunCompleted"]
+        "RunStarted",
+        "harness.session.started",
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+        "harness.session.completed",
+        "harness.tool_call.started",
+        "harness.tool_call.failed",
+        "RunCompleted",
+    ]
     assert executed == ["lookup"] and status == "completed"
     assert [e["sequence"] for e in followed] == list(range(2, 11))
     call_command("ledger", "verify", "run_async_agent", "--workspace", "acme/support", stdout=io.StringIO())
 
 
-def test_async_follow_reconnects_with_last_event_id(proxy: FaultyProxy, server: Daphne, key: str,
-                                                    workspace: Workspace) -> None:
+def test_async_follow_reconnects_with_last_event_id(
+    proxy: FaultyProxy, server: Daphne, key: str, workspace: Workspace
+) -> None:
     async def main() -> tuple[list[int], Any]:
-        async with AsyncClient(server.url, key, retry=FAST) as direct, \
-                AsyncClient(proxy.url, key, retry=FAST) as through_proxy:
+        async with (
+            AsyncClient(server.url, key, retry=FAST) as direct,
+            AsyncClient(proxy.url, key, retry=FAST) as through_proxy,
+        ):
             run = await direct.start_run("wfver_async", run_id="run_async_cut", batch_size=1)
             await run.emit("StepScheduled", {"stepPath": "a"})
             follow = through_proxy.follow("run_async_cut")
@@ -174,8 +188,9 @@ def test_async_retries_5xx_never_4xx(proxy: FaultyProxy, key: str, workspace: Wo
     assert len(logged(workspace, "run_async_busy")) == 1
 
 
-def test_async_server_killed_and_restarted_mid_batch(django_db_setup: None, workspace: Workspace, key: str,
-                                                     tmp_path: Path) -> None:
+def test_async_server_killed_and_restarted_mid_batch(
+    django_db_setup: None, workspace: Workspace, key: str, tmp_path: Path
+) -> None:
     servers = [start_daphne(tmp_path, "async-victim", {})]
     port = int(servers[0].url.rsplit(":", 1)[1])
     proxy = FaultyProxy(port)

@@ -32,9 +32,22 @@ def _third_party_modules(site: Path, imports: str) -> set[str]:
 
 def test_the_client_wheel_builds_offline_and_needs_only_httpx(tmp_path: Path) -> None:
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "-w", str(tmp_path / "dist"), str(ROOT / "client")],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT / "client"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     [wheel] = (tmp_path / "dist").glob("*.whl")
     assert wheel.name == "runledger_client-0.1.0-py3-none-any.whl"
@@ -47,7 +60,9 @@ def test_the_client_wheel_builds_offline_and_needs_only_httpx(tmp_path: Path) ->
             path, digest, size = line.rsplit(",", 2)
             if digest:  # every file as RECORD says (RECORD itself has no hash)
                 data = archive.read(path)
-                assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                assert (
+                    digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                )
                 assert int(size) == len(data)
         archive.extractall(tmp_path / "site")
 
@@ -55,12 +70,21 @@ def test_the_client_wheel_builds_offline_and_needs_only_httpx(tmp_path: Path) ->
     assert requires == ["httpx>=0.27,<1"]
     assert "Name: runledger-client" in metadata
     assert {n for n in names if not n.startswith("runledger_client-0.1.0.dist-info/")} == {
-        f"runledger/client/{name}" for name in ("__init__.py", "_core.py", "aio.py", "errors.py", "sync.py", "py.typed")}
+        f"runledger/client/{name}" for name in ("__init__.py", "_core.py", "aio.py", "errors.py", "sync.py", "py.typed")
+    }
 
     located = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r}); "
-                                     "import runledger.client as c; print(c.__file__); print(c.Client.__name__)"],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r}); "
+            "import runledger.client as c; print(c.__file__); print(c.Client.__name__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert located.returncode == 0, located.stderr
     assert located.stdout.split() == [str(tmp_path / "site" / "runledger" / "client" / "__init__.py"), "Client"]
     client_modules = _third_party_modules(tmp_path / "site", "import runledger.client")

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from ledger.models import Run as RunRow
+from ledger.models import Workspace
 from ledger.reads import selectors
-from ledger.models import Run as RunRow, Workspace
 from ledger.tenancy.services import create_key
 from runledger.client import Client, RetryPolicy, ServerError, Unauthenticated, UnknownEventType
 from runledger.client.errors import retry_after_seconds
@@ -51,8 +52,9 @@ def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
     return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
-def test_503_and_429_are_retried_after_the_time_retry_after_names(proxy: FaultyProxy, key: str,
-                                                                   workspace: Workspace) -> None:
+def test_503_and_429_are_retried_after_the_time_retry_after_names(
+    proxy: FaultyProxy, key: str, workspace: Workspace
+) -> None:
     proxy.add(Fault("POST", status=503, retry_after="1"), Fault("POST", status=429, retry_after="1"))
     with Client(proxy.url, key, retry=RetryPolicy(attempts=5, backoff_s=0.001, max_backoff_s=0.002)) as client:
         run = client.start_run("wfver_retry", run_id="run_busy")

@@ -12,19 +12,21 @@ import pytest
 from django.db import models
 from django.test import Client
 
-from ledger.models import CostEntry, DailyUsage, Event, MonthlyUsage, Run, Step, ToolCall
 from ledger.log.envelopes import log_of
-from ledger.tenancy.services import create_key
 from ledger.log.vocabulary import COLUMN_LIMITS, INT32_MAX, MODEL_COLUMN_LIMITS, VOCABULARY
-
+from ledger.models import CostEntry, DailyUsage, Event, MonthlyUsage, Run, Step, ToolCall
+from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
 
 # Each limited payload field and the columns its text ends up in.
 COLUMNS: dict[str, list[tuple[type[models.Model], str]]] = {
-    "workflowVersionId": [(Run, "workflow_version_id"), (DailyUsage, "workflow_version_id"),
-                          (MonthlyUsage, "workflow_version_id")],
+    "workflowVersionId": [
+        (Run, "workflow_version_id"),
+        (DailyUsage, "workflow_version_id"),
+        (MonthlyUsage, "workflow_version_id"),
+    ],
     "label": [(Run, "label")],
     "parentRunId": [(Run, "parent_run_id"), (Run, "root_run_id")],
     "replayOf": [(Run, "replay_of")],
@@ -45,8 +47,9 @@ def api(workspace) -> Client:
 
 
 def _post(api: Client, run_id: str, *events: dict[str, Any]) -> Any:
-    return api.post(f"/api/v1/runs/{run_id}/events", data=json.dumps({"events": list(events)}),
-                    content_type="application/json")
+    return api.post(
+        f"/api/v1/runs/{run_id}/events", data=json.dumps({"events": list(events)}), content_type="application/json"
+    )
 
 
 def _refused(response: Any, field: str) -> None:
@@ -70,16 +73,27 @@ def test_the_limits_are_the_columns_the_values_land_in() -> None:
 def _with_field(field: str, value: Any) -> list[dict[str, Any]]:
     """A run whose events put `value` in the payload field `field`, where the fold projects it."""
     model = {"provider": "openai", "modelId": "gpt-4o-mini"}
-    responded = {"turn": 1, "callId": "m1", "stepPath": "s", "model": model,
-                 "response": {"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 2}}}
+    responded = {
+        "turn": 1,
+        "callId": "m1",
+        "stepPath": "s",
+        "model": model,
+        "response": {"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 2}},
+    }
     tool = {"callId": "t1", "caller": "model", "toolName": "lookup", "args": {}, "turn": 1, "stepPath": "s"}
     if field in ("workflowVersionId", "label", "parentRunId", "replayOf"):
         return [started(**{"workflowVersionId": "wf", field: value}), ev("harness.model.responded", **responded)]
     if field == "outputRef":
         return [started(), ev("StepCompleted", stepPath="s", attempt=1, outputRef=value)]
     if field in ("callId", "toolName", "caller", "stepPath"):
-        return [started(), ev("harness.tool_call.started", **{**tool, field: value}),
-                ev("harness.model.responded", **{**responded, **({field: value} if field in ("callId", "stepPath") else {})})]
+        return [
+            started(),
+            ev("harness.tool_call.started", **{**tool, field: value}),
+            ev(
+                "harness.model.responded",
+                **{**responded, **({field: value} if field in ("callId", "stepPath") else {})},
+            ),
+        ]
     leaf = field.removeprefix("model.")
     return [started(), ev("harness.model.responded", **{**responded, "model": {**model, leaf: value}})]
 
@@ -100,12 +114,17 @@ def test_a_turn_or_visit_past_32_bits_is_refused_and_the_largest_is_stored(api: 
     append("run_t", started())
     tool = {"callId": "t1", "caller": "model", "toolName": "lookup", "args": {}}
     _refused(_post(api, "run_t", ev("harness.tool_call.started", **tool, turn=INT32_MAX + 1)), "payload.turn")
-    _refused(_post(api, "run_t", ev("harness.model.called", turn=-INT32_MAX - 2, promptHash="h", request={})),
-             "payload.turn")
+    _refused(
+        _post(api, "run_t", ev("harness.model.called", turn=-INT32_MAX - 2, promptHash="h", request={})), "payload.turn"
+    )
     _refused(_post(api, "run_t", ev("StepScheduled", stepPath=f"loop.visit[{INT32_MAX + 1}]")), "payload.stepPath")
     assert [e["type"] for e in log_of(Run.objects.get(run_id="run_t"))] == ["RunStarted"]
-    stored = _post(api, "run_t", ev("harness.tool_call.started", **tool, turn=INT32_MAX),
-                   ev("StepScheduled", stepPath=f"loop.visit[{INT32_MAX}]"))
+    stored = _post(
+        api,
+        "run_t",
+        ev("harness.tool_call.started", **tool, turn=INT32_MAX),
+        ev("StepScheduled", stepPath=f"loop.visit[{INT32_MAX}]"),
+    )
     assert stored.status_code == 200, stored.content[:300]
     assert ToolCall.objects.get(run__run_id="run_t", call_id="t1").turn == INT32_MAX
     assert Step.objects.get(run__run_id="run_t", step_path=f"loop.visit[{INT32_MAX}]").visit == INT32_MAX
@@ -116,16 +135,16 @@ def test_a_lone_surrogate_in_a_request_item_is_refused(api: Client, append, fiel
     append("run_s", started())
     item = {"type": "custom.note", "payload": {}, field: "custom.x\ud800" if field == "type" else "k\ud800"}
     # json.dumps writes the lone surrogate as the \ud800 escape a client's JSON would carry.
-    response = api.post("/api/v1/runs/run_s/events", data=json.dumps({"events": [item]}),
-                        content_type="application/json")
+    response = api.post(
+        "/api/v1/runs/run_s/events", data=json.dumps({"events": [item]}), content_type="application/json"
+    )
     _refused(response, field)
     assert len(log_of(Run.objects.get(run_id="run_s"))) == 1
 
 
 def _valid_payload(event_type: str) -> dict[str, Any]:
     """The smallest payload VOCABULARY accepts for `event_type`: every listed field, of its type."""
-    samples = {(str,): "x", (int,): 1, (int, float): 1, (dict,): {}, (list,): [], (list, dict): [],
-               (object,): {}}
+    samples = {(str,): "x", (int,): 1, (int, float): 1, (dict,): {}, (list,): [], (list, dict): [], (object,): {}}
     payload: dict[str, Any] = {}
     for field, (kinds, _) in sorted(VOCABULARY[event_type].items()):
         parent, _, leaf = field.rpartition(".")

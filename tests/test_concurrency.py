@@ -29,8 +29,7 @@ def test_eight_writers_leave_a_dense_log() -> None:
         try:
             barrier.wait()
             for i in range(APPENDS_PER_THREAD):
-                result = append(workspace=workspace, run_id="run_hot",
-                                       events=[ev("custom.tick", writer=n, i=i)])
+                result = append(workspace=workspace, run_id="run_hot", events=[ev("custom.tick", writer=n, i=i)])
                 returned[n].append(result.events[0]["sequence"])
         except BaseException as exc:  # surfaced below with the thread's own traceback
             failures.append(exc)
@@ -107,8 +106,7 @@ def test_a_writer_overtaken_while_it_waits_appends_after_the_winner() -> None:
 
     def writer_b() -> None:
         try:
-            results["b"] = append(workspace=workspace, run_id="run_race",
-                                         events=[ev("custom.b")]).last_sequence
+            results["b"] = append(workspace=workspace, run_id="run_race", events=[ev("custom.b")]).last_sequence
         except BaseException as exc:
             failures.append(exc)
         finally:
@@ -136,8 +134,11 @@ def _wait_for_head_update_blocked_on_a_lock() -> None:
     """Until another session's guessed head update (ledger/log/statements.py) waits on a row lock."""
     for _ in range(1200):
         with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND wait_event_type = 'Lock' AND query LIKE %s", ["WITH head AS (UPDATE%"])
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE %s",
+                ["WITH head AS (UPDATE%"],
+            )
             if cur.fetchone()[0]:
                 return
         time.sleep(0.05)

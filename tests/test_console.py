@@ -76,7 +76,9 @@ def test_every_page_offers_the_workspace_sections(client: Client, member, run_ur
     client.force_login(member)
     for url, current in (("/w/acme/support/", "nav-runs"), ("/w/acme/support/usage/", "nav-usage"), (run_url, None)):
         html = client.get(url).content.decode()
-        assert 'id="nav-runs" href="/w/acme/support/"' in html and 'id="nav-usage" href="/w/acme/support/usage/"' in html
+        assert (
+            'id="nav-runs" href="/w/acme/support/"' in html and 'id="nav-usage" href="/w/acme/support/usage/"' in html
+        )
         assert 'class="switcher"' in html and 'data-workspace="acme/support" aria-current="page"' in html
         if current:
             assert re.search(f'id="{current}" href="[^"]+" aria-current="page"', html)

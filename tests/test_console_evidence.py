@@ -14,9 +14,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from ledger.log import artifacts
-from ledger.log import append
 from ledger.canonical import digest
+from ledger.log import append, artifacts
 from ledger.models import Workspace
 from tests.conftest import ev, started
 
@@ -31,30 +30,64 @@ LONG = "\n".join(f"line {n} of a long tool result" for n in range(200))
 
 def _session(step: str) -> dict[str, Any]:
     manifest = {"tools": ["lookup_order"], "systemPromptHash": "sha256:" + "ab" * 32}
-    return ev("harness.session.started", stepPath=step, role="worker.ai-generate", task={"kind": "execute_step"},
-              manifest=manifest, manifestHash=digest(manifest))
+    return ev(
+        "harness.session.started",
+        stepPath=step,
+        role="worker.ai-generate",
+        task={"kind": "execute_step"},
+        manifest=manifest,
+        manifestHash=digest(manifest),
+    )
 
 
-def _turn(step: str, turn: int, messages: list[dict[str, Any]], response: dict[str, Any], **extra: Any) -> list[dict[str, Any]]:
+def _turn(
+    step: str, turn: int, messages: list[dict[str, Any]], response: dict[str, Any], **extra: Any
+) -> list[dict[str, Any]]:
     call_id = f"{step}:turn{turn}"
     return [
-        ev("harness.model.called", stepPath=step, turn=turn, callId=call_id, promptHash=f"sha256:{turn:064x}",
-           request={"messages": messages}, **extra),
-        ev("harness.model.responded", stepPath=step, turn=turn, callId=call_id, model=MINI,
-           response={"usage": {"inputTokens": 1000 * turn, "cachedInputTokens": 500, "outputTokens": 40}, **response},
-           **extra),
+        ev(
+            "harness.model.called",
+            stepPath=step,
+            turn=turn,
+            callId=call_id,
+            promptHash=f"sha256:{turn:064x}",
+            request={"messages": messages},
+            **extra,
+        ),
+        ev(
+            "harness.model.responded",
+            stepPath=step,
+            turn=turn,
+            callId=call_id,
+            model=MINI,
+            response={"usage": {"inputTokens": 1000 * turn, "cachedInputTokens": 500, "outputTokens": 40}, **response},
+            **extra,
+        ),
     ]
 
 
-def _tool(step: str, call_id: str, name: str, args: Any, result: Any, *, turn: int = 1, failed: bool = False,
-          **extra: Any) -> list[dict[str, Any]]:
-    started_event = ev("harness.tool_call.started", stepPath=step, callId=call_id, caller="model", turn=turn,
-                       toolName=name, args=args, **extra)
+def _tool(
+    step: str, call_id: str, name: str, args: Any, result: Any, *, turn: int = 1, failed: bool = False, **extra: Any
+) -> list[dict[str, Any]]:
+    started_event = ev(
+        "harness.tool_call.started",
+        stepPath=step,
+        callId=call_id,
+        caller="model",
+        turn=turn,
+        toolName=name,
+        args=args,
+        **extra,
+    )
     if failed:
-        return [started_event, ev("harness.tool_call.failed", stepPath=step, callId=call_id, error=result,
-                                  durationMs=12, **extra)]
-    return [started_event, ev("harness.tool_call.succeeded", stepPath=step, callId=call_id, result=result,
-                              durationMs=42, **extra)]
+        return [
+            started_event,
+            ev("harness.tool_call.failed", stepPath=step, callId=call_id, error=result, durationMs=12, **extra),
+        ]
+    return [
+        started_event,
+        ev("harness.tool_call.succeeded", stepPath=step, callId=call_id, result=result, durationMs=42, **extra),
+    ]
 
 
 def _chat_run(workspace: Workspace, run_id: str = RUN) -> None:
@@ -62,28 +95,61 @@ def _chat_run(workspace: Workspace, run_id: str = RUN) -> None:
     between them, a failed tool call, a model call that failed and was retried, a long result
     and an artifact; then a second step that failed."""
     report = artifacts.store_bytes(workspace, b'{"report": true}')
-    append(workspace=workspace, run_id=run_id, events=[
-        started(label="chat"),
-        ev("StepScheduled", stepPath="draft"), ev("StepAttemptStarted", stepPath="draft", attempt=1),
-        _session("draft"),
-        *_turn("draft", 1, [{"role": "system", "content": "You answer tickets."},
-                            {"role": "user", "content": "Where is order B-2?"}],
-               {"toolCalls": [{"id": "c1", "name": "lookup_order", "args": {"orderId": "B-2"}}]}),
-        *_tool("draft", "draft:c1", "lookup_order", {"orderId": "B-2"}, {"status": "delayed", "file": report.ref}),
-        *_tool("draft", "draft:c2", "fetch_invoice", {"orderId": "B-2"}, {"message": "invoice service down"},
-               failed=True),
-        ev("harness.model.called", stepPath="draft", turn=2, callId="draft:turn2-try1", promptHash="h",
-           request={"messages": [{"role": "tool", "toolCallId": "c1", "result": {"status": "delayed"}}]}),
-        ev("harness.model.failed", stepPath="draft", turn=2, callId="draft:turn2-try1",
-           error={"message": "rate limited"}),
-        *_turn("draft", 2, [{"role": "tool", "toolCallId": "c1", "result": {"status": "delayed"}}],
-               {"text": "Your order B-2 is delayed with UPS."}),
-        *_tool("draft", "draft:c3", "read_log", {}, LONG, turn=2),
-        ev("harness.session.completed", stepPath="draft"),
-        ev("StepCompleted", stepPath="draft", attempt=1, output="Your order B-2 is delayed with UPS."),
-        ev("StepScheduled", stepPath="notify"), ev("StepAttemptStarted", stepPath="notify", attempt=1),
-        ev("StepFailed", stepPath="notify", attempt=1, error={"message": "smtp down"}),
-    ])
+    append(
+        workspace=workspace,
+        run_id=run_id,
+        events=[
+            started(label="chat"),
+            ev("StepScheduled", stepPath="draft"),
+            ev("StepAttemptStarted", stepPath="draft", attempt=1),
+            _session("draft"),
+            *_turn(
+                "draft",
+                1,
+                [
+                    {"role": "system", "content": "You answer tickets."},
+                    {"role": "user", "content": "Where is order B-2?"},
+                ],
+                {"toolCalls": [{"id": "c1", "name": "lookup_order", "args": {"orderId": "B-2"}}]},
+            ),
+            *_tool("draft", "draft:c1", "lookup_order", {"orderId": "B-2"}, {"status": "delayed", "file": report.ref}),
+            *_tool(
+                "draft",
+                "draft:c2",
+                "fetch_invoice",
+                {"orderId": "B-2"},
+                {"message": "invoice service down"},
+                failed=True,
+            ),
+            ev(
+                "harness.model.called",
+                stepPath="draft",
+                turn=2,
+                callId="draft:turn2-try1",
+                promptHash="h",
+                request={"messages": [{"role": "tool", "toolCallId": "c1", "result": {"status": "delayed"}}]},
+            ),
+            ev(
+                "harness.model.failed",
+                stepPath="draft",
+                turn=2,
+                callId="draft:turn2-try1",
+                error={"message": "rate limited"},
+            ),
+            *_turn(
+                "draft",
+                2,
+                [{"role": "tool", "toolCallId": "c1", "result": {"status": "delayed"}}],
+                {"text": "Your order B-2 is delayed with UPS."},
+            ),
+            *_tool("draft", "draft:c3", "read_log", {}, LONG, turn=2),
+            ev("harness.session.completed", stepPath="draft"),
+            ev("StepCompleted", stepPath="draft", attempt=1, output="Your order B-2 is delayed with UPS."),
+            ev("StepScheduled", stepPath="notify"),
+            ev("StepAttemptStarted", stepPath="notify", attempt=1),
+            ev("StepFailed", stepPath="notify", attempt=1, error={"message": "smtp down"}),
+        ],
+    )
 
 
 @pytest.fixture
@@ -103,7 +169,7 @@ def _in_order(html: str, *needles: str) -> None:
     position = 0
     for needle in needles:
         found = html.find(needle, position)
-        assert found != -1, (needle, "not after", html[max(position - 200, 0):position])
+        assert found != -1, (needle, "not after", html[max(position - 200, 0) : position])
         position = found + len(needle)
 
 
@@ -112,21 +178,34 @@ def _in_order(html: str, *needles: str) -> None:
 
 def test_the_conversation_reads_turns_tool_calls_and_results_in_order(browser: Client, chat_run: str) -> None:
     html = _page(browser, f"{BASE}conversation/")
-    _in_order(html, "worker.ai-generate", "Turn 1", "Where is order B-2?", 'lookup_order({&quot;orderId&quot;: &quot;B-2&quot;})',
-              'id="call-draft:c1"', "&quot;delayed&quot;", 'id="call-draft:c2"', "invoice service down",
-              "Turn 2", "rate limited", "Turn 2", "Your order B-2 is delayed with UPS.", 'id="call-draft:c3"')
+    _in_order(
+        html,
+        "worker.ai-generate",
+        "Turn 1",
+        "Where is order B-2?",
+        "lookup_order({&quot;orderId&quot;: &quot;B-2&quot;})",
+        'id="call-draft:c1"',
+        "&quot;delayed&quot;",
+        'id="call-draft:c2"',
+        "invoice service down",
+        "Turn 2",
+        "rate limited",
+        "Turn 2",
+        "Your order B-2 is delayed with UPS.",
+        'id="call-draft:c3"',
+    )
     # usage and cost per turn, the origin of each call, the system prompt by hash and expandable
     assert "1000 in (500 cached) / 40 out" in html and "2000 in (500 cached) / 40 out" in html
     assert re.search(r'class="cost">\$0\.0001', html)
     assert 'class="origin origin-live">live' in html
-    assert "system prompt <span class=\"mono\"" in html and "You answer tickets." in html
+    assert 'system prompt <span class="mono"' in html and "You answer tickets." in html
 
 
 def test_failures_and_retries_are_marked(browser: Client, chat_run: str) -> None:
     html = _page(browser, f"{BASE}conversation/")
     assert html.count("retried below") == 1
     assert "The model call failed" in html
-    failed_tool = html[html.index('id="call-draft:c2"'):html.index('id="call-draft:c2"') + 1500]
+    failed_tool = html[html.index('id="call-draft:c2"') : html.index('id="call-draft:c2"') + 1500]
     assert "failed" in failed_tool and ">error<" in failed_tool
 
 
@@ -134,24 +213,34 @@ def test_long_texts_fold_and_artifacts_link(browser: Client, chat_run: str) -> N
     html = _page(browser, f"{BASE}conversation/")
     assert f"Show all {len(LONG)} characters" in html
     assert "line 199 of a long tool result" in html  # all of it is there, behind "show all"
-    assert re.search(r'<a class="artifact mono" href="/api/v1/artifacts/art_[0-9a-f]+/content\?workspace=acme/support"', html)
+    assert re.search(
+        r'<a class="artifact mono" href="/api/v1/artifacts/art_[0-9a-f]+/content\?workspace=acme/support"', html
+    )
 
 
 def test_a_run_of_the_runtime_reads_the_same_way(browser: Client, workspace: Workspace) -> None:
     """Our runtime records only the new messages of each turn (`messagesFrom`): said as such."""
-    append(workspace=workspace, run_id="run_rt", events=[
-        started(), ev("StepScheduled", stepPath="draft"), ev("StepAttemptStarted", stepPath="draft", attempt=1),
-        _session("draft"),
-        *_turn("draft", 1, [{"role": "user", "content": "hi"}], {"text": "hello"}),
-        *_turn("draft", 2, [{"role": "user", "content": "again"}], {"text": "hello again"}, origin="recorded"),
-    ])
+    append(
+        workspace=workspace,
+        run_id="run_rt",
+        events=[
+            started(),
+            ev("StepScheduled", stepPath="draft"),
+            ev("StepAttemptStarted", stepPath="draft", attempt=1),
+            _session("draft"),
+            *_turn("draft", 1, [{"role": "user", "content": "hi"}], {"text": "hello"}),
+            *_turn("draft", 2, [{"role": "user", "content": "again"}], {"text": "hello again"}, origin="recorded"),
+        ],
+    )
     html = _page(browser, "/w/acme/support/runs/run_rt/conversation/")
     _in_order(html, "Turn 1", "hello", "Turn 2", 'origin-recorded">recorded', "hello again")
 
 
 def test_a_run_without_sessions_says_so(browser: Client, workspace: Workspace) -> None:
     append(workspace=workspace, run_id="run_plain", events=[started()])
-    assert "No harness sessions, model calls or tool calls" in _page(browser, "/w/acme/support/runs/run_plain/conversation/")
+    assert "No harness sessions, model calls or tool calls" in _page(
+        browser, "/w/acme/support/runs/run_plain/conversation/"
+    )
 
 
 # --- the run at event N ---------------------------------------------------------------------------
@@ -197,8 +286,9 @@ def test_the_state_tab_is_a_page_and_an_htmx_partial(browser: Client, chat_run: 
     assert 'href="/w/acme/support/runs/run_chat/state/?at=6"' in partial
 
 
-def test_a_long_run_lists_the_steps_and_calls_nearest_the_event(browser: Client, workspace: Workspace,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_long_run_lists_the_steps_and_calls_nearest_the_event(
+    browser: Client, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("console.pages.at.SHOWN", 3)
     _long_chat(workspace, "run_steps", 60)  # steps of eight events each: s4 starts at event 34
     html = _page(browser, "/w/acme/support/runs/run_steps/state/", at=35)
@@ -222,9 +312,14 @@ def test_search_finds_a_tool_by_name_with_its_outcome(browser: Client, chat_run:
 
 
 def test_search_by_type_step_and_text(browser: Client, chat_run: str) -> None:
-    assert _found(browser, type="harness.model.") == ["harness.model.called", "harness.model.responded",
-                                                       "harness.model.called", "harness.model.failed",
-                                                       "harness.model.called", "harness.model.responded"]
+    assert _found(browser, type="harness.model.") == [
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.model.called",
+        "harness.model.failed",
+        "harness.model.called",
+        "harness.model.responded",
+    ]
     assert _found(browser, step="notify") == ["StepScheduled", "StepAttemptStarted", "StepFailed"]
     assert _found(browser, q="SMTP DOWN") == ["StepFailed"]
     assert _found(browser, step="draft", q="rate limited") == ["harness.model.failed"]
@@ -245,8 +340,9 @@ def test_search_pages_by_sequence(browser: Client, chat_run: str) -> None:
     assert "harness.tool_call" in rest and 'class="newest"' in rest
 
 
-def test_jump_to_the_first_failure_and_to_the_first_in_doubt_call(browser: Client, chat_run: str,
-                                                                    workspace: Workspace) -> None:
+def test_jump_to_the_first_failure_and_to_the_first_in_doubt_call(
+    browser: Client, chat_run: str, workspace: Workspace
+) -> None:
     response = browser.get(BASE, {"first": "failure"})
     assert response.status_code == 302
     failure = int(response["Location"].rsplit("#event-", 1)[1])
@@ -267,9 +363,17 @@ def test_an_overlong_search_is_a_readable_400(browser: Client, chat_run: str) ->
 
 def _family(workspace: Workspace) -> None:
     _chat_run(workspace)
-    append(workspace=workspace, run_id="run_kid", events=[
-        started(parentRunId=RUN), ev("StepScheduled", stepPath="inner"), ev("StepAttemptStarted", stepPath="inner", attempt=1),
-        ev("StepCompleted", stepPath="inner", attempt=1, output=1), ev("RunCompleted")])
+    append(
+        workspace=workspace,
+        run_id="run_kid",
+        events=[
+            started(parentRunId=RUN),
+            ev("StepScheduled", stepPath="inner"),
+            ev("StepAttemptStarted", stepPath="inner", attempt=1),
+            ev("StepCompleted", stepPath="inner", attempt=1, output=1),
+            ev("RunCompleted"),
+        ],
+    )
     append(workspace=workspace, run_id="run_grandkid", events=[started(parentRunId="run_kid")])
 
 
@@ -294,8 +398,9 @@ def test_a_sub_run_expands_in_place_on_the_parents_axis(browser: Client, workspa
     assert 'data-subrun="run_grandkid"' in rows and 'data-depth="1"' in rows
 
 
-def test_a_waterfall_of_too_many_bars_says_how_many_it_left_out(browser: Client, chat_run: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_waterfall_of_too_many_bars_says_how_many_it_left_out(
+    browser: Client, chat_run: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("console.pages.waterfall.MAX_ROWS", 4)
     html = _page(browser, f"{BASE}waterfall/")
     assert len(re.findall(r'data-kind="', html)) == 4
@@ -309,8 +414,15 @@ def test_bad_waterfall_rows_parameters_are_a_readable_400(browser: Client, chat_
 
 # --- who may see them -------------------------------------------------------------------------------
 
-NEW_URLS = ("conversation/", "waterfall/", "state/", "state/?at=3", "?tool=lookup_order", "?first=failure",
-            "waterfall/rows/?from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z")
+NEW_URLS = (
+    "conversation/",
+    "waterfall/",
+    "state/",
+    "state/?at=3",
+    "?tool=lookup_order",
+    "?first=failure",
+    "waterfall/rows/?from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z",
+)
 
 
 @pytest.mark.parametrize("url", NEW_URLS)
@@ -342,11 +454,15 @@ def _long_chat(workspace: Workspace, run_id: str, total: int) -> None:
     written, n = 1, 0
     while written < total:
         step = f"s{n}"
-        events = [ev("StepScheduled", stepPath=step), ev("StepAttemptStarted", stepPath=step, attempt=1), _session(step),
-                  *_turn(step, 1, [{"role": "user", "content": "go"}], {"text": "ok"}),
-                  *_tool(step, f"{step}:c", "lookup_order", {"n": n}, {"ok": True}),
-                  ev("StepCompleted", stepPath=step, attempt=1, output=n)]
-        events = events[:total - written]
+        events = [
+            ev("StepScheduled", stepPath=step),
+            ev("StepAttemptStarted", stepPath=step, attempt=1),
+            _session(step),
+            *_turn(step, 1, [{"role": "user", "content": "go"}], {"text": "ok"}),
+            *_tool(step, f"{step}:c", "lookup_order", {"n": n}, {"ok": True}),
+            ev("StepCompleted", stepPath=step, attempt=1, output=n),
+        ]
+        events = events[: total - written]
         block += events
         written += len(events)
         n += 1
@@ -361,8 +477,15 @@ def _queries(client: Client, url: str) -> int:
     return len(queries)
 
 
-VIEWS = ("conversation/", "waterfall/", "state/", "state/?at=50", "?tool=lookup_order", "?q=lookup&type=harness.",
-         "waterfall/rows/?from=2026-01-01T00:00:00Z&to=2099-01-01T00:00:00Z")
+VIEWS = (
+    "conversation/",
+    "waterfall/",
+    "state/",
+    "state/?at=50",
+    "?tool=lookup_order",
+    "?q=lookup&type=harness.",
+    "waterfall/rows/?from=2026-01-01T00:00:00Z&to=2099-01-01T00:00:00Z",
+)
 
 
 def test_every_new_view_takes_as_many_queries_for_10000_events_as_for_100(

@@ -23,9 +23,15 @@ PAGE = "/w/acme/support/loops/ol_page/"
 @pytest.fixture
 def loop(workspace: Workspace) -> Any:
     reset_loop_registrations()
-    return start_outer_loop(workspace=workspace, workflow="rt_refine", input={"topic": "tides"},
-                            goal="a tight <paragraph>", max_cycles=4, supervise="rt_until_third",
-                            outer_loop_id="ol_page")
+    return start_outer_loop(
+        workspace=workspace,
+        workflow="rt_refine",
+        input={"topic": "tides"},
+        goal="a tight <paragraph>",
+        max_cycles=4,
+        supervise="rt_until_third",
+        outer_loop_id="ol_page",
+    )
 
 
 def _text(html: str) -> str:
@@ -62,8 +68,9 @@ def test_each_cycle_run_and_the_record_link_back_to_the_loop(client: Client, mem
     assert plain.status_code == 200
 
 
-def test_another_tenant_and_unknown_or_malformed_loops_are_404(client: Client, outsider: Any, member: Any,
-                                                               loop: Any) -> None:
+def test_another_tenant_and_unknown_or_malformed_loops_are_404(
+    client: Client, outsider: Any, member: Any, loop: Any
+) -> None:
     client.force_login(outsider)
     assert client.get(PAGE).status_code == 404
     assert client.get("/w/globex/main/loops/ol_page/").status_code == 404
@@ -76,19 +83,49 @@ def test_another_tenant_and_unknown_or_malformed_loops_are_404(client: Client, o
 
 
 def test_a_pending_cycle_shows_its_reserved_run_and_a_corrupt_record_is_a_readable_409(
-        client: Client, member: Any, workspace: Workspace) -> None:
+    client: Client, member: Any, workspace: Workspace
+) -> None:
     client.force_login(member)
-    append(workspace=workspace, run_id="run_ol_waiting", events=[{"type": "RunStarted", "payload": {
-        "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_waiting", "input": {},
-        "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"}, "maxCycles": 2}}}])
+    append(
+        workspace=workspace,
+        run_id="run_ol_waiting",
+        events=[
+            {
+                "type": "RunStarted",
+                "payload": {
+                    "workflowVersionId": "outer_loop:x",
+                    "outerLoopId": "ol_waiting",
+                    "input": {},
+                    "outerLoop": {
+                        "goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"},
+                        "maxCycles": 2,
+                    },
+                },
+            }
+        ],
+    )
     html = client.get("/w/acme/support/loops/ol_waiting/").content.decode()
     assert 'data-cycle="1"' in html and "run_ol_waiting_c1" in html and "reserved for this cycle" in html
     assert 'href="/w/acme/support/runs/run_ol_waiting_c1/"' not in html  # not started: nothing to link to
-    append(workspace=workspace, run_id="run_ol_bad", events=[
-        {"type": "RunStarted", "payload": {
-            "workflowVersionId": "outer_loop:x", "outerLoopId": "ol_bad", "input": {},
-            "outerLoop": {"goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"}, "maxCycles": 2}}},
-        {"type": "RunCompleted", "payload": {"output": 1}}])
+    append(
+        workspace=workspace,
+        run_id="run_ol_bad",
+        events=[
+            {
+                "type": "RunStarted",
+                "payload": {
+                    "workflowVersionId": "outer_loop:x",
+                    "outerLoopId": "ol_bad",
+                    "input": {},
+                    "outerLoop": {
+                        "goal": {"workflow": "rt_refine", "workflowDefinitionHash": "sha256:00"},
+                        "maxCycles": 2,
+                    },
+                },
+            },
+            {"type": "RunCompleted", "payload": {"output": 1}},
+        ],
+    )
     response = client.get("/w/acme/support/loops/ol_bad/")
     assert response.status_code == 409
     assert "has result.kind=&#x27;done&#x27; but cycles is empty." in response.content.decode()

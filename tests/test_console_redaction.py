@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from ledger.models import AuditEntry, Event, Workspace
 from ledger.log.redaction import BUILTIN_VALUE_RULES, REDACTED
+from ledger.models import AuditEntry, Event, Workspace
 from tests.conftest import ev, started
 
 URL = "/w/acme/support/settings/redaction/"
@@ -57,19 +57,27 @@ def test_anonymous_is_sent_to_log_in(client: Client, workspace: Workspace) -> No
     assert page.status_code == 302 and page["Location"].startswith("/accounts/login/")
 
 
-def test_an_admin_saves_extras_audited_and_the_next_append_uses_them(browser: Client, workspace: Workspace,
-                                                                      append) -> None:
-    done = _save(browser, keys="customerEmail\n  internal-note \n\ncustomerEmail", patterns=r"ord_\d{5}",
-                 reason="ticket 14")
+def test_an_admin_saves_extras_audited_and_the_next_append_uses_them(
+    browser: Client, workspace: Workspace, append
+) -> None:
+    done = _save(
+        browser, keys="customerEmail\n  internal-note \n\ncustomerEmail", patterns=r"ord_\d{5}", reason="ticket 14"
+    )
     assert done.status_code == 302 and done["Location"] == URL + "?saved=1"
     workspace.refresh_from_db()
     assert workspace.redact_keys == ["customerEmail", "internal-note"]
     assert workspace.redact_value_patterns == [r"ord_\d{5}"]
     entry = _changes().get()
     assert (entry.action, entry.actor, entry.target, entry.reason) == (
-        "redaction.changed", "alice", "workspace:acme/support", "ticket 14")
-    assert entry.details == {"before": {"keys": [], "patterns": []},
-                             "after": {"keys": ["customerEmail", "internal-note"], "patterns": [r"ord_\d{5}"]}}
+        "redaction.changed",
+        "alice",
+        "workspace:acme/support",
+        "ticket 14",
+    )
+    assert entry.details == {
+        "before": {"keys": [], "patterns": []},
+        "after": {"keys": ["customerEmail", "internal-note"], "patterns": [r"ord_\d{5}"]},
+    }
     assert 'id="redaction-saved"' in browser.get(done["Location"]).content.decode()
 
     append("run_a", started())
@@ -82,13 +90,17 @@ def test_an_admin_saves_extras_audited_and_the_next_append_uses_them(browser: Cl
     assert _changes().count() == 1
 
 
-@pytest.mark.parametrize(("patterns", "message"), [
-    ("(unclosed", "is not a valid regular expression"),
-    ("(a+)+b", "repeats a repetition"),
-    ("x?", "matches the empty string"),
-])
-def test_a_bad_pattern_is_a_form_error_and_nothing_changes(browser: Client, workspace: Workspace, patterns: str,
-                                                            message: str) -> None:
+@pytest.mark.parametrize(
+    ("patterns", "message"),
+    [
+        ("(unclosed", "is not a valid regular expression"),
+        ("(a+)+b", "repeats a repetition"),
+        ("x?", "matches the empty string"),
+    ],
+)
+def test_a_bad_pattern_is_a_form_error_and_nothing_changes(
+    browser: Client, workspace: Workspace, patterns: str, message: str
+) -> None:
     page = _save(browser, keys="customerEmail", patterns=f"ord_\\d+\n{patterns}")
     assert page.status_code == 400
     assert message in page.content.decode()

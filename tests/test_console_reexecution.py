@@ -17,10 +17,10 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django.test import Client
 
+from ledger.log.verify import verify_run
 from ledger.models import AuditEntry, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import executor, services
 from ledger.runtime.executor import start_run
-from ledger.log.verify import verify_run
 from tests.conftest import named_user
 from tests.live_support import communicator, session_id
 
@@ -53,8 +53,9 @@ def as_(user: User) -> Client:
 
 def _fork(workspace: Workspace, by: User, **extra: Any) -> ReexecutionRequest:
     """A fork from the first step (the later ones read its output, not the run's input)."""
-    return services.request_reexecution(workspace=workspace, run_id=RUN, mode="fork", from_step="normalize",
-                                        reason="try order D-4", by=by, **extra)
+    return services.request_reexecution(
+        workspace=workspace, run_id=RUN, mode="fork", from_step="normalize", reason="try order D-4", by=by, **extra
+    )
 
 
 def _execute(rx: ReexecutionRequest) -> ReexecutionRequest:
@@ -107,16 +108,24 @@ def test_the_form_shows_each_modes_plan_and_the_fork_steps(people: dict[str, Use
 
 
 def test_the_plan_lists_write_tools_that_could_fire(people: dict[str, User], workspace: Workspace) -> None:
-    start_run(workspace=workspace, workflow="support.refund", run_id="run_refund",
-              input={"ticket": "Refund please", "orderId": "A-1", "amount": 10})
-    html = as_(people["carol"]).get(f"{BASE}/runs/run_refund/reexecute/plan/", {"mode": "rerun"},
-                                    HTTP_HX_REQUEST="true").content.decode()
+    start_run(
+        workspace=workspace,
+        workflow="support.refund",
+        run_id="run_refund",
+        input={"ticket": "Refund please", "orderId": "A-1", "amount": 10},
+    )
+    html = (
+        as_(people["carol"])
+        .get(f"{BASE}/runs/run_refund/reexecute/plan/", {"mode": "rerun"}, HTTP_HX_REQUEST="true")
+        .content.decode()
+    )
     assert 'id="live-write-tools"' in html and "issue_refund" in html
 
 
 def test_bad_json_input_is_the_form_again_with_an_error_and_nothing_is_made(people: dict[str, User], run: Run) -> None:
-    response = as_(people["carol"]).post(FORM, {"mode": "fork", "from_step": "draft", "input": "{not json",
-                                                "reason": "try another order"})
+    response = as_(people["carol"]).post(
+        FORM, {"mode": "fork", "from_step": "draft", "input": "{not json", "reason": "try another order"}
+    )
     assert response.status_code == 400
     html = response.content.decode()
     assert 'id="input-error"' in html and "must be JSON" in html and "{not json" in html
@@ -124,15 +133,19 @@ def test_bad_json_input_is_the_form_again_with_an_error_and_nothing_is_made(peop
     assert not AuditEntry.objects.filter(action__startswith="reexecution.").exists()
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"mode": "fork", "from_step": "draft", "reason": ""}, "reason is required"),
-    ({"mode": "fork", "reason": "x"}, "Choose the step"),
-    ({"mode": "teleport", "reason": "x"}, "Choose one of the five modes"),
-    ({"mode": "evaluate", "reason": "x", "model:default": "gpt-4o"}, "as provider/model"),
-    ({"mode": "evaluate", "reason": "x", "model:default": "nobody/gpt-4o"}, "no model provider"),
-])
-def test_invalid_requests_are_400_with_the_reason(people: dict[str, User], run: Run, body: dict[str, str],
-                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"mode": "fork", "from_step": "draft", "reason": ""}, "reason is required"),
+        ({"mode": "fork", "reason": "x"}, "Choose the step"),
+        ({"mode": "teleport", "reason": "x"}, "Choose one of the five modes"),
+        ({"mode": "evaluate", "reason": "x", "model:default": "gpt-4o"}, "as provider/model"),
+        ({"mode": "evaluate", "reason": "x", "model:default": "nobody/gpt-4o"}, "no model provider"),
+    ],
+)
+def test_invalid_requests_are_400_with_the_reason(
+    people: dict[str, User], run: Run, body: dict[str, str], message: str
+) -> None:
     response = as_(people["carol"]).post(FORM, body)
     assert response.status_code == 400
     assert message in response.content.decode()
@@ -140,11 +153,19 @@ def test_invalid_requests_are_400_with_the_reason(people: dict[str, User], run: 
 
 
 def test_a_fork_request_goes_through_the_service_and_is_listed_on_the_evidence_tab(
-    people: dict[str, User], run: Run,
+    people: dict[str, User],
+    run: Run,
 ) -> None:
-    response = as_(people["carol"]).post(FORM, {
-        "mode": "fork", "from_step": "draft", "input": '{"ticket": "Where is my parcel?", "orderId": "D-4"}',
-        "reason": "what if it had been delivered", "model:default": ""})
+    response = as_(people["carol"]).post(
+        FORM,
+        {
+            "mode": "fork",
+            "from_step": "draft",
+            "input": '{"ticket": "Where is my parcel?", "orderId": "D-4"}',
+            "reason": "what if it had been delivered",
+            "model:default": "",
+        },
+    )
     assert response.status_code == 302 and response["Location"].startswith(f"{BASE}/runs/{RUN}/evidence/")
     rx = ReexecutionRequest.objects.get()
     assert (rx.mode, rx.from_step, rx.status, rx.requested_by) == ("fork", "draft", Status.PENDING_APPROVAL, "carol")
@@ -166,11 +187,13 @@ def test_a_resume_of_a_finished_run_is_refused_on_the_form(people: dict[str, Use
 
 
 def test_approvals_page_shows_pending_with_plan_digest_requester_and_reason(
-    people: dict[str, User], workspace: Workspace, run: Run,
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
 ) -> None:
     rx = _fork(workspace, people["carol"])
     html = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
-    card = html[html.index(f'id="rx-{rx.public_id}"'):]
+    card = html[html.index(f'id="rx-{rx.public_id}"') :]
     assert "carol" in card and "try order D-4" in card and rx.digest[:20] in card
     assert 'data-step="normalize" data-action="live"' in card and 'id="live-write-tools"' in card
     assert f'action="{BASE}/approvals/{rx.public_id}/approve/"' in card
@@ -180,7 +203,9 @@ def test_approvals_page_shows_pending_with_plan_digest_requester_and_reason(
 
 
 def test_the_requester_has_no_approve_button_and_a_post_is_refused(
-    people: dict[str, User], workspace: Workspace, run: Run,
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
 ) -> None:
     promoted = named_user("carol", "approver")
     rx = _fork(workspace, promoted)
@@ -201,7 +226,7 @@ def test_viewers_and_operators_cannot_decide(people: dict[str, User], workspace:
     for name in ("dave", "carol"):
         client = as_(people[name])
         html = client.get(f"{BASE}/approvals/").content.decode()
-        assert f'id="rx-{rx.public_id}"' in html and "form class=\"decide\"" not in html
+        assert f'id="rx-{rx.public_id}"' in html and 'form class="decide"' not in html
         assert client.post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "ok"}).status_code == 403
         assert client.post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "no"}).status_code == 403
     assert ReexecutionRequest.objects.get().status == Status.PENDING_APPROVAL
@@ -214,8 +239,9 @@ def test_outsiders_get_404_on_approvals(people: dict[str, User], workspace: Work
     assert olga.post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "ok"}).status_code == 404
     assert olga.post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "no"}).status_code == 404
     # Another tenant's request id in one's own workspace is not found either.
-    assert as_(people["olga"]).post(f"/w/globex/main/approvals/{rx.public_id}/approve/",
-                                    {"note": "ok"}).status_code == 404
+    assert (
+        as_(people["olga"]).post(f"/w/globex/main/approvals/{rx.public_id}/approve/", {"note": "ok"}).status_code == 404
+    )
     assert Client().get(f"{BASE}/approvals/").status_code == 302
 
 
@@ -227,7 +253,9 @@ def test_a_note_is_required(people: dict[str, User], workspace: Workspace, run: 
 
 
 def test_approve_executes_the_fork_and_both_runs_link_the_divergence(
-    people: dict[str, User], workspace: Workspace, run: Run,
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
 ) -> None:
     rx = _fork(workspace, people["carol"], input={"ticket": "Where is my parcel?", "orderId": "D-4"})
     response = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "go ahead"})
@@ -244,7 +272,7 @@ def test_approve_executes_the_fork_and_both_runs_link_the_divergence(
     assert 'id="run-origin"' in new_page and f'href="{BASE}/runs/{RUN}/"' in new_page
     assert f'href="{divergence}"' in new_page and "approved by bob" in new_page and "fork" in new_page
     evidence = as_(people["dave"]).get(f"{BASE}/runs/{RUN}/evidence/").content.decode()
-    row = evidence[evidence.index(f'data-reexecution="{rx.public_id}"'):]
+    row = evidence[evidence.index(f'data-reexecution="{rx.public_id}"') :]
     assert 'data-status="succeeded"' in row[:80] and f'href="{divergence}"' in row
     assert f'href="{BASE}/runs/{new.run_id}/"' in row and "carol" in row and "bob" in row
 
@@ -262,7 +290,9 @@ def test_approve_executes_the_fork_and_both_runs_link_the_divergence(
 
 
 def test_a_simulation_needs_no_approval_and_reproduces_the_original(
-    people: dict[str, User], workspace: Workspace, run: Run,
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
 ) -> None:
     response = as_(people["carol"]).post(FORM, {"mode": "simulate", "reason": "check the record replays"})
     assert response.status_code == 302
@@ -275,8 +305,10 @@ def test_a_simulation_needs_no_approval_and_reproduces_the_original(
 
 def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Run) -> None:
     rx = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason="again", by=people["carol"])
-    assert as_(people["alice"]).post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "costs too much"}) \
-        .status_code == 302
+    assert (
+        as_(people["alice"]).post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "costs too much"}).status_code
+        == 302
+    )
     rx.refresh_from_db()
     assert (rx.status, rx.approver_name, rx.note) == (Status.DENIED, "alice", "costs too much")
     html = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
@@ -287,15 +319,20 @@ def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Ru
 
 
 def test_plan_changed_since_the_request_is_refused_at_approval(
-    people: dict[str, User], workspace: Workspace,
+    people: dict[str, User],
+    workspace: Workspace,
 ) -> None:
     from ledger.log import append
     from tests.conftest import ev, started
 
-    append(workspace=workspace, run_id="run_open", events=[
-        started(), ev("StepScheduled", stepPath="a"), ev("StepAttemptStarted", stepPath="a", attempt=1)])
-    rx = services.request_reexecution(workspace=workspace, run_id="run_open", mode="rerun", reason="x",
-                                      by=people["carol"])
+    append(
+        workspace=workspace,
+        run_id="run_open",
+        events=[started(), ev("StepScheduled", stepPath="a"), ev("StepAttemptStarted", stepPath="a", attempt=1)],
+    )
+    rx = services.request_reexecution(
+        workspace=workspace, run_id="run_open", mode="rerun", reason="x", by=people["carol"]
+    )
     append(workspace=workspace, run_id="run_open", events=[ev("StepCompleted", stepPath="a", attempt=1)])
     response = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "fine"})
     assert response.status_code == 409 and "changed since the request" in response.content.decode()
@@ -305,14 +342,20 @@ def test_plan_changed_since_the_request_is_refused_at_approval(
 
 
 def test_batch_evaluate_from_the_runs_list(people: dict[str, User], workspace: Workspace, run: Run) -> None:
-    start_run(workspace=workspace, workflow="support.triage", run_id="run_triage_2",
-              input={"ticket": "Refund status?", "orderId": "B-2"})
+    start_run(
+        workspace=workspace,
+        workflow="support.triage",
+        run_id="run_triage_2",
+        input={"ticket": "Refund status?", "orderId": "B-2"},
+    )
     runs_page = as_(people["carol"]).get(f"{BASE}/").content.decode()
     assert 'id="batch-form"' in runs_page and 'name="run" value="run_triage_2"' in runs_page
     assert 'id="batch-form"' not in as_(people["dave"]).get(f"{BASE}/").content.decode()
 
-    response = as_(people["carol"]).post(f"{BASE}/batches/", {
-        "run": [RUN, "run_triage_2"], "models": "default=scripted/gpt-4o", "reason": "does gpt-4o do better"})
+    response = as_(people["carol"]).post(
+        f"{BASE}/batches/",
+        {"run": [RUN, "run_triage_2"], "models": "default=scripted/gpt-4o", "reason": "does gpt-4o do better"},
+    )
     assert response.status_code == 302
     made = list(ReexecutionRequest.objects.order_by("pk"))
     assert [r.mode for r in made] == ["evaluate", "evaluate"] and len({r.batch_id for r in made}) == 1
@@ -321,25 +364,33 @@ def test_batch_evaluate_from_the_runs_list(people: dict[str, User], workspace: W
     # One card, one decision, for the whole batch.
     approvals = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
     assert approvals.count('class="request pending"') == 1 and "a batch of 2 runs" in approvals
-    assert as_(people["bob"]).post(f"{BASE}/approvals/{made[1].public_id}/approve/", {"note": "try it"}) \
-        .status_code == 302
+    assert (
+        as_(people["bob"]).post(f"{BASE}/approvals/{made[1].public_id}/approve/", {"note": "try it"}).status_code == 302
+    )
     for rx in made:
         assert _execute(rx).status == Status.SUCCEEDED
     html = as_(people["dave"]).get(batch_url).content.decode()
-    summary = html[html.index('id="batch-summary"'):]
+    summary = html[html.index('id="batch-summary"') :]
     assert re.search(r"<strong>\d of 2</strong> kept their outcome", summary)
     assert "cost before" in summary and "after" in summary
     assert as_(people["olga"]).get(batch_url).status_code == 404
-    assert as_(people["dave"]).post(f"{BASE}/batches/", {"run": [RUN], "models": "default=scripted/x",
-                                                         "reason": "x"}).status_code == 403
+    assert (
+        as_(people["dave"])
+        .post(f"{BASE}/batches/", {"run": [RUN], "models": "default=scripted/x", "reason": "x"})
+        .status_code
+        == 403
+    )
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"models": "default=scripted/gpt-4o", "reason": "x"}, "Select the runs"),
-    ({"run": [RUN], "models": "default=scripted/gpt-4o"}, "reason is required"),
-    ({"run": [RUN], "models": "gpt-4o", "reason": "x"}, "slot=provider/model"),
-    ({"run": ["run_nope"], "models": "default=scripted/gpt-4o", "reason": "x"}, "not found"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"models": "default=scripted/gpt-4o", "reason": "x"}, "Select the runs"),
+        ({"run": [RUN], "models": "default=scripted/gpt-4o"}, "reason is required"),
+        ({"run": [RUN], "models": "gpt-4o", "reason": "x"}, "slot=provider/model"),
+        ({"run": ["run_nope"], "models": "default=scripted/gpt-4o", "reason": "x"}, "not found"),
+    ],
+)
 def test_bad_batches_are_400(people: dict[str, User], run: Run, body: dict[str, Any], message: str) -> None:
     response = as_(people["carol"]).post(f"{BASE}/batches/", body)
     assert response.status_code == 400 and message in response.content.decode()
@@ -350,7 +401,9 @@ def test_bad_batches_are_400(people: dict[str, User], run: Run, body: dict[str, 
 
 
 def test_divergence_page_before_the_run_exists_and_for_outsiders(
-    people: dict[str, User], workspace: Workspace, run: Run,
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
 ) -> None:
     rx = _fork(workspace, people["carol"])
     url = f"{BASE}/reexecutions/{rx.public_id}/divergence/"
@@ -365,15 +418,16 @@ def test_divergence_page_before_the_run_exists_and_for_outsiders(
 
 
 def test_the_audit_page_lists_each_action_for_admins_only(
-    people: dict[str, User], workspace: Workspace, run: Run,
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
 ) -> None:
     rx = _fork(workspace, people["carol"])
     services.approve(workspace=workspace, reexecution_id=rx.public_id, by=people["bob"], note="go")
     _execute(ReexecutionRequest.objects.get())
     alice = as_(people["alice"])
     html = alice.get("/t/acme/audit/").content.decode()
-    for action in ("reexecution.requested", "reexecution.approved", "reexecution.started",
-                   "reexecution.finished"):
+    for action in ("reexecution.requested", "reexecution.approved", "reexecution.started", "reexecution.finished"):
         assert f'data-action="{action}"' in html, action
     assert 'id="audit-csv" href="/api/v1/audit?format=csv&amp;tenant=acme"' in html
     assert 'id="nav-audit"' in alice.get(f"{BASE}/").content.decode()
@@ -393,8 +447,15 @@ def test_the_audit_page_lists_each_action_for_admins_only(
     assert Client().get("/t/acme/audit/").status_code == 302
 
 
-@pytest.mark.parametrize("query", [{"from": "yesterday"}, {"action": "reexecution.teleported"},
-                                   {"from": "2026-02-02", "to": "2026-01-01"}, {"cursor": "!!"}])
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"from": "yesterday"},
+        {"action": "reexecution.teleported"},
+        {"from": "2026-02-02", "to": "2026-01-01"},
+        {"cursor": "!!"},
+    ],
+)
 def test_bad_audit_filters_are_400_with_the_form(people: dict[str, User], query: dict[str, str]) -> None:
     response = as_(people["alice"]).get("/t/acme/audit/", query)
     assert response.status_code == 400
@@ -403,9 +464,9 @@ def test_bad_audit_filters_are_400_with_the_form(people: dict[str, User], query:
 
 
 def test_audit_pages_by_cursor(people: dict[str, User], workspace: Workspace, run: Run) -> None:
-    from ledger.audit import record
-
     from django.db import transaction
+
+    from ledger.audit import record
 
     with transaction.atomic():
         for n in range(55):

@@ -15,11 +15,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from ledger.log import artifacts
-from ledger.replay import gateway
-from ledger.log import append
 from ledger.canonical import digest
+from ledger.log import append, artifacts
 from ledger.models import Event, Feedback, ToolGatewayClaim, Workspace
+from ledger.replay import gateway
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -32,19 +31,33 @@ UNPRICED = {"provider": "acme-labs", "modelId": "house-model"}
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
-def _model_events(step: str, turn: int, model: dict[str, str], *, inp: int = 100, out: int = 20) -> list[dict[str, Any]]:
+def _model_events(
+    step: str, turn: int, model: dict[str, str], *, inp: int = 100, out: int = 20
+) -> list[dict[str, Any]]:
     call_id = f"{step}-m{turn}"
     return [
         ev("harness.model.called", stepPath=step, turn=turn, callId=call_id, promptHash="h", request={}),
-        ev("harness.model.responded", stepPath=step, turn=turn, callId=call_id, model=model,
-           response={"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}}),
+        ev(
+            "harness.model.responded",
+            stepPath=step,
+            turn=turn,
+            callId=call_id,
+            model=model,
+            response={"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}},
+        ),
     ]
 
 
 def _session(step: str) -> dict[str, Any]:
     manifest = {"tools": ["search"], "stepPath": step}
-    return ev("harness.session.started", stepPath=step, role="worker", task={"kind": "execute_step"},
-              manifest=manifest, manifestHash=digest(manifest))
+    return ev(
+        "harness.session.started",
+        stepPath=step,
+        role="worker",
+        task={"kind": "execute_step"},
+        manifest=manifest,
+        manifestHash=digest(manifest),
+    )
 
 
 def _rich_run(workspace: Workspace, run_id: str = RUN, *, extra_steps: int = 0) -> None:
@@ -53,18 +66,34 @@ def _rich_run(workspace: Workspace, run_id: str = RUN, *, extra_steps: int = 0) 
     blob = artifacts.store_bytes(workspace, b'{"big": true}')
     events = [
         started(label="demo"),
-        ev("StepScheduled", stepPath="extract"), ev("StepAttemptStarted", stepPath="extract", attempt=1),
-        _session("extract"), *_model_events("extract", 1, MINI),
+        ev("StepScheduled", stepPath="extract"),
+        ev("StepAttemptStarted", stepPath="extract", attempt=1),
+        _session("extract"),
+        *_model_events("extract", 1, MINI),
         ev("StepCompleted", stepPath="extract", attempt=1, output={"name": "Ada"}, outputRef=blob.ref),
-        ev("StepScheduled", stepPath="score"), ev("StepAttemptStarted", stepPath="score", attempt=1),
-        _session("score"), *_model_events("score", 1, UNPRICED),
-        ev("harness.model.called", stepPath="score", turn=2, callId="score-m2", promptHash="h", request={},
-           origin="simulated"),
+        ev("StepScheduled", stepPath="score"),
+        ev("StepAttemptStarted", stepPath="score", attempt=1),
+        _session("score"),
+        *_model_events("score", 1, UNPRICED),
+        ev(
+            "harness.model.called",
+            stepPath="score",
+            turn=2,
+            callId="score-m2",
+            promptHash="h",
+            request={},
+            origin="simulated",
+        ),
     ]
     for n in range(extra_steps):
         path = f"extra{n}"
-        events += [ev("StepScheduled", stepPath=path), ev("StepAttemptStarted", stepPath=path, attempt=1),
-                   _session(path), *_model_events(path, 1, MINI), ev("StepCompleted", stepPath=path, attempt=1, output=n)]
+        events += [
+            ev("StepScheduled", stepPath=path),
+            ev("StepAttemptStarted", stepPath=path, attempt=1),
+            _session(path),
+            *_model_events(path, 1, MINI),
+            ev("StepCompleted", stepPath=path, attempt=1, output=n),
+        ]
     append(workspace=workspace, run_id=run_id, events=events)
 
 
@@ -94,7 +123,10 @@ def test_each_tab_is_a_full_page_and_an_htmx_partial(client: Client, member: Any
     assert "<html" in html and 'id="feedback-form"' in html and 'id="tab-panel"' in html
     assert re.search(rf'<a data-tab="{tab}" href="{BASE}{tab}/"[^>]*aria-current="page"', html)
     for other in TABS:
-        assert f'data-tab="{other}" href="{BASE}{other}/" hx-get="{BASE}{other}/" hx-target="#tab-panel" hx-push-url="true"' in html
+        assert (
+            f'data-tab="{other}" href="{BASE}{other}/" hx-get="{BASE}{other}/" hx-target="#tab-panel" hx-push-url="true"'
+            in html
+        )
 
     partial = client.get(f"{BASE}{tab}/", **HTMX)
     assert partial.status_code == 200
@@ -131,8 +163,15 @@ def test_outsider_gets_404(client: Client, outsider: Any, rich_run: str, url: st
     assert client.get(url, **HTMX).status_code == 404
 
 
-@pytest.mark.parametrize("url", ["/w/acme/support/runs/run_nope/", "/w/acme/support/runs/run_nope/steps/",
-                                 f"{BASE}nonsense/", "/w/acme/support/runs/run_nope/timeline/rows/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/w/acme/support/runs/run_nope/",
+        "/w/acme/support/runs/run_nope/steps/",
+        f"{BASE}nonsense/",
+        "/w/acme/support/runs/run_nope/timeline/rows/",
+    ],
+)
 def test_unknown_run_or_tab_is_404(client: Client, member: Any, rich_run: str, url: str) -> None:
     client.force_login(member)
     assert client.get(url).status_code == 404
@@ -141,8 +180,9 @@ def test_unknown_run_or_tab_is_404(client: Client, member: Any, rich_run: str, u
 # --- header ----------------------------------------------------------------------------------
 
 
-def test_header_shows_status_workflow_cost_and_parent(client: Client, member: Any, workspace: Workspace,
-                                                      rich_run: str) -> None:
+def test_header_shows_status_workflow_cost_and_parent(
+    client: Client, member: Any, workspace: Workspace, rich_run: str
+) -> None:
     append(workspace=workspace, run_id="run_child", events=[started("wf_child", parentRunId=RUN)])
     client.force_login(member)
     html = client.get(BASE).content.decode()
@@ -154,22 +194,26 @@ def test_header_shows_status_workflow_cost_and_parent(client: Client, member: An
 
     child = client.get("/w/acme/support/runs/run_child/").content.decode()
     assert f'href="{BASE}">run_page</a>' in child
-    assert "Cost</dt><dd>$0 <span class=\"muted\">no model calls" in child
+    assert 'Cost</dt><dd>$0 <span class="muted">no model calls' in child
 
 
 def test_an_unpriced_run_costs_n_a(client: Client, member: Any, workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_unpriced", events=[
-        started(), ev("StepScheduled", stepPath="a"), *_model_events("a", 1, UNPRICED)])
+    append(
+        workspace=workspace,
+        run_id="run_unpriced",
+        events=[started(), ev("StepScheduled", stepPath="a"), *_model_events("a", 1, UNPRICED)],
+    )
     client.force_login(member)
     html = client.get("/w/acme/support/runs/run_unpriced/").content.decode()
-    assert "Cost</dt><dd>n/a <span class=\"muted\">0/1 priced (0%)" in html
+    assert 'Cost</dt><dd>n/a <span class="muted">0/1 priced (0%)' in html
 
 
 # --- timeline ----------------------------------------------------------------------------------
 
 
-def test_rows_show_type_step_time_origin_payload_and_artifact_links(client: Client, member: Any,
-                                                                     workspace: Workspace, rich_run: str) -> None:
+def test_rows_show_type_step_time_origin_payload_and_artifact_links(
+    client: Client, member: Any, workspace: Workspace, rich_run: str
+) -> None:
     client.force_login(member)
     html = client.get(BASE).content.decode()
     completed = re.search(r'<tr class="event" id="event-7" data-sequence="7">.*?</tr>', html, re.S).group(0)
@@ -190,37 +234,66 @@ def test_rows_show_type_step_time_origin_payload_and_artifact_links(client: Clie
 def _origin_badges(html: str) -> dict[int, str | None]:
     rows = re.findall(r'<tr class="event" id="event-(\d+)".*?</tr>', html, re.S)
     bodies = re.split(r'<tr class="event" id="event-\d+"', html)[1:]
-    return {int(n): (re.findall(r'<span class="origin origin-(\w+)">', body) or [None])[0]
-            for n, body in zip(rows, bodies)}
+    return {
+        int(n): (re.findall(r'<span class="origin origin-(\w+)">', body) or [None])[0] for n, body in zip(rows, bodies)
+    }
 
 
 def test_only_model_and_tool_events_carry_an_origin_badge(client: Client, member: Any, workspace: Workspace) -> None:
     """DESIGN.md §3: a re-execution writes `origin` on model and tool events; an original run's
     calls happened live; no other event has an origin, whatever its payload says."""
-    append(workspace=workspace, run_id="run_origins", events=[
-        started(),
-        ev("StepScheduled", stepPath="a"),
-        _session("a"),
-        ev("harness.model.called", stepPath="a", turn=1, callId="m1", promptHash="h", request={}, origin="recorded"),
-        ev("harness.model.responded", stepPath="a", turn=1, callId="m1", model=MINI, origin="recorded",
-           response={"text": "ok", "usage": {"inputTokens": 1, "outputTokens": 1}}),
-        ev("harness.tool_call.started", callId="t1", caller="model", toolName="search", args={}, origin="simulated"),
-        ev("harness.tool_call.succeeded", callId="t1", result={"hits": 0}, durationMs=1.0),
-        ev("custom.note", origin="simulated"),
-        ev("harness.model.called", stepPath="a", turn=2, callId="m2", promptHash="h", request={}),
-    ])
+    append(
+        workspace=workspace,
+        run_id="run_origins",
+        events=[
+            started(),
+            ev("StepScheduled", stepPath="a"),
+            _session("a"),
+            ev(
+                "harness.model.called", stepPath="a", turn=1, callId="m1", promptHash="h", request={}, origin="recorded"
+            ),
+            ev(
+                "harness.model.responded",
+                stepPath="a",
+                turn=1,
+                callId="m1",
+                model=MINI,
+                origin="recorded",
+                response={"text": "ok", "usage": {"inputTokens": 1, "outputTokens": 1}},
+            ),
+            ev(
+                "harness.tool_call.started", callId="t1", caller="model", toolName="search", args={}, origin="simulated"
+            ),
+            ev("harness.tool_call.succeeded", callId="t1", result={"hits": 0}, durationMs=1.0),
+            ev("custom.note", origin="simulated"),
+            ev("harness.model.called", stepPath="a", turn=2, callId="m2", promptHash="h", request={}),
+        ],
+    )
     client.force_login(member)
     badges = _origin_badges(client.get("/w/acme/support/runs/run_origins/").content.decode())
-    assert badges == {1: None, 2: None, 3: None, 4: "recorded", 5: "recorded", 6: "simulated", 7: "live",
-                      8: None, 9: "live"}
+    assert badges == {
+        1: None,
+        2: None,
+        3: None,
+        4: "recorded",
+        5: "recorded",
+        6: "simulated",
+        7: "live",
+        8: None,
+        9: "live",
+    }
     pushed_the_same = client.get("/w/acme/support/runs/run_origins/timeline/rows/", {"after": 5}).content.decode()
     assert _origin_badges(pushed_the_same) == {6: "simulated", 7: "live", 8: None, 9: "live"}
 
 
-def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(client: Client, member: Any,
-                                                                     workspace: Workspace) -> None:
-    append(workspace=workspace, run_id="run_long", events=[started()] + [
-        ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 451)])
+def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(
+    client: Client, member: Any, workspace: Workspace
+) -> None:
+    append(
+        workspace=workspace,
+        run_id="run_long",
+        events=[started()] + [ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 451)],
+    )
     client.force_login(member)
     base = "/w/acme/support/runs/run_long/timeline/"
 
@@ -281,8 +354,9 @@ def test_bad_paging_is_a_readable_400(client: Client, member: Any, rich_run: str
 # --- steps & replay plan ------------------------------------------------------------------------
 
 
-def test_steps_tab_shows_steps_should_run_sessions_and_replay_readiness(client: Client, member: Any,
-                                                                         rich_run: str) -> None:
+def test_steps_tab_shows_steps_should_run_sessions_and_replay_readiness(
+    client: Client, member: Any, rich_run: str
+) -> None:
     client.force_login(member)
     html = client.get(f"{BASE}steps/", **HTMX).content.decode()
     extract = re.search(r'<tr class="step" data-step="extract">.*?</tr>', html, re.S).group(0)
@@ -316,7 +390,10 @@ def test_steps_tab_pages_by_position_and_shows_the_sessions_of_the_page_only(
     assert _step_rows(first) == ["extract", "score", "extra0", "extra1", "extra2"]
     assert _session_steps(first) == ["extract", "score", "extra0", "extra1", "extra2"]
     assert "steps 1–5 of 12" in first
-    assert f'<a class="next" href="{url}?start=5" hx-get="{url}?start=5" hx-target="#tab-panel" hx-push-url="true">' in first
+    assert (
+        f'<a class="next" href="{url}?start=5" hx-get="{url}?start=5" hx-target="#tab-panel" hx-push-url="true">'
+        in first
+    )
     assert 'class="previous"' not in first
     assert 'id="replay-ready" class="verdict verdict-fail"' in first  # the plan is the whole run's
 
@@ -352,13 +429,21 @@ def test_a_bad_step_page_is_a_readable_400(client: Client, member: Any, rich_run
 # --- sub-runs -----------------------------------------------------------------------------------
 
 
-def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(client: Client, member: Any,
-                                                                     workspace: Workspace) -> None:
+def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(
+    client: Client, member: Any, workspace: Workspace
+) -> None:
     def run(run_id: str, parent: str | None, *tail: dict[str, Any], model: dict[str, str] = MINI) -> None:
         extra = {"parentRunId": parent} if parent else {}
-        append(workspace=workspace, run_id=run_id, events=[
-            started(f"wf_{run_id}", **extra), ev("StepScheduled", stepPath="a"),
-            *_model_events("a", 1, model, inp=1_000_000, out=0), *tail])
+        append(
+            workspace=workspace,
+            run_id=run_id,
+            events=[
+                started(f"wf_{run_id}", **extra),
+                ev("StepScheduled", stepPath="a"),
+                *_model_events("a", 1, model, inp=1_000_000, out=0),
+                *tail,
+            ],
+        )
 
     run("run_root", None, ev("RunCompleted"))
     run("run_ok", "run_root", ev("RunCompleted"))
@@ -376,9 +461,9 @@ def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(client: Cli
     assert "branch-failed" in nodes["run_leaf"] and "branch-failed" not in nodes["run_ok"]
     assert html.count("✗ failed below") == 2  # root and mid: failed below, not themselves
     # gpt-4o-mini at $0.15 per 1M input tokens: root + ok + leaf priced, mid unpriced.
-    assert "cost $0.45 <span class=\"muted\">(3/4 priced (75%))" in html
+    assert 'cost $0.45 <span class="muted">(3/4 priced (75%))' in html
     mid = html.split('data-run-id="run_mid"')[1]
-    assert "cost $0.15 <span class=\"muted\">(1/2 priced (50%))" in mid
+    assert 'cost $0.15 <span class="muted">(1/2 priced (50%))' in mid
     # A sub-run's own page shows the tree below it.
     assert "1 below this run" in client.get("/w/acme/support/runs/run_mid/subruns/").content.decode()
 
@@ -389,16 +474,24 @@ def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(client: Cli
 @pytest.fixture
 def in_doubt(workspace: Workspace, rich_run: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A write whose request left and whose lease then ran out: in doubt."""
-    claim = gateway.claim_tool_call(workspace=workspace, run_id=RUN, call_id="call_pay", tool_name="pay",
-                                    args={"amount": 5}, effect="write", owner="worker-1")
+    claim = gateway.claim_tool_call(
+        workspace=workspace,
+        run_id=RUN,
+        call_id="call_pay",
+        tool_name="pay",
+        args={"amount": 5},
+        effect="write",
+        owner="worker-1",
+    )
     gateway.mark_outbound(workspace=workspace, run_id=RUN, call_id="call_pay", lease_token=claim.lease_token)
     later = timezone.now() + timedelta(minutes=5)
     monkeypatch.setattr("ledger.clock.now", lambda: later)
     return "call_pay"
 
 
-def test_evidence_tab_highlights_in_doubt_calls_and_lists_the_rest(client: Client, operator: Any,
-                                                                   in_doubt: str) -> None:
+def test_evidence_tab_highlights_in_doubt_calls_and_lists_the_rest(
+    client: Client, operator: Any, in_doubt: str
+) -> None:
     client.force_login(operator)
     html = client.get(f"{BASE}evidence/", **HTMX).content.decode()
     assert '<tr class="tool-call in-doubt" data-call-id="call_pay">' in html and "⚠ 1 in doubt" in html
@@ -409,8 +502,9 @@ def test_evidence_tab_highlights_in_doubt_calls_and_lists_the_rest(client: Clien
     assert 'id="approvals">none<' in html
 
 
-def test_the_replay_plan_shows_an_in_doubt_call_as_blocking(client: Client, viewer: Any, workspace: Workspace,
-                                                            in_doubt: str) -> None:
+def test_the_replay_plan_shows_an_in_doubt_call_as_blocking(
+    client: Client, viewer: Any, workspace: Workspace, in_doubt: str
+) -> None:
     client.force_login(viewer)
     # Before the gateway has written it down (nobody touched the call since the lease ran out)...
     assert "⚠ in doubt: reconcile it first" in client.get(f"{BASE}steps/").content.decode()
@@ -438,8 +532,10 @@ def test_an_outsider_reconciling_gets_404(client: Client, outsider: Any, in_doub
 
 def test_an_operator_reconciles_through_the_gateway(client: Client, operator: Any, in_doubt: str) -> None:
     client.force_login(operator)
-    response = client.post(f"{BASE}tool-calls/call_pay/reconcile/",
-                           {"outcome": "succeeded", "value": '{"paid": true}', "note": "bank says paid"})
+    response = client.post(
+        f"{BASE}tool-calls/call_pay/reconcile/",
+        {"outcome": "succeeded", "value": '{"paid": true}', "note": "bank says paid"},
+    )
     assert response.status_code == 302 and response["Location"] == f"{BASE}evidence/"
     claim = ToolGatewayClaim.objects.get(call_id="call_pay")
     assert (claim.status, claim.result, claim.reconciled_by) == ("succeeded", {"paid": True}, "carol")
@@ -451,21 +547,28 @@ def test_an_operator_reconciles_through_the_gateway(client: Client, operator: An
 
 def test_reconcile_over_htmx_answers_with_the_evidence_tab(client: Client, operator: Any, in_doubt: str) -> None:
     client.force_login(operator)
-    response = client.post(f"{BASE}tool-calls/call_pay/reconcile/",
-                           {"outcome": "failed", "value": '{"message": "declined"}', "note": "bank says no"}, **HTMX)
+    response = client.post(
+        f"{BASE}tool-calls/call_pay/reconcile/",
+        {"outcome": "failed", "value": '{"message": "declined"}', "note": "bank says no"},
+        **HTMX,
+    )
     assert response.status_code == 200 and b"<html" not in response.content
     assert b"reconcile-form" not in response.content
     assert ToolGatewayClaim.objects.get(call_id="call_pay").error == {"message": "declined"}
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"outcome": "maybe", "note": "x"}, "Choose succeeded or failed."),
-    ({"outcome": "succeeded", "note": ""}, "the note is required"),
-    ({"outcome": "succeeded", "value": "{not json", "note": "x"}, "The result must be JSON"),
-    ({"outcome": "failed", "value": "NaN", "note": "x"}, "error has no canonical JSON form"),
-])
-def test_a_bad_reconcile_form_is_re_rendered_with_a_message(client: Client, operator: Any, in_doubt: str,
-                                                             data: dict[str, str], message: str) -> None:
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"outcome": "maybe", "note": "x"}, "Choose succeeded or failed."),
+        ({"outcome": "succeeded", "note": ""}, "the note is required"),
+        ({"outcome": "succeeded", "value": "{not json", "note": "x"}, "The result must be JSON"),
+        ({"outcome": "failed", "value": "NaN", "note": "x"}, "error has no canonical JSON form"),
+    ],
+)
+def test_a_bad_reconcile_form_is_re_rendered_with_a_message(
+    client: Client, operator: Any, in_doubt: str, data: dict[str, str], message: str
+) -> None:
     client.force_login(operator)
     before = Event.objects.count()
     for extra in ({}, HTMX):
@@ -477,16 +580,26 @@ def test_a_bad_reconcile_form_is_re_rendered_with_a_message(client: Client, oper
     assert ToolGatewayClaim.objects.get(call_id="call_pay").status != "succeeded"
 
 
-def test_reconciling_a_call_that_is_not_in_doubt_is_409_with_a_message(client: Client, operator: Any,
-                                                                        workspace: Workspace, rich_run: str) -> None:
-    claim = gateway.claim_tool_call(workspace=workspace, run_id=RUN, call_id="call_ok", tool_name="read",
-                                    args={}, effect="read", owner="w")
-    gateway.complete_tool_call(workspace=workspace, run_id=RUN, call_id="call_ok", lease_token=claim.lease_token,
-                               outcome="result", value={"ok": 1})
+def test_reconciling_a_call_that_is_not_in_doubt_is_409_with_a_message(
+    client: Client, operator: Any, workspace: Workspace, rich_run: str
+) -> None:
+    claim = gateway.claim_tool_call(
+        workspace=workspace, run_id=RUN, call_id="call_ok", tool_name="read", args={}, effect="read", owner="w"
+    )
+    gateway.complete_tool_call(
+        workspace=workspace,
+        run_id=RUN,
+        call_id="call_ok",
+        lease_token=claim.lease_token,
+        outcome="result",
+        value={"ok": 1},
+    )
     client.force_login(operator)
     response = client.post(f"{BASE}tool-calls/call_ok/reconcile/", {"outcome": "succeeded", "note": "x"})
     assert response.status_code == 409 and b"only a call in doubt can be reconciled" in response.content
-    assert client.post(f"{BASE}tool-calls/call_none/reconcile/", {"outcome": "succeeded", "note": "x"}).status_code == 404
+    assert (
+        client.post(f"{BASE}tool-calls/call_none/reconcile/", {"outcome": "succeeded", "note": "x"}).status_code == 404
+    )
 
 
 # --- costs ----------------------------------------------------------------------------------------
@@ -496,14 +609,18 @@ def test_costs_tab_per_step_and_per_model_with_coverage(client: Client, member: 
     client.force_login(member)
     html = client.get(f"{BASE}costs/", **HTMX).content.decode()
     per_model = html.split('id="costs-per-model"')[1]
-    assert re.search(r"acme-labs/house-model</td><td class=\"num\">1</td>.*?<td>n/a</td><td>0/1 priced \(0%\)", per_model, re.S)
-    assert re.search(r"openai/gpt-4o-mini</td><td class=\"num\">1</td>.*?<td>\$0.000027</td><td>1/1 priced \(100%\)",
-                     per_model, re.S)
+    assert re.search(
+        r"acme-labs/house-model</td><td class=\"num\">1</td>.*?<td>n/a</td><td>0/1 priced \(0%\)", per_model, re.S
+    )
+    assert re.search(
+        r"openai/gpt-4o-mini</td><td class=\"num\">1</td>.*?<td>\$0.000027</td><td>1/1 priced \(100%\)", per_model, re.S
+    )
     assert "Run total" in per_model and "1/2 priced (50%)" in per_model
 
 
-def test_costs_tab_pages_its_steps_and_totals_the_whole_run(client: Client, member: Any, workspace: Workspace,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_costs_tab_pages_its_steps_and_totals_the_whole_run(
+    client: Client, member: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("console.pages.run.STEPS_PAGE_SIZE", 5)
     _rich_run(workspace, extra_steps=10)
     client.force_login(member)
@@ -542,8 +659,9 @@ def test_feedback_over_htmx_re_renders_the_feedback_section(client: Client, memb
 
 
 @pytest.mark.parametrize("rating", ["", "0", "6", "x", "4.5"])
-def test_a_bad_rating_is_400_with_a_message_and_nothing_stored(client: Client, member: Any, rich_run: str,
-                                                               rating: str) -> None:
+def test_a_bad_rating_is_400_with_a_message_and_nothing_stored(
+    client: Client, member: Any, rich_run: str, rating: str
+) -> None:
     client.force_login(member)
     for extra in ({}, HTMX):
         response = client.post(f"{BASE}feedback/", {"rating": rating}, **extra)
@@ -571,8 +689,11 @@ def _big_run(workspace: Workspace, run_id: str, total: int) -> None:
     append(workspace=workspace, run_id=run_id, events=[started()])
     batch = 2500
     for start in range(2, total + 1, batch):
-        append(workspace=workspace, run_id=run_id, events=[
-            ev("custom.tick", n=n) for n in range(start, min(start + batch, total + 1))])
+        append(
+            workspace=workspace,
+            run_id=run_id,
+            events=[ev("custom.tick", n=n) for n in range(start, min(start + batch, total + 1))],
+        )
 
 
 def _queries(client: Client, url: str) -> int:
@@ -597,8 +718,12 @@ def test_the_timeline_of_10000_events_takes_as_many_queries_as_100(
 
 @pytest.mark.parametrize("tab", ["steps", "costs"])
 def test_a_page_of_a_many_page_run_takes_as_many_queries_as_a_one_page_run(
-    client: Client, member: Any, workspace: Workspace, django_assert_num_queries: Callable[..., Any],
-    monkeypatch: pytest.MonkeyPatch, tab: str
+    client: Client,
+    member: Any,
+    workspace: Workspace,
+    django_assert_num_queries: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+    tab: str,
 ) -> None:
     monkeypatch.setattr("console.pages.run.STEPS_PAGE_SIZE", 20)
     _rich_run(workspace, "run_few", extra_steps=2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,8 +12,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from ledger.replay.feedback import record_feedback
 from ledger.models import CostEntry, Run, Workspace
+from ledger.replay.feedback import record_feedback
 from ledger.tenancy.services import bootstrap, create_user
 from tests.conftest import ev, started
 
@@ -23,8 +23,13 @@ URL = "/w/acme/support/"
 
 
 def responded(call: str, provider: str, model: str, *, inp: int = 1000, out: int = 100) -> dict[str, Any]:
-    return ev("harness.model.responded", turn=1, callId=call, model={"provider": provider, "modelId": model},
-              response={"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}})
+    return ev(
+        "harness.model.responded",
+        turn=1,
+        callId=call,
+        model={"provider": provider, "modelId": model},
+        response={"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}},
+    )
 
 
 def row_ids(html: bytes) -> list[str]:
@@ -44,13 +49,21 @@ def set_created(run_id: str, when: datetime) -> None:
 @pytest.fixture
 def runs(append, workspace: Workspace, member) -> None:
     """A small workspace: priced, unpriced, failed, failing-step, parent with a failed child, rated."""
-    append("run_priced", started("wf_summarize", label="nightly digest"),
-           responded("c1", "openai", "gpt-4o-mini"), ev("RunCompleted", output="done"))
+    append(
+        "run_priced",
+        started("wf_summarize", label="nightly digest"),
+        responded("c1", "openai", "gpt-4o-mini"),
+        ev("RunCompleted", output="done"),
+    )
     append("run_unpriced", started("wf_summarize"), responded("c1", "acme.chat", "house"))
     append("run_failed", started("wf_extract"), ev("RunFailed", error={"message": "boom"}))
-    append("run_stepfail", started("wf_extract"),
-           ev("StepScheduled", stepPath="fetch"), ev("StepAttemptStarted", stepPath="fetch", attempt=1),
-           ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "timeout"}))
+    append(
+        "run_stepfail",
+        started("wf_extract"),
+        ev("StepScheduled", stepPath="fetch"),
+        ev("StepAttemptStarted", stepPath="fetch", attempt=1),
+        ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "timeout"}),
+    )
     append("run_parent", started("wf_fanout"))
     append("run_child_ok", started("wf_leaf", parentRunId="run_parent"))
     append("run_child_bad", started("wf_leaf", parentRunId="run_parent"), ev("RunFailed", error="x"))
@@ -116,7 +129,8 @@ def test_htmx_gets_only_the_rows(browser: Client, runs: None) -> None:
 
 
 def test_switcher_shows_only_the_members_workspaces_grouped_by_tenant(
-        client: Client, member, outsider, workspace: Workspace, runs: None) -> None:
+    client: Client, member, outsider, workspace: Workspace, runs: None
+) -> None:
     bootstrap(tenant="acme", workspace="research")
     bootstrap(tenant="initech", workspace="ops")
     create_user(username=member.get_username(), tenant="initech", role="viewer", password=None)
@@ -179,8 +193,8 @@ def test_filter_state_lives_in_the_url(browser: Client, runs: None) -> None:
 
 
 def test_dates_select_runs_by_the_day_they_were_created(browser: Client, runs: None) -> None:
-    set_created("run_failed", datetime(2026, 3, 1, 23, 59, tzinfo=timezone.utc))
-    set_created("run_stepfail", datetime(2026, 3, 2, 0, 0, tzinfo=timezone.utc))
+    set_created("run_failed", datetime(2026, 3, 1, 23, 59, tzinfo=UTC))
+    set_created("run_stepfail", datetime(2026, 3, 2, 0, 0, tzinfo=UTC))
     assert set(row_ids(browser.get(URL + "?from=2026-03-01&to=2026-03-01").content)) == {"run_failed"}
     assert set(row_ids(browser.get(URL + "?from=2026-03-01&to=2026-03-02").content)) == {"run_failed", "run_stepfail"}
     assert "run_stepfail" not in row_ids(browser.get(URL + "?to=2026-03-01").content)
@@ -189,8 +203,8 @@ def test_dates_select_runs_by_the_day_they_were_created(browser: Client, runs: N
 
 def test_with_a_model_dates_select_the_model_calls(browser: Client, runs: None) -> None:
     """The usage drill-down: runs behind a model's cost on a day, whenever the run started."""
-    set_created("run_priced", datetime(2026, 3, 1, 23, 0, tzinfo=timezone.utc))
-    CostEntry.objects.filter(run__run_id="run_priced").update(recorded_at=datetime(2026, 3, 2, 0, 5, tzinfo=timezone.utc))
+    set_created("run_priced", datetime(2026, 3, 1, 23, 0, tzinfo=UTC))
+    CostEntry.objects.filter(run__run_id="run_priced").update(recorded_at=datetime(2026, 3, 2, 0, 5, tzinfo=UTC))
     day = browser.get(URL + "?model=openai/gpt-4o-mini&from=2026-03-02&to=2026-03-02")
     assert row_ids(day.content) == ["run_priced"]
     assert row_ids(browser.get(URL + "?model=openai/gpt-4o-mini&from=2026-03-01&to=2026-03-01").content) == []
@@ -253,8 +267,11 @@ def test_htmx_next_page_replaces_the_link_row_with_rows_and_a_new_link(browser: 
     for i in range(60):
         append(f"run_{i:03d}", started())
     first = browser.get(URL).content.decode()
-    assert re.search(r'<tr class="more"><td colspan="8"><a id="next-page" href="[^"]+" hx-get="[^"]+" '
-                     r'hx-target="closest tr" hx-swap="outerHTML">', first)
+    assert re.search(
+        r'<tr class="more"><td colspan="8"><a id="next-page" href="[^"]+" hx-get="[^"]+" '
+        r'hx-target="closest tr" hx-swap="outerHTML">',
+        first,
+    )
     link = re.search(r'hx-get="([^"]+)"', first).group(1).replace("&amp;", "&")
     rest = browser.get(URL + link, headers={"HX-Request": "true"})
     assert row_ids(rest.content) == [f"run_{i:03d}" for i in reversed(range(10))]
@@ -274,22 +291,38 @@ def test_live_feed_is_wired_only_on_the_unfiltered_first_page(browser: Client, r
 def _bulk_runs(workspace: Workspace, count: int, prefix: str = "run_bulk") -> None:
     """Run projection rows without their logs: appending 10,000 runs one by one takes about 25 s
     (2.5 ms each on SQLite, measured), too slow for this test; the page reads only these rows."""
-    start = datetime(2025, 1, 1, tzinfo=timezone.utc)
-    Run.objects.bulk_create([
-        Run(workspace=workspace, run_id=f"{prefix}_{i:05d}", status="failed" if i % 7 == 0 else "completed",
-            workflow_version_id=f"wf_{i % 5}", started_at=start + timedelta(seconds=i),
-            finished_at=start + timedelta(seconds=i + 3), cost_usd=None if i % 3 == 0 else i / 1000,
-            parent_run_id="run_priced" if i % 500 == 0 else "", last_sequence=1, event_count=1)
-        for i in range(count)
-    ], batch_size=1000)
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    Run.objects.bulk_create(
+        [
+            Run(
+                workspace=workspace,
+                run_id=f"{prefix}_{i:05d}",
+                status="failed" if i % 7 == 0 else "completed",
+                workflow_version_id=f"wf_{i % 5}",
+                started_at=start + timedelta(seconds=i),
+                finished_at=start + timedelta(seconds=i + 3),
+                cost_usd=None if i % 3 == 0 else i / 1000,
+                parent_run_id="run_priced" if i % 500 == 0 else "",
+                last_sequence=1,
+                event_count=1,
+            )
+            for i in range(count)
+        ],
+        batch_size=1000,
+    )
 
 
-QUERIES = ("", "?has_failures=1&rating=1&q=run", "?cost_above=0&status=completed",
-           "?model=*&from=2020-01-01&to=2030-01-01")
+QUERIES = (
+    "",
+    "?has_failures=1&rating=1&q=run",
+    "?cost_above=0&status=completed",
+    "?model=*&from=2020-01-01&to=2030-01-01",
+)
 
 
 def test_runs_list_queries_do_not_grow_with_the_workspace(
-        browser: Client, runs: None, workspace: Workspace, django_assert_num_queries) -> None:
+    browser: Client, runs: None, workspace: Workspace, django_assert_num_queries
+) -> None:
     _bulk_runs(workspace, 92, prefix="run_few")  # 100 runs in all
     counts = {}
     for query in QUERIES:

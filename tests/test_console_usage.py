@@ -7,29 +7,28 @@ import io
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from html import unescape
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.template import Context, Template
 from django.template.defaultfilters import floatformat
-from hypothesis import given
-from hypothesis import strategies as st
-from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from hypothesis import given
+from hypothesis import strategies as st
 
 from console.format import money
 from console.pages.usage import TableRow, _dollars, _nice_step, _two_places, build_chart
-from ledger import clock
+from ledger import clock, log
 from ledger.log import rollup
-from ledger import log
 from ledger.models import CostEntry, Run, Tenant, Workspace
-from ledger.tenancy.services import bootstrap
 from ledger.reads.usage import PeriodModelCost, UsageRow, usage_rows
+from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -39,17 +38,23 @@ DAY1, DAY2 = date(2026, 3, 1), date(2026, 3, 2)
 RANGE = "?from=2026-03-01&to=2026-03-02"
 
 
-def responded(call: str, provider: str, model: str, *, inp: int = 1000, out: int = 100, cached: int = 0,
-              reasoning: int = 0) -> dict[str, Any]:
+def responded(
+    call: str, provider: str, model: str, *, inp: int = 1000, out: int = 100, cached: int = 0, reasoning: int = 0
+) -> dict[str, Any]:
     usage = {"inputTokens": inp, "outputTokens": out, "cachedInputTokens": cached, "reasoningTokens": reasoning}
-    return ev("harness.model.responded", turn=1, callId=call, model={"provider": provider, "modelId": model},
-              response={"text": "ok", "usage": usage})
+    return ev(
+        "harness.model.responded",
+        turn=1,
+        callId=call,
+        model={"provider": provider, "modelId": model},
+        response={"text": "ok", "usage": usage},
+    )
 
 
 @contextmanager
 def on_day(day: date, hour: int = 12) -> Iterator[None]:
     """Appends inside are recorded on `day` at `hour` UTC: their events, cost entries and daily usage."""
-    with clock.backdated(datetime.combine(day, time(hour), tzinfo=timezone.utc)):
+    with clock.backdated(datetime.combine(day, time(hour), tzinfo=UTC)):
         yield
 
 
@@ -58,8 +63,12 @@ def calls(append, workspace: Workspace) -> None:
     """Day 1: gpt-4o-mini (priced) and an unpriced house model; day 2: gpt-4o, and gpt-4o-mini again
     from a run that started on day 1; another workspace of the tenant spends on claude."""
     with on_day(DAY1):
-        append("run_a", started("wf_a"), responded("c1", "openai", "gpt-4o-mini", inp=2000, out=200, cached=1000),
-               responded("c2", "acme.chat", "house", inp=500, out=50))
+        append(
+            "run_a",
+            started("wf_a"),
+            responded("c1", "openai", "gpt-4o-mini", inp=2000, out=200, cached=1000),
+            responded("c2", "acme.chat", "house", inp=500, out=50),
+        )
     with on_day(DAY2):
         append("run_b", started("wf_b"), responded("c1", "openai", "gpt-4o", inp=1000, out=100, reasoning=40))
     with on_day(DAY1, hour=23):
@@ -69,15 +78,20 @@ def calls(append, workspace: Workspace) -> None:
     append("run_none", started("wf_a"))
     research = bootstrap(tenant="acme", workspace="research")
     with on_day(DAY2):
-        log.append(workspace=research, run_id="run_r",
-                      events=[started("wf_r"), responded("c1", "anthropic", "claude-sonnet-4-6")])
+        log.append(
+            workspace=research,
+            run_id="run_r",
+            events=[started("wf_r"), responded("c1", "anthropic", "claude-sonnet-4-6")],
+        )
 
 
 def table(html: str, table_id: str) -> dict[str, list[str]]:
     body = re.search(rf'<table class="grid usage-rows" id="{table_id}">(.*?)</table>', html, re.S).group(1)
     rows = {}
     for key, cells in re.findall(r'<tr[^>]* data-key="([^"]+)">(.*?)</tr>', body, re.S):
-        rows[key] = [unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", cells, re.S)]
+        rows[key] = [
+            unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", cells, re.S)
+        ]
     return rows
 
 
@@ -133,37 +147,55 @@ def test_table_shows_tokens_cost_calls_and_coverage_per_model(browser: Client, c
 def test_default_range_is_the_last_30_days(browser: Client, append) -> None:
     append("run_today", started(), responded("c1", "openai", "gpt-4o"))
     html = browser.get(URL).content.decode()
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     assert f'name="from" value="{today - timedelta(days=29)}"' in html and f'name="to" value="{today}"' in html
     assert list(table(html, "usage-table")) == ["openai/gpt-4o", "total"]
-    assert svg(html).count("<text class=\"tick\"") >= 5 + 12 - 2  # dollar ticks and day labels
+    assert svg(html).count('<text class="tick"') >= 5 + 12 - 2  # dollar ticks and day labels
 
 
 def test_chart_stacks_bars_per_day_and_model_with_dollar_ticks_and_legend(browser: Client, calls: None) -> None:
     chart = svg(browser.get(URL + RANGE).content.decode())
-    assert 'role="group"' in chart and re.search(r'aria-label="Daily cost by model from 2026-03-01 to 2026-03-02: \$0\.004055', chart)
+    assert 'role="group"' in chart and re.search(
+        r'aria-label="Daily cost by model from 2026-03-01 to 2026-03-02: \$0\.004055', chart
+    )
     ticks = re.findall(r'<text class="tick"[^>]*text-anchor="end"[^>]*>([^<]+)</text>', chart)
     assert ticks[0] == "$0.000" and ticks[-1].startswith("$0.00") and len(ticks) >= 3
     assert re.findall(r'<text class="tick"[^>]*text-anchor="middle">([^<]+)</text>', chart) == ["Mar 01", "Mar 02"]
-    legend = re.findall(r'<tspan class="legend-model">([^<]+)</tspan> <tspan class="legend-total">([^<]+)</tspan>', chart)
-    assert legend == [("openai/gpt-4o", "$0.0035"), ("openai/gpt-4o-mini", "$0.000555"),
-                      ("acme.chat/house", "n/a (unpriced)")]
+    legend = re.findall(
+        r'<tspan class="legend-model">([^<]+)</tspan> <tspan class="legend-total">([^<]+)</tspan>', chart
+    )
+    assert legend == [
+        ("openai/gpt-4o", "$0.0035"),
+        ("openai/gpt-4o-mini", "$0.000555"),
+        ("acme.chat/house", "n/a (unpriced)"),
+    ]
     patterns = re.findall(r'<pattern id="(usage-p\d)"', chart)
     assert patterns == ["usage-p0", "usage-p1", "usage-p2"]
     bars = re.findall(r'<a class="bar( unpriced)?" href="([^"]+)" data-model="([^"]+)"', chart)
     assert len(bars) == 4
     by_model = {(m, unescape(href)) for _, href, m in bars}
-    assert ("openai/gpt-4o-mini", "/w/acme/support/?model=openai%2Fgpt-4o-mini&from=2026-03-02&to=2026-03-02") in by_model
+    assert (
+        "openai/gpt-4o-mini",
+        "/w/acme/support/?model=openai%2Fgpt-4o-mini&from=2026-03-02&to=2026-03-02",
+    ) in by_model
     assert [m for unpriced, _, m in bars if unpriced] == ["acme.chat/house"]
-    heights = {m: float(h) for m, h in
-               re.findall(r'<a class="bar" href="[^"]+" data-model="([^"]+)"[^>]*><rect [^>]*height="([\d.]+)"', chart)}
+    heights = {
+        m: float(h)
+        for m, h in re.findall(
+            r'<a class="bar" href="[^"]+" data-model="([^"]+)"[^>]*><rect [^>]*height="([\d.]+)"', chart
+        )
+    }
     assert heights["openai/gpt-4o"] > heights["openai/gpt-4o-mini"] > 0
 
 
 def test_chart_bars_drill_down_to_the_runs_behind_them(browser: Client, calls: None) -> None:
     chart = svg(browser.get(URL + RANGE).content.decode())
-    expected = {("openai/gpt-4o-mini", "2026-03-01"): ["run_a"], ("openai/gpt-4o-mini", "2026-03-02"): ["run_c"],
-                ("openai/gpt-4o", "2026-03-02"): ["run_b"], ("acme.chat/house", "2026-03-01"): ["run_a"]}
+    expected = {
+        ("openai/gpt-4o-mini", "2026-03-01"): ["run_a"],
+        ("openai/gpt-4o-mini", "2026-03-02"): ["run_c"],
+        ("openai/gpt-4o", "2026-03-02"): ["run_b"],
+        ("acme.chat/house", "2026-03-01"): ["run_a"],
+    }
     seen = {}
     for href, model in re.findall(r'<a class="bar[^"]*" href="([^"]+)" data-model="([^"]+)"', chart):
         href = unescape(href)
@@ -177,8 +209,10 @@ def test_chart_bars_drill_down_to_the_runs_behind_them(browser: Client, calls: N
 def test_table_rows_drill_down_by_model_and_by_day(browser: Client, calls: None) -> None:
     html = browser.get(URL + RANGE).content.decode()
     links = dict((k, unescape(h)) for h, k in re.findall(r'<a class="drill" href="([^"]+)">([^<]+)</a>', html))
+
     def runs(key: str) -> list[str]:
         return sorted(re.findall(r'data-run-id="([^"]+)"', browser.get(links[key]).content.decode()))
+
     assert runs("openai/gpt-4o-mini") == ["run_a", "run_c"]
     assert runs("acme.chat/house") == ["run_a"]
     assert runs("2026-03-01") == ["run_a"]
@@ -196,7 +230,9 @@ def test_csv_download_matches_the_table(browser: Client, calls: None) -> None:
     assert [line["key"] for line in lines] == [k for k in rows if k != "total"]
     for line in lines:
         shown = rows[line["key"]]
-        assert [f"{int(line[c]):,}" for c in ("inputTokens", "cachedInputTokens", "outputTokens", "reasoningTokens")] == shown[1:5]
+        assert [
+            f"{int(line[c]):,}" for c in ("inputTokens", "cachedInputTokens", "outputTokens", "reasoningTokens")
+        ] == shown[1:5]
         assert [line["pricedCalls"], line["unpricedCalls"]] == shown[6:8]
         if line["costUsd"] == "":
             assert shown[5] == "n/a"
@@ -208,8 +244,11 @@ def test_csv_download_matches_the_table(browser: Client, calls: None) -> None:
 
 def test_tenant_scope_covers_every_workspace_of_the_tenant(browser: Client, calls: None, outsider) -> None:
     with on_day(DAY2):
-        log.append(workspace=Workspace.objects.get(slug="main"), run_id="run_g",
-                      events=[started(), responded("c1", "openai", "gpt-5")])
+        log.append(
+            workspace=Workspace.objects.get(slug="main"),
+            run_id="run_g",
+            events=[started(), responded("c1", "openai", "gpt-5")],
+        )
     response = browser.get(URL + RANGE + "&scope=tenant")
     assert response.status_code == 200
     html = response.content.decode()
@@ -256,14 +295,25 @@ def test_usage_page_queries_do_not_grow_with_the_calls(browser: Client, calls: N
     with CaptureQueriesContext(connection) as small:
         assert browser.get(URL + "?from=2026-02-01&to=2026-03-31").status_code == 200
     run = Run.objects.get(run_id="run_b")
-    base = datetime(2026, 2, 1, tzinfo=timezone.utc)
+    base = datetime(2026, 2, 1, tzinfo=UTC)
     models = [("openai", "gpt-4o"), ("openai", "gpt-5"), ("google", "gemini-2.5-pro"), ("acme", "private")]
-    CostEntry.objects.bulk_create([
-        CostEntry(run=run, sequence=1000 + i, provider=models[i % 4][0], model_id=models[i % 4][1],
-                  input_tokens=100, output_tokens=10, cost_usd=None if i % 4 == 3 else Decimal("0.001"),
-                  price_table_version="t", recorded_at=base + timedelta(minutes=17 * i))
-        for i in range(5_000)
-    ], batch_size=1000)
+    CostEntry.objects.bulk_create(
+        [
+            CostEntry(
+                run=run,
+                sequence=1000 + i,
+                provider=models[i % 4][0],
+                model_id=models[i % 4][1],
+                input_tokens=100,
+                output_tokens=10,
+                cost_usd=None if i % 4 == 3 else Decimal("0.001"),
+                price_table_version="t",
+                recorded_at=base + timedelta(minutes=17 * i),
+            )
+            for i in range(5_000)
+        ],
+        batch_size=1000,
+    )
     rollup.recount(run.workspace_id, {base.date() + timedelta(days=d) for d in range(60)})
     with django_assert_num_queries(len(small)):
         response = browser.get(URL + "?from=2026-02-01&to=2026-03-31")
@@ -279,38 +329,55 @@ BARS_TEMPLATE = Template(
     '{% for seg in chart.segments %}<a class="bar{% if seg.unpriced %} unpriced{% endif %}" href="{{ seg.href }}" '
     'data-model="{{ seg.series.model }}" aria-label="{{ seg.title }}"><rect x="{{ seg.x|floatformat:2 }}" '
     'y="{{ seg.y|floatformat:2 }}" width="{{ seg.width|floatformat:2 }}" height="{{ seg.height|floatformat:2 }}" '
-    'fill="url(#{{ seg.series.pattern_id }})"/><title>{{ seg.title }}</title></a>\n    {% endfor %}')
+    'fill="url(#{{ seg.series.pattern_id }})"/><title>{{ seg.title }}</title></a>\n    {% endfor %}'
+)
 ROWS_TEMPLATE = Template(
     '{% load console_format %}{% for row in rows %}\n  <tr data-key="{{ row.key }}">\n    <th scope="row" class="mono">'
     '{% if row.href %}<a class="drill" href="{{ row.href }}">{{ row.key }}</a>{% else %}{{ row.key }}{% endif %}</th>\n'
     '    {% for n in row.tokens %}<td class="num">{{ n }}</td>{% endfor %}\n    <td class="num cost'
     '{% if row.usage.cost_usd is None %} na{% endif %}">{{ row.usage.cost_usd|money }}</td>\n    <td class="num">'
     '{{ row.usage.priced_calls }}</td><td class="num">{{ row.usage.unpriced_calls }}</td><td class="num">'
-    '{{ row.coverage }}</td>\n  </tr>\n  {% endfor %}')
+    "{{ row.coverage }}</td>\n  </tr>\n  {% endfor %}"
+)
 
 
 def test_bars_and_rows_are_the_markup_the_template_loops_wrote() -> None:
     workspace = Workspace(tenant=Tenant(slug="acme"), slug="support")
     start = date(2026, 1, 1)
     models = [("openai", "gpt-4o"), ("a<b>&\"c'", "m/x?y=1&z"), ("acme", "house")]
-    cells = [PeriodModelCost(start + timedelta(days=d), *models[(d + i) % 3],
-                            cost_usd=None if (d + i) % 3 == 2 else Decimal(d * 7 + i) / Decimal(997) + Decimal("1e-9"),
-                            calls=3 + i, priced_calls=3 + i)
-             for d in range(0, 366, 3) for i in range(2)]
+    cells = [
+        PeriodModelCost(
+            start + timedelta(days=d),
+            *models[(d + i) % 3],
+            cost_usd=None if (d + i) % 3 == 2 else Decimal(d * 7 + i) / Decimal(997) + Decimal("1e-9"),
+            calls=3 + i,
+            priced_calls=3 + i,
+        )
+        for d in range(0, 366, 3)
+        for i in range(2)
+    ]
     chart = build_chart(cells, start, start + timedelta(days=365), workspace)
     assert len(chart.segments) == len(cells)
     assert str(chart.bars) == BARS_TEMPLATE.render(Context({"chart": chart}))
-    rows = [TableRow(key, href, UsageRow(key, 12_345_678, 9, 1_000, 0, cost, priced, unpriced))
-            for key, href, cost, priced, unpriced in [
-                ("openai/gpt-4o", "/w/acme/support/?model=openai%2Fgpt-4o&from=2026-01-01", Decimal("1234.5"), 3, 0),
-                ("<x>&'\"", None, None, 0, 2), ("2026-01-02", "/w/?a=1&b=<2>", Decimal("0.0000001"), 1, 1),
-                ("zero", "/w/", Decimal(0), 0, 0)]]
+    rows = [
+        TableRow(key, href, UsageRow(key, 12_345_678, 9, 1_000, 0, cost, priced, unpriced))
+        for key, href, cost, priced, unpriced in [
+            ("openai/gpt-4o", "/w/acme/support/?model=openai%2Fgpt-4o&from=2026-01-01", Decimal("1234.5"), 3, 0),
+            ("<x>&'\"", None, None, 0, 2),
+            ("2026-01-02", "/w/?a=1&b=<2>", Decimal("0.0000001"), 1, 1),
+            ("zero", "/w/", Decimal(0), 0, 0),
+        ]
+    ]
     assert "".join(str(r.html) for r in rows) == ROWS_TEMPLATE.render(Context({"rows": rows}))
 
 
 # What a chart's coordinates are: 0, or from a pixel's fraction to far beyond the viewBox.
-@given(st.just(0.0) | st.floats(min_value=1e-3, max_value=1e6) | st.integers(0, 10**6).map(lambda n: n / 1000)
-       | st.integers(0, 10**5).map(lambda n: n / 200))
+@given(
+    st.just(0.0)
+    | st.floats(min_value=1e-3, max_value=1e6)
+    | st.integers(0, 10**6).map(lambda n: n / 1000)
+    | st.integers(0, 10**5).map(lambda n: n / 200)
+)
 def test_two_places_is_floatformat_2(value: float) -> None:
     assert _two_places(value) == floatformat(value, 2)
 
@@ -339,17 +406,31 @@ def test_granularity_follows_the_length_of_the_range() -> None:
     assert granularity_for(date(2026, 1, 1), date(2026, 7, 2)) == "week"  # 183 days
     assert granularity_for(date(2026, 1, 1), date(2026, 7, 3)) == "month"
     assert periods(date(2025, 12, 20), date(2026, 3, 2), "month") == [
-        (date(2025, 12, 20), date(2025, 12, 31)), (date(2026, 1, 1), date(2026, 1, 31)),
-        (date(2026, 2, 1), date(2026, 2, 28)), (date(2026, 3, 1), date(2026, 3, 2))]
+        (date(2025, 12, 20), date(2025, 12, 31)),
+        (date(2026, 1, 1), date(2026, 1, 31)),
+        (date(2026, 2, 1), date(2026, 2, 28)),
+        (date(2026, 3, 1), date(2026, 3, 2)),
+    ]
     assert periods(date(2026, 3, 4), date(2026, 3, 17), "week") == [  # 2026-03-09 is a Monday
-        (date(2026, 3, 4), date(2026, 3, 8)), (date(2026, 3, 9), date(2026, 3, 15)), (date(2026, 3, 16), date(2026, 3, 17))]
+        (date(2026, 3, 4), date(2026, 3, 8)),
+        (date(2026, 3, 9), date(2026, 3, 15)),
+        (date(2026, 3, 16), date(2026, 3, 17)),
+    ]
 
 
-@pytest.mark.parametrize("start, end", [(date(2025, 12, 1), date(2026, 3, 31)), (date(2025, 12, 15), date(2026, 3, 1)),
-                                        (date(2026, 1, 1), date(2026, 1, 31)), (date(2026, 1, 6), date(2026, 1, 30)),
-                                        (date(2025, 3, 3), date(2026, 3, 2))])
-def test_months_and_weeks_sum_the_same_days(calls: None, months_of_calls: None, workspace: Workspace,
-                                            start: date, end: date) -> None:
+@pytest.mark.parametrize(
+    "start, end",
+    [
+        (date(2025, 12, 1), date(2026, 3, 31)),
+        (date(2025, 12, 15), date(2026, 3, 1)),
+        (date(2026, 1, 1), date(2026, 1, 31)),
+        (date(2026, 1, 6), date(2026, 1, 30)),
+        (date(2025, 3, 3), date(2026, 3, 2)),
+    ],
+)
+def test_months_and_weeks_sum_the_same_days(
+    calls: None, months_of_calls: None, workspace: Workspace, start: date, end: date
+) -> None:
     from ledger.reads import usage
 
     days, total = usage_rows(group_by="day", start=start, end=end, workspace=workspace)
@@ -379,7 +460,7 @@ def test_a_year_is_shown_by_month(browser: Client, calls: None, months_of_calls:
     assert "openai/gpt-4o in 2026-01: $" in chart and "Mar 2026" in chart
     drill = re.search(r'<tr data-key="2026-01">.*?href="([^"]+)"', html, re.S).group(1)
     assert "from=2026-01-01" in drill and "to=2026-01-31" in drill
-    assert 'CSV by month' in html and "groupBy=month" in unescape(html)
+    assert "CSV by month" in html and "groupBy=month" in unescape(html)
     by_week = browser.get(URL + "?from=2025-03-03&to=2026-03-02&by=week").content.decode()
     assert "Weekly cost by model" in by_week and "2025-12-15 – 2025-12-21" in table(by_week, "usage-days")
     by_day = browser.get(URL + "?from=2025-03-03&to=2026-03-02&by=day").content.decode()

@@ -33,13 +33,24 @@ def test_usage_csv_escapes_names_an_ingest_key_chose(workspace) -> None:
     api = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
     events = [
         started(workflow=FORMULA),
-        ev("harness.model.responded", turn=1, callId="m1",
-           model={"provider": FORMULA, "modelId": "+cmd|' /C calc'!A0"},
-           response={"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 5}}),
-        ev("harness.model.responded", turn=2, callId="m2", model={"provider": "@SUM(1+1)", "modelId": "m"},
-           response={"text": "hi", "usage": {"inputTokens": 1, "outputTokens": 1}}),
+        ev(
+            "harness.model.responded",
+            turn=1,
+            callId="m1",
+            model={"provider": FORMULA, "modelId": "+cmd|' /C calc'!A0"},
+            response={"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 5}},
+        ),
+        ev(
+            "harness.model.responded",
+            turn=2,
+            callId="m2",
+            model={"provider": "@SUM(1+1)", "modelId": "m"},
+            response={"text": "hi", "usage": {"inputTokens": 1, "outputTokens": 1}},
+        ),
     ]
-    assert api.post("/api/v1/runs/run_csv/events", {"events": events}, content_type="application/json").status_code == 200
+    assert (
+        api.post("/api/v1/runs/run_csv/events", {"events": events}, content_type="application/json").status_code == 200
+    )
 
     by_model = _cells(api.get("/api/v1/usage?groupBy=model&format=csv").content.decode())
     _no_formula(by_model)
@@ -58,11 +69,14 @@ def test_usage_csv_escapes_names_an_ingest_key_chose(workspace) -> None:
 def test_audit_csv_escapes_a_reason_a_key_gave(workspace, admin, client: Client) -> None:
     _, key = create_key(workspace=workspace, scopes=["ingest", "read", "execute"])
     api = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
-    assert api.post("/api/v1/runs/run_csv/events", {"events": [started()]},
-                    content_type="application/json").status_code == 200
+    assert (
+        api.post("/api/v1/runs/run_csv/events", {"events": [started()]}, content_type="application/json").status_code
+        == 200
+    )
     for reason in (FORMULA, "-1+1", "@A1", "+A1"):
-        response = api.post("/api/v1/runs/run_csv/reexecutions", {"mode": "simulate", "reason": reason},
-                            content_type="application/json")
+        response = api.post(
+            "/api/v1/runs/run_csv/reexecutions", {"mode": "simulate", "reason": reason}, content_type="application/json"
+        )
         assert response.status_code == 201, response.content
     client.force_login(admin)
     rows = _cells(client.get("/api/v1/audit?format=csv").content.decode())
@@ -71,9 +85,20 @@ def test_audit_csv_escapes_a_reason_a_key_gave(workspace, admin, client: Client)
     assert sorted(reasons) == sorted(["'" + FORMULA, "'-1+1", "'@A1", "'+A1"])
 
 
-@pytest.mark.parametrize(("value", "written"), [
-    ("=1+1", "'=1+1"), ("+1", "'+1"), ("-1", "'-1"), ("@A1", "'@A1"), ("\t=1", "'\t=1"), ("\r=1", "'\r=1"),
-    ("openai/gpt-4o", "openai/gpt-4o"), ("2026-11-30", "2026-11-30"), ("a=1", "a=1"), ("", ""),
-])
+@pytest.mark.parametrize(
+    ("value", "written"),
+    [
+        ("=1+1", "'=1+1"),
+        ("+1", "'+1"),
+        ("-1", "'-1"),
+        ("@A1", "'@A1"),
+        ("\t=1", "'\t=1"),
+        ("\r=1", "'\r=1"),
+        ("openai/gpt-4o", "openai/gpt-4o"),
+        ("2026-11-30", "2026-11-30"),
+        ("a=1", "a=1"),
+        ("", ""),
+    ],
+)
 def test_a_text_cell_that_could_be_a_formula_gets_a_quote(value: str, written: str) -> None:
     assert text_cell(value) == written

@@ -12,12 +12,12 @@ from django.test import Client
 from django.utils import timezone
 
 from ledger.demo import load_demo
-from ledger.models import AuditEntry, CostEntry, Event, Run, ToolGatewayClaim, Workspace
-from ledger.log.projection import COMPARE_PLACES
 from ledger.fold.pricing import prices_for
 from ledger.log.envelopes import log_of
-from ledger.tenancy.services import create_key
+from ledger.log.projection import COMPARE_PLACES
 from ledger.log.verify import verify_run
+from ledger.models import AuditEntry, CostEntry, Event, Run, ToolGatewayClaim, Workspace
+from ledger.tenancy.services import create_key
 
 pytestmark = pytest.mark.django_db
 
@@ -44,8 +44,11 @@ def test_the_crashed_run_resumed_by_fast_forwarding(demo: dict[str, Workspace]) 
     # Turn 1 and its tool call were committed before the crash: called and answered once each.
     # Turn 2 was in flight: called once before the crash, answered once after the resume.
     assert _types(events, "harness.model.") == [
-        ("harness.model.called", 1), ("harness.model.responded", 1),
-        ("harness.model.called", 2), ("harness.model.responded", 2)]
+        ("harness.model.called", 1),
+        ("harness.model.responded", 1),
+        ("harness.model.called", 2),
+        ("harness.model.responded", 2),
+    ]
     called_2, responded_2 = (e for e in events if e["type"].startswith("harness.model.") and e["payload"]["turn"] == 2)
     assert responded_2["recordedAt"] > called_2["recordedAt"]
     assert sum(e["type"] == "StepCompleted" and e["payload"]["stepPath"] == "normalize" for e in events) == 1
@@ -76,7 +79,9 @@ def test_the_orchestrator_fans_out_five_sub_runs_and_the_loop_takes_three_visits
     assert sorted(children.values_list("status", flat=True)) == ["completed"] * 4 + ["failed"]
     assert set(children.values_list("root_run_id", flat=True)) == {orchestrator.run_id}
     started = [e for e in log_of(orchestrator) if e["type"] == "harness.tool_call.started"]
-    assert sorted(e["payload"]["args"]["subRunId"] for e in started) == sorted(children.values_list("run_id", flat=True))
+    assert sorted(e["payload"]["args"]["subRunId"] for e in started) == sorted(
+        children.values_list("run_id", flat=True)
+    )
 
     escalation = Run.objects.get(workspace=support, run_id="run_demo_escalation")
     paths = [s.step_path for s in escalation.steps.all()]
@@ -91,8 +96,14 @@ def test_the_outer_loop_takes_three_cycles_each_a_run_and_its_page_lists_them(de
     loop = read_loop(research, "ol_demo_refine")
     assert loop.status == "completed" and loop.max_cycles == 5
     assert [(c.status, c.supervise["kind"]) for c in loop.cycles] == [  # type: ignore[index]
-        ("completed", "continue"), ("completed", "continue"), ("completed", "done")]
-    assert loop.cycles[1].supervise == {"kind": "continue", "promptNote": "cut it to 120 words and lead with the finding"}
+        ("completed", "continue"),
+        ("completed", "continue"),
+        ("completed", "done"),
+    ]
+    assert loop.cycles[1].supervise == {
+        "kind": "continue",
+        "promptNote": "cut it to 120 words and lead with the finding",
+    }
     assert loop.result is not None and loop.result["finalOutput"]["cycles"] == 3
     assert loop.usage.cost_usd == sum(c.usage.cost_usd for c in loop.cycles) and loop.usage.priced_calls == 3
     for cycle in loop.cycles:
@@ -149,8 +160,8 @@ def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo:
 
 def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspace]) -> None:
     from ledger.demo import reexecution as demo_reexecution
-    from ledger.replay.divergence import divergence_report
     from ledger.models import AuditEntry, ReexecutionRequest
+    from ledger.replay.divergence import divergence_report
 
     support = demo["acme/support"]
     by_reason = {r.reason: r for r in ReexecutionRequest.objects.filter(workspace=support)}
@@ -195,10 +206,15 @@ def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspa
             continue
         cache_rate = rates.input if rates.cached_input is None else rates.cached_input
         expected = wide.divide(
-            wide.add(wide.add(wide.multiply(Decimal(entry.input_tokens - entry.cached_input_tokens), rates.input),
-                              wide.multiply(Decimal(entry.cached_input_tokens), cache_rate)),
-                     wide.multiply(Decimal(entry.output_tokens), rates.output)),
-            Decimal(1_000_000))
+            wide.add(
+                wide.add(
+                    wide.multiply(Decimal(entry.input_tokens - entry.cached_input_tokens), rates.input),
+                    wide.multiply(Decimal(entry.cached_input_tokens), cache_rate),
+                ),
+                wide.multiply(Decimal(entry.output_tokens), rates.output),
+            ),
+            Decimal(1_000_000),
+        )
         assert entry.cost_usd == expected.quantize(Decimal("1e-12")), entry.sequence
         totals[entry.run_id] = totals.get(entry.run_id, Decimal(0)) + expected
     for run in Run.objects.filter(pk__in=totals):

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ledger.replay.divergence import divergence_report
 from ledger.errors import NotFound
 from ledger.models import Run, Workspace
+from ledger.replay.divergence import divergence_report
 from ledger.runtime.executor import start_run
 from ledger.runtime.reexecute import execute_reexecution
 from ledger.runtime.registry import CodeRun, get_workflow, register
@@ -32,12 +32,14 @@ def _report(workspace: Workspace, original: str, new: str) -> dict[str, Any]:
 
 
 def _simulate(workspace: Workspace, original: str, new: str = "run_sim") -> None:
-    execute_reexecution(workspace=workspace, original_run_id=original, mode="simulate", new_run_id=new,
-                        reexecution_id="rx_1")
+    execute_reexecution(
+        workspace=workspace, original_run_id=original, mode="simulate", new_run_id=new, reexecution_id="rx_1"
+    )
 
 
 def test_a_faithful_simulation_is_identical_step_by_step_and_costs_nothing_beside_the_original(
-        workspace: Workspace) -> None:
+    workspace: Workspace,
+) -> None:
     original = start_run(workspace=workspace, workflow="support.triage", input=TRIAGE_INPUT).run_id
     _simulate(workspace, original)
 
@@ -65,32 +67,50 @@ def test_a_faithful_simulation_is_identical_step_by_step_and_costs_nothing_besid
 
 def test_a_step_the_new_code_adds_is_new_and_the_first_divergence(workspace: Workspace, restore_triage: Any) -> None:
     original = start_run(workspace=workspace, workflow="support.triage", input=TRIAGE_INPUT).run_id
-    register(replace(restore_triage, steps=(
-        *restore_triage.steps[:2], CodeRun("tag", lambda i, o: {"tag": "parcel"}), restore_triage.steps[2])))
+    register(
+        replace(
+            restore_triage,
+            steps=(*restore_triage.steps[:2], CodeRun("tag", lambda i, o: {"tag": "parcel"}), restore_triage.steps[2]),
+        )
+    )
     _simulate(workspace, original)
 
     report = _report(workspace, original, "run_sim")
 
     assert [(s["stepPath"], s["status"]) for s in report["steps"]] == [
-        ("normalize", "identical"), ("draft", "identical"), ("tag", "new"), ("confirm", "identical")]
+        ("normalize", "identical"),
+        ("draft", "identical"),
+        ("tag", "new"),
+        ("confirm", "identical"),
+    ]
     assert report["firstDivergence"] == "tag"
     tag = report["steps"][2]
     assert tag["original"] is None and tag["new"]["output"] == {"tag": "parcel"}
 
 
 def test_a_changed_output_carries_a_unified_diff_and_a_step_that_never_ran_is_missing(
-        workspace: Workspace, restore_triage: Any) -> None:
+    workspace: Workspace, restore_triage: Any
+) -> None:
     original = start_run(workspace=workspace, workflow="support.triage", input=TRIAGE_INPUT).run_id
     normalize = restore_triage.steps[0]
-    register(replace(restore_triage, steps=(
-        CodeRun("normalize", lambda i, o: {**normalize.fn(i, o), "ticket": "WHERE IS MY PARCEL?"}),
-        *restore_triage.steps[1:])))
+    register(
+        replace(
+            restore_triage,
+            steps=(
+                CodeRun("normalize", lambda i, o: {**normalize.fn(i, o), "ticket": "WHERE IS MY PARCEL?"}),
+                *restore_triage.steps[1:],
+            ),
+        )
+    )
     _simulate(workspace, original)
 
     report = _report(workspace, original, "run_sim")
 
     assert [(s["stepPath"], s["status"]) for s in report["steps"]] == [
-        ("normalize", "changed"), ("draft", "changed"), ("confirm", "missing")]
+        ("normalize", "changed"),
+        ("draft", "changed"),
+        ("confirm", "missing"),
+    ]
     assert report["firstDivergence"] == "normalize"
     diff = report["steps"][0]["diff"]["output"]
     assert '-    "ticket": "Where is my parcel?"' in diff and '+    "ticket": "WHERE IS MY PARCEL?"' in diff
@@ -102,8 +122,11 @@ def test_a_changed_output_carries_a_unified_diff_and_a_step_that_never_ran_is_mi
 
 
 def test_sub_runs_compare_by_where_they_were_started_not_by_their_ids(workspace: Workspace) -> None:
-    original = start_run(workspace=workspace, workflow="research.orchestrator",
-                         input={"topics": ["pricing pages", "restricted market data"]}).run_id
+    original = start_run(
+        workspace=workspace,
+        workflow="research.orchestrator",
+        input={"topics": ["pricing pages", "restricted market data"]},
+    ).run_id
     _simulate(workspace, original)
 
     report = _report(workspace, original, "run_sim")

@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ledger.log import append
+from ledger.models import Run, Workspace
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
-from ledger.models import Run, Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -23,20 +23,39 @@ def _run_with(workspace: Workspace, run_id: str, steps: int) -> Run:
         events += [
             {"type": "StepScheduled", "payload": {"stepPath": path}},
             {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
-            {"type": "harness.model.responded", "payload": {
-                "turn": 1, "callId": f"{path}-m", "stepPath": path,
-                "model": {"provider": "openai", "modelId": "gpt-4o"},
-                "response": {"usage": {"inputTokens": 10, "outputTokens": 5}}}},
-            {"type": "harness.tool_call.started", "payload": {
-                "callId": f"{path}-t", "caller": "model", "toolName": "search", "args": {}, "stepPath": path}},
+            {
+                "type": "harness.model.responded",
+                "payload": {
+                    "turn": 1,
+                    "callId": f"{path}-m",
+                    "stepPath": path,
+                    "model": {"provider": "openai", "modelId": "gpt-4o"},
+                    "response": {"usage": {"inputTokens": 10, "outputTokens": 5}},
+                },
+            },
+            {
+                "type": "harness.tool_call.started",
+                "payload": {
+                    "callId": f"{path}-t",
+                    "caller": "model",
+                    "toolName": "search",
+                    "args": {},
+                    "stepPath": path,
+                },
+            },
             {"type": "harness.tool_call.succeeded", "payload": {"callId": f"{path}-t", "result": {}, "durationMs": 1}},
-            {"type": "StepCompleted", "payload": {"stepPath": path, "attempt": 1,
-                                                  "output": {"big": str(i) * 300_000} if i % 3 == 0 else i}},
+            {
+                "type": "StepCompleted",
+                "payload": {"stepPath": path, "attempt": 1, "output": {"big": str(i) * 300_000} if i % 3 == 0 else i},
+            },
         ]
     append(workspace=workspace, run_id=run_id, events=events)
     for i in range(steps):
-        append(workspace=workspace, run_id=f"{run_id}_sub{i}",
-                      events=[{"type": "RunStarted", "payload": {"workflowVersionId": "w", "parentRunId": run_id}}])
+        append(
+            workspace=workspace,
+            run_id=f"{run_id}_sub{i}",
+            events=[{"type": "RunStarted", "payload": {"workflowVersionId": "w", "parentRunId": run_id}}],
+        )
     run = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=run_id)
     for i in range(steps):
         record_feedback(run=run, rating=1 + i % 5)

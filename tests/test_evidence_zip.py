@@ -16,8 +16,8 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from ledger.log import append
 from ledger.demo.data import _summarize_run
+from ledger.log import append
 from ledger.models import AuditEntry, Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import log_in, started
@@ -53,8 +53,11 @@ def rich_run(workspace: Workspace) -> str:
     """A finished run with priced model calls, a tool call and an output large enough to be an artifact."""
     events = _summarize_run(("openai", "gpt-4o-mini"), finish=True)
     big = {"type": "StepCompleted", "payload": {"stepPath": "attach", "attempt": 1, "output": {"blob": "x" * 300_000}}}
-    events[-1:-1] = [{"type": "StepScheduled", "payload": {"stepPath": "attach"}},
-                     {"type": "StepAttemptStarted", "payload": {"stepPath": "attach", "attempt": 1}}, big]
+    events[-1:-1] = [
+        {"type": "StepScheduled", "payload": {"stepPath": "attach"}},
+        {"type": "StepAttemptStarted", "payload": {"stepPath": "attach", "attempt": 1}},
+        big,
+    ]
     append(workspace=workspace, run_id="run_rich", events=events)
     return "run_rich"
 
@@ -85,8 +88,9 @@ def rezip(original: bytes, changes: dict[str, bytes | None]) -> bytes:
 
 
 def sums_for(files: dict[str, bytes]) -> bytes:
-    return "".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in sorted(files.items())
-                   if n != "SHA256SUMS").encode()
+    return "".join(
+        f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in sorted(files.items()) if n != "SHA256SUMS"
+    ).encode()
 
 
 def test_two_downloads_are_byte_equal_and_hold_everything(workspace, api, rich_run, tmp_path) -> None:
@@ -150,8 +154,9 @@ def test_verify_bundle_catches_tampering(workspace, api, rich_run, tmp_path) -> 
     edited = files["events.jsonl"].replace(b"ticket 4711", b"ticket 4712")
     assert check(rezip(original, {"events.jsonl": edited}), "edited.zip") == {"sha256sums", "manifest", "event_ids"}
     covered = {**files, "events.jsonl": edited}
-    assert "event_ids" in check(rezip(original, {"events.jsonl": edited, "SHA256SUMS": sums_for(covered)}),
-                                "covered.zip")
+    assert "event_ids" in check(
+        rezip(original, {"events.jsonl": edited, "SHA256SUMS": sums_for(covered)}), "covered.zip"
+    )
 
     # An event removed, sums and manifest rewritten to match: the gap is still there.
     lines = files["events.jsonl"].splitlines(keepends=True)
@@ -163,13 +168,15 @@ def test_verify_bundle_catches_tampering(workspace, api, rich_run, tmp_path) -> 
             entry.update(sha256=hashlib.sha256(gap).hexdigest(), size=len(gap))
     new_manifest = json.dumps(manifest).encode()
     redone = {**files, "events.jsonl": gap, "manifest.json": new_manifest}
-    assert check(rezip(original, {"events.jsonl": gap, "manifest.json": new_manifest,
-                                  "SHA256SUMS": sums_for(redone)}), "gap.zip") == {"dense_sequence"}
+    assert check(
+        rezip(original, {"events.jsonl": gap, "manifest.json": new_manifest, "SHA256SUMS": sums_for(redone)}), "gap.zip"
+    ) == {"dense_sequence"}
 
     # Artifact bytes swapped (sums rewritten): the artifact no longer hashes to its name.
     swapped = {**files, artifact: b"other bytes"}
-    assert "artifact_hashes" in check(rezip(original, {artifact: b"other bytes", "SHA256SUMS": sums_for(swapped)}),
-                                      "swapped.zip")
+    assert "artifact_hashes" in check(
+        rezip(original, {artifact: b"other bytes", "SHA256SUMS": sums_for(swapped)}), "swapped.zip"
+    )
     # An artifact left out.
     assert {"sha256sums", "manifest", "artifact_hashes"} <= check(rezip(original, {artifact: None}), "dropped.zip")
     # Not a zip at all.
@@ -182,7 +189,9 @@ def test_bundles_are_audited_with_their_sha256(workspace, api, rich_run, live_se
     assert alice.get(f"{V1}/runs/{rich_run}/evidence.zip").content == body
     entries = AuditEntry.objects.filter(action="evidence_bundle.downloaded").order_by("pk")
     assert [(e.actor.split(":")[0], e.target, e.details["sha256"]) for e in entries] == [
-        ("key", rich_run, hashlib.sha256(body).hexdigest()), ("alice", rich_run, hashlib.sha256(body).hexdigest())]
+        ("key", rich_run, hashlib.sha256(body).hexdigest()),
+        ("alice", rich_run, hashlib.sha256(body).hexdigest()),
+    ]
     assert all(e.workspace == workspace for e in entries)
     alice.close()
 
@@ -204,7 +213,8 @@ def test_isolation_and_roles(workspace, other_workspace, key_client, rich_run, l
     assert anonymous.get(f"{V1}/runs/{rich_run}/evidence.zip").status_code == 401
     bad = key_client(workspace).get(f"{V1}/runs/run%20bad!/evidence.zip")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_run_id"
-    assert not AuditEntry.objects.filter(action="evidence_bundle.downloaded", target=rich_run,
-                                         tenant__slug="globex").exists()
+    assert not AuditEntry.objects.filter(
+        action="evidence_bundle.downloaded", target=rich_run, tenant__slug="globex"
+    ).exists()
     for client in (olga, dave, anonymous):
         client.close()

@@ -9,19 +9,18 @@ import csv
 import io
 import json
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from ledger import clock
+from ledger.demo.data import _summarize_run
 from ledger.interop import exports
 from ledger.log import append
-from ledger.demo.data import _summarize_run
 from ledger.models import AuditEntry, Event, Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import ev, log_in, started
@@ -60,11 +59,15 @@ def api(workspace: Workspace, key_client: Callable[..., httpx.Client]) -> httpx.
 def seed(workspace: Workspace) -> None:
     """run_a: a finished run with priced model calls, a tool call and cells a spreadsheet would
     take for formulas; run_b: started only."""
-    append(workspace=workspace, run_id="run_a", events=[
-        *_summarize_run(("openai", "gpt-4o-mini"), finish=False),
-        {"type": "custom.note", "payload": {"text": FORMULA, "quote": "'=1+1", "n": 1.5}, "occurrenceId": "=occ"},
-        {"type": "custom.note", "payload": {"text": "line\nbreak, \"quoted\"", "é": "ü"}},
-    ])
+    append(
+        workspace=workspace,
+        run_id="run_a",
+        events=[
+            *_summarize_run(("openai", "gpt-4o-mini"), finish=False),
+            {"type": "custom.note", "payload": {"text": FORMULA, "quote": "'=1+1", "n": 1.5}, "occurrenceId": "=occ"},
+            {"type": "custom.note", "payload": {"text": 'line\nbreak, "quoted"', "é": "ü"}},
+        ],
+    )
     append(workspace=workspace, run_id="run_b", events=[started("wfver_b", input={"x": "-1"})])
 
 
@@ -105,8 +108,11 @@ def saved(tmp_path: Path, body: bytes, name: str = "export") -> Path:
 
 
 def stored_ids(workspace: Workspace) -> list[tuple[str, int, str]]:
-    return list(Event.objects.filter(run__workspace=workspace).order_by("run_id", "sequence")
-                .values_list("run__run_id", "sequence", "event_id"))
+    return list(
+        Event.objects.filter(run__workspace=workspace)
+        .order_by("run_id", "sequence")
+        .values_list("run__run_id", "sequence", "event_id")
+    )
 
 
 # --- formats --------------------------------------------------------------------------------
@@ -159,12 +165,16 @@ def test_runs_and_costs_exports(workspace, api, fmt) -> None:
         head, run_rows, _ = jsonl(runs.text)
         assert head["export"] == "runs"
         assert [(r["runId"], r["status"], r["lastSequence"]) for r in run_rows] == [
-            ("run_a", "running", Event.objects.filter(run__run_id="run_a").count()), ("run_b", "running", 1)]
+            ("run_a", "running", Event.objects.filter(run__run_id="run_a").count()),
+            ("run_b", "running", 1),
+        ]
         assert run_rows[0]["pricedCalls"] == 2 and run_rows[1]["input"] == {"x": "-1"}
         head, cost_rows, end = jsonl(costs.text)
         assert head["export"] == "costs" and end == {"end": {"rows": 2}}
         assert [(c["runId"], c["modelId"], c["inputTokens"]) for c in cost_rows] == [
-            ("run_a", "gpt-4o-mini", 1200), ("run_a", "gpt-4o-mini", 1600)]
+            ("run_a", "gpt-4o-mini", 1200),
+            ("run_a", "gpt-4o-mini", 1600),
+        ]
         assert all(c["costUsd"] > 0 for c in cost_rows)
     else:
         _, columns, run_rows, _ = csv_parts(runs.text)
@@ -180,10 +190,13 @@ def test_runs_and_costs_exports(workspace, api, fmt) -> None:
 
 
 def test_filters_by_run_and_time(workspace, api) -> None:
-    old = datetime(2026, 1, 10, 12, tzinfo=timezone.utc)
+    old = datetime(2026, 1, 10, 12, tzinfo=UTC)
     with clock.backdated(old):
-        append(workspace=workspace, run_id="run_old", events=[
-            started(), *_summarize_run(("openai", "gpt-4o-mini"), finish=False)[1:6]])
+        append(
+            workspace=workspace,
+            run_id="run_old",
+            events=[started(), *_summarize_run(("openai", "gpt-4o-mini"), finish=False)[1:6]],
+        )
     seed(workspace)
 
     def run_ids(query: str, kind: str = "events") -> list[str]:
@@ -206,12 +219,16 @@ def test_keyset_chunks_cover_every_row_once_in_order(workspace, api, monkeypatch
     monkeypatch.setattr(exports, "RUN_CHUNK", 2)
     sizes = [1, 4, 7, 3, 2]
     for n, size in enumerate(sizes):
-        append(workspace=workspace, run_id=f"run_{n}", events=[
-            started(), *[ev("custom.tick", i=i) for i in range(size - 1)]])
+        append(
+            workspace=workspace,
+            run_id=f"run_{n}",
+            events=[started(), *[ev("custom.tick", i=i) for i in range(size - 1)]],
+        )
     response = api.get(f"{V1}/export/events")
     _, rows, end = jsonl(response.text)
     assert [(r["runId"], r["sequence"]) for r in rows] == [
-        (f"run_{n}", s) for n, size in enumerate(sizes) for s in range(1, size + 1)]
+        (f"run_{n}", s) for n, size in enumerate(sizes) for s in range(1, size + 1)
+    ]
     assert end == {"end": {"rows": sum(sizes)}}
     assert verify_export(saved(tmp_path, response.content))[0] == 0
     runs = jsonl(api.get(f"{V1}/export/runs").text)[1]
@@ -239,7 +256,7 @@ def test_verify_export_catches_a_tampered_line_a_gap_and_a_cut(workspace, api, t
     assert code == 1 and "FAIL" in out and "event_ids" in out and "does not recompute" in out
     assert "dense_sequence: " in out and "FAIL" not in out.split("dense_sequence")[0].splitlines()[-1]
 
-    gap = lines[: first_event + 4] + lines[first_event + 5:]
+    gap = lines[: first_event + 4] + lines[first_event + 5 :]
     code, out = verify_export(saved(tmp_path, separator.join(gap), "gap"))
     assert code == 1
     failed = {line.split()[2].rstrip(":") for line in out.splitlines() if line.startswith("FAIL")}
@@ -266,8 +283,9 @@ def test_bad_filters_are_400_and_unknown_exports_404(workspace, api) -> None:
     assert error(api.get(f"{V1}/export/events?from=yesterday"), 400, "invalid_parameter") == {"parameter": "from"}
     assert error(api.get(f"{V1}/export/runs?to=2026-13-01"), 400, "invalid_parameter") == {"parameter": "to"}
     assert error(api.get(f"{V1}/export/runs?from=0001-01-01"), 400, "invalid_parameter") == {"parameter": "from"}
-    assert error(api.get(f"{V1}/export/costs?from=2026-02-01&to=2026-01-01"), 400,
-                 "invalid_parameter") == {"parameter": "from"}
+    assert error(api.get(f"{V1}/export/costs?from=2026-02-01&to=2026-01-01"), 400, "invalid_parameter") == {
+        "parameter": "from"
+    }
     error(api.get(f"{V1}/export/events?runId=not-a-run"), 400, "invalid_run_id")
     error(api.get(f"{V1}/export/events?runId=run_missing"), 404, "not_found")
     error(api.get(f"{V1}/export/everything"), 404, "not_found")
@@ -276,7 +294,8 @@ def test_bad_filters_are_400_and_unknown_exports_404(workspace, api) -> None:
 
 
 def test_a_key_exports_its_own_workspace_only_and_another_tenants_run_is_404(
-        workspace, other_workspace, key_client) -> None:
+    workspace, other_workspace, key_client
+) -> None:
     seed(workspace)
     append(workspace=other_workspace, run_id="run_theirs", events=[started()])
     outsider = key_client(other_workspace)
@@ -285,8 +304,9 @@ def test_a_key_exports_its_own_workspace_only_and_another_tenants_run_is_404(
     assert jsonl(outsider.get(f"{V1}/export/costs").text)[1] == []
     error(outsider.get(f"{V1}/export/events?runId=run_a"), 404, "not_found")
     # A key acts in its own workspace: naming another changes nothing.
-    assert {r["runId"] for r in jsonl(outsider.get(f"{V1}/export/events?workspace=acme/support").text)[1]} \
-        == {"run_theirs"}
+    assert {r["runId"] for r in jsonl(outsider.get(f"{V1}/export/events?workspace=acme/support").text)[1]} == {
+        "run_theirs"
+    }
     error(key_client(workspace, "ingest").get(f"{V1}/export/events"), 403, "insufficient_scope")
 
 
@@ -314,7 +334,9 @@ def test_sessions_roles_and_the_audit_export(workspace, live_server, admin, view
     # Every export so far was audited, in order, with what was asked; this one too.
     downloads = [e for e in entries if e["action"] == "export.downloaded"]
     assert [(e["actor"], e["target"], e["details"]["format"]) for e in downloads] == [
-        ("dave", "export:events", "jsonl"), ("alice", "export:audit", "jsonl")]
+        ("dave", "export:events", "jsonl"),
+        ("alice", "export:audit", "jsonl"),
+    ]
     assert all(e["tenant"] == "acme" for e in entries)
     assert downloads[0]["workspace"] == "acme/support"
     _, columns, rows, _ = csv_parts(alice.get(f"{V1}/export/audit?format=csv").text)
@@ -332,8 +354,12 @@ def test_key_exports_are_audited_with_their_filters(workspace, api) -> None:
     entry = AuditEntry.objects.get(action="export.downloaded")
     assert entry.actor.startswith("key:") and entry.target == "export:costs"
     assert entry.workspace == workspace
-    assert entry.details == {"export": "costs", "format": "csv", "workspaces": ["acme/support"],
-                             "filters": {"runId": "run_a", "from": "2026-01-01"}}
+    assert entry.details == {
+        "export": "costs",
+        "format": "csv",
+        "workspaces": ["acme/support"],
+        "filters": {"runId": "run_a", "from": "2026-01-01"},
+    }
 
 
 # --- the command line ----------------------------------------------------------------------------
@@ -360,11 +386,17 @@ def test_ledger_export_writes_the_same_rows_and_is_audited(workspace, other_work
     assert cli("export", "events", "-o", str(everything))[0] == 0
     rows = jsonl(everything.read_text())[1]
     assert {(r["workspace"], r["runId"]) for r in rows} == {
-        ("acme/support", "run_a"), ("acme/support", "run_b"), ("globex/main", "run_theirs")}
+        ("acme/support", "run_a"),
+        ("acme/support", "run_b"),
+        ("globex/main", "run_theirs"),
+    }
     assert verify_export(everything)[0] == 0
     entries = AuditEntry.objects.filter(action="export.downloaded", actor="system:cli").order_by("pk")
     assert [(e.tenant.slug, e.workspace_id is not None) for e in entries] == [
-        ("acme", True), ("acme", False), ("globex", False)]
+        ("acme", True),
+        ("acme", False),
+        ("globex", False),
+    ]
     audit_file = tmp_path / "audit.jsonl"
     assert cli("export", "audit", "--tenant", "acme", "-o", str(audit_file))[0] == 0
     assert {e["tenant"] for e in jsonl(audit_file.read_text())[1]} == {"acme"}
@@ -389,8 +421,11 @@ def test_an_export_streams_through_daphne_across_chunks(workspace, daphne, tmp_p
     1,200 events cross a keyset chunk (1,000 rows) and many 64 KiB pieces."""
     append(workspace=workspace, run_id="run_long", events=[started()])
     for batch in range(12):
-        append(workspace=workspace, run_id="run_long", events=[
-            ev("custom.tick", i=batch * 100 + i, pad="x" * 200) for i in range(100 if batch < 11 else 99)])
+        append(
+            workspace=workspace,
+            run_id="run_long",
+            events=[ev("custom.tick", i=batch * 100 + i, pad="x" * 200) for i in range(100 if batch < 11 else 99)],
+        )
     _, key = create_key(workspace=workspace, scopes=["read"])
     pieces = 0
     with httpx.Client(base_url=daphne.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:

@@ -28,8 +28,13 @@ def envelopes(items: list[tuple[str, dict[str, Any]]], run_id: str = RUN, start:
 
 
 def responded(step_path: str | None, usage: dict[str, Any], model: dict[str, str] = MINI, **extra: Any) -> tuple:
-    payload: dict[str, Any] = {"turn": 1, "callId": extra.pop("callId", "mc_1"), "model": model,
-                               "response": {"text": "ok", "usage": usage}, **extra}
+    payload: dict[str, Any] = {
+        "turn": 1,
+        "callId": extra.pop("callId", "mc_1"),
+        "model": model,
+        "response": {"text": "ok", "usage": usage},
+        **extra,
+    }
     if step_path is not None:
         payload["stepPath"] = step_path
     return ("harness.model.responded", payload)
@@ -38,50 +43,132 @@ def responded(step_path: str | None, usage: dict[str, Any], model: dict[str, str
 WORKER_MANIFEST = {"harnessId": "h1", "stepPath": "extract", "workflowVersionId": "wfver_1", "tools": ["bash"]}
 
 EVERY_TYPE: list[tuple[str, dict[str, Any]]] = [
-    ("RunStarted", {"workflowVersionId": "wfver_1", "input": {"ticket": 7}, "parentRunId": "run_parent",
-                    "outerLoopId": "ol_1", "label": "nightly", "tags": ["a", "b"], "replayOf": "run_original"}),
+    (
+        "RunStarted",
+        {
+            "workflowVersionId": "wfver_1",
+            "input": {"ticket": 7},
+            "parentRunId": "run_parent",
+            "outerLoopId": "ol_1",
+            "label": "nightly",
+            "tags": ["a", "b"],
+            "replayOf": "run_original",
+        },
+    ),
     ("WorkflowVersionRegistered", {"workflowVersionId": "wfver_1", "workflowVersionHash": "sha256:x"}),
     ("StepScheduled", {"stepPath": "extract", "stepId": "extract"}),
     ("StepAttemptStarted", {"stepPath": "extract", "attempt": 1}),
-    ("harness.session.started", {"stepPath": "extract", "role": "worker.ai-generate", "task": {"kind": "execute_step"},
-                                 "manifest": WORKER_MANIFEST, "manifestHash": digest(WORKER_MANIFEST)}),
-    ("harness.model.called", {"stepPath": "extract", "turn": 1, "callId": "mc_1", "promptHash": "sha256:p",
-                              "request": {}, "origin": "live"}),
-    ("harness.model.responded", {"stepPath": "extract", "turn": 1, "callId": "mc_1", "model": MINI, "origin": "live",
-                                 "response": {"text": "ok", "usage": {"inputTokens": 10_000, "outputTokens": 2_000}}}),
-    ("harness.tool_call.started", {"stepPath": "extract", "callId": "tc_1", "caller": "model", "turn": 1,
-                                   "toolName": "bash", "args": {"cmd": "ls"}}),
-    ("harness.tool_call.succeeded", {"stepPath": "extract", "callId": "tc_1", "result": {"out": "a"},
-                                     "durationMs": 12}),
-    ("harness.tool_call.started", {"stepPath": "extract", "callId": "tc_2", "caller": "model", "turn": 1,
-                                   "toolName": "http", "args": {}}),
-    ("harness.tool_call.failed", {"stepPath": "extract", "callId": "tc_2", "error": {"message": "502"},
-                                  "durationMs": 30}),
-    ("harness.tool_call.started", {"stepPath": "extract", "callId": "tc_3", "caller": "model", "turn": 2,
-                                   "toolName": "pay", "args": {"eur": 5}}),
+    (
+        "harness.session.started",
+        {
+            "stepPath": "extract",
+            "role": "worker.ai-generate",
+            "task": {"kind": "execute_step"},
+            "manifest": WORKER_MANIFEST,
+            "manifestHash": digest(WORKER_MANIFEST),
+        },
+    ),
+    (
+        "harness.model.called",
+        {"stepPath": "extract", "turn": 1, "callId": "mc_1", "promptHash": "sha256:p", "request": {}, "origin": "live"},
+    ),
+    (
+        "harness.model.responded",
+        {
+            "stepPath": "extract",
+            "turn": 1,
+            "callId": "mc_1",
+            "model": MINI,
+            "origin": "live",
+            "response": {"text": "ok", "usage": {"inputTokens": 10_000, "outputTokens": 2_000}},
+        },
+    ),
+    (
+        "harness.tool_call.started",
+        {
+            "stepPath": "extract",
+            "callId": "tc_1",
+            "caller": "model",
+            "turn": 1,
+            "toolName": "bash",
+            "args": {"cmd": "ls"},
+        },
+    ),
+    (
+        "harness.tool_call.succeeded",
+        {"stepPath": "extract", "callId": "tc_1", "result": {"out": "a"}, "durationMs": 12},
+    ),
+    (
+        "harness.tool_call.started",
+        {"stepPath": "extract", "callId": "tc_2", "caller": "model", "turn": 1, "toolName": "http", "args": {}},
+    ),
+    (
+        "harness.tool_call.failed",
+        {"stepPath": "extract", "callId": "tc_2", "error": {"message": "502"}, "durationMs": 30},
+    ),
+    (
+        "harness.tool_call.started",
+        {"stepPath": "extract", "callId": "tc_3", "caller": "model", "turn": 2, "toolName": "pay", "args": {"eur": 5}},
+    ),
     ("harness.tool_call.in_doubt", {"stepPath": "extract", "callId": "tc_3"}),
-    ("harness.tool_call.reconciled", {"stepPath": "extract", "callId": "tc_3", "outcome": "succeeded",
-                                      "result": {"paid": True}, "note": "bank says yes"}),
+    (
+        "harness.tool_call.reconciled",
+        {
+            "stepPath": "extract",
+            "callId": "tc_3",
+            "outcome": "succeeded",
+            "result": {"paid": True},
+            "note": "bank says yes",
+        },
+    ),
     ("harness.session.completed", {"stepPath": "extract", "usage": {"inputTokens": 10_000, "outputTokens": 2_000}}),
-    ("ArtifactCreated", {"stepPath": "extract", "artifactRef": "artifact://art_1", "name": "profile",
-                         "contentType": "application/json"}),
-    ("StepCompleted", {"stepPath": "extract", "attempt": 1, "output": {"name": "Ada"},
-                       "outputRef": "artifact://art_2", "artifactRefs": ["artifact://art_1"]}),
-    ("ParallelGroupStarted", {"stepPath": "fan", "attempt": 1, "branchCount": 2, "maxConcurrency": 2,
-                              "failureMode": "fail_fast"}),
+    (
+        "ArtifactCreated",
+        {
+            "stepPath": "extract",
+            "artifactRef": "artifact://art_1",
+            "name": "profile",
+            "contentType": "application/json",
+        },
+    ),
+    (
+        "StepCompleted",
+        {
+            "stepPath": "extract",
+            "attempt": 1,
+            "output": {"name": "Ada"},
+            "outputRef": "artifact://art_2",
+            "artifactRefs": ["artifact://art_1"],
+        },
+    ),
+    (
+        "ParallelGroupStarted",
+        {"stepPath": "fan", "attempt": 1, "branchCount": 2, "maxConcurrency": 2, "failureMode": "fail_fast"},
+    ),
     ("ParallelBranchScheduled", {"stepPath": "fan", "branchPath": "fan[a]", "itemKey": "a", "branchIndex": 0}),
     ("ParallelBranchScheduled", {"stepPath": "fan", "branchPath": "fan[b]", "itemKey": "b", "branchIndex": 1}),
-    ("ParallelBranchCompleted", {"stepPath": "fan", "branchPath": "fan[a]", "outputRef": "artifact://art_3",
-                                 "artifactRefs": []}),
-    ("ParallelBranchFailed", {"stepPath": "fan", "branchPath": "fan[b]", "error": {"message": "boom"},
-                              "artifactRefs": []}),
+    (
+        "ParallelBranchCompleted",
+        {"stepPath": "fan", "branchPath": "fan[a]", "outputRef": "artifact://art_3", "artifactRefs": []},
+    ),
+    (
+        "ParallelBranchFailed",
+        {"stepPath": "fan", "branchPath": "fan[b]", "error": {"message": "boom"}, "artifactRefs": []},
+    ),
     ("ParallelGroupFailed", {"stepPath": "fan", "error": {"message": "branch failed"}}),
     ("harness.execute_step.started", {"stepPath": "notify", "uses": "tool.call"}),
     ("custom.note", {"stepPath": "ghost", "text": "hello"}),
     ("OuterLoopCycleCompleted", {"outerLoopId": "ol_1", "cycleNumber": 1, "supervise": {"kind": "continue"}}),
     ("OuterLoopCycleCompleted", {"outerLoopId": "ol_1", "cycleNumber": 1, "supervise": {"kind": "continue"}}),
-    ("harness.session.started", {"role": "orchestrator", "task": {"kind": "orchestrate"}, "manifest": {"o": 1},
-                                 "manifestHash": digest({"o": 1})}),
+    (
+        "harness.session.started",
+        {
+            "role": "orchestrator",
+            "task": {"kind": "orchestrate"},
+            "manifest": {"o": 1},
+            "manifestHash": digest({"o": 1}),
+        },
+    ),
     ("harness.model.called", {"turn": 1, "promptHash": "sha256:q", "request": {}}),
     ("harness.model.failed", {"turn": 1, "error": {"message": "overloaded"}, "durationMs": 5, "willRetry": False}),
     ("harness.session.failed", {"error": {"name": "ProviderError", "message": "overloaded"}}),
@@ -97,8 +184,12 @@ def test_fold_understands_every_event_type() -> None:
     assert state.started_at == "2026-11-02T10:00:01.000Z"
     assert state.finished_at == f"2026-11-02T10:00:{len(EVERY_TYPE):02d}.000Z"
     assert (state.workflow_version_id, state.parent_run_id, state.outer_loop_id) == ("wfver_1", "run_parent", "ol_1")
-    assert (state.label, state.tags, state.replay_of, state.input) == ("nightly", ["a", "b"], "run_original",
-                                                                       {"ticket": 7})
+    assert (state.label, state.tags, state.replay_of, state.input) == (
+        "nightly",
+        ["a", "b"],
+        "run_original",
+        {"ticket": 7},
+    )
     assert state.error == {"name": "StepFailed", "message": "fan failed"}
     assert state.last_sequence == state.event_count == len(EVERY_TYPE)
     assert state.custom_event_count == 1
@@ -115,8 +206,12 @@ def test_fold_understands_every_event_type() -> None:
     assert state.steps["notify"].status == "scheduled"
 
     fan = state.parallel_groups["fan"]
-    assert (fan.status, fan.branch_count, fan.failure_mode, fan.error) == ("failed", 2, "fail_fast",
-                                                                           {"message": "branch failed"})
+    assert (fan.status, fan.branch_count, fan.failure_mode, fan.error) == (
+        "failed",
+        2,
+        "fail_fast",
+        {"message": "branch failed"},
+    )
     assert [(b.branch_path, b.status, b.item_key, b.branch_index) for b in fan.branches.values()] == [
         ("fan[a]", "completed", "a", 0),
         ("fan[b]", "failed", "b", 1),
@@ -132,8 +227,12 @@ def test_fold_understands_every_event_type() -> None:
 
     first, second = state.model_calls
     assert (first.call_id, first.status, first.step_path, first.turn) == ("mc_1", "responded", "extract", 1)
-    assert (first.provider, first.model_id, first.cost, first.origin) == ("openai", "gpt-4o-mini", Decimal("0.0027"),
-                                                                          "live")
+    assert (first.provider, first.model_id, first.cost, first.origin) == (
+        "openai",
+        "gpt-4o-mini",
+        Decimal("0.0027"),
+        "live",
+    )
     assert (first.called_sequence, first.responded_sequence, first.session) == (6, 7, 0)
     assert first.usage == Usage(input_tokens=10_000, output_tokens=2_000)
     assert (second.status, second.session, second.error) == ("failed", 1, {"message": "overloaded"})
@@ -179,10 +278,24 @@ def test_state_round_trips_through_json() -> None:
 
 
 def test_equality_notices_step_order() -> None:
-    one = fold(envelopes([("RunStarted", {"workflowVersionId": "w"}), ("StepScheduled", {"stepPath": "a"}),
-                          ("StepScheduled", {"stepPath": "b"})]))
-    other = fold(envelopes([("RunStarted", {"workflowVersionId": "w"}), ("StepScheduled", {"stepPath": "b"}),
-                            ("StepScheduled", {"stepPath": "a"})]))
+    one = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepScheduled", {"stepPath": "a"}),
+                ("StepScheduled", {"stepPath": "b"}),
+            ]
+        )
+    )
+    other = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepScheduled", {"stepPath": "b"}),
+                ("StepScheduled", {"stepPath": "a"}),
+            ]
+        )
+    )
     other.steps["a"].first_sequence, other.steps["b"].first_sequence = 2, 3
     other.steps["a"].last_sequence, other.steps["b"].last_sequence = 2, 3
     assert dict(one.steps) == dict(other.steps)
@@ -229,14 +342,18 @@ def test_empty_log_needs_a_run_id() -> None:
 
 
 def test_failed_then_completed_attempts_leave_a_completed_step_without_error() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("StepScheduled", {"stepPath": "extract"}),
-        ("StepAttemptStarted", {"stepPath": "extract", "attempt": 1}),
-        ("StepFailed", {"stepPath": "extract", "attempt": 1, "error": {"message": "timeout"}}),
-        ("StepAttemptStarted", {"stepPath": "extract", "attempt": 2}),
-        ("StepCompleted", {"stepPath": "extract", "attempt": 2, "output": 1}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepScheduled", {"stepPath": "extract"}),
+                ("StepAttemptStarted", {"stepPath": "extract", "attempt": 1}),
+                ("StepFailed", {"stepPath": "extract", "attempt": 1, "error": {"message": "timeout"}}),
+                ("StepAttemptStarted", {"stepPath": "extract", "attempt": 2}),
+                ("StepCompleted", {"stepPath": "extract", "attempt": 2, "output": 1}),
+            ]
+        )
+    )
     step = state.steps["extract"]
     assert step.status == "completed"
     assert step.error is None
@@ -249,114 +366,162 @@ def test_failed_then_completed_attempts_leave_a_completed_step_without_error() -
 
 
 def test_attempts_without_start_events_are_synthesized() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("StepFailed", {"stepPath": "s", "attempt": 1, "error": "x"}),
-        ("StepCompleted", {"stepPath": "s", "attempt": 2}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepFailed", {"stepPath": "s", "attempt": 1, "error": "x"}),
+                ("StepCompleted", {"stepPath": "s", "attempt": 2}),
+            ]
+        )
+    )
     assert [(a.attempt, a.status) for a in state.steps["s"].attempts] == [(1, "failed"), (2, "completed")]
 
 
 def test_new_attempt_clears_the_previous_output() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("StepCompleted", {"stepPath": "s", "attempt": 1, "output": None}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepCompleted", {"stepPath": "s", "attempt": 1, "output": None}),
+            ]
+        )
+    )
     assert state.steps["s"].has_output and state.steps["s"].output is None
     state = fold_into(state, envelopes([("StepAttemptStarted", {"stepPath": "s", "attempt": 2})], start=3))
     assert (state.steps["s"].status, state.steps["s"].has_output) == ("running", False)
 
 
 def test_numeric_step_paths_keep_event_order() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("StepScheduled", {"stepPath": "10"}),
-        ("StepScheduled", {"stepPath": "2"}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepScheduled", {"stepPath": "10"}),
+                ("StepScheduled", {"stepPath": "2"}),
+            ]
+        )
+    )
     assert list(state.steps) == ["10", "2"]
     assert [s["stepPath"] for s in state.to_json()["steps"]] == ["10", "2"]
 
 
 def test_proto_step_path_is_an_ordinary_step() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("StepScheduled", {"stepPath": "__proto__"}),
-        ("StepCompleted", {"stepPath": "__proto__", "attempt": 1, "output": {"polluted": True}}),
-        ("StepScheduled", {"stepPath": "constructor"}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepScheduled", {"stepPath": "__proto__"}),
+                ("StepCompleted", {"stepPath": "__proto__", "attempt": 1, "output": {"polluted": True}}),
+                ("StepScheduled", {"stepPath": "constructor"}),
+            ]
+        )
+    )
     assert list(state.steps) == ["__proto__", "constructor"]
     assert state.steps["__proto__"].output == {"polluted": True}
     assert RunState.from_json(json.loads(json.dumps(state.to_json()))) == state
 
 
 def test_visit_suffix_gives_the_visit_index() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("StepCompleted", {"stepPath": "review.visit[0]", "attempt": 1, "output": "no"}),
-        ("StepCompleted", {"stepPath": "review.visit[1]", "attempt": 1, "output": "yes"}),
-        ("StepScheduled", {"stepPath": "fan[a].review.visit[12]"}),
-        ("StepScheduled", {"stepPath": "plain"}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepCompleted", {"stepPath": "review.visit[0]", "attempt": 1, "output": "no"}),
+                ("StepCompleted", {"stepPath": "review.visit[1]", "attempt": 1, "output": "yes"}),
+                ("StepScheduled", {"stepPath": "fan[a].review.visit[12]"}),
+                ("StepScheduled", {"stepPath": "plain"}),
+            ]
+        )
+    )
     assert [s.visit for s in state.steps.values()] == [0, 1, 12, None]
     assert next_visit_index(state, "review", max_visits=3) == 2
     assert next_visit_index(state, "review", max_visits=1) == 0
 
 
 def test_a_scheduled_visit_is_not_counted_as_done() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("StepCompleted", {"stepPath": "review.visit[0]", "attempt": 1, "output": "no"}),
-        ("StepScheduled", {"stepPath": "review.visit[1]"}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("StepCompleted", {"stepPath": "review.visit[0]", "attempt": 1, "output": "no"}),
+                ("StepScheduled", {"stepPath": "review.visit[1]"}),
+            ]
+        )
+    )
     assert next_visit_index(state, "review", max_visits=3) == 1
 
 
 def test_only_model_responses_add_usage_and_rollups_add_nothing() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        responded("summarize", {"inputTokens": 20_000, "outputTokens": 10_000}),
-        ("harness.session.completed", {"stepPath": "summarize",
-                                       "usage": {"inputTokens": 20_000, "outputTokens": 10_000}}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                responded("summarize", {"inputTokens": 20_000, "outputTokens": 10_000}),
+                (
+                    "harness.session.completed",
+                    {"stepPath": "summarize", "usage": {"inputTokens": 20_000, "outputTokens": 10_000}},
+                ),
+            ]
+        )
+    )
     assert state.usage.cost_usd == Decimal("0.009")
     assert state.usage.input_tokens == 20_000
     assert state.steps["summarize"].usage == state.usage
 
 
 def test_a_stray_recorded_cost_is_ignored() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        responded("summarize", {"inputTokens": 20_000, "outputTokens": 10_000, "costUsd": 999}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                responded("summarize", {"inputTokens": 20_000, "outputTokens": 10_000, "costUsd": 999}),
+            ]
+        )
+    )
     assert state.usage.cost_usd == Decimal("0.009")
 
 
 def test_calls_without_step_path_count_for_the_run_only() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        responded(None, {"inputTokens": 20_000, "outputTokens": 0}),
-        responded("summarize", {"inputTokens": 0, "outputTokens": 10_000}, callId="mc_2"),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                responded(None, {"inputTokens": 20_000, "outputTokens": 0}),
+                responded("summarize", {"inputTokens": 0, "outputTokens": 10_000}, callId="mc_2"),
+            ]
+        )
+    )
     assert state.usage.cost_usd == Decimal("0.009")
     assert state.steps["summarize"].usage.cost_usd == Decimal("0.006")
     assert [e.step_path for e in state.cost_entries] == [None, "summarize"]
 
 
 def test_unpriced_calls_are_null_and_counted() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        responded("a", {"inputTokens": 10, "outputTokens": 10}, model={"provider": "acme.chat", "modelId": "nope"}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                responded(
+                    "a", {"inputTokens": 10, "outputTokens": 10}, model={"provider": "acme.chat", "modelId": "nope"}
+                ),
+            ]
+        )
+    )
     assert (state.usage.cost_usd, state.usage.priced_calls, state.usage.unpriced_calls) == (None, 0, 1)
     assert state.cost_entries[0].cost_usd is None
     assert state.model_calls[0].cost is None
 
 
 def test_a_response_without_a_usage_object_is_not_a_counted_call() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("harness.model.responded", {"turn": 1, "callId": "c", "model": MINI, "response": {"text": "hi"}}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("harness.model.responded", {"turn": 1, "callId": "c", "model": MINI, "response": {"text": "hi"}}),
+            ]
+        )
+    )
     assert state.usage.calls == 0
     assert state.cost_entries == []
     assert state.model_calls[0].status == "responded"
@@ -364,23 +529,35 @@ def test_a_response_without_a_usage_object_is_not_a_counted_call() -> None:
 
 def test_workspace_prices_apply_and_name_their_version() -> None:
     table = load_default_prices().with_overrides({"openai/gpt-4o-mini": {"input": 1, "output": 1}})
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        responded("a", {"inputTokens": 1_000_000, "outputTokens": 1_000_000}),
-    ]), prices=table)
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                responded("a", {"inputTokens": 1_000_000, "outputTokens": 1_000_000}),
+            ]
+        ),
+        prices=table,
+    )
     assert state.usage.cost_usd == 2
     assert state.cost_entries[0].price_table_version == table.version
 
 
 def test_model_answers_pair_by_call_id_then_by_step_and_turn() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("harness.model.called", {"stepPath": "a", "turn": 1, "promptHash": "h1", "request": {}}),
-        ("harness.model.called", {"stepPath": "b", "turn": 1, "callId": "mc_b", "promptHash": "h2", "request": {}}),
-        ("harness.model.called", {"stepPath": "b", "turn": 2, "promptHash": "h3", "request": {}}),
-        responded("b", {"inputTokens": 1}, callId="mc_b", origin="simulated", replayOf="evt_0123456789abcdef"),
-        responded("a", {"inputTokens": 1}, callId="mc_a"),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("harness.model.called", {"stepPath": "a", "turn": 1, "promptHash": "h1", "request": {}}),
+                (
+                    "harness.model.called",
+                    {"stepPath": "b", "turn": 1, "callId": "mc_b", "promptHash": "h2", "request": {}},
+                ),
+                ("harness.model.called", {"stepPath": "b", "turn": 2, "promptHash": "h3", "request": {}}),
+                responded("b", {"inputTokens": 1}, callId="mc_b", origin="simulated", replayOf="evt_0123456789abcdef"),
+                responded("a", {"inputTokens": 1}, callId="mc_a"),
+            ]
+        )
+    )
     a, b1, b2 = state.model_calls
     assert (a.call_id, a.status, a.called_sequence, a.responded_sequence) == ("mc_a", "responded", 2, 6)
     assert (b1.call_id, b1.status, b1.responded_sequence) == ("mc_b", "responded", 5)
@@ -389,22 +566,43 @@ def test_model_answers_pair_by_call_id_then_by_step_and_turn() -> None:
 
 
 def test_tool_call_origin_and_replay_of_are_kept() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("harness.tool_call.started", {"callId": "t", "caller": "code", "toolName": "bash", "args": {},
-                                       "origin": "recorded", "replayOf": "evt_aaaaaaaaaaaaaaaa"}),
-        ("harness.tool_call.in_doubt", {"callId": "t"}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                (
+                    "harness.tool_call.started",
+                    {
+                        "callId": "t",
+                        "caller": "code",
+                        "toolName": "bash",
+                        "args": {},
+                        "origin": "recorded",
+                        "replayOf": "evt_aaaaaaaaaaaaaaaa",
+                    },
+                ),
+                ("harness.tool_call.in_doubt", {"callId": "t"}),
+            ]
+        )
+    )
     call = state.tool_calls["t"]
-    assert (call.status, call.origin, call.replay_of, call.caller) == ("in_doubt", "recorded",
-                                                                       "evt_aaaaaaaaaaaaaaaa", "code")
+    assert (call.status, call.origin, call.replay_of, call.caller) == (
+        "in_doubt",
+        "recorded",
+        "evt_aaaaaaaaaaaaaaaa",
+        "code",
+    )
 
 
 def test_run_completed_keeps_output_and_ref() -> None:
-    state = fold(envelopes([
-        ("RunStarted", {"workflowVersionId": "w"}),
-        ("RunCompleted", {"output": {"ok": True}, "outputRef": "artifact://art_out"}),
-    ]))
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("RunCompleted", {"output": {"ok": True}, "outputRef": "artifact://art_out"}),
+            ]
+        )
+    )
     assert (state.status, state.output, state.output_ref) == ("completed", {"ok": True}, "artifact://art_out")
     assert list(state.artifacts) == ["artifact://art_out"]
 
@@ -424,8 +622,9 @@ def test_fold_does_not_change_its_input() -> None:
 STEPS = st.sampled_from(["extract", "summarize", "10", "2", "__proto__", "loop.visit[0]", "loop.visit[1]"])
 MAYBE_STEP = st.one_of(st.none(), STEPS)
 CALL_IDS = st.sampled_from(["c1", "c2", "c3"])
-MODELS = st.sampled_from([MINI, {"provider": "openai.responses", "modelId": "gpt-4o"},
-                          {"provider": "acme.chat", "modelId": "nope"}])
+MODELS = st.sampled_from(
+    [MINI, {"provider": "openai.responses", "modelId": "gpt-4o"}, {"provider": "acme.chat", "modelId": "nope"}]
+)
 TOKENS = st.integers(min_value=-5, max_value=50_000)
 REFS = st.sampled_from(["artifact://art_a", "artifact://art_b", "not-a-ref"])
 ROLES = st.sampled_from(["orchestrator", "worker.ai-generate", "fixer"])
@@ -438,43 +637,113 @@ def _with_step(payload: dict[str, Any], step: str | None) -> dict[str, Any]:
 EVENT = st.one_of(
     st.builds(lambda s: ("StepScheduled", {"stepPath": s}), STEPS),
     st.builds(lambda s, a: ("StepAttemptStarted", {"stepPath": s, "attempt": a}), STEPS, st.integers(1, 3)),
-    st.builds(lambda s, a, o, r: ("StepCompleted", {"stepPath": s, "attempt": a, "output": o, "outputRef": r,
-                                                    "artifactRefs": [r]}),
-              STEPS, st.integers(1, 3), st.integers(-(2**53) + 1, 2**53 - 1), REFS),
-    st.builds(lambda s, a: ("StepFailed", {"stepPath": s, "attempt": a, "error": {"message": "x"}}),
-              STEPS, st.integers(1, 3)),
+    st.builds(
+        lambda s, a, o, r: (
+            "StepCompleted",
+            {"stepPath": s, "attempt": a, "output": o, "outputRef": r, "artifactRefs": [r]},
+        ),
+        STEPS,
+        st.integers(1, 3),
+        st.integers(-(2**53) + 1, 2**53 - 1),
+        REFS,
+    ),
+    st.builds(
+        lambda s, a: ("StepFailed", {"stepPath": s, "attempt": a, "error": {"message": "x"}}), STEPS, st.integers(1, 3)
+    ),
     st.builds(lambda s, r: ("ArtifactCreated", {"stepPath": s, "artifactRef": r, "name": "n"}), STEPS, REFS),
-    st.builds(lambda s, t, c: ("harness.model.called", _with_step({"turn": t, "callId": c, "promptHash": "h",
-                                                                   "request": {}}, s)),
-              MAYBE_STEP, st.integers(1, 3), st.one_of(st.none(), CALL_IDS)),
-    st.builds(lambda s, t, c, m, i, o, cached, r: ("harness.model.responded", _with_step(
-        {"turn": t, "callId": c, "model": m, "response": {"usage": {
-            "inputTokens": i, "outputTokens": o, "cachedInputTokens": cached, "reasoningTokens": r}}}, s)),
-              MAYBE_STEP, st.integers(1, 3), CALL_IDS, MODELS, TOKENS, TOKENS, TOKENS, TOKENS),
-    st.builds(lambda s, t: ("harness.model.failed", _with_step({"turn": t, "error": "e"}, s)),
-              MAYBE_STEP, st.integers(1, 3)),
-    st.builds(lambda s, c: ("harness.tool_call.started", _with_step({"callId": c, "caller": "model", "turn": 1,
-                                                                     "toolName": "t", "args": {}}, s)),
-              MAYBE_STEP, CALL_IDS),
-    st.builds(lambda c, kind: (f"harness.tool_call.{kind}", {"callId": c, "result": 1, "error": 2, "durationMs": 3,
-                                                              "outcome": "failed"}),
-              CALL_IDS, st.sampled_from(["succeeded", "failed", "in_doubt", "reconciled"])),
-    st.builds(lambda s, role, m: ("harness.session.started", _with_step(
-        {"role": role, "task": {}, "manifest": {"m": m}, "manifestHash": digest({"m": m})}, s)),
-              MAYBE_STEP, ROLES, st.integers(0, 2)),
-    st.builds(lambda s, kind: (f"harness.session.{kind}", _with_step({"usage": {"inputTokens": 5}}, s)),
-              MAYBE_STEP, st.sampled_from(["completed", "failed"])),
-    st.builds(lambda b: ("ParallelBranchScheduled", {"stepPath": "fan", "branchPath": f"fan[{b}]", "itemKey": b}),
-              st.sampled_from(["a", "b"])),
-    st.builds(lambda b, kind: (f"ParallelBranch{kind}", {"stepPath": "fan", "branchPath": f"fan[{b}]"}),
-              st.sampled_from(["a", "b"]), st.sampled_from(["Completed", "Failed"])),
-    st.sampled_from([("ParallelGroupStarted", {"stepPath": "fan", "branchCount": 2}),
-                     ("ParallelGroupCompleted", {"stepPath": "fan"}),
-                     ("custom.note", {"stepPath": "ghost"}),
-                     ("RunCompleted", {"output": 1}),
-                     ("RunFailed", {"error": "e"})]),
-    st.builds(lambda n: ("OuterLoopCycleCompleted", {"outerLoopId": "ol", "cycleNumber": n, "supervise": {}}),
-              st.integers(1, 3)),
+    st.builds(
+        lambda s, t, c: (
+            "harness.model.called",
+            _with_step({"turn": t, "callId": c, "promptHash": "h", "request": {}}, s),
+        ),
+        MAYBE_STEP,
+        st.integers(1, 3),
+        st.one_of(st.none(), CALL_IDS),
+    ),
+    st.builds(
+        lambda s, t, c, m, i, o, cached, r: (
+            "harness.model.responded",
+            _with_step(
+                {
+                    "turn": t,
+                    "callId": c,
+                    "model": m,
+                    "response": {
+                        "usage": {
+                            "inputTokens": i,
+                            "outputTokens": o,
+                            "cachedInputTokens": cached,
+                            "reasoningTokens": r,
+                        }
+                    },
+                },
+                s,
+            ),
+        ),
+        MAYBE_STEP,
+        st.integers(1, 3),
+        CALL_IDS,
+        MODELS,
+        TOKENS,
+        TOKENS,
+        TOKENS,
+        TOKENS,
+    ),
+    st.builds(
+        lambda s, t: ("harness.model.failed", _with_step({"turn": t, "error": "e"}, s)), MAYBE_STEP, st.integers(1, 3)
+    ),
+    st.builds(
+        lambda s, c: (
+            "harness.tool_call.started",
+            _with_step({"callId": c, "caller": "model", "turn": 1, "toolName": "t", "args": {}}, s),
+        ),
+        MAYBE_STEP,
+        CALL_IDS,
+    ),
+    st.builds(
+        lambda c, kind: (
+            f"harness.tool_call.{kind}",
+            {"callId": c, "result": 1, "error": 2, "durationMs": 3, "outcome": "failed"},
+        ),
+        CALL_IDS,
+        st.sampled_from(["succeeded", "failed", "in_doubt", "reconciled"]),
+    ),
+    st.builds(
+        lambda s, role, m: (
+            "harness.session.started",
+            _with_step({"role": role, "task": {}, "manifest": {"m": m}, "manifestHash": digest({"m": m})}, s),
+        ),
+        MAYBE_STEP,
+        ROLES,
+        st.integers(0, 2),
+    ),
+    st.builds(
+        lambda s, kind: (f"harness.session.{kind}", _with_step({"usage": {"inputTokens": 5}}, s)),
+        MAYBE_STEP,
+        st.sampled_from(["completed", "failed"]),
+    ),
+    st.builds(
+        lambda b: ("ParallelBranchScheduled", {"stepPath": "fan", "branchPath": f"fan[{b}]", "itemKey": b}),
+        st.sampled_from(["a", "b"]),
+    ),
+    st.builds(
+        lambda b, kind: (f"ParallelBranch{kind}", {"stepPath": "fan", "branchPath": f"fan[{b}]"}),
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["Completed", "Failed"]),
+    ),
+    st.sampled_from(
+        [
+            ("ParallelGroupStarted", {"stepPath": "fan", "branchCount": 2}),
+            ("ParallelGroupCompleted", {"stepPath": "fan"}),
+            ("custom.note", {"stepPath": "ghost"}),
+            ("RunCompleted", {"output": 1}),
+            ("RunFailed", {"error": "e"}),
+        ]
+    ),
+    st.builds(
+        lambda n: ("OuterLoopCycleCompleted", {"outerLoopId": "ol", "cycleNumber": n, "supervise": {}}),
+        st.integers(1, 3),
+    ),
 )
 
 LOGS = st.lists(EVENT, max_size=40).map(lambda items: [("RunStarted", {"workflowVersionId": "w"}), *items])

@@ -6,6 +6,7 @@ mix and the shared vectors: folded whole, continued from every kind of split (`f
 `advance` in place, as the append path does), each must give the frozen state, every `Decimal`
 with the same digits and exponent (`to_json` alone would hide the exponent).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 
 from ledger.fold import advance, apply_unchecked, fold, fold_into
-from ledger.fold.state import RunState
 from ledger.fold.pricing import load_default_prices
+from ledger.fold.state import RunState
 
 DATA = Path(__file__).parent / "data" / "fold"
 
@@ -62,7 +63,7 @@ def test_fold_gives_the_frozen_state(name: str) -> None:
         assert resumed.to_json() == case["expected"]["state"], cut
     state = RunState(run_id=events[0]["runId"])
     for start in range(0, len(events), 37):  # the append path: batches, in place
-        advance(state, events[start:start + 37], prices=table)
+        advance(state, events[start : start + 37], prices=table)
     assert _frozen(state) == case["expected"]
     one = RunState(run_id=events[0]["runId"])
     for event in events:
@@ -74,7 +75,12 @@ def test_the_builders_fill_every_field_as_the_class_does() -> None:
     from dataclasses import fields
 
     from ledger.fold.state import (
-        CostEntry, ModelCall, ToolCallState, build_cost_entry, build_model_call, build_tool_call,
+        CostEntry,
+        ModelCall,
+        ToolCallState,
+        build_cost_entry,
+        build_model_call,
+        build_tool_call,
     )
 
     for cls, build in [(ModelCall, build_model_call), (CostEntry, build_cost_entry), (ToolCallState, build_tool_call)]:

@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from ledger.log import announce
-from ledger.replay import follow
-from ledger.reads import selectors
 from ledger import log
+from ledger.log import announce
 from ledger.log.artifacts import INLINE_LIMIT_BYTES
 from ledger.log.envelopes import format_recorded_at
 from ledger.models import Event, Run, Workspace
+from ledger.reads import selectors
+from ledger.replay import follow
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,7 +50,13 @@ def _read_after(run: Run, after: int) -> tuple[str, int, list[dict[str, Any]]]:
 
 PAYLOADS = [
     {"stepPath": "s", "b": 1, "a": {"z": [1, 2.5, -3, 1e21, 0.1], "é": "ü\u2028\u2029", "": None}},
-    {"stepPath": "s", "emoji": "\U0001f600 \ud7ff", "control": "\x01\x1f\n\t\"\\", "big": 2**53 - 1, "neg": -(2**53) + 1},
+    {
+        "stepPath": "s",
+        "emoji": "\U0001f600 \ud7ff",
+        "control": '\x01\x1f\n\t"\\',
+        "big": 2**53 - 1,
+        "neg": -(2**53) + 1,
+    },
     {"stepPath": "s", "nested": {"b": {"d": [], "c": {}}, "a": [True, False, None]}, "float": 1.5e300},
     {"stepPath": "s", "order": {"10": 1, "9": 2, "a": 3, "B": 4, "\u00e9": 5, "\U0001f600": 6, "\uff61": 7}},
 ]
@@ -93,11 +99,21 @@ _text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=
 
 
 @hypothesis_settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.dictionaries(_text, st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.floats(allow_nan=False, allow_infinity=False)
-    | _text,
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(_text, children, max_size=3),
-    max_leaves=12), max_size=5))
+@given(
+    st.dictionaries(
+        _text,
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**53) + 1, 2**53 - 1)
+            | st.floats(allow_nan=False, allow_infinity=False)
+            | _text,
+            lambda children: st.lists(children, max_size=3) | st.dictionaries(_text, children, max_size=3),
+            max_leaves=12,
+        ),
+        max_size=5,
+    )
+)
 def test_any_payload_rides_along_as_it_reads_back(workspace: Workspace, payload: dict[str, Any]) -> None:
     if not Run.objects.filter(run_id="run_any").exists():
         log.append(workspace=workspace, run_id="run_any", events=[started()])
@@ -108,10 +124,16 @@ def test_any_payload_rides_along_as_it_reads_back(workspace: Workspace, payload:
 
 
 def _message(run: Run, **changes: Any) -> dict[str, Any]:
-    good = {"type": "ledger.appended", "runId": run.run_id, "sequence": 4, "status": "running", "events": [
-        [3, "evt_a", "StepScheduled", None, "2026-12-01T00:00:00.000Z", '{"stepPath":"a"}'],
-        [4, "evt_b", "StepScheduled", None, "2026-12-01T00:00:00.000Z", '{"stepPath":"b"}'],
-    ]}
+    good = {
+        "type": "ledger.appended",
+        "runId": run.run_id,
+        "sequence": 4,
+        "status": "running",
+        "events": [
+            [3, "evt_a", "StepScheduled", None, "2026-12-01T00:00:00.000Z", '{"stepPath":"a"}'],
+            [4, "evt_b", "StepScheduled", None, "2026-12-01T00:00:00.000Z", '{"stepPath":"b"}'],
+        ],
+    }
     return {**good, **changes}
 
 
@@ -151,7 +173,8 @@ def test_followers_at_the_batch_start_take_it_and_a_follower_elsewhere_reads_the
 
     def append(*paths: str) -> Any:
         return database_sync_to_async(log.append)(
-            workspace=workspace, run_id="run_split", events=[ev("StepScheduled", stepPath=p) for p in paths])
+            workspace=workspace, run_id="run_split", events=[ev("StepScheduled", stepPath=p) for p in paths]
+        )
 
     async def idle(*followers: follow.Follower) -> None:
         """Until each follower waits for news (its start read is over)."""
@@ -203,8 +226,22 @@ def test_an_announced_batch_does_not_answer_a_follower_woken_by_a_later_sequence
             log.append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="b")])
             log.append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="c")])
         third = Event.objects.get(run=run, sequence=3)
-        return {"type": "ledger.appended", "runId": "run_order", "sequence": 3, "status": "running", "events": [
-            [3, third.event_id, third.type, third.occurrence_id, format_recorded_at(third.recorded_at), third.payload]]}
+        return {
+            "type": "ledger.appended",
+            "runId": "run_order",
+            "sequence": 3,
+            "status": "running",
+            "events": [
+                [
+                    3,
+                    third.event_id,
+                    third.type,
+                    third.occurrence_id,
+                    format_recorded_at(third.recorded_at),
+                    third.payload,
+                ]
+            ],
+        }
 
     async def scenario() -> tuple[list[int], tuple[int, int]]:
         async with follow.Follower(run, 2) as follower:
@@ -250,13 +287,17 @@ def test_a_waiting_follower_with_a_push_is_handed_the_batch_and_reads_its_end_it
             async def poll() -> None:
                 while not condition():
                     await asyncio.sleep(0.01)
+
             await asyncio.wait_for(poll(), 10)
 
         async def push(items: list[tuple[int, Any]]) -> None:
             pushed.append([sequence for sequence, _ in items])
 
-        async with follow.Follower(run, 2, push=push) as a, follow.Follower(run, 2) as b, \
-                follow.Follower(run, 2, push=push) as late:
+        async with (
+            follow.Follower(run, 2, push=push) as a,
+            follow.Follower(run, 2) as b,
+            follow.Follower(run, 2, push=push) as late,
+        ):
             feed = a.feed
             assert feed is not None
             queues: list[asyncio.Queue[follow.Page]] = [asyncio.Queue(), asyncio.Queue()]
@@ -274,8 +315,13 @@ def test_a_waiting_follower_with_a_push_is_handed_the_batch_and_reads_its_end_it
             await asyncio.gather(*tasks)
             late_page = await asyncio.wait_for(late.__aiter__().__anext__(), 10)
             assert queues[0].empty()  # nothing but its end came to `a` as a page
-            return pushed, [from_b], [(p.items[0][0], p.status, p.final) for p in ends], \
-                [sequence for sequence, _ in late_page.items], reads
+            return (
+                pushed,
+                [from_b],
+                [(p.items[0][0], p.status, p.final) for p in ends],
+                [sequence for sequence, _ in late_page.items],
+                reads,
+            )
 
     pushed, from_b, ends, late, reads = async_to_sync(scenario)()
     assert pushed == [[3, 4]]  # to `a` only

@@ -35,14 +35,38 @@ V1 = "/api/v1"
 # --- what is thrown ---------------------------------------------------------------------------
 
 numbers = st.one_of(
-    st.integers(), st.integers(min_value=2**53 - 2, max_value=2**70), st.integers(min_value=-(2**70), max_value=-(2**53)),
-    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([0, -0.0, 1e308, 5e-324, 2**63, -(2**63) - 1]))
+    st.integers(),
+    st.integers(min_value=2**53 - 2, max_value=2**70),
+    st.integers(min_value=-(2**70), max_value=-(2**53)),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0, -0.0, 1e308, 5e-324, 2**63, -(2**63) - 1]),
+)
 texts = st.one_of(
-    st.text(max_size=40), st.sampled_from(["", "\x00", "a\x00b", "\ud800", "\udfff", "\U0001f600", "=cmd|' /C calc'!A0",
-                                           "run_fuzz\n", "../../etc/passwd", " ", "null", "-1", "9" * 400]))
+    st.text(max_size=40),
+    st.sampled_from(
+        [
+            "",
+            "\x00",
+            "a\x00b",
+            "\ud800",
+            "\udfff",
+            "\U0001f600",
+            "=cmd|' /C calc'!A0",
+            "run_fuzz\n",
+            "../../etc/passwd",
+            " ",
+            "null",
+            "-1",
+            "9" * 400,
+        ]
+    ),
+)
 leaves = st.one_of(st.none(), st.booleans(), numbers, texts)
-json_values = st.recursive(leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)), max_leaves=20)
+json_values = st.recursive(
+    leaves,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)),
+    max_leaves=20,
+)
 
 RAW = [
     b'{"events": [{"type": "StepScheduled", "payload": {"stepPath": NaN}}]}',
@@ -84,6 +108,7 @@ def mutations(template: dict[str, Any]) -> st.SearchStrategy[Any]:
         elif isinstance(value, list):
             for i, v in enumerate(value):
                 walk(v, (*path, i))
+
     walk(template, ())
 
     def replace(value: Any, path: tuple[Any, ...], new: Any) -> Any:
@@ -113,6 +138,7 @@ def mutations(template: dict[str, Any]) -> st.SearchStrategy[Any]:
 def bodies(template: dict[str, Any]) -> st.SearchStrategy[bytes]:
     def encode(value: Any) -> bytes:
         return json.dumps(value, allow_nan=True).encode()  # NaN/Infinity literals when a float is one
+
     return st.one_of(
         st.builds(encode, mutations(template)),
         st.builds(encode, json_values),
@@ -122,12 +148,17 @@ def bodies(template: dict[str, Any]) -> st.SearchStrategy[bytes]:
 
 # --- the log's invariants -----------------------------------------------------------------------
 
+
 def log_state() -> tuple[int, dict[str, tuple[int, int, int]]]:
     """Total events, and per run (count, max sequence, run row's last_sequence)."""
-    per_run = {row["run__run_id"]: (row["n"], row["top"]) for row in
-               Event.objects.values("run__run_id").annotate(n=Count("id"), top=Max("sequence"))}
-    runs = {r.run_id: (per_run.get(r.run_id, (0, 0))[0], per_run.get(r.run_id, (0, 0))[1], r.last_sequence)
-            for r in Run.objects.all()}
+    per_run = {
+        row["run__run_id"]: (row["n"], row["top"])
+        for row in Event.objects.values("run__run_id").annotate(n=Count("id"), top=Max("sequence"))
+    }
+    runs = {
+        r.run_id: (per_run.get(r.run_id, (0, 0))[0], per_run.get(r.run_id, (0, 0))[1], r.last_sequence)
+        for r in Run.objects.all()
+    }
     return sum(n for n, _, _ in runs.values()), runs
 
 
@@ -136,13 +167,17 @@ def check_answer(response: httpx.Response, before: tuple[int, dict[str, Any]], b
     assert status < 500, f"{status} for {body[:300]!r}: {response.text[:500]}"
     after = log_state()
     for run_id, (count, top, last) in after[1].items():
-        assert count == top == last, f"run {run_id} is not dense after {body[:300]!r}: {count} events, max {top}, row {last}"
+        assert count == top == last, (
+            f"run {run_id} is not dense after {body[:300]!r}: {count} events, max {top}, row {last}"
+        )
     if status >= 400:
         error = response.json()["error"]
         assert isinstance(error["code"], str) and error["code"], response.text
         assert isinstance(error["message"], str) and error["message"], response.text
         assert isinstance(error["details"], dict), response.text
-        assert after[0] == before[0], f"a refused request ({status} {error['code']}) wrote {after[0] - before[0]} event(s)"
+        assert after[0] == before[0], (
+            f"a refused request ({status} {error['code']}) wrote {after[0] - before[0]} event(s)"
+        )
     elif response.request.url.path.endswith("/events"):
         acknowledged = [e for e in response.json()["events"] if not e["replayed"]]
         assert after[0] - before[0] == len(acknowledged), "the log holds other than what was acknowledged"
@@ -152,8 +187,11 @@ def check_answer(response: httpx.Response, before: tuple[int, dict[str, Any]], b
 def post(live_server: Any, workspace: Workspace, append: Callable[..., Any], admin: Any) -> Any:
     append(RUN, started(), ev("StepScheduled", stepPath="s"))
     _, key = create_key(workspace=workspace, scopes=["ingest", "read", "execute"])
-    client = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {key}",
-                                                             "Content-Type": "application/json"}, timeout=120)
+    client = httpx.Client(
+        base_url=live_server.url,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        timeout=120,
+    )
 
     statuses: list[int] = []
 
@@ -162,18 +200,28 @@ def post(live_server: Any, workspace: Workspace, append: Callable[..., Any], adm
         response = client.post(path, content=body)
         statuses.append(response.status_code)
         check_answer(response, before, body)
+
     yield send
     client.close()
-    print(f"fuzz: {len(statuses)} requests, {sum(s < 300 for s in statuses)} written, "
-          f"{sum(400 <= s < 500 for s in statuses)} refused")
+    print(
+        f"fuzz: {len(statuses)} requests, {sum(s < 300 for s in statuses)} written, "
+        f"{sum(400 <= s < 500 for s in statuses)} refused"
+    )
     assert any(400 <= s < 500 for s in statuses)
 
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 APPEND = {"events": [{"type": "StepScheduled", "payload": {"stepPath": "fuzz"}}]}
-CLAIM = {"callId": "c1", "toolName": "lookup", "args": {"q": 1}, "idempotencyKey": "i1", "effect": "write",
-         "timeoutS": 30, "owner": "fuzzer"}
+CLAIM = {
+    "callId": "c1",
+    "toolName": "lookup",
+    "args": {"q": 1},
+    "idempotencyKey": "i1",
+    "effect": "write",
+    "timeoutS": 30,
+    "owner": "fuzzer",
+}
 FEEDBACK = {"rating": 4, "category": "accuracy", "comment": "fine"}
 REEXECUTE = {"mode": "simulate", "fromStep": "s", "input": {"a": 1}, "modelOverrides": {}, "reason": "fuzz"}
 BATCH = {"runIds": [RUN], "reason": "fuzz", "modelOverrides": {}}
@@ -229,9 +277,16 @@ def test_reexecution_requests(post: Any) -> None:
     _reexecute(post)
 
 
-ENDPOINTS = [f"{V1}/runs/{RUN}/events", f"{V1}/runs/run_fuzz_new/events", f"{V1}/runs/{RUN}/tool-calls",
-             f"{V1}/runs/{RUN}/tool-calls/c1/outbound", f"{V1}/runs/{RUN}/tool-calls/c1/complete",
-             f"{V1}/runs/{RUN}/feedback", f"{V1}/runs/{RUN}/reexecutions", f"{V1}/reexecutions/batches"]
+ENDPOINTS = [
+    f"{V1}/runs/{RUN}/events",
+    f"{V1}/runs/run_fuzz_new/events",
+    f"{V1}/runs/{RUN}/tool-calls",
+    f"{V1}/runs/{RUN}/tool-calls/c1/outbound",
+    f"{V1}/runs/{RUN}/tool-calls/c1/complete",
+    f"{V1}/runs/{RUN}/feedback",
+    f"{V1}/runs/{RUN}/reexecutions",
+    f"{V1}/reexecutions/batches",
+]
 
 
 def test_every_raw_body_at_every_endpoint(post: Any) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection, transaction
-from django.contrib.auth.models import User
 
 from ledger.log.artifacts import get_by_ref
 from ledger.models import Event, Run, ToolCall, ToolGatewayClaim, Workspace
@@ -69,8 +69,15 @@ def viewer_session(live_server: Any, viewer: User) -> Iterator[httpx.Client]:
 
 
 def claim_body(**overrides: Any) -> dict[str, Any]:
-    return {"callId": "call_1", "toolName": "search", "args": {"q": "runledger"}, "idempotencyKey": "k1",
-            "effect": "write", "owner": "worker-1", **overrides}
+    return {
+        "callId": "call_1",
+        "toolName": "search",
+        "args": {"q": "runledger"},
+        "idempotencyKey": "k1",
+        "effect": "write",
+        "owner": "worker-1",
+        **overrides,
+    }
 
 
 def _claim(api: httpx.Client, **overrides: Any) -> httpx.Response:
@@ -125,9 +132,17 @@ def test_a_new_call_is_claimed_with_a_lease_and_a_started_event(api: httpx.Clien
     assert body["leaseToken"]
     assert datetime.fromisoformat(body["leaseExpiresAt"]) == clock.moment + timedelta(seconds=60)
     [event] = _events()
-    assert event == {"type": "harness.tool_call.started", "callId": "call_1", "caller": "gateway",
-                     "toolName": "search", "args": {"q": "runledger"}, "effect": "write", "attempt": 1,
-                     "owner": "worker-1", "idempotencyKey": "k1"}
+    assert event == {
+        "type": "harness.tool_call.started",
+        "callId": "call_1",
+        "caller": "gateway",
+        "toolName": "search",
+        "args": {"q": "runledger"},
+        "effect": "write",
+        "attempt": 1,
+        "owner": "worker-1",
+        "idempotencyKey": "k1",
+    }
 
 
 def test_the_lease_widens_to_the_tool_timeout_plus_ten_seconds(api: httpx.Client, run: str, clock: FakeClock) -> None:
@@ -148,9 +163,15 @@ def test_same_key_and_args_after_completion_replays_the_result_and_appends_nothi
     for call_id in ("call_1", "call_1_retry"):
         replay = _claim(api, callId=call_id, owner="worker-9")
         assert replay.status_code == 200, replay.text
-        assert replay.json() == {"status": "succeeded", "callId": "call_1", "attempt": 1, "result": {"hits": 3},
-                                 "durationMs": replay.json()["durationMs"], "reconciled": False,
-                                 "idempotentReplay": True}
+        assert replay.json() == {
+            "status": "succeeded",
+            "callId": "call_1",
+            "attempt": 1,
+            "result": {"hits": 3},
+            "durationMs": replay.json()["durationMs"],
+            "reconciled": False,
+            "idempotentReplay": True,
+        }
     assert _event_count() == events_before
     assert ToolGatewayClaim.objects.count() == 1
 
@@ -217,7 +238,8 @@ def test_two_racing_claimers_of_one_call_get_one_lease(api: httpx.Client, run: s
 
 
 def test_an_expired_lease_without_outbound_is_claimed_again_as_attempt_2(
-        api: httpx.Client, run: str, clock: FakeClock) -> None:
+    api: httpx.Client, run: str, clock: FakeClock
+) -> None:
     first = _claimed(api)
     clock.advance(61)
     second = _claimed(api, owner="worker-2")
@@ -233,7 +255,8 @@ def test_an_expired_lease_without_outbound_is_claimed_again_as_attempt_2(
 
 
 def test_an_expired_lease_after_outbound_is_in_doubt_and_never_retried(
-        api: httpx.Client, run: str, clock: FakeClock) -> None:
+    api: httpx.Client, run: str, clock: FakeClock
+) -> None:
     lease = _claimed(api)
     assert _post(api, "call_1", "outbound", {"leaseToken": lease["leaseToken"]}).json()["outboundAt"]
     clock.advance(61)
@@ -279,7 +302,8 @@ def test_the_holder_repeating_its_complete_gets_the_same_answer(api: httpx.Clien
 
 
 def test_an_operator_session_reconciles_a_call_in_doubt(
-        api: httpx.Client, operator_session: httpx.Client, viewer_session: httpx.Client, run: str, clock: FakeClock) -> None:
+    api: httpx.Client, operator_session: httpx.Client, viewer_session: httpx.Client, run: str, clock: FakeClock
+) -> None:
     call_id = _in_doubt(api, clock)
     body = {"outcome": "succeeded", "result": {"charged": True}, "note": "the provider's dashboard shows the charge"}
 
@@ -292,8 +316,15 @@ def test_an_operator_session_reconciles_a_call_in_doubt(
     assert done.status_code == 200, done.text
     assert done.json()["status"] == "succeeded" and done.json()["reconciled"] is True
     reconciled = _events()[-1]
-    assert reconciled == {"type": "harness.tool_call.reconciled", "callId": call_id, "outcome": "succeeded",
-                          "result": {"charged": True}, "note": body["note"], "by": "carol", "attempt": 1}
+    assert reconciled == {
+        "type": "harness.tool_call.reconciled",
+        "callId": call_id,
+        "outcome": "succeeded",
+        "result": {"charged": True},
+        "note": body["note"],
+        "by": "carol",
+        "attempt": 1,
+    }
 
     again = _post(operator_session, call_id, "reconcile", body)
     assert again.status_code == 409 and _error_code(again) == "tool_call_not_in_doubt"
@@ -306,10 +337,15 @@ def test_an_operator_session_reconciles_a_call_in_doubt(
 
 
 def test_reconcile_as_failed_records_the_error(
-        api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock) -> None:
+    api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock
+) -> None:
     call_id = _in_doubt(api, clock)
-    done = _post(operator_session, call_id, "reconcile", {"outcome": "failed", "error": {"message": "never arrived"},
-                                                  "note": "no trace on the provider side"})
+    done = _post(
+        operator_session,
+        call_id,
+        "reconcile",
+        {"outcome": "failed", "error": {"message": "never arrived"}, "note": "no trace on the provider side"},
+    )
     assert done.status_code == 200 and done.json()["error"] == {"message": "never arrived"}
     replay = _claim(api)
     assert replay.status_code == 200 and replay.json()["status"] == "failed"
@@ -326,7 +362,8 @@ def test_reconcile_works_only_from_in_doubt(api: httpx.Client, operator_session:
 
 
 def test_a_lease_that_ran_out_after_outbound_can_be_reconciled_directly(
-        api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock) -> None:
+    api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock
+) -> None:
     lease = _claimed(api)
     _post(api, "call_1", "outbound", {"leaseToken": lease["leaseToken"]})
     clock.advance(61)
@@ -349,7 +386,8 @@ def _complete_large(api: httpx.Client, call_id: str, key: str, text: str) -> str
 
 
 def test_a_large_result_is_kept_as_an_artifact_and_served_back_on_replay(
-        api: httpx.Client, workspace: Workspace, run: str) -> None:
+    api: httpx.Client, workspace: Workspace, run: str
+) -> None:
     text = "x" * 9000
     ref = _complete_large(api, "call_big", "big", text)
     assert get_by_ref(workspace, ref).size > 8192
@@ -381,7 +419,8 @@ def test_a_result_artifact_of_another_call_is_not_served(api: httpx.Client, run:
 
 
 def test_the_gateway_events_are_in_the_log_and_verify_passes(
-        api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock) -> None:
+    api: httpx.Client, operator_session: httpx.Client, run: str, clock: FakeClock
+) -> None:
     lease = _claimed(api, callId="call_ok", idempotencyKey="ok", turn=1)
     _post(api, "call_ok", "complete", {"leaseToken": lease["leaseToken"], "result": [1, 2]})
     _claimed(api, callId="call_retry", idempotencyKey="retry")
@@ -397,13 +436,17 @@ def test_the_gateway_events_are_in_the_log_and_verify_passes(
     assert sequences == list(range(1, len(sequences) + 1))
     assert Run.objects.get(run_id=RUN).last_sequence == len(sequences)
     projected = {c.call_id: (c.status, c.reconciled) for c in ToolCall.objects.filter(run__run_id=RUN)}
-    assert projected == {"call_ok": ("succeeded", False), "call_retry": ("failed", False),
-                         "call_doubt": ("failed", True)}
+    assert projected == {
+        "call_ok": ("succeeded", False),
+        "call_retry": ("failed", False),
+        "call_doubt": ("failed", True),
+    }
     _verify_passes()
 
 
-def test_a_finished_run_still_replays_but_refuses_new_calls(api: httpx.Client, append: Callable[..., Any],
-                                                             run: str) -> None:
+def test_a_finished_run_still_replays_but_refuses_new_calls(
+    api: httpx.Client, append: Callable[..., Any], run: str
+) -> None:
     lease = _claimed(api)
     _post(api, "call_1", "complete", {"leaseToken": lease["leaseToken"], "result": "ok"})
     append(RUN, {"type": "RunCompleted", "payload": {}})
@@ -428,8 +471,12 @@ def test_the_list_pages_with_a_cursor_and_never_shows_lease_tokens(api: httpx.Cl
 
 
 def test_bad_input_is_a_400_envelope(api: httpx.Client, run: str) -> None:
-    for body in ({**claim_body(), "effect": "delete"}, {**claim_body(), "callId": "a/b"},
-                 {k: v for k, v in claim_body().items() if k != "owner"}, {**claim_body(), "timeoutS": -1}):
+    for body in (
+        {**claim_body(), "effect": "delete"},
+        {**claim_body(), "callId": "a/b"},
+        {k: v for k, v in claim_body().items() if k != "owner"},
+        {**claim_body(), "timeoutS": -1},
+    ):
         response = api.post(BASE, json=body)
         assert response.status_code == 400 and _error_code(response) == "invalid_request", body
     lease = _claimed(api)
@@ -454,8 +501,8 @@ def test_credentials_and_scopes_are_checked(live_server: Any, workspace: Workspa
 
 
 def test_another_tenant_gets_404_on_every_route(
-        api: httpx.Client, foreign_api: httpx.Client, live_server: Any, outsider: User,
-        run: str, clock: FakeClock) -> None:
+    api: httpx.Client, foreign_api: httpx.Client, live_server: Any, outsider: User, run: str, clock: FakeClock
+) -> None:
     call_id = _in_doubt(api, clock)
     lease = _claimed(api, callId="call_live", idempotencyKey="live")
     probes = [
@@ -476,7 +523,8 @@ def test_another_tenant_gets_404_on_every_route(
 
 
 def test_settling_expired_claims_writes_calls_in_doubt_once_and_leaves_live_ones(
-        api: httpx.Client, run: str, clock: FakeClock, workspace: Workspace) -> None:
+    api: httpx.Client, run: str, clock: FakeClock, workspace: Workspace
+) -> None:
     from ledger.replay.gateway import settle_expired_claims
 
     out = _claimed(api)
@@ -494,10 +542,21 @@ def test_settling_expired_claims_writes_calls_in_doubt_once_and_leaves_live_ones
 
 # --- runtime_batch: the runtime's one-commit form (service level, no HTTP) ---------------------
 
+
 def _claim_kwargs(call_id: str, **extra: Any) -> dict[str, Any]:
-    return {"call_id": call_id, "tool_name": "lookup", "args": {"q": call_id}, "effect": "read", "owner": "rt",
-            "idempotency_key": f"k-{call_id}", "timeout_s": None, "caller": "model", "turn": 1,
-            "step_path": "agent", **extra}
+    return {
+        "call_id": call_id,
+        "tool_name": "lookup",
+        "args": {"q": call_id},
+        "effect": "read",
+        "owner": "rt",
+        "idempotency_key": f"k-{call_id}",
+        "timeout_s": None,
+        "caller": "model",
+        "turn": 1,
+        "step_path": "agent",
+        **extra,
+    }
 
 
 def _log(workspace: Workspace, run_id: str = RUN) -> list[Event]:
@@ -507,7 +566,8 @@ def _log(workspace: Workspace, run_id: str = RUN) -> list[Event]:
 # `held` (the claim the caller got) lets the completion skip reading the row: both ways answer alike.
 @pytest.mark.parametrize("held", [True, False], ids=["held", "read"])
 def test_runtime_batch_commits_an_outcome_events_and_an_outbound_claim_in_one_append(
-        workspace: Workspace, run: str, clock: FakeClock, held: bool) -> None:
+    workspace: Workspace, run: str, clock: FakeClock, held: bool
+) -> None:
     from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
@@ -517,11 +577,19 @@ def test_runtime_batch_commits_an_outcome_events_and_an_outbound_claim_in_one_ap
     clock.advance(2)
 
     done = gateway.runtime_batch(
-        workspace=workspace, run_id=run,
-        complete={"call_id": "c1", "lease_token": first.claimed.lease_token, "outcome": "result",
-                  "value": gateway.prepare_outcome(workspace, "result", {"n": 1}), "step_path": "agent",
-                  **({"held": first.claimed} if held else {})},
-        events=[{"type": "custom.note", "payload": {"between": True}}], claim=_claim_kwargs("c2"))
+        workspace=workspace,
+        run_id=run,
+        complete={
+            "call_id": "c1",
+            "lease_token": first.claimed.lease_token,
+            "outcome": "result",
+            "value": gateway.prepare_outcome(workspace, "result", {"n": 1}),
+            "step_path": "agent",
+            **({"held": first.claimed} if held else {}),
+        },
+        events=[{"type": "custom.note", "payload": {"between": True}}],
+        claim=_claim_kwargs("c2"),
+    )
 
     assert done.completed is not None and done.completed.status == "succeeded" and done.completed.duration_ms == 2000
     row = ToolGatewayClaim.objects.get(call_id="c1")
@@ -543,7 +611,8 @@ def _xmin(sql: str, *params: Any) -> str:
 
 
 def test_runtime_batch_writes_a_claim_or_a_completion_with_its_events_in_one_round_trip(
-        workspace: Workspace, run: str, clock: FakeClock) -> None:
+    workspace: Workspace, run: str, clock: FakeClock
+) -> None:
     """PostgreSQL: the control row rides in the append's statement (no BEGIN, no head lock, no
     separate row statement, no COMMIT of its own): one round trip once the statement's shape is
     prepared (the first call of a shape on a connection adds the Parse's), and the row and its
@@ -552,19 +621,32 @@ def test_runtime_batch_writes_a_claim_or_a_completion_with_its_events_in_one_rou
 
     def claim_and_complete(call_id: str) -> tuple[gateway.Batch, gateway.Batch, list[int], list[int]]:
         with round_trips() as claim_trips:
-            claimed = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs(call_id),
-                                            events=[{"type": "custom.note", "payload": {"before": call_id}}])
+            claimed = gateway.runtime_batch(
+                workspace=workspace,
+                run_id=run,
+                claim=_claim_kwargs(call_id),
+                events=[{"type": "custom.note", "payload": {"before": call_id}}],
+            )
         assert isinstance(claimed.claimed, gateway.Claimed)
         if connection.vendor == "postgresql":  # the row and the started event: one transaction
             assert _xmin(f"SELECT xmin FROM ledger_toolgatewayclaim WHERE call_id = '{call_id}'") == _xmin(
-                "SELECT xmin FROM ledger_event WHERE sequence = %s", claimed.last_sequence)
+                "SELECT xmin FROM ledger_event WHERE sequence = %s", claimed.last_sequence
+            )
         clock.advance(1)
         with round_trips() as complete_trips:
             done = gateway.runtime_batch(
-                workspace=workspace, run_id=run, events=[{"type": "custom.note", "payload": {"after": call_id}}],
-                complete={"call_id": call_id, "lease_token": claimed.claimed.lease_token, "held": claimed.claimed,
-                          "outcome": "result", "value": gateway.prepare_outcome(workspace, "result", {"n": 1}),
-                          "step_path": "agent"})
+                workspace=workspace,
+                run_id=run,
+                events=[{"type": "custom.note", "payload": {"after": call_id}}],
+                complete={
+                    "call_id": call_id,
+                    "lease_token": claimed.claimed.lease_token,
+                    "held": claimed.claimed,
+                    "outcome": "result",
+                    "value": gateway.prepare_outcome(workspace, "result", {"n": 1}),
+                    "step_path": "agent",
+                },
+            )
         return claimed, done, claim_trips, complete_trips
 
     claim_and_complete("c0")  # prepares the two shapes on this connection
@@ -572,12 +654,20 @@ def test_runtime_batch_writes_a_claim_or_a_completion_with_its_events_in_one_rou
 
     assert first.last_sequence == 7 and done.last_sequence == 9
     assert done.completed is not None and done.completed.duration_ms == 1000
-    assert [e.type for e in _log(workspace)][5:] == ["custom.note", "harness.tool_call.started",
-                                                     "harness.tool_call.succeeded", "custom.note"]
+    assert [e.type for e in _log(workspace)][5:] == [
+        "custom.note",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+        "custom.note",
+    ]
     assert isinstance(first.claimed, gateway.Claimed)
     row = ToolGatewayClaim.objects.get(call_id="c1")
     assert (row.status, row.result, row.outbound_at, row.lease_token) == (
-        "succeeded", {"n": 1}, first.claimed.outbound_at, first.claimed.lease_token)
+        "succeeded",
+        {"n": 1},
+        first.claimed.outbound_at,
+        first.claimed.lease_token,
+    )
     _verify_passes()
     if connection.vendor == "postgresql":
         assert (claim_trips, complete_trips) == ([1], [1])
@@ -587,23 +677,39 @@ def test_runtime_batch_writes_a_claim_or_a_completion_with_its_events_in_one_rou
 
 
 def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
-        workspace: Workspace, run: str, append: Callable[..., Any], clock: FakeClock) -> None:
+    workspace: Workspace, run: str, append: Callable[..., Any], clock: FakeClock
+) -> None:
     """The all-or-nothing of `append(..., attached=...)` against a race its conditions did not see: a
     completion that finds no row once the head is taken, a claim whose row appeared meanwhile
     (the unique constraint). Nothing is written, the answer is None (the caller's locked way
     decides), and the run takes the next append as if nothing happened, inside a caller's
     transaction too. (On SQLite the attached append always answers None: the locked way does it all.)"""
-    from ledger.replay import gateway
-    from ledger.log import statements
     from ledger import log
+    from ledger.log import statements
+    from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     assert isinstance(first.claimed, gateway.Claimed)
-    gone = statements.Attached(name="done", condition="TRUE", params={},
-                             sql="UPDATE ledger_toolgatewayclaim SET updated_at = updated_at WHERE false RETURNING 1")
-    row, _ = gateway._new_claim(clock.now(), {
-        "call_id": "c1", "tool_name": "lookup", "args": {}, "args_digest": "sha256:x", "effect": "read",
-        "owner": "rt", "idempotency_key": "k-other", "timeout_s": None}, outbound=True)
+    gone = statements.Attached(
+        name="done",
+        condition="TRUE",
+        params={},
+        sql="UPDATE ledger_toolgatewayclaim SET updated_at = updated_at WHERE false RETURNING 1",
+    )
+    row, _ = gateway._new_claim(
+        clock.now(),
+        {
+            "call_id": "c1",
+            "tool_name": "lookup",
+            "args": {},
+            "args_digest": "sha256:x",
+            "effect": "read",
+            "owner": "rt",
+            "idempotency_key": "k-other",
+            "timeout_s": None,
+        },
+        outbound=True,
+    )
     taken = dataclasses.replace(gateway._attached_claim(row), condition="TRUE")  # blind to the row there
     note = [{"type": "custom.note", "payload": {}}]
     trips: list[list[int]] = []
@@ -620,8 +726,13 @@ def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
     with transaction.atomic():  # the failed statement rolls back to its savepoint, not the caller's transaction
         missed(gone)
         assert append(run, {"type": "custom.inside", "payload": {}}).last_sequence == 5
-    assert [e.type for e in _log(workspace)] == ["RunStarted", "harness.tool_call.started", "custom.a", "custom.b",
-                                                 "custom.inside"]
+    assert [e.type for e in _log(workspace)] == [
+        "RunStarted",
+        "harness.tool_call.started",
+        "custom.a",
+        "custom.b",
+        "custom.inside",
+    ]
     assert Run.objects.get(run_id=run).last_sequence == 5
     assert list(ToolGatewayClaim.objects.values_list("call_id", "idempotency_key")) == [("c1", "k-c1")]
     assert append(run, {"type": "custom.after", "payload": {}}).last_sequence == 6
@@ -631,15 +742,25 @@ def test_an_attached_row_change_that_misses_takes_the_events_back_with_it(
 
 
 def test_runtime_batch_keeps_a_large_outcome_of_a_held_call_as_an_artifact_and_serves_it_back(
-        workspace: Workspace, run: str) -> None:
+    workspace: Workspace, run: str
+) -> None:
     from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     assert isinstance(first.claimed, gateway.Claimed)
     big = {"text": "x" * 9000}
-    gateway.runtime_batch(workspace=workspace, run_id=run, complete={
-        "call_id": "c1", "lease_token": first.claimed.lease_token, "held": first.claimed, "outcome": "result",
-        "value": gateway.prepare_outcome(workspace, "result", big), "step_path": "agent"})
+    gateway.runtime_batch(
+        workspace=workspace,
+        run_id=run,
+        complete={
+            "call_id": "c1",
+            "lease_token": first.claimed.lease_token,
+            "held": first.claimed,
+            "outcome": "result",
+            "value": gateway.prepare_outcome(workspace, "result", big),
+            "step_path": "agent",
+        },
+    )
 
     row = ToolGatewayClaim.objects.get(call_id="c1")
     assert row.status == "succeeded" and row.result is None and row.outcome_ref.startswith("artifact://")
@@ -655,9 +776,12 @@ def test_runtime_batch_refused_completion_writes_nothing_after_it(workspace: Wor
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     with pytest.raises(gateway.LeaseLost):
         gateway.runtime_batch(
-            workspace=workspace, run_id=run,
+            workspace=workspace,
+            run_id=run,
             complete={"call_id": "c1", "lease_token": "not-the-token", "outcome": "result", "value": 1},
-            events=[{"type": "custom.note", "payload": {}}], claim=_claim_kwargs("c2"))
+            events=[{"type": "custom.note", "payload": {}}],
+            claim=_claim_kwargs("c2"),
+        )
     assert [e.type for e in _log(workspace)] == ["RunStarted", "harness.tool_call.started"]
     assert not ToolGatewayClaim.objects.filter(call_id="c2").exists()
     assert first.claimed is not None and ToolGatewayClaim.objects.get(call_id="c1").status == "claimed"
@@ -665,35 +789,45 @@ def test_runtime_batch_refused_completion_writes_nothing_after_it(workspace: Wor
 
 @pytest.mark.parametrize("held", [True, False], ids=["held", "read"])
 def test_runtime_batch_commits_the_in_doubt_fact_of_an_expired_outbound_call_then_refuses(
-        workspace: Workspace, run: str, clock: FakeClock, held: bool) -> None:
+    workspace: Workspace, run: str, clock: FakeClock, held: bool
+) -> None:
     from ledger.replay import gateway
 
     first = gateway.runtime_batch(workspace=workspace, run_id=run, claim=_claim_kwargs("c1"))
     clock.advance(gateway.DEFAULT_LEASE_S + 1)
     with pytest.raises(gateway.LeaseLost):
         gateway.runtime_batch(
-            workspace=workspace, run_id=run,
-            complete={"call_id": "c1", "lease_token": first.claimed.lease_token, "outcome": "result", "value": 1,
-                      **({"held": first.claimed} if held else {})},
-            events=[{"type": "custom.note", "payload": {}}])
+            workspace=workspace,
+            run_id=run,
+            complete={
+                "call_id": "c1",
+                "lease_token": first.claimed.lease_token,
+                "outcome": "result",
+                "value": 1,
+                **({"held": first.claimed} if held else {}),
+            },
+            events=[{"type": "custom.note", "payload": {}}],
+        )
     assert [e.type for e in _log(workspace)][-1] == "harness.tool_call.in_doubt"
     assert ToolGatewayClaim.objects.get(call_id="c1").status == "in_doubt"
 
 
 def test_runtime_batch_under_a_stale_fencing_token_writes_nothing(workspace: Workspace, run: str) -> None:
-    from ledger.replay import gateway
     from ledger.errors import Fenced
     from ledger.log.leases import acquire_run_lease
+    from ledger.replay import gateway
 
     lease = acquire_run_lease(workspace=workspace, run_id=run, owner="executor-a")
     stale = lease.fencing_token + 1
     with pytest.raises(Fenced):
         gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=stale, claim=_claim_kwargs("c1"))
     assert not ToolGatewayClaim.objects.filter(call_id="c1").exists()
-    held = gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=lease.fencing_token,
-                                 claim=_claim_kwargs("c1"))
-    replayed_claim = gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=lease.fencing_token,
-                                           claim=_claim_kwargs("c1"))  # the holder's own live claim: no event
+    held = gateway.runtime_batch(
+        workspace=workspace, run_id=run, fencing_token=lease.fencing_token, claim=_claim_kwargs("c1")
+    )
+    replayed_claim = gateway.runtime_batch(
+        workspace=workspace, run_id=run, fencing_token=lease.fencing_token, claim=_claim_kwargs("c1")
+    )  # the holder's own live claim: no event
     assert held.claimed == replayed_claim.claimed
     with pytest.raises(Fenced):  # even a write that appends nothing answers to the fence
         gateway.runtime_batch(workspace=workspace, run_id=run, fencing_token=stale, claim=_claim_kwargs("c1"))

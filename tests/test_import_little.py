@@ -8,19 +8,19 @@ import io
 import json
 import shutil
 import sqlite3
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from ledger.log import artifacts
-from ledger.log import append
 from ledger.canonical import canonical_bytes, digest, event_id
 from ledger.errors import RunFinished, RunNotStarted
 from ledger.fold import fold
-from ledger.models import Artifact, Event, Run, Workspace
+from ledger.log import append, artifacts
 from ledger.log.envelopes import log_of
+from ledger.models import Artifact, Event, Run, Workspace
 from tests.conftest import ev, started
 from tests.data.little import make_sample
 
@@ -58,8 +58,11 @@ def copy_of_sample(tmp_path: Path) -> Path:
 
 
 def nothing_written(workspace: Workspace) -> bool:
-    return not Run.objects.filter(workspace=workspace).exists() and not Event.objects.exists() \
+    return (
+        not Run.objects.filter(workspace=workspace).exists()
+        and not Event.objects.exists()
         and not Artifact.objects.filter(workspace=workspace).exists()
+    )
 
 
 # --- the sample itself ----------------------------------------------------------------------------
@@ -79,8 +82,13 @@ def test_every_id_of_the_sample_recomputes() -> None:
         for number, line in enumerate(sample_lines(run_id), start=1):
             env = json.loads(line)
             assert (env["runId"], env["sequence"]) == (run_id, number)
-            assert env["eventId"] == event_id(run_id=run_id, sequence=number, type=env["type"],
-                                              payload=env["payload"], occurrence_id=env.get("occurrenceId"))
+            assert env["eventId"] == event_id(
+                run_id=run_id,
+                sequence=number,
+                type=env["type"],
+                payload=env["payload"],
+                occurrence_id=env.get("occurrenceId"),
+            )
     manifest = json.loads((SAMPLE / "artifacts" / f"{ARTIFACT}.json").read_text())
     blob = (SAMPLE / "artifacts" / "blobs" / f"{ARTIFACT}.bin").read_bytes()
     assert manifest["sha256"] == "sha256:" + hashlib.sha256(blob).hexdigest() and manifest["sizeBytes"] == len(blob)
@@ -94,12 +102,16 @@ def test_the_sample_agrees_with_the_shared_vectors() -> None:
     assert [{k: e[k] for k in ("runId", "sequence", "type", "payload", "eventId")} for e in run_order] == vectors
     # V7: the artifact's blob, payload hash and id, as little-workflow.md §1 gives them.
     assert (SAMPLE / "artifacts" / "blobs" / f"{ARTIFACT}.bin").read_bytes() == b'{"name":"Ada","score":98}'
-    assert json.loads((SAMPLE / "artifacts" / f"{ARTIFACT}.json").read_text())["sha256"] == \
-        "sha256:1cd1590cb40a7b43c8f59537eca4911ef1415eecb53bc7d0f97bed1965748e17"
+    assert (
+        json.loads((SAMPLE / "artifacts" / f"{ARTIFACT}.json").read_text())["sha256"]
+        == "sha256:1cd1590cb40a7b43c8f59537eca4911ef1415eecb53bc7d0f97bed1965748e17"
+    )
     # V5 (the vectors' run_a event): the id function the sample's occurrenceId events go through.
     v5 = next(v for v in VECTORS["events"] if v["runId"] == "run_a")
-    assert event_id(run_id="run_a", sequence=1, type=v5["type"], payload=v5["payload"],
-                    occurrence_id=v5["occurrenceId"]) == v5["eventId"]
+    assert (
+        event_id(run_id="run_a", sequence=1, type=v5["type"], payload=v5["payload"], occurrence_id=v5["occurrenceId"])
+        == v5["eventId"]
+    )
 
 
 # --- importing it ---------------------------------------------------------------------------------
@@ -172,8 +184,10 @@ TOTAL  10000       0    0.0%  2000      1    0.001960
 """
 
 
-@pytest.mark.parametrize(("run_id", "table"), [("run_7f3a", RUN_7F3A_TABLE), ("run_artifacts", RUN_ARTIFACTS_TABLE),
-                                               ("run_cycle_2", RUN_CYCLE_2_TABLE)])
+@pytest.mark.parametrize(
+    ("run_id", "table"),
+    [("run_7f3a", RUN_7F3A_TABLE), ("run_artifacts", RUN_ARTIFACTS_TABLE), ("run_cycle_2", RUN_CYCLE_2_TABLE)],
+)
 def test_report_prints_little_workflows_table(workspace: Workspace, run_id: str, table: str) -> None:
     import_little(SAMPLE)
     code, out, _ = ledger("report", run_id, "--table")
@@ -182,8 +196,10 @@ def test_report_prints_little_workflows_table(workspace: Workspace, run_id: str,
 
 def test_outer_loop_cycles_come_in_with_their_runs(workspace: Workspace) -> None:
     _, out, _ = import_little(SAMPLE)
-    assert ("outer loop ol_sample: 2 of at most 3 cycle(s) (run_cycle_1, run_cycle_2), done; "
-            'goal: "Summarize until the supervisor is satisfied"') in out
+    assert (
+        "outer loop ol_sample: 2 of at most 3 cycle(s) (run_cycle_1, run_cycle_2), done; "
+        'goal: "Summarize until the supervisor is satisfied"'
+    ) in out
     for number in (1, 2):
         run = Run.objects.get(workspace=workspace, run_id=f"run_cycle_{number}")
         state = fold(log_of(run), run_id=run.run_id)
@@ -221,15 +237,26 @@ def test_the_store_events_db_imports_like_the_jsonl_logs(workspace: Workspace, t
     target = tmp_path / "little"
     shutil.copytree(SAMPLE, target, ignore=shutil.ignore_patterns("*.jsonl"))
     con = sqlite3.connect(target / "events" / "events.db")
-    con.execute("CREATE TABLE events (run_id TEXT NOT NULL, sequence INTEGER NOT NULL, event_id TEXT NOT NULL, "
-                "type TEXT NOT NULL, occurrence_id TEXT NULL, recorded_at TEXT NOT NULL, payload TEXT NOT NULL, "
-                "PRIMARY KEY (run_id, sequence))")
+    con.execute(
+        "CREATE TABLE events (run_id TEXT NOT NULL, sequence INTEGER NOT NULL, event_id TEXT NOT NULL, "
+        "type TEXT NOT NULL, occurrence_id TEXT NULL, recorded_at TEXT NOT NULL, payload TEXT NOT NULL, "
+        "PRIMARY KEY (run_id, sequence))"
+    )
     for run_id in RUNS:
         for line in sample_lines(run_id):
             e = json.loads(line)
-            con.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (e["runId"], e["sequence"], e["eventId"], e["type"], e.get("occurrenceId"),
-                         e["recordedAt"], canonical_bytes(e["payload"]).decode()))
+            con.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    e["runId"],
+                    e["sequence"],
+                    e["eventId"],
+                    e["type"],
+                    e.get("occurrenceId"),
+                    e["recordedAt"],
+                    canonical_bytes(e["payload"]).decode(),
+                ),
+            )
     con.commit()
     con.close()
     code, out, err = import_little(target)
@@ -255,8 +282,10 @@ def test_a_tampered_event_is_refused_naming_the_first_bad_event(workspace: Works
 
     code, out, err = import_little(corrupt)
     assert code == 1 and out == ""
-    assert (f"events/run_7f3a.jsonl:4: run run_7f3a, sequence 4: eventId expected {recomputed} (recomputed from "
-            f"the event's content), found {tampered['eventId']}") in err
+    assert (
+        f"events/run_7f3a.jsonl:4: run run_7f3a, sequence 4: eventId expected {recomputed} (recomputed from "
+        f"the event's content), found {tampered['eventId']}"
+    ) in err
     assert "sequence 7" not in err and "nothing was imported: 1 problem(s)" in err
     assert nothing_written(workspace)
 
@@ -306,14 +335,18 @@ def test_artifacts_are_checked_against_their_manifests(workspace: Workspace, tmp
     eve = b'{"name":"Eve","score":98}'  # the same size, other bytes
     (bad / "artifacts" / "blobs" / f"{ARTIFACT}.bin").write_bytes(eve)
     err = problems_of(bad)
-    assert (f"artifacts/{ARTIFACT}.json:1: artifacts/blobs/{ARTIFACT}.bin hashes to "
-            f"sha256:{hashlib.sha256(eve).hexdigest()}, the manifest says sha256:1cd1590c") in err
+    assert (
+        f"artifacts/{ARTIFACT}.json:1: artifacts/blobs/{ARTIFACT}.bin hashes to "
+        f"sha256:{hashlib.sha256(eve).hexdigest()}, the manifest says sha256:1cd1590c"
+    ) in err
     # A manifest whose blob is gone leaves the events that reference it dangling: both are named.
     (bad / "artifacts" / "blobs" / f"{ARTIFACT}.bin").unlink()
     err = problems_of(bad)
     assert f"its bytes (artifacts/blobs/{ARTIFACT}.bin) are missing" in err
-    assert (f"events/run_artifacts.jsonl:5: run run_artifacts, sequence 5: references artifact://{ARTIFACT}, "
-            "which artifacts/ does not hold") in err
+    assert (
+        f"events/run_artifacts.jsonl:5: run run_artifacts, sequence 5: references artifact://{ARTIFACT}, "
+        "which artifacts/ does not hold"
+    ) in err
     assert nothing_written(workspace)
 
 
@@ -329,12 +362,16 @@ def test_outer_loop_manifests_must_agree_with_the_logs(workspace: Workspace, tmp
     bad = copy_of_sample(tmp_path)
     manifest = bad / "outer-loops" / "ol_sample.json"
     rewrite(manifest, lambda m: m.update(cycles=[]))
-    assert ("outer-loops/ol_sample.json:1: outer_loop_manifest_corrupt — existing outer loop 'ol_sample' has "
-            "result.kind='done' but cycles is empty.") in problems_of(bad)
+    assert (
+        "outer-loops/ol_sample.json:1: outer_loop_manifest_corrupt — existing outer loop 'ol_sample' has "
+        "result.kind='done' but cycles is empty."
+    ) in problems_of(bad)
     shutil.copy(SAMPLE / "outer-loops" / "ol_sample.json", manifest)
     (bad / "events" / "run_cycle_2.jsonl").unlink()
-    assert ("outer-loops/ol_sample.json:1: cycle 2's run run_cycle_2 is neither in events/ nor in the workspace"
-            in problems_of(bad))
+    assert (
+        "outer-loops/ol_sample.json:1: cycle 2's run run_cycle_2 is neither in events/ nor in the workspace"
+        in problems_of(bad)
+    )
     shutil.copy(SAMPLE / "events" / "run_cycle_2.jsonl", bad / "events")
     rewrite(manifest, lambda m: m.update(outerLoopId="ol_other"))
     assert "outerLoopId 'ol_other' must start with ol_ and name the file" in problems_of(bad)
@@ -348,8 +385,9 @@ def test_a_payload_the_workspace_would_redact_is_refused(workspace: Workspace) -
     workspace.redact_keys = ["ticket"]
     workspace.save()
     err = problems_of(SAMPLE)
-    assert ("events/run_7f3a.jsonl:1: run run_7f3a, sequence 1: the workspace's redaction rules would rewrite "
-            "this payload") in err
+    assert (
+        "events/run_7f3a.jsonl:1: run run_7f3a, sequence 1: the workspace's redaction rules would rewrite this payload"
+    ) in err
     assert nothing_written(workspace)
 
 
@@ -388,24 +426,29 @@ def test_only_an_import_may_append_an_outer_loop_cycle_after_the_end(workspace: 
         append(workspace=workspace, run_id="run_api", events=[cycle])
     assert append(workspace=workspace, run_id="run_imp", events=[cycle], imported=True).last_sequence == 3
     with pytest.raises(RunFinished):  # nothing else follows the end, imported or not
-        append(workspace=workspace, run_id="run_imp", events=[ev("StepScheduled", stepPath="s")],
-                      imported=True)
+        append(workspace=workspace, run_id="run_imp", events=[ev("StepScheduled", stepPath="s")], imported=True)
 
 
 # --- the imported artifact stays checked: verify, evidence, replay plan, retention -----------------
 
 
-def test_verify_and_the_evidence_re_hash_the_artifact_behind_a_little_ref(workspace: Workspace,
-                                                                          settings: Any) -> None:
+def test_verify_and_the_evidence_re_hash_the_artifact_behind_a_little_ref(workspace: Workspace, settings: Any) -> None:
     from ledger.replay.evidence import evidence_bundle
 
     import_little(SAMPLE)
     run = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id="run_artifacts")
     evidence = evidence_bundle(run)
     stored = Artifact.objects.get(workspace=workspace)
-    assert evidence["artifacts"] == [{"artifactId": stored.artifact_id, "sha256": stored.sha256, "size": 25,
-                                      "contentType": "application/json", "ref": f"artifact://{ARTIFACT}",
-                                      "verified": True}]
+    assert evidence["artifacts"] == [
+        {
+            "artifactId": stored.artifact_id,
+            "sha256": stored.sha256,
+            "size": 25,
+            "contentType": "application/json",
+            "ref": f"artifact://{ARTIFACT}",
+            "verified": True,
+        }
+    ]
     assert evidence["integrity"]["ok"] and evidence["replayReady"] == {"status": "pass", "missing": []}
 
     # The stored bytes changed behind the ledger's back: every reader says so.
@@ -418,44 +461,68 @@ def test_verify_and_the_evidence_re_hash_the_artifact_behind_a_little_ref(worksp
 
 def test_a_little_ref_nothing_resolves_fails_verify(workspace: Workspace) -> None:
     """A client that writes a Little-style ref without importing its bytes gets no pass."""
-    append(workspace=workspace, run_id="run_api", events=[
-        started(), ev("StepCompleted", stepPath="s", attempt=1, outputRef=f"artifact://{ARTIFACT}")])
+    append(
+        workspace=workspace,
+        run_id="run_api",
+        events=[started(), ev("StepCompleted", stepPath="s", attempt=1, outputRef=f"artifact://{ARTIFACT}")],
+    )
     code, out, _ = ledger("verify", "run_api")
     assert code == 1 and f"artifact://{ARTIFACT} missing" in out
     from ledger.replay.evidence import evidence_bundle
 
     evidence = evidence_bundle(Run.objects.select_related("workspace__tenant").get(run_id="run_api"))
-    assert evidence["artifacts"] == [{"artifactId": ARTIFACT, "sha256": None, "size": None, "contentType": None,
-                                      "ref": f"artifact://{ARTIFACT}", "verified": False}]
+    assert evidence["artifacts"] == [
+        {
+            "artifactId": ARTIFACT,
+            "sha256": None,
+            "size": None,
+            "contentType": None,
+            "ref": f"artifact://{ARTIFACT}",
+            "verified": False,
+        }
+    ]
 
 
 def test_pruning_an_imported_run_takes_its_artifact_along(workspace: Workspace) -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    from ledger.tenancy import retention
     from ledger.models import ImportedArtifact
+    from ledger.tenancy import retention
 
     import_little(SAMPLE)
-    now = datetime(2026, 8, 1, tzinfo=timezone.utc)  # the sample was recorded on 2026-05-19
+    now = datetime(2026, 8, 1, tzinfo=UTC)  # the sample was recorded on 2026-05-19
     pruned = {tree.root_run_id for tree in retention.prune_workspace(workspace, days=30, now=now)}
     assert pruned == set(RUNS)
     assert not ImportedArtifact.objects.exists() and not Artifact.objects.filter(workspace=workspace).exists()
 
 
-def test_a_log_the_write_path_would_refuse_is_named_before_anything_is_written(workspace: Workspace,
-                                                                                tmp_path: Path) -> None:
+def test_a_log_the_write_path_would_refuse_is_named_before_anything_is_written(
+    workspace: Workspace, tmp_path: Path
+) -> None:
     """A bare harness session's log has no RunStarted: the ledger's lifecycle would refuse it, so
     the import names it up front and writes none of the other runs either."""
     bad = copy_of_sample(tmp_path)
-    payload = {"runId": "run_session", "role": "worker.code-run", "task": {"kind": "execute_step"},
-               "manifest": {}, "manifestHash": digest({})}
-    env = {"eventId": event_id(run_id="run_session", sequence=1, type="harness.session.started", payload=payload),
-           "runId": "run_session", "sequence": 1, "type": "harness.session.started",
-           "recordedAt": "2026-05-19T18:09:00.000Z", "payload": payload}
+    payload = {
+        "runId": "run_session",
+        "role": "worker.code-run",
+        "task": {"kind": "execute_step"},
+        "manifest": {},
+        "manifestHash": digest({}),
+    }
+    env = {
+        "eventId": event_id(run_id="run_session", sequence=1, type="harness.session.started", payload=payload),
+        "runId": "run_session",
+        "sequence": 1,
+        "type": "harness.session.started",
+        "recordedAt": "2026-05-19T18:09:00.000Z",
+        "payload": payload,
+    }
     (bad / "events" / "run_session.jsonl").write_text(json.dumps(env) + "\n", encoding="utf-8")
     err = problems_of(bad)
-    assert ("events/run_session.jsonl:1: run run_session, sequence 1: run run_session has no events; its first "
-            "event must be RunStarted") in err
+    assert (
+        "events/run_session.jsonl:1: run run_session, sequence 1: run run_session has no events; its first "
+        "event must be RunStarted"
+    ) in err
     assert nothing_written(workspace)
 
 
@@ -463,7 +530,8 @@ def test_a_null_occurrence_id_is_no_occurrence_id(workspace: Workspace, tmp_path
     nulls = copy_of_sample(tmp_path)
     lines = [json.loads(line) for line in sample_lines("run_order")]
     (nulls / "events" / "run_order.jsonl").write_text(
-        "\n".join(json.dumps({**e, "occurrenceId": None}) for e in lines) + "\n", encoding="utf-8")
+        "\n".join(json.dumps({**e, "occurrenceId": None}) for e in lines) + "\n", encoding="utf-8"
+    )
     code, _, err = import_little(nulls)
     assert (code, err) == (0, "")
     assert ledger("events", "run_order")[1].splitlines() == sample_lines("run_order")
@@ -474,9 +542,14 @@ def test_the_lifecycle_is_checked_before_writing(workspace: Workspace, tmp_path:
     bad = copy_of_sample(tmp_path)
     lines = sample_lines("run_order")
     extra = {"stepPath": "late"}
-    env = {"eventId": event_id(run_id="run_order", sequence=4, type="StepScheduled", payload=extra),
-           "runId": "run_order", "sequence": 4, "type": "StepScheduled", "recordedAt": "2026-05-19T18:01:02.000Z",
-           "payload": extra}
+    env = {
+        "eventId": event_id(run_id="run_order", sequence=4, type="StepScheduled", payload=extra),
+        "runId": "run_order",
+        "sequence": 4,
+        "type": "StepScheduled",
+        "recordedAt": "2026-05-19T18:01:02.000Z",
+        "payload": extra,
+    }
     (bad / "events" / "run_order.jsonl").write_text("\n".join([*lines, json.dumps(env)]) + "\n", encoding="utf-8")
     err = problems_of(bad)
     assert "events/run_order.jsonl:4: run run_order, sequence 4: run run_order is completed; only custom.* " in err
@@ -484,7 +557,8 @@ def test_the_lifecycle_is_checked_before_writing(workspace: Workspace, tmp_path:
 
 
 def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(
-        workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The checks passed, then another writer appended to a run first: that append is refused
     (expectedSequence), the runs written before it stay, and importing again finishes the job."""
     from ledger.interop import little_import
@@ -493,9 +567,19 @@ def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(
 
     def racing(space: Workspace, run_id: str, log: list[Any]) -> None:
         if run_id == "run_cycle_1":
-            append(workspace=space, run_id=run_id, events=[ev("OrchestrationRequested", requestId="req_1",
-                          workflowId="support.summarize", workflowDefinitionHash=log[0].payload[
-                              "workflowDefinitionHash"])], imported=True)
+            append(
+                workspace=space,
+                run_id=run_id,
+                events=[
+                    ev(
+                        "OrchestrationRequested",
+                        requestId="req_1",
+                        workflowId="support.summarize",
+                        workflowDefinitionHash=log[0].payload["workflowDefinitionHash"],
+                    )
+                ],
+                imported=True,
+            )
         original(space, run_id, log)
 
     # The other writer's append lands, for real, just before the import's first one for that run.
@@ -505,15 +589,19 @@ def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(
     monkeypatch.undo()
     assert "the import stopped at run run_cycle_1 sequence 1" in refused.value.message
     assert set(Run.objects.filter(workspace=workspace).values_list("run_id", flat=True)) == {
-        "run_7f3a", "run_artifacts", "run_cycle_1"}
+        "run_7f3a",
+        "run_artifacts",
+        "run_cycle_1",
+    }
     # The racing writer's event is the log's own first event (same content, same id): the rest follows.
     code, out, _ = import_little(SAMPLE)
     assert code == 0 and "continued run_cycle_1: events 2..9" in out
     assert ledger("verify", "--workspace", "acme/support")[0] == 0
 
 
-def test_the_run_pages_of_an_imported_run_link_its_artifact_by_our_id(browser: Any, outsider: Any,
-                                                                       workspace: Workspace) -> None:
+def test_the_run_pages_of_an_imported_run_link_its_artifact_by_our_id(
+    browser: Any, outsider: Any, workspace: Workspace
+) -> None:
     from django.test import Client
 
     import_little(SAMPLE)

@@ -50,9 +50,16 @@ def test_no_index_is_the_start_of_another(table: str) -> None:
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, table)
     # PostgreSQL's `…_like` indexes (varchar_pattern_ops, for LIKE 'x%') answer other queries.
-    indexes = {name: c for name, c in constraints.items()
-               if (c["index"] or c["unique"]) and c["columns"] and not name.endswith("_like")}
-    redundant = sorted((name, other) for name, index in indexes.items() if not index["unique"]
-                       for other, longer in indexes.items()
-                       if other != name and longer["columns"][:len(index["columns"])] == index["columns"])
+    indexes = {
+        name: c
+        for name, c in constraints.items()
+        if (c["index"] or c["unique"]) and c["columns"] and not name.endswith("_like")
+    }
+    redundant = sorted(
+        (name, other)
+        for name, index in indexes.items()
+        if not index["unique"]
+        for other, longer in indexes.items()
+        if other != name and longer["columns"][: len(index["columns"])] == index["columns"]
+    )
     assert redundant == []

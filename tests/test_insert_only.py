@@ -6,7 +6,6 @@ import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from ledger.models import Event
-
 from tests.conftest import started
 
 pytestmark = pytest.mark.django_db
@@ -55,27 +54,44 @@ def test_database_allows_deleting_events_of_a_run_marked_for_pruning(event) -> N
 def test_database_refuses_an_event_before_sequence_one(event) -> None:
     columns = "run_id, sequence, event_id, type, recorded_at, payload"
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"INSERT INTO ledger_event ({columns}) SELECT run_id, 0, 'x', type, recorded_at, payload "
-                    "FROM ledger_event WHERE id = %s", [event.pk])
+        cur.execute(
+            f"INSERT INTO ledger_event ({columns}) SELECT run_id, 0, 'x', type, recorded_at, payload "
+            "FROM ledger_event WHERE id = %s",
+            [event.pk],
+        )
     assert Event.objects.filter(run_id=event.run_id).count() == 1
 
 
 # The projections' counters carry no CHECK of their own (ledger/models.py, UsageColumns): the fold
 # keeps them and `ledger verify` proves it. What stays is the log's rule and the gateway's.
-HOT_TABLES = ("ledger_run", "ledger_event", "ledger_step", "ledger_toolcall", "ledger_costentry",
-              "ledger_dailyusage", "ledger_toolgatewayclaim")
+HOT_TABLES = (
+    "ledger_run",
+    "ledger_event",
+    "ledger_step",
+    "ledger_toolcall",
+    "ledger_costentry",
+    "ledger_dailyusage",
+    "ledger_toolgatewayclaim",
+)
 KEPT_CHECKS = {
-    "ledger_run_fencing_token_check", "event_sequence_positive", "event_idempotency_key_has_digest",
-    "gateway_status_known", "gateway_effect_known", "gateway_attempt_positive",
-    "gateway_finished_has_time", "gateway_in_doubt_went_out",
+    "ledger_run_fencing_token_check",
+    "event_sequence_positive",
+    "event_idempotency_key_has_digest",
+    "gateway_status_known",
+    "gateway_effect_known",
+    "gateway_attempt_positive",
+    "gateway_finished_has_time",
+    "gateway_in_doubt_went_out",
 }
 
 
 def test_the_tables_every_append_writes_check_only_what_the_log_and_gateway_need(db) -> None:
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
-            cur.execute("SELECT conname FROM pg_constraint WHERE contype = 'c' AND conrelid::regclass::text = ANY(%s)",
-                        [list(HOT_TABLES)])
+            cur.execute(
+                "SELECT conname FROM pg_constraint WHERE contype = 'c' AND conrelid::regclass::text = ANY(%s)",
+                [list(HOT_TABLES)],
+            )
             assert {name for (name,) in cur.fetchall()} == KEPT_CHECKS
         else:  # migration 0021 leaves SQLite's tables as they were (remaking them drops their triggers)
             cur.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'ledger_event'")

@@ -10,13 +10,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.db.models import Sum
 
-from ledger.tenancy import sharing
-from ledger.log.artifacts import store_bytes
 from ledger.demo import load_demo
-from ledger.tenancy.access import workspace_by_path
+from ledger.log.artifacts import store_bytes
 from ledger.models import ApiKey, ReexecutionRequest, Run, ToolGatewayClaim
 from ledger.reexecution.services import request_batch
 from ledger.runtime.outer_loop import start_outer_loop
+from ledger.tenancy import sharing
+from ledger.tenancy.access import workspace_by_path
 from ledger.tenancy.services import create_key, revoke_key
 from tests.isolation_sweep import ROUTES, Caller, Route, Sweep, csrf_client, http_routes, websocket_routes
 from tests.live_support import session_id
@@ -36,7 +36,9 @@ def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture(scope="module")
 def leaky_server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "leaky", {"DJANGO_SETTINGS_MODULE": "tests.leaky_settings"})
+    daphne = start_daphne(
+        tmp_path_factory.mktemp("daphne"), "leaky", {"DJANGO_SETTINGS_MODULE": "tests.leaky_settings"}
+    )
     yield daphne
     daphne.stop()
 
@@ -62,12 +64,28 @@ def _sweep(base_url: str) -> Sweep:
     revoked_link, revoked_token = sharing.create_link(workspace=support, run=run, by=alice, expires_in_hours=1)
     sharing.revoke_link(revoked_link, by=alice)
     key, _ = create_key(workspace=support, scopes=["read"])
-    loop = start_outer_loop(workspace=support, workflow="research.refine", input={"topic": "sweep"}, max_cycles=3,
-                            supervise="research.editor", outer_loop_id="ol_swept")
-    values = {"outer_loop_id": loop.outer_loop_id,
-              "tenant": "acme", "workspace": "support", "run_id": run.run_id, "call_id": call.call_id,
-              "artifact_id": artifact.artifact_id, "reexecution_id": request.public_id, "batch_id": batch_id,
-              "link_id": link.public_id, "prefix": key.prefix, "tab": "evidence", "rest": "anything"}
+    loop = start_outer_loop(
+        workspace=support,
+        workflow="research.refine",
+        input={"topic": "sweep"},
+        max_cycles=3,
+        supervise="research.editor",
+        outer_loop_id="ol_swept",
+    )
+    values = {
+        "outer_loop_id": loop.outer_loop_id,
+        "tenant": "acme",
+        "workspace": "support",
+        "run_id": run.run_id,
+        "call_id": call.call_id,
+        "artifact_id": artifact.artifact_id,
+        "reexecution_id": request.public_id,
+        "batch_id": batch_id,
+        "link_id": link.public_id,
+        "prefix": key.prefix,
+        "tab": "evidence",
+        "rest": "anything",
+    }
     no_token = "tok_" + "x" * 40
     other_run = "run_demo_triage"  # acme's too, but not what the link shares
     share_values = [
@@ -82,8 +100,9 @@ def _sweep(base_url: str) -> Sweep:
     sessions["outsider"] = gina
     callers.append(Caller("another tenant's admin (session)", csrf_client(base_url, gina), "outsider"))
     _, outsider_key = create_key(workspace=globex, scopes=list(ApiKey.SCOPES))
-    callers.append(Caller("another tenant's key (all scopes)", csrf_client(base_url, key=outsider_key), "outsider",
-                          scope="all"))
+    callers.append(
+        Caller("another tenant's key (all scopes)", csrf_client(base_url, key=outsider_key), "outsider", scope="all")
+    )
     for username, role in ROLES.items():
         member = session_id(User.objects.get(username=username))
         callers.append(Caller(f"{username} ({role})", csrf_client(base_url, member), "member", role=role))
@@ -96,12 +115,28 @@ def _sweep(base_url: str) -> Sweep:
     ours = [r.run_id for r in Run.objects.filter(workspace__tenant__slug="acme")]
     ours += [r.public_id for r in ReexecutionRequest.objects.filter(workspace__tenant__slug="acme")]
     ours += [artifact.artifact_id, link.public_id, key.prefix, loop.outer_loop_id]
-    unknown = {**values, "tenant": "nobody", "workspace": "nowhere", "run_id": "run_never_swept",
-               "call_id": "never:turn1:c1", "artifact_id": "art_" + "0" * 64, "reexecution_id": "rx_" + "0" * 16,
-               "batch_id": "rxb_" + "0" * 16, "outer_loop_id": "ol_" + "0" * 16,
-               "link_id": "shl_" + "0" * 16, "prefix": "0" * 12}
-    return Sweep(base_url=base_url, values=values, unknown=unknown, share_values=share_values, callers=callers, ours=ours,
-                 session_cookies=sessions)
+    unknown = {
+        **values,
+        "tenant": "nobody",
+        "workspace": "nowhere",
+        "run_id": "run_never_swept",
+        "call_id": "never:turn1:c1",
+        "artifact_id": "art_" + "0" * 64,
+        "reexecution_id": "rx_" + "0" * 16,
+        "batch_id": "rxb_" + "0" * 16,
+        "outer_loop_id": "ol_" + "0" * 16,
+        "link_id": "shl_" + "0" * 16,
+        "prefix": "0" * 12,
+    }
+    return Sweep(
+        base_url=base_url,
+        values=values,
+        unknown=unknown,
+        share_values=share_values,
+        callers=callers,
+        ours=ours,
+        session_cookies=sessions,
+    )
 
 
 def test_every_route_refuses_everyone_it_must(server: Daphne) -> None:
@@ -125,8 +160,9 @@ def test_the_sweep_fails_on_a_route_without_a_check(leaky_server: Daphne) -> Non
     sweep = _sweep(leaky_server.url)
     assert LEAK in http_routes("tests.leaky_urls")
     undeclared = sweep.run([LEAK], [])
-    assert undeclared == [f"route {LEAK!r} is not declared in the isolation sweep (tests/isolation_sweep.py ROUTES): "
-                          "say who may use it"]
+    assert undeclared == [
+        f"route {LEAK!r} is not declared in the isolation sweep (tests/isolation_sweep.py ROUTES): say who may use it"
+    ]
     sweep.violations = []
     table: dict[str, Route] = {LEAK: Route("page", {"GET": (None, "viewer")})}
     declared = sweep.run([LEAK], [], table)
@@ -137,5 +173,5 @@ def test_the_sweep_fails_on_a_route_without_a_check(leaky_server: Daphne) -> Non
 def test_the_sweep_fails_on_a_socket_without_a_check(server: Daphne) -> None:
     sweep = _sweep(server.url)
     assert sweep.run([], ["ws/some/new/route/"]) == [
-        "websocket route 'ws/some/new/route/' is not declared in the isolation sweep (WEBSOCKETS)"]
-
+        "websocket route 'ws/some/new/route/' is not declared in the isolation sweep (WEBSOCKETS)"
+    ]

@@ -29,15 +29,18 @@ from django.db import transaction
 from django.test import Client
 
 from console.live import run as live_run
-from ledger.log import announce
-from ledger.replay import follow
-from ledger.log.announce import group_for
 from ledger import log
+from ledger.log import announce
+from ledger.log.announce import group_for
 from ledger.models import Event, Run, Workspace
+from ledger.replay import follow
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, started
-from tests.servers import Daphne, start_daphne as _start_daphne
-from tests.live_support import TIMEOUT_S, communicator as _communicator, session_id as _session_id
+from tests.live_support import TIMEOUT_S
+from tests.live_support import communicator as _communicator
+from tests.live_support import session_id as _session_id
+from tests.servers import Daphne
+from tests.servers import start_daphne as _start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,8 +65,11 @@ async def _idle(feed: follow.RunFeed) -> None:
 
 
 def test_catch_up_after_n_then_live_rows_in_order_without_duplicates(member: Any, workspace: Workspace) -> None:
-    log.append(workspace=workspace, run_id="run_ws", events=[started()] + [
-        ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 6)])
+    log.append(
+        workspace=workspace,
+        run_id="run_ws",
+        events=[started()] + [ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 6)],
+    )
     run = Run.objects.get(run_id="run_ws")
     session = _session_id(member)
 
@@ -76,8 +82,12 @@ def test_catch_up_after_n_then_live_rows_in_order_without_duplicates(member: Any
         await _append(workspace, "run_ws", ev("StepScheduled", stepPath="s7"), ev("StepScheduled", stepPath="s8"))
         received += await _events(comm, 3)
         # An announcement is only a wake-up: one for old sequences (or a made-up one) sends nothing.
-        await get_channel_layer().group_send(group_for(run.pk), {"type": "ledger.appended", "runId": "run_ws", "sequence": 4})
-        await get_channel_layer().group_send(group_for(run.pk), {"type": "ledger.appended", "runId": "run_ws", "sequence": 99})
+        await get_channel_layer().group_send(
+            group_for(run.pk), {"type": "ledger.appended", "runId": "run_ws", "sequence": 4}
+        )
+        await get_channel_layer().group_send(
+            group_for(run.pk), {"type": "ledger.appended", "runId": "run_ws", "sequence": 99}
+        )
         assert await comm.receive_nothing(timeout=0.3)
         await comm.disconnect()
         return received
@@ -86,13 +96,19 @@ def test_catch_up_after_n_then_live_rows_in_order_without_duplicates(member: Any
     assert [m["sequence"] for m in received] == [3, 4, 5, 6, 7, 8]
     assert {m["type"] for m in received} == {"event"}
     for message in received:
-        assert f'<tr class="event" id="event-{message["sequence"]}" data-sequence="{message["sequence"]}">' in message["html"]
+        assert (
+            f'<tr class="event" id="event-{message["sequence"]}" data-sequence="{message["sequence"]}">'
+            in message["html"]
+        )
     assert "s7" in received[4]["html"]
 
 
 def test_pushed_rows_are_the_rows_the_page_renders(client: Client, member: Any, workspace: Workspace) -> None:
-    log.append(workspace=workspace, run_id="run_same", events=[
-        started(), ev("StepCompleted", stepPath="a", attempt=1, output={"answer": "<b>42</b>"})])
+    log.append(
+        workspace=workspace,
+        run_id="run_same",
+        events=[started(), ev("StepCompleted", stepPath="a", attempt=1, output={"answer": "<b>42</b>"})],
+    )
     session = _session_id(member)
 
     async def scenario() -> list[dict[str, Any]]:
@@ -123,9 +139,12 @@ def test_live_rows_from_an_announced_batch_are_the_rows_a_read_renders(
         assert (await live.connect(timeout=TIMEOUT_S))[0]
         feed = live_run.feeds_here()[run_pk]
         await asyncio.wait_for(_idle(feed), TIMEOUT_S)  # its start read is over
-        await _append(workspace, "run_live_same",
-                      ev("StepCompleted", stepPath="a", attempt=1, output={"z": "<b>42</b>", "a": ["é", 1.5, None]}),
-                      {"type": "custom.note", "occurrenceId": "occ_1", "payload": {"b": {"y": 1, "x": 2}, "a": "\u2028"}})
+        await _append(
+            workspace,
+            "run_live_same",
+            ev("StepCompleted", stepPath="a", attempt=1, output={"z": "<b>42</b>", "a": ["é", 1.5, None]}),
+            {"type": "custom.note", "occurrenceId": "occ_1", "payload": {"b": {"y": 1, "x": 2}, "a": "\u2028"}},
+        )
         pushed = await _events(live, 2)
         announced = feed.announced_reads
         await live.disconnect()
@@ -164,8 +183,9 @@ def test_end_is_sent_when_the_run_finishes_and_the_socket_closes(member: Any, wo
 
 
 def test_a_finished_run_sends_what_is_after_n_then_end(member: Any, workspace: Workspace) -> None:
-    log.append(workspace=workspace, run_id="run_old", events=[started(), ev("StepScheduled", stepPath="a"),
-                                                                  ev("RunCompleted")])
+    log.append(
+        workspace=workspace, run_id="run_old", events=[started(), ev("StepScheduled", stepPath="a"), ev("RunCompleted")]
+    )
     session = _session_id(member)
 
     async def scenario() -> list[dict[str, Any]]:
@@ -265,8 +285,11 @@ def test_subscribers_at_different_positions_each_get_their_sequences_once_in_ord
     position, once, in order, then `end`."""
     monkeypatch.setattr(follow, "PAGE_SIZE", 4)  # catch-up over several pages
     settings.LEDGER_STREAM_POLL_SECONDS = 0.05  # polls interleave with announcements
-    log.append(workspace=workspace, run_id="run_many", events=[started()] + [
-        ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 13)])
+    log.append(
+        workspace=workspace,
+        run_id="run_many",
+        events=[started()] + [ev("StepScheduled", stepPath=f"s{n}") for n in range(2, 13)],
+    )
     run_pk = Run.objects.get(run_id="run_many").pk
     session = _session_id(member)
     positions = [0, 3, 7, 7, 12, 12, 5]
@@ -319,21 +342,21 @@ def test_one_read_per_announcement_serves_every_subscriber_of_the_run(
     big = "x" * announce.ANNOUNCED_PAYLOAD_CHARS
 
     async def scenario() -> tuple[list[tuple[int, int]], list[list[int]], bool]:
-        comms = [_communicator("/ws/runs/run_fan/?after=1&workspace=acme/support", session)
-                 for _ in range(subscribers)]
+        comms = [_communicator("/ws/runs/run_fan/?after=1&workspace=acme/support", session) for _ in range(subscribers)]
         for comm in comms:
             assert (await comm.connect(timeout=TIMEOUT_S))[0]
             # Its connect read is over once it sent what it found.
             assert (await comm.receive_json_from(timeout=TIMEOUT_S))["sequence"] == 2
         feed = live_run.feeds_here()[run_pk]
         reads, got = [], []
-        for batch in ([ev("StepScheduled", stepPath="b")],
-                      [ev("StepScheduled", stepPath="c"), ev("StepScheduled", stepPath="d")],
-                      [ev("StepScheduled", stepPath="e", text=big)]):
+        for batch in (
+            [ev("StepScheduled", stepPath="b")],
+            [ev("StepScheduled", stepPath="c"), ev("StepScheduled", stepPath="d")],
+            [ev("StepScheduled", stepPath="e", text=big)],
+        ):
             before = (feed.database_reads, feed.announced_reads)
             await _append(workspace, "run_fan", *batch)
-            got.append([(await comm.receive_json_from(timeout=TIMEOUT_S))["sequence"]
-                        for comm in comms for _ in batch])
+            got.append([(await comm.receive_json_from(timeout=TIMEOUT_S))["sequence"] for comm in comms for _ in batch])
             for comm in comms:
                 assert await comm.receive_nothing(timeout=0.05)
             reads.append((feed.database_reads - before[0], feed.announced_reads - before[1]))
@@ -417,8 +440,9 @@ def _ws_url(server: Daphne, run_id: str) -> str:
 
 def _collect(server: Daphne, run_id: str, session_id: str, out: list[dict[str, Any]], ready: threading.Event) -> None:
     """A browser's view: every message until `end`, then the server's close."""
-    sock = websocket.create_connection(_ws_url(server, run_id), cookie=f"sessionid={session_id}",
-                                       origin=server.url, timeout=TIMEOUT_S * 2)
+    sock = websocket.create_connection(
+        _ws_url(server, run_id), cookie=f"sessionid={session_id}", origin=server.url, timeout=TIMEOUT_S * 2
+    )
     try:
         while True:
             message = json.loads(sock.recv())
@@ -440,6 +464,7 @@ def test_two_daphne_processes_each_deliver_every_event_appended_through_either(
     headers = {"Authorization": f"Bearer {key}"}
     session = _session_id(member)
     with httpx.Client(headers=headers, timeout=30) as http:
+
         def post(server: Daphne, *events: dict[str, Any]) -> None:
             response = http.post(f"{server.url}/api/v1/runs/run_two/events", json={"events": list(events)})
             assert response.status_code == 200, response.text
@@ -449,7 +474,9 @@ def test_two_daphne_processes_each_deliver_every_event_appended_through_either(
         threads = []
         for name, server in (("a", a), ("b", b)):
             ready = threading.Event()
-            thread = threading.Thread(target=_collect, args=(server, "run_two", session, seen[name], ready), daemon=True)
+            thread = threading.Thread(
+                target=_collect, args=(server, "run_two", session, seen[name], ready), daemon=True
+            )
             thread.start()
             assert ready.wait(TIMEOUT_S * 2), f"the socket on {name} never caught up"
             threads.append(thread)
@@ -495,16 +522,23 @@ def test_the_page_fills_a_gap_in_pushed_sequences_from_the_database(
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"this test needs Debian's Chromium at {CHROMIUM} (.ci/run installs it)", pytrace=False)
     server, _ = two_servers
-    log.append(workspace=workspace, run_id="run_gap", events=[
-        started(), ev("StepScheduled", stepPath="a"), ev("StepScheduled", stepPath="b")])
+    log.append(
+        workspace=workspace,
+        run_id="run_gap",
+        events=[started(), ev("StepScheduled", stepPath="a"), ev("StepScheduled", stepPath="b")],
+    )
     _, key = create_key(workspace=workspace, scopes=["ingest"])
     session = _session_id(member)
     dropped: list[int] = []
     fetched: list[str] = []
 
     def post(*events: dict[str, Any]) -> None:
-        response = httpx.post(f"{server.url}/api/v1/runs/run_gap/events", json={"events": list(events)},
-                              headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        response = httpx.post(
+            f"{server.url}/api/v1/runs/run_gap/events",
+            json={"events": list(events)},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
         assert response.status_code == 200, response.text
 
     def lose_sequence_5(route: Any) -> None:
@@ -520,14 +554,17 @@ def test_the_page_fills_a_gap_in_pushed_sequences_from_the_database(
 
     # No ORM call from here on: Playwright's sync API runs an event loop in this thread.
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                             args=["--no-sandbox", "--disable-gpu"])
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
             context = browser.new_context()
             context.add_cookies([{"name": "sessionid", "value": session, "url": server.url}])
             page = context.new_page()
             page.route_web_socket("**/ws/runs/**", lose_sequence_5)
-            page.on("request", lambda request: fetched.append(request.url) if "/timeline/rows/" in request.url else None)
+            page.on(
+                "request", lambda request: fetched.append(request.url) if "/timeline/rows/" in request.url else None
+            )
             page.goto(f"{server.url}/w/acme/support/runs/run_gap/")
             rows = page.locator("#timeline-rows tr.event")
             expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15_000)

@@ -21,13 +21,16 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.test import Client
 
-from ledger.log.announce import workspace_group_for
 from ledger.log import append
+from ledger.log.announce import workspace_group_for
 from ledger.models import Workspace
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, started
-from tests.servers import Daphne, start_daphne as _start_daphne
-from tests.live_support import TIMEOUT_S, communicator as _communicator, session_id as _session_id
+from tests.live_support import TIMEOUT_S
+from tests.live_support import communicator as _communicator
+from tests.live_support import session_id as _session_id
+from tests.servers import Daphne
+from tests.servers import start_daphne as _start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,8 +106,9 @@ def test_other_workspaces_runs_are_not_pushed(member: Any, workspace: Workspace)
         await _append(research, "run_elsewhere", started())
         assert await comm.receive_nothing(timeout=0.3)
         # A made-up announcement for a run this workspace does not hold sends nothing either.
-        await get_channel_layer().group_send(workspace_group_for(workspace.pk),
-                                             {"type": "ledger.run_changed", "runId": "run_elsewhere"})
+        await get_channel_layer().group_send(
+            workspace_group_for(workspace.pk), {"type": "ledger.run_changed", "runId": "run_elsewhere"}
+        )
         assert await comm.receive_nothing(timeout=0.3)
         await comm.disconnect()
 
@@ -139,7 +143,8 @@ def _refused(path: str, session_id: str | None, origin: str = "http://testserver
 
 
 def test_anonymous_outsiders_unknown_workspaces_and_foreign_pages_are_refused(
-        member: Any, outsider: Any, workspace: Workspace) -> None:
+    member: Any, outsider: Any, workspace: Workspace
+) -> None:
     assert _refused(PATH, None)
     assert _refused(PATH, _session_id(outsider))
     assert not _refused("/ws/workspaces/globex/main/runs/", _session_id(outsider))
@@ -160,19 +165,26 @@ def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> I
     daphne.stop()  # before the test database is dropped: it holds connections to it
 
 
-def test_live_daphne_pushes_a_run_appended_through_its_api(server: Daphne, member: Any, outsider: Any,
-                                                             workspace: Workspace) -> None:
+def test_live_daphne_pushes_a_run_appended_through_its_api(
+    server: Daphne, member: Any, outsider: Any, workspace: Workspace
+) -> None:
     url = server.url.replace("http://", "ws://") + PATH
     with pytest.raises(websocket.WebSocketBadStatusException) as refused:
-        websocket.create_connection(url, cookie=f"sessionid={_session_id(outsider)}", origin=server.url,
-                                    timeout=TIMEOUT_S)
+        websocket.create_connection(
+            url, cookie=f"sessionid={_session_id(outsider)}", origin=server.url, timeout=TIMEOUT_S
+        )
     assert refused.value.status_code == 403
-    sock = websocket.create_connection(url, cookie=f"sessionid={_session_id(member)}", origin=server.url,
-                                       timeout=TIMEOUT_S * 2)
+    sock = websocket.create_connection(
+        url, cookie=f"sessionid={_session_id(member)}", origin=server.url, timeout=TIMEOUT_S * 2
+    )
     try:
         _, key = create_key(workspace=workspace, scopes=["ingest"])
-        response = httpx.post(f"{server.url}/api/v1/runs/run_over_http/events", timeout=30,
-                              headers={"Authorization": f"Bearer {key}"}, json={"events": [started("wf_http")]})
+        response = httpx.post(
+            f"{server.url}/api/v1/runs/run_over_http/events",
+            timeout=30,
+            headers={"Authorization": f"Bearer {key}"},
+            json={"events": [started("wf_http")]},
+        )
         assert response.status_code == 200, response.text
         message = json.loads(sock.recv())
     finally:

@@ -68,12 +68,14 @@ def test_behind_trusted_proxies_the_address_comes_from_x_forwarded_for(settings:
     proxy = "10.0.0.2"
     attacker = Client(REMOTE_ADDR=proxy)
     for _ in range(2):  # a forged left-hand entry does not make each attempt a new address
-        response = attacker.post(LOGIN, {"username": viewer.username, "password": "nope"},
-                                 HTTP_X_FORWARDED_FOR=f"192.0.2.{_}, 203.0.113.50")
+        response = attacker.post(
+            LOGIN, {"username": viewer.username, "password": "nope"}, HTTP_X_FORWARDED_FOR=f"192.0.2.{_}, 203.0.113.50"
+        )
     assert response.status_code == 429
     colleague = Client(REMOTE_ADDR=proxy)  # same proxy, another client address
-    answer = colleague.post(LOGIN, {"username": viewer.username, "password": PASSWORD},
-                            HTTP_X_FORWARDED_FOR="203.0.113.51")
+    answer = colleague.post(
+        LOGIN, {"username": viewer.username, "password": PASSWORD}, HTTP_X_FORWARDED_FOR="203.0.113.51"
+    )
     assert answer.status_code == 302
 
 
@@ -83,9 +85,15 @@ def _create_user(*args: str) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("password, reason", [
-    ("a", "too short"), ("password123", "too common"), ("8234917650", "entirely numeric"), ("carolcarol1", "too similar"),
-])
+@pytest.mark.parametrize(
+    "password, reason",
+    [
+        ("a", "too short"),
+        ("password123", "too common"),
+        ("8234917650", "entirely numeric"),
+        ("carolcarol1", "too similar"),
+    ],
+)
 def test_create_user_refuses_a_weak_password_and_writes_nothing(workspace: Any, password: str, reason: str) -> None:
     with pytest.raises(CommandError, match=f"password refused: .*{reason}"):
         _create_user("carolcarol", "--tenant", "acme", "--role", "viewer", "--password", password)
@@ -98,9 +106,26 @@ def test_create_user_at_the_command_line_exits_nonzero_with_the_reason(workspace
     from tests.servers import database_url
 
     env = {**os.environ, "DATABASE_URL": database_url()}
-    done = subprocess.run([sys.executable, "manage.py", "ledger", "create-user", "weak", "--tenant", "acme",
-                           "--role", "viewer", "--password", "a"], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "ledger",
+            "create-user",
+            "weak",
+            "--tenant",
+            "acme",
+            "--role",
+            "viewer",
+            "--password",
+            "a",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert "password refused" in done.stderr and "too short" in done.stderr
 

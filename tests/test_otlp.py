@@ -30,10 +30,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ledger.reads import selectors
-from ledger.models import AuditEntry, Event, Run, Workspace
-from ledger.tenancy.services import create_key
 from ledger.log.verify import verify_run
+from ledger.models import AuditEntry, Event, Run, Workspace
+from ledger.reads import selectors
+from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
@@ -49,7 +49,9 @@ def server_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, server_artifacts: Path) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "otlp", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)})
+    daphne = start_daphne(
+        tmp_path_factory.mktemp("daphne"), "otlp", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)}
+    )
     yield daphne
     daphne.stop()
 
@@ -68,35 +70,77 @@ def _agent_trace(provider: TracerProvider, *, fail_tool: bool = False) -> str:
     holding two model calls with a tool call between them, and a database span. Returns the trace id."""
     tracer = provider.get_tracer("tests.agent", "1.0")
     with tracer.start_as_current_span("handle request") as root:
-        with tracer.start_as_current_span("invoke_agent weather", attributes={
-                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather",
-                "gen_ai.provider.name": "openai"}):
-            with tracer.start_as_current_span("chat gpt-4o", kind=SpanKind.CLIENT, attributes={
-                    "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
-                    "gen_ai.request.model": "gpt-4o", "gen_ai.response.model": "gpt-4o-2024-08-06",
-                    "gen_ai.request.temperature": 0.2, "gen_ai.usage.input_tokens": 120,
-                    "gen_ai.usage.output_tokens": 30, "gen_ai.response.id": "chatcmpl-1",
+        with tracer.start_as_current_span(
+            "invoke_agent weather",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "weather",
+                "gen_ai.provider.name": "openai",
+            },
+        ):
+            with tracer.start_as_current_span(
+                "chat gpt-4o",
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": "openai",
+                    "gen_ai.request.model": "gpt-4o",
+                    "gen_ai.response.model": "gpt-4o-2024-08-06",
+                    "gen_ai.request.temperature": 0.2,
+                    "gen_ai.usage.input_tokens": 120,
+                    "gen_ai.usage.output_tokens": 30,
+                    "gen_ai.response.id": "chatcmpl-1",
                     "gen_ai.response.finish_reasons": ["tool_calls"],
-                    "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
-                        {"type": "text", "content": "Weather in Paris?"}]}]),
-                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
-                        {"type": "tool_call", "id": "call_1", "name": "get_weather",
-                         "arguments": {"city": "Paris"}}]}])}):
+                    "gen_ai.input.messages": json.dumps(
+                        [{"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}]
+                    ),
+                    "gen_ai.output.messages": json.dumps(
+                        [
+                            {
+                                "role": "assistant",
+                                "parts": [
+                                    {
+                                        "type": "tool_call",
+                                        "id": "call_1",
+                                        "name": "get_weather",
+                                        "arguments": {"city": "Paris"},
+                                    }
+                                ],
+                            }
+                        ]
+                    ),
+                },
+            ):
                 pass
-            with tracer.start_as_current_span("execute_tool get_weather", attributes={
-                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
-                    "gen_ai.tool.call.id": "call_1", "gen_ai.tool.call.arguments": '{"city": "Paris"}',
-                    "gen_ai.tool.call.result": '{"celsius": 21}'}) as tool:
+            with tracer.start_as_current_span(
+                "execute_tool get_weather",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "get_weather",
+                    "gen_ai.tool.call.id": "call_1",
+                    "gen_ai.tool.call.arguments": '{"city": "Paris"}',
+                    "gen_ai.tool.call.result": '{"celsius": 21}',
+                },
+            ) as tool:
                 if fail_tool:
                     tool.set_attribute("error.type", "TimeoutError")
                     tool.set_status(Status(StatusCode.ERROR, "the weather service timed out"))
             with tracer.start_as_current_span("SELECT weather_cache", attributes={"db.system.name": "postgresql"}):
                 pass
-            with tracer.start_as_current_span("chat gpt-4o", kind=SpanKind.CLIENT, attributes={
-                    "gen_ai.operation.name": "chat", "gen_ai.system": "openai", "gen_ai.request.model": "gpt-4o",
-                    "gen_ai.usage.input_tokens": 200, "gen_ai.usage.output_tokens": 15,
-                    "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
-                        {"type": "text", "content": "21 °C and sunny."}]}])}):
+            with tracer.start_as_current_span(
+                "chat gpt-4o",
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.system": "openai",
+                    "gen_ai.request.model": "gpt-4o",
+                    "gen_ai.usage.input_tokens": 200,
+                    "gen_ai.usage.output_tokens": 15,
+                    "gen_ai.output.messages": json.dumps(
+                        [{"role": "assistant", "parts": [{"type": "text", "content": "21 °C and sunny."}]}]
+                    ),
+                },
+            ):
                 pass
         return format(root.get_span_context().trace_id, "032x")
 
@@ -117,11 +161,15 @@ def _types(run: Run) -> list[str]:
 
 EXPECTED_TYPES = [
     "RunStarted",
-    "StepScheduled", "StepAttemptStarted",
-    "harness.model.called", "harness.model.responded",
-    "harness.tool_call.started", "harness.tool_call.succeeded",
+    "StepScheduled",
+    "StepAttemptStarted",
+    "harness.model.called",
+    "harness.model.responded",
+    "harness.tool_call.started",
+    "harness.tool_call.succeeded",
     "custom.otel.span",
-    "harness.model.called", "harness.model.responded",
+    "harness.model.called",
+    "harness.model.responded",
     "StepCompleted",
     "RunCompleted",
 ]
@@ -130,8 +178,12 @@ EXPECTED_TYPES = [
 def test_sdk_exporter_spans_become_the_runs_events(server: Daphne, workspace: Workspace, key: str) -> None:
     """The SDK's http/protobuf exporter, gzip, one export per ended span: children reach the server
     before their parents, in six exports, and the run still reads in order of time."""
-    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"},
-                                compression=Compression.Gzip, timeout=30)
+    exporter = OTLPSpanExporter(
+        endpoint=server.url + TRACES,
+        headers={"Authorization": f"Bearer {key}"},
+        compression=Compression.Gzip,
+        timeout=30,
+    )
     provider = _provider(exporter)
     trace = _agent_trace(provider)
     provider.shutdown()
@@ -142,26 +194,43 @@ def test_sdk_exporter_spans_become_the_runs_events(server: Daphne, workspace: Wo
     events = selectors.events(run)
     # Six exports, each its own append: the log keeps arrival order, a span's end events at its end.
     assert [e["type"] for e in events] == [
-        "RunStarted", "harness.model.called", "harness.model.responded", "harness.tool_call.started",
-        "harness.tool_call.succeeded", "custom.otel.span", "harness.model.called", "harness.model.responded",
-        "StepScheduled", "StepAttemptStarted", "StepCompleted", "RunCompleted"]
+        "RunStarted",
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+        "custom.otel.span",
+        "harness.model.called",
+        "harness.model.responded",
+        "StepScheduled",
+        "StepAttemptStarted",
+        "StepCompleted",
+        "RunCompleted",
+    ]
     by_type = {e["type"]: e["payload"] for e in events}
     responded = [e["payload"] for e in events if e["type"] == "harness.model.responded"]
     assert responded[0]["model"] == {"provider": "openai", "modelId": "gpt-4o-2024-08-06"}
     assert responded[0]["response"]["usage"] == {"inputTokens": 120, "outputTokens": 30}
     assert responded[0]["response"]["toolCalls"] == [
-        {"callId": "call_1", "toolName": "get_weather", "args": {"city": "Paris"}}]
+        {"callId": "call_1", "toolName": "get_weather", "args": {"city": "Paris"}}
+    ]
     assert responded[1]["model"] == {"provider": "openai", "modelId": "gpt-4o"}  # gen_ai.system, the older name
     assert responded[1]["response"]["text"] == "21 °C and sunny."
     assert [p["turn"] for p in responded] == [1, 2]
     called = next(e["payload"] for e in events if e["type"] == "harness.model.called")
     assert called["request"]["parameters"] == {"temperature": 0.2}
-    assert called["request"]["messages"] == [{"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}]
+    assert called["request"]["messages"] == [
+        {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}
+    ]
     agent_step = by_type["StepScheduled"]["stepPath"]
     assert by_type["StepScheduled"]["stepId"] == "invoke_agent weather"
     assert all(p.get("stepPath") == agent_step for p in responded)
-    assert by_type["harness.tool_call.started"] == {**by_type["harness.tool_call.started"], "callId": "call_1",
-                                                   "toolName": "get_weather", "args": {"city": "Paris"}}
+    assert by_type["harness.tool_call.started"] == {
+        **by_type["harness.tool_call.started"],
+        "callId": "call_1",
+        "toolName": "get_weather",
+        "args": {"city": "Paris"},
+    }
     assert by_type["harness.tool_call.succeeded"]["result"] == {"celsius": 21}
     assert by_type["custom.otel.span"]["otel"]["attributes"] == {"db.system.name": "postgresql"}
 
@@ -193,7 +262,7 @@ def test_a_retried_export_writes_nothing_twice(server: Daphne, workspace: Worksp
     assert exporter.export(spans) == SpanExportResult.SUCCESS
     run.refresh_from_db()
     events = selectors.events(run)
-    assert [e["eventId"] for e in events][:len(first)] == first
+    assert [e["eventId"] for e in events][: len(first)] == first
     assert len({e["payload"].get("otel", {}).get("spanId") for e in events if e["type"].startswith("harness.")}) == 3
     assert run.status == "completed" and run.last_sequence == len(EXPECTED_TYPES)
     failed = next(e["payload"] for e in events if e["type"] == "harness.tool_call.failed")
@@ -208,19 +277,33 @@ ROOT, CHAT = "eee19b7ec3c1b174", "eee19b7ec3c1b173"
 
 
 def _json_export(*spans: dict[str, Any]) -> dict[str, Any]:
-    return {"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-agent"}}]},
-        "scopeSpans": [{"scope": {"name": "manual"}, "spans": list(spans)}]}]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-agent"}}]},
+                "scopeSpans": [{"scope": {"name": "manual"}, "spans": list(spans)}],
+            }
+        ]
+    }
 
 
-def _json_span(span_id: str, name: str, start: int, end: int, parent: str = "", trace: str = TRACE,
-               **attributes: Any) -> dict[str, Any]:
+def _json_span(
+    span_id: str, name: str, start: int, end: int, parent: str = "", trace: str = TRACE, **attributes: Any
+) -> dict[str, Any]:
     def value(v: Any) -> dict[str, Any]:
         return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
-    return {"traceId": trace, "spanId": span_id, "parentSpanId": parent, "name": name, "kind": 1,
-            "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-            "attributes": [{"key": k.replace("__", "."), "value": value(v)} for k, v in attributes.items()],
-            "status": {}}
+
+    return {
+        "traceId": trace,
+        "spanId": span_id,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
+        "attributes": [{"key": k.replace("__", "."), "value": value(v)} for k, v in attributes.items()],
+        "status": {},
+    }
 
 
 T0 = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z
@@ -228,23 +311,44 @@ T0 = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z
 
 def _chat_trace(trace: str = TRACE) -> dict[str, Any]:
     return _json_export(
-        _json_span(CHAT, "chat claude", T0 + 1_000_000, T0 + 900_000_000, parent=ROOT, trace=trace,
-                   gen_ai__operation__name="chat", gen_ai__provider__name="anthropic",
-                   gen_ai__request__model="claude-sonnet-4", gen_ai__usage__input_tokens=50,
-                   gen_ai__usage__output_tokens=7),
-        _json_span(ROOT, "agent", T0, T0 + 1_000_000_000, trace=trace))
+        _json_span(
+            CHAT,
+            "chat claude",
+            T0 + 1_000_000,
+            T0 + 900_000_000,
+            parent=ROOT,
+            trace=trace,
+            gen_ai__operation__name="chat",
+            gen_ai__provider__name="anthropic",
+            gen_ai__request__model="claude-sonnet-4",
+            gen_ai__usage__input_tokens=50,
+            gen_ai__usage__output_tokens=7,
+        ),
+        _json_span(ROOT, "agent", T0, T0 + 1_000_000_000, trace=trace),
+    )
 
 
 def test_otlp_json_with_gzip_is_accepted(server: Daphne, workspace: Workspace, key: str) -> None:
     body = gzip.compress(json.dumps(_chat_trace()).encode())
-    response = httpx.post(server.url + TRACES, content=body, timeout=30, headers={
-        "Authorization": f"Bearer {key}", "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    response = httpx.post(
+        server.url + TRACES,
+        content=body,
+        timeout=30,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/json"
     assert response.json() == {}
     run = _run(workspace, TRACE)
-    assert _types(run) == ["RunStarted", "StepScheduled", "StepAttemptStarted", "harness.model.called",
-                           "harness.model.responded", "StepCompleted", "RunCompleted"]
+    assert _types(run) == [
+        "RunStarted",
+        "StepScheduled",
+        "StepAttemptStarted",
+        "harness.model.called",
+        "harness.model.responded",
+        "StepCompleted",
+        "RunCompleted",
+    ]
     assert (run.input_tokens, run.output_tokens, run.status) == (50, 7, "completed")
     started_payload = selectors.events(run)[0]["payload"]
     assert started_payload["workflowVersionId"] == "otel:json-agent"
@@ -253,8 +357,7 @@ def test_otlp_json_with_gzip_is_accepted(server: Daphne, workspace: Workspace, k
 
 def test_partial_success_names_the_refused_spans(server: Daphne, workspace: Workspace, key: str) -> None:
     export = _chat_trace()
-    export["resourceSpans"][0]["scopeSpans"][0]["spans"].append(
-        _json_span("0000000000000000", "broken", T0, T0 + 1))
+    export["resourceSpans"][0]["scopeSpans"][0]["spans"].append(_json_span("0000000000000000", "broken", T0, T0 + 1))
     response = httpx.post(server.url + TRACES, json=export, timeout=30, headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 200, response.text
     partial = response.json()["partialSuccess"]
@@ -279,17 +382,30 @@ def test_a_trace_the_log_refuses_is_rejected_alone(server: Daphne, workspace: Wo
     assert not Run.objects.filter(run_id=f"run_otel_{other}").exists()
 
 
-def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(server: Daphne, workspace: Workspace,
-                                                                     key: str) -> None:
+def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(
+    server: Daphne, workspace: Workspace, key: str
+) -> None:
     auth = {"Authorization": f"Bearer {key}"}
     assert httpx.post(server.url + TRACES, json=_chat_trace(), headers=auth, timeout=30).status_code == 200
-    late = _json_export(_json_span("aaaaaaaaaaaaaaaa", "chat late", T0 + 2, T0 + 3, parent=ROOT,
-                                   gen_ai__operation__name="chat", gen_ai__usage__input_tokens=5))
+    late = _json_export(
+        _json_span(
+            "aaaaaaaaaaaaaaaa",
+            "chat late",
+            T0 + 2,
+            T0 + 3,
+            parent=ROOT,
+            gen_ai__operation__name="chat",
+            gen_ai__usage__input_tokens=5,
+        )
+    )
     response = httpx.post(server.url + TRACES, json=late, headers=auth, timeout=30)
     assert response.status_code == 200
     # Nothing refused (a zero rejectedSpans is omitted, as protobuf's JSON omits defaults): a warning only.
-    assert response.json() == {"partialSuccess": {"errorMessage": "1 span(s) arrived after their trace's root span "
-                                                                  "ended and were kept as custom.otel.span"}}
+    assert response.json() == {
+        "partialSuccess": {
+            "errorMessage": "1 span(s) arrived after their trace's root span ended and were kept as custom.otel.span"
+        }
+    }
     run = _run(workspace, TRACE)
     last = selectors.events(run)[-1]
     assert last["type"] == "custom.otel.span" and last["payload"]["late"] is True
@@ -297,39 +413,60 @@ def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(server: Daph
     assert all(check.status == "pass" for check in verify_run(run))
 
 
-@pytest.mark.parametrize(("headers", "body", "status", "code"), [
-    ({"Content-Type": "application/x-protobuf"}, b"\xff\xff\xff\xff", 400, "invalid_otlp"),
-    ({"Content-Type": "application/json"}, b"{not json", 400, "invalid_otlp"),
-    ({"Content-Type": "application/json"}, b"[1, 2]", 400, "invalid_otlp"),
-    ({"Content-Type": "application/json"}, json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
-        {"traceId": "not-hex", "spanId": ROOT}]}]}]}).encode(), 400, "invalid_otlp"),
-    ({"Content-Type": "application/json"}, json.dumps({"resourceSpans": "many"}).encode(), 400, "invalid_otlp"),
-    ({"Content-Type": "application/json"}, b'{"resourceSpans": ' + b"[" * 70 + b"]" * 70 + b"}", 400, "invalid_otlp"),
-    ({"Content-Type": "application/json"}, b"[" * 5000 + b"]" * 5000, 400, "invalid_otlp"),
-    ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, b"not gzip", 400, "invalid_otlp"),
-    ({"Content-Type": "application/json", "Content-Encoding": "br"}, b"{}", 415, "unsupported_media_type"),
-    ({"Content-Type": "text/plain"}, b"{}", 415, "unsupported_media_type"),
-    ({"Content-Type": "application/json", "Content-Encoding": "gzip"},
-     gzip.compress(b" " * (11 * 1024 * 1024)), 413, "payload_too_large"),
-])
-def test_bad_input_is_refused_with_the_error_body(server: Daphne, workspace: Workspace, key: str,
-                                                  headers: dict[str, str], body: bytes, status: int,
-                                                  code: str) -> None:
-    response = httpx.post(server.url + TRACES, content=body, timeout=30,
-                          headers={"Authorization": f"Bearer {key}", **headers})
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "code"),
+    [
+        ({"Content-Type": "application/x-protobuf"}, b"\xff\xff\xff\xff", 400, "invalid_otlp"),
+        ({"Content-Type": "application/json"}, b"{not json", 400, "invalid_otlp"),
+        ({"Content-Type": "application/json"}, b"[1, 2]", 400, "invalid_otlp"),
+        (
+            {"Content-Type": "application/json"},
+            json.dumps(
+                {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "not-hex", "spanId": ROOT}]}]}]}
+            ).encode(),
+            400,
+            "invalid_otlp",
+        ),
+        ({"Content-Type": "application/json"}, json.dumps({"resourceSpans": "many"}).encode(), 400, "invalid_otlp"),
+        (
+            {"Content-Type": "application/json"},
+            b'{"resourceSpans": ' + b"[" * 70 + b"]" * 70 + b"}",
+            400,
+            "invalid_otlp",
+        ),
+        ({"Content-Type": "application/json"}, b"[" * 5000 + b"]" * 5000, 400, "invalid_otlp"),
+        ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, b"not gzip", 400, "invalid_otlp"),
+        ({"Content-Type": "application/json", "Content-Encoding": "br"}, b"{}", 415, "unsupported_media_type"),
+        ({"Content-Type": "text/plain"}, b"{}", 415, "unsupported_media_type"),
+        (
+            {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            gzip.compress(b" " * (11 * 1024 * 1024)),
+            413,
+            "payload_too_large",
+        ),
+    ],
+)
+def test_bad_input_is_refused_with_the_error_body(
+    server: Daphne, workspace: Workspace, key: str, headers: dict[str, str], body: bytes, status: int, code: str
+) -> None:
+    response = httpx.post(
+        server.url + TRACES, content=body, timeout=30, headers={"Authorization": f"Bearer {key}", **headers}
+    )
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     assert response.json()["error"]["code"] == code
     assert not Event.objects.exists()
 
 
-def test_keys_credentials_and_tenants(server: Daphne, workspace: Workspace, other_workspace: Workspace,
-                                      key: str) -> None:
+def test_keys_credentials_and_tenants(
+    server: Daphne, workspace: Workspace, other_workspace: Workspace, key: str
+) -> None:
     body = json.dumps(_chat_trace()).encode()
 
     def post(headers: dict[str, str]) -> httpx.Response:
-        return httpx.post(server.url + TRACES, content=body, timeout=30,
-                          headers={"Content-Type": "application/json", **headers})
+        return httpx.post(
+            server.url + TRACES, content=body, timeout=30, headers={"Content-Type": "application/json", **headers}
+        )
 
     assert post({}).status_code == 401
     assert post({"Authorization": "Bearer rl_not_a_key"}).status_code == 401
@@ -350,13 +487,17 @@ def test_keys_credentials_and_tenants(server: Daphne, workspace: Workspace, othe
 def _parse_otlp_json(document: dict[str, Any]) -> ExportTraceServiceRequest:
     """OTLP/JSON through protobuf's own JSON mapping (strict: an unknown field fails): only the
     hex ids become base64 first, the one place OTLP/JSON differs from the mapping."""
+
     def ids(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId")
-                    else ids(v) for k, v in value.items()}
+            return {
+                k: base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId") else ids(v)
+                for k, v in value.items()
+            }
         if isinstance(value, list):
             return [ids(v) for v in value]
         return value
+
     return json_format.ParseDict(ids(document), ExportTraceServiceRequest())
 
 
@@ -374,23 +515,44 @@ def _attributes(span: Any) -> dict[str, Any]:
 
 
 def _native_run(append: Any) -> None:
-    append("run_native", started("wfver_support"),
-           ev("StepScheduled", stepPath="answer", stepId="answer"),
-           ev("StepAttemptStarted", stepPath="answer", attempt=1),
-           ev("harness.model.called", turn=1, promptHash="sha256:p", request={"model": "gpt-4o-mini"},
-              stepPath="answer", callId="m1"),
-           ev("harness.model.responded", turn=1, callId="m1", stepPath="answer",
-              model={"provider": "openai", "modelId": "gpt-4o-mini"},
-              response={"text": "hi", "usage": {"inputTokens": 40, "outputTokens": 9}}),
-           ev("harness.tool_call.started", callId="t1", caller="agent", toolName="lookup", args={"q": "x"},
-              stepPath="answer"),
-           ev("harness.tool_call.succeeded", callId="t1", durationMs=12, result={"hits": 2}, stepPath="answer"),
-           ev("StepCompleted", stepPath="answer", attempt=1),
-           ev("RunCompleted", output={"ok": True}))
+    append(
+        "run_native",
+        started("wfver_support"),
+        ev("StepScheduled", stepPath="answer", stepId="answer"),
+        ev("StepAttemptStarted", stepPath="answer", attempt=1),
+        ev(
+            "harness.model.called",
+            turn=1,
+            promptHash="sha256:p",
+            request={"model": "gpt-4o-mini"},
+            stepPath="answer",
+            callId="m1",
+        ),
+        ev(
+            "harness.model.responded",
+            turn=1,
+            callId="m1",
+            stepPath="answer",
+            model={"provider": "openai", "modelId": "gpt-4o-mini"},
+            response={"text": "hi", "usage": {"inputTokens": 40, "outputTokens": 9}},
+        ),
+        ev(
+            "harness.tool_call.started",
+            callId="t1",
+            caller="agent",
+            toolName="lookup",
+            args={"q": "x"},
+            stepPath="answer",
+        ),
+        ev("harness.tool_call.succeeded", callId="t1", durationMs=12, result={"hits": 2}, stepPath="answer"),
+        ev("StepCompleted", stepPath="answer", attempt=1),
+        ev("RunCompleted", output={"ok": True}),
+    )
 
 
-def test_a_run_exports_as_otlp_json_and_comes_back_in(server: Daphne, workspace: Workspace,
-                                                      other_workspace: Workspace, key: str, append: Any) -> None:
+def test_a_run_exports_as_otlp_json_and_comes_back_in(
+    server: Daphne, workspace: Workspace, other_workspace: Workspace, key: str, append: Any
+) -> None:
     _native_run(append)
     url = f"{server.url}/api/v1/runs/run_native/otlp"
     auth = {"Authorization": f"Bearer {key}"}
@@ -403,17 +565,23 @@ def test_a_run_exports_as_otlp_json_and_comes_back_in(server: Daphne, workspace:
     assert len({s.trace_id for s in spans}) == 1 and len(spans[0].trace_id) == 16
     by_name = {s.name: s for s in spans}
     assert set(by_name) == {"wfver_support", "answer", "chat gpt-4o-mini", "execute_tool lookup"}
-    root, step, chat, tool = (by_name[n] for n in ("wfver_support", "answer", "chat gpt-4o-mini",
-                                                    "execute_tool lookup"))
+    root, step, chat, tool = (
+        by_name[n] for n in ("wfver_support", "answer", "chat gpt-4o-mini", "execute_tool lookup")
+    )
     assert not root.parent_span_id and step.parent_span_id == root.span_id
     assert chat.parent_span_id == tool.parent_span_id == step.span_id
     events = {e["type"]: e for e in selectors.events(Run.objects.get(run_id="run_native"))}
     assert chat.span_id.hex() == events["harness.model.called"]["eventId"][4:]
     assert chat.kind == chat.SPAN_KIND_CLIENT
-    assert _attributes(chat) | {} == {**_attributes(chat), "gen_ai.operation.name": "chat",
-                                      "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o-mini",
-                                      "gen_ai.response.model": "gpt-4o-mini", "gen_ai.usage.input_tokens": 40,
-                                      "gen_ai.usage.output_tokens": 9}
+    assert _attributes(chat) | {} == {
+        **_attributes(chat),
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "gpt-4o-mini",
+        "gen_ai.response.model": "gpt-4o-mini",
+        "gen_ai.usage.input_tokens": 40,
+        "gen_ai.usage.output_tokens": 9,
+    }
     assert _attributes(tool)["gen_ai.tool.name"] == "lookup" and _attributes(tool)["gen_ai.tool.call.id"] == "t1"
     assert chat.start_time_unix_nano <= chat.end_time_unix_nano
     entries = AuditEntry.objects.filter(action="run.otlp_exported", target="run_native")
@@ -429,18 +597,29 @@ def test_a_run_exports_as_otlp_json_and_comes_back_in(server: Daphne, workspace:
     assert list(copy.steps.values_list("status", flat=True)) == ["completed"]
     copied = selectors.events(copy)
     assert [e["type"] for e in copied] == [
-        "RunStarted", "StepScheduled", "StepAttemptStarted", "harness.model.called", "harness.model.responded",
-        "harness.tool_call.started", "harness.tool_call.succeeded", "StepCompleted", "RunCompleted"]
+        "RunStarted",
+        "StepScheduled",
+        "StepAttemptStarted",
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+        "StepCompleted",
+        "RunCompleted",
+    ]
     assert next(e for e in copied if e["type"] == "harness.tool_call.succeeded")["payload"]["result"] == {"hits": 2}
 
     # An ingested run exports with its own trace and span ids, and posting that back writes nothing.
-    again = httpx.get(f"{server.url}/api/v1/runs/{copy.run_id}/otlp", headers={"Authorization": f"Bearer {theirs}"},
-                      timeout=30).json()
+    again = httpx.get(
+        f"{server.url}/api/v1/runs/{copy.run_id}/otlp", headers={"Authorization": f"Bearer {theirs}"}, timeout=30
+    ).json()
     respans = _parse_otlp_json(again).resource_spans[0].scope_spans[0].spans
     assert {(s.span_id, s.parent_span_id) for s in respans} == {(s.span_id, s.parent_span_id) for s in spans}
     before = copy.last_sequence
-    assert httpx.post(server.url + TRACES, json=again, headers={"Authorization": f"Bearer {theirs}"},
-                      timeout=30).json() == {}
+    assert (
+        httpx.post(server.url + TRACES, json=again, headers={"Authorization": f"Bearer {theirs}"}, timeout=30).json()
+        == {}
+    )
     copy.refresh_from_db()
     assert copy.last_sequence == before
 
@@ -451,8 +630,9 @@ def test_an_ingested_trace_exports_with_its_own_ids(server: Daphne, workspace: W
     originals = {format(s.context.span_id, "016x"): s for s in memory.get_finished_spans()}
     exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
     assert exporter.export(memory.get_finished_spans()) == SpanExportResult.SUCCESS
-    document = httpx.get(f"{server.url}/api/v1/runs/run_otel_{trace}/otlp", headers={"Authorization": f"Bearer {key}"},
-                         timeout=30).json()
+    document = httpx.get(
+        f"{server.url}/api/v1/runs/run_otel_{trace}/otlp", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ).json()
     spans = _parse_otlp_json(document).resource_spans[0].scope_spans[0].spans
     assert {s.trace_id.hex() for s in spans} == {trace}
     assert {s.span_id.hex() for s in spans} == set(originals)
@@ -462,15 +642,19 @@ def test_an_ingested_trace_exports_with_its_own_ids(server: Daphne, workspace: W
         assert span.start_time_unix_nano == original.start_time and span.end_time_unix_nano == original.end_time
         parent = original.parent.span_id if original.parent else None
         assert (span.parent_span_id.hex() if span.parent_span_id else None) == (
-            format(parent, "016x") if parent else None)
+            format(parent, "016x") if parent else None
+        )
         # Every original attribute comes back; the GenAI names a backend may look for are added.
         exported = _attributes(span)
-        assert exported | {k: list(v) if isinstance(v, tuple) else v
-                           for k, v in (original.attributes or {}).items()} == exported
+        assert (
+            exported | {k: list(v) if isinstance(v, tuple) else v for k, v in (original.attributes or {}).items()}
+            == exported
+        )
 
 
-def test_the_run_export_is_not_for_outsiders(server: Daphne, workspace: Workspace, other_workspace: Workspace,
-                                             key: str, append: Any) -> None:
+def test_the_run_export_is_not_for_outsiders(
+    server: Daphne, workspace: Workspace, other_workspace: Workspace, key: str, append: Any
+) -> None:
     _native_run(append)
     url = f"{server.url}/api/v1/runs/run_native/otlp"
     outsider = httpx.get(url, headers={"Authorization": f"Bearer {_key(other_workspace, ['read'])}"}, timeout=30)
@@ -478,8 +662,12 @@ def test_the_run_export_is_not_for_outsiders(server: Daphne, workspace: Workspac
     assert httpx.get(url, timeout=30).status_code == 401
     ingest_only = httpx.get(url, headers={"Authorization": f"Bearer {_key(workspace, ['ingest'])}"}, timeout=30)
     assert ingest_only.status_code == 403
-    assert httpx.get(f"{server.url}/api/v1/runs/bad id/otlp", headers={"Authorization": f"Bearer {key}"},
-                     timeout=30).json()["error"]["code"] == "invalid_run_id"
+    assert (
+        httpx.get(
+            f"{server.url}/api/v1/runs/bad id/otlp", headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ).json()["error"]["code"]
+        == "invalid_run_id"
+    )
     assert not AuditEntry.objects.filter(action="run.otlp_exported").exists()
 
 
@@ -499,8 +687,14 @@ def test_readme_otlp_example_works_as_written(server: Daphne, workspace: Workspa
     script = _readme_block().replace("http://127.0.0.1:8000", server.url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["DATABASE_URL"] = database_url()
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script + "\n" + script], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script + "\n" + script],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     outputs = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     run, exported = outputs[0], outputs[1]
@@ -508,9 +702,17 @@ def test_readme_otlp_example_works_as_written(server: Daphne, workspace: Workspa
     assert run["status"] == "completed"
     assert (run["usage"]["inputTokens"], run["usage"]["outputTokens"]) == (120, 30)
     stored = Run.objects.get(workspace=workspace, run_id=run["runId"])
-    assert _types(stored) == ["RunStarted", "StepScheduled", "StepAttemptStarted", "harness.model.called",
-                              "harness.model.responded", "harness.tool_call.started",
-                              "harness.tool_call.succeeded", "StepCompleted", "RunCompleted"]
+    assert _types(stored) == [
+        "RunStarted",
+        "StepScheduled",
+        "StepAttemptStarted",
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.tool_call.started",
+        "harness.tool_call.succeeded",
+        "StepCompleted",
+        "RunCompleted",
+    ]
     names = {s.name for s in _parse_otlp_json(exported).resource_spans[0].scope_spans[0].spans}
     assert names == {"invoke_agent weather", "chat gpt-4o", "execute_tool get_weather"}
     assert outputs[2]["runId"] != run["runId"]  # run twice, as a user would: a new trace, a new run
@@ -520,25 +722,43 @@ HOSTILE = [
     # What no encoder writes, in the places OTLP/JSON has strings, numbers and ids.
     json.dumps(_json_export(_json_span("ccccccccccccccc0", "\ud800", T0, T0 + 1, note="\udfff"))).encode(),
     json.dumps(_json_export(_json_span("0000000000000000", "\ud800", T0, T0 + 1))).encode(),
-    json.dumps(_json_export(_json_span("ccccccccccccccc1", "n", T0, T0 + 1))).replace(
-        '"startTimeUnixNano": "1', '"startTimeUnixNano": "-1').encode(),
-    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
-    + ROOT.encode() + b'", "attributes": [{"key": "x", "value": {"doubleValue": NaN}}, '
+    json.dumps(_json_export(_json_span("ccccccccccccccc1", "n", T0, T0 + 1)))
+    .replace('"startTimeUnixNano": "1', '"startTimeUnixNano": "-1')
+    .encode(),
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "'
+    + TRACE.encode()
+    + b'", "spanId": "'
+    + ROOT.encode()
+    + b'", "attributes": [{"key": "x", "value": {"doubleValue": NaN}}, '
     b'{"key": "y", "value": {"intValue": 1e400}}]}]}]}]}',
-    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
-    + ROOT.encode() + b'", "kind": 99, "status": {"code": 7}, "startTimeUnixNano": "99999999999999999999"}]}]}]}',
-    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
-    + ROOT.encode() + b'", "attributes": [{"key": "k", "value": {"stringValue": "' + b"x" * 1_048_576 + b'"}}]}]}]}]}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "'
+    + TRACE.encode()
+    + b'", "spanId": "'
+    + ROOT.encode()
+    + b'", "kind": 99, "status": {"code": 7}, "startTimeUnixNano": "99999999999999999999"}]}]}]}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "'
+    + TRACE.encode()
+    + b'", "spanId": "'
+    + ROOT.encode()
+    + b'", "attributes": [{"key": "k", "value": {"stringValue": "'
+    + b"x" * 1_048_576
+    + b'"}}]}]}]}]}',
     b'{"resourceSpans": [], "resourceSpans": [{"scopeSpans": "x"}]}',
-    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'", "spanId": "'
-    + ROOT.encode() + b'", "parentSpanId": "' + ROOT.encode() + b'"}]}]}]}',
+    b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "'
+    + TRACE.encode()
+    + b'", "spanId": "'
+    + ROOT.encode()
+    + b'", "parentSpanId": "'
+    + ROOT.encode()
+    + b'"}]}]}]}',
     b"\xff\xfe not utf-8",
     b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "' + TRACE.encode() + b'"',
 ]
 
 
-def test_hostile_bodies_are_never_a_server_error(server: Daphne, workspace: Workspace, key: str, settings: Any,
-                                                 server_artifacts: Path) -> None:
+def test_hostile_bodies_are_never_a_server_error(
+    server: Daphne, workspace: Workspace, key: str, settings: Any, server_artifacts: Path
+) -> None:
     """Each answered 200 (what was valid written, the rest in partialSuccess) or a 4xx error body;
     whatever was written is a dense run that verifies (a megabyte attribute is an artifact)."""
     settings.ARTIFACTS_ROOT = server_artifacts
@@ -547,21 +767,28 @@ def test_hostile_bodies_are_never_a_server_error(server: Daphne, workspace: Work
             for content_type in ("application/json", "application/x-protobuf"):
                 response = client.post(TRACES, content=body, headers={"Content-Type": content_type})
                 assert response.status_code == 200 or (
-                    400 <= response.status_code < 500 and "error" in response.json()), (body[:200], response.text)
+                    400 <= response.status_code < 500 and "error" in response.json()
+                ), (body[:200], response.text)
     for run in Run.objects.all():
-        assert all(check.status == "pass" for check in verify_run(run)), [c for c in verify_run(run) if c.status != "pass"]
+        assert all(check.status == "pass" for check in verify_run(run)), [
+            c for c in verify_run(run) if c.status != "pass"
+        ]
 
 
 @pytest.fixture(scope="module")
-def second_server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory,
-                  server_artifacts: Path) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne2"), "otlp2", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)})
+def second_server(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, server_artifacts: Path
+) -> Iterator[Daphne]:
+    daphne = start_daphne(
+        tmp_path_factory.mktemp("daphne2"), "otlp2", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)}
+    )
     yield daphne
     daphne.stop()
 
 
-def test_concurrent_exports_of_one_trace_write_each_span_once(server: Daphne, second_server: Daphne,
-                                                              workspace: Workspace, key: str) -> None:
+def test_concurrent_exports_of_one_trace_write_each_span_once(
+    server: Daphne, second_server: Daphne, workspace: Workspace, key: str
+) -> None:
     """An exporter's retry racing its first attempt, and a second exporter of the same trace, sent to
     two server processes at once: the run's start and every span are decided under the run's lock,
     and a loser is mapped again."""
@@ -572,8 +799,12 @@ def test_concurrent_exports_of_one_trace_write_each_span_once(server: Daphne, se
 
     def post(item: tuple[int, bytes]) -> int:
         index, body = item
-        return httpx.post((server, second_server)[index % 2].url + TRACES, content=body, timeout=60, headers={
-            "Authorization": f"Bearer {key}", "Content-Type": "application/x-protobuf"}).status_code
+        return httpx.post(
+            (server, second_server)[index % 2].url + TRACES,
+            content=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/x-protobuf"},
+        ).status_code
 
     with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
         assert list(pool.map(post, enumerate(bodies))) == [200] * len(bodies)

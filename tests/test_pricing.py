@@ -235,9 +235,13 @@ def reference_cost(usage: Usage, rates: ModelRates) -> Decimal:
     """The definition in Decimal (what price_call computed before it worked in integers):
     (uncached input x input rate + cached x cache rate + output x output rate) / 1M."""
     cache_rate = rates.input if rates.cached_input is None else rates.cached_input
-    total = _WIDE.add(_WIDE.add(_WIDE.multiply(Decimal(usage.input_tokens - usage.cached_input_tokens), rates.input),
-                                _WIDE.multiply(Decimal(usage.cached_input_tokens), cache_rate)),
-                      _WIDE.multiply(Decimal(usage.output_tokens), rates.output))
+    total = _WIDE.add(
+        _WIDE.add(
+            _WIDE.multiply(Decimal(usage.input_tokens - usage.cached_input_tokens), rates.input),
+            _WIDE.multiply(Decimal(usage.cached_input_tokens), cache_rate),
+        ),
+        _WIDE.multiply(Decimal(usage.output_tokens), rates.output),
+    )
     return _WIDE.divide(total, Decimal(1_000_000))
 
 
@@ -245,17 +249,31 @@ def reference_cost(usage: Usage, rates: ModelRates) -> Decimal:
 # hundreds (positive exponents: 1E+2) down to twelve places.
 rates_strategy = st.builds(
     lambda digits, exponent: Decimal(digits).scaleb(exponent),
-    st.integers(0, 10**9), st.integers(-12, 3),
+    st.integers(0, 10**9),
+    st.integers(-12, 3),
 )
 tokens = st.integers(0, 10**13)
 
 
 @settings(max_examples=400, deadline=None)
-@given(rate_in=rates_strategy, rate_out=rates_strategy, rate_cached=st.none() | rates_strategy,
-       input_tokens=tokens, output_tokens=tokens, cached=tokens, reasoning=tokens)
-def test_price_call_equals_the_decimal_definition(rate_in: Decimal, rate_out: Decimal, rate_cached: Decimal | None,
-                                                  input_tokens: int, output_tokens: int, cached: int,
-                                                  reasoning: int) -> None:
+@given(
+    rate_in=rates_strategy,
+    rate_out=rates_strategy,
+    rate_cached=st.none() | rates_strategy,
+    input_tokens=tokens,
+    output_tokens=tokens,
+    cached=tokens,
+    reasoning=tokens,
+)
+def test_price_call_equals_the_decimal_definition(
+    rate_in: Decimal,
+    rate_out: Decimal,
+    rate_cached: Decimal | None,
+    input_tokens: int,
+    output_tokens: int,
+    cached: int,
+    reasoning: int,
+) -> None:
     rates = ModelRates(input=rate_in, output=rate_out, cached_input=rate_cached)
     table = PriceTable(version="t", rates={"p/m": rates})
     usage = Usage(input_tokens, output_tokens, cached, reasoning)
@@ -277,16 +295,25 @@ def test_totals_of_many_calls_equal_the_decimal_sum(calls: list[tuple[int, int, 
         expected = _WIDE.add(expected, reference_cost(usage, rates))
     assert totals.cost_usd == expected and totals.priced_calls == len(calls)
     assert totals == UsageTotals(
-        sum(c[0] for c in calls), sum(c[1] for c in calls), sum(min(c[2], c[0]) for c in calls), 0,
-        expected, len(calls), 0)
+        sum(c[0] for c in calls),
+        sum(c[1] for c in calls),
+        sum(min(c[2], c[0]) for c in calls),
+        0,
+        expected,
+        len(calls),
+        0,
+    )
 
 
-@pytest.mark.parametrize("rates", [
-    {"input": 0, "output": 0},  # free
-    {"input": 100, "output": 1000, "cachedInput": 0},  # whole dollars, free cache hits
-    {"input": 0.000000000001, "output": 123456789.123456789},  # the smallest and a long rate
-    {"input": 3, "output": 15, "cachedInput": 0.3},
-])
+@pytest.mark.parametrize(
+    "rates",
+    [
+        {"input": 0, "output": 0},  # free
+        {"input": 100, "output": 1000, "cachedInput": 0},  # whole dollars, free cache hits
+        {"input": 0.000000000001, "output": 123456789.123456789},  # the smallest and a long rate
+        {"input": 3, "output": 15, "cachedInput": 0.3},
+    ],
+)
 def test_edge_prices_equal_the_definition(rates: dict[str, Any]) -> None:
     table = PRICES.with_overrides({"acme/edge": rates})
     model_rates = table.lookup("acme", "edge")
@@ -297,8 +324,15 @@ def test_edge_prices_equal_the_definition(rates: dict[str, Any]) -> None:
 
 def test_lookup_answers_the_same_the_second_time_and_keeps_no_odd_keys() -> None:
     table = PRICES.with_overrides({"openai.responses/gpt-4.1": {"input": 9, "output": 9}})
-    asks = [("openai.responses", "gpt-4.1"), ("OpenAI.Chat", "GPT-4o"), ("openai", "nope"), ("", "gpt-4o"),
-            (None, "gpt-4o"), ({"not": "hashable"}, "gpt-4o"), ("openai", ["gpt-4o"])]
+    asks = [
+        ("openai.responses", "gpt-4.1"),
+        ("OpenAI.Chat", "GPT-4o"),
+        ("openai", "nope"),
+        ("", "gpt-4o"),
+        (None, "gpt-4o"),
+        ({"not": "hashable"}, "gpt-4o"),
+        ("openai", ["gpt-4o"]),
+    ]
     first = [table.lookup(p, m) for p, m in asks]
     assert first == [table.lookup(p, m) for p, m in asks]
     assert first[0] == ModelRates(Decimal(9), Decimal(9)) and first[1] == table.rates["openai/gpt-4o"]

@@ -37,13 +37,16 @@ def _settings_env(**env: str | None) -> dict[str, str]:
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_debug_is_off_when_a_deployment_sets_only_secret_key() -> None:
-    done = _python("import django; django.setup(); from django.conf import settings; print(settings.DEBUG)",
-                   _settings_env(DEBUG=None, SECRET_KEY="k" + secrets.token_urlsafe(50)))
+    done = _python(
+        "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)",
+        _settings_env(DEBUG=None, SECRET_KEY="k" + secrets.token_urlsafe(50)),
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
 
@@ -57,8 +60,9 @@ def test_without_debug_or_secret_key_settings_refuse_to_load_and_say_how() -> No
 def test_check_deploy_is_clean_under_the_documented_production_environment() -> None:
     env = _production_environment()
     assert env["DEBUG"] == "0" and env["SESSION_COOKIE_SECURE"] == "1" and int(env["SECURE_HSTS_SECONDS"]) > 0
-    done = subprocess.run([sys.executable, str(CHECK_DEPLOY)], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(CHECK_DEPLOY)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout
     assert "drf_spectacular" not in done.stdout + done.stderr
@@ -67,8 +71,14 @@ def test_check_deploy_is_clean_under_the_documented_production_environment() -> 
 def test_check_deploy_fails_without_the_https_switches() -> None:
     """The check that CI runs can fail: SECRET_KEY and DEBUG=0 alone leave four warnings."""
     env = _settings_env(DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50))
-    done = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode != 0
     for warning in ("security.W004", "security.W008", "security.W012", "security.W016"):
         assert warning in done.stderr, done.stderr
@@ -76,9 +86,16 @@ def test_check_deploy_fails_without_the_https_switches() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_forgotten_debug_serves_a_plain_404_not_a_debug_page(tmp_path: Path) -> None:
-    daphne = start_daphne(tmp_path, "no-debug", {"DEBUG": None, "SECRET_KEY": secrets.token_urlsafe(50),
-                                                 "DJANGO_SETTINGS_MODULE": "console.settings",
-                                                 "DJANGO_ALLOW_ASYNC_UNSAFE": None})
+    daphne = start_daphne(
+        tmp_path,
+        "no-debug",
+        {
+            "DEBUG": None,
+            "SECRET_KEY": secrets.token_urlsafe(50),
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "DJANGO_ALLOW_ASYNC_UNSAFE": None,
+        },
+    )
     try:
         response = httpx.get(f"{daphne.url}/no/such/page/", timeout=10)
         assert response.status_code == 404
@@ -89,9 +106,13 @@ def test_forgotten_debug_serves_a_plain_404_not_a_debug_page(tmp_path: Path) -> 
 
 @pytest.mark.django_db(transaction=True)
 def test_production_environment_redirects_to_https_and_sets_hsts_and_secure_cookies(tmp_path: Path) -> None:
-    env: dict[str, str | None] = {**_production_environment(), "SECRET_KEY": secrets.token_urlsafe(50),
-                                  "DJANGO_SETTINGS_MODULE": "console.settings", "DJANGO_ALLOW_ASYNC_UNSAFE": None,
-                                  "REDIS_URL": os.environ.get("REDIS_URL")}
+    env: dict[str, str | None] = {
+        **_production_environment(),
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DJANGO_ALLOW_ASYNC_UNSAFE": None,
+        "REDIS_URL": os.environ.get("REDIS_URL"),
+    }
     env.pop("DATABASE_URL")  # start_daphne serves the test database
     via_proxy = {"Host": HOST, "X-Forwarded-Proto": "https"}
     daphne = start_daphne(tmp_path, "production-env", env, probe_headers=via_proxy)
@@ -104,6 +125,8 @@ def test_production_environment_redirects_to_https_and_sets_hsts_and_secure_cook
         cookies = secure.headers.get_list("set-cookie")
         assert any(c.startswith("csrftoken=") for c in cookies)
         assert all("; Secure" in c for c in cookies), cookies
-        assert httpx.get(f"{daphne.url}/accounts/login/", headers={"Host": "evil.example"}, timeout=10).status_code == 400
+        assert (
+            httpx.get(f"{daphne.url}/accounts/login/", headers={"Host": "evil.example"}, timeout=10).status_code == 400
+        )
     finally:
         daphne.stop()

@@ -20,8 +20,19 @@ REFUND_INPUT = json.dumps({"ticket": "refund please", "orderId": "A-1"})
 def test_plain_lines_when_not_a_terminal(workspace: Workspace) -> None:
     out, err = StringIO(), StringIO()
 
-    call_command("ledger", "run", "support.refund", "--input", REFUND_INPUT, "--workspace", "acme/support",
-                 "--run-id", "run_progress", stdout=out, stderr=err)
+    call_command(
+        "ledger",
+        "run",
+        "support.refund",
+        "--input",
+        REFUND_INPUT,
+        "--workspace",
+        "acme/support",
+        "--run-id",
+        "run_progress",
+        stdout=out,
+        stderr=err,
+    )
 
     lines = err.getvalue().splitlines()
     assert "\r" not in err.getvalue()
@@ -41,8 +52,19 @@ def test_one_line_rewritten_in_place_on_a_terminal(workspace: Workspace) -> None
     master, slave = os.openpty()
     terminal = open(slave, "w", encoding="utf-8")  # noqa: SIM115 - closed below
     try:
-        call_command("ledger", "run", "support.refund", "--input", REFUND_INPUT, "--workspace", "acme/support",
-                     "--run-id", "run_tty", stdout=StringIO(), stderr=terminal)
+        call_command(
+            "ledger",
+            "run",
+            "support.refund",
+            "--input",
+            REFUND_INPUT,
+            "--workspace",
+            "acme/support",
+            "--run-id",
+            "run_tty",
+            stdout=StringIO(),
+            stderr=terminal,
+        )
         terminal.flush()
         shown = _read_all(master)
     finally:
@@ -57,8 +79,19 @@ def test_one_line_rewritten_in_place_on_a_terminal(workspace: Workspace) -> None
 
 
 def test_resume_counts_the_steps_its_log_already_completed(workspace: Workspace) -> None:
-    call_command("ledger", "run", "support.refund", "--input", REFUND_INPUT, "--workspace", "acme/support",
-                 "--run-id", "run_again", stdout=StringIO(), stderr=StringIO())
+    call_command(
+        "ledger",
+        "run",
+        "support.refund",
+        "--input",
+        REFUND_INPUT,
+        "--workspace",
+        "acme/support",
+        "--run-id",
+        "run_again",
+        stdout=StringIO(),
+        stderr=StringIO(),
+    )
     err = StringIO()
 
     call_command("ledger", "resume", "run_again", stdout=StringIO(), stderr=err)
@@ -71,4 +104,3 @@ def _read_all(fd: int) -> str:
     while select.select([fd], [], [], 0)[0]:
         chunks.append(os.read(fd, 65536))
     return b"".join(chunks).decode()
-

@@ -10,21 +10,26 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from ledger.log import append
 from ledger.fold import fold
-from ledger.models import CostEntry, Run, Step, ToolCall
-from ledger.log.states import STATES
-from ledger.log.projection import differences
 from ledger.fold.pricing import prices_for
+from ledger.log import append
 from ledger.log.envelopes import log_of
+from ledger.log.projection import differences
+from ledger.log.states import STATES
+from ledger.models import CostEntry, Run, Step, ToolCall
 from tests.conftest import ev, started
 
 
 def responded(step: str | None, turn: int, provider: str, model: str, **usage: int) -> dict[str, Any]:
-    payload: dict[str, Any] = {"turn": turn, "callId": f"m{turn}-{step}", "model": {"provider": provider, "modelId": model},
-                               "response": {"text": "ok", "usage": usage}}
+    payload: dict[str, Any] = {
+        "turn": turn,
+        "callId": f"m{turn}-{step}",
+        "model": {"provider": provider, "modelId": model},
+        "response": {"text": "ok", "usage": usage},
+    }
     if step:
         payload["stepPath"] = step
     return {"type": "harness.model.responded", "payload": payload}
@@ -47,17 +52,24 @@ def assert_projection_is_fold(run: Run) -> None:
 
 @pytest.mark.django_db
 def test_worked_examples_land_in_the_projections(workspace, append) -> None:
-    append("run_cost", started(),
-           ev("StepScheduled", stepPath="a"),
-           responded("a", 1, "openai", "gpt-4o", inputTokens=1_000_000, outputTokens=500_000),
-           responded("a", 2, "openai", "gpt-4o-mini", inputTokens=10_000, cachedInputTokens=8_000, outputTokens=2_000),
-           responded("b", 1, "acme.chat", "nope", inputTokens=5, outputTokens=5),
-           responded(None, 1, "openai.responses", "gpt-4o-mini", inputTokens=10_000, outputTokens=2_000),
-           ev("harness.session.completed", stepPath="a", usage={"inputTokens": 1_010_000, "outputTokens": 502_000}))
+    append(
+        "run_cost",
+        started(),
+        ev("StepScheduled", stepPath="a"),
+        responded("a", 1, "openai", "gpt-4o", inputTokens=1_000_000, outputTokens=500_000),
+        responded("a", 2, "openai", "gpt-4o-mini", inputTokens=10_000, cachedInputTokens=8_000, outputTokens=2_000),
+        responded("b", 1, "acme.chat", "nope", inputTokens=5, outputTokens=5),
+        responded(None, 1, "openai.responses", "gpt-4o-mini", inputTokens=10_000, outputTokens=2_000),
+        ev("harness.session.completed", stepPath="a", usage={"inputTokens": 1_010_000, "outputTokens": 502_000}),
+    )
     run = Run.objects.get(run_id="run_cost")
     costs = list(CostEntry.objects.filter(run=run).order_by("sequence").values_list("model_id", "cost_usd"))
-    assert costs == [("gpt-4o", Decimal("7.5")), ("gpt-4o-mini", Decimal("0.0021")), ("nope", None),
-                     ("gpt-4o-mini", Decimal("0.0027"))]
+    assert costs == [
+        ("gpt-4o", Decimal("7.5")),
+        ("gpt-4o-mini", Decimal("0.0021")),
+        ("nope", None),
+        ("gpt-4o-mini", Decimal("0.0027")),
+    ]
     assert (run.cost_usd, run.priced_calls, run.unpriced_calls) == (Decimal("7.5048"), 3, 1)
     assert run.input_tokens == 1_020_005  # the session rollup added nothing
     step_a, step_b = Step.objects.filter(run=run).order_by("position")
@@ -69,23 +81,36 @@ def test_worked_examples_land_in_the_projections(workspace, append) -> None:
 @pytest.mark.django_db
 def test_run_state_and_tool_calls_are_projected(workspace, append) -> None:
     append("run_parent", started())
-    append("run_child", started(parentRunId="run_parent", label="child", input={"q": 1}),
-           ev("StepAttemptStarted", stepPath="s", attempt=1),
-           ev("StepFailed", stepPath="s", attempt=1, error={"message": "boom"}),
-           ev("StepAttemptStarted", stepPath="s", attempt=2),
-           ev("harness.tool_call.started", callId="t1", caller="model", toolName="search", args={"q": "x"}, stepPath="s"),
-           ev("harness.tool_call.succeeded", callId="t1", result={"hits": 2}, durationMs=12.5),
-           ev("StepCompleted", stepPath="s", attempt=2, output={"done": True}),
-           ev("RunCompleted", output={"answer": 42}))
+    append(
+        "run_child",
+        started(parentRunId="run_parent", label="child", input={"q": 1}),
+        ev("StepAttemptStarted", stepPath="s", attempt=1),
+        ev("StepFailed", stepPath="s", attempt=1, error={"message": "boom"}),
+        ev("StepAttemptStarted", stepPath="s", attempt=2),
+        ev("harness.tool_call.started", callId="t1", caller="model", toolName="search", args={"q": "x"}, stepPath="s"),
+        ev("harness.tool_call.succeeded", callId="t1", result={"hits": 2}, durationMs=12.5),
+        ev("StepCompleted", stepPath="s", attempt=2, output={"done": True}),
+        ev("RunCompleted", output={"answer": 42}),
+    )
     run = Run.objects.get(run_id="run_child")
-    assert (run.status, run.parent_run_id, run.root_run_id, run.label) == ("completed", "run_parent", "run_parent", "child")
+    assert (run.status, run.parent_run_id, run.root_run_id, run.label) == (
+        "completed",
+        "run_parent",
+        "run_parent",
+        "child",
+    )
     assert (run.input, run.output, run.event_count, run.last_sequence) == ({"q": 1}, {"answer": 42}, 8, 8)
     assert run.started_at is not None and run.finished_at is not None
     step = Step.objects.get(run=run)
     assert step.status == "completed" and [a["status"] for a in step.attempts] == ["failed", "completed"]
     call = ToolCall.objects.get(run=run)
     assert (call.tool_name, call.status, call.result, call.duration_ms, call.step_path) == (
-        "search", "succeeded", {"hits": 2}, 12.5, "s")
+        "search",
+        "succeeded",
+        {"hits": 2},
+        12.5,
+        "s",
+    )
     assert_projection_is_fold(run)
 
 
@@ -108,10 +133,17 @@ EVENT_POOL = [
 
 @pytest.mark.django_db(transaction=True)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["run_x", "run_y"]),
-                          st.lists(st.sampled_from(range(len(EVENT_POOL))), min_size=1, max_size=6)),
-                min_size=1, max_size=8),
-       st.booleans())
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["run_x", "run_y"]),
+            st.lists(st.sampled_from(range(len(EVENT_POOL))), min_size=1, max_size=6),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.booleans(),
+)
 def test_projection_equals_fold_after_random_interleavings(batches, forget_cache) -> None:
     from ledger.tenancy.services import bootstrap
 
@@ -130,8 +162,11 @@ def test_projection_equals_fold_after_random_interleavings(batches, forget_cache
 def test_appends_across_commits_use_and_refresh_the_cached_state(workspace) -> None:
     append(workspace=workspace, run_id="run_c", events=[started()])
     for turn in range(1, 6):
-        append(workspace=workspace, run_id="run_c",
-                      events=[responded("s", turn, "openai", "gpt-4o-mini", inputTokens=1000, outputTokens=100)])
+        append(
+            workspace=workspace,
+            run_id="run_c",
+            events=[responded("s", turn, "openai", "gpt-4o-mini", inputTokens=1000, outputTokens=100)],
+        )
     run = Run.objects.get(run_id="run_c")
     assert run.priced_calls == 5 and run.input_tokens == 5000
     assert_projection_is_fold(run)
@@ -139,7 +174,9 @@ def test_appends_across_commits_use_and_refresh_the_cached_state(workspace) -> N
 
 @pytest.mark.django_db
 def test_verify_catches_a_hand_corrupted_projection_and_rebuild_mends_it(workspace, append) -> None:
-    append("run_v", started(), ev("StepScheduled", stepPath="s"), ev("StepCompleted", stepPath="s", attempt=1, output=1))
+    append(
+        "run_v", started(), ev("StepScheduled", stepPath="s"), ev("StepCompleted", stepPath="s", attempt=1, output=1)
+    )
     assert cli("verify", "run_v")[0] == 0
     Step.objects.filter(run__run_id="run_v").update(status="failed")
     Run.objects.filter(run_id="run_v").update(status="failed")
@@ -162,7 +199,9 @@ def test_verify_catches_a_deleted_event(workspace, append) -> None:
     append("run_v", started(), ev("StepScheduled", stepPath="s"), ev("StepScheduled", stepPath="t"))
     with transaction.atomic(), connection.cursor() as cur:  # only raw database access can do this
         cur.execute("UPDATE ledger_run SET pruning = %s WHERE run_id = 'run_v'", [True])
-        cur.execute("DELETE FROM ledger_event WHERE sequence = 2 AND run_id = (SELECT id FROM ledger_run WHERE run_id = 'run_v')")
+        cur.execute(
+            "DELETE FROM ledger_event WHERE sequence = 2 AND run_id = (SELECT id FROM ledger_run WHERE run_id = 'run_v')"
+        )
         cur.execute("UPDATE ledger_run SET pruning = %s WHERE run_id = 'run_v'", [False])
     code, out = cli("verify", "run_v")
     assert code == 1 and "dense_sequence" in out and "missing [2]" in out
@@ -171,8 +210,12 @@ def test_verify_catches_a_deleted_event(workspace, append) -> None:
 
 @pytest.mark.django_db
 def test_reprice_applies_a_workspace_price_override(workspace, append) -> None:
-    append("run_p", started(), responded("s", 1, "acme.chat", "house", inputTokens=1_000_000, outputTokens=0),
-           responded("s", 2, "openai", "gpt-4o", inputTokens=1_000_000, outputTokens=0))
+    append(
+        "run_p",
+        started(),
+        responded("s", 1, "acme.chat", "house", inputTokens=1_000_000, outputTokens=0),
+        responded("s", 2, "openai", "gpt-4o", inputTokens=1_000_000, outputTokens=0),
+    )
     assert Run.objects.get(run_id="run_p").cost_usd == Decimal("2.5")
     workspace.price_overrides = {"acme.chat/house": {"input": 1, "output": 2}}
     workspace.save()
@@ -194,11 +237,16 @@ def test_rebuild_then_verify_passes_on_every_demo_run() -> None:
 
 @pytest.mark.django_db
 def test_report_cli_json_and_table(workspace, append) -> None:
-    append("run_r", started(),
-           responded("extract", 1, "openai", "gpt-4o-mini", inputTokens=20_000, cachedInputTokens=16_000, outputTokens=10_000),
-           responded("classify", 1, "acme.chat", "nope", inputTokens=900, outputTokens=120),
-           responded("tiny", 1, "openai", "gpt-4o-mini", inputTokens=1, outputTokens=0),
-           ev("RunCompleted"))
+    append(
+        "run_r",
+        started(),
+        responded(
+            "extract", 1, "openai", "gpt-4o-mini", inputTokens=20_000, cachedInputTokens=16_000, outputTokens=10_000
+        ),
+        responded("classify", 1, "acme.chat", "nope", inputTokens=900, outputTokens=120),
+        responded("tiny", 1, "openai", "gpt-4o-mini", inputTokens=1, outputTokens=0),
+        ev("RunCompleted"),
+    )
     code, out = cli("report", "run_r")
     report = json.loads(out)
     assert code == 0 and report["total"]["costUsd"] == pytest.approx(0.00780015)
@@ -230,12 +278,18 @@ def test_report_and_replay_plan_of_an_unknown_run_exit_1(workspace) -> None:
 
 @pytest.mark.django_db
 def test_replay_plan_cli_names_what_would_run(workspace, append) -> None:
-    append("run_plan", started(), ev("StepCompleted", stepPath="extract", attempt=1, output=1),
-           ev("StepScheduled", stepPath="summarize"),
-           ev("harness.model.called", turn=1, stepPath="summarize", promptHash="sha256:x", request={}))
+    append(
+        "run_plan",
+        started(),
+        ev("StepCompleted", stepPath="extract", attempt=1, output=1),
+        ev("StepScheduled", stepPath="summarize"),
+        ev("harness.model.called", turn=1, stepPath="summarize", promptHash="sha256:x", request={}),
+    )
     code, out = cli("replay-plan", "run_plan")
     plan = json.loads(out)
     assert code == 0
     assert (plan["completedStepPaths"], plan["pendingStepPaths"]) == (["extract"], ["summarize"])
-    assert plan["sessions"] == [] or all(c["action"] in ("replay", "reinvoke") for s in plan["sessions"] for c in s["calls"])
+    assert plan["sessions"] == [] or all(
+        c["action"] in ("replay", "reinvoke") for s in plan["sessions"] for c in s["calls"]
+    )
     assert plan["integrity"]["ok"] is True

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from ledger.reads import selectors
 from ledger.models import Run, Workspace
+from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from tests.servers import Daphne, start_daphne
 
@@ -46,15 +46,26 @@ def test_readme_client_example_runs_as_written(server: Daphne, workspace: Worksp
     env = {**os.environ, "KEY": key, "PYTHONPATH": "client"}
     outputs = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, str(example)], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, str(example)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr + done.stdout
         outputs.append(done.stdout.splitlines())
 
-    assert outputs[0] == outputs[1] == [
-        "1 RunStarted", "2 harness.session.started", "3 harness.model.called", "4 harness.model.responded",
-        "5 harness.tool_call.started", "6 harness.tool_call.succeeded", "7 harness.session.completed",
-        "8 RunCompleted"]
+    assert (
+        outputs[0]
+        == outputs[1]
+        == [
+            "1 RunStarted",
+            "2 harness.session.started",
+            "3 harness.model.called",
+            "4 harness.model.responded",
+            "5 harness.tool_call.started",
+            "6 harness.tool_call.succeeded",
+            "7 harness.session.completed",
+            "8 RunCompleted",
+        ]
+    )
     run = Run.objects.get(workspace=workspace, run_id="run_python")
     assert run.status == "completed" and run.last_sequence == 8 and run.output == {"greeting": "Hello, Ada!"}
     assert selectors.events(run)[4]["payload"]["toolName"] == "email.send"

@@ -35,8 +35,14 @@ def test_readme_first_run_commands_work_as_written(live_server: Any) -> None:
     load_demo(history_runs=10)  # what `make run` does before serving
     script = _first_run_block().replace("http://127.0.0.1:8000", live_server.url)
     env = {**os.environ, "DATABASE_URL": _database_url()}
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script + "\n" + script], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script + "\n" + script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     outputs = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     appended, run, events, retried = outputs[0], outputs[1], outputs[2], outputs[3]
@@ -46,4 +52,7 @@ def test_readme_first_run_commands_work_as_written(live_server: Any) -> None:
     assert [e["type"] for e in events["events"]] == ["RunStarted"] and events["next"] is None
     # run twice, as a user would: the retry is a replay, not a second event
     assert retried["events"][0]["replayed"] is True
-    assert Run.objects.get(workspace__tenant__slug="acme", workspace__slug="support", run_id="run_first").last_sequence == 1
+    assert (
+        Run.objects.get(workspace__tenant__slug="acme", workspace__slug="support", run_id="run_first").last_sequence
+        == 1
+    )

@@ -12,9 +12,17 @@ from typing import Any
 import pytest
 
 from ledger.canonical import event_id
+from ledger.log.redaction import (
+    BUILTIN_VALUE_RULES,
+    REDACTED,
+    InvalidRule,
+    Redactor,
+    check_pattern,
+    check_rules,
+    key_words,
+    policy,
+)
 from ledger.models import Event
-from ledger.log.redaction import BUILTIN_VALUE_RULES, REDACTED, InvalidRule, Redactor, check_pattern, check_rules, is_builtin_secret_key, key_words, policy
-
 from tests.conftest import ev, started
 
 VECTORS = Path(__file__).resolve().parent / "data" / "vectors.json"  # the shared vectors (test_canonical_vectors)
@@ -35,28 +43,99 @@ def _note(append: Any, run_id: str, **payload: Any) -> dict[str, Any]:
 
 SECRET_KEYS = [
     # DESIGN.md §3's whole names, in the spellings harnesses use
-    "authorization", "Authorization", "Proxy-Authorization", "cookie", "Set-Cookie", "apiKey", "x-api-key",
-    "password", "passwd", "secret", "client_secret", "token", "access_token", "refreshToken", "id_token",
-    "private_key", "sessionId",
+    "authorization",
+    "Authorization",
+    "Proxy-Authorization",
+    "cookie",
+    "Set-Cookie",
+    "apiKey",
+    "x-api-key",
+    "password",
+    "passwd",
+    "secret",
+    "client_secret",
+    "token",
+    "access_token",
+    "refreshToken",
+    "id_token",
+    "private_key",
+    "sessionId",
     # by word: vendor-prefixed and compound names the whole-name rule let through
-    "openai_api_key", "OPENAI_API_KEY", "anthropicApiKey", "XApiKey", "aws_secret_access_key",
-    "aws_access_key_id", "AWS_SESSION_TOKEN", "X-Amz-Security-Token", "GITHUB_TOKEN", "X-Auth-Token",
-    "bearerToken", "csrftoken", "db.password", "DB_PASSWORD", "user_passwd", "passphrase", "webhookSecret",
-    "secrets", "credentials", "gcp_credential", "api_keys", "private_key_pem", "signing_key", "session_key",
-    "HTTPAuthorization", "oauth2Token", "cookies",
+    "openai_api_key",
+    "OPENAI_API_KEY",
+    "anthropicApiKey",
+    "XApiKey",
+    "aws_secret_access_key",
+    "aws_access_key_id",
+    "AWS_SESSION_TOKEN",
+    "X-Amz-Security-Token",
+    "GITHUB_TOKEN",
+    "X-Auth-Token",
+    "bearerToken",
+    "csrftoken",
+    "db.password",
+    "DB_PASSWORD",
+    "user_passwd",
+    "passphrase",
+    "webhookSecret",
+    "secrets",
+    "credentials",
+    "gcp_credential",
+    "api_keys",
+    "private_key_pem",
+    "signing_key",
+    "session_key",
+    "HTTPAuthorization",
+    "oauth2Token",
+    "cookies",
 ]
 
 NOT_SECRET_KEYS = [
     # token counts are the ledger's evidence
-    "max_tokens", "maxTokens", "max_completion_tokens", "input_tokens", "inputTokens", "output_tokens",
-    "prompt_tokens", "completion_tokens", "total_tokens", "tokens", "cachedInputTokens", "reasoningTokens",
-    "token_count", "totalTokenCount", "promptTokenCount", "num_tokens",
+    "max_tokens",
+    "maxTokens",
+    "max_completion_tokens",
+    "input_tokens",
+    "inputTokens",
+    "output_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "tokens",
+    "cachedInputTokens",
+    "reasoningTokens",
+    "token_count",
+    "totalTokenCount",
+    "promptTokenCount",
+    "num_tokens",
     # tokens that are a count, a vocabulary entry, a cursor, or Runledger's own lease and fence
-    "max_token", "eos_token", "pad_token", "next_page_token", "nextToken", "leaseToken", "fencingToken",
-    "tokenizer", "token_type", "tokenId",
+    "max_token",
+    "eos_token",
+    "pad_token",
+    "next_page_token",
+    "nextToken",
+    "leaseToken",
+    "fencingToken",
+    "tokenizer",
+    "token_type",
+    "tokenId",
     # ordinary names near the rules
-    "key", "idempotencyKey", "keys", "monkey", "cacheKey", "primary_key", "session", "sessionName",
-    "author", "authored_by", "secretary", "passage", "cook", "toolName", "promptHash", "model",
+    "key",
+    "idempotencyKey",
+    "keys",
+    "monkey",
+    "cacheKey",
+    "primary_key",
+    "session",
+    "sessionName",
+    "author",
+    "authored_by",
+    "secretary",
+    "passage",
+    "cook",
+    "toolName",
+    "promptHash",
+    "model",
 ]
 
 
@@ -74,11 +153,17 @@ def test_ordinary_key_names_are_kept(append, key: str) -> None:
     assert stored == {"top": {key: 1834}, "text": {key: "plain"}}
 
 
-@pytest.mark.parametrize(("key", "words"), [
-    ("openai_api_key", ["openai", "api", "key"]), ("X-Amz-Security-Token", ["x", "amz", "security", "token"]),
-    ("openaiAPIKey.v2", ["openai", "api", "key", "v2"]), ("HTTPAuthorization", ["http", "authorization"]),
-    ("cachedInputTokens", ["cached", "input", "tokens"]), ("__", []),
-])
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ("openai_api_key", ["openai", "api", "key"]),
+        ("X-Amz-Security-Token", ["x", "amz", "security", "token"]),
+        ("openaiAPIKey.v2", ["openai", "api", "key", "v2"]),
+        ("HTTPAuthorization", ["http", "authorization"]),
+        ("cachedInputTokens", ["cached", "input", "tokens"]),
+        ("__", []),
+    ],
+)
 def test_key_names_split_into_words(key: str, words: list[str]) -> None:
     assert key_words(key) == words
 
@@ -86,10 +171,17 @@ def test_key_names_split_into_words(key: str, words: list[str]) -> None:
 def test_usage_counters_survive_a_model_response(append) -> None:
     usage = {"inputTokens": 1834, "outputTokens": 212, "cachedInputTokens": 1024, "reasoningTokens": 7}
     append("run_u", started())
-    env = append("run_u", ev("harness.model.responded", turn=1, callId="c1", model={"provider": "openai", "modelId":
-                             "gpt-4o-mini"}, response={"text": "hi", "usage": usage},
-                             request={"max_tokens": 500, "headers": {"Authorization": "Bearer abcdef0123456789xyz"}}
-                             )).events[0]
+    env = append(
+        "run_u",
+        ev(
+            "harness.model.responded",
+            turn=1,
+            callId="c1",
+            model={"provider": "openai", "modelId": "gpt-4o-mini"},
+            response={"text": "hi", "usage": usage},
+            request={"max_tokens": 500, "headers": {"Authorization": "Bearer abcdef0123456789xyz"}},
+        ),
+    ).events[0]
     assert env["payload"]["response"]["usage"] == usage
     assert env["payload"]["request"] == {"max_tokens": 500, "headers": {"Authorization": REDACTED}}
 
@@ -101,7 +193,11 @@ PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgO
 
 # (rule, text sent, text stored)
 REDACTED_VALUES = [
-    ("bearer", "curl -H 'Authorization: Bearer abc123def456ghi789jkl' https://x", f"curl -H 'Authorization: Bearer {REDACTED}' https://x"),
+    (
+        "bearer",
+        "curl -H 'Authorization: Bearer abc123def456ghi789jkl' https://x",
+        f"curl -H 'Authorization: Bearer {REDACTED}' https://x",
+    ),
     ("bearer", "bearer 0a1b2c3d4e5f6a7b8c9d", f"bearer {REDACTED}"),
     ("bearer", "BEARER tok_live_ABCDEFGHIJKLMNOP", f"BEARER {REDACTED}"),
     ("openai_anthropic_key", "use sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c now", f"use {REDACTED} now"),
@@ -110,20 +206,38 @@ REDACTED_VALUES = [
     ("aws_access_key_id", "id AKIAIOSFODNN7EXAMPLE here", f"id {REDACTED} here"),
     ("aws_access_key_id", "ASIAY34FZKBOKMUTVV7A", REDACTED),
     ("jwt", f"token was {JWT}.", f"token was {REDACTED}."),
-    ("github_token", "git clone https://ghp_" + "a1B2c3D4e5" * 4 + "@github.com/o/r", "git clone https://" + REDACTED + "@github.com/o/r"),
+    (
+        "github_token",
+        "git clone https://ghp_" + "a1B2c3D4e5" * 4 + "@github.com/o/r",
+        "git clone https://" + REDACTED + "@github.com/o/r",
+    ),
     ("github_token", "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz", REDACTED),
     ("slack_token", "SLACK=xoxb-1234567890-0987654321-AbCdEfGhIjKl", f"SLACK={REDACTED}"),
     ("slack_token", "xoxp-12345678901-abcdef", REDACTED),
     ("private_key_pem", f"key:\n{PEM}\nend", f"key:\n{REDACTED}\nend"),
     ("private_key_pem", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA (cut off", REDACTED),
-    ("url_password", "DATABASE_URL=postgres://app:hunter2@db.internal:5432/app",
-     f"DATABASE_URL=postgres://app:{REDACTED}@db.internal:5432/app"),
+    (
+        "url_password",
+        "DATABASE_URL=postgres://app:hunter2@db.internal:5432/app",
+        f"DATABASE_URL=postgres://app:{REDACTED}@db.internal:5432/app",
+    ),
     ("url_password", "fetch https://user:p%40ss@example.com/x", f"fetch https://user:{REDACTED}@example.com/x"),
-    ("secret_assignment", "GET /cb?code=1&access_token=abc123&state=x", f"GET /cb?code=1&access_token={REDACTED}&state=x"),
+    (
+        "secret_assignment",
+        "GET /cb?code=1&access_token=abc123&state=x",
+        f"GET /cb?code=1&access_token={REDACTED}&state=x",
+    ),
     ("secret_assignment", "export OPENAI_API_KEY=not-an-sk-key", f"export OPENAI_API_KEY={REDACTED}"),
-    ("secret_assignment", "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-     f"aws_secret_access_key = {REDACTED}"),
-    ("secret_assignment", 'body {"user": "ann", "password": "hunter2"}', f'body {{"user": "ann", "password": "{REDACTED}"}}'),
+    (
+        "secret_assignment",
+        "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        f"aws_secret_access_key = {REDACTED}",
+    ),
+    (
+        "secret_assignment",
+        'body {"user": "ann", "password": "hunter2"}',
+        f'body {{"user": "ann", "password": "{REDACTED}"}}',
+    ),
     ("secret_assignment", "login password=hunter2 ok", f"login password={REDACTED} ok"),
 ]
 
@@ -190,18 +304,28 @@ def test_workspace_keys_and_patterns_apply_with_the_builtins(workspace, append) 
     workspace.redact_keys = ["customerEmail", "internal-note"]
     workspace.redact_value_patterns = [r"ord_[0-9]{5}", r"\b[\w.+-]+@example\.com\b"]
     workspace.save()
-    stored = _note(append, "run_w", customer_email="a@b.c", INTERNAL_NOTE={"x": 1},
-                   text="order ord_88213 for ann@example.com, key sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c",
-                   emailCount=2)
-    assert stored == {"customer_email": REDACTED, "INTERNAL_NOTE": REDACTED, "emailCount": 2,
-                      "text": f"order {REDACTED} for {REDACTED}, key {REDACTED}"}
+    stored = _note(
+        append,
+        "run_w",
+        customer_email="a@b.c",
+        INTERNAL_NOTE={"x": 1},
+        text="order ord_88213 for ann@example.com, key sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c",
+        emailCount=2,
+    )
+    assert stored == {
+        "customer_email": REDACTED,
+        "INTERNAL_NOTE": REDACTED,
+        "emailCount": 2,
+        "text": f"order {REDACTED} for {REDACTED}, key {REDACTED}",
+    }
 
 
 def test_a_stored_pattern_that_is_invalid_is_ignored_not_a_failure(workspace, append) -> None:
     workspace.redact_value_patterns = ["(unclosed", "(a+)+$", r"ord_\d+"]
     workspace.save()
     assert _note(append, "run_w", text="ord_1 aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!") == {
-        "text": f"{REDACTED} aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!"}
+        "text": f"{REDACTED} aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!"
+    }
     assert policy(workspace.redact_keys, workspace.redact_value_patterns).invalid_patterns == ["(unclosed", "(a+)+$"]
 
 
@@ -210,24 +334,28 @@ def test_one_compiled_policy_per_rule_set() -> None:
     assert policy(["a"], ["b+"]) is not policy(["a"], ["c+"])
 
 
-@pytest.mark.parametrize(("pattern", "why"), [
-    ("(unclosed", "not a valid regular expression"),
-    ("(a+)+", "repeats a repetition"),
-    (r"(\w*\s?)*x", "repeats a repetition"),
-    (r"(?:x[a-z]+)+", "repeats a repetition"),
-    ("a?", "matches the empty string"),
-    (r"\b", "matches the empty string"),
-    ("", "non-empty"),
-    ("x" * 501, "at most 500"),
-    (5, "non-empty string"),
-])
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("(unclosed", "not a valid regular expression"),
+        ("(a+)+", "repeats a repetition"),
+        (r"(\w*\s?)*x", "repeats a repetition"),
+        (r"(?:x[a-z]+)+", "repeats a repetition"),
+        ("a?", "matches the empty string"),
+        (r"\b", "matches the empty string"),
+        ("", "non-empty"),
+        ("x" * 501, "at most 500"),
+        (5, "non-empty string"),
+    ],
+)
 def test_bad_value_patterns_are_refused_with_the_reason(pattern: Any, why: str) -> None:
     with pytest.raises(InvalidRule, match=why):
         check_pattern(pattern)
 
 
-@pytest.mark.parametrize("pattern", [r"ord_[0-9]{5}", r"[\w.+-]+@[\w-]+\.[\w.-]+", r"(ab){2}c", r"(?i)acme-\d+",
-                                     r"(x|y)+z"])
+@pytest.mark.parametrize(
+    "pattern", [r"ord_[0-9]{5}", r"[\w.+-]+@[\w-]+\.[\w.-]+", r"(ab){2}c", r"(?i)acme-\d+", r"(x|y)+z"]
+)
 def test_ordinary_value_patterns_are_accepted(pattern: str) -> None:
     assert check_pattern(pattern) == pattern
 
@@ -254,10 +382,12 @@ def test_event_id_is_computed_over_the_redacted_payload(append) -> None:
 
 def test_a_retry_with_another_secret_value_is_the_same_event(append) -> None:
     append("run_h", started())
-    first = append("run_h", {**ev("custom.call", headers={"X-Api-Key": "one"}, log="token=aaa1"),
-                             "idempotencyKey": "k"}).events[0]
-    again = append("run_h", {**ev("custom.call", headers={"X-Api-Key": "two"}, log="token=bbb2"),
-                             "idempotencyKey": "k"}).events[0]
+    first = append(
+        "run_h", {**ev("custom.call", headers={"X-Api-Key": "one"}, log="token=aaa1"), "idempotencyKey": "k"}
+    ).events[0]
+    again = append(
+        "run_h", {**ev("custom.call", headers={"X-Api-Key": "two"}, log="token=bbb2"), "idempotencyKey": "k"}
+    ).events[0]
     assert again["replayed"] and again["eventId"] == first["eventId"]
 
 

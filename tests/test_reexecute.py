@@ -17,19 +17,22 @@ from ledger import clock
 from ledger.canonical import canonical_json
 from ledger.demo import DEMO_RUNS
 from ledger.demo import workflows as demo_workflows
+from ledger.log import append
+from ledger.models import CostEntry, Run, ToolGatewayClaim, Workspace
+from ledger.reads.usage import usage_rows
 from ledger.replay.divergence import divergence_report
 from ledger.replay.gateway import ToolCallInDoubt, settle_expired_claims
-from ledger.models import CostEntry, Run, ToolGatewayClaim, Workspace
-from ledger.log import append
 from ledger.runtime.errors import InvalidReexecution, UnknownModelProvider, UnknownStep, UnknownWorkflow
-from ledger.runtime.executor import resume_run, start_run
+from ledger.runtime.executor import start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider, register_provider, unregister_provider
 from ledger.runtime.record import inline_or_ref
 from ledger.runtime.reexecute import ReexecutionConflict, execute_reexecution, mode_plan
-from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow, get_workflow, register
-from ledger.reads.usage import usage_rows
+from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, get_workflow, register
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    Crash, every_run_verifies, invocation_counts, run_events,
+    Crash,
+    every_run_verifies,
+    invocation_counts,
+    run_events,
 )
 from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
 
@@ -51,23 +54,32 @@ def invocations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 @pytest.fixture
 def alt_provider() -> Iterator[ScriptedProvider]:
     """`alt`: another model whose research asks for a city the drill's record never looked up."""
-    provider = ScriptedProvider(script={
-        "research": [
-            {"toolCalls": [{"id": "w1", "name": "weather", "args": {"city": "Oslo"}},
-                           {"id": "w9", "name": "weather", "args": {"city": "Paris"}}],
-             "usage": {"inputTokens": 150, "outputTokens": 20}},
-            {"text": "Oslo is cold; Paris is unknown.", "usage": {"inputTokens": 260, "outputTokens": 10}},
-        ],
-        "summarize": [{"text": "Oslo loses.", "usage": {"inputTokens": 80, "outputTokens": 3}}],
-    }, name="openai", model_id="gpt-4o")
+    provider = ScriptedProvider(
+        script={
+            "research": [
+                {
+                    "toolCalls": [
+                        {"id": "w1", "name": "weather", "args": {"city": "Oslo"}},
+                        {"id": "w9", "name": "weather", "args": {"city": "Paris"}},
+                    ],
+                    "usage": {"inputTokens": 150, "outputTokens": 20},
+                },
+                {"text": "Oslo is cold; Paris is unknown.", "usage": {"inputTokens": 260, "outputTokens": 10}},
+            ],
+            "summarize": [{"text": "Oslo loses.", "usage": {"inputTokens": 80, "outputTokens": 3}}],
+        },
+        name="openai",
+        model_id="gpt-4o",
+    )
     register_provider("alt", lambda model, current: replace(provider, model_id=model))
     yield provider
     unregister_provider("alt")
 
 
 def _reexecute(workspace: Workspace, original: str, mode: str, new: str, **kwargs: Any) -> Any:
-    return execute_reexecution(workspace=workspace, original_run_id=original, mode=mode, new_run_id=new,
-                               reexecution_id=f"rx_{new}", **kwargs)
+    return execute_reexecution(
+        workspace=workspace, original_run_id=original, mode=mode, new_run_id=new, reexecution_id=f"rx_{new}", **kwargs
+    )
 
 
 def _origins(events: list[dict[str, Any]]) -> Counter[str]:
@@ -105,6 +117,7 @@ def counted_demo() -> Iterator[Counter[str]]:
         def fn(args: Any) -> Any:
             counts[f"tool {tool.name}"] += 1
             return tool.fn(args)
+
         return replace(tool, fn=fn)
 
     class Counting:
@@ -116,8 +129,13 @@ def counted_demo() -> Iterator[Counter[str]]:
             return self.provider.generate(request)
 
     for workflow in originals.values():
-        register(replace(workflow, tools={n: counting_tool(t) for n, t in workflow.tools.items()},
-                         models={slot: Counting(p) for slot, p in workflow.models.items()}))
+        register(
+            replace(
+                workflow,
+                tools={n: counting_tool(t) for n, t in workflow.tools.items()},
+                models={slot: Counting(p) for slot, p in workflow.models.items()},
+            )
+        )
     yield counts
     for workflow in originals.values():
         register(workflow)
@@ -125,7 +143,8 @@ def counted_demo() -> Iterator[Counter[str]]:
 
 @pytest.mark.parametrize("workflow", sorted(DEMO_INPUTS))
 def test_a_simulation_of_every_demo_workflow_reproduces_its_output_with_no_calls_and_no_divergence(
-        workspace: Workspace, counted_demo: Counter[str], workflow: str) -> None:
+    workspace: Workspace, counted_demo: Counter[str], workflow: str
+) -> None:
     original = start_run(workspace=workspace, workflow=workflow, input=DEMO_INPUTS[workflow])
     assert original.status == "completed"
     made = sum(counted_demo.values())
@@ -159,17 +178,22 @@ def test_the_demo_runs_the_runtime_made_simulate_exactly(workspace: Workspace, c
 
     load_demo(history_runs=0)
     made = sum(counted_demo.values())
-    runs = Run.objects.filter(status="completed", parent_run_id="", replay_of="").exclude(
-        run_id__in=[run_id for *_, run_id, _ in DEMO_RUNS]).exclude(  # an outer loop's record: below
-        workflow_version_id__startswith="outer_loop:").select_related("workspace")
-    assert {"run_demo_crashed_resumed", "run_demo_orchestrator", "run_demo_escalation",
-            "run_ol_demo_refine_c2"} <= {r.run_id for r in runs}
+    runs = (
+        Run.objects.filter(status="completed", parent_run_id="", replay_of="")
+        .exclude(run_id__in=[run_id for *_, run_id, _ in DEMO_RUNS])
+        .exclude(  # an outer loop's record: below
+            workflow_version_id__startswith="outer_loop:"
+        )
+        .select_related("workspace")
+    )
+    assert {"run_demo_crashed_resumed", "run_demo_orchestrator", "run_demo_escalation", "run_ol_demo_refine_c2"} <= {
+        r.run_id for r in runs
+    }
     for run in runs:
         outcome = _reexecute(run.workspace, run.run_id, "simulate", f"{run.run_id}_sim")
         assert outcome.status == "completed", run.run_id
         assert outcome.output == inline_or_ref(run.workspace, run.output, run.output_ref or None)
-        report = divergence_report(workspace=run.workspace, original_run_id=run.run_id,
-                                   new_run_id=f"{run.run_id}_sim")
+        report = divergence_report(workspace=run.workspace, original_run_id=run.run_id, new_run_id=f"{run.run_id}_sim")
         assert report["firstDivergence"] is None, (run.run_id, report["steps"])
     assert sum(counted_demo.values()) == made
     external = Run.objects.get(run_id="run_demo_summarize")
@@ -184,12 +208,17 @@ def test_the_demo_runs_the_runtime_made_simulate_exactly(workspace: Workspace, c
 
 
 def test_a_simulation_after_the_code_changed_diverges_at_the_changed_step(
-        workspace: Workspace, invocations: Path) -> None:
+    workspace: Workspace, invocations: Path
+) -> None:
     original = _drill(workspace)
     before = invocation_counts(invocations)
     drill = get_workflow("drill")
-    changed = tuple(AIGenerate("summarize", lambda i, o: f"Summarize briefly: {o['research']}", system="You summarize.")
-                    if step.id == "summarize" else step for step in drill.steps)
+    changed = tuple(
+        AIGenerate("summarize", lambda i, o: f"Summarize briefly: {o['research']}", system="You summarize.")
+        if step.id == "summarize"
+        else step
+        for step in drill.steps
+    )
     register(replace(drill, steps=changed))
 
     outcome = _reexecute(workspace, original, "simulate", "run_sim")
@@ -202,14 +231,19 @@ def test_a_simulation_after_the_code_changed_diverges_at_the_changed_step(
     report = divergence_report(workspace=workspace, original_run_id=original, new_run_id="run_sim")
     assert report["firstDivergence"] == "summarize"
     assert [(s["stepPath"], s["status"]) for s in report["steps"]] == [
-        ("prepare", "identical"), ("research", "identical"), ("notify", "identical"), ("summarize", "changed"),
-        ("finish", "missing")]
+        ("prepare", "identical"),
+        ("research", "identical"),
+        ("notify", "identical"),
+        ("summarize", "changed"),
+        ("finish", "missing"),
+    ]
     assert report["divergences"][0]["callId"] == "summarize:turn1"
 
 
 @pytest.mark.parametrize("mode", ["simulate", "evaluate"])
-def test_tool_calls_recorded_under_older_redaction_rules_still_match(workspace: Workspace, invocations: Path,
-                                                                     mode: str) -> None:
+def test_tool_calls_recorded_under_older_redaction_rules_still_match(
+    workspace: Workspace, invocations: Path, mode: str
+) -> None:
     original = _drill(workspace)
     workspace.redact_keys = ["city"]  # the weather tool's argument, redacted since the recording
     workspace.save()
@@ -218,8 +252,11 @@ def test_tool_calls_recorded_under_older_redaction_rules_still_match(workspace: 
     assert outcome.status == "completed"
     events = run_events(workspace, "run_new")
     assert not [e for e in events if e["type"] == "harness.replay.diverged"]
-    started = [e["payload"]["args"] for e in events if e["type"] == "harness.tool_call.started"
-               and e["payload"]["toolName"] == "weather"]
+    started = [
+        e["payload"]["args"]
+        for e in events
+        if e["type"] == "harness.tool_call.started" and e["payload"]["toolName"] == "weather"
+    ]
     assert started and all(args == {"city": "[REDACTED]"} for args in started)
     tools = lambda counts: {k: n for k, n in counts.items() if not k.startswith("model ")}  # noqa: E731
     assert tools(invocation_counts(invocations)) == tools(before)  # tools served from the record, never live
@@ -230,8 +267,10 @@ def test_a_call_missing_from_the_record_never_leaves_a_simulation(workspace: Wor
     before = invocation_counts(invocations)
     drill = get_workflow("drill")
     # the workflow now notifies someone the original never notified: the tool call is not in the record
-    changed = tuple(ToolCall("notify", "notify", lambda i, o: {"to": "ceo", "text": o["research"]})
-                    if step.id == "notify" else step for step in drill.steps)
+    changed = tuple(
+        ToolCall("notify", "notify", lambda i, o: {"to": "ceo", "text": o["research"]}) if step.id == "notify" else step
+        for step in drill.steps
+    )
     register(replace(drill, steps=changed))
 
     outcome = _reexecute(workspace, original, "simulate", "run_sim")
@@ -239,23 +278,31 @@ def test_a_call_missing_from_the_record_never_leaves_a_simulation(workspace: Wor
     assert outcome.status == "failed" and outcome.error["name"] == "ReplayDiverged"
     assert invocation_counts(invocations) == before  # the notify function never ran
     events = run_events(workspace, "run_sim")
-    assert not [e for e in events if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == "notify:call"]
+    assert not [
+        e for e in events if e["type"] == "harness.tool_call.started" and e["payload"]["callId"] == "notify:call"
+    ]
     diverged = next(e["payload"] for e in events if e["type"] == "harness.replay.diverged")
     assert (diverged["stepPath"], diverged["kind"], diverged["toolName"], diverged["args"]["to"]) == (
-        "notify", "tool", "notify", "ceo")
+        "notify",
+        "tool",
+        "notify",
+        "ceo",
+    )
     assert not ToolGatewayClaim.objects.filter(run__run_id="run_sim").exists()  # the gateway was never asked
 
 
-def test_simulate_and_evaluate_execute_without_any_live_tool_or_model_path(workspace: Workspace,
-                                                                          invocations: Path) -> None:
-    from ledger.runtime.reexecute import Replay, _Original
+def test_simulate_and_evaluate_execute_without_any_live_tool_or_model_path(
+    workspace: Workspace, invocations: Path
+) -> None:
     from ledger.log.redaction import Redactor
+    from ledger.runtime.reexecute import Replay, _Original
 
     original = _Original.load(workspace, _drill(workspace))
     drill = get_workflow("drill")
     for mode in ("simulate", "evaluate"):
-        executed = Replay(mode=mode, original=original, reexecution_id="rx", model_overrides={},
-                          redactor=Redactor([], [])).workflow(drill)
+        executed = Replay(
+            mode=mode, original=original, reexecution_id="rx", model_overrides={}, redactor=Redactor([], [])
+        ).workflow(drill)
         assert executed.version == drill.version  # the same workflow, as far as the log can tell
         for name, tool in executed.tools.items():
             assert tool.fn is not drill.tools[name].fn
@@ -271,21 +318,27 @@ def test_simulate_and_evaluate_execute_without_any_live_tool_or_model_path(works
 
 
 def test_an_evaluation_calls_models_live_serves_tools_from_the_record_and_reports_where_it_left_it(
-        workspace: Workspace, invocations: Path, alt_provider: ScriptedProvider) -> None:
+    workspace: Workspace, invocations: Path, alt_provider: ScriptedProvider
+) -> None:
     original = _drill(workspace)
     before = invocation_counts(invocations)
 
-    outcome = _reexecute(workspace, original, "evaluate", "run_eval",
-                         model_overrides={"default": {"provider": "alt", "model": "gpt-4o"}})
+    outcome = _reexecute(
+        workspace, original, "evaluate", "run_eval", model_overrides={"default": {"provider": "alt", "model": "gpt-4o"}}
+    )
 
     assert invocation_counts(invocations) == before  # no tool ran, the drill's own model was not asked
     assert [(p, t) for p, t in alt_provider.invocations] == [("research", 1), ("research", 2)]
     events = run_events(workspace, "run_eval")
     responded = [e["payload"] for e in events if e["type"] == "harness.model.responded"]
     assert {(p["model"]["provider"], p["model"]["modelId"], p["origin"]) for p in responded} == {
-        ("openai", "gpt-4o", "live")}
-    tools = {e["payload"]["args"]["city"]: e["payload"] for e in events
-             if e["type"] == "harness.tool_call.started" and e["payload"]["toolName"] == "weather"}
+        ("openai", "gpt-4o", "live")
+    }
+    tools = {
+        e["payload"]["args"]["city"]: e["payload"]
+        for e in events
+        if e["type"] == "harness.tool_call.started" and e["payload"]["toolName"] == "weather"
+    }
     assert tools["Oslo"]["origin"] == "simulated" and tools["Oslo"]["replayOf"].startswith("evt_")
     assert tools["Paris"]["origin"] == "simulated" and "replayOf" not in tools["Paris"]
     # the call the record cannot answer reached the model as an error, and was never made
@@ -301,8 +354,9 @@ def test_an_evaluation_calls_models_live_serves_tools_from_the_record_and_report
     assert "+Oslo is cold; Paris is unknown." in research["diff"]["modelOutputs"]
     assert "-Lisbon is warmest, Oslo coldest." in research["diff"]["modelOutputs"]
     assert [(d["stepPath"], d["toolName"], d["args"]) for d in report["divergences"]] == [
-        ("research", "weather", {"city": "Paris"}), ("notify", "notify", {"text": "Oslo is cold; Paris is unknown.",
-                                                                         "to": "ops"})]
+        ("research", "weather", {"city": "Paris"}),
+        ("notify", "notify", {"text": "Oslo is cold; Paris is unknown.", "to": "ops"}),
+    ]
     # live model calls are spend, at the new model's price; the original's price is beside it
     run = Run.objects.get(workspace=workspace, run_id="run_eval")
     assert run.priced_calls == 2 and run.cost_usd > 0
@@ -331,8 +385,9 @@ def test_a_fork_reuses_the_steps_before_x_and_runs_x_onward_live(workspace: Work
 
     assert outcome.status == "completed"
     made = invocation_counts(invocations) - before
-    assert made == Counter({'tool notify {"text":"Lisbon is warmest, Oslo coldest.","to":"ops"}': 1,
-                            "model summarize turn 1": 1})
+    assert made == Counter(
+        {'tool notify {"text":"Lisbon is warmest, Oslo coldest.","to":"ops"}': 1, "model summarize turn 1": 1}
+    )
     events = run_events(workspace, "run_fork")
     notify_at = next(e["sequence"] for e in events if e["payload"].get("stepPath") == "notify")
     early = [e for e in events[1:] if e["sequence"] < notify_at]
@@ -349,39 +404,54 @@ def test_a_fork_reuses_the_steps_before_x_and_runs_x_onward_live(workspace: Work
 
 
 def test_a_fork_with_another_input_and_model_runs_only_x_onward_with_them(
-        workspace: Workspace, invocations: Path, alt_provider: ScriptedProvider) -> None:
+    workspace: Workspace, invocations: Path, alt_provider: ScriptedProvider
+) -> None:
     original = _drill(workspace)
     before = invocation_counts(invocations)
 
-    outcome = _reexecute(workspace, original, "fork", "run_fork", from_step="summarize",
-                         input={**DRILL_INPUT, "to": "board"},
-                         model_overrides={"default": {"provider": "alt", "model": "gpt-4o"}})
+    outcome = _reexecute(
+        workspace,
+        original,
+        "fork",
+        "run_fork",
+        from_step="summarize",
+        input={**DRILL_INPUT, "to": "board"},
+        model_overrides={"default": {"provider": "alt", "model": "gpt-4o"}},
+    )
 
     assert outcome.status == "completed" and outcome.output == {"summary": "Oslo loses.", "notified": "msg-ops"}
     assert invocation_counts(invocations) == before
     assert alt_provider.invocations == [("summarize", 1)]
     started = run_events(workspace, "run_fork")[0]["payload"]
     assert started["input"]["to"] == "board"
-    assert started["reexecution"] == {"mode": "fork", "fromStep": "summarize",
-                                      "modelOverrides": {"default": {"provider": "alt", "model": "gpt-4o"}}}
+    assert started["reexecution"] == {
+        "mode": "fork",
+        "fromStep": "summarize",
+        "modelOverrides": {"default": {"provider": "alt", "model": "gpt-4o"}},
+    }
     report = divergence_report(workspace=workspace, original_run_id=original, new_run_id="run_fork")
     assert report["firstDivergence"] == "summarize"
     assert next(s for s in report["steps"] if s["stepPath"] == "summarize")["diff"]["output"] == (
-        "--- original/summarize/output\n+++ new/summarize/output\n@@ -1 +1 @@\n-Lisbon wins.\n+Oslo loses.")
+        "--- original/summarize/output\n+++ new/summarize/output\n@@ -1 +1 @@\n-Lisbon wins.\n+Oslo loses."
+    )
 
 
-def test_a_fork_from_a_loop_visit_or_a_branch_reuses_what_came_before(workspace: Workspace,
-                                                                      invocations: Path) -> None:
+def test_a_fork_from_a_loop_visit_or_a_branch_reuses_what_came_before(workspace: Workspace, invocations: Path) -> None:
     original = start_run(workspace=workspace, workflow="rt_maze", input={"cities": ["Oslo", "Rome", "Lima"]})
     before = invocation_counts(invocations)
 
     outcome = _reexecute(workspace, original.run_id, "fork", "run_fork", from_step="fan[rome]")
 
     assert outcome.output == original.output
-    assert invocation_counts(invocations) - before == Counter({'tool weather {"city":"Rome"}': 1,
-                                                                'tool weather {"city":"Lima"}': 1})
-    steps = {s["stepPath"]: s["action"] for s in mode_plan(workspace=workspace, run_id=original.run_id, mode="fork",
-                                                           from_step="draft.visit[1]")["steps"]}
+    assert invocation_counts(invocations) - before == Counter(
+        {'tool weather {"city":"Rome"}': 1, 'tool weather {"city":"Lima"}': 1}
+    )
+    steps = {
+        s["stepPath"]: s["action"]
+        for s in mode_plan(workspace=workspace, run_id=original.run_id, mode="fork", from_step="draft.visit[1]")[
+            "steps"
+        ]
+    }
     assert steps["draft.visit[0]"] == steps["gate.visit[0]"] == "reuse"
     assert steps["draft.visit[1]"] == steps["fan[oslo]"] == "live"
 
@@ -402,8 +472,12 @@ def test_a_rerun_runs_everything_live_again_under_a_new_run(workspace: Workspace
 def test_resume_continues_the_original_run_and_in_doubt_calls_still_block(workspace: Workspace) -> None:
     demo_workflows.CRASH_ON_REFUND.add("C-3")
     with pytest.raises(demo_workflows.DemoCrash):
-        start_run(workspace=workspace, workflow="support.refund", run_id="run_refund",
-                  input={"ticket": "Lost", "orderId": "C-3", "amount": 5})
+        start_run(
+            workspace=workspace,
+            workflow="support.refund",
+            run_id="run_refund",
+            input={"ticket": "Lost", "orderId": "C-3", "amount": 5},
+        )
     claim = ToolGatewayClaim.objects.get(run__run_id="run_refund", tool_name="issue_refund")
     ToolGatewayClaim.objects.filter(pk=claim.pk).update(lease_expires_at=clock.now() - timedelta(seconds=1))
     settle_expired_claims(workspace=workspace, run_id="run_refund")
@@ -437,7 +511,8 @@ def test_resume_mode_finishes_a_crashed_run_like_ledger_resume(workspace: Worksp
 
 @pytest.mark.parametrize("mode", ["simulate", "evaluate", "fork"])
 def test_a_killed_reexecution_resumes_the_same_new_run_without_repeating_a_committed_call(
-        workspace: Workspace, invocations: Path, mode: str) -> None:
+    workspace: Workspace, invocations: Path, mode: str
+) -> None:
     drill = get_workflow("drill")
     original = _drill(workspace)
     crash = {"on": True}
@@ -466,7 +541,9 @@ def test_a_killed_reexecution_resumes_the_same_new_run_without_repeating_a_commi
     events = run_events(workspace, "run_new")
     assert len(events) > written
     assert sum(e["type"] == "RunStarted" for e in events) == 1
-    calls = [e["payload"]["callId"] for e in events if e["type"] in ("harness.model.called", "harness.tool_call.started")]
+    calls = [
+        e["payload"]["callId"] for e in events if e["type"] in ("harness.model.called", "harness.tool_call.started")
+    ]
     assert len(calls) == len(set(calls))
 
 
@@ -474,48 +551,79 @@ def test_a_new_run_of_another_request_is_refused_not_taken_over(workspace: Works
     original = _drill(workspace)
     _reexecute(workspace, original, "simulate", "run_new")
     with pytest.raises(ReexecutionConflict):
-        execute_reexecution(workspace=workspace, original_run_id=original, mode="simulate", new_run_id="run_new",
-                            reexecution_id="another")
+        execute_reexecution(
+            workspace=workspace,
+            original_run_id=original,
+            mode="simulate",
+            new_run_id="run_new",
+            reexecution_id="another",
+        )
     with pytest.raises(ReexecutionConflict):
-        execute_reexecution(workspace=workspace, original_run_id="run_new", mode="rerun", new_run_id=original,
-                            reexecution_id="rx_run_new")
+        execute_reexecution(
+            workspace=workspace,
+            original_run_id="run_new",
+            mode="rerun",
+            new_run_id=original,
+            reexecution_id="rx_run_new",
+        )
 
 
 # --- bad requests ----------------------------------------------------------------------------
 
 
 def test_unknown_modes_steps_slots_and_providers_are_clear_errors_that_write_nothing(
-        workspace: Workspace, invocations: Path) -> None:
+    workspace: Workspace, invocations: Path
+) -> None:
     original = _drill(workspace)
     cases = [
         ({"mode": "replay"}, InvalidReexecution, "unknown mode"),
         ({"mode": "fork", "from_step": "nope"}, UnknownStep, "no step 'nope'"),
         ({"mode": "fork"}, InvalidReexecution, "needs fromStep"),
-        ({"mode": "evaluate", "model_overrides": {"fast": {"provider": "scripted", "model": "m"}}},
-         InvalidReexecution, "no model slot 'fast'"),
-        ({"mode": "evaluate", "model_overrides": {"default": {"provider": "nope", "model": "m"}}},
-         UnknownModelProvider, "no model provider named 'nope'"),
-        ({"mode": "simulate", "model_overrides": {"default": {"provider": "scripted", "model": "m"}}},
-         InvalidReexecution, "takes no model overrides"),
+        (
+            {"mode": "evaluate", "model_overrides": {"fast": {"provider": "scripted", "model": "m"}}},
+            InvalidReexecution,
+            "no model slot 'fast'",
+        ),
+        (
+            {"mode": "evaluate", "model_overrides": {"default": {"provider": "nope", "model": "m"}}},
+            UnknownModelProvider,
+            "no model provider named 'nope'",
+        ),
+        (
+            {"mode": "simulate", "model_overrides": {"default": {"provider": "scripted", "model": "m"}}},
+            InvalidReexecution,
+            "takes no model overrides",
+        ),
     ]
     for kwargs, error, message in cases:
         mode = kwargs.pop("mode")
         with pytest.raises(error, match=message):
             _reexecute(workspace, original, mode, "run_new", **kwargs)
-    append(workspace=workspace, run_id="run_other", events=[
-        {"type": "RunStarted", "payload": {"workflowVersionId": "x", "workflow": "gone"}}])
+    append(
+        workspace=workspace,
+        run_id="run_other",
+        events=[{"type": "RunStarted", "payload": {"workflowVersionId": "x", "workflow": "gone"}}],
+    )
     with pytest.raises(UnknownWorkflow, match="no workflow named 'gone'"):
         _reexecute(workspace, "run_other", "rerun", "run_new")
     assert not Run.objects.filter(run_id="run_new").exists()
 
 
 def test_an_evaluation_through_the_built_in_scripted_provider_prices_the_other_model(
-        workspace: Workspace, invocations: Path) -> None:
+    workspace: Workspace, invocations: Path
+) -> None:
     original = _drill(workspace)
-    _reexecute(workspace, original, "evaluate", "run_eval",
-               model_overrides={"default": {"provider": "scripted", "model": "gpt-4o-mini"}})
-    models = {(p["model"]["provider"], p["model"]["modelId"]) for p in (
-        e["payload"] for e in run_events(workspace, "run_eval") if e["type"] == "harness.model.responded")}
+    _reexecute(
+        workspace,
+        original,
+        "evaluate",
+        "run_eval",
+        model_overrides={"default": {"provider": "scripted", "model": "gpt-4o-mini"}},
+    )
+    models = {
+        (p["model"]["provider"], p["model"]["modelId"])
+        for p in (e["payload"] for e in run_events(workspace, "run_eval") if e["type"] == "harness.model.responded")
+    }
     assert models == {("scripted", "gpt-4o-mini")}
 
 
@@ -534,8 +642,9 @@ def test_calls_served_from_the_record_are_never_counted_as_spend(workspace: Work
     assert (sim.input_tokens, sim.priced_calls, sim.unpriced_calls) == (0, 0, 0)
     assert fork.input_tokens == 90 and fork.unpriced_calls == 1  # summarize only; scripted-1 has no price
     today = date.today()
-    rows, total = usage_rows(group_by="day", start=today - timedelta(days=1), end=today + timedelta(days=1),
-                             workspace=workspace)
+    rows, total = usage_rows(
+        group_by="day", start=today - timedelta(days=1), end=today + timedelta(days=1), workspace=workspace
+    )
     assert total.input_tokens == orig.input_tokens + fork.input_tokens
     assert total.priced_calls + total.unpriced_calls == 5  # the original's four calls and the fork's one
     report = divergence_report(workspace=workspace, original_run_id=original, new_run_id="run_sim")
@@ -547,34 +656,65 @@ def test_calls_served_from_the_record_are_never_counted_as_spend(workspace: Work
 
 
 def test_the_plan_lists_what_each_mode_reuses_runs_live_and_every_live_write_tool(workspace: Workspace) -> None:
-    original = start_run(workspace=workspace, workflow="support.refund",
-                         input={"ticket": "Refund please", "orderId": "B-2", "amount": 12.5}).run_id
-    plans = {mode: mode_plan(workspace=workspace, run_id=original, mode=mode, from_step="refund")
-             for mode in ("simulate", "evaluate", "fork", "rerun", "resume")}
+    original = start_run(
+        workspace=workspace,
+        workflow="support.refund",
+        input={"ticket": "Refund please", "orderId": "B-2", "amount": 12.5},
+    ).run_id
+    plans = {
+        mode: mode_plan(workspace=workspace, run_id=original, mode=mode, from_step="refund")
+        for mode in ("simulate", "evaluate", "fork", "rerun", "resume")
+    }
 
     assert plans["simulate"]["liveWriteTools"] == plans["evaluate"]["liveWriteTools"] == []
     assert {s["action"] for s in plans["simulate"]["steps"]} == {"simulate"}
     assert {c["source"] for s in plans["simulate"]["sessions"] for c in s["calls"]} == {"record"}
     assert {(c["kind"], c["source"]) for s in plans["evaluate"]["sessions"] for c in s["calls"]} == {
-        ("model", "live"), ("tool", "record")}
+        ("model", "live"),
+        ("tool", "record"),
+    }
     assert [(s["stepPath"], s["action"]) for s in plans["fork"]["steps"]] == [
-        ("normalize", "reuse"), ("assess", "reuse"), ("refund", "live")]
-    recorded = {"stepPath": "refund", "toolName": "issue_refund", "caller": "code", "source": "record",
-                "callId": "refund:call", "args": {"orderId": "B-2", "amount": 12.5}}
+        ("normalize", "reuse"),
+        ("assess", "reuse"),
+        ("refund", "live"),
+    ]
+    recorded = {
+        "stepPath": "refund",
+        "toolName": "issue_refund",
+        "caller": "code",
+        "source": "record",
+        "callId": "refund:call",
+        "args": {"orderId": "B-2", "amount": 12.5},
+    }
     declared = {"stepPath": "refund", "toolName": "issue_refund", "caller": "code", "source": "workflow"}
     assert plans["fork"]["liveWriteTools"] == plans["rerun"]["liveWriteTools"] == [recorded, declared]
     assert plans["resume"]["liveWriteTools"] == []  # the run finished: nothing would run
     assert plans["fork"]["liveModelCalls"] and not plans["simulate"]["liveModelCalls"]
     # an external harness's run is planned from its record alone
-    append(workspace=workspace, run_id="run_ext", events=[
-        {"type": "RunStarted", "payload": {"workflowVersionId": "x"}},
-        {"type": "harness.tool_call.started", "payload": {"callId": "c1", "caller": "model", "toolName": "wire",
-                                                          "args": {"usd": 5}, "effect": "write", "stepPath": "pay"}}])
+    append(
+        workspace=workspace,
+        run_id="run_ext",
+        events=[
+            {"type": "RunStarted", "payload": {"workflowVersionId": "x"}},
+            {
+                "type": "harness.tool_call.started",
+                "payload": {
+                    "callId": "c1",
+                    "caller": "model",
+                    "toolName": "wire",
+                    "args": {"usd": 5},
+                    "effect": "write",
+                    "stepPath": "pay",
+                },
+            },
+        ],
+    )
     external = mode_plan(workspace=workspace, run_id="run_ext", mode="rerun")
     assert external["workflowRegistered"] is False
     assert [(t["toolName"], t["args"]) for t in external["liveWriteTools"]] == [("wire", {"usd": 5})]
     assert canonical_json(mode_plan(workspace=workspace, run_id=original, mode="simulate")) == canonical_json(
-        plans["simulate"])
+        plans["simulate"]
+    )
 
 
 def test_a_simulation_replays_recorded_model_failures_and_their_retries(workspace: Workspace) -> None:
@@ -602,6 +742,8 @@ def test_a_simulation_replays_recorded_model_failures_and_their_retries(workspac
     assert len(provider.invocations) == asked == 6  # 4 answers and 2 failures, all from the original
     failed = [e["payload"] for e in run_events(workspace, "run_sim") if e["type"] == "harness.model.failed"]
     assert [(f["callId"], f["origin"], f["error"]["name"]) for f in failed] == [
-        ("research:turn2", "simulated", "TimeoutError"), ("research:turn2:retry1", "simulated", "TimeoutError")]
+        ("research:turn2", "simulated", "TimeoutError"),
+        ("research:turn2:retry1", "simulated", "TimeoutError"),
+    ]
     report = divergence_report(workspace=workspace, original_run_id=original.run_id, new_run_id="run_sim")
     assert report["firstDivergence"] is None

@@ -18,10 +18,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
+from ledger.errors import NotFound
 from ledger.models import AuditEntry, ReexecutionRequest, Workspace
 from ledger.reexecution import execution, services
 from ledger.reexecution.errors import ApprovalExpired, Forbidden, InvalidReexecution, PlanChanged, SelfApprovalForbidden
-from ledger.errors import NotFound
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import ev, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
@@ -34,12 +34,17 @@ Status = ReexecutionRequest.Status
 
 
 def _finished_run(append: Callable[..., Any], run_id: str = RUN) -> str:
-    append(run_id, started(input={"ticket": "T-1"}),
-           ev("StepScheduled", stepPath="triage"), ev("StepAttemptStarted", stepPath="triage", attempt=1),
-           ev("StepCompleted", stepPath="triage", attempt=1, output={"label": "billing"}),
-           ev("StepScheduled", stepPath="answer"), ev("StepAttemptStarted", stepPath="answer", attempt=1),
-           ev("StepCompleted", stepPath="answer", attempt=1, output="Refund sent."),
-           ev("RunCompleted", output="Refund sent."))
+    append(
+        run_id,
+        started(input={"ticket": "T-1"}),
+        ev("StepScheduled", stepPath="triage"),
+        ev("StepAttemptStarted", stepPath="triage", attempt=1),
+        ev("StepCompleted", stepPath="triage", attempt=1, output={"label": "billing"}),
+        ev("StepScheduled", stepPath="answer"),
+        ev("StepAttemptStarted", stepPath="answer", attempt=1),
+        ev("StepCompleted", stepPath="answer", attempt=1, output="Refund sent."),
+        ev("RunCompleted", output="Refund sent."),
+    )
     return run_id
 
 
@@ -70,7 +75,9 @@ def _actions(target: str) -> list[str]:
 
 @pytest.mark.django_db
 def test_a_fork_waits_for_approval_and_binds_to_the_digest_of_the_exact_request(workspace, run, people) -> None:
-    made = _fork(workspace, people["carol"], input=None, model_overrides={"main": {"provider": "scripted", "model": "m2"}})
+    made = _fork(
+        workspace, people["carol"], input=None, model_overrides={"main": {"provider": "scripted", "model": "m2"}}
+    )
     assert made.status == Status.PENDING_APPROVAL and made.public_id.startswith("rx_")
     assert made.requested_by == "carol" and made.has_input and made.input is None
     assert not made.new_run_id and made.last_sequence == 8
@@ -82,8 +89,9 @@ def test_a_fork_waits_for_approval_and_binds_to_the_digest_of_the_exact_request(
 
 @pytest.mark.django_db
 def test_simulate_needs_no_approval_and_starts_approved_with_its_run_reserved(workspace, run, people) -> None:
-    made = services.request_reexecution(workspace=workspace, run_id=RUN, mode="simulate", reason="reproduce",
-                                        by=people["carol"])
+    made = services.request_reexecution(
+        workspace=workspace, run_id=RUN, mode="simulate", reason="reproduce", by=people["carol"]
+    )
     assert made.status == Status.APPROVED and made.new_run_id == f"run_{made.public_id}"
     assert made.executor == ReexecutionRequest.Executor.EXTERNAL  # its workflow is not registered here
     assert _actions(made.public_id) == ["reexecution.requested"]
@@ -99,8 +107,9 @@ def test_a_viewer_cannot_request_and_a_reason_is_required(workspace, run, people
     with pytest.raises(InvalidReexecution):
         _fork(workspace, people["carol"], from_step="no-such-step")
     with pytest.raises(InvalidReexecution):
-        services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason="r", by=people["carol"],
-                                     from_step="answer")
+        services.request_reexecution(
+            workspace=workspace, run_id=RUN, mode="rerun", reason="r", by=people["carol"], from_step="answer"
+        )
     assert not ReexecutionRequest.objects.exists()
 
 
@@ -109,8 +118,9 @@ def test_self_approval_is_refused_and_another_approver_approves(workspace, run, 
     bob_asks = _fork(workspace, people["bob"])
     with pytest.raises(SelfApprovalForbidden):
         services.approve(workspace=workspace, reexecution_id=bob_asks.public_id, by=people["bob"], note="mine")
-    [approved] = services.approve(workspace=workspace, reexecution_id=bob_asks.public_id, by=people["alice"],
-                                  note="looks right")
+    [approved] = services.approve(
+        workspace=workspace, reexecution_id=bob_asks.public_id, by=people["alice"], note="looks right"
+    )
     assert approved.status == Status.APPROVED and approved.approver_name == "alice" and approved.note == "looks right"
     assert approved.new_run_id == f"run_{approved.public_id}"
     assert _actions(bob_asks.public_id) == ["reexecution.requested", "reexecution.approved"]
@@ -169,10 +179,12 @@ def test_the_expiry_sweep_expires_overdue_requests_only(workspace, run, people, 
 
 @pytest.mark.django_db
 def test_approval_after_the_run_changed_is_plan_changed(workspace, people, append) -> None:
-    append(RUN, started(), ev("StepScheduled", stepPath="triage"),
-           ev("StepAttemptStarted", stepPath="triage", attempt=1))
-    made = services.request_reexecution(workspace=workspace, run_id=RUN, mode="resume", reason="it stopped",
-                                        by=people["carol"])
+    append(
+        RUN, started(), ev("StepScheduled", stepPath="triage"), ev("StepAttemptStarted", stepPath="triage", attempt=1)
+    )
+    made = services.request_reexecution(
+        workspace=workspace, run_id=RUN, mode="resume", reason="it stopped", by=people["carol"]
+    )
     append(RUN, ev("StepCompleted", stepPath="triage", attempt=1, output="ok"))
     with pytest.raises(PlanChanged) as refused:
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="go")
@@ -188,8 +200,9 @@ def test_resume_keeps_the_run_id_and_a_finished_run_cannot_be_resumed(workspace,
     with pytest.raises(RunFinished):
         services.request_reexecution(workspace=workspace, run_id=RUN, mode="resume", reason="r", by=people["carol"])
     append("run_open", started(), ev("StepScheduled", stepPath="a"))
-    made = services.request_reexecution(workspace=workspace, run_id="run_open", mode="resume", reason="r",
-                                        by=people["carol"])
+    made = services.request_reexecution(
+        workspace=workspace, run_id="run_open", mode="resume", reason="r", by=people["carol"]
+    )
     [approved] = services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
     assert approved.new_run_id == "run_open"
 
@@ -213,8 +226,12 @@ def test_an_evaluate_batch_is_decided_by_one_approval(workspace, people, append)
     for run_id in ("run_case_1", "run_case_2", "run_case_3"):
         _finished_run(append, run_id)
     batch_id, made = services.request_batch(
-        workspace=workspace, run_ids=["run_case_1", "run_case_2", "run_case_3"], reason="new model on the cases",
-        by=people["carol"], model_overrides={"main": {"provider": "scripted", "model": "m2"}})
+        workspace=workspace,
+        run_ids=["run_case_1", "run_case_2", "run_case_3"],
+        reason="new model on the cases",
+        by=people["carol"],
+        model_overrides={"main": {"provider": "scripted", "model": "m2"}},
+    )
     assert batch_id.startswith("rxb_") and {r.batch_id for r in made} == {batch_id}
     approved = services.approve(workspace=workspace, reexecution_id=made[1].public_id, by=people["bob"], note="go")
     assert [r.status for r in approved] == [Status.APPROVED] * 3
@@ -226,8 +243,9 @@ def test_an_evaluate_batch_is_decided_by_one_approval(workspace, people, append)
 def test_a_batch_whose_run_changed_is_refused_whole(workspace, people, append) -> None:
     append("run_case_1", started(), ev("StepScheduled", stepPath="a"))
     _finished_run(append, "run_case_2")
-    _, made = services.request_batch(workspace=workspace, run_ids=["run_case_1", "run_case_2"], reason="eval",
-                                     by=people["carol"])
+    _, made = services.request_batch(
+        workspace=workspace, run_ids=["run_case_1", "run_case_2"], reason="eval", by=people["carol"]
+    )
     append("run_case_1", ev("StepAttemptStarted", stepPath="a", attempt=1))
     with pytest.raises(PlanChanged):
         services.approve(workspace=workspace, reexecution_id=made[0].public_id, by=people["bob"], note="go")
@@ -236,7 +254,8 @@ def test_a_batch_whose_run_changed_is_refused_whole(workspace, people, append) -
 
 @pytest.mark.django_db
 def test_the_external_executor_claims_appends_the_new_run_and_its_end_settles_the_request(
-        workspace, run, people, append, clock) -> None:
+    workspace, run, people, append, clock
+) -> None:
     key, _ = create_key(workspace=workspace, scopes=["execute", "ingest"])
     made = _fork(workspace, people["carol"])
     assert execution.claim_next(api_key=key) is None  # pending approval: nothing to claim
@@ -248,8 +267,12 @@ def test_the_external_executor_claims_appends_the_new_run_and_its_end_settles_th
     append(claimed.new_run_id, ev("RunCompleted", output="Refund sent, again."))
     made.refresh_from_db()
     assert made.status == Status.SUCCEEDED and made.finished_at is not None
-    assert _actions(made.public_id) == ["reexecution.requested", "reexecution.approved", "reexecution.claimed",
-                                        "reexecution.finished"]
+    assert _actions(made.public_id) == [
+        "reexecution.requested",
+        "reexecution.approved",
+        "reexecution.claimed",
+        "reexecution.finished",
+    ]
     assert AuditEntry.objects.get(target=made.public_id, action="reexecution.finished").actor == f"key:{key.prefix}"
 
 
@@ -276,8 +299,8 @@ def test_a_claim_whose_lease_ran_out_is_handed_out_again_for_the_same_new_run(wo
 
 @pytest.mark.django_db
 def test_the_evidence_lists_the_runs_requests_and_decisions(workspace, run, people) -> None:
-    from ledger.replay.evidence import approvals
     from ledger.reads.selectors import get_run
+    from ledger.replay.evidence import approvals
 
     made = _fork(workspace, people["carol"])
     services.deny(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="no")
@@ -337,13 +360,17 @@ def test_over_http_request_approve_deny_and_every_refusal(live_server, workspace
     assert [r["id"] for r in listed] == [rx["id"]]
     assert olga.get(url).status_code == 404
     bob_asks = bob.post(url, json={"mode": "rerun", "reason": "flaky"}).json()
-    assert _code(bob.post(f"/api/v1/reexecutions/{bob_asks['id']}/approve", json={"note": "mine"})) \
+    assert (
+        _code(bob.post(f"/api/v1/reexecutions/{bob_asks['id']}/approve", json={"note": "mine"}))
         == "self_approval_forbidden"
+    )
     assert carol.get("/api/v1/reexecutions?status=pending_approval").json()["reexecutions"][0]["id"] == bob_asks["id"]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_over_http_a_key_requests_claims_and_renews_but_never_approves(live_server, workspace, append, sessions) -> None:
+def test_over_http_a_key_requests_claims_and_renews_but_never_approves(
+    live_server, workspace, append, sessions
+) -> None:
     _finished_run(append)
     bob = sessions("bob")
     executor = _key(live_server, workspace, ["execute", "ingest", "read"])
@@ -369,9 +396,10 @@ def test_over_http_a_key_requests_claims_and_renews_but_never_approves(live_serv
     assert renewed.status_code == 200, renewed.text
     assert _code(executor.post(f"/api/v1/reexecutions/{rx_id}/lease", json={"leaseToken": "0" * 32})) == "lease_lost"
     new_run = body["newRunId"]
-    events = [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_test", "replayOf": RUN,
-                                                 "reexecutionId": rx_id}},
-              {"type": "RunFailed", "payload": {"error": {"name": "Boom", "message": "tool down"}}}]
+    events = [
+        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_test", "replayOf": RUN, "reexecutionId": rx_id}},
+        {"type": "RunFailed", "payload": {"error": {"name": "Boom", "message": "tool down"}}},
+    ]
     assert executor.post(f"/api/v1/runs/{new_run}/events", json={"events": events}).status_code == 200
     [shown] = executor.get(f"/api/v1/runs/{RUN}/reexecutions").json()["reexecutions"]
     assert shown["status"] == "failed" and shown["error"]["name"] == "Boom"
@@ -383,12 +411,18 @@ def test_over_http_a_key_requests_claims_and_renews_but_never_approves(live_serv
 
 
 @pytest.mark.django_db(transaction=True)
-def test_over_http_an_evaluate_batch_is_requested_and_approved_at_once(live_server, workspace, append, sessions) -> None:
+def test_over_http_an_evaluate_batch_is_requested_and_approved_at_once(
+    live_server, workspace, append, sessions
+) -> None:
     for run_id in ("run_case_1", "run_case_2"):
         _finished_run(append, run_id)
     carol, bob, olga = (sessions(n) for n in ("carol", "bob", "olga"))
-    body = {"runIds": ["run_case_1", "run_case_2"], "mode": "evaluate", "reason": "new model on the cases",
-            "modelOverrides": {"main": {"provider": "scripted", "model": "m2"}}}
+    body = {
+        "runIds": ["run_case_1", "run_case_2"],
+        "mode": "evaluate",
+        "reason": "new model on the cases",
+        "modelOverrides": {"main": {"provider": "scripted", "model": "m2"}},
+    }
     assert olga.post("/api/v1/reexecutions/batches", json=body).status_code == 404
     assert _code(carol.post("/api/v1/reexecutions/batches", json={**body, "mode": "rerun"})) == "invalid_request"
     made = carol.post("/api/v1/reexecutions/batches", json=body)
@@ -408,8 +442,9 @@ def test_over_http_an_evaluate_batch_is_requested_and_approved_at_once(live_serv
 def test_over_http_a_request_shows_its_plan_digest_and_decision(live_server, workspace, append, sessions) -> None:
     _finished_run(append)
     carol, bob, olga = (sessions(n) for n in ("carol", "bob", "olga"))
-    made = carol.post(f"/api/v1/runs/{RUN}/reexecutions", json={"mode": "fork", "fromStep": "answer",
-                                                                 "reason": "new prompt"}).json()
+    made = carol.post(
+        f"/api/v1/runs/{RUN}/reexecutions", json={"mode": "fork", "fromStep": "answer", "reason": "new prompt"}
+    ).json()
     bob.post(f"/api/v1/reexecutions/{made['id']}/approve", json={"note": "fine"})
     shown = carol.get(f"/api/v1/reexecutions/{made['id']}")
     assert shown.status_code == 200, shown.text
@@ -424,8 +459,22 @@ def test_over_http_a_request_shows_its_plan_digest_and_decision(live_server, wor
 @pytest.mark.django_db
 def test_an_operator_requests_from_the_terminal_and_a_viewer_cannot(workspace, run, people) -> None:
     out = io.StringIO()
-    call_command("ledger", "reexecute", RUN, "--mode", "fork", "--from-step", "answer", "--input", "null",
-                 "--reason", "from the shell", "--as", "carol", stdout=out)
+    call_command(
+        "ledger",
+        "reexecute",
+        RUN,
+        "--mode",
+        "fork",
+        "--from-step",
+        "answer",
+        "--input",
+        "null",
+        "--reason",
+        "from the shell",
+        "--as",
+        "carol",
+        stdout=out,
+    )
     public_id, status = out.getvalue().split()
     made = ReexecutionRequest.objects.get(public_id=public_id)
     assert status == "pending_approval" and made.requested_by == "carol" and made.has_input and made.input is None

@@ -22,8 +22,8 @@ from django_tasks_db.models import DBTaskResult
 from ledger.models import AuditEntry, ReexecutionRequest, Workspace
 from ledger.reexecution import execution, services, worker
 from ledger.runtime.executor import start_run
-from tests.servers import REPO_ROOT, database_url, free_port
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+from tests.servers import REPO_ROOT, database_url, free_port
 
 # Every test runs on the fake clock (conftest), which a live server's thread reads too.
 pytestmark = pytest.mark.usefixtures("clock")
@@ -38,8 +38,9 @@ def people(approver: User, operator: User) -> dict[str, User]:
 
 @pytest.fixture
 def triage_run(workspace: Workspace) -> str:
-    outcome = start_run(workspace=workspace, workflow="triage", input={"ticket": "Where is my order?"},
-                        run_id="run_triage")
+    outcome = start_run(
+        workspace=workspace, workflow="triage", input={"ticket": "Where is my order?"}, run_id="run_triage"
+    )
     assert outcome.status == "completed"
     return outcome.run_id
 
@@ -50,21 +51,25 @@ def _queued(request: ReexecutionRequest) -> int:
 
 @pytest.mark.django_db
 def test_an_approval_of_a_registered_workflow_is_queued_in_its_own_transaction(workspace, triage_run, people) -> None:
-    made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="rerun", reason="flaky",
-                                        by=people["carol"])
+    made = services.request_reexecution(
+        workspace=workspace, run_id=triage_run, mode="rerun", reason="flaky", by=people["carol"]
+    )
     assert _queued(made) == 0  # nothing runs before approval
     [approved] = services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
     assert approved.executor == ReexecutionRequest.Executor.BUILTIN and _queued(made) == 1
-    simulated = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate",
-                                             reason="reproduce", by=people["carol"])
+    simulated = services.request_reexecution(
+        workspace=workspace, run_id=triage_run, mode="simulate", reason="reproduce", by=people["carol"]
+    )
     assert simulated.status == Status.APPROVED and _queued(simulated) == 1
 
 
 @pytest.mark.django_db
 def test_one_live_worker_holds_a_request_and_a_dead_or_silent_one_loses_it(
-        workspace, triage_run, people, clock) -> None:
-    made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate", reason="r",
-                                        by=people["carol"])
+    workspace, triage_run, people, clock
+) -> None:
+    made = services.request_reexecution(
+        workspace=workspace, run_id=triage_run, mode="simulate", reason="r", by=people["carol"]
+    )
     first = execution.start(request_pk=made.pk, owner="w1")
     assert first is not None and first.status == Status.RUNNING and first.attempts == 1
     assert execution.start(request_pk=made.pk, owner="w2") is None  # held under a live lease
@@ -86,8 +91,9 @@ def test_one_live_worker_holds_a_request_and_a_dead_or_silent_one_loses_it(
 
 @pytest.mark.django_db
 def test_a_lost_task_of_an_approved_request_is_queued_again(workspace, triage_run, people, clock) -> None:
-    made = services.request_reexecution(workspace=workspace, run_id=triage_run, mode="simulate", reason="r",
-                                        by=people["carol"])
+    made = services.request_reexecution(
+        workspace=workspace, run_id=triage_run, mode="simulate", reason="r", by=people["carol"]
+    )
     assert worker.recover_stalled() == []  # just approved: its task is on the queue
     clock.moment += execution.lease_ttl() + timedelta(seconds=1)
     assert worker.recover_stalled() == [made.public_id]
@@ -115,13 +121,22 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.django_db(transaction=True)
 def test_bin_serve_runs_daphne_and_the_worker_and_ctrl_c_stops_both(workspace, tmp_path) -> None:
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url(),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         # Its own process group, as in a terminal, where Ctrl-C signals the whole foreground group.
-        serve = subprocess.Popen([sys.executable, "bin/serve", "127.0.0.1", str(port)], cwd=REPO_ROOT, env=env,
-                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        serve = subprocess.Popen(
+            [sys.executable, "bin/serve", "127.0.0.1", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         up = False
@@ -133,8 +148,9 @@ def test_bin_serve_runs_daphne_and_the_worker_and_ctrl_c_stops_both(workspace, t
         assert up, log.read_text()[-3000:]
         children = _children(serve.pid)
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in children]
-        assert len(children) == 2 and any("daphne" in c for c in commands) \
-            and any("ledger worker" in c for c in commands), commands
+        assert (
+            len(children) == 2 and any("daphne" in c for c in commands) and any("ledger worker" in c for c in commands)
+        ), commands
         os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C
         assert serve.wait(timeout=30) == 0, log.read_text()[-3000:]
         for pid in children:
@@ -143,7 +159,6 @@ def test_bin_serve_runs_daphne_and_the_worker_and_ctrl_c_stops_both(workspace, t
         if serve.poll() is None:
             serve.kill()
             serve.wait()
-
 
 
 # --- execution (the runtime's ledger.runtime.reexecute) -------------------------------------------
@@ -166,26 +181,39 @@ def drill(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 
 def _worker(env: dict[str, str], log: Path) -> subprocess.CompletedProcess[bytes]:
-    environment = {**os.environ, "DATABASE_URL": database_url(), "RUNLEDGER_WORKFLOW_MODULES": "tests.runtime_workflows",
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])), **env}
+    environment = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "RUNLEDGER_WORKFLOW_MODULES": "tests.runtime_workflows",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        **env,
+    }
     with log.open("ab") as out:
-        return subprocess.run([sys.executable, "manage.py", "ledger", "worker", "--batch", "--interval", "0.1"],
-                              cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+        return subprocess.run(
+            [sys.executable, "manage.py", "ledger", "worker", "--batch", "--interval", "0.1"],
+            cwd=REPO_ROOT,
+            env=environment,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_execution_leaves_the_request_recoverable_and_it_is_never_run_twice(
-        workspace, drill, people, tmp_path, monkeypatch) -> None:
+    workspace, drill, people, tmp_path, monkeypatch
+) -> None:
+    from django.utils import timezone
+
     from ledger.models import Run
     from ledger.runtime.testing import KILL_AFTER_ENV, KILL_RUN_ENV
     from tests.runtime_support import invocation_counts
     from tests.runtime_workflows import INVOCATIONS_ENV
 
-    from django.utils import timezone
-
     monkeypatch.setattr("ledger.clock.now", timezone.now)  # the subprocesses read the real clock
-    made = services.request_reexecution(workspace=workspace, run_id=drill, mode="rerun", reason="nightly check",
-                                        by=people["carol"])
+    made = services.request_reexecution(
+        workspace=workspace, run_id=drill, mode="rerun", reason="nightly check", by=people["carol"]
+    )
     assert not Run.objects.filter(run_id__startswith="run_rx").exists()  # nothing runs before approval
     [approved] = services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
     new_run_id, invocations, log = approved.new_run_id, tmp_path / "invocations.jsonl", tmp_path / "worker.log"
@@ -207,38 +235,63 @@ def test_a_worker_killed_mid_execution_leaves_the_request_recoverable_and_it_is_
     assert new.status == "completed" and new.output == original.output
     counts = invocation_counts(invocations)
     assert counts and set(counts.values()) == {1}, counts  # no call was made twice
-    assert [a for a in AuditEntry.objects.filter(target=made.public_id).order_by("pk").values_list("action", flat=True)] \
-        == ["reexecution.requested", "reexecution.approved", "reexecution.started", "reexecution.started",
-            "reexecution.finished"]
+    assert [
+        a for a in AuditEntry.objects.filter(target=made.public_id).order_by("pk").values_list("action", flat=True)
+    ] == [
+        "reexecution.requested",
+        "reexecution.approved",
+        "reexecution.started",
+        "reexecution.started",
+        "reexecution.finished",
+    ]
 
 
 @pytest.mark.django_db
 def test_a_simulation_needs_no_approval_and_is_executed_at_once(
-        workspace, drill, people, settings, django_capture_on_commit_callbacks) -> None:
+    workspace, drill, people, settings, django_capture_on_commit_callbacks
+) -> None:
     from ledger.models import Run
 
     # The immediate backend runs the task when the request's transaction commits.
-    settings.TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
-                                  "QUEUES": ["default", "reexecutions"]}}
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
+            "QUEUES": ["default", "reexecutions"],
+        }
+    }
     with django_capture_on_commit_callbacks(execute=True):
-        made = services.request_reexecution(workspace=workspace, run_id=drill, mode="simulate", reason="reproduce",
-                                            by=people["carol"])
+        made = services.request_reexecution(
+            workspace=workspace, run_id=drill, mode="simulate", reason="reproduce", by=people["carol"]
+        )
     made.refresh_from_db()
     assert made.status == Status.SUCCEEDED and made.approver_name == ""
     new, original = Run.objects.get(run_id=made.new_run_id), Run.objects.get(run_id=drill)
     assert new.status == "completed" and new.output == original.output and new.replay_of == drill
-    assert list(AuditEntry.objects.filter(target=made.public_id).order_by("pk").values_list("action", flat=True)) \
-        == ["reexecution.requested", "reexecution.started", "reexecution.finished"]
+    assert list(AuditEntry.objects.filter(target=made.public_id).order_by("pk").values_list("action", flat=True)) == [
+        "reexecution.requested",
+        "reexecution.started",
+        "reexecution.finished",
+    ]
 
 
 @pytest.mark.django_db
-def test_a_request_the_runtime_refuses_fails_with_its_reason(workspace, drill, people, settings,
-                                                               django_capture_on_commit_callbacks) -> None:
-    settings.TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
-                                  "QUEUES": ["default", "reexecutions"]}}
-    made = services.request_reexecution(workspace=workspace, run_id=drill, mode="evaluate", reason="other model",
-                                        by=people["carol"],
-                                        model_overrides={"no-such-slot": {"provider": "scripted", "model": "x"}})
+def test_a_request_the_runtime_refuses_fails_with_its_reason(
+    workspace, drill, people, settings, django_capture_on_commit_callbacks
+) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
+            "QUEUES": ["default", "reexecutions"],
+        }
+    }
+    made = services.request_reexecution(
+        workspace=workspace,
+        run_id=drill,
+        mode="evaluate",
+        reason="other model",
+        by=people["carol"],
+        model_overrides={"no-such-slot": {"provider": "scripted", "model": "x"}},
+    )
     with django_capture_on_commit_callbacks(execute=True):
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="try")
     made.refresh_from_db()

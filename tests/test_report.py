@@ -30,15 +30,24 @@ def step(path: str, usage: dict[str, int], model: dict[str, str] = MINI) -> list
     return [
         ("StepScheduled", {"stepPath": path}),
         ("StepAttemptStarted", {"stepPath": path, "attempt": 1}),
-        ("harness.model.responded", {"stepPath": path, "turn": 1, "callId": f"mc_{path}", "model": model,
-                                     "response": {"text": "ok", "usage": usage}}),
+        (
+            "harness.model.responded",
+            {
+                "stepPath": path,
+                "turn": 1,
+                "callId": f"mc_{path}",
+                "model": model,
+                "response": {"text": "ok", "usage": usage},
+            },
+        ),
         ("StepCompleted", {"stepPath": path, "attempt": 1, "output": "ok"}),
     ]
 
 
 def report_for(run_id: str, *items: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    return usage_report(fold(envelopes([("RunStarted", {"workflowVersionId": "wfver_1"}), *items,
-                                        ("RunCompleted", {})], run_id=run_id)))
+    return usage_report(
+        fold(envelopes([("RunStarted", {"workflowVersionId": "wfver_1"}), *items, ("RunCompleted", {})], run_id=run_id))
+    )
 
 
 def run_7f3a() -> dict[str, Any]:
@@ -46,8 +55,9 @@ def run_7f3a() -> dict[str, Any]:
         "run_7f3a",
         *step("extract", {"inputTokens": 20_000, "cachedInputTokens": 16_000, "outputTokens": 10_000}),
         *step("summarize", {"inputTokens": 20_000, "outputTokens": 10_000}),
-        *step("classify", {"inputTokens": 900, "outputTokens": 120},
-              model={"provider": "acme.chat", "modelId": "nope"}),
+        *step(
+            "classify", {"inputTokens": 900, "outputTokens": 120}, model={"provider": "acme.chat", "modelId": "nope"}
+        ),
     )
 
 
@@ -56,9 +66,17 @@ def test_report_breaks_dollars_down_per_step() -> None:
     rows = {row["stepPath"]: row for row in report["steps"]}
     assert [row["stepPath"] for row in report["steps"]] == ["classify", "extract", "summarize"]
     assert rows["extract"] == {
-        "stepPath": "extract", "status": "completed", "inputTokens": 20_000, "cachedInputTokens": 16_000,
-        "outputTokens": 10_000, "reasoningTokens": 0, "cacheHitShare": 0.8, "costUsd": 0.0078,
-        "pricedCalls": 1, "unpricedCalls": 0, "calls": 1,
+        "stepPath": "extract",
+        "status": "completed",
+        "inputTokens": 20_000,
+        "cachedInputTokens": 16_000,
+        "outputTokens": 10_000,
+        "reasoningTokens": 0,
+        "cacheHitShare": 0.8,
+        "costUsd": 0.0078,
+        "pricedCalls": 1,
+        "unpricedCalls": 0,
+        "calls": 1,
     }
     assert (rows["summarize"]["costUsd"], rows["summarize"]["cacheHitShare"]) == (0.009, 0)
     assert (rows["classify"]["costUsd"], rows["classify"]["unpricedCalls"]) == (None, 1)
@@ -123,10 +141,25 @@ def test_run_without_model_calls_costs_zero_not_null() -> None:
 def test_calls_without_step_get_an_unattributed_row() -> None:
     report = report_for(
         "run_unattributed",
-        ("harness.model.responded", {"turn": 1, "callId": "o", "model": MINI,
-                                     "response": {"usage": {"inputTokens": 20_000, "outputTokens": 0}}}),
-        ("harness.model.responded", {"turn": 1, "callId": "s", "stepPath": "summarize", "model": MINI,
-                                     "response": {"usage": {"inputTokens": 0, "outputTokens": 10_000}}}),
+        (
+            "harness.model.responded",
+            {
+                "turn": 1,
+                "callId": "o",
+                "model": MINI,
+                "response": {"usage": {"inputTokens": 20_000, "outputTokens": 0}},
+            },
+        ),
+        (
+            "harness.model.responded",
+            {
+                "turn": 1,
+                "callId": "s",
+                "stepPath": "summarize",
+                "model": MINI,
+                "response": {"usage": {"inputTokens": 0, "outputTokens": 10_000}},
+            },
+        ),
     )
     assert report["unattributed"]["stepPath"] == "(unattributed)"
     assert report["unattributed"]["inputTokens"] == 20_000
@@ -139,8 +172,15 @@ def test_calls_without_step_get_an_unattributed_row() -> None:
 def test_an_unpriced_unattributed_call_is_null_in_its_row() -> None:
     report = report_for(
         "run_unpriced_orchestrator",
-        ("harness.model.responded", {"turn": 1, "callId": "o", "model": {"provider": "acme", "modelId": "x"},
-                                     "response": {"usage": {"inputTokens": 5}}}),
+        (
+            "harness.model.responded",
+            {
+                "turn": 1,
+                "callId": "o",
+                "model": {"provider": "acme", "modelId": "x"},
+                "response": {"usage": {"inputTokens": 5}},
+            },
+        ),
         *step("work", {"inputTokens": 1_000_000}),
     )
     assert (report["unattributed"]["costUsd"], report["unattributed"]["unpricedCalls"]) == (None, 1)
@@ -153,5 +193,14 @@ def test_an_unpriced_unattributed_call_is_null_in_its_row() -> None:
 def test_steps_sort_like_javascript_locale_compare() -> None:
     paths = ["b", "B", "a", "10", "2", "_x", "fan[a]", "fan.visit[0]", "Extract", "extract"]
     assert sorted(paths, key=locale_sort_key) == [
-        "_x", "10", "2", "a", "b", "B", "extract", "Extract", "fan.visit[0]", "fan[a]",
+        "_x",
+        "10",
+        "2",
+        "a",
+        "b",
+        "B",
+        "extract",
+        "Extract",
+        "fan.visit[0]",
+        "fan[a]",
     ]

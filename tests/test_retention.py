@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import io
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,21 @@ from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
 from ledger import audit, clock
-from ledger.tenancy import retention
 from ledger.log import append
 from ledger.models import (
-    Artifact, AuditEntry, CostEntry, DailyUsage, Event, Feedback, ReexecutionRequest, Run, Step, ToolCall, Workspace,
+    Artifact,
+    AuditEntry,
+    CostEntry,
+    DailyUsage,
+    Event,
+    Feedback,
+    ReexecutionRequest,
+    Run,
+    Step,
+    ToolCall,
+    Workspace,
 )
+from ledger.tenancy import retention
 from ledger.tenancy.retention import InvalidRetention, set_retention
 from tests.conftest import ev, started
 from tests.test_projection import cli
@@ -27,7 +37,7 @@ from tests.test_rollup import responded
 
 pytestmark = pytest.mark.django_db
 
-NOW = datetime(2026, 6, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 30, 12, 0, tzinfo=UTC)
 BIG = {"rows": ["x" * 1000] * 300}  # over the inline limit: stored as an artifact
 
 
@@ -39,8 +49,15 @@ def days_ago(n: float) -> datetime:
     return NOW - timedelta(days=n)
 
 
-def finished_run(workspace: Workspace, run_id: str, *, started_at: datetime, ended_at: datetime,
-                 extra: list[dict[str, Any]] | None = None, **start: Any) -> Run:
+def finished_run(
+    workspace: Workspace,
+    run_id: str,
+    *,
+    started_at: datetime,
+    ended_at: datetime,
+    extra: list[dict[str, Any]] | None = None,
+    **start: Any,
+) -> Run:
     with at(started_at):
         append(workspace=workspace, run_id=run_id, events=[started(**start), *(extra or [])])
     with at(ended_at):
@@ -126,8 +143,9 @@ def test_prune_removes_exactly_the_runs_past_retention(thirty_days: Workspace) -
     assert "pruned in all: runs=2, events=" in out
 
 
-def test_the_boundary_is_strict_a_run_exactly_at_the_cutoff_stays(thirty_days: Workspace,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_boundary_is_strict_a_run_exactly_at_the_cutoff_stays(
+    thirty_days: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = finished_run(thirty_days, "run_edge", started_at=days_ago(40), ended_at=days_ago(31))
     edge = last_activity(run) + timedelta(days=30)
     monkeypatch.setattr("ledger.clock.now", lambda: edge)
@@ -141,9 +159,20 @@ def test_the_boundary_is_strict_a_run_exactly_at_the_cutoff_stays(thirty_days: W
 def test_a_run_with_an_open_reexecution_request_is_kept(thirty_days: Workspace) -> None:
     finished_run(thirty_days, "run_asked", started_at=days_ago(60), ended_at=days_ago(50))
     request = ReexecutionRequest.objects.create(
-        public_id="rx_open", workspace=thirty_days, original_run_id="run_asked", mode="rerun", reason="again",
-        requested_by="carol", digest="sha256:x", last_sequence=2, plan_digest="sha256:y",
-        status="pending_approval", expires_at=NOW + timedelta(hours=1), created_at=NOW, updated_at=NOW)
+        public_id="rx_open",
+        workspace=thirty_days,
+        original_run_id="run_asked",
+        mode="rerun",
+        reason="again",
+        requested_by="carol",
+        digest="sha256:x",
+        last_sequence=2,
+        plan_digest="sha256:y",
+        status="pending_approval",
+        expires_at=NOW + timedelta(hours=1),
+        created_at=NOW,
+        updated_at=NOW,
+    )
     prune()
     assert run_ids(thirty_days) == {"run_asked"}
     ReexecutionRequest.objects.filter(pk=request.pk).update(status="denied")
@@ -181,8 +210,9 @@ def test_another_workspace_without_retention_is_untouched(thirty_days: Workspace
     assert run_ids(other_workspace) == {"run_old"}
 
 
-def test_older_than_overrides_the_setting_for_the_workspaces_named(workspace: Workspace,
-                                                                   other_workspace: Workspace) -> None:
+def test_older_than_overrides_the_setting_for_the_workspaces_named(
+    workspace: Workspace, other_workspace: Workspace
+) -> None:
     finished_run(workspace, "run_a", started_at=days_ago(20), ended_at=days_ago(10))
     finished_run(other_workspace, "run_b", started_at=days_ago(20), ended_at=days_ago(10))
     assert prune("--workspace", "acme/support", "--older-than", "7")[0] == 0
@@ -193,13 +223,19 @@ def test_older_than_overrides_the_setting_for_the_workspaces_named(workspace: Wo
 
 
 def _table_counts() -> dict[str, int]:
-    return {m.__name__: m.objects.count() for m in (Run, Event, Step, CostEntry, DailyUsage, Artifact, Feedback,
-                                                     AuditEntry)}
+    return {
+        m.__name__: m.objects.count() for m in (Run, Event, Step, CostEntry, DailyUsage, Artifact, Feedback, AuditEntry)
+    }
 
 
 def test_dry_run_lists_what_would_go_and_changes_nothing(thirty_days: Workspace) -> None:
-    finished_run(thirty_days, "run_old", started_at=days_ago(50), ended_at=days_ago(45),
-                 extra=[ev("StepScheduled", stepPath="s"), responded("c1", "openai", "gpt-4o-mini", step="s")])
+    finished_run(
+        thirty_days,
+        "run_old",
+        started_at=days_ago(50),
+        ended_at=days_ago(45),
+        extra=[ev("StepScheduled", stepPath="s"), responded("c1", "openai", "gpt-4o-mini", step="s")],
+    )
     finished_run(thirty_days, "run_young", started_at=days_ago(5), ended_at=days_ago(4))
     before = _table_counts()
     code, out = prune("--dry-run")
@@ -212,8 +248,11 @@ def test_dry_run_lists_what_would_go_and_changes_nothing(thirty_days: Workspace)
 def test_prune_deletes_every_row_of_the_run_and_verify_still_passes(thirty_days: Workspace, admin: Any) -> None:
     ws = thirty_days
     day = days_ago(45)
-    calls = [ev("StepScheduled", stepPath="s"), responded("c1", "openai", "gpt-4o-mini", step="s"),
-             responded("c2", "openai", "gpt-4o", step="s")]
+    calls = [
+        ev("StepScheduled", stepPath="s"),
+        responded("c1", "openai", "gpt-4o-mini", step="s"),
+        responded("c2", "openai", "gpt-4o", step="s"),
+    ]
     # Two runs spend in the same cells on the same day: pruning one must leave the other's share.
     finished_run(ws, "run_old", started_at=day, ended_at=day + timedelta(minutes=5), extra=calls)
     finished_run(ws, "run_kept", started_at=day, ended_at=days_ago(2), extra=calls)
@@ -254,15 +293,28 @@ def test_triggers_still_refuse_deleting_events_outside_prune(thirty_days: Worksp
     assert Event.objects.filter(run=kept).count() == 2
 
 
-def test_artifacts_shared_with_a_kept_run_survive_and_the_others_go(thirty_days: Workspace,
-                                                                    django_capture_on_commit_callbacks: Any) -> None:
+def test_artifacts_shared_with_a_kept_run_survive_and_the_others_go(
+    thirty_days: Workspace, django_capture_on_commit_callbacks: Any
+) -> None:
     ws = thirty_days
     own = {"rows": ["only-old"] + ["y" * 1000] * 300}
-    finished_run(ws, "run_old", started_at=days_ago(50), ended_at=days_ago(45),
-                 extra=[ev("StepCompleted", stepPath="a", attempt=1, output=BIG),
-                        ev("StepCompleted", stepPath="b", attempt=1, output=own)])
-    finished_run(ws, "run_kept", started_at=days_ago(5), ended_at=days_ago(4),
-                 extra=[ev("StepCompleted", stepPath="a", attempt=1, output=BIG)])
+    finished_run(
+        ws,
+        "run_old",
+        started_at=days_ago(50),
+        ended_at=days_ago(45),
+        extra=[
+            ev("StepCompleted", stepPath="a", attempt=1, output=BIG),
+            ev("StepCompleted", stepPath="b", attempt=1, output=own),
+        ],
+    )
+    finished_run(
+        ws,
+        "run_kept",
+        started_at=days_ago(5),
+        ended_at=days_ago(4),
+        extra=[ev("StepCompleted", stepPath="a", attempt=1, output=BIG)],
+    )
     assert Artifact.objects.filter(workspace=ws).count() == 2
     root = Path(settings.ARTIFACTS_ROOT)
     files = {a.sha256: root / a.storage_key for a in Artifact.objects.all()}
@@ -326,8 +378,9 @@ def test_on_a_terminal_prune_draws_a_progress_bar(thirty_days: Workspace, monkey
     assert out.getvalue().splitlines() == ["pruned in all: runs=2, events=4, costEntries=0, artifacts=0"]
 
 
-def test_a_share_link_to_a_pruned_run_answers_410_and_its_record_stays(thirty_days: Workspace, operator: Any,
-                                                                       client: Any) -> None:
+def test_a_share_link_to_a_pruned_run_answers_410_and_its_record_stays(
+    thirty_days: Workspace, operator: Any, client: Any
+) -> None:
     from ledger.models import ShareLink
     from ledger.tenancy.sharing import create_link
 

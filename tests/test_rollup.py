@@ -5,7 +5,7 @@ entries by its migration."""
 from __future__ import annotations
 
 import importlib
-from datetime import date, datetime, time, timezone
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
@@ -27,22 +27,29 @@ DAY1, DAY2 = date(2026, 3, 1), date(2026, 3, 2)
 REFERENCES = "checked that every event, step, tool call and cost entry names a run that exists\n"
 
 
-def responded(call: str, provider: str, model: str, *, step: str | None = None, inp: int = 1000,
-              out: int = 100) -> dict[str, Any]:
-    payload: dict[str, Any] = {"turn": 1, "callId": call, "model": {"provider": provider, "modelId": model},
-                               "response": {"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}}}
+def responded(
+    call: str, provider: str, model: str, *, step: str | None = None, inp: int = 1000, out: int = 100
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "turn": 1,
+        "callId": call,
+        "model": {"provider": provider, "modelId": model},
+        "response": {"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}},
+    }
     if step:
         payload["stepPath"] = step
     return {"type": "harness.model.responded", "payload": payload}
 
 
 def on(day: date, hour: int = 12) -> Any:
-    return clock.backdated(datetime.combine(day, time(hour), tzinfo=timezone.utc))
+    return clock.backdated(datetime.combine(day, time(hour), tzinfo=UTC))
 
 
 def cells(workspace: Workspace) -> dict[tuple[Any, ...], tuple[Any, ...]]:
-    return {tuple(r[k] for k in rollup.KEY): tuple(r[s] for s in rollup.SUMS)
-            for r in DailyUsage.objects.filter(workspace=workspace).values(*rollup.KEY, *rollup.SUMS)}
+    return {
+        tuple(r[k] for k in rollup.KEY): tuple(r[s] for s in rollup.SUMS)
+        for r in DailyUsage.objects.filter(workspace=workspace).values(*rollup.KEY, *rollup.SUMS)
+    }
 
 
 @pytest.fixture
@@ -53,15 +60,23 @@ def spent(append, workspace: Workspace) -> None:
         append("run_a", responded("c2", "openai", "gpt-4o-mini"), responded("c3", "acme.chat", "house", inp=5))
     with on(DAY2, hour=0):
         append("run_a", responded("c4", "openai", "gpt-4o-mini", inp=10))
-        append("run_b", started("wf_b"), ev("StepScheduled", stepPath="s"),
-               responded("c1", "openai", "gpt-4o-mini", step="s", inp=300))
+        append(
+            "run_b",
+            started("wf_b"),
+            ev("StepScheduled", stepPath="s"),
+            responded("c1", "openai", "gpt-4o-mini", step="s", inp=300),
+        )
 
 
 def test_every_append_adds_its_cost_entries_to_their_day_model_and_workflow(spent, workspace: Workspace) -> None:
     mini = ("openai", "gpt-4o-mini")
     got = cells(workspace)
-    assert set(got) == {(DAY1, *mini, "wf_a"), (DAY1, "acme.chat", "house", "wf_a"), (DAY2, *mini, "wf_a"),
-                        (DAY2, *mini, "wf_b")}
+    assert set(got) == {
+        (DAY1, *mini, "wf_a"),
+        (DAY1, "acme.chat", "house", "wf_a"),
+        (DAY2, *mini, "wf_a"),
+        (DAY2, *mini, "wf_b"),
+    }
     # input, output, cached, reasoning tokens; dollars; calls, priced calls
     assert got[(DAY1, *mini, "wf_a")][:4] == (3000, 300, 0, 0) and got[(DAY1, *mini, "wf_a")][5:] == (2, 2)
     assert got[(DAY1, "acme.chat", "house", "wf_a")][4:] == (Decimal(0), 1, 0)  # unpriced: no dollars
@@ -79,13 +94,23 @@ def test_verify_catches_a_wrong_rollup_row_and_rebuild_mends_it(spent, workspace
     # One run's verify checks that run; the rollup sums the whole workspace and is checked with it.
     assert cli("verify", "run_a") == (0, "verified 1 run(s): ok\n")
     assert cli("rebuild", "run_a")[0] == 0
-    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n")
+    assert cli("verify") == (
+        0,
+        "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n",
+    )
 
 
 def test_verify_catches_a_missing_and_a_stray_rollup_row(spent, workspace: Workspace) -> None:
     DailyUsage.objects.filter(workspace=workspace, day=DAY2, workflow_version_id="wf_b").delete()
-    DailyUsage.objects.create(workspace=workspace, day=DAY1, provider="openai", model_id="gpt-5",
-                              workflow_version_id="wf_a", input_tokens=1, calls=1)
+    DailyUsage.objects.create(
+        workspace=workspace,
+        day=DAY1,
+        provider="openai",
+        model_id="gpt-5",
+        workflow_version_id="wf_a",
+        input_tokens=1,
+        calls=1,
+    )
     code, out = cli("verify")
     assert code == 1 and "2026-03-02 openai/gpt-4o-mini wf_b: the rollup has no row" in out
     assert "2026-03-01 openai/gpt-5 wf_a: the rollup has input_tokens=1" in out and "the cost entries say no row" in out
@@ -108,8 +133,9 @@ def test_other_workspaces_keep_their_own_cells(spent, append, workspace: Workspa
     from ledger import log
 
     with on(DAY1):
-        log.append(workspace=research, run_id="run_a", events=[started("wf_a"),
-                                                                  responded("c1", "openai", "gpt-4o-mini")])
+        log.append(
+            workspace=research, run_id="run_a", events=[started("wf_a"), responded("c1", "openai", "gpt-4o-mini")]
+        )
     assert list(cells(research)) == [(DAY1, "openai", "gpt-4o-mini", "wf_a")]
     assert cells(workspace)[(DAY1, "openai", "gpt-4o-mini", "wf_a")][5] == 2
 
@@ -127,8 +153,10 @@ def test_the_migration_counts_the_cost_entries_already_stored(spent, workspace: 
 
 
 def months(workspace: Workspace) -> dict[tuple[Any, ...], tuple[Any, ...]]:
-    return {tuple(r[k] for k in rollup.MONTH_KEY): tuple(r[s] for s in rollup.SUMS)
-            for r in MonthlyUsage.objects.filter(workspace=workspace).values(*rollup.MONTH_KEY, *rollup.SUMS)}
+    return {
+        tuple(r[k] for k in rollup.MONTH_KEY): tuple(r[s] for s in rollup.SUMS)
+        for r in MonthlyUsage.objects.filter(workspace=workspace).values(*rollup.MONTH_KEY, *rollup.SUMS)
+    }
 
 
 def comparable(cells: dict[tuple[Any, ...], tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
@@ -147,8 +175,13 @@ def test_every_write_of_a_daily_cell_keeps_its_month(spent, append, workspace: W
     # A recount (delete and insert of daily cells) and a subtraction (update to none, delete) keep it.
     rollup.recount(workspace.pk, {DAY1, DAY2})
     assert comparable(months(workspace)) == comparable(rollup.summed_months(workspace.pk))
-    rows = rollup.cells(workspace.pk, "wf_b", CostEntry.objects.filter(run__run_id="run_b").values(
-        "recorded_at", "provider", "model_id", *rollup.TOKENS, "cost_usd"))
+    rows = rollup.cells(
+        workspace.pk,
+        "wf_b",
+        CostEntry.objects.filter(run__run_id="run_b").values(
+            "recorded_at", "provider", "model_id", *rollup.TOKENS, "cost_usd"
+        ),
+    )
     assert rollup.subtract(rows) == {}
     assert (march, *mini, "wf_b") not in months(workspace)  # its only day went: the month goes too
     assert comparable(months(workspace)) == comparable(rollup.summed_months(workspace.pk))
@@ -161,7 +194,10 @@ def test_verify_catches_a_wrong_month_and_rebuild_mends_it(spent, workspace: Wor
     assert code == 1 and "month 2026-03 acme.chat/house wf_a: the monthly rollup has" in out and "calls=9" in out
     assert "month 2026-03 openai/gpt-4o-mini wf_b: the monthly rollup has no row" in out
     assert cli("rebuild")[0] == 0
-    assert cli("verify") == (0, "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n")
+    assert cli("verify") == (
+        0,
+        "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n",
+    )
 
 
 def test_the_migration_sums_the_daily_cells_already_stored(spent, workspace: Workspace) -> None:

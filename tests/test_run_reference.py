@@ -21,8 +21,13 @@ ROWS = (Event, Step, ToolCall, CostEntry)
 @pytest.fixture
 def two_runs(append, workspace) -> tuple[Run, Run]:
     for run_id in ("run_kept", "run_gone"):
-        append(run_id, started("wf"), ev("StepScheduled", stepPath="s"), responded("c1", "openai", "gpt-4o-mini", step="s"),
-               ev("harness.tool_call.started", callId="t1", toolName="lookup", caller="agent", stepPath="s", args={}))
+        append(
+            run_id,
+            started("wf"),
+            ev("StepScheduled", stepPath="s"),
+            responded("c1", "openai", "gpt-4o-mini", step="s"),
+            ev("harness.tool_call.started", callId="t1", toolName="lookup", caller="agent", stepPath="s", args={}),
+        )
     kept, gone = (Run.objects.get(run_id=r) for r in ("run_kept", "run_gone"))
     assert all(model.objects.filter(run=gone).exists() for model in ROWS)
     return kept, gone
@@ -49,4 +54,3 @@ def test_verify_of_the_whole_database_finds_rows_whose_run_is_gone(two_runs) -> 
     # A run's or a workspace's verify cannot see a row that belongs to no run any more.
     assert cli("verify", "run_kept")[0] == 0
     assert "run_reference" not in cli("verify", "--workspace", "acme/support")[1]
-

@@ -27,11 +27,24 @@ from ledger.runtime.errors import RunInputMismatch
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, Workflow
-from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill, reset_registrations
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, Crash, round_trips, run_events as _events,
-    assert_verified as _verified, invocation_counts as _calls, invocation_of as _call_of,
+    Crash,
+    every_run_verifies,
+    round_trips,
 )
+from tests.runtime_support import (
+    assert_verified as _verified,
+)
+from tests.runtime_support import (
+    invocation_counts as _calls,
+)
+from tests.runtime_support import (
+    invocation_of as _call_of,
+)
+from tests.runtime_support import (
+    run_events as _events,
+)
+from tests.runtime_workflows import INVOCATIONS_ENV, SCRIPT, build_drill, reset_registrations
 from tests.servers import database_url as _database_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,23 +71,29 @@ def test_multi_step_workflow_runs_to_completion_and_verifies(workspace: Workspac
     responded = [e["sequence"] for e in events if e["type"] == "harness.model.responded"]
     assert all(c < r for c, r in zip(called, responded))
     session = next(e["payload"] for e in events if e["type"] == "harness.session.started")
-    assert set(session["manifest"]) == {"harnessId", "modelSlot", "model", "systemPromptHash", "toolsHash",
-                                        "workflowDefinitionHash"}
+    assert set(session["manifest"]) == {
+        "harnessId",
+        "modelSlot",
+        "model",
+        "systemPromptHash",
+        "toolsHash",
+        "workflowDefinitionHash",
+    }
     run = Run.objects.get(workspace=workspace, run_id=outcome.run_id)
     assert run.status == "completed"
     assert provider.invocations == [("research", 1), ("research", 2), ("research", 3), ("summarize", 1)]
 
 
-def test_each_model_call_records_only_the_new_messages_and_the_hash_of_the_whole_request(
-        workspace: Workspace) -> None:
+def test_each_model_call_records_only_the_new_messages_and_the_hash_of_the_whole_request(workspace: Workspace) -> None:
     bodies: dict[tuple[str, int], dict[str, Any]] = {}
 
     def script(request: ModelRequest) -> dict[str, Any]:
         bodies[(request.step_path, request.turn)] = json.loads(canonical_json(request.body))
         return SCRIPT[request.step_path][request.turn - 1]
 
-    outcome = start_run(workspace=workspace, workflow=build_drill(provider=ScriptedProvider(script=script)),
-                        input=DRILL_INPUT)
+    outcome = start_run(
+        workspace=workspace, workflow=build_drill(provider=ScriptedProvider(script=script)), input=DRILL_INPUT
+    )
 
     assert outcome.status == "completed"
     called = [e["payload"] for e in _events(workspace, outcome.run_id) if e["type"] == "harness.model.called"]
@@ -110,8 +129,13 @@ def test_completed_steps_and_recorded_calls_are_not_run_again_on_resume(workspac
 
     assert (outcome.status, outcome.output) == ("completed", DRILL_OUTPUT)
     # turn 1 was replayed from the log; only the turn without a response was asked again
-    assert provider.invocations == [("research", 1), ("research", 2), ("research", 2), ("research", 3),
-                                    ("summarize", 1)]
+    assert provider.invocations == [
+        ("research", 1),
+        ("research", 2),
+        ("research", 2),
+        ("research", 3),
+        ("summarize", 1),
+    ]
     types = [e["type"] for e in _events(workspace, "run_flaky")]
     assert types.count("harness.model.called") == 4 and types.count("harness.session.started") == 2
     _verified(workspace, "run_flaky")
@@ -122,8 +146,12 @@ def test_changed_capabilities_in_an_open_session_refuse_resume_with_drift(worksp
         raise Crash("executor died mid-call")
 
     with pytest.raises(Crash):
-        start_run(workspace=workspace, workflow=build_drill(provider=ScriptedProvider(script=down)),
-                  input=DRILL_INPUT, run_id="run_drift")
+        start_run(
+            workspace=workspace,
+            workflow=build_drill(provider=ScriptedProvider(script=down)),
+            input=DRILL_INPUT,
+            run_id="run_drift",
+        )
     before = Run.objects.get(workspace=workspace, run_id="run_drift").last_sequence
 
     changed = build_drill(provider=ScriptedProvider(script=SCRIPT), weather_description="now with rain")
@@ -133,17 +161,26 @@ def test_changed_capabilities_in_an_open_session_refuse_resume_with_drift(worksp
     assert refused.value.changes and refused.value.changes[0].startswith("$.toolsHash: ")
     assert "manifest changed" in str(refused.value)
     assert Run.objects.get(workspace=workspace, run_id="run_drift").last_sequence == before  # nothing written
-    done = resume_run(workspace=workspace, run_id="run_drift", workflow=build_drill(provider=ScriptedProvider(script=SCRIPT)))
+    done = resume_run(
+        workspace=workspace, run_id="run_drift", workflow=build_drill(provider=ScriptedProvider(script=SCRIPT))
+    )
     assert done.output == DRILL_OUTPUT
 
 
 def test_changed_workflow_definition_refuses_resume(workspace: Workspace) -> None:
     with pytest.raises(Crash):
-        start_run(workspace=workspace, input=DRILL_INPUT, run_id="run_def",
-                  workflow=build_drill(provider=ScriptedProvider(script=lambda r: (_ for _ in ()).throw(Crash()))))
+        start_run(
+            workspace=workspace,
+            input=DRILL_INPUT,
+            run_id="run_def",
+            workflow=build_drill(provider=ScriptedProvider(script=lambda r: (_ for _ in ()).throw(Crash()))),
+        )
     with pytest.raises(CapabilityDriftError, match=r"\$\.workflowDefinitionHash: "):
-        resume_run(workspace=workspace, run_id="run_def",
-                   workflow=build_drill(provider=ScriptedProvider(script=SCRIPT), system="Different prompt."))
+        resume_run(
+            workspace=workspace,
+            run_id="run_def",
+            workflow=build_drill(provider=ScriptedProvider(script=SCRIPT), system="Different prompt."),
+        )
 
 
 def test_resuming_with_other_input_is_refused(workspace: Workspace) -> None:
@@ -160,8 +197,11 @@ def test_failing_tool_step_fails_the_run_with_its_error(workspace: Workspace) ->
     def broken(args: Any) -> Any:
         raise PermissionError("mailbox locked")
 
-    wf = Workflow(name="broken", steps=(ToolCall("send", "send", {"to": "ops"}),),
-                  tools={"send": Tool("send", broken, effect="write")})
+    wf = Workflow(
+        name="broken",
+        steps=(ToolCall("send", "send", {"to": "ops"}),),
+        tools={"send": Tool("send", broken, effect="write")},
+    )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
     assert outcome.status == "failed" and "mailbox locked" in outcome.error["message"]
@@ -173,8 +213,12 @@ def test_failing_tool_step_fails_the_run_with_its_error(workspace: Workspace) ->
 
 def test_model_that_never_answers_fails_its_session_step_and_run(workspace: Workspace) -> None:
     looping = ScriptedProvider(script=lambda r: {"toolCalls": [{"id": f"t{r.turn}", "name": "echo", "args": {}}]})
-    wf = Workflow(name="looping", steps=(AIGenerate("chat", "hi", tools=("echo",), max_turns=2),),
-                  tools={"echo": Tool("echo", lambda a: {})}, models={"default": looping})
+    wf = Workflow(
+        name="looping",
+        steps=(AIGenerate("chat", "hi", tools=("echo",), max_turns=2),),
+        tools={"echo": Tool("echo", lambda a: {})},
+        models={"default": looping},
+    )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
     assert outcome.status == "failed" and outcome.error["name"] == "MaxTurnsExceeded"
@@ -208,8 +252,17 @@ def test_zombie_executor_is_fenced_and_the_log_stays_dense(workspace: Workspace)
 
 def test_cli_run_prints_the_run_id_alone_and_resume_reports_the_outcome(workspace: Workspace) -> None:
     out = StringIO()
-    call_command("ledger", "run", "triage", "--input", '{"ticket": "where?"}', "--workspace", "acme/support",
-                 stdout=out, stderr=StringIO())
+    call_command(
+        "ledger",
+        "run",
+        "triage",
+        "--input",
+        '{"ticket": "where?"}',
+        "--workspace",
+        "acme/support",
+        stdout=out,
+        stderr=StringIO(),
+    )
     run_id = out.getvalue().strip()
     assert run_id.startswith("run_") and "\n" not in run_id
 
@@ -222,26 +275,34 @@ def test_cli_run_prints_the_run_id_alone_and_resume_reports_the_outcome(workspac
 
 
 def _manage(*args: str, invocations: Path, **seams: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": _database_url(), INVOCATIONS_ENV: str(invocations),
-           "RUNLEDGER_WORKFLOW_MODULES": "tests.runtime_workflows"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        INVOCATIONS_ENV: str(invocations),
+        "RUNLEDGER_WORKFLOW_MODULES": "tests.runtime_workflows",
+    }
     for name in ("RUNLEDGER_KILL_AFTER_SEQUENCE", "RUNLEDGER_KILL_BEFORE_SEQUENCE"):
         env.pop(name, None)
     env.update(seams)
-    return subprocess.run([sys.executable, "manage.py", "ledger", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", "ledger", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _lookup_loop(calls: int) -> Workflow:
     """An agent loop of `calls` model turns that each ask for one lookup, then one that answers."""
+
     def model(request: ModelRequest) -> dict[str, Any]:
         if request.turn <= calls:
             return {"toolCalls": [{"id": f"t{request.turn}", "name": "lookup", "args": {"n": request.turn}}]}
         return {"text": f"looked up {calls}"}
 
-    return Workflow(name=f"lookup_loop_{calls}",
-                    steps=(AIGenerate("agent", "Look them up.", tools=("lookup",), max_turns=calls + 1),),
-                    tools={"lookup": Tool("lookup", lambda args: {"n": args["n"], "found": True})},
-                    models={"default": ScriptedProvider(script=model)})
+    return Workflow(
+        name=f"lookup_loop_{calls}",
+        steps=(AIGenerate("agent", "Look them up.", tools=("lookup",), max_turns=calls + 1),),
+        tools={"lookup": Tool("lookup", lambda args: {"n": args["n"], "found": True})},
+        models={"default": ScriptedProvider(script=model)},
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -275,10 +336,20 @@ def registrations_restored(monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("registrations_restored")
 def test_killed_executor_resumes_to_the_same_output_repeating_only_the_in_flight_call(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     baseline_calls = tmp_path / "baseline.jsonl"
-    done = _manage("run", "drill", "--input", json.dumps(DRILL_INPUT), "--workspace", "acme/support",
-                   "--run-id", "run_baseline", invocations=baseline_calls)
+    done = _manage(
+        "run",
+        "drill",
+        "--input",
+        json.dumps(DRILL_INPUT),
+        "--workspace",
+        "acme/support",
+        "--run-id",
+        "run_baseline",
+        invocations=baseline_calls,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "run_baseline"
     baseline = _events(workspace, "run_baseline")
@@ -288,12 +359,24 @@ def test_killed_executor_resumes_to_the_same_output_repeating_only_the_in_flight
 
     # The real CLI end to end, at two points; tests/test_runtime_kill.py sweeps every point.
     # Right before an answer is committed: the call was made, its record was not.
-    kills = [("RUNLEDGER_KILL_AFTER_SEQUENCE", len(baseline) // 2),
-             ("RUNLEDGER_KILL_BEFORE_SEQUENCE", answers[2]["sequence"])]
+    kills = [
+        ("RUNLEDGER_KILL_AFTER_SEQUENCE", len(baseline) // 2),
+        ("RUNLEDGER_KILL_BEFORE_SEQUENCE", answers[2]["sequence"]),
+    ]
     for seam, n in kills:
         run_id, calls = f"run_kill_{seam[15:20].lower()}_{n}", tmp_path / f"{seam}-{n}.jsonl"
-        killed = _manage("run", "drill", "--input", json.dumps(DRILL_INPUT), "--workspace", "acme/support",
-                         "--run-id", run_id, invocations=calls, **{seam: str(n)})
+        killed = _manage(
+            "run",
+            "drill",
+            "--input",
+            json.dumps(DRILL_INPUT),
+            "--workspace",
+            "acme/support",
+            "--run-id",
+            run_id,
+            invocations=calls,
+            **{seam: str(n)},
+        )
         assert killed.returncode == -signal.SIGKILL, (seam, n, killed.stderr)
         written = Run.objects.get(workspace=workspace, run_id=run_id).last_sequence
         assert written == (n if seam.endswith("AFTER_SEQUENCE") else n - 1)
@@ -307,6 +390,7 @@ def test_killed_executor_resumes_to_the_same_output_repeating_only_the_in_flight
         events = _events(workspace, run_id)
         assert [e["type"] for e in events] == [e["type"] for e in baseline], (seam, n)
         _verified(workspace, run_id)
-        in_flight = ({_call_of(e, events) for e in events if e["sequence"] == n}
-                     if seam.endswith("BEFORE_SEQUENCE") else set())
+        in_flight = (
+            {_call_of(e, events) for e in events if e["sequence"] == n} if seam.endswith("BEFORE_SEQUENCE") else set()
+        )
         assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in expected_calls}), (seam, n)

@@ -20,7 +20,10 @@ from ledger.models import Run, Workspace
 from ledger.runtime.executor import start_run
 from ledger.runtime.registry import CodeRun, Workflow
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, run_events as _events,
+    every_run_verifies,
+)
+from tests.runtime_support import (
+    run_events as _events,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,8 +57,7 @@ def test_a_step_silent_for_three_lease_half_lives_keeps_its_lease(workspace: Wor
 @override_settings(RUNLEDGER_RUN_LEASE_SECONDS=LEASE_S)
 def test_a_lease_taken_over_during_a_silent_step_stops_the_executor_writing(workspace: Workspace) -> None:
     def silent(run_input: Any, outputs: Mapping[str, Any]) -> Any:
-        acquire_run_lease(workspace=workspace, run_id="run_lost", owner="operator-takeover", ttl_s=60,
-                          take_over=True)
+        acquire_run_lease(workspace=workspace, run_id="run_lost", owner="operator-takeover", ttl_s=60, take_over=True)
         time.sleep(HALF + 0.5)  # the heartbeat's next renewal finds the lease gone
         return "done"
 

@@ -33,11 +33,22 @@ from ledger.models import Workspace
 from ledger.runtime.executor import start_run, sub_run_id
 from ledger.runtime.testing import COMMITS_ENV, KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, commit_ends
 from tests.conftest import FakeClock
-from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
-from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, run_events as _events,
-    assert_verified as _verified, invocation_counts as _calls, invocation_of as _call_of,
+from tests.runtime_support import (
+    assert_verified as _verified,
 )
+from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
+    every_run_verifies,
+)
+from tests.runtime_support import (
+    invocation_counts as _calls,
+)
+from tests.runtime_support import (
+    invocation_of as _call_of,
+)
+from tests.runtime_support import (
+    run_events as _events,
+)
+from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
 
 DRILL_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 DRILL_OUTPUT = {"summary": "Lisbon wins.", "notified": "msg-ops"}
@@ -57,6 +68,7 @@ ANSWER_TYPES = ("harness.model.responded", "harness.tool_call.succeeded")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 @pytest.fixture(autouse=True)
 def _registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in (KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, COMMITS_ENV, INVOCATIONS_ENV):
@@ -66,8 +78,9 @@ def _registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     reset_registrations()
 
 
-def _run_in_child(workspace: Workspace, workflow: str, run_id: str, run_input: Any, invocations: Path,
-                  **seams: str) -> int:
+def _run_in_child(
+    workspace: Workspace, workflow: str, run_id: str, run_input: Any, invocations: Path, **seams: str
+) -> int:
     """Run the workflow in a forked process with the kill seams set; its wait status."""
     connections.close_all()  # the child opens its own connection
     pid = os.fork()
@@ -108,11 +121,18 @@ def _baseline(workspace: Workspace, tmp_path: Path, workflow: str, run_input: An
         run_id = f"run_base_{workflow}"
         assert _run_in_child(workspace, workflow, run_id, run_input, calls, **{COMMITS_ENV: str(commits)}) == 0
         events = _events(workspace, run_id)
-        children = {e["payload"]["callId"]: _shape(_events(workspace, e["payload"]["args"]["subRunId"]))
-                    for e in events if e["payload"].get("caller") == "workflow"}
-        _BASELINE[workflow] = {"shape": _shape(events), "calls": _calls(calls), "children": children,
-                               "commits": commit_ends(commits)[run_id],
-                               "sequences": {(e["type"], e["payload"].get("callId")): e["sequence"] for e in events}}
+        children = {
+            e["payload"]["callId"]: _shape(_events(workspace, e["payload"]["args"]["subRunId"]))
+            for e in events
+            if e["payload"].get("caller") == "workflow"
+        }
+        _BASELINE[workflow] = {
+            "shape": _shape(events),
+            "calls": _calls(calls),
+            "children": children,
+            "commits": commit_ends(commits)[run_id],
+            "sequences": {(e["type"], e["payload"].get("callId")): e["sequence"] for e in events},
+        }
     return _BASELINE[workflow]
 
 
@@ -120,7 +140,8 @@ KILLS = [(KILL_AFTER_ENV, n) for n in range(1, DRILL_EVENTS)] + [(KILL_BEFORE_EN
 
 
 def test_drill_killed_at_every_point_resumes_to_the_same_output_repeating_only_the_in_flight_call(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # One test, not one per point: a transactional test's flush costs as much as a kill and resume.
     baseline = _baseline(workspace, tmp_path, "drill", DRILL_INPUT)
     assert len(baseline["shape"]) == DRILL_EVENTS
@@ -129,16 +150,26 @@ def test_drill_killed_at_every_point_resumes_to_the_same_output_repeating_only_t
     assert len(KILLS) == 44
     boundaries = set()
     for seam, n in KILLS:
-        written = _kill_and_resume(workspace, tmp_path, monkeypatch, "drill", DRILL_INPUT, DRILL_OUTPUT, baseline,
-                                   seam, n)
+        written = _kill_and_resume(
+            workspace, tmp_path, monkeypatch, "drill", DRILL_INPUT, DRILL_OUTPUT, baseline, seam, n
+        )
         boundaries.add((seam, written))
     # The executor died after every one of its commits, and before each answer was committed.
     assert {written for seam, written in boundaries if seam == KILL_AFTER_ENV} == set(DRILL_COMMITS)
     assert len(boundaries) == len(DRILL_COMMITS) + len(DRILL_ANSWERS), sorted(boundaries)
 
 
-def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workflow: str,
-                     run_input: Any, expected: Any, baseline: dict[str, Any], seam: str, n: int) -> int:
+def _kill_and_resume(
+    workspace: Workspace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workflow: str,
+    run_input: Any,
+    expected: Any,
+    baseline: dict[str, Any],
+    seam: str,
+    n: int,
+) -> int:
     """Kill at the point, resume, check; how many events the killed executor had committed."""
     point = f"{workflow} {seam} {n}"
     run_id, calls = f"run_kill_{workflow}_{seam.split('_')[2].lower()}_{n}", tmp_path / f"{workflow}-{seam}-{n}.jsonl"
@@ -150,15 +181,19 @@ def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.M
     # a kill after an event lands at the end of the commit that holds it; one before an event, at
     # the end of the commit before it
     commits = baseline["commits"]
-    assert written == (min(c for c in commits if c >= n) if seam == KILL_AFTER_ENV
-                       else max((c for c in commits if c < n), default=0)), (point, written)
+    assert written == (
+        min(c for c in commits if c >= n) if seam == KILL_AFTER_ENV else max((c for c in commits if c < n), default=0)
+    ), (point, written)
     resumed = _resume(run_id, calls, monkeypatch)
     assert (resumed["status"], resumed["output"]) == ("completed", expected), point
     events = _events(workspace, run_id)
     assert _shape(events) == baseline["shape"], point
     _verified(workspace, run_id)
-    in_flight = {_call_of(e, events) for e in events if e["sequence"] == n and e["type"] in ANSWER_TYPES} \
-        if seam == KILL_BEFORE_ENV else set()
+    in_flight = (
+        {_call_of(e, events) for e in events if e["sequence"] == n and e["type"] in ANSWER_TYPES}
+        if seam == KILL_BEFORE_ENV
+        else set()
+    )
     assert _calls(calls) == Counter({call: 2 if call in in_flight else 1 for call in baseline["calls"]}), point
     return written
 
@@ -166,14 +201,21 @@ def _kill_and_resume(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.M
 PIPELINE_INPUT = {"cities": ["Oslo", "Lisbon"], "to": "ops"}
 
 
-def _pipeline_kill(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_child: bool,
-                   seam: str, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Counter[str]]:
+def _pipeline_kill(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_child: bool, seam: str, n: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Counter[str]]:
     baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
     run_id = f"run_pipe_{'child' if in_child else 'parent'}_{seam.split('_')[2].lower()}_{n}"
     calls = tmp_path / f"{run_id}.jsonl"
     child_id = sub_run_id(run_id, "sub")
-    status = _run_in_child(workspace, "rt_pipeline", run_id, PIPELINE_INPUT, calls,
-                           **{seam: str(n), KILL_RUN_ENV: child_id if in_child else run_id})
+    status = _run_in_child(
+        workspace,
+        "rt_pipeline",
+        run_id,
+        PIPELINE_INPUT,
+        calls,
+        **{seam: str(n), KILL_RUN_ENV: child_id if in_child else run_id},
+    )
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
     resumed = _resume(run_id, calls, monkeypatch)
@@ -189,12 +231,14 @@ def _pipeline_kill(workspace: Workspace, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_parent_killed_after_its_sub_run_finished_records_the_outcome_without_running_it_again(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
     recorded_at = baseline["sequences"][("harness.tool_call.succeeded", "sub:workflow")]
 
-    parent, child, calls = _pipeline_kill(workspace, tmp_path, monkeypatch, in_child=False,
-                                          seam=KILL_BEFORE_ENV, n=recorded_at)
+    parent, child, calls = _pipeline_kill(
+        workspace, tmp_path, monkeypatch, in_child=False, seam=KILL_BEFORE_ENV, n=recorded_at
+    )
 
     assert calls == baseline["calls"]  # each model turn and tool run of the sub-run happened once
     assert set(calls.values()) == {1} and len(calls) == 4
@@ -214,13 +258,16 @@ PIPELINE_KILLS = [
 
 
 def test_pipeline_killed_inside_its_sub_run_resumes_the_sub_run_where_it_stopped(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     baseline = _baseline(workspace, tmp_path, "rt_pipeline", PIPELINE_INPUT)
     child_shape = baseline["children"]["sub:workflow"]
     for in_child, seam, point in PIPELINE_KILLS:
-        n = {"reserved": baseline["sequences"][("harness.tool_call.started", "sub:workflow")],
-             "answer": next(i + 1 for i, (t, _) in enumerate(child_shape) if t == "harness.model.responded"),
-             "last": max(i + 1 for i, (t, _) in enumerate(child_shape) if t == "StepAttemptStarted")}.get(point, point)
+        n = {
+            "reserved": baseline["sequences"][("harness.tool_call.started", "sub:workflow")],
+            "answer": next(i + 1 for i, (t, _) in enumerate(child_shape) if t == "harness.model.responded"),
+            "last": max(i + 1 for i, (t, _) in enumerate(child_shape) if t == "StepAttemptStarted"),
+        }.get(point, point)
 
         _, child, calls = _pipeline_kill(workspace, tmp_path, monkeypatch, in_child=in_child, seam=seam, n=n)
 
@@ -237,7 +284,8 @@ MAZE_KILLS = [(KILL_AFTER_ENV, n) for n in range(1, MAZE_EVENTS, 2)] + [(KILL_BE
 
 
 def test_loop_and_fan_out_killed_mid_way_resume_without_repeating_visits_or_branches(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     baseline = _baseline(workspace, tmp_path, "rt_maze", MAZE_INPUT)
     assert len(baseline["shape"]) == MAZE_EVENTS
     assert [i + 1 for i, (t, _) in enumerate(baseline["shape"]) if t in ANSWER_TYPES] == MAZE_ANSWERS
@@ -250,7 +298,8 @@ FANOUT_OUTPUT = {"lima": 12, "lisbon": 18, "oslo": 12, "rome": 12}
 
 
 def test_parallel_group_with_concurrent_branches_killed_mid_group_resumes_only_the_unfinished_branches(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """rt_fanout's four branches run on four threads, so their commits interleave differently on
     every run: each kill is compared with the baseline as a set of facts, not event by event."""
     baseline = _baseline(workspace, tmp_path, "rt_fanout", FANOUT_INPUT)
@@ -287,10 +336,10 @@ RETRY_FAILED_AT = 6  # RunStarted; the step's start with its call's claim; the c
 
 
 def test_a_retry_delay_survives_a_kill_the_resumed_run_waits_only_for_what_is_left(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
     calls = tmp_path / "retry.jsonl"
-    status = _run_in_child(workspace, "rt_retry", "run_kill_retry", {}, calls,
-                           **{KILL_AFTER_ENV: str(RETRY_FAILED_AT)})
+    status = _run_in_child(workspace, "rt_retry", "run_kill_retry", {}, calls, **{KILL_AFTER_ENV: str(RETRY_FAILED_AT)})
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     before = _events(workspace, "run_kill_retry")
     assert before[-1]["type"] == "StepFailed" and before[-1]["sequence"] == RETRY_FAILED_AT
@@ -302,6 +351,7 @@ def test_a_retry_delay_survives_a_kill_the_resumed_run_waits_only_for_what_is_le
     # 59 min 59.8 s later: a resume that started the delay from zero would wait another hour
     clock.advance(3599.8)
     outcomes: list[dict[str, Any]] = []
+
     def resume() -> None:
         try:
             outcomes.append(_resume("run_kill_retry", calls, monkeypatch))
@@ -315,8 +365,9 @@ def test_a_retry_delay_survives_a_kill_the_resumed_run_waits_only_for_what_is_le
 
     assert [(o["status"], o["output"]) for o in outcomes] == [("completed", {"fetched": "https://example.test/report"})]
     events = _events(workspace, "run_kill_retry")
-    assert [(e["payload"]["stepPath"], e["payload"]["attempt"]) for e in events
-            if e["type"] == "StepAttemptStarted"] == [("fetch", 1), ("fetch", 2), ("done", 1)]
+    assert [
+        (e["payload"]["stepPath"], e["payload"]["attempt"]) for e in events if e["type"] == "StepAttemptStarted"
+    ] == [("fetch", 1), ("fetch", 2), ("done", 1)]
     assert [e["payload"]["error"]["retryAt"] for e in events if e["type"] == "StepFailed"] == [error["retryAt"]]
     assert _calls(calls) == Counter({'tool fetch {"url":"https://example.test/report"}': 2})
     _verified(workspace, "run_kill_retry")
@@ -345,8 +396,15 @@ def _loop_in_child(workspace: Workspace, outer_loop_id: str, invocations: Path, 
             os.environ[INVOCATIONS_ENV] = str(invocations)
             os.environ.update(seams)
             reset_loop_registrations()
-            start_outer_loop(workspace=workspace, workflow="rt_refine", input=LOOP_INPUT, goal="tight", max_cycles=4,
-                             supervise="rt_until_third", outer_loop_id=outer_loop_id)
+            start_outer_loop(
+                workspace=workspace,
+                workflow="rt_refine",
+                input=LOOP_INPUT,
+                goal="tight",
+                max_cycles=4,
+                supervise="rt_until_third",
+                outer_loop_id=outer_loop_id,
+            )
         except BaseException:
             traceback.print_exc()
             code = 70
@@ -361,20 +419,24 @@ def _loop_resume(outer_loop_id: str, invocations: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv(INVOCATIONS_ENV, str(invocations))
     reset_loop_registrations()
     out = StringIO()
-    call_command("ledger", "loop", "resume", outer_loop_id, "--workspace", "acme/support", stdout=out,
-                 stderr=StringIO())
+    call_command(
+        "ledger", "loop", "resume", outer_loop_id, "--workspace", "acme/support", stdout=out, stderr=StringIO()
+    )
     return json.loads(out.getvalue().splitlines()[-1])
 
 
 def _loop_shapes(workspace: Workspace, outer_loop_id: str) -> list[list[tuple[str, str | None]]]:
     from ledger.runtime.outer_loop import cycle_run_id, record_run_id
 
-    return [_shape(_events(workspace, run_id)) for run_id in
-            [record_run_id(outer_loop_id), *(cycle_run_id(outer_loop_id, n) for n in (1, 2, 3))]]
+    return [
+        _shape(_events(workspace, run_id))
+        for run_id in [record_run_id(outer_loop_id), *(cycle_run_id(outer_loop_id, n) for n in (1, 2, 3))]
+    ]
 
 
 def test_outer_loop_killed_at_its_commits_and_between_a_cycle_and_its_verdict_resumes_without_rerunning_a_cycle(
-        workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ledger.runtime.outer_loop import cycle_run_id, record_run_id
 
     base_calls, base_commits = tmp_path / "loop-base.jsonl", tmp_path / "loop-base.commits"
@@ -385,8 +447,13 @@ def test_outer_loop_killed_at_its_commits_and_between_a_cycle_and_its_verdict_re
     assert record_commits == [1, 2, 3, 5]  # the goal; cycles 1 and 2; cycle 3 with the record's end
     cycle_commits = commits[cycle_run_id("ol_base", 2)]
     base = _calls(base_calls)
-    assert base == Counter({"model draft turn 1": 3, **{f'tool plan {{"cycle":{n}}}': 1 for n in (1, 2, 3)},
-                            **{f'tool supervise {{"cycle":{n}}}': 1 for n in (1, 2, 3)}})
+    assert base == Counter(
+        {
+            "model draft turn 1": 3,
+            **{f'tool plan {{"cycle":{n}}}': 1 for n in (1, 2, 3)},
+            **{f'tool supervise {{"cycle":{n}}}': 1 for n in (1, 2, 3)},
+        }
+    )
     answered = next(i + 1 for i, (t, _) in enumerate(shapes[2]) if t == "harness.model.responded")
 
     kills: list[tuple[str, str, int, Counter[str]]] = []

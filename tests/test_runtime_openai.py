@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from ledger.canonical import canonical_json
-from ledger.models import CostEntry, Run, Workspace
 from ledger.log.envelopes import log_of
+from ledger.log.verify import verify_run
+from ledger.models import CostEntry, Run, Workspace
 from ledger.runtime.executor import start_run
 from ledger.runtime.openai_compat import (
     API_KEY_ENV,
@@ -32,7 +33,6 @@ from ledger.runtime.openai_compat import (
 )
 from ledger.runtime.providers import ModelRequest
 from ledger.runtime.registry import AIGenerate, Tool, Workflow
-from ledger.log.verify import verify_run
 
 KEY = "sk-test-Zq81secret"
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -50,8 +50,9 @@ class ChatServer:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 length = int(self.headers.get("Content-Length", "0"))
-                server.received.append({"path": self.path, "headers": dict(self.headers),
-                                        "body": json.loads(self.rfile.read(length))})
+                server.received.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": json.loads(self.rfile.read(length))}
+                )
                 status, body, delay = server.replies.pop(0) if server.replies else (500, {"error": "no reply"}, 0)
                 time.sleep(delay)
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -69,8 +70,7 @@ class ChatServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def base_url(self) -> str:
@@ -89,14 +89,19 @@ def server() -> Iterator[ChatServer]:
     chat.httpd.server_close()
 
 
-def completion(*, content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
-               usage: dict[str, Any] | None = None) -> dict[str, Any]:
+def completion(
+    *, content: str | None = None, tool_calls: list[dict[str, Any]] | None = None, usage: dict[str, Any] | None = None
+) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return {"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o-mini",
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
-            "usage": usage or {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": usage or {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+    }
 
 
 def weather_call(call_id: str = "call_1", arguments: str = '{"city": "Oslo"}') -> dict[str, Any]:
@@ -112,8 +117,7 @@ def workflow(provider: OpenAICompatibleProvider, weather_calls: list[Any] | None
     return Workflow(
         name="openai_weather",
         steps=(AIGenerate("ask", "How warm is Oslo?", system="You answer briefly.", tools=("weather",)),),
-        tools={"weather": Tool("weather", weather, description="Current weather in a city",
-                               parameters=WEATHER_PARAMS)},
+        tools={"weather": Tool("weather", weather, description="Current weather in a city", parameters=WEATHER_PARAMS)},
         models={"default": provider},
     )
 
@@ -128,10 +132,20 @@ def _events(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
 
 
 def test_ai_generate_round_trips_a_tool_call_and_records_mapped_usage_and_cost(
-        workspace: Workspace, server: ChatServer) -> None:
-    server.reply(completion(tool_calls=[weather_call()], usage={
-        "prompt_tokens": 1000, "completion_tokens": 50, "total_tokens": 1050,
-        "prompt_tokens_details": {"cached_tokens": 400}, "completion_tokens_details": {"reasoning_tokens": 20}}))
+    workspace: Workspace, server: ChatServer
+) -> None:
+    server.reply(
+        completion(
+            tool_calls=[weather_call()],
+            usage={
+                "prompt_tokens": 1000,
+                "completion_tokens": 50,
+                "total_tokens": 1050,
+                "prompt_tokens_details": {"cached_tokens": 400},
+                "completion_tokens_details": {"reasoning_tokens": 20},
+            },
+        )
+    )
     server.reply(completion(content="Oslo is 5 °C.", usage={"prompt_tokens": 1100, "completion_tokens": 8}))
     calls: list[Any] = []
 
@@ -143,15 +157,20 @@ def test_ai_generate_round_trips_a_tool_call_and_records_mapped_usage_and_cost(
     responded = [e["payload"] for e in events if e["type"] == "harness.model.responded"]
     assert [r["model"] for r in responded] == [{"provider": "openai", "modelId": "gpt-4o-mini"}] * 2
     assert responded[0]["response"]["toolCalls"] == [{"id": "call_1", "name": "weather", "args": {"city": "Oslo"}}]
-    assert responded[0]["response"]["usage"] == {"inputTokens": 1000, "outputTokens": 50,
-                                                 "cachedInputTokens": 400, "reasoningTokens": 20}
+    assert responded[0]["response"]["usage"] == {
+        "inputTokens": 1000,
+        "outputTokens": 50,
+        "cachedInputTokens": 400,
+        "reasoningTokens": 20,
+    }
     assert responded[1]["response"]["usage"] == {"inputTokens": 1100, "outputTokens": 8}
     costs = list(CostEntry.objects.filter(run__run_id=outcome.run_id).order_by("sequence"))
     # gpt-4o-mini: 0.15 in, 0.075 cached, 0.6 out per 1M: (600*0.15 + 400*0.075 + 50*0.6) / 1e6
     assert [c.cost_usd for c in costs] == [Decimal("0.000150"), Decimal("0.0001698")]
     assert [(c.cached_input_tokens, c.reasoning_tokens) for c in costs] == [(400, 20), (0, 0)]
-    assert [c for c in verify_run(Run.objects.get(workspace=workspace, run_id=outcome.run_id))
-            if c.status == "fail"] == []
+    assert [
+        c for c in verify_run(Run.objects.get(workspace=workspace, run_id=outcome.run_id)) if c.status == "fail"
+    ] == []
     assert KEY not in canonical_json(events)
 
 
@@ -166,14 +185,29 @@ def test_the_server_receives_openai_messages_tools_and_the_bearer_key(workspace:
     assert first["headers"]["Authorization"] == f"Bearer {KEY}"
     assert first["body"] == {
         "model": "gpt-4o-mini",
-        "messages": [{"role": "system", "content": "You answer briefly."},
-                     {"role": "user", "content": "How warm is Oslo?"}],
-        "tools": [{"type": "function", "function": {"name": "weather", "description": "Current weather in a city",
-                                                    "parameters": WEATHER_PARAMS}}],
+        "messages": [
+            {"role": "system", "content": "You answer briefly."},
+            {"role": "user", "content": "How warm is Oslo?"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "weather",
+                    "description": "Current weather in a city",
+                    "parameters": WEATHER_PARAMS,
+                },
+            }
+        ],
     }
     assistant, tool = second["body"]["messages"][2:]
-    assert assistant == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]}
+    assert assistant == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+        ],
+    }
     assert tool["role"] == "tool" and tool["tool_call_id"] == "call_1"
     assert json.loads(tool["content"]) == {"city": "Oslo", "tempC": 5}
 
@@ -181,12 +215,19 @@ def test_the_server_receives_openai_messages_tools_and_the_bearer_key(workspace:
 def test_a_model_without_a_price_records_usage_with_no_cost(workspace: Workspace, server: ChatServer) -> None:
     server.reply(completion(content="Hello.", usage={"prompt_tokens": 30, "completion_tokens": 3}))
 
-    outcome = start_run(workspace=workspace, input={}, workflow=workflow(
-        provider_for(server, model="llama-3.1-8b-instruct", name="vllm")))
+    outcome = start_run(
+        workspace=workspace,
+        input={},
+        workflow=workflow(provider_for(server, model="llama-3.1-8b-instruct", name="vllm")),
+    )
 
     entry = CostEntry.objects.get(run__run_id=outcome.run_id)
     assert (entry.provider, entry.model_id, entry.input_tokens, entry.cost_usd) == (
-        "vllm", "llama-3.1-8b-instruct", 30, None)
+        "vllm",
+        "llama-3.1-8b-instruct",
+        30,
+        None,
+    )
 
 
 def test_a_timeout_is_a_clear_error_and_the_provider_answers_the_next_request(server: ChatServer) -> None:
@@ -228,7 +269,8 @@ def test_tool_call_arguments_that_are_not_json_are_a_clear_error(server: ChatSer
         provider_for(server).generate(ModelRequest(step_path="ask", turn=3, body={"messages": []}))
 
     assert "malformed reply to ask turn 3: tool call call_9 (weather) has arguments that are not valid JSON" in (
-        failed.value.message)
+        failed.value.message
+    )
     assert """'{"city": "Oslo"'""" in failed.value.message
 
 
@@ -247,13 +289,18 @@ def test_a_failing_provider_never_brings_the_key_into_the_log(workspace: Workspa
     assert all(r["headers"]["Authorization"] == f"Bearer {KEY}" for r in server.received)
 
 
-@pytest.mark.parametrize(("body", "expected"), [
-    (b"<html>bad gateway</html>", "not JSON: '<html>bad gateway</html>'"),
-    ({"choices": []}, "the body has no choices[0]"),
-    ({"choices": [{"message": {"content": None, "tool_calls": [{"type": "function"}]}}]},
-     "tool_calls[0] lacks an id or a function name"),
-    (completion(tool_calls=[weather_call(arguments="[1, 2]")]), "arguments that are a JSON list, not an object"),
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b"<html>bad gateway</html>", "not JSON: '<html>bad gateway</html>'"),
+        ({"choices": []}, "the body has no choices[0]"),
+        (
+            {"choices": [{"message": {"content": None, "tool_calls": [{"type": "function"}]}}]},
+            "tool_calls[0] lacks an id or a function name",
+        ),
+        (completion(tool_calls=[weather_call(arguments="[1, 2]")]), "arguments that are a JSON list, not an object"),
+    ],
+)
 def test_an_unreadable_reply_is_a_clear_error(server: ChatServer, body: Any, expected: str) -> None:
     server.reply(body)
 
@@ -270,25 +317,40 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
 
     with pytest.raises(ModelProviderError) as failed:
         OpenAICompatibleProvider(base_url=base_url, api_key=KEY, model="m", timeout_s=2).generate(
-            ModelRequest(step_path="ask", turn=1, body={"messages": []}))
+            ModelRequest(step_path="ask", turn=1, body={"messages": []})
+        )
 
     assert f"could not reach {base_url}/chat/completions: ConnectError" in failed.value.message
 
 
 def test_from_env_reads_the_settings_and_names_what_is_missing() -> None:
-    provider = OpenAICompatibleProvider.from_env({BASE_URL_ENV: "http://127.0.0.1:8000/v1/", API_KEY_ENV: "",
-                                                  MODEL_ENV: "qwen3", PROVIDER_ENV: "ollama", TIMEOUT_ENV: "5"})
+    provider = OpenAICompatibleProvider.from_env(
+        {
+            BASE_URL_ENV: "http://127.0.0.1:8000/v1/",
+            API_KEY_ENV: "",
+            MODEL_ENV: "qwen3",
+            PROVIDER_ENV: "ollama",
+            TIMEOUT_ENV: "5",
+        }
+    )
     assert (provider.endpoint, provider.model_id, provider.name, provider.timeout_s) == (
-        "http://127.0.0.1:8000/v1/chat/completions", "qwen3", "ollama", 5.0)
-    assert OpenAICompatibleProvider.from_env({BASE_URL_ENV: "http://x/v1", API_KEY_ENV: "k",
-                                              MODEL_ENV: "gpt-4o"}).name == "openai"
+        "http://127.0.0.1:8000/v1/chat/completions",
+        "qwen3",
+        "ollama",
+        5.0,
+    )
+    assert (
+        OpenAICompatibleProvider.from_env({BASE_URL_ENV: "http://x/v1", API_KEY_ENV: "k", MODEL_ENV: "gpt-4o"}).name
+        == "openai"
+    )
 
     with pytest.raises(ModelProviderError) as missing:
         OpenAICompatibleProvider.from_env({MODEL_ENV: ""})
     assert missing.value.details["missing"] == [API_KEY_ENV, BASE_URL_ENV, MODEL_ENV]
     with pytest.raises(ModelProviderError, match=TIMEOUT_ENV):
-        OpenAICompatibleProvider.from_env({BASE_URL_ENV: "http://x", API_KEY_ENV: "", MODEL_ENV: "m",
-                                           TIMEOUT_ENV: "soon"})
+        OpenAICompatibleProvider.from_env(
+            {BASE_URL_ENV: "http://x", API_KEY_ENV: "", MODEL_ENV: "m", TIMEOUT_ENV: "soon"}
+        )
 
 
 def test_from_env_without_a_mapping_reads_the_django_settings(settings: Any) -> None:
@@ -297,7 +359,11 @@ def test_from_env_without_a_mapping_reads_the_django_settings(settings: Any) -> 
     settings.RUNLEDGER_OPENAI_PROVIDER = None
     provider = OpenAICompatibleProvider.from_env()
     assert (provider.endpoint, provider.model_id, provider.name, provider.timeout_s) == (
-        "http://127.0.0.1:11434/v1/chat/completions", "llama3", "openai", 7.0)
+        "http://127.0.0.1:11434/v1/chat/completions",
+        "llama3",
+        "openai",
+        7.0,
+    )
 
     settings.RUNLEDGER_OPENAI_MODEL = None
     with pytest.raises(ModelProviderError) as missing:
@@ -307,5 +373,8 @@ def test_from_env_without_a_mapping_reads_the_django_settings(settings: Any) -> 
 
 def test_a_failed_tool_call_reaches_the_model_as_an_error_object() -> None:
     assert chat_message({"role": "tool", "toolCallId": "c1", "error": {"name": "LookupError", "message": "no"}}) == {
-        "role": "tool", "tool_call_id": "c1", "content": '{"error": {"name": "LookupError", "message": "no"}}'}
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": '{"error": {"name": "LookupError", "message": "no"}}',
+    }
     assert chat_message({"role": "tool", "toolCallId": "c2", "result": "plain text"})["content"] == "plain text"

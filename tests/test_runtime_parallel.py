@@ -19,8 +19,14 @@ from ledger.fold import fold
 from ledger.models import Workspace
 from ledger.runtime.executor import start_run
 from ledger.runtime.registry import CodeRun, Parallel, Tool, ToolCall, Workflow
+from tests.runtime_support import (
+    assert_verified as _verified,
+)
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, run_events as _events, assert_verified as _verified,
+    every_run_verifies,
+)
+from tests.runtime_support import (
+    run_events as _events,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,11 +41,19 @@ def _barrier_fan(parties: int, branches: int, *, max_concurrency: int) -> Workfl
         # each of the parties waiting together gets its own index; a lone caller breaks the barrier
         return {"item": args["item"], "met": barrier.wait()}
 
-    wf = Workflow(name="fan_barrier", steps=(
-        Parallel("fan", lambda i, o: [{"item": n} for n in range(branches)],
-                 ToolCall("meet", "meet", lambda item, o: item), max_concurrency=max_concurrency),
-        CodeRun("count", lambda i, o: len({r["met"] for r in o["fan"]})),
-    ), tools={"meet": Tool("meet", wait, effect="read", timeout_s=120)})
+    wf = Workflow(
+        name="fan_barrier",
+        steps=(
+            Parallel(
+                "fan",
+                lambda i, o: [{"item": n} for n in range(branches)],
+                ToolCall("meet", "meet", lambda item, o: item),
+                max_concurrency=max_concurrency,
+            ),
+            CodeRun("count", lambda i, o: len({r["met"] for r in o["fan"]})),
+        ),
+        tools={"meet": Tool("meet", wait, effect="read", timeout_s=120)},
+    )
     return wf
 
 
@@ -59,10 +73,20 @@ def test_eight_branches_are_in_their_tools_at_the_same_time_and_the_log_stays_de
     assert (started["maxConcurrency"], started["failureMode"]) == (8, "fail_fast")
     # each branch's facts are whole: its step's start, its call's claim and outcome, its end
     for n in range(8):
-        mine = [e["type"] for e in events if e["payload"].get("stepPath") == f"fan[{n}]"
-                or e["payload"].get("branchPath") == f"fan[{n}]"]
-        assert mine == ["ParallelBranchScheduled", "StepScheduled", "StepAttemptStarted", "harness.tool_call.started",
-                        "harness.tool_call.succeeded", "StepCompleted", "ParallelBranchCompleted"]
+        mine = [
+            e["type"]
+            for e in events
+            if e["payload"].get("stepPath") == f"fan[{n}]" or e["payload"].get("branchPath") == f"fan[{n}]"
+        ]
+        assert mine == [
+            "ParallelBranchScheduled",
+            "StepScheduled",
+            "StepAttemptStarted",
+            "harness.tool_call.started",
+            "harness.tool_call.succeeded",
+            "StepCompleted",
+            "ParallelBranchCompleted",
+        ]
     _verified(workspace, outcome.run_id)
 
 
@@ -72,8 +96,11 @@ def test_the_group_cap_bounds_the_branches_in_flight(workspace: Workspace) -> No
     assert start_run(workspace=workspace, workflow=wf, input={}).status == "completed"
 
     wf = _barrier_fan(3, 3, max_concurrency=2)
-    wf = Workflow(name="fan_barrier3", steps=wf.steps, tools={
-        "meet": Tool("meet", _broken_barrier_tool(3), effect="read", timeout_s=120)})
+    wf = Workflow(
+        name="fan_barrier3",
+        steps=wf.steps,
+        tools={"meet": Tool("meet", _broken_barrier_tool(3), effect="read", timeout_s=120)},
+    )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
     assert outcome.status == "failed" and "BrokenBarrierError" in outcome.error["message"]
 
@@ -83,6 +110,7 @@ def _broken_barrier_tool(parties: int) -> Any:
 
     def meet(args: Any) -> dict[str, Any]:
         return {"item": args["item"], "met": barrier.wait()}
+
     return meet
 
 
@@ -94,8 +122,10 @@ def test_the_process_setting_caps_the_threads_of_every_group(workspace: Workspac
         seen.append(threading.current_thread().name)
         return item * item
 
-    wf = Workflow(name="fan_one_thread", steps=(
-        Parallel("fan", lambda i, o: [1, 2, 3], CodeRun("square", square), max_concurrency=3),))
+    wf = Workflow(
+        name="fan_one_thread",
+        steps=(Parallel("fan", lambda i, o: [1, 2, 3], CodeRun("square", square), max_concurrency=3),),
+    )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
     assert outcome.output == [1, 4, 9]
@@ -118,9 +148,14 @@ def _gate_fan(workspace: Workspace, run_id: str, *, allow_failure: bool) -> tupl
                 time.sleep(0.01)
         return item * 10
 
-    wf = Workflow(name=f"fan_gate_{allow_failure}", steps=(
-        Parallel("fan", lambda i, o: [0, 1, 2, 3], CodeRun("work", work), max_concurrency=2,
-                 allow_failure=allow_failure),))
+    wf = Workflow(
+        name=f"fan_gate_{allow_failure}",
+        steps=(
+            Parallel(
+                "fan", lambda i, o: [0, 1, 2, 3], CodeRun("work", work), max_concurrency=2, allow_failure=allow_failure
+            ),
+        ),
+    )
     return wf, ran
 
 
@@ -130,14 +165,22 @@ def test_a_failed_branch_with_allow_failure_does_not_stop_its_siblings(workspace
     outcome = start_run(workspace=workspace, workflow=wf, input={}, run_id="run_gate_allow")
 
     assert outcome.status == "completed"
-    assert outcome.output == [{"status": "failed", "error": {"name": "ValueError", "message": "branch zero breaks"}},
-                              10, 20, 30]
+    assert outcome.output == [
+        {"status": "failed", "error": {"name": "ValueError", "message": "branch zero breaks"}},
+        10,
+        20,
+        30,
+    ]
     assert sorted(ran) == [0, 1, 2, 3]
     events = _events(workspace, outcome.run_id)
     group = fold(events).parallel_groups["fan"]
     assert group.status == "completed"
     assert {p: b.status for p, b in group.branches.items()} == {
-        "fan[0]": "failed", "fan[1]": "completed", "fan[2]": "completed", "fan[3]": "completed"}
+        "fan[0]": "failed",
+        "fan[1]": "completed",
+        "fan[2]": "completed",
+        "fan[3]": "completed",
+    }
     assert next(e for e in events if e["type"] == "ParallelGroupStarted")["payload"]["failureMode"] == "allow_failure"
 
 
@@ -151,5 +194,9 @@ def test_a_failed_branch_stops_the_unstarted_ones_and_lets_the_running_ones_fini
     state = fold(_events(workspace, outcome.run_id))
     assert state.parallel_groups["fan"].status == "failed"
     assert {p: b.status for p, b in state.parallel_groups["fan"].branches.items()} == {
-        "fan[0]": "failed", "fan[1]": "completed", "fan[2]": "scheduled", "fan[3]": "scheduled"}
+        "fan[0]": "failed",
+        "fan[1]": "completed",
+        "fan[2]": "scheduled",
+        "fan[3]": "scheduled",
+    }
     assert "fan[2]" not in state.steps and state.steps["fan"].status == "failed"

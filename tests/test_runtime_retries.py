@@ -20,15 +20,21 @@ from typing import Any
 import pytest
 from django.utils.dateparse import parse_datetime
 
-from ledger.replay import gateway
 from ledger.fold import fold
-from ledger.replay.gateway import ToolCallInDoubt
 from ledger.models import Workspace
+from ledger.replay import gateway
+from ledger.replay.gateway import ToolCallInDoubt
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.registry import AIGenerate, Backoff, CodeRun, ModelPolicy, Tool, ToolCall, Workflow
+from tests.runtime_support import (
+    assert_verified as _verified,
+)
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, run_events as _events, assert_verified as _verified,
+    every_run_verifies,
+)
+from tests.runtime_support import (
+    run_events as _events,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,6 +50,7 @@ def released() -> Iterator[threading.Event]:
 
 # --- backoff --------------------------------------------------------------------------------------
 
+
 def test_backoff_grows_exponentially_up_to_its_cap_with_equal_jitter() -> None:
     backoff = Backoff(initial_s=1.0, factor=2.0, max_s=5.0, jitter=0.5)
 
@@ -54,8 +61,7 @@ def test_backoff_grows_exponentially_up_to_its_cap_with_equal_jitter() -> None:
         Backoff(jitter=1.5)
 
 
-def test_a_step_retried_with_backoff_records_when_each_retry_may_start_and_waits_for_it(
-        workspace: Workspace) -> None:
+def test_a_step_retried_with_backoff_records_when_each_retry_may_start_and_waits_for_it(workspace: Workspace) -> None:
     tries: list[int] = []
 
     def flaky(run_input: Any, outputs: Mapping[str, Any]) -> Any:
@@ -64,8 +70,10 @@ def test_a_step_retried_with_backoff_records_when_each_retry_may_start_and_waits
             raise ConnectionError(f"try {len(tries)} refused")
         return "third time"
 
-    wf = Workflow(name="retry_backoff", steps=(
-        CodeRun("flaky", flaky, retries=2, backoff=Backoff(initial_s=0.05, factor=2.0, jitter=0.5)),))
+    wf = Workflow(
+        name="retry_backoff",
+        steps=(CodeRun("flaky", flaky, retries=2, backoff=Backoff(initial_s=0.05, factor=2.0, jitter=0.5)),),
+    )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
     assert outcome.status == "completed" and outcome.output == "third time"
@@ -108,16 +116,21 @@ def test_a_model_slot_retries_failed_calls_with_backoff_recorded_on_each_failure
             raise ConnectionError("503 from the provider")
         return {"text": "answered"}
 
-    wf = Workflow(name="model_retry", steps=(AIGenerate("ask", "hello"),),
-                  models={"default": ScriptedProvider(script=script)},
-                  model_policies={"default": ModelPolicy(retries=2, backoff=Backoff(initial_s=0.02))})
+    wf = Workflow(
+        name="model_retry",
+        steps=(AIGenerate("ask", "hello"),),
+        models={"default": ScriptedProvider(script=script)},
+        model_policies={"default": ModelPolicy(retries=2, backoff=Backoff(initial_s=0.02))},
+    )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
     assert outcome.status == "completed" and outcome.output == "answered"
     events = _events(workspace, outcome.run_id)
     failed = [e["payload"] for e in events if e["type"] == "harness.model.failed"]
     assert [(f["callId"], f["willRetry"], f["error"]["name"]) for f in failed] == [
-        ("ask:turn1", True, "ConnectionError"), ("ask:turn1:retry1", True, "ConnectionError")]
+        ("ask:turn1", True, "ConnectionError"),
+        ("ask:turn1:retry1", True, "ConnectionError"),
+    ]
     called = [e for e in events if e["type"] == "harness.model.called"]
     for failure, retry in zip(failed, called[1:]):
         assert failure["retryAt"] == failure["error"]["retryAt"]
@@ -126,6 +139,7 @@ def test_a_model_slot_retries_failed_calls_with_backoff_recorded_on_each_failure
 
 
 # --- timeouts -------------------------------------------------------------------------------------
+
 
 def _waiting_tool(name: str, effect: str, released: threading.Event, calls: list[Any]) -> Tool:
     def wait(args: Any) -> dict[str, Any]:
@@ -138,10 +152,14 @@ def _waiting_tool(name: str, effect: str, released: threading.Event, calls: list
 
 
 def test_a_read_tool_that_outlives_its_timeout_fails_and_the_step_retries_it(
-        workspace: Workspace, released: threading.Event) -> None:
+    workspace: Workspace, released: threading.Event
+) -> None:
     calls: list[Any] = []
-    wf = Workflow(name="read_timeout", steps=(ToolCall("look", "lookup", {"q": "x"}, retries=1),),
-                  tools={"lookup": _waiting_tool("lookup", "read", released, calls)})
+    wf = Workflow(
+        name="read_timeout",
+        steps=(ToolCall("look", "lookup", {"q": "x"}, retries=1),),
+        tools={"lookup": _waiting_tool("lookup", "read", released, calls)},
+    )
 
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
@@ -157,10 +175,14 @@ def test_a_read_tool_that_outlives_its_timeout_fails_and_the_step_retries_it(
 
 
 def test_a_write_tool_that_outlives_its_timeout_is_in_doubt_and_never_retried(
-        workspace: Workspace, released: threading.Event) -> None:
+    workspace: Workspace, released: threading.Event
+) -> None:
     calls: list[Any] = []
-    wf = Workflow(name="write_timeout", steps=(ToolCall("send", "send", {"to": "ops"}, retries=3),),
-                  tools={"send": _waiting_tool("send", "write", released, calls)})
+    wf = Workflow(
+        name="write_timeout",
+        steps=(ToolCall("send", "send", {"to": "ops"}, retries=3),),
+        tools={"send": _waiting_tool("send", "write", released, calls)},
+    )
 
     with pytest.raises(ToolCallInDoubt, match="outlived its timeout"):
         start_run(workspace=workspace, workflow=wf, input={}, run_id="run_write_late")
@@ -174,8 +196,15 @@ def test_a_write_tool_that_outlives_its_timeout_is_in_doubt_and_never_retried(
     # a resume refuses until an operator reconciles it; then the run goes on without calling again
     with pytest.raises(ToolCallInDoubt):
         resume_run(workspace=workspace, run_id="run_write_late", workflow=wf)
-    gateway.reconcile_tool_call(workspace=workspace, run_id="run_write_late", call_id="send:call",
-                                outcome="succeeded", value={"ok": "sent"}, note="the mail went out", by="ops@acme")
+    gateway.reconcile_tool_call(
+        workspace=workspace,
+        run_id="run_write_late",
+        call_id="send:call",
+        outcome="succeeded",
+        value={"ok": "sent"},
+        note="the mail went out",
+        by="ops@acme",
+    )
     outcome = resume_run(workspace=workspace, run_id="run_write_late", workflow=wf)
     assert outcome.status == "completed" and outcome.output == {"ok": "sent"}
     assert len(calls) == 1
@@ -183,7 +212,8 @@ def test_a_write_tool_that_outlives_its_timeout_is_in_doubt_and_never_retried(
 
 
 def test_a_model_call_that_outlives_its_slot_timeout_fails_and_is_made_again(
-        workspace: Workspace, released: threading.Event) -> None:
+    workspace: Workspace, released: threading.Event
+) -> None:
     calls: list[int] = []
 
     def script(request: ModelRequest) -> dict[str, Any]:
@@ -192,13 +222,17 @@ def test_a_model_call_that_outlives_its_slot_timeout_fails_and_is_made_again(
             released.wait(120)
         return {"text": f"answer {len(calls)}"}
 
-    wf = Workflow(name="model_timeout", steps=(AIGenerate("ask", "hello"),),
-                  models={"default": ScriptedProvider(script=script)},
-                  model_policies={"default": ModelPolicy(timeout_s=0.2, retries=1)})
+    wf = Workflow(
+        name="model_timeout",
+        steps=(AIGenerate("ask", "hello"),),
+        models={"default": ScriptedProvider(script=script)},
+        model_policies={"default": ModelPolicy(timeout_s=0.2, retries=1)},
+    )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
     assert outcome.status == "completed" and outcome.output == "answer 2"
     failed = [e["payload"] for e in _events(workspace, outcome.run_id) if e["type"] == "harness.model.failed"]
     assert [(f["callId"], f["error"]["name"], f["willRetry"]) for f in failed] == [
-        ("ask:turn1", "ModelCallTimeout", True)]
+        ("ask:turn1", "ModelCallTimeout", True)
+    ]
     _verified(workspace, outcome.run_id)

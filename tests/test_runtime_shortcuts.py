@@ -12,16 +12,27 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 
 from ledger import clock
-from ledger.replay import gateway
 from ledger.canonical import digest
 from ledger.models import ToolGatewayClaim
+from ledger.replay import gateway
 from ledger.runtime.session import PromptHasher
 
 
 @pytest.mark.django_db
 def test_gateway_row_values_are_what_django_would_store() -> None:
-    values: list[Any] = [None, "", "x", ToolGatewayClaim.Status.CLAIMED, clock.now(), datetime(2026, 1, 1), 1, 2.5,
-                         {"a": [1, "é"]}, [1], True]
+    values: list[Any] = [
+        None,
+        "",
+        "x",
+        ToolGatewayClaim.Status.CLAIMED,
+        clock.now(),
+        datetime(2026, 1, 1),
+        1,
+        2.5,
+        {"a": [1, "é"]},
+        [1],
+        True,
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a naive datetime, on purpose
         for name, field in gateway._CLAIM_FIELDS.items():
@@ -29,7 +40,8 @@ def test_gateway_row_values_are_what_django_would_store() -> None:
                 continue
             for value in values:
                 assert _prepared(lambda: gateway._columns({name: value})[1][0]) == _prepared(
-                    lambda: field.get_db_prep_save(value, connection)), (name, value)
+                    lambda: field.get_db_prep_save(value, connection)
+                ), (name, value)
 
 
 def _prepared(convert: Any) -> tuple[Any, ...]:

@@ -33,8 +33,9 @@ def _env(**changes: str | None) -> dict[str, str]:
 
 
 def test_make_serve_refuses_to_start_without_a_secret_key() -> None:
-    done = subprocess.run([*MAKE, "serve"], cwd=REPO_ROOT, env=_env(SECRET_KEY=None), capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [*MAKE, "serve"], cwd=REPO_ROOT, env=_env(SECRET_KEY=None), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode != 0
     assert "set SECRET_KEY" in done.stderr
 
@@ -43,12 +44,19 @@ def test_make_serve_refuses_to_start_without_a_secret_key() -> None:
 def test_make_serve_collects_static_files_and_serves_with_debug_off(tmp_path: Path) -> None:
     port = free_port()
     static_root = tmp_path / "static"
-    env = _env(SECRET_KEY=secrets.token_urlsafe(50), DATABASE_URL=database_url(),
-               RUNLEDGER_STATIC_ROOT=str(static_root))
+    env = _env(
+        SECRET_KEY=secrets.token_urlsafe(50), DATABASE_URL=database_url(), RUNLEDGER_STATIC_ROOT=str(static_root)
+    )
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([*MAKE, "serve", f"PORT={port}"], cwd=REPO_ROOT, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [*MAKE, "serve", f"PORT={port}"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         page = None

@@ -28,9 +28,14 @@ def test_channel_layer_is_the_one_configured() -> None:
 
 
 def _setup_and_print(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"],
-                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DEBUG": "1", **env})
+    return subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DEBUG": "1", **env},
+    )
 
 
 def test_this_process_runs_the_collector_at_the_configured_threshold() -> None:

@@ -17,10 +17,9 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
-from ledger.log import artifacts
-from ledger.tenancy import sharing
-from ledger.log import append
+from ledger.log import append, artifacts
 from ledger.models import AuditEntry, ShareLink, Workspace
+from ledger.tenancy import sharing
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import FakeClock, ev, named_user, started
 
@@ -37,22 +36,54 @@ TOKEN_IN_URL = re.compile(r"/s/([A-Za-z0-9_-]{43})/$")
 
 def _chat(workspace: Workspace, run_id: str, **extra: Any) -> None:
     report = artifacts.store_bytes(workspace, b'{"report": true}')
-    append(workspace=workspace, run_id=run_id, events=[
-        started(**extra),
-        ev("StepScheduled", stepPath="draft"), ev("StepAttemptStarted", stepPath="draft", attempt=1),
-        ev("harness.session.started", stepPath="draft", role="worker", task={"kind": "execute_step"},
-           manifest={}, manifestHash="sha256:" + "0" * 64),
-        ev("harness.model.called", stepPath="draft", turn=1, callId="m1", promptHash="h1",
-           request={"messages": [{"role": "user", "content": SECRET_PROMPT}]}),
-        ev("harness.model.responded", stepPath="draft", turn=1, callId="m1", model=MINI,
-           response={"usage": {"inputTokens": 100, "outputTokens": 10},
-                     "toolCalls": [{"id": "c1", "name": "lookup", "args": {"q": SECRET_ARG}}]}),
-        ev("harness.tool_call.started", stepPath="draft", callId="c1", caller="model", turn=1, toolName="lookup",
-           args={"q": SECRET_ARG}),
-        ev("harness.tool_call.succeeded", stepPath="draft", callId="c1", result={"file": report.ref}, durationMs=3),
-        ev("StepCompleted", stepPath="draft", attempt=1, output={"answer": "fine"}),
-        ev("RunCompleted", output={"ok": True}),
-    ])
+    append(
+        workspace=workspace,
+        run_id=run_id,
+        events=[
+            started(**extra),
+            ev("StepScheduled", stepPath="draft"),
+            ev("StepAttemptStarted", stepPath="draft", attempt=1),
+            ev(
+                "harness.session.started",
+                stepPath="draft",
+                role="worker",
+                task={"kind": "execute_step"},
+                manifest={},
+                manifestHash="sha256:" + "0" * 64,
+            ),
+            ev(
+                "harness.model.called",
+                stepPath="draft",
+                turn=1,
+                callId="m1",
+                promptHash="h1",
+                request={"messages": [{"role": "user", "content": SECRET_PROMPT}]},
+            ),
+            ev(
+                "harness.model.responded",
+                stepPath="draft",
+                turn=1,
+                callId="m1",
+                model=MINI,
+                response={
+                    "usage": {"inputTokens": 100, "outputTokens": 10},
+                    "toolCalls": [{"id": "c1", "name": "lookup", "args": {"q": SECRET_ARG}}],
+                },
+            ),
+            ev(
+                "harness.tool_call.started",
+                stepPath="draft",
+                callId="c1",
+                caller="model",
+                turn=1,
+                toolName="lookup",
+                args={"q": SECRET_ARG},
+            ),
+            ev("harness.tool_call.succeeded", stepPath="draft", callId="c1", result={"file": report.ref}, durationMs=3),
+            ev("StepCompleted", stepPath="draft", attempt=1, output={"answer": "fine"}),
+            ev("RunCompleted", output={"ok": True}),
+        ],
+    )
 
 
 @pytest.fixture
@@ -70,8 +101,9 @@ def _api(client: Client, user: User) -> Client:
 
 
 def _create(client: Client, run_id: str = RUN, **body: Any) -> Any:
-    return client.post(f"/api/v1/runs/{run_id}/share-links", {"expiresInHours": 24, **body},
-                       content_type="application/json")
+    return client.post(
+        f"/api/v1/runs/{run_id}/share-links", {"expiresInHours": 24, **body}, content_type="application/json"
+    )
 
 
 def _token(url: str) -> str:
@@ -96,8 +128,9 @@ def _opened(workspace: Workspace) -> list[AuditEntry]:
 # --- the API -------------------------------------------------------------------------------------
 
 
-def test_create_answers_id_url_and_expiry_and_stores_only_the_hash(client: Client, operator: User,
-                                                                   workspace: Workspace, shared_run: str) -> None:
+def test_create_answers_id_url_and_expiry_and_stores_only_the_hash(
+    client: Client, operator: User, workspace: Workspace, shared_run: str
+) -> None:
     made = _create(_api(client, operator), maxOpens=5)
     assert made.status_code == 201
     body = made.json()
@@ -122,14 +155,22 @@ def test_two_links_have_unrelated_tokens_of_256_bits(client: Client, operator: U
     assert one != two and len(one) == 43  # 32 random bytes, URL-safe base64
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"expiresInHours": 0}, "expiresInHours"), ({"expiresInHours": 721}, "expiresInHours"),
-    ({"expiresInHours": "soon"}, "expiresInHours"), ({"expiresInHours": 1.5}, "expiresInHours"),
-    ({"expiresInHours": None}, "expiresInHours"), ({"maxOpens": 0}, "maxOpens"),
-    ({"maxOpens": 10_001}, "maxOpens"), ({"includeSubRuns": "perhaps"}, "includeSubRuns"),
-])
-def test_invalid_fields_are_a_400_naming_them(client: Client, operator: User, shared_run: str,
-                                              body: dict[str, Any], field: str) -> None:
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"expiresInHours": 0}, "expiresInHours"),
+        ({"expiresInHours": 721}, "expiresInHours"),
+        ({"expiresInHours": "soon"}, "expiresInHours"),
+        ({"expiresInHours": 1.5}, "expiresInHours"),
+        ({"expiresInHours": None}, "expiresInHours"),
+        ({"maxOpens": 0}, "maxOpens"),
+        ({"maxOpens": 10_001}, "maxOpens"),
+        ({"includeSubRuns": "perhaps"}, "includeSubRuns"),
+    ],
+)
+def test_invalid_fields_are_a_400_naming_them(
+    client: Client, operator: User, shared_run: str, body: dict[str, Any], field: str
+) -> None:
     answer = _create(_api(client, operator), **body)
     assert answer.status_code == 400
     error = answer.json()["error"]
@@ -157,8 +198,9 @@ def test_the_list_pages_with_a_cursor(client: Client, operator: User, shared_run
     assert [i["id"] for i in rest["shareLinks"]] == ids[:1] and rest["next"] is None
 
 
-def test_an_outsider_gets_404_on_create_list_and_revoke(client: Client, operator: User, outsider: User,
-                                                        shared_run: str) -> None:
+def test_an_outsider_gets_404_on_create_list_and_revoke(
+    client: Client, operator: User, outsider: User, shared_run: str
+) -> None:
     link_id = _create(_api(client, operator)).json()["id"]
     _api(client, outsider)
     assert _create(client).status_code == 404
@@ -168,8 +210,9 @@ def test_an_outsider_gets_404_on_create_list_and_revoke(client: Client, operator
     assert ShareLink.objects.get(public_id=link_id).revoked_at is None
 
 
-def test_a_viewer_and_an_api_key_are_refused_with_403(client: Client, operator: User, viewer: User,
-                                                      workspace: Workspace, shared_run: str) -> None:
+def test_a_viewer_and_an_api_key_are_refused_with_403(
+    client: Client, operator: User, viewer: User, workspace: Workspace, shared_run: str
+) -> None:
     link_id = _create(_api(client, operator)).json()["id"]
     _api(client, viewer)
     assert _create(client).status_code == 403
@@ -178,12 +221,20 @@ def test_a_viewer_and_an_api_key_are_refused_with_403(client: Client, operator: 
     client.logout()
     _, key = create_key(workspace=workspace, scopes=["read", "ingest", "execute"])
     auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
-    assert client.post(f"/api/v1/runs/{RUN}/share-links", {"expiresInHours": 1}, content_type="application/json",
-                       **auth).status_code == 403
+    assert (
+        client.post(
+            f"/api/v1/runs/{RUN}/share-links", {"expiresInHours": 1}, content_type="application/json", **auth
+        ).status_code
+        == 403
+    )
     assert client.get(f"/api/v1/runs/{RUN}/share-links", **auth).status_code == 403
     assert client.delete(f"/api/v1/share-links/{link_id}", **auth).status_code == 403
-    assert client.post(f"/api/v1/runs/{RUN}/share-links", {"expiresInHours": 1},
-                       content_type="application/json").status_code == 401
+    assert (
+        client.post(
+            f"/api/v1/runs/{RUN}/share-links", {"expiresInHours": 1}, content_type="application/json"
+        ).status_code
+        == 401
+    )
     assert ShareLink.objects.get(public_id=link_id).revoked_at is None
 
 
@@ -229,8 +280,14 @@ def test_the_shared_bundle_is_the_apis_bundle(client: Client, link: str, admin: 
 
 def test_every_response_is_noindex_no_referrer_no_store(client: Client, link: str) -> None:
     tampered = link[:-1] + ("A" if link[-1] != "A" else "B")
-    for url in (f"/s/{link}/", f"/s/{link}/evidence.json", f"/s/{tampered}/", f"/s/{link}/runs/run_unrelated/",
-                f"/s/{link}/no/such/page", f"/s/{link}/runs/{SUB}/evidence.jsonx"):
+    for url in (
+        f"/s/{link}/",
+        f"/s/{link}/evidence.json",
+        f"/s/{tampered}/",
+        f"/s/{link}/runs/run_unrelated/",
+        f"/s/{link}/no/such/page",
+        f"/s/{link}/runs/{SUB}/evidence.jsonx",
+    ):
         answer = client.get(url)
         assert answer["X-Robots-Tag"].startswith("noindex"), url
         assert answer["Referrer-Policy"] == "no-referrer", url
@@ -244,7 +301,7 @@ def test_every_response_is_noindex_no_referrer_no_store(client: Client, link: st
 @pytest.mark.parametrize("position", [0, 10, 42])
 def test_one_changed_character_is_a_404(client: Client, link: str, workspace: Workspace, position: int) -> None:
     swapped = "B" if link[position] == "A" else "A"
-    tampered = link[:position] + swapped + link[position + 1:]
+    tampered = link[:position] + swapped + link[position + 1 :]
     for url in (f"/s/{tampered}/", f"/s/{tampered}/evidence.json"):
         answer = client.get(url)
         assert answer.status_code == 404, url
@@ -278,12 +335,21 @@ def test_a_revoked_link_is_a_410_at_once(client: Client, operator: User, link: s
     assert [(e.actor, e.target) for e in entries] == [("carol", f"share_link:{link_id}")]
 
 
-def test_max_opens_allows_exactly_that_many(client: Client, operator: User, shared_run: str,
-                                            workspace: Workspace) -> None:
+def test_max_opens_allows_exactly_that_many(
+    client: Client, operator: User, shared_run: str, workspace: Workspace
+) -> None:
     token = _token(_create(_api(client, operator), maxOpens=3).json()["url"])
     client.logout()
-    answers = [client.get(url).status_code for url in
-               (f"/s/{token}/", f"/s/{token}/evidence.json", f"/s/{token}/", f"/s/{token}/", f"/s/{token}/evidence.json")]
+    answers = [
+        client.get(url).status_code
+        for url in (
+            f"/s/{token}/",
+            f"/s/{token}/evidence.json",
+            f"/s/{token}/",
+            f"/s/{token}/",
+            f"/s/{token}/evidence.json",
+        )
+    ]
     assert answers == [200, 200, 200, 410, 410]
     gone = client.get(f"/s/{token}/").content.decode()
     assert "opened as many times as it allows" in gone
@@ -407,7 +473,8 @@ def test_sub_runs_only_below_the_run_and_only_when_included(client: Client, oper
 
 
 def test_the_policy_hides_inputs_and_arguments_on_the_page_and_in_the_json(
-        client: Client, admin: User, operator: User, link: str, workspace: Workspace) -> None:
+    client: Client, admin: User, operator: User, link: str, workspace: Workspace
+) -> None:
     assert SECRET_ARG in client.get(f"/s/{link}/evidence.json").content.decode()
     _api(client, operator)
     refused = client.post(f"/w/acme/support/runs/{RUN}/share-policy/", {"hides_inputs": "on"})
@@ -434,14 +501,18 @@ def test_the_policy_hides_inputs_and_arguments_on_the_page_and_in_the_json(
 # --- the share panel of the run page -------------------------------------------------------------
 
 
-def test_the_panel_creates_shows_the_url_once_lists_and_revokes(client: Client, operator: User,
-                                                                shared_run: str) -> None:
+def test_the_panel_creates_shows_the_url_once_lists_and_revokes(
+    client: Client, operator: User, shared_run: str
+) -> None:
     _api(client, operator)
     run_page = client.get(f"/w/acme/support/runs/{RUN}/").content.decode()
     assert 'id="share-panel"' in run_page and 'id="share-create"' in run_page and 'id="share-policy"' not in run_page
     htmx = {"HTTP_HX_REQUEST": "true"}
-    made = client.post(f"/w/acme/support/runs/{RUN}/share-links/",
-                       {"expires_in_hours": "2", "max_opens": "4", "include_sub_runs": "on"}, **htmx)
+    made = client.post(
+        f"/w/acme/support/runs/{RUN}/share-links/",
+        {"expires_in_hours": "2", "max_opens": "4", "include_sub_runs": "on"},
+        **htmx,
+    )
     assert made.status_code == 201
     html = made.content.decode()
     url = re.search(r'id="share-new-url" readonly value="([^"]+)"', html)
@@ -460,8 +531,9 @@ def test_the_panel_creates_shows_the_url_once_lists_and_revokes(client: Client, 
     assert client.get(url.group(1).split("testserver", 1)[-1]).status_code == 410
 
 
-def test_a_viewer_sees_no_panel_and_cannot_post_to_it(client: Client, operator: User, viewer: User,
-                                                      shared_run: str) -> None:
+def test_a_viewer_sees_no_panel_and_cannot_post_to_it(
+    client: Client, operator: User, viewer: User, shared_run: str
+) -> None:
     link_id = _create(_api(client, operator)).json()["id"]
     _api(client, viewer)
     page = client.get(f"/w/acme/support/runs/{RUN}/").content.decode()
@@ -471,8 +543,7 @@ def test_a_viewer_sees_no_panel_and_cannot_post_to_it(client: Client, operator: 
     assert not AuditEntry.objects.filter(action="share_link.revoked").exists()
 
 
-def test_an_outsider_gets_404_from_the_panel(client: Client, operator: User, outsider: User,
-                                             shared_run: str) -> None:
+def test_an_outsider_gets_404_from_the_panel(client: Client, operator: User, outsider: User, shared_run: str) -> None:
     link_id = _create(_api(client, operator)).json()["id"]
     _api(client, outsider)
     assert client.post(f"/w/acme/support/runs/{RUN}/share-links/", {"expires_in_hours": "2"}).status_code == 404

@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 
-from ledger.log import states
-from ledger.log import append
 from ledger.fold import fold
-from ledger.models import Run, Workspace
-from ledger.log.states import STATES, AppendState
-from ledger.log.projection import differences
 from ledger.fold.pricing import prices_for
+from ledger.log import append, states
 from ledger.log.envelopes import log_of
+from ledger.log.projection import differences
+from ledger.log.states import STATES, AppendState
+from ledger.models import Run, Workspace
 from ledger.tenancy.services import bootstrap
 from tests.conftest import ev, started
 
@@ -56,14 +55,25 @@ def _cached(ws: Workspace, run_id: str) -> Any:
 
 
 def _called(call_id: str, turn: int) -> dict[str, Any]:
-    return ev("harness.model.called", turn=turn, callId=call_id, stepPath="s", promptHash=f"sha256:{turn:064x}",
-              request={"messages": [{"role": "user", "content": f"turn {turn}"}]})
+    return ev(
+        "harness.model.called",
+        turn=turn,
+        callId=call_id,
+        stepPath="s",
+        promptHash=f"sha256:{turn:064x}",
+        request={"messages": [{"role": "user", "content": f"turn {turn}"}]},
+    )
 
 
 def _answer(call_id: str, turn: int) -> dict[str, Any]:
-    return ev("harness.model.responded", turn=turn, callId=call_id, stepPath="s",
-              model={"provider": "openai", "modelId": "gpt-4o-mini"},
-              response={"text": f"answer {turn}", "usage": {"inputTokens": 100 + turn, "outputTokens": 7}})
+    return ev(
+        "harness.model.responded",
+        turn=turn,
+        callId=call_id,
+        stepPath="s",
+        model={"provider": "openai", "modelId": "gpt-4o-mini"},
+        response={"text": f"answer {turn}", "usage": {"inputTokens": 100 + turn, "outputTokens": 7}},
+    )
 
 
 def _tool(kind: str, call_id: str, **payload: Any) -> dict[str, Any]:
@@ -75,12 +85,17 @@ def _tool(kind: str, call_id: str, **payload: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("per_call", [1, 3])
-def test_a_compacted_run_keeps_every_projection_equal_to_the_fold(ws: Workspace, small_compaction: None,
-                                                                   per_call: int) -> None:
+def test_a_compacted_run_keeps_every_projection_equal_to_the_fold(
+    ws: Workspace, small_compaction: None, per_call: int
+) -> None:
     events = [
-        started(), ev("StepScheduled", stepPath="s"), ev("StepAttemptStarted", stepPath="s", attempt=1),
+        started(),
+        ev("StepScheduled", stepPath="s"),
+        ev("StepAttemptStarted", stepPath="s", attempt=1),
         _tool("started", "t1", toolName="lookup", args={"id": 1}, caller="agent", turn=1),
-        _called("m1", 1), _answer("m0", 0), _answer("mx", 9),
+        _called("m1", 1),
+        _answer("m0", 0),
+        _answer("mx", 9),
         _tool("started", "t2", toolName="refund", args={"amount": 12.5}, turn=2),
         _called("m2", 2),  # answered many batches later, after compactions
         _tool("started", "t3", toolName="lookup", args=None),
@@ -99,7 +114,7 @@ def test_a_compacted_run_keeps_every_projection_equal_to_the_fold(ws: Workspace,
     ]
     compacted = False
     for start in range(0, len(events), per_call):
-        append(workspace=ws, run_id="run_long", events=events[start:start + per_call])
+        append(workspace=ws, run_id="run_long", events=events[start : start + per_call])
         _equal_to_the_fold(ws, "run_long")
         state = _cached(ws, "run_long")
         # Compacted whenever it reaches COMPACT_AT: what it holds between is the batches since.
@@ -119,20 +134,28 @@ def test_a_repeated_start_of_a_call_compaction_left_out(ws: Workspace, small_com
     hold on the guess (its started_sequence, its position and the positions after it would be
     wrong): the head update's guard sees the row and the locked path reads it."""
     events = [
-        started(), ev("StepScheduled", stepPath="s"), ev("StepAttemptStarted", stepPath="s", attempt=1),
+        started(),
+        ev("StepScheduled", stepPath="s"),
+        ev("StepAttemptStarted", stepPath="s", attempt=1),
         _tool("started", "t1", args={"id": 1}, turn=1),
-        _answer("m1", 1), _tool("started", "t2", turn=2), _answer("m2", 2), _answer("m3", 3),
-        _tool("started", "t3", turn=3), _answer("m4", 4),
+        _answer("m1", 1),
+        _tool("started", "t2", turn=2),
+        _answer("m2", 2),
+        _answer("m3", 3),
+        _tool("started", "t3", turn=3),
+        _answer("m4", 4),
         _tool("started", "t1", args={"id": 1, "again": True}),  # re-claimed, long after compaction
         _tool("started", "t4"),  # new, after the repeated start: position 3
-        _tool("started", "t2"), _tool("succeeded", "t2", result={"ok": 2}),  # again, and settled
+        _tool("started", "t2"),
+        _tool("succeeded", "t2", result={"ok": 2}),  # again, and settled
         _tool("succeeded", "t1", result={"ok": 1}),
-        _tool("started", "t5"), _answer("m5", 5),
+        _tool("started", "t5"),
+        _answer("m5", 5),
         ev("StepCompleted", stepPath="s", attempt=1, output={"ok": True}),
     ]
     compacted_before_restart = False
     for start in range(0, len(events), per_call):
-        batch = events[start:start + per_call]
+        batch = events[start : start + per_call]
         if any(e["payload"].get("args") == {"id": 1, "again": True} for e in batch):
             compacted_before_restart = "t1" not in _cached(ws, "run_again").tool_calls
         append(workspace=ws, run_id="run_again", events=batch)
@@ -170,8 +193,7 @@ def test_the_cache_holds_its_byte_budget(ws: Workspace, monkeypatch: pytest.Monk
     try:
         for n in range(4):
             # A run of 5 records: head, step "s", a tool call, a model call, a cost entry (under COMPACT_AT).
-            append(workspace=ws, run_id=f"run_w{n}", events=[
-                started(), _tool("started", f"t{n}"), _answer(f"m{n}", 1)])
+            append(workspace=ws, run_id=f"run_w{n}", events=[started(), _tool("started", f"t{n}"), _answer(f"m{n}", 1)])
         assert STATES.held <= 12
         version = prices_for(ws).version
         kept = [n for n in range(4) if STATES.take(ws.pk, f"run_w{n}", version) is not None]

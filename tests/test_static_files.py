@@ -47,7 +47,8 @@ def test_production_daphne_serves_the_pages_static_files_without_collectstatic(t
 
 @pytest.mark.django_db(transaction=True)
 def test_collected_static_files_have_hashed_names_compression_and_far_future_caching(
-    tmp_path: Path, collected_static: Path,
+    tmp_path: Path,
+    collected_static: Path,
 ) -> None:
     daphne = start_daphne(tmp_path, "production-collected", production_env(collected_static))
     try:

@@ -22,12 +22,13 @@ import pytest
 from django.db import connections
 from django.test import Client
 
-from ledger.reads import selectors
 from ledger.log import append
 from ledger.models import Run, Workspace
+from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
-from tests.servers import Daphne, start_daphne as _start_daphne
+from tests.servers import Daphne
+from tests.servers import start_daphne as _start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,9 +46,14 @@ TIMEOUT = httpx.Timeout(15.0)
 def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
     """The pass's own channel layer; with Redis, polling so rare that announcements must deliver."""
     poll = "30" if REDIS_URL else "0.2"
-    daphne = _start_daphne(tmp_path_factory.mktemp("daphne"), "main", {
-        "LEDGER_STREAM_POLL_SECONDS": poll, "LEDGER_STREAM_KEEPALIVE_SECONDS": str(KEEPALIVE_S),
-    })
+    daphne = _start_daphne(
+        tmp_path_factory.mktemp("daphne"),
+        "main",
+        {
+            "LEDGER_STREAM_POLL_SECONDS": poll,
+            "LEDGER_STREAM_KEEPALIVE_SECONDS": str(KEEPALIVE_S),
+        },
+    )
     yield daphne
     daphne.stop()  # before the test database is dropped: it holds connections to it
 
@@ -55,9 +61,15 @@ def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="module")
 def deaf_server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
     """An in-memory layer of its own: no announcement from this process ever reaches it."""
-    daphne = _start_daphne(tmp_path_factory.mktemp("daphne"), "deaf", {
-        "REDIS_URL": None, "LEDGER_STREAM_POLL_SECONDS": "0.2", "LEDGER_STREAM_KEEPALIVE_SECONDS": "15",
-    })
+    daphne = _start_daphne(
+        tmp_path_factory.mktemp("daphne"),
+        "deaf",
+        {
+            "REDIS_URL": None,
+            "LEDGER_STREAM_POLL_SECONDS": "0.2",
+            "LEDGER_STREAM_KEEPALIVE_SECONDS": "15",
+        },
+    )
     yield daphne
     daphne.stop()
 
@@ -202,10 +214,16 @@ def test_reconnect_with_last_event_id_gets_the_rest_exactly_once(
 def test_after_starts_past_the_given_sequence_and_a_failed_run_ends(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
-    append(workspace=workspace, run_id="run_after", events=[
-        started(), ev("StepScheduled", stepPath="a"), ev("StepScheduled", stepPath="b"),
-        ev("RunFailed", error={"message": "boom"}),
-    ])
+    append(
+        workspace=workspace,
+        run_id="run_after",
+        events=[
+            started(),
+            ev("StepScheduled", stepPath="a"),
+            ev("StepScheduled", stepPath="b"),
+            ev("RunFailed", error={"message": "boom"}),
+        ],
+    )
     with http.stream("GET", _url(server, "run_after", "?after=2"), headers=read_key) as response:
         events, end = read_to_end(messages(response))
     assert [m.sequence for m in events] == [3, 4]
@@ -215,9 +233,15 @@ def test_after_starts_past_the_given_sequence_and_a_failed_run_ends(
 def test_last_event_id_wins_over_after(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
-    append(workspace=workspace, run_id="run_both", events=[
-        started(), ev("StepScheduled", stepPath="a"), ev("RunCompleted"),
-    ])
+    append(
+        workspace=workspace,
+        run_id="run_both",
+        events=[
+            started(),
+            ev("StepScheduled", stepPath="a"),
+            ev("RunCompleted"),
+        ],
+    )
     headers = {**read_key, "Last-Event-ID": "2"}
     with http.stream("GET", _url(server, "run_both", "?after=0"), headers=headers) as response:
         events, _ = read_to_end(messages(response))
@@ -277,9 +301,9 @@ def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspa
     from asgiref.sync import async_to_sync
     from channels.layers import InMemoryChannelLayer, get_channel_layer
 
-    from ledger.log.announce import group_for
     from console.api.stream import _event_stream, _Opened
     from console.streams import SLOTS, Grant
+    from ledger.log.announce import group_for
 
     append(workspace=workspace, run_id="run_group", events=[started()])
     run = Run.objects.get(workspace=workspace, run_id="run_group")
@@ -372,12 +396,22 @@ def test_bad_run_id_is_400(server: Daphne, http: httpx.Client, read_key: dict[st
     _error(http.get(_url(server, "not-a-run"), headers=read_key), 400, "invalid_run_id")
 
 
-@pytest.mark.parametrize("query, headers", [
-    ("?after=x", {}), ("?after=-1", {}), ("", {"Last-Event-ID": "five"}), ("?after=1", {"Last-Event-ID": "-3"}),
-])
+@pytest.mark.parametrize(
+    "query, headers",
+    [
+        ("?after=x", {}),
+        ("?after=-1", {}),
+        ("", {"Last-Event-ID": "five"}),
+        ("?after=1", {"Last-Event-ID": "-3"}),
+    ],
+)
 def test_bad_position_is_400(
-    server: Daphne, http: httpx.Client, read_key: dict[str, str], finished_run: str,
-    query: str, headers: dict[str, str],
+    server: Daphne,
+    http: httpx.Client,
+    read_key: dict[str, str],
+    finished_run: str,
+    query: str,
+    headers: dict[str, str],
 ) -> None:
     response = http.get(_url(server, finished_run, query), headers={**read_key, **headers})
     _error(response, 400, "invalid_parameter")

@@ -40,10 +40,15 @@ TIMEOUT = httpx.Timeout(30.0)
 
 @pytest.fixture(scope="module")
 def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "streams", {
-        "LEDGER_STREAM_KEEPALIVE_SECONDS": str(KEEPALIVE_S), "LEDGER_STREAM_POLL_SECONDS": "0.2",
-        "LEDGER_STREAM_MAX_PER_CALLER": str(MAX_STREAMS),
-    })
+    daphne = start_daphne(
+        tmp_path_factory.mktemp("daphne"),
+        "streams",
+        {
+            "LEDGER_STREAM_KEEPALIVE_SECONDS": str(KEEPALIVE_S),
+            "LEDGER_STREAM_POLL_SECONDS": "0.2",
+            "LEDGER_STREAM_MAX_PER_CALLER": str(MAX_STREAMS),
+        },
+    )
     yield daphne
     daphne.stop()
 
@@ -80,11 +85,12 @@ def _rest_after_losing_credentials(stream: Iterator[Any]) -> list[Any]:
 # --- SSE ------------------------------------------------------------------------------------
 
 
-def test_a_revoked_keys_open_stream_ends_within_a_keepalive(server: Daphne, workspace: Workspace,
-                                                            running: str) -> None:
+def test_a_revoked_keys_open_stream_ends_within_a_keepalive(server: Daphne, workspace: Workspace, running: str) -> None:
     api_key, headers = _key(workspace)
-    with httpx.Client(timeout=TIMEOUT) as http, \
-            http.stream("GET", f"{server.url}/api/v1/runs/{running}/stream", headers=headers) as response:
+    with (
+        httpx.Client(timeout=TIMEOUT) as http,
+        http.stream("GET", f"{server.url}/api/v1/runs/{running}/stream", headers=headers) as response,
+    ):
         stream = messages(response, DEADLINE_S)
         first = _until_keepalive(stream)
         assert [m.sequence for m in first if m.event == "ledger.event"] == [1, 2]
@@ -96,8 +102,10 @@ def test_a_revoked_keys_open_stream_ends_within_a_keepalive(server: Daphne, work
 
 def test_a_logged_out_sessions_stream_ends(server: Daphne, workspace: Workspace, running: str, member: Any) -> None:
     session = session_id(member)
-    with httpx.Client(timeout=TIMEOUT, cookies={"sessionid": session}) as http, \
-            http.stream("GET", f"{server.url}/api/v1/runs/{running}/stream") as response:
+    with (
+        httpx.Client(timeout=TIMEOUT, cookies={"sessionid": session}) as http,
+        http.stream("GET", f"{server.url}/api/v1/runs/{running}/stream") as response,
+    ):
         stream = messages(response, DEADLINE_S)
         _until_keepalive(stream)
         logout = Client()
@@ -107,16 +115,19 @@ def test_a_logged_out_sessions_stream_ends(server: Daphne, workspace: Workspace,
 
 
 def test_a_removed_members_stream_ends(server: Daphne, workspace: Workspace, running: str, viewer: Any) -> None:
-    with httpx.Client(timeout=TIMEOUT, cookies={"sessionid": session_id(viewer)}) as http, \
-            http.stream("GET", f"{server.url}/api/v1/runs/{running}/stream") as response:
+    with (
+        httpx.Client(timeout=TIMEOUT, cookies={"sessionid": session_id(viewer)}) as http,
+        http.stream("GET", f"{server.url}/api/v1/runs/{running}/stream") as response,
+    ):
         stream = messages(response, DEADLINE_S)
         _until_keepalive(stream)
         remove_member(username="dave", tenant="acme")
         _rest_after_losing_credentials(stream)
 
 
-def test_one_caller_holds_at_most_the_cap_and_gets_slots_back(server: Daphne, workspace: Workspace,
-                                                              running: str) -> None:
+def test_one_caller_holds_at_most_the_cap_and_gets_slots_back(
+    server: Daphne, workspace: Workspace, running: str
+) -> None:
     _, headers = _key(workspace)
     _, other = _key(workspace)
     url = f"{server.url}/api/v1/runs/{running}/stream"
@@ -127,9 +138,13 @@ def test_one_caller_holds_at_most_the_cap_and_gets_slots_back(server: Daphne, wo
             assert [next(stream).comment for stream in held] == ["connected", "connected"]
             refused = http.get(url, headers=headers)
             assert refused.status_code == 429
-            assert refused.json() == {"error": {
-                "code": "too_many_streams", "message": f"this caller already holds {MAX_STREAMS} open streams; "
-                "close one first", "details": {"limit": MAX_STREAMS}}}
+            assert refused.json() == {
+                "error": {
+                    "code": "too_many_streams",
+                    "message": f"this caller already holds {MAX_STREAMS} open streams; close one first",
+                    "details": {"limit": MAX_STREAMS},
+                }
+            }
             with http.stream("GET", url, headers=other) as another:  # another caller has slots of its own
                 assert another.status_code == 200
         # Both clients went away: the server hears it and gives both slots back.
@@ -168,8 +183,9 @@ def short_keepalive(settings: Any) -> None:
     settings.LEDGER_STREAM_KEEPALIVE_SECONDS = 0.2
 
 
-@pytest.mark.parametrize("path", ["/ws/runs/run_live/", "/ws/workspaces/acme/support/runs/",
-                                  "/ws/workspaces/acme/support/reexecutions/"])
+@pytest.mark.parametrize(
+    "path", ["/ws/runs/run_live/", "/ws/workspaces/acme/support/runs/", "/ws/workspaces/acme/support/reexecutions/"]
+)
 def test_a_logged_out_users_socket_closes_4401(short_keepalive: None, running: str, member: Any, path: str) -> None:
     session = session_id(member)
 
@@ -184,8 +200,9 @@ def test_a_logged_out_users_socket_closes_4401(short_keepalive: None, running: s
     assert async_to_sync(scenario)() == 4401
 
 
-def test_a_removed_members_run_socket_closes_4401(short_keepalive: None, workspace: Workspace, running: str,
-                                                   viewer: Any) -> None:
+def test_a_removed_members_run_socket_closes_4401(
+    short_keepalive: None, workspace: Workspace, running: str, viewer: Any
+) -> None:
     session = session_id(viewer)
 
     async def scenario() -> tuple[int, list[dict[str, Any]]]:
@@ -201,8 +218,9 @@ def test_a_removed_members_run_socket_closes_4401(short_keepalive: None, workspa
     assert len(sent) <= 2  # at most the catch-up of the run's two events
 
 
-def test_a_socket_lives_on_while_its_credentials_hold(short_keepalive: None, workspace: Workspace, running: str,
-                                                      member: Any) -> None:
+def test_a_socket_lives_on_while_its_credentials_hold(
+    short_keepalive: None, workspace: Workspace, running: str, member: Any
+) -> None:
     session = session_id(member)
 
     async def scenario() -> list[dict[str, Any]]:
@@ -210,8 +228,7 @@ def test_a_socket_lives_on_while_its_credentials_hold(short_keepalive: None, wor
         assert (await comm.connect(timeout=TIMEOUT_S))[0]
         received = [await comm.receive_json_from(timeout=TIMEOUT_S) for _ in range(2)]
         assert await comm.receive_nothing(timeout=1.0)  # five re-checks pass, the socket stays open
-        await sync_to_async(append)(workspace=workspace, run_id=running,
-                                           events=[ev("StepScheduled", stepPath="b")])
+        await sync_to_async(append)(workspace=workspace, run_id=running, events=[ev("StepScheduled", stepPath="b")])
         received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
         await comm.disconnect()
         return received

@@ -63,11 +63,14 @@ def test_tampered_or_revoked_keys_do_not_authenticate() -> None:
     assert authenticate_key(key) is None
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--workspace", "acme/nope", "--scopes", "read"], "not found"),
-    (["--workspace", "acme", "--scopes", "read"], "TENANT/WORKSPACE"),
-    (["--workspace", "acme/support", "--scopes", "read,admin"], "scopes"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workspace", "acme/nope", "--scopes", "read"], "not found"),
+        (["--workspace", "acme", "--scopes", "read"], "TENANT/WORKSPACE"),
+        (["--workspace", "acme/support", "--scopes", "read,admin"], "scopes"),
+    ],
+)
 def test_create_key_errors_are_clear(args, message) -> None:
     run("bootstrap", "--tenant", "acme", "--workspace", "support")
     with pytest.raises(CommandError, match=message):
@@ -83,9 +86,14 @@ def test_an_authenticated_key_is_the_row_the_orm_reads_with_its_workspace_and_te
     # PostgreSQL, ledger.tenancy.services._KeyQuery): every column, converted, as the ORM's select_related has it.
     run("bootstrap", "--tenant", "acme", "--workspace", "support")
     key = run("create-key", "--workspace", "acme/support", "--scopes", "ingest,read", "--name", "ci").strip()
-    Workspace.objects.update(redact_keys=["ssn", "ключ"], redact_value_patterns=[r"\d{3}-\d{4}"],
-                             price_overrides={"openai/gpt-x": {"inputPerMillion": "1.5"}}, share_hides_inputs=True,
-                             retention_days=30, approval_tools=["payments.send"])
+    Workspace.objects.update(
+        redact_keys=["ssn", "ключ"],
+        redact_value_patterns=[r"\d{3}-\d{4}"],
+        price_overrides={"openai/gpt-x": {"inputPerMillion": "1.5"}},
+        share_hides_inputs=True,
+        retention_days=30,
+        approval_tools=["payments.send"],
+    )
     authenticate_key(key)  # stamps last_used_at
     expected = ApiKey.objects.select_related("workspace__tenant").get()
     for _ in range(7):  # past the point where PostgreSQL would switch a prepared statement to its generic plan

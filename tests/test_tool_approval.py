@@ -5,55 +5,76 @@ tool never runs), bound to the arguments' digest; other arguments need a new app
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 
-from ledger.replay import toolapproval
-from ledger.models import AuditEntry, Run, ToolCall, Workspace
-from ledger.replay.stored_plan import replay_plan_for
 from ledger.log.envelopes import log_of
+from ledger.models import AuditEntry, Run, ToolCall, Workspace
+from ledger.replay import toolapproval
+from ledger.replay.stored_plan import replay_plan_for
 from ledger.runtime.executor import resume_run, start_run
-from ledger.runtime.registry import CodeRun, Tool, ToolCall as ToolStep, Workflow
+from ledger.runtime.registry import CodeRun, Tool, Workflow
+from ledger.runtime.registry import ToolCall as ToolStep
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
-    every_run_verifies, run_events,
+    every_run_verifies,
+    run_events,
 )
 
 
 def _mailer(sent: list[Any], to: dict[str, str], *, approval: str | None = "required") -> Workflow:
     """prep -> send (a write tool) -> after; `to["address"]` decides the arguments at each execution."""
+
     def send(args: Any) -> dict[str, Any]:
         sent.append(args)
         return {"id": f"msg-{len(sent)}"}
 
-    return Workflow(name="mailer", tools={"send_email": Tool("send_email", send, effect="write", approval=approval)},
-                    steps=(
-                        CodeRun("prep", lambda i, o: {"subject": i["subject"]}),
-                        ToolStep("send", "send_email", lambda i, o: {"to": to["address"], "subject": o["prep"]["subject"]}),
-                        CodeRun("after", lambda i, o: {"sent": o["send"]["id"]}),
-                    ))
+    return Workflow(
+        name="mailer",
+        tools={"send_email": Tool("send_email", send, effect="write", approval=approval)},
+        steps=(
+            CodeRun("prep", lambda i, o: {"subject": i["subject"]}),
+            ToolStep("send", "send_email", lambda i, o: {"to": to["address"], "subject": o["prep"]["subject"]}),
+            CodeRun("after", lambda i, o: {"sent": o["send"]["id"]}),
+        ),
+    )
 
 
 def _waiting(workspace: Workspace, run_id: str) -> ToolCall:
     return ToolCall.objects.get(run__workspace=workspace, run__run_id=run_id, status="waiting_approval")
 
 
-def _decide(workspace: Workspace, run_id: str, by: User, *, approve: bool = True, digest: str | None = None,
-            note: str = "checked the recipient") -> ToolCall:
+def _decide(
+    workspace: Workspace,
+    run_id: str,
+    by: User,
+    *,
+    approve: bool = True,
+    digest: str | None = None,
+    note: str = "checked the recipient",
+) -> ToolCall:
     call = _waiting(workspace, run_id)
-    return toolapproval.decide(workspace=workspace, run_id=run_id, call_id=call.call_id, approve=approve,
-                               seen_digest=digest or toolapproval.pending_digest(call), note=note, by=by)
+    return toolapproval.decide(
+        workspace=workspace,
+        run_id=run_id,
+        call_id=call.call_id,
+        approve=approve,
+        seen_digest=digest or toolapproval.pending_digest(call),
+        note=note,
+        by=by,
+    )
 
 
 def test_a_required_approval_stops_the_run_before_the_call_and_it_runs_once_after_approval(
-        workspace: Workspace, approver: User) -> None:
+    workspace: Workspace, approver: User
+) -> None:
     sent: list[Any] = []
     wf = _mailer(sent, {"address": "ann@example.com"})
 
-    outcome = start_run(workspace=workspace, workflow=wf, input={"subject": "hi"}, run_id="run_mail",
-                        requested_by="carol")
+    outcome = start_run(
+        workspace=workspace, workflow=wf, input={"subject": "hi"}, run_id="run_mail", requested_by="carol"
+    )
 
     assert outcome.status == "waiting_approval"
     assert outcome.error["toolName"] == "send_email"
@@ -104,8 +125,13 @@ def test_a_rejected_call_fails_cleanly_and_never_runs(workspace: Workspace, appr
 
 def test_the_requester_cannot_approve_their_own_run_s_call(workspace: Workspace, approver: User, admin: User) -> None:
     sent: list[Any] = []
-    start_run(workspace=workspace, workflow=_mailer(sent, {"address": "a@x"}), input={"subject": "s"},
-              run_id="run_own", requested_by="bob")
+    start_run(
+        workspace=workspace,
+        workflow=_mailer(sent, {"address": "a@x"}),
+        input={"subject": "s"},
+        run_id="run_own",
+        requested_by="bob",
+    )
 
     with pytest.raises(toolapproval.SelfApprovalForbidden):
         _decide(workspace, "run_own", approver)
@@ -116,8 +142,13 @@ def test_the_requester_cannot_approve_their_own_run_s_call(workspace: Workspace,
 
 
 def test_only_approvers_decide(workspace: Workspace, operator: User, viewer: User) -> None:
-    start_run(workspace=workspace, workflow=_mailer([], {"address": "a@x"}), input={"subject": "s"},
-              run_id="run_roles", requested_by="carol")
+    start_run(
+        workspace=workspace,
+        workflow=_mailer([], {"address": "a@x"}),
+        input={"subject": "s"},
+        run_id="run_roles",
+        requested_by="carol",
+    )
 
     for who in (operator, viewer):
         with pytest.raises(toolapproval.ApproverRequired):
@@ -153,31 +184,55 @@ def test_a_workspace_policy_naming_a_tool_makes_it_wait_too(workspace: Workspace
     workspace.approval_tools = ["send_email"]
     workspace.save(update_fields=["approval_tools"])
 
-    outcome = start_run(workspace=workspace, workflow=_mailer(sent, {"address": "a@x"}, approval=None),
-                        input={"subject": "s"}, run_id="run_policy")
+    outcome = start_run(
+        workspace=workspace,
+        workflow=_mailer(sent, {"address": "a@x"}, approval=None),
+        input={"subject": "s"},
+        run_id="run_policy",
+    )
 
     assert outcome.status == "waiting_approval" and sent == []
 
 
 def test_a_call_decided_or_absent_cannot_be_decided(workspace: Workspace, approver: User) -> None:
-    start_run(workspace=workspace, workflow=_mailer([], {"address": "a@x"}), input={"subject": "s"},
-              run_id="run_twice", requested_by="carol")
+    start_run(
+        workspace=workspace,
+        workflow=_mailer([], {"address": "a@x"}),
+        input={"subject": "s"},
+        run_id="run_twice",
+        requested_by="carol",
+    )
     call = _waiting(workspace, "run_twice")
     _decide(workspace, "run_twice", approver)
 
     with pytest.raises(toolapproval.ToolCallNotWaiting):
-        toolapproval.decide(workspace=workspace, run_id="run_twice", call_id=call.call_id, approve=False,
-                            seen_digest=toolapproval.pending_digest(call), note="n", by=approver)
+        toolapproval.decide(
+            workspace=workspace,
+            run_id="run_twice",
+            call_id=call.call_id,
+            approve=False,
+            seen_digest=toolapproval.pending_digest(call),
+            note="n",
+            by=approver,
+        )
     with pytest.raises(toolapproval.NotFound):
-        toolapproval.decide(workspace=workspace, run_id="run_twice", call_id="nope", approve=True,
-                            seen_digest="x", note="n", by=approver)
+        toolapproval.decide(
+            workspace=workspace,
+            run_id="run_twice",
+            call_id="nope",
+            approve=True,
+            seen_digest="x",
+            note="n",
+            by=approver,
+        )
 
 
 # --- the Approvals page ---------------------------------------------------------------------------
 
 
 def test_the_approvals_page_shows_the_waiting_call_and_an_approver_approves_it(
-        client: Any, workspace: Workspace, approver: User, operator: User) -> None:
+    client: Any, workspace: Workspace, approver: User, operator: User
+) -> None:
     sent: list[Any] = []
     wf = _mailer(sent, {"address": "ann@example.com"})
     start_run(workspace=workspace, workflow=wf, input={"subject": "hi"}, run_id="run_page", requested_by="carol")
@@ -207,27 +262,49 @@ def test_the_approvals_page_shows_the_waiting_call_and_an_approver_approves_it(
 
 
 def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, workspace: Workspace, approver: User) -> None:
-    start_run(workspace=workspace, workflow=_mailer([], {"address": "a@x"}), input={"subject": "s"},
-              run_id="run_mine", requested_by="bob")
+    start_run(
+        workspace=workspace,
+        workflow=_mailer([], {"address": "a@x"}),
+        input={"subject": "s"},
+        run_id="run_mine",
+        requested_by="bob",
+    )
     call = _waiting(workspace, "run_mine")
     client.force_login(approver)
 
     html = client.get("/w/acme/support/approvals/").content.decode()
     assert "another approver decides its calls" in html and 'value="approve"' not in html
-    refused = client.post("/w/acme/support/approvals/tool-calls/", {
-        "run": "run_mine", "call": call.call_id, "digest": toolapproval.pending_digest(call), "note": "me",
-        "decision": "approve"})
+    refused = client.post(
+        "/w/acme/support/approvals/tool-calls/",
+        {
+            "run": "run_mine",
+            "call": call.call_id,
+            "digest": toolapproval.pending_digest(call),
+            "note": "me",
+            "decision": "approve",
+        },
+    )
     assert refused.status_code == 403 and "another approver must decide" in refused.content.decode()
     assert _waiting(workspace, "run_mine").status == "waiting_approval"
 
 
 def test_another_tenant_cannot_see_or_decide_the_call(client: Any, workspace: Workspace, outsider: User) -> None:
-    start_run(workspace=workspace, workflow=_mailer([], {"address": "a@x"}), input={"subject": "s"},
-              run_id="run_hidden", requested_by="carol")
+    start_run(
+        workspace=workspace,
+        workflow=_mailer([], {"address": "a@x"}),
+        input={"subject": "s"},
+        run_id="run_hidden",
+        requested_by="carol",
+    )
     call = _waiting(workspace, "run_hidden")
     client.force_login(outsider)
-    form = {"run": "run_hidden", "call": call.call_id, "digest": toolapproval.pending_digest(call), "note": "n",
-            "decision": "approve"}
+    form = {
+        "run": "run_hidden",
+        "call": call.call_id,
+        "digest": toolapproval.pending_digest(call),
+        "note": "n",
+        "decision": "approve",
+    }
 
     assert client.get("/w/acme/support/approvals/").status_code == 404
     assert client.post("/w/acme/support/approvals/tool-calls/", form).status_code == 404

@@ -32,9 +32,11 @@ def as_user(user: Any) -> Client:
 
 @pytest.fixture
 def keys(workspace: Workspace, other_workspace: Workspace) -> dict[str, tuple[ApiKey, str]]:
-    return {"ci": create_key(workspace=workspace, scopes=["ingest", "read"], name="ci"),
-            "old": create_key(workspace=workspace, scopes=["read"], name="old"),
-            "globex": create_key(workspace=other_workspace, scopes=["read"], name="theirs")}
+    return {
+        "ci": create_key(workspace=workspace, scopes=["ingest", "read"], name="ci"),
+        "old": create_key(workspace=workspace, scopes=["read"], name="old"),
+        "globex": create_key(workspace=other_workspace, scopes=["read"], name="theirs"),
+    }
 
 
 def test_admins_see_keys_by_prefix_never_their_secrets(admin: Any, keys: dict[str, tuple[ApiKey, str]]) -> None:
@@ -50,8 +52,9 @@ def test_admins_see_keys_by_prefix_never_their_secrets(admin: Any, keys: dict[st
     assert 'id="nav-settings"' in html
 
 
-def test_the_page_is_for_admins_and_a_404_for_another_tenant(admin: Any, approver: Any, viewer: Any,
-                                                             outsider: Any, keys: Any, client: Client) -> None:
+def test_the_page_is_for_admins_and_a_404_for_another_tenant(
+    admin: Any, approver: Any, viewer: Any, outsider: Any, keys: Any, client: Client
+) -> None:
     ci = keys["ci"][0]
     revoke = f"{PAGE}keys/{ci.prefix}/revoke/"
     for member in (approver, viewer):
@@ -79,7 +82,11 @@ def test_setting_retention_with_htmx_answers_the_fragment_and_audits(admin: Any,
     workspace.refresh_from_db()
     assert workspace.retention_days == 30
     entry = AuditEntry.objects.get(action="retention.changed")
-    assert (entry.actor, entry.reason, entry.details) == ("alice", "a month is enough", {"oldDays": None, "newDays": 30})
+    assert (entry.actor, entry.reason, entry.details) == (
+        "alice",
+        "a month is enough",
+        {"oldDays": None, "newDays": 30},
+    )
 
     # Emptying it keeps runs forever again; without htmx the form redirects back to the page.
     back = c.post(RETENTION, {"days": "", "reason": "keep everything"})
@@ -89,16 +96,20 @@ def test_setting_retention_with_htmx_answers_the_fragment_and_audits(admin: Any,
     assert "kept forever" in c.get(PAGE).content.decode()
 
 
-@pytest.mark.parametrize("days, reason, message", [
-    ("0", "r", "1 to 36500 days"),
-    ("-3", "r", "whole number of days"),
-    ("ten", "r", "whole number of days"),
-    ("99999999999999999999", "r", "1 to 36500 days"),
-    ("²", "r", "whole number of days"),
-    ("7", "", "say why"),
-])
-def test_bad_retention_is_a_400_with_the_form_and_nothing_changes(admin: Any, workspace: Workspace, days: str,
-                                                                  reason: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "days, reason, message",
+    [
+        ("0", "r", "1 to 36500 days"),
+        ("-3", "r", "whole number of days"),
+        ("ten", "r", "whole number of days"),
+        ("99999999999999999999", "r", "1 to 36500 days"),
+        ("²", "r", "whole number of days"),
+        ("7", "", "say why"),
+    ],
+)
+def test_bad_retention_is_a_400_with_the_form_and_nothing_changes(
+    admin: Any, workspace: Workspace, days: str, reason: str, message: str
+) -> None:
     c = as_user(admin)
     for extra, status in (({}, 400), ({"HTTP_HX_REQUEST": "true"}, 422)):
         answer = c.post(RETENTION, {"days": days, "reason": reason}, **extra)

@@ -81,14 +81,27 @@ def _api_batches(workspace: Workspace, clock: FakeClock) -> None:
 
     append([keyed("s", started()), keyed("a", ev("StepScheduled", stepPath="a"))])
     append([keyed("b", ev("StepAttemptStarted", stepPath="a", attempt=1))], expected_sequence=2)
-    append([ev("harness.model.responded", turn=1, callId="m1", stepPath="a",
-               model={"provider": "openai", "modelId": "gpt-4o-mini"},
-               response={"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 2}})])
+    append(
+        [
+            ev(
+                "harness.model.responded",
+                turn=1,
+                callId="m1",
+                stepPath="a",
+                model={"provider": "openai", "modelId": "gpt-4o-mini"},
+                response={"text": "hi", "usage": {"inputTokens": 10, "outputTokens": 2}},
+            )
+        ]
+    )
     append([keyed("b", ev("StepAttemptStarted", stepPath="a", attempt=1))])  # a replay
-    assert _refused(lambda: append([keyed("b", ev("StepAttemptStarted", stepPath="a", attempt=2))])) == \
-        "idempotency_conflict"
-    assert _refused(lambda: append([ev("StepCompleted", stepPath="a", attempt=1)], expected_sequence=1)) == \
-        "sequence_conflict"
+    assert (
+        _refused(lambda: append([keyed("b", ev("StepAttemptStarted", stepPath="a", attempt=2))]))
+        == "idempotency_conflict"
+    )
+    assert (
+        _refused(lambda: append([ev("StepCompleted", stepPath="a", attempt=1)], expected_sequence=1))
+        == "sequence_conflict"
+    )
     lease = acquire_run_lease(workspace=workspace, run_id="run_golden", owner="golden")
     assert _refused(lambda: append([ev("custom.note")])) == "fenced"
     append([ev("StepCompleted", stepPath="a", attempt=1, output={"n": 1})], fencing_token=lease.fencing_token)
@@ -102,8 +115,11 @@ def _pipelined(workspace: Workspace, clock: FakeClock) -> None:
     from ledger.log import append
 
     append(workspace=workspace, run_id="run_long", events=[started()])
-    append(workspace=workspace, run_id="run_long", events=[
-        {**ev("custom.tick", n=n), "idempotencyKey": f"t{n}"} for n in range(450)])
+    append(
+        workspace=workspace,
+        run_id="run_long",
+        events=[{**ev("custom.tick", n=n), "idempotencyKey": f"t{n}"} for n in range(450)],
+    )
 
 
 def _cache_miss_and_transaction(workspace: Workspace, clock: FakeClock) -> None:
@@ -114,42 +130,90 @@ def _cache_miss_and_transaction(workspace: Workspace, clock: FakeClock) -> None:
     STATES.clear()
     append(workspace=workspace, run_id="run_miss", events=[ev("StepScheduled", stepPath="a")])
     with transaction.atomic():
-        append(workspace=workspace, run_id="run_miss", events=[
-            {**ev("StepAttemptStarted", stepPath="a", attempt=1), "idempotencyKey": "k1"}])
+        append(
+            workspace=workspace,
+            run_id="run_miss",
+            events=[{**ev("StepAttemptStarted", stepPath="a", attempt=1), "idempotencyKey": "k1"}],
+        )
         append(workspace=workspace, run_id="run_miss", events=[ev("StepCompleted", stepPath="a", attempt=1)])
 
 
 def _gateway(workspace: Workspace, clock: FakeClock) -> None:
-    from ledger.replay import gateway
     from ledger.log import append
+    from ledger.replay import gateway
 
     append(workspace=workspace, run_id="run_tools", events=[started()])
-    claimed = gateway.claim_tool_call(workspace=workspace, run_id="run_tools", call_id="c1", tool_name="search",
-                                      args={"q": "x"}, idempotency_key="k-c1", effect="read", owner="w1")
+    claimed = gateway.claim_tool_call(
+        workspace=workspace,
+        run_id="run_tools",
+        call_id="c1",
+        tool_name="search",
+        args={"q": "x"},
+        idempotency_key="k-c1",
+        effect="read",
+        owner="w1",
+    )
     gateway.mark_outbound(workspace=workspace, run_id="run_tools", call_id="c1", lease_token=claimed.lease_token)
-    gateway.complete_tool_call(workspace=workspace, run_id="run_tools", call_id="c1",
-                               lease_token=claimed.lease_token, outcome="result", value={"hits": 1})
-    again = gateway.claim_tool_call(workspace=workspace, run_id="run_tools", call_id="c1", tool_name="search",
-                                    args={"q": "x"}, idempotency_key="k-c1", effect="read", owner="w2")
+    gateway.complete_tool_call(
+        workspace=workspace,
+        run_id="run_tools",
+        call_id="c1",
+        lease_token=claimed.lease_token,
+        outcome="result",
+        value={"hits": 1},
+    )
+    again = gateway.claim_tool_call(
+        workspace=workspace,
+        run_id="run_tools",
+        call_id="c1",
+        tool_name="search",
+        args={"q": "x"},
+        idempotency_key="k-c1",
+        effect="read",
+        owner="w2",
+    )
     assert getattr(again, "idempotent_replay", False)
-    pay = gateway.claim_tool_call(workspace=workspace, run_id="run_tools", call_id="c2", tool_name="pay",
-                                  args={"amount": 3}, effect="write", owner="w1")
+    pay = gateway.claim_tool_call(
+        workspace=workspace,
+        run_id="run_tools",
+        call_id="c2",
+        tool_name="pay",
+        args={"amount": 3},
+        effect="write",
+        owner="w1",
+    )
     gateway.mark_outbound(workspace=workspace, run_id="run_tools", call_id="c2", lease_token=pay.lease_token)
     clock.advance(seconds=120)
     assert gateway.settle_expired_claims(workspace=workspace, run_id="run_tools") == ["c2"]
-    gateway.reconcile_tool_call(workspace=workspace, run_id="run_tools", call_id="c2", outcome="succeeded",
-                                value={"paid": True}, note="checked the ledger", by="carol")
+    gateway.reconcile_tool_call(
+        workspace=workspace,
+        run_id="run_tools",
+        call_id="c2",
+        outcome="succeeded",
+        value={"paid": True},
+        note="checked the ledger",
+        by="carol",
+    )
 
 
 def _runtime_and_simulation(workspace: Workspace, clock: FakeClock) -> None:
     from ledger.runtime.reexecute import execute_reexecution
 
     reset_registrations()
-    outcome = start_run(workspace=workspace, workflow=build_drill(provider=ScriptedProvider(script=SCRIPT)),
-                        input={"cities": ["Oslo", "Lisbon"], "to": "ops"}, run_id="run_drill")
+    outcome = start_run(
+        workspace=workspace,
+        workflow=build_drill(provider=ScriptedProvider(script=SCRIPT)),
+        input={"cities": ["Oslo", "Lisbon"], "to": "ops"},
+        run_id="run_drill",
+    )
     assert outcome.status == "completed"
-    execute_reexecution(workspace=workspace, original_run_id="run_drill", mode="simulate",
-                        new_run_id="run_drill_sim", reexecution_id="rx_golden")
+    execute_reexecution(
+        workspace=workspace,
+        original_run_id="run_drill",
+        mode="simulate",
+        new_run_id="run_drill_sim",
+        reexecution_id="rx_golden",
+    )
 
 
 def _cancel(workspace: Workspace, clock: FakeClock) -> None:
@@ -189,8 +253,9 @@ def test_the_write_path_sends_the_golden_statements(scenario: str, workspace: Wo
 
 @pytest.mark.postgres_only  # the production path: SQLite's writes go through the ORM and bulk helpers
 @pytest.mark.django_db(transaction=True)
-def test_a_model_call_enters_each_module_of_the_log_at_most_twice(workspace: Workspace,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_model_call_enters_each_module_of_the_log_at_most_twice(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The commit of a model call's response with the claim of the tool it asks for, followed from
     the door down: every call from one function of the log into another module of the log is a
     way into that module, counted once per calling function (a call made again for each event of
@@ -203,13 +268,18 @@ def test_a_model_call_enters_each_module_of_the_log_at_most_twice(workspace: Wor
 
     def model(request: ModelRequest) -> dict[str, Any]:
         if request.turn == 1:
-            return {"toolCalls": [{"id": "t1", "name": "lookup", "args": {"n": 1}}],
-                    "usage": {"inputTokens": 5, "outputTokens": 1}}
+            return {
+                "toolCalls": [{"id": "t1", "name": "lookup", "args": {"n": 1}}],
+                "usage": {"inputTokens": 5, "outputTokens": 1},
+            }
         return {"text": "done"}
 
-    workflow = Workflow(name="one_lookup", steps=(AIGenerate("agent", "Look it up.", tools=("lookup",), max_turns=2),),
-                        tools={"lookup": Tool("lookup", lambda args: {"found": True})},
-                        models={"default": ScriptedProvider(script=model)})
+    workflow = Workflow(
+        name="one_lookup",
+        steps=(AIGenerate("agent", "Look it up.", tools=("lookup",), max_turns=2),),
+        tools={"lookup": Tool("lookup", lambda args: {"found": True})},
+        models={"default": ScriptedProvider(script=model)},
+    )
     start_run(workspace=workspace, workflow=workflow, input={})  # the head is guessed from here on
     ways_in: dict[str, set[str]] = {}
     real = gateway.runtime_batch
@@ -222,8 +292,11 @@ def test_a_model_call_enters_each_module_of_the_log_at_most_twice(workspace: Wor
             if event != "call" or frame.f_back is None:
                 return
             callee, caller = frame.f_globals.get("__name__", ""), frame.f_back.f_globals.get("__name__", "")
-            if callee.startswith("ledger.log") and caller != callee and (
-                    caller.startswith("ledger.log") or callee == "ledger.log"):
+            if (
+                callee.startswith("ledger.log")
+                and caller != callee
+                and (caller.startswith("ledger.log") or callee == "ledger.log")
+            ):
                 ways_in.setdefault(callee, set()).add(f"{caller}.{frame.f_back.f_code.co_name}")
 
         sys.setprofile(profile)

@@ -11,11 +11,11 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ledger.errors import NotFound
+from ledger.log.artifacts import open_verified
+from ledger.models import Artifact
 from ledger.reads import selectors, serialize
 from ledger.tenancy.access import visible_workspaces
-from ledger.log.artifacts import open_verified
-from ledger.errors import NotFound
-from ledger.models import Artifact
 
 from .auth import principal
 from .base import ApiView
@@ -34,13 +34,19 @@ def _artifact_for(request: Request, artifact_id: str) -> Artifact:
     return artifact
 
 
-ARTIFACT_ID = OpenApiParameter("artifact_id", OpenApiTypes.STR, OpenApiParameter.PATH, pattern="^art_[0-9a-f]{64}$",
-                               description="art_<sha256>; any other form is 404")
+ARTIFACT_ID = OpenApiParameter(
+    "artifact_id",
+    OpenApiTypes.STR,
+    OpenApiParameter.PATH,
+    pattern="^art_[0-9a-f]{64}$",
+    description="art_<sha256>; any other form is 404",
+)
 
 
 class ArtifactView(ApiView):
     @extend_schema(
-        operation_id="get_artifact", summary="An artifact's metadata (scope read)",
+        operation_id="get_artifact",
+        summary="An artifact's metadata (scope read)",
         parameters=[ARTIFACT_ID, WORKSPACE],
         responses={200: ArtifactSerializer, **error_responses(e403=["insufficient_scope"], e404=["not_found"])},
     )
@@ -63,8 +69,9 @@ class ArtifactContentView(ApiView):
         ),
         parameters=[ARTIFACT_ID, WORKSPACE],
         responses={
-            (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the stored bytes, "
-                                                                "with the artifact's contentType"),
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="the stored bytes, with the artifact's contentType"
+            ),
             **error_responses(e403=["insufficient_scope"], e404=["not_found"], e500=["integrity_failure"]),
         },
     )

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import date, datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from django.http import HttpResponse
@@ -18,9 +17,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger import audit
-from ledger.tenancy.access import tenant_admin
 from ledger.limits import FIRST_DAY, LAST_DAY, day_in_range
 from ledger.models import Tenant
+from ledger.tenancy.access import tenant_admin
 
 from .auth import principal
 from .csvcells import text_cell
@@ -57,12 +56,13 @@ def _bound(request: Request, name: str, *, end: bool) -> datetime | None:
     raw = request.query_params.get(name)
     if not raw:
         return None
-    problem = InvalidParameter(f"{name} must be a date YYYY-MM-DD or an ISO 8601 time, from {FIRST_DAY} to "
-                               f"{LAST_DAY}", parameter=name)
+    problem = InvalidParameter(
+        f"{name} must be a date YYYY-MM-DD or an ISO 8601 time, from {FIRST_DAY} to {LAST_DAY}", parameter=name
+    )
     try:
         if len(raw) == 10:
             day = date.fromisoformat(raw)
-            moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min, tzinfo=dt_timezone.utc)
+            moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min, tzinfo=UTC)
         else:
             moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except (ValueError, OverflowError):
@@ -70,7 +70,7 @@ def _bound(request: Request, name: str, *, end: bool) -> datetime | None:
     # Off the calendar's edges, the database's conversions to UTC overflow (ledger.limits).
     if not day_in_range(moment.date()):
         raise problem
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt_timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 class AuditView(APIView):
@@ -88,14 +88,25 @@ class AuditView(APIView):
             OpenApiParameter("tenant", OpenApiTypes.STR, description="needed only by members of several tenants"),
             OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500"),
             OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page"),
-            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"],
-                             description="csv: every matching entry (no paging), columns " + ", ".join(CSV_COLUMNS)
-                             + "; a cell that begins with = + - @, a tab or a carriage return gets a leading '"),
+            OpenApiParameter(
+                "format",
+                OpenApiTypes.STR,
+                enum=["json", "csv"],
+                description="csv: every matching entry (no paging), columns "
+                + ", ".join(CSV_COLUMNS)
+                + "; a cell that begins with = + - @, a tab or a carriage return gets a leading '",
+            ),
         ],
-        responses={200: OpenApiResponse(AuditPageSerializer, description="JSON page; text/csv with format=csv"),
-                   **error_responses(e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
-                                     e403=["forbidden"], e404=["not_found"])},
-        summary="The tenant's audit log, oldest first (admin session)", tags=["audit"],
+        responses={
+            200: OpenApiResponse(AuditPageSerializer, description="JSON page; text/csv with format=csv"),
+            **error_responses(
+                e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
+                e403=["forbidden"],
+                e404=["not_found"],
+            ),
+        },
+        summary="The tenant's audit log, oldest first (admin session)",
+        tags=["audit"],
     )
     def get(self, request: Request) -> Any:
         tenant = _tenant(request)
@@ -105,9 +116,13 @@ class AuditView(APIView):
         action = request.query_params.get("action") or None
         if action is not None and action not in audit.Action.values:
             raise InvalidParameter(f"action must be one of {', '.join(audit.Action.values)}", parameter="action")
-        filters: dict[str, Any] = {"tenant": tenant, "start": _bound(request, "from", end=False),
-                                   "end": _bound(request, "to", end=True),
-                                   "actor": request.query_params.get("actor") or None, "action": action}
+        filters: dict[str, Any] = {
+            "tenant": tenant,
+            "start": _bound(request, "from", end=False),
+            "end": _bound(request, "to", end=True),
+            "actor": request.query_params.get("actor") or None,
+            "action": action,
+        }
         if fmt == "csv":
             return _csv([audit.as_dict(e) for e in audit.entries(**filters).iterator()])
         limit = limit_param(request)

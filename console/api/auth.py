@@ -9,8 +9,8 @@ from rest_framework.authentication import BaseAuthentication, SessionAuthenticat
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
-from ledger.tenancy.access import Access, Principal, resolve
 from ledger.models import ApiKey
+from ledger.tenancy.access import Access, Principal, resolve
 from ledger.tenancy.services import authenticate_key
 
 
@@ -46,5 +46,10 @@ def access_for(request: Request, scope: str, *, run_id: str | None = None, role:
     """The caller's workspace (and run) for an operation needing `scope` (and `role`): see
     ledger.tenancy.access. A member names the workspace with ?workspace=TENANT/WORKSPACE; without it, the
     run decides, or the member's only workspace does. Authentication itself is DRF's (401)."""
-    return resolve(principal(request), workspace=request.query_params.get("workspace") or None,
-                   run_id=run_id, scope=scope, role=role)
+    return resolve(
+        principal(request),
+        workspace=request.query_params.get("workspace") or None,
+        run_id=run_id,
+        scope=scope,
+        role=role,
+    )

@@ -14,10 +14,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.tenancy.access import Access
-from ledger.log.prepare import validate_run_id
 from ledger.limits import MAX_TEXT
+from ledger.log.prepare import validate_run_id
 from ledger.models import Run
+from ledger.tenancy.access import Access
 
 from .auth import access_for
 from .fastjson import JsonRenderer
@@ -37,8 +37,9 @@ class Negotiation(DefaultContentNegotiation):
     def filter_renderers(self, renderers: Iterable[BaseRenderer], format: str) -> list[BaseRenderer]:
         matching = [r for r in renderers if r.format == format]
         if not matching:
-            raise InvalidParameter(f"format must be one of {', '.join(r.format for r in renderers)}",
-                                   parameter="format")
+            raise InvalidParameter(
+                f"format must be one of {', '.join(r.format for r in renderers)}", parameter="format"
+            )
         return matching
 
 
@@ -64,8 +65,11 @@ class ApiView(APIView):
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)
         # Errors are always the JSON envelope, whatever representation was asked for.
-        if isinstance(response, Response) and response.status_code >= 400 \
-                and not isinstance(response.accepted_renderer, JSONRenderer):
+        if (
+            isinstance(response, Response)
+            and response.status_code >= 400
+            and not isinstance(response.accepted_renderer, JSONRenderer)
+        ):
             response.accepted_renderer = JsonRenderer()
             response.accepted_media_type = JsonRenderer.media_type
         return response

@@ -20,11 +20,11 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.reads import selectors
+from ledger.errors import LedgerError, NotFound
 from ledger.log import append
 from ledger.log.prepare import validate_run_id
-from ledger.errors import LedgerError, NotFound
 from ledger.models import ApiKey
+from ledger.reads import selectors
 
 from .auth import access_for
 from .base import ApiView, run_for
@@ -46,8 +46,7 @@ class NdjsonRenderer(BaseRenderer):
 
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
         items = data if isinstance(data, list) else [data]
-        return b"".join(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-                        for item in items)
+        return b"".join(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for item in items)
 
 
 class RunEventsView(ApiView):
@@ -64,8 +63,9 @@ class RunEventsView(ApiView):
             occurrenceId = serializers.CharField(required=False, max_length=200)
 
         events = EventInput(many=True, help_text="1..5000 events, appended in one transaction")
-        expectedSequence = serializers.IntegerField(required=False, min_value=0,
-                                                    help_text="the last sequence the writer saw")
+        expectedSequence = serializers.IntegerField(
+            required=False, min_value=0, help_text="the last sequence the writer saw"
+        )
         fencingToken = serializers.CharField(required=False, help_text="required while the run is leased")
 
     @extend_schema_serializer(component_name="AppendEventsResponse")
@@ -78,7 +78,7 @@ class RunEventsView(ApiView):
         summary="Append a batch of events to a run (scope ingest)",
         description=(
             "All or nothing, one transaction. A body that is not a JSON object is 400 `invalid_request`; "
-            "`events` missing, empty or not a list is 400 `invalid_event` with `details.field = \"events\"`; "
+            '`events` missing, empty or not a list is 400 `invalid_event` with `details.field = "events"`; '
             "malformed JSON is 400 `invalid_json`; a body nested deeper than 64 levels (refused before parsing, "
             "`details.limit`) or a NUL character in any string or key (`details.index`, `details.field`) is 400 "
             "`invalid_event`. For another tenant's run id the answer is the same as for "
@@ -90,18 +90,42 @@ class RunEventsView(ApiView):
         responses={
             200: OutputSerializer,
             **error_responses(
-                e400=["invalid_run_id", "invalid_json", "invalid_request", "invalid_event (details: index, field)",
-                      "unknown_event_type", "cost_not_allowed"],
+                e400=[
+                    "invalid_run_id",
+                    "invalid_json",
+                    "invalid_request",
+                    "invalid_event (details: index, field)",
+                    "unknown_event_type",
+                    "cost_not_allowed",
+                ],
                 e403=["insufficient_scope", "forbidden"],
                 e404=["not_found"],
-                e409=["idempotency_conflict", "sequence_conflict (details: expected, actual)", "fenced",
-                      "run_not_started", "run_already_started", "run_finished"],
+                e409=[
+                    "idempotency_conflict",
+                    "sequence_conflict (details: expected, actual)",
+                    "fenced",
+                    "run_not_started",
+                    "run_already_started",
+                    "run_finished",
+                ],
                 e413=["payload_too_large"],
             ),
         },
-        examples=[OpenApiExample("start a run", request_only=True, value={
-            "events": [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_hello"},
-                        "idempotencyKey": "start"}]})],
+        examples=[
+            OpenApiExample(
+                "start a run",
+                request_only=True,
+                value={
+                    "events": [
+                        {
+                            "type": "RunStarted",
+                            "payload": {"workflowVersionId": "wfver_hello"},
+                            "idempotencyKey": "start",
+                        }
+                    ]
+                },
+            )
+        ],
     )
     def post(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
@@ -119,12 +143,13 @@ class RunEventsView(ApiView):
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object {events: [...]}", field="")
         result = append(
-            workspace=caller.workspace, run_id=run_id, events=body.get("events"),
-            expected_sequence=body.get("expectedSequence"), fencing_token=body.get("fencingToken"),
+            workspace=caller.workspace,
+            run_id=run_id,
+            events=body.get("events"),
+            expected_sequence=body.get("expectedSequence"),
+            fencing_token=body.get("fencingToken"),
         )
         return Response({"events": result.events, "lastSequence": result.last_sequence})
-
-
 
     @extend_schema(
         operation_id="list_events",
@@ -138,13 +163,15 @@ class RunEventsView(ApiView):
         parameters=[
             RUN_ID,
             OpenApiParameter("after", OpenApiTypes.INT, description="return events with sequence > after; default 0"),
-            LIMIT, WORKSPACE,
+            LIMIT,
+            WORKSPACE,
         ],
         responses={
             (200, "application/json"): EventsPageSerializer,
             (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR, description="one envelope per line"),
-            **error_responses(e400=["invalid_run_id", "invalid_parameter"], e403=["insufficient_scope"],
-                              e404=["not_found"]),
+            **error_responses(
+                e400=["invalid_run_id", "invalid_parameter"], e403=["insufficient_scope"], e404=["not_found"]
+            ),
         },
     )
     def get(self, request: Request, run_id: str) -> Response:

@@ -26,8 +26,10 @@ class RunEvidenceView(ApiView):
             "manifest_drift; `replayReady` is the replay plan's."
         ),
         parameters=[RUN_ID, WORKSPACE],
-        responses={200: EvidenceSerializer, **error_responses(
-            e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"])},
+        responses={
+            200: EvidenceSerializer,
+            **error_responses(e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"]),
+        },
     )
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")
@@ -39,8 +41,10 @@ class RunReplayPlanView(ApiView):
         operation_id="get_run_replay_plan",
         summary="What a resume or re-execution would do, without doing it (scope read)",
         parameters=[RUN_ID, WORKSPACE],
-        responses={200: ReplayPlanSerializer, **error_responses(
-            e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"])},
+        responses={
+            200: ReplayPlanSerializer,
+            **error_responses(e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"]),
+        },
     )
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")

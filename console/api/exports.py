@@ -15,10 +15,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework.request import Request
 
-from ledger.tenancy import access
 from ledger.interop import bundle, exports
-from ledger.tenancy.access import tenant_admin
 from ledger.log.prepare import validate_run_id
+from ledger.tenancy import access
+from ledger.tenancy.access import tenant_admin
 
 from .auth import access_for, principal
 from .base import ApiView, run_for
@@ -32,6 +32,7 @@ async def _pulled(pieces: Iterator[bytes]) -> AsyncIterator[bytes]:
     """A sync iterator served over ASGI one piece at a time: Django would otherwise read a sync
     iterator whole into a list before sending a byte (StreamingHttpResponse.__aiter__). Each
     piece is read in the thread that holds the request's database connection."""
+
     def following() -> bytes | None:
         return next(pieces, None)
 
@@ -54,8 +55,9 @@ def _bound(request: Request, name: str, *, end: bool) -> Any:
     try:
         return exports.parse_bound(request.query_params.get(name), name, end=end)
     except ValueError:
-        raise InvalidParameter(f"{name} must be a date YYYY-MM-DD or an ISO 8601 time (1900-01-01 to 9998-12-31)",
-                               parameter=name) from None
+        raise InvalidParameter(
+            f"{name} must be a date YYYY-MM-DD or an ISO 8601 time (1900-01-01 to 9998-12-31)", parameter=name
+        ) from None
 
 
 def _selection(request: Request, kind: str) -> exports.Selection:
@@ -80,8 +82,9 @@ def _selection(request: Request, kind: str) -> exports.Selection:
     if run_id is not None:
         validate_run_id(run_id)  # 400 invalid_run_id
     caller = access_for(request, "read", run_id=run_id)  # another workspace's run is 404, as everywhere
-    return exports.Selection(kind=kind, workspaces=[caller.workspace], start=start, end=end, run_id=run_id,
-                             filters=filters)
+    return exports.Selection(
+        kind=kind, workspaces=[caller.workspace], start=start, end=end, run_id=run_id, filters=filters
+    )
 
 
 class ExportView(ApiView):
@@ -95,9 +98,9 @@ class ExportView(ApiView):
         description=(
             "The whole selection in one streamed response (read in keyset-ordered chunks: memory stays flat "
             "for millions of rows), oldest first. JSONL: the first line is the header `{schemaVersion: 1, "
-            "export, format, exportedAt, filters}`, then one object per row, and the last line `{\"end\": "
-            "{\"rows\": N}}`; a file without it was cut short. CSV: the first line is `# ` and the same header "
-            "JSON, then the column names, the rows, and last `# {\"end\":{\"rows\":N}}`; no data row begins "
+            'export, format, exportedAt, filters}`, then one object per row, and the last line `{"end": '
+            '{"rows": N}}`; a file without it was cut short. CSV: the first line is `# ` and the same header '
+            'JSON, then the column names, the rows, and last `# {"end":{"rows":N}}`; no data row begins '
             "with `#`. CSV text cells that begin with = + - @ ' a tab or a carriage return get a leading `'` "
             "(never run as a formula; drop one leading `'` to read the value back); JSON values (payload, "
             "input, output, error, details) are JSON text; an absent value is an empty cell.\n\n"
@@ -121,8 +124,11 @@ class ExportView(ApiView):
         responses={
             (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR, description="JSONL"),
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="CSV"),
-            **error_responses(e400=["invalid_parameter", "invalid_run_id", "workspace_required"],
-                              e403=["insufficient_scope", "forbidden"], e404=["not_found"]),
+            **error_responses(
+                e400=["invalid_parameter", "invalid_run_id", "workspace_required"],
+                e403=["insufficient_scope", "forbidden"],
+                e404=["not_found"],
+            ),
         },
         tags=["export"],
     )
@@ -141,7 +147,7 @@ class ExportView(ApiView):
 SUMMARIES = {
     "runs": "The workspace's runs as a JSONL or CSV file, streamed (scope read)",
     "events": "The workspace's events, whole runs with ids and sequences, as a JSONL or CSV file, streamed "
-              "(scope read)",
+    "(scope read)",
     "costs": "The workspace's cost entries as a JSONL or CSV file, streamed (scope read)",
     "audit": "The tenant's audit log as a JSONL or CSV file, streamed (admin session)",
 }
@@ -171,8 +177,9 @@ class RunEvidenceZipView(ApiView):
         parameters=[RUN_ID, WORKSPACE],
         responses={
             (200, "application/zip"): OpenApiResponse(OpenApiTypes.BINARY, description="the zip"),
-            **error_responses(e400=["invalid_run_id", "workspace_required"], e403=["insufficient_scope"],
-                              e404=["not_found"]),
+            **error_responses(
+                e400=["invalid_run_id", "workspace_required"], e403=["insufficient_scope"], e404=["not_found"]
+            ),
         },
         tags=["export"],
     )
@@ -181,8 +188,9 @@ class RunEvidenceZipView(ApiView):
         spooled = bundle.bundle_file(run)
         sha256 = bundle.file_sha256(spooled)
         bundle.record_bundle(run=run, by=principal(request), sha256=sha256)
-        response = FileResponse(spooled, content_type="application/zip", as_attachment=True,
-                                filename=bundle.bundle_name(run))
+        response = FileResponse(
+            spooled, content_type="application/zip", as_attachment=True, filename=bundle.bundle_name(run)
+        )
         response["ETag"] = f'"{sha256}"'
         response["X-Content-Type-Options"] = "nosniff"
         return response

@@ -12,15 +12,15 @@ import io
 import json
 import re
 from array import array
-from itertools import accumulate
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Any
 
 import orjson
+from rest_framework.compat import INDENT_SEPARATORS, SHORT_SEPARATORS
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
-from rest_framework.compat import INDENT_SEPARATORS, SHORT_SEPARATORS
 from rest_framework.utils.encoders import JSONEncoder
 
 from ledger.errors import LedgerError
@@ -52,8 +52,9 @@ class BadBody(LedgerError):
         self.code = code
 
 
-def _refuse(parser_context: Mapping[str, Any] | None, message: str, path: list[str | int] | None = None,
-            **details: Any) -> BadBody:
+def _refuse(
+    parser_context: Mapping[str, Any] | None, message: str, path: list[str | int] | None = None, **details: Any
+) -> BadBody:
     view = (parser_context or {}).get("view")
     code = getattr(view, "invalid_body_code", "invalid_request")
     if path is not None:
@@ -127,8 +128,7 @@ class JsonParser(JSONParser):
     string holding a NUL character (`BadBody`, with the view's validation code).
     """
 
-    def parse(self, stream: Any, media_type: str | None = None,
-              parser_context: Mapping[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         body = stream.read()
         utf8 = str((parser_context or {}).get("encoding", "utf-8")).lower() in _UTF8
         if utf8 and _LONG_DIGIT_RUN not in body.translate(_DIGITS_AS_ZEROS):
@@ -149,8 +149,11 @@ class JsonParser(JSONParser):
 
     @staticmethod
     def _too_deep(parser_context: Mapping[str, Any] | None) -> BadBody:
-        return _refuse(parser_context, f"JSON may nest arrays and objects at most {MAX_JSON_DEPTH} levels deep",
-                       limit=MAX_JSON_DEPTH)
+        return _refuse(
+            parser_context,
+            f"JSON may nest arrays and objects at most {MAX_JSON_DEPTH} levels deep",
+            limit=MAX_JSON_DEPTH,
+        )
 
     def _stdlib(self, body: bytes, media_type: str | None, parser_context: Mapping[str, Any] | None) -> Any:
         try:
@@ -186,7 +189,12 @@ class JsonRenderer(JSONRenderer):
             rendered: bytes = super().render(data, accepted_media_type, renderer_context)
         except UnicodeEncodeError:
             indent = self.get_indent(accepted_media_type or "", renderer_context or {})
-            rendered = json.dumps(data, cls=self.encoder_class, indent=indent, ensure_ascii=True,
-                                  allow_nan=not self.strict,
-                                  separators=INDENT_SEPARATORS if indent else SHORT_SEPARATORS).encode()
+            rendered = json.dumps(
+                data,
+                cls=self.encoder_class,
+                indent=indent,
+                ensure_ascii=True,
+                allow_nan=not self.strict,
+                separators=INDENT_SEPARATORS if indent else SHORT_SEPARATORS,
+            ).encode()
         return rendered

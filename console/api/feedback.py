@@ -8,12 +8,11 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.replay.feedback import MAX_COMMENT
-from ledger.reads import serialize
-from ledger.replay.feedback import record_feedback
 from ledger.models import ApiKey
+from ledger.reads import serialize
+from ledger.replay.feedback import MAX_COMMENT, record_feedback
 
-from .base import ApiView, run_for, WrittenText
+from .base import ApiView, WrittenText, run_for
 from .schema import RUN_ID, WORKSPACE, FeedbackSerializer, error_responses
 
 
@@ -28,12 +27,17 @@ class RunFeedbackView(ApiView):
         operation_id="create_run_feedback",
         summary="Rate a run (any member session, or a key with scope ingest)",
         description="Listed in the run's evidence as `feedback`. Invalid fields are 400 `invalid_request` "
-                    "with `details.fields` naming each.",
+        "with `details.fields` naming each.",
         parameters=[RUN_ID, WORKSPACE],
         request=InputSerializer,
-        responses={201: FeedbackSerializer, **error_responses(
-            e400=["invalid_run_id", "invalid_json", "invalid_request"], e403=["insufficient_scope"],
-            e404=["not_found"])},
+        responses={
+            201: FeedbackSerializer,
+            **error_responses(
+                e400=["invalid_run_id", "invalid_json", "invalid_request"],
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+            ),
+        },
     )
     def post(self, request: Request, run_id: str) -> Response:
         # Any member may rate (viewer and up); a key needs ingest, since it writes.
@@ -42,8 +46,12 @@ class RunFeedbackView(ApiView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         feedback = record_feedback(
-            run=run, rating=data.validated_data["rating"], category=data.validated_data.get("category", ""),
-            comment=data.validated_data.get("comment", ""), author=caller.user, api_key=caller.api_key,
+            run=run,
+            rating=data.validated_data["rating"],
+            category=data.validated_data.get("category", ""),
+            comment=data.validated_data.get("comment", ""),
+            author=caller.user,
+            api_key=caller.api_key,
         )
         return Response(serialize.feedback(feedback, run.run_id), status=201)
 

@@ -16,12 +16,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.replay import gateway
 from ledger.log.prepare import validate_run_id
 from ledger.models import ToolGatewayClaim
+from ledger.replay import gateway
 
-from .base import WrittenText
 from .auth import access_for
+from .base import WrittenText
 from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, FullMatchField, error_responses
 
@@ -45,8 +45,9 @@ def _errors(**codes: list[str]) -> dict[int, OpenApiResponse]:
 
 
 def _fencing() -> serializers.CharField:
-    return serializers.CharField(required=False, max_length=40,
-                                 help_text="the run's fencing token; needed only while the run is leased")
+    return serializers.CharField(
+        required=False, max_length=40, help_text="the run's fencing token; needed only while the run is leased"
+    )
 
 
 # How a tool call ended: one enum in the schema (ToolCallOutcomeEnum) for every field that says it.
@@ -85,11 +86,19 @@ class ClaimView(APIView):
         args = _any_json()
         idempotencyKey = serializers.CharField(required=False, max_length=200)
         effect = serializers.ChoiceField(choices=ToolGatewayClaim.Effect.values)
-        timeoutS = serializers.FloatField(required=False, min_value=0.001, max_value=MAX_TIMEOUT_S,
-                                          help_text="the lease is max(60 s, timeoutS + 10 s)")
+        timeoutS = serializers.FloatField(
+            required=False,
+            min_value=0.001,
+            max_value=MAX_TIMEOUT_S,
+            help_text="the lease is max(60 s, timeoutS + 10 s)",
+        )
         owner = serializers.CharField(max_length=200, help_text="the worker that will run the call")
-        caller = serializers.CharField(required=False, max_length=50, default="gateway",
-                                       help_text="recorded as `caller` in harness.tool_call.started")
+        caller = serializers.CharField(
+            required=False,
+            max_length=50,
+            default="gateway",
+            help_text="recorded as `caller` in harness.tool_call.started",
+        )
         turn = serializers.IntegerField(required=False)
         stepPath = serializers.CharField(required=False, max_length=500)
         fencingToken = _fencing()
@@ -97,23 +106,37 @@ class ClaimView(APIView):
     @extend_schema_serializer(component_name="ToolCallClaimed")
     class ClaimedSerializer(serializers.Serializer):
         status = serializers.CharField(default="claimed")
-        callId = serializers.CharField(source="call_id", help_text="the call claimed (by key, it may be an earlier callId)")
+        callId = serializers.CharField(
+            source="call_id", help_text="the call claimed (by key, it may be an earlier callId)"
+        )
         leaseToken = serializers.CharField(source="lease_token")
         leaseExpiresAt = serializers.DateTimeField(source="lease_expires_at")
         attempt = serializers.IntegerField()
 
     @extend_schema(
-        operation_id="claim_tool_call", parameters=[RUN_ID, WORKSPACE], request=InputSerializer,
+        operation_id="claim_tool_call",
+        parameters=[RUN_ID, WORKSPACE],
+        request=InputSerializer,
         responses={
             201: ClaimedSerializer,
-            200: OpenApiResponse(FinishedSerializer, description="a finished call with the same identity: "
-                                 "its recorded outcome, `idempotentReplay: true`; nothing ran, nothing was appended"),
-            **_errors(e409=["tool_call_in_progress (a live lease of another owner)", "tool_call_in_doubt",
-                            "idempotency_conflict (same key or callId, other tool or args)", "fenced",
-                            "run_finished"]),
+            200: OpenApiResponse(
+                FinishedSerializer,
+                description="a finished call with the same identity: "
+                "its recorded outcome, `idempotentReplay: true`; nothing ran, nothing was appended",
+            ),
+            **_errors(
+                e409=[
+                    "tool_call_in_progress (a live lease of another owner)",
+                    "tool_call_in_doubt",
+                    "idempotency_conflict (same key or callId, other tool or args)",
+                    "fenced",
+                    "run_finished",
+                ]
+            ),
         },
         description="Claim before running the tool. The lease is 60 s, or timeoutS + 10 s when that is longer. A lease that expired before `outbound` may be claimed again (attempt + 1); one that expired after it makes the call in doubt (harness.tool_call.in_doubt), never retried automatically. The lease holder repeating its claim gets its live lease back. With an idempotencyKey, the key names the call even under another callId.",
-        summary="Claim a tool call under a lease", tags=["tool gateway"],
+        summary="Claim a tool call under a lease",
+        tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
@@ -122,9 +145,18 @@ class ClaimView(APIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         answer = gateway.claim_tool_call(
-            workspace=caller.workspace, run_id=run_id, call_id=v["callId"], tool_name=v["toolName"],
-            args=v["args"], effect=v["effect"], owner=v["owner"], idempotency_key=v.get("idempotencyKey"),
-            timeout_s=v.get("timeoutS"), caller=v["caller"], turn=v.get("turn"), step_path=v.get("stepPath"),
+            workspace=caller.workspace,
+            run_id=run_id,
+            call_id=v["callId"],
+            tool_name=v["toolName"],
+            args=v["args"],
+            effect=v["effect"],
+            owner=v["owner"],
+            idempotency_key=v.get("idempotencyKey"),
+            timeout_s=v.get("timeoutS"),
+            caller=v["caller"],
+            turn=v.get("turn"),
+            step_path=v.get("stepPath"),
             fencing_token=v.get("fencingToken"),
         )
         if isinstance(answer, gateway.Finished):
@@ -150,14 +182,20 @@ class OutboundView(APIView):
         leaseExpiresAt = serializers.DateTimeField(source="lease_expires_at")
 
     @extend_schema(
-        operation_id="mark_tool_call_outbound", parameters=[RUN_ID, CALL_ID, WORKSPACE], request=InputSerializer,
+        operation_id="mark_tool_call_outbound",
+        parameters=[RUN_ID, CALL_ID, WORKSPACE],
+        request=InputSerializer,
         responses={
-            200: OpenApiResponse(OutputSerializer, description="stamped (a repeat keeps the first stamp); "
-                                 "from now on an expired lease makes the call in doubt"),
+            200: OpenApiResponse(
+                OutputSerializer,
+                description="stamped (a repeat keeps the first stamp); "
+                "from now on an expired lease makes the call in doubt",
+            ),
             **_errors(e409=["lease_lost (the lease expired or belongs to another claim; details.status)"]),
         },
         description="Call just before the request leaves. No event is written: the stamp decides what an expired lease means (re-claimable before it, in doubt after it).",
-        summary="Mark that the tool request is about to leave", tags=["tool gateway"],
+        summary="Mark that the tool request is about to leave",
+        tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str, call_id: str) -> Response:
         validate_run_id(run_id)
@@ -165,8 +203,11 @@ class OutboundView(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         answer = gateway.mark_outbound(
-            workspace=caller.workspace, run_id=run_id, call_id=call_id,
-            lease_token=data.validated_data["leaseToken"], fencing_token=data.validated_data.get("fencingToken"),
+            workspace=caller.workspace,
+            run_id=run_id,
+            call_id=call_id,
+            lease_token=data.validated_data["leaseToken"],
+            fencing_token=data.validated_data.get("fencingToken"),
         )
         return Response(self.OutputSerializer(answer).data)
 
@@ -188,15 +229,21 @@ class CompleteView(APIView):
             return attrs
 
     @extend_schema(
-        operation_id="complete_tool_call", parameters=[RUN_ID, CALL_ID, WORKSPACE], request=InputSerializer,
+        operation_id="complete_tool_call",
+        parameters=[RUN_ID, CALL_ID, WORKSPACE],
+        request=InputSerializer,
         responses={
-            200: OpenApiResponse(FinishedSerializer, description="recorded, with harness.tool_call.succeeded|failed "
-                                 "in the same transaction; the holder repeating the same complete gets "
-                                 "`idempotentReplay: true`. Results over 8 KiB are kept as artifacts."),
+            200: OpenApiResponse(
+                FinishedSerializer,
+                description="recorded, with harness.tool_call.succeeded|failed "
+                "in the same transaction; the holder repeating the same complete gets "
+                "`idempotentReplay: true`. Results over 8 KiB are kept as artifacts.",
+            ),
             **_errors(e409=["lease_lost (stale or foreign lease; details.status: the call's status now)"]),
         },
         description="Send exactly one of result or error with the live lease token; harness.tool_call.succeeded|failed {callId, result|error, durationMs, attempt} is appended in the same transaction.",
-        summary="Complete a claimed tool call with its result or error", tags=["tool gateway"],
+        summary="Complete a claimed tool call with its result or error",
+        tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str, call_id: str) -> Response:
         validate_run_id(run_id)
@@ -206,8 +253,13 @@ class CompleteView(APIView):
         v = data.validated_data
         outcome = "result" if "result" in v else "error"
         answer = gateway.complete_tool_call(
-            workspace=caller.workspace, run_id=run_id, call_id=call_id, lease_token=v["leaseToken"],
-            outcome=outcome, value=v[outcome], fencing_token=v.get("fencingToken"),
+            workspace=caller.workspace,
+            run_id=run_id,
+            call_id=call_id,
+            lease_token=v["leaseToken"],
+            outcome=outcome,
+            value=v[outcome],
+            fencing_token=v.get("fencingToken"),
         )
         return Response(FinishedSerializer(answer).data)
 
@@ -231,15 +283,22 @@ class ReconcileView(APIView):
             return attrs
 
     @extend_schema(
-        operation_id="reconcile_tool_call", parameters=[RUN_ID, CALL_ID, WORKSPACE], request=InputSerializer,
+        operation_id="reconcile_tool_call",
+        parameters=[RUN_ID, CALL_ID, WORKSPACE],
+        request=InputSerializer,
         responses={
             200: OpenApiResponse(FinishedSerializer, description="settled; harness.tool_call.reconciled written"),
-            **_errors(e403=["insufficient_scope", "forbidden (an operator or above in a console session only; "
-                            "API keys are refused)"],
-                      e409=["tool_call_not_in_doubt (details.status)", "fenced"]),
+            **_errors(
+                e403=[
+                    "insufficient_scope",
+                    "forbidden (an operator or above in a console session only; API keys are refused)",
+                ],
+                e409=["tool_call_not_in_doubt (details.status)", "fenced"],
+            ),
         },
         description="An operator (console session; API keys are refused) settles a call in doubt; harness.tool_call.reconciled {callId, outcome, result|error, note, by} is appended. Later claims with the same key replay this outcome.",
-        summary="Reconcile a tool call in doubt (operator session)", tags=["tool gateway"],
+        summary="Reconcile a tool call in doubt (operator session)",
+        tags=["tool gateway"],
     )
     def post(self, request: Request, run_id: str, call_id: str) -> Response:
         validate_run_id(run_id)
@@ -249,8 +308,13 @@ class ReconcileView(APIView):
         v = data.validated_data
         field = "result" if v["outcome"] == "succeeded" else "error"
         answer = gateway.reconcile_tool_call(
-            workspace=caller.workspace, run_id=run_id, call_id=call_id, outcome=v["outcome"],
-            value=v.get(field), note=v["note"], by=caller.user.get_username(),
+            workspace=caller.workspace,
+            run_id=run_id,
+            call_id=call_id,
+            outcome=v["outcome"],
+            value=v.get(field),
+            note=v["note"],
+            by=caller.user.get_username(),
             fencing_token=v.get("fencingToken"),
         )
         return Response(FinishedSerializer(answer).data)
@@ -285,9 +349,28 @@ class ToolCallRowSerializer(serializers.ModelSerializer):
     class Meta:
         model = ToolGatewayClaim
         fields = [
-            "callId", "toolName", "args", "idempotencyKey", "effect", "timeoutS", "owner", "status", "attempt",
-            "leaseExpiresAt", "claimedAt", "outboundAt", "finishedAt", "durationMs", "result", "error",
-            "resultRef", "errorRef", "reconciledBy", "reconcileNote", "createdAt", "updatedAt",
+            "callId",
+            "toolName",
+            "args",
+            "idempotencyKey",
+            "effect",
+            "timeoutS",
+            "owner",
+            "status",
+            "attempt",
+            "leaseExpiresAt",
+            "claimedAt",
+            "outboundAt",
+            "finishedAt",
+            "durationMs",
+            "result",
+            "error",
+            "resultRef",
+            "errorRef",
+            "reconciledBy",
+            "reconcileNote",
+            "createdAt",
+            "updatedAt",
         ]
 
     def _ref(self, row: ToolGatewayClaim, status: str) -> str | None:
@@ -309,14 +392,21 @@ class ListView(APIView):
     @extend_schema(
         operation_id="list_tool_calls",
         parameters=[
-            RUN_ID, WORKSPACE, LIMIT, CURSOR,
-            OpenApiParameter("status", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
-                             enum=ToolGatewayClaim.Status.values),
+            RUN_ID,
+            WORKSPACE,
+            LIMIT,
+            CURSOR,
+            OpenApiParameter(
+                "status", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False, enum=ToolGatewayClaim.Status.values
+            ),
         ],
-        responses={200: ListSerializer, **_errors(e400=[*COMMON_ERRORS["e400"], "invalid_parameter",
-                                                        "invalid_cursor"])},
+        responses={
+            200: ListSerializer,
+            **_errors(e400=[*COMMON_ERRORS["e400"], "invalid_parameter", "invalid_cursor"]),
+        },
         description="Control rows with cursor pagination (`?limit=`, `?cursor=`). Lease tokens are never listed.",
-        summary="The run's tool gateway control rows, in claim order", tags=["tool gateway"],
+        summary="The run's tool gateway control rows, in claim order",
+        tags=["tool gateway"],
     )
     def get(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
@@ -326,8 +416,9 @@ class ListView(APIView):
         after = row_cursor(request, "after")
         status = request.query_params.get("status") or None
         if status is not None and status not in ToolGatewayClaim.Status.values:
-            raise InvalidParameter(f"status must be one of {', '.join(ToolGatewayClaim.Status.values)}",
-                                   parameter="status")
+            raise InvalidParameter(
+                f"status must be one of {', '.join(ToolGatewayClaim.Status.values)}", parameter="status"
+            )
         rows = gateway.tool_call_rows(run, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]

@@ -9,7 +9,6 @@ is a 4xx with our error body (API.md), which OTLP exporters do not retry; the lo
 from __future__ import annotations
 
 import zlib
-from typing import Any
 
 from django.http import HttpResponse
 from django.urls import path
@@ -39,8 +38,9 @@ def _decompressed(body: bytes, encoding: str) -> bytes:
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
-        raise UnsupportedOtlp(f"Content-Encoding {encoding!r} is not supported: gzip, deflate or none",
-                              field="Content-Encoding")
+        raise UnsupportedOtlp(
+            f"Content-Encoding {encoding!r} is not supported: gzip, deflate or none", field="Content-Encoding"
+        )
     inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
         out = inflater.decompress(body, MAX_BODY_BYTES + 1)
@@ -74,18 +74,37 @@ class OtlpTracesView(ApiView):
             "an export request is 400 `invalid_otlp` and nothing is written. See docs/otlp.md for the mapping."
         ),
         request={PROTOBUF: OpenApiTypes.BINARY, JSON: OpenApiTypes.OBJECT},
-        parameters=[OpenApiParameter("Content-Encoding", OpenApiTypes.STR, OpenApiParameter.HEADER,
-                                     enum=["gzip", "deflate", "identity"])],
+        parameters=[
+            OpenApiParameter(
+                "Content-Encoding", OpenApiTypes.STR, OpenApiParameter.HEADER, enum=["gzip", "deflate", "identity"]
+            )
+        ],
         responses={
-            (200, JSON): OpenApiResponse(OpenApiTypes.OBJECT, description=(
-                "ExportTraceServiceResponse: `{}`, or `{\"partialSuccess\": {\"rejectedSpans\": \"2\", "
-                "\"errorMessage\": \"…\"}}`"), examples=[OpenApiExample("some spans refused", value={
-                    "partialSuccess": {"rejectedSpans": "1",
-                                       "errorMessage": "span 3 ('chat'): spanId must be 8 bytes, not all zero"}})]),
+            (200, JSON): OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description=(
+                    'ExportTraceServiceResponse: `{}`, or `{"partialSuccess": {"rejectedSpans": "2", '
+                    '"errorMessage": "…"}}`'
+                ),
+                examples=[
+                    OpenApiExample(
+                        "some spans refused",
+                        value={
+                            "partialSuccess": {
+                                "rejectedSpans": "1",
+                                "errorMessage": "span 3 ('chat'): spanId must be 8 bytes, not all zero",
+                            }
+                        },
+                    )
+                ],
+            ),
             (200, PROTOBUF): OpenApiResponse(OpenApiTypes.BINARY, description="ExportTraceServiceResponse (protobuf)"),
-            **error_responses(e400=["invalid_otlp (details: field)"], e403=["insufficient_scope", "forbidden"],
-                              e413=["payload_too_large (also once decompressed)"],
-                              e415=["unsupported_media_type (details: field: Content-Type or Content-Encoding)"]),
+            **error_responses(
+                e400=["invalid_otlp (details: field)"],
+                e403=["insufficient_scope", "forbidden"],
+                e413=["payload_too_large (also once decompressed)"],
+                e415=["unsupported_media_type (details: field: Content-Type or Content-Encoding)"],
+            ),
         },
     )
     def post(self, request: Request) -> HttpResponse:
@@ -118,8 +137,10 @@ class RunOtlpView(ApiView):
             "audit log as `run.otlp_exported`."
         ),
         parameters=[RUN_ID, WORKSPACE],
-        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="ExportTraceServiceRequest (OTLP/JSON)"),
-                   **error_responses(e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"])},
+        responses={
+            200: OpenApiResponse(OpenApiTypes.OBJECT, description="ExportTraceServiceRequest (OTLP/JSON)"),
+            **error_responses(e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"]),
+        },
     )
     def get(self, request: Request, run_id: str) -> Response:
         caller, run = run_for(request, run_id, "read")

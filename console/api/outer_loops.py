@@ -21,8 +21,13 @@ from .auth import access_for
 from .base import ApiView
 from .schema import WORKSPACE, UsageSerializer, enum, error_responses
 
-OUTER_LOOP = OpenApiParameter("outer_loop_id", OpenApiTypes.STR, OpenApiParameter.PATH, pattern=OUTER_LOOP_ID.pattern,
-                              description="outerLoopId; anything else is 400 `invalid_outer_loop`")
+OUTER_LOOP = OpenApiParameter(
+    "outer_loop_id",
+    OpenApiTypes.STR,
+    OpenApiParameter.PATH,
+    pattern=OUTER_LOOP_ID.pattern,
+    description="outerLoopId; anything else is 400 `invalid_outer_loop`",
+)
 
 
 class GoalSerializer(serializers.Serializer):
@@ -73,11 +78,18 @@ class OuterLoopSerializer(serializers.Serializer):
 
 class OuterLoopView(ApiView):
     @extend_schema(
-        operation_id="get_outer_loop", summary="An outer loop: goal, cycles, verdicts, usage summed (scope read)",
+        operation_id="get_outer_loop",
+        summary="An outer loop: goal, cycles, verdicts, usage summed (scope read)",
         parameters=[OUTER_LOOP, WORKSPACE],
-        responses={200: OuterLoopSerializer, **error_responses(
-            e400=["invalid_outer_loop"], e403=["insufficient_scope"], e404=["not_found"],
-            e409=["outer_loop_manifest_corrupt"])},
+        responses={
+            200: OuterLoopSerializer,
+            **error_responses(
+                e400=["invalid_outer_loop"],
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+                e409=["outer_loop_manifest_corrupt"],
+            ),
+        },
     )
     def get(self, request: Request, outer_loop_id: str) -> Response:
         check_outer_loop_id(outer_loop_id)
@@ -88,8 +100,10 @@ class OuterLoopView(ApiView):
         assert caller.run is not None
         ws = caller.run.workspace
         body: dict[str, Any] = read_loop(ws, outer_loop_id, caller.run).to_json()
-        body["links"] = {"console": f"/w/{ws.tenant.slug}/{ws.slug}/loops/{outer_loop_id}/",
-                         "record": f"/api/v1/runs/{caller.run.run_id}"}
+        body["links"] = {
+            "console": f"/w/{ws.tenant.slug}/{ws.slug}/loops/{outer_loop_id}/",
+            "record": f"/api/v1/runs/{caller.run.run_id}",
+        }
         return Response(body)
 
 

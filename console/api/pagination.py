@@ -25,8 +25,7 @@ class InvalidParameter(LedgerError):
     code = "invalid_parameter"
 
 
-def int_param(request: Request, name: str, default: int, *, minimum: int = 0,
-              maximum: int = limits.MAX_ROW_ID) -> int:
+def int_param(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = limits.MAX_ROW_ID) -> int:
     """An integer query parameter; at most a bigint unless less is asked (the database's
     integers are 64-bit: a larger one would overflow in the query, not be "not found")."""
     raw = request.query_params.get(name)
@@ -100,6 +99,6 @@ def date_param(request: Request, name: str, default: date) -> date:
 
 
 def _bad_date(name: str) -> date:
-    raise InvalidParameter(f"{name} must be a date YYYY-MM-DD from {limits.FIRST_DAY} to {limits.LAST_DAY}",
-                           parameter=name)
-
+    raise InvalidParameter(
+        f"{name} must be a date YYYY-MM-DD from {limits.FIRST_DAY} to {limits.LAST_DAY}", parameter=name
+    )

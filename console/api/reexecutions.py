@@ -17,15 +17,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.reads import reexecutions, selectors
-from ledger.log.prepare import validate_run_id
 from ledger.errors import Conflict, NotFound
-from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, within
+from ledger.log.prepare import validate_run_id
 from ledger.models import ApiKey, ReexecutionRequest, Workspace
+from ledger.reads import reexecutions, selectors
 from ledger.reexecution import execution, services
+from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, within
 
-from .base import WrittenText
 from .auth import access_for, principal
+from .base import WrittenText
 from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
 from .schema import RUN_ID, WORKSPACE, choice, enum, error_responses
 
@@ -59,13 +59,18 @@ class ReexecutionSerializer(serializers.Serializer):
     runId = serializers.CharField(help_text="the original run")
     mode = enum(Mode.values)
     fromStep = _nullable_str(help_text="fork only: the first step that runs live")
-    input = serializers.JSONField(required=False, allow_null=True,
-                                  help_text="present only when the request overrides the input (null is an override)")
+    input = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text="present only when the request overrides the input (null is an override)",
+    )
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), help_text="slot -> {provider, model}")
     reason = serializers.CharField()
     requestedBy = serializers.CharField(help_text="a username, or key:<prefix> for an API key")
     status = enum(Status.values)
-    digest = serializers.CharField(help_text="sha256 of canonical {mode, fromStep, input?, modelOverrides, lastSequence, planDigest}: what an approval binds to")
+    digest = serializers.CharField(
+        help_text="sha256 of canonical {mode, fromStep, input?, modelOverrides, lastSequence, planDigest}: what an approval binds to"
+    )
     lastSequence = serializers.IntegerField(help_text="the run's last sequence when requested")
     planDigest = serializers.CharField(help_text="digest of the run's replay plan when requested")
     approver = _nullable_str(help_text="who approved or denied")
@@ -73,7 +78,9 @@ class ReexecutionSerializer(serializers.Serializer):
     decidedAt = serializers.DateTimeField(allow_null=True)
     expiresAt = serializers.DateTimeField(help_text="a pending request expires then (approval_expired)")
     newRunId = _nullable_str(help_text="reserved at approval: run_<id> for a new run, the original's id for resume")
-    executor = _nullable_str(help_text="null until approved; builtin: this deployment's worker; external: a harness claims it")
+    executor = _nullable_str(
+        help_text="null until approved; builtin: this deployment's worker; external: a harness claims it"
+    )
     batchId = _nullable_str(help_text="set for the requests of an evaluate batch (one approval decides them all)")
     attempts = serializers.IntegerField(help_text="how many times an executor took it (more than 1 after a recovery)")
     error = serializers.JSONField(allow_null=True, help_text="why it failed")
@@ -83,8 +90,11 @@ class ReexecutionSerializer(serializers.Serializer):
 
 
 class ReexecutionDetailSerializer(ReexecutionSerializer):
-    plan = serializers.JSONField(allow_null=True, help_text="null once the original run was pruned; else the replay plan for this mode: reused and live steps, liveWriteTools "
-                                 "(every live write tool call the plan may make)")
+    plan = serializers.JSONField(
+        allow_null=True,
+        help_text="null once the original run was pruned; else the replay plan for this mode: reused and live steps, liveWriteTools "
+        "(every live write tool call the plan may make)",
+    )
 
 
 class ReexecutionListSerializer(serializers.Serializer):
@@ -95,10 +105,12 @@ class ReexecutionListSerializer(serializers.Serializer):
 class RequestInputSerializer(serializers.Serializer):
     mode = choice(Mode.values)
     fromStep = serializers.CharField(required=False, max_length=500, help_text="required for fork, refused otherwise")
-    input = serializers.JSONField(required=False, allow_null=True,
-                                  help_text="fork only: the new run's input; absent keeps the original's")
-    modelOverrides = serializers.DictField(child=ModelTargetSerializer(), required=False,
-                                           help_text="evaluate, fork, rerun: slot -> {provider, model}")
+    input = serializers.JSONField(
+        required=False, allow_null=True, help_text="fork only: the new run's input; absent keeps the original's"
+    )
+    modelOverrides = serializers.DictField(
+        child=ModelTargetSerializer(), required=False, help_text="evaluate, fork, rerun: slot -> {provider, model}"
+    )
     reason = WrittenText()
 
 
@@ -111,7 +123,9 @@ class DecisionSerializer(serializers.Serializer):
 
 
 class ClaimInputSerializer(serializers.Serializer):
-    owner = serializers.CharField(required=False, max_length=200, help_text="the executor's own name, for the audit log")
+    owner = serializers.CharField(
+        required=False, max_length=200, help_text="the executor's own name, for the audit log"
+    )
 
 
 class ClaimedSerializer(serializers.Serializer):
@@ -131,8 +145,9 @@ class LeaseSerializer(serializers.Serializer):
 
 
 class BatchInputSerializer(serializers.Serializer):
-    runIds = serializers.ListField(child=serializers.CharField(max_length=84), min_length=1,
-                                   max_length=services.MAX_BATCH_RUNS)
+    runIds = serializers.ListField(
+        child=serializers.CharField(max_length=84), min_length=1, max_length=services.MAX_BATCH_RUNS
+    )
     mode = choice(Mode.values, default=Mode.EVALUATE, help_text="evaluate (the only mode a batch takes)")
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), required=False)
     reason = WrittenText()
@@ -152,8 +167,7 @@ BATCH_ID = OpenApiParameter("batch_id", OpenApiTypes.STR, OpenApiParameter.PATH,
 
 
 def _visible_workspaces(request: Request, scope: str) -> list[Workspace]:
-    return visible_workspaces(principal(request), workspace=request.query_params.get("workspace") or None,
-                              scope=scope)
+    return visible_workspaces(principal(request), workspace=request.query_params.get("workspace") or None, scope=scope)
 
 
 def _find(request: Request, public_id: str, scope: str, role: str | None = None) -> tuple[Access, ReexecutionRequest]:
@@ -174,8 +188,13 @@ def _detail(found: ReexecutionRequest) -> dict[str, Any]:
 
     plan = None
     if selectors.find_run(found.workspace, found.original_run_id) is not None:  # not pruned since
-        plan = mode_plan(workspace=found.workspace, run_id=found.original_run_id, mode=found.mode,
-                         from_step=found.from_step, model_overrides=found.model_overrides or None)
+        plan = mode_plan(
+            workspace=found.workspace,
+            run_id=found.original_run_id,
+            mode=found.mode,
+            from_step=found.from_step,
+            model_overrides=found.model_overrides or None,
+        )
     return {**reexecutions.as_dict(found), "plan": plan}
 
 
@@ -184,13 +203,22 @@ def _detail(found: ReexecutionRequest) -> dict[str, Any]:
 
 class RunReexecutionsView(APIView):
     @extend_schema(
-        operation_id="request_reexecution", parameters=[RUN_ID, WORKSPACE], request=RequestInputSerializer,
-        responses={201: ReexecutionSerializer, **error_responses(
-            e400=["invalid_run_id", "invalid_request", "workspace_required"],
-            e403=["insufficient_scope", "forbidden"], e404=["not_found"], e409=["run_finished"])},
-        summary="Request a re-execution of a run (operator session, or key with execute)", tags=TAGS,
+        operation_id="request_reexecution",
+        parameters=[RUN_ID, WORKSPACE],
+        request=RequestInputSerializer,
+        responses={
+            201: ReexecutionSerializer,
+            **error_responses(
+                e400=["invalid_run_id", "invalid_request", "workspace_required"],
+                e403=["insufficient_scope", "forbidden"],
+                e404=["not_found"],
+                e409=["run_finished"],
+            ),
+        },
+        summary="Request a re-execution of a run (operator session, or key with execute)",
+        tags=TAGS,
         description="simulate starts `approved` and is queued at once; every other mode waits for an approver "
-                    "(pending_approval, expires after RUNLEDGER_APPROVAL_TTL_HOURS, default 24 h).",
+        "(pending_approval, expires after RUNLEDGER_APPROVAL_TTL_HOURS, default 24 h).",
     )
     def post(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
@@ -199,18 +227,30 @@ class RunReexecutionsView(APIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         made = services.request_reexecution(
-            workspace=caller.workspace, run_id=run_id, mode=v["mode"], reason=v["reason"], by=_principal(caller),
-            from_step=v.get("fromStep"), input=v["input"] if "input" in v else services.NOT_GIVEN,
-            model_overrides=v.get("modelOverrides"))
+            workspace=caller.workspace,
+            run_id=run_id,
+            mode=v["mode"],
+            reason=v["reason"],
+            by=_principal(caller),
+            from_step=v.get("fromStep"),
+            input=v["input"] if "input" in v else services.NOT_GIVEN,
+            model_overrides=v.get("modelOverrides"),
+        )
         return Response(reexecutions.as_dict(made), status=201)
 
     @extend_schema(
-        operation_id="list_run_reexecutions", parameters=[RUN_ID, WORKSPACE],
-        responses={200: ReexecutionListSerializer, **error_responses(
-            e400=["invalid_run_id", "workspace_required"], e403=["insufficient_scope"], e404=["not_found"])},
-        summary="The run's re-execution requests, oldest first (scope read)", tags=TAGS,
+        operation_id="list_run_reexecutions",
+        parameters=[RUN_ID, WORKSPACE],
+        responses={
+            200: ReexecutionListSerializer,
+            **error_responses(
+                e400=["invalid_run_id", "workspace_required"], e403=["insufficient_scope"], e404=["not_found"]
+            ),
+        },
+        summary="The run's re-execution requests, oldest first (scope read)",
+        tags=TAGS,
         description="Every request made of this run, and the one that made it when it is a re-execution's new run. "
-                    "One page: a run has few requests; `next` is always null.",
+        "One page: a run has few requests; `next` is always null.",
     )
     def get(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
@@ -226,16 +266,26 @@ class ReexecutionListView(APIView):
     @extend_schema(
         operation_id="list_reexecutions",
         parameters=[
-            OpenApiParameter("status", OpenApiTypes.STR, enum=Status.values,
-                             description="e.g. pending_approval: what approvers have to decide"),
+            OpenApiParameter(
+                "status",
+                OpenApiTypes.STR,
+                enum=Status.values,
+                description="e.g. pending_approval: what approvers have to decide",
+            ),
             OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500"),
             OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page"),
             WORKSPACE,
         ],
-        responses={200: ReexecutionListSerializer, **error_responses(
-            e400=["invalid_parameter", "invalid_cursor", "workspace_required"], e403=["insufficient_scope"],
-            e404=["not_found"])},
-        summary="Re-execution requests of the workspace, oldest first (scope read)", tags=TAGS,
+        responses={
+            200: ReexecutionListSerializer,
+            **error_responses(
+                e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+            ),
+        },
+        summary="Re-execution requests of the workspace, oldest first (scope read)",
+        tags=TAGS,
     )
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
@@ -247,16 +297,24 @@ class ReexecutionListView(APIView):
         rows = reexecutions.page(caller.workspace, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]
-        return Response({"reexecutions": [reexecutions.as_dict(r) for r in rows],
-                         "next": encode_cursor({"after": rows[-1].pk}) if more else None})
+        return Response(
+            {
+                "reexecutions": [reexecutions.as_dict(r) for r in rows],
+                "next": encode_cursor({"after": rows[-1].pk}) if more else None,
+            }
+        )
 
 
 class ReexecutionView(APIView):
     @extend_schema(
-        operation_id="get_reexecution", parameters=[RX_ID, WORKSPACE],
-        responses={200: ReexecutionDetailSerializer, **error_responses(
-            e403=["insufficient_scope"], e404=["not_found"])},
-        summary="A re-execution request: status, new run id, approver, note, digest, plan (scope read)", tags=TAGS,
+        operation_id="get_reexecution",
+        parameters=[RX_ID, WORKSPACE],
+        responses={
+            200: ReexecutionDetailSerializer,
+            **error_responses(e403=["insufficient_scope"], e404=["not_found"]),
+        },
+        summary="A re-execution request: status, new run id, approver, note, digest, plan (scope read)",
+        tags=TAGS,
     )
     def get(self, request: Request, reexecution_id: str) -> Response:
         _, found = _find(request, reexecution_id, "read")
@@ -270,26 +328,33 @@ class _DecisionView(APIView):
         caller, found = _find(request, reexecution_id, "execute", role="approver")
         data = DecisionInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        decided = type(self).decide(workspace=found.workspace, reexecution_id=found.public_id, by=caller.user,
-                                    note=data.validated_data["note"])
+        decided = type(self).decide(
+            workspace=found.workspace, reexecution_id=found.public_id, by=caller.user, note=data.validated_data["note"]
+        )
         return Response({"reexecutions": [reexecutions.as_dict(r) for r in decided]})
 
 
 _DECISION_ERRORS = error_responses(
-    e400=["invalid_request"], e403=["forbidden", "self_approval_forbidden", "insufficient_scope"],
-    e404=["not_found"], e409=["approval_expired", "plan_changed", "reexecution_not_pending"])
+    e400=["invalid_request"],
+    e403=["forbidden", "self_approval_forbidden", "insufficient_scope"],
+    e404=["not_found"],
+    e409=["approval_expired", "plan_changed", "reexecution_not_pending"],
+)
 
 
 class ApproveView(_DecisionView):
     decide = staticmethod(services.approve)
 
     @extend_schema(
-        operation_id="approve_reexecution", parameters=[RX_ID, WORKSPACE], request=DecisionInputSerializer,
+        operation_id="approve_reexecution",
+        parameters=[RX_ID, WORKSPACE],
+        request=DecisionInputSerializer,
         responses={200: DecisionSerializer, **_DECISION_ERRORS},
-        summary="Approve a request (approver or admin session, not the requester)", tags=TAGS,
+        summary="Approve a request (approver or admin session, not the requester)",
+        tags=TAGS,
         description="Binds to the request's digest: 409 plan_changed when the run's log or replay plan moved since; "
-                    "409 approval_expired past expiresAt (the request is then expired). API keys: 403. For a "
-                    "request of an evaluate batch, approves the whole batch.",
+        "409 approval_expired past expiresAt (the request is then expired). API keys: 403. For a "
+        "request of an evaluate batch, approves the whole batch.",
     )
     def post(self, request: Request, reexecution_id: str) -> Response:
         return super().post(request, reexecution_id)
@@ -299,9 +364,12 @@ class DenyView(_DecisionView):
     decide = staticmethod(services.deny)
 
     @extend_schema(
-        operation_id="deny_reexecution", parameters=[RX_ID, WORKSPACE], request=DecisionInputSerializer,
+        operation_id="deny_reexecution",
+        parameters=[RX_ID, WORKSPACE],
+        request=DecisionInputSerializer,
         responses={200: DecisionSerializer, **_DECISION_ERRORS},
-        summary="Deny a request with a note (approver or admin session)", tags=TAGS,
+        summary="Deny a request with a note (approver or admin session)",
+        tags=TAGS,
         description="For a request of an evaluate batch, denies the whole batch. API keys: 403.",
     )
     def post(self, request: Request, reexecution_id: str) -> Response:
@@ -310,17 +378,21 @@ class DenyView(_DecisionView):
 
 class ClaimView(APIView):
     @extend_schema(
-        operation_id="claim_reexecution", request=ClaimInputSerializer,
-        responses={200: ClaimedSerializer,
-                   204: OpenApiResponse(description="nothing to claim"),
-                   **error_responses(e400=["invalid_request"], e403=["insufficient_scope", "forbidden"])},
-        summary="An external executor takes the next approved request (key with execute)", tags=TAGS,
+        operation_id="claim_reexecution",
+        request=ClaimInputSerializer,
+        responses={
+            200: ClaimedSerializer,
+            204: OpenApiResponse(description="nothing to claim"),
+            **error_responses(e400=["invalid_request"], e403=["insufficient_scope", "forbidden"]),
+        },
+        summary="An external executor takes the next approved request (key with execute)",
+        tags=TAGS,
         description="Hands out, oldest approval first, an approved request of the key's workspace whose workflow "
-                    "this deployment does not execute itself (executor external), or one whose previous claimant's "
-                    "lease ran out — it continues the same newRunId. The request becomes running under a lease "
-                    "(RUNLEDGER_REEXEC_LEASE_SECONDS); renew it with POST /api/v1/reexecutions/{id}/lease. Append "
-                    "the new run to newRunId through POST /api/v1/runs/{runId}/events; its RunCompleted or "
-                    "RunFailed settles the request (succeeded or failed).",
+        "this deployment does not execute itself (executor external), or one whose previous claimant's "
+        "lease ran out — it continues the same newRunId. The request becomes running under a lease "
+        "(RUNLEDGER_REEXEC_LEASE_SECONDS); renew it with POST /api/v1/reexecutions/{id}/lease. Append "
+        "the new run to newRunId through POST /api/v1/runs/{runId}/events; its RunCompleted or "
+        "RunFailed settles the request (succeeded or failed).",
     )
     def post(self, request: Request) -> Response:
         if not isinstance(request.auth, ApiKey):
@@ -331,18 +403,33 @@ class ClaimView(APIView):
         claimed = execution.claim_next(api_key=request.auth, owner=data.validated_data.get("owner", ""))
         if claimed is None:
             return Response(status=204)
-        return Response({"request": reexecutions.as_dict(claimed), "newRunId": claimed.new_run_id,
-                         "leaseToken": claimed.lease_token,
-                         "leaseExpiresAt": claimed.lease_expires_at.isoformat().replace("+00:00", "Z")})  # type: ignore[union-attr]  # a taken lease always has its expiry
+        return Response(
+            {
+                "request": reexecutions.as_dict(claimed),
+                "newRunId": claimed.new_run_id,
+                "leaseToken": claimed.lease_token,
+                # a taken lease always has its expiry
+                "leaseExpiresAt": claimed.lease_expires_at.isoformat().replace("+00:00", "Z"),  # type: ignore[union-attr]
+            }
+        )
 
 
 class LeaseView(APIView):
     @extend_schema(
-        operation_id="renew_reexecution_lease", parameters=[RX_ID], request=LeaseInputSerializer,
-        responses={200: LeaseSerializer, **error_responses(
-            e400=["invalid_request"], e403=["insufficient_scope", "forbidden"], e404=["not_found"],
-            e409=["lease_lost"])},
-        summary="The claimant renews its lease on a request (key with execute)", tags=TAGS,
+        operation_id="renew_reexecution_lease",
+        parameters=[RX_ID],
+        request=LeaseInputSerializer,
+        responses={
+            200: LeaseSerializer,
+            **error_responses(
+                e400=["invalid_request"],
+                e403=["insufficient_scope", "forbidden"],
+                e404=["not_found"],
+                e409=["lease_lost"],
+            ),
+        },
+        summary="The claimant renews its lease on a request (key with execute)",
+        tags=TAGS,
     )
     def post(self, request: Request, reexecution_id: str) -> Response:
         if not isinstance(request.auth, ApiKey):
@@ -350,49 +437,76 @@ class LeaseView(APIView):
         caller, found = _find(request, reexecution_id, "execute")
         data = LeaseInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        renewed = execution.renew_lease(workspace=caller.workspace, reexecution_id=found.public_id,
-                                       lease_token=data.validated_data["leaseToken"])
-        return Response({"id": renewed.public_id,
-                         "leaseExpiresAt": renewed.lease_expires_at.isoformat().replace("+00:00", "Z")})  # type: ignore[union-attr]  # a taken lease always has its expiry
+        renewed = execution.renew_lease(
+            workspace=caller.workspace, reexecution_id=found.public_id, lease_token=data.validated_data["leaseToken"]
+        )
+        expires = renewed.lease_expires_at
+        assert expires is not None  # a taken lease always has its expiry
+        return Response({"id": renewed.public_id, "leaseExpiresAt": expires.isoformat().replace("+00:00", "Z")})
 
 
 class DivergenceView(APIView):
     @extend_schema(
-        operation_id="reexecution_divergence", parameters=[RX_ID, WORKSPACE],
-        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="the step-by-step comparison of the original "
-                                        "and the new run, computed from both logs"),
-                   **error_responses(e403=["insufficient_scope"], e404=["not_found"], e409=["not_started"])},
-        summary="How the new run differs from the original, step by step (scope read)", tags=TAGS,
+        operation_id="reexecution_divergence",
+        parameters=[RX_ID, WORKSPACE],
+        responses={
+            200: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="the step-by-step comparison of the original and the new run, computed from both logs",
+            ),
+            **error_responses(e403=["insufficient_scope"], e404=["not_found"], e409=["not_started"]),
+        },
+        summary="How the new run differs from the original, step by step (scope read)",
+        tags=TAGS,
     )
     def get(self, request: Request, reexecution_id: str) -> Response:
         _, found = _find(request, reexecution_id, "read")
         if not found.new_run_id or selectors.find_run(found.workspace, found.new_run_id) is None:
-            raise NotStarted(f"re-execution {found.public_id} has no new run yet ({found.status})",
-                             reexecutionId=found.public_id, status=found.status)
+            raise NotStarted(
+                f"re-execution {found.public_id} has no new run yet ({found.status})",
+                reexecutionId=found.public_id,
+                status=found.status,
+            )
         from ledger.replay.divergence import divergence_report  # built with the runtime's re-execution
 
-        return Response(divergence_report(workspace=found.workspace, original_run_id=found.original_run_id,
-                                          new_run_id=found.new_run_id))
+        return Response(
+            divergence_report(
+                workspace=found.workspace, original_run_id=found.original_run_id, new_run_id=found.new_run_id
+            )
+        )
 
 
 class BatchesView(APIView):
     @extend_schema(
-        operation_id="request_evaluate_batch", parameters=[WORKSPACE], request=BatchInputSerializer,
-        responses={201: BatchSerializer, **error_responses(
-            e400=["invalid_request", "workspace_required"], e403=["insufficient_scope", "forbidden"],
-            e404=["not_found"])},
-        summary="Request an evaluate over many runs: one approval for the batch", tags=TAGS,
+        operation_id="request_evaluate_batch",
+        parameters=[WORKSPACE],
+        request=BatchInputSerializer,
+        responses={
+            201: BatchSerializer,
+            **error_responses(
+                e400=["invalid_request", "workspace_required"],
+                e403=["insufficient_scope", "forbidden"],
+                e404=["not_found"],
+            ),
+        },
+        summary="Request an evaluate over many runs: one approval for the batch",
+        tags=TAGS,
         description="One evaluate request per run, sharing a batchId; approving or denying any of them (or the "
-                    "batch) decides them all, and plan_changed on any run refuses the whole approval.",
+        "batch) decides them all, and plan_changed on any run refuses the whole approval.",
     )
     def post(self, request: Request) -> Response:
         caller = access_for(request, "execute")
         data = BatchInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        batch_id, made = services.request_batch(workspace=caller.workspace, run_ids=v["runIds"], reason=v["reason"],
-                                                by=_principal(caller), mode=v["mode"],
-                                                model_overrides=v.get("modelOverrides"))
+        batch_id, made = services.request_batch(
+            workspace=caller.workspace,
+            run_ids=v["runIds"],
+            reason=v["reason"],
+            by=_principal(caller),
+            mode=v["mode"],
+            model_overrides=v.get("modelOverrides"),
+        )
         return Response(_batch(batch_id, made), status=201)
 
 
@@ -402,9 +516,11 @@ def _batch(batch_id: str, made: list[ReexecutionRequest]) -> dict[str, Any]:
 
 class BatchView(APIView):
     @extend_schema(
-        operation_id="get_evaluate_batch", parameters=[BATCH_ID, WORKSPACE],
+        operation_id="get_evaluate_batch",
+        parameters=[BATCH_ID, WORKSPACE],
         responses={200: BatchSerializer, **error_responses(e403=["insufficient_scope"], e404=["not_found"])},
-        summary="An evaluate batch and its requests (scope read)", tags=TAGS,
+        summary="An evaluate batch and its requests (scope read)",
+        tags=TAGS,
     )
     def get(self, request: Request, batch_id: str) -> Response:
         for workspace in _visible_workspaces(request, "read"):

@@ -10,8 +10,8 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.reads import selectors, serialize
 from ledger.models import RunStatus, Workspace
+from ledger.reads import selectors, serialize
 
 from .auth import access_for
 from .base import ApiView, run_for
@@ -39,30 +39,48 @@ class RunListView(ApiView):
             OpenApiParameter("status", OpenApiTypes.STR, enum=list(RunStatus.values)),
             OpenApiParameter("workflow", OpenApiTypes.STR, description="exact workflowVersionId"),
             OpenApiParameter("parentRunId", OpenApiTypes.STR, description="exact parent run id"),
-            OpenApiParameter("q", OpenApiTypes.STR, description="case-insensitive substring of run id, workflow or label"),
-            LIMIT, CURSOR, WORKSPACE,
+            OpenApiParameter(
+                "q", OpenApiTypes.STR, description="case-insensitive substring of run id, workflow or label"
+            ),
+            LIMIT,
+            CURSOR,
+            WORKSPACE,
         ],
-        responses={200: RunListSerializer, **error_responses(
-            e400=["invalid_parameter", "invalid_cursor", "workspace_required"], e403=["insufficient_scope"],
-            e404=["not_found"])},
+        responses={
+            200: RunListSerializer,
+            **error_responses(
+                e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+            ),
+        },
     )
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
         status = request.query_params.get("status") or None
         if status is not None and status not in RunStatus.values:
             raise InvalidParameter(f"status must be one of {', '.join(RunStatus.values)}", parameter="status")
-        return Response(_runs_page(
-            request, caller.workspace, status=status, workflow=request.query_params.get("workflow") or None,
-            parent_run_id=request.query_params.get("parentRunId") or None, q=request.query_params.get("q") or None,
-        ))
+        return Response(
+            _runs_page(
+                request,
+                caller.workspace,
+                status=status,
+                workflow=request.query_params.get("workflow") or None,
+                parent_run_id=request.query_params.get("parentRunId") or None,
+                q=request.query_params.get("q") or None,
+            )
+        )
 
 
 class RunDetailView(ApiView):
     @extend_schema(
-        operation_id="get_run", summary="The run, materialized from its log (scope read)",
+        operation_id="get_run",
+        summary="The run, materialized from its log (scope read)",
         parameters=[RUN_ID, WORKSPACE],
-        responses={200: RunSerializer, **error_responses(
-            e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"])},
+        responses={
+            200: RunSerializer,
+            **error_responses(e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"]),
+        },
     )
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")
@@ -72,11 +90,17 @@ class RunDetailView(ApiView):
 
 class RunChildrenView(ApiView):
     @extend_schema(
-        operation_id="list_run_children", summary="Direct sub-runs, newest first (scope read)",
+        operation_id="list_run_children",
+        summary="Direct sub-runs, newest first (scope read)",
         parameters=[RUN_ID, LIMIT, CURSOR, WORKSPACE],
-        responses={200: RunListSerializer, **error_responses(
-            e400=["invalid_run_id", "invalid_parameter", "invalid_cursor"], e403=["insufficient_scope"],
-            e404=["not_found"])},
+        responses={
+            200: RunListSerializer,
+            **error_responses(
+                e400=["invalid_run_id", "invalid_parameter", "invalid_cursor"],
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+            ),
+        },
     )
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")

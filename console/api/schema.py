@@ -47,10 +47,17 @@ class ErrorSerializer(serializers.Serializer):
 
 
 STATUS_TEXT = {
-    400: "Bad request", 401: "No or unknown credentials", 403: "Authenticated but not allowed",
-    404: "Not found, or not in the caller's workspace (never 403)", 406: "Not acceptable",
-    409: "Conflict with the run's state", 410: "Gone", 413: "Request body over 10 MiB", 415: "Unsupported media type",
-    429: "Too many at once", 500: "Server-side failure",
+    400: "Bad request",
+    401: "No or unknown credentials",
+    403: "Authenticated but not allowed",
+    404: "Not found, or not in the caller's workspace (never 403)",
+    406: "Not acceptable",
+    409: "Conflict with the run's state",
+    410: "Gone",
+    413: "Request body over 10 MiB",
+    415: "Unsupported media type",
+    429: "Too many at once",
+    500: "Server-side failure",
 }
 
 
@@ -72,15 +79,19 @@ def _error_descriptions(codes: dict[str, str | list[str]]) -> dict[int, str]:
 
 def error_responses(**codes: str | list[str]) -> dict[int, OpenApiResponse]:
     """The error responses of a DRF view, for `@extend_schema(responses=…)`."""
-    return {status: OpenApiResponse(ErrorSerializer, description=description)
-            for status, description in _error_descriptions(codes).items()}
+    return {
+        status: OpenApiResponse(ErrorSerializer, description=description)
+        for status, description in _error_descriptions(codes).items()
+    }
 
 
 def error_response_objects(**codes: str | list[str]) -> dict[str, dict[str, Any]]:
     """The same error responses as plain OpenAPI, for views described by a postprocessing hook."""
     schema = {"$ref": "#/components/schemas/Error"}
-    return {str(status): {"description": description, "content": {"application/json": {"schema": schema}}}
-            for status, description in _error_descriptions(codes).items()}
+    return {
+        str(status): {"description": description, "content": {"application/json": {"schema": schema}}}
+        for status, description in _error_descriptions(codes).items()
+    }
 
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
@@ -105,8 +116,8 @@ class ConsoleSessionScheme(OpenApiAuthenticationExtension):
             "in": "cookie",
             "name": "sessionid",
             "description": "The console's login session; unsafe methods also need the `X-CSRFToken` header "
-                           "(value of the `csrftoken` cookie). Members with several workspaces pass "
-                           "`?workspace=TENANT/WORKSPACE`.",
+            "(value of the `csrftoken` cookie). Members with several workspaces pass "
+            "`?workspace=TENANT/WORKSPACE`.",
         }
 
 
@@ -138,7 +149,9 @@ class UsageSerializer(serializers.Serializer):
     outputTokens = serializers.IntegerField()
     cachedInputTokens = serializers.IntegerField(help_text="part of inputTokens")
     reasoningTokens = serializers.IntegerField(help_text="part of outputTokens")
-    costUsd = serializers.FloatField(allow_null=True, help_text="null only when every call is unpriced; 0 means no model calls")
+    costUsd = serializers.FloatField(
+        allow_null=True, help_text="null only when every call is unpriced; 0 means no model calls"
+    )
     pricedCalls = serializers.IntegerField()
     unpricedCalls = serializers.IntegerField()
 
@@ -154,7 +167,9 @@ class RunSerializer(serializers.Serializer):
     workflowVersionId = serializers.CharField(allow_null=True)
     status = enum(list(RunStatus.values))
     parentRunId = serializers.CharField(allow_null=True)
-    rootRunId = serializers.CharField(allow_null=True, help_text="top of the parent chain; null for a run without parent")
+    rootRunId = serializers.CharField(
+        allow_null=True, help_text="top of the parent chain; null for a run without parent"
+    )
     startedAt = serializers.DateTimeField(allow_null=True)
     finishedAt = serializers.DateTimeField(allow_null=True)
     input = serializers.JSONField(allow_null=True)
@@ -190,7 +205,9 @@ class AppendedEnvelopeSerializer(EnvelopeSerializer):
 class EventsPageSerializer(serializers.Serializer):
     events = EnvelopeSerializer(many=True)
     lastSequence = serializers.IntegerField(help_text="the run's last sequence now")
-    next = serializers.IntegerField(allow_null=True, help_text="the `after` of the next page; null when this page reaches lastSequence")
+    next = serializers.IntegerField(
+        allow_null=True, help_text="the `after` of the next page; null when this page reaches lastSequence"
+    )
 
 
 class StepSerializer(serializers.Serializer):
@@ -252,14 +269,20 @@ class ArtifactSerializer(serializers.Serializer):
 
 
 class EvidenceArtifactSerializer(serializers.Serializer):
-    artifactId = serializers.CharField(help_text="art_<sha256>, the id GET /api/v1/artifacts/{artifactId} serves; "
-                                                 "for a missing ref, the id the ref names")
-    sha256 = serializers.CharField(allow_null=True, help_text="null for a missing ref of an imported Little "
-                                                              "Workflow log (its name does not hold the hash)")
+    artifactId = serializers.CharField(
+        help_text="art_<sha256>, the id GET /api/v1/artifacts/{artifactId} serves; "
+        "for a missing ref, the id the ref names"
+    )
+    sha256 = serializers.CharField(
+        allow_null=True,
+        help_text="null for a missing ref of an imported Little Workflow log (its name does not hold the hash)",
+    )
     size = serializers.IntegerField(allow_null=True, help_text="null when the artifact is missing")
     contentType = serializers.CharField(allow_null=True)
-    ref = serializers.CharField(help_text="as the log references it: artifact://art_<sha256>, or an imported "
-                                          "Little Workflow log's artifact://art_<16 hex>")
+    ref = serializers.CharField(
+        help_text="as the log references it: artifact://art_<sha256>, or an imported "
+        "Little Workflow log's artifact://art_<16 hex>"
+    )
     verified = serializers.BooleanField(help_text="its bytes were re-hashed now and match")
 
 
@@ -291,7 +314,9 @@ class IntegritySerializer(serializers.Serializer):
 
 class ReplayReadySerializer(serializers.Serializer):
     status = serializers.CharField(help_text="pass | fail")
-    missing = serializers.ListField(child=serializers.CharField(), help_text="what a replay would lack, e.g. tool:<callId>:result")
+    missing = serializers.ListField(
+        child=serializers.CharField(), help_text="what a replay would lack, e.g. tool:<callId>:result"
+    )
 
 
 class EvidenceSerializer(serializers.Serializer):
@@ -300,7 +325,10 @@ class EvidenceSerializer(serializers.Serializer):
     toolCalls = ToolCallSerializer(many=True)
     artifacts = EvidenceArtifactSerializer(many=True, help_text="every artifact the log references")
     costs = CostSerializer(many=True, help_text="one per answered model call, in sequence order")
-    approvals = serializers.ListField(child=serializers.JSONField(), help_text="the run's re-execution requests (asked of it, or the one that made it), each with its decision; shaped like GET /api/v1/reexecutions/{id} without plan, plus relation: of_this_run | made_this_run")
+    approvals = serializers.ListField(
+        child=serializers.JSONField(),
+        help_text="the run's re-execution requests (asked of it, or the one that made it), each with its decision; shaped like GET /api/v1/reexecutions/{id} without plan, plus relation: of_this_run | made_this_run",
+    )
     feedback = FeedbackSerializer(many=True)
     subRuns = RunSerializer(many=True, help_text="direct sub-runs, oldest first")
     usage = UsageSerializer()
@@ -342,7 +370,10 @@ class ReplayPlanSerializer(serializers.Serializer):
 
 
 class UsageRowSerializer(UsageSerializer):
-    key = serializers.CharField(allow_null=True, help_text="day YYYY-MM-DD, provider/modelId, workflowVersionId (null: none) or tenant/workspace")
+    key = serializers.CharField(
+        allow_null=True,
+        help_text="day YYYY-MM-DD, provider/modelId, workflowVersionId (null: none) or tenant/workspace",
+    )
 
 
 class UsageReportSerializer(serializers.Serializer):
@@ -351,10 +382,20 @@ class UsageReportSerializer(serializers.Serializer):
     next = serializers.CharField(allow_null=True)
 
 
-RUN_ID = OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, pattern=RUN_ID_RE.pattern,
-                          description="runId; anything else is 400 `invalid_run_id`")
-WORKSPACE = OpenApiParameter("workspace", OpenApiTypes.STR, description=(
-    "console sessions only: TENANT/WORKSPACE, needed when the member has several workspaces and "
-    "nothing else (the run, the request) decides; ignored for API keys"))
+RUN_ID = OpenApiParameter(
+    "run_id",
+    OpenApiTypes.STR,
+    OpenApiParameter.PATH,
+    pattern=RUN_ID_RE.pattern,
+    description="runId; anything else is 400 `invalid_run_id`",
+)
+WORKSPACE = OpenApiParameter(
+    "workspace",
+    OpenApiTypes.STR,
+    description=(
+        "console sessions only: TENANT/WORKSPACE, needed when the member has several workspaces and "
+        "nothing else (the run, the request) decides; ignored for API keys"
+    ),
+)
 LIMIT = OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500")
 CURSOR = OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page")

@@ -14,9 +14,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ledger.models import ApiKey, Run
 from ledger.tenancy import sharing
 from ledger.tenancy.access import Access, visible_workspaces, within
-from ledger.models import ApiKey, Run
 
 from .auth import access_for, principal
 from .base import ApiView, run_for
@@ -48,10 +48,16 @@ class ShareLinkListSerializer(serializers.Serializer):
 
 class CreateInputSerializer(serializers.Serializer):
     expiresInHours = serializers.IntegerField(min_value=1, max_value=sharing.MAX_EXPIRY_HOURS)
-    includeSubRuns = serializers.BooleanField(required=False, default=False,
-                                              help_text="sub-runs (any depth) are shown under the same link")
-    maxOpens = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=sharing.MAX_OPENS,
-                                        help_text="the link answers 410 once opened this many times")
+    includeSubRuns = serializers.BooleanField(
+        required=False, default=False, help_text="sub-runs (any depth) are shown under the same link"
+    )
+    maxOpens = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=sharing.MAX_OPENS,
+        help_text="the link answers 410 once opened this many times",
+    )
 
 
 class CreatedSerializer(serializers.Serializer):
@@ -65,34 +71,62 @@ LINK_ID = OpenApiParameter("link_id", OpenApiTypes.STR, OpenApiParameter.PATH, d
 
 class RunShareLinksView(ApiView):
     @extend_schema(
-        operation_id="create_share_link", parameters=[RUN_ID, WORKSPACE], request=CreateInputSerializer,
-        responses={201: CreatedSerializer, **error_responses(
-            e400=["invalid_run_id", "invalid_json", "invalid_request (details.fields names each)", "workspace_required"],
-            e403=["forbidden (below operator, or an API key)"], e404=["not_found"])},
-        summary="Create a share link to a run (operator session)", tags=TAGS,
+        operation_id="create_share_link",
+        parameters=[RUN_ID, WORKSPACE],
+        request=CreateInputSerializer,
+        responses={
+            201: CreatedSerializer,
+            **error_responses(
+                e400=[
+                    "invalid_run_id",
+                    "invalid_json",
+                    "invalid_request (details.fields names each)",
+                    "workspace_required",
+                ],
+                e403=["forbidden (below operator, or an API key)"],
+                e404=["not_found"],
+            ),
+        },
+        summary="Create a share link to a run (operator session)",
+        tags=TAGS,
         description="`GET /s/{token}/` is then the read-only evidence page, no login, and "
-                    "`/s/{token}/evidence.json` the evidence bundle. Audited as `share_link.created`; "
-                    "every open as `share_link.opened`.",
+        "`/s/{token}/evidence.json` the evidence bundle. Audited as `share_link.created`; "
+        "every open as `share_link.opened`.",
     )
     def post(self, request: Request, run_id: str) -> Response:
         caller, run = _operator_run(request, run_id)
         data = CreateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        link, token = sharing.create_link(workspace=caller.workspace, run=run, by=caller.user,
-                                          expires_in_hours=v["expiresInHours"],
-                                          include_sub_runs=v["includeSubRuns"], max_opens=v.get("maxOpens"))
+        link, token = sharing.create_link(
+            workspace=caller.workspace,
+            run=run,
+            by=caller.user,
+            expires_in_hours=v["expiresInHours"],
+            include_sub_runs=v["includeSubRuns"],
+            max_opens=v.get("maxOpens"),
+        )
         url = request.build_absolute_uri(sharing.share_path(token))
-        return Response({"id": link.public_id, "url": url, "expiresAt": sharing.as_dict(link)["expiresAt"]},
-                        status=201)
+        return Response({"id": link.public_id, "url": url, "expiresAt": sharing.as_dict(link)["expiresAt"]}, status=201)
 
     @extend_schema(
-        operation_id="list_share_links", parameters=[RUN_ID, WORKSPACE, OpenApiParameter(
-            "limit", OpenApiTypes.INT, description="1..500, default 50"), OpenApiParameter("cursor", OpenApiTypes.STR)],
-        responses={200: ShareLinkListSerializer, **error_responses(
-            e400=["invalid_run_id", "invalid_parameter", "invalid_cursor", "workspace_required"],
-            e403=["forbidden (below operator, or an API key)"], e404=["not_found"])},
-        summary="A run's share links, newest first, never their tokens (operator session)", tags=TAGS,
+        operation_id="list_share_links",
+        parameters=[
+            RUN_ID,
+            WORKSPACE,
+            OpenApiParameter("limit", OpenApiTypes.INT, description="1..500, default 50"),
+            OpenApiParameter("cursor", OpenApiTypes.STR),
+        ],
+        responses={
+            200: ShareLinkListSerializer,
+            **error_responses(
+                e400=["invalid_run_id", "invalid_parameter", "invalid_cursor", "workspace_required"],
+                e403=["forbidden (below operator, or an API key)"],
+                e404=["not_found"],
+            ),
+        },
+        summary="A run's share links, newest first, never their tokens (operator session)",
+        tags=TAGS,
     )
     def get(self, request: Request, run_id: str) -> Response:
         caller, run = _operator_run(request, run_id)
@@ -104,27 +138,37 @@ class RunShareLinksView(ApiView):
             if not isinstance(before, int) or isinstance(before, bool):
                 raise InvalidCursor("cursor is not one this API gave out")
             qs = qs.filter(pk__lt=before)
-        links = list(qs[:limit + 1])
+        links = list(qs[: limit + 1])
         more = len(links) > limit
         links = links[:limit]
-        return Response({"shareLinks": [sharing.as_dict(link) for link in links],
-                         "next": encode_cursor({"before": links[-1].pk}) if more else None})
+        return Response(
+            {
+                "shareLinks": [sharing.as_dict(link) for link in links],
+                "next": encode_cursor({"before": links[-1].pk}) if more else None,
+            }
+        )
 
 
 class ShareLinkView(ApiView):
     @extend_schema(
-        operation_id="revoke_share_link", parameters=[LINK_ID, WORKSPACE], request=None,
-        responses={200: ShareLinkSerializer, **error_responses(
-            e403=["forbidden (below operator, or an API key)"], e404=["not_found"])},
-        summary="Revoke a share link at once (operator session); idempotent", tags=TAGS,
+        operation_id="revoke_share_link",
+        parameters=[LINK_ID, WORKSPACE],
+        request=None,
+        responses={
+            200: ShareLinkSerializer,
+            **error_responses(e403=["forbidden (below operator, or an API key)"], e404=["not_found"]),
+        },
+        summary="Revoke a share link at once (operator session); idempotent",
+        tags=TAGS,
         description="The link answers 410 from then on. Audited as `share_link.revoked` (the first time).",
     )
     def delete(self, request: Request, link_id: str) -> Response:
         if isinstance(request.auth, ApiKey):
             access_for(request, "read", role="operator")  # a key holds no role: 403
         who = principal(request)
-        link = sharing.get_link(visible_workspaces(who, workspace=request.query_params.get("workspace") or None),
-                                link_id)
+        link = sharing.get_link(
+            visible_workspaces(who, workspace=request.query_params.get("workspace") or None), link_id
+        )
         caller = within(who, link.workspace, role="operator")
         return Response(sharing.as_dict(sharing.revoke_link(link, by=caller.user)))
 

@@ -40,11 +40,11 @@ from rest_framework.exceptions import APIException, NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from ledger.log.prepare import validate_run_id
 from ledger.errors import LedgerError
-from ledger.replay.follow import Follower
 from ledger.limits import MAX_ROW_ID
+from ledger.log.prepare import validate_run_id
 from ledger.models import Run
+from ledger.replay.follow import Follower
 
 from ..streams import Grant, Slot, grant_for, max_per_caller, still_allowed, take_slot
 from .auth import access_for, principal
@@ -170,9 +170,11 @@ async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
         return _error_response(exc)
     slot = take_slot(opened.caller)
     if slot is None:
-        return _error_response(TooManyStreams(
-            f"this caller already holds {max_per_caller()} open streams; close one first",
-            limit=max_per_caller()))
+        return _error_response(
+            TooManyStreams(
+                f"this caller already holds {max_per_caller()} open streams; close one first", limit=max_per_caller()
+            )
+        )
     # The slot goes back when the stream ends (the generator's finally), or, should the response
     # never be iterated (the client left first), when the generator holding it is collected.
     response = StreamingHttpResponse(_event_stream(opened, slot), content_type="text/event-stream")
@@ -196,7 +198,7 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
                 "`id: <sequence>` / `event: ledger.event` / `data: <envelope JSON>`, then live events, with "
                 "no gap and no duplicate. N is the `Last-Event-ID` header when present (an EventSource "
                 "reconnect), else `?after=`, else 0. A `: keepalive` comment at least every 15 s. When the "
-                "run is completed or failed and everything is sent: `event: end` / `data: {\"status\": ...}` "
+                'run is completed or failed and everything is sent: `event: end` / `data: {"status": ...}` '
                 "(without an id), and the stream closes. The caller's credentials are checked again at least "
                 "every keepalive: a revoked key, a logged-out session or a removed member ends the stream "
                 "(without `end`). One caller (a key, or a user) holds at most LEDGER_STREAM_MAX_PER_CALLER "
@@ -205,22 +207,39 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
             "tags": ["runs"],
             "parameters": [
                 {"name": "runId", "in": "path", "required": True, "schema": {"type": "string"}},
-                {"name": "after", "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 0, "default": 0},
-                 "description": "Start after this sequence (ignored when Last-Event-ID is sent)."},
-                {"name": "Last-Event-ID", "in": "header", "required": False,
-                 "schema": {"type": "integer", "minimum": 0},
-                 "description": "The id of the last event received; wins over ?after=."},
-                {"name": "workspace", "in": "query", "required": False, "schema": {"type": "string"},
-                 "description": "TENANT/WORKSPACE, for a console session that sees several."},
+                {
+                    "name": "after",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "default": 0},
+                    "description": "Start after this sequence (ignored when Last-Event-ID is sent).",
+                },
+                {
+                    "name": "Last-Event-ID",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 0},
+                    "description": "The id of the last event received; wins over ?after=.",
+                },
+                {
+                    "name": "workspace",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "TENANT/WORKSPACE, for a console session that sees several.",
+                },
             ],
             "responses": {
-                "200": {"description": "The event stream",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                "200": {
+                    "description": "The event stream",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
                 **error_response_objects(
                     e400=["invalid_run_id", "invalid_parameter (after, Last-Event-ID)"],
-                    e403=["insufficient_scope"], e404=["not_found (also a run of another workspace)"],
-                    e429=["too_many_streams"]),
+                    e403=["insufficient_scope"],
+                    e404=["not_found (also a run of another workspace)"],
+                    e429=["too_many_streams"],
+                ),
             },
         }
     }

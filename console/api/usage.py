@@ -15,9 +15,9 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.tenancy.access import tenant_admin
 from ledger.limits import FIRST_DAY
 from ledger.reads.usage import GROUPINGS, usage_page, usage_rows
+from ledger.tenancy.access import tenant_admin
 
 from .auth import access_for, principal
 from .base import ApiView
@@ -26,9 +26,16 @@ from .fastjson import JsonRenderer
 from .pagination import InvalidParameter, date_param, encode_cursor, limit_param, row_cursor
 from .schema import CURSOR, LIMIT, WORKSPACE, UsageReportSerializer, error_responses
 
-
-CSV_COLUMNS = ["key", "inputTokens", "outputTokens", "cachedInputTokens", "reasoningTokens", "costUsd",
-               "pricedCalls", "unpricedCalls"]
+CSV_COLUMNS = [
+    "key",
+    "inputTokens",
+    "outputTokens",
+    "cachedInputTokens",
+    "reasoningTokens",
+    "costUsd",
+    "pricedCalls",
+    "unpricedCalls",
+]
 
 
 class CsvRenderer(BaseRenderer):
@@ -77,19 +84,30 @@ class UsageView(ApiView):
         ),
         parameters=[
             OpenApiParameter("from", OpenApiTypes.DATE, description="first day, YYYY-MM-DD"),
-            OpenApiParameter("to", OpenApiTypes.DATE, description="last day (inclusive), YYYY-MM-DD; default today (UTC)"),
-            OpenApiParameter("groupBy", OpenApiTypes.STR, enum=list(GROUPINGS),
-                             description="default day; week and month are additions to API.md's four"),
+            OpenApiParameter(
+                "to", OpenApiTypes.DATE, description="last day (inclusive), YYYY-MM-DD; default today (UTC)"
+            ),
+            OpenApiParameter(
+                "groupBy",
+                OpenApiTypes.STR,
+                enum=list(GROUPINGS),
+                description="default day; week and month are additions to API.md's four",
+            ),
             OpenApiParameter("scope", OpenApiTypes.STR, enum=["workspace", "tenant"], description="default workspace"),
             OpenApiParameter("tenant", OpenApiTypes.STR, description="with scope=tenant: which tenant"),
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
-            LIMIT, CURSOR, WORKSPACE,
+            LIMIT,
+            CURSOR,
+            WORKSPACE,
         ],
         responses={
             (200, "application/json"): UsageReportSerializer,
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="the rows as CSV"),
-            **error_responses(e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
-                              e403=["insufficient_scope", "forbidden"], e404=["not_found"]),
+            **error_responses(
+                e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
+                e403=["insufficient_scope", "forbidden"],
+                e404=["not_found"],
+            ),
         },
     )
     def get(self, request: Request) -> Response:
@@ -113,16 +131,19 @@ class UsageView(ApiView):
         if request.accepted_renderer.format == CsvRenderer.format:
             rows, _ = usage_rows(group_by=group_by, start=start, end=end, **where)
             filename = f"usage-{start}-{end}-{group_by}.csv"
-            return Response([r.to_json() for r in rows],
-                            headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+            return Response(
+                [r.to_json() for r in rows], headers={"Content-Disposition": f'attachment; filename="{filename}"'}
+            )
         limit = limit_param(request)
         offset = row_cursor(request, "o")
         page, total, more = usage_page(group_by=group_by, start=start, end=end, offset=offset, limit=limit, **where)
-        return Response({
-            "rows": [r.to_json() for r in page],
-            "total": {k: v for k, v in total.to_json().items() if k != "key"},
-            "next": encode_cursor({"o": offset + limit}) if more else None,
-        })
+        return Response(
+            {
+                "rows": [r.to_json() for r in page],
+                "total": {k: v for k, v in total.to_json().items() if k != "key"},
+                "next": encode_cursor({"o": offset + limit}) if more else None,
+            }
+        )
 
 
 urlpatterns = [

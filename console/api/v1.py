@@ -5,8 +5,22 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, include, path
 
-RESOURCES = ["stream", "runs", "events", "evidence", "feedback", "artifacts", "usage", "gateway", "reexecutions",
-             "audit", "share_links", "otlp",
-             "exports", "outer_loops", "run_control"]
+RESOURCES = [
+    "stream",
+    "runs",
+    "events",
+    "evidence",
+    "feedback",
+    "artifacts",
+    "usage",
+    "gateway",
+    "reexecutions",
+    "audit",
+    "share_links",
+    "otlp",
+    "exports",
+    "outer_loops",
+    "run_control",
+]
 
 urlpatterns: list[URLPattern | URLResolver] = [path("", include(f"console.api.{name}")) for name in RESOURCES]

@@ -58,15 +58,23 @@ class ReexecutionsConsumer(WorkspaceFeed):
             counts = await database_sync_to_async(_counts)(self.workspace)
             if counts != self.counts:
                 self.counts = counts
-                await self.send_json({"type": "reexecution", "id": None, "status": None,
-                                      "pending": counts["pending_approval"]})
+                await self.send_json(
+                    {"type": "reexecution", "id": None, "status": None, "pending": counts["pending_approval"]}
+                )
 
     async def ledger_reexecution_changed(self, message: dict[str, Any]) -> None:
         assert self.workspace is not None
         self.counts = await database_sync_to_async(_counts)(self.workspace)
-        await self.send_json({"type": "reexecution", "id": message["reexecutionId"], "status": message["status"],
-                              "runId": message["runId"], "newRunId": message.get("newRunId"),
-                              "pending": self.counts["pending_approval"]})
+        await self.send_json(
+            {
+                "type": "reexecution",
+                "id": message["reexecutionId"],
+                "status": message["status"],
+                "runId": message["runId"],
+                "newRunId": message.get("newRunId"),
+                "pending": self.counts["pending_approval"],
+            }
+        )
 
 
 websocket_urlpatterns = [

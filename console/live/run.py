@@ -29,12 +29,12 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from django.urls import path
 
-from ledger.tenancy import access
-from ledger.replay import follow
-from ledger.tenancy.access import Access
 from ledger.errors import LedgerError
 from ledger.limits import MAX_ROW_ID
 from ledger.models import Run
+from ledger.replay import follow
+from ledger.tenancy import access
+from ledger.tenancy.access import Access
 
 from ..rows import event_row, render_event_row
 from .watch import WatchedConsumer
@@ -56,8 +56,13 @@ def _find_run(user: Any, run_id: str, workspace: str | None) -> Access | None:
 def _row(envelope: dict[str, Any], run: Run) -> str:
     """The event's whole message, as JSON text: made once per shared read (ledger.replay.follow), sent as
     it is to every subscriber of the run here."""
-    return json.dumps({"type": "event", "sequence": envelope["sequence"],
-                       "html": render_event_row(event_row(envelope, run.workspace))})
+    return json.dumps(
+        {
+            "type": "event",
+            "sequence": envelope["sequence"],
+            "html": render_event_row(event_row(envelope, run.workspace)),
+        }
+    )
 
 
 def feeds_here() -> dict[int, follow.RunFeed]:

@@ -12,8 +12,8 @@ from channels.db import database_sync_to_async
 from django.urls import path
 
 from ledger.log import announce
-from ledger.reads import selectors
 from ledger.models import Workspace
+from ledger.reads import selectors
 
 from ..rows import render_run_row
 from .workspace import WorkspaceFeed

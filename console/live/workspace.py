@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
 
-from ledger.tenancy import access
 from ledger.errors import LedgerError
 from ledger.models import Workspace
+from ledger.tenancy import access
 
 from .watch import WatchedConsumer
 
@@ -25,7 +25,7 @@ class WorkspaceFeed(WatchedConsumer):
     """Joins the workspace's announcement group (`group_of(workspace pk)`, set by each feed as a
     staticmethod) for a member of the URL's workspace; anyone else is refused."""
 
-    group_of: ClassVar["staticmethod[[int], str]"]
+    group_of: ClassVar[staticmethod[[int], str]]
     workspace: Workspace | None = None
     group: str | None = None
 
@@ -55,4 +55,3 @@ class WorkspaceFeed(WatchedConsumer):
     async def disconnect(self, code: int) -> None:
         await self.stop_sending()
         await self.stop_watching()
-

@@ -24,13 +24,12 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger.reads import selectors
-from ledger.replay import toolapproval
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ReexecutionRequest, Workspace
-from ledger.reads import reexecutions
+from ledger.reads import reexecutions, selectors
 from ledger.reexecution import services
 from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
+from ledger.replay import toolapproval
 from ledger.runtime.reexecute import mode_plan
 
 from ..format import money
@@ -44,8 +43,13 @@ MAX_BATCH = services.MAX_BATCH_RUNS
 
 def _plan_of(rx: ReexecutionRequest) -> tuple[dict[str, Any] | None, str]:
     try:
-        return mode_plan(workspace=rx.workspace, run_id=rx.original_run_id, mode=rx.mode,
-                         from_step=rx.from_step, model_overrides=rx.model_overrides or None), ""
+        return mode_plan(
+            workspace=rx.workspace,
+            run_id=rx.original_run_id,
+            mode=rx.mode,
+            from_step=rx.from_step,
+            model_overrides=rx.model_overrides or None,
+        ), ""
     except LedgerError as exc:  # the run is gone, or its workflow is not registered here
         return None, exc.message
 
@@ -55,12 +59,17 @@ def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: boo
     plan, problem = _plan_of(rx) if with_plan else (None, "")
     own = rx.requested_by_user_id is not None and rx.requested_by_user_id == user.pk
     return {
-        "rx": rx, "plan": plan, "plan_problem": problem, "own": own,
+        "rx": rx,
+        "plan": plan,
+        "plan_problem": problem,
+        "own": own,
         "input_json": json.dumps(rx.input, ensure_ascii=False) if rx.has_input else "",
-        "can_approve": can_decide and not own, "can_deny": can_decide,
+        "can_approve": can_decide and not own,
+        "can_deny": can_decide,
         "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.original_run_id]),
-        "new_run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id]) if rx.new_run_id
-        and rx.status in (Status.RUNNING, Status.SUCCEEDED, Status.FAILED) else None,
+        "new_run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id])
+        if rx.new_run_id and rx.status in (Status.RUNNING, Status.SUCCEEDED, Status.FAILED)
+        else None,
         "divergence_url": divergence_url(rx),
         "approve_url": reverse("approval-approve", args=[ws.tenant.slug, ws.slug, rx.public_id]),
         "deny_url": reverse("approval-deny", args=[ws.tenant.slug, ws.slug, rx.public_id]),
@@ -77,8 +86,11 @@ def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str,
     cards = []
     for members in groups.values():
         card = _card(members[0], user, can_decide=can_decide, with_plan=len(members) == 1)
-        card["batch"] = [{"rx": m, "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, m.original_run_id])}
-                         for m in members] if members[0].batch_id else []
+        card["batch"] = (
+            [{"rx": m, "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, m.original_run_id])} for m in members]
+            if members[0].batch_id
+            else []
+        )
         card["live_write_tools"] = card["plan"]["liveWriteTools"] if card["plan"] else []
         cards.append(card)
     return cards
@@ -91,25 +103,37 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
     for call in toolapproval.waiting_calls(ws):
         requester = toolapproval.requester_of(call.run)
         own = requester is not None and requester == user.get_username()
-        cards.append({
-            "call": call, "run_id": call.run.run_id, "requester": requester, "own": own,
-            "digest": toolapproval.pending_digest(call),
-            "args_json": json.dumps(call.args, ensure_ascii=False, indent=2, sort_keys=True),
-            "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, call.run.run_id]),
-            "can_approve": can_decide and not own, "can_reject": can_decide,
-            "key": f"{call.run.run_id}/{call.call_id}",
-        })
+        cards.append(
+            {
+                "call": call,
+                "run_id": call.run.run_id,
+                "requester": requester,
+                "own": own,
+                "digest": toolapproval.pending_digest(call),
+                "args_json": json.dumps(call.args, ensure_ascii=False, indent=2, sort_keys=True),
+                "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, call.run.run_id]),
+                "can_approve": can_decide and not own,
+                "can_reject": can_decide,
+                "key": f"{call.run.run_id}/{call.call_id}",
+            }
+        )
     return cards
 
 
 def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | None = None) -> dict[str, Any]:
     can_decide = has_role(request.user, ws, "approver")
-    decided = [r for r in reexecutions.requests(ws).exclude(status=Status.PENDING_APPROVAL)
-               .select_related("workspace__tenant").order_by("-updated_at", "-pk")[:DECIDED_SHOWN]]
+    decided = [
+        r
+        for r in reexecutions.requests(ws)
+        .exclude(status=Status.PENDING_APPROVAL)
+        .select_related("workspace__tenant")
+        .order_by("-updated_at", "-pk")[:DECIDED_SHOWN]
+    ]
     for rx in decided:
         rx.workspace = ws
     return {
-        "workspace": ws, "can_decide": can_decide,
+        "workspace": ws,
+        "can_decide": can_decide,
         "pending": _pending_cards(ws, request.user, can_decide),
         "tool_calls": _tool_cards(ws, request.user, can_decide),
         "tool_decide_url": reverse("approval-tool-call", args=[ws.tenant.slug, ws.slug]),
@@ -193,8 +217,15 @@ def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpR
     if decision not in ("approve", "reject"):
         return _page(request, ws, status=400, refused=_refused(key, "Choose approve or reject.", note))
     try:
-        toolapproval.decide(workspace=ws, run_id=run_id, call_id=call_id, approve=decision == "approve",
-                            seen_digest=request.POST.get("digest", ""), note=note, by=member(request))
+        toolapproval.decide(
+            workspace=ws,
+            run_id=run_id,
+            call_id=call_id,
+            approve=decision == "approve",
+            seen_digest=request.POST.get("digest", ""),
+            note=note,
+            by=member(request),
+        )
     except NotFound:
         raise Http404("not found") from None
     except LedgerError as exc:
@@ -245,8 +276,13 @@ def batch_create(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
         problem = problem or "Give the model mapping to evaluate, e.g. default=scripted/gpt-4o."
     if not problem:
         try:
-            batch_id, _ = services.request_batch(workspace=ws, run_ids=list(dict.fromkeys(run_ids)), reason=reason,
-                                                 by=member(request), model_overrides=mapping)
+            batch_id, _ = services.request_batch(
+                workspace=ws,
+                run_ids=list(dict.fromkeys(run_ids)),
+                reason=reason,
+                by=member(request),
+                model_overrides=mapping,
+            )
         except NotFound as exc:
             problem = exc.message
         except Forbidden as exc:
@@ -257,9 +293,16 @@ def batch_create(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
             problem = exc.message
         else:
             return redirect("batch", tenant=tenant, workspace=workspace, batch_id=batch_id)
-    return render(request, "console/approvals/batch_refused.html", {
-        "workspace": ws, "message": problem, "workspaces": selectors.workspaces_for(request.user),
-    }, status=400)
+    return render(
+        request,
+        "console/approvals/batch_refused.html",
+        {
+            "workspace": ws,
+            "message": problem,
+            "workspaces": selectors.workspaces_for(request.user),
+        },
+        status=400,
+    )
 
 
 def _outcome_kept(report: dict[str, Any]) -> bool:
@@ -285,24 +328,35 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
     for rx in members:
         rx.workspace = ws
         report = report_for(rx) if rx.status in (Status.SUCCEEDED, Status.FAILED) else None
-        rows.append({
-            **_card(rx, request.user, can_decide=False, with_plan=False), "report": report,
-            "kept": _outcome_kept(report) if report else None,
-            "cost_before": report["original"]["costUsd"] if report else None,
-            "cost_after": report["new"]["costUsd"] if report else None,
-        })
+        rows.append(
+            {
+                **_card(rx, request.user, can_decide=False, with_plan=False),
+                "report": report,
+                "kept": _outcome_kept(report) if report else None,
+                "cost_before": report["original"]["costUsd"] if report else None,
+                "cost_after": report["new"]["costUsd"] if report else None,
+            }
+        )
     compared = [r for r in rows if r["report"] is not None]
     first = members[0]
-    return render(request, "console/approvals/batch.html", {
-        "workspace": ws, "batch_id": batch_id, "first": first, "rows": rows,
-        "kept": sum(1 for r in compared if r["kept"]), "changed": [r for r in compared if not r["kept"]],
-        "compared": len(compared), "total": len(rows),
-        "cost_before": money(_sum([r["cost_before"] for r in compared])),
-        "cost_after": money(_sum([r["cost_after"] for r in compared])),
-        "approvals_url": reverse("approvals", args=[tenant, workspace]),
-        "workspaces": selectors.workspaces_for(request.user),
-    })
-
+    return render(
+        request,
+        "console/approvals/batch.html",
+        {
+            "workspace": ws,
+            "batch_id": batch_id,
+            "first": first,
+            "rows": rows,
+            "kept": sum(1 for r in compared if r["kept"]),
+            "changed": [r for r in compared if not r["kept"]],
+            "compared": len(compared),
+            "total": len(rows),
+            "cost_before": money(_sum([r["cost_before"] for r in compared])),
+            "cost_after": money(_sum([r["cost_after"] for r in compared])),
+            "approvals_url": reverse("approvals", args=[tenant, workspace]),
+            "workspaces": selectors.workspaces_for(request.user),
+        },
+    )
 
 
 WS = "w/<slug:tenant>/<slug:workspace>/"

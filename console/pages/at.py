@@ -68,8 +68,10 @@ def state_after(run: Run, at: int) -> dict[str, Any]:
         "event": event,
         "event_step": payload.get("stepPath") if isinstance(payload.get("stepPath"), str) else "",
         "state": state,
-        "steps": steps, "steps_left_out": steps_left_out,
-        "tools": tools, "tools_left_out": tools_left_out,
+        "steps": steps,
+        "steps_left_out": steps_left_out,
+        "tools": tools,
+        "tools_left_out": tools_left_out,
         "open_model_calls": [c for c in state.model_calls if c.status == "called"],
         "plan": plan,
     }

@@ -8,8 +8,7 @@ the page and the export can never disagree about what an entry says.
 from __future__ import annotations
 
 import json
-from datetime import datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,8 +21,8 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_safe
 
 from ledger import audit
-from ledger.reads import selectors
 from ledger.models import AuditEntry, Role, Tenant
+from ledger.reads import selectors
 
 from .filters import DateRangePageForm, page_cursor
 
@@ -33,8 +32,9 @@ FILTERS = ("actor", "action", "from", "to")
 
 
 class AuditFilterForm(DateRangePageForm):
-    actor = forms.CharField(required=False, max_length=160,
-                            widget=forms.TextInput(attrs={"placeholder": "bob, key:0a1b…, system:expiry"}))
+    actor = forms.CharField(
+        required=False, max_length=160, widget=forms.TextInput(attrs={"placeholder": "bob, key:0a1b…, system:expiry"})
+    )
     action = forms.ChoiceField(required=False, choices=[("", "any")] + [(a, a) for a in audit.Action.values])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -43,12 +43,15 @@ class AuditFilterForm(DateRangePageForm):
 
     def selector_filters(self) -> dict[str, Any]:
         d = self.cleaned_data
-        day = lambda value: datetime.combine(value, time.min, tzinfo=dt_timezone.utc)  # noqa: E731
-        return {"actor": d["actor"].strip() or None, "action": d["action"] or None,
-                "start": day(d["from"]) if d["from"] else None,
-                # `to` is a whole day, inclusive (as on the runs list and in the API).
-                "end": day(d["to"] + timedelta(days=1)) if d["to"] else None,
-                "after": d["cursor"]}
+        day = lambda value: datetime.combine(value, time.min, tzinfo=UTC)  # noqa: E731
+        return {
+            "actor": d["actor"].strip() or None,
+            "action": d["action"] or None,
+            "start": day(d["from"]) if d["from"] else None,
+            # `to` is a whole day, inclusive (as on the runs list and in the API).
+            "end": day(d["to"] + timedelta(days=1)) if d["to"] else None,
+            "after": d["cursor"],
+        }
 
 
 def _cursor(entry: AuditEntry) -> str:
@@ -76,23 +79,32 @@ def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
     found = _admin_tenant(request, tenant)
     form = AuditFilterForm(request.GET)
     workspaces = selectors.workspaces_for(request.user)
-    context: dict[str, Any] = {"tenant": found, "form": form, "workspaces": workspaces,
-                               "workspace": workspaces.filter(tenant=found).first(),
-                               "page_url": reverse("tenant-audit", args=[tenant])}
+    context: dict[str, Any] = {
+        "tenant": found,
+        "form": form,
+        "workspaces": workspaces,
+        "workspace": workspaces.filter(tenant=found).first(),
+        "page_url": reverse("tenant-audit", args=[tenant]),
+    }
     if not form.is_valid():
         return render(request, "console/audit.html", context, status=400)
     rows = list(audit.entries(tenant=found, **form.selector_filters())[: PAGE_SIZE + 1])
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
-    csv_query = urlencode({"format": "csv", "tenant": tenant, **{k: v for k, v in request.GET.items()
-                                                                 if k in FILTERS and v}})
-    context.update({
-        "entries": [{"entry": e, "details": json.dumps(e.details, ensure_ascii=False, sort_keys=True)
-                     if e.details else ""} for e in rows],
-        "next_query": _query(request, cursor=_cursor(rows[-1])) if more else None,
-        "first_query": _query(request) if form.cleaned_data["cursor"] else None,
-        "csv_url": f"{API_AUDIT}?{csv_query}",
-    })
+    csv_query = urlencode(
+        {"format": "csv", "tenant": tenant, **{k: v for k, v in request.GET.items() if k in FILTERS and v}}
+    )
+    context.update(
+        {
+            "entries": [
+                {"entry": e, "details": json.dumps(e.details, ensure_ascii=False, sort_keys=True) if e.details else ""}
+                for e in rows
+            ],
+            "next_query": _query(request, cursor=_cursor(rows[-1])) if more else None,
+            "first_query": _query(request) if form.cleaned_data["cursor"] else None,
+            "csv_url": f"{API_AUDIT}?{csv_query}",
+        }
+    )
     return render(request, "console/audit.html", context)
 
 

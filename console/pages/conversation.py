@@ -16,10 +16,10 @@ from decimal import Decimal
 from typing import Any
 
 from ledger.fold import ModelCall, RunState, ToolCallState
+from ledger.log.verify import artifact_refs
 from ledger.models import Workspace
 from ledger.replay.plan import first_sequence, superseded
 from ledger.replay.runlog import FoldedRun
-from ledger.log.verify import artifact_refs
 
 from ..format import duration
 from ..rows import artifact_url
@@ -125,8 +125,10 @@ def _payloads(folded: FoldedRun, *sequences: int | None) -> list[Any]:
 
 def _artifacts(workspace: Workspace, payloads: list[Any]) -> list[dict[str, str]]:
     refs = sorted({ref for payload in payloads for ref in artifact_refs(payload)})
-    return [{"id": ref.removeprefix("artifact://"), "url": artifact_url(workspace, ref.removeprefix("artifact://"))}
-            for ref in refs]
+    return [
+        {"id": ref.removeprefix("artifact://"), "url": artifact_url(workspace, ref.removeprefix("artifact://"))}
+        for ref in refs
+    ]
 
 
 def _message(raw: Any) -> Message:
@@ -136,9 +138,12 @@ def _message(raw: Any) -> Message:
     text = "" if content is None else pretty(content)
     tool_calls = raw.get("toolCalls") or raw.get("tool_calls")
     result = raw.get("result", raw.get("output"))
-    return Message(role=str(raw.get("role", "?")), text=text,
-                   tool_calls=requested(tool_calls),
-                   result=pretty(result) if "result" in raw or "output" in raw else None)
+    return Message(
+        role=str(raw.get("role", "?")),
+        text=text,
+        tool_calls=requested(tool_calls),
+        result=pretty(result) if "result" in raw or "output" in raw else None,
+    )
 
 
 def _request(folded: FoldedRun, call: ModelCall) -> tuple[list[Message], bool]:
@@ -155,7 +160,9 @@ def _tool_view(workspace: Workspace, folded: FoldedRun, tool: ToolCallState) -> 
     outcome = tool.error if tool.status == "failed" else tool.result
     has_outcome = tool.status in ("succeeded", "failed") or tool.reconciled
     return ToolView(
-        call=tool, origin=_origin(tool.origin), args=pretty(tool.args),
+        call=tool,
+        origin=_origin(tool.origin),
+        args=pretty(tool.args),
         outcome=pretty(outcome) if has_outcome else None,
         started_at=folded.recorded_at(tool.started_sequence),
         artifacts=_artifacts(workspace, _payloads(folded, tool.started_sequence, tool.ended_sequence)),
@@ -169,20 +176,25 @@ def _turn_view(workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], 
     tool_calls = response.get("toolCalls")
     messages, incremental = _request(folded, call)
     return TurnView(
-        call=call, origin=_origin(call.origin), retried=superseded(calls, index),
-        messages=messages, incremental=incremental,
+        call=call,
+        origin=_origin(call.origin),
+        retried=superseded(calls, index),
+        messages=messages,
+        incremental=incremental,
         response_text=text if isinstance(text, str) and text else None,
         response_tool_calls=requested(tool_calls),
         called_at=folded.recorded_at(call.called_sequence),
         answered_at=folded.recorded_at(call.responded_sequence or call.failed_sequence),
         error=pretty(call.error) if call.status == "failed" else None,
-        artifacts=_artifacts(workspace, _payloads(folded, call.called_sequence, call.responded_sequence,
-                                                  call.failed_sequence)),
+        artifacts=_artifacts(
+            workspace, _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)
+        ),
     )
 
 
-def _attach(view: SessionView, workspace: Workspace, folded: FoldedRun,
-            calls: list[ModelCall], tools: list[ToolCallState]) -> SessionView:
+def _attach(
+    view: SessionView, workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], tools: list[ToolCallState]
+) -> SessionView:
     """Turns in order, each tool call under the turn whose call came last before it."""
     view.turns = [_turn_view(workspace, folded, calls, i) for i in range(len(calls))]
     starts = [first_sequence(c) for c in calls]
@@ -208,10 +220,15 @@ def conversations(workspace: Workspace, folded: FoldedRun) -> list[SessionView]:
         manifest = session.manifest if isinstance(session.manifest, dict) else {}
         prompt_hash = manifest.get("systemPromptHash")
         view = SessionView(
-            title=session.role or "harness session", step_path=session.step_path, status=session.status,
-            attempt=session.attempt, manifest_hash=session.manifest_hash,
+            title=session.role or "harness session",
+            step_path=session.step_path,
+            status=session.status,
+            attempt=session.attempt,
+            manifest_hash=session.manifest_hash,
             system_prompt_hash=prompt_hash if isinstance(prompt_hash, str) else None,
-            first_sequence=session.sequence, error=None if session.error is None else pretty(session.error))
+            first_sequence=session.sequence,
+            error=None if session.error is None else pretty(session.error),
+        )
         views.append(_attach(view, workspace, folded, calls_of.get(index, []), tools_of.get(index, [])))
 
     loose_calls, loose_tools = calls_of.get(None, []), tools_of.get(None, [])
@@ -220,9 +237,16 @@ def conversations(workspace: Workspace, folded: FoldedRun) -> list[SessionView]:
         own_calls = [c for c in loose_calls if c.step_path == step_path]
         own_tools = [t for t in loose_tools if t.step_path == step_path]
         first = min([*(first_sequence(c) for c in own_calls), *(first_sequence(t) for t in own_tools)])
-        view = SessionView(title="Outside a harness session", step_path=step_path, status=None, attempt=None,
-                           manifest_hash=None, system_prompt_hash=None,
-                           first_sequence=first, error=None)
+        view = SessionView(
+            title="Outside a harness session",
+            step_path=step_path,
+            status=None,
+            attempt=None,
+            manifest_hash=None,
+            system_prompt_hash=None,
+            first_sequence=first,
+            error=None,
+        )
         views.append(_attach(view, workspace, folded, own_calls, own_tools))
     views.sort(key=lambda v: v.first_sequence)
     return views

@@ -24,9 +24,13 @@ def page_cursor(at: datetime, pk: int) -> str:
 def day_field(label: str) -> forms.DateField:
     """A day YYYY-MM-DD within ledger.limits' calendar range (ranges add and subtract days, and
     the calendar's own edges would overflow)."""
-    return forms.DateField(required=False, input_formats=["%Y-%m-%d"], label=label,
-                           widget=forms.DateInput(attrs={"type": "date"}),
-                           validators=[MinValueValidator(limits.FIRST_DAY), MaxValueValidator(limits.LAST_DAY)])
+    return forms.DateField(
+        required=False,
+        input_formats=["%Y-%m-%d"],
+        label=label,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        validators=[MinValueValidator(limits.FIRST_DAY), MaxValueValidator(limits.LAST_DAY)],
+    )
 
 
 class DateRangePageForm(forms.Form):

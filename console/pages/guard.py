@@ -11,13 +11,14 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
-from ledger.tenancy import access
 from ledger.errors import LedgerError, NotFound
 from ledger.models import Workspace
+from ledger.tenancy import access
 
 
-def member_access(request: HttpRequest, tenant: str, workspace: str, *, run_id: str | None = None,
-                  role: str | None = None) -> access.Access:
+def member_access(
+    request: HttpRequest, tenant: str, workspace: str, *, run_id: str | None = None, role: str | None = None
+) -> access.Access:
     try:
         return access.resolve(request.user, workspace=f"{tenant}/{workspace}", run_id=run_id, role=role)
     except NotFound:

@@ -16,9 +16,9 @@ from django.shortcuts import render
 from django.urls import path, reverse
 from django.views.decorators.http import require_safe
 
-from ledger.reads import selectors
 from ledger.canonical import canonical_json
 from ledger.errors import LedgerError
+from ledger.reads import selectors
 from ledger.runtime.outer_loop import Cycle, OuterLoopManifestCorrupt, check_outer_loop_id, read_loop, record_run_id
 
 from .guard import member_access
@@ -40,7 +40,9 @@ def _cycle_row(tenant: str, workspace: str, cycle: Cycle) -> dict[str, Any]:
     return {
         "cycle": cycle,
         "url": reverse("run", args=[tenant, workspace, cycle.run_id]) if cycle.status != "pending" else None,
-        "verdict": verdict.get("kind") if verdict is not None else None, "note": note, "final": final,
+        "verdict": verdict.get("kind") if verdict is not None else None,
+        "note": note,
+        "final": final,
         "output": _preview(cycle.output) if cycle.output is not None else None,
         "error": cycle.error.get("message") if isinstance(cycle.error, dict) else cycle.error,
     }
@@ -56,21 +58,30 @@ def loop_page(request: HttpRequest, tenant: str, workspace: str, outer_loop_id: 
     member = member_access(request, tenant, workspace, run_id=record_run_id(outer_loop_id))
     record = member.run
     assert record is not None
-    context: dict[str, Any] = {"workspace": record.workspace, "outer_loop_id": outer_loop_id, "record": record,
-                               "record_url": reverse("run", args=[tenant, workspace, record.run_id]),
-                               "workspaces": selectors.workspaces_for(request.user)}
+    context: dict[str, Any] = {
+        "workspace": record.workspace,
+        "outer_loop_id": outer_loop_id,
+        "record": record,
+        "record_url": reverse("run", args=[tenant, workspace, record.run_id]),
+        "workspaces": selectors.workspaces_for(request.user),
+    }
     try:
         loop = read_loop(record.workspace, outer_loop_id, record)
     except OuterLoopManifestCorrupt as exc:
         context["corrupt"] = exc.message
         return render(request, "console/loop.html", context, status=409)
     error = loop.error if isinstance(loop.error, dict) else {}
-    context.update({
-        "loop": loop, "usage": loop.usage, "rows": [_cycle_row(tenant, workspace, c) for c in loop.cycles],
-        "final": _preview(loop.result.get("finalOutput")) if loop.result is not None else None,
-        "error_code": error.get("causeCode"), "error_message": error.get("message"),
-        "recorded": len(loop.completed_cycles),
-    })
+    context.update(
+        {
+            "loop": loop,
+            "usage": loop.usage,
+            "rows": [_cycle_row(tenant, workspace, c) for c in loop.cycles],
+            "final": _preview(loop.result.get("finalOutput")) if loop.result is not None else None,
+            "error_code": error.get("causeCode"),
+            "error_message": error.get("message"),
+            "recorded": len(loop.completed_cycles),
+        }
+    )
     return render(request, "console/loop.html", context)
 
 

@@ -17,14 +17,19 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods
 
-from ledger.reads import selectors
-from ledger.models import Role, Workspace
-from ledger.log.redaction import MAX_EXTRA_KEYS, MAX_EXTRA_PATTERNS, MAX_KEY_NAME_LENGTH, MAX_PATTERN_LENGTH, InvalidRule
 from ledger.errors import LedgerError
+from ledger.log.redaction import (
+    MAX_EXTRA_KEYS,
+    MAX_EXTRA_PATTERNS,
+    MAX_KEY_NAME_LENGTH,
+    MAX_PATTERN_LENGTH,
+    InvalidRule,
+)
+from ledger.models import Role, Workspace
+from ledger.reads import selectors
 from ledger.tenancy.redaction_settings import policy_of, set_extra_rules
 
 from .guard import member_access
-
 
 
 def _lines(text: str) -> list[str]:
@@ -32,13 +37,20 @@ def _lines(text: str) -> list[str]:
 
 
 class ExtraRulesForm(forms.Form):
-    keys = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
-                           max_length=MAX_EXTRA_KEYS * (MAX_KEY_NAME_LENGTH + 2),
-                           label="Extra key names", help_text="One a line. Compared whole, lower-cased, without - and _.")
-    patterns = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
-                               max_length=MAX_EXTRA_PATTERNS * (MAX_PATTERN_LENGTH + 2),
-                               label="Extra value patterns",
-                               help_text="One Python regular expression a line; each match inside a string becomes [REDACTED].")
+    keys = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+        max_length=MAX_EXTRA_KEYS * (MAX_KEY_NAME_LENGTH + 2),
+        label="Extra key names",
+        help_text="One a line. Compared whole, lower-cased, without - and _.",
+    )
+    patterns = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+        max_length=MAX_EXTRA_PATTERNS * (MAX_PATTERN_LENGTH + 2),
+        label="Extra value patterns",
+        help_text="One Python regular expression a line; each match inside a string becomes [REDACTED].",
+    )
     reason = forms.CharField(required=False, label="Why (kept in the audit log)")
 
     def clean_keys(self) -> list[str]:
@@ -49,8 +61,10 @@ class ExtraRulesForm(forms.Form):
 
 
 def _initial(workspace: Workspace) -> dict[str, str]:
-    return {"keys": "\n".join(str(k) for k in workspace.redact_keys or []),
-            "patterns": "\n".join(str(p) for p in workspace.redact_value_patterns or [])}
+    return {
+        "keys": "\n".join(str(k) for k in workspace.redact_keys or []),
+        "patterns": "\n".join(str(p) for p in workspace.redact_value_patterns or []),
+    }
 
 
 @login_required
@@ -66,8 +80,13 @@ def redaction_settings(request: HttpRequest, tenant: str, workspace: str) -> Htt
         form = ExtraRulesForm(request.POST)
         if form.is_valid():
             try:
-                set_extra_rules(workspace=ws, keys=form.cleaned_data["keys"], patterns=form.cleaned_data["patterns"],
-                                by=request.user, reason=form.cleaned_data["reason"].strip())
+                set_extra_rules(
+                    workspace=ws,
+                    keys=form.cleaned_data["keys"],
+                    patterns=form.cleaned_data["patterns"],
+                    by=request.user,
+                    reason=form.cleaned_data["reason"].strip(),
+                )
             except InvalidRule as exc:
                 form.add_error(None, str(exc))
             except LedgerError as exc:  # the reason, refused by the domain's limit
@@ -78,8 +97,11 @@ def redaction_settings(request: HttpRequest, tenant: str, workspace: str) -> Htt
     else:
         form = ExtraRulesForm(initial=_initial(ws))
     context: dict[str, Any] = {
-        "workspace": ws, "workspaces": selectors.workspaces_for(request.user), "policy": policy_of(ws),
-        "form": form if is_admin else None, "saved": request.GET.get("saved") == "1" and status == 200,
+        "workspace": ws,
+        "workspaces": selectors.workspaces_for(request.user),
+        "policy": policy_of(ws),
+        "form": form if is_admin else None,
+        "saved": request.GET.get("saved") == "1" and status == 200,
         "page_url": reverse("workspace-redaction", args=[tenant, workspace]),
     }
     return render(request, "console/redaction.html", context, status=status)

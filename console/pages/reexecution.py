@@ -22,13 +22,12 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods, require_safe
 
 from ledger import limits
-from ledger.reads import selectors
-from ledger.replay.divergence import divergence_report
 from ledger.errors import LedgerError, NotFound, RunFinished
 from ledger.models import ReexecutionRequest, Run, Workspace
-from ledger.reads import reexecutions
+from ledger.reads import reexecutions, selectors
 from ledger.reexecution import services
 from ledger.reexecution.errors import Forbidden
+from ledger.replay.divergence import divergence_report
 from ledger.runtime.errors import UnknownWorkflow
 from ledger.runtime.providers import known_providers
 from ledger.runtime.reexecute import mode_plan
@@ -42,12 +41,12 @@ Status = ReexecutionRequest.Status
 
 MODE_HELP: dict[str, str] = {
     Mode.SIMULATE: "Every model and tool call is served from this run's record: no spend, no effects. "
-                   "Starts at once, no approval.",
+    "Starts at once, no approval.",
     Mode.EVALUATE: "Model calls are live (with the model mapping below), every tool call is served from "
-                   "the record. Spends money: needs an approver.",
+    "the record. Spends money: needs an approver.",
     Mode.RESUME: "This run continues where its log ends; completed steps are skipped. Needs an approver.",
     Mode.FORK: "A new run from the chosen step: steps before it are reused from the record, the step "
-               "and everything after it run live, optionally with a changed input. Needs an approver.",
+    "and everything after it run live, optionally with a changed input. Needs an approver.",
     Mode.RERUN: "A new run with the same input, everything live. Needs an approver.",
 }
 # Modes whose new run can be compared with the original (resume continues the original itself).
@@ -80,7 +79,8 @@ def run_origin(run: Run) -> dict[str, Any] | None:
         return None
     ws = run.workspace
     return {
-        "request": made, "original_url": reverse("run", args=[ws.tenant.slug, ws.slug, made.original_run_id]),
+        "request": made,
+        "original_url": reverse("run", args=[ws.tenant.slug, ws.slug, made.original_run_id]),
         "divergence_url": divergence_url(made),
     }
 
@@ -92,9 +92,14 @@ def reexecution_rows(run: Run, approvals: list[dict[str, Any]]) -> list[dict[str
     rows = []
     for entry in approvals:
         other = entry["runId"] if entry["relation"] == "made_this_run" else entry["newRunId"]
-        rows.append({**entry, "divergence_url": divergence_url(entry),
-                     "other_url": reverse("run", args=[ws.tenant.slug, ws.slug, other]) if other else None,
-                     "other": other})
+        rows.append(
+            {
+                **entry,
+                "divergence_url": divergence_url(entry),
+                "other_url": reverse("run", args=[ws.tenant.slug, ws.slug, other]) if other else None,
+                "other": other,
+            }
+        )
     return rows
 
 
@@ -116,9 +121,13 @@ class RequestForm:
 
     @classmethod
     def read(cls, data: Any, slots: list[str]) -> RequestForm:
-        return cls(mode=data.get("mode", Mode.SIMULATE).strip(), from_step=data.get("from_step", "").strip(),
-                   input_text=data.get("input", ""), reason=data.get("reason", ""),
-                   models={slot: data.get(f"model:{slot}", "").strip() for slot in slots})
+        return cls(
+            mode=data.get("mode", Mode.SIMULATE).strip(),
+            from_step=data.get("from_step", "").strip(),
+            input_text=data.get("input", ""),
+            reason=data.get("reason", ""),
+            models={slot: data.get(f"model:{slot}", "").strip() for slot in slots},
+        )
 
     def overrides(self) -> dict[str, dict[str, str]]:
         """The typed model mapping; an error per slot written other than provider/model."""
@@ -181,9 +190,13 @@ def _plan(run: Run, form: RequestForm, overrides: dict[str, dict[str, str]]) -> 
     if form.mode == Mode.FORK and not form.from_step:
         return None, "Choose the step the fork runs live from."
     try:
-        plan = mode_plan(workspace=run.workspace, run_id=run.run_id, mode=form.mode,
-                         from_step=form.from_step if form.mode == Mode.FORK else None,
-                         model_overrides=overrides or None)
+        plan = mode_plan(
+            workspace=run.workspace,
+            run_id=run.run_id,
+            mode=form.mode,
+            from_step=form.from_step if form.mode == Mode.FORK else None,
+            model_overrides=overrides or None,
+        )
     except NotFound:
         raise
     except LedgerError as exc:
@@ -196,18 +209,33 @@ def _steps_of(run: Run) -> list[str]:
     return [s["stepPath"] for s in plan["steps"]]
 
 
-def _form_page(request: HttpRequest, run: Run, form: RequestForm, *, status: int = 200,
-               message: str = "") -> HttpResponse:
+def _form_page(
+    request: HttpRequest, run: Run, form: RequestForm, *, status: int = 200, message: str = ""
+) -> HttpResponse:
     slots = _slots(run)
     overrides = form.overrides() if form.mode in services.OVERRIDABLE_MODELS else {}
     plan, plan_problem = _plan(run, form, overrides)
     ws = run.workspace
     context = {
-        "run": run, "workspace": ws, "form": form, "plan": plan, "plan_problem": plan_problem,
-        "modes": [(m, MODE_HELP[m]) for m in Mode.values], "steps": _steps_of(run),
-        "slots": [{"slot": slot, "current": current, "value": form.models.get(slot, ""),
-                   "error": form.errors.get(f"model:{slot}", "")} for slot, current in slots],
-        "message": message, "overridable": services.OVERRIDABLE_MODELS, "providers": known_providers(),
+        "run": run,
+        "workspace": ws,
+        "form": form,
+        "plan": plan,
+        "plan_problem": plan_problem,
+        "modes": [(m, MODE_HELP[m]) for m in Mode.values],
+        "steps": _steps_of(run),
+        "slots": [
+            {
+                "slot": slot,
+                "current": current,
+                "value": form.models.get(slot, ""),
+                "error": form.errors.get(f"model:{slot}", ""),
+            }
+            for slot, current in slots
+        ],
+        "message": message,
+        "overridable": services.OVERRIDABLE_MODELS,
+        "providers": known_providers(),
         "form_url": reverse("run-reexecute", args=[ws.tenant.slug, ws.slug, run.run_id]),
         "plan_url": reverse("run-reexecute-plan", args=[ws.tenant.slug, ws.slug, run.run_id]),
         "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, run.run_id]),
@@ -259,9 +287,15 @@ def request_form(request: HttpRequest, tenant: str, workspace: str, run_id: str)
         return _form_page(request, run, form, status=400)
     try:
         made = services.request_reexecution(
-            workspace=run.workspace, run_id=run.run_id, mode=form.mode, reason=form.reason, by=member(request),
-            from_step=form.from_step if form.mode == Mode.FORK else None, input=run_input,
-            model_overrides=overrides or None)
+            workspace=run.workspace,
+            run_id=run.run_id,
+            mode=form.mode,
+            reason=form.reason,
+            by=member(request),
+            from_step=form.from_step if form.mode == Mode.FORK else None,
+            input=run_input,
+            model_overrides=overrides or None,
+        )
     except NotFound:
         raise Http404("not found") from None
     except Forbidden as exc:
@@ -271,8 +305,10 @@ def request_form(request: HttpRequest, tenant: str, workspace: str, run_id: str)
             raise
         return _form_page(request, run, form, status=exc.status, message=exc.message)
     ws = run.workspace
-    return redirect(reverse("run-tab", args=[ws.tenant.slug, ws.slug, run.run_id, "evidence"])
-                    + f"?requested={made.public_id}#reexecutions")
+    return redirect(
+        reverse("run-tab", args=[ws.tenant.slug, ws.slug, run.run_id, "evidence"])
+        + f"?requested={made.public_id}#reexecutions"
+    )
 
 
 @login_required
@@ -287,8 +323,12 @@ def plan_fragment(request: HttpRequest, tenant: str, workspace: str, run_id: str
 # --- the divergence report ---------------------------------------------------------------------
 
 
-def request_or_404(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str,
-                   ) -> ReexecutionRequest:
+def request_or_404(
+    request: HttpRequest,
+    tenant: str,
+    workspace: str,
+    reexecution_id: str,
+) -> ReexecutionRequest:
     ws = workspace_or_404(request, tenant, workspace)
     try:
         found = reexecutions.get([ws], reexecution_id)
@@ -303,8 +343,9 @@ def report_for(found: ReexecutionRequest) -> dict[str, Any] | None:
     if found.mode not in COMPARABLE or not found.new_run_id:
         return None
     try:
-        return divergence_report(workspace=found.workspace, original_run_id=found.original_run_id,
-                                 new_run_id=found.new_run_id)
+        return divergence_report(
+            workspace=found.workspace, original_run_id=found.original_run_id, new_run_id=found.new_run_id
+        )
     except NotFound:
         return None
 
@@ -316,9 +357,13 @@ def _duration(ms: float | None) -> str:
 def _side(side: dict[str, Any] | None) -> dict[str, Any] | None:
     if side is None:
         return None
-    return {**side, "duration": _duration(side.get("durationMs")), "cost": money(side.get("costUsd")),
-            "replayed_cost": money(side.get("replayedCostUsd")) if side.get("replayedCostUsd") else "",
-            "output_json": json.dumps(side.get("output"), indent=2, ensure_ascii=False, default=str)}
+    return {
+        **side,
+        "duration": _duration(side.get("durationMs")),
+        "cost": money(side.get("costUsd")),
+        "replayed_cost": money(side.get("replayedCostUsd")) if side.get("replayedCostUsd") else "",
+        "output_json": json.dumps(side.get("output"), indent=2, ensure_ascii=False, default=str),
+    }
 
 
 def diff_lines(text: str | None) -> list[tuple[str, str]]:
@@ -350,19 +395,29 @@ def divergence_context(found: ReexecutionRequest, report: dict[str, Any]) -> dic
     ws = found.workspace
     steps = []
     for step in report["steps"]:
-        steps.append({
-            **step, "first": step["stepPath"] == report["firstDivergence"],
-            "before": _side(step["original"]), "after": _side(step["new"]),
-            "diffs": [(name, diff_lines(text)) for name, text in step["diff"].items() if text],
-            "model_before": _calls(step["original"], "modelCalls"), "model_after": _calls(step["new"], "modelCalls"),
-            "tools_before": _calls(step["original"], "toolCalls"), "tools_after": _calls(step["new"], "toolCalls"),
-        })
+        steps.append(
+            {
+                **step,
+                "first": step["stepPath"] == report["firstDivergence"],
+                "before": _side(step["original"]),
+                "after": _side(step["new"]),
+                "diffs": [(name, diff_lines(text)) for name, text in step["diff"].items() if text],
+                "model_before": _calls(step["original"], "modelCalls"),
+                "model_after": _calls(step["new"], "modelCalls"),
+                "tools_before": _calls(step["original"], "toolCalls"),
+                "tools_after": _calls(step["new"], "toolCalls"),
+            }
+        )
     return {
-        "report": report, "steps": steps, "original": _side(report["original"]), "new": _side(report["new"]),
+        "report": report,
+        "steps": steps,
+        "original": _side(report["original"]),
+        "new": _side(report["new"]),
         "original_url": reverse("run", args=[ws.tenant.slug, ws.slug, found.original_run_id]),
         "new_url": reverse("run", args=[ws.tenant.slug, ws.slug, found.new_run_id]),
-        "divergences": [{**d, "pretty": json.dumps(d, indent=2, ensure_ascii=False, default=str)}
-                        for d in report["divergences"]],
+        "divergences": [
+            {**d, "pretty": json.dumps(d, indent=2, ensure_ascii=False, default=str)} for d in report["divergences"]
+        ],
     }
 
 
@@ -371,8 +426,12 @@ def divergence_context(found: ReexecutionRequest, report: dict[str, Any]) -> dic
 def divergence(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str) -> HttpResponse:
     found = request_or_404(request, tenant, workspace, reexecution_id)
     report = report_for(found)
-    context: dict[str, Any] = {"workspace": found.workspace, "rx": found, "report": report,
-                               "workspaces": selectors.workspaces_for(request.user)}
+    context: dict[str, Any] = {
+        "workspace": found.workspace,
+        "rx": found,
+        "report": report,
+        "workspaces": selectors.workspaces_for(request.user),
+    }
     if report is not None:
         context.update(divergence_context(found, report))
     return render(request, "console/reexecution/divergence.html", context)
@@ -383,6 +442,9 @@ RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"
 urlpatterns = [
     path(RUN + "reexecute/", request_form, name="run-reexecute"),
     path(RUN + "reexecute/plan/", plan_fragment, name="run-reexecute-plan"),
-    path("w/<slug:tenant>/<slug:workspace>/reexecutions/<str:reexecution_id>/divergence/", divergence,
-         name="reexecution-divergence"),
+    path(
+        "w/<slug:tenant>/<slug:workspace>/reexecutions/<str:reexecution_id>/divergence/",
+        divergence,
+        name="reexecution-divergence",
+    ),
 ]

@@ -17,8 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -29,18 +28,18 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger.replay import cancellation, gateway, runlog
 from ledger import limits
-from ledger.reads import selectors, serialize
-from ledger.tenancy.access import Access
 from ledger.errors import LedgerError, NotFound
-from ledger.replay.evidence import evidence_bundle
-from ledger.replay.feedback import record_feedback
 from ledger.limits import day_in_range
 from ledger.models import Run, Step
+from ledger.reads import selectors, serialize
+from ledger.reads.subruns import subrun_tree
+from ledger.replay import cancellation, gateway, runlog
+from ledger.replay.evidence import evidence_bundle
+from ledger.replay.feedback import record_feedback
 from ledger.replay.stored_plan import replay_plan_for
 from ledger.runtime.outer_loop import outer_loop_of, record_run_id
-from ledger.reads.subruns import subrun_tree
+from ledger.tenancy.access import Access
 
 from ..format import coverage, tokens
 from ..rows import artifact_url, event_row, render_event_row
@@ -52,9 +51,16 @@ from .share import panel_context
 from .waterfall import Axis, parse_time, waterfall
 
 TABS = ("timeline", "conversation", "waterfall", "state", "steps", "subruns", "evidence", "costs")
-TAB_LABELS = {"timeline": "Timeline", "conversation": "Conversation", "waterfall": "Waterfall",
-              "state": "At event N", "steps": "Steps & replay plan", "subruns": "Sub-runs",
-              "evidence": "Evidence", "costs": "Costs"}
+TAB_LABELS = {
+    "timeline": "Timeline",
+    "conversation": "Conversation",
+    "waterfall": "Waterfall",
+    "state": "At event N",
+    "steps": "Steps & replay plan",
+    "subruns": "Sub-runs",
+    "evidence": "Evidence",
+    "costs": "Costs",
+}
 SEARCH_FIELDS = ("type", "step", "tool", "q")
 MAX_SEARCH = 200  # characters of one search field
 PAGE_SIZE = 200
@@ -79,8 +85,7 @@ def _run_or_404(request: HttpRequest, tenant: str, workspace: str, run_id: str) 
     return member, member.run
 
 
-def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int,
-               maximum: int = limits.MAX_ROW_ID) -> int:
+def _int_param(request: HttpRequest, name: str, default: int, *, minimum: int, maximum: int = limits.MAX_ROW_ID) -> int:
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default
@@ -99,7 +104,7 @@ def _moment(raw: str | None) -> datetime | None:
     moment = parse_time(raw)
     if moment is None or not day_in_range(moment.date()):
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt_timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _bad_request(request: HttpRequest, message: str) -> HttpResponse:
@@ -147,8 +152,14 @@ def _header_context(run: Run) -> dict[str, Any]:
     loop = outer_loop_of(run)
     return {
         "parent_url": parent_url,
-        "outer_loop": {"id": loop[0], "cycle": loop[1], "record": run.run_id == record_run_id(loop[0]),
-                       "url": reverse("outer-loop", args=[ws.tenant.slug, ws.slug, loop[0]])} if loop else None,
+        "outer_loop": {
+            "id": loop[0],
+            "cycle": loop[1],
+            "record": run.run_id == record_run_id(loop[0]),
+            "url": reverse("outer-loop", args=[ws.tenant.slug, ws.slug, loop[0]]),
+        }
+        if loop
+        else None,
         "ws_param": f"{ws.tenant.slug}/{ws.slug}",
         "origin": run_origin(run),
     }
@@ -196,8 +207,10 @@ def _jump(run: Run, kind: str, limit: int) -> HttpResponse:
 
 
 def _search_context(request: HttpRequest, run: Run) -> dict[str, Any]:
-    return {"search": {name: request.GET.get(name, "").strip() for name in SEARCH_FIELDS},
-            "timeline_url": _tab_url(run, "timeline")}
+    return {
+        "search": {name: request.GET.get(name, "").strip() for name in SEARCH_FIELDS},
+        "timeline_url": _tab_url(run, "timeline"),
+    }
 
 
 def _search_page(request: HttpRequest, run: Run, search: runlog.EventFilter, after: int, limit: int) -> Tab:
@@ -205,20 +218,30 @@ def _search_page(request: HttpRequest, run: Run, search: runlog.EventFilter, aft
     envelopes = runlog.search_events(run, search, after=after, limit=limit + 1)
     more = len(envelopes) > limit
     rows = [event_row(e, run.workspace) for e in envelopes[:limit]]
-    query = "&".join(f"{name}={quote(request.GET.get(name, '').strip())}" for name in SEARCH_FIELDS
-                     if request.GET.get(name, "").strip())
+    query = "&".join(
+        f"{name}={quote(request.GET.get(name, '').strip())}"
+        for name in SEARCH_FIELDS
+        if request.GET.get(name, "").strip()
+    )
     base = f"{_tab_url(run, 'timeline')}?{query}&limit={limit}"
     ws = run.workspace
-    return Tab("console/run/timeline.html", {
-        **_search_context(request, run),
-        "rows": rows, "after": after, "limit": limit, "newest": False, "searching": True,
-        "last_on_page": rows[-1]["sequence"] if rows else after,
-        "older_url": None,
-        "newer_url": f"{base}&after={rows[-1]['sequence']}" if more else None,
-        "newest_url": base if after else None,
-        "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
-        "ws_path": f"/ws/runs/{run.run_id}/",
-    })
+    return Tab(
+        "console/run/timeline.html",
+        {
+            **_search_context(request, run),
+            "rows": rows,
+            "after": after,
+            "limit": limit,
+            "newest": False,
+            "searching": True,
+            "last_on_page": rows[-1]["sequence"] if rows else after,
+            "older_url": None,
+            "newer_url": f"{base}&after={rows[-1]['sequence']}" if more else None,
+            "newest_url": base if after else None,
+            "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
+            "ws_path": f"/ws/runs/{run.run_id}/",
+        },
+    )
 
 
 def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
@@ -233,26 +256,33 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
     newest = after + limit >= last
     base = _tab_url(run, "timeline")
     ws = run.workspace
-    return Tab("console/run/timeline.html", {
-        "search": {}, "timeline_url": base,
-        "rows": rows,
-        "after": after,
-        "limit": limit,
-        "newest": newest,
-        "last_on_page": shown_last,
-        "older_url": f"{base}?after={max(0, after - limit)}&limit={limit}" if after > 0 else None,
-        "newer_url": f"{base}?after={shown_last}&limit={limit}" if not newest else None,
-        "newest_url": base if not newest else None,
-        "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
-        "ws_path": f"/ws/runs/{run.run_id}/",
-    })
+    return Tab(
+        "console/run/timeline.html",
+        {
+            "search": {},
+            "timeline_url": base,
+            "rows": rows,
+            "after": after,
+            "limit": limit,
+            "newest": newest,
+            "last_on_page": shown_last,
+            "older_url": f"{base}?after={max(0, after - limit)}&limit={limit}" if after > 0 else None,
+            "newer_url": f"{base}?after={shown_last}&limit={limit}" if not newest else None,
+            "newest_url": base if not newest else None,
+            "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
+            "ws_path": f"/ws/runs/{run.run_id}/",
+        },
+    )
 
 
 def _pager(base: str, start: int, shown: int, total: int, size: int) -> dict[str, Any]:
     """Links around a window of `size` items from position `start` (0-based) of `total`."""
     end = start + size
     return {
-        "start": start, "first_shown": start + 1, "last_shown": start + shown, "total": total,
+        "start": start,
+        "first_shown": start + 1,
+        "last_shown": start + shown,
+        "total": total,
         "paged": total > size or start > 0,
         "previous_url": (f"{base}?start={max(0, start - size)}" if start > 0 else None),
         "next_url": f"{base}?start={end}" if end < total else None,
@@ -271,14 +301,17 @@ def _conversation(request: HttpRequest, member: Access, run: Run) -> Tab:
     """Every harness session as a conversation, a window of sessions at a time."""
     start = _int_param(request, "start", 0, minimum=0)
     sessions = conversations(run.workspace, runlog.folded(run)) if run.last_sequence else []
-    shown = sessions[start:start + SESSIONS_PER_PAGE]
+    shown = sessions[start : start + SESSIONS_PER_PAGE]
     pager = _pager(_tab_url(run, "conversation"), start, len(shown), len(sessions), SESSIONS_PER_PAGE)
     return Tab("console/run/conversation.html", {"sessions": shown, "pager": pager})
 
 
 def _waterfall(request: HttpRequest, member: Access, run: Run) -> Tab:
-    view = waterfall(run, runlog.folded(run), runlog.children_of(run)) if run.last_sequence else {
-        "rows": [], "axis": None, "ticks": []}
+    view = (
+        waterfall(run, runlog.folded(run), runlog.children_of(run))
+        if run.last_sequence
+        else {"rows": [], "axis": None, "ticks": []}
+    )
     return Tab("console/run/waterfall.html", {**view, "run_id": run.run_id})
 
 
@@ -288,22 +321,36 @@ def _state(request: HttpRequest, member: Access, run: Run) -> Tab:
         return Tab("console/run/state.html", {"at": None})
     at = _int_param(request, "at", run.last_sequence, minimum=1, maximum=run.last_sequence)
     base = _tab_url(run, "state")
-    return Tab("console/run/state.html", {
-        **state_after(run, at), "last": run.last_sequence, "state_url": base,
-        "previous_url": f"{base}?at={at - 1}" if at > 1 else None,
-        "next_url": f"{base}?at={at + 1}" if at < run.last_sequence else None,
-        "events_url": f"{_tab_url(run, 'timeline')}?after={max(at - 1, 0)}#event-{at}",
-    })
+    return Tab(
+        "console/run/state.html",
+        {
+            **state_after(run, at),
+            "last": run.last_sequence,
+            "state_url": base,
+            "previous_url": f"{base}?at={at - 1}" if at > 1 else None,
+            "next_url": f"{base}?at={at + 1}" if at < run.last_sequence else None,
+            "events_url": f"{_tab_url(run, 'timeline')}?after={max(at - 1, 0)}#event-{at}",
+        },
+    )
 
 
 def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
     steps, pager = _step_page(request, run, "steps")
     plan = replay_plan_for(run) if run.last_sequence else None
     should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
-    rows = [{
-        "step": s, "path": s.step_path, "status": s.status, "attempts": len(s.attempts or []), "visit": s.visit,
-        "tokens": tokens(s), "should_run": should_run.get(s.step_path, s.status != "completed"), "error": s.error,
-    } for s in steps]
+    rows = [
+        {
+            "step": s,
+            "path": s.step_path,
+            "status": s.status,
+            "attempts": len(s.attempts or []),
+            "visit": s.visit,
+            "tokens": tokens(s),
+            "should_run": should_run.get(s.step_path, s.status != "completed"),
+            "error": s.error,
+        }
+        for s in steps
+    ]
     sessions = []
     missing: list[str] = []
     if plan:
@@ -312,13 +359,28 @@ def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
         on_page = {s.step_path for s in steps}
         if pager["start"] == 0:  # sessions of no step go with the first page
             on_page |= {session["stepPath"] for session in plan["sessions"]} - set(should_run)
-        sessions = [{**session, "calls": [
-            {**call, "in_doubt": call["kind"] == "tool" and call.get("callId") in in_doubt}
-            for call in session["calls"]]} for session in plan["sessions"] if session["stepPath"] in on_page]
-    return Tab("console/run/steps.html", {
-        "steps": rows, "plan": plan, "sessions": sessions, "pager": pager,
-        "missing": missing[:MISSING_SHOWN], "missing_more": max(0, len(missing) - MISSING_SHOWN),
-    })
+        sessions = [
+            {
+                **session,
+                "calls": [
+                    {**call, "in_doubt": call["kind"] == "tool" and call.get("callId") in in_doubt}
+                    for call in session["calls"]
+                ],
+            }
+            for session in plan["sessions"]
+            if session["stepPath"] in on_page
+        ]
+    return Tab(
+        "console/run/steps.html",
+        {
+            "steps": rows,
+            "plan": plan,
+            "sessions": sessions,
+            "pager": pager,
+            "missing": missing[:MISSING_SHOWN],
+            "missing_more": max(0, len(missing) - MISSING_SHOWN),
+        },
+    )
 
 
 def _subruns(request: HttpRequest, member: Access, run: Run) -> Tab:
@@ -343,57 +405,94 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
     calls = []
     for call in bundle["toolCalls"]:
         reconcilable = call["callId"] in reconcilable_calls
-        calls.append({
-            **call,
-            "in_doubt": call["status"] == "in_doubt" or reconcilable,
-            "reconcilable": reconcilable and can_reconcile,
-            "args_json": json.dumps(call["args"], indent=2, ensure_ascii=False),
-            "outcome_json": json.dumps(call["result"] if call["error"] is None else call["error"],
-                                       indent=2, ensure_ascii=False),
-            "form": forms.get(call["callId"], ReconcileForm()),
-            "reconcile_url": reverse("run-reconcile", args=[ws.tenant.slug, ws.slug, run.run_id, call["callId"]]),
-        })
-    artifacts = [{**a, "url": artifact_url(ws, a["artifactId"]) if a["size"] is not None else None}
-                 for a in bundle["artifacts"]]
+        calls.append(
+            {
+                **call,
+                "in_doubt": call["status"] == "in_doubt" or reconcilable,
+                "reconcilable": reconcilable and can_reconcile,
+                "args_json": json.dumps(call["args"], indent=2, ensure_ascii=False),
+                "outcome_json": json.dumps(
+                    call["result"] if call["error"] is None else call["error"], indent=2, ensure_ascii=False
+                ),
+                "form": forms.get(call["callId"], ReconcileForm()),
+                "reconcile_url": reverse("run-reconcile", args=[ws.tenant.slug, ws.slug, run.run_id, call["callId"]]),
+            }
+        )
+    artifacts = [
+        {**a, "url": artifact_url(ws, a["artifactId"]) if a["size"] is not None else None} for a in bundle["artifacts"]
+    ]
     costs = bundle["costs"]
-    return Tab("console/run/evidence.html", {
-        "bundle": bundle, "tool_calls": calls, "artifacts": artifacts, "costs": costs,
-        "in_doubt_count": sum(1 for c in calls if c["in_doubt"]), "can_reconcile": can_reconcile,
-        "reexecutions": reexecution_rows(run, bundle["approvals"]),
-    })
+    return Tab(
+        "console/run/evidence.html",
+        {
+            "bundle": bundle,
+            "tool_calls": calls,
+            "artifacts": artifacts,
+            "costs": costs,
+            "in_doubt_count": sum(1 for c in calls if c["in_doubt"]),
+            "can_reconcile": can_reconcile,
+            "reexecutions": reexecution_rows(run, bundle["approvals"]),
+        },
+    )
 
 
 def _costs(request: HttpRequest, member: Access, run: Run) -> Tab:
     """Per step (a page of them), per model (summed in the database) and the run's totals."""
     steps, pager = _step_page(request, run, "costs")
     rows = [{"step": s, "path": s.step_path, "tokens": tokens(s)} for s in steps]
-    models = [{**m, "coverage": coverage(m["priced"], m["calls"] - m["priced"])}
-              for m in selectors.costs_by_model(run)]
-    return Tab("console/run/costs.html", {
-        "steps": rows, "pager": pager, "models": models, "total_tokens": tokens(run),
-    })
+    models = [{**m, "coverage": coverage(m["priced"], m["calls"] - m["priced"])} for m in selectors.costs_by_model(run)]
+    return Tab(
+        "console/run/costs.html",
+        {
+            "steps": rows,
+            "pager": pager,
+            "models": models,
+            "total_tokens": tokens(run),
+        },
+    )
 
 
 TAB_VIEWS: dict[str, Callable[[HttpRequest, Access, Run], Tab | HttpResponse]] = {
-    "timeline": _timeline, "conversation": _conversation, "waterfall": _waterfall, "state": _state,
-    "steps": _steps, "subruns": _subruns, "evidence": _evidence, "costs": _costs,
+    "timeline": _timeline,
+    "conversation": _conversation,
+    "waterfall": _waterfall,
+    "state": _state,
+    "steps": _steps,
+    "subruns": _subruns,
+    "evidence": _evidence,
+    "costs": _costs,
 }
 
 
 def _cancel_context(request: HttpRequest, run: Run, *, reason: str = "", error: str = "") -> dict[str, Any]:
     """The Cancel action of the run's header: an operator's, on a run that has not ended."""
     ws = run.workspace
-    return {"cancel": {
-        "allowed": not run.finished and has_role(request.user, ws, "operator"),
-        "url": reverse("run-cancel", args=[ws.tenant.slug, ws.slug, run.run_id]),
-        "reason": reason, "error": error, "max": cancellation.MAX_REASON,
-    }}
+    return {
+        "cancel": {
+            "allowed": not run.finished and has_role(request.user, ws, "operator"),
+            "url": reverse("run-cancel", args=[ws.tenant.slug, ws.slug, run.run_id]),
+            "reason": reason,
+            "error": error,
+            "max": cancellation.MAX_REASON,
+        }
+    }
 
 
-def _respond(request: HttpRequest, run: Run, name: str, tab: Tab, *,
-             feedback: FeedbackForm | None = None, cancel: dict[str, Any] | None = None) -> HttpResponse:
+def _respond(
+    request: HttpRequest,
+    run: Run,
+    name: str,
+    tab: Tab,
+    *,
+    feedback: FeedbackForm | None = None,
+    cancel: dict[str, Any] | None = None,
+) -> HttpResponse:
     context = {
-        **tab.context, "run": run, "workspace": run.workspace, "tab": name, "tab_template": tab.template,
+        **tab.context,
+        "run": run,
+        "workspace": run.workspace,
+        "tab": name,
+        "tab_template": tab.template,
         "tabs": [{"name": t, "label": TAB_LABELS[t], "url": _tab_url(run, t)} for t in TABS],
     }
     if _wants_partial(request):
@@ -437,8 +536,11 @@ def waterfall_rows(request: HttpRequest, tenant: str, workspace: str, run_id: st
         depth = _int_param(request, "depth", 1, minimum=0, maximum=50)
     except BadParameter as exc:
         return _bad_request(request, str(exc))
-    view = waterfall(run, runlog.folded(run), runlog.children_of(run), Axis(start, end)) if run.last_sequence else {
-        "rows": []}
+    view = (
+        waterfall(run, runlog.folded(run), runlog.children_of(run), Axis(start, end))
+        if run.last_sequence
+        else {"rows": []}
+    )
     for row in view["rows"]:
         row.depth += depth
     return render(request, "console/run/waterfall_rows.html", {**view, "axis": Axis(start, end)})
@@ -462,9 +564,11 @@ def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str
 
 
 def _feedback_form(request: HttpRequest) -> FeedbackForm:
-    form = FeedbackForm(rating=request.POST.get("rating", "").strip(),
-                        category=request.POST.get("category", "").strip(),
-                        comment=request.POST.get("comment", ""))
+    form = FeedbackForm(
+        rating=request.POST.get("rating", "").strip(),
+        category=request.POST.get("category", "").strip(),
+        comment=request.POST.get("comment", ""),
+    )
     if form.rating not in {"1", "2", "3", "4", "5"}:
         form.error = "Choose a rating from 1 to 5."
     elif len(form.category) > MAX_CATEGORY:
@@ -482,8 +586,9 @@ def feedback(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> 
     form = _feedback_form(request)
     status = 400 if form.error else 201
     if not form.error:
-        record_feedback(run=run, rating=int(form.rating), category=form.category, comment=form.comment,
-                        author=request.user)
+        record_feedback(
+            run=run, rating=int(form.rating), category=form.category, comment=form.comment, author=request.user
+        )
         form = FeedbackForm()
     if _wants_partial(request):
         context = {"run": run, **_feedback_context(run, form)}
@@ -500,8 +605,11 @@ def _feedback_page_error(request: HttpRequest, run: Run, form: FeedbackForm) -> 
 
 
 def _reconcile_form(request: HttpRequest) -> tuple[ReconcileForm, Any]:
-    form = ReconcileForm(outcome=request.POST.get("outcome", "").strip(),
-                         value=request.POST.get("value", ""), note=request.POST.get("note", "").strip())
+    form = ReconcileForm(
+        outcome=request.POST.get("outcome", "").strip(),
+        value=request.POST.get("value", ""),
+        note=request.POST.get("note", "").strip(),
+    )
     value: Any = None
     if form.outcome not in ("succeeded", "failed"):
         form.error = "Choose succeeded or failed."
@@ -528,9 +636,15 @@ def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, ca
     status = 400
     if not form.error:
         try:
-            gateway.reconcile_tool_call(workspace=run.workspace, run_id=run.run_id, call_id=call_id,
-                                        outcome=form.outcome, value=value, note=form.note,
-                                        by=request.user.get_username())
+            gateway.reconcile_tool_call(
+                workspace=run.workspace,
+                run_id=run.run_id,
+                call_id=call_id,
+                outcome=form.outcome,
+                value=value,
+                note=form.note,
+                by=request.user.get_username(),
+            )
         except LedgerError as exc:
             if isinstance(exc, NotFound):
                 raise Http404("not found") from None

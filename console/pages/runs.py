@@ -3,7 +3,7 @@ htmx fragment and live push (console/live/runs.py)."""
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import date
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,12 +12,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django_htmx.middleware import HtmxDetails
 from django.urls import path
 from django.views.decorators.http import require_safe
+from django_htmx.middleware import HtmxDetails
 
-from ledger.reads import selectors
 from ledger.models import Run, RunStatus, Workspace
+from ledger.reads import selectors
 
 from ..rows import run_rows
 from .filters import DateRangePageForm, page_cursor
@@ -40,22 +40,32 @@ def _parse_model(value: str) -> tuple[str, str] | str:
 
 
 class RunFilterForm(DateRangePageForm):
-    q = forms.CharField(required=False, max_length=200, label="Search",
-                        widget=forms.TextInput(attrs={"placeholder": "run id, workflow or label", "type": "search"}))
+    q = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Search",
+        widget=forms.TextInput(attrs={"placeholder": "run id, workflow or label", "type": "search"}),
+    )
     status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in RunStatus.values])
     workflow = forms.CharField(required=False, max_length=200)
     has_failures = forms.BooleanField(required=False, label="Has failures")
-    cost_above = forms.DecimalField(required=False, min_value=0, max_digits=20, decimal_places=12,
-                                    label="Cost above ($)")
-    rating = forms.TypedChoiceField(required=False, coerce=int, empty_value=None, label="Rating at least",
-                                    choices=[("", "any")] + [(str(n), f"{n}★") for n in range(1, 6)])
-    model = forms.CharField(required=False, max_length=401,
-                            widget=forms.TextInput(attrs={"placeholder": "provider/modelId"}))
+    cost_above = forms.DecimalField(
+        required=False, min_value=0, max_digits=20, decimal_places=12, label="Cost above ($)"
+    )
+    rating = forms.TypedChoiceField(
+        required=False,
+        coerce=int,
+        empty_value=None,
+        label="Rating at least",
+        choices=[("", "any")] + [(str(n), f"{n}★") for n in range(1, 6)],
+    )
+    model = forms.CharField(
+        required=False, max_length=401, widget=forms.TextInput(attrs={"placeholder": "provider/modelId"})
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.order_fields(["q", "status", "workflow", "from", "to", "model", "cost_above", "rating",
-                           "has_failures"])
+        self.order_fields(["q", "status", "workflow", "from", "to", "model", "cost_above", "rating", "has_failures"])
 
     def clean_model(self) -> tuple[str, str] | str | None:
         value = self.cleaned_data["model"].strip()
@@ -68,9 +78,15 @@ class RunFilterForm(DateRangePageForm):
     def selector_filters(self) -> dict[str, Any]:
         d = self.cleaned_data
         return {
-            "status": d["status"] or None, "workflow": d["workflow"].strip() or None, "q": d["q"].strip() or None,
-            "start": d["from"], "end": d["to"], "has_failures": d["has_failures"],
-            "cost_above": d["cost_above"], "min_rating": d["rating"], "model": d["model"],
+            "status": d["status"] or None,
+            "workflow": d["workflow"].strip() or None,
+            "q": d["q"].strip() or None,
+            "start": d["from"],
+            "end": d["to"],
+            "has_failures": d["has_failures"],
+            "cost_above": d["cost_above"],
+            "min_rating": d["rating"],
+            "model": d["model"],
         }
 
 
@@ -119,14 +135,16 @@ def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpRespons
         return render(request, template, context, status=400)
     qs = selectors.search_runs(ws, **form.selector_filters())
     page, more = selectors.runs_page(qs, limit=PAGE_SIZE, after=form.cleaned_data["cursor"])
-    context.update({
-        "rows": run_rows(ws, page),
-        "next_url": _query(request, cursor=_cursor(page[-1])) if more and page else None,
-        "first_page": form.cleaned_data["cursor"] is None,
-        "first_url": _query(request, cursor=""),
-        # New runs are pushed only where they belong for sure: the unfiltered first page.
-        "live": not form.filtered and form.cleaned_data["cursor"] is None,
-    })
+    context.update(
+        {
+            "rows": run_rows(ws, page),
+            "next_url": _query(request, cursor=_cursor(page[-1])) if more and page else None,
+            "first_page": form.cleaned_data["cursor"] is None,
+            "first_url": _query(request, cursor=""),
+            # New runs are pushed only where they belong for sure: the unfiltered first page.
+            "live": not form.filtered and form.cleaned_data["cursor"] is None,
+        }
+    )
     if request.htmx:
         return render(request, "console/runs/rows.html", context)
     context["workspaces"] = selectors.workspaces_for(request.user)

@@ -20,10 +20,11 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger.tenancy import retention, services as tenancy
-from ledger.reads import selectors
 from ledger.errors import LedgerError
 from ledger.models import ApiKey, Role, Workspace
+from ledger.reads import selectors
+from ledger.tenancy import retention
+from ledger.tenancy import services as tenancy
 
 from .guard import member_access
 
@@ -41,14 +42,20 @@ def _partial(request: HttpRequest) -> bool:
     return htmx is not None and bool(htmx) and not htmx.history_restore_request
 
 
-def _retention_context(ws: Workspace, *, error: str = "", days: str | None = None, reason: str = "",
-                       saved: bool = False) -> dict[str, Any]:
-    return {"retention": {
-        "days": days if days is not None else ("" if ws.retention_days is None else str(ws.retention_days)),
-        "current": ws.retention_days, "reason": reason, "error": error, "saved": saved,
-        "url": reverse("workspace-retention", args=[ws.tenant.slug, ws.slug]),
-        "max": retention.MAX_RETENTION_DAYS,
-    }}
+def _retention_context(
+    ws: Workspace, *, error: str = "", days: str | None = None, reason: str = "", saved: bool = False
+) -> dict[str, Any]:
+    return {
+        "retention": {
+            "days": days if days is not None else ("" if ws.retention_days is None else str(ws.retention_days)),
+            "current": ws.retention_days,
+            "reason": reason,
+            "error": error,
+            "saved": saved,
+            "url": reverse("workspace-retention", args=[ws.tenant.slug, ws.slug]),
+            "max": retention.MAX_RETENTION_DAYS,
+        }
+    }
 
 
 def _key_row(ws: Workspace, key: ApiKey) -> dict[str, Any]:
@@ -57,7 +64,8 @@ def _key_row(ws: Workspace, key: ApiKey) -> dict[str, Any]:
 
 def _page(request: HttpRequest, ws: Workspace, status: int = 200, **retention_state: Any) -> HttpResponse:
     context = {
-        "workspace": ws, "workspaces": selectors.workspaces_for(request.user),
+        "workspace": ws,
+        "workspaces": selectors.workspaces_for(request.user),
         "keys": [_key_row(ws, k) for k in tenancy.keys(workspace=ws)],
         **_retention_context(ws, **retention_state),
     }
@@ -92,14 +100,17 @@ def set_retention(request: HttpRequest, tenant: str, workspace: str) -> HttpResp
             error = "That is the retention already set; nothing changed."
     except LedgerError as exc:
         error = exc.message
-    state: dict[str, Any] = ({"saved": True} if saved else
-                             {"error": error, "days": days_text.strip(), "reason": reason})
+    state: dict[str, Any] = {"saved": True} if saved else {"error": error, "days": days_text.strip(), "reason": reason}
     status = 200 if saved else 400
     if _partial(request):
         # A refused fragment is 422, not 400: django-htmx's debug script (DEBUG on) replaces the
         # whole document with any 400 answer to htmx; static/js/settings.js swaps the 422 in place.
-        return render(request, "console/settings/retention.html", {"workspace": ws, **_retention_context(ws, **state)},
-                      status=status if saved else 422)
+        return render(
+            request,
+            "console/settings/retention.html",
+            {"workspace": ws, **_retention_context(ws, **state)},
+            status=status if saved else 422,
+        )
     if saved:
         return redirect(reverse("workspace-settings", args=[tenant, workspace]) + "#retention")
     return _page(request, ws, status=status, **state)

@@ -23,14 +23,14 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger.replay import evidence
-from ledger.reads import selectors
-from ledger.tenancy import sharing
-from ledger.tenancy.access import Access
 from ledger.errors import NotFound
 from ledger.models import Run, ShareLink
-from ledger.replay.stored_plan import replay_plan_for
+from ledger.reads import selectors
 from ledger.reads.subruns import subrun_tree
+from ledger.replay import evidence
+from ledger.replay.stored_plan import replay_plan_for
+from ledger.tenancy import sharing
+from ledger.tenancy.access import Access
 
 from ..format import coverage, tokens
 from ..rows import event_row
@@ -54,8 +54,12 @@ def _refusal(request: HttpRequest, status: int, title: str, message: str) -> Htt
     return _private(render(request, "share/refused.html", {"title": title, "message": message}, status=status))
 
 
-GONE_TITLES = {"expired": "Link expired", "revoked": "Link revoked", "used_up": "Link used up",
-               "run_deleted": "Run deleted"}
+GONE_TITLES = {
+    "expired": "Link expired",
+    "revoked": "Link revoked",
+    "used_up": "Link used up",
+    "run_deleted": "Run deleted",
+}
 
 
 def _open(request: HttpRequest, token: str, run_id: str | None, what: str) -> sharing.Opened | HttpResponse:
@@ -92,14 +96,21 @@ def _strip_artifact_links(views: list[Any]) -> None:
 def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool) -> dict[str, Any]:
     last = run.last_sequence
     after = 0 if after is None else min(after, last)
-    envelopes = [sharing.shared_envelope(e, hide_inputs=hide_inputs)
-                 for e in selectors.events(run, after=after, limit=TIMELINE_PAGE)]
+    envelopes = [
+        sharing.shared_envelope(e, hide_inputs=hide_inputs)
+        for e in selectors.events(run, after=after, limit=TIMELINE_PAGE)
+    ]
     rows = [event_row(e, run.workspace) for e in envelopes]
     for row in rows:
         row["artifacts"] = [{**a, "url": None} for a in row["artifacts"]]
     shown_last = rows[-1]["sequence"] if rows else after
     return {
-        "rows": rows, "after": after, "limit": TIMELINE_PAGE, "newest": False, "searching": False, "search": {},
+        "rows": rows,
+        "after": after,
+        "limit": TIMELINE_PAGE,
+        "newest": False,
+        "searching": False,
+        "search": {},
         "last_on_page": shown_last,
         "older_url": f"{page_path}?after={max(0, after - TIMELINE_PAGE)}#timeline" if after > 0 else None,
         "newer_url": f"{page_path}?after={shown_last}#timeline" if shown_last < last else None,
@@ -109,24 +120,46 @@ def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool) ->
 
 def _pager(shown: int, total: int) -> dict[str, Any]:
     """The run page's pager with no links: a shared page shows the first window only."""
-    return {"start": 0, "first_shown": 1, "last_shown": shown, "total": total, "paged": total > shown,
-            "previous_url": None, "next_url": None, "first_url": None}
+    return {
+        "start": 0,
+        "first_shown": 1,
+        "last_shown": shown,
+        "total": total,
+        "paged": total > shown,
+        "previous_url": None,
+        "next_url": None,
+        "first_url": None,
+    }
 
 
 def _steps(run: Run) -> dict[str, Any]:
     steps, total = selectors.steps_page(run, start=0, size=STEPS_SHOWN)
     plan = replay_plan_for(run) if run.last_sequence else None
     should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
-    rows = [{"step": s, "path": s.step_path, "status": s.status, "attempts": len(s.attempts or []), "visit": s.visit,
-             "tokens": tokens(s), "should_run": should_run.get(s.step_path, s.status != "completed"),
-             "error": s.error} for s in steps]
+    rows = [
+        {
+            "step": s,
+            "path": s.step_path,
+            "status": s.status,
+            "attempts": len(s.attempts or []),
+            "visit": s.visit,
+            "tokens": tokens(s),
+            "should_run": should_run.get(s.step_path, s.status != "completed"),
+            "error": s.error,
+        }
+        for s in steps
+    ]
     missing = plan["replayReady"]["missing"] if plan else []
     return {
-        "steps": rows, "plan": plan, "plan_sessions": plan["sessions"] if plan else [],
+        "steps": rows,
+        "plan": plan,
+        "plan_sessions": plan["sessions"] if plan else [],
         "step_pager": _pager(len(steps), total),
-        "missing": missing[:50], "missing_more": max(0, len(missing) - 50),
-        "models": [{**m, "coverage": coverage(m["priced"], m["calls"] - m["priced"])}
-                   for m in selectors.costs_by_model(run)],
+        "missing": missing[:50],
+        "missing_more": max(0, len(missing) - 50),
+        "models": [
+            {**m, "coverage": coverage(m["priced"], m["calls"] - m["priced"])} for m in selectors.costs_by_model(run)
+        ],
         "total_tokens": tokens(run),
     }
 
@@ -151,11 +184,18 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
     shown_sessions = sessions[:SESSIONS_PER_PAGE]
     _strip_artifact_links(shown_sessions)
     context: dict[str, Any] = {
-        "shared": True, "run": run, "workspace": run.workspace, "link": link, "hide_inputs": hide,
-        "share_base": base, "share_root": opened.root.run_id, "page_path": page_path,
+        "shared": True,
+        "run": run,
+        "workspace": run.workspace,
+        "link": link,
+        "hide_inputs": hide,
+        "share_base": base,
+        "share_root": opened.root.run_id,
+        "page_path": page_path,
         "is_root": run.pk == opened.root.pk,
-        "parent_path": (sharing.shared_run_path(token, opened.root.run_id, run.parent_run_id)
-                        if run.pk != opened.root.pk else None),
+        "parent_path": (
+            sharing.shared_run_path(token, opened.root.run_id, run.parent_run_id) if run.pk != opened.root.pk else None
+        ),
         "evidence_path": f"{page_path}evidence.json",
         "conversation_sessions": shown_sessions,
         "session_pager": _pager(len(shown_sessions), len(sessions)),
@@ -174,9 +214,13 @@ def shared_evidence(request: HttpRequest, token: str, run_id: str | None = None)
     if isinstance(opened, HttpResponse):
         return opened
     bundle = evidence.evidence_bundle(opened.run)
-    shared = sharing.shared_bundle(bundle, token=token, root_run_id=opened.root.run_id,
-                                   hide_inputs=opened.link.workspace.share_hides_inputs,
-                                   include_sub_runs=opened.link.include_sub_runs)
+    shared = sharing.shared_bundle(
+        bundle,
+        token=token,
+        root_run_id=opened.root.run_id,
+        hide_inputs=opened.link.workspace.share_hides_inputs,
+        include_sub_runs=opened.link.include_sub_runs,
+    )
     return _private(JsonResponse(shared, json_dumps_params={"ensure_ascii": False}))
 
 
@@ -195,8 +239,10 @@ def panel_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, Any
     if not has_role(request.user, ws, "operator"):
         return {}
     args = [ws.tenant.slug, ws.slug, run.run_id]
-    links = [{**sharing.as_dict(link), "revoke_url": reverse("run-share-link-revoke", args=[*args, link.public_id])}
-             for link in sharing.links_of_run(ws, run.run_id)[:100]]
+    links = [
+        {**sharing.as_dict(link), "revoke_url": reverse("run-share-link-revoke", args=[*args, link.public_id])}
+        for link in sharing.links_of_run(ws, run.run_id)[:100]
+    ]
     return {
         "share_panel": True,
         "share_links": links,
@@ -250,8 +296,14 @@ def create_share_link(request: HttpRequest, tenant: str, workspace: str, run_id:
     if error or hours is None:
         form = {"expires": expires, "include_sub_runs": include_sub_runs, "max_opens": raw_max}
         return _panel(request, run, 400, share_form=form, share_error=error)
-    _, token = sharing.create_link(workspace=run.workspace, run=run, by=member.user, expires_in_hours=hours,
-                                   include_sub_runs=include_sub_runs, max_opens=max_opens)
+    _, token = sharing.create_link(
+        workspace=run.workspace,
+        run=run,
+        by=member.user,
+        expires_in_hours=hours,
+        include_sub_runs=include_sub_runs,
+        max_opens=max_opens,
+    )
     return _panel(request, run, 201, share_new_url=request.build_absolute_uri(sharing.share_path(token)))
 
 
@@ -279,8 +331,9 @@ def share_policy(request: HttpRequest, tenant: str, workspace: str, run_id: str)
     if not member.allows("admin"):
         raise PermissionDenied("the share policy is an admin's setting")
     assert member.run is not None
-    sharing.set_share_policy(workspace=member.workspace, hides_inputs=request.POST.get("hides_inputs") == "on",
-                             by=member.user)
+    sharing.set_share_policy(
+        workspace=member.workspace, hides_inputs=request.POST.get("hides_inputs") == "on", by=member.user
+    )
     if not _wants_partial(request):
         return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#share-panel")
     return _panel(request, member.run)

@@ -21,14 +21,22 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_safe
 
-from ledger.reads import selectors, usage
 from ledger.limits import FIRST_DAY
 from ledger.models import Workspace
-from ledger.reads.usage import DAILY_UP_TO, WEEKLY_UP_TO, PeriodModelCost, UsageRow, granularity_for, periods, usage_rows
+from ledger.reads import selectors, usage
+from ledger.reads.usage import (
+    DAILY_UP_TO,
+    WEEKLY_UP_TO,
+    PeriodModelCost,
+    UsageRow,
+    granularity_for,
+    periods,
+    usage_rows,
+)
 
+from ..format import money
 from .filters import day_field
 from .guard import member_access
-from ..format import money
 from .runs import runs_url
 
 DEFAULT_DAYS = 30
@@ -37,13 +45,17 @@ MAX_DAYS = 366
 
 GRANULARITY_CHOICES = [("", "auto"), ("day", "day"), ("week", "week"), ("month", "month")]
 # What the page calls a period of each granularity, in the chart's label and the table's caption.
-_PERIOD_WORDS = {"day": ("Daily", "day", "Day (UTC)"), "week": ("Weekly", "week", "Week (UTC, from Monday)"),
-                 "month": ("Monthly", "month", "Month (UTC)")}
+_PERIOD_WORDS = {
+    "day": ("Daily", "day", "Day (UTC)"),
+    "week": ("Weekly", "week", "Week (UTC, from Monday)"),
+    "month": ("Monthly", "month", "Month (UTC)"),
+}
 
 
 class UsageForm(forms.Form):
-    scope = forms.ChoiceField(required=False, choices=[("", "workspace"), ("workspace", "workspace"),
-                                                       ("tenant", "tenant")])
+    scope = forms.ChoiceField(
+        required=False, choices=[("", "workspace"), ("workspace", "workspace"), ("tenant", "tenant")]
+    )
     by = forms.ChoiceField(required=False, choices=GRANULARITY_CHOICES, label="By")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -107,14 +119,25 @@ class TableRow:
             f'\n  <tr data-key="{key}">\n    <th scope="row" class="mono">{head}</th>\n    {tokens}\n'
             f'    <td class="num cost{" na" if u.cost_usd is None else ""}">{html.escape(money(u.cost_usd))}</td>\n'
             f'    <td class="num">{u.priced_calls}</td><td class="num">{u.unpriced_calls}</td>'
-            f'<td class="num">{self.coverage}</td>\n  </tr>\n  ')
+            f'<td class="num">{self.coverage}</td>\n  </tr>\n  '
+        )
 
 
 # --- the chart -----------------------------------------------------------------------------
 
 # Colour and a pattern per series, so two series differ without colour too (print, colour blindness).
-_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
-            "#ff9da7", "#8cd17d")
+_COLOURS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#b07aa1",
+    "#76b7b2",
+    "#edc948",
+    "#9c755f",
+    "#ff9da7",
+    "#8cd17d",
+)
 _PATTERNS = ("solid", "diagonal", "dots", "horizontal", "cross", "vertical", "checks", "backslash")
 _W, _PLOT_H, _LEFT, _RIGHT, _TOP, _AXIS_H = 900, 240, 70, 10, 14, 28
 _LEGEND_COL, _LEGEND_ROW, _MAX_BAR = 275, 20, 48
@@ -198,10 +221,12 @@ def _two_places(value: float) -> str:
 def _bar(seg: Segment) -> str:
     # html.escape is what Django's escape (the templates' autoescape) calls, without its lazy wrapper.
     title, series = html.escape(seg.title), seg.series
-    return (f'<a class="bar{" unpriced" if seg.unpriced else ""}" href="{html.escape(seg.href)}" '
-            f'data-model="{html.escape(series.model)}" aria-label="{title}"><rect x="{_two_places(seg.x)}" '
-            f'y="{_two_places(seg.y)}" width="{_two_places(seg.width)}" height="{_two_places(seg.height)}" '
-            f'fill="url(#{html.escape(series.pattern_id)})"/><title>{title}</title></a>')
+    return (
+        f'<a class="bar{" unpriced" if seg.unpriced else ""}" href="{html.escape(seg.href)}" '
+        f'data-model="{html.escape(series.model)}" aria-label="{title}"><rect x="{_two_places(seg.x)}" '
+        f'y="{_two_places(seg.y)}" width="{_two_places(seg.width)}" height="{_two_places(seg.height)}" '
+        f'fill="url(#{html.escape(series.pattern_id)})"/><title>{title}</title></a>'
+    )
 
 
 def _nice_step(top: float, ticks: int = 4) -> float:
@@ -232,8 +257,9 @@ def period_label(first: date, last: date | None, granularity: str) -> str:
     return f"{first} – {last}"
 
 
-def build_chart(cells: list[PeriodModelCost], start: date, end: date, workspace: Workspace,
-                granularity: str = "day") -> Chart:
+def build_chart(
+    cells: list[PeriodModelCost], start: date, end: date, workspace: Workspace, granularity: str = "day"
+) -> Chart:
     spans = periods(start, end, granularity)
     days = [first for first, _ in spans]
     lasts = dict(spans)
@@ -252,9 +278,16 @@ def build_chart(cells: list[PeriodModelCost], start: date, end: date, workspace:
     columns = max(1, (_W - _LEFT) // _LEGEND_COL)
     legend_top = _TOP + _PLOT_H + _AXIS_H + 8
     series = {
-        m: Series(model=m, pattern_id=f"usage-p{i}", colour=_COLOURS[i % len(_COLOURS)],
-                  pattern=_PATTERNS[i % len(_PATTERNS)], total=totals[m], calls=calls[m],
-                  x=_LEFT + (i % columns) * _LEGEND_COL, y=legend_top + (i // columns) * _LEGEND_ROW)
+        m: Series(
+            model=m,
+            pattern_id=f"usage-p{i}",
+            colour=_COLOURS[i % len(_COLOURS)],
+            pattern=_PATTERNS[i % len(_PATTERNS)],
+            total=totals[m],
+            calls=calls[m],
+            x=_LEFT + (i % columns) * _LEGEND_COL,
+            y=legend_top + (i // columns) * _LEGEND_ROW,
+        )
         for i, m in enumerate(order)
     }
     rows = math.ceil(len(order) / columns)
@@ -264,9 +297,14 @@ def build_chart(cells: list[PeriodModelCost], start: date, end: date, workspace:
     bottom = _TOP + _PLOT_H
     total = sum(day_totals.values(), Decimal(0))
     chart = Chart(
-        noun=noun, label=(f"{adjective} cost by model from {start} to {end}: {money(total) if totals else '$0'} in total"
-               f" across {len(order)} model{'s' if len(order) != 1 else ''}"),
-        height=legend_top + rows * _LEGEND_ROW + 4, plot_bottom=bottom, empty=not cells,
+        noun=noun,
+        label=(
+            f"{adjective} cost by model from {start} to {end}: {money(total) if totals else '$0'} in total"
+            f" across {len(order)} model{'s' if len(order) != 1 else ''}"
+        ),
+        height=legend_top + rows * _LEGEND_ROW + 4,
+        plot_bottom=bottom,
+        empty=not cells,
         series=list(series.values()),
     )
     n = top / step
@@ -288,15 +326,33 @@ def build_chart(cells: list[PeriodModelCost], start: date, end: date, workspace:
         s = series[c.model]
         when = f"{on} {period_label(c.day, lasts[c.day], granularity)}"
         if c.cost_usd is None:
-            chart.segments.append(Segment(x, bottom - 3, width, 3, s, href, unpriced=True,
-                                          title=f"{c.model} {when}: n/a ({c.calls} unpriced calls)"))
+            chart.segments.append(
+                Segment(
+                    x,
+                    bottom - 3,
+                    width,
+                    3,
+                    s,
+                    href,
+                    unpriced=True,
+                    title=f"{c.model} {when}: n/a ({c.calls} unpriced calls)",
+                )
+            )
             continue
         height = max(float(c.cost_usd) / top * _PLOT_H, 1.0)
         base = stacked.get(c.day, 0.0)
         stacked[c.day] = base + height
-        chart.segments.append(Segment(x, bottom - base - height, width, height, s, href,
-                                      title=f"{c.model} {when}: {money(c.cost_usd)} ({c.priced_calls} of "
-                                            f"{c.calls} calls priced)"))
+        chart.segments.append(
+            Segment(
+                x,
+                bottom - base - height,
+                width,
+                height,
+                s,
+                href,
+                title=f"{c.model} {when}: {money(c.cost_usd)} ({c.priced_calls} of {c.calls} calls priced)",
+            )
+        )
     return chart
 
 
@@ -319,11 +375,17 @@ def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
     ws = member.workspace
     form = UsageForm(request.GET)
     is_admin = member.allows("admin")
-    context: dict[str, Any] = {"workspace": ws, "workspaces": selectors.workspaces_for(request.user),
-                               "form": form, "is_admin": is_admin,
-                               "from_value": request.GET.get("from", ""), "to_value": request.GET.get("to", ""),
-                               "by_value": request.GET.get("by", ""), "daily_up_to": DAILY_UP_TO,
-                               "weekly_up_to": WEEKLY_UP_TO}
+    context: dict[str, Any] = {
+        "workspace": ws,
+        "workspaces": selectors.workspaces_for(request.user),
+        "form": form,
+        "is_admin": is_admin,
+        "from_value": request.GET.get("from", ""),
+        "to_value": request.GET.get("to", ""),
+        "by_value": request.GET.get("by", ""),
+        "daily_up_to": DAILY_UP_TO,
+        "weekly_up_to": WEEKLY_UP_TO,
+    }
     if not form.is_valid():
         return render(request, "console/usage/report.html", context, status=400)
     start, end, scope = form.cleaned_data["from"], form.cleaned_data["to"], form.cleaned_data["scope"]
@@ -341,23 +403,32 @@ def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
     for r in report.by_period:
         first = date.fromisoformat(r.key or "")
         span = {"from": first, "to": lasts[first]}
-        period_rows.append(TableRow(period_label(first, lasts[first], granularity),
-                                    runs_url(ws, model=selectors.ANY_MODEL, **span), r))
-    context.update({
-        "scope": scope, "start": start, "end": end, "granularity": granularity, "period_noun": noun,
-        "period_key_label": key_label, "period_caption": f"By {noun}",
-        "by_value": form.cleaned_data.get("by") or "",
-        "chart": build_chart(report.cells, start, end, ws, granularity),
-        "models": [TableRow(r.key or "", runs_url(ws, model=r.key or "", **rng), r) for r in report.by_model],
-        "days": period_rows,
-        "total": TableRow("Total", runs_url(ws, model=selectors.ANY_MODEL, **rng), report.total),
-        "csv_url": _csv_url(ws, scope, start, end, "model"),
-        "csv_days_url": _csv_url(ws, scope, start, end, granularity),
-    })
+        period_rows.append(
+            TableRow(period_label(first, lasts[first], granularity), runs_url(ws, model=selectors.ANY_MODEL, **span), r)
+        )
+    context.update(
+        {
+            "scope": scope,
+            "start": start,
+            "end": end,
+            "granularity": granularity,
+            "period_noun": noun,
+            "period_key_label": key_label,
+            "period_caption": f"By {noun}",
+            "by_value": form.cleaned_data.get("by") or "",
+            "chart": build_chart(report.cells, start, end, ws, granularity),
+            "models": [TableRow(r.key or "", runs_url(ws, model=r.key or "", **rng), r) for r in report.by_model],
+            "days": period_rows,
+            "total": TableRow("Total", runs_url(ws, model=selectors.ANY_MODEL, **rng), report.total),
+            "csv_url": _csv_url(ws, scope, start, end, "model"),
+            "csv_days_url": _csv_url(ws, scope, start, end, granularity),
+        }
+    )
     if scope == "tenant":
         by_workspace, _ = usage_rows(group_by="workspace", start=start, end=end, tenant=ws.tenant)
         context["workspaces_usage"] = [
-            TableRow(r.key or "", f"/w/{r.key}/usage/?" + urlencode(rng), r) for r in by_workspace]
+            TableRow(r.key or "", f"/w/{r.key}/usage/?" + urlencode(rng), r) for r in by_workspace
+        ]
     return render(request, "console/usage/report.html", context)
 
 

@@ -94,8 +94,10 @@ class Axis:
 def _urls(run: Run) -> dict[str, str]:
     ws = run.workspace
     args = [ws.tenant.slug, ws.slug, run.run_id]
-    return {"conversation": reverse("run-tab", args=[*args, "conversation"]),
-            "timeline": reverse("run-tab", args=[*args, "timeline"])}
+    return {
+        "conversation": reverse("run-tab", args=[*args, "conversation"]),
+        "timeline": reverse("run-tab", args=[*args, "timeline"]),
+    }
 
 
 def _event_url(urls: dict[str, str], sequence: int) -> str:
@@ -121,9 +123,16 @@ def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar |
         return None
     last = call.responded_sequence or call.failed_sequence
     model = f"{call.provider}/{call.model_id}" if call.model_id else "model"
-    return Bar("model", f"turn {call.turn if call.turn is not None else '?'}", call.status, start,
-               parse_time(folded.recorded_at(last)) if last else None,
-               f"{urls['conversation']}#turn-{first}", first, detail=model)
+    return Bar(
+        "model",
+        f"turn {call.turn if call.turn is not None else '?'}",
+        call.status,
+        start,
+        parse_time(folded.recorded_at(last)) if last else None,
+        f"{urls['conversation']}#turn-{first}",
+        first,
+        detail=model,
+    )
 
 
 def _tool_bar(folded: FoldedRun, urls: dict[str, str], tool: ToolCallState, subruns: dict[str, Run]) -> Bar | None:
@@ -132,8 +141,16 @@ def _tool_bar(folded: FoldedRun, urls: dict[str, str], tool: ToolCallState, subr
     if start is None:
         return None
     end = parse_time(folded.recorded_at(tool.ended_sequence)) if tool.ended_sequence else None
-    bar = Bar("tool", tool.tool_name or tool.call_id, tool.status, start, end,
-              f"{urls['conversation']}#call-{tool.call_id}", first, detail=tool.caller or "")
+    bar = Bar(
+        "tool",
+        tool.tool_name or tool.call_id,
+        tool.status,
+        start,
+        end,
+        f"{urls['conversation']}#call-{tool.call_id}",
+        first,
+        detail=tool.caller or "",
+    )
     sub_id = tool.args.get("subRunId") if isinstance(tool.args, dict) else None
     child = subruns.get(sub_id) if isinstance(sub_id, str) else None
     if child is not None:
@@ -157,8 +174,9 @@ def _steps(folded: FoldedRun, urls: dict[str, str]) -> dict[str, Bar]:
         if start is None:
             continue
         end = parse_time(step.finished_at) if step.status in ("completed", "failed") else None
-        bars[path] = Bar("step", path, step.status, start, end, _event_url(urls, step.first_sequence),
-                         step.first_sequence)
+        bars[path] = Bar(
+            "step", path, step.status, start, end, _event_url(urls, step.first_sequence), step.first_sequence
+        )
     return bars
 
 
@@ -183,8 +201,15 @@ def bars_of(run: Run, folded: FoldedRun, children: list[Run]) -> list[Bar]:
         if start is None:
             continue
         end = parse_time(folded.recorded_at(session.ended_sequence)) if session.ended_sequence else None
-        bar = Bar("session", session.role or "session", session.status, start, end,
-                  f"{urls['conversation']}#session-{session.sequence}", session.sequence)
+        bar = Bar(
+            "session",
+            session.role or "session",
+            session.status,
+            start,
+            end,
+            f"{urls['conversation']}#session-{session.sequence}",
+            session.sequence,
+        )
         sessions[index] = bar
         home(session.step_path).append(bar)
     for call in state.model_calls:

@@ -44,8 +44,9 @@ def timestamp(value: datetime | str | None, precision: str = "") -> SafeString |
     if value is None or value == "":
         return "—"
     moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return format_html('<time datetime="{}">{}</time>', moment.isoformat(),
-                       fmt.utc(moment, milliseconds=precision == "ms"))
+    return format_html(
+        '<time datetime="{}">{}</time>', moment.isoformat(), fmt.utc(moment, milliseconds=precision == "ms")
+    )
 
 
 @register.inclusion_tag("console/long_text.html")

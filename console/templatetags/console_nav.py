@@ -11,8 +11,7 @@ from typing import Any
 from django import template
 
 from ledger.models import Role, Workspace
-from ledger.reads import reexecutions
-from ledger.reads import selectors
+from ledger.reads import reexecutions, selectors
 
 register = template.Library()
 
@@ -29,9 +28,15 @@ def workspace_nav(context: Any, user: Any, workspace: Workspace | None) -> dict[
     cache: dict[int, dict[str, Any]] = getattr(request, "_workspace_nav", {}) if request is not None else {}
     if workspace.pk not in cache:
         membership = selectors.membership(user, workspace.tenant)
-        cache[workspace.pk] = NOTHING if membership is None else {
-            "pending": reexecutions.pending_approval(workspace).count(), "admin": membership.allows(Role.ADMIN),
-            "operator": membership.allows(Role.OPERATOR)}
+        cache[workspace.pk] = (
+            NOTHING
+            if membership is None
+            else {
+                "pending": reexecutions.pending_approval(workspace).count(),
+                "admin": membership.allows(Role.ADMIN),
+                "operator": membership.allows(Role.OPERATOR),
+            }
+        )
         if request is not None:
             request._workspace_nav = cache
     return cache[workspace.pk]

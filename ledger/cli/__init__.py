@@ -9,7 +9,25 @@ listed in `MODULES`. A LedgerError becomes a CommandError (its message, exit 1).
 from __future__ import annotations
 
 MODULES = [
-    "bootstrap", "create_user", "create_key", "demo", "events", "verify", "rebuild", "reprice", "report",
-    "replay_plan", "run", "resume", "cancel", "reexecute", "worker", "loop",
-    "prune", "keys", "export", "export_evidence", "import_little",
+    "bootstrap",
+    "create_user",
+    "create_key",
+    "demo",
+    "events",
+    "verify",
+    "rebuild",
+    "reprice",
+    "report",
+    "replay_plan",
+    "run",
+    "resume",
+    "cancel",
+    "reexecute",
+    "worker",
+    "loop",
+    "prune",
+    "keys",
+    "export",
+    "export_evidence",
+    "import_little",
 ]

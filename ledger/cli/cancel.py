@@ -24,9 +24,17 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 def handle(cmd: BaseCommand, *, run: str, workspace: str | None, reason: str, **_: Any) -> None:
     the_run = existing_run(cmd, run, workspace)
-    done = cancel_run(workspace=the_run.workspace, run_id=the_run.run_id, reason=reason,
-                      by="system:cli")
-    cmd.stdout.write(json.dumps({"runId": done.run_id, "status": "failed", "executorHeld": done.held,
-                                 "abandonedCalls": done.abandoned, "inDoubtCalls": done.in_doubt,
-                                 "cancelledSubRuns": done.sub_runs}))
+    done = cancel_run(workspace=the_run.workspace, run_id=the_run.run_id, reason=reason, by="system:cli")
+    cmd.stdout.write(
+        json.dumps(
+            {
+                "runId": done.run_id,
+                "status": "failed",
+                "executorHeld": done.held,
+                "abandonedCalls": done.abandoned,
+                "inDoubtCalls": done.in_doubt,
+                "cancelledSubRuns": done.sub_runs,
+            }
+        )
+    )
     cmd.stderr.write(f"run {done.run_id} cancelled" + (" (its executor stops at its next write)" if done.held else ""))

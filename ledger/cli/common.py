@@ -10,14 +10,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.tenancy import access
-from ledger.reads import selectors
 from ledger.errors import LedgerError
-from ledger.replay.gateway import ToolCallInDoubt
 from ledger.models import Run, RunStatus
+from ledger.reads import selectors
+from ledger.replay.gateway import ToolCallInDoubt
 from ledger.replay.plan import CapabilityDriftError
 from ledger.runtime.errors import WAITING_APPROVAL
 from ledger.runtime.executor import RunOutcome
+from ledger.tenancy import access
 
 
 def add_run_arguments(parser: ArgumentParser, *, optional: bool = False, workspace_help: str | None = None) -> None:
@@ -71,7 +71,8 @@ def report_outcome(cmd: BaseCommand, execute: Callable[[], RunOutcome]) -> RunOu
         cmd.stderr.write(
             f"tool call {outcome.error.get('callId')} ({outcome.error.get('toolName')}) in step "
             f"{outcome.error.get('stepPath')} waits for an approver (not the run's requester) on the workspace's "
-            f"Approvals page; after the decision: ledger resume {outcome.run_id}")
+            f"Approvals page; after the decision: ledger resume {outcome.run_id}"
+        )
     return outcome
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.tenancy import access, services as tenancy
+from ledger.tenancy import access
+from ledger.tenancy import services as tenancy
 
 NAME = "create-key"
 HELP = "print a new API key, alone on its line"

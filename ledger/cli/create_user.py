@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.tenancy import services as tenancy
 from ledger.models import Role
+from ledger.tenancy import services as tenancy
 
 NAME = "create-user"
 HELP = "create or update a member"

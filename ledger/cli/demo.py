@@ -14,8 +14,9 @@ HELP = "bootstrap the demo tenants, users and runs (idempotent)"
 
 
 def add_arguments(parser: ArgumentParser) -> None:
-    parser.add_argument("--history-runs", type=int, default=None,
-                        help="how many runs to lay out over the last 30 days (default 300)")
+    parser.add_argument(
+        "--history-runs", type=int, default=None, help="how many runs to lay out over the last 30 days (default 300)"
+    )
 
 
 def handle(cmd: BaseCommand, *, history_runs: int | None = None, **_: Any) -> None:
@@ -23,5 +24,6 @@ def handle(cmd: BaseCommand, *, history_runs: int | None = None, **_: Any) -> No
         raise CommandError("--history-runs must be 0 or more")
     summary = load_demo(history_runs=HISTORY_RUNS if history_runs is None else history_runs)
     cmd.stdout.write(f"demo ready: {summary}")
-    cmd.stdout.write(f"log in as alice (admin), bob (approver), carol (operator) or dave (viewer), "
-                     f"password {DEMO_PASSWORD}")
+    cmd.stdout.write(
+        f"log in as alice (admin), bob (approver), carol (operator) or dave (viewer), password {DEMO_PASSWORD}"
+    )

@@ -12,11 +12,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.tenancy import access
 from ledger import audit
-from ledger.interop import exports
 from ledger.errors import NotFound
+from ledger.interop import exports
 from ledger.models import Tenant
+from ledger.tenancy import access
 
 NAME = "export"
 HELP = "stream runs, events, cost entries or the audit log as JSONL or CSV (audited)"
@@ -26,7 +26,9 @@ CLI_ACTOR = audit.Actor(name="system:cli")
 def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("kind", choices=exports.KINDS)
     parser.add_argument("--format", dest="fmt", choices=exports.FORMATS, default="jsonl")
-    parser.add_argument("--workspace", help="TENANT/WORKSPACE (default: every workspace; the audit log needs this or --tenant)")
+    parser.add_argument(
+        "--workspace", help="TENANT/WORKSPACE (default: every workspace; the audit log needs this or --tenant)"
+    )
     parser.add_argument("--tenant", help="audit only: one tenant's log")
     parser.add_argument("--from", dest="start", help="YYYY-MM-DD or ISO 8601, inclusive")
     parser.add_argument("--to", dest="end", help="YYYY-MM-DD (that whole day) or ISO 8601, exclusive")
@@ -34,17 +36,32 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--output", "-o", help="write to this file instead of stdout")
 
 
-def handle(cmd: BaseCommand, *, kind: str, fmt: str, workspace: str | None, tenant: str | None,
-           start: str | None, end: str | None, run_id: str | None, output: str | None, **_: Any) -> None:
+def handle(
+    cmd: BaseCommand,
+    *,
+    kind: str,
+    fmt: str,
+    workspace: str | None,
+    tenant: str | None,
+    start: str | None,
+    end: str | None,
+    run_id: str | None,
+    output: str | None,
+    **_: Any,
+) -> None:
     try:
         bounds = exports.parse_bound(start, "--from", end=False), exports.parse_bound(end, "--to", end=True)
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
-    filters = {k: v for k, v in {"workspace": workspace, "tenant": tenant, "from": start, "to": end,
-                                 "runId": run_id}.items() if v}
+    filters = {
+        k: v
+        for k, v in {"workspace": workspace, "tenant": tenant, "from": start, "to": end, "runId": run_id}.items()
+        if v
+    }
     spaces = [access.workspace_by_path(workspace)] if workspace else None
-    selection = exports.Selection(kind=kind, workspaces=spaces, start=bounds[0], end=bounds[1], run_id=run_id,
-                                  filters=filters)
+    selection = exports.Selection(
+        kind=kind, workspaces=spaces, start=bounds[0], end=bounds[1], run_id=run_id, filters=filters
+    )
     if kind == "audit":
         if run_id:
             raise CommandError("--run does not apply to the audit log")
@@ -57,7 +74,7 @@ def handle(cmd: BaseCommand, *, kind: str, fmt: str, workspace: str | None, tena
     elif tenant:
         raise CommandError("--tenant applies to the audit log only; use --workspace T/W")
     exports.record_export(selection=selection, fmt=fmt, by=CLI_ACTOR)
-    with (open(output, "wb") if output else nullcontext(sys.stdout.buffer)) as out:
+    with open(output, "wb") if output else nullcontext(sys.stdout.buffer) as out:
         for piece in exports.render(selection, fmt):
             out.write(piece)
         out.flush()

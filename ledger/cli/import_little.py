@@ -10,8 +10,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.tenancy import access
 from ledger.interop.little_import import ImportRefused, import_data_dir
+from ledger.tenancy import access
 
 NAME = "import-little"
 HELP = "import a Little Workflow data directory (logs, artifacts, outer loops) with the same event ids"
@@ -33,6 +33,8 @@ def handle(cmd: BaseCommand, *, directory: str, workspace: str, **_: Any) -> Non
         sys.exit(1)
     for line in summary.lines:
         cmd.stdout.write(line)
-    cmd.stdout.write(f"{summary.runs_imported} run(s) imported, {summary.runs_continued} continued, "
-                     f"{summary.runs_skipped} skipped; {summary.events_written} event(s) written, "
-                     f"{summary.artifacts_stored} artifact(s) stored, into {workspace}")
+    cmd.stdout.write(
+        f"{summary.runs_imported} run(s) imported, {summary.runs_continued} continued, "
+        f"{summary.runs_skipped} skipped; {summary.events_written} event(s) written, "
+        f"{summary.artifacts_stored} artifact(s) stored, into {workspace}"
+    )

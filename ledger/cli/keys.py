@@ -10,7 +10,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.tenancy import access, services as tenancy
+from ledger.tenancy import access
+from ledger.tenancy import services as tenancy
 
 NAME = "keys"
 HELP = "list API keys by prefix, or revoke one"
@@ -18,7 +19,9 @@ HELP = "list API keys by prefix, or revoke one"
 
 def add_arguments(parser: ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_action", required=True, metavar="list|revoke")
-    listing = sub.add_parser("list", help="one key per line: prefix, workspace, name, scopes, created, last used, revoked")
+    listing = sub.add_parser(
+        "list", help="one key per line: prefix, workspace, name, scopes, created, last used, revoked"
+    )
     listing.add_argument("--workspace", help="TENANT/WORKSPACE (default: every workspace)")
     listing.add_argument("--all", action="store_true", dest="include_revoked", help="include revoked keys")
     revoking = sub.add_parser("revoke", help="revoke the key with this prefix (idempotent)")
@@ -35,9 +38,19 @@ def handle(cmd: BaseCommand, *, keys_action: str, **options: Any) -> None:
         ws = access.workspace_by_path(options["workspace"]) if options.get("workspace") else None
         cmd.stdout.write("PREFIX\tWORKSPACE\tNAME\tSCOPES\tCREATED\tLAST_USED\tREVOKED")
         for key in tenancy.keys(workspace=ws, include_revoked=options["include_revoked"]):
-            cmd.stdout.write("\t".join([
-                key.prefix, str(key.workspace), key.name or "-", ",".join(key.scopes), _when(key.created_at),
-                _when(key.last_used_at), _when(key.revoked_at)]))
+            cmd.stdout.write(
+                "\t".join(
+                    [
+                        key.prefix,
+                        str(key.workspace),
+                        key.name or "-",
+                        ",".join(key.scopes),
+                        _when(key.created_at),
+                        _when(key.last_used_at),
+                        _when(key.revoked_at),
+                    ]
+                )
+            )
         return
     found = tenancy.key_by_prefix(options["prefix"])
     if found is None:

@@ -19,11 +19,18 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.tenancy import access
 from ledger.models import RunStatus
-from ledger.runtime.outer_loop import (LoopState, check_outer_loop_id, new_outer_loop_id, read_loop, record_run_id,
-                                       resume_outer_loop, start_outer_loop)
+from ledger.runtime.outer_loop import (
+    LoopState,
+    check_outer_loop_id,
+    new_outer_loop_id,
+    read_loop,
+    record_run_id,
+    resume_outer_loop,
+    start_outer_loop,
+)
 from ledger.runtime.registry import get_workflow, load_modules
+from ledger.tenancy import access
 
 from .common import existing_run, json_arg
 
@@ -63,8 +70,20 @@ def handle(cmd: BaseCommand, *, loop_action: str, **options: Any) -> None:
         _show(cmd, **options)
 
 
-def _start(cmd: BaseCommand, *, workflow: str, input: str, workspace: str, max_cycles: int, goal: str,
-           supervise: str | None, loop_id: str | None, take_over: bool, module: list[str], **_: Any) -> None:
+def _start(
+    cmd: BaseCommand,
+    *,
+    workflow: str,
+    input: str,
+    workspace: str,
+    max_cycles: int,
+    goal: str,
+    supervise: str | None,
+    loop_id: str | None,
+    take_over: bool,
+    module: list[str],
+    **_: Any,
+) -> None:
     loop_input = json_arg(input)
     load_modules(module)
     get_workflow(workflow)  # an unknown name is refused before a loop id is handed out
@@ -72,16 +91,36 @@ def _start(cmd: BaseCommand, *, workflow: str, input: str, workspace: str, max_c
     loop_id = check_outer_loop_id(loop_id or new_outer_loop_id())
     cmd.stdout.write(loop_id)
     cmd.stdout.flush()
-    _report(cmd, start_outer_loop(workspace=ws, workflow=workflow, input=loop_input, max_cycles=max_cycles, goal=goal,
-                                  supervise=supervise, outer_loop_id=loop_id, take_over=take_over))
+    _report(
+        cmd,
+        start_outer_loop(
+            workspace=ws,
+            workflow=workflow,
+            input=loop_input,
+            max_cycles=max_cycles,
+            goal=goal,
+            supervise=supervise,
+            outer_loop_id=loop_id,
+            take_over=take_over,
+        ),
+    )
 
 
-def _resume(cmd: BaseCommand, *, loop: str, workspace: str | None, supervise: str | None, take_over: bool,
-            module: list[str], **_: Any) -> None:
+def _resume(
+    cmd: BaseCommand,
+    *,
+    loop: str,
+    workspace: str | None,
+    supervise: str | None,
+    take_over: bool,
+    module: list[str],
+    **_: Any,
+) -> None:
     load_modules(module)
     record = existing_run(cmd, record_run_id(check_outer_loop_id(loop)), workspace)
-    _report(cmd, resume_outer_loop(workspace=record.workspace, outer_loop_id=loop, supervise=supervise,
-                                   take_over=take_over))
+    _report(
+        cmd, resume_outer_loop(workspace=record.workspace, outer_loop_id=loop, supervise=supervise, take_over=take_over)
+    )
 
 
 def _show(cmd: BaseCommand, *, loop: str, workspace: str | None, **_: Any) -> None:

@@ -16,9 +16,9 @@ from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand
 
-from ledger.tenancy import access, retention
 from ledger import clock
 from ledger.reads import selectors
+from ledger.tenancy import access, retention
 
 NAME = "prune"
 HELP = "retention: delete whole runs past their workspace's retention, audited"
@@ -26,11 +26,22 @@ HELP = "retention: delete whole runs past their workspace's retention, audited"
 
 def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--workspace", help="TENANT/WORKSPACE (default: every workspace)")
-    parser.add_argument("--older-than", type=int, dest="older_than", metavar="DAYS",
-                        help="use this retention for every workspace selected, instead of their settings")
+    parser.add_argument(
+        "--older-than",
+        type=int,
+        dest="older_than",
+        metavar="DAYS",
+        help="use this retention for every workspace selected, instead of their settings",
+    )
     parser.add_argument("--dry-run", action="store_true", dest="dry_run", help="list what would go; change nothing")
-    parser.add_argument("--batch-size", type=int, default=100, dest="batch_size", metavar="N",
-                        help="candidate runs read per query (default 100); each tree is its own transaction")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=100,
+        dest="batch_size",
+        metavar="N",
+        help="candidate runs read per query (default 100); each tree is its own transaction",
+    )
 
 
 def _bar(stream: TextIO, progress: retention.Progress, *, label: str) -> None:
@@ -44,12 +55,15 @@ def _bar(stream: TextIO, progress: retention.Progress, *, label: str) -> None:
 def _describe(tree: retention.TreeOutcome) -> str:
     counts = ", ".join(f"{k}={v}" for k, v in tree.counts.items())
     below = f" (+{len(tree.run_ids) - 1} sub-run(s))" if len(tree.run_ids) > 1 else ""
-    return (f"{tree.workspace} {tree.root_run_id}{below} last activity "
-            f"{tree.last_activity.isoformat().replace('+00:00', 'Z')}: {counts}")
+    return (
+        f"{tree.workspace} {tree.root_run_id}{below} last activity "
+        f"{tree.last_activity.isoformat().replace('+00:00', 'Z')}: {counts}"
+    )
 
 
-def handle(cmd: BaseCommand, *, workspace: str | None, older_than: int | None, dry_run: bool, batch_size: int,
-           **_: Any) -> None:
+def handle(
+    cmd: BaseCommand, *, workspace: str | None, older_than: int | None, dry_run: bool, batch_size: int, **_: Any
+) -> None:
     retention.validate_days(older_than)
     spaces = [access.workspace_by_path(workspace)] if workspace else list(selectors.all_workspaces())
     tty = sys.stderr.isatty()
@@ -65,8 +79,9 @@ def handle(cmd: BaseCommand, *, workspace: str | None, older_than: int | None, d
         progress = retention.Progress(total=retention.candidates(space, retention.cutoff(days, now)).count())
         if tty:
             progress.listener = functools.partial(_bar, sys.stderr, label=str(space))
-        for tree in retention.prune_workspace(space, days=days, now=now, dry_run=dry_run, batch_size=batch_size,
-                                              progress=progress):
+        for tree in retention.prune_workspace(
+            space, days=days, now=now, dry_run=dry_run, batch_size=batch_size, progress=progress
+        ):
             for k, v in tree.counts.items():
                 totals[k] = totals.get(k, 0) + v
             if dry_run or not tty:

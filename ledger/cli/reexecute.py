@@ -9,15 +9,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.reads import selectors
 from ledger.models import ReexecutionRequest
+from ledger.reads import selectors
 from ledger.reexecution import services
 
 from .common import find_run, json_arg
 
 NAME = "reexecute"
-HELP = "request a re-execution as a member (simulate starts at once; other modes wait for an approver); " \
-       "prints the request id"
+HELP = (
+    "request a re-execution as a member (simulate starts at once; other modes wait for an approver); "
+    "prints the request id"
+)
 
 
 def add_arguments(parser: ArgumentParser) -> None:
@@ -30,13 +32,29 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--input", help="fork: the new run's input, JSON")
 
 
-def handle(cmd: BaseCommand, *, run: str, mode: str, reason: str, as_user: str, workspace: str | None,
-           from_step: str | None, input: str | None, **_: Any) -> None:
+def handle(
+    cmd: BaseCommand,
+    *,
+    run: str,
+    mode: str,
+    reason: str,
+    as_user: str,
+    workspace: str | None,
+    from_step: str | None,
+    input: str | None,
+    **_: Any,
+) -> None:
     the_run = find_run(run, workspace)
     user = selectors.user_named(as_user)
     if user is None:
         raise CommandError(f"no user {as_user}")
     made = services.request_reexecution(
-        workspace=the_run.workspace, run_id=the_run.run_id, mode=mode, reason=reason, by=user,
-        from_step=from_step, input=json_arg(input) if input is not None else services.NOT_GIVEN)
+        workspace=the_run.workspace,
+        run_id=the_run.run_id,
+        mode=mode,
+        reason=reason,
+        by=user,
+        from_step=from_step,
+        input=json_arg(input) if input is not None else services.NOT_GIVEN,
+    )
     cmd.stdout.write(f"{made.public_id} {made.status}")

@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from ledger.fold import fold
-from ledger.log.envelopes import log_of
 from ledger.fold.pricing import prices_for
+from ledger.log.envelopes import log_of
 from ledger.reads.report import render_report_table, usage_report
 
 from .common import add_run_arguments, existing_run

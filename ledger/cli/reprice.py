@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.reads import selectors
 from ledger.log.projection import reprice
+from ledger.reads import selectors
 
 NAME = "reprice"
 HELP = "recompute cost entries from the recorded tokens after a price change"

@@ -27,8 +27,16 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--module", action="append", default=[], help="import this module to register workflows")
 
 
-def handle(cmd: BaseCommand, *, run: str, workspace: str | None, input: str | None, take_over: bool,
-           module: list[str], **_: Any) -> None:
+def handle(
+    cmd: BaseCommand,
+    *,
+    run: str,
+    workspace: str | None,
+    input: str | None,
+    take_over: bool,
+    module: list[str],
+    **_: Any,
+) -> None:
     load_modules(module)
     the_run = existing_run(cmd, run, workspace)
     kwargs: dict[str, Any] = {"input": json_arg(input)} if input is not None else {}
@@ -37,8 +45,9 @@ def handle(cmd: BaseCommand, *, run: str, workspace: str | None, input: str | No
     name = first[0]["payload"].get("workflow") if first else None
     try:
         if isinstance(name, str):
-            reporter = progress.reporter_for(cmd.stderr, workspace=the_run.workspace, run_id=the_run.run_id,
-                                             workflow=get_workflow(name))
+            reporter = progress.reporter_for(
+                cmd.stderr, workspace=the_run.workspace, run_id=the_run.run_id, workflow=get_workflow(name)
+            )
     except UnknownWorkflow:
         pass  # resume_run refuses it, saying so
 
@@ -49,6 +58,9 @@ def handle(cmd: BaseCommand, *, run: str, workspace: str | None, input: str | No
             return resume_run(workspace=the_run.workspace, run_id=the_run.run_id, take_over=take_over, **kwargs)
 
     outcome = report_outcome(cmd, execute)
-    cmd.stdout.write(json.dumps({"runId": outcome.run_id, "status": outcome.status,
-                                 "output": outcome.output, "error": outcome.error}))
+    cmd.stdout.write(
+        json.dumps(
+            {"runId": outcome.run_id, "status": outcome.status, "output": outcome.output, "error": outcome.error}
+        )
+    )
     exit_unless_completed(outcome)

@@ -8,10 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.tenancy import access
 from ledger.runtime import progress
 from ledger.runtime.executor import RunOutcome, new_run_id, start_run
 from ledger.runtime.registry import get_workflow, load_modules
+from ledger.tenancy import access
 
 from .common import exit_unless_completed, json_arg, report_outcome
 
@@ -28,8 +28,17 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--requested-by", help="the member asking for the run: they may not approve its tool calls")
 
 
-def handle(cmd: BaseCommand, *, workflow: str, input: str, workspace: str, run_id: str | None, module: list[str],
-           requested_by: str | None = None, **_: Any) -> None:
+def handle(
+    cmd: BaseCommand,
+    *,
+    workflow: str,
+    input: str,
+    workspace: str,
+    run_id: str | None,
+    module: list[str],
+    requested_by: str | None = None,
+    **_: Any,
+) -> None:
     run_input = json_arg(input)  # before anything is printed or created
     load_modules(module)
     get_workflow(workflow)  # an unknown name is refused before a run id is handed out
@@ -41,8 +50,7 @@ def handle(cmd: BaseCommand, *, workflow: str, input: str, workspace: str, run_i
 
     def execute() -> RunOutcome:
         with progress.reporting(reporter):
-            return start_run(workspace=ws, workflow=workflow, input=run_input, run_id=run_id,
-                             requested_by=requested_by)
+            return start_run(workspace=ws, workflow=workflow, input=run_input, run_id=run_id, requested_by=requested_by)
 
     outcome = report_outcome(cmd, execute)
     exit_unless_completed(outcome)

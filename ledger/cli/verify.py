@@ -14,11 +14,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.tenancy import access
 from ledger.interop import offline
 from ledger.log import rollup
-from ledger.reads import selectors
 from ledger.log.verify import Check, run_references, verify_run
+from ledger.reads import selectors
+from ledger.tenancy import access
 
 from .common import add_run_arguments, runs_for
 
@@ -33,8 +33,15 @@ def add_arguments(parser: ArgumentParser) -> None:
     files.add_argument("--bundle", dest="bundle_file", metavar="FILE", help="an evidence bundle (zip)")
 
 
-def handle(cmd: BaseCommand, *, run: str | None, workspace: str | None, export_file: str | None = None,
-           bundle_file: str | None = None, **_: Any) -> None:
+def handle(
+    cmd: BaseCommand,
+    *,
+    run: str | None,
+    workspace: str | None,
+    export_file: str | None = None,
+    bundle_file: str | None = None,
+    **_: Any,
+) -> None:
     if export_file or bundle_file:
         _verify_file(cmd, export_file, bundle_file)
         return

@@ -11,8 +11,10 @@ from django.core.management.base import BaseCommand
 from ledger.reexecution.worker import run_worker
 
 NAME = "worker"
-HELP = "execute approved re-executions from the queue (django-tasks), sweep expired approvals and stalled requests; " \
-       "Ctrl-C stops it"
+HELP = (
+    "execute approved re-executions from the queue (django-tasks), sweep expired approvals and stalled requests; "
+    "Ctrl-C stops it"
+)
 
 
 def add_arguments(parser: ArgumentParser) -> None:

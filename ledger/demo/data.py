@@ -24,15 +24,15 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from .. import clock
-from ..tenancy import sharing
-from ..log import append
-from ..replay.cancellation import cancel_run
 from ..canonical import digest
+from ..log import append
+from ..models import Run, Workspace
+from ..replay.cancellation import cancel_run
 from ..replay.feedback import record_feedback
 from ..replay.gateway import ToolCallInDoubt, settle_expired_claims
-from ..models import Run, Workspace
 from ..runtime.executor import resume_run, start_run
 from ..runtime.outer_loop import start_outer_loop
+from ..tenancy import sharing
 from ..tenancy.services import bootstrap, create_user
 from . import reexecution, workflows
 
@@ -45,14 +45,23 @@ WORKSPACES = [("acme", "support"), ("acme", "research"), ("globex", "main")]
 def _model_turn(step: str, turn: int, model: tuple[str, str], tokens: tuple[int, int, int]) -> list[dict[str, Any]]:
     request = {"model": model[1], "messages": [{"role": "user", "content": f"{step} turn {turn}"}]}
     return [
-        {"type": "harness.model.called", "payload": {"turn": turn, "stepPath": step,
-                                                     "promptHash": digest(request), "request": request}},
-        {"type": "harness.model.responded", "payload": {
-            "turn": turn, "callId": f"{step}-m{turn}", "stepPath": step,
-            "model": {"provider": model[0], "modelId": model[1]},
-            "response": {"text": f"answer for {step}",
-                         "usage": {"inputTokens": tokens[0], "cachedInputTokens": tokens[1],
-                                   "outputTokens": tokens[2]}}}},
+        {
+            "type": "harness.model.called",
+            "payload": {"turn": turn, "stepPath": step, "promptHash": digest(request), "request": request},
+        },
+        {
+            "type": "harness.model.responded",
+            "payload": {
+                "turn": turn,
+                "callId": f"{step}-m{turn}",
+                "stepPath": step,
+                "model": {"provider": model[0], "modelId": model[1]},
+                "response": {
+                    "text": f"answer for {step}",
+                    "usage": {"inputTokens": tokens[0], "cachedInputTokens": tokens[1], "outputTokens": tokens[2]},
+                },
+            },
+        },
     ]
 
 
@@ -60,27 +69,52 @@ def _summarize_run(model: tuple[str, str], finish: bool) -> list[dict[str, Any]]
     """The events an external harness sends for one summarize run (the API's write path)."""
     manifest = {"harnessId": "runledger.demo", "modelSlot": model[1], "tools": ["search"]}
     events: list[dict[str, Any]] = [
-        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_support_summarize",
-                                           "input": {"ticket": 4711}, "label": "support.summarize"}},
+        {
+            "type": "RunStarted",
+            "payload": {
+                "workflowVersionId": "wfver_support_summarize",
+                "input": {"ticket": 4711},
+                "label": "support.summarize",
+            },
+        },
         {"type": "StepScheduled", "payload": {"stepPath": "summarize"}},
         {"type": "StepAttemptStarted", "payload": {"stepPath": "summarize", "attempt": 1}},
-        {"type": "harness.session.started", "payload": {
-            "stepPath": "summarize", "role": "worker.ai-generate", "task": {"kind": "execute_step"},
-            "manifest": manifest, "manifestHash": digest(manifest)}},
+        {
+            "type": "harness.session.started",
+            "payload": {
+                "stepPath": "summarize",
+                "role": "worker.ai-generate",
+                "task": {"kind": "execute_step"},
+                "manifest": manifest,
+                "manifestHash": digest(manifest),
+            },
+        },
         *_model_turn("summarize", 1, model, (1200, 800, 150)),
-        {"type": "harness.tool_call.started", "payload": {
-            "callId": "summarize-t1", "caller": "model", "turn": 1, "toolName": "search",
-            "args": {"q": "ticket 4711"}, "stepPath": "summarize",
-            "headers": {"Authorization": "Bearer sk-demo-secret"}}},
-        {"type": "harness.tool_call.succeeded", "payload": {
-            "callId": "summarize-t1", "result": {"hits": 3}, "durationMs": 42, "stepPath": "summarize"}},
+        {
+            "type": "harness.tool_call.started",
+            "payload": {
+                "callId": "summarize-t1",
+                "caller": "model",
+                "turn": 1,
+                "toolName": "search",
+                "args": {"q": "ticket 4711"},
+                "stepPath": "summarize",
+                "headers": {"Authorization": "Bearer sk-demo-secret"},
+            },
+        },
+        {
+            "type": "harness.tool_call.succeeded",
+            "payload": {"callId": "summarize-t1", "result": {"hits": 3}, "durationMs": 42, "stepPath": "summarize"},
+        },
         *_model_turn("summarize", 2, model, (1600, 1200, 220)),
     ]
     if finish:
         events += [
             {"type": "harness.session.completed", "payload": {"stepPath": "summarize"}},
-            {"type": "StepCompleted", "payload": {"stepPath": "summarize", "attempt": 1,
-                                                  "output": {"summary": "Customer cannot log in."}}},
+            {
+                "type": "StepCompleted",
+                "payload": {"stepPath": "summarize", "attempt": 1, "output": {"summary": "Customer cannot log in."}},
+            },
             {"type": "RunCompleted", "payload": {"output": {"summary": "Customer cannot log in."}}},
         ]
     return events
@@ -121,15 +155,20 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
     support, research = workspaces["acme/support"], workspaces["acme/research"]
     now = timezone.now()
     if missing(support, "run_demo_triage"):
-        start_run(workspace=support, workflow="support.triage", run_id="run_demo_triage",
-                  input={"ticket": "Where is my parcel?", "orderId": "A-1"})
+        start_run(
+            workspace=support,
+            workflow="support.triage",
+            run_id="run_demo_triage",
+            input={"ticket": "Where is my parcel?", "orderId": "A-1"},
+        )
     if missing(support, "run_demo_crashed_resumed"):
         run_input = {"ticket": "My order is late, again.", "orderId": "B-2"}
         workflows.CRASH_ON_TURN[f"Customer says: {run_input['ticket']} (order B-2)"] = 2
         with clock.backdated(now - timedelta(minutes=20)):
             try:
-                start_run(workspace=support, workflow="support.triage", run_id="run_demo_crashed_resumed",
-                          input=run_input)
+                start_run(
+                    workspace=support, workflow="support.triage", run_id="run_demo_crashed_resumed", input=run_input
+                )
             except workflows.DemoCrash:
                 pass  # the log now ends with turn 2's harness.model.called and no response
         resume_run(workspace=support, run_id="run_demo_crashed_resumed", input=run_input)
@@ -137,8 +176,12 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
         workflows.CRASH_ON_REFUND.add("C-3")
         with clock.backdated(now - timedelta(hours=2)):
             try:
-                start_run(workspace=support, workflow="support.refund", run_id="run_demo_in_doubt",
-                          input={"ticket": "Parcel lost, refund please.", "orderId": "C-3", "amount": 49.9})
+                start_run(
+                    workspace=support,
+                    workflow="support.refund",
+                    run_id="run_demo_in_doubt",
+                    input={"ticket": "Parcel lost, refund please.", "orderId": "C-3", "amount": 49.9},
+                )
             except workflows.DemoCrash:
                 pass  # the refund request left; its lease has long expired since
         settle_expired_claims(workspace=support, run_id="run_demo_in_doubt")
@@ -148,55 +191,111 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
             pass  # refused before writing: the run waits for an operator to reconcile the call
     if missing(support, "run_demo_awaiting_approval"):
         # A goodwill credit waits for an approver other than carol, who asked for it (Approvals page).
-        start_run(workspace=support, workflow="support.goodwill", run_id="run_demo_awaiting_approval",
-                  input={"ticket": "Late twice, a gesture please.", "orderId": "B-2", "amount": 25},
-                  requested_by="carol")
+        start_run(
+            workspace=support,
+            workflow="support.goodwill",
+            run_id="run_demo_awaiting_approval",
+            input={"ticket": "Late twice, a gesture please.", "orderId": "B-2", "amount": 25},
+            requested_by="carol",
+        )
     if missing(support, "run_demo_cancelled"):
         with clock.backdated(now - timedelta(minutes=45)):
-            start_run(workspace=support, workflow="support.goodwill", run_id="run_demo_cancelled",
-                      input={"ticket": "Credit me for order D-4.", "orderId": "D-4", "amount": 500},
-                      requested_by="carol")
-            cancel_run(workspace=support, run_id="run_demo_cancelled", by=User.objects.get(username="carol"),
-                       reason="order D-4 was delivered on time: no credit is due")
+            start_run(
+                workspace=support,
+                workflow="support.goodwill",
+                run_id="run_demo_cancelled",
+                input={"ticket": "Credit me for order D-4.", "orderId": "D-4", "amount": 500},
+                requested_by="carol",
+            )
+            cancel_run(
+                workspace=support,
+                run_id="run_demo_cancelled",
+                by=User.objects.get(username="carol"),
+                reason="order D-4 was delivered on time: no credit is due",
+            )
     if missing(research, "run_demo_orchestrator"):
-        start_run(workspace=research, workflow="research.orchestrator", run_id="run_demo_orchestrator",
-                  input={"topics": ["pricing pages", "churn signals", "restricted market data",
-                                    "onboarding funnels", "support backlog"]})
+        start_run(
+            workspace=research,
+            workflow="research.orchestrator",
+            run_id="run_demo_orchestrator",
+            input={
+                "topics": [
+                    "pricing pages",
+                    "churn signals",
+                    "restricted market data",
+                    "onboarding funnels",
+                    "support backlog",
+                ]
+            },
+        )
     if missing(support, "run_demo_escalation"):
-        start_run(workspace=support, workflow="support.escalation", run_id="run_demo_escalation",
-                  input={"ticket": "Third outage this month, we want a call.", "passesNeeded": 3})
+        start_run(
+            workspace=support,
+            workflow="support.escalation",
+            run_id="run_demo_escalation",
+            input={"ticket": "Third outage this month, we want a call.", "passesNeeded": 3},
+        )
     if missing(research, "run_demo_house_model"):
-        start_run(workspace=research, workflow="research.house-model", run_id="run_demo_house_model",
-                  input={"topic": "internal model evaluation"})
+        start_run(
+            workspace=research,
+            workflow="research.house-model",
+            run_id="run_demo_house_model",
+            input={"topic": "internal model evaluation"},
+        )
     if missing(research, "run_ol_demo_refine"):  # the outer loop's record: three cycles, each a run
-        start_outer_loop(workspace=research, workflow="research.refine", input={"topic": "churn signals"},
-                         goal="A tight, cited summary of churn signals", max_cycles=5, supervise="research.editor",
-                         outer_loop_id="ol_demo_refine")
+        start_outer_loop(
+            workspace=research,
+            workflow="research.refine",
+            input={"topic": "churn signals"},
+            goal="A tight, cited summary of churn signals",
+            max_cycles=5,
+            supervise="research.editor",
+            outer_loop_id="ol_demo_refine",
+        )
     if missing(research, "run_demo_export"):
-        start_run(workspace=research, workflow="research.export", run_id="run_demo_export",
-                  input={"topic": "churn signals", "rows": 4000})
+        start_run(
+            workspace=research,
+            workflow="research.export",
+            run_id="run_demo_export",
+            input={"topic": "churn signals", "rows": 4000},
+        )
 
 
 def _share_link(research: Workspace) -> None:
     """One share link of the orchestrator and its sub-runs, made by carol, so the run page's share
     panel has a row to show and revoke. Its token is thrown away (it is shown once, to whoever
     creates a link): make a new one from the panel to open a shared page."""
-    run = Run.objects.select_related("workspace__tenant").filter(
-        workspace=research, run_id="run_demo_orchestrator").first()
+    run = (
+        Run.objects.select_related("workspace__tenant")
+        .filter(workspace=research, run_id="run_demo_orchestrator")
+        .first()
+    )
     if run is None or sharing.links_of_run(research, run.run_id).exists():
         return
     carol = User.objects.get(username="carol")
-    sharing.create_link(workspace=research, run=run, by=carol, expires_in_hours=sharing.MAX_EXPIRY_HOURS,
-                        include_sub_runs=True)
+    sharing.create_link(
+        workspace=research, run=run, by=carol, expires_in_hours=sharing.MAX_EXPIRY_HOURS, include_sub_runs=True
+    )
 
 
 _HISTORY_MIX = [
-    ("acme/support", "support.triage"), ("acme/support", "support.triage"), ("acme/support", "support.triage-premium"),
-    ("acme/research", "research.brief"), ("acme/research", "research.brief"), ("acme/research", "research.house-model"),
+    ("acme/support", "support.triage"),
+    ("acme/support", "support.triage"),
+    ("acme/support", "support.triage-premium"),
+    ("acme/research", "research.brief"),
+    ("acme/research", "research.brief"),
+    ("acme/research", "research.house-model"),
     ("globex/main", "support.triage"),
 ]
-_TICKETS = ["Where is my parcel?", "Wrong size delivered", "Refund status?", "Tracking link broken",
-            "Package damaged", "Change delivery address", "Invoice missing"]
+_TICKETS = [
+    "Where is my parcel?",
+    "Wrong size delivered",
+    "Refund status?",
+    "Tracking link broken",
+    "Package damaged",
+    "Change delivery address",
+    "Invoice missing",
+]
 _TOPICS = ["pricing pages", "churn signals", "onboarding funnels", "support backlog", "model costs", "search quality"]
 _CATEGORIES = ["accuracy", "tone", "speed", "cost"]
 
@@ -217,7 +316,9 @@ def _history(workspaces: dict[str, Workspace], missing: Any, count: int) -> None
         run_id = f"run_hist_{i:04d}"
         if not missing(ws, run_id):
             continue
-        at: datetime = now - HISTORY_SPAN + (HISTORY_SPAN - SCATTER) * (i / max(count, 1)) + timedelta(minutes=(i * 37) % 600)
+        at: datetime = (
+            now - HISTORY_SPAN + (HISTORY_SPAN - SCATTER) * (i / max(count, 1)) + timedelta(minutes=(i * 37) % 600)
+        )
         if workflow.startswith("research."):
             run_input: dict[str, Any] = {"topic": f"{_TOPICS[i % len(_TOPICS)]} #{i}"}
         else:
@@ -227,5 +328,10 @@ def _history(workspaces: dict[str, Workspace], missing: Any, count: int) -> None
             start_run(workspace=ws, workflow=workflow, run_id=run_id, input=run_input)
         if i % 5 == 0 and ws.tenant.slug == "acme" and raters:
             run = Run.objects.get(workspace=ws, run_id=run_id)
-            record_feedback(run=run, rating=1 + (i * 7) % 5, category=_CATEGORIES[i % len(_CATEGORIES)],
-                            comment=f"demo rating {i}", author=raters[i % len(raters)])
+            record_feedback(
+                run=run,
+                rating=1 + (i * 7) % 5,
+                category=_CATEGORIES[i % len(_CATEGORIES)],
+                comment=f"demo rating {i}",
+                author=raters[i % len(raters)],
+            )

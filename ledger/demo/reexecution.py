@@ -36,20 +36,33 @@ def lay_out(workspace: Workspace) -> None:
         return not asked.filter(reason=reason).exists()
 
     if missing(SIMULATED):
-        made = services.request_reexecution(workspace=workspace, run_id=RUN, mode="simulate", reason=SIMULATED,
-                                            by=carol)
+        made = services.request_reexecution(
+            workspace=workspace, run_id=RUN, mode="simulate", reason=SIMULATED, by=carol
+        )
         executor.run_request(request_pk=made.pk)
     if missing(CHANGED):
         made = services.request_reexecution(
-            workspace=workspace, run_id=RUN, mode="fork", from_step="normalize", reason=CHANGED, by=carol,
-            input={"ticket": "Where is my parcel?", "orderId": "D-4"})
-        services.approve(workspace=workspace, reexecution_id=made.public_id, by=bob,
-                         note="Read-only lookups only; go ahead.")
+            workspace=workspace,
+            run_id=RUN,
+            mode="fork",
+            from_step="normalize",
+            reason=CHANGED,
+            by=carol,
+            input={"ticket": "Where is my parcel?", "orderId": "D-4"},
+        )
+        services.approve(
+            workspace=workspace, reexecution_id=made.public_id, by=bob, note="Read-only lookups only; go ahead."
+        )
         executor.run_request(request_pk=made.pk)
     if missing(DENIED):
         made = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason=DENIED, by=carol)
-        services.deny(workspace=workspace, reexecution_id=made.public_id, by=bob,
-                      note="A rerun calls the order system live; use evaluate against the record instead.")
+        services.deny(
+            workspace=workspace,
+            reexecution_id=made.public_id,
+            by=bob,
+            note="A rerun calls the order system live; use evaluate against the record instead.",
+        )
     if not asked.filter(reason=WAITING, status=Status.PENDING_APPROVAL).exists():
-        services.request_reexecution(workspace=workspace, run_id=RUN, mode="fork", from_step="draft", reason=WAITING,
-                                     by=carol)
+        services.request_reexecution(
+            workspace=workspace, run_id=RUN, mode="fork", from_step="draft", reason=WAITING, by=carol
+        )

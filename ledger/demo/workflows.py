@@ -55,13 +55,26 @@ def issue_refund(args: Any) -> dict[str, Any]:
     return {"refundId": f"rf-{args.get('orderId')}", "amount": args.get("amount")}
 
 
-LOOKUP = Tool("lookup_order", lookup_order, description="Find an order by id",
-              parameters={"type": "object", "properties": {"orderId": {"type": "string"}}, "required": ["orderId"]})
-SEARCH = Tool("search_kb", search_kb, description="Search the knowledge base",
-              parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
-REFUND = Tool("issue_refund", issue_refund, description="Refund an order (has an effect)", effect="write",
-              timeout_s=20, parameters={"type": "object", "properties": {"orderId": {"type": "string"},
-                                                                          "amount": {"type": "number"}}})
+LOOKUP = Tool(
+    "lookup_order",
+    lookup_order,
+    description="Find an order by id",
+    parameters={"type": "object", "properties": {"orderId": {"type": "string"}}, "required": ["orderId"]},
+)
+SEARCH = Tool(
+    "search_kb",
+    search_kb,
+    description="Search the knowledge base",
+    parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+)
+REFUND = Tool(
+    "issue_refund",
+    issue_refund,
+    description="Refund an order (has an effect)",
+    effect="write",
+    timeout_s=20,
+    parameters={"type": "object", "properties": {"orderId": {"type": "string"}, "amount": {"type": "number"}}},
+)
 
 
 # --- scripted models --------------------------------------------------------------------------
@@ -82,10 +95,14 @@ def _agent_script(tool: str, arg: str) -> Any:
         base = 400 + _n(key, 1600)
         if request.turn == 1:
             value = key.split("order ")[-1].rstrip(")") if arg == "orderId" else prompt[:60]
-            return {"toolCalls": [{"id": "c1", "name": tool, "args": {arg: value}}],
-                    "usage": {"inputTokens": base, "cachedInputTokens": base // 2, "outputTokens": 30 + _n(key, 40)}}
-        return {"text": f"Answer for: {key[:80]}",
-                "usage": {"inputTokens": base + 300, "cachedInputTokens": base, "outputTokens": 80 + _n(key, 200)}}
+            return {
+                "toolCalls": [{"id": "c1", "name": tool, "args": {arg: value}}],
+                "usage": {"inputTokens": base, "cachedInputTokens": base // 2, "outputTokens": 30 + _n(key, 40)},
+            }
+        return {
+            "text": f"Answer for: {key[:80]}",
+            "usage": {"inputTokens": base + 300, "cachedInputTokens": base, "outputTokens": 80 + _n(key, 200)},
+        }
 
     return script
 
@@ -114,54 +131,72 @@ def triage_output(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _triage(name: str, provider: str, model: str) -> Workflow:
-    return register(Workflow(
-        name=name,
-        steps=(
-            CodeRun("normalize", normalize),
-            AIGenerate("draft", triage_prompt, system="You answer support tickets.", tools=("lookup_order",)),
-            ToolStep("confirm", "lookup_order", confirm_args),
-        ),
-        tools={"lookup_order": LOOKUP},
-        models={"default": _provider(provider, model, "lookup_order", "orderId")},
-        output=triage_output,
-    ))
+    return register(
+        Workflow(
+            name=name,
+            steps=(
+                CodeRun("normalize", normalize),
+                AIGenerate("draft", triage_prompt, system="You answer support tickets.", tools=("lookup_order",)),
+                ToolStep("confirm", "lookup_order", confirm_args),
+            ),
+            tools={"lookup_order": LOOKUP},
+            models={"default": _provider(provider, model, "lookup_order", "orderId")},
+            output=triage_output,
+        )
+    )
 
 
 SUPPORT_TRIAGE = _triage("support.triage", "openai", "gpt-4o-mini")
 SUPPORT_TRIAGE_PREMIUM = _triage("support.triage-premium", "anthropic", "claude-sonnet-4-6")
 
 # The README's first run: `manage.py ledger run triage --input '{"ticket": "...", "orderId": "A-1"}'`.
-TRIAGE = register(Workflow(
-    name="triage",
-    steps=(
-        CodeRun("normalize", normalize),
-        AIGenerate("draft", triage_prompt, system="You answer support tickets.", tools=("lookup_order",)),
-        ToolStep("confirm", "lookup_order", confirm_args),
-        CodeRun("summarize", triage_output),
-    ),
-    tools={"lookup_order": LOOKUP},
-    models={"default": ScriptedProvider(script={"draft": [
-        {"toolCalls": [{"id": "c1", "name": "lookup_order", "args": {"orderId": "A-1"}}],
-         "usage": {"inputTokens": 120, "outputTokens": 15}},
-        {"text": "Your order A-1 has shipped with DHL.", "usage": {"inputTokens": 180, "outputTokens": 12}},
-    ]}, model_id="scripted-1")},
-))
+TRIAGE = register(
+    Workflow(
+        name="triage",
+        steps=(
+            CodeRun("normalize", normalize),
+            AIGenerate("draft", triage_prompt, system="You answer support tickets.", tools=("lookup_order",)),
+            ToolStep("confirm", "lookup_order", confirm_args),
+            CodeRun("summarize", triage_output),
+        ),
+        tools={"lookup_order": LOOKUP},
+        models={
+            "default": ScriptedProvider(
+                script={
+                    "draft": [
+                        {
+                            "toolCalls": [{"id": "c1", "name": "lookup_order", "args": {"orderId": "A-1"}}],
+                            "usage": {"inputTokens": 120, "outputTokens": 15},
+                        },
+                        {
+                            "text": "Your order A-1 has shipped with DHL.",
+                            "usage": {"inputTokens": 180, "outputTokens": 12},
+                        },
+                    ]
+                },
+                model_id="scripted-1",
+            )
+        },
+    )
+)
 
 
 def refund_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
     return {"orderId": outputs["normalize"]["orderId"], "amount": run_input.get("amount", 10)}
 
 
-SUPPORT_REFUND = register(Workflow(
-    name="support.refund",
-    steps=(
-        CodeRun("normalize", normalize),
-        AIGenerate("assess", triage_prompt, system="Decide whether a refund is due.", tools=("lookup_order",)),
-        ToolStep("refund", "issue_refund", refund_args),
-    ),
-    tools={"lookup_order": LOOKUP, "issue_refund": REFUND},
-    models={"default": _provider("openai", "gpt-4o", "lookup_order", "orderId")},
-))
+SUPPORT_REFUND = register(
+    Workflow(
+        name="support.refund",
+        steps=(
+            CodeRun("normalize", normalize),
+            AIGenerate("assess", triage_prompt, system="Decide whether a refund is due.", tools=("lookup_order",)),
+            ToolStep("refund", "issue_refund", refund_args),
+        ),
+        tools={"lookup_order": LOOKUP, "issue_refund": REFUND},
+        models={"default": _provider("openai", "gpt-4o", "lookup_order", "orderId")},
+    )
+)
 
 
 def send_goodwill_credit(args: Any) -> dict[str, Any]:
@@ -169,25 +204,31 @@ def send_goodwill_credit(args: Any) -> dict[str, Any]:
 
 
 # A write tool every call of which waits for an approver (ledger/replay/toolapproval.py).
-GOODWILL = Tool("send_goodwill_credit", send_goodwill_credit, description="Credit the customer's account",
-                effect="write", approval="required",
-                parameters={"type": "object", "properties": {"orderId": {"type": "string"},
-                                                             "amount": {"type": "number"}}})
+GOODWILL = Tool(
+    "send_goodwill_credit",
+    send_goodwill_credit,
+    description="Credit the customer's account",
+    effect="write",
+    approval="required",
+    parameters={"type": "object", "properties": {"orderId": {"type": "string"}, "amount": {"type": "number"}}},
+)
 
 
 def goodwill_args(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
     return {"orderId": outputs["normalize"]["orderId"], "amount": run_input.get("amount", 20)}
 
 
-SUPPORT_GOODWILL = register(Workflow(
-    name="support.goodwill",
-    steps=(
-        CodeRun("normalize", normalize),
-        ToolStep("credit", "send_goodwill_credit", goodwill_args),
-        CodeRun("confirm", lambda run_input, outputs: {"credited": outputs["credit"]["creditId"]}),
-    ),
-    tools={"send_goodwill_credit": GOODWILL},
-))
+SUPPORT_GOODWILL = register(
+    Workflow(
+        name="support.goodwill",
+        steps=(
+            CodeRun("normalize", normalize),
+            ToolStep("credit", "send_goodwill_credit", goodwill_args),
+            CodeRun("confirm", lambda run_input, outputs: {"credited": outputs["credit"]["creditId"]}),
+        ),
+        tools={"send_goodwill_credit": GOODWILL},
+    )
+)
 
 
 # --- research ---------------------------------------------------------------------------------
@@ -198,12 +239,14 @@ def brief_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
 
 
 def _brief(name: str, provider: str, model: str) -> Workflow:
-    return register(Workflow(
-        name=name,
-        steps=(AIGenerate("brief", brief_prompt, system="You write research briefs.", tools=("search_kb",)),),
-        tools={"search_kb": SEARCH},
-        models={"default": _provider(provider, model, "search_kb", "q")},
-    ))
+    return register(
+        Workflow(
+            name=name,
+            steps=(AIGenerate("brief", brief_prompt, system="You write research briefs.", tools=("search_kb",)),),
+            tools={"search_kb": SEARCH},
+            models={"default": _provider(provider, model, "search_kb", "q")},
+        )
+    )
 
 
 RESEARCH_BRIEF = _brief("research.brief", "google", "gemini-2.5-flash")
@@ -212,8 +255,10 @@ RESEARCH_HOUSE_MODEL = _brief("research.house-model", "acme.chat", "house-model-
 
 def export_rows(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
     # Large on purpose: over the 256,000-byte inline limit, so the output is stored as an artifact.
-    rows = [{"row": i, "topic": run_input.get("topic"), "text": f"finding {i:05d} " + "x" * 48}
-            for i in range(int(run_input.get("rows", 4000)))]
+    rows = [
+        {"row": i, "topic": run_input.get("topic"), "text": f"finding {i:05d} " + "x" * 48}
+        for i in range(int(run_input.get("rows", 4000)))
+    ]
     return {"rows": rows, "count": len(rows)}
 
 
@@ -225,11 +270,13 @@ def export_output(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
     return outputs["export"]
 
 
-RESEARCH_EXPORT = register(Workflow(
-    name="research.export",
-    steps=(CodeRun("export", export_rows), CodeRun("summary", export_summary)),
-    output=export_output,
-))
+RESEARCH_EXPORT = register(
+    Workflow(
+        name="research.export",
+        steps=(CodeRun("export", export_rows), CodeRun("summary", export_summary)),
+        output=export_output,
+    )
+)
 
 
 # --- an orchestrator with five sub-runs, one of which fails -----------------------------------
@@ -238,8 +285,10 @@ RESEARCH_EXPORT = register(Workflow(
 def _text_provider(provider: str, model: str) -> ScriptedProvider:
     def script(request: ModelRequest) -> Mapping[str, Any]:
         prompt = str(request.body["messages"][-1].get("content", ""))
-        return {"text": f"[{request.step_path}] {prompt[:120]}",
-                "usage": {"inputTokens": 600 + _n(prompt, 900), "outputTokens": 120 + _n(prompt, 300)}}
+        return {
+            "text": f"[{request.step_path}] {prompt[:120]}",
+            "usage": {"inputTokens": 600 + _n(prompt, 900), "outputTokens": 120 + _n(prompt, 300)},
+        }
 
     return ScriptedProvider(script=script, name=provider, model_id=model)
 
@@ -259,16 +308,24 @@ def topic_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
     return f"Summarise {run_input['topic']} from {', '.join(outputs['sources']['sources'])}"
 
 
-RESEARCH_TOPIC = register(Workflow(
-    name="research.topic",
-    steps=(
-        ToolStep("sources", "fetch_sources", sources_args),
-        AIGenerate("summary", topic_prompt, system="You summarise sources."),
-    ),
-    tools={"fetch_sources": Tool("fetch_sources", fetch_sources, description="Licensed sources for a topic",
-                                 parameters={"type": "object", "properties": {"topic": {"type": "string"}}})},
-    models={"default": _text_provider("google", "gemini-2.5-flash")},
-))
+RESEARCH_TOPIC = register(
+    Workflow(
+        name="research.topic",
+        steps=(
+            ToolStep("sources", "fetch_sources", sources_args),
+            AIGenerate("summary", topic_prompt, system="You summarise sources."),
+        ),
+        tools={
+            "fetch_sources": Tool(
+                "fetch_sources",
+                fetch_sources,
+                description="Licensed sources for a topic",
+                parameters={"type": "object", "properties": {"topic": {"type": "string"}}},
+            )
+        },
+        models={"default": _text_provider("google", "gemini-2.5-flash")},
+    )
+)
 
 
 def plan_topics(run_input: Any, outputs: Mapping[str, Any]) -> list[str]:
@@ -285,16 +342,22 @@ def synthesis_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
     return f"Combine {len(done)} summaries; {len(failed)} topic(s) failed: {', '.join(failed)}"
 
 
-RESEARCH_ORCHESTRATOR = register(Workflow(
-    name="research.orchestrator",
-    steps=(
-        CodeRun("plan", plan_topics),
-        Parallel("fan", plan_topics, SubWorkflow("topic", "research.topic", topic_input, allow_failure=True),
-                 max_branches=8),
-        AIGenerate("synthesize", synthesis_prompt, system="You write the final report."),
-    ),
-    models={"default": _text_provider("anthropic", "claude-sonnet-4-6")},
-))
+RESEARCH_ORCHESTRATOR = register(
+    Workflow(
+        name="research.orchestrator",
+        steps=(
+            CodeRun("plan", plan_topics),
+            Parallel(
+                "fan",
+                plan_topics,
+                SubWorkflow("topic", "research.topic", topic_input, allow_failure=True),
+                max_branches=8,
+            ),
+            AIGenerate("synthesize", synthesis_prompt, system="You write the final report."),
+        ),
+        models={"default": _text_provider("anthropic", "claude-sonnet-4-6")},
+    )
+)
 
 
 # --- a decision loop that takes three visits --------------------------------------------------
@@ -318,16 +381,18 @@ def send_reply(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
     return {"sent": outputs["draft"], "passes": outputs["review"]["pass"]}
 
 
-SUPPORT_ESCALATION = register(Workflow(
-    name="support.escalation",
-    steps=(
-        AIGenerate("draft", escalation_prompt, system="You write careful escalation replies."),
-        CodeRun("review", review_draft),
-        Decision("gate", gate, max_visits=3, loop_to="draft"),
-        CodeRun("send", send_reply),
-    ),
-    models={"default": _text_provider("openai", "gpt-4o")},
-))
+SUPPORT_ESCALATION = register(
+    Workflow(
+        name="support.escalation",
+        steps=(
+            AIGenerate("draft", escalation_prompt, system="You write careful escalation replies."),
+            CodeRun("review", review_draft),
+            Decision("gate", gate, max_visits=3, loop_to="draft"),
+            CodeRun("send", send_reply),
+        ),
+        models={"default": _text_provider("openai", "gpt-4o")},
+    )
+)
 
 
 # --- an outer loop: a summary refined over three cycles until the editor is satisfied ----------
@@ -336,21 +401,26 @@ SUPPORT_ESCALATION = register(Workflow(
 def refine_prompt(run_input: Any, outputs: Mapping[str, Any]) -> str:
     note = run_input.get("promptNote") or "a first draft"
     before = (run_input.get("previousOutput") or {}).get("draft", "")
-    return (f"{run_input['goal']}. Topic: {run_input['input']['topic']}. Cycle {run_input['cycleNumber']}: "
-            f"{note}. Previous draft: {before[:80] or 'none'}")
+    return (
+        f"{run_input['goal']}. Topic: {run_input['input']['topic']}. Cycle {run_input['cycleNumber']}: "
+        f"{note}. Previous draft: {before[:80] or 'none'}"
+    )
 
 
 def refine_measure(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
-    return {"draft": outputs["draft"], "words": len(str(outputs["draft"]).split()),
-            "cycle": run_input["cycleNumber"]}
+    return {"draft": outputs["draft"], "words": len(str(outputs["draft"]).split()), "cycle": run_input["cycleNumber"]}
 
 
-RESEARCH_REFINE = register(Workflow(
-    name="research.refine",
-    steps=(AIGenerate("draft", refine_prompt, system="You write tight, cited summaries."),
-           CodeRun("measure", refine_measure)),
-    models={"default": _text_provider("openai", "gpt-4o")},
-))
+RESEARCH_REFINE = register(
+    Workflow(
+        name="research.refine",
+        steps=(
+            AIGenerate("draft", refine_prompt, system="You write tight, cited summaries."),
+            CodeRun("measure", refine_measure),
+        ),
+        models={"default": _text_provider("openai", "gpt-4o")},
+    )
+)
 
 # The editor's notes, cycle by cycle: two rounds of changes, then the draft is accepted.
 EDITOR_NOTES = {1: "cite two of the sources by name", 2: "cut it to 120 words and lead with the finding"}

@@ -9,6 +9,7 @@ The package: `state` (the records), `handlers` (one per event type, the vocabula
 `codec` (copies and JSON). This module holds the entry points and re-exports the records, so
 `from ledger.fold import fold, RunState` keeps working.
 """
+
 from __future__ import annotations
 
 import gc
@@ -16,9 +17,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .pricing import PriceTable, load_default_prices
 from .codec import clone
 from .handlers import fold_events
+from .pricing import PriceTable, load_default_prices
 from .state import (
     ARTIFACT_REF_PREFIX,
     REPLAYED_ORIGINS,
@@ -39,9 +40,27 @@ from .state import (
 )
 
 __all__ = [
-    "ARTIFACT_REF_PREFIX", "REPLAYED_ORIGINS", "Artifact", "Attempt", "CostEntry", "HarnessSession", "ModelCall", "OuterLoopCycle",
-    "ParallelBranch", "ParallelGroup", "RunState", "RunStateMismatch", "StepState", "ToolCallState",
-    "advance", "apply_unchecked", "check_events", "fold", "fold_into", "next_visit_index", "paused_gc",
+    "ARTIFACT_REF_PREFIX",
+    "REPLAYED_ORIGINS",
+    "Artifact",
+    "Attempt",
+    "CostEntry",
+    "HarnessSession",
+    "ModelCall",
+    "OuterLoopCycle",
+    "ParallelBranch",
+    "ParallelGroup",
+    "RunState",
+    "RunStateMismatch",
+    "StepState",
+    "ToolCallState",
+    "advance",
+    "apply_unchecked",
+    "check_events",
+    "fold",
+    "fold_into",
+    "next_visit_index",
+    "paused_gc",
     "visit_index",
 ]
 
@@ -83,21 +102,20 @@ def check_events(run_id: str, events: Sequence[Mapping[str, Any]], *, after: int
     # The usual answer in two comprehensions (a fifth of the loop's time); the loop names the
     # first event that is wrong.
     sequences = [event.get("sequence") for event in events]
-    if (sequences == list(range(after + 1, after + 1 + len(sequences))) and set(map(type, sequences)) <= {int}
-            and [event.get("runId") for event in events].count(run_id) == len(sequences)):
+    if (
+        sequences == list(range(after + 1, after + 1 + len(sequences)))
+        and set(map(type, sequences)) <= {int}
+        and [event.get("runId") for event in events].count(run_id) == len(sequences)
+    ):
         return
     for offset, event in enumerate(events):
         index = after + offset
         received = event.get("runId")
         if received != run_id:
-            raise RunStateMismatch(
-                f"Event runId mismatch at index {index}: expected {run_id}, received {received}."
-            )
+            raise RunStateMismatch(f"Event runId mismatch at index {index}: expected {run_id}, received {received}.")
         sequence = event.get("sequence")
         if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence != index + 1:
-            raise RunStateMismatch(
-                f"Event sequence mismatch for {run_id}: expected {index + 1}, received {sequence}."
-            )
+            raise RunStateMismatch(f"Event sequence mismatch for {run_id}: expected {index + 1}, received {sequence}.")
 
 
 def advance(state: RunState, events: Sequence[Mapping[str, Any]], *, prices: PriceTable | None = None) -> None:
@@ -135,4 +153,3 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-

@@ -58,7 +58,8 @@ def keyed_fields(cls: Any) -> frozenset[str]:
 @cache
 def _container_fields(cls: Any) -> tuple[tuple[str, str], ...]:
     return tuple(
-        (name, kind) for name, _, kind, _ in _plan(cls)
+        (name, kind)
+        for name, _, kind, _ in _plan(cls)
         if kind in ("keyed", "records") or get_origin(_hints(cls)[name]) is list
     )
 

@@ -35,6 +35,7 @@ from .state import (
     visit_index,
 )
 
+
 @dataclass(slots=True)
 class _Event:
     """One event as the handlers read it. Handlers never assign to it; it is not frozen because a
@@ -99,8 +100,15 @@ class _Totals:
             self.cost = _MONEY_ADD(self.cost or _ZERO, cost or _ZERO)
 
     def build(self) -> UsageTotals:
-        return UsageTotals(self.input, self.output, self.cached, self.reasoning,
-                           None if self.priced == 0 else self.cost, self.priced, self.unpriced)
+        return UsageTotals(
+            self.input,
+            self.output,
+            self.cached,
+            self.reasoning,
+            None if self.priced == 0 else self.cost,
+            self.priced,
+            self.unpriced,
+        )
 
 
 class _Fold:
@@ -136,7 +144,7 @@ class _Fold:
         entries = state.cost_entries
         if len(entries) == self.entries_from:
             return
-        new = entries[self.entries_from:]
+        new = entries[self.entries_from :]
         state.usage = _add_entries(state.usage, new)
         by_step: dict[str, list[CostEntry]] = {}
         for entry in new:
@@ -167,8 +175,7 @@ def _add_entries(totals: UsageTotals, entries: list[CostEntry]) -> UsageTotals:
         else:
             priced += 1
             cost = add(cost or zero, dollars or zero)
-    return UsageTotals(input_tokens, output_tokens, cached, reasoning, None if priced == 0 else cost, priced,
-                       unpriced)
+    return UsageTotals(input_tokens, output_tokens, cached, reasoning, None if priced == 0 else cost, priced, unpriced)
 
 
 def fold_events(state: RunState, events: Iterable[Mapping[str, Any]], table: PriceTable) -> None:
@@ -329,8 +336,7 @@ def _close_attempt(step: StepState, number: int | None, status: str, at: str | N
     if target is None and step.attempts and step.attempts[-1].status == "running":
         target = step.attempts[-1]
     if target is None:
-        target = Attempt(attempt=number if number is not None else len(step.attempts) + 1, status=status,
-                         started_at=at)
+        target = Attempt(attempt=number if number is not None else len(step.attempts) + 1, status=status, started_at=at)
         step.attempts.append(target)
     target.status = status
     target.finished_at = at
@@ -410,6 +416,7 @@ def _parallel_group_ended(status: str) -> _Handler:
         else:
             group.fan_in_order = e.payload.get("fanInOrder", group.fan_in_order)
             group.branch_count = _int(e.payload.get("branchCount")) or group.branch_count
+
     return handler
 
 
@@ -430,6 +437,7 @@ def _parallel_branch_ended(status: str) -> _Handler:
         branch.status = status
         branch.error = e.payload.get("error") if status == "failed" else None
         branch.output_ref = _ref(e.payload.get("outputRef")) or branch.output_ref
+
     return handler
 
 
@@ -466,6 +474,7 @@ def _session_ended(status: str) -> _Handler:
             session.output = e.payload.get("output")
         # harness.session.completed carries a usage rollup of calls already counted one by
         # one from harness.model.responded; adding it would count every call twice.
+
     return handler
 
 
@@ -524,8 +533,11 @@ def _model_call_for_answer(state: RunState, p: Mapping[str, Any], step_path: str
         state.pending_model_calls = [i for i in state.pending_model_calls if state.model_calls[i] is not call]
     else:
         turn = p.get("turn")
-        call = ModelCall(turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
-                         step_path=step_path, session=_open_session(state, step_path) if state.sessions else None)
+        call = ModelCall(
+            turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
+            step_path=step_path,
+            session=_open_session(state, step_path) if state.sessions else None,
+        )
         state.model_calls.append(call)
     call_id, origin, replay_of = p.get("callId"), p.get("origin"), p.get("replayOf")
     if isinstance(call_id, str) and call_id:
@@ -539,8 +551,7 @@ def _model_call_for_answer(state: RunState, p: Mapping[str, Any], step_path: str
     return call
 
 
-def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None,
-                     fold: _Fold) -> None:
+def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None, fold: _Fold) -> None:
     # The usual answer (no `harness.model.called` waiting) is a new call: built once, positionally,
     # with the values `_model_call_for_answer` and the lines below would set one by one.
     call = _model_call_for_answer(state, p, step_path) if state.pending_model_calls else None
@@ -569,8 +580,13 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
     if isinstance(raw_usage, _OBJECT):  # Little Workflow's rule: a call without a usage object is not counted
         get = raw_usage.get
         input_tokens, output_tokens = get("inputTokens", 0), get("outputTokens", 0)
-        if (input_tokens.__class__ is int and output_tokens.__class__ is int and input_tokens >= 0
-                and output_tokens >= 0 and raw_usage.keys() <= _PLAIN_USAGE):
+        if (
+            input_tokens.__class__ is int
+            and output_tokens.__class__ is int
+            and input_tokens >= 0
+            and output_tokens >= 0
+            and raw_usage.keys() <= _PLAIN_USAGE
+        ):
             usage = _new(Usage)  # Usage.from_payload's answer for plain counts, without its calls
             _set_input(usage, input_tokens)
             _set_output(usage, output_tokens)
@@ -585,15 +601,28 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             scaled = fold.rates_of(provider, model_id)
         if scaled is not None:  # price_call's sum
             rate_in, rate_cached, rate_out, exponent = scaled
-            cost = _SCALEB(_Decimal((input_tokens - cached) * rate_in + cached * rate_cached
-                                    + output_tokens * rate_out), exponent)
+            cost = _SCALEB(
+                _Decimal((input_tokens - cached) * rate_in + cached * rate_cached + output_tokens * rate_out), exponent
+            )
     if call is None:
         call_id, origin, replay_of, turn = p.get("callId"), p.get("origin"), p.get("replayOf"), p.get("turn")
         call = build_model_call(
             turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
             call_id if isinstance(call_id, str) and call_id else None,
-            step_path, "responded", provider, model_id, usage, cost, None, response, None, None, sequence, None,
-            None if origin is None else _str(origin), None if replay_of is None else _str(replay_of),
+            step_path,
+            "responded",
+            provider,
+            model_id,
+            usage,
+            cost,
+            None,
+            response,
+            None,
+            None,
+            sequence,
+            None,
+            None if origin is None else _str(origin),
+            None if replay_of is None else _str(replay_of),
             _open_session(state, step_path) if state.sessions else None,
         )
         state.model_calls.append(call)
@@ -615,8 +644,20 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
         return
     # Counted into the run's and the step's totals at the end of the fold, from this entry.
     state.cost_entries.append(  # positional, in field order: one per priced or unpriced call
-        build_cost_entry(sequence, call.call_id, call.turn, step_path, provider, model_id,
-                  input_tokens, output_tokens, cached, usage.reasoning_tokens, cost, fold.version)
+        build_cost_entry(
+            sequence,
+            call.call_id,
+            call.turn,
+            step_path,
+            provider,
+            model_id,
+            input_tokens,
+            output_tokens,
+            cached,
+            usage.reasoning_tokens,
+            cost,
+            fold.version,
+        )
     )
 
 
@@ -627,8 +668,7 @@ def _model_failed(state: RunState, e: _Event) -> None:
     call.error = e.payload.get("error")
 
 
-def _tool_started(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None,
-                  fold: _Fold) -> None:
+def _tool_started(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None, fold: _Fold) -> None:
     call_id = p.get("callId")
     if not isinstance(call_id, str) or not call_id:
         return
@@ -642,9 +682,18 @@ def _tool_started(state: RunState, p: Mapping[str, Any], sequence: int, step_pat
             p.get("args"),
             _intern(caller) if isinstance(caller, str) and caller else None,
             turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
-            step_path, "started", None, None, None, False,
-            None if origin is None else _str(origin), None if replay_of is None else _str(replay_of),
-            sequence, None, _open_session(state, step_path) if state.sessions else None, None,
+            step_path,
+            "started",
+            None,
+            None,
+            None,
+            False,
+            None if origin is None else _str(origin),
+            None if replay_of is None else _str(replay_of),
+            sequence,
+            None,
+            _open_session(state, step_path) if state.sessions else None,
+            None,
         )
         return
     # A second `started` is the gateway re-claiming an expired lease: the call is live again.
@@ -701,6 +750,7 @@ def _tool_ended(status: str) -> _Handler:
         duration = e.payload.get("durationMs")
         if isinstance(duration, (int, float)) and not isinstance(duration, bool):
             call.duration_ms = duration
+
     return handler
 
 
@@ -748,14 +798,19 @@ def _tool_decided(decision: str) -> _Handler:
         if call is None:
             return
         p = e.payload
-        call.approval = {"status": decision, "argsDigest": _str(p.get("argsDigest")), "sequence": e.sequence,
-                         "by": _str(p.get("by"))}
+        call.approval = {
+            "status": decision,
+            "argsDigest": _str(p.get("argsDigest")),
+            "sequence": e.sequence,
+            "by": _str(p.get("by")),
+        }
         if decision == "approved":
             call.status = "approved"
             return
         call.status = "failed"  # a rejected call is over: it never ran
         call.error = p.get("error")
         call.ended_sequence = e.sequence
+
     return handler
 
 

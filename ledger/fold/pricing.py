@@ -204,10 +204,12 @@ class Usage:
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
 
-    def __init__(self, input_tokens: Any = 0, output_tokens: Any = 0, cached_input_tokens: Any = 0,
-                 reasoning_tokens: Any = 0) -> None:
-        _fill_usage(self, _tokens(input_tokens), _tokens(output_tokens), _tokens(cached_input_tokens),
-                    _tokens(reasoning_tokens))
+    def __init__(
+        self, input_tokens: Any = 0, output_tokens: Any = 0, cached_input_tokens: Any = 0, reasoning_tokens: Any = 0
+    ) -> None:
+        _fill_usage(
+            self, _tokens(input_tokens), _tokens(output_tokens), _tokens(cached_input_tokens), _tokens(reasoning_tokens)
+        )
 
     @classmethod
     def from_payload(cls, usage: Mapping[str, Any]) -> Usage:
@@ -224,8 +226,13 @@ class Usage:
             reasoning = _detail(get("outputTokenDetails"), "reasoningTokens")
         # The fold builds one per model call: without the keyword __init__'s call frame.
         made = _new(cls)
-        _fill_usage(made, _tokens(get("inputTokens", 0)), _tokens(get("outputTokens", 0)),
-                    0 if cached is None else _tokens(cached), 0 if reasoning is None else _tokens(reasoning))
+        _fill_usage(
+            made,
+            _tokens(get("inputTokens", 0)),
+            _tokens(get("outputTokens", 0)),
+            0 if cached is None else _tokens(cached),
+            0 if reasoning is None else _tokens(reasoning),
+        )
         return made
 
     def to_json(self) -> dict[str, int]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from .pricing import Usage, UsageTotals
 from .codec import dump, keyed_fields, load
+from .pricing import Usage, UsageTotals
 
 _T = TypeVar("_T")
 ARTIFACT_REF_PREFIX = "artifact://"
@@ -272,8 +272,11 @@ def _builder(cls: type[_T]) -> Callable[..., _T]:
     to the class is a required argument here too, so no caller can leave one unset.
     """
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    source = (f"def build_{cls.__name__}({', '.join(names)}):\n    record = _new(cls)\n"
-              + "".join(f"    record.{name} = {name}\n" for name in names) + "    return record\n")
+    source = (
+        f"def build_{cls.__name__}({', '.join(names)}):\n    record = _new(cls)\n"
+        + "".join(f"    record.{name} = {name}\n" for name in names)
+        + "    return record\n"
+    )
     namespace: dict[str, Any] = {"_new": object.__new__, "cls": cls}
     exec(source, namespace)  # noqa: S102 (our own field names)
     built: Callable[..., _T] = namespace[f"build_{cls.__name__}"]
@@ -302,7 +305,7 @@ def next_visit_index(state: RunState, base_path: str, *, max_visits: int) -> int
         return 0
     prefix = f"{base_path}.visit["
     return sum(
-        1 for path, step in state.steps.items()
+        1
+        for path, step in state.steps.items()
         if path.startswith(prefix) and visit_index(path) is not None and step.status == "completed"
     )
-

@@ -29,11 +29,11 @@ from typing import IO, Any
 import orjson
 from django.db import transaction
 
-from ..log import artifacts as artifact_store
 from .. import audit
+from ..log import artifacts as artifact_store
 from ..log.envelopes import log_rows
-from ..replay.evidence import evidence_bundle
 from ..models import Artifact, Run
+from ..replay.evidence import evidence_bundle
 
 SCHEMA_VERSION = 1
 BUNDLE = "runledger.evidence"
@@ -81,8 +81,11 @@ def write_bundle(run: Run, out: IO[bytes]) -> None:
     """Write the run's bundle to `out`. `run` must come with `workspace__tenant` selected."""
     evidence = evidence_bundle(run)
     events, count = _events_jsonl(run)
-    files: dict[str, bytes] = {EVENTS: events, EVIDENCE: _dumps(evidence),
-                               **_artifact_bytes(run, evidence["artifacts"])}
+    files: dict[str, bytes] = {
+        EVENTS: events,
+        EVIDENCE: _dumps(evidence),
+        **_artifact_bytes(run, evidence["artifacts"]),
+    }
     manifest = {
         "schemaVersion": SCHEMA_VERSION,
         "bundle": BUNDLE,
@@ -90,15 +93,26 @@ def write_bundle(run: Run, out: IO[bytes]) -> None:
         "runId": run.run_id,
         "status": evidence["run"]["status"],
         "lastSequence": count,
-        "files": [{"path": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-                  for name, data in sorted(files.items())],
-        "artifacts": [{"ref": a["ref"], "sha256": a["sha256"], "size": a["size"],
-                       "contentType": a["contentType"], "included": a["verified"]} for a in evidence["artifacts"]],
+        "files": [
+            {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            for name, data in sorted(files.items())
+        ],
+        "artifacts": [
+            {
+                "ref": a["ref"],
+                "sha256": a["sha256"],
+                "size": a["size"],
+                "contentType": a["contentType"],
+                "included": a["verified"],
+            }
+            for a in evidence["artifacts"]
+        ],
         "ledgerIntegrity": evidence["integrity"]["ok"],
     }
     files[MANIFEST] = _dumps(manifest)
-    files[SUMS] = "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n"
-                          for name, data in sorted(files.items())).encode()
+    files[SUMS] = "".join(
+        f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in sorted(files.items())
+    ).encode()
     with zipfile.ZipFile(out, "w") as archive:
         for name in sorted(files):
             archive.writestr(_entry(name), files[name], compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
@@ -119,9 +133,14 @@ def bundle_name(run: Run) -> str:
 @transaction.atomic
 def record_bundle(*, run: Run, by: Any, sha256: str) -> None:
     """`evidence_bundle.downloaded`, naming the bytes handed out by their sha256."""
-    audit.record(actor=by, tenant=run.workspace.tenant, workspace=run.workspace,
-                 action=audit.Action.EVIDENCE_BUNDLE_DOWNLOADED, target=run.run_id,
-                 details={"runId": run.run_id, "sha256": sha256})
+    audit.record(
+        actor=by,
+        tenant=run.workspace.tenant,
+        workspace=run.workspace,
+        action=audit.Action.EVIDENCE_BUNDLE_DOWNLOADED,
+        target=run.run_id,
+        details={"runId": run.run_id, "sha256": sha256},
+    )
 
 
 def file_sha256(handle: IO[bytes]) -> str:

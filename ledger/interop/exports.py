@@ -30,20 +30,19 @@ import io
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import orjson
 from django.db import transaction
 
 from .. import audit, clock
-from ..reads import serialize
 from ..audit import Actor
-from .csvcells import reversible_cell
-from ..log.envelopes import format_recorded_at
 from ..limits import day_in_range
+from ..log.envelopes import format_recorded_at
 from ..models import ApiKey, AuditEntry, CostEntry, Event, Run, Tenant, Workspace
+from ..reads import serialize
+from .csvcells import reversible_cell
 
 SCHEMA_VERSION = 1
 KINDS = ("runs", "events", "costs", "audit")
@@ -53,14 +52,51 @@ FORMATS = ("jsonl", "csv")
 CHUNK_ROWS = 1000
 RUN_CHUNK = 200  # runs whose events one query reads
 
-USAGE_COLUMNS = ["inputTokens", "outputTokens", "cachedInputTokens", "reasoningTokens", "costUsd", "pricedCalls",
-                 "unpricedCalls"]
+USAGE_COLUMNS = [
+    "inputTokens",
+    "outputTokens",
+    "cachedInputTokens",
+    "reasoningTokens",
+    "costUsd",
+    "pricedCalls",
+    "unpricedCalls",
+]
 COLUMNS: dict[str, list[str]] = {
-    "runs": ["workspace", "runId", "workflowVersionId", "status", "parentRunId", "rootRunId", "replayOf", "createdAt",
-             "startedAt", "finishedAt", "lastSequence", "eventCount", *USAGE_COLUMNS, "input", "output", "error"],
+    "runs": [
+        "workspace",
+        "runId",
+        "workflowVersionId",
+        "status",
+        "parentRunId",
+        "rootRunId",
+        "replayOf",
+        "createdAt",
+        "startedAt",
+        "finishedAt",
+        "lastSequence",
+        "eventCount",
+        *USAGE_COLUMNS,
+        "input",
+        "output",
+        "error",
+    ],
     "events": ["workspace", "runId", "sequence", "eventId", "type", "occurrenceId", "recordedAt", "payload"],
-    "costs": ["workspace", "runId", "sequence", "callId", "stepPath", "provider", "modelId", "inputTokens",
-              "outputTokens", "cachedInputTokens", "reasoningTokens", "costUsd", "priceTableVersion", "recordedAt"],
+    "costs": [
+        "workspace",
+        "runId",
+        "sequence",
+        "callId",
+        "stepPath",
+        "provider",
+        "modelId",
+        "inputTokens",
+        "outputTokens",
+        "cachedInputTokens",
+        "reasoningTokens",
+        "costUsd",
+        "priceTableVersion",
+        "recordedAt",
+    ],
     "audit": ["id", "at", "actor", "action", "tenant", "workspace", "target", "reason", "details"],
 }
 # Cells holding JSON values (objects, or null) rather than text.
@@ -119,15 +155,14 @@ def parse_bound(raw: str | None, name: str, *, end: bool) -> datetime | None:
         return None
     try:
         if len(raw) == 10:
-            moment = datetime.combine(date.fromisoformat(raw) + timedelta(days=1 if end else 0), time.min,
-                                      tzinfo=dt_timezone.utc)
+            moment = datetime.combine(date.fromisoformat(raw) + timedelta(days=1 if end else 0), time.min, tzinfo=UTC)
         else:
             moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
         if not day_in_range(moment.date()):
             raise ValueError
     except (ValueError, OverflowError):
         raise ValueError(f"{name} must be a date YYYY-MM-DD or an ISO 8601 time") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt_timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 # --- rows ------------------------------------------------------------------------------------
@@ -137,13 +172,22 @@ def run_rows(selection: Selection) -> Iterator[dict[str, Any]]:
     for chunk in _chunks_by_pk(_runs(selection), CHUNK_ROWS):
         for run in chunk:
             yield {
-                "workspace": _path(run.workspace), "runId": run.run_id,
-                "workflowVersionId": run.workflow_version_id or None, "status": run.status,
-                "parentRunId": run.parent_run_id or None, "rootRunId": run.root_run_id or None,
-                "replayOf": run.replay_of or None, "createdAt": serialize.when(run.created_at),
-                "startedAt": serialize.when(run.started_at), "finishedAt": serialize.when(run.finished_at),
-                "lastSequence": run.last_sequence, "eventCount": run.event_count, **serialize.usage(run),
-                "input": run.input, "output": run.output, "error": run.error,
+                "workspace": _path(run.workspace),
+                "runId": run.run_id,
+                "workflowVersionId": run.workflow_version_id or None,
+                "status": run.status,
+                "parentRunId": run.parent_run_id or None,
+                "rootRunId": run.root_run_id or None,
+                "replayOf": run.replay_of or None,
+                "createdAt": serialize.when(run.created_at),
+                "startedAt": serialize.when(run.started_at),
+                "finishedAt": serialize.when(run.finished_at),
+                "lastSequence": run.last_sequence,
+                "eventCount": run.event_count,
+                **serialize.usage(run),
+                "input": run.input,
+                "output": run.output,
+                "error": run.error,
             }
 
 
@@ -163,7 +207,8 @@ class EventRow:
 
 def _event_query(**where: Any) -> Any:
     return Event.objects.filter(**where).values_list(
-        "run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload")
+        "run_id", "sequence", "event_id", "type", "occurrence_id", "recorded_at", "payload"
+    )
 
 
 def _event_batches(runs: list[Run]) -> Iterator[list[tuple[Any, ...]]]:
@@ -186,8 +231,11 @@ def _event_batches(runs: list[Run]) -> Iterator[list[tuple[Any, ...]]]:
             continue
         after = 0
         while after < run.last_sequence:
-            rows = list(_event_query(run_id=run.pk, sequence__gt=after, sequence__lte=run.last_sequence)
-                        .order_by("sequence")[:CHUNK_ROWS])
+            rows = list(
+                _event_query(run_id=run.pk, sequence__gt=after, sequence__lte=run.last_sequence).order_by("sequence")[
+                    :CHUNK_ROWS
+                ]
+            )
             if not rows:
                 break
             yield rows
@@ -203,8 +251,16 @@ def event_rows(selection: Selection) -> Iterator[EventRow]:
             for run_pk, sequence, event_id, type_, occurrence_id, recorded_at, payload in rows:
                 last, run_id, workspace = heads[run_pk]
                 if sequence <= last:
-                    yield EventRow(workspace, run_id, sequence, event_id, type_, occurrence_id,
-                                   format_recorded_at(recorded_at), payload)
+                    yield EventRow(
+                        workspace,
+                        run_id,
+                        sequence,
+                        event_id,
+                        type_,
+                        occurrence_id,
+                        format_recorded_at(recorded_at),
+                        payload,
+                    )
 
 
 def cost_rows(selection: Selection) -> Iterator[dict[str, Any]]:
@@ -238,8 +294,13 @@ def audit_rows(selection: Selection) -> Iterator[dict[str, Any]]:
 
 
 def header(selection: Selection, fmt: str) -> dict[str, Any]:
-    return {"schemaVersion": SCHEMA_VERSION, "export": selection.kind, "format": fmt,
-            "exportedAt": format_recorded_at(clock.now()), "filters": selection.filters}
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "export": selection.kind,
+        "format": fmt,
+        "exportedAt": format_recorded_at(clock.now()),
+        "filters": selection.filters,
+    }
 
 
 def _json(value: Any) -> bytes:
@@ -248,8 +309,13 @@ def _json(value: Any) -> bytes:
 
 def _event_line(row: EventRow) -> bytes:
     # Built around the stored payload text: it is what the id was computed over, byte for byte.
-    head = {"workspace": row.workspace, "eventId": row.event_id, "runId": row.run_id, "sequence": row.sequence,
-            "type": row.type}
+    head = {
+        "workspace": row.workspace,
+        "eventId": row.event_id,
+        "runId": row.run_id,
+        "sequence": row.sequence,
+        "type": row.type,
+    }
     if row.occurrence_id is not None:
         head["occurrenceId"] = row.occurrence_id
     head["recordedAt"] = row.recorded_at
@@ -257,9 +323,16 @@ def _event_line(row: EventRow) -> bytes:
 
 
 def _event_dict(row: EventRow) -> dict[str, Any]:
-    return {"workspace": row.workspace, "runId": row.run_id, "sequence": row.sequence, "eventId": row.event_id,
-            "type": row.type, "occurrenceId": row.occurrence_id, "recordedAt": row.recorded_at,
-            "payload": row.payload_text}
+    return {
+        "workspace": row.workspace,
+        "runId": row.run_id,
+        "sequence": row.sequence,
+        "eventId": row.event_id,
+        "type": row.type,
+        "occurrenceId": row.occurrence_id,
+        "recordedAt": row.recorded_at,
+        "payload": row.payload_text,
+    }
 
 
 def _csv_cell(column: str, value: Any) -> str:
@@ -343,7 +416,16 @@ def record_export(*, selection: Selection, fmt: str, by: Actor | Any | ApiKey) -
         tenants = {t.pk: (t, None) for t in Tenant.objects.order_by("pk")}
     for tenant, spaces in tenants.values():
         only = spaces[0] if spaces is not None and len(spaces) == 1 else None
-        audit.record(actor=by, tenant=tenant, workspace=only, action=audit.Action.EXPORT_DOWNLOADED,
-                     target=f"export:{selection.kind}",
-                     details={"export": selection.kind, "format": fmt, "filters": selection.filters,
-                              "workspaces": None if spaces is None else [_path(w) for w in spaces]})
+        audit.record(
+            actor=by,
+            tenant=tenant,
+            workspace=only,
+            action=audit.Action.EXPORT_DOWNLOADED,
+            target=f"export:{selection.kind}",
+            details={
+                "export": selection.kind,
+                "format": fmt,
+                "filters": selection.filters,
+                "workspaces": None if spaces is None else [_path(w) for w in spaces],
+            },
+        )

@@ -26,19 +26,18 @@ import re
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
 
-from ..log import artifacts
 from .. import clock
-from ..log.prepare import MAX_BATCH, RUN_ID_RE, stored_payload
-from ..log import append
-from ..log.rules import lifecycle_refusal
 from ..canonical import NotCanonicalizable, canonical_bytes, digest, event_id
 from ..errors import LedgerError
+from ..log import append, artifacts
+from ..log.prepare import MAX_BATCH, RUN_ID_RE, stored_payload
+from ..log.rules import lifecycle_refusal
 from ..models import Artifact, Event, ImportedArtifact, Run, Workspace
 
 EVENT_ID_RE = re.compile(r"evt_[0-9a-f]{16}")
@@ -150,8 +149,10 @@ def _read_store(db: Path, logs: dict[str, list[LoggedEvent]], problems: list[str
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
-            rows = con.execute("SELECT run_id, sequence, event_id, type, occurrence_id, recorded_at, payload "
-                               "FROM events ORDER BY run_id, sequence").fetchall()
+            rows = con.execute(
+                "SELECT run_id, sequence, event_id, type, occurrence_id, recorded_at, payload "
+                "FROM events ORDER BY run_id, sequence"
+            ).fetchall()
         finally:
             con.close()
     except sqlite3.Error as exc:
@@ -204,8 +205,9 @@ def _read_jsonl(root: Path, path: Path, logs: dict[str, list[LoggedEvent]], prob
     if run_of_file in logs:
         stored = [e.envelope for e in logs[run_of_file]]
         if stored != [e.envelope for e in events]:
-            problems.append(f"{name}:1: run {run_of_file} is also in {logs[run_of_file][0].where.split(' ')[0]}"
-                            " with other events")
+            problems.append(
+                f"{name}:1: run {run_of_file} is also in {logs[run_of_file][0].where.split(' ')[0]} with other events"
+            )
         return
     logs[run_of_file] = events
 
@@ -240,7 +242,7 @@ def _recorded_at(text: str) -> datetime | None:
         return None
     if moment.tzinfo is None:
         return None
-    return moment.astimezone(timezone.utc)
+    return moment.astimezone(UTC)
 
 
 def _json_file(root: Path, path: Path, problems: list[str]) -> Any:
@@ -307,8 +309,18 @@ def _artifact(root: Path, path: Path, m: Any) -> tuple[LittleArtifact | None, st
     if len(data) != size:
         return None, f"{_rel(root, blob)} holds {len(data)} bytes, the manifest says {size}"
     created = m.get("createdAt")
-    return LittleArtifact(aid, m["runId"], m.get("stepPath"), m["name"], m["contentType"], m["encoding"], size, data,
-                          _recorded_at(created) if isinstance(created, str) else None, _rel(root, path)), None
+    return LittleArtifact(
+        aid,
+        m["runId"],
+        m.get("stepPath"),
+        m["name"],
+        m["contentType"],
+        m["encoding"],
+        size,
+        data,
+        _recorded_at(created) if isinstance(created, str) else None,
+        _rel(root, path),
+    ), None
 
 
 def _read_outer_loops(root: Path, data: DataDir, problems: list[str]) -> None:
@@ -339,8 +351,12 @@ def _outer_loop(path: Path, m: Any, name: str) -> tuple[OuterLoop | None, str | 
     if len(cycles) > max_cycles:
         return None, f"{len(cycles)} cycles, more than maxCycles={max_cycles}"
     for number, cycle in enumerate(cycles, start=1):
-        if (not isinstance(cycle, dict) or cycle.get("cycleNumber") != number
-                or not isinstance(cycle.get("runId"), str) or not RUN_ID_RE.fullmatch(cycle["runId"])):
+        if (
+            not isinstance(cycle, dict)
+            or cycle.get("cycleNumber") != number
+            or not isinstance(cycle.get("runId"), str)
+            or not RUN_ID_RE.fullmatch(cycle["runId"])
+        ):
             return None, f"cycle {number} must be an object with cycleNumber {number} and a valid runId"
     result = m.get("result")
     done = isinstance(result, dict) and result.get("kind") == "done"
@@ -348,14 +364,16 @@ def _outer_loop(path: Path, m: Any, name: str) -> tuple[OuterLoop | None, str | 
         return None, "result must be {kind: 'done', finalOutput}"
     if done and not cycles:
         # Little Workflow's own words for this manifest (outer-loop.ts).
-        return None, (f"outer_loop_manifest_corrupt — existing outer loop '{oid}' has result.kind='done' "
-                      "but cycles is empty.")
+        return None, (
+            f"outer_loop_manifest_corrupt — existing outer loop '{oid}' has result.kind='done' but cycles is empty."
+        )
     pending = m.get("pendingCycleRunId")
     if pending is not None and (not isinstance(pending, str) or not RUN_ID_RE.fullmatch(pending)):
         return None, "pendingCycleRunId must be a valid run id"
     description = m["goal"].get("description")
-    return OuterLoop(oid, description if isinstance(description, str) else "", max_cycles, cycles, done, pending,
-                     name), None
+    return OuterLoop(
+        oid, description if isinstance(description, str) else "", max_cycles, cycles, done, pending, name
+    ), None
 
 
 # --- checking --------------------------------------------------------------------------------
@@ -381,43 +399,58 @@ def check_log(run_id: str, log: list[LoggedEvent], data: DataDir, workspace: Wor
     for expected, event in enumerate(log, start=1):
         env, where = event.envelope, event.where
         if env["sequence"] != expected:
-            return [f"{where}: run {run_id}: sequence {env['sequence']} where {expected} was expected "
-                    "(a log's sequences are dense from 1)"]
+            return [
+                f"{where}: run {run_id}: sequence {env['sequence']} where {expected} was expected "
+                "(a log's sequences are dense from 1)"
+            ]
         try:
-            recomputed = event_id(run_id=run_id, sequence=expected, type=env["type"], payload=env["payload"],
-                                  occurrence_id=env.get("occurrenceId"))
+            recomputed = event_id(
+                run_id=run_id,
+                sequence=expected,
+                type=env["type"],
+                payload=env["payload"],
+                occurrence_id=env.get("occurrenceId"),
+            )
         except NotCanonicalizable as exc:
             return [f"{where}: run {run_id}, sequence {expected}: payload has no canonical JSON form ({exc})"]
         if recomputed != env["eventId"]:
-            return [f"{where}: run {run_id}, sequence {expected}: eventId expected {recomputed} (recomputed "
-                    f"from the event's content), found {env['eventId']}: the log was changed after it was written"]
+            return [
+                f"{where}: run {run_id}, sequence {expected}: eventId expected {recomputed} (recomputed "
+                f"from the event's content), found {env['eventId']}: the log was changed after it was written"
+            ]
         try:
             stored = stored_payload(workspace, expected - 1, _item(env))
         except LedgerError as exc:
-            problems.append(f"{where}: run {run_id}, sequence {expected}: "
-                            f"{_EVENT_INDEX_PREFIX.sub('', exc.message)}")
+            problems.append(f"{where}: run {run_id}, sequence {expected}: {_EVENT_INDEX_PREFIX.sub('', exc.message)}")
             continue
         if stored != canonical_bytes(env["payload"]):
-            problems.append(f"{where}: run {run_id}, sequence {expected}: the workspace's redaction rules would "
-                            "rewrite this payload (it holds a secret), which would change its event id")
+            problems.append(
+                f"{where}: run {run_id}, sequence {expected}: the workspace's redaction rules would "
+                "rewrite this payload (it holds a secret), which would change its event id"
+            )
         if len(stored) > artifacts.INLINE_LIMIT_BYTES:
-            problems.append(f"{where}: run {run_id}, sequence {expected}: the payload is larger than "
-                            f"{artifacts.INLINE_LIMIT_BYTES} bytes; the ledger would move it into an artifact, "
-                            "which would change its event id")
+            problems.append(
+                f"{where}: run {run_id}, sequence {expected}: the payload is larger than "
+                f"{artifacts.INLINE_LIMIT_BYTES} bytes; the ledger would move it into an artifact, "
+                "which would change its event id"
+            )
         for ref in _refs(env["payload"]):
-            aid = ref[len(artifacts.REF_PREFIX):]
+            aid = ref[len(artifacts.REF_PREFIX) :]
             found = data.artifacts.get(aid)
             if found is None:
-                problems.append(f"{where}: run {run_id}, sequence {expected}: references {ref}, "
-                                f"which artifacts/ does not hold")
+                problems.append(
+                    f"{where}: run {run_id}, sequence {expected}: references {ref}, which artifacts/ does not hold"
+                )
             elif found.run_id != run_id:
-                problems.append(f"{where}: run {run_id}, sequence {expected}: references {ref}, "
-                                f"which belongs to run {found.run_id}")
+                problems.append(
+                    f"{where}: run {run_id}, sequence {expected}: references {ref}, which belongs to run {found.run_id}"
+                )
     refused = lifecycle_refusal(run_id, [e.type for e in log], imported=True)
     if refused is not None:
         index, error = refused
-        problems.append(f"{log[index].where}: run {run_id}, sequence {index + 1}: "
-                        f"{_EVENT_INDEX_PREFIX.sub('', error.message)}")
+        problems.append(
+            f"{log[index].where}: run {run_id}, sequence {index + 1}: {_EVENT_INDEX_PREFIX.sub('', error.message)}"
+        )
     return problems
 
 
@@ -448,19 +481,27 @@ def _check_outer_loop(loop: OuterLoop, data: DataDir, stored: dict[str, list[str
         log = data.runs.get(run_id)
         if log is None:
             if run_id not in stored:
-                problems.append(f"{loop.where}:1: cycle {number}'s run {run_id} is neither in events/ "
-                                "nor in the workspace")
+                problems.append(
+                    f"{loop.where}:1: cycle {number}'s run {run_id} is neither in events/ nor in the workspace"
+                )
             continue
         for event in log:
             p = event.envelope["payload"]
             named = p.get("outerLoopId")
             if event.type == "RunStarted" and named is not None and named != loop.outer_loop_id:
-                problems.append(f"{event.where}: run {run_id} started in outer loop {named}, "
-                                f"{loop.where} lists it as cycle {number} of {loop.outer_loop_id}")
-            if (event.type == "OuterLoopCycleCompleted" and p.get("cycleNumber") == number
-                    and named != loop.outer_loop_id):
-                problems.append(f"{event.where}: cycle {number} of outer loop {named}, "
-                                f"{loop.where} lists it in {loop.outer_loop_id}")
+                problems.append(
+                    f"{event.where}: run {run_id} started in outer loop {named}, "
+                    f"{loop.where} lists it as cycle {number} of {loop.outer_loop_id}"
+                )
+            if (
+                event.type == "OuterLoopCycleCompleted"
+                and p.get("cycleNumber") == number
+                and named != loop.outer_loop_id
+            ):
+                problems.append(
+                    f"{event.where}: cycle {number} of outer loop {named}, "
+                    f"{loop.where} lists it in {loop.outer_loop_id}"
+                )
     return problems
 
 
@@ -489,21 +530,36 @@ def _write_run(workspace: Workspace, run_id: str, log: list[LoggedEvent]) -> Non
         assert at is not None  # checked when read
         try:
             with transaction.atomic(), clock.recorded_at(at):
-                result = append(workspace=workspace, run_id=run_id, events=[_item(e.envelope) for e in batch],
-                                       expected_sequence=batch[0].sequence - 1, imported=True)
+                result = append(
+                    workspace=workspace,
+                    run_id=run_id,
+                    events=[_item(e.envelope) for e in batch],
+                    expected_sequence=batch[0].sequence - 1,
+                    imported=True,
+                )
                 for event, written in zip(batch, result.events):
                     if written["eventId"] != event.envelope["eventId"]:
-                        raise ImportRefused([f"{event.where}: run {run_id}, sequence {event.sequence}: the ledger "
-                                             f"computed {written['eventId']}, the log says "
-                                             f"{event.envelope['eventId']}"])
+                        raise ImportRefused(
+                            [
+                                f"{event.where}: run {run_id}, sequence {event.sequence}: the ledger "
+                                f"computed {written['eventId']}, the log says "
+                                f"{event.envelope['eventId']}"
+                            ]
+                        )
         except LedgerError as exc:
             # Only a writer racing the import gets here (the checks passed): what is in stays, and
             # importing again continues the run from there.
-            problems = exc.problems if isinstance(exc, ImportRefused) else [
-                f"{batch[0].where}: run {run_id}: the ledger refused the log: {exc.message}"]
-            raise ImportRefused(problems, f"the import stopped at run {run_id} sequence {batch[0].sequence}; "
-                                          "what was written before stays, and importing again continues from "
-                                          "there") from exc
+            problems = (
+                exc.problems
+                if isinstance(exc, ImportRefused)
+                else [f"{batch[0].where}: run {run_id}: the ledger refused the log: {exc.message}"]
+            )
+            raise ImportRefused(
+                problems,
+                f"the import stopped at run {run_id} sequence {batch[0].sequence}; "
+                "what was written before stays, and importing again continues from "
+                "there",
+            ) from exc
 
 
 def _store_artifact(workspace: Workspace, artifact: LittleArtifact, summary: Summary) -> str:
@@ -513,13 +569,22 @@ def _store_artifact(workspace: Workspace, artifact: LittleArtifact, summary: Sum
     ours = artifacts.store_bytes(workspace, artifact.data, artifact.content_type)
     run = Run.objects.get(workspace=workspace, run_id=artifact.run_id)
     _, created = ImportedArtifact.objects.get_or_create(
-        run=run, ref=artifacts.REF_PREFIX + artifact.artifact_id,
-        defaults={"artifact": ours, "step_path": artifact.step_path or "", "name": artifact.name,
-                  "encoding": artifact.encoding, "created_at": artifact.created_at})
+        run=run,
+        ref=artifacts.REF_PREFIX + artifact.artifact_id,
+        defaults={
+            "artifact": ours,
+            "step_path": artifact.step_path or "",
+            "name": artifact.name,
+            "encoding": artifact.encoding,
+            "created_at": artifact.created_at,
+        },
+    )
     summary.artifacts_stored += created
-    return (f"artifact {artifact.artifact_id} (run {artifact.run_id}, {artifact.step_path or '-'}/{artifact.name}, "
-            f"{artifact.size} bytes) {'stored' if created else 'already stored'} as {ours.artifact_id}"
-            + (" (the same bytes as an artifact the workspace had)" if had and created else ""))
+    return (
+        f"artifact {artifact.artifact_id} (run {artifact.run_id}, {artifact.step_path or '-'}/{artifact.name}, "
+        f"{artifact.size} bytes) {'stored' if created else 'already stored'} as {ours.artifact_id}"
+        + (" (the same bytes as an artifact the workspace had)" if had and created else "")
+    )
 
 
 def import_data_dir(root: Path, workspace: Workspace) -> Summary:
@@ -535,19 +600,23 @@ def import_data_dir(root: Path, workspace: Workspace) -> Summary:
         have = stored.get(run_id)
         if have is None:
             plan.append((run_id, log, "imported"))
-        elif have[:len(ids)] == ids:
+        elif have[: len(ids)] == ids:
             summary.runs_skipped += 1
             summary.lines.append(f"skipped {run_id}: already present ({len(have)} events)")
-        elif ids[:len(have)] == have:
-            plan.append((run_id, log[len(have):], "continued"))
+        elif ids[: len(have)] == have:
+            plan.append((run_id, log[len(have) :], "continued"))
         else:
             first = next(i for i, (a, b) in enumerate(zip(have, ids), start=1) if a != b)
-            problems.append(f"{log[first - 1].where}: run {run_id} is already in the workspace with other events "
-                            f"(sequence {first}: {have[first - 1]} there, {ids[first - 1]} here)")
+            problems.append(
+                f"{log[first - 1].where}: run {run_id} is already in the workspace with other events "
+                f"(sequence {first}: {have[first - 1]} there, {ids[first - 1]} here)"
+            )
     for artifact in data.artifacts.values():
         if artifact.run_id not in data.runs and artifact.run_id not in stored:
-            problems.append(f"{artifact.where}:1: belongs to run {artifact.run_id}, which is neither in events/ "
-                            "nor in the workspace")
+            problems.append(
+                f"{artifact.where}:1: belongs to run {artifact.run_id}, which is neither in events/ "
+                "nor in the workspace"
+            )
     for loop in data.outer_loops:
         problems += _check_outer_loop(loop, data, stored)
     if problems:
@@ -567,8 +636,11 @@ def import_data_dir(root: Path, workspace: Workspace) -> Summary:
             summary.lines.append(_store_artifact(workspace, artifact, summary))
     for loop in data.outer_loops:
         runs = ", ".join(c["runId"] for c in loop.cycles) or "none"
-        state = "done" if loop.done else (f"pending cycle in {loop.pending_run_id}" if loop.pending_run_id
-                                          else "not done")
-        summary.lines.append(f"outer loop {loop.outer_loop_id}: {len(loop.cycles)} of at most {loop.max_cycles} "
-                             f"cycle(s) ({runs}), {state}; goal: {json.dumps(loop.goal, ensure_ascii=False)}")
+        state = (
+            "done" if loop.done else (f"pending cycle in {loop.pending_run_id}" if loop.pending_run_id else "not done")
+        )
+        summary.lines.append(
+            f"outer loop {loop.outer_loop_id}: {len(loop.cycles)} of at most {loop.max_cycles} "
+            f"cycle(s) ({runs}), {state}; goal: {json.dumps(loop.goal, ensure_ascii=False)}"
+        )
     return summary

@@ -17,12 +17,12 @@ from typing import Any
 
 import orjson
 
-from ..log import artifacts
-from . import bundle, exports
 from ..canonical import NotCanonicalizable, event_id
-from .csvcells import read_cell
+from ..log import artifacts
 from ..log.envelopes import decode_payload
 from ..log.verify import Check, artifact_refs
+from . import bundle, exports
+from .csvcells import read_cell
 
 MAX_LISTED = 10
 
@@ -47,8 +47,17 @@ class _Events:
         self.count = 0
         self.refs: set[str] = set()
 
-    def add(self, where: str, workspace: str, run_id: Any, sequence: Any, stored_id: Any, type_: Any,
-            occurrence_id: Any, payload: Any) -> None:
+    def add(
+        self,
+        where: str,
+        workspace: str,
+        run_id: Any,
+        sequence: Any,
+        stored_id: Any,
+        type_: Any,
+        occurrence_id: Any,
+        payload: Any,
+    ) -> None:
         self.count += 1
         key = (workspace, str(run_id))
         if key != self.current:
@@ -59,18 +68,21 @@ class _Events:
         if sequence != self.last + 1:
             self.density_problems.append(
                 f"{where}: run {run_id} sequence {sequence} follows {self.last or 'the start'} "
-                f"(missing {self.last + 1}" + (f"..{sequence - 1})" if isinstance(sequence, int)
-                                               and sequence > self.last + 2 else ")"))
+                f"(missing {self.last + 1}"
+                + (f"..{sequence - 1})" if isinstance(sequence, int) and sequence > self.last + 2 else ")")
+            )
         if isinstance(sequence, int):
             self.last = sequence
         try:
-            recomputed = event_id(run_id=run_id, sequence=sequence, type=type_, payload=payload,
-                                  occurrence_id=occurrence_id)
+            recomputed = event_id(
+                run_id=run_id, sequence=sequence, type=type_, payload=payload, occurrence_id=occurrence_id
+            )
         except (NotCanonicalizable, TypeError):
             recomputed = None
         if recomputed != stored_id:
-            self.id_problems.append(f"{where}: run {run_id} sequence {sequence}: id {stored_id} does not "
-                                    f"recompute ({recomputed})")
+            self.id_problems.append(
+                f"{where}: run {run_id} sequence {sequence}: id {stored_id} does not recompute ({recomputed})"
+            )
         self.refs.update(artifact_refs(payload))
 
     def checks(self) -> list[Check]:
@@ -112,14 +124,23 @@ def _csv_records(handle: io.TextIOBase) -> Iterator[tuple[int, Any]]:
         elif columns is None:
             columns = row
         else:
-            yield number, {c: read_cell(v) for c, v in zip(columns, row, strict=True)} \
-                if len(row) == len(columns) else None
+            yield (
+                number,
+                {c: read_cell(v) for c, v in zip(columns, row, strict=True)} if len(row) == len(columns) else None,
+            )
 
 
 def _csv_event(row: dict[str, str]) -> tuple[Any, ...]:
     sequence: Any = int(row["sequence"]) if row["sequence"].isdigit() else row["sequence"]
-    return (row["workspace"], row["runId"], sequence, row["eventId"], row["type"],
-            row["occurrenceId"] or None, decode_payload(row["payload"]))
+    return (
+        row["workspace"],
+        row["runId"],
+        sequence,
+        row["eventId"],
+        row["type"],
+        row["occurrenceId"] or None,
+        decode_payload(row["payload"]),
+    )
 
 
 def verify_export(path: Path) -> list[Check]:
@@ -136,10 +157,14 @@ def verify_export(path: Path) -> list[Check]:
 def _verify_records(records: Iterator[tuple[int, Any]], *, csv_file: bool) -> list[Check]:
     first = next(records, None)
     head = first[1] if first else None
-    if not isinstance(head, dict) or head.get("schemaVersion") != exports.SCHEMA_VERSION \
-            or head.get("export") not in exports.KINDS:
-        return [Check("header", "fail", f"the first line is not a schemaVersion {exports.SCHEMA_VERSION} "
-                                        "export header")]
+    if (
+        not isinstance(head, dict)
+        or head.get("schemaVersion") != exports.SCHEMA_VERSION
+        or head.get("export") not in exports.KINDS
+    ):
+        return [
+            Check("header", "fail", f"the first line is not a schemaVersion {exports.SCHEMA_VERSION} export header")
+        ]
     kind = head["export"]
     checks = [Check("header", "pass", f"{kind} export, schemaVersion {head['schemaVersion']}")]
     events = _Events()
@@ -165,8 +190,15 @@ def _verify_records(records: Iterator[tuple[int, Any]], *, csv_file: bool) -> li
             if csv_file:
                 fields = _csv_event(record)
             else:
-                fields = (record["workspace"], record["runId"], record["sequence"], record["eventId"], record["type"],
-                          record.get("occurrenceId"), record["payload"])
+                fields = (
+                    record["workspace"],
+                    record["runId"],
+                    record["sequence"],
+                    record["eventId"],
+                    record["type"],
+                    record.get("occurrenceId"),
+                    record["payload"],
+                )
         except (KeyError, ValueError):
             unreadable.append(f"{where} is not an event")
             continue
@@ -175,8 +207,14 @@ def _verify_records(records: Iterator[tuple[int, Any]], *, csv_file: bool) -> li
     if end is None:
         checks.append(Check("complete", "fail", f"no end marker after {rows} row(s): the file was cut short"))
     elif not isinstance(end, dict) or end.get("rows") != rows or after_end:
-        checks.append(Check("complete", "fail", f"the end marker says {end!r}, the file holds {rows} row(s)"
-                            + (" and lines after the end" if after_end else "")))
+        checks.append(
+            Check(
+                "complete",
+                "fail",
+                f"the end marker says {end!r}, the file holds {rows} row(s)"
+                + (" and lines after the end" if after_end else ""),
+            )
+        )
     else:
         checks.append(Check("complete", "pass", f"end marker counts {rows} row(s)"))
     if kind == "events":
@@ -218,8 +256,9 @@ def verify_bundle(path: Path) -> list[Check]:
     actual = {name: hashlib.sha256(data).hexdigest() for name, data in contents.items() if name != bundle.SUMS}
     problems += [f"{name} is not listed in {bundle.SUMS}" for name in sorted(set(actual) - set(listed))]
     problems += [f"{name} is listed but absent" for name in sorted(set(listed) - set(actual))]
-    problems += [f"{name} does not match its sum" for name in sorted(set(listed) & set(actual))
-                 if listed[name] != actual[name]]
+    problems += [
+        f"{name} does not match its sum" for name in sorted(set(listed) & set(actual)) if listed[name] != actual[name]
+    ]
     checks.append(_check("sha256sums", problems, f"{len(listed)} file(s) match {bundle.SUMS}"))
 
     try:
@@ -235,8 +274,11 @@ def verify_bundle(path: Path) -> list[Check]:
     payload_files = {n for n in contents if n not in (bundle.SUMS, bundle.MANIFEST)}
     problems += [f"{n} is not in the manifest" for n in sorted(payload_files - set(described))]
     problems += [f"the manifest lists {n}, absent" for n in sorted(set(described) - payload_files)]
-    problems += [f"{n}: the manifest's sha256 or size differs" for n in sorted(payload_files & set(described))
-                 if described[n].get("sha256") != actual[n] or described[n].get("size") != len(contents[n])]
+    problems += [
+        f"{n}: the manifest's sha256 or size differs"
+        for n in sorted(payload_files & set(described))
+        if described[n].get("sha256") != actual[n] or described[n].get("size") != len(contents[n])
+    ]
     if not isinstance(evidence, dict) or evidence.get("run", {}).get("runId") != run_id:
         problems.append(f"{bundle.EVIDENCE} is not the evidence of {run_id}")
     checks.append(_check("manifest", problems, f"run {run_id}, {len(described)} file(s) described"))
@@ -248,8 +290,16 @@ def verify_bundle(path: Path) -> list[Check]:
         if not isinstance(record, dict) or record.get("runId") != run_id:
             unreadable.append(f"{where} is not an event of {run_id}")
             continue
-        events.add(where, manifest.get("workspace", ""), run_id, record.get("sequence"), record.get("eventId"),
-                   record.get("type"), record.get("occurrenceId"), record.get("payload"))
+        events.add(
+            where,
+            manifest.get("workspace", ""),
+            run_id,
+            record.get("sequence"),
+            record.get("eventId"),
+            record.get("type"),
+            record.get("occurrenceId"),
+            record.get("payload"),
+        )
     if events.count != last:
         unreadable.append(f"{events.count} event(s), the manifest says the last sequence is {last}")
     checks.append(_check("events", unreadable, f"{events.count} event(s) of {run_id}"))

@@ -50,19 +50,41 @@ __all__ = ["AppendResult", "Attached", "Head", "append", "holding"]
 
 
 @overload
-def append(*, workspace: Workspace, run_id: str, events: object, expected_sequence: int | None = None,
-           fencing_token: Any = None, imported: bool = False, attached: None = None) -> AppendResult: ...
+def append(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    events: object,
+    expected_sequence: int | None = None,
+    fencing_token: Any = None,
+    imported: bool = False,
+    attached: None = None,
+) -> AppendResult: ...
 
 
 @overload
-def append(*, workspace: Workspace, run_id: str, events: object, expected_sequence: int | None = None,
-           fencing_token: Any = None, imported: bool = False,
-           attached: Sequence[Attached]) -> AppendResult | None: ...
+def append(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    events: object,
+    expected_sequence: int | None = None,
+    fencing_token: Any = None,
+    imported: bool = False,
+    attached: Sequence[Attached],
+) -> AppendResult | None: ...
 
 
-def append(*, workspace: Workspace, run_id: str, events: object, expected_sequence: int | None = None,
-           fencing_token: Any = None, imported: bool = False,
-           attached: Sequence[Attached] | None = None) -> AppendResult | None:
+def append(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    events: object,
+    expected_sequence: int | None = None,
+    fencing_token: Any = None,
+    imported: bool = False,
+    attached: Sequence[Attached] | None = None,
+) -> AppendResult | None:
     """Append a batch to a run's log, all or nothing.
 
     `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`, checked here as
@@ -78,18 +100,24 @@ def append(*, workspace: Workspace, run_id: str, events: object, expected_sequen
         if db.vendor != "postgresql":
             return None  # the statement is PostgreSQL's; elsewhere the caller's locked way does it all
         batch = prepare.batch(workspace, events, expected_sequence)
-        return strategies.one_statement(db, workspace, run_id, batch, expected_sequence, fencing_token,
-                                        tuple(attached))
-    if (db.vendor == "postgresql" and isinstance(events, list) and len(events) >= PIPELINE_FROM
-            and not imported and not db.in_atomic_block and statements.PIPELINES):
+        return strategies.one_statement(db, workspace, run_id, batch, expected_sequence, fencing_token, tuple(attached))
+    if (
+        db.vendor == "postgresql"
+        and isinstance(events, list)
+        and len(events) >= PIPELINE_FROM
+        and not imported
+        and not db.in_atomic_block
+        and statements.PIPELINES
+    ):
         prepare.check_batch(events, expected_sequence)
         result = strategies.pipelined(db, workspace, run_id, events, expected_sequence, fencing_token)
         if result is not None:
             return result
     batch = prepare.batch(workspace, events, expected_sequence)
     if db.vendor == "postgresql":
-        result = strategies.one_statement(db, workspace, run_id, batch, expected_sequence, fencing_token,
-                                          imported=imported)
+        result = strategies.one_statement(
+            db, workspace, run_id, batch, expected_sequence, fencing_token, imported=imported
+        )
         if result is not None:
             return result
     with transaction.atomic():
@@ -114,8 +142,9 @@ class Head:
     def __init__(self, run: Run) -> None:
         self.run = run
 
-    def append(self, events: Sequence[Mapping[str, Any]], *, expected_sequence: int | None = None,
-               fencing_token: Any = None) -> AppendResult:
+    def append(
+        self, events: Sequence[Mapping[str, Any]], *, expected_sequence: int | None = None, fencing_token: Any = None
+    ) -> AppendResult:
         """Append under the lock, in the caller's transaction. No savepoint: a refusal raised here
         must end the caller's transaction. An empty batch writes nothing and only answers to the
         fence, for a caller whose row changes need no event."""

@@ -363,8 +363,9 @@ def announced_events(written: Sequence[Mapping[str, Any]], rows: Sequence[Mappin
     return events
 
 
-def announcement(run: Run, sequence: int, written: Sequence[Mapping[str, Any]] = (),
-                 rows: Sequence[Mapping[str, Any]] = ()) -> Callable[[], None]:
+def announcement(
+    run: Run, sequence: int, written: Sequence[Mapping[str, Any]] = (), rows: Sequence[Mapping[str, Any]] = ()
+) -> Callable[[], None]:
     """What announces a batch to the run's group, and to the workspace's group when the batch
     started or finished the run; to be called only once the batch has committed (a reader woken by
     it must find the rows it is told about). `written` are the batch's new envelopes and `rows` the

@@ -65,8 +65,9 @@ def read_bytes(artifact: Artifact) -> bytes:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise IntegrityFailure(f"artifact {artifact.artifact_id} is missing from storage",
-                               artifactId=artifact.artifact_id) from None
+        raise IntegrityFailure(
+            f"artifact {artifact.artifact_id} is missing from storage", artifactId=artifact.artifact_id
+        ) from None
     actual = hashlib.sha256(data).hexdigest()
     if actual != artifact.sha256 or len(data) != artifact.size:
         raise IntegrityFailure(
@@ -83,8 +84,9 @@ def open_verified(artifact: Artifact) -> BinaryIO:
     try:
         handle = (_root() / artifact.storage_key).open("rb")
     except FileNotFoundError:
-        raise IntegrityFailure(f"artifact {artifact.artifact_id} is missing from storage",
-                               artifactId=artifact.artifact_id) from None
+        raise IntegrityFailure(
+            f"artifact {artifact.artifact_id} is missing from storage", artifactId=artifact.artifact_id
+        ) from None
     hasher, size = hashlib.sha256(), 0
     while chunk := handle.read(1 << 20):
         hasher.update(chunk)
@@ -117,7 +119,7 @@ def parse_ref(ref: str) -> str | None:
     """The sha256 named by an `artifact://art_<sha256>` ref, or None for a ref that is not ours."""
     if not ref.startswith(REF_PREFIX + "art_"):
         return None
-    sha256 = ref[len(REF_PREFIX) + 4:]
+    sha256 = ref[len(REF_PREFIX) + 4 :]
     return sha256 if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) else None
 
 
@@ -134,8 +136,10 @@ def resolve(run: Run, refs: list[str]) -> dict[str, Artifact | None]:
     resolved: dict[str, Artifact | None] = {ref: found.get(sha) for sha, ref in ours.items()}
     foreign = [ref for ref in refs if ref not in resolved]
     if foreign:
-        mapped = {m.ref: m.artifact for m in
-                  ImportedArtifact.objects.filter(run_id=run.pk, ref__in=foreign).select_related("artifact")}
+        mapped = {
+            m.ref: m.artifact
+            for m in ImportedArtifact.objects.filter(run_id=run.pk, ref__in=foreign).select_related("artifact")
+        }
         resolved.update({ref: mapped.get(ref) for ref in foreign})
     return resolved
 

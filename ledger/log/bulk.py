@@ -68,8 +68,10 @@ def row_params(model: type[models.Model], param: str, row: Mapping[str, Any]) ->
     keys, json_names = _row_keys(model, param, names)
     if not json_names:
         return dict(zip(keys, row.values()))
-    return {key: json_text(value) if value is not None and name in json_names else value
-            for key, name, value in zip(keys, names, row.values())}
+    return {
+        key: json_text(value) if value is not None and name in json_names else value
+        for key, name, value in zip(keys, names, row.values())
+    }
 
 
 @functools.lru_cache(maxsize=64)
@@ -80,15 +82,18 @@ def _row_keys(model: type[models.Model], param: str, names: tuple[str, ...]) -> 
 @functools.cache
 def json_fields(model: type[models.Model]) -> frozenset[str]:
     """The names (and attnames) of `model`'s JSON columns."""
-    return frozenset(name for f in model._meta.concrete_fields if isinstance(f, models.JSONField)
-                     for name in (f.name, f.attname))
+    return frozenset(
+        name for f in model._meta.concrete_fields if isinstance(f, models.JSONField) for name in (f.name, f.attname)
+    )
 
 
-def conflict_update(model: type[models.Model], key: Sequence[str], names: Sequence[str],
-                    keep: Sequence[str] = ()) -> str:
+def conflict_update(
+    model: type[models.Model], key: Sequence[str], names: Sequence[str], keep: Sequence[str] = ()
+) -> str:
     """`ON CONFLICT (key) DO UPDATE SET` every one of `names` that is not in the key or `keep`."""
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in (column(model, n) for n in names
-                                                         if n not in key and n not in keep))
+    updates = ", ".join(
+        f"{c} = EXCLUDED.{c}" for c in (column(model, n) for n in names if n not in key and n not in keep)
+    )
     return f"ON CONFLICT ({', '.join(column(model, k) for k in key)}) DO UPDATE SET {updates}"
 
 
@@ -124,8 +129,10 @@ def insert_rows(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
     with connection.cursor() as cursor:
         if len(rows) < COPY_FROM_ROWS:
             # COPY costs extra round trips to start and finish; a few rows go in as one statement.
-            cursor.execute(f"INSERT INTO {table(model)} ({columns}) SELECT * FROM {recordset(model, names, 'rows')}",
-                           {"rows": json_rows(rows)})
+            cursor.execute(
+                f"INSERT INTO {table(model)} ({columns}) SELECT * FROM {recordset(model, names, 'rows')}",
+                {"rows": json_rows(rows)},
+            )
             return
         fields = [_concrete(model, n) for n in names]
         with cursor.cursor.copy(f"COPY {table(model)} ({columns}) FROM STDIN") as copy:
@@ -137,20 +144,26 @@ def _copy_value(field: models.Field[Any, Any], value: Any) -> Any:
     return Jsonb(value) if isinstance(field, models.JSONField) and value is not None else value
 
 
-def upsert_rows(model: type[models.Model], key: Sequence[str], rows: Sequence[Mapping[str, Any]],
-                keep: Sequence[str] = ()) -> None:
+def upsert_rows(
+    model: type[models.Model], key: Sequence[str], rows: Sequence[Mapping[str, Any]], keep: Sequence[str] = ()
+) -> None:
     """INSERT … ON CONFLICT (key) DO UPDATE, one statement for all `rows` (unique by `key`); a
     row that exists keeps its columns in `keep`."""
     if not rows:
         return
     names = list(rows[0])
     if connection.vendor != "postgresql":
-        model._default_manager.bulk_create([model(**row) for row in rows], update_conflicts=True,
-                                           unique_fields=[_concrete(model, k).name for k in key],
-                                           update_fields=[_concrete(model, n).name for n in names
-                                                          if n not in key and n not in keep])
+        model._default_manager.bulk_create(
+            [model(**row) for row in rows],
+            update_conflicts=True,
+            unique_fields=[_concrete(model, k).name for k in key],
+            update_fields=[_concrete(model, n).name for n in names if n not in key and n not in keep],
+        )
         return
     columns = ", ".join(column(model, n) for n in names)
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table(model)} ({columns}) SELECT * FROM {recordset(model, names, 'rows')} "
-                       f"{conflict_update(model, key, names, keep)}", {"rows": json_rows(rows)})
+        cursor.execute(
+            f"INSERT INTO {table(model)} ({columns}) SELECT * FROM {recordset(model, names, 'rows')} "
+            f"{conflict_update(model, key, names, keep)}",
+            {"rows": json_rows(rows)},
+        )

@@ -9,7 +9,7 @@ datetime and no stdlib JSON decoder per event.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -35,7 +35,7 @@ def format_recorded_at(moment: datetime) -> str:
     in a third of the time.
     """
     if moment.utcoffset() != _UTC_OFFSET:
-        moment = moment.astimezone(timezone.utc)
+        moment = moment.astimezone(UTC)
     return moment.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
@@ -52,8 +52,9 @@ def envelope(
     return _envelope(event_id, run_id, sequence, type, occurrence_id, format_recorded_at(recorded_at), payload)
 
 
-def _envelope(event_id: str, run_id: str, sequence: int, type_: str, occurrence_id: str | None,
-              recorded_at: str, payload: Any) -> dict[str, Any]:
+def _envelope(
+    event_id: str, run_id: str, sequence: int, type_: str, occurrence_id: str | None, recorded_at: str, payload: Any
+) -> dict[str, Any]:
     env: dict[str, Any] = {"eventId": event_id, "runId": run_id, "sequence": sequence, "type": type_}
     if occurrence_id is not None:
         env["occurrenceId"] = occurrence_id
@@ -93,8 +94,7 @@ def decode_payload(text: str) -> Any:
         return json.loads(text)
 
 
-def log_rows(run: Run, *, after: int = 0, limit: int | None = None,
-             type_prefix: str | None = None) -> list[Row]:
+def log_rows(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None) -> list[Row]:
     """The run's stored events after sequence `after`, in order, as `Row`s, through a plain cursor.
 
     The ORM compiles the query, so its filters mean what they mean to the ORM on every backend;
@@ -109,8 +109,11 @@ def log_rows(run: Run, *, after: int = 0, limit: int | None = None,
         qs = qs[:limit]
     connection = connections[qs.db]
     server_formats = connection.vendor == "postgresql"
-    recorded_at = Func(F("recorded_at"), template=_RECORDED_AT_SQL, output_field=CharField()) \
-        if server_formats else F("recorded_at")
+    recorded_at = (
+        Func(F("recorded_at"), template=_RECORDED_AT_SQL, output_field=CharField())
+        if server_formats
+        else F("recorded_at")
+    )
     columns = qs.values_list("sequence", "event_id", "type", "occurrence_id", recorded_at, "payload")
     sql, params = columns.query.get_compiler(using=qs.db).as_sql()
     with paused_gc(), connection.cursor() as cursor:
@@ -119,12 +122,15 @@ def log_rows(run: Run, *, after: int = 0, limit: int | None = None,
     if server_formats:
         return rows
     zone = connection.timezone
-    return [(s, e, t, o, format_recorded_at(django_timezone.make_aware(at, zone) if at.tzinfo is None else at), p)
-            for s, e, t, o, at, p in rows]
+    return [
+        (s, e, t, o, format_recorded_at(django_timezone.make_aware(at, zone) if at.tzinfo is None else at), p)
+        for s, e, t, o, at, p in rows
+    ]
 
 
-def read_envelopes(run: Run, *, after: int = 0, limit: int | None = None,
-                   type_prefix: str | None = None) -> list[dict[str, Any]]:
+def read_envelopes(
+    run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None
+) -> list[dict[str, Any]]:
     """The run's envelopes after sequence `after`, in order (see the module docstring)."""
     run_id = run.run_id
     rows = log_rows(run, after=after, limit=limit, type_prefix=type_prefix)

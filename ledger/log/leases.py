@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import F
+
 from .. import clock
 from ..errors import Conflict, Fenced, NotFound
 from ..models import Run, Workspace
@@ -61,8 +62,9 @@ def owner_is_dead(owner: str) -> bool:
 
 
 @transaction.atomic
-def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: float = 60,
-                      take_over: bool = False) -> Lease:
+def acquire_run_lease(
+    *, workspace: Workspace, run_id: str, owner: str, ttl_s: float = 60, take_over: bool = False
+) -> Lease:
     """Lease the run to `owner`. A live lease of another owner is refused unless `take_over`."""
     run = Run.objects.filter(workspace=workspace).select_for_update().filter(run_id=run_id).first()
     if run is None:
@@ -70,8 +72,9 @@ def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: f
     now = clock.now()
     live = rules.lease_live(run.lease_expires_at, now)
     if live and run.lease_owner != owner and not take_over:
-        raise LeaseHeld(f"run {run_id} is leased to {run.lease_owner} until {run.lease_expires_at:%H:%M:%S}",
-                        owner=run.lease_owner)
+        raise LeaseHeld(
+            f"run {run_id} is leased to {run.lease_owner} until {run.lease_expires_at:%H:%M:%S}", owner=run.lease_owner
+        )
     expires = now + timedelta(seconds=ttl_s)
     Run.objects.filter(pk=run.pk).update(
         lease_owner=owner, lease_expires_at=expires, fencing_token=F("fencing_token") + 1
@@ -84,8 +87,11 @@ def acquire_run_lease(*, workspace: Workspace, run_id: str, owner: str, ttl_s: f
 def renew_run_lease(*, workspace: Workspace, lease: Lease) -> Lease:
     """Extend `lease` by its TTL from now, keeping its fencing token; Fenced if it was taken over."""
     expires = clock.now() + timedelta(seconds=lease.ttl_s)
-    renewed = Run.objects.filter(workspace=workspace).filter(run_id=lease.run_id, fencing_token=lease.fencing_token).update(
-        lease_owner=lease.owner, lease_expires_at=expires)
+    renewed = (
+        Run.objects.filter(workspace=workspace)
+        .filter(run_id=lease.run_id, fencing_token=lease.fencing_token)
+        .update(lease_owner=lease.owner, lease_expires_at=expires)
+    )
     if not renewed:
         raise _taken_over(lease)
     return replace(lease, expires_at=expires)
@@ -103,8 +109,10 @@ def renew_locked(*, run: Run, lease: Lease) -> Lease:
 
 
 def _taken_over(lease: Lease) -> Fenced:
-    return Fenced(f"the lease on run {lease.run_id} was taken over; fencing token {lease.fencing_token} is stale",
-                  runId=lease.run_id)
+    return Fenced(
+        f"the lease on run {lease.run_id} was taken over; fencing token {lease.fencing_token} is stale",
+        runId=lease.run_id,
+    )
 
 
 @transaction.atomic

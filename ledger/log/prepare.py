@@ -36,9 +36,7 @@ class Prepared:
 
 def validate_run_id(run_id: Any) -> str:
     if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
-        raise InvalidRunId(
-            f"run id must match {RUN_ID_RE.pattern}", runId=run_id if isinstance(run_id, str) else None
-        )
+        raise InvalidRunId(f"run id must match {RUN_ID_RE.pattern}", runId=run_id if isinstance(run_id, str) else None)
     return run_id
 
 
@@ -99,17 +97,22 @@ def item(index: int, event: Any, redact: Redactor) -> Prepared:
     try:
         canonical = to_canonical(payload)
     except NotCanonicalizable as exc:
-        raise InvalidEvent(f"event {index}: payload has no canonical JSON form: {exc}",
-                           index=index, field="payload") from exc
+        raise InvalidEvent(
+            f"event {index}: payload has no canonical JSON form: {exc}", index=index, field="payload"
+        ) from exc
     # PostgreSQL's jsonb cannot hold U+0000 (SQLite could): refused on both. Canonical JSON writes
     # it as \u0000, so only a payload whose canonical form holds that is walked.
     if b"\\u0000" in canonical and (where := nul_path(payload)) is not None:
-        raise InvalidEvent(f"event {index}: strings may not contain the NUL character (U+0000)",
-                           index=index, field=".".join(["payload", *map(str, where)]))
+        raise InvalidEvent(
+            f"event {index}: strings may not contain the NUL character (U+0000)",
+            index=index,
+            field=".".join(["payload", *map(str, where)]),
+        )
     request_digest = None
     if key is not None:
-        request_digest = request_digest_for_canonical(type=event_type, payload_canonical=canonical,
-                                                      occurrence_id=occurrence_id)
+        request_digest = request_digest_for_canonical(
+            type=event_type, payload_canonical=canonical, occurrence_id=occurrence_id
+        )
     return Prepared(event_type, payload, canonical, occurrence_id, key, request_digest)
 
 
@@ -134,6 +137,7 @@ def _optional_str(index: int, event: Mapping[str, Any], field: str) -> str | Non
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH or not _is_text(value):
         raise InvalidEvent(
             f"event {index}: {field} must be a non-empty string of at most {MAX_KEY_LENGTH} characters",
-            index=index, field=field,
+            index=index,
+            field=field,
         )
     return value

@@ -48,9 +48,12 @@ def _money(value: Decimal | None) -> Decimal | None:
 
 def _usage(usage: UsageTotals) -> dict[str, Any]:
     return {
-        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-        "cached_input_tokens": usage.cached_input_tokens, "reasoning_tokens": usage.reasoning_tokens,
-        "cost_usd": _money(usage.cost_usd), "priced_calls": usage.priced_calls,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cached_input_tokens": usage.cached_input_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "cost_usd": _money(usage.cost_usd),
+        "priced_calls": usage.priced_calls,
         "unpriced_calls": usage.unpriced_calls,
     }
 
@@ -58,21 +61,31 @@ def _usage(usage: UsageTotals) -> dict[str, Any]:
 def root_run_id(workspace_id: int, parent_run_id: str | None) -> str:
     if not parent_run_id:
         return ""
-    parent = Run.objects.filter(workspace_id=workspace_id, run_id=parent_run_id).values_list(
-        "root_run_id", flat=True).first()
+    parent = (
+        Run.objects.filter(workspace_id=workspace_id, run_id=parent_run_id)
+        .values_list("root_run_id", flat=True)
+        .first()
+    )
     return parent or parent_run_id
 
 
 def run_fields(state: RunState) -> dict[str, Any]:
     """The Run row's projected columns, except root_run_id (which needs the parent's row)."""
     return {
-        "status": state.status, "workflow_version_id": state.workflow_version_id or "",
-        "label": state.label or "", "started_at": _when(state.started_at),
-        "finished_at": _when(state.finished_at), "input": state.input, "output": state.output,
-        "output_ref": state.output_ref or "", "error": state.error,
+        "status": state.status,
+        "workflow_version_id": state.workflow_version_id or "",
+        "label": state.label or "",
+        "started_at": _when(state.started_at),
+        "finished_at": _when(state.finished_at),
+        "input": state.input,
+        "output": state.output,
+        "output_ref": state.output_ref or "",
+        "error": state.error,
         "parent_run_id": state.parent_run_id or "",
-        "replay_of": state.replay_of or "", "event_count": state.event_count,
-        "last_sequence": state.last_sequence, **_usage(state.usage),
+        "replay_of": state.replay_of or "",
+        "event_count": state.event_count,
+        "last_sequence": state.last_sequence,
+        **_usage(state.usage),
     }
 
 
@@ -83,16 +96,29 @@ def all_run_fields(run: Run, state: RunState) -> dict[str, Any]:
 def step_fields(state: RunState, path: str, position: int) -> dict[str, Any]:
     step = state.steps[path]
     return {
-        "step_path": path, "position": position, "status": step.status, "visit": step.visit,
+        "step_path": path,
+        "position": position,
+        "status": step.status,
+        "visit": step.visit,
         "attempts": [
-            {"attempt": a.attempt, "status": a.status, "error": a.error,
-             "startedAt": a.started_at, "finishedAt": a.finished_at}
+            {
+                "attempt": a.attempt,
+                "status": a.status,
+                "error": a.error,
+                "startedAt": a.started_at,
+                "finishedAt": a.finished_at,
+            }
             for a in step.attempts
         ],
-        "output": step.output, "has_output": step.has_output, "output_ref": step.output_ref or "",
-        "artifact_refs": list(step.artifact_refs), "error": step.error,
-        "first_sequence": step.first_sequence, "last_sequence": step.last_sequence,
-        "started_at": _when(step.started_at), "finished_at": _when(step.finished_at),
+        "output": step.output,
+        "has_output": step.has_output,
+        "output_ref": step.output_ref or "",
+        "artifact_refs": list(step.artifact_refs),
+        "error": step.error,
+        "first_sequence": step.first_sequence,
+        "last_sequence": step.last_sequence,
+        "started_at": _when(step.started_at),
+        "finished_at": _when(step.finished_at),
         **_usage(step.usage),
     }
 
@@ -100,11 +126,20 @@ def step_fields(state: RunState, path: str, position: int) -> dict[str, Any]:
 def tool_fields(state: RunState, call_id: str, position: int) -> dict[str, Any]:
     call = state.tool_calls[call_id]
     return {
-        "call_id": call_id, "position": position, "tool_name": call.tool_name or "",
-        "args": call.args, "caller": call.caller or "", "turn": call.turn,
-        "step_path": call.step_path or "", "status": call.status, "result": call.result,
-        "error": call.error, "duration_ms": call.duration_ms, "reconciled": call.reconciled,
-        "origin": call.origin or "", "started_sequence": call.started_sequence,
+        "call_id": call_id,
+        "position": position,
+        "tool_name": call.tool_name or "",
+        "args": call.args,
+        "caller": call.caller or "",
+        "turn": call.turn,
+        "step_path": call.step_path or "",
+        "status": call.status,
+        "result": call.result,
+        "error": call.error,
+        "duration_ms": call.duration_ms,
+        "reconciled": call.reconciled,
+        "origin": call.origin or "",
+        "started_sequence": call.started_sequence,
         "ended_sequence": call.ended_sequence,
     }
 
@@ -112,11 +147,17 @@ def tool_fields(state: RunState, call_id: str, position: int) -> dict[str, Any]:
 def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> dict[str, Any]:
     entry = state.cost_entries[index]
     return {
-        "sequence": entry.sequence, "call_id": entry.call_id or "", "step_path": entry.step_path or "",
-        "provider": entry.provider or "", "model_id": entry.model_id or "",
-        "input_tokens": entry.input_tokens, "output_tokens": entry.output_tokens,
-        "cached_input_tokens": entry.cached_input_tokens, "reasoning_tokens": entry.reasoning_tokens,
-        "cost_usd": _money(entry.cost_usd), "price_table_version": entry.price_table_version,
+        "sequence": entry.sequence,
+        "call_id": entry.call_id or "",
+        "step_path": entry.step_path or "",
+        "provider": entry.provider or "",
+        "model_id": entry.model_id or "",
+        "input_tokens": entry.input_tokens,
+        "output_tokens": entry.output_tokens,
+        "cached_input_tokens": entry.cached_input_tokens,
+        "reasoning_tokens": entry.reasoning_tokens,
+        "cost_usd": _money(entry.cost_usd),
+        "price_table_version": entry.price_table_version,
         "recorded_at": _when(recorded_at[entry.sequence]),
     }
 
@@ -153,8 +194,7 @@ class Mark:
         return cls(state.last_sequence, len(state.cost_entries), tool_call_count(state), run_fields(state))
 
 
-def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mapping[str, Any]],
-                  before: Mark) -> Changes:
+def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mapping[str, Any]], before: Mark) -> Changes:
     """The rows that the batch `envelopes` touched; `state` has already been advanced by it.
 
     Only changed Run columns are set, only touched steps and tool calls upserted, only new cost
@@ -170,8 +210,11 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     new_calls, touched_calls = _touched_tool_calls(state, envelopes, before)
     return Changes(
         run=run,
-        steps=[step_fields(state, path, i) for i, (path, step) in enumerate(state.steps.items())
-               if step.last_sequence > before.last_sequence or path in cost_paths],
+        steps=[
+            step_fields(state, path, i)
+            for i, (path, step) in enumerate(state.steps.items())
+            if step.last_sequence > before.last_sequence or path in cost_paths
+        ],
         tool_calls=touched_calls,
         cost_entries=cost_entries,
         daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", cost_entries),
@@ -179,8 +222,11 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     )
 
 
-def _touched_tool_calls(state: RunState, envelopes: Sequence[Mapping[str, Any]], before: Mark,
-                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _touched_tool_calls(
+    state: RunState,
+    envelopes: Sequence[Mapping[str, Any]],
+    before: Mark,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The rows of the calls the batch named (by `callId`): those it started (no row yet), then
     those that have one, without a walk over all of the run's calls. A call new in the batch is
     among the last keys, its position their count before; a call written before keeps its stored
@@ -188,9 +234,14 @@ def _touched_tool_calls(state: RunState, envelopes: Sequence[Mapping[str, Any]],
     new = list(islice(reversed(state.tool_calls), tool_call_count(state) - before.tool_calls))
     positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
     named = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
-    return ([tool_fields(state, call_id, position) for call_id, position in positions.items()],
-            [tool_fields(state, call_id, 0) for call_id in named if call_id in state.tool_calls
-             and call_id not in positions])
+    return (
+        [tool_fields(state, call_id, position) for call_id, position in positions.items()],
+        [
+            tool_fields(state, call_id, 0)
+            for call_id in named
+            if call_id in state.tool_calls and call_id not in positions
+        ],
+    )
 
 
 # A step's or tool call's position is its order of first appearance: set by the row's first
@@ -203,11 +254,11 @@ def write(run_pk: int, changes: Changes) -> None:
     write them inside their head statement instead (ledger/log/statements.py)."""
     if changes.run:
         Run.objects.filter(pk=run_pk).update(**changes.run)
-    upsert_rows(Step, ("run_id", "step_path"), [{"run_id": run_pk, **row} for row in changes.steps],
-                keep=POSITIONED)
+    upsert_rows(Step, ("run_id", "step_path"), [{"run_id": run_pk, **row} for row in changes.steps], keep=POSITIONED)
     insert_rows(ToolCall, [{"run_id": run_pk, **row} for row in changes.new_tool_calls])
-    upsert_rows(ToolCall, ("run_id", "call_id"), [{"run_id": run_pk, **row} for row in changes.tool_calls],
-                keep=POSITIONED)
+    upsert_rows(
+        ToolCall, ("run_id", "call_id"), [{"run_id": run_pk, **row} for row in changes.tool_calls], keep=POSITIONED
+    )
     insert_rows(CostEntry, [{"run_id": run_pk, **row} for row in changes.cost_entries])
     rollup.add(changes.daily_usage)
 
@@ -226,12 +277,15 @@ def rebuild(run: Run) -> RunState:
     for model in (Step, ToolCall, CostEntry):
         model.objects.filter(run=run).delete()
     recorded_at = {e["sequence"]: e["recordedAt"] for e in log}
-    write(run.pk, Changes(
-        run=all_run_fields(run, state),
-        steps=[step_fields(state, path, i) for i, path in enumerate(state.steps)],
-        tool_calls=[tool_fields(state, call_id, i) for i, call_id in enumerate(state.tool_calls)],
-        cost_entries=[cost_fields(state, i, recorded_at) for i in range(len(state.cost_entries))],
-    ))
+    write(
+        run.pk,
+        Changes(
+            run=all_run_fields(run, state),
+            steps=[step_fields(state, path, i) for i, path in enumerate(state.steps)],
+            tool_calls=[tool_fields(state, call_id, i) for i, call_id in enumerate(state.tool_calls)],
+            cost_entries=[cost_fields(state, i, recorded_at) for i in range(len(state.cost_entries))],
+        ),
+    )
     # The days of the old entries and of the new are counted again, whatever the old rows were.
     rollup.recount(run.workspace_id, days | rollup.days_of([run.pk]).get(run.workspace_id, set()))
     STATES.take(run.workspace_id, run.run_id, prices.version)  # drop whatever this process cached for the run
@@ -281,8 +335,9 @@ def differences(run: Run, state: RunState, log: Sequence[Mapping[str, Any]]) -> 
         if entry.sequence not in stored_costs:
             problems.append(f"cost entry @{entry.sequence}: missing from the projection")
         else:
-            problems += _compare(f"cost entry @{entry.sequence}", cost_fields(state, i, recorded_at),
-                                 stored_costs.pop(entry.sequence))
+            problems += _compare(
+                f"cost entry @{entry.sequence}", cost_fields(state, i, recorded_at), stored_costs.pop(entry.sequence)
+            )
     problems += [f"cost entry @{s}: in the projection but not in the log" for s in stored_costs]
     return problems
 
@@ -298,7 +353,8 @@ def reprice(runs: Iterable[Run]) -> tuple[int, int]:
         versions = dict(CostEntry.objects.filter(run=run).values_list("sequence", "price_table_version"))
         rebuild(run)
         for sequence, cost, version in CostEntry.objects.filter(run=run).values_list(
-                "sequence", "cost_usd", "price_table_version"):
+            "sequence", "cost_usd", "price_table_version"
+        ):
             if _comparable(before.get(sequence)) != _comparable(cost) or versions.get(sequence) != version:
                 changed += 1
         count += 1

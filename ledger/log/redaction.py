@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,24 +28,59 @@ REDACTED = "[REDACTED]"
 # The names DESIGN.md §3 lists (lower-cased, `-`/`_` removed); every one stays a secret.
 SECRET_KEY_NAMES = frozenset(
     {
-        "authorization", "proxyauthorization", "cookie", "setcookie", "apikey", "xapikey",
-        "password", "passwd", "secret", "clientsecret", "token", "accesstoken", "refreshtoken",
-        "idtoken", "privatekey", "sessionid",
+        "authorization",
+        "proxyauthorization",
+        "cookie",
+        "setcookie",
+        "apikey",
+        "xapikey",
+        "password",
+        "passwd",
+        "secret",
+        "clientsecret",
+        "token",
+        "accesstoken",
+        "refreshtoken",
+        "idtoken",
+        "privatekey",
+        "sessionid",
     }
 )
 
 # A word of the key that names a secret wherever it stands, alone or as the end of a word glued
 # together (`clientsecret`, `openaiapikey`, `setcookie`).
 SECRET_WORD_ENDINGS = (
-    "secret", "secrets", "password", "passwords", "passwd", "passphrase", "credential", "credentials",
-    "authorization", "cookie", "cookies", "apikey", "apikeys", "privatekey", "accesskey", "sessionid",
+    "secret",
+    "secrets",
+    "password",
+    "passwords",
+    "passwd",
+    "passphrase",
+    "credential",
+    "credentials",
+    "authorization",
+    "cookie",
+    "cookies",
+    "apikey",
+    "apikeys",
+    "privatekey",
+    "accesskey",
+    "sessionid",
     "sessionkey",
 )
 # Two adjacent words that name a secret (`x-api-key`, `private_key_pem`, `aws_access_key_id`).
 SECRET_WORD_PAIRS = frozenset(
     {
-        ("api", "key"), ("api", "keys"), ("private", "key"), ("access", "key"), ("secret", "key"),
-        ("signing", "key"), ("encryption", "key"), ("master", "key"), ("session", "id"), ("session", "key"),
+        ("api", "key"),
+        ("api", "keys"),
+        ("private", "key"),
+        ("access", "key"),
+        ("secret", "key"),
+        ("signing", "key"),
+        ("encryption", "key"),
+        ("master", "key"),
+        ("session", "id"),
+        ("session", "key"),
     }
 )
 # `token` is a secret only as the key's LAST word and singular: `access_token`, `idToken`,
@@ -54,8 +89,24 @@ SECRET_WORD_PAIRS = frozenset(
 # token that is a count, a vocabulary entry, a cursor, or Runledger's own lease/fence (DESIGN.md).
 TOKEN_NOT_SECRET_AFTER = frozenset(
     {
-        "max", "min", "num", "total", "bos", "eos", "pad", "unk", "sep", "cls", "mask", "stop", "special",
-        "next", "page", "continuation", "lease", "fencing",
+        "max",
+        "min",
+        "num",
+        "total",
+        "bos",
+        "eos",
+        "pad",
+        "unk",
+        "sep",
+        "cls",
+        "mask",
+        "stop",
+        "special",
+        "next",
+        "page",
+        "continuation",
+        "lease",
+        "fencing",
     }
 )
 
@@ -121,36 +172,77 @@ def _rule(name: str, description: str, pattern: str, replacement: str, example: 
 # Substring replacement: the match is replaced where it stands and the rest of the text is kept.
 # A scheme or a key name in front of the secret (`Bearer `, `password=`) stays, to show what was there.
 BUILTIN_VALUE_RULES: tuple[ValueRule, ...] = (
-    _rule("bearer", "an HTTP bearer credential: `Bearer ` and 16+ token characters, at least one not a letter",
-          r"\b(bearer\s+)(?=[A-Za-z0-9._~+/-]*[0-9._~+/-])[A-Za-z0-9._~+/-]{16,}=*", r"\1" + REDACTED, "Authorization: Bearer abc123def456ghi789", re.IGNORECASE),
-    _rule("openai_anthropic_key", "an OpenAI or Anthropic style key: `sk-` then 20+ key characters with a digit "
-          "(`sk-proj-…`, `sk-ant-api03-…`)",
-          r"\bsk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}", REDACTED,
-          "key sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"),
-    _rule("aws_access_key_id", "an AWS access key id: AKIA (long-term) or ASIA (temporary) and 16 of A-Z0-9",
-          r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b", REDACTED, "AKIAIOSFODNN7EXAMPLE"),
-    _rule("jwt", "a JSON Web Token: three base64url segments, the first starting `eyJ`",
-          r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", REDACTED,
-          "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dBjftJeZ4CVPmB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
-    _rule("github_token", "a GitHub token: ghp_/gho_/ghu_/ghs_/ghr_ and 36+ characters, or github_pat_",
-          r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})", REDACTED, "ghp_" + "a1B2" * 9),
-    _rule("slack_token", "a Slack token: xoxa-/xoxb-/xoxp-/xoxo-/xoxs-/xoxr-/xoxe- and 10+ characters",
-          r"\bxox[abposre]-[A-Za-z0-9-]{10,}", REDACTED, "xoxb-1234567890-abcdefghij"),
-    _rule("private_key_pem", "a PEM private key block (RSA, EC, OPENSSH, PKCS#8, PGP…), to its END line or the "
-          "end of the text when it was cut off",
-          r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)",
-          REDACTED,
-          "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----", re.DOTALL),
-    _rule("url_password", "the password of credentials in a URL (`scheme://user:PASSWORD@host`)",
-          r"\b([a-z][a-z0-9+.-]*://[^\s/?#@:]+:)[^\s/?#@]+@", r"\1" + REDACTED + "@",
-          "postgres://app:hunter2@db.internal:5432/app", re.IGNORECASE),
-    _rule("secret_assignment", "a secret-named setting assigned in text: `password=…`, `api_key=…`, "
-          "`access_token=…`, `OPENAI_API_KEY=…`, `aws_secret_access_key=…`, or a quoted JSON "
-          "`\"password\": \"…\"` inside a string",
-          r"(api[_-]?key|secret[_-]?access[_-]?key|client[_-]?secret|secret|password|passwd"
-          r"|(?:access|refresh|id|auth|session)[_-]?token|token)(\s*=\s*|[\"']:\s*[\"'])[^\s\"'&,;<>]+",
-          r"\1\2" + REDACTED,
-          "GET /cb?code=1&access_token=abc123&state=x", re.IGNORECASE),
+    _rule(
+        "bearer",
+        "an HTTP bearer credential: `Bearer ` and 16+ token characters, at least one not a letter",
+        r"\b(bearer\s+)(?=[A-Za-z0-9._~+/-]*[0-9._~+/-])[A-Za-z0-9._~+/-]{16,}=*",
+        r"\1" + REDACTED,
+        "Authorization: Bearer abc123def456ghi789",
+        re.IGNORECASE,
+    ),
+    _rule(
+        "openai_anthropic_key",
+        "an OpenAI or Anthropic style key: `sk-` then 20+ key characters with a digit (`sk-proj-…`, `sk-ant-api03-…`)",
+        r"\bsk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}",
+        REDACTED,
+        "key sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c",
+    ),
+    _rule(
+        "aws_access_key_id",
+        "an AWS access key id: AKIA (long-term) or ASIA (temporary) and 16 of A-Z0-9",
+        r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b",
+        REDACTED,
+        "AKIAIOSFODNN7EXAMPLE",
+    ),
+    _rule(
+        "jwt",
+        "a JSON Web Token: three base64url segments, the first starting `eyJ`",
+        r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*",
+        REDACTED,
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dBjftJeZ4CVPmB92K27uhbUJU1p1r_wW1gFWFOEjXk",
+    ),
+    _rule(
+        "github_token",
+        "a GitHub token: ghp_/gho_/ghu_/ghs_/ghr_ and 36+ characters, or github_pat_",
+        r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
+        REDACTED,
+        "ghp_" + "a1B2" * 9,
+    ),
+    _rule(
+        "slack_token",
+        "a Slack token: xoxa-/xoxb-/xoxp-/xoxo-/xoxs-/xoxr-/xoxe- and 10+ characters",
+        r"\bxox[abposre]-[A-Za-z0-9-]{10,}",
+        REDACTED,
+        "xoxb-1234567890-abcdefghij",
+    ),
+    _rule(
+        "private_key_pem",
+        "a PEM private key block (RSA, EC, OPENSSH, PKCS#8, PGP…), to its END line or the "
+        "end of the text when it was cut off",
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)",
+        REDACTED,
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----",
+        re.DOTALL,
+    ),
+    _rule(
+        "url_password",
+        "the password of credentials in a URL (`scheme://user:PASSWORD@host`)",
+        r"\b([a-z][a-z0-9+.-]*://[^\s/?#@:]+:)[^\s/?#@]+@",
+        r"\1" + REDACTED + "@",
+        "postgres://app:hunter2@db.internal:5432/app",
+        re.IGNORECASE,
+    ),
+    _rule(
+        "secret_assignment",
+        "a secret-named setting assigned in text: `password=…`, `api_key=…`, "
+        "`access_token=…`, `OPENAI_API_KEY=…`, `aws_secret_access_key=…`, or a quoted JSON "
+        '`"password": "…"` inside a string',
+        r"(api[_-]?key|secret[_-]?access[_-]?key|client[_-]?secret|secret|password|passwd"
+        r"|(?:access|refresh|id|auth|session)[_-]?token|token)(\s*=\s*|[\"']:\s*[\"'])[^\s\"'&,;<>]+",
+        r"\1\2" + REDACTED,
+        "GET /cb?code=1&access_token=abc123&state=x",
+        re.IGNORECASE,
+    ),
 )
 (_BEARER, _SK_KEY, _AWS_KEY_ID, _JWT, _GITHUB, _SLACK, _PEM, _URL_PASSWORD, _ASSIGNMENT) = BUILTIN_VALUE_RULES
 
@@ -210,8 +302,10 @@ def check_pattern(pattern: Any) -> str:
     except (re.error, OverflowError, RecursionError) as exc:
         raise InvalidRule(f"{pattern!r} is not a valid regular expression: {exc}") from None
     if _has_nested_repeat(list(parsed)):
-        raise InvalidRule(f"{pattern!r} repeats a repetition (like (a+)+), which can take exponential time; "
-                          "write it without the nested repeat")
+        raise InvalidRule(
+            f"{pattern!r} repeats a repetition (like (a+)+), which can take exponential time; "
+            "write it without the nested repeat"
+        )
     if compiled.fullmatch("") is not None or parsed.getwidth()[0] == 0:
         raise InvalidRule(f"{pattern!r} matches the empty string, so it would redact between every character")
     return pattern
@@ -324,13 +418,28 @@ class Redactor:
         if isinstance(value, dict):
             is_secret, scrub, kept = self.is_secret, self.scrub, _KEPT
             if self.patterns:
-                return {k: REDACTED if is_secret(k) else scrub(v) if v.__class__ is str
-                        else v if v.__class__ in kept else self(v) for k, v in value.items()}
+                return {
+                    k: REDACTED
+                    if is_secret(k)
+                    else scrub(v)
+                    if v.__class__ is str
+                    else v
+                    if v.__class__ in kept
+                    else self(v)
+                    for k, v in value.items()
+                }
             # Inlined from `scrub`: a string shorter than 15 characters with no "=" or ":" can
             # hold no built-in match, and most strings of a payload are such (ids, names, models).
-            return {k: REDACTED if is_secret(k)
-                    else (v if len(v) < 15 and "=" not in v and ":" not in v else scrub(v)) if v.__class__ is str
-                    else v if v.__class__ in kept else self(v) for k, v in value.items()}
+            return {
+                k: REDACTED
+                if is_secret(k)
+                else (v if len(v) < 15 and "=" not in v and ":" not in v else scrub(v))
+                if v.__class__ is str
+                else v
+                if v.__class__ in kept
+                else self(v)
+                for k, v in value.items()
+            }
         if isinstance(value, list):
             return [self(v) for v in value]
         if isinstance(value, str):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -33,8 +33,8 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncDate, TruncMonth
 
-from .bulk import table
 from ..models import CostEntry, DailyUsage, MonthlyUsage
+from .bulk import table
 
 Cell = tuple[date, str, str, str]  # day, provider, model_id, workflow_version_id
 KEY = ("day", "provider", "model_id", "workflow_version_id")
@@ -46,7 +46,7 @@ COMPARE_PLACES = Decimal("1e-9")
 
 
 def utc_day(moment: datetime) -> date:
-    return moment.astimezone(timezone.utc).date()
+    return moment.astimezone(UTC).date()
 
 
 def _sums(entries: Iterable[Mapping[str, Any]], workflow_version_id: str) -> dict[Cell, list[Any]]:
@@ -67,8 +67,9 @@ def cells(workspace_id: int, workflow_version_id: str, entries: Iterable[Mapping
     """The rollup rows that new cost entries (rows of `projection.cost_fields`) of one run add to
     their cells, in key order (COLUMNS: what `add` and `upsert_sql` take)."""
     sums = _sums(entries, workflow_version_id)
-    return [{"workspace_id": workspace_id, **dict(zip(KEY, cell)), **dict(zip(SUMS, sums[cell]))}
-            for cell in sorted(sums)]
+    return [
+        {"workspace_id": workspace_id, **dict(zip(KEY, cell)), **dict(zip(SUMS, sums[cell]))} for cell in sorted(sums)
+    ]
 
 
 def upsert_sql(source: str, *, one_row: bool = False) -> str:
@@ -77,8 +78,10 @@ def upsert_sql(source: str, *, one_row: bool = False) -> str:
     `one_row` source needs no sort). The appends on PostgreSQL put it in their one statement
     (ledger/log/statements.py)."""
     order = "" if one_row else f"ORDER BY {', '.join(KEY)} "
-    return (f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM {source} "
-            f"{order}{_added_to_cell()}")
+    return (
+        f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM {source} "
+        f"{order}{_added_to_cell()}"
+    )
 
 
 def add(rows: Sequence[Mapping[str, Any]]) -> None:
@@ -88,8 +91,9 @@ def add(rows: Sequence[Mapping[str, Any]]) -> None:
     values = ", ".join(["(" + ", ".join(["%s"] * len(COLUMNS)) + ")"] * len(rows))
     params = [row[c].isoformat() if c == "day" else row[c] for row in rows for c in COLUMNS]
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) VALUES {values} {_added_to_cell()}",
-                       params)
+        cursor.execute(
+            f"INSERT INTO {table(DailyUsage)} ({', '.join(COLUMNS)}) VALUES {values} {_added_to_cell()}", params
+        )
 
 
 def subtract(rows: Sequence[Mapping[str, Any]]) -> dict[int, set[date]]:
@@ -111,8 +115,10 @@ def subtract(rows: Sequence[Mapping[str, Any]]) -> dict[int, set[date]]:
         for key in sorted(merged):  # key order, as the appends lock cells
             sums = merged[key]
             where_params = [key[0], key[1].isoformat(), *key[2:]]
-            cursor.execute(f"UPDATE {name} SET {sets} WHERE {where} AND calls >= %s AND priced_calls >= %s",
-                           [*sums, *where_params, sums[SUMS.index("calls")], sums[SUMS.index("priced_calls")]])
+            cursor.execute(
+                f"UPDATE {name} SET {sets} WHERE {where} AND calls >= %s AND priced_calls >= %s",
+                [*sums, *where_params, sums[SUMS.index("calls")], sums[SUMS.index("priced_calls")]],
+            )
             if cursor.rowcount != 1:
                 wrong.setdefault(key[0], set()).add(key[1])
                 continue
@@ -122,15 +128,17 @@ def subtract(rows: Sequence[Mapping[str, Any]]) -> dict[int, set[date]]:
 
 def _added_to_cell() -> str:
     name = table(DailyUsage)
-    return (f"ON CONFLICT ({', '.join(('workspace_id', *KEY))}) DO UPDATE SET "
-            + ", ".join(f"{c} = {name}.{c} + EXCLUDED.{c}" for c in SUMS))
+    return f"ON CONFLICT ({', '.join(('workspace_id', *KEY))}) DO UPDATE SET " + ", ".join(
+        f"{c} = {name}.{c} + EXCLUDED.{c}" for c in SUMS
+    )
 
 
 def days_of(run_pks: Iterable[int]) -> dict[int, set[date]]:
     """workspace id -> the days on which these runs have cost entries: what to recount once they change."""
     days: dict[int, set[date]] = {}
     for workspace_id, recorded_at in CostEntry.objects.filter(run_id__in=list(run_pks)).values_list(
-            "run__workspace_id", "recorded_at"):
+        "run__workspace_id", "recorded_at"
+    ):
         days.setdefault(workspace_id, set()).add(utc_day(recorded_at))
     return days
 
@@ -141,10 +149,12 @@ def recount(workspace_id: int, days: Iterable[date]) -> None:
     if not wanted:
         return
     DailyUsage.objects.filter(workspace_id=workspace_id, day__in=wanted).delete()
-    DailyUsage.objects.bulk_create([
-        DailyUsage(workspace_id=workspace_id, **dict(zip(KEY, cell)), **dict(zip(SUMS, sums)))
-        for cell, sums in sorted(counted(workspace_id, wanted).items())
-    ])
+    DailyUsage.objects.bulk_create(
+        [
+            DailyUsage(workspace_id=workspace_id, **dict(zip(KEY, cell)), **dict(zip(SUMS, sums)))
+            for cell, sums in sorted(counted(workspace_id, wanted).items())
+        ]
+    )
     recount_months(workspace_id, {day.replace(day=1) for day in wanted})
 
 
@@ -155,10 +165,12 @@ def recount_months(workspace_id: int, months: Iterable[date]) -> None:
     if not firsts:
         return
     MonthlyUsage.objects.filter(workspace_id=workspace_id, month__in=firsts).delete()
-    MonthlyUsage.objects.bulk_create([
-        MonthlyUsage(workspace_id=workspace_id, **dict(zip(MONTH_KEY, cell)), **dict(zip(SUMS, sums)))
-        for cell, sums in sorted(summed_months(workspace_id, firsts).items())
-    ])
+    MonthlyUsage.objects.bulk_create(
+        [
+            MonthlyUsage(workspace_id=workspace_id, **dict(zip(MONTH_KEY, cell)), **dict(zip(SUMS, sums)))
+            for cell, sums in sorted(summed_months(workspace_id, firsts).items())
+        ]
+    )
 
 
 MONTH_KEY = ("month", "provider", "model_id", "workflow_version_id")
@@ -170,29 +182,46 @@ def summed_months(workspace_id: int, months: set[date] | None = None) -> dict[Ce
     if months is not None:
         last = max(months)
         days = days.filter(day__gte=min(months), day__lt=(last.replace(day=28) + timedelta(days=4)).replace(day=1))
-    rows = (days.annotate(month=TruncMonth("day")).values("month", "provider", "model_id", "workflow_version_id")
-            .annotate(**{name: Sum(name) for name in SUMS}).order_by())
-    return {tuple(r[k] for k in MONTH_KEY): tuple(r[s] for s in SUMS)
-            for r in rows if months is None or r["month"] in months}
+    rows = (
+        days.annotate(month=TruncMonth("day"))
+        .values("month", "provider", "model_id", "workflow_version_id")
+        .annotate(**{name: Sum(name) for name in SUMS})
+        .order_by()
+    )
+    return {
+        tuple(r[k] for k in MONTH_KEY): tuple(r[s] for s in SUMS)
+        for r in rows
+        if months is None or r["month"] in months
+    }
 
 
 def counted(workspace_id: int, days: set[date] | None = None) -> dict[Cell, tuple[Any, ...]]:
     """The cells of `days` (None: every day) as the cost entries of the workspace sum up now."""
     entries = CostEntry.objects.filter(run__workspace_id=workspace_id)
     if days is not None:
-        entries = entries.filter(recorded_at__gte=datetime.combine(min(days), time.min, tzinfo=timezone.utc),
-                                 recorded_at__lt=datetime.combine(max(days) + timedelta(days=1), time.min,
-                                                                  tzinfo=timezone.utc))
+        entries = entries.filter(
+            recorded_at__gte=datetime.combine(min(days), time.min, tzinfo=UTC),
+            recorded_at__lt=datetime.combine(max(days) + timedelta(days=1), time.min, tzinfo=UTC),
+        )
     rows = (
-        entries.annotate(day=TruncDate("recorded_at", tzinfo=timezone.utc))
+        entries.annotate(day=TruncDate("recorded_at", tzinfo=UTC))
         .values("day", "provider", "model_id", workflow=F("run__workflow_version_id"))
-        .annotate(**{name: Sum(name) for name in TOKENS}, cost=Sum("cost_usd"), calls=Count("pk"),
-                  priced=Count("pk", filter=Q(cost_usd__isnull=False)))
+        .annotate(
+            **{name: Sum(name) for name in TOKENS},
+            cost=Sum("cost_usd"),
+            calls=Count("pk"),
+            priced=Count("pk", filter=Q(cost_usd__isnull=False)),
+        )
     )
     return {
-        (r["day"], r["provider"], r["model_id"], r["workflow"]):
-            (*(r[name] for name in TOKENS), Decimal(r["cost"] or 0), r["calls"], r["priced"])
-        for r in rows if days is None or r["day"] in days
+        (r["day"], r["provider"], r["model_id"], r["workflow"]): (
+            *(r[name] for name in TOKENS),
+            Decimal(r["cost"] or 0),
+            r["calls"],
+            r["priced"],
+        )
+        for r in rows
+        if days is None or r["day"] in days
     }
 
 
@@ -213,21 +242,26 @@ def differences(workspace_id: int, days: set[date] | None = None) -> list[str]:
         monthly = MonthlyUsage.objects.filter(workspace_id=workspace_id)
         if months is not None:
             monthly = monthly.filter(month__in=months)
-        stored_months = {tuple(r[k] for k in MONTH_KEY): tuple(r[s] for s in SUMS)
-                         for r in monthly.values(*MONTH_KEY, *SUMS)}
+        stored_months = {
+            tuple(r[k] for k in MONTH_KEY): tuple(r[s] for s in SUMS) for r in monthly.values(*MONTH_KEY, *SUMS)
+        }
         # The months as the daily cells now stored sum up (the daily cells are checked just above).
         expected_months = summed_months(workspace_id, months)
     problems = []
     for cell in sorted(set(stored) | set(expected)):
         have, want = stored.get(cell), expected.get(cell)
         if have is None or want is None or _comparable(have) != _comparable(want):
-            problems.append(f"{cell[0]} {cell[1]}/{cell[2]} {cell[3] or '(no workflow)'}: the rollup has "
-                            f"{_describe(have)}, the cost entries say {_describe(want)}")
+            problems.append(
+                f"{cell[0]} {cell[1]}/{cell[2]} {cell[3] or '(no workflow)'}: the rollup has "
+                f"{_describe(have)}, the cost entries say {_describe(want)}"
+            )
     for cell in sorted(set(stored_months) | set(expected_months)):
         have, want = stored_months.get(cell), expected_months.get(cell)
         if have is None or want is None or _comparable(have) != _comparable(want):
-            problems.append(f"month {cell[0]:%Y-%m} {cell[1]}/{cell[2]} {cell[3] or '(no workflow)'}: the monthly "
-                            f"rollup has {_describe(have)}, its days sum to {_describe(want)}")
+            problems.append(
+                f"month {cell[0]:%Y-%m} {cell[1]}/{cell[2]} {cell[3] or '(no workflow)'}: the monthly "
+                f"rollup has {_describe(have)}, its days sum to {_describe(want)}"
+            )
     return problems
 
 

@@ -54,7 +54,8 @@ def check_expected_sequence(expected: int | None, last_sequence: int, *, writes:
     if expected is not None and writes and expected != last_sequence:
         raise SequenceConflict(
             f"expected the run to end at sequence {expected}, it ends at {last_sequence}",
-            expected=expected, actual=last_sequence,
+            expected=expected,
+            actual=last_sequence,
         )
 
 
@@ -75,8 +76,7 @@ NOT_LEASED = "(lease_expires_at IS NULL OR lease_expires_at <= %(now)s)"
 def check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
     if fencing_token is None:
         if lease_live(run.lease_expires_at, now):
-            raise Fenced(f"run {run.run_id} is leased to {run.lease_owner}; send its fencingToken",
-                         runId=run.run_id)
+            raise Fenced(f"run {run.run_id} is leased to {run.lease_owner}; send its fencingToken", runId=run.run_id)
         return
     if str(fencing_token) != str(run.fencing_token) or run.fencing_token == 0:
         raise Fenced(
@@ -98,15 +98,21 @@ MOVES_STATUS = frozenset({"RunStarted", "RunCompleted", "RunFailed"})
 # Little Workflow's runtime writes a cycle's compile and planning events into the run's log before
 # RunStarted, and the outer loop's supervise decision after the cycle's run ended (its
 # outer-loop.ts); an imported log keeps them where they are, or its event ids would change.
-IMPORTED_BEFORE_START = frozenset({
-    "OrchestrationRequested", "PlannerStarted", "PlannerDraftedWorkflow", "WorkflowValidationFailed",
-    "WorkflowValidationSucceeded", "PlannerReuseDecisionRecorded", "WorkflowVersionRegistered",
-})
+IMPORTED_BEFORE_START = frozenset(
+    {
+        "OrchestrationRequested",
+        "PlannerStarted",
+        "PlannerDraftedWorkflow",
+        "WorkflowValidationFailed",
+        "WorkflowValidationSucceeded",
+        "PlannerReuseDecisionRecorded",
+        "WorkflowVersionRegistered",
+    }
+)
 IMPORTED_AFTER_END = frozenset({"OuterLoopCycleCompleted"})
 
 
-def check_lifecycle(state: RunState, last_sequence: int, event_type: str, index: int,
-                    imported: bool = False) -> None:
+def check_lifecycle(state: RunState, last_sequence: int, event_type: str, index: int, imported: bool = False) -> None:
     """The run's lifecycle rules for an event after `last_sequence`, read from the fold's status
     (`state` may lag behind `last_sequence` by events that do not move the status)."""
     run_id = state.run_id
@@ -117,13 +123,13 @@ def check_lifecycle(state: RunState, last_sequence: int, event_type: str, index:
     if imported and state.status == "pending" and event_type == "RunStarted":
         return  # after the compile events above
     if last_sequence == 0 and event_type != "RunStarted":
-        raise RunNotStarted(f"run {run_id} has no events; its first event must be RunStarted",
-                            index=index, runId=run_id)
+        raise RunNotStarted(
+            f"run {run_id} has no events; its first event must be RunStarted", index=index, runId=run_id
+        )
     if last_sequence > 0 and event_type == "RunStarted":
         raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
     if state.status in RunStatus.finished() and not is_custom(event_type):
-        raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow",
-                          index=index, runId=run_id)
+        raise RunFinished(f"run {run_id} is {state.status}; only custom.* events may follow", index=index, runId=run_id)
 
 
 def lifecycle_refusal(run_id: str, types: Sequence[str], *, imported: bool = False) -> tuple[int, LedgerError] | None:
@@ -137,7 +143,8 @@ def lifecycle_refusal(run_id: str, types: Sequence[str], *, imported: bool = Fal
             return index, exc
         # What the fold's run handlers do to the status, the one thing the rules read.
         state.status = {"RunStarted": "running", "RunCompleted": "completed", "RunFailed": "failed"}.get(
-            event_type, state.status)
+            event_type, state.status
+        )
     return None
 
 
@@ -147,8 +154,11 @@ def lifecycle_refusal(run_id: str, types: Sequence[str], *, imported: bool = Fal
 def same_request(index: int, prepared: Prepared, original_digest: str | None, conflict: str) -> None:
     """A key sent again must carry the same event (type, occurrence, payload) as its original."""
     if original_digest != prepared.request_digest:
-        raise IdempotencyConflict(f"event {index}: idempotency key {prepared.idempotency_key!r} {conflict}",
-                                  index=index, idempotencyKey=prepared.idempotency_key)
+        raise IdempotencyConflict(
+            f"event {index}: idempotency key {prepared.idempotency_key!r} {conflict}",
+            index=index,
+            idempotencyKey=prepared.idempotency_key,
+        )
 
 
 @functools.cache
@@ -156,17 +166,21 @@ def keys_not_logged() -> str:
     """None of the batch's keys is in the run's log yet. One index probe per key (a LATERAL with
     LIMIT is never flattened into a join): with `= ANY(array)` the generic plan scanned all of the
     run's rows and filtered them, a cost that grew with the run."""
-    return ("NOT EXISTS (SELECT 1 FROM json_array_elements_text(%(keys)s::json) AS k(key), LATERAL ("
-            f"SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s AND idempotency_key = k.key"
-            " LIMIT 1) AS logged)")
+    return (
+        "NOT EXISTS (SELECT 1 FROM json_array_elements_text(%(keys)s::json) AS k(key), LATERAL ("
+        f"SELECT 1 FROM {table(Event)} WHERE run_id = %(run_pk)s AND idempotency_key = k.key"
+        " LIMIT 1) AS logged)"
+    )
 
 
 @functools.cache
 def calls_not_known() -> str:
     """None of the tool calls the batch starts has a projection row yet."""
-    return ("NOT EXISTS (SELECT 1 FROM json_array_elements_text(%(new_calls)s::json) AS c(call_id), LATERAL ("
-            f"SELECT 1 FROM {table(ToolCall)} WHERE run_id = %(run_pk)s AND call_id = c.call_id"
-            " LIMIT 1) AS known)")
+    return (
+        "NOT EXISTS (SELECT 1 FROM json_array_elements_text(%(new_calls)s::json) AS c(call_id), LATERAL ("
+        f"SELECT 1 FROM {table(ToolCall)} WHERE run_id = %(run_pk)s AND call_id = c.call_id"
+        " LIMIT 1) AS known)"
+    )
 
 
 # Outside a caller's transaction the statement is its own, and these unique indexes hold the keys
@@ -180,27 +194,36 @@ _CLAIMS = ToolGatewayClaim._meta.db_table
 # Neither the call id nor the idempotency key has a control row in the run. Two probes of the two
 # unique indexes: one NOT EXISTS with `call_id = … OR idempotency_key = …` read every claim of the
 # run, a cost that grew with the run.
-CLAIM_IS_NEW = (f"NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND c.call_id = %(claim_call)s)"
-                f" AND NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s"
-                " AND c.idempotency_key = %(claim_key)s)")
+CLAIM_IS_NEW = (
+    f"NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND c.call_id = %(claim_call)s)"
+    f" AND NOT EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s"
+    " AND c.idempotency_key = %(claim_key)s)"
+)
 
 
 def holds(claim: ToolGatewayClaim, lease_token: str, now: datetime) -> bool:
     """The caller still holds the call: claimed, with this lease token, under a live lease."""
-    return (claim.status == ToolGatewayClaim.Status.CLAIMED
-            and hmac.compare_digest(claim.lease_token.encode(), str(lease_token).encode())
-            and lease_live(claim.lease_expires_at, now))
+    return (
+        claim.status == ToolGatewayClaim.Status.CLAIMED
+        and hmac.compare_digest(claim.lease_token.encode(), str(lease_token).encode())
+        and lease_live(claim.lease_expires_at, now)
+    )
 
 
 def held_row(call_id: str, lease_token: str, outbound_at: datetime | None) -> dict[str, Any]:
     """What the control row of a call holds while the claimer that got this lease still holds it
     (the lease being live is `held_condition`'s last term)."""
-    return {"call_id": call_id, "status": ToolGatewayClaim.Status.CLAIMED, "lease_token": lease_token,
-            "outbound_at": outbound_at}
+    return {
+        "call_id": call_id,
+        "status": ToolGatewayClaim.Status.CLAIMED,
+        "lease_token": lease_token,
+        "outbound_at": outbound_at,
+    }
 
 
-def held_condition(columns: Sequence[str], *, alias: str = "", values: str | None = None,
-                   live_after: str | None = None) -> str:
+def held_condition(
+    columns: Sequence[str], *, alias: str = "", values: str | None = None, live_after: str | None = None
+) -> str:
     """`holds` in SQL over `held_row`'s `columns`: each equal to its value, the lease live after
     a moment. Placeholders `%s` in order, or named `%(<values>_<i>)s` and `%(<live_after>)s`."""
     prefix = f"{alias}." if alias else ""

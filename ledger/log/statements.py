@@ -56,11 +56,10 @@ from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connections, 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.types.json import Jsonb
 
-from .bulk import conflict_update, json_fields, json_rows, recordset, row_params, values_row
-from .bulk import column as col
-from .bulk import table
-from . import rollup, rules
 from ..models import CostEntry, DailyUsage, Event, Run, Step, ToolCall
+from . import rollup, rules
+from .bulk import column as col
+from .bulk import conflict_update, json_fields, json_rows, recordset, row_params, table, values_row
 from .projection import POSITIONED, Changes
 
 # The event columns an append sends per row; run_id comes from the head, recorded_at is one value.
@@ -92,7 +91,10 @@ def held_by_constraint(exc: BaseException) -> bool:
     already has a row: the guess was wrong, nothing was written, the locked way decides."""
     cause = exc.__cause__
     diag = getattr(cause, "diag", None)
-    return getattr(cause, "sqlstate", None) == "23505" and getattr(diag, "constraint_name", None) in rules.GUARDING_CONSTRAINTS
+    return (
+        getattr(cause, "sqlstate", None) == "23505"
+        and getattr(diag, "constraint_name", None) in rules.GUARDING_CONSTRAINTS
+    )
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,17 @@ _MISSED = "22P02"
 _MISSED_TEXT = "runledger: attached row change missed "
 
 
-def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], recorded_at: datetime,
-                changes: Changes, guard: Guard | None, attached: Sequence[Attached] = (), *,
-                db: BaseDatabaseWrapper | None = None) -> bool:
+def update_head(
+    run_pk: int,
+    before: int,
+    events: Sequence[Mapping[str, Any]],
+    recorded_at: datetime,
+    changes: Changes,
+    guard: Guard | None,
+    attached: Sequence[Attached] = (),
+    *,
+    db: BaseDatabaseWrapper | None = None,
+) -> bool:
     """Write the batch (and the `attached` row changes) if the run still ends at `before` (and
     `guard` and every attached condition hold); False if nothing was written. Without a guard the
     caller holds the row lock, so it cannot miss. Raises AttachedMissed (nothing written) when
@@ -140,19 +150,25 @@ def update_head(run_pk: int, before: int, events: Sequence[Mapping[str, Any]], r
         raise
 
 
-def _update_statement(run_pk: int, before: int, events: int, changes: Changes, guard: Guard | None,
-                      attached: Sequence[Attached]) -> tuple[_Statement, dict[str, Any]]:
+def _update_statement(
+    run_pk: int, before: int, events: int, changes: Changes, guard: Guard | None, attached: Sequence[Attached]
+) -> tuple[_Statement, dict[str, Any]]:
     params: dict[str, Any] = {"run_pk": run_pk, "before": before}
     if guard is not None:
         # The lists as JSON text: psycopg's array dumper quotes each element in Python (a regular
         # expression per string: 250 calls per batch of 500 cost ~1 µs an event).
-        params.update(now=guard.now, token=guard.fencing_token, keys=_json_texts(guard.keys),
-                      new_calls=_json_texts(guard.new_calls))
+        params.update(
+            now=guard.now,
+            token=guard.fencing_token,
+            keys=_json_texts(guard.keys),
+            new_calls=_json_texts(guard.new_calls),
+        )
     for change in attached:
         params.update(change.params)
     guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys), bool(guard.new_calls))
-    statement = _update_sql(tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached),
-                            *_shape(events, changes))
+    statement = _update_sql(
+        tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached), *_shape(events, changes)
+    )
     return statement, params
 
 
@@ -163,14 +179,31 @@ def _json_texts(values: Sequence[str]) -> str:
         return json.dumps(list(values), ensure_ascii=False)
 
 
-def insert_head(run_row: Mapping[str, Any], events: Sequence[Mapping[str, Any]], recorded_at: datetime,
-                changes: Changes, *, db: BaseDatabaseWrapper | None = None) -> int | None:
+def insert_head(
+    run_row: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]],
+    recorded_at: datetime,
+    changes: Changes,
+    *,
+    db: BaseDatabaseWrapper | None = None,
+) -> int | None:
     """Create the run's head row (`run_row`: every column) with its first batch; its pk, or
     None if the row already exists (nothing was written)."""
-    return _execute(_insert_sql(tuple(run_row), *_shape(len(events), changes)), {}, events, recorded_at,
-                    Changes(run=dict(run_row), steps=changes.steps, tool_calls=changes.tool_calls,
-                            cost_entries=changes.cost_entries, daily_usage=changes.daily_usage,
-                            new_tool_calls=changes.new_tool_calls), db)
+    return _execute(
+        _insert_sql(tuple(run_row), *_shape(len(events), changes)),
+        {},
+        events,
+        recorded_at,
+        Changes(
+            run=dict(run_row),
+            steps=changes.steps,
+            tool_calls=changes.tool_calls,
+            cost_entries=changes.cost_entries,
+            daily_usage=changes.daily_usage,
+            new_tool_calls=changes.new_tool_calls,
+        ),
+        db,
+    )
 
 
 # --- the statement ---------------------------------------------------------------------------
@@ -187,8 +220,13 @@ _ROW_MODELS = tuple(zip(_ROW_TABLES, (Step, ToolCall, CostEntry, DailyUsage, Too
 
 
 def _shape(events: int, changes: Changes) -> tuple[RowShape, ...]:
-    return ((EVENT_FIELDS, events == 1), *((tuple(rows[0]), len(rows) == 1) if rows else None
-                                           for rows in (getattr(changes, name) for name in _ROW_TABLES)))
+    return (
+        (EVENT_FIELDS, events == 1),
+        *(
+            (tuple(rows[0]), len(rows) == 1) if rows else None
+            for rows in (getattr(changes, name) for name in _ROW_TABLES)
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -218,8 +256,13 @@ def _numbered(sql: str) -> _Statement:
     return _Statement(text.encode(), tuple(numbers))
 
 
-def _values(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
-            recorded_at: datetime, changes: Changes) -> list[Any]:
+def _values(
+    statement: _Statement,
+    params: dict[str, Any],
+    events: Sequence[Mapping[str, Any]],
+    recorded_at: datetime,
+    changes: Changes,
+) -> list[Any]:
     params["recorded_at"] = recorded_at
     if len(events) == 1:
         params.update(row_params(Event, "events", events[0]))
@@ -236,8 +279,14 @@ def _values(statement: _Statement, params: dict[str, Any], events: Sequence[Mapp
     return [params[name] for name in statement.names]
 
 
-def _execute(statement: _Statement, params: dict[str, Any], events: Sequence[Mapping[str, Any]],
-             recorded_at: datetime, changes: Changes, db: BaseDatabaseWrapper | None) -> int | None:
+def _execute(
+    statement: _Statement,
+    params: dict[str, Any],
+    events: Sequence[Mapping[str, Any]],
+    recorded_at: datetime,
+    changes: Changes,
+    db: BaseDatabaseWrapper | None,
+) -> int | None:
     values = _values(statement, params, events, recorded_at, changes)
     db = _ready(db)
     with db.wrap_database_errors:
@@ -297,8 +346,12 @@ def _adapt(name: str, value: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool, bool] | None,
-                attached: tuple[tuple[str, str, str], ...], *rows: RowShape) -> _Statement:
+def _update_sql(
+    run_columns: tuple[str, ...],
+    guard: tuple[bool, bool, bool] | None,
+    attached: tuple[tuple[str, str, str], ...],
+    *rows: RowShape,
+) -> _Statement:
     sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
     terms = [rules.HEAD_GUESS]
     if guard is not None:
@@ -316,17 +369,25 @@ def _update_sql(run_columns: tuple[str, ...], guard: tuple[bool, bool, bool] | N
 @functools.lru_cache(maxsize=16)
 def _insert_sql(run_columns: tuple[str, ...], *rows: RowShape) -> _Statement:
     values = ", ".join(f"%(run_{n})s" for n in run_columns)
-    return _numbered(_with_head(
-        f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) VALUES ({values}) "
-        f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id", rows))
+    return _numbered(
+        _with_head(
+            f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) VALUES ({values}) "
+            f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id",
+            rows,
+        )
+    )
 
 
 def _with_head(head: str, rows: tuple[RowShape, ...], attached: tuple[tuple[str, str, str], ...] = ()) -> str:
     events, steps, calls, costs, usage, new_calls = rows
     assert events is not None
-    parts = [f"head AS ({head})", *(f"{name} AS ({sql})" for name, _, sql in attached),
-             "events AS (" + _insert_from_head(
-                 Event, events, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz")) + ")"]
+    parts = [
+        f"head AS ({head})",
+        *(f"{name} AS ({sql})" for name, _, sql in attached),
+        "events AS ("
+        + _insert_from_head(Event, events, "events", extra=("recorded_at", "%(recorded_at)s::timestamptz"))
+        + ")",
+    ]
     if steps:
         parts.append(f"steps AS ({_insert_from_head(Step, steps, 'steps', key=('run_id', 'step_path'))})")
     if new_calls:
@@ -344,8 +405,10 @@ def _with_head(head: str, rows: tuple[RowShape, ...], attached: tuple[tuple[str,
     # subquery, so never folded at planning) fails the statement with _MISSED, rolling it all back.
     written = " AND ".join(f"(SELECT count(*) FROM {name}) = 1" for name, _, _ in attached)
     missed = " || ".join(f"'{name}=' || (SELECT count(*) FROM {name})" for name, _, _ in attached)
-    return ("WITH " + ", ".join(parts) + f" SELECT CASE WHEN {written} THEN id "
-            f"ELSE ('{_MISSED_TEXT}' || {missed})::bigint END FROM head")
+    return (
+        "WITH " + ", ".join(parts) + f" SELECT CASE WHEN {written} THEN id "
+        f"ELSE ('{_MISSED_TEXT}' || {missed})::bigint END FROM head"
+    )
 
 
 def _rows_from(model: type[models.Model], shape: tuple[tuple[str, ...], bool], param: str) -> str:
@@ -353,14 +416,22 @@ def _rows_from(model: type[models.Model], shape: tuple[tuple[str, ...], bool], p
     return values_row(model, names, param) if single else recordset(model, names, param)
 
 
-def _insert_from_head(model: type[models.Model], shape: tuple[tuple[str, ...], bool], param: str, *,
-                      extra: tuple[str, str] | None = None, key: Sequence[str] = ()) -> str:
+def _insert_from_head(
+    model: type[models.Model],
+    shape: tuple[tuple[str, ...], bool],
+    param: str,
+    *,
+    extra: tuple[str, str] | None = None,
+    key: Sequence[str] = (),
+) -> str:
     """INSERT of the rows in `param` for the run the head CTE returned (none if it returned none)."""
     names = shape[0]
     columns = ["run_id", *([extra[0]] if extra else []), *names]
     values = ["head.id", *([extra[1]] if extra else []), "r.*"]
-    sql = (f"INSERT INTO {table(model)} ({', '.join(col(model, n) for n in columns)}) "
-           f"SELECT {', '.join(values)} FROM head, {_rows_from(model, shape, param)}")
+    sql = (
+        f"INSERT INTO {table(model)} ({', '.join(col(model, n) for n in columns)}) "
+        f"SELECT {', '.join(values)} FROM head, {_rows_from(model, shape, param)}"
+    )
     return f"{sql} {conflict_update(model, key, names, POSITIONED)}" if key else sql
 
 
@@ -386,8 +457,15 @@ class Pipeline:
         self._conn = conn
         self._sent: list[psycopg.RawCursor[Any]] = []
 
-    def update_head(self, run_pk: int, before: int, events: Sequence[Mapping[str, Any]], recorded_at: datetime,
-                    changes: Changes, guard: Guard) -> None:
+    def update_head(
+        self,
+        run_pk: int,
+        before: int,
+        events: Sequence[Mapping[str, Any]],
+        recorded_at: datetime,
+        changes: Changes,
+        guard: Guard,
+    ) -> None:
         statement, params = _update_statement(run_pk, before, len(events), changes, guard, ())
         raw = psycopg.RawCursor(self._conn)  # a cursor per statement: each keeps its own answer
         raw.execute(statement.text, _values(statement, params, events, recorded_at, changes), prepare=True)

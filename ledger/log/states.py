@@ -58,14 +58,14 @@ def compact(state: RunState) -> RunState:
         return state
     values = {f.name: getattr(state, f.name) for f in fields(RunState)}
     pending = [state.model_calls[i] for i in state.pending_model_calls]
-    values.update(model_calls=pending, pending_model_calls=list(range(len(pending))), cost_entries=[],
-                  tool_calls={})
+    values.update(model_calls=pending, pending_model_calls=list(range(len(pending))), cost_entries=[], tool_calls={})
     dropped = getattr(state, "tool_calls_dropped", 0) + len(state.tool_calls)
     return AppendState(**values, tool_calls_dropped=dropped)
 
 
-def restore_tool_calls(run_pk: int, state: RunState, items: Iterable[tuple[str, Any]], *,
-                       started_new: bool = False) -> tuple[str, ...]:
+def restore_tool_calls(
+    run_pk: int, state: RunState, items: Iterable[tuple[str, Any]], *, started_new: bool = False
+) -> tuple[str, ...]:
     """Put back into a compacted `state` the tool calls that the batch `items` ((type, payload)
     pairs) names and it left out, from their projection rows (by the unique (run, call_id)).
 
@@ -91,22 +91,50 @@ def restore_tool_calls(run_pk: int, state: RunState, items: Iterable[tuple[str, 
 
 def _read_tool_calls(run_pk: int, state: RunState, call_ids: Sequence[str]) -> None:
     # A plain cursor and orjson: the ORM's rows and json.loads cost more than the query.
-    columns = ", ".join(f"CAST({column(ToolCall, n)} AS text)" if n in _TOOL_JSON else column(ToolCall, n)
-                        for n in _TOOL_COLUMNS)
+    columns = ", ".join(
+        f"CAST({column(ToolCall, n)} AS text)" if n in _TOOL_JSON else column(ToolCall, n) for n in _TOOL_COLUMNS
+    )
     marks = ", ".join(["%s"] * len(call_ids))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {columns} FROM {table(ToolCall)} WHERE {column(ToolCall, 'run')} = %s "
-                       f"AND {column(ToolCall, 'call_id')} IN ({marks}) ORDER BY {column(ToolCall, 'position')}",
-                       [run_pk, *call_ids])
+        cursor.execute(
+            f"SELECT {columns} FROM {table(ToolCall)} WHERE {column(ToolCall, 'run')} = %s "
+            f"AND {column(ToolCall, 'call_id')} IN ({marks}) ORDER BY {column(ToolCall, 'position')}",
+            [run_pk, *call_ids],
+        )
         rows = cursor.fetchall()
-    for (call_id, tool_name, args, caller, turn, step_path, status, result, error, duration_ms, reconciled,
-         origin, started_sequence, ended_sequence) in rows:
+    for (
+        call_id,
+        tool_name,
+        args,
+        caller,
+        turn,
+        step_path,
+        status,
+        result,
+        error,
+        duration_ms,
+        reconciled,
+        origin,
+        started_sequence,
+        ended_sequence,
+    ) in rows:
         # tool_fields in reverse: the fold never holds "" where a row holds it for None.
         state.tool_calls[call_id] = ToolCallState(
-            call_id=call_id, tool_name=tool_name or None, args=_json(args), caller=caller or None, turn=turn,
-            step_path=step_path or None, status=status, result=_json(result), error=_json(error),
-            duration_ms=duration_ms, reconciled=bool(reconciled), origin=origin or None,
-            started_sequence=started_sequence, ended_sequence=ended_sequence)
+            call_id=call_id,
+            tool_name=tool_name or None,
+            args=_json(args),
+            caller=caller or None,
+            turn=turn,
+            step_path=step_path or None,
+            status=status,
+            result=_json(result),
+            error=_json(error),
+            duration_ms=duration_ms,
+            reconciled=bool(reconciled),
+            origin=origin or None,
+            started_sequence=started_sequence,
+            ended_sequence=ended_sequence,
+        )
         state.tool_calls_dropped -= 1  # type: ignore[attr-defined]
 
 
@@ -119,16 +147,39 @@ def _json(text: str | None) -> Any:
         return json.loads(text)
 
 
-_TOOL_COLUMNS = ("call_id", "tool_name", "args", "caller", "turn", "step_path", "status", "result", "error",
-                 "duration_ms", "reconciled", "origin", "started_sequence", "ended_sequence")
+_TOOL_COLUMNS = (
+    "call_id",
+    "tool_name",
+    "args",
+    "caller",
+    "turn",
+    "step_path",
+    "status",
+    "result",
+    "error",
+    "duration_ms",
+    "reconciled",
+    "origin",
+    "started_sequence",
+    "ended_sequence",
+)
 _TOOL_JSON = frozenset({"args", "result", "error"})
 
 
 def weight(state: RunState) -> int:
     """The records a state holds, what the cache's budget counts."""
-    return (1 + len(state.steps) + len(state.model_calls) + len(state.tool_calls) + len(state.cost_entries)
-            + len(state.sessions) + len(state.artifacts) + len(state.parallel_groups)
-            + len(state.outer_loop_cycles) + len(state.divergences))
+    return (
+        1
+        + len(state.steps)
+        + len(state.model_calls)
+        + len(state.tool_calls)
+        + len(state.cost_entries)
+        + len(state.sessions)
+        + len(state.artifacts)
+        + len(state.parallel_groups)
+        + len(state.outer_loop_cycles)
+        + len(state.divergences)
+    )
 
 
 class _StateCache:
@@ -198,7 +249,9 @@ def state_for_append(run: Run, prices: PriceTable) -> RunState:
     return fold(log_of(run), prices=prices)
 
 
-def guess(workspace_pk: int, run_id: str, version: str, items: Iterable[tuple[str, Any]]) -> tuple[Cached | None, tuple[str, ...]]:
+def guess(
+    workspace_pk: int, run_id: str, version: str, items: Iterable[tuple[str, Any]]
+) -> tuple[Cached | None, tuple[str, ...]]:
     """The run's cached state taken out of the cache (None without one), with the tool calls the
     batch `items` names put back (`restore_tool_calls`, calls the batch starts taken to be new);
     and those new calls' ids, which the write must find without a row."""

@@ -20,7 +20,7 @@ import functools
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
@@ -31,15 +31,14 @@ from .. import clock
 from ..canonical import EventIds, canonical_bytes
 from ..errors import InvalidEvent, LedgerError
 from ..fold import RunState, advance
-from ..fold.pricing import PriceTable
+from ..fold.pricing import PriceTable, prices_for
 from ..models import Event, Run, RunStatus, Workspace
-from . import announce, hooks, prepare, rules, states, statements
+from . import announce, hooks, prepare, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .envelopes import event_envelope, format_recorded_at
 from .prepare import Prepared
 from .projection import Changes, Mark, batch_changes, write
-from ..fold.pricing import prices_for
 from .states import STATES, Cached, restore_tool_calls, state_for_append
 
 
@@ -51,13 +50,21 @@ class AppendResult:
 
 def now_ms() -> datetime:
     # Stored at millisecond precision so that the envelope returned now equals the one read later.
-    now = clock.recorded_now().astimezone(timezone.utc)
+    now = clock.recorded_now().astimezone(UTC)
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
 # The head columns an append reads; the projected ones (input, output, ...) are not loaded.
-HEAD_FIELDS = ("id", "workspace_id", "run_id", "last_sequence", "status",
-               "lease_owner", "lease_expires_at", "fencing_token")
+HEAD_FIELDS = (
+    "id",
+    "workspace_id",
+    "run_id",
+    "last_sequence",
+    "status",
+    "lease_owner",
+    "lease_expires_at",
+    "fencing_token",
+)
 
 
 def lock_head(*, workspace: Workspace, run_id: str, columns: tuple[str, ...] | None = HEAD_FIELDS) -> Run | None:
@@ -89,9 +96,16 @@ def lock_or_create_head(workspace: Workspace, run_id: str) -> Run:
     return run
 
 
-def one_statement(db: BaseDatabaseWrapper, workspace: Workspace, run_id: str, batch: list[Prepared],
-                       expected_sequence: int | None, fencing_token: Any,
-                       attached: tuple[statements.Attached, ...] = (), imported: bool = False) -> AppendResult | None:
+def one_statement(
+    db: BaseDatabaseWrapper,
+    workspace: Workspace,
+    run_id: str,
+    batch: list[Prepared],
+    expected_sequence: int | None,
+    fencing_token: Any,
+    attached: tuple[statements.Attached, ...] = (),
+    imported: bool = False,
+) -> AppendResult | None:
     """The append on a guess of the run's head, without its lock (PostgreSQL, `db` the default
     connection); None when there is no guess or the database did not confirm it: then nothing
     was written."""
@@ -132,10 +146,12 @@ def one_statement(db: BaseDatabaseWrapper, workspace: Workspace, run_id: str, ba
                 # Outside a caller's transaction the unique indexes hold the keys and new calls
                 # (statements.Guard); inside one a failed statement would end the caller's too.
                 guarded = in_caller_transaction
-                guard = statements.Guard(fencing_token=None if fencing_token is None else str(fencing_token), now=now,
-                                       keys=tuple(p.idempotency_key for p in batch
-                                                  if p.idempotency_key is not None) if guarded else (),
-                                       new_calls=new_calls if guarded else ())
+                guard = statements.Guard(
+                    fencing_token=None if fencing_token is None else str(fencing_token),
+                    now=now,
+                    keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None) if guarded else (),
+                    new_calls=new_calls if guarded else (),
+                )
                 if not statements.update_head(run.pk, before.last_sequence, rows, now, changes, guard, attached, db=db):
                     return None
             _after_write(run, state, prices, written, rows, db.in_atomic_block)
@@ -157,8 +173,14 @@ PIPELINE_FROM = 200
 PIPELINE_PART = 100
 
 
-def pipelined(db: BaseDatabaseWrapper, workspace: Workspace, run_id: str, events: list[Any],
-                      expected_sequence: int | None, fencing_token: Any) -> AppendResult | None:
+def pipelined(
+    db: BaseDatabaseWrapper,
+    workspace: Workspace,
+    run_id: str,
+    events: list[Any],
+    expected_sequence: int | None,
+    fencing_token: Any,
+) -> AppendResult | None:
     """The optimistic append of a long batch (`_check_batch` passed), in parts: the server
     executes one part's statement while this thread validates and folds the next. All or nothing,
     in one transaction. None when it cannot be taken (no guess of the head, a part whose statement
@@ -187,7 +209,10 @@ def pipelined(db: BaseDatabaseWrapper, workspace: Workspace, run_id: str, events
         with statements.pipeline(db) as pipe:
             for start in range(0, len(events), PIPELINE_PART):
                 try:
-                    part = [prepare.item(i, events[i], redact) for i in range(start, min(start + PIPELINE_PART, len(events)))]
+                    part = [
+                        prepare.item(i, events[i], redact)
+                        for i in range(start, min(start + PIPELINE_PART, len(events)))
+                    ]
                 except InvalidEvent as exc:  # raised once the parts sent are rolled back
                     invalid = exc
                     raise statements.PipelineMissed from None
@@ -231,13 +256,15 @@ def _new_head(run: Run, changes: Changes) -> dict[str, Any]:
     return {f.attname: getattr(run, f.attname) for f in Run._meta.concrete_fields if not f.primary_key}
 
 
-def locked(run: Run, batch: list[Prepared], expected_sequence: int | None,
-                       fencing_token: Any, imported: bool = False) -> AppendResult:
+def locked(
+    run: Run, batch: list[Prepared], expected_sequence: int | None, fencing_token: Any, imported: bool = False
+) -> AppendResult:
     now = now_ms()
     rules.check_fencing(run, fencing_token, now)
     logged = _match_replays(run, batch)
-    rules.check_expected_sequence(expected_sequence, run.last_sequence,
-                                  writes=any(p.idempotency_key not in logged for p in batch))
+    rules.check_expected_sequence(
+        expected_sequence, run.last_sequence, writes=any(p.idempotency_key not in logged for p in batch)
+    )
     prices = prices_for(run.workspace)
     state = state_for_append(run, prices)
     restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
@@ -255,8 +282,14 @@ def locked(run: Run, batch: list[Prepared], expected_sequence: int | None,
     return AppendResult(events=out, last_sequence=state.last_sequence)
 
 
-def _after_write(run: Run, state: RunState, prices: PriceTable, written: list[dict[str, Any]],
-                 rows: list[dict[str, Any]], in_transaction: bool) -> None:
+def _after_write(
+    run: Run,
+    state: RunState,
+    prices: PriceTable,
+    written: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    in_transaction: bool,
+) -> None:
     """What follows a written batch in its transaction (`in_transaction`: the batch's statement
     ran in an atomic block; else it has committed): the caller's head object kept current, the
     state cached and the batch announced once it commits, a re-execution settled."""
@@ -274,9 +307,6 @@ def _after_write(run: Run, state: RunState, prices: PriceTable, written: list[di
         hooks.run_ended(run, written)
 
 
-
-
-
 def _match_replays(run: Run, batch: list[Prepared]) -> dict[str, Event]:
     """The logged originals of the batch's idempotency keys; a key sent with another event is a conflict."""
     keys = [p.idempotency_key for p in batch if p.idempotency_key is not None]
@@ -291,9 +321,15 @@ def _match_replays(run: Run, batch: list[Prepared]) -> dict[str, Event]:
     return logged
 
 
-def _allocate(run: Run, state: RunState, batch: list[Prepared], logged: Mapping[str, Event], now: datetime,
-              prices: PriceTable, imported: bool = False,
-              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def _allocate(
+    run: Run,
+    state: RunState,
+    batch: list[Prepared],
+    logged: Mapping[str, Event],
+    now: datetime,
+    prices: PriceTable,
+    imported: bool = False,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Number the batch's new events after the log's end, advancing `state` with them.
 
     Returns the rows to insert (statements.EVENT_FIELDS), their envelopes, and the answer: every
@@ -326,15 +362,37 @@ def _allocate(run: Run, state: RunState, batch: list[Prepared], logged: Mapping[
             payload = externalize(run.workspace, payload, len(stored))
             stored = canonical_bytes(payload)
         eid = event_id(sequence, event_type, stored, occurrence_id)
-        rows.append({"sequence": sequence, "event_id": eid, "type": event_type, "occurrence_id": occurrence_id,
-                     "payload": stored.decode(), "idempotency_key": key, "request_digest": p.request_digest})
+        rows.append(
+            {
+                "sequence": sequence,
+                "event_id": eid,
+                "type": event_type,
+                "occurrence_id": occurrence_id,
+                "payload": stored.decode(),
+                "idempotency_key": key,
+                "request_digest": p.request_digest,
+            }
+        )
         # The envelope (ledger.log.envelopes.envelope), its keys in that order.
         if occurrence_id is None:
-            env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
-                   "recordedAt": recorded_at, "payload": payload}
+            env = {
+                "eventId": eid,
+                "runId": run_id,
+                "sequence": sequence,
+                "type": event_type,
+                "recordedAt": recorded_at,
+                "payload": payload,
+            }
         else:
-            env = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": event_type,
-                   "occurrenceId": occurrence_id, "recordedAt": recorded_at, "payload": payload}
+            env = {
+                "eventId": eid,
+                "runId": run_id,
+                "sequence": sequence,
+                "type": event_type,
+                "occurrenceId": occurrence_id,
+                "recordedAt": recorded_at,
+                "payload": payload,
+            }
         if key is not None:
             in_batch[key] = (p.request_digest, env)
         written.append(env)

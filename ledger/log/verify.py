@@ -8,13 +8,13 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef
 
-from . import artifacts
 from ..canonical import canonical_json, event_id
-from .envelopes import decode_payload, log_rows, row_envelope
 from ..fold import RunStateMismatch, fold
-from ..models import CostEntry, Event, Run, Step, ToolCall
-from .projection import differences
 from ..fold.pricing import prices_for
+from ..models import CostEntry, Event, Run, Step, ToolCall
+from . import artifacts
+from .envelopes import decode_payload, log_rows, row_envelope
+from .projection import differences
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,14 @@ def inspect_run(run: Run) -> Inspection:
     sequences = [r[0] for r in rows]
     expected = list(range(1, len(rows) + 1))
     if sequences != expected or run.last_sequence != len(rows):
-        missing = sorted(set(expected) - set(sequences)) or sorted(set(range(1, run.last_sequence + 1)) - set(sequences))
-        checks.append(Check("dense_sequence", "fail",
-                            f"{len(rows)} events, head says {run.last_sequence}; missing {missing[:10]}"))
+        missing = sorted(set(expected) - set(sequences)) or sorted(
+            set(range(1, run.last_sequence + 1)) - set(sequences)
+        )
+        checks.append(
+            Check(
+                "dense_sequence", "fail", f"{len(rows)} events, head says {run.last_sequence}; missing {missing[:10]}"
+            )
+        )
     else:
         checks.append(Check("dense_sequence", "pass", f"1..{len(rows)}"))
 
@@ -71,18 +76,29 @@ def inspect_run(run: Run) -> Inspection:
         sequence, stored_id, type_, occurrence_id, _, text = row
         payload = decode_payload(text)
         log.append(row_envelope(row, run.run_id, payload))
-        recomputed = event_id(run_id=run.run_id, sequence=sequence, type=type_, payload=payload,
-                              occurrence_id=occurrence_id)
+        recomputed = event_id(
+            run_id=run.run_id, sequence=sequence, type=type_, payload=payload, occurrence_id=occurrence_id
+        )
         if recomputed != stored_id or canonical_json(payload) != text:
             bad_ids.append(sequence)
         refs.update(artifact_refs(payload, imported=True))
-    checks.append(Check("event_ids", "fail" if bad_ids else "pass",
-                        f"recomputed ids differ at sequences {bad_ids[:10]}" if bad_ids else f"{len(rows)} ids recomputed"))
+    checks.append(
+        Check(
+            "event_ids",
+            "fail" if bad_ids else "pass",
+            f"recomputed ids differ at sequences {bad_ids[:10]}" if bad_ids else f"{len(rows)} ids recomputed",
+        )
+    )
 
     outcomes = check_artifacts(run, refs)
     problems = [f"{ref} {state}" for ref, state in sorted(outcomes.items()) if state != "ok"]
-    checks.append(Check("artifact_hashes", "fail" if problems else "pass",
-                        "; ".join(problems) if problems else f"{len(refs)} artifact(s) re-hashed"))
+    checks.append(
+        Check(
+            "artifact_hashes",
+            "fail" if problems else "pass",
+            "; ".join(problems) if problems else f"{len(refs)} artifact(s) re-hashed",
+        )
+    )
 
     try:
         state = fold(log, prices=prices_for(run.workspace), run_id=run.run_id)
@@ -90,16 +106,24 @@ def inspect_run(run: Run) -> Inspection:
         checks.append(Check("projections", "fail", f"the log cannot be folded: {exc}"))
         return Inspection(checks, log, outcomes)
     diffs = differences(run, state, log)
-    checks.append(Check("projections", "fail" if diffs else "pass",
-                        "; ".join(diffs[:10]) + (f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else "")
-                        if diffs else "run, steps, tool calls and cost entries equal the fold"))
+    checks.append(
+        Check(
+            "projections",
+            "fail" if diffs else "pass",
+            "; ".join(diffs[:10]) + (f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else "")
+            if diffs
+            else "run, steps, tool calls and cost entries equal the fold",
+        )
+    )
     return Inspection(checks, log, outcomes)
 
 
 def check_artifacts(run: Run, refs: set[str]) -> dict[str, str]:
     """ref -> ok | missing | mismatch, re-hashing each artifact of the run's workspace."""
-    return {ref: "missing" if row is None else artifacts.check(row)
-            for ref, row in artifacts.resolve(run, sorted(refs)).items()}
+    return {
+        ref: "missing" if row is None else artifacts.check(row)
+        for ref, row in artifacts.resolve(run, sorted(refs)).items()
+    }
 
 
 def run_references() -> list[Check]:
@@ -108,10 +132,20 @@ def run_references() -> list[Check]:
     table, as the rest of a whole-database `ledger verify` is."""
     checks = []
     for model in (Event, Step, ToolCall, CostEntry):
-        missing = list(model.objects.filter(~Exists(Run.objects.filter(pk=OuterRef("run_id"))))
-                       .values_list("run_id", flat=True).distinct().order_by("run_id")[:11])
+        missing = list(
+            model.objects.filter(~Exists(Run.objects.filter(pk=OuterRef("run_id"))))
+            .values_list("run_id", flat=True)
+            .distinct()
+            .order_by("run_id")[:11]
+        )
         name = f"run_reference_{model._meta.model_name}"
-        checks.append(Check(name, "fail", f"rows name runs that do not exist: pk {missing[:10]}"
-                            + (" and more" if len(missing) > 10 else "")) if missing else
-                      Check(name, "pass", f"every {model._meta.verbose_name} row names a run that exists"))
+        checks.append(
+            Check(
+                name,
+                "fail",
+                f"rows name runs that do not exist: pk {missing[:10]}" + (" and more" if len(missing) > 10 else ""),
+            )
+            if missing
+            else Check(name, "pass", f"every {model._meta.verbose_name} row names a run that exists")
+        )
     return checks

@@ -26,8 +26,13 @@ ANY = (object,)
 Spec = dict[str, tuple[tuple[type, ...], bool]]
 
 RUN_STARTED: Spec = {
-    "workflowVersionId": (STR, True), "parentRunId": (STR, False), "outerLoopId": (STR, False),
-    "label": (STR, False), "tags": (LIST + OBJ, False), "replayOf": (STR, False), "requestedBy": (STR, False),
+    "workflowVersionId": (STR, True),
+    "parentRunId": (STR, False),
+    "outerLoopId": (STR, False),
+    "label": (STR, False),
+    "tags": (LIST + OBJ, False),
+    "replayOf": (STR, False),
+    "requestedBy": (STR, False),
 }
 STEP: Spec = {"stepPath": (STR, True), "stepId": (STR, False)}
 ATTEMPT: Spec = {"stepPath": (STR, True), "attempt": (INT, True)}
@@ -49,22 +54,34 @@ VOCABULARY: dict[str, Spec] = {
     "ParallelGroupCompleted": {},
     "ParallelGroupFailed": {},
     "harness.session.started": {
-        "role": (STR, True), "task": (ANY, True), "manifest": (OBJ, True),
-        "manifestHash": (STR, True), "parentRunId": (STR, False),
+        "role": (STR, True),
+        "task": (ANY, True),
+        "manifest": (OBJ, True),
+        "manifestHash": (STR, True),
+        "parentRunId": (STR, False),
     },
     "harness.session.completed": {},
     "harness.session.failed": {},
     "harness.model.called": {"turn": (INT, True), "promptHash": (STR, True), "request": (OBJ, True)},
     "harness.model.responded": {
-        "turn": (INT, True), "callId": (STR, True), "stepPath": (STR, False),
-        "model": (OBJ, True), "model.provider": (STR, True), "model.modelId": (STR, True),
-        "response": (OBJ, True), "response.text": (STR, False), "response.toolCalls": (LIST, False),
+        "turn": (INT, True),
+        "callId": (STR, True),
+        "stepPath": (STR, False),
+        "model": (OBJ, True),
+        "model.provider": (STR, True),
+        "model.modelId": (STR, True),
+        "response": (OBJ, True),
+        "response.text": (STR, False),
+        "response.toolCalls": (LIST, False),
         "response.usage": (OBJ, True),
     },
     "harness.model.failed": {"turn": (INT, True)},
     "harness.tool_call.started": {
-        "callId": (STR, True), "caller": (STR, True), "toolName": (STR, True),
-        "args": (ANY, True), "turn": (INT, False),
+        "callId": (STR, True),
+        "caller": (STR, True),
+        "toolName": (STR, True),
+        "args": (ANY, True),
+        "turn": (INT, False),
     },
     "harness.tool_call.succeeded": {**TOOL_TERMINAL, "result": (ANY, True)},
     "harness.tool_call.failed": {**TOOL_TERMINAL, "error": (ANY, True)},
@@ -72,33 +89,56 @@ VOCABULARY: dict[str, Spec] = {
     "harness.tool_call.reconciled": {"callId": (STR, True), "outcome": (STR, True)},
     # Ours: a call that waits for a human approver, and the approver's decision (ledger/replay/toolapproval.py).
     "harness.tool_call.approval_requested": {
-        "callId": (STR, True), "toolName": (STR, True), "args": (ANY, True), "argsDigest": (STR, True),
+        "callId": (STR, True),
+        "toolName": (STR, True),
+        "args": (ANY, True),
+        "argsDigest": (STR, True),
     },
     "harness.tool_call.approved": {"callId": (STR, True), "argsDigest": (STR, True), "by": (STR, True)},
-    "harness.tool_call.rejected": {"callId": (STR, True), "argsDigest": (STR, True), "by": (STR, True),
-                                   "error": (ANY, True)},
+    "harness.tool_call.rejected": {
+        "callId": (STR, True),
+        "argsDigest": (STR, True),
+        "by": (STR, True),
+        "error": (ANY, True),
+    },
     # Ours: a re-execution call its original's record could not answer (ledger/runtime/reexecute.py).
     "harness.replay.diverged": {"stepPath": (STR, True), "kind": (STR, True), "reason": (STR, True)},
     "harness.execute_step.started": {},
     "harness.execute_step.succeeded": {},
     "OuterLoopCycleCompleted": {
-        "outerLoopId": (STR, True), "cycleNumber": (INT, True), "supervise": (OBJ, True),
+        "outerLoopId": (STR, True),
+        "cycleNumber": (INT, True),
+        "supervise": (OBJ, True),
     },
     # Little Workflow's compile, plan and legacy types: accepted so its logs import as they are.
-    "OrchestrationRequested": {}, "PlannerStarted": {}, "PlannerDraftedWorkflow": {},
-    "WorkflowValidationFailed": {}, "WorkflowValidationSucceeded": {},
-    "PlannerReuseDecisionRecorded": {}, "WorkflowVersionRegistered": {},
-    "StepOutputValidated": {}, "StepRepairAttempted": {},
-    "ToolCallStarted": {}, "ToolCallCompleted": {},
-    "ModelCallStarted": {}, "ModelCallCompleted": {},
+    "OrchestrationRequested": {},
+    "PlannerStarted": {},
+    "PlannerDraftedWorkflow": {},
+    "WorkflowValidationFailed": {},
+    "WorkflowValidationSucceeded": {},
+    "PlannerReuseDecisionRecorded": {},
+    "WorkflowVersionRegistered": {},
+    "StepOutputValidated": {},
+    "StepRepairAttempted": {},
+    "ToolCallStarted": {},
+    "ToolCallCompleted": {},
+    "ModelCallStarted": {},
+    "ModelCallCompleted": {},
 }
 
 # Payload fields whose text a projection keeps in a column of this many characters (ledger/models.py;
 # the numbers are held to the columns by tests/test_column_limits.py); `turn` (a tool call's
 # column) and a step path's `visit[N]` (a step's) are 32-bit integers.
 COLUMN_LIMITS: dict[str, int] = {
-    "workflowVersionId": 200, "label": 200, "parentRunId": 84, "replayOf": 200, "outputRef": 200,
-    "stepPath": 500, "callId": 200, "toolName": 200, "caller": 50,
+    "workflowVersionId": 200,
+    "label": 200,
+    "parentRunId": 84,
+    "replayOf": 200,
+    "outputRef": 200,
+    "stepPath": 500,
+    "callId": 200,
+    "toolName": 200,
+    "caller": 50,
 }
 MODEL_COLUMN_LIMITS: dict[str, int] = {"provider": 200, "modelId": 200}  # inside payload.model
 INT32_MAX = 2**31 - 1
@@ -106,8 +146,10 @@ _INT32 = -1  # the limit of `turn`: a range, not a length
 # What the fold projects of an event beyond the fields its type lists: every event's stepPath makes a
 # step, an approval request names the call's caller and turn, and Little Workflow's registration of a
 # workflow version names the run's (tests/test_column_limits.py tries every limited field in every type).
-_PROJECTED_UNLISTED: dict[str, tuple[str, ...]] = {"harness.tool_call.approval_requested": ("caller", "turn"),
-                                                  "WorkflowVersionRegistered": ("workflowVersionId",)}
+_PROJECTED_UNLISTED: dict[str, tuple[str, ...]] = {
+    "harness.tool_call.approval_requested": ("caller", "turn"),
+    "WorkflowVersionRegistered": ("workflowVersionId",),
+}
 
 MODEL_AND_TOOL_PREFIXES = ("harness.model.", "harness.tool_call.")
 ORIGINS = ("recorded", "simulated", "live")
@@ -118,8 +160,13 @@ def with_origin(event: Mapping[str, Any], origin: str | None) -> Mapping[str, An
     """`event` with `payload.origin` set to `origin` when it is a model or tool event without one
     (what a re-execution's live calls carry); anything else unchanged."""
     kind, payload = event.get("type"), event.get("payload")
-    if (origin is None or not isinstance(kind, str) or not kind.startswith(MODEL_AND_TOOL_PREFIXES)
-            or not isinstance(payload, Mapping) or "origin" in payload):
+    if (
+        origin is None
+        or not isinstance(kind, str)
+        or not kind.startswith(MODEL_AND_TOOL_PREFIXES)
+        or not isinstance(payload, Mapping)
+        or "origin" in payload
+    ):
         return event
     return {**event, "payload": {**payload, "origin": origin}}
 
@@ -159,14 +206,17 @@ def _limit(field: str) -> int:
 # VOCABULARY's specs as the validation walks them: (field, parent, leaf, accepted, required, limit),
 # split once here rather than per event.
 _CHECKS: dict[str, tuple[tuple[str, str, str, tuple[type, ...], bool, int], ...]] = {
-    event_type: tuple((field, *field.rpartition(".")[::2], accepted, required, _limit(field))
-                      for field, (accepted, required) in spec.items())
+    event_type: tuple(
+        (field, *field.rpartition(".")[::2], accepted, required, _limit(field))
+        for field, (accepted, required) in spec.items()
+    )
     for event_type, spec in VOCABULARY.items()
 }
 # The projected fields a type does not list, with their limits: (field, limit).
 _UNLISTED: dict[str, tuple[tuple[str, int], ...]] = {
-    event_type: tuple((field, _limit(field)) for field in ("stepPath", *_PROJECTED_UNLISTED.get(event_type, ()))
-                      if field not in spec)
+    event_type: tuple(
+        (field, _limit(field)) for field in ("stepPath", *_PROJECTED_UNLISTED.get(event_type, ())) if field not in spec
+    )
     for event_type, spec in VOCABULARY.items()
 }
 
@@ -181,15 +231,14 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
     """`validate_payload` but for the recorded-cost rule, which walks the whole payload (the
     append does that in its redaction walk, ledger.log.redaction.Redactor.plain)."""
     if payload.__class__ is not dict and not isinstance(payload, dict):
-        raise InvalidEvent(
-            f"event {index}: payload must be an object", index=index, field="payload"
-        )
+        raise InvalidEvent(f"event {index}: payload must be an object", index=index, field="payload")
     if not is_custom(event_type):
         checks = _CHECKS.get(event_type)
         if checks is None:
             raise UnknownEventType(
                 f"event {index}: unknown event type {event_type!r} (custom types start with 'custom.')",
-                index=index, field="type",
+                index=index,
+                field="type",
             )
         for field, parent, leaf, accepted, required, limit in checks:
             holder = payload.get(parent) if parent else payload
@@ -199,7 +248,8 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                 if required:
                     raise InvalidEvent(
                         f"event {index}: {event_type} needs payload.{field}",
-                        index=index, field=f"payload.{field}",
+                        index=index,
+                        field=f"payload.{field}",
                     )
                 continue
             value = holder[leaf]
@@ -207,7 +257,8 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
             if accepted is not ANY and (value.__class__ is bool or not isinstance(value, accepted)):
                 raise InvalidEvent(
                     f"event {index}: payload.{field} has the wrong type ({_json_type(holder[leaf])})",
-                    index=index, field=f"payload.{field}",
+                    index=index,
+                    field=f"payload.{field}",
                 )
             if limit:
                 _check_limit(index, field, value, limit)
@@ -220,7 +271,8 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
             if origin is not None and origin not in ORIGINS:
                 raise InvalidEvent(
                     f"event {index}: payload.origin must be one of {', '.join(ORIGINS)}",
-                    index=index, field="payload.origin",
+                    index=index,
+                    field="payload.origin",
                 )
 
 
@@ -228,19 +280,26 @@ def _check_limit(index: int, field: str, value: Any, limit: int) -> None:
     """Refuse `value` of payload.`field` if its column cannot hold it (`limit`: _limit's)."""
     if limit == _INT32:
         if value.__class__ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
-            raise InvalidEvent(f"event {index}: payload.{field} must be from {-INT32_MAX - 1} to {INT32_MAX}",
-                               index=index, field=f"payload.{field}")
+            raise InvalidEvent(
+                f"event {index}: payload.{field} must be from {-INT32_MAX - 1} to {INT32_MAX}",
+                index=index,
+                field=f"payload.{field}",
+            )
         return
     if value.__class__ is not str:
         return
     if len(value) > limit:
-        raise InvalidEvent(f"event {index}: payload.{field} is longer than {limit} characters",
-                           index=index, field=f"payload.{field}")
+        raise InvalidEvent(
+            f"event {index}: payload.{field} is longer than {limit} characters", index=index, field=f"payload.{field}"
+        )
     if field == "stepPath" and "visit[" in value:
         visit = visit_index(value)  # a step path's visit[N]: the step's 32-bit column
         if visit is not None and visit > INT32_MAX:
-            raise InvalidEvent(f"event {index}: payload.stepPath's visit index must be at most {INT32_MAX}",
-                               index=index, field="payload.stepPath")
+            raise InvalidEvent(
+                f"event {index}: payload.stepPath's visit index must be at most {INT32_MAX}",
+                index=index,
+                field="payload.stepPath",
+            )
 
 
 def reject_recorded_cost(index: int, payload: Any) -> None:
@@ -249,7 +308,8 @@ def reject_recorded_cost(index: int, payload: Any) -> None:
     if holder is not None:
         raise CostNotAllowed(
             f"event {index}: payload{holder}.usage.costUsd is not accepted; cost is computed from tokens",
-            index=index, field=f"payload{holder}.usage.costUsd",
+            index=index,
+            field=f"payload{holder}.usage.costUsd",
         )
 
 

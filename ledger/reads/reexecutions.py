@@ -27,8 +27,11 @@ def page(workspace: Workspace, *, after_pk: int, limit: int, status: str | None 
 
 def get(workspaces: Iterable[Workspace], public_id: str) -> ReexecutionRequest:
     """The request with this id in one of `workspaces`; NotFound otherwise (another tenant's too)."""
-    found = (ReexecutionRequest.objects.select_related("workspace__tenant")
-             .filter(workspace__in=list(workspaces), public_id=public_id).first())
+    found = (
+        ReexecutionRequest.objects.select_related("workspace__tenant")
+        .filter(workspace__in=list(workspaces), public_id=public_id)
+        .first()
+    )
     if found is None:
         raise NotFound(f"re-execution {public_id} not found", reexecutionId=public_id)
     return found
@@ -41,8 +44,13 @@ def of_run(workspace: Workspace, run_id: str) -> QuerySet[ReexecutionRequest]:
 
 def made_run(workspace: Workspace, run_id: str) -> ReexecutionRequest | None:
     """The request whose execution wrote `run_id` (resume requests continue their original)."""
-    return requests(workspace).filter(new_run_id=run_id).exclude(mode=ReexecutionRequest.Mode.RESUME) \
-        .order_by("pk").first()
+    return (
+        requests(workspace)
+        .filter(new_run_id=run_id)
+        .exclude(mode=ReexecutionRequest.Mode.RESUME)
+        .order_by("pk")
+        .first()
+    )
 
 
 def pending_approval(workspace: Workspace) -> QuerySet[ReexecutionRequest]:

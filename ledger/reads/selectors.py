@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -18,8 +17,8 @@ from django.db import connection
 from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
-from ..log.envelopes import decode_payload, envelope, read_envelopes
 from ..errors import NotFound
+from ..log.envelopes import decode_payload, envelope, read_envelopes
 from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 
 
@@ -70,15 +69,29 @@ def run_tail(run: Run, *, after: int, limit: int) -> tuple[str, int, list[dict[s
     if not rows:
         return None
     status, last_sequence = rows[0][:2]
-    return status, last_sequence, [
-        envelope(event_id=event_id, run_id=run.run_id, sequence=sequence, type=type_, occurrence_id=occurrence_id,
-                 # SQLite hands datetimes back naive, in the connection's time zone, as the ORM would read them.
-                 recorded_at=at if at.tzinfo else timezone.make_aware(at, connection.timezone),
-                 payload=decode_payload(payload))
-        for _, _, sequence, event_id, type_, occurrence_id, at, payload in rows if sequence is not None]
+    return (
+        status,
+        last_sequence,
+        [
+            envelope(
+                event_id=event_id,
+                run_id=run.run_id,
+                sequence=sequence,
+                type=type_,
+                occurrence_id=occurrence_id,
+                # SQLite hands datetimes back naive, in the connection's time zone, as the ORM would read them.
+                recorded_at=at if at.tzinfo else timezone.make_aware(at, connection.timezone),
+                payload=decode_payload(payload),
+            )
+            for _, _, sequence, event_id, type_, occurrence_id, at, payload in rows
+            if sequence is not None
+        ],
+    )
 
 
-def events(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None) -> list[dict[str, Any]]:
+def events(
+    run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None
+) -> list[dict[str, Any]]:
     return read_envelopes(run, after=after, limit=limit, type_prefix=type_prefix)
 
 
@@ -170,8 +183,11 @@ def children_counts(workspace: Workspace, run_ids: Iterable[str]) -> dict[str, i
     if not ids:
         return {}
     rows = (
-        runs(workspace).filter(parent_run_id__in=ids).values("parent_run_id")
-        .annotate(n=Count("pk")).values_list("parent_run_id", "n")
+        runs(workspace)
+        .filter(parent_run_id__in=ids)
+        .values("parent_run_id")
+        .annotate(n=Count("pk"))
+        .values_list("parent_run_id", "n")
     )
     return dict(rows)
 
@@ -180,7 +196,7 @@ ANY_MODEL = "*"
 
 
 def _utc_day_start(day: date) -> datetime:
-    return datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
+    return datetime.combine(day, time.min, tzinfo=UTC)
 
 
 def search_runs(
@@ -236,8 +252,13 @@ def search_runs(
     if cost_above is not None:
         qs = qs.filter(cost_usd__gt=cost_above)
     if min_rating is not None:
-        rated = (Feedback.objects.filter(run__workspace=workspace).values("run")
-                 .annotate(average=Avg("rating")).filter(average__gte=min_rating).values("run"))
+        rated = (
+            Feedback.objects.filter(run__workspace=workspace)
+            .values("run")
+            .annotate(average=Avg("rating"))
+            .filter(average__gte=min_rating)
+            .values("run")
+        )
         qs = qs.filter(pk__in=rated)
     return qs
 
@@ -247,8 +268,12 @@ def ratings_for(run_pks: Iterable[int]) -> dict[int, tuple[float, int]]:
     pks = list(run_pks)
     if not pks:
         return {}
-    rows = (Feedback.objects.filter(run_id__in=pks).values("run_id")
-            .annotate(average=Avg("rating"), n=Count("pk")).values_list("run_id", "average", "n"))
+    rows = (
+        Feedback.objects.filter(run_id__in=pks)
+        .values("run_id")
+        .annotate(average=Avg("rating"), n=Count("pk"))
+        .values_list("run_id", "average", "n")
+    )
     return {pk: (float(average), n) for pk, average, n in rows}
 
 
@@ -257,8 +282,12 @@ def ratings_for(run_pks: Iterable[int]) -> dict[int, tuple[float, int]]:
 
 def newest_workspace_for(user: User | AnonymousUser) -> Workspace | None:
     """The member's workspace where a run started last (those without runs last, by name)."""
-    return workspaces_for(user).annotate(newest=Max("runs__created_at")).order_by(
-        F("newest").desc(nulls_last=True), "tenant__slug", "slug").first()
+    return (
+        workspaces_for(user)
+        .annotate(newest=Max("runs__created_at"))
+        .order_by(F("newest").desc(nulls_last=True), "tenant__slug", "slug")
+        .first()
+    )
 
 
 @dataclass(frozen=True)
@@ -271,8 +300,9 @@ class FeedbackSummary:
 def feedback_summary(run: Run, *, latest: int) -> FeedbackSummary:
     """How many ratings, their average, and the newest `latest` of them (with their authors)."""
     summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
-    rows = list(Feedback.objects.filter(run=run).select_related("author", "api_key")
-                .order_by("-created_at", "-pk")[:latest])
+    rows = list(
+        Feedback.objects.filter(run=run).select_related("author", "api_key").order_by("-created_at", "-pk")[:latest]
+    )
     average = summary["average"]
     return FeedbackSummary(summary["count"], None if average is None else float(average), rows)
 
@@ -287,20 +317,32 @@ def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:
 def costs_by_model(run: Run) -> list[dict[str, Any]]:
     """Per (provider, model): calls, priced calls, cost (NULL when none priced) and tokens, summed
     in the database."""
-    return [dict(row) for row in
-        CostEntry.objects.filter(run=run).values("provider", "model_id")
-        .annotate(calls=Count("pk"), priced=Count("cost_usd"), cost=Sum("cost_usd"),
-                  input=Sum("input_tokens"), output=Sum("output_tokens"),
-                  cached=Sum("cached_input_tokens"), reasoning=Sum("reasoning_tokens"))
-        .order_by("provider", "model_id")]
+    return [
+        dict(row)
+        for row in CostEntry.objects.filter(run=run)
+        .values("provider", "model_id")
+        .annotate(
+            calls=Count("pk"),
+            priced=Count("cost_usd"),
+            cost=Sum("cost_usd"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            cached=Sum("cached_input_tokens"),
+            reasoning=Sum("reasoning_tokens"),
+        )
+        .order_by("provider", "model_id")
+    ]
 
 
 def run_family(run: Run) -> list[Run]:
     """The run and every run below it, any depth, in one query on the root's projection (plus
     direct children recorded before their root was known), oldest first."""
     root = run.root_run_id or run.run_id
-    family = list(runs(run.workspace).filter(
-        Q(root_run_id__in={root, run.run_id}) | Q(parent_run_id=run.run_id)).order_by("created_at", "pk"))
+    family = list(
+        runs(run.workspace)
+        .filter(Q(root_run_id__in={root, run.run_id}) | Q(parent_run_id=run.run_id))
+        .order_by("created_at", "pk")
+    )
     for r in family:
         r.workspace = run.workspace
     return family

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from . import selectors
-from ..models import Run, RunStatus
 from ..fold.pricing import UsageTotals
+from ..models import Run, RunStatus
+from . import selectors
 
 
 @dataclass
@@ -34,9 +34,13 @@ class SubRunTree:
 
 def own_usage(run: Run) -> UsageTotals:
     return UsageTotals(
-        input_tokens=run.input_tokens, output_tokens=run.output_tokens,
-        cached_input_tokens=run.cached_input_tokens, reasoning_tokens=run.reasoning_tokens,
-        cost_usd=run.cost_usd, priced_calls=run.priced_calls, unpriced_calls=run.unpriced_calls,
+        input_tokens=run.input_tokens,
+        output_tokens=run.output_tokens,
+        cached_input_tokens=run.cached_input_tokens,
+        reasoning_tokens=run.reasoning_tokens,
+        cost_usd=run.cost_usd,
+        priced_calls=run.priced_calls,
+        unpriced_calls=run.unpriced_calls,
     )
 
 

@@ -22,8 +22,8 @@ from typing import Any
 from django.db.models import CharField, F, Q, QuerySet, Sum, Value
 from django.db.models.functions import Concat, TruncMonth, TruncWeek
 
-from ..models import DailyUsage, MonthlyUsage, Tenant, Workspace
 from ..fold.pricing import UsageTotals
+from ..models import DailyUsage, MonthlyUsage, Tenant, Workspace
 
 GRANULARITIES = ("day", "week", "month")
 GROUPINGS = ("day", "week", "month", "model", "workflow", "workspace")
@@ -45,9 +45,13 @@ class UsageRow:
 
     def to_json(self) -> dict[str, Any]:
         totals = UsageTotals(
-            input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-            cached_input_tokens=self.cached_input_tokens, reasoning_tokens=self.reasoning_tokens,
-            cost_usd=self.cost_usd, priced_calls=self.priced_calls, unpriced_calls=self.unpriced_calls,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cached_input_tokens=self.cached_input_tokens,
+            reasoning_tokens=self.reasoning_tokens,
+            cost_usd=self.cost_usd,
+            priced_calls=self.priced_calls,
+            unpriced_calls=self.unpriced_calls,
         )
         return {"key": self.key, **totals.to_json()}
 
@@ -112,8 +116,15 @@ def _whole_months(start: date, end: date) -> tuple[date, date]:
     return first, max(first, after)
 
 
-def by_period(*, start: date, end: date, granularity: str, keys: Sequence[str] = (),
-              workspace: Workspace | None = None, tenant: Tenant | None = None) -> list[dict[str, Any]]:
+def by_period(
+    *,
+    start: date,
+    end: date,
+    granularity: str,
+    keys: Sequence[str] = (),
+    workspace: Workspace | None = None,
+    tenant: Tenant | None = None,
+) -> list[dict[str, Any]]:
     """The rollups summed in SQL per period and `keys` (cell fields: provider, model_id,
     workflow_version_id), ordered by period and keys; each row's "period" is the period's first day
     in the range. Days and weeks sum the daily cells; months read the monthly rollup for the whole
@@ -123,18 +134,30 @@ def by_period(*, start: date, end: date, granularity: str, keys: Sequence[str] =
         raise ValueError(f"granularity must be one of {GRANULARITIES}")
     order = ("period", *keys)
     if granularity == "day":
-        return list(cells(workspace=workspace, tenant=tenant, start=start, end=end)
-                    .values(*keys, period=F("day")).annotate(**_AGGREGATES).order_by(*order))
+        return list(
+            cells(workspace=workspace, tenant=tenant, start=start, end=end)
+            .values(*keys, period=F("day"))
+            .annotate(**_AGGREGATES)
+            .order_by(*order)
+        )
     trunc = TruncWeek if granularity == "week" else TruncMonth
-    first, after = (_whole_months(start, end) if granularity == "month" else (start, start))
+    first, after = _whole_months(start, end) if granularity == "month" else (start, start)
     rows: list[dict[str, Any]] = []
     if first < after:
-        rows += (_scoped(MonthlyUsage.objects.filter(month__gte=first, month__lt=after), workspace, tenant)
-                 .values(*keys, period=F("month")).annotate(**_AGGREGATES).order_by(*order))
+        rows += (
+            _scoped(MonthlyUsage.objects.filter(month__gte=first, month__lt=after), workspace, tenant)
+            .values(*keys, period=F("month"))
+            .annotate(**_AGGREGATES)
+            .order_by(*order)
+        )
     if start < first or after <= end:  # days outside the whole months (all of them by week)
         days = Q(day__gte=start, day__lte=end) & ~Q(day__gte=first, day__lt=after)
-        rows += (_scoped(DailyUsage.objects.filter(days), workspace, tenant)
-                 .values(*keys, period=trunc("day")).annotate(**_AGGREGATES).order_by(*order))
+        rows += (
+            _scoped(DailyUsage.objects.filter(days), workspace, tenant)
+            .values(*keys, period=trunc("day"))
+            .annotate(**_AGGREGATES)
+            .order_by(*order)
+        )
     for row in rows:
         row["period"] = max(row["period"], start)  # a period the range begins inside: from the range's first day
     return sorted(rows, key=lambda row: tuple(row[k] for k in order))
@@ -175,8 +198,12 @@ def _key_expression(group_by: str) -> Any:
 def _grouped(entries: QuerySet[DailyUsage], group_by: str) -> QuerySet[Any]:
     if group_by not in GROUPINGS or group_by in ("week", "month"):
         raise ValueError(f"group_by must be one of {GROUPINGS}")
-    return (entries.annotate(group_key=_key_expression(group_by)).values("group_key")
-            .annotate(**_AGGREGATES).order_by("group_key"))
+    return (
+        entries.annotate(group_key=_key_expression(group_by))
+        .values("group_key")
+        .annotate(**_AGGREGATES)
+        .order_by("group_key")
+    )
 
 
 def _rows(grouped: Iterable[Mapping[str, Any]], group_by: str) -> list[UsageRow]:
@@ -187,8 +214,9 @@ def _rows(grouped: Iterable[Mapping[str, Any]], group_by: str) -> list[UsageRow]
     return rows
 
 
-def usage_rows(*, group_by: str, start: date, end: date, workspace: Workspace | None = None,
-               tenant: Tenant | None = None) -> tuple[list[UsageRow], UsageRow]:
+def usage_rows(
+    *, group_by: str, start: date, end: date, workspace: Workspace | None = None, tenant: Tenant | None = None
+) -> tuple[list[UsageRow], UsageRow]:
     """Rows ordered by key, and the total over all of them, for cost entries recorded from `start`
     to `end` (both inclusive, UTC days) in one workspace or across a tenant. By week or month, a row's
     key is its period's first day in the range (ISO date)."""
@@ -200,16 +228,23 @@ def usage_rows(*, group_by: str, start: date, end: date, workspace: Workspace | 
     return rows, _row(None, entries.aggregate(**_AGGREGATES))
 
 
-def usage_page(*, group_by: str, start: date, end: date, offset: int, limit: int,
-               workspace: Workspace | None = None, tenant: Tenant | None = None,
-               ) -> tuple[list[UsageRow], UsageRow, bool]:
+def usage_page(
+    *,
+    group_by: str,
+    start: date,
+    end: date,
+    offset: int,
+    limit: int,
+    workspace: Workspace | None = None,
+    tenant: Tenant | None = None,
+) -> tuple[list[UsageRow], UsageRow, bool]:
     """`usage_rows`, `limit` rows from the `offset`-th (paged in SQL), the total over all rows,
     and whether more rows follow."""
     if group_by in ("week", "month"):  # a few dozen rows at most: paged here
         rows, total = usage_rows(group_by=group_by, start=start, end=end, workspace=workspace, tenant=tenant)
-        return rows[offset:offset + limit], total, len(rows) > offset + limit
+        return rows[offset : offset + limit], total, len(rows) > offset + limit
     entries = cells(workspace=workspace, tenant=tenant, start=start, end=end)
-    rows = _rows(_grouped(entries, group_by)[offset:offset + limit + 1], group_by)
+    rows = _rows(_grouped(entries, group_by)[offset : offset + limit + 1], group_by)
     return rows[:limit], _row(None, entries.aggregate(**_AGGREGATES)), len(rows) > limit
 
 
@@ -240,23 +275,38 @@ class Report:
     cells: list[PeriodModelCost]
 
 
-def report(*, start: date, end: date, granularity: str | None = None, workspace: Workspace | None = None,
-           tenant: Tenant | None = None) -> Report:
+def report(
+    *,
+    start: date,
+    end: date,
+    granularity: str | None = None,
+    workspace: Workspace | None = None,
+    tenant: Tenant | None = None,
+) -> Report:
     """The report from `start` to `end` (inclusive, UTC days) in periods of `granularity` (default:
     `granularity_for` the range) from one read of the rollups summed by period and model (a row per
     period and model, whatever the workflows), the rest summed from that here rather than read again
     once per table."""
     granularity = granularity or granularity_for(start, end)
-    grouped = by_period(start=start, end=end, granularity=granularity, keys=("provider", "model_id"),
-                        workspace=workspace, tenant=tenant)
+    grouped = by_period(
+        start=start, end=end, granularity=granularity, keys=("provider", "model_id"), workspace=workspace, tenant=tenant
+    )
     chart = []
     for values in grouped:
         row = _row(None, values)
         first = values["period"]
         last = min(period_end(period_of(first, granularity), granularity), end)
-        chart.append(PeriodModelCost(day=first, provider=values["provider"], model_id=values["model_id"],
-                                     cost_usd=row.cost_usd, calls=row.priced_calls + row.unpriced_calls,
-                                     priced_calls=row.priced_calls, last=None if last == first else last))
+        chart.append(
+            PeriodModelCost(
+                day=first,
+                provider=values["provider"],
+                model_id=values["model_id"],
+                cost_usd=row.cost_usd,
+                calls=row.priced_calls + row.unpriced_calls,
+                priced_calls=row.priced_calls,
+                last=None if last == first else last,
+            )
+        )
     return Report(
         granularity=granularity,
         by_model=_summed(grouped, lambda values: f"{values['provider']}/{values['model_id']}"),

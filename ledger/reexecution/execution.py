@@ -36,10 +36,16 @@ def reexecution_group_for(workspace_pk: int) -> str:
 
 
 def announce_change(request: ReexecutionRequest) -> None:
-    announce.send_after_commit(reexecution_group_for(request.workspace_id), {
-        "type": "ledger.reexecution_changed", "reexecutionId": request.public_id, "status": request.status,
-        "runId": request.original_run_id, "newRunId": request.new_run_id or None,
-    })
+    announce.send_after_commit(
+        reexecution_group_for(request.workspace_id),
+        {
+            "type": "ledger.reexecution_changed",
+            "reexecutionId": request.public_id,
+            "status": request.status,
+            "runId": request.original_run_id,
+            "newRunId": request.new_run_id or None,
+        },
+    )
 
 
 def lease_ttl() -> timedelta:
@@ -47,8 +53,12 @@ def lease_ttl() -> timedelta:
 
 
 def lock_request(workspace: Workspace, public_id: str) -> ReexecutionRequest:
-    request = (ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant")
-               .filter(workspace=workspace, public_id=public_id).first())
+    request = (
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(workspace=workspace, public_id=public_id)
+        .first()
+    )
     if request is None:
         raise NotFound(f"re-execution {public_id} not found", reexecutionId=public_id)
     return request
@@ -69,12 +79,20 @@ def _take_lease(request: ReexecutionRequest, owner: str, now: datetime) -> None:
 
 
 @transaction.atomic
-def start(*, request_pk: int, owner: str, owner_is_dead: Callable[[str], bool] = lambda owner: False,
-          ) -> ReexecutionRequest | None:
+def start(
+    *,
+    request_pk: int,
+    owner: str,
+    owner_is_dead: Callable[[str], bool] = lambda owner: False,
+) -> ReexecutionRequest | None:
     """The built-in worker takes an approved request (or a running one whose worker is gone);
     None when there is nothing to do: decided otherwise, finished, or held by a live worker."""
-    request = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        pk=request_pk).first()
+    request = (
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(pk=request_pk)
+        .first()
+    )
     if request is None or request.executor != Executor.BUILTIN:
         return None
     now = clock.now()
@@ -85,10 +103,19 @@ def start(*, request_pk: int, owner: str, owner_is_dead: Callable[[str], bool] =
         return None
     resumed_from = request.lease_owner if request.status == Status.RUNNING else None
     _take_lease(request, owner, now)
-    audit.record(actor=audit.Actor(name=f"worker:{owner}"), tenant=request.workspace.tenant,
-                 workspace=request.workspace, action=Action.REEXECUTION_STARTED, target=request.public_id,
-                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
-                          "attempt": request.attempts, **({"takenOverFrom": resumed_from} if resumed_from else {})})
+    audit.record(
+        actor=audit.Actor(name=f"worker:{owner}"),
+        tenant=request.workspace.tenant,
+        workspace=request.workspace,
+        action=Action.REEXECUTION_STARTED,
+        target=request.public_id,
+        details={
+            "runId": request.original_run_id,
+            "newRunId": request.new_run_id,
+            "attempt": request.attempts,
+            **({"takenOverFrom": resumed_from} if resumed_from else {}),
+        },
+    )
     announce_change(request)
     return request
 
@@ -101,20 +128,33 @@ def claim_next(*, api_key: ApiKey, owner: str = "") -> ReexecutionRequest | None
     if not api_key.has_scope("execute"):
         raise Forbidden("claiming needs an API key with the 'execute' scope", scope="execute")
     now = clock.now()
-    request = (ReexecutionRequest.objects.select_for_update(skip_locked=True, of=("self",))
-               .select_related("workspace__tenant")
-               .filter(workspace_id=api_key.workspace_id, executor=Executor.EXTERNAL)
-               .filter(Q(status=Status.APPROVED) | Q(status=Status.RUNNING, lease_expires_at__lte=now))
-               .order_by("decided_at", "pk").first())
+    request = (
+        ReexecutionRequest.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("workspace__tenant")
+        .filter(workspace_id=api_key.workspace_id, executor=Executor.EXTERNAL)
+        .filter(Q(status=Status.APPROVED) | Q(status=Status.RUNNING, lease_expires_at__lte=now))
+        .order_by("decided_at", "pk")
+        .first()
+    )
     if request is None:
         return None
     previous = request.lease_owner if request.status == Status.RUNNING else None
     _take_lease(request, audit.key_actor(api_key), now)
-    audit.record(actor=api_key, tenant=request.workspace.tenant, workspace=request.workspace,
-                 action=Action.REEXECUTION_CLAIMED, target=request.public_id,
-                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
-                          "attempt": request.attempts, "leaseExpiresAt": request.lease_expires_at.isoformat(),  # type: ignore[union-attr]  # a taken lease always has its expiry
-                          **({"owner": owner} if owner else {}), **({"takenOverFrom": previous} if previous else {})})
+    audit.record(
+        actor=api_key,
+        tenant=request.workspace.tenant,
+        workspace=request.workspace,
+        action=Action.REEXECUTION_CLAIMED,
+        target=request.public_id,
+        details={
+            "runId": request.original_run_id,
+            "newRunId": request.new_run_id,
+            "attempt": request.attempts,
+            "leaseExpiresAt": request.lease_expires_at.isoformat(),  # type: ignore[union-attr]  # a taken lease always has its expiry
+            **({"owner": owner} if owner else {}),
+            **({"takenOverFrom": previous} if previous else {}),
+        },
+    )
     announce_change(request)
     return request
 
@@ -124,10 +164,16 @@ def renew_lease(*, workspace: Workspace, reexecution_id: str, lease_token: str) 
     """Extend the executor's lease by its TTL from now; `lease_lost` once another took it over
     or the request finished."""
     request = lock_request(workspace, reexecution_id)
-    if request.status != Status.RUNNING or not lease_token or not secrets.compare_digest(
-            request.lease_token, lease_token):
-        raise LeaseLost(f"re-execution {reexecution_id} is not held with this lease token",
-                        reexecutionId=reexecution_id, status=request.status)
+    if (
+        request.status != Status.RUNNING
+        or not lease_token
+        or not secrets.compare_digest(request.lease_token, lease_token)
+    ):
+        raise LeaseLost(
+            f"re-execution {reexecution_id} is not held with this lease token",
+            reexecutionId=reexecution_id,
+            status=request.status,
+        )
     now = clock.now()
     request.lease_expires_at, request.updated_at = now + lease_ttl(), now
     request.save(update_fields=["lease_expires_at", "updated_at"])
@@ -140,10 +186,19 @@ def _finish(request: ReexecutionRequest, *, succeeded: bool, error: Any, actor: 
     request.finished_at, request.updated_at = now, now
     request.lease_expires_at = None
     request.save()
-    audit.record(actor=actor, tenant=request.workspace.tenant, workspace=request.workspace,
-                 action=Action.REEXECUTION_FINISHED, target=request.public_id,
-                 details={"runId": request.original_run_id, "newRunId": request.new_run_id,
-                          "status": request.status, **({"error": error} if not succeeded else {})})
+    audit.record(
+        actor=actor,
+        tenant=request.workspace.tenant,
+        workspace=request.workspace,
+        action=Action.REEXECUTION_FINISHED,
+        target=request.public_id,
+        details={
+            "runId": request.original_run_id,
+            "newRunId": request.new_run_id,
+            "status": request.status,
+            **({"error": error} if not succeeded else {}),
+        },
+    )
     announce_change(request)
 
 
@@ -151,12 +206,21 @@ def _finish(request: ReexecutionRequest, *, succeeded: bool, error: Any, actor: 
 def finish(*, request_pk: int, lease_token: str, succeeded: bool, error: Any = None) -> ReexecutionRequest | None:
     """The built-in worker's end of a request: a no-op when the new run's terminal event already
     settled it (see `settle_on_terminal`) or another worker holds it now."""
-    request = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        pk=request_pk).first()
+    request = (
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(pk=request_pk)
+        .first()
+    )
     if request is None or request.status != Status.RUNNING or request.lease_token != lease_token:
         return None
-    _finish(request, succeeded=succeeded, error=error, actor=audit.Actor(name=f"worker:{request.lease_owner}"),
-            now=clock.now())
+    _finish(
+        request,
+        succeeded=succeeded,
+        error=error,
+        actor=audit.Actor(name=f"worker:{request.lease_owner}"),
+        now=clock.now(),
+    )
     return request
 
 
@@ -168,21 +232,32 @@ def settle_on_terminal(*, run: Run, written: Sequence[Mapping[str, Any]]) -> Non
     terminal = next((e for e in reversed(written) if e["type"] in ("RunCompleted", "RunFailed")), None)
     if terminal is None:
         return
-    requests = list(ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        workspace_id=run.workspace_id, new_run_id=run.run_id, status=Status.RUNNING))
+    requests = list(
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(workspace_id=run.workspace_id, new_run_id=run.run_id, status=Status.RUNNING)
+    )
     now = clock.now()
     for request in requests:
         executor = request.lease_owner if request.executor == Executor.EXTERNAL else f"worker:{request.lease_owner}"
-        _finish(request, succeeded=terminal["type"] == "RunCompleted",
-                error=terminal["payload"].get("error"), actor=audit.Actor(name=executor), now=now)
+        _finish(
+            request,
+            succeeded=terminal["type"] == "RunCompleted",
+            error=terminal["payload"].get("error"),
+            actor=audit.Actor(name=executor),
+            now=now,
+        )
 
 
 @transaction.atomic
 def heartbeat(*, request_pk: int, lease_token: str) -> bool:
     """The built-in worker renews its lease while it executes; False once it was taken over."""
     now = clock.now()
-    return bool(ReexecutionRequest.objects.filter(pk=request_pk, status=Status.RUNNING, lease_token=lease_token)
-                .update(lease_expires_at=now + lease_ttl(), updated_at=now))
+    return bool(
+        ReexecutionRequest.objects.filter(pk=request_pk, status=Status.RUNNING, lease_token=lease_token).update(
+            lease_expires_at=now + lease_ttl(), updated_at=now
+        )
+    )
 
 
 # --- expiry ----------------------------------------------------------------------------------
@@ -191,10 +266,18 @@ def heartbeat(*, request_pk: int, lease_token: str) -> bool:
 def expire(request: ReexecutionRequest, now: datetime, noticed_by: AbstractBaseUser | None = None) -> None:
     request.status, request.updated_at = Status.EXPIRED, now
     request.save(update_fields=["status", "updated_at"])
-    audit.record(actor=EXPIRY, tenant=request.workspace.tenant, workspace=request.workspace,
-                 action=Action.REEXECUTION_EXPIRED, target=request.public_id,
-                 details={"runId": request.original_run_id, "expiresAt": request.expires_at.isoformat(),
-                          **({"noticedBy": noticed_by.get_username()} if noticed_by is not None else {})})
+    audit.record(
+        actor=EXPIRY,
+        tenant=request.workspace.tenant,
+        workspace=request.workspace,
+        action=Action.REEXECUTION_EXPIRED,
+        target=request.public_id,
+        details={
+            "runId": request.original_run_id,
+            "expiresAt": request.expires_at.isoformat(),
+            **({"noticedBy": noticed_by.get_username()} if noticed_by is not None else {}),
+        },
+    )
     announce_change(request)
 
 
@@ -202,8 +285,11 @@ def expire(request: ReexecutionRequest, now: datetime, noticed_by: AbstractBaseU
 def expire_overdue(*, workspace: Workspace | None = None) -> list[str]:
     """Write down as expired every pending request past its expiry (the worker sweeps this)."""
     now = clock.now()
-    qs = ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant").filter(
-        status=Status.PENDING_APPROVAL, expires_at__lte=now)
+    qs = (
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(status=Status.PENDING_APPROVAL, expires_at__lte=now)
+    )
     if workspace is not None:
         qs = qs.filter(workspace=workspace)
     expired = list(qs.order_by("pk"))

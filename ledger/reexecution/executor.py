@@ -29,8 +29,10 @@ class _Heartbeat(threading.Thread):
         try:
             while not self.stopped.wait(interval):
                 if not execution.heartbeat(request_pk=self.request_pk, lease_token=self.lease_token):
-                    log.warning("re-execution %s was taken over; the runtime's fencing stops this worker's writes",
-                                self.request_pk)
+                    log.warning(
+                        "re-execution %s was taken over; the runtime's fencing stops this worker's writes",
+                        self.request_pk,
+                    )
                     return
         finally:
             connections.close_all()
@@ -54,8 +56,12 @@ def run_request(*, request_pk: int, owner: str | None = None) -> str:
     heartbeat.start()
     try:
         outcome = execute_reexecution(
-            workspace=request.workspace, original_run_id=request.original_run_id, mode=request.mode,
-            new_run_id=request.new_run_id, reexecution_id=request.public_id, from_step=request.from_step,
+            workspace=request.workspace,
+            original_run_id=request.original_run_id,
+            mode=request.mode,
+            new_run_id=request.new_run_id,
+            reexecution_id=request.public_id,
+            from_step=request.from_step,
             input=request.input if request.has_input else UNSET,
             model_overrides=request.model_overrides or None,
         )
@@ -68,6 +74,10 @@ def run_request(*, request_pk: int, owner: str | None = None) -> str:
         heartbeat.join()
     # Normally the new run's terminal event already settled the request in its append
     # transaction (execution.settle_on_terminal); this covers a run that had ended before.
-    execution.finish(request_pk=request.pk, lease_token=request.lease_token,
-                    succeeded=outcome.status == "completed", error=outcome.error)
+    execution.finish(
+        request_pk=request.pk,
+        lease_token=request.lease_token,
+        succeeded=outcome.status == "completed",
+        error=outcome.error,
+    )
     return outcome.status

@@ -30,14 +30,15 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from .. import audit, clock
-from ..reads import selectors
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
 from ..errors import LedgerError, NotFound, RunFinished
+from ..limits import MAX_TEXT, written
 from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, Workspace
+from ..reads import selectors
 from ..replay.stored_plan import replay_plan_for
 from ..runtime.errors import UnknownWorkflow
 from ..runtime.registry import get_workflow
-from .execution import announce_change, expire, lock_request
+from ..transactions import atomic_then_refuse
 from .errors import (
     ApprovalExpired,
     Forbidden,
@@ -46,8 +47,7 @@ from .errors import (
     PlanChanged,
     SelfApprovalForbidden,
 )
-from ..limits import MAX_TEXT, written
-from ..transactions import atomic_then_refuse
+from .execution import announce_change, expire, lock_request
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
@@ -106,20 +106,36 @@ def _run_shape(run: Run) -> tuple[int, str]:
     return run.last_sequence, digest(replay_plan_for(run))
 
 
-def request_digest(*, mode: str, from_step: str | None, input: Any, model_overrides: Mapping[str, Any],
-                   last_sequence: int, plan_digest: str) -> str:
-    body: dict[str, Any] = {"mode": mode, "fromStep": from_step, "modelOverrides": dict(model_overrides),
-                            "lastSequence": last_sequence, "planDigest": plan_digest}
+def request_digest(
+    *,
+    mode: str,
+    from_step: str | None,
+    input: Any,
+    model_overrides: Mapping[str, Any],
+    last_sequence: int,
+    plan_digest: str,
+) -> str:
+    body: dict[str, Any] = {
+        "mode": mode,
+        "fromStep": from_step,
+        "modelOverrides": dict(model_overrides),
+        "lastSequence": last_sequence,
+        "planDigest": plan_digest,
+    }
     if input is not NOT_GIVEN:
         body["input"] = input
     return digest(body)
 
 
 def _digest_of(request: ReexecutionRequest, last_sequence: int, plan_digest: str) -> str:
-    return request_digest(mode=request.mode, from_step=request.from_step,
-                          input=request.input if request.has_input else NOT_GIVEN,
-                          model_overrides=request.model_overrides, last_sequence=last_sequence,
-                          plan_digest=plan_digest)
+    return request_digest(
+        mode=request.mode,
+        from_step=request.from_step,
+        input=request.input if request.has_input else NOT_GIVEN,
+        model_overrides=request.model_overrides,
+        last_sequence=last_sequence,
+        plan_digest=plan_digest,
+    )
 
 
 def _check_model_overrides(value: Any) -> dict[str, dict[str, str]]:
@@ -129,17 +145,23 @@ def _check_model_overrides(value: Any) -> dict[str, dict[str, str]]:
         raise InvalidReexecution("modelOverrides must be an object: slot -> {provider, model}", field="modelOverrides")
     out: dict[str, dict[str, str]] = {}
     for slot, target in value.items():
-        if not isinstance(slot, str) or not slot or not isinstance(target, Mapping) \
-                or set(target) != {"provider", "model"} \
-                or not all(isinstance(target[k], str) and target[k] for k in ("provider", "model")):
-            raise InvalidReexecution(f"modelOverrides[{slot!r}] must be {{provider, model}}, both non-empty strings",
-                                     field="modelOverrides")
+        if (
+            not isinstance(slot, str)
+            or not slot
+            or not isinstance(target, Mapping)
+            or set(target) != {"provider", "model"}
+            or not all(isinstance(target[k], str) and target[k] for k in ("provider", "model"))
+        ):
+            raise InvalidReexecution(
+                f"modelOverrides[{slot!r}] must be {{provider, model}}, both non-empty strings", field="modelOverrides"
+            )
         out[slot] = {"provider": target["provider"], "model": target["model"]}
     return out
 
 
-def _check_request(run: Run, *, mode: str, from_step: str | None, input: Any,
-                   model_overrides: dict[str, dict[str, str]], reason: str) -> None:
+def _check_request(
+    run: Run, *, mode: str, from_step: str | None, input: Any, model_overrides: dict[str, dict[str, str]], reason: str
+) -> None:
     if mode not in Mode.values:
         raise InvalidReexecution(f"mode must be one of {', '.join(Mode.values)}", field="mode")
     written(reason, field="reason", label="reason", error=InvalidReexecution)
@@ -176,8 +198,11 @@ def _ttl() -> timedelta:
 def _executor_for(workspace: Workspace, run_id: str) -> str:
     """Built in when this deployment registers the workflow the run was started with (the
     runtime's RunStarted names it); anything else waits for an external executor's claim."""
-    first = Event.objects.filter(run__workspace=workspace, run__run_id=run_id, sequence=1).values_list(
-        "payload", flat=True).first()
+    first = (
+        Event.objects.filter(run__workspace=workspace, run__run_id=run_id, sequence=1)
+        .values_list("payload", flat=True)
+        .first()
+    )
     name = json.loads(first).get("workflow") if first else None
     if not isinstance(name, str):
         return Executor.EXTERNAL
@@ -206,18 +231,49 @@ def _enqueue_after_save(request: ReexecutionRequest) -> None:
 # --- request -----------------------------------------------------------------------------------
 
 
-def _create(*, workspace: Workspace, run: Run, mode: str, reason: str, by: Principal, from_step: str | None,
-            input: Any, model_overrides: dict[str, dict[str, str]], batch_id: str, now: datetime) -> ReexecutionRequest:
+def _create(
+    *,
+    workspace: Workspace,
+    run: Run,
+    mode: str,
+    reason: str,
+    by: Principal,
+    from_step: str | None,
+    input: Any,
+    model_overrides: dict[str, dict[str, str]],
+    batch_id: str,
+    now: datetime,
+) -> ReexecutionRequest:
     name, user, key = _requester(by, workspace)
     last_sequence, plan_digest = _run_shape(run)
     request = ReexecutionRequest(
-        public_id=_new_public_id("rx"), workspace=workspace, original_run_id=run.run_id, mode=mode,
-        from_step=from_step, has_input=input is not NOT_GIVEN, input=None if input is NOT_GIVEN else input,
-        model_overrides=model_overrides, reason=reason.strip(), requested_by=name, requested_by_user=user,
-        requested_by_key=key, last_sequence=last_sequence, plan_digest=plan_digest,
-        digest=request_digest(mode=mode, from_step=from_step, input=input, model_overrides=model_overrides,
-                              last_sequence=last_sequence, plan_digest=plan_digest),
-        status=Status.PENDING_APPROVAL, expires_at=now + _ttl(), batch_id=batch_id, created_at=now, updated_at=now,
+        public_id=_new_public_id("rx"),
+        workspace=workspace,
+        original_run_id=run.run_id,
+        mode=mode,
+        from_step=from_step,
+        has_input=input is not NOT_GIVEN,
+        input=None if input is NOT_GIVEN else input,
+        model_overrides=model_overrides,
+        reason=reason.strip(),
+        requested_by=name,
+        requested_by_user=user,
+        requested_by_key=key,
+        last_sequence=last_sequence,
+        plan_digest=plan_digest,
+        digest=request_digest(
+            mode=mode,
+            from_step=from_step,
+            input=input,
+            model_overrides=model_overrides,
+            last_sequence=last_sequence,
+            plan_digest=plan_digest,
+        ),
+        status=Status.PENDING_APPROVAL,
+        expires_at=now + _ttl(),
+        batch_id=batch_id,
+        created_at=now,
+        updated_at=now,
     )
     if mode == Mode.SIMULATE:
         # No side effects, no spend: operators start it without approval (DESIGN.md §5).
@@ -225,33 +281,67 @@ def _create(*, workspace: Workspace, run: Run, mode: str, reason: str, by: Princ
         request.decided_at = now
     request.save()
     actor = audit.Actor(name=name, user_id=user.pk if user is not None else None)
-    audit.record(actor=actor, tenant=workspace.tenant, workspace=workspace, action=Action.REEXECUTION_REQUESTED,
-                 target=request.public_id, reason=request.reason,
-                 details={"runId": run.run_id, "mode": mode, "digest": request.digest,
-                          **({"batchId": batch_id} if batch_id else {}),
-                          **({"newRunId": request.new_run_id} if request.new_run_id else {})})
+    audit.record(
+        actor=actor,
+        tenant=workspace.tenant,
+        workspace=workspace,
+        action=Action.REEXECUTION_REQUESTED,
+        target=request.public_id,
+        reason=request.reason,
+        details={
+            "runId": run.run_id,
+            "mode": mode,
+            "digest": request.digest,
+            **({"batchId": batch_id} if batch_id else {}),
+            **({"newRunId": request.new_run_id} if request.new_run_id else {}),
+        },
+    )
     _enqueue_after_save(request)
     announce_change(request)
     return request
 
 
 @transaction.atomic
-def request_reexecution(*, workspace: Workspace, run_id: str, mode: str, reason: str, by: Principal,
-                        from_step: str | None = None, input: Any = NOT_GIVEN,
-                        model_overrides: Mapping[str, Any] | None = None) -> ReexecutionRequest:
+def request_reexecution(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    mode: str,
+    reason: str,
+    by: Principal,
+    from_step: str | None = None,
+    input: Any = NOT_GIVEN,
+    model_overrides: Mapping[str, Any] | None = None,
+) -> ReexecutionRequest:
     """Ask for a re-execution of `run_id`. Pass `input` only to override it (None is an override)."""
     run = selectors.get_run(workspace, run_id)
     run.workspace = workspace
     overrides = _check_model_overrides(model_overrides)
     _check_request(run, mode=mode, from_step=from_step, input=input, model_overrides=overrides, reason=reason)
-    return _create(workspace=workspace, run=run, mode=mode, reason=reason, by=by, from_step=from_step, input=input,
-                   model_overrides=overrides, batch_id="", now=clock.now())
+    return _create(
+        workspace=workspace,
+        run=run,
+        mode=mode,
+        reason=reason,
+        by=by,
+        from_step=from_step,
+        input=input,
+        model_overrides=overrides,
+        batch_id="",
+        now=clock.now(),
+    )
 
 
 @transaction.atomic
-def request_batch(*, workspace: Workspace, run_ids: Sequence[str], reason: str, by: Principal,
-                  mode: str = Mode.EVALUATE, model_overrides: Mapping[str, Any] | None = None,
-                  ) -> tuple[str, list[ReexecutionRequest]]:
+def request_batch(
+    *,
+    workspace: Workspace,
+    run_ids: Sequence[str],
+    reason: str,
+    by: Principal,
+    mode: str = Mode.EVALUATE,
+    model_overrides: Mapping[str, Any] | None = None,
+) -> tuple[str, list[ReexecutionRequest]]:
     """One `evaluate` request per run, sharing a batch id: one approval decides them all."""
     if mode != Mode.EVALUATE:
         raise InvalidReexecution("a batch is for mode evaluate", field="mode")
@@ -271,8 +361,20 @@ def request_batch(*, workspace: Workspace, run_ids: Sequence[str], reason: str, 
         run = runs[run_id]
         run.workspace = workspace
         _check_request(run, mode=mode, from_step=None, input=NOT_GIVEN, model_overrides=overrides, reason=reason)
-        made.append(_create(workspace=workspace, run=run, mode=mode, reason=reason, by=by, from_step=None,
-                            input=NOT_GIVEN, model_overrides=overrides, batch_id=batch_id, now=now))
+        made.append(
+            _create(
+                workspace=workspace,
+                run=run,
+                mode=mode,
+                reason=reason,
+                by=by,
+                from_step=None,
+                input=NOT_GIVEN,
+                model_overrides=overrides,
+                batch_id=batch_id,
+                now=now,
+            )
+        )
     return batch_id, made
 
 
@@ -287,34 +389,50 @@ def _decidable(workspace: Workspace, public_id: str, by: User) -> list[Reexecuti
     request = lock_request(workspace, public_id)
     if not request.batch_id:
         return [request]
-    return list(ReexecutionRequest.objects.select_for_update(of=("self",)).select_related("workspace__tenant")
-                .filter(workspace=workspace, batch_id=request.batch_id).order_by("pk"))
+    return list(
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(workspace=workspace, batch_id=request.batch_id)
+        .order_by("pk")
+    )
 
 
-def _refuse_undecidable(requests: list[ReexecutionRequest], by: User, now: datetime,
-                        *, approving: bool) -> LedgerError | None:
+def _refuse_undecidable(
+    requests: list[ReexecutionRequest], by: User, now: datetime, *, approving: bool
+) -> LedgerError | None:
     first = requests[0]
     if any(r.status == Status.EXPIRED for r in requests):
-        return ApprovalExpired(f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
-                               reexecutionId=first.public_id, expiresAt=first.expires_at.isoformat())
+        return ApprovalExpired(
+            f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+            reexecutionId=first.public_id,
+            expiresAt=first.expires_at.isoformat(),
+        )
     decided = [r for r in requests if r.status != Status.PENDING_APPROVAL]
     if decided:
-        return NotPending(f"re-execution {decided[0].public_id} is {decided[0].status}, not pending approval",
-                          reexecutionId=decided[0].public_id, status=decided[0].status)
+        return NotPending(
+            f"re-execution {decided[0].public_id} is {decided[0].status}, not pending approval",
+            reexecutionId=decided[0].public_id,
+            status=decided[0].status,
+        )
     if approving and any(r.requested_by_user_id == by.pk for r in requests):
-        return SelfApprovalForbidden("a re-execution is approved by another member, never by its requester",
-                                     reexecutionId=first.public_id)
+        return SelfApprovalForbidden(
+            "a re-execution is approved by another member, never by its requester", reexecutionId=first.public_id
+        )
     if any(r.expires_at <= now for r in requests):
         for r in requests:
             expire(r, now, by)
-        return ApprovalExpired(f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
-                               reexecutionId=first.public_id, expiresAt=first.expires_at.isoformat())
+        return ApprovalExpired(
+            f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+            reexecutionId=first.public_id,
+            expiresAt=first.expires_at.isoformat(),
+        )
     return None
 
 
 @atomic_then_refuse
-def approve(*, workspace: Workspace, reexecution_id: str, by: User,
-            note: str) -> list[ReexecutionRequest] | LedgerError:
+def approve(
+    *, workspace: Workspace, reexecution_id: str, by: User, note: str
+) -> list[ReexecutionRequest] | LedgerError:
     """Approve a pending request (for a batch: all of it, one decision). Returns what was approved."""
     requests = _decidable(workspace, reexecution_id, by)
     now = clock.now()
@@ -322,8 +440,7 @@ def approve(*, workspace: Workspace, reexecution_id: str, by: User,
     if refusal is not None:
         return refusal
     note = written(note, field="note", label="note", error=InvalidReexecution)
-    runs = {r.run_id: r for r in selectors.runs(workspace).filter(
-        run_id__in=[q.original_run_id for q in requests])}
+    runs = {r.run_id: r for r in selectors.runs(workspace).filter(run_id__in=[q.original_run_id for q in requests])}
     changed = []
     for request in requests:
         run = runs.get(request.original_run_id)
@@ -332,30 +449,43 @@ def approve(*, workspace: Workspace, reexecution_id: str, by: User,
             continue
         run.workspace = workspace
         last_sequence, plan_digest = _run_shape(run)
-        if (last_sequence, plan_digest) != (request.last_sequence, request.plan_digest) \
-                or _digest_of(request, last_sequence, plan_digest) != request.digest:
+        if (last_sequence, plan_digest) != (request.last_sequence, request.plan_digest) or _digest_of(
+            request, last_sequence, plan_digest
+        ) != request.digest:
             changed.append(request.original_run_id)
     if changed:
-        return PlanChanged(f"run {changed[0]} changed since the request was made; ask again to approve what it is now",
-                           reexecutionId=reexecution_id, runIds=changed)
+        return PlanChanged(
+            f"run {changed[0]} changed since the request was made; ask again to approve what it is now",
+            reexecutionId=reexecution_id,
+            runIds=changed,
+        )
     for request in requests:
         _mark_approved(request, now)
         request.approver, request.approver_name = by, by.get_username()
         request.note, request.decided_at = note.strip(), now
         request.save()
-        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=Action.REEXECUTION_APPROVED,
-                     target=request.public_id, reason=request.note,
-                     details={"runId": request.original_run_id, "digest": request.digest,
-                              "newRunId": request.new_run_id, "executor": request.executor,
-                              **({"batchId": request.batch_id} if request.batch_id else {})})
+        audit.record(
+            actor=by,
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=Action.REEXECUTION_APPROVED,
+            target=request.public_id,
+            reason=request.note,
+            details={
+                "runId": request.original_run_id,
+                "digest": request.digest,
+                "newRunId": request.new_run_id,
+                "executor": request.executor,
+                **({"batchId": request.batch_id} if request.batch_id else {}),
+            },
+        )
         _enqueue_after_save(request)
         announce_change(request)
     return requests
 
 
 @atomic_then_refuse
-def deny(*, workspace: Workspace, reexecution_id: str, by: User,
-         note: str) -> list[ReexecutionRequest] | LedgerError:
+def deny(*, workspace: Workspace, reexecution_id: str, by: User, note: str) -> list[ReexecutionRequest] | LedgerError:
     """Deny a pending request (for a batch: all of it) with a note."""
     requests = _decidable(workspace, reexecution_id, by)
     now = clock.now()
@@ -368,11 +498,14 @@ def deny(*, workspace: Workspace, reexecution_id: str, by: User,
         request.approver, request.approver_name = by, by.get_username()
         request.note, request.decided_at = note.strip(), now
         request.save()
-        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=Action.REEXECUTION_DENIED,
-                     target=request.public_id, reason=request.note,
-                     details={"runId": request.original_run_id,
-                              **({"batchId": request.batch_id} if request.batch_id else {})})
+        audit.record(
+            actor=by,
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=Action.REEXECUTION_DENIED,
+            target=request.public_id,
+            reason=request.note,
+            details={"runId": request.original_run_id, **({"batchId": request.batch_id} if request.batch_id else {})},
+        )
         announce_change(request)
     return requests
-
-

@@ -36,14 +36,15 @@ def recover_stalled() -> list[str]:
     lost (approved longer than a lease ago and never started). The public ids queued."""
     now = clock.now()
     ttl = execution.lease_ttl()
-    candidates = ReexecutionRequest.objects.filter(executor=ReexecutionRequest.Executor.BUILTIN).filter(
-        status__in=[Status.RUNNING, Status.APPROVED]).only(
-        "pk", "public_id", "status", "lease_owner", "lease_expires_at", "decided_at")
+    candidates = (
+        ReexecutionRequest.objects.filter(executor=ReexecutionRequest.Executor.BUILTIN)
+        .filter(status__in=[Status.RUNNING, Status.APPROVED])
+        .only("pk", "public_id", "status", "lease_owner", "lease_expires_at", "decided_at")
+    )
     queued = []
     for request in candidates:
         if request.status == Status.RUNNING:
-            stalled = (not lease_live(request.lease_expires_at, now)
-                       or owner_is_dead(request.lease_owner))
+            stalled = not lease_live(request.lease_expires_at, now) or owner_is_dead(request.lease_owner)
         else:
             stalled = request.decided_at is not None and request.decided_at <= now - ttl
         if stalled:
@@ -57,8 +58,9 @@ def sweep() -> dict[str, list[str]]:
     return {"expired": execution.expire_overdue(), "requeued": recover_stalled()}
 
 
-def run_worker(*, interval: float = 1.0, sweep_every: float = 10.0, batch: bool = False,
-               max_tasks: int | None = None) -> None:
+def run_worker(
+    *, interval: float = 1.0, sweep_every: float = 10.0, batch: bool = False, max_tasks: int | None = None
+) -> None:
     """`ledger worker`: django-tasks-db's worker on every queue, plus the sweep in a thread."""
     from django_tasks_db.management.commands.db_worker import Worker
 
@@ -84,11 +86,18 @@ def run_worker(*, interval: float = 1.0, sweep_every: float = 10.0, batch: bool 
         sweep()  # once, before draining the queue
     else:
         threading.Thread(target=sweeping, name="reexecution-sweep", daemon=True).start()
-    worker = Worker(queue_names=["*"], interval=interval, batch=batch, backend_name="default",
-                    startup_delay=False, max_tasks=max_tasks, worker_id=new_owner(), excluded_queue_names=[])
+    worker = Worker(
+        queue_names=["*"],
+        interval=interval,
+        batch=batch,
+        backend_name="default",
+        startup_delay=False,
+        max_tasks=max_tasks,
+        worker_id=new_owner(),
+        excluded_queue_names=[],
+    )
     worker.configure_signals()
     try:
         worker.run()
     finally:
         stop.set()
-

@@ -19,11 +19,11 @@ from typing import Any
 from django.db import transaction
 
 from .. import audit, clock
-from . import gateway
-from ..log import holding
 from ..errors import LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
+from ..log import holding
 from ..models import Run, RunStatus, ToolCall, Workspace
+from . import gateway
 
 CANCELLED = "Cancelled"
 UNCLAIMED = ("waiting_approval", "approved")  # tool call states before the gateway (ledger/replay/toolapproval.py)
@@ -61,25 +61,50 @@ def cancel_run(*, workspace: Workspace, run_id: str, reason: str, by: Any) -> Ca
     if head is None:
         raise NotFound(f"run {run_id} not found", runId=run_id)
     if head in RunStatus.finished():
-        raise RunFinished(f"run {run_id} already ended ({head}); only a running run can be cancelled",
-                          runId=run_id, status=head)
+        raise RunFinished(
+            f"run {run_id} already ended ({head}); only a running run can be cancelled", runId=run_id, status=head
+        )
     actor = audit.Actor.of(by)
-    sub_runs = [r for child in _unfinished_children(workspace, run_id)
-                for r in _cancel_tree(workspace, child, reason, actor.name)]
+    sub_runs = [
+        r
+        for child in _unfinished_children(workspace, run_id)
+        for r in _cancel_tree(workspace, child, reason, actor.name)
+    ]
     done = _cancel_one(workspace, run_id, reason, actor.name)
     if done is None:  # it ended between the look and the lock
         raise RunFinished(f"run {run_id} already ended; only a running run can be cancelled", runId=run_id)
-    audit.record(actor=actor, tenant=workspace.tenant, workspace=workspace, action=audit.Action.RUN_CANCELLED,
-                 target=run_id, reason=reason,
-                 details={"runId": run_id, "held": done.held, "abandoned": done.abandoned,
-                          "inDoubt": done.in_doubt, "subRuns": sub_runs})
-    return Cancelled(run_id=run_id, held=done.held, abandoned=done.abandoned, in_doubt=done.in_doubt,
-                     sub_runs=sub_runs, last_sequence=done.last_sequence)
+    audit.record(
+        actor=actor,
+        tenant=workspace.tenant,
+        workspace=workspace,
+        action=audit.Action.RUN_CANCELLED,
+        target=run_id,
+        reason=reason,
+        details={
+            "runId": run_id,
+            "held": done.held,
+            "abandoned": done.abandoned,
+            "inDoubt": done.in_doubt,
+            "subRuns": sub_runs,
+        },
+    )
+    return Cancelled(
+        run_id=run_id,
+        held=done.held,
+        abandoned=done.abandoned,
+        in_doubt=done.in_doubt,
+        sub_runs=sub_runs,
+        last_sequence=done.last_sequence,
+    )
 
 
 def _unfinished_children(workspace: Workspace, run_id: str) -> list[str]:
-    return list(Run.objects.filter(workspace=workspace, parent_run_id=run_id)
-                .exclude(status__in=RunStatus.finished()).order_by("pk").values_list("run_id", flat=True))
+    return list(
+        Run.objects.filter(workspace=workspace, parent_run_id=run_id)
+        .exclude(status__in=RunStatus.finished())
+        .order_by("pk")
+        .values_list("run_id", flat=True)
+    )
 
 
 def _cancel_tree(workspace: Workspace, run_id: str, reason: str, by: str) -> list[str]:
@@ -99,8 +124,9 @@ def _cancel_one(workspace: Workspace, run_id: str, reason: str, by: str) -> Canc
     abandoned, in_doubt = gateway.abandon_for_cancel(run, now, events.append, reason)
     # Calls stopped before the gateway (waiting for an approver, or approved and not yet run)
     # never left: they end with the run, as abandoned.
-    for call_id, step_path in ToolCall.objects.filter(run=run, status__in=UNCLAIMED).values_list(
-            "call_id", "step_path").order_by("position"):
+    for call_id, step_path in (
+        ToolCall.objects.filter(run=run, status__in=UNCLAIMED).values_list("call_id", "step_path").order_by("position")
+    ):
         payload: dict[str, Any] = {"callId": call_id, "error": cancelled_error(reason), "durationMs": 0}
         if step_path:
             payload["stepPath"] = step_path

@@ -18,10 +18,9 @@ from typing import Any
 from ..canonical import canonical_json
 from ..errors import NotFound
 from ..fold import REPLAYED_ORIGINS, RunState, StepState, fold
-from ..models import Run, Workspace
-from ..fold.pricing import UsageTotals
+from ..fold.pricing import UsageTotals, prices_for
 from ..log.envelopes import log_of
-from ..fold.pricing import prices_for
+from ..models import Run, Workspace
 
 
 def divergence_report(*, workspace: Workspace, original_run_id: str, new_run_id: str) -> dict[str, Any]:
@@ -138,10 +137,16 @@ def _run_side(state: RunState, log: list[dict[str, Any]]) -> dict[str, Any]:
     # The fold keeps no raw RunStarted payload; the re-execution id lives only there.
     started = log[0]["payload"] if log and log[0]["type"] == "RunStarted" else {}
     return {
-        "runId": state.run_id, "status": state.status, "output": state.output, "outputRef": state.output_ref,
-        "error": state.error, "durationMs": _duration_ms(state.started_at, state.finished_at),
-        "costUsd": _money(state.usage.cost_usd), "replayedCostUsd": _money(state.replayed_usage.cost_usd),
-        "usage": state.usage.to_json(), "replayedUsage": state.replayed_usage.to_json(),
+        "runId": state.run_id,
+        "status": state.status,
+        "output": state.output,
+        "outputRef": state.output_ref,
+        "error": state.error,
+        "durationMs": _duration_ms(state.started_at, state.finished_at),
+        "costUsd": _money(state.usage.cost_usd),
+        "replayedCostUsd": _money(state.replayed_usage.cost_usd),
+        "usage": state.usage.to_json(),
+        "replayedUsage": state.replayed_usage.to_json(),
         "replayOf": state.replay_of,
         "reexecutionId": started.get("reexecutionId") if isinstance(started.get("reexecutionId"), str) else None,
     }
@@ -159,25 +164,50 @@ def _step_side(state: RunState, log: list[dict[str, Any]], path: str) -> dict[st
         response = response if isinstance(response, Mapping) else {}
         if call.origin in REPLAYED_ORIGINS and call.usage is not None:
             replayed = replayed.add_call(call.usage, call.cost)
-        models.append({
-            "callId": call.call_id, "turn": call.turn, "status": call.status,
-            "model": f"{call.provider}/{call.model_id}" if call.provider else None,
-            "origin": call.origin or "live", "replayOf": call.replay_of,
-            "text": response.get("text"), "toolCalls": response.get("toolCalls") or [],
-            "error": call.error, "usage": call.usage.to_json() if call.usage else None,
-            "costUsd": _money(call.cost),
-        })
-    tools = [{
-        "callId": call.call_id, "toolName": call.tool_name, "caller": call.caller, "args": call.args,
-        "status": call.status, "result": call.result, "error": call.error, "origin": call.origin or "live",
-        "replayOf": call.replay_of, "durationMs": call.duration_ms,
-    } for call in state.tool_calls.values() if call.step_path == path]
+        models.append(
+            {
+                "callId": call.call_id,
+                "turn": call.turn,
+                "status": call.status,
+                "model": f"{call.provider}/{call.model_id}" if call.provider else None,
+                "origin": call.origin or "live",
+                "replayOf": call.replay_of,
+                "text": response.get("text"),
+                "toolCalls": response.get("toolCalls") or [],
+                "error": call.error,
+                "usage": call.usage.to_json() if call.usage else None,
+                "costUsd": _money(call.cost),
+            }
+        )
+    tools = [
+        {
+            "callId": call.call_id,
+            "toolName": call.tool_name,
+            "caller": call.caller,
+            "args": call.args,
+            "status": call.status,
+            "result": call.result,
+            "error": call.error,
+            "origin": call.origin or "live",
+            "replayOf": call.replay_of,
+            "durationMs": call.duration_ms,
+        }
+        for call in state.tool_calls.values()
+        if call.step_path == path
+    ]
     return {
-        "status": step.status, "output": step.output, "outputRef": step.output_ref, "error": step.error,
-        "attempts": len(step.attempts), "durationMs": _duration_ms(step.started_at, step.finished_at),
-        "costUsd": _money(step.usage.cost_usd), "replayedCostUsd": _money(replayed.cost_usd),
-        "usage": step.usage.to_json(), "replayedUsage": replayed.to_json(),
-        "modelCalls": models, "toolCalls": tools,
+        "status": step.status,
+        "output": step.output,
+        "outputRef": step.output_ref,
+        "error": step.error,
+        "attempts": len(step.attempts),
+        "durationMs": _duration_ms(step.started_at, step.finished_at),
+        "costUsd": _money(step.usage.cost_usd),
+        "replayedCostUsd": _money(replayed.cost_usd),
+        "usage": step.usage.to_json(),
+        "replayedUsage": replayed.to_json(),
+        "modelCalls": models,
+        "toolCalls": tools,
     }
 
 
@@ -186,23 +216,42 @@ def _behaviour(side: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": side["status"],
         "output": {"output": side["output"], "outputRef": side["outputRef"], "error": side["error"]},
-        "modelOutputs": [{"text": m["text"], "toolCalls": m["toolCalls"], "status": m["status"]}
-                         for m in side["modelCalls"] if m["status"] != "called"],
-        "toolResults": [{"toolName": t["toolName"], "args": t["args"], "status": t["status"],
-                         "result": t["result"], "error": t["error"]} for t in side["toolCalls"]],
+        "modelOutputs": [
+            {"text": m["text"], "toolCalls": m["toolCalls"], "status": m["status"]}
+            for m in side["modelCalls"]
+            if m["status"] != "called"
+        ],
+        "toolResults": [
+            {
+                "toolName": t["toolName"],
+                "args": t["args"],
+                "status": t["status"],
+                "result": t["result"],
+                "error": t["error"],
+            }
+            for t in side["toolCalls"]
+        ],
     }
 
 
-def _compare(path: str, before: dict[str, Any] | None, after: dict[str, Any] | None,
-             renames: Mapping[str, str]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"stepPath": path, "original": before, "new": after,
-                             "diff": {"output": None, "modelOutputs": None, "toolResults": None}}
+def _compare(
+    path: str, before: dict[str, Any] | None, after: dict[str, Any] | None, renames: Mapping[str, str]
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "stepPath": path,
+        "original": before,
+        "new": after,
+        "diff": {"output": None, "modelOutputs": None, "toolResults": None},
+    }
     if before is None or after is None:
         entry.update(status="new" if before is None else "missing", changes=[])
         return entry
     old, new = _behaviour(before), rename_runs(_behaviour(after), renames)
-    changes = [name for name in ("status", "output", "modelOutputs", "toolResults")
-               if canonical_json(old[name]) != canonical_json(new[name])]
+    changes = [
+        name
+        for name in ("status", "output", "modelOutputs", "toolResults")
+        if canonical_json(old[name]) != canonical_json(new[name])
+    ]
     for name in changes:
         if name != "status":
             entry["diff"][name] = _unified(_text(old[name], name), _text(new[name], name), path, name)
@@ -244,7 +293,12 @@ def _text(value: Any, name: str) -> str:
 
 
 def _unified(before: str, after: str, path: str, name: str) -> str:
-    return "\n".join(difflib.unified_diff(before.splitlines(), after.splitlines(),
-                                          fromfile=f"original/{path}/{name}", tofile=f"new/{path}/{name}",
-                                          lineterm=""))
-
+    return "\n".join(
+        difflib.unified_diff(
+            before.splitlines(),
+            after.splitlines(),
+            fromfile=f"original/{path}/{name}",
+            tofile=f"new/{path}/{name}",
+            lineterm="",
+        )
+    )

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..log import artifacts as artifact_store
-from ..reads import selectors, serialize
-from ..models import CostEntry, Feedback, Run, Step, ToolCall
 from ..fold.pricing import prices_for
-from ..reads import reexecutions
-from .plan import replay_plan
+from ..log import artifacts as artifact_store
 from ..log.verify import inspect_run
+from ..models import CostEntry, Feedback, Run, Step, ToolCall
+from ..reads import reexecutions, selectors, serialize
+from .plan import replay_plan
 
 
 def _artifacts(run: Run, outcomes: dict[str, str]) -> list[dict[str, Any]]:
@@ -27,8 +26,16 @@ def _artifacts(run: Run, outcomes: dict[str, str]) -> list[dict[str, Any]]:
         row = rows.get(ref)
         if row is None:
             sha256 = artifact_store.parse_ref(ref)
-            listed.append({"artifactId": ref[len(artifact_store.REF_PREFIX):], "sha256": sha256, "size": None,
-                           "contentType": None, "ref": ref, "verified": False})
+            listed.append(
+                {
+                    "artifactId": ref[len(artifact_store.REF_PREFIX) :],
+                    "sha256": sha256,
+                    "size": None,
+                    "contentType": None,
+                    "ref": ref,
+                    "verified": False,
+                }
+            )
         else:
             # An imported log's ref keeps its name; artifactId is ours, the one the API serves.
             entry = serialize.artifact(row)
@@ -56,8 +63,15 @@ def approvals(run: Run) -> list[dict[str, Any]]:
     made = reexecutions.made_run(run.workspace, run.run_id)
     if made is not None and all(r.pk != made.pk for r in asked):
         asked.insert(0, made)
-    return [{**reexecutions.as_dict(r), "relation": "made_this_run" if r.new_run_id == run.run_id
-             and r.original_run_id != run.run_id else "of_this_run"} for r in asked]
+    return [
+        {
+            **reexecutions.as_dict(r),
+            "relation": "made_this_run"
+            if r.new_run_id == run.run_id and r.original_run_id != run.run_id
+            else "of_this_run",
+        }
+        for r in asked
+    ]
 
 
 def evidence_bundle(run: Run) -> dict[str, Any]:
@@ -65,8 +79,11 @@ def evidence_bundle(run: Run) -> dict[str, Any]:
     usage, integrity, replayReady}`. `run` must come with `workspace__tenant` selected."""
     workspace = run.workspace
     inspection = inspect_run(run)
-    plan = replay_plan(inspection.log, artifact_checks=inspection.artifact_outcomes,
-                       prices=prices_for(workspace)) if inspection.log else None
+    plan = (
+        replay_plan(inspection.log, artifact_checks=inspection.artifact_outcomes, prices=prices_for(workspace))
+        if inspection.log
+        else None
+    )
     verify_checks = [{"name": c.name, "status": c.status, "detail": c.detail} for c in inspection.checks]
 
     sub_runs = list(selectors.filtered_runs(workspace, parent_run_id=run.run_id).order_by("created_at", "pk"))

@@ -14,9 +14,11 @@ MAX_COMMENT = 10_000
 
 
 @transaction.atomic
-def record_feedback(*, run: Run, rating: int, category: str = "", comment: str = "",
-                    author: Any = None, api_key: ApiKey | None = None) -> Feedback:
+def record_feedback(
+    *, run: Run, rating: int, category: str = "", comment: str = "", author: Any = None, api_key: ApiKey | None = None
+) -> Feedback:
     """Store one rating (1..5; the database refuses anything else) by a member or an API key."""
     comment = written(comment, field="comment", label="comment", required=False, limit=MAX_COMMENT)
-    return Feedback.objects.create(run=run, rating=rating, category=category, comment=comment,
-                                   author=author, api_key=api_key)
+    return Feedback.objects.create(
+        run=run, rating=rating, category=category, comment=comment, author=author, api_key=api_key
+    )

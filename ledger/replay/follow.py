@@ -57,10 +57,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from ..reads import selectors
 from ..log.announce import Subscription
 from ..log.envelopes import decode_payload, row_envelope
 from ..models import Run, RunStatus
+from ..reads import selectors
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,14 @@ def announced_envelope(event: Any, run: Run) -> dict[str, Any]:
     """The envelope of one event as an announcement carries it (ledger.log.announce.announced_events:
     the columns a read returns, the time already formatted), as `selectors.run_tail` makes it."""
     sequence, event_id, type_, occurrence_id, recorded_at, payload = event
-    if not (isinstance(sequence, int) and isinstance(event_id, str) and isinstance(type_, str)
-            and isinstance(occurrence_id, str | None) and isinstance(recorded_at, str) and isinstance(payload, str)):
+    if not (
+        isinstance(sequence, int)
+        and isinstance(event_id, str)
+        and isinstance(type_, str)
+        and isinstance(occurrence_id, str | None)
+        and isinstance(recorded_at, str)
+        and isinstance(payload, str)
+    ):
         raise ValueError(f"not an announced event: {event!r}")
     return row_envelope(event, run.run_id, decode_payload(payload))
 
@@ -102,8 +108,13 @@ def _announced(message: dict[str, Any], run: Run) -> tuple[int, str, int, list[A
     """(position before, status, last sequence, events) of an announcement that carries its batch
     of this run, dense and ending at its sequence; None for any other."""
     events, status, last = message.get("events"), message.get("status"), message.get("sequence")
-    if (not isinstance(events, list) or not events or status not in STATUSES or not isinstance(last, int)
-            or message.get("runId") != run.run_id):
+    if (
+        not isinstance(events, list)
+        or not events
+        or status not in STATUSES
+        or not isinstance(last, int)
+        or message.get("runId") != run.run_id
+    ):
         return None
     first = last - len(events) + 1
     for expected, event in enumerate(events, first):
@@ -202,8 +213,9 @@ class RunFeed:
             except asyncio.CancelledError:
                 raise
             except Exception:  # the layer is lossy; the followers go on polling meanwhile
-                log.warning("receiving announcements on %s failed; polling meanwhile", self.subscription.group,
-                            exc_info=True)
+                log.warning(
+                    "receiving announcements on %s failed; polling meanwhile", self.subscription.group, exc_info=True
+                )
                 await asyncio.sleep(poll_seconds())
                 continue
             if message is None:  # the feed closed
@@ -222,7 +234,7 @@ class RunFeed:
         for start in range(0, len(followers), WAKE_GROUP):
             if start:
                 await asyncio.sleep(0)
-            for follower in followers[start:start + WAKE_GROUP]:
+            for follower in followers[start : start + WAKE_GROUP]:
                 if follower not in self.positions:  # gone meanwhile
                     continue
                 if batch is not None and follower.waits_at(batch_after):
@@ -355,8 +367,9 @@ class RunFeed:
 
 # Per event loop (a Daphne process has one; each test's async_to_sync has its own), per
 # rendering, per run pk.
-_feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Render, dict[int, RunFeed]]] = \
+_feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Render, dict[int, RunFeed]]] = (
     weakref.WeakKeyDictionary()
+)
 
 
 def feeds_here(render: Render = _envelope) -> dict[int, RunFeed]:
@@ -411,8 +424,15 @@ class Follower:
     process rather than one per browser.
     """
 
-    def __init__(self, run: Run, after: int, *, render: Render = _envelope, idle_after: float | None = None,
-                 push: Push | None = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        after: int,
+        *,
+        render: Render = _envelope,
+        idle_after: float | None = None,
+        push: Push | None = None,
+    ) -> None:
         self.run = run
         self.last_sent = after
         self.render = render
@@ -462,8 +482,13 @@ class Follower:
         stands there, and waits for news with none pending (its iteration is parked, so nothing
         else sends for it now)."""
         waiter = self.news.waiter
-        return (self.push is not None and position == self.last_sent and not self.news.pending
-                and waiter is not None and not waiter.done())
+        return (
+            self.push is not None
+            and position == self.last_sent
+            and not self.news.pending
+            and waiter is not None
+            and not waiter.done()
+        )
 
     def wake_to_read(self) -> None:
         """Wake it to read the log afresh (after a push that failed)."""

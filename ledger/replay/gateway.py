@@ -25,20 +25,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db import models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.db.models import Q
 
 from .. import audit, clock
-from ..log import Attached, Head, append, artifacts, holding, rules
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
-from ..log.envelopes import format_recorded_at
 from ..errors import Conflict, IdempotencyConflict, IntegrityFailure, LedgerError, NotFound
+from ..limits import written
+from ..log import Attached, Head, append, artifacts, holding, rules
+from ..log.envelopes import format_recorded_at
 from ..log.leases import Lease, renew_locked
-from ..models import Run, ToolCall, ToolGatewayClaim, Workspace
 from ..log.redaction import Redactor, policy
 from ..log.vocabulary import with_origin
-from ..limits import written
+from ..models import Run, ToolCall, ToolGatewayClaim, Workspace
 from ..transactions import atomic_then_refuse
 
 Status = ToolGatewayClaim.Status
@@ -161,8 +160,11 @@ def _step_path_of(run: Run, call_id: str) -> str | None:
 
 def lease_ran_out_after_outbound(claim: ToolGatewayClaim, now: datetime) -> bool:
     """The call is in doubt but not yet written down as such (the next touch of the call does)."""
-    return (claim.status == Status.CLAIMED and claim.outbound_at is not None
-            and not rules.lease_live(claim.lease_expires_at, now))
+    return (
+        claim.status == Status.CLAIMED
+        and claim.outbound_at is not None
+        and not rules.lease_live(claim.lease_expires_at, now)
+    )
 
 
 def is_in_doubt(claim: ToolGatewayClaim, now: datetime | None = None) -> bool:
@@ -180,18 +182,32 @@ def _settle_expiry(run: Run, claim: ToolGatewayClaim, now: datetime, emit: Emit)
     claim.status = Status.IN_DOUBT
     claim.updated_at = now
     claim.save(update_fields=["status", "updated_at"])
-    emit({"type": "harness.tool_call.in_doubt", "payload": _with_step_path(run, claim.call_id, {
-        "callId": claim.call_id, "toolName": claim.tool_name, "attempt": claim.attempt,
-        "owner": claim.owner, "outboundAt": format_recorded_at(claim.outbound_at),
-        "leaseExpiredAt": format_recorded_at(claim.lease_expires_at),
-    })})
+    emit(
+        {
+            "type": "harness.tool_call.in_doubt",
+            "payload": _with_step_path(
+                run,
+                claim.call_id,
+                {
+                    "callId": claim.call_id,
+                    "toolName": claim.tool_name,
+                    "attempt": claim.attempt,
+                    "owner": claim.owner,
+                    "outboundAt": format_recorded_at(claim.outbound_at),
+                    "leaseExpiredAt": format_recorded_at(claim.lease_expires_at),
+                },
+            ),
+        }
+    )
     return True
 
 
 def _in_doubt_error(claim: ToolGatewayClaim) -> ToolCallInDoubt:
     return ToolCallInDoubt(
         f"tool call {claim.call_id} is in doubt: its lease expired after the request left; "
-        "an operator must reconcile it", callId=claim.call_id, attempt=claim.attempt,
+        "an operator must reconcile it",
+        callId=claim.call_id,
+        attempt=claim.attempt,
     )
 
 
@@ -211,8 +227,12 @@ def _inline_outcome_columns(field: str, value: Any) -> dict[str, Any] | None:
     """The row's outcome columns with the value inline; None when it is too large to be."""
     if len(canonical_bytes(value)) > INLINE_RESULT_BYTES:
         return None
-    return {"result": value if field == "result" else None, "error": value if field == "error" else None,
-            "outcome_ref": "", "outcome_digest": digest({field: value})}
+    return {
+        "result": value if field == "result" else None,
+        "error": value if field == "error" else None,
+        "outcome_ref": "",
+        "outcome_digest": digest({field: value}),
+    }
 
 
 def _store_outcome(run: Run, claim: ToolGatewayClaim, field: str, value: Any) -> None:
@@ -228,27 +248,40 @@ def _outcome(run: Run, claim: ToolGatewayClaim) -> tuple[str, Any]:
     try:
         artifact = artifacts.get_by_ref(run.workspace, claim.outcome_ref)
     except NotFound:
-        raise IntegrityFailure(f"the stored {field} of tool call {claim.call_id} is missing",
-                               callId=claim.call_id, ref=claim.outcome_ref) from None
+        raise IntegrityFailure(
+            f"the stored {field} of tool call {claim.call_id} is missing", callId=claim.call_id, ref=claim.outcome_ref
+        ) from None
     data = artifacts.read_bytes(artifact)  # raises IntegrityFailure when the bytes changed
     try:
         wrapped = json.loads(data)
     except ValueError:
         wrapped = None
-    if not (isinstance(wrapped, dict) and wrapped.get("kind") == ARTIFACT_KIND
-            and wrapped.get("runId") == run.run_id and wrapped.get("callId") == claim.call_id
-            and wrapped.get("field") == field):
-        raise IntegrityFailure(f"the stored {field} of tool call {claim.call_id} belongs to another call",
-                               callId=claim.call_id, ref=claim.outcome_ref)
+    if not (
+        isinstance(wrapped, dict)
+        and wrapped.get("kind") == ARTIFACT_KIND
+        and wrapped.get("runId") == run.run_id
+        and wrapped.get("callId") == claim.call_id
+        and wrapped.get("field") == field
+    ):
+        raise IntegrityFailure(
+            f"the stored {field} of tool call {claim.call_id} belongs to another call",
+            callId=claim.call_id,
+            ref=claim.outcome_ref,
+        )
     return field, wrapped.get("value")
 
 
 def _finished(run: Run, claim: ToolGatewayClaim, *, replay: bool) -> Finished:
     field, value = _outcome(run, claim)
     return Finished(
-        call_id=claim.call_id, status=claim.status, attempt=claim.attempt,
-        result=value if field == "result" else None, error=value if field == "error" else None,
-        duration_ms=claim.duration_ms, reconciled=bool(claim.reconciled_by), idempotent_replay=replay,
+        call_id=claim.call_id,
+        status=claim.status,
+        attempt=claim.attempt,
+        result=value if field == "result" else None,
+        error=value if field == "error" else None,
+        duration_ms=claim.duration_ms,
+        reconciled=bool(claim.reconciled_by),
+        idempotent_replay=replay,
     )
 
 
@@ -272,9 +305,20 @@ def prepare_args(workspace: Workspace, tool_name: str, args: Any) -> tuple[Any, 
 
 @atomic_then_refuse
 def claim_tool_call(
-    *, workspace: Workspace, run_id: str, call_id: str, tool_name: str, args: Any, effect: str, owner: str,
-    idempotency_key: str | None = None, timeout_s: float | None = None, caller: str = "gateway",
-    turn: int | None = None, step_path: str | None = None, fencing_token: Any = None,
+    *,
+    workspace: Workspace,
+    run_id: str,
+    call_id: str,
+    tool_name: str,
+    args: Any,
+    effect: str,
+    owner: str,
+    idempotency_key: str | None = None,
+    timeout_s: float | None = None,
+    caller: str = "gateway",
+    turn: int | None = None,
+    step_path: str | None = None,
+    fencing_token: Any = None,
 ) -> Claimed | Finished | LedgerError:
     """Claim a tool call under a lease, or answer with what is known of it.
 
@@ -285,27 +329,76 @@ def claim_tool_call(
     head = _lock_run(workspace, run_id)
     run = head.run
     args, args_digest = _prepare_args(workspace, tool_name, args)
-    return _claim(run, clock.now(), _appender(head, fencing_token), call_id=call_id, tool_name=tool_name, args=args,
-                  args_digest=args_digest, effect=effect, owner=owner, idempotency_key=idempotency_key,
-                  timeout_s=timeout_s, caller=caller, turn=turn, step_path=step_path)
+    return _claim(
+        run,
+        clock.now(),
+        _appender(head, fencing_token),
+        call_id=call_id,
+        tool_name=tool_name,
+        args=args,
+        args_digest=args_digest,
+        effect=effect,
+        owner=owner,
+        idempotency_key=idempotency_key,
+        timeout_s=timeout_s,
+        caller=caller,
+        turn=turn,
+        step_path=step_path,
+    )
 
 
 def _claim(
-    run: Run, now: datetime, emit: Emit, *, call_id: str, tool_name: str, args: Any, args_digest: str, effect: str,
-    owner: str, idempotency_key: str | None, timeout_s: float | None, caller: str, turn: int | None,
-    step_path: str | None, outbound: bool = False,
+    run: Run,
+    now: datetime,
+    emit: Emit,
+    *,
+    call_id: str,
+    tool_name: str,
+    args: Any,
+    args_digest: str,
+    effect: str,
+    owner: str,
+    idempotency_key: str | None,
+    timeout_s: float | None,
+    caller: str,
+    turn: int | None,
+    step_path: str | None,
+    outbound: bool = False,
 ) -> Claimed | Finished | LedgerError:
     """claim_tool_call's work with the run locked and the args prepared; `outbound` also stamps
     the claim it hands back as outbound, in the same write (the caller's request leaves next)."""
-    identity = {"call_id": call_id, "tool_name": tool_name, "args": args, "args_digest": args_digest,
-                "effect": effect, "owner": owner, "idempotency_key": idempotency_key, "timeout_s": timeout_s}
+    identity = {
+        "call_id": call_id,
+        "tool_name": tool_name,
+        "args": args,
+        "args_digest": args_digest,
+        "effect": effect,
+        "owner": owner,
+        "idempotency_key": idempotency_key,
+        "timeout_s": timeout_s,
+    }
     new = _claim_new(run.workspace, run.run_id, now, identity, outbound=outbound)
     if new is not None:
-        emit(_started(call_id, new.attempt, caller=caller, tool_name=tool_name, args=args, effect=effect, owner=owner,
-                      idempotency_key=idempotency_key, timeout_s=timeout_s, turn=turn, step_path=step_path))
+        emit(
+            _started(
+                call_id,
+                new.attempt,
+                caller=caller,
+                tool_name=tool_name,
+                args=args,
+                effect=effect,
+                owner=owner,
+                idempotency_key=idempotency_key,
+                timeout_s=timeout_s,
+                turn=turn,
+                step_path=step_path,
+            )
+        )
         return new
     # The key names the logical call: a harness retrying under a fresh callId still finds it.
-    match = Q(call_id=call_id) | Q(idempotency_key=idempotency_key) if idempotency_key is not None else Q(call_id=call_id)
+    match = (
+        Q(call_id=call_id) | Q(idempotency_key=idempotency_key) if idempotency_key is not None else Q(call_id=call_id)
+    )
     rows = list(ToolGatewayClaim.objects.select_for_update().filter(match, run=run).order_by("pk"))
     claim = next((row for row in rows if idempotency_key is not None and row.idempotency_key == idempotency_key), None)
     by_call = next((row for row in rows if row.call_id == call_id), None)
@@ -315,7 +408,9 @@ def _claim(
         claim = by_call
     assert claim is not None  # the row that stopped _claim_new; the run's lock keeps it there
     if claim.tool_name != tool_name or claim.args_digest != args_digest:
-        return _identity_conflict(claim, "this idempotency key (or callId) was used for another tool or other arguments")
+        return _identity_conflict(
+            claim, "this idempotency key (or callId) was used for another tool or other arguments"
+        )
 
     if claim.status in (Status.SUCCEEDED, Status.FAILED):
         return _finished(run, claim, replay=True)  # nothing executed, nothing appended
@@ -326,11 +421,13 @@ def _claim(
             if outbound and claim.outbound_at is None:
                 claim.outbound_at = claim.updated_at = now
                 claim.save(update_fields=["outbound_at", "updated_at"])
-            return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt,
-                           outbound_at=claim.outbound_at)
+            return Claimed(
+                claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt, outbound_at=claim.outbound_at
+            )
         return ToolCallInProgress(
             f"tool call {claim.call_id} is leased to another owner until {claim.lease_expires_at.isoformat()}",
-            callId=claim.call_id, leaseExpiresAt=claim.lease_expires_at.isoformat(),
+            callId=claim.call_id,
+            leaseExpiresAt=claim.lease_expires_at.isoformat(),
         )
     if _settle_expiry(run, claim, now, emit):
         return _in_doubt_error(claim)
@@ -343,18 +440,48 @@ def _claim(
     claim.outbound_at = now if outbound else None
     claim.status = Status.CLAIMED
     claim.save()
-    emit(_started(claim.call_id, claim.attempt, caller=caller, tool_name=tool_name, args=args, effect=effect,
-                  owner=owner, idempotency_key=idempotency_key, timeout_s=timeout_s, turn=turn, step_path=step_path))
-    return Claimed(claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt,
-                   outbound_at=claim.outbound_at)
+    emit(
+        _started(
+            claim.call_id,
+            claim.attempt,
+            caller=caller,
+            tool_name=tool_name,
+            args=args,
+            effect=effect,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            timeout_s=timeout_s,
+            turn=turn,
+            step_path=step_path,
+        )
+    )
+    return Claimed(
+        claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt, outbound_at=claim.outbound_at
+    )
 
 
-def _started(call_id: str, attempt: int, *, caller: str, tool_name: str, args: Any, effect: str, owner: str,
-             idempotency_key: str | None, timeout_s: float | None, turn: int | None,
-             step_path: str | None) -> dict[str, Any]:
+def _started(
+    call_id: str,
+    attempt: int,
+    *,
+    caller: str,
+    tool_name: str,
+    args: Any,
+    effect: str,
+    owner: str,
+    idempotency_key: str | None,
+    timeout_s: float | None,
+    turn: int | None,
+    step_path: str | None,
+) -> dict[str, Any]:
     payload: dict[str, Any] = {
-        "callId": call_id, "caller": caller, "toolName": tool_name, "args": args,
-        "effect": effect, "attempt": attempt, "owner": owner,
+        "callId": call_id,
+        "caller": caller,
+        "toolName": tool_name,
+        "args": args,
+        "effect": effect,
+        "attempt": attempt,
+        "owner": owner,
     }
     optional = {"idempotencyKey": idempotency_key, "timeoutS": timeout_s, "turn": turn, "stepPath": step_path}
     payload.update({k: v for k, v in optional.items() if v is not None})
@@ -362,8 +489,9 @@ def _started(call_id: str, attempt: int, *, caller: str, tool_name: str, args: A
 
 
 @atomic_then_refuse
-def mark_outbound(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str,
-                  fencing_token: Any = None) -> Outbound | LedgerError:
+def mark_outbound(
+    *, workspace: Workspace, run_id: str, call_id: str, lease_token: str, fencing_token: Any = None
+) -> Outbound | LedgerError:
     """Stamp that the request is about to leave: from now on an expiry means in doubt."""
     head = _lock_run(workspace, run_id)
     run = head.run
@@ -382,7 +510,9 @@ def mark_outbound(*, workspace: Workspace, run_id: str, call_id: str, lease_toke
 def _lease_lost(claim: ToolGatewayClaim) -> LeaseLost:
     return LeaseLost(
         f"the lease on tool call {claim.call_id} is stale or held by another owner",
-        callId=claim.call_id, status=claim.status, attempt=claim.attempt,
+        callId=claim.call_id,
+        status=claim.status,
+        attempt=claim.attempt,
     )
 
 
@@ -396,8 +526,16 @@ def prepare_outcome(workspace: Workspace, outcome: str, value: Any) -> Any:
 
 
 @atomic_then_refuse
-def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str, outcome: str,
-                       value: Any, fencing_token: Any = None) -> Finished | LedgerError:
+def complete_tool_call(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    call_id: str,
+    lease_token: str,
+    outcome: str,
+    value: Any,
+    fencing_token: Any = None,
+) -> Finished | LedgerError:
     """Record the call's result (`outcome="result"`) or error (`"error"`) under a live lease.
 
     A stale or foreign lease raises LeaseLost; the holder repeating the same complete gets the
@@ -408,12 +546,29 @@ def complete_tool_call(*, workspace: Workspace, run_id: str, call_id: str, lease
     head = _lock_run(workspace, run_id)
     run = head.run
     value = prepare_outcome(workspace, outcome, value)
-    return _complete(run, clock.now(), _appender(head, fencing_token), call_id=call_id, lease_token=lease_token,
-                     outcome=outcome, value=value)
+    return _complete(
+        run,
+        clock.now(),
+        _appender(head, fencing_token),
+        call_id=call_id,
+        lease_token=lease_token,
+        outcome=outcome,
+        value=value,
+    )
 
 
-def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token: str, outcome: str, value: Any,
-              step_path: str | None = None, held: Claimed | None = None) -> Finished | LedgerError:
+def _complete(
+    run: Run,
+    now: datetime,
+    emit: Emit,
+    *,
+    call_id: str,
+    lease_token: str,
+    outcome: str,
+    value: Any,
+    step_path: str | None = None,
+    held: Claimed | None = None,
+) -> Finished | LedgerError:
     """complete_tool_call's work with the run locked and the value prepared. `step_path`, when the
     caller knows it (the one it claimed the call with), saves looking it up; `held`, the claim the
     caller got for this call, lets the common case (it still holds it) skip reading the row."""
@@ -423,8 +578,12 @@ def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token:
             emit(_finished_event(done, outcome, value, step_path or _step_path_of(run, call_id)))
             return done
     claim = _get_claim(run, call_id)
-    if (claim.status in (Status.SUCCEEDED, Status.FAILED) and not claim.reconciled_by
-            and _token_matches(claim, lease_token) and claim.outcome_digest == digest({outcome: value})):
+    if (
+        claim.status in (Status.SUCCEEDED, Status.FAILED)
+        and not claim.reconciled_by
+        and _token_matches(claim, lease_token)
+        and claim.outcome_digest == digest({outcome: value})
+    ):
         return _finished(run, claim, replay=True)  # the holder retrying its own complete
     if _settle_expiry(run, claim, now, emit):
         return _lease_lost(claim)
@@ -436,11 +595,26 @@ def _complete(run: Run, now: datetime, emit: Emit, *, call_id: str, lease_token:
     duration_ms = round((now - (claim.outbound_at or claim.claimed_at)).total_seconds() * 1000)
     _store_outcome(run, claim, outcome, value)
     claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = status, duration_ms, now, now
-    claim.save(update_fields=["result", "error", "outcome_ref", "outcome_digest", "status", "duration_ms",
-                              "finished_at", "updated_at"])
-    done = Finished(call_id=claim.call_id, status=status, attempt=claim.attempt,
-                    result=value if outcome == "result" else None,
-                    error=value if outcome == "error" else None, duration_ms=duration_ms)
+    claim.save(
+        update_fields=[
+            "result",
+            "error",
+            "outcome_ref",
+            "outcome_digest",
+            "status",
+            "duration_ms",
+            "finished_at",
+            "updated_at",
+        ]
+    )
+    done = Finished(
+        call_id=claim.call_id,
+        status=status,
+        attempt=claim.attempt,
+        result=value if outcome == "result" else None,
+        error=value if outcome == "error" else None,
+        duration_ms=duration_ms,
+    )
     emit(_finished_event(done, outcome, value, step_path or _step_path_of(run, call_id)))
     return done
 
@@ -459,17 +633,20 @@ def _finished_event(done: Finished, outcome: str, value: Any, step_path: str | N
 # None when it does not hold, for the service to read the row and sort it out.
 
 
-def _claim_new(workspace: Workspace, run_id: str, now: datetime, identity: Mapping[str, Any], *,
-               outbound: bool) -> Claimed | None:
+def _claim_new(
+    workspace: Workspace, run_id: str, now: datetime, identity: Mapping[str, Any], *, outbound: bool
+) -> Claimed | None:
     """Insert a claim for a call with no row yet (neither its call id nor its idempotency key has
     one: the unique constraints turn the INSERT into nothing otherwise)."""
     row, claimed = _new_claim(now, identity, outbound=outbound)
     columns, params = _columns(row)
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
-                       f"SELECT id, {', '.join(['%s'] * len(columns))} FROM {_RUNS} "
-                       "WHERE workspace_id = %s AND run_id = %s ON CONFLICT DO NOTHING",
-                       [*params, workspace.pk, run_id])
+        cursor.execute(
+            f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
+            f"SELECT id, {', '.join(['%s'] * len(columns))} FROM {_RUNS} "
+            "WHERE workspace_id = %s AND run_id = %s ON CONFLICT DO NOTHING",
+            [*params, workspace.pk, run_id],
+        )
         if cursor.rowcount != 1:
             return None
     return claimed
@@ -479,43 +656,68 @@ def _new_claim(now: datetime, identity: Mapping[str, Any], *, outbound: bool) ->
     """The row of a first claim of a call (every column but the run), and what the claimer holds."""
     token = secrets.token_urlsafe(32)
     expires = now + timedelta(seconds=_lease_seconds(identity["timeout_s"]))
-    row = {**identity, "lease_token": token, "lease_expires_at": expires, "attempt": 1,
-           "claimed_at": now, "outbound_at": now if outbound else None, "status": Status.CLAIMED, "result": None,
-           "error": None, "outcome_ref": "", "outcome_digest": "", "duration_ms": None, "finished_at": None,
-           "reconciled_by": "", "reconcile_note": "", "created_at": now, "updated_at": now}
+    row = {
+        **identity,
+        "lease_token": token,
+        "lease_expires_at": expires,
+        "attempt": 1,
+        "claimed_at": now,
+        "outbound_at": now if outbound else None,
+        "status": Status.CLAIMED,
+        "result": None,
+        "error": None,
+        "outcome_ref": "",
+        "outcome_digest": "",
+        "duration_ms": None,
+        "finished_at": None,
+        "reconciled_by": "",
+        "reconcile_note": "",
+        "created_at": now,
+        "updated_at": now,
+    }
     return row, Claimed(identity["call_id"], token, expires, 1, outbound_at=row["outbound_at"])
 
 
-def _complete_held(workspace: Workspace, run_id: str, now: datetime, held: Claimed, outcome: str,
-                   value: Any) -> Finished | None:
+def _complete_held(
+    workspace: Workspace, run_id: str, now: datetime, held: Claimed, outcome: str, value: Any
+) -> Finished | None:
     """Record the outcome of a call the caller claimed (`held`), if its lease is still the live one."""
     if held.outbound_at is None:
         return None  # the tool's time counts from the claim, which only the row holds
-    changes, done = _held_completion(now, held, outcome, value,
-                                     _outcome_columns(workspace, run_id, held.call_id, outcome, value))
+    changes, done = _held_completion(
+        now, held, outcome, value, _outcome_columns(workspace, run_id, held.call_id, outcome, value)
+    )
     columns, params = _columns(changes)
     where, keys = _columns(rules.held_row(held.call_id, held.lease_token, held.outbound_at))
     _, (live_after,) = _columns({"lease_expires_at": now})
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {_CLAIMS} SET {', '.join(f'{c} = %s' for c in columns)} "
-                       f"WHERE {rules.held_condition(where)} "
-                       f"AND run_id = (SELECT id FROM {_RUNS} WHERE workspace_id = %s AND run_id = %s)",
-                       [*params, *keys, live_after, workspace.pk, run_id])
+        cursor.execute(
+            f"UPDATE {_CLAIMS} SET {', '.join(f'{c} = %s' for c in columns)} "
+            f"WHERE {rules.held_condition(where)} "
+            f"AND run_id = (SELECT id FROM {_RUNS} WHERE workspace_id = %s AND run_id = %s)",
+            [*params, *keys, live_after, workspace.pk, run_id],
+        )
         if cursor.rowcount != 1:
             return None
     return done
 
 
-def _held_completion(now: datetime, held: Claimed, outcome: str, value: Any,
-                     outcome_columns: Mapping[str, Any]) -> tuple[dict[str, Any], Finished]:
+def _held_completion(
+    now: datetime, held: Claimed, outcome: str, value: Any, outcome_columns: Mapping[str, Any]
+) -> tuple[dict[str, Any], Finished]:
     """The columns a completion of the held call `held` sets, and its answer."""
     assert held.outbound_at is not None
     status = Status.SUCCEEDED if outcome == "result" else Status.FAILED
     duration_ms = round((now - held.outbound_at).total_seconds() * 1000)  # from when the request left
     changes = {**outcome_columns, "status": status, "duration_ms": duration_ms, "finished_at": now, "updated_at": now}
-    return changes, Finished(call_id=held.call_id, status=status, attempt=held.attempt,
-                             result=value if outcome == "result" else None,
-                             error=value if outcome == "error" else None, duration_ms=duration_ms)
+    return changes, Finished(
+        call_id=held.call_id,
+        status=status,
+        attempt=held.attempt,
+        result=value if outcome == "result" else None,
+        error=value if outcome == "error" else None,
+        duration_ms=duration_ms,
+    )
 
 
 # --- the common case attached to the append's statement (PostgreSQL) --------------------------
@@ -532,9 +734,15 @@ def _attached_claim(row: Mapping[str, Any]) -> Attached:
     columns, values = _columns(row)
     params = {f"claim_{i}": v for i, v in enumerate(values)}
     params.update(claim_call=row["call_id"], claim_key=row["idempotency_key"])
-    return Attached(name="claim", condition=rules.CLAIM_IS_NEW, params=params, sql=(
-        f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
-        f"SELECT head.id, {', '.join(f'%(claim_{i})s' for i in range(len(columns)))} FROM head RETURNING 1"))
+    return Attached(
+        name="claim",
+        condition=rules.CLAIM_IS_NEW,
+        params=params,
+        sql=(
+            f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
+            f"SELECT head.id, {', '.join(f'%(claim_{i})s' for i in range(len(columns)))} FROM head RETURNING 1"
+        ),
+    )
 
 
 def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any]) -> Attached:
@@ -551,9 +759,11 @@ def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any
     held_now = rules.held_condition(where, alias="c", values="done_where", live_after="done_live_after")
     sets = ", ".join(f"{c} = %(done_{i})s" for i, c in enumerate(columns))
     return Attached(
-        name="done", params=params,
+        name="done",
+        params=params,
         condition=f"EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND {held_then})",
-        sql=f"UPDATE {_CLAIMS} c SET {sets} FROM head WHERE c.run_id = head.id AND {held_now} RETURNING 1")
+        sql=f"UPDATE {_CLAIMS} c SET {sets} FROM head WHERE c.run_id = head.id AND {held_now} RETURNING 1",
+    )
 
 
 _CLAIMS, _RUNS = ToolGatewayClaim._meta.db_table, Run._meta.db_table
@@ -574,8 +784,12 @@ def _columns(values: Mapping[str, Any]) -> tuple[tuple[str, ...], list[Any]]:
     # What Django's conversion would hand back unchanged goes as it is (most of a row: its text
     # columns, NULLs, and on PostgreSQL aware datetimes); the rest (JSON, integers) through it.
     passes = _PASSTHROUGH_PG if db.vendor == "postgresql" else _PASSTHROUGH
-    return columns, [v if v is None or type(v) in passes.get(name, ()) and (type(v) is str or v.tzinfo is not None)
-                     else _CLAIM_FIELDS[name].get_db_prep_save(v, db) for name, v in values.items()]
+    return columns, [
+        v
+        if v is None or type(v) in passes.get(name, ()) and (type(v) is str or v.tzinfo is not None)
+        else _CLAIM_FIELDS[name].get_db_prep_save(v, db)
+        for name, v in values.items()
+    ]
 
 
 _QUOTED: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
@@ -583,10 +797,14 @@ _QUOTED: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
 # is for every field (JSONField's None too: SQL NULL). CharField/TextField.to_python keeps a str;
 # a DateTimeField keeps an aware datetime and PostgreSQL's adapt_datetimefield_value returns it.
 _PASSTHROUGH: dict[str, tuple[type, ...]] = {
-    f.name: (str,) for f in ToolGatewayClaim._meta.concrete_fields if isinstance(f, (models.CharField, models.TextField))}
+    f.name: (str,)
+    for f in ToolGatewayClaim._meta.concrete_fields
+    if isinstance(f, (models.CharField, models.TextField))
+}
 _PASSTHROUGH_PG: dict[str, tuple[type, ...]] = {
     **_PASSTHROUGH,
-    **{f.name: (datetime,) for f in ToolGatewayClaim._meta.concrete_fields if isinstance(f, models.DateTimeField)}}
+    **{f.name: (datetime,) for f in ToolGatewayClaim._meta.concrete_fields if isinstance(f, models.DateTimeField)},
+}
 
 
 @dataclass(frozen=True)
@@ -599,10 +817,17 @@ class Batch:
     lease: Lease | None = None  # the run lease, renewed by this write
 
 
-def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = None,
-                  complete: dict[str, Any] | None = None, events: Sequence[Mapping[str, Any]] = (),
-                  claim: dict[str, Any] | None = None, origin: str | None = None,
-                  renew: Lease | None = None) -> Batch:
+def runtime_batch(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    fencing_token: Any = None,
+    complete: dict[str, Any] | None = None,
+    events: Sequence[Mapping[str, Any]] = (),
+    claim: dict[str, Any] | None = None,
+    origin: str | None = None,
+    renew: Lease | None = None,
+) -> Batch:
     """In ONE transaction and one append: complete a call (complete_tool_call's keywords, the
     value already through prepare_outcome), then `events`, then claim a call and stamp it
     outbound (claim_tool_call's keywords). For a harness whose writes have no effect outside
@@ -622,21 +847,50 @@ def runtime_batch(*, workspace: Workspace, run_id: str, fencing_token: Any = Non
     """
     if renew is None and complete is None and claim is None and events:
         # Events alone: the log's append outside a transaction is one statement when its guess holds.
-        return Batch(None, None, append(workspace=workspace, run_id=run_id,
-                                        events=[with_origin(e, origin) for e in events],
-                                        fencing_token=fencing_token).last_sequence)
+        return Batch(
+            None,
+            None,
+            append(
+                workspace=workspace,
+                run_id=run_id,
+                events=[with_origin(e, origin) for e in events],
+                fencing_token=fencing_token,
+            ).last_sequence,
+        )
     if renew is None:
-        done = _in_one_statement(workspace=workspace, run_id=run_id, fencing_token=fencing_token,
-                                 complete=complete, events=events, claim=claim, origin=origin)
+        done = _in_one_statement(
+            workspace=workspace,
+            run_id=run_id,
+            fencing_token=fencing_token,
+            complete=complete,
+            events=events,
+            claim=claim,
+            origin=origin,
+        )
         if done is not None:
             return done
-    return _locked(workspace=workspace, run_id=run_id, fencing_token=fencing_token, complete=complete,
-                   events=events, claim=claim, origin=origin, renew=renew)
+    return _locked(
+        workspace=workspace,
+        run_id=run_id,
+        fencing_token=fencing_token,
+        complete=complete,
+        events=events,
+        claim=claim,
+        origin=origin,
+        renew=renew,
+    )
 
 
-def _in_one_statement(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: dict[str, Any] | None,
-                      events: Sequence[Mapping[str, Any]], claim: dict[str, Any] | None,
-                      origin: str | None) -> Batch | None:
+def _in_one_statement(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    fencing_token: Any,
+    complete: dict[str, Any] | None,
+    events: Sequence[Mapping[str, Any]],
+    claim: dict[str, Any] | None,
+    origin: str | None,
+) -> Batch | None:
     """runtime_batch's common case as one statement: the control rows attached to the append
     (`log.append(..., attached=...)`), whose head update checks the fence, the guessed head and the rows'
     conditions at once. None, with nothing written, when it is not the common case or the
@@ -663,21 +917,45 @@ def _in_one_statement(*, workspace: Workspace, run_id: str, fencing_token: Any, 
         identity = {k: claim[k] for k in ("call_id", "tool_name", "effect", "owner", "idempotency_key", "timeout_s")}
         row, claimed = _new_claim(now, {**identity, "args": args, "args_digest": args_digest}, outbound=True)
         attached.append(_attached_claim(row))
-        batch.append(_started(claimed.call_id, claimed.attempt, caller=claim["caller"], tool_name=claim["tool_name"],
-                              args=args, effect=claim["effect"], owner=claim["owner"],
-                              idempotency_key=claim["idempotency_key"], timeout_s=claim["timeout_s"],
-                              turn=claim["turn"], step_path=claim["step_path"]))
+        batch.append(
+            _started(
+                claimed.call_id,
+                claimed.attempt,
+                caller=claim["caller"],
+                tool_name=claim["tool_name"],
+                args=args,
+                effect=claim["effect"],
+                owner=claim["owner"],
+                idempotency_key=claim["idempotency_key"],
+                timeout_s=claim["timeout_s"],
+                turn=claim["turn"],
+                step_path=claim["step_path"],
+            )
+        )
     if not batch:
         return None  # nothing to append: only the locked way answers to the fence then
-    result = append(workspace=workspace, run_id=run_id, events=[with_origin(e, origin) for e in batch],
-                    fencing_token=fencing_token, attached=attached)
+    result = append(
+        workspace=workspace,
+        run_id=run_id,
+        events=[with_origin(e, origin) for e in batch],
+        fencing_token=fencing_token,
+        attached=attached,
+    )
     return None if result is None else Batch(completed, claimed, result.last_sequence)
 
 
 @atomic_then_refuse
-def _locked(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: dict[str, Any] | None,
-            events: Sequence[Mapping[str, Any]], claim: dict[str, Any] | None, origin: str | None,
-            renew: Lease | None) -> Batch | LedgerError:
+def _locked(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    fencing_token: Any,
+    complete: dict[str, Any] | None,
+    events: Sequence[Mapping[str, Any]],
+    claim: dict[str, Any] | None,
+    origin: str | None,
+    renew: Lease | None,
+) -> Batch | LedgerError:
     """runtime_batch with the run's head locked first: every case, refusals included."""
     args = None
     if claim is not None:
@@ -711,8 +989,17 @@ def _locked(*, workspace: Workspace, run_id: str, fencing_token: Any, complete: 
 
 
 @atomic_then_refuse
-def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outcome: str, value: Any,
-                        note: str, by: str, fencing_token: Any = None) -> Finished | LedgerError:
+def reconcile_tool_call(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    call_id: str,
+    outcome: str,
+    value: Any,
+    note: str,
+    by: str,
+    fencing_token: Any = None,
+) -> Finished | LedgerError:
     """An operator settles a call in doubt as succeeded (with its result) or failed (its error).
 
     Only from in doubt (a claimed call whose lease ran out after outbound counts: it is written
@@ -729,7 +1016,8 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
     if claim.status != Status.IN_DOUBT:
         return ToolCallNotInDoubt(
             f"tool call {call_id} is {claim.status}; only a call in doubt can be reconciled",
-            callId=call_id, status=claim.status,
+            callId=call_id,
+            status=claim.status,
         )
     field = "result" if outcome == Status.SUCCEEDED else "error"
     value = _redactor(workspace)(value)
@@ -738,15 +1026,43 @@ def reconcile_tool_call(*, workspace: Workspace, run_id: str, call_id: str, outc
     claim.status, claim.finished_at, claim.updated_at = outcome, now, now
     claim.reconciled_by, claim.reconcile_note = by, note
     claim.save()
-    head.append([{"type": "harness.tool_call.reconciled", "payload": _with_step_path(run, call_id, {
-        "callId": call_id, "outcome": outcome, field: value, "note": note, "by": by, "attempt": claim.attempt,
-    })}], fencing_token=fencing_token)
-    audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.TOOL_CALL_RECONCILED,
-                 target=f"{run_id}/{call_id}", reason=note,
-                 details={"runId": run_id, "callId": call_id, "toolName": claim.tool_name, "outcome": outcome})
-    return Finished(call_id=call_id, status=outcome, attempt=claim.attempt,
-                    result=value if field == "result" else None, error=value if field == "error" else None,
-                    reconciled=True)
+    head.append(
+        [
+            {
+                "type": "harness.tool_call.reconciled",
+                "payload": _with_step_path(
+                    run,
+                    call_id,
+                    {
+                        "callId": call_id,
+                        "outcome": outcome,
+                        field: value,
+                        "note": note,
+                        "by": by,
+                        "attempt": claim.attempt,
+                    },
+                ),
+            }
+        ],
+        fencing_token=fencing_token,
+    )
+    audit.record(
+        actor=by,
+        tenant=workspace.tenant,
+        workspace=workspace,
+        action=audit.Action.TOOL_CALL_RECONCILED,
+        target=f"{run_id}/{call_id}",
+        reason=note,
+        details={"runId": run_id, "callId": call_id, "toolName": claim.tool_name, "outcome": outcome},
+    )
+    return Finished(
+        call_id=call_id,
+        status=outcome,
+        attempt=claim.attempt,
+        result=value if field == "result" else None,
+        error=value if field == "error" else None,
+        reconciled=True,
+    )
 
 
 @transaction.atomic
@@ -756,16 +1072,26 @@ def settle_expired_claims(*, workspace: Workspace, run_id: str, fencing_token: A
     head = _lock_run(workspace, run_id)
     run = head.run
     now = clock.now()
-    expired = ToolGatewayClaim.objects.select_for_update().filter(
-        run=run, status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=now).order_by("pk")
+    expired = (
+        ToolGatewayClaim.objects.select_for_update()
+        .filter(run=run, status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=now)
+        .order_by("pk")
+    )
     emit = _appender(head, fencing_token)
     return [claim.call_id for claim in expired if _settle_expiry(run, claim, now, emit)]
 
 
-
 @transaction.atomic
-def declare_in_doubt(*, workspace: Workspace, run_id: str, call_id: str, lease_token: str, reason: str,
-                     fencing_token: Any = None, **details: Any) -> int:
+def declare_in_doubt(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    call_id: str,
+    lease_token: str,
+    reason: str,
+    fencing_token: Any = None,
+    **details: Any,
+) -> int:
     """The holder of a claimed, outbound call gives up on it without an outcome (its tool outlived
     its timeout): nobody knows whether it acted, so the call is in doubt now, as a lease running out
     would make it, and an operator must reconcile it. The log's new end; LeaseLost (nothing written)
@@ -778,11 +1104,22 @@ def declare_in_doubt(*, workspace: Workspace, run_id: str, call_id: str, lease_t
         raise _lease_lost(claim)
     claim.status, claim.updated_at = Status.IN_DOUBT, now
     claim.save(update_fields=["status", "updated_at"])
-    payload = _with_step_path(run, call_id, {
-        "callId": call_id, "toolName": claim.tool_name, "attempt": claim.attempt, "owner": claim.owner,
-        "outboundAt": format_recorded_at(claim.outbound_at), "reason": reason, **details})
-    return head.append([{"type": "harness.tool_call.in_doubt", "payload": payload}],
-                       fencing_token=fencing_token).last_sequence
+    payload = _with_step_path(
+        run,
+        call_id,
+        {
+            "callId": call_id,
+            "toolName": claim.tool_name,
+            "attempt": claim.attempt,
+            "owner": claim.owner,
+            "outboundAt": format_recorded_at(claim.outbound_at),
+            "reason": reason,
+            **details,
+        },
+    )
+    return head.append(
+        [{"type": "harness.tool_call.in_doubt", "payload": payload}], fencing_token=fencing_token
+    ).last_sequence
 
 
 def abandon_for_cancel(run: Run, now: datetime, emit: Emit, reason: str) -> tuple[list[str], list[str]]:
@@ -804,10 +1141,21 @@ def abandon_for_cancel(run: Run, now: datetime, emit: Emit, reason: str) -> tupl
         duration_ms = round((now - (claim.outbound_at or claim.claimed_at)).total_seconds() * 1000)
         _store_outcome(run, claim, "error", error)
         claim.status, claim.duration_ms, claim.finished_at, claim.updated_at = Status.FAILED, duration_ms, now, now
-        claim.save(update_fields=["result", "error", "outcome_ref", "outcome_digest", "status", "duration_ms",
-                                  "finished_at", "updated_at"])
-        done = Finished(call_id=claim.call_id, status=Status.FAILED, attempt=claim.attempt, error=error,
-                        duration_ms=duration_ms)
+        claim.save(
+            update_fields=[
+                "result",
+                "error",
+                "outcome_ref",
+                "outcome_digest",
+                "status",
+                "duration_ms",
+                "finished_at",
+                "updated_at",
+            ]
+        )
+        done = Finished(
+            call_id=claim.call_id, status=Status.FAILED, attempt=claim.attempt, error=error, duration_ms=duration_ms
+        )
         emit(_finished_event(done, "error", error, _step_path_of(run, claim.call_id)))
         abandoned.append(claim.call_id)
     return abandoned, in_doubt
@@ -819,13 +1167,20 @@ def abandon_for_cancel(run: Run, now: datetime, emit: Emit, reason: str) -> tupl
 def first_call_in_doubt(*, workspace: Workspace, run_id: str) -> ToolGatewayClaim | None:
     """The run's oldest call in doubt, written down as such or with a lease that ran out after the
     request left: the run may not continue until an operator reconciles it."""
-    return ToolGatewayClaim.objects.filter(run__workspace=workspace, run__run_id=run_id).filter(
-        Q(status=Status.IN_DOUBT)
-        | Q(status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=clock.now()),
-    ).order_by("pk").first()
+    return (
+        ToolGatewayClaim.objects.filter(run__workspace=workspace, run__run_id=run_id)
+        .filter(
+            Q(status=Status.IN_DOUBT)
+            | Q(status=Status.CLAIMED, outbound_at__isnull=False, lease_expires_at__lte=clock.now()),
+        )
+        .order_by("pk")
+        .first()
+    )
 
 
-def tool_call_rows(run: Run, *, after_pk: int = 0, limit: int = 50, status: str | None = None) -> list[ToolGatewayClaim]:
+def tool_call_rows(
+    run: Run, *, after_pk: int = 0, limit: int = 50, status: str | None = None
+) -> list[ToolGatewayClaim]:
     """The run's control rows in claim order, `limit` of them after the row `after_pk`."""
     qs = ToolGatewayClaim.objects.filter(run=run, pk__gt=after_pk).order_by("pk")
     if status:
@@ -839,7 +1194,9 @@ def calls_in_doubt(run: Run, plan: Mapping[str, Any] | None) -> set[str]:
     replay), and those whose lease ran out after the request left, before the gateway wrote them
     down (`in_doubt_call_ids`)."""
     missing = plan["replayReady"]["missing"] if plan else []
-    reported = {m[len("tool:"):-len(":in_doubt")] for m in missing if m.startswith("tool:") and m.endswith(":in_doubt")}
+    reported = {
+        m[len("tool:") : -len(":in_doubt")] for m in missing if m.startswith("tool:") and m.endswith(":in_doubt")
+    }
     return reported | in_doubt_call_ids(run)
 
 

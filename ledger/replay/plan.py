@@ -10,7 +10,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..canonical import NotCanonicalizable, canonical_json, digest
-from ..fold import HarnessSession, ModelCall, RunState, RunStateMismatch, StepState, ToolCallState, apply_unchecked, check_events
+from ..fold import (
+    HarnessSession,
+    ModelCall,
+    RunState,
+    RunStateMismatch,
+    StepState,
+    ToolCallState,
+    apply_unchecked,
+    check_events,
+)
 from ..fold.pricing import PriceTable, load_default_prices
 from ..reads.report import UNATTRIBUTED, locale_sort_key
 
@@ -78,11 +87,15 @@ def replay_plan(
     sessions, missing_calls = _sessions(state)
     artifacts_check, missing_artifacts = _artifact_check(state, artifact_checks)
     checks = [_dense_check(run_id, events), artifacts_check, _drift_check(state)]
-    missing = [
-        f"step:{path}:output"
-        for path, step in state.steps.items()
-        if step.status == "completed" and not step.has_output and step.output_ref is None
-    ] + missing_calls + missing_artifacts
+    missing = (
+        [
+            f"step:{path}:output"
+            for path, step in state.steps.items()
+            if step.status == "completed" and not step.has_output and step.output_ref is None
+        ]
+        + missing_calls
+        + missing_artifacts
+    )
 
     plan = {
         "runId": run_id,
@@ -101,9 +114,17 @@ def replay_plan(
 
 def _waiting_approval(state: RunState) -> list[dict[str, Any]]:
     """The tool calls a resume would stop at until an approver decides (ledger/replay/toolapproval.py)."""
-    return [{"callId": c.call_id, "toolName": c.tool_name, "stepPath": c.step_path, "args": c.args,
-             "argsDigest": c.approval.get("argsDigest") if isinstance(c.approval, dict) else None}
-            for c in state.tool_calls.values() if c.status == "waiting_approval"]
+    return [
+        {
+            "callId": c.call_id,
+            "toolName": c.tool_name,
+            "stepPath": c.step_path,
+            "args": c.args,
+            "argsDigest": c.approval.get("argsDigest") if isinstance(c.approval, dict) else None,
+        }
+        for c in state.tool_calls.values()
+        if c.status == "waiting_approval"
+    ]
 
 
 def _plan_step(step: StepState) -> dict[str, Any]:
@@ -177,7 +198,7 @@ def superseded(model_calls: list[ModelCall], index: int) -> bool:
     call = model_calls[index]
     return call.status == "failed" and any(
         later.session == call.session and later.step_path == call.step_path and later.turn == call.turn
-        for later in model_calls[index + 1:]
+        for later in model_calls[index + 1 :]
     )
 
 
@@ -198,9 +219,7 @@ def _dense_check(run_id: str, events: Sequence[Mapping[str, Any]]) -> dict[str, 
     return {"name": "dense_sequence", "status": "pass", "detail": f"{len(events)} events, sequences 1..{len(events)}"}
 
 
-def _artifact_check(
-    state: RunState, artifact_checks: Mapping[str, str] | None
-) -> tuple[dict[str, str], list[str]]:
+def _artifact_check(state: RunState, artifact_checks: Mapping[str, str] | None) -> tuple[dict[str, str], list[str]]:
     checks = dict(artifact_checks or {})
     refs = list(state.artifacts) + [ref for ref in checks if ref not in state.artifacts]
     if not refs:

@@ -14,12 +14,11 @@ from typing import Any, Literal
 from django.db.models import Q
 
 from ..canonical import canonical_json
-from ..log.envelopes import event_envelope
 from ..fold import RunState, fold
+from ..fold.pricing import prices_for
+from ..log.envelopes import event_envelope, log_of
 from ..models import Event, Run, ToolCall
 from .stored_plan import replay_plan_for
-from ..log.envelopes import log_of
-from ..fold.pricing import prices_for
 
 IN_DOUBT = "harness.tool_call.in_doubt"
 # StepFailed, RunFailed, ParallelBranchFailed, … and harness.session.failed, harness.tool_call.failed, …
@@ -80,8 +79,9 @@ def search_events(run: Run, filters: EventFilter, *, after: int = 0, limit: int)
     if filters.step:
         qs = qs.filter(_field_is("stepPath", filters.step))
     if filters.tool:
-        call_ids = ToolCall.objects.filter(run=run, tool_name=filters.tool).values_list(
-            "call_id", flat=True)[:TOOL_CALLS_SEARCHED]
+        call_ids = ToolCall.objects.filter(run=run, tool_name=filters.tool).values_list("call_id", flat=True)[
+            :TOOL_CALLS_SEARCHED
+        ]
         matches = _field_is("toolName", filters.tool)
         for call_id in call_ids:
             matches |= _field_is("callId", call_id)
@@ -101,14 +101,18 @@ def first_sequence(run: Run, kind: Literal["failure", "in_doubt"]) -> int | None
 def tool_call_starts(run: Run) -> list[tuple[str, str, str, int | None]]:
     """Every tool call of the run (its projection row): call id, tool, step and the sequence of
     its start, in the order the calls appeared."""
-    return list(ToolCall.objects.filter(run=run).order_by("position").values_list(
-        "call_id", "tool_name", "step_path", "started_sequence"))
+    return list(
+        ToolCall.objects.filter(run=run)
+        .order_by("position")
+        .values_list("call_id", "tool_name", "step_path", "started_sequence")
+    )
 
 
 def children_of(run: Run) -> list[Run]:
     """The run's direct sub-runs (parentRunId), oldest first, with the workspace already loaded."""
-    children = list(Run.objects.filter(workspace_id=run.workspace_id, parent_run_id=run.run_id)
-                    .order_by("started_at", "pk"))
+    children = list(
+        Run.objects.filter(workspace_id=run.workspace_id, parent_run_id=run.run_id).order_by("started_at", "pk")
+    )
     for child in children:
         child.workspace = run.workspace
     return children

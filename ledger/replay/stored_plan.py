@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..models import Run
-from ..log.envelopes import log_of
 from ..fold.pricing import prices_for
-from .plan import replay_plan
+from ..log.envelopes import log_of
 from ..log.verify import artifact_refs, check_artifacts
+from ..models import Run
+from .plan import replay_plan
 
 
 def replay_plan_for(run: Run, log: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:

@@ -29,12 +29,12 @@ from typing import Any
 from django.db import transaction
 
 from .. import audit, clock
-from . import gateway
-from ..log import holding
 from ..canonical import digest
-from ..limits import MAX_TEXT, written
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
+from ..limits import MAX_TEXT, written
+from ..log import holding
 from ..models import Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
+from . import gateway
 
 WAITING = "waiting_approval"
 REJECTED = "ToolCallRejected"
@@ -84,8 +84,17 @@ class Verdict:
     args_digest: str = ""
 
 
-def verdict(*, workspace: Workspace, approval: Any, tool_name: str, args: Any, call_id: str,
-            step_path: str, caller: str, turn: int | None) -> Verdict:
+def verdict(
+    *,
+    workspace: Workspace,
+    approval: Any,
+    tool_name: str,
+    args: Any,
+    call_id: str,
+    step_path: str,
+    caller: str,
+    turn: int | None,
+) -> Verdict:
     """Given what the log says of the call's approval (the fold's `ToolCallState.approval`), go on,
     or stop, with a request to write when none waits for these very arguments."""
     redacted, _ = gateway.prepare_args(workspace, tool_name, args)
@@ -95,14 +104,21 @@ def verdict(*, workspace: Workspace, approval: Any, tool_name: str, args: Any, c
             return Verdict(proceed=True, args_digest=wanted)
         if approval.get("status") == "pending":
             return Verdict(proceed=False, args_digest=wanted)  # still waiting: nothing new to write
-    payload: dict[str, Any] = {"callId": call_id, "toolName": tool_name, "args": redacted, "argsDigest": wanted,
-                               "stepPath": step_path, "caller": caller}
+    payload: dict[str, Any] = {
+        "callId": call_id,
+        "toolName": tool_name,
+        "args": redacted,
+        "argsDigest": wanted,
+        "stepPath": step_path,
+        "caller": caller,
+    }
     if turn is not None:
         payload["turn"] = turn
     if isinstance(approval, dict) and approval.get("argsDigest") not in (None, wanted):
         payload["supersedes"] = approval.get("argsDigest")  # the arguments changed since the last request
-    return Verdict(proceed=False, args_digest=wanted,
-                   request={"type": "harness.tool_call.approval_requested", "payload": payload})
+    return Verdict(
+        proceed=False, args_digest=wanted, request={"type": "harness.tool_call.approval_requested", "payload": payload}
+    )
 
 
 # --- the approver's side ---------------------------------------------------------------------
@@ -116,8 +132,11 @@ def requester_of(run: Run) -> str | None:
         made = ReexecutionRequest.objects.filter(workspace=run.workspace, new_run_id=run_id).order_by("pk").first()
         if made is not None:
             return made.requested_by
-        text = Event.objects.filter(run__workspace=run.workspace, run__run_id=run_id, sequence=1).values_list(
-            "payload", flat=True).first()
+        text = (
+            Event.objects.filter(run__workspace=run.workspace, run__run_id=run_id, sequence=1)
+            .values_list("payload", flat=True)
+            .first()
+        )
         first = json.loads(text) if text else None
         who = first.get("requestedBy") if isinstance(first, dict) else None
         if isinstance(who, str) and who:
@@ -127,9 +146,12 @@ def requester_of(run: Run) -> str | None:
 
 def waiting_calls(workspace: Workspace) -> list[ToolCall]:
     """The workspace's tool calls waiting for an approver, oldest first, of runs still running."""
-    calls = list(ToolCall.objects.select_related("run").filter(
-        run__workspace=workspace, status=WAITING).exclude(run__status__in=RunStatus.finished())
-        .order_by("run__created_at", "run_id", "position"))
+    calls = list(
+        ToolCall.objects.select_related("run")
+        .filter(run__workspace=workspace, status=WAITING)
+        .exclude(run__status__in=RunStatus.finished())
+        .order_by("run__created_at", "run_id", "position")
+    )
     for call in calls:
         call.run.workspace = workspace
     return calls
@@ -140,8 +162,9 @@ def pending_digest(call: ToolCall) -> str:
 
 
 @transaction.atomic
-def decide(*, workspace: Workspace, run_id: str, call_id: str, approve: bool, seen_digest: str, note: str,
-           by: Any) -> ToolCall:
+def decide(
+    *, workspace: Workspace, run_id: str, call_id: str, approve: bool, seen_digest: str, note: str, by: Any
+) -> ToolCall:
     """An approver approves or rejects the waiting call `call_id` of `run_id`, bound to the
     arguments' digest they saw (`seen_digest`); audited. Refusals: not an approver (403
     forbidden), the run's requester (403 self_approval_forbidden), no such call (404), a call not
@@ -159,28 +182,45 @@ def decide(*, workspace: Workspace, run_id: str, call_id: str, approve: bool, se
     if run.status in RunStatus.finished():
         raise RunFinished(f"run {run_id} already ended ({run.status})", runId=run_id, status=run.status)
     if call.status != WAITING:
-        raise ToolCallNotWaiting(f"tool call {call_id} is {call.status}, not waiting for approval",
-                                 callId=call_id, status=call.status)
+        raise ToolCallNotWaiting(
+            f"tool call {call_id} is {call.status}, not waiting for approval", callId=call_id, status=call.status
+        )
     current = pending_digest(call)
     if seen_digest != current:
-        raise ApprovalStale("the arguments waiting for approval changed since you looked: review them again",
-                            callId=call_id, argsDigest=current)
+        raise ApprovalStale(
+            "the arguments waiting for approval changed since you looked: review them again",
+            callId=call_id,
+            argsDigest=current,
+        )
     requester = requester_of(Run.objects.select_related("workspace").get(pk=run.pk))
     name = by.get_username()
     if requester is not None and requester == name:
-        raise SelfApprovalForbidden("you requested this run; another approver must decide its tool calls",
-                                    callId=call_id)
-    payload: dict[str, Any] = {"callId": call_id, "argsDigest": current, "by": name, "note": note,
-                               "toolName": call.tool_name}
+        raise SelfApprovalForbidden(
+            "you requested this run; another approver must decide its tool calls", callId=call_id
+        )
+    payload: dict[str, Any] = {
+        "callId": call_id,
+        "argsDigest": current,
+        "by": name,
+        "note": note,
+        "toolName": call.tool_name,
+    }
     if call.step_path:
         payload["stepPath"] = call.step_path
     if not approve:
         payload["error"] = {"name": REJECTED, "message": f"rejected by {name}: {note}"}
-    head.append([{"type": f"harness.tool_call.{'approved' if approve else 'rejected'}", "payload": payload}],
-                fencing_token=head.holder_token(clock.now()))
-    audit.record(actor=by, tenant=workspace.tenant, workspace=workspace,
-                 action=audit.Action.TOOL_CALL_APPROVED if approve else audit.Action.TOOL_CALL_REJECTED,
-                 target=f"{run_id}/{call_id}", reason=note,
-                 details={"runId": run_id, "callId": call_id, "toolName": call.tool_name, "argsDigest": current})
+    head.append(
+        [{"type": f"harness.tool_call.{'approved' if approve else 'rejected'}", "payload": payload}],
+        fencing_token=head.holder_token(clock.now()),
+    )
+    audit.record(
+        actor=by,
+        tenant=workspace.tenant,
+        workspace=workspace,
+        action=audit.Action.TOOL_CALL_APPROVED if approve else audit.Action.TOOL_CALL_REJECTED,
+        target=f"{run_id}/{call_id}",
+        reason=note,
+        details={"runId": run_id, "callId": call_id, "toolName": call.tool_name, "argsDigest": current},
+    )
     call.refresh_from_db()
     return call

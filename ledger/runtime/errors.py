@@ -66,5 +66,11 @@ class WaitingApproval(Exception):
         self.args_digest, self.step_path = args_digest, step_path
 
     def as_error(self) -> dict[str, object]:
-        return {"name": "WaitingApproval", "message": str(self), "callId": self.call_id, "toolName": self.tool_name,
-                "argsDigest": self.args_digest, "stepPath": self.step_path}
+        return {
+            "name": "WaitingApproval",
+            "message": str(self),
+            "callId": self.call_id,
+            "toolName": self.tool_name,
+            "argsDigest": self.args_digest,
+            "stepPath": self.step_path,
+        }

@@ -35,24 +35,23 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
-from ..reads import selectors
-from ..replay.cancellation import is_cancelled
 from ..canonical import digest
-from ..log.envelopes import format_recorded_at
 from ..errors import LedgerError
 from ..fold import RunState
-from ..replay.gateway import ToolCallInDoubt, first_call_in_doubt
+from ..log.envelopes import format_recorded_at, log_of
 from ..models import RunStatus, Workspace
-from ..log.envelopes import log_of
+from ..reads import selectors
+from ..replay.cancellation import is_cancelled
+from ..replay.gateway import ToolCallInDoubt, first_call_in_doubt
 from ..replay.plan import CapabilityDriftError, manifest_drift
 from .errors import WAITING_APPROVAL, RunInputMismatch, RuntimeIntegrityError, StepFailure, WaitingApproval
 from .record import ENDED, Record, attempt_of, inline_or_ref, read_record, retriable
 from .recorder import Recorder, threads_allowed
-from .registry import (AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow,
-                       get_workflow)
+from .registry import AIGenerate, CodeRun, Decision, Parallel, Step, SubWorkflow, ToolStep, Workflow, get_workflow
 from .retry import next_try_at, recorded_retry_at, wait_until
 from .session import call_prefix, run_session
 from .toolcalls import call_tool
+
 # Call ids are stored in 200 characters and carry the step path plus attempt, turn and call suffixes.
 MAX_BRANCH_PATH = 120
 _UNSET: Any = object()
@@ -76,10 +75,19 @@ def sub_run_id(parent_run_id: str, call_prefix: str) -> str:
     return "run_sub_" + hashlib.sha256(f"{parent_run_id}\n{call_prefix}".encode()).hexdigest()[:32]
 
 
-def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run_id: str | None = None,
-              take_over: bool = False, parent_run_id: str | None = None, parent: Recorder | None = None,
-              outer_loop_id: str | None = None, label: str | None = None,
-              requested_by: str | None = None) -> RunOutcome:
+def start_run(
+    *,
+    workspace: Workspace,
+    workflow: str | Workflow,
+    input: Any,
+    run_id: str | None = None,
+    take_over: bool = False,
+    parent_run_id: str | None = None,
+    parent: Recorder | None = None,
+    outer_loop_id: str | None = None,
+    label: str | None = None,
+    requested_by: str | None = None,
+) -> RunOutcome:
     """Start `workflow` on `input` and run it to the end. An existing `run_id` is resumed instead,
     and its input must equal `input`. `outer_loop_id` names the outer loop (outer_loop.py) this run
     is a cycle of. `requested_by` (a username) is recorded as the run's requester: who may not
@@ -87,11 +95,16 @@ def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     run_id = run_id or new_run_id()
     if selectors.find_run(workspace, run_id) is not None:
-        return resume_run(workspace=workspace, run_id=run_id, input=input, workflow=wf, take_over=take_over,
-                          parent=parent)
+        return resume_run(
+            workspace=workspace, run_id=run_id, input=input, workflow=wf, take_over=take_over, parent=parent
+        )
     recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent)
-    payload = {"workflowVersionId": wf.version_id, "workflow": wf.name, "workflowVersionHash": wf.version,
-               "input": input}
+    payload = {
+        "workflowVersionId": wf.version_id,
+        "workflow": wf.name,
+        "workflowVersionHash": wf.version,
+        "input": input,
+    }
     if parent_run_id is not None:
         payload["parentRunId"] = parent_run_id
     if outer_loop_id is not None:
@@ -104,25 +117,32 @@ def start_run(*, workspace: Workspace, workflow: str | Workflow, input: Any, run
     return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent)
 
 
-def resume_run(*, workspace: Workspace, run_id: str, input: Any = _UNSET, workflow: str | Workflow | None = None,
-               take_over: bool = False, parent: Recorder | None = None, replay: Any = None) -> RunOutcome:
+def resume_run(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    input: Any = _UNSET,
+    workflow: str | Workflow | None = None,
+    take_over: bool = False,
+    parent: Recorder | None = None,
+    replay: Any = None,
+) -> RunOutcome:
     """Continue a run from where its log ends: completed steps are reused, an open harness session
     fast-forwards, only calls without a terminal event run again. `replay` is a re-execution's
     policy (reexecute.py): which calls are served from an original's record instead."""
     state = read_record(run_id, _log(workspace, run_id)).state
     if workflow is None:
         if state.workflow is None:
-            raise RuntimeIntegrityError(f"run {run_id} was not started by the runtime (its RunStarted names "
-                                        "no workflow)", runId=run_id)
+            raise RuntimeIntegrityError(
+                f"run {run_id} was not started by the runtime (its RunStarted names no workflow)", runId=run_id
+            )
         workflow = state.workflow
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     if input is not _UNSET:
         recorded = inline_or_ref(workspace, state.input, state.input_ref)
         if digest(recorded) != digest(input):
-            raise RunInputMismatch("Run input mismatch: existing run was started with different input.",
-                                   runId=run_id)
-    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent,
-                    replay=replay)
+            raise RunInputMismatch("Run input mismatch: existing run was started with different input.", runId=run_id)
+    return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent, replay=replay)
 
 
 def _log(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
@@ -140,15 +160,27 @@ def _refuse_in_doubt(workspace: Workspace, run_id: str) -> None:
         f"request left and no outcome was recorded. An operator must reconcile it first: POST /api/v1/runs/{run_id}/"
         f"tool-calls/{claim.call_id}/reconcile from a console session (outcome succeeded with its result, or "
         "failed with its error, and a note), or the reconcile form on the run page's evidence tab; then resume "
-        "the run.", runId=run_id, callId=claim.call_id, toolName=claim.tool_name)
+        "the run.",
+        runId=run_id,
+        callId=claim.call_id,
+        toolName=claim.tool_name,
+    )
 
 
-def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over: bool,
-             parent: Recorder | None = None, replay: Any = None) -> RunOutcome:
+def _execute(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    workflow: Workflow,
+    take_over: bool,
+    parent: Recorder | None = None,
+    replay: Any = None,
+) -> RunOutcome:
     _refuse_in_doubt(workspace, run_id)
     origin = replay.origin if replay is not None else None
-    with Recorder.leased(workspace=workspace, run_id=run_id, take_over=take_over, parent=parent,
-                         origin=origin) as recorder:
+    with Recorder.leased(
+        workspace=workspace, run_id=run_id, take_over=take_over, parent=parent, origin=origin
+    ) as recorder:
         record = recorder.record
         if record.finished:
             return _outcome(workspace, record.state)
@@ -170,17 +202,18 @@ def _execute(*, workspace: Workspace, run_id: str, workflow: Workflow, take_over
             return RunOutcome(run_id=run_id, status=WAITING_APPROVAL, error=waiting.as_error())
 
 
-def _run_to_end(workspace: Workspace, recorder: Recorder, workflow: Workflow, run_input: Any,
-                replay: Any) -> RunOutcome:
+def _run_to_end(
+    workspace: Workspace, recorder: Recorder, workflow: Workflow, run_input: Any, replay: Any
+) -> RunOutcome:
     run_id = recorder.run_id
     try:
         output = _Runner(workspace, recorder, workflow, run_input, replay).run()
     except StepFailure as failure:
-        recorder.append({"type": "RunFailed", "payload": {
-            "workflowVersionId": workflow.version_id, "error": failure.as_error()}})
+        recorder.append(
+            {"type": "RunFailed", "payload": {"workflowVersionId": workflow.version_id, "error": failure.as_error()}}
+        )
         return RunOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure.as_error())
-    recorder.append({"type": "RunCompleted", "payload": {"workflowVersionId": workflow.version_id,
-                                                          "output": output}})
+    recorder.append({"type": "RunCompleted", "payload": {"workflowVersionId": workflow.version_id, "output": output}})
     return RunOutcome(run_id=run_id, status=RunStatus.COMPLETED, output=output)
 
 
@@ -196,15 +229,17 @@ def _check_version(run_id: str, record: Record, workflow: Workflow) -> None:
     recorded = record.state.workflow_version_hash
     if recorded != workflow.version:
         # The steps a resume would run are not the ones the run was started with: fail closed.
-        raise CapabilityDriftError(run_id, manifest_drift({"workflowDefinitionHash": recorded},
-                                                          {"workflowDefinitionHash": workflow.version}))
+        raise CapabilityDriftError(
+            run_id, manifest_drift({"workflowDefinitionHash": recorded}, {"workflowDefinitionHash": workflow.version})
+        )
 
 
 def _outcome(workspace: Workspace, state: RunState) -> RunOutcome:
     if state.status == RunStatus.FAILED:
         return RunOutcome(run_id=state.run_id, status=RunStatus.FAILED, error=state.error)
-    return RunOutcome(run_id=state.run_id, status=RunStatus.COMPLETED,
-                      output=inline_or_ref(workspace, state.output, state.output_ref))
+    return RunOutcome(
+        run_id=state.run_id, status=RunStatus.COMPLETED, output=inline_or_ref(workspace, state.output, state.output_ref)
+    )
 
 
 def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
@@ -224,8 +259,9 @@ def _failure(error: Any, default: str) -> StepFailure:
 class _Runner:
     """One execution of a workflow's steps: fresh work appended, recorded work reused."""
 
-    def __init__(self, workspace: Workspace, recorder: Recorder, workflow: Workflow, run_input: Any,
-                 replay: Any = None) -> None:
+    def __init__(
+        self, workspace: Workspace, recorder: Recorder, workflow: Workflow, run_input: Any, replay: Any = None
+    ) -> None:
         self.workspace, self.recorder, self.workflow = workspace, recorder, workflow
         self.record = recorder.record
         self.run_input, self.replay = run_input, replay
@@ -287,9 +323,18 @@ class _Runner:
                 error = {**failure.as_error(), "retriable": will_retry}
                 if retry_at is not None:
                     error["retryAt"] = format_recorded_at(retry_at)
-                defer({"type": "StepFailed", "payload": {
-                    "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}",
-                    "error": error}})
+                defer(
+                    {
+                        "type": "StepFailed",
+                        "payload": {
+                            "stepPath": path,
+                            "stepId": step.id,
+                            "attempt": attempt,
+                            "attemptId": f"attempt_{attempt}",
+                            "error": error,
+                        },
+                    }
+                )
                 if not will_retry:
                     raise
                 if retry_at is not None:
@@ -298,27 +343,52 @@ class _Runner:
                 attempt += 1
                 defer(_attempt_started(step, path, attempt))
                 continue
-            defer({"type": "StepCompleted", "payload": {
-                "stepPath": path, "stepId": step.id, "attempt": attempt, "output": output,
-                "metadata": {"uses": step.kind}}})
+            defer(
+                {
+                    "type": "StepCompleted",
+                    "payload": {
+                        "stepPath": path,
+                        "stepId": step.id,
+                        "attempt": attempt,
+                        "output": output,
+                        "metadata": {"uses": step.kind},
+                    },
+                }
+            )
             return output
 
-    def _body(self, step: Step, path: str, attempt: int, arg: Any, outputs: Mapping[str, Any],
-              visit: int | None) -> Any:
+    def _body(
+        self, step: Step, path: str, attempt: int, arg: Any, outputs: Mapping[str, Any], visit: int | None
+    ) -> Any:
         if isinstance(step, CodeRun):
             return _user_code(step.fn, arg, outputs)
         if isinstance(step, ToolStep):
             args = _user_code(step.args, arg, outputs) if callable(step.args) else dict(step.args)
-            field, value = call_tool(recorder=self.recorder, record=self.record, tool=self.workflow.tools[step.tool],
-                                     args=args, call_id=f"{call_prefix(path, attempt)}:call", step_path=path,
-                                     caller="code", replay=self.replay)
+            field, value = call_tool(
+                recorder=self.recorder,
+                record=self.record,
+                tool=self.workflow.tools[step.tool],
+                args=args,
+                call_id=f"{call_prefix(path, attempt)}:call",
+                step_path=path,
+                caller="code",
+                replay=self.replay,
+            )
             if field == "error":
                 raise StepFailure(f"tool {step.tool} failed: {value}", name="ToolCallFailed")
             return value
         if isinstance(step, AIGenerate):
             prompt = _user_code(step.prompt, arg, outputs) if callable(step.prompt) else step.prompt
-            return run_session(recorder=self.recorder, record=self.record, workflow=self.workflow, step=step,
-                               step_path=path, prompt=prompt, attempt=attempt, replay=self.replay)
+            return run_session(
+                recorder=self.recorder,
+                record=self.record,
+                workflow=self.workflow,
+                step=step,
+                step_path=path,
+                prompt=prompt,
+                attempt=attempt,
+                replay=self.replay,
+            )
         if isinstance(step, Decision):
             return self._decide(step, path, arg, outputs, visit)
         if isinstance(step, Parallel):
@@ -333,16 +403,23 @@ class _Runner:
         if target is None:
             return {"target": None}
         if target not in ids:
-            raise StepFailure(f"decision {step.id} routed to {target!r}, which is not a step of "
-                              f"{self.workflow.name}", name="invalid_route")
+            raise StepFailure(
+                f"decision {step.id} routed to {target!r}, which is not a step of {self.workflow.name}",
+                name="invalid_route",
+            )
         if ids.index(target) <= ids.index(step.id):
             if target != step.loop_to:
-                raise StepFailure(f"decision {step.id} routed back to {target!r}; it may only loop to its "
-                                  f"loop_to ({step.loop_to!r})", name="invalid_route")
+                raise StepFailure(
+                    f"decision {step.id} routed back to {target!r}; it may only loop to its loop_to ({step.loop_to!r})",
+                    name="invalid_route",
+                )
             next_visit = (visit or 0) + 1
             if next_visit >= step.max_visits:
-                raise StepFailure(f"decision {step.id} routed to {target!r} for visit {next_visit + 1} of its loop; "
-                                  f"max_visits is {step.max_visits}", name="max_visits_exceeded")
+                raise StepFailure(
+                    f"decision {step.id} routed to {target!r} for visit {next_visit + 1} of its loop; "
+                    f"max_visits is {step.max_visits}",
+                    name="max_visits_exceeded",
+                )
         return {"target": target}
 
     def _parallel(self, step: Parallel, path: str, attempt: int, outputs: Mapping[str, Any]) -> Any:
@@ -352,25 +429,44 @@ class _Runner:
         elif isinstance(items, (list, tuple)):
             keyed = list(enumerate(items))
         else:
-            raise StepFailure(f"the items of {step.id} must be a list or a dict, got {type(items).__name__}",
-                              name="InvalidItems")
+            raise StepFailure(
+                f"the items of {step.id} must be a list or a dict, got {type(items).__name__}", name="InvalidItems"
+            )
         too_long = next((key for key, _ in keyed if len(f"{path}[{key}]") > MAX_BRANCH_PATH), None)
         if too_long is not None:
-            raise StepFailure(f"the item key {str(too_long)[:40]!r}… of {step.id} makes a step path longer than "
-                              f"{MAX_BRANCH_PATH} characters; use shorter keys (or a list)", name="InvalidItems")
+            raise StepFailure(
+                f"the item key {str(too_long)[:40]!r}… of {step.id} makes a step path longer than "
+                f"{MAX_BRANCH_PATH} characters; use shorter keys (or a list)",
+                name="InvalidItems",
+            )
         if len(keyed) > step.max_branches:
-            raise StepFailure(f"{step.id} has {len(keyed)} items; max_branches is {step.max_branches}",
-                              name="too_many_branches")
+            raise StepFailure(
+                f"{step.id} has {len(keyed)} items; max_branches is {step.max_branches}", name="too_many_branches"
+            )
         group = self.record.group(path)  # recorded by an earlier execution of this attempt
         defer = self.recorder.defer  # committed with the boundary of the branch step that follows
         if group is None:
-            defer({"type": "ParallelGroupStarted", "payload": {
-                "stepPath": path, "attempt": attempt, "branchCount": len(keyed),
-                "maxConcurrency": step.max_concurrency, "failureMode": step.failure_mode}})
+            defer(
+                {
+                    "type": "ParallelGroupStarted",
+                    "payload": {
+                        "stepPath": path,
+                        "attempt": attempt,
+                        "branchCount": len(keyed),
+                        "maxConcurrency": step.max_concurrency,
+                        "failureMode": step.failure_mode,
+                    },
+                }
+            )
         scheduled = set(group.branches) if group is not None else set()
-        due = [{"type": "ParallelBranchScheduled", "payload": {
-            "stepPath": path, "branchPath": f"{path}[{key}]", "itemKey": key, "branchIndex": i}}
-            for i, (key, _) in enumerate(keyed) if f"{path}[{key}]" not in scheduled]
+        due = [
+            {
+                "type": "ParallelBranchScheduled",
+                "payload": {"stepPath": path, "branchPath": f"{path}[{key}]", "itemKey": key, "branchIndex": i},
+            }
+            for i, (key, _) in enumerate(keyed)
+            if f"{path}[{key}]" not in scheduled
+        ]
         if due:
             defer(*due)
         ended = {p for p, b in group.branches.items() if b.status in ENDED} if group is not None else set()
@@ -390,21 +486,33 @@ class _Runner:
             outcome, value = fresh[branch_path]
             if outcome == "failed" and not step.allow_failure:
                 if group is None or group.status not in ENDED:
-                    defer({"type": "ParallelGroupFailed", "payload": {"stepPath": path, "error": {
-                        "name": "BranchFailed", "message": f"{branch_path}: {value['message']}"}}})
+                    defer(
+                        {
+                            "type": "ParallelGroupFailed",
+                            "payload": {
+                                "stepPath": path,
+                                "error": {"name": "BranchFailed", "message": f"{branch_path}: {value['message']}"},
+                            },
+                        }
+                    )
                 raise StepFailure(f"branch {branch_path} failed: {value['message']}", name="BranchFailed")
             results.append((key, value if outcome == "completed" else {"status": "failed", "error": value}))
         if group is None or group.status not in ENDED:
-            defer({"type": "ParallelGroupCompleted", "payload": {
-                "stepPath": path, "branchCount": len(keyed), "fanInOrder": [key for key, _ in keyed]}})
+            defer(
+                {
+                    "type": "ParallelGroupCompleted",
+                    "payload": {"stepPath": path, "branchCount": len(keyed), "fanInOrder": [key for key, _ in keyed]},
+                }
+            )
         return dict(results) if isinstance(items, Mapping) else [output for _, output in results]
 
     def _completed(self, branch_path: str) -> bool:
         done = self.record.step(branch_path)
         return done is not None and done.status == "completed"
 
-    def _branch(self, step: Parallel, path: str, key: Any, item: Any, outputs: Mapping[str, Any],
-                ended: set[str]) -> tuple[str, Any]:
+    def _branch(
+        self, step: Parallel, path: str, key: Any, item: Any, outputs: Mapping[str, Any], ended: set[str]
+    ) -> tuple[str, Any]:
         """Run one branch (its step through its attempts) and defer its end: ("completed", output)
         or ("failed", error)."""
         branch_path = f"{path}[{key}]"
@@ -413,16 +521,22 @@ class _Runner:
         except StepFailure as failure:
             error = failure.as_error()
             if branch_path not in ended:
-                self.recorder.defer({"type": "ParallelBranchFailed", "payload": {
-                    "stepPath": path, "branchPath": branch_path, "error": error}})
+                self.recorder.defer(
+                    {
+                        "type": "ParallelBranchFailed",
+                        "payload": {"stepPath": path, "branchPath": branch_path, "error": error},
+                    }
+                )
             return "failed", error
         if branch_path not in ended:
-            self.recorder.defer({"type": "ParallelBranchCompleted", "payload": {
-                "stepPath": path, "branchPath": branch_path}})
+            self.recorder.defer(
+                {"type": "ParallelBranchCompleted", "payload": {"stepPath": path, "branchPath": branch_path}}
+            )
         return "completed", output
 
-    def _one_by_one(self, step: Parallel, path: str, todo: list[tuple[Any, Any]], outputs: Mapping[str, Any],
-                    ended: set[str]) -> dict[str, tuple[str, Any]]:
+    def _one_by_one(
+        self, step: Parallel, path: str, todo: list[tuple[Any, Any]], outputs: Mapping[str, Any], ended: set[str]
+    ) -> dict[str, tuple[str, Any]]:
         """The branches in this thread, in item order; a failure stops the rest (fail_fast)."""
         done: dict[str, tuple[str, Any]] = {}
         for key, item in todo:
@@ -431,8 +545,15 @@ class _Runner:
                 break
         return done
 
-    def _concurrently(self, step: Parallel, path: str, todo: list[tuple[Any, Any]], outputs: Mapping[str, Any],
-                      ended: set[str], threads: int) -> dict[str, tuple[str, Any]]:
+    def _concurrently(
+        self,
+        step: Parallel,
+        path: str,
+        todo: list[tuple[Any, Any]],
+        outputs: Mapping[str, Any],
+        ended: set[str],
+        threads: int,
+    ) -> dict[str, tuple[str, Any]]:
         """The branches on `threads` threads, each with its own view of the recorder (its facts in its
         own commits, under the run's one lease and write lock) and its own database connection,
         closed when it ends. A failed branch (fail_fast) or an executor error keeps the branches not
@@ -481,22 +602,53 @@ class _Runner:
                 workflow = get_workflow(step.workflow)
                 if not self.record.tool_started(call_id):
                     # The reservation is on the parent's log before the sub-run exists.
-                    self.recorder.append({"type": "harness.tool_call.started", "payload": {
-                        "callId": call_id, "caller": "workflow", "toolName": f"workflow:{step.workflow}",
-                        "args": {"subRunId": child_id, "workflow": step.workflow, "input": sub_input},
-                        "effect": "write", "stepPath": path, "subRunId": child_id}})
+                    self.recorder.append(
+                        {
+                            "type": "harness.tool_call.started",
+                            "payload": {
+                                "callId": call_id,
+                                "caller": "workflow",
+                                "toolName": f"workflow:{step.workflow}",
+                                "args": {"subRunId": child_id, "workflow": step.workflow, "input": sub_input},
+                                "effect": "write",
+                                "stepPath": path,
+                                "subRunId": child_id,
+                            },
+                        }
+                    )
                 if self.replay is not None:  # the sub-run is re-executed too, against its original's record
-                    outcome = self.replay.run_child(workspace=self.workspace, workflow=workflow, input=sub_input,
-                                                    run_id=child_id, call_id=call_id, parent=self.recorder)
+                    outcome = self.replay.run_child(
+                        workspace=self.workspace,
+                        workflow=workflow,
+                        input=sub_input,
+                        run_id=child_id,
+                        call_id=call_id,
+                        parent=self.recorder,
+                    )
                 else:
-                    outcome = start_run(workspace=self.workspace, workflow=workflow, input=sub_input, run_id=child_id,
-                                        parent_run_id=self.recorder.run_id, parent=self.recorder)
+                    outcome = start_run(
+                        workspace=self.workspace,
+                        workflow=workflow,
+                        input=sub_input,
+                        run_id=child_id,
+                        parent_run_id=self.recorder.run_id,
+                        parent=self.recorder,
+                    )
             field = "result" if outcome.status == RunStatus.COMPLETED else "error"
             value = outcome.output if field == "result" else outcome.error
             # Committed with the step's end: the sub-run's own log already holds its outcome.
-            self.recorder.defer({"type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",
-                                 "payload": {"callId": call_id, field: value, "stepPath": path, "subRunId": child_id,
-                                             "durationMs": round((time.monotonic() - began) * 1000)}})
+            self.recorder.defer(
+                {
+                    "type": f"harness.tool_call.{'succeeded' if field == 'result' else 'failed'}",
+                    "payload": {
+                        "callId": call_id,
+                        field: value,
+                        "stepPath": path,
+                        "subRunId": child_id,
+                        "durationMs": round((time.monotonic() - began) * 1000),
+                    },
+                }
+            )
             recorded = (field, value)
         field, value = recorded
         if field == "result":
@@ -508,8 +660,10 @@ class _Runner:
 
 
 def _attempt_started(step: Step, path: str, attempt: int) -> dict[str, Any]:
-    return {"type": "StepAttemptStarted", "payload": {
-        "stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}"}}
+    return {
+        "type": "StepAttemptStarted",
+        "payload": {"stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}"},
+    }
 
 
 def _user_code(fn: Any, arg: Any, outputs: Mapping[str, Any]) -> Any:

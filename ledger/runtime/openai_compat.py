@@ -44,9 +44,13 @@ class ModelProviderError(LedgerError):
 
 def _configured() -> dict[str, str]:
     """The provider's settings that are set, by their environment variable names."""
-    values = {BASE_URL_ENV: settings.RUNLEDGER_OPENAI_BASE_URL, API_KEY_ENV: settings.RUNLEDGER_OPENAI_API_KEY,
-              MODEL_ENV: settings.RUNLEDGER_OPENAI_MODEL, PROVIDER_ENV: settings.RUNLEDGER_OPENAI_PROVIDER,
-              TIMEOUT_ENV: settings.RUNLEDGER_OPENAI_TIMEOUT_S}
+    values = {
+        BASE_URL_ENV: settings.RUNLEDGER_OPENAI_BASE_URL,
+        API_KEY_ENV: settings.RUNLEDGER_OPENAI_API_KEY,
+        MODEL_ENV: settings.RUNLEDGER_OPENAI_MODEL,
+        PROVIDER_ENV: settings.RUNLEDGER_OPENAI_PROVIDER,
+        TIMEOUT_ENV: settings.RUNLEDGER_OPENAI_TIMEOUT_S,
+    }
     return {name: value for name, value in values.items() if value is not None}
 
 
@@ -90,14 +94,21 @@ class OpenAICompatibleProvider:
         if missing:
             raise ModelProviderError(
                 f"the openai-compatible provider is not configured: set {', '.join(sorted(missing))} "
-                f"(an empty {API_KEY_ENV} is allowed for servers that need no key)", missing=sorted(missing))
+                f"(an empty {API_KEY_ENV} is allowed for servers that need no key)",
+                missing=sorted(missing),
+            )
         raw_timeout = env.get(TIMEOUT_ENV, "").strip()
         try:
             timeout_s = float(raw_timeout) if raw_timeout else DEFAULT_TIMEOUT_S
         except ValueError:
             raise ModelProviderError(f"{TIMEOUT_ENV} must be a number of seconds, got {raw_timeout!r}") from None
-        return cls(base_url=env[BASE_URL_ENV], api_key=env[API_KEY_ENV], model=env[MODEL_ENV],
-                   timeout_s=timeout_s, name=env.get(PROVIDER_ENV, "").strip() or DEFAULT_PROVIDER)
+        return cls(
+            base_url=env[BASE_URL_ENV],
+            api_key=env[API_KEY_ENV],
+            model=env[MODEL_ENV],
+            timeout_s=timeout_s,
+            name=env.get(PROVIDER_ENV, "").strip() or DEFAULT_PROVIDER,
+        )
 
     @property
     def endpoint(self) -> str:
@@ -132,13 +143,17 @@ class OpenAICompatibleProvider:
         except httpx.HTTPError as exc:
             raise self._error(f"could not reach {self._where()}: {type(exc).__name__}: {exc}") from None
         if not response.is_success:
-            raise self._error(f"{self._where()} answered HTTP {response.status_code}: {_server_message(response)}",
-                              httpStatus=response.status_code)
+            raise self._error(
+                f"{self._where()} answered HTTP {response.status_code}: {_server_message(response)}",
+                httpStatus=response.status_code,
+            )
         try:
             return response.json()
         except ValueError:
-            raise self._error(f"{self._where()} answered HTTP {response.status_code} with a body that is not "
-                              f"JSON: {_snippet(response.text)!r}") from None
+            raise self._error(
+                f"{self._where()} answered HTTP {response.status_code} with a body that is not "
+                f"JSON: {_snippet(response.text)!r}"
+            ) from None
 
     def _where(self) -> str:
         url = httpx.URL(self.endpoint)
@@ -153,8 +168,10 @@ class OpenAICompatibleProvider:
 
 # --- the runtime's conversation as OpenAI chat messages ------------------------------------------
 
-def chat_request(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
-                 ) -> dict[str, Any]:
+
+def chat_request(
+    model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """The chat completions body for session.py's `{messages, tools}`."""
     body: dict[str, Any] = {"model": model, "messages": [chat_message(m) for m in messages]}
     if tools:
@@ -180,9 +197,14 @@ def chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         calls = message.get("toolCalls") or []
         if calls:
-            out["tool_calls"] = [{"id": c.get("id"), "type": "function",
-                                  "function": {"name": c.get("name"), "arguments": json.dumps(c.get("args", {}))}}
-                                 for c in calls]
+            out["tool_calls"] = [
+                {
+                    "id": c.get("id"),
+                    "type": "function",
+                    "function": {"name": c.get("name"), "arguments": json.dumps(c.get("args", {}))},
+                }
+                for c in calls
+            ]
         return out
     if role == "tool":
         # session.py records the outcome under `result` or `error`; the model reads one string.
@@ -197,6 +219,7 @@ def _text(value: Any) -> str:
 
 # --- the reply ------------------------------------------------------------------------------------
 
+
 def parse_reply(data: Any) -> ModelReply:
     """A chat completion as a ModelReply; anything it cannot read raises ModelProviderError."""
     if not isinstance(data, Mapping):
@@ -207,9 +230,11 @@ def parse_reply(data: Any) -> ModelReply:
     message = choices[0].get("message")
     if not isinstance(message, Mapping):
         raise ModelProviderError("choices[0] has no message")
-    return ModelReply(text=_reply_text(message.get("content")),
-                      tool_calls=[_tool_call(i, c) for i, c in enumerate(message.get("tool_calls") or [])],
-                      usage=usage_of(data.get("usage")))
+    return ModelReply(
+        text=_reply_text(message.get("content")),
+        tool_calls=[_tool_call(i, c) for i, c in enumerate(message.get("tool_calls") or [])],
+        usage=usage_of(data.get("usage")),
+    )
 
 
 def _reply_text(content: Any) -> str | None:
@@ -232,13 +257,16 @@ def _tool_call(index: int, call: Any) -> dict[str, Any]:
         try:
             args = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ModelProviderError(f"tool call {call['id']} ({name}) has arguments that are not valid JSON "
-                                     f"({exc.msg} at position {exc.pos}): {_snippet(raw)!r}") from None
+            raise ModelProviderError(
+                f"tool call {call['id']} ({name}) has arguments that are not valid JSON "
+                f"({exc.msg} at position {exc.pos}): {_snippet(raw)!r}"
+            ) from None
     else:
         args = raw
     if not isinstance(args, Mapping):
-        raise ModelProviderError(f"tool call {call['id']} ({name}) has arguments that are a JSON "
-                                 f"{type(args).__name__}, not an object")
+        raise ModelProviderError(
+            f"tool call {call['id']} ({name}) has arguments that are a JSON {type(args).__name__}, not an object"
+        )
     return {"id": str(call["id"]), "name": name, "args": dict(args)}
 
 

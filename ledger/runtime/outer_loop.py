@@ -45,12 +45,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..reads import selectors
 from ..canonical import canonical_json, digest
 from ..errors import LedgerError, NotFound
-from ..models import Run, RunStatus, Workspace
 from ..fold.pricing import UsageTotals
 from ..log.envelopes import log_of
+from ..models import Run, RunStatus, Workspace
+from ..reads import selectors
 from ..reads.subruns import subrun_tree
 from .errors import RuntimeIntegrityError
 from .executor import start_run
@@ -124,8 +124,9 @@ def new_outer_loop_id() -> str:
 
 def check_outer_loop_id(outer_loop_id: str) -> str:
     if not isinstance(outer_loop_id, str) or not OUTER_LOOP_ID.match(outer_loop_id):
-        raise InvalidOuterLoop(f"outer loop id {outer_loop_id!r} must match {OUTER_LOOP_ID.pattern}",
-                               outerLoopId=str(outer_loop_id)[:80])
+        raise InvalidOuterLoop(
+            f"outer loop id {outer_loop_id!r} must match {OUTER_LOOP_ID.pattern}", outerLoopId=str(outer_loop_id)[:80]
+        )
     return outer_loop_id
 
 
@@ -171,10 +172,16 @@ class Cycle:
     usage: UsageTotals = field(default_factory=UsageTotals)  # the cycle run's, with its sub-runs
 
     def to_json(self) -> dict[str, Any]:
-        return {"cycleNumber": self.cycle_number, "runId": self.run_id, "status": self.status,
-                "workflowVersionId": self.workflow_version_id, "output": self.output, "error": self.error,
-                "supervise": dict(self.supervise) if self.supervise is not None else None,
-                "usage": usage_json(self.usage)}
+        return {
+            "cycleNumber": self.cycle_number,
+            "runId": self.run_id,
+            "status": self.status,
+            "workflowVersionId": self.workflow_version_id,
+            "output": self.output,
+            "error": self.error,
+            "supervise": dict(self.supervise) if self.supervise is not None else None,
+            "usage": usage_json(self.usage),
+        }
 
 
 @dataclass(frozen=True)
@@ -210,9 +217,12 @@ def get_supervisor(name: str) -> Supervisor:
     try:
         return _SUPERVISORS[name]
     except KeyError:
-        raise UnknownSupervisor(f"no supervise adapter named {name!r} is registered (known: "
-                                f"{sorted(_SUPERVISORS)}); register it with register_supervisor in a module of "
-                                "RUNLEDGER_WORKFLOW_MODULES", supervise=name) from None
+        raise UnknownSupervisor(
+            f"no supervise adapter named {name!r} is registered (known: "
+            f"{sorted(_SUPERVISORS)}); register it with register_supervisor in a module of "
+            "RUNLEDGER_WORKFLOW_MODULES",
+            supervise=name,
+        ) from None
 
 
 def _supervisor_name(supervise: str | Supervisor | None) -> str | None:
@@ -234,18 +244,27 @@ def _verdict(answer: Any, ctx: SuperviseContext) -> dict[str, Any]:
     elif kind == "continue":
         note = answer.get("promptNote")
         if note is not None and not isinstance(note, str):
-            raise SuperviseFailed(f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} answered a "
-                                  "promptNote that is not a string", outerLoopId=ctx.outer_loop_id)
+            raise SuperviseFailed(
+                f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} answered a "
+                "promptNote that is not a string",
+                outerLoopId=ctx.outer_loop_id,
+            )
         verdict = {"kind": "continue", **({"promptNote": note} if note is not None else {})}
     else:
-        raise SuperviseFailed(f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} answered "
-                              f"{str(answer)[:200]!r}; expected {{'kind': 'done', 'finalOutput': …}} or "
-                              "{'kind': 'continue', 'promptNote': …}", outerLoopId=ctx.outer_loop_id)
+        raise SuperviseFailed(
+            f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} answered "
+            f"{str(answer)[:200]!r}; expected {{'kind': 'done', 'finalOutput': …}} or "
+            "{'kind': 'continue', 'promptNote': …}",
+            outerLoopId=ctx.outer_loop_id,
+        )
     try:
         canonical_json(verdict)
     except (TypeError, ValueError) as exc:
-        raise SuperviseFailed(f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} answered a "
-                              f"value with no JSON form: {exc}", outerLoopId=ctx.outer_loop_id) from exc
+        raise SuperviseFailed(
+            f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} answered a "
+            f"value with no JSON form: {exc}",
+            outerLoopId=ctx.outer_loop_id,
+        ) from exc
     return verdict
 
 
@@ -253,10 +272,15 @@ def _verdict(answer: Any, ctx: SuperviseContext) -> dict[str, Any]:
 
 
 def usage_json(usage: UsageTotals) -> dict[str, Any]:
-    return {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
-            "cachedInputTokens": usage.cached_input_tokens, "reasoningTokens": usage.reasoning_tokens,
-            "costUsd": float(usage.cost_usd) if usage.cost_usd is not None else None,
-            "pricedCalls": usage.priced_calls, "unpricedCalls": usage.unpriced_calls}
+    return {
+        "inputTokens": usage.input_tokens,
+        "outputTokens": usage.output_tokens,
+        "cachedInputTokens": usage.cached_input_tokens,
+        "reasoningTokens": usage.reasoning_tokens,
+        "costUsd": float(usage.cost_usd) if usage.cost_usd is not None else None,
+        "pricedCalls": usage.priced_calls,
+        "unpricedCalls": usage.unpriced_calls,
+    }
 
 
 @dataclass(frozen=True)
@@ -301,10 +325,18 @@ class LoopState:
     def to_json(self) -> dict[str, Any]:
         pending = self.pending
         return {
-            "outerLoopId": self.outer_loop_id, "recordRunId": self.record_run_id, "status": self.status,
-            "goal": {"workflow": self.workflow, "workflowDefinitionHash": self.workflow_definition_hash,
-                     "workflowVersionId": self.workflow_version_id, "description": self.description},
-            "input": self.input, "maxCycles": self.max_cycles, "supervise": self.supervise,
+            "outerLoopId": self.outer_loop_id,
+            "recordRunId": self.record_run_id,
+            "status": self.status,
+            "goal": {
+                "workflow": self.workflow,
+                "workflowDefinitionHash": self.workflow_definition_hash,
+                "workflowVersionId": self.workflow_version_id,
+                "description": self.description,
+            },
+            "input": self.input,
+            "maxCycles": self.max_cycles,
+            "supervise": self.supervise,
             "cycles": [c.to_json() for c in self.cycles],
             **({"result": dict(self.result)} if self.result is not None else {}),
             **({"error": self.error} if self.error is not None else {}),
@@ -331,13 +363,19 @@ def read_loop(workspace: Workspace, outer_loop_id: str, record: Run | None = Non
     max_cycles = spec.get("maxCycles") if isinstance(spec, Mapping) else None
 
     def corrupt(why: str) -> OuterLoopManifestCorrupt:
-        return OuterLoopManifestCorrupt(f"outer_loop_manifest_corrupt — existing outer loop '{outer_loop_id}' {why}",
-                                        outerLoopId=outer_loop_id)
+        return OuterLoopManifestCorrupt(
+            f"outer_loop_manifest_corrupt — existing outer loop '{outer_loop_id}' {why}", outerLoopId=outer_loop_id
+        )
 
-    if (not isinstance(goal, Mapping) or not isinstance(goal.get("workflowDefinitionHash"), str)
-            or not isinstance(goal.get("workflow"), str)):
-        raise corrupt("has no goal (its record's RunStarted carries no outerLoop.goal with a workflow and its "
-                      "workflowDefinitionHash).")
+    if (
+        not isinstance(goal, Mapping)
+        or not isinstance(goal.get("workflowDefinitionHash"), str)
+        or not isinstance(goal.get("workflow"), str)
+    ):
+        raise corrupt(
+            "has no goal (its record's RunStarted carries no outerLoop.goal with a workflow and its "
+            "workflowDefinitionHash)."
+        )
     if not isinstance(max_cycles, int) or isinstance(max_cycles, bool) or not 1 <= max_cycles <= MAX_CYCLES:
         raise corrupt(f"has maxCycles={max_cycles!r}, not a whole number from 1 to {MAX_CYCLES}.")
     if started.get("outerLoopId") != outer_loop_id:
@@ -378,20 +416,36 @@ def read_loop(workspace: Workspace, outer_loop_id: str, record: Run | None = Non
         output = None
         if row.status == RunStatus.COMPLETED:
             output = inline_or_ref(workspace, row.output, row.output_ref or None)
-        cycles.append(Cycle(cycle_number=n, run_id=row.run_id, status=row.status,
-                            workflow_version_id=row.workflow_version_id, output=output, error=row.error,
-                            supervise=verdicts.get(n), usage=subrun_tree(row).usage))
+        cycles.append(
+            Cycle(
+                cycle_number=n,
+                run_id=row.run_id,
+                status=row.status,
+                workflow_version_id=row.workflow_version_id,
+                output=output,
+                error=row.error,
+                supervise=verdicts.get(n),
+                usage=subrun_tree(row).usage,
+            )
+        )
     result = None
     if state.status == RunStatus.COMPLETED:
         result = {"kind": "done", "finalOutput": inline_or_ref(workspace, state.output, state.output_ref)}
     return LoopState(
-        outer_loop_id=outer_loop_id, record=record, workflow=str(goal["workflow"]),
+        outer_loop_id=outer_loop_id,
+        record=record,
+        workflow=str(goal["workflow"]),
         workflow_definition_hash=str(goal["workflowDefinitionHash"]),
-        workflow_version_id=str(goal.get("workflowVersionId", "")), description=str(goal.get("description", "")),
-        input=inline_or_ref(workspace, state.input, state.input_ref), max_cycles=max_cycles,
+        workflow_version_id=str(goal.get("workflowVersionId", "")),
+        description=str(goal.get("description", "")),
+        input=inline_or_ref(workspace, state.input, state.input_ref),
+        max_cycles=max_cycles,
         supervise=spec.get("supervise") if isinstance(spec.get("supervise"), str) else None,  # type: ignore[union-attr]
-        cycles=tuple(cycles), status=state.status if state.status in RunStatus.finished() else RunStatus.RUNNING,
-        result=result, error=state.error if state.status == RunStatus.FAILED else None)
+        cycles=tuple(cycles),
+        status=state.status if state.status in RunStatus.finished() else RunStatus.RUNNING,
+        result=result,
+        error=state.error if state.status == RunStatus.FAILED else None,
+    )
 
 
 # --- driving a loop --------------------------------------------------------------------------
@@ -402,19 +456,34 @@ def cycle_input(loop: LoopState, cycle_number: int) -> dict[str, Any]:
     output and the supervise adapter's note), all from the ledger, so a resume computes it again."""
     before = loop.cycles[cycle_number - 2] if cycle_number > 1 else None
     note = before.supervise.get("promptNote") if before is not None and before.supervise is not None else None
-    return {"goal": loop.description, "input": loop.input, "cycleNumber": cycle_number, "maxCycles": loop.max_cycles,
-            "promptNote": note, "previousOutput": before.output if before is not None else None}
+    return {
+        "goal": loop.description,
+        "input": loop.input,
+        "cycleNumber": cycle_number,
+        "maxCycles": loop.max_cycles,
+        "promptNote": note,
+        "previousOutput": before.output if before is not None else None,
+    }
 
 
-def start_outer_loop(*, workspace: Workspace, workflow: str | Workflow, input: Any, max_cycles: int,
-                     goal: str = "", supervise: str | Supervisor | None = None, outer_loop_id: str | None = None,
-                     take_over: bool = False) -> LoopState:
+def start_outer_loop(
+    *,
+    workspace: Workspace,
+    workflow: str | Workflow,
+    input: Any,
+    max_cycles: int,
+    goal: str = "",
+    supervise: str | Supervisor | None = None,
+    outer_loop_id: str | None = None,
+    take_over: bool = False,
+) -> LoopState:
     """Start a loop and drive it to its end; an existing `outer_loop_id` is resumed instead, after
     checking that the caller asks for the loop it was started as."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or not 1 <= max_cycles <= MAX_CYCLES:
-        raise InvalidOuterLoop(f"maxCycles must be a whole number from 1 to {MAX_CYCLES}, got {max_cycles!r}",
-                               maxCycles=str(max_cycles))
+        raise InvalidOuterLoop(
+            f"maxCycles must be a whole number from 1 to {MAX_CYCLES}, got {max_cycles!r}", maxCycles=str(max_cycles)
+        )
     adapter = _adapter(supervise, max_cycles)
     outer_loop_id = check_outer_loop_id(outer_loop_id or new_outer_loop_id())
     canonical_json(input)  # a value with no JSON form is refused before anything is written
@@ -423,24 +492,47 @@ def start_outer_loop(*, workspace: Workspace, workflow: str | Workflow, input: A
         loop = read_loop(workspace, outer_loop_id, record)
         _check_same_loop(loop, wf, max_cycles, goal, input)
         return _drive(workspace, outer_loop_id, wf, adapter, take_over)
-    Recorder(workspace=workspace, run_id=record_run_id(outer_loop_id), last_sequence=0).append({
-        "type": "RunStarted", "payload": {
-            "workflowVersionId": RECORD_VERSION_PREFIX + wf.version_id, "outerLoopId": outer_loop_id,
-            "label": f"outer loop {outer_loop_id}", "input": input,
-            "outerLoop": {"goal": {"workflow": wf.name, "workflowDefinitionHash": wf.version,
-                                   "workflowVersionId": wf.version_id, "description": goal},
-                          "maxCycles": max_cycles, "supervise": _supervisor_name(supervise)}}})
+    Recorder(workspace=workspace, run_id=record_run_id(outer_loop_id), last_sequence=0).append(
+        {
+            "type": "RunStarted",
+            "payload": {
+                "workflowVersionId": RECORD_VERSION_PREFIX + wf.version_id,
+                "outerLoopId": outer_loop_id,
+                "label": f"outer loop {outer_loop_id}",
+                "input": input,
+                "outerLoop": {
+                    "goal": {
+                        "workflow": wf.name,
+                        "workflowDefinitionHash": wf.version,
+                        "workflowVersionId": wf.version_id,
+                        "description": goal,
+                    },
+                    "maxCycles": max_cycles,
+                    "supervise": _supervisor_name(supervise),
+                },
+            },
+        }
+    )
     return _drive(workspace, outer_loop_id, wf, adapter, take_over)
 
 
-def resume_outer_loop(*, workspace: Workspace, outer_loop_id: str, workflow: str | Workflow | None = None,
-                      max_cycles: int | None = None, supervise: str | Supervisor | None = None,
-                      take_over: bool = False) -> LoopState:
+def resume_outer_loop(
+    *,
+    workspace: Workspace,
+    outer_loop_id: str,
+    workflow: str | Workflow | None = None,
+    max_cycles: int | None = None,
+    supervise: str | Supervisor | None = None,
+    take_over: bool = False,
+) -> LoopState:
     """Continue a loop from where its record ends: recorded cycles are not run or supervised again,
     the pending cycle's run is resumed (or started, if it never was)."""
     loop = read_loop(workspace, outer_loop_id)
-    wf = get_workflow(workflow if workflow is not None else loop.workflow) if not isinstance(workflow, Workflow) \
+    wf = (
+        get_workflow(workflow if workflow is not None else loop.workflow)
+        if not isinstance(workflow, Workflow)
         else workflow
+    )
     _check_same_loop(loop, wf, loop.max_cycles if max_cycles is None else max_cycles, None, None)
     adapter = _adapter(supervise if supervise is not None else loop.supervise, loop.max_cycles)
     return _drive(workspace, outer_loop_id, wf, adapter, take_over)
@@ -451,7 +543,9 @@ def _adapter(supervise: str | Supervisor | None, max_cycles: int) -> Supervisor 
         if max_cycles > 1:
             raise OuterLoopWithoutSupervisor(
                 f"outer_loop_requested_without_supervise_adapter — maxOuterCycles={max_cycles} needs a supervise "
-                "adapter to decide between cycles; pass one, or maxCycles=1", maxCycles=max_cycles)
+                "adapter to decide between cycles; pass one, or maxCycles=1",
+                maxCycles=max_cycles,
+            )
         return None
     return get_supervisor(supervise) if isinstance(supervise, str) else supervise
 
@@ -462,25 +556,35 @@ def _check_same_loop(loop: LoopState, wf: Workflow, max_cycles: int, goal: str |
         raise OuterLoopMaxCyclesMismatch(
             f"outer_loop_max_cycles_mismatch — existing outer loop '{ol}' was started with "
             f"maxCycles={loop.max_cycles}, caller now passed maxOuterCycles={max_cycles}.",
-            outerLoopId=ol, recorded=loop.max_cycles, passed=max_cycles)
+            outerLoopId=ol,
+            recorded=loop.max_cycles,
+            passed=max_cycles,
+        )
     if loop.workflow_definition_hash != wf.version:
         raise OuterLoopGoalMismatch(
             f"outer_loop_goal_mismatch — existing outer loop '{ol}' was started with "
             f"workflowDefinitionHash={loop.workflow_definition_hash}, caller now passed {wf.version}.",
-            outerLoopId=ol, recorded=loop.workflow_definition_hash, passed=wf.version)
+            outerLoopId=ol,
+            recorded=loop.workflow_definition_hash,
+            passed=wf.version,
+        )
     if goal is not None and goal != loop.description:
         raise OuterLoopGoalMismatch(
             f"outer_loop_goal_mismatch — existing outer loop '{ol}' was started with "
             f"description={canonical_json(loop.description)}, caller now passed {canonical_json(goal)}.",
-            outerLoopId=ol)
+            outerLoopId=ol,
+        )
     if goal is not None and digest(input) != digest(loop.input):
         raise OuterLoopGoalMismatch(
             f"outer_loop_goal_mismatch — existing outer loop '{ol}' was started with input "
-            f"{digest(loop.input)}, caller now passed {digest(input)}.", outerLoopId=ol)
+            f"{digest(loop.input)}, caller now passed {digest(input)}.",
+            outerLoopId=ol,
+        )
 
 
-def _drive(workspace: Workspace, outer_loop_id: str, wf: Workflow, adapter: Supervisor | None,
-           take_over: bool) -> LoopState:
+def _drive(
+    workspace: Workspace, outer_loop_id: str, wf: Workflow, adapter: Supervisor | None, take_over: bool
+) -> LoopState:
     with Recorder.leased(workspace=workspace, run_id=record_run_id(outer_loop_id), take_over=take_over) as recorder:
         loop = read_loop(workspace, outer_loop_id)  # as it stands now that this driver holds the loop
         while loop.status == RunStatus.RUNNING:
@@ -489,20 +593,43 @@ def _drive(workspace: Workspace, outer_loop_id: str, wf: Workflow, adapter: Supe
                 _finish(recorder, loop, wf, None)
                 break
             n = pending.cycle_number
-            outcome = start_run(workspace=workspace, workflow=wf, input=cycle_input(loop, n), run_id=pending.run_id,
-                                take_over=take_over, parent=recorder, outer_loop_id=outer_loop_id,
-                                label=f"{outer_loop_id} cycle {n}")
+            outcome = start_run(
+                workspace=workspace,
+                workflow=wf,
+                input=cycle_input(loop, n),
+                run_id=pending.run_id,
+                take_over=take_over,
+                parent=recorder,
+                outer_loop_id=outer_loop_id,
+                label=f"{outer_loop_id} cycle {n}",
+            )
             recorder.keep_alive()  # a long supervise call starts with the loop's lease renewed, if due
             earlier = loop.cycles[:-1]
-            ctx = SuperviseContext(outer_loop_id=outer_loop_id, goal=loop.description, input=loop.input,
-                                   cycle_number=n, max_cycles=loop.max_cycles, run_id=outcome.run_id,
-                                   status=outcome.status, output=outcome.output, error=outcome.error,
-                                   earlier=earlier)
+            ctx = SuperviseContext(
+                outer_loop_id=outer_loop_id,
+                goal=loop.description,
+                input=loop.input,
+                cycle_number=n,
+                max_cycles=loop.max_cycles,
+                run_id=outcome.run_id,
+                status=outcome.status,
+                output=outcome.output,
+                error=outcome.error,
+                earlier=earlier,
+            )
             verdict = _supervise(adapter, ctx)
-            event = {"type": "OuterLoopCycleCompleted", "payload": {
-                "outerLoopId": outer_loop_id, "cycleNumber": n, "runId": outcome.run_id, "supervise": verdict}}
-            done_cycle = replace(pending, status=outcome.status, output=outcome.output, error=outcome.error,
-                                 supervise=verdict)
+            event = {
+                "type": "OuterLoopCycleCompleted",
+                "payload": {
+                    "outerLoopId": outer_loop_id,
+                    "cycleNumber": n,
+                    "runId": outcome.run_id,
+                    "supervise": verdict,
+                },
+            }
+            done_cycle = replace(
+                pending, status=outcome.status, output=outcome.output, error=outcome.error, supervise=verdict
+            )
             loop = replace(loop, cycles=(*earlier, done_cycle))
             if verdict["kind"] == "done" or n >= loop.max_cycles:
                 _finish(recorder, loop, wf, event)
@@ -520,8 +647,10 @@ def _supervise(adapter: Supervisor | None, ctx: SuperviseContext) -> dict[str, A
     try:
         answer = adapter(ctx)
     except Exception as exc:  # the adapter's failure leaves the loop resumable, nothing recorded
-        raise SuperviseFailed(f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} raised "
-                              f"{type(exc).__name__}: {exc}", outerLoopId=ctx.outer_loop_id) from exc
+        raise SuperviseFailed(
+            f"supervise of outer loop {ctx.outer_loop_id} cycle {ctx.cycle_number} raised {type(exc).__name__}: {exc}",
+            outerLoopId=ctx.outer_loop_id,
+        ) from exc
     return _verdict(answer, ctx)
 
 
@@ -531,10 +660,20 @@ def _finish(recorder: Recorder, loop: LoopState, wf: Workflow, cycle_event: Mapp
     version = RECORD_VERSION_PREFIX + wf.version_id
     assert last.supervise is not None
     if last.supervise["kind"] == "done":
-        end: dict[str, Any] = {"type": "RunCompleted", "payload": {
-            "workflowVersionId": version, "output": last.supervise.get("finalOutput")}}
+        end: dict[str, Any] = {
+            "type": "RunCompleted",
+            "payload": {"workflowVersionId": version, "output": last.supervise.get("finalOutput")},
+        }
     else:
-        end = {"type": "RunFailed", "payload": {"workflowVersionId": version, "error": {
-            "name": "OuterLoopExhausted", "causeCode": EXHAUSTED,
-            "message": exhausted_message(len(loop.cycles), loop.outer_loop_id)}}}
+        end = {
+            "type": "RunFailed",
+            "payload": {
+                "workflowVersionId": version,
+                "error": {
+                    "name": "OuterLoopExhausted",
+                    "causeCode": EXHAUSTED,
+                    "message": exhausted_message(len(loop.cycles), loop.outer_loop_id),
+                },
+            },
+        }
     recorder.append(*([cycle_event] if cycle_event is not None else []), end)

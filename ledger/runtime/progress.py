@@ -15,13 +15,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from decimal import Decimal
-from typing import IO, Any, Union
+from typing import IO, Any
 
 from django.core.management.base import OutputWrapper
 
 from ..models import Run, Step, Workspace
 
-Stream = Union[IO[str], OutputWrapper]  # a command's stderr, or any text stream
+Stream = IO[str] | OutputWrapper  # a command's stderr, or any text stream
 _VISIT = re.compile(r"\.visit\[\d+\]$")
 
 
@@ -42,8 +42,16 @@ def cost_text(cost: Decimal | None, unpriced: int) -> str:
 class Reporter:
     """What one execution shows; `tty` decides the form (None: whether `stream` is a terminal)."""
 
-    def __init__(self, stream: Stream, *, workspace: Workspace, run_id: str, step_ids: Sequence[str],
-                 completed: Sequence[str] = (), tty: bool | None = None) -> None:
+    def __init__(
+        self,
+        stream: Stream,
+        *,
+        workspace: Workspace,
+        run_id: str,
+        step_ids: Sequence[str],
+        completed: Sequence[str] = (),
+        tty: bool | None = None,
+    ) -> None:
         self.stream, self.workspace, self.run_id = stream, workspace, run_id
         self.step_ids = list(step_ids)
         self.done: set[str] = {s for s in (step_id_of(p) for p in completed) if s in self.step_ids}
@@ -55,9 +63,13 @@ class Reporter:
         self._width = 0
 
     def line(self) -> str:
-        where = f"step {self.current}" if self.current else ("done" if len(self.done) == len(self.step_ids) else "starting")
-        return (f"{self.run_id}: {len(self.done)}/{len(self.step_ids)} steps done · {where} · "
-                f"{cost_text(self.cost, self.unpriced)}")
+        where = (
+            f"step {self.current}" if self.current else ("done" if len(self.done) == len(self.step_ids) else "starting")
+        )
+        return (
+            f"{self.run_id}: {len(self.done)}/{len(self.step_ids)} steps done · {where} · "
+            f"{cost_text(self.cost, self.unpriced)}"
+        )
 
     def written(self, events: Sequence[Mapping[str, Any]]) -> None:
         for event in events:
@@ -74,8 +86,11 @@ class Reporter:
                 if self.current == step:
                     self.current = None
         if any(e.get("type") == "harness.model.responded" for e in events):
-            usage = Run.objects.filter(workspace=self.workspace, run_id=self.run_id).values_list(
-                "cost_usd", "unpriced_calls").first()
+            usage = (
+                Run.objects.filter(workspace=self.workspace, run_id=self.run_id)
+                .values_list("cost_usd", "unpriced_calls")
+                .first()
+            )
             if usage is not None:
                 self.cost, self.unpriced = usage
         self.show()
@@ -126,12 +141,20 @@ def notify(run_id: str, events: Sequence[Mapping[str, Any]]) -> None:
         reporter.written(events)
 
 
-
-
-def reporter_for(stream: Stream, *, workspace: Workspace, run_id: str, workflow: Any,
-                 tty: bool | None = None) -> Reporter:
+def reporter_for(
+    stream: Stream, *, workspace: Workspace, run_id: str, workflow: Any, tty: bool | None = None
+) -> Reporter:
     """A reporter of `run_id` executing `workflow`, counting the steps its log already completed."""
-    completed = list(Step.objects.filter(run__workspace=workspace, run__run_id=run_id, status="completed")
-                     .values_list("step_path", flat=True))
-    return Reporter(stream, workspace=workspace, run_id=run_id, step_ids=[s.id for s in workflow.steps],
-                    completed=completed, tty=tty)
+    completed = list(
+        Step.objects.filter(run__workspace=workspace, run__run_id=run_id, status="completed").values_list(
+            "step_path", flat=True
+        )
+    )
+    return Reporter(
+        stream,
+        workspace=workspace,
+        run_id=run_id,
+        step_ids=[s.id for s in workflow.steps],
+        completed=completed,
+        tty=tty,
+    )

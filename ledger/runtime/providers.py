@@ -38,8 +38,9 @@ class ScriptedProvider:
     def generate(self, request: ModelRequest) -> ModelReply:
         self.invocations.append((request.step_path, request.turn))
         if self.invocation_log is not None:
-            append_invocation(self.invocation_log, {"kind": "model", "stepPath": request.step_path,
-                                                    "turn": request.turn})
+            append_invocation(
+                self.invocation_log, {"kind": "model", "stepPath": request.step_path, "turn": request.turn}
+            )
         if callable(self.script):
             entry = self.script(request)
         else:
@@ -49,8 +50,7 @@ class ScriptedProvider:
                 raise ScriptExhausted(f"the script has no reply for {request.step_path} turn {request.turn}")
             entry = replies[request.turn - 1]
         usage = dict(entry.get("usage") or {"inputTokens": 100 * request.turn, "outputTokens": 20})
-        return ModelReply(text=entry.get("text"), tool_calls=[dict(c) for c in entry.get("toolCalls", ())],
-                          usage=usage)
+        return ModelReply(text=entry.get("text"), tool_calls=[dict(c) for c in entry.get("toolCalls", ())], usage=usage)
 
 
 def append_invocation(path: Path, record: Mapping[str, Any]) -> None:
@@ -90,8 +90,9 @@ def provider_for(*, provider: str, model: str, current: ModelProvider) -> ModelP
 
     factory = _PROVIDERS.get(provider)
     if factory is None:
-        raise UnknownModelProvider(f"no model provider named {provider!r} is registered (known: {known_providers()})",
-                                   provider=provider)
+        raise UnknownModelProvider(
+            f"no model provider named {provider!r} is registered (known: {known_providers()})", provider=provider
+        )
     return factory(model, current)
 
 
@@ -99,10 +100,12 @@ def _scripted(model: str, current: ModelProvider) -> ModelProvider:
     """The slot's own script under another model id (its pricing label kept); a slot that is not
     scripted gets a script that answers every request with one line of text."""
     if isinstance(current, ScriptedProvider):
-        return ScriptedProvider(script=current.script, model_id=model, name=current.name,
-                                invocation_log=current.invocation_log)
-    return ScriptedProvider(script=lambda request: {"text": f"[{model}] {request.step_path} turn {request.turn}"},
-                            model_id=model)
+        return ScriptedProvider(
+            script=current.script, model_id=model, name=current.name, invocation_log=current.invocation_log
+        )
+    return ScriptedProvider(
+        script=lambda request: {"text": f"[{model}] {request.step_path} turn {request.turn}"}, model_id=model
+    )
 
 
 def _openai_compatible(model: str, current: ModelProvider) -> ModelProvider:

@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..log import artifacts
 from ..fold import HarnessSession, ModelCall, ParallelGroup, RunState, StepState, fold
+from ..log import artifacts
 from ..models import RunStatus, Workspace
 
 ENDED = ("completed", "failed")  # a parallel branch's or group's terminal statuses

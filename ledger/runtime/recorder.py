@@ -54,15 +54,23 @@ from django.conf import settings
 from django.db import connection, connections
 
 from .. import clock
-from ..replay import gateway
-from ..reads import selectors
-from ..log import append
 from ..errors import Fenced
 from ..fold import RunState
-from ..log.leases import Lease, LeaseHeld, acquire_run_lease, new_owner, owner_is_dead, release_run_lease, renew_run_lease
-from ..models import Workspace
+from ..log import append
 from ..log.envelopes import log_of
+from ..log.leases import (
+    Lease,
+    LeaseHeld,
+    acquire_run_lease,
+    new_owner,
+    owner_is_dead,
+    release_run_lease,
+    renew_run_lease,
+)
 from ..log.vocabulary import with_origin
+from ..models import Workspace
+from ..reads import selectors
+from ..replay import gateway
 from . import progress
 from .record import Record, read_record
 
@@ -92,8 +100,17 @@ test_seam: Callable[[str, int], WriteSeam | None] | None = None
 
 
 class Recorder:
-    def __init__(self, *, workspace: Workspace, run_id: str, last_sequence: int, lease: Lease | None = None,
-                 parent: Recorder | None = None, record: Record | None = None, origin: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        workspace: Workspace,
+        run_id: str,
+        last_sequence: int,
+        lease: Lease | None = None,
+        parent: Recorder | None = None,
+        record: Record | None = None,
+        origin: str | None = None,
+    ) -> None:
         self.workspace = workspace
         self.origin = origin  # a re-execution's: stamped on model and tool events that carry none
         self.run_id = run_id
@@ -101,8 +118,11 @@ class Recorder:
         # What the log held when the lease was taken (nothing, for the write that starts a run).
         self.record = record if record is not None else Record(RunState(run_id=run_id))
         # Shared by every view of this recorder (`branch`): the lease, the log's end, the write lock.
-        self._core = _Core(lease=lease, last_sequence=last_sequence,
-                           seam=test_seam(run_id, last_sequence) if test_seam is not None else None)
+        self._core = _Core(
+            lease=lease,
+            last_sequence=last_sequence,
+            seam=test_seam(run_id, last_sequence) if test_seam is not None else None,
+        )
         self._pending: list[Mapping[str, Any]] = []
         self._completion: dict[str, Any] | None = None
 
@@ -127,16 +147,30 @@ class Recorder:
 
     @classmethod
     @contextmanager
-    def leased(cls, *, workspace: Workspace, run_id: str, take_over: bool, parent: Recorder | None = None,
-               origin: str | None = None) -> Iterator[Recorder]:
+    def leased(
+        cls,
+        *,
+        workspace: Workspace,
+        run_id: str,
+        take_over: bool,
+        parent: Recorder | None = None,
+        origin: str | None = None,
+    ) -> Iterator[Recorder]:
         """Take the run's lease, read its log through the fold, and give the lease back at the end."""
         lease = _acquire(workspace, run_id, take_over)
         recorder: Recorder | None = None
         heartbeat: _Heartbeat | None = None
         try:
             record = read_record(run_id, log_of(selectors.get_run(workspace, run_id)))
-            recorder = cls(workspace=workspace, run_id=run_id, last_sequence=record.last_sequence, lease=lease,
-                           parent=parent, record=record, origin=origin)
+            recorder = cls(
+                workspace=workspace,
+                run_id=run_id,
+                last_sequence=record.last_sequence,
+                lease=lease,
+                parent=parent,
+                record=record,
+                origin=origin,
+            )
             if threads_allowed():
                 heartbeat = _Heartbeat(workspace, recorder._core)
             yield recorder
@@ -163,9 +197,14 @@ class Recorder:
         """Hold the gateway completion of the tool call `claimed` for the next write (see `defer`).
         The value is checked now, so a value with no JSON form still fails where the tool returned it."""
         self.flush()  # at most one completion waits; an earlier one goes first
-        self._completion = {"call_id": claimed.call_id, "lease_token": claimed.lease_token, "held": claimed,
-                            "outcome": outcome, "step_path": step_path,
-                            "value": gateway.prepare_outcome(self.workspace, outcome, value)}
+        self._completion = {
+            "call_id": claimed.call_id,
+            "lease_token": claimed.lease_token,
+            "held": claimed,
+            "outcome": outcome,
+            "step_path": step_path,
+            "value": gateway.prepare_outcome(self.workspace, outcome, value),
+        }
 
     def claim_outbound(self, **claim: Any) -> gateway.Claimed | gateway.Finished:
         """Claim a tool call and mark it outbound in one commit with everything deferred: after it
@@ -181,8 +220,14 @@ class Recorder:
             if self._core.lost is not None:
                 raise self._core.lost
             self._core.last_sequence = gateway.declare_in_doubt(
-                workspace=self.workspace, run_id=self.run_id, call_id=claimed.call_id,
-                lease_token=claimed.lease_token, reason=reason, fencing_token=self.fencing_token, **details)
+                workspace=self.workspace,
+                run_id=self.run_id,
+                call_id=claimed.call_id,
+                lease_token=claimed.lease_token,
+                reason=reason,
+                fencing_token=self.fencing_token,
+                **details,
+            )
 
     def flush(self) -> None:
         if self._pending or self._completion is not None:
@@ -212,9 +257,16 @@ class Recorder:
             outcome = gateway.Batch(None, None, last)
         else:
             # The lease is renewed by this write once half of it has passed, in the same transaction.
-            outcome = gateway.runtime_batch(workspace=self.workspace, run_id=self.run_id,
-                                            fencing_token=self.fencing_token, complete=completion, events=batch,
-                                            claim=claim, origin=self.origin, renew=self._due_for_renewal())
+            outcome = gateway.runtime_batch(
+                workspace=self.workspace,
+                run_id=self.run_id,
+                fencing_token=self.fencing_token,
+                complete=completion,
+                events=batch,
+                claim=claim,
+                origin=self.origin,
+                renew=self._due_for_renewal(),
+            )
             self.lease = outcome.lease or self.lease
         self._core.last_sequence = outcome.last_sequence
         if seam is not None:
@@ -241,8 +293,9 @@ class Recorder:
 def _acquire(workspace: Workspace, run_id: str, take_over: bool) -> Lease:
     owner = new_owner()
     try:
-        return acquire_run_lease(workspace=workspace, run_id=run_id, owner=owner, ttl_s=lease_ttl_s(),
-                                 take_over=take_over)
+        return acquire_run_lease(
+            workspace=workspace, run_id=run_id, owner=owner, ttl_s=lease_ttl_s(), take_over=take_over
+        )
     except LeaseHeld as exc:
         # An executor of this host that died (killed, crashed) cannot give its lease back.
         if not owner_is_dead(str(exc.details.get("owner", ""))):
@@ -273,8 +326,9 @@ class _Heartbeat:
         # Often enough that a renewal comes well before the lease's second half runs out.
         self._interval = max(0.02, lease.ttl_s / 10)
         # In the executor's context: its clock (ledger.clock's backdating, for the demo) is the lease's.
-        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._beat,),
-                                        name=f"heartbeat:{lease.run_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._beat,), name=f"heartbeat:{lease.run_id}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

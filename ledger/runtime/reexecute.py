@@ -36,16 +36,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..log import append
 from ..canonical import digest
-from ..replay.divergence import rename_runs
 from ..errors import Conflict, NotFound
 from ..fold import ModelCall, RunState, ToolCallState, fold
-from ..models import Run, Workspace
-from ..log.envelopes import log_of
 from ..fold.pricing import prices_for
+from ..log import append
+from ..log.envelopes import log_of
 from ..log.redaction import Redactor, policy
 from ..log.vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
+from ..models import Run, Workspace
+from ..replay.divergence import rename_runs
 from .errors import InvalidReexecution, ReplayDiverged, UnknownModelProvider, UnknownStep, UnknownWorkflow
 from .executor import RunOutcome, resume_run, sub_run_id
 from .providers import ModelReply, ModelRequest, known_providers, provider_for
@@ -155,8 +155,11 @@ def _as_raised(error: Any) -> Any:
     error as the live call's dict printed, so the served one must print the same."""
     if not isinstance(error, Mapping) or not {"name", "message"} <= error.keys():
         return error
-    return {"name": error["name"], "message": error["message"],
-            **{k: v for k, v in error.items() if k not in ("name", "message")}}
+    return {
+        "name": error["name"],
+        "message": error["message"],
+        **{k: v for k, v in error.items() if k not in ("name", "message")},
+    }
 
 
 def _no_live_tool(name: str) -> Any:
@@ -194,8 +197,9 @@ class Replay:
         else:
             for slot, target in self.model_overrides.items():
                 if slot in models:
-                    models[slot] = provider_for(provider=str(target["provider"]), model=str(target["model"]),
-                                                current=models[slot])
+                    models[slot] = provider_for(
+                        provider=str(target["provider"]), model=str(target["model"]), current=models[slot]
+                    )
         return replace(workflow, tools=tools, models=models)
 
     def as_original(self, run_id: str, value: Any) -> Any:
@@ -209,8 +213,17 @@ class Replay:
 
     # -- models --
 
-    def serve_model(self, *, recorder: Recorder, step_path: str, call_id: str, turn: int, prompt_hash: str,
-                    request: Mapping[str, Any], body: Mapping[str, Any]) -> ModelReply | dict[str, Any] | None:
+    def serve_model(
+        self,
+        *,
+        recorder: Recorder,
+        step_path: str,
+        call_id: str,
+        turn: int,
+        prompt_hash: str,
+        request: Mapping[str, Any],
+        body: Mapping[str, Any],
+    ) -> ModelReply | dict[str, Any] | None:
         """The original's answer to this model call (a reply, or its recorded error); None when
         models are live in this mode. Raises ReplayDiverged when the record cannot answer."""
         if self.mode != "simulate":
@@ -218,40 +231,87 @@ class Replay:
         call = self.original.model_calls.get(call_id)
         where = {"stepPath": step_path, "kind": "model", "callId": call_id, "turn": turn}
         if call is None:
-            self._diverge(recorder, where, "not_in_record",
-                          f"step {step_path} turn {turn}: the original made no model call {call_id}")
+            self._diverge(
+                recorder,
+                where,
+                "not_in_record",
+                f"step {step_path} turn {turn}: the original made no model call {call_id}",
+            )
         assert call is not None
-        if (call.prompt_hash is not None and call.prompt_hash != prompt_hash
-                and call.prompt_hash != digest(self.as_original(recorder.run_id, body))):
-            self._diverge(recorder, where, "request_changed",
-                          f"step {step_path} turn {turn}: the request differs from the original's "
-                          f"({call.prompt_hash} -> {prompt_hash})", expected=call.prompt_hash, actual=prompt_hash)
+        if (
+            call.prompt_hash is not None
+            and call.prompt_hash != prompt_hash
+            and call.prompt_hash != digest(self.as_original(recorder.run_id, body))
+        ):
+            self._diverge(
+                recorder,
+                where,
+                "request_changed",
+                f"step {step_path} turn {turn}: the request differs from the original's "
+                f"({call.prompt_hash} -> {prompt_hash})",
+                expected=call.prompt_hash,
+                actual=prompt_hash,
+            )
         answer = self.original.event(call.responded_sequence if call.status == "responded" else call.failed_sequence)
         if call.status not in ("responded", "failed") or answer is None:
-            self._diverge(recorder, where, "unanswered",
-                          f"step {step_path} turn {turn}: the original's call {call_id} has no answer")
+            self._diverge(
+                recorder,
+                where,
+                "unanswered",
+                f"step {step_path} turn {turn}: the original's call {call_id} has no answer",
+            )
         assert answer is not None
         p = answer["payload"]
         served = {"origin": "simulated"}
-        called = {"turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash,
-                  "request": dict(request), **served,
-                  "replayOf": self.original.event_id(call.called_sequence) or answer["eventId"]}
+        called = {
+            "turn": turn,
+            "callId": call_id,
+            "stepPath": step_path,
+            "promptHash": prompt_hash,
+            "request": dict(request),
+            **served,
+            "replayOf": self.original.event_id(call.called_sequence) or answer["eventId"],
+        }
         if call.status == "responded":
             response = p.get("response") if isinstance(p.get("response"), Mapping) else {}
-            recorder.defer({"type": "harness.model.called", "payload": called},
-                           {"type": "harness.model.responded", "payload": {
-                               "turn": turn, "callId": call_id, "stepPath": step_path, "model": p.get("model"),
-                               "response": response, **served, "replayOf": answer["eventId"]}})
-            return ModelReply(text=response.get("text"), tool_calls=list(response.get("toolCalls") or []),
-                              usage=dict(response.get("usage") or {}))
-        error = p.get("error") if isinstance(p.get("error"), Mapping) else {"name": "ModelCallFailed",
-                                                                               "message": str(p.get("error"))}
-        failed = {"turn": turn, "callId": call_id, "stepPath": step_path, "error": error, **served,
-                  "replayOf": answer["eventId"]}
+            recorder.defer(
+                {"type": "harness.model.called", "payload": called},
+                {
+                    "type": "harness.model.responded",
+                    "payload": {
+                        "turn": turn,
+                        "callId": call_id,
+                        "stepPath": step_path,
+                        "model": p.get("model"),
+                        "response": response,
+                        **served,
+                        "replayOf": answer["eventId"],
+                    },
+                },
+            )
+            return ModelReply(
+                text=response.get("text"),
+                tool_calls=list(response.get("toolCalls") or []),
+                usage=dict(response.get("usage") or {}),
+            )
+        error = (
+            p.get("error")
+            if isinstance(p.get("error"), Mapping)
+            else {"name": "ModelCallFailed", "message": str(p.get("error"))}
+        )
+        failed = {
+            "turn": turn,
+            "callId": call_id,
+            "stepPath": step_path,
+            "error": error,
+            **served,
+            "replayOf": answer["eventId"],
+        }
         if isinstance(p.get("model"), Mapping):
             failed["model"] = p["model"]
-        recorder.defer({"type": "harness.model.called", "payload": called},
-                       {"type": "harness.model.failed", "payload": failed})
+        recorder.defer(
+            {"type": "harness.model.called", "payload": called}, {"type": "harness.model.failed", "payload": failed}
+        )
         return dict(error)
 
     # -- tools --
@@ -261,63 +321,127 @@ class Replay:
         workspace's redaction rules may have changed since the original was recorded."""
         return _args_digest(self.redactor(call.args)) == _args_digest(args)
 
-    def serve_tool(self, *, recorder: Recorder, tool: Tool, args: Any, call_id: str, step_path: str, caller: str,
-                   turn: int | None) -> tuple[str, Any] | None:
+    def serve_tool(
+        self, *, recorder: Recorder, tool: Tool, args: Any, call_id: str, step_path: str, caller: str, turn: int | None
+    ) -> tuple[str, Any] | None:
         """("result"|"error", value) from the original's record; None when tools are live here."""
         if self.mode not in ("simulate", "evaluate"):
             return None
         args = self.redactor(args)  # the record holds args as redacted
-        where: dict[str, Any] = {"stepPath": step_path, "kind": "tool", "callId": call_id, "toolName": tool.name,
-                                 "args": args}
+        where: dict[str, Any] = {
+            "stepPath": step_path,
+            "kind": "tool",
+            "callId": call_id,
+            "toolName": tool.name,
+            "args": args,
+        }
         if turn is not None:
             where["turn"] = turn
         if self.mode == "simulate":
             call = self.original.state.tool_calls.get(call_id)
             if call is None or call.caller == "workflow":
-                self._diverge(recorder, where, "not_in_record",
-                              f"step {step_path}: the original made no tool call {call_id} ({tool.name})")
+                self._diverge(
+                    recorder,
+                    where,
+                    "not_in_record",
+                    f"step {step_path}: the original made no tool call {call_id} ({tool.name})",
+                )
             assert call is not None
             recorded = _args_digest(call.args)
-            if call.tool_name != tool.name or (recorded != _args_digest(args) and recorded != _args_digest(
-                    self.as_original(recorder.run_id, args)) and not self._recorded_under_other_rules(call, args)):
-                self._diverge(recorder, where, "request_changed",
-                              f"step {step_path}: tool call {call_id} asks for {tool.name} with other arguments "
-                              f"than the original ({call.tool_name})",
-                              expected={"toolName": call.tool_name, "args": call.args})
+            if call.tool_name != tool.name or (
+                recorded != _args_digest(args)
+                and recorded != _args_digest(self.as_original(recorder.run_id, args))
+                and not self._recorded_under_other_rules(call, args)
+            ):
+                self._diverge(
+                    recorder,
+                    where,
+                    "request_changed",
+                    f"step {step_path}: tool call {call_id} asks for {tool.name} with other arguments "
+                    f"than the original ({call.tool_name})",
+                    expected={"toolName": call.tool_name, "args": call.args},
+                )
             if call.status not in ("succeeded", "failed"):
-                self._diverge(recorder, where, "unanswered",
-                              f"step {step_path}: the original's tool call {call_id} has no outcome ({call.status})")
+                self._diverge(
+                    recorder,
+                    where,
+                    "unanswered",
+                    f"step {step_path}: the original's tool call {call_id} has no outcome ({call.status})",
+                )
         else:
             candidates = self.original.by_tool.get((tool.name, _args_digest(args)), [])
             if not candidates:
-                candidates = [c for (name, _), calls in self.original.by_tool.items() if name == tool.name
-                              for c in calls if self._recorded_under_other_rules(c, args)]
+                candidates = [
+                    c
+                    for (name, _), calls in self.original.by_tool.items()
+                    if name == tool.name
+                    for c in calls
+                    if self._recorded_under_other_rules(c, args)
+                ]
             call = next((c for c in candidates if c.step_path == step_path), candidates[0] if candidates else None)
             if call is None:
                 # Answered to the model as an error; the call itself never leaves.
-                error = {"name": "ReplayDiverged",
-                         "message": f"{tool.name} with these arguments is not in the original's record; "
-                                    "an evaluation never calls a tool live"}
-                recorder.append({"type": DIVERGED, "payload": {
-                    **where, "reason": "not_in_record", "message": error["message"]}})
-                recorder.defer(*self._tool_events(tool, args, call_id, step_path, caller, turn, "error", error,
-                                                  None, None, 0))
+                error = {
+                    "name": "ReplayDiverged",
+                    "message": f"{tool.name} with these arguments is not in the original's record; "
+                    "an evaluation never calls a tool live",
+                }
+                recorder.append(
+                    {"type": DIVERGED, "payload": {**where, "reason": "not_in_record", "message": error["message"]}}
+                )
+                recorder.defer(
+                    *self._tool_events(tool, args, call_id, step_path, caller, turn, "error", error, None, None, 0)
+                )
                 return "error", error
         field_ = "result" if call.status == "succeeded" else "error"
         value = call.result if field_ == "result" else _as_raised(call.error)
-        recorder.defer(*self._tool_events(tool, args, call_id, step_path, caller, turn, field_, value,
-                                          self.original.event_id(call.started_sequence),
-                                          self.original.event_id(call.ended_sequence), call.duration_ms or 0))
+        recorder.defer(
+            *self._tool_events(
+                tool,
+                args,
+                call_id,
+                step_path,
+                caller,
+                turn,
+                field_,
+                value,
+                self.original.event_id(call.started_sequence),
+                self.original.event_id(call.ended_sequence),
+                call.duration_ms or 0,
+            )
+        )
         return field_, value
 
     @staticmethod
-    def _tool_events(tool: Tool, args: Any, call_id: str, step_path: str, caller: str, turn: int | None,
-                     field_: str, value: Any, started_of: str | None, ended_of: str | None,
-                     duration_ms: float) -> list[dict[str, Any]]:
-        started: dict[str, Any] = {"callId": call_id, "caller": caller, "toolName": tool.name, "args": args,
-                                   "effect": tool.effect, "stepPath": step_path, "origin": "simulated"}
-        ended: dict[str, Any] = {"callId": call_id, field_: value, "durationMs": duration_ms, "stepPath": step_path,
-                                 "origin": "simulated"}
+    def _tool_events(
+        tool: Tool,
+        args: Any,
+        call_id: str,
+        step_path: str,
+        caller: str,
+        turn: int | None,
+        field_: str,
+        value: Any,
+        started_of: str | None,
+        ended_of: str | None,
+        duration_ms: float,
+    ) -> list[dict[str, Any]]:
+        started: dict[str, Any] = {
+            "callId": call_id,
+            "caller": caller,
+            "toolName": tool.name,
+            "args": args,
+            "effect": tool.effect,
+            "stepPath": step_path,
+            "origin": "simulated",
+        }
+        ended: dict[str, Any] = {
+            "callId": call_id,
+            field_: value,
+            "durationMs": duration_ms,
+            "stepPath": step_path,
+            "origin": "simulated",
+        }
         if turn is not None:
             started["turn"] = turn
         if started_of is not None:
@@ -325,19 +449,25 @@ class Replay:
         if ended_of is not None:
             ended["replayOf"] = ended_of
         kind = "succeeded" if field_ == "result" else "failed"
-        return [{"type": "harness.tool_call.started", "payload": started},
-                {"type": f"harness.tool_call.{kind}", "payload": ended}]
+        return [
+            {"type": "harness.tool_call.started", "payload": started},
+            {"type": f"harness.tool_call.{kind}", "payload": ended},
+        ]
 
-    def _diverge(self, recorder: Recorder, where: Mapping[str, Any], reason: str, message: str,
-                 **details: Any) -> None:
-        recorder.append({"type": DIVERGED, "payload": {**where, "reason": reason, "message": message, **details,
-                                                        "replayOf": self.original.run_id}})
+    def _diverge(self, recorder: Recorder, where: Mapping[str, Any], reason: str, message: str, **details: Any) -> None:
+        recorder.append(
+            {
+                "type": DIVERGED,
+                "payload": {**where, "reason": reason, "message": message, **details, "replayOf": self.original.run_id},
+            }
+        )
         raise ReplayDiverged(f"{message}; a {self.mode} never makes a call live", reason=reason, **dict(where))
 
     # -- sub-runs --
 
-    def run_child(self, *, workspace: Workspace, workflow: Workflow, input: Any, run_id: str, call_id: str,
-                  parent: Recorder) -> RunOutcome:
+    def run_child(
+        self, *, workspace: Workspace, workflow: Workflow, input: Any, run_id: str, call_id: str, parent: Recorder
+    ) -> RunOutcome:
         """Re-execute a sub-run this run's step starts, against the sub-run the original's same
         step started (a simulation whose original started none diverges)."""
         reserved = self.original.state.tool_calls.get(call_id)
@@ -345,23 +475,46 @@ class Replay:
         if isinstance(sub, str) and self.mode in ("simulate", "evaluate"):
             original = _Original.load(workspace, sub)
         elif self.mode == "simulate":
-            self._diverge(parent, {"stepPath": str(reserved.step_path if reserved else call_id.split(":")[0]),
-                                   "kind": "sub_run", "callId": call_id}, "not_in_record",
-                          f"the original started no sub-run for {call_id}")
+            self._diverge(
+                parent,
+                {
+                    "stepPath": str(reserved.step_path if reserved else call_id.split(":")[0]),
+                    "kind": "sub_run",
+                    "callId": call_id,
+                },
+                "not_in_record",
+                f"the original started no sub-run for {call_id}",
+            )
             raise AssertionError("unreachable")
         else:
             original = _Original.empty(sub if isinstance(sub, str) else "")
         child = replace(self, original=original, mode="rerun" if self.mode == "fork" else self.mode)
-        return _run(workspace=workspace, replay=child, workflow=workflow, run_id=run_id, run_input=input,
-                    spec={"mode": child.mode}, replay_of=sub if isinstance(sub, str) else None, parent=parent)
+        return _run(
+            workspace=workspace,
+            replay=child,
+            workflow=workflow,
+            run_id=run_id,
+            run_input=input,
+            spec={"mode": child.mode},
+            replay_of=sub if isinstance(sub, str) else None,
+            parent=parent,
+        )
 
 
 # --- the entry points -----------------------------------------------------------------------
 
 
-def execute_reexecution(*, workspace: Workspace, original_run_id: str, mode: str, new_run_id: str,
-                        reexecution_id: str, from_step: str | None = None, input: Any = UNSET,
-                        model_overrides: Mapping[str, Mapping[str, str]] | None = None) -> RunOutcome:
+def execute_reexecution(
+    *,
+    workspace: Workspace,
+    original_run_id: str,
+    mode: str,
+    new_run_id: str,
+    reexecution_id: str,
+    from_step: str | None = None,
+    input: Any = UNSET,
+    model_overrides: Mapping[str, Mapping[str, str]] | None = None,
+) -> RunOutcome:
     """Execute `mode` of `original_run_id` to the end and return the outcome of the run it made
     (or of the original, for `resume`). Calling it again for the same `new_run_id` resumes that
     run (after a killed worker); a finished one returns its recorded outcome."""
@@ -377,43 +530,75 @@ def execute_reexecution(*, workspace: Workspace, original_run_id: str, mode: str
     workflow = _workflow_of(original)
     overrides = _check_overrides(workflow, mode, model_overrides)
     cut = _fork_cut(original, from_step) if mode == "fork" else None
-    replay = Replay(mode=mode, original=original, reexecution_id=reexecution_id, model_overrides=overrides,
-                    redactor=policy(workspace.redact_keys, workspace.redact_value_patterns))
-    spec = {"mode": mode, **({"fromStep": from_step} if mode == "fork" else {}),
-            **({"modelOverrides": {k: dict(v) for k, v in overrides.items()}} if overrides else {})}
+    replay = Replay(
+        mode=mode,
+        original=original,
+        reexecution_id=reexecution_id,
+        model_overrides=overrides,
+        redactor=policy(workspace.redact_keys, workspace.redact_value_patterns),
+    )
+    spec = {
+        "mode": mode,
+        **({"fromStep": from_step} if mode == "fork" else {}),
+        **({"modelOverrides": {k: dict(v) for k, v in overrides.items()}} if overrides else {}),
+    }
     if input is UNSET:
         started = original.started
         run_input = inline_or_ref(workspace, started.get("input"), started.get("inputRef"))
     else:
         run_input = input
     prefix = _copied_prefix(original, cut) if cut is not None else []
-    return _run(workspace=workspace, replay=replay, workflow=workflow, run_id=new_run_id, run_input=run_input,
-                spec=spec, replay_of=original_run_id, prefix=prefix)
+    return _run(
+        workspace=workspace,
+        replay=replay,
+        workflow=workflow,
+        run_id=new_run_id,
+        run_input=run_input,
+        spec=spec,
+        replay_of=original_run_id,
+        prefix=prefix,
+    )
 
 
-def _run(*, workspace: Workspace, replay: Replay, workflow: Workflow, run_id: str, run_input: Any,
-         spec: Mapping[str, Any], replay_of: str | None, parent: Recorder | None = None,
-         prefix: Sequence[Mapping[str, Any]] = ()) -> RunOutcome:
+def _run(
+    *,
+    workspace: Workspace,
+    replay: Replay,
+    workflow: Workflow,
+    run_id: str,
+    run_input: Any,
+    spec: Mapping[str, Any],
+    replay_of: str | None,
+    parent: Recorder | None = None,
+    prefix: Sequence[Mapping[str, Any]] = (),
+) -> RunOutcome:
     derived = replay.workflow(workflow)
     run = Run.objects.filter(workspace=workspace, run_id=run_id).first()
     if run is None:
-        payload: dict[str, Any] = {"workflowVersionId": derived.version_id, "workflow": derived.name,
-                                   "workflowVersionHash": derived.version, "input": run_input,
-                                   "reexecutionId": replay.reexecution_id, "reexecution": dict(spec)}
+        payload: dict[str, Any] = {
+            "workflowVersionId": derived.version_id,
+            "workflow": derived.name,
+            "workflowVersionHash": derived.version,
+            "input": run_input,
+            "reexecutionId": replay.reexecution_id,
+            "reexecution": dict(spec),
+        }
         if replay_of:
             payload["replayOf"] = replay_of
         if parent is not None:
             payload["parentRunId"] = parent.run_id
         Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent).append(
-            {"type": "RunStarted", "payload": payload}, *prefix[:COPY_BATCH - 1])
+            {"type": "RunStarted", "payload": payload}, *prefix[: COPY_BATCH - 1]
+        )
         copied = min(len(prefix), COPY_BATCH - 1)
         last = 1 + copied
     else:
         last = run.last_sequence
         copied = last - 1  # the executor writes nothing before the whole prefix is copied
     for start in range(copied, len(prefix), COPY_BATCH):
-        last = append(workspace=workspace, run_id=run_id, events=list(prefix[start:start + COPY_BATCH]),
-                             expected_sequence=last).last_sequence
+        last = append(
+            workspace=workspace, run_id=run_id, events=list(prefix[start : start + COPY_BATCH]), expected_sequence=last
+        ).last_sequence
     return resume_run(workspace=workspace, run_id=run_id, workflow=derived, parent=parent, replay=replay)
 
 
@@ -422,18 +607,26 @@ def _existing_spec(run: Run, original_run_id: str, reexecution_id: str) -> dict[
     first = log_of(run)[:1]
     started = first[0]["payload"] if first and first[0]["type"] == "RunStarted" else {}
     spec = started.get("reexecution")
-    if (started.get("replayOf") != original_run_id or started.get("reexecutionId") != reexecution_id
-            or not isinstance(spec, Mapping) or spec.get("mode") not in NEW_RUN_MODES):
-        raise ReexecutionConflict(f"run {run.run_id} exists and is not re-execution {reexecution_id} of "
-                                  f"{original_run_id}", runId=run.run_id)
+    if (
+        started.get("replayOf") != original_run_id
+        or started.get("reexecutionId") != reexecution_id
+        or not isinstance(spec, Mapping)
+        or spec.get("mode") not in NEW_RUN_MODES
+    ):
+        raise ReexecutionConflict(
+            f"run {run.run_id} exists and is not re-execution {reexecution_id} of {original_run_id}", runId=run.run_id
+        )
     return dict(spec)
 
 
 def _workflow_of(original: _Original) -> Workflow:
     name = original.started.get("workflow")
     if not isinstance(name, str):
-        raise UnknownWorkflow(f"run {original.run_id} was not started by this deployment's runtime (its RunStarted "
-                              "names no workflow); an external executor must re-execute it", runId=original.run_id)
+        raise UnknownWorkflow(
+            f"run {original.run_id} was not started by this deployment's runtime (its RunStarted "
+            "names no workflow); an external executor must re-execute it",
+            runId=original.run_id,
+        )
     return get_workflow(name)
 
 
@@ -441,20 +634,31 @@ def _check_overrides(workflow: Workflow, mode: str, overrides: Mapping[str, Any]
     if not overrides:
         return {}
     if mode == "simulate":
-        raise InvalidReexecution("a simulation serves every model call from the record; it takes no model overrides",
-                                 field="modelOverrides")
+        raise InvalidReexecution(
+            "a simulation serves every model call from the record; it takes no model overrides", field="modelOverrides"
+        )
     checked: dict[str, dict[str, str]] = {}
     for slot, target in overrides.items():
         if slot not in workflow.models:
-            raise InvalidReexecution(f"workflow {workflow.name} has no model slot {slot!r} (slots: "
-                                     f"{sorted(workflow.models)})", field="modelOverrides", slot=slot)
-        if (not isinstance(target, Mapping) or not isinstance(target.get("provider"), str)
-                or not isinstance(target.get("model"), str) or not target["model"]):
-            raise InvalidReexecution(f"the override of slot {slot!r} needs a provider and a model",
-                                     field="modelOverrides", slot=slot)
+            raise InvalidReexecution(
+                f"workflow {workflow.name} has no model slot {slot!r} (slots: {sorted(workflow.models)})",
+                field="modelOverrides",
+                slot=slot,
+            )
+        if (
+            not isinstance(target, Mapping)
+            or not isinstance(target.get("provider"), str)
+            or not isinstance(target.get("model"), str)
+            or not target["model"]
+        ):
+            raise InvalidReexecution(
+                f"the override of slot {slot!r} needs a provider and a model", field="modelOverrides", slot=slot
+            )
         if target["provider"] not in known_providers():
-            raise UnknownModelProvider(f"no model provider named {target['provider']!r} is registered (known: "
-                                       f"{known_providers()})", provider=target["provider"])
+            raise UnknownModelProvider(
+                f"no model provider named {target['provider']!r} is registered (known: {known_providers()})",
+                provider=target["provider"],
+            )
         checked[str(slot)] = {"provider": target["provider"], "model": target["model"]}
     return checked
 
@@ -473,8 +677,11 @@ def _fork_cut(original: _Original, from_step: str | None) -> int:
     for index, env in enumerate(original.log):
         if _belongs(env["payload"].get("stepPath"), from_step):
             return index
-    raise UnknownStep(f"run {original.run_id} has no step {from_step!r} (steps: {list(original.state.steps)})",
-                      field="fromStep", stepPath=from_step)
+    raise UnknownStep(
+        f"run {original.run_id} has no step {from_step!r} (steps: {list(original.state.steps)})",
+        field="fromStep",
+        stepPath=from_step,
+    )
 
 
 def _copied_prefix(original: _Original, cut: int) -> list[dict[str, Any]]:
@@ -498,8 +705,14 @@ def _copied_prefix(original: _Original, cut: int) -> list[dict[str, Any]]:
 _STEP_ID = re.compile(r"^[^.\[]+")
 
 
-def mode_plan(*, workspace: Workspace, run_id: str, mode: str, from_step: str | None = None,
-              model_overrides: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
+def mode_plan(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    mode: str,
+    from_step: str | None = None,
+    model_overrides: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, Any]:
     """What `mode` of `run_id` would do, from the fold of its log; nothing is executed.
 
     `{runId, mode, fromStep, workflow, workflowRegistered, modelOverrides, liveModelCalls,
@@ -525,8 +738,11 @@ def mode_plan(*, workspace: Workspace, run_id: str, mode: str, from_step: str | 
             workflow = get_workflow(name)
         except UnknownWorkflow:
             workflow = None
-    overrides = (_check_overrides(workflow, mode, model_overrides) if workflow is not None
-                 else {slot: dict(target) for slot, target in (model_overrides or {}).items()})
+    overrides = (
+        _check_overrides(workflow, mode, model_overrides)
+        if workflow is not None
+        else {slot: dict(target) for slot, target in (model_overrides or {}).items()}
+    )
     state = original.state
     cut_sequence = _fork_cut(original, from_step) + 1 if mode == "fork" else None
 
@@ -557,31 +773,56 @@ def mode_plan(*, workspace: Workspace, run_id: str, mode: str, from_step: str | 
 
     sessions: dict[str | None, list[tuple[int, dict[str, Any]]]] = {}
     for call in state.model_calls:
-        entry = {"kind": "model", "callId": call.call_id, "turn": call.turn,
-                 "source": source("model", call.step_path, call.status == "responded")}
+        entry = {
+            "kind": "model",
+            "callId": call.call_id,
+            "turn": call.turn,
+            "source": source("model", call.step_path, call.status == "responded"),
+        }
         sessions.setdefault(call.step_path, []).append((_seq(call.called_sequence, call.responded_sequence), entry))
     write_tools: list[dict[str, Any]] = []
     for tool in state.tool_calls.values():
         started = original.event(tool.started_sequence)
         effect = started["payload"].get("effect") if started is not None else None
         src = source("tool", tool.step_path, tool.status in ("succeeded", "failed"), tool.status)
-        entry = {"kind": "tool", "callId": tool.call_id, "turn": tool.turn, "toolName": tool.tool_name,
-                 "effect": effect, "source": src}
+        entry = {
+            "kind": "tool",
+            "callId": tool.call_id,
+            "turn": tool.turn,
+            "toolName": tool.tool_name,
+            "effect": effect,
+            "source": src,
+        }
         sessions.setdefault(tool.step_path, []).append((_seq(tool.started_sequence, tool.ended_sequence), entry))
         if src == "live" and effect == "write" and tool.caller != "workflow":
-            write_tools.append({"stepPath": tool.step_path, "toolName": tool.tool_name, "caller": tool.caller,
-                                "source": "record", "callId": tool.call_id, "args": tool.args})
+            write_tools.append(
+                {
+                    "stepPath": tool.step_path,
+                    "toolName": tool.tool_name,
+                    "caller": tool.caller,
+                    "source": "record",
+                    "callId": tool.call_id,
+                    "args": tool.args,
+                }
+            )
     if workflow is not None and mode not in ("simulate", "evaluate"):
         write_tools += _declared_write_tools(workflow, _live_from(workflow, state, actions))
     return {
-        "runId": run_id, "mode": mode, "fromStep": from_step if mode == "fork" else None,
-        "workflow": name if isinstance(name, str) else None, "workflowRegistered": workflow is not None,
-        "modelOverrides": overrides, "liveModelCalls": mode in ("evaluate", "fork", "rerun", "resume"),
+        "runId": run_id,
+        "mode": mode,
+        "fromStep": from_step if mode == "fork" else None,
+        "workflow": name if isinstance(name, str) else None,
+        "workflowRegistered": workflow is not None,
+        "modelOverrides": overrides,
+        "liveModelCalls": mode in ("evaluate", "fork", "rerun", "resume"),
         "liveToolCalls": mode in ("fork", "rerun", "resume"),
-        "steps": [{"stepPath": path, "status": step.status, "action": actions[path]}
-                  for path, step in state.steps.items()],
-        "sessions": [{"stepPath": path, "calls": [entry for _, entry in sorted(calls, key=lambda c: c[0])]}
-                     for path, calls in sorted(sessions.items(), key=lambda item: min(c[0] for c in item[1]))],
+        "steps": [
+            {"stepPath": path, "status": step.status, "action": actions[path]} for path, step in state.steps.items()
+        ],
+        "sessions": [
+            {"stepPath": path, "calls": [entry for _, entry in sorted(calls, key=lambda c: c[0])]}
+            for path, calls in sorted(sessions.items(), key=lambda item: min(c[0] for c in item[1]))
+        ],
         "liveWriteTools": write_tools,
     }
 
@@ -593,17 +834,27 @@ def _seq(*candidates: int | None) -> int:
 def _live_from(workflow: Workflow, state: RunState, actions: Mapping[str, str]) -> int:
     """The index of the first of the workflow's steps that may run live (len(steps) if none)."""
     index = {step.id: i for i, step in enumerate(workflow.steps)}
-    done = {index[m.group(0)] for path, action in actions.items() if action == "reuse"
-            and (m := _STEP_ID.match(path)) and m.group(0) in index and state.steps[path].status == "completed"}
-    live = [index[m.group(0)] for path, action in actions.items() if action == "live"
-            and (m := _STEP_ID.match(path)) and m.group(0) in index]
+    done = {
+        index[m.group(0)]
+        for path, action in actions.items()
+        if action == "reuse"
+        and (m := _STEP_ID.match(path))
+        and m.group(0) in index
+        and state.steps[path].status == "completed"
+    }
+    live = [
+        index[m.group(0)]
+        for path, action in actions.items()
+        if action == "live" and (m := _STEP_ID.match(path)) and m.group(0) in index
+    ]
     if live:
         return min(live)
     return 0 if not done else min(set(range(len(workflow.steps))) - done, default=len(workflow.steps))
 
 
-def _declared_write_tools(workflow: Workflow, start: int, prefix: str = "",
-                          seen: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+def _declared_write_tools(
+    workflow: Workflow, start: int, prefix: str = "", seen: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for step in workflow.steps[start:]:
         found += _step_write_tools(workflow, step, prefix + step.id, seen | {workflow.name})
@@ -616,8 +867,11 @@ def _step_write_tools(workflow: Workflow, step: Step, path: str, seen: frozenset
     if isinstance(step, ToolCall) and workflow.tools[step.tool].effect == "write":
         return [{"stepPath": path, "toolName": step.tool, "caller": "code", "source": "workflow"}]
     if isinstance(step, AIGenerate):
-        return [{"stepPath": path, "toolName": name, "caller": "model", "source": "workflow"}
-                for name in step.tools if workflow.tools[name].effect == "write"]
+        return [
+            {"stepPath": path, "toolName": name, "caller": "model", "source": "workflow"}
+            for name in step.tools
+            if workflow.tools[name].effect == "write"
+        ]
     if isinstance(step, SubWorkflow) and step.workflow not in seen:
         try:
             child = get_workflow(step.workflow)

@@ -96,8 +96,13 @@ class Tool:
     approval: str | None = None  # "required": every call waits for a human approver (ledger/replay/toolapproval.py)
 
     def spec(self) -> dict[str, Any]:
-        spec = {"name": self.name, "description": self.description, "parameters": dict(self.parameters),
-                "effect": self.effect, "timeoutS": self.timeout_s}
+        spec = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+            "effect": self.effect,
+            "timeoutS": self.timeout_s,
+        }
         # Only when set, so the manifests recorded before the field existed keep their hash.
         return {**spec, "approval": self.approval} if self.approval else spec
 
@@ -118,8 +123,9 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if self.initial_s < 0 or self.max_s < 0 or self.factor < 1 or not 0 <= self.jitter <= 1:
-            raise ValueError(f"a Backoff needs initial_s >= 0, max_s >= 0, factor >= 1 and 0 <= jitter <= 1, "
-                             f"got {self}")
+            raise ValueError(
+                f"a Backoff needs initial_s >= 0, max_s >= 0, factor >= 1 and 0 <= jitter <= 1, got {self}"
+            )
 
     def delay_s(self, failed_attempt: int, draw: float) -> float:
         """The delay after attempt `failed_attempt` (1-based) failed; `draw` is uniform in [0, 1)."""
@@ -163,8 +169,9 @@ class CodeRun:
     backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
-        return _with_retries({"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}, self.retries,
-                             self.backoff)
+        return _with_retries(
+            {"id": self.id, "kind": self.kind, "fn": callable_identity(self.fn)}, self.retries, self.backoff
+        )
 
 
 @dataclass(frozen=True)
@@ -178,8 +185,9 @@ class ToolStep:
 
     def definition(self) -> dict[str, Any]:
         args = callable_identity(self.args) if callable(self.args) else dict(self.args)
-        return _with_retries({"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}, self.retries,
-                             self.backoff)
+        return _with_retries(
+            {"id": self.id, "kind": self.kind, "tool": self.tool, "args": args}, self.retries, self.backoff
+        )
 
 
 @dataclass(frozen=True)
@@ -196,9 +204,19 @@ class AIGenerate:
 
     def definition(self) -> dict[str, Any]:
         prompt = callable_identity(self.prompt) if callable(self.prompt) else self.prompt
-        return _with_retries({"id": self.id, "kind": self.kind, "prompt": prompt, "system": self.system,
-                              "model": self.model, "tools": list(self.tools), "maxTurns": self.max_turns},
-                             self.retries, self.backoff)
+        return _with_retries(
+            {
+                "id": self.id,
+                "kind": self.kind,
+                "prompt": prompt,
+                "system": self.system,
+                "model": self.model,
+                "tools": list(self.tools),
+                "maxTurns": self.max_turns,
+            },
+            self.retries,
+            self.backoff,
+        )
 
 
 @dataclass(frozen=True)
@@ -213,8 +231,17 @@ class SubWorkflow:
 
     def definition(self) -> dict[str, Any]:
         value = callable_identity(self.input) if callable(self.input) else dict(self.input)
-        return _with_retries({"id": self.id, "kind": self.kind, "workflow": self.workflow, "input": value,
-                              "allowFailure": self.allow_failure}, self.retries, self.backoff)
+        return _with_retries(
+            {
+                "id": self.id,
+                "kind": self.kind,
+                "workflow": self.workflow,
+                "input": value,
+                "allowFailure": self.allow_failure,
+            },
+            self.retries,
+            self.backoff,
+        )
 
 
 @dataclass(frozen=True)
@@ -228,8 +255,17 @@ class Decision:
     backoff: Backoff | None = field(default=None, kw_only=True)
 
     def definition(self) -> dict[str, Any]:
-        return _with_retries({"id": self.id, "kind": self.kind, "route": callable_identity(self.route),
-                              "maxVisits": self.max_visits, "loopTo": self.loop_to}, self.retries, self.backoff)
+        return _with_retries(
+            {
+                "id": self.id,
+                "kind": self.kind,
+                "route": callable_identity(self.route),
+                "maxVisits": self.max_visits,
+                "loopTo": self.loop_to,
+            },
+            self.retries,
+            self.backoff,
+        )
 
 
 # The step's name before the fold's record (ToolCallState) and the gateway's model (ToolCall) made
@@ -256,9 +292,17 @@ class Parallel:
         return "allow_failure" if self.allow_failure else "fail_fast"
 
     def definition(self) -> dict[str, Any]:
-        definition = _with_retries({"id": self.id, "kind": self.kind, "items": callable_identity(self.items),
-                                    "branch": self.branch.definition(), "maxBranches": self.max_branches},
-                                   self.retries, self.backoff)
+        definition = _with_retries(
+            {
+                "id": self.id,
+                "kind": self.kind,
+                "items": callable_identity(self.items),
+                "branch": self.branch.definition(),
+                "maxBranches": self.max_branches,
+            },
+            self.retries,
+            self.backoff,
+        )
         # Non-default values only, as for retries: older versions keep their hash.
         if self.max_concurrency != 4:
             definition["maxConcurrency"] = self.max_concurrency
@@ -306,14 +350,20 @@ class Workflow:
             self._check_step(step)
             if isinstance(step, Parallel):
                 if step.retries:
-                    raise ValueError(f"workflow {self.name}: parallel step {step.id} cannot retry as a whole; "
-                                     "give its branch step `retries` instead")
+                    raise ValueError(
+                        f"workflow {self.name}: parallel step {step.id} cannot retry as a whole; "
+                        "give its branch step `retries` instead"
+                    )
                 if step.max_branches < 1 or step.max_concurrency < 1:
-                    raise ValueError(f"workflow {self.name}: parallel step {step.id} needs max_branches >= 1 "
-                                     "and max_concurrency >= 1")
+                    raise ValueError(
+                        f"workflow {self.name}: parallel step {step.id} needs max_branches >= 1 "
+                        "and max_concurrency >= 1"
+                    )
                 if not isinstance(step.branch, (CodeRun, ToolStep, AIGenerate, SubWorkflow)):
-                    raise ValueError(f"workflow {self.name}: the branch of {step.id} must be a CodeRun, ToolStep, "
-                                     "AIGenerate or SubWorkflow")
+                    raise ValueError(
+                        f"workflow {self.name}: the branch of {step.id} must be a CodeRun, ToolStep, "
+                        "AIGenerate or SubWorkflow"
+                    )
                 self._check_step(step.branch)
             if isinstance(step, Decision) and step.max_visits < 1:
                 raise ValueError(f"workflow {self.name}: decision {step.id} needs max_visits >= 1")
@@ -325,8 +375,10 @@ class Workflow:
         if isinstance(step, AIGenerate):
             missing = [t for t in step.tools if t not in self.tools]
             if missing or step.model not in self.models:
-                raise ValueError(f"workflow {self.name}: step {step.id} needs tools {missing} "
-                                 f"or model slot {step.model!r} the workflow does not bind")
+                raise ValueError(
+                    f"workflow {self.name}: step {step.id} needs tools {missing} "
+                    f"or model slot {step.model!r} the workflow does not bind"
+                )
 
     def loop_regions(self) -> list[LoopRegion]:
         index = {s.id: i for i, s in enumerate(self.steps)}
@@ -336,18 +388,25 @@ class Workflow:
                 continue
             start = index.get(step.loop_to)
             if start is None or start > end:
-                raise ValueError(f"workflow {self.name}: decision {step.id} loops to {step.loop_to!r}, "
-                                 "which is not a step at or before it")
+                raise ValueError(
+                    f"workflow {self.name}: decision {step.id} loops to {step.loop_to!r}, "
+                    "which is not a step at or before it"
+                )
             for other in regions:
                 if start <= other.end and other.start <= end:
-                    raise ValueError(f"workflow {self.name}: the loops of {other.decision.id} and {step.id} "
-                                     "overlap; loop regions must be disjoint")
+                    raise ValueError(
+                        f"workflow {self.name}: the loops of {other.decision.id} and {step.id} "
+                        "overlap; loop regions must be disjoint"
+                    )
             regions.append(LoopRegion(start, end, step))
         return regions
 
     def definition(self) -> dict[str, Any]:
-        return {"name": self.name, "steps": [s.definition() for s in self.steps],
-                "output": callable_identity(self.output) if self.output else None}
+        return {
+            "name": self.name,
+            "steps": [s.definition() for s in self.steps],
+            "output": callable_identity(self.output) if self.output else None,
+        }
 
     @cached_property
     def version(self) -> str:
@@ -384,8 +443,11 @@ def get_workflow(name: str) -> Workflow:
     try:
         return _WORKFLOWS[name]
     except KeyError:
-        raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {sorted(_WORKFLOWS)}); "
-                              "list modules that define workflows in RUNLEDGER_WORKFLOW_MODULES", workflow=name) from None
+        raise UnknownWorkflow(
+            f"no workflow named {name!r} is registered (known: {sorted(_WORKFLOWS)}); "
+            "list modules that define workflows in RUNLEDGER_WORKFLOW_MODULES",
+            workflow=name,
+        ) from None
 
 
 def load_modules(extra: Iterable[str] = ()) -> None:

@@ -56,8 +56,17 @@ def model_call_id(prefix: str, turn: int, retry: int = 0) -> str:
     return f"{prefix}:turn{turn}" + (f":retry{retry}" if retry else "")
 
 
-def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
-                prompt: str, attempt: int = 1, replay: Any = None) -> str:
+def run_session(
+    *,
+    recorder: Recorder,
+    record: Record,
+    workflow: Workflow,
+    step: AIGenerate,
+    step_path: str,
+    prompt: str,
+    attempt: int = 1,
+    replay: Any = None,
+) -> str:
     """The model's final text. Raises StepFailure when the model loops past max_turns or a model
     call keeps failing."""
     manifest = manifest_for(workflow, step)
@@ -75,17 +84,38 @@ def run_session(*, recorder: Recorder, record: Record, workflow: Workflow, step:
         if changes or opened.manifest_hash != digest(manifest):
             raise CapabilityDriftError(recorder.run_id, changes or ["$: manifestHash differs"])
     else:  # committed with the session's first model call (or the step's end)
-        recorder.defer({"type": "harness.session.started", "payload": {
-            "role": ROLE, "task": {"kind": "execute_step", "stepPath": step_path}, "stepPath": step_path,
-            "manifest": manifest, "manifestHash": digest(manifest), **({"attempt": attempt} if attempt > 1 else {}),
-        }})
+        recorder.defer(
+            {
+                "type": "harness.session.started",
+                "payload": {
+                    "role": ROLE,
+                    "task": {"kind": "execute_step", "stepPath": step_path},
+                    "stepPath": step_path,
+                    "manifest": manifest,
+                    "manifestHash": digest(manifest),
+                    **({"attempt": attempt} if attempt > 1 else {}),
+                },
+            }
+        )
 
     try:
-        return _agent_loop(recorder=recorder, record=record, workflow=workflow, step=step, step_path=step_path,
-                           prompt=prompt, prefix=call_prefix(step_path, attempt), replay=replay)
+        return _agent_loop(
+            recorder=recorder,
+            record=record,
+            workflow=workflow,
+            step=step,
+            step_path=step_path,
+            prompt=prompt,
+            prefix=call_prefix(step_path, attempt),
+            replay=replay,
+        )
     except StepFailure as failure:  # committed with the step's failure
-        recorder.defer({"type": "harness.session.failed", "payload": {
-            "stepPath": step_path, "role": ROLE, "error": failure.as_error()}})
+        recorder.defer(
+            {
+                "type": "harness.session.failed",
+                "payload": {"stepPath": step_path, "role": ROLE, "error": failure.as_error()},
+            }
+        )
         raise
     except BaseException:
         _flush_quietly(recorder)
@@ -129,8 +159,17 @@ class PromptHasher:
         return "sha256:" + closed.hexdigest()
 
 
-def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step: AIGenerate, step_path: str,
-                prompt: str, prefix: str, replay: Any = None) -> str:
+def _agent_loop(
+    *,
+    recorder: Recorder,
+    record: Record,
+    workflow: Workflow,
+    step: AIGenerate,
+    step_path: str,
+    prompt: str,
+    prefix: str,
+    replay: Any = None,
+) -> str:
     provider = workflow.models[step.model]
     tools = {name: workflow.tools[name] for name in step.tools}
     specs = [tools[name].spec() for name in step.tools]
@@ -144,35 +183,75 @@ def _agent_loop(*, recorder: Recorder, record: Record, workflow: Workflow, step:
     recorded = 0  # messages an earlier turn's harness.model.called already holds
     for turn in range(1, step.max_turns + 1):
         body = {"model": provider.model_id, "messages": messages, "tools": specs}
-        delta = {"model": provider.model_id, "messagesFrom": recorded, "messages": messages[recorded:],
-                 "toolsHash": tools_hash}
-        reply = _model_turn(recorder, record, provider, workflow.model_policy(step.model), step_path, prefix, turn,
-                            body, delta, hashed(messages), replay)
+        delta = {
+            "model": provider.model_id,
+            "messagesFrom": recorded,
+            "messages": messages[recorded:],
+            "toolsHash": tools_hash,
+        }
+        reply = _model_turn(
+            recorder,
+            record,
+            provider,
+            workflow.model_policy(step.model),
+            step_path,
+            prefix,
+            turn,
+            body,
+            delta,
+            hashed(messages),
+            replay,
+        )
         recorded = len(messages)
         for key in usage:
             usage[key] += int(reply.usage.get(key, 0) or 0)
         messages = [*messages, {"role": "assistant", "content": reply.text, "toolCalls": reply.tool_calls}]
         if not reply.tool_calls:
             text = reply.text or ""
-            recorder.defer({"type": "harness.session.completed", "payload": {
-                "stepPath": step_path, "role": ROLE, "output": text, "usage": usage}})
+            recorder.defer(
+                {
+                    "type": "harness.session.completed",
+                    "payload": {"stepPath": step_path, "role": ROLE, "output": text, "usage": usage},
+                }
+            )
             return text
         for request in reply.tool_calls:
             tool = tools.get(request.get("name", ""))
             if tool is None:
-                raise StepFailure(f"the model asked for tool {request.get('name')!r}, which step {step_path} "
-                                  f"does not offer", name="UnknownTool")
-            field, value = call_tool(recorder=recorder, record=record, tool=tool, args=request.get("args", {}),
-                                     call_id=f"{prefix}:turn{turn}:{request.get('id')}", step_path=step_path,
-                                     caller="model", turn=turn, replay=replay)
+                raise StepFailure(
+                    f"the model asked for tool {request.get('name')!r}, which step {step_path} does not offer",
+                    name="UnknownTool",
+                )
+            field, value = call_tool(
+                recorder=recorder,
+                record=record,
+                tool=tool,
+                args=request.get("args", {}),
+                call_id=f"{prefix}:turn{turn}:{request.get('id')}",
+                step_path=step_path,
+                caller="model",
+                turn=turn,
+                replay=replay,
+            )
             messages.append({"role": "tool", "toolCallId": request.get("id"), field: value})
-    raise StepFailure(f"step {step_path} reached max_turns={step.max_turns} without a final answer",
-                      name="MaxTurnsExceeded")
+    raise StepFailure(
+        f"step {step_path} reached max_turns={step.max_turns} without a final answer", name="MaxTurnsExceeded"
+    )
 
 
-def _model_turn(recorder: Recorder, record: Record, provider: Any, policy: ModelPolicy, step_path: str, prefix: str,
-                turn: int, body: dict[str, Any], delta: dict[str, Any], prompt_hash: str,
-                replay: Any = None) -> ModelReply:
+def _model_turn(
+    recorder: Recorder,
+    record: Record,
+    provider: Any,
+    policy: ModelPolicy,
+    step_path: str,
+    prefix: str,
+    turn: int,
+    body: dict[str, Any],
+    delta: dict[str, Any],
+    prompt_hash: str,
+    replay: Any = None,
+) -> ModelReply:
     """`body` is what the provider gets; the log records `delta` (the messages new since the
     previous turn's record) and `prompt_hash`, digest(body), which a resume recomputes."""
     last_error: Any = None
@@ -186,52 +265,101 @@ def _model_turn(recorder: Recorder, record: Record, provider: Any, policy: Model
         if call is not None and called and call.prompt_hash != prompt_hash:
             # The fast-forwarded conversation no longer produces the recorded request: replaying
             # recorded answers to a different question would be wrong, so stop.
-            raise RuntimeIntegrityError(f"step {step_path} turn {turn}: the request differs from the recorded "
-                                        f"one ({call.prompt_hash} -> {prompt_hash})",
-                                        stepPath=step_path, turn=turn)
+            raise RuntimeIntegrityError(
+                f"step {step_path} turn {turn}: the request differs from the recorded "
+                f"one ({call.prompt_hash} -> {prompt_hash})",
+                stepPath=step_path,
+                turn=turn,
+            )
         if call is not None and call.status == "responded":
             response = call.response if isinstance(call.response, Mapping) else {}
-            return ModelReply(text=response.get("text"), tool_calls=list(response.get("toolCalls") or []),
-                              usage=dict(response.get("usage") or {}))
+            return ModelReply(
+                text=response.get("text"),
+                tool_calls=list(response.get("toolCalls") or []),
+                usage=dict(response.get("usage") or {}),
+            )
         if call is not None and call.status == "failed":
             last_error = call.error
             continue
         if replay is not None and not called:
             # A re-execution serving models from its original's record: the answer (or the recorded
             # failure) comes from there, or the call diverged (ReplayDiverged); no provider is asked.
-            served = replay.serve_model(recorder=recorder, step_path=step_path, call_id=call_id, turn=turn,
-                                        prompt_hash=prompt_hash, request=delta, body=body)
+            served = replay.serve_model(
+                recorder=recorder,
+                step_path=step_path,
+                call_id=call_id,
+                turn=turn,
+                prompt_hash=prompt_hash,
+                request=delta,
+                body=body,
+            )
             if served is not None:
                 if isinstance(served, ModelReply):
                     return served
                 last_error = served
                 continue
         if not called:  # committed before the provider is invoked: a crash leaves it pending
-            recorder.append({"type": "harness.model.called", "payload": {
-                "turn": turn, "callId": call_id, "stepPath": step_path, "promptHash": prompt_hash, "request": delta}})
+            recorder.append(
+                {
+                    "type": "harness.model.called",
+                    "payload": {
+                        "turn": turn,
+                        "callId": call_id,
+                        "stepPath": step_path,
+                        "promptHash": prompt_hash,
+                        "request": delta,
+                    },
+                }
+            )
         recorder.flush()  # nothing may wait uncommitted while the request is out
         began = time.monotonic()
         try:
-            reply = call_with_timeout(provider.generate, ModelRequest(step_path=step_path, turn=turn, body=body),
-                                      policy.timeout_s, f"model call {call_id}")
+            reply = call_with_timeout(
+                provider.generate,
+                ModelRequest(step_path=step_path, turn=turn, body=body),
+                policy.timeout_s,
+                f"model call {call_id}",
+            )
         except Exception as exc:  # the provider's failure is the call's recorded error, not the executor's
-            last_error = {"name": "ModelCallTimeout" if isinstance(exc, CallTimedOut) else type(exc).__name__,
-                          "message": str(exc)}
+            last_error = {
+                "name": "ModelCallTimeout" if isinstance(exc, CallTimedOut) else type(exc).__name__,
+                "message": str(exc),
+            }
             will_retry = retry + 1 < tries
             retry_at = next_try_at(policy.backoff, retry + 1) if will_retry else None
             if retry_at is not None:
                 last_error["retryAt"] = format_recorded_at(retry_at)
-            recorder.append({"type": "harness.model.failed", "payload": {
-                "turn": turn, "callId": call_id, "stepPath": step_path, "error": last_error,
-                "durationMs": round((time.monotonic() - began) * 1000), "willRetry": will_retry,
-                **({"retryAt": last_error["retryAt"]} if retry_at is not None else {}),
-                "model": {"provider": provider.name, "modelId": provider.model_id}}})
+            recorder.append(
+                {
+                    "type": "harness.model.failed",
+                    "payload": {
+                        "turn": turn,
+                        "callId": call_id,
+                        "stepPath": step_path,
+                        "error": last_error,
+                        "durationMs": round((time.monotonic() - began) * 1000),
+                        "willRetry": will_retry,
+                        **({"retryAt": last_error["retryAt"]} if retry_at is not None else {}),
+                        "model": {"provider": provider.name, "modelId": provider.model_id},
+                    },
+                }
+            )
             continue
         # Committed with the next write (the claim of the tool call it asks for, or the session's end).
-        recorder.defer({"type": "harness.model.responded", "payload": {
-            "turn": turn, "callId": call_id, "stepPath": step_path,
-            "model": {"provider": provider.name, "modelId": provider.model_id}, "response": reply.response()}})
+        recorder.defer(
+            {
+                "type": "harness.model.responded",
+                "payload": {
+                    "turn": turn,
+                    "callId": call_id,
+                    "stepPath": step_path,
+                    "model": {"provider": provider.name, "modelId": provider.model_id},
+                    "response": reply.response(),
+                },
+            }
+        )
         return reply
     message = last_error.get("message") if isinstance(last_error, dict) else last_error
-    raise StepFailure(f"step {step_path} turn {turn}: the model call failed {tries} times "
-                      f"(last: {message})", name="ModelCallFailed")
+    raise StepFailure(
+        f"step {step_path} turn {turn}: the model call failed {tries} times (last: {message})", name="ModelCallFailed"
+    )

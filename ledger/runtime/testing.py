@@ -72,8 +72,9 @@ def _kill_switch(run_id: str, last_sequence: int) -> KillSwitch | None:
         after, before = _sequence(KILL_AFTER_ENV), _sequence(KILL_BEFORE_ENV)
     if after is None and before is None and not commits:
         return None
-    return KillSwitch(run_id=run_id, started_at=last_sequence, after=after, before=before,
-                      commits=Path(commits) if commits else None)
+    return KillSwitch(
+        run_id=run_id, started_at=last_sequence, after=after, before=before, commits=Path(commits) if commits else None
+    )
 
 
 def commit_ends(path: Path) -> dict[str, list[int]]:

@@ -19,8 +19,18 @@ def idempotency_key(run_id: str, step_path: str, call_id: str) -> str:
     return key if len(key) <= 200 else "rt:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call_id: str, step_path: str,
-              caller: str, turn: int | None = None, replay: Any = None) -> tuple[str, Any]:
+def call_tool(
+    *,
+    recorder: Recorder,
+    record: Record,
+    tool: Tool,
+    args: Any,
+    call_id: str,
+    step_path: str,
+    caller: str,
+    turn: int | None = None,
+    replay: Any = None,
+) -> tuple[str, Any]:
     """("result", value) or ("error", {name, message}).
 
     A call with a terminal event in the log is answered from it and nothing runs. A call that was
@@ -36,18 +46,34 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     if recorded is not None:
         return recorded
     if replay is not None:
-        served = replay.serve_tool(recorder=recorder, tool=tool, args=args, call_id=call_id, step_path=step_path,
-                                   caller=caller, turn=turn)
+        served = replay.serve_tool(
+            recorder=recorder, tool=tool, args=args, call_id=call_id, step_path=step_path, caller=caller, turn=turn
+        )
         if served is not None:
             return served
     if toolapproval.needs_approval(recorder.workspace, tool.name, tool.approval):
-        _await_approval(recorder=recorder, record=record, tool=tool, args=args, call_id=call_id,
-                        step_path=step_path, caller=caller, turn=turn)
+        _await_approval(
+            recorder=recorder,
+            record=record,
+            tool=tool,
+            args=args,
+            call_id=call_id,
+            step_path=step_path,
+            caller=caller,
+            turn=turn,
+        )
     # One commit claims the call, marks it outbound and holds what was deferred before it.
     claimed = recorder.claim_outbound(
-        call_id=call_id, tool_name=tool.name, args=args, effect=tool.effect,
-        owner=f"runtime:{recorder.run_id}", idempotency_key=idempotency_key(recorder.run_id, step_path, call_id),
-        timeout_s=tool.timeout_s, caller=caller, turn=turn, step_path=step_path,
+        call_id=call_id,
+        tool_name=tool.name,
+        args=args,
+        effect=tool.effect,
+        owner=f"runtime:{recorder.run_id}",
+        idempotency_key=idempotency_key(recorder.run_id, step_path, call_id),
+        timeout_s=tool.timeout_s,
+        caller=caller,
+        turn=turn,
+        step_path=step_path,
     )
     if isinstance(claimed, gateway.Finished):
         return ("result", claimed.result) if claimed.status == "succeeded" else ("error", claimed.error)
@@ -61,7 +87,10 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
             raise gateway.ToolCallInDoubt(
                 f"tool call {call_id} ({tool.name}, effect write) is in doubt: it outlived its timeout of "
                 f"{late.timeout_s:g} s and may have acted; an operator must reconcile it before the run "
-                "continues", callId=call_id, toolName=tool.name) from None
+                "continues",
+                callId=call_id,
+                toolName=tool.name,
+            ) from None
         outcome = ("error", {"name": "ToolTimeout", "message": str(late), "timeoutS": late.timeout_s})
     except Exception as exc:  # the tool's failure is the call's recorded error, not ours
         outcome = ("error", {"name": type(exc).__name__, "message": str(exc)})
@@ -70,19 +99,40 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     return outcome
 
 
-def _await_approval(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call_id: str, step_path: str,
-                    caller: str, turn: int | None) -> None:
+def _await_approval(
+    *,
+    recorder: Recorder,
+    record: Record,
+    tool: Tool,
+    args: Any,
+    call_id: str,
+    step_path: str,
+    caller: str,
+    turn: int | None,
+) -> None:
     """Return when the call is approved for these arguments; else write the request (once per
     arguments) with everything deferred, and stop the run: WaitingApproval."""
     call = record.state.tool_calls.get(call_id)
-    decided = toolapproval.verdict(workspace=recorder.workspace, approval=call.approval if call else None,
-                                   tool_name=tool.name, args=args, call_id=call_id, step_path=step_path,
-                                   caller=caller, turn=turn)
+    decided = toolapproval.verdict(
+        workspace=recorder.workspace,
+        approval=call.approval if call else None,
+        tool_name=tool.name,
+        args=args,
+        call_id=call_id,
+        step_path=step_path,
+        caller=caller,
+        turn=turn,
+    )
     if decided.proceed:
         return
     if decided.request is not None:
         recorder.append(decided.request)
     else:
         recorder.flush()
-    raise WaitingApproval(run_id=recorder.run_id, call_id=call_id, tool_name=tool.name,
-                          args_digest=decided.args_digest, step_path=step_path)
+    raise WaitingApproval(
+        run_id=recorder.run_id,
+        call_id=call_id,
+        tool_name=tool.name,
+        args_digest=decided.args_digest,
+        step_path=step_path,
+    )

@@ -22,9 +22,9 @@ from typing import Any, Final
 
 from django.contrib.auth.models import AnonymousUser, User
 
-from ..reads import selectors
 from ..errors import LedgerError, NotFound
 from ..models import ApiKey, Membership, Role, Run, Tenant, Workspace
+from ..reads import selectors
 
 
 class InsufficientScope(LedgerError):
@@ -103,8 +103,7 @@ def _visible_workspace(principal: Member | _Operator, path: str) -> Workspace:
 
 def _deciding_workspace(principal: Member | _Operator, run_id: str | None) -> Workspace:
     """No workspace named: the one holding the run, or the member's only one."""
-    candidates = (selectors.all_workspaces() if isinstance(principal, _Operator)
-                  else selectors.workspaces_for(principal))
+    candidates = selectors.all_workspaces() if isinstance(principal, _Operator) else selectors.workspaces_for(principal)
     if run_id is not None:
         candidates = candidates.filter(runs__run_id=run_id)
     found = list(candidates[:2])
@@ -112,13 +111,21 @@ def _deciding_workspace(principal: Member | _Operator, run_id: str | None) -> Wo
         raise NotFound(f"run {run_id} not found" if run_id else "no workspace found", runId=run_id)
     if len(found) > 1:
         what = f"run id {run_id} exists in" if run_id else "you are a member of"
-        raise WorkspaceRequired(f"{what} several workspaces; name one as TENANT/WORKSPACE "
-                                "(?workspace= in the API, --workspace on the command line)")
+        raise WorkspaceRequired(
+            f"{what} several workspaces; name one as TENANT/WORKSPACE "
+            "(?workspace= in the API, --workspace on the command line)"
+        )
     return found[0]
 
 
-def resolve(principal: Principal, *, workspace: str | None = None, run_id: str | None = None,
-            scope: str = "read", role: str | None = None) -> Access:
+def resolve(
+    principal: Principal,
+    *,
+    workspace: str | None = None,
+    run_id: str | None = None,
+    scope: str = "read",
+    role: str | None = None,
+) -> Access:
     """The workspace (and run, when `run_id` is given) the principal acts on, and as whom."""
     if isinstance(principal, ApiKey):
         if not principal.has_scope(scope):
@@ -145,12 +152,12 @@ def _with_run(access: Access, run_id: str | None) -> Access:
         return access
     run = selectors.get_run(access.workspace, run_id)
     run.workspace = access.workspace  # already loaded with its tenant
-    return Access(workspace=access.workspace, run=run, role=access.role, api_key=access.api_key,
-                  membership=access.membership)
+    return Access(
+        workspace=access.workspace, run=run, role=access.role, api_key=access.api_key, membership=access.membership
+    )
 
 
-def visible_workspaces(principal: Principal, *, workspace: str | None = None,
-                       scope: str = "read") -> list[Workspace]:
+def visible_workspaces(principal: Principal, *, workspace: str | None = None, scope: str = "read") -> list[Workspace]:
     """Where a lookup by content (an artifact's hash) may look: the named workspace, a key's own,
     or every workspace of the member's tenants."""
     if workspace or isinstance(principal, ApiKey):

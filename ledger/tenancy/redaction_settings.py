@@ -10,8 +10,17 @@ from django.db import transaction
 
 from .. import audit
 from ..limits import written
+from ..log.redaction import (
+    BUILTIN_VALUE_RULES,
+    SECRET_KEY_NAMES,
+    SECRET_WORD_ENDINGS,
+    SECRET_WORD_PAIRS,
+    TOKEN_NOT_SECRET_AFTER,
+    ValueRule,
+    check_rules,
+    policy,
+)
 from ..models import Workspace
-from ..log.redaction import BUILTIN_VALUE_RULES, SECRET_KEY_NAMES, SECRET_WORD_ENDINGS, SECRET_WORD_PAIRS, TOKEN_NOT_SECRET_AFTER, ValueRule, check_rules, policy
 
 
 @dataclass(frozen=True)
@@ -32,9 +41,13 @@ def policy_of(workspace: Workspace) -> Policy:
     keys = [str(k) for k in workspace.redact_keys or []]
     patterns = [str(p) for p in workspace.redact_value_patterns or []]
     return Policy(
-        design_names=sorted(SECRET_KEY_NAMES), word_endings=list(SECRET_WORD_ENDINGS),
-        word_pairs=[f"{a} {b}" for a, b in sorted(SECRET_WORD_PAIRS)], token_not_after=sorted(TOKEN_NOT_SECRET_AFTER),
-        value_rules=BUILTIN_VALUE_RULES, extra_keys=keys, extra_patterns=patterns,
+        design_names=sorted(SECRET_KEY_NAMES),
+        word_endings=list(SECRET_WORD_ENDINGS),
+        word_pairs=[f"{a} {b}" for a, b in sorted(SECRET_WORD_PAIRS)],
+        token_not_after=sorted(TOKEN_NOT_SECRET_AFTER),
+        value_rules=BUILTIN_VALUE_RULES,
+        extra_keys=keys,
+        extra_patterns=patterns,
         invalid_patterns=policy(keys, patterns).invalid_patterns,
     )
 
@@ -54,7 +67,13 @@ def set_extra_rules(*, workspace: Workspace, keys: Any, patterns: Any, by: Any, 
         return ws
     ws.redact_keys, ws.redact_value_patterns = keys, patterns
     ws.save(update_fields=["redact_keys", "redact_value_patterns"])
-    audit.record(actor=by, tenant=ws.tenant, workspace=ws, action=audit.Action.REDACTION_CHANGED,
-                 target=f"workspace:{ws.tenant.slug}/{ws.slug}", reason=reason,
-                 details={"before": before, "after": after})
+    audit.record(
+        actor=by,
+        tenant=ws.tenant,
+        workspace=ws,
+        action=audit.Action.REDACTION_CHANGED,
+        target=f"workspace:{ws.tenant.slug}/{ws.slug}",
+        reason=reason,
+        details={"before": before, "after": after},
+    )
     return ws

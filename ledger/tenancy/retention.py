@@ -37,19 +37,32 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 from django.db.models import Max, Q
 
-from ..log import artifacts, rollup
 from .. import audit, clock
-from ..log.bulk import table
 from ..errors import LedgerError
-from ..models import Artifact, CostEntry, Event, ImportedArtifact, ReexecutionRequest, Run, RunStatus, ToolGatewayClaim, Workspace
+from ..fold.pricing import prices_for
 from ..limits import written
+from ..log import artifacts, rollup
+from ..log.bulk import table
 from ..log.rules import lease_live
 from ..log.states import STATES
-from ..fold.pricing import prices_for
+from ..models import (
+    Artifact,
+    CostEntry,
+    Event,
+    ImportedArtifact,
+    ReexecutionRequest,
+    Run,
+    RunStatus,
+    ToolGatewayClaim,
+    Workspace,
+)
 
 MAX_RETENTION_DAYS = 36_500
-OPEN_REQUESTS = (ReexecutionRequest.Status.PENDING_APPROVAL, ReexecutionRequest.Status.APPROVED,
-                 ReexecutionRequest.Status.RUNNING)
+OPEN_REQUESTS = (
+    ReexecutionRequest.Status.PENDING_APPROVAL,
+    ReexecutionRequest.Status.APPROVED,
+    ReexecutionRequest.Status.RUNNING,
+)
 OPEN_CLAIMS = (ToolGatewayClaim.Status.CLAIMED, ToolGatewayClaim.Status.IN_DOUBT)
 PRUNE_ACTOR = audit.Actor(name="system:prune")
 
@@ -68,8 +81,7 @@ def validate_days(days: int | None) -> int | None:
 
 
 @transaction.atomic
-def set_retention(*, workspace: Workspace, days: int | None, by: audit.Actor | AbstractBaseUser,
-                  reason: str) -> bool:
+def set_retention(*, workspace: Workspace, days: int | None, by: audit.Actor | AbstractBaseUser, reason: str) -> bool:
     """Set the workspace's retention (None: keep forever); audited as `retention.changed` with the
     old and new values and the reason. False (and no entry) when the value does not change."""
     validate_days(days)
@@ -80,9 +92,15 @@ def set_retention(*, workspace: Workspace, days: int | None, by: audit.Actor | A
         return False
     Workspace.objects.filter(pk=locked.pk).update(retention_days=days)
     workspace.retention_days = days
-    audit.record(actor=by, tenant=locked.tenant, workspace=locked, action=audit.Action.RETENTION_CHANGED,
-                 target=f"workspace:{locked.tenant.slug}/{locked.slug}", reason=reason.strip(),
-                 details={"oldDays": old, "newDays": days})
+    audit.record(
+        actor=by,
+        tenant=locked.tenant,
+        workspace=locked,
+        action=audit.Action.RETENTION_CHANGED,
+        target=f"workspace:{locked.tenant.slug}/{locked.slug}",
+        reason=reason.strip(),
+        details={"oldDays": old, "newDays": days},
+    )
     return True
 
 
@@ -101,8 +119,11 @@ class TreeOutcome:
     artifact_files: list[str] = field(default_factory=list)  # storage keys deleted after commit
 
     def as_details(self) -> dict[str, Any]:
-        return {"runs": self.run_ids, "lastActivity": self.last_activity.isoformat().replace("+00:00", "Z"),
-                "counts": self.counts}
+        return {
+            "runs": self.run_ids,
+            "lastActivity": self.last_activity.isoformat().replace("+00:00", "Z"),
+            "counts": self.counts,
+        }
 
 
 @dataclass
@@ -146,8 +167,9 @@ def _held(workspace: Workspace, runs: list[Run], now: datetime) -> bool:
         return True
     if any(lease_live(r.lease_expires_at, now) for r in runs):
         return True
-    if ReexecutionRequest.objects.filter(Q(original_run_id__in=ids) | Q(new_run_id__in=ids),
-                                         workspace=workspace, status__in=OPEN_REQUESTS).exists():
+    if ReexecutionRequest.objects.filter(
+        Q(original_run_id__in=ids) | Q(new_run_id__in=ids), workspace=workspace, status__in=OPEN_REQUESTS
+    ).exists():
         return True
     return ToolGatewayClaim.objects.filter(run__in=runs, status__in=OPEN_CLAIMS).exists()
 
@@ -162,16 +184,18 @@ def _prunable(workspace: Workspace, runs: list[Run], before: datetime, now: date
 
 def _artifact_candidates(runs: list[Run]) -> set[str]:
     """sha256s the runs' events and gateway rows reference."""
-    from ..log.verify import artifact_refs
     from ..log.envelopes import decode_payload
+    from ..log.verify import artifact_refs
 
     refs: set[str] = set()
     texts = Event.objects.filter(run__in=runs, payload__contains=artifacts.REF_PREFIX + "art_").values_list(
-        "payload", flat=True)
+        "payload", flat=True
+    )
     for text in texts.iterator(chunk_size=200):
         refs.update(artifact_refs(decode_payload(text)))
-    refs.update(ToolGatewayClaim.objects.filter(run__in=runs).exclude(outcome_ref="").values_list(
-        "outcome_ref", flat=True))
+    refs.update(
+        ToolGatewayClaim.objects.filter(run__in=runs).exclude(outcome_ref="").values_list("outcome_ref", flat=True)
+    )
     imported = ImportedArtifact.objects.filter(run__in=runs).values_list("artifact__sha256", flat=True)
     return {sha for sha in (artifacts.parse_ref(ref) for ref in refs) if sha} | set(imported)
 
@@ -184,10 +208,14 @@ def _unreferenced(workspace: Workspace, runs: list[Run], shas: set[str]) -> list
     gone = []
     for found in Artifact.objects.filter(workspace=workspace, sha256__in=sorted(shas)).order_by("sha256"):
         needle = found.artifact_id
-        in_events = Event.objects.filter(run__workspace=workspace, payload__contains=needle).exclude(
-            run__in=runs).exists()
-        in_claims = ToolGatewayClaim.objects.filter(run__workspace=workspace, outcome_ref=found.ref).exclude(
-            run__in=runs).exists()
+        in_events = (
+            Event.objects.filter(run__workspace=workspace, payload__contains=needle).exclude(run__in=runs).exists()
+        )
+        in_claims = (
+            ToolGatewayClaim.objects.filter(run__workspace=workspace, outcome_ref=found.ref)
+            .exclude(run__in=runs)
+            .exists()
+        )
         in_imports = ImportedArtifact.objects.filter(artifact=found).exclude(run__in=runs).exists()
         if not in_events and not in_claims and not in_imports:
             gone.append(found)
@@ -209,13 +237,15 @@ def _subtract_usage(runs: list[Run]) -> dict[int, set[date]]:
     rows: list[dict[str, Any]] = []
     for run in runs:
         entries = CostEntry.objects.filter(run=run).values(
-            "recorded_at", "provider", "model_id", *rollup.TOKENS, "cost_usd")
+            "recorded_at", "provider", "model_id", *rollup.TOKENS, "cost_usd"
+        )
         rows += rollup.cells(run.workspace_id, run.workflow_version_id, entries)
     return rollup.subtract(rows)
 
 
-def _prune_tree(workspace: Workspace, root: str, before: datetime, now: datetime, *,
-                by: audit.Actor, reason: str) -> TreeOutcome | None:
+def _prune_tree(
+    workspace: Workspace, root: str, before: datetime, now: datetime, *, by: audit.Actor, reason: str
+) -> TreeOutcome | None:
     """Delete one tree in one transaction, after checking again under the runs' row locks (an
     append or a re-execution request may have come since the tree was picked)."""
     with transaction.atomic():
@@ -242,8 +272,15 @@ def _prune_tree(workspace: Workspace, root: str, before: datetime, now: datetime
         Artifact.objects.filter(pk__in=[a.pk for a in doomed]).delete()
         outcome.counts["artifacts"] = len(doomed)
         outcome.artifact_files = [a.storage_key for a in doomed]
-        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.RUN_PRUNED,
-                     target=f"run:{root}", reason=reason, details=outcome.as_details())
+        audit.record(
+            actor=by,
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=audit.Action.RUN_PRUNED,
+            target=f"run:{root}",
+            reason=reason,
+            details=outcome.as_details(),
+        )
         transaction.on_commit(lambda: _delete_files(workspace, doomed))
     prices = prices_for(workspace)
     for run_id in outcome.run_ids:
@@ -254,8 +291,11 @@ def _prune_tree(workspace: Workspace, root: str, before: datetime, now: datetime
 def _delete_files(workspace: Workspace, doomed: list[Artifact]) -> None:
     """After the commit: the bytes of artifacts whose rows went, unless an append stored the same
     bytes again meanwhile (content addressing gives them the same name)."""
-    again = set(Artifact.objects.filter(workspace=workspace, sha256__in=[a.sha256 for a in doomed]).values_list(
-        "sha256", flat=True))
+    again = set(
+        Artifact.objects.filter(workspace=workspace, sha256__in=[a.sha256 for a in doomed]).values_list(
+            "sha256", flat=True
+        )
+    )
     for found in doomed:
         if found.sha256 not in again:
             artifacts.delete_file(found)
@@ -268,20 +308,29 @@ def _dry_tree(workspace: Workspace, root: str, before: datetime, now: datetime) 
         return None
     outcome = TreeOutcome(workspace, root, [r.run_id for r in runs], last, _counts(runs))
     doomed = _unreferenced(workspace, runs, _artifact_candidates(runs))
-    outcome.counts.update({
-        "step": sum(r.steps.count() for r in runs),
-        "toolCall": sum(r.tool_calls.count() for r in runs),
-        "feedback": sum(r.feedback.count() for r in runs),
-        "toolGatewayClaim": sum(r.gateway_claims.count() for r in runs),
-        "artifacts": len(doomed),
-    })
+    outcome.counts.update(
+        {
+            "step": sum(r.steps.count() for r in runs),
+            "toolCall": sum(r.tool_calls.count() for r in runs),
+            "feedback": sum(r.feedback.count() for r in runs),
+            "toolGatewayClaim": sum(r.gateway_claims.count() for r in runs),
+            "artifacts": len(doomed),
+        }
+    )
     outcome.counts = {k: v for k, v in outcome.counts.items() if v or k in ("runs", "events", "artifacts")}
     return outcome
 
 
-def prune_workspace(workspace: Workspace, *, days: int, now: datetime | None = None, dry_run: bool = False,
-                    batch_size: int = 100, progress: Progress | None = None,
-                    by: audit.Actor = PRUNE_ACTOR) -> Iterator[TreeOutcome]:
+def prune_workspace(
+    workspace: Workspace,
+    *,
+    days: int,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    batch_size: int = 100,
+    progress: Progress | None = None,
+    by: audit.Actor = PRUNE_ACTOR,
+) -> Iterator[TreeOutcome]:
     """Prune (or, `dry_run`, list) every tree of the workspace past `days` of retention, one tree
     per transaction, reading candidates `batch_size` at a time; yields each tree as it goes."""
     validate_days(days)
@@ -293,8 +342,12 @@ def prune_workspace(workspace: Workspace, *, days: int, now: datetime | None = N
     seen: set[str] = set()
     after_pk = 0
     while True:
-        page = list(candidates(workspace, before).filter(pk__gt=after_pk).order_by("pk")
-                    .values_list("pk", "run_id", "root_run_id")[:batch_size])
+        page = list(
+            candidates(workspace, before)
+            .filter(pk__gt=after_pk)
+            .order_by("pk")
+            .values_list("pk", "run_id", "root_run_id")[:batch_size]
+        )
         if not page:
             return
         after_pk = page[-1][0]
@@ -303,8 +356,11 @@ def prune_workspace(workspace: Workspace, *, days: int, now: datetime | None = N
             found = None
             if root not in seen:
                 seen.add(root)
-                found = (_dry_tree(workspace, root, before, now) if dry_run
-                         else _prune_tree(workspace, root, before, now, by=by, reason=reason))
+                found = (
+                    _dry_tree(workspace, root, before, now)
+                    if dry_run
+                    else _prune_tree(workspace, root, before, now, by=by, reason=reason)
+                )
             if progress is not None:
                 progress.step()
             if found is not None:

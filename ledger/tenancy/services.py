@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable
-
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
@@ -18,10 +17,10 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .. import audit, clock
-from ..log import statements
-from ..log.bulk import column, table
 from ..errors import LedgerError, NotFound
 from ..limits import written
+from ..log import statements
+from ..log.bulk import column, table
 from ..models import ApiKey, Membership, Role, Tenant, Workspace
 
 KEY_PREFIX = "rl_"
@@ -40,8 +39,7 @@ def bootstrap(*, tenant: str, workspace: str) -> Workspace:
 
 
 @transaction.atomic
-def create_user(*, username: str, tenant: str, role: str, password: str | None,
-                by: audit.Actor = CLI) -> Membership:
+def create_user(*, username: str, tenant: str, role: str, password: str | None, by: audit.Actor = CLI) -> Membership:
     """Create or update a user and their membership (one role per tenant); audited as
     member.added or member.changed (a role change; a password alone is not a membership change)."""
     if role not in Role.values:
@@ -62,25 +60,37 @@ def create_user(*, username: str, tenant: str, role: str, password: str | None,
     before = Membership.objects.filter(user=user, tenant=t).values_list("role", flat=True).first()
     membership, _ = Membership.objects.update_or_create(user=user, tenant=t, defaults={"role": role})
     if before is None:
-        audit.record(actor=by, tenant=t, action=audit.Action.MEMBER_ADDED, target=f"user:{username}",
-                     details={"role": role})
+        audit.record(
+            actor=by, tenant=t, action=audit.Action.MEMBER_ADDED, target=f"user:{username}", details={"role": role}
+        )
     elif before != role:
-        audit.record(actor=by, tenant=t, action=audit.Action.MEMBER_CHANGED, target=f"user:{username}",
-                     details={"role": role, "previousRole": before})
+        audit.record(
+            actor=by,
+            tenant=t,
+            action=audit.Action.MEMBER_CHANGED,
+            target=f"user:{username}",
+            details={"role": role, "previousRole": before},
+        )
     return membership
 
 
 @transaction.atomic
 def remove_member(*, username: str, tenant: str, by: audit.Actor = CLI) -> None:
     """End a user's membership of a tenant (the user account stays); audited as member.removed."""
-    membership = Membership.objects.select_related("tenant").filter(
-        user__username=username, tenant__slug=tenant).first()
+    membership = (
+        Membership.objects.select_related("tenant").filter(user__username=username, tenant__slug=tenant).first()
+    )
     if membership is None:
         raise NotFound(f"{username} is not a member of {tenant}")
     role = membership.role
     membership.delete()
-    audit.record(actor=by, tenant=membership.tenant, action=audit.Action.MEMBER_REMOVED, target=f"user:{username}",
-                 details={"role": role})
+    audit.record(
+        actor=by,
+        tenant=membership.tenant,
+        action=audit.Action.MEMBER_REMOVED,
+        target=f"user:{username}",
+        details={"role": role},
+    )
 
 
 def _hash(key: str) -> str:
@@ -88,8 +98,9 @@ def _hash(key: str) -> str:
 
 
 @transaction.atomic
-def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "",
-               by: audit.Actor = CLI) -> tuple[ApiKey, str]:
+def create_key(
+    *, workspace: Workspace, scopes: Iterable[str], name: str = "", by: audit.Actor = CLI
+) -> tuple[ApiKey, str]:
     """Create an API key; the secret is returned once and only its hash is stored. Audited."""
     scopes = sorted(set(scopes))
     unknown = set(scopes) - set(ApiKey.SCOPES)
@@ -100,8 +111,14 @@ def create_key(*, workspace: Workspace, scopes: Iterable[str], name: str = "",
     api_key = ApiKey.objects.create(
         workspace=workspace, name=name, prefix=prefix, secret_hash=_hash(key), scopes=scopes
     )
-    audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_CREATED,
-                 target=audit.key_actor(api_key), details={"name": name, "scopes": scopes})
+    audit.record(
+        actor=by,
+        tenant=workspace.tenant,
+        workspace=workspace,
+        action=audit.Action.API_KEY_CREATED,
+        target=audit.key_actor(api_key),
+        details={"name": name, "scopes": scopes},
+    )
     return api_key, key
 
 
@@ -109,7 +126,7 @@ def authenticate_key(key: str) -> ApiKey | None:
     """The live ApiKey for a presented secret, or None; notes its use (`_note_use`)."""
     if not key.startswith(KEY_PREFIX):
         return None
-    prefix, _, _ = key[len(KEY_PREFIX):].partition("_")
+    prefix, _, _ = key[len(KEY_PREFIX) :].partition("_")
     api_key = _key_with_workspace(prefix)
     if api_key is None or api_key.revoked_at is not None:
         return None
@@ -133,13 +150,18 @@ class _KeyQuery:
         tables = ("k", "w", "t")
         self.fields = [list(m._meta.concrete_fields) for m in self.models]
         self.attnames = [[f.attname for f in fields] for fields in self.fields]
-        columns = ", ".join(f"{alias}.{column(model, f.name)}"
-                            for alias, model, fields in zip(tables, self.models, self.fields) for f in fields)
+        columns = ", ".join(
+            f"{alias}.{column(model, f.name)}"
+            for alias, model, fields in zip(tables, self.models, self.fields)
+            for f in fields
+        )
         placeholder = "$1" if vendor == "postgresql" else "%s"
-        self.sql = (f"SELECT {columns} FROM {table(ApiKey)} k"
-                    f" JOIN {table(Workspace)} w ON w.{column(Workspace, 'id')} = k.{column(ApiKey, 'workspace')}"
-                    f" JOIN {table(Tenant)} t ON t.{column(Tenant, 'id')} = w.{column(Workspace, 'tenant')}"
-                    f" WHERE k.{column(ApiKey, 'prefix')} = {placeholder}")
+        self.sql = (
+            f"SELECT {columns} FROM {table(ApiKey)} k"
+            f" JOIN {table(Workspace)} w ON w.{column(Workspace, 'id')} = k.{column(ApiKey, 'workspace')}"
+            f" JOIN {table(Tenant)} t ON t.{column(Tenant, 'id')} = w.{column(Workspace, 'tenant')}"
+            f" WHERE k.{column(ApiKey, 'prefix')} = {placeholder}"
+        )
         self.prepared = self.sql.encode() if vendor == "postgresql" else None
         # What the ORM runs on a column's value, for the columns that have any: the backend's
         # converters, then the field's.
@@ -168,7 +190,7 @@ class _KeyQuery:
                 values[i] = convert(values[i], col, connection)
         objects, start = [], 0
         for model, attnames in zip(self.models, self.attnames):
-            objects.append(model.from_db(connection.alias, attnames, values[start:start + len(attnames)]))
+            objects.append(model.from_db(connection.alias, attnames, values[start : start + len(attnames)]))
             start += len(attnames)
         api_key, workspace, tenant = objects
         assert isinstance(api_key, ApiKey)
@@ -196,7 +218,8 @@ def _note_use(api_key: ApiKey) -> None:
     if api_key.last_used_at is not None and api_key.last_used_at > stale:
         return
     ApiKey.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale), pk=api_key.pk).update(
-        last_used_at=now)
+        last_used_at=now
+    )
     api_key.last_used_at = now
 
 
@@ -220,7 +243,14 @@ def revoke_key(api_key: ApiKey, *, by: audit.Actor | AbstractBaseUser = CLI, rea
     revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if revoked:
         workspace = Workspace.objects.select_related("tenant").get(pk=api_key.workspace_id)
-        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.API_KEY_REVOKED,
-                     target=audit.key_actor(api_key), reason=reason, details={"name": api_key.name})
+        audit.record(
+            actor=by,
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=audit.Action.API_KEY_REVOKED,
+            target=audit.key_actor(api_key),
+            reason=reason,
+            details={"name": api_key.name},
+        )
     api_key.refresh_from_db(fields=["revoked_at"])
     return bool(revoked)

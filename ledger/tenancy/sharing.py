@@ -28,12 +28,12 @@ from django.db import transaction
 from django.db.models import F, Q, QuerySet
 
 from .. import audit, clock
-from ..reads import selectors
 from ..errors import LedgerError, NotFound
 from ..fold import fold
-from ..models import Run, ShareLink, Workspace
-from ..log.envelopes import log_of
 from ..fold.pricing import prices_for
+from ..log.envelopes import log_of
+from ..models import Run, ShareLink, Workspace
+from ..reads import selectors
 from ..replay.runlog import FoldedRun, folded
 
 MAX_EXPIRY_HOURS = 720
@@ -85,8 +85,15 @@ def status_of(link: ShareLink) -> str:
 
 
 @transaction.atomic
-def create_link(*, workspace: Workspace, run: Run, by: AbstractBaseUser, expires_in_hours: int,
-                include_sub_runs: bool = False, max_opens: int | None = None) -> tuple[ShareLink, str]:
+def create_link(
+    *,
+    workspace: Workspace,
+    run: Run,
+    by: AbstractBaseUser,
+    expires_in_hours: int,
+    include_sub_runs: bool = False,
+    max_opens: int | None = None,
+) -> tuple[ShareLink, str]:
     """A new link to `run`; returns it and its token, which is never stored or shown again. Audited."""
     if not 1 <= expires_in_hours <= MAX_EXPIRY_HOURS:
         raise InvalidShareLink(f"expiresInHours must be between 1 and {MAX_EXPIRY_HOURS}", field="expiresInHours")
@@ -97,14 +104,30 @@ def create_link(*, workspace: Workspace, run: Run, by: AbstractBaseUser, expires
     token = secrets.token_urlsafe(TOKEN_BYTES)
     now = clock.now()
     link = ShareLink.objects.create(
-        public_id=PUBLIC_ID_PREFIX + secrets.token_hex(8), workspace=workspace, run_id=run.run_id,
-        token_hash=_hash(token), include_sub_runs=include_sub_runs, expires_at=now + timedelta(hours=expires_in_hours),
-        max_opens=max_opens, created_by=by.get_username(), created_by_user_id=by.pk, created_at=now,
+        public_id=PUBLIC_ID_PREFIX + secrets.token_hex(8),
+        workspace=workspace,
+        run_id=run.run_id,
+        token_hash=_hash(token),
+        include_sub_runs=include_sub_runs,
+        expires_at=now + timedelta(hours=expires_in_hours),
+        max_opens=max_opens,
+        created_by=by.get_username(),
+        created_by_user_id=by.pk,
+        created_at=now,
     )
-    audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.SHARE_LINK_CREATED,
-                 target=f"share_link:{link.public_id}",
-                 details={"runId": run.run_id, "expiresAt": link.expires_at.isoformat(),
-                          "includeSubRuns": include_sub_runs, "maxOpens": max_opens})
+    audit.record(
+        actor=by,
+        tenant=workspace.tenant,
+        workspace=workspace,
+        action=audit.Action.SHARE_LINK_CREATED,
+        target=f"share_link:{link.public_id}",
+        details={
+            "runId": run.run_id,
+            "expiresAt": link.expires_at.isoformat(),
+            "includeSubRuns": include_sub_runs,
+            "maxOpens": max_opens,
+        },
+    )
     return link, token
 
 
@@ -112,11 +135,18 @@ def create_link(*, workspace: Workspace, run: Run, by: AbstractBaseUser, expires
 def revoke_link(link: ShareLink, *, by: AbstractBaseUser) -> ShareLink:
     """Revoke a link at once (idempotent: only the first revocation is audited)."""
     revoked = ShareLink.objects.filter(pk=link.pk, revoked_at__isnull=True).update(
-        revoked_at=clock.now(), revoked_by=by.get_username())
+        revoked_at=clock.now(), revoked_by=by.get_username()
+    )
     if revoked:
         workspace = link.workspace
-        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.SHARE_LINK_REVOKED,
-                     target=f"share_link:{link.public_id}", details={"runId": link.run_id})
+        audit.record(
+            actor=by,
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=audit.Action.SHARE_LINK_REVOKED,
+            target=f"share_link:{link.public_id}",
+            details={"runId": link.run_id},
+        )
     link.refresh_from_db()
     return link
 
@@ -173,14 +203,21 @@ def open_link(token: str, *, what: str, sub_run_id: str | None = None) -> Opened
         now = clock.now()
         counted = ShareLink.objects.filter(
             Q(max_opens__isnull=True) | Q(open_count__lt=F("max_opens")),
-            pk=link.pk, revoked_at__isnull=True, expires_at__gt=now,
+            pk=link.pk,
+            revoked_at__isnull=True,
+            expires_at__gt=now,
         ).update(open_count=F("open_count") + 1, last_opened_at=now)
         if not counted:
             link.refresh_from_db()
             raise _gone(link)
-        audit.record(actor=ANONYMOUS, tenant=workspace.tenant, workspace=workspace,
-                     action=audit.Action.SHARE_LINK_OPENED, target=f"share_link:{link.public_id}",
-                     details={"runId": shown.run_id, "what": what})
+        audit.record(
+            actor=ANONYMOUS,
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=audit.Action.SHARE_LINK_OPENED,
+            target=f"share_link:{link.public_id}",
+            details={"runId": shown.run_id, "what": what},
+        )
     link.refresh_from_db(fields=["open_count", "last_opened_at"])
     return Opened(link=link, root=root, run=shown)
 
@@ -204,13 +241,21 @@ def descendant(root: Run, run_id: str) -> Run | None:
 def set_share_policy(*, workspace: Workspace, hides_inputs: bool, by: AbstractBaseUser) -> bool:
     """An admin's choice for the workspace's shared views; audited when it changes. Returns
     whether it changed."""
-    changed = Workspace.objects.filter(pk=workspace.pk).exclude(share_hides_inputs=hides_inputs).update(
-        share_hides_inputs=hides_inputs)
+    changed = (
+        Workspace.objects.filter(pk=workspace.pk)
+        .exclude(share_hides_inputs=hides_inputs)
+        .update(share_hides_inputs=hides_inputs)
+    )
     workspace.share_hides_inputs = hides_inputs
     if changed:
-        audit.record(actor=by, tenant=workspace.tenant, workspace=workspace, action=audit.Action.SHARE_POLICY_CHANGED,
-                     target=f"workspace:{workspace.tenant.slug}/{workspace.slug}",
-                     details={"hidesInputs": hides_inputs})
+        audit.record(
+            actor=by,
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=audit.Action.SHARE_POLICY_CHANGED,
+            target=f"workspace:{workspace.tenant.slug}/{workspace.slug}",
+            details={"hidesInputs": hides_inputs},
+        )
     return bool(changed)
 
 
@@ -218,13 +263,19 @@ def set_share_policy(*, workspace: Workspace, hides_inputs: bool, by: AbstractBa
 
 
 def links_of_run(workspace: Workspace, run_id: str) -> QuerySet[ShareLink]:
-    return ShareLink.objects.filter(workspace=workspace, run_id=run_id).select_related(
-        "workspace__tenant").order_by("-created_at", "-pk")
+    return (
+        ShareLink.objects.filter(workspace=workspace, run_id=run_id)
+        .select_related("workspace__tenant")
+        .order_by("-created_at", "-pk")
+    )
 
 
 def get_link(workspaces: list[Workspace], public_id: str) -> ShareLink:
-    link = ShareLink.objects.select_related("workspace__tenant").filter(
-        workspace__in=workspaces, public_id=public_id).first()
+    link = (
+        ShareLink.objects.select_related("workspace__tenant")
+        .filter(workspace__in=workspaces, public_id=public_id)
+        .first()
+    )
     if link is None:
         raise NotFound("share link not found", id=public_id)
     return link
@@ -232,14 +283,22 @@ def get_link(workspaces: list[Workspace], public_id: str) -> ShareLink:
 
 def as_dict(link: ShareLink) -> dict[str, Any]:
     """A link as the API lists it: never its token (which is not stored)."""
+
     def iso(value: Any) -> str | None:
         return None if value is None else value.isoformat().replace("+00:00", "Z")
 
     return {
-        "id": link.public_id, "runId": link.run_id, "creator": link.created_by, "createdAt": iso(link.created_at),
-        "expiresAt": iso(link.expires_at), "maxOpens": link.max_opens, "openCount": link.open_count,
-        "lastOpenedAt": iso(link.last_opened_at), "revokedAt": iso(link.revoked_at),
-        "includeSubRuns": link.include_sub_runs, "status": status_of(link),
+        "id": link.public_id,
+        "runId": link.run_id,
+        "creator": link.created_by,
+        "createdAt": iso(link.created_at),
+        "expiresAt": iso(link.expires_at),
+        "maxOpens": link.max_opens,
+        "openCount": link.open_count,
+        "lastOpenedAt": iso(link.last_opened_at),
+        "revokedAt": iso(link.revoked_at),
+        "includeSubRuns": link.include_sub_runs,
+        "status": status_of(link),
     }
 
 
@@ -249,8 +308,10 @@ def as_dict(link: ShareLink) -> dict[str, Any]:
 def _hide_requested_args(calls: Any) -> Any:
     if not isinstance(calls, list):
         return calls
-    return [{k: HIDDEN if k in ("args", "arguments", "input") else v for k, v in c.items()}
-            if isinstance(c, dict) else c for c in calls]
+    return [
+        {k: HIDDEN if k in ("args", "arguments", "input") else v for k, v in c.items()} if isinstance(c, dict) else c
+        for c in calls
+    ]
 
 
 def shared_payload(event_type: str, payload: Any, *, hide_inputs: bool) -> Any:
@@ -295,8 +356,9 @@ def shared_run_path(token: str, root_run_id: str, run_id: str) -> str:
     return base if run_id == root_run_id else f"{base}runs/{run_id}/"
 
 
-def shared_bundle(bundle: dict[str, Any], *, token: str, root_run_id: str, hide_inputs: bool,
-                  include_sub_runs: bool) -> dict[str, Any]:
+def shared_bundle(
+    bundle: dict[str, Any], *, token: str, root_run_id: str, hide_inputs: bool, include_sub_runs: bool
+) -> dict[str, Any]:
     """The evidence bundle as a link serves it: the same shape, its links pointing under the
     link, sub-runs listed only when the link includes them, and the workspace's hiding applied."""
     shared = copy.deepcopy(bundle)

@@ -34,8 +34,14 @@ from tests.servers import Daphne, start_daphne
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-    "--no-first-run", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 REDIS_URL = os.environ.get("REDIS_URL", "")
 # Generous: the CI machine has two cores and runs the suite while other things happen.
@@ -100,14 +106,20 @@ class Appender:
         self.server = server
         self.key = ""
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _APPENDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-c", _APPENDER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
 
     def append(self, run_id: str, *events: dict[str, Any]) -> dict[str, Any]:
         assert self.key, "use the appender fixture, which creates an ingest key for the test"
         assert self.process.stdin is not None and self.process.stdout is not None
-        command = {"url": f"{self.server.url}/api/v1/runs/{run_id}/events", "key": self.key,
-                   "body": {"events": list(events)}}
+        command = {
+            "url": f"{self.server.url}/api/v1/runs/{run_id}/events",
+            "key": self.key,
+            "body": {"events": list(events)},
+        }
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
@@ -228,5 +240,4 @@ def log_in_to_demo(page: Page, server: Daphne, username: str = "alice") -> None:
 
 
 def sequences(page: Page) -> list[int]:
-    return page.locator("#timeline-rows tr.event").evaluate_all(
-        "rows => rows.map(row => Number(row.dataset.sequence))")
+    return page.locator("#timeline-rows tr.event").evaluate_all("rows => rows.map(row => Number(row.dataset.sequence))")

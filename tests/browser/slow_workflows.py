@@ -27,5 +27,8 @@ def _slow(request: ModelRequest) -> Mapping[str, Any]:
     return _script(request)
 
 
-register(dataclasses.replace(_triage, models={
-    "default": ScriptedProvider(script=_slow, name=_model.name, model_id=_model.model_id)}))
+register(
+    dataclasses.replace(
+        _triage, models={"default": ScriptedProvider(script=_slow, name=_model.name, model_id=_model.model_id)}
+    )
+)

@@ -43,7 +43,9 @@ def _check(page: Page, name: str, scheme: str, failures: dict[str, Any]) -> None
         failures[f"{name} ({scheme})"] = found
 
 
-def test_no_page_has_a_serious_or_critical_violation_light_or_dark(open_context: Any, server: Daphne, demo: None) -> None:
+def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
+    open_context: Any, server: Daphne, demo: None
+) -> None:
     failures: dict[str, Any] = {}
     for scheme in SCHEMES:
         page = open_context(color_scheme=scheme).new_page()
@@ -71,10 +73,12 @@ def _tab_to(page: Page, selector: str, limit: int = 80) -> None:
 
 
 def _focus_is_visible(page: Page) -> bool:
-    return bool(page.evaluate("""() => {
+    return bool(
+        page.evaluate("""() => {
         const style = getComputedStyle(document.activeElement);
         return style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) >= 1;
-    }"""))
+    }""")
+    )
 
 
 def test_the_evidence_views_are_reached_and_worked_by_keyboard(page: Page, server: Daphne, demo: None) -> None:

@@ -4,7 +4,7 @@ and what each role is offered on the evidence tab."""
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from django.contrib.auth.models import User
@@ -18,12 +18,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_bar_of_the_usage_chart_drills_down_to_its_runs_and_on_to_a_run(
-    page: Page, server: Daphne, workspace: Workspace, viewer: User,
+    page: Page,
+    server: Daphne,
+    workspace: Workspace,
+    viewer: User,
 ) -> None:
     data.priced_run(workspace, "run_mini", "openai", "gpt-4o-mini")
     data.priced_run(workspace, "run_sonnet", "anthropic", "claude-sonnet-4-6")
     data.running_run(workspace, "run_no_model")
-    today = datetime.now(timezone.utc).date().isoformat()
+    today = datetime.now(UTC).date().isoformat()
     log_in(page, server, viewer)
 
     page.goto(f"{server.url}/w/acme/support/usage/?from={today}&to={today}")
@@ -51,7 +54,12 @@ def test_a_bar_of_the_usage_chart_drills_down_to_its_runs_and_on_to_a_run(
 
 @pytest.mark.parametrize("role, sees_form", [("viewer", False), ("operator", True)])
 def test_only_an_operator_is_offered_the_reconcile_form(
-    page: Page, server: Daphne, workspace: Workspace, role: str, sees_form: bool, request: pytest.FixtureRequest,
+    page: Page,
+    server: Daphne,
+    workspace: Workspace,
+    role: str,
+    sees_form: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
     data.running_run(workspace, "run_doubt")
     data.in_doubt_call(workspace, "run_doubt")

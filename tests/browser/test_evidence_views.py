@@ -15,7 +15,9 @@ SUPPORT = "/w/acme/support/runs"
 RESEARCH = "/w/acme/research/runs"
 
 
-def test_the_crashed_run_reads_as_a_conversation_and_search_finds_its_tool(page: Page, server: Daphne, demo: None) -> None:
+def test_the_crashed_run_reads_as_a_conversation_and_search_finds_its_tool(
+    page: Page, server: Daphne, demo: None
+) -> None:
     log_in_to_demo(page, server)
     page.goto(f"{server.url}{SUPPORT}/run_demo_crashed_resumed/")
     page.click('a[data-tab="conversation"]')
@@ -24,7 +26,8 @@ def test_the_crashed_run_reads_as_a_conversation_and_search_finds_its_tool(page:
     expect(session).to_contain_text("worker.ai-generate")
     # Turn 1, the tool call it asked for with its arguments and result, then turn 2: in that order.
     items = session.locator(".turn, .tool-call").evaluate_all(
-        "nodes => nodes.map(n => n.classList.contains('turn') ? 'turn ' + n.dataset.turn : 'tool ' + n.dataset.tool)")
+        "nodes => nodes.map(n => n.classList.contains('turn') ? 'turn ' + n.dataset.turn : 'tool ' + n.dataset.tool)"
+    )
     assert items == ["turn 1", "tool lookup_order", "turn 2"], items
     tool = session.locator(".tool-call").first
     expect(tool).to_contain_text('"orderId": "B-2"')
@@ -42,7 +45,9 @@ def test_the_crashed_run_reads_as_a_conversation_and_search_finds_its_tool(page:
     assert "tool=lookup_order" in page.url
 
 
-def test_the_in_doubt_run_at_the_event_before_its_call_and_after_a_reload(page: Page, server: Daphne, demo: None) -> None:
+def test_the_in_doubt_run_at_the_event_before_its_call_and_after_a_reload(
+    page: Page, server: Daphne, demo: None
+) -> None:
     log_in_to_demo(page, server)
     page.goto(f"{server.url}{SUPPORT}/run_demo_in_doubt/state/")
     refund = page.locator('#at-tools tr[data-call="refund:call"]')
@@ -70,7 +75,9 @@ def test_the_in_doubt_run_at_the_event_before_its_call_and_after_a_reload(page: 
     expect(page).to_have_url(f"{server.url}{SUPPORT}/run_demo_in_doubt/state/?at={last - 1}")
 
 
-def test_the_orchestrators_waterfall_shows_five_sub_runs_that_expand_and_open(page: Page, server: Daphne, demo: None) -> None:
+def test_the_orchestrators_waterfall_shows_five_sub_runs_that_expand_and_open(
+    page: Page, server: Daphne, demo: None
+) -> None:
     log_in_to_demo(page, server)
     page.goto(f"{server.url}{RESEARCH}/run_demo_orchestrator/waterfall/")
     subruns = page.locator('.wf-row[data-kind="subrun"]')

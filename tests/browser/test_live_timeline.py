@@ -23,14 +23,20 @@ def _open_live_run(page: Page, server: Daphne, workspace: Workspace, viewer: Use
 
 
 def test_events_appended_by_another_process_appear_without_a_reload(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
+    page: Page,
+    server: Daphne,
+    appender: Appender,
+    workspace: Workspace,
+    viewer: User,
 ) -> None:
     _open_live_run(page, server, workspace, viewer, "run_live")
     page.evaluate("window.__notReloaded = true")  # gone if the page reloads
 
     appender.append("run_live", data.ev("StepCompleted", stepPath="extract", attempt=1, output={"n": 1}))
     expect(page.locator('#timeline-rows tr.event[data-sequence="4"]')).to_be_visible()
-    appender.append("run_live", *data.step("summarize"), *data.model_call("summarize", 1, "openai", "gpt-4o-mini", (10, 5)))
+    appender.append(
+        "run_live", *data.step("summarize"), *data.model_call("summarize", 1, "openai", "gpt-4o-mini", (10, 5))
+    )
     expect(page.locator("#timeline-rows tr.event")).to_have_count(8)
     assert sequences(page) == list(range(1, 9))
     assert page.evaluate("window.__notReloaded") is True
@@ -45,7 +51,11 @@ def test_events_appended_by_another_process_appear_without_a_reload(
 
 
 def test_a_dropped_socket_catches_up_from_the_database_without_duplicates(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
+    page: Page,
+    server: Daphne,
+    appender: Appender,
+    workspace: Workspace,
+    viewer: User,
 ) -> None:
     _open_live_run(page, server, workspace, viewer, "run_drop")
     status = page.locator("#live-status")
@@ -72,7 +82,10 @@ def test_a_dropped_socket_catches_up_from_the_database_without_duplicates(
 
 
 def test_an_outsider_gets_404_for_the_run_page(
-    page: Page, server: Daphne, workspace: Workspace, outsider: User,
+    page: Page,
+    server: Daphne,
+    workspace: Workspace,
+    outsider: User,
 ) -> None:
     data.running_run(workspace, "run_private")
     log_in(page, server, outsider)
@@ -82,7 +95,11 @@ def test_an_outsider_gets_404_for_the_run_page(
 
 
 def test_an_idle_page_keeps_its_socket_and_still_receives(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
+    page: Page,
+    server: Daphne,
+    appender: Appender,
+    workspace: Workspace,
+    viewer: User,
 ) -> None:
     """Nothing happens for longer than the channel layer blocks on a read (5 s on Redis): the
     socket must stay up, not drop and reconnect."""
@@ -101,7 +118,11 @@ def test_an_idle_page_keeps_its_socket_and_still_receives(
 
 
 def test_the_runs_list_shows_a_new_run_on_top_and_a_finished_one_in_place_without_a_reload(
-    page: Page, server: Daphne, appender: Appender, workspace: Workspace, viewer: User,
+    page: Page,
+    server: Daphne,
+    appender: Appender,
+    workspace: Workspace,
+    viewer: User,
 ) -> None:
     data.running_run(workspace, "run_older")
     log_in(page, server, viewer)

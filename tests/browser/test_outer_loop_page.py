@@ -13,8 +13,9 @@ from tests.browser.conftest import Daphne, log_in_to_demo
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_cycle_run_links_to_its_loop_which_lists_the_cycles_and_links_back(page: Page, server: Daphne,
-                                                                             demo: None) -> None:
+def test_a_cycle_run_links_to_its_loop_which_lists_the_cycles_and_links_back(
+    page: Page, server: Daphne, demo: None
+) -> None:
     log_in_to_demo(page, server, "dave")  # a viewer reads loops like runs
     page.goto(f"{server.url}/w/acme/research/runs/run_ol_demo_refine_c2/")
     expect(page.locator("#run-outer-loop")).to_contain_text("cycle 2")

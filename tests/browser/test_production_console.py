@@ -34,7 +34,9 @@ document.addEventListener("securitypolicyviolation", function (e) {
 
 
 @pytest.fixture(scope="module")
-def production(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path) -> Iterator[Daphne]:
+def production(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
+) -> Iterator[Daphne]:
     """As `make serve` runs it: DEBUG off, the static files collected (hashed names)."""
     daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production", production_env(collected_static))
     yield daphne
@@ -47,11 +49,15 @@ def watched(open_context: Any) -> Iterator[tuple[Page, list[str]]]:
     page = open_context().new_page()
     page.add_init_script(RECORD_VIOLATIONS)
     problems: list[str] = []
-    page.on("console", lambda message: problems.append(f"console {message.type}: {message.text}")
-            if message.type == "error" else None)
+    page.on(
+        "console",
+        lambda message: problems.append(f"console {message.type}: {message.text}") if message.type == "error" else None,
+    )
     page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-    page.on("response", lambda response: problems.append(f"{response.status} {response.url}")
-            if response.status >= 400 else None)
+    page.on(
+        "response",
+        lambda response: problems.append(f"{response.status} {response.url}") if response.status >= 400 else None,
+    )
     yield page, problems
 
 
@@ -64,7 +70,9 @@ def _assert_clean(page: Page, problems: list[str]) -> None:
 
 
 def test_the_console_works_with_debug_off_under_the_csp(
-    watched: tuple[Page, list[str]], production: Daphne, demo: None,
+    watched: tuple[Page, list[str]],
+    production: Daphne,
+    demo: None,
 ) -> None:
     page, problems = watched
     login = page.goto(f"{production.url}/accounts/login/")
@@ -72,7 +80,8 @@ def test_the_console_works_with_debug_off_under_the_csp(
     policy = login.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "unsafe-inline" not in policy
     expect(page.locator("link[rel=stylesheet]").first).to_have_attribute(
-        "href", re.compile(r"^/static/css/console\.[0-9a-f]{12}\.css$"))  # collected: hashed names
+        "href", re.compile(r"^/static/css/console\.[0-9a-f]{12}\.css$")
+    )  # collected: hashed names
     assert page.evaluate("htmx.config.includeIndicatorStyles") is False
     assert page.evaluate("getComputedStyle(document.body).margin") != "8px"  # console.css applied
     log_in_to_demo(page, production)
@@ -129,12 +138,19 @@ def test_the_console_works_with_debug_off_under_the_csp(
 
 
 def test_swagger_ui_comes_from_our_own_static_files_and_works_under_the_csp(
-    watched: tuple[Page, list[str]], production: Daphne,
+    watched: tuple[Page, list[str]],
+    production: Daphne,
 ) -> None:
     page, problems = watched
     outside: list[str] = []
-    page.on("request", lambda request: outside.append(request.url)
-            if not request.url.startswith(production.url) and not request.url.startswith("data:") else None)
+    page.on(
+        "request",
+        lambda request: (
+            outside.append(request.url)
+            if not request.url.startswith(production.url) and not request.url.startswith("data:")
+            else None
+        ),
+    )
     page.goto(f"{production.url}/api/docs/")
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("Runledger API")
     expect(page.locator(".opblock").first).to_be_visible()

@@ -51,7 +51,11 @@ class Worker:
         with log.open("wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "manage.py", "ledger", "worker", "--interval", "0.2"],
-                cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT)
+                cwd=REPO_ROOT,
+                env=environment,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def stop(self) -> None:
         self.process.terminate()
@@ -82,11 +86,21 @@ def start_worker(tmp_path: Path) -> Iterator[list[Worker]]:
 
 
 def test_carol_asks_bob_approves_the_worker_executes_and_the_audit_log_shows_it(
-    open_context: object, server: Daphne, workspace: Workspace, start_worker: list[Worker], tmp_path: Path,
-    admin: User, approver: User, operator: User,
+    open_context: object,
+    server: Daphne,
+    workspace: Workspace,
+    start_worker: list[Worker],
+    tmp_path: Path,
+    admin: User,
+    approver: User,
+    operator: User,
 ) -> None:
-    start_run(workspace=workspace, workflow="support.triage", run_id=RUN,
-              input={"ticket": "Where is my parcel?", "orderId": "A-1"})
+    start_run(
+        workspace=workspace,
+        workflow="support.triage",
+        run_id=RUN,
+        input={"ticket": "Where is my parcel?", "orderId": "A-1"},
+    )
     for name in ("reexecute-form", "approvals", "divergence"):
         for scheme in SCHEMES:
             (screenshot_dir() / f"{name}-{scheme}.png").unlink(missing_ok=True)

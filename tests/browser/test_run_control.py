@@ -25,7 +25,9 @@ SUPPORT = "/w/acme/support"
 
 
 @pytest.fixture(scope="module")
-def production(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path) -> Iterator[Daphne]:
+def production(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
+) -> Iterator[Daphne]:
     daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production", production_env(collected_static))
     yield daphne
     daphne.stop()
@@ -56,8 +58,13 @@ def _assert_clean(page: Page, problems: list[str]) -> None:
 
 def test_an_operator_cancels_a_running_run_from_its_page(watched: Any, production: Daphne, demo: None) -> None:
     support = Workspace.objects.get(tenant__slug="acme", slug="support")
-    start_run(workspace=support, workflow="support.goodwill", run_id="run_to_cancel",
-              input={"ticket": "Credit please", "orderId": "A-1", "amount": 5}, requested_by="carol")
+    start_run(
+        workspace=support,
+        workflow="support.goodwill",
+        run_id="run_to_cancel",
+        input={"ticket": "Credit please", "orderId": "A-1", "amount": 5},
+        requested_by="carol",
+    )
     page, problems = watched()
     log_in_to_demo(page, production, "carol")
     page.goto(f"{production.url}{SUPPORT}/runs/run_to_cancel/")
@@ -83,8 +90,9 @@ def test_an_operator_cancels_a_running_run_from_its_page(watched: Any, productio
     _assert_clean(viewer, viewer_problems)
 
 
-def test_an_approver_approves_the_waiting_call_on_the_approvals_page(watched: Any, production: Daphne,
-                                                                     demo: None) -> None:
+def test_an_approver_approves_the_waiting_call_on_the_approvals_page(
+    watched: Any, production: Daphne, demo: None
+) -> None:
     support = Workspace.objects.get(tenant__slug="acme", slug="support")
     card_selector = '.tool-call-approval[data-run="run_demo_awaiting_approval"]'
 

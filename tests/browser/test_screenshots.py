@@ -4,7 +4,7 @@ on every run."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
@@ -47,28 +47,42 @@ def _tab(page: Page, server: Daphne, tab: str) -> Locator:
     return page.locator("main")
 
 
-WEEK = (("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4-6"), ("google", "gemini-2.5-flash"),
-        ("openai", "gpt-4o"), ("deepseek", "deepseek-v4-flash"), ("anthropic", "claude-sonnet-4-6"))
+WEEK = (
+    ("openai", "gpt-4o-mini"),
+    ("anthropic", "claude-sonnet-4-6"),
+    ("google", "gemini-2.5-flash"),
+    ("openai", "gpt-4o"),
+    ("deepseek", "deepseek-v4-flash"),
+    ("anthropic", "claude-sonnet-4-6"),
+)
 
 
 def _populate(workspace: Workspace) -> None:
     # A week of history behind the usage chart, written as the demo writes its past.
     for days_ago, (provider, model) in enumerate(WEEK, start=1):
-        with clock.backdated(datetime.now(timezone.utc) - timedelta(days=days_ago, hours=2)):
+        with clock.backdated(datetime.now(UTC) - timedelta(days=days_ago, hours=2)):
             data.priced_run(workspace, f"run_history_{days_ago}", provider, model)
     data.showcase(workspace)
     data.priced_run(workspace, "run_weekly_digest", "google", "gemini-2.5-flash")
     data.priced_run(workspace, "run_ticket_4471", "openai", "gpt-4o", finish=False)
-    data.append(workspace, "run_broken_import", data.started("wfver_import", label="nightly import"),
-                *data.step("fetch"), data.ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "403"}),
-                data.ev("RunFailed", error={"message": "fetch failed"}))
+    data.append(
+        workspace,
+        "run_broken_import",
+        data.started("wfver_import", label="nightly import"),
+        *data.step("fetch"),
+        data.ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "403"}),
+        data.ev("RunFailed", error={"message": "fetch failed"}),
+    )
 
 
 def test_every_page_renders_light_and_dark_and_is_photographed(
-    page: Page, server: Daphne, workspace: Workspace, admin: User,
+    page: Page,
+    server: Daphne,
+    workspace: Workspace,
+    admin: User,
 ) -> None:
     _populate(workspace)
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     backgrounds: dict[str, list[float]] = {scheme: [] for scheme in SCHEMES}
     expected = [screenshot_dir() / f"{name}-{scheme}.png" for name in PAGES for scheme in SCHEMES]
     for path in expected:

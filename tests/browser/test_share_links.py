@@ -27,30 +27,54 @@ RUN = "run_to_share"
 @pytest.fixture
 def production(tmp_path: Path) -> Iterator[Daphne]:
     """A second Daphne on the same database, as production runs it: DEBUG off."""
-    daphne = start_daphne(tmp_path, "production", {"DEBUG": "0", "SECRET_KEY": "share-test-" + "x" * 40,
-                                                   "ALLOWED_HOSTS": "127.0.0.1,localhost",
-                                                   "DJANGO_ALLOW_ASYNC_UNSAFE": None})
+    daphne = start_daphne(
+        tmp_path,
+        "production",
+        {
+            "DEBUG": "0",
+            "SECRET_KEY": "share-test-" + "x" * 40,
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "DJANGO_ALLOW_ASYNC_UNSAFE": None,
+        },
+    )
     yield daphne
     daphne.stop()
 
 
 def _run(workspace: Workspace) -> None:
-    append(workspace=workspace, run_id=RUN, events=[
-        started(),
-        ev("StepScheduled", stepPath="answer"), ev("StepAttemptStarted", stepPath="answer", attempt=1),
-        ev("harness.model.called", stepPath="answer", turn=1, callId="m1", promptHash="h",
-           request={"messages": [{"role": "user", "content": "Where is my parcel?"}]}),
-        ev("harness.model.responded", stepPath="answer", turn=1, callId="m1",
-           model={"provider": "openai", "modelId": "gpt-4o-mini"},
-           response={"text": "It is on its way.", "usage": {"inputTokens": 12, "outputTokens": 6}}),
-        ev("StepCompleted", stepPath="answer", attempt=1, output={"text": "It is on its way."}),
-        ev("RunCompleted", output={"ok": True}),
-    ])
+    append(
+        workspace=workspace,
+        run_id=RUN,
+        events=[
+            started(),
+            ev("StepScheduled", stepPath="answer"),
+            ev("StepAttemptStarted", stepPath="answer", attempt=1),
+            ev(
+                "harness.model.called",
+                stepPath="answer",
+                turn=1,
+                callId="m1",
+                promptHash="h",
+                request={"messages": [{"role": "user", "content": "Where is my parcel?"}]},
+            ),
+            ev(
+                "harness.model.responded",
+                stepPath="answer",
+                turn=1,
+                callId="m1",
+                model={"provider": "openai", "modelId": "gpt-4o-mini"},
+                response={"text": "It is on its way.", "usage": {"inputTokens": 12, "outputTokens": 6}},
+            ),
+            ev("StepCompleted", stepPath="answer", attempt=1, output={"text": "It is on its way."}),
+            ev("RunCompleted", output={"ok": True}),
+        ],
+    )
     append(workspace=workspace, run_id="run_to_share_child", events=[started(parentRunId=RUN)])
 
 
-def test_create_open_count_and_revoke(page: Page, open_context: Any, server: Daphne, production: Daphne,
-                                      operator: User, workspace: Workspace) -> None:
+def test_create_open_count_and_revoke(
+    page: Page, open_context: Any, server: Daphne, production: Daphne, operator: User, workspace: Workspace
+) -> None:
     _run(workspace)
     log_in(page, server, operator)
     page.goto(f"{server.url}/w/acme/support/runs/{RUN}/")
@@ -68,14 +92,18 @@ def test_create_open_count_and_revoke(page: Page, open_context: Any, server: Dap
     page.screenshot(path=str(screenshot_dir() / "share-panel.png"), full_page=True)
 
     # Someone without an account, on the production server.
-    shared_url = production.url + url[url.index("/s/"):]
+    shared_url = production.url + url[url.index("/s/") :]
     reader = open_context().new_page()
     refused: list[str] = []
     failed: list[str] = []
     # Failed loads are the response listener's (Chromium's own favicon request 404s and is not
     # the page's); what is left are refusals (a Content-Security-Policy's) and script errors.
-    reader.on("console", lambda m: refused.append(m.text)
-              if m.type == "error" and not m.text.startswith("Failed to load resource") else None)
+    reader.on(
+        "console",
+        lambda m: (
+            refused.append(m.text) if m.type == "error" and not m.text.startswith("Failed to load resource") else None
+        ),
+    )
     reader.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
     answer = reader.goto(shared_url)
     assert answer is not None and answer.status == 200
@@ -102,4 +130,3 @@ def test_create_open_count_and_revoke(page: Page, open_context: Any, server: Dap
     gone = reader.goto(shared_url)
     assert gone is not None and gone.status == 410
     expect(reader.locator("#refused-message")).to_contain_text("revoked")
-

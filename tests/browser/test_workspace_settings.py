@@ -14,8 +14,9 @@ from tests.browser.conftest import Daphne, log_in
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_an_admin_sets_retention_and_revokes_a_key_with_htmx(page: Page, server: Daphne, workspace: Workspace,
-                                                             admin: User) -> None:
+def test_an_admin_sets_retention_and_revokes_a_key_with_htmx(
+    page: Page, server: Daphne, workspace: Workspace, admin: User
+) -> None:
     key, secret = create_key(workspace=workspace, scopes=["read"], name="ci")
     log_in(page, server, admin)
     page.goto(f"{server.url}/w/acme/support/")

@@ -83,8 +83,13 @@ class Appended(list[Envelope]):
         self.last_sequence = max(self.last_sequence, other.last_sequence)
 
 
-def event_item(type_: str, payload: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None,
-               occurrence_id: str | None = None) -> dict[str, Any]:
+def event_item(
+    type_: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    idempotency_key: str | None = None,
+    occurrence_id: str | None = None,
+) -> dict[str, Any]:
     item: dict[str, Any] = {"type": type_, "payload": dict(payload or {})}
     if idempotency_key is not None:
         item["idempotencyKey"] = idempotency_key
@@ -174,17 +179,23 @@ class SseParser:
 # --- the harness vocabulary (API.md, ledger/log/vocabulary.py) -------------------------------------
 
 
-def model_responded(*, turn: int, call_id: str, step_path: str | None, provider: str, model_id: str,
-                    response: Mapping[str, Any]) -> dict[str, Any]:
-    payload: dict[str, Any] = {"turn": turn, "callId": call_id, "model": {"provider": provider, "modelId": model_id},
-                               "response": dict(response)}
+def model_responded(
+    *, turn: int, call_id: str, step_path: str | None, provider: str, model_id: str, response: Mapping[str, Any]
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "turn": turn,
+        "callId": call_id,
+        "model": {"provider": provider, "modelId": model_id},
+        "response": dict(response),
+    }
     if step_path is not None:
         payload["stepPath"] = step_path
     return payload
 
 
-def response_body(text: str | None, tool_calls: list[Any] | None, usage: Mapping[str, Any] | None,
-                  extra: Mapping[str, Any]) -> dict[str, Any]:
+def response_body(
+    text: str | None, tool_calls: list[Any] | None, usage: Mapping[str, Any] | None, extra: Mapping[str, Any]
+) -> dict[str, Any]:
     body: dict[str, Any] = {**extra, "usage": dict(usage or {})}
     if text is not None:
         body["text"] = text

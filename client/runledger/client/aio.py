@@ -24,7 +24,8 @@ log = logging.getLogger("runledger.client")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 _current_session: contextvars.ContextVar[AsyncSession | None] = contextvars.ContextVar(
-    "runledger_async_session", default=None)
+    "runledger_async_session", default=None
+)
 
 
 def current_async_session() -> AsyncSession | None:
@@ -34,13 +35,25 @@ def current_async_session() -> AsyncSession | None:
 class AsyncClient:
     """`sync.Client`, awaitable."""
 
-    def __init__(self, base_url: str, key: str, *, retry: RetryPolicy | None = None, timeout: float = 30.0,
-                 workspace: str | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        workspace: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.retry = retry or RetryPolicy()
         self.owner = _core.new_owner()
         self._params = {"workspace": workspace} if workspace else {}
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport, headers={
-            "Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"})
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
+            transport=transport,
+            headers={"Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"},
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -51,8 +64,9 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
-                      retry: bool = True) -> httpx.Response:
+    async def request(
+        self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None, retry: bool = True
+    ) -> httpx.Response:
         content = None if body is None else _core.encode(body)
         headers = {"Content-Type": "application/json"} if content is not None else {}
         policy = self.retry if retry else _core.NO_RETRY
@@ -61,8 +75,9 @@ class AsyncClient:
             attempt += 1
             failure: Exception
             try:
-                response = await self._http.request(method, path, content=content, headers=headers,
-                                                    params={**self._params, **(params or {})})
+                response = await self._http.request(
+                    method, path, content=content, headers=headers, params={**self._params, **(params or {})}
+                )
             except httpx.UnsupportedProtocol:
                 raise  # a base_url without http(s): no retry can fix it
             except httpx.TransportError as exc:
@@ -85,8 +100,14 @@ class AsyncClient:
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return (await self.request(method, path, **kwargs)).json()
 
-    async def append(self, run_id: str, events: Iterable[Mapping[str, Any]], expected_sequence: int | None = None,
-                     *, fencing_token: str | int | None = None) -> Appended:
+    async def append(
+        self,
+        run_id: str,
+        events: Iterable[Mapping[str, Any]],
+        expected_sequence: int | None = None,
+        *,
+        fencing_token: str | int | None = None,
+    ) -> Appended:
         items = [_core.check_item(e) for e in events]
         body: dict[str, Any] = {"events": items}
         if expected_sequence is not None:
@@ -101,7 +122,9 @@ class AsyncClient:
 
     async def events(self, run_id: str, *, after: int = 0, page_size: int = 500) -> AsyncIterator[Envelope]:
         while True:
-            page = await self._json("GET", _core.run_path(run_id, "events"), params={"after": after, "limit": page_size})
+            page = await self._json(
+                "GET", _core.run_path(run_id, "events"), params={"after": after, "limit": page_size}
+            )
             for envelope in page["events"]:
                 yield envelope
             if page.get("next") is None:
@@ -111,21 +134,55 @@ class AsyncClient:
     def follow(self, run_id: str, after: int = 0, *, read_timeout: float = 60.0) -> AsyncFollow:
         return AsyncFollow(self, run_id, after, read_timeout)
 
-    async def start_run(self, workflow_version_id: str, *, run_id: str | None = None, input: Any = None,
-                        writer: str = "main", batch_size: int = 100, flush_interval: float = 1.0,
-                        fencing_token: str | int | None = None, check_sequence: bool = False, **payload: Any) -> AsyncRun:
-        run = AsyncRun(self, run_id or _core.new_run_id(), writer=writer, batch_size=batch_size,
-                       flush_interval=flush_interval, fencing_token=fencing_token, check_sequence=check_sequence)
+    async def start_run(
+        self,
+        workflow_version_id: str,
+        *,
+        run_id: str | None = None,
+        input: Any = None,
+        writer: str = "main",
+        batch_size: int = 100,
+        flush_interval: float = 1.0,
+        fencing_token: str | int | None = None,
+        check_sequence: bool = False,
+        **payload: Any,
+    ) -> AsyncRun:
+        run = AsyncRun(
+            self,
+            run_id or _core.new_run_id(),
+            writer=writer,
+            batch_size=batch_size,
+            flush_interval=flush_interval,
+            fencing_token=fencing_token,
+            check_sequence=check_sequence,
+        )
         started = {"workflowVersionId": workflow_version_id, **payload}
         if input is not None:
             started["input"] = input
         await run.append([_core.event_item("RunStarted", started)])
         return run
 
-    async def run(self, run_id: str, *, writer: str = "main", batch_size: int = 100, flush_interval: float = 1.0,
-                  fencing_token: str | int | None = None, check_sequence: bool = False, next_key: int = 1) -> AsyncRun:
-        run = AsyncRun(self, run_id, writer=writer, batch_size=batch_size, flush_interval=flush_interval,
-                       fencing_token=fencing_token, check_sequence=check_sequence, next_key=next_key)
+    async def run(
+        self,
+        run_id: str,
+        *,
+        writer: str = "main",
+        batch_size: int = 100,
+        flush_interval: float = 1.0,
+        fencing_token: str | int | None = None,
+        check_sequence: bool = False,
+        next_key: int = 1,
+    ) -> AsyncRun:
+        run = AsyncRun(
+            self,
+            run_id,
+            writer=writer,
+            batch_size=batch_size,
+            flush_interval=flush_interval,
+            fencing_token=fencing_token,
+            check_sequence=check_sequence,
+            next_key=next_key,
+        )
         await run._sync_sequence()
         return run
 
@@ -133,9 +190,18 @@ class AsyncClient:
 class AsyncRun:
     """`sync.Run`, awaitable; the time flush is a task of the running loop."""
 
-    def __init__(self, client: AsyncClient, run_id: str, *, writer: str = "main", batch_size: int = 100,
-                 flush_interval: float = 1.0, fencing_token: str | int | None = None, check_sequence: bool = False,
-                 next_key: int = 0) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        run_id: str,
+        *,
+        writer: str = "main",
+        batch_size: int = 100,
+        flush_interval: float = 1.0,
+        fencing_token: str | int | None = None,
+        check_sequence: bool = False,
+        next_key: int = 0,
+    ) -> None:
         if not 1 <= batch_size <= _core.MAX_BATCH:
             raise ValueError(f"batch_size must be 1..{_core.MAX_BATCH}")
         self.client, self.run_id = client, run_id
@@ -155,8 +221,14 @@ class AsyncRun:
             self._buffer.extend(self.keys.keyed(_core.check_item(e)) for e in events)
             return await self._send_buffer()
 
-    async def emit(self, type_: str, payload: Mapping[str, Any] | None = None, *,
-                   idempotency_key: str | None = None, occurrence_id: str | None = None) -> None:
+    async def emit(
+        self,
+        type_: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        occurrence_id: str | None = None,
+    ) -> None:
         item = _core.event_item(type_, payload, idempotency_key=idempotency_key, occurrence_id=occurrence_id)
         async with self._lock:
             self._raise_background_error()
@@ -193,10 +265,10 @@ class AsyncRun:
         self._timer = None
         sent = Appended(last_sequence=self.last_sequence or 0)
         while self._buffer:
-            batch = self._buffer[:self.batch_size]
+            batch = self._buffer[: self.batch_size]
             expected = self.last_sequence if self.check_sequence else None
             done = await self.client.append(self.run_id, batch, expected, fencing_token=self.fencing_token)
-            del self._buffer[:len(batch)]
+            del self._buffer[: len(batch)]
             self.last_sequence = done.last_sequence
             sent.extend_with(done)
         return sent
@@ -223,8 +295,9 @@ class AsyncRun:
     async def __aenter__(self) -> AsyncRun:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.finished:
             await self.flush()
         elif exc is None:
@@ -232,12 +305,31 @@ class AsyncRun:
         else:
             await self.fail(exc)
 
-    def tool_call(self, tool_name: str, args: Any, *, effect: str = "write", call_id: str | None = None,
-                  idempotency_key: str | None = None, timeout_s: float | None = None, turn: int | None = None,
-                  step_path: str | None = None, caller: str | None = None) -> AsyncToolCall:
-        return AsyncToolCall(self, tool_name, args, effect=effect, call_id=call_id or self.keys.name("tool"),
-                             idempotency_key=idempotency_key, timeout_s=timeout_s, turn=turn, step_path=step_path,
-                             caller=caller)
+    def tool_call(
+        self,
+        tool_name: str,
+        args: Any,
+        *,
+        effect: str = "write",
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+        turn: int | None = None,
+        step_path: str | None = None,
+        caller: str | None = None,
+    ) -> AsyncToolCall:
+        return AsyncToolCall(
+            self,
+            tool_name,
+            args,
+            effect=effect,
+            call_id=call_id or self.keys.name("tool"),
+            idempotency_key=idempotency_key,
+            timeout_s=timeout_s,
+            turn=turn,
+            step_path=step_path,
+            caller=caller,
+        )
 
     async def call_tool(self, tool_name: str, args: Any, fn: Callable[[], Awaitable[Any]], **options: Any) -> Any:
         async with self.tool_call(tool_name, args, **options) as call:
@@ -247,20 +339,42 @@ class AsyncRun:
             raise ToolCallFailed(call.call_id, call.error)
         return call.result
 
-    def session(self, role: str = "agent", *, task: Any = None, step_path: str | None = None,
-                manifest: Mapping[str, Any] | None = None) -> AsyncSession:
+    def session(
+        self,
+        role: str = "agent",
+        *,
+        task: Any = None,
+        step_path: str | None = None,
+        manifest: Mapping[str, Any] | None = None,
+    ) -> AsyncSession:
         return AsyncSession(self, role=role, task=task, step_path=step_path, manifest=manifest)
 
 
 class AsyncToolCall:
     """`sync.ToolCall`, with `async with`."""
 
-    def __init__(self, run: AsyncRun, tool_name: str, args: Any, *, effect: str, call_id: str,
-                 idempotency_key: str | None, timeout_s: float | None, turn: int | None, step_path: str | None,
-                 caller: str | None) -> None:
+    def __init__(
+        self,
+        run: AsyncRun,
+        tool_name: str,
+        args: Any,
+        *,
+        effect: str,
+        call_id: str,
+        idempotency_key: str | None,
+        timeout_s: float | None,
+        turn: int | None,
+        step_path: str | None,
+        caller: str | None,
+    ) -> None:
         self.run, self.tool_name, self.args, self.effect, self.call_id = run, tool_name, args, effect, call_id
         self.idempotency_key, self.timeout_s, self.turn, self.step_path, self.caller = (
-            idempotency_key, timeout_s, turn, step_path, caller)
+            idempotency_key,
+            timeout_s,
+            turn,
+            step_path,
+            caller,
+        )
         self.replayed = False
         self.status: str | None = None
         self.result: Any = None
@@ -276,10 +390,20 @@ class AsyncToolCall:
 
     async def claim(self) -> None:
         await self.run.flush()
-        body: dict[str, Any] = {"callId": self.call_id, "toolName": self.tool_name, "args": self.args,
-                                "effect": self.effect, "owner": self.run.client.owner}
-        for field, value in (("idempotencyKey", self.idempotency_key), ("timeoutS", self.timeout_s),
-                             ("turn", self.turn), ("stepPath", self.step_path), ("caller", self.caller)):
+        body: dict[str, Any] = {
+            "callId": self.call_id,
+            "toolName": self.tool_name,
+            "args": self.args,
+            "effect": self.effect,
+            "owner": self.run.client.owner,
+        }
+        for field, value in (
+            ("idempotencyKey", self.idempotency_key),
+            ("timeoutS", self.timeout_s),
+            ("turn", self.turn),
+            ("stepPath", self.step_path),
+            ("caller", self.caller),
+        ):
             if value is not None:
                 body[field] = value
         answer = await self._post("", body)
@@ -308,8 +432,9 @@ class AsyncToolCall:
             await self.outbound()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.replayed:
             return
         if exc is not None:
@@ -321,8 +446,9 @@ class AsyncToolCall:
 class AsyncSession:
     """`sync.Session`, with `async with`; as a decorator, of coroutine functions."""
 
-    def __init__(self, run: AsyncRun, *, role: str, task: Any, step_path: str | None,
-                 manifest: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, run: AsyncRun, *, role: str, task: Any, step_path: str | None, manifest: Mapping[str, Any] | None
+    ) -> None:
         self.run, self.role, self.step_path = run, role, step_path
         self.task = task if task is not None else {"kind": "session", **({"stepPath": step_path} if step_path else {})}
         self.manifest = dict(manifest or {})
@@ -337,13 +463,16 @@ class AsyncSession:
         return payload
 
     async def __aenter__(self) -> AsyncSession:
-        await self.run.emit("harness.session.started", self._payload(
-            task=self.task, manifest=self.manifest, manifestHash=_core.canonical_digest(self.manifest)))
+        await self.run.emit(
+            "harness.session.started",
+            self._payload(task=self.task, manifest=self.manifest, manifestHash=_core.canonical_digest(self.manifest)),
+        )
         self._token = _current_session.set(self)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._token is not None:
             _current_session.reset(self._token)
             self._token = None
@@ -357,10 +486,12 @@ class AsyncSession:
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
         async def recorded(*args: Any, **kwargs: Any) -> Any:
-            async with AsyncSession(self.run, role=self.role, task=self.task, step_path=self.step_path,
-                                    manifest=self.manifest) as session:
+            async with AsyncSession(
+                self.run, role=self.role, task=self.task, step_path=self.step_path, manifest=self.manifest
+            ) as session:
                 session.output = await fn(*args, **kwargs)
                 return session.output
+
         return recorded  # type: ignore[return-value]
 
     def model_call(self, request: Mapping[str, Any], *, provider: str, model_id: str) -> AsyncModelCall:
@@ -375,27 +506,37 @@ class AsyncSession:
 
 
 class AsyncModelCall:
-    def __init__(self, session: AsyncSession, turn: int, request: dict[str, Any], provider: str,
-                 model_id: str) -> None:
+    def __init__(self, session: AsyncSession, turn: int, request: dict[str, Any], provider: str, model_id: str) -> None:
         self.session, self.turn, self.request, self.provider, self.model_id = session, turn, request, provider, model_id
         self.call_id = f"{session.step_path or session.role}:turn{turn}"
         self.response: dict[str, Any] | None = None
 
-    def respond(self, text: str | None = None, *, tool_calls: list[Any] | None = None,
-                usage: Mapping[str, Any] | None = None, **extra: Any) -> None:
+    def respond(
+        self,
+        text: str | None = None,
+        *,
+        tool_calls: list[Any] | None = None,
+        usage: Mapping[str, Any] | None = None,
+        **extra: Any,
+    ) -> None:
         self.response = _core.response_body(text, tool_calls, usage, extra)
 
     async def __aenter__(self) -> AsyncModelCall:
-        payload = {"turn": self.turn, "callId": self.call_id, "promptHash": _core.canonical_digest(self.request),
-                   "request": self.request}
+        payload = {
+            "turn": self.turn,
+            "callId": self.call_id,
+            "promptHash": _core.canonical_digest(self.request),
+            "request": self.request,
+        }
         if self.session.step_path is not None:
             payload["stepPath"] = self.session.step_path
         await self.session.run.emit("harness.model.called", payload)
         await self.session.run.flush()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is None and self.response is None:
             exc = RuntimeError(f"model call {self.call_id} ended without respond()")
             await self._failed(exc)
@@ -404,13 +545,25 @@ class AsyncModelCall:
             await self._failed(exc)
             return
         assert self.response is not None
-        await self.session.run.emit("harness.model.responded", _core.model_responded(
-            turn=self.turn, call_id=self.call_id, step_path=self.session.step_path, provider=self.provider,
-            model_id=self.model_id, response=self.response))
+        await self.session.run.emit(
+            "harness.model.responded",
+            _core.model_responded(
+                turn=self.turn,
+                call_id=self.call_id,
+                step_path=self.session.step_path,
+                provider=self.provider,
+                model_id=self.model_id,
+                response=self.response,
+            ),
+        )
 
     async def _failed(self, exc: BaseException) -> None:
-        payload = {"turn": self.turn, "callId": self.call_id, "error": _core.error_payload(exc),
-                   "model": {"provider": self.provider, "modelId": self.model_id}}
+        payload = {
+            "turn": self.turn,
+            "callId": self.call_id,
+            "error": _core.error_payload(exc),
+            "model": {"provider": self.provider, "modelId": self.model_id},
+        }
         if self.session.step_path is not None:
             payload["stepPath"] = self.session.step_path
         await self.session.run.emit("harness.model.failed", payload)
@@ -437,11 +590,13 @@ class AsyncFollow:
             failure: Exception
             retry_after = None
             try:
-                async with http.stream("GET", _core.run_path(self.run_id, "stream"), params=params, headers=headers,
-                                       timeout=timeout) as response:
+                async with http.stream(
+                    "GET", _core.run_path(self.run_id, "stream"), params=params, headers=headers, timeout=timeout
+                ) as response:
                     if response.status_code >= 400:
-                        error = error_from(response.status_code, await response.aread(),
-                                           response.headers.get("Retry-After"))
+                        error = error_from(
+                            response.status_code, await response.aread(), response.headers.get("Retry-After")
+                        )
                         if not error.retryable:
                             raise error
                         failure, retry_after = error, error.retry_after
@@ -472,6 +627,7 @@ class AsyncFollow:
                     raise failure
                 raise TransportError(f"following {self.run_id}: {failure!r}") from failure
             self.reconnects += 1
-            log.warning("stream of %s dropped at %d (%r); reconnecting in %.2fs", self.run_id, self.position,
-                        failure, wait)
+            log.warning(
+                "stream of %s dropped at %d (%r); reconnecting in %.2fs", self.run_id, self.position, failure, wait
+            )
             await asyncio.sleep(wait)

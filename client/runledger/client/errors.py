@@ -33,8 +33,14 @@ class ApiError(RunledgerError):
     status: int = 0
     code: str = ""
 
-    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
@@ -136,12 +142,30 @@ class LeaseLost(Conflict):
 
 
 _BY_CODE: dict[str, type[ApiError]] = {
-    cls.code: cls for cls in (InvalidEvent, UnknownEventType, SequenceConflict, IdempotencyConflict, Fenced,
-                              RunNotStarted, RunAlreadyStarted, RunFinished, ToolCallInProgress, ToolCallInDoubt,
-                              LeaseLost)
+    cls.code: cls
+    for cls in (
+        InvalidEvent,
+        UnknownEventType,
+        SequenceConflict,
+        IdempotencyConflict,
+        Fenced,
+        RunNotStarted,
+        RunAlreadyStarted,
+        RunFinished,
+        ToolCallInProgress,
+        ToolCallInDoubt,
+        LeaseLost,
+    )
 }
-_BY_STATUS: dict[int, type[ApiError]] = {400: BadRequest, 401: Unauthenticated, 403: Forbidden, 404: NotFound,
-                                         409: Conflict, 413: PayloadTooLarge, 429: RateLimited}
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequest,
+    401: Unauthenticated,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    429: RateLimited,
+}
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

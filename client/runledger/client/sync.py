@@ -37,13 +37,25 @@ class Client:
     never on another 4xx, which raises the `ApiError` subclass of its code at once.
     """
 
-    def __init__(self, base_url: str, key: str, *, retry: RetryPolicy | None = None, timeout: float = 30.0,
-                 workspace: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        workspace: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.retry = retry or RetryPolicy()
         self.owner = _core.new_owner()
         self._params = {"workspace": workspace} if workspace else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport, headers={
-            "Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"})
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
+            transport=transport,
+            headers={"Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"},
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -56,8 +68,9 @@ class Client:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
-                retry: bool = True) -> httpx.Response:
+    def request(
+        self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None, retry: bool = True
+    ) -> httpx.Response:
         """One API call, retried per the policy when `retry`; an answer >= 400 raises its ApiError."""
         content = None if body is None else _core.encode(body)
         headers = {"Content-Type": "application/json"} if content is not None else {}
@@ -67,8 +80,9 @@ class Client:
             attempt += 1
             failure: Exception
             try:
-                response = self._http.request(method, path, content=content, headers=headers,
-                                              params={**self._params, **(params or {})})
+                response = self._http.request(
+                    method, path, content=content, headers=headers, params={**self._params, **(params or {})}
+                )
             except httpx.UnsupportedProtocol:
                 raise  # a base_url without http(s): no retry can fix it
             except httpx.TransportError as exc:
@@ -93,8 +107,14 @@ class Client:
 
     # --- the log -----------------------------------------------------------------------------------
 
-    def append(self, run_id: str, events: Iterable[Mapping[str, Any]], expected_sequence: int | None = None, *,
-               fencing_token: str | int | None = None) -> Appended:
+    def append(
+        self,
+        run_id: str,
+        events: Iterable[Mapping[str, Any]],
+        expected_sequence: int | None = None,
+        *,
+        fencing_token: str | int | None = None,
+    ) -> Appended:
         """POST the batch as given, one transaction; the envelopes in batch order (`replayed` on
         each) and `.last_sequence`. Retried only when every event carries an idempotencyKey (a
         retry is then a replay); otherwise a lost answer raises rather than risk a second copy."""
@@ -125,24 +145,58 @@ class Client:
 
     # --- runs ----------------------------------------------------------------------------------
 
-    def start_run(self, workflow_version_id: str, *, run_id: str | None = None, input: Any = None,
-                  writer: str = "main", batch_size: int = 100, flush_interval: float = 1.0,
-                  fencing_token: str | int | None = None, check_sequence: bool = False, **payload: Any) -> Run:
+    def start_run(
+        self,
+        workflow_version_id: str,
+        *,
+        run_id: str | None = None,
+        input: Any = None,
+        writer: str = "main",
+        batch_size: int = 100,
+        flush_interval: float = 1.0,
+        fencing_token: str | int | None = None,
+        check_sequence: bool = False,
+        **payload: Any,
+    ) -> Run:
         """Append RunStarted (key `<writer>:0`; starting the same run id again with the same
         payload is a replay) and return the `Run` to write the rest with."""
-        run = Run(self, run_id or _core.new_run_id(), writer=writer, batch_size=batch_size,
-                  flush_interval=flush_interval, fencing_token=fencing_token, check_sequence=check_sequence)
+        run = Run(
+            self,
+            run_id or _core.new_run_id(),
+            writer=writer,
+            batch_size=batch_size,
+            flush_interval=flush_interval,
+            fencing_token=fencing_token,
+            check_sequence=check_sequence,
+        )
         started = {"workflowVersionId": workflow_version_id, **payload}
         if input is not None:
             started["input"] = input
         run.append([_core.event_item("RunStarted", started)])
         return run
 
-    def run(self, run_id: str, *, writer: str = "main", batch_size: int = 100, flush_interval: float = 1.0,
-            fencing_token: str | int | None = None, check_sequence: bool = False, next_key: int = 1) -> Run:
+    def run(
+        self,
+        run_id: str,
+        *,
+        writer: str = "main",
+        batch_size: int = 100,
+        flush_interval: float = 1.0,
+        fencing_token: str | int | None = None,
+        check_sequence: bool = False,
+        next_key: int = 1,
+    ) -> Run:
         """A `Run` writing to a run already started (by `start_run` elsewhere, or another writer)."""
-        run = Run(self, run_id, writer=writer, batch_size=batch_size, flush_interval=flush_interval,
-                  fencing_token=fencing_token, check_sequence=check_sequence, next_key=next_key)
+        run = Run(
+            self,
+            run_id,
+            writer=writer,
+            batch_size=batch_size,
+            flush_interval=flush_interval,
+            fencing_token=fencing_token,
+            check_sequence=check_sequence,
+            next_key=next_key,
+        )
         run._sync_sequence()
         return run
 
@@ -158,9 +212,18 @@ class Run:
     As a context manager it ends the run: RunCompleted (with `output`) or, on an exception, RunFailed.
     """
 
-    def __init__(self, client: Client, run_id: str, *, writer: str = "main", batch_size: int = 100,
-                 flush_interval: float = 1.0, fencing_token: str | int | None = None, check_sequence: bool = False,
-                 next_key: int = 0) -> None:
+    def __init__(
+        self,
+        client: Client,
+        run_id: str,
+        *,
+        writer: str = "main",
+        batch_size: int = 100,
+        flush_interval: float = 1.0,
+        fencing_token: str | int | None = None,
+        check_sequence: bool = False,
+        next_key: int = 0,
+    ) -> None:
         if not 1 <= batch_size <= _core.MAX_BATCH:
             raise ValueError(f"batch_size must be 1..{_core.MAX_BATCH}")
         self.client, self.run_id = client, run_id
@@ -183,8 +246,14 @@ class Run:
             self._buffer.extend(self.keys.keyed(_core.check_item(e)) for e in events)
             return self._send_buffer()
 
-    def emit(self, type_: str, payload: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None,
-             occurrence_id: str | None = None) -> None:
+    def emit(
+        self,
+        type_: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        occurrence_id: str | None = None,
+    ) -> None:
         """Buffer one event; sent with its batch (size or time), or by `flush`."""
         item = _core.event_item(type_, payload, idempotency_key=idempotency_key, occurrence_id=occurrence_id)
         with self._lock:
@@ -223,10 +292,10 @@ class Run:
             self._timer = None
         sent = Appended(last_sequence=self.last_sequence or 0)
         while self._buffer:
-            batch = self._buffer[:self.batch_size]
+            batch = self._buffer[: self.batch_size]
             expected = self.last_sequence if self.check_sequence else None
             done = self.client.append(self.run_id, batch, expected, fencing_token=self.fencing_token)
-            del self._buffer[:len(batch)]  # only once the server has them: a failed send keeps them for the next
+            del self._buffer[: len(batch)]  # only once the server has them: a failed send keeps them for the next
             self.last_sequence = done.last_sequence
             sent.extend_with(done)
         return sent
@@ -258,8 +327,9 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.finished:
             self.flush()
         elif exc is None:
@@ -269,14 +339,33 @@ class Run:
 
     # --- tools and sessions --------------------------------------------------------------------
 
-    def tool_call(self, tool_name: str, args: Any, *, effect: str = "write", call_id: str | None = None,
-                  idempotency_key: str | None = None, timeout_s: float | None = None, turn: int | None = None,
-                  step_path: str | None = None, caller: str | None = None) -> ToolCall:
+    def tool_call(
+        self,
+        tool_name: str,
+        args: Any,
+        *,
+        effect: str = "write",
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+        turn: int | None = None,
+        step_path: str | None = None,
+        caller: str | None = None,
+    ) -> ToolCall:
         """A gateway call as a context manager: claimed on entry (or its recorded outcome replayed),
         marked outbound as the body starts, completed with `call.result` or the body's exception."""
-        return ToolCall(self, tool_name, args, effect=effect, call_id=call_id or self.keys.name("tool"),
-                        idempotency_key=idempotency_key, timeout_s=timeout_s, turn=turn, step_path=step_path,
-                        caller=caller)
+        return ToolCall(
+            self,
+            tool_name,
+            args,
+            effect=effect,
+            call_id=call_id or self.keys.name("tool"),
+            idempotency_key=idempotency_key,
+            timeout_s=timeout_s,
+            turn=turn,
+            step_path=step_path,
+            caller=caller,
+        )
 
     def call_tool(self, tool_name: str, args: Any, fn: Callable[[], Any], **options: Any) -> Any:
         """`fn()` through the gateway: its result, or the recorded one without calling it when
@@ -288,8 +377,14 @@ class Run:
             raise ToolCallFailed(call.call_id, call.error)
         return call.result
 
-    def session(self, role: str = "agent", *, task: Any = None, step_path: str | None = None,
-                manifest: Mapping[str, Any] | None = None) -> Session:
+    def session(
+        self,
+        role: str = "agent",
+        *,
+        task: Any = None,
+        step_path: str | None = None,
+        manifest: Mapping[str, Any] | None = None,
+    ) -> Session:
         return Session(self, role=role, task=task, step_path=step_path, manifest=manifest)
 
 
@@ -298,12 +393,28 @@ class ToolCall:
     `status` is "succeeded" or "failed", `result` or `error` what was recorded; `replayed` says
     the gateway answered from its record (`idempotentReplay`) and the body must not act."""
 
-    def __init__(self, run: Run, tool_name: str, args: Any, *, effect: str, call_id: str,
-                 idempotency_key: str | None, timeout_s: float | None, turn: int | None, step_path: str | None,
-                 caller: str | None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        tool_name: str,
+        args: Any,
+        *,
+        effect: str,
+        call_id: str,
+        idempotency_key: str | None,
+        timeout_s: float | None,
+        turn: int | None,
+        step_path: str | None,
+        caller: str | None,
+    ) -> None:
         self.run, self.tool_name, self.args, self.effect, self.call_id = run, tool_name, args, effect, call_id
         self.idempotency_key, self.timeout_s, self.turn, self.step_path, self.caller = (
-            idempotency_key, timeout_s, turn, step_path, caller)
+            idempotency_key,
+            timeout_s,
+            turn,
+            step_path,
+            caller,
+        )
         self.replayed = False
         self.status: str | None = None
         self.result: Any = None
@@ -319,10 +430,20 @@ class ToolCall:
 
     def claim(self) -> None:
         self.run.flush()  # what the harness emitted before the call is logged before it
-        body: dict[str, Any] = {"callId": self.call_id, "toolName": self.tool_name, "args": self.args,
-                                "effect": self.effect, "owner": self.run.client.owner}
-        for field, value in (("idempotencyKey", self.idempotency_key), ("timeoutS", self.timeout_s),
-                             ("turn", self.turn), ("stepPath", self.step_path), ("caller", self.caller)):
+        body: dict[str, Any] = {
+            "callId": self.call_id,
+            "toolName": self.tool_name,
+            "args": self.args,
+            "effect": self.effect,
+            "owner": self.run.client.owner,
+        }
+        for field, value in (
+            ("idempotencyKey", self.idempotency_key),
+            ("timeoutS", self.timeout_s),
+            ("turn", self.turn),
+            ("stepPath", self.step_path),
+            ("caller", self.caller),
+        ):
             if value is not None:
                 body[field] = value
         answer = self._post("", body)
@@ -351,8 +472,9 @@ class ToolCall:
             self.outbound()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.replayed:
             return
         if exc is not None:
@@ -367,8 +489,9 @@ class Session:
     tool calls (`tool_call`) inside it carry its turn and step path. As a decorator it opens a
     new session around every call of the function; `current_session()` finds it there."""
 
-    def __init__(self, run: Run, *, role: str, task: Any, step_path: str | None,
-                 manifest: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, run: Run, *, role: str, task: Any, step_path: str | None, manifest: Mapping[str, Any] | None
+    ) -> None:
         self.run, self.role, self.step_path = run, role, step_path
         self.task = task if task is not None else {"kind": "session", **({"stepPath": step_path} if step_path else {})}
         self.manifest = dict(manifest or {})
@@ -383,13 +506,16 @@ class Session:
         return payload
 
     def __enter__(self) -> Session:
-        self.run.emit("harness.session.started", self._payload(
-            task=self.task, manifest=self.manifest, manifestHash=_core.canonical_digest(self.manifest)))
+        self.run.emit(
+            "harness.session.started",
+            self._payload(task=self.task, manifest=self.manifest, manifestHash=_core.canonical_digest(self.manifest)),
+        )
         self._token = _current_session.set(self)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._token is not None:
             _current_session.reset(self._token)
             self._token = None
@@ -403,10 +529,12 @@ class Session:
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            with Session(self.run, role=self.role, task=self.task, step_path=self.step_path,
-                         manifest=self.manifest) as session:
+            with Session(
+                self.run, role=self.role, task=self.task, step_path=self.step_path, manifest=self.manifest
+            ) as session:
                 session.output = fn(*args, **kwargs)
                 return session.output
+
         return recorded  # type: ignore[return-value]
 
     def model_call(self, request: Mapping[str, Any], *, provider: str, model_id: str) -> ModelCall:
@@ -429,23 +557,34 @@ class ModelCall:
         self.call_id = f"{session.step_path or session.role}:turn{turn}"
         self.response: dict[str, Any] | None = None
 
-    def respond(self, text: str | None = None, *, tool_calls: list[Any] | None = None,
-                usage: Mapping[str, Any] | None = None, **extra: Any) -> None:
+    def respond(
+        self,
+        text: str | None = None,
+        *,
+        tool_calls: list[Any] | None = None,
+        usage: Mapping[str, Any] | None = None,
+        **extra: Any,
+    ) -> None:
         """The model's answer; `usage` as the ledger counts it: inputTokens, outputTokens,
         cachedInputTokens, reasoningTokens (never a cost: the server prices calls itself)."""
         self.response = _core.response_body(text, tool_calls, usage, extra)
 
     def __enter__(self) -> ModelCall:
-        payload = {"turn": self.turn, "callId": self.call_id, "promptHash": _core.canonical_digest(self.request),
-                   "request": self.request}
+        payload = {
+            "turn": self.turn,
+            "callId": self.call_id,
+            "promptHash": _core.canonical_digest(self.request),
+            "request": self.request,
+        }
         if self.session.step_path is not None:
             payload["stepPath"] = self.session.step_path
         self.session.run.emit("harness.model.called", payload)
         self.session.run.flush()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         run = self.session.run
         if exc is None and self.response is None:
             exc = RuntimeError(f"model call {self.call_id} ended without respond()")
@@ -455,13 +594,25 @@ class ModelCall:
             self._failed(exc)
             return
         assert self.response is not None
-        run.emit("harness.model.responded", _core.model_responded(
-            turn=self.turn, call_id=self.call_id, step_path=self.session.step_path, provider=self.provider,
-            model_id=self.model_id, response=self.response))
+        run.emit(
+            "harness.model.responded",
+            _core.model_responded(
+                turn=self.turn,
+                call_id=self.call_id,
+                step_path=self.session.step_path,
+                provider=self.provider,
+                model_id=self.model_id,
+                response=self.response,
+            ),
+        )
 
     def _failed(self, exc: BaseException) -> None:
-        payload = {"turn": self.turn, "callId": self.call_id, "error": _core.error_payload(exc),
-                   "model": {"provider": self.provider, "modelId": self.model_id}}
+        payload = {
+            "turn": self.turn,
+            "callId": self.call_id,
+            "error": _core.error_payload(exc),
+            "model": {"provider": self.provider, "modelId": self.model_id},
+        }
         if self.session.step_path is not None:
             payload["stepPath"] = self.session.step_path
         self.session.run.emit("harness.model.failed", payload)
@@ -490,8 +641,9 @@ class Follow:
             failure: Exception
             retry_after = None
             try:
-                with http.stream("GET", _core.run_path(self.run_id, "stream"), params=params, headers=headers,
-                                 timeout=timeout) as response:
+                with http.stream(
+                    "GET", _core.run_path(self.run_id, "stream"), params=params, headers=headers, timeout=timeout
+                ) as response:
                     if response.status_code >= 400:
                         error = error_from(response.status_code, response.read(), response.headers.get("Retry-After"))
                         if not error.retryable:
@@ -524,6 +676,7 @@ class Follow:
                     raise failure
                 raise TransportError(f"following {self.run_id}: {failure!r}") from failure
             self.reconnects += 1
-            log.warning("stream of %s dropped at %d (%r); reconnecting in %.2fs", self.run_id, self.position,
-                        failure, wait)
+            log.warning(
+                "stream of %s dropped at %d (%r); reconnecting in %.2fs", self.run_id, self.position, failure, wait
+            )
             time.sleep(wait)

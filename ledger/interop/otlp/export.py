@@ -38,7 +38,7 @@ _HEX = frozenset("0123456789abcdef")
 
 
 def trace_id_for(run: Run) -> bytes:
-    tail = run.run_id[len(RUN_PREFIX):]
+    tail = run.run_id[len(RUN_PREFIX) :]
     if run.run_id.startswith(RUN_PREFIX) and len(tail) == 32 and set(tail) <= _HEX and tail != "0" * 32:
         return bytes.fromhex(tail)
     ws = run.workspace
@@ -51,9 +51,14 @@ def export_run(*, run: Run, by: audit.Actor | ApiKey | AbstractBaseUser) -> dict
     spans = document["resourceSpans"][0]["scopeSpans"][0]["spans"] if document["resourceSpans"] else []
     with transaction.atomic():
         ws = run.workspace
-        audit.record(actor=by, tenant=ws.tenant,
-                     workspace=ws, action=audit.Action.RUN_OTLP_EXPORTED, target=run.run_id,
-                     details={"spans": len(spans), "traceId": trace_id_for(run).hex()})
+        audit.record(
+            actor=by,
+            tenant=ws.tenant,
+            workspace=ws,
+            action=audit.Action.RUN_OTLP_EXPORTED,
+            target=run.run_id,
+            details={"spans": len(spans), "traceId": trace_id_for(run).hex()},
+        )
     return document
 
 
@@ -78,8 +83,12 @@ def run_as_otlp(run: Run) -> dict[str, Any]:
     for env in envelopes:
         builder.add(env)
     resource_spans = request.resource_spans.add()
-    resource_spans.resource.attributes.extend(_key_values(resource or {
-        "service.name": "runledger", "runledger.workspace": f"{run.workspace.tenant.slug}/{run.workspace.slug}"}))
+    resource_spans.resource.attributes.extend(
+        _key_values(
+            resource
+            or {"service.name": "runledger", "runledger.workspace": f"{run.workspace.tenant.slug}/{run.workspace.slug}"}
+        )
+    )
     scope_spans = resource_spans.scope_spans.add()
     scope_spans.scope.name = SCOPE_NAME
     scope_spans.schema_url = SCHEMA_URL
@@ -138,8 +147,15 @@ class _Builder:
         path = p["stepPath"]
         step = self.steps.get(path)
         if step is None:
-            step = _Open(Span(trace_id=self.trace_id, span_id=_span_id(env["eventId"]), name=str(p.get("stepId") or path),
-                              kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=at))
+            step = _Open(
+                Span(
+                    trace_id=self.trace_id,
+                    span_id=_span_id(env["eventId"]),
+                    name=str(p.get("stepId") or path),
+                    kind=Span.SPAN_KIND_INTERNAL,
+                    start_time_unix_nano=at,
+                )
+            )
             step.attributes["runledger.step.path"] = path
             self.steps[path] = step
         if (span_id := _hex_id(otel.get("spanId"))) is not None:
@@ -156,10 +172,16 @@ class _Builder:
                 step.span.status.code = Status.STATUS_CODE_ERROR
                 step.span.status.message = _error_message(p.get("error"))
 
-    def _child(self, env: Mapping[str, Any], p: Mapping[str, Any], at: int, otel: Mapping[str, Any], name: str,
-               kind: Any) -> Span:
-        span = Span(trace_id=self.trace_id, span_id=_hex_id(otel.get("spanId")) or _span_id(env["eventId"]), name=str(otel.get("name") or name), kind=kind,
-                    start_time_unix_nano=_otel_time(otel, "startTimeUnixNano") or at)
+    def _child(
+        self, env: Mapping[str, Any], p: Mapping[str, Any], at: int, otel: Mapping[str, Any], name: str, kind: Any
+    ) -> Span:
+        span = Span(
+            trace_id=self.trace_id,
+            span_id=_hex_id(otel.get("spanId")) or _span_id(env["eventId"]),
+            name=str(otel.get("name") or name),
+            kind=kind,
+            start_time_unix_nano=_otel_time(otel, "startTimeUnixNano") or at,
+        )
         path = p.get("stepPath")
         if isinstance(path, str):
             self._step("", p, env, at, {})  # a step known only from its calls still gets its span
@@ -170,8 +192,9 @@ class _Builder:
         request = _mapping(p.get("request"))
         operation = str(request.get("operation") or "chat")
         model = request.get("model")
-        call = _Open(self._child(env, p, at, otel, f"{operation} {model}" if model else operation,
-                                 Span.SPAN_KIND_CLIENT))
+        call = _Open(
+            self._child(env, p, at, otel, f"{operation} {model}" if model else operation, Span.SPAN_KIND_CLIENT)
+        )
         call.attributes["gen_ai.operation.name"] = operation
         if isinstance(model, str):
             call.attributes["gen_ai.request.model"] = model
@@ -180,8 +203,9 @@ class _Builder:
         self.models.append(call)
         self.open_models[str(p.get("callId") or f"{p.get('stepPath')}#{p.get('turn')}")] = call
 
-    def _model_ended(self, kind: str, p: Mapping[str, Any], env: Mapping[str, Any], at: int,
-                     otel: Mapping[str, Any]) -> None:
+    def _model_ended(
+        self, kind: str, p: Mapping[str, Any], env: Mapping[str, Any], at: int, otel: Mapping[str, Any]
+    ) -> None:
         key = str(p.get("callId") or f"{p.get('stepPath')}#{p.get('turn')}")
         call = self.open_models.pop(key, None)
         if call is None:
@@ -207,10 +231,12 @@ class _Builder:
             return
         response = _mapping(p.get("response"))
         usage = _mapping(response.get("usage"))
-        for source, target in (("inputTokens", "gen_ai.usage.input_tokens"),
-                               ("outputTokens", "gen_ai.usage.output_tokens"),
-                               ("cachedInputTokens", "gen_ai.usage.cache_read.input_tokens"),
-                               ("reasoningTokens", "gen_ai.usage.reasoning.output_tokens")):
+        for source, target in (
+            ("inputTokens", "gen_ai.usage.input_tokens"),
+            ("outputTokens", "gen_ai.usage.output_tokens"),
+            ("cachedInputTokens", "gen_ai.usage.cache_read.input_tokens"),
+            ("reasoningTokens", "gen_ai.usage.reasoning.output_tokens"),
+        ):
             if isinstance(usage.get(source), int) and not isinstance(usage.get(source), bool):
                 call.attributes.setdefault(target, usage[source])
         if isinstance(response.get("id"), str):
@@ -219,13 +245,19 @@ class _Builder:
     def _tool_started(self, p: Mapping[str, Any], env: Mapping[str, Any], at: int, otel: Mapping[str, Any]) -> None:
         name = str(p.get("toolName") or "tool")
         call = _Open(self._child(env, p, at, otel, f"execute_tool {name}", Span.SPAN_KIND_INTERNAL))
-        call.attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
-                                "gen_ai.tool.call.id": str(p.get("callId") or ""),
-                                "gen_ai.tool.call.arguments": _json_text(p.get("args"))})
+        call.attributes.update(
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": name,
+                "gen_ai.tool.call.id": str(p.get("callId") or ""),
+                "gen_ai.tool.call.arguments": _json_text(p.get("args")),
+            }
+        )
         self.tools[str(p.get("callId"))] = call
 
-    def _tool_ended(self, kind: str, p: Mapping[str, Any], env: Mapping[str, Any], at: int,
-                    otel: Mapping[str, Any]) -> None:
+    def _tool_ended(
+        self, kind: str, p: Mapping[str, Any], env: Mapping[str, Any], at: int, otel: Mapping[str, Any]
+    ) -> None:
         call = self.tools.get(str(p.get("callId")))
         if call is None:
             return  # an end without a start (a log cut by retention) has no span to close
@@ -241,11 +273,15 @@ class _Builder:
             call.attributes.setdefault("gen_ai.tool.call.result", _json_text(p.get("result")))
 
     def _restored(self, otel: Mapping[str, Any], span_id: bytes) -> Span:
-        span = Span(trace_id=self.trace_id, span_id=span_id, name=str(otel.get("name", "")),
-                    kind=cast(Any, _enum(otel.get("kind"), 5)),
-                    start_time_unix_nano=_otel_time(otel, "startTimeUnixNano"),
-                    end_time_unix_nano=_otel_time(otel, "endTimeUnixNano"),
-                    parent_span_id=_hex_id(otel.get("parentSpanId")) or b"")
+        span = Span(
+            trace_id=self.trace_id,
+            span_id=span_id,
+            name=str(otel.get("name", "")),
+            kind=cast(Any, _enum(otel.get("kind"), 5)),
+            start_time_unix_nano=_otel_time(otel, "startTimeUnixNano"),
+            end_time_unix_nano=_otel_time(otel, "endTimeUnixNano"),
+            parent_span_id=_hex_id(otel.get("parentSpanId")) or b"",
+        )
         status = _mapping(otel.get("status"))
         span.status.code = cast(Any, _enum(status.get("code"), 2))
         span.status.message = str(status.get("message") or "")
@@ -289,7 +325,7 @@ class _Builder:
 
 
 def _span_id(event_id: str) -> bytes:
-    return bytes.fromhex(event_id[len("evt_"):])
+    return bytes.fromhex(event_id[len("evt_") :])
 
 
 def _nanos(recorded_at: str) -> int:
@@ -332,8 +368,11 @@ def _error_message(error: Any) -> str:
 
 
 def _json_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"),
-                                                           sort_keys=True)
+    return (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    )
 
 
 def _key_values(attributes: Mapping[str, Any]) -> list[KeyValue]:
@@ -344,7 +383,7 @@ def _any(value: Any) -> AnyValue:
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
     if isinstance(value, int):
-        return AnyValue(int_value=value) if -2**63 <= value < 2**63 else AnyValue(string_value=str(value))
+        return AnyValue(int_value=value) if -(2**63) <= value < 2**63 else AnyValue(string_value=str(value))
     if isinstance(value, float):
         return AnyValue(double_value=value)
     if isinstance(value, str):

@@ -42,11 +42,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from ...log.prepare import MAX_BATCH
-
-from ...log import append
 from ...canonical import canonical_bytes
 from ...errors import IdempotencyConflict, LedgerError, RunAlreadyStarted, RunFinished, RunNotStarted
+from ...log import append
+from ...log.prepare import MAX_BATCH
 from ...models import Event, Run, RunStatus, Step, Workspace
 
 RUN_PREFIX = "run_otel_"
@@ -75,8 +74,9 @@ class IngestResult:
         if len(self.messages) > 5:
             notes.append(f"and {len(self.messages) - 5} more")
         if self.late:
-            notes.append(f"{self.late} span(s) arrived after their trace's root span ended and were kept as "
-                         "custom.otel.span")
+            notes.append(
+                f"{self.late} span(s) arrived after their trace's root span ended and were kept as custom.otel.span"
+            )
         return "; ".join(notes)
 
 
@@ -131,9 +131,13 @@ class _Span:
 
     def whole(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            **self.meta(at_start=True), "endTimeUnixNano": str(self.end), "kind": self.kind,
+            **self.meta(at_start=True),
+            "endTimeUnixNano": str(self.end),
+            "kind": self.kind,
             "status": {"code": self.status_code, **({"message": self.status_message} if self.status_message else {})},
-            "attributes": self.attributes, "resource": self.resource, "scope": self.scope,
+            "attributes": self.attributes,
+            "resource": self.resource,
+            "scope": self.scope,
         }
         if self.events:
             out["events"] = self.events
@@ -155,8 +159,10 @@ def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest) -> Inges
     for resource_spans in request.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
-            scope = {"name": scope_spans.scope.name, **({"version": scope_spans.scope.version}
-                                                        if scope_spans.scope.version else {})}
+            scope = {
+                "name": scope_spans.scope.name,
+                **({"version": scope_spans.scope.version} if scope_spans.scope.version else {}),
+            }
             for index, span in enumerate(scope_spans.spans):
                 problem = _id_problem(span)
                 if problem is not None:
@@ -191,12 +197,29 @@ def _id_problem(span: Span) -> str | None:
 
 def _read(span: Span, resource: dict[str, Any], scope: dict[str, Any]) -> _Span:
     parent = span.parent_span_id.hex() if any(span.parent_span_id) else ""
-    events = [{"name": e.name, "timeUnixNano": str(e.time_unix_nano), **(
-        {"attributes": _attributes(e.attributes)} if e.attributes else {})} for e in span.events]
-    return _Span(trace=span.trace_id.hex(), span=span.span_id.hex(), parent=parent, name=span.name,
-                 kind=int(span.kind), start=int(span.start_time_unix_nano), end=int(span.end_time_unix_nano),
-                 status_code=int(span.status.code), status_message=span.status.message,
-                 attributes=_attributes(span.attributes), events=events, resource=resource, scope=scope)
+    events = [
+        {
+            "name": e.name,
+            "timeUnixNano": str(e.time_unix_nano),
+            **({"attributes": _attributes(e.attributes)} if e.attributes else {}),
+        }
+        for e in span.events
+    ]
+    return _Span(
+        trace=span.trace_id.hex(),
+        span=span.span_id.hex(),
+        parent=parent,
+        name=span.name,
+        kind=int(span.kind),
+        start=int(span.start_time_unix_nano),
+        end=int(span.end_time_unix_nano),
+        status_code=int(span.status.code),
+        status_message=span.status.message,
+        attributes=_attributes(span.attributes),
+        events=events,
+        resource=resource,
+        scope=scope,
+    )
 
 
 def _attributes(attributes: Iterable[KeyValue]) -> dict[str, Any]:
@@ -233,7 +256,7 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span]) -> int:
         events, late = _events_for(workspace, run_id, spans)
         try:
             for start in range(0, len(events), MAX_BATCH):
-                append(workspace=workspace, run_id=run_id, events=events[start:start + MAX_BATCH])
+                append(workspace=workspace, run_id=run_id, events=events[start : start + MAX_BATCH])
         except (RunNotStarted, RunAlreadyStarted, RunFinished, IdempotencyConflict):
             if attempt == _ATTEMPTS - 1:
                 raise
@@ -247,8 +270,11 @@ def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[
     started = run is not None and run.last_sequence > 0
     if started:
         assert run is not None
-        logged = set(Event.objects.filter(run=run, idempotency_key__in=[_key(s, 0) for s in spans])
-                     .values_list("idempotency_key", flat=True))
+        logged = set(
+            Event.objects.filter(run=run, idempotency_key__in=[_key(s, 0) for s in spans]).values_list(
+                "idempotency_key", flat=True
+            )
+        )
         spans = [s for s in spans if _key(s, 0) not in logged]
     if not spans:
         return [], 0
@@ -256,14 +282,25 @@ def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[
     if not started:
         first = min(spans, key=lambda s: (s.start, s.span))
         service = first.resource.get("service.name")
-        events.append({"type": "RunStarted", "idempotencyKey": RUN_STARTED_KEY, "payload": {
-            "workflowVersionId": f"otel:{service if isinstance(service, str) and service else 'unknown'}",
-            "otel": {"traceId": run_id[len(RUN_PREFIX):], "resource": first.resource},
-        }})
+        events.append(
+            {
+                "type": "RunStarted",
+                "idempotencyKey": RUN_STARTED_KEY,
+                "payload": {
+                    "workflowVersionId": f"otel:{service if isinstance(service, str) and service else 'unknown'}",
+                    "otel": {"traceId": run_id[len(RUN_PREFIX) :], "resource": first.resource},
+                },
+            }
+        )
     if started and run is not None and run.status in RunStatus.finished():
         for span in sorted(spans, key=lambda s: (s.start, s.span)):
-            events.append({"type": "custom.otel.span", "idempotencyKey": _key(span, 0),
-                           "payload": {"otel": span.whole(), "late": True}})
+            events.append(
+                {
+                    "type": "custom.otel.span",
+                    "idempotencyKey": _key(span, 0),
+                    "payload": {"otel": span.whole(), "late": True},
+                }
+            )
         return events, len(spans)
     steps = _step_spans(run if started else None, spans)
     turns = _turns(run if started else None, spans)
@@ -299,8 +336,9 @@ def _walk(spans: list[_Span]) -> Iterable[tuple[_Span, bool]]:
     for siblings in children.values():
         siblings.sort(key=lambda s: (s.start, -s.end, s.span), reverse=True)  # popped from the end
     # Spans in a parent cycle (a broken exporter) hang from no root: each is taken as one.
-    pending = sorted((s for s in spans if s.parent in ids), key=lambda s: (s.start, s.span),
-                     reverse=True) + children.get("", [])  # popped from the end: the roots first
+    pending = sorted(
+        (s for s in spans if s.parent in ids), key=lambda s: (s.start, s.span), reverse=True
+    ) + children.get("", [])  # popped from the end: the roots first
     stack: list[tuple[_Span, bool]] = []
     seen: set[str] = set()
     while stack or pending:
@@ -325,8 +363,10 @@ def _step_spans(run: Run | None, spans: list[_Span]) -> set[str]:
     steps |= {s.span for s in spans if s.operation in AGENT_OPERATIONS}
     if run is not None:
         paths = {step_path_for(s.span): s.span for s in spans if s.span not in steps}
-        steps |= {paths[p] for p in Step.objects.filter(run=run, step_path__in=list(paths))
-                  .values_list("step_path", flat=True)}
+        steps |= {
+            paths[p]
+            for p in Step.objects.filter(run=run, step_path__in=list(paths)).values_list("step_path", flat=True)
+        }
     return steps
 
 
@@ -342,15 +382,19 @@ def _turns(run: Run | None, spans: list[_Span]) -> dict[str, int]:
             counts[path] = 0
             if run is not None:
                 logged = Event.objects.filter(run=run, type="harness.model.called", idempotency_key__startswith="otel:")
-                counts[path] = (logged.filter(payload__contains=f'"stepPath":"{path}"') if path
-                                else logged.exclude(payload__contains='"stepPath":')).count()
+                counts[path] = (
+                    logged.filter(payload__contains=f'"stepPath":"{path}"')
+                    if path
+                    else logged.exclude(payload__contains='"stepPath":')
+                ).count()
         counts[path] += 1
         turns[span.span] = counts[path]
     return turns
 
 
-def _span_events(span: _Span, steps: set[str], turns: Mapping[str, int], *,
-                 is_root: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _span_events(
+    span: _Span, steps: set[str], turns: Mapping[str, int], *, is_root: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The events at the span's start and at its end."""
     begin: list[dict[str, Any]] = []
     end: list[dict[str, Any]] = []
@@ -358,14 +402,18 @@ def _span_events(span: _Span, steps: set[str], turns: Mapping[str, int], *,
     if span.span in steps:
         path = step_path_for(span.span)
         begin += [
-            {"type": "StepScheduled", "payload": {"stepPath": path, "stepId": span.name,
-                                                  "otel": span.meta(at_start=True)}},
+            {
+                "type": "StepScheduled",
+                "payload": {"stepPath": path, "stepId": span.name, "otel": span.meta(at_start=True)},
+            },
             {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
         ]
-        closing = {"stepPath": path, "attempt": 1, "otel": {**span.meta(at_start=False),
-                                                            "attributes": span.attributes}}
-        end.append({"type": "StepFailed", "payload": {**closing, "error": _error(span)}} if span.failed
-                   else {"type": "StepCompleted", "payload": closing})
+        closing = {"stepPath": path, "attempt": 1, "otel": {**span.meta(at_start=False), "attributes": span.attributes}}
+        end.append(
+            {"type": "StepFailed", "payload": {**closing, "error": _error(span)}}
+            if span.failed
+            else {"type": "StepCompleted", "payload": closing}
+        )
     if span.is_model:
         b, e = _model_events(span, located, turns[span.span])
     elif span.is_tool:
@@ -377,30 +425,40 @@ def _span_events(span: _Span, steps: set[str], turns: Mapping[str, int], *,
     return begin + b, e + end
 
 
-def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list[dict[str, Any]],
-                                                                            list[dict[str, Any]]]:
+def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     a = span.attributes
     request: dict[str, Any] = {"operation": span.operation or "chat"}
     if isinstance(a.get("gen_ai.request.model"), str):
         request["model"] = a["gen_ai.request.model"]
-    parameters = {k[len("gen_ai.request."):]: v for k, v in a.items()
-                  if k.startswith("gen_ai.request.") and k != "gen_ai.request.model"}
+    parameters = {
+        k[len("gen_ai.request.") :]: v
+        for k, v in a.items()
+        if k.startswith("gen_ai.request.") and k != "gen_ai.request.model"
+    }
     if parameters:
         request["parameters"] = parameters
     for source, target in (("gen_ai.input.messages", "messages"), ("gen_ai.system_instructions", "instructions")):
         if source in a:
             request[target] = _maybe_json(a[source])
-    called = {"turn": turn, "callId": span.span, "promptHash": _digest(request), "request": request,
-              **located, "otel": span.meta(at_start=True)}
-    closing = {"turn": turn, "callId": span.span, **located,
-               "otel": {**span.meta(at_start=False), "attributes": a}}
+    called = {
+        "turn": turn,
+        "callId": span.span,
+        "promptHash": _digest(request),
+        "request": request,
+        **located,
+        "otel": span.meta(at_start=True),
+    }
+    closing = {"turn": turn, "callId": span.span, **located, "otel": {**span.meta(at_start=False), "attributes": a}}
     provider = a.get("gen_ai.provider.name") or a.get("gen_ai.system")
     model_id = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
-    model = {"provider": provider if isinstance(provider, str) and provider else "unknown",
-             "modelId": model_id if isinstance(model_id, str) and model_id else "unknown"}
+    model = {
+        "provider": provider if isinstance(provider, str) and provider else "unknown",
+        "modelId": model_id if isinstance(model_id, str) and model_id else "unknown",
+    }
     if span.failed:
         return [{"type": "harness.model.called", "payload": called}], [
-            {"type": "harness.model.failed", "payload": {**closing, "model": model, "error": _error(span)}}]
+            {"type": "harness.model.failed", "payload": {**closing, "model": model, "error": _error(span)}}
+        ]
     response: dict[str, Any] = {"usage": _usage(a)}
     output = _maybe_json(a["gen_ai.output.messages"]) if "gen_ai.output.messages" in a else None
     text, tool_calls = _output_parts(output)
@@ -414,14 +472,18 @@ def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list
         if source in a:
             response[target] = a[source]
     return [{"type": "harness.model.called", "payload": called}], [
-        {"type": "harness.model.responded", "payload": {**closing, "model": model, "response": response}}]
+        {"type": "harness.model.responded", "payload": {**closing, "model": model, "response": response}}
+    ]
 
 
 def _usage(a: Mapping[str, Any]) -> dict[str, int]:
     usage: dict[str, int] = {}
-    for source, target in (("gen_ai.usage.input_tokens", "inputTokens"), ("gen_ai.usage.output_tokens", "outputTokens"),
-                           ("gen_ai.usage.cache_read.input_tokens", "cachedInputTokens"),
-                           ("gen_ai.usage.reasoning.output_tokens", "reasoningTokens")):
+    for source, target in (
+        ("gen_ai.usage.input_tokens", "inputTokens"),
+        ("gen_ai.usage.output_tokens", "outputTokens"),
+        ("gen_ai.usage.cache_read.input_tokens", "cachedInputTokens"),
+        ("gen_ai.usage.reasoning.output_tokens", "reasoningTokens"),
+    ):
         value = a.get(source)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             usage[target] = value
@@ -448,16 +510,27 @@ def _tool_events(span: _Span, located: dict[str, Any]) -> tuple[list[dict[str, A
     call_id = a.get("gen_ai.tool.call.id")
     call_id = call_id if isinstance(call_id, str) and call_id else span.span
     name = a.get("gen_ai.tool.name")
-    started = {"callId": call_id, "caller": "otel", "toolName": name if isinstance(name, str) and name else span.name,
-               "args": _maybe_json(a.get("gen_ai.tool.call.arguments", {})), **located,
-               "otel": span.meta(at_start=True)}
-    closing = {"callId": call_id, "durationMs": max(0, span.end - span.start) / 1e6, **located,
-               "otel": {**span.meta(at_start=False), "attributes": a}}
+    started = {
+        "callId": call_id,
+        "caller": "otel",
+        "toolName": name if isinstance(name, str) and name else span.name,
+        "args": _maybe_json(a.get("gen_ai.tool.call.arguments", {})),
+        **located,
+        "otel": span.meta(at_start=True),
+    }
+    closing = {
+        "callId": call_id,
+        "durationMs": max(0, span.end - span.start) / 1e6,
+        **located,
+        "otel": {**span.meta(at_start=False), "attributes": a},
+    }
     if span.failed:
         ended = {"type": "harness.tool_call.failed", "payload": {**closing, "error": _error(span)}}
     else:
-        ended = {"type": "harness.tool_call.succeeded",
-                 "payload": {**closing, "result": _maybe_json(a.get("gen_ai.tool.call.result"))}}
+        ended = {
+            "type": "harness.tool_call.succeeded",
+            "payload": {**closing, "result": _maybe_json(a.get("gen_ai.tool.call.result"))},
+        }
     return [{"type": "harness.tool_call.started", "payload": started}], [ended]
 
 
@@ -470,8 +543,10 @@ def _run_terminal(span: _Span) -> dict[str, Any]:
 
 def _error(span: _Span) -> dict[str, Any]:
     kind = span.attributes.get("error.type")
-    return {"name": kind if isinstance(kind, str) and kind else "SpanError",
-            "message": span.status_message or f"span {span.name!r} ended with status ERROR"}
+    return {
+        "name": kind if isinstance(kind, str) and kind else "SpanError",
+        "message": span.status_message or f"span {span.name!r} ended with status ERROR",
+    }
 
 
 def _maybe_json(value: Any) -> Any:

@@ -49,8 +49,9 @@ def parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     if media == JSON:
         if json_depth_exceeds(body):
             # The API's limit for every JSON body (docs/security.md): refused before parsing.
-            raise InvalidOtlp(f"the body nests arrays and objects more than {MAX_JSON_DEPTH} deep",
-                              field="", limit=MAX_JSON_DEPTH)
+            raise InvalidOtlp(
+                f"the body nests arrays and objects more than {MAX_JSON_DEPTH} deep", field="", limit=MAX_JSON_DEPTH
+            )
         try:
             document = json.loads(body)
         except (ValueError, RecursionError) as exc:
@@ -83,8 +84,14 @@ def _map_ids(value: Any, convert: Callable[[str, str], str], where: str) -> Any:
     """`value` with every trace/span id string converted (ids sit in spans and their links only,
     but walking the whole document keeps this independent of the schema's nesting)."""
     if isinstance(value, dict):
-        return {k: (convert(v, f"{where}.{k}") if k in _ID_FIELDS and isinstance(v, str)
-                    else _map_ids(v, convert, f"{where}.{k}")) for k, v in value.items()}
+        return {
+            k: (
+                convert(v, f"{where}.{k}")
+                if k in _ID_FIELDS and isinstance(v, str)
+                else _map_ids(v, convert, f"{where}.{k}")
+            )
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_map_ids(v, convert, f"{where}[{i}]") for i, v in enumerate(value)]
     return value

@@ -36,13 +36,17 @@ SAMPLE = HERE / "sample"
 MINI = {"provider": "openai", "modelId": "gpt-4o-mini"}
 
 
-def _js_envelope(run_id: str, sequence: int, type_: str, payload: dict[str, Any], at: str,
-                 occurrence_id: str | None = None) -> dict[str, Any]:
+def _js_envelope(
+    run_id: str, sequence: int, type_: str, payload: dict[str, Any], at: str, occurrence_id: str | None = None
+) -> dict[str, Any]:
     """The envelope in Little Workflow's key order; the payload as its store keeps it:
     JSON.parse(canonicalJson(payload)), so keys in canonical order."""
-    env: dict[str, Any] = {"eventId": event_id(run_id=run_id, sequence=sequence, type=type_, payload=payload,
-                                               occurrence_id=occurrence_id),
-                           "runId": run_id, "sequence": sequence, "type": type_}
+    env: dict[str, Any] = {
+        "eventId": event_id(run_id=run_id, sequence=sequence, type=type_, payload=payload, occurrence_id=occurrence_id),
+        "runId": run_id,
+        "sequence": sequence,
+        "type": type_,
+    }
     if occurrence_id is not None:
         env["occurrenceId"] = occurrence_id
     env["recordedAt"] = at
@@ -61,17 +65,23 @@ def _log(run_id: str, minute: int, items: list[tuple[Any, ...]]) -> list[dict[st
 
 
 def _model(step: str | None, call: str, usage: dict[str, int], model: dict[str, str] = MINI) -> tuple[Any, ...]:
-    payload: dict[str, Any] = {"callId": call, "turn": 1, "model": model,
-                               "response": {"text": "ok", "usage": usage}}
+    payload: dict[str, Any] = {"callId": call, "turn": 1, "model": model, "response": {"text": "ok", "usage": usage}}
     if step is not None:
         payload["stepPath"] = step
     return ("harness.model.responded", payload)
 
 
-def _completed(path: str, output: Any, output_ref: str | None = None,
-               artifact_refs: list[str] | None = None) -> tuple[Any, ...]:
-    payload: dict[str, Any] = {"stepPath": path, "stepId": path, "attempt": 1, "output": output,
-                               "artifactRefs": artifact_refs or [], "metadata": {"uses": "ai.generate"}}
+def _completed(
+    path: str, output: Any, output_ref: str | None = None, artifact_refs: list[str] | None = None
+) -> tuple[Any, ...]:
+    payload: dict[str, Any] = {
+        "stepPath": path,
+        "stepId": path,
+        "attempt": 1,
+        "output": output,
+        "artifactRefs": artifact_refs or [],
+        "metadata": {"uses": "ai.generate"},
+    }
     if output_ref is not None:
         payload["outputRef"] = output_ref
     return ("StepCompleted", payload)
@@ -90,101 +100,221 @@ def artifact(run_id: str, step_path: str, name: str, value: Any, created_at: str
     """§7: a JSON value's blob is its canonical JSON; the id hashes its identity and the blob's hash."""
     blob = canonical_bytes(value)
     payload_hash = "sha256:" + hashlib.sha256(blob).hexdigest()
-    identity = {"runId": run_id, "stepPath": step_path, "name": name, "contentType": "application/json",
-                "encoding": "json", "payloadHash": payload_hash}
+    identity = {
+        "runId": run_id,
+        "stepPath": step_path,
+        "name": name,
+        "contentType": "application/json",
+        "encoding": "json",
+        "payloadHash": payload_hash,
+    }
     aid = "art_" + digest(identity)[7:23]
-    manifest = {"artifactId": aid, "artifactRef": f"artifact://{aid}", "runId": run_id, "stepPath": step_path,
-                "name": name, "contentType": "application/json", "encoding": "json", "sha256": payload_hash,
-                "sizeBytes": len(blob), "createdAt": created_at}
+    manifest = {
+        "artifactId": aid,
+        "artifactRef": f"artifact://{aid}",
+        "runId": run_id,
+        "stepPath": step_path,
+        "name": name,
+        "contentType": "application/json",
+        "encoding": "json",
+        "sha256": payload_hash,
+        "sizeBytes": len(blob),
+        "createdAt": created_at,
+    }
     return manifest, blob
 
 
 def runs() -> tuple[dict[str, list[dict[str, Any]]], list[tuple[dict[str, Any], bytes]], dict[str, Any]]:
     logs: dict[str, list[dict[str, Any]]] = {}
-    logs["run_order"] = _log("run_order", 1, [
-        ("RunStarted", {"workflowVersionId": "wfver_123"}),
-        ("StepScheduled", {"stepPath": "summarize"}),
-        ("RunCompleted", {"output": {"ok": True}}),
-    ])
+    logs["run_order"] = _log(
+        "run_order",
+        1,
+        [
+            ("RunStarted", {"workflowVersionId": "wfver_123"}),
+            ("StepScheduled", {"stepPath": "summarize"}),
+            ("RunCompleted", {"output": {"ok": True}}),
+        ],
+    )
 
     manifest = {"harnessId": "little-harness", "tools": ["search"], "model": MINI}
-    request = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Summarize the ticket"}],
-               "tools": []}
-    logs["run_7f3a"] = _log("run_7f3a", 2, [
-        ("RunStarted", {"workflowVersionId": "wfver_7f3a", "input": {"ticket": "T-1"}, "label": "report sample"}),
-        *_plain_step("extract", _model("extract", "mc_extract",
-                                       {"inputTokens": 20_000, "cachedInputTokens": 16_000, "outputTokens": 10_000})),
-        *_plain_step(
-            "summarize",
-            ("harness.session.started", {"runId": "run_7f3a", "role": "worker.ai-generate", "stepPath": "summarize",
-                                         "task": {"kind": "execute_step"}, "manifest": manifest,
-                                         "manifestHash": digest(manifest)}),
-            ("harness.model.called", {"callId": "mc_summarize", "turn": 1, "stepPath": "summarize",
-                                      "promptHash": digest(request), "request": request}),
-            _model("summarize", "mc_summarize", {"inputTokens": 20_000, "outputTokens": 10_000}),
-            # The rollup restates the call: Little Workflow's report skips it (§4), so must we.
-            ("harness.session.completed", {"runId": "run_7f3a", "stepPath": "summarize", "output": "ok",
-                                           "usage": {"inputTokens": 20_000, "outputTokens": 10_000}}),
-        ),
-        *_plain_step(
-            "classify",
-            ("harness.tool_call.started", {"callId": "call_1", "caller": "model", "turn": 1, "toolName": "search",
-                                           "args": {"q": "café € 😀", "limit": 1.5e21}, "stepPath": "classify"},
-             "occ_1"),
-            ("harness.tool_call.succeeded", {"callId": "call_1", "result": {"hits": 1}, "durationMs": 12.5,
-                                             "stepPath": "classify"}, "occ_1"),
-            _model("classify", "mc_classify", {"inputTokens": 900, "outputTokens": 120},
-                   model={"provider": "acme.chat", "modelId": "nope"}),
-        ),
-        ("RunCompleted", {"workflowVersionId": "wfver_7f3a", "output": "ok", "terminalStepPath": "classify"}),
-    ])
+    request = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Summarize the ticket"}], "tools": []}
+    logs["run_7f3a"] = _log(
+        "run_7f3a",
+        2,
+        [
+            ("RunStarted", {"workflowVersionId": "wfver_7f3a", "input": {"ticket": "T-1"}, "label": "report sample"}),
+            *_plain_step(
+                "extract",
+                _model(
+                    "extract",
+                    "mc_extract",
+                    {"inputTokens": 20_000, "cachedInputTokens": 16_000, "outputTokens": 10_000},
+                ),
+            ),
+            *_plain_step(
+                "summarize",
+                (
+                    "harness.session.started",
+                    {
+                        "runId": "run_7f3a",
+                        "role": "worker.ai-generate",
+                        "stepPath": "summarize",
+                        "task": {"kind": "execute_step"},
+                        "manifest": manifest,
+                        "manifestHash": digest(manifest),
+                    },
+                ),
+                (
+                    "harness.model.called",
+                    {
+                        "callId": "mc_summarize",
+                        "turn": 1,
+                        "stepPath": "summarize",
+                        "promptHash": digest(request),
+                        "request": request,
+                    },
+                ),
+                _model("summarize", "mc_summarize", {"inputTokens": 20_000, "outputTokens": 10_000}),
+                # The rollup restates the call: Little Workflow's report skips it (§4), so must we.
+                (
+                    "harness.session.completed",
+                    {
+                        "runId": "run_7f3a",
+                        "stepPath": "summarize",
+                        "output": "ok",
+                        "usage": {"inputTokens": 20_000, "outputTokens": 10_000},
+                    },
+                ),
+            ),
+            *_plain_step(
+                "classify",
+                (
+                    "harness.tool_call.started",
+                    {
+                        "callId": "call_1",
+                        "caller": "model",
+                        "turn": 1,
+                        "toolName": "search",
+                        "args": {"q": "café € 😀", "limit": 1.5e21},
+                        "stepPath": "classify",
+                    },
+                    "occ_1",
+                ),
+                (
+                    "harness.tool_call.succeeded",
+                    {"callId": "call_1", "result": {"hits": 1}, "durationMs": 12.5, "stepPath": "classify"},
+                    "occ_1",
+                ),
+                _model(
+                    "classify",
+                    "mc_classify",
+                    {"inputTokens": 900, "outputTokens": 120},
+                    model={"provider": "acme.chat", "modelId": "nope"},
+                ),
+            ),
+            ("RunCompleted", {"workflowVersionId": "wfver_7f3a", "output": "ok", "terminalStepPath": "classify"}),
+        ],
+    )
 
-    profile, profile_blob = artifact("run_artifacts", "extract", "profile", {"name": "Ada", "score": 98},
-                                     "2026-05-19T18:03:01.455Z")
+    profile, profile_blob = artifact(
+        "run_artifacts", "extract", "profile", {"name": "Ada", "score": 98}, "2026-05-19T18:03:01.455Z"
+    )
     ref = profile["artifactRef"]
-    logs["run_artifacts"] = _log("run_artifacts", 3, [
-        ("RunStarted", {"workflowVersionId": "wfver_art", "input": {"who": "Ada"}}),
-        ("StepScheduled", {"stepPath": "extract", "stepId": "extract", "uses": "ai.generate"}),
-        ("StepAttemptStarted", {"stepPath": "extract", "stepId": "extract", "attempt": 1, "attemptId": "attempt_1"}),
-        _model(None, "mc_router", {"inputTokens": 20_000, "outputTokens": 0}),
-        ("ArtifactCreated", {"stepPath": "extract", "artifactRef": ref, "name": "profile",
-                             "contentType": "application/json"}),
-        ("StepOutputValidated", {"stepPath": "extract", "outputRef": ref, "outputMode": "object"}),
-        _completed("extract", {"name": "Ada", "score": 98}, output_ref=ref),
-        ("RunCompleted", {"workflowVersionId": "wfver_art", "output": {"name": "Ada", "score": 98}, "outputRef": ref,
-                          "terminalStepPath": "extract"}),
-    ])
+    logs["run_artifacts"] = _log(
+        "run_artifacts",
+        3,
+        [
+            ("RunStarted", {"workflowVersionId": "wfver_art", "input": {"who": "Ada"}}),
+            ("StepScheduled", {"stepPath": "extract", "stepId": "extract", "uses": "ai.generate"}),
+            (
+                "StepAttemptStarted",
+                {"stepPath": "extract", "stepId": "extract", "attempt": 1, "attemptId": "attempt_1"},
+            ),
+            _model(None, "mc_router", {"inputTokens": 20_000, "outputTokens": 0}),
+            (
+                "ArtifactCreated",
+                {"stepPath": "extract", "artifactRef": ref, "name": "profile", "contentType": "application/json"},
+            ),
+            ("StepOutputValidated", {"stepPath": "extract", "outputRef": ref, "outputMode": "object"}),
+            _completed("extract", {"name": "Ada", "score": 98}, output_ref=ref),
+            (
+                "RunCompleted",
+                {
+                    "workflowVersionId": "wfver_art",
+                    "output": {"name": "Ada", "score": 98},
+                    "outputRef": ref,
+                    "terminalStepPath": "extract",
+                },
+            ),
+        ],
+    )
 
-    goal = {"workflowDefinitionHash": digest({"id": "support.summarize", "version": 1}),
-            "description": "Summarize until the supervisor is satisfied"}
+    goal = {
+        "workflowDefinitionHash": digest({"id": "support.summarize", "version": 1}),
+        "description": "Summarize until the supervisor is satisfied",
+    }
     cycles = []
-    for number, (decision, usage, model) in enumerate([
-        ({"kind": "continue", "promptNote": "shorter, please"},
-         {"inputTokens": 1_000, "outputTokens": 200}, MINI),
-        ({"kind": "done", "finalOutput": "short summary"},
-         {"inputTokens": 10_000, "outputTokens": 2_000}, {"provider": "deepseek", "modelId": "deepseek-v4-flash"}),
-    ], start=1):
+    for number, (decision, usage, model) in enumerate(
+        [
+            ({"kind": "continue", "promptNote": "shorter, please"}, {"inputTokens": 1_000, "outputTokens": 200}, MINI),
+            (
+                {"kind": "done", "finalOutput": "short summary"},
+                {"inputTokens": 10_000, "outputTokens": 2_000},
+                {"provider": "deepseek", "modelId": "deepseek-v4-flash"},
+            ),
+        ],
+        start=1,
+    ):
         run_id = f"run_cycle_{number}"
         version = f"wfver_cycle_{number}"
         output = "long summary" if number == 1 else "short summary"
-        logs[run_id] = _log(run_id, 3 + number, [
-            ("OrchestrationRequested", {"requestId": f"req_{number}", "workflowId": "support.summarize",
-                                        "workflowDefinitionHash": goal["workflowDefinitionHash"]}),
-            ("WorkflowVersionRegistered", {"workflowVersionId": version,
-                                           "workflowVersionHash": digest({"version": version})}),
-            ("RunStarted", {"workflowVersionId": version, "input": {"ticket": "T-2"}, "outerLoopId": "ol_sample",
-                            "label": "outer loop sample"}),
-            *_plain_step("draft", _model("draft", f"mc_draft_{number}", usage, model), output=output),
-            ("RunCompleted", {"workflowVersionId": version, "output": output, "terminalStepPath": "draft"}),
-            ("OuterLoopCycleCompleted", {"outerLoopId": "ol_sample", "cycleNumber": number, "supervise": decision}),
-        ])
-        cycle: dict[str, Any] = {"cycleNumber": number, "runId": run_id, "workflowVersionId": version,
-                                 "status": "completed", "output": output}
+        logs[run_id] = _log(
+            run_id,
+            3 + number,
+            [
+                (
+                    "OrchestrationRequested",
+                    {
+                        "requestId": f"req_{number}",
+                        "workflowId": "support.summarize",
+                        "workflowDefinitionHash": goal["workflowDefinitionHash"],
+                    },
+                ),
+                (
+                    "WorkflowVersionRegistered",
+                    {"workflowVersionId": version, "workflowVersionHash": digest({"version": version})},
+                ),
+                (
+                    "RunStarted",
+                    {
+                        "workflowVersionId": version,
+                        "input": {"ticket": "T-2"},
+                        "outerLoopId": "ol_sample",
+                        "label": "outer loop sample",
+                    },
+                ),
+                *_plain_step("draft", _model("draft", f"mc_draft_{number}", usage, model), output=output),
+                ("RunCompleted", {"workflowVersionId": version, "output": output, "terminalStepPath": "draft"}),
+                ("OuterLoopCycleCompleted", {"outerLoopId": "ol_sample", "cycleNumber": number, "supervise": decision}),
+            ],
+        )
+        cycle: dict[str, Any] = {
+            "cycleNumber": number,
+            "runId": run_id,
+            "workflowVersionId": version,
+            "status": "completed",
+            "output": output,
+        }
         if decision.get("promptNote"):
             cycle["summary"] = decision["promptNote"]
         cycles.append(cycle)
-    outer_loop = {"outerLoopId": "ol_sample", "goal": goal, "maxCycles": 3, "cycles": cycles,
-                  "result": {"kind": "done", "finalOutput": "short summary"}}
+    outer_loop = {
+        "outerLoopId": "ol_sample",
+        "goal": goal,
+        "maxCycles": 3,
+        "cycles": cycles,
+        "result": {"kind": "done", "finalOutput": "short summary"},
+    }
     return logs, [(profile, profile_blob)], outer_loop
 
 
