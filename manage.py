@@ -7,7 +7,10 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    from console.startup import load_settings_or_exit
     from django.core.management import execute_from_command_line
+
+    load_settings_or_exit()
 
     execute_from_command_line(sys.argv)
 

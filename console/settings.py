@@ -154,7 +154,12 @@ TEMPLATES = [
 ]
 
 _SQLITE_DEFAULT = f"sqlite:///{VAR_DIR / 'runledger.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL", _SQLITE_DEFAULT))}
+try:
+    DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL", _SQLITE_DEFAULT))}
+except ValueError:  # an unknown scheme; the message names only the scheme, never the URL's password
+    _scheme = os.environ["DATABASE_URL"].partition(":")[0]
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must be sqlite:///PATH or postgres://USER@HOST:PORT/NAME, got scheme {_scheme!r}") from None
 _engine = DATABASES["default"]["ENGINE"]
 # Test databases are named per test session (inherited by subprocesses through the environment),
 # so two test runs on one machine never create or drop each other's database.
