@@ -224,7 +224,7 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # Server-sent event streams (console/api/stream.py). Announcements are lossy, so a stream reads the
-# database itself after POLL seconds without one; API.md promises a keepalive at least every 15 s.
+# database itself after POLL seconds without one; docs/api.md promises a keepalive at least every 15 s.
 LEDGER_STREAM_POLL_SECONDS = _env_seconds("LEDGER_STREAM_POLL_SECONDS", 1.0, 60.0)
 LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS", 15.0, 15.0)
 # Streams (SSE and the console's WebSockets) re-check their caller's credentials at least every
@@ -307,7 +307,7 @@ CONTENT_SECURITY_POLICY = {
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# API.md: request bodies over 10 MiB are refused with 413 (console.input_limits: the declared length,
+# docs/api.md: request bodies over 10 MiB are refused with 413 (console.input_limits: the declared length,
 # and the bytes counted as they arrive for bodies that declare none; this is Django's own backstop).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
@@ -327,7 +327,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Runledger API",
     "DESCRIPTION": (
-        "The evidence ledger and replay console for AI-agent runs (see API.md).\n\n"
+        "The evidence ledger and replay console for AI-agent runs (see docs/api.md).\n\n"
         "Input limits (every endpoint; docs/security.md): request bodies up to 10 MiB however they are "
         "framed (413 `payload_too_large`); JSON nested at most 64 levels of arrays and objects, counted over "
         "the whole body and refused before parsing (400 `invalid_event` for appends, `invalid_request` "

@@ -75,7 +75,7 @@ from .pricing import PriceTable
 from .redaction import NotPlain, Redactor, policy
 from .vocabulary import is_custom, reject_recorded_cost, validate_fields
 
-# Published as is (API.md, the OpenAPI schema), so written for ECMAScript too; matched with
+# Published as is (docs/api.md, the OpenAPI schema), so written for ECMAScript too; matched with
 # fullmatch, since `$` alone also matches before a trailing newline ("run_a\n" would pass).
 RUN_ID_RE = re.compile(r"^run_[A-Za-z0-9_-]{1,80}$")
 MAX_BATCH = 5000
@@ -195,12 +195,12 @@ def append_events(
 
     `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`, checked here as
     they came in (hence `object`). Rejections raise a
-    LedgerError carrying the API.md code; nothing is written and no sequence number is consumed.
+    LedgerError carrying the docs/api.md code; nothing is written and no sequence number is consumed.
 
     `imported`: the batch is a log Little Workflow wrote (`ledger import-little`), whose runtime
     records a cycle's compile events before `RunStarted` and its outer loop's
     `OuterLoopCycleCompleted` after the run ended (IMPORTED_BEFORE_START, IMPORTED_AFTER_END);
-    those are accepted there. Never set for what a client sends (API.md's lifecycle holds).
+    those are accepted there. Never set for what a client sends (docs/api.md's lifecycle holds).
     """
     validate_run_id(run_id)
     # The connection looked up once for the append: each attribute read through the `connection`

@@ -1,11 +1,11 @@
-"""Re-execution requests: ask, approve, deny, expire, claim, start and finish (DESIGN.md §5).
+"""Re-execution requests: ask, approve, deny, expire, claim, start and finish (docs/design.md §5).
 
 Every service is one transaction that changes the request, writes its audit entry and announces
 the change after commit. Refusals that must leave a change behind (a request found expired at
 approval is written down as expired, audited, and *then* refused) are returned by the service
 body and raised after the commit, as the tool gateway does.
 
-Rules (API.md "Re-execution"):
+Rules (docs/api.md "Re-execution"):
 - operators (session) or keys with `execute` request; `simulate` starts `approved`, every other
   mode waits for an approver or admin who is not the requester (`self_approval_forbidden`);
 - approval is a human in a session: keys never approve or deny;
@@ -256,7 +256,7 @@ def _create(*, workspace: Workspace, run: Run, mode: str, reason: str, by: Princ
         status=Status.PENDING_APPROVAL, expires_at=now + _ttl(), batch_id=batch_id, created_at=now, updated_at=now,
     )
     if mode == Mode.SIMULATE:
-        # No side effects, no spend: operators start it without approval (DESIGN.md §5).
+        # No side effects, no spend: operators start it without approval (docs/design.md §5).
         _mark_approved(request, now)
         request.decided_at = now
     request.save()

@@ -56,7 +56,7 @@ def call_tool(*, recorder: Recorder, record: Record, tool: Tool, args: Any, call
     except CallTimedOut as late:
         if tool.effect == "write":
             # It may have acted: in doubt, never retried automatically; the run stops until an
-            # operator reconciles the call (DESIGN.md §5).
+            # operator reconciles the call (docs/design.md §5).
             recorder.declare_in_doubt(claimed=claimed, reason="timeout", timeoutS=late.timeout_s)
             raise gateway.ToolCallInDoubt(
                 f"tool call {call_id} ({tool.name}, effect write) is in doubt: it outlived its timeout of "

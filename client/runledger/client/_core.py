@@ -171,7 +171,7 @@ class SseParser:
         return None
 
 
-# --- the harness vocabulary (API.md, ledger/vocabulary.py) -------------------------------------
+# --- the harness vocabulary (docs/api.md, ledger/vocabulary.py) -------------------------------------
 
 
 def model_responded(*, turn: int, call_id: str, step_path: str | None, provider: str, model_id: str,
