@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run run-port serve test lint check migrate demo bench crash crash-short soak clean
+.PHONY: setup run run-port serve test screenshots lint check migrate demo bench crash crash-short soak clean
 
 # DEBUG is off unless turned on (console/settings.py). The development targets turn it on, for the
 # embedded setup (development SECRET_KEY, debug pages), unless the environment sets DEBUG itself;
@@ -50,6 +50,11 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The README's pictures of the console (docs/img/), taken by a browser test from the demo data
+# (tests/browser/test_readme_screenshots.py; Debian's /usr/bin/chromium, as the browser tests use).
+screenshots: setup
+	RUNLEDGER_DOCS_IMG=$(CURDIR)/docs/img $(PY) -m pytest -p no:cacheprovider tests/browser/test_readme_screenshots.py
 
 # Static checks, no database needed: types (mypy) and the import contracts (lint-imports);
 # both are configured in pyproject.toml.
