@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run serve test lint check migrate demo bench crash crash-short soak clean
+.PHONY: setup run run-port serve test screenshots lint check migrate demo bench crash crash-short soak clean
 
 # DEBUG is off unless turned on (console/settings.py). The development targets turn it on, for the
 # embedded setup (development SECRET_KEY, debug pages), unless the environment sets DEBUG itself;
@@ -29,9 +29,14 @@ migrate: setup
 demo: migrate
 	$(PY) manage.py ledger demo
 
-run: demo
+# A taken port is named first, before anything is set up, with the way to pick another.
+run-port:
+	@$(PYTHON) bin/port-free $(HOST) $(PORT)
+
+run: run-port demo
 	@echo "DEBUG=$(DEBUG): development settings (debug pages, a development SECRET_KEY); for production see docs/operations.md § Production"
 	@echo "Runledger console: http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
+	@echo "Port $(PORT); another with make run PORT=8001, then export PORT=8001 where you run the README's examples"
 	$(PY) bin/serve $(HOST) $(PORT)
 
 # Production (docs/operations.md § Production): the environment there (DEBUG off, SECRET_KEY, ...),
@@ -45,6 +50,11 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The README's pictures of the console (docs/img/), taken by a browser test from the demo data
+# (tests/browser/test_readme_screenshots.py; Debian's /usr/bin/chromium, as the browser tests use).
+screenshots: setup
+	RUNLEDGER_DOCS_IMG=$(CURDIR)/docs/img $(PY) -m pytest -p no:cacheprovider tests/browser/test_readme_screenshots.py
 
 # Static checks, no database needed: lint and format (ruff), types (mypy) and the import contracts
 # (lint-imports); all configured in pyproject.toml.

@@ -9,6 +9,10 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     from django.core.management import execute_from_command_line
 
+    from console.startup import load_settings_or_exit
+
+    load_settings_or_exit()
+
     execute_from_command_line(sys.argv)
 
 

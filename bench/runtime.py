@@ -15,7 +15,7 @@ a dictionary lookup. The conversation grows by two messages per turn, as an agen
                         round trip (the gateway's row attached to the append's statement)
   ours, no projections  the same with the append's projection rows switched off (events, head and
                         gateway row only; not a product configuration): what the projections,
-                        written in the append's transaction by DESIGN.md, cost a model call
+                        written in the append's transaction by docs/design.md, cost a model call
   floor                 two bare durable commits per model call (single-row INSERTs), nothing else
   DBOS                  @DBOS.workflow with one @DBOS.step per model call, the tool call inside it
   DBOS, tool step       the same with the tool call as its own @DBOS.step
@@ -217,7 +217,7 @@ class Ours:
         the head's sequence and status only, as bench/ingest.py's upkeep figure does): the events,
         the head and the gateway's control row are written, the run's, step, tool-call, cost-entry
         and usage rows are not. Not a product configuration: the bound on what the projections,
-        which DESIGN.md writes in the append's transaction, cost a model call."""
+        which docs/design.md writes in the append's transaction, cost a model call."""
         import ledger.log.strategies as append_module
 
         run = self.runner(calls)

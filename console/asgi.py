@@ -6,7 +6,10 @@ import os
 
 import django
 
+from .startup import load_settings_or_exit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+load_settings_or_exit()  # Daphne stops with the one line, as manage.py does
 django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does before its handler
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)

@@ -38,7 +38,7 @@ def money(value: Decimal | float | None) -> str:
 
 
 def coverage(priced: int, unpriced: int) -> str:
-    """Priced coverage: priced calls of all calls (DESIGN.md §4)."""
+    """Priced coverage: priced calls of all calls (docs/design.md §4)."""
     total = priced + unpriced
     if total == 0:
         return "no model calls"

@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ledger.errors import LedgerError
 from ledger.limits import NUL
 
-MAX_BODY_BYTES = 10 * 1024 * 1024  # API.md: request bodies over 10 MiB are 413 payload_too_large
+MAX_BODY_BYTES = 10 * 1024 * 1024  # docs/api.md: request bodies over 10 MiB are 413 payload_too_large
 TOO_LARGE = "runledger.body_too_large"  # the scope key BodyLimit sets
 
 Scope = dict[str, Any]

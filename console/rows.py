@@ -36,7 +36,7 @@ def artifact_url(workspace: Workspace, artifact_id: str) -> str:
 
 
 def event_origin(event_type: str, payload: Any) -> str | None:
-    """The origin badge of a model or tool event (DESIGN.md §3): what a re-execution wrote
+    """The origin badge of a model or tool event (docs/design.md §3): what a re-execution wrote
     (recorded | simulated | live), else "live" (an original run's calls happened live). Other
     events have no origin: None."""
     if not event_type.startswith(MODEL_AND_TOOL_PREFIXES):

@@ -158,7 +158,13 @@ TEMPLATES = [
 ]
 
 _SQLITE_DEFAULT = f"sqlite:///{VAR_DIR / 'runledger.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL", _SQLITE_DEFAULT))}
+try:
+    DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL", _SQLITE_DEFAULT))}
+except ValueError:  # an unknown scheme; the message names only the scheme, never the URL's password
+    _scheme = os.environ["DATABASE_URL"].partition(":")[0]
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must be sqlite:///PATH or postgres://USER@HOST:PORT/NAME, got scheme {_scheme!r}"
+    ) from None
 _engine = DATABASES["default"]["ENGINE"]
 # Test databases are named per test session (inherited by subprocesses through the environment),
 # so two test runs on one machine never create or drop each other's database.
@@ -223,7 +229,7 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # Server-sent event streams (console/api/stream.py). Announcements are lossy, so a stream reads the
-# database itself after POLL seconds without one; API.md promises a keepalive at least every 15 s.
+# database itself after POLL seconds without one; docs/api.md promises a keepalive at least every 15 s.
 LEDGER_STREAM_POLL_SECONDS = _env_seconds("LEDGER_STREAM_POLL_SECONDS", 1.0, 60.0)
 LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS", 15.0, 15.0)
 # Streams (SSE and the console's WebSockets) re-check their caller's credentials at least every
@@ -306,7 +312,7 @@ CONTENT_SECURITY_POLICY = {
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# API.md: request bodies over 10 MiB are refused with 413 (console.input_limits: the declared length,
+# docs/api.md: request bodies over 10 MiB are refused with 413 (console.input_limits: the declared length,
 # and the bytes counted as they arrive for bodies that declare none; this is Django's own backstop).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
@@ -326,7 +332,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Runledger API",
     "DESCRIPTION": (
-        "The evidence ledger and replay console for AI-agent runs (see API.md).\n\n"
+        "The evidence ledger and replay console for AI-agent runs (see docs/api.md).\n\n"
         "Input limits (every endpoint; docs/security.md): request bodies up to 10 MiB however they are "
         "framed (413 `payload_too_large`); JSON nested at most 64 levels of arrays and objects, counted over "
         "the whole body and refused before parsing (400 `invalid_event` for appends, `invalid_request` "

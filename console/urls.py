@@ -7,6 +7,7 @@ urlpatterns = [
     path("api/", include("console.api.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("console.pages.concepts")),
     path("", include("console.pages.runs")),
     # Before the run page: its `<tab>/` route would take `reexecute/` for a tab name.
     path("", include("console.pages.reexecution")),

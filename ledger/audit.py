@@ -1,4 +1,4 @@
-"""The audit log: one append-only row per privileged action (API.md "Audit").
+"""The audit log: one append-only row per privileged action (docs/api.md "Audit").
 
 `record` is called inside the transaction of the action it records (the zulip way: a `do_*`
 service writes, audits and announces on commit), so an action and its entry commit or roll back
@@ -103,7 +103,7 @@ def for_target(*, tenant: Tenant, target: str) -> QuerySet[AuditEntry]:
 
 
 def as_dict(entry: AuditEntry) -> dict[str, Any]:
-    """API.md's entry `{id, at, actor, action, tenant, workspace, target, reason}` plus details."""
+    """docs/api.md's entry `{id, at, actor, action, tenant, workspace, target, reason}` plus details."""
     workspace = entry.workspace
     return {
         "id": f"aud_{entry.pk}",

@@ -1,7 +1,7 @@
 """RFC 8785 canonical JSON, digests and event ids.
 
 Everything that is hashed in the ledger goes through here, so that an event id computed by a
-harness, by Little Workflow and by us agree byte for byte (see shared/vectors/).
+harness, by Little Workflow and by us agree byte for byte (tests/data/vectors.json).
 """
 
 from __future__ import annotations

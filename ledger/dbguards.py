@@ -1,4 +1,4 @@
-"""Database triggers that keep the event log insert-only (DESIGN.md §3).
+"""Database triggers that keep the event log insert-only (docs/design.md §3).
 
 UPDATE of an event is always refused. DELETE is refused unless the event's run has been marked
 `pruning` in the same transaction (retention deletes whole runs, never single events).

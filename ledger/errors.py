@@ -1,4 +1,4 @@
-"""Domain errors. Each carries the API.md error code and HTTP status; the API's exception
+"""Domain errors. Each carries the docs/api.md error code and HTTP status; the API's exception
 handler turns them into the error body, the CLI into a message and exit code."""
 
 from __future__ import annotations

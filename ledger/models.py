@@ -26,7 +26,7 @@ ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
 
 
 class RunStatus(models.TextChoices):
-    """A run's status as the fold derives it from the log (DESIGN.md §4)."""
+    """A run's status as the fold derives it from the log (docs/design.md §4)."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -53,7 +53,7 @@ class Workspace(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="workspaces", db_index=False)
     slug = models.SlugField(max_length=64)
     name = models.CharField(max_length=200)
-    # Extra redaction rules on top of the built-in secret key names (DESIGN.md §3).
+    # Extra redaction rules on top of the built-in secret key names (docs/design.md §3).
     redact_keys = models.JSONField(default=list, blank=True)
     redact_value_patterns = models.JSONField(default=list, blank=True)
     # {"provider/modelId": {"input": .., "cachedInput": .., "output": ..}} over the shipped table.
@@ -133,7 +133,7 @@ class UsageColumns(models.Model):
     output_tokens = models.BigIntegerField(default=0)
     cached_input_tokens = models.BigIntegerField(default=0)
     reasoning_tokens = models.BigIntegerField(default=0)
-    # NULL when every call was unpriced, never 0 for "unknown" (DESIGN.md §4).
+    # NULL when every call was unpriced, never 0 for "unknown" (docs/design.md §4).
     cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True, default=0)
     priced_calls = models.IntegerField(default=0)
     unpriced_calls = models.IntegerField(default=0)
@@ -154,7 +154,7 @@ class Run(UsageColumns):
     run_id = models.CharField(max_length=84)
     created_at = models.DateTimeField(default=clock.recorded_now)
     last_sequence = models.IntegerField(default=0)
-    # Run lease with fencing (DESIGN.md §3): the token only ever grows.
+    # Run lease with fencing (docs/design.md §3): the token only ever grows.
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fencing_token = models.PositiveBigIntegerField(default=0)
@@ -542,7 +542,7 @@ class ToolGatewayClaim(models.Model):
 
 
 class ReexecutionRequest(models.Model):
-    """A request to re-execute a run (DESIGN.md §5, fifth of the replay family) and its decision.
+    """A request to re-execute a run (docs/design.md §5, fifth of the replay family) and its decision.
 
     Not a projection: who asked, who approved and the executor's lease are not in any run's log.
     The original run is named by id, not by foreign key, so retention pruning a run keeps the
@@ -648,7 +648,7 @@ class ReexecutionRequest(models.Model):
 
 
 class ShareLink(models.Model):
-    """A read-only, login-free link to one run's evidence (API.md "Share links").
+    """A read-only, login-free link to one run's evidence (docs/api.md "Share links").
 
     The token is shown once, in the URL given to its creator; only its sha256 is kept. The run is
     named by id, not by foreign key (as a re-execution request names its run), so retention
@@ -709,7 +709,7 @@ class AuditEntry(models.Model):
     """
 
     class Action(models.TextChoices):
-        # Stable strings, never renamed (API.md "Audit").
+        # Stable strings, never renamed (docs/api.md "Audit").
         REEXECUTION_REQUESTED = "reexecution.requested"
         REEXECUTION_APPROVED = "reexecution.approved"
         REEXECUTION_DENIED = "reexecution.denied"

@@ -56,6 +56,8 @@ ROUTES: dict[str, Route] = {
     "api/docs/": Route("public"),
     "accounts/login/": Route("public"),
     "accounts/logout/": Route("public"),
+    # docs/concepts.md as a page: the same words for everyone, no tenant's data (tests/test_concepts.py).
+    "concepts/": Route("public"),
     # --- the API: a key of the workspace with the scope, or a member's session with the role
     V1 + "runs": api({"GET": READ}, collection=True),
     V1 + "runs/<str:run_id>": api({"GET": READ}),

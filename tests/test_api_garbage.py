@@ -62,5 +62,5 @@ def test_an_append_request_is_freed_without_the_cyclic_collector(workspace: Work
 
 def test_a_refused_request_is_freed_too(workspace: Workspace, collector_off: None) -> None:
     status, kept = _post(workspace, "run_garbage_bad", [ev("StepScheduled", stepPath="s")])  # no RunStarted first
-    assert status == 409  # API.md: a run's first event must be RunStarted
+    assert status == 409  # docs/api.md: a run's first event must be RunStarted
     assert [ref() for ref in kept] == [None, None, None]

@@ -1,4 +1,4 @@
-"""The audit log (API.md "Audit"): append-only in code and in the database, one entry per
+"""The audit log (docs/api.md "Audit"): append-only in code and in the database, one entry per
 privileged action written with the action, and GET /api/v1/audit for a tenant's admins."""
 
 from __future__ import annotations

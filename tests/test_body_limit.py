@@ -1,4 +1,4 @@
-"""Bodies over 10 MiB are 413 `payload_too_large` however they are framed (API.md), against a real
+"""Bodies over 10 MiB are 413 `payload_too_large` however they are framed (docs/api.md), against a real
 Daphne: with a Content-Length, and chunked without one, which Django alone would read whole and
 hand to the parser (docs/security.md "Input limits")."""
 

@@ -240,7 +240,7 @@ def _origin_badges(html: str) -> dict[int, str | None]:
 
 
 def test_only_model_and_tool_events_carry_an_origin_badge(client: Client, member: Any, workspace: Workspace) -> None:
-    """DESIGN.md §3: a re-execution writes `origin` on model and tool events; an original run's
+    """docs/design.md §3: a re-execution writes `origin` on model and tool events; an original run's
     calls happened live; no other event has an origin, whatever its payload says."""
     append(
         workspace=workspace,

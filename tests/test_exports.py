@@ -1,4 +1,4 @@
-"""Exports (API.md "Export and interop"): `GET /api/v1/export/{runs|events|costs|audit}` over real
+"""Exports (docs/api.md "Export and interop"): `GET /api/v1/export/{runs|events|costs|audit}` over real
 HTTP (a live server and httpx, and once through Daphne's ASGI stack) and `ledger export`; each
 file re-verified offline by `ledger verify --export FILE`, which must also catch what was changed
 or cut out of one."""

@@ -1,6 +1,6 @@
 """Hostile bodies at the write endpoints (issue 17's fuzzing): hypothesis throws arbitrary JSON and
 JSON-like text at append, the tool gateway, feedback and re-execution requests through a real HTTP
-client and a live server. Whatever comes in, the answer is a 4xx with the error envelope of API.md
+client and a live server. Whatever comes in, the answer is a 4xx with the error envelope of docs/api.md
 or a clean write — never a 500 — and the log is checked after every example: a refusal wrote
 nothing, an acknowledged append wrote exactly what it acknowledged, every run stays dense 1..N.
 

@@ -406,7 +406,7 @@ def test_imports_land_in_the_named_workspace_only(workspace: Workspace, other_wo
     assert code == 1 and "workspace nobody/here not found" in err
 
 
-# --- the write path keeps API.md's lifecycle for everyone else --------------------------------------
+# --- the write path keeps docs/api.md's lifecycle for everyone else --------------------------------------
 
 
 def test_only_an_import_may_put_compile_events_before_run_started(workspace: Workspace) -> None:

@@ -10,7 +10,6 @@ import base64
 import gzip
 import json
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from ledger.log.verify import verify_run
 from ledger.models import AuditEntry, Event, Run, Workspace
 from ledger.reads import selectors
 from ledger.tenancy.services import create_key
+from tests import readme
 from tests.conftest import ev, started
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
@@ -674,18 +674,15 @@ def test_the_run_export_is_not_for_outsiders(
 # --- README -----------------------------------------------------------------------------------
 
 
-def _readme_block() -> str:
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## Send OpenTelemetry traces", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match, "README has no shell block under 'Send OpenTelemetry traces'"
-    return match.group(1)
+def test_readme_otlp_example_names_the_port_once_as_a_variable() -> None:
+    script = readme.block("Send OpenTelemetry traces")
+    assert script.count(readme.URL_LINE) == 1 and script.count("8000") == 1
 
 
 def test_readme_otlp_example_works_as_written(server: Daphne, workspace: Workspace) -> None:
     assert shutil.which("curl"), "curl is needed: the README's commands are run as written"
-    script = _readme_block().replace("http://127.0.0.1:8000", server.url)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    script = readme.block("Send OpenTelemetry traces")
+    env = readme.on_port(server.url, {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
     env["DATABASE_URL"] = database_url()
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script + "\n" + script],

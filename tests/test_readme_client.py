@@ -1,14 +1,12 @@
-"""README's "Record runs from Python" works as written: its Python block is run by a fresh Python
-with the client on its path (PYTHONPATH=client, as the README says) against a live Daphne, only
-the host and port swapped; then run again, as a user would, and the log holds each event once."""
+"""README's "Record runs from Python" works as written: its Python block saved as example.py and
+its shell block run by bash (a key made, the client on the path, the example run) against a live
+Daphne on a port other than 8000, reached through `PORT` as the README says (only where
+example.py was saved differs); then run again, as a user would, and the log holds each event once."""
 
 from __future__ import annotations
 
 import io
-import os
-import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +15,10 @@ from django.core.management import call_command
 
 from ledger.models import Run, Workspace
 from ledger.reads import selectors
-from ledger.tenancy.services import create_key
-from tests.servers import Daphne, start_daphne
+from tests.readme import URL_LINE, blocks, on_port
+from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -32,22 +28,33 @@ def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> I
     daphne.stop()
 
 
-def _example() -> str:
-    section = (ROOT / "README.md").read_text().split("## Record runs from Python", 1)[1]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "README has no Python block under 'Record runs from Python'"
-    return match.group(1)
+def _example() -> tuple[str, str]:
+    (python,) = blocks("Record runs from Python", "python")
+    (commands,) = blocks("Record runs from Python", "sh")
+    return python, commands
+
+
+def test_readme_client_example_names_the_port_once_as_a_variable() -> None:
+    python, commands = _example()
+    assert 'os.environ["RUNLEDGER_URL"]' in python and "8000" not in python
+    assert commands.count(URL_LINE) == 1 and commands.count("8000") == 1
 
 
 def test_readme_client_example_runs_as_written(server: Daphne, workspace: Workspace, tmp_path: Path) -> None:
-    _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
-    example = tmp_path / "example.py"
-    example.write_text(_example().replace("http://127.0.0.1:8000", server.url))
-    env = {**os.environ, "KEY": key, "PYTHONPATH": "client"}
+    python, commands = _example()
+    (tmp_path / "example.py").write_text(python)
+    # The README runs `example.py` from the repository root, where the reader saved it.
+    script = commands.replace("example.py", str(tmp_path / "example.py"))
+    env = {**on_port(server.url), "DATABASE_URL": database_url()}
     outputs = []
     for _ in range(2):
         done = subprocess.run(
-            [sys.executable, str(example)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert done.returncode == 0, done.stderr + done.stdout
         outputs.append(done.stdout.splitlines())

@@ -1,43 +1,45 @@
 """README's "Send your first run" works as written: its shell block is run by bash, with the real
-curl, against a live server holding `make run`'s demo data (only the host and port are swapped)."""
+curl, against a live Daphne on a port other than 8000 holding `make run`'s demo data, reached the
+way the README says, through `PORT` (nothing in the block is swapped)."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 import subprocess
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
 from ledger.demo import load_demo
 from ledger.models import Run
-from tests.servers import database_url as _database_url
+from tests.readme import URL_LINE, block, on_port
+from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parent.parent
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "readme-first-run", {})
+    yield daphne
+    daphne.stop()
 
 
-def _first_run_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Send your first run", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match, "README has no shell block under 'Send your first run'"
-    return match.group(1)
+def test_readme_first_run_names_the_port_once_as_a_variable() -> None:
+    script = block("Send your first run")
+    assert script.count(URL_LINE) == 1 and script.count("8000") == 1
+    assert script.count("$RUNLEDGER_URL/api/v1/") == 3
 
 
-def test_readme_first_run_commands_work_as_written(live_server: Any) -> None:
+def test_readme_first_run_commands_work_as_written(server: Daphne) -> None:
     assert shutil.which("curl"), "curl is needed: the README's commands are run as written"
     load_demo(history_runs=10)  # what `make run` does before serving
-    script = _first_run_block().replace("http://127.0.0.1:8000", live_server.url)
-    env = {**os.environ, "DATABASE_URL": _database_url()}
+    script = block("Send your first run")
+    env = {**on_port(server.url), "DATABASE_URL": database_url()}
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script + "\n" + script],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,

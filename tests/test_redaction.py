@@ -42,7 +42,7 @@ def _note(append: Any, run_id: str, **payload: Any) -> dict[str, Any]:
 # --- key names --------------------------------------------------------------------------------
 
 SECRET_KEYS = [
-    # DESIGN.md §3's whole names, in the spellings harnesses use
+    # docs/design.md §3's whole names, in the spellings harnesses use
     "authorization",
     "Authorization",
     "Proxy-Authorization",

@@ -1,4 +1,4 @@
-"""Re-execution requests (API.md "Re-execution", DESIGN.md §5): who may ask, who may approve,
+"""Re-execution requests (docs/api.md "Re-execution", docs/design.md §5): who may ask, who may approve,
 what an approval binds to, expiry, the external executor's claim, and the API over live HTTP.
 
 Runs here are written through the append path by a harness that is not this deployment's

@@ -1,4 +1,4 @@
-"""Share links (API.md "Share links"): an operator makes a link to a run; anyone holding it reads
+"""Share links (docs/api.md "Share links"): an operator makes a link to a run; anyone holding it reads
 the run's evidence without a login — read-only, unindexed, never a referrer — until it expires,
 is revoked or has been opened `maxOpens` times. A tampered token is a 404, a dead link a 410
 saying why; every open is counted and audited; the token is stored only as its sha256.

@@ -1,4 +1,4 @@
-"""GET /api/v1/runs/{runId}/stream against a real Daphne in another process (API.md "Streams").
+"""GET /api/v1/runs/{runId}/stream against a real Daphne in another process (docs/api.md "Streams").
 
 The Daphne processes serve the test database. Events are appended from this process through
 `ledger.log.append`, so their announcements go to this process's channel layer: with the in-memory

@@ -1,4 +1,4 @@
-"""Tenants, members and API keys, through the management commands of API.md."""
+"""Tenants, members and API keys, through the management commands of docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/api/v1/audit (API.md "Audit"): the tenant's audit log for its admins, as JSON pages or CSV."""
+"""/api/v1/audit (docs/api.md "Audit"): the tenant's audit log for its admins, as JSON pages or CSV."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The error body of API.md, `{"error": {"code", "message", "details"}}`, for everything under
+"""The error body of docs/api.md, `{"error": {"code", "message", "details"}}`, for everything under
 /api/: domain errors, DRF's own, and Django's 404/413/500 pages, which would otherwise be HTML.
 
-"Error body" on purpose: an *envelope* is an event (DESIGN.md §3), never an error.
+"Error body" on purpose: an *envelope* is an event (docs/design.md §3), never an error.
 """
 
 from __future__ import annotations

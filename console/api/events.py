@@ -57,7 +57,7 @@ class RunEventsView(ApiView):
     class InputSerializer(serializers.Serializer):
         @extend_schema_serializer(component_name="AppendEventItem")
         class EventInput(serializers.Serializer):
-            type = serializers.CharField(help_text="a vocabulary type (DESIGN.md §3) or custom.*")
+            type = serializers.CharField(help_text="a vocabulary type (docs/design.md §3) or custom.*")
             payload = serializers.JSONField(required=False, help_text="an object; default {}")
             idempotencyKey = serializers.CharField(required=False, max_length=200)
             occurrenceId = serializers.CharField(required=False, max_length=200)

@@ -1,4 +1,4 @@
-"""/api/v1/runs/{runId}/evidence and /replay-plan: the replay family's two reads (DESIGN.md §5 items 1
+"""/api/v1/runs/{runId}/evidence and /replay-plan: the replay family's two reads (docs/design.md §5 items 1
 and 4); both execute nothing."""
 
 from __future__ import annotations

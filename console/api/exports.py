@@ -1,4 +1,4 @@
-"""/api/v1/export/{runs|events|costs|audit} and /api/v1/runs/{runId}/evidence.zip (API.md "Export
+"""/api/v1/export/{runs|events|costs|audit} and /api/v1/runs/{runId}/evidence.zip (docs/api.md "Export
 and interop"): files that leave the ledger, streamed, audited, checkable offline with `ledger
 verify --export FILE` / `--bundle FILE` (ledger/interop/exports.py, ledger/interop/bundle.py, ledger/interop/offline.py)."""
 

@@ -3,7 +3,7 @@
 A 500-event batch is a few hundred kilobytes each way; the stdlib's decoder and encoder were a
 visible share of a batch append over HTTP (bench/ingest.py). Each class takes orjson's path only
 where it yields what DRF's would, and hands everything else to DRF's own code, so the error
-bodies, their messages and the content types stay those of API.md.
+bodies, their messages and the content types stay those of docs/api.md.
 """
 
 from __future__ import annotations

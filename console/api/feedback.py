@@ -1,4 +1,4 @@
-"""/api/v1/runs/{runId}/feedback: rate a run (API.md "Evidence and replay plan")."""
+"""/api/v1/runs/{runId}/feedback: rate a run (docs/api.md "Evidence and replay plan")."""
 
 from __future__ import annotations
 

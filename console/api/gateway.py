@@ -1,4 +1,4 @@
-"""The tool gateway over HTTP (API.md "Tool gateway"): claim, outbound, complete, reconcile, list.
+"""The tool gateway over HTTP (docs/api.md "Tool gateway"): claim, outbound, complete, reconcile, list.
 
 One small view per operation: validate, call the service in ledger/replay/gateway.py, serialize. Domain
 refusals are LedgerErrors, turned into the error body by console/api/errors.py.

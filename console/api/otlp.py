@@ -3,7 +3,7 @@ receiver (protobuf or JSON, gzip or not), and `GET /api/v1/runs/{runId}/otlp`, a
 
 The receiver answers as the OTLP specification asks: 200 with an ExportTraceServiceResponse in the
 request's own encoding, `partialSuccess` naming the spans it refused. What it cannot read at all
-is a 4xx with our error body (API.md), which OTLP exporters do not retry; the log is untouched.
+is a 4xx with our error body (docs/api.md), which OTLP exporters do not retry; the log is untouched.
 """
 
 from __future__ import annotations

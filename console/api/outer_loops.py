@@ -1,5 +1,5 @@
 """/api/v1/outer-loops/{outerLoopId}: an outer loop's state, read from the ledger (its record run
-and its cycle runs; ledger/runtime/outer_loop.py). API.md is silent on outer loops: this is the
+and its cycle runs; ledger/runtime/outer_loop.py). docs/api.md is silent on outer loops: this is the
 reference's manifest shape with what the ledger adds (status, each cycle's run status and usage,
 the usage summed across cycles) and links. Scope read; a loop of another workspace is a 404."""
 

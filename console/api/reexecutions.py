@@ -1,4 +1,4 @@
-"""/api/v1/ re-execution (API.md "Re-execution"): request, list, show, approve, deny, claim,
+"""/api/v1/ re-execution (docs/api.md "Re-execution"): request, list, show, approve, deny, claim,
 renew, divergence, and evaluate batches.
 
 One small view per operation: find the caller and what it may see, call a service or selector in

@@ -1,4 +1,4 @@
-"""/api/v1/runs/{runId}/cancel (API.md "Run control"): an operator's session, or a key with the
+"""/api/v1/runs/{runId}/cancel (docs/api.md "Run control"): an operator's session, or a key with the
 `execute` scope, ends a running run as `RunFailed {error: {name: "Cancelled", message: reason}}`
 (ledger/replay/cancellation.py). Another tenant's run is 404, never 403."""
 

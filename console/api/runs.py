@@ -1,4 +1,4 @@
-"""/api/v1/runs: the workspace's runs, one run, its direct sub-runs (API.md "Runs and events")."""
+"""/api/v1/runs: the workspace's runs, one run, its direct sub-runs (docs/api.md "Runs and events")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/api/v1/ share links (API.md "Share links"): create and list a run's links, revoke one.
+"""/api/v1/ share links (docs/api.md "Share links"): create and list a run's links, revoke one.
 
 Creating, listing and revoking are an operator's, in a console session: API keys hold no roles,
 so a key is refused with 403 `forbidden` (ledger/tenancy/access.py), as a viewer is. A run or link of

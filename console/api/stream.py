@@ -1,4 +1,4 @@
-"""`GET /api/v1/runs/{runId}/stream`: a run's events as server-sent events (API.md "Streams").
+"""`GET /api/v1/runs/{runId}/stream`: a run's events as server-sent events (docs/api.md "Streams").
 
 Catch-up and live delivery are ledger.replay.follow's (subscribe first, de-duplicate by sequence, poll
 when announcements are lost, stop when finished); this module only authorizes and writes frames.

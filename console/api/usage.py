@@ -1,4 +1,4 @@
-"""/api/v1/usage: tokens and cost over time, grouped, as JSON pages or CSV (API.md "Usage")."""
+"""/api/v1/usage: tokens and cost over time, grouped, as JSON pages or CSV (docs/api.md "Usage")."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class UsageView(ApiView):
                 "groupBy",
                 OpenApiTypes.STR,
                 enum=list(GROUPINGS),
-                description="default day; week and month are additions to API.md's four",
+                description="default day; week and month are additions to docs/api.md's four",
             ),
             OpenApiParameter("scope", OpenApiTypes.STR, enum=["workspace", "tenant"], description="default workspace"),
             OpenApiParameter("tenant", OpenApiTypes.STR, description="with scope=tenant: which tenant"),

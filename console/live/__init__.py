@@ -1,4 +1,4 @@
-"""Channels consumers of the console (DESIGN.md §7), one module per live view; each exports
+"""Channels consumers of the console (docs/design.md §7), one module per live view; each exports
 `websocket_urlpatterns`, collected by console/routing.py.
 
 - run.py: `/ws/runs/<runId>/?after=N`, the run page's timeline

@@ -34,7 +34,7 @@ class WorkspaceFeed(WatchedConsumer):
 
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]
-        # Anonymous users and other tenants' members are refused alike (DESIGN.md §2: 404, not 403).
+        # Anonymous users and other tenants' members are refused alike (docs/design.md §2: 404, not 403).
         path = f"{kwargs['tenant']}/{kwargs['workspace']}"
         found = await database_sync_to_async(_access)(self.scope["user"], path)
         if found is None or not self.take_slot():  # … and so is a user past their streams' cap

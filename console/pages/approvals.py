@@ -1,4 +1,4 @@
-"""The Approvals page of a workspace, and evaluate batches (DESIGN.md §5: four eyes).
+"""The Approvals page of a workspace, and evaluate batches (docs/design.md §5: four eyes).
 
 Pending requests show what an approver binds themself to: the mode's plan (what is reused, what
 runs live, which write tools could fire), the digest, the requester and the reason. Approving and

@@ -1,4 +1,4 @@
-"""The run at any point: its state after event N, from the fold of events 1..N (DESIGN.md §4).
+"""The run at any point: its state after event N, from the fold of events 1..N (docs/design.md §4).
 
 Nothing is stored for it: the prefix is read and folded when asked, by the same fold the append
 transaction uses, so the view cannot disagree with what the run was. The replay plan shown is the

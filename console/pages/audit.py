@@ -1,6 +1,6 @@
 """The audit log of a tenant, for its admins: filters in the URL, cursor pages, a CSV link.
 
-Another tenant's log is a 404 (its existence is not revealed, DESIGN.md §2); a member below admin
+Another tenant's log is a 404 (its existence is not revealed, docs/design.md §2); a member below admin
 gets 403. The CSV is the API's own (`GET /api/v1/audit?format=csv`, which takes the session), so
 the page and the export can never disagree about what an entry says.
 """
@@ -27,7 +27,7 @@ from ledger.reads import selectors
 from .filters import DateRangePageForm, page_cursor
 
 PAGE_SIZE = 50
-API_AUDIT = "/api/v1/audit"  # API.md "Audit": the public path, not a route name of ours
+API_AUDIT = "/api/v1/audit"  # docs/api.md "Audit": the public path, not a route name of ours
 FILTERS = ("actor", "action", "from", "to")
 
 

@@ -1,6 +1,6 @@
 """The pages' door to ledger.tenancy.access: a member's workspace (and run) from the URL, or Django's 404.
 
-Another tenant's object and one that does not exist are the same 404 (DESIGN.md §2); a member
+Another tenant's object and one that does not exist are the same 404 (docs/design.md §2); a member
 below the role an action needs gets 403.
 """
 

@@ -2,7 +2,7 @@
 to read (so a "[REDACTED]" in the evidence can be explained); the extras editable by the tenant's
 admins, checked and audited (ledger/tenancy/redaction_settings.py, docs/security.md).
 
-Another tenant's workspace is a 404 (DESIGN.md §2); a member below admin who posts gets 403.
+Another tenant's workspace is a 404 (docs/design.md §2); a member below admin who posts gets 403.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Re-execution in the console (DESIGN.md §5, fifth of the replay family): the run page's
+"""Re-execution in the console (docs/design.md §5, fifth of the replay family): the run page's
 "Re-execute…" form with the mode's plan, and the divergence report of a re-execution.
 
 The form is one template served three ways: the whole page (a link, a reload, a submit without

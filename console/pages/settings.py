@@ -1,4 +1,4 @@
-"""A workspace's settings, for the tenant's admins: retention and API keys (DESIGN.md §2).
+"""A workspace's settings, for the tenant's admins: retention and API keys (docs/design.md §2).
 
 - Retention: days a finished run is kept after its last event before `ledger prune` deletes it
   (empty: forever). Changing it needs a reason; the change is audited (`retention.changed`).

@@ -1,4 +1,4 @@
-"""`manage.py ledger …`: one module per subcommand (API.md, Operations).
+"""`manage.py ledger …`: one module per subcommand (docs/api.md, Operations).
 
 Each module names its subcommand (`NAME`, `HELP`), declares its flags (`add_arguments`) and does
 the work (`handle(cmd, **options)`, writing to `cmd.stdout` / `cmd.stderr`). The management

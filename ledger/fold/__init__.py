@@ -1,4 +1,4 @@
-"""The fold: a run's events in, its materialized state out (DESIGN.md §4).
+"""The fold: a run's events in, its materialized state out (docs/design.md §4).
 
 Pure: no database, no clock, no randomness, no I/O. The append transaction (through
 `fold_into`), `ledger rebuild`, `ledger verify` and the replay plan all call it, so they

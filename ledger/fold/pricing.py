@@ -1,4 +1,4 @@
-"""Model prices and the one place tokens become dollars (DESIGN.md §4).
+"""Model prices and the one place tokens become dollars (docs/design.md §4).
 
 Rates are USD per 1M tokens from a versioned table shipped in `ledger/prices/`. Money is
 `Decimal` throughout: a float sum of thousands of sub-cent calls drifts, and `ledger verify`

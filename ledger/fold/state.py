@@ -1,4 +1,4 @@
-"""The fold's state: what a run's log means, as plain records (DESIGN.md §4).
+"""The fold's state: what a run's log means, as plain records (docs/design.md §4).
 
 Records compare by value and by the order of their keyed collections; `RunState.to_json()` and
 `from_json()` go through `ledger.fold.codec`.

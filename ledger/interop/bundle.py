@@ -1,4 +1,4 @@
-"""The evidence bundle as a file for incident review (API.md: `GET /api/v1/runs/{runId}/evidence.zip`,
+"""The evidence bundle as a file for incident review (docs/api.md: `GET /api/v1/runs/{runId}/evidence.zip`,
 `ledger export-evidence RUN`): one zip that a reviewer can check offline with `ledger verify
 --bundle FILE` (ledger/interop/offline.py), without access to the ledger.
 

@@ -1,4 +1,4 @@
-"""Data exports (API.md "Export and interop"): runs, events, cost entries and the audit log as
+"""Data exports (docs/api.md "Export and interop"): runs, events, cost entries and the audit log as
 JSONL or CSV, streamed from keyset-ordered chunks so that memory stays flat however many rows.
 
 A file is a header naming the schema, the rows, and an end marker counting them:

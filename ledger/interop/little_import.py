@@ -1,6 +1,6 @@
 """`ledger import-little DIR`: a Little Workflow data directory into the ledger, ids and all.
 
-A data directory (shared/reference/little-workflow.md §1, §6, §7) holds the runs' logs (the store
+A data directory (docs/operations.md § Importing Little Workflow data) holds the runs' logs (the store
 `events/events.db`, and/or `events/<anything>.jsonl` files with one envelope per line, which is what
 `little events RUN` prints), artifacts (`artifacts/<art_id>.json` manifests and
 `artifacts/blobs/<art_id>.bin` bytes) and outer-loop manifests (`outer-loops/<ol_id>.json`).

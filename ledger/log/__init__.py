@@ -88,7 +88,7 @@ def append(
     """Append a batch to a run's log, all or nothing.
 
     `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`, checked here as
-    they came in (hence `object`). A refusal raises a LedgerError carrying the API.md code; nothing
+    they came in (hence `object`). A refusal raises a LedgerError carrying the docs/api.md code; nothing
     is written and no sequence number is consumed. With `attached`, None when the one statement
     could not be taken or confirmed (see the module docstring).
     """

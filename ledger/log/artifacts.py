@@ -15,7 +15,7 @@ from ..canonical import canonical_bytes
 from ..errors import IntegrityFailure, NotFound
 from ..models import Artifact, ImportedArtifact, Run, Workspace
 
-# DESIGN.md §3: payloads whose canonical JSON is larger than this are stored as artifacts.
+# docs/design.md §3: payloads whose canonical JSON is larger than this are stored as artifacts.
 INLINE_LIMIT_BYTES = 256_000
 REF_PREFIX = "artifact://"
 # Little Workflow's refs (`art_` + 16 hex of its identity digest), kept as they are in imported logs.

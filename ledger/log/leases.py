@@ -1,4 +1,4 @@
-"""Run leases with fencing tokens: one executor writes a run at a time (DESIGN.md §3).
+"""Run leases with fencing tokens: one executor writes a run at a time (docs/design.md §3).
 
 Taking a lease bumps the run's fencing token; appends carrying an older token are `fenced`, which
 is what stops a paused or zombie executor from writing after another one took the run over. A

@@ -17,7 +17,7 @@ from ..models import Workspace
 from .redaction import NotPlain, Redactor, policy
 from .vocabulary import reject_recorded_cost, validate_fields
 
-# Published as is (API.md, the OpenAPI schema), so written for ECMAScript too; matched with
+# Published as is (docs/api.md, the OpenAPI schema), so written for ECMAScript too; matched with
 # fullmatch, since `$` alone also matches before a trailing newline ("run_a\n" would pass).
 RUN_ID_RE = re.compile(r"^run_[A-Za-z0-9_-]{1,80}$")
 MAX_BATCH = 5000

@@ -1,4 +1,4 @@
-"""Secret redaction, applied before anything is hashed or stored (DESIGN.md §3, docs/security.md).
+"""Secret redaction, applied before anything is hashed or stored (docs/design.md §3, docs/security.md).
 
 Two kinds of rule, built in and added to per workspace:
 
@@ -25,7 +25,7 @@ REDACTED = "[REDACTED]"
 
 # --- key names ------------------------------------------------------------------------------
 
-# The names DESIGN.md §3 lists (lower-cased, `-`/`_` removed); every one stays a secret.
+# The names docs/design.md §3 lists (lower-cased, `-`/`_` removed); every one stays a secret.
 SECRET_KEY_NAMES = frozenset(
     {
         "authorization",
@@ -86,7 +86,7 @@ SECRET_WORD_PAIRS = frozenset(
 # `token` is a secret only as the key's LAST word and singular: `access_token`, `idToken`,
 # `X-Auth-Token`, `csrftoken`. Usage counters never end so (`max_tokens`, `inputTokens`,
 # `prompt_tokens`, `tokens`, `token_count`, `totalTokenCount`), and these first halves make a
-# token that is a count, a vocabulary entry, a cursor, or Runledger's own lease/fence (DESIGN.md).
+# token that is a count, a vocabulary entry, a cursor, or Runledger's own lease/fence (docs/design.md).
 TOKEN_NOT_SECRET_AFTER = frozenset(
     {
         "max",

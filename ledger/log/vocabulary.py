@@ -1,4 +1,4 @@
-"""The event vocabulary (DESIGN.md §3) and payload validation.
+"""The event vocabulary (docs/design.md §3) and payload validation.
 
 Validation checks the listed fields' presence and types only; fields not listed are kept
 untouched, because harnesses add their own and the interop vectors depend on it. One more rule,

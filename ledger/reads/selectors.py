@@ -1,7 +1,7 @@
 """Reads, always scoped: every selector takes the workspace (or the user) it answers for.
 
 An object outside the caller's workspace raises NotFound, never a permission error: its existence
-is not revealed (DESIGN.md §2).
+is not revealed (docs/design.md §2).
 """
 
 from __future__ import annotations

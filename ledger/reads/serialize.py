@@ -51,7 +51,7 @@ def run_links(run: Run) -> dict[str, str]:
 
 
 def run(row: Run, *, children: int) -> dict[str, Any]:
-    """API.md's run object. `row` must come with `workspace__tenant` selected."""
+    """docs/api.md's run object. `row` must come with `workspace__tenant` selected."""
     return {
         "runId": row.run_id,
         "workflowVersionId": _or_none(row.workflow_version_id),

@@ -1,4 +1,4 @@
-"""A run's tree of sub-runs with usage, cost and time rolled up per subtree (DESIGN.md §4: an
+"""A run's tree of sub-runs with usage, cost and time rolled up per subtree (docs/design.md §4: an
 aggregate's cost is NULL only when every call in it is unpriced; a true 0 means no model calls)."""
 
 from __future__ import annotations

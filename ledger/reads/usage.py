@@ -7,7 +7,7 @@ A report over a long range comes in coarser periods (`granularity_for`: days up 
 to 183, months beyond), as cost explorers do: a year is 12 or 13 months, read from the monthly rollup
 (and the days of a month the range only partly covers from the daily one).
 
-Dollars follow DESIGN.md §4: a row's cost is NULL only when every call in it is unpriced; a true
+Dollars follow docs/design.md §4: a row's cost is NULL only when every call in it is unpriced; a true
 0 means no model calls.
 """
 

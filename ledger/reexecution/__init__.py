@@ -1,4 +1,4 @@
-"""Re-execution (DESIGN.md §5, fifth of the replay family): requests, approvals, the durable
+"""Re-execution (docs/design.md §5, fifth of the replay family): requests, approvals, the durable
 queue and its worker, the external executor's claim.
 
 - services.py: request (one run, or an `evaluate` batch), approve, deny, expire, claim, renew,

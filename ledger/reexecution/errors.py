@@ -1,4 +1,4 @@
-"""The refusals of re-execution, with the codes of API.md "Re-execution"."""
+"""The refusals of re-execution, with the codes of docs/api.md "Re-execution"."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Re-execution requests: ask, approve, deny and expire (DESIGN.md §5); executing them (claim,
+"""Re-execution requests: ask, approve, deny and expire (docs/design.md §5); executing them (claim,
 start, finish) is ledger/reexecution/execution.py.
 
 Every service is one transaction that changes the request, writes its audit entry and announces
@@ -6,7 +6,7 @@ the change after commit. Refusals that must leave a change behind (a request fou
 approval is written down as expired, audited, and *then* refused) are returned by the service
 body and raised after the commit, as the tool gateway does.
 
-Rules (API.md "Re-execution"):
+Rules (docs/api.md "Re-execution"):
 - operators (session) or keys with `execute` request; `simulate` starts `approved`, every other
   mode waits for an approver or admin who is not the requester (`self_approval_forbidden`);
 - approval is a human in a session: keys never approve or deny;
@@ -276,7 +276,7 @@ def _create(
         updated_at=now,
     )
     if mode == Mode.SIMULATE:
-        # No side effects, no spend: operators start it without approval (DESIGN.md §5).
+        # No side effects, no spend: operators start it without approval (docs/design.md §5).
         _mark_approved(request, now)
         request.decided_at = now
     request.save()

@@ -1,1 +1,1 @@
-"""The replay family (DESIGN.md §5): evidence, catch-up, the tool gateway, replay plans, divergence."""
+"""The replay family (docs/design.md §5): evidence, catch-up, the tool gateway, replay plans, divergence."""

@@ -1,4 +1,4 @@
-"""Cancelling a run (API.md "Run control"): `RunFailed {error: {name: "Cancelled", message: reason}}`.
+"""Cancelling a run (docs/api.md "Run control"): `RunFailed {error: {name: "Cancelled", message: reason}}`.
 
 The cancel is written to the log at once, in one transaction with the run's head locked, whether
 or not an executor holds the run: the tool calls still claimed are settled (a write call whose

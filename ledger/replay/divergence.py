@@ -1,4 +1,4 @@
-"""The divergence report (DESIGN.md §5 item 5): a re-execution's run against its original, step
+"""The divergence report (docs/design.md §5 item 5): a re-execution's run against its original, step
 by step, computed from the two logs through the fold (never stored: two folds, one comparison).
 
 Sub-run ids are identities, not content: a re-execution's sub-runs have ids of their own, so

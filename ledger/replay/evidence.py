@@ -1,4 +1,4 @@
-"""The evidence bundle of a run (DESIGN.md §5, first of the replay family): read-only, executes
+"""The evidence bundle of a run (docs/design.md §5, first of the replay family): read-only, executes
 nothing, costs nothing.
 
 Everything comes from the projections and the log in a number of queries that does not grow with
@@ -75,7 +75,7 @@ def approvals(run: Run) -> list[dict[str, Any]]:
 
 
 def evidence_bundle(run: Run) -> dict[str, Any]:
-    """API.md's evidence: `{run, steps, toolCalls, artifacts, costs, approvals, feedback, subRuns,
+    """docs/api.md's evidence: `{run, steps, toolCalls, artifacts, costs, approvals, feedback, subRuns,
     usage, integrity, replayReady}`. `run` must come with `workspace__tenant` selected."""
     workspace = run.workspace
     inspection = inspect_run(run)

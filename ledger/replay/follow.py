@@ -1,4 +1,4 @@
-"""Catch-up and live (DESIGN.md §5 item 2): a run's events after a sequence, page by page, then
+"""Catch-up and live (docs/design.md §5 item 2): a run's events after a sequence, page by page, then
 as they are written, until the run is finished. SSE and the WebSocket consumer only format frames.
 
 The rules, in the order they are applied:

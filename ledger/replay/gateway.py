@@ -1,4 +1,4 @@
-"""The tool gateway: idempotent tool calls under a lease (DESIGN.md §5 item 3).
+"""The tool gateway: idempotent tool calls under a lease (docs/design.md §5 item 3).
 
 A harness claims a call before running it, says when the request is about to leave (`outbound`),
 and completes it with a result or an error. The control row (ToolGatewayClaim) holds what the log

@@ -1,4 +1,4 @@
-"""The replay plan (DESIGN.md §5, item 4): what a resume or re-execution would do, without doing it.
+"""The replay plan (docs/design.md §5, item 4): what a resume or re-execution would do, without doing it.
 
 Pure, like the fold. Artifact hashes are the one thing a plan cannot see from the events, so
 the caller re-hashes the blobs and passes the outcome in `artifact_checks`.
@@ -71,7 +71,7 @@ def replay_plan(
     artifact_checks: Mapping[str, str] | None = None,
     prices: PriceTable | None = None,
 ) -> dict[str, Any]:
-    """API.md's replay plan for one run's events.
+    """docs/api.md's replay plan for one run's events.
 
     A broken log is reported (integrity `dense_sequence` fails), not refused: the plan is
     what tells an operator that the log is broken.
@@ -165,7 +165,7 @@ def _sessions(state: RunState) -> tuple[list[dict[str, Any]], list[str]]:
         if tool.turn is not None:
             entry["turn"] = tool.turn
         entry["callId"] = tool.call_id
-        # An in-doubt call is never re-invoked (DESIGN.md §5): once an operator reconciles
+        # An in-doubt call is never re-invoked (docs/design.md §5): once an operator reconciles
         # it, its outcome is replayed like any other; until then replayReady fails.
         entry["action"] = "reinvoke" if tool.status == "started" else "replay"
         calls.append((first_sequence(tool), tool.session, tool.step_path, entry))

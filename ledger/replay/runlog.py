@@ -1,7 +1,7 @@
 """Reads of one run's log for the console's evidence views: the run folded whole or up to an
 event (the run at any point), a search of its events, and where its first failure is.
 
-The fold is the one interpretation of a log (DESIGN.md §4): the state after event N is
+The fold is the one interpretation of a log (docs/design.md §4): the state after event N is
 `fold(events 1..N)`, computed when asked and never stored. Every read here is a constant number
 of queries however long the run is.
 """

@@ -1,8 +1,8 @@
-"""Human approval before a write leaves (DESIGN.md §2 roles, §5 item 3): a tool declared
+"""Human approval before a write leaves (docs/design.md §2 roles, §5 item 3): a tool declared
 `approval="required"`, or named by its workspace's policy (`Workspace.approval_tools`), does not
 run until an approver who is not the run's requester approves that exact call.
 
-The wait is a state of the tool call, not of the run: the run's status stays `running` (API.md
+The wait is a state of the tool call, not of the run: the run's status stays `running` (docs/api.md
 keeps run statuses to pending | running | completed | failed) while a call of it is
 `waiting_approval`. Everything is in the run's log, through the one write path:
 

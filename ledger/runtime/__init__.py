@@ -1,4 +1,4 @@
-"""The runtime (DESIGN.md §6): workflows defined in Python, executed and recorded through the
+"""The runtime (docs/design.md §6): workflows defined in Python, executed and recorded through the
 one write path, with two levels of durability (committed steps never run again; inside an
 unfinished `ai.generate` step, committed model and tool calls fast-forward from the log).
 

@@ -1,4 +1,4 @@
-"""Re-execution through the runtime (DESIGN.md §5 item 5): the five modes, one write path.
+"""Re-execution through the runtime (docs/design.md §5 item 5): the five modes, one write path.
 
 `execute_reexecution` runs one mode of a run; `mode_plan` says what a mode would do without
 doing it. Every mode but `resume` makes a new run whose RunStarted carries `replayOf` (the

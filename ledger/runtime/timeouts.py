@@ -4,7 +4,7 @@ Python cannot interrupt a running function, so the call runs on a thread of its 
 executor waits for it at most that long. A call that outlives its timeout is abandoned: the
 executor goes on without it (what it returns later is thrown away) and records what that means
 for the call — a read tool or a model call failed, retried by its policy; a write tool in doubt,
-never retried automatically (DESIGN.md §5; toolcalls.py). The abandoned thread is a daemon and
+never retried automatically (docs/design.md §5; toolcalls.py). The abandoned thread is a daemon and
 closes its own database connections when the function returns.
 
 The call runs on its own thread only when threads may see the executor's writes (not inside an

@@ -82,7 +82,7 @@ def call_tool(
     except CallTimedOut as late:
         if tool.effect == "write":
             # It may have acted: in doubt, never retried automatically; the run stops until an
-            # operator reconciles the call (DESIGN.md §5).
+            # operator reconciles the call (docs/design.md §5).
             recorder.declare_in_doubt(claimed=claimed, reason="timeout", timeoutS=late.timeout_s)
             raise gateway.ToolCallInDoubt(
                 f"tool call {call_id} ({tool.name}, effect write) is in doubt: it outlived its timeout of "

@@ -3,7 +3,7 @@
 `resolve(principal, workspace=…, run_id=…, scope=…, role=…)` turns a principal — a session user,
 an API key, or `OPERATOR` (the trusted command line) — plus a workspace path `TENANT/WORKSPACE`
 and/or a run id into an `Access` (workspace, run, role, key, membership), or raises the error the
-contract names (API.md, DESIGN.md §2):
+contract names (docs/api.md, docs/design.md §2):
 
 - an object outside what the principal may see is `NotFound` (404), never 403: another tenant's
   run and a run never written answer alike;

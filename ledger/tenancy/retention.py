@@ -1,5 +1,5 @@
 """Retention: how long a workspace keeps its runs, and `ledger prune`, which deletes whole runs
-past it (DESIGN.md §3: retention deletes whole runs, never single events).
+past it (docs/design.md §3: retention deletes whole runs, never single events).
 
 What "past retention" means, precisely. A run may go when, at the moment `now`:
 - it is finished (`completed` or `failed`): a pending or running run is never pruned, however old;

@@ -1,4 +1,4 @@
-"""Share links (API.md "Share links"): a read-only, login-free view of one run's evidence.
+"""Share links (docs/api.md "Share links"): a read-only, login-free view of one run's evidence.
 
 A link is a random token (256 bits, `secrets.token_urlsafe(32)`), shown once to its creator inside
 its URL and stored only as its sha256, so the database never holds a usable link and the URL says
@@ -8,7 +8,7 @@ a link's last open cannot both get it (PostgreSQL re-checks the WHERE clause of 
 the row lock is granted; the check constraint on the table is the backstop).
 
 What a shared view shows is redacted by `shared_envelope` / `shared_bundle`: secrets were
-redacted before storage already (DESIGN.md §3); a workspace may also hide model inputs (the
+redacted before storage already (docs/design.md §3); a workspace may also hide model inputs (the
 messages and prompts sent) and tool arguments from every shared view (`share_hides_inputs`).
 """
 

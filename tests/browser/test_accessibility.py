@@ -33,6 +33,7 @@ PAGES = {
     "usage": "/w/acme/support/usage/",
     "approvals": "/w/acme/support/approvals/",
     "settings": "/w/acme/support/settings/",
+    "concepts": "/concepts/",
 }
 PHOTOGRAPHED = ("run-search", "run-conversation", "run-waterfall", "run-state", "outer-loop")
 

@@ -176,7 +176,7 @@ class SseParser:
         return None
 
 
-# --- the harness vocabulary (API.md, ledger/log/vocabulary.py) -------------------------------------
+# --- the harness vocabulary (docs/api.md, ledger/log/vocabulary.py) -------------------------------------
 
 
 def model_responded(

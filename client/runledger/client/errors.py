@@ -1,5 +1,5 @@
 """Typed errors. Every refusal of the server is an `ApiError` carrying the error body's `code`,
-`message` and `details` (API.md "Conventions"), of the subclass named after its code when there is
+`message` and `details` (docs/api.md "Conventions"), of the subclass named after its code when there is
 one (`SequenceConflict`, `Fenced`, ...), else of the subclass of its HTTP status."""
 
 from __future__ import annotations

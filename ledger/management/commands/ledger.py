@@ -1,4 +1,4 @@
-"""`manage.py ledger …`: the operations of API.md, one subcommand each, each in its own module
+"""`manage.py ledger …`: the operations of docs/api.md, one subcommand each, each in its own module
 of ledger/cli (this command only dispatches)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _subcommands() -> dict[str, ModuleType]:
 
 
 class Command(BaseCommand):
-    help = "Runledger operations (see API.md, Operations)."
+    help = "Runledger operations (see docs/api.md, Operations)."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -1,13 +1,14 @@
 """Writes tests/data/little/sample/, a small Little Workflow data directory, from the formats of
-shared/reference/little-workflow.md, with every id computed by our own canonicalizer
-(ledger/canonical.py). tests/test_import_little.py checks that the files are exactly what this
-writes, that their ids recompute, and that they agree with shared/vectors/.
+Little Workflow's documentation (docs/operations.md § Importing Little Workflow data), with every id
+computed by our own canonicalizer (ledger/canonical.py). tests/test_import_little.py checks that the
+files are exactly what this writes, that their ids recompute, and that they agree with
+tests/data/vectors.json.
 
     .venv/bin/python tests/data/little/make_sample.py
 
 Runs (each an `events/<runId>.jsonl` log, one `JSON.stringify(envelope)` per line, as
 `little events RUN` prints it):
-- run_order: the three `run_order` events of shared/vectors/ (the ids must be the vectors').
+- run_order: the three `run_order` events of tests/data/vectors.json (the ids must be the vectors').
 - run_7f3a: the run of the reference's report (§8): extract (gpt-4o-mini, 16k of 20k cached),
   summarize (gpt-4o-mini, inside a harness session whose rollup repeats the tokens), classify
   (a model without registry pricing, and a tool call with an occurrenceId).

@@ -1,0 +1,105 @@
+"""docs/concepts.md explains each word the console uses in a sentence or two with a link to where
+it is shown; the README and every console page's footer lead to it; /concepts/ is that same file
+rendered, the same for everyone (it holds no tenant's data); and each of its links opens a page of
+the demo `make run` loads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from ledger.demo import load_demo
+from tests.conftest import named_user
+
+ROOT = Path(__file__).resolve().parent.parent
+CONCEPTS = ROOT / "docs" / "concepts.md"
+# The words issue 39 asks for, as concepts.md spells its entries.
+WORDS = (
+    "Run",
+    "Step",
+    "Visit",
+    "Session",
+    "Turn",
+    "Tool call",
+    "In doubt",
+    "Replay plan",
+    "Simulate",
+    "Evaluate",
+    "Fork",
+    "Rerun",
+    "Resume",
+    "Attention",
+    "Evidence",
+    "Share link",
+    "Outer loop",
+    "Divergence",
+)
+CONSOLE_LINK = re.compile(r"\]\((/[^)\s]*)\)")
+
+
+def _entries() -> dict[str, str]:
+    """`**Word.** text…` paragraphs of concepts.md by word."""
+    paragraphs = re.split(r"\n\s*\n", CONCEPTS.read_text())
+    return {match.group(1): " ".join(p.split()) for p in paragraphs if (match := re.match(r"\*\*([^*]+)\.\*\*", p))}
+
+
+def _article(html: str) -> str:
+    match = re.search(r'<article class="doc" id="concepts">.*?</article>', html, re.S)
+    assert match, "no concepts article on the page"
+    return match.group(0)
+
+
+@pytest.mark.parametrize("word", WORDS)
+def test_each_word_has_a_short_entry_with_a_link_into_the_console(word: str) -> None:
+    entry = _entries().get(word)
+    assert entry is not None, f"docs/concepts.md has no **{word}.** entry"
+    sentences = re.findall(r"[.!?](?:\s|$)", re.sub(r"\([^)]*\)|`[^`]*`|…", "", entry))
+    assert len(sentences) <= 5, f"{word}: a sentence or two, not {len(sentences)}"
+    assert CONSOLE_LINK.search(entry), f"{word}: no link to where the console shows it"
+
+
+def test_the_readme_and_the_design_link_the_concepts() -> None:
+    assert "(docs/concepts.md)" in (ROOT / "README.md").read_text()
+    assert "(concepts.md)" in (ROOT / "docs" / "design.md").read_text()
+
+
+@pytest.mark.django_db
+def test_every_console_page_has_the_concepts_link_in_its_footer(client: Client, admin: User) -> None:
+    footer = '<footer class="site-footer"><a id="footer-concepts" href="/concepts/">Concepts</a>'
+    assert footer in client.get("/accounts/login/").content.decode()
+    client.force_login(admin)
+    assert footer in client.get("/w/acme/support/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_concepts_page_is_the_document_and_the_same_for_everyone(
+    client: Client, admin: User, outsider: User
+) -> None:
+    anonymous = client.get("/concepts/")
+    assert anonymous.status_code == 200
+    article = _article(anonymous.content.decode())
+    for word in WORDS:
+        assert f"<strong>{word}.</strong>" in article
+    # Console links stay links; links to other documents of the checkout become their names.
+    assert '<a href="/w/acme/support/runs/run_demo_in_doubt/evidence/">' in article
+    assert '<span class="doc-ref">docs/design.md</span>' in article and 'href="design.md"' not in article
+    for user in (admin, outsider):
+        client.force_login(user)
+        assert _article(client.get("/concepts/").content.decode()) == article
+    assert client.post("/concepts/").status_code == 405
+
+
+@pytest.mark.django_db
+def test_each_console_link_opens_a_page_of_the_demo_and_none_for_an_outsider(client: Client) -> None:
+    load_demo(history_runs=0)
+    links = sorted(set(CONSOLE_LINK.findall(CONCEPTS.read_text())))
+    assert len(links) >= 15
+    client.force_login(User.objects.get(username="alice"))
+    opened = {link: client.get(link.split("#")[0]).status_code for link in links}
+    assert opened == dict.fromkeys(links, 200)
+    client.force_login(named_user("olga", "admin", tenant="globex"))
+    assert {link: client.get(link.split("#")[0]).status_code for link in links} == dict.fromkeys(links, 404)
