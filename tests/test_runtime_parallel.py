@@ -133,13 +133,18 @@ def test_the_process_setting_caps_the_threads_of_every_group(workspace: Workspac
 
 
 def _gate_fan(workspace: Workspace, run_id: str, *, allow_failure: bool) -> tuple[Workflow, list[Any]]:
-    """Branch 0 fails at once; branch 1 holds its thread until branch 0's failure is on the log;
-    branches 2 and 3 can only start after that (two threads)."""
+    """Branch 0 fails once branch 1 is running; branch 1 holds its thread until branch 0's failure
+    is on the log; branches 2 and 3 can only start after that (two threads). Branch 0 waits for
+    branch 1 so that, on a loaded machine, branch 1 is running (not merely queued) when it fails."""
     ran: list[Any] = []
+    one_running = threading.Event()
 
     def work(item: Any, outputs: Mapping[str, Any]) -> Any:
         ran.append(item)
+        if item == 1:
+            one_running.set()
         if item == 0:
+            one_running.wait(timeout=60)
             raise ValueError("branch zero breaks")
         if item == 1:
             for _ in range(6000):
