@@ -43,8 +43,11 @@ serve: setup
 	@echo "Runledger (production, DEBUG=$${DEBUG:-0}): http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
 	$(PY) bin/serve $(HOST) $(PORT)
 
+# The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
+# a module's tests on one of them (their servers are per module), the 25 slowest tests listed.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # Static checks, no database needed: types (mypy) and the import contracts (lint-imports);
 # both are configured in pyproject.toml.
@@ -52,11 +55,14 @@ lint: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# lint, plus: every model change has its migration, and `check --deploy` has no warning under the
-# production environment of docs/operations.md § Production.
+# lint, plus: every model change has its migration, `check --deploy` has no warning under the
+# production environment of docs/operations.md § Production, and ruff's lint rules and format
+# ([tool.ruff] in pyproject.toml) hold.
 check: lint
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) bin/check-deploy
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
 
 # Every benchmark against PostgreSQL and Redis (DATABASE_URL, REDIS_URL: a scratch database; exit 2
 # when either is not set or does not answer), one table to stdout and bench/results.md.

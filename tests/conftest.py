@@ -9,9 +9,10 @@ be a 404 for her. All of them log in with PASSWORD.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,30 @@ from ledger.tenancy import bootstrap, create_user
 PASSWORD = "pw-runledger-test"
 
 
+TESTS = Path(__file__).resolve().parent
+# What a module that starts other processes or servers names (pyproject.toml's `system` marker).
+_STARTS_PROCESSES = re.compile(r"\b(?:subprocess|start_daphne|os\.fork|live_server)\b")
+
+
+def _starts_processes(path: Path, seen: dict[Path, bool]) -> bool:
+    if path not in seen:
+        seen[path] = bool(_STARTS_PROCESSES.search(path.read_text()))
+    return seen[path]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked redis_only belong to the Redis pass (REDIS_URL set, as CI's second pass and
-    docs set it); the embedded default's pass, on a machine that may have no Redis, leaves them
-    out instead of skipping them."""
+    """Markers by where a test is: tests/browser/ is `browser` (and `system`); a module that starts
+    servers or subprocesses is `system`. Tests marked redis_only belong to the Redis pass
+    (REDIS_URL set, as CI's second pass and docs set it); the embedded default's pass, on a machine
+    that may have no Redis, leaves them out instead of skipping them."""
+    seen: dict[Path, bool] = {}
+    for item in items:
+        path = Path(item.path)
+        if (TESTS / "browser") in path.parents:
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.system)
+        elif _starts_processes(path, seen) or "live_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.system)
     if os.environ.get("REDIS_URL"):
         return
     left_out = [item for item in items if item.get_closest_marker("redis_only")]
@@ -47,10 +68,32 @@ def _artifacts_in_tmp(settings: Any, tmp_path: Path) -> None:
     settings.ARTIFACTS_ROOT = tmp_path / "artifacts"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _flush_postgresql_by_delete() -> Iterator[None]:
+    """Transactional tests end with a flush, on PostgreSQL a TRUNCATE of every table, which makes
+    new files for each of them: many times slower than DELETEs of the few rows a test leaves.
+    Django's foreign keys are deferred, so the DELETEs' order does not matter in the flush's
+    transaction."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self: DatabaseOperations, style: Any, tables: list[str], *, reset_sequences: bool = False,
+                  allow_cascade: bool = False) -> list[str]:
+        if reset_sequences or allow_cascade:
+            return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return [f"{style.SQL_KEYWORD('DELETE FROM')} {style.SQL_FIELD(self.quote_name(table))};" for table in tables]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", sql_flush)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
     """Transactional tests end with a flush, which deletes events; the log's triggers allow that
-    only for runs marked for pruning, as retention does. The audit log allows no DELETE at all."""
+    only for runs marked for pruning, as retention does. The audit log allows no DELETE at all: its
+    guard is lifted for that one DELETE, and only when the test left audit rows (most leave none)."""
     marker = request.node.get_closest_marker("django_db")
     transactional = (marker and marker.kwargs.get("transaction")) or any(
         name in request.fixturenames for name in ("transactional_db", "live_server"))
@@ -64,20 +107,31 @@ def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
     from ledger import dbguards
 
     with connection.cursor() as cur:
-        cur.execute("UPDATE ledger_run SET pruning = %s", [True])
-    # The audit log refuses every DELETE; the flush may empty it with its guard lifted for the moment.
-    with connection.schema_editor() as editor:
-        dbguards.drop_audit(None, editor)
-        editor.execute("DELETE FROM ledger_auditentry")
-        dbguards.install_audit(None, editor)
+        cur.execute("UPDATE ledger_run SET pruning = %s WHERE NOT pruning", [True])
+        cur.execute("SELECT EXISTS (SELECT 1 FROM ledger_auditentry)")
+        (audited,) = cur.fetchone()
+    if audited:
+        with connection.schema_editor() as editor:
+            dbguards.drop_audit(None, editor)
+            editor.execute("DELETE FROM ledger_auditentry")
+            dbguards.install_audit(None, editor)
 
 
 @pytest.fixture(scope="session")
-def collected_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The static files as production serves them (collectstatic, once per test session)."""
+def collected_static(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The static files as production serves them (collectstatic, once per test run: the first of
+    pytest-xdist's workers to need them collects them into the run's shared temporary folder)."""
     from tests.servers import collect_static
 
-    return collect_static(tmp_path_factory.mktemp("staticfiles"))
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the run's, above each worker's own
+    target = shared / "staticfiles"
+    with (shared / "staticfiles.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            collect_static(shared / "staticfiles.partial").rename(target)
+    return target
 
 
 @pytest.fixture

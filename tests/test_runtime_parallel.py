@@ -106,12 +106,16 @@ def _gate_fan(workspace: Workspace, run_id: str, *, allow_failure: bool) -> tupl
     """Branch 0 fails at once; branch 1 holds its thread until branch 0's failure is on the log;
     branches 2 and 3 can only start after that (two threads)."""
     ran: list[Any] = []
+    one_runs = threading.Event()
 
     def work(item: Any, outputs: Mapping[str, Any]) -> Any:
         ran.append(item)
         if item == 0:
+            # Not before branch 1 runs: on a loaded machine its thread may not have started yet.
+            assert one_runs.wait(60)
             raise ValueError("branch zero breaks")
         if item == 1:
+            one_runs.set()
             for _ in range(6000):
                 if any(e["type"] == "ParallelBranchFailed" for e in _events(workspace, run_id)):
                     break
