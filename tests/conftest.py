@@ -196,10 +196,26 @@ def browser(client: Client, member: User) -> Client:
     return client
 
 
+# The base URL of in_process() clients (Django's test host name, allowed in every mode).
+IN_PROCESS = "http://testserver"
+
+
+def http_client(base_url: str = IN_PROCESS, **options: Any) -> httpx.Client:
+    """httpx, as harnesses use it, against `base_url`; IN_PROCESS: Django's WSGI handler called in
+    this thread (the whole middleware stack, CSRF checks included, and no server, socket or thread)
+    for the tests whose subject is the API rather than the server that carries it."""
+    if base_url == IN_PROCESS:
+        from django.core.handlers.wsgi import WSGIHandler
+
+        options.setdefault("transport", httpx.WSGITransport(app=WSGIHandler()))
+    return httpx.Client(base_url=base_url, **{"timeout": 30, **options})
+
+
 def log_in(base_url: str, user: User | str, *, send_csrf: bool = False) -> httpx.Client:
-    """An HTTP client with a named user's console session, through the real login form of a live
-    server. `send_csrf`: send the CSRF token with every request, as the console's pages do."""
-    client = httpx.Client(base_url=base_url, timeout=30)
+    """An HTTP client with a named user's console session, through the real login form (of a live
+    server, or IN_PROCESS). `send_csrf`: send the CSRF token with every request, as the console's
+    pages do."""
+    client = http_client(base_url)
     page = client.get("/accounts/login/")
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
     assert token, page.text
