@@ -77,7 +77,7 @@ def start_daphne(log_dir: Path, name: str, env: dict[str, str | None],
                 cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
             )
         server = Daphne(process, f"http://127.0.0.1:{port}", log)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine with parallel test processes imports slowly
         while time.monotonic() < deadline and process.poll() is None:
             try:
                 if httpx.get(f"{server.url}/api/v1/runs/run_probe/stream", headers=probe_headers, timeout=1).status_code == 401:
