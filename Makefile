@@ -48,8 +48,11 @@ serve: setup
 	@echo "Runledger (production, DEBUG=$${DEBUG:-0}): http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
 	$(PY) bin/serve $(HOST) $(PORT)
 
+# The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
+# a module's tests on one of them (their servers are per module), the 25 slowest tests listed.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The README's pictures of the console (docs/img/), taken by a browser test from the demo data
 # (tests/browser/test_readme_screenshots.py; Debian's /usr/bin/chromium, as the browser tests use).

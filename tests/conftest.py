@@ -9,9 +9,10 @@ be a 404 for her. All of them log in with PASSWORD.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,31 @@ from ledger.tenancy.services import bootstrap, create_user
 PASSWORD = "pw-runledger-test"
 
 
+TESTS = Path(__file__).resolve().parent
+# What a module that starts other processes or servers names (pyproject.toml's `system` marker).
+_STARTS_PROCESSES = re.compile(r"\b(?:subprocess|start_daphne|os\.fork|live_server)\b")
+
+
+def _starts_processes(path: Path, seen: dict[Path, bool]) -> bool:
+    if path not in seen:
+        seen[path] = bool(_STARTS_PROCESSES.search(path.read_text()))
+    return seen[path]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked redis_only belong to the Redis pass (REDIS_URL set, as CI's second pass and
-    docs set it), those marked postgres_only to the PostgreSQL pass; the embedded default's pass,
-    on a machine that may have neither, leaves them out instead of skipping them."""
+    """Markers by where a test is: tests/browser/ is `browser` (and `system`); a module that starts
+    servers or subprocesses is `system`. Tests marked redis_only belong to the Redis pass (REDIS_URL
+    set, as CI's second pass and docs set it), those marked postgres_only to the PostgreSQL pass; the
+    embedded default's pass, on a machine that may have neither, leaves them out instead of skipping
+    them."""
+    seen: dict[Path, bool] = {}
+    for item in items:
+        path = Path(item.path)
+        if (TESTS / "browser") in path.parents:
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.system)
+        elif _starts_processes(path, seen) or "live_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.system)
     absent = [
         marker
         for marker, present in (
@@ -54,10 +76,38 @@ def _artifacts_in_tmp(settings: Any, tmp_path: Path) -> None:
     settings.ARTIFACTS_ROOT = tmp_path / "artifacts"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _flush_postgresql_by_delete() -> Iterator[None]:
+    """Transactional tests end with a flush, on PostgreSQL a TRUNCATE of every table, which makes
+    new files for each of them: many times slower than DELETEs of the few rows a test leaves.
+    Django's foreign keys are deferred, so the DELETEs' order does not matter in the flush's
+    transaction."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(
+        self: DatabaseOperations,
+        style: Any,
+        tables: list[str],
+        *,
+        reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:
+        if reset_sequences or allow_cascade:
+            return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return [f"{style.SQL_KEYWORD('DELETE FROM')} {style.SQL_FIELD(self.quote_name(table))};" for table in tables]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", sql_flush)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
     """Transactional tests end with a flush, which deletes events; the log's triggers allow that
-    only for runs marked for pruning, as retention does. The audit log allows no DELETE at all."""
+    only for runs marked for pruning, as retention does. The audit log allows no DELETE at all: its
+    guard is lifted for that one DELETE, and only when the test left audit rows (most leave none)."""
     marker = request.node.get_closest_marker("django_db")
     transactional = (marker and marker.kwargs.get("transaction")) or any(
         name in request.fixturenames for name in ("transactional_db", "live_server")
@@ -72,20 +122,31 @@ def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
     from ledger import dbguards
 
     with connection.cursor() as cur:
-        cur.execute("UPDATE ledger_run SET pruning = %s", [True])
-    # The audit log refuses every DELETE; the flush may empty it with its guard lifted for the moment.
-    with connection.schema_editor() as editor:
-        dbguards.drop_audit(None, editor)
-        editor.execute("DELETE FROM ledger_auditentry")
-        dbguards.install_audit(None, editor)
+        cur.execute("UPDATE ledger_run SET pruning = %s WHERE NOT pruning", [True])
+        cur.execute("SELECT EXISTS (SELECT 1 FROM ledger_auditentry)")
+        (audited,) = cur.fetchone()
+    if audited:
+        with connection.schema_editor() as editor:
+            dbguards.drop_audit(None, editor)
+            editor.execute("DELETE FROM ledger_auditentry")
+            dbguards.install_audit(None, editor)
 
 
 @pytest.fixture(scope="session")
-def collected_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The static files as production serves them (collectstatic, once per test session)."""
+def collected_static(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The static files as production serves them (collectstatic, once per test run: the first of
+    pytest-xdist's workers to need them collects them into the run's shared temporary folder)."""
     from tests.servers import collect_static
 
-    return collect_static(tmp_path_factory.mktemp("staticfiles"))
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the run's, above each worker's own
+    target = shared / "staticfiles"
+    with (shared / "staticfiles.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            collect_static(shared / "staticfiles.partial").rename(target)
+    return target
 
 
 @pytest.fixture
@@ -150,10 +211,26 @@ def browser(client: Client, member: User) -> Client:
     return client
 
 
+# The base URL of in_process() clients (Django's test host name, allowed in every mode).
+IN_PROCESS = "http://testserver"
+
+
+def http_client(base_url: str = IN_PROCESS, **options: Any) -> httpx.Client:
+    """httpx, as harnesses use it, against `base_url`; IN_PROCESS: Django's WSGI handler called in
+    this thread (the whole middleware stack, CSRF checks included, and no server, socket or thread)
+    for the tests whose subject is the API rather than the server that carries it."""
+    if base_url == IN_PROCESS:
+        from django.core.handlers.wsgi import WSGIHandler
+
+        options.setdefault("transport", httpx.WSGITransport(app=WSGIHandler()))
+    return httpx.Client(base_url=base_url, **{"timeout": 30, **options})
+
+
 def log_in(base_url: str, user: User | str, *, send_csrf: bool = False) -> httpx.Client:
-    """An HTTP client with a named user's console session, through the real login form of a live
-    server. `send_csrf`: send the CSRF token with every request, as the console's pages do."""
-    client = httpx.Client(base_url=base_url, timeout=30)
+    """An HTTP client with a named user's console session, through the real login form (of a live
+    server, or IN_PROCESS). `send_csrf`: send the CSRF token with every request, as the console's
+    pages do."""
+    client = http_client(base_url)
     page = client.get("/accounts/login/")
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
     assert token, page.text

@@ -91,7 +91,7 @@ def start_daphne(
                 stderr=subprocess.STDOUT,
             )
         server = Daphne(process, f"http://127.0.0.1:{port}", log)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine with parallel test processes imports slowly
         while time.monotonic() < deadline and process.poll() is None:
             try:
                 if (

@@ -10,3 +10,10 @@ import os
 os.environ.setdefault("DEBUG", "1")
 
 from console.settings import *  # noqa: E402,F403
+from console.settings import CHANNEL_LAYERS  # noqa: E402
+
+# pytest-xdist's workers share one Redis database but each has its own test database, whose runs
+# get the same primary keys: a worker's own prefix keeps its groups (and its servers', which
+# inherit PYTEST_XDIST_WORKER) apart from the others'.
+if "prefix" in CHANNEL_LAYERS["default"].get("CONFIG", {}) and os.environ.get("PYTEST_XDIST_WORKER"):
+    CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] += os.environ["PYTEST_XDIST_WORKER"] + "."

@@ -1,5 +1,7 @@
-"""The runs API over real HTTP: a live server (pytest-django's `live_server`) and an httpx client,
-the way an external harness or a browser talks to it."""
+"""The runs API through an httpx client, the way an external harness or a browser talks to it, into
+Django's whole request handling in the test's process (tests/conftest.py `http_client`): the API
+is the subject here; the servers that carry it have their own tests (test_stream, test_body_limit,
+test_production, test_readme_first_run)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ledger.log import append
 from ledger.log.leases import acquire_run_lease
 from ledger.models import Artifact, Run, Workspace
 from ledger.tenancy.services import bootstrap, create_key
-from tests.conftest import log_in, started
+from tests.conftest import IN_PROCESS, http_client, log_in, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,8 +34,8 @@ RUN_ROUTES = ["", "/events", "/children", "/evidence", "/replay-plan"]
 
 
 @pytest.fixture
-def server(live_server: Any) -> str:
-    return live_server.url
+def server() -> str:
+    return IN_PROCESS
 
 
 @pytest.fixture
@@ -45,7 +47,7 @@ def client_for(server: str) -> Iterator[Callable[..., httpx.Client]]:
         if workspace is not None:
             _, key = create_key(workspace=workspace, scopes=scopes.split(","))
             headers["Authorization"] = f"Bearer {key}"
-        client = httpx.Client(base_url=server, headers=headers, timeout=30)
+        client = http_client(server, headers=headers)
         clients.append(client)
         return client
 
@@ -227,7 +229,7 @@ def test_no_credentials_is_401_everywhere(
         response = anonymous.request(method, url, json=body)
         error(response, 401, "unauthenticated")
         assert response.headers["www-authenticate"] == "Bearer"
-    bogus = httpx.get(anonymous.base_url.join(f"{V1}/runs"), headers={"Authorization": "Bearer rl_nope_nope"})
+    bogus = anonymous.get(f"{V1}/runs", headers={"Authorization": "Bearer rl_nope_nope"})
     error(bogus, 401, "unauthenticated")
 
 

@@ -19,7 +19,7 @@ from ledger import audit
 from ledger.models import ApiKey, AuditEntry, Workspace
 from ledger.replay import gateway
 from ledger.tenancy.services import create_key, create_user, remove_member, revoke_key
-from tests.conftest import FakeClock, log_in, named_user, started
+from tests.conftest import IN_PROCESS, FakeClock, http_client, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
 
 # Every test runs on the fake clock (conftest), which a live server's thread reads too.
@@ -124,14 +124,14 @@ def test_a_reconciled_tool_call_is_audited_with_its_note(workspace: Workspace, a
 
 @pytest.fixture
 def clients(
-    live_server: Any, workspace: Workspace, admin: User, approver: User, other_workspace: Workspace
+    workspace: Workspace, admin: User, approver: User, other_workspace: Workspace
 ) -> Iterator[dict[str, httpx.Client]]:
     globex = other_workspace
     named_user("gina", "admin", tenant="globex")
     create_key(workspace=globex, scopes=["read"], name="globex-ci")
     _, secret = create_key(workspace=workspace, scopes=["read", "execute"], name="acme-ci")
-    opened = {name: log_in(live_server.url, name) for name in ("alice", "bob", "gina")}
-    opened["key"] = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    opened = {name: log_in(IN_PROCESS, name) for name in ("alice", "bob", "gina")}
+    opened["key"] = http_client(headers={"Authorization": f"Bearer {secret}"})
     yield opened
     for client in opened.values():
         client.close()
@@ -157,7 +157,7 @@ def test_admins_read_their_tenants_log_and_nobody_else_does(clients: dict[str, h
     assert gina.get("/api/v1/audit?tenant=acme").status_code == 404
     assert bob.get("/api/v1/audit").json()["error"]["code"] == "forbidden"
     assert key.get("/api/v1/audit").status_code == 403
-    assert httpx.get(f"{alice.base_url}/api/v1/audit").status_code == 401
+    assert http_client().get("/api/v1/audit").status_code == 401
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,7 +10,6 @@ import json
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ from ledger.demo.data import _summarize_run
 from ledger.log import append
 from ledger.models import AuditEntry, Workspace
 from ledger.tenancy.services import create_key
-from tests.conftest import log_in, started
+from tests.conftest import IN_PROCESS, http_client, log_in, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,12 +28,12 @@ ENTRIES = ["SHA256SUMS", "events.jsonl", "evidence.json", "manifest.json"]
 
 
 @pytest.fixture
-def key_client(live_server: Any) -> Iterator[Callable[..., httpx.Client]]:
+def key_client() -> Iterator[Callable[..., httpx.Client]]:
     clients: list[httpx.Client] = []
 
     def make(workspace: Workspace, scopes: str = "read") -> httpx.Client:
         _, key = create_key(workspace=workspace, scopes=scopes.split(","))
-        client = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        client = http_client(headers={"Authorization": f"Bearer {key}"}, timeout=60)
         clients.append(client)
         return client
 
@@ -183,9 +182,9 @@ def test_verify_bundle_catches_tampering(workspace, api, rich_run, tmp_path) -> 
     assert check(b"PK not really", "garbage.zip") == {"zip"}
 
 
-def test_bundles_are_audited_with_their_sha256(workspace, api, rich_run, live_server, admin) -> None:
+def test_bundles_are_audited_with_their_sha256(workspace, api, rich_run, admin) -> None:
     body = api.get(f"{V1}/runs/{rich_run}/evidence.zip").content
-    alice = log_in(live_server.url, admin)
+    alice = log_in(IN_PROCESS, admin)
     assert alice.get(f"{V1}/runs/{rich_run}/evidence.zip").content == body
     entries = AuditEntry.objects.filter(action="evidence_bundle.downloaded").order_by("pk")
     assert [(e.actor.split(":")[0], e.target, e.details["sha256"]) for e in entries] == [
@@ -196,20 +195,20 @@ def test_bundles_are_audited_with_their_sha256(workspace, api, rich_run, live_se
     alice.close()
 
 
-def test_isolation_and_roles(workspace, other_workspace, key_client, rich_run, live_server, viewer, outsider) -> None:
+def test_isolation_and_roles(workspace, other_workspace, key_client, rich_run, viewer, outsider) -> None:
     append(workspace=other_workspace, run_id="run_theirs", events=[started()])
     outsider_key = key_client(other_workspace)
     response = outsider_key.get(f"{V1}/runs/{rich_run}/evidence.zip")
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
     assert outsider_key.get(f"{V1}/runs/run_theirs/evidence.zip").status_code == 200
-    olga = log_in(live_server.url, outsider)
+    olga = log_in(IN_PROCESS, outsider)
     assert olga.get(f"{V1}/runs/{rich_run}/evidence.zip?workspace=acme/support").status_code == 404
     assert olga.get(f"{V1}/runs/{rich_run}/evidence.zip").status_code == 404
-    dave = log_in(live_server.url, viewer)
+    dave = log_in(IN_PROCESS, viewer)
     assert dave.get(f"{V1}/runs/{rich_run}/evidence.zip").status_code == 200
     no_read = key_client(workspace, "ingest").get(f"{V1}/runs/{rich_run}/evidence.zip")
     assert no_read.status_code == 403 and no_read.json()["error"]["code"] == "insufficient_scope"
-    anonymous = httpx.Client(base_url=live_server.url)
+    anonymous = http_client()
     assert anonymous.get(f"{V1}/runs/{rich_run}/evidence.zip").status_code == 401
     bad = key_client(workspace).get(f"{V1}/runs/run%20bad!/evidence.zip")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_run_id"

@@ -1,5 +1,6 @@
-"""Exports (docs/api.md "Export and interop"): `GET /api/v1/export/{runs|events|costs|audit}` over real
-HTTP (a live server and httpx, and once through Daphne's ASGI stack) and `ledger export`; each
+"""Exports (docs/api.md "Export and interop"): `GET /api/v1/export/{runs|events|costs|audit}` through httpx
+into Django's request handling in the test's process (and once over real HTTP through Daphne's
+ASGI stack) and `ledger export`; each
 file re-verified offline by `ledger verify --export FILE`, which must also catch what was changed
 or cut out of one."""
 
@@ -23,7 +24,7 @@ from ledger.interop import exports
 from ledger.log import append
 from ledger.models import AuditEntry, Event, Workspace
 from ledger.tenancy.services import create_key
-from tests.conftest import ev, log_in, started
+from tests.conftest import IN_PROCESS, ev, http_client, log_in, started
 from tests.servers import Daphne, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,12 +38,12 @@ DANGEROUS = ("=", "+", "-", "@", "\t", "\r")
 
 
 @pytest.fixture
-def key_client(live_server: Any) -> Iterator[Callable[..., httpx.Client]]:
+def key_client() -> Iterator[Callable[..., httpx.Client]]:
     clients: list[httpx.Client] = []
 
     def make(workspace: Workspace, scopes: str = "read") -> httpx.Client:
         _, key = create_key(workspace=workspace, scopes=scopes.split(","))
-        client = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        client = http_client(headers={"Authorization": f"Bearer {key}"}, timeout=60)
         clients.append(client)
         return client
 
@@ -310,23 +311,23 @@ def test_a_key_exports_its_own_workspace_only_and_another_tenants_run_is_404(
     error(key_client(workspace, "ingest").get(f"{V1}/export/events"), 403, "insufficient_scope")
 
 
-def test_sessions_roles_and_the_audit_export(workspace, live_server, admin, viewer, outsider, api) -> None:
+def test_sessions_roles_and_the_audit_export(workspace, admin, viewer, outsider, api) -> None:
     seed(workspace)
-    anonymous = httpx.Client(base_url=live_server.url)
+    anonymous = http_client()
     error(anonymous.get(f"{V1}/export/events"), 401, "unauthenticated")
     error(anonymous.get(f"{V1}/export/audit"), 401, "unauthenticated")
-    dave = log_in(live_server.url, viewer)
+    dave = log_in(IN_PROCESS, viewer)
     assert len(jsonl(dave.get(f"{V1}/export/events").text)[1]) == Event.objects.count()
     error(dave.get(f"{V1}/export/audit"), 403, "forbidden")
     error(api.get(f"{V1}/export/audit"), 403, "forbidden")  # keys never read the audit log
 
-    olga = log_in(live_server.url, outsider)
+    olga = log_in(IN_PROCESS, outsider)
     error(olga.get(f"{V1}/export/events?workspace=acme/support"), 404, "not_found")
     error(olga.get(f"{V1}/export/events?runId=run_a&workspace=acme/support"), 404, "not_found")
     error(olga.get(f"{V1}/export/audit?tenant=acme"), 404, "not_found")
     assert jsonl(olga.get(f"{V1}/export/events").text)[1] == []
 
-    alice = log_in(live_server.url, admin)
+    alice = log_in(IN_PROCESS, admin)
     error(alice.get(f"{V1}/export/audit?runId=run_a"), 400, "invalid_parameter")
     response = alice.get(f"{V1}/export/audit")
     head, entries, end = jsonl(response.text)

@@ -1,8 +1,10 @@
 """Hostile bodies at the write endpoints (issue 17's fuzzing): hypothesis throws arbitrary JSON and
 JSON-like text at append, the tool gateway, feedback and re-execution requests through a real HTTP
-client and a live server. Whatever comes in, the answer is a 4xx with the error envelope of docs/api.md
-or a clean write — never a 500 — and the log is checked after every example: a refusal wrote
-nothing, an acknowledged append wrote exactly what it acknowledged, every run stays dense 1..N.
+client (httpx) into Django's whole request handling, in the test's process (the server that carries
+the bytes is not the subject: tests/test_body_limit.py is Daphne's). Whatever comes in, the answer
+is a 4xx with the error envelope of docs/api.md or a clean write — never a 500 — and the log is checked
+after every example: a refusal wrote nothing, an acknowledged append wrote exactly what it
+acknowledged, every run stays dense 1..N.
 
 Bounded: FUZZ_EXAMPLES examples per endpoint (default 40). Raw texts cover what a JSON encoder
 never produces: NaN/Infinity literals, lone surrogates, NUL, duplicate keys, nesting far past the
@@ -24,7 +26,7 @@ from hypothesis import strategies as st
 
 from ledger.models import Event, Run, Workspace
 from ledger.tenancy.services import create_key
-from tests.conftest import ev, started
+from tests.conftest import ev, http_client, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,14 +186,10 @@ def check_answer(response: httpx.Response, before: tuple[int, dict[str, Any]], b
 
 
 @pytest.fixture
-def post(live_server: Any, workspace: Workspace, append: Callable[..., Any], admin: Any) -> Any:
+def post(workspace: Workspace, append: Callable[..., Any], admin: Any) -> Any:
     append(RUN, started(), ev("StepScheduled", stepPath="s"))
     _, key = create_key(workspace=workspace, scopes=["ingest", "read", "execute"])
-    client = httpx.Client(
-        base_url=live_server.url,
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        timeout=120,
-    )
+    client = http_client(headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}, timeout=120)
 
     statuses: list[int] = []
 

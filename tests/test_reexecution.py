@@ -23,7 +23,7 @@ from ledger.models import AuditEntry, ReexecutionRequest, Workspace
 from ledger.reexecution import execution, services
 from ledger.reexecution.errors import ApprovalExpired, Forbidden, InvalidReexecution, PlanChanged, SelfApprovalForbidden
 from ledger.tenancy.services import bootstrap, create_key
-from tests.conftest import ev, log_in, named_user, started
+from tests.conftest import IN_PROCESS, ev, http_client, log_in, named_user, started
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
 
 # Every test runs on the fake clock (conftest), which a live server's thread reads too.
@@ -313,11 +313,11 @@ def test_the_evidence_lists_the_runs_requests_and_decisions(workspace, run, peop
 
 
 @pytest.fixture
-def sessions(live_server: Any, people: dict[str, User]) -> Iterator[Callable[[str], httpx.Client]]:
+def sessions(people: dict[str, User]) -> Iterator[Callable[[str], httpx.Client]]:
     opened: list[httpx.Client] = []
 
     def open_(username: str) -> httpx.Client:
-        opened.append(log_in(live_server.url, username, send_csrf=True))
+        opened.append(log_in(IN_PROCESS, username, send_csrf=True))
         return opened[-1]
 
     yield open_
@@ -325,9 +325,9 @@ def sessions(live_server: Any, people: dict[str, User]) -> Iterator[Callable[[st
         client.close()
 
 
-def _key(live_server: Any, workspace: Workspace, scopes: list[str]) -> httpx.Client:
+def _key(workspace: Workspace, scopes: list[str]) -> httpx.Client:
     _, secret = create_key(workspace=workspace, scopes=scopes)
-    return httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    return http_client(headers={"Authorization": f"Bearer {secret}"})
 
 
 def _code(response: httpx.Response) -> str:
@@ -335,7 +335,7 @@ def _code(response: httpx.Response) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_over_http_request_approve_deny_and_every_refusal(live_server, workspace, append, sessions) -> None:
+def test_over_http_request_approve_deny_and_every_refusal(workspace, append, sessions) -> None:
     _finished_run(append)
     carol, bob, dave, olga = (sessions(n) for n in ("carol", "bob", "dave", "olga"))
     url = f"/api/v1/runs/{RUN}/reexecutions"
@@ -368,14 +368,12 @@ def test_over_http_request_approve_deny_and_every_refusal(live_server, workspace
 
 
 @pytest.mark.django_db(transaction=True)
-def test_over_http_a_key_requests_claims_and_renews_but_never_approves(
-    live_server, workspace, append, sessions
-) -> None:
+def test_over_http_a_key_requests_claims_and_renews_but_never_approves(workspace, append, sessions) -> None:
     _finished_run(append)
     bob = sessions("bob")
-    executor = _key(live_server, workspace, ["execute", "ingest", "read"])
-    reader = _key(live_server, workspace, ["read"])
-    foreign = _key(live_server, bootstrap(tenant="globex", workspace="main"), ["execute", "read"])
+    executor = _key(workspace, ["execute", "ingest", "read"])
+    reader = _key(workspace, ["read"])
+    foreign = _key(bootstrap(tenant="globex", workspace="main"), ["execute", "read"])
     made = executor.post(f"/api/v1/runs/{RUN}/reexecutions", json={"mode": "rerun", "reason": "nightly"})
     assert made.status_code == 201, made.text
     rx_id = made.json()["id"]
@@ -411,9 +409,7 @@ def test_over_http_a_key_requests_claims_and_renews_but_never_approves(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_over_http_an_evaluate_batch_is_requested_and_approved_at_once(
-    live_server, workspace, append, sessions
-) -> None:
+def test_over_http_an_evaluate_batch_is_requested_and_approved_at_once(workspace, append, sessions) -> None:
     for run_id in ("run_case_1", "run_case_2"):
         _finished_run(append, run_id)
     carol, bob, olga = (sessions(n) for n in ("carol", "bob", "olga"))
@@ -439,7 +435,7 @@ def test_over_http_an_evaluate_batch_is_requested_and_approved_at_once(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_over_http_a_request_shows_its_plan_digest_and_decision(live_server, workspace, append, sessions) -> None:
+def test_over_http_a_request_shows_its_plan_digest_and_decision(workspace, append, sessions) -> None:
     _finished_run(append)
     carol, bob, olga = (sessions(n) for n in ("carol", "bob", "olga"))
     made = carol.post(
