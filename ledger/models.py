@@ -175,6 +175,10 @@ class Run(UsageColumns):
     root_run_id = models.CharField(max_length=84, blank=True)
     replay_of = models.CharField(max_length=200, blank=True)
     event_count = models.IntegerField(default=0)
+    # Where the log was written: "" here (or by any client), "little-workflow" for a run
+    # `ledger import-little` brought in, whose log is read by Little Workflow's rules where they
+    # differ from ours (docs/little-workflow.md). Set when the run's first event is imported.
+    imported_from = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -368,6 +372,9 @@ class CostEntry(models.Model):
     reasoning_tokens = models.BigIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
     price_table_version = models.CharField(max_length=100)
+    # The price table's entry that priced the call (`openai/gpt-4o` for a call to
+    # gpt-4o-2024-08-06), "" when unpriced: shown beside the model the call named.
+    priced_as = models.CharField(max_length=401, blank=True, default="")
     recorded_at = models.DateTimeField()
 
     class Meta:

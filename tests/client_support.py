@@ -1,7 +1,8 @@
 """What the runledger.client tests share: a real TCP proxy between the client and a live Daphne
 that misbehaves the way networks and load balancers do, on request: answers 503 or 429 with
 Retry-After itself, loses a response after the server committed it, kills the server at a chosen
-moment, or cuts open streams. Every request it sees is recorded."""
+moment, cuts open streams, or goes away for a while (`stop()` ... `start()`). Every request it sees
+is recorded."""
 
 from __future__ import annotations
 
@@ -51,6 +52,20 @@ class FaultyProxy:
         self._listener.close()
         self.cut()
 
+    def stop(self) -> None:
+        """An outage: connections are refused (the port closed) and open ones cut, until `start()`."""
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it: close alone does not
+        except OSError:
+            pass
+        self._listener.close()
+        self.cut()
+
+    def start(self) -> None:
+        """The end of the outage: the same port answers again."""
+        self._listener = socket.create_server(("127.0.0.1", int(self.url.rsplit(":", 1)[1])))
+        threading.Thread(target=self._accept, daemon=True).start()
+
     def add(self, *faults: Fault) -> None:
         with self._lock:
             self.faults.extend(faults)
@@ -71,9 +86,10 @@ class FaultyProxy:
             sock.close()
 
     def _accept(self) -> None:
+        listener = self._listener
         while not self._closed:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()

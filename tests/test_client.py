@@ -128,7 +128,9 @@ def test_a_run_batches_by_size_and_keys_every_event(client: Client, workspace: W
     run = client.start_run("wfver_batch", run_id="run_batch", input={"n": 1}, batch_size=3, flush_interval=600)
     for n in range(4):
         run.emit("StepScheduled", {"stepPath": f"s{n}"})
-    # three went as one batch when the third was emitted; the fourth waits for its batch
+    # three go as one batch, in the background, once the third is emitted; the fourth waits for its batch
+    wait_for(lambda: len(logged(workspace, "run_batch")) == 4, "the full batch")
+    time.sleep(0.3)
     assert [e["type"] for e in logged(workspace, "run_batch")] == ["RunStarted"] + ["StepScheduled"] * 3
     sent = run.flush()
     assert [e["payload"]["stepPath"] for e in sent] == ["s3"]
@@ -359,6 +361,7 @@ def test_a_failing_model_call_and_session_are_recorded_failed(client: Client, wo
         with session.model_call({"messages": []}, provider="openai", model_id="gpt-4o") as call:
             raise TimeoutError("the provider did not answer")
     assert call.response is None
+    run.flush()
     assert [e["type"] for e in logged(workspace, "run_session_fails")] == [
         "RunStarted",
         "harness.session.started",

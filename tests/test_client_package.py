@@ -70,7 +70,17 @@ def test_the_client_wheel_builds_offline_and_needs_only_httpx(tmp_path: Path) ->
     assert requires == ["httpx>=0.27,<1"]
     assert "Name: runledger-client" in metadata
     assert {n for n in names if not n.startswith("runledger_client-0.1.0.dist-info/")} == {
-        f"runledger/client/{name}" for name in ("__init__.py", "_core.py", "aio.py", "errors.py", "sync.py", "py.typed")
+        f"runledger/client/{name}"
+        for name in (
+            "__init__.py",
+            "_core.py",
+            "aio.py",
+            "errors.py",
+            "outbox.py",
+            "sync.py",
+            "wrappers.py",
+            "py.typed",
+        )
     }
 
     located = subprocess.run(

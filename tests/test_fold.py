@@ -255,7 +255,7 @@ def test_fold_understands_every_event_type() -> None:
     assert [(c.cycle_number, c.supervise) for c in state.outer_loop_cycles] == [(1, {"kind": "continue"})]
     assert state.usage.cost_usd == Decimal("0.0027")
     assert [(e.sequence, e.step_path, e.cost_usd, e.price_table_version) for e in state.cost_entries] == [
-        (7, "extract", Decimal("0.0027"), "2026-11-01")
+        (7, "extract", Decimal("0.0027"), "2026-12-03")
     ]
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -436,6 +437,31 @@ def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(
         ),
         ({"Content-Type": "application/json"}, b"[" * 5000 + b"]" * 5000, 400, "invalid_otlp"),
         ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, b"not gzip", 400, "invalid_otlp"),
+        # A gzip header then junk, a stream cut short, a stream with bytes after its end: never "taken".
+        (
+            {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            b"\x1f\x8b\x08\x00junk",
+            400,
+            "invalid_otlp",
+        ),
+        (
+            {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            gzip.compress(json.dumps(_chat_trace()).encode())[:-9],
+            400,
+            "invalid_otlp",
+        ),
+        (
+            {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            gzip.compress(json.dumps(_chat_trace()).encode()) + b"trailing",
+            400,
+            "invalid_otlp",
+        ),
+        (
+            {"Content-Type": "application/json", "Content-Encoding": "deflate"},
+            zlib.compress(json.dumps(_chat_trace()).encode()) + b"\x00",
+            400,
+            "invalid_otlp",
+        ),
         ({"Content-Type": "application/json", "Content-Encoding": "br"}, b"{}", 415, "unsupported_media_type"),
         ({"Content-Type": "text/plain"}, b"{}", 415, "unsupported_media_type"),
         (

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from datetime import date
 from decimal import Context, Decimal
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.fold.pricing import ModelRates, PriceTable, Usage, UsageTotals, load_default_prices, price_call
+from ledger.fold.pricing import (
+    LITTLE_WORKFLOW,
+    ModelRates,
+    PriceTable,
+    Usage,
+    UsageTotals,
+    load_default_prices,
+    parse_price_table,
+    price_call,
+)
 
 PRICES = load_default_prices()
 
@@ -18,25 +28,39 @@ def cost(provider: str, model_id: str, **usage: int) -> Decimal | None:
     return price_call(Usage(**usage), provider, model_id, PRICES)
 
 
-def test_shipped_table_holds_exactly_the_reference_rates() -> None:
-    path = Path(__file__).resolve().parents[1] / "ledger" / "prices" / "2026-11-01.json"
+# Little Workflow's registry (shared/reference/little-workflow.md §4): input / cached / output.
+LITTLE_REGISTRY = {
+    "openai/gpt-4o-mini": ("0.15", "0.075", "0.6"),
+    "openai/gpt-4o": ("2.5", "1.25", "10"),
+    "openai/gpt-5": ("1.25", "0.125", "10"),
+    "openai/o4-mini": ("1.1", "0.275", "4.4"),
+    "anthropic/claude-sonnet-4-6": ("3", "0.3", "15"),
+    "anthropic/claude-opus-4-7": ("5", "0.5", "25"),
+    "google/gemini-2.5-pro": ("1.25", "0.125", "10"),
+    "google/gemini-2.5-flash": ("0.3", "0.03", "2.5"),
+    "deepseek/deepseek-v4-flash": ("0.14", "0.0028", "0.28"),
+    "deepseek/deepseek-v4-pro": ("0.435", "0.003625", "0.87"),
+    "mistral/mistral-large-latest": ("2", None, "6"),
+    "perplexity/sonar-pro": ("3", None, "15"),
+    "groq/llama-3.3-70b-versatile": ("0.59", None, "0.79"),
+    "amazon/nova-pro": ("0.8", None, "3.2"),
+    "meta/llama-4-maverick": ("0.2", None, "0.6"),
+    "qwen/qwen3-coder": ("0.3", None, "1.2"),
+    "cohere/command-a": ("2.5", None, "10"),
+    "azure/gpt-4o": ("2.5", None, "10"),
+}
+# Ours beyond Little Workflow's registry: entries its date-suffix rule reaches or must not reach.
+OURS = {
+    "anthropic/claude-3-5-sonnet": ("3", "0.3", "15"),
+    "openai/gpt-4o-2024-05-13": ("5", None, "15"),
+}
+
+
+def test_shipped_table_prices_every_model_little_workflow_prices_at_its_rates() -> None:
+    path = Path(__file__).resolve().parents[1] / "ledger" / "prices" / "2026-12-03.json"
     data = json.loads(path.read_text("utf-8"), parse_float=Decimal)
-    assert data["version"] == PRICES.version == "2026-11-01"
-    expected = {
-        "openai/gpt-4o-mini": ("0.15", "0.075", "0.6"),
-        "openai/gpt-4o": ("2.5", "1.25", "10"),
-        "openai/gpt-5": ("1.25", "0.125", "10"),
-        "openai/o4-mini": ("1.1", "0.275", "4.4"),
-        "anthropic/claude-sonnet-4-6": ("3", "0.3", "15"),
-        "anthropic/claude-opus-4-7": ("5", "0.5", "25"),
-        "google/gemini-2.5-pro": ("1.25", "0.125", "10"),
-        "google/gemini-2.5-flash": ("0.3", "0.03", "2.5"),
-        "deepseek/deepseek-v4-flash": ("0.14", "0.0028", "0.28"),
-        "deepseek/deepseek-v4-pro": ("0.435", "0.003625", "0.87"),
-        "mistral/mistral-large-latest": ("2", None, "6"),
-        "groq/llama-3.3-70b-versatile": ("0.59", None, "0.79"),
-        "amazon/nova-pro": ("0.8", None, "3.2"),
-    }
+    assert data["version"] == PRICES.version == "2026-12-03"
+    expected = {**LITTLE_REGISTRY, **OURS}
     assert set(data["models"]) == set(expected) == set(PRICES.rates)
     for key, (input_rate, cached_rate, output_rate) in expected.items():
         entry = data["models"][key]
@@ -45,6 +69,95 @@ def test_shipped_table_holds_exactly_the_reference_rates() -> None:
         assert rates.input == Decimal(input_rate)
         assert rates.output == Decimal(output_rate)
         assert rates.cached_input == (None if cached_rate is None else Decimal(cached_rate))
+        assert entry.get("littleWorkflow", False) == (key in LITTLE_REGISTRY), key
+    assert PRICES.little_workflow == frozenset(LITTLE_REGISTRY)
+
+
+def test_every_price_names_its_source_and_date() -> None:
+    path = Path(__file__).resolve().parents[1] / "ledger" / "prices" / "2026-12-03.json"
+    for key, entry in json.loads(path.read_text("utf-8"))["models"].items():
+        assert isinstance(entry["source"], str) and entry["source"], key
+        assert date.fromisoformat(entry["sourceDate"]) <= date(2026, 12, 3), key
+        # A rate without a provider page read on its date says so.
+        assert entry.get("unverified", False) == (
+            not entry["source"].startswith("https://") or "not re-read" in entry["source"]
+        ), key
+
+
+def test_the_previous_table_is_kept_for_the_cost_entries_it_priced() -> None:
+    old = json.loads((Path(__file__).resolve().parents[1] / "ledger" / "prices" / "2026-11-01.json").read_text("utf-8"))
+    assert old["version"] == "2026-11-01"
+    assert parse_price_table(old).version == "2026-11-01"
+
+
+@pytest.mark.parametrize(
+    ("provider", "model_id", "priced_as"),
+    [
+        ("openai", "gpt-4o-2024-08-06", "openai/gpt-4o"),  # OpenAI's dated snapshot: -YYYY-MM-DD
+        ("openai", "gpt-4o-2024-11-20", "openai/gpt-4o"),
+        ("openai.chat", "gpt-4o-mini-2024-07-18", "openai/gpt-4o-mini"),
+        ("anthropic", "claude-3-5-sonnet-20241022", "anthropic/claude-3-5-sonnet"),  # Anthropic's: -YYYYMMDD
+        ("anthropic", "claude-sonnet-4-6-20260115", "anthropic/claude-sonnet-4-6"),
+        ("anthropic", "claude-3-5-sonnet-latest", "anthropic/claude-3-5-sonnet"),  # an alias
+        ("openai", "gpt-4o-2024-05-13", "openai/gpt-4o-2024-05-13"),  # its own entry shadows the rule
+        ("OpenAI", "GPT-4o", "openai/gpt-4o"),
+        ("perplexity", "sonar-pro", "perplexity/sonar-pro"),
+    ],
+)
+def test_a_model_finds_its_entry_through_aliases_and_date_suffixes(
+    provider: str, model_id: str, priced_as: str
+) -> None:
+    found = PRICES.resolve(provider, model_id)
+    assert found is not None and found[0] == priced_as
+    assert found[1] is PRICES.rates[priced_as]
+
+
+@pytest.mark.parametrize(
+    ("provider", "model_id"),
+    [("openai", "gpt-4o-2024"), ("openai", "gpt-9-2024-08-06"), ("openai", "-2024-08-06"), ("anthropic", "20241022")],
+)
+def test_a_date_suffix_alone_prices_nothing_new(provider: str, model_id: str) -> None:
+    assert PRICES.resolve(provider, model_id) is None
+
+
+def test_the_dated_gpt_4o_costs_what_gpt_4o_costs_and_the_first_snapshot_its_own_price() -> None:
+    usage = Usage(input_tokens=1_000_000, output_tokens=500_000)
+    assert price_call(usage, "openai", "gpt-4o-2024-08-06", PRICES) == Decimal("7.5")
+    assert price_call(usage, "openai", "gpt-4o-2024-05-13", PRICES) == Decimal("12.5")
+
+
+def test_little_workflow_rules_price_only_its_registry_and_exactly() -> None:
+    little = PRICES.for_little_workflow()
+    assert little.rules == LITTLE_WORKFLOW and little.version == "2026-12-03+little"
+    assert set(little.rates) == set(LITTLE_REGISTRY)
+    # Little Workflow's own lookup: exact key, dot segments off the provider; no alias, no date suffix.
+    assert little.resolve("openai.responses", "gpt-4o-mini") is not None
+    assert little.resolve("openai", "gpt-4o-2024-08-06") is None
+    assert little.resolve("anthropic", "claude-3-5-sonnet") is None  # ours, not its registry's
+    assert little.resolve("cohere", "command-a") is not None
+    assert little.for_little_workflow() is little
+
+
+def test_workspace_overrides_apply_under_little_workflow_rules_too() -> None:
+    little = PRICES.for_little_workflow().with_overrides({"acme/house": {"input": 1, "output": 2}})
+    assert little.rules == LITTLE_WORKFLOW and little.version.startswith("2026-12-03+little+ws.")
+    assert little.resolve("acme", "house") is not None
+
+
+def test_a_price_table_refuses_an_alias_to_nothing_and_an_unknown_entry_field() -> None:
+    with pytest.raises(ValueError, match="aliases name models"):
+        parse_price_table({"version": "v", "models": {}, "aliases": {"a/b": "c/d"}})
+    with pytest.raises(ValueError, match="needs input and output"):
+        parse_price_table({"version": "v", "models": {"a/b": {"input": 1, "output": 2, "costUsd": 3}}})
+
+
+def test_fractional_tokens_are_whole_under_our_rules_and_kept_under_little_workflows() -> None:
+    recorded = {"inputTokens": 1500.5, "outputTokens": 20.25, "cachedInputTokens": 0.5}
+    assert Usage.from_payload(recorded) == Usage(input_tokens=1500, output_tokens=20, cached_input_tokens=0)
+    exact = Usage.from_payload(recorded, exact=True)
+    assert (exact.input_tokens, exact.output_tokens, exact.cached_input_tokens) == (1500.5, 20.25, 0.5)
+    # Dollars from the decimals the log wrote: ((1500.5 - 0.5) x 2.5 + 0.5 x 1.25 + 20.25 x 10) / 1M
+    assert price_call(exact, "openai", "gpt-4o", PRICES) == Decimal("0.003953125")
 
 
 def test_gpt_4o_one_million_in_half_million_out_costs_7_50() -> None:
@@ -176,7 +289,7 @@ def test_usage_totals_round_trip_through_json() -> None:
 
 def test_workspace_override_changes_rates_and_version() -> None:
     table = PRICES.with_overrides({"openai/gpt-4o": {"output": 5}})
-    assert table.version.startswith("2026-11-01+ws")
+    assert table.version.startswith("2026-12-03+ws")
     assert table.version != PRICES.version
     assert table.lookup("openai", "gpt-4o").cached_input == Decimal("1.25")  # type: ignore[union-attr]
     result = price_call(Usage(input_tokens=1_000_000, output_tokens=500_000), "openai", "gpt-4o", table)

@@ -33,7 +33,9 @@ from .schema import RUN_ID, WORKSPACE, error_responses
 
 def _decompressed(body: bytes, encoding: str) -> bytes:
     """The body without its Content-Encoding (gzip, which OTLP exporters send by default, or
-    deflate), refused past the body limit once inflated: a small bomb cannot fill the memory."""
+    deflate), refused past the body limit once inflated: a small bomb cannot fill the memory. A
+    stream cut short or followed by other bytes is refused too: the exporter must not be told that
+    spans it never fully sent were taken."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
@@ -41,14 +43,26 @@ def _decompressed(body: bytes, encoding: str) -> bytes:
         raise UnsupportedOtlp(
             f"Content-Encoding {encoding!r} is not supported: gzip, deflate or none", field="Content-Encoding"
         )
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        out = inflater.decompress(body, MAX_BODY_BYTES + 1)
-    except zlib.error as exc:
-        raise InvalidOtlp(f"the body is not valid {encoding}: {exc}", field="Content-Encoding") from None
-    if len(out) > MAX_BODY_BYTES or inflater.unconsumed_tail:
-        raise PayloadTooLarge()
-    return out
+    out = b""
+    rest = body
+    while True:  # gzip allows several members one after another (RFC 1952 §2.2); deflate is one stream
+        inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+        try:
+            out += inflater.decompress(rest, MAX_BODY_BYTES + 1 - len(out))
+        except zlib.error as exc:
+            raise InvalidOtlp(f"the body is not valid {encoding}: {exc}", field="Content-Encoding") from None
+        if len(out) > MAX_BODY_BYTES or inflater.unconsumed_tail:
+            raise PayloadTooLarge()
+        if not inflater.eof:
+            raise InvalidOtlp(f"the body is not valid {encoding}: the stream is cut short", field="Content-Encoding")
+        rest = inflater.unused_data
+        if not rest:
+            return out
+        if encoding != "gzip" or not rest.startswith(b"\x1f\x8b"):
+            raise InvalidOtlp(
+                f"the body is not valid {encoding}: {len(rest)} byte(s) follow the end of the stream",
+                field="Content-Encoding",
+            )
 
 
 class OtlpTracesView(ApiView):

@@ -249,7 +249,12 @@ class CostSerializer(serializers.Serializer):
     callId = serializers.CharField(allow_null=True)
     stepPath = serializers.CharField(allow_null=True)
     provider = serializers.CharField(allow_null=True)
-    modelId = serializers.CharField(allow_null=True)
+    modelId = serializers.CharField(allow_null=True, help_text="the model the call named, as recorded")
+    pricedAs = serializers.CharField(
+        allow_null=True,
+        help_text="the price table's entry that priced the call (provider/modelId: an alias or the model id "
+        "without its date suffix, e.g. openai/gpt-4o for gpt-4o-2024-08-06); null: unpriced",
+    )
     inputTokens = serializers.IntegerField()
     outputTokens = serializers.IntegerField()
     cachedInputTokens = serializers.IntegerField()

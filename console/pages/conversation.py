@@ -18,6 +18,7 @@ from typing import Any
 from ledger.fold import ModelCall, RunState, ToolCallState
 from ledger.log.verify import artifact_refs
 from ledger.models import Workspace
+from ledger.reads.messages import plain_message
 from ledger.replay.plan import first_sequence, superseded
 from ledger.replay.runlog import FoldedRun
 
@@ -134,6 +135,7 @@ def _artifacts(workspace: Workspace, payloads: list[Any]) -> list[dict[str, str]
 def _message(raw: Any) -> Message:
     if not isinstance(raw, dict):
         return Message(role="?", text=pretty(raw))
+    raw = plain_message(raw)  # GenAI `parts`, OpenInference, the OpenAI SDK's tool calls
     content = raw.get("content")
     text = "" if content is None else pretty(content)
     tool_calls = raw.get("toolCalls") or raw.get("tool_calls")
@@ -156,15 +158,27 @@ def _request(folded: FoldedRun, call: ModelCall) -> tuple[list[Message], bool]:
     return listed, isinstance(request.get("messagesFrom"), int) and request["messagesFrom"] > 0
 
 
+def _recorded(folded: FoldedRun, sequence: int | None, name: str) -> bool:
+    """Whether the event holds `name`: a tracer that captured no content records none."""
+    payloads = _payloads(folded, sequence)
+    return not payloads or not isinstance(payloads[0], dict) or name in payloads[0]
+
+
 def _tool_view(workspace: Workspace, folded: FoldedRun, tool: ToolCallState) -> ToolView:
     outcome = tool.error if tool.status == "failed" else tool.result
     has_outcome = tool.status in ("succeeded", "failed") or tool.reconciled
     return ToolView(
         call=tool,
         origin=_origin(tool.origin),
-        args=pretty(tool.args),
-        outcome=pretty(outcome) if has_outcome else None,
-        started_at=folded.recorded_at(tool.started_sequence),
+        args=pretty(tool.args) if _recorded(folded, tool.started_sequence, "args") else "(not recorded)",
+        outcome=(
+            pretty(outcome)
+            if has_outcome and (tool.status != "succeeded" or _recorded(folded, tool.ended_sequence, "result"))
+            else "(not recorded)"
+            if has_outcome
+            else None
+        ),
+        started_at=folded.occurred_at(tool.started_sequence),
         artifacts=_artifacts(workspace, _payloads(folded, tool.started_sequence, tool.ended_sequence)),
     )
 
@@ -183,8 +197,8 @@ def _turn_view(workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], 
         incremental=incremental,
         response_text=text if isinstance(text, str) and text else None,
         response_tool_calls=requested(tool_calls),
-        called_at=folded.recorded_at(call.called_sequence),
-        answered_at=folded.recorded_at(call.responded_sequence or call.failed_sequence),
+        called_at=folded.occurred_at(call.called_sequence),
+        answered_at=folded.occurred_at(call.responded_sequence or call.failed_sequence),
         error=pretty(call.error) if call.status == "failed" else None,
         artifacts=_artifacts(
             workspace, _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)

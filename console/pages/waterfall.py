@@ -1,7 +1,8 @@
 """The waterfall tab: a run's steps, harness sessions, model and tool calls and sub-runs as timed
 bars on one time axis, nested by step path, with the critical path marked.
 
-Times are the events' recordedAt, read from the fold of the log (a step from its first attempt to
+Times are when the events' facts happened (their `occurredAt`, a span's times for OTLP, else their
+recordedAt), read from the fold of the log (a step from its first attempt to
 its end, a call from its first to its last event) and, for sub-runs, from their Run rows. Rendered
 as HTML/CSS bars (positions in percent of the axis): no build step, no script needed to read it.
 A sub-run's own bars load in place when asked (`waterfall/rows/`, htmx), on the parent's axis.
@@ -118,7 +119,7 @@ def _parent_step(path: str, steps: dict[str, Bar]) -> str | None:
 
 def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar | None:
     first = first_sequence(call)
-    start = parse_time(folded.recorded_at(first))
+    start = parse_time(folded.occurred_at(first))
     if start is None:
         return None
     last = call.responded_sequence or call.failed_sequence
@@ -128,7 +129,7 @@ def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar |
         f"turn {call.turn if call.turn is not None else '?'}",
         call.status,
         start,
-        parse_time(folded.recorded_at(last)) if last else None,
+        parse_time(folded.occurred_at(last)) if last else None,
         f"{urls['conversation']}#turn-{first}",
         first,
         detail=model,
@@ -137,10 +138,10 @@ def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar |
 
 def _tool_bar(folded: FoldedRun, urls: dict[str, str], tool: ToolCallState, subruns: dict[str, Run]) -> Bar | None:
     first = first_sequence(tool)
-    start = parse_time(folded.recorded_at(first))
+    start = parse_time(folded.occurred_at(first))
     if start is None:
         return None
-    end = parse_time(folded.recorded_at(tool.ended_sequence)) if tool.ended_sequence else None
+    end = parse_time(folded.occurred_at(tool.ended_sequence)) if tool.ended_sequence else None
     bar = Bar(
         "tool",
         tool.tool_name or tool.call_id,
@@ -170,7 +171,7 @@ def _as_subrun(bar: Bar, child: Run) -> None:
 def _steps(folded: FoldedRun, urls: dict[str, str]) -> dict[str, Bar]:
     bars: dict[str, Bar] = {}
     for path, step in folded.state.steps.items():
-        start = parse_time(step.started_at) or parse_time(folded.recorded_at(step.first_sequence))
+        start = parse_time(step.started_at) or parse_time(folded.occurred_at(step.first_sequence))
         if start is None:
             continue
         end = parse_time(step.finished_at) if step.status in ("completed", "failed") else None
@@ -197,10 +198,10 @@ def bars_of(run: Run, folded: FoldedRun, children: list[Run]) -> list[Bar]:
         (steps[parent].children if parent else roots).append(bar)
     sessions: dict[int, Bar] = {}
     for index, session in enumerate(state.sessions):
-        start = parse_time(folded.recorded_at(session.sequence))
+        start = parse_time(folded.occurred_at(session.sequence))
         if start is None:
             continue
-        end = parse_time(folded.recorded_at(session.ended_sequence)) if session.ended_sequence else None
+        end = parse_time(folded.occurred_at(session.ended_sequence)) if session.ended_sequence else None
         bar = Bar(
             "session",
             session.role or "session",
@@ -269,12 +270,12 @@ def flatten(bars: list[Bar], axis: Axis, depth: int = 0) -> list[Bar]:
 def axis_of(folded: FoldedRun, bars: list[Bar]) -> Axis | None:
     """From the run's first event (or earliest bar) to the latest of its last event and its bars."""
     starts = [b.start for b in bars]
-    first = parse_time(folded.recorded_at(1))
+    first = parse_time(folded.occurred_at(1))
     if first is not None:
         starts.append(first)
     if not starts:
         return None
-    ends = [t for t in [parse_time(folded.recorded_at(len(folded.log))), *(b.end for b in _all(bars))] if t]
+    ends = [t for t in [parse_time(folded.occurred_at(len(folded.log))), *(b.end for b in _all(bars))] if t]
     return Axis(min(starts), max([*ends, min(starts)]))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .pricing import EXACT, MONEY, PriceTable, Usage, UsageTotals
+from .pricing import EXACT, LITTLE_WORKFLOW, MONEY, PriceTable, Tokens, Usage, UsageTotals, exact_tokens
 from .state import (
     ARTIFACT_REF_PREFIX,
     REPLAYED_ORIGINS,
@@ -32,6 +32,7 @@ from .state import (
     build_cost_entry,
     build_model_call,
     build_tool_call,
+    occurred_at,
     visit_index,
 )
 
@@ -49,6 +50,8 @@ class _Event:
 
 
 _Handler = Callable[[RunState, _Event], None]
+# ModelRates.scaled and the price table key that gave it.
+_Rates = tuple[int, int, int, int, str]
 
 # What a JSON object may be. isinstance tries dict, what a decoded payload holds, before the Mapping
 # ABC, whose check is a Python-level call: several per model call otherwise.
@@ -115,25 +118,29 @@ class _Fold:
     """What one `fold_events` call keeps beside the state: the price table, its rates by
     (provider, model) as `price_call` uses them, and the running totals."""
 
-    __slots__ = ("table", "version", "rates", "models", "replayed", "entries_from")
+    __slots__ = ("table", "version", "rates", "models", "replayed", "entries_from", "exact")
 
     def __init__(self, table: PriceTable, state: RunState) -> None:
         self.table = table
         self.version = table.version
-        self.rates: dict[tuple[str | None, str | None], tuple[int, int, int, int] | None] = {}
+        self.rates: dict[tuple[str | None, str | None], _Rates | None] = {}
         # (payload provider, payload modelId) -> (provider, model id, rates), for _model_responded
-        self.models: dict[tuple[Any, Any], tuple[str | None, str | None, tuple[int, int, int, int] | None]] = {}
+        self.models: dict[tuple[Any, Any], tuple[str | None, str | None, _Rates | None]] = {}
         self.replayed: _Totals | None = None
         self.entries_from = len(state.cost_entries)
+        # Little Workflow's rule for its own logs: a token count is the number recorded, fractions
+        # kept (ours: whole tokens, docs/pricing.md).
+        self.exact = table.rules == LITTLE_WORKFLOW
 
-    def rates_of(self, provider: str | None, model_id: str | None) -> tuple[int, int, int, int] | None:
-        """`price_call`'s rates for a model (`ModelRates.scaled`), looked up once per fold."""
+    def rates_of(self, provider: str | None, model_id: str | None) -> _Rates | None:
+        """`price_call`'s rates for a model (`ModelRates.scaled`) and the key of the table's entry
+        that prices it, looked up once per fold."""
         key = (provider, model_id)
         try:
             return self.rates[key]
         except KeyError:
-            rates = self.table.lookup(provider, model_id)
-            scaled = self.rates[key] = None if rates is None else rates.scaled
+            found = self.table.resolve(provider, model_id)
+            scaled = self.rates[key] = None if found is None else (*found[1].scaled, found[0])
             return scaled
 
     def finish(self, state: RunState) -> None:
@@ -227,7 +234,10 @@ def fold_events(state: RunState, events: Iterable[Mapping[str, Any]], table: Pri
             other = slow.get(event_type)
             if other is not None:
                 state.last_sequence = last
-                other(state, _Event(last, _str(event.get("recordedAt")), payload, step_path, table))
+                at = _str(event.get("recordedAt"))
+                if "occurredAt" in payload:
+                    at = occurred_at(payload, at)
+                other(state, _Event(last, at, payload, step_path, table))
     finally:
         state.event_count, state.custom_event_count, state.last_sequence = count, custom, last
         fold.finish(state)
@@ -256,6 +266,7 @@ def _workflow_version_registered(state: RunState, e: _Event) -> None:
 def _run_completed(state: RunState, e: _Event) -> None:
     state.status = "completed"
     state.finished_at = e.at
+    _restated_start(state, e)
     state.error = None
     if "output" in e.payload:
         state.output = e.payload["output"]
@@ -270,6 +281,14 @@ def _run_failed(state: RunState, e: _Event) -> None:
     state.status = "failed"
     state.finished_at = e.at
     state.error = e.payload.get("error")
+    _restated_start(state, e)
+
+
+def _restated_start(state: RunState, e: _Event) -> None:
+    """A writer that learns when the run began only at its end (OpenTelemetry's root span is sent
+    when it ends) restates it there as `runStartedAt`."""
+    if "runStartedAt" in e.payload:
+        state.started_at = occurred_at(e.payload, state.started_at, "runStartedAt")
 
 
 def _step_scheduled(state: RunState, e: _Event) -> None:
@@ -592,18 +611,21 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             _set_output(usage, output_tokens)
             _set_cached(usage, 0)
             _set_reasoning(usage, 0)
-            cached = 0
+            cached: Tokens = 0
         else:
-            usage = Usage.from_payload(raw_usage)
+            usage = Usage.from_payload(raw_usage, exact=fold.exact)
             input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
             cached = usage.cached_input_tokens
         if scaled is _UNKNOWN:
             scaled = fold.rates_of(provider, model_id)
         if scaled is not None:  # price_call's sum
-            rate_in, rate_cached, rate_out, exponent = scaled
-            cost = _SCALEB(
-                _Decimal((input_tokens - cached) * rate_in + cached * rate_cached + output_tokens * rate_out), exponent
-            )
+            rate_in, rate_cached, rate_out, exponent, priced_as = scaled
+            if input_tokens.__class__ is int and output_tokens.__class__ is int and cached.__class__ is int:
+                units: Any = (input_tokens - cached) * rate_in + cached * rate_cached + output_tokens * rate_out
+            else:  # a fraction of a token (Little Workflow's logs): its decimal digits, exactly
+                d_in, d_out, d_cached = exact_tokens(input_tokens), exact_tokens(output_tokens), exact_tokens(cached)
+                units = (d_in - d_cached) * rate_in + d_cached * rate_cached + d_out * rate_out
+            cost = _SCALEB(_Decimal(units), exponent)
     if call is None:
         call_id, origin, replay_of, turn = p.get("callId"), p.get("origin"), p.get("replayOf"), p.get("turn")
         call = build_model_call(
@@ -635,6 +657,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             call.usage, call.cost = usage, cost
     if usage is None:
         return
+    priced_as = None if scaled is None or scaled is _UNKNOWN else scaled[4]
     if call.origin in REPLAYED_ORIGINS:
         # Served from the original's record: the original already counted (and paid) this call;
         # counting it here would double it in every rollup, so it gets no cost entry either.
@@ -657,8 +680,17 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             usage.reasoning_tokens,
             cost,
             fold.version,
+            priced_as,
         )
     )
+
+
+def _model_call_completed(
+    state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None, fold: _Fold
+) -> None:
+    """Little Workflow's legacy model event: `{model, usage}` at the top of the payload, counted
+    as its fold counts it (and priced like harness.model.responded)."""
+    _model_responded(state, {**p, "response": {"usage": p.get("usage")}}, sequence, step_path, fold)
 
 
 def _model_failed(state: RunState, e: _Event) -> None:
@@ -868,7 +900,28 @@ _FastHandler = Callable[[RunState, Mapping[str, Any], int, "str | None", _Fold],
 _FAST: dict[str, _FastHandler] = {
     "harness.model.responded": _model_responded,
     "harness.tool_call.started": _tool_started,
+    "ModelCallCompleted": _model_call_completed,
 }
+# Little Workflow's legacy harness type names, read as the names they became (its
+# normalizeHarnessEventType): logs it wrote before the rename keep them, and their ids hash them.
+LEGACY_HARNESS_TYPES = {
+    "HarnessSessionStarted": "harness.session.started",
+    "HarnessSessionCompleted": "harness.session.completed",
+    "HarnessSessionFailed": "harness.session.failed",
+    "HarnessModelCalled": "harness.model.called",
+    "HarnessModelResponded": "harness.model.responded",
+    "HarnessModelFailed": "harness.model.failed",
+    "HarnessToolCallStarted": "harness.tool_call.started",
+    "HarnessToolCallSucceeded": "harness.tool_call.succeeded",
+    "HarnessToolCallFailed": "harness.tool_call.failed",
+    "HarnessExecuteStepStarted": "harness.execute_step.started",
+    "HarnessExecuteStepSucceeded": "harness.execute_step.succeeded",
+}
+for _legacy, _current in LEGACY_HARNESS_TYPES.items():
+    if _current in _FAST:
+        _FAST[_legacy] = _FAST[_current]
+    elif _current in HANDLERS:
+        HANDLERS[_legacy] = HANDLERS[_current]
 
 
 def _str(value: Any) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
@@ -21,7 +22,11 @@ from ..canonical import digest
 
 TOKENS_PER_PRICE_UNIT = 1_000_000
 _PRICE_UNIT = Decimal(TOKENS_PER_PRICE_UNIT)
-DEFAULT_PRICE_FILE = "2026-11-01.json"
+DEFAULT_PRICE_FILE = "2026-12-03.json"
+# The rules a table prices by: ours (aliases, date suffixes), or Little Workflow's for the runs
+# imported from it (its registry's entries only, looked up exactly: its report is reproduced).
+NATIVE = "native"
+LITTLE_WORKFLOW = "little-workflow"
 
 # Wide enough that no product or sum of token counts and rates is ever rounded.
 MONEY = Context(prec=50)
@@ -30,6 +35,8 @@ EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 _ZERO = Decimal(0)
 
 _RATE_KEYS = {"input", "cachedInput", "output"}
+# What an entry of the shipped table may say beside its rates: where they come from (docs/pricing.md).
+_ENTRY_KEYS = _RATE_KEYS | {"source", "sourceDate", "unverified", "littleWorkflow"}
 _new = object.__new__
 _LOOKUPS_KEPT = 1024  # distinct (provider, modelId) answers a table remembers; payloads name them
 # A recorded JSON object: dict first, so the usual case skips the Mapping ABC's Python-level check.
@@ -55,47 +62,105 @@ class ModelRates:
 
 @dataclass(frozen=True)
 class PriceTable:
+    """Rates by `provider/modelId` (lower case), and how a model a call names finds its entry.
+
+    `aliases` maps a key to another entry's key; `date_suffixes` are patterns a model id may end
+    with (a dated snapshot such as `gpt-4o-2024-08-06`) that are cut off when the id has no entry
+    of its own. `little_workflow` are the keys Little Workflow's registry prices at these rates;
+    under `rules == LITTLE_WORKFLOW` only those are looked up, exactly (`for_little_workflow`).
+    """
+
     version: str
     rates: Mapping[str, ModelRates]
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    date_suffixes: tuple[str, ...] = ()
+    little_workflow: frozenset[str] = frozenset()
+    rules: str = NATIVE
 
     def __post_init__(self) -> None:
         frozen = MappingProxyType({key.lower(): rates for key, rates in self.rates.items()})
         object.__setattr__(self, "rates", frozen)
-        # lookup's answers by (provider, modelId): the fold asks once per model call.
+        object.__setattr__(self, "aliases", MappingProxyType({k.lower(): v.lower() for k, v in self.aliases.items()}))
+        object.__setattr__(self, "little_workflow", frozenset(key.lower() for key in self.little_workflow))
+        object.__setattr__(self, "_suffixes", tuple(re.compile(pattern) for pattern in self.date_suffixes))
+        # resolve's answers by (provider, modelId): the fold asks once per model call.
         object.__setattr__(self, "_found", {})
 
     def lookup(self, provider: Any, model_id: Any) -> ModelRates | None:
-        found: dict[tuple[str, str], ModelRates | None] = self._found  # type: ignore[attr-defined]
+        resolved = self.resolve(provider, model_id)
+        return None if resolved is None else resolved[1]
+
+    def resolve(self, provider: Any, model_id: Any) -> tuple[str, ModelRates] | None:
+        """The entry that prices `provider/modelId`, as (its key, its rates), or None."""
+        found: dict[tuple[str, str], tuple[str, ModelRates] | None] = self._found  # type: ignore[attr-defined]
         key = (provider, model_id)
         try:
             return found[key]
         except (KeyError, TypeError):  # TypeError: an unhashable value from a payload
             pass
-        rates = self._lookup(provider, model_id)
+        resolved = self._resolve(provider, model_id)
         if isinstance(provider, str) and isinstance(model_id, str) and len(found) < _LOOKUPS_KEPT:
-            found[key] = rates
-        return rates
+            found[key] = resolved
+        return resolved
 
-    def _lookup(self, provider: Any, model_id: Any) -> ModelRates | None:
-        """Rates for `provider/modelId`, trying `openai.responses`, then `openai`.
-
-        Trailing dot segments come off the provider only, one at a time: model ids contain
-        dots of their own (`gpt-4.1`), and the exact key is tried first so a dotted entry in
-        the table shadows its bare provider.
-        """
+    def _resolve(self, provider: Any, model_id: Any) -> tuple[str, ModelRates] | None:
+        """The exact key first (under either rules), then ours: an alias, then the model id
+        without a date suffix (exactly, then as an alias)."""
         if not isinstance(provider, str) or not provider:
             return None
         if not isinstance(model_id, str) or not model_id:
             return None
-        candidate = provider
+        found = self._exact(provider, model_id)
+        if found is not None or self.rules == LITTLE_WORKFLOW:
+            return found
+        found = self._aliased(provider, model_id)
+        if found is not None:
+            return found
+        for suffix in self._suffixes:  # type: ignore[attr-defined]
+            undated = suffix.sub("", model_id)
+            if undated and undated != model_id:
+                found = self._exact(provider, undated) or self._aliased(provider, undated)
+                if found is not None:
+                    return found
+        return None
+
+    def _keys(self, provider: str, model_id: str) -> list[str]:
+        """`provider/modelId` keys to try, trailing dot segments off the provider one at a time
+        (`openai.responses` -> `openai`): model ids have dots of their own (`gpt-4.1`), and the
+        exact key comes first, so a dotted entry in the table shadows its bare provider."""
+        keys, candidate = [], provider
         while True:
-            rates = self.rates.get(f"{candidate}/{model_id}".lower())
-            if rates is not None:
-                return rates
+            keys.append(f"{candidate}/{model_id}".lower())
             cut = candidate.rfind(".")
             if cut <= 0:
-                return None
+                return keys
             candidate = candidate[:cut]
+
+    def _exact(self, provider: str, model_id: str) -> tuple[str, ModelRates] | None:
+        for key in self._keys(provider, model_id):
+            rates = self.rates.get(key)
+            if rates is not None:
+                return key, rates
+        return None
+
+    def _aliased(self, provider: str, model_id: str) -> tuple[str, ModelRates] | None:
+        for key in self._keys(provider, model_id):
+            target = self.aliases.get(key)
+            if target is not None and target in self.rates:
+                return target, self.rates[target]
+        return None
+
+    def for_little_workflow(self) -> PriceTable:
+        """This table as runs imported from Little Workflow are priced: only the entries its
+        registry holds, looked up as it looks them up (exact key, provider dot segments off)."""
+        if self.rules == LITTLE_WORKFLOW:
+            return self
+        return PriceTable(
+            version=f"{self.version}+little",
+            rates={key: rates for key, rates in self.rates.items() if key in self.little_workflow},
+            little_workflow=self.little_workflow,
+            rules=LITTLE_WORKFLOW,
+        )
 
     def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> PriceTable:
         """This table with a workspace's rates laid over it.
@@ -103,7 +168,9 @@ class PriceTable:
         An entry may change some rates of a known model (`{"output": 5}`) or add a model
         (then `input` and `output` are required; `cachedInput: null` drops a cache rate).
         The version names a digest of the overrides, so `ledger reprice` can tell two
-        workspaces' tables, or one workspace before and after an edit, apart.
+        workspaces' tables, or one workspace before and after an edit, apart. Under Little
+        Workflow's rules an override is looked up like the registry's entries: the workspace
+        said so.
         """
         if not overrides:
             return self
@@ -134,7 +201,14 @@ class PriceTable:
                 "cachedInput": _plain(rates.cached_input),
                 "output": _plain(rates.output),
             }
-        return PriceTable(version=f"{self.version}+ws.{digest(applied)[7:15]}", rates=merged)
+        return PriceTable(
+            version=f"{self.version}+ws.{digest(applied)[7:15]}",
+            rates=merged,
+            aliases=self.aliases,
+            date_suffixes=self.date_suffixes,
+            little_workflow=self.little_workflow,
+            rules=self.rules,
+        )
 
 
 def _override_base(key: str, entry: Mapping[str, Any]) -> ModelRates:
@@ -156,16 +230,30 @@ def parse_price_table(data: Mapping[str, Any]) -> PriceTable:
     if not isinstance(version, str) or not version or not isinstance(models, Mapping):
         raise ValueError("a price table needs a version string and a models object")
     rates: dict[str, ModelRates] = {}
+    little: set[str] = set()
     for key, entry in models.items():
-        if not isinstance(entry, Mapping) or set(entry) - _RATE_KEYS or not {"input", "output"} <= set(entry):
-            raise ValueError(f"price table entry {key!r} needs input and output rates only")
+        if not isinstance(entry, Mapping) or set(entry) - _ENTRY_KEYS or not {"input", "output"} <= set(entry):
+            raise ValueError(f"price table entry {key!r} needs input and output rates, and only {sorted(_ENTRY_KEYS)}")
         cached = entry.get("cachedInput")
         rates[key] = ModelRates(
             input=_rate(entry["input"], key),
             output=_rate(entry["output"], key),
             cached_input=None if cached is None else _rate(cached, key),
         )
-    return PriceTable(version=version, rates=rates)
+        if entry.get("littleWorkflow") is True:
+            little.add(key)
+    aliases = data.get("aliases", {})
+    suffixes = data.get("dateSuffixes", [])
+    if not isinstance(aliases, Mapping) or not all(isinstance(v, str) for v in aliases.values()):
+        raise ValueError("aliases must map provider/modelId to provider/modelId")
+    missing = sorted(target for target in aliases.values() if target.lower() not in {k.lower() for k in rates})
+    if missing:
+        raise ValueError(f"aliases name models the table does not price: {missing}")
+    if not isinstance(suffixes, list) or not all(isinstance(p, str) for p in suffixes):
+        raise ValueError("dateSuffixes must be a list of regular expressions")
+    return PriceTable(
+        version=version, rates=rates, aliases=aliases, date_suffixes=tuple(suffixes), little_workflow=frozenset(little)
+    )
 
 
 def _rate(value: Any, where: str) -> Decimal:
@@ -180,6 +268,27 @@ def _rate(value: Any, where: str) -> Decimal:
 
 def _plain(value: Decimal | None) -> str | None:
     return None if value is None else f"{value.normalize():f}"
+
+
+# A token count: whole under our rules; under Little Workflow's, the number its log recorded.
+Tokens = int | float
+
+
+def exact_tokens(value: Tokens) -> Decimal:
+    """A token count as the decimal its shortest form writes (`1500.5`, not the binary double's
+    expansion): what the dollars of a fractional count are computed from."""
+    return Decimal(value) if value.__class__ is int else Decimal(repr(value))
+
+
+def _tokens_as_recorded(value: Any) -> Tokens:
+    """Little Workflow's `tokenCount`: a finite number above 0 as it is, anything else 0."""
+    if value.__class__ is int:
+        return value if value > 0 else 0
+    if isinstance(value, float) and math.isfinite(value) and value > 0:
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(value, 0)
+    return 0
 
 
 def _tokens(value: Any) -> int:
@@ -199,10 +308,10 @@ def _tokens(value: Any) -> int:
 class Usage:
     """One model call's tokens. `cached` is part of `input`, `reasoning` part of `output`."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    reasoning_tokens: int = 0
+    input_tokens: Tokens = 0
+    output_tokens: Tokens = 0
+    cached_input_tokens: Tokens = 0
+    reasoning_tokens: Tokens = 0
 
     def __init__(
         self, input_tokens: Any = 0, output_tokens: Any = 0, cached_input_tokens: Any = 0, reasoning_tokens: Any = 0
@@ -212,8 +321,9 @@ class Usage:
         )
 
     @classmethod
-    def from_payload(cls, usage: Mapping[str, Any]) -> Usage:
-        """Read a recorded `usage` object; a `costUsd` in it is never read."""
+    def from_payload(cls, usage: Mapping[str, Any], *, exact: bool = False) -> Usage:
+        """Read a recorded `usage` object; a `costUsd` in it is never read. `exact`: counts as
+        recorded, fractions kept (Little Workflow's rule for its logs), else whole tokens."""
         if not isinstance(usage, _OBJECT):
             raise TypeError("usage must be an object")
         get = usage.get
@@ -224,18 +334,19 @@ class Usage:
         reasoning = get("reasoningTokens")
         if reasoning is None:
             reasoning = _detail(get("outputTokenDetails"), "reasoningTokens")
+        count = _tokens_as_recorded if exact else _tokens
         # The fold builds one per model call: without the keyword __init__'s call frame.
         made = _new(cls)
         _fill_usage(
             made,
-            _tokens(get("inputTokens", 0)),
-            _tokens(get("outputTokens", 0)),
-            0 if cached is None else _tokens(cached),
-            0 if reasoning is None else _tokens(reasoning),
+            count(get("inputTokens", 0)),
+            count(get("outputTokens", 0)),
+            0 if cached is None else count(cached),
+            0 if reasoning is None else count(reasoning),
         )
         return made
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Tokens]:
         return {
             "inputTokens": self.input_tokens,
             "outputTokens": self.output_tokens,
@@ -251,7 +362,7 @@ _SET_INPUT, _SET_OUTPUT, _SET_CACHED, _SET_REASONING = (
 )
 
 
-def _fill_usage(usage: Usage, input_tokens: int, output_tokens: int, cached: int, reasoning: int) -> None:
+def _fill_usage(usage: Usage, input_tokens: Tokens, output_tokens: Tokens, cached: Tokens, reasoning: Tokens) -> None:
     """Set a Usage's counts once each (counted by _tokens): cached within input, reasoning
     within output."""
     _SET_INPUT(usage, input_tokens)
@@ -272,10 +383,15 @@ def price_call(usage: Usage, provider: Any, model_id: Any, table: PriceTable) ->
     if rates is None:
         return None
     rate_in, rate_cached, rate_out, exponent = rates.scaled
-    cached = usage.cached_input_tokens  # Usage keeps it within input_tokens
+    tokens_in, tokens_out, cached = usage.input_tokens, usage.output_tokens, usage.cached_input_tokens
     # Reasoning tokens are already inside output_tokens: charging them again would double-bill.
     # (tokens x rate) / 1M in integers of 10^exponent dollars: exact, as the Decimal sum was.
-    units = (usage.input_tokens - cached) * rate_in + cached * rate_cached + usage.output_tokens * rate_out
+    units: int | Decimal
+    if isinstance(tokens_in, int) and isinstance(tokens_out, int) and isinstance(cached, int):
+        units = (tokens_in - cached) * rate_in + cached * rate_cached + tokens_out * rate_out
+    else:  # a fraction of a token (Little Workflow's logs): its decimal digits, exactly
+        d_in, d_out, d_cached = exact_tokens(tokens_in), exact_tokens(tokens_out), exact_tokens(cached)
+        units = (d_in - d_cached) * rate_in + d_cached * rate_cached + d_out * rate_out
     return EXACT.scaleb(Decimal(units), exponent)
 
 
@@ -283,10 +399,10 @@ def price_call(usage: Usage, provider: Any, model_id: Any, table: PriceTable) ->
 class UsageTotals:
     """Sums over calls. `cost_usd` is None only when every call was unpriced; 0 means no calls."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    reasoning_tokens: int = 0
+    input_tokens: Tokens = 0
+    output_tokens: Tokens = 0
+    cached_input_tokens: Tokens = 0
+    reasoning_tokens: Tokens = 0
     cost_usd: Decimal | None = Decimal(0)
     priced_calls: int = 0
     unpriced_calls: int = 0
@@ -363,7 +479,28 @@ class Priced(Protocol):
     price_overrides: Any
 
 
-def prices_for(workspace: Priced) -> PriceTable:
-    """The price table a workspace's runs are priced with: the shipped one, with its overrides."""
-    table = load_default_prices()
+class PricedRun(Protocol):
+    """A run (models.Run): its workspace, and the rules its log was written under."""
+
+    @property
+    def workspace(self) -> Priced: ...
+
+    @property
+    def imported_from(self) -> str: ...
+
+
+def prices_for(workspace: Priced, *, rules: str = NATIVE) -> PriceTable:
+    """The price table a workspace's runs are priced with: the shipped one (as Little Workflow
+    prices, for `rules=LITTLE_WORKFLOW`), with the workspace's overrides."""
+    table = load_default_prices() if rules != LITTLE_WORKFLOW else _little_workflow_prices()
     return table.with_overrides(workspace.price_overrides) if workspace.price_overrides else table
+
+
+def prices_of(run: PricedRun) -> PriceTable:
+    """The price table of one run: its workspace's, under the rules of where its log came from."""
+    return prices_for(run.workspace, rules=LITTLE_WORKFLOW if run.imported_from == LITTLE_WORKFLOW else NATIVE)
+
+
+@cache
+def _little_workflow_prices() -> PriceTable:
+    return load_default_prices().for_little_workflow()

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from .codec import dump, keyed_fields, load
-from .pricing import Usage, UsageTotals
+from .pricing import Tokens, Usage, UsageTotals
 
 _T = TypeVar("_T")
 ARTIFACT_REF_PREFIX = "artifact://"
@@ -197,12 +198,13 @@ class CostEntry(_Record):
     step_path: str | None
     provider: str | None
     model_id: str | None
-    input_tokens: int
-    output_tokens: int
-    cached_input_tokens: int
-    reasoning_tokens: int
+    input_tokens: Tokens
+    output_tokens: Tokens
+    cached_input_tokens: Tokens
+    reasoning_tokens: Tokens
     cost_usd: Decimal | None
     price_table_version: str
+    priced_as: str | None = None  # the price table's entry that priced the call (an alias, an undated id)
 
 
 @dataclass(eq=False, slots=True)
@@ -287,7 +289,7 @@ def _builder(cls: type[_T]) -> Callable[..., _T]:
 #  called_sequence, responded_sequence, failed_sequence, origin, replay_of, session)
 build_model_call = _builder(ModelCall)
 # (sequence, call_id, turn, step_path, provider, model_id, input_tokens, output_tokens,
-#  cached_input_tokens, reasoning_tokens, cost_usd, price_table_version)
+#  cached_input_tokens, reasoning_tokens, cost_usd, price_table_version, priced_as)
 build_cost_entry = _builder(CostEntry)
 # (call_id, tool_name, args, caller, turn, step_path, status, result, error, duration_ms, reconciled,
 #  origin, replay_of, started_sequence, ended_sequence, session, approval)
@@ -309,3 +311,20 @@ def next_visit_index(state: RunState, base_path: str, *, max_visits: int) -> int
         for path, step in state.steps.items()
         if path.startswith(prefix) and visit_index(path) is not None and step.status == "completed"
     )
+
+
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
+
+
+def occurred_at(payload: Mapping[str, Any], recorded_at: str | None, field: str = "occurredAt") -> str | None:
+    """When an event's fact happened: its payload's `occurredAt` (ISO 8601 UTC, `Z`, up to
+    microseconds) when it names a real instant, else when the log recorded it. A writer that
+    reports after the fact (OpenTelemetry spans arrive when they end, in batches) says when."""
+    value = payload.get(field)
+    if isinstance(value, str) and _TIME.fullmatch(value):
+        try:
+            datetime.fromisoformat(value)
+        except ValueError:
+            return recorded_at  # a well-formed text naming no day (month 13): ignored, never an error
+        return value
+    return recorded_at

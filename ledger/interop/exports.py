@@ -89,6 +89,7 @@ COLUMNS: dict[str, list[str]] = {
         "stepPath",
         "provider",
         "modelId",
+        "pricedAs",
         "inputTokens",
         "outputTokens",
         "cachedInputTokens",

@@ -8,6 +8,7 @@ scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,7 +19,7 @@ from typing import Any
 from django.db import transaction
 
 from ..fold import RunState, fold
-from ..fold.pricing import UsageTotals, prices_for
+from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
 from . import rollup
 from .bulk import insert_rows, upsert_rows
@@ -46,12 +47,18 @@ def _money(value: Decimal | None) -> Decimal | None:
     return None if value is None else value.quantize(MONEY_PLACES)
 
 
+def _whole(tokens: Tokens) -> int:
+    """A token count as the columns keep it: whole. Only a log read by Little Workflow's rules
+    has fractions (docs/little-workflow.md); the report and the run's state show them exactly."""
+    return tokens if isinstance(tokens, int) else math.floor(tokens)
+
+
 def _usage(usage: UsageTotals) -> dict[str, Any]:
     return {
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cached_input_tokens": usage.cached_input_tokens,
-        "reasoning_tokens": usage.reasoning_tokens,
+        "input_tokens": _whole(usage.input_tokens),
+        "output_tokens": _whole(usage.output_tokens),
+        "cached_input_tokens": _whole(usage.cached_input_tokens),
+        "reasoning_tokens": _whole(usage.reasoning_tokens),
         "cost_usd": _money(usage.cost_usd),
         "priced_calls": usage.priced_calls,
         "unpriced_calls": usage.unpriced_calls,
@@ -152,12 +159,13 @@ def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> 
         "step_path": entry.step_path or "",
         "provider": entry.provider or "",
         "model_id": entry.model_id or "",
-        "input_tokens": entry.input_tokens,
-        "output_tokens": entry.output_tokens,
-        "cached_input_tokens": entry.cached_input_tokens,
-        "reasoning_tokens": entry.reasoning_tokens,
+        "input_tokens": _whole(entry.input_tokens),
+        "output_tokens": _whole(entry.output_tokens),
+        "cached_input_tokens": _whole(entry.cached_input_tokens),
+        "reasoning_tokens": _whole(entry.reasoning_tokens),
         "cost_usd": _money(entry.cost_usd),
         "price_table_version": entry.price_table_version,
+        "priced_as": entry.priced_as or "",
         "recorded_at": _when(recorded_at[entry.sequence]),
     }
 
@@ -270,7 +278,7 @@ def write(run_pk: int, changes: Changes) -> None:
 def rebuild(run: Run) -> RunState:
     """Throw the run's projections away and write them again from the log."""
     run = Run.objects.select_for_update().select_related("workspace").get(pk=run.pk)
-    prices = prices_for(run.workspace)
+    prices = prices_of(run)
     log = log_of(run)
     state = fold(log, prices=prices, run_id=run.run_id)
     days = rollup.days_of([run.pk]).get(run.workspace_id, set())

@@ -31,7 +31,7 @@ from .. import clock
 from ..canonical import EventIds, canonical_bytes
 from ..errors import InvalidEvent, LedgerError
 from ..fold import RunState, advance
-from ..fold.pricing import PriceTable, prices_for
+from ..fold.pricing import LITTLE_WORKFLOW, NATIVE, PriceTable, prices_for, prices_of
 from ..models import Event, Run, RunStatus, Workspace
 from . import announce, hooks, prepare, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
@@ -64,6 +64,7 @@ HEAD_FIELDS = (
     "lease_owner",
     "lease_expires_at",
     "fencing_token",
+    "imported_from",
 )
 
 
@@ -111,7 +112,9 @@ def one_statement(
     was written."""
     if any(len(p.canonical) > INLINE_LIMIT_BYTES for p in batch):
         return None  # the artifact must be written in the same transaction as its event
-    prices = prices_for(workspace)
+    # An imported log's later batches, on the state its first (locked) batch cached: Little
+    # Workflow's rules. A client's batch to an imported run misses that cache and is locked.
+    prices = prices_for(workspace, rules=LITTLE_WORKFLOW if imported else NATIVE)
     cached, new_calls = states.guess(workspace.pk, run_id, prices.version, [(p.type, p.payload) for p in batch])
     if cached is not None:
         run = _cached_head(cached.run_pk, workspace, run_id)
@@ -265,13 +268,19 @@ def locked(
     rules.check_expected_sequence(
         expected_sequence, run.last_sequence, writes=any(p.idempotency_key not in logged for p in batch)
     )
-    prices = prices_for(run.workspace)
+    starts_import = imported and run.last_sequence == 0 and not run.imported_from
+    if starts_import:
+        # The run's log is Little Workflow's from its first event on: read by its rules for good.
+        run.imported_from = LITTLE_WORKFLOW
+    prices = prices_of(run)
     state = state_for_append(run, prices)
     restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
     before = Mark.of(state)
     rows, written, out = _allocate(run, state, batch, logged, now, prices, imported)
     if rows:
         changes = batch_changes(run.workspace_id, state, written, before)
+        if starts_import:
+            changes.run["imported_from"] = LITTLE_WORKFLOW
         if connection.vendor == "postgresql":
             if not statements.update_head(run.pk, before.last_sequence, rows, now, changes, guard=None):
                 raise RuntimeError(f"the head of run {run.run_id} moved under its lock")

@@ -10,7 +10,7 @@ from django.db.models import Exists, OuterRef
 
 from ..canonical import canonical_json, event_id
 from ..fold import RunStateMismatch, fold
-from ..fold.pricing import prices_for
+from ..fold.pricing import prices_of
 from ..models import CostEntry, Event, Run, Step, ToolCall
 from . import artifacts
 from .envelopes import decode_payload, log_rows, row_envelope
@@ -101,7 +101,7 @@ def inspect_run(run: Run) -> Inspection:
     )
 
     try:
-        state = fold(log, prices=prices_for(run.workspace), run_id=run.run_id)
+        state = fold(log, prices=prices_of(run), run_id=run.run_id)
     except RunStateMismatch as exc:
         checks.append(Check("projections", "fail", f"the log cannot be folded: {exc}"))
         return Inspection(checks, log, outcomes)

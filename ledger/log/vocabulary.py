@@ -76,14 +76,16 @@ VOCABULARY: dict[str, Spec] = {
         "response.usage": (OBJ, True),
     },
     "harness.model.failed": {"turn": (INT, True)},
+    # `args` and `result` may be absent: a tracer that did not capture a call's content (an
+    # OpenTelemetry tool span without its arguments) says nothing rather than an invented `{}`/`null`.
     "harness.tool_call.started": {
         "callId": (STR, True),
         "caller": (STR, True),
         "toolName": (STR, True),
-        "args": (ANY, True),
+        "args": (ANY, False),
         "turn": (INT, False),
     },
-    "harness.tool_call.succeeded": {**TOOL_TERMINAL, "result": (ANY, True)},
+    "harness.tool_call.succeeded": {**TOOL_TERMINAL, "result": (ANY, False)},
     "harness.tool_call.failed": {**TOOL_TERMINAL, "error": (ANY, True)},
     "harness.tool_call.in_doubt": {"callId": (STR, True)},
     "harness.tool_call.reconciled": {"callId": (STR, True), "outcome": (STR, True)},

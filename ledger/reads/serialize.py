@@ -121,6 +121,7 @@ def cost(row: CostEntry) -> dict[str, Any]:
         "stepPath": _or_none(row.step_path),
         "provider": _or_none(row.provider),
         "modelId": _or_none(row.model_id),
+        "pricedAs": _or_none(row.priced_as),
         "inputTokens": row.input_tokens,
         "outputTokens": row.output_tokens,
         "cachedInputTokens": row.cached_input_tokens,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fold.pricing import prices_for
+from ..fold.pricing import prices_of
 from ..log import artifacts as artifact_store
 from ..log.verify import inspect_run
 from ..models import CostEntry, Feedback, Run, Step, ToolCall
@@ -80,7 +80,7 @@ def evidence_bundle(run: Run) -> dict[str, Any]:
     workspace = run.workspace
     inspection = inspect_run(run)
     plan = (
-        replay_plan(inspection.log, artifact_checks=inspection.artifact_outcomes, prices=prices_for(workspace))
+        replay_plan(inspection.log, artifact_checks=inspection.artifact_outcomes, prices=prices_of(run))
         if inspection.log
         else None
     )

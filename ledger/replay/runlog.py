@@ -15,7 +15,8 @@ from django.db.models import Q
 
 from ..canonical import canonical_json
 from ..fold import RunState, fold
-from ..fold.pricing import prices_for
+from ..fold.pricing import prices_of
+from ..fold.state import occurred_at
 from ..log.envelopes import event_envelope, log_of
 from ..models import Event, Run, ToolCall
 from .stored_plan import replay_plan_for
@@ -41,11 +42,20 @@ class FoldedRun:
         value = self.log[sequence - 1]["recordedAt"]
         return value if isinstance(value, str) else None
 
+    def occurred_at(self, sequence: int | None) -> str | None:
+        """When the event's fact happened: its `occurredAt` (a span's start or end for OTLP), else
+        its recordedAt; the times the fold gives runs and steps, so bars and durations agree."""
+        recorded = self.recorded_at(sequence)
+        if recorded is None or sequence is None:
+            return None
+        payload = self.log[sequence - 1]["payload"]
+        return occurred_at(payload, recorded) if isinstance(payload, dict) else recorded
+
 
 def folded(run: Run, *, upto: int | None = None) -> FoldedRun:
     """The run as it is, or as it was after event `upto`: the fold of that prefix."""
     log = log_of(run, upto=upto)
-    return FoldedRun(log, fold(log, prices=prices_for(run.workspace), run_id=run.run_id))
+    return FoldedRun(log, fold(log, prices=prices_of(run), run_id=run.run_id))
 
 
 def replay_plan_of(run: Run, run_at: FoldedRun) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..fold.pricing import prices_for
+from ..fold.pricing import prices_of
 from ..log.envelopes import log_of
 from ..log.verify import artifact_refs, check_artifacts
 from ..models import Run
@@ -17,4 +17,4 @@ def replay_plan_for(run: Run, log: Sequence[Mapping[str, Any]] | None = None) ->
     or a prefix of it: the plan as it was after that event)."""
     log = log_of(run) if log is None else log
     refs = {ref for event in log for ref in artifact_refs(event["payload"])}
-    return replay_plan(log, artifact_checks=check_artifacts(run, refs), prices=prices_for(run.workspace))
+    return replay_plan(log, artifact_checks=check_artifacts(run, refs), prices=prices_of(run))

@@ -30,7 +30,7 @@ from django.db.models import F, Q, QuerySet
 from .. import audit, clock
 from ..errors import LedgerError, NotFound
 from ..fold import fold
-from ..fold.pricing import prices_for
+from ..fold.pricing import prices_of
 from ..log.envelopes import log_of
 from ..models import Run, ShareLink, Workspace
 from ..reads import selectors
@@ -347,7 +347,7 @@ def shared_folded(run: Run, *, hide_inputs: bool) -> FoldedRun:
     if not hide_inputs:
         return folded(run)
     log = [shared_envelope(e, hide_inputs=True) for e in log_of(run)]
-    return FoldedRun(log, fold(log, prices=prices_for(run.workspace), run_id=run.run_id))
+    return FoldedRun(log, fold(log, prices=prices_of(run), run_id=run.run_id))
 
 
 def shared_run_path(token: str, root_run_id: str, run_id: str) -> str:

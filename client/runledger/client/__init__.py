@@ -49,7 +49,20 @@ from .errors import (
     Unauthenticated,
     UnknownEventType,
 )
-from .sync import Client, Follow, ModelCall, Run, Session, ToolCall, current_session
+from .outbox import BufferFull, NotDelivered, Undelivered
+from .sync import (
+    Client,
+    Follow,
+    ModelCall,
+    Run,
+    Session,
+    ToolCall,
+    current_run,
+    current_session,
+    current_step,
+    observe,
+)
+from .wrappers import wrap_anthropic, wrap_openai
 
 __all__ = [
     "__version__",
@@ -63,6 +76,14 @@ __all__ = [
     "ModelCall",
     "Follow",
     "current_session",
+    "current_run",
+    "current_step",
+    "observe",
+    "wrap_openai",
+    "wrap_anthropic",
+    "Undelivered",
+    "BufferFull",
+    "NotDelivered",
     "AsyncClient",
     "AsyncRun",
     "AsyncToolCall",

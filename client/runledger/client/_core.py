@@ -24,23 +24,24 @@ Envelope = dict[str, Any]
 @dataclass(frozen=True)
 class RetryPolicy:
     """When a failed request is sent again: after a network error, a 5xx or a 429 (never another
-    4xx), up to `attempts` tries in all and no later than `deadline_s` after the first. The wait
-    doubles from `backoff_s` up to `max_backoff_s`, with jitter (half of it random), unless the
-    server said how long in `Retry-After`, which is honoured as given."""
+    4xx), no later than `deadline_s` after the first try (ten minutes by default: an agent outlives
+    a server's restart or a load balancer's failover) and, when `attempts` is set, up to that many
+    tries in all. The wait doubles from `backoff_s` up to `max_backoff_s`, with jitter (half of it
+    random), unless the server said how long in `Retry-After`, which is honoured as given."""
 
-    attempts: int = 10
+    attempts: int | None = None
     backoff_s: float = 0.1
     max_backoff_s: float = 5.0
-    deadline_s: float = 60.0
+    deadline_s: float = 600.0
 
     def delay(self, attempt: int, retry_after: float | None, elapsed: float) -> float | None:
         """Seconds to wait before try `attempt + 1`; None when the policy gives up."""
-        if attempt >= self.attempts:
+        if self.attempts is not None and attempt >= self.attempts:
             return None
         if retry_after is not None:
             wait = retry_after
         else:
-            step = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+            step = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 60))
             wait = step / 2 + random.uniform(0, step / 2)
         if elapsed + wait > self.deadline_s:
             return None

@@ -250,9 +250,10 @@ class _Builder:
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": name,
                 "gen_ai.tool.call.id": str(p.get("callId") or ""),
-                "gen_ai.tool.call.arguments": _json_text(p.get("args")),
             }
         )
+        if "args" in p:  # arguments nobody captured are not exported as `{}`
+            call.attributes["gen_ai.tool.call.arguments"] = _json_text(p["args"])
         self.tools[str(p.get("callId"))] = call
 
     def _tool_ended(

@@ -34,8 +34,10 @@ import base64
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -54,6 +56,10 @@ RUN_STARTED_KEY = "otel:run"
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
 AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 TOOL_OPERATION = "execute_tool"
+# OpenInference (Arize Phoenix, and many LangChain / LlamaIndex users) names a span's kind instead.
+OPENINFERENCE_KIND = "openinference.span.kind"
+OPENINFERENCE_MODEL_KINDS = frozenset({"LLM", "EMBEDDING"})
+OPENINFERENCE_HIDDEN = "__REDACTED__"  # what OpenInference records for content it was told to hide
 _MAX_SAFE_INT = 2**53 - 1  # canonical JSON (ECMAScript numbers) holds integers exactly up to here
 _ATTEMPTS = 3  # a batch mapped on a state another writer of the trace changed is mapped again
 
@@ -102,20 +108,41 @@ class _Span:
         return op if isinstance(op, str) else None
 
     @property
+    def kind_of_openinference(self) -> str | None:
+        kind = self.attributes.get(OPENINFERENCE_KIND)
+        return kind.upper() if isinstance(kind, str) else None
+
+    @property
     def is_model(self) -> bool:
         op = self.operation
         if op is not None:
             return op in MODEL_OPERATIONS
+        oi = self.kind_of_openinference
+        if oi is not None:
+            return oi in OPENINFERENCE_MODEL_KINDS
         return "gen_ai.request.model" in self.attributes or "gen_ai.response.model" in self.attributes
 
     @property
     def is_tool(self) -> bool:
         op = self.operation
-        return op == TOOL_OPERATION or (op is None and "gen_ai.tool.name" in self.attributes)
+        if op is not None:
+            return op == TOOL_OPERATION
+        oi = self.kind_of_openinference
+        return oi == "TOOL" if oi is not None else "gen_ai.tool.name" in self.attributes
+
+    @property
+    def is_agent(self) -> bool:
+        return self.operation in AGENT_OPERATIONS or self.kind_of_openinference == "AGENT"
 
     @property
     def failed(self) -> bool:
         return self.status_code == Status.STATUS_CODE_ERROR
+
+    def at(self, *, start: bool) -> dict[str, Any]:
+        """`occurredAt` for an event at the span's start or end: the fold times runs and steps by
+        it, so durations are the span's, not the moment the export arrived."""
+        nanos = self.start if start else self.end
+        return {"occurredAt": iso_time(nanos)} if nanos > 0 else {}
 
     def meta(self, *, at_start: bool) -> dict[str, Any]:
         """The span's identity and one of its two timestamps (int64 nanoseconds as strings, as
@@ -142,6 +169,12 @@ class _Span:
         if self.events:
             out["events"] = self.events
         return out
+
+
+def iso_time(nanos: int) -> str:
+    """Unix nanoseconds as ISO 8601 UTC with microseconds (what `occurredAt` holds)."""
+    seconds, rest = divmod(nanos, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{rest // 1000:06d}Z"
 
 
 def run_id_for(trace_hex: str) -> str:
@@ -288,6 +321,7 @@ def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[
                 "idempotencyKey": RUN_STARTED_KEY,
                 "payload": {
                     "workflowVersionId": f"otel:{service if isinstance(service, str) and service else 'unknown'}",
+                    **first.at(start=True),
                     "otel": {"traceId": run_id[len(RUN_PREFIX) :], "resource": first.resource},
                 },
             }
@@ -298,7 +332,7 @@ def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[
                 {
                     "type": "custom.otel.span",
                     "idempotencyKey": _key(span, 0),
-                    "payload": {"otel": span.whole(), "late": True},
+                    "payload": {"otel": span.whole(), "late": True, **span.at(start=True)},
                 }
             )
         return events, len(spans)
@@ -360,7 +394,7 @@ def _step_spans(run: Run | None, spans: list[_Span]) -> set[str]:
     """The spans that are steps: parents of model and tool spans, agent spans, and spans whose
     step an earlier export's children already named."""
     steps = {s.parent for s in spans if s.parent and (s.is_model or s.is_tool)}
-    steps |= {s.span for s in spans if s.operation in AGENT_OPERATIONS}
+    steps |= {s.span for s in spans if s.is_agent}
     if run is not None:
         paths = {step_path_for(s.span): s.span for s in spans if s.span not in steps}
         steps |= {
@@ -404,11 +438,21 @@ def _span_events(
         begin += [
             {
                 "type": "StepScheduled",
-                "payload": {"stepPath": path, "stepId": span.name, "otel": span.meta(at_start=True)},
+                "payload": {
+                    "stepPath": path,
+                    "stepId": span.name,
+                    **span.at(start=True),
+                    "otel": span.meta(at_start=True),
+                },
             },
-            {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1}},
+            {"type": "StepAttemptStarted", "payload": {"stepPath": path, "attempt": 1, **span.at(start=True)}},
         ]
-        closing = {"stepPath": path, "attempt": 1, "otel": {**span.meta(at_start=False), "attributes": span.attributes}}
+        closing = {
+            "stepPath": path,
+            "attempt": 1,
+            **span.at(start=False),
+            "otel": {**span.meta(at_start=False), "attributes": span.attributes},
+        }
         end.append(
             {"type": "StepFailed", "payload": {**closing, "error": _error(span)}}
             if span.failed
@@ -421,11 +465,65 @@ def _span_events(
     elif span.span in steps or is_root:
         return begin, end  # a step or the run itself: nothing more to say about it
     else:
-        b, e = [{"type": "custom.otel.span", "payload": {"otel": span.whole(), **located}}], []
+        b, e = [{"type": "custom.otel.span", "payload": {"otel": span.whole(), **located, **span.at(start=True)}}], []
     return begin + b, e + end
 
 
+@dataclass
+class _ModelCall:
+    """What a model span says, whichever convention wrote it (GenAI or OpenInference)."""
+
+    provider: str
+    model_id: str
+    request: dict[str, Any]
+    usage: dict[str, int]
+    output: Any  # the output messages, None when the span did not capture them
+    response: dict[str, Any]  # id, finish reasons
+
+
 def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    a = span.attributes
+    call = _openinference_call(span) if span.kind_of_openinference is not None else _genai_call(span)
+    called = {
+        "turn": turn,
+        "callId": span.span,
+        "promptHash": _digest(call.request),
+        "request": call.request,
+        **located,
+        **span.at(start=True),
+        "otel": span.meta(at_start=True),
+    }
+    closing = {
+        "turn": turn,
+        "callId": span.span,
+        **located,
+        **span.at(start=False),
+        "otel": {**span.meta(at_start=False), "attributes": a},
+    }
+    model = {"provider": call.provider, "modelId": call.model_id}
+    if span.failed:
+        return [{"type": "harness.model.called", "payload": called}], [
+            {"type": "harness.model.failed", "payload": {**closing, "model": model, "error": _error(span)}}
+        ]
+    response: dict[str, Any] = {"usage": call.usage}
+    text, tool_calls = _output_parts(call.output)
+    if text is not None:
+        response["text"] = text
+    if tool_calls:
+        response["toolCalls"] = tool_calls
+    if call.output is not None:
+        response["messages"] = call.output
+    response.update(call.response)
+    return [{"type": "harness.model.called", "payload": called}], [
+        {"type": "harness.model.responded", "payload": {**closing, "model": model, "response": response}}
+    ]
+
+
+def _named(value: Any) -> str:
+    return value if isinstance(value, str) and value else "unknown"
+
+
+def _genai_call(span: _Span) -> _ModelCall:
     a = span.attributes
     request: dict[str, Any] = {"operation": span.operation or "chat"}
     if isinstance(a.get("gen_ai.request.model"), str):
@@ -440,50 +538,132 @@ def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list
     for source, target in (("gen_ai.input.messages", "messages"), ("gen_ai.system_instructions", "instructions")):
         if source in a:
             request[target] = _maybe_json(a[source])
-    called = {
-        "turn": turn,
-        "callId": span.span,
-        "promptHash": _digest(request),
-        "request": request,
-        **located,
-        "otel": span.meta(at_start=True),
-    }
-    closing = {"turn": turn, "callId": span.span, **located, "otel": {**span.meta(at_start=False), "attributes": a}}
-    provider = a.get("gen_ai.provider.name") or a.get("gen_ai.system")
-    model_id = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
-    model = {
-        "provider": provider if isinstance(provider, str) and provider else "unknown",
-        "modelId": model_id if isinstance(model_id, str) and model_id else "unknown",
-    }
-    if span.failed:
-        return [{"type": "harness.model.called", "payload": called}], [
-            {"type": "harness.model.failed", "payload": {**closing, "model": model, "error": _error(span)}}
-        ]
-    response: dict[str, Any] = {"usage": _usage(a)}
-    output = _maybe_json(a["gen_ai.output.messages"]) if "gen_ai.output.messages" in a else None
-    text, tool_calls = _output_parts(output)
-    if text is not None:
-        response["text"] = text
-    if tool_calls:
-        response["toolCalls"] = tool_calls
-    if output is not None:
-        response["messages"] = output
+    response: dict[str, Any] = {}
     for source, target in (("gen_ai.response.id", "id"), ("gen_ai.response.finish_reasons", "finishReasons")):
         if source in a:
             response[target] = a[source]
-    return [{"type": "harness.model.called", "payload": called}], [
-        {"type": "harness.model.responded", "payload": {**closing, "model": model, "response": response}}
-    ]
+    return _ModelCall(
+        provider=_named(a.get("gen_ai.provider.name") or a.get("gen_ai.system")),
+        model_id=_named(a.get("gen_ai.response.model") or a.get("gen_ai.request.model")),
+        request=request,
+        usage=_usage(a, _GENAI_USAGE),
+        output=_maybe_json(a["gen_ai.output.messages"]) if "gen_ai.output.messages" in a else None,
+        response=response,
+    )
 
 
-def _usage(a: Mapping[str, Any]) -> dict[str, int]:
+def _openinference_call(span: _Span) -> _ModelCall:
+    """An OpenInference LLM or EMBEDDING span: `llm.model_name`, `llm.token_count.*`, the messages
+    flattened into `llm.input_messages.<i>.message.*` (else the request in `input.value`)."""
+    a = span.attributes
+    embedding = span.kind_of_openinference == "EMBEDDING"
+    request: dict[str, Any] = {"operation": "embeddings" if embedding else "chat"}
+    requested = a.get("llm.request.model_name")
+    parameters = _maybe_json(a.get("llm.invocation_parameters"))
+    if isinstance(parameters, dict) and parameters:
+        request["parameters"] = parameters
+        requested = requested or parameters.get("model")
+    if isinstance(requested, str) and requested:
+        request["model"] = requested
+    messages = _flattened_messages(a, "llm.input_messages.")
+    if messages:
+        request["messages"] = [_as_parts(m) for m in messages]
+    elif "input.value" in a and a["input.value"] != OPENINFERENCE_HIDDEN:
+        request["input"] = _maybe_json(a["input.value"])
+    output = _flattened_messages(a, "llm.output_messages.")
+    response: dict[str, Any] = {}
+    if isinstance(a.get("llm.finish_reason"), str):
+        response["finishReasons"] = [a["llm.finish_reason"]]
+    model = a.get("llm.model_name") or a.get("llm.response.model_name") or a.get("embedding.model_name") or requested
+    return _ModelCall(
+        provider=_named(a.get("llm.provider") or a.get("llm.system")),
+        model_id=_named(model),
+        request=request,
+        usage=_usage(a, _OPENINFERENCE_USAGE),
+        output=[_as_parts(m) for m in output] if output else None,
+        response=response,
+    )
+
+
+_FLAT = re.compile(r"(\d+)\.message\.(.+)")
+_FLAT_TOOL_CALL = re.compile(r"tool_calls\.(\d+)\.tool_call\.(.+)")
+_FLAT_CONTENT = re.compile(r"contents\.(\d+)\.message_content\.(.+)")
+
+
+def _flattened_messages(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """OpenInference's flattened messages (`<prefix><i>.message.role`, `.content`,
+    `.tool_calls.<j>.tool_call.function.name`, …) as one object per message, in index order."""
+    messages: dict[int, dict[str, Any]] = {}
+    for key, value in a.items():
+        if not key.startswith(prefix):
+            continue
+        matched = _FLAT.fullmatch(key[len(prefix) :])
+        if matched is None:
+            continue
+        message = messages.setdefault(int(matched[1]), {})
+        field_ = matched[2]
+        if (call := _FLAT_TOOL_CALL.fullmatch(field_)) is not None:
+            message.setdefault("tool_calls", {}).setdefault(int(call[1]), {})[call[2]] = value
+        elif (part := _FLAT_CONTENT.fullmatch(field_)) is not None:
+            message.setdefault("contents", {}).setdefault(int(part[1]), {})[part[2]] = value
+        else:
+            message[field_] = value
+    return [messages[i] for i in sorted(messages)]
+
+
+def _as_parts(message: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenInference message in the GenAI message form (role and `parts`), so both conventions
+    read the same everywhere: text parts, tool calls, and a tool's answer."""
+    parts: list[dict[str, Any]] = []
+    if isinstance(message.get("content"), str):
+        kind = "tool_call_response" if message.get("role") == "tool" else "text"
+        parts.append(
+            {"type": kind, "response": message["content"]}
+            if kind == "tool_call_response"
+            else {"type": "text", "content": message["content"]}
+        )
+        if kind == "tool_call_response" and isinstance(message.get("tool_call_id"), str):
+            parts[-1]["id"] = message["tool_call_id"]
+    contents = message.get("contents")
+    for _, content in sorted(contents.items()) if isinstance(contents, dict) else []:
+        if content.get("type") == "text" and isinstance(content.get("text"), str):
+            parts.append({"type": "text", "content": content["text"]})
+    calls = message.get("tool_calls")
+    for _, call in sorted(calls.items()) if isinstance(calls, dict) else []:
+        part: dict[str, Any] = {"type": "tool_call"}
+        if isinstance(call.get("id"), str):
+            part["id"] = call["id"]
+        if isinstance(call.get("function.name"), str):
+            part["name"] = call["function.name"]
+        if "function.arguments" in call:
+            part["arguments"] = _maybe_json(call["function.arguments"])
+        parts.append(part)
+    out: dict[str, Any] = {"role": message.get("role") if isinstance(message.get("role"), str) else "unknown"}
+    if isinstance(message.get("name"), str):
+        out["name"] = message["name"]
+    out["parts"] = parts
+    return out
+
+
+_GENAI_USAGE = (
+    ("gen_ai.usage.input_tokens", "inputTokens"),
+    ("gen_ai.usage.output_tokens", "outputTokens"),
+    ("gen_ai.usage.cache_read.input_tokens", "cachedInputTokens"),
+    ("gen_ai.usage.reasoning.output_tokens", "reasoningTokens"),
+)
+# OpenInference's prompt count includes its cache reads and its completion count the reasoning,
+# as the ledger's inputTokens and outputTokens do (DESIGN §4).
+_OPENINFERENCE_USAGE = (
+    ("llm.token_count.prompt", "inputTokens"),
+    ("llm.token_count.completion", "outputTokens"),
+    ("llm.token_count.prompt_details.cache_read", "cachedInputTokens"),
+    ("llm.token_count.completion_details.reasoning", "reasoningTokens"),
+)
+
+
+def _usage(a: Mapping[str, Any], names: tuple[tuple[str, str], ...]) -> dict[str, int]:
     usage: dict[str, int] = {}
-    for source, target in (
-        ("gen_ai.usage.input_tokens", "inputTokens"),
-        ("gen_ai.usage.output_tokens", "outputTokens"),
-        ("gen_ai.usage.cache_read.input_tokens", "cachedInputTokens"),
-        ("gen_ai.usage.reasoning.output_tokens", "reasoningTokens"),
-    ):
+    for source, target in names:
         value = a.get(source)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             usage[target] = value
@@ -491,7 +671,7 @@ def _usage(a: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _output_parts(output: Any) -> tuple[str | None, list[dict[str, Any]]]:
-    """The text and tool calls of `gen_ai.output.messages` (its parts `text` and `tool_call`)."""
+    """The text and tool calls of the output messages (GenAI parts `text` and `tool_call`)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for message in output if isinstance(output, list) else []:
@@ -501,44 +681,57 @@ def _output_parts(output: Any) -> tuple[str | None, list[dict[str, Any]]]:
             if part.get("type") == "text" and isinstance(part.get("content"), str):
                 texts.append(part["content"])
             elif part.get("type") == "tool_call":
-                calls.append({"callId": part.get("id"), "toolName": part.get("name"), "args": part.get("arguments")})
+                call: dict[str, Any] = {"callId": part.get("id"), "toolName": part.get("name")}
+                if "arguments" in part:
+                    call["args"] = part["arguments"]
+                calls.append(call)
     return ("".join(texts) if texts else None), calls
 
 
 def _tool_events(span: _Span, located: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A tool span's events; arguments and result only when the span captured them (GenAI's
+    `gen_ai.tool.call.arguments` / `.result`, OpenInference's `input.value` / `output.value`)."""
     a = span.attributes
-    call_id = a.get("gen_ai.tool.call.id")
+    openinference = span.kind_of_openinference is not None
+    call_id = a.get("tool_call.id") if openinference else a.get("gen_ai.tool.call.id")
     call_id = call_id if isinstance(call_id, str) and call_id else span.span
-    name = a.get("gen_ai.tool.name")
+    name = a.get("tool.name") if openinference else a.get("gen_ai.tool.name")
+    args_at, result_at = ("input.value", "output.value") if openinference else _GENAI_TOOL_CONTENT
+    # OPENINFERENCE_HIDE_INPUTS / _OUTPUTS write a placeholder in place of the content: none captured.
+    captured = {k: a[k] for k in (args_at, result_at) if k in a and a[k] != OPENINFERENCE_HIDDEN}
     started = {
         "callId": call_id,
         "caller": "otel",
         "toolName": name if isinstance(name, str) and name else span.name,
-        "args": _maybe_json(a.get("gen_ai.tool.call.arguments", {})),
+        **({"args": _maybe_json(captured[args_at])} if args_at in captured else {}),
         **located,
+        **span.at(start=True),
         "otel": span.meta(at_start=True),
     }
     closing = {
         "callId": call_id,
         "durationMs": max(0, span.end - span.start) / 1e6,
         **located,
+        **span.at(start=False),
         "otel": {**span.meta(at_start=False), "attributes": a},
     }
     if span.failed:
         ended = {"type": "harness.tool_call.failed", "payload": {**closing, "error": _error(span)}}
     else:
-        ended = {
-            "type": "harness.tool_call.succeeded",
-            "payload": {**closing, "result": _maybe_json(a.get("gen_ai.tool.call.result"))},
-        }
+        outcome = {"result": _maybe_json(captured[result_at])} if result_at in captured else {}
+        ended = {"type": "harness.tool_call.succeeded", "payload": {**closing, **outcome}}
     return [{"type": "harness.tool_call.started", "payload": started}], [ended]
+
+
+_GENAI_TOOL_CONTENT = ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
 
 
 def _run_terminal(span: _Span) -> dict[str, Any]:
     otel = {**span.meta(at_start=False), "startTimeUnixNano": str(span.start), "attributes": span.attributes}
+    times = {**span.at(start=False), **({"runStartedAt": iso_time(span.start)} if span.start > 0 else {})}
     if span.failed:
-        return {"type": "RunFailed", "payload": {"error": _error(span), "otel": otel}}
-    return {"type": "RunCompleted", "payload": {"otel": otel}}
+        return {"type": "RunFailed", "payload": {"error": _error(span), **times, "otel": otel}}
+    return {"type": "RunCompleted", "payload": {**times, "otel": otel}}
 
 
 def _error(span: _Span) -> dict[str, Any]:

@@ -1,0 +1,144 @@
+"""A local stand-in for the OpenAI and Anthropic HTTP APIs (the edge of the world), so the real
+`openai` and `anthropic` SDKs, and the instrumentations that wrap them, run unchanged in tests.
+
+It answers `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) like a weather
+agent's model: asked with tools and no tool result yet, it asks for `get_weather(city=Paris)`;
+otherwise it answers in text. OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
+Anthropic's the model asked. `answer` changes the final text (a
+non-deterministic model: a restarted agent gets another answer); `requests` keeps every body.
+Run it in a thread (`start()`) or as a process (`python tests/fake_providers.py PORT`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+OPENAI_MODEL = "gpt-4o-2024-08-06"
+ANTHROPIC_MODEL = "claude-3-5-sonnet-20241022"
+
+
+class FakeProviders(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self, port: int = 0, answer: str = "21 °C and sunny in Paris.", say_while_asking: bool = False
+    ) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.answer = answer
+        self.say_while_asking = say_while_asking  # a text beside the tool call, from `answer` too
+        self.requests: list[dict[str, Any]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def start(self) -> FakeProviders:
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def _asked_for_tool(messages: list[dict[str, Any]], tools: Any) -> bool:
+    """Tools offered and no tool result in the conversation yet."""
+    if not tools:
+        return False
+    for message in messages:
+        if message.get("role") == "tool":
+            return False
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content):
+            return False
+    return True
+
+
+def openai_reply(body: dict[str, Any], answer: str, say_while_asking: bool = False) -> dict[str, Any]:
+    if _asked_for_tool(body.get("messages", []), body.get("tools")):
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": f"Looking it up ({answer})" if say_while_asking else None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        }
+        finish = "tool_calls"
+    else:
+        message, finish = {"role": "assistant", "content": answer}, "stop"
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": OPENAI_MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": 120,
+            "completion_tokens": 30,
+            "total_tokens": 150,
+            "prompt_tokens_details": {"cached_tokens": 20},
+        },
+    }
+
+
+def anthropic_reply(body: dict[str, Any], answer: str) -> dict[str, Any]:
+    if _asked_for_tool(body.get("messages", []), body.get("tools")):
+        content: list[dict[str, Any]] = [
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+        ]
+        stop = "tool_use"
+    else:
+        content, stop = [{"type": "text", "text": answer}], "end_turn"
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model") or ANTHROPIC_MODEL,  # Anthropic answers with the model as asked
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 100,
+            "output_tokens": 30,
+            "cache_read_input_tokens": 20,
+            "cache_creation_input_tokens": 0,
+        },
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeProviders
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append({"path": self.path, **body})
+        if self.path.endswith("/chat/completions"):
+            reply = openai_reply(body, self.server.answer, self.server.say_while_asking)
+        elif self.path.endswith("/messages"):
+            reply = anthropic_reply(body, self.server.answer)
+        else:
+            self.send_error(404)
+            return
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    server = FakeProviders(int(sys.argv[1]), *sys.argv[2:3], say_while_asking=len(sys.argv) > 3)
+    print(server.url, flush=True)
+    server.serve_forever()

@@ -1,0 +1,118 @@
+"""A weather agent traced the way users trace theirs: the real `openai` SDK, instrumented by
+`opentelemetry-instrumentation-openai-v2` (`genai`) or `openinference-instrumentation-openai`
+(`openinference`), exporting with the OpenTelemetry SDK's OTLP/HTTP exporter configured only by the
+standard environment (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _HEADERS, OTEL_SERVICE_NAME and the
+content-capture variables docs/otlp.md names).
+
+    python tests/otel_agent.py genai|openinference OPENAI_BASE_URL
+
+One request span holds an agent span holding: a chat call that asks for a tool, the tool (a span
+made by each convention's own library: util-genai's `handler.tool`, OpenInference's
+`@tracer.tool`), and a chat call that answers. Prints, as JSON, each span's name, id and times as
+the SDK recorded them, for the test to compare with what the ledger shows.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import openai
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def weather(city: str) -> dict[str, Any]:
+    return {"city": city, "celsius": 21}
+
+
+def converse(client: openai.OpenAI, run_tool: Any) -> str:
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a terse weather agent."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    first = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS, temperature=0.2)
+    asked = first.choices[0].message
+    messages.append(asked.model_dump(exclude_none=True))
+    for call in asked.tool_calls or []:
+        result = run_tool(call.id, json.loads(call.function.arguments))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+    final = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS)
+    return final.choices[0].message.content or ""
+
+
+def main(convention: str, base_url: str) -> None:
+    seen = InMemorySpanExporter()
+    if convention == "openinference":
+        from openinference.instrumentation import TracerProvider as OpenInferenceTracerProvider
+        from openinference.instrumentation.openai import OpenAIInstrumentor as OpenInferenceInstrumentor
+
+        provider: TracerProvider = OpenInferenceTracerProvider(resource=Resource.create())
+        OpenInferenceInstrumentor().instrument(tracer_provider=provider)
+    else:
+        from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+        provider = TracerProvider(resource=Resource.create())
+        OpenAIInstrumentor().instrument(tracer_provider=provider)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # endpoint and headers: the environment
+    provider.add_span_processor(SimpleSpanProcessor(seen))
+    tracer = provider.get_tracer("weather-agent", "1.0")
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+
+    with tracer.start_as_current_span("handle request"):
+        if convention == "openinference":
+
+            @tracer.tool(name="get_weather")  # type: ignore[attr-defined]
+            def get_weather(city: str) -> dict[str, Any]:
+                return weather(city)
+
+            @tracer.agent(name="weather")  # type: ignore[attr-defined]
+            def agent(question: str) -> str:
+                return converse(client, lambda call_id, args: get_weather(**args))
+
+            agent("Weather in Paris?")
+        else:
+            from opentelemetry.util.genai.handler import TelemetryHandler
+
+            handler = TelemetryHandler(tracer_provider=provider)
+
+            def run_tool(call_id: str, args: dict[str, Any]) -> dict[str, Any]:
+                with handler.tool("get_weather", tool_call_id=call_id) as invocation:
+                    result = weather(**args)
+                    if invocation.should_capture_content_on_span:
+                        invocation.arguments, invocation.tool_result = args, result
+                return result
+
+            with handler.invoke_local_agent(agent_name="weather", request_model="gpt-4o"):
+                converse(client, run_tool)
+    provider.shutdown()  # flushes the batch to the ledger
+    spans = [
+        {
+            "name": s.name,
+            "spanId": format(s.context.span_id, "016x"),
+            "traceId": format(s.context.trace_id, "032x"),
+            "parent": format(s.parent.span_id, "016x") if s.parent else None,
+            "start": s.start_time,
+            "end": s.end_time,
+        }
+        for s in seen.get_finished_spans()
+    ]
+    print(json.dumps(spans))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

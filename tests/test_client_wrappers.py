@@ -1,0 +1,185 @@
+"""runledger.client records what an agent does without bookkeeping by hand (client/README.md):
+the real `openai` and `anthropic` SDKs, wrapped (`wrap_openai`, `wrap_anthropic`), against a local
+fake provider, record each call with its messages (roles kept), tool calls, the model that answered
+and its usage; `@observe` records steps, nested and repeated; the current run follows the code
+(contextvars), so a run started inside another is its sub-run, in threads and asyncio tasks alike."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from django.core.management import call_command
+
+from ledger.models import Run as RunRow
+from ledger.models import Workspace
+from ledger.reads import selectors
+from ledger.tenancy.services import create_key
+from runledger.client import Client, current_run, current_step, observe, wrap_anthropic, wrap_openai
+from tests.fake_providers import OPENAI_MODEL, FakeProviders
+from tests.servers import Daphne, start_daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+QUESTION = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "client-wrappers", {})
+    yield daphne
+    daphne.stop()
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[FakeProviders]:
+    fake = FakeProviders().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def client(server: Daphne, workspace: Workspace) -> Iterator[Client]:
+    with Client(server.url, create_key(workspace=workspace, scopes=["ingest", "read"])[1]) as c:
+        yield c
+
+
+def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
+    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
+
+
+def verify(run_id: str) -> None:
+    call_command("ledger", "verify", run_id, "--workspace", "acme/support", stdout=io.StringIO())
+
+
+def test_a_wrapped_openai_client_records_messages_tool_calls_model_and_usage(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+    with client.start_run("wfver_wrapped", run_id="run_wrapped_openai") as run, run.session(role="agent"):
+        answer = llm.chat.completions.create(model="gpt-4o", messages=QUESTION, tools=TOOLS, temperature=0.2)
+    assert isinstance(answer, openai.types.chat.ChatCompletion)  # the SDK's own answer, untouched
+    assert answer.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+    events = logged(workspace, "run_wrapped_openai")
+    called = next(e["payload"] for e in events if e["type"] == "harness.model.called")
+    assert called["request"]["messages"] == QUESTION and called["request"]["temperature"] == 0.2
+    responded = next(e["payload"] for e in events if e["type"] == "harness.model.responded")
+    assert responded["model"] == {"provider": "openai", "modelId": OPENAI_MODEL}
+    assert responded["response"]["toolCalls"] == [{"id": "call_1", "name": "get_weather", "args": {"city": "Paris"}}]
+    assert responded["response"]["usage"] == {
+        "inputTokens": 120,
+        "outputTokens": 30,
+        "cachedInputTokens": 20,
+        "reasoningTokens": 0,
+    }
+    row = RunRow.objects.get(run_id="run_wrapped_openai")
+    assert (row.input_tokens, row.output_tokens, row.priced_calls, row.unpriced_calls) == (120, 30, 1, 0)
+    assert row.cost_usd is not None and row.cost_usd > 0  # the dated model priced as gpt-4o
+    verify("run_wrapped_openai")
+
+
+def test_a_wrapped_anthropic_client_counts_cache_reads_inside_input(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    llm = wrap_anthropic(anthropic.Anthropic(base_url=provider.url, api_key="sk-ant-test", max_retries=0))
+    with client.start_run("wfver_wrapped", run_id="run_wrapped_anthropic"):
+        with current_run().session(role="agent"):  # type: ignore[union-attr]
+            message = llm.messages.create(
+                model="claude-sonnet-4-6",
+                max_tokens=100,
+                system="Be terse.",
+                messages=[{"role": "user", "content": "Weather in Paris?"}],
+                tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
+            )
+    assert isinstance(message, anthropic.types.Message)
+    responded = next(
+        e["payload"] for e in logged(workspace, "run_wrapped_anthropic") if e["type"] == "harness.model.responded"
+    )
+    assert responded["model"] == {"provider": "anthropic", "modelId": "claude-sonnet-4-6"}
+    assert responded["response"]["usage"] == {"inputTokens": 120, "outputTokens": 30, "cachedInputTokens": 20}
+    assert responded["response"]["toolCalls"] == [{"id": "toolu_1", "name": "get_weather", "args": {"city": "Paris"}}]
+    row = RunRow.objects.get(run_id="run_wrapped_anthropic")
+    assert row.cost_usd is not None and row.priced_calls == 1
+    verify("run_wrapped_anthropic")
+
+
+def test_observe_records_steps_nested_and_repeated_and_calls_inside_carry_them(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+
+    @observe
+    def ask(question: str) -> str | None:
+        return (
+            llm.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": question}])
+            .choices[0]
+            .message.content
+        )
+
+    @observe(name="plan")
+    def plan(questions: list[str]) -> list[str | None]:
+        assert current_step() == "plan"
+        return [ask(q) for q in questions]
+
+    @observe
+    def explode() -> None:
+        raise ValueError("no plan survives")
+
+    assert ask("outside any run") == provider.answer  # unrecorded, unchanged
+    with client.start_run("wfver_observed", run_id="run_observed"):
+        assert plan(["a", "b"]) == [provider.answer] * 2
+        with pytest.raises(ValueError):
+            explode()
+
+    events = logged(workspace, "run_observed")
+    scheduled = [(e["payload"]["stepPath"], e["payload"].get("input")) for e in events if e["type"] == "StepScheduled"]
+    assert scheduled == [
+        ("plan", {"args": [["a", "b"]], "kwargs": {}}),
+        ("plan.ask", {"args": ["a"], "kwargs": {}}),
+        ("plan.ask.visit[1]", {"args": ["b"], "kwargs": {}}),
+        ("explode", {"args": [], "kwargs": {}}),
+    ]
+    models = [e["payload"]["stepPath"] for e in events if e["type"] == "harness.model.responded"]
+    assert models == ["plan.ask", "plan.ask.visit[1]"]
+    completed = {e["payload"]["stepPath"]: e["payload"].get("output") for e in events if e["type"] == "StepCompleted"}
+    assert completed["plan"] == [provider.answer] * 2
+    failed = next(e["payload"] for e in events if e["type"] == "StepFailed")
+    assert failed["stepPath"] == "explode" and failed["error"]["name"] == "ValueError"
+    assert events[-1]["type"] == "RunCompleted"  # the step failed; the run, which caught it, did not
+    verify("run_observed")
+
+
+def test_a_run_started_inside_another_is_its_sub_run_in_threads_and_tasks(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    llm = wrap_openai(openai.AsyncOpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+
+    @observe
+    async def research(topic: str) -> str | None:
+        with client.start_run("wfver_child", run_id=f"run_child_{topic}") as child, child.session(role="researcher"):
+            answer = await llm.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": topic}])
+        return answer.choices[0].message.content
+
+    async def fan_out() -> list[str | None]:
+        return list(await asyncio.gather(research("x"), research("y")))
+
+    with client.start_run("wfver_parent", run_id="run_parent") as parent, parent.session(role="lead"):
+        assert asyncio.run(fan_out()) == [provider.answer] * 2  # asyncio.run copies the context
+
+    for topic in ("x", "y"):
+        child = RunRow.objects.get(run_id=f"run_child_{topic}")
+        assert child.parent_run_id == "run_parent" and child.status == "completed"
+        assert [e["type"] for e in logged(workspace, child.run_id)].count("harness.model.responded") == 1
+    parent_steps = [e["payload"]["stepPath"] for e in logged(workspace, "run_parent") if e["type"] == "StepScheduled"]
+    assert sorted(parent_steps) == ["research", "research.visit[1]"]
+    assert sorted(c["runId"] for c in client._json("GET", "/api/v1/runs/run_parent/children")["runs"]) == [
+        "run_child_x",
+        "run_child_y",
+    ]

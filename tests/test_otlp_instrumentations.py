@@ -1,0 +1,223 @@
+"""OpenTelemetry as users send it (docs/otlp.md): the real `openai` SDK, instrumented by
+opentelemetry-instrumentation-openai-v2 or openinference-instrumentation-openai, talks to a local
+fake OpenAI server and exports with the SDK's OTLP/HTTP exporter, configured by the environment
+alone, to a live Daphne. What the console and the API then show is what the spans said: the
+prompts in the conversation, a dated model priced, tokens, the span times as durations; and, when
+content was not captured, nothing invented in its place."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from ledger.interop.otlp.ingest import iso_time
+from ledger.log.verify import verify_run
+from ledger.models import CostEntry, Run, Step, Workspace
+from ledger.reads import selectors
+from ledger.tenancy.services import create_key
+from tests.fake_providers import OPENAI_MODEL, FakeProviders
+from tests.servers import REPO_ROOT, Daphne, start_daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "otlp-instrumentations", {})
+    yield daphne
+    daphne.stop()
+
+
+@pytest.fixture
+def openai_server() -> Iterator[FakeProviders]:
+    fake = FakeProviders().start()
+    yield fake
+    fake.stop()
+
+
+def documented_environment(instrumentation: str) -> dict[str, str]:
+    """The content-capture block docs/otlp.md gives for `instrumentation`, as an environment."""
+    text = (REPO_ROOT / "docs" / "otlp.md").read_text()
+    block = re.search(rf"```sh\n# content capture: {re.escape(instrumentation)}\n(.*?)```", text, re.S)
+    assert block, f"docs/otlp.md has no content-capture block for {instrumentation}"
+    return dict(line.split("=", 1) for line in block[1].splitlines() if line and not line.startswith("#"))
+
+
+def run_agent(
+    convention: str, server: Daphne, workspace: Workspace, openai_server: FakeProviders, env: dict[str, str]
+) -> list[dict[str, Any]]:
+    """tests/otel_agent.py in its own process, exporting to the live server; the spans it recorded."""
+    key = create_key(workspace=workspace, scopes=["ingest"])[1]
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENINFERENCE_", "DJANGO_", "DATABASE_"))
+    }
+    environment.update(
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{server.url}/api/v1/otlp/v1/traces",
+        OTEL_EXPORTER_OTLP_TRACES_HEADERS=f"Authorization=Bearer%20{key}",
+        OTEL_SERVICE_NAME="weather-agent",
+        **env,
+    )
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("otel_agent.py")), convention, openai_server.url],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Failed to export" not in done.stderr, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _run_of(workspace: Workspace, spans: list[dict[str, Any]]) -> Run:
+    return Run.objects.get(workspace=workspace, run_id=f"run_otel_{spans[0]['traceId']}")
+
+
+def _span(spans: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(s for s in spans if s["name"] == name)
+
+
+def _conversation(browser: Client, run: Run) -> str:
+    ws = run.workspace
+    page = browser.get(reverse("run-tab", args=[ws.tenant.slug, ws.slug, run.run_id, "conversation"]))
+    assert page.status_code == 200
+    return page.content.decode()
+
+
+def _at(nanos: int) -> datetime:
+    return datetime.fromisoformat(iso_time(nanos))
+
+
+def test_openai_v2_instrumentation_with_the_documented_environment(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, browser: Client, outsider: User
+) -> None:
+    spans = run_agent(
+        "genai",
+        server,
+        workspace,
+        openai_server,
+        documented_environment("opentelemetry-instrumentation-openai-v2"),
+    )
+    run = _run_of(workspace, spans)
+    assert run.status == "completed" and run.workflow_version_id == "otel:weather-agent"
+    # Durations are the spans': the run is the request span, the step the agent span.
+    root, agent = _span(spans, "handle request"), next(s for s in spans if s["name"].startswith("invoke_agent"))
+    assert (run.started_at, run.finished_at) == (_at(root["start"]), _at(root["end"]))
+    step = Step.objects.get(run=run, step_path=f"span-{agent['spanId']}")
+    assert (step.started_at, step.finished_at) == (_at(agent["start"]), _at(agent["end"]))
+    assert run.finished_at > run.started_at
+
+    # The dated model the service answered with is priced, its tokens counted.
+    costs = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    assert [(c.provider, c.model_id, c.input_tokens, c.output_tokens) for c in costs] == [
+        ("openai", OPENAI_MODEL, 120, 30)
+    ] * 2
+    assert all(c.cost_usd is not None and c.cost_usd > 0 for c in costs)
+    assert run.unpriced_calls == 0 and run.cost_usd == sum(c.cost_usd for c in costs)
+
+    # The tool span's captured content, and the prompts in the conversation.
+    started = next(e for e in selectors.events(run) if e["type"] == "harness.tool_call.started")
+    assert started["payload"]["args"] == {"city": "Paris"} and started["payload"]["toolName"] == "get_weather"
+    page = _conversation(browser, run)
+    for text in ("You are a terse weather agent.", "Weather in Paris?", "21 °C and sunny in Paris.", "get_weather"):
+        assert text in page
+    assert all(check.status == "pass" for check in verify_run(run))
+
+    # Another tenant's member does not see it.
+    browser.force_login(outsider)
+    ws = run.workspace
+    assert (
+        browser.get(reverse("run-tab", args=[ws.tenant.slug, ws.slug, run.run_id, "conversation"])).status_code == 404
+    )
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"}],
+    ids=["no capture", "capture=true, which these versions ignore"],
+)
+def test_content_not_captured_stays_absent(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, browser: Client, env: dict[str, str]
+) -> None:
+    spans = run_agent("genai", server, workspace, openai_server, env)
+    run = _run_of(workspace, spans)
+    events = selectors.events(run)
+    tool_started = next(e["payload"] for e in events if e["type"] == "harness.tool_call.started")
+    tool_ended = next(e["payload"] for e in events if e["type"] == "harness.tool_call.succeeded")
+    assert "args" not in tool_started and "result" not in tool_ended
+    called = [e["payload"]["request"] for e in events if e["type"] == "harness.model.called"]
+    assert called and all("messages" not in request for request in called)
+    assert all(c.cost_usd is not None for c in CostEntry.objects.filter(run=run))  # tokens still priced
+
+    key = create_key(workspace=workspace, scopes=["read"])[1]
+    exported = httpx.get(
+        f"{server.url}/api/v1/runs/{run.run_id}/otlp", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ).json()
+    tool = next(
+        s for s in exported["resourceSpans"][0]["scopeSpans"][0]["spans"] if s["name"].startswith("execute_tool")
+    )
+    names = {a["key"] for a in tool["attributes"]}
+    assert "gen_ai.tool.call.arguments" not in names and "gen_ai.tool.call.result" not in names
+    assert "(not recorded)" in _conversation(browser, run)
+
+
+def test_openinference_instrumentation(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, browser: Client
+) -> None:
+    spans = run_agent(
+        "openinference",
+        server,
+        workspace,
+        openai_server,
+        documented_environment("openinference-instrumentation-openai"),
+    )
+    run = _run_of(workspace, spans)
+    assert run.status == "completed"
+    types = [e["type"] for e in selectors.events(run)]
+    assert "custom.otel.span" not in types
+    assert types.count("harness.model.responded") == 2 and types.count("harness.tool_call.succeeded") == 1
+
+    costs = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    assert [(c.provider, c.model_id, c.input_tokens, c.output_tokens, c.cached_input_tokens) for c in costs] == [
+        ("openai", OPENAI_MODEL, 120, 30, 20)
+    ] * 2
+    assert all(c.cost_usd is not None and c.cost_usd > 0 for c in costs)
+
+    agent = _span(spans, "weather")  # @tracer.agent: a step, with the calls under it
+    assert Step.objects.filter(run=run, step_path=f"span-{agent['spanId']}", status="completed").exists()
+    tool = next(e["payload"] for e in selectors.events(run) if e["type"] == "harness.tool_call.started")
+    assert tool["toolName"] == "get_weather" and tool["args"] == {"city": "Paris"}
+    root = _span(spans, "handle request")
+    assert (run.started_at, run.finished_at) == (_at(root["start"]), _at(root["end"]))
+
+    page = _conversation(browser, run)
+    for text in ("You are a terse weather agent.", "Weather in Paris?", "21 °C and sunny in Paris.", "get_weather"):
+        assert text in page
+    assert all(check.status == "pass" for check in verify_run(run))
+
+
+def test_openinference_content_hidden_stays_absent(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, browser: Client
+) -> None:
+    hidden = {"OPENINFERENCE_HIDE_INPUTS": "true", "OPENINFERENCE_HIDE_OUTPUTS": "true"}
+    run = _run_of(workspace, run_agent("openinference", server, workspace, openai_server, hidden))
+    events = selectors.events(run)
+    tool_started = next(e["payload"] for e in events if e["type"] == "harness.tool_call.started")
+    tool_ended = next(e["payload"] for e in events if e["type"] == "harness.tool_call.succeeded")
+    assert "args" not in tool_started and "result" not in tool_ended  # not OpenInference's "__REDACTED__"
+    assert "__REDACTED__" not in _conversation(browser, run)
+    assert all(c.cost_usd is not None for c in CostEntry.objects.filter(run=run))  # tokens still counted
