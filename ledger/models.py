@@ -177,7 +177,7 @@ class Run(UsageColumns):
     event_count = models.IntegerField(default=0)
     # Where the log was written: "" here (or by any client), "little-workflow" for a run
     # `ledger import-little` brought in, whose log is read by Little Workflow's rules where they
-    # differ from ours (docs/little-workflow.md). Set when the run's first event is imported.
+    # differ from ours (docs/operations.md § Importing Little Workflow data). Set when the run's first event is imported.
     imported_from = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:

@@ -49,7 +49,7 @@ def _money(value: Decimal | None) -> Decimal | None:
 
 def _whole(tokens: Tokens) -> int:
     """A token count as the columns keep it: whole. Only a log read by Little Workflow's rules
-    has fractions (docs/little-workflow.md); the report and the run's state show them exactly."""
+    has fractions (docs/operations.md § Importing Little Workflow data); the report and the run's state show them exactly."""
     return tokens if isinstance(tokens, int) else math.floor(tokens)
 
 
