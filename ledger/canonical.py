@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 import orjson
@@ -290,3 +291,25 @@ class PayloadDecoder(json.JSONDecoder):
             return orjson.loads(s)
         except orjson.JSONDecodeError:
             return super().decode(s, *args, **kwargs)
+
+
+# A JSON text's `\u0000` escape (one not itself escaped: an even run of backslashes before it).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+NUL_STAND_IN = "\ufffd"
+
+
+def nul_as_stand_in(text: str) -> str:
+    """JSON text with each U+0000 in its strings as U+FFFD: what a projection's JSON column holds
+    for an imported log's NUL, which PostgreSQL's jsonb cannot (the log itself keeps it)."""
+    return _NUL_ESCAPE.sub(r"\1\\ufffd", text) if "\\u0000" in text else text
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with U+0000 in its strings and keys as U+FFFD (`nul_as_stand_in` on values)."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value

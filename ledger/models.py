@@ -13,17 +13,22 @@ from django.db import models
 from django.db.models import Q
 
 from . import clock
-from .canonical import PayloadDecoder
+from .canonical import PayloadDecoder, without_nul
 
 
 class PayloadJSONField(models.JSONField):
     """A projection's copy of a payload value: read back through `PayloadDecoder`, so that a
     number reads back as the fold's value on PostgreSQL's jsonb too (1e21, 6.02214076e23).
+    A U+0000 in a string (only an imported log has one) is kept as U+FFFD, which jsonb can hold.
     Migrations see a plain JSONField: the decoder changes reads only, not the schema."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("decoder", PayloadDecoder)
         super().__init__(*args, **kwargs)
+
+    def get_prep_value(self, value: Any) -> Any:
+        # An imported log's U+0000 as U+FFFD, on both backends (jsonb cannot hold it).
+        return super().get_prep_value(without_nul(value))
 
     def deconstruct(self) -> Any:
         name, _, args, kwargs = super().deconstruct()

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import transaction
 
-from ..canonical import NotCanonicalizable, canonical_json
+from ..canonical import NotCanonicalizable, canonical_json, nul_as_stand_in
 from ..fold import RunState, fold
 from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
@@ -311,7 +311,7 @@ def _comparable(value: Any) -> Any:
         return value.quantize(COMPARE_PLACES)
     if isinstance(value, dict | list | float) or (isinstance(value, int) and not isinstance(value, bool)):
         try:
-            return canonical_json(value)
+            return nul_as_stand_in(canonical_json(value))
         except NotCanonicalizable:
             return value
     return value
