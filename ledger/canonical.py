@@ -301,7 +301,7 @@ NUL_STAND_IN = "\ufffd"
 def nul_as_stand_in(text: str) -> str:
     """JSON text with each U+0000 in its strings as U+FFFD: what a projection's JSON column holds
     for an imported log's NUL, which PostgreSQL's jsonb cannot (the log itself keeps it)."""
-    return _NUL_ESCAPE.sub(r"\1\\ufffd", text) if "\\u0000" in text else text
+    return _NUL_ESCAPE.sub(lambda m: m.group(1) + NUL_STAND_IN, text) if "\\u0000" in text else text
 
 
 def without_nul(value: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import transaction
 
-from ..canonical import NotCanonicalizable, canonical_json, nul_as_stand_in
+from ..canonical import NUL_STAND_IN, NotCanonicalizable, canonical_json, nul_as_stand_in
 from ..fold import RunState, fold
 from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
@@ -309,6 +309,8 @@ def _comparable(value: Any) -> Any:
     (tests/test_numbers.py)."""
     if isinstance(value, Decimal):
         return value.quantize(COMPARE_PLACES)
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
     if isinstance(value, dict | list | float) or (isinstance(value, int) and not isinstance(value, bool)):
         try:
             return nul_as_stand_in(canonical_json(value))
