@@ -146,7 +146,7 @@ def insert_rows(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
 
 
 def _copy_value(field: models.Field[Any, Any], value: Any) -> Any:
-    return Jsonb(value) if isinstance(field, models.JSONField) and value is not None else value
+    return Jsonb(value, dumps=json_text) if isinstance(field, models.JSONField) and value is not None else value
 
 
 def upsert_rows(
