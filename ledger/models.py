@@ -13,6 +13,27 @@ from django.db import models
 from django.db.models import Q
 
 from . import clock
+from .canonical import PayloadDecoder, without_nul
+
+
+class PayloadJSONField(models.JSONField):
+    """A projection's copy of a payload value: read back through `PayloadDecoder`, so that a
+    number reads back as the fold's value on PostgreSQL's jsonb too (1e21, 6.02214076e23).
+    A U+0000 in a string (only an imported log has one) is kept as U+FFFD, which jsonb can hold.
+    Migrations see a plain JSONField: the decoder changes reads only, not the schema."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("decoder", PayloadDecoder)
+        super().__init__(*args, **kwargs)
+
+    def get_prep_value(self, value: Any) -> Any:
+        # An imported log's U+0000 as U+FFFD, on both backends (jsonb cannot hold it).
+        return super().get_prep_value(without_nul(value))
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        kwargs.pop("decoder", None)
+        return name, "django.db.models.JSONField", args, kwargs
 
 
 class Role(models.TextChoices):
@@ -167,10 +188,10 @@ class Run(UsageColumns):
     label = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    input = models.JSONField(null=True, blank=True)
-    output = models.JSONField(null=True, blank=True)
+    input = PayloadJSONField(null=True, blank=True)
+    output = PayloadJSONField(null=True, blank=True)
     output_ref = models.CharField(max_length=200, blank=True)
-    error = models.JSONField(null=True, blank=True)
+    error = PayloadJSONField(null=True, blank=True)
     parent_run_id = models.CharField(max_length=84, blank=True)
     root_run_id = models.CharField(max_length=84, blank=True)
     replay_of = models.CharField(max_length=200, blank=True)
@@ -308,12 +329,12 @@ class Step(UsageColumns):
     position = models.IntegerField()
     status = models.CharField(max_length=16)
     visit = models.IntegerField(null=True, blank=True)
-    attempts = models.JSONField(default=list)
-    output = models.JSONField(null=True, blank=True)
+    attempts = PayloadJSONField(default=list)
+    output = PayloadJSONField(null=True, blank=True)
     has_output = models.BooleanField(default=False)
     output_ref = models.CharField(max_length=200, blank=True)
-    artifact_refs = models.JSONField(default=list)
-    error = models.JSONField(null=True, blank=True)
+    artifact_refs = PayloadJSONField(default=list)
+    error = PayloadJSONField(null=True, blank=True)
     first_sequence = models.IntegerField()
     last_sequence = models.IntegerField()
     started_at = models.DateTimeField(null=True, blank=True)
@@ -335,13 +356,13 @@ class ToolCall(models.Model):
     call_id = models.CharField(max_length=200)
     position = models.IntegerField()
     tool_name = models.CharField(max_length=200, blank=True)
-    args = models.JSONField(null=True, blank=True)
+    args = PayloadJSONField(null=True, blank=True)
     caller = models.CharField(max_length=50, blank=True)
     turn = models.IntegerField(null=True, blank=True)
     step_path = models.CharField(max_length=500, blank=True)
     status = models.CharField(max_length=16)
-    result = models.JSONField(null=True, blank=True)
-    error = models.JSONField(null=True, blank=True)
+    result = PayloadJSONField(null=True, blank=True)
+    error = PayloadJSONField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
     reconciled = models.BooleanField(default=False)
     origin = models.CharField(max_length=16, blank=True)

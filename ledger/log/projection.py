@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ..canonical import NUL_STAND_IN, NotCanonicalizable, canonical_json, nul_as_stand_in
 from ..fold import RunState, fold
 from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
@@ -301,8 +302,20 @@ def rebuild(run: Run) -> RunState:
 
 
 def _comparable(value: Any) -> Any:
+    """What a column is compared by. Money at a precision both backends keep; a JSON value by its
+    canonical text, the form the log's ids are computed over: the double 4.417056118872473e16
+    that a writer sent and the integer 44170561188724730 the canonical text reads back as are one
+    number, as 1e21 and the 1000000000000000000000 jsonb gives back are
+    (tests/test_numbers.py)."""
     if isinstance(value, Decimal):
         return value.quantize(COMPARE_PLACES)
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
+    if isinstance(value, dict | list | float) or (isinstance(value, int) and not isinstance(value, bool)):
+        try:
+            return nul_as_stand_in(canonical_json(value))
+        except NotCanonicalizable:
+            return value
     return value
 
 
