@@ -15,7 +15,7 @@ PORT ?= 8000
 # `make serve` (production) does not.
 run demo migrate check lint: export DEBUG ?= 1
 
-# Daphne processes on the one listening socket (bin/serve): make run 1, make serve one per core
+# Daphne processes on the one port (bin/serve): make run 1, make serve one per core
 # (`auto`); PROCESSES=N on the command line or RUNLEDGER_PROCESSES in the environment choose another.
 run: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),1)
 serve: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),auto)

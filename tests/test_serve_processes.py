@@ -167,15 +167,60 @@ def _sse_events(response: httpx.Response, count: int) -> list[int]:
 # --- started as asked ------------------------------------------------------------------------------
 
 
-def test_two_daphne_processes_share_one_socket_beside_the_worker(serve: Serve) -> None:
+def _connections(pids: list[int], port: int) -> dict[int, int]:
+    """Established connections to `port` held by each process (its socket fds, /proc/net/tcp)."""
+    established: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                established.add(fields[9])
+    held: dict[int, int] = {}
+    for pid in pids:
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        held[pid] = len(inodes & established)
+    return held
+
+
+def test_two_daphne_processes_listen_on_the_one_port_beside_the_worker(serve: Serve) -> None:
     commands = list(serve.children().values())
     daphnes = [c for c in commands if "daphne" in c]
     assert len(daphnes) == 2 and all(re.search(r"--fd \d+ console\.asgi:application", c) for c in daphnes), commands
     assert sum("ledger worker" in c for c in commands) == 1, commands
     assert re.search(r"listening on http://127\.0\.0\.1:\d+: 2 Daphne processes \(pids \d+ \d+\), worker", serve.text())
-    # Neither Daphne bound a port of its own: the one socket is bin/serve's, inherited.
-    port = serve.url.rsplit(":", 1)[1]
+    # Neither Daphne bound a port of its own: the sockets are bin/serve's, inherited.
+    port = int(serve.url.rsplit(":", 1)[1])
     assert f"-p {port}" not in " ".join(commands)
+
+    # Sixteen clients connecting at once are spread over both processes by the kernel (one socket
+    # shared by both would let the first to wake take nearly all of them, and keep them).
+    clients = [httpx.Client(base_url=serve.url, timeout=DEADLINE_S) for _ in range(16)]
+    barrier = threading.Barrier(len(clients))
+    answers: list[int] = []
+
+    def connect(client: httpx.Client) -> None:
+        barrier.wait()
+        answers.append(client.get("/api/v1/runs").status_code)
+
+    threads = [threading.Thread(target=connect, args=(c,)) for c in clients]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert answers == [401] * 16
+        held = _connections(serve.daphnes(), port)
+        assert sum(held.values()) == 16 and all(held.values()), held
+    finally:
+        for c in clients:
+            c.close()
 
 
 @pytest.mark.django_db(transaction=True)
