@@ -96,6 +96,20 @@ def start_serve(log_path: Path, processes: int) -> tuple[subprocess.Popen[bytes]
     raise SystemExit(f"bin/serve did not start; see {log_path}")
 
 
+def server_cpu(process: subprocess.Popen[bytes]) -> float:
+    """CPU seconds (user + system) the Daphne processes of a `bin/serve` have used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in Path(f"/proc/{process.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.send_signal(signal.SIGTERM)
     try:
@@ -331,14 +345,18 @@ def main() -> None:
     try:
         writers(base, key, ["run_soak_warm"] * 2, 1.0)  # the server's first requests are not measured
         hot_counts, hot_lat, hot_refused = writers(base, key, [hot] * w, args.seconds)
+        cpu = server_cpu(server)
         one_counts, one_lat, one_refused = writers(base, key, one, args.seconds)
+        one_cpu = server_cpu(server) - cpu
     finally:
         stop(server)
     load.append(os.getloadavg()[0])
     server, base_n = start_serve(log_dir / "soak-serve-n.log", processes)
     try:
         writers(base_n, key, ["run_soak_warm"] * (2 * processes), 1.0)
+        cpu = server_cpu(server)
         many_counts, many_lat, many_refused = writers(base_n, key, many, args.seconds)
+        many_cpu = server_cpu(server) - cpu
         batch_counts, batch_seconds = batched_writers(base_n, key, batched, args.seconds, args.batch)
         load.append(os.getloadavg()[0])
         codes, claim_lat, wrong = gateway_races(base_n, key, race_run, w, args.races)
@@ -377,6 +395,14 @@ def main() -> None:
         f"calls not executed exactly once: {wrong}"
     )
     print(f"  load average (1 min) at each phase's end: {loads}")
+    # The in-run floor of the N-process figure: events/s = cores the servers got / CPU an event.
+    cores_one, cores_many = one_cpu / args.seconds, many_cpu / args.seconds
+    per_one = one_cpu / one_n * ms if one_n else 0.0
+    per_many = many_cpu / many_n * ms if many_n else 0.0
+    print(
+        f"  Daphne CPU, {w} runs: 1 process {cores_one:.2f} cores, {per_one:.2f} ms an event; "
+        f"{processes} processes {cores_many:.2f} cores, {per_many:.2f} ms an event"
+    )
     scaling = many_rate / one_rate if one_rate else None
     record(
         f"soak: {w} writers on one run / on {w} runs (API, 1 event/request, 1 process)",
@@ -408,7 +434,9 @@ def main() -> None:
         target=">= 1.6×",
         met=scaling is not None and scaling >= 1.6,
         note=f"dense: {many_dense}; {many_rate / raw_rate:.1%} of raw; p50 {percentile(many_lat, 50) * ms:.1f} ms, "
-        f"p99 {percentile(many_lat, 99) * ms:.1f} ms; load average {loads}",
+        f"p99 {percentile(many_lat, 99) * ms:.1f} ms; Daphne CPU: 1 process {cores_one:.2f} cores "
+        f"({per_one:.2f} ms/event), {processes} processes {cores_many:.2f} cores ({per_many:.2f} ms/event); "
+        f"load average {loads}",
     )
     record(
         f"soak: {w} writers on {w} runs, runledger.client batches of {args.batch}, {processes} processes / raw INSERT",
