@@ -328,6 +328,14 @@ def test_a_killed_daphne_is_started_again_and_appends_keep_landing(serve: Serve,
     until_up(serve)
 
 
+def test_a_killed_worker_is_started_again(serve: Serve) -> None:
+    [worker] = [pid for pid, command in serve.children().items() if "ledger worker" in command]
+    os.kill(worker, signal.SIGKILL)
+    serve.wait_for(rf"worker \(pid {worker}\) killed by SIGKILL after [\d.]+ s; starting it again in 1 s")
+    restarted = serve.wait_for(r"worker started again \(pid (\d+), restart 1\)")
+    assert "ledger worker" in serve.children()[int(restarted.group(1))]
+
+
 # --- stopped together ------------------------------------------------------------------------------
 
 
