@@ -46,7 +46,8 @@ class DecisionSerializer(serializers.Serializer):
 
 def _decide(request: Request, run_id: str, call_id: str, *, approve: bool) -> Response:
     validate_run_id(run_id)
-    # role: an approver's session; a key is refused (403), another tenant's run is 404.
+    # Another workspace's run is 404 for a key too, before a key is refused for not being a person.
+    access_for(request, "read", run_id=run_id)
     caller = access_for(request, "read", run_id=run_id, role="approver")
     run = caller.run
     assert run is not None and caller.user is not None
