@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils.dateparse import parse_datetime
 
 from ..canonical import digest
@@ -125,20 +126,22 @@ def _retry_detail(step: Step) -> dict[str, Any]:
 
 
 def for_runs(workspace: Workspace, runs: Iterable[Run]) -> dict[str, Attention]:
-    """The attention of each run that has one, by run id: three queries for a whole page."""
+    """The attention of each run that has one, by run id: three queries for a whole page (one
+    when every run of it has finished)."""
     rows = list(runs)
     if not rows:
         return {}
     by_pk = {r.pk: r.run_id for r in rows}
+    open_pks = [r.pk for r in rows if r.status not in RunStatus.finished()]
     found: dict[str, dict[str, Attention]] = {}
 
     def keep(run_id: str, attention: Attention) -> None:
         found.setdefault(run_id, {}).setdefault(attention.kind, attention)  # the oldest of a kind
 
-    for call in _waiting_calls(list(by_pk)):
+    for call in _waiting_calls(open_pks) if open_pks else []:
         kind = IN_DOUBT if call.status == "in_doubt" else WAITING_APPROVAL
         keep(by_pk[call.run_id], Attention(kind, call.since, _call_detail(call)))  # type: ignore[attr-defined]
-    for step in _retries(list(by_pk)):
+    for step in _retries(open_pks) if open_pks else []:
         keep(by_pk[step.run_id], Attention(RETRY_SCHEDULED, step.finished_at, _retry_detail(step)))
     for rx in _pending_requests(workspace, list(by_pk.values())):
         detail = {"reexecutionId": rx.public_id, "mode": rx.mode, "requestedBy": rx.requested_by}
@@ -183,7 +186,6 @@ def waiting_for_approvers(workspace: Workspace) -> int:
     a whole batch, decided at once) and one per tool call waiting for an approver. The navigation's
     badge, so it counts what the page shows."""
     requests = ReexecutionRequest.objects.filter(workspace=workspace, status=ReexecutionRequest.Status.PENDING_APPROVAL)
-    singles = requests.filter(batch_id="").count()
-    batches = requests.exclude(batch_id="").values("batch_id").distinct().count()
+    cards = requests.annotate(card=Coalesce(NullIf("batch_id", Value("")), "public_id")).values("card").distinct()
     calls = ToolCall.objects.filter(run__workspace=workspace, status="waiting_approval").filter(_unfinished()).count()
-    return singles + batches + calls
+    return cards.count() + calls
