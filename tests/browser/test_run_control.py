@@ -146,8 +146,6 @@ def test_an_approver_approves_the_waiting_call_on_the_approvals_page_and_the_run
     expect(bob.locator(card_selector)).to_have_count(0)
     expect(bob.locator("#no-tool-calls")).to_be_visible()
     _assert_clean(bob, problems)
-    call = ToolCall.objects.get(run__workspace=support, run__run_id="run_demo_awaiting_approval")
-    assert call.status == "approved"
     assert AuditEntry.objects.get(action="tool_call.approved").actor == "bob"
 
     # No command line: the worker resumes the run, the credit is sent once, the header says so.
