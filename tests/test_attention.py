@@ -157,6 +157,7 @@ def test_a_call_whose_request_left_before_the_executor_died_is_in_doubt(workspac
     needs = _needs(workspace, "run_refund")
     assert needs is not None and needs.kind == "tool_call_in_doubt"
     assert needs.detail["toolName"] == "issue_refund" and "argsDigest" not in needs.detail
+    assert needs.since is not None and needs.since < clock.now()  # when the call was made, an hour ago
     assert _matching(workspace, "tool_call_in_doubt") == {"run_refund"}
 
 

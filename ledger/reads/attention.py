@@ -10,7 +10,9 @@ exactly as current as the log and `ledger verify` checks every row it reads:
 - `reexecution_pending`: a re-execution of the run waits for an approver (also on a finished run);
 - `retry_scheduled`: a step failed, and its next attempt is recorded to start at `retryAt`.
 
-The first three ask a person to act, the last tells them when the run moves on by itself. A run with
+The first three ask a person to act, the last tells them when the run moves on by itself (a model
+call's retry inside a step, `harness.model.failed {retryAt}`, is the step's own business and not
+shown: the step is still running). A run with
 several is shown by the first in this order. A finished run has none but `reexecution_pending`:
 nothing can be appended to it, so there is nothing left to reconcile, approve or retry.
 """
