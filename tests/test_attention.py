@@ -132,7 +132,9 @@ def test_a_decision_queues_the_resume_in_its_own_transaction(workspace: Workspac
     )
 
     [task] = DBTaskResult.objects.all()
-    assert task.task_path.endswith("resume_after_approval") and task.args_kwargs["args"] == [workspace.pk, "run_credit"]
+    decision = f"run_credit#{_run(workspace, 'run_credit').last_sequence}"
+    assert task.task_path.endswith("resume_after_approval")
+    assert task.args_kwargs["args"] == [workspace.pk, "run_credit", decision]
     assert resume_run(workspace=workspace, run_id="run_credit").status == "failed"  # what the task does
     ended = failure.of_run(_run(workspace, "run_credit"))
     assert ended is not None and not ended.cancelled and ended.step_path == "credit"
@@ -270,3 +272,56 @@ def test_the_approvals_badge_counts_what_the_page_lists(workspace: Workspace, op
     services.request_reexecution(workspace=workspace, run_id="run_t", mode="rerun", reason="r", by=operator)
 
     assert attention.waiting_for_approvers(workspace) == 2  # one request card, one tool call card
+
+
+def test_the_sweep_queues_again_a_lost_resume_of_a_decided_call_once(
+    workspace: Workspace, approver: User, clock: Any
+) -> None:
+    from django_tasks_db.models import DBTaskResult
+
+    from ledger.reexecution import worker
+
+    _waiting_run(workspace)
+    call = toolapproval.waiting_calls(workspace)[0]
+    toolapprovals.decide(
+        workspace=workspace,
+        run_id="run_credit",
+        call_id=call.call_id,
+        approve=True,
+        seen_digest=toolapproval.pending_digest(call),
+        note="fair",
+        by=approver,
+    )
+    [queued] = DBTaskResult.objects.all()
+    clock.advance(hours=1)
+    assert worker.sweep()["resumed"] == []  # its task is there: nothing is lost
+
+    DBTaskResult.objects.all().delete()  # lost (a queue restored without it)
+    assert worker.sweep()["resumed"] == ["run_credit"]
+    [again] = DBTaskResult.objects.all()
+    assert again.args_kwargs == queued.args_kwargs
+    assert worker.sweep()["resumed"] == []  # queued once
+
+    assert resume_run(workspace=workspace, run_id="run_credit").status == "completed"  # what the task does
+    DBTaskResult.objects.all().delete()
+    assert worker.sweep()["resumed"] == []  # the run went on: nothing to resume
+
+
+def test_the_sweep_leaves_a_fresh_decision_to_its_own_task(workspace: Workspace, approver: User) -> None:
+    from django_tasks_db.models import DBTaskResult
+
+    from ledger.reexecution import worker
+
+    _waiting_run(workspace)
+    call = toolapproval.waiting_calls(workspace)[0]
+    toolapprovals.decide(
+        workspace=workspace,
+        run_id="run_credit",
+        call_id=call.call_id,
+        approve=False,
+        seen_digest=toolapproval.pending_digest(call),
+        note="no",
+        by=approver,
+    )
+    DBTaskResult.objects.all().delete()
+    assert worker.sweep()["resumed"] == []  # younger than a lease: its task may still be on its way

@@ -30,13 +30,14 @@ def enqueue(request_pk: int) -> None:
 
 
 @task(queue_name=QUEUE)
-def resume_after_approval(workspace_pk: int, run_id: str) -> str:
-    """A run one of whose tool calls an approver decided (toolapprovals.py), resumed by the worker."""
+def resume_after_approval(workspace_pk: int, run_id: str, decision: str) -> str:
+    """A run one of whose tool calls an approver decided (toolapprovals.py), resumed by the worker.
+    `decision` (`<runId>#<sequence>`) names the decision the task is for."""
     return resume_approved(workspace_pk=workspace_pk, run_id=run_id)
 
 
-def enqueue_resume(workspace_pk: int, run_id: str) -> None:
+def enqueue_resume(workspace_pk: int, run_id: str, decision: str) -> None:
     if isinstance(resume_after_approval.get_backend(), DatabaseBackend):
-        resume_after_approval.enqueue(workspace_pk, run_id)
+        resume_after_approval.enqueue(workspace_pk, run_id, decision)
     else:
-        transaction.on_commit(lambda: resume_after_approval.enqueue(workspace_pk, run_id))
+        transaction.on_commit(lambda: resume_after_approval.enqueue(workspace_pk, run_id, decision))
