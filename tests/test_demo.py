@@ -17,6 +17,7 @@ from ledger.log.envelopes import log_of
 from ledger.log.projection import COMPARE_PLACES
 from ledger.log.verify import verify_run
 from ledger.models import AuditEntry, CostEntry, Event, Run, ToolGatewayClaim, Workspace
+from ledger.reads import attention, failure
 from ledger.tenancy.services import create_key
 
 pytestmark = pytest.mark.django_db
@@ -123,6 +124,22 @@ def test_a_cancelled_run_and_a_tool_call_waiting_for_approval(demo: dict[str, Wo
     assert waiting.status == "running"
     assert [(c.tool_name, c.status) for c in waiting.tool_calls.all()] == [("send_goodwill_credit", "waiting_approval")]
     assert AuditEntry.objects.filter(action="run.cancelled", target="run_demo_cancelled", actor="carol").count() == 1
+
+
+def test_the_demo_holds_a_run_in_every_attention_state(demo: dict[str, Workspace]) -> None:
+    support = demo["acme/support"]
+    runs = Run.objects.filter(workspace=support).select_related("workspace__tenant")
+    shown = {run_id: needs.kind for run_id, needs in attention.for_runs(support, runs).items()}
+    assert shown == {
+        "run_demo_awaiting_approval": "waiting_tool_approval",
+        "run_demo_in_doubt": "tool_call_in_doubt",
+        "run_demo_triage": "reexecution_pending",
+        "run_demo_retry_scheduled": "retry_scheduled",
+    }
+    assert failure.of_run(runs.get(run_id="run_demo_cancelled")) == failure.Failure(
+        cancelled=True, name="Cancelled", message="order D-4 was delivered on time: no credit is due", step_path=None
+    )
+    assert all(c.status == "pass" for c in verify_run(runs.get(run_id="run_demo_retry_scheduled")))
 
 
 def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:

@@ -27,7 +27,7 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger.errors import LedgerError, NotFound
 from ledger.models import ReexecutionRequest, Workspace
 from ledger.reads import reexecutions, selectors
-from ledger.reexecution import services
+from ledger.reexecution import services, toolapprovals
 from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
 from ledger.replay import toolapproval
 from ledger.runtime.reexecute import mode_plan
@@ -204,7 +204,8 @@ def deny(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str)
 @require_POST
 def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """An approver approves or rejects a tool call waiting for approval, bound to the digest of
-    the arguments the page showed them (ledger/replay/toolapproval.py)."""
+    the arguments the page showed them (ledger/replay/toolapproval.py); the worker then resumes
+    the run (ledger/reexecution/toolapprovals.py)."""
     ws = workspace_or_404(request, tenant, workspace)
     if not has_role(request.user, ws, "approver"):
         raise PermissionDenied("deciding a tool call needs the approver role")
@@ -217,7 +218,7 @@ def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpR
     if decision not in ("approve", "reject"):
         return _page(request, ws, status=400, refused=_refused(key, "Choose approve or reject.", note))
     try:
-        toolapproval.decide(
+        toolapprovals.decide(
             workspace=ws,
             run_id=run_id,
             call_id=call_id,

@@ -32,7 +32,7 @@ from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.limits import day_in_range
 from ledger.models import Run, Step
-from ledger.reads import selectors, serialize
+from ledger.reads import attention, failure, selectors, serialize
 from ledger.reads.subruns import subrun_tree
 from ledger.replay import cancellation, gateway, runlog
 from ledger.replay.evidence import evidence_bundle
@@ -162,6 +162,8 @@ def _header_context(run: Run) -> dict[str, Any]:
         else None,
         "ws_param": f"{ws.tenant.slug}/{ws.slug}",
         "origin": run_origin(run),
+        "attention": attention.of_run(run),
+        "failure": failure.of_run(run),
     }
 
 

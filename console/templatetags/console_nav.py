@@ -1,5 +1,5 @@
-"""The workspace navigation's numbers, for base.html on every page: how many re-execution
-requests wait for approval, whether the member may open the tenant's audit log, and whether they
+"""The workspace navigation's numbers, for base.html on every page: how many things wait for an
+approver (re-execution requests and tool calls, as the Approvals page lists them), whether the member may open the tenant's audit log, and whether they
 may request re-executions (the runs list's batch form).
 
 A tag rather than a value each view passes, so no page can forget the count."""
@@ -11,7 +11,7 @@ from typing import Any
 from django import template
 
 from ledger.models import Role, Workspace
-from ledger.reads import reexecutions, selectors
+from ledger.reads import attention, selectors
 
 register = template.Library()
 
@@ -32,7 +32,7 @@ def workspace_nav(context: Any, user: Any, workspace: Workspace | None) -> dict[
             NOTHING
             if membership is None
             else {
-                "pending": reexecutions.pending_approval(workspace).count(),
+                "pending": attention.waiting_for_approvers(workspace),
                 "admin": membership.allows(Role.ADMIN),
                 "operator": membership.allows(Role.OPERATOR),
             }

@@ -81,3 +81,21 @@ def run_request(*, request_pk: int, owner: str | None = None) -> str:
         error=outcome.error,
     )
     return outcome.status
+
+
+def resume_approved(*, workspace_pk: int, run_id: str) -> str:
+    """Resume a run one of whose tool calls an approver decided (toolapprovals.py): the task's
+    body. Returns the run's status, `waiting_approval` at its next wait, or `refused: <code>` when
+    the runtime refuses (another executor holds the run, its workflow is not registered here, a
+    call in doubt): the log is left as it was, the refusal logged, and `ledger resume` can still
+    take the run."""
+    from ..models import Workspace
+    from ..runtime.executor import resume_run
+
+    workspace = Workspace.objects.select_related("tenant").get(pk=workspace_pk)
+    try:
+        outcome = resume_run(workspace=workspace, run_id=run_id)
+    except LedgerError as exc:
+        log.warning("resuming %s after a tool approval was refused: %s", run_id, exc.message)
+        return f"refused: {exc.code}"
+    return outcome.status

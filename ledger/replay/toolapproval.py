@@ -29,11 +29,11 @@ from typing import Any
 from django.db import transaction
 
 from .. import audit, clock
-from ..canonical import digest
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
 from ..log import holding
 from ..models import Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
+from ..reads import attention
 from . import gateway
 
 WAITING = "waiting_approval"
@@ -70,9 +70,7 @@ def needs_approval(workspace: Workspace, tool_name: str, declared: str | None) -
     return declared == "required" or tool_name in (workspace.approval_tools or [])
 
 
-def args_digest(tool_name: str, args: Any) -> str:
-    """What an approval binds to: the digest of the tool's name and its arguments as the log holds them."""
-    return digest({"toolName": tool_name, "args": args})
+args_digest = attention.args_digest
 
 
 @dataclass(frozen=True)
