@@ -5,6 +5,7 @@ views that read them page what they list (issue 33, "Big runs stay fast")."""
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Iterator
 
 import orjson
@@ -47,7 +48,7 @@ def test_the_state_from_snapshots_is_the_fold_of_the_log_at_every_point(workspac
     run = _run(workspace)
     assert state_after(run) == _full(run)
     stored = list(FoldSnapshot.objects.filter(run=run).order_by("sequence").values_list("sequence", flat=True))
-    assert stored == [10, 20, 30, 40, 50]  # written by the read that folded past them
+    assert stored == [10, 20, 40, 50]  # the ladder (10, 20, 40) and the rolling one, by the read
     for upto in (1, 9, 10, 11, 33, 50, 56, 57):
         READS.clear()  # from the stored snapshot below it, not from the cached newest state
         assert state_after(run, upto) == _full(run, upto), upto
@@ -67,14 +68,25 @@ def test_after_more_appends_the_cached_and_stored_states_fold_forward(workspace:
     assert list(FoldSnapshot.objects.filter(run=run).values_list("sequence", flat=True).order_by("sequence")) == [
         10,
         20,
-        30,
         40,
     ]
+    _long_chat_more(workspace, 60, start=20)  # to 103 events: 50 was never stored, the rolling one is 100
+    run = _run(workspace)
+    assert state_after(run) == _full(run)
+    assert list(FoldSnapshot.objects.filter(run=run).values_list("sequence", flat=True).order_by("sequence")) == [
+        10,
+        20,
+        40,
+        80,
+        100,
+    ]
+    READS.clear()
+    assert state_after(run, 70) == _full(run, 70)  # from the rung at 40
 
 
-def _long_chat_more(workspace: Workspace, count: int) -> None:
+def _long_chat_more(workspace: Workspace, count: int, start: int = 0) -> None:
     events = []
-    for n in range(count // 3):
+    for n in range(start, start + count // 3):
         events += [
             ev("StepScheduled", stepPath=f"more{n}"),
             ev("StepAttemptStarted", stepPath=f"more{n}", attempt=1),
@@ -89,9 +101,9 @@ def test_verify_finds_a_corrupted_snapshot_and_rebuild_throws_them_away(workspac
     state_after(run)
     assert {c.name: c.status for c in verify_run(run)}["projections"] == "pass"
     row = FoldSnapshot.objects.get(run=run, sequence=20)
-    data = orjson.loads(bytes(row.state))
+    data = orjson.loads(zlib.decompress(bytes(row.state)))
     data["lastSequence"] = 19
-    FoldSnapshot.objects.filter(pk=row.pk).update(state=orjson.dumps(data))
+    FoldSnapshot.objects.filter(pk=row.pk).update(state=zlib.compress(orjson.dumps(data)))
     check = {c.name: c for c in verify_run(run)}["projections"]
     assert check.status == "fail"
     assert "snapshot at event 20 differs from the fold of events 1..20" in check.detail

@@ -5,9 +5,13 @@ nearest state below it and the events after that state only:
 
 - a process-local cache of the states reads asked for last (`READS`), so a page opened twice, or a
   live run whose page follows it, folds only the events appended since;
-- stored snapshots (`FoldSnapshot` rows): the state after every `EVERY`-th event, written lazily
-  by the read that first folds past that event, so a process that has never seen the run (or a
-  state-at-N far from the newest) folds at most `EVERY` events after loading one.
+- stored snapshots (`FoldSnapshot` rows, zlib-compressed JSON), written lazily by the read that
+  first folds past them: a ladder at events EVERY, 2·EVERY, 4·EVERY, 8·EVERY … (so the stored
+  states of a run weigh about twice its newest state, not the square of its length), and one
+  rolling snapshot at the newest multiple of EVERY a read passed, replaced as the run grows. A
+  process that has never seen the run folds at most EVERY events after loading the rolling one;
+  the state at an earlier event N folds forward from the ladder's rung below N (at most N/2
+  events).
 
 Snapshots are a projection: each is the fold of its prefix, which never changes (the log is
 append-only, and its events are never updated: ledger/dbguards.py). They are keyed by the price
@@ -19,6 +23,7 @@ handed out here is shared with other readers: callers never change it.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -109,21 +114,44 @@ def _stored(run: Run, version: str, upto: int) -> RunState | None:
         .values_list("state", flat=True)
         .first()
     )
-    return None if row is None else RunState.from_json(orjson.loads(bytes(row)))
+    return None if row is None else decode(row)
 
 
-def _store(run: Run, version: str, state: RunState) -> None:
-    """Keep `state` as a snapshot; another reader storing the same one first is no error."""
+def encode(state: RunState) -> bytes:
+    return zlib.compress(orjson.dumps(state.to_json()), 1)
+
+
+def decode(raw: bytes | memoryview) -> RunState:
+    return RunState.from_json(orjson.loads(zlib.decompress(bytes(raw))))
+
+
+def on_ladder(sequence: int) -> bool:
+    """EVERY, 2·EVERY, 4·EVERY, …: the snapshots kept for good."""
+    rung = sequence // EVERY
+    return sequence % EVERY == 0 and rung > 0 and rung & (rung - 1) == 0
+
+
+def _store(run: Run, version: str, state: RunState, *, rolling: bool) -> None:
+    """Keep `state` as a snapshot (with `rolling`, in place of the run's rolling one below it);
+    another reader storing the same one first is no error."""
     try:
         with transaction.atomic():
+            if rolling:
+                below = FoldSnapshot.objects.filter(run=run, price_version=version, sequence__lt=state.last_sequence)
+                below.exclude(sequence__in=_ladder_below(state.last_sequence)).delete()
             FoldSnapshot.objects.create(
-                run=run,
-                sequence=state.last_sequence,
-                price_version=version,
-                state=orjson.dumps(state.to_json()),
+                run=run, sequence=state.last_sequence, price_version=version, state=encode(state)
             )
     except IntegrityError:
         pass
+
+
+def _ladder_below(sequence: int) -> list[int]:
+    rungs, rung = [], EVERY
+    while rung < sequence:
+        rungs.append(rung)
+        rung *= 2
+    return rungs
 
 
 def state_after(run: Run, upto: int | None = None) -> RunState:
@@ -145,16 +173,21 @@ def state_after(run: Run, upto: int | None = None) -> RunState:
         return state
     begun = 0 if state is None else state.last_sequence
     events = read_envelopes(run, after=begun, limit=target - begun)
+    rolling = target // EVERY * EVERY  # the newest multiple of EVERY this read passes
     offset = 0
     while offset < len(events):
         stop = min(len(events), (begun + offset) // EVERY * EVERY + EVERY - begun)
         chunk = events[offset:stop]
-        state = (
-            fold(chunk, prices=prices, run_id=run.run_id) if state is None else fold_into(state, chunk, prices=prices)
-        )
+        if state is None:
+            state = fold(chunk, prices=prices, run_id=run.run_id)
+        elif offset == 0:
+            state = fold_into(state, chunk, prices=prices)  # a copy: the state below may be shared
+        else:
+            advance(state, chunk, prices=prices)  # this read's own copy, not handed out yet
         offset = stop
-        if state.last_sequence % EVERY == 0:
-            _store(run, prices.version, state)
+        at = state.last_sequence
+        if at % EVERY == 0 and (on_ladder(at) or (at == rolling and target == last)):
+            _store(run, prices.version, state, rolling=not on_ladder(at))
     assert state is not None
     READS.put(key, state)
     return state
@@ -184,8 +217,8 @@ def check(run: Run, log: Sequence[Mapping[str, Any]]) -> list[str]:
         except RunStateMismatch:
             return [*problems, "the log cannot be folded up to the snapshots"]
         try:
-            stored = RunState.from_json(orjson.loads(bytes(raw)))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            stored = decode(raw)
+        except (ValueError, TypeError, KeyError, AttributeError, zlib.error) as exc:
             problems.append(f"snapshot at event {sequence} cannot be read: {exc}")
             continue
         if stored != folded:
