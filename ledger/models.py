@@ -329,7 +329,7 @@ class FoldSnapshot(models.Model):
     of from event 1 (ledger/log/snapshots.py). A projection: written lazily by reads, deleted with
     its run, thrown away by `ledger rebuild`, compared with the fold of the log by `ledger verify`."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="fold_snapshots", db_index=False)
     sequence = models.IntegerField()
     price_version = models.CharField(max_length=200)
     state = models.BinaryField()  # RunState.to_json(), as orjson bytes

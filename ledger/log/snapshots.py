@@ -40,8 +40,9 @@ from .states import weight
 # Events between two stored snapshots: a read folds at most this many after loading one.
 EVERY = 5_000
 # What the read cache may hold in all, in records (states.weight: a step, a call, a cost entry
-# …, about 1 kB each): 64 MB, the append cache's budget again.
-READ_BUDGET = 64_000
+# …, about 1 kB each, bench/memory.py): 200 MB, so that the newest state of a run of 100,000
+# events (60,000 records) and a state at an earlier event of it fit together.
+READ_BUDGET = 200_000
 READ_RUNS = 64
 
 
