@@ -24,7 +24,7 @@ def replay_plan_for(run: Run, log: Sequence[Mapping[str, Any]] | None = None) ->
 
 
 def replay_plan_at(run: Run, state: RunState) -> dict[str, Any]:
-    """The plan of a folded state of the run (a fold snapshot's, ledger/replay/runlog.snapshot):
+    """The plan of a folded state of the run (a fold snapshot's, from ledger/replay/runlog.py `snapshot`):
     the same plan `replay_plan_for` makes of the log up to `state.last_sequence`, reading only the
     events that name an artifact (to re-hash what they name) instead of the whole log.
 
