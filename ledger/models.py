@@ -345,6 +345,22 @@ class Step(UsageColumns):
         ordering = ["run", "position"]
 
 
+class FoldSnapshot(models.Model):
+    """The fold of a run's first `sequence` events, so that a read folds forward from here instead
+    of from event 1 (ledger/log/snapshots.py). A projection: written lazily by reads, deleted with
+    its run, thrown away by `ledger rebuild`, compared with the fold of the log by `ledger verify`."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="fold_snapshots", db_index=False)
+    sequence = models.IntegerField()
+    price_version = models.CharField(max_length=200)
+    state = models.BinaryField()  # RunState.to_json(), as orjson bytes
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "price_version", "sequence"], name="fold_snapshot_unique")
+        ]
+
+
 class ToolCall(models.Model):
     """A tool call of a run: the fold's view of it (the gateway adds its lease columns)."""
 

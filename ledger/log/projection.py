@@ -22,7 +22,7 @@ from ..canonical import NUL_STAND_IN, NotCanonicalizable, canonical_json, nul_as
 from ..fold import RunState, fold
 from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
-from . import rollup
+from . import rollup, snapshots
 from .bulk import insert_rows, upsert_rows
 from .envelopes import log_of
 from .states import STATES
@@ -298,6 +298,7 @@ def rebuild(run: Run) -> RunState:
     # The days of the old entries and of the new are counted again, whatever the old rows were.
     rollup.recount(run.workspace_id, days | rollup.days_of([run.pk]).get(run.workspace_id, set()))
     STATES.take(run.workspace_id, run.run_id, prices.version)  # drop whatever this process cached for the run
+    snapshots.forget(run)
     return state
 
 

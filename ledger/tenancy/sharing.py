@@ -34,7 +34,7 @@ from ..fold.pricing import prices_of
 from ..log.envelopes import log_of
 from ..models import Run, ShareLink, Workspace
 from ..reads import selectors
-from ..replay.runlog import FoldedRun, folded
+from ..replay.runlog import FoldedRun, SnapshotRun, snapshot
 
 MAX_EXPIRY_HOURS = 720
 MAX_OPENS = 10_000
@@ -342,10 +342,12 @@ def shared_envelope(envelope: dict[str, Any], *, hide_inputs: bool) -> dict[str,
     return {**envelope, "payload": shared_payload(envelope["type"], envelope["payload"], hide_inputs=True)}
 
 
-def shared_folded(run: Run, *, hide_inputs: bool) -> FoldedRun:
-    """The run folded from its log as shared views show it (the conversation reads both)."""
+def shared_folded(run: Run, *, hide_inputs: bool) -> FoldedRun | SnapshotRun:
+    """The run folded from its log as shared views show it (the conversation reads both): from its
+    fold snapshots; with the workspace hiding inputs, the hidden log folded whole (the snapshots
+    hold what the run was sent, which the hidden view must not fold in)."""
     if not hide_inputs:
-        return folded(run)
+        return snapshot(run)
     log = [shared_envelope(e, hide_inputs=True) for e in log_of(run)]
     return FoldedRun(log, fold(log, prices=prices_of(run), run_id=run.run_id))
 
