@@ -12,6 +12,7 @@
 - **What a person writes.** A reason, a note or a comment (kept in the audit log, shown on pages)
   is at most MAX_TEXT characters after trimming, and present where it is required: `written`,
   called by the services, so every transport refuses alike and only shows the domain's message.
+  It comes back redacted by the workspace's policy, so a pasted secret is never stored.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from itertools import accumulate
 from typing import Any
 
 from .errors import InvalidRequest, LedgerError
+from .redaction import redact_text
 
 MAX_JSON_DEPTH = 64
 FIRST_DAY = date(1900, 1, 1)
@@ -98,9 +100,11 @@ def written(
     required: bool = True,
     limit: int = MAX_TEXT,
     error: type[LedgerError] = InvalidRequest,
+    workspace: Any = None,
 ) -> str:
-    """A person's free text (a reason, a note, a comment), trimmed; `error` (naming `field`)
-    when it is required and empty, not text, or over `limit` characters."""
+    """A person's free text (a reason, a note, a comment), trimmed and redacted by the
+    workspace's policy (the built-ins without one), as it may be stored; `error` (naming `field`)
+    when it is required and empty, not text, or over `limit` characters (counted as written)."""
     if value is None:
         value = ""
     if not isinstance(value, str):
@@ -110,7 +114,7 @@ def written(
         raise error(f"say why: the {label} is required", field=field)
     if len(text) > limit:
         raise error(f"the {label} is at most {limit} characters", field=field, limit=limit)
-    return text
+    return redact_text(text, workspace)
 
 
 def has_nul(value: Any) -> bool:

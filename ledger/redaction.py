@@ -287,6 +287,7 @@ BUILTIN_VALUE_RULES: tuple[ValueRule, ...] = (
 # Characters that render as nothing, pasted inside a key to slip it past the rules (`sk-\u200b…`).
 ZERO_WIDTH = "\u00ad\u180e\u200b\u200c\u200d\u2060\ufeff"
 _ZERO_WIDTH_TABLE = dict.fromkeys(map(ord, ZERO_WIDTH))
+_SURROGATES = re.compile("([\ud800-\udfff]+)")
 
 
 def normalized(text: str) -> str:
@@ -463,6 +464,15 @@ class Redactor:
         return rules
 
     def _scrub(self, text: str) -> str:
+        try:
+            return self._scrub_utf8(text)
+        except UnicodeEncodeError:
+            # RE2 reads UTF-8, which a lone surrogate (`"\ud800"` in JSON) cannot be: the pieces
+            # between them are scrubbed one by one (a surrogate ends a secret as a space would).
+            pieces = _SURROGATES.split(text)
+            return "".join(p if i % 2 else self._scrub_utf8(p) for i, p in enumerate(pieces))
+
+    def _scrub_utf8(self, text: str) -> str:
         for rule in self._rules_for(text):
             text = rule.sub(text)
         for pattern in self.patterns:
@@ -470,6 +480,18 @@ class Redactor:
         return text
 
     def _spans(self, text: str) -> list[tuple[int, int]]:
+        try:
+            return self._spans_utf8(text)
+        except UnicodeEncodeError:
+            spans: list[tuple[int, int]] = []
+            at = 0
+            for i, piece in enumerate(_SURROGATES.split(text)):
+                if not i % 2:
+                    spans.extend((a + at, b + at) for a, b in self._spans_utf8(piece))
+                at += len(piece)
+            return spans
+
+    def _spans_utf8(self, text: str) -> list[tuple[int, int]]:
         spans = [span for rule in self._rules_for(text) for span in rule.spans(text)]
         spans.extend(m.span() for pattern in self.patterns for m in pattern.finditer(text) if m.end() > m.start())
         return spans
@@ -654,3 +676,17 @@ def policy(keys: Iterable[Any], patterns: Iterable[Any]) -> Redactor:
 
 
 DEFAULT_REDACTOR = Redactor()
+
+
+def of_workspace(workspace: Any) -> Redactor:
+    """The policy of a workspace (its `redact_keys`, `redact_value_patterns`); the built-ins alone
+    for None."""
+    if workspace is None:
+        return DEFAULT_REDACTOR
+    return policy(workspace.redact_keys or [], workspace.redact_value_patterns or [])
+
+
+def redact_text(text: str, workspace: Any = None) -> str:
+    """What a person or a key wrote (a reason, a note, a comment, a name) as it may be stored:
+    the value rules of the workspace's policy applied, as to every string of an event."""
+    return of_workspace(workspace).scrub(text)

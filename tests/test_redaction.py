@@ -452,3 +452,9 @@ def test_the_interop_vectors_append_to_the_same_event_ids(append) -> None:
     assert [e["eventId"] for e in got] == [v["eventId"] for v in order]
     for vector in vectors["events"]:
         assert Redactor()(vector["payload"]) == vector["payload"]
+
+
+def test_a_lone_surrogate_does_not_stop_redaction_around_it() -> None:
+    key = "sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"
+    assert Redactor().scrub(f"\ud800{key} \udfff x") == f"\ud800{REDACTED} \udfff x"
+    assert Redactor()([f"{key[:10]}\ud800", key[10:]]) == [f"{key[:10]}\ud800", key[10:]]
