@@ -23,6 +23,7 @@ from ledger.redaction import (
     key_words,
     policy,
 )
+from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
 
 VECTORS = Path(__file__).resolve().parent / "data" / "vectors.json"  # the shared vectors (test_canonical_vectors)
@@ -458,3 +459,35 @@ def test_a_lone_surrogate_does_not_stop_redaction_around_it() -> None:
     key = "sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"
     assert Redactor().scrub(f"\ud800{key} \udfff x") == f"\ud800{REDACTED} \udfff x"
     assert Redactor()([f"{key[:10]}\ud800", key[10:]]) == [f"{key[:10]}\ud800", key[10:]]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("type", "custom.sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"),
+        ("idempotencyKey", "step-1-AKIAIOSFODNN7EXAMPLE"),
+        ("idempotencyKey", "retry:password=hunter2"),
+    ],
+)
+def test_a_secret_in_the_type_or_idempotency_key_is_refused(append, field: str, value: str) -> None:
+    from ledger.errors import InvalidEvent
+
+    append("run_env", started())
+    event = {**ev("custom.note", text="x"), field: value}
+    with pytest.raises(InvalidEvent) as refused:
+        append("run_env", event)
+    assert refused.value.details == {"index": 0, "field": field}
+    assert Event.objects.filter(run__run_id="run_env").count() == 1
+    assert append("run_env", {**ev("custom.note", text="x"), "idempotencyKey": "step-1-ordinary"}).events
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_secret_shaped_type_is_a_400_through_the_api(workspace) -> None:
+    from tests.conftest import http_client
+
+    key = create_key(workspace=workspace, scopes=["ingest"])[1]
+    api = http_client(headers={"Authorization": f"Bearer {key}"})
+    body = {"events": [{"type": "custom.AKIAIOSFODNN7EXAMPLE", "payload": {}}]}
+    answer = api.post("/api/v1/runs/run_envapi/events", json=body)
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_event"
+    assert answer.json()["error"]["details"]["field"] == "type"
