@@ -8,6 +8,8 @@
   in what would be stored or queried is refused on both, so the two backends answer alike.
 - **Calendar edges.** Dates outside FIRST_DAY..LAST_DAY are refused: ranges add and subtract days
   and would leave the calendar (`date(9999, 12, 31) + 1 day` raises).
+- **Events per run.** A run holds at most `max_events_per_run()` events; its ending (RunCompleted,
+  RunFailed) is accepted past it, so a run at the limit can still finish.
 - **Keyset positions.** A cursor decodes to a (time, row id) only if both are in range.
 - **What a person writes.** A reason, a note or a comment (kept in the audit log, shown on pages)
   is at most MAX_TEXT characters after trimming, and present where it is required: `written`,
@@ -24,6 +26,8 @@ from datetime import UTC, date, datetime
 from itertools import accumulate
 from typing import Any
 
+from django.conf import settings
+
 from .errors import InvalidRequest, LedgerError
 from .redaction import redact_text
 
@@ -34,6 +38,14 @@ MAX_ROW_ID = 2**63 - 1  # a bigint primary key
 
 NUL = "\x00"
 MAX_TEXT = 2000
+DEFAULT_MAX_EVENTS_PER_RUN = 50_000
+
+
+def max_events_per_run() -> int:
+    """How many events one run may hold (LEDGER_MAX_EVENTS_PER_RUN): a run of a few hundred
+    thousand events makes every view of it, the shared page and the evidence heavy for everyone."""
+    return int(getattr(settings, "LEDGER_MAX_EVENTS_PER_RUN", DEFAULT_MAX_EVENTS_PER_RUN))
+
 
 # A JSON string, escapes included (the unrolled form: no backtracking on long strings).
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
