@@ -400,13 +400,23 @@ class Redactor:
         self.extra_keys = frozenset(normalize_key(k) for k in extra_keys if isinstance(k, str))
         self.patterns: list[Linear] = []
         self.invalid_patterns: list[str] = []
+        valid: list[str] = []
         for p in value_patterns:
             try:
                 self.patterns.append(_checked(p)[1])
+                valid.append(p)
             except InvalidRule:
                 # Saved before rules were checked (the settings page refuses these). An append
                 # must not fail for it; the settings page shows it as not applied.
                 self.invalid_patterns.append(str(p))
+        # One pass for all of them when they combine (each RE2 call converts the text to UTF-8
+        # first); two patterns naming the same group do not, and then run one by one.
+        self._extras: list[Linear] = list(self.patterns)
+        if len(valid) > 1:
+            try:
+                self._extras = [compile_linear("|".join(f"(?:{p})" for p in valid))]
+            except re2.error:
+                pass
         self._secret: dict[str, bool] = {}
         self._plain_keys: dict[str, bool] = {}  # exact-str BMP keys seen by `plain`: is_secret
 
@@ -475,8 +485,8 @@ class Redactor:
     def _scrub_utf8(self, text: str) -> str:
         for rule in self._rules_for(text):
             text = rule.sub(text)
-        for pattern in self.patterns:
-            text = pattern.sub(_replace_nonempty, text)
+        for extras in self._extras:
+            text = extras.sub(_replace_nonempty, text)
         return text
 
     def _spans(self, text: str) -> list[tuple[int, int]]:
@@ -493,7 +503,7 @@ class Redactor:
 
     def _spans_utf8(self, text: str) -> list[tuple[int, int]]:
         spans = [span for rule in self._rules_for(text) for span in rule.spans(text)]
-        spans.extend(m.span() for pattern in self.patterns for m in pattern.finditer(text) if m.end() > m.start())
+        spans.extend(m.span() for extras in self._extras for m in extras.finditer(text) if m.end() > m.start())
         return spans
 
     def _across(self, items: list[Any]) -> list[Any]:

@@ -491,3 +491,8 @@ def test_a_secret_shaped_type_is_a_400_through_the_api(workspace) -> None:
     answer = api.post("/api/v1/runs/run_envapi/events", json=body)
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_event"
     assert answer.json()["error"]["details"]["field"] == "type"
+
+
+def test_patterns_naming_the_same_group_still_apply_each() -> None:
+    redactor = Redactor((), [r"(?P<n>ord_\d+)", r"(?P<n>inv_\d+)"])
+    assert redactor.scrub("ord_1 and inv_2") == f"{REDACTED} and {REDACTED}"
