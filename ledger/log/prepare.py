@@ -80,6 +80,9 @@ def item(index: int, event: Any, redact: Redactor, *, imported: bool = False) ->
         raise InvalidEvent(f"event {index}: type must be a non-empty string", index=index, field="type")
     occurrence_id = _optional_str(index, event, "occurrenceId")
     key = _optional_str(index, event, "idempotencyKey")
+    _refuse_secret(index, "type", event_type, redact)
+    if key is not None:
+        _refuse_secret(index, "idempotencyKey", key, redact)
     payload = event.get("payload", {})
     to_canonical = canonical_bytes
     try:
@@ -129,6 +132,17 @@ def item(index: int, event: Any, redact: Redactor, *, imported: bool = False) ->
             type=event_type, payload_canonical=canonical, occurrence_id=occurrence_id
         )
     return Prepared(event_type, payload, canonical, occurrence_id, key, request_digest)
+
+
+def _refuse_secret(index: int, field: str, value: str, redact: Redactor) -> None:
+    """An event's type and idempotency key are hashed into its id and digest, so a secret in them
+    cannot be replaced where it stands: the event is refused instead."""
+    if redact.scrub(value) != value:
+        raise InvalidEvent(
+            f"event {index}: {field} holds what looks like a secret; it is stored as sent, so it may not",
+            index=index,
+            field=field,
+        )
 
 
 def _is_text(value: str) -> bool:

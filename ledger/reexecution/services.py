@@ -35,6 +35,7 @@ from ..errors import LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
 from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, Workspace
 from ..reads import selectors
+from ..redaction import of_workspace
 from ..replay.stored_plan import replay_plan_for
 from ..runtime.errors import UnknownWorkflow
 from ..runtime.registry import get_workflow
@@ -245,6 +246,8 @@ def _create(
     now: datetime,
 ) -> ReexecutionRequest:
     name, user, key = _requester(by, workspace)
+    if input is not NOT_GIVEN:  # stored and digested as the new run's RunStarted will store it
+        input = of_workspace(workspace)(input)
     last_sequence, plan_digest = _run_shape(run)
     request = ReexecutionRequest(
         public_id=_new_public_id("rx"),
@@ -255,7 +258,7 @@ def _create(
         has_input=input is not NOT_GIVEN,
         input=None if input is NOT_GIVEN else input,
         model_overrides=model_overrides,
-        reason=reason.strip(),
+        reason=written(reason, field="reason", label="reason", error=InvalidReexecution, workspace=workspace),
         requested_by=name,
         requested_by_user=user,
         requested_by_key=key,
@@ -439,7 +442,7 @@ def approve(
     refusal = _refuse_undecidable(requests, by, now, approving=True)
     if refusal is not None:
         return refusal
-    note = written(note, field="note", label="note", error=InvalidReexecution)
+    note = written(note, field="note", label="note", error=InvalidReexecution, workspace=workspace)
     runs = {r.run_id: r for r in selectors.runs(workspace).filter(run_id__in=[q.original_run_id for q in requests])}
     changed = []
     for request in requests:
@@ -492,7 +495,7 @@ def deny(*, workspace: Workspace, reexecution_id: str, by: User, note: str) -> l
     refusal = _refuse_undecidable(requests, by, now, approving=False)
     if refusal is not None:
         return refusal
-    note = written(note, field="note", label="note", error=InvalidReexecution)
+    note = written(note, field="note", label="note", error=InvalidReexecution, workspace=workspace)
     for request in requests:
         request.status, request.updated_at = Status.DENIED, now
         request.approver, request.approver_name = by, by.get_username()

@@ -168,7 +168,7 @@ def decide(
     forbidden), the run's requester (403 self_approval_forbidden), no such call (404), a call not
     waiting (409 tool_call_not_waiting), other arguments waiting now (409 approval_stale), the
     run ended (409 run_finished)."""
-    note = written(note, field="note", label="note", error=InvalidDecision)
+    note = written(note, field="note", label="note", error=InvalidDecision, workspace=workspace)
     membership = Membership.objects.filter(user=by, tenant=workspace.tenant).first()
     if membership is None or not membership.allows(Role.APPROVER):
         raise ApproverRequired("deciding a tool call needs the approver role", role="approver")
