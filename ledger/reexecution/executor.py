@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -45,6 +46,28 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return error
 
 
+# A factory of the guard asked before each live model call of a request's execution (None: no
+# guard); ledger/evaluation registers the one that keeps an evaluation inside its spend ceiling.
+_GUARD_FACTORIES: list[Callable[[Any], Callable[[Any], None] | None]] = []
+
+
+def register_guard_factory(factory: Callable[[Any], Callable[[Any], None] | None]) -> None:
+    if factory not in _GUARD_FACTORIES:
+        _GUARD_FACTORIES.append(factory)
+
+
+def _guard_for(request: Any) -> Callable[[Any], None] | None:
+    guards = [g for g in (factory(request) for factory in _GUARD_FACTORIES) if g is not None]
+    if not guards:
+        return None
+
+    def guard(model_request: Any) -> None:
+        for g in guards:
+            g(model_request)
+
+    return guard
+
+
 def run_request(*, request_pk: int, owner: str | None = None) -> str:
     """Execute one request end to end (the task's body). Returns what happened, for the task result."""
     from ..runtime.reexecute import UNSET, execute_reexecution
@@ -64,6 +87,7 @@ def run_request(*, request_pk: int, owner: str | None = None) -> str:
             from_step=request.from_step,
             input=request.input if request.has_input else UNSET,
             model_overrides=request.model_overrides or None,
+            guard=_guard_for(request),
         )
     except Exception as exc:  # the runtime refused or broke: the request failed, the worker lives on
         log.warning("re-execution %s failed", request.public_id, exc_info=True)
