@@ -21,6 +21,7 @@ RESOURCES = [
     "exports",
     "outer_loops",
     "run_control",
+    "evaluations",
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [path("", include(f"console.api.{name}")) for name in RESOURCES]

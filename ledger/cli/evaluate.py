@@ -158,7 +158,11 @@ def handle(
     )
     if not (wait or here):
         return
-    code = EXIT.get(evaluation.verdict, NO_VERDICT) if evaluation.status == Evaluation.Status.FINISHED else NO_VERDICT
+    code = (
+        EXIT.get(Evaluation.Verdict(evaluation.verdict), NO_VERDICT)
+        if evaluation.status == Evaluation.Status.FINISHED
+        else NO_VERDICT
+    )
     if code:
         cmd.stderr.write(f"verdict: {evaluation.verdict or evaluation.status}")
         sys.exit(code)
