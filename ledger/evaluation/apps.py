@@ -15,5 +15,7 @@ class EvaluationConfig(AppConfig):
 
         # A request of an evaluation's batch changed: score it, and report once the batch is done.
         execution.on_change(evaluations.on_request_change)
+        # The built-in executor is done with a request (its run released): score the new run.
+        executor.after_request(evaluations.after_request)
         # Each live model call of an evaluation's request is checked against its spend ceiling.
         executor.register_guard_factory(budget.guard_for)

@@ -12,6 +12,7 @@ takes the evaluation's row lock, so calling it again (the CLI's --wait does) is 
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,7 @@ from django.db import transaction
 
 from .. import audit, clock
 from ..canonical import digest
-from ..errors import LedgerError, NotFound
+from ..errors import Fenced, LedgerError, NotFound
 from ..limits import written
 from ..log import append
 from ..models import Evaluation, ReexecutionRequest, Run, Workspace
@@ -36,6 +37,7 @@ from .datasets import get_dataset, get_version
 from .errors import InvalidEvaluation
 from .scorers import Score, ScoreContext, check_specs, run_scorer
 
+log = logging.getLogger(__name__)
 Status = Evaluation.Status
 Verdict = Evaluation.Verdict
 RxStatus = ReexecutionRequest.Status
@@ -145,17 +147,44 @@ def start_evaluation(
 # --- progress ---------------------------------------------------------------------------------
 
 
-def on_request_change(request: ReexecutionRequest) -> None:
-    """execution.on_change: after a batch request's change commits, advance its evaluation."""
+def _evaluation_pk(request: ReexecutionRequest) -> int | None:
     if not request.batch_id or request.mode != ReexecutionRequest.Mode.EVALUATE:
-        return
-    pk = (
+        return None
+    return (
         Evaluation.objects.filter(workspace_id=request.workspace_id, batch_id=request.batch_id)
         .values_list("pk", flat=True)
         .first()
     )
+
+
+def _advance_quietly(pk: int) -> None:
+    try:
+        advance(pk)
+    except Exception:  # after a commit that must stand: the next change or --wait advances it again
+        log.warning("advancing evaluation %s failed", pk, exc_info=True)
+
+
+def on_request_change(request: ReexecutionRequest) -> None:
+    """execution.on_change: after a batch request's change commits, advance its evaluation. Not
+    for a request the built-in executor just finished: its run is still leased to the executor
+    (the scored event would be `fenced`); `after_request` does that one."""
+    if request.executor == ReexecutionRequest.Executor.BUILTIN and request.status in (
+        RxStatus.RUNNING,
+        RxStatus.SUCCEEDED,
+        RxStatus.FAILED,
+    ):
+        return
+    pk = _evaluation_pk(request)
     if pk is not None:
-        transaction.on_commit(lambda: advance(pk))
+        transaction.on_commit(lambda: _advance_quietly(pk))
+
+
+def after_request(request_pk: int) -> None:
+    """executor.after_request: the built-in executor is done with the request; score its run."""
+    request = ReexecutionRequest.objects.filter(pk=request_pk).first()
+    pk = _evaluation_pk(request) if request is not None else None
+    if pk is not None:
+        advance(pk)
 
 
 def _context(
@@ -201,7 +230,20 @@ def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[
         new.run_id,
         lambda args: _context(evaluation, new.run_id, new.output, member, original_output, args),
     )
+    try:
+        with transaction.atomic():
+            _append_scored(evaluation, request, new, before, after)
+    except Fenced:
+        # An executor still holds the run (an external one, between its terminal append and its
+        # lease's end): scored again by a later advance; the grader's spend stays counted.
+        log.info("run %s is still leased; its scores wait for the next advance", new.run_id)
+        return
     evaluation.scores[new.run_id] = {"before": before, "after": after}
+
+
+def _append_scored(
+    evaluation: Evaluation, request: ReexecutionRequest, new: Run, before: dict[str, Any], after: dict[str, Any]
+) -> None:
     append(
         workspace=evaluation.workspace,
         run_id=new.run_id,
