@@ -81,7 +81,7 @@ def test_a_dataset_from_the_runs_list_a_policy_and_an_evaluation_report(workspac
     assert 'hx-trigger="every 1s"' in carol.get(f"{BASE}/evaluations/{made.public_id}/").content.decode()
     evaluations.execute_here(made)
     rows = carol.get(f"{BASE}/evaluations/rows/").content.decode()
-    assert 'data-verdict="failed"' in rows and "hx-trigger" not in rows
+    assert 'data-verdict="failed"' in rows and 'hx-trigger="every 3s"' in rows
     detail = carol.get(f"{BASE}/evaluations/{made.public_id}/").content.decode()
     assert 'data-verdict="failed"' in detail and 'id="score-distribution"' in detail
     assert detail.count('data-outcome="changed"') == 3 and detail.count('data-outcome="kept"') == 7
