@@ -73,8 +73,8 @@ def guard_for(request: Any) -> Callable[[Any], None] | None:
         .select_related("policy")
         .first()
     )
-    if evaluation is None:
-        return None
+    if evaluation is None or (evaluation.ceiling_usd is None and evaluation.policy is None):
+        return None  # approved by a person: no ceiling to keep
     pk = evaluation.pk
 
     def guard(model_request: Any) -> None:

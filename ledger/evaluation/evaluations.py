@@ -164,6 +164,9 @@ def _advance_quietly(pk: int) -> None:
         log.warning("advancing evaluation %s failed", pk, exc_info=True)
 
 
+_SCHEDULED: set[int] = set()
+
+
 def on_request_change(request: ReexecutionRequest) -> None:
     """execution.on_change: after a batch request's change commits, advance its evaluation. Not
     for a request the built-in executor just finished: its run is still leased to the executor
@@ -174,9 +177,18 @@ def on_request_change(request: ReexecutionRequest) -> None:
         RxStatus.FAILED,
     ):
         return
+    if request.status == RxStatus.APPROVED and request.approver_name.startswith("policy:"):
+        return  # approved with the evaluation's start, which is already running
     pk = _evaluation_pk(request)
-    if pk is not None:
-        transaction.on_commit(lambda: _advance_quietly(pk))
+    if pk is not None and pk not in _SCHEDULED:
+        # One advance per evaluation per commit, however many of its requests changed in it.
+        _SCHEDULED.add(pk)
+
+        def run() -> None:
+            _SCHEDULED.discard(pk)
+            _advance_quietly(pk)
+
+        transaction.on_commit(run)
 
 
 def after_request(request_pk: int) -> None:
@@ -576,6 +588,5 @@ def execute_here(evaluation: Evaluation) -> Evaluation:
         workspace_id=evaluation.workspace_id, batch_id=evaluation.batch_id, status=RxStatus.APPROVED
     ).values_list("pk", flat=True)
     for pk in sorted(pks):
-        run_request(request_pk=pk)
-        advance(evaluation.pk)
+        run_request(request_pk=pk)  # its after_request hook scores the new run
     return advance(evaluation.pk) or evaluation
