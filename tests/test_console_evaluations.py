@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from ledger.evaluation import evaluations
-from ledger.models import AuditEntry, EvaluationPolicy, Workspace
+from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, Workspace
 from tests.conftest import named_user
 from tests.evaluation_support import Calls, model_change, registered_providers, triage_runs
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
@@ -86,6 +86,14 @@ def test_a_dataset_from_the_runs_list_a_policy_and_an_evaluation_report(workspac
     assert 'data-verdict="failed"' in detail and 'id="score-distribution"' in detail
     assert detail.count('data-outcome="changed"') == 3 and detail.count('data-outcome="kept"') == 7
     assert detail.count(f"{BASE}/reexecutions/rx_") == 10 and 'id="live-tool-calls">0<' in detail
+    # The scores are on the divergence page of each request and on the batch page.
+    changed = next(r for r in Evaluation.objects.get(pk=made.pk).report["runs"] if r["outcome"] == "changed")
+    divergence = carol.get(f"{BASE}/reexecutions/{changed['requestId']}/divergence/").content.decode()
+    assert f'href="{BASE}/evaluations/{made.public_id}/"' in divergence
+    assert 'data-scorer="exact" data-passed="false"' in divergence
+    batch = carol.get(f"{BASE}/batches/{made.batch_id}/").content.decode()
+    assert 'id="batch-evaluation"' in batch
+    assert batch.count('data-scorer="exact" data-passed="true"') == 7 and batch.count('data-passed="false"') == 3
     live = carol.get(f"{BASE}/evaluations/{made.public_id}/live/").content.decode()
     assert 'data-verdict="failed"' in live and "hx-trigger" not in live
     # Another tenant: 404 on every page and action.

@@ -590,3 +590,22 @@ def execute_here(evaluation: Evaluation) -> Evaluation:
     for pk in sorted(pks):
         run_request(request_pk=pk)  # its after_request hook scores the new run
     return advance(evaluation.pk) or evaluation
+
+
+def scores_of_request(workspace: Workspace, request: ReexecutionRequest) -> tuple[Evaluation | None, dict[str, Any]]:
+    """The evaluation a request belongs to (None outside one) and its new run's scores
+    `{name: {before, after}}` once scored: what the divergence and batch pages show."""
+    if not request.batch_id:
+        return None, {}
+    found = (
+        Evaluation.objects.filter(workspace=workspace, batch_id=request.batch_id)
+        .only("public_id", "scores", "batch_id", "workspace_id")
+        .first()
+    )
+    if found is None:
+        return None, {}
+    scored = found.scores.get(request.new_run_id) or {}
+    return found, {
+        name: {"before": scored.get("before", {}).get(name), "after": value}
+        for name, value in scored.get("after", {}).items()
+    }
