@@ -118,6 +118,7 @@ INSTALLED_APPS = [
     "django_tasks_db",
     "ledger",
     "ledger.reexecution.apps.ReexecutionConfig",
+    "ledger.evaluation.apps.EvaluationConfig",
     "console",
 ]
 

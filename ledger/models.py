@@ -780,6 +780,11 @@ class AuditEntry(models.Model):
         RUN_CANCELLED = "run.cancelled"
         TOOL_CALL_APPROVED = "tool_call.approved"
         TOOL_CALL_REJECTED = "tool_call.rejected"
+        DATASET_CHANGED = "dataset.changed"
+        EVALUATION_POLICY_APPROVED = "evaluation_policy.approved"
+        EVALUATION_POLICY_REVOKED = "evaluation_policy.revoked"
+        EVALUATION_STARTED = "evaluation.started"
+        EVALUATION_FINISHED = "evaluation.finished"
 
     # No index of its own: both indexes below lead with it (migration 0023).
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
@@ -811,3 +816,107 @@ class AuditEntry(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("the audit log is append-only")
+
+
+# --- regression evaluations (ledger/evaluation, docs/evaluations.md) ------------------------------
+
+
+class Dataset(models.Model):
+    """A named set of recorded runs of a workspace; its content is in its versions, each frozen."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="datasets", db_index=False)
+    name = models.CharField(max_length=100)
+    created_by = models.CharField(max_length=160)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="dataset_name_unique_in_workspace")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatasetVersion(models.Model):
+    """One frozen content of a dataset: `members` is [{runId, lastSequence, expected?}] in run id
+    order, `digest` is digest(members); a change to the dataset makes the next version."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="versions", db_index=False)
+    number = models.PositiveIntegerField()
+    members = models.JSONField(default=list)
+    digest = models.CharField(max_length=71)
+    created_by = models.CharField(max_length=160)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["dataset", "number"], name="dataset_version_unique")]
+
+
+class EvaluationPolicy(models.Model):
+    """An approver's standing approval of evaluations of one dataset: which kinds of change, which
+    scorers, a spend ceiling per evaluation and per UTC day, an expiry; bound to its digest."""
+
+    public_id = models.CharField(max_length=40, unique=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+", db_index=False)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="policies")
+    change_kinds = models.JSONField(default=list)
+    scorers = models.JSONField(default=list)
+    ceiling_per_evaluation_usd = models.DecimalField(max_digits=24, decimal_places=12)
+    ceiling_per_day_usd = models.DecimalField(max_digits=24, decimal_places=12)
+    expires_at = models.DateTimeField()
+    digest = models.CharField(max_length=71)
+    note = models.TextField(blank=True)
+    approved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    approved_by_name = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "dataset"], name="evaluation_policy_by_dataset")]
+
+
+class Evaluation(models.Model):
+    """A change evaluated against a dataset version: an `evaluate` batch of re-executions
+    (`batch_id`), scored, reported and judged (`verdict`)."""
+
+    class Status(models.TextChoices):
+        PENDING_APPROVAL = "pending_approval"
+        RUNNING = "running"
+        FINISHED = "finished"
+        DENIED = "denied"
+        EXPIRED = "expired"
+
+    class Verdict(models.TextChoices):
+        NONE = ""
+        PASSED = "passed"
+        FAILED = "failed"
+        BUDGET_EXHAUSTED = "budget_exhausted"
+        INCOMPLETE = "incomplete"
+
+    public_id = models.CharField(max_length=40, unique=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+", db_index=False)
+    dataset_version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="evaluations")
+    change = models.JSONField(default=dict)
+    scorers = models.JSONField(default=list)
+    fail_if = models.CharField(max_length=500, blank=True)
+    policy = models.ForeignKey(
+        EvaluationPolicy, null=True, blank=True, on_delete=models.PROTECT, related_name="evaluations"
+    )
+    ceiling_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
+    batch_id = models.CharField(max_length=40, db_index=True)
+    status = models.CharField(max_length=20, choices=Status.choices)
+    verdict = models.CharField(max_length=20, choices=Verdict.choices, blank=True, default="")
+    budget_exhausted = models.BooleanField(default=False)
+    # {newRunId: {scorer name: {value, passed, reason}}}: what was appended to each new run.
+    scores = models.JSONField(default=dict, blank=True)
+    grader_cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
+    report = models.JSONField(null=True, blank=True)
+    reason = models.TextField()
+    requested_by = models.CharField(max_length=160)
+    requested_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "-created_at"], name="evaluation_newest_first")]

@@ -206,7 +206,8 @@ def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspa
     assert AuditEntry.objects.filter(action="reexecution.denied", target=denied.public_id).count() == 1
 
     load_demo(history_runs=HISTORY)
-    assert ReexecutionRequest.objects.filter(workspace=support).count() == len(by_reason)
+    # Each evaluation's batch shares one reason (tests/test_demo.py::test_the_demo_evaluations).
+    assert ReexecutionRequest.objects.filter(workspace=support, batch_id="").count() == len(by_reason) - 2
 
 
 def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspace]) -> None:
@@ -237,3 +238,20 @@ def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspa
     for run in Run.objects.filter(pk__in=totals):
         assert run.cost_usd is not None
         assert run.cost_usd.quantize(COMPARE_PLACES) == totals[run.pk].quantize(COMPARE_PLACES), run.run_id
+
+
+def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(demo: dict[str, Workspace]) -> None:
+    from ledger.demo import evaluations as demo_evaluations
+    from ledger.models import Evaluation, EvaluationPolicy
+
+    support = demo["acme/support"]
+    kept = Evaluation.objects.get(workspace=support, reason=demo_evaluations.KEPT)
+    regressed = Evaluation.objects.get(workspace=support, reason=demo_evaluations.REGRESSED)
+    assert (kept.status, kept.verdict) == ("finished", "passed")
+    assert kept.report["aggregates"]["changed"] == 0 and kept.report["aggregates"]["liveToolCalls"] == 0
+    assert (regressed.status, regressed.verdict) == ("finished", "failed")
+    assert regressed.report["aggregates"]["passRate"] == 0.8 and regressed.report["aggregates"]["changed"] == 2
+    assert kept.policy is not None and kept.policy == regressed.policy
+    assert EvaluationPolicy.objects.filter(workspace=support).count() == 1
+    load_demo(history_runs=HISTORY)
+    assert Evaluation.objects.filter(workspace=support).count() == 2

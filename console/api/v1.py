@@ -22,6 +22,7 @@ RESOURCES = [
     "outer_loops",
     "run_control",
     "tool_approvals",
+    "evaluations",
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [path("", include(f"console.api.{name}")) for name in RESOURCES]

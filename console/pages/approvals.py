@@ -25,6 +25,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from ledger.errors import LedgerError, NotFound
+from ledger.evaluation import evaluations
 from ledger.models import ReexecutionRequest, Workspace
 from ledger.reads import reexecutions, selectors
 from ledger.reexecution import services, toolapprovals
@@ -326,12 +327,15 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
     except NotFound:
         raise Http404("not found") from None
     rows = []
+    evaluation = None
     for rx in members:
         rx.workspace = ws
         report = report_for(rx) if rx.status in (Status.SUCCEEDED, Status.FAILED) else None
+        evaluation, scores = evaluations.scores_of_request(ws, rx)
         rows.append(
             {
                 **_card(rx, request.user, can_decide=False, with_plan=False),
+                "scores": scores,
                 "report": report,
                 "kept": _outcome_kept(report) if report else None,
                 "cost_before": report["original"]["costUsd"] if report else None,
@@ -355,6 +359,9 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
             "cost_before": money(_sum([r["cost_before"] for r in compared])),
             "cost_after": money(_sum([r["cost_after"] for r in compared])),
             "approvals_url": reverse("approvals", args=[tenant, workspace]),
+            "evaluation_url": reverse("evaluation", args=[tenant, workspace, evaluation.public_id])
+            if evaluation
+            else None,
             "workspaces": selectors.workspaces_for(request.user),
         },
     )

@@ -36,7 +36,7 @@ from ..runtime.executor import resume_run, start_run
 from ..runtime.outer_loop import start_outer_loop
 from ..tenancy import sharing
 from ..tenancy.services import bootstrap, create_user
-from . import reexecution, workflows
+from . import evaluations, reexecution, workflows
 
 DEMO_PASSWORD = "runledger-demo"
 USERS = [("alice", "admin"), ("bob", "approver"), ("carol", "operator"), ("dave", "viewer")]
@@ -147,6 +147,7 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
             append(workspace=ws, run_id=run_id, events=events)
     _showcase(workspaces, missing)
     reexecution.lay_out(workspaces["acme/support"])
+    evaluations.lay_out(workspaces["acme/support"])
     _share_link(workspaces["acme/research"])
     _history(workspaces, missing, history_runs)
     created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
