@@ -45,6 +45,18 @@ def key_actor(api_key: ApiKey) -> str:
 SYSTEM = Actor(name="system")
 
 
+def key_owner_id(api_key: ApiKey) -> int | None:
+    """The member a key belongs to: who created it, by its `api_key.created` entry (`ledger
+    create-key --owner`); None for a key made by the command line alone (unowned)."""
+    return (
+        AuditEntry.objects.filter(
+            action=Action.API_KEY_CREATED, target=key_actor(api_key), workspace_id=api_key.workspace_id
+        )
+        .values_list("actor_user_id", flat=True)
+        .first()
+    )
+
+
 def record(
     *,
     actor: Actor | AbstractBaseUser | ApiKey | str,

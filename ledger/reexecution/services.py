@@ -417,9 +417,15 @@ def _refuse_undecidable(
             reexecutionId=decided[0].public_id,
             status=decided[0].status,
         )
-    if approving and any(r.requested_by_user_id == by.pk for r in requests):
+    if approving and any(
+        r.requested_by_user_id == by.pk
+        or (r.requested_by_key is not None and audit.key_owner_id(r.requested_by_key) == by.pk)
+        for r in requests
+    ):
         return SelfApprovalForbidden(
-            "a re-execution is approved by another member, never by its requester", reexecutionId=first.public_id
+            "a re-execution is approved by another member, never by its requester (nor by the owner of the key "
+            "that requested it)",
+            reexecutionId=first.public_id,
         )
     if any(r.expires_at <= now for r in requests):
         for r in requests:
