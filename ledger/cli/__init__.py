@@ -30,4 +30,5 @@ MODULES = [
     "export",
     "export_evidence",
     "import_little",
+    "state",
 ]
