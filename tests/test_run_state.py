@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -93,3 +94,26 @@ def test_an_imported_runs_state_is_readable(workspace: Workspace) -> None:
     code, out, _ = ledger("state", "run_cycle_2")
     state = json.loads(out)["state"]
     assert code == 0 and state["status"] == "completed" and state["outerLoopId"] == "ol_sample"
+
+
+# --- an imported outer loop's page ---------------------------------------------------------------
+
+
+def test_an_imported_outer_loop_opens_on_the_loop_page(workspace: Workspace, viewer: Any, client: Any) -> None:
+    assert ledger("import-little", str(SAMPLE), "--workspace", "acme/support")[0] == 0
+    client.force_login(viewer)
+    page = client.get("/w/acme/support/loops/ol_sample/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-status="completed"' in html and 'id="loop-imported"' in html
+    assert 'data-cycle="1" data-verdict="continue"' in html and 'data-cycle="2" data-verdict="done"' in html
+    assert 'href="/w/acme/support/runs/run_cycle_1/"' in html and 'href="/w/acme/support/runs/run_cycle_2/"' in html
+    assert "short summary" in html  # the final output
+    assert client.get("/w/acme/support/loops/ol_nope/").status_code == 404
+
+
+def test_an_outsider_gets_404_for_an_imported_loop(workspace: Workspace, outsider: Any, client: Any) -> None:
+    assert ledger("import-little", str(SAMPLE), "--workspace", "acme/support")[0] == 0
+    client.force_login(outsider)
+    assert client.get("/w/acme/support/loops/ol_sample/").status_code == 404
+    assert client.get("/w/globex/main/loops/ol_sample/").status_code == 404
