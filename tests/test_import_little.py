@@ -401,6 +401,10 @@ def test_a_payload_the_workspace_would_redact_is_refused(workspace: Workspace) -
         "events/run_7f3a.jsonl:1: run run_7f3a, sequence 1: the workspace's redaction rules would rewrite this payload"
     ) in err
     assert only_these_refused(workspace, "run_7f3a", "run_cycle_1", "run_cycle_2")  # each holds a ticket
+    assert (
+        "outer loop ol_sample: not complete here, a cycle's run was refused"
+        in ledger("import-little", str(SAMPLE), "--workspace", "acme/support")[1]
+    )
 
 
 def test_a_run_present_with_other_events_is_refused(workspace: Workspace) -> None:

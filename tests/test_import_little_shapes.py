@@ -203,3 +203,61 @@ def test_a_nul_in_a_column_the_projection_keeps_as_text_is_refused(workspace: Wo
         "events/run_nul.jsonl:2: run run_nul, sequence 2: payload.stepPath may not contain the NUL character"
     ) in err
     assert not Run.objects.filter(run_id="run_nul").exists()
+
+
+# --- evidence bundles of imported runs ---------------------------------------------------------
+
+SAMPLE = Path(__file__).resolve().parent / "data" / "little" / "sample"
+LITTLE_ARTIFACT = "art_1c38cdc9a16429fa"  # vector V7 of the reference notes, run_artifacts' output
+
+
+def test_verify_bundle_re_hashes_an_imported_runs_artifact_and_catches_a_forgery(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    import hashlib
+    import json
+    import zipfile
+
+    assert ledger("import-little", str(SAMPLE), "--workspace", "acme/support")[0] == 0
+    bundle = tmp_path / "run_artifacts.evidence.zip"
+    code, _, err = ledger("export-evidence", "run_artifacts", "--output", str(bundle))
+    assert code == 0, err
+    code, out, _ = ledger("verify", "--bundle", str(bundle))
+    assert code == 0 and "1 artifact(s) re-hashed" in out, out
+    files = {n: zipfile.ZipFile(bundle).read(n) for n in zipfile.ZipFile(bundle).namelist()}
+    manifest = json.loads(files["manifest.json"])
+    assert manifest["artifacts"][0]["identity"] == {
+        "runId": "run_artifacts",
+        "name": "profile",
+        "contentType": "application/json",
+        "stepPath": "extract",
+        "encoding": "json",
+    }
+
+    # The forgery: the artifact's bytes swapped for others, stored under their own sha256, the
+    # manifest (files and artifacts) and SHA256SUMS rewritten to match. The Little ref's id
+    # hashes the original bytes' sha256, so it no longer recomputes.
+    old = next(n for n in files if n.startswith("artifacts/"))
+    forged_bytes = b'{"name":"Eve","score":98}'
+    sha = hashlib.sha256(forged_bytes).hexdigest()
+    new = f"artifacts/art_{sha}"
+    forged = {n: d for n, d in files.items() if n != old}
+    forged[new] = forged_bytes
+    for entry in manifest["files"]:
+        if entry["path"] == old:
+            entry.update(path=new, sha256=sha, size=len(forged_bytes))
+    manifest["files"].sort(key=lambda e: e["path"])
+    manifest["artifacts"][0].update(sha256=sha, size=len(forged_bytes))
+    forged["manifest.json"] = json.dumps(manifest).encode()
+    forged["SHA256SUMS"] = "".join(
+        f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in sorted(forged.items()) if n != "SHA256SUMS"
+    ).encode()
+    target = tmp_path / "forged.zip"
+    with zipfile.ZipFile(target, "w") as archive:
+        for name in sorted(forged):
+            archive.writestr(name, forged[name])
+    code, out, _ = ledger("verify", "--bundle", str(target))
+    assert code == 1
+    failures = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert len(failures) == 1 and "artifact_hashes" in failures[0], out
+    assert f"artifact://{LITTLE_ARTIFACT}: its id does not recompute" in failures[0]

@@ -222,3 +222,30 @@ def test_events_cli_and_ndjson_print_ecmascript_numbers(workspace: Workspace) ->
     body = api.get("/api/v1/runs/run_small/events", HTTP_ACCEPT="application/x-ndjson").content.decode()
     assert '"rate":5e-7' in body and '"tiny":1e-7' in body and "e-07" not in body
     assert json.loads(body.splitlines()[0])["payload"]["big"] == 1e21
+
+
+def test_exports_and_evidence_write_ecmascript_numbers(workspace: Workspace, tmp_path: Any) -> None:
+    """1e-6 and 1e20 are where Python's (and orjson's) text and ECMAScript's differ: `1e-06` /
+    `1e-6` and `1e+20` / `1e20` against `0.000001` and `100000000000000000000`."""
+    import zipfile
+
+    log.append(
+        workspace=workspace,
+        run_id="run_export",
+        events=[started(input={"micro": 1e-6, "huge": 1e20, "whole": 100.0}), {"type": "RunCompleted", "payload": {}}],
+    )
+    target = tmp_path / "runs.jsonl"
+    code, _, err = run_ledger("export", "runs", "--workspace", "acme/support", "--output", str(target))
+    assert code == 0, err
+    text = target.read_text(encoding="utf-8")
+    assert '"micro":0.000001' in text and '"huge":100000000000000000000' in text and '"whole":100' in text
+    assert "1e-6" not in text and "1e-06" not in text and "1e20" not in text
+    csv_target = tmp_path / "runs.csv"
+    assert run_ledger("export", "runs", "--format", "csv", "--run", "run_export", "--output", str(csv_target))[0] == 0
+    assert "0.000001" in csv_target.read_text(encoding="utf-8")
+    bundle = tmp_path / "run_export.zip"
+    assert run_ledger("export-evidence", "run_export", "--output", str(bundle))[0] == 0
+    evidence = zipfile.ZipFile(bundle).read("evidence.json").decode()
+    assert '"micro": 0.000001' in evidence and '"huge": 100000000000000000000' in evidence
+    assert "1e-6" not in evidence and "1e20" not in evidence
+    assert run_ledger("verify", "--bundle", str(bundle))[0] == 0

@@ -4,14 +4,18 @@ and 4); both execute nothing."""
 from __future__ import annotations
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ledger.replay.evidence import evidence_bundle
+from ledger.replay.runlog import state_json
 from ledger.replay.stored_plan import replay_plan_for
 
 from .base import ApiView, run_for
+from .pagination import int_param
 from .schema import RUN_ID, WORKSPACE, EvidenceSerializer, ReplayPlanSerializer, error_responses
 
 
@@ -51,7 +55,44 @@ class RunReplayPlanView(ApiView):
         return Response(replay_plan_for(run))
 
 
+class RunStateView(ApiView):
+    @extend_schema(
+        operation_id="get_run_state",
+        summary="The run's folded state, now or after event N (scope read)",
+        description=(
+            "The fold of events 1..`at` (default: the last): what the console's state-at-N view shows, as "
+            "`ledger state RUN [--at N]` prints it. `state` is the fold's record, camelCase, keyed collections "
+            "(steps, tool calls, …) as lists in log order, money as decimal strings. `at` beyond the last "
+            "sequence is 400 `invalid_parameter`."
+        ),
+        parameters=[
+            RUN_ID,
+            WORKSPACE,
+            OpenApiParameter("at", OpenApiTypes.INT, OpenApiParameter.QUERY, description="1..lastSequence"),
+        ],
+        responses={
+            200: inline_serializer(
+                "RunStateResponse",
+                {
+                    "runId": serializers.CharField(),
+                    "at": serializers.IntegerField(help_text="the last event folded"),
+                    "lastSequence": serializers.IntegerField(),
+                    "state": serializers.JSONField(help_text="the folded RunState"),
+                },
+            ),
+            **error_responses(
+                e400=["invalid_run_id", "invalid_parameter"], e403=["insufficient_scope"], e404=["not_found"]
+            ),
+        },
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        _, run = run_for(request, run_id, "read")
+        at = int_param(request, "at", run.last_sequence, minimum=1, maximum=max(run.last_sequence, 1))
+        return Response(state_json(run, at=at))
+
+
 urlpatterns = [
+    path("runs/<str:run_id>/state", RunStateView.as_view(), name="api-run-state"),
     path("runs/<str:run_id>/evidence", RunEvidenceView.as_view(), name="api-run-evidence"),
     path("runs/<str:run_id>/replay-plan", RunReplayPlanView.as_view(), name="api-run-replay-plan"),
 ]

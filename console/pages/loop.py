@@ -18,10 +18,11 @@ from django.views.decorators.http import require_safe
 
 from ledger.canonical import canonical_json
 from ledger.errors import LedgerError
+from ledger.interop.little_loops import imported_loop
 from ledger.reads import selectors
 from ledger.runtime.outer_loop import Cycle, OuterLoopManifestCorrupt, check_outer_loop_id, read_loop, record_run_id
 
-from .guard import member_access
+from .guard import member_access, workspace_or_404
 
 PREVIEW = 240  # characters of a cycle's output or a final output shown in the table
 
@@ -55,7 +56,11 @@ def loop_page(request: HttpRequest, tenant: str, workspace: str, outer_loop_id: 
         check_outer_loop_id(outer_loop_id)
     except LedgerError:
         raise Http404("not found") from None
-    member = member_access(request, tenant, workspace, run_id=record_run_id(outer_loop_id))
+    try:
+        member = member_access(request, tenant, workspace, run_id=record_run_id(outer_loop_id))
+    except Http404:
+        # No record run: a loop imported from Little Workflow, read from its cycle runs (or none).
+        return _imported_loop_page(request, tenant, workspace, outer_loop_id)
     record = member.run
     assert record is not None
     context: dict[str, Any] = {
@@ -82,6 +87,28 @@ def loop_page(request: HttpRequest, tenant: str, workspace: str, outer_loop_id: 
             "recorded": len(loop.completed_cycles),
         }
     )
+    return render(request, "console/loop.html", context)
+
+
+def _imported_loop_page(request: HttpRequest, tenant: str, workspace: str, outer_loop_id: str) -> HttpResponse:
+    """The page of a loop `ledger import-little` brought in: its cycles, read from the cycle runs
+    (ledger/interop/little_loops.py). Another tenant's loop, and one no run names, are 404."""
+    space = workspace_or_404(request, tenant, workspace)
+    loop = imported_loop(space, outer_loop_id)
+    if loop is None:
+        raise Http404("not found")
+    context: dict[str, Any] = {
+        "workspace": space,
+        "outer_loop_id": outer_loop_id,
+        "record": None,
+        "imported": True,
+        "workspaces": selectors.workspaces_for(request.user),
+        "loop": loop,
+        "usage": loop.usage,
+        "rows": [_cycle_row(tenant, workspace, c) for c in loop.cycles],
+        "final": _preview(loop.result.get("finalOutput")) if loop.result is not None else None,
+        "recorded": len(loop.completed_cycles),
+    }
     return render(request, "console/loop.html", context)
 
 

@@ -32,4 +32,5 @@ MODULES = [
     "export",
     "export_evidence",
     "import_little",
+    "state",
 ]

@@ -33,7 +33,7 @@ from .. import audit
 from ..canonical import ecma_dumps
 from ..log import artifacts as artifact_store
 from ..log.envelopes import log_rows
-from ..models import Artifact, Run
+from ..models import Artifact, ImportedArtifact, Run
 from ..replay.evidence import evidence_bundle
 
 SCHEMA_VERSION = 1
@@ -78,9 +78,25 @@ def _artifact_bytes(run: Run, listed: Iterable[dict[str, Any]]) -> dict[str, byt
     return files
 
 
+def _imported_identities(run: Run) -> dict[str, dict[str, str]]:
+    """ref -> the identity an imported log's artifact id hashes (Little Workflow's artifactId:
+    `art_` + 16 hex of the digest of {runId, stepPath?, name, contentType, encoding, payloadHash}),
+    so that `verify --bundle` can tie the ref to the bytes the bundle holds: a ref of ours names
+    its sha256, an imported one only through this."""
+    identities = {}
+    for row in ImportedArtifact.objects.filter(run=run).select_related("artifact").order_by("ref"):
+        identity = {"runId": run.run_id, "name": row.name, "contentType": row.artifact.content_type}
+        if row.step_path:
+            identity["stepPath"] = row.step_path
+        identity["encoding"] = row.encoding
+        identities[row.ref] = identity
+    return identities
+
+
 def write_bundle(run: Run, out: IO[bytes]) -> None:
     """Write the run's bundle to `out`. `run` must come with `workspace__tenant` selected."""
     evidence = evidence_bundle(run)
+    identities = _imported_identities(run)
     events, count = _events_jsonl(run)
     files: dict[str, bytes] = {
         EVENTS: events,
@@ -105,6 +121,7 @@ def write_bundle(run: Run, out: IO[bytes]) -> None:
                 "size": a["size"],
                 "contentType": a["contentType"],
                 "included": a["verified"],
+                **({"identity": identities[a["ref"]]} if a["ref"] in identities else {}),
             }
             for a in evidence["artifacts"]
         ],

@@ -680,6 +680,9 @@ def import_data_dir(root: Path, workspace: Workspace) -> Summary:
         with transaction.atomic():
             summary.lines.append(_store_artifact(workspace, artifact, summary))
     for loop in ok_loops:
+        if any(c["runId"] in refused for c in loop.cycles):
+            summary.lines.append(f"outer loop {loop.outer_loop_id}: not complete here, a cycle's run was refused")
+            continue
         runs = ", ".join(c["runId"] for c in loop.cycles) or "none"
         state = (
             "done" if loop.done else (f"pending cycle in {loop.pending_run_id}" if loop.pending_run_id else "not done")

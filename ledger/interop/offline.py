@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ..canonical import NotCanonicalizable, event_id
+from ..canonical import NotCanonicalizable, digest, event_id
 from ..log import artifacts
 from ..log.envelopes import decode_payload
 from ..log.verify import Check, artifact_refs
@@ -83,7 +83,7 @@ class _Events:
             self.id_problems.append(
                 f"{where}: run {run_id} sequence {sequence}: id {stored_id} does not recompute ({recomputed})"
             )
-        self.refs.update(artifact_refs(payload))
+        self.refs.update(artifact_refs(payload, imported=True))
 
     def checks(self) -> list[Check]:
         return [
@@ -306,8 +306,14 @@ def verify_bundle(path: Path) -> list[Check]:
     checks.extend(events.checks())
 
     problems = []
+    listed_artifacts = {a.get("ref"): a for a in manifest.get("artifacts", []) if isinstance(a, dict)}
     for ref in sorted(events.refs):
         sha256 = artifacts.parse_ref(ref)
+        if sha256 is None:
+            sha256, problem = _imported_sha256(ref, listed_artifacts.get(ref))
+            if problem is not None:
+                problems.append(problem)
+                continue
         data = contents.get(f"{bundle.ARTIFACTS_DIR}art_{sha256}")
         if data is None:
             problems.append(f"{ref} is not in the bundle")
@@ -315,3 +321,22 @@ def verify_bundle(path: Path) -> list[Check]:
             problems.append(f"{ref} does not match its sha256")
     checks.append(_check("artifact_hashes", problems, f"{len(events.refs)} artifact(s) re-hashed"))
     return checks
+
+
+def _imported_sha256(ref: str, listed: Any) -> tuple[str, str | None]:
+    """The sha256 of the bytes an imported log's ref (`artifact://art_<16 hex>`, Little Workflow's
+    id) names: the manifest's, once the ref's id recomputes from the manifest's identity and that
+    sha256 (Little Workflow's artifactId rule), so that bytes swapped with the manifest and
+    SHA256SUMS rewritten do not pass."""
+    if not isinstance(listed, dict) or not isinstance(listed.get("identity"), dict):
+        return "", f"{ref}: the manifest gives no identity for this imported artifact"
+    sha256 = listed.get("sha256")
+    if not isinstance(sha256, str) or len(sha256) != 64:
+        return "", f"{ref}: the manifest gives no sha256 for it"
+    try:
+        expected = "art_" + digest({**listed["identity"], "payloadHash": "sha256:" + sha256})[7:23]
+    except (NotCanonicalizable, TypeError):
+        expected = None
+    if artifacts.REF_PREFIX + str(expected) != ref:
+        return "", f"{ref}: its id does not recompute from the manifest's identity and sha256 ({expected})"
+    return sha256, None

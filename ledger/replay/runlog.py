@@ -187,3 +187,17 @@ def children_of(run: Run) -> list[Run]:
     for child in children:
         child.workspace = run.workspace
     return children
+
+
+def state_json(run: Run, *, at: int | None = None) -> dict[str, Any]:
+    """The run's folded state after event `at` (default: its last), as `ledger state RUN` and
+    `GET /api/v1/runs/{runId}/state` give it: the fold the console's state-at-N view shows,
+    `RunState.to_json()` (camelCase; keyed collections as lists in log order; money as decimal
+    strings, exact). Little Workflow's `run-state` prints its own materialized state."""
+    run_at = folded(run, upto=at)
+    return {
+        "runId": run.run_id,
+        "at": run_at.log[-1]["sequence"] if run_at.log else 0,
+        "lastSequence": run.last_sequence,
+        "state": run_at.state.to_json(),
+    }
