@@ -66,6 +66,7 @@ ROUTES: dict[str, Route] = {
     V1 + "runs/<str:run_id>/events": api({"GET": READ, "POST": ("ingest", OPERATOR)}),
     V1 + "runs/<str:run_id>/evidence": api({"GET": READ}),
     V1 + "runs/<str:run_id>/replay-plan": api({"GET": READ}),
+    V1 + "runs/<str:run_id>/state": api({"GET": READ}),
     V1 + "runs/<str:run_id>/otlp": api({"GET": READ}),
     V1 + "otlp/v1/traces": api({"POST": ("ingest", OPERATOR)}, collection=True),
     V1 + "runs/<str:run_id>/feedback": api({"POST": ("ingest", Role.VIEWER)}),

@@ -414,7 +414,18 @@ def _anonymous_run(run: dict[str, Any], *, root_run_id: str, below_root: bool) -
         "parentRunId": run["parentRunId"] if below_root else None,
         "rootRunId": run["rootRunId"] if run["rootRunId"] == root_run_id else None,
         "replayOf": None,
+        "attention": _anonymous_attention(run.get("attention")),
     }
+
+
+def _anonymous_attention(attention: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the run waits for and since when; not its detail, which names requests and people
+    (a retry's time excepted)."""
+    if attention is None:
+        return None
+    detail = attention.get("detail") or {}
+    kept = {"retryAt": detail["retryAt"]} if "retryAt" in detail else {}
+    return {"kind": attention["kind"], "since": attention["since"], "detail": kept}
 
 
 def _anonymous_approval(approval: dict[str, Any]) -> dict[str, Any]:
