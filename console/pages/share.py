@@ -37,6 +37,7 @@ from ..format import coverage, tokens
 from ..rows import event_row
 from .conversation import conversation_page
 from .guard import has_role, member_access
+from .timeline import annotate
 
 TIMELINE_PAGE = 200
 STEPS_SHOWN = 200
@@ -102,6 +103,7 @@ def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool) ->
         for e in selectors.events(run, after=after, limit=TIMELINE_PAGE)
     ]
     rows = [event_row(e, run.workspace) for e in envelopes]
+    annotate(rows, envelopes, run)
     for row in rows:
         row["artifacts"] = [{**a, "url": None} for a in row["artifacts"]]
     shown_last = rows[-1]["sequence"] if rows else after
