@@ -33,7 +33,7 @@ def test_the_crashed_and_resumed_demo_run_shows_its_twenty_minute_gap(client: Cl
     before, text = gaps[0]
     assert re.fullmatch(r"20m 0\ds without events — executor died, resumed", text.strip()), text
     # the row after the gap is turn 2's answer, at an offset past twenty minutes
-    answer = re.search(rf'<tr class="event call pair-end" id="event-{before}".*?</tr>', page, re.S)
+    answer = re.search(rf'<tr class="event" id="event-{before}"[^>]*data-pair="end">.*?</tr>', page, re.S)
     assert answer and "harness.model.responded" in answer.group(0)
     assert re.search(r'<time datetime="[^"]+" title="[^"]+ UTC">\+20m 0\ds</time>', answer.group(0))
     assert "turn 2 answered by openai/gpt-4o-mini · " in answer.group(0) and " out tokens" in answer.group(0)
@@ -73,8 +73,8 @@ def test_offsets_summaries_and_call_pairs(browser: Client, workspace: Workspace)
     assert '<span class="ev-summary">step draft · attempt 2 attempt started</span>' in page
     assert '<span class="ev-summary">tool lookup_order c1 started</span>' in page
     assert '<span class="ev-summary">tool c1 failed: no such order</span>' in page
-    assert re.search(r'<tr class="event call" id="event-4"[^>]*data-call="c1"', page)
-    assert re.search(r'<tr class="event call pair-end" id="event-5"[^>]*data-call="c1"', page)
+    assert re.search(r'<tr class="event" id="event-4" data-sequence="4" data-call="c1">', page)
+    assert re.search(r'<tr class="event" id="event-5" data-sequence="5" data-call="c1" data-pair="end">', page)
     assert '<tr class="gap"' not in page  # written together: no silence
 
 

@@ -561,7 +561,9 @@ def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str
         limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
     except BadParameter as exc:
         return _bad_request(request, str(exc))
-    rows = [event_row(e, run.workspace) for e in selectors.events(run, after=after, limit=limit)]
+    envelopes = selectors.events(run, after=after, limit=limit)
+    rows = [event_row(e, run.workspace) for e in envelopes]
+    annotate(rows, envelopes, run)  # as the page draws them (gaps between the rows it sends)
     response = HttpResponse("".join(render_event_row(r) for r in rows))
     response["X-Last-Sequence"] = str(rows[-1]["sequence"] if rows else after)
     response["X-Run-Status"] = run.status
