@@ -80,6 +80,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="only the run views at 1,000 and 100,000 events (fold snapshots, issue 33); no live part",
     )
+    p.add_argument(
+        "--skip-evidence",
+        action="store_true",
+        help="leave the evidence JSON out of the run views (it reads the whole log: minutes at 100,000 events)",
+    )
     args = p.parse_args(argv)
     try:
         args.subscribers = [int(n) for n in args.subscribers.split(",")]
@@ -390,7 +395,7 @@ def view_baselines(run: Any) -> dict[str, Callable[[], Any]]:
 
 
 def bench_views(
-    client: Any, workspace: Any, user: Any, written: list[str], repeats: int
+    client: Any, workspace: Any, user: Any, written: list[str], repeats: int, *, skip: bool = False
 ) -> list[tuple[int, str, float, float, float]]:
     """Each run view of a run of 1,000 and of 100,000 events: (size, view, first request, median
     of the later ones, bare SELECT of what it shows). The first request of a run folds it and
@@ -415,6 +420,8 @@ def bench_views(
             "evidence JSON": share_path(token) + "evidence.json",
             "shared page": share_path(token),
         }
+        if skip:
+            del urls["evidence JSON"]
         from ledger.log.snapshots import READS
 
         READS.clear()  # as a server that has never read the run
@@ -743,7 +750,9 @@ def main(argv: list[str]) -> int:
     try:
         if not args.live_only:
             print("writing the view runs ...", flush=True)
-            views = bench_views(client, workspaces["views"], user, written["views"], args.repeats)
+            views = bench_views(
+                client, workspaces["views"], user, written["views"], args.repeats, skip=args.skip_evidence
+            )
         if not args.live_only and not args.views_only:
             print("writing runs ...", flush=True)
             pages = bench_pages(client, workspaces, written, args.repeats)

@@ -227,7 +227,7 @@ def test_rows_show_type_step_time_origin_payload_and_artifact_links(
     download = client.get(link)
     assert download.status_code == 200 and b"".join(download.streaming_content) == b'{"big": true}'
 
-    simulated = re.search(r'<tr class="event" id="event-13" data-sequence="13">.*?</tr>', html, re.S).group(0)
+    simulated = re.search(r'<tr class="event" id="event-13" data-sequence="13"[^>]*>.*?</tr>', html, re.S).group(0)
     assert '<span class="origin origin-simulated">simulated</span>' in simulated
 
 

@@ -48,6 +48,7 @@ from .conversation import SESSIONS_PER_PAGE, conversation_page
 from .guard import has_role, member_access
 from .reexecution import can_request, reexecution_rows, run_origin
 from .share import panel_context
+from .timeline import annotate
 from .waterfall import ROOTS_PER_PAGE, Axis, parse_time, waterfall
 
 TABS = ("timeline", "conversation", "waterfall", "state", "steps", "subruns", "evidence", "costs")
@@ -220,6 +221,7 @@ def _search_page(request: HttpRequest, run: Run, search: runlog.EventFilter, aft
     envelopes = runlog.search_events(run, search, after=after, limit=limit + 1)
     more = len(envelopes) > limit
     rows = [event_row(e, run.workspace) for e in envelopes[:limit]]
+    annotate(rows, envelopes[:limit], run, gaps=False)  # matches are not consecutive: no gaps
     query = "&".join(
         f"{name}={quote(request.GET.get(name, '').strip())}"
         for name in SEARCH_FIELDS
@@ -254,6 +256,7 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
     after = max(0, last - limit) if after is None else min(after, last)
     envelopes = selectors.events(run, after=after, limit=limit)
     rows = [event_row(e, run.workspace) for e in envelopes]
+    annotate(rows, envelopes, run)
     shown_last = rows[-1]["sequence"] if rows else after
     newest = after + limit >= last
     base = _tab_url(run, "timeline")
@@ -560,7 +563,9 @@ def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str
         limit = _int_param(request, "limit", PAGE_SIZE, minimum=1, maximum=MAX_PAGE_SIZE)
     except BadParameter as exc:
         return _bad_request(request, str(exc))
-    rows = [event_row(e, run.workspace) for e in selectors.events(run, after=after, limit=limit)]
+    envelopes = selectors.events(run, after=after, limit=limit)
+    rows = [event_row(e, run.workspace) for e in envelopes]
+    annotate(rows, envelopes, run)  # as the page draws them (gaps between the rows it sends)
     response = HttpResponse("".join(render_event_row(r) for r in rows))
     response["X-Last-Sequence"] = str(rows[-1]["sequence"] if rows else after)
     response["X-Run-Status"] = run.status

@@ -37,6 +37,7 @@ from ..format import coverage, tokens
 from ..rows import event_row
 from .conversation import conversation_page
 from .guard import has_role, member_access
+from .timeline import annotate
 
 TIMELINE_PAGE = 200
 STEPS_SHOWN = 200
@@ -102,6 +103,7 @@ def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool) ->
         for e in selectors.events(run, after=after, limit=TIMELINE_PAGE)
     ]
     rows = [event_row(e, run.workspace) for e in envelopes]
+    annotate(rows, envelopes, run)
     for row in rows:
         row["artifacts"] = [{**a, "url": None} for a in row["artifacts"]]
     shown_last = rows[-1]["sequence"] if rows else after
@@ -154,7 +156,7 @@ def _steps(run: Run) -> dict[str, Any]:
     return {
         "steps": rows,
         "plan": plan,
-        "plan_sessions": plan["sessions"] if plan else [],
+        "plan_sessions": _sessions_of(plan, steps, should_run),
         "step_pager": _pager(len(steps), total),
         "missing": missing[:50],
         "missing_more": max(0, len(missing) - 50),
@@ -163,6 +165,15 @@ def _steps(run: Run) -> dict[str, Any]:
         ],
         "total_tokens": tokens(run),
     }
+
+
+def _sessions_of(plan: dict[str, Any] | None, steps: list[Any], should_run: dict[str, Any]) -> list[Any]:
+    """The plan's sessions of the steps shown (and of no step), as the run page's steps tab lists
+    them: a long run's plan has a session per step, and the page shows STEPS_SHOWN steps."""
+    if not plan:
+        return []
+    shown = {s.step_path for s in steps} | ({session["stepPath"] for session in plan["sessions"]} - set(should_run))
+    return [session for session in plan["sessions"] if session["stepPath"] in shown]
 
 
 @require_safe

@@ -185,6 +185,7 @@ class Layout:
 
     step_children: dict[str | None, list[str]]  # None: the top level
     held: dict[tuple[str, Any], list[tuple[int, Item]]]  # ("step", path) | ("session", i) | ("top", None)
+    order: list[int] | None = None  # indexes of roots() in time order, once known
 
     def roots(self) -> list[tuple[str, Any]]:
         """The top level: steps of no parent step, then what no step holds (in log order)."""
@@ -340,7 +341,9 @@ def bars_of(
     subruns = {c.run_id: c for c in children}
     layout = _layout(state)
     roots = layout.roots()
-    order = sorted(range(len(roots)), key=_root_times(folded, layout, roots).__getitem__)
+    if layout.order is None:  # the state and the events' times never change: ordered once per state
+        layout.order = sorted(range(len(roots)), key=_root_times(folded, layout, roots).__getitem__)
+    order = layout.order
     window = [roots[i] for i in order[start : None if size is None else start + size]]
     folded.prefetch(s for node in window for s in _needed(state, layout, node))
     top = layout.held.get(("top", None), [])
