@@ -55,6 +55,7 @@ BENCHES = (
     Bench("runtime", ("--calls", "200", "--repeat", "3")),
     Bench("parallel"),
     Bench("reexec", ("--repeat", "3"), "3 repeats instead of 5"),
+    Bench("evaluation"),
     Bench("stream"),
     Bench("console", ("--repeats", "9"), "9 page repeats instead of 15"),
     Bench("fanout", ("--events", "40"), "40 events instead of 60"),

@@ -156,19 +156,18 @@ def main(argv: list[str]) -> int:
         report_s = median_seconds(lambda: evaluations.build_report(done, _requests(done)), 1)
         total = timed["total"]
         print(f"{args.runs} recorded runs, {events} events; evaluation {done.public_id}: {done.verdict}")
+        execute_s = total - timed["start"] - timed["score"] - report_s
         print(f"{'what':<34} {'ms':>10} {'share':>7}")
-        for name, seconds in (
-            ("fold (baseline)", fold_s),
-            ("read + fold (baseline)", read_fold_s),
-            ("evaluation, whole", total),
-            ("  start: batch + policy approval", timed["start"]),
-            ("  execute the re-executions", timed["execute"]),
-            ("  score (+ append scored events)", timed["score"]),
-            ("  finish: report + verdict", timed["finish"]),
-            ("  (of which the report alone)", report_s),
+        for name, seconds, share in (
+            ("fold (baseline)", fold_s, False),
+            ("read + fold (baseline)", read_fold_s, False),
+            ("evaluation, whole", total, False),
+            ("  start: batch + policy approval", timed["start"], True),
+            ("  execute the re-executions", execute_s, True),
+            ("  score, append the scored events", timed["score"], True),
+            ("  report: a divergence per run", report_s, True),
         ):
-            share = f"{seconds / total:6.0%}" if name.startswith("  ") and "(" not in name else ""
-            print(f"{name:<34} {seconds * 1000:10.1f} {share:>7}")
+            print(f"{name:<34} {seconds * 1000:10.1f} {f'{seconds / total:6.0%}' if share else '':>7}")
         print(
             f"\nevaluation / fold: {total / fold_s:.0f}x; / read + fold: {total / read_fold_s:.0f}x; "
             f"{total * 1000 / len(requests):.1f} ms per run"

@@ -413,3 +413,19 @@ def test_bad_input_is_refused_and_leaves_nothing_behind(workspace, dataset, peop
             _policy(workspace, people["bob"], **terms)
     assert not Evaluation.objects.exists() and not ReexecutionRequest.objects.exists()
     assert not AuditEntry.objects.filter(action__startswith="evaluation").exists()
+
+
+def test_once_the_policy_spent_its_day_the_next_evaluation_waits_for_a_person(
+    workspace, dataset, people, providers
+) -> None:
+    one_run = Run.objects.get(workspace=workspace, run_id="run_t000").cost_usd
+    assert one_run is not None
+    ceiling = one_run * Decimal("1.5")
+    _policy(workspace, people["bob"], ceiling_per_evaluation_usd=str(ceiling), ceiling_per_day_usd=str(ceiling))
+    first = evaluations.execute_here(_start(workspace, people["carol"], model_change("counting")))
+    assert first.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED
+    assert budget.day_spend(first.policy) >= ceiling
+    second = _start(workspace, people["carol"], model_change("counting"))
+    assert second.status == Status.PENDING_APPROVAL and second.policy is None
+    started = AuditEntry.objects.get(action="evaluation.started", target=second.public_id)
+    assert started.details["waitsForApproval"] is True
