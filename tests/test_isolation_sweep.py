@@ -12,7 +12,7 @@ from django.db.models import Sum
 
 from ledger.demo import load_demo
 from ledger.log.artifacts import store_bytes
-from ledger.models import ApiKey, ReexecutionRequest, Run, ToolGatewayClaim
+from ledger.models import ApiKey, Dataset, Evaluation, EvaluationPolicy, ReexecutionRequest, Run, ToolGatewayClaim
 from ledger.reexecution.services import request_batch
 from ledger.runtime.outer_loop import start_outer_loop
 from ledger.tenancy import sharing
@@ -85,7 +85,13 @@ def _sweep(base_url: str) -> Sweep:
         "prefix": key.prefix,
         "tab": "evidence",
         "rest": "anything",
+        # The demo's dataset, policy and evaluation (ledger/demo/evaluations.py).
+        "name": Dataset.objects.filter(workspace=support).values_list("name", flat=True).first() or "",
+        "policy_id": EvaluationPolicy.objects.filter(workspace=support).values_list("public_id", flat=True).first()
+        or "",
+        "evaluation_id": Evaluation.objects.filter(workspace=support).values_list("public_id", flat=True).first() or "",
     }
+    assert values["name"] and values["policy_id"] and values["evaluation_id"], "the demo holds an evaluation"
     no_token = "tok_" + "x" * 40
     other_run = "run_demo_triage"  # acme's too, but not what the link shares
     share_values = [
