@@ -157,6 +157,15 @@ def waiting_calls(workspace: Workspace) -> list[ToolCall]:
     return calls
 
 
+def waiting_count(workspace: Workspace) -> int:
+    """How many of the workspace's tool calls wait for an approver (as `waiting_calls` lists them)."""
+    return (
+        ToolCall.objects.filter(run__workspace=workspace, status=WAITING)
+        .exclude(run__status__in=RunStatus.finished())
+        .count()
+    )
+
+
 def pending_digest(call: ToolCall) -> str:
     return args_digest(call.tool_name, call.args)
 
