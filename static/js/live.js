@@ -20,7 +20,8 @@
  * Socket messages: "event" (a run's row), "end" (the run finished: one last refresh, the socket
  * closes, no reconnect); any other message means "something of this page changed". Refreshes are
  * coalesced: while one is in flight, further messages ask for one more after it, never more.
- * A dropped socket reconnects with backoff and refreshes everything once it is back.
+ * A dropped socket reconnects with backoff and refreshes everything once it is back (a
+ * workspace's feed, which has no ?after= catch-up, also refreshes once when it first opens).
  *
  * window.runledgerLive = {socket, lastSequence, refreshes, disconnect(ms)} for tests and the curious.
  */
@@ -66,10 +67,12 @@
     socket = mine;
     mine.onopen = function () {
       if (socket !== mine) return;
-      var again = attempt > 0 || mine.dropped;
+      var again = attempt > 0;
       attempt = 0;
       setState("live", "live");
-      if (again) changed();  // whatever happened while the socket was down
+      // Whatever happened while the socket was down, or (a workspace's feed, which sends no
+      // catch-up) between the page's rendering and this moment.
+      if (again || root.dataset.liveAfter === undefined) changed(true);
     };
     mine.onmessage = function (message) {
       if (socket !== mine) return;
@@ -254,7 +257,6 @@
     get refreshes() { return refreshes; },
     disconnect: function (ms) {
       var s = socket;
-      if (s) s.dropped = true;
       socket = null;  // its close event is ours, not a drop to retry at once
       if (s) s.close();
       if (!finished) retry(ms || 0);
