@@ -15,6 +15,11 @@ PORT ?= 8000
 # `make serve` (production) does not.
 run demo migrate check lint: export DEBUG ?= 1
 
+# Daphne processes on the one port (bin/serve): make run 1, make serve one per core
+# (`auto`); PROCESSES=N on the command line or RUNLEDGER_PROCESSES in the environment choose another.
+run: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),1)
+serve: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),auto)
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -37,16 +42,17 @@ run: run-port demo
 	@echo "DEBUG=$(DEBUG): development settings (debug pages, a development SECRET_KEY); for production see docs/operations.md § Production"
 	@echo "Runledger console: http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
 	@echo "Port $(PORT); another with make run PORT=8001, then export PORT=8001 where you run the README's examples"
-	$(PY) bin/serve $(HOST) $(PORT)
+	$(PY) bin/serve --processes $(PROCESSES) $(HOST) $(PORT)
 
 # Production (docs/operations.md § Production): the environment there (DEBUG off, SECRET_KEY, ...),
-# then migrate, collect the static files (hashed, compressed) and serve Daphne with the worker.
+# then migrate, collect the static files (hashed, compressed) and serve N Daphne processes (one per
+# core unless PROCESSES / RUNLEDGER_PROCESSES say otherwise) with the worker; deploy/ for several hosts.
 serve: setup
 	@test -n "$$SECRET_KEY" || { echo "make serve is production: set SECRET_KEY and the rest of docs/operations.md § Production (make run is for development)" >&2; exit 2; }
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py collectstatic --noinput -v 0
-	@echo "Runledger (production, DEBUG=$${DEBUG:-0}): http://$(HOST):$(PORT)/ and the re-execution worker  (Ctrl-C stops both)"
-	$(PY) bin/serve $(HOST) $(PORT)
+	@echo "Runledger (production, DEBUG=$${DEBUG:-0}): http://$(HOST):$(PORT)/ and the re-execution worker, Daphne processes: $(PROCESSES) (auto: one per core; Ctrl-C stops them all)"
+	$(PY) bin/serve --processes $(PROCESSES) $(HOST) $(PORT)
 
 # The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
 # a module's tests on one of them (their servers are per module), the 25 slowest tests listed.

@@ -59,6 +59,9 @@ from bench.common import (  # noqa: E402
 from bench.stream import append_one  # noqa: E402
 
 SIZES = (100, 10_000)
+VIEW_SIZES = (1_000, 100_000)  # issue 33: each run view at 100,000 events against its bare SELECT and its 1,000 figure
+VIEW_TARGET = 3.0  # x the bare SELECT of the rows it shows, at 100,000 events
+GROWTH_TARGET = 1.5  # x its own figure at 1,000 events
 WARMUP_EVENTS = 10
 PAGE_WARMUP = 2  # untimed calls first: templates compiled, connection open, plans cached
 COPY_BATCH = 100  # runs written through the log's append; the rest of a big workspace copies their rows
@@ -72,6 +75,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gap-ms", type=float, default=20.0, help="pause between live events (default 20)")
     p.add_argument("--live-only", action="store_true", help="skip the pages; measure live delivery only")
     p.add_argument("--keep", action="store_true", help="keep the bench data in the ledger tables")
+    p.add_argument(
+        "--views-only",
+        action="store_true",
+        help="only the run views at 1,000 and 100,000 events (fold snapshots, issue 33); no live part",
+    )
     args = p.parse_args(argv)
     try:
         args.subscribers = [int(n) for n in args.subscribers.split(",")]
@@ -319,6 +327,156 @@ def bench_pages(
     return measure_pages(client, workspaces, runs, repeats)
 
 
+# --- run views at 1,000 and 100,000 events (fold snapshots) ------------------------------------
+
+
+def _in(table: str, column: str, run_pk: int, values: list[Any]) -> Callable[[], Any]:
+    marks = ", ".join(["%s"] * len(values)) or "NULL"
+    return _bare(f"SELECT * FROM {table} WHERE run_id = %s AND {column} IN ({marks})", [run_pk, *values])
+
+
+def _both(*selects: Callable[[], Any]) -> Callable[[], Any]:
+    def go() -> Any:
+        return [select() for select in selects]
+
+    return go
+
+
+def _shown_events(run: Any, view: Callable[[Any], Any], upto: int | None = None) -> list[int]:
+    """The sequences of the events a view reads besides its state (what SnapshotRun.prefetch read)."""
+    from ledger.replay.runlog import snapshot
+
+    folded = snapshot(run, upto=upto)
+    view(folded)
+    return sorted(folded.events)
+
+
+def view_baselines(run: Any) -> dict[str, Callable[[], Any]]:
+    """Per view, the bare SELECT of the rows it shows (see bench/README.md)."""
+    from console.pages import at, conversation, share, waterfall
+    from ledger.replay.runlog import children_of
+
+    half = max(1, run.last_sequence // 2)
+    talk = _shown_events(run, lambda f: conversation.conversation_page(run.workspace, f))
+    bars = _shown_events(run, lambda f: waterfall.waterfall(run, f, children_of(run)))
+    state = at.state_after(run, half)
+    listed = [s.step_path for s in state["steps"]]
+    step_page = f"SELECT * FROM ledger_step WHERE run_id = %s AND position >= 0 AND position < {share.STEPS_SHOWN}"
+    return {
+        "conversation": _in("ledger_event", "sequence", run.pk, talk),
+        "waterfall": _in("ledger_event", "sequence", run.pk, bars),
+        "state at event N/2": _both(
+            _in("ledger_event", "sequence", run.pk, [half]), _in("ledger_step", "step_path", run.pk, listed)
+        ),
+        "evidence JSON": _both(
+            *(
+                _bare(f"SELECT * FROM {table} WHERE run_id = %s ORDER BY {order}", [run.pk])
+                for table, order in (
+                    ("ledger_step", "position"),
+                    ("ledger_toolcall", "position"),
+                    ("ledger_costentry", "sequence"),
+                )
+            )
+        ),
+        "shared page": _both(
+            _bare(
+                "SELECT * FROM ledger_event WHERE run_id = %s AND sequence > 0 ORDER BY sequence LIMIT %s",
+                [run.pk, share.TIMELINE_PAGE],
+            ),
+            _bare(step_page, [run.pk]),
+            _in("ledger_event", "sequence", run.pk, talk),
+        ),
+    }
+
+
+def bench_views(
+    client: Any, workspace: Any, user: Any, written: list[str], repeats: int
+) -> list[tuple[int, str, float, float, float]]:
+    """Each run view of a run of 1,000 and of 100,000 events: (size, view, first request, median
+    of the later ones, bare SELECT of what it shows). The first request of a run folds it and
+    stores its snapshots; the later ones read the cached fold, as a server does after its first."""
+    from ledger.models import Run
+    from ledger.tenancy.sharing import create_link, share_path
+
+    results = []
+    for size in VIEW_SIZES:
+        run_id = f"run_bench_views_{size}"
+        began = time.perf_counter()
+        write_run(workspace, run_id, size)
+        written.append(run_id)
+        print(f"  wrote {size:,} events in {time.perf_counter() - began:.1f} s", flush=True)
+        run = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=run_id)
+        _, token = create_link(workspace=workspace, run=run, by=user, expires_in_hours=24)
+        base = f"/w/{workspace.tenant.slug}/{workspace.slug}/runs/{run_id}/"
+        urls = {
+            "conversation": base + "conversation/",
+            "waterfall": base + "waterfall/",
+            "state at event N/2": base + f"state/?at={max(1, size // 2)}",
+            "evidence JSON": share_path(token) + "evidence.json",
+            "shared page": share_path(token),
+        }
+        from ledger.log.snapshots import READS
+
+        READS.clear()  # as a server that has never read the run
+        firsts = {}
+        for name, url in urls.items():
+            first = get_ok(client, url)
+            began = time.perf_counter()
+            first()
+            firsts[name] = time.perf_counter() - began
+        baselines = view_baselines(run)
+        for name, url in urls.items():
+            results.append(
+                (
+                    size,
+                    name,
+                    firsts[name],
+                    median_seconds(get_ok(client, url), repeats, warmup=PAGE_WARMUP),
+                    median_seconds(baselines[name], repeats, warmup=PAGE_WARMUP),
+                )
+            )
+    return results
+
+
+def report_views(results: list[tuple[int, str, float, float, float]], repeats: int) -> None:
+    small = {name: page for size, name, _, page, _ in results if size == VIEW_SIZES[0]}
+    print(
+        f"\n{'run views, ms (median of ' + str(repeats) + ')':<32} {'events':>8} {'first':>9} {'view':>8} "
+        f"{'bare':>8} {'ratio':>7} {'/ 1k':>6}"
+    )
+    for size, name, first, page, bare in results:
+        growth = page / small[name]
+        print(
+            f"{name:<32} {size:>8,} {first * 1000:>9.1f} {page * 1000:>8.2f} {bare * 1000:>8.3f} "
+            f"{page / bare:>6.1f}x {growth:>5.2f}x"
+        )
+        if size != VIEW_SIZES[-1]:
+            continue
+        record(
+            f"{name} at {size:,} events / the bare SELECT of the rows it shows",
+            value=page * 1000,
+            unit="ms",
+            baseline=bare * 1000,
+            ratio=page / bare,
+            target=f"<= {VIEW_TARGET:g}x",
+            met=page / bare <= VIEW_TARGET,
+            ratio_format="{:.1f}x",
+            note=f"first request (folds, stores snapshots) {first * 1000:.0f} ms",
+        )
+        record(
+            f"{name} at {size:,} events / its own figure at {VIEW_SIZES[0]:,}",
+            value=page * 1000,
+            unit="ms",
+            baseline=small[name] * 1000,
+            ratio=growth,
+            target=f"<= {GROWTH_TARGET:g}x",
+            met=growth <= GROWTH_TARGET,
+            ratio_format="{:.2f}x",
+        )
+    print("  first: the first request of the run in this process (it folds the log, or folds forward from a")
+    print("  stored snapshot, and stores the snapshots it passes); view: the median of later requests")
+
+
 # --- live: WebSocket subscribers ----------------------------------------------------------------
 
 
@@ -561,7 +719,7 @@ def main(argv: list[str]) -> int:
     stamp = f"{datetime.now(UTC):%Y%m%d%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"
     workspaces = {
         name: bootstrap(tenant="bench", workspace=f"console-{name}-{stamp}")
-        for name in ("pages", "runs100", "runs10000", "live")
+        for name in ("pages", "runs100", "runs10000", "live", "views")
     }
     username = f"bench-console-{stamp}"
     create_user(username=username, tenant="bench", role="viewer", password=secrets.token_urlsafe(12))
@@ -580,26 +738,36 @@ def main(argv: list[str]) -> int:
     bare_log_path = log_path.with_name(f"bench-console-bare-daphne-{os.getpid()}.log")
     process = bare_process = None
     pages: list[tuple[str, float, float, int]] = []
+    views: list[tuple[int, str, float, float, float]] = []
+    live: dict[int, tuple[list[float], list[float], list[float], list[float], list[float]]] = {}
     try:
         if not args.live_only:
+            print("writing the view runs ...", flush=True)
+            views = bench_views(client, workspaces["views"], user, written["views"], args.repeats)
+        if not args.live_only and not args.views_only:
             print("writing runs ...", flush=True)
             pages = bench_pages(client, workspaces, written, args.repeats)
             print(f"  done at {time.monotonic() - began:.0f} s", flush=True)
-        print(f"timing live delivery (load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}) ...", flush=True)
-        process, base = start_daphne(log_path)
-        bare_process, bare_base = start_daphne(bare_log_path, "bench.barews:application", probe="/", probe_status=200)
-        gap = args.gap_ms / 1000
-        live: dict[int, tuple[list[float], list[float], list[float], list[float], list[float]]] = {}
-        for count in args.subscribers:
-            fanout = asyncio.run(measure_fanout(count, args.events, gap))
-            sorted_set = asyncio.run(measure_fanout(count, args.events, gap, sorted_set=True))
-            run_id = f"run_bench_live_{count}"
-            written["live"].append(run_id)
-            delivered = measure_live(workspaces["live"], run_id, base, session, count, args.events, gap)
-            html = row_html(workspaces["live"], run_id)
-            per_socket = measure_bare(bare_base, count, args.events, gap, html, shared=False)
-            bare = measure_bare(bare_base, count, args.events, gap, html, shared=True)
-            live[count] = (delivered, fanout, sorted_set, bare, per_socket)
+        counts = [] if args.views_only else args.subscribers
+        if counts:
+            print(
+                f"timing live delivery (load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}) ...", flush=True
+            )
+            process, base = start_daphne(log_path)
+            bare_process, bare_base = start_daphne(
+                bare_log_path, "bench.barews:application", probe="/", probe_status=200
+            )
+            gap = args.gap_ms / 1000
+            for count in counts:
+                fanout = asyncio.run(measure_fanout(count, args.events, gap))
+                sorted_set = asyncio.run(measure_fanout(count, args.events, gap, sorted_set=True))
+                run_id = f"run_bench_live_{count}"
+                written["live"].append(run_id)
+                delivered = measure_live(workspaces["live"], run_id, base, session, count, args.events, gap)
+                html = row_html(workspaces["live"], run_id)
+                per_socket = measure_bare(bare_base, count, args.events, gap, html, shared=False)
+                bare = measure_bare(bare_base, count, args.events, gap, html, shared=True)
+                live[count] = (delivered, fanout, sorted_set, bare, per_socket)
     finally:
         for running in (process, bare_process):
             if running is not None:
@@ -611,6 +779,8 @@ def main(argv: list[str]) -> int:
     log_path.unlink(missing_ok=True)
     bare_log_path.unlink(missing_ok=True)
 
+    if views:
+        report_views(views, args.repeats)
     if pages:
         print(
             f"\n{'server time, ms (median of ' + str(args.repeats) + ')':<34} {'page':>8} {'bare query':>11} "
@@ -622,7 +792,8 @@ def main(argv: list[str]) -> int:
         print("  the whole log for the conversation and waterfall, events 1..N for the state, a page of matches)")
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"\n{'live delivery, ms (load average ' + load + ')':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
+    if live:
+        print(f"\n{'live delivery, ms (load average ' + load + ')':<44} {'p50':>8} {'p99':>8} {'mean':>8} {'max':>8}")
     for count, (delivered, fanout, sorted_set, bare, per_socket) in live.items():
         for name, values in (
             (f"commit -> WebSocket message, {count} subscriber(s)", delivered),

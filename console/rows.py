@@ -18,7 +18,9 @@ from django.utils import timezone
 from ledger.log.verify import artifact_refs
 from ledger.log.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
 from ledger.models import Run, Workspace
-from ledger.reads import selectors
+from ledger.reads import attention, failure, selectors
+from ledger.reads.attention import Attention
+from ledger.reads.failure import Failure
 
 from .format import elapsed
 
@@ -81,6 +83,8 @@ class RunRow:
     children: int
     rating: tuple[float, int] | None
     now: datetime
+    attention: Attention | None = None
+    failure: Failure | None = None
 
     @property
     def started(self) -> datetime:
@@ -101,13 +105,20 @@ class RunRow:
 
 
 def run_rows(workspace: Workspace, runs: list[Run]) -> list[RunRow]:
-    """Rows for a page of runs: two queries however long the page is."""
+    """Rows for a page of runs: six queries however long the page is."""
     counts = selectors.children_counts(workspace, [r.run_id for r in runs])
     ratings = selectors.ratings_for(r.pk for r in runs)
+    needs = attention.for_runs(workspace, runs)
+    failures = failure.for_runs(runs)
     now = timezone.now()
     for run in runs:
         run.workspace = workspace  # already loaded with its tenant: the row's link needs both
-    return [RunRow(run, counts.get(run.run_id, 0), ratings.get(run.pk), now) for run in runs]
+    return [
+        RunRow(
+            run, counts.get(run.run_id, 0), ratings.get(run.pk), now, needs.get(run.run_id), failures.get(run.run_id)
+        )
+        for run in runs
+    ]
 
 
 def render_run_row(workspace: Workspace, run: Run) -> str:

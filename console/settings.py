@@ -118,6 +118,7 @@ INSTALLED_APPS = [
     "django_tasks_db",
     "ledger",
     "ledger.reexecution.apps.ReexecutionConfig",
+    "ledger.evaluation.apps.EvaluationConfig",
     "console",
 ]
 
@@ -236,6 +237,9 @@ LEDGER_STREAM_KEEPALIVE_SECONDS = _env_seconds("LEDGER_STREAM_KEEPALIVE_SECONDS"
 # keepalive and end when they are gone; one caller (an API key, or a user) holds at most this many
 # open at once per process (console/streams.py, docs/security.md).
 LEDGER_STREAM_MAX_PER_CALLER = _env_int("LEDGER_STREAM_MAX_PER_CALLER", 20, 1, 10_000)
+# One run holds at most this many events (its ending is always accepted): past it, an append is 413
+# run_too_large (ledger/limits.py, docs/security.md "Size limits").
+LEDGER_MAX_EVENTS_PER_RUN = _env_int("LEDGER_MAX_EVENTS_PER_RUN", 50_000, 1, 10_000_000)
 
 # Every password set through ledger.tenancy.services.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [

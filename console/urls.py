@@ -16,6 +16,7 @@ urlpatterns = [
     path("", include("console.pages.run")),
     path("", include("console.pages.loop")),
     path("", include("console.pages.approvals")),
+    path("", include("console.pages.evaluations")),
     path("", include("console.pages.audit")),
     path("", include("console.pages.usage")),
     path("", include("console.pages.settings")),

@@ -17,6 +17,7 @@ from django.db.models import Q, QuerySet
 
 from . import clock
 from .models import ApiKey, AuditEntry, Tenant, Workspace
+from .redaction import of_workspace
 
 Action = AuditEntry.Action
 
@@ -54,10 +55,14 @@ def record(
     reason: str = "",
     details: dict[str, Any] | None = None,
 ) -> AuditEntry:
-    """Write one entry; must run inside the transaction of the action it records."""
+    """Write one entry; must run inside the transaction of the action it records. The reason and
+    every string of the details are redacted first (the workspace's policy, else the built-ins):
+    an entry can never be changed, so a secret in it could never be removed."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit entries are written in the transaction of the action they record")
     who = actor if isinstance(actor, Actor) else Actor.of(actor)
+    redact = of_workspace(workspace)
+    reason, details = redact.scrub(reason), redact(details or {})
     return AuditEntry.objects.create(
         tenant=tenant,
         workspace=workspace,
@@ -66,7 +71,7 @@ def record(
         action=Action(action).value,
         target=target,
         reason=reason,
-        details=details or {},
+        details=details,
         at=clock.now(),
     )
 

@@ -7,6 +7,8 @@ harness, by Little Workflow and by us agree byte for byte (tests/data/vectors.js
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from typing import Any
 
 import orjson
@@ -14,11 +16,56 @@ import rfc8785
 
 
 class NotCanonicalizable(ValueError):
-    """A value that has no RFC 8785 form (NaN, infinities, integers beyond 2**53, lone surrogates)."""
+    """A value that has no RFC 8785 form (NaN, infinities, an integer that is not the shortest
+    ECMAScript form of a double, lone surrogates)."""
 
 
-# RFC 8785 allows integers in ±(2**53 - 1) only (rfc8785 raises beyond; so must we, via it).
+# Integers in ±(2**53 - 1) are exact doubles and written as digits. rfc8785 refuses any integer
+# beyond; we take one exactly when its digits are what ECMAScript's Number::toString writes for
+# the double it denotes (`_double_int`), which is what a JavaScript writer (Little Workflow) hashed.
 _INT_LIMIT = 2**53 - 1
+
+
+def ecma_number(number: float) -> str:
+    """ECMAScript Number::toString of a finite double (`5e-7`, `1e+21`, `100000000000000000000`)."""
+    return rfc8785.dumps(float(number)).decode()
+
+
+def _double_int(number: int) -> float | None:
+    """The double an integer beyond ±(2**53 - 1) denotes, when the integer's digits are that
+    double's shortest ECMAScript form (1152921504606847000 yes, 1152921504606846976 no: the same
+    double, which ECMAScript writes as 1152921504606847000); None otherwise."""
+    try:
+        double = float(number)
+    except OverflowError:
+        return None
+    if double != double or double in (float("inf"), float("-inf")):
+        return None
+    return double if ecma_number(double) == str(number) else None
+
+
+def _as_doubles(value: Any) -> Any:
+    """`value` with every integer beyond ±(2**53 - 1) replaced by the double it denotes, or
+    NotCanonicalizable naming the first that is not a double's shortest form."""
+    kind = type(value)
+    if kind is int and not -_INT_LIMIT <= value <= _INT_LIMIT:
+        double = _double_int(value)
+        if double is None:
+            try:
+                shortest = ecma_number(float(value))
+            except (OverflowError, rfc8785.CanonicalizationError):
+                shortest = "none: it is beyond the largest double"
+            digits = str(value)
+            raise NotCanonicalizable(
+                f"{digits if len(digits) <= 40 else digits[:20] + '…' + digits[-8:]} is not the shortest form of a JSON (double) number "
+                f"(the double nearest it is written {shortest})"
+            )
+        return double
+    if isinstance(value, dict):
+        return {k: _as_doubles(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_doubles(v) for v in value]
+    return value
 
 
 def _orjson_is_canonical(value: Any) -> bool:
@@ -63,6 +110,12 @@ def canonical_bytes(value: Any) -> bytes:
             pass  # lone surrogates, nesting past orjson's limit: rfc8785 decides (and explains)
     try:
         return rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        pass  # an integer beyond ±(2**53 - 1): taken when it is a double's shortest form
+    except (rfc8785.CanonicalizationError, TypeError, UnicodeEncodeError, RecursionError) as exc:
+        raise NotCanonicalizable(str(exc)) from exc
+    try:
+        return rfc8785.dumps(_as_doubles(value))
     except (rfc8785.CanonicalizationError, TypeError, UnicodeEncodeError, RecursionError) as exc:
         raise NotCanonicalizable(str(exc)) from exc
 
@@ -78,6 +131,52 @@ def canonical_bytes_plain(value: Any) -> bytes:
 
 def canonical_json(value: Any) -> str:
     return canonical_bytes(value).decode("utf-8")
+
+
+def _plain_for_orjson(value: Any) -> bool:
+    """True when orjson writes `value`'s numbers as ECMAScript does: no float anywhere, every
+    integer within ±(2**53 - 1)."""
+    stack = [value]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is str or item is None or kind is bool:
+            continue
+        if kind is int:
+            if -_INT_LIMIT <= item <= _INT_LIMIT:
+                continue
+            return False
+        if kind is dict:
+            extend(item.values())
+        elif kind is list or kind is tuple:
+            extend(item)
+        else:
+            return False
+    return True
+
+
+def _ecma_numbers(value: Any) -> Any:
+    kind = type(value)
+    if kind is float:
+        return orjson.Fragment(ecma_number(value))
+    if kind is int and not -_INT_LIMIT <= value <= _INT_LIMIT:
+        return orjson.Fragment(str(value) if _double_int(value) is not None else ecma_number(float(value)))
+    if isinstance(value, dict):
+        return {k: _ecma_numbers(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_ecma_numbers(v) for v in value]
+    return value
+
+
+def ecma_dumps(value: Any, *, option: int = 0, default: Any = None) -> bytes:
+    """Compact JSON of `value` as JavaScript's JSON.stringify writes it: keys in their order,
+    non-ASCII raw, numbers in ECMAScript form (`5e-7`, `1e+21`, `100`, never Python's `5e-07`
+    or `100.0`). What leaves the product as JSON text (`ledger events`, NDJSON, exports,
+    evidence) goes through here, so that its numbers read as the ids were computed over."""
+    if not _plain_for_orjson(value):
+        value = _ecma_numbers(value)
+    return orjson.dumps(value, option=option, default=default)
 
 
 def sha256_hex(data: bytes) -> str:
@@ -174,3 +273,43 @@ def request_digest_for_canonical(*, type: str, payload_canonical: bytes, occurre
     head = b'{"occurrenceId":' + _canonical_str(occurrence_id) + b"," if occurrence_id is not None else b"{"
     body = b"".join((head, b'"payload":', payload_canonical, b',"type":', _canonical_str(type), b"}"))
     return "sha256:" + sha256_hex(body)
+
+
+class PayloadDecoder(json.JSONDecoder):
+    """JSON text to the values the fold decodes a stored payload to (orjson, as
+    ledger.log.envelopes.decode_payload), for the projections' JSON columns.
+
+    PostgreSQL's jsonb keeps a number as a decimal and writes it back as one: `1e+21` comes back
+    as `1000000000000000000000` and `6.02214076e+23` as `602214076000000000000000`, integers the
+    standard decoder would read as such, unequal to the fold's double (and with no canonical
+    form). orjson reads an integer beyond 64 bits as the double it denotes, as the fold's own
+    decoding of the canonical text does, so the column reads back exactly the fold's value.
+    """
+
+    def decode(self, s: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orjson.loads(s)
+        except orjson.JSONDecodeError:
+            return super().decode(s, *args, **kwargs)
+
+
+# A JSON text's `\u0000` escape (one not itself escaped: an even run of backslashes before it).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+NUL_STAND_IN = "\ufffd"
+
+
+def nul_as_stand_in(text: str) -> str:
+    """JSON text with each U+0000 in its strings as U+FFFD: what a projection's JSON column holds
+    for an imported log's NUL, which PostgreSQL's jsonb cannot (the log itself keeps it)."""
+    return _NUL_ESCAPE.sub(lambda m: m.group(1) + NUL_STAND_IN, text) if "\\u0000" in text else text
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with U+0000 in its strings and keys as U+FFFD (`nul_as_stand_in` on values)."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value

@@ -75,6 +75,13 @@ class RunFinished(Conflict):
     code = "run_finished"
 
 
+class RunTooLarge(LedgerError):
+    """The run already holds the deployment's limit of events (docs/security.md "Size limits")."""
+
+    code = "run_too_large"
+    status = 413
+
+
 class IntegrityFailure(LedgerError):
     """Stored bytes no longer match their hash: never served silently."""
 

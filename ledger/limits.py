@@ -8,10 +8,13 @@
   in what would be stored or queried is refused on both, so the two backends answer alike.
 - **Calendar edges.** Dates outside FIRST_DAY..LAST_DAY are refused: ranges add and subtract days
   and would leave the calendar (`date(9999, 12, 31) + 1 day` raises).
+- **Events per run.** A run holds at most `max_events_per_run()` events; its ending (RunCompleted,
+  RunFailed) is accepted past it, so a run at the limit can still finish.
 - **Keyset positions.** A cursor decodes to a (time, row id) only if both are in range.
 - **What a person writes.** A reason, a note or a comment (kept in the audit log, shown on pages)
   is at most MAX_TEXT characters after trimming, and present where it is required: `written`,
   called by the services, so every transport refuses alike and only shows the domain's message.
+  It comes back redacted by the workspace's policy, so a pasted secret is never stored.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from datetime import UTC, date, datetime
 from itertools import accumulate
 from typing import Any
 
+from django.conf import settings
+
 from .errors import InvalidRequest, LedgerError
+from .redaction import redact_text
 
 MAX_JSON_DEPTH = 64
 FIRST_DAY = date(1900, 1, 1)
@@ -32,6 +38,14 @@ MAX_ROW_ID = 2**63 - 1  # a bigint primary key
 
 NUL = "\x00"
 MAX_TEXT = 2000
+DEFAULT_MAX_EVENTS_PER_RUN = 50_000
+
+
+def max_events_per_run() -> int:
+    """How many events one run may hold (LEDGER_MAX_EVENTS_PER_RUN): a run of a few hundred
+    thousand events makes every view of it, the shared page and the evidence heavy for everyone."""
+    return int(getattr(settings, "LEDGER_MAX_EVENTS_PER_RUN", DEFAULT_MAX_EVENTS_PER_RUN))
+
 
 # A JSON string, escapes included (the unrolled form: no backtracking on long strings).
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -98,9 +112,11 @@ def written(
     required: bool = True,
     limit: int = MAX_TEXT,
     error: type[LedgerError] = InvalidRequest,
+    workspace: Any = None,
 ) -> str:
-    """A person's free text (a reason, a note, a comment), trimmed; `error` (naming `field`)
-    when it is required and empty, not text, or over `limit` characters."""
+    """A person's free text (a reason, a note, a comment), trimmed and redacted by the
+    workspace's policy (the built-ins without one), as it may be stored; `error` (naming `field`)
+    when it is required and empty, not text, or over `limit` characters (counted as written)."""
     if value is None:
         value = ""
     if not isinstance(value, str):
@@ -110,7 +126,7 @@ def written(
         raise error(f"say why: the {label} is required", field=field)
     if len(text) > limit:
         raise error(f"the {label} is at most {limit} characters", field=field, limit=limit)
-    return text
+    return redact_text(text, workspace)
 
 
 def has_nul(value: Any) -> bool:

@@ -13,6 +13,27 @@ from django.db import models
 from django.db.models import Q
 
 from . import clock
+from .canonical import PayloadDecoder, without_nul
+
+
+class PayloadJSONField(models.JSONField):
+    """A projection's copy of a payload value: read back through `PayloadDecoder`, so that a
+    number reads back as the fold's value on PostgreSQL's jsonb too (1e21, 6.02214076e23).
+    A U+0000 in a string (only an imported log has one) is kept as U+FFFD, which jsonb can hold.
+    Migrations see a plain JSONField: the decoder changes reads only, not the schema."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("decoder", PayloadDecoder)
+        super().__init__(*args, **kwargs)
+
+    def get_prep_value(self, value: Any) -> Any:
+        # An imported log's U+0000 as U+FFFD, on both backends (jsonb cannot hold it).
+        return super().get_prep_value(without_nul(value))
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        kwargs.pop("decoder", None)
+        return name, "django.db.models.JSONField", args, kwargs
 
 
 class Role(models.TextChoices):
@@ -167,17 +188,17 @@ class Run(UsageColumns):
     label = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    input = models.JSONField(null=True, blank=True)
-    output = models.JSONField(null=True, blank=True)
+    input = PayloadJSONField(null=True, blank=True)
+    output = PayloadJSONField(null=True, blank=True)
     output_ref = models.CharField(max_length=200, blank=True)
-    error = models.JSONField(null=True, blank=True)
+    error = PayloadJSONField(null=True, blank=True)
     parent_run_id = models.CharField(max_length=84, blank=True)
     root_run_id = models.CharField(max_length=84, blank=True)
     replay_of = models.CharField(max_length=200, blank=True)
     event_count = models.IntegerField(default=0)
     # Where the log was written: "" here (or by any client), "little-workflow" for a run
     # `ledger import-little` brought in, whose log is read by Little Workflow's rules where they
-    # differ from ours (docs/little-workflow.md). Set when the run's first event is imported.
+    # differ from ours (docs/operations.md § Importing Little Workflow data). Set when the run's first event is imported.
     imported_from = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
@@ -308,12 +329,12 @@ class Step(UsageColumns):
     position = models.IntegerField()
     status = models.CharField(max_length=16)
     visit = models.IntegerField(null=True, blank=True)
-    attempts = models.JSONField(default=list)
-    output = models.JSONField(null=True, blank=True)
+    attempts = PayloadJSONField(default=list)
+    output = PayloadJSONField(null=True, blank=True)
     has_output = models.BooleanField(default=False)
     output_ref = models.CharField(max_length=200, blank=True)
-    artifact_refs = models.JSONField(default=list)
-    error = models.JSONField(null=True, blank=True)
+    artifact_refs = PayloadJSONField(default=list)
+    error = PayloadJSONField(null=True, blank=True)
     first_sequence = models.IntegerField()
     last_sequence = models.IntegerField()
     started_at = models.DateTimeField(null=True, blank=True)
@@ -322,6 +343,22 @@ class Step(UsageColumns):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step_path"], name="step_path_unique_in_run")]
         ordering = ["run", "position"]
+
+
+class FoldSnapshot(models.Model):
+    """The fold of a run's first `sequence` events, so that a read folds forward from here instead
+    of from event 1 (ledger/log/snapshots.py). A projection: written lazily by reads, deleted with
+    its run, thrown away by `ledger rebuild`, compared with the fold of the log by `ledger verify`."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="fold_snapshots", db_index=False)
+    sequence = models.IntegerField()
+    price_version = models.CharField(max_length=200)
+    state = models.BinaryField()  # RunState.to_json(), as orjson bytes
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "price_version", "sequence"], name="fold_snapshot_unique")
+        ]
 
 
 class ToolCall(models.Model):
@@ -335,13 +372,13 @@ class ToolCall(models.Model):
     call_id = models.CharField(max_length=200)
     position = models.IntegerField()
     tool_name = models.CharField(max_length=200, blank=True)
-    args = models.JSONField(null=True, blank=True)
+    args = PayloadJSONField(null=True, blank=True)
     caller = models.CharField(max_length=50, blank=True)
     turn = models.IntegerField(null=True, blank=True)
     step_path = models.CharField(max_length=500, blank=True)
     status = models.CharField(max_length=16)
-    result = models.JSONField(null=True, blank=True)
-    error = models.JSONField(null=True, blank=True)
+    result = PayloadJSONField(null=True, blank=True)
+    error = PayloadJSONField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
     reconciled = models.BooleanField(default=False)
     origin = models.CharField(max_length=16, blank=True)
@@ -743,6 +780,11 @@ class AuditEntry(models.Model):
         RUN_CANCELLED = "run.cancelled"
         TOOL_CALL_APPROVED = "tool_call.approved"
         TOOL_CALL_REJECTED = "tool_call.rejected"
+        DATASET_CHANGED = "dataset.changed"
+        EVALUATION_POLICY_APPROVED = "evaluation_policy.approved"
+        EVALUATION_POLICY_REVOKED = "evaluation_policy.revoked"
+        EVALUATION_STARTED = "evaluation.started"
+        EVALUATION_FINISHED = "evaluation.finished"
 
     # No index of its own: both indexes below lead with it (migration 0023).
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
@@ -774,3 +816,107 @@ class AuditEntry(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("the audit log is append-only")
+
+
+# --- regression evaluations (ledger/evaluation, docs/evaluations.md) ------------------------------
+
+
+class Dataset(models.Model):
+    """A named set of recorded runs of a workspace; its content is in its versions, each frozen."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="datasets", db_index=False)
+    name = models.CharField(max_length=100)
+    created_by = models.CharField(max_length=160)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="dataset_name_unique_in_workspace")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatasetVersion(models.Model):
+    """One frozen content of a dataset: `members` is [{runId, lastSequence, expected?}] in run id
+    order, `digest` is digest(members); a change to the dataset makes the next version."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="versions", db_index=False)
+    number = models.PositiveIntegerField()
+    members = models.JSONField(default=list)
+    digest = models.CharField(max_length=71)
+    created_by = models.CharField(max_length=160)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["dataset", "number"], name="dataset_version_unique")]
+
+
+class EvaluationPolicy(models.Model):
+    """An approver's standing approval of evaluations of one dataset: which kinds of change, which
+    scorers, a spend ceiling per evaluation and per UTC day, an expiry; bound to its digest."""
+
+    public_id = models.CharField(max_length=40, unique=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+", db_index=False)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="policies")
+    change_kinds = models.JSONField(default=list)
+    scorers = models.JSONField(default=list)
+    ceiling_per_evaluation_usd = models.DecimalField(max_digits=24, decimal_places=12)
+    ceiling_per_day_usd = models.DecimalField(max_digits=24, decimal_places=12)
+    expires_at = models.DateTimeField()
+    digest = models.CharField(max_length=71)
+    note = models.TextField(blank=True)
+    approved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    approved_by_name = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "dataset"], name="evaluation_policy_by_dataset")]
+
+
+class Evaluation(models.Model):
+    """A change evaluated against a dataset version: an `evaluate` batch of re-executions
+    (`batch_id`), scored, reported and judged (`verdict`)."""
+
+    class Status(models.TextChoices):
+        PENDING_APPROVAL = "pending_approval"
+        RUNNING = "running"
+        FINISHED = "finished"
+        DENIED = "denied"
+        EXPIRED = "expired"
+
+    class Verdict(models.TextChoices):
+        NONE = ""
+        PASSED = "passed"
+        FAILED = "failed"
+        BUDGET_EXHAUSTED = "budget_exhausted"
+        INCOMPLETE = "incomplete"
+
+    public_id = models.CharField(max_length=40, unique=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+", db_index=False)
+    dataset_version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="evaluations")
+    change = models.JSONField(default=dict)
+    scorers = models.JSONField(default=list)
+    fail_if = models.CharField(max_length=500, blank=True)
+    policy = models.ForeignKey(
+        EvaluationPolicy, null=True, blank=True, on_delete=models.PROTECT, related_name="evaluations"
+    )
+    ceiling_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
+    batch_id = models.CharField(max_length=40, db_index=True)
+    status = models.CharField(max_length=20, choices=Status.choices)
+    verdict = models.CharField(max_length=20, choices=Verdict.choices, blank=True, default="")
+    budget_exhausted = models.BooleanField(default=False)
+    # {newRunId: {scorer name: {value, passed, reason}}}: what was appended to each new run.
+    scores = models.JSONField(default=dict, blank=True)
+    grader_cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
+    report = models.JSONField(null=True, blank=True)
+    reason = models.TextField()
+    requested_by = models.CharField(max_length=160)
+    requested_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "-created_at"], name="evaluation_newest_first")]

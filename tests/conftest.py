@@ -132,6 +132,18 @@ def _let_flush_empty_the_log(request: pytest.FixtureRequest) -> Any:
             dbguards.install_audit(None, editor)
 
 
+@pytest.fixture(autouse=True)
+def _forget_read_states() -> Any:
+    """The read cache of folded states (ledger/log/snapshots.py) knows a run by its row, id and
+    creation time: in a production database no two runs share all three, but tests roll back and
+    reuse rows under a frozen clock. Each test starts with the cache empty."""
+    from ledger.log.snapshots import READS
+
+    READS.clear()
+    yield
+    READS.clear()
+
+
 @pytest.fixture(scope="session")
 def collected_static(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """The static files as production serves them (collectstatic, once per test run: the first of

@@ -88,6 +88,8 @@ ROUTES: dict[str, Route] = {
     V1 + "reexecutions/<str:reexecution_id>/divergence": api({"GET": READ}),
     V1 + "audit": api({"GET": (None, ADMIN)}, collection=True),
     V1 + "runs/<str:run_id>/cancel": api({"POST": ("execute", OPERATOR)}),
+    V1 + "runs/<str:run_id>/tool-calls/<str:call_id>/approve": api({"POST": (None, APPROVER)}),
+    V1 + "runs/<str:run_id>/tool-calls/<str:call_id>/deny": api({"POST": (None, APPROVER)}),
     V1 + "runs/<str:run_id>/share-links": api({"GET": (None, OPERATOR), "POST": (None, OPERATOR)}),
     V1 + "share-links/<str:link_id>": api({"DELETE": (None, OPERATOR)}),
     V1 + "export/runs": api({"GET": READ}, collection=True),

@@ -267,6 +267,8 @@ def test_another_tenants_objects_are_404_on_every_route(
 
 
 RUN_FIELDS = {
+    "attention",
+    "cancelled",
     "runId",
     "workflowVersionId",
     "status",

@@ -16,7 +16,7 @@ from rest_framework import serializers
 from console.api import schema
 from ledger.log import append
 from ledger.models import Artifact, Run, Workspace
-from ledger.reads import selectors, serialize
+from ledger.reads import attention, selectors, serialize
 from ledger.reads.usage import usage_rows
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
@@ -83,8 +83,10 @@ def run(workspace: Workspace) -> Run:
 
 
 def test_run_and_run_list(run: Run) -> None:
-    _matches(schema.RunSerializer(), serialize.run(run, children=1), "run")
-    _matches(schema.RunListSerializer(), {"runs": serialize.runs([run], {}), "next": None}, "runs")
+    needs = attention.Attention(attention.RETRY_SCHEDULED, run.finished_at, {"stepPath": "s", "retryAt": "x"})
+    _matches(schema.RunSerializer(), serialize.run(run, children=1, attention=needs), "run")
+    _matches(schema.RunSerializer(), serialize.run(run, children=1, attention=None), "run")
+    _matches(schema.RunListSerializer(), {"runs": serialize.runs([run], {}, {}), "next": None}, "runs")
 
 
 def test_events(run: Run) -> None:

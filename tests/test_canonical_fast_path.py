@@ -59,9 +59,30 @@ _json = st.recursive(
 )
 
 
+def _js_doubles(value: Any) -> Any:
+    """An integer beyond ±(2**53 - 1) as the double it denotes when its digits are that double's
+    shortest ECMAScript form (docs/design.md § Canonical JSON); any other stays, and rfc8785 refuses it."""
+    if type(value) is int and abs(value) > 2**53 - 1:
+        try:
+            double = float(value)
+        except OverflowError:
+            return value
+        return double if rfc8785.dumps(double) == str(value).encode() else value
+    if isinstance(value, dict):
+        return {k: _js_doubles(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_js_doubles(v) for v in value]
+    return value
+
+
 def _rfc8785(value: Any) -> bytes | None:
     try:
         return rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        try:
+            return rfc8785.dumps(_js_doubles(value))
+        except (rfc8785.CanonicalizationError, TypeError, UnicodeEncodeError, RecursionError):
+            return None
     except (rfc8785.CanonicalizationError, TypeError, UnicodeEncodeError, RecursionError):
         return None
 

@@ -93,8 +93,8 @@ def test_an_admin_saves_extras_audited_and_the_next_append_uses_them(
 @pytest.mark.parametrize(
     ("patterns", "message"),
     [
-        ("(unclosed", "is not a valid regular expression"),
-        ("(a+)+b", "repeats a repetition"),
+        ("(unclosed", "cannot be used: missing )"),
+        ("(?=x)y", "lookarounds"),
         ("x?", "matches the empty string"),
     ],
 )
@@ -116,7 +116,7 @@ def test_too_many_rules_are_a_form_error(browser: Client, workspace: Workspace) 
 
 
 def test_a_pattern_stored_before_checks_is_shown_as_not_applied(browser: Client, workspace: Workspace) -> None:
-    workspace.redact_value_patterns = ["(a+)+$", "ok+"]
+    workspace.redact_value_patterns = ["(?=a)a+$", "ok+"]
     workspace.save()
     html = browser.get(URL).content.decode()
-    assert 'id="invalid-patterns"' in html and "<li><code>(a+)+$</code></li>" in html
+    assert 'id="invalid-patterns"' in html and "<li><code>(?=a)a+$</code></li>" in html

@@ -17,6 +17,7 @@ from ledger.log.envelopes import log_of
 from ledger.log.projection import COMPARE_PLACES
 from ledger.log.verify import verify_run
 from ledger.models import AuditEntry, CostEntry, Event, Run, ToolGatewayClaim, Workspace
+from ledger.reads import attention, failure
 from ledger.tenancy.services import create_key
 
 pytestmark = pytest.mark.django_db
@@ -125,6 +126,22 @@ def test_a_cancelled_run_and_a_tool_call_waiting_for_approval(demo: dict[str, Wo
     assert AuditEntry.objects.filter(action="run.cancelled", target="run_demo_cancelled", actor="carol").count() == 1
 
 
+def test_the_demo_holds_a_run_in_every_attention_state(demo: dict[str, Workspace]) -> None:
+    support = demo["acme/support"]
+    runs = Run.objects.filter(workspace=support).select_related("workspace__tenant")
+    shown = {run_id: needs.kind for run_id, needs in attention.for_runs(support, runs).items()}
+    assert shown == {
+        "run_demo_awaiting_approval": "waiting_tool_approval",
+        "run_demo_in_doubt": "tool_call_in_doubt",
+        "run_demo_triage": "reexecution_pending",
+        "run_demo_retry_scheduled": "retry_scheduled",
+    }
+    assert failure.of_run(runs.get(run_id="run_demo_cancelled")) == failure.Failure(
+        cancelled=True, name="Cancelled", message="order D-4 was delivered on time: no credit is due", step_path=None
+    )
+    assert all(c.status == "pass" for c in verify_run(runs.get(run_id="run_demo_retry_scheduled")))
+
+
 def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:
     history = Run.objects.filter(run_id__startswith="run_hist_")
     assert history.count() == HISTORY
@@ -189,7 +206,8 @@ def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspa
     assert AuditEntry.objects.filter(action="reexecution.denied", target=denied.public_id).count() == 1
 
     load_demo(history_runs=HISTORY)
-    assert ReexecutionRequest.objects.filter(workspace=support).count() == len(by_reason)
+    # Each evaluation's batch shares one reason (tests/test_demo.py::test_the_demo_evaluations).
+    assert ReexecutionRequest.objects.filter(workspace=support, batch_id="").count() == len(by_reason) - 2
 
 
 def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspace]) -> None:
@@ -220,3 +238,20 @@ def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspa
     for run in Run.objects.filter(pk__in=totals):
         assert run.cost_usd is not None
         assert run.cost_usd.quantize(COMPARE_PLACES) == totals[run.pk].quantize(COMPARE_PLACES), run.run_id
+
+
+def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(demo: dict[str, Workspace]) -> None:
+    from ledger.demo import evaluations as demo_evaluations
+    from ledger.models import Evaluation, EvaluationPolicy
+
+    support = demo["acme/support"]
+    kept = Evaluation.objects.get(workspace=support, reason=demo_evaluations.KEPT)
+    regressed = Evaluation.objects.get(workspace=support, reason=demo_evaluations.REGRESSED)
+    assert (kept.status, kept.verdict) == ("finished", "passed")
+    assert kept.report["aggregates"]["changed"] == 0 and kept.report["aggregates"]["liveToolCalls"] == 0
+    assert (regressed.status, regressed.verdict) == ("finished", "failed")
+    assert regressed.report["aggregates"]["passRate"] == 0.8 and regressed.report["aggregates"]["changed"] == 2
+    assert kept.policy is not None and kept.policy == regressed.policy
+    assert EvaluationPolicy.objects.filter(workspace=support).count() == 1
+    load_demo(history_runs=HISTORY)
+    assert Evaluation.objects.filter(workspace=support).count() == 2

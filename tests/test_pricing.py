@@ -28,7 +28,7 @@ def cost(provider: str, model_id: str, **usage: int) -> Decimal | None:
     return price_call(Usage(**usage), provider, model_id, PRICES)
 
 
-# Little Workflow's registry (shared/reference/little-workflow.md §4): input / cached / output.
+# Little Workflow's registry (its model-registry.json, as Little Workflow's reference §4 gives it): input / cached / output.
 LITTLE_REGISTRY = {
     "openai/gpt-4o-mini": ("0.15", "0.075", "0.6"),
     "openai/gpt-4o": ("2.5", "1.25", "10"),

@@ -45,7 +45,10 @@ def test_make_serve_collects_static_files_and_serves_with_debug_off(tmp_path: Pa
     port = free_port()
     static_root = tmp_path / "static"
     env = _env(
-        SECRET_KEY=secrets.token_urlsafe(50), DATABASE_URL=database_url(), RUNLEDGER_STATIC_ROOT=str(static_root)
+        SECRET_KEY=secrets.token_urlsafe(50),
+        DATABASE_URL=database_url(),
+        RUNLEDGER_STATIC_ROOT=str(static_root),
+        RUNLEDGER_PROCESSES=None,
     )
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
@@ -73,6 +76,11 @@ def test_make_serve_collects_static_files_and_serves_with_debug_off(tmp_path: Pa
         missing = httpx.get(f"{url}/no/such/page/", timeout=10)
         assert missing.status_code == 404 and "DEBUG = True" not in missing.text
         assert "production, DEBUG=0" in log.read_text()
+        # One Daphne process per core (PROCESSES=auto) and the worker, from the one command.
+        started = re.search(
+            r"listening on http://127\.0\.0\.1:\d+: (\d+) Daphne process.*, worker \(pid", log.read_text()
+        )
+        assert started and int(started.group(1)) == len(os.sched_getaffinity(0)), log.read_text()[-3000:]
     finally:
         os.killpg(process.pid, signal.SIGINT)
         try:

@@ -3,7 +3,6 @@ or NDJSON."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.urls import path
@@ -20,6 +19,7 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ledger.canonical import ecma_dumps
 from ledger.errors import LedgerError, NotFound
 from ledger.log import append
 from ledger.log.prepare import validate_run_id
@@ -46,7 +46,8 @@ class NdjsonRenderer(BaseRenderer):
 
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
         items = data if isinstance(data, list) else [data]
-        return b"".join(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for item in items)
+        # Numbers in ECMAScript form (5e-7, not 5e-07), as the ids were computed over.
+        return b"".join(ecma_dumps(item, default=str) + b"\n" for item in items)
 
 
 class RunEventsView(ApiView):

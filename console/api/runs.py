@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ledger.models import RunStatus, Workspace
-from ledger.reads import selectors, serialize
+from ledger.reads import attention, selectors, serialize
 
 from .auth import access_for
 from .base import ApiView, run_for
@@ -19,16 +19,20 @@ from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_pa
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, RunListSerializer, RunSerializer, error_responses
 
 
-def _runs_page(request: Request, workspace: Workspace, **filters: Any) -> dict[str, Any]:
+def _runs_page(request: Request, workspace: Workspace, *, needs: str | None = None, **filters: Any) -> dict[str, Any]:
     limit = limit_param(request)
     after = keyset_cursor(request)
-    page, more = selectors.runs_page(selectors.filtered_runs(workspace, **filters), limit=limit, after=after)
+    qs = selectors.filtered_runs(workspace, **filters)
+    if needs is not None:
+        qs = attention.matching(qs, workspace, needs)
+    page, more = selectors.runs_page(qs, limit=limit, after=after)
     for row in page:
         row.workspace = workspace
     counts = selectors.children_counts(workspace, [r.run_id for r in page])
+    shown = attention.for_runs(workspace, page)
     last = page[-1] if page else None
     next_cursor = encode_cursor({"t": last.created_at.isoformat(), "id": last.pk}) if more and last else None
-    return {"runs": serialize.runs(page, counts), "next": next_cursor}
+    return {"runs": serialize.runs(page, counts, shown), "next": next_cursor}
 
 
 class RunListView(ApiView):
@@ -41,6 +45,12 @@ class RunListView(ApiView):
             OpenApiParameter("parentRunId", OpenApiTypes.STR, description="exact parent run id"),
             OpenApiParameter(
                 "q", OpenApiTypes.STR, description="case-insensitive substring of run id, workflow or label"
+            ),
+            OpenApiParameter(
+                "attention",
+                OpenApiTypes.STR,
+                enum=[attention.ANY, *attention.KINDS],
+                description="runs that need this of a person (`any`: any kind), whichever their attention shows first",
             ),
             LIMIT,
             CURSOR,
@@ -60,11 +70,17 @@ class RunListView(ApiView):
         status = request.query_params.get("status") or None
         if status is not None and status not in RunStatus.values:
             raise InvalidParameter(f"status must be one of {', '.join(RunStatus.values)}", parameter="status")
+        needs = request.query_params.get("attention") or None
+        if needs is not None and needs not in (attention.ANY, *attention.KINDS):
+            raise InvalidParameter(
+                f"attention must be one of {', '.join((attention.ANY, *attention.KINDS))}", parameter="attention"
+            )
         return Response(
             _runs_page(
                 request,
                 caller.workspace,
                 status=status,
+                needs=needs,
                 workflow=request.query_params.get("workflow") or None,
                 parent_run_id=request.query_params.get("parentRunId") or None,
                 q=request.query_params.get("q") or None,
@@ -85,7 +101,7 @@ class RunDetailView(ApiView):
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")
         counts = selectors.children_counts(run.workspace, [run.run_id])
-        return Response(serialize.run(run, children=counts.get(run.run_id, 0)))
+        return Response(serialize.run(run, children=counts.get(run.run_id, 0), attention=attention.of_run(run)))
 
 
 class RunChildrenView(ApiView):

@@ -18,6 +18,7 @@ from rest_framework import serializers
 
 from ledger.log.prepare import RUN_ID_RE
 from ledger.models import RunStatus
+from ledger.reads import attention
 
 
 class FullMatchField(serializers.RegexField):
@@ -162,6 +163,19 @@ class RunLinksSerializer(serializers.Serializer):
     events = serializers.CharField(help_text="path of the event log")
 
 
+class AttentionSerializer(serializers.Serializer):
+    kind = enum(list(attention.KINDS))
+    since = serializers.DateTimeField(
+        allow_null=True,
+        help_text="when it began: the tool call's first event, the failed attempt's end, the request's creation",
+    )
+    detail = serializers.JSONField(
+        help_text="tool_call_in_doubt: {callId, toolName, stepPath}; waiting_tool_approval: the same and "
+        "argsDigest (what POST …/tool-calls/{callId}/approve binds to); retry_scheduled: {stepPath, attempt, "
+        "retryAt, error: {name, message}}; reexecution_pending: {reexecutionId, mode, requestedBy}"
+    )
+
+
 class RunSerializer(serializers.Serializer):
     runId = FullMatchField(RUN_ID_RE.pattern)
     workflowVersionId = serializers.CharField(allow_null=True)
@@ -181,6 +195,11 @@ class RunSerializer(serializers.Serializer):
     replayOf = serializers.CharField(allow_null=True)
     children = serializers.IntegerField(help_text="number of direct sub-runs")
     links = RunLinksSerializer()
+    attention = AttentionSerializer(
+        allow_null=True,
+        help_text="what a person must do for the run to move on, or null; the most urgent when there are several",
+    )
+    cancelled = serializers.BooleanField(help_text="ended by a cancel; the reason is error.message")
 
 
 class RunListSerializer(serializers.Serializer):

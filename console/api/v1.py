@@ -21,6 +21,8 @@ RESOURCES = [
     "exports",
     "outer_loops",
     "run_control",
+    "tool_approvals",
+    "evaluations",
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [path("", include(f"console.api.{name}")) for name in RESOURCES]

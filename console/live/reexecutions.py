@@ -25,15 +25,16 @@ from django.urls import path
 
 from ledger.log.announce import workspace_group_for
 from ledger.models import Workspace
-from ledger.reads import reexecutions
+from ledger.reads import attention, reexecutions
 from ledger.reexecution.execution import reexecution_group_for
-from ledger.replay import toolapproval
 
 from .workspace import WorkspaceFeed
 
 
 def _counts(workspace: Workspace) -> dict[str, int]:
-    return {**reexecutions.counts(workspace), "tool_calls": toolapproval.waiting_count(workspace)}
+    # "listed": what the page lists as pending (requests and tool calls), the navigation's badge;
+    # a tool call asking for or getting a decision moves it, so the poll sees those too.
+    return {**reexecutions.counts(workspace), "listed": attention.waiting_for_approvers(workspace)}
 
 
 class ReexecutionsConsumer(WorkspaceFeed):
@@ -64,9 +65,7 @@ class ReexecutionsConsumer(WorkspaceFeed):
             counts = await database_sync_to_async(_counts)(self.workspace)
             if counts != self.counts:
                 self.counts = counts
-                await self.send_json(
-                    {"type": "reexecution", "id": None, "status": None, "pending": counts["pending_approval"]}
-                )
+                await self.send_json({"type": "reexecution", "id": None, "status": None, "pending": counts["listed"]})
 
     async def ledger_run_changed(self, message: dict[str, Any]) -> None:
         """A run of the workspace started, ended, or a tool call of it began or stopped waiting."""
@@ -84,7 +83,7 @@ class ReexecutionsConsumer(WorkspaceFeed):
                 "status": message["status"],
                 "runId": message["runId"],
                 "newRunId": message.get("newRunId"),
-                "pending": self.counts["pending_approval"],
+                "pending": self.counts["listed"],
             }
         )
 

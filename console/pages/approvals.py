@@ -27,9 +27,10 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from ledger.errors import LedgerError, NotFound
+from ledger.evaluation import evaluations
 from ledger.models import ReexecutionRequest, Workspace
 from ledger.reads import reexecutions, selectors
-from ledger.reexecution import services
+from ledger.reexecution import services, toolapprovals
 from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
 from ledger.replay import toolapproval
 from ledger.runtime.reexecute import mode_plan
@@ -210,7 +211,8 @@ def deny(request: HttpRequest, tenant: str, workspace: str, reexecution_id: str)
 @require_POST
 def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """An approver approves or rejects a tool call waiting for approval, bound to the digest of
-    the arguments the page showed them (ledger/replay/toolapproval.py)."""
+    the arguments the page showed them (ledger/replay/toolapproval.py); the worker then resumes
+    the run (ledger/reexecution/toolapprovals.py)."""
     ws = workspace_or_404(request, tenant, workspace)
     if not has_role(request.user, ws, "approver"):
         raise PermissionDenied("deciding a tool call needs the approver role")
@@ -223,7 +225,7 @@ def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpR
     if decision not in ("approve", "reject"):
         return _page(request, ws, status=400, refused=_refused(key, "Choose approve or reject.", note))
     try:
-        toolapproval.decide(
+        toolapprovals.decide(
             workspace=ws,
             run_id=run_id,
             call_id=call_id,
@@ -331,12 +333,15 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
     except NotFound:
         raise Http404("not found") from None
     rows = []
+    evaluation = None
     for rx in members:
         rx.workspace = ws
         report = report_for(rx) if rx.status in (Status.SUCCEEDED, Status.FAILED) else None
+        evaluation, scores = evaluations.scores_of_request(ws, rx)
         rows.append(
             {
                 **_card(rx, request.user, can_decide=False, with_plan=False),
+                "scores": scores,
                 "report": report,
                 "kept": _outcome_kept(report) if report else None,
                 "cost_before": report["original"]["costUsd"] if report else None,
@@ -364,6 +369,9 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
             "cost_before": money(_sum([r["cost_before"] for r in compared])),
             "cost_after": money(_sum([r["cost_after"] for r in compared])),
             "approvals_url": reverse("approvals", args=[tenant, workspace]),
+            "evaluation_url": reverse("evaluation", args=[tenant, workspace, evaluation.public_id])
+            if evaluation
+            else None,
             "workspaces": selectors.workspaces_for(request.user),
         },
     )

@@ -1,8 +1,9 @@
-"""The run at any point: its state after event N, from the fold of events 1..N (docs/design.md §4).
+"""The run at any point: its state after event N, the fold of events 1..N (docs/design.md §4).
 
-Nothing is stored for it: the prefix is read and folded when asked, by the same fold the append
-transaction uses, so the view cannot disagree with what the run was. The replay plan shown is the
-plan of that prefix: what a resume would have done had the run stopped there.
+Folded from the nearest fold snapshot at or below N (ledger/log/snapshots.py: the fold of a
+prefix, by the same fold the append transaction uses, so the view cannot disagree with what the run
+was), then forward to N: at most `snapshots.EVERY` events, whatever the run's length. The replay
+plan shown is the plan of that prefix: what a resume would have done had the run stopped there.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ledger.models import Run
-from ledger.replay.runlog import FoldedRun, folded, replay_plan_of, tool_call_starts
+from ledger.replay.runlog import SnapshotRun, snapshot, tool_call_starts
+from ledger.replay.stored_plan import replay_plan_at
 
 OPEN_TOOL_STATUSES = ("started", "in_doubt")
 SHOWN = 200  # steps, tool calls and plan sessions listed: the ones nearest event N
@@ -28,7 +30,7 @@ class ToolAt:
     sequence: int  # of its last event up to N, or of its start (after N) when not started
 
 
-def _tools_at(run: Run, run_at: FoldedRun) -> list[ToolAt]:
+def _tools_at(run: Run, run_at: SnapshotRun) -> list[ToolAt]:
     """Every tool call of the whole run as it stood then: those that came later "not started"."""
     tools = []
     for call_id, tool_name, step_path, started in tool_call_starts(run):
@@ -56,11 +58,12 @@ def _nearest(items: list[T], position: Callable[[T], int], at: int) -> tuple[lis
 
 def state_after(run: Run, at: int) -> dict[str, Any]:
     """What the state tab shows of the run after event `at` (1 ≤ at ≤ last sequence)."""
-    run_at = folded(run, upto=at)
+    run_at = snapshot(run, upto=at)
     state = run_at.state
-    event = run_at.log[-1]
+    event = run_at.event(at)
+    assert event is not None  # 1 <= at <= the last sequence
     payload = event["payload"] if isinstance(event["payload"], dict) else {}
-    plan = replay_plan_of(run, run_at)
+    plan = replay_plan_at(run, state)
     steps, steps_left_out = _nearest(list(state.steps.values()), lambda s: s.last_sequence, at)
     tools, tools_left_out = _nearest(_tools_at(run, run_at), lambda t: t.sequence, at)
     return {
@@ -72,6 +75,8 @@ def state_after(run: Run, at: int) -> dict[str, Any]:
         "steps_left_out": steps_left_out,
         "tools": tools,
         "tools_left_out": tools_left_out,
-        "open_model_calls": [c for c in state.model_calls if c.status == "called"],
+        "open_model_calls": [
+            state.model_calls[i] for i in sorted(state.pending_model_calls) if state.model_calls[i].status == "called"
+        ],
         "plan": plan,
     }

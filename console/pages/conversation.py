@@ -9,7 +9,10 @@ sessions. One read of the log, whatever the run's length; the page shows a windo
 
 from __future__ import annotations
 
+import bisect
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -20,12 +23,13 @@ from ledger.log.verify import artifact_refs
 from ledger.models import Workspace
 from ledger.reads.messages import plain_message
 from ledger.replay.plan import first_sequence, superseded
-from ledger.replay.runlog import FoldedRun
+from ledger.replay.runlog import FoldedRun, SnapshotRun
 
 from ..format import duration
 from ..rows import artifact_url
 
 SESSIONS_PER_PAGE = 25
+Reader = FoldedRun | SnapshotRun  # the whole log folded, or a snapshot reading single events
 
 
 def pretty(value: Any) -> str:
@@ -120,8 +124,8 @@ def _origin(origin: str | None) -> str:
     return origin or "live"
 
 
-def _payloads(folded: FoldedRun, *sequences: int | None) -> list[Any]:
-    return [folded.log[s - 1]["payload"] for s in sequences if s is not None and 0 < s <= len(folded.log)]
+def _payloads(folded: Reader, *sequences: int | None) -> list[Any]:
+    return [folded.payload(s) for s in sequences if folded.event(s) is not None]
 
 
 def _artifacts(workspace: Workspace, payloads: list[Any]) -> list[dict[str, str]]:
@@ -148,7 +152,7 @@ def _message(raw: Any) -> Message:
     )
 
 
-def _request(folded: FoldedRun, call: ModelCall) -> tuple[list[Message], bool]:
+def _request(folded: Reader, call: ModelCall) -> tuple[list[Message], bool]:
     payloads = _payloads(folded, call.called_sequence)
     request = payloads[0].get("request") if payloads and isinstance(payloads[0], dict) else None
     if not isinstance(request, dict):
@@ -158,13 +162,13 @@ def _request(folded: FoldedRun, call: ModelCall) -> tuple[list[Message], bool]:
     return listed, isinstance(request.get("messagesFrom"), int) and request["messagesFrom"] > 0
 
 
-def _recorded(folded: FoldedRun, sequence: int | None, name: str) -> bool:
+def _recorded(folded: Reader, sequence: int | None, name: str) -> bool:
     """Whether the event holds `name`: a tracer that captured no content records none."""
     payloads = _payloads(folded, sequence)
     return not payloads or not isinstance(payloads[0], dict) or name in payloads[0]
 
 
-def _tool_view(workspace: Workspace, folded: FoldedRun, tool: ToolCallState) -> ToolView:
+def _tool_view(workspace: Workspace, folded: Reader, tool: ToolCallState) -> ToolView:
     outcome = tool.error if tool.status == "failed" else tool.result
     has_outcome = tool.status in ("succeeded", "failed") or tool.reconciled
     return ToolView(
@@ -183,7 +187,7 @@ def _tool_view(workspace: Workspace, folded: FoldedRun, tool: ToolCallState) -> 
     )
 
 
-def _turn_view(workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], index: int) -> TurnView:
+def _turn_view(workspace: Workspace, folded: Reader, calls: list[ModelCall], index: int) -> TurnView:
     call = calls[index]
     response = call.response if isinstance(call.response, dict) else {}
     text = response.get("text")
@@ -207,30 +211,87 @@ def _turn_view(workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], 
 
 
 def _attach(
-    view: SessionView, workspace: Workspace, folded: FoldedRun, calls: list[ModelCall], tools: list[ToolCallState]
+    view: SessionView, workspace: Workspace, folded: Reader, calls: list[ModelCall], tools: list[ToolCallState]
 ) -> SessionView:
     """Turns in order, each tool call under the turn whose call came last before it."""
     view.turns = [_turn_view(workspace, folded, calls, i) for i in range(len(calls))]
-    starts = [first_sequence(c) for c in calls]
+    starts = sorted((first_sequence(c), i) for i, c in enumerate(calls))
     for tool in tools:
-        before = [i for i, start in enumerate(starts) if start < first_sequence(tool)]
-        target = view.turns[before[-1]].tools if before else view.loose_tools
+        before = bisect.bisect_left(starts, (first_sequence(tool), -1))
+        target = view.turns[max(i for _, i in starts[:before])].tools if before else view.loose_tools
         target.append(_tool_view(workspace, folded, tool))
     return view
 
 
-def conversations(workspace: Workspace, folded: FoldedRun) -> list[SessionView]:
-    """Every session of the run, then the calls of no session grouped by step, in log order."""
-    state: RunState = folded.state
-    calls_of: dict[int | None, list[ModelCall]] = {}
-    for call in state.model_calls:
-        calls_of.setdefault(call.session, []).append(call)
-    tools_of: dict[int | None, list[ToolCallState]] = {}
-    for tool in state.tool_calls.values():
-        tools_of.setdefault(tool.session, []).append(tool)
+@dataclass
+class _Group:
+    """A session of the run (or the calls of one step outside any session), before it is drawn."""
 
-    views: list[SessionView] = []
-    for index, session in enumerate(state.sessions):
+    first_sequence: int
+    session: int | None  # index into RunState.sessions; None: calls of no session, by step
+    step_path: str | None
+    calls: list[ModelCall] = field(default_factory=list)
+    tools: list[ToolCallState] = field(default_factory=list)
+
+
+# The groups of recently read states, by the state's identity (a state read through
+# ledger/log/snapshots.py is shared and never changed): a second page of a long run's conversation
+# groups nothing again. The state is held with its groups, so its id cannot be reused meanwhile.
+_GROUPED: OrderedDict[int, tuple[RunState, list[_Group]]] = OrderedDict()
+_GROUPED_KEPT = 16
+_GROUPED_LOCK = threading.Lock()
+
+
+def _groups(state: RunState) -> list[_Group]:
+    """Every session of the run, then the calls of no session grouped by step, in log order."""
+    with _GROUPED_LOCK:
+        hit = _GROUPED.get(id(state))
+        if hit is not None and hit[0] is state:
+            _GROUPED.move_to_end(id(state))
+            return hit[1]
+    sessions = [_Group(s.sequence, i, s.step_path) for i, s in enumerate(state.sessions)]
+    loose: dict[str | None, _Group] = {}
+
+    def home(session: int | None, step_path: str | None, first: int) -> _Group:
+        if session is not None and 0 <= session < len(sessions):
+            return sessions[session]
+        group = loose.get(step_path)
+        if group is None:
+            group = loose[step_path] = _Group(first, None, step_path)
+        return group
+
+    items: list[ModelCall | ToolCallState] = [*state.model_calls, *state.tool_calls.values()]
+    for item in items:
+        first = first_sequence(item)
+        group = home(item.session, item.step_path, first)
+        if isinstance(item, ModelCall):
+            group.calls.append(item)
+        else:
+            group.tools.append(item)
+        if group.session is None:
+            group.first_sequence = min(group.first_sequence, first)
+    groups = sorted([*sessions, *loose.values()], key=lambda g: g.first_sequence)
+    with _GROUPED_LOCK:
+        _GROUPED[id(state)] = (state, groups)
+        while len(_GROUPED) > _GROUPED_KEPT:
+            _GROUPED.popitem(last=False)
+    return groups
+
+
+def _view(workspace: Workspace, folded: Reader, group: _Group) -> SessionView:
+    if group.session is None:
+        view = SessionView(
+            title="Outside a harness session",
+            step_path=group.step_path,
+            status=None,
+            attempt=None,
+            manifest_hash=None,
+            system_prompt_hash=None,
+            first_sequence=group.first_sequence,
+            error=None,
+        )
+    else:
+        session = folded.state.sessions[group.session]
         manifest = session.manifest if isinstance(session.manifest, dict) else {}
         prompt_hash = manifest.get("systemPromptHash")
         view = SessionView(
@@ -243,24 +304,28 @@ def conversations(workspace: Workspace, folded: FoldedRun) -> list[SessionView]:
             first_sequence=session.sequence,
             error=None if session.error is None else pretty(session.error),
         )
-        views.append(_attach(view, workspace, folded, calls_of.get(index, []), tools_of.get(index, [])))
+    return _attach(view, workspace, folded, group.calls, group.tools)
 
-    loose_calls, loose_tools = calls_of.get(None, []), tools_of.get(None, [])
-    steps = list(dict.fromkeys([c.step_path for c in loose_calls] + [t.step_path for t in loose_tools]))
-    for step_path in steps:
-        own_calls = [c for c in loose_calls if c.step_path == step_path]
-        own_tools = [t for t in loose_tools if t.step_path == step_path]
-        first = min([*(first_sequence(c) for c in own_calls), *(first_sequence(t) for t in own_tools)])
-        view = SessionView(
-            title="Outside a harness session",
-            step_path=step_path,
-            status=None,
-            attempt=None,
-            manifest_hash=None,
-            system_prompt_hash=None,
-            first_sequence=first,
-            error=None,
+
+def conversation_page(
+    workspace: Workspace, folded: Reader, start: int = 0, size: int = SESSIONS_PER_PAGE
+) -> tuple[list[SessionView], int]:
+    """The sessions `start`..`start + size` of the run (in log order) drawn, and how many it has.
+    Only the events of the sessions drawn are read (in one query); the others are only counted."""
+    groups = _groups(folded.state)
+    window = groups[start : start + size]
+    folded.prefetch(
+        sequence
+        for group in window
+        for sequence in (
+            *(s for c in group.calls for s in (c.called_sequence, c.responded_sequence, c.failed_sequence)),
+            *(s for t in group.tools for s in (t.started_sequence, t.ended_sequence)),
         )
-        views.append(_attach(view, workspace, folded, own_calls, own_tools))
-    views.sort(key=lambda v: v.first_sequence)
+    )
+    return [_view(workspace, folded, group) for group in window], len(groups)
+
+
+def conversations(workspace: Workspace, folded: Reader) -> list[SessionView]:
+    """Every session of the run, then the calls of no session grouped by step, in log order."""
+    views, _ = conversation_page(workspace, folded, 0, len(_groups(folded.state)))
     return views

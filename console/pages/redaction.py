@@ -49,7 +49,7 @@ class ExtraRulesForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
         max_length=MAX_EXTRA_PATTERNS * (MAX_PATTERN_LENGTH + 2),
         label="Extra value patterns",
-        help_text="One Python regular expression a line; each match inside a string becomes [REDACTED].",
+        help_text="One RE2 regular expression a line (no lookaround or backreference); each match inside a string becomes [REDACTED].",
     )
     reason = forms.CharField(required=False, label="Why (kept in the audit log)")
 

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 
 from ledger import limits
 from ledger.errors import LedgerError, NotFound, RunFinished
+from ledger.evaluation import evaluations
 from ledger.models import ReexecutionRequest, Run, Workspace
 from ledger.reads import reexecutions, selectors
 from ledger.reexecution import services
@@ -434,6 +435,11 @@ def divergence(request: HttpRequest, tenant: str, workspace: str, reexecution_id
     }
     if report is not None:
         context.update(divergence_context(found, report))
+    evaluation, scores = evaluations.scores_of_request(found.workspace, found)
+    if evaluation is not None:
+        ws = found.workspace
+        context["evaluation_url"] = reverse("evaluation", args=[ws.tenant.slug, ws.slug, evaluation.public_id])
+        context["evaluation_id"], context["scores"] = evaluation.public_id, scores
     return render(request, "console/reexecution/divergence.html", context)
 
 

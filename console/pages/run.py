@@ -32,23 +32,23 @@ from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.limits import day_in_range
 from ledger.models import Run, Step
-from ledger.reads import reexecutions, selectors, serialize
+from ledger.reads import attention, failure, reexecutions, selectors, serialize
 from ledger.reads.subruns import subrun_tree
 from ledger.replay import cancellation, gateway, runlog
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
-from ledger.replay.stored_plan import replay_plan_for
+from ledger.replay.stored_plan import replay_plan_at
 from ledger.runtime.outer_loop import outer_loop_of, record_run_id
 from ledger.tenancy.access import Access
 
 from ..format import coverage, tokens
 from ..rows import artifact_url, event_row, render_event_row
 from .at import state_after
-from .conversation import SESSIONS_PER_PAGE, conversations
+from .conversation import SESSIONS_PER_PAGE, conversation_page
 from .guard import has_role, member_access
 from .reexecution import can_request, reexecution_rows, run_origin
 from .share import panel_context
-from .waterfall import Axis, parse_time, waterfall
+from .waterfall import ROOTS_PER_PAGE, Axis, parse_time, waterfall
 
 TABS = ("timeline", "conversation", "waterfall", "state", "steps", "subruns", "evidence", "costs")
 TAB_LABELS = {
@@ -234,6 +234,8 @@ def _header_context(run: Run) -> dict[str, Any]:
         else None,
         "ws_param": f"{ws.tenant.slug}/{ws.slug}",
         "origin": run_origin(run),
+        "attention": attention.of_run(run),
+        "failure": failure.of_run(run),
     }
 
 
@@ -372,19 +374,21 @@ def _step_page(request: HttpRequest, run: Run, tab: str) -> tuple[list[Step], di
 def _conversation(request: HttpRequest, member: Access, run: Run) -> Tab:
     """Every harness session as a conversation, a window of sessions at a time."""
     start = _int_param(request, "start", 0, minimum=0)
-    sessions = conversations(run.workspace, runlog.folded(run)) if run.last_sequence else []
-    shown = sessions[start : start + SESSIONS_PER_PAGE]
-    pager = _pager(_tab_url(run, "conversation"), start, len(shown), len(sessions), SESSIONS_PER_PAGE)
+    shown, total = conversation_page(run.workspace, runlog.snapshot(run), start) if run.last_sequence else ([], 0)
+    pager = _pager(_tab_url(run, "conversation"), start, len(shown), total, SESSIONS_PER_PAGE)
     return Tab("console/run/conversation.html", {"sessions": shown, "pager": pager})
 
 
 def _waterfall(request: HttpRequest, member: Access, run: Run) -> Tab:
+    """A page of the waterfall: ROOTS_PER_PAGE top-level bars (`?start=N`) with what they hold."""
+    start = _int_param(request, "start", 0, minimum=0)
     view = (
-        waterfall(run, runlog.folded(run), runlog.children_of(run))
+        waterfall(run, runlog.snapshot(run), runlog.children_of(run), start=start)
         if run.last_sequence
-        else {"rows": [], "axis": None, "ticks": []}
+        else {"rows": [], "axis": None, "ticks": [], "total": 0, "shown": 0}
     )
-    return Tab("console/run/waterfall.html", {**view, "run_id": run.run_id})
+    pager = _pager(_tab_url(run, "waterfall"), start, view["shown"], view["total"], ROOTS_PER_PAGE)
+    return Tab("console/run/waterfall.html", {**view, "run_id": run.run_id, "pager": pager})
 
 
 def _state(request: HttpRequest, member: Access, run: Run) -> Tab:
@@ -408,7 +412,7 @@ def _state(request: HttpRequest, member: Access, run: Run) -> Tab:
 
 def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
     steps, pager = _step_page(request, run, "steps")
-    plan = replay_plan_for(run) if run.last_sequence else None
+    plan = replay_plan_at(run, runlog.snapshot(run).state) if run.last_sequence else None
     should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
     rows = [
         {
@@ -626,7 +630,7 @@ def waterfall_rows(request: HttpRequest, tenant: str, workspace: str, run_id: st
     except BadParameter as exc:
         return _bad_request(request, str(exc))
     view = (
-        waterfall(run, runlog.folded(run), runlog.children_of(run), Axis(start, end))
+        waterfall(run, runlog.snapshot(run), runlog.children_of(run), Axis(start, end), size=MAX_PAGE_SIZE)
         if run.last_sequence
         else {"rows": []}
     )

@@ -17,14 +17,14 @@ from django.views.decorators.http import require_safe
 from django_htmx.middleware import HtmxDetails
 
 from ledger.models import Run, RunStatus, Workspace
-from ledger.reads import selectors
+from ledger.reads import attention, selectors
 
 from ..rows import run_rows
 from .filters import DateRangePageForm, page_cursor
 from .guard import member_access
 
 PAGE_SIZE = 50
-FILTERS = ("q", "status", "workflow", "from", "to", "has_failures", "cost_above", "rating", "model")
+FILTERS = ("q", "status", "attention", "workflow", "from", "to", "has_failures", "cost_above", "rating", "model")
 
 
 # --- filters -------------------------------------------------------------------------------
@@ -47,6 +47,13 @@ class RunFilterForm(DateRangePageForm):
         widget=forms.TextInput(attrs={"placeholder": "run id, workflow or label", "type": "search"}),
     )
     status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in RunStatus.values])
+    # What the run waits for a person to do (ledger/reads/attention.py); the statuses stay the API's.
+    attention = forms.ChoiceField(
+        required=False,
+        label="Needs",
+        choices=[("", "anything"), (attention.ANY, "any attention")]
+        + [(kind, attention.LABELS[kind]) for kind in attention.KINDS],
+    )
     workflow = forms.CharField(required=False, max_length=200)
     has_failures = forms.BooleanField(required=False, label="Has failures")
     cost_above = forms.DecimalField(
@@ -65,7 +72,9 @@ class RunFilterForm(DateRangePageForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.order_fields(["q", "status", "workflow", "from", "to", "model", "cost_above", "rating", "has_failures"])
+        self.order_fields(
+            ["q", "status", "attention", "workflow", "from", "to", "model", "cost_above", "rating", "has_failures"]
+        )
 
     def clean_model(self) -> tuple[str, str] | str | None:
         value = self.cleaned_data["model"].strip()
@@ -79,6 +88,7 @@ class RunFilterForm(DateRangePageForm):
         d = self.cleaned_data
         return {
             "status": d["status"] or None,
+            "attention": d["attention"] or None,
             "workflow": d["workflow"].strip() or None,
             "q": d["q"].strip() or None,
             "start": d["from"],

@@ -28,13 +28,14 @@ from ledger.models import Run, ShareLink
 from ledger.reads import selectors
 from ledger.reads.subruns import subrun_tree
 from ledger.replay import evidence
-from ledger.replay.stored_plan import replay_plan_for
+from ledger.replay.runlog import snapshot
+from ledger.replay.stored_plan import replay_plan_at
 from ledger.tenancy import sharing
 from ledger.tenancy.access import Access
 
 from ..format import coverage, tokens
 from ..rows import event_row
-from .conversation import SESSIONS_PER_PAGE, conversations
+from .conversation import conversation_page
 from .guard import has_role, member_access
 
 TIMELINE_PAGE = 200
@@ -134,7 +135,7 @@ def _pager(shown: int, total: int) -> dict[str, Any]:
 
 def _steps(run: Run) -> dict[str, Any]:
     steps, total = selectors.steps_page(run, start=0, size=STEPS_SHOWN)
-    plan = replay_plan_for(run) if run.last_sequence else None
+    plan = replay_plan_at(run, snapshot(run).state) if run.last_sequence else None
     should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
     rows = [
         {
@@ -180,8 +181,9 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
     hide = link.workspace.share_hides_inputs
     base = sharing.share_path(token)
     page_path = sharing.shared_run_path(token, opened.root.run_id, run.run_id)
-    sessions = conversations(run.workspace, sharing.shared_folded(run, hide_inputs=hide)) if run.last_sequence else []
-    shown_sessions = sessions[:SESSIONS_PER_PAGE]
+    shown_sessions, total_sessions = (
+        conversation_page(run.workspace, sharing.shared_folded(run, hide_inputs=hide)) if run.last_sequence else ([], 0)
+    )
     _strip_artifact_links(shown_sessions)
     context: dict[str, Any] = {
         "shared": True,
@@ -198,7 +200,7 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
         ),
         "evidence_path": f"{page_path}evidence.json",
         "conversation_sessions": shown_sessions,
-        "session_pager": _pager(len(shown_sessions), len(sessions)),
+        "session_pager": _pager(len(shown_sessions), total_sessions),
         **_timeline(run, page_path, after, hide),
         **_steps(run),
     }

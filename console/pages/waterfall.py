@@ -11,23 +11,28 @@ A sub-run's own bars load in place when asked (`waterfall/rows/`, htmx), on the 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.urls import reverse
 
-from ledger.fold import ModelCall, RunState, ToolCallState
+from ledger.fold import HarnessSession, ModelCall, RunState, ToolCallState
 from ledger.models import Run
 from ledger.replay.plan import first_sequence
-from ledger.replay.runlog import FoldedRun
+from ledger.replay.runlog import FoldedRun, SnapshotRun
 
 from ..format import duration
 
 _LAST_SEGMENT = re.compile(r"(\[[^\]]*\]|\.[^.\[]*)\Z")
-MAX_ROWS = 1000  # bars drawn, in display order; a longer run says how many it left out
+MAX_ROWS = 1000  # bars drawn of a page, in display order; a longer page says how many it left out
+ROOTS_PER_PAGE = 50  # top-level bars (with all they hold) on a page of the waterfall
 MIN_WIDTH = 0.4  # percent: an instant still shows as a sliver one can click
 OPEN_STATUSES = ("running", "started", "called", "scheduled", "pending")
+Reader = FoldedRun | SnapshotRun  # the whole log folded, or a snapshot reading single events
 
 
 def parse_time(value: str | datetime | None) -> datetime | None:
@@ -105,7 +110,7 @@ def _event_url(urls: dict[str, str], sequence: int) -> str:
     return f"{urls['timeline']}?after={max(sequence - 1, 0)}#event-{sequence}"
 
 
-def _parent_step(path: str, steps: dict[str, Bar]) -> str | None:
+def _parent_step(path: str, steps: Mapping[str, Any]) -> str | None:
     """The nearest step whose path this one extends (`fan` of `fan[0]`), if there is one."""
     current = path
     while True:
@@ -117,7 +122,7 @@ def _parent_step(path: str, steps: dict[str, Bar]) -> str | None:
         current = shorter
 
 
-def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar | None:
+def _call_bar(folded: Reader, urls: dict[str, str], call: ModelCall) -> Bar | None:
     first = first_sequence(call)
     start = parse_time(folded.occurred_at(first))
     if start is None:
@@ -136,7 +141,7 @@ def _call_bar(folded: FoldedRun, urls: dict[str, str], call: ModelCall) -> Bar |
     )
 
 
-def _tool_bar(folded: FoldedRun, urls: dict[str, str], tool: ToolCallState, subruns: dict[str, Run]) -> Bar | None:
+def _tool_bar(folded: Reader, urls: dict[str, str], tool: ToolCallState, subruns: dict[str, Run]) -> Bar | None:
     first = first_sequence(tool)
     start = parse_time(folded.occurred_at(first))
     if start is None:
@@ -168,70 +173,198 @@ def _as_subrun(bar: Bar, child: Run) -> None:
     bar.href = reverse("run", args=[ws.tenant.slug, ws.slug, child.run_id])
 
 
-def _steps(folded: FoldedRun, urls: dict[str, str]) -> dict[str, Bar]:
-    bars: dict[str, Bar] = {}
-    for path, step in folded.state.steps.items():
-        start = parse_time(step.started_at) or parse_time(folded.occurred_at(step.first_sequence))
-        if start is None:
-            continue
-        end = parse_time(step.finished_at) if step.status in ("completed", "failed") else None
-        bars[path] = Bar(
-            "step", path, step.status, start, end, _event_url(urls, step.first_sequence), step.first_sequence
-        )
-    return bars
+Item = ModelCall | ToolCallState | HarnessSession  # what a node draws besides a step
 
 
-def bars_of(run: Run, folded: FoldedRun, children: list[Run]) -> list[Bar]:
-    """The run's bars as a forest: steps (nested by path) holding their sessions, a session its
-    calls; a sub-workflow's call is its sub-run's bar. Siblings in log order."""
+@dataclass
+class Layout:
+    """Where every step, session and call of a state goes, before anything is timed: the steps'
+    tree (from their paths), and what each step, session or the top level holds. Built once per
+    state (a state read through ledger/log/snapshots.py is shared and never changed), so a page of
+    a long run's waterfall times and draws only the bars it shows."""
+
+    step_children: dict[str | None, list[str]]  # None: the top level
+    held: dict[tuple[str, Any], list[tuple[int, Item]]]  # ("step", path) | ("session", i) | ("top", None)
+
+    def roots(self) -> list[tuple[str, Any]]:
+        """The top level: steps of no parent step, then what no step holds (in log order)."""
+        return [("step", p) for p in self.step_children.get(None, [])] + [
+            ("item", i) for i in range(len(self.held.get(("top", None), [])))
+        ]
+
+
+def _layout(state: RunState) -> Layout:
+    with _LAID_OUT_LOCK:
+        hit = _LAID_OUT.get(id(state))
+        if hit is not None and hit[0] is state:
+            _LAID_OUT.move_to_end(id(state))
+            return hit[1]
+    step_children: dict[str | None, list[str]] = {}
+    for path in state.steps:
+        step_children.setdefault(_parent_step(path, state.steps), []).append(path)
+    held: dict[tuple[str, Any], list[tuple[int, Item]]] = {}
+
+    def home(session: int | None, step_path: str | None) -> tuple[str, Any]:
+        if session is not None and 0 <= session < len(state.sessions):
+            return ("session", session)
+        return ("step", step_path) if step_path in state.steps else ("top", None)
+
+    for index, session in enumerate(state.sessions):
+        held.setdefault(home(None, session.step_path), []).append((index, session))
+    for call in state.model_calls:
+        held.setdefault(home(call.session, call.step_path), []).append((-1, call))
+    for tool in state.tool_calls.values():
+        held.setdefault(home(tool.session, tool.step_path), []).append((-1, tool))
+    layout = Layout(step_children, held)
+    with _LAID_OUT_LOCK:
+        _LAID_OUT[id(state)] = (state, layout)
+        while len(_LAID_OUT) > 16:
+            _LAID_OUT.popitem(last=False)
+    return layout
+
+
+_LAID_OUT: OrderedDict[int, tuple[RunState, Layout]] = OrderedDict()
+_LAID_OUT_LOCK = threading.Lock()
+
+
+def _sequences(item: Item) -> tuple[int | None, ...]:
+    if isinstance(item, HarnessSession):
+        return (item.sequence, item.ended_sequence)
+    if isinstance(item, ModelCall):
+        return (item.called_sequence, item.responded_sequence, item.failed_sequence)
+    return (item.started_sequence, item.ended_sequence)
+
+
+def _needed(state: RunState, layout: Layout, node: tuple[str, Any]) -> list[int | None]:
+    """The events whose times the node's bars (its own and its descendants') need."""
+    kind, key = node
+    if kind == "item":
+        _, item = layout.held[("top", None)][key]
+        found = list(_sequences(item))
+        if isinstance(item, HarnessSession):
+            found += [s for _, held in layout.held.get(("session", key), []) for s in _sequences(held)]
+        return found
+    step = state.steps[key]
+    found = [None if step.started_at else step.first_sequence]
+    for index, item in layout.held.get(("step", key), []):
+        found += _sequences(item)
+        if isinstance(item, HarnessSession):
+            found += [s for _, held in layout.held.get(("session", index), []) for s in _sequences(held)]
+    for child in layout.step_children.get(key, []):
+        found += _needed(state, layout, ("step", child))
+    return found
+
+
+def _item_bar(
+    folded: Reader, urls: dict[str, str], layout: Layout, subruns: dict[str, Run], index: int, item: Item
+) -> Bar | None:
+    if isinstance(item, ModelCall):
+        return _call_bar(folded, urls, item)
+    if isinstance(item, ToolCallState):
+        return _tool_bar(folded, urls, item, subruns)
+    start = parse_time(folded.occurred_at(item.sequence))
+    if start is None:
+        return None
+    end = parse_time(folded.occurred_at(item.ended_sequence)) if item.ended_sequence else None
+    bar = Bar(
+        "session",
+        item.role or "session",
+        item.status,
+        start,
+        end,
+        f"{urls['conversation']}#session-{item.sequence}",
+        item.sequence,
+    )
+    bar.children = _drawn(folded, urls, layout, subruns, layout.held.get(("session", index), []))
+    return bar
+
+
+def _drawn(
+    folded: Reader, urls: dict[str, str], layout: Layout, subruns: dict[str, Run], items: list[tuple[int, Item]]
+) -> list[Bar]:
+    bars = [_item_bar(folded, urls, layout, subruns, index, item) for index, item in items]
+    return [b for b in bars if b is not None]
+
+
+def _step_bar(folded: Reader, urls: dict[str, str], layout: Layout, subruns: dict[str, Run], path: str) -> Bar | None:
+    step = folded.state.steps[path]
+    start = parse_time(step.started_at) or parse_time(folded.occurred_at(step.first_sequence))
+    if start is None:
+        return None
+    end = parse_time(step.finished_at) if step.status in ("completed", "failed") else None
+    bar = Bar("step", path, step.status, start, end, _event_url(urls, step.first_sequence), step.first_sequence)
+    children = [_step_bar(folded, urls, layout, subruns, child) for child in layout.step_children.get(path, [])]
+    bar.children = [b for b in children if b is not None] + _drawn(
+        folded, urls, layout, subruns, layout.held.get(("step", path), [])
+    )
+    return bar
+
+
+def _root_times(folded: Reader, layout: Layout, roots: list[tuple[str, Any]]) -> list[tuple[datetime, int]]:
+    """When each top-level node starts (and its first sequence), for their order: a step's from the
+    state, what no step holds from its first event (read for all of them, in one query)."""
+    state = folded.state
+    top = layout.held.get(("top", None), [])
+    folded.prefetch(
+        [state.steps[k].first_sequence for kind, k in roots if kind == "step" and not state.steps[k].started_at]
+        + [_first(top[k][1]) for kind, k in roots if kind == "item"]
+    )
+    times = []
+    for kind, key in roots:
+        if kind == "step":
+            step = state.steps[key]
+            moment = parse_time(step.started_at) or parse_time(folded.occurred_at(step.first_sequence))
+            times.append((moment or _NEVER, step.first_sequence))
+        else:
+            first = _first(top[key][1])
+            times.append((parse_time(folded.occurred_at(first)) or _NEVER, first))
+    return times
+
+
+def _first(item: Item) -> int:
+    return item.sequence if isinstance(item, HarnessSession) else first_sequence(item)
+
+
+_NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+def bars_of(
+    run: Run, folded: Reader, children: list[Run], start: int = 0, size: int | None = None
+) -> tuple[list[Bar], int]:
+    """The run's top-level bars `start`..`start + size` (all by default) as a forest, and how many
+    top-level bars the run has: steps (nested by path) holding their sessions, a session its calls;
+    a sub-workflow's call is its sub-run's bar. Siblings in time order. Only the events of the bars
+    drawn are read (one query), besides the first event of each top-level bar no step holds."""
     state: RunState = folded.state
     urls = _urls(run)
     subruns = {c.run_id: c for c in children}
-    steps = _steps(folded, urls)
-    roots: list[Bar] = []
-
-    def home(step_path: str | None) -> list[Bar]:
-        return steps[step_path].children if step_path in steps else roots
-
-    for path, bar in steps.items():
-        parent = _parent_step(path, steps)
-        (steps[parent].children if parent else roots).append(bar)
-    sessions: dict[int, Bar] = {}
-    for index, session in enumerate(state.sessions):
-        start = parse_time(folded.occurred_at(session.sequence))
-        if start is None:
-            continue
-        end = parse_time(folded.occurred_at(session.ended_sequence)) if session.ended_sequence else None
-        bar = Bar(
-            "session",
-            session.role or "session",
-            session.status,
-            start,
-            end,
-            f"{urls['conversation']}#session-{session.sequence}",
-            session.sequence,
+    layout = _layout(state)
+    roots = layout.roots()
+    order = sorted(range(len(roots)), key=_root_times(folded, layout, roots).__getitem__)
+    window = [roots[i] for i in order[start : None if size is None else start + size]]
+    folded.prefetch(s for node in window for s in _needed(state, layout, node))
+    top = layout.held.get(("top", None), [])
+    bars: list[Bar] = []
+    for kind, key in window:
+        bar = (
+            _step_bar(folded, urls, layout, subruns, key)
+            if kind == "step"
+            else _item_bar(folded, urls, layout, subruns, *top[key])
         )
-        sessions[index] = bar
-        home(session.step_path).append(bar)
-    for call in state.model_calls:
-        model_bar = _call_bar(folded, urls, call)
-        if model_bar is not None:
-            (sessions[call.session].children if call.session in sessions else home(call.step_path)).append(model_bar)
-    shown: set[str] = set()
-    for tool in state.tool_calls.values():
-        tool_bar = _tool_bar(folded, urls, tool, subruns)
-        if tool_bar is None:
-            continue
-        if tool_bar.subrun is not None:
-            shown.add(tool_bar.subrun.run_id)
-        (sessions[tool.session].children if tool.session in sessions else home(tool.step_path)).append(tool_bar)
-    for child in children:  # sub-runs an external harness linked by parentRunId alone
-        if child.run_id not in shown and child.started_at is not None:
-            bar = Bar("subrun", child.run_id, child.status, child.started_at, None, "")
+        if bar is not None:
+            bars.append(bar)
+    shown = {b.subrun.run_id for b in _all(bars) if b.subrun is not None}
+    linked = {
+        tool.args.get("subRunId") for tool in state.tool_calls.values() if isinstance(tool.args, dict)
+    }  # drawn as their call's bar, on whichever page that is
+    extra = [c for c in children if c.run_id not in shown and c.run_id not in linked and c.started_at is not None]
+    if start + len(window) >= len(roots):  # sub-runs an external harness linked by parentRunId alone: last page
+        for child in extra:
+            bar = Bar("subrun", child.run_id, child.status, child.started_at or _NEVER, None, "")
             _as_subrun(bar, child)
-            roots.append(bar)
-    _order(roots)
-    return roots
+            bars.append(bar)
+    _order(bars)
+    return bars, len(roots) + len(extra)
 
 
 def _order(bars: list[Bar]) -> None:
@@ -267,15 +400,25 @@ def flatten(bars: list[Bar], axis: Axis, depth: int = 0) -> list[Bar]:
     return rows
 
 
-def axis_of(folded: FoldedRun, bars: list[Bar]) -> Axis | None:
-    """From the run's first event (or earliest bar) to the latest of its last event and its bars."""
+def axis_of(folded: Reader, bars: list[Bar]) -> Axis | None:
+    """From the run's first event (or earliest bar) to the latest of its last event, its steps'
+    ends and the bars drawn."""
+    folded.prefetch([1, folded.last_sequence])
     starts = [b.start for b in bars]
     first = parse_time(folded.occurred_at(1))
     if first is not None:
         starts.append(first)
     if not starts:
         return None
-    ends = [t for t in [parse_time(folded.occurred_at(len(folded.log))), *(b.end for b in _all(bars))] if t]
+    ends = [
+        t
+        for t in [
+            parse_time(folded.occurred_at(folded.last_sequence)),
+            parse_time(folded.state.finished_at),
+            *(b.end for b in _all(bars)),
+        ]
+        if t
+    ]
     return Axis(min(starts), max([*ends, min(starts)]))
 
 
@@ -283,12 +426,22 @@ def _all(bars: list[Bar]) -> list[Bar]:
     return [x for b in bars for x in (b, *_all(b.children))]
 
 
-def waterfall(run: Run, folded: FoldedRun, children: list[Run], axis: Axis | None = None) -> dict[str, Any]:
-    """The rows and axis of a run's waterfall; `axis` given: a sub-run drawn on its parent's."""
-    bars = bars_of(run, folded, children)
+def waterfall(
+    run: Run, folded: Reader, children: list[Run], axis: Axis | None = None, start: int = 0, size: int = ROOTS_PER_PAGE
+) -> dict[str, Any]:
+    """The rows and axis of a page of a run's waterfall (top-level bars `start`.. with what they
+    hold); `axis` given: a sub-run drawn on its parent's."""
+    bars, total = bars_of(run, folded, children, start, size)
     axis = axis or axis_of(folded, bars)
     if axis is None:
-        return {"rows": [], "axis": None, "ticks": []}
+        return {"rows": [], "axis": None, "ticks": [], "total": total, "shown": 0}
     mark_critical(bars, axis.end)
     rows = flatten(bars, axis)
-    return {"rows": rows[:MAX_ROWS], "left_out": max(len(rows) - MAX_ROWS, 0), "axis": axis, "ticks": axis.ticks()}
+    return {
+        "rows": rows[:MAX_ROWS],
+        "left_out": max(len(rows) - MAX_ROWS, 0),
+        "axis": axis,
+        "ticks": axis.ticks(),
+        "total": total,
+        "shown": len(bars),
+    }

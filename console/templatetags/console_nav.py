@@ -1,5 +1,5 @@
-"""The workspace navigation's numbers, for base.html on every page: how many decisions wait on
-the Approvals page (re-execution requests, a batch counting once, and tool calls), whether the member may open the tenant's audit log, and whether they
+"""The workspace navigation's numbers, for base.html on every page: how many things wait for an
+approver (re-execution requests and tool calls, as the Approvals page lists them), whether the member may open the tenant's audit log, and whether they
 may request re-executions (the runs list's batch form).
 
 A tag rather than a value each view passes, so no page can forget the count."""
@@ -11,20 +11,12 @@ from typing import Any
 from django import template
 
 from ledger.models import Role, Workspace
-from ledger.reads import reexecutions, selectors
-from ledger.replay import toolapproval
+from ledger.reads import attention, selectors
 
 register = template.Library()
 
 
 NOTHING = {"pending": 0, "admin": False, "operator": False}
-
-
-def waiting_decisions(workspace: Workspace) -> int:
-    """What the Approvals page lists as waiting: one per pending re-execution request (a batch is
-    one decision) and one per tool call waiting for an approver."""
-    groups = {b or p for b, p in reexecutions.pending_approval(workspace).values_list("batch_id", "public_id")}
-    return len(groups) + toolapproval.waiting_count(workspace)
 
 
 @register.simple_tag(takes_context=True)
@@ -40,7 +32,7 @@ def workspace_nav(context: Any, user: Any, workspace: Workspace | None) -> dict[
             NOTHING
             if membership is None
             else {
-                "pending": waiting_decisions(workspace),
+                "pending": attention.waiting_for_approvers(workspace),
                 "admin": membership.allows(Role.ADMIN),
                 "operator": membership.allows(Role.OPERATOR),
             }

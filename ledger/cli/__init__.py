@@ -23,6 +23,8 @@ MODULES = [
     "resume",
     "cancel",
     "reexecute",
+    "evaluate",
+    "dataset",
     "worker",
     "loop",
     "prune",

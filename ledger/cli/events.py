@@ -3,12 +3,12 @@ order."""
 
 from __future__ import annotations
 
-import json
 from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from ledger.canonical import ecma_dumps
 from ledger.reads import selectors
 
 from .common import add_run_arguments, existing_run
@@ -29,4 +29,4 @@ def handle(cmd: BaseCommand, *, run: str, workspace: str | None, type_filter: st
         prefix, exact = (type_filter[:-1], None) if type_filter.endswith("*") else (None, type_filter)
     for env in selectors.events(the_run, type_prefix=prefix):
         if exact is None or env["type"] == exact:
-            cmd.stdout.write(json.dumps(env, ensure_ascii=False, separators=(",", ":")))
+            cmd.stdout.write(ecma_dumps(env).decode())

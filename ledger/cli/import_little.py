@@ -1,5 +1,7 @@
 """`ledger import-little DIR --workspace T/W`: a Little Workflow data directory into a workspace,
-with the same event ids (ledger/interop/little_import.py). Exit 1, nothing written, on any problem."""
+with the same event ids (ledger/interop/little_import.py), run by run: a run with a problem is
+refused whole (named on stderr by file, run, sequence and reason) while the others come in; exit 1
+when anything was refused, and a summary line either way."""
 
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ def handle(cmd: BaseCommand, *, directory: str, workspace: str, **_: Any) -> Non
         sys.exit(1)
     for line in summary.lines:
         cmd.stdout.write(line)
-    cmd.stdout.write(
-        f"{summary.runs_imported} run(s) imported, {summary.runs_continued} continued, "
-        f"{summary.runs_skipped} skipped; {summary.events_written} event(s) written, "
-        f"{summary.artifacts_stored} artifact(s) stored, into {workspace}"
-    )
+    for problem in summary.problems:
+        cmd.stderr.write(problem)
+    cmd.stdout.write(summary.line(workspace))
+    if summary.refused:
+        sys.exit(1)

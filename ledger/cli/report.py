@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from ledger.fold import fold
-from ledger.fold.pricing import prices_for
+from ledger.fold.pricing import prices_of
 from ledger.log.envelopes import log_of
 from ledger.reads.report import render_report_table, usage_report
 
@@ -26,7 +26,7 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 def handle(cmd: BaseCommand, *, run: str, workspace: str | None, table: bool, **_: Any) -> None:
     the_run = existing_run(cmd, run, workspace)
-    report = usage_report(fold(log_of(the_run), prices=prices_for(the_run.workspace), run_id=the_run.run_id))
+    report = usage_report(fold(log_of(the_run), prices=prices_of(the_run), run_id=the_run.run_id))
     if table:
         cmd.stdout.write(render_report_table(report), ending="")
     else:

@@ -3,9 +3,10 @@
 - tenants `acme` (workspaces `support`, `research`) and `globex` (`main`); members alice (admin),
   bob (approver), carol (operator), dave (viewer) in acme, gina (admin) in globex.
 - runs an external harness appended through the API's write path (`DEMO_RUNS`), one still open;
+- a run whose step failed and waits for its scheduled retry (an external harness's);
 - runs the runtime executed (ledger/demo/workflows.py): a run that crashed mid-step and was
   resumed (its log shows the fast-forward), a tool call left in doubt for an operator to
-  reconcile, a model the price table does not know (cost n/a), an output large enough to be an
+  reconcile, a goodwill credit waiting for an approver, a run cancelled with its reason, a model the price table does not know (cost n/a), an output large enough to be an
   artifact, the orchestrator and decision loop of ledger/demo/workflows.py;
 - re-executions of run_demo_triage in every state (ledger/demo/reexecution.py): a fork waiting
   for approval, an approved fork whose output changed, a simulation that reproduced its original,
@@ -26,6 +27,7 @@ from django.utils import timezone
 from .. import clock
 from ..canonical import digest
 from ..log import append
+from ..log.envelopes import format_recorded_at
 from ..models import Run, Workspace
 from ..replay.cancellation import cancel_run
 from ..replay.feedback import record_feedback
@@ -34,7 +36,7 @@ from ..runtime.executor import resume_run, start_run
 from ..runtime.outer_loop import start_outer_loop
 from ..tenancy import sharing
 from ..tenancy.services import bootstrap, create_user
-from . import reexecution, workflows
+from . import evaluations, reexecution, workflows
 
 DEMO_PASSWORD = "runledger-demo"
 USERS = [("alice", "admin"), ("bob", "approver"), ("carol", "operator"), ("dave", "viewer")]
@@ -145,6 +147,7 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
             append(workspace=ws, run_id=run_id, events=events)
     _showcase(workspaces, missing)
     reexecution.lay_out(workspaces["acme/support"])
+    evaluations.lay_out(workspaces["acme/support"])
     _share_link(workspaces["acme/research"])
     _history(workspaces, missing, history_runs)
     created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
@@ -213,6 +216,10 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
                 by=User.objects.get(username="carol"),
                 reason="order D-4 was delivered on time: no credit is due",
             )
+    if missing(support, "run_demo_retry_scheduled"):
+        # An external harness's sync whose first attempt failed; its next attempt is recorded for
+        # two hours after the demo was loaded (the runs list's "retry scheduled").
+        _retry_scheduled(support, now)
     if missing(research, "run_demo_orchestrator"):
         start_run(
             workspace=research,
@@ -258,6 +265,39 @@ def _showcase(workspaces: dict[str, Workspace], missing: Any) -> None:
             workflow="research.export",
             run_id="run_demo_export",
             input={"topic": "churn signals", "rows": 4000},
+        )
+
+
+def _retry_scheduled(support: Workspace, now: datetime) -> None:
+    with clock.backdated(now - timedelta(minutes=3)):
+        append(
+            workspace=support,
+            run_id="run_demo_retry_scheduled",
+            events=[
+                {
+                    "type": "RunStarted",
+                    "payload": {
+                        "workflowVersionId": "wfver_support_crm_sync",
+                        "input": {"since": "2026-11-30"},
+                        "label": "support.crm-sync",
+                    },
+                },
+                {"type": "StepScheduled", "payload": {"stepPath": "push-contacts"}},
+                {"type": "StepAttemptStarted", "payload": {"stepPath": "push-contacts", "attempt": 1}},
+                {
+                    "type": "StepFailed",
+                    "payload": {
+                        "stepPath": "push-contacts",
+                        "attempt": 1,
+                        "error": {
+                            "name": "UpstreamUnavailable",
+                            "message": "the CRM answered 503: maintenance window",
+                            "retriable": True,
+                            "retryAt": format_recorded_at(now + timedelta(hours=2)),
+                        },
+                    },
+                },
+            ],
         )
 
 

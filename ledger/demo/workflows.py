@@ -13,8 +13,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from ..runtime.model import ModelProvider
 from ..runtime.outer_loop import SuperviseContext, register_supervisor
-from ..runtime.providers import ModelRequest, ScriptedProvider
+from ..runtime.providers import ModelRequest, ScriptedProvider, register_provider
 from ..runtime.registry import AIGenerate, CodeRun, Decision, Parallel, SubWorkflow, Tool, ToolStep, Workflow, register
 
 
@@ -109,6 +110,24 @@ def _agent_script(tool: str, arg: str) -> Any:
 
 def _provider(provider: str, model: str, tool: str, arg: str) -> ScriptedProvider:
     return ScriptedProvider(script=_agent_script(tool, arg), name=provider, model_id=model)
+
+
+def _weaker(model: str, current: ModelProvider) -> ModelProvider:
+    """`demo-weaker`: the slot's own script, except that it fumbles the final answer to a lost
+    parcel (order C-3): what the demo's regressing evaluation swaps in (ledger/demo/evaluations.py)."""
+    script = current.script if isinstance(current, ScriptedProvider) and callable(current.script) else None
+
+    def answer(request: ModelRequest) -> Mapping[str, Any]:
+        entry = dict(script(request)) if script is not None else {"text": "?"}
+        first: Mapping[str, Any] = next((m for m in request.body["messages"] if m.get("role") == "user"), {})
+        if request.turn == 2 and "(order C-3)" in str(first.get("content", "")):
+            entry["text"] = "Sorry, I could not find anything about that."
+        return entry
+
+    return ScriptedProvider(script=answer, name=current.name, model_id=model)
+
+
+register_provider("demo-weaker", _weaker)
 
 
 # --- support ----------------------------------------------------------------------------------

@@ -129,7 +129,7 @@ class _Fold:
         self.replayed: _Totals | None = None
         self.entries_from = len(state.cost_entries)
         # Little Workflow's rule for its own logs: a token count is the number recorded, fractions
-        # kept (ours: whole tokens, docs/pricing.md).
+        # kept (ours: whole tokens, docs/operations.md § Prices).
         self.exact = table.rules == LITTLE_WORKFLOW
 
     def rates_of(self, provider: str | None, model_id: str | None) -> _Rates | None:

@@ -35,7 +35,7 @@ EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 _ZERO = Decimal(0)
 
 _RATE_KEYS = {"input", "cachedInput", "output"}
-# What an entry of the shipped table may say beside its rates: where they come from (docs/pricing.md).
+# What an entry of the shipped table may say beside its rates: where they come from (docs/operations.md § Prices).
 _ENTRY_KEYS = _RATE_KEYS | {"source", "sourceDate", "unverified", "littleWorkflow"}
 _new = object.__new__
 _LOOKUPS_KEPT = 1024  # distinct (provider, modelId) answers a table remembers; payloads name them

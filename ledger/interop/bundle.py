@@ -30,6 +30,7 @@ import orjson
 from django.db import transaction
 
 from .. import audit
+from ..canonical import ecma_dumps
 from ..log import artifacts as artifact_store
 from ..log.envelopes import log_rows
 from ..models import Artifact, Run
@@ -46,7 +47,7 @@ ARTIFACTS_DIR = "artifacts/"
 
 
 def _dumps(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
+    return ecma_dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
 
 
 def _events_jsonl(run: Run) -> tuple[bytes, int]:

@@ -38,6 +38,7 @@ from django.db import transaction
 
 from .. import audit, clock
 from ..audit import Actor
+from ..canonical import canonical_json, ecma_dumps
 from ..limits import day_in_range
 from ..log.envelopes import format_recorded_at
 from ..models import ApiKey, AuditEntry, CostEntry, Event, Run, Tenant, Workspace
@@ -305,7 +306,7 @@ def header(selection: Selection, fmt: str) -> dict[str, Any]:
 
 
 def _json(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    return ecma_dumps(value, option=orjson.OPT_NON_STR_KEYS)
 
 
 def _event_line(row: EventRow) -> bytes:
@@ -342,7 +343,7 @@ def _csv_cell(column: str, value: Any) -> str:
     if column == "payload":
         return reversible_cell(value)  # already JSON text
     if column in JSON_COLUMNS:
-        return reversible_cell(json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
+        return reversible_cell(canonical_json(value))
     if isinstance(value, str):
         return reversible_cell(value)
     if isinstance(value, float):

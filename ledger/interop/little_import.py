@@ -5,12 +5,13 @@ A data directory (docs/operations.md § Importing Little Workflow data) holds th
 `little events RUN` prints), artifacts (`artifacts/<art_id>.json` manifests and
 `artifacts/blobs/<art_id>.bin` bytes) and outer-loop manifests (`outer-loops/<ol_id>.json`).
 
-The import reads and checks everything first and writes only when nothing is wrong: every
+The import reads and checks everything first, run by run, and writes the runs nothing is wrong with: every
 event id recomputed from its content, sequences dense, every event one the write path takes
 (vocabulary, lifecycle, limits) with its payload left as it is by the workspace's redaction,
 every artifact re-hashed against its manifest and named by the id its identity gives, every
-artifact a log references present, every outer-loop manifest agreeing with the logs. A refusal
-writes nothing. Then each run goes through the one write path (`ledger.log.append`), its events
+artifact a log references present, every outer-loop manifest agreeing with the logs. A run with
+a problem is refused whole, named by file, run, sequence and reason, and nothing of it is written;
+the other runs come in. Then each run goes through the one write path (`ledger.log.append`), its events
 grouped by their original `recordedAt`, which each append stamps; the ids the write path
 computes must equal the log's, or that append rolls back.
 
@@ -114,6 +115,22 @@ class Summary:
     runs_skipped: int = 0
     events_written: int = 0
     artifacts_stored: int = 0
+    # What was refused, each `FILE:LINE: [run R, sequence N: ]reason`: a run with any problem is
+    # left out whole, the others come in (the exit status says something was refused).
+    problems: list[str] = field(default_factory=list)
+    runs_refused: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.problems)
+
+    def line(self, workspace: str) -> str:
+        return (
+            f"{self.runs_imported} run(s) imported, {self.runs_continued} continued, "
+            f"{self.runs_skipped} skipped, {len(self.runs_refused)} refused; {self.events_written} event(s) "
+            f"written, {self.artifacts_stored} artifact(s) stored, into {workspace}"
+            + (f"; {len(self.problems)} problem(s)" if self.problems else "")
+        )
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -588,39 +605,67 @@ def _store_artifact(workspace: Workspace, artifact: LittleArtifact, summary: Sum
 
 
 def import_data_dir(root: Path, workspace: Workspace) -> Summary:
-    """Import `root` into `workspace` (module docstring); ImportRefused lists every problem."""
+    """Import `root` into `workspace` (module docstring), run by run: a run with a problem is
+    refused whole (`Summary.problems` names the file, run, sequence and reason) and the others
+    come in. ImportRefused only when the directory holds nothing to import."""
     data, problems = read_data_dir(root)
-    # Checked on even when some files are malformed, so that one pass names every problem.
+    if not data.runs and problems:
+        raise ImportRefused(problems)
+    # A file that could not be read is named in `problems` by file and line: a log file stops at
+    # its first bad line and its run is not read at all; a bad row of events.db leaves a gap in its
+    # run's log, which check_log refuses.
+    summary = Summary(problems=problems)
     stored = _stored_ids(workspace, sorted(data.runs))
     plan: list[tuple[str, list[LoggedEvent], str]] = []  # run, events to write, how
-    summary = Summary()
+    refused: set[str] = set()
     for run_id, log in sorted(data.runs.items()):
-        problems += check_log(run_id, log, data, workspace)
+        run_problems = check_log(run_id, log, data, workspace)
         ids = [e.envelope["eventId"] for e in log]
         have = stored.get(run_id)
+        how = "imported"
         if have is None:
-            plan.append((run_id, log, "imported"))
+            pass
         elif have[: len(ids)] == ids:
-            summary.runs_skipped += 1
-            summary.lines.append(f"skipped {run_id}: already present ({len(have)} events)")
+            how = "skipped"
         elif ids[: len(have)] == have:
-            plan.append((run_id, log[len(have) :], "continued"))
+            how = "continued"
         else:
             first = next(i for i, (a, b) in enumerate(zip(have, ids), start=1) if a != b)
-            problems.append(
+            run_problems.append(
                 f"{log[first - 1].where}: run {run_id} is already in the workspace with other events "
                 f"(sequence {first}: {have[first - 1]} there, {ids[first - 1]} here)"
             )
+        if run_problems or run_id in refused:
+            summary.problems += run_problems
+            refused.add(run_id)
+        elif how == "skipped":
+            summary.runs_skipped += 1
+            summary.lines.append(f"skipped {run_id}: already present ({len(have or [])} events)")
+        else:
+            plan.append((run_id, log if have is None else log[len(have) :], how))
+    ok_loops = []
+    for loop in data.outer_loops:
+        loop_problems = _check_outer_loop(loop, data, stored)
+        if loop_problems:
+            summary.problems += loop_problems
+            refused.update(c["runId"] for c in loop.cycles if c["runId"] in data.runs)
+        else:
+            ok_loops.append(loop)
+    plan = [entry for entry in plan if entry[0] not in refused]
+    summary.runs_refused = sorted(refused)
+    for run_id in summary.runs_refused:
+        summary.lines.append(f"refused {run_id}: nothing of it written (the problems are listed)")
+    artifacts_to_store = []
     for artifact in data.artifacts.values():
+        if artifact.run_id in refused:
+            continue
         if artifact.run_id not in data.runs and artifact.run_id not in stored:
-            problems.append(
+            summary.problems.append(
                 f"{artifact.where}:1: belongs to run {artifact.run_id}, which is neither in events/ "
                 "nor in the workspace"
             )
-    for loop in data.outer_loops:
-        problems += _check_outer_loop(loop, data, stored)
-    if problems:
-        raise ImportRefused(problems)
+            continue
+        artifacts_to_store.append(artifact)
 
     for run_id, events, how in plan:
         _write_run(workspace, run_id, events)
@@ -631,10 +676,10 @@ def import_data_dir(root: Path, workspace: Workspace) -> Summary:
         else:
             summary.runs_continued += 1
             summary.lines.append(f"continued {run_id}: events {events[0].sequence}..{events[-1].sequence}")
-    for artifact in sorted(data.artifacts.values(), key=lambda a: a.artifact_id):
+    for artifact in sorted(artifacts_to_store, key=lambda a: a.artifact_id):
         with transaction.atomic():
             summary.lines.append(_store_artifact(workspace, artifact, summary))
-    for loop in data.outer_loops:
+    for loop in ok_loops:
         runs = ", ".join(c["runId"] for c in loop.cycles) or "none"
         state = (
             "done" if loop.done else (f"pending cycle in {loop.pending_run_id}" if loop.pending_run_id else "not done")

@@ -113,7 +113,7 @@ def append(
         result = strategies.pipelined(db, workspace, run_id, events, expected_sequence, fencing_token)
         if result is not None:
             return result
-    batch = prepare.batch(workspace, events, expected_sequence)
+    batch = prepare.batch(workspace, events, expected_sequence, imported=imported)
     if db.vendor == "postgresql":
         result = strategies.one_statement(
             db, workspace, run_id, batch, expected_sequence, fencing_token, imported=imported

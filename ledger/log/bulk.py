@@ -21,6 +21,8 @@ import orjson
 from django.db import connection, models
 from psycopg.types.json import Jsonb
 
+from ..canonical import nul_as_stand_in
+
 COPY_FROM_ROWS = 20
 
 
@@ -111,10 +113,13 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def json_text(value: Any) -> str:
+    """JSON text for PostgreSQL to read, a U+0000 (only an imported log's payload holds one) as
+    U+FFFD: jsonb cannot hold it (ledger.canonical.nul_as_stand_in)."""
     try:
-        return orjson.dumps(value, default=_jsonable).decode()
+        text = orjson.dumps(value, default=_jsonable).decode()
     except orjson.JSONEncodeError:  # an integer past 64 bits in a JSON column: json writes it
-        return json.dumps(value, default=_jsonable, ensure_ascii=False)
+        text = json.dumps(value, default=_jsonable, ensure_ascii=False)
+    return nul_as_stand_in(text)
 
 
 def insert_rows(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) -> None:
@@ -141,7 +146,7 @@ def insert_rows(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
 
 
 def _copy_value(field: models.Field[Any, Any], value: Any) -> Any:
-    return Jsonb(value) if isinstance(field, models.JSONField) and value is not None else value
+    return Jsonb(value, dumps=json_text) if isinstance(field, models.JSONField) and value is not None else value
 
 
 def upsert_rows(

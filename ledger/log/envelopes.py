@@ -9,6 +9,7 @@ datetime and no stdlib JSON decoder per event.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -94,7 +95,14 @@ def decode_payload(text: str) -> Any:
         return json.loads(text)
 
 
-def log_rows(run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None) -> list[Row]:
+def log_rows(
+    run: Run,
+    *,
+    after: int = 0,
+    limit: int | None = None,
+    type_prefix: str | None = None,
+    sequences: Collection[int] | None = None,
+) -> list[Row]:
     """The run's stored events after sequence `after`, in order, as `Row`s, through a plain cursor.
 
     The ORM compiles the query, so its filters mean what they mean to the ORM on every backend;
@@ -105,6 +113,8 @@ def log_rows(run: Run, *, after: int = 0, limit: int | None = None, type_prefix:
     qs = Event.objects.filter(run=run, sequence__gt=after).order_by("sequence")
     if type_prefix:
         qs = qs.filter(type__startswith=type_prefix)
+    if sequences is not None:
+        qs = qs.filter(sequence__in=sorted(sequences))
     if limit is not None:
         qs = qs[:limit]
     connection = connections[qs.db]
@@ -129,11 +139,17 @@ def log_rows(run: Run, *, after: int = 0, limit: int | None = None, type_prefix:
 
 
 def read_envelopes(
-    run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None
+    run: Run,
+    *,
+    after: int = 0,
+    limit: int | None = None,
+    type_prefix: str | None = None,
+    sequences: Collection[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """The run's envelopes after sequence `after`, in order (see the module docstring)."""
+    """The run's envelopes after sequence `after`, in order (see the module docstring); with
+    `sequences`, only those."""
     run_id = run.run_id
-    rows = log_rows(run, after=after, limit=limit, type_prefix=type_prefix)
+    rows = log_rows(run, after=after, limit=limit, type_prefix=type_prefix, sequences=sequences)
     with paused_gc():
         return [row_envelope(row, run_id, decode_payload(row[5])) for row in rows]
 

@@ -15,7 +15,7 @@ from ..errors import InvalidEvent, InvalidRunId
 from ..limits import NUL, nul_path
 from ..models import Workspace
 from .redaction import NotPlain, Redactor, policy
-from .vocabulary import reject_recorded_cost, validate_fields
+from .vocabulary import column_text_with_nul, reject_recorded_cost, validate_fields
 
 # Published as is (docs/api.md, the OpenAPI schema), so written for ECMAScript too; matched with
 # fullmatch, since `$` alone also matches before a trailing newline ("run_a\n" would pass).
@@ -45,11 +45,11 @@ def redactor(workspace: Workspace) -> Redactor:
     return policy(workspace.redact_keys, workspace.redact_value_patterns)
 
 
-def batch(workspace: Workspace, events: Any, expected_sequence: Any) -> list[Prepared]:
+def batch(workspace: Workspace, events: Any, expected_sequence: Any, *, imported: bool = False) -> list[Prepared]:
     """Validate, redact and canonicalize the batch."""
     check_batch(events, expected_sequence)
     redact = redactor(workspace)
-    return [item(i, event, redact) for i, event in enumerate(events)]
+    return [item(i, event, redact, imported=imported) for i, event in enumerate(events)]
 
 
 def check_batch(events: Any, expected_sequence: Any) -> None:
@@ -68,10 +68,10 @@ def stored_payload(workspace: Workspace, index: int, event: Mapping[str, Any]) -
     """The canonical payload the log would store for request item `event` (validated, redacted),
     or the LedgerError an append would raise: for a caller that checks a whole log before writing
     any of it (`ledger import-little`)."""
-    return item(index, event, redactor(workspace)).canonical
+    return item(index, event, redactor(workspace), imported=True).canonical
 
 
-def item(index: int, event: Any, redact: Redactor) -> Prepared:
+def item(index: int, event: Any, redact: Redactor, *, imported: bool = False) -> Prepared:
     """One request item `{type, payload, idempotencyKey?, occurrenceId?}`, checked as it came in."""
     if event.__class__ is not dict and not isinstance(event, Mapping):
         raise InvalidEvent(f"event {index} must be an object", index=index, field="")
@@ -80,16 +80,24 @@ def item(index: int, event: Any, redact: Redactor) -> Prepared:
         raise InvalidEvent(f"event {index}: type must be a non-empty string", index=index, field="type")
     occurrence_id = _optional_str(index, event, "occurrenceId")
     key = _optional_str(index, event, "idempotencyKey")
+    _refuse_secret(index, "type", event_type, redact)
+    if key is not None:
+        _refuse_secret(index, "idempotencyKey", key, redact)
     payload = event.get("payload", {})
     to_canonical = canonical_bytes
     try:
-        validate_fields(index, event_type, payload)
+        validate_fields(index, event_type, payload, imported=imported)
         try:
+            if imported:
+                # Little Workflow's fold never reads an event's own costUsd (run-state.ts); a
+                # session rollup may hold one, and its id hashes it: the long way, without the rule.
+                raise NotPlain
             # One walk redacts, and shows that the recorded-cost rule has nothing to find and that
             # orjson writes the canonical form; any other payload takes the three walks.
             payload, to_canonical = redact.plain(payload), canonical_bytes_plain
         except (NotPlain, RecursionError):
-            reject_recorded_cost(index, payload)
+            if not imported:
+                reject_recorded_cost(index, payload)
             payload = redact(payload)
     except RecursionError:
         # A body the JSON parser accepted can still be deeper than these recursive walks go.
@@ -102,7 +110,17 @@ def item(index: int, event: Any, redact: Redactor) -> Prepared:
         ) from exc
     # PostgreSQL's jsonb cannot hold U+0000 (SQLite could): refused on both. Canonical JSON writes
     # it as \u0000, so only a payload whose canonical form holds that is walked.
-    if b"\\u0000" in canonical and (where := nul_path(payload)) is not None:
+    # An imported log keeps its NULs (Little Workflow's store holds them as \u0000 in its JSON
+    # text, as ours does): only a string a text column keeps is refused; the projections' JSON
+    # columns hold them as U+FFFD (ledger.log.projection.column_json).
+    if imported:
+        if b"\\u0000" in canonical and (field := column_text_with_nul(event_type, payload)) is not None:
+            raise InvalidEvent(
+                f"event {index}: payload.{field} may not contain the NUL character (U+0000)",
+                index=index,
+                field=f"payload.{field}",
+            )
+    elif b"\\u0000" in canonical and (where := nul_path(payload)) is not None:
         raise InvalidEvent(
             f"event {index}: strings may not contain the NUL character (U+0000)",
             index=index,
@@ -114,6 +132,17 @@ def item(index: int, event: Any, redact: Redactor) -> Prepared:
             type=event_type, payload_canonical=canonical, occurrence_id=occurrence_id
         )
     return Prepared(event_type, payload, canonical, occurrence_id, key, request_digest)
+
+
+def _refuse_secret(index: int, field: str, value: str, redact: Redactor) -> None:
+    """An event's type and idempotency key are hashed into its id and digest, so a secret in them
+    cannot be replaced where it stands: the event is refused instead."""
+    if redact.scrub(value) != value:
+        raise InvalidEvent(
+            f"event {index}: {field} holds what looks like a secret; it is stored as sent, so it may not",
+            index=index,
+            field=field,
+        )
 
 
 def _is_text(value: str) -> bool:

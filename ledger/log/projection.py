@@ -18,10 +18,11 @@ from typing import Any
 
 from django.db import transaction
 
+from ..canonical import NUL_STAND_IN, NotCanonicalizable, canonical_json, nul_as_stand_in
 from ..fold import RunState, fold
 from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
-from . import rollup
+from . import rollup, snapshots
 from .bulk import insert_rows, upsert_rows
 from .envelopes import log_of
 from .states import STATES
@@ -49,7 +50,7 @@ def _money(value: Decimal | None) -> Decimal | None:
 
 def _whole(tokens: Tokens) -> int:
     """A token count as the columns keep it: whole. Only a log read by Little Workflow's rules
-    has fractions (docs/little-workflow.md); the report and the run's state show them exactly."""
+    has fractions (docs/operations.md § Importing Little Workflow data); the report and the run's state show them exactly."""
     return tokens if isinstance(tokens, int) else math.floor(tokens)
 
 
@@ -297,12 +298,25 @@ def rebuild(run: Run) -> RunState:
     # The days of the old entries and of the new are counted again, whatever the old rows were.
     rollup.recount(run.workspace_id, days | rollup.days_of([run.pk]).get(run.workspace_id, set()))
     STATES.take(run.workspace_id, run.run_id, prices.version)  # drop whatever this process cached for the run
+    snapshots.forget(run)
     return state
 
 
 def _comparable(value: Any) -> Any:
+    """What a column is compared by. Money at a precision both backends keep; a JSON value by its
+    canonical text, the form the log's ids are computed over: the double 4.417056118872473e16
+    that a writer sent and the integer 44170561188724730 the canonical text reads back as are one
+    number, as 1e21 and the 1000000000000000000000 jsonb gives back are
+    (tests/test_numbers.py)."""
     if isinstance(value, Decimal):
         return value.quantize(COMPARE_PLACES)
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
+    if isinstance(value, dict | list | float) or (isinstance(value, int) and not isinstance(value, bool)):
+        try:
+            return nul_as_stand_in(canonical_json(value))
+        except NotCanonicalizable:
+            return value
     return value
 
 

@@ -59,7 +59,7 @@ from psycopg.types.json import Jsonb
 from ..models import CostEntry, DailyUsage, Event, Run, Step, ToolCall
 from . import rollup, rules
 from .bulk import column as col
-from .bulk import conflict_update, json_fields, json_rows, recordset, row_params, table, values_row
+from .bulk import conflict_update, json_fields, json_rows, json_text, recordset, row_params, table, values_row
 from .projection import POSITIONED, Changes
 
 # The event columns an append sends per row; run_id comes from the head, recorded_at is one value.
@@ -341,7 +341,7 @@ def _allow_preparing(conn: psycopg.Connection[Any]) -> None:
 
 def _adapt(name: str, value: Any) -> Any:
     if value is not None and name in json_fields(Run):
-        return Jsonb(value)
+        return Jsonb(value, dumps=json_text)  # a U+0000 as U+FFFD (bulk.json_text)
     return value
 
 

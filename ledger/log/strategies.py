@@ -29,9 +29,10 @@ from django.db.models.base import ModelState
 
 from .. import clock
 from ..canonical import EventIds, canonical_bytes
-from ..errors import InvalidEvent, LedgerError
+from ..errors import InvalidEvent, LedgerError, RunTooLarge
 from ..fold import RunState, advance
 from ..fold.pricing import LITTLE_WORKFLOW, NATIVE, PriceTable, prices_for, prices_of
+from ..limits import max_events_per_run
 from ..models import Event, Run, RunStatus, Workspace
 from . import announce, hooks, prepare, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
@@ -46,6 +47,10 @@ from .states import STATES, Cached, restore_tool_calls, state_for_append
 class AppendResult:
     events: list[dict[str, Any]]  # envelopes, each with "replayed"
     last_sequence: int
+
+
+# A run at its limit of events may still end.
+RUN_ENDINGS = frozenset({"RunCompleted", "RunFailed"})
 
 
 def now_ms() -> datetime:
@@ -352,6 +357,7 @@ def _allocate(
     run_id = run.run_id
     event_id = EventIds(run_id)
     recorded_at = format_recorded_at(now)
+    cap = max_events_per_run()
     for index, p in enumerate(batch):
         key = p.idempotency_key
         if key is not None:
@@ -365,6 +371,12 @@ def _allocate(
                 continue
         sequence = state.last_sequence + unfolded + 1
         event_type, occurrence_id = p.type, p.occurrence_id
+        if sequence > cap and event_type not in RUN_ENDINGS:
+            raise RunTooLarge(
+                f"run {run_id} holds its limit of {cap} events; only its ending (RunCompleted, RunFailed) is accepted",
+                index=index,
+                limit=cap,
+            )
         rules.check_lifecycle(state, sequence - 1, event_type, index, imported)
         payload, stored = p.payload, p.canonical
         if len(stored) > INLINE_LIMIT_BYTES:

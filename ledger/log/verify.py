@@ -12,7 +12,7 @@ from ..canonical import canonical_json, event_id
 from ..fold import RunStateMismatch, fold
 from ..fold.pricing import prices_of
 from ..models import CostEntry, Event, Run, Step, ToolCall
-from . import artifacts
+from . import artifacts, snapshots
 from .envelopes import decode_payload, log_rows, row_envelope
 from .projection import differences
 
@@ -105,14 +105,14 @@ def inspect_run(run: Run) -> Inspection:
     except RunStateMismatch as exc:
         checks.append(Check("projections", "fail", f"the log cannot be folded: {exc}"))
         return Inspection(checks, log, outcomes)
-    diffs = differences(run, state, log)
+    diffs = differences(run, state, log) + snapshots.check(run, log)
     checks.append(
         Check(
             "projections",
             "fail" if diffs else "pass",
             "; ".join(diffs[:10]) + (f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else "")
             if diffs
-            else "run, steps, tool calls and cost entries equal the fold",
+            else "run, steps, tool calls, cost entries and fold snapshots equal the fold",
         )
     )
     return Inspection(checks, log, outcomes)

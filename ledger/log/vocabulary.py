@@ -229,11 +229,37 @@ def validate_payload(index: int, event_type: str, payload: Any) -> None:
     reject_recorded_cost(index, payload)
 
 
-def validate_fields(index: int, event_type: str, payload: Any) -> None:
+# Little Workflow's legacy harness type names (harness/event-names.ts LEGACY_HARNESS_EVENT_TYPES):
+# its recorder renames them on the way in, its fold (run-state.ts applyEvent) reads a log that holds
+# them as the current names; ours does too (ledger/fold/handlers.py LEGACY_HARNESS_TYPES).
+LEGACY_HARNESS_TYPES: dict[str, str] = {
+    "HarnessSessionStarted": "harness.session.started",
+    "HarnessSessionCompleted": "harness.session.completed",
+    "HarnessSessionFailed": "harness.session.failed",
+    "HarnessModelCalled": "harness.model.called",
+    "HarnessModelResponded": "harness.model.responded",
+    "HarnessModelFailed": "harness.model.failed",
+    "HarnessToolCallStarted": "harness.tool_call.started",
+    "HarnessToolCallSucceeded": "harness.tool_call.succeeded",
+    "HarnessToolCallFailed": "harness.tool_call.failed",
+    "HarnessExecuteStepStarted": "harness.execute_step.started",
+    "HarnessExecuteStepSucceeded": "harness.execute_step.succeeded",
+}
+
+
+def validate_fields(index: int, event_type: str, payload: Any, *, imported: bool = False) -> None:
     """`validate_payload` but for the recorded-cost rule, which walks the whole payload (the
-    append does that in its redaction walk, ledger.log.redaction.Redactor.plain)."""
+    append does that in its redaction walk, ledger.log.redaction.Redactor.plain).
+
+    `imported` (a Little Workflow log, `ledger import-little`): its store validated no payload
+    (world.ts appendEvent takes any object), so a field its writers left out or wrote with
+    another type (`attempt` missing, `response.text: null`, no `promptHash`) is taken as it is,
+    and the fold reads it defensively; a legacy harness type name is its current one. What a
+    column cannot hold is refused all the same."""
     if payload.__class__ is not dict and not isinstance(payload, dict):
         raise InvalidEvent(f"event {index}: payload must be an object", index=index, field="payload")
+    if imported:
+        event_type = LEGACY_HARNESS_TYPES.get(event_type, event_type)
     if not is_custom(event_type):
         checks = _CHECKS.get(event_type)
         if checks is None:
@@ -247,7 +273,7 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
             if not isinstance(holder, dict):
                 continue  # the parent's own check reports it
             if leaf not in holder:
-                if required:
+                if required and not imported:
                     raise InvalidEvent(
                         f"event {index}: {event_type} needs payload.{field}",
                         index=index,
@@ -257,6 +283,8 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
             value = holder[leaf]
             # _type_ok, inlined: bool is an int subclass in Python, never in JSON.
             if accepted is not ANY and (value.__class__ is bool or not isinstance(value, accepted)):
+                if imported:
+                    continue
                 raise InvalidEvent(
                     f"event {index}: payload.{field} has the wrong type ({_json_type(holder[leaf])})",
                     index=index,
@@ -276,6 +304,21 @@ def validate_fields(index: int, event_type: str, payload: Any) -> None:
                     index=index,
                     field="payload.origin",
                 )
+
+
+def column_text_with_nul(event_type: str, payload: Any) -> str | None:
+    """The first payload field whose string a text column keeps and that holds U+0000, which
+    PostgreSQL's text columns cannot (an imported log's JSON values may: ledger.log.projection)."""
+    event_type = LEGACY_HARNESS_TYPES.get(event_type, event_type)
+    fields = [c[0] for c in _CHECKS.get(event_type, ()) if c[5] and c[5] != _INT32]
+    fields += [f for f, limit in _UNLISTED.get(event_type, ()) if limit and limit != _INT32]
+    for field in fields:
+        parent, _, leaf = field.rpartition(".")
+        holder = payload.get(parent) if parent else payload
+        value = holder.get(leaf) if isinstance(holder, dict) else None
+        if isinstance(value, str) and "\x00" in value:
+            return field
+    return None
 
 
 def _check_limit(index: int, field: str, value: Any, limit: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from ..canonical import ecma_number
 from ..fold import RunState
 from ..fold.pricing import UsageTotals
 
@@ -117,13 +118,18 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         calls += f"+{row['unpricedCalls']}?"
     return (
         row["stepPath"],
-        str(row["inputTokens"]),
-        str(row["cachedInputTokens"]),
+        _number(row["inputTokens"]),
+        _number(row["cachedInputTokens"]),
         f"{_to_fixed(row['cacheHitShare'] * 100, 1)}%",
-        str(row["outputTokens"]),
+        _number(row["outputTokens"]),
         calls,
         _cost(row["costUsd"]),
     )
+
+
+def _number(value: int | float) -> str:
+    """JavaScript's String(n): a token count Little Workflow recorded as 1000.5 prints so."""
+    return str(value) if isinstance(value, int) else ecma_number(value)
 
 
 def _to_fixed(value: float, places: int) -> str:

@@ -20,6 +20,7 @@ from django.utils import timezone
 from ..errors import NotFound
 from ..log.envelopes import decode_payload, envelope, read_envelopes
 from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
+from .attention import matching as needing
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -211,6 +212,7 @@ def search_runs(
     cost_above: Decimal | None = None,
     min_rating: int | None = None,
     model: tuple[str, str] | str | None = None,
+    attention: str | None = None,
 ) -> QuerySet[Run]:
     """The console's runs list: filtered_runs plus the console's filters, newest first.
 
@@ -221,9 +223,12 @@ def search_runs(
     ANY_MODEL (any model call). `has_failures`: the run failed, one of its steps failed, or a
     sub-run below it failed (a direct sub-run; for a root run, any run of its tree).
     `min_rating`: the average of the run's ratings is at least this. `cost_above`: strictly above,
-    so an unpriced run (NULL cost) never matches.
+    so an unpriced run (NULL cost) never matches. `attention`: attention.ANY or a kind
+    (ledger/reads/attention.py).
     """
     qs = filtered_runs(workspace, status=status, workflow=workflow, q=q)
+    if attention:
+        qs = needing(qs, workspace, attention)
     since = _utc_day_start(start) if start else None
     until = _utc_day_start(end + timedelta(days=1)) if end else None
     if model is not None:

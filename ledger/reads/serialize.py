@@ -13,6 +13,8 @@ from typing import Any
 
 from ..log.envelopes import format_recorded_at
 from ..models import Artifact, CostEntry, Feedback, Run, Step, ToolCall, UsageColumns
+from .attention import Attention
+from .failure import is_cancelled
 
 
 def when(moment: datetime | None) -> str | None:
@@ -50,8 +52,9 @@ def run_links(run: Run) -> dict[str, str]:
     }
 
 
-def run(row: Run, *, children: int) -> dict[str, Any]:
-    """docs/api.md's run object. `row` must come with `workspace__tenant` selected."""
+def run(row: Run, *, children: int, attention: Attention | None) -> dict[str, Any]:
+    """docs/api.md's run object. `row` must come with `workspace__tenant` selected; `attention`
+    from ledger.reads.attention (for_runs, of_run)."""
     return {
         "runId": row.run_id,
         "workflowVersionId": _or_none(row.workflow_version_id),
@@ -69,11 +72,13 @@ def run(row: Run, *, children: int) -> dict[str, Any]:
         "replayOf": _or_none(row.replay_of),
         "children": children,
         "links": run_links(row),
+        "attention": None if attention is None else attention.to_json(),
+        "cancelled": is_cancelled(row),
     }
 
 
-def runs(rows: Iterable[Run], children: Mapping[str, int]) -> list[dict[str, Any]]:
-    return [run(r, children=children.get(r.run_id, 0)) for r in rows]
+def runs(rows: Iterable[Run], children: Mapping[str, int], attention: Mapping[str, Attention]) -> list[dict[str, Any]]:
+    return [run(r, children=children.get(r.run_id, 0), attention=attention.get(r.run_id)) for r in rows]
 
 
 def step(row: Step) -> dict[str, Any]:

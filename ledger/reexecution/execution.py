@@ -35,7 +35,19 @@ def reexecution_group_for(workspace_pk: int) -> str:
     return f"ledger.reexecutions.{workspace_pk}"
 
 
+# Called (in the transaction of the change) for every change of a request: what a package above
+# this one (ledger/evaluation) hangs on a batch's progress; registered in its app config.
+_CHANGE_LISTENERS: list[Callable[[ReexecutionRequest], None]] = []
+
+
+def on_change(listener: Callable[[ReexecutionRequest], None]) -> None:
+    if listener not in _CHANGE_LISTENERS:
+        _CHANGE_LISTENERS.append(listener)
+
+
 def announce_change(request: ReexecutionRequest) -> None:
+    for listener in _CHANGE_LISTENERS:
+        listener(request)
     announce.send_after_commit(
         reexecution_group_for(request.workspace_id),
         {

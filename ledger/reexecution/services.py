@@ -35,6 +35,7 @@ from ..errors import LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
 from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, Workspace
 from ..reads import selectors
+from ..redaction import of_workspace
 from ..replay.stored_plan import replay_plan_for
 from ..runtime.errors import UnknownWorkflow
 from ..runtime.registry import get_workflow
@@ -138,7 +139,7 @@ def _digest_of(request: ReexecutionRequest, last_sequence: int, plan_digest: str
     )
 
 
-def _check_model_overrides(value: Any) -> dict[str, dict[str, str]]:
+def check_model_overrides(value: Any) -> dict[str, dict[str, str]]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -245,6 +246,8 @@ def _create(
     now: datetime,
 ) -> ReexecutionRequest:
     name, user, key = _requester(by, workspace)
+    if input is not NOT_GIVEN:  # stored and digested as the new run's RunStarted will store it
+        input = of_workspace(workspace)(input)
     last_sequence, plan_digest = _run_shape(run)
     request = ReexecutionRequest(
         public_id=_new_public_id("rx"),
@@ -255,7 +258,7 @@ def _create(
         has_input=input is not NOT_GIVEN,
         input=None if input is NOT_GIVEN else input,
         model_overrides=model_overrides,
-        reason=reason.strip(),
+        reason=written(reason, field="reason", label="reason", error=InvalidReexecution, workspace=workspace),
         requested_by=name,
         requested_by_user=user,
         requested_by_key=key,
@@ -316,7 +319,7 @@ def request_reexecution(
     """Ask for a re-execution of `run_id`. Pass `input` only to override it (None is an override)."""
     run = selectors.get_run(workspace, run_id)
     run.workspace = workspace
-    overrides = _check_model_overrides(model_overrides)
+    overrides = check_model_overrides(model_overrides)
     _check_request(run, mode=mode, from_step=from_step, input=input, model_overrides=overrides, reason=reason)
     return _create(
         workspace=workspace,
@@ -350,7 +353,7 @@ def request_batch(
         raise InvalidReexecution(f"runIds must list 1 to {MAX_BATCH_RUNS} run ids", field="runIds")
     if len(set(ids)) != len(ids):
         raise InvalidReexecution("runIds lists a run twice", field="runIds")
-    overrides = _check_model_overrides(model_overrides)
+    overrides = check_model_overrides(model_overrides)
     runs = {r.run_id: r for r in selectors.runs(workspace).filter(run_id__in=ids)}
     missing = [r for r in ids if r not in runs]
     if missing:
@@ -439,7 +442,7 @@ def approve(
     refusal = _refuse_undecidable(requests, by, now, approving=True)
     if refusal is not None:
         return refusal
-    note = written(note, field="note", label="note", error=InvalidReexecution)
+    note = written(note, field="note", label="note", error=InvalidReexecution, workspace=workspace)
     runs = {r.run_id: r for r in selectors.runs(workspace).filter(run_id__in=[q.original_run_id for q in requests])}
     changed = []
     for request in requests:
@@ -492,7 +495,7 @@ def deny(*, workspace: Workspace, reexecution_id: str, by: User, note: str) -> l
     refusal = _refuse_undecidable(requests, by, now, approving=False)
     if refusal is not None:
         return refusal
-    note = written(note, field="note", label="note", error=InvalidReexecution)
+    note = written(note, field="note", label="note", error=InvalidReexecution, workspace=workspace)
     for request in requests:
         request.status, request.updated_at = Status.DENIED, now
         request.approver, request.approver_name = by, by.get_username()
@@ -507,5 +510,46 @@ def deny(*, workspace: Workspace, reexecution_id: str, by: User, note: str) -> l
             reason=request.note,
             details={"runId": request.original_run_id, **({"batchId": request.batch_id} if request.batch_id else {})},
         )
+        announce_change(request)
+    return requests
+
+
+def approve_by_policy(
+    *, workspace: Workspace, batch_id: str, policy_id: str, policy_digest: str
+) -> list[ReexecutionRequest]:
+    """Approve a pending batch under an evaluation policy an approver approved beforehand
+    (ledger/evaluation/policies.py decides that it covers the batch): the approver is the policy,
+    `policy:<id>`, in the request and its audit entry. Runs in the caller's transaction."""
+    now = clock.now()
+    requests = list(
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(workspace=workspace, batch_id=batch_id, status=Status.PENDING_APPROVAL)
+        .order_by("pk")
+    )
+    name = f"policy:{policy_id}"
+    for request in requests:
+        _mark_approved(request, now)
+        request.approver_name, request.decided_at = name, now
+        request.note = f"inside evaluation policy {policy_id}"
+        request.save()
+        audit.record(
+            actor=audit.Actor(name=name),
+            tenant=workspace.tenant,
+            workspace=workspace,
+            action=Action.REEXECUTION_APPROVED,
+            target=request.public_id,
+            reason=request.note,
+            details={
+                "runId": request.original_run_id,
+                "digest": request.digest,
+                "newRunId": request.new_run_id,
+                "executor": request.executor,
+                "batchId": batch_id,
+                "policyId": policy_id,
+                "policyDigest": policy_digest,
+            },
+        )
+        _enqueue_after_save(request)
         announce_change(request)
     return requests

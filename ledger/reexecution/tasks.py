@@ -12,7 +12,7 @@ from django.db import transaction
 from django_tasks import task
 from django_tasks_db import DatabaseBackend
 
-from .executor import run_request
+from .executor import resume_approved, run_request
 
 QUEUE = "reexecutions"
 
@@ -27,3 +27,17 @@ def enqueue(request_pk: int) -> None:
         execute_request.enqueue(request_pk)
     else:
         transaction.on_commit(lambda: execute_request.enqueue(request_pk))
+
+
+@task(queue_name=QUEUE)
+def resume_after_approval(workspace_pk: int, run_id: str, decision: str) -> str:
+    """A run one of whose tool calls an approver decided (toolapprovals.py), resumed by the worker.
+    `decision` (`<runId>#<sequence>`) names the decision the task is for."""
+    return resume_approved(workspace_pk=workspace_pk, run_id=run_id)
+
+
+def enqueue_resume(workspace_pk: int, run_id: str, decision: str) -> None:
+    if isinstance(resume_after_approval.get_backend(), DatabaseBackend):
+        resume_after_approval.enqueue(workspace_pk, run_id, decision)
+    else:
+        transaction.on_commit(lambda: resume_after_approval.enqueue(workspace_pk, run_id, decision))

@@ -22,7 +22,7 @@ from .. import clock
 from ..log.leases import new_owner, owner_is_dead
 from ..log.rules import lease_live
 from ..models import ReexecutionRequest
-from . import execution
+from . import execution, toolapprovals
 from .tasks import execute_request
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,13 @@ def recover_stalled() -> list[str]:
 
 
 def sweep() -> dict[str, list[str]]:
-    """One pass of the worker's housekeeping: expire overdue approvals, recover stalled requests."""
-    return {"expired": execution.expire_overdue(), "requeued": recover_stalled()}
+    """One pass of the worker's housekeeping: expire overdue approvals, recover stalled requests,
+    queue again the lost resume of a run whose tool call was decided (toolapprovals.py)."""
+    return {
+        "expired": execution.expire_overdue(),
+        "requeued": recover_stalled(),
+        "resumed": toolapprovals.recover_lost(),
+    }
 
 
 def run_worker(
@@ -71,7 +76,7 @@ def run_worker(
             while True:
                 try:
                     found = sweep()
-                    if found["expired"] or found["requeued"]:
+                    if any(found.values()):
                         log.warning("re-execution sweep: %s", found)
                 except Exception:  # a sweep that fails (database restarting) is retried next time
                     log.warning("re-execution sweep failed", exc_info=True)

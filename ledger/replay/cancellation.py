@@ -56,7 +56,7 @@ def is_cancelled(error: Any) -> bool:
 def cancel_run(*, workspace: Workspace, run_id: str, reason: str, by: Any) -> Cancelled:
     """End `run_id` as cancelled; audited (`run.cancelled`). `by`: a user, an API key or a name.
     Refuses an empty reason (invalid_request), a finished run (run_finished), an unknown run (404)."""
-    reason = written(reason, field="reason", label="reason", error=InvalidCancel)
+    reason = written(reason, field="reason", label="reason", error=InvalidCancel, workspace=workspace)
     head = Run.objects.filter(workspace=workspace, run_id=run_id).values_list("status", flat=True).first()
     if head is None:
         raise NotFound(f"run {run_id} not found", runId=run_id)

@@ -14,7 +14,7 @@ from ..fold.pricing import prices_of
 from ..log import artifacts as artifact_store
 from ..log.verify import inspect_run
 from ..models import CostEntry, Feedback, Run, Step, ToolCall
-from ..reads import reexecutions, selectors, serialize
+from ..reads import attention, reexecutions, selectors, serialize
 from .plan import replay_plan
 
 
@@ -88,16 +88,17 @@ def evidence_bundle(run: Run) -> dict[str, Any]:
 
     sub_runs = list(selectors.filtered_runs(workspace, parent_run_id=run.run_id).order_by("created_at", "pk"))
     counts = selectors.children_counts(workspace, [run.run_id, *(r.run_id for r in sub_runs)])
+    needs = attention.for_runs(workspace, [run, *sub_runs])
     feedback = Feedback.objects.filter(run=run).select_related("author", "api_key").order_by("created_at", "pk")
     return {
-        "run": serialize.run(run, children=counts.get(run.run_id, 0)),
+        "run": serialize.run(run, children=counts.get(run.run_id, 0), attention=needs.get(run.run_id)),
         "steps": [serialize.step(s) for s in Step.objects.filter(run=run).order_by("position")],
         "toolCalls": [serialize.tool_call(c) for c in ToolCall.objects.filter(run=run).order_by("position")],
         "artifacts": _artifacts(run, inspection.artifact_outcomes),
         "costs": [serialize.cost(c) for c in CostEntry.objects.filter(run=run).order_by("sequence")],
         "approvals": approvals(run),
         "feedback": [serialize.feedback(f, run.run_id) for f in feedback],
-        "subRuns": serialize.runs(sub_runs, counts),
+        "subRuns": serialize.runs(sub_runs, counts, needs),
         "usage": serialize.usage(run),
         "integrity": _integrity(verify_checks, plan["integrity"]["checks"] if plan else []),
         "replayReady": plan["replayReady"] if plan else {"status": "fail", "missing": ["run:events"]},

@@ -1007,7 +1007,7 @@ def reconcile_tool_call(
     """
     if outcome not in (Status.SUCCEEDED, Status.FAILED):
         raise InvalidToolCall("outcome must be succeeded or failed", field="outcome")
-    note = written(note, field="note", label="note", error=InvalidToolCall)
+    note = written(note, field="note", label="note", error=InvalidToolCall, workspace=workspace)
     head = _lock_run(workspace, run_id)
     run = head.run
     claim = _get_claim(run, call_id)

@@ -83,10 +83,18 @@ def replay_plan(
         raise ValueError("the first event has no runId")
     table = prices if prices is not None else load_default_prices()
     state = apply_unchecked(RunState(run_id=run_id), events, table)
+    return plan_of_state(state, _dense_check(run_id, events), artifact_checks)
 
+
+def plan_of_state(
+    state: RunState, dense: dict[str, str], artifact_checks: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The replay plan of a folded state whose log's `dense_sequence` check said `dense` (a state
+    from a fold snapshot is dense by construction: `dense_check_of(state)`)."""
+    run_id = state.run_id
     sessions, missing_calls = _sessions(state)
     artifacts_check, missing_artifacts = _artifact_check(state, artifact_checks)
-    checks = [_dense_check(run_id, events), artifacts_check, _drift_check(state)]
+    checks = [dense, artifacts_check, _drift_check(state)]
     missing = (
         [
             f"step:{path}:output"
@@ -209,6 +217,12 @@ def first_sequence(call: ModelCall | ToolCallState) -> int:
     else:
         candidates = [call.started_sequence, call.ended_sequence]
     return min(s for s in candidates if s is not None)
+
+
+def dense_check_of(state: RunState) -> dict[str, str]:
+    """The `dense_sequence` check of a state the checked fold made (it refuses a gap)."""
+    n = state.last_sequence
+    return {"name": "dense_sequence", "status": "pass", "detail": f"{n} events, sequences 1..{n}"}
 
 
 def _dense_check(run_id: str, events: Sequence[Mapping[str, Any]]) -> dict[str, str]:

@@ -8,7 +8,9 @@ of queries however long the run is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from django.db.models import Q
@@ -17,7 +19,8 @@ from ..canonical import canonical_json
 from ..fold import RunState, fold
 from ..fold.pricing import prices_of
 from ..fold.state import occurred_at
-from ..log.envelopes import event_envelope, log_of
+from ..log import snapshots
+from ..log.envelopes import event_envelope, log_of, read_envelopes
 from ..models import Event, Run, ToolCall
 from .stored_plan import replay_plan_for
 
@@ -28,34 +31,92 @@ FAILURE_TYPES = Q(type__endswith="Failed") | Q(type__endswith=".failed")
 TOOL_CALLS_SEARCHED = 200
 
 
-@dataclass(frozen=True)
-class FoldedRun:
-    """A run's log (or a prefix of it) and what the fold makes of it."""
+class _Events(ABC):
+    """What the evidence views read of single events: a payload, when its fact happened."""
 
-    log: list[dict[str, Any]]
-    state: RunState
+    @abstractmethod
+    def event(self, sequence: int | None) -> dict[str, Any] | None:
+        """The event of that sequence, None when there is none."""
+
+    @abstractmethod
+    def prefetch(self, sequences: Iterable[int | None]) -> None:
+        """Read the events of `sequences` that are not at hand yet, in one query."""
+
+    def payload(self, sequence: int | None) -> Any:
+        event = self.event(sequence)
+        return None if event is None else event["payload"]
 
     def recorded_at(self, sequence: int | None) -> str | None:
-        """The recordedAt of an event of the log (sequences are dense: index = sequence - 1)."""
-        if sequence is None or not 0 < sequence <= len(self.log):
-            return None
-        value = self.log[sequence - 1]["recordedAt"]
+        event = self.event(sequence)
+        value = None if event is None else event["recordedAt"]
         return value if isinstance(value, str) else None
 
     def occurred_at(self, sequence: int | None) -> str | None:
         """When the event's fact happened: its `occurredAt` (a span's start or end for OTLP), else
         its recordedAt; the times the fold gives runs and steps, so bars and durations agree."""
-        recorded = self.recorded_at(sequence)
-        if recorded is None or sequence is None:
+        event = self.event(sequence)
+        if event is None:
             return None
-        payload = self.log[sequence - 1]["payload"]
-        return occurred_at(payload, recorded) if isinstance(payload, dict) else recorded
+        recorded = event["recordedAt"] if isinstance(event["recordedAt"], str) else None
+        payload = event["payload"]
+        return occurred_at(payload, recorded) if isinstance(payload, dict) and recorded else recorded
+
+
+@dataclass(frozen=True)
+class FoldedRun(_Events):
+    """A run's log (or a prefix of it) and what the fold makes of it."""
+
+    log: list[dict[str, Any]]
+    state: RunState
+
+    @property
+    def last_sequence(self) -> int:
+        return len(self.log)
+
+    def prefetch(self, sequences: Iterable[int | None]) -> None:
+        """The whole log is at hand."""
+
+    def event(self, sequence: int | None) -> dict[str, Any] | None:
+        """An event of the log (sequences are dense: index = sequence - 1)."""
+        if sequence is None or not 0 < sequence <= len(self.log):
+            return None
+        return self.log[sequence - 1]
+
+
+@dataclass
+class SnapshotRun(_Events):
+    """A run's state after event `last_sequence`, from its fold snapshots (ledger/log/snapshots.py),
+    and the single events a view asks for, read when asked (`prefetch` them first: one query)."""
+
+    run: Run
+    state: RunState
+    last_sequence: int
+    events: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def prefetch(self, sequences: Iterable[int | None]) -> None:
+        wanted = {s for s in sequences if s is not None and 0 < s <= self.last_sequence and s not in self.events}
+        if wanted:
+            self.events.update((e["sequence"], e) for e in read_envelopes(self.run, sequences=wanted))
+
+    def event(self, sequence: int | None) -> dict[str, Any] | None:
+        if sequence is None or not 0 < sequence <= self.last_sequence:
+            return None
+        if sequence not in self.events:
+            self.prefetch([sequence])
+        return self.events.get(sequence)
 
 
 def folded(run: Run, *, upto: int | None = None) -> FoldedRun:
     """The run as it is, or as it was after event `upto`: the fold of that prefix."""
     log = log_of(run, upto=upto)
     return FoldedRun(log, fold(log, prices=prices_of(run), run_id=run.run_id))
+
+
+def snapshot(run: Run, *, upto: int | None = None) -> SnapshotRun:
+    """The run as it is, or as it was after event `upto`, from the nearest stored or cached state:
+    what the console's views read, at a cost of the events after that state and those they show."""
+    last = run.last_sequence if upto is None else max(0, min(upto, run.last_sequence))
+    return SnapshotRun(run, snapshots.state_after(run, last), last)
 
 
 def replay_plan_of(run: Run, run_at: FoldedRun) -> dict[str, Any] | None:

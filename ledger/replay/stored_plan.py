@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..fold import ARTIFACT_REF_PREFIX, RunState
 from ..fold.pricing import prices_of
-from ..log.envelopes import log_of
+from ..log.envelopes import decode_payload, log_of
 from ..log.verify import artifact_refs, check_artifacts
-from ..models import Run
-from .plan import replay_plan
+from ..models import Event, Run
+from .plan import dense_check_of, plan_of_state, replay_plan
 
 
 def replay_plan_for(run: Run, log: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -18,3 +21,39 @@ def replay_plan_for(run: Run, log: Sequence[Mapping[str, Any]] | None = None) ->
     log = log_of(run) if log is None else log
     refs = {ref for event in log for ref in artifact_refs(event["payload"])}
     return replay_plan(log, artifact_checks=check_artifacts(run, refs), prices=prices_of(run))
+
+
+def replay_plan_at(run: Run, state: RunState) -> dict[str, Any]:
+    """The plan of a folded state of the run (a fold snapshot's, from ledger/replay/runlog.py `snapshot`):
+    the same plan `replay_plan_for` makes of the log up to `state.last_sequence`, reading only the
+    events that name an artifact (to re-hash what they name) instead of the whole log.
+
+    A state read through ledger/log/snapshots.py is shared and never changed, and the refs of a
+    prefix of the log never change: both are remembered for the state (`_PLANS`), and the plan is
+    made again only when a re-hash answers otherwise than the last time. Every call re-hashes."""
+    with _PLANS_LOCK:
+        hit = _PLANS.get(id(state))
+        if hit is not None and hit[0] is state:
+            _PLANS.move_to_end(id(state))
+    refs = hit[1] if hit is not None and hit[0] is state else _refs(run, state.last_sequence)
+    checks = check_artifacts(run, refs)
+    if hit is not None and hit[0] is state and hit[2] == checks:
+        return hit[3]
+    plan = plan_of_state(state, dense_check_of(state), checks)
+    with _PLANS_LOCK:
+        _PLANS[id(state)] = (state, refs, checks, plan)
+        while len(_PLANS) > 16:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def _refs(run: Run, upto: int) -> set[str]:
+    texts = Event.objects.filter(run=run, sequence__lte=upto, payload__contains=ARTIFACT_REF_PREFIX).values_list(
+        "payload", flat=True
+    )
+    return {ref for text in texts for ref in artifact_refs(decode_payload(text))}
+
+
+# The plans of recently read states, by the state's identity, the state held so its id is not reused.
+_PLANS: OrderedDict[int, tuple[RunState, set[str], dict[str, str], dict[str, Any]]] = OrderedDict()
+_PLANS_LOCK = threading.Lock()

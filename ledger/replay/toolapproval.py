@@ -29,11 +29,11 @@ from typing import Any
 from django.db import transaction
 
 from .. import audit, clock
-from ..canonical import digest
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
 from ..log import holding
 from ..models import Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
+from ..reads import attention
 from . import gateway
 
 WAITING = "waiting_approval"
@@ -70,9 +70,7 @@ def needs_approval(workspace: Workspace, tool_name: str, declared: str | None) -
     return declared == "required" or tool_name in (workspace.approval_tools or [])
 
 
-def args_digest(tool_name: str, args: Any) -> str:
-    """What an approval binds to: the digest of the tool's name and its arguments as the log holds them."""
-    return digest({"toolName": tool_name, "args": args})
+args_digest = attention.args_digest
 
 
 @dataclass(frozen=True)
@@ -157,15 +155,6 @@ def waiting_calls(workspace: Workspace) -> list[ToolCall]:
     return calls
 
 
-def waiting_count(workspace: Workspace) -> int:
-    """How many of the workspace's tool calls wait for an approver (as `waiting_calls` lists them)."""
-    return (
-        ToolCall.objects.filter(run__workspace=workspace, status=WAITING)
-        .exclude(run__status__in=RunStatus.finished())
-        .count()
-    )
-
-
 def pending_digest(call: ToolCall) -> str:
     return args_digest(call.tool_name, call.args)
 
@@ -179,7 +168,7 @@ def decide(
     forbidden), the run's requester (403 self_approval_forbidden), no such call (404), a call not
     waiting (409 tool_call_not_waiting), other arguments waiting now (409 approval_stale), the
     run ended (409 run_finished)."""
-    note = written(note, field="note", label="note", error=InvalidDecision)
+    note = written(note, field="note", label="note", error=InvalidDecision, workspace=workspace)
     membership = Membership.objects.filter(user=by, tenant=workspace.tenant).first()
     if membership is None or not membership.allows(Role.APPROVER):
         raise ApproverRequired("deciding a tool call needs the approver role", role="approver")

@@ -32,7 +32,7 @@ sub-runs. Calls served from the record cost nothing: the fold keeps their tokens
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -149,6 +149,18 @@ class _NoLiveModel:
         raise RuntimeError(f"no live model path in a simulation ({request.step_path} turn {request.turn})")
 
 
+class _Guarded:
+    """A live model behind a guard asked before each call: its name and model id unchanged."""
+
+    def __init__(self, inner: Any, guard: Callable[[ModelRequest], None]) -> None:
+        self.inner, self.guard = inner, guard
+        self.name, self.model_id = inner.name, inner.model_id
+
+    def generate(self, request: ModelRequest) -> ModelReply:
+        self.guard(request)
+        return self.inner.generate(request)
+
+
 def _as_raised(error: Any) -> Any:
     """A recorded tool error with its keys in the order toolcalls.py builds them ({name,
     message}): the log keeps canonical (sorted) JSON, and a step's failure message quotes the
@@ -179,6 +191,9 @@ class Replay:
     reexecution_id: str
     model_overrides: Mapping[str, Mapping[str, str]]
     redactor: Redactor
+    # Asked before each live model call (raises to refuse it: the call fails, the provider is
+    # never asked); an evaluation's spend ceiling (ledger/evaluation/budget.py).
+    guard: Callable[[ModelRequest], None] | None = None
     _renames: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict, repr=False)
 
     @property
@@ -200,6 +215,8 @@ class Replay:
                     models[slot] = provider_for(
                         provider=str(target["provider"]), model=str(target["model"]), current=models[slot]
                     )
+            if self.guard is not None:
+                models = {slot: _Guarded(p, self.guard) for slot, p in models.items()}
         return replace(workflow, tools=tools, models=models)
 
     def as_original(self, run_id: str, value: Any) -> Any:
@@ -514,6 +531,7 @@ def execute_reexecution(
     from_step: str | None = None,
     input: Any = UNSET,
     model_overrides: Mapping[str, Mapping[str, str]] | None = None,
+    guard: Callable[[ModelRequest], None] | None = None,
 ) -> RunOutcome:
     """Execute `mode` of `original_run_id` to the end and return the outcome of the run it made
     (or of the original, for `resume`). Calling it again for the same `new_run_id` resumes that
@@ -536,6 +554,7 @@ def execute_reexecution(
         reexecution_id=reexecution_id,
         model_overrides=overrides,
         redactor=policy(workspace.redact_keys, workspace.redact_value_patterns),
+        guard=guard,
     )
     spec = {
         "mode": mode,

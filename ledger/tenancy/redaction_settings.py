@@ -59,7 +59,7 @@ def set_extra_rules(*, workspace: Workspace, keys: Any, patterns: Any, by: Any, 
     in force again changes and audits nothing. Appends from then on use the new rules; events
     already in the log are never rewritten (the log is insert-only)."""
     keys, patterns = check_rules(keys, patterns)
-    reason = written(reason, field="reason", label="reason", required=False)
+    reason = written(reason, field="reason", label="reason", required=False, workspace=workspace)
     ws = Workspace.objects.select_for_update().select_related("tenant").get(pk=workspace.pk)
     before = {"keys": list(ws.redact_keys or []), "patterns": list(ws.redact_value_patterns or [])}
     after = {"keys": keys, "patterns": patterns}

@@ -85,7 +85,9 @@ def set_retention(*, workspace: Workspace, days: int | None, by: audit.Actor | A
     """Set the workspace's retention (None: keep forever); audited as `retention.changed` with the
     old and new values and the reason. False (and no entry) when the value does not change."""
     validate_days(days)
-    reason = written(reason, field="reason", label="reason (it is audited)", error=InvalidRetention)
+    reason = written(
+        reason, field="reason", label="reason (it is audited)", error=InvalidRetention, workspace=workspace
+    )
     locked = Workspace.objects.select_for_update().select_related("tenant").get(pk=workspace.pk)
     old = locked.retention_days
     if old == days:

@@ -22,6 +22,7 @@ from ..limits import written
 from ..log import statements
 from ..log.bulk import column, table
 from ..models import ApiKey, Membership, Role, Tenant, Workspace
+from ..redaction import redact_text
 
 KEY_PREFIX = "rl_"
 # How fresh `ApiKey.last_used_at` is kept: one write per key per this, not one per request.
@@ -106,6 +107,7 @@ def create_key(
     unknown = set(scopes) - set(ApiKey.SCOPES)
     if not scopes or unknown:
         raise LedgerError(f"scopes must be a non-empty subset of {', '.join(ApiKey.SCOPES)}")
+    name = redact_text(name, workspace)
     prefix = secrets.token_hex(6)
     key = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     api_key = ApiKey.objects.create(
@@ -239,7 +241,7 @@ def key_by_prefix(prefix: str, *, workspace: Workspace | None = None) -> ApiKey 
 @transaction.atomic
 def revoke_key(api_key: ApiKey, *, by: audit.Actor | AbstractBaseUser = CLI, reason: str = "") -> bool:
     """Revoke a key (idempotent: only the first revocation is audited, and returns True)."""
-    reason = written(reason, field="reason", label="reason", required=False)
+    reason = written(reason, field="reason", label="reason", required=False, workspace=api_key.workspace)
     revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if revoked:
         workspace = Workspace.objects.select_related("tenant").get(pk=api_key.workspace_id)

@@ -34,7 +34,7 @@ from ..fold.pricing import prices_of
 from ..log.envelopes import log_of
 from ..models import Run, ShareLink, Workspace
 from ..reads import selectors
-from ..replay.runlog import FoldedRun, folded
+from ..replay.runlog import FoldedRun, SnapshotRun, snapshot
 
 MAX_EXPIRY_HOURS = 720
 MAX_OPENS = 10_000
@@ -337,15 +337,24 @@ def shared_payload(event_type: str, payload: Any, *, hide_inputs: bool) -> Any:
 
 
 def shared_envelope(envelope: dict[str, Any], *, hide_inputs: bool) -> dict[str, Any]:
+    """An event as shared views show it: a run's start never names the run it replays (a run
+    outside the link), and with `hide_inputs` neither its input nor the other inputs above."""
+    payload = envelope["payload"]
+    if envelope["type"] == "RunStarted" and isinstance(payload, dict):
+        hidden = {k: HIDDEN for k in ("replayOf", *(("input",) if hide_inputs else ())) if k in payload}
+        if hidden:
+            envelope = {**envelope, "payload": {**payload, **hidden}}
     if not hide_inputs:
         return envelope
     return {**envelope, "payload": shared_payload(envelope["type"], envelope["payload"], hide_inputs=True)}
 
 
-def shared_folded(run: Run, *, hide_inputs: bool) -> FoldedRun:
-    """The run folded from its log as shared views show it (the conversation reads both)."""
+def shared_folded(run: Run, *, hide_inputs: bool) -> FoldedRun | SnapshotRun:
+    """The run folded from its log as shared views show it (the conversation reads both): from its
+    fold snapshots; with the workspace hiding inputs, the hidden log folded whole (the snapshots
+    hold what the run was sent, which the hidden view must not fold in)."""
     if not hide_inputs:
-        return folded(run)
+        return snapshot(run)
     log = [shared_envelope(e, hide_inputs=True) for e in log_of(run)]
     return FoldedRun(log, fold(log, prices=prices_of(run), run_id=run.run_id))
 
@@ -367,13 +376,62 @@ def shared_bundle(
         page = shared_run_path(token, root_run_id, of)
         return {"console": page, "evidence": f"{page}evidence.json", "events": f"{page}#timeline"}
 
-    shared["run"]["links"] = links(shared["run"]["runId"])
+    shown = shared["run"]["runId"]
+    shared["run"] = _anonymous_run(shared["run"], root_run_id=root_run_id, below_root=shown != root_run_id)
+    shared["run"]["links"] = links(shown)
     if include_sub_runs:
-        for sub in shared["subRuns"]:
-            sub["links"] = links(sub["runId"])
+        shared["subRuns"] = [
+            {**_anonymous_run(sub, root_run_id=root_run_id, below_root=True), "links": links(sub["runId"])}
+            for sub in shared["subRuns"]
+        ]
     else:
         shared["subRuns"] = []
+    shared["approvals"] = [_anonymous_approval(a) for a in shared["approvals"] if a["status"] not in UNDECIDED]
+    shared["feedback"] = [_anonymous_feedback(f) for f in shared["feedback"]]
     if hide_inputs:
         for call in shared["toolCalls"]:
             call["args"] = HIDDEN
+        for run in (shared["run"], *shared["subRuns"]):
+            run["input"] = HIDDEN
+        for approval in shared["approvals"]:
+            if "input" in approval:
+                approval["input"] = HIDDEN
     return shared
+
+
+# A re-execution not yet decided is the tenant's business, not the reader's.
+UNDECIDED = frozenset({"pending_approval", "expired"})
+# What a shared re-execution keeps: what was done and when, by whom only as a role. Not its id,
+# reason, note, digests, the people, the new run's id or its executor.
+_APPROVAL_FIELDS = ("mode", "fromStep", "modelOverrides", "status", "decidedAt", "createdAt", "relation", "input")
+
+
+def _anonymous_run(run: dict[str, Any], *, root_run_id: str, below_root: bool) -> dict[str, Any]:
+    """A run object naming no run outside the link: its parent only below the link's run (the
+    parent is then inside), its root only when that is the link's run, never the run it replays."""
+    return {
+        **run,
+        "parentRunId": run["parentRunId"] if below_root else None,
+        "rootRunId": run["rootRunId"] if run["rootRunId"] == root_run_id else None,
+        "replayOf": None,
+    }
+
+
+def _anonymous_approval(approval: dict[str, Any]) -> dict[str, Any]:
+    out = {k: approval[k] for k in _APPROVAL_FIELDS if k in approval}
+    by = approval.get("requestedBy") or ""
+    out["requestedBy"] = "an API key" if by.startswith("key:") else "a member"
+    out["approver"] = "an approver" if approval.get("approver") else None
+    return out
+
+
+def _anonymous_feedback(row: dict[str, Any]) -> dict[str, Any]:
+    """A rating without its comment or its author's name: only whether a member or a key gave it."""
+    author = row.get("author")
+    return {
+        "runId": row["runId"],
+        "rating": row["rating"],
+        "category": row["category"],
+        "author": {"type": author["type"]} if isinstance(author, dict) else None,
+        "createdAt": row["createdAt"],
+    }

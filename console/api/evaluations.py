@@ -1,0 +1,382 @@
+"""/api/v1/ datasets, evaluation policies and evaluations (docs/api.md "Evaluations",
+docs/evaluations.md): one small view per operation over ledger/evaluation. Another tenant's
+dataset, policy or evaluation is 404, never 403."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpResponse
+from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ledger.evaluation import datasets, evaluations, policies
+from ledger.models import Evaluation
+
+from .auth import access_for, principal
+from .base import WrittenText
+from .pagination import InvalidParameter
+from .schema import WORKSPACE, enum, error_responses
+
+TAGS = ["evaluations"]
+NAME = OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH, description="the dataset's name")
+VERSION = OpenApiParameter("version", OpenApiTypes.INT, description="a version number (default: the latest)")
+POLICY_ID = OpenApiParameter("policy_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="evp_<random>")
+EVALUATION_ID = OpenApiParameter("evaluation_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="ev_<random>")
+READ_ERRORS = error_responses(e400=["workspace_required"], e403=["insufficient_scope"], e404=["not_found"])
+WRITE_ERRORS = error_responses(
+    e400=["invalid_request", "workspace_required"], e403=["insufficient_scope", "forbidden"], e404=["not_found"]
+)
+
+
+# --- shapes ------------------------------------------------------------------------------------
+
+
+class DatasetSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    createdBy = serializers.CharField()
+    createdAt = serializers.DateTimeField()
+    latestVersion = serializers.IntegerField(allow_null=True)
+    size = serializers.IntegerField(help_text="runs in the latest version")
+    digest = serializers.CharField(allow_null=True, help_text="the latest version's digest")
+
+
+class DatasetVersionSerializer(serializers.Serializer):
+    dataset = serializers.CharField()
+    version = serializers.IntegerField()
+    digest = serializers.CharField(help_text="sha256 of canonical {dataset, members}")
+    createdBy = serializers.CharField()
+    createdAt = serializers.DateTimeField()
+    members = serializers.JSONField(help_text="[{runId, lastSequence, expected, expectedEditedBy?}] in run id order")
+
+
+class RunIdsSerializer(serializers.Serializer):
+    runIds = serializers.ListField(child=serializers.CharField(max_length=84), min_length=1, max_length=200)
+
+
+class ExpectedSerializer(serializers.Serializer):
+    runId = serializers.CharField(max_length=84)
+    expected = serializers.JSONField(allow_null=True)
+
+
+class PolicySerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="evp_<random>")
+    dataset = serializers.CharField()
+    changeKinds = serializers.ListField(child=serializers.CharField())
+    scorers = serializers.ListField(child=serializers.CharField())
+    ceilingPerEvaluationUsd = serializers.CharField()
+    ceilingPerDayUsd = serializers.CharField()
+    expiresAt = serializers.DateTimeField()
+    digest = serializers.CharField(help_text="what the approval binds to")
+    approvedBy = serializers.CharField()
+    note = serializers.CharField()
+    createdAt = serializers.DateTimeField()
+    revokedAt = serializers.DateTimeField(allow_null=True)
+    active = serializers.BooleanField()
+
+
+class PolicyInputSerializer(serializers.Serializer):
+    dataset = serializers.CharField(max_length=100)
+    changeKinds = serializers.ListField(child=serializers.CharField(max_length=40), min_length=1, max_length=10)
+    scorers = serializers.ListField(child=serializers.CharField(max_length=100), min_length=1, max_length=20)
+    ceilingPerEvaluationUsd = serializers.CharField(max_length=40)
+    ceilingPerDayUsd = serializers.CharField(max_length=40)
+    ttlHours = serializers.FloatField()
+    note = WrittenText(required=False, default="")
+
+
+class NoteSerializer(serializers.Serializer):
+    note = WrittenText(required=False, default="")
+
+
+class EvaluationSerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="ev_<random>")
+    dataset = serializers.CharField()
+    datasetVersion = serializers.IntegerField()
+    datasetDigest = serializers.CharField()
+    change = serializers.JSONField(help_text="{kind: model, modelOverrides: {slot: {provider, model}}}")
+    scorers = serializers.JSONField(help_text="[{name, args}]")
+    failIf = serializers.CharField(allow_null=True)
+    policyId = serializers.CharField(allow_null=True, help_text="the policy it started under; null: a person approved")
+    ceilingUsd = serializers.CharField(allow_null=True)
+    batchId = serializers.CharField(help_text="its evaluate batch of re-executions")
+    status = enum(list(Evaluation.Status.values))
+    verdict = enum([v for v in Evaluation.Verdict.values if v], allow_null=True)
+    budgetExhausted = serializers.BooleanField()
+    reason = serializers.CharField()
+    requestedBy = serializers.CharField()
+    createdAt = serializers.DateTimeField()
+    finishedAt = serializers.DateTimeField(allow_null=True)
+    report = serializers.JSONField(allow_null=True, required=False, help_text="{runs, aggregates}; docs/evaluations.md")
+
+
+class EvaluationInputSerializer(serializers.Serializer):
+    dataset = serializers.CharField(max_length=100)
+    version = serializers.IntegerField(required=False, min_value=1)
+    change = serializers.JSONField()
+    scorers = serializers.JSONField()
+    failIf = serializers.CharField(required=False, default="", allow_blank=True, max_length=500)
+    reason = WrittenText()
+
+
+def _version_param(request: Request) -> int | None:
+    raw = request.query_params.get("version")
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidParameter("version must be a positive integer", parameter="version")
+    return int(raw)
+
+
+def _by(caller: Any) -> Any:
+    return caller.api_key if caller.api_key is not None else caller.user
+
+
+# --- datasets ----------------------------------------------------------------------------------
+
+
+class DatasetsView(APIView):
+    @extend_schema(
+        operation_id="list_datasets",
+        parameters=[WORKSPACE],
+        responses={200: DatasetSerializer(many=True), **READ_ERRORS},
+        summary="The workspace's datasets (scope read)",
+        tags=TAGS,
+    )
+    def get(self, request: Request) -> Response:
+        caller = access_for(request, "read")
+        return Response([datasets.dataset_json(d) for d in datasets.datasets(caller.workspace)])
+
+
+class DatasetView(APIView):
+    @extend_schema(
+        operation_id="get_dataset",
+        parameters=[NAME, VERSION, WORKSPACE],
+        responses={200: DatasetVersionSerializer, **error_responses(
+            e400=["invalid_parameter", "workspace_required"], e403=["insufficient_scope"], e404=["not_found"]
+        )},
+        summary="A dataset's version, its runs and expected outputs (scope read)",
+        tags=TAGS,
+    )  # fmt: skip
+    def get(self, request: Request, name: str) -> Response:
+        caller = access_for(request, "read")
+        number = _version_param(request)
+        version = datasets.get_version(datasets.get_dataset(caller.workspace, name), number)
+        return Response(datasets.version_json(version))
+
+
+class DatasetRunsView(APIView):
+    @extend_schema(
+        operation_id="add_dataset_runs",
+        parameters=[NAME, WORKSPACE],
+        request=RunIdsSerializer,
+        responses={201: DatasetVersionSerializer, **WRITE_ERRORS},
+        summary="Add finished runs to a dataset (made on first use): its next version",
+        tags=TAGS,
+    )
+    def post(self, request: Request, name: str) -> Response:
+        caller = access_for(request, "execute")
+        data = RunIdsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = datasets.add_runs(
+            workspace=caller.workspace, name=name, run_ids=data.validated_data["runIds"], by=_by(caller)
+        )
+        return Response(datasets.version_json(version), status=201)
+
+
+class DatasetRemoveView(APIView):
+    @extend_schema(
+        operation_id="remove_dataset_runs",
+        parameters=[NAME, WORKSPACE],
+        request=RunIdsSerializer,
+        responses={201: DatasetVersionSerializer, **WRITE_ERRORS},
+        summary="Remove runs from a dataset: its next version",
+        tags=TAGS,
+    )
+    def post(self, request: Request, name: str) -> Response:
+        caller = access_for(request, "execute")
+        data = RunIdsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = datasets.remove_runs(
+            workspace=caller.workspace, name=name, run_ids=data.validated_data["runIds"], by=_by(caller)
+        )
+        return Response(datasets.version_json(version), status=201)
+
+
+class DatasetExpectedView(APIView):
+    @extend_schema(
+        operation_id="set_dataset_expected",
+        parameters=[NAME, WORKSPACE],
+        request=ExpectedSerializer,
+        responses={201: DatasetVersionSerializer, **WRITE_ERRORS},
+        summary="Set one member run's expected output: the dataset's next version",
+        tags=TAGS,
+    )
+    def post(self, request: Request, name: str) -> Response:
+        caller = access_for(request, "execute")
+        data = ExpectedSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = datasets.set_expected(
+            workspace=caller.workspace,
+            name=name,
+            run_id=data.validated_data["runId"],
+            expected=data.validated_data["expected"],
+            by=_by(caller),
+        )
+        return Response(datasets.version_json(version), status=201)
+
+
+# --- policies ----------------------------------------------------------------------------------
+
+
+class PoliciesView(APIView):
+    @extend_schema(
+        operation_id="list_evaluation_policies",
+        parameters=[WORKSPACE],
+        responses={200: PolicySerializer(many=True), **READ_ERRORS},
+        summary="The workspace's evaluation policies, newest first (scope read)",
+        tags=TAGS,
+    )
+    def get(self, request: Request) -> Response:
+        caller = access_for(request, "read")
+        return Response([policies.policy_json(p) for p in policies.policies(caller.workspace)])
+
+    @extend_schema(
+        operation_id="approve_evaluation_policy",
+        parameters=[WORKSPACE],
+        request=PolicyInputSerializer,
+        responses={201: PolicySerializer, **WRITE_ERRORS},
+        summary="Approve an evaluation policy (an approver in a console session)",
+        tags=TAGS,
+    )
+    def post(self, request: Request) -> Response:
+        caller = access_for(request, "read")
+        data = PolicyInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        policy = policies.approve_policy(
+            workspace=caller.workspace,
+            dataset=v["dataset"],
+            change_kinds=v["changeKinds"],
+            scorers=v["scorers"],
+            ceiling_per_evaluation_usd=v["ceilingPerEvaluationUsd"],
+            ceiling_per_day_usd=v["ceilingPerDayUsd"],
+            ttl_hours=v["ttlHours"],
+            note=v["note"],
+            by=principal(request),  # type: ignore[arg-type]  # an anonymous caller was refused by access_for
+        )
+        return Response(policies.policy_json(policy), status=201)
+
+
+class PolicyRevokeView(APIView):
+    @extend_schema(
+        operation_id="revoke_evaluation_policy",
+        parameters=[POLICY_ID, WORKSPACE],
+        request=NoteSerializer,
+        responses={200: PolicySerializer, **WRITE_ERRORS},
+        summary="Revoke an evaluation policy (an approver in a console session)",
+        tags=TAGS,
+    )
+    def post(self, request: Request, policy_id: str) -> Response:
+        caller = access_for(request, "read")
+        data = NoteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        policy = policies.revoke_policy(
+            workspace=caller.workspace,
+            public_id=policy_id,
+            by=principal(request),  # type: ignore[arg-type]  # an anonymous caller was refused by access_for
+            note=data.validated_data["note"],
+        )
+        return Response(policies.policy_json(policy))
+
+
+# --- evaluations -------------------------------------------------------------------------------
+
+
+class EvaluationsView(APIView):
+    @extend_schema(
+        operation_id="list_evaluations",
+        parameters=[WORKSPACE],
+        responses={200: EvaluationSerializer(many=True), **READ_ERRORS},
+        summary="The workspace's latest 50 evaluations, newest first, without their reports (scope read)",
+        tags=TAGS,
+    )
+    def get(self, request: Request) -> Response:
+        caller = access_for(request, "read")
+        return Response(
+            [evaluations.evaluation_json(e, report=False) for e in evaluations.evaluations(caller.workspace)]
+        )
+
+    @extend_schema(
+        operation_id="start_evaluation",
+        parameters=[WORKSPACE],
+        request=EvaluationInputSerializer,
+        responses={201: EvaluationSerializer, **WRITE_ERRORS},
+        summary="Evaluate a change against a dataset: starts inside a policy, else waits for an approver",
+        tags=TAGS,
+    )
+    def post(self, request: Request) -> Response:
+        caller = access_for(request, "execute")
+        data = EvaluationInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        made = evaluations.start_evaluation(
+            workspace=caller.workspace,
+            dataset=v["dataset"],
+            version=v.get("version"),
+            change=v["change"],
+            scorers=v["scorers"],
+            fail_if=v["failIf"],
+            reason=v["reason"],
+            by=_by(caller),
+        )
+        return Response(evaluations.evaluation_json(made), status=201)
+
+
+class EvaluationView(APIView):
+    @extend_schema(
+        operation_id="get_evaluation",
+        parameters=[EVALUATION_ID, WORKSPACE],
+        responses={200: EvaluationSerializer, **READ_ERRORS},
+        summary="An evaluation, its verdict and report (scope read)",
+        tags=TAGS,
+    )
+    def get(self, request: Request, evaluation_id: str) -> Response:
+        caller = access_for(request, "read")
+        return Response(evaluations.evaluation_json(evaluations.get_evaluation(caller.workspace, evaluation_id)))
+
+
+class EvaluationJUnitView(APIView):
+    @extend_schema(
+        operation_id="get_evaluation_junit",
+        parameters=[EVALUATION_ID, WORKSPACE],
+        responses={
+            (200, "application/xml"): OpenApiResponse(OpenApiTypes.STR, description="JUnit XML"),
+            **READ_ERRORS,
+        },
+        summary="An evaluation's report as JUnit XML for CI (scope read)",
+        tags=TAGS,
+    )
+    def get(self, request: Request, evaluation_id: str) -> HttpResponse:
+        caller = access_for(request, "read")
+        found = evaluations.get_evaluation(caller.workspace, evaluation_id)
+        return HttpResponse(evaluations.junit_xml(found), content_type="application/xml; charset=utf-8")
+
+
+urlpatterns = [
+    path("datasets", DatasetsView.as_view(), name="datasets"),
+    path("datasets/<str:name>", DatasetView.as_view(), name="dataset"),
+    path("datasets/<str:name>/runs", DatasetRunsView.as_view(), name="dataset-runs"),
+    path("datasets/<str:name>/runs/remove", DatasetRemoveView.as_view(), name="dataset-runs-remove"),
+    path("datasets/<str:name>/expected", DatasetExpectedView.as_view(), name="dataset-expected"),
+    path("evaluation-policies", PoliciesView.as_view(), name="evaluation-policies"),
+    path("evaluation-policies/<str:policy_id>/revoke", PolicyRevokeView.as_view(), name="evaluation-policy-revoke"),
+    path("evaluations", EvaluationsView.as_view(), name="evaluations"),
+    path("evaluations/<str:evaluation_id>", EvaluationView.as_view(), name="evaluation"),
+    path("evaluations/<str:evaluation_id>/junit", EvaluationJUnitView.as_view(), name="evaluation-junit"),
+]

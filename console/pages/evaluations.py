@@ -1,0 +1,289 @@
+"""The Evaluations pages of a workspace (docs/evaluations.md): datasets, evaluation policies and
+evaluations with their reports.
+
+- `evaluations/`: the evaluations (a fragment the page polls while one is unfinished, so an
+  evaluation started from the command line appears with its verdict), the datasets, the
+  policies, and the approver's form for a new policy;
+- `evaluations/<id>/`: one evaluation: verdict, aggregates, the distribution of scores, and per
+  run the outcome, scores before/after, deltas and a link to its divergence;
+- `datasets/<name>/`: a dataset's version and its runs; `datasets/add/`: the runs list's
+  selection added to a dataset (its submit button in the runs list's selection form).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST, require_safe
+
+from ledger.errors import LedgerError, NotFound
+from ledger.evaluation import datasets, evaluations, policies
+from ledger.evaluation.errors import EvaluationForbidden
+from ledger.models import Evaluation, Workspace
+from ledger.reads import selectors
+
+from ..format import money
+from .guard import has_role, workspace_or_404
+from .reexecution import member
+
+UNFINISHED = (Evaluation.Status.PENDING_APPROVAL, Evaluation.Status.RUNNING)
+BINS = 10
+
+
+def _refused(request: HttpRequest, ws: Workspace, message: str) -> HttpResponse:
+    return render(
+        request,
+        "console/evaluations/refused.html",
+        {"workspace": ws, "message": message, "workspaces": selectors.workspaces_for(request.user)},
+        status=400,
+    )
+
+
+def _rows(ws: Workspace) -> list[dict[str, Any]]:
+    rows = []
+    for found in evaluations.evaluations(ws):
+        aggregates = (found.report or {}).get("aggregates") or {}
+        rows.append(
+            {
+                "e": found,
+                "url": reverse("evaluation", args=[ws.tenant.slug, ws.slug, found.public_id]),
+                "pass_rate": aggregates.get("passRate"),
+                "changed": aggregates.get("changed"),
+                "spend": aggregates.get("spendUsd"),
+                "models": ", ".join(
+                    f"{slot}→{t['provider']}/{t['model']}" for slot, t in found.change.get("modelOverrides", {}).items()
+                ),
+            }
+        )
+    return rows
+
+
+def _list_context(request: HttpRequest, ws: Workspace) -> dict[str, Any]:
+    rows = _rows(ws)
+    return {
+        "workspace": ws,
+        "rows": rows,
+        "live": any(r["e"].status in UNFINISHED for r in rows),
+        "fragment_url": reverse("evaluations-rows", args=[ws.tenant.slug, ws.slug]),
+    }
+
+
+@login_required
+@require_safe
+def evaluation_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws = workspace_or_404(request, tenant, workspace)
+    context = _list_context(request, ws)
+    context.update(
+        {
+            "datasets": [
+                {**datasets.dataset_json(d), "url": reverse("dataset", args=[tenant, workspace, d.name])}
+                for d in datasets.datasets(ws)
+            ],
+            "policies": [policies.policy_json(p) for p in policies.policies(ws)],
+            "can_approve": has_role(request.user, ws, "approver"),
+            "change_kinds": policies.CHANGE_KINDS,
+            "workspaces": selectors.workspaces_for(request.user),
+            "here": "evaluations",
+        }
+    )
+    return render(request, "console/evaluations/list.html", context)
+
+
+@login_required
+@require_safe
+def evaluation_rows(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """The evaluations table alone: what the list page polls while one is unfinished."""
+    ws = workspace_or_404(request, tenant, workspace)
+    return render(request, "console/evaluations/rows.html", _list_context(request, ws))
+
+
+def _bins(values: list[float]) -> list[dict[str, Any]]:
+    counts = [0] * BINS
+    for value in values:
+        counts[min(BINS - 1, int(value * BINS))] += 1
+    top = max(counts) or 1
+    return [
+        {
+            "low": i / BINS,
+            "high": (i + 1) / BINS,
+            "count": c,
+            "x": i * 30,
+            "height": round(80 * c / top),
+            "y": 90 - round(80 * c / top),
+        }
+        for i, c in enumerate(counts)
+    ]
+
+
+def _detail_context(request: HttpRequest, ws: Workspace, found: Evaluation) -> dict[str, Any]:
+    report = found.report or {}
+    runs = []
+    for row in report.get("runs", []):
+        runs.append(
+            {
+                **row,
+                "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, row["runId"]]),
+                "divergence_url": reverse("reexecution-divergence", args=[ws.tenant.slug, ws.slug, row["requestId"]])
+                if row.get("newRunId") and row["outcome"] != "not_run"
+                else None,
+                "cost_before": money(Decimal(row["costUsd"]["before"]))
+                if row.get("costUsd", {}).get("before") is not None
+                else "n/a",
+                "cost_after": money(Decimal(row["costUsd"]["after"]))
+                if row.get("costUsd", {}).get("after") is not None
+                else "n/a",
+            }
+        )
+    after = [s["after"]["value"] for r in report.get("runs", []) for s in r.get("scores", {}).values()]
+    before = [s["before"]["value"] for r in report.get("runs", []) for s in r.get("scores", {}).values() if s["before"]]
+    return {
+        "workspace": ws,
+        "e": found,
+        "report": report,
+        "aggregates": report.get("aggregates") or {},
+        "runs": runs,
+        "bins_after": _bins(after),
+        "bins_before": _bins(before),
+        "live": found.status in UNFINISHED,
+        "fragment_url": reverse("evaluation-live", args=[ws.tenant.slug, ws.slug, found.public_id]),
+        "batch_url": reverse("batch", args=[ws.tenant.slug, ws.slug, found.batch_id]),
+        "approvals_url": reverse("approvals", args=[ws.tenant.slug, ws.slug]),
+        "junit_url": f"/api/v1/evaluations/{found.public_id}/junit?workspace={ws.tenant.slug}/{ws.slug}",
+        "dataset_url": reverse("dataset", args=[ws.tenant.slug, ws.slug, found.dataset_version.dataset.name]),
+    }
+
+
+def _evaluation_or_404(
+    request: HttpRequest, tenant: str, workspace: str, evaluation_id: str
+) -> tuple[Workspace, Evaluation]:
+    ws = workspace_or_404(request, tenant, workspace)
+    try:
+        return ws, evaluations.get_evaluation(ws, evaluation_id)
+    except NotFound:
+        raise Http404("not found") from None
+
+
+@login_required
+@require_safe
+def evaluation_detail(request: HttpRequest, tenant: str, workspace: str, evaluation_id: str) -> HttpResponse:
+    ws, found = _evaluation_or_404(request, tenant, workspace, evaluation_id)
+    context = _detail_context(request, ws, found)
+    context.update({"workspaces": selectors.workspaces_for(request.user), "here": "evaluations"})
+    return render(request, "console/evaluations/detail.html", context)
+
+
+@login_required
+@require_safe
+def evaluation_live(request: HttpRequest, tenant: str, workspace: str, evaluation_id: str) -> HttpResponse:
+    ws, found = _evaluation_or_404(request, tenant, workspace, evaluation_id)
+    return render(request, "console/evaluations/report.html", _detail_context(request, ws, found))
+
+
+@login_required
+@require_safe
+def dataset_detail(request: HttpRequest, tenant: str, workspace: str, name: str) -> HttpResponse:
+    ws = workspace_or_404(request, tenant, workspace)
+    raw = request.GET.get("version", "")
+    try:
+        version = datasets.get_version(datasets.get_dataset(ws, name), int(raw) if raw.isdigit() else None)
+    except NotFound:
+        raise Http404("not found") from None
+    members = [{**m, "url": reverse("run", args=[tenant, workspace, m["runId"]])} for m in version.members]
+    return render(
+        request,
+        "console/evaluations/dataset.html",
+        {
+            "workspace": ws,
+            "version": version,
+            "members": members,
+            "versions": list(range(version.dataset.versions.count(), 0, -1)),
+            "workspaces": selectors.workspaces_for(request.user),
+            "here": "evaluations",
+        },
+    )
+
+
+@login_required
+@require_POST
+def dataset_add(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """The runs list's selection added to the named dataset (made on first use)."""
+    ws = workspace_or_404(request, tenant, workspace)
+    if not has_role(request.user, ws, "operator"):
+        raise PermissionDenied("changing a dataset needs the operator role")
+    run_ids = list(dict.fromkeys(r for r in request.POST.getlist("run") if r))
+    name = request.POST.get("dataset", "").strip()
+    if not run_ids:
+        return _refused(request, ws, "Select the runs to add (the boxes in the runs list).")
+    try:
+        datasets.add_runs(workspace=ws, name=name, run_ids=run_ids, by=member(request))
+    except EvaluationForbidden as exc:
+        raise PermissionDenied(exc.message) from None
+    except LedgerError as exc:
+        if exc.status >= 500:
+            raise
+        return _refused(request, ws, exc.message)
+    return redirect("dataset", tenant=tenant, workspace=workspace, name=name)
+
+
+@login_required
+@require_POST
+def policy_approve(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws = workspace_or_404(request, tenant, workspace)
+    if not has_role(request.user, ws, "approver"):
+        raise PermissionDenied("approving an evaluation policy needs the approver role")
+    try:
+        ttl = float(request.POST.get("ttl_hours", ""))
+    except ValueError:
+        return _refused(request, ws, "Give the policy's lifetime in hours.")
+    try:
+        policies.approve_policy(
+            workspace=ws,
+            dataset=request.POST.get("dataset", ""),
+            change_kinds=request.POST.getlist("change_kinds"),
+            scorers=[s.strip() for s in request.POST.get("scorers", "").split(",") if s.strip()],
+            ceiling_per_evaluation_usd=request.POST.get("ceiling_per_evaluation", ""),
+            ceiling_per_day_usd=request.POST.get("ceiling_per_day", ""),
+            ttl_hours=ttl,
+            note=request.POST.get("note", ""),
+            by=member(request),
+        )
+    except EvaluationForbidden as exc:
+        raise PermissionDenied(exc.message) from None
+    except LedgerError as exc:
+        if exc.status >= 500:
+            raise
+        return _refused(request, ws, exc.message)
+    return redirect("evaluations", tenant=tenant, workspace=workspace)
+
+
+@login_required
+@require_POST
+def policy_revoke(request: HttpRequest, tenant: str, workspace: str, policy_id: str) -> HttpResponse:
+    ws = workspace_or_404(request, tenant, workspace)
+    if not has_role(request.user, ws, "approver"):
+        raise PermissionDenied("revoking an evaluation policy needs the approver role")
+    try:
+        policies.revoke_policy(workspace=ws, public_id=policy_id, by=member(request), note=request.POST.get("note", ""))
+    except NotFound:
+        raise Http404("not found") from None
+    return redirect("evaluations", tenant=tenant, workspace=workspace)
+
+
+WS = "w/<slug:tenant>/<slug:workspace>/"
+
+urlpatterns = [
+    path(WS + "evaluations/", evaluation_list, name="evaluations"),
+    path(WS + "evaluations/rows/", evaluation_rows, name="evaluations-rows"),
+    path(WS + "evaluations/policies/", policy_approve, name="evaluation-policy-approve"),
+    path(WS + "evaluations/policies/<str:policy_id>/revoke/", policy_revoke, name="evaluation-policy-revoke"),
+    path(WS + "evaluations/<str:evaluation_id>/", evaluation_detail, name="evaluation"),
+    path(WS + "evaluations/<str:evaluation_id>/live/", evaluation_live, name="evaluation-live"),
+    path(WS + "datasets/add/", dataset_add, name="dataset-add"),
+    path(WS + "datasets/<str:name>/", dataset_detail, name="dataset"),
+]

@@ -1,0 +1,168 @@
+"""`ledger evaluate DATASET --change … --scorer … --fail-if … --wait`: the gate a CI pipeline
+calls (docs/evaluations.md "The gate").
+
+Starts an evaluation of the change against the dataset's latest version (or --version) as the
+member --as; inside an evaluation policy it starts at once, otherwise it waits for an approver.
+With --wait it waits for the verdict (the deployment's worker executes the batch); with --here
+this process executes it. --junit and --json write the report for CI.
+
+Exit status: 0 passed; 1 the gate failed (--fail-if crossed); 3 budget_exhausted; 4 no verdict
+(denied, expired, incomplete, or still waiting when --timeout ran out, or started without
+--wait and not finished); 5 refused (bad input, unknown dataset, no permission); 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from argparse import ArgumentParser
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.errors import LedgerError
+from ledger.evaluation import evaluations
+from ledger.models import Evaluation
+from ledger.reads import selectors
+from ledger.tenancy import access
+
+NAME = "evaluate"
+HELP = "evaluate a change against a dataset of recorded runs and gate on the verdict (exit 0 passed, 1 failed)"
+CHANGE = re.compile(r"^model:([^=\s]+)=([^/\s]+)/(\S+)$")
+EXIT = {
+    Evaluation.Verdict.PASSED: 0,
+    Evaluation.Verdict.FAILED: 1,
+    Evaluation.Verdict.BUDGET_EXHAUSTED: 3,
+    Evaluation.Verdict.INCOMPLETE: 4,
+}
+REFUSED = 5
+NO_VERDICT = 4
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    parser.add_argument("dataset")
+    parser.add_argument("--workspace", required=True, help="TENANT/WORKSPACE")
+    parser.add_argument(
+        "--change",
+        action="append",
+        required=True,
+        help="model:SLOT=PROVIDER/MODEL (repeat for several slots)",
+    )
+    parser.add_argument(
+        "--scorer", action="append", required=True, help='NAME or NAME:JSON-ARGS, e.g. regex:\'{"pattern": "^ok"}\''
+    )
+    parser.add_argument("--fail-if", default="", help='e.g. "pass_rate < 0.95 or cost_delta > 0.10"')
+    parser.add_argument("--reason", default="", help="why (default: the change)")
+    parser.add_argument("--as", dest="as_user", required=True, help="the requesting member's username (operator+)")
+    parser.add_argument("--version", type=int, help="the dataset version (default: the latest)")
+    parser.add_argument("--wait", action="store_true", help="wait for the verdict; exit with it")
+    parser.add_argument("--here", action="store_true", help="execute the batch in this process (implies --wait)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
+    parser.add_argument("--junit", type=Path, help="write the report as JUnit XML here")
+    parser.add_argument("--json", dest="json_out", type=Path, help="write the evaluation and its report as JSON here")
+
+
+def _change(values: list[str]) -> dict[str, Any]:
+    overrides: dict[str, dict[str, str]] = {}
+    for value in values:
+        match = CHANGE.match(value)
+        if match is None:
+            raise CommandError(f"--change {value!r}: expected model:SLOT=PROVIDER/MODEL", returncode=REFUSED)
+        overrides[match.group(1)] = {"provider": match.group(2), "model": match.group(3)}
+    return {"kind": "model", "modelOverrides": overrides}
+
+
+def _scorers(values: list[str]) -> list[dict[str, Any]]:
+    specs = []
+    for value in values:
+        name, _, args = value.partition(":")
+        try:
+            specs.append({"name": name, "args": json.loads(args) if args else {}})
+        except ValueError as exc:
+            raise CommandError(f"--scorer {value!r}: its args are not JSON: {exc}", returncode=REFUSED) from exc
+    return specs
+
+
+def handle(
+    cmd: BaseCommand,
+    *,
+    dataset: str,
+    workspace: str,
+    change: list[str],
+    scorer: list[str],
+    fail_if: str,
+    reason: str,
+    as_user: str,
+    version: int | None,
+    wait: bool,
+    here: bool,
+    timeout: float,
+    junit: Path | None,
+    json_out: Path | None,
+    **_: Any,
+) -> None:
+    user = selectors.user_named(as_user)
+    if user is None:
+        raise CommandError(f"no user {as_user}", returncode=REFUSED)
+    try:
+        ws = access.workspace_by_path(workspace)
+        made = evaluations.start_evaluation(
+            workspace=ws,
+            dataset=dataset,
+            version=version,
+            change=_change(change),
+            scorers=_scorers(scorer),
+            fail_if=fail_if,
+            reason=reason or f"evaluate {', '.join(change)} on {dataset}",
+            by=user,
+        )
+    except LedgerError as exc:
+        raise CommandError(exc.message, returncode=REFUSED) from exc
+    cmd.stderr.write(f"evaluation {made.public_id} {made.status}")
+    if made.status == Evaluation.Status.PENDING_APPROVAL:
+        cmd.stderr.write("outside every evaluation policy: it waits for an approver on the Approvals page")
+    evaluation = made
+    if here:
+        evaluation = evaluations.execute_here(made)
+    elif wait:
+        deadline = time.monotonic() + timeout
+        while True:
+            evaluation = evaluations.advance(made.pk) or made
+            if evaluation.status not in (Evaluation.Status.PENDING_APPROVAL, Evaluation.Status.RUNNING):
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    document = evaluations.evaluation_json(evaluation)
+    if json_out is not None:
+        json_out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if junit is not None and evaluation.status == Evaluation.Status.FINISHED:
+        junit.write_text(evaluations.junit_xml(evaluation) + "\n", encoding="utf-8")
+    aggregates = (evaluation.report or {}).get("aggregates") or {}
+    cmd.stdout.write(
+        json.dumps(
+            {
+                "id": evaluation.public_id,
+                "status": evaluation.status,
+                "verdict": evaluation.verdict or None,
+                "passRate": aggregates.get("passRate"),
+                "changed": aggregates.get("changed"),
+                "costDelta": aggregates.get("costDelta"),
+                "spendUsd": aggregates.get("spendUsd"),
+            },
+            sort_keys=True,
+        )
+    )
+    if not (wait or here):
+        return
+    code = (
+        EXIT.get(Evaluation.Verdict(evaluation.verdict), NO_VERDICT)
+        if evaluation.status == Evaluation.Status.FINISHED
+        else NO_VERDICT
+    )
+    if code:
+        cmd.stderr.write(f"verdict: {evaluation.verdict or evaluation.status}")
+        sys.exit(code)

@@ -1,0 +1,238 @@
+"""Scorers: registered Python functions that score a new run against its original and the
+expected output (docs/evaluations.md "Scorers").
+
+`register_scorer(name, fn)` like `register` of workflows (a workflow module registers its own);
+`fn(ctx: ScoreContext) -> Score`. A score is a number in [0, 1] and pass/fail with a reason; a
+scorer that only decides pass/fail scores 1.0 or 0.0. Built in:
+
+- `exact`: the output equals the expected output (canonical JSON equality).
+- `json_fields`: args `{fields: [dotted paths], tolerance?: number}`: each field equal, numbers
+  within `tolerance` (absolute); the score is the share of fields that match.
+- `regex`: args `{pattern, field?}`: the output (or one dotted field of it) as text matches.
+- `model_graded`: args `{provider, model, rubric?}`: a model of the provider registry
+  (ledger/runtime/providers.py) is asked whether the output meets the expected one and answers
+  `PASS`/`FAIL` or a number in [0, 1] first, then its reason. Its tokens are priced like any
+  live call and count in the evaluation's spend (and its ceiling).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from ..canonical import digest
+from ..fold.pricing import Usage, price_call, prices_for
+from ..models import Workspace
+from ..runtime.model import ModelRequest
+from ..runtime.providers import ScriptedProvider, provider_for
+from .errors import InvalidEvaluation
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    workspace: Workspace
+    run_id: str  # the run scored: the new run, or the original for the score "before"
+    output: Any
+    expected: Any
+    original_output: Any
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float
+    passed: bool
+    reason: str = ""
+    usage: Mapping[str, Any] | None = None  # a model-graded scorer's tokens
+    cost_usd: Decimal = Decimal(0)
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": round(self.value, 6), "passed": self.passed, "reason": self.reason}
+        if self.usage is not None:
+            out["usage"] = dict(self.usage)
+            out["costUsd"] = str(self.cost_usd)
+        return out
+
+
+Scorer = Callable[[ScoreContext], Score]
+_SCORERS: dict[str, Scorer] = {}
+_CHECKERS: dict[str, Callable[[Mapping[str, Any]], None]] = {}
+
+
+def register_scorer(name: str, fn: Scorer, *, check_args: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+    """Make `name` usable in evaluations; a later registration of the same name replaces it."""
+    _SCORERS[name] = fn
+    if check_args is not None:
+        _CHECKERS[name] = check_args
+
+
+def known_scorers() -> list[str]:
+    return sorted(_SCORERS)
+
+
+def check_specs(value: Any) -> list[dict[str, Any]]:
+    """[{name, args}] from a list of names or {name, args?} objects; refuses unknown scorers."""
+    if not isinstance(value, list) or not value or len(value) > 10:
+        raise InvalidEvaluation("scorers must list 1 to 10 scorers", field="scorers")
+    specs = []
+    for item in value:
+        spec = {"name": item, "args": {}} if isinstance(item, str) else item
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+            raise InvalidEvaluation("each scorer is a name or {name, args}", field="scorers")
+        args = spec.get("args") or {}
+        if not isinstance(args, Mapping):
+            raise InvalidEvaluation(f"scorer {spec['name']}: args must be an object", field="scorers")
+        if spec["name"] not in _SCORERS:
+            raise InvalidEvaluation(
+                f"no scorer named {spec['name']!r} is registered (known: {known_scorers()})", field="scorers"
+            )
+        checker = _CHECKERS.get(str(spec["name"]))
+        if checker is not None:
+            checker(args)
+        specs.append({"name": str(spec["name"]), "args": dict(args)})
+    if len({s["name"] for s in specs}) != len(specs):
+        raise InvalidEvaluation("a scorer is listed twice", field="scorers")
+    return specs
+
+
+def run_scorer(spec: Mapping[str, Any], ctx: ScoreContext) -> Score:
+    """One scorer's verdict; a scorer that raises fails with the exception as its reason."""
+    try:
+        score = _SCORERS[spec["name"]](ctx)
+    except Exception as exc:  # noqa: BLE001 - a broken scorer is a failed score, not a broken evaluation
+        return Score(0.0, False, f"the scorer raised {type(exc).__name__}: {exc}")
+    value = min(1.0, max(0.0, float(score.value)))
+    return Score(value, bool(score.passed), score.reason, score.usage, score.cost_usd)
+
+
+# --- built-ins --------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return digest(a) == digest(b)
+    except Exception:  # noqa: BLE001 - a value without a canonical form equals nothing
+        return False
+
+
+def exact(ctx: ScoreContext) -> Score:
+    if _same(ctx.output, ctx.expected):
+        return Score(1.0, True, "the output equals the expected output")
+    return Score(0.0, False, "the output differs from the expected output")
+
+
+_MISSING = object()
+
+
+def _field(value: Any, path: str) -> Any:
+    for part in path.split(".") if path else ():
+        if isinstance(value, Mapping) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return _MISSING
+    return value
+
+
+def _check_json_fields(args: Mapping[str, Any]) -> None:
+    fields = args.get("fields")
+    if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
+        raise InvalidEvaluation("json_fields needs args.fields: a list of dotted paths", field="scorers")
+    tolerance = args.get("tolerance", 0)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance < 0:
+        raise InvalidEvaluation("json_fields args.tolerance is a number >= 0", field="scorers")
+
+
+def json_fields(ctx: ScoreContext) -> Score:
+    fields: list[str] = list(ctx.args["fields"])
+    tolerance = float(ctx.args.get("tolerance", 0))
+    wrong = []
+    for path in fields:
+        got, want = _field(ctx.output, path), _field(ctx.expected, path)
+        if got is _MISSING or want is _MISSING:
+            ok = got is want
+        elif isinstance(got, int | float) and isinstance(want, int | float) and not isinstance(got, bool):
+            ok = abs(float(got) - float(want)) <= tolerance
+        else:
+            ok = _same(got, want)
+        if not ok:
+            wrong.append(path)
+    share = (len(fields) - len(wrong)) / len(fields)
+    if not wrong:
+        return Score(1.0, True, f"all {len(fields)} field(s) match")
+    return Score(share, False, f"differ: {', '.join(wrong)}")
+
+
+def _check_regex(args: Mapping[str, Any]) -> None:
+    pattern = args.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidEvaluation("regex needs args.pattern", field="scorers")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InvalidEvaluation(f"regex args.pattern does not compile: {exc}", field="scorers") from None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def regex(ctx: ScoreContext) -> Score:
+    value = _field(ctx.output, str(ctx.args.get("field", "")))
+    if value is _MISSING:
+        return Score(0.0, False, f"the output has no field {ctx.args.get('field')}")
+    if re.search(str(ctx.args["pattern"]), _text(value)):
+        return Score(1.0, True, f"matches /{ctx.args['pattern']}/")
+    return Score(0.0, False, f"does not match /{ctx.args['pattern']}/")
+
+
+def _check_model_graded(args: Mapping[str, Any]) -> None:
+    for key in ("provider", "model"):
+        if not isinstance(args.get(key), str) or not args.get(key):
+            raise InvalidEvaluation(f"model_graded needs args.{key}", field="scorers")
+
+
+GRADER_SYSTEM = (
+    "You grade an AI agent's output against the expected output. Answer PASS or FAIL, or a score "
+    "between 0 and 1, first, then one sentence of reason."
+)
+_VERDICT = re.compile(r"^\s*(PASS|FAIL|[01](?:\.\d+)?)\b[\s:.,-]*(.*)$", re.IGNORECASE | re.DOTALL)
+
+
+def model_graded(ctx: ScoreContext) -> Score:
+    grader = provider_for(
+        provider=str(ctx.args["provider"]),
+        model=str(ctx.args["model"]),
+        current=ScriptedProvider(script=lambda r: {"text": "FAIL no grader script"}, name=str(ctx.args["provider"])),
+    )
+    content = (
+        f"Rubric: {ctx.args.get('rubric') or 'the output says what the expected output says'}\n"
+        f"Expected: {_text(ctx.expected)}\nOutput: {_text(ctx.output)}"
+    )
+    body = {
+        "model": grader.model_id,
+        "messages": [{"role": "system", "content": GRADER_SYSTEM}, {"role": "user", "content": content}],
+        "tools": [],
+    }
+    reply = grader.generate(ModelRequest(step_path=f"grade:{ctx.run_id}", turn=1, body=body))
+    usage = dict(reply.usage)
+    cost = price_call(Usage.from_payload(usage), grader.name, grader.model_id, prices_for(ctx.workspace))
+    match = _VERDICT.match(reply.text or "")
+    if match is None:
+        return Score(
+            0.0, False, f"the grader's answer has no verdict: {(reply.text or '')[:200]}", usage, cost or Decimal(0)
+        )
+    word, reason = match.group(1).upper(), match.group(2).strip()[:500]
+    value = 1.0 if word == "PASS" else 0.0 if word == "FAIL" else float(word)
+    return Score(value, value >= 0.5, reason or word, usage, cost or Decimal(0))
+
+
+register_scorer("exact", exact)
+register_scorer("json_fields", json_fields, check_args=_check_json_fields)
+register_scorer("regex", regex, check_args=_check_regex)
+register_scorer("model_graded", model_graded, check_args=_check_model_graded)

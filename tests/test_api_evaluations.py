@@ -1,0 +1,135 @@
+"""The evaluations API over HTTP (docs/api.md "Evaluations"): datasets, policies, the gate with
+an `execute` key, JUnit, refusals, and other tenants' 404."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from xml.etree import ElementTree
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+
+from ledger.models import AuditEntry, Evaluation, Event, ReexecutionRequest, Workspace
+from ledger.reexecution import executor
+from ledger.tenancy.services import create_key
+from tests.conftest import IN_PROCESS, http_client, log_in, named_user
+from tests.evaluation_support import Calls, model_change, registered_providers, triage_runs
+from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+
+pytestmark = [pytest.mark.usefixtures("clock"), pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def providers() -> Iterator[Calls]:
+    yield from registered_providers()
+
+
+@pytest.fixture
+def sessions(
+    admin: User, approver: User, operator: User, viewer: User, other_workspace: Workspace
+) -> Iterator[Callable[[str], httpx.Client]]:
+    named_user("olga", "approver", tenant="globex")
+    opened: list[httpx.Client] = []
+
+    def open_(username: str) -> httpx.Client:
+        opened.append(log_in(IN_PROCESS, username, send_csrf=True))
+        return opened[-1]
+
+    yield open_
+    for client in opened:
+        client.close()
+
+
+def _key(workspace: Workspace, scopes: list[str]) -> httpx.Client:
+    _, secret = create_key(workspace=workspace, scopes=scopes)
+    return http_client(headers={"Authorization": f"Bearer {secret}"})
+
+
+def _code(response: httpx.Response) -> str:
+    return response.json()["error"]["code"]
+
+
+POLICY = {
+    "dataset": "golden",
+    "changeKinds": ["model"],
+    "scorers": ["exact"],
+    "ceilingPerEvaluationUsd": "1",
+    "ceilingPerDayUsd": "5",
+    "ttlHours": 24,
+    "note": "CI on the golden set",
+}
+
+
+def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, caplog) -> None:
+    runs = triage_runs(workspace)
+    carol, bob, dave, olga = (sessions(n) for n in ("carol", "bob", "dave", "olga"))
+    added = carol.post("/api/v1/datasets/golden/runs", json={"runIds": runs})
+    assert added.status_code == 201, added.text
+    assert added.json()["version"] == 1 and len(added.json()["members"]) == 10
+    assert dave.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 403
+    assert [d["name"] for d in carol.get("/api/v1/datasets").json()] == ["golden"]
+    assert carol.get("/api/v1/datasets/golden?version=1").json()["digest"] == added.json()["digest"]
+    assert _code(carol.get("/api/v1/datasets/golden?version=x")) == "invalid_parameter"
+    ci = _key(workspace, ["execute", "read"])
+    # A key never approves a policy; an operator is no approver.
+    assert _code(ci.post("/api/v1/evaluation-policies", json=POLICY)) == "forbidden"
+    assert _code(carol.post("/api/v1/evaluation-policies", json=POLICY)) == "forbidden"
+    policy = bob.post("/api/v1/evaluation-policies", json=POLICY)
+    assert policy.status_code == 201, policy.text
+    assert policy.json()["active"] and policy.json()["approvedBy"] == "bob"
+    body = {
+        "dataset": "golden",
+        "change": model_change("counting"),
+        "scorers": ["exact"],
+        "failIf": "pass_rate < 0.95",
+        "reason": "CI: the same model through another route",
+    }
+    assert _code(_key(workspace, ["read"]).post("/api/v1/evaluations", json=body)) == "insufficient_scope"
+    events_before = Event.objects.count()
+    for bad in ({**body, "failIf": "pass_rate <<"}, {**body, "scorers": ["nope"]}, {**body, "change": {"kind": "x"}},
+                {**body, "reason": ""}, {**body, "dataset": ["x"]}):  # fmt: skip
+        refused = ci.post("/api/v1/evaluations", json=bad)
+        assert refused.status_code == 400 and _code(refused) == "invalid_request", refused.text
+    assert Event.objects.count() == events_before and not Evaluation.objects.exists()
+    started = ci.post("/api/v1/evaluations", json=body)
+    assert started.status_code == 201, started.text
+    made = started.json()
+    assert made["status"] == "running" and made["policyId"] == policy.json()["id"] and made["verdict"] is None
+    # The worker's part: its task body per request; the evaluation advances by its hooks alone.
+    batch = ReexecutionRequest.objects.filter(batch_id=made["batchId"]).order_by("pk")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        for pk in batch.values_list("pk", flat=True):
+            executor.run_request(request_pk=pk)
+    assert not [r for r in caplog.records if r.name.startswith("ledger")], caplog.text
+    done = ci.get(f"/api/v1/evaluations/{made['id']}").json()
+    assert done["status"] == "finished" and done["verdict"] == "passed"
+    assert done["report"]["aggregates"]["passRate"] == 1.0 and len(done["report"]["runs"]) == 10
+    junit = ci.get(f"/api/v1/evaluations/{made['id']}/junit")
+    assert junit.status_code == 200 and junit.headers["content-type"].startswith("application/xml")
+    assert ElementTree.fromstring(junit.content).get("failures") == "0"
+    assert [e["id"] for e in carol.get("/api/v1/evaluations").json()] == [made["id"]]
+    # Another tenant: 404 on each dataset, policy and evaluation path.
+    for url in (
+        "/api/v1/datasets/golden",
+        f"/api/v1/evaluations/{made['id']}",
+        f"/api/v1/evaluations/{made['id']}/junit",
+    ):
+        assert olga.get(url).status_code == 404, url
+    assert olga.post("/api/v1/datasets/golden/runs/remove", json={"runIds": runs[:1]}).status_code == 404
+    assert olga.post("/api/v1/datasets/golden/expected", json={"runId": runs[0], "expected": 1}).status_code == 404
+    assert olga.post(f"/api/v1/evaluation-policies/{policy.json()['id']}/revoke", json={}).status_code == 404
+    assert olga.post("/api/v1/evaluations", json=body).status_code == 404
+    assert olga.post("/api/v1/evaluation-policies", json=POLICY).status_code == 404
+    assert olga.get("/api/v1/datasets").json() == [] and olga.get("/api/v1/evaluation-policies").json() == []
+    # Every policy and evaluation action is audited.
+    revoked = bob.post(f"/api/v1/evaluation-policies/{policy.json()['id']}/revoke", json={"note": "done"})
+    assert revoked.status_code == 200 and revoked.json()["active"] is False
+    actions = set(AuditEntry.objects.values_list("action", flat=True))
+    assert {"dataset.changed", "evaluation_policy.approved", "evaluation_policy.revoked", "evaluation.started",
+            "evaluation.finished"} <= actions  # fmt: skip
+    edited = carol.post("/api/v1/datasets/golden/expected", json={"runId": runs[0], "expected": {"reply": "x"}})
+    removed = carol.post("/api/v1/datasets/golden/runs/remove", json={"runIds": runs[:2]})
+    assert edited.json()["version"] == 2 and removed.json()["version"] == 3 and len(removed.json()["members"]) == 8

@@ -1,0 +1,113 @@
+"""The Evaluations pages: the runs list's selection into a dataset, a policy approved on the
+page, an evaluation's report (verdict, aggregates, distribution, per-run rows with divergence
+links), the polled fragments, and other tenants' 404."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from ledger.evaluation import evaluations
+from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, Workspace
+from tests.conftest import named_user
+from tests.evaluation_support import Calls, model_change, registered_providers, triage_runs
+from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+
+pytestmark = [pytest.mark.usefixtures("clock"), pytest.mark.django_db]
+BASE = "/w/acme/support"
+
+
+@pytest.fixture
+def providers() -> Iterator[Calls]:
+    yield from registered_providers()
+
+
+@pytest.fixture
+def people(admin: User, approver: User, operator: User, viewer: User, other_workspace: Workspace) -> dict[str, User]:
+    olga = named_user("olga", "admin", tenant="globex")
+    return {user.get_username(): user for user in (admin, approver, operator, viewer, olga)}
+
+
+def as_(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_a_dataset_from_the_runs_list_a_policy_and_an_evaluation_report(workspace, people, providers) -> None:
+    runs = triage_runs(workspace)
+    carol, bob, dave, olga = (as_(people[n]) for n in ("carol", "bob", "dave", "olga"))
+    listing = carol.get(f"{BASE}/").content.decode()
+    assert 'id="dataset-submit"' in listing and f'formaction="{BASE}/datasets/add/"' in listing
+    assert 'id="nav-evaluations"' in listing
+    assert dave.post(f"{BASE}/datasets/add/", {"dataset": "golden", "run": runs}).status_code == 403
+    assert olga.post(f"{BASE}/datasets/add/", {"dataset": "golden", "run": runs}).status_code == 404
+    refused = carol.post(f"{BASE}/datasets/add/", {"dataset": "Bad Name", "run": runs})
+    assert refused.status_code == 400 and "dataset name" in refused.content.decode()
+    added = carol.post(f"{BASE}/datasets/add/", {"dataset": "golden", "run": runs, "reason": ""})
+    assert added.status_code == 302 and added["Location"] == f"{BASE}/datasets/golden/"
+    page = carol.get(f"{BASE}/datasets/golden/").content.decode()
+    assert page.count('<tr data-run="') == 10 and 'id="dataset-digest"' in page
+    policy_form = {
+        "dataset": "golden",
+        "change_kinds": ["model"],
+        "scorers": "exact, regex",
+        "ceiling_per_evaluation": "1",
+        "ceiling_per_day": "5",
+        "ttl_hours": "24",
+        "note": "CI",
+    }
+    assert 'id="policy-form"' not in carol.get(f"{BASE}/evaluations/").content.decode()
+    assert carol.post(f"{BASE}/evaluations/policies/", policy_form).status_code == 403
+    assert olga.post(f"{BASE}/evaluations/policies/", policy_form).status_code == 404
+    assert bob.post(f"{BASE}/evaluations/policies/", {**policy_form, "ttl_hours": "x"}).status_code == 400
+    assert bob.post(f"{BASE}/evaluations/policies/", policy_form).status_code == 302
+    policy = EvaluationPolicy.objects.get()
+    assert policy.approved_by_name == "bob"
+    made = evaluations.start_evaluation(
+        workspace=workspace,
+        dataset="golden",
+        change=model_change("regressing"),
+        scorers=["exact"],
+        fail_if="pass_rate < 0.95",
+        reason="a new prompt route",
+        by=people["carol"],
+    )
+    running = carol.get(f"{BASE}/evaluations/").content.decode()
+    assert f'data-evaluation="{made.public_id}"' in running and 'hx-trigger="every 1s"' in running
+    assert 'hx-trigger="every 1s"' in carol.get(f"{BASE}/evaluations/{made.public_id}/").content.decode()
+    evaluations.execute_here(made)
+    rows = carol.get(f"{BASE}/evaluations/rows/").content.decode()
+    assert 'data-verdict="failed"' in rows and 'hx-trigger="every 3s"' in rows
+    detail = carol.get(f"{BASE}/evaluations/{made.public_id}/").content.decode()
+    assert 'data-verdict="failed"' in detail and 'id="score-distribution"' in detail
+    assert detail.count('data-outcome="changed"') == 3 and detail.count('data-outcome="kept"') == 7
+    assert detail.count(f"{BASE}/reexecutions/rx_") == 10 and 'id="live-tool-calls">0<' in detail
+    # The scores are on the divergence page of each request and on the batch page.
+    changed = next(r for r in Evaluation.objects.get(pk=made.pk).report["runs"] if r["outcome"] == "changed")
+    divergence = carol.get(f"{BASE}/reexecutions/{changed['requestId']}/divergence/").content.decode()
+    assert f'href="{BASE}/evaluations/{made.public_id}/"' in divergence
+    assert 'data-scorer="exact" data-passed="false"' in divergence
+    batch = carol.get(f"{BASE}/batches/{made.batch_id}/").content.decode()
+    assert 'id="batch-evaluation"' in batch
+    assert batch.count('data-scorer="exact" data-passed="true"') == 7 and batch.count('data-passed="false"') == 3
+    live = carol.get(f"{BASE}/evaluations/{made.public_id}/live/").content.decode()
+    assert 'data-verdict="failed"' in live and "hx-trigger" not in live
+    # Another tenant: 404 on every page and action.
+    for url in (
+        f"{BASE}/evaluations/",
+        f"{BASE}/evaluations/rows/",
+        f"{BASE}/evaluations/{made.public_id}/",
+        f"{BASE}/evaluations/{made.public_id}/live/",
+        f"{BASE}/datasets/golden/",
+    ):
+        assert olga.get(url).status_code == 404, url
+    assert olga.post(f"{BASE}/evaluations/policies/{policy.public_id}/revoke/").status_code == 404
+    assert carol.get("/w/globex/main/evaluations/").status_code == 404
+    assert carol.post(f"{BASE}/evaluations/policies/{policy.public_id}/revoke/").status_code == 403
+    assert bob.post(f"{BASE}/evaluations/policies/{policy.public_id}/revoke/").status_code == 302
+    assert "revoked" in carol.get(f"{BASE}/evaluations/").content.decode()
+    assert AuditEntry.objects.filter(action="evaluation_policy.revoked", actor="bob").count() == 1

@@ -1,0 +1,415 @@
+"""Regression evaluations on recorded runs (docs/evaluations.md): datasets frozen by version,
+the built-in scorers, evaluations under a policy and outside it, the spend ceiling, the report
+and verdict, zero tool invocations, audit, and other tenants' 404."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+from django.contrib.auth.models import User
+
+from ledger.errors import NotFound
+from ledger.evaluation import budget, datasets, evaluations, failif, policies, scorers
+from ledger.evaluation.errors import EvaluationForbidden, InvalidEvaluation
+from ledger.log import append
+from ledger.log.envelopes import log_of
+from ledger.models import AuditEntry, Evaluation, ReexecutionRequest, Run, Workspace
+from ledger.reexecution import services
+from tests.conftest import named_user
+from tests.evaluation_support import (
+    Calls,
+    CountingOrders,
+    count_tool_edge,
+    model_change,
+    registered_providers,
+    triage_runs,
+)
+from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+
+pytestmark = [pytest.mark.usefixtures("clock"), pytest.mark.django_db]
+
+Status = Evaluation.Status
+RxStatus = ReexecutionRequest.Status
+
+
+@pytest.fixture
+def people(admin: User, approver: User, operator: User, viewer: User, other_workspace: Workspace) -> dict[str, User]:
+    olga = named_user("olga", "approver", tenant="globex")
+    return {user.get_username(): user for user in (admin, approver, operator, viewer, olga)}
+
+
+@pytest.fixture
+def providers() -> Iterator[Calls]:
+    yield from registered_providers()
+
+
+@pytest.fixture
+def tool_counter(monkeypatch: pytest.MonkeyPatch) -> CountingOrders:
+    return count_tool_edge(monkeypatch)
+
+
+@pytest.fixture
+def runs(workspace: Workspace) -> list[str]:
+    return triage_runs(workspace)
+
+
+@pytest.fixture
+def dataset(workspace: Workspace, runs: list[str], people: dict[str, User]) -> str:
+    datasets.add_runs(workspace=workspace, name="triage-golden", run_ids=runs, by=people["alice"])
+    return "triage-golden"
+
+
+def _policy(workspace: Workspace, bob: User, **terms: Any) -> Any:
+    body: dict[str, Any] = {
+        "dataset": "triage-golden",
+        "change_kinds": ["model"],
+        "scorers": ["exact", "json_fields", "regex", "model_graded"],
+        "ceiling_per_evaluation_usd": "1",
+        "ceiling_per_day_usd": "5",
+        "ttl_hours": 24,
+        "note": "CI may evaluate model swaps on the golden set",
+    }
+    body.update(terms)
+    return policies.approve_policy(workspace=workspace, by=bob, **body)
+
+
+def _start(workspace: Workspace, by: Any, change: dict[str, Any], **extra: Any) -> Evaluation:
+    body: dict[str, Any] = {
+        "dataset": "triage-golden",
+        "change": change,
+        "scorers": ["exact"],
+        "fail_if": "pass_rate < 0.95",
+        "reason": "gpt-4o-mini -> a cheaper mapping",
+    }
+    body.update(extra)
+    return evaluations.start_evaluation(workspace=workspace, by=by, **body)
+
+
+def _actions(target: str) -> list[str]:
+    return list(AuditEntry.objects.filter(target=target).order_by("pk").values_list("action", flat=True))
+
+
+# --- datasets ---------------------------------------------------------------------------------
+
+
+def test_a_dataset_version_is_frozen_by_its_runs_last_sequences_and_digest(workspace, runs, people) -> None:
+    v1 = datasets.add_runs(workspace=workspace, name="golden", run_ids=runs[:3], by=people["carol"])
+    assert v1.number == 1 and [m["runId"] for m in v1.members] == runs[:3]
+    first = Run.objects.get(workspace=workspace, run_id=runs[0])
+    assert v1.members[0]["lastSequence"] == first.last_sequence and v1.members[0]["expected"] == first.output
+    before = (list(v1.members), v1.digest)
+    # A later append to a member run changes neither the version nor its digest.
+    append(
+        workspace=workspace,
+        run_id=runs[0],
+        events=[{"type": "custom.note", "payload": {"text": "looked at this"}}],
+    )
+    v1.refresh_from_db()
+    assert (v1.members, v1.digest) == before
+    assert datasets.version_digest("golden", v1.members) == v1.digest
+    # Every change is the next version; the earlier one stays as it was.
+    v2 = datasets.add_runs(workspace=workspace, name="golden", run_ids=[runs[3]], by=people["carol"])
+    v3 = datasets.remove_runs(workspace=workspace, name="golden", run_ids=[runs[1]], by=people["carol"])
+    v4 = datasets.set_expected(
+        workspace=workspace, name="golden", run_id=runs[0], expected={"reply": "edited"}, by=people["carol"]
+    )
+    assert [v.number for v in (v2, v3, v4)] == [2, 3, 4]
+    assert len(v2.members) == 4 and runs[1] not in [m["runId"] for m in v3.members]
+    assert v4.members[0]["expected"] == {"reply": "edited"} and v4.members[0]["expectedEditedBy"] == "carol"
+    assert datasets.get_version(datasets.get_dataset(workspace, "golden"), 1).digest == before[1]
+    assert _actions("dataset:golden") == ["dataset.changed"] * 4
+
+
+def test_datasets_refuse_viewers_outsiders_unfinished_and_bad_names(workspace, other_workspace, runs, people) -> None:
+    with pytest.raises(EvaluationForbidden):
+        datasets.add_runs(workspace=workspace, name="golden", run_ids=runs[:1], by=people["dave"])
+    with pytest.raises(NotFound):
+        datasets.add_runs(workspace=workspace, name="golden", run_ids=runs[:1], by=people["olga"])
+    with pytest.raises(NotFound):  # another tenant's workspace does not hold these runs
+        datasets.add_runs(workspace=other_workspace, name="golden", run_ids=runs[:1], by=people["olga"])
+    with pytest.raises(InvalidEvaluation):
+        datasets.add_runs(workspace=workspace, name="Bad Name!", run_ids=runs[:1], by=people["carol"])
+    append(
+        workspace=workspace,
+        run_id="run_open",
+        events=[{"type": "RunStarted", "payload": {"input": {}, "workflowVersionId": "w@1"}}],
+    )
+    with pytest.raises(InvalidEvaluation):
+        datasets.add_runs(workspace=workspace, name="golden", run_ids=["run_open"], by=people["carol"])
+    assert not AuditEntry.objects.filter(action="dataset.changed").exists()
+
+
+# --- scorers ----------------------------------------------------------------------------------
+
+
+def _ctx(workspace: Workspace, output: Any, expected: Any, **args: Any) -> scorers.ScoreContext:
+    return scorers.ScoreContext(
+        workspace=workspace, run_id="run_x", output=output, expected=expected, original_output=expected, args=args
+    )
+
+
+def test_the_exact_json_fields_and_regex_scorers(workspace) -> None:
+    exact = scorers.exact(_ctx(workspace, {"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}))
+    assert exact.passed and exact.value == 1.0
+    assert not scorers.exact(_ctx(workspace, {"a": 1}, {"a": 2})).passed
+    fields = scorers.json_fields(
+        _ctx(
+            workspace,
+            {"x": {"p": 1.04}, "y": "ok", "z": 3},
+            {"x": {"p": 1.0}, "y": "ok", "z": 4},
+            fields=["x.p", "y", "z"],
+            tolerance=0.05,
+        )
+    )
+    assert not fields.passed and fields.value == pytest.approx(2 / 3) and "z" in fields.reason
+    tight = scorers.json_fields(_ctx(workspace, {"x": {"p": 1.04}}, {"x": {"p": 1.0}}, fields=["x.p"], tolerance=0.01))
+    assert not tight.passed
+    assert scorers.json_fields(
+        _ctx(workspace, {"x": {"p": 1.04}}, {"x": {"p": 1.0}}, fields=["x.p"], tolerance=0.1)
+    ).passed
+    assert scorers.regex(_ctx(workspace, {"reply": "Answer for: X"}, None, pattern=r"^Answer", field="reply")).passed
+    missed = scorers.regex(_ctx(workspace, {"reply": "No"}, None, pattern=r"^Answer", field="reply"))
+    assert not missed.passed and missed.value == 0.0
+    for bad in ([{"name": "regex", "args": {"pattern": "("}}], [{"name": "json_fields"}], ["nope"], []):
+        with pytest.raises(InvalidEvaluation):
+            scorers.check_specs(bad)
+
+
+def test_the_model_graded_scorer_asks_a_registered_provider_and_prices_its_call(workspace, providers: Calls) -> None:
+    spec = {"name": "model_graded", "args": {"provider": "grader", "model": "gpt-4o-mini"}}
+    args = spec["args"]
+    good = scorers.run_scorer(
+        spec, _ctx(workspace, {"reply": "Answer for: parcel"}, {"reply": "Answer for: parcel"}, **args)
+    )
+    bad = scorers.run_scorer(spec, _ctx(workspace, {"reply": "I cannot help"}, {"reply": "Answer for: parcel"}, **args))
+    assert good.passed and good.value == 1.0 and "answers the ticket" in good.reason
+    assert not bad.passed and bad.value == 0.0
+    assert good.usage == {"inputTokens": 300, "outputTokens": 10} and good.cost_usd > 0
+    assert [c[0] for c in providers.made] == ["grader", "grader"]
+
+
+def test_fail_if_reads_a_small_language_and_refuses_anything_else() -> None:
+    node = failif.parse("pass_rate < 0.95 or (cost_delta > 0.10 and not changed == 0)")
+    assert failif.evaluate(node, {"pass_rate": 0.9, "cost_delta": 0.0, "changed": 0})
+    assert not failif.evaluate(node, {"pass_rate": 1.0, "cost_delta": 0.2, "changed": 0})
+    assert failif.evaluate(node, {"pass_rate": 1.0, "cost_delta": 0.2, "changed": 1})
+    assert not failif.evaluate(failif.parse("cost_delta > 0.1"), {"cost_delta": None})
+    for bad in ("", "pass_rate", "pass_rate <", "__import__('os') < 1", "pass_rate < 1 or", "(pass_rate < 1"):
+        with pytest.raises(InvalidEvaluation):
+            failif.parse(bad)
+
+
+# --- evaluations ------------------------------------------------------------------------------
+
+
+def test_an_evaluation_inside_a_policy_starts_without_approval_and_keeps_every_outcome(
+    workspace, dataset, people, providers: Calls, tool_counter: CountingOrders
+) -> None:
+    policy = _policy(workspace, people["bob"])
+    lookups = tool_counter.lookups
+    made = _start(
+        workspace,
+        people["carol"],
+        model_change("counting"),
+        scorers=["exact", {"name": "regex", "args": {"pattern": "^Answer for", "field": "reply"}}],
+    )
+    assert made.status == Status.RUNNING and made.policy == policy and made.ceiling_usd == Decimal(1)
+    requests = ReexecutionRequest.objects.filter(batch_id=made.batch_id)
+    assert requests.count() == 10 and {r.status for r in requests} == {RxStatus.APPROVED}
+    assert {r.approver_name for r in requests} == {f"policy:{policy.public_id}"}
+    done = evaluations.execute_here(made)
+    assert done.status == Status.FINISHED and done.verdict == Evaluation.Verdict.PASSED
+    aggregates = done.report["aggregates"]
+    assert aggregates["runs"] == 10 and aggregates["passRate"] == 1.0 and aggregates["changed"] == 0
+    assert aggregates["meanScoreDelta"] == 0.0 and aggregates["meanScoreDeltaCi95"] == [0.0, 0.0]
+    assert aggregates["costDelta"] == 0.0 and aggregates["liveToolCalls"] == 0
+    # Zero tool invocations: the tool's edge was never reached; every model call was live.
+    assert tool_counter.lookups == lookups
+    assert len([c for c in providers.made if c[0] == "counting"]) == 20
+    row = done.report["runs"][0]
+    assert row["outcome"] == "kept" and row["scores"]["exact"] == {
+        "before": {"value": 1.0, "passed": True, "reason": "the output equals the expected output"},
+        "after": {"value": 1.0, "passed": True, "reason": "the output equals the expected output"},
+    }
+    # The scores are on each new run, in its log.
+    new_log = log_of(Run.objects.get(workspace=workspace, run_id=row["newRunId"]))
+    scored = [e for e in new_log if e["type"] == "custom.evaluation.scored"]
+    assert len(scored) == 1 and scored[0]["payload"]["evaluationId"] == done.public_id
+    assert scored[0]["payload"]["scores"]["exact"]["passed"] is True
+    assert _actions(done.public_id) == ["evaluation.started", "evaluation.finished"]
+    # Advancing again changes nothing (idempotent).
+    assert evaluations.advance(done.pk).report == done.report
+    assert (
+        len(
+            [
+                e
+                for e in log_of(Run.objects.get(workspace=workspace, run_id=row["newRunId"]))
+                if e["type"] == "custom.evaluation.scored"
+            ]
+        )
+        == 1
+    )
+
+
+def test_a_regressing_change_fails_the_gate_with_its_junit_file(
+    workspace, dataset, people, providers: Calls, tool_counter: CountingOrders
+) -> None:
+    _policy(workspace, people["bob"])
+    lookups = tool_counter.lookups
+    made = _start(
+        workspace,
+        people["carol"],
+        model_change("regressing"),
+        scorers=["exact", {"name": "model_graded", "args": {"provider": "grader", "model": "gpt-4o-mini"}}],
+    )
+    done = evaluations.execute_here(made)
+    assert done.verdict == Evaluation.Verdict.FAILED
+    aggregates = done.report["aggregates"]
+    assert aggregates["passRate"] == 0.7 and aggregates["passRateBefore"] == 1.0 and aggregates["changed"] == 3
+    low, high = aggregates["meanScoreDeltaCi95"]
+    assert low < aggregates["meanScoreDelta"] < high < 0 or low < aggregates["meanScoreDelta"] < high
+    assert Decimal(aggregates["graderCostUsd"]) > 0  # 20 grader calls (before and after), priced
+    assert len([c for c in providers.made if c[0] == "grader"]) == 20
+    assert tool_counter.lookups == lookups and aggregates["liveToolCalls"] == 0
+    changed = [r for r in done.report["runs"] if r["outcome"] == "changed"]
+    assert all(r["firstDivergence"] == "draft" for r in changed)
+    assert all(not r["scores"]["model_graded"]["after"]["passed"] for r in changed)
+    suite = ElementTree.fromstring(evaluations.junit_xml(done))
+    assert suite.get("tests") == "11" and suite.get("failures") == "4"
+    gate = suite.find("testcase[@name='gate']")
+    assert gate is not None and "pass_rate < 0.95" in gate.find("failure").get("message")
+
+
+def test_an_evaluation_outside_every_policy_waits_for_an_approver(workspace, dataset, people, providers) -> None:
+    _policy(workspace, people["bob"], scorers=["exact"])
+    # A scorer the policy does not allow: it waits, as any batch does.
+    made = _start(
+        workspace,
+        people["carol"],
+        model_change("counting"),
+        scorers=[{"name": "regex", "args": {"pattern": "Answer"}}],
+    )
+    assert made.status == Status.PENDING_APPROVAL and made.policy is None
+    requests = ReexecutionRequest.objects.filter(batch_id=made.batch_id)
+    assert {r.status for r in requests} == {RxStatus.PENDING_APPROVAL}
+    assert providers.made == []
+    first = requests.order_by("pk").first()
+    assert first is not None
+    services.approve(workspace=workspace, reexecution_id=first.public_id, by=people["bob"], note="go")
+    evaluations.advance(made.pk)
+    made.refresh_from_db()
+    assert made.status == Status.RUNNING
+    done = evaluations.execute_here(made)
+    assert done.status == Status.FINISHED and done.verdict == Evaluation.Verdict.PASSED
+    # An expired policy, a revoked one and one whose row was changed cover nothing.
+    revoked = _policy(workspace, people["bob"])
+    policies.revoke_policy(workspace=workspace, public_id=revoked.public_id, by=people["bob"])
+    tampered = _policy(workspace, people["bob"])
+    type(tampered).objects.filter(pk=tampered.pk).update(ceiling_per_evaluation_usd=Decimal(100))
+    waits = _start(
+        workspace,
+        people["carol"],
+        model_change("counting"),
+        scorers=["exact", "regex"][:1] + [{"name": "json_fields", "args": {"fields": ["reply"]}}],
+    )
+    assert waits.status == Status.PENDING_APPROVAL
+    assert _actions(revoked.public_id) == ["evaluation_policy.approved", "evaluation_policy.revoked"]
+
+
+def test_a_denied_evaluation_ends_denied(workspace, dataset, people, providers) -> None:
+    made = _start(workspace, people["carol"], model_change("counting"))
+    first = ReexecutionRequest.objects.filter(batch_id=made.batch_id).order_by("pk").first()
+    assert first is not None
+    services.deny(workspace=workspace, reexecution_id=first.public_id, by=people["bob"], note="not now")
+    assert evaluations.advance(made.pk).status == Status.DENIED
+    assert _actions(made.public_id) == ["evaluation.started", "evaluation.finished"]
+
+
+def test_the_spend_ceiling_stops_the_batch_mid_way_and_no_call_is_made_past_it(
+    workspace, dataset, people, providers: Calls
+) -> None:
+    one_run = Run.objects.get(workspace=workspace, run_id="run_t000").cost_usd
+    assert one_run is not None and one_run > 0
+    ceiling = one_run * Decimal("2.5")
+    _policy(workspace, people["bob"], ceiling_per_evaluation_usd=str(ceiling))
+    made = _start(workspace, people["carol"], model_change("counting"))
+    spent_at_call: list[Decimal] = []
+
+    def counting_with_spend(model: str, current: Any) -> Any:
+        from ledger.runtime.providers import ScriptedProvider
+
+        script = current.script
+
+        def answer(request: Any) -> Any:
+            spent_at_call.append(budget.spend(Evaluation.objects.get(pk=made.pk)))
+            return script(request)
+
+        return ScriptedProvider(script=answer, name=current.name, model_id=model)
+
+    from ledger.runtime.providers import register_provider
+
+    register_provider("counting", counting_with_spend)
+    done = evaluations.execute_here(made)
+    assert done.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED and done.budget_exhausted
+    # Every call that was made started under the ceiling; the batch stopped mid-way.
+    assert spent_at_call and all(spent < ceiling for spent in spent_at_call)
+    assert 2 <= len(spent_at_call) < 20
+    requests = ReexecutionRequest.objects.filter(batch_id=made.batch_id)
+    assert requests.filter(status=RxStatus.FAILED).count() >= 6
+    refused = [
+        e
+        for r in requests.filter(status=RxStatus.FAILED)
+        for e in log_of(Run.objects.get(workspace=workspace, run_id=r.new_run_id))
+        if e["type"] == "harness.model.failed"
+    ]
+    assert refused and all("budget_exhausted" in e["payload"]["error"]["message"] for e in refused)
+    assert Decimal(done.report["aggregates"]["spendUsd"]) < ceiling + one_run
+
+
+def test_other_tenants_get_404_on_datasets_policies_and_evaluations(
+    workspace, other_workspace, dataset, people, providers
+) -> None:
+    policy = _policy(workspace, people["bob"])
+    made = _start(workspace, people["carol"], model_change("counting"))
+    with pytest.raises(NotFound):
+        datasets.get_dataset(other_workspace, dataset)
+    with pytest.raises(NotFound):
+        policies.get_policy(other_workspace, policy.public_id)
+    with pytest.raises(NotFound):
+        evaluations.get_evaluation(other_workspace, made.public_id)
+    with pytest.raises(NotFound):
+        _start(workspace, people["olga"], model_change("counting"))
+    with pytest.raises(NotFound):
+        _policy(workspace, people["olga"])
+    with pytest.raises(EvaluationForbidden):
+        _policy(workspace, people["carol"])  # an operator is no approver
+
+
+def test_bad_input_is_refused_and_leaves_nothing_behind(workspace, dataset, people, providers) -> None:
+    for change in (
+        None,
+        {"kind": "prompt"},
+        {"kind": "model", "modelOverrides": {}},
+        {"kind": "model", "modelOverrides": {"default": "x"}},
+    ):
+        with pytest.raises(InvalidEvaluation):
+            _start(workspace, people["carol"], change)
+    with pytest.raises(InvalidEvaluation):
+        _start(workspace, people["carol"], model_change("counting"), fail_if="pass_rate <<< 1")
+    with pytest.raises(InvalidEvaluation):
+        _start(workspace, people["carol"], model_change("counting"), reason=" ")
+    for terms in (
+        {"ceiling_per_evaluation_usd": "-1"},
+        {"ceiling_per_evaluation_usd": "9", "ceiling_per_day_usd": "5"},
+        {"ttl_hours": 0},
+        {"change_kinds": ["workflow"]},
+        {"scorers": ["nope"]},
+    ):
+        with pytest.raises(InvalidEvaluation):
+            _policy(workspace, people["bob"], **terms)
+    assert not Evaluation.objects.exists() and not ReexecutionRequest.objects.exists()
+    assert not AuditEntry.objects.filter(action__startswith="evaluation").exists()

@@ -1,0 +1,119 @@
+"""`ledger evaluate` (the CI gate) and `ledger dataset`: exit status and JUnit file for a passing
+and a regressing change, refusals, and zero tool invocations."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from ledger.evaluation import policies
+from ledger.models import Evaluation, Workspace
+from tests.evaluation_support import Calls, CountingOrders, count_tool_edge, registered_providers, triage_runs
+from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
+
+pytestmark = [pytest.mark.usefixtures("clock"), pytest.mark.django_db]
+
+
+@pytest.fixture
+def providers() -> Iterator[Calls]:
+    yield from registered_providers()
+
+
+@pytest.fixture
+def tool_counter(monkeypatch: pytest.MonkeyPatch) -> CountingOrders:
+    return count_tool_edge(monkeypatch)
+
+
+def ledger(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("ledger", *args, stdout=out, stderr=err)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    except CommandError as exc:
+        code = exc.returncode
+        err.write(str(exc))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def golden(workspace: Workspace, operator: User, approver: User) -> str:
+    runs = triage_runs(workspace)
+    code, out, _ = ledger("dataset", "add", "golden", *runs, "--workspace", "acme/support", "--as", "carol")
+    assert code == 0 and out.startswith("golden version 1 sha256:") and "(10 runs)" in out
+    policies.approve_policy(
+        workspace=workspace,
+        dataset="golden",
+        change_kinds=["model"],
+        scorers=["exact", "regex"],
+        ceiling_per_evaluation_usd="1",
+        ceiling_per_day_usd="5",
+        ttl_hours=24,
+        by=approver,
+    )
+    return "golden"
+
+
+def _gate(change: str, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    return ledger(
+        "evaluate", "golden", "--workspace", "acme/support", "--as", "carol",
+        "--change", change, "--scorer", "exact", "--fail-if", "pass_rate < 0.95 or cost_delta > 0.10",
+        "--here", "--junit", str(tmp_path / "junit.xml"), "--json", str(tmp_path / "report.json"), *extra,
+    )  # fmt: skip
+
+
+def test_the_gate_passes_a_change_that_keeps_every_outcome(golden, tmp_path, providers, tool_counter) -> None:
+    lookups = tool_counter.lookups
+    code, out, err = _gate("model:default=counting/gpt-4o-mini", tmp_path)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["verdict"] == "passed" and summary["passRate"] == 1.0 and summary["changed"] == 0
+    suite = ElementTree.parse(tmp_path / "junit.xml").getroot()
+    assert suite.tag == "testsuite" and suite.get("tests") == "11" and suite.get("failures") == "0"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"] == "passed" and len(report["report"]["runs"]) == 10
+    assert tool_counter.lookups == lookups and report["report"]["aggregates"]["liveToolCalls"] == 0
+
+
+def test_the_gate_fails_a_regressing_change_with_exit_1_and_a_failing_junit(golden, tmp_path, providers) -> None:
+    code, out, err = _gate("model:default=regressing/gpt-4o-mini", tmp_path)
+    assert code == 1 and "verdict: failed" in err
+    assert json.loads(out)["passRate"] == 0.7
+    suite = ElementTree.parse(tmp_path / "junit.xml").getroot()
+    assert suite.get("failures") == "4"
+    failed = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None]
+    assert failed == ["run_t001", "run_t005", "run_t009", "gate"]
+
+
+def test_a_pricier_model_fails_on_cost_delta(golden, tmp_path, providers) -> None:
+    code, out, _ = _gate("model:default=counting/gpt-4o", tmp_path)
+    assert code == 1 and json.loads(out)["costDelta"] > 0.10
+
+
+def test_outside_a_policy_the_gate_has_no_verdict_and_refusals_exit_5(golden, tmp_path, providers) -> None:
+    code, out, err = ledger(
+        "evaluate", "golden", "--workspace", "acme/support", "--as", "carol",
+        "--change", "model:default=counting/gpt-4o-mini", "--scorer", "model_graded:{\"provider\": \"grader\", \"model\": \"m\"}",
+        "--wait", "--timeout", "0",
+    )  # fmt: skip
+    assert code == 4 and "waits for an approver" in err and json.loads(out)["status"] == "pending_approval"
+    for bad in (["--change", "prompt:x"], ["--change", "model:default=counting/m", "--scorer", "nope"]):
+        code, _, _ = ledger(
+            "evaluate", "golden", "--workspace", "acme/support", "--as", "carol", "--scorer", "exact", *bad
+        )
+        assert code == 5
+    code, _, _ = ledger(
+        "evaluate", "missing", "--workspace", "acme/support", "--as", "carol",
+        "--change", "model:default=counting/m", "--scorer", "exact",
+    )  # fmt: skip
+    assert code == 5
+    assert Evaluation.objects.count() == 1
