@@ -121,6 +121,7 @@ ROUTES: dict[str, Route] = {
     RUN + "share-policy/": page({"POST": (None, ADMIN)}),
     RUN: page({"GET": (None, Role.VIEWER)}),
     RUN + "timeline/rows/": page({"GET": (None, Role.VIEWER)}),
+    RUN + "header/": page({"GET": (None, Role.VIEWER)}),
     RUN + "waterfall/rows/": page({"GET": (None, Role.VIEWER)}),
     RUN + "feedback/": page({"POST": (None, Role.VIEWER)}),
     RUN + "tool-calls/<str:call_id>/reconcile/": page({"POST": (None, OPERATOR)}),

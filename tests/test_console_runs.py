@@ -100,7 +100,7 @@ def test_rows_show_status_workflow_cost_subruns_and_rating(browser: Client, runs
     response = browser.get(URL)
     assert response.status_code == 200
     html = response.content.decode()
-    assert '<form id="run-filters" method="get"' in html and '<tbody id="runs-rows">' in html
+    assert '<form id="run-filters" method="get"' in html and '<tbody id="runs-rows"' in html
     assert row_ids(response.content)[0] == "run_grandchild"  # newest first
     priced = row_of(response.content, "run_priced")
     assert 'href="/w/acme/support/runs/run_priced/"' in priced and 'class="mono run-id"' in priced
@@ -278,11 +278,21 @@ def test_htmx_next_page_replaces_the_link_row_with_rows_and_a_new_link(browser: 
     assert "<html" not in rest.content.decode() and "next-page" not in rest.content.decode()
 
 
-def test_live_feed_is_wired_only_on_the_unfiltered_first_page(browser: Client, runs: None) -> None:
+def test_the_live_feed_is_wired_on_first_pages_filtered_or_not(
+    browser: Client, runs: None, workspace: Workspace
+) -> None:
+    """One socket and the rows fetched again at the page's own address (its filters); an older
+    page (a cursor) stays as it is."""
+    _bulk_runs(workspace, 60, prefix="run_many")
     first = browser.get(URL).content.decode()
-    assert 'id="live-status" data-state=' in first and "js/runs-live.js" in first
-    assert 'data-socket="/ws/workspaces/acme/support/runs/"' in first
-    assert "runs-live.js" not in browser.get(URL + "?status=failed").content.decode()
+    assert 'id="live-status" data-state=' in first and "js/live.js" in first
+    assert 'data-live-socket="/ws/workspaces/acme/support/runs/"' in first
+    assert '<tbody id="runs-rows" data-live-src="" data-live-swap="innerHTML">' in first
+    filtered = browser.get(URL + "?status=failed").content.decode()
+    assert "js/live.js" in filtered and 'data-live-src=""' in filtered
+    link = re.search(r'id="next-page" href="[^"]+" hx-get="([^"]+)"', first).group(1).replace("&amp;", "&")
+    older = browser.get(URL + link).content.decode()
+    assert "js/live.js" not in older and "data-live-src" not in older
 
 
 # --- constant queries ----------------------------------------------------------------------

@@ -1,13 +1,16 @@
-"""The Approvals page's live feed: `ws/workspaces/<tenant>/<workspace>/reexecutions/`.
+"""The live feed of the Approvals page and of evaluate batches:
+`ws/workspaces/<tenant>/<workspace>/reexecutions/`.
 
 ledger.reexecution.services announces every change of a request (asked, approved, denied,
-expired, started, finished) to the workspace's re-execution group after commit. The message says
-only which request and its status; the page reloads its list from the database (the page's own
-fragment), so what a push shows is what a reload shows.
+expired, started, finished) to the workspace's re-execution group after commit; a tool call that
+starts or stops waiting for an approver is announced to the workspace's group (ledger.log.announce).
+The message says only what changed; the page fetches its fragments again from the database
+(static/js/live.js), so what a push shows is what a reload shows.
 
 Announcements are lossy and stay inside one process on the in-memory channel layer (a worker
 process finishing a request announces into its own), so the consumer also compares the
-workspace's per-status counts every LEDGER_STREAM_POLL_SECONDS and tells the page when they moved.
+workspace's per-status counts and waiting tool calls every LEDGER_STREAM_POLL_SECONDS and tells
+the page when they moved.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.urls import path
 
+from ledger.log.announce import workspace_group_for
 from ledger.models import Workspace
 from ledger.reads import attention, reexecutions
 from ledger.reexecution.execution import reexecution_group_for
@@ -38,6 +42,7 @@ class ReexecutionsConsumer(WorkspaceFeed):
     counts: dict[str, int] | None = None
 
     group_of = staticmethod(reexecution_group_for)
+    also_of = (staticmethod(workspace_group_for),)
 
     async def joined(self) -> None:
         assert self.workspace is not None
@@ -61,6 +66,12 @@ class ReexecutionsConsumer(WorkspaceFeed):
             if counts != self.counts:
                 self.counts = counts
                 await self.send_json({"type": "reexecution", "id": None, "status": None, "pending": counts["listed"]})
+
+    async def ledger_run_changed(self, message: dict[str, Any]) -> None:
+        """A run of the workspace started, ended, or a tool call of it began or stopped waiting."""
+        assert self.workspace is not None
+        self.counts = await database_sync_to_async(_counts)(self.workspace)
+        await self.send_json({"type": "run", "runId": message["runId"]})
 
     async def ledger_reexecution_changed(self, message: dict[str, Any]) -> None:
         assert self.workspace is not None

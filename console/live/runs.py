@@ -1,7 +1,9 @@
 """The runs list's live feed: `ws/workspaces/<tenant>/<workspace>/runs/`.
 
-Announcements (ledger.log.announce) say only which run started or finished; the row is read from the
-database and rendered with the page's own row template, so a pushed row is the row a reload shows.
+Announcements (ledger.log.announce) say only which run started, finished or began or stopped
+waiting for a person; the socket passes on `{"type": "run", "runId": …}` for a run of the
+workspace, and the page fetches its rows again (static/js/live.js), with its own filters and sort,
+so what a push shows is what a reload shows. Nothing of another workspace is ever sent.
 """
 
 from __future__ import annotations
@@ -15,13 +17,11 @@ from ledger.log import announce
 from ledger.models import Workspace
 from ledger.reads import selectors
 
-from ..rows import render_run_row
 from .workspace import WorkspaceFeed
 
 
-def _row_html(workspace: Workspace, run_id: str) -> str | None:
-    run = selectors.find_run(workspace, run_id)
-    return None if run is None else render_run_row(workspace, run)
+def _holds(workspace: Workspace, run_id: str) -> bool:
+    return selectors.find_run(workspace, run_id) is not None
 
 
 class RunsListConsumer(WorkspaceFeed):
@@ -29,9 +29,9 @@ class RunsListConsumer(WorkspaceFeed):
 
     async def ledger_run_changed(self, message: dict[str, Any]) -> None:
         assert self.workspace is not None
-        html = await database_sync_to_async(_row_html)(self.workspace, message["runId"])
-        if html is not None:
-            await self.send_json({"type": "run", "runId": message["runId"], "html": html})
+        # Only the workspace's own runs are announced to its group; checked all the same.
+        if await database_sync_to_async(_holds)(self.workspace, message["runId"]):
+            await self.send_json({"type": "run", "runId": message["runId"]})
 
 
 websocket_urlpatterns = [

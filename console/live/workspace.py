@@ -22,12 +22,14 @@ def _access(user: Any, path: str) -> access.Access | None:
 
 
 class WorkspaceFeed(WatchedConsumer):
-    """Joins the workspace's announcement group (`group_of(workspace pk)`, set by each feed as a
-    staticmethod) for a member of the URL's workspace; anyone else is refused."""
+    """Joins the workspace's announcement groups (`group_of(workspace pk)`, set by each feed as a
+    staticmethod, and `also_of`, any more) for a member of the URL's workspace; anyone else is
+    refused."""
 
     group_of: ClassVar[staticmethod[[int], str]]
+    also_of: ClassVar[tuple[staticmethod[[int], str], ...]] = ()
     workspace: Workspace | None = None
-    group: str | None = None
+    joined_groups: list[str] | None = None
 
     async def joined(self) -> None:
         """Called after the group is joined and before the connection is accepted."""
@@ -41,16 +43,18 @@ class WorkspaceFeed(WatchedConsumer):
             await self.close()
             return
         self.workspace = found.workspace
-        self.group = self.group_of(self.workspace.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.joined_groups = [self.group_of(self.workspace.pk), *(of(self.workspace.pk) for of in self.also_of)]
+        for group in self.joined_groups:
+            await self.channel_layer.group_add(group, self.channel_name)
         await self.joined()
         await self.accept()
         self.watch(found, path)
 
     async def stop_sending(self) -> None:
-        if self.group is not None:
-            group, self.group = self.group, None
-            await self.channel_layer.group_discard(group, self.channel_name)
+        if self.joined_groups is not None:
+            groups, self.joined_groups = self.joined_groups, None
+            for group in groups:
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     async def disconnect(self, code: int) -> None:
         await self.stop_sending()

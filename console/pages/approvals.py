@@ -6,8 +6,10 @@ denying go through ledger.reexecution.services, which refuses a requester approv
 request (`self_approval_forbidden`); the page does not offer them the button either. A batch (one
 evaluate request per run selected on the runs list) is decided once, on any of its requests.
 
-The list is also an htmx fragment (`?fragment=list`): the page's script reloads it when the
-workspace's re-execution socket (console/live/reexecutions.py) says a request changed.
+The list is also an htmx fragment (`?fragment=list`, with the navigation's count as an
+out-of-band swap): static/js/live.js fetches it again when the workspace's socket
+(console/live/reexecutions.py) says a request or a waiting tool call changed. So is a batch's
+body (`?fragment=body`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .guard import has_role, workspace_or_404
 from .reexecution import divergence_url, member, report_for
 
 Status = ReexecutionRequest.Status
+FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DENIED, Status.EXPIRED})  # a batch of these is static
 DECIDED_SHOWN = 50
 MAX_BATCH = services.MAX_BATCH_RUNS
 
@@ -132,11 +135,14 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
     ]
     for rx in decided:
         rx.workspace = ws
+    pending = _pending_cards(ws, request.user, can_decide)
+    tool_calls = _tool_cards(ws, request.user, can_decide)
     return {
         "workspace": ws,
         "can_decide": can_decide,
-        "pending": _pending_cards(ws, request.user, can_decide),
-        "tool_calls": _tool_cards(ws, request.user, can_decide),
+        "pending": pending,
+        "tool_calls": tool_calls,
+        "waiting": len(pending) + len(tool_calls),  # the navigation's count: one per decision listed
         "tool_decide_url": reverse("approval-tool-call", args=[ws.tenant.slug, ws.slug]),
         "decided": [_card(rx, request.user, can_decide=False, with_plan=False) for rx in decided],
         # A refused decision: which request, why, and the note as typed (kept in its card's form).
@@ -149,7 +155,7 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
 def _page(request: HttpRequest, ws: Workspace, *, status: int = 200, **extra: Any) -> HttpResponse:
     context = _context(request, ws, **extra)
     if getattr(request, "htmx", False) or request.GET.get("fragment") == "list":
-        return render(request, "console/approvals/list.html", context, status=status)
+        return render(request, "console/approvals/list.html", {**context, "fragment": True}, status=status)
     context["workspaces"] = selectors.workspaces_for(request.user)
     return render(request, "console/approvals.html", context, status=status)
 
@@ -344,10 +350,14 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
         )
     compared = [r for r in rows if r["report"] is not None]
     first = members[0]
+    body = request.GET.get("fragment") == "body"
     return render(
         request,
-        "console/approvals/batch.html",
+        "console/approvals/batch_body.html" if body else "console/approvals/batch.html",
         {
+            "socket": f"/ws/workspaces/{ws.tenant.slug}/{ws.slug}/reexecutions/",
+            "body_url": reverse("batch", args=[tenant, workspace, batch_id]) + "?fragment=body",
+            "live": any(rx.status not in FINAL for rx in members),
             "workspace": ws,
             "batch_id": batch_id,
             "first": first,

@@ -32,7 +32,7 @@ from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.limits import day_in_range
 from ledger.models import Run, Step
-from ledger.reads import attention, failure, selectors, serialize
+from ledger.reads import attention, failure, reexecutions, selectors, serialize
 from ledger.reads.subruns import subrun_tree
 from ledger.replay import cancellation, gateway, runlog
 from ledger.replay.evidence import evidence_bundle
@@ -145,6 +145,76 @@ def _feedback_context(run: Run, form: FeedbackForm | None = None) -> dict[str, A
     }
 
 
+GLANCE_KEYS = 12  # an input's or output's top-level keys shown in the header before "and N more"
+
+
+def _readable(value: Any) -> str:
+    """A value as a person reads it: a string as itself, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, indent=None if not isinstance(value, dict | list) else 1)
+
+
+def _glance(value: Any) -> dict[str, Any] | None:
+    """An input or output for the header: an object's top-level fields one a line (each value
+    readable, a long one folded by long_text), anything else as one text. None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and value:
+        items = list(value.items())
+        return {
+            "fields": [{"key": str(k), "text": _readable(v)} for k, v in items[:GLANCE_KEYS]],
+            "more": max(0, len(items) - GLANCE_KEYS),
+        }
+    return {"text": _readable(value)}
+
+
+def _failure(run: Run) -> dict[str, str] | None:
+    """The run's error as name, message and step (the fold's RunFailed payload, any shape)."""
+    error = run.error
+    if error is None:
+        return None
+    if not isinstance(error, dict):
+        return {"name": "", "message": _readable(error), "step": ""}
+    step = error.get("stepPath") or error.get("step") or ""
+    message = error.get("message")
+    return {
+        "name": str(error.get("name") or error.get("type") or ""),
+        "message": message if isinstance(message, str) else _readable({k: v for k, v in error.items() if k != "name"}),
+        "step": step if isinstance(step, str) else _readable(step),
+    }
+
+
+def _glance_context(run: Run) -> dict[str, Any]:
+    """The run at a glance: input, output or error, tokens, cost of the run and of its tree,
+    models, re-executions of it and the evidence zip (docs/operations.md "The run page")."""
+    ws = run.workspace
+    tree = subrun_tree(run)
+    models = [f"{m['provider']}/{m['model_id']}" for m in selectors.costs_by_model(run)]
+    zip_url = reverse("api-run-evidence-zip", args=[run.run_id])
+    return {
+        "glance": {
+            "input": _glance(run.input),
+            "output": _glance(run.output),
+            "output_url": artifact_url(ws, run.output_ref) if run.output_ref else None,
+            "failure": _failure(run),
+            "tokens": tokens(run),
+            "tree": tree.usage if tree.size > 1 else None,
+            "tree_size": tree.size - 1,
+            "tree_finished": not tree.open,
+            "models": models,
+            "reexecutions": [
+                {
+                    "request": rx,
+                    "url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id]) if rx.new_run_id else None,
+                }
+                for rx in reexecutions.of_run(ws, run.run_id)[:GLANCE_KEYS]
+            ],
+            "evidence_zip_url": f"{zip_url}?workspace={quote(ws.tenant.slug)}/{quote(ws.slug)}",
+        }
+    }
+
+
 def _header_context(run: Run) -> dict[str, Any]:
     ws = run.workspace
     parent_url = None
@@ -152,6 +222,8 @@ def _header_context(run: Run) -> dict[str, Any]:
         parent_url = reverse("run", args=[ws.tenant.slug, ws.slug, run.parent_run_id])
     loop = outer_loop_of(run)
     return {
+        **_glance_context(run),
+        "header_url": reverse("run-header", args=[ws.tenant.slug, ws.slug, run.run_id]),
         "parent_url": parent_url,
         "outer_loop": {
             "id": loop[0],
@@ -504,16 +576,33 @@ def _respond(
     }
     if _wants_partial(request):
         return render(request, "console/run/tab_partial.html", context, status=tab.status)
-    context.update(_header_context(run))
-    context["can_reexecute"] = can_request(request.user, run.workspace)
-    context.update(cancel or _cancel_context(request, run))
-    context.update(_feedback_context(run, feedback))
+    context.update(_header_full_context(request, run, cancel=cancel, feedback=feedback))
     context.update(panel_context(request, run))
     context["workspaces"] = selectors.workspaces_for(request.user)
     return render(request, "console/run.html", context, status=tab.status)
 
 
+def _header_full_context(
+    request: HttpRequest, run: Run, *, cancel: dict[str, Any] | None = None, feedback: FeedbackForm | None = None
+) -> dict[str, Any]:
+    return {
+        **_header_context(run),
+        "can_reexecute": can_request(request.user, run.workspace),
+        **(cancel or _cancel_context(request, run)),
+        **_feedback_context(run, feedback),
+    }
+
+
 # --- views -----------------------------------------------------------------------------------
+
+
+@login_required
+@require_safe
+def header(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """The run's header alone: what the live page swaps in when the run moves (static/js/live.js)."""
+    _, run = _run_or_404(request, tenant, workspace, run_id)
+    context = {"run": run, "workspace": run.workspace, **_header_full_context(request, run)}
+    return render(request, "console/run/header.html", context)
 
 
 @login_required
@@ -709,6 +798,7 @@ RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"
 
 urlpatterns = [
     path(RUN, run_page, name="run"),
+    path(RUN + "header/", header, name="run-header"),
     path(RUN + "timeline/rows/", timeline_rows, name="run-timeline-rows"),
     path(RUN + "waterfall/rows/", waterfall_rows, name="run-waterfall-rows"),
     path(RUN + "feedback/", feedback, name="run-feedback"),

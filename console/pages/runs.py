@@ -1,5 +1,5 @@
 """The runs list of a workspace: filters in the URL, cursor pages, one row template for page,
-htmx fragment and live push (console/live/runs.py)."""
+htmx fragment (which static/js/live.js fetches again when console/live/runs.py says a run moved)."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpRespons
             "first_page": form.cleaned_data["cursor"] is None,
             "first_url": _query(request, cursor=""),
             # New runs are pushed only where they belong for sure: the unfiltered first page.
-            "live": not form.filtered and form.cleaned_data["cursor"] is None,
+            "live": form.cleaned_data["cursor"] is None,  # an older page stays as it is
         }
     )
     if request.htmx:

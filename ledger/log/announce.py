@@ -52,8 +52,18 @@ def workspace_group_for(workspace_pk: int) -> str:
     return f"ledger.workspace.{workspace_pk}"
 
 
-# The events that move a run in or through its workspace's runs list (new row, final status).
-_LIFECYCLE = frozenset({"RunStarted", "RunCompleted", "RunFailed"})
+# The events that move a run in or through its workspace's runs list and Approvals page (new row,
+# final status, a tool call that starts or stops waiting for a person).
+_LIFECYCLE = frozenset(
+    {
+        "RunStarted",
+        "RunCompleted",
+        "RunFailed",
+        "harness.tool_call.approval_requested",
+        "harness.tool_call.approved",
+        "harness.tool_call.rejected",
+    }
+)
 
 
 _loop: asyncio.AbstractEventLoop | None = None

@@ -1,4 +1,5 @@
-// The run page's evidence views. Both work without it (links and forms); it adds the keys.
+// The run page's views. They work without it (links and forms); it adds the keys, the copy
+// buttons on payloads, and lets htmx swap the forms' 4xx answers (they carry the message).
 //
 // The "At event N" tab: ← / → step one event back or forward (the links' own requests, so the URL
 // keeps ?at=N), anywhere on the page except while typing in a field; the slider keeps the focus
@@ -47,5 +48,42 @@
     if (!target || !target.classList.contains("wf-children")) return;
     var button = document.querySelector('.wf-expand[aria-controls="' + target.id + '"]');
     if (button) { button.dataset.loaded = "1"; button.setAttribute("aria-expanded", "true"); }
+  });
+  // Copy buttons on payloads.
+  function fallbackCopy(pre, done) {
+    var range = document.createRange();
+    range.selectNodeContents(pre);
+    var selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+    try { if (document.execCommand("copy")) done(); } catch (e) { /* selected; the user can copy */ }
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button.copy");
+    if (!button) return;
+    var pre = button.parentElement.querySelector("pre");
+    if (!pre) return;
+    var done = function () {
+      button.textContent = "Copied";
+      setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(pre.textContent).then(done, function () { fallbackCopy(pre, done); });
+    } else {
+      fallbackCopy(pre, done);
+    }
+  });
+
+  // The forms answer a refusal with 400/409 and the re-rendered form; show it (htmx 2 does not
+  // swap error responses by default).
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var status = event.detail.xhr.status;
+    var source = event.detail.elt;
+    var isForm = source && source.closest && (source.closest("#feedback-form") || source.closest(".reconcile-form")
+                                                  || source.closest(".cancel-form"));
+    if (isForm && (status === 400 || status === 409)) {
+      event.detail.shouldSwap = true;
+      event.detail.isError = false;
+    }
   });
 })();

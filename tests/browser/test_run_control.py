@@ -134,7 +134,7 @@ def test_an_approver_approves_the_waiting_call_on_the_approvals_page_and_the_run
     bob, problems = watched()
     log_in_to_demo(bob, production, "bob")
     bob.goto(f"{production.url}{SUPPORT}/approvals/")
-    # The live list reloads itself once its socket opens (static/js/approvals-live.js): let that
+    # The live list is fetched again once its socket opens (static/js/live.js): let that
     # reload land before writing the note, or the click can hit the card the reload replaces.
     expect(bob.locator("#live-status")).to_have_attribute("data-state", "live")
     bob.wait_for_load_state("networkidle")

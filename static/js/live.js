@@ -1,0 +1,278 @@
+/* Runledger's one live mechanism (plain JS, no build), for every live page.
+ *
+ * The page says where its socket is and what on it shows state; the server renders everything:
+ *
+ *   [data-live-socket="/ws/..."]  the page's one socket (none on a page that cannot change: a
+ *                                 finished run's page is static). With data-live-after="N" the
+ *                                 socket is a run's feed and is asked for ?after=<last sequence
+ *                                 received>, plus data-live-workspace="tenant/ws" as ?workspace=.
+ *   [data-live-src="URL"]         a fragment the server renders: fetched again (as an htmx
+ *                                 request) when the socket says something changed, and swapped
+ *                                 in place (data-live-swap: outerHTML, the default, or innerHTML;
+ *                                 an empty URL means the page's own address, e.g. the open tab).
+ *                                 Skipped while it holds [data-live-skip] (the timeline, which
+ *                                 follows by appending) or while someone types in one of its fields.
+ *   #timeline[data-live="1"]      the newest page of a run's timeline: each {type: "event",
+ *                                 sequence, html} row is appended in order, a gap is filled from
+ *                                 data-rows-url, a duplicate ignored.
+ *   #live-status                  connecting… / live / reconnecting… / finished.
+ *
+ * Socket messages: "event" (a run's row), "end" (the run finished: one last refresh, the socket
+ * closes, no reconnect); any other message means "something of this page changed". Refreshes are
+ * coalesced: while one is in flight, further messages ask for one more after it, never more.
+ * A dropped socket reconnects with backoff and refreshes everything once it is back (a
+ * workspace's feed, which has no ?after= catch-up, also refreshes once when it first opens).
+ *
+ * window.runledgerLive = {socket, lastSequence, refreshes, disconnect(ms)} for tests and the curious.
+ */
+(function () {
+  "use strict";
+
+  var COALESCE_MS = 250;  // how long a burst of messages may gather into one refresh
+  var root = null;        // the [data-live-socket] element
+  var socket = null;
+  var attempt = 0;
+  var retryTimer = null;
+  var finished = false;
+  var received = 0;       // a run feed's last sequence received
+  var queue = Promise.resolve();  // timeline appends, in arrival order
+  var refreshTimer = null;
+  var refreshing = false;
+  var wanted = false;
+  var held = [];          // fragments not refreshed because someone was typing in them
+  var refreshes = 0;
+
+  function setState(state, text) {
+    var el = document.getElementById("live-status");
+    if (!el) return;
+    el.dataset.state = state;
+    el.textContent = text;
+  }
+
+  function socketUrl() {
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    var url = scheme + window.location.host + root.dataset.liveSocket;
+    if (root.dataset.liveAfter !== undefined) {
+      url += "?after=" + received;
+      if (root.dataset.liveWorkspace) url += "&workspace=" + encodeURIComponent(root.dataset.liveWorkspace);
+    }
+    return url;
+  }
+
+  function connect() {
+    if (finished || !root) return;
+    clearTimeout(retryTimer);
+    retryTimer = null;
+    var mine = new WebSocket(socketUrl());
+    socket = mine;
+    mine.onopen = function () {
+      if (socket !== mine) return;
+      var again = attempt > 0;
+      attempt = 0;
+      setState("live", "live");
+      // Whatever happened while the socket was down, or (a workspace's feed, which sends no
+      // catch-up) between the page's rendering and this moment.
+      if (again || root.dataset.liveAfter === undefined) changed(true);
+    };
+    mine.onmessage = function (message) {
+      if (socket !== mine) return;
+      var data;
+      try { data = JSON.parse(message.data); } catch (e) { return; }
+      handle(data);
+    };
+    mine.onclose = function () {
+      if (socket !== mine) return;
+      socket = null;
+      if (finished || retryTimer) return;
+      retry(Math.min(10000, 500 * Math.pow(2, attempt++)));
+    };
+  }
+
+  function retry(ms) {
+    setState("reconnecting", "reconnecting…");
+    clearTimeout(retryTimer);
+    retryTimer = setTimeout(function () {
+      retryTimer = null;
+      attempt = Math.max(attempt, 1);
+      // Rows that arrived before the drop are applied first, so ?after= is the true position.
+      queue.then(connect);
+    }, ms + Math.random() * ms / 4);
+  }
+
+  function handle(data) {
+    if (data.type === "event" && typeof data.sequence === "number") {
+      if (data.sequence > received) received = data.sequence;
+      queue = queue.then(function () { return append(data.sequence, data.html); })
+        .catch(function (err) { console.warn("runledger live:", err); });
+      changed();
+      return;
+    }
+    if (data.type === "end") {
+      finished = true;
+      setState("finished", "finished");
+      var timeline = document.getElementById("timeline");
+      if (timeline) timeline.dataset.finished = "1";
+      if (socket) { var s = socket; socket = null; s.close(); }
+      queue.then(function () { changed(true); });
+      return;
+    }
+    changed();
+  }
+
+  // --- fragments ---------------------------------------------------------------------------
+
+  function changed(now) {
+    wanted = true;
+    if (refreshing) return;  // one more refresh follows the one in flight
+    clearTimeout(refreshTimer);
+    refreshTimer = setTimeout(refreshAll, now ? 0 : COALESCE_MS);
+  }
+
+  function editing(el) {
+    var active = document.activeElement;
+    return !!active && active !== document.body && el.contains(active) &&
+      /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName) && active.type !== "checkbox" && !!active.value;
+  }
+
+  function refreshAll() {
+    refreshTimer = null;
+    if (!wanted) return;
+    wanted = false;
+    refreshing = true;
+    held = [];
+    var targets = Array.prototype.slice.call(document.querySelectorAll("[data-live-src]"));
+    var work = targets.map(function (el) {
+      if (el.querySelector("[data-live-skip]") || el.hasAttribute("data-live-skip")) return null;
+      if (editing(el)) { held.push(el); return null; }
+      return refresh(el);
+    });
+    Promise.all(work).then(done, done);
+  }
+
+  function done() {
+    refreshing = false;
+    refreshes++;
+    if (wanted) changed();
+  }
+
+  function refresh(el) {
+    var src = el.getAttribute("data-live-src");
+    var here = window.location.pathname + window.location.search;
+    var url = src || here;
+    return fetch(url, {credentials: "same-origin", headers: {"HX-Request": "true", "Accept": "text/html"}})
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (html) {
+        if (html === null || !el.isConnected) return;
+        // The open tab changed while this was asked (a click): its own request answers.
+        if (!src && window.location.pathname + window.location.search !== here) return;
+        if (editing(el)) { held.push(el); return; }
+        var open = [];
+        el.querySelectorAll("details[open][id]").forEach(function (d) { open.push(d.id); });
+        var style = el.getAttribute("data-live-swap") || "outerHTML";
+        window.htmx.swap(el, html, {swapStyle: style, swapDelay: 0, settleDelay: 0});
+        open.forEach(function (id) {
+          var d = document.getElementById(id);
+          if (d) d.open = true;
+        });
+        if (window.runledgerPlace) window.runledgerPlace(document);
+      });
+  }
+
+  document.addEventListener("focusout", function () {
+    if (!held.length) return;
+    setTimeout(function () {
+      if (held.some(function (el) { return el.isConnected && !editing(el); })) changed(true);
+    }, 0);
+  });
+
+  // --- the run's timeline --------------------------------------------------------------------
+
+  function liveTimeline() {
+    var timeline = document.getElementById("timeline");
+    return timeline && timeline.dataset.live === "1" ? timeline : null;
+  }
+
+  function lastOn(timeline) {
+    return parseInt(timeline.dataset.lastSequence, 10) || 0;
+  }
+
+  function addRow(timeline, row, sequence) {
+    timeline.querySelector("#timeline-rows").appendChild(row);
+    timeline.dataset.lastSequence = String(sequence);
+  }
+
+  function append(sequence, html) {
+    var timeline = liveTimeline();
+    if (!timeline) return;
+    var last = lastOn(timeline);
+    if (sequence <= last) return;  // a duplicate
+    if (sequence > last + 1) {
+      return catchUp(timeline).then(function () {
+        if (sequence === lastOn(timeline) + 1) append(sequence, html);
+      });
+    }
+    var template = document.createElement("template");
+    template.innerHTML = html.trim();
+    var row = template.content.firstElementChild;
+    if (row) addRow(timeline, row, sequence);
+  }
+
+  /* Fill a gap from the database: the rows fragment, page after page, until nothing is missing. */
+  function catchUp(timeline) {
+    var url = timeline.dataset.rowsUrl + "?limit=1000&after=" + lastOn(timeline);
+    return fetch(url, {credentials: "same-origin", headers: {"Accept": "text/html"}})
+      .then(function (response) {
+        if (!response.ok) throw new Error("catch-up failed: " + response.status);
+        return response.text();
+      })
+      .then(function (text) {
+        var template = document.createElement("template");
+        template.innerHTML = text;
+        var rows = template.content.querySelectorAll("tr.event");
+        var added = 0;
+        rows.forEach(function (row) {
+          var sequence = parseInt(row.dataset.sequence, 10);
+          if (sequence === lastOn(timeline) + 1) { addRow(timeline, row, sequence); added++; }
+        });
+        if (rows.length === 1000 && added > 0) return catchUp(timeline);
+      });
+  }
+
+  // A timeline swapped in by a tab click may be behind what the socket already delivered.
+  document.addEventListener("htmx:afterSettle", function () {
+    var timeline = liveTimeline();
+    if (timeline && received > lastOn(timeline)) {
+      queue = queue.then(function () { return catchUp(timeline); }).catch(function () {});
+    }
+  });
+
+  // --- start -----------------------------------------------------------------------------------
+
+  window.runledgerLive = {
+    get socket() { return socket; },
+    get lastSequence() {
+      var timeline = document.getElementById("timeline");
+      return timeline ? lastOn(timeline) : received;
+    },
+    get refreshes() { return refreshes; },
+    disconnect: function (ms) {
+      var s = socket;
+      socket = null;  // its close event is ours, not a drop to retry at once
+      if (s) s.close();
+      if (!finished) retry(ms || 0);
+    },
+  };
+
+  function start() {
+    root = document.querySelector("[data-live-socket]");
+    if (!root || !("WebSocket" in window)) return;
+    received = parseInt(root.dataset.liveAfter, 10) || 0;
+    connect();
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();
