@@ -36,6 +36,8 @@ class Route:
     # Lists the caller's own objects (no object of another tenant in its path): another tenant's
     # member gets 200 for their own, and nothing of ours may appear in it.
     collection: bool = False
+    # Names its object per workspace (a dataset by its name): a session names the workspace too.
+    names_workspace: bool = False
 
 
 def api(methods: dict[str, Need], **kw: Any) -> Route:
@@ -101,12 +103,12 @@ ROUTES: dict[str, Route] = {
     V1 + "outer-loops/<str:outer_loop_id>": api({"GET": READ}),
     # Datasets and evaluations (docs/evaluations.md): policies are approved by a person, not a key.
     V1 + "datasets": api({"GET": READ}, collection=True),
-    V1 + "datasets/<str:name>": api({"GET": READ}),
-    V1 + "datasets/<str:name>/runs": api({"POST": ("execute", OPERATOR)}),
-    V1 + "datasets/<str:name>/runs/remove": api({"POST": ("execute", OPERATOR)}),
-    V1 + "datasets/<str:name>/expected": api({"POST": ("execute", OPERATOR)}),
+    V1 + "datasets/<str:name>": api({"GET": READ}, names_workspace=True),
+    V1 + "datasets/<str:name>/runs": api({"POST": ("execute", OPERATOR)}, names_workspace=True),
+    V1 + "datasets/<str:name>/runs/remove": api({"POST": ("execute", OPERATOR)}, names_workspace=True),
+    V1 + "datasets/<str:name>/expected": api({"POST": ("execute", OPERATOR)}, names_workspace=True),
     V1 + "evaluation-policies": api({"GET": READ, "POST": (None, APPROVER)}, collection=True),
-    V1 + "evaluation-policies/<str:policy_id>/revoke": api({"POST": (None, APPROVER)}),
+    V1 + "evaluation-policies/<str:policy_id>/revoke": api({"POST": (None, APPROVER)}, names_workspace=True),
     V1 + "evaluations": api({"GET": READ, "POST": ("execute", OPERATOR)}, collection=True),
     V1 + "evaluations/<str:evaluation_id>": api({"GET": READ}),
     V1 + "evaluations/<str:evaluation_id>/junit": api({"GET": READ}),
@@ -260,7 +262,7 @@ class Sweep:
 
     def url(self, route_text: str, route: Route, caller: Caller, values: dict[str, str]) -> str:
         url = fill(route_text, values)
-        if route.kind == "api" and route.collection and not caller.is_key:
+        if route.kind == "api" and (route.collection or route.names_workspace) and not caller.is_key:
             # A session names the workspace; another tenant's member names ours.
             url += f"?workspace={values['tenant']}/{values['workspace']}"
         return url

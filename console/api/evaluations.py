@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.http import HttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
@@ -16,7 +17,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.evaluation import datasets, evaluations, policies
-from ledger.models import Evaluation
+from ledger.evaluation.access import require_member
+from ledger.evaluation.errors import EvaluationForbidden
+from ledger.models import Evaluation, Role, Workspace
 
 from .auth import access_for, principal
 from .base import WrittenText
@@ -131,6 +134,16 @@ def _version_param(request: Request) -> int | None:
     if not raw.isdigit() or int(raw) < 1:
         raise InvalidParameter("version must be a positive integer", parameter="version")
     return int(raw)
+
+
+def _approver(request: Request, workspace: Workspace) -> User:
+    """A policy is a person's decision: a key is refused (403), and so is a member below approver,
+    before the body is read (a refusal does not depend on what was sent)."""
+    by = principal(request)
+    if not isinstance(by, User):
+        raise EvaluationForbidden("an evaluation policy is approved by a person in a console session", role="approver")
+    require_member(by, workspace, Role.APPROVER)
+    return by
 
 
 def _by(caller: Any) -> Any:
@@ -256,6 +269,7 @@ class PoliciesView(APIView):
     )
     def post(self, request: Request) -> Response:
         caller = access_for(request, "read")
+        by = _approver(request, caller.workspace)
         data = PolicyInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -268,7 +282,7 @@ class PoliciesView(APIView):
             ceiling_per_day_usd=v["ceilingPerDayUsd"],
             ttl_hours=v["ttlHours"],
             note=v["note"],
-            by=principal(request),  # type: ignore[arg-type]  # an anonymous caller was refused by access_for
+            by=by,
         )
         return Response(policies.policy_json(policy), status=201)
 
@@ -284,12 +298,13 @@ class PolicyRevokeView(APIView):
     )
     def post(self, request: Request, policy_id: str) -> Response:
         caller = access_for(request, "read")
+        by = _approver(request, caller.workspace)
         data = NoteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         policy = policies.revoke_policy(
             workspace=caller.workspace,
             public_id=policy_id,
-            by=principal(request),  # type: ignore[arg-type]  # an anonymous caller was refused by access_for
+            by=by,
             note=data.validated_data["note"],
         )
         return Response(policies.policy_json(policy))
