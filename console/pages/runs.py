@@ -1,9 +1,14 @@
-"""The runs list of a workspace: filters in the URL, cursor pages, one row template for page,
-htmx fragment and live push (console/live/runs.py)."""
+"""The runs list of a workspace: filters and sort in the URL, keyset pages, sub-runs nested under
+their parent with the tree's cost; one row template for page, htmx fragment and live push
+(console/live/runs.py). The sorting and the tree totals are ledger/reads/runlist.py's."""
 
 from __future__ import annotations
 
-from datetime import date
+import base64
+import binascii
+import json
+from datetime import date, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,15 +21,20 @@ from django.urls import path
 from django.views.decorators.http import require_safe
 from django_htmx.middleware import HtmxDetails
 
+from ledger import limits
 from ledger.models import Run, RunStatus, Workspace
-from ledger.reads import selectors
+from ledger.reads import runlist, selectors
 
-from ..rows import run_rows
+from ..rows import RunRow, nested_rows, run_rows
 from .filters import DateRangePageForm, page_cursor
 from .guard import member_access
 
 PAGE_SIZE = 50
 FILTERS = ("q", "status", "workflow", "from", "to", "has_failures", "cost_above", "rating", "model")
+VIEW = ("sort", "order", "subruns")  # how the list is shown: kept in the URL with the filters
+NESTED_ROWS = 200  # sub-runs shown nested on one page, in all (a tree's own page lists the rest)
+NESTED_PER_RUN = 10  # and under one run
+SORT_LABELS = {"started": "Started", "duration": "Duration", "cost": "Cost", "tokens": "Tokens"}
 
 
 # --- filters -------------------------------------------------------------------------------
@@ -47,7 +57,12 @@ class RunFilterForm(DateRangePageForm):
         widget=forms.TextInput(attrs={"placeholder": "run id, workflow or label", "type": "search"}),
     )
     status = forms.ChoiceField(required=False, choices=[("", "any")] + [(s, s) for s in RunStatus.values])
-    workflow = forms.CharField(required=False, max_length=200)
+    workflow = forms.CharField(
+        required=False,
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "name, e.g. triage", "type": "search"}),
+        help_text="Part of the workflow's name or version id.",
+    )
     has_failures = forms.BooleanField(required=False, label="Has failures")
     cost_above = forms.DecimalField(
         required=False, min_value=0, max_digits=20, decimal_places=12, label="Cost above ($)"
@@ -63,9 +78,47 @@ class RunFilterForm(DateRangePageForm):
         required=False, max_length=401, widget=forms.TextInput(attrs={"placeholder": "provider/modelId"})
     )
 
+    sort = forms.ChoiceField(
+        required=False,
+        label="Sort by",
+        choices=[("", "Started")] + [(k, v) for k, v in SORT_LABELS.items() if k != "started"],
+    )
+    order = forms.ChoiceField(
+        required=False, label="Order", choices=[("", "highest / newest first"), ("asc", "lowest / oldest first")]
+    )
+    subruns = forms.ChoiceField(
+        required=False,
+        label="Sub-runs",
+        choices=[("", "nested under their parent"), ("flat", "as rows of their own")],
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.order_fields(["q", "status", "workflow", "from", "to", "model", "cost_above", "rating", "has_failures"])
+        self.order_fields(
+            ["q", "status", "workflow", "from", "to", "model", "cost_above", "rating", "has_failures"] + list(VIEW)
+        )
+
+    def clean_cursor(self) -> str:  # type: ignore[override]
+        return self.cleaned_data["cursor"]  # read in clean(): what it holds depends on the sort
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        raw = data.get("cursor") or ""
+        sort = self.view_sort
+        data["position"] = None
+        if raw:
+            try:
+                data["position"] = _position(sort, raw)
+            except (ValueError, TypeError, OverflowError, ArithmeticError, binascii.Error):
+                self.add_error("cursor", "This page link is broken: start again from the first page.")
+        return data
+
+    @property
+    def view_sort(self) -> runlist.Sort:
+        d = getattr(self, "cleaned_data", {})
+        return runlist.Sort(
+            key=d.get("sort") or "started", descending=d.get("order") != "asc", nested=d.get("subruns") != "flat"
+        )
 
     def clean_model(self) -> tuple[str, str] | str | None:
         value = self.cleaned_data["model"].strip()
@@ -79,7 +132,7 @@ class RunFilterForm(DateRangePageForm):
         d = self.cleaned_data
         return {
             "status": d["status"] or None,
-            "workflow": d["workflow"].strip() or None,
+            "workflow_name": d["workflow"].strip() or None,
             "q": d["q"].strip() or None,
             "start": d["from"],
             "end": d["to"],
@@ -90,14 +143,82 @@ class RunFilterForm(DateRangePageForm):
         }
 
 
-def _cursor(run: Run) -> str:
-    return page_cursor(run.created_at, run.pk)
+def _encode(position: dict[str, Any]) -> str:
+    text = json.dumps(position, separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _cursor(sort: runlist.Sort, run: Run) -> str:
+    """The position after this row: the old `{t, id}` form for the default order (links made
+    before sorting existed still work), `{k, v, id}` for the others."""
+    value, pk = runlist.position_of(run)
+    if sort.default:
+        assert isinstance(value, datetime)
+        return page_cursor(value, pk)
+    if isinstance(value, datetime):
+        written: Any = value.isoformat()
+    elif isinstance(value, timedelta):
+        written = value // timedelta(microseconds=1)
+    elif isinstance(value, Decimal):
+        written = str(value)
+    else:
+        written = value
+    return _encode({"k": sort.key, "v": written, "id": pk})
+
+
+def _position(sort: runlist.Sort, raw: str) -> runlist.Position:
+    """A cursor back from the browser (its to forge: every part is checked), for this sort."""
+    decoded = limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    if sort.default:
+        return limits.keyset_position(decoded)
+    if not isinstance(decoded, dict) or decoded.get("k") != sort.key:
+        raise ValueError("a cursor of another sort")
+    pk, value = limits.row_id(decoded.get("id")), decoded.get("v")
+    if value is None:
+        return None, pk
+    if sort.key == "started":
+        return limits.keyset_position({"t": value, "id": pk})
+    if sort.key == "cost":
+        if not isinstance(value, str) or len(value) > 40:
+            raise ValueError("not an amount")
+        amount = Decimal(value)
+        if not amount.is_finite():
+            raise ValueError("not an amount")
+        return amount, pk
+    whole = limits.row_id(value)  # tokens, or a duration in microseconds: a non-negative bigint
+    if sort.key == "duration":
+        return timedelta(microseconds=whole), pk
+    return whole, pk
 
 
 def _query(request: HttpRequest, **changes: str) -> str:
-    params = {k: v for k, v in request.GET.items() if k in FILTERS and v}
-    params.update({k: v for k, v in changes.items() if v})
+    """This list's URL with these changes, its parameters in one order (filters, view, page), so
+    the same view is always the same link."""
+    given = {k: v for k, v in request.GET.items() if k in FILTERS + VIEW}
+    given.update(changes)
+    params = [(k, given[k]) for k in (*FILTERS, *VIEW, "cursor") if given.get(k)]
     return "?" + urlencode(params) if params else ""
+
+
+def _sort_columns(request: HttpRequest, sort: runlist.Sort) -> list[dict[str, str]]:
+    """Per sortable column, in the table's order: the link that sorts by it (clicked again: the
+    other way round) and the aria-sort state of its header."""
+    columns = []
+    for key in ("started", "duration", "tokens", "cost"):
+        current = key == sort.key
+        descending = not sort.descending if current else True
+        columns.append(
+            {
+                "key": key,
+                "label": SORT_LABELS[key],
+                "url": _query(
+                    request, sort="" if key == "started" else key, order="" if descending else "asc", cursor=""
+                ),
+                "aria": ("descending" if sort.descending else "ascending") if current else "none",
+                "arrow": ("↓" if sort.descending else "↑") if current else "",
+            }
+        )
+    return columns
 
 
 def runs_url(workspace: Workspace, **params: str | date) -> str:
@@ -129,20 +250,28 @@ def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpRespons
     ws = member_access(request, tenant, workspace).workspace
     form = RunFilterForm(request.GET)
     context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs"}
-    if not form.is_valid():
+    valid = form.is_valid()
+    sort = form.view_sort
+    context.update({"sort": sort, "sort_columns": _sort_columns(request, sort), "sort_label": SORT_LABELS[sort.key]})
+    if not valid:
         template = "console/runs/invalid.html" if request.htmx else "console/runs.html"
         context["workspaces"] = selectors.workspaces_for(request.user)
         return render(request, template, context, status=400)
     qs = selectors.search_runs(ws, **form.selector_filters())
-    page, more = selectors.runs_page(qs, limit=PAGE_SIZE, after=form.cleaned_data["cursor"])
+    position = form.cleaned_data["position"]
+    page, more = runlist.page(qs, sort, limit=PAGE_SIZE, position=position)
+    rows: list[RunRow] = (
+        nested_rows(ws, page, limit=NESTED_ROWS, per_run=NESTED_PER_RUN) if sort.nested else run_rows(ws, page)
+    )
     context.update(
         {
-            "rows": run_rows(ws, page),
-            "next_url": _query(request, cursor=_cursor(page[-1])) if more and page else None,
-            "first_page": form.cleaned_data["cursor"] is None,
+            "rows": rows,
+            "next_url": _query(request, cursor=_cursor(sort, page[-1])) if more and page else None,
+            "first_page": position is None,
             "first_url": _query(request, cursor=""),
-            # New runs are pushed only where they belong for sure: the unfiltered first page.
-            "live": not form.filtered and form.cleaned_data["cursor"] is None,
+            # New runs are pushed only where they belong for sure: the unfiltered, newest-first,
+            # first page.
+            "live": not form.filtered and position is None and sort.default,
         }
     )
     if request.htmx:

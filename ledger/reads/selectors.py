@@ -211,6 +211,7 @@ def search_runs(
     cost_above: Decimal | None = None,
     min_rating: int | None = None,
     model: tuple[str, str] | str | None = None,
+    workflow_name: str | None = None,
 ) -> QuerySet[Run]:
     """The console's runs list: filtered_runs plus the console's filters, newest first.
 
@@ -221,9 +222,12 @@ def search_runs(
     ANY_MODEL (any model call). `has_failures`: the run failed, one of its steps failed, or a
     sub-run below it failed (a direct sub-run; for a root run, any run of its tree).
     `min_rating`: the average of the run's ratings is at least this. `cost_above`: strictly above,
-    so an unpriced run (NULL cost) never matches.
+    so an unpriced run (NULL cost) never matches. `workflow_name`: part of the workflow version id
+    (`wfver_<name>_<hash>`), any case — a name finds every version; `workflow` is exact.
     """
     qs = filtered_runs(workspace, status=status, workflow=workflow, q=q)
+    if workflow_name:
+        qs = qs.filter(workflow_version_id__icontains=workflow_name)
     since = _utc_day_start(start) if start else None
     until = _utc_day_start(end + timedelta(days=1)) if end else None
     if model is not None:
