@@ -7,8 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import date, datetime, timedelta
-from decimal import Decimal
+from datetime import date
 from typing import Any
 from urllib.parse import urlencode
 
@@ -26,7 +25,7 @@ from ledger.models import Run, RunStatus, Workspace
 from ledger.reads import runlist, selectors
 
 from ..rows import RunRow, nested_rows, run_rows
-from .filters import DateRangePageForm, page_cursor
+from .filters import DateRangePageForm
 from .guard import member_access
 
 PAGE_SIZE = 50
@@ -143,52 +142,14 @@ class RunFilterForm(DateRangePageForm):
         }
 
 
-def _encode(position: dict[str, Any]) -> str:
-    text = json.dumps(position, separators=(",", ":"))
-    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
-
 def _cursor(sort: runlist.Sort, run: Run) -> str:
-    """The position after this row: the old `{t, id}` form for the default order (links made
-    before sorting existed still work), `{k, v, id}` for the others."""
-    value, pk = runlist.position_of(run)
-    if sort.default:
-        assert isinstance(value, datetime)
-        return page_cursor(value, pk)
-    if isinstance(value, datetime):
-        written: Any = value.isoformat()
-    elif isinstance(value, timedelta):
-        written = value // timedelta(microseconds=1)
-    elif isinstance(value, Decimal):
-        written = str(value)
-    else:
-        written = value
-    return _encode({"k": sort.key, "v": written, "id": pk})
+    position = json.dumps(runlist.dump_position(sort, run), separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
 
 
 def _position(sort: runlist.Sort, raw: str) -> runlist.Position:
-    """A cursor back from the browser (its to forge: every part is checked), for this sort."""
-    decoded = limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-    if sort.default:
-        return limits.keyset_position(decoded)
-    if not isinstance(decoded, dict) or decoded.get("k") != sort.key:
-        raise ValueError("a cursor of another sort")
-    pk, value = limits.row_id(decoded.get("id")), decoded.get("v")
-    if value is None:
-        return None, pk
-    if sort.key == "started":
-        return limits.keyset_position({"t": value, "id": pk})
-    if sort.key == "cost":
-        if not isinstance(value, str) or len(value) > 40:
-            raise ValueError("not an amount")
-        amount = Decimal(value)
-        if not amount.is_finite():
-            raise ValueError("not an amount")
-        return amount, pk
-    whole = limits.row_id(value)  # tokens, or a duration in microseconds: a non-negative bigint
-    if sort.key == "duration":
-        return timedelta(microseconds=whole), pk
-    return whole, pk
+    """A cursor back from the browser (its to forge: runlist checks every part), for this sort."""
+    return runlist.load_position(sort, limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))))
 
 
 def _query(request: HttpRequest, **changes: str) -> str:

@@ -35,6 +35,7 @@ from django.db.models import (
 from django.db.models.expressions import Combinable
 from django.db.models.functions import Coalesce
 
+from .. import limits
 from ..models import Run
 
 SORT_KEYS = ("started", "duration", "cost", "tokens")
@@ -134,6 +135,50 @@ def after(qs: QuerySet[Run], sort: Sort, position: Position) -> QuerySet[Run]:
 
 def position_of(run: Run) -> Position:
     return getattr(run, "sort_value", run.created_at), run.pk
+
+
+def dump_position(sort: Sort, run: Run) -> dict[str, Any]:
+    """The position after this row as a cursor's JSON: `{t, id}` for the default order (the form
+    links and API cursors had before sorting existed), `{k, v, id}` for the others (`v`: ISO
+    time, whole microseconds of a duration, the cost as a decimal string, a token count; null
+    among the runs without a value)."""
+    value, pk = position_of(run)
+    if sort.default:
+        assert isinstance(value, datetime)
+        return {"t": value.isoformat(), "id": pk}
+    written: Any = value
+    if isinstance(value, datetime):
+        written = value.isoformat()
+    elif isinstance(value, timedelta):
+        written = value // timedelta(microseconds=1)
+    elif isinstance(value, Decimal):
+        written = str(value)
+    return {"k": sort.key, "v": written, "id": pk}
+
+
+def load_position(sort: Sort, decoded: Any) -> Position:
+    """A cursor's JSON back from a client (theirs to forge: every part is checked) as a position
+    of this sort; ValueError (or TypeError, ArithmeticError) when it is not one we gave out."""
+    if sort.default:
+        return limits.keyset_position(decoded)
+    if not isinstance(decoded, dict) or decoded.get("k") != sort.key:
+        raise ValueError("a cursor of another sort")
+    pk, value = limits.row_id(decoded.get("id")), decoded.get("v")
+    if value is None:
+        return None, pk
+    if sort.key == "started":
+        return limits.keyset_position({"t": value, "id": pk})
+    if sort.key == "cost":
+        if not isinstance(value, str) or len(value) > 40:
+            raise ValueError("not an amount")
+        amount = Decimal(value)
+        if not amount.is_finite():
+            raise ValueError("not an amount")
+        return amount, pk
+    whole = limits.row_id(value)  # tokens, or a duration in microseconds: a non-negative bigint
+    if sort.key == "duration":
+        return timedelta(microseconds=whole), pk
+    return whole, pk
 
 
 def page(qs: QuerySet[Run], sort: Sort, *, limit: int, position: Position | None) -> tuple[list[Run], bool]:
