@@ -98,3 +98,23 @@ def test_the_api_keeps_its_json_envelope(client: Client) -> None:
     response = client.get("/api/v1/no-such-endpoint")
     assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
     assert re.search(r'"code":\s*"not_found"', response.content.decode())
+
+
+def test_audit_is_newest_first_with_targets_linked_and_details_readable(
+    browser: Client, workspace: Workspace, append
+) -> None:
+    from ledger.tenancy.services import create_key
+
+    append("run_audited", started())
+    key, _ = create_key(workspace=workspace, scopes=["read", "ingest"], name="ci")
+    from ledger import audit
+
+    audit.record(
+        actor="alice", tenant=workspace.tenant, workspace=workspace, action="run.cancelled", target="run_audited"
+    )
+    html = browser.get("/t/acme/audit/").content.decode()
+    assert html.index("run_audited") < html.index(f"key:{key.prefix}")  # the newer first
+    assert '<a href="/w/acme/support/runs/run_audited/">run_audited</a>' in html
+    assert f'<a href="/w/acme/support/settings/#key-{key.prefix}">key:{key.prefix}</a>' in html
+    assert "<dt>scopes</dt><dd>ingest, read</dd>" in html and "<dt>name</dt><dd>ci</dd>" in html
+    assert '"scopes"' not in html  # no raw JSON

@@ -474,10 +474,11 @@ def test_audit_pages_by_cursor(people: dict[str, User], workspace: Workspace, ru
     alice = as_(people["alice"])
     first = alice.get("/t/acme/audit/", {"action": "api_key.created"}).content.decode()
     assert first.count('class="audit-entry"') == 50
+    assert first.index("key:0054") < first.index("key:0053")  # newest first
     link = re.search(r'id="next-page" href="([^"]+)"', first)
     assert link is not None
     second = alice.get(link.group(1).replace("&amp;", "&")).content.decode()
-    assert second.count('class="audit-entry"') == 5 and "key:0054" in second and "key:0000" not in second
+    assert second.count('class="audit-entry"') == 5 and "key:0000" in second and "key:0054" not in second
 
 
 # --- live --------------------------------------------------------------------------------------
