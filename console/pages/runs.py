@@ -209,13 +209,29 @@ class _HtmxRequest(HttpRequest):
 @require_safe
 def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = member_access(request, tenant, workspace).workspace
+    return _list(request, ws)
+
+
+def refused_batch(
+    request: HttpRequest, ws: Workspace, *, errors: dict[str, str], models: str, reason: str, run_ids: list[str]
+) -> HttpResponse:
+    """The batch evaluation form refused (console/pages/approvals.py): the newest runs again with
+    the form open, what was typed and ticked kept, and each reason beside its field (400)."""
+    batch = {"open": True, "errors": errors, "models": models, "reason": reason, "picked": set(run_ids)}
+    return _list(request, ws, batch=batch, status=400)
+
+
+def _list(
+    request: HttpRequest, ws: Workspace, *, batch: dict[str, Any] | None = None, status: int = 200
+) -> HttpResponse:
+    htmx = bool(getattr(request, "htmx", False))
     form = RunFilterForm(request.GET)
-    context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs"}
+    context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs", "batch": batch or {}}
     valid = form.is_valid()
     sort = form.view_sort
     context.update({"sort": sort, "sort_columns": _sort_columns(request, sort), "sort_label": SORT_LABELS[sort.key]})
     if not valid:
-        template = "console/runs/invalid.html" if request.htmx else "console/runs.html"
+        template = "console/runs/invalid.html" if htmx else "console/runs.html"
         context["workspaces"] = selectors.workspaces_for(request.user)
         return render(request, template, context, status=400)
     qs = selectors.search_runs(ws, **form.selector_filters())
@@ -232,13 +248,13 @@ def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpRespons
             "first_url": _query(request, cursor=""),
             # New runs are pushed only where they belong for sure: the unfiltered, newest-first,
             # first page.
-            "live": not form.filtered and position is None and sort.default,
+            "live": not form.filtered and position is None and sort.default and batch is None,
         }
     )
-    if request.htmx:
-        return render(request, "console/runs/rows.html", context)
+    if htmx:
+        return render(request, "console/runs/rows.html", context, status=status)
     context["workspaces"] = selectors.workspaces_for(request.user)
-    return render(request, "console/runs.html", context)
+    return render(request, "console/runs.html", context, status=status)
 
 
 urlpatterns = [
