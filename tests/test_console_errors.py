@@ -118,3 +118,12 @@ def test_audit_is_newest_first_with_targets_linked_and_details_readable(
     assert f'<a href="/w/acme/support/settings/#key-{key.prefix}">key:{key.prefix}</a>' in html
     assert "<dt>scopes</dt><dd>ingest, read</dd>" in html and "<dt>name</dt><dd>ci</dd>" in html
     assert '"scopes"' not in html  # no raw JSON
+
+
+def test_one_format_for_counts_and_byte_sizes() -> None:
+    from console import format as fmt
+
+    assert [fmt.count(n) for n in (0, 2276, 113776, None)] == ["0", "2,276", "113,776", "—"]
+    sizes = [fmt.byte_size(n) for n in (0, 512, 999, 4349, 434913, 1_200_000, 3_000_000_000)]
+    assert sizes == ["0 B", "512 B", "999 B", "4.35 kB", "435 kB", "1.20 MB", "3.00 GB"]
+    assert fmt.status_label("pending_approval") == "waiting for approval" and fmt.status_label("in_doubt") == "in doubt"
