@@ -38,6 +38,7 @@ PAGES = {
     "runs-flat": "/w/acme/research/?subruns=flat&sort=tokens&order=asc",
     "loops": "/w/acme/research/loops/",
     "audit": "/t/acme/audit/",
+    "redaction": "/w/acme/support/settings/redaction/",
 }
 # The error pages, each with the status it answers (console/pages/errors.py).
 ERROR_PAGES = {

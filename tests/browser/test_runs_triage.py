@@ -93,6 +93,7 @@ NARROW_PAGES = (
     "/w/acme/research/loops/",
     "/w/acme/support/settings/",
     "/t/acme/audit/",
+    "/w/acme/support/settings/redaction/",
     "/no/such/page/",
 )
 
