@@ -1,4 +1,5 @@
-"""How the console shows money, priced coverage and durations: one format each, for every page.
+"""How the console shows money, priced coverage, durations, counts (tokens) and byte sizes: one
+format each, for every page (docs/operations.md "Words and numbers").
 
 The runs list, the run page, the usage report and the live rows all use these (in Python, or as
 the template filters of console/templatetags/console_format.py), so the same run reads the same
@@ -35,6 +36,48 @@ def money(value: Decimal | float | None) -> str:
     rounded = amount.quantize(Decimal(1).scaleb(max(exponent, SMALLEST_PLACE)), ROUND_HALF_UP)
     text = f"{rounded:f}".rstrip("0").rstrip(".")
     return f"${text}" if amount > 0 else f"-${text.lstrip('-')}"
+
+
+def count(value: int | None) -> str:
+    """A whole number for people (tokens, events, calls): thousands separated, "113,776"."""
+    return "—" if value is None else f"{int(value):,}"
+
+
+BYTE_UNITS = ("B", "kB", "MB", "GB", "TB")
+
+
+def byte_size(value: int | None) -> str:
+    """A size in bytes for people, in decimal units to three significant digits: "512 B",
+    "4.35 kB", "435 kB", "1.20 MB"; the exact count stays in the title where it matters."""
+    if value is None:
+        return "—"
+    size = float(value)
+    unit = 0
+    while size >= 999.5 and unit < len(BYTE_UNITS) - 1:
+        size /= 1000
+        unit += 1
+    if unit == 0:
+        return f"{int(value)} B"
+    places = 2 if size < 10 else 1 if size < 100 else 0
+    return f"{size:.{places}f} {BYTE_UNITS[unit]}"
+
+
+STATUS_LABELS = {
+    "pending": "pending",
+    "running": "running",
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "pending_approval": "waiting for approval",
+    "in_doubt": "in doubt",
+    "shouldrun": "should run",
+}
+
+
+def status_label(value: str) -> str:
+    """A status or state as words ("pending_approval" reads "waiting for approval")."""
+    text = str(value)
+    return STATUS_LABELS.get(text.lower(), text.replace("_", " "))
 
 
 def coverage(priced: int, unpriced: int) -> str:

@@ -18,7 +18,7 @@ from django.utils import timezone
 from ledger.log.verify import artifact_refs
 from ledger.log.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
 from ledger.models import Run, Workspace
-from ledger.reads import attention, failure, selectors
+from ledger.reads import attention, failure, runlist, selectors
 from ledger.reads.attention import Attention
 from ledger.reads.failure import Failure
 
@@ -77,7 +77,11 @@ def render_event_row(row: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class RunRow:
-    """What one row of the runs list shows, besides the run's own columns."""
+    """What one row of the runs list shows, besides the run's own columns.
+
+    `tree`: the row of a run without a parent on the nested list, whose cost and tokens are its
+    whole tree's (ledger/reads/runlist.py annotated them); `depth`: how far below such a row a
+    nested sub-run is; `hidden_below`: runs of the tree not shown under it (its page lists them)."""
 
     run: Run
     children: int
@@ -85,6 +89,53 @@ class RunRow:
     now: datetime
     attention: Attention | None = None
     failure: Failure | None = None
+    depth: int = 0
+    tree: bool = False
+    hidden_below: int = 0
+
+    @property
+    def parent(self) -> str:
+        return self.run.parent_run_id
+
+    @property
+    def cost(self) -> Any:
+        return self.run.tree_cost if self.tree else self.run.cost_usd  # type: ignore[attr-defined]
+
+    @property
+    def input_tokens(self) -> int:
+        return int(self.run.tree_input_tokens if self.tree else self.run.input_tokens)  # type: ignore[attr-defined]
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.run.tree_output_tokens if self.tree else self.run.output_tokens)  # type: ignore[attr-defined]
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def below(self) -> int:
+        return int(self.run.below) if self.tree else 0  # type: ignore[attr-defined]
+
+    @property
+    def priced_calls(self) -> int:
+        return int(self.run.tree_priced_calls if self.tree else self.run.priced_calls)  # type: ignore[attr-defined]
+
+    @property
+    def unpriced_calls(self) -> int:
+        return int(self.run.tree_unpriced_calls if self.tree else self.run.unpriced_calls)  # type: ignore[attr-defined]
+
+    @property
+    def error(self) -> str:
+        """The failure in a line: the error's name and message (a string error as it is)."""
+        error = self.run.error
+        if not error:
+            return ""
+        if isinstance(error, dict):
+            name = error.get("name") or error.get("code") or ""
+            message = error.get("message") or ""
+            return f"{name}: {message}" if name and message else str(name or message or "failed")
+        return str(error)
 
     @property
     def started(self) -> datetime:
@@ -97,11 +148,11 @@ class RunRow:
 
     @property
     def partly_priced(self) -> bool:
-        return bool(self.run.unpriced_calls and self.run.priced_calls)
+        return bool(self.unpriced_calls and self.priced_calls)
 
     @property
     def calls(self) -> int:
-        return self.run.priced_calls + self.run.unpriced_calls
+        return self.priced_calls + self.unpriced_calls
 
 
 def run_rows(workspace: Workspace, runs: list[Run]) -> list[RunRow]:
@@ -121,5 +172,69 @@ def run_rows(workspace: Workspace, runs: list[Run]) -> list[RunRow]:
     ]
 
 
+def nested_rows(workspace: Workspace, roots: list[Run], *, limit: int, per_run: int) -> list[RunRow]:
+    """Rows for a page of tree roots (annotated with their tree's totals), each followed by up to
+    `per_run` runs below it, depth first, oldest first; `limit` sub-runs on the page in all.
+    Four queries however long the page is."""
+    below = runlist.family_below(roots, limit=limit)
+    children: dict[str, list[Run]] = {}
+    for r in below:
+        children.setdefault(r.parent_run_id, []).append(r)
+    shown = [r.run_id for r in roots] + [r.run_id for r in below]
+    counts = selectors.children_counts(workspace, shown)
+    ratings = selectors.ratings_for([r.pk for r in roots] + [r.pk for r in below])
+    needs = attention.for_runs(workspace, [*roots, *below])
+    failures = failure.for_runs([*roots, *below])
+    now = timezone.now()
+    rows: list[RunRow] = []
+    for root in roots:
+        root.workspace = workspace
+        nested: list[RunRow] = []
+        seen = {root.pk}
+        stack = [(child, 1) for child in reversed(children.get(root.run_id, []))]
+        while stack and len(nested) < per_run:
+            run, depth = stack.pop()
+            if run.pk in seen:
+                continue
+            seen.add(run.pk)
+            run.workspace = workspace
+            nested.append(
+                RunRow(
+                    run,
+                    counts.get(run.run_id, 0),
+                    ratings.get(run.pk),
+                    now,
+                    needs.get(run.run_id),
+                    failures.get(run.run_id),
+                    depth=depth,
+                )
+            )
+            stack.extend((child, depth + 1) for child in reversed(children.get(run.run_id, [])))
+        hidden = max(int(root.below) - len(nested), 0)  # type: ignore[attr-defined]
+        rows.append(
+            RunRow(
+                root,
+                counts.get(root.run_id, 0),
+                ratings.get(root.pk),
+                now,
+                needs.get(root.run_id),
+                failures.get(root.run_id),
+                tree=True,
+                hidden_below=hidden,
+            )
+        )
+        rows.extend(nested)
+    return rows
+
+
 def render_run_row(workspace: Workspace, run: Run) -> str:
-    return render_to_string(RUN_ROW_TEMPLATE, {"row": run_rows(workspace, [run])[0], "workspace": workspace})
+    """One row as the list shows it now: a run without a parent with its tree's totals."""
+    if not run.parent_run_id:
+        annotated = runlist.with_tree_totals(selectors.runs(workspace).filter(pk=run.pk)).first()
+        if annotated is not None:
+            row = nested_rows(workspace, [annotated], limit=0, per_run=0)[0]
+            return render_to_string(RUN_ROW_TEMPLATE, {"row": row, "workspace": workspace})
+    row = run_rows(workspace, [run])[0]
+    if run.parent_run_id:
+        row = RunRow(row.run, row.children, row.rating, row.now, row.attention, row.failure, depth=1)
+    return render_to_string(RUN_ROW_TEMPLATE, {"row": row, "workspace": workspace})

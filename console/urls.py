@@ -22,3 +22,9 @@ urlpatterns = [
     path("", include("console.pages.settings")),
     path("", include("console.pages.redaction")),
 ]
+
+# The console's own error pages, in its layout with a way back (console/pages/errors.py).
+handler400 = "console.pages.errors.bad_request"
+handler403 = "console.pages.errors.permission_denied"
+handler404 = "console.pages.errors.page_not_found"
+handler500 = "console.pages.errors.server_error"

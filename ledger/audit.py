@@ -99,8 +99,10 @@ def entries(
     actor: str | None = None,
     action: str | None = None,
     after: tuple[datetime, int] | None = None,
+    newest_first: bool = False,
 ) -> QuerySet[AuditEntry]:
-    """The tenant's entries, oldest first, filtered; `after` is the (at, id) keyset of a page's last."""
+    """The tenant's entries, oldest first (newest first: the console's log), filtered; `after` is
+    the (at, id) keyset of a page's last."""
     qs = AuditEntry.objects.filter(tenant=tenant).select_related("tenant", "workspace__tenant")
     if start is not None:
         qs = qs.filter(at__gte=start)
@@ -110,6 +112,10 @@ def entries(
         qs = qs.filter(actor=actor)
     if action:
         qs = qs.filter(action=action)
+    if newest_first:
+        if after is not None:
+            qs = qs.filter(Q(at__lt=after[0]) | Q(at=after[0], pk__lt=after[1]))
+        return qs.order_by("-at", "-pk")
     if after is not None:
         qs = qs.filter(Q(at__gt=after[0]) | Q(at=after[0], pk__gt=after[1]))
     return qs.order_by("at", "pk")

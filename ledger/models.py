@@ -208,6 +208,8 @@ class Run(UsageColumns):
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="run_newest_first"),
             models.Index(fields=["workspace", "parent_run_id"], name="run_children"),
+            # The runs list's tree totals (ledger/reads/runlist.py) and a tree's runs (retention).
+            models.Index(fields=["workspace", "root_run_id"], name="run_tree"),
         ]
 
     def __str__(self) -> str:

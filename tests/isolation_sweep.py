@@ -145,9 +145,11 @@ ROUTES: dict[str, Route] = {
     W + "evaluations/<str:evaluation_id>/live/": page({"GET": (None, Role.VIEWER)}),
     W + "datasets/add/": page({"POST": (None, OPERATOR)}),
     W + "datasets/<str:name>/": page({"GET": (None, Role.VIEWER)}),
+    W + "loops/": page({"GET": (None, Role.VIEWER)}),
     W + "loops/<str:outer_loop_id>/": page({"GET": (None, Role.VIEWER)}),
     W + "settings/": page({"GET": (None, ADMIN)}),
     W + "settings/retention/": page({"POST": (None, ADMIN)}),
+    W + "settings/keys/": page({"POST": (None, ADMIN)}),
     W + "settings/keys/<str:prefix>/revoke/": page({"POST": (None, ADMIN)}),
     # Every member reads the workspace's redaction rules; only admins change them.
     W + "settings/redaction/": page({"GET": (None, Role.VIEWER), "POST": (None, ADMIN)}),

@@ -346,6 +346,46 @@ def test_runs_list_pages_newest_first_with_a_cursor(api: httpx.Client) -> None:
     error(api.get(f"{V1}/runs?cursor=eyJ4IjoxfQ"), 400, "invalid_cursor")  # {"x":1}
 
 
+def test_runs_list_sorts_by_cost_tokens_duration_on_keyset_pages(api: httpx.Client, workspace: Workspace) -> None:
+    for i, (inp, out) in enumerate([(1000, 10), (5000, 10), (3000, 10), (5000, 10)]):
+        post_events(
+            api,
+            f"run_s{i}",
+            started(),
+            {
+                "type": "harness.model.responded",
+                "payload": {
+                    "turn": 1,
+                    "callId": "c1",
+                    "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
+                    "response": {"text": "ok", "usage": {"inputTokens": inp, "outputTokens": out}},
+                },
+            },
+        )
+    post_events(api, "run_unpriced", started())
+
+    def walk(query: str) -> list[str]:
+        seen: list[str] = []
+        url: str | None = f"{V1}/runs?limit=2&{query}"
+        while url:
+            response = api.get(url)
+            assert response.status_code == 200, response.text
+            body = response.json()
+            seen += [r["runId"] for r in body["runs"]]
+            url = f"{V1}/runs?limit=2&{query}&cursor={body['next']}" if body["next"] else None
+        return seen
+
+    # Ties by the row id, newest first; a run without model calls costs $0 and has 0 tokens.
+    assert walk("sort=cost") == ["run_s3", "run_s1", "run_s2", "run_s0", "run_unpriced"]
+    assert walk("sort=tokens&order=asc") == ["run_unpriced", "run_s0", "run_s2", "run_s1", "run_s3"]
+    assert walk("sort=duration") == ["run_unpriced", "run_s3", "run_s2", "run_s1", "run_s0"]  # none finished
+    error(api.get(f"{V1}/runs?sort=price"), 400, "invalid_parameter")
+    error(api.get(f"{V1}/runs?order=up"), 400, "invalid_parameter")
+    first = api.get(f"{V1}/runs?limit=2&sort=cost").json()["next"]
+    error(api.get(f"{V1}/runs?sort=tokens&cursor={first}"), 400, "invalid_cursor")  # another sort's cursor
+    error(api.get(f"{V1}/runs?sort=cost&cursor=eyJrIjoiY29zdCIsInYiOiJOYU4iLCJpZCI6MX0"), 400, "invalid_cursor")
+
+
 def test_runs_list_filters(api: httpx.Client, rich_run: str) -> None:
     post_events(api, "run_other", started("wfver_other", label="nightly-batch"))
 

@@ -129,3 +129,31 @@ def test_a_pending_cycle_shows_its_reserved_run_and_a_corrupt_record_is_a_readab
     response = client.get("/w/acme/support/loops/ol_bad/")
     assert response.status_code == 409
     assert "has result.kind=&#x27;done&#x27; but cycles is empty." in response.content.decode()
+
+
+# --- the list of loops ---------------------------------------------------------------------------
+
+LIST = "/w/acme/support/loops/"
+
+
+def test_the_loops_list_links_each_loop_and_the_nav_leads_to_it(client: Client, viewer: Any, loop: Any) -> None:
+    client.force_login(viewer)
+    response = client.get(LIST)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert re.findall(r'data-loop-id="([^"]+)"', html) == ["ol_page"]
+    assert f'<a href="{PAGE}">ol_page</a>' in html
+    assert 'id="nav-loops" href="/w/acme/support/loops/" aria-current="page"' in html
+    assert 'id="nav-api" href="/api/docs/"' in html
+    # Cycle runs are not loops.
+    assert "cycle" not in "".join(re.findall(r'data-loop-id="([^"]+)"', html))
+
+
+def test_the_loops_list_is_a_404_for_another_tenant_and_a_400_for_a_broken_link(
+    client: Client, outsider: Any, member: Any, loop: Any
+) -> None:
+    client.force_login(outsider)
+    assert client.get(LIST).status_code == 404
+    client.force_login(member)
+    broken = client.get(LIST + "?cursor=zzz")
+    assert broken.status_code == 400 and 'role="alert"' in broken.content.decode()

@@ -385,7 +385,7 @@ def test_batch_evaluate_from_the_runs_list(people: dict[str, User], workspace: W
 @pytest.mark.parametrize(
     "body, message",
     [
-        ({"models": "default=scripted/gpt-4o", "reason": "x"}, "Select the runs"),
+        ({"models": "default=scripted/gpt-4o", "reason": "x"}, "Tick the runs to evaluate"),
         ({"run": [RUN], "models": "default=scripted/gpt-4o"}, "reason is required"),
         ({"run": [RUN], "models": "gpt-4o", "reason": "x"}, "slot=provider/model"),
         ({"run": ["run_nope"], "models": "default=scripted/gpt-4o", "reason": "x"}, "not found"),
@@ -394,6 +394,25 @@ def test_batch_evaluate_from_the_runs_list(people: dict[str, User], workspace: W
 def test_bad_batches_are_400(people: dict[str, User], run: Run, body: dict[str, Any], message: str) -> None:
     response = as_(people["carol"]).post(f"{BASE}/batches/", body)
     assert response.status_code == 400 and message in response.content.decode()
+    assert not ReexecutionRequest.objects.exists()
+
+
+def test_a_refused_batch_keeps_what_was_typed_and_says_why_beside_each_field(people: dict[str, User], run: Run) -> None:
+    """Nothing ticked: the runs list again, the form open with the mapping and reason as typed."""
+    typed = {"models": "default=scripted/gpt-4o\nplanner=openai/gpt-4o-mini", "reason": "does gpt-4o do better"}
+    response = as_(people["carol"]).post(f"{BASE}/batches/", typed)
+    assert response.status_code == 400
+    html = response.content.decode()
+    form = html[html.index('<form id="batch-form"') : html.index("</form>", html.index('<form id="batch-form"'))]
+    assert "<details open>" in form and 'role="alert"' in form
+    assert '<p class="field-error" id="batch-run-error">Tick the runs to evaluate' in form
+    assert ">default=scripted/gpt-4o\nplanner=openai/gpt-4o-mini</textarea>" in form
+    assert 'name="reason" maxlength="2000" value="does gpt-4o do better"' in form
+    assert '<tbody id="runs-rows">' in html and f'data-run-id="{RUN}"' in html  # the list to tick from
+    # Ticked but nothing else: the tick is kept, and both other fields say why.
+    again = as_(people["carol"]).post(f"{BASE}/batches/", {"run": [RUN]}).content.decode()
+    assert re.search(rf'value="{RUN}" form="batch-form" aria-label="select {RUN}" checked', again)
+    assert 'id="batch-models-error"' in again and 'id="batch-reason-error"' in again
     assert not ReexecutionRequest.objects.exists()
 
 
@@ -474,10 +493,11 @@ def test_audit_pages_by_cursor(people: dict[str, User], workspace: Workspace, ru
     alice = as_(people["alice"])
     first = alice.get("/t/acme/audit/", {"action": "api_key.created"}).content.decode()
     assert first.count('class="audit-entry"') == 50
+    assert first.index("key:0054") < first.index("key:0053")  # newest first
     link = re.search(r'id="next-page" href="([^"]+)"', first)
     assert link is not None
     second = alice.get(link.group(1).replace("&amp;", "&")).content.decode()
-    assert second.count('class="audit-entry"') == 5 and "key:0054" in second and "key:0000" not in second
+    assert second.count('class="audit-entry"') == 5 and "key:0000" in second and "key:0054" not in second
 
 
 # --- live --------------------------------------------------------------------------------------

@@ -101,18 +101,20 @@ def test_rows_show_status_workflow_cost_subruns_and_rating(browser: Client, runs
     assert response.status_code == 200
     html = response.content.decode()
     assert '<form id="run-filters" method="get"' in html and '<tbody id="runs-rows"' in html
-    assert row_ids(response.content)[0] == "run_grandchild"  # newest first
+    # Newest tree first, its sub-runs nested under it depth first, oldest first.
+    assert row_ids(response.content)[:4] == ["run_parent", "run_child_ok", "run_grandchild", "run_child_bad"]
     priced = row_of(response.content, "run_priced")
     assert 'href="/w/acme/support/runs/run_priced/"' in priced and 'class="mono run-id"' in priced
     assert '<span class="status status-completed">completed</span>' in priced
+    assert 'data-label="Tokens" title="1,000 in · 100 out">1,100<' in priced
     assert "wf_summarize" in priced and "nightly digest" in priced
     assert re.search(r"\$0\.00021\b", priced)  # 1000 in x 0.15 + 100 out x 0.6 per 1M tokens
     assert "4.5★" in priced and "(2)" in priced
     unpriced = row_of(response.content, "run_unpriced")
     assert 'class="num cost na"' in unpriced and ">n/a<" in unpriced and "$0" not in unpriced
     assert "running" in unpriced
-    assert re.search(r'class="num children">2<', row_of(response.content, "run_parent"))
-    assert re.search(r'class="num children">0<', row_of(response.content, "run_failed"))
+    assert re.search(r'class="num children" data-label="Sub-runs">2<', row_of(response.content, "run_parent"))
+    assert re.search(r'class="num children" data-label="Sub-runs">0<', row_of(response.content, "run_failed"))
 
 
 def test_a_run_without_model_calls_costs_zero_not_na(browser: Client, append) -> None:
@@ -171,7 +173,7 @@ FILTER_CASES = [
 
 def test_filters_select_the_runs(browser: Client, runs: None) -> None:
     for query, expected in FILTER_CASES:
-        response = browser.get(f"{URL}?{query}")
+        response = browser.get(f"{URL}?{query}&subruns=flat")
         assert response.status_code == 200, query
         assert set(row_ids(response.content)) == expected, query
 
@@ -268,7 +270,7 @@ def test_htmx_next_page_replaces_the_link_row_with_rows_and_a_new_link(browser: 
         append(f"run_{i:03d}", started())
     first = browser.get(URL).content.decode()
     assert re.search(
-        r'<tr class="more"><td colspan="8"><a id="next-page" href="[^"]+" hx-get="[^"]+" '
+        r'<tr class="more"><td colspan="10"><a id="next-page" href="[^"]+" hx-get="[^"]+" '
         r'hx-target="closest tr" hx-swap="outerHTML">',
         first,
     )
@@ -340,10 +342,10 @@ def test_runs_list_queries_do_not_grow_with_the_workspace(
             with CaptureQueriesContext(connection) as captured:
                 assert browser.get(URL + query, headers=headers).status_code == 200
             counts[query, bool(headers)] = len(captured)
-    # session, user, workspace, switcher, page, sub-runs, ratings, re-executions awaiting approval
-    # (attention; the rest of it only for unfinished runs), failed steps (failed runs); the
-    # navigation: role, approval cards, tool calls waiting
-    assert counts["", False] <= 13
+    # session, user, workspace, switcher, page, runs nested below, sub-runs, ratings, re-executions
+    # awaiting approval (attention; the rest of it only for unfinished runs), failed steps (failed
+    # runs); the navigation: role, approval cards, tool calls waiting
+    assert counts["", False] <= 15
     _bulk_runs(workspace, 9_900)
     assert Run.objects.filter(workspace=workspace).count() == 10_000
     for (query, htmx), count in counts.items():

@@ -41,13 +41,6 @@ def _append(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> Any:
     return database_sync_to_async(append)(workspace=workspace, run_id=run_id, events=list(events))
 
 
-def _row_on_page(client: Client, run_id: str) -> str:
-    html = client.get("/w/acme/support/").content.decode()
-    match = re.search(rf'<tr class="run" data-run-id="{run_id}".*?</tr>', html, re.S)
-    assert match, f"{run_id} is not on the page"
-    return match.group(0)
-
-
 def test_a_new_run_is_announced_and_the_rows_fragment_shows_it(member: Any, workspace: Workspace) -> None:
     """The socket says which run moved; the page fetches its rows again (static/js/live.js), the
     fragment a reload renders."""

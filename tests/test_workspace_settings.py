@@ -4,6 +4,7 @@ their last use noted at most once a minute; `ledger keys list|revoke` on the com
 from __future__ import annotations
 
 import io
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -195,3 +196,51 @@ def test_keys_list_and_revoke_on_the_command_line(keys: dict[str, tuple[ApiKey, 
     assert ci.prefix in cli("keys", "list", "--all")
     with pytest.raises(CommandError, match="no API key"):
         cli("keys", "revoke", "nope")
+
+
+# --- making keys in the console -----------------------------------------------------------------
+
+CREATE = PAGE + "keys/"
+
+
+def test_an_admin_makes_a_key_sees_the_secret_once_and_it_works(admin: Any, workspace: Workspace) -> None:
+    c = as_user(admin)
+    response = c.post(CREATE, {"name": "nightly", "scopes": ["read", "ingest"]})
+    assert response.status_code == 201 and response["Cache-Control"] == "no-store"
+    html = response.content.decode()
+    secret = re.search(r'id="new-key-secret" class="mono secret" readonly value="([^"]+)"', html).group(1)
+    key = authenticate_key(secret)
+    assert key is not None and key.workspace == workspace and key.name == "nightly"
+    assert key.scopes == ["ingest", "read"]
+    assert f'data-prefix="{key.prefix}"' in html  # listed at once
+    assert secret not in c.get(PAGE).content.decode()  # and never shown again
+    entry = AuditEntry.objects.get(action=audit.Action.API_KEY_CREATED)
+    assert entry.actor == admin.get_username() and entry.details == {"name": "nightly", "scopes": ["ingest", "read"]}
+    # The key reads through the API.
+    api = Client(headers={"Authorization": f"Bearer {secret}"})
+    assert api.get("/api/v1/runs").status_code == 200
+
+
+def test_a_key_without_a_scope_is_refused_keeping_what_was_typed(admin: Any) -> None:
+    response = as_user(admin).post(CREATE, {"name": "typed-name"})
+    assert response.status_code == 400
+    html = response.content.decode()
+    form = re.search(r'<form id="key-form".*?</form>', html, re.S).group(0)
+    assert 'name="name" value="typed-name"' in form
+    assert re.search(r'class="field field-scopes invalid".*Tick at least one scope', form, re.S)
+    assert 'aria-describedby="key-scopes-error"' in form
+    assert ApiKey.objects.count() == 0 and not AuditEntry.objects.filter(action=audit.Action.API_KEY_CREATED).exists()
+    too_long = as_user(admin).post(CREATE, {"name": "x" * 201, "scopes": ["read"]})
+    assert too_long.status_code == 400 and "at most 200 characters" in too_long.content.decode()
+    assert ApiKey.objects.count() == 0
+
+
+def test_making_keys_is_for_admins_and_a_404_for_another_tenant(
+    approver: Any, viewer: Any, outsider: Any, client: Client
+) -> None:
+    for member in (approver, viewer):
+        refused = as_user(member).post(CREATE, {"name": "mine", "scopes": ["read"]})
+        assert refused.status_code == 403 and 'class="error-page"' in refused.content.decode()
+    assert as_user(outsider).post(CREATE, {"name": "mine", "scopes": ["read"]}).status_code == 404
+    assert client.post(CREATE, {"name": "mine", "scopes": ["read"]}).status_code == 302
+    assert ApiKey.objects.count() == 0

@@ -11,34 +11,57 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ledger.models import RunStatus, Workspace
-from ledger.reads import attention, selectors, serialize
+from ledger.reads import attention, runlist, selectors, serialize
 
 from .auth import access_for
 from .base import ApiView, run_for
-from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_param
+from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, keyset_cursor, limit_param
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, RunListSerializer, RunSerializer, error_responses
+
+
+def _sort(request: Request) -> runlist.Sort:
+    key = request.query_params.get("sort") or "started"
+    if key not in runlist.SORT_KEYS:
+        raise InvalidParameter(f"sort must be one of {', '.join(runlist.SORT_KEYS)}", parameter="sort")
+    order = request.query_params.get("order") or "desc"
+    if order not in ("desc", "asc"):
+        raise InvalidParameter("order must be desc or asc", parameter="order")
+    return runlist.Sort(key=key, descending=order == "desc", nested=False)
+
+
+def _position(request: Request, sort: runlist.Sort) -> runlist.Position | None:
+    if sort.default:
+        return keyset_cursor(request)
+    cursor = decode_cursor(request)
+    if cursor is None:
+        return None
+    try:
+        return runlist.load_position(sort, cursor)
+    except (ValueError, TypeError, ArithmeticError):
+        raise InvalidCursor("cursor is not one this API gave out") from None
 
 
 def _runs_page(request: Request, workspace: Workspace, *, needs: str | None = None, **filters: Any) -> dict[str, Any]:
     limit = limit_param(request)
-    after = keyset_cursor(request)
+    sort = _sort(request)
+    position = _position(request, sort)
     qs = selectors.filtered_runs(workspace, **filters)
     if needs is not None:
         qs = attention.matching(qs, workspace, needs)
-    page, more = selectors.runs_page(qs, limit=limit, after=after)
+    page, more = runlist.page(qs, sort, limit=limit, position=position)
     for row in page:
         row.workspace = workspace
     counts = selectors.children_counts(workspace, [r.run_id for r in page])
     shown = attention.for_runs(workspace, page)
     last = page[-1] if page else None
-    next_cursor = encode_cursor({"t": last.created_at.isoformat(), "id": last.pk}) if more and last else None
+    next_cursor = encode_cursor(runlist.dump_position(sort, last)) if more and last else None
     return {"runs": serialize.runs(page, counts, shown), "next": next_cursor}
 
 
 class RunListView(ApiView):
     @extend_schema(
         operation_id="list_runs",
-        summary="Runs of the workspace, newest first (scope read)",
+        summary="Runs of the workspace, newest first or sorted (scope read)",
         parameters=[
             OpenApiParameter("status", OpenApiTypes.STR, enum=list(RunStatus.values)),
             OpenApiParameter("workflow", OpenApiTypes.STR, description="exact workflowVersionId"),
@@ -52,6 +75,14 @@ class RunListView(ApiView):
                 enum=[attention.ANY, *attention.KINDS],
                 description="runs that need this of a person (`any`: any kind), whichever their attention shows first",
             ),
+            OpenApiParameter(
+                "sort",
+                OpenApiTypes.STR,
+                enum=list(runlist.SORT_KEYS),
+                description="started (default), duration, cost or tokens (input + output); runs without "
+                "a value (still going, unpriced) come last",
+            ),
+            OpenApiParameter("order", OpenApiTypes.STR, enum=["desc", "asc"], description="desc (default) or asc"),
             LIMIT,
             CURSOR,
             WORKSPACE,

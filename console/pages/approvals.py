@@ -38,6 +38,7 @@ from ledger.runtime.reexecute import mode_plan
 from ..format import money
 from .guard import has_role, workspace_or_404
 from .reexecution import divergence_url, member, report_for
+from .runs import refused_batch
 
 Status = ReexecutionRequest.Status
 FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DENIED, Status.EXPIRED})  # a batch of these is static
@@ -273,16 +274,18 @@ def batch_create(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
         raise PermissionDenied("requesting an evaluation needs the operator role")
     run_ids = [r for r in request.POST.getlist("run") if r]
     reason = request.POST.get("reason", "").strip()
-    mapping, problem = parse_mapping(request.POST.get("models", ""))
+    models_text = request.POST.get("models", "")
+    mapping, problem = parse_mapping(models_text)
+    errors: dict[str, str] = {}
     if not run_ids:
-        problem = "Select the runs to evaluate (the boxes in the runs list)."
+        errors["run"] = "Tick the runs to evaluate (the boxes in the list below)."
     elif len(run_ids) > MAX_BATCH:
-        problem = f"A batch holds at most {MAX_BATCH} runs."
-    elif not reason:
-        problem = "Say why these runs should be evaluated (the reason is required)."
-    elif not mapping:
-        problem = problem or "Give the model mapping to evaluate, e.g. default=scripted/gpt-4o."
-    if not problem:
+        errors["run"] = f"A batch holds at most {MAX_BATCH} runs."
+    if problem or not mapping:
+        errors["models"] = problem or "Give the model mapping to evaluate, e.g. default=scripted/gpt-4o."
+    if not reason:
+        errors["reason"] = "Say why these runs should be evaluated (the reason is required)."
+    if not errors:
         try:
             batch_id, _ = services.request_batch(
                 workspace=ws,
@@ -292,25 +295,17 @@ def batch_create(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
                 model_overrides=mapping,
             )
         except NotFound as exc:
-            problem = exc.message
+            errors["run"] = exc.message
         except Forbidden as exc:
             raise PermissionDenied(exc.message) from None
         except LedgerError as exc:
             if exc.status >= 500:
                 raise
-            problem = exc.message
+            errors["form"] = exc.message
         else:
             return redirect("batch", tenant=tenant, workspace=workspace, batch_id=batch_id)
-    return render(
-        request,
-        "console/approvals/batch_refused.html",
-        {
-            "workspace": ws,
-            "message": problem,
-            "workspaces": selectors.workspaces_for(request.user),
-        },
-        status=400,
-    )
+    # Refused: the runs list again with the form open as typed, each reason beside its field.
+    return refused_batch(request, ws, errors=errors, models=models_text, reason=reason, run_ids=run_ids)
 
 
 def _outcome_kept(report: dict[str, Any]) -> bool:

@@ -1,4 +1,6 @@
-"""The audit log of a tenant, for its admins: filters in the URL, cursor pages, a CSV link.
+"""The audit log of a tenant, for its admins: newest first, filters in the URL, cursor pages, a CSV
+link; each target a link to what it names (a run, a key, a workspace, a re-execution) and the
+details as words, not JSON.
 
 Another tenant's log is a 404 (its existence is not revealed, docs/design.md §2); a member below admin
 gets 403. The CSV is the API's own (`GET /api/v1/audit?format=csv`, which takes the session), so
@@ -8,6 +10,7 @@ the page and the export can never disagree about what an entry says.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -51,11 +54,58 @@ class AuditFilterForm(DateRangePageForm):
             # `to` is a whole day, inclusive (as on the runs list and in the API).
             "end": day(d["to"] + timedelta(days=1)) if d["to"] else None,
             "after": d["cursor"],
+            "newest_first": True,
         }
 
 
 def _cursor(entry: AuditEntry) -> str:
     return page_cursor(entry.at, entry.pk)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(_value(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k} {_value(v)}" for k, v in sorted(value.items())) or "none"
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _details(details: Any) -> list[tuple[str, str]]:
+    """An entry's details as (label, value) lines: `scopes` → "ingest, read", nested objects as
+    "key value; …", the JSON only where nothing else would do (the CSV keeps it exact)."""
+    if not details:
+        return []
+    if not isinstance(details, dict):
+        return [("", json.dumps(details, ensure_ascii=False))]
+    return [(str(key).replace("_", " "), _value(value)) for key, value in sorted(details.items())]
+
+
+RUN_ID = re.compile(r"^run_[A-Za-z0-9_.:-]{1,80}$")
+
+
+def _target_url(entry: AuditEntry) -> str | None:
+    """Where an entry's target is shown: the run (`run_…`, `run:run_…`, `run_…/call`), the key in
+    the workspace's settings, the workspace, the re-execution's divergence page; None for targets
+    without a page (a user, a share link, an export)."""
+    target, ws = entry.target, entry.workspace
+    if target.startswith("workspace:"):
+        tenant_slug, _, slug = target.removeprefix("workspace:").partition("/")
+        return reverse("workspace-runs", args=[tenant_slug, slug]) if tenant_slug and slug else None
+    if ws is None:
+        return None
+    where = [ws.tenant.slug, ws.slug]
+    if target.startswith("key:"):
+        return reverse("workspace-settings", args=where) + f"#key-{target.removeprefix('key:')}"
+    run_id = target.removeprefix("run:").partition("/")[0]
+    if RUN_ID.match(run_id):
+        return reverse("run", args=[*where, run_id])
+    if target.startswith("rx_"):
+        return reverse("reexecution-divergence", args=[*where, target])
+    return None
 
 
 def _admin_tenant(request: HttpRequest, tenant: str) -> Tenant:
@@ -96,10 +146,7 @@ def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
     )
     context.update(
         {
-            "entries": [
-                {"entry": e, "details": json.dumps(e.details, ensure_ascii=False, sort_keys=True) if e.details else ""}
-                for e in rows
-            ],
+            "entries": [{"entry": e, "details": _details(e.details), "target_url": _target_url(e)} for e in rows],
             "next_query": _query(request, cursor=_cursor(rows[-1])) if more else None,
             "first_query": _query(request) if form.cleaned_data["cursor"] else None,
             "csv_url": f"{API_AUDIT}?{csv_query}",

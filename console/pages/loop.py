@@ -1,4 +1,4 @@
-"""The outer-loop page: a loop's goal, its cycles (each a run, linked) with status, cost and the
+"""The outer loops of a workspace (a list, newest first, keyset pages) and the outer-loop page: a loop's goal, its cycles (each a run, linked) with status, cost and the
 supervise verdicts, the pending cycle's reserved run, and the usage summed across cycles.
 
 Everything on it is read from the ledger (ledger/runtime/outer_loop.py, `read_loop`): the loop's
@@ -20,8 +20,17 @@ from ledger.canonical import canonical_json
 from ledger.errors import LedgerError
 from ledger.interop.little_loops import imported_loop
 from ledger.reads import selectors
-from ledger.runtime.outer_loop import Cycle, OuterLoopManifestCorrupt, check_outer_loop_id, read_loop, record_run_id
+from ledger.runtime.outer_loop import (
+    RECORD_VERSION_PREFIX,
+    Cycle,
+    OuterLoopManifestCorrupt,
+    check_outer_loop_id,
+    read_loop,
+    record_run_id,
+)
 
+from ..rows import run_rows
+from .filters import DateRangePageForm, page_cursor
 from .guard import member_access, workspace_or_404
 
 PREVIEW = 240  # characters of a cycle's output or a final output shown in the table
@@ -112,6 +121,40 @@ def _imported_loop_page(request: HttpRequest, tenant: str, workspace: str, outer
     return render(request, "console/loop.html", context)
 
 
+LOOPS_PAGE = 50
+
+
+@login_required
+@require_safe
+def loops_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """The workspace's outer loops: their record runs (workflow `outer_loop:…`), newest first."""
+    ws = member_access(request, tenant, workspace).workspace
+    form = DateRangePageForm(request.GET)
+    context: dict[str, Any] = {"workspace": ws, "workspaces": selectors.workspaces_for(request.user), "form": form}
+    if not form.is_valid():
+        context["rows"] = []
+        return render(request, "console/loops.html", context, status=400)
+    qs = selectors.filtered_runs(ws).filter(workflow_version_id__startswith=RECORD_VERSION_PREFIX)
+    page, more = selectors.runs_page(qs, limit=LOOPS_PAGE, after=form.cleaned_data["cursor"])
+    rows = run_rows(ws, page)
+    context.update(
+        {
+            "rows": [
+                {
+                    "row": row,
+                    "loop_id": row.run.run_id.removeprefix("run_"),
+                    "workflow": row.run.workflow_version_id.removeprefix(RECORD_VERSION_PREFIX),
+                }
+                for row in rows
+            ],
+            "next_cursor": page_cursor(page[-1].created_at, page[-1].pk) if more and page else None,
+            "first_page": form.cleaned_data["cursor"] is None,
+        }
+    )
+    return render(request, "console/loops.html", context)
+
+
 urlpatterns = [
+    path("w/<slug:tenant>/<slug:workspace>/loops/", loops_list, name="outer-loops"),
     path("w/<slug:tenant>/<slug:workspace>/loops/<str:outer_loop_id>/", loop_page, name="outer-loop"),
 ]

@@ -45,6 +45,7 @@ from ..format import coverage, tokens
 from ..rows import artifact_url, event_row, render_event_row
 from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversation_page
+from .errors import error_page
 from .guard import has_role, member_access
 from .reexecution import can_request, reexecution_rows, run_origin
 from .share import panel_context
@@ -109,7 +110,8 @@ def _moment(raw: str | None) -> datetime | None:
 
 
 def _bad_request(request: HttpRequest, message: str) -> HttpResponse:
-    return render(request, "console/run/bad_request.html", {"message": message}, status=400)
+    """The styled 400 (console/pages/errors.py), with the way back: this page without the query."""
+    return error_page(request, 400, message, back_url=request.path, back_label="This page without the parameters")
 
 
 def _wants_partial(request: HttpRequest) -> bool:

@@ -1,8 +1,13 @@
-"""The runs list of a workspace: filters in the URL, cursor pages, one row template for page,
-htmx fragment (which static/js/live.js fetches again when console/live/runs.py says a run moved)."""
+"""The runs list of a workspace: filters and sort in the URL, keyset pages, sub-runs nested under
+their parent with the tree's cost; one row template for page and htmx fragment (which
+static/js/live.js fetches again when console/live/runs.py says a run moved). The sorting and the
+tree totals are ledger/reads/runlist.py's."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from datetime import date
 from typing import Any
 from urllib.parse import urlencode
@@ -16,15 +21,20 @@ from django.urls import path
 from django.views.decorators.http import require_safe
 from django_htmx.middleware import HtmxDetails
 
+from ledger import limits
 from ledger.models import Run, RunStatus, Workspace
-from ledger.reads import attention, selectors
+from ledger.reads import attention, runlist, selectors
 
-from ..rows import run_rows
-from .filters import DateRangePageForm, page_cursor
+from ..rows import RunRow, nested_rows, run_rows
+from .filters import DateRangePageForm
 from .guard import member_access
 
 PAGE_SIZE = 50
 FILTERS = ("q", "status", "attention", "workflow", "from", "to", "has_failures", "cost_above", "rating", "model")
+VIEW = ("sort", "order", "subruns")  # how the list is shown: kept in the URL with the filters
+NESTED_ROWS = 200  # sub-runs shown nested on one page, in all (a tree's own page lists the rest)
+NESTED_PER_RUN = 10  # and under one run
+SORT_LABELS = {"started": "Started", "duration": "Duration", "cost": "Cost", "tokens": "Tokens"}
 
 
 # --- filters -------------------------------------------------------------------------------
@@ -54,7 +64,12 @@ class RunFilterForm(DateRangePageForm):
         choices=[("", "anything"), (attention.ANY, "any attention")]
         + [(kind, attention.LABELS[kind]) for kind in attention.KINDS],
     )
-    workflow = forms.CharField(required=False, max_length=200)
+    workflow = forms.CharField(
+        required=False,
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "name, e.g. triage", "type": "search"}),
+        help_text="Part of the workflow's name or version id.",
+    )
     has_failures = forms.BooleanField(required=False, label="Has failures")
     cost_above = forms.DecimalField(
         required=False, min_value=0, max_digits=20, decimal_places=12, label="Cost above ($)"
@@ -70,10 +85,47 @@ class RunFilterForm(DateRangePageForm):
         required=False, max_length=401, widget=forms.TextInput(attrs={"placeholder": "provider/modelId"})
     )
 
+    sort = forms.ChoiceField(
+        required=False,
+        label="Sort by",
+        choices=[("", "Started")] + [(k, v) for k, v in SORT_LABELS.items() if k != "started"],
+    )
+    order = forms.ChoiceField(
+        required=False, label="Order", choices=[("", "highest / newest first"), ("asc", "lowest / oldest first")]
+    )
+    subruns = forms.ChoiceField(
+        required=False,
+        label="Sub-runs",
+        choices=[("", "nested under their parent"), ("flat", "as rows of their own")],
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.order_fields(
             ["q", "status", "attention", "workflow", "from", "to", "model", "cost_above", "rating", "has_failures"]
+            + list(VIEW)
+        )
+
+    def clean_cursor(self) -> str:  # type: ignore[override]
+        return self.cleaned_data["cursor"]  # read in clean(): what it holds depends on the sort
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        raw = data.get("cursor") or ""
+        sort = self.view_sort
+        data["position"] = None
+        if raw:
+            try:
+                data["position"] = _position(sort, raw)
+            except (ValueError, TypeError, OverflowError, ArithmeticError, binascii.Error):
+                self.add_error("cursor", "This page link is broken: start again from the first page.")
+        return data
+
+    @property
+    def view_sort(self) -> runlist.Sort:
+        d = getattr(self, "cleaned_data", {})
+        return runlist.Sort(
+            key=d.get("sort") or "started", descending=d.get("order") != "asc", nested=d.get("subruns") != "flat"
         )
 
     def clean_model(self) -> tuple[str, str] | str | None:
@@ -89,7 +141,7 @@ class RunFilterForm(DateRangePageForm):
         return {
             "status": d["status"] or None,
             "attention": d["attention"] or None,
-            "workflow": d["workflow"].strip() or None,
+            "workflow_name": d["workflow"].strip() or None,
             "q": d["q"].strip() or None,
             "start": d["from"],
             "end": d["to"],
@@ -100,14 +152,44 @@ class RunFilterForm(DateRangePageForm):
         }
 
 
-def _cursor(run: Run) -> str:
-    return page_cursor(run.created_at, run.pk)
+def _cursor(sort: runlist.Sort, run: Run) -> str:
+    position = json.dumps(runlist.dump_position(sort, run), separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+
+
+def _position(sort: runlist.Sort, raw: str) -> runlist.Position:
+    """A cursor back from the browser (its to forge: runlist checks every part), for this sort."""
+    return runlist.load_position(sort, limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))))
 
 
 def _query(request: HttpRequest, **changes: str) -> str:
-    params = {k: v for k, v in request.GET.items() if k in FILTERS and v}
-    params.update({k: v for k, v in changes.items() if v})
+    """This list's URL with these changes, its parameters in one order (filters, view, page), so
+    the same view is always the same link."""
+    given = {k: v for k, v in request.GET.items() if k in FILTERS + VIEW}
+    given.update(changes)
+    params = [(k, given[k]) for k in (*FILTERS, *VIEW, "cursor") if given.get(k)]
     return "?" + urlencode(params) if params else ""
+
+
+def _sort_columns(request: HttpRequest, sort: runlist.Sort) -> list[dict[str, str]]:
+    """Per sortable column, in the table's order: the link that sorts by it (clicked again: the
+    other way round) and the aria-sort state of its header."""
+    columns = []
+    for key in ("started", "duration", "tokens", "cost"):
+        current = key == sort.key
+        descending = not sort.descending if current else True
+        columns.append(
+            {
+                "key": key,
+                "label": SORT_LABELS[key],
+                "url": _query(
+                    request, sort="" if key == "started" else key, order="" if descending else "asc", cursor=""
+                ),
+                "aria": ("descending" if sort.descending else "ascending") if current else "none",
+                "arrow": ("↓" if sort.descending else "↑") if current else "",
+            }
+        )
+    return columns
 
 
 def runs_url(workspace: Workspace, **params: str | date) -> str:
@@ -137,28 +219,52 @@ class _HtmxRequest(HttpRequest):
 @require_safe
 def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = member_access(request, tenant, workspace).workspace
+    return _list(request, ws)
+
+
+def refused_batch(
+    request: HttpRequest, ws: Workspace, *, errors: dict[str, str], models: str, reason: str, run_ids: list[str]
+) -> HttpResponse:
+    """The batch evaluation form refused (console/pages/approvals.py): the newest runs again with
+    the form open, what was typed and ticked kept, and each reason beside its field (400)."""
+    batch = {"open": True, "errors": errors, "models": models, "reason": reason, "picked": set(run_ids)}
+    return _list(request, ws, batch=batch, status=400)
+
+
+def _list(
+    request: HttpRequest, ws: Workspace, *, batch: dict[str, Any] | None = None, status: int = 200
+) -> HttpResponse:
+    htmx = bool(getattr(request, "htmx", False))
     form = RunFilterForm(request.GET)
-    context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs"}
-    if not form.is_valid():
-        template = "console/runs/invalid.html" if request.htmx else "console/runs.html"
+    context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs", "batch": batch or {}}
+    valid = form.is_valid()
+    sort = form.view_sort
+    context.update({"sort": sort, "sort_columns": _sort_columns(request, sort), "sort_label": SORT_LABELS[sort.key]})
+    if not valid:
+        template = "console/runs/invalid.html" if htmx else "console/runs.html"
         context["workspaces"] = selectors.workspaces_for(request.user)
         return render(request, template, context, status=400)
     qs = selectors.search_runs(ws, **form.selector_filters())
-    page, more = selectors.runs_page(qs, limit=PAGE_SIZE, after=form.cleaned_data["cursor"])
+    position = form.cleaned_data["position"]
+    page, more = runlist.page(qs, sort, limit=PAGE_SIZE, position=position)
+    rows: list[RunRow] = (
+        nested_rows(ws, page, limit=NESTED_ROWS, per_run=NESTED_PER_RUN) if sort.nested else run_rows(ws, page)
+    )
     context.update(
         {
-            "rows": run_rows(ws, page),
-            "next_url": _query(request, cursor=_cursor(page[-1])) if more and page else None,
-            "first_page": form.cleaned_data["cursor"] is None,
+            "rows": rows,
+            "next_url": _query(request, cursor=_cursor(sort, page[-1])) if more and page else None,
+            "first_page": position is None,
             "first_url": _query(request, cursor=""),
-            # New runs are pushed only where they belong for sure: the unfiltered first page.
-            "live": form.cleaned_data["cursor"] is None,  # an older page stays as it is
+            # The first page follows the log (static/js/live.js fetches it again, with the same
+            # filters and sort); an older page stays as it is.
+            "live": position is None and batch is None,
         }
     )
-    if request.htmx:
-        return render(request, "console/runs/rows.html", context)
+    if htmx:
+        return render(request, "console/runs/rows.html", context, status=status)
     context["workspaces"] = selectors.workspaces_for(request.user)
-    return render(request, "console/runs.html", context)
+    return render(request, "console/runs.html", context, status=status)
 
 
 urlpatterns = [

@@ -2,8 +2,10 @@
 
 - Retention: days a finished run is kept after its last event before `ledger prune` deletes it
   (empty: forever). Changing it needs a reason; the change is audited (`retention.changed`).
-- API keys: listed by prefix with name, scopes, created, last used and revoked, never a secret;
-  revoking one is audited (`api_key.revoked`). Keys are made with `ledger create-key`.
+- API keys: made here (a name and at least one scope; the secret is shown once, on the answer to
+  the form, never stored or shown again; audited `api_key.created`), listed by prefix with
+  name, scopes, created, last used and revoked, never a secret; revoking one is audited
+  (`api_key.revoked`). `ledger create-key` makes them on the command line too.
 
 Another tenant's workspace is a 404; a member below admin gets 403 (as the audit log). Both forms
 post with htmx and answer with their own fragment (a refused retention: 422 with the form and the
@@ -26,6 +28,7 @@ from ledger.reads import selectors
 from ledger.tenancy import retention
 from ledger.tenancy import services as tenancy
 
+from .errors import error_page
 from .guard import member_access
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
@@ -62,14 +65,43 @@ def _key_row(ws: Workspace, key: ApiKey) -> dict[str, Any]:
     return {"key": key, "revoke_url": reverse("workspace-key-revoke", args=[ws.tenant.slug, ws.slug, key.prefix])}
 
 
-def _page(request: HttpRequest, ws: Workspace, status: int = 200, **retention_state: Any) -> HttpResponse:
+NAME_MAX = 200
+
+
+def _key_form(
+    ws: Workspace, *, name: str = "", scopes: list[str] | None = None, errors: dict[str, str] | None = None
+) -> dict[str, Any]:
+    chosen = ["read"] if scopes is None else scopes
+    return {
+        "url": reverse("workspace-key-create", args=[ws.tenant.slug, ws.slug]),
+        "name": name,
+        "scopes": [{"value": s, "checked": s in chosen} for s in ApiKey.SCOPES],
+        "errors": errors or {},
+        "name_max": NAME_MAX,
+    }
+
+
+def _page(
+    request: HttpRequest,
+    ws: Workspace,
+    status: int = 200,
+    *,
+    key_form: dict[str, Any] | None = None,
+    new_key: dict[str, Any] | None = None,
+    **retention_state: Any,
+) -> HttpResponse:
     context = {
         "workspace": ws,
         "workspaces": selectors.workspaces_for(request.user),
         "keys": [_key_row(ws, k) for k in tenancy.keys(workspace=ws)],
+        "key_form": key_form or _key_form(ws),
+        "new_key": new_key,
         **_retention_context(ws, **retention_state),
     }
-    return render(request, "console/settings.html", context, status=status)
+    response = render(request, "console/settings.html", context, status=status)
+    if new_key is not None:
+        response["Cache-Control"] = "no-store"  # the secret is on this page, once
+    return response
 
 
 @login_required
@@ -126,14 +158,44 @@ def revoke_key(request: HttpRequest, tenant: str, workspace: str, prefix: str) -
     try:
         tenancy.revoke_key(key, by=admin, reason=request.POST.get("reason", ""))
     except LedgerError as exc:
-        return HttpResponse(exc.message, status=exc.status, content_type="text/plain; charset=utf-8")
+        return error_page(
+            request,
+            exc.status,
+            exc.message,
+            back_url=reverse("workspace-settings", args=[tenant, workspace]) + "#api-keys",
+            back_label="API keys",
+        )
     if _partial(request):
         return render(request, "console/settings/key_row.html", {"row": _key_row(ws, key)})
     return redirect(reverse("workspace-settings", args=[tenant, workspace]) + "#api-keys")
 
 
+@login_required
+@require_POST
+def create_key(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """A new key: the page again with its secret shown once (not a redirect: the secret is never
+    stored to be shown on a later page); refused, the form as typed with the reason by the field."""
+    ws, admin = _admin(request, tenant, workspace)
+    name = request.POST.get("name", "")[: NAME_MAX + 1].strip()
+    scopes = [s for s in request.POST.getlist("scopes") if s in ApiKey.SCOPES]
+    errors = {}
+    if len(name) > NAME_MAX:
+        errors["name"] = f"A name has at most {NAME_MAX} characters."
+    if not scopes:
+        errors["scopes"] = "Tick at least one scope: what the key may do."
+    if errors:
+        return _page(request, ws, status=400, key_form=_key_form(ws, name=name, scopes=scopes, errors=errors))
+    try:
+        key, secret = tenancy.create_key(workspace=ws, scopes=scopes, name=name, by=admin)
+    except LedgerError as exc:
+        errors["scopes"] = exc.message
+        return _page(request, ws, status=400, key_form=_key_form(ws, name=name, scopes=scopes, errors=errors))
+    return _page(request, ws, status=201, new_key={"key": key, "secret": secret})
+
+
 urlpatterns = [
     path(WS + "settings/", workspace_settings, name="workspace-settings"),
     path(WS + "settings/retention/", set_retention, name="workspace-retention"),
+    path(WS + "settings/keys/", create_key, name="workspace-key-create"),
     path(WS + "settings/keys/<str:prefix>/revoke/", revoke_key, name="workspace-key-revoke"),
 ]

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django import template
+from django.template.base import Node, Parser, Token
+from django.template.context import Context
+from django.template.exceptions import TemplateDoesNotExist
+from django.template.loader import get_template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -59,3 +63,47 @@ def long_text(text: str) -> dict[str, Any]:
 def words(value: str) -> str:
     """A status as words: "in_doubt" reads "in doubt"."""
     return str(value).replace("_", " ")
+
+
+@register.filter
+def count(value: int | None) -> str:
+    """Tokens, events, calls: thousands separated."""
+    return fmt.count(value)
+
+
+@register.filter
+def byte_size(value: int | None) -> str:
+    return fmt.byte_size(value)
+
+
+@register.filter
+def status_label(value: str) -> str:
+    return fmt.status_label(value)
+
+
+@register.filter
+def indent(depth: int) -> int:
+    """A nested row's indentation step (console.css has four)."""
+    return min(int(depth), 4)
+
+
+class _OptionalInclude(Node):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def render(self, context: Context) -> str:
+        try:
+            included = get_template(self.name)
+        except TemplateDoesNotExist:
+            return ""
+        return included.render(cast(dict[str, Any], context.flatten()))
+
+
+@register.tag
+def optional_include(parser: Parser, token: Token) -> Node:
+    """`{% optional_include "path.html" %}`: the template with the current context, or nothing
+    while it does not exist (an include point for a part another change provides)."""
+    bits = token.split_contents()
+    if len(bits) != 2 or bits[1][0] not in "'\"" or bits[1][0] != bits[1][-1]:
+        raise template.TemplateSyntaxError("optional_include takes one quoted template name")
+    return _OptionalInclude(bits[1][1:-1])

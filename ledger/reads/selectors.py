@@ -213,6 +213,7 @@ def search_runs(
     min_rating: int | None = None,
     model: tuple[str, str] | str | None = None,
     attention: str | None = None,
+    workflow_name: str | None = None,
 ) -> QuerySet[Run]:
     """The console's runs list: filtered_runs plus the console's filters, newest first.
 
@@ -224,11 +225,14 @@ def search_runs(
     sub-run below it failed (a direct sub-run; for a root run, any run of its tree).
     `min_rating`: the average of the run's ratings is at least this. `cost_above`: strictly above,
     so an unpriced run (NULL cost) never matches. `attention`: attention.ANY or a kind
-    (ledger/reads/attention.py).
+    (ledger/reads/attention.py). `workflow_name`: part of the workflow version id
+    (`wfver_<name>_<hash>`), any case — a name finds every version; `workflow` is exact.
     """
     qs = filtered_runs(workspace, status=status, workflow=workflow, q=q)
     if attention:
         qs = needing(qs, workspace, attention)
+    if workflow_name:
+        qs = qs.filter(workflow_version_id__icontains=workflow_name)
     since = _utc_day_start(start) if start else None
     until = _utc_day_start(end + timedelta(days=1)) if end else None
     if model is not None:

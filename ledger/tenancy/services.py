@@ -100,7 +100,7 @@ def _hash(key: str) -> str:
 
 @transaction.atomic
 def create_key(
-    *, workspace: Workspace, scopes: Iterable[str], name: str = "", by: audit.Actor = CLI
+    *, workspace: Workspace, scopes: Iterable[str], name: str = "", by: audit.Actor | AbstractBaseUser = CLI
 ) -> tuple[ApiKey, str]:
     """Create an API key; the secret is returned once and only its hash is stored. Audited."""
     scopes = sorted(set(scopes))

@@ -193,7 +193,7 @@ def open_context(browser: Browser, transactional_db: None) -> Iterator[Any]:
     contexts: list[BrowserContext] = []
 
     def _open(**options: Any) -> BrowserContext:
-        context = browser.new_context(viewport={"width": 1280, "height": 860}, **options)
+        context = browser.new_context(**{"viewport": {"width": 1280, "height": 860}, **options})
         context.set_default_timeout(WAIT_MS)
         contexts.append(context)
         return context

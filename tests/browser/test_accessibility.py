@@ -34,6 +34,17 @@ PAGES = {
     "approvals": "/w/acme/support/approvals/",
     "settings": "/w/acme/support/settings/",
     "concepts": "/concepts/",
+    "runs-by-cost": "/w/acme/research/?sort=cost",
+    "runs-flat": "/w/acme/research/?subruns=flat&sort=tokens&order=asc",
+    "loops": "/w/acme/research/loops/",
+    "audit": "/t/acme/audit/",
+    "redaction": "/w/acme/support/settings/redaction/",
+}
+# The error pages, each with the status it answers (console/pages/errors.py).
+ERROR_PAGES = {
+    "error-404": ("/no/such/page/", 404),
+    "error-400": (f"{SUPPORT}/run_demo_triage/timeline/?first=in_doubt", 400),
+    "error-404-run": (f"{SUPPORT}/run_nothing_here/", 404),
 }
 PHOTOGRAPHED = ("run-search", "run-conversation", "run-waterfall", "run-state", "outer-loop")
 
@@ -62,6 +73,16 @@ def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
             _check(page, name, scheme, failures)
             if name in PHOTOGRAPHED:
                 page.screenshot(path=str(screenshot_dir() / f"{name}-{scheme}.png"), full_page=True)
+        for name, (path, status) in ERROR_PAGES.items():
+            response = page.goto(f"{server.url}{path}")
+            assert response is not None and response.status == status, path
+            _check(page, name, scheme, failures)
+        # A viewer refused the audit log: the styled 403.
+        viewer = open_context(color_scheme=scheme).new_page()
+        log_in_to_demo(viewer, server, username="dave")
+        response = viewer.goto(f"{server.url}/t/acme/audit/")
+        assert response is not None and response.status == 403
+        _check(viewer, "error-403", scheme, failures)
     assert failures == {}, failures
 
 

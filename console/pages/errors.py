@@ -1,0 +1,114 @@
+"""The console's error pages: 400, 403, 404, 410 and 500 in the console's layout, each with a way
+back (Django's handler400/403/404/500, set in console/urls.py, and `error_page` for the views'
+own refusals).
+
+A 404 never says more than "not found" (another tenant's object reads as one that does not
+exist, docs/design.md §2). Under /api/ console/api/errors.py turns these into the API's error
+envelope. The 500 page reads nothing from the database: it is what shows when
+the database is what failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, HttpResponseServerError
+from django.template import loader
+from django.template.response import TemplateResponse
+
+from ledger.models import Workspace
+from ledger.reads import selectors
+
+TEMPLATE = "errors/error.html"
+
+TITLES = {
+    400: "Bad request",
+    403: "Not allowed",
+    404: "Not found",
+    410: "Gone",
+    500: "Something went wrong",
+}
+MESSAGES = {
+    400: "The address or the form holds something this page cannot use.",
+    403: "Your role in this tenant does not allow this page. An admin of the tenant can change your role.",
+    404: "There is nothing at this address, or it is not yours to see.",
+    410: "What was here has been removed.",
+    500: "The server failed to answer. The error has been logged; try again in a moment.",
+}
+
+
+def _where(request: HttpRequest) -> tuple[Any, Workspace | None]:
+    """The member's workspaces (for the switcher) and, when the address is one of them, that one
+    (its navigation offers the way back)."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return [], None
+    workspaces = selectors.workspaces_for(user)
+    kwargs = request.resolver_match.kwargs if request.resolver_match else {}
+    here = None
+    if "tenant" in kwargs and "workspace" in kwargs:
+        here = workspaces.filter(tenant__slug=kwargs["tenant"], slug=kwargs["workspace"]).first()
+    elif "tenant" in kwargs:
+        here = workspaces.filter(tenant__slug=kwargs["tenant"]).first()
+    return workspaces, here
+
+
+def error_page(
+    request: HttpRequest,
+    status: int,
+    message: str = "",
+    *,
+    title: str = "",
+    back_url: str = "",
+    back_label: str = "",
+    context: dict[str, Any] | None = None,
+) -> HttpResponse:
+    """An error in the console's layout: what went wrong, and where to go from here."""
+    workspaces, here = _where(request)
+    page: dict[str, Any] = {
+        "status": status,
+        "title": title or TITLES.get(status, "Error"),
+        "message": message or MESSAGES.get(status, ""),
+        "back_url": back_url,
+        "back_label": back_label or "Back",
+        "workspaces": workspaces,
+        "workspace": here,
+        **(context or {}),
+    }
+    if here is not None and not back_url:
+        page["back_url"] = f"/w/{here.tenant.slug}/{here.slug}/"
+        page["back_label"] = f"Runs of {here}"
+    return TemplateResponse(request, TEMPLATE, page, status=status).render()
+
+
+def _message(exception: Exception | None, status: int) -> str:
+    """The exception's own words where they are meant for the reader (PermissionDenied("the
+    audit log is for the tenant's admins")); the generic sentence otherwise. A 404 keeps the
+    generic one: its reason may name what is not to be revealed."""
+    text = str(exception) if exception is not None and exception.args else ""
+    if status == 404 or not text or text in ("not found", "Forbidden"):
+        return MESSAGES[status]
+    return text[:300].rstrip(".") + "."
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return error_page(request, 400, _message(exception, 400))
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return error_page(request, 403, _message(exception, 403))
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return error_page(request, 404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """The layout without the database: no user, no workspaces (the failure may be the database)."""
+    try:
+        html = loader.get_template(TEMPLATE).render(
+            {"status": 500, "title": TITLES[500], "message": MESSAGES[500], "back_url": "/", "back_label": "Home"}
+        )
+    except Exception:  # noqa: BLE001 - the last answer: whatever failed, a page still goes out
+        html = "<!doctype html><title>Server error</title><h1>Something went wrong</h1><p><a href='/'>Home</a></p>"
+    return HttpResponseServerError(html)

@@ -1,0 +1,113 @@
+"""The runs list to triage from and the error pages, in headless Chromium against a Daphne with
+DEBUG off and the collected static files (as production): sorted by cost, the most expensive tree
+comes first with its sub-runs nested under it; an error page keeps the console's layout and leads
+back; at 390 px wide no page scrolls sideways."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from ledger.models import Run, Workspace
+from ledger.reads import runlist
+from tests.browser.conftest import log_in_to_demo, screenshot_dir
+from tests.servers import Daphne, production_env, start_daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RESEARCH = "/w/acme/research/"
+NARROW = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="module")
+def production(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
+) -> Iterator[Daphne]:
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production-triage", production_env(collected_static))
+    yield daphne
+    daphne.stop()
+
+
+def _dearest_tree(workspace: Workspace) -> tuple[str, int]:
+    """The run without a parent whose tree costs most, by the database's own sums, and its size."""
+    roots = runlist.with_tree_totals(Run.objects.filter(workspace=workspace, parent_run_id=""))
+    dearest = max((r for r in roots if r.tree_cost is not None), key=lambda r: (r.tree_cost, r.pk))
+    assert dearest.below > 0, "the demo's dearest tree has sub-runs"
+    return dearest.run_id, dearest.below
+
+
+def test_sorted_by_cost_the_dearest_tree_comes_first_with_its_sub_runs_nested(
+    open_context: Any, production: Daphne, demo: None
+) -> None:
+    workspace = Workspace.objects.get(tenant__slug="acme", slug="research")
+    dearest, below = _dearest_tree(workspace)
+    page = open_context().new_page()
+    log_in_to_demo(page, production)
+    page.goto(f"{production.url}{RESEARCH}")
+    page.locator("#sort-cost").click()  # the header: a link, the sort kept in the URL
+    expect(page).to_have_url(re.compile(r"/w/acme/research/\?sort=cost$"))
+    expect(page.locator("th:has(#sort-cost)")).to_have_attribute("aria-sort", "descending")
+    rows = page.locator("#runs-rows tr.run")
+    expect(rows.first).to_have_attribute("data-run-id", dearest)
+    expect(rows.first).to_have_attribute("data-tree", str(below))
+    expect(rows.first.locator("td.cost")).to_contain_text("tree")
+    nested = min(below, 10)
+    for i in range(1, nested + 1):
+        expect(rows.nth(i)).not_to_have_attribute("data-depth", "0")
+    expect(rows.nth(nested + 1)).to_have_attribute("data-depth", "0")
+    # The first nested row is a direct sub-run of the dearest tree.
+    expect(rows.nth(1)).to_have_attribute("data-parent", dearest)
+    # Bookmarked, the same view comes back.
+    page.goto(f"{production.url}{RESEARCH}?sort=cost")
+    expect(page.locator("#runs-rows tr.run").first).to_have_attribute("data-run-id", dearest)
+    page.screenshot(path=str(screenshot_dir() / "runs-by-cost-light.png"), full_page=True)
+
+
+def test_an_error_page_keeps_the_layout_and_leads_back(open_context: Any, production: Daphne, demo: None) -> None:
+    page = open_context().new_page()
+    log_in_to_demo(page, production, username="dave")  # a viewer
+    response = page.goto(f"{production.url}/t/acme/audit/")
+    assert response is not None and response.status == 403
+    expect(page.locator("header.top")).to_be_visible()
+    expect(page.locator("#error-title")).to_have_text("Not allowed")
+    expect(page.locator("link[rel=stylesheet]").first).to_have_attribute(
+        "href", re.compile(r"^/static/css/console\.[0-9a-f]{12}\.css$")
+    )
+    assert page.evaluate("getComputedStyle(document.body).margin") != "8px"  # console.css applied
+    page.locator("#error-back").click()
+    expect(page).to_have_url(re.compile(r"/w/acme/[a-z]+/$"))  # a workspace of the tenant
+    response = page.goto(f"{production.url}/no/such/page/")
+    assert response is not None and response.status == 404
+    expect(page.locator("nav.switcher")).to_be_visible()
+    expect(page.locator("#error-title")).to_have_text("Not found")
+
+
+NARROW_PAGES = (
+    "/w/acme/support/",
+    "/w/acme/research/?sort=cost",
+    "/w/acme/research/loops/",
+    "/w/acme/support/settings/",
+    "/t/acme/audit/",
+    "/w/acme/support/settings/redaction/",
+    "/no/such/page/",
+)
+
+
+def test_no_sideways_scroll_at_390_px(open_context: Any, production: Daphne, demo: None) -> None:
+    context = open_context(viewport=NARROW)
+    page = context.new_page()
+    log_in_to_demo(page, production)
+    wide = {}
+    for path in NARROW_PAGES:
+        page.goto(f"{production.url}{path}")
+        overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        if overflow > 0:
+            wide[path] = overflow
+        if path == "/w/acme/support/":
+            page.screenshot(path=str(screenshot_dir() / "runs-390.png"), full_page=True)
+    assert wide == {}, wide

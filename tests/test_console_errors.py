@@ -1,0 +1,129 @@
+"""The console's error pages: 400, 403, 404 and 500 in the console's layout with a way back
+(console/pages/errors.py), with DEBUG off as in production; the API keeps its JSON envelope."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client, RequestFactory
+
+from console.pages import errors
+from ledger.models import Workspace
+from tests.conftest import ev, started
+
+pytestmark = pytest.mark.django_db
+
+
+def styled(html: str, status: int, title: str) -> None:
+    assert '<link rel="stylesheet" href="/static/css/console.css">' in html or "css/console" in html
+    assert '<header class="top">' in html and '<main id="main">' in html and 'class="site-footer"' in html
+    assert f'data-status="{status}"' in html and f'<h1 id="error-title">{title}</h1>' in html
+    assert '<a id="error-home" href="/">Home</a>' in html
+
+
+def test_debug_is_off_here() -> None:
+    assert settings.DEBUG is False  # Django's test runner, as production: the handlers answer
+
+
+def test_an_unknown_address_is_a_styled_404_with_the_members_workspaces(browser: Client) -> None:
+    response = browser.get("/no/such/page/")
+    assert response.status_code == 404
+    html = response.content.decode()
+    styled(html, 404, "Not found")
+    assert 'data-workspace="acme/support"' in html  # the switcher: a way back to work
+
+
+def test_anonymous_404_keeps_the_layout(client: Client) -> None:
+    response = client.get("/nothing-here/")
+    assert response.status_code == 404
+    styled(response.content.decode(), 404, "Not found")
+
+
+def test_another_tenants_workspace_is_a_404_that_names_nothing_of_it(client: Client, outsider: User, append) -> None:
+    append("run_secret", started("wfver_secret_workflow"))
+    client.force_login(outsider)
+    response = client.get("/w/acme/support/runs/run_secret/")
+    assert response.status_code == 404
+    html = response.content.decode()
+    styled(html, 404, "Not found")
+    assert "acme" not in html and "run_secret" not in html and "secret_workflow" not in html
+
+
+def test_a_viewer_opening_audit_gets_the_styled_403_with_the_way_back(client: Client, viewer: User) -> None:
+    client.force_login(viewer)
+    response = client.get("/t/acme/audit/")
+    assert response.status_code == 403
+    html = response.content.decode()
+    styled(html, 403, "Not allowed")
+    assert "the audit log is for the tenant&#x27;s admins." in html
+    assert '<a id="error-back" href="/w/acme/support/">Runs of acme/support</a>' in html
+    assert 'id="nav-runs" href="/w/acme/support/"' in html  # the workspace's navigation
+
+
+def test_first_failure_on_a_run_without_one_is_a_styled_400_back_to_the_run(browser: Client, append) -> None:
+    append("run_fine", started(), ev("RunCompleted", output="ok"))
+    url = "/w/acme/support/runs/run_fine/timeline/"
+    response = browser.get(url + "?first=failure")
+    assert response.status_code == 400
+    html = response.content.decode()
+    styled(html, 400, "Bad request")
+    assert "this run has no failure" in html
+    assert f'<a id="error-back" href="{url}">This page without the parameters</a>' in html
+
+
+def test_the_500_page_keeps_the_layout_without_the_database(workspace: Workspace) -> None:
+    request = RequestFactory().get("/w/acme/support/")
+    response = errors.server_error(request)
+    assert response.status_code == 500
+    html = response.content.decode()
+    styled(html, 500, "Something went wrong")
+    assert "logout" not in html
+
+
+@pytest.mark.urls("tests.crash_urls")
+def test_a_crash_answers_the_styled_500(member: User) -> None:
+    crashing = Client(raise_request_exception=False)
+    crashing.force_login(member)
+    response = crashing.get("/crash/")
+    assert response.status_code == 500
+    html = response.content.decode()
+    styled(html, 500, "Something went wrong")
+    assert "detail for the log" not in html
+
+
+def test_the_api_keeps_its_json_envelope(client: Client) -> None:
+    response = client.get("/api/v1/no-such-endpoint")
+    assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
+    assert re.search(r'"code":\s*"not_found"', response.content.decode())
+
+
+def test_audit_is_newest_first_with_targets_linked_and_details_readable(
+    browser: Client, workspace: Workspace, append
+) -> None:
+    from ledger.tenancy.services import create_key
+
+    append("run_audited", started())
+    key, _ = create_key(workspace=workspace, scopes=["read", "ingest"], name="ci")
+    from ledger import audit
+
+    audit.record(
+        actor="alice", tenant=workspace.tenant, workspace=workspace, action="run.cancelled", target="run_audited"
+    )
+    html = browser.get("/t/acme/audit/").content.decode()
+    assert html.index("run_audited") < html.index(f"key:{key.prefix}")  # the newer first
+    assert '<a href="/w/acme/support/runs/run_audited/">run_audited</a>' in html
+    assert f'<a href="/w/acme/support/settings/#key-{key.prefix}">key:{key.prefix}</a>' in html
+    assert "<dt>scopes</dt><dd>ingest, read</dd>" in html and "<dt>name</dt><dd>ci</dd>" in html
+    assert '"scopes"' not in html  # no raw JSON
+
+
+def test_one_format_for_counts_and_byte_sizes() -> None:
+    from console import format as fmt
+
+    assert [fmt.count(n) for n in (0, 2276, 113776, None)] == ["0", "2,276", "113,776", "—"]
+    sizes = [fmt.byte_size(n) for n in (0, 512, 999, 4349, 434913, 1_200_000, 3_000_000_000)]
+    assert sizes == ["0 B", "512 B", "999 B", "4.35 kB", "435 kB", "1.20 MB", "3.00 GB"]
+    assert fmt.status_label("pending_approval") == "waiting for approval" and fmt.status_label("in_doubt") == "in doubt"
