@@ -1,4 +1,4 @@
-"""The timeline with time in it (console/pages/timeline.py): offsets from the run's start with
+"""The timeline with time in it (console/timeline.py): offsets from the run's start with
 the absolute time on hover, a marked row for a silence (with why, when the log says), a one-line
 summary of each payload, and the two events of one call grouped."""
 

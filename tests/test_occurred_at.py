@@ -56,6 +56,6 @@ def test_the_run_and_its_steps_read_the_same_through_the_api(append: Callable[..
     assert run.finished_at == datetime(2026, 1, 1, 9, 0, 5, tzinfo=UTC)
     step = Step.objects.get(run=run, step_path="a")
     assert (step.finished_at - step.started_at).total_seconds() == 2.499999
-    shown = serialize.run(run, children=0)
+    shown = serialize.run(run, children=0, attention=None)
     assert (shown["startedAt"], shown["finishedAt"]) == ("2026-01-01T08:59:59.999Z", "2026-01-01T09:00:05.000Z")
     assert all(check.status == "pass" for check in verify_run(run))

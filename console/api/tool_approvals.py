@@ -22,7 +22,7 @@ from .schema import RUN_ID, WORKSPACE, error_responses
 TAGS = ["run control"]
 
 
-class DecisionInputSerializer(serializers.Serializer):
+class ToolDecisionInputSerializer(serializers.Serializer):
     note = WrittenText(help_text="why: recorded in the run's log and in the audit log")
     argsDigest = serializers.CharField(
         max_length=80,
@@ -31,7 +31,7 @@ class DecisionInputSerializer(serializers.Serializer):
     )
 
 
-class DecisionSerializer(serializers.Serializer):
+class ToolDecisionSerializer(serializers.Serializer):
     runId = serializers.CharField()
     callId = serializers.CharField()
     toolName = serializers.CharField()
@@ -51,7 +51,7 @@ def _decide(request: Request, run_id: str, call_id: str, *, approve: bool) -> Re
     caller = access_for(request, "read", run_id=run_id, role="approver")
     run = caller.run
     assert run is not None and caller.user is not None
-    data = DecisionInputSerializer(data=request.data)
+    data = ToolDecisionInputSerializer(data=request.data)
     data.is_valid(raise_exception=True)
     v = data.validated_data
     call = toolapprovals.decide(
@@ -88,9 +88,9 @@ def _schema(*, approve: bool) -> dict[str, object]:
     return {
         "operation_id": f"{'approve' if approve else 'deny'}_tool_call",
         "parameters": [RUN_ID, CALL_ID, WORKSPACE],
-        "request": DecisionInputSerializer,
+        "request": ToolDecisionInputSerializer,
         "responses": {
-            200: DecisionSerializer,
+            200: ToolDecisionSerializer,
             **error_responses(
                 e400=["invalid_run_id", "invalid_json", "invalid_request (details.fields names each)"],
                 e403=[

@@ -37,6 +37,7 @@ from ledger.tenancy import access
 from ledger.tenancy.access import Access
 
 from ..rows import event_row, render_event_row
+from ..timeline import annotate
 from .watch import WatchedConsumer
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,11 @@ def _find_run(user: Any, run_id: str, workspace: str | None) -> Access | None:
 def _row(envelope: dict[str, Any], run: Run) -> str:
     """The event's whole message, as JSON text: made once per shared read (ledger.replay.follow), sent as
     it is to every subscriber of the run here."""
-    return json.dumps(
-        {
-            "type": "event",
-            "sequence": envelope["sequence"],
-            "html": render_event_row(event_row(envelope, run.workspace)),
-        }
-    )
+    row = event_row(envelope, run.workspace)
+    # Its offset, summary and call as the page draws them (console/timeline.py); a gap and the
+    # pairing with the row before need that row, which the page already holds.
+    annotate([row], [envelope], run, gaps=False)
+    return json.dumps({"type": "event", "sequence": envelope["sequence"], "html": render_event_row(row)})
 
 
 def feeds_here() -> dict[int, follow.RunFeed]:

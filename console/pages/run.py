@@ -43,13 +43,13 @@ from ledger.tenancy.access import Access
 
 from ..format import coverage, tokens
 from ..rows import artifact_url, event_row, render_event_row
+from ..timeline import annotate
 from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversation_page
 from .errors import error_page
 from .guard import has_role, member_access
 from .reexecution import can_request, reexecution_rows, run_origin
 from .share import panel_context
-from .timeline import annotate
 from .waterfall import ROOTS_PER_PAGE, Axis, parse_time, waterfall
 
 TABS = ("timeline", "conversation", "waterfall", "state", "steps", "subruns", "evidence", "costs")

@@ -35,9 +35,9 @@ from ledger.tenancy.access import Access
 
 from ..format import coverage, tokens
 from ..rows import event_row
+from ..timeline import annotate
 from .conversation import conversation_page
 from .guard import has_role, member_access
-from .timeline import annotate
 
 TIMELINE_PAGE = 200
 STEPS_SHOWN = 200

@@ -13,7 +13,7 @@ from typing import Any
 from ledger.fold.state import occurred_at
 from ledger.models import Run
 
-from ..format import duration, utc
+from .format import duration, utc
 
 GAP_SECONDS = 60  # a silence longer than this is a marked row
 OPEN_CALLS = ("harness.model.called", "harness.tool_call.started", "StepAttemptStarted")
