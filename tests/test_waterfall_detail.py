@@ -74,7 +74,7 @@ def test_waterfall_bars_show_cost_and_tokens_and_are_buttons_for_their_detail(br
     )
     assert len(buttons) == 2 + 3 + 3  # two steps, three model calls, three tool calls
     for panel in buttons:
-        assert f'<div class="wf-children wf-detail" id="{panel}" role="region"' in html
+        assert f'<div class="wf-children wf-detail" id="{panel}" role="listitem"' in html
     assert f'hx-get="{DETAIL}?kind=tool&amp;id=draft%3Ac1"' in html
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.browser.axe import blocking_violations
 from tests.browser.conftest import log_in_to_demo
 from tests.browser.test_production_console import _assert_clean, production, watched
 from tests.servers import Daphne
@@ -54,6 +55,7 @@ def test_a_waterfall_bar_opens_its_calls_detail_in_place(
     model_panel = page.locator(f"#{model_bar.get_attribute('aria-controls')}")
     expect(model_panel).to_contain_text("tokens")
     expect(model_panel).to_contain_text("request")
+    assert blocking_violations(page) == []  # axe, with a panel open
 
     assert page.url == f"{production.url}{WATERFALL}" and page.evaluate("window.__notReloaded") is True
     _assert_clean(page, problems)
