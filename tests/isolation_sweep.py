@@ -125,6 +125,7 @@ ROUTES: dict[str, Route] = {
     RUN + "timeline/rows/": page({"GET": (None, Role.VIEWER)}),
     RUN + "header/": page({"GET": (None, Role.VIEWER)}),
     RUN + "waterfall/rows/": page({"GET": (None, Role.VIEWER)}),
+    RUN + "waterfall/detail/": page({"GET": (None, Role.VIEWER)}),
     RUN + "feedback/": page({"POST": (None, Role.VIEWER)}),
     RUN + "tool-calls/<str:call_id>/reconcile/": page({"POST": (None, OPERATOR)}),
     RUN + "cancel/": page({"POST": (None, OPERATOR)}),

@@ -50,7 +50,17 @@ from .errors import error_page
 from .guard import has_role, member_access
 from .reexecution import can_request, reexecution_rows, run_origin
 from .share import panel_context
-from .waterfall import ROOTS_PER_PAGE, Axis, parse_time, waterfall
+from .waterfall import (
+    DETAIL_KINDS,
+    ROOTS_PER_PAGE,
+    Axis,
+    as_text,
+    bar_detail,
+    error_line,
+    one_line,
+    parse_time,
+    waterfall,
+)
 
 TABS = ("timeline", "conversation", "waterfall", "state", "steps", "subruns", "evidence", "costs")
 TAB_LABELS = {
@@ -429,6 +439,9 @@ def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
             "tokens": tokens(s),
             "should_run": should_run.get(s.step_path, s.status != "completed"),
             "error": s.error,
+            "error_line": error_line(s.error),
+            "output_line": one_line(s.output) if s.has_output else "",
+            "output_text": as_text(s.output) if s.has_output else "",
         }
         for s in steps
     ]
@@ -646,6 +659,21 @@ def waterfall_rows(request: HttpRequest, tenant: str, workspace: str, run_id: st
 
 @login_required
 @require_safe
+def waterfall_detail(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """A waterfall bar's detail panel, opened in place: `?kind=step|model|tool&id=` (a step's path,
+    a model call's first sequence, a tool call's id); one the run has not: 404."""
+    _, run = _run_or_404(request, tenant, workspace, run_id)
+    kind, key = request.GET.get("kind", ""), request.GET.get("id", "")
+    if kind not in DETAIL_KINDS or not key:
+        return _bad_request(request, "kind must be step, model or tool, and id given")
+    detail = bar_detail(runlog.snapshot(run), kind, key) if run.last_sequence else None
+    if detail is None:
+        raise Http404("no such step or call")
+    return render(request, "console/run/waterfall_detail.html", {"d": detail})
+
+
+@login_required
+@require_safe
 def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """Just the rows after `after` (the live view's catch-up); the last sequence in a header."""
     _, run = _run_or_404(request, tenant, workspace, run_id)
@@ -803,6 +831,7 @@ urlpatterns = [
     path(RUN + "header/", header, name="run-header"),
     path(RUN + "timeline/rows/", timeline_rows, name="run-timeline-rows"),
     path(RUN + "waterfall/rows/", waterfall_rows, name="run-waterfall-rows"),
+    path(RUN + "waterfall/detail/", waterfall_detail, name="run-waterfall-detail"),
     path(RUN + "feedback/", feedback, name="run-feedback"),
     path(RUN + "tool-calls/<str:call_id>/reconcile/", reconcile, name="run-reconcile"),
     path(RUN + "cancel/", cancel, name="run-cancel"),

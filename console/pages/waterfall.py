@@ -10,13 +10,16 @@ A sub-run's own bars load in place when asked (`waterfall/rows/`, htmx), on the 
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
 from django.urls import reverse
 
@@ -60,6 +63,15 @@ class Bar:
     depth: int = 0
     left: float = 0.0
     width: float = 0.0
+    cost: Decimal | None = None  # what the step or model call cost, None: unpriced or not a call
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    detail_url: str = ""  # the bar's detail panel (a step, model or tool call), loaded in place
+    detail_id: str = ""
+
+    @property
+    def has_usage(self) -> bool:
+        return self.tokens_in is not None or self.cost is not None
 
     @property
     def open(self) -> bool:
@@ -103,7 +115,15 @@ def _urls(run: Run) -> dict[str, str]:
     return {
         "conversation": reverse("run-tab", args=[*args, "conversation"]),
         "timeline": reverse("run-tab", args=[*args, "timeline"]),
+        "detail": reverse("run-waterfall-detail", args=args),
+        "run": run.run_id,
     }
+
+
+def _with_detail(bar: Bar, urls: dict[str, str], kind: str, key: str) -> Bar:
+    bar.detail_url = f"{urls['detail']}?{urlencode({'kind': kind, 'id': key})}"
+    bar.detail_id = f"wf-detail-{urls['run']}-{kind}-{bar.first_sequence}"
+    return bar
 
 
 def _event_url(urls: dict[str, str], sequence: int) -> str:
@@ -129,7 +149,7 @@ def _call_bar(folded: Reader, urls: dict[str, str], call: ModelCall) -> Bar | No
         return None
     last = call.responded_sequence or call.failed_sequence
     model = f"{call.provider}/{call.model_id}" if call.model_id else "model"
-    return Bar(
+    bar = Bar(
         "model",
         f"turn {call.turn if call.turn is not None else '?'}",
         call.status,
@@ -138,7 +158,11 @@ def _call_bar(folded: Reader, urls: dict[str, str], call: ModelCall) -> Bar | No
         f"{urls['conversation']}#turn-{first}",
         first,
         detail=model,
+        cost=call.cost,
     )
+    if call.usage is not None:
+        bar.tokens_in, bar.tokens_out = int(call.usage.input_tokens), int(call.usage.output_tokens)
+    return _with_detail(bar, urls, "model", str(first))
 
 
 def _tool_bar(folded: Reader, urls: dict[str, str], tool: ToolCallState, subruns: dict[str, Run]) -> Bar | None:
@@ -161,7 +185,8 @@ def _tool_bar(folded: Reader, urls: dict[str, str], tool: ToolCallState, subruns
     child = subruns.get(sub_id) if isinstance(sub_id, str) else None
     if child is not None:
         _as_subrun(bar, child)
-    return bar
+        return bar
+    return _with_detail(bar, urls, "tool", tool.call_id)
 
 
 def _as_subrun(bar: Bar, child: Run) -> None:
@@ -294,6 +319,10 @@ def _step_bar(folded: Reader, urls: dict[str, str], layout: Layout, subruns: dic
         return None
     end = parse_time(step.finished_at) if step.status in ("completed", "failed") else None
     bar = Bar("step", path, step.status, start, end, _event_url(urls, step.first_sequence), step.first_sequence)
+    if step.usage.calls:
+        bar.cost = step.usage.cost_usd
+        bar.tokens_in, bar.tokens_out = int(step.usage.input_tokens), int(step.usage.output_tokens)
+    _with_detail(bar, urls, "step", path)
     children = [_step_bar(folded, urls, layout, subruns, child) for child in layout.step_children.get(path, [])]
     bar.children = [b for b in children if b is not None] + _drawn(
         folded, urls, layout, subruns, layout.held.get(("step", path), [])
@@ -448,3 +477,121 @@ def waterfall(
         "total": total,
         "shown": len(bars),
     }
+
+
+# --- a bar's detail panel, and the steps tab's one-line readings ------------------------------------
+
+SUMMARY_CHARS = 80  # a one-line summary longer than this ends in "…"; the whole value is a click away
+DETAIL_KINDS = ("step", "model", "tool")
+
+
+def as_text(value: Any) -> str:
+    """A payload as the console shows it whole: a string as is, anything else as indented JSON."""
+    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def one_line(value: Any) -> str:
+    """A payload on one readable line: compact JSON (or the string), whitespace collapsed, cut at
+    SUMMARY_CHARS with "…"."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def error_line(error: Any) -> str:
+    """An error as "name: message" (either alone when only one was recorded); "" for none."""
+    if error is None or error == "":
+        return ""
+    if isinstance(error, dict):
+        name = error.get("name") or error.get("type") or error.get("code")
+        message = error.get("message")
+        if name or message:
+            return ": ".join(str(part) for part in (name, message) if part)
+    return one_line(error)
+
+
+def bar_detail(folded: Reader, kind: str, key: str) -> dict[str, Any] | None:
+    """What a step's or call's detail panel shows: its payloads (input or arguments, output or
+    result, or its error), model, tokens, cost and duration; None when the run has no such thing."""
+    state: RunState = folded.state
+    if kind == "step":
+        step = state.steps.get(key)
+        if step is None:
+            return None
+        start = parse_time(step.started_at) or parse_time(folded.occurred_at(step.first_sequence))
+        end = parse_time(step.finished_at) if step.status in ("completed", "failed") else None
+        first = folded.payload(step.first_sequence)
+        payload = first.get("input") if isinstance(first, dict) else None
+        usage = step.usage
+        return {
+            "kind": "step",
+            "name": key,
+            "status": step.status,
+            "input": None if payload is None else as_text(payload),
+            "output": as_text(step.output) if step.has_output else None,
+            "output_ref": step.output_ref,
+            "error": error_line(step.error),
+            "error_text": None if step.error is None else as_text(step.error),
+            "tokens": (int(usage.input_tokens), int(usage.output_tokens)) if usage.calls else None,
+            "cost": usage.cost_usd if usage.calls else None,
+            "model": "",
+            "took": _took(start, end),
+        }
+    if kind == "model":
+        try:
+            sequence = int(key)
+        except ValueError:
+            return None
+        call = next((c for c in state.model_calls if first_sequence(c) == sequence), None)
+        if call is None:
+            return None
+        last = call.responded_sequence or call.failed_sequence
+        folded.prefetch([sequence, last])
+        called = folded.payload(call.called_sequence)
+        request = called.get("request") if isinstance(called, dict) else None
+        return {
+            "kind": "model",
+            "name": f"turn {call.turn if call.turn is not None else '?'}",
+            "status": call.status,
+            "input": None if request is None else as_text(request),
+            "output": None if call.response is None else as_text(call.response),
+            "output_ref": None,
+            "error": error_line(call.error),
+            "error_text": None if call.error is None else as_text(call.error),
+            "tokens": (int(call.usage.input_tokens), int(call.usage.output_tokens)) if call.usage else None,
+            "cost": call.cost,
+            "model": f"{call.provider}/{call.model_id}" if call.model_id else "",
+            "took": _took(
+                parse_time(folded.occurred_at(sequence)), parse_time(folded.occurred_at(last)) if last else None
+            ),
+        }
+    if kind == "tool":
+        tool = state.tool_calls.get(key)
+        if tool is None:
+            return None
+        first = first_sequence(tool)
+        folded.prefetch([first, tool.ended_sequence])
+        end = parse_time(folded.occurred_at(tool.ended_sequence)) if tool.ended_sequence else None
+        return {
+            "kind": "tool",
+            "name": tool.tool_name or tool.call_id,
+            "status": tool.status,
+            "input": as_text(tool.args),
+            "output": None if tool.result is None else as_text(tool.result),
+            "output_ref": None,
+            "error": error_line(tool.error),
+            "error_text": None if tool.error is None else as_text(tool.error),
+            "tokens": None,
+            "cost": None,
+            "model": "",
+            "took": _took(parse_time(folded.occurred_at(first)), end),
+        }
+    return None
+
+
+def _took(start: datetime | None, end: datetime | None) -> str:
+    if start is None:
+        return ""
+    if end is None:
+        return "still open"
+    return duration(max((end - start).total_seconds(), 0.0))

@@ -68,7 +68,7 @@ def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
             response = page.goto(f"{server.url}{path}")
             assert response is not None and response.status == 200, path
             if name == "run-waterfall":  # with a sub-run's bars loaded in place
-                page.locator(".wf-expand").first.click()
+                page.locator(".wf-label .wf-expand").first.click()
                 expect(page.locator(".wf-children .wf-row").first).to_be_visible()
             _check(page, name, scheme, failures)
             if name in PHOTOGRAPHED:
@@ -116,10 +116,10 @@ def test_the_evidence_views_are_reached_and_worked_by_keyboard(page: Page, serve
     expect(page.locator("#scrubber")).to_have_value("18")
 
     page.goto(f"{server.url}{RESEARCH}/run_demo_orchestrator/waterfall/")
-    _tab_to(page, ".wf-expand")
+    _tab_to(page, ".wf-label .wf-expand")
     assert _focus_is_visible(page)
     page.keyboard.press("Enter")
-    expect(page.locator(".wf-expand").first).to_have_attribute("aria-expanded", "true")
+    expect(page.locator(".wf-label .wf-expand").first).to_have_attribute("aria-expanded", "true")
     _tab_to(page, ".wf-row a.wf-link")
     assert _focus_is_visible(page)
 

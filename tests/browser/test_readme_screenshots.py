@@ -55,7 +55,7 @@ def test_the_readme_pictures_show_the_demo(open_context: object, server: Daphne)
     _shoot(page, "run-conversation")
 
     page.goto(f"{server.url}{RESEARCH}/runs/run_demo_orchestrator/waterfall/")
-    page.locator(".wf-expand").first.click()
+    page.locator(".wf-label .wf-expand").first.click()
     expect(page.locator(".wf-children .wf-row").first).to_be_visible()
     _shoot(page, "run-waterfall")
 
