@@ -20,6 +20,7 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ledger import audit
 from ledger.errors import LedgerError, NotFound
 from ledger.log import append
 from ledger.log.prepare import validate_run_id
@@ -35,6 +36,18 @@ from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, Events
 
 class InvalidRequest(LedgerError):
     code = "invalid_request"
+
+
+def _stamp_requester(events: object, request: Request) -> None:
+    """A run's requester is who starts it, not what its payload claims: a `RunStarted` appended
+    here gets `requestedBy` = the caller (`key:<prefix>` for a key, else the member's username),
+    overwriting any value the harness wrote. Tool-call approvals read it (never your own run's)."""
+    if not isinstance(events, list):
+        return
+    who = audit.key_actor(request.auth) if isinstance(request.auth, ApiKey) else request.user.get_username()
+    for item in events:
+        if isinstance(item, dict) and item.get("type") == "RunStarted" and isinstance(item.get("payload"), dict):
+            item["payload"]["requestedBy"] = who
 
 
 class NdjsonRenderer(BaseRenderer):
@@ -142,10 +155,12 @@ class RunEventsView(ApiView):
         body = request.data
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object {events: [...]}", field="")
+        events = body.get("events")
+        _stamp_requester(events, request)
         result = append(
             workspace=caller.workspace,
             run_id=run_id,
-            events=body.get("events"),
+            events=events,
             expected_sequence=body.get("expectedSequence"),
             fencing_token=body.get("fencingToken"),
         )

@@ -107,7 +107,7 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
     cards = []
     for call in toolapproval.waiting_calls(ws):
         requester = toolapproval.requester_of(call.run)
-        own = requester is not None and requester == user.get_username()
+        own = toolapproval.is_requester(requester, ws, user)
         cards.append(
             {
                 "call": call,
