@@ -31,6 +31,7 @@ from .auth import access_for
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
 from .pagination import int_param, limit_param
+from .ratelimit import charge_events, refund_events
 from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, EventsPageSerializer, error_responses
 
 
@@ -121,7 +122,8 @@ class RunEventsView(ApiView):
                     "run_already_started",
                     "run_finished",
                 ],
-                e413=["payload_too_large"],
+                e413=["payload_too_large", "run_too_large"],
+                e429=["rate_limited (Retry-After header; details: retryAfter, limit)"],
             ),
         },
         examples=[
@@ -156,14 +158,21 @@ class RunEventsView(ApiView):
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object {events: [...]}", field="")
         events = body.get("events")
+        if isinstance(request.auth, ApiKey) and isinstance(events, list):
+            charge_events(request.auth, len(events))
         _stamp_requester(events, request)
-        result = append(
-            workspace=caller.workspace,
-            run_id=run_id,
-            events=events,
-            expected_sequence=body.get("expectedSequence"),
-            fencing_token=body.get("fencingToken"),
-        )
+        try:
+            result = append(
+                workspace=caller.workspace,
+                run_id=run_id,
+                events=events,
+                expected_sequence=body.get("expectedSequence"),
+                fencing_token=body.get("fencingToken"),
+            )
+        except Exception:
+            if isinstance(request.auth, ApiKey) and isinstance(events, list):
+                refund_events(request.auth, len(events))  # a refused batch does not count
+            raise
         return Response({"events": result.events, "lastSequence": result.last_sequence})
 
     @extend_schema(
