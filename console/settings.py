@@ -418,6 +418,9 @@ ARTIFACTS_ROOT = Path(os.environ.get("RUNLEDGER_ARTIFACTS_ROOT", VAR_DIR / "arti
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    # A refused (4xx) request: one line, method, path, status, caller; no traceback (console/logfilters.py).
+    "filters": {"refused_one_line": {"()": "console.logfilters.RefusedRequestsOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django.request": {"filters": ["refused_one_line"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
 }

@@ -1,0 +1,48 @@
+"""A refused request (4xx) logs one line, `refused METHOD PATH STATUS CALLER`, never a traceback
+(docs/security.md "Logs"); the caller is a key's public prefix (never its secret), a username, or
+anonymous."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from console import logfilters
+from ledger.tenancy.services import KEY_PREFIX, create_key
+from tests.conftest import ev, http_client, started
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _request_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "django.request"]
+
+
+def test_refused_pages_and_api_calls_log_one_line_without_a_traceback(
+    client, caplog, workspace, operator, outsider, append
+) -> None:
+    assert logfilters.KEY_PREFIX == KEY_PREFIX
+    append("run_1", started(), ev("RunCompleted", output="ok"))
+    caplog.set_level(logging.WARNING, logger="django.request")
+
+    client.force_login(outsider)  # another tenant: a page raises Http404
+    assert client.get("/w/acme/support/runs/run_1/").status_code == 404
+    client.force_login(operator)  # below admin: the page raises PermissionDenied
+    assert client.get("/w/acme/support/settings/").status_code == 403
+    key, secret = create_key(workspace=workspace, scopes=["read"])
+    with http_client(headers={"Authorization": f"Bearer {secret}"}) as reader:  # a key without the scope
+        assert reader.post("/api/v1/runs/run_2/events", json={"events": [started()]}).status_code == 403
+    with http_client() as anonymous:
+        assert anonymous.get("/api/v1/runs").status_code == 401
+
+    lines = _request_lines(caplog)
+    assert [r.getMessage() for r in lines] == [
+        f"refused GET /w/acme/support/runs/run_1/ 404 {outsider.get_username()}",
+        f"refused GET /w/acme/support/settings/ 403 {operator.get_username()}",
+        f"refused POST /api/v1/runs/run_2/events 403 key:{key.prefix}",
+        "refused GET /api/v1/runs 401 anonymous",
+    ]
+    assert all(r.exc_info is None and r.exc_text is None for r in lines)
+    assert all(secret not in r.getMessage() for r in caplog.records)
+    assert "Traceback" not in caplog.text
