@@ -253,6 +253,9 @@ LEDGER_MAX_EVENTS_PER_RUN = _env_int("LEDGER_MAX_EVENTS_PER_RUN", 50_000, 1, 10_
 # One API key appends at most this many events per minute (UTC clock minute): past it, 429
 # rate_limited with Retry-After (console/api/ratelimit.py, docs/security.md "Size limits").
 LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY = _env_int("LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY", 30_000, 1, 10_000_000)
+# One caller (an API key, or a user) has at most this many evidence requests in flight at once per
+# process: the next is 429 rate_limited (console/api/evidence.py, docs/security.md "Input limits").
+LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER = _env_int("LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER", 2, 1, 1000)
 
 # Every password set through ledger.tenancy.services.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [

@@ -54,3 +54,34 @@ def test_a_batch_the_log_refuses_does_not_count(workspace, clock) -> None:
     for _ in range(3):  # the run does not exist: 409 run_not_started, three times over the limit
         assert _post(harness, "run_x", ev("custom.note"), ev("custom.note")).status_code == 409
     assert _post(harness, "run_x", started(), *[ev("custom.note", i=i) for i in range(4)]).status_code == 200
+
+
+def test_a_caller_with_its_limit_of_evidence_requests_in_flight_is_refused(workspace, settings, append) -> None:
+    """Counters, not timing: two requests of the key are held in flight by hand, the third is
+    refused; another caller is not; once one finishes, the key is answered again."""
+    from console.api.evidence import EVIDENCE_SLOTS
+    from console.streams import caller_of
+
+    settings.LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER = 2
+    append("run_e", started(), ev("RunCompleted", output="ok"))
+    key, secret = create_key(workspace=workspace, scopes=["read"])
+    other = _harness(workspace)
+    other.headers["Authorization"] = f"Bearer {create_key(workspace=workspace, scopes=['read'])[1]}"
+    foreign = http_client(
+        headers={
+            "Authorization": f"Bearer {create_key(workspace=bootstrap(tenant='globex', workspace='main'), scopes=['read'])[1]}"
+        }
+    )
+    reader = http_client(headers={"Authorization": f"Bearer {secret}"})
+    assert reader.get("/api/v1/runs/run_e/evidence").status_code == 200  # its slot is given back
+    held = [EVIDENCE_SLOTS.take(caller_of(key), 2) for _ in range(2)]
+    assert all(held)
+    refused = reader.get("/api/v1/runs/run_e/evidence")
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert other.get("/api/v1/runs/run_e/evidence").status_code == 200  # another caller
+    assert foreign.get("/api/v1/runs/run_e/evidence").status_code == 404  # another tenant: still 404 first
+    held[0].release()
+    assert reader.get("/api/v1/runs/run_e/evidence").status_code == 200
+    held[1].release()
+    assert EVIDENCE_SLOTS.open_for(caller_of(key)) == 0
