@@ -35,6 +35,8 @@ def test_refused_pages_and_api_calls_log_one_line_without_a_traceback(
         assert reader.post("/api/v1/runs/run_2/events", json={"events": [started()]}).status_code == 403
     with http_client() as anonymous:
         assert anonymous.get("/api/v1/runs").status_code == 401
+    # An async view (the SSE stream) refusing a method: the session is not read from the log line.
+    assert client.post("/api/v1/runs/run_1/stream").status_code == 405
 
     lines = _request_lines(caplog)
     assert [r.getMessage() for r in lines] == [
@@ -42,6 +44,7 @@ def test_refused_pages_and_api_calls_log_one_line_without_a_traceback(
         f"refused GET /w/acme/support/settings/ 403 {operator.get_username()}",
         f"refused POST /api/v1/runs/run_2/events 403 key:{key.prefix}",
         "refused GET /api/v1/runs 401 anonymous",
+        "refused POST /api/v1/runs/run_1/stream 405 session",
     ]
     assert all(r.exc_info is None and r.exc_text is None for r in lines)
     assert all(secret not in r.getMessage() for r in caplog.records)
