@@ -48,9 +48,12 @@ class RefusedRequestsOneLine(logging.Filter):
         request = getattr(record, "request", None)
         if not isinstance(status, int) or not 400 <= status < 500 or request is None:
             return True
+        if getattr(record, "_refusal_line", False):
+            return True  # already this line (logging configured twice attaches the filter twice)
         if getattr(request, "_refusal_logged", False):
             return False  # a view and the handler both log some refusals (a 405): one line each
         request._refusal_logged = True
+        record._refusal_line = True
         args = (request.method, request.path, status, caller_of(request))
         record.exc_info = None
         record.exc_text = None
