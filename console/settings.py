@@ -229,6 +229,17 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Counters of the per-key rate limits (console/api/ratelimit.py): in Redis when REDIS_URL is set, so
+# every process of the deployment counts together; else in this process's memory.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "limits": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "limits"}
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "limits"}
+    ),
+}
+
 # Server-sent event streams (console/api/stream.py). Announcements are lossy, so a stream reads the
 # database itself after POLL seconds without one; docs/api.md promises a keepalive at least every 15 s.
 LEDGER_STREAM_POLL_SECONDS = _env_seconds("LEDGER_STREAM_POLL_SECONDS", 1.0, 60.0)
@@ -240,6 +251,12 @@ LEDGER_STREAM_MAX_PER_CALLER = _env_int("LEDGER_STREAM_MAX_PER_CALLER", 20, 1, 1
 # One run holds at most this many events (its ending is always accepted): past it, an append is 413
 # run_too_large (ledger/limits.py, docs/security.md "Size limits").
 LEDGER_MAX_EVENTS_PER_RUN = _env_int("LEDGER_MAX_EVENTS_PER_RUN", 50_000, 1, 10_000_000)
+# One API key appends at most this many events per minute (UTC clock minute): past it, 429
+# rate_limited with Retry-After (console/api/ratelimit.py, docs/security.md "Size limits").
+LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY = _env_int("LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY", 30_000, 1, 10_000_000)
+# One caller (an API key, or a user) has at most this many evidence requests in flight at once per
+# process: the next is 429 rate_limited (console/api/evidence.py, docs/security.md "Input limits").
+LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER = _env_int("LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER", 2, 1, 1000)
 
 # Every password set through ledger.tenancy.services.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [
@@ -405,6 +422,9 @@ ARTIFACTS_ROOT = Path(os.environ.get("RUNLEDGER_ARTIFACTS_ROOT", VAR_DIR / "arti
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    # A refused (4xx) request: one line, method, path, status, caller; no traceback (console/logfilters.py).
+    "filters": {"refused_one_line": {"()": "console.logfilters.RefusedRequestsOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django.request": {"filters": ["refused_one_line"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
 }

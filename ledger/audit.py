@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Q, QuerySet
@@ -55,6 +56,28 @@ def key_owner_id(api_key: ApiKey) -> int | None:
         .values_list("actor_user_id", flat=True)
         .first()
     )
+
+
+def requested_by_unowned_key(request: Any) -> bool:
+    """True when a re-execution request was made with an API key that belongs to nobody (made
+    without `--owner`, or deleted since): only an admin may approve it, with a warning."""
+    if getattr(request, "requested_by_user_id", None) is not None:
+        return False
+    if not str(getattr(request, "requested_by", "")).startswith("key:"):
+        return False
+    key = request.requested_by_key
+    return key is None or key_owner_id(key) is None
+
+
+def key_owner_names(keys: list[ApiKey]) -> dict[int, str]:
+    """{key pk: username of its owner} for the owned keys among `keys` (one query)."""
+    by_target = {key_actor(k): k for k in keys}
+    rows = AuditEntry.objects.filter(action=Action.API_KEY_CREATED, target__in=list(by_target)).values_list(
+        "target", "workspace_id", "actor_user_id"
+    )
+    owners = {t: uid for t, ws, uid in rows if uid is not None and by_target[t].workspace_id == ws}
+    names = dict(get_user_model().objects.filter(pk__in=set(owners.values())).values_list("pk", "username"))
+    return {by_target[t].pk: names[uid] for t, uid in owners.items() if uid in names}
 
 
 def record(

@@ -370,7 +370,7 @@ def test_over_http_request_approve_deny_and_every_refusal(workspace, append, ses
 @pytest.mark.django_db(transaction=True)
 def test_over_http_a_key_requests_claims_and_renews_but_never_approves(workspace, append, sessions) -> None:
     _finished_run(append)
-    bob = sessions("bob")
+    bob, alice = sessions("bob"), sessions("alice")
     executor = _key(workspace, ["execute", "ingest", "read"])
     reader = _key(workspace, ["read"])
     foreign = _key(bootstrap(tenant="globex", workspace="main"), ["execute", "read"])
@@ -382,7 +382,10 @@ def test_over_http_a_key_requests_claims_and_renews_but_never_approves(workspace
     assert _code(reader.post(f"/api/v1/reexecutions/{rx_id}/approve", json={"note": "x"})) == "insufficient_scope"
     assert foreign.get(f"/api/v1/reexecutions/{rx_id}").status_code == 404
     assert executor.post("/api/v1/reexecutions/claim", json={}).status_code == 204
-    assert bob.post(f"/api/v1/reexecutions/{rx_id}/approve", json={"note": "ok"}).status_code == 200
+    assert made.json()["unownedKey"] is True  # a key made without --owner: only an admin may approve
+    refused = bob.post(f"/api/v1/reexecutions/{rx_id}/approve", json={"note": "ok"})
+    assert (_code(refused), refused.json()["error"]["details"]["role"]) == ("forbidden", "admin")
+    assert alice.post(f"/api/v1/reexecutions/{rx_id}/approve", json={"note": "ok"}).status_code == 200
     assert reader.post("/api/v1/reexecutions/claim", json={}).status_code == 403
     assert foreign.post("/api/v1/reexecutions/claim", json={}).status_code == 204
     claimed = executor.post("/api/v1/reexecutions/claim", json={"owner": "nightly-harness"})

@@ -49,7 +49,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, LedgerError):
         if exc.status >= 500:
             log.error("integrity failure: %s", exc.message)
-        return Response(exc.error_body(), status=exc.status)
+        response = Response(exc.error_body(), status=exc.status)
+        if getattr(exc, "retry_after", None) is not None:
+            response["Retry-After"] = str(exc.retry_after)  # type: ignore[attr-defined]
+        return response
     if isinstance(exc, Http404):
         return Response(error_body(*NOT_FOUND), status=404)
     if isinstance(exc, drf.ValidationError):

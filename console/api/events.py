@@ -19,6 +19,7 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ledger import audit
 from ledger.canonical import ecma_dumps
 from ledger.errors import LedgerError, NotFound
 from ledger.log import append
@@ -30,11 +31,24 @@ from .auth import access_for
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
 from .pagination import int_param, limit_param
+from .ratelimit import charge_events, refund_events
 from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, EventsPageSerializer, error_responses
 
 
 class InvalidRequest(LedgerError):
     code = "invalid_request"
+
+
+def _stamp_requester(events: object, request: Request) -> None:
+    """A run's requester is who starts it, not what its payload claims: a `RunStarted` appended
+    here gets `requestedBy` = the caller (`key:<prefix>` for a key, else the member's username),
+    overwriting any value the harness wrote. Tool-call approvals read it (never your own run's)."""
+    if not isinstance(events, list):
+        return
+    who = audit.key_actor(request.auth) if isinstance(request.auth, ApiKey) else request.user.get_username()
+    for item in events:
+        if isinstance(item, dict) and item.get("type") == "RunStarted" and isinstance(item.get("payload"), dict):
+            item["payload"]["requestedBy"] = who
 
 
 class NdjsonRenderer(BaseRenderer):
@@ -109,7 +123,8 @@ class RunEventsView(ApiView):
                     "run_already_started",
                     "run_finished",
                 ],
-                e413=["payload_too_large"],
+                e413=["payload_too_large", "run_too_large"],
+                e429=["rate_limited (Retry-After header; details: retryAfter, limit)"],
             ),
         },
         examples=[
@@ -143,13 +158,22 @@ class RunEventsView(ApiView):
         body = request.data
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object {events: [...]}", field="")
-        result = append(
-            workspace=caller.workspace,
-            run_id=run_id,
-            events=body.get("events"),
-            expected_sequence=body.get("expectedSequence"),
-            fencing_token=body.get("fencingToken"),
-        )
+        events = body.get("events")
+        if isinstance(request.auth, ApiKey) and isinstance(events, list):
+            charge_events(request.auth, len(events))
+        _stamp_requester(events, request)
+        try:
+            result = append(
+                workspace=caller.workspace,
+                run_id=run_id,
+                events=events,
+                expected_sequence=body.get("expectedSequence"),
+                fencing_token=body.get("fencingToken"),
+            )
+        except Exception:
+            if isinstance(request.auth, ApiKey) and isinstance(events, list):
+                refund_events(request.auth, len(events))  # a refused batch does not count
+            raise
         return Response({"events": result.events, "lastSequence": result.last_sequence})
 
     @extend_schema(

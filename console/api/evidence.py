@@ -3,6 +3,7 @@ and 4); both execute nothing."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -14,9 +15,19 @@ from ledger.replay.evidence import evidence_bundle
 from ledger.replay.runlog import state_json
 from ledger.replay.stored_plan import replay_plan_for
 
+from ..streams import StreamSlots, caller_of
 from .base import ApiView, run_for
 from .pagination import int_param
+from .ratelimit import RateLimited
 from .schema import RUN_ID, WORKSPACE, EvidenceSerializer, ReplayPlanSerializer, error_responses
+
+# Evidence requests in flight per caller (an API key, or a user over every session), in this
+# process: an evidence bundle of a large run is heavy, and eight at once stalled the others.
+EVIDENCE_SLOTS = StreamSlots()
+
+
+def max_evidence_in_flight() -> int:
+    return int(getattr(settings, "LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER", 2))
 
 
 class RunEvidenceView(ApiView):
@@ -32,12 +43,28 @@ class RunEvidenceView(ApiView):
         parameters=[RUN_ID, WORKSPACE],
         responses={
             200: EvidenceSerializer,
-            **error_responses(e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"]),
+            **error_responses(
+                e400=["invalid_run_id"],
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+                e429=["rate_limited (the caller already has its limit of evidence requests in flight)"],
+            ),
         },
     )
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")
-        return Response(evidence_bundle(run))
+        slot = EVIDENCE_SLOTS.take(caller_of(request.auth or request.user), max_evidence_in_flight())
+        if slot is None:
+            limit = max_evidence_in_flight()
+            raise RateLimited(
+                f"at most {limit} evidence requests of one caller run at once; wait for one to finish",
+                retry_after=1,
+                limit=limit,
+            )
+        try:
+            return Response(evidence_bundle(run))
+        finally:
+            slot.release()
 
 
 class RunReplayPlanView(ApiView):

@@ -67,6 +67,9 @@ class ReexecutionSerializer(serializers.Serializer):
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), help_text="slot -> {provider, model}")
     reason = serializers.CharField()
     requestedBy = serializers.CharField(help_text="a username, or key:<prefix> for an API key")
+    unownedKey = serializers.BooleanField(
+        help_text="true when requested with an API key that belongs to nobody: only an admin may approve it"
+    )
     status = enum(Status.values)
     digest = serializers.CharField(
         help_text="sha256 of canonical {mode, fromStep, input?, modelOverrides, lastSequence, planDigest}: what an approval binds to"

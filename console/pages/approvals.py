@@ -26,6 +26,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
+from ledger import audit
 from ledger.errors import LedgerError, NotFound
 from ledger.evaluation import evaluations
 from ledger.models import ReexecutionRequest, Workspace
@@ -62,14 +63,18 @@ def _plan_of(rx: ReexecutionRequest) -> tuple[dict[str, Any] | None, str]:
 def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: bool) -> dict[str, Any]:
     ws = rx.workspace
     plan, problem = _plan_of(rx) if with_plan else (None, "")
-    own = rx.requested_by_user_id is not None and rx.requested_by_user_id == user.pk
+    own = (rx.requested_by_user_id is not None and rx.requested_by_user_id == user.pk) or (
+        rx.requested_by_key is not None and audit.key_owner_id(rx.requested_by_key) == user.pk
+    )
+    unowned = audit.requested_by_unowned_key(rx)
     return {
         "rx": rx,
         "plan": plan,
         "plan_problem": problem,
         "own": own,
         "input_json": json.dumps(rx.input, ensure_ascii=False) if rx.has_input else "",
-        "can_approve": can_decide and not own,
+        "unowned_key": unowned,
+        "can_approve": can_decide and not own and (not unowned or has_role(user, ws, "admin")),
         "can_deny": can_decide,
         "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.original_run_id]),
         "new_run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id])
@@ -107,7 +112,7 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
     cards = []
     for call in toolapproval.waiting_calls(ws):
         requester = toolapproval.requester_of(call.run)
-        own = requester is not None and requester == user.get_username()
+        own = toolapproval.is_requester(requester, ws, user)
         cards.append(
             {
                 "call": call,

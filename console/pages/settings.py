@@ -22,6 +22,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
+from ledger import audit
 from ledger.errors import LedgerError
 from ledger.models import ApiKey, Role, Workspace
 from ledger.reads import selectors
@@ -61,8 +62,19 @@ def _retention_context(
     }
 
 
-def _key_row(ws: Workspace, key: ApiKey) -> dict[str, Any]:
-    return {"key": key, "revoke_url": reverse("workspace-key-revoke", args=[ws.tenant.slug, ws.slug, key.prefix])}
+def _key_row(ws: Workspace, key: ApiKey, owners: dict[int, str] | None = None) -> dict[str, Any]:
+    owner = (owners if owners is not None else audit.key_owner_names([key])).get(key.pk)
+    return {
+        "key": key,
+        "owner": owner,  # None: unowned (only an admin may approve what it requests)
+        "revoke_url": reverse("workspace-key-revoke", args=[ws.tenant.slug, ws.slug, key.prefix]),
+    }
+
+
+def _key_rows(ws: Workspace) -> list[dict[str, Any]]:
+    keys = list(tenancy.keys(workspace=ws))
+    owners = audit.key_owner_names(keys)
+    return [_key_row(ws, k, owners) for k in keys]
 
 
 NAME_MAX = 200
@@ -93,7 +105,7 @@ def _page(
     context = {
         "workspace": ws,
         "workspaces": selectors.workspaces_for(request.user),
-        "keys": [_key_row(ws, k) for k in tenancy.keys(workspace=ws)],
+        "keys": _key_rows(ws),
         "key_form": key_form or _key_form(ws),
         "new_key": new_key,
         **_retention_context(ws, **retention_state),

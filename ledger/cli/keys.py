@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger import audit
 from ledger.tenancy import access
 from ledger.tenancy import services as tenancy
 
@@ -20,7 +21,8 @@ HELP = "list API keys by prefix, or revoke one"
 def add_arguments(parser: ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_action", required=True, metavar="list|revoke")
     listing = sub.add_parser(
-        "list", help="one key per line: prefix, workspace, name, scopes, created, last used, revoked"
+        "list",
+        help="one key per line: prefix, workspace, name, scopes, owner ((unowned) if none), created, last used, revoked",
     )
     listing.add_argument("--workspace", help="TENANT/WORKSPACE (default: every workspace)")
     listing.add_argument("--all", action="store_true", dest="include_revoked", help="include revoked keys")
@@ -36,8 +38,10 @@ def _when(value: datetime | None) -> str:
 def handle(cmd: BaseCommand, *, keys_action: str, **options: Any) -> None:
     if keys_action == "list":
         ws = access.workspace_by_path(options["workspace"]) if options.get("workspace") else None
-        cmd.stdout.write("PREFIX\tWORKSPACE\tNAME\tSCOPES\tCREATED\tLAST_USED\tREVOKED")
-        for key in tenancy.keys(workspace=ws, include_revoked=options["include_revoked"]):
+        cmd.stdout.write("PREFIX\tWORKSPACE\tNAME\tSCOPES\tOWNER\tCREATED\tLAST_USED\tREVOKED")
+        listed = list(tenancy.keys(workspace=ws, include_revoked=options["include_revoked"]))
+        owners = audit.key_owner_names(listed)
+        for key in listed:
             cmd.stdout.write(
                 "\t".join(
                     [
@@ -45,6 +49,7 @@ def handle(cmd: BaseCommand, *, keys_action: str, **options: Any) -> None:
                         str(key.workspace),
                         key.name or "-",
                         ",".join(key.scopes),
+                        owners.get(key.pk, "(unowned)"),
                         _when(key.created_at),
                         _when(key.last_used_at),
                         _when(key.revoked_at),

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import Count, QuerySet
 
+from .. import audit
 from ..errors import NotFound
 from ..models import ReexecutionRequest, Workspace
 
@@ -89,6 +90,7 @@ def as_dict(request: ReexecutionRequest) -> dict[str, Any]:
         "modelOverrides": request.model_overrides,
         "reason": request.reason,
         "requestedBy": request.requested_by,
+        "unownedKey": audit.requested_by_unowned_key(request),
         "status": request.status,
         "digest": request.digest,
         "lastSequence": request.last_sequence,

@@ -427,6 +427,14 @@ def _refuse_undecidable(
             "that requested it)",
             reexecutionId=first.public_id,
         )
+    if approving and any(audit.requested_by_unowned_key(r) for r in requests):
+        membership = _membership(by, first.workspace)
+        if membership is None or not membership.allows(Role.ADMIN):
+            return Forbidden(
+                "this re-execution was requested with an API key that belongs to nobody: only an admin may approve it",
+                role="admin",
+                reexecutionId=first.public_id,
+            )
     if any(r.expires_at <= now for r in requests):
         for r in requests:
             expire(r, now, by)

@@ -32,7 +32,7 @@ from .. import audit, clock
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
 from ..log import holding
-from ..models import Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
+from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
 from ..reads import attention
 from . import gateway
 
@@ -142,6 +142,19 @@ def requester_of(run: Run) -> str | None:
     return None
 
 
+def is_requester(requester: str | None, workspace: Workspace, user: Any) -> bool:
+    """Whether `user` asked for the run: they are its requester, or own the API key that is
+    (`key:<prefix>`, its owner read from the key's `api_key.created` entry)."""
+    if requester is None or not getattr(user, "is_authenticated", False):
+        return False
+    if requester == user.get_username():
+        return True
+    if not requester.startswith("key:"):
+        return False
+    key = ApiKey.objects.filter(workspace=workspace, prefix=requester.removeprefix("key:")).first()
+    return key is not None and audit.key_owner_id(key) == user.pk
+
+
 def waiting_calls(workspace: Workspace) -> list[ToolCall]:
     """The workspace's tool calls waiting for an approver, oldest first, of runs still running."""
     calls = list(
@@ -192,7 +205,7 @@ def decide(
         )
     requester = requester_of(Run.objects.select_related("workspace").get(pk=run.pk))
     name = by.get_username()
-    if requester is not None and requester == name:
+    if is_requester(requester, workspace, by):
         raise SelfApprovalForbidden(
             "you requested this run; another approver must decide its tool calls", callId=call_id
         )
