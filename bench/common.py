@@ -69,6 +69,8 @@ def setup_django(*, production: bool = False) -> None:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
+    # In-process appends go through the API's per-key limit too (see start_daphne).
+    os.environ.setdefault("LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY", "10000000")
     if production:
         os.environ.setdefault("DEBUG", "0")
         os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_hex(16))
@@ -225,9 +227,16 @@ def start_daphne(
     `probe` answers with `probe_status`."""
     import httpx
 
-    # The benches play many browsers of one member (50 subscribers of a run): lift the per-caller
-    # cap on open streams (LEDGER_STREAM_MAX_PER_CALLER, console/streams.py), which would refuse them.
-    env = {**os.environ, "LEDGER_STREAM_MAX_PER_CALLER": "10000", **(env or {})}
+    # The benches play many browsers of one member (50 subscribers of a run) and one key appending
+    # far past a tenant's fair share: lift the per-caller cap on open streams
+    # (LEDGER_STREAM_MAX_PER_CALLER, console/streams.py) and the events a key may append a minute
+    # (LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY, console/api/ratelimit.py), which would refuse them.
+    env = {
+        **os.environ,
+        "LEDGER_STREAM_MAX_PER_CALLER": "10000",
+        "LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY": "10000000",
+        **(env or {}),
+    }
     for _ in range(3):  # the free port may be taken between probing and binding it
         port = _free_port()
         with log_path.open("wb") as log:

@@ -62,7 +62,8 @@ def start_serve(log_path: Path, processes: int) -> tuple[subprocess.Popen[bytes]
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # Sixteen writers on one key: the per-key rate limit (console/api/ratelimit.py) lifted.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY": "10000000"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "bin/serve", "--processes", str(processes), "--workers", "0", "127.0.0.1", str(port)],
