@@ -31,6 +31,7 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.limits import day_in_range
+from ledger.log import artifacts
 from ledger.models import Run, Step
 from ledger.reads import attention, failure, reexecutions, selectors, serialize
 from ledger.reads.subruns import subrun_tree
@@ -197,6 +198,15 @@ def _failure(run: Run) -> dict[str, str] | None:
     }
 
 
+def _output_url(run: Run) -> str | None:
+    """The download of an output kept as an artifact: ours by its sha256, an imported log's
+    through the artifact it was stored as (its foreign id has nothing to download)."""
+    if not run.output_ref:
+        return None
+    stored = artifacts.resolve(run, [run.output_ref]).get(run.output_ref)
+    return artifact_url(run.workspace, stored.artifact_id) if stored is not None else None
+
+
 def _glance_context(run: Run) -> dict[str, Any]:
     """The run at a glance: input, output or error, tokens, cost of the run and of its tree,
     models, re-executions of it and the evidence zip (docs/operations.md "The run page")."""
@@ -208,7 +218,7 @@ def _glance_context(run: Run) -> dict[str, Any]:
         "glance": {
             "input": _glance(run.input),
             "output": _glance(run.output),
-            "output_url": artifact_url(ws, run.output_ref) if run.output_ref else None,
+            "output_url": _output_url(run),
             "failure": _failure(run),
             "tokens": tokens(run),
             "tree": tree.usage if tree.size > 1 else None,
