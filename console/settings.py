@@ -257,6 +257,9 @@ LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY = _env_int("LEDGER_MAX_EVENTS_PER_MINUTE_PE
 # One caller (an API key, or a user) has at most this many evidence requests in flight at once per
 # process: the next is 429 rate_limited (console/api/evidence.py, docs/security.md "Input limits").
 LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER = _env_int("LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER", 2, 1, 1000)
+# One share link (its token, sub-runs included) has at most this many evidence.json requests in
+# flight at once per process: the next is 429 rate_limited (console/pages/share.py).
+LEDGER_SHARE_EVIDENCE_MAX_IN_FLIGHT_PER_LINK = _env_int("LEDGER_SHARE_EVIDENCE_MAX_IN_FLIGHT_PER_LINK", 2, 1, 1000)
 
 # Every password set through ledger.tenancy.services.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [
