@@ -251,6 +251,9 @@ LEDGER_STREAM_MAX_PER_CALLER = _env_int("LEDGER_STREAM_MAX_PER_CALLER", 20, 1, 1
 # One run holds at most this many events (its ending is always accepted): past it, an append is 413
 # run_too_large (ledger/limits.py, docs/security.md "Size limits").
 LEDGER_MAX_EVENTS_PER_RUN = _env_int("LEDGER_MAX_EVENTS_PER_RUN", 50_000, 1, 10_000_000)
+# One run holds at most this many bytes of stored canonical event payload (its ending is always
+# accepted): past it, an append is 413 run_too_large with details.which "bytes" (ledger/limits.py).
+LEDGER_MAX_BYTES_PER_RUN = _env_int("LEDGER_MAX_BYTES_PER_RUN", 256 * 1024 * 1024, 1024, 2**50)
 # One API key appends at most this many events per minute (UTC clock minute): past it, 429
 # rate_limited with Retry-After (console/api/ratelimit.py, docs/security.md "Size limits").
 LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY = _env_int("LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY", 30_000, 1, 10_000_000)
