@@ -251,12 +251,18 @@ LEDGER_STREAM_MAX_PER_CALLER = _env_int("LEDGER_STREAM_MAX_PER_CALLER", 20, 1, 1
 # One run holds at most this many events (its ending is always accepted): past it, an append is 413
 # run_too_large (ledger/limits.py, docs/security.md "Size limits").
 LEDGER_MAX_EVENTS_PER_RUN = _env_int("LEDGER_MAX_EVENTS_PER_RUN", 50_000, 1, 10_000_000)
+# One run holds at most this many bytes of stored canonical event payload (its ending is always
+# accepted): past it, an append is 413 run_too_large with details.which "bytes" (ledger/limits.py).
+LEDGER_MAX_BYTES_PER_RUN = _env_int("LEDGER_MAX_BYTES_PER_RUN", 256 * 1024 * 1024, 1024, 2**50)
 # One API key appends at most this many events per minute (UTC clock minute): past it, 429
 # rate_limited with Retry-After (console/api/ratelimit.py, docs/security.md "Size limits").
 LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY = _env_int("LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY", 30_000, 1, 10_000_000)
 # One caller (an API key, or a user) has at most this many evidence requests in flight at once per
 # process: the next is 429 rate_limited (console/api/evidence.py, docs/security.md "Input limits").
 LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER = _env_int("LEDGER_EVIDENCE_MAX_IN_FLIGHT_PER_CALLER", 2, 1, 1000)
+# One share link (its token, sub-runs included) has at most this many evidence.json requests in
+# flight at once per process: the next is 429 rate_limited (console/pages/share.py).
+LEDGER_SHARE_EVIDENCE_MAX_IN_FLIGHT_PER_LINK = _env_int("LEDGER_SHARE_EVIDENCE_MAX_IN_FLIGHT_PER_LINK", 2, 1, 1000)
 
 # Every password set through ledger.tenancy.services.create_user (`ledger create-user`, the demo) passes these.
 AUTH_PASSWORD_VALIDATORS = [

@@ -39,12 +39,19 @@ MAX_ROW_ID = 2**63 - 1  # a bigint primary key
 NUL = "\x00"
 MAX_TEXT = 2000
 DEFAULT_MAX_EVENTS_PER_RUN = 50_000
+DEFAULT_MAX_BYTES_PER_RUN = 256 * 1024 * 1024
 
 
 def max_events_per_run() -> int:
     """How many events one run may hold (LEDGER_MAX_EVENTS_PER_RUN): a run of a few hundred
     thousand events makes every view of it, the shared page and the evidence heavy for everyone."""
     return int(getattr(settings, "LEDGER_MAX_EVENTS_PER_RUN", DEFAULT_MAX_EVENTS_PER_RUN))
+
+
+def max_bytes_per_run() -> int:
+    """How many bytes of stored canonical payload one run may hold (LEDGER_MAX_BYTES_PER_RUN): the
+    events limit alone lets a run of 50,000 events of 256 kB each hold 12 GB."""
+    return int(getattr(settings, "LEDGER_MAX_BYTES_PER_RUN", DEFAULT_MAX_BYTES_PER_RUN))
 
 
 # A JSON string, escapes included (the unrolled form: no backtracking on long strings).

@@ -196,6 +196,8 @@ class Run(UsageColumns):
     root_run_id = models.CharField(max_length=84, blank=True)
     replay_of = models.CharField(max_length=200, blank=True)
     event_count = models.IntegerField(default=0)
+    # The bytes of the run's stored canonical payloads (LEDGER_MAX_BYTES_PER_RUN), kept by the write path.
+    payload_bytes = models.BigIntegerField(default=0)
     # Where the log was written: "" here (or by any client), "little-workflow" for a run
     # `ledger import-little` brought in, whose log is read by Little Workflow's rules where they
     # differ from ours (docs/operations.md § Importing Little Workflow data). Set when the run's first event is imported.

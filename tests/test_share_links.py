@@ -278,6 +278,36 @@ def test_the_shared_bundle_is_the_apis_bundle(client: Client, link: str, admin: 
     assert shared["run"] == own["run"]
 
 
+def test_a_link_with_its_limit_of_evidence_requests_in_flight_is_refused(
+    client: Client, operator: User, link: str, settings: Any
+) -> None:
+    """Counters, not timing: two evidence.json requests of the link are held in flight by hand,
+    the third is refused (sub-run paths of the same link too) without using up an open; another
+    link is not; a changed token is still a 404; once one finishes, the link is answered again."""
+    from console.pages.share import EVIDENCE_SLOTS
+
+    settings.LEDGER_SHARE_EVIDENCE_MAX_IN_FLIGHT_PER_LINK = 2
+    other = _token(_create(_api(Client(), operator)).json()["url"])
+    assert client.get(f"/s/{link}/evidence.json").status_code == 200  # its slot is given back
+    held = [EVIDENCE_SLOTS.take(f"share:{link}", 2) for _ in range(2)]
+    assert all(held)
+    opens = ShareLink.objects.get(token_hash=hashlib.sha256(link.encode()).hexdigest()).open_count
+    for url in (f"/s/{link}/evidence.json", f"/s/{link}/runs/{SUB}/evidence.json"):
+        refused = client.get(url)
+        assert refused.status_code == 429 and refused["Retry-After"] == "1", url
+        assert refused["Cache-Control"] == "no-store"
+        error = refused.json()["error"]
+        assert error["code"] == "rate_limited" and error["details"] == {"retryAfter": 1, "limit": 2}
+    assert ShareLink.objects.get(token_hash=hashlib.sha256(link.encode()).hexdigest()).open_count == opens
+    assert client.get(f"/s/{other}/evidence.json").status_code == 200  # another link
+    tampered = link[:-1] + ("A" if link[-1] != "A" else "B")
+    assert client.get(f"/s/{tampered}/evidence.json").status_code == 404  # an outsider: still 404
+    held[0].release()
+    assert client.get(f"/s/{link}/evidence.json").status_code == 200
+    held[1].release()
+    assert EVIDENCE_SLOTS.open_for(f"share:{link}") == 0
+
+
 def test_every_response_is_noindex_no_referrer_no_store(client: Client, link: str) -> None:
     tampered = link[:-1] + ("A" if link[-1] != "A" else "B")
     for url in (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -35,6 +36,7 @@ from ledger.tenancy.access import Access
 
 from ..format import coverage, tokens
 from ..rows import event_row
+from ..streams import StreamSlots
 from ..timeline import annotate
 from .conversation import conversation_page
 from .guard import has_role, member_access
@@ -42,6 +44,14 @@ from .guard import has_role, member_access
 TIMELINE_PAGE = 200
 STEPS_SHOWN = 200
 DEFAULT_EXPIRY_HOURS = 72
+
+# evidence.json requests in flight per link token (the link and its sub-runs together), in this
+# process: a bundle of a large run is heavy, and a link shared widely must not stall the others.
+EVIDENCE_SLOTS = StreamSlots()
+
+
+def max_evidence_in_flight() -> int:
+    return int(getattr(settings, "LEDGER_SHARE_EVIDENCE_MAX_IN_FLIGHT_PER_LINK", 2))
 
 
 def _private(response: HttpResponse) -> HttpResponse:
@@ -223,6 +233,31 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
 
 @require_safe
 def shared_evidence(request: HttpRequest, token: str, run_id: str | None = None) -> HttpResponse:
+    # The slot is taken before the link is opened: a refused request does not use up an open. An
+    # unknown token holds no slots, so it is still the 404 below.
+    limit = max_evidence_in_flight()
+    slot = EVIDENCE_SLOTS.take(f"share:{token}", limit)
+    if slot is None:
+        refused = JsonResponse(
+            {
+                "error": {
+                    "code": "rate_limited",
+                    "message": f"at most {limit} evidence requests of one share link run at once; "
+                    "wait for one to finish",
+                    "details": {"retryAfter": 1, "limit": limit},
+                }
+            },
+            status=429,
+        )
+        refused["Retry-After"] = "1"
+        return _private(refused)
+    try:
+        return _shared_evidence(request, token, run_id)
+    finally:
+        slot.release()
+
+
+def _shared_evidence(request: HttpRequest, token: str, run_id: str | None) -> HttpResponse:
     opened = _open(request, token, run_id, "evidence.json")
     if isinstance(opened, HttpResponse):
         return opened

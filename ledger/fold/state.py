@@ -230,6 +230,10 @@ class RunState(_Record):
     last_sequence: int = 0
     event_count: int = 0
     custom_event_count: int = 0
+    # The bytes of the run's stored canonical payloads: kept by the write path (ledger/log/strategies.py
+    # `_allocate`), not by the fold, which sees parsed payloads; rebuild and verify count it from the
+    # log (ledger/log/projection.py `payload_bytes_of`). Not compared: a fold of the log leaves it 0.
+    payload_bytes: int = field(default=0, compare=False)
     usage: UsageTotals = field(default_factory=UsageTotals)
     # Model calls a re-execution served from the original's record (origin recorded|simulated):
     # their tokens, priced for comparison, kept out of `usage` because nothing was spent on them.

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import transaction
 
-from ..canonical import NUL_STAND_IN, NotCanonicalizable, canonical_json, nul_as_stand_in
+from ..canonical import NUL_STAND_IN, NotCanonicalizable, canonical_bytes, canonical_json, nul_as_stand_in
 from ..fold import RunState, fold
 from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
@@ -93,6 +93,7 @@ def run_fields(state: RunState) -> dict[str, Any]:
         "replay_of": state.replay_of or "",
         "event_count": state.event_count,
         "last_sequence": state.last_sequence,
+        "payload_bytes": state.payload_bytes,
         **_usage(state.usage),
     }
 
@@ -282,6 +283,7 @@ def rebuild(run: Run) -> RunState:
     prices = prices_of(run)
     log = log_of(run)
     state = fold(log, prices=prices, run_id=run.run_id)
+    state.payload_bytes = payload_bytes_of(log)
     days = rollup.days_of([run.pk]).get(run.workspace_id, set())
     for model in (Step, ToolCall, CostEntry):
         model.objects.filter(run=run).delete()
@@ -320,6 +322,12 @@ def _comparable(value: Any) -> Any:
     return value
 
 
+def payload_bytes_of(log: Sequence[Mapping[str, Any]]) -> int:
+    """The bytes of the log's stored canonical payloads, counted again: what the write path keeps
+    on the head (`Run.payload_bytes`) for LEDGER_MAX_BYTES_PER_RUN."""
+    return sum(len(canonical_bytes(e.get("payload"))) for e in log)
+
+
 def _compare(label: str, expected: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
     return [
         f"{label}.{name}: projection has {stored.get(name)!r}, the log says {value!r}"
@@ -331,7 +339,7 @@ def _compare(label: str, expected: Mapping[str, Any], stored: Mapping[str, Any])
 def differences(run: Run, state: RunState, log: Sequence[Mapping[str, Any]]) -> list[str]:
     """Where the stored projections disagree with the fold of the log (empty when equal)."""
     problems: list[str] = []
-    expected_run = all_run_fields(run, state)
+    expected_run = {**all_run_fields(run, state), "payload_bytes": payload_bytes_of(log)}
     stored_run = Run.objects.filter(pk=run.pk).values(*expected_run).get()
     problems += _compare("run", expected_run, stored_run)
 

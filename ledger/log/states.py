@@ -246,7 +246,9 @@ def state_for_append(run: Run, prices: PriceTable) -> RunState:
     cached = STATES.take(run.workspace_id, run.run_id, prices.version)
     if cached is not None and cached.run_pk == run.pk and cached.state.last_sequence == run.last_sequence:
         return cached.state
-    return fold(log_of(run), prices=prices)
+    state = fold(log_of(run), prices=prices)
+    state.payload_bytes = run.payload_bytes  # the head's counter: the fold does not keep it
+    return state
 
 
 def guess(

@@ -32,7 +32,7 @@ from ..canonical import EventIds, canonical_bytes
 from ..errors import InvalidEvent, LedgerError, RunTooLarge
 from ..fold import RunState, advance
 from ..fold.pricing import LITTLE_WORKFLOW, NATIVE, PriceTable, prices_for, prices_of
-from ..limits import max_events_per_run
+from ..limits import max_bytes_per_run, max_events_per_run
 from ..models import Event, Run, RunStatus, Workspace
 from . import announce, hooks, prepare, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
@@ -70,6 +70,7 @@ HEAD_FIELDS = (
     "lease_expires_at",
     "fencing_token",
     "imported_from",
+    "payload_bytes",
 )
 
 
@@ -358,6 +359,7 @@ def _allocate(
     event_id = EventIds(run_id)
     recorded_at = format_recorded_at(now)
     cap = max_events_per_run()
+    byte_cap = max_bytes_per_run()
     for index, p in enumerate(batch):
         key = p.idempotency_key
         if key is not None:
@@ -376,12 +378,23 @@ def _allocate(
                 f"run {run_id} holds its limit of {cap} events; only its ending (RunCompleted, RunFailed) is accepted",
                 index=index,
                 limit=cap,
+                which="events",
             )
         rules.check_lifecycle(state, sequence - 1, event_type, index, imported)
         payload, stored = p.payload, p.canonical
         if len(stored) > INLINE_LIMIT_BYTES:
             payload = externalize(run.workspace, payload, len(stored))
             stored = canonical_bytes(payload)
+        held = state.payload_bytes + len(stored)
+        if held > byte_cap and event_type not in RUN_ENDINGS:
+            raise RunTooLarge(
+                f"run {run_id} would hold more than its limit of {byte_cap} bytes of event payload; only its ending "
+                "(RunCompleted, RunFailed) is accepted",
+                index=index,
+                limit=byte_cap,
+                which="bytes",
+            )
+        state.payload_bytes = held
         eid = event_id(sequence, event_type, stored, occurrence_id)
         rows.append(
             {
