@@ -419,13 +419,15 @@ def test_logins_live_views_appends_and_a_reexecution_through_nginx(
     workspace: Workspace,
     other_workspace: Workspace,
     approver: User,
+    admin: User,
     drill: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from django.utils import timezone
 
     monkeypatch.setattr("ledger.clock.now", timezone.now)  # the servers read the real clock
-    _, key = create_key(workspace=workspace, scopes=["ingest", "read", "execute"])
+    # Made by an admin, who owns it: an unowned key's requests only an admin may approve.
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read", "execute"], by=admin)
     bob = log_in(deployment, "bob")
     runs = [f"run_nginx_{n}" for n in range(4)]
     _start_runs(deployment, key, runs)

@@ -5,12 +5,10 @@ tool never runs), bound to the arguments' digest; other arguments need a new app
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
 
 from ledger.log.envelopes import log_of
 from ledger.models import AuditEntry, Run, ToolCall, Workspace
@@ -19,8 +17,6 @@ from ledger.replay.stored_plan import replay_plan_for
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.registry import CodeRun, Tool, Workflow
 from ledger.runtime.registry import ToolCall as ToolStep
-from ledger.tenancy.services import authenticate_key
-from tests.conftest import IN_PROCESS, ev, named_user, started
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     every_run_verifies,
     run_events,
@@ -332,44 +328,3 @@ def test_cancelling_a_run_that_waits_for_approval_ends_the_waiting_call(workspac
     assert toolapproval.waiting_calls(workspace) == []
     assert resume_run(workspace=workspace, run_id="run_wait_cancel", workflow=wf).status == "failed"
     assert sent == []
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_requester_is_the_key_that_started_the_run_not_what_its_payload_claims(
-    workspace: Workspace, approver: User, admin: User
-) -> None:
-    """A harness writes `requestedBy: "mallory"`; the run was started by bob's key, so bob is its
-    requester: he cannot approve its tool call, another approver can."""
-    from tests.conftest import http_client, log_in
-
-    out = io.StringIO()
-    call_command(
-        "ledger", "create-key", "--workspace", "acme/support", "--scopes", "ingest,read",
-        "--owner", approver.get_username(), stdout=out,
-    )  # fmt: skip
-    secret = out.getvalue().strip()
-    key = authenticate_key(secret)
-    assert key is not None
-    asked = {"callId": "c1", "toolName": "send_email", "args": {"to": "a@x"}, "argsDigest": "sha256:x"}
-    with http_client(headers={"Authorization": f"Bearer {secret}"}) as harness:
-        sent = harness.post(
-            "/api/v1/runs/run_claimed/events",
-            json={"events": [started(requestedBy="mallory"), ev("harness.tool_call.approval_requested", **asked)]},
-        )
-    assert sent.status_code == 200, sent.text
-    first = run_events(workspace, "run_claimed")[0]
-    assert first["payload"]["requestedBy"] == f"key:{key.prefix}"
-    assert toolapproval.requester_of(Run.objects.get(workspace=workspace, run_id="run_claimed")) == f"key:{key.prefix}"
-    with pytest.raises(toolapproval.SelfApprovalForbidden):
-        _decide(workspace, "run_claimed", approver)
-    bob = log_in(IN_PROCESS, approver)
-    page = bob.get("/w/acme/support/approvals/").text
-    bob.close()
-    assert 'data-run="run_claimed"' in page and "You asked for this run" in page
-    named_user("mallory", "approver")
-    mallory = log_in(IN_PROCESS, "mallory")  # the name the payload claimed is nobody's requester
-    page = mallory.get("/w/acme/support/approvals/").text
-    mallory.close()
-    assert 'data-run="run_claimed"' in page and "You asked for this run" not in page
-    _decide(workspace, "run_claimed", admin)
-    assert AuditEntry.objects.get(action="tool_call.approved", target="run_claimed/c1").actor == admin.get_username()

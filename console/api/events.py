@@ -19,7 +19,6 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger import audit
 from ledger.canonical import ecma_dumps
 from ledger.errors import LedgerError, NotFound
 from ledger.log import append
@@ -37,18 +36,6 @@ from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, Events
 
 class InvalidRequest(LedgerError):
     code = "invalid_request"
-
-
-def _stamp_requester(events: object, request: Request) -> None:
-    """A run's requester is who starts it, not what its payload claims: a `RunStarted` appended
-    here gets `requestedBy` = the caller (`key:<prefix>` for a key, else the member's username),
-    overwriting any value the harness wrote. Tool-call approvals read it (never your own run's)."""
-    if not isinstance(events, list):
-        return
-    who = audit.key_actor(request.auth) if isinstance(request.auth, ApiKey) else request.user.get_username()
-    for item in events:
-        if isinstance(item, dict) and item.get("type") == "RunStarted" and isinstance(item.get("payload"), dict):
-            item["payload"]["requestedBy"] = who
 
 
 class NdjsonRenderer(BaseRenderer):
@@ -161,7 +148,6 @@ class RunEventsView(ApiView):
         events = body.get("events")
         if isinstance(request.auth, ApiKey) and isinstance(events, list):
             charge_events(request.auth, len(events))
-        _stamp_requester(events, request)
         try:
             result = append(
                 workspace=caller.workspace,

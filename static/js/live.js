@@ -168,11 +168,21 @@
         if (editing(el)) { held.push(el); return; }
         var open = [];
         el.querySelectorAll("details[open][id]").forEach(function (d) { open.push(d.id); });
+        // Ticked boxes (the runs picked for a batch or a dataset) stay ticked across the swap.
+        var ticked = [];
+        el.querySelectorAll("input[type=checkbox][name]:checked").forEach(function (box) {
+          ticked.push([box.name, box.value]);
+        });
         var style = el.getAttribute("data-live-swap") || "outerHTML";
         window.htmx.swap(el, html, {swapStyle: style, swapDelay: 0, settleDelay: 0});
         open.forEach(function (id) {
           var d = document.getElementById(id);
           if (d) d.open = true;
+        });
+        ticked.forEach(function (pair) {
+          document.querySelectorAll("input[type=checkbox][name]").forEach(function (box) {
+            if (box.name === pair[0] && box.value === pair[1]) box.checked = true;
+          });
         });
         if (window.runledgerPlace) window.runledgerPlace(document);
       });
