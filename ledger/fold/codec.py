@@ -31,6 +31,8 @@ def _plan(cls: Any) -> tuple[tuple[str, str, str, Any], ...]:
     """(field, JSON key, kind, record class) per field; kind is money|record|keyed|records|json."""
     plan = []
     for f in fields(cls):
+        if not f.compare:
+            continue  # not the fold's (RunState.payload_bytes, a cache): neither compared nor stored
         hint = _hints(cls)[f.name]
         if get_origin(hint) in (Union, UnionType):
             present = [a for a in get_args(hint) if a is not NoneType]

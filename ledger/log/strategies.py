@@ -308,7 +308,7 @@ def _after_write(
     """What follows a written batch in its transaction (`in_transaction`: the batch's statement
     ran in an atomic block; else it has committed): the caller's head object kept current, the
     state cached and the batch announced once it commits, a re-execution settled."""
-    run.last_sequence, run.status = state.last_sequence, state.status
+    run.last_sequence, run.status, run.payload_bytes = state.last_sequence, state.status, state.payload_bytes
     remember = functools.partial(STATES.put, run.workspace_id, run.run_id, Cached(run.pk, prices.version, state))
     send = announce.announcement(run, state.last_sequence, written, rows)
     if in_transaction:
