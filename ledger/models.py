@@ -87,11 +87,24 @@ class Workspace(models.Model):
     # Tool names whose every call waits for a human approver before it runs (on top of the tools
     # that declare `approval="required"` themselves): ledger/replay/toolapproval.py.
     approval_tools = models.JSONField(default=list, blank=True)
+    # The operator's overrides of the deployment's size limits for this workspace (ledger/limits.py,
+    # docs/security.md "Size limits"); NULL: the setting's default. Changed only by the operator's
+    # `ledger limits` (ledger/tenancy/limits_settings.py, audited `limits.changed`), never by a
+    # tenant's admin. Loaded with the workspace, so the write path reads them without a query.
+    max_events_per_run = models.PositiveIntegerField(null=True, blank=True)
+    max_bytes_per_run = models.PositiveBigIntegerField(null=True, blank=True)
+    max_events_per_minute_per_key = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "slug"], name="workspace_slug_unique_in_tenant"),
+            models.CheckConstraint(
+                condition=(Q(max_events_per_run__isnull=True) | Q(max_events_per_run__gte=1))
+                & (Q(max_bytes_per_run__isnull=True) | Q(max_bytes_per_run__gte=1))
+                & (Q(max_events_per_minute_per_key__isnull=True) | Q(max_events_per_minute_per_key__gte=1)),
+                name="workspace_limits_positive",
+            ),
             models.CheckConstraint(
                 condition=Q(retention_days__isnull=True) | Q(retention_days__gte=1),
                 name="workspace_retention_at_least_a_day",
@@ -772,6 +785,7 @@ class AuditEntry(models.Model):
         MEMBER_CHANGED = "member.changed"
         MEMBER_REMOVED = "member.removed"
         RETENTION_CHANGED = "retention.changed"
+        LIMITS_CHANGED = "limits.changed"
         SHARE_LINK_CREATED = "share_link.created"
         SHARE_LINK_REVOKED = "share_link.revoked"
         SHARE_LINK_OPENED = "share_link.opened"

@@ -358,8 +358,8 @@ def _allocate(
     run_id = run.run_id
     event_id = EventIds(run_id)
     recorded_at = format_recorded_at(now)
-    cap = max_events_per_run()
-    byte_cap = max_bytes_per_run()
+    cap = max_events_per_run(run.workspace)  # the workspace row the caller holds: no query
+    byte_cap = max_bytes_per_run(run.workspace)
     for index, p in enumerate(batch):
         key = p.idempotency_key
         if key is not None:
