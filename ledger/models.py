@@ -215,6 +215,15 @@ class Run(UsageColumns):
     # `ledger import-little` brought in, whose log is read by Little Workflow's rules where they
     # differ from ours (docs/operations.md § Importing Little Workflow data). Set when the run's first event is imported.
     imported_from = models.CharField(max_length=32, blank=True, default="")
+    # Who appended the run's first batch (its RunStarted), as the server knew the caller: a
+    # username (a console session), `key:<prefix>` (an API key, OTLP ingest), or `system:<what>`
+    # (the command line, the runtime of a workflow nobody named). Set by the write door
+    # (ledger/log `append(by=...)`) in the statement that creates the run's log, never from the
+    # payload and never changed after; the "not your own" rule of tool approvals reads it
+    # (ledger/replay/toolapproval.py). Not a projection: `ledger rebuild` keeps it, `ledger verify`
+    # does not compare it (the log does not hold it). "": not known (migration 0030 filled runs
+    # from before it with their RunStarted's claimed `requestedBy`, the best there was).
+    started_by = models.CharField(max_length=160, blank=True, default="")
 
     class Meta:
         constraints = [

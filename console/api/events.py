@@ -26,7 +26,7 @@ from ledger.log.prepare import validate_run_id
 from ledger.models import ApiKey
 from ledger.reads import selectors
 
-from .auth import access_for
+from .auth import access_for, principal_name
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
 from .pagination import int_param, limit_param
@@ -155,6 +155,7 @@ class RunEventsView(ApiView):
                 events=events,
                 expected_sequence=body.get("expectedSequence"),
                 fencing_token=body.get("fencingToken"),
+                by=principal_name(request),  # who starts a run: the key or session, never the payload
             )
         except Exception:
             if isinstance(request.auth, ApiKey) and isinstance(events, list):

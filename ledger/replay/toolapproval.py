@@ -22,7 +22,6 @@ pending, the run stops again without writing anything.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,7 @@ from .. import audit, clock
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
 from ..log import holding
-from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
+from ..models import ApiKey, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
 from ..reads import attention
 from . import gateway
 
@@ -123,23 +122,25 @@ def verdict(
 
 
 def requester_of(run: Run) -> str | None:
-    """Who asked for the run: the re-execution request that made it, else `requestedBy` of its
-    RunStarted (`ledger run --requested-by`, or a harness's own field); a sub-run's is its root
-    run's. None when unknown."""
+    """Who asked for the run, as the server recorded it, never as a payload claims it: the
+    re-execution request that made it (its requester), else who appended its RunStarted
+    (`Run.started_by`: a username, or `key:<prefix>` whose owner counts as them, set by the write
+    door from the caller's session or key). A sub-run, or a run a `system:` principal started
+    (the runtime, the re-execution worker), is its root run's. None when unknown."""
+    fallback: str | None = None
     for run_id in dict.fromkeys([run.run_id, run.root_run_id or run.run_id]):
         made = ReexecutionRequest.objects.filter(workspace=run.workspace, new_run_id=run_id).order_by("pk").first()
         if made is not None:
             return made.requested_by
-        text = (
-            Event.objects.filter(run__workspace=run.workspace, run__run_id=run_id, sequence=1)
-            .values_list("payload", flat=True)
-            .first()
+        starter = (
+            run.started_by
+            if run_id == run.run_id
+            else Run.objects.filter(workspace=run.workspace, run_id=run_id).values_list("started_by", flat=True).first()
         )
-        first = json.loads(text) if text else None
-        who = first.get("requestedBy") if isinstance(first, dict) else None
-        if isinstance(who, str) and who:
-            return who
-    return None
+        if starter and not starter.startswith("system:"):
+            return starter
+        fallback = fallback or starter or None
+    return fallback
 
 
 def is_requester(requester: str | None, workspace: Workspace, user: Any) -> bool:
