@@ -88,7 +88,7 @@ class Workspace(models.Model):
     # that declare `approval="required"` themselves): ledger/replay/toolapproval.py.
     approval_tools = models.JSONField(default=list, blank=True)
     # The operator's overrides of the deployment's size limits for this workspace (ledger/limits.py,
-    # docs/security.md "Size limits"); NULL: the setting's default. Changed only by the operator's
+    # docs/security.md § Limits); NULL: the setting's default. Changed only by the operator's
     # `ledger limits` (ledger/tenancy/limits_settings.py, audited `limits.changed`), never by a
     # tenant's admin. Loaded with the workspace, so the write path reads them without a query.
     max_events_per_run = models.PositiveIntegerField(null=True, blank=True)

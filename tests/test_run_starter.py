@@ -1,4 +1,4 @@
-"""Who started a run, recorded by the server (docs/security.md "Four eyes"): the write door sets
+"""Who started a run, recorded by the server (docs/security.md § Roles): the write door sets
 `Run.started_by` from the key or session that appended the run's RunStarted (OTLP ingest, imports
 and the runtime too), in the statement that starts the log, never from the payload. The tool
 approvals' "not your own" rule reads it: a key's owner cannot approve a call of a run their key

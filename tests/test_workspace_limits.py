@@ -1,4 +1,4 @@
-"""Per-workspace size limits (docs/security.md "Size limits"): the deployment's settings are the
+"""Per-workspace size limits (docs/security.md § Limits): the deployment's settings are the
 defaults; the operator overrides them for one workspace with `ledger limits` (audited
 `limits.changed`), and the override is what the write path and the per-key rate limit enforce, with
 the limit in force in the error's details. A workspace's admins see the limits in force on the

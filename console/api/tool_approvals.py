@@ -96,7 +96,7 @@ def _schema(*, approve: bool) -> dict[str, object]:
                 e403=[
                     "insufficient_scope",
                     "forbidden (below approver, or an API key: a person decides, in a console session)",
-                    "self_approval_forbidden (you requested the run)",
+                    "self_approval_forbidden (you started the run, or a key you own did, as the server recorded it)",
                 ],
                 e404=["not_found (no such run or tool call in your workspaces)"],
                 e409=[

@@ -5,7 +5,7 @@
   (empty: forever). Changing it needs a reason; the change is audited (`retention.changed`).
 - Size limits: the events and bytes a run may hold and the events an API key may append per
   minute, as in force here (the operator's override, or the deployment's default), read-only: only
-  the operator changes them (`ledger limits`, docs/security.md "Size limits").
+  the operator changes them (`ledger limits`, docs/security.md § Limits).
 - API keys: made here (a name and at least one scope; the secret is shown once, on the answer to
   the form, never stored or shown again; audited `api_key.created`), listed by prefix with
   name, scopes, created, last used and revoked, never a secret; revoking one is audited

@@ -4,7 +4,7 @@ events per run, bytes of payload per run, events per minute per API key.
 Set only by the operator on the command line (`ledger limits T/W --events-per-run N …`, actor
 `system:cli`), never from the console or the API: a tenant's admin sees the limits in force on
 the workspace's Settings page but cannot raise them, since they protect the other tenants of the
-process (docs/security.md "Size limits"). Each change is audited (`limits.changed`, the old and
+process (docs/security.md § Limits). Each change is audited (`limits.changed`, the old and
 new override of every limit changed, NULL meaning the deployment's default) in the transaction
 that makes it, with the workspace row locked so that two operators' changes queue.
 """
