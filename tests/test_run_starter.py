@@ -232,3 +232,25 @@ def test_migration_0030_gives_older_runs_the_requester_their_payload_claimed(wor
         "run_none": "",
         "run_long": "x" * 160,  # the column's size
     }
+
+
+def test_a_run_an_unowned_key_started_is_approved_only_by_an_admin_with_a_warning(
+    workspace: Workspace, admin: User, approver: User, clients: list[httpx.Client]
+) -> None:
+    """No person answers for a key made without an owner: as for its re-execution requests, only
+    an admin may approve its run's calls, and the Approvals page says why."""
+    _, harness = _keyed(workspace, None, clients)  # made by the command line: nobody's
+    assert _start_waiting(harness, "run_nobodys").status_code == 200
+    bob = _session(approver, clients)
+    page = bob.get("/w/acme/support/approvals/")
+    assert page.status_code == 200
+    card = page.text[page.text.index('data-run="run_nobodys"') :]
+    card = card[: card.index("</article>")]
+    assert "belongs to nobody" in card and 'class="approve"' not in card and 'class="deny"' in card
+    refused = _decide(bob, "run_nobodys")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert refused.json()["error"]["details"]["role"] == "admin"
+    alice = _session(admin, clients)
+    admin_page = alice.get("/w/acme/support/approvals/").text
+    assert 'class="approve"' in admin_page[admin_page.index('data-run="run_nobodys"') :]
+    assert _decide(alice, "run_nobodys").status_code == 200

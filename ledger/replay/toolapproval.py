@@ -156,6 +156,16 @@ def is_requester(requester: str | None, workspace: Workspace, user: Any) -> bool
     return key is not None and audit.key_owner_id(key) == user.pk
 
 
+def started_by_unowned_key(requester: str | None, workspace: Workspace) -> bool:
+    """Whether the run was started with an API key that belongs to nobody (made without
+    `--owner`, or gone since): no person answers for it, so only an admin may approve its calls,
+    with a warning (as a re-execution requested with such a key)."""
+    if requester is None or not requester.startswith("key:"):
+        return False
+    key = ApiKey.objects.filter(workspace=workspace, prefix=requester.removeprefix("key:")).first()
+    return key is None or audit.key_owner_id(key) is None
+
+
 def waiting_calls(workspace: Workspace) -> list[ToolCall]:
     """The workspace's tool calls waiting for an approver, oldest first, of runs still running."""
     calls = list(
@@ -181,7 +191,8 @@ def decide(
     arguments' digest they saw (`seen_digest`); audited. Refusals: not an approver (403
     forbidden), the run's requester (403 self_approval_forbidden), no such call (404), a call not
     waiting (409 tool_call_not_waiting), other arguments waiting now (409 approval_stale), the
-    run ended (409 run_finished)."""
+    run ended (409 run_finished), approving below admin a call of a run an API key that belongs
+    to nobody started (403 forbidden)."""
     note = written(note, field="note", label="note", error=InvalidDecision, workspace=workspace)
     membership = Membership.objects.filter(user=by, tenant=workspace.tenant).first()
     if membership is None or not membership.allows(Role.APPROVER):
@@ -209,6 +220,12 @@ def decide(
     if is_requester(requester, workspace, by):
         raise SelfApprovalForbidden(
             "you requested this run; another approver must decide its tool calls", callId=call_id
+        )
+    if approve and not membership.allows(Role.ADMIN) and started_by_unowned_key(requester, workspace):
+        raise ApproverRequired(
+            "this run was started with an API key that belongs to nobody: only an admin may approve its tool calls",
+            role="admin",
+            callId=call_id,
         )
     payload: dict[str, Any] = {
         "callId": call_id,
