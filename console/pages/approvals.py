@@ -113,6 +113,7 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
     for call in toolapproval.waiting_calls(ws):
         requester = toolapproval.requester_of(call.run)
         own = toolapproval.is_requester(requester, ws, user)
+        unowned = toolapproval.started_by_unowned_key(requester, ws)
         cards.append(
             {
                 "call": call,
@@ -122,7 +123,8 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
                 "digest": toolapproval.pending_digest(call),
                 "args_json": json.dumps(call.args, ensure_ascii=False, indent=2, sort_keys=True),
                 "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, call.run.run_id]),
-                "can_approve": can_decide and not own,
+                "unowned_key": unowned,
+                "can_approve": can_decide and not own and (not unowned or has_role(user, ws, "admin")),
                 "can_reject": can_decide,
                 "key": f"{call.run.run_id}/{call.call_id}",
             }

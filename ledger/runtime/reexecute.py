@@ -58,6 +58,8 @@ NEW_RUN_MODES = ("simulate", "evaluate", "fork", "rerun")
 DIVERGED = "harness.replay.diverged"
 # Copied prefixes go in batches below the log's append' limit.
 COPY_BATCH = 2000
+# Who a re-execution's new run was started by (Run.started_by): its worker, for the request.
+REEXECUTION = "system:reexecution"
 
 
 class _Unset:
@@ -606,7 +608,9 @@ def _run(
             payload["replayOf"] = replay_of
         if parent is not None:
             payload["parentRunId"] = parent.run_id
-        Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent).append(
+        # Started by the re-execution's worker; the person is the request's requester, which the
+        # "not your own" rules read from the request (ReexecutionRequest.requested_by).
+        Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent, started_by=REEXECUTION).append(
             {"type": "RunStarted", "payload": payload}, *prefix[: COPY_BATCH - 1]
         )
         copied = min(len(prefix), COPY_BATCH - 1)
