@@ -56,9 +56,7 @@ def _rows(ws: Workspace) -> list[dict[str, Any]]:
                 "pass_rate": aggregates.get("passRate"),
                 "changed": aggregates.get("changed"),
                 "spend": aggregates.get("spendUsd"),
-                "models": ", ".join(
-                    f"{slot}→{t['provider']}/{t['model']}" for slot, t in found.change.get("modelOverrides", {}).items()
-                ),
+                "models": f"{found.change.get('kind')}: {evaluations.describe_change(found.change)}",
             }
         )
     return rows
@@ -145,6 +143,7 @@ def _detail_context(request: HttpRequest, ws: Workspace, found: Evaluation) -> d
     return {
         "workspace": ws,
         "e": found,
+        "change": evaluations.describe_change(found.change),
         "report": report,
         "aggregates": report.get("aggregates") or {},
         "runs": runs,
