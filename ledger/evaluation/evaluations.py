@@ -33,6 +33,7 @@ from ..models import Evaluation, Event, ReexecutionRequest, Run, Workspace
 from ..reexecution import services as reexecution
 from ..reexecution.errors import InvalidReexecution
 from ..replay.divergence import divergence_report
+from ..runtime.errors import InvalidReexecution as RuntimeInvalidReexecution
 from ..runtime.errors import UnknownWorkflow
 from ..runtime.record import inline_or_ref
 from ..runtime.reexecute import DIVERGED
@@ -231,7 +232,7 @@ def start_evaluation(
             by=by,
             **_batch_change(workspace, checked_change, run_ids),
         )
-    except (InvalidReexecution, UnknownWorkflow) as exc:
+    except (InvalidReexecution, RuntimeInvalidReexecution, UnknownWorkflow) as exc:
         details = {k: v for k, v in exc.details.items() if k != "field"}
         raise InvalidEvaluation(f"change: {exc.message}", field="change", **details) from None
     if checked_change["kind"] == "workflow":  # pinned to the version the batch was made for
