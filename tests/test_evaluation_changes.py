@@ -348,3 +348,25 @@ def test_a_workflow_change_names_a_registered_workflow_at_its_version(
         {"kind": "workflow", "workflow": "support.triage-v2", "version": triage_v2.version_id},
     )
     assert pinned.status == Status.RUNNING
+
+
+# --- finishing without a hook -----------------------------------------------------------------
+
+
+def test_the_worker_sweep_finishes_an_evaluation_its_hooks_missed(
+    workspace, runs, people, every_kind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledger.reexecution import execution, executor, worker
+
+    made = _start(workspace, people["carol"], {"kind": "input", "mergePatch": {"channel": "chat"}})
+    with monkeypatch.context() as patched:  # the hooks that score and judge fail to reach it
+        patched.setattr(execution, "_CHANGE_LISTENERS", [])
+        patched.setattr(executor, "_AFTER_REQUEST", [])
+        for pk in ReexecutionRequest.objects.filter(batch_id=made.batch_id).values_list("pk", flat=True):
+            executor.run_request(request_pk=pk)
+    made.refresh_from_db()
+    assert made.status == Status.RUNNING and made.scores == {}
+    assert worker.sweep()["evaluations"] == [made.public_id]
+    made.refresh_from_db()
+    assert (made.status, made.verdict) == (Status.FINISHED, Verdict.PASSED) and len(made.scores) == 10
+    assert worker.sweep()["evaluations"] == []

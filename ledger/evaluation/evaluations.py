@@ -454,7 +454,11 @@ def advance(evaluation_pk: int) -> Evaluation | None:
         for request in requests:
             if request.status in (RxStatus.SUCCEEDED, RxStatus.FAILED) and request.new_run_id not in evaluation.scores:
                 _score(evaluation, request, members.get(request.original_run_id, {}))
-        if all(r.status in FINAL for r in requests):
+        unscored = any(
+            r.status in (RxStatus.SUCCEEDED, RxStatus.FAILED) and r.new_run_id not in evaluation.scores
+            for r in requests
+        )
+        if all(r.status in FINAL for r in requests) and not unscored:
             evaluation.report = build_report(evaluation, requests)
             evaluation.verdict = judge(evaluation, evaluation.report)
             evaluation.status, evaluation.finished_at = Status.FINISHED, now
@@ -463,6 +467,25 @@ def advance(evaluation_pk: int) -> Evaluation | None:
         else:
             evaluation.save()
         return evaluation
+
+
+def advance_finished_batches() -> list[str]:
+    """The worker's sweep: advance every unfinished evaluation none of whose requests is still
+    waiting or executing (its batch ended, but the hook that scores and judges it at the last
+    request's end failed, e.g. a database restart). The ids of those it finished."""
+    unfinished = Evaluation.objects.filter(status__in=(Status.PENDING_APPROVAL, Status.RUNNING))
+    done = []
+    for pk, public_id, workspace_id, batch_id in unfinished.values_list("pk", "public_id", "workspace_id", "batch_id"):
+        busy = (
+            ReexecutionRequest.objects.filter(workspace_id=workspace_id, batch_id=batch_id)
+            .exclude(status__in=FINAL)
+            .exists()
+        )
+        if not busy:
+            advanced = advance(pk)
+            if advanced is not None and advanced.status not in (Status.PENDING_APPROVAL, Status.RUNNING):
+                done.append(public_id)
+    return done
 
 
 def _audit_finished(evaluation: Evaluation) -> None:
