@@ -159,3 +159,30 @@ def test_a_dataset_page_edits_an_expected_output_and_removes_runs(workspace, peo
     assert old.count('<tr data-run="') == 3 and "data-expected-form" not in old
     changes = AuditEntry.objects.filter(action="dataset.changed", target="dataset:golden", actor="carol")
     assert changes.count() == 3
+
+
+def test_the_approver_sees_the_change_a_waiting_evaluation_makes(workspace, people) -> None:
+    """Outside every policy an evaluation waits on the Approvals page; the card shows what the
+    approval binds to: the prompt override, or each run's own input, or the other workflow."""
+    from ledger.evaluation import datasets
+
+    runs = triage_runs(workspace, count=2)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+
+    def start(change: dict[str, object]) -> Evaluation:
+        return evaluations.start_evaluation(
+            workspace=workspace, dataset="golden", change=change, scorers=["exact"], fail_if="", reason="try it",
+            by=people["carol"],
+        )  # fmt: skip
+
+    prompt = start({"kind": "prompt", "prompts": {"draft": {"system": "Be terse & kind."}}})
+    inputs = start({"kind": "input", "inputs": {runs[1]: {"ticket": "Lost it", "orderId": "C-3"}}})
+    other = start({"kind": "workflow", "workflow": "support.triage-premium"})
+    assert {e.status for e in (prompt, inputs, other)} == {Evaluation.Status.PENDING_APPROVAL}
+    page = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
+    assert page.count('class="prompt-overrides"') == 1 and "Be terse &amp; kind." in page
+    assert 'data-prompt="draft.system"' in page
+    assert page.count('class="mono run-input"') == 1 and "Lost it" in page
+    assert 'data-workflow="support.triage-premium"' in page
+    detail = as_(people["carol"]).get(f"{BASE}/evaluations/{prompt.public_id}/").content.decode()
+    assert 'id="evaluation-change"' in detail and "draft: system" in detail
