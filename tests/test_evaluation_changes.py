@@ -370,3 +370,50 @@ def test_the_worker_sweep_finishes_an_evaluation_its_hooks_missed(
     made.refresh_from_db()
     assert (made.status, made.verdict) == (Status.FINISHED, Verdict.PASSED) and len(made.scores) == 10
     assert worker.sweep()["evaluations"] == []
+
+
+def test_a_killed_evaluate_run_resumes_under_the_change_it_started_with(workspace, tool_counter) -> None:
+    """The change is in the new run's RunStarted: executing the request again after the worker
+    died resumes the same run with the same prompt, even when the caller names none."""
+    from ledger.demo import workflows as demo_workflows
+    from ledger.runtime.reexecute import execute_reexecution
+
+    [original] = triage_runs(workspace, count=3)[2:]
+    lookups = tool_counter.lookups
+    demo_workflows.CRASH_ON_TURN["Customer says: Parcel lost, help. (order C-3)"] = 2
+    prompts = {"draft": {"system": TERSE_SYSTEM}}
+    with pytest.raises(demo_workflows.DemoCrash):
+        execute_reexecution(
+            workspace=workspace,
+            original_run_id=original,
+            mode="evaluate",
+            new_run_id="run_eval_killed",
+            reexecution_id="rx_killed",
+            prompt_overrides=prompts,
+        )
+    assert Run.objects.get(workspace=workspace, run_id="run_eval_killed").status == "running"
+    outcome = execute_reexecution(
+        workspace=workspace,
+        original_run_id=original,
+        mode="evaluate",
+        new_run_id="run_eval_killed",
+        reexecution_id="rx_killed",
+    )
+    assert outcome.status == "completed"
+    new = Run.objects.get(workspace=workspace, run_id="run_eval_killed")
+    assert new.output["reply"] == "Sorry, I could not find anything about that."
+    assert _started(workspace, "run_eval_killed")["reexecution"]["promptOverrides"] == prompts
+    assert tool_counter.lookups == lookups
+    # A prompt override is a change of mode evaluate only, and names a prompt of the workflow.
+    from ledger.runtime.errors import InvalidReexecution
+
+    for mode, overrides in (("rerun", prompts), ("evaluate", {"confirm": {"system": "x"}})):
+        with pytest.raises(InvalidReexecution):
+            execute_reexecution(
+                workspace=workspace,
+                original_run_id=original,
+                mode=mode,
+                new_run_id=f"run_refused_{mode}",
+                reexecution_id="rx_refused",
+                prompt_overrides=overrides,
+            )
