@@ -192,6 +192,7 @@ def test_a_prompt_change_names_a_prompt_of_the_workflow(workspace, runs, people,
         {"draft": {}},
         {"draft": {"prompt": "  "}},
         {"draft": "x"},
+        {"draft": {"system": "x" * 100_001}},
         {},
     ):
         with pytest.raises(InvalidEvaluation) as refused:

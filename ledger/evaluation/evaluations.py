@@ -53,6 +53,8 @@ SCORER_ACTOR = audit.Actor(name="system:evaluation")
 FINAL = (RxStatus.SUCCEEDED, RxStatus.FAILED, RxStatus.DENIED, RxStatus.EXPIRED)
 
 
+MAX_PROMPTS = 50
+MAX_PROMPT_CHARS = 100_000
 CHANGE_KEYS = {
     "model": {"modelOverrides"},
     "prompt": {"prompts"},
@@ -107,6 +109,11 @@ def check_change(value: Any, run_ids: Sequence[str] = ()) -> dict[str, Any]:
         ):
             raise InvalidEvaluation(
                 "a prompt change names prompts: step id -> {system?, prompt?} (strings)", field="change"
+            )
+        if len(prompts) > MAX_PROMPTS or any(len(t) > MAX_PROMPT_CHARS for o in prompts.values() for t in o.values()):
+            raise InvalidEvaluation(
+                f"a prompt change names at most {MAX_PROMPTS} steps, each text at most {MAX_PROMPT_CHARS} characters",
+                field="change",
             )
         return {"kind": "prompt", "prompts": {step: dict(o) for step, o in prompts.items()}}
     if kind == "input":
