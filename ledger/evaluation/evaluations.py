@@ -312,7 +312,7 @@ def _evaluation_pk(request: ReexecutionRequest) -> int | None:
 def _advance_quietly(pk: int) -> None:
     try:
         advance(pk)
-    except Exception:  # after a commit that must stand: the next change or --wait advances it again
+    except Exception:  # after a commit that must stand: the next change, --wait or the worker's sweep advances it
         log.warning("advancing evaluation %s failed", pk, exc_info=True)
 
 
@@ -398,8 +398,9 @@ def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[
         with transaction.atomic():
             _append_scored(evaluation, request, new, before, after)
     except Fenced:
-        # An executor still holds the run (an external one, between its terminal append and its
-        # lease's end): scored again by a later advance; the grader's spend stays counted.
+        # The run's lease changed hands between reading it and appending (a takeover at that very
+        # moment): the evaluation is not finished while a run is unscored, and a later advance
+        # (the next change, --wait or the worker's sweep) scores it; the grader's spend stays counted.
         log.info("run %s is still leased; its scores wait for the next advance", new.run_id)
         return
     evaluation.scores[new.run_id] = {"before": before, "after": after}
