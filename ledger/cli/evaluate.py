@@ -1,7 +1,8 @@
 """`ledger evaluate DATASET --change … --scorer … --fail-if … --wait`: the gate a CI pipeline
 calls (docs/evaluations.md "The gate").
 
-Starts an evaluation of the change against the dataset's latest version (or --version) as the
+Starts an evaluation of the change (`--change`: a model mapping, a prompt, an input or another
+registered workflow; CHANGE_FORMS) against the dataset's latest version (or --version) as the
 member --as; inside an evaluation policy it starts at once, otherwise it waits for an approver.
 With --wait it waits for the verdict (the deployment's worker executes the batch); with --here
 this process executes it. --junit and --json write the report for CI.
