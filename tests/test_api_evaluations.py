@@ -207,3 +207,30 @@ def test_an_external_executors_batch_is_scored_and_judged_when_it_finishes(works
     page = carol.get(f"/w/acme/support/evaluations/{made['id']}/live/")
     assert page.status_code == 200 and 'data-verdict="failed"' in page.text
     ci.close()
+
+
+def test_bad_changes_over_http_get_the_error_envelope_and_leave_nothing(workspace, sessions) -> None:
+    runs = triage_runs(workspace, count=2)
+    carol = sessions("carol")
+    assert carol.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    ci = _key(workspace, ["execute", "read"])
+    events_before = Event.objects.count()
+    body = {"dataset": "golden", "scorers": ["exact"], "reason": "try"}
+    for change in (
+        {"kind": "prompt", "prompts": {"confirm": {"system": "x"}}},
+        {"kind": "prompt", "prompts": {"draft": {"system": 1}}},
+        {"kind": "prompt", "prompts": {"draft": {"system": "x" * 100_001}}},
+        {"kind": "input", "inputs": {"run_elsewhere": {}}},
+        {"kind": "input", "mergePatch": "x"},
+        {"kind": "input", "mergePatch": {}, "inputs": {}},
+        {"kind": "workflow", "workflow": "support.nope"},
+        {"kind": "workflow", "workflow": "support.triage", "version": "wfver_support.triage_000000000000"},
+        {"kind": "workflow", "workflow": ["x"]},
+        {"kind": "model", "modelOverrides": {"default": {"provider": "scripted", "model": "m"}}, "prompts": {}},
+    ):
+        refused = ci.post("/api/v1/evaluations", json={**body, "change": change})
+        assert refused.status_code == 400 and _code(refused) == "invalid_request", (change, refused.text)
+        assert refused.json()["error"]["details"]["field"] == "change"
+    assert Event.objects.count() == events_before
+    assert not Evaluation.objects.exists() and not ReexecutionRequest.objects.exists()
+    ci.close()
