@@ -405,13 +405,15 @@ def request_batch(
         workflow_version = registered_workflow(workflow, workflow_version or None).version_id
     prompts: dict[str, dict[str, str]] = {}
     if prompt_overrides is not None:
-        prompts = (
-            {str(k): dict(v) for k, v in prompt_overrides.items()} if isinstance(prompt_overrides, Mapping) else {}
-        )
-        if not prompts:
+        if (
+            not isinstance(prompt_overrides, Mapping)
+            or not prompt_overrides
+            or not all(isinstance(v, Mapping) for v in prompt_overrides.values())
+        ):
             raise InvalidReexecution(
                 "promptOverrides is an object: step id -> {system?, prompt?}", field="promptOverrides"
             )
+        prompts = {str(k): dict(v) for k, v in prompt_overrides.items()}
     batch_id, now = _new_public_id("rxb"), clock.now()
     made = []
     for run_id in ids:
