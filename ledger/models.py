@@ -649,6 +649,12 @@ class ReexecutionRequest(models.Model):
     has_input = models.BooleanField(default=False)
     input = models.JSONField(null=True, blank=True)
     model_overrides = models.JSONField(default=dict, blank=True)
+    # An evaluation's prompt change: step id -> {system?, prompt?} (docs/evaluations.md "Changes").
+    prompt_overrides = models.JSONField(default=dict, blank=True)
+    # An evaluation's workflow change: the registered workflow (and the version id it had when the
+    # request was made) the new run executes instead of the original's. Empty: the original's.
+    workflow = models.CharField(max_length=200, blank=True)
+    workflow_version = models.CharField(max_length=100, blank=True)
     reason = models.TextField()
     requested_by = models.CharField(max_length=160)  # username, or key:<prefix>
     requested_by_user = models.ForeignKey(

@@ -97,7 +97,15 @@ def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str,
     for members in groups.values():
         card = _card(members[0], user, can_decide=can_decide, with_plan=len(members) == 1)
         card["batch"] = (
-            [{"rx": m, "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, m.original_run_id])} for m in members]
+            [
+                {
+                    "rx": m,
+                    "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, m.original_run_id]),
+                    # An evaluation's input change gives each run its own input: shown per run.
+                    "input_json": json.dumps(m.input, ensure_ascii=False) if m.has_input else "",
+                }
+                for m in members
+            ]
             if members[0].batch_id
             else []
         )
