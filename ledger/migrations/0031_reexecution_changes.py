@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("ledger", "0028_run_payload_bytes")]
+    dependencies = [("ledger", "0030_run_started_by")]
 
     operations = [
         migrations.AddField(
