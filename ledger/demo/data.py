@@ -132,7 +132,10 @@ DEMO_RUNS: list[tuple[str, str, str, list[dict[str, Any]]]] = [
 ]
 
 
-def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
+def load_demo(*, history_runs: int = HISTORY_RUNS, evaluations_too: bool = True) -> str:
+    """`ledger demo`'s tenants, people and runs (`history_runs` more in the runs list); with
+    `evaluations_too` False, without the dataset, policy and two evaluations (three quarters of
+    the work: twenty re-executions), for the tests of views that do not show them."""
     workspaces = {f"{t}/{w}": bootstrap(tenant=t, workspace=w) for t, w in WORKSPACES}
     for username, role in USERS:
         create_user(username=username, tenant="acme", role=role, password=DEMO_PASSWORD)
@@ -149,7 +152,8 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
             append(workspace=ws, run_id=run_id, events=events, by=DEMO)
     _showcase(workspaces, missing)
     reexecution.lay_out(workspaces["acme/support"])
-    evaluations.lay_out(workspaces["acme/support"])
+    if evaluations_too:
+        evaluations.lay_out(workspaces["acme/support"])
     _share_link(workspaces["acme/research"])
     _history(workspaces, missing, history_runs)
     created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
