@@ -124,6 +124,6 @@ def test_one_format_for_counts_and_byte_sizes() -> None:
     from console import format as fmt
 
     assert [fmt.count(n) for n in (0, 2276, 113776, None)] == ["0", "2,276", "113,776", "—"]
-    sizes = [fmt.byte_size(n) for n in (0, 512, 999, 4349, 434913, 1_200_000, 3_000_000_000)]
-    assert sizes == ["0 B", "512 B", "999 B", "4.35 kB", "435 kB", "1.20 MB", "3.00 GB"]
+    sizes = [fmt.byte_size(n) for n in (0, 512, 1023, 1024, 4349, 434913, 1_048_575, 1_200_000, 3_000_000_000)]
+    assert sizes == ["0 B", "512 B", "1023 B", "1.0 KiB", "4.2 KiB", "424.7 KiB", "1.0 MiB", "1.1 MiB", "2.8 GiB"]
     assert fmt.status_label("pending_approval") == "waiting for approval" and fmt.status_label("in_doubt") == "in doubt"

@@ -211,7 +211,7 @@ def test_failures_and_retries_are_marked(browser: Client, chat_run: str) -> None
 
 def test_long_texts_fold_and_artifacts_link(browser: Client, chat_run: str) -> None:
     html = _page(browser, f"{BASE}conversation/")
-    assert f"Show all {len(LONG)} characters" in html
+    assert f"Show all {len(LONG):,} characters" in html
     assert "line 199 of a long tool result" in html  # all of it is there, behind "show all"
     assert re.search(
         r'<a class="artifact mono" href="/api/v1/artifacts/art_[0-9a-f]+/content\?workspace=acme/support"', html
