@@ -74,6 +74,30 @@ def test_first_failure_on_a_run_without_one_is_a_styled_400_back_to_the_run(brow
     assert f'<a id="error-back" href="{url}">This page without the parameters</a>' in html
 
 
+def test_first_failure_is_offered_only_on_a_run_that_has_one(browser: Client, append) -> None:
+    append("run_fine", started(), ev("RunCompleted", output="ok"))
+    append(
+        "run_broke",
+        started(),
+        ev("StepScheduled", stepPath="fetch"),
+        ev("StepAttemptStarted", stepPath="fetch", attempt=1),
+        ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "403"}),
+        ev("RunFailed", error={"message": "fetch failed"}),
+    )
+    fine = browser.get("/w/acme/support/runs/run_fine/timeline/").content.decode()
+    assert 'id="first-failure"' not in fine and 'id="first-in-doubt"' not in fine
+    assert "?first=" not in fine  # no jump that would answer 400
+    fine_search = browser.get("/w/acme/support/runs/run_fine/timeline/?type=Run").content.decode()
+    assert 'id="first-failure"' not in fine_search
+
+    url = "/w/acme/support/runs/run_broke/timeline/"
+    broke = browser.get(url).content.decode()
+    assert f'<a id="first-failure" href="{url}?first=failure">First failure</a>' in broke
+    assert 'id="first-in-doubt"' not in broke  # it has no in-doubt call
+    jumped = browser.get(url + "?first=failure")
+    assert jumped.status_code == 302 and jumped["Location"].endswith("#event-4")  # StepFailed
+
+
 def test_the_500_page_keeps_the_layout_without_the_database(workspace: Workspace) -> None:
     request = RequestFactory().get("/w/acme/support/")
     response = errors.server_error(request)
