@@ -305,7 +305,10 @@ def _jump(run: Run, kind: str, limit: int) -> HttpResponse:
 
 def _jumps(run: Run) -> dict[str, bool]:
     """Which of the timeline's jumps can work: offered only where the run has what they jump to."""
-    return {kind: runlog.first_sequence(run, kind) is not None for kind in ("failure", "in_doubt")}
+    return {
+        "failure": runlog.first_sequence(run, "failure") is not None,
+        "in_doubt": runlog.first_sequence(run, "in_doubt") is not None,
+    }
 
 
 def _search_context(request: HttpRequest, run: Run) -> dict[str, Any]:
