@@ -129,7 +129,7 @@ def test_a_run_page_follows_the_run_to_its_end_without_a_reload(
     expect(waterfall.locator(".wf-row[data-kind=step].wf-completed")).to_have_count(2)
     expect(waterfall.locator(".wf-row[data-kind=model]")).to_have_count(1)
     expect(steps.locator("tr.step .status-completed")).to_have_count(2)
-    expect(steps.locator('tr.step[data-step="answer"]')).to_contain_text("1200")
+    expect(steps.locator('tr.step[data-step="answer"]')).to_contain_text("1,200")
 
     # Opened now, the finished run's page is static: no socket at all.
     static = watch()
