@@ -195,7 +195,7 @@ def test_the_conversation_reads_turns_tool_calls_and_results_in_order(browser: C
         'id="call-draft:c3"',
     )
     # usage and cost per turn, the origin of each call, the system prompt by hash and expandable
-    assert "1000 in (500 cached) / 40 out" in html and "2000 in (500 cached) / 40 out" in html
+    assert "1,000 in (500 cached) / 40 out" in html and "2,000 in (500 cached) / 40 out" in html
     assert re.search(r'class="cost">\$0\.0001', html)
     assert 'class="origin origin-live">live' in html
     assert 'system prompt <span class="mono"' in html and "You answer tickets." in html
