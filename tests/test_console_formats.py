@@ -173,3 +173,23 @@ def test_evaluation_report_prints_money_tokens_and_durations_in_one_format() -> 
     assert "113,776 → 2,276" in html
     assert "1.2 s → 21 ms" in html
     assert "113776" not in html and "1234" not in html
+
+
+class _Evaluation:
+    public_id = "ev_1"
+    status = "pending_approval"
+    verdict = ""
+    requested_by = "carol"
+
+    class dataset_version:  # noqa: N801 - the attribute path the template reads
+        number = 2
+
+        class dataset:  # noqa: N801
+            name = "triage-golden"
+
+
+def test_evaluation_rows_print_spend_as_money_and_status_as_words() -> None:
+    row = {"e": _Evaluation(), "url": "/e/", "models": "a→b", "pass_rate": None, "changed": None, "spend": "0.5"}
+    html = render_to_string("console/evaluations/rows.html", {"rows": [row], "fragment_url": "/f/", "live": False})
+    assert '<td class="num">$0.5</td>' in html  # money's form under a dollar
+    assert ">waiting for approval</span>" in html and ">pending_approval<" not in html
