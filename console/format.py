@@ -22,7 +22,8 @@ SMALLEST = Decimal(1).scaleb(SMALLEST_PLACE)
 
 def money(value: Decimal | float | None) -> str:
     """Dollars for people. NULL (every call unpriced) is "n/a", never $0; $1 and more to the cent;
-    less to four significant digits, so a per-call cost keeps its size ($0.000027)."""
+    less to four significant digits but at least to the cent, so a per-call cost keeps its size
+    ($0.000027) and half a dollar reads $0.50."""
     if value is None:
         return "n/a"
     amount = Decimal(value)
@@ -34,7 +35,9 @@ def money(value: Decimal | float | None) -> str:
         return f"<${SMALLEST}"
     exponent = amount.adjusted() - SIGNIFICANT + 1  # the place of the last significant digit
     rounded = amount.quantize(Decimal(1).scaleb(max(exponent, SMALLEST_PLACE)), ROUND_HALF_UP)
-    text = f"{rounded:f}".rstrip("0").rstrip(".")
+    text = f"{rounded:f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    text = f"{whole}.{cents:0<2}"  # at least to the cent: "$0.50" beside "$5.00", never "$0.5"
     return f"${text}" if amount > 0 else f"-${text.lstrip('-')}"
 
 

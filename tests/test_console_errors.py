@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 import pytest
 from django.conf import settings
@@ -148,6 +149,8 @@ def test_one_format_for_counts_and_byte_sizes() -> None:
     from console import format as fmt
 
     assert [fmt.count(n) for n in (0, 2276, 113776, None)] == ["0", "2,276", "113,776", "—"]
+    amounts = [fmt.money(Decimal(a)) for a in ("0.5", "0.000027", "0.12345", "0.99999", "1234.5")]
+    assert amounts == ["$0.50", "$0.000027", "$0.1235", "$1.00", "$1,234.50"]
     sizes = [fmt.byte_size(n) for n in (0, 512, 1023, 1024, 4349, 434913, 1_048_575, 1_200_000, 3_000_000_000)]
     assert sizes == ["0 B", "512 B", "1023 B", "1.0 KiB", "4.2 KiB", "424.7 KiB", "1.0 MiB", "1.1 MiB", "2.8 GiB"]
     assert fmt.status_label("pending_approval") == "waiting for approval" and fmt.status_label("in_doubt") == "in doubt"
