@@ -231,6 +231,12 @@ def demo(transactional_db: None) -> None:
     load_demo(history_runs=0, evaluations_too=False)
 
 
+@pytest.fixture
+def demo_with_evaluations(transactional_db: None) -> None:
+    """The demo with its dataset, policy and evaluations, for the pages that show them."""
+    load_demo(history_runs=0)
+
+
 def log_in_to_demo(page: Page, server: Daphne, username: str = "alice") -> None:
     """As a demo member, with the demo's password."""
     page.goto(f"{server.url}/accounts/login/")

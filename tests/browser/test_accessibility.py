@@ -94,7 +94,7 @@ def _check(page: Page, name: str, scheme: str, failures: dict[str, Any]) -> None
 
 
 def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
-    open_context: Any, server: Daphne, demo: None
+    open_context: Any, server: Daphne, demo_with_evaluations: None
 ) -> None:
     failures: dict[str, Any] = {}
     pages = {**PAGES, **_demo_pages()}
