@@ -8,6 +8,7 @@ scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`)
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,8 +41,15 @@ def tool_call_count(state: RunState) -> int:
 # --- rows from state -----------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
 def _when(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
+    # A batch's envelopes share one recordedAt, and a run's steps a few timestamps: each text is
+    # parsed once (a datetime is immutable), not once per cost entry.
+    return _parsed(value) if value else None
 
 
 def _money(value: Decimal | None) -> Decimal | None:
@@ -155,17 +163,21 @@ def tool_fields(state: RunState, call_id: str, position: int) -> dict[str, Any]:
 
 def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> dict[str, Any]:
     entry = state.cost_entries[index]
+    # Whole counts (every native log's) as they are, without a call each (_whole).
+    input_tokens, output_tokens = entry.input_tokens, entry.output_tokens
+    cached, reasoning = entry.cached_input_tokens, entry.reasoning_tokens
+    cost = entry.cost_usd
     return {
         "sequence": entry.sequence,
         "call_id": entry.call_id or "",
         "step_path": entry.step_path or "",
         "provider": entry.provider or "",
         "model_id": entry.model_id or "",
-        "input_tokens": _whole(entry.input_tokens),
-        "output_tokens": _whole(entry.output_tokens),
-        "cached_input_tokens": _whole(entry.cached_input_tokens),
-        "reasoning_tokens": _whole(entry.reasoning_tokens),
-        "cost_usd": _money(entry.cost_usd),
+        "input_tokens": input_tokens if input_tokens.__class__ is int else _whole(input_tokens),
+        "output_tokens": output_tokens if output_tokens.__class__ is int else _whole(output_tokens),
+        "cached_input_tokens": cached if cached.__class__ is int else _whole(cached),
+        "reasoning_tokens": reasoning if reasoning.__class__ is int else _whole(reasoning),
+        "cost_usd": None if cost is None else cost.quantize(MONEY_PLACES),
         "price_table_version": entry.price_table_version,
         "priced_as": entry.priced_as or "",
         "recorded_at": _when(recorded_at[entry.sequence]),
@@ -243,7 +255,9 @@ def _touched_tool_calls(
     position (the upsert never sets it: POSITIONED)."""
     new = list(islice(reversed(state.tool_calls), tool_call_count(state) - before.tool_calls))
     positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
-    named = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
+    named = {
+        p.get("callId") for e in envelopes if (p := e.get("payload")).__class__ is dict or isinstance(p, Mapping)
+    }
     return (
         [tool_fields(state, call_id, position) for call_id, position in positions.items()],
         [
