@@ -256,7 +256,9 @@ def _touched_tool_calls(
     new = list(islice(reversed(state.tool_calls), tool_call_count(state) - before.tool_calls))
     positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
     named = {
-        p.get("callId") for e in envelopes if (p := e.get("payload")).__class__ is dict or isinstance(p, Mapping)
+        payload.get("callId")
+        for e in envelopes
+        if isinstance(payload := e.get("payload"), dict) or isinstance(payload, Mapping)
     }
     return (
         [tool_fields(state, call_id, position) for call_id, position in positions.items()],
