@@ -225,23 +225,34 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     new_entries = range(before.cost_entries, len(state.cost_entries))
     cost_paths = {path for i in new_entries if (path := state.cost_entries[i].step_path)}
     recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
-    run = {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
+    run = run_changes(state, before)
     if any(e["type"] == "RunStarted" for e in envelopes):
         run["root_run_id"] = root_run_id(workspace_id, state.parent_run_id)
     cost_entries = [cost_fields(state, i, recorded_at) for i in new_entries]
     new_calls, touched_calls = _touched_tool_calls(state, envelopes, before)
     return Changes(
         run=run,
-        steps=[
-            step_fields(state, path, i)
-            for i, (path, step) in enumerate(state.steps.items())
-            if step.last_sequence > before.last_sequence or path in cost_paths
-        ],
+        steps=touched_steps(state, before, cost_paths),
         tool_calls=touched_calls,
         cost_entries=cost_entries,
         daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", cost_entries),
         new_tool_calls=new_calls,
     )
+
+
+def touched_steps(state: RunState, before: Mark, cost_paths: set[str]) -> list[dict[str, Any]]:
+    """The rows of the steps the events since `before` touched, or that own one of `cost_paths`
+    (whose usage totals moved)."""
+    return [
+        step_fields(state, path, i)
+        for i, (path, step) in enumerate(state.steps.items())
+        if step.last_sequence > before.last_sequence or path in cost_paths
+    ]
+
+
+def run_changes(state: RunState, before: Mark) -> dict[str, Any]:
+    """The Run columns whose projected value moved since `before`."""
+    return {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
 
 
 def _touched_tool_calls(

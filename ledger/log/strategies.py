@@ -34,12 +34,12 @@ from ..fold import RunState, advance
 from ..fold.pricing import LITTLE_WORKFLOW, NATIVE, PriceTable, prices_for, prices_of
 from ..limits import max_bytes_per_run, max_events_per_run
 from ..models import Event, Run, RunStatus, Workspace
-from . import announce, hooks, prepare, rules, statements, states
+from . import announce, hooks, prepare, rollup, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .envelopes import event_envelope, format_recorded_at
 from .prepare import Prepared
-from .projection import Changes, Mark, batch_changes, write
+from .projection import Changes, Mark, batch_changes, run_changes, touched_steps, write
 from .states import STATES, Cached, restore_tool_calls, state_for_append
 
 
@@ -214,6 +214,8 @@ def pipelined(
     rows: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     invalid: InvalidEvent | None = None
+    first = Mark.of(state)  # where the batch starts: its step, usage and run rows are written once
+    entries: list[dict[str, Any]] = []  # the batch's cost entries so far (for its usage rows)
     try:
         with statements.pipeline(db) as pipe:
             for start in range(0, len(events), PIPELINE_PART):
@@ -231,6 +233,20 @@ def pipelined(
                 before = Mark.of(state)
                 part_rows, part_written, part_out = _allocate(run, state, part, {}, now, prices)
                 changes = batch_changes(workspace.pk, state, part_written, before)
+                entries += changes.cost_entries
+                if start + PIPELINE_PART < len(events):
+                    # Not the last part: its events, tool calls and cost entries, and the head's
+                    # sequence. The rows that each part would rewrite (the run's projected columns,
+                    # the steps, the usage cells) are written once, by the last part, as they stand
+                    # after the whole batch: the same rows when the transaction commits, and four
+                    # fewer upserts of each (and of the month's trigger) per 500 events.
+                    changes.run = {"last_sequence": state.last_sequence}
+                    changes.steps, changes.daily_usage = [], []
+                elif start:  # the last of several parts: what the whole batch changed
+                    cost_paths = {path for e in entries if (path := e["step_path"])}
+                    changes.run = run_changes(state, first)
+                    changes.steps = touched_steps(state, first, cost_paths)
+                    changes.daily_usage = rollup.cells(workspace.pk, state.workflow_version_id or "", entries)
                 # Its own transaction: the unique indexes hold the keys and new calls (statements.Guard).
                 guard = statements.Guard(fencing_token=token, now=now, keys=())
                 pipe.update_head(run.pk, before.last_sequence, part_rows, now, changes, guard)
