@@ -194,7 +194,11 @@ def pipelined(
     executes one part's statement while this thread validates and folds the next. All or nothing,
     in one transaction. None when it cannot be taken (no guess of the head, a part whose statement
     missed, a refusal that the log must decide): nothing was written and the caller takes the
-    usual way. An invalid request item raises what `_prepare_batch` would, nothing written."""
+    usual way. An invalid request item raises what `_prepare_batch` would, nothing written.
+
+    Each part writes its events, tool calls and cost entries; the rows every part would rewrite
+    (the run's projected columns, the steps, the daily usage cells and through them the month's)
+    are written once, by the last part, as they stand after the whole batch."""
     for item in events:  # the run's own lifecycle (a new head, settling a re-execution) goes the usual way
         if item.__class__ is not dict or item.get("type") in rules.MOVES_STATUS:
             return None
