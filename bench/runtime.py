@@ -49,7 +49,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import cleanup, head_only_changes, profile, record, setup_django  # noqa: E402
+from bench.common import cleanup, head_only_changes, head_only_totals, profile, record, setup_django  # noqa: E402
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/runledger_bench"
 
@@ -234,12 +234,12 @@ class Ours:
         run = self.runner(calls)
 
         def run_without() -> Any:
-            real = append_module.batch_changes
-            append_module.batch_changes = head_only_changes
+            real, real_totals = append_module.batch_changes, append_module.batch_totals
+            append_module.batch_changes, append_module.batch_totals = head_only_changes, head_only_totals
             try:
                 return run()
             finally:
-                append_module.batch_changes = real
+                append_module.batch_changes, append_module.batch_totals = real, real_totals
 
         return run_without
 

@@ -255,6 +255,19 @@ def run_changes(state: RunState, before: Mark) -> dict[str, Any]:
     return {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
 
 
+def batch_totals(workspace_id: int, state: RunState, before: Mark, entries: Sequence[Mapping[str, Any]]) -> Changes:
+    """What a long batch written in parts writes once, in its last part (ledger/log/strategies.py
+    `pipelined`): the Run columns that moved since `before` (where the batch started), the steps
+    touched since then or owning one of `entries` (the batch's cost entries, rows of `cost_fields`),
+    and the usage cells those entries add to."""
+    cost_paths = {path for e in entries if (path := e["step_path"])}
+    return Changes(
+        run=run_changes(state, before),
+        steps=touched_steps(state, before, cost_paths),
+        daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", entries),
+    )
+
+
 def _touched_tool_calls(
     state: RunState,
     envelopes: Sequence[Mapping[str, Any]],

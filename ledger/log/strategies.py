@@ -34,12 +34,12 @@ from ..fold import RunState, advance
 from ..fold.pricing import LITTLE_WORKFLOW, NATIVE, PriceTable, prices_for, prices_of
 from ..limits import max_bytes_per_run, max_events_per_run
 from ..models import Event, Run, RunStatus, Workspace
-from . import announce, hooks, prepare, rollup, rules, statements, states
+from . import announce, hooks, prepare, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .envelopes import event_envelope, format_recorded_at
 from .prepare import Prepared
-from .projection import Changes, Mark, batch_changes, run_changes, touched_steps, write
+from .projection import Changes, Mark, batch_changes, batch_totals, write
 from .states import STATES, Cached, restore_tool_calls, state_for_append
 
 
@@ -247,10 +247,8 @@ def pipelined(
                     changes.run = {"last_sequence": state.last_sequence}
                     changes.steps, changes.daily_usage = [], []
                 elif start:  # the last of several parts: what the whole batch changed
-                    cost_paths = {path for e in entries if (path := e["step_path"])}
-                    changes.run = run_changes(state, first)
-                    changes.steps = touched_steps(state, first, cost_paths)
-                    changes.daily_usage = rollup.cells(workspace.pk, state.workflow_version_id or "", entries)
+                    totals = batch_totals(workspace.pk, state, first, entries)
+                    changes.run, changes.steps, changes.daily_usage = totals.run, totals.steps, totals.daily_usage
                 # Its own transaction: the unique indexes hold the keys and new calls (statements.Guard).
                 guard = statements.Guard(fencing_token=token, now=now, keys=())
                 pipe.update_head(run.pk, before.last_sequence, part_rows, now, changes, guard)
