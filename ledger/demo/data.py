@@ -41,6 +41,8 @@ from . import evaluations, reexecution, workflows
 DEMO_PASSWORD = "runledger-demo"
 USERS = [("alice", "admin"), ("bob", "approver"), ("carol", "operator"), ("dave", "viewer")]
 HISTORY_RUNS = 300
+# Who the demo's hand-written runs were started by (Run.started_by).
+DEMO = "system:demo"
 WORKSPACES = [("acme", "support"), ("acme", "research"), ("globex", "main")]
 
 
@@ -144,7 +146,7 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
     for tenant, workspace, run_id, events in DEMO_RUNS:
         ws = workspaces[f"{tenant}/{workspace}"]
         if missing(ws, run_id):
-            append(workspace=ws, run_id=run_id, events=events)
+            append(workspace=ws, run_id=run_id, events=events, by=DEMO)
     _showcase(workspaces, missing)
     reexecution.lay_out(workspaces["acme/support"])
     evaluations.lay_out(workspaces["acme/support"])
@@ -272,6 +274,7 @@ def _retry_scheduled(support: Workspace, now: datetime) -> None:
     with clock.backdated(now - timedelta(minutes=3)):
         append(
             workspace=support,
+            by=DEMO,
             run_id="run_demo_retry_scheduled",
             events=[
                 {
