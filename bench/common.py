@@ -93,6 +93,12 @@ def head_only_changes(workspace_id: int, state: Any, *args: Any, **kwargs: Any) 
     return Changes(run={"last_sequence": state.last_sequence, "status": state.status})
 
 
+def head_only_totals(workspace_id: int, state: Any, *args: Any, **kwargs: Any) -> Any:
+    """The same stand-in for ledger.log.strategies.batch_totals (what a long batch's last part
+    writes once for the whole batch): the head's sequence and status, no projection row."""
+    return head_only_changes(workspace_id, state)
+
+
 # --- measuring ----------------------------------------------------------------------------------
 
 

@@ -44,6 +44,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
 from bench.common import (  # noqa: E402
     cleanup,
     head_only_changes,
+    head_only_totals,
     libpq_url,
     profile,
     record,
@@ -498,7 +499,11 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
     """
     import ledger.log.strategies as append_module
 
-    real_advance, real_changes = append_module.advance, append_module.batch_changes
+    real_advance, real_changes, real_totals = (
+        append_module.advance,
+        append_module.batch_changes,
+        append_module.batch_totals,
+    )
     fold_seconds = 0.0
 
     def timed_advance(*a: Any, **kw: Any) -> None:
@@ -509,8 +514,8 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
 
     n = min(args.events, 10_000)
     variants = {
-        "with projections": (real_changes, appender.batched(make_events(n, "pf"))),
-        "no projection writes": (head_only_changes, appender.batched(make_events(n, "pn"))),
+        "with projections": ((real_changes, real_totals), appender.batched(make_events(n, "pf"))),
+        "no projection writes": ((head_only_changes, head_only_totals), appender.batched(make_events(n, "pn"))),
     }
     seconds, folds = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
     # Where each variant's time is spent: this thread's CPU and the PostgreSQL backend's (Linux's
@@ -521,7 +526,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
         append_module.advance = timed_advance
         for batches in zip(*(steps for _, steps in variants.values())):
             for (name, (changes, _)), batch in zip(variants.items(), batches):
-                append_module.batch_changes = changes
+                append_module.batch_changes, append_module.batch_totals = changes
                 fold_seconds = 0.0
                 gc.collect()  # neither variant pays for the other's garbage (the fold pauses the collector)
                 thread_before, backend_before = time.thread_time(), process_cpu(backend)
@@ -531,6 +536,7 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
                 folds[name] += fold_seconds
     finally:
         append_module.advance, append_module.batch_changes = real_advance, real_changes
+        append_module.batch_totals = real_totals
     full, no_writes = seconds["with projections"], seconds["no projection writes"]
     base = no_writes - folds["no projection writes"]
     overhead = (full - base) / base

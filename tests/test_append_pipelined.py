@@ -18,7 +18,7 @@ from django.db import connection, connections
 from ledger.errors import Fenced, IdempotencyConflict, InvalidEvent, SequenceConflict
 from ledger.fold import fold
 from ledger.fold.pricing import prices_for
-from ledger.log import append, statements, states
+from ledger.log import append, rollup, statements, states
 from ledger.log import strategies as append_module
 from ledger.log.envelopes import log_of
 from ledger.log.leases import acquire_run_lease, new_owner
@@ -131,6 +131,43 @@ def test_a_long_batch_lands_whole_with_its_projections(ws: Workspace, parts: lis
     _projections_equal_the_fold(ws, "run_p")
     # The cache followed the batch: the next append's guess is right.
     assert append(workspace=ws, run_id="run_p", events=[ev("custom.after")]).last_sequence == 3 + LONG
+
+
+def test_the_batchs_run_step_and_usage_rows_are_written_once_and_exact(
+    ws: Workspace, parts: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts before the last write their events, tool calls and cost entries; the run's
+    projected columns, the steps and the usage cells are written by the last part as they stand
+    after the whole batch (PostgreSQL). A step touched only in the first part, a step whose usage
+    moves in a later one, two models' cells: all equal the fold, the cells a fresh count."""
+    _cached_run(ws, "run_u")
+    items = _work(LONG, "u")
+    items[1]["payload"]["stepPath"] = "only_first"  # a tool call's step, touched in the first part only
+    for i in range(-(-2 * PIPELINE_PART // 3) * 3, LONG, 3):  # the last part's answers: another model's cell
+        items[i]["payload"]["model"] = {"provider": "anthropic", "modelId": "claude-3-5-haiku"}
+    sent: list[tuple[dict[str, Any], int, int]] = []
+    update_head = statements.Pipeline.update_head
+
+    def spy(
+        self: statements.Pipeline, run_pk: int, before: int, events: Any, at: Any, changes: Any, guard: Any
+    ) -> None:
+        sent.append((dict(changes.run), len(changes.steps), len(changes.daily_usage)))
+        update_head(self, run_pk, before, events, at, changes, guard)
+
+    monkeypatch.setattr(statements.Pipeline, "update_head", spy)
+
+    append(workspace=ws, run_id="run_u", events=items)
+
+    if connection.vendor == "postgresql":
+        assert [set(run) for run, _, _ in sent[:-1]] == [{"last_sequence"}, {"last_sequence"}]
+        assert [(steps, cells) for _, steps, cells in sent[:-1]] == [(0, 0), (0, 0)]
+        run, steps, cells = sent[-1]
+        assert run["last_sequence"] == 2 + LONG and "input_tokens" in run and "event_count" in run
+        assert (steps, cells) == (2, 2)  # "s" and "only_first"; one cell per model
+    _projections_equal_the_fold(ws, "run_u")
+    assert rollup.differences(ws.pk) == []
+    stored = Run.objects.get(workspace=ws, run_id="run_u")
+    assert stored.input_tokens == 10 * CostEntry.objects.filter(run=stored).count()
 
 
 def test_an_invalid_item_in_a_later_part_writes_nothing(ws: Workspace, parts: list[int]) -> None:

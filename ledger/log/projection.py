@@ -8,6 +8,7 @@ scratch (`rebuild`), and for comparison (`differences`, used by `ledger verify`)
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,8 +41,15 @@ def tool_call_count(state: RunState) -> int:
 # --- rows from state -----------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
 def _when(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
+    # A batch's envelopes share one recordedAt, and a run's steps a few timestamps: each text is
+    # parsed once (a datetime is immutable), not once per cost entry.
+    return _parsed(value) if value else None
 
 
 def _money(value: Decimal | None) -> Decimal | None:
@@ -155,17 +163,21 @@ def tool_fields(state: RunState, call_id: str, position: int) -> dict[str, Any]:
 
 def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> dict[str, Any]:
     entry = state.cost_entries[index]
+    # Whole counts (every native log's) as they are, without a call each (_whole).
+    input_tokens, output_tokens = entry.input_tokens, entry.output_tokens
+    cached, reasoning = entry.cached_input_tokens, entry.reasoning_tokens
+    cost = entry.cost_usd
     return {
         "sequence": entry.sequence,
         "call_id": entry.call_id or "",
         "step_path": entry.step_path or "",
         "provider": entry.provider or "",
         "model_id": entry.model_id or "",
-        "input_tokens": _whole(entry.input_tokens),
-        "output_tokens": _whole(entry.output_tokens),
-        "cached_input_tokens": _whole(entry.cached_input_tokens),
-        "reasoning_tokens": _whole(entry.reasoning_tokens),
-        "cost_usd": _money(entry.cost_usd),
+        "input_tokens": input_tokens if input_tokens.__class__ is int else _whole(input_tokens),
+        "output_tokens": output_tokens if output_tokens.__class__ is int else _whole(output_tokens),
+        "cached_input_tokens": cached if cached.__class__ is int else _whole(cached),
+        "reasoning_tokens": reasoning if reasoning.__class__ is int else _whole(reasoning),
+        "cost_usd": None if cost is None else cost.quantize(MONEY_PLACES),
         "price_table_version": entry.price_table_version,
         "priced_as": entry.priced_as or "",
         "recorded_at": _when(recorded_at[entry.sequence]),
@@ -213,22 +225,46 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     new_entries = range(before.cost_entries, len(state.cost_entries))
     cost_paths = {path for i in new_entries if (path := state.cost_entries[i].step_path)}
     recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
-    run = {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
+    run = run_changes(state, before)
     if any(e["type"] == "RunStarted" for e in envelopes):
         run["root_run_id"] = root_run_id(workspace_id, state.parent_run_id)
     cost_entries = [cost_fields(state, i, recorded_at) for i in new_entries]
     new_calls, touched_calls = _touched_tool_calls(state, envelopes, before)
     return Changes(
         run=run,
-        steps=[
-            step_fields(state, path, i)
-            for i, (path, step) in enumerate(state.steps.items())
-            if step.last_sequence > before.last_sequence or path in cost_paths
-        ],
+        steps=touched_steps(state, before, cost_paths),
         tool_calls=touched_calls,
         cost_entries=cost_entries,
         daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", cost_entries),
         new_tool_calls=new_calls,
+    )
+
+
+def touched_steps(state: RunState, before: Mark, cost_paths: set[str]) -> list[dict[str, Any]]:
+    """The rows of the steps the events since `before` touched, or that own one of `cost_paths`
+    (whose usage totals moved)."""
+    return [
+        step_fields(state, path, i)
+        for i, (path, step) in enumerate(state.steps.items())
+        if step.last_sequence > before.last_sequence or path in cost_paths
+    ]
+
+
+def run_changes(state: RunState, before: Mark) -> dict[str, Any]:
+    """The Run columns whose projected value moved since `before`."""
+    return {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
+
+
+def batch_totals(workspace_id: int, state: RunState, before: Mark, entries: Sequence[Mapping[str, Any]]) -> Changes:
+    """What a long batch written in parts writes once, in its last part (ledger/log/strategies.py
+    `pipelined`): the Run columns that moved since `before` (where the batch started), the steps
+    touched since then or owning one of `entries` (the batch's cost entries, rows of `cost_fields`),
+    and the usage cells those entries add to."""
+    cost_paths = {path for e in entries if (path := e["step_path"])}
+    return Changes(
+        run=run_changes(state, before),
+        steps=touched_steps(state, before, cost_paths),
+        daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", entries),
     )
 
 
@@ -243,7 +279,11 @@ def _touched_tool_calls(
     position (the upsert never sets it: POSITIONED)."""
     new = list(islice(reversed(state.tool_calls), tool_call_count(state) - before.tool_calls))
     positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
-    named = {e["payload"].get("callId") for e in envelopes if isinstance(e.get("payload"), Mapping)}
+    named = {
+        payload.get("callId")
+        for e in envelopes
+        if isinstance(payload := e.get("payload"), dict) or isinstance(payload, Mapping)
+    }
     return (
         [tool_fields(state, call_id, position) for call_id, position in positions.items()],
         [

@@ -51,8 +51,13 @@ def utc_day(moment: datetime) -> date:
 
 def _sums(entries: Iterable[Mapping[str, Any]], workflow_version_id: str) -> dict[Cell, list[Any]]:
     cells: dict[Cell, list[Any]] = {}
+    days: dict[datetime, date] = {}  # a batch's entries share one recorded_at: its day worked out once
     for entry in entries:
-        cell = (utc_day(entry["recorded_at"]), entry["provider"], entry["model_id"], workflow_version_id)
+        moment = entry["recorded_at"]
+        day = days.get(moment)
+        if day is None:
+            day = days[moment] = utc_day(moment)
+        cell = (day, entry["provider"], entry["model_id"], workflow_version_id)
         sums = cells.setdefault(cell, [0, 0, 0, 0, Decimal(0), 0, 0])
         for i, name in enumerate(TOKENS):
             sums[i] += entry[name]

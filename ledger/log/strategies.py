@@ -39,7 +39,7 @@ from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .envelopes import event_envelope, format_recorded_at
 from .prepare import Prepared
-from .projection import Changes, Mark, batch_changes, write
+from .projection import Changes, Mark, batch_changes, batch_totals, write
 from .states import STATES, Cached, restore_tool_calls, state_for_append
 
 
@@ -196,7 +196,11 @@ def pipelined(
     executes one part's statement while this thread validates and folds the next. All or nothing,
     in one transaction. None when it cannot be taken (no guess of the head, a part whose statement
     missed, a refusal that the log must decide): nothing was written and the caller takes the
-    usual way. An invalid request item raises what `_prepare_batch` would, nothing written."""
+    usual way. An invalid request item raises what `_prepare_batch` would, nothing written.
+
+    Each part writes its events, tool calls and cost entries; the rows every part would rewrite
+    (the run's projected columns, the steps, the daily usage cells and through them the month's)
+    are written once, by the last part, as they stand after the whole batch."""
     for item in events:  # the run's own lifecycle (a new head, settling a re-execution) goes the usual way
         if item.__class__ is not dict or item.get("type") in rules.MOVES_STATUS:
             return None
@@ -216,6 +220,8 @@ def pipelined(
     rows: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     invalid: InvalidEvent | None = None
+    first = Mark.of(state)  # where the batch starts: its step, usage and run rows are written once
+    entries: list[dict[str, Any]] = []  # the batch's cost entries so far (for its usage rows)
     try:
         with statements.pipeline(db) as pipe:
             for start in range(0, len(events), PIPELINE_PART):
@@ -233,6 +239,18 @@ def pipelined(
                 before = Mark.of(state)
                 part_rows, part_written, part_out = _allocate(run, state, part, {}, now, prices)
                 changes = batch_changes(workspace.pk, state, part_written, before)
+                entries += changes.cost_entries
+                if start + PIPELINE_PART < len(events):
+                    # Not the last part: its events, tool calls and cost entries, and the head's
+                    # sequence. The rows that each part would rewrite (the run's projected columns,
+                    # the steps, the usage cells) are written once, by the last part, as they stand
+                    # after the whole batch: the same rows when the transaction commits, and four
+                    # fewer upserts of each (and of the month's trigger) per 500 events.
+                    changes.run = {"last_sequence": state.last_sequence}
+                    changes.steps, changes.daily_usage = [], []
+                elif start:  # the last of several parts: what the whole batch changed
+                    totals = batch_totals(workspace.pk, state, first, entries)
+                    changes.run, changes.steps, changes.daily_usage = totals.run, totals.steps, totals.daily_usage
                 # Its own transaction: the unique indexes hold the keys and new calls (statements.Guard).
                 guard = statements.Guard(fencing_token=token, now=now, keys=())
                 pipe.update_head(run.pk, before.last_sequence, part_rows, now, changes, guard)
