@@ -346,6 +346,9 @@ class Step(UsageColumns):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step_path"], name="step_path_unique_in_run")]
+        # A page of steps is a range of positions (selectors.steps_page): without this index a
+        # page of a run of 20,000 steps read all of them (issue 33).
+        indexes = [models.Index(fields=["run", "position"], name="step_position_in_run")]
         ordering = ["run", "position"]
 
 
