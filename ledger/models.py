@@ -368,6 +368,23 @@ class FoldSnapshot(models.Model):
         ]
 
 
+class LogProof(models.Model):
+    """That a run's first `sequence` events passed `ledger verify`'s checks (dense sequences, every
+    event id recomputed, the projections equal to their fold), recorded once so that the evidence
+    bundle checks only the events after it (ledger/log/proofs.py). `digest` chains the stored event
+    ids 1..sequence, so `ledger verify` can check the proof itself against the log. Deleted with its
+    run and thrown away by `ledger rebuild`."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="log_proof")
+    sequence = models.IntegerField()
+    last_event_id = models.CharField(max_length=20)
+    digest = models.CharField(max_length=64)  # hex sha256 chain over the stored event ids 1..sequence
+    refs = models.JSONField(default=list)  # the artifact refs events 1..sequence name
+    payload_bytes = models.BigIntegerField()  # of events 1..sequence's stored payloads
+    price_version = models.CharField(max_length=200)  # the price table the projections were compared under
+    proved_at = models.DateTimeField()
+
+
 class ToolCall(models.Model):
     """A tool call of a run: the fold's view of it (the gateway adds its lease columns)."""
 

@@ -33,7 +33,7 @@ from django.db import IntegrityError, transaction
 
 from ..fold import RunState, RunStateMismatch, advance, fold, fold_into
 from ..fold.pricing import PriceTable, prices_of
-from ..models import FoldSnapshot, Run
+from ..models import FoldSnapshot, LogProof, Run
 from .envelopes import read_envelopes
 from .states import weight
 
@@ -238,8 +238,10 @@ def at_head(run: Run, name: str, compute: Callable[[], Any]) -> Any:
 
 
 def forget(run: Run) -> None:
-    """Throw the run's snapshots away, stored and cached (`ledger rebuild`)."""
+    """Throw the run's snapshots away, stored and cached, and its log proof, which vouches for the
+    projections being rebuilt (`ledger rebuild`)."""
     FoldSnapshot.objects.filter(run=run).delete()
+    LogProof.objects.filter(run=run).delete()
     READS.drop(run.pk)
     HEADS.drop(run.pk)
 

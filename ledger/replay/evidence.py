@@ -2,8 +2,9 @@
 nothing, costs nothing.
 
 Everything comes from the projections and the log in a number of queries that does not grow with
-the run: one per kind of row, plus what `ledger verify` reads once (the log is read a single time
-and shared with the replay plan).
+the run: one per kind of row, plus the integrity checks of `ledger verify`, answered from the run's
+log proof and the events after it (ledger/log/proofs.py) or, without a proof that fits, by reading
+the log once (shared with the replay plan) and recording the proof.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Any
 
 from ..fold.pricing import prices_of
 from ..log import artifacts as artifact_store
-from ..log.verify import inspect_run
+from ..log import proofs
 from ..models import CostEntry, Feedback, Run, Step, ToolCall
 from ..reads import attention, reexecutions, selectors, serialize
-from .plan import replay_plan
+from .plan import dense_check_of, plan_of_state, replay_plan
 
 
 def _artifacts(run: Run, outcomes: dict[str, str]) -> list[dict[str, Any]]:
@@ -78,12 +79,14 @@ def evidence_bundle(run: Run) -> dict[str, Any]:
     """docs/api.md's evidence: `{run, steps, toolCalls, artifacts, costs, approvals, feedback, subRuns,
     usage, integrity, replayReady}`. `run` must come with `workspace__tenant` selected."""
     workspace = run.workspace
-    inspection = inspect_run(run)
-    plan = (
-        replay_plan(inspection.log, artifact_checks=inspection.artifact_outcomes, prices=prices_of(run))
-        if inspection.log
-        else None
-    )
+    inspection = proofs.inspect(run)
+    if inspection.state is not None:  # from the run's log proof: the plan of the fold of the whole log
+        state = inspection.state
+        plan: dict[str, Any] | None = plan_of_state(state, dense_check_of(state), inspection.artifact_outcomes)
+    elif inspection.log:
+        plan = replay_plan(inspection.log, artifact_checks=inspection.artifact_outcomes, prices=prices_of(run))
+    else:
+        plan = None
     verify_checks = [{"name": c.name, "status": c.status, "detail": c.detail} for c in inspection.checks]
 
     sub_runs = list(selectors.filtered_runs(workspace, parent_run_id=run.run_id).order_by("created_at", "pk"))
