@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+import orjson
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KeyTransform
 
 from . import clock
 from .canonical import PayloadDecoder, without_nul
@@ -25,6 +27,17 @@ class PayloadJSONField(models.JSONField):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("decoder", PayloadDecoder)
         super().__init__(*args, **kwargs)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        # What JSONField's json.loads(value, cls=PayloadDecoder) returns, without making a decoder
+        # per value (a third of the time of reading a run's 20,000 steps, issue 33): orjson first,
+        # anything it refuses to JSONField's own path (PayloadDecoder's fallback).
+        if value.__class__ is str and not isinstance(expression, KeyTransform):
+            try:
+                return orjson.loads(value)
+            except orjson.JSONDecodeError:
+                pass
+        return super().from_db_value(value, expression, connection)
 
     def get_prep_value(self, value: Any) -> Any:
         # An imported log's U+0000 as U+FFFD, on both backends (jsonb cannot hold it).
