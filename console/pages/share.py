@@ -277,7 +277,7 @@ def _shared_evidence(request: HttpRequest, token: str, run_id: str | None) -> Ht
 def _json(body: dict[str, Any]) -> HttpResponse:
     """The bundle as JSON, by orjson (the standard encoder took half a second for a run of 100,000
     events), with Django's encoder for what orjson does not write alike (datetimes, decimals);
-    what orjson refuses (a lone surrogate) goes to Django's JsonResponse, as before."""
+    what orjson refuses (an integer beyond 64 bits) goes to Django's JsonResponse, as before."""
     try:
         content = orjson.dumps(body, default=DjangoJSONEncoder().default, option=orjson.OPT_PASSTHROUGH_DATETIME)
     except orjson.JSONEncodeError:
