@@ -83,7 +83,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--skip-evidence",
         action="store_true",
-        help="leave the evidence JSON out of the run views (it reads the whole log: minutes at 100,000 events)",
+        help="leave the evidence JSON out of the run views (its first request reads the whole log: a minute "
+        "at 100,000 events)",
     )
     args = p.parse_args(argv)
     try:
@@ -394,9 +395,20 @@ def view_baselines(run: Any) -> dict[str, Callable[[], Any]]:
     }
 
 
+def _calls(fn: Callable[[], Any]) -> int:
+    """Python function calls of one call of `fn` (cProfile's count): the view's work in this
+    process, which the machine's load does not move as it moves the wall time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(fn)
+    return int(pstats.Stats(profiler).total_calls)  # type: ignore[attr-defined]
+
+
 def bench_views(
     client: Any, workspace: Any, user: Any, written: list[str], repeats: int, *, skip: bool = False
-) -> list[tuple[int, str, float, float, float]]:
+) -> list[tuple[int, str, float, float, float, int, int]]:
     """Each run view of a run of 1,000 and of 100,000 events: (size, view, first request, median
     of the later ones, bare SELECT of what it shows). The first request of a run folds it and
     stores its snapshots; the later ones read the cached fold, as a server does after its first."""
@@ -438,29 +450,32 @@ def bench_views(
             firsts[name] = time.perf_counter() - began
         baselines = view_baselines(run)
         for name, url in urls.items():
+            page = get_ok(client, url)
             results.append(
                 (
                     size,
                     name,
                     firsts[name],
-                    median_seconds(get_ok(client, url), repeats, warmup=PAGE_WARMUP),
+                    median_seconds(page, repeats, warmup=PAGE_WARMUP),
                     median_seconds(baselines[name], repeats, warmup=PAGE_WARMUP),
+                    _queries(page),
+                    _calls(page),
                 )
             )
     return results
 
 
-def report_views(results: list[tuple[int, str, float, float, float]], repeats: int) -> None:
-    small = {name: page for size, name, _, page, _ in results if size == VIEW_SIZES[0]}
+def report_views(results: list[tuple[int, str, float, float, float, int, int]], repeats: int) -> None:
+    small = {name: page for size, name, _, page, *_ in results if size == VIEW_SIZES[0]}
     print(
         f"\n{'run views, ms (median of ' + str(repeats) + ')':<32} {'events':>8} {'first':>9} {'view':>8} "
-        f"{'bare':>8} {'ratio':>7} {'/ 1k':>6}"
+        f"{'bare':>8} {'ratio':>7} {'/ 1k':>6} {'queries':>8} {'calls':>9}"
     )
-    for size, name, first, page, bare in results:
+    for size, name, first, page, bare, queries, calls in results:
         growth = page / small[name]
         print(
             f"{name:<32} {size:>8,} {first * 1000:>9.1f} {page * 1000:>8.2f} {bare * 1000:>8.3f} "
-            f"{page / bare:>6.1f}x {growth:>5.2f}x"
+            f"{page / bare:>6.1f}x {growth:>5.2f}x {queries:>8} {calls:>9,}"
         )
         if size != VIEW_SIZES[-1]:
             continue
@@ -486,7 +501,9 @@ def report_views(results: list[tuple[int, str, float, float, float]], repeats: i
             ratio_format="{:.2f}x",
         )
     print("  first: the first request of the run in this process (it folds the log, or folds forward from a")
-    print("  stored snapshot, and stores the snapshots it passes); view: the median of later requests")
+    print("  stored snapshot, and stores the snapshots it passes); view: the median of later requests;")
+    print("  queries and calls (Python function calls, cProfile's count) of one later request: the view's")
+    print("  work, which the machine's load does not move")
 
 
 # --- live: WebSocket subscribers ----------------------------------------------------------------
@@ -753,7 +770,7 @@ def main(argv: list[str]) -> int:
     bare_log_path = log_path.with_name(f"bench-console-bare-daphne-{os.getpid()}.log")
     process = bare_process = None
     pages: list[tuple[str, float, float, int]] = []
-    views: list[tuple[int, str, float, float, float]] = []
+    views: list[tuple[int, str, float, float, float, int, int]] = []
     live: dict[int, tuple[list[float], list[float], list[float], list[float], list[float]]] = {}
     try:
         if not args.live_only:
