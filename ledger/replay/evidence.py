@@ -12,9 +12,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from django.db import connections
+from django.db.models import DateTimeField
+
 from ..fold.pricing import prices_of
 from ..log import artifacts as artifact_store
 from ..log import proofs
+from ..log.envelopes import formatted_in_sql
 from ..models import CostEntry, Feedback, Run, Step, ToolCall
 from ..reads import attention, reexecutions, selectors, serialize
 from .plan import replay_plan
@@ -81,8 +85,20 @@ def _rows(model: type[Step | ToolCall | CostEntry], run: Run, order: str) -> lis
     """The run's rows of a projection, in order, as plain objects with the model's attributes
     (what `serialize` reads): the bundle lists every row, and making 40,000 model instances took
     a third of a 100,000-event run's bundle (issue 33). The fields' own converters still apply."""
+    rows = model.objects.filter(run=run).order_by(order)
     fields = [f.attname for f in model._meta.concrete_fields]
-    return [SimpleNamespace(**row) for row in model.objects.filter(run=run).order_by(order).values(*fields)]
+    if connections[rows.db].vendor != "postgresql":
+        return [SimpleNamespace(**row) for row in rows.values(*fields)]
+    # Timestamps as the API's text, formatted by PostgreSQL (serialize.when takes it as it is).
+    moments = [f.attname for f in model._meta.concrete_fields if isinstance(f, DateTimeField)]
+    texts = {f"{name}_text": formatted_in_sql(name) for name in moments}
+    plain = [name for name in fields if name not in moments]
+    listed = []
+    for row in rows.values(*plain, **texts):
+        for name in moments:
+            row[name] = row.pop(f"{name}_text")
+        listed.append(SimpleNamespace(**row))
+    return listed
 
 
 def evidence_bundle(run: Run) -> dict[str, Any]:
