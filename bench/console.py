@@ -406,18 +406,37 @@ def _calls(fn: Callable[[], Any]) -> int:
     return int(pstats.Stats(profiler).total_calls)  # type: ignore[attr-defined]
 
 
+def _interleaved(fns: list[Callable[[], Any]], repeats: int, *, warmup: int = 0) -> list[float]:
+    """The median wall time of each of `fns`, called in turn (one of each per round), so that the
+    machine's load, which moves by the minute, weighs on each alike."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, taken in zip(fns, samples, strict=True):
+            start = time.perf_counter()
+            fn()
+            taken.append(time.perf_counter() - start)
+    return [statistics.median(taken) for taken in samples]
+
+
 def bench_views(
     client: Any, workspace: Any, user: Any, written: list[str], repeats: int, *, skip: bool = False
 ) -> list[tuple[int, str, float, float, float, int, int]]:
     """Each run view of a run of 1,000 and of 100,000 events: (size, view, first request, median
-    of the later ones, bare SELECT of what it shows). The first request of a run folds it and
-    stores its snapshots; the later ones read the cached fold, as a server does after its first."""
+    of the later ones, bare SELECT of what it shows, queries, Python calls). The first request of a
+    run folds it and stores its snapshots; the later ones read the cached fold, as a server does
+    after its first. The later requests of the two runs, and their bare SELECTs, alternate."""
     from django.db import connection
 
+    from ledger.log.snapshots import HEADS, READS
     from ledger.models import Run
     from ledger.tenancy.sharing import create_link, share_path
 
-    results = []
+    urls: dict[int, dict[str, str]] = {}
+    firsts: dict[int, dict[str, float]] = {}
+    baselines: dict[int, dict[str, Callable[[], Any]]] = {}
     for size in VIEW_SIZES:
         run_id = f"run_bench_views_{size}"
         began = time.perf_counter()
@@ -429,7 +448,7 @@ def bench_views(
         run = Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=run_id)
         _, token = create_link(workspace=workspace, run=run, by=user, expires_in_hours=24)
         base = f"/w/{workspace.tenant.slug}/{workspace.slug}/runs/{run_id}/"
-        urls = {
+        urls[size] = {
             "conversation": base + "conversation/",
             "waterfall": base + "waterfall/",
             "state at event N/2": base + f"state/?at={max(1, size // 2)}",
@@ -437,31 +456,24 @@ def bench_views(
             "shared page": share_path(token),
         }
         if skip:
-            del urls["evidence JSON"]
-        from ledger.log.snapshots import HEADS, READS
-
+            del urls[size]["evidence JSON"]
         READS.clear()  # as a server that has never read the run
         HEADS.clear()
-        firsts = {}
-        for name, url in urls.items():
+        firsts[size] = {}
+        for name, url in urls[size].items():
             first = get_ok(client, url)
             began = time.perf_counter()
             first()
-            firsts[name] = time.perf_counter() - began
-        baselines = view_baselines(run)
-        for name, url in urls.items():
-            page = get_ok(client, url)
-            results.append(
-                (
-                    size,
-                    name,
-                    firsts[name],
-                    median_seconds(page, repeats, warmup=PAGE_WARMUP),
-                    median_seconds(baselines[name], repeats, warmup=PAGE_WARMUP),
-                    _queries(page),
-                    _calls(page),
-                )
-            )
+            firsts[size][name] = time.perf_counter() - began
+        baselines[size] = view_baselines(run)
+    results = []
+    for name in urls[VIEW_SIZES[0]]:
+        pages = [get_ok(client, urls[size][name]) for size in VIEW_SIZES]
+        views = _interleaved(pages, repeats, warmup=PAGE_WARMUP)
+        bares = _interleaved([baselines[size][name] for size in VIEW_SIZES], repeats, warmup=PAGE_WARMUP)
+        for size, page, view, bare in zip(VIEW_SIZES, pages, views, bares, strict=True):
+            results.append((size, name, firsts[size][name], view, bare, _queries(page), _calls(page)))
+    results.sort(key=lambda r: VIEW_SIZES.index(r[0]))  # by size, then the views in their order
     return results
 
 
