@@ -114,11 +114,11 @@ def _from_proof(run: Run, proof: LogProof, version: str) -> Inspected | None:
     """The checks from the proof and the events after it, or None when only a full inspection can
     answer (something failed, or the proof does not fit the log)."""
     proved = proof.sequence
-    rows = log_rows(run, after=proved - 1)
+    last = run.last_sequence
+    rows = log_rows(run, after=proved - 1, limit=last - proved + 1)  # not what was appended since `run` was read
     if not rows or rows[0][0] != proved or rows[0][1] != proof.last_event_id:
         return None
     tail = rows[1:]
-    last = run.last_sequence
     if [r[0] for r in tail] != list(range(proved + 1, last + 1)):
         return None
     refs = set(proof.refs)
