@@ -22,7 +22,8 @@ SMALLEST = Decimal(1).scaleb(SMALLEST_PLACE)
 
 def money(value: Decimal | float | None) -> str:
     """Dollars for people. NULL (every call unpriced) is "n/a", never $0; $1 and more to the cent;
-    less to four significant digits, so a per-call cost keeps its size ($0.000027)."""
+    less to four significant digits but at least to the cent, so a per-call cost keeps its size
+    ($0.000027) and half a dollar reads $0.50."""
     if value is None:
         return "n/a"
     amount = Decimal(value)
@@ -34,7 +35,9 @@ def money(value: Decimal | float | None) -> str:
         return f"<${SMALLEST}"
     exponent = amount.adjusted() - SIGNIFICANT + 1  # the place of the last significant digit
     rounded = amount.quantize(Decimal(1).scaleb(max(exponent, SMALLEST_PLACE)), ROUND_HALF_UP)
-    text = f"{rounded:f}".rstrip("0").rstrip(".")
+    text = f"{rounded:f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    text = f"{whole}.{cents:0<2}"  # at least to the cent: "$0.50" beside "$5.00", never "$0.5"
     return f"${text}" if amount > 0 else f"-${text.lstrip('-')}"
 
 
@@ -43,23 +46,22 @@ def count(value: int | None) -> str:
     return "—" if value is None else f"{int(value):,}"
 
 
-BYTE_UNITS = ("B", "kB", "MB", "GB", "TB")
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def byte_size(value: int | None) -> str:
-    """A size in bytes for people, in decimal units to three significant digits: "512 B",
-    "4.35 kB", "435 kB", "1.20 MB"; the exact count stays in the title where it matters."""
+    """A size in bytes for people, in binary units (as the limits are set: 256 MiB) to one decimal:
+    "512 B", "4.2 KiB", "424.7 KiB", "1.1 MiB"; the exact count goes in a title where it matters."""
     if value is None:
         return "—"
     size = float(value)
     unit = 0
-    while size >= 999.5 and unit < len(BYTE_UNITS) - 1:
-        size /= 1000
+    while size >= 1023.95 and unit < len(BYTE_UNITS) - 1:  # 1023.96 KiB would read "1024.0 KiB"
+        size /= 1024
         unit += 1
     if unit == 0:
         return f"{int(value)} B"
-    places = 2 if size < 10 else 1 if size < 100 else 0
-    return f"{size:.{places}f} {BYTE_UNITS[unit]}"
+    return f"{size:,.1f} {BYTE_UNITS[unit]}"
 
 
 STATUS_LABELS = {
@@ -85,7 +87,7 @@ def coverage(priced: int, unpriced: int) -> str:
     total = priced + unpriced
     if total == 0:
         return "no model calls"
-    return f"{priced}/{total} priced ({round(100 * priced / total)}%)"
+    return f"{priced:,}/{total:,} priced ({round(100 * priced / total)}%)"
 
 
 def duration(seconds: float) -> str:

@@ -8,8 +8,10 @@
   in what would be stored or queried is refused on both, so the two backends answer alike.
 - **Calendar edges.** Dates outside FIRST_DAY..LAST_DAY are refused: ranges add and subtract days
   and would leave the calendar (`date(9999, 12, 31) + 1 day` raises).
-- **Events per run.** A run holds at most `max_events_per_run()` events; its ending (RunCompleted,
-  RunFailed) is accepted past it, so a run at the limit can still finish.
+- **Events per run.** A run holds at most `max_events_per_run(workspace)` events and
+  `max_bytes_per_run(workspace)` bytes of payload; its ending (RunCompleted, RunFailed) is accepted
+  past them, so a run at the limit can still finish. Each size limit is the deployment's setting
+  unless the operator overrode it for the workspace (`SIZE_LIMITS`, `ledger limits`).
 - **Keyset positions.** A cursor decodes to a (time, row id) only if both are in range.
 - **What a person writes.** A reason, a note or a comment (kept in the audit log, shown on pages)
   is at most MAX_TEXT characters after trimming, and present where it is required: `written`,
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 from array import array
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from itertools import accumulate
 from typing import Any
@@ -40,18 +43,84 @@ NUL = "\x00"
 MAX_TEXT = 2000
 DEFAULT_MAX_EVENTS_PER_RUN = 50_000
 DEFAULT_MAX_BYTES_PER_RUN = 256 * 1024 * 1024
+DEFAULT_MAX_EVENTS_PER_MINUTE_PER_KEY = 30_000
 
 
-def max_events_per_run() -> int:
-    """How many events one run may hold (LEDGER_MAX_EVENTS_PER_RUN): a run of a few hundred
-    thousand events makes every view of it, the shared page and the evidence heavy for everyone."""
-    return int(getattr(settings, "LEDGER_MAX_EVENTS_PER_RUN", DEFAULT_MAX_EVENTS_PER_RUN))
+@dataclass(frozen=True)
+class SizeLimit:
+    """One of the size limits a workspace may have overridden by the operator (`ledger limits`):
+    its Workspace column (NULL: the setting), the setting that is the deployment's default, the
+    built-in default when the setting is absent, and the range an override must lie in (the
+    setting's own, console/settings.py)."""
+
+    name: str  # the Workspace column, and the key of `effective` and of the audit entry
+    setting: str
+    default: int
+    low: int
+    high: int
+    label: str  # as the Settings page and `ledger limits` show it
+    unit: str
+
+    def deployment_default(self) -> int:
+        return int(getattr(settings, self.setting, self.default))
+
+    def of(self, workspace: Any = None) -> int:
+        """The limit in force in `workspace` (None: the deployment's default). The override is a
+        column of the workspace row the caller already holds: no query."""
+        override = getattr(workspace, self.name, None) if workspace is not None else None
+        return int(override) if override is not None else self.deployment_default()
 
 
-def max_bytes_per_run() -> int:
-    """How many bytes of stored canonical payload one run may hold (LEDGER_MAX_BYTES_PER_RUN): the
-    events limit alone lets a run of 50,000 events of 256 kB each hold 12 GB."""
-    return int(getattr(settings, "LEDGER_MAX_BYTES_PER_RUN", DEFAULT_MAX_BYTES_PER_RUN))
+EVENTS_PER_RUN = SizeLimit(
+    "max_events_per_run", "LEDGER_MAX_EVENTS_PER_RUN", DEFAULT_MAX_EVENTS_PER_RUN, 1, 10_000_000,
+    "Events per run", "events",
+)  # fmt: skip
+BYTES_PER_RUN = SizeLimit(
+    "max_bytes_per_run", "LEDGER_MAX_BYTES_PER_RUN", DEFAULT_MAX_BYTES_PER_RUN, 1024, 2**50,
+    "Bytes of event payload per run", "bytes",
+)  # fmt: skip
+EVENTS_PER_MINUTE_PER_KEY = SizeLimit(
+    "max_events_per_minute_per_key", "LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY", DEFAULT_MAX_EVENTS_PER_MINUTE_PER_KEY,
+    1, 10_000_000, "Events per minute per API key", "events",
+)  # fmt: skip
+SIZE_LIMITS = (EVENTS_PER_RUN, BYTES_PER_RUN, EVENTS_PER_MINUTE_PER_KEY)
+
+
+def max_events_per_run(workspace: Any = None) -> int:
+    """How many events one run may hold (LEDGER_MAX_EVENTS_PER_RUN, or the workspace's override):
+    a run of a few hundred thousand events makes every view of it, the shared page and the
+    evidence heavy for everyone."""
+    return EVENTS_PER_RUN.of(workspace)
+
+
+def max_bytes_per_run(workspace: Any = None) -> int:
+    """How many bytes of stored canonical payload one run may hold (LEDGER_MAX_BYTES_PER_RUN, or
+    the workspace's override): the events limit alone lets a run of 50,000 events of 256 kB each
+    hold 12 GB."""
+    return BYTES_PER_RUN.of(workspace)
+
+
+def max_events_per_minute_per_key(workspace: Any = None) -> int:
+    """How many events one API key of `workspace` may append per clock minute
+    (LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY, or the workspace's override)."""
+    return EVENTS_PER_MINUTE_PER_KEY.of(workspace)
+
+
+def effective(workspace: Any) -> list[dict[str, Any]]:
+    """Every size limit in force in `workspace`: its name, label, unit, value, the deployment's
+    default and whether the operator overrode it here (what the Settings page and `ledger limits`
+    show)."""
+    return [
+        {
+            "name": limit.name,
+            "label": limit.label,
+            "unit": limit.unit,
+            "value": limit.of(workspace),
+            "default": limit.deployment_default(),
+            "overridden": getattr(workspace, limit.name, None) is not None,
+        }
+        for limit in SIZE_LIMITS
+    ]
 
 
 # A JSON string, escapes included (the unrolled form: no backtracking on long strings).

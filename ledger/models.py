@@ -100,11 +100,24 @@ class Workspace(models.Model):
     # Tool names whose every call waits for a human approver before it runs (on top of the tools
     # that declare `approval="required"` themselves): ledger/replay/toolapproval.py.
     approval_tools = models.JSONField(default=list, blank=True)
+    # The operator's overrides of the deployment's size limits for this workspace (ledger/limits.py,
+    # docs/security.md § Limits); NULL: the setting's default. Changed only by the operator's
+    # `ledger limits` (ledger/tenancy/limits_settings.py, audited `limits.changed`), never by a
+    # tenant's admin. Loaded with the workspace, so the write path reads them without a query.
+    max_events_per_run = models.PositiveIntegerField(null=True, blank=True)
+    max_bytes_per_run = models.PositiveBigIntegerField(null=True, blank=True)
+    max_events_per_minute_per_key = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "slug"], name="workspace_slug_unique_in_tenant"),
+            models.CheckConstraint(
+                condition=(Q(max_events_per_run__isnull=True) | Q(max_events_per_run__gte=1))
+                & (Q(max_bytes_per_run__isnull=True) | Q(max_bytes_per_run__gte=1))
+                & (Q(max_events_per_minute_per_key__isnull=True) | Q(max_events_per_minute_per_key__gte=1)),
+                name="workspace_limits_positive",
+            ),
             models.CheckConstraint(
                 condition=Q(retention_days__isnull=True) | Q(retention_days__gte=1),
                 name="workspace_retention_at_least_a_day",
@@ -215,6 +228,15 @@ class Run(UsageColumns):
     # `ledger import-little` brought in, whose log is read by Little Workflow's rules where they
     # differ from ours (docs/operations.md § Importing Little Workflow data). Set when the run's first event is imported.
     imported_from = models.CharField(max_length=32, blank=True, default="")
+    # Who appended the run's first batch (its RunStarted), as the server knew the caller: a
+    # username (a console session), `key:<prefix>` (an API key, OTLP ingest), or `system:<what>`
+    # (the command line, the runtime of a workflow nobody named). Set by the write door
+    # (ledger/log `append(by=...)`) in the statement that creates the run's log, never from the
+    # payload and never changed after; the "not your own" rule of tool approvals reads it
+    # (ledger/replay/toolapproval.py). Not a projection: `ledger rebuild` keeps it, `ledger verify`
+    # does not compare it (the log does not hold it). "": not known (migration 0030 filled runs
+    # from before it with their RunStarted's claimed `requestedBy`, the best there was).
+    started_by = models.CharField(max_length=160, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -660,6 +682,12 @@ class ReexecutionRequest(models.Model):
     has_input = models.BooleanField(default=False)
     input = models.JSONField(null=True, blank=True)
     model_overrides = models.JSONField(default=dict, blank=True)
+    # An evaluation's prompt change: step id -> {system?, prompt?} (docs/evaluations.md "Changes").
+    prompt_overrides = models.JSONField(default=dict, blank=True)
+    # An evaluation's workflow change: the registered workflow (and the version id it had when the
+    # request was made) the new run executes instead of the original's. Empty: the original's.
+    workflow = models.CharField(max_length=200, blank=True)
+    workflow_version = models.CharField(max_length=100, blank=True)
     reason = models.TextField()
     requested_by = models.CharField(max_length=160)  # username, or key:<prefix>
     requested_by_user = models.ForeignKey(
@@ -805,6 +833,7 @@ class AuditEntry(models.Model):
         MEMBER_CHANGED = "member.changed"
         MEMBER_REMOVED = "member.removed"
         RETENTION_CHANGED = "retention.changed"
+        LIMITS_CHANGED = "limits.changed"
         SHARE_LINK_CREATED = "share_link.created"
         SHARE_LINK_REVOKED = "share_link.revoked"
         SHARE_LINK_OPENED = "share_link.opened"

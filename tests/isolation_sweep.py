@@ -146,6 +146,8 @@ ROUTES: dict[str, Route] = {
     W + "evaluations/<str:evaluation_id>/live/": page({"GET": (None, Role.VIEWER)}),
     W + "datasets/add/": page({"POST": (None, OPERATOR)}),
     W + "datasets/<str:name>/": page({"GET": (None, Role.VIEWER)}),
+    W + "datasets/<str:name>/expected/": page({"POST": (None, OPERATOR)}),
+    W + "datasets/<str:name>/remove/": page({"POST": (None, OPERATOR)}),
     W + "loops/": page({"GET": (None, Role.VIEWER)}),
     W + "loops/<str:outer_loop_id>/": page({"GET": (None, Role.VIEWER)}),
     W + "settings/": page({"GET": (None, ADMIN)}),

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 from xml.etree import ElementTree
 
 import httpx
 import pytest
 from django.contrib.auth.models import User
 
+from ledger.log.leases import acquire_run_lease
 from ledger.models import AuditEntry, Evaluation, Event, ReexecutionRequest, Workspace
 from ledger.reexecution import executor
 from ledger.tenancy.services import create_key
@@ -133,3 +135,102 @@ def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, 
     edited = carol.post("/api/v1/datasets/golden/expected", json={"runId": runs[0], "expected": {"reply": "x"}})
     removed = carol.post("/api/v1/datasets/golden/runs/remove", json={"runIds": runs[:2]})
     assert edited.json()["version"] == 2 and removed.json()["version"] == 3 and len(removed.json()["members"]) == 8
+
+
+def _external_run(ci: httpx.Client, run_id: str, ticket: str, answer: str) -> None:
+    """A run an external harness recorded (its RunStarted names no workflow of this deployment)."""
+    events = [
+        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_harness_1", "input": {"ticket": ticket}}},
+        {"type": "RunCompleted", "payload": {"output": {"reply": answer}}},
+    ]
+    response = ci.post(f"/api/v1/runs/{run_id}/events", json={"events": events})
+    assert response.status_code == 200, response.text
+
+
+def test_an_external_executors_batch_is_scored_and_judged_when_it_finishes(workspace, sessions) -> None:
+    """No --wait, no worker and no later change: the append that ends the last new run settles
+    its request, scores it and gives the verdict, so the page shows it by itself. The claim hands
+    the harness the evaluation's prompt change to apply."""
+    carol, bob = sessions("carol"), sessions("bob")
+    ci = _key(workspace, ["execute", "ingest", "read"])
+    for i in range(2):
+        _external_run(ci, f"run_ext_{i}", f"ticket {i}", f"Answer {i}")
+    assert carol.post("/api/v1/datasets/golden/runs", json={"runIds": ["run_ext_0", "run_ext_1"]}).status_code == 201
+    assert bob.post("/api/v1/evaluation-policies", json={**POLICY, "changeKinds": ["prompt"]}).status_code == 201
+    change = {"kind": "prompt", "prompts": {"answer": {"system": "Be brief."}}}
+    started = ci.post(
+        "/api/v1/evaluations",
+        json={
+            "dataset": "golden",
+            "change": change,
+            "scorers": ["exact"],
+            "failIf": "pass_rate < 0.95",
+            "reason": "brief",
+        },
+    )
+    assert started.status_code == 201, started.text
+    made = started.json()
+    assert made["status"] == "running" and made["change"] == change
+    for answer in ("Answer 0", "Short."):
+        claimed = ci.post("/api/v1/reexecutions/claim", json={"owner": "harness"})
+        assert claimed.status_code == 200, claimed.text
+        request = claimed.json()["request"]
+        assert request["promptOverrides"] == change["prompts"] and request["mode"] == "evaluate"
+        events = [
+            {
+                "type": "RunStarted",
+                "payload": {
+                    "workflowVersionId": "wfver_harness_2",
+                    "replayOf": request["runId"],
+                    "reexecutionId": request["id"],
+                    "input": {"ticket": "t"},
+                },
+            },
+        ]
+        new_run = claimed.json()["newRunId"]
+        assert ci.post(f"/api/v1/runs/{new_run}/events", json={"events": events}).status_code == 200
+        # The second harness holds the run's lease, as one built on the runtime does, and keeps it
+        # past its terminal append: the scores are written beside it with its token.
+        body: dict[str, Any] = {"events": [{"type": "RunCompleted", "payload": {"output": {"reply": answer}}}]}
+        if answer == "Short.":
+            body["fencingToken"] = acquire_run_lease(workspace=workspace, run_id=new_run, owner="harness").fencing_token
+        appended = ci.post(f"/api/v1/runs/{new_run}/events", json=body)
+        assert appended.status_code == 200, appended.text
+    # Nothing else happened: the evaluation is finished, scored and judged.
+    done = ci.get(f"/api/v1/evaluations/{made['id']}").json()
+    assert done["status"] == "finished" and done["verdict"] == "failed", done
+    aggregates = done["report"]["aggregates"]
+    assert aggregates["passRate"] == 0.5 and aggregates["changed"] == 1
+    assert all(r["scores"]["exact"]["after"] is not None for r in done["report"]["runs"])
+    scored = Event.objects.filter(type="custom.evaluation.scored", run__run_id__startswith="run_rx_")
+    assert scored.count() == 2
+    page = carol.get(f"/w/acme/support/evaluations/{made['id']}/live/")
+    assert page.status_code == 200 and 'data-verdict="failed"' in page.text
+    ci.close()
+
+
+def test_bad_changes_over_http_get_the_error_envelope_and_leave_nothing(workspace, sessions) -> None:
+    runs = triage_runs(workspace, count=2)
+    carol = sessions("carol")
+    assert carol.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    ci = _key(workspace, ["execute", "read"])
+    events_before = Event.objects.count()
+    body = {"dataset": "golden", "scorers": ["exact"], "reason": "try"}
+    for change in (
+        {"kind": "prompt", "prompts": {"confirm": {"system": "x"}}},
+        {"kind": "prompt", "prompts": {"draft": {"system": 1}}},
+        {"kind": "prompt", "prompts": {"draft": {"system": "x" * 100_001}}},
+        {"kind": "input", "inputs": {"run_elsewhere": {}}},
+        {"kind": "input", "mergePatch": "x"},
+        {"kind": "input", "mergePatch": {}, "inputs": {}},
+        {"kind": "workflow", "workflow": "support.nope"},
+        {"kind": "workflow", "workflow": "support.triage", "version": "wfver_support.triage_000000000000"},
+        {"kind": "workflow", "workflow": ["x"]},
+        {"kind": "model", "modelOverrides": {"default": {"provider": "scripted", "model": "m"}}, "prompts": {}},
+    ):
+        refused = ci.post("/api/v1/evaluations", json={**body, "change": change})
+        assert refused.status_code == 400 and _code(refused) == "invalid_request", (change, refused.text)
+        assert refused.json()["error"]["details"]["field"] == "change"
+    assert Event.objects.count() == events_before
+    assert not Evaluation.objects.exists() and not ReexecutionRequest.objects.exists()
+    ci.close()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 import pytest
 from django.conf import settings
@@ -74,6 +75,30 @@ def test_first_failure_on_a_run_without_one_is_a_styled_400_back_to_the_run(brow
     assert f'<a id="error-back" href="{url}">This page without the parameters</a>' in html
 
 
+def test_first_failure_is_offered_only_on_a_run_that_has_one(browser: Client, append) -> None:
+    append("run_fine", started(), ev("RunCompleted", output="ok"))
+    append(
+        "run_broke",
+        started(),
+        ev("StepScheduled", stepPath="fetch"),
+        ev("StepAttemptStarted", stepPath="fetch", attempt=1),
+        ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "403"}),
+        ev("RunFailed", error={"message": "fetch failed"}),
+    )
+    fine = browser.get("/w/acme/support/runs/run_fine/timeline/").content.decode()
+    assert 'id="first-failure"' not in fine and 'id="first-in-doubt"' not in fine
+    assert "?first=" not in fine  # no jump that would answer 400
+    fine_search = browser.get("/w/acme/support/runs/run_fine/timeline/?type=Run").content.decode()
+    assert 'id="first-failure"' not in fine_search
+
+    url = "/w/acme/support/runs/run_broke/timeline/"
+    broke = browser.get(url).content.decode()
+    assert f'<a id="first-failure" href="{url}?first=failure">First failure</a>' in broke
+    assert 'id="first-in-doubt"' not in broke  # it has no in-doubt call
+    jumped = browser.get(url + "?first=failure")
+    assert jumped.status_code == 302 and jumped["Location"].endswith("#event-4")  # StepFailed
+
+
 def test_the_500_page_keeps_the_layout_without_the_database(workspace: Workspace) -> None:
     request = RequestFactory().get("/w/acme/support/")
     response = errors.server_error(request)
@@ -124,6 +149,8 @@ def test_one_format_for_counts_and_byte_sizes() -> None:
     from console import format as fmt
 
     assert [fmt.count(n) for n in (0, 2276, 113776, None)] == ["0", "2,276", "113,776", "—"]
-    sizes = [fmt.byte_size(n) for n in (0, 512, 999, 4349, 434913, 1_200_000, 3_000_000_000)]
-    assert sizes == ["0 B", "512 B", "999 B", "4.35 kB", "435 kB", "1.20 MB", "3.00 GB"]
+    amounts = [fmt.money(Decimal(a)) for a in ("0.5", "0.000027", "0.12345", "0.99999", "1234.5")]
+    assert amounts == ["$0.50", "$0.000027", "$0.1235", "$1.00", "$1,234.50"]
+    sizes = [fmt.byte_size(n) for n in (0, 512, 1023, 1024, 4349, 434913, 1_048_575, 1_200_000, 3_000_000_000)]
+    assert sizes == ["0 B", "512 B", "1023 B", "1.0 KiB", "4.2 KiB", "424.7 KiB", "1.0 MiB", "1.1 MiB", "2.8 GiB"]
     assert fmt.status_label("pending_approval") == "waiting for approval" and fmt.status_label("in_doubt") == "in doubt"

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils.html import escape
 
 from ledger.evaluation import evaluations
 from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, Workspace
@@ -111,3 +112,77 @@ def test_a_dataset_from_the_runs_list_a_policy_and_an_evaluation_report(workspac
     assert bob.post(f"{BASE}/evaluations/policies/{policy.public_id}/revoke/").status_code == 302
     assert "revoked" in carol.get(f"{BASE}/evaluations/").content.decode()
     assert AuditEntry.objects.filter(action="evaluation_policy.revoked", actor="bob").count() == 1
+
+
+def test_a_dataset_page_edits_an_expected_output_and_removes_runs(workspace, people) -> None:
+    """Each change on the page is the next frozen version, audited; operators and above only (a
+    viewer 403, another tenant 404); a refused form keeps what was typed in it."""
+    from ledger.evaluation import datasets
+
+    runs = triage_runs(workspace, count=3)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+    carol, dave, olga = (as_(people[n]) for n in ("carol", "dave", "olga"))
+    page = carol.get(f"{BASE}/datasets/golden/").content.decode()
+    assert f'data-expected-form="{runs[0]}"' in page and 'id="dataset-remove-submit"' in page
+    viewer_page = dave.get(f"{BASE}/datasets/golden/").content.decode()
+    assert "data-expected-form" not in viewer_page and "dataset-remove-submit" not in viewer_page
+    url = f"{BASE}/datasets/golden/expected/"
+    edit = {"run": runs[0], "expected": '{"reply": "Answer for: a kinder reply"}'}
+    assert dave.post(url, edit).status_code == 403
+    assert olga.post(url, edit).status_code == 404
+    assert carol.post(f"{BASE}/datasets/nope/expected/", edit).status_code == 404
+    # Bad JSON: refused (400), the version unchanged, the typed text kept in its open form.
+    typed = '{"reply": "unfinished'
+    refused = carol.post(url, {"run": runs[0], "expected": typed})
+    body = refused.content.decode()
+    assert refused.status_code == 400 and 'id="dataset-error"' in body and "is not JSON" in body
+    assert escape(typed) in body and '<details class="edit-expected" open>' in body
+    assert carol.post(url, {"run": "run_nope", "expected": "1"}).status_code == 400
+    assert datasets.latest(datasets.get_dataset(workspace, "golden")).number == 1
+    saved = carol.post(url, edit)
+    assert saved.status_code == 302 and saved["Location"] == f"{BASE}/datasets/golden/"
+    v2 = datasets.latest(datasets.get_dataset(workspace, "golden"))
+    assert v2.number == 2 and v2.members[0]["expected"] == {"reply": "Answer for: a kinder reply"}
+    assert v2.members[0]["expectedEditedBy"] == "carol"
+    assert "(set by carol)" in carol.get(f"{BASE}/datasets/golden/").content.decode()
+    # Removing the ticked runs.
+    remove = f"{BASE}/datasets/golden/remove/"
+    assert dave.post(remove, {"run": runs[:1]}).status_code == 403
+    assert olga.post(remove, {"run": runs[:1]}).status_code == 404
+    assert carol.post(remove, {}).status_code == 400
+    removed = carol.post(remove, {"run": runs[1:]})
+    assert removed.status_code == 302
+    v3 = datasets.latest(datasets.get_dataset(workspace, "golden"))
+    assert v3.number == 3 and [m["runId"] for m in v3.members] == runs[:1]
+    # The older versions stay as they were, shown read-only.
+    old = carol.get(f"{BASE}/datasets/golden/?version=1").content.decode()
+    assert old.count('<tr data-run="') == 3 and "data-expected-form" not in old
+    changes = AuditEntry.objects.filter(action="dataset.changed", target="dataset:golden", actor="carol")
+    assert changes.count() == 3
+
+
+def test_the_approver_sees_the_change_a_waiting_evaluation_makes(workspace, people) -> None:
+    """Outside every policy an evaluation waits on the Approvals page; the card shows what the
+    approval binds to: the prompt override, or each run's own input, or the other workflow."""
+    from ledger.evaluation import datasets
+
+    runs = triage_runs(workspace, count=2)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+
+    def start(change: dict[str, object]) -> Evaluation:
+        return evaluations.start_evaluation(
+            workspace=workspace, dataset="golden", change=change, scorers=["exact"], fail_if="", reason="try it",
+            by=people["carol"],
+        )  # fmt: skip
+
+    prompt = start({"kind": "prompt", "prompts": {"draft": {"system": "Be terse & kind."}}})
+    inputs = start({"kind": "input", "inputs": {runs[1]: {"ticket": "Lost it", "orderId": "C-3"}}})
+    other = start({"kind": "workflow", "workflow": "support.triage-premium"})
+    assert {e.status for e in (prompt, inputs, other)} == {Evaluation.Status.PENDING_APPROVAL}
+    page = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
+    assert page.count('class="prompt-overrides"') == 1 and "Be terse &amp; kind." in page
+    assert 'data-prompt="draft.system"' in page
+    assert page.count('class="mono run-input"') == 1 and "Lost it" in page
+    assert 'data-workflow="support.triage-premium"' in page
+    detail = as_(people["carol"]).get(f"{BASE}/evaluations/{prompt.public_id}/").content.decode()
+    assert 'id="evaluation-change"' in detail and "draft: system" in detail

@@ -195,7 +195,7 @@ def test_the_conversation_reads_turns_tool_calls_and_results_in_order(browser: C
         'id="call-draft:c3"',
     )
     # usage and cost per turn, the origin of each call, the system prompt by hash and expandable
-    assert "1000 in (500 cached) / 40 out" in html and "2000 in (500 cached) / 40 out" in html
+    assert "1,000 in (500 cached) / 40 out" in html and "2,000 in (500 cached) / 40 out" in html
     assert re.search(r'class="cost">\$0\.0001', html)
     assert 'class="origin origin-live">live' in html
     assert 'system prompt <span class="mono"' in html and "You answer tickets." in html
@@ -211,7 +211,7 @@ def test_failures_and_retries_are_marked(browser: Client, chat_run: str) -> None
 
 def test_long_texts_fold_and_artifacts_link(browser: Client, chat_run: str) -> None:
     html = _page(browser, f"{BASE}conversation/")
-    assert f"Show all {len(LONG)} characters" in html
+    assert f"Show all {len(LONG):,} characters" in html
     assert "line 199 of a long tool result" in html  # all of it is there, behind "show all"
     assert re.search(
         r'<a class="artifact mono" href="/api/v1/artifacts/art_[0-9a-f]+/content\?workspace=acme/support"', html

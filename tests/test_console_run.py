@@ -630,8 +630,8 @@ def test_costs_tab_pages_its_steps_and_totals_the_whole_run(
     assert re.findall(r'<tr><td class="mono">([^<]+)</td>', per_step) == [f"extra{n}" for n in range(3, 8)]
     assert "steps 6–10 of 12" in per_step and f'href="{BASE}costs/?start=10"' in per_step
     # Per model and in total: every call of the run, not the page's.
-    assert re.search(r"openai/gpt-4o-mini</td><td class=\"num\">11</td><td class=\"num\">1100</td>", per_model)
-    assert re.search(r"Run total</th><td></td><td class=\"num\">1200</td>.*?11/12 priced \(92%\)", per_model, re.S)
+    assert re.search(r"openai/gpt-4o-mini</td><td class=\"num\">11</td><td class=\"num\">1,100</td>", per_model)
+    assert re.search(r"Run total</th><td></td><td class=\"num\">1,200</td>.*?11/12 priced \(92%\)", per_model, re.S)
 
 
 # --- feedback -------------------------------------------------------------------------------------

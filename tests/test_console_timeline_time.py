@@ -25,7 +25,7 @@ def _timeline(client: Client, tenant: str, ws: str, run_id: str) -> str:
 
 
 def test_the_crashed_and_resumed_demo_run_shows_its_twenty_minute_gap(client: Client) -> None:
-    load_demo(history_runs=1)
+    load_demo(history_runs=1, evaluations_too=False)
     client.force_login(User.objects.get(username="dave"))
     page = _timeline(client, "acme", "support", "run_demo_crashed_resumed")
     gaps = re.findall(r'<tr class="gap" data-before="(\d+)"><td colspan="6">.*?</span> ([^<]+)</td>', page)

@@ -251,6 +251,13 @@ def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(demo: dict
     assert kept.report["aggregates"]["changed"] == 0 and kept.report["aggregates"]["liveToolCalls"] == 0
     assert (regressed.status, regressed.verdict) == ("finished", "failed")
     assert regressed.report["aggregates"]["passRate"] == 0.8 and regressed.report["aggregates"]["changed"] == 2
+    # The model swap keeps every outcome; the regression is a prompt change (the draft step's
+    # system message) that spoils the two lost-parcel tickets, with no tool invoked either.
+    assert kept.change["kind"] == "model" and regressed.change["kind"] == "prompt"
+    assert regressed.report["aggregates"]["liveToolCalls"] == 0
+    spoiled = [r["runId"] for r in regressed.report["runs"] if r["outcome"] == "changed"]
+    assert spoiled == ["run_demo_eval_02", "run_demo_eval_06"]
+    assert all(r["firstDivergence"] == "draft" for r in regressed.report["runs"] if r["outcome"] == "changed")
     assert kept.policy is not None and kept.policy == regressed.policy
     assert EvaluationPolicy.objects.filter(workspace=support).count() == 1
     load_demo(history_runs=HISTORY)

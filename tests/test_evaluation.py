@@ -406,7 +406,7 @@ def test_bad_input_is_refused_and_leaves_nothing_behind(workspace, dataset, peop
         {"ceiling_per_evaluation_usd": "-1"},
         {"ceiling_per_evaluation_usd": "9", "ceiling_per_day_usd": "5"},
         {"ttl_hours": 0},
-        {"change_kinds": ["workflow"]},
+        {"change_kinds": ["tools"]},
         {"scorers": ["nope"]},
     ):
         with pytest.raises(InvalidEvaluation):

@@ -117,3 +117,77 @@ def test_outside_a_policy_the_gate_has_no_verdict_and_refusals_exit_5(golden, tm
     )  # fmt: skip
     assert code == 5
     assert Evaluation.objects.count() == 1
+
+
+TERSE_SYSTEM = "system:draft=You answer support tickets. Answer in one short sentence."
+
+
+def _every_kind(workspace: Workspace, approver: User) -> None:
+    policies.approve_policy(
+        workspace=workspace,
+        dataset="golden",
+        change_kinds=["model", "prompt", "input", "workflow"],
+        scorers=["exact", "regex"],
+        ceiling_per_evaluation_usd="1",
+        ceiling_per_day_usd="5",
+        ttl_hours=24,
+        by=approver,
+    )
+
+
+def test_a_prompt_change_from_the_command_line(golden, workspace, approver, tmp_path, tool_counter) -> None:
+    # The golden policy allows model mappings only: a prompt change waits for an approver.
+    code, out, err = ledger(
+        "evaluate", "golden", "--workspace", "acme/support", "--as", "carol", "--change", TERSE_SYSTEM,
+        "--scorer", "exact", "--wait", "--timeout", "0",
+    )  # fmt: skip
+    assert code == 4 and json.loads(out)["status"] == "pending_approval" and "waits for an approver" in err
+    _every_kind(workspace, approver)
+    lookups = tool_counter.lookups
+    code, out, err = _gate(TERSE_SYSTEM, tmp_path, "--change", "prompt:draft={original}")
+    assert code == 1 and "verdict: failed" in err
+    summary = json.loads(out)
+    assert summary["passRate"] == 0.8 and summary["changed"] == 2
+    made = Evaluation.objects.get(public_id=summary["id"])
+    assert made.change == {
+        "kind": "prompt",
+        "prompts": {"draft": {"system": TERSE_SYSTEM.split("=", 1)[1], "prompt": "{original}"}},
+    }
+    failed = [c.get("name") for c in ElementTree.parse(tmp_path / "junit.xml").getroot().iter("testcase")
+              if c.find("failure") is not None]  # fmt: skip
+    assert failed == ["run_t002", "run_t006", "gate"]
+    assert tool_counter.lookups == lookups
+
+
+def test_input_and_workflow_changes_from_the_command_line(golden, workspace, approver, tmp_path) -> None:
+    _every_kind(workspace, approver)
+    code, out, err = _gate('input:{"channel": "email"}', tmp_path)
+    assert code == 0, err
+    assert Evaluation.objects.get(public_id=json.loads(out)["id"]).change == {
+        "kind": "input",
+        "mergePatch": {"channel": "email"},
+    }
+    code, out, _ = _gate('input:run_t000={"ticket": "Is it lost?", "orderId": "C-3"}', tmp_path)
+    assert code == 1 and json.loads(out)["changed"] == 1
+    # The premium workflow answers the same at a higher price: the cost gate fails it.
+    code, out, _ = _gate("workflow:support.triage-premium", tmp_path)
+    summary = json.loads(out)
+    assert code == 1 and summary["changed"] == 0 and summary["costDelta"] > 0.10
+    made = Evaluation.objects.get(public_id=summary["id"])
+    assert made.change["workflow"] == "support.triage-premium" and made.change["version"].startswith("wfver_")
+    code, out, _ = _gate('json:{"kind": "input", "mergePatch": {"locale": "fr"}}', tmp_path)
+    assert code == 0
+    before = Evaluation.objects.count()
+    for bad in (
+        ["--change", "model:default=counting/m", "--change", "system:draft=x"],  # two kinds
+        ["--change", "input:{not json"],
+        ["--change", "json:[1]"],
+        ["--change", "workflow:support.nope"],
+        ["--change", "workflow:support.triage@wfver_support.triage_000000000000"],
+        ["--change", "prompt:confirm=x"],
+    ):
+        code, _, err = ledger(
+            "evaluate", "golden", "--workspace", "acme/support", "--as", "carol", "--scorer", "exact", *bad
+        )
+        assert code == 5, (bad, err)
+    assert Evaluation.objects.count() == before

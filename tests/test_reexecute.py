@@ -176,7 +176,7 @@ def test_the_demo_runs_the_runtime_made_simulate_exactly(workspace: Workspace, c
     external harness appended names no workflow of this deployment and is refused."""
     from ledger.demo import load_demo
 
-    load_demo(history_runs=0)
+    load_demo(history_runs=0, evaluations_too=False)
     made = sum(counted_demo.values())
     runs = (
         Run.objects.filter(status="completed", parent_run_id="", replay_of="")

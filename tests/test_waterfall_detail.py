@@ -67,8 +67,8 @@ def test_a_long_output_is_one_line_with_the_whole_value_behind_a_disclosure(
 
 def test_waterfall_bars_show_cost_and_tokens_and_are_buttons_for_their_detail(browser: Client, chat_run: None) -> None:
     html = _page(browser, f"{BASE}waterfall/")
-    assert re.search(r'<span class="wf-usage">[^<]*· 1000 in / 40 out</span>', html)  # turn 1
-    assert re.search(r'<span class="wf-usage">[^<]*· 3000 in / 80 out</span>', html)  # the step: both turns
+    assert re.search(r'<span class="wf-usage">[^<]*· 1,000 in / 40 out</span>', html)  # turn 1
+    assert re.search(r'<span class="wf-usage">[^<]*· 3,000 in / 80 out</span>', html)  # the step: both turns
     buttons = re.findall(
         r'<button type="button" class="wf-bar wf-expand" aria-expanded="false" aria-controls="([^"]+)"', html
     )
@@ -95,13 +95,13 @@ def test_a_model_calls_detail_has_request_response_model_tokens_and_cost(browser
     url = re.search(r'hx-get="([^"]*kind=model[^"]*)"', page)
     assert url
     html = browser.get(url.group(1).replace("&amp;", "&"), **HTMX).content.decode()
-    assert "openai/gpt-4o-mini" in html and "1000 in / 40 out tokens" in html and "cost " in html
+    assert "openai/gpt-4o-mini" in html and "1,000 in / 40 out tokens" in html and "cost " in html
     assert "Where is order B-2?" in html and ">request<" in html and ">response<" in html
 
 
 def test_a_steps_detail_has_its_output_and_usage(browser: Client, chat_run: None) -> None:
     html = _detail(browser, "step", "draft")
-    assert "Your order B-2 is delayed with UPS." in html and "3000 in / 80 out tokens" in html
+    assert "Your order B-2 is delayed with UPS." in html and "3,000 in / 80 out tokens" in html
     failed = _detail(browser, "step", "notify")
     assert 'class="wf-error">smtp down<' in failed
 

@@ -9,6 +9,7 @@ from rest_framework.authentication import BaseAuthentication, SessionAuthenticat
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
+from ledger import audit
 from ledger.models import ApiKey
 from ledger.tenancy.access import Access, Principal, resolve
 from ledger.tenancy.services import authenticate_key
@@ -40,6 +41,14 @@ class CsrfSessionAuthentication(SessionAuthentication):
 def principal(request: Request) -> Principal:
     """Who the request acts as: its API key, else the session's user (maybe anonymous)."""
     return request.auth if isinstance(request.auth, ApiKey) else request.user
+
+
+def principal_name(request: Request) -> str:
+    """The caller as the log's door records who started a run (`append(by=...)`) and the audit
+    log names actors: `key:<prefix>` for an API key, else the session's username."""
+    if isinstance(request.auth, ApiKey):
+        return audit.key_actor(request.auth)
+    return str(request.user.get_username())
 
 
 def access_for(request: Request, scope: str, *, run_id: str | None = None, role: str | None = None) -> Access:

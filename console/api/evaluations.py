@@ -102,7 +102,11 @@ class EvaluationSerializer(serializers.Serializer):
     dataset = serializers.CharField()
     datasetVersion = serializers.IntegerField()
     datasetDigest = serializers.CharField()
-    change = serializers.JSONField(help_text="{kind: model, modelOverrides: {slot: {provider, model}}}")
+    change = serializers.JSONField(
+        help_text="one of {kind: model, modelOverrides: {slot: {provider, model}}}, {kind: prompt, prompts: {stepId: "
+        "{system?, prompt?}}}, {kind: input, inputs: {runId: input}} or {kind: input, mergePatch: {...}}, "
+        '{kind: workflow, workflow, version} (docs/evaluations.md "Changes")'
+    )
     scorers = serializers.JSONField(help_text="[{name, args}]")
     failIf = serializers.CharField(allow_null=True)
     policyId = serializers.CharField(allow_null=True, help_text="the policy it started under; null: a person approved")
@@ -121,7 +125,9 @@ class EvaluationSerializer(serializers.Serializer):
 class EvaluationInputSerializer(serializers.Serializer):
     dataset = serializers.CharField(max_length=100)
     version = serializers.IntegerField(required=False, min_value=1)
-    change = serializers.JSONField()
+    change = serializers.JSONField(
+        help_text="the change, one kind per evaluation: model, prompt, input or workflow (as in the evaluation)"
+    )
     scorers = serializers.JSONField()
     failIf = serializers.CharField(required=False, default="", allow_blank=True, max_length=500)
     reason = WrittenText()

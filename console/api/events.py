@@ -26,7 +26,7 @@ from ledger.log.prepare import validate_run_id
 from ledger.models import ApiKey
 from ledger.reads import selectors
 
-from .auth import access_for
+from .auth import access_for, principal_name
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
 from .pagination import int_param, limit_param
@@ -85,7 +85,11 @@ class RunEventsView(ApiView):
             "`details.limit`) or a NUL character in any string or key (`details.index`, `details.field`) is 400 "
             "`invalid_event`. For another tenant's run id the answer is the same as for "
             "a run id never used in your workspace (run ids are per workspace). Console sessions need the "
-            "operator role and the CSRF header."
+            "operator role and the CSRF header. The batch that starts a run records the caller (this API key, "
+            "or the session's user) as the run's starter on the server, for the four-eyes rules of tool "
+            "approvals; a `requestedBy` in the payload is stored as sent and decides nothing. Past the "
+            "workspace's size limits (the deployment's, or the operator's override) the answer is 413 "
+            "`run_too_large` or 429 `rate_limited`, `details.limit` the limit in force."
         ),
         parameters=[RUN_ID, WORKSPACE],
         request=InputSerializer,
@@ -155,6 +159,7 @@ class RunEventsView(ApiView):
                 events=events,
                 expected_sequence=body.get("expectedSequence"),
                 fencing_token=body.get("fencingToken"),
+                by=principal_name(request),  # who starts a run: the key or session, never the payload
             )
         except Exception:
             if isinstance(request.auth, ApiKey) and isinstance(events, list):

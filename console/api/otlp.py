@@ -25,7 +25,7 @@ from ledger.interop.otlp.ingest import ingest
 from ledger.interop.otlp.wire import JSON, PROTOBUF, InvalidOtlp, UnsupportedOtlp, parse
 
 from ..input_limits import MAX_BODY_BYTES, PayloadTooLarge
-from .auth import access_for
+from .auth import access_for, principal_name
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
 from .schema import RUN_ID, WORKSPACE, error_responses
@@ -127,7 +127,7 @@ class OtlpTracesView(ApiView):
         if media not in (PROTOBUF, JSON):
             raise UnsupportedOtlp(f"Content-Type must be {PROTOBUF} or {JSON}", field="Content-Type")
         body = _decompressed(request.body, request.META.get("HTTP_CONTENT_ENCODING", ""))
-        result = ingest(workspace=caller.workspace, request=parse(body, media))
+        result = ingest(workspace=caller.workspace, request=parse(body, media), by=principal_name(request))
         answer = ExportTraceServiceResponse()
         message = result.error_message()
         if result.rejected or message:

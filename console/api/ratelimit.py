@@ -1,5 +1,6 @@
-"""Events per minute per API key (LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY, default 30,000): one key
-cannot fill the database and the write path faster than that, whatever its runs. The minute is the
+"""Events per minute per API key (LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY, default 30,000, or the
+operator's override for the key's workspace, `ledger limits`): one key cannot fill the database
+and the write path faster than that, whatever its runs. The minute is the
 clock's (ledger.clock, UTC), so tests move a fixed clock instead of waiting. Counters live in the
 `limits` cache: Redis when REDIS_URL is set (every process counts together), else this process."""
 
@@ -7,14 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.cache import caches
 
 from ledger import clock
 from ledger.errors import LedgerError
+from ledger.limits import max_events_per_minute_per_key
 from ledger.models import ApiKey
-
-DEFAULT_MAX_EVENTS_PER_MINUTE_PER_KEY = 30_000
 
 
 class RateLimited(LedgerError):
@@ -26,8 +25,10 @@ class RateLimited(LedgerError):
         self.retry_after = retry_after
 
 
-def max_events_per_minute() -> int:
-    return int(getattr(settings, "LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY", DEFAULT_MAX_EVENTS_PER_MINUTE_PER_KEY))
+def max_events_per_minute(key: ApiKey | None = None) -> int:
+    """The limit in force for `key`: its workspace's override, else the setting (the workspace
+    was loaded with the key: no query)."""
+    return max_events_per_minute_per_key(key.workspace if key is not None else None)
 
 
 def _counter(key: ApiKey) -> tuple[str, int]:
@@ -49,7 +50,7 @@ def charge_events(key: ApiKey, count: int) -> None:
     counted) when they would cross the limit."""
     if count <= 0:
         return
-    limit = max_events_per_minute()
+    limit = max_events_per_minute(key)
     name, second = _counter(key)
     counters = caches["limits"]
     counters.add(name, 0, timeout=120)

@@ -65,6 +65,18 @@ class ReexecutionSerializer(serializers.Serializer):
         help_text="present only when the request overrides the input (null is an override)",
     )
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), help_text="slot -> {provider, model}")
+    promptOverrides = serializers.DictField(
+        child=serializers.DictField(child=serializers.CharField()),
+        required=False,
+        help_text="present only for an evaluation's prompt change: step id -> {system?, prompt?}; a prompt's "
+        '{original} stands for the prompt the workflow\'s code builds (docs/evaluations.md "Changes")',
+    )
+    workflow = serializers.DictField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="present only for an evaluation's workflow change: {name, versionId}, the registered workflow "
+        "the new run executes instead of the original's",
+    )
     reason = serializers.CharField()
     requestedBy = serializers.CharField(help_text="a username, or key:<prefix> for an API key")
     unownedKey = serializers.BooleanField(
@@ -72,7 +84,7 @@ class ReexecutionSerializer(serializers.Serializer):
     )
     status = enum(Status.values)
     digest = serializers.CharField(
-        help_text="sha256 of canonical {mode, fromStep, input?, modelOverrides, lastSequence, planDigest}: what an approval binds to"
+        help_text="sha256 of canonical {mode, fromStep, input?, modelOverrides, promptOverrides?, workflow?, lastSequence, planDigest}: what an approval binds to"
     )
     lastSequence = serializers.IntegerField(help_text="the run's last sequence when requested")
     planDigest = serializers.CharField(help_text="digest of the run's replay plan when requested")
@@ -109,7 +121,7 @@ class RequestInputSerializer(serializers.Serializer):
     mode = choice(Mode.values)
     fromStep = serializers.CharField(required=False, max_length=500, help_text="required for fork, refused otherwise")
     input = serializers.JSONField(
-        required=False, allow_null=True, help_text="fork only: the new run's input; absent keeps the original's"
+        required=False, allow_null=True, help_text="fork and evaluate: the new run's input; absent keeps the original's"
     )
     modelOverrides = serializers.DictField(
         child=ModelTargetSerializer(), required=False, help_text="evaluate, fork, rerun: slot -> {provider, model}"

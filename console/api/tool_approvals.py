@@ -95,8 +95,9 @@ def _schema(*, approve: bool) -> dict[str, object]:
                 e400=["invalid_run_id", "invalid_json", "invalid_request (details.fields names each)"],
                 e403=[
                     "insufficient_scope",
-                    "forbidden (below approver, or an API key: a person decides, in a console session)",
-                    "self_approval_forbidden (you requested the run)",
+                    "forbidden (below approver, or an API key: a person decides, in a console session; below admin, "
+                    "approving a call of a run an API key that belongs to nobody started)",
+                    "self_approval_forbidden (you started the run, or a key you own did, as the server recorded it)",
                 ],
                 e404=["not_found (no such run or tool call in your workspaces)"],
                 e409=[

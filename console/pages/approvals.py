@@ -97,7 +97,15 @@ def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str,
     for members in groups.values():
         card = _card(members[0], user, can_decide=can_decide, with_plan=len(members) == 1)
         card["batch"] = (
-            [{"rx": m, "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, m.original_run_id])} for m in members]
+            [
+                {
+                    "rx": m,
+                    "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, m.original_run_id]),
+                    # An evaluation's input change gives each run its own input: shown per run.
+                    "input_json": json.dumps(m.input, ensure_ascii=False) if m.has_input else "",
+                }
+                for m in members
+            ]
             if members[0].batch_id
             else []
         )
@@ -113,6 +121,7 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
     for call in toolapproval.waiting_calls(ws):
         requester = toolapproval.requester_of(call.run)
         own = toolapproval.is_requester(requester, ws, user)
+        unowned = toolapproval.started_by_unowned_key(requester, ws)
         cards.append(
             {
                 "call": call,
@@ -122,7 +131,8 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
                 "digest": toolapproval.pending_digest(call),
                 "args_json": json.dumps(call.args, ensure_ascii=False, indent=2, sort_keys=True),
                 "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, call.run.run_id]),
-                "can_approve": can_decide and not own,
+                "unowned_key": unowned,
+                "can_approve": can_decide and not own and (not unowned or has_role(user, ws, "admin")),
                 "can_reject": can_decide,
                 "key": f"{call.run.run_id}/{call.call_id}",
             }

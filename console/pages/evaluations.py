@@ -6,12 +6,15 @@ evaluations with their reports.
   policies, and the approver's form for a new policy;
 - `evaluations/<id>/`: one evaluation: verdict, aggregates, the distribution of scores, and per
   run the outcome, scores before/after, deltas and a link to its divergence;
-- `datasets/<name>/`: a dataset's version and its runs; `datasets/add/`: the runs list's
+- `datasets/<name>/`: a dataset's version and its runs; on the latest version an operator edits a
+  member's expected output (`datasets/<name>/expected/`) and removes the ticked runs
+  (`datasets/<name>/remove/`), each the next frozen version; `datasets/add/`: the runs list's
   selection added to a dataset (its submit button in the runs list's selection form).
 """
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -56,9 +59,7 @@ def _rows(ws: Workspace) -> list[dict[str, Any]]:
                 "pass_rate": aggregates.get("passRate"),
                 "changed": aggregates.get("changed"),
                 "spend": aggregates.get("spendUsd"),
-                "models": ", ".join(
-                    f"{slot}→{t['provider']}/{t['model']}" for slot, t in found.change.get("modelOverrides", {}).items()
-                ),
+                "models": f"{found.change.get('kind')}: {evaluations.describe_change(found.change)}",
             }
         )
     return rows
@@ -145,6 +146,7 @@ def _detail_context(request: HttpRequest, ws: Workspace, found: Evaluation) -> d
     return {
         "workspace": ws,
         "e": found,
+        "change": evaluations.describe_change(found.change),
         "report": report,
         "aggregates": report.get("aggregates") or {},
         "runs": runs,
@@ -185,16 +187,40 @@ def evaluation_live(request: HttpRequest, tenant: str, workspace: str, evaluatio
     return render(request, "console/evaluations/report.html", _detail_context(request, ws, found))
 
 
-@login_required
-@require_safe
-def dataset_detail(request: HttpRequest, tenant: str, workspace: str, name: str) -> HttpResponse:
-    ws = workspace_or_404(request, tenant, workspace)
-    raw = request.GET.get("version", "")
+def _dataset_page(
+    request: HttpRequest,
+    ws: Workspace,
+    name: str,
+    *,
+    number: int | None = None,
+    status: int = 200,
+    error: str = "",
+    typed: dict[str, Any] | None = None,
+) -> HttpResponse:
+    """The dataset's version (the latest unless `number`); with an error, the form that was
+    refused keeps what was typed in it (`typed`: {run, expected} or {removed: [...]})."""
     try:
-        version = datasets.get_version(datasets.get_dataset(ws, name), int(raw) if raw.isdigit() else None)
+        found = datasets.get_dataset(ws, name)
+        version = datasets.get_version(found, number)
     except NotFound:
         raise Http404("not found") from None
-    members = [{**m, "url": reverse("run", args=[tenant, workspace, m["runId"]])} for m in version.members]
+    latest = datasets.latest(found)
+    editable = has_role(request.user, ws, "operator") and latest is not None and latest.pk == version.pk
+    typed = typed or {}
+    members = []
+    for m in version.members:
+        own = typed.get("run") == m["runId"]
+        members.append(
+            {
+                **m,
+                "url": reverse("run", args=[ws.tenant.slug, ws.slug, m["runId"]]),
+                "expected_json": typed["expected"]
+                if own
+                else json.dumps(m.get("expected"), indent=2, ensure_ascii=False),
+                "editing": own,
+                "removing": m["runId"] in typed.get("removed", ()),
+            }
+        )
     return render(
         request,
         "console/evaluations/dataset.html",
@@ -202,11 +228,77 @@ def dataset_detail(request: HttpRequest, tenant: str, workspace: str, name: str)
             "workspace": ws,
             "version": version,
             "members": members,
-            "versions": list(range(version.dataset.versions.count(), 0, -1)),
+            "versions": list(range(found.versions.count(), 0, -1)),
+            "editable": editable,
+            "error": error,
             "workspaces": selectors.workspaces_for(request.user),
             "here": "evaluations",
         },
+        status=status,
     )
+
+
+@login_required
+@require_safe
+def dataset_detail(request: HttpRequest, tenant: str, workspace: str, name: str) -> HttpResponse:
+    ws = workspace_or_404(request, tenant, workspace)
+    raw = request.GET.get("version", "")
+    return _dataset_page(request, ws, name, number=int(raw) if raw.isdigit() else None)
+
+
+def _dataset_change(request: HttpRequest, ws: Workspace, name: str) -> None:
+    """Refuse before the form is read: another tenant's dataset is 404, a viewer 403."""
+    try:
+        datasets.get_dataset(ws, name)
+    except NotFound:
+        raise Http404("not found") from None
+    if not has_role(request.user, ws, "operator"):
+        raise PermissionDenied("changing a dataset needs the operator role")
+
+
+@login_required
+@require_POST
+def dataset_expected(request: HttpRequest, tenant: str, workspace: str, name: str) -> HttpResponse:
+    """A member's expected output, typed as JSON: the dataset's next version (audited)."""
+    ws = workspace_or_404(request, tenant, workspace)
+    _dataset_change(request, ws, name)
+    run_id, text = request.POST.get("run", ""), request.POST.get("expected", "")
+    typed = {"run": run_id, "expected": text}
+    try:
+        expected = json.loads(text)
+    except ValueError as exc:
+        return _dataset_page(
+            request, ws, name, status=400, error=f"The expected output of {run_id} is not JSON: {exc}", typed=typed
+        )
+    try:
+        datasets.set_expected(workspace=ws, name=name, run_id=run_id, expected=expected, by=member(request))
+    except EvaluationForbidden as exc:
+        raise PermissionDenied(exc.message) from None
+    except LedgerError as exc:
+        if exc.status >= 500:
+            raise
+        return _dataset_page(request, ws, name, status=400, error=exc.message, typed=typed)
+    return redirect("dataset", tenant=tenant, workspace=workspace, name=name)
+
+
+@login_required
+@require_POST
+def dataset_remove(request: HttpRequest, tenant: str, workspace: str, name: str) -> HttpResponse:
+    """The ticked runs removed from the dataset: its next version (audited)."""
+    ws = workspace_or_404(request, tenant, workspace)
+    _dataset_change(request, ws, name)
+    run_ids = list(dict.fromkeys(r for r in request.POST.getlist("run") if r))
+    if not run_ids:
+        return _dataset_page(request, ws, name, status=400, error="Tick the runs to remove.")
+    try:
+        datasets.remove_runs(workspace=ws, name=name, run_ids=run_ids, by=member(request))
+    except EvaluationForbidden as exc:
+        raise PermissionDenied(exc.message) from None
+    except LedgerError as exc:
+        if exc.status >= 500:
+            raise
+        return _dataset_page(request, ws, name, status=400, error=exc.message, typed={"removed": run_ids})
+    return redirect("dataset", tenant=tenant, workspace=workspace, name=name)
 
 
 @login_required
@@ -286,4 +378,6 @@ urlpatterns = [
     path(WS + "evaluations/<str:evaluation_id>/live/", evaluation_live, name="evaluation-live"),
     path(WS + "datasets/add/", dataset_add, name="dataset-add"),
     path(WS + "datasets/<str:name>/", dataset_detail, name="dataset"),
+    path(WS + "datasets/<str:name>/expected/", dataset_expected, name="dataset-expected"),
+    path(WS + "datasets/<str:name>/remove/", dataset_remove, name="dataset-remove"),
 ]

@@ -303,10 +303,19 @@ def _jump(run: Run, kind: str, limit: int) -> HttpResponse:
     return redirect(f"{_tab_url(run, 'timeline')}?after={sequence - 1}&limit={limit}#event-{sequence}")
 
 
+def _jumps(run: Run) -> dict[str, bool]:
+    """Which of the timeline's jumps can work: offered only where the run has what they jump to."""
+    return {
+        "failure": runlog.first_sequence(run, "failure") is not None,
+        "in_doubt": runlog.first_sequence(run, "in_doubt") is not None,
+    }
+
+
 def _search_context(request: HttpRequest, run: Run) -> dict[str, Any]:
     return {
         "search": {name: request.GET.get(name, "").strip() for name in SEARCH_FIELDS},
         "timeline_url": _tab_url(run, "timeline"),
+        "jumps": _jumps(run),
     }
 
 
@@ -360,6 +369,7 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
         {
             "search": {},
             "timeline_url": base,
+            "jumps": _jumps(run),
             "rows": rows,
             "after": after,
             "limit": limit,

@@ -1,7 +1,11 @@
-"""A workspace's settings, for the tenant's admins: retention and API keys (docs/design.md §2).
+"""A workspace's settings, for the tenant's admins: retention, size limits and API keys
+(docs/design.md §2).
 
 - Retention: days a finished run is kept after its last event before `ledger prune` deletes it
   (empty: forever). Changing it needs a reason; the change is audited (`retention.changed`).
+- Size limits: the events and bytes a run may hold and the events an API key may append per
+  minute, as in force here (the operator's override, or the deployment's default), read-only: only
+  the operator changes them (`ledger limits`, docs/security.md § Limits).
 - API keys: made here (a name and at least one scope; the secret is shown once, on the answer to
   the form, never stored or shown again; audited `api_key.created`), listed by prefix with
   name, scopes, created, last used and revoked, never a secret; revoking one is audited
@@ -22,7 +26,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import audit
+from ledger import audit, limits
 from ledger.errors import LedgerError
 from ledger.models import ApiKey, Role, Workspace
 from ledger.reads import selectors
@@ -108,6 +112,7 @@ def _page(
         "keys": _key_rows(ws),
         "key_form": key_form or _key_form(ws),
         "new_key": new_key,
+        "limits": limits.effective(ws),  # read-only here: only the operator sets them (`ledger limits`)
         **_retention_context(ws, **retention_state),
     }
     response = render(request, "console/settings.html", context, status=status)

@@ -118,7 +118,7 @@ class TableRow:
         return mark_safe(
             f'\n  <tr data-key="{key}">\n    <th scope="row" class="mono">{head}</th>\n    {tokens}\n'
             f'    <td class="num cost{" na" if u.cost_usd is None else ""}">{html.escape(money(u.cost_usd))}</td>\n'
-            f'    <td class="num">{u.priced_calls}</td><td class="num">{u.unpriced_calls}</td>'
+            f'    <td class="num">{u.priced_calls:,}</td><td class="num">{u.unpriced_calls:,}</td>'
             f'<td class="num">{self.coverage}</td>\n  </tr>\n  '
         )
 

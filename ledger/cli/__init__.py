@@ -29,6 +29,7 @@ MODULES = [
     "loop",
     "prune",
     "keys",
+    "limits",
     "export",
     "export_evidence",
     "import_little",

@@ -1,7 +1,8 @@
 """`ledger evaluate DATASET --change … --scorer … --fail-if … --wait`: the gate a CI pipeline
 calls (docs/evaluations.md "The gate").
 
-Starts an evaluation of the change against the dataset's latest version (or --version) as the
+Starts an evaluation of the change (`--change`: a model mapping, a prompt, an input or another
+registered workflow; CHANGE_FORMS) against the dataset's latest version (or --version) as the
 member --as; inside an evaluation policy it starts at once, otherwise it waits for an approver.
 With --wait it waits for the verdict (the deployment's worker executes the batch); with --here
 this process executes it. --junit and --json write the report for CI.
@@ -32,6 +33,13 @@ from ledger.tenancy import access
 NAME = "evaluate"
 HELP = "evaluate a change against a dataset of recorded runs and gate on the verdict (exit 0 passed, 1 failed)"
 CHANGE = re.compile(r"^model:([^=\s]+)=([^/\s]+)/(\S+)$")
+PROMPT = re.compile(r"^(prompt|system):([^=\s]+)=(.*)$", re.DOTALL)
+RUN_INPUT = re.compile(r"^input:([^={\s]+)=(.*)$", re.DOTALL)
+WORKFLOW = re.compile(r"^workflow:([^@\s]+)(?:@(\S+))?$")
+CHANGE_FORMS = (
+    "model:SLOT=PROVIDER/MODEL, prompt:STEP=TEXT, system:STEP=TEXT, input:JSON-MERGE-PATCH, "
+    "input:RUN=JSON, workflow:NAME[@VERSION] or json:CHANGE"
+)
 EXIT = {
     Evaluation.Verdict.PASSED: 0,
     Evaluation.Verdict.FAILED: 1,
@@ -49,7 +57,7 @@ def add_arguments(parser: ArgumentParser) -> None:
         "--change",
         action="append",
         required=True,
-        help="model:SLOT=PROVIDER/MODEL (repeat for several slots)",
+        help=f"one of {CHANGE_FORMS}; repeat a form for several slots, steps or runs (one kind per evaluation)",
     )
     parser.add_argument(
         "--scorer", action="append", required=True, help='NAME or NAME:JSON-ARGS, e.g. regex:\'{"pattern": "^ok"}\''
@@ -65,14 +73,67 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", type=Path, help="write the evaluation and its report as JSON here")
 
 
+def _json(value: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"--change {value!r}: not JSON: {exc}", returncode=REFUSED) from exc
+
+
 def _change(values: list[str]) -> dict[str, Any]:
-    overrides: dict[str, dict[str, str]] = {}
+    """The --change values as one change of docs/evaluations.md "Changes"; every value must be
+    of the same kind."""
+    changes: list[dict[str, Any]] = []
     for value in values:
-        match = CHANGE.match(value)
-        if match is None:
-            raise CommandError(f"--change {value!r}: expected model:SLOT=PROVIDER/MODEL", returncode=REFUSED)
-        overrides[match.group(1)] = {"provider": match.group(2), "model": match.group(3)}
-    return {"kind": "model", "modelOverrides": overrides}
+        if (match := CHANGE.match(value)) is not None:
+            changes.append(
+                {
+                    "kind": "model",
+                    "modelOverrides": {match.group(1): {"provider": match.group(2), "model": match.group(3)}},
+                }
+            )
+        elif (match := PROMPT.match(value)) is not None:
+            changes.append({"kind": "prompt", "prompts": {match.group(2): {match.group(1): match.group(3)}}})
+        elif value.startswith("input:{"):
+            changes.append({"kind": "input", "mergePatch": _json(value, value.removeprefix("input:"))})
+        elif (match := RUN_INPUT.match(value)) is not None:
+            changes.append({"kind": "input", "inputs": {match.group(1): _json(value, match.group(2))}})
+        elif (match := WORKFLOW.match(value)) is not None:
+            changes.append(
+                {
+                    "kind": "workflow",
+                    "workflow": match.group(1),
+                    **({"version": match.group(2)} if match.group(2) else {}),
+                }
+            )
+        elif value.startswith("json:"):
+            found = _json(value, value.removeprefix("json:"))
+            if not isinstance(found, dict):
+                raise CommandError(f"--change {value!r}: json: takes a change object", returncode=REFUSED)
+            changes.append(found)
+        else:
+            raise CommandError(f"--change {value!r}: expected {CHANGE_FORMS}", returncode=REFUSED)
+    kinds = {c.get("kind") for c in changes}
+    if len(kinds) != 1:
+        raise CommandError(
+            f"--change: one kind of change per evaluation, got {sorted(map(str, kinds))}", returncode=REFUSED
+        )
+    if len(changes) == 1:
+        return changes[0]
+    merged: dict[str, Any] = {"kind": changes[0]["kind"]}
+    for change in changes:
+        for key, part in change.items():
+            if key == "kind":
+                continue
+            if key not in merged:
+                merged[key] = part
+            elif isinstance(part, dict) and isinstance(merged[key], dict):
+                for name, sub in part.items():  # prompt:STEP and system:STEP of one step combine
+                    old = merged[key].get(name)
+                    merged[key][name] = {**old, **sub} if isinstance(old, dict) and isinstance(sub, dict) else sub
+            else:
+                raise CommandError(f"--change: {key} given twice", returncode=REFUSED)
+    return merged
 
 
 def _scorers(values: list[str]) -> list[dict[str, Any]]:

@@ -41,6 +41,8 @@ from . import evaluations, reexecution, workflows
 DEMO_PASSWORD = "runledger-demo"
 USERS = [("alice", "admin"), ("bob", "approver"), ("carol", "operator"), ("dave", "viewer")]
 HISTORY_RUNS = 300
+# Who the demo's hand-written runs were started by (Run.started_by).
+DEMO = "system:demo"
 WORKSPACES = [("acme", "support"), ("acme", "research"), ("globex", "main")]
 
 
@@ -130,7 +132,10 @@ DEMO_RUNS: list[tuple[str, str, str, list[dict[str, Any]]]] = [
 ]
 
 
-def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
+def load_demo(*, history_runs: int = HISTORY_RUNS, evaluations_too: bool = True) -> str:
+    """`ledger demo`'s tenants, people and runs (`history_runs` more in the runs list); with
+    `evaluations_too` False, without the dataset, policy and two evaluations (three quarters of
+    the work: twenty re-executions), for the tests of views that do not show them."""
     workspaces = {f"{t}/{w}": bootstrap(tenant=t, workspace=w) for t, w in WORKSPACES}
     for username, role in USERS:
         create_user(username=username, tenant="acme", role=role, password=DEMO_PASSWORD)
@@ -144,10 +149,11 @@ def load_demo(*, history_runs: int = HISTORY_RUNS) -> str:
     for tenant, workspace, run_id, events in DEMO_RUNS:
         ws = workspaces[f"{tenant}/{workspace}"]
         if missing(ws, run_id):
-            append(workspace=ws, run_id=run_id, events=events)
+            append(workspace=ws, run_id=run_id, events=events, by=DEMO)
     _showcase(workspaces, missing)
     reexecution.lay_out(workspaces["acme/support"])
-    evaluations.lay_out(workspaces["acme/support"])
+    if evaluations_too:
+        evaluations.lay_out(workspaces["acme/support"])
     _share_link(workspaces["acme/research"])
     _history(workspaces, missing, history_runs)
     created = Run.objects.filter(workspace__in=workspaces.values()).count() - before
@@ -272,6 +278,7 @@ def _retry_scheduled(support: Workspace, now: datetime) -> None:
     with clock.backdated(now - timedelta(minutes=3)):
         append(
             workspace=support,
+            by=DEMO,
             run_id="run_demo_retry_scheduled",
             events=[
                 {

@@ -5,9 +5,10 @@
   added by carol;
 - an evaluation policy bob approved for it (model changes; scorers exact, regex, model_graded);
 - two evaluations carol started inside it, executed by the worker's own task body: a model swap
-  (gpt-4o-mini -> o4-mini) that keeps every outcome (`passed`, at a higher cost), and a cheaper
-  routing (`demo-weaker`, a scripted stand-in registered in ledger/demo/workflows.py) that spoils
-  the answers to the two lost-parcel tickets (`failed`: pass rate 0.8).
+  (gpt-4o-mini -> o4-mini) that keeps every outcome (`passed`, at a higher cost), and a prompt
+  change (the `draft` step's system message asks for one short sentence; the scripted model then
+  fumbles the two lost-parcel tickets, ledger/demo/workflows.py TERSE) that regresses two of the
+  ten runs (`failed`: pass rate 0.8).
 
 Idempotent: each evaluation is recognised by its reason.
 """
@@ -19,6 +20,7 @@ from django.contrib.auth.models import User
 from ..evaluation import datasets, evaluations, policies
 from ..models import Dataset, Evaluation, EvaluationPolicy, Run, Workspace
 from ..runtime.executor import start_run
+from .workflows import TERSE
 
 DATASET = "triage-golden"
 TICKETS = [
@@ -34,7 +36,11 @@ TICKETS = [
     ("Is it still delayed?", "B-2"),
 ]
 KEPT = "Swap the triage model to o4-mini: every outcome must hold."
-REGRESSED = "Route triage through the cheaper demo-weaker model."
+REGRESSED = "Ask the triage model for one short sentence per answer."
+CHANGES = (
+    (KEPT, {"kind": "model", "modelOverrides": {"default": {"provider": "scripted", "model": "o4-mini"}}}),
+    (REGRESSED, {"kind": "prompt", "prompts": {"draft": {"system": f"You answer support tickets. {TERSE}"}}}),
+)
 SCORERS = ["exact", {"name": "regex", "args": {"pattern": "^Answer for", "field": "reply"}}]
 
 
@@ -57,21 +63,21 @@ def lay_out(workspace: Workspace) -> None:
         policies.approve_policy(
             workspace=workspace,
             dataset=DATASET,
-            change_kinds=["model"],
+            change_kinds=["model", "prompt"],
             scorers=["exact", "regex", "model_graded"],
             ceiling_per_evaluation_usd="0.50",
             ceiling_per_day_usd="5",
             ttl_hours=24 * 90,
-            note="CI may evaluate model swaps on the golden triage set.",
+            note="CI may evaluate model swaps and prompt changes on the golden triage set.",
             by=bob,
         )
-    for reason, provider, model in ((KEPT, "scripted", "o4-mini"), (REGRESSED, "demo-weaker", "gpt-4o-mini")):
+    for reason, change in CHANGES:
         if Evaluation.objects.filter(workspace=workspace, reason=reason).exists():
             continue
         made = evaluations.start_evaluation(
             workspace=workspace,
             dataset=DATASET,
-            change={"kind": "model", "modelOverrides": {"default": {"provider": provider, "model": model}}},
+            change=change,
             scorers=SCORERS,
             fail_if="pass_rate < 0.95",
             reason=reason,

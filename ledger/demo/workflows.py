@@ -81,6 +81,9 @@ REFUND = Tool(
 # --- scripted models --------------------------------------------------------------------------
 
 CRASH_ON_TURN: dict[str, int] = {}  # prompt -> the turn at which the demo's executor "dies" once
+# A system message holding this makes the scripted model terse, and too terse about a lost parcel
+# (order C-3): the prompt change the demo's regressing evaluation makes (ledger/demo/evaluations.py).
+TERSE = "Answer in one short sentence."
 
 
 def _agent_script(tool: str, arg: str) -> Any:
@@ -99,6 +102,12 @@ def _agent_script(tool: str, arg: str) -> Any:
             return {
                 "toolCalls": [{"id": "c1", "name": tool, "args": {arg: value}}],
                 "usage": {"inputTokens": base, "cachedInputTokens": base // 2, "outputTokens": 30 + _n(key, 40)},
+            }
+        system = next((str(m.get("content")) for m in request.body["messages"] if m.get("role") == "system"), "")
+        if TERSE in system and "(order C-3)" in key:
+            return {
+                "text": "Sorry, I could not find anything about that.",
+                "usage": {"inputTokens": base + 300, "cachedInputTokens": base, "outputTokens": 12},
             }
         return {
             "text": f"Answer for: {key[:80]}",

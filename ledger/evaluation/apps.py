@@ -10,7 +10,7 @@ class EvaluationConfig(AppConfig):
     label = "ledger_evaluation"
 
     def ready(self) -> None:
-        from ..reexecution import execution, executor
+        from ..reexecution import execution, executor, worker
         from . import budget, evaluations
 
         # A request of an evaluation's batch changed: score it, and report once the batch is done.
@@ -19,3 +19,5 @@ class EvaluationConfig(AppConfig):
         executor.after_request(evaluations.after_request)
         # Each live model call of an evaluation's request is checked against its spend ceiling.
         executor.register_guard_factory(budget.guard_for)
+        # The worker's sweep finishes an evaluation whose batch ended while its hook failed.
+        worker.on_sweep("evaluations", evaluations.advance_finished_batches)

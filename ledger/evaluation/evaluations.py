@@ -12,6 +12,7 @@ takes the evaluation's row lock, so calling it again (the CLI's --wait does) is 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import secrets
@@ -24,13 +25,18 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from .. import audit, clock
-from ..canonical import digest
+from ..canonical import NotCanonicalizable, canonical_bytes, digest
 from ..errors import Fenced, LedgerError, NotFound
 from ..limits import written
-from ..log import append
-from ..models import Evaluation, ReexecutionRequest, Run, Workspace
+from ..log import append, rules
+from ..models import Evaluation, Event, ReexecutionRequest, Run, Workspace
 from ..reexecution import services as reexecution
+from ..reexecution.errors import InvalidReexecution
 from ..replay.divergence import divergence_report
+from ..runtime.errors import InvalidReexecution as RuntimeInvalidReexecution
+from ..runtime.errors import UnknownWorkflow
+from ..runtime.record import inline_or_ref
+from ..runtime.reexecute import DIVERGED
 from . import budget, failif, policies
 from .access import Principal, actor
 from .datasets import get_dataset, get_version
@@ -47,21 +53,160 @@ SCORER_ACTOR = audit.Actor(name="system:evaluation")
 FINAL = (RxStatus.SUCCEEDED, RxStatus.FAILED, RxStatus.DENIED, RxStatus.EXPIRED)
 
 
-def check_change(value: Any) -> dict[str, Any]:
-    """{kind: "model", modelOverrides: {slot: {provider, model}}}: the kinds of change of
-    docs/evaluations.md (a model mapping, in this version)."""
+MAX_PROMPTS = 50
+MAX_PROMPT_CHARS = 100_000
+CHANGE_KEYS = {
+    "model": {"modelOverrides"},
+    "prompt": {"prompts"},
+    "input": {"inputs", "mergePatch"},
+    "workflow": {"workflow", "version"},
+}
+
+
+def check_change(value: Any, run_ids: Sequence[str] = ()) -> dict[str, Any]:
+    """The kinds of change of docs/evaluations.md "Changes", checked for their shape:
+
+    - `{kind: "model", modelOverrides: {slot: {provider, model}}}`;
+    - `{kind: "prompt", prompts: {stepId: {system?, prompt?}}}` (the step ids are checked
+      against each run's workflow when the batch is made);
+    - `{kind: "input", inputs: {runId: input}}` or `{kind: "input", mergePatch: {...}}` (RFC 7396,
+      applied to each run's own input);
+    - `{kind: "workflow", workflow: NAME, version?: "wfver_…"}`.
+    """
     if not isinstance(value, Mapping) or value.get("kind") not in policies.CHANGE_KINDS:
         raise InvalidEvaluation(
             f"change is {{kind, ...}} with kind one of {list(policies.CHANGE_KINDS)}", field="change"
         )
-    overrides = value.get("modelOverrides")
-    if not isinstance(overrides, Mapping) or not overrides:
-        raise InvalidEvaluation("a model change names modelOverrides: slot -> {provider, model}", field="change")
-    try:
-        checked = reexecution.check_model_overrides(overrides)
-    except LedgerError as exc:
-        raise InvalidEvaluation(f"change: {exc.message}", field="change") from None
-    return {"kind": "model", "modelOverrides": checked}
+    kind = value["kind"]
+    extra = sorted(set(value) - {"kind"} - CHANGE_KEYS[kind])
+    if extra:
+        raise InvalidEvaluation(
+            f"a {kind} change takes {sorted(CHANGE_KEYS[kind])}, not {extra}", field="change", kind=kind
+        )
+    if kind == "model":
+        overrides = value.get("modelOverrides")
+        if not isinstance(overrides, Mapping) or not overrides:
+            raise InvalidEvaluation("a model change names modelOverrides: slot -> {provider, model}", field="change")
+        try:
+            checked = reexecution.check_model_overrides(overrides)
+        except LedgerError as exc:
+            raise InvalidEvaluation(f"change: {exc.message}", field="change") from None
+        return {"kind": "model", "modelOverrides": checked}
+    if kind == "prompt":
+        prompts = value.get("prompts")
+        if (
+            not isinstance(prompts, Mapping)
+            or not prompts
+            or not all(
+                isinstance(step, str)
+                and step
+                and isinstance(o, Mapping)
+                and o
+                and set(o) <= {"system", "prompt"}
+                and all(isinstance(t, str) for t in o.values())
+                for step, o in prompts.items()
+            )
+        ):
+            raise InvalidEvaluation(
+                "a prompt change names prompts: step id -> {system?, prompt?} (strings)", field="change"
+            )
+        if len(prompts) > MAX_PROMPTS or any(len(t) > MAX_PROMPT_CHARS for o in prompts.values() for t in o.values()):
+            raise InvalidEvaluation(
+                f"a prompt change names at most {MAX_PROMPTS} steps, each text at most {MAX_PROMPT_CHARS} characters",
+                field="change",
+            )
+        return {"kind": "prompt", "prompts": {step: dict(o) for step, o in prompts.items()}}
+    if kind == "input":
+        if ("inputs" in value) == ("mergePatch" in value):
+            raise InvalidEvaluation(
+                "an input change gives either inputs (run id -> input) or mergePatch (applied to every run's input)",
+                field="change",
+            )
+        try:
+            canonical_bytes(value.get("inputs", value.get("mergePatch")))
+        except NotCanonicalizable as exc:
+            raise InvalidEvaluation(f"change: the input has no canonical JSON form: {exc}", field="change") from None
+        if "mergePatch" in value:
+            if not isinstance(value["mergePatch"], Mapping):
+                raise InvalidEvaluation("mergePatch is a JSON object (RFC 7396)", field="change")
+            return {"kind": "input", "mergePatch": dict(value["mergePatch"])}
+        inputs = value["inputs"]
+        if not isinstance(inputs, Mapping) or not inputs:
+            raise InvalidEvaluation("inputs is an object: run id -> the input it gets instead", field="change")
+        strangers = sorted(set(inputs) - set(run_ids))
+        if run_ids and strangers:
+            raise InvalidEvaluation(
+                f"inputs names run {strangers[0]}, which is not in the dataset version",
+                field="change",
+                runId=strangers[0],
+            )
+        return {"kind": "input", "inputs": dict(inputs)}
+    name, version = value.get("workflow"), value.get("version")
+    if not isinstance(name, str) or not name or (version is not None and (not isinstance(version, str) or not version)):
+        raise InvalidEvaluation(
+            "a workflow change names workflow (a registered workflow's name) and optionally its version id",
+            field="change",
+        )
+    return {"kind": "workflow", "workflow": name, **({"version": version} if version else {})}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396 JSON merge patch: objects merge key by key, null removes a key, anything else
+    replaces."""
+    if not isinstance(patch, Mapping):
+        return patch
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _original_input(workspace: Workspace, run_id: str) -> Any:
+    first = (
+        Event.objects.filter(run__workspace=workspace, run__run_id=run_id, sequence=1)
+        .values_list("type", "payload")
+        .first()
+    )
+    if first is None or first[0] != "RunStarted":
+        return None
+    started = json.loads(first[1])
+    return inline_or_ref(workspace, started.get("input"), started.get("inputRef"))
+
+
+def _batch_change(workspace: Workspace, change: Mapping[str, Any], run_ids: Sequence[str]) -> dict[str, Any]:
+    """The change as request_batch's arguments."""
+    kind = change["kind"]
+    if kind == "model":
+        return {"model_overrides": change["modelOverrides"]}
+    if kind == "prompt":
+        return {"prompt_overrides": change["prompts"]}
+    if kind == "workflow":
+        return {"workflow": change["workflow"], "workflow_version": change.get("version", "")}
+    if "inputs" in change:
+        return {"inputs": change["inputs"]}
+    return {"inputs": {r: merge_patch(_original_input(workspace, r), change["mergePatch"]) for r in run_ids}}
+
+
+def describe_change(change: Mapping[str, Any]) -> str:
+    """One line for the console: what the evaluation changes."""
+    kind = change.get("kind")
+    if kind == "model":
+        return ", ".join(f"{slot}→{t['provider']}/{t['model']}" for slot, t in change.get("modelOverrides", {}).items())
+    if kind == "prompt":
+        return "; ".join(
+            f"{step}: " + ", ".join(f"{part} “{text[:60]}{'…' if len(text) > 60 else ''}”" for part, text in o.items())
+            for step, o in change.get("prompts", {}).items()
+        )
+    if kind == "input":
+        if "mergePatch" in change:
+            return f"every run's input merge-patched with {json.dumps(change['mergePatch'], ensure_ascii=False)[:120]}"
+        return f"the input of {len(change.get('inputs', {}))} run(s) replaced"
+    if kind == "workflow":
+        return f"workflow {change.get('workflow')}" + (f" at {change['version']}" if change.get("version") else "")
+    return str(kind)
 
 
 @transaction.atomic
@@ -81,17 +226,24 @@ def start_evaluation(
     frozen = get_version(found, version)
     if not frozen.members:
         raise InvalidEvaluation(f"dataset {dataset} version {frozen.number} holds no runs", field="dataset")
-    checked_change = check_change(change)
+    run_ids = [m["runId"] for m in frozen.members]
+    checked_change = check_change(change, run_ids)
     specs = check_specs(scorers)
     condition = failif.check(fail_if) if fail_if else ""
     reason = written(reason, field="reason", label="reason", error=InvalidEvaluation)
-    batch_id, requests = reexecution.request_batch(
-        workspace=workspace,
-        run_ids=[m["runId"] for m in frozen.members],
-        reason=reason,
-        by=by,
-        model_overrides=checked_change["modelOverrides"],
-    )
+    try:
+        batch_id, requests = reexecution.request_batch(
+            workspace=workspace,
+            run_ids=run_ids,
+            reason=reason,
+            by=by,
+            **_batch_change(workspace, checked_change, run_ids),
+        )
+    except (InvalidReexecution, RuntimeInvalidReexecution, UnknownWorkflow) as exc:
+        details = {k: v for k, v in exc.details.items() if k != "field"}
+        raise InvalidEvaluation(f"change: {exc.message}", field="change", **details) from None
+    if checked_change["kind"] == "workflow":  # pinned to the version the batch was made for
+        checked_change["version"] = requests[0].workflow_version
     policy = policies.covering(
         workspace, dataset_id=found.pk, change_kind=checked_change["kind"], scorer_names=[s["name"] for s in specs]
     )
@@ -160,7 +312,7 @@ def _evaluation_pk(request: ReexecutionRequest) -> int | None:
 def _advance_quietly(pk: int) -> None:
     try:
         advance(pk)
-    except Exception:  # after a commit that must stand: the next change or --wait advances it again
+    except Exception:  # after a commit that must stand: the next change, --wait or the worker's sweep advances it
         log.warning("advancing evaluation %s failed", pk, exc_info=True)
 
 
@@ -246,8 +398,9 @@ def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[
         with transaction.atomic():
             _append_scored(evaluation, request, new, before, after)
     except Fenced:
-        # An executor still holds the run (an external one, between its terminal append and its
-        # lease's end): scored again by a later advance; the grader's spend stays counted.
+        # The run's lease changed hands between reading it and appending (a takeover at that very
+        # moment): the evaluation is not finished while a run is unscored, and a later advance
+        # (the next change, --wait or the worker's sweep) scores it; the grader's spend stays counted.
         log.info("run %s is still leased; its scores wait for the next advance", new.run_id)
         return
     evaluation.scores[new.run_id] = {"before": before, "after": after}
@@ -256,9 +409,13 @@ def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[
 def _append_scored(
     evaluation: Evaluation, request: ReexecutionRequest, new: Run, before: dict[str, Any], after: dict[str, Any]
 ) -> None:
+    # Written beside the executor that still holds the run's lease (an external one keeps it
+    # until it runs out after its terminal append): with its token, which is not a takeover, so
+    # the run is scored the moment its request finishes (docs/evaluations.md).
     append(
         workspace=evaluation.workspace,
         run_id=new.run_id,
+        fencing_token=rules.holder_token(new, clock.now()),
         events=[
             {
                 "type": SCORED,
@@ -305,7 +462,11 @@ def advance(evaluation_pk: int) -> Evaluation | None:
         for request in requests:
             if request.status in (RxStatus.SUCCEEDED, RxStatus.FAILED) and request.new_run_id not in evaluation.scores:
                 _score(evaluation, request, members.get(request.original_run_id, {}))
-        if all(r.status in FINAL for r in requests):
+        unscored = any(
+            r.status in (RxStatus.SUCCEEDED, RxStatus.FAILED) and r.new_run_id not in evaluation.scores
+            for r in requests
+        )
+        if all(r.status in FINAL for r in requests) and not unscored:
             evaluation.report = build_report(evaluation, requests)
             evaluation.verdict = judge(evaluation, evaluation.report)
             evaluation.status, evaluation.finished_at = Status.FINISHED, now
@@ -314,6 +475,25 @@ def advance(evaluation_pk: int) -> Evaluation | None:
         else:
             evaluation.save()
         return evaluation
+
+
+def advance_finished_batches() -> list[str]:
+    """The worker's sweep: advance every unfinished evaluation none of whose requests is still
+    waiting or executing (its batch ended, but the hook that scores and judges it at the last
+    request's end failed, e.g. a database restart). The ids of those it finished."""
+    unfinished = Evaluation.objects.filter(status__in=(Status.PENDING_APPROVAL, Status.RUNNING))
+    done = []
+    for pk, public_id, workspace_id, batch_id in unfinished.values_list("pk", "public_id", "workspace_id", "batch_id"):
+        busy = (
+            ReexecutionRequest.objects.filter(workspace_id=workspace_id, batch_id=batch_id)
+            .exclude(status__in=FINAL)
+            .exists()
+        )
+        if not busy:
+            advanced = advance(pk)
+            if advanced is not None and advanced.status not in (Status.PENDING_APPROVAL, Status.RUNNING):
+                done.append(public_id)
+    return done
 
 
 def _audit_finished(evaluation: Evaluation) -> None:
@@ -397,6 +577,9 @@ def _run_row(evaluation: Evaluation, request: ReexecutionRequest) -> dict[str, A
         for name, value in scored.get("after", {}).items()
     }
     kept = before["status"] == after["status"] and _same(before["output"], after["output"])
+    unanswered = Event.objects.filter(
+        run__workspace=evaluation.workspace, run__run_id=request.new_run_id, type=DIVERGED
+    ).count()
     live_tools = sum(
         1
         for step in report["steps"]
@@ -419,6 +602,7 @@ def _run_row(evaluation: Evaluation, request: ReexecutionRequest) -> dict[str, A
         "tokens": {"before": _tokens(before["usage"]), "after": _tokens(after["usage"])},
         "durationMs": {"before": before["durationMs"], "after": after["durationMs"]},
         "liveToolCalls": live_tools,
+        "unansweredCalls": unanswered,
     }
 
 
@@ -464,6 +648,7 @@ def build_report(evaluation: Evaluation, requests: Sequence[ReexecutionRequest])
         "latencyDelta": _relative(total("durationMs", "before"), total("durationMs", "after")),
         "tokensDelta": _relative(total("tokens", "before"), total("tokens", "after")),
         "liveToolCalls": sum(r.get("liveToolCalls", 0) for r in ran),
+        "unansweredCalls": sum(r.get("unansweredCalls", 0) for r in ran),
         "graderCostUsd": str(evaluation.grader_cost_usd.normalize()),
         "spendUsd": str(budget.spend(evaluation).normalize()),
         "budgetExhausted": evaluation.budget_exhausted,

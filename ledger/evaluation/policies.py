@@ -29,7 +29,7 @@ from .datasets import get_dataset
 from .errors import EvaluationForbidden, InvalidEvaluation
 from .scorers import known_scorers
 
-CHANGE_KINDS = ("model",)
+CHANGE_KINDS = ("model", "prompt", "input", "workflow")
 MAX_TTL_DAYS = 90
 Action = audit.Action
 

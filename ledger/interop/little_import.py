@@ -537,6 +537,10 @@ def _batches(log: list[LoggedEvent]) -> Iterator[list[LoggedEvent]]:
         yield batch
 
 
+# Who an imported run was started by (Run.started_by): the operator's import, not a person.
+IMPORTER = "system:import-little"
+
+
 def _write_run(workspace: Workspace, run_id: str, log: list[LoggedEvent]) -> None:
     """One append per run of events sharing a `recordedAt`, each in its own transaction: the
     checks above let nothing through that the write path refuses, and a transaction per batch
@@ -553,6 +557,7 @@ def _write_run(workspace: Workspace, run_id: str, log: list[LoggedEvent]) -> Non
                     events=[_item(e.envelope) for e in batch],
                     expected_sequence=batch[0].sequence - 1,
                     imported=True,
+                    by=IMPORTER,
                 )
                 for event, written in zip(batch, result.events):
                     if written["eventId"] != event.envelope["eventId"]:

@@ -1,6 +1,6 @@
 """The event log's one door. Every event gets into the log through one of these three:
 
-    append(workspace=W, run_id=R, events=[...], expected_sequence=N?, fencing_token=T?)
+    append(workspace=W, run_id=R, events=[...], expected_sequence=N?, fencing_token=T?, by=WHO)
         The API's POST .../events, OTLP ingest, the runtime's writes outside the tool gateway,
         the command line and the demo; `ledger import-little` with `imported=True` (Little
         Workflow's own lifecycle: compile events before RunStarted, a verdict after the end).
@@ -59,6 +59,7 @@ def append(
     fencing_token: Any = None,
     imported: bool = False,
     attached: None = None,
+    by: str = "",
 ) -> AppendResult: ...
 
 
@@ -72,6 +73,7 @@ def append(
     fencing_token: Any = None,
     imported: bool = False,
     attached: Sequence[Attached],
+    by: str = "",
 ) -> AppendResult | None: ...
 
 
@@ -84,8 +86,14 @@ def append(
     fencing_token: Any = None,
     imported: bool = False,
     attached: Sequence[Attached] | None = None,
+    by: str = "",
 ) -> AppendResult | None:
     """Append a batch to a run's log, all or nothing.
+
+    `by` names the caller as the transport authenticated it (a username, `key:<prefix>`,
+    `system:<what>`): the batch that starts the run's log records it on the head
+    (`Run.started_by`, in the same statement), for the "not your own" rules; a later batch, or a
+    replayed one, leaves it as it is. Never taken from the payload.
 
     `events` are request items `{type, payload, idempotencyKey?, occurrenceId?}`, checked here as
     they came in (hence `object`). A refusal raises a LedgerError carrying the docs/api.md code; nothing
@@ -116,13 +124,13 @@ def append(
     batch = prepare.batch(workspace, events, expected_sequence, imported=imported)
     if db.vendor == "postgresql":
         result = strategies.one_statement(
-            db, workspace, run_id, batch, expected_sequence, fencing_token, imported=imported
+            db, workspace, run_id, batch, expected_sequence, fencing_token, imported=imported, by=by
         )
         if result is not None:
             return result
     with transaction.atomic():
         run = strategies.lock_or_create_head(workspace, run_id)
-        return strategies.locked(run, batch, expected_sequence, fencing_token, imported=imported)
+        return strategies.locked(run, batch, expected_sequence, fencing_token, imported=imported, by=by)
 
 
 def holding(*, workspace: Workspace, run_id: str, columns: tuple[str, ...] | None = HEAD_FIELDS) -> Head:

@@ -112,6 +112,7 @@ def one_statement(
     fencing_token: Any,
     attached: tuple[statements.Attached, ...] = (),
     imported: bool = False,
+    by: str = "",
 ) -> AppendResult | None:
     """The append on a guess of the run's head, without its lock (PostgreSQL, `db` the default
     connection); None when there is no guess or the database did not confirm it: then nothing
@@ -140,6 +141,7 @@ def one_statement(
     except LedgerError:
         return None  # the guess may be stale: refusals are decided under the lock, on the log
     changes = batch_changes(workspace.pk, state, written, before)
+    _record_starter(changes, before, by)
     finishing = state.status in RunStatus.finished()
     in_caller_transaction = db.in_atomic_block
     # An attached change may fail the statement (a race on its rows): inside a caller's
@@ -258,6 +260,15 @@ def _cached_head(run_pk: int, workspace: Workspace, run_id: str) -> Run:
     return run
 
 
+def _record_starter(changes: Changes, before: Mark, by: str) -> None:
+    """The batch that starts the run's log (its RunStarted, or an imported log's first events)
+    records who appended it on the head, in the same statement: `Run.started_by`, read by the
+    "not your own" rules. Server-side, not in the log: a replayed batch writes no rows and so
+    changes nothing, and the envelopes (and their idempotent retries) stay the client's."""
+    if before.last_sequence == 0 and by:
+        changes.run["started_by"] = by[:160]
+
+
 def _new_head(run: Run, changes: Changes) -> dict[str, Any]:
     """Every column of a new run's head row: the model's defaults, then the batch's projection."""
     for name, value in changes.run.items():
@@ -266,7 +277,12 @@ def _new_head(run: Run, changes: Changes) -> dict[str, Any]:
 
 
 def locked(
-    run: Run, batch: list[Prepared], expected_sequence: int | None, fencing_token: Any, imported: bool = False
+    run: Run,
+    batch: list[Prepared],
+    expected_sequence: int | None,
+    fencing_token: Any,
+    imported: bool = False,
+    by: str = "",
 ) -> AppendResult:
     now = now_ms()
     rules.check_fencing(run, fencing_token, now)
@@ -285,6 +301,7 @@ def locked(
     rows, written, out = _allocate(run, state, batch, logged, now, prices, imported)
     if rows:
         changes = batch_changes(run.workspace_id, state, written, before)
+        _record_starter(changes, before, by)
         if starts_import:
             changes.run["imported_from"] = LITTLE_WORKFLOW
         if connection.vendor == "postgresql":
@@ -358,8 +375,8 @@ def _allocate(
     run_id = run.run_id
     event_id = EventIds(run_id)
     recorded_at = format_recorded_at(now)
-    cap = max_events_per_run()
-    byte_cap = max_bytes_per_run()
+    cap = max_events_per_run(run.workspace)  # the workspace row the caller holds: no query
+    byte_cap = max_bytes_per_run(run.workspace)
     for index, p in enumerate(batch):
         key = p.idempotency_key
         if key is not None:

@@ -110,4 +110,10 @@ def as_dict(request: ReexecutionRequest) -> dict[str, Any]:
     }
     if request.has_input:
         out["input"] = request.input
+    # An evaluation's changes beyond a model mapping, present only when the request makes them: an
+    # external executor claiming the request must apply them (docs/evaluations.md "Changes").
+    if request.prompt_overrides:
+        out["promptOverrides"] = request.prompt_overrides
+    if request.workflow:
+        out["workflow"] = {"name": request.workflow, "versionId": request.workflow_version}
     return out

@@ -107,6 +107,9 @@ def run_request(*, request_pk: int, owner: str | None = None) -> str:
             input=request.input if request.has_input else UNSET,
             model_overrides=request.model_overrides or None,
             guard=_guard_for(request),
+            prompt_overrides=request.prompt_overrides or None,
+            workflow=request.workflow or None,
+            workflow_version=request.workflow_version or None,
         )
     except Exception as exc:  # the runtime refused or broke: the request failed, the worker lives on
         log.warning("re-execution %s failed", request.public_id, exc_info=True)

@@ -11,8 +11,10 @@ Rules (docs/api.md "Re-execution"):
   mode waits for an approver or admin who is not the requester (`self_approval_forbidden`);
 - approval is a human in a session: keys never approve or deny;
 - the approval binds to the request's digest: `digest({mode, fromStep, input?, modelOverrides,
-  lastSequence, planDigest})`, where `input` is absent when no override was given (null is an
-  override) and `planDigest` is the digest of the run's replay plan. A run whose last sequence
+  promptOverrides?, workflow?, lastSequence, planDigest})`, where `input` is absent when no
+  override was given (null is an override), `promptOverrides` and `workflow` ({name, versionId},
+  an evaluation's changes) are absent unless given, and `planDigest` is the digest of the run's
+  replay plan. A run whose last sequence
   or plan moved since is `plan_changed` at approval;
 - a pending request expires after RUNLEDGER_APPROVAL_TTL_HOURS (`approval_expired`).
 """
@@ -38,6 +40,7 @@ from ..reads import selectors
 from ..redaction import of_workspace
 from ..replay.stored_plan import replay_plan_for
 from ..runtime.errors import UnknownWorkflow
+from ..runtime.reexecute import check_prompt_overrides, registered_workflow
 from ..runtime.registry import get_workflow
 from ..transactions import atomic_then_refuse
 from .errors import (
@@ -115,6 +118,9 @@ def request_digest(
     model_overrides: Mapping[str, Any],
     last_sequence: int,
     plan_digest: str,
+    prompt_overrides: Mapping[str, Any] | None = None,
+    workflow: str = "",
+    workflow_version: str = "",
 ) -> str:
     body: dict[str, Any] = {
         "mode": mode,
@@ -125,6 +131,10 @@ def request_digest(
     }
     if input is not NOT_GIVEN:
         body["input"] = input
+    if prompt_overrides:  # only when given: the digests of requests made before stay as they were
+        body["promptOverrides"] = dict(prompt_overrides)
+    if workflow:
+        body["workflow"] = {"name": workflow, "versionId": workflow_version}
     return digest(body)
 
 
@@ -136,6 +146,9 @@ def _digest_of(request: ReexecutionRequest, last_sequence: int, plan_digest: str
         model_overrides=request.model_overrides,
         last_sequence=last_sequence,
         plan_digest=plan_digest,
+        prompt_overrides=request.prompt_overrides,
+        workflow=request.workflow,
+        workflow_version=request.workflow_version,
     )
 
 
@@ -174,8 +187,8 @@ def _check_request(
     elif from_step is not None:
         raise InvalidReexecution("fromStep is only for mode fork", field="fromStep")
     if input is not NOT_GIVEN:
-        if mode != Mode.FORK:
-            raise InvalidReexecution("an input override is only for mode fork", field="input")
+        if mode not in (Mode.FORK, Mode.EVALUATE):
+            raise InvalidReexecution("an input override is for modes fork and evaluate", field="input")
         try:
             canonical_bytes(input)
         except NotCanonicalizable as exc:
@@ -196,15 +209,23 @@ def _ttl() -> timedelta:
     return timedelta(hours=float(settings.RUNLEDGER_APPROVAL_TTL_HOURS))
 
 
-def _executor_for(workspace: Workspace, run_id: str) -> str:
-    """Built in when this deployment registers the workflow the run was started with (the
-    runtime's RunStarted names it); anything else waits for an external executor's claim."""
+def workflow_of_run(workspace: Workspace, run_id: str) -> str | None:
+    """The workflow the run was started with, as the runtime's RunStarted names it (None for a
+    run an external harness recorded)."""
     first = (
         Event.objects.filter(run__workspace=workspace, run__run_id=run_id, sequence=1)
         .values_list("payload", flat=True)
         .first()
     )
     name = json.loads(first).get("workflow") if first else None
+    return name if isinstance(name, str) else None
+
+
+def _executor_for(workspace: Workspace, run_id: str, workflow: str = "") -> str:
+    """Built in when this deployment registers the workflow the new run executes (the
+    original's, as its RunStarted names it, or a workflow change's); anything else waits for an
+    external executor's claim."""
+    name = workflow or workflow_of_run(workspace, run_id)
     if not isinstance(name, str):
         return Executor.EXTERNAL
     try:
@@ -218,7 +239,7 @@ def _mark_approved(request: ReexecutionRequest, now: datetime) -> None:
     """Reserve the new run's id and pick the executor; queue it for the built-in worker."""
     request.status = Status.APPROVED
     request.new_run_id = request.original_run_id if request.mode == Mode.RESUME else f"run_{request.public_id}"
-    request.executor = _executor_for(request.workspace, request.original_run_id)
+    request.executor = _executor_for(request.workspace, request.original_run_id, request.workflow)
     request.updated_at = now
 
 
@@ -244,6 +265,9 @@ def _create(
     model_overrides: dict[str, dict[str, str]],
     batch_id: str,
     now: datetime,
+    prompt_overrides: dict[str, dict[str, str]] | None = None,
+    workflow: str = "",
+    workflow_version: str = "",
 ) -> ReexecutionRequest:
     name, user, key = _requester(by, workspace)
     if input is not NOT_GIVEN:  # stored and digested as the new run's RunStarted will store it
@@ -258,6 +282,9 @@ def _create(
         has_input=input is not NOT_GIVEN,
         input=None if input is NOT_GIVEN else input,
         model_overrides=model_overrides,
+        prompt_overrides=prompt_overrides or {},
+        workflow=workflow,
+        workflow_version=workflow_version,
         reason=written(reason, field="reason", label="reason", error=InvalidReexecution, workspace=workspace),
         requested_by=name,
         requested_by_user=user,
@@ -271,6 +298,9 @@ def _create(
             model_overrides=model_overrides,
             last_sequence=last_sequence,
             plan_digest=plan_digest,
+            prompt_overrides=prompt_overrides,
+            workflow=workflow,
+            workflow_version=workflow_version,
         ),
         status=Status.PENDING_APPROVAL,
         expires_at=now + _ttl(),
@@ -344,8 +374,17 @@ def request_batch(
     by: Principal,
     mode: str = Mode.EVALUATE,
     model_overrides: Mapping[str, Any] | None = None,
+    prompt_overrides: Mapping[str, Any] | None = None,
+    workflow: str = "",
+    workflow_version: str = "",
+    inputs: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[ReexecutionRequest]]:
-    """One `evaluate` request per run, sharing a batch id: one approval decides them all."""
+    """One `evaluate` request per run, sharing a batch id: one approval decides them all.
+
+    An evaluation's changes (docs/evaluations.md "Changes"): `prompt_overrides` (step id ->
+    {system?, prompt?}, checked against the workflow each run executes when it is registered
+    here), `workflow` (a registered workflow's name, pinned to `workflow_version` or to the
+    version registered now) and `inputs` (run id -> the input that run gets instead of its own)."""
     if mode != Mode.EVALUATE:
         raise InvalidReexecution("a batch is for mode evaluate", field="mode")
     ids = list(run_ids)
@@ -358,12 +397,37 @@ def request_batch(
     missing = [r for r in ids if r not in runs]
     if missing:
         raise NotFound(f"run {missing[0]} not found", runId=missing[0])
+    inputs = dict(inputs or {})
+    strangers = sorted(set(inputs) - set(ids))
+    if strangers:
+        raise InvalidReexecution(f"inputs names run {strangers[0]}, which is not in the batch", field="inputs")
+    if workflow:
+        workflow_version = registered_workflow(workflow, workflow_version or None).version_id
+    prompts: dict[str, dict[str, str]] = {}
+    if prompt_overrides is not None:
+        if (
+            not isinstance(prompt_overrides, Mapping)
+            or not prompt_overrides
+            or not all(isinstance(v, Mapping) for v in prompt_overrides.values())
+        ):
+            raise InvalidReexecution(
+                "promptOverrides is an object: step id -> {system?, prompt?}", field="promptOverrides"
+            )
+        prompts = {str(k): dict(v) for k, v in prompt_overrides.items()}
     batch_id, now = _new_public_id("rxb"), clock.now()
     made = []
     for run_id in ids:
         run = runs[run_id]
         run.workspace = workspace
-        _check_request(run, mode=mode, from_step=None, input=NOT_GIVEN, model_overrides=overrides, reason=reason)
+        run_input = inputs.get(run_id, NOT_GIVEN)
+        _check_request(run, mode=mode, from_step=None, input=run_input, model_overrides=overrides, reason=reason)
+        if prompts:
+            name = workflow or workflow_of_run(workspace, run_id)
+            try:
+                target = registered_workflow(name) if name else None
+            except UnknownWorkflow:
+                target = None  # executed by an external harness, which gets the overrides as they are
+            prompts = check_prompt_overrides(target, prompts) if target is not None else prompts
         made.append(
             _create(
                 workspace=workspace,
@@ -372,10 +436,13 @@ def request_batch(
                 reason=reason,
                 by=by,
                 from_step=None,
-                input=NOT_GIVEN,
+                input=run_input,
                 model_overrides=overrides,
                 batch_id=batch_id,
                 now=now,
+                prompt_overrides=prompts,
+                workflow=workflow,
+                workflow_version=workflow_version,
             )
         )
     return batch_id, made

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from django.db import close_old_connections, connections
 
@@ -53,14 +54,27 @@ def recover_stalled() -> list[str]:
     return queued
 
 
+# More housekeeping a package above this one adds to the sweep (name -> a pass returning what it
+# did): ledger/evaluation finishes an evaluation whose batch ended without its hook reaching it.
+_SWEEPS: dict[str, Callable[[], list[str]]] = {}
+
+
+def on_sweep(name: str, fn: Callable[[], list[str]]) -> None:
+    _SWEEPS[name] = fn
+
+
 def sweep() -> dict[str, list[str]]:
     """One pass of the worker's housekeeping: expire overdue approvals, recover stalled requests,
-    queue again the lost resume of a run whose tool call was decided (toolapprovals.py)."""
-    return {
+    queue again the lost resume of a run whose tool call was decided (toolapprovals.py), and the
+    passes registered with `on_sweep`."""
+    found = {
         "expired": execution.expire_overdue(),
         "requeued": recover_stalled(),
         "resumed": toolapprovals.recover_lost(),
     }
+    for name, fn in _SWEEPS.items():
+        found[name] = fn()
+    return found
 
 
 def run_worker(

@@ -22,7 +22,6 @@ pending, the run stops again without writing anything.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,7 @@ from .. import audit, clock
 from ..errors import Conflict, LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
 from ..log import holding
-from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
+from ..models import ApiKey, Membership, ReexecutionRequest, Role, Run, RunStatus, ToolCall, Workspace
 from ..reads import attention
 from . import gateway
 
@@ -123,23 +122,25 @@ def verdict(
 
 
 def requester_of(run: Run) -> str | None:
-    """Who asked for the run: the re-execution request that made it, else `requestedBy` of its
-    RunStarted (`ledger run --requested-by`, or a harness's own field); a sub-run's is its root
-    run's. None when unknown."""
+    """Who asked for the run, as the server recorded it, never as a payload claims it: the
+    re-execution request that made it (its requester), else who appended its RunStarted
+    (`Run.started_by`: a username, or `key:<prefix>` whose owner counts as them, set by the write
+    door from the caller's session or key). A sub-run, or a run a `system:` principal started
+    (the runtime, the re-execution worker), is its root run's. None when unknown."""
+    fallback: str | None = None
     for run_id in dict.fromkeys([run.run_id, run.root_run_id or run.run_id]):
         made = ReexecutionRequest.objects.filter(workspace=run.workspace, new_run_id=run_id).order_by("pk").first()
         if made is not None:
             return made.requested_by
-        text = (
-            Event.objects.filter(run__workspace=run.workspace, run__run_id=run_id, sequence=1)
-            .values_list("payload", flat=True)
-            .first()
+        starter = (
+            run.started_by
+            if run_id == run.run_id
+            else Run.objects.filter(workspace=run.workspace, run_id=run_id).values_list("started_by", flat=True).first()
         )
-        first = json.loads(text) if text else None
-        who = first.get("requestedBy") if isinstance(first, dict) else None
-        if isinstance(who, str) and who:
-            return who
-    return None
+        if starter and not starter.startswith("system:"):
+            return starter
+        fallback = fallback or starter or None
+    return fallback
 
 
 def is_requester(requester: str | None, workspace: Workspace, user: Any) -> bool:
@@ -153,6 +154,16 @@ def is_requester(requester: str | None, workspace: Workspace, user: Any) -> bool
         return False
     key = ApiKey.objects.filter(workspace=workspace, prefix=requester.removeprefix("key:")).first()
     return key is not None and audit.key_owner_id(key) == user.pk
+
+
+def started_by_unowned_key(requester: str | None, workspace: Workspace) -> bool:
+    """Whether the run was started with an API key that belongs to nobody (made without
+    `--owner`, or gone since): no person answers for it, so only an admin may approve its calls,
+    with a warning (as a re-execution requested with such a key)."""
+    if requester is None or not requester.startswith("key:"):
+        return False
+    key = ApiKey.objects.filter(workspace=workspace, prefix=requester.removeprefix("key:")).first()
+    return key is None or audit.key_owner_id(key) is None
 
 
 def waiting_calls(workspace: Workspace) -> list[ToolCall]:
@@ -180,7 +191,8 @@ def decide(
     arguments' digest they saw (`seen_digest`); audited. Refusals: not an approver (403
     forbidden), the run's requester (403 self_approval_forbidden), no such call (404), a call not
     waiting (409 tool_call_not_waiting), other arguments waiting now (409 approval_stale), the
-    run ended (409 run_finished)."""
+    run ended (409 run_finished), approving below admin a call of a run an API key that belongs
+    to nobody started (403 forbidden)."""
     note = written(note, field="note", label="note", error=InvalidDecision, workspace=workspace)
     membership = Membership.objects.filter(user=by, tenant=workspace.tenant).first()
     if membership is None or not membership.allows(Role.APPROVER):
@@ -208,6 +220,12 @@ def decide(
     if is_requester(requester, workspace, by):
         raise SelfApprovalForbidden(
             "you requested this run; another approver must decide its tool calls", callId=call_id
+        )
+    if approve and not membership.allows(Role.ADMIN) and started_by_unowned_key(requester, workspace):
+        raise ApproverRequired(
+            "this run was started with an API key that belongs to nobody: only an admin may approve its tool calls",
+            role="admin",
+            callId=call_id,
         )
     payload: dict[str, Any] = {
         "callId": call_id,

@@ -91,14 +91,17 @@ def start_run(
     """Start `workflow` on `input` and run it to the end. An existing `run_id` is resumed instead,
     and its input must equal `input`. `outer_loop_id` names the outer loop (outer_loop.py) this run
     is a cycle of. `requested_by` (a username) is recorded as the run's requester: who may not
-    approve its tool calls (ledger/replay/toolapproval.py)."""
+    approve its tool calls (ledger/replay/toolapproval.py): on the run's head (`Run.started_by`,
+    set by the write that starts it), and in RunStarted's `requestedBy` for the reader of the log."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     run_id = run_id or new_run_id()
     if selectors.find_run(workspace, run_id) is not None:
         return resume_run(
             workspace=workspace, run_id=run_id, input=input, workflow=wf, take_over=take_over, parent=parent
         )
-    recorder = Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent)
+    recorder = Recorder(
+        workspace=workspace, run_id=run_id, last_sequence=0, parent=parent, started_by=requested_by or ""
+    )
     payload = {
         "workflowVersionId": wf.version_id,
         "workflow": wf.name,

@@ -94,6 +94,10 @@ class WriteSeam(Protocol):
     def after_write(self, last_sequence: int) -> None: ...
 
 
+# Who a run the runtime starts on nobody's named behalf was started by (Run.started_by).
+RUNTIME = "system:runtime"
+
+
 # A test seam (ledger/runtime/testing.py installs one): given a new recorder's run id and log end,
 # what to call around its writes. None in production.
 test_seam: Callable[[str, int], WriteSeam | None] | None = None
@@ -110,8 +114,12 @@ class Recorder:
         parent: Recorder | None = None,
         record: Record | None = None,
         origin: str | None = None,
+        started_by: str = "",
     ) -> None:
         self.workspace = workspace
+        # Who the write that starts the run records as its starter (Run.started_by): the person
+        # `ledger run --requested-by` names, else the runtime itself.
+        self.started_by = started_by
         self.origin = origin  # a re-execution's: stamped on model and tool events that carry none
         self.run_id = run_id
         self.parent = parent
@@ -253,7 +261,9 @@ class Recorder:
             self.parent.keep_alive()
         self.discard()
         if self.lease is None:  # the write that starts a run (and creates its row) comes before its lease
-            last = append(workspace=self.workspace, run_id=self.run_id, events=batch).last_sequence
+            last = append(
+                workspace=self.workspace, run_id=self.run_id, events=batch, by=self.started_by or RUNTIME
+            ).last_sequence
             outcome = gateway.Batch(None, None, last)
         else:
             # The lease is renewed by this write once half of it has passed, in the same transaction.

@@ -58,6 +58,8 @@ NEW_RUN_MODES = ("simulate", "evaluate", "fork", "rerun")
 DIVERGED = "harness.replay.diverged"
 # Copied prefixes go in batches below the log's append' limit.
 COPY_BATCH = 2000
+# Who a re-execution's new run was started by (Run.started_by): its worker, for the request.
+REEXECUTION = "system:reexecution"
 
 
 class _Unset:
@@ -191,6 +193,9 @@ class Replay:
     reexecution_id: str
     model_overrides: Mapping[str, Mapping[str, str]]
     redactor: Redactor
+    # An evaluation's prompt change (step id -> {system?, prompt?}): applied to this run's own
+    # workflow, not to its sub-runs' (check_prompt_overrides).
+    prompt_overrides: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Asked before each live model call (raises to refuse it: the call fails, the provider is
     # never asked); an evaluation's spend ceiling (ledger/evaluation/budget.py).
     guard: Callable[[ModelRequest], None] | None = None
@@ -204,6 +209,8 @@ class Replay:
     def workflow(self, workflow: Workflow) -> Workflow:
         """The workflow as this mode may execute it: without tool functions in simulate and
         evaluate, without providers in simulate, with the model mapping otherwise."""
+        if self.prompt_overrides:
+            workflow = with_prompts(workflow, self.prompt_overrides)
         tools, models = dict(workflow.tools), dict(workflow.models)
         if self.mode in ("simulate", "evaluate"):
             tools = {name: replace(tool, fn=_no_live_tool(name)) for name, tool in tools.items()}
@@ -505,7 +512,9 @@ class Replay:
             raise AssertionError("unreachable")
         else:
             original = _Original.empty(sub if isinstance(sub, str) else "")
-        child = replace(self, original=original, mode="rerun" if self.mode == "fork" else self.mode)
+        child = replace(
+            self, original=original, mode="rerun" if self.mode == "fork" else self.mode, prompt_overrides={}
+        )
         return _run(
             workspace=workspace,
             replay=child,
@@ -532,10 +541,18 @@ def execute_reexecution(
     input: Any = UNSET,
     model_overrides: Mapping[str, Mapping[str, str]] | None = None,
     guard: Callable[[ModelRequest], None] | None = None,
+    prompt_overrides: Mapping[str, Mapping[str, str]] | None = None,
+    workflow: str | None = None,
+    workflow_version: str | None = None,
 ) -> RunOutcome:
     """Execute `mode` of `original_run_id` to the end and return the outcome of the run it made
     (or of the original, for `resume`). Calling it again for the same `new_run_id` resumes that
-    run (after a killed worker); a finished one returns its recorded outcome."""
+    run (after a killed worker); a finished one returns its recorded outcome.
+
+    `prompt_overrides` (step id -> {system?, prompt?}) and `workflow` (a registered workflow's
+    name, pinned to `workflow_version` when given) are an evaluation's changes beyond a model
+    mapping (docs/evaluations.md "Changes"): the new run executes the original's workflow with
+    those prompts, or the named workflow, with the original's input (or `input`)."""
     if mode not in MODES:
         raise InvalidReexecution(f"unknown mode {mode!r}; one of {', '.join(MODES)}", mode=mode)
     if mode == "resume":
@@ -545,8 +562,15 @@ def execute_reexecution(
     if existing is not None:
         spec = _existing_spec(existing, original_run_id, reexecution_id)
         mode, from_step, model_overrides = spec["mode"], spec.get("fromStep"), spec.get("modelOverrides")
-    workflow = _workflow_of(original)
-    overrides = _check_overrides(workflow, mode, model_overrides)
+        prompt_overrides, workflow = spec.get("promptOverrides"), spec.get("workflow")
+        workflow_version = spec.get("workflowVersionId")
+    if workflow and mode != "evaluate":
+        raise InvalidReexecution("another workflow is a change of mode evaluate only", field="workflow")
+    chosen = registered_workflow(workflow, workflow_version) if workflow else _workflow_of(original)
+    overrides = _check_overrides(chosen, mode, model_overrides)
+    prompts = check_prompt_overrides(chosen, prompt_overrides) if prompt_overrides else {}
+    if prompts and mode != "evaluate":
+        raise InvalidReexecution("prompt overrides are a change of mode evaluate only", field="promptOverrides")
     cut = _fork_cut(original, from_step) if mode == "fork" else None
     replay = Replay(
         mode=mode,
@@ -555,11 +579,14 @@ def execute_reexecution(
         model_overrides=overrides,
         redactor=policy(workspace.redact_keys, workspace.redact_value_patterns),
         guard=guard,
+        prompt_overrides=prompts,
     )
     spec = {
         "mode": mode,
         **({"fromStep": from_step} if mode == "fork" else {}),
         **({"modelOverrides": {k: dict(v) for k, v in overrides.items()}} if overrides else {}),
+        **({"promptOverrides": {k: dict(v) for k, v in prompts.items()}} if prompts else {}),
+        **({"workflow": chosen.name, "workflowVersionId": chosen.version_id} if workflow else {}),
     }
     if input is UNSET:
         started = original.started
@@ -570,7 +597,7 @@ def execute_reexecution(
     return _run(
         workspace=workspace,
         replay=replay,
-        workflow=workflow,
+        workflow=chosen,
         run_id=new_run_id,
         run_input=run_input,
         spec=spec,
@@ -606,7 +633,9 @@ def _run(
             payload["replayOf"] = replay_of
         if parent is not None:
             payload["parentRunId"] = parent.run_id
-        Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent).append(
+        # Started by the re-execution's worker; the person is the request's requester, which the
+        # "not your own" rules read from the request (ReexecutionRequest.requested_by).
+        Recorder(workspace=workspace, run_id=run_id, last_sequence=0, parent=parent, started_by=REEXECUTION).append(
             {"type": "RunStarted", "payload": payload}, *prefix[: COPY_BATCH - 1]
         )
         copied = min(len(prefix), COPY_BATCH - 1)
@@ -647,6 +676,106 @@ def _workflow_of(original: _Original) -> Workflow:
             runId=original.run_id,
         )
     return get_workflow(name)
+
+
+def registered_workflow(name: str, version_id: str | None = None) -> Workflow:
+    """The registered workflow `name`, refused when it is not at `version_id` (when given): what
+    an evaluation's workflow change runs, pinned to the version it was approved for."""
+    workflow = get_workflow(name)
+    if version_id and workflow.version_id != version_id:
+        raise InvalidReexecution(
+            f"workflow {name} is registered here at version {workflow.version_id}, not {version_id}",
+            field="workflow",
+            workflow=name,
+            registered=workflow.version_id,
+        )
+    return workflow
+
+
+# --- prompt overrides ------------------------------------------------------------------------
+
+ORIGINAL_PROMPT = "{original}"
+PROMPT_KEYS = ("system", "prompt")
+
+
+def prompt_steps(workflow: Workflow) -> dict[str, AIGenerate]:
+    """The workflow's prompts by the name a prompt override gives them: the id of each
+    `AIGenerate` step, and the id of each `Parallel` whose branch is one (all its branches)."""
+    found: dict[str, AIGenerate] = {}
+    for step in workflow.steps:
+        if isinstance(step, AIGenerate):
+            found[step.id] = step
+        elif isinstance(step, Parallel) and isinstance(step.branch, AIGenerate):
+            found[step.id] = step.branch
+    return found
+
+
+def check_prompt_overrides(workflow: Workflow, value: Any) -> dict[str, dict[str, str]]:
+    """`{step id: {system?, prompt?}}`, each naming one of `prompt_steps(workflow)`; a prompt may
+    quote the prompt the workflow's code built as `{original}`."""
+    if not isinstance(value, Mapping) or not value:
+        raise InvalidReexecution("promptOverrides is an object: step id -> {system?, prompt?}", field="promptOverrides")
+    steps = prompt_steps(workflow)
+    checked: dict[str, dict[str, str]] = {}
+    for name, override in value.items():
+        if name not in steps:
+            raise InvalidReexecution(
+                f"workflow {workflow.name} has no prompt {name!r} (its ai.generate steps: {sorted(steps)})",
+                field="promptOverrides",
+                step=name,
+            )
+        if (
+            not isinstance(override, Mapping)
+            or not override
+            or set(override) - set(PROMPT_KEYS)
+            or not all(isinstance(v, str) for v in override.values())
+            or ("prompt" in override and not override["prompt"].strip())
+        ):
+            raise InvalidReexecution(
+                f"promptOverrides[{name!r}] is {{system?, prompt?}}: strings, at least one, a prompt not empty",
+                field="promptOverrides",
+                step=name,
+            )
+        checked[str(name)] = {k: str(override[k]) for k in PROMPT_KEYS if k in override}
+    return checked
+
+
+class _PromptTemplate:
+    """A prompt override as the step's prompt callable: the text, with `{original}` replaced by
+    the prompt the workflow's own code (or string) gives. Named by the text's digest, so the new
+    run's workflow version tells one override from another."""
+
+    def __init__(self, text: str, original: Any) -> None:
+        self.text, self.original = text, original
+        self.__qualname__ = f"prompt_override_{digest(text).removeprefix('sha256:')[:16]}"
+
+    def __call__(self, run_input: Any, outputs: Mapping[str, Any]) -> str:
+        if ORIGINAL_PROMPT not in self.text:
+            return self.text
+        built = self.original(run_input, outputs) if callable(self.original) else self.original
+        return self.text.replace(ORIGINAL_PROMPT, str(built))
+
+
+def _with_prompt(step: AIGenerate, override: Mapping[str, str]) -> AIGenerate:
+    changed = step
+    if "system" in override:
+        changed = replace(changed, system=override["system"])
+    if "prompt" in override:
+        changed = replace(changed, prompt=_PromptTemplate(override["prompt"], step.prompt))
+    return changed
+
+
+def with_prompts(workflow: Workflow, overrides: Mapping[str, Mapping[str, str]]) -> Workflow:
+    """`workflow` with the prompts of `overrides` (checked by check_prompt_overrides)."""
+    steps: list[Step] = []
+    for step in workflow.steps:
+        override = overrides.get(step.id)
+        if override is not None and isinstance(step, AIGenerate):
+            step = _with_prompt(step, override)
+        elif override is not None and isinstance(step, Parallel) and isinstance(step.branch, AIGenerate):
+            step = replace(step, branch=_with_prompt(step.branch, override))
+        steps.append(step)
+    return replace(workflow, steps=tuple(steps))
 
 
 def _check_overrides(workflow: Workflow, mode: str, overrides: Mapping[str, Any] | None) -> dict[str, dict[str, str]]:

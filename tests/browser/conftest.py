@@ -226,8 +226,9 @@ def log_in(page: Page, server: Daphne, user: User, next_path: str = "") -> None:
 
 @pytest.fixture
 def demo(transactional_db: None) -> None:
-    """The runs `ledger demo` lays out (no history), for the views that show what they show."""
-    load_demo(history_runs=0)
+    """The runs `ledger demo` lays out (no history), for the views that show what they show; not its
+    evaluations, which cost three times the rest and which these views do not show."""
+    load_demo(history_runs=0, evaluations_too=False)
 
 
 def log_in_to_demo(page: Page, server: Daphne, username: str = "alice") -> None:

@@ -1,6 +1,8 @@
 """axe-core on every page of the console, light and dark: no serious or critical violation (issue
 13). The pages show `ledger demo`'s runs, so each view has something in it: a conversation, a
-waterfall with a sub-run expanded, an in-doubt call with its reconcile form, a pending approval.
+waterfall with a sub-run expanded, an in-doubt call with its reconcile form, a pending approval,
+the evaluations, their dataset and batch, a re-execution's request form and divergence report, a
+shared run and a revoked link's 410, and the 400, 403, 404 and 500 pages.
 The new views are photographed into var/screenshots/ on the way. And the keyboard: every action
 on the run page is reached with Tab and shows where the focus is."""
 
@@ -9,8 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import RequestFactory
+from django.urls import reverse
 from playwright.sync_api import Page, expect
 
+from console.pages import errors
+from ledger.models import Evaluation, ReexecutionRequest, Run
+from ledger.tenancy import sharing
 from tests.browser.axe import blocking_violations
 from tests.browser.conftest import Daphne, log_in_to_demo, screenshot_dir
 from tests.browser.test_evidence_views import RESEARCH, SUPPORT
@@ -46,7 +54,37 @@ ERROR_PAGES = {
     "error-400": (f"{SUPPORT}/run_demo_triage/timeline/?first=in_doubt", 400),
     "error-404-run": (f"{SUPPORT}/run_nothing_here/", 404),
 }
+# Pages whose address holds an id the demo makes (an evaluation, its batch, a re-execution).
+DEMO_PAGES = ("evaluations", "evaluation", "dataset", "batch", "reexecute", "divergence")
 PHOTOGRAPHED = ("run-search", "run-conversation", "run-waterfall", "run-state", "outer-loop")
+
+
+def _demo_pages() -> dict[str, str]:
+    evaluation = Evaluation.objects.filter(workspace__slug="support").order_by("pk").first()
+    fork = ReexecutionRequest.objects.filter(workspace__slug="support", new_run_id__gt="").order_by("pk").first()
+    assert evaluation is not None and fork is not None, "the demo has an evaluation and an executed re-execution"
+    return {
+        "evaluations": "/w/acme/support/evaluations/",
+        "evaluation": f"/w/acme/support/evaluations/{evaluation.public_id}/",
+        "dataset": "/w/acme/support/datasets/triage-golden/",
+        "batch": f"/w/acme/support/batches/{evaluation.batch_id}/",
+        "reexecute": f"{SUPPORT}/run_demo_triage/reexecute/",
+        "divergence": reverse("reexecution-divergence", args=["acme", "support", fork.public_id]),
+    }
+
+
+def _share_pages() -> dict[str, tuple[str, int]]:
+    """A shared run (no login) and a revoked link's 410, in the share layout."""
+    run = Run.objects.get(workspace__slug="research", run_id="run_demo_orchestrator")
+    carol = User.objects.get(username="carol")
+    _, token = sharing.create_link(
+        workspace=run.workspace, run=run, by=carol, expires_in_hours=1, include_sub_runs=True
+    )
+    revoked, gone = sharing.create_link(
+        workspace=run.workspace, run=run, by=carol, expires_in_hours=1, include_sub_runs=False
+    )
+    sharing.revoke_link(revoked, by=carol)
+    return {"share": (f"/s/{token}/", 200), "share-410": (f"/s/{gone}/", 410)}
 
 
 def _check(page: Page, name: str, scheme: str, failures: dict[str, Any]) -> None:
@@ -59,12 +97,17 @@ def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
     open_context: Any, server: Daphne, demo: None
 ) -> None:
     failures: dict[str, Any] = {}
+    pages = {**PAGES, **_demo_pages()}
+    shared = _share_pages()
+    # The 500 page as the server renders it (no route fails on purpose), at an address of the server
+    # so its stylesheet loads as on a real failure.
+    broken = errors.server_error(RequestFactory().get("/crash/")).content.decode()
     for scheme in SCHEMES:
         page = open_context(color_scheme=scheme).new_page()
         page.goto(f"{server.url}/accounts/login/")
         _check(page, "login", scheme, failures)
         log_in_to_demo(page, server)
-        for name, path in PAGES.items():
+        for name, path in pages.items():
             response = page.goto(f"{server.url}{path}")
             assert response is not None and response.status == 200, path
             if name == "run-waterfall":  # with a sub-run's bars loaded in place
@@ -74,6 +117,17 @@ def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
             if name in PHOTOGRAPHED:
                 page.screenshot(path=str(screenshot_dir() / f"{name}-{scheme}.png"), full_page=True)
         for name, (path, status) in ERROR_PAGES.items():
+            response = page.goto(f"{server.url}{path}")
+            assert response is not None and response.status == status, path
+            _check(page, name, scheme, failures)
+        page.route(
+            f"{server.url}/crash/", lambda route: route.fulfill(status=500, body=broken, content_type="text/html")
+        )
+        response = page.goto(f"{server.url}/crash/")
+        assert response is not None and response.status == 500
+        expect(page.locator("#error-title")).to_be_visible()
+        _check(page, "error-500", scheme, failures)
+        for name, (path, status) in shared.items():
             response = page.goto(f"{server.url}{path}")
             assert response is not None and response.status == status, path
             _check(page, name, scheme, failures)

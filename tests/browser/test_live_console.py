@@ -129,7 +129,7 @@ def test_a_run_page_follows_the_run_to_its_end_without_a_reload(
     expect(waterfall.locator(".wf-row[data-kind=step].wf-completed")).to_have_count(2)
     expect(waterfall.locator(".wf-row[data-kind=model]")).to_have_count(1)
     expect(steps.locator("tr.step .status-completed")).to_have_count(2)
-    expect(steps.locator('tr.step[data-step="answer"]')).to_contain_text("1200")
+    expect(steps.locator('tr.step[data-step="answer"]')).to_contain_text("1,200")
 
     # Opened now, the finished run's page is static: no socket at all.
     static = watch()
@@ -196,3 +196,40 @@ def test_the_approvals_page_follows_a_decision_made_elsewhere(watch: Any, produc
     else:
         expect(badge).to_be_hidden()
     assert dave.evaluate("window.__notReloaded") is True
+
+
+def _listed(page: Page) -> list[tuple[str, str, str]]:
+    """The runs list's rows as shown: run id, depth and parent."""
+    return page.locator("#runs-rows tr.run").evaluate_all(
+        "rows => rows.map(r => [r.dataset.runId, r.dataset.depth, r.dataset.parent || ''])"
+    )
+
+
+def test_a_sub_run_pushed_live_is_folded_under_its_parent_as_after_a_reload(
+    watch: Any, production: Daphne, harness: Appender
+) -> None:
+    harness.append("run_live_parent", data.started(label="fans out"), *data.step("fan_out"))
+    harness.append("run_live_newer", data.started(label="a newer root"))
+    page = watch()
+    log_in_to_demo(page, production, "dave")
+    page.goto(f"{production.url}{SUPPORT}/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    expect(page.locator('#runs-rows tr.run[data-run-id="run_live_newer"]')).to_be_visible()
+    page.evaluate("window.__notReloaded = true")
+
+    harness.append("run_live_child", data.started("wfver_notify", parentRunId="run_live_parent", label="child"))
+    child = page.locator('#runs-rows tr.run[data-run-id="run_live_child"]')
+    expect(child).to_be_visible()
+    expect(child).to_have_attribute("data-parent", "run_live_parent")
+    expect(child).to_have_attribute("data-depth", "1")
+    expect(page.locator("#runs-rows tr.run").first).to_have_attribute("data-run-id", "run_live_newer")
+    live = _listed(page)
+    ids = [run_id for run_id, _, _ in live]
+    assert ids.index("run_live_child") == ids.index("run_live_parent") + 1, live
+    assert page.evaluate("window.__notReloaded") is True
+    # The parent's row counts its sub-run, as the server renders it.
+    expect(page.locator('#runs-rows tr.run[data-run-id="run_live_parent"] td.children')).to_have_text("1")
+
+    page.reload()
+    expect(page.locator('#runs-rows tr.run[data-run-id="run_live_child"]')).to_be_visible()
+    assert _listed(page) == live

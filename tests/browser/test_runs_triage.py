@@ -95,6 +95,16 @@ NARROW_PAGES = (
     "/t/acme/audit/",
     "/w/acme/support/settings/redaction/",
     "/no/such/page/",
+    "/w/acme/support/runs/run_demo_crashed_resumed/",
+    "/w/acme/support/runs/run_demo_in_doubt/steps/",
+    "/w/acme/support/runs/run_demo_in_doubt/evidence/",
+    "/w/acme/support/runs/run_demo_in_doubt/state/",
+    "/w/acme/research/runs/run_demo_orchestrator/waterfall/",
+    "/w/acme/research/runs/run_demo_orchestrator/conversation/",
+    "/w/acme/research/runs/run_demo_orchestrator/subruns/",
+    "/w/acme/research/runs/run_demo_orchestrator/costs/",
+    "/w/acme/support/approvals/",
+    "/w/acme/support/usage/",
 )
 
 
@@ -104,8 +114,9 @@ def test_no_sideways_scroll_at_390_px(open_context: Any, production: Daphne, dem
     log_in_to_demo(page, production)
     wide = {}
     for path in NARROW_PAGES:
-        page.goto(f"{production.url}{path}")
-        overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        response = page.goto(f"{production.url}{path}")
+        assert response is not None and response.status in (200, 404), path
+        overflow = page.evaluate("() => document.scrollingElement.scrollWidth - window.innerWidth")
         if overflow > 0:
             wide[path] = overflow
         if path == "/w/acme/support/":

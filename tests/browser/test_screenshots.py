@@ -1,10 +1,12 @@
 """Every console page rendered in headless Chromium, light and dark, with a screenshot of each left
 in var/screenshots/ for a person to look at (README, "Browser tests and screenshots"); overwritten
-on every run."""
+on every run. The runs list, the run header, the timeline and the waterfall are also taken 390 px
+wide (a phone), light and dark, where the page must not scroll sideways."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -19,8 +21,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 RUN = "run_showcase"
 SUB_RUNS = ("run_showcase_notify", "run_showcase_sms", "run_showcase_audit")
-PAGES = ("login", "runs", "run-timeline", "run-steps", "run-subruns", "run-evidence", "run-costs", "usage")
+PAGES = (
+    "login",
+    "runs",
+    "run-header",
+    "run-timeline",
+    "run-waterfall",
+    "run-steps",
+    "run-subruns",
+    "run-evidence",
+    "run-costs",
+    "usage",
+)
+NARROW_PAGES = ("runs", "run-header", "run-timeline", "run-waterfall")  # also taken as NAME-390-SCHEME.png
 SCHEMES = ("light", "dark")
+NARROW = {"width": 390, "height": 844}
 
 
 def _background_luminance(page: Page) -> float:
@@ -29,20 +44,30 @@ def _background_luminance(page: Page) -> float:
     return sum(weight * channel for weight, channel in zip((0.2126, 0.7152, 0.0722), rgb)) / 255
 
 
-def _shoot(page: Page, name: str, backgrounds: dict[str, list[float]]) -> None:
-    """Both schemes of the page as it is, switched in place (no second login, no reload)."""
+def _shoot(page: Page, name: str, backgrounds: dict[str, list[float]], element: str = "") -> None:
+    """Both schemes of the page as it is, switched in place (no second login, no reload); with
+    `element`, only that part of it (the run header)."""
     for scheme in SCHEMES:
         page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
         backgrounds[scheme].append(_background_luminance(page))
-        page.screenshot(path=str(screenshot_dir() / f"{name}-{scheme}.png"), full_page=True)
+        path = str(screenshot_dir() / f"{name}-{scheme}.png")
+        if element:
+            page.locator(element).screenshot(path=path)
+        else:
+            page.screenshot(path=path, full_page=True)
     page.emulate_media(color_scheme="light")
+
+
+def _sideways(page: Page) -> int:
+    """How far the page scrolls sideways (0: it does not)."""
+    return int(page.evaluate("() => document.scrollingElement.scrollWidth - window.innerWidth"))
 
 
 def _tab(page: Page, server: Daphne, tab: str) -> Locator:
     path = f"/w/acme/support/runs/{RUN}/{tab}/"
     response = page.goto(f"{server.url}{path}")
     assert response is not None and response.status == 200, path
-    for name in ("timeline", "steps", "subruns", "evidence", "costs"):
+    for name in ("timeline", "waterfall", "steps", "subruns", "evidence", "costs"):
         expect(page.locator(f'a[data-tab="{name}"]')).to_have_count(1)
     return page.locator("main")
 
@@ -102,7 +127,13 @@ def test_every_page_renders_light_and_dark_and_is_photographed(
     _tab(page, server, "timeline")
     expect(page.locator("#timeline-rows tr.event")).to_have_count(22)
     expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    expect(page.locator("#run-header #run-tokens")).to_be_visible()
+    _shoot(page, "run-header", backgrounds, element="#run-header")
     _shoot(page, "run-timeline", backgrounds)
+
+    _tab(page, server, "waterfall")
+    expect(page.locator(".wf-row[data-kind=step]").first).to_be_visible()
+    _shoot(page, "run-waterfall", backgrounds)
 
     main = _tab(page, server, "steps")
     for step in ("classify", "lookup", "decide", "refund"):
@@ -131,5 +162,38 @@ def test_every_page_renders_light_and_dark_and_is_photographed(
     _shoot(page, "usage", backgrounds)
 
     # Dark is dark and light is light on every page, not only where a stylesheet remembered it.
+    assert max(backgrounds["dark"]) < 0.3 and min(backgrounds["light"]) > 0.7, backgrounds
+    assert [path.name for path in expected if not path.exists()] == []
+
+
+def test_the_main_views_at_390_px_light_and_dark_do_not_scroll_sideways(
+    open_context: Any, server: Daphne, workspace: Workspace, admin: User
+) -> None:
+    data.showcase(workspace)
+    page = open_context(viewport=NARROW).new_page()
+    expected = [screenshot_dir() / f"{name}-390-{scheme}.png" for name in NARROW_PAGES for scheme in SCHEMES]
+    for path in expected:
+        path.unlink(missing_ok=True)
+    log_in(page, server, admin)
+    backgrounds: dict[str, list[float]] = {scheme: [] for scheme in SCHEMES}
+    wide: dict[str, int] = {}
+
+    page.goto(f"{server.url}/w/acme/support/")
+    expect(page.locator(f'#runs-rows tr.run[data-run-id="{RUN}"]')).to_be_visible()
+    wide["runs"] = _sideways(page)
+    _shoot(page, "runs-390", backgrounds)
+
+    _tab(page, server, "timeline")
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(22)
+    wide["run-timeline"] = _sideways(page)
+    _shoot(page, "run-header-390", backgrounds, element="#run-header")
+    _shoot(page, "run-timeline-390", backgrounds)
+
+    _tab(page, server, "waterfall")
+    expect(page.locator(".wf-row[data-kind=step]").first).to_be_visible()
+    wide["run-waterfall"] = _sideways(page)
+    _shoot(page, "run-waterfall-390", backgrounds)
+
+    assert {name: px for name, px in wide.items() if px > 0} == {}
     assert max(backgrounds["dark"]) < 0.3 and min(backgrounds["light"]) > 0.7, backgrounds
     assert [path.name for path in expected if not path.exists()] == []

@@ -185,8 +185,9 @@ def step_path_for(span_hex: str) -> str:
     return f"{STEP_PREFIX}{span_hex}"
 
 
-def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest) -> IngestResult:
-    """Write the export's spans into their runs, one append (one transaction) per trace."""
+def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest, by: str = "") -> IngestResult:
+    """Write the export's spans into their runs, one append (one transaction) per trace. `by`: the
+    caller (`key:<prefix>`, a username), recorded as who started a run the export starts."""
     result = IngestResult()
     traces: dict[str, dict[str, _Span]] = {}
     for resource_spans in request.resource_spans:
@@ -207,7 +208,7 @@ def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest) -> Inges
     for trace_hex, spans in traces.items():
         run_id = run_id_for(trace_hex)
         try:
-            late = _ingest_trace(workspace, run_id, list(spans.values()))
+            late = _ingest_trace(workspace, run_id, list(spans.values()), by)
         except LedgerError as exc:
             result.rejected += len(spans)
             result.messages.append(f"trace {trace_hex}: {exc.code}: {exc.message}")
@@ -281,7 +282,7 @@ def _value(value: AnyValue) -> Any:
 # --- one trace ----------------------------------------------------------------------------
 
 
-def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span]) -> int:
+def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str = "") -> int:
     """Append the trace's new spans; returns how many were late. A batch mapped on a state that
     another writer changed meanwhile (it started the run, ended it, or logged the same spans) is
     refused by the append, writes nothing, and is mapped again from the new state."""
@@ -289,7 +290,7 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span]) -> int:
         events, late = _events_for(workspace, run_id, spans)
         try:
             for start in range(0, len(events), MAX_BATCH):
-                append(workspace=workspace, run_id=run_id, events=events[start : start + MAX_BATCH])
+                append(workspace=workspace, run_id=run_id, events=events[start : start + MAX_BATCH], by=by)
         except (RunNotStarted, RunAlreadyStarted, RunFinished, IdempotencyConflict):
             if attempt == _ATTEMPTS - 1:
                 raise
