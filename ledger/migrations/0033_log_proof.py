@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0029_step_position_index'),
+        ('ledger', '0032_step_position_index'),
     ]
 
     operations = [

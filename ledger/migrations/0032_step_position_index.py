@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0028_run_payload_bytes'),
+        ('ledger', '0031_reexecution_changes'),
     ]
 
     operations = [
