@@ -137,11 +137,13 @@ def _forget_read_states() -> Any:
     """The read cache of folded states (ledger/log/snapshots.py) knows a run by its row, id and
     creation time: in a production database no two runs share all three, but tests roll back and
     reuse rows under a frozen clock. Each test starts with the cache empty."""
-    from ledger.log.snapshots import READS
+    from ledger.log.snapshots import HEADS, READS
 
     READS.clear()
+    HEADS.clear()
     yield
     READS.clear()
+    HEADS.clear()
 
 
 @pytest.fixture(scope="session")

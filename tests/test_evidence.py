@@ -75,3 +75,22 @@ def test_query_count_does_not_grow_with_the_run(workspace: Workspace) -> None:
     assert len(big["artifacts"]) == 4 and len(big["subRuns"]) == 12 and len(big["feedback"]) == 12
     assert big["integrity"]["ok"] and small["integrity"]["ok"]
     assert big_count == small_count
+
+
+def test_the_listed_rows_are_serialized_as_from_their_models(workspace: Workspace) -> None:
+    """The bundle reads its steps, tool calls and cost entries as plain rows (on PostgreSQL with
+    their timestamps formatted by the database): each serializes as its model instance does."""
+    from ledger.models import CostEntry, Step, ToolCall
+    from ledger.reads import serialize
+    from ledger.replay.evidence import _rows
+
+    run = _run_with(workspace, "run_rows", 3)
+    for model, order, shape in (
+        (Step, "position", serialize.step),
+        (ToolCall, "position", serialize.tool_call),
+        (CostEntry, "sequence", serialize.cost),
+    ):
+        instances = list(model.objects.filter(run=run).order_by(order))
+        assert len(instances) == 3
+        assert [shape(r) for r in _rows(model, run, order)] == [shape(i) for i in instances]
+    assert any(serialize.step(s)["startedAt"] for s in _rows(Step, run, "position"))

@@ -161,3 +161,42 @@ def test_an_outsider_gets_404_for_every_page_of_the_paged_views(
     client.force_login(outsider)  # type: ignore[arg-type]
     for url in ("conversation/?start=25", "waterfall/?start=50", "state/?at=40"):
         assert client.get(BASE + url).status_code == 404, url
+
+
+def test_aggregates_remembered_at_the_head_follow_appends_and_rebuilds(workspace: Workspace, every_ten: None) -> None:
+    from ledger.models import Step
+    from ledger.reads import selectors
+
+    _long_chat(workspace, "run_snap", 35)
+    run = _run(workspace)
+    count = selectors.steps_page(run, start=0, size=2)[1]
+    assert count == Step.objects.filter(run=run).count() > 2
+    assert selectors.costs_by_model(run) == selectors._costs_by_model(run) != []
+    _long_chat_more(workspace, 9)  # three more steps: the head moved, the remembered values do not hold
+    run = _run(workspace)
+    assert selectors.steps_page(run, start=0, size=2)[1] == count + 3
+    assert selectors.costs_by_model(run) == selectors._costs_by_model(run)
+    assert snapshots.at_head(run, "steps", lambda: -1) == count + 3  # remembered at this head
+    rebuild(run)  # the projections rewritten: what was remembered of them is dropped
+    assert snapshots.at_head(run, "steps", lambda: -1) == -1
+
+
+def test_the_state_tab_lists_the_same_steps_from_a_remembered_choice(
+    browser: Client, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.pages import at
+
+    monkeypatch.setattr(at, "SHOWN", 4)  # fewer than the state's steps: a choice is made
+    _long_chat(workspace, "run_snap", 120)
+    run = _run(workspace)
+    half = run.last_sequence // 2
+    at._STEPS_NEAR.clear()
+    assert browser.get(BASE + "state/", {"at": half}).status_code == 200
+    assert len(at._STEPS_NEAR) == 1  # the page's choice, remembered for its state
+    state = snapshot(run, upto=half).state
+    chosen = at._nearest(list(state.steps.values()), lambda s: s.last_sequence, half)
+    assert chosen[1] > 0
+    assert at._steps_near(state, half) == chosen
+    assert len(at._STEPS_NEAR) == 1  # the same state: no second entry
+    other = at._nearest(list(state.steps.values()), lambda s: s.last_sequence, half - 1)
+    assert at._steps_near(state, half - 1) == other  # another N of the same state is chosen again

@@ -278,6 +278,24 @@ def test_the_shared_bundle_is_the_apis_bundle(client: Client, link: str, admin: 
     assert shared["run"] == own["run"]
 
 
+def test_the_shared_bundle_json_is_what_djangos_encoder_writes() -> None:
+    """The share link's evidence.json is written by orjson: the same values as Django's encoder
+    (datetimes and decimals through it), and what orjson refuses by Django's JsonResponse."""
+    import json
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    from console.pages.share import _json
+
+    body = {"at": datetime(2026, 12, 4, 8, 0, 0, 123456, tzinfo=UTC), "usd": Decimal("0.000125"), "n": [1, 2.5, None]}
+    assert json.loads(_json(body).content) == json.loads(json.dumps(body, cls=DjangoJSONEncoder))
+    assert json.loads(_json(body).content)["at"] == "2026-12-04T08:00:00.123Z"
+    huge = {"n": 2**70}  # beyond orjson's 64 bits: Django's JsonResponse writes it
+    assert json.loads(_json(huge).content) == huge
+
+
 def test_a_link_with_its_limit_of_evidence_requests_in_flight_is_refused(
     client: Client, operator: User, link: str, settings: Any
 ) -> None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
@@ -269,7 +271,18 @@ def _shared_evidence(request: HttpRequest, token: str, run_id: str | None) -> Ht
         hide_inputs=opened.link.workspace.share_hides_inputs,
         include_sub_runs=opened.link.include_sub_runs,
     )
-    return _private(JsonResponse(shared, json_dumps_params={"ensure_ascii": False}))
+    return _private(_json(shared))
+
+
+def _json(body: dict[str, Any]) -> HttpResponse:
+    """The bundle as JSON, by orjson (the standard encoder took half a second for a run of 100,000
+    events), with Django's encoder for what orjson does not write alike (datetimes, decimals);
+    what orjson refuses (an integer beyond 64 bits) goes to Django's JsonResponse, as before."""
+    try:
+        content = orjson.dumps(body, default=DjangoJSONEncoder().default, option=orjson.OPT_PASSTHROUGH_DATETIME)
+    except orjson.JSONEncodeError:
+        return JsonResponse(body, json_dumps_params={"ensure_ascii": False})
+    return HttpResponse(content, content_type="application/json")
 
 
 def shared_nothing(request: HttpRequest, token: str, rest: str) -> HttpResponse:

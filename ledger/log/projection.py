@@ -376,10 +376,15 @@ def _compare(label: str, expected: Mapping[str, Any], stored: Mapping[str, Any])
     ]
 
 
-def differences(run: Run, state: RunState, log: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Where the stored projections disagree with the fold of the log (empty when equal)."""
+def differences(
+    run: Run, state: RunState, log: Sequence[Mapping[str, Any]], *, payload_bytes: int | None = None
+) -> list[str]:
+    """Where the stored projections disagree with the fold of the log (empty when equal). `log`
+    holds at least the events of the state's cost entries (for their times); the bytes of the
+    whole log's payloads are counted from it unless given (`payload_bytes`: a log proof's)."""
     problems: list[str] = []
-    expected_run = {**all_run_fields(run, state), "payload_bytes": payload_bytes_of(log)}
+    counted = payload_bytes_of(log) if payload_bytes is None else payload_bytes
+    expected_run = {**all_run_fields(run, state), "payload_bytes": counted}
     stored_run = Run.objects.filter(pk=run.pk).values(*expected_run).get()
     problems += _compare("run", expected_run, stored_run)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -33,7 +33,7 @@ from django.db import IntegrityError, transaction
 
 from ..fold import RunState, RunStateMismatch, advance, fold, fold_into
 from ..fold.pricing import PriceTable, prices_of
-from ..models import FoldSnapshot, Run
+from ..models import FoldSnapshot, LogProof, Run
 from .envelopes import read_envelopes
 from .states import weight
 
@@ -194,10 +194,56 @@ def state_after(run: Run, upto: int | None = None) -> RunState:
     return state
 
 
+class _HeadMemo:
+    """Aggregates of a run's projections (step count, costs per model …) as they were at its
+    head: the projections change only when an event is appended (the head's sequence moves) or
+    when they are rebuilt (`forget`), so a value computed at one head holds until then. Keyed
+    like the read cache (a new price table is another key), least recent out first."""
+
+    def __init__(self, size: int = 512) -> None:
+        self._values: OrderedDict[tuple[_Key, int, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size = size
+
+    def get(self, run: Run, name: str, compute: Callable[[], Any]) -> Any:
+        entry = (_key(run, prices_of(run)), run.last_sequence, name)
+        with self._lock:
+            if entry in self._values:
+                self._values.move_to_end(entry)
+                return self._values[entry]
+        value = compute()
+        with self._lock:
+            self._values[entry] = value
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+        return value
+
+    def drop(self, run_pk: int) -> None:
+        with self._lock:
+            for entry in [e for e in self._values if e[0].run_pk == run_pk]:
+                del self._values[entry]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+HEADS = _HeadMemo()
+
+
+def at_head(run: Run, name: str, compute: Callable[[], Any]) -> Any:
+    """`compute()` (an aggregate of the run's projections), remembered for the run's head: what
+    a view reads again on every request of an unchanged run. Callers never change the value."""
+    return HEADS.get(run, name, compute)
+
+
 def forget(run: Run) -> None:
-    """Throw the run's snapshots away, stored and cached (`ledger rebuild`)."""
+    """Throw the run's snapshots away, stored and cached, and its log proof, which vouches for the
+    projections being rebuilt (`ledger rebuild`)."""
     FoldSnapshot.objects.filter(run=run).delete()
+    LogProof.objects.filter(run=run).delete()
     READS.drop(run.pk)
+    HEADS.drop(run.pk)
 
 
 def check(run: Run, log: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,10 +12,10 @@ from django.db.models import Exists, OuterRef
 from ..canonical import canonical_json, event_id
 from ..fold import RunStateMismatch, fold
 from ..fold.pricing import prices_of
-from ..models import CostEntry, Event, Run, Step, ToolCall
+from ..models import CostEntry, Event, LogProof, Run, Step, ToolCall
 from . import artifacts, snapshots
 from .envelopes import decode_payload, log_rows, row_envelope
-from .projection import differences
+from .projection import differences, payload_bytes_of
 
 
 @dataclass(frozen=True)
@@ -105,14 +106,14 @@ def inspect_run(run: Run) -> Inspection:
     except RunStateMismatch as exc:
         checks.append(Check("projections", "fail", f"the log cannot be folded: {exc}"))
         return Inspection(checks, log, outcomes)
-    diffs = differences(run, state, log) + snapshots.check(run, log)
+    diffs = differences(run, state, log) + snapshots.check(run, log) + check_proof(run, log)
     checks.append(
         Check(
             "projections",
             "fail" if diffs else "pass",
             "; ".join(diffs[:10]) + (f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else "")
             if diffs
-            else "run, steps, tool calls, cost entries and fold snapshots equal the fold",
+            else "run, steps, tool calls, cost entries, fold snapshots and the log proof equal the fold",
         )
     )
     return Inspection(checks, log, outcomes)
@@ -149,3 +150,36 @@ def run_references() -> list[Check]:
             else Check(name, "pass", f"every {model._meta.verbose_name} row names a run that exists")
         )
     return checks
+
+
+GENESIS = "runledger log proof v1"
+
+
+def chain(run_id: str, ids: Iterable[str], digest: str | None = None) -> str:
+    """The sha256 chain over stored event ids, from `digest` (a proof's) or from the run's start."""
+    link = bytes.fromhex(digest) if digest else hashlib.sha256(f"{GENESIS}\0{run_id}".encode()).digest()
+    for stored_id in ids:
+        link = hashlib.sha256(link + stored_id.encode()).digest()
+    return link.hex()
+
+
+def check_proof(run: Run, log: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What is wrong with the run's log proof (ledger/log/proofs.py) against its whole log."""
+    proof = LogProof.objects.filter(run=run).first()
+    if proof is None:
+        return []
+    n = proof.sequence
+    if n > len(log) or n < 1:
+        return [f"log proof of events 1..{n}: the log has {len(log)} events"]
+    prefix = log[:n]
+    problems = []
+    if prefix[-1].get("eventId") != proof.last_event_id:
+        problems.append(f"log proof of events 1..{n}: event {n} has another id")
+    if chain(run.run_id, (str(e.get("eventId")) for e in prefix)) != proof.digest:
+        problems.append(f"log proof of events 1..{n}: its chain of event ids differs from the log's")
+    refs = sorted({ref for e in prefix for ref in artifact_refs(e.get("payload"), imported=True)})
+    if refs != sorted(proof.refs):
+        problems.append(f"log proof of events 1..{n}: its artifact refs differ from the log's")
+    if payload_bytes_of(prefix) != proof.payload_bytes:
+        problems.append(f"log proof of events 1..{n}: its payload bytes differ from the log's")
+    return problems

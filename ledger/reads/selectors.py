@@ -18,6 +18,7 @@ from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, 
 from django.utils import timezone
 
 from ..errors import NotFound
+from ..log import snapshots
 from ..log.envelopes import decode_payload, envelope, read_envelopes
 from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
 from .attention import matching as needing
@@ -320,12 +321,17 @@ def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:
     """Steps at positions start .. start+size-1, and how many the run has. Positions are dense
     from 0 (the fold numbers steps by first appearance), so a page is a range."""
     steps = list(Step.objects.filter(run=run, position__gte=start, position__lt=start + size).order_by("position"))
-    return steps, Step.objects.filter(run=run).count()
+    return steps, snapshots.at_head(run, "steps", Step.objects.filter(run=run).count)
 
 
 def costs_by_model(run: Run) -> list[dict[str, Any]]:
     """Per (provider, model): calls, priced calls, cost (NULL when none priced) and tokens, summed
-    in the database."""
+    in the database once per head of the run (snapshots.at_head: the sum reads every cost entry)."""
+    rows = snapshots.at_head(run, "costs_by_model", lambda: _costs_by_model(run))
+    return [dict(row) for row in rows]
+
+
+def _costs_by_model(run: Run) -> list[dict[str, Any]]:
     return [
         dict(row)
         for row in CostEntry.objects.filter(run=run)

@@ -17,8 +17,12 @@ from .attention import Attention
 from .failure import is_cancelled
 
 
-def when(moment: datetime | None) -> str | None:
-    return None if moment is None else format_recorded_at(moment)
+def when(moment: datetime | str | None) -> str | None:
+    """A moment as the API writes it; a str is one PostgreSQL has formatted so already
+    (ledger.log.envelopes.formatted_in_sql)."""
+    if moment is None or isinstance(moment, str):
+        return moment
+    return format_recorded_at(moment)
 
 
 def money(value: Decimal | None) -> float | None:

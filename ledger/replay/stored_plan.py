@@ -47,6 +47,24 @@ def replay_plan_at(run: Run, state: RunState) -> dict[str, Any]:
     return plan
 
 
+def plan_of_checked(state: RunState, checks: Mapping[str, str]) -> dict[str, Any]:
+    """The plan of a folded state whose artifacts the caller has re-hashed (`checks`, ref -> ok |
+    missing | mismatch: the evidence bundle's), remembered for the state and those answers as
+    `replay_plan_at` remembers its own. Never change what it returns."""
+    answers = dict(checks)
+    with _PLANS_LOCK:
+        hit = _PLANS.get(id(state))
+        if hit is not None and hit[0] is state and hit[2] == answers:
+            _PLANS.move_to_end(id(state))
+            return hit[3]
+    plan = plan_of_state(state, dense_check_of(state), answers)
+    with _PLANS_LOCK:
+        _PLANS[id(state)] = (state, set(answers), answers, plan)
+        while len(_PLANS) > 16:
+            _PLANS.popitem(last=False)
+    return plan
+
+
 def _refs(run: Run, upto: int) -> set[str]:
     texts = Event.objects.filter(run=run, sequence__lte=upto, payload__contains=ARTIFACT_REF_PREFIX).values_list(
         "payload", flat=True

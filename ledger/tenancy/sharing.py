@@ -14,7 +14,6 @@ messages and prompts sent) and tool arguments from every shared view (`share_hid
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import hmac
 import re
@@ -369,8 +368,10 @@ def shared_bundle(
     bundle: dict[str, Any], *, token: str, root_run_id: str, hide_inputs: bool, include_sub_runs: bool
 ) -> dict[str, Any]:
     """The evidence bundle as a link serves it: the same shape, its links pointing under the
-    link, sub-runs listed only when the link includes them, and the workspace's hiding applied."""
-    shared = copy.deepcopy(bundle)
+    link, sub-runs listed only when the link includes them, and the workspace's hiding applied.
+    `bundle` is not changed: what differs is built anew, the rest shared with it (a deep copy of
+    a 100,000-event run's bundle took half the request, issue 33)."""
+    shared = dict(bundle)
 
     def links(of: str) -> dict[str, str]:
         page = shared_run_path(token, root_run_id, of)
@@ -389,8 +390,7 @@ def shared_bundle(
     shared["approvals"] = [_anonymous_approval(a) for a in shared["approvals"] if a["status"] not in UNDECIDED]
     shared["feedback"] = [_anonymous_feedback(f) for f in shared["feedback"]]
     if hide_inputs:
-        for call in shared["toolCalls"]:
-            call["args"] = HIDDEN
+        shared["toolCalls"] = [{**call, "args": HIDDEN} for call in shared["toolCalls"]]
         for run in (shared["run"], *shared["subRuns"]):
             run["input"] = HIDDEN
         for approval in shared["approvals"]:
