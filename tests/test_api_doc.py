@@ -23,6 +23,8 @@ import ledger
 from console.api import errors as api_errors
 from ledger.errors import LedgerError
 
+pytestmark = pytest.mark.backend_independent
+
 ROOT = Path(__file__).resolve().parent.parent
 API_MD = ROOT / "docs" / "api.md"
 METHODS = ("get", "post", "put", "patch", "delete")

@@ -15,6 +15,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 # Manager attributes: `.objects` and the two managers Django gives every model besides it.

@@ -7,11 +7,14 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+import pytest
 import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.canonical import NotCanonicalizable, _orjson_is_canonical, canonical_bytes
+
+pytestmark = pytest.mark.backend_independent
 
 # Every code point, surrogates included (lone surrogates must be refused the same way), with extra
 # weight on the places where escaping and ordering differ: controls, DEL, quotes, backslash, the

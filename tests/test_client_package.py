@@ -13,6 +13,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent
+
 ROOT = Path(__file__).resolve().parent.parent
 
 THIRD_PARTY = """

@@ -27,6 +27,14 @@ HISTORY = 21
 
 @pytest.fixture
 def demo() -> dict[str, Workspace]:
+    """The demo without its evaluations (three quarters of its work), for what they do not touch."""
+    load_demo(history_runs=HISTORY, evaluations_too=False)
+    return {f"{ws.tenant.slug}/{ws.slug}": ws for ws in Workspace.objects.select_related("tenant")}
+
+
+@pytest.fixture
+def full_demo() -> dict[str, Workspace]:
+    """All of `ledger demo`, its dataset, policy and evaluations included."""
     load_demo(history_runs=HISTORY)
     return {f"{ws.tenant.slug}/{ws.slug}": ws for ws in Workspace.objects.select_related("tenant")}
 
@@ -142,7 +150,7 @@ def test_the_demo_holds_a_run_in_every_attention_state(demo: dict[str, Workspace
     assert all(c.status == "pass" for c in verify_run(runs.get(run_id="run_demo_retry_scheduled")))
 
 
-def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:
+def test_history_spreads_over_thirty_days_and_every_run_verifies(full_demo: dict[str, Workspace]) -> None:
     history = Run.objects.filter(run_id__startswith="run_hist_")
     assert history.count() == HISTORY
     oldest = history.order_by("created_at").first()
@@ -154,7 +162,7 @@ def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str,
     assert load_demo(history_runs=HISTORY).startswith("0 run(s) created")
 
 
-def test_no_demo_run_starts_or_records_anything_in_the_future(demo: dict[str, Workspace]) -> None:
+def test_no_demo_run_starts_or_records_anything_in_the_future(full_demo: dict[str, Workspace]) -> None:
     now = timezone.now()
     assert Run.objects.exists() and not Run.objects.filter(started_at__gt=now).exists()
     assert not Run.objects.filter(created_at__gt=now).exists()
@@ -175,12 +183,12 @@ def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo:
     assert client.get("/api/v1/runs/run_demo_export").status_code == 404
 
 
-def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspace]) -> None:
+def test_the_demo_lays_out_a_re_execution_in_every_state(full_demo: dict[str, Workspace]) -> None:
     from ledger.demo import reexecution as demo_reexecution
     from ledger.models import AuditEntry, ReexecutionRequest
     from ledger.replay.divergence import divergence_report
 
-    support = demo["acme/support"]
+    support = full_demo["acme/support"]
     by_reason = {r.reason: r for r in ReexecutionRequest.objects.filter(workspace=support)}
     waiting = by_reason[demo_reexecution.WAITING]
     assert (waiting.mode, waiting.status, waiting.requested_by) == ("fork", "pending_approval", "carol")
@@ -210,7 +218,7 @@ def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspa
     assert ReexecutionRequest.objects.filter(workspace=support, batch_id="").count() == len(by_reason) - 2
 
 
-def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspace]) -> None:
+def test_every_demo_dollar_equals_the_decimal_definition(full_demo: dict[str, Workspace]) -> None:
     """The fold prices in integers (ledger.fold.pricing.price_call): every stored cost entry and run
     total of the demo is what the Decimal definition gives, tokens x rate / 1M, summed."""
     wide = Context(prec=200)
@@ -240,11 +248,11 @@ def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspa
         assert run.cost_usd.quantize(COMPARE_PLACES) == totals[run.pk].quantize(COMPARE_PLACES), run.run_id
 
 
-def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(demo: dict[str, Workspace]) -> None:
+def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(full_demo: dict[str, Workspace]) -> None:
     from ledger.demo import evaluations as demo_evaluations
     from ledger.models import Evaluation, EvaluationPolicy
 
-    support = demo["acme/support"]
+    support = full_demo["acme/support"]
     kept = Evaluation.objects.get(workspace=support, reason=demo_evaluations.KEPT)
     regressed = Evaluation.objects.get(workspace=support, reason=demo_evaluations.REGRESSED)
     assert (kept.status, kept.verdict) == ("finished", "passed")

@@ -13,7 +13,10 @@ from functools import cache
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
 from django.urls import Resolver404, resolve
+
+pytestmark = pytest.mark.backend_independent
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_DIRS = {

@@ -47,9 +47,10 @@ def _events() -> int:
     return Run.objects.aggregate(n=Sum("last_sequence"))["n"] or 0
 
 
-def _sweep(base_url: str) -> Sweep:
-    """The demo's tenants, one object of every type in acme/support, and everyone who must be refused."""
-    load_demo(history_runs=0)
+def _sweep(base_url: str, *, evaluations: bool = True) -> Sweep:
+    """The demo's tenants, one object of every type in acme/support, and everyone who must be refused
+    (without the demo's evaluations for the tests that sweep one made-up route)."""
+    load_demo(history_runs=0, evaluations_too=evaluations)
     support = workspace_by_path("acme/support")
     globex = workspace_by_path("globex/main")
     alice = User.objects.get(username="alice")
@@ -91,7 +92,7 @@ def _sweep(base_url: str) -> Sweep:
         or "",
         "evaluation_id": Evaluation.objects.filter(workspace=support).values_list("public_id", flat=True).first() or "",
     }
-    assert values["name"] and values["policy_id"] and values["evaluation_id"], "the demo holds an evaluation"
+    assert not evaluations or (values["name"] and values["policy_id"] and values["evaluation_id"]), "no evaluation"
     no_token = "tok_" + "x" * 40
     other_run = "run_demo_triage"  # acme's too, but not what the link shares
     share_values = [
@@ -163,7 +164,7 @@ def test_the_sweep_fails_on_a_route_without_a_check(leaky_server: Daphne) -> Non
     the sweep names it; declared as a viewer's page, the sweep reports another tenant reading it."""
     from tests.leaky_urls import LEAK
 
-    sweep = _sweep(leaky_server.url)
+    sweep = _sweep(leaky_server.url, evaluations=False)
     assert LEAK in http_routes("tests.leaky_urls")
     undeclared = sweep.run([LEAK], [])
     assert undeclared == [
@@ -177,7 +178,7 @@ def test_the_sweep_fails_on_a_route_without_a_check(leaky_server: Daphne) -> Non
 
 
 def test_the_sweep_fails_on_a_socket_without_a_check(server: Daphne) -> None:
-    sweep = _sweep(server.url)
+    sweep = _sweep(server.url, evaluations=False)
     assert sweep.run([], ["ws/some/new/route/"]) == [
         "websocket route 'ws/some/new/route/' is not declared in the isolation sweep (WEBSOCKETS)"
     ]

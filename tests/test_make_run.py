@@ -23,6 +23,8 @@ import pytest
 from tests.readme import block, on_port
 from tests.servers import REPO_ROOT, database_url, free_port
 
+pytestmark = pytest.mark.backend_independent
+
 # The test already runs inside the virtualenv: never let make rebuild it.
 MAKE = ["make", "--no-print-directory", "-o", ".venv/.installed"]
 

@@ -18,6 +18,8 @@ from ledger.log.prepare import item as _prepare
 from ledger.log.redaction import NotPlain, Redactor
 from ledger.log.vocabulary import validate_payload
 
+pytestmark = pytest.mark.backend_independent
+
 _tricky_text = st.sampled_from(
     [
         "",

@@ -18,7 +18,7 @@ from ledger.reads import selectors
 from tests.readme import URL_LINE, blocks, on_port
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from ledger.models import Run
 from tests.readme import URL_LINE, block, on_port
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 
 @pytest.fixture(scope="module")

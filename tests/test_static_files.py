@@ -14,6 +14,8 @@ import pytest
 
 from tests.servers import production_env, start_daphne
 
+pytestmark = pytest.mark.backend_independent
+
 ASSET = re.compile(r'(?:href|src)="(/static/[^"]+)"')
 HASHED = re.compile(r"\.[0-9a-f]{12}\.(?:css|js|svg)$")
 KIND = {"css": "text/css", "js": "javascript", "svg": "image/svg+xml"}

@@ -23,7 +23,7 @@ from tests.browser.axe import blocking_violations
 from tests.browser.conftest import Daphne, log_in_to_demo, screenshot_dir
 from tests.browser.test_evidence_views import RESEARCH, SUPPORT
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 SCHEMES = ("light", "dark")
 PAGES = {

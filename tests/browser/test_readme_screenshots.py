@@ -17,7 +17,7 @@ from ledger.demo import reexecution as demo_reexecution
 from ledger.models import ReexecutionRequest
 from tests.browser.conftest import Daphne, log_in_to_demo, screenshot_dir
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 SUPPORT, RESEARCH = "/w/acme/support", "/w/acme/research"
 # The README shows them at this size: wide enough for the tables, small enough to stay light.

@@ -17,7 +17,7 @@ from ledger.models import Workspace
 from tests.browser import data
 from tests.browser.conftest import Daphne, log_in, screenshot_dir
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 RUN = "run_showcase"
 SUB_RUNS = ("run_showcase_notify", "run_showcase_sms", "run_showcase_audit")
