@@ -71,6 +71,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the run (default: delete it)")
     args = parser.parse_args(argv)
     require_postgres("bench/memory.py")
+    # The run grows past the default limit a run may hold (an operator's setting,
+    # docs/operations.md), raised here so that the bench can write it.
+    os.environ.setdefault("LEDGER_MAX_EVENTS_PER_RUN", str(max(args.events, 1) + 10))
     setup_django(production=True)
 
     from django.conf import settings

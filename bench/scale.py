@@ -396,6 +396,8 @@ def _copy_chunk(conn: Any, chunk: list[PlannedRun], first_pk: int, workspaces: l
                 "lease_expires_at": None,
                 "fencing_token": 0,
                 "pruning": False,
+                "imported_from": "",
+                "started_by": "",
                 **run_fields(state),
             }
         )
