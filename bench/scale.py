@@ -37,7 +37,7 @@ if not __package__:  # run as a script: import the bench package from the reposi
 from bench.common import get_ok, libpq_url, record, require_postgres, setup_django  # noqa: E402
 
 # Bump when the generated data changes: a dataset with another version is loaded again.
-LOADER_VERSION = 1
+LOADER_VERSION = 2
 TENANT = "scale"
 WORKSPACES = ("scale-a", "scale-b", "scale-c")
 SPAN_DAYS = 400  # so that a 1-year usage window does not cover every row
@@ -349,7 +349,7 @@ def _copy_chunk(conn: Any, chunk: list[PlannedRun], first_pk: int, workspaces: l
     from ledger.fold import fold
     from ledger.fold.pricing import prices_for
     from ledger.log.envelopes import format_recorded_at
-    from ledger.log.projection import cost_fields, run_fields, step_fields, tool_fields
+    from ledger.log.projection import cost_fields, payload_bytes_of, run_fields, step_fields, tool_fields
     from ledger.models import CostEntry, Event, Run, Step, ToolCall
 
     prices = prices_for(workspaces[0])
@@ -399,6 +399,8 @@ def _copy_chunk(conn: Any, chunk: list[PlannedRun], first_pk: int, workspaces: l
                 "imported_from": "",
                 "started_by": "",
                 **run_fields(state),
+                # Kept on the head by the write path, not by the fold (LEDGER_MAX_BYTES_PER_RUN).
+                "payload_bytes": payload_bytes_of(log),
             }
         )
         rows[Step] += [{"run_id": pk, **step_fields(state, path, i)} for i, path in enumerate(state.steps)]
