@@ -6,7 +6,7 @@ the key (unpriced: no cost; still going: no duration) comes last in both directi
 
 Nested (`nested=True`) the list holds the runs without a parent, and cost and tokens are those of
 the run's whole tree: its own plus every run whose `root_run_id` is its id (one correlated
-aggregate each over the `run_tree` index, migration 0025). Flat, every run is a row with its own.
+aggregate each over the partial `run_below` index, migration 0034). Flat, every run is a row with its own.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def _below(column: str, output: Any) -> Subquery:
     """The sum of `column` over the runs below a root (its tree less itself), NULL without any."""
     below = (
         Run.objects.filter(workspace=OuterRef("workspace"), root_run_id=OuterRef("run_id"))
+        .exclude(root_run_id="")  # always true here; it lets PostgreSQL use the index run_below
         .order_by()
         .values("root_run_id")
     )
