@@ -55,11 +55,10 @@ serve: setup
 	$(PY) bin/serve --processes $(PROCESSES) $(HOST) $(PORT)
 
 # The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
-# a module's tests on one of them (their servers are per module), long modules first (tests/conftest.py
-# orders them; xdist would otherwise hand out the modules with most tests first), the 25 slowest listed.
+# a module's tests on one of them (their servers are per module), the 25 slowest tests listed.
 TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The README's pictures of the console (docs/img/), taken by a browser test from the demo data
 # (tests/browser/test_readme_screenshots.py; Debian's /usr/bin/chromium, as the browser tests use).

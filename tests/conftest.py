@@ -12,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -46,7 +45,7 @@ def _starts_processes(path: Path, seen: dict[Path, bool]) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers by where a test is: tests/browser/ is `browser` (and `system`); a module that starts
-    servers or subprocesses is `system`; those run first. Tests marked redis_only belong to the Redis pass (REDIS_URL
+    servers or subprocesses is `system`. Tests marked redis_only belong to the Redis pass (REDIS_URL
     set, as CI's second pass and docs set it), those marked postgres_only to the PostgreSQL pass; the
     embedded default's pass, on a machine that may have neither, leaves them out instead of skipping
     them. SKIP_BACKEND_INDEPENDENT=1 (CI's PostgreSQL pass) leaves out those marked
@@ -59,20 +58,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.system)
         elif _starts_processes(path, seen) or "live_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.system)
-    # The long modules first: the browser's, then the other system modules, fewest tests first (the
-    # end-to-end ones: a sweep, a drill, a first run). On pytest-xdist (`make test` passes
-    # --no-loadscope-reorder, which keeps this order; by default xdist hands out the modules with
-    # the most tests first) the quick in-process modules then fill the processes at the end.
-    per_module = Counter(Path(item.path) for item in items)
-
-    def order(item: pytest.Item) -> tuple[int, int]:
-        if item.get_closest_marker("browser"):
-            return (0, 0)
-        if item.get_closest_marker("system"):
-            return (1, per_module[Path(item.path)])
-        return (2, 0)
-
-    items.sort(key=order)
     absent = [
         marker
         for marker, present in (
