@@ -99,6 +99,24 @@ def test_first_failure_is_offered_only_on_a_run_that_has_one(browser: Client, ap
     assert jumped.status_code == 302 and jumped["Location"].endswith("#event-4")  # StepFailed
 
 
+def test_the_header_offers_the_first_failure_once_the_run_has_failed(browser: Client, append) -> None:
+    """The header is what follows a live run (static/js/live.js fetches run-header/ again), so a run
+    that fails while someone watches gains the jump without a reload."""
+    append("run_going", started(), ev("StepScheduled", stepPath="fetch"))
+    header_url = "/w/acme/support/runs/run_going/header/"
+    assert 'id="run-first-failure"' not in browser.get(header_url).content.decode()
+    append(
+        "run_going",
+        ev("StepAttemptStarted", stepPath="fetch", attempt=1),
+        ev("StepFailed", stepPath="fetch", attempt=1, error={"message": "403"}),
+        ev("RunFailed", error={"message": "fetch failed"}),
+    )
+    jump = '<a id="run-first-failure" href="/w/acme/support/runs/run_going/timeline/?first=failure">'
+    assert jump in browser.get(header_url).content.decode()
+    assert jump in browser.get("/w/acme/support/runs/run_going/").content.decode()
+    assert browser.get("/w/acme/support/runs/run_going/timeline/?first=failure").status_code == 302
+
+
 def test_the_500_page_keeps_the_layout_without_the_database(workspace: Workspace) -> None:
     request = RequestFactory().get("/w/acme/support/")
     response = errors.server_error(request)

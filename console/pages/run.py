@@ -259,6 +259,8 @@ def _header_context(run: Run) -> dict[str, Any]:
         "origin": run_origin(run),
         "attention": attention.of_run(run),
         "failure": failure.of_run(run),
+        # A failed run has its RunFailed at least: the jump always lands, and it follows the run live.
+        "first_failure_url": _tab_url(run, "timeline") + "?first=failure" if run.status == "failed" else None,
     }
 
 
