@@ -8,6 +8,7 @@ everywhere.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -80,6 +81,12 @@ def status_label(value: str) -> str:
     """A status or state as words ("pending_approval" reads "waiting for approval")."""
     text = str(value)
     return STATUS_LABELS.get(text.lower(), text.replace("_", " "))
+
+
+def field_label(value: str) -> str:
+    """An API field's name as words, for the pages that list which fields changed
+    ("modelOutputs" reads "model outputs", "output_ref" reads "output ref")."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", str(value)).replace("_", " ").lower()
 
 
 def coverage(priced: int, unpriced: int) -> str:

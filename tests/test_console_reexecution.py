@@ -285,6 +285,11 @@ def test_approve_executes_the_fork_and_both_runs_link_the_divergence(
     assert re.search(r'data-step="draft" data-comparison="changed"', html)
     assert 'class="d-add"' in html and 'class="d-del"' in html  # the text diff, coloured per line
     assert "D-4" in html
+    # Words, not the report's field names: the changed fields and the diff headings.
+    draft = html[html.index('data-step="draft" data-comparison="changed"') :]
+    assert '<span class="muted">output, model outputs, tool results</span>' in draft[:400]
+    assert "<h3>Model outputs <span" in html and "<h3>Tool results <span" in html
+    assert '<span class="status status-succeeded">' in html and ">pending_approval<" not in html
     decided = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode()
     assert f'data-reexecution="{rx.public_id}" data-status="succeeded"' in decided
 

@@ -82,6 +82,17 @@ def status_label(value: str) -> str:
 
 
 @register.filter
+def field_label(value: str) -> str:
+    return fmt.field_label(value)
+
+
+@register.filter
+def field_labels(values: list[str]) -> str:
+    """Field names as words, comma-separated."""
+    return ", ".join(fmt.field_label(v) for v in values)
+
+
+@register.filter
 def indent(depth: int) -> int:
     """A nested row's indentation step (console.css has four)."""
     return min(int(depth), 4)
