@@ -249,6 +249,10 @@ class Run(UsageColumns):
             # (ledger/reads/runlist.py), and a tree's runs (retention). Partial: over every run, the
             # planner could not tell a run's id from the "" of most rows and read the workspace.
             models.Index(fields=["workspace", "root_run_id"], name="run_below", condition=~Q(root_run_id="")),
+            # The runs still going: what needs a person is looked for among them (the navigation's
+            # Approvals badge on every page, ledger/reads/attention.py), not among every run of the
+            # workspace. Small, and its status changes twice in a run's life.
+            models.Index(fields=["workspace"], name="run_unfinished", condition=~Q(status__in=["completed", "failed"])),
         ]
 
     def __str__(self) -> str:

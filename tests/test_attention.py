@@ -325,3 +325,14 @@ def test_the_sweep_leaves_a_fresh_decision_to_its_own_task(workspace: Workspace,
     )
     DBTaskResult.objects.all().delete()
     assert worker.sweep()["resumed"] == []  # younger than a lease: its task may still be on its way
+
+
+def test_the_index_of_unfinished_runs_leaves_out_exactly_the_finished_statuses() -> None:
+    """The navigation's badge finds what waits among the runs still going through the partial
+    index run_unfinished (migration 0035), whose condition must stay the query's."""
+    from django.db.models import Q
+
+    from ledger.models import Run, RunStatus
+
+    index = next(i for i in Run._meta.indexes if i.name == "run_unfinished")
+    assert index.condition == ~Q(status__in=list(RunStatus.finished()))

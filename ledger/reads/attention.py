@@ -189,5 +189,11 @@ def waiting_for_approvers(workspace: Workspace) -> int:
     badge, so it counts what the page shows."""
     requests = ReexecutionRequest.objects.filter(workspace=workspace, status=ReexecutionRequest.Status.PENDING_APPROVAL)
     cards = requests.annotate(card=Coalesce(NullIf("batch_id", Value("")), "public_id")).values("card").distinct()
-    calls = ToolCall.objects.filter(run__workspace=workspace, status="waiting_approval").filter(_unfinished()).count()
+    # The runs still going first (the partial index run_unfinished), then their waiting calls: as
+    # one join, PostgreSQL's guess of how many runs are unfinished (none in its sample) could make
+    # it read every run of the workspace instead, on every page (bench/README.md, scale).
+    going = list(
+        Run.objects.filter(workspace=workspace).exclude(status__in=RunStatus.finished()).values_list("pk", flat=True)
+    )
+    calls = ToolCall.objects.filter(run_id__in=going, status="waiting_approval").count() if going else 0
     return cards.count() + calls

@@ -111,9 +111,13 @@ def sorted_runs(qs: QuerySet[Run], sort: Sort) -> QuerySet[Run]:
         qs = with_tree_totals(qs.filter(parent_run_id=""))
     qs = qs.annotate(sort_value=_key(sort.key, sort.nested))
     value = F("sort_value")
+    # A start time is never NULL: its order says nothing of NULLs, since DESC NULLS LAST would not
+    # be the order of the index run_newest_first and PostgreSQL would sort every run of the
+    # workspace for a page (bench/README.md, bench/scale.py "runs list, first page").
+    nulls_last = None if sort.key == "started" else True
     if sort.descending:
-        return qs.order_by(value.desc(nulls_last=True), "-pk")
-    return qs.order_by(value.asc(nulls_last=True), "pk")
+        return qs.order_by(value.desc(nulls_last=nulls_last), "-pk")
+    return qs.order_by(value.asc(nulls_last=nulls_last), "pk")
 
 
 Position = tuple[datetime | Decimal | int | timedelta | None, int]
