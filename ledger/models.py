@@ -251,8 +251,11 @@ class Run(UsageColumns):
             models.Index(fields=["workspace", "root_run_id"], name="run_below", condition=~Q(root_run_id="")),
             # The runs still going: what needs a person is looked for among them (the navigation's
             # Approvals badge on every page, ledger/reads/attention.py), not among every run of the
-            # workspace. Small, and its status changes twice in a run's life.
-            models.Index(fields=["workspace"], name="run_unfinished", condition=~Q(status__in=["completed", "failed"])),
+            # workspace. Small, and its status changes twice in a run's life; with the id, the
+            # badge's read of their ids needs no row.
+            models.Index(
+                fields=["workspace", "id"], name="run_unfinished", condition=~Q(status__in=["completed", "failed"])
+            ),
         ]
 
     def __str__(self) -> str:

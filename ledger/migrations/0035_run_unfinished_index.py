@@ -12,6 +12,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddIndex(
             model_name='run',
-            index=models.Index(condition=models.Q(('status__in', ['completed', 'failed']), _negated=True), fields=['workspace'], name='run_unfinished'),
+            index=models.Index(condition=models.Q(('status__in', ['completed', 'failed']), _negated=True), fields=['workspace', 'id'], name='run_unfinished'),
         ),
     ]
