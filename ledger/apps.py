@@ -11,6 +11,10 @@ class LedgerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from .log import hooks, proofs
+
+        # A long run's log proof and fold snapshots, made by the worker when the run ends.
+        hooks.on_run_ended(proofs.queue_proof)
         # The cyclic collector's youngest-generation threshold for the whole process
         # (console/settings.py, RUNLEDGER_GC_THRESHOLD); the older generations keep Python's.
         threshold = getattr(settings, "RUNLEDGER_GC_THRESHOLD", None)

@@ -194,3 +194,42 @@ def test_a_deleted_run_takes_its_proof_with_it(workspace: Workspace) -> None:
         cur.execute("DELETE FROM ledger_event WHERE run_id = %s", [run.pk])
     Run.objects.filter(workspace=workspace, run_id__startswith="run_proof").delete()
     assert not LogProof.objects.exists()
+
+
+IMMEDIATE = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend", "QUEUES": ["default"]}}
+
+
+def _ended_run(workspace: Workspace, run_id: str, steps: int) -> Run:
+    _run_with(workspace, run_id, steps)
+    append(workspace=workspace, run_id=run_id, events=[{"type": "RunCompleted", "payload": {"output": {}}}])
+    return _run(workspace, run_id)
+
+
+def test_a_long_run_is_proved_by_the_worker_when_it_ends(
+    workspace: Workspace, settings: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    """The run-ended hook queues `prove_run` for a run of PROVE_FROM events or more; the task
+    stores the fold snapshots and the proof, so the first evidence bundle reads no whole log."""
+    from ledger.log import snapshots
+    from ledger.models import FoldSnapshot
+
+    settings.TASKS = IMMEDIATE  # the task runs when the append commits, as the worker would take it
+    monkeypatch.setattr(proofs, "PROVE_FROM", 20)
+    monkeypatch.setattr(snapshots, "EVERY", 8)
+    with django_capture_on_commit_callbacks(execute=True):
+        short = _ended_run(workspace, "run_short", 2)
+    assert short.last_sequence < 20
+    assert not LogProof.objects.filter(run=short).exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run = _ended_run(workspace, "run_proof", 4)
+    assert run.last_sequence >= 20 and run.status == "completed"
+    proof = LogProof.objects.get(run=run)
+    assert proof.sequence == run.last_sequence
+    assert FoldSnapshot.objects.filter(run=run).exists()
+
+    snapshots.READS.clear()
+    called = _without_full_inspection(monkeypatch)
+    bundle = evidence_bundle(run)
+    assert not called
+    assert {c["status"] for c in bundle["integrity"]["checks"]} == {"pass"}

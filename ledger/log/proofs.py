@@ -20,6 +20,13 @@ their payloads.
   `ledger verify`'s full inspection (which then names what is wrong), and a full inspection that
   passes records the proof.
 
+A run that ends with at least PROVE_FROM events gets its proof, and its fold snapshots, from the
+worker (`prove_run`, queued by `queue_proof` when the append ends the run), so that the first
+person to open its evidence, conversation or state does not pay for the whole log (at 100,000
+events, 9 to 14 s for the evidence JSON and 2.7 s for the conversation before this). A shorter run
+is proved by its first evidence request, which is cheap enough there; a run that never ends, or
+one whose task was lost, is proved by that request too.
+
 What the proof trusts for events 1..N: that stored events are never changed or deleted (the
 database refuses it: ledger/dbguards.py) and that projection rows change only by the append path
 or `ledger rebuild` (which throws the proof away). `ledger verify` checks the proof itself (its
@@ -29,11 +36,14 @@ chain, last id, refs and bytes against the log it reads whole), so a proof that 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django_tasks import task
 
 from ..canonical import canonical_json, event_id
 from ..fold import RunState
@@ -41,8 +51,14 @@ from ..fold.pricing import prices_of
 from ..models import LogProof, Run
 from .envelopes import decode_payload, log_rows, read_envelopes
 from .projection import differences, payload_bytes_of
-from .snapshots import state_after
+from .snapshots import EVERY, state_after
 from .verify import Check, Inspection, artifact_refs, chain, check_artifacts, inspect_run
+
+log = logging.getLogger(__name__)
+
+# The shortest run the worker proves when it ends: one long enough to have a stored fold snapshot.
+# Below it, the first evidence request proves the run in well under a second.
+PROVE_FROM = EVERY
 
 
 @dataclass(frozen=True)
@@ -153,3 +169,28 @@ def _from_proof(run: Run, proof: LogProof, version: str) -> Inspected | None:
         for name, value in extended.items():
             setattr(proof, name, value)
     return Inspected(_checks(proof), outcomes, state=state)
+
+
+@task()
+def prove_run(run_pk: int) -> str:
+    """The worker's half of a long run's end: its fold snapshots stored and its log proved, before
+    anybody asks. What it found, for the task's result."""
+    run = Run.objects.filter(pk=run_pk).first()
+    if run is None:
+        return "gone"
+    state_after(run)
+    failed = [c.name for c in inspect(run).checks if c.status != "pass"]
+    if failed:
+        log.warning("log proof of run %s: checks failed: %s (ledger verify names what is wrong)", run.run_id, failed)
+        return "failed: " + ", ".join(failed)
+    return f"proved 1..{run.last_sequence}"
+
+
+def queue_proof(*, run: Run, written: Sequence[Mapping[str, Any]]) -> None:
+    """The run-ended hook (hooks.py; registered in ledger/apps.py): a long run's proof queued for
+    the worker once the append commits. A task that cannot be queued costs only the warm-up: the
+    first request proves the run instead, so the append is never failed for it."""
+    if run.last_sequence < PROVE_FROM:
+        return
+    run_pk = run.pk
+    transaction.on_commit(lambda: prove_run.enqueue(run_pk), robust=True)
