@@ -117,6 +117,30 @@ def test_rows_show_status_workflow_cost_subruns_and_rating(browser: Client, runs
     assert re.search(r'class="num children" data-label="Sub-runs">0<', row_of(response.content, "run_failed"))
 
 
+def test_a_failed_run_says_its_error_once_and_a_cancelled_one_reads_cancelled(
+    browser: Client, append, workspace: Workspace
+) -> None:
+    """The Error column carries how a run ended (the error, its step; a cancellation's reason), the
+    Status cell the status word: one place each, not the same message twice."""
+    from ledger.replay.cancellation import cancel_run
+
+    append(
+        "run_broke",
+        started(),
+        ev("RunFailed", error={"name": "ToolError", "message": "the ledger API timed out", "stepPath": "fetch"}),
+    )
+    append("run_stopped", started())
+    cancel_run(workspace=workspace, run_id="run_stopped", reason="the customer withdrew", by="carol")
+    page = browser.get(URL).content
+    broke = row_of(page, "run_broke")
+    assert broke.count("the ledger API timed out") == 2  # the cell's text and its title, nothing else
+    assert '<span class="status status-failed">failed</span>' in broke
+    assert 'data-ended="failed"' in broke and ">ToolError</b>" in broke and '<span class="mono">fetch</span>' in broke
+    stopped = row_of(page, "run_stopped")
+    assert '<span class="status status-cancelled">cancelled</span>' in stopped and ">failed<" not in stopped
+    assert stopped.count("the customer withdrew") == 2 and 'data-label="Reason"' in stopped
+
+
 def test_a_run_without_model_calls_costs_zero_not_na(browser: Client, append) -> None:
     append("run_plain", started(), ev("RunCompleted"))
     row = row_of(browser.get(URL).content, "run_plain")
