@@ -20,10 +20,13 @@ run demo migrate check lint: export DEBUG ?= 1
 run: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),1)
 serve: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),auto)
 
+# --no-compile: pip would byte-compile every module of every package (the test extras' browsers'
+# drivers, fuzzers and SDKs included), a third of the install's time; Python compiles what is
+# imported, once, on first use.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-compile -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
