@@ -20,13 +20,10 @@ run demo migrate check lint: export DEBUG ?= 1
 run: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),1)
 serve: PROCESSES ?= $(or $(RUNLEDGER_PROCESSES),auto)
 
-# --no-compile: pip would byte-compile every module of every package (the test extras' browsers'
-# drivers, fuzzers and SDKs included), a third of the install's time; Python compiles what is
-# imported, once, on first use.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -60,7 +57,10 @@ serve: setup
 # The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
 # a module's tests on one of them (their servers are per module), the 25 slowest tests listed.
 TEST_WORKERS ?= auto
+# The project's modules byte-compiled first: the suite starts about a hundred Python processes, and
+# where PYTHONDONTWRITEBYTECODE is set (CI's machines) each would compile them again from source.
 test: setup
+	$(PY) -m compileall -q -j 0 ledger console client/runledger >/dev/null
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The README's pictures of the console (docs/img/), taken by a browser test from the demo data
