@@ -428,7 +428,8 @@ def bench_views(
     of the later ones, bare SELECT of what it shows, queries, Python calls). A run long enough for
     the worker to prove when it ends (ledger/log/proofs.py) is proved first, as the worker would;
     the first request of a run then reads its stored snapshots and proof in a process that has
-    never read it; the later ones read the cached fold, as a server does after its first. The later requests of the two runs, and their bare SELECTs, alternate."""
+    never read it; the later ones read the cached fold, as a server does after its first. The
+    later requests of the two runs, and their bare SELECTs, alternate."""
     from django.db import connection
 
     from ledger.log.proofs import PROVE_FROM, prove_run
@@ -459,7 +460,7 @@ def bench_views(
         }
         if skip:
             del urls[size]["evidence JSON"]
-        if size >= PROVE_FROM:  # what `ledger worker` does when such a run ends (its task, queued by the append)
+        if size >= PROVE_FROM:  # what `ledger worker` does when such a run ends (the append queued it)
             began = time.perf_counter()
             prove_run.call(run.pk)
             print(f"  the worker proved it and stored its snapshots in {time.perf_counter() - began:.1f} s", flush=True)
