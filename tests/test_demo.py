@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Context, Decimal
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
+from django.db import transaction
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from ledger.demo import load_demo
@@ -25,18 +27,26 @@ pytestmark = pytest.mark.django_db
 HISTORY = 21
 
 
-@pytest.fixture
-def demo() -> dict[str, Workspace]:
-    """The demo without its evaluations (three quarters of its work), for what they do not touch."""
-    load_demo(history_runs=HISTORY, evaluations_too=False)
-    return {f"{ws.tenant.slug}/{ws.slug}": ws for ws in Workspace.objects.select_related("tenant")}
+@pytest.fixture(scope="module")
+def demo(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Workspace]]:
+    """All of `ledger demo`, loaded once for the module in a transaction rolled back at its end.
+    Each test reads it inside its own savepoint, which rolls back what the test writes (a second
+    load included): one load for the module instead of one per test. Its artifacts are the
+    module's too (so no test moves ARTIFACTS_ROOT, see below)."""
+    artifacts = override_settings(ARTIFACTS_ROOT=tmp_path_factory.mktemp("demo") / "artifacts")
+    with artifacts, django_db_blocker.unblock(), transaction.atomic():
+        try:
+            load_demo(history_runs=HISTORY)
+            yield {f"{ws.tenant.slug}/{ws.slug}": ws for ws in Workspace.objects.select_related("tenant")}
+        finally:
+            transaction.set_rollback(True)
 
 
-@pytest.fixture
-def full_demo() -> dict[str, Workspace]:
-    """All of `ledger demo`, its dataset, policy and evaluations included."""
-    load_demo(history_runs=HISTORY)
-    return {f"{ws.tenant.slug}/{ws.slug}": ws for ws in Workspace.objects.select_related("tenant")}
+@pytest.fixture(autouse=True)
+def _artifacts_in_tmp() -> None:
+    """The module's demo keeps its artifacts for every test (tests/conftest.py gives each its own)."""
 
 
 def _log(ws: Workspace, run_id: str) -> list[dict[str, Any]]:
@@ -150,7 +160,7 @@ def test_the_demo_holds_a_run_in_every_attention_state(demo: dict[str, Workspace
     assert all(c.status == "pass" for c in verify_run(runs.get(run_id="run_demo_retry_scheduled")))
 
 
-def test_history_spreads_over_thirty_days_and_every_run_verifies(full_demo: dict[str, Workspace]) -> None:
+def test_history_spreads_over_thirty_days_and_every_run_verifies(demo: dict[str, Workspace]) -> None:
     history = Run.objects.filter(run_id__startswith="run_hist_")
     assert history.count() == HISTORY
     oldest = history.order_by("created_at").first()
@@ -162,7 +172,7 @@ def test_history_spreads_over_thirty_days_and_every_run_verifies(full_demo: dict
     assert load_demo(history_runs=HISTORY).startswith("0 run(s) created")
 
 
-def test_no_demo_run_starts_or_records_anything_in_the_future(full_demo: dict[str, Workspace]) -> None:
+def test_no_demo_run_starts_or_records_anything_in_the_future(demo: dict[str, Workspace]) -> None:
     now = timezone.now()
     assert Run.objects.exists() and not Run.objects.filter(started_at__gt=now).exists()
     assert not Run.objects.filter(created_at__gt=now).exists()
@@ -183,12 +193,12 @@ def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo:
     assert client.get("/api/v1/runs/run_demo_export").status_code == 404
 
 
-def test_the_demo_lays_out_a_re_execution_in_every_state(full_demo: dict[str, Workspace]) -> None:
+def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspace]) -> None:
     from ledger.demo import reexecution as demo_reexecution
     from ledger.models import AuditEntry, ReexecutionRequest
     from ledger.replay.divergence import divergence_report
 
-    support = full_demo["acme/support"]
+    support = demo["acme/support"]
     by_reason = {r.reason: r for r in ReexecutionRequest.objects.filter(workspace=support)}
     waiting = by_reason[demo_reexecution.WAITING]
     assert (waiting.mode, waiting.status, waiting.requested_by) == ("fork", "pending_approval", "carol")
@@ -218,7 +228,7 @@ def test_the_demo_lays_out_a_re_execution_in_every_state(full_demo: dict[str, Wo
     assert ReexecutionRequest.objects.filter(workspace=support, batch_id="").count() == len(by_reason) - 2
 
 
-def test_every_demo_dollar_equals_the_decimal_definition(full_demo: dict[str, Workspace]) -> None:
+def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspace]) -> None:
     """The fold prices in integers (ledger.fold.pricing.price_call): every stored cost entry and run
     total of the demo is what the Decimal definition gives, tokens x rate / 1M, summed."""
     wide = Context(prec=200)
@@ -248,11 +258,11 @@ def test_every_demo_dollar_equals_the_decimal_definition(full_demo: dict[str, Wo
         assert run.cost_usd.quantize(COMPARE_PLACES) == totals[run.pk].quantize(COMPARE_PLACES), run.run_id
 
 
-def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(full_demo: dict[str, Workspace]) -> None:
+def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(demo: dict[str, Workspace]) -> None:
     from ledger.demo import evaluations as demo_evaluations
     from ledger.models import Evaluation, EvaluationPolicy
 
-    support = full_demo["acme/support"]
+    support = demo["acme/support"]
     kept = Evaluation.objects.get(workspace=support, reason=demo_evaluations.KEPT)
     regressed = Evaluation.objects.get(workspace=support, reason=demo_evaluations.REGRESSED)
     assert (kept.status, kept.verdict) == ("finished", "passed")
