@@ -57,11 +57,13 @@ serve: setup
 # The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
 # a module's tests on one of them (their servers are per module), the 25 slowest tests listed.
 TEST_WORKERS ?= auto
-# The project's modules byte-compiled first: the suite starts about a hundred Python processes, and
-# where PYTHONDONTWRITEBYTECODE is set (CI's machines) each would compile them again from source.
+# The project's modules byte-compiled first, and PYTHONDONTWRITEBYTECODE (set on CI's machines) off
+# for the suite: else each of its hundred-odd Python processes compiles them again from source, and
+# each test process rewrites every test module's asserts again (pytest caches the rewritten modules
+# only where bytecode may be written; README § Tests).
 test: setup
 	$(PY) -m compileall -q -j 0 ledger console client/runledger >/dev/null
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The README's pictures of the console (docs/img/), taken by a browser test from the demo data
 # (tests/browser/test_readme_screenshots.py; Debian's /usr/bin/chromium, as the browser tests use).

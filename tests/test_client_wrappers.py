@@ -11,8 +11,6 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 from django.core.management import call_command
 
@@ -25,6 +23,9 @@ from tests.fake_providers import OPENAI_MODEL, FakeProviders
 from tests.servers import Daphne, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# The SDKs are imported by the tests that call them: every test process collects this module, and
+# importing `anthropic` takes about a second (README § Tests, "Where CI's time goes").
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 QUESTION = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather in Paris?"}]
@@ -61,6 +62,8 @@ def verify(run_id: str) -> None:
 def test_a_wrapped_openai_client_records_messages_tool_calls_model_and_usage(
     client: Client, provider: FakeProviders, workspace: Workspace
 ) -> None:
+    import openai
+
     llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
     with client.start_run("wfver_wrapped", run_id="run_wrapped_openai") as run, run.session(role="agent"):
         answer = llm.chat.completions.create(model="gpt-4o", messages=QUESTION, tools=TOOLS, temperature=0.2)
@@ -88,6 +91,8 @@ def test_a_wrapped_openai_client_records_messages_tool_calls_model_and_usage(
 def test_a_wrapped_anthropic_client_counts_cache_reads_inside_input(
     client: Client, provider: FakeProviders, workspace: Workspace
 ) -> None:
+    import anthropic
+
     llm = wrap_anthropic(anthropic.Anthropic(base_url=provider.url, api_key="sk-ant-test", max_retries=0))
     with client.start_run("wfver_wrapped", run_id="run_wrapped_anthropic"):
         with current_run().session(role="agent"):  # type: ignore[union-attr]
@@ -113,6 +118,8 @@ def test_a_wrapped_anthropic_client_counts_cache_reads_inside_input(
 def test_observe_records_steps_nested_and_repeated_and_calls_inside_carry_them(
     client: Client, provider: FakeProviders, workspace: Workspace
 ) -> None:
+    import openai
+
     llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
 
     @observe
@@ -159,6 +166,8 @@ def test_observe_records_steps_nested_and_repeated_and_calls_inside_carry_them(
 def test_a_run_started_inside_another_is_its_sub_run_in_threads_and_tasks(
     client: Client, provider: FakeProviders, workspace: Workspace
 ) -> None:
+    import openai
+
     llm = wrap_openai(openai.AsyncOpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
 
     @observe
