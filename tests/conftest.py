@@ -28,6 +28,7 @@ from ledger.canonical import event_id
 from ledger.log import AppendResult
 from ledger.models import Workspace
 from ledger.tenancy.services import bootstrap, create_user
+from tests.servers import Daphne, start_daphne
 
 PASSWORD = "pw-runledger-test"
 
@@ -45,18 +46,18 @@ def _starts_processes(path: Path, seen: dict[Path, bool]) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers by where a test is: tests/browser/ is `browser` (and `system`); a module that starts
-    servers or subprocesses is `system`. Tests marked redis_only belong to the Redis pass (REDIS_URL
-    set, as CI's second pass and docs set it), those marked postgres_only to the PostgreSQL pass; the
-    embedded default's pass, on a machine that may have neither, leaves them out instead of skipping
-    them. SKIP_BACKEND_INDEPENDENT=1 (CI's PostgreSQL pass) leaves out those marked
-    backend_independent, which the SQLite pass runs."""
+    servers or subprocesses is `system`, and so is a test served by the shared Daphne. Tests marked
+    redis_only belong to the Redis pass (REDIS_URL set, as CI's second pass and docs set it), those
+    marked postgres_only to the PostgreSQL pass; the embedded default's pass, on a machine that may
+    have neither, leaves them out instead of skipping them. SKIP_BACKEND_INDEPENDENT=1 (CI's
+    PostgreSQL pass) leaves out those marked backend_independent, which the SQLite pass runs."""
     seen: dict[Path, bool] = {}
     for item in items:
         path = Path(item.path)
         if (TESTS / "browser") in path.parents:
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.system)
-        elif _starts_processes(path, seen) or "live_server" in getattr(item, "fixturenames", ()):
+        elif _starts_processes(path, seen) or {"live_server", "daphne"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.system)
     absent = [
         marker
@@ -148,6 +149,23 @@ def _forget_read_states() -> Any:
     yield
     READS.clear()
     HEADS.clear()
+
+
+@pytest.fixture(scope="session")
+def daphne(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
+    """A Daphne with the test settings serving the test database, started once per test process
+    and shared by the modules that need a plain server (a start is a whole Django process's
+    imports); a module that needs another kind defines its own `server`. Django's async-safety
+    check stays on in it, though the browser tests' process turns it off for Playwright."""
+    server = start_daphne(tmp_path_factory.mktemp("daphne"), "shared", {"DJANGO_ALLOW_ASYNC_UNSAFE": None})
+    yield server
+    server.stop()  # before the test database is dropped: it holds connections to it
+
+
+@pytest.fixture(scope="session")
+def server(daphne: Daphne) -> Daphne:
+    """The server a test talks to: the shared Daphne, unless its module defines its own."""
+    return daphne
 
 
 @pytest.fixture(scope="session")

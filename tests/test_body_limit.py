@@ -15,19 +15,12 @@ from ledger.models import Run, Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import started
 from tests.live_support import session_id
-from tests.servers import Daphne, start_daphne
+from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHUNK = 64 * 1024
 TIMEOUT = httpx.Timeout(60.0)
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "body", {})
-    yield daphne
-    daphne.stop()
 
 
 @pytest.fixture

@@ -28,19 +28,12 @@ from ledger.tenancy.services import create_key
 from runledger.client import Client, RetryPolicy, Undelivered, current_run, observe
 from tests.client_support import FaultyProxy
 from tests.fake_providers import FakeProviders
-from tests.servers import REPO_ROOT, Daphne, start_daphne
+from tests.servers import REPO_ROOT, Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AGENT = str(Path(__file__).with_name("client_agent.py"))
 OUTAGE_S = 60
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "client-resilience", {})
-    yield daphne
-    daphne.stop()
 
 
 @pytest.fixture

@@ -30,13 +30,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 FAST = RetryPolicy(backoff_s=0.05, max_backoff_s=0.5, deadline_s=180)
 
 
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "client-retry", {})
-    yield daphne
-    daphne.stop()
-
-
 @pytest.fixture
 def key(workspace: Workspace) -> str:
     return create_key(workspace=workspace, scopes=["ingest", "read"])[1]

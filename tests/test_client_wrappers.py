@@ -20,7 +20,7 @@ from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import Client, current_run, current_step, observe, wrap_anthropic, wrap_openai
 from tests.fake_providers import OPENAI_MODEL, FakeProviders
-from tests.servers import Daphne, start_daphne
+from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,13 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 QUESTION = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "client-wrappers", {})
-    yield daphne
-    daphne.stop()
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,6 @@ ROLES = {"dave": "viewer", "carol": "operator", "bob": "approver", "alice": "adm
 
 
 @pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "sweep", {})
-    yield daphne
-    daphne.stop()
-
-
-@pytest.fixture(scope="module")
 def leaky_server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
     daphne = start_daphne(
         tmp_path_factory.mktemp("daphne"), "leaky", {"DJANGO_SETTINGS_MODULE": "tests.leaky_settings"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -30,7 +29,6 @@ from tests.live_support import TIMEOUT_S
 from tests.live_support import communicator as _communicator
 from tests.live_support import session_id as _session_id
 from tests.servers import Daphne
-from tests.servers import start_daphne as _start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,13 +143,6 @@ def test_anonymous_outsiders_unknown_workspaces_and_foreign_pages_are_refused(
 
 
 # --- a live Daphne -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = _start_daphne(tmp_path_factory.mktemp("daphne"), "runs-list", {})
-    yield daphne
-    daphne.stop()  # before the test database is dropped: it holds connections to it
 
 
 def test_live_daphne_pushes_a_run_appended_through_its_api(

@@ -29,16 +29,9 @@ from ledger.models import CostEntry, Run, Step, Workspace
 from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from tests.fake_providers import OPENAI_MODEL, FakeProviders
-from tests.servers import REPO_ROOT, Daphne, start_daphne
+from tests.servers import REPO_ROOT, Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "otlp-instrumentations", {})
-    yield daphne
-    daphne.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,9 @@ from django.core.management import call_command
 from ledger.models import Run, Workspace
 from ledger.reads import selectors
 from tests.readme import URL_LINE, blocks, on_port
-from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
+from tests.servers import REPO_ROOT, Daphne, database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "readme-client", {})
-    yield daphne
-    daphne.stop()
 
 
 def _example() -> tuple[str, str]:

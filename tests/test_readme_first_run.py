@@ -7,23 +7,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
 from ledger.demo import load_demo
 from ledger.models import Run
 from tests.readme import URL_LINE, block, on_port
-from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
+from tests.servers import REPO_ROOT, Daphne, database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "readme-first-run", {})
-    yield daphne
-    daphne.stop()
 
 
 def test_readme_first_run_names_the_port_once_as_a_variable() -> None:

@@ -30,7 +30,7 @@ from ledger.demo import DEMO_PASSWORD, load_demo
 from ledger.models import Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import PASSWORD
-from tests.servers import Daphne, start_daphne
+from tests.servers import Daphne, production_env, start_daphne
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -66,9 +66,12 @@ def _start_daphne(log_dir: Path, name: str) -> Daphne:
 
 
 @pytest.fixture(scope="session")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
-    """The Daphne the browser talks to."""
-    daphne = _start_daphne(tmp_path_factory.mktemp("daphne"), "console")
+def production(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
+) -> Iterator[Daphne]:
+    """As `make serve` runs it: console/settings.py with DEBUG off, the static files collected
+    (hashed names); one per test process, for the modules that check the console in production."""
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production", production_env(collected_static))
     yield daphne
     daphne.stop()  # before the test database is dropped: it holds connections to it
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from ledger.models import Workspace
 from ledger.tenancy.services import create_key
 from tests.browser import data
 from tests.browser.conftest import Appender, log_in_to_demo
-from tests.servers import Daphne, production_env, start_daphne
+from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,16 +30,6 @@ document.addEventListener("securitypolicyviolation", function (e) {
   window.__cspViolations.push(e.violatedDirective + " blocked " + (e.blockedURI || "inline") + " at " + e.sourceFile + ":" + e.lineNumber);
 });
 """
-
-
-@pytest.fixture(scope="module")
-def production(
-    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
-) -> Iterator[Daphne]:
-    """As `make serve` runs it: DEBUG off, the static files collected (hashed names)."""
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production", production_env(collected_static))
-    yield daphne
-    daphne.stop()
 
 
 @pytest.fixture

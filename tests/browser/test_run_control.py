@@ -20,20 +20,11 @@ from ledger.runtime.executor import start_run
 from tests.browser.conftest import log_in_to_demo
 from tests.browser.test_production_console import RECORD_VIOLATIONS
 from tests.browser.test_reexecution_flow import Worker
-from tests.servers import Daphne, production_env, start_daphne
+from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SUPPORT = "/w/acme/support"
-
-
-@pytest.fixture(scope="module")
-def production(
-    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
-) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production", production_env(collected_static))
-    yield daphne
-    daphne.stop()
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ back; at 390 px wide no page scrolls sideways."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,21 +14,12 @@ from playwright.sync_api import expect
 from ledger.models import Run, Workspace
 from ledger.reads import runlist
 from tests.browser.conftest import log_in_to_demo, screenshot_dir
-from tests.servers import Daphne, production_env, start_daphne
+from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RESEARCH = "/w/acme/research/"
 NARROW = {"width": 390, "height": 844}
-
-
-@pytest.fixture(scope="module")
-def production(
-    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
-) -> Iterator[Daphne]:
-    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "production-triage", production_env(collected_static))
-    yield daphne
-    daphne.stop()
 
 
 def _dearest_tree(workspace: Workspace) -> tuple[str, int]:
