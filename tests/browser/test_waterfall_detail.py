@@ -11,12 +11,12 @@ from playwright.sync_api import Page, expect
 
 from tests.browser.axe import blocking_violations
 from tests.browser.conftest import log_in_to_demo
-from tests.browser.test_production_console import _assert_clean, production, watched
+from tests.browser.test_production_console import _assert_clean, watched
 from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-__all__ = ["production", "watched"]  # the fixtures, shared with the production console's test
+__all__ = ["watched"]  # the fixture, shared with the production console's test
 
 WATERFALL = "/w/acme/support/runs/run_demo_crashed_resumed/waterfall/"
 
