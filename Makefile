@@ -55,7 +55,8 @@ serve: setup
 	$(PY) bin/serve --processes $(PROCESSES) $(HOST) $(PORT)
 
 # The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
-# a module's tests on one of them (their servers are per module), the 25 slowest tests listed.
+# a module's tests on one of them (their servers are per module), handed out in the order of
+# tests/conftest.py (those that start processes first), the 25 slowest tests listed.
 TEST_WORKERS ?= auto
 # The project's modules byte-compiled first, and PYTHONDONTWRITEBYTECODE (set on CI's machines) off
 # for the suite: else each of its hundred-odd Python processes compiles them again from source, and
@@ -63,7 +64,7 @@ TEST_WORKERS ?= auto
 # only where bytecode may be written; README § Tests).
 test: setup
 	$(PY) -m compileall -q -j 0 ledger console client/runledger >/dev/null
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The README's pictures of the console (docs/img/), taken by a browser test from the demo data
 # (tests/browser/test_readme_screenshots.py; Debian's /usr/bin/chromium, as the browser tests use).

@@ -74,6 +74,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
+    # The modules with servers, subprocesses or the browser first, each kept whole and in order: they
+    # are the long ones, and pytest-xdist hands out modules in this order (make test turns off its
+    # reordering by test count, which put the one-test modules, the longest, last).
+    starts_processes = {item.path for item in items if item.get_closest_marker("system")}
+    items.sort(key=lambda item: item.path not in starts_processes)
 
 
 @pytest.fixture(autouse=True)
