@@ -55,8 +55,8 @@ serve: setup
 	$(PY) bin/serve --processes $(PROCESSES) $(HOST) $(PORT)
 
 # The suite on TEST_WORKERS processes (pytest-xdist; each has its own test database; 0: this one),
-# a module's tests on one of them (their servers are per module), handed out in the order of
-# tests/conftest.py (those that start processes first), the 25 slowest tests listed.
+# a module's tests on one of them (with its module's or test process's servers), handed out in the
+# order of tests/conftest.py (those that start processes first), the 25 slowest tests listed.
 TEST_WORKERS ?= auto
 # The project's modules byte-compiled first, and PYTHONDONTWRITEBYTECODE (set on CI's machines) off
 # for the suite: else each of its hundred-odd Python processes compiles them again from source, and

@@ -160,11 +160,10 @@ def _forget_read_states() -> Any:
 def daphne(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
     """A Daphne with the test settings serving the test database, started once per test process
     and shared by the modules that need a plain server (a start is a whole Django process's
-    imports); a module that needs another kind defines its own `server`. Django's async-safety
-    check stays on in it, though the browser tests' process turns it off for Playwright."""
-    server = start_daphne(tmp_path_factory.mktemp("daphne"), "shared", {"DJANGO_ALLOW_ASYNC_UNSAFE": None})
-    yield server
-    server.stop()  # before the test database is dropped: it holds connections to it
+    imports); a module that needs another kind defines its own `server`."""
+    shared = start_daphne(tmp_path_factory.mktemp("daphne"), "shared", {})
+    yield shared
+    shared.stop()  # before the test database is dropped: it holds connections to it
 
 
 @pytest.fixture(scope="session")

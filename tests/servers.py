@@ -62,6 +62,8 @@ def start_daphne(
     environment's Host, its proxy's X-Forwarded-Proto). `port`: this one (a server restarted where
     its clients expect it), else a free one."""
     environment = dict(os.environ)
+    # The browser tests' process sets it for Playwright; a server keeps Django's async-safety checks.
+    environment.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     environment["DATABASE_URL"] = database_url()
     # The daphne script's own directory comes first on its path, not the checkout: name the checkout,
     # so a second worktree's server imports its own code rather than the installed one's.

@@ -93,7 +93,6 @@ def test_forgotten_debug_serves_a_plain_404_not_a_debug_page(tmp_path: Path) -> 
             "DEBUG": None,
             "SECRET_KEY": secrets.token_urlsafe(50),
             "DJANGO_SETTINGS_MODULE": "console.settings",
-            "DJANGO_ALLOW_ASYNC_UNSAFE": None,
         },
     )
     try:
@@ -110,7 +109,6 @@ def test_production_environment_redirects_to_https_and_sets_hsts_and_secure_cook
         **_production_environment(),
         "SECRET_KEY": secrets.token_urlsafe(50),
         "DJANGO_SETTINGS_MODULE": "console.settings",
-        "DJANGO_ALLOW_ASYNC_UNSAFE": None,
         "REDIS_URL": os.environ.get("REDIS_URL"),
     }
     env.pop("DATABASE_URL")  # start_daphne serves the test database

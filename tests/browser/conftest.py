@@ -60,11 +60,6 @@ def screenshot_dir() -> Path:
 # --- Daphne in a subprocess (the pattern of tests/test_stream.py) -------------------------------
 
 
-def _start_daphne(log_dir: Path, name: str) -> Daphne:
-    # The test process sets DJANGO_ALLOW_ASYNC_UNSAFE for Playwright; the server keeps Django's checks.
-    return start_daphne(log_dir, name, {"DJANGO_ALLOW_ASYNC_UNSAFE": None})
-
-
 @pytest.fixture(scope="session")
 def production(
     django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, collected_static: Path
@@ -83,7 +78,7 @@ def ingest_server(server: Daphne, tmp_path_factory: pytest.TempPathFactory) -> I
     if not REDIS_URL:
         yield server
         return
-    daphne = _start_daphne(tmp_path_factory.mktemp("daphne"), "ingest")
+    daphne = start_daphne(tmp_path_factory.mktemp("daphne"), "ingest", {})
     yield daphne
     daphne.stop()
 

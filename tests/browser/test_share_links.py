@@ -34,7 +34,6 @@ def production(tmp_path: Path) -> Iterator[Daphne]:
             "DEBUG": "0",
             "SECRET_KEY": "share-test-" + "x" * 40,
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
-            "DJANGO_ALLOW_ASYNC_UNSAFE": None,
         },
     )
     yield daphne
