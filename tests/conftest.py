@@ -202,13 +202,6 @@ def other_workspace(db: None) -> Workspace:
 # --- named users --------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings: Any) -> None:
-    """Hash in microseconds: the default hasher costs a user ~0.3 s per create and log-in.
-    (tests/browser turns this off: its Daphne processes check passwords with the default.)"""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def named_user(username: str, role: str, tenant: str = "acme") -> User:
     return create_user(username=username, tenant=tenant, role=role, password=PASSWORD).user
 

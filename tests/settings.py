@@ -17,3 +17,7 @@ from console.settings import CHANNEL_LAYERS  # noqa: E402
 # inherit PYTEST_XDIST_WORKER) apart from the others'.
 if "prefix" in CHANNEL_LAYERS["default"].get("CONFIG", {}) and os.environ.get("PYTEST_XDIST_WORKER"):
     CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] += os.environ["PYTEST_XDIST_WORKER"] + "."
+
+# Every process on the test settings (this one, the Daphne servers, the `ledger` commands the tests
+# run) hashes passwords quickly; the servers on the production settings keep Django's default.
+PASSWORD_HASHERS = ["tests.hashers.QuickPBKDF2PasswordHasher"]

@@ -34,7 +34,6 @@ from typing import Any
 import httpx
 import pytest
 import websocket
-from django.conf import global_settings
 from django.contrib.auth.models import User
 
 from ledger.models import Event, Run, Workspace
@@ -247,12 +246,6 @@ def deployment(
                 process.wait(timeout=10)
 
 
-@pytest.fixture
-def real_passwords(settings: Any) -> None:
-    """The servers check passwords with the default hashers: users made here must use them too."""
-    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
-
-
 def log_in(deployment: Deployment, username: str) -> httpx.Client:
     """A browser's session through nginx's login form (CSRF over HTTPS checks the Referer)."""
     http = deployment.client(headers={"Referer": f"{deployment.url}/accounts/login/"})
@@ -415,7 +408,6 @@ def drill(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 @pytest.mark.django_db(transaction=True)
 def test_logins_live_views_appends_and_a_reexecution_through_nginx(
     deployment: Deployment,
-    real_passwords: None,
     workspace: Workspace,
     other_workspace: Workspace,
     approver: User,

@@ -206,12 +206,6 @@ def page(open_context: Any) -> Page:
     return open_context().new_page()
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords() -> None:
-    """Off here (tests/conftest.py has it on): the Daphne processes that serve the browser check
-    the named users' passwords with the default hashers."""
-
-
 def log_in(page: Page, server: Daphne, user: User, next_path: str = "") -> None:
     """Through the real login form, as a person would."""
     query = f"?next={quote(next_path)}" if next_path else ""
