@@ -157,11 +157,19 @@ def _forget_read_states() -> Any:
 
 
 @pytest.fixture(scope="session")
-def daphne(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daphne]:
+def daphne_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the shared Daphne stores artifacts (a test that reads them points ARTIFACTS_ROOT here)."""
+    return tmp_path_factory.mktemp("daphne-artifacts")
+
+
+@pytest.fixture(scope="session")
+def daphne(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, daphne_artifacts: Path) -> Iterator[Daphne]:
     """A Daphne with the test settings serving the test database, started once per test process
     and shared by the modules that need a plain server (a start is a whole Django process's
     imports); a module that needs another kind defines its own `server`."""
-    shared = start_daphne(tmp_path_factory.mktemp("daphne"), "shared", {})
+    shared = start_daphne(
+        tmp_path_factory.mktemp("daphne"), "shared", {"RUNLEDGER_ARTIFACTS_ROOT": str(daphne_artifacts)}
+    )
     yield shared
     shared.stop()  # before the test database is dropped: it holds connections to it
 

@@ -25,7 +25,6 @@ from ledger.log import append
 from ledger.models import AuditEntry, Event, Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import IN_PROCESS, ev, http_client, log_in, started
-from tests.servers import Daphne, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -408,13 +407,6 @@ def test_ledger_export_writes_the_same_rows_and_is_audited(workspace, other_work
 
 
 # --- through Daphne (ASGI) ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def daphne(django_db_setup: None, tmp_path: Path) -> Iterator[Daphne]:
-    server = start_daphne(tmp_path, "export", {})
-    yield server
-    server.stop()
 
 
 def test_an_export_streams_through_daphne_across_chunks(workspace, daphne, tmp_path) -> None:

@@ -43,18 +43,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TRACES = "/api/v1/otlp/v1/traces"
 
 
-@pytest.fixture(scope="module")
-def server_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("server-artifacts")
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, server_artifacts: Path) -> Iterator[Daphne]:
-    daphne = start_daphne(
-        tmp_path_factory.mktemp("daphne"), "otlp", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)}
-    )
-    yield daphne
-    daphne.stop()
+@pytest.fixture(scope="session")
+def server_artifacts(daphne_artifacts: Path) -> Path:
+    """Where `server`, the shared Daphne, stores the artifacts of the spans it takes in."""
+    return daphne_artifacts
 
 
 def _key(workspace: Workspace, scopes: list[str]) -> str:
