@@ -27,7 +27,7 @@ def workspace_nav(context: Any, user: Any, workspace: Workspace | None) -> dict[
     request = context.get("request")
     cache: dict[int, dict[str, Any]] = getattr(request, "_workspace_nav", {}) if request is not None else {}
     if workspace.pk not in cache:
-        membership = selectors.membership(user, workspace.tenant)
+        membership = selectors.membership(user, workspace.tenant_id)
         cache[workspace.pk] = (
             NOTHING
             if membership is None

@@ -20,7 +20,7 @@ from django.utils import timezone
 from ..errors import NotFound
 from ..log import snapshots
 from ..log.envelopes import decode_payload, envelope, read_envelopes
-from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Tenant, Workspace
+from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Workspace
 from .attention import matching as needing
 
 
@@ -123,8 +123,8 @@ def memberships(user: User | AnonymousUser, *, tenant_slug: str | None = None) -
     return list(qs.filter(tenant__slug=tenant_slug) if tenant_slug else qs)
 
 
-def membership(user: User, tenant: Tenant) -> Membership | None:
-    return Membership.objects.filter(user=user, tenant=tenant).first()
+def membership(user: User, tenant_id: int) -> Membership | None:
+    return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
 
 
 def all_workspaces() -> QuerySet[Workspace]:

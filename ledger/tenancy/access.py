@@ -138,13 +138,18 @@ def resolve(
     ws = _visible_workspace(principal, workspace) if workspace else _deciding_workspace(principal, run_id)
     if isinstance(principal, _Operator):
         return _with_run(Access(workspace=ws), run_id)
-    membership = selectors.membership(principal, ws.tenant)
-    if membership is None:  # pragma: no cover - workspaces_for only yields member tenants
+    return _with_run(_as_member(principal, ws, scope=scope, role=role), run_id)
+
+
+def _as_member(principal: Member, ws: Workspace, *, scope: str, role: str | None) -> Access:
+    """The member's access to a workspace of a tenant they belong to; NotFound when they do not."""
+    membership = selectors.membership(principal, ws.tenant_id) if principal.is_authenticated else None
+    if membership is None:
         raise NotFound("not found")
     needed = role or SCOPE_ROLES[scope]
     if not membership.allows(needed):
         raise RoleRequired(f"this operation needs the {needed} role", role=needed)
-    return _with_run(Access(workspace=ws, role=str(membership.role), membership=membership), run_id)
+    return Access(workspace=ws, role=str(membership.role), membership=membership)
 
 
 def _with_run(access: Access, run_id: str | None) -> Access:
@@ -176,7 +181,7 @@ def within(principal: Principal, workspace: Workspace, *, scope: str = "read", r
         if principal.workspace.pk != workspace.pk:
             raise NotFound("not found")
         return resolve(principal, scope=scope, role=role)
-    return resolve(principal, workspace=f"{workspace.tenant.slug}/{workspace.slug}", scope=scope, role=role)
+    return _as_member(principal, workspace, scope=scope, role=role)
 
 
 def tenant_admin(principal: Principal, *, tenant: str | None = None, what: str = "usage across a tenant") -> Tenant:
