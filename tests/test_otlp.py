@@ -43,12 +43,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TRACES = "/api/v1/otlp/v1/traces"
 
 
-@pytest.fixture(scope="session")
-def server_artifacts(daphne_artifacts: Path) -> Path:
-    """Where `server`, the shared Daphne, stores the artifacts of the spans it takes in."""
-    return daphne_artifacts
-
-
 def _key(workspace: Workspace, scopes: list[str]) -> str:
     return create_key(workspace=workspace, scopes=scopes)[1]
 
@@ -772,11 +766,11 @@ HOSTILE = [
 
 
 def test_hostile_bodies_are_never_a_server_error(
-    server: Daphne, workspace: Workspace, key: str, settings: Any, server_artifacts: Path
+    server: Daphne, workspace: Workspace, key: str, settings: Any, daphne_artifacts: Path
 ) -> None:
     """Each answered 200 (what was valid written, the rest in partialSuccess) or a 4xx error body;
     whatever was written is a dense run that verifies (a megabyte attribute is an artifact)."""
-    settings.ARTIFACTS_ROOT = server_artifacts
+    settings.ARTIFACTS_ROOT = daphne_artifacts
     with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {key}"}) as client:
         for body in HOSTILE:
             for content_type in ("application/json", "application/x-protobuf"):
@@ -792,10 +786,10 @@ def test_hostile_bodies_are_never_a_server_error(
 
 @pytest.fixture(scope="module")
 def second_server(
-    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, server_artifacts: Path
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory, daphne_artifacts: Path
 ) -> Iterator[Daphne]:
     daphne = start_daphne(
-        tmp_path_factory.mktemp("daphne2"), "otlp2", {"RUNLEDGER_ARTIFACTS_ROOT": str(server_artifacts)}
+        tmp_path_factory.mktemp("daphne2"), "otlp2", {"RUNLEDGER_ARTIFACTS_ROOT": str(daphne_artifacts)}
     )
     yield daphne
     daphne.stop()
