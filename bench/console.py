@@ -62,6 +62,7 @@ SIZES = (100, 10_000)
 VIEW_SIZES = (1_000, 100_000)  # issue 33: each run view at 100,000 events against its bare SELECT and its 1,000 figure
 VIEW_TARGET = 3.0  # x the bare SELECT of the rows it shows, at 100,000 events
 GROWTH_TARGET = 1.5  # x its own figure at 1,000 events
+FLOOR_EVENTS = 2  # the floor under each view's figure: the same view of a run with nothing to show
 WARMUP_EVENTS = 10
 PAGE_WARMUP = 2  # untimed calls first: templates compiled, connection open, plans cached
 COPY_BATCH = 100  # runs written through the log's append; the rest of a big workspace copies their rows
@@ -424,12 +425,13 @@ def _interleaved(fns: list[Callable[[], Any]], repeats: int, *, warmup: int = 0)
 def bench_views(
     client: Any, workspace: Any, user: Any, written: list[str], repeats: int, *, skip: bool = False
 ) -> list[tuple[int, str, float, float, float, int, int]]:
-    """Each run view of a run of 1,000 and of 100,000 events: (size, view, first request, median
-    of the later ones, bare SELECT of what it shows, queries, Python calls). A run long enough for
+    """Each run view of a run of 1,000 and of 100,000 events, and of a run of two (started,
+    completed: the floor, what the view costs with nothing to show): (size, view, first request,
+    median of the later ones, bare SELECT of what it shows, queries, Python calls). A run long enough for
     the worker to prove when it ends (ledger/log/proofs.py) is proved first, as the worker would;
     the first request of a run then reads its stored snapshots and proof in a process that has
     never read it; the later ones read the cached fold, as a server does after its first. The
-    later requests of the two runs, and their bare SELECTs, alternate."""
+    later requests of the three runs, and their bare SELECTs, alternate."""
     from django.db import connection
 
     from ledger.log.proofs import PROVE_FROM, prove_run
@@ -440,7 +442,7 @@ def bench_views(
     urls: dict[int, dict[str, str]] = {}
     firsts: dict[int, dict[str, float]] = {}
     baselines: dict[int, dict[str, Callable[[], Any]]] = {}
-    for size in VIEW_SIZES:
+    for size in (FLOOR_EVENTS, *VIEW_SIZES):
         run_id = f"run_bench_views_{size}"
         began = time.perf_counter()
         write_run(workspace, run_id, size)
@@ -473,19 +475,21 @@ def bench_views(
             first()
             firsts[size][name] = time.perf_counter() - began
         baselines[size] = view_baselines(run)
+    sizes = list(urls)
     results = []
     for name in urls[VIEW_SIZES[0]]:
-        pages = [get_ok(client, urls[size][name]) for size in VIEW_SIZES]
+        pages = [get_ok(client, urls[size][name]) for size in sizes]
         views = _interleaved(pages, repeats, warmup=PAGE_WARMUP)
-        bares = _interleaved([baselines[size][name] for size in VIEW_SIZES], repeats, warmup=PAGE_WARMUP)
-        for size, page, view, bare in zip(VIEW_SIZES, pages, views, bares, strict=True):
+        bares = _interleaved([baselines[size][name] for size in sizes], repeats, warmup=PAGE_WARMUP)
+        for size, page, view, bare in zip(sizes, pages, views, bares, strict=True):
             results.append((size, name, firsts[size][name], view, bare, _queries(page), _calls(page)))
-    results.sort(key=lambda r: VIEW_SIZES.index(r[0]))  # by size, then the views in their order
+    results.sort(key=lambda r: sizes.index(r[0]))  # by size, then the views in their order
     return results
 
 
 def report_views(results: list[tuple[int, str, float, float, float, int, int]], repeats: int) -> None:
     small = {name: page for size, name, _, page, *_ in results if size == VIEW_SIZES[0]}
+    floor = {name: page for size, name, _, page, *_ in results if size == FLOOR_EVENTS}
     print(
         f"\n{'run views, ms (median of ' + str(repeats) + ')':<32} {'events':>8} {'first':>9} {'view':>8} "
         f"{'bare':>8} {'ratio':>7} {'/ 1k':>6} {'queries':>8} {'calls':>9}"
@@ -519,6 +523,19 @@ def report_views(results: list[tuple[int, str, float, float, float, int, int]], 
             met=growth <= GROWTH_TARGET,
             ratio_format="{:.2f}x",
         )
+        record(
+            f"{name}: the same view of a {FLOOR_EVENTS}-event run / the bare SELECT at {size:,} events",
+            value=floor[name] * 1000,
+            unit="ms",
+            baseline=bare * 1000,
+            ratio=floor[name] / bare,
+            target="(the floor under the figure above)",
+            met=None,
+            ratio_format="{:.1f}x",
+            note=f"the view at {size:,} events is {page / floor[name]:.2f}x its floor",
+        )
+    print(f"  {FLOOR_EVENTS} events: the floor, the same view of a run with nothing to show (the session, the")
+    print("  access checks, the header, the navigation and the template around an empty view)")
     print("  first: the first request of the run in this process (it folds the log, or folds forward from a")
     print("  stored snapshot, and stores the snapshots it passes); view: the median of later requests;")
     print("  queries and calls (Python function calls, cProfile's count) of one later request: the view's")
