@@ -12,6 +12,8 @@ Measures, in one process against one database:
   raw single INSERT    one INSERT per statement, autocommit
   OTLP spans           --events/2 GenAI spans POSTed as OTLP protobuf to Daphne, against the events
                        they become POSTed to the append endpoint (bench/otlp.py)
+  a long run           one event per call (a new step each) to a run of 20,000 steps, against the
+                       same to a run of 10 steps: flat (<= 1.5x)
 
 and, through a Daphne serving this checkout, the batched events POSTed pre-encoded by httpx and
 written by runledger.client (client/) as a harness would, each as a share of raw COPY.
@@ -575,6 +577,66 @@ def print_projection_overhead(appender: Appender, args: argparse.Namespace) -> N
     )
 
 
+LONG_RUN_STEPS = 20_000  # steps already in the long run before its single appends are timed
+SHORT_RUN_STEPS = 10
+TARGET_LONG_RUN = 1.5  # flat: what a run's length may add to an append, at most
+
+
+def print_long_run(appender: Appender, args: argparse.Namespace) -> None:
+    """One event per call (a new step each, as a harness schedules them) to a run that already
+    holds LONG_RUN_STEPS steps against the same to a run of SHORT_RUN_STEPS, interleaved: what
+    an append costs on a long run (ledger/log/projection.py `touched_steps` reads only the steps
+    a batch names)."""
+    from ledger.log import append
+
+    runs = {}
+    for name, steps in (("long", LONG_RUN_STEPS), ("short", SHORT_RUN_STEPS)):
+        run_id = appender.new_run_id()
+        body = [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_bench_ingest"}}]
+        body += [{"type": "StepScheduled", "payload": {"stepPath": f"early{i}"}} for i in range(steps)]
+        for part in chunks(body, 500):
+            append(workspace=appender.workspace, run_id=run_id, events=part)
+        runs[name] = run_id
+
+    def singles(name: str, tag: str, count: int) -> Steps:
+        ws, run_id = appender.workspace, runs[name]
+        return [
+            functools.partial(
+                append,
+                workspace=ws,
+                run_id=run_id,
+                events=[{"type": "StepScheduled", "payload": {"stepPath": f"{tag}{i}"}}],
+            )
+            for i in range(count)
+        ]
+
+    for name in runs:
+        timed("warm-up", 0, singles(name, "warm", 20))
+    count = max(args.rounds, args.single // 4)
+    results = interleaved(
+        {name: (count, singles(name, "late", count)) for name in runs},
+        rounds=args.rounds,
+    )
+    long_us, short_us = (results[n].seconds / count * 1e6 for n in ("long", "short"))
+    ratio = long_us / short_us
+    print(f"One event per call to a run of {LONG_RUN_STEPS:,} steps and to one of {SHORT_RUN_STEPS} ({count} each):")
+    print(f"  {LONG_RUN_STEPS:,} steps  {long_us:8.0f} us an append")
+    print(f"  {SHORT_RUN_STEPS} steps {short_us:12.0f} us an append")
+    flat = "MET" if ratio <= TARGET_LONG_RUN else "NOT MET"
+    print(
+        f"  a run of {LONG_RUN_STEPS:,} steps / of {SHORT_RUN_STEPS}: {ratio:.2f}x  target <= {TARGET_LONG_RUN}x  {flat}"
+    )
+    record(
+        f"append, single, to a run of {LONG_RUN_STEPS:,} steps / to a run of {SHORT_RUN_STEPS}",
+        value=long_us,
+        unit="us",
+        baseline=short_us,
+        ratio=ratio,
+        target=f"<= {TARGET_LONG_RUN:g}x (flat)",
+        met=ratio <= TARGET_LONG_RUN,
+    )
+
+
 def backend_pid() -> int:
     from django.db import connection
 
@@ -652,6 +714,7 @@ def main(argv: list[str]) -> int:
 
         print_otlp(workspace, appender, spans=args.events // 2, copy_rate=results["raw COPY"].rate)
         print_projection_overhead(appender, args)
+        print_long_run(appender, args)
 
         if args.profile in ("batched", "both"):
             profile(

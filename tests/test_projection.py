@@ -158,6 +158,80 @@ def test_projection_equals_fold_after_random_interleavings(batches, forget_cache
         assert_projection_is_fold(run)
 
 
+class _CountedSteps(dict):
+    """A run state's steps that count the entries a walk over them visits."""
+
+    visited = 0
+
+    def _count(self, entries: Any) -> Any:
+        for entry in entries:
+            type(self).visited += 1
+            yield entry
+
+    def __iter__(self) -> Any:
+        return self._count(super().__iter__())
+
+    def __reversed__(self) -> Any:
+        return self._count(super().__reversed__())
+
+    def items(self) -> Any:
+        return self._count(super().items())
+
+    def values(self) -> Any:
+        return self._count(super().values())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("forget_cache", [False, True])
+def test_an_append_writes_the_rows_of_the_steps_it_names_and_walks_no_other(
+    workspace, monkeypatch: pytest.MonkeyPatch, forget_cache: bool
+) -> None:
+    """A run of 300 steps; a batch that names an early step (its answer's usage moves it), starts
+    two new ones and notes something on a third (a custom event: no step is touched). Exactly
+    those three step rows are written, the new ones at the next positions, the early one keeping
+    its own, and finding them visits the two new steps and the one before them, not the run's
+    300: an append costs the same on a run of ten thousand steps as on one of ten."""
+    from ledger.log import strategies
+
+    append(workspace=workspace, run_id="run_many", events=[started()])
+    append(workspace=workspace, run_id="run_many", events=[ev("StepScheduled", stepPath=f"s{i}") for i in range(300)])
+    if forget_cache:  # another process appended: the next append folds the log first
+        STATES.clear()
+    written: list[str] = []
+    batch_changes = strategies.batch_changes
+
+    def counted(workspace_id: int, state: Any, envelopes: Any, before: Any) -> Any:
+        steps, state.steps = state.steps, _CountedSteps(state.steps)
+        try:
+            changes = batch_changes(workspace_id, state, envelopes, before)
+        finally:
+            state.steps = steps
+        written.extend(row["step_path"] for row in changes.steps)
+        return changes
+
+    monkeypatch.setattr(strategies, "batch_changes", counted)
+    _CountedSteps.visited = 0
+
+    append(
+        workspace=workspace,
+        run_id="run_many",
+        events=[
+            responded("s3", 1, "openai", "gpt-4o-mini", inputTokens=100, outputTokens=10),
+            ev("StepScheduled", stepPath="late_a"),
+            ev("custom.note", stepPath="s7", text="a custom event touches no step"),
+            ev("StepScheduled", stepPath="late_b"),
+        ],
+    )
+
+    assert sorted(written) == ["late_a", "late_b", "s3"]
+    assert _CountedSteps.visited == 3
+    run = Run.objects.get(workspace=workspace, run_id="run_many")
+    rows = {s.step_path: s for s in Step.objects.filter(run=run, step_path__in=["s3", "late_a", "late_b"])}
+    assert (rows["s3"].position, rows["late_a"].position, rows["late_b"].position) == (3, 300, 301)
+    assert rows["s3"].input_tokens == 100 and rows["s3"].last_sequence == 302
+    assert_projection_is_fold(run)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_appends_across_commits_use_and_refresh_the_cached_state(workspace) -> None:
     append(workspace=workspace, run_id="run_c", events=[started()])

@@ -232,7 +232,7 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     new_calls, touched_calls = _touched_tool_calls(state, envelopes, before)
     return Changes(
         run=run,
-        steps=touched_steps(state, before, cost_paths),
+        steps=touched_steps(state, before, envelopes, cost_paths),
         tool_calls=touched_calls,
         cost_entries=cost_entries,
         daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", cost_entries),
@@ -240,14 +240,38 @@ def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mappin
     )
 
 
-def touched_steps(state: RunState, before: Mark, cost_paths: set[str]) -> list[dict[str, Any]]:
-    """The rows of the steps the events since `before` touched, or that own one of `cost_paths`
-    (whose usage totals moved)."""
-    return [
-        step_fields(state, path, i)
-        for i, (path, step) in enumerate(state.steps.items())
-        if step.last_sequence > before.last_sequence or path in cost_paths
-    ]
+def touched_steps(
+    state: RunState, before: Mark, envelopes: Sequence[Mapping[str, Any]], cost_paths: set[str]
+) -> list[dict[str, Any]]:
+    """The rows of the steps the events since `before` (`envelopes`) touched, or that own one of
+    `cost_paths` (whose usage totals moved), without a walk over all of the run's steps.
+
+    The fold moves a step's `last_sequence` only for an event whose payload names it
+    (`stepPath`, ledger/fold/handlers.py), so only the steps the batch names, and those of
+    `cost_paths`, are looked at. The steps are kept in their order of first appearance: a step new
+    since `before` is among the last keys, its position their count before; a step written before
+    keeps its stored position (the upsert never sets it: POSITIONED)."""
+    steps = state.steps
+    after = before.last_sequence
+    new: list[str] = []
+    for path in reversed(steps):
+        if steps[path].first_sequence <= after:
+            break
+        new.append(path)
+    new.reverse()
+    first = len(steps) - len(new)
+    rows = [step_fields(state, path, first + i) for i, path in enumerate(new)]
+    named = {
+        step_path
+        for e in envelopes
+        if (isinstance(payload := e.get("payload"), dict) or isinstance(payload, Mapping))
+        and isinstance(step_path := payload.get("stepPath"), str)
+    }
+    for path in sorted((named | cost_paths).difference(new)):
+        step = steps.get(path)
+        if step is not None and (step.last_sequence > after or path in cost_paths):
+            rows.append(step_fields(state, path, 0))
+    return rows
 
 
 def run_changes(state: RunState, before: Mark) -> dict[str, Any]:
@@ -255,15 +279,21 @@ def run_changes(state: RunState, before: Mark) -> dict[str, Any]:
     return {k: v for k, v in run_fields(state).items() if k not in before.run or before.run[k] != v}
 
 
-def batch_totals(workspace_id: int, state: RunState, before: Mark, entries: Sequence[Mapping[str, Any]]) -> Changes:
+def batch_totals(
+    workspace_id: int,
+    state: RunState,
+    before: Mark,
+    envelopes: Sequence[Mapping[str, Any]],
+    entries: Sequence[Mapping[str, Any]],
+) -> Changes:
     """What a long batch written in parts writes once, in its last part (ledger/log/strategies.py
     `pipelined`): the Run columns that moved since `before` (where the batch started), the steps
-    touched since then or owning one of `entries` (the batch's cost entries, rows of `cost_fields`),
-    and the usage cells those entries add to."""
+    the batch's `envelopes` touched or that own one of `entries` (its cost entries, rows of
+    `cost_fields`), and the usage cells those entries add to."""
     cost_paths = {path for e in entries if (path := e["step_path"])}
     return Changes(
         run=run_changes(state, before),
-        steps=touched_steps(state, before, cost_paths),
+        steps=touched_steps(state, before, envelopes, cost_paths),
         daily_usage=rollup.cells(workspace_id, state.workflow_version_id or "", entries),
     )
 

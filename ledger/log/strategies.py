@@ -249,7 +249,7 @@ def pipelined(
                     changes.run = {"last_sequence": state.last_sequence}
                     changes.steps, changes.daily_usage = [], []
                 elif start:  # the last of several parts: what the whole batch changed
-                    totals = batch_totals(workspace.pk, state, first, entries)
+                    totals = batch_totals(workspace.pk, state, first, written + part_written, entries)
                     changes.run, changes.steps, changes.daily_usage = totals.run, totals.steps, totals.daily_usage
                 # Its own transaction: the unique indexes hold the keys and new calls (statements.Guard).
                 guard = statements.Guard(fencing_token=token, now=now, keys=())
