@@ -390,9 +390,18 @@ class Step(UsageColumns):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step_path"], name="step_path_unique_in_run")]
-        # A page of steps is a range of positions (selectors.steps_page): without this index a
-        # page of a run of 20,000 steps read all of them (issue 33).
-        indexes = [models.Index(fields=["run", "position"], name="step_position_in_run")]
+        indexes = [
+            # A page of steps is a range of positions (selectors.steps_page): without this index a
+            # page of a run of 20,000 steps read all of them (issue 33).
+            models.Index(fields=["run", "position"], name="step_position_in_run"),
+            # The steps whose retry is scheduled (ledger/reads/attention.py, on every run object,
+            # run header and page of the runs list): without it, every step of the runs asked about.
+            # On the error column, which a step's failure sets, not on its status, which every
+            # step's start and end change: an update that changes neither stays a HOT update.
+            models.Index(
+                fields=["run", "position"], condition=models.Q(error__has_key="retryAt"), name="step_retry_in_run"
+            ),
+        ]
         ordering = ["run", "position"]
 
 
