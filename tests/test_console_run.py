@@ -703,6 +703,24 @@ def _queries(client: Client, url: str) -> int:
     return len(queries)
 
 
+@pytest.mark.parametrize("who", ["admin", "operator", "viewer"])
+def test_a_run_page_asks_for_the_members_role_once_and_the_navigation_once(
+    client: Client, workspace: Workspace, request: pytest.FixtureRequest, who: str
+) -> None:
+    """The header's actions, the cancel form and the share panel read the role the page resolved."""
+    append(workspace=workspace, run_id="run_roles", events=[started()])
+    user = request.getfixturevalue(who)
+    client.force_login(user)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get("/w/acme/support/runs/run_roles/")
+    assert response.status_code == 200
+    asked = [q["sql"] for q in queries if 'FROM "ledger_membership"' in q["sql"]]
+    assert len(asked) == 2, asked
+    body = response.content.decode()
+    assert ("Cancel run" in body) is (who != "viewer")
+    assert ('id="share-panel"' in body) is (who != "viewer")
+
+
 def test_the_timeline_of_10000_events_takes_as_many_queries_as_100(
     client: Client, member: Any, workspace: Workspace, django_assert_num_queries: Callable[..., Any]
 ) -> None:

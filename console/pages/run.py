@@ -48,8 +48,8 @@ from ..timeline import annotate
 from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversation_page
 from .errors import error_page
-from .guard import has_role, member_access
-from .reexecution import can_request, reexecution_rows, run_origin
+from .guard import member_access
+from .reexecution import reexecution_rows, run_origin
 from .share import panel_context
 from .waterfall import (
     DETAIL_KINDS,
@@ -580,12 +580,12 @@ TAB_VIEWS: dict[str, Callable[[HttpRequest, Access, Run], Tab | HttpResponse]] =
 }
 
 
-def _cancel_context(request: HttpRequest, run: Run, *, reason: str = "", error: str = "") -> dict[str, Any]:
+def _cancel_context(member: Access, run: Run, *, reason: str = "", error: str = "") -> dict[str, Any]:
     """The Cancel action of the run's header: an operator's, on a run that has not ended."""
     ws = run.workspace
     return {
         "cancel": {
-            "allowed": not run.finished and has_role(request.user, ws, "operator"),
+            "allowed": not run.finished and member.allows("operator"),
             "url": reverse("run-cancel", args=[ws.tenant.slug, ws.slug, run.run_id]),
             "reason": reason,
             "error": error,
@@ -596,6 +596,7 @@ def _cancel_context(request: HttpRequest, run: Run, *, reason: str = "", error: 
 
 def _respond(
     request: HttpRequest,
+    member: Access,
     run: Run,
     name: str,
     tab: Tab,
@@ -613,19 +614,21 @@ def _respond(
     }
     if _wants_partial(request):
         return render(request, "console/run/tab_partial.html", context, status=tab.status)
-    context.update(_header_full_context(request, run, cancel=cancel, feedback=feedback))
-    context.update(panel_context(request, run))
+    context.update(_header_full_context(member, run, cancel=cancel, feedback=feedback))
+    context.update(panel_context(member, run))
     context["workspaces"] = selectors.workspaces_for(request.user)
     return render(request, "console/run.html", context, status=tab.status)
 
 
 def _header_full_context(
-    request: HttpRequest, run: Run, *, cancel: dict[str, Any] | None = None, feedback: FeedbackForm | None = None
+    member: Access, run: Run, *, cancel: dict[str, Any] | None = None, feedback: FeedbackForm | None = None
 ) -> dict[str, Any]:
+    """The header's context. The member's role is the one resolved for the request (`member`), asked
+    once per page rather than once per action offered."""
     return {
         **_header_context(run),
-        "can_reexecute": can_request(request.user, run.workspace),
-        **(cancel or _cancel_context(request, run)),
+        "can_reexecute": member.allows("operator"),
+        **(cancel or _cancel_context(member, run)),
         **_feedback_context(run, feedback),
     }
 
@@ -637,8 +640,8 @@ def _header_full_context(
 @require_safe
 def header(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """The run's header alone: what the live page swaps in when the run moves (static/js/live.js)."""
-    _, run = _run_or_404(request, tenant, workspace, run_id)
-    context = {"run": run, "workspace": run.workspace, **_header_full_context(request, run)}
+    member, run = _run_or_404(request, tenant, workspace, run_id)
+    context = {"run": run, "workspace": run.workspace, **_header_full_context(member, run)}
     return render(request, "console/run/header.html", context)
 
 
@@ -654,7 +657,7 @@ def run_page(request: HttpRequest, tenant: str, workspace: str, run_id: str, tab
         return _bad_request(request, str(exc))
     if isinstance(content, HttpResponse):
         return content
-    return _respond(request, run, tab, content)
+    return _respond(request, member, run, tab, content)
 
 
 @login_required
@@ -732,7 +735,7 @@ def _feedback_form(request: HttpRequest) -> FeedbackForm:
 @require_POST
 def feedback(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """Any member may rate a run (viewer and up, as the API allows)."""
-    _, run = _run_or_404(request, tenant, workspace, run_id)
+    member, run = _run_or_404(request, tenant, workspace, run_id)
     form = _feedback_form(request)
     status = 400 if form.error else 201
     if not form.error:
@@ -745,13 +748,13 @@ def feedback(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> 
         return render(request, "console/run/feedback_response.html", context, status=status)
     if status == 201:
         return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#feedback", permanent=False)
-    return _feedback_page_error(request, run, form)
+    return _feedback_page_error(request, member, run, form)
 
 
-def _feedback_page_error(request: HttpRequest, run: Run, form: FeedbackForm) -> HttpResponse:
+def _feedback_page_error(request: HttpRequest, member: Access, run: Run, form: FeedbackForm) -> HttpResponse:
     tab = _timeline_page(run, None, PAGE_SIZE)
     tab.status = 400
-    return _respond(request, run, "timeline", tab, feedback=form)
+    return _respond(request, member, run, "timeline", tab, feedback=form)
 
 
 def _reconcile_form(request: HttpRequest) -> tuple[ReconcileForm, Any]:
@@ -807,10 +810,10 @@ def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, ca
             ws = run.workspace
             run.refresh_from_db()
             run.workspace = ws
-            return _respond(request, run, "evidence", _evidence(request, member, run))
+            return _respond(request, member, run, "evidence", _evidence(request, member, run))
     tab = _evidence(request, member, run, forms={call_id: form})
     tab.status = status
-    return _respond(request, run, "evidence", tab)
+    return _respond(request, member, run, "evidence", tab)
 
 
 @login_required
@@ -838,12 +841,12 @@ def cancel(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> Ht
             done["HX-Redirect"] = url
             return done
         return redirect(url)
-    context = _cancel_context(request, run, reason=reason, error=error)
+    context = _cancel_context(member, run, reason=reason, error=error)
     if _wants_partial(request):
         return render(request, "console/run/cancel.html", {**context, "run": run}, status=status)
     tab = _timeline_page(run, None, PAGE_SIZE)
     tab.status = status
-    return _respond(request, run, "timeline", tab, cancel=context)
+    return _respond(request, member, run, "timeline", tab, cancel=context)
 
 
 RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"

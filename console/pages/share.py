@@ -41,7 +41,7 @@ from ..rows import event_row
 from ..streams import StreamSlots
 from ..timeline import annotate
 from .conversation import conversation_page
-from .guard import has_role, member_access
+from .guard import member_access
 
 TIMELINE_PAGE = 200
 STEPS_SHOWN = 200
@@ -294,10 +294,10 @@ def shared_nothing(request: HttpRequest, token: str, rest: str) -> HttpResponse:
 # --- the share panel of the run page (operators and up) ---------------------------------------
 
 
-def panel_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, Any]:
+def panel_context(member: Access, run: Run, **extra: Any) -> dict[str, Any]:
     """The panel's context, or nothing for a member below operator (they see no panel)."""
     ws = run.workspace
-    if not has_role(request.user, ws, "operator"):
+    if not member.allows("operator"):
         return {}
     args = [ws.tenant.slug, ws.slug, run.run_id]
     links = [
@@ -309,7 +309,7 @@ def panel_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, Any
         "share_links": links,
         "share_create_url": reverse("run-share-links", args=args),
         "share_policy_url": reverse("run-share-policy", args=args),
-        "share_can_admin": has_role(request.user, ws, "admin"),
+        "share_can_admin": member.allows("admin"),
         "share_hides_inputs": ws.share_hides_inputs,
         "share_form": {"expires": str(DEFAULT_EXPIRY_HOURS), "include_sub_runs": False, "max_opens": ""},
         **extra,
@@ -336,8 +336,8 @@ def _whole(raw: str, name: str, low: int, high: int) -> tuple[int | None, str]:
     return int(raw), ""
 
 
-def _panel(request: HttpRequest, run: Run, status: int = 200, **extra: Any) -> HttpResponse:
-    context = {"run": run, "workspace": run.workspace, **panel_context(request, run, **extra)}
+def _panel(request: HttpRequest, member: Access, run: Run, status: int = 200, **extra: Any) -> HttpResponse:
+    context = {"run": run, "workspace": run.workspace, **panel_context(member, run, **extra)}
     if _wants_partial(request):
         return render(request, "console/run/share_panel.html", context, status=status)
     return render(request, "console/share_panel_page.html", context, status=status)
@@ -356,7 +356,7 @@ def create_share_link(request: HttpRequest, tenant: str, workspace: str, run_id:
         max_opens, error = _whole(raw_max, "Max opens", 1, sharing.MAX_OPENS)
     if error or hours is None:
         form = {"expires": expires, "include_sub_runs": include_sub_runs, "max_opens": raw_max}
-        return _panel(request, run, 400, share_form=form, share_error=error)
+        return _panel(request, member, run, 400, share_form=form, share_error=error)
     _, token = sharing.create_link(
         workspace=run.workspace,
         run=run,
@@ -365,7 +365,7 @@ def create_share_link(request: HttpRequest, tenant: str, workspace: str, run_id:
         include_sub_runs=include_sub_runs,
         max_opens=max_opens,
     )
-    return _panel(request, run, 201, share_new_url=request.build_absolute_uri(sharing.share_path(token)))
+    return _panel(request, member, run, 201, share_new_url=request.build_absolute_uri(sharing.share_path(token)))
 
 
 @login_required
@@ -381,7 +381,7 @@ def revoke_share_link(request: HttpRequest, tenant: str, workspace: str, run_id:
     sharing.revoke_link(link, by=member.user)
     if not _wants_partial(request):
         return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#share-panel")
-    return _panel(request, run)
+    return _panel(request, member, run)
 
 
 @login_required
@@ -397,7 +397,7 @@ def share_policy(request: HttpRequest, tenant: str, workspace: str, run_id: str)
     )
     if not _wants_partial(request):
         return redirect(reverse("run", args=[tenant, workspace, run_id]) + "#share-panel")
-    return _panel(request, member.run)
+    return _panel(request, member, member.run)
 
 
 RUN = "w/<slug:tenant>/<slug:workspace>/runs/<str:run_id>/"
