@@ -375,14 +375,21 @@ def test_runs_list_sorts_by_cost_tokens_duration_on_keyset_pages(api: httpx.Clie
             url = f"{V1}/runs?limit=2&{query}&cursor={body['next']}" if body["next"] else None
         return seen
 
+    # docs/api.md: `-` before the key for descending, a bare key ascending; `order` says it the other way.
     # Ties by the row id, newest first; a run without model calls costs $0 and has 0 tokens.
-    assert walk("sort=cost") == ["run_s3", "run_s1", "run_s2", "run_s0", "run_unpriced"]
-    assert walk("sort=tokens&order=asc") == ["run_unpriced", "run_s0", "run_s2", "run_s1", "run_s3"]
-    assert walk("sort=duration") == ["run_unpriced", "run_s3", "run_s2", "run_s1", "run_s0"]  # none finished
-    error(api.get(f"{V1}/runs?sort=price"), 400, "invalid_parameter")
-    error(api.get(f"{V1}/runs?order=up"), 400, "invalid_parameter")
-    first = api.get(f"{V1}/runs?limit=2&sort=cost").json()["next"]
-    error(api.get(f"{V1}/runs?sort=tokens&cursor={first}"), 400, "invalid_cursor")  # another sort's cursor
+    most_first = ["run_s3", "run_s1", "run_s2", "run_s0", "run_unpriced"]
+    assert walk("sort=-cost") == walk("sort=cost&order=desc") == walk("sort=-cost&order=desc") == most_first
+    assert (
+        walk("sort=tokens") == walk("sort=tokens&order=asc") == ["run_unpriced", "run_s0", "run_s2", "run_s1", "run_s3"]
+    )
+    assert walk("sort=-duration") == ["run_unpriced", "run_s3", "run_s2", "run_s1", "run_s0"]  # none finished
+    assert walk("sort=duration") == ["run_s0", "run_s1", "run_s2", "run_s3", "run_unpriced"]  # NULLs last either way
+    assert walk("sort=-started") == walk("") == walk("order=desc") == list(reversed(walk("sort=started")))
+    for bad in ("sort=price", "sort=-price", "sort=-", "sort=--cost", "order=up", "sort=-cost&order=asc"):
+        error(api.get(f"{V1}/runs?{bad}"), 400, "invalid_parameter")
+    first = api.get(f"{V1}/runs?limit=2&sort=-cost").json()["next"]
+    error(api.get(f"{V1}/runs?sort=-tokens&cursor={first}"), 400, "invalid_cursor")  # another sort's cursor
+    error(api.get(f"{V1}/runs?sort=cost&cursor={first}"), 400, "invalid_cursor")  # another direction's
     error(api.get(f"{V1}/runs?sort=cost&cursor=eyJrIjoiY29zdCIsInYiOiJOYU4iLCJpZCI6MX0"), 400, "invalid_cursor")
 
 

@@ -18,15 +18,42 @@ from .base import ApiView, run_for
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, keyset_cursor, limit_param
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, RunListSerializer, RunSerializer, error_responses
 
+SORT = OpenApiParameter(
+    "sort",
+    OpenApiTypes.STR,
+    enum=[f"{sign}{key}" for key in runlist.SORT_KEYS for sign in ("", "-")],
+    description="started, duration, cost or tokens (input + output), ascending; `-` before "
+    "the key for descending; none: -started (newest first). Runs without a value (still "
+    "going, unpriced) come last either way",
+)
+ORDER = OpenApiParameter(
+    "order",
+    OpenApiTypes.STR,
+    enum=["desc", "asc"],
+    description="the direction as a parameter of its own (overrides a bare key's ascending; "
+    "with a `-` key it must be desc)",
+)
+
 
 def _sort(request: Request) -> runlist.Sort:
-    key = request.query_params.get("sort") or "started"
+    """The `sort` of docs/api.md: a key, `-` before it for descending (`-cost`), a bare key ascending; none is
+    `-started`, newest first. `order=desc|asc` says the same in a second parameter (docs/api.md too); given
+    with a `-` key it must agree."""
+    raw = request.query_params.get("sort") or ""
+    key = raw.removeprefix("-") if raw else "started"
     if key not in runlist.SORT_KEYS:
-        raise InvalidParameter(f"sort must be one of {', '.join(runlist.SORT_KEYS)}", parameter="sort")
-    order = request.query_params.get("order") or "desc"
-    if order not in ("desc", "asc"):
+        keys = ", ".join(runlist.SORT_KEYS)
+        raise InvalidParameter(f"sort must be one of {keys}, each with - before it for descending", parameter="sort")
+    order = request.query_params.get("order") or None
+    if order not in (None, "desc", "asc"):
         raise InvalidParameter("order must be desc or asc", parameter="order")
-    return runlist.Sort(key=key, descending=order == "desc", nested=False)
+    if raw.startswith("-") and order == "asc":
+        raise InvalidParameter(f"sort={raw} is descending and order=asc ascending: give one", parameter="order")
+    if order is not None:
+        descending = order == "desc"
+    else:
+        descending = raw.startswith("-") or not raw
+    return runlist.Sort(key=key, descending=descending, nested=False)
 
 
 def _position(request: Request, sort: runlist.Sort) -> runlist.Position | None:
@@ -75,14 +102,8 @@ class RunListView(ApiView):
                 enum=[attention.ANY, *attention.KINDS],
                 description="runs that need this of a person (`any`: any kind), whichever their attention shows first",
             ),
-            OpenApiParameter(
-                "sort",
-                OpenApiTypes.STR,
-                enum=list(runlist.SORT_KEYS),
-                description="started (default), duration, cost or tokens (input + output); runs without "
-                "a value (still going, unpriced) come last",
-            ),
-            OpenApiParameter("order", OpenApiTypes.STR, enum=["desc", "asc"], description="desc (default) or asc"),
+            SORT,
+            ORDER,
             LIMIT,
             CURSOR,
             WORKSPACE,
@@ -138,8 +159,8 @@ class RunDetailView(ApiView):
 class RunChildrenView(ApiView):
     @extend_schema(
         operation_id="list_run_children",
-        summary="Direct sub-runs, newest first (scope read)",
-        parameters=[RUN_ID, LIMIT, CURSOR, WORKSPACE],
+        summary="Direct sub-runs, newest first or sorted (scope read)",
+        parameters=[RUN_ID, SORT, ORDER, LIMIT, CURSOR, WORKSPACE],
         responses={
             200: RunListSerializer,
             **error_responses(

@@ -144,9 +144,10 @@ def position_of(run: Run) -> Position:
 
 def dump_position(sort: Sort, run: Run) -> dict[str, Any]:
     """The position after this row as a cursor's JSON: `{t, id}` for the default order (the form
-    links and API cursors had before sorting existed), `{k, v, id}` for the others (`v`: ISO
-    time, whole microseconds of a duration, the cost as a decimal string, a token count; null
-    among the runs without a value)."""
+    links and API cursors had before sorting existed), `{k, v, id}` for the others (`k`: the key,
+    `-` before it when descending, as docs/api.md writes a sort, so a cursor serves only its own
+    direction; `v`: ISO time, whole microseconds of a duration, the cost as a decimal string, a
+    token count; null among the runs without a value)."""
     value, pk = position_of(run)
     if sort.default:
         assert isinstance(value, datetime)
@@ -158,7 +159,11 @@ def dump_position(sort: Sort, run: Run) -> dict[str, Any]:
         written = value // timedelta(microseconds=1)
     elif isinstance(value, Decimal):
         written = str(value)
-    return {"k": sort.key, "v": written, "id": pk}
+    return {"k": _signed(sort), "v": written, "id": pk}
+
+
+def _signed(sort: Sort) -> str:
+    return f"-{sort.key}" if sort.descending else sort.key
 
 
 def load_position(sort: Sort, decoded: Any) -> Position:
@@ -166,8 +171,8 @@ def load_position(sort: Sort, decoded: Any) -> Position:
     of this sort; ValueError (or TypeError, ArithmeticError) when it is not one we gave out."""
     if sort.default:
         return limits.keyset_position(decoded)
-    if not isinstance(decoded, dict) or decoded.get("k") != sort.key:
-        raise ValueError("a cursor of another sort")
+    if not isinstance(decoded, dict) or decoded.get("k") != _signed(sort):
+        raise ValueError("a cursor of another sort or direction")
     pk, value = limits.row_id(decoded.get("id")), decoded.get("v")
     if value is None:
         return None, pk
