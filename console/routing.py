@@ -6,8 +6,9 @@ from typing import Any
 
 from channels.auth import AuthMiddleware
 from channels.routing import URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
+from channels.security.websocket import AllowedHostsOriginValidator, WebsocketDenier
 from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
+from django.urls import re_path
 
 from .live import reexecutions, run, runs
 
@@ -34,7 +35,11 @@ class SocketSessionMiddleware(SessionMiddleware):
 # documents for routes) never returns.
 routes: list[Any] = [*run.websocket_urlpatterns, *runs.websocket_urlpatterns, *reexecutions.websocket_urlpatterns]
 
+# Every other path: its handshake is refused (403), as any refused socket's is; without it
+# Channels' router raises and Daphne answers 500.
+no_route: Any = re_path(r"", WebsocketDenier.as_asgi())  # type: ignore[arg-type]  # as the routes above
+
 # Channels' AuthMiddlewareStack (cookies, session, user) with the session middleware above.
 websocket_application = AllowedHostsOriginValidator(
-    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(URLRouter(routes))))
+    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(URLRouter([*routes, no_route]))))
 )

@@ -258,3 +258,17 @@ def test_one_user_holds_at_most_the_cap_of_sockets(settings: Any, running: str, 
         assert SLOTS.open_for(f"user:{member.pk}") == 0
 
     async_to_sync(scenario)()
+
+
+@pytest.mark.parametrize("path", ["/ws/nothing/", "/ws/runs/", "/ws/runs/run_live/extra/", "/anything"])
+def test_a_socket_to_a_path_with_no_route_is_refused_not_an_error(running: str, member: Any, path: str) -> None:
+    """An address no consumer serves gets the refusal any refused handshake gets, signed in or not."""
+
+    async def scenario(session: str | None) -> bool:
+        comm = communicator(path, session)
+        connected, _ = await comm.connect(timeout=TIMEOUT_S)
+        await comm.disconnect()
+        return connected
+
+    assert async_to_sync(scenario)(session_id(member)) is False
+    assert async_to_sync(scenario)(None) is False
