@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from django.core.exceptions import TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from ledger.errors import LedgerError
@@ -121,7 +122,12 @@ class InputLimitsMiddleware:
             return _refuse(request, PayloadTooLarge())
         if NUL in request.path:
             return _refuse(request, InvalidParameter("the path may not contain the NUL character (U+0000)"))
-        name = _nul_parameter(request.GET.lists())
+        try:
+            name = _nul_parameter(request.GET.lists())
+        except TooManyFieldsSent:  # Django's DATA_UPLOAD_MAX_NUMBER_FIELDS, 1,000
+            if not request.path.startswith("/api/"):
+                raise  # the console's styled 400 page (handler400)
+            return _refuse(request, InvalidParameter("a request may carry at most 1,000 query parameters"))
         if name is not None:
             return _refuse(
                 request,

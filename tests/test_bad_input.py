@@ -59,6 +59,21 @@ def _assert_api_error(response: Any, status: int, code: str | None = None) -> di
 
 
 API_GETS = [
+    # a format no renderer has: 400 on every view, DRF's plain APIView included (it answered 404)
+    *(
+        (f"/api/v1/{path}?format=xml", "invalid_parameter")
+        for path in (
+            "runs",
+            "runs/run_a",
+            "runs/run_a/reexecutions",
+            "runs/run_a/tool-calls",
+            "reexecutions",
+            "reexecutions/batches",
+            "datasets",
+            "evaluations",
+            "evaluation-policies",
+        )
+    ),
     # cursors that are not ours
     ("/api/v1/runs?cursor=" + _cursor({"t": "2026-01-01T00:00:00+00:00", "id": 1e400}), "invalid_cursor"),
     ("/api/v1/runs?cursor=" + _cursor(b'{"t": "2026-01-01T00:00:00+00:00", "id": Infinity}'), "invalid_cursor"),
@@ -234,6 +249,28 @@ def test_bad_query_is_a_console_400_never_a_500(console: Client, url: str) -> No
     assert response.status_code == 400, response.content[:300]
 
 
+OVER_A_THOUSAND = "&".join(f"p{n}=1" for n in range(1001))
+
+
+@pytest.mark.django_db
+def test_over_a_thousand_query_parameters_is_an_api_error(api: Client) -> None:
+    body = _assert_api_error(api.get(f"/api/v1/runs?{OVER_A_THOUSAND}"), 400, "invalid_parameter")
+    assert "1,000 query parameters" in body["error"]["message"]
+
+
+@pytest.mark.django_db
+def test_over_a_thousand_query_parameters_is_the_consoles_styled_400(console: Client) -> None:
+    page = console.get(f"/w/acme/support/?{OVER_A_THOUSAND}")
+    assert page.status_code == 400 and b'data-status="400"' in page.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_a_host_not_allowed_is_an_api_error_under_api(api: Client, method: str) -> None:
+    response = getattr(api, method)("/api/v1/runs", HTTP_HOST="evil.example")
+    _assert_api_error(response, 400, "invalid_request")
+
+
 CONSOLE_POSTS = [
     ("/w/acme/support/runs/run_a/feedback/", {"rating": "3", "comment": "a\u0000b"}),
     ("/w/acme/support/runs/run_a/feedback/", {"rating": "3", "category": "\u0000"}),
@@ -329,3 +366,15 @@ def test_a_socket_after_no_sequence_is_refused(admin, append, after: str) -> Non
         return connected, code
 
     assert async_to_sync(scenario)() == (False, 4400)
+
+
+@pytest.mark.django_db
+def test_a_malformed_after_is_refused_even_beside_a_last_event_id(api: Client) -> None:
+    response = api.get("/api/v1/runs/run_a/stream?after=abc", HTTP_LAST_EVENT_ID="1")
+    assert _assert_api_error(response, 400, "invalid_parameter")["error"]["details"] == {"parameter": "after"}
+
+
+@pytest.mark.django_db
+def test_a_key_asked_for_a_role_is_told_which_in_plain_words(api: Client) -> None:
+    body = _assert_api_error(api.post("/api/v1/reexecutions/rx_missing/approve"), 403)
+    assert "needs an approver in a console session" in body["error"]["message"]

@@ -1,15 +1,13 @@
-"""What every /api/v1/ view shares: content negotiation whose errors are always JSON, and the
-caller's run (checked id, access, 404 outside the caller's workspace)."""
+"""What every /api/v1/ view shares: the caller's run (checked id, access, 404 outside the caller's
+workspace). Content negotiation is console/api/negotiation.py, DRF's default for every view."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from django.core.validators import MaxLengthValidator
 from rest_framework import serializers
-from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -21,7 +19,6 @@ from ledger.tenancy.access import Access
 
 from .auth import access_for
 from .fastjson import JsonRenderer
-from .pagination import InvalidParameter
 
 
 class WrittenText(serializers.CharField):
@@ -33,19 +30,7 @@ class WrittenText(serializers.CharField):
         self.validators = [v for v in self.validators if not isinstance(v, MaxLengthValidator)]
 
 
-class Negotiation(DefaultContentNegotiation):
-    def filter_renderers(self, renderers: Iterable[BaseRenderer], format: str) -> list[BaseRenderer]:
-        matching = [r for r in renderers if r.format == format]
-        if not matching:
-            raise InvalidParameter(
-                f"format must be one of {', '.join(r.format for r in renderers)}", parameter="format"
-            )
-        return matching
-
-
 class ApiView(APIView):
-    content_negotiation_class = Negotiation
-
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().dispatch(request, *args, **kwargs)
         # DRF and Django leave a request's objects referring to one another: the view to itself

@@ -67,12 +67,20 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     return Response(error_body(*INTERNAL), status=500)
 
 
-_PAGES = {404: NOT_FOUND, 405: ("method_not_allowed", "method not allowed"), 500: INTERNAL}
+_PAGES = {
+    # Django's own 400 (a SuspiciousOperation: a Host not in ALLOWED_HOSTS, a malformed header or
+    # cookie), refused before any view read the request.
+    400: ("invalid_request", "the request is not valid: refused before it was read (its Host, or a malformed header)"),
+    404: NOT_FOUND,
+    405: ("method_not_allowed", "method not allowed"),
+    500: INTERNAL,
+}
 
 
 class ApiErrorMiddleware:
     """Under /api/: refuse bodies over 10 MiB before anything parses them, and turn Django's
-    HTML 404/405/500 pages (unknown paths, unexpected exceptions) into the error body."""
+    HTML 400/404/405/500 pages (a disallowed Host, unknown paths, unexpected exceptions) into the
+    error body."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response

@@ -61,9 +61,10 @@ def _keepalive_seconds() -> float:
 
 
 def _start_after(request: Request) -> int:
+    after = int_param(request, "after", 0, minimum=0)  # refused when malformed, header or not
     header = request.META.get("HTTP_LAST_EVENT_ID", "").strip()
     if not header:
-        return int_param(request, "after", 0, minimum=0)
+        return after
     try:
         value = int(header)
     except ValueError:
@@ -212,7 +213,7 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
                     "in": "query",
                     "required": False,
                     "schema": {"type": "integer", "minimum": 0, "default": 0},
-                    "description": "Start after this sequence (ignored when Last-Event-ID is sent).",
+                    "description": "Start after this sequence (Last-Event-ID, when sent, wins; a malformed after is 400 all the same).",
                 },
                 {
                     "name": "Last-Event-ID",

@@ -131,7 +131,8 @@ def resolve(
         if not principal.has_scope(scope):
             raise InsufficientScope(f"this API key lacks the '{scope}' scope", scope=scope)
         if role is not None:
-            raise RoleRequired(f"this operation needs a {role} in a console session; API keys cannot do it")
+            article = "an" if role[0] in "aeiou" else "a"
+            raise RoleRequired(f"this operation needs {article} {role} in a console session; API keys cannot do it")
         return _with_run(Access(workspace=principal.workspace, api_key=principal), run_id)
     if not isinstance(principal, _Operator) and not principal.is_authenticated:
         raise NotFound("not found")
