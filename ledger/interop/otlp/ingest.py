@@ -36,10 +36,12 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import transaction
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -289,8 +291,11 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str
     for attempt in range(_ATTEMPTS):
         events, late = _events_for(workspace, run_id, spans)
         try:
-            for start in range(0, len(events), MAX_BATCH):
-                append(workspace=workspace, run_id=run_id, events=events[start : start + MAX_BATCH], by=by)
+            # Past one batch the slices share a transaction: a later slice's refusal must take the
+            # earlier ones back, or the run is half written and its spans reported refused.
+            with transaction.atomic() if len(events) > MAX_BATCH else nullcontext():
+                for start in range(0, len(events), MAX_BATCH):
+                    append(workspace=workspace, run_id=run_id, events=events[start : start + MAX_BATCH], by=by)
         except (RunNotStarted, RunAlreadyStarted, RunFinished, IdempotencyConflict):
             if attempt == _ATTEMPTS - 1:
                 raise

@@ -1,0 +1,139 @@
+"""OTLP ingest's mapping decisions (docs/otlp.md), called in process on OTLP/JSON exports: what a
+trace the log refuses, a span id sent twice, a broken parent link, clock skew and unusual number
+shapes become. tests/test_otlp.py covers the same receiver end to end, through a live Daphne."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from ledger.interop.otlp import ingest as otlp_ingest
+from ledger.interop.otlp.ingest import IngestResult, ingest
+from ledger.interop.otlp.wire import from_otlp_json
+from ledger.log import announce
+from ledger.models import Event, Run, Workspace
+
+pytestmark = pytest.mark.django_db
+
+TRACE = "5b8efff798038103d269b633813fc60c"
+OTHER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+ROOT = "eee19b7ec3c1b174"
+T0 = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z
+
+
+def _value(v: Any) -> dict[str, Any]:
+    if isinstance(v, dict):
+        return v  # an AnyValue as OTLP/JSON writes it, e.g. {"doubleValue": 200.0}
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    return {"stringValue": v}
+
+
+def span(
+    span_id: str,
+    name: str,
+    start: int,
+    end: int,
+    parent: str = "",
+    trace: str = TRACE,
+    attributes: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "traceId": trace,
+        "spanId": span_id,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
+        "attributes": [{"key": k, "value": _value(v)} for k, v in (attributes or {}).items()],
+        "status": {},
+    }
+
+
+def export(workspace: Workspace, *spans: dict[str, Any]) -> IngestResult:
+    document = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "agent"}}]},
+                "scopeSpans": [{"scope": {"name": "manual"}, "spans": list(spans)}],
+            }
+        ]
+    }
+    return ingest(workspace=workspace, request=from_otlp_json(document), by="key:test")
+
+
+def tool(span_id: str, n: int, parent: str = ROOT, trace: str = TRACE, result: str = '{"ok": true}') -> dict[str, Any]:
+    return span(
+        span_id,
+        "execute_tool lookup",
+        T0 + 10 * n + 1,
+        T0 + 10 * n + 5,
+        parent=parent,
+        trace=trace,
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "lookup",
+            "gen_ai.tool.call.result": result,
+        },
+    )
+
+
+def chat(span_id: str, start: int, end: int, parent: str = ROOT, **attributes: Any) -> dict[str, Any]:
+    return span(
+        span_id,
+        "chat gpt-4o",
+        start,
+        end,
+        parent=parent,
+        attributes={"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", **attributes},
+    )
+
+
+def run_of(workspace: Workspace, trace: str = TRACE) -> Run:
+    return Run.objects.get(workspace=workspace, run_id=f"run_otel_{trace}")
+
+
+# --- a trace is one append ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trace_over_one_batch_is_written_whole_or_not_at_all(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace whose events fill several of the log's batches: a refusal in the last batch (a NUL
+    in the last span) writes none of them, and all the trace's spans are reported refused; the other
+    trace of the export is written. A trace that passes is announced only once all of it commits."""
+    monkeypatch.setattr(otlp_ingest, "MAX_BATCH", 10)
+    sent: list[tuple[str, int, bool]] = []
+
+    def send(group: str, message: dict[str, Any]) -> None:
+        if message["type"] == "ledger.appended":
+            logged = Event.objects.filter(run__run_id=message["runId"]).count()
+            sent.append((message["runId"], logged, connection.in_atomic_block))
+
+    monkeypatch.setattr(announce, "_send", send)
+    tools = [tool(f"{n + 1:016x}", n) for n in range(12)]  # 1 + 3 + 12 * 2 + 1 events: three batches
+    tools[-1] = tool(f"{12:016x}", 11, result="a\x00b")
+    good = [span("aaaaaaaaaaaaaaaa", "other", T0, T0 + 1, trace=OTHER_TRACE)]
+    result = export(workspace, span(ROOT, "agent", T0, T0 + 1_000), *tools, *good)
+
+    assert result.rejected == 13
+    assert result.messages[0].startswith(f"trace {TRACE}: invalid_event: ")
+    assert not Run.objects.filter(run_id=f"run_otel_{TRACE}").exists()
+    assert not Event.objects.filter(run__run_id=f"run_otel_{TRACE}").exists()
+    assert run_of(workspace, OTHER_TRACE).status == "completed"
+
+    sent.clear()
+    tools[-1] = tool(f"{12:016x}", 11)
+    assert export(workspace, span(ROOT, "agent", T0, T0 + 1_000), *tools).rejected == 0
+    run = run_of(workspace)
+    assert run.status == "completed" and run.last_sequence == 29
+    # Every batch announced after the one commit: a reader woken by any of them finds all 28 events.
+    assert sent and all(s == (run.run_id, 29, False) for s in sent), sent
