@@ -14,6 +14,7 @@ from ledger.interop.otlp.ingest import IngestResult, ingest
 from ledger.interop.otlp.wire import from_otlp_json
 from ledger.log import announce
 from ledger.models import Event, Run, Workspace
+from ledger.reads import selectors
 
 pytestmark = pytest.mark.django_db
 
@@ -137,3 +138,25 @@ def test_a_trace_over_one_batch_is_written_whole_or_not_at_all(
     assert run.status == "completed" and run.last_sequence == 29
     # Every batch announced after the one commit: a reader woken by any of them finds all 28 events.
     assert sent and all(s == (run.run_id, 29, False) for s in sent), sent
+
+
+# --- span ids ------------------------------------------------------------------------------------
+
+
+def test_a_span_id_sent_twice_with_other_content_is_refused_and_named(workspace: Workspace) -> None:
+    model = chat("cccccccccccccccc", T0 + 1, T0 + 5, **{"gen_ai.usage.input_tokens": 10})
+    other = {**tool("cccccccccccccccc", 1), "name": "execute_tool other"}
+    result = export(workspace, span(ROOT, "agent", T0, T0 + 10), model, other)
+    assert result.rejected == 1
+    assert result.messages == [
+        "span 2 ('execute_tool other'): spanId cccccccccccccccc is already in this export with other content"
+    ]
+    types = [e["type"] for e in selectors.events(run_of(workspace))]
+    assert "harness.model.responded" in types and "harness.tool_call.started" not in types
+
+
+def test_the_same_span_twice_in_one_export_is_written_once_without_a_word(workspace: Workspace) -> None:
+    model = chat("cccccccccccccccc", T0 + 1, T0 + 5, **{"gen_ai.usage.input_tokens": 10})
+    result = export(workspace, span(ROOT, "agent", T0, T0 + 10), model, model)
+    assert (result.rejected, result.messages) == (0, [])
+    assert run_of(workspace).input_tokens == 10

@@ -206,7 +206,14 @@ def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest, by: str 
                     result.messages.append(f"span {index} ({span.name!r}): {problem}")
                     continue
                 spans = traces.setdefault(span.trace_id.hex(), {})
-                spans.setdefault(span.span_id.hex(), _read(span, resource, scope))  # a span sent twice counts once
+                read = _read(span, resource, scope)
+                kept = spans.setdefault(read.span, read)
+                if kept is not read and kept != read:  # the same span sent twice counts once
+                    result.rejected += 1
+                    result.messages.append(
+                        f"span {index} ({span.name!r}): spanId {span.span_id.hex()} is already in this export"
+                        " with other content"
+                    )
     for trace_hex, spans in traces.items():
         run_id = run_id_for(trace_hex)
         try:
