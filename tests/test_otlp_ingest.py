@@ -160,3 +160,28 @@ def test_the_same_span_twice_in_one_export_is_written_once_without_a_word(worksp
     result = export(workspace, span(ROOT, "agent", T0, T0 + 10), model, model)
     assert (result.rejected, result.messages) == (0, [])
     assert run_of(workspace).input_tokens == 10
+
+
+def test_a_self_parented_span_is_refused(workspace: Workspace) -> None:
+    result = export(workspace, chat("cccccccccccccccc", T0, T0 + 5, parent="cccccccccccccccc"))
+    assert result.rejected == 1
+    assert result.messages == ["span 0 ('chat gpt-4o'): parentSpanId must not be the span's own id"]
+    assert not Run.objects.exists()
+
+
+def test_spans_in_a_parent_cycle_are_refused_and_their_children_kept(workspace: Workspace) -> None:
+    """a → b → a: no root would ever end the run. The two are refused; a span under them, and the
+    trace's real root, are written, and the root ends the run."""
+    a = span("aaaaaaaaaaaaaaaa", "a", T0 + 1, T0 + 8, parent="bbbbbbbbbbbbbbbb")
+    b = span("bbbbbbbbbbbbbbbb", "b", T0 + 2, T0 + 7, parent="aaaaaaaaaaaaaaaa")
+    under = chat("cccccccccccccccc", T0 + 3, T0 + 6, parent="aaaaaaaaaaaaaaaa")
+    result = export(workspace, a, b, under, span(ROOT, "agent", T0, T0 + 10))
+    assert result.rejected == 2
+    assert sorted(result.messages) == [
+        "span aaaaaaaaaaaaaaaa ('a'): its parentSpanId links form a cycle",
+        "span bbbbbbbbbbbbbbbb ('b'): its parentSpanId links form a cycle",
+    ]
+    run = run_of(workspace)
+    assert run.status == "completed"
+    written = {e["payload"]["otel"].get("spanId") for e in selectors.events(run)}
+    assert written == {None, ROOT, "cccccccccccccccc"}  # None: RunStarted, which names the trace

@@ -215,6 +215,13 @@ def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest, by: str 
                         " with other content"
                     )
     for trace_hex, spans in traces.items():
+        for span_hex in _in_cycles(spans):
+            result.rejected += 1
+            result.messages.append(
+                f"span {span_hex} ({spans.pop(span_hex).name!r}): its parentSpanId links form a cycle"
+            )
+        if not spans:
+            continue
         run_id = run_id_for(trace_hex)
         try:
             late = _ingest_trace(workspace, run_id, list(spans.values()), by)
@@ -235,7 +242,24 @@ def _id_problem(span: Span) -> str | None:
         return "spanId must be 8 bytes, not all zero"
     if span.parent_span_id and len(span.parent_span_id) != 8:
         return "parentSpanId must be empty or 8 bytes"
+    if span.parent_span_id == span.span_id:
+        return "parentSpanId must not be the span's own id"
     return None
+
+
+def _in_cycles(spans: Mapping[str, _Span]) -> list[str]:
+    """The spans whose parent links, followed through the export, come back to them: a broken
+    exporter's trace that no root would ever end."""
+    cyclic: dict[str, bool] = {}
+    for first in spans:
+        path: dict[str, int] = {}  # the spans walked from `first`, in order
+        at = first
+        while at in spans and at not in cyclic and at not in path:
+            path[at] = len(path)
+            at = spans[at].parent
+        loop_from = path.get(at, len(path))
+        cyclic.update((span, n >= loop_from) for span, n in path.items())
+    return [span for span, is_cyclic in cyclic.items() if is_cyclic]
 
 
 def _read(span: Span, resource: dict[str, Any], scope: dict[str, Any]) -> _Span:
@@ -382,7 +406,7 @@ def _walk(spans: list[_Span]) -> Iterable[tuple[_Span, bool]]:
         children.setdefault(span.parent if span.parent in ids else "", []).append(span)
     for siblings in children.values():
         siblings.sort(key=lambda s: (s.start, -s.end, s.span), reverse=True)  # popped from the end
-    # Spans in a parent cycle (a broken exporter) hang from no root: each is taken as one.
+    # Spans in a parent cycle hang from no root (`ingest` refuses them): each would be taken as one.
     pending = sorted(
         (s for s in spans if s.parent in ids), key=lambda s: (s.start, s.span), reverse=True
     ) + children.get("", [])  # popped from the end: the roots first
