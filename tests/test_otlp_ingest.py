@@ -185,3 +185,29 @@ def test_spans_in_a_parent_cycle_are_refused_and_their_children_kept(workspace: 
     assert run.status == "completed"
     written = {e["payload"]["otel"].get("spanId") for e in selectors.events(run)}
     assert written == {None, ROOT, "cccccccccccccccc"}  # None: RunStarted, which names the trace
+
+
+# --- times -----------------------------------------------------------------------------------------
+
+
+def test_a_span_that_ends_before_it_starts_ends_when_it_starts(workspace: Workspace) -> None:
+    """Clock skew: the root ends 5 s before it starts, its calls too. The run, its step and its
+    calls last 0, never less, wherever they are read."""
+    second = 1_000_000_000
+    result = export(
+        workspace,
+        span(ROOT, "agent", T0, T0 - 5 * second),
+        chat("cccccccccccccccc", T0 + 1000, T0 - second, **{"gen_ai.usage.input_tokens": 3}),
+        {**tool("dddddddddddddddd", 0), "startTimeUnixNano": str(T0), "endTimeUnixNano": str(T0 - 2 * second)},
+    )
+    assert result.rejected == 0
+    run = run_of(workspace)
+    assert run.status == "completed"
+    assert run.started_at is not None and run.finished_at == run.started_at
+    step = run.steps.get()
+    assert step.started_at is not None and step.finished_at == step.started_at
+    events = {e["type"]: e["payload"] for e in selectors.events(run)}
+    assert events["harness.tool_call.succeeded"]["durationMs"] == 0
+    assert events["harness.model.responded"]["occurredAt"] == events["harness.model.called"]["occurredAt"]
+    assert events["harness.model.responded"]["otel"]["endTimeUnixNano"] == str(T0 + 1000)
+    assert events["RunCompleted"]["otel"]["endTimeUnixNano"] == str(T0)

@@ -272,14 +272,17 @@ def _read(span: Span, resource: dict[str, Any], scope: dict[str, Any]) -> _Span:
         }
         for e in span.events
     ]
+    start = int(span.start_time_unix_nano)
     return _Span(
         trace=span.trace_id.hex(),
         span=span.span_id.hex(),
         parent=parent,
         name=span.name,
         kind=int(span.kind),
-        start=int(span.start_time_unix_nano),
-        end=int(span.end_time_unix_nano),
+        start=start,
+        # A span that ends before it starts (clock skew) ends when it starts: every reader of the
+        # run (its finishedAt, a sort by duration, the waterfall) then sees the same zero duration.
+        end=max(int(span.end_time_unix_nano), start),
         status_code=int(span.status.code),
         status_message=span.status.message,
         attributes=_attributes(span.attributes),
