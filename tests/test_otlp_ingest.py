@@ -211,3 +211,28 @@ def test_a_span_that_ends_before_it_starts_ends_when_it_starts(workspace: Worksp
     assert events["harness.model.responded"]["occurredAt"] == events["harness.model.called"]["occurredAt"]
     assert events["harness.model.responded"]["otel"]["endTimeUnixNano"] == str(T0 + 1000)
     assert events["RunCompleted"]["otel"]["endTimeUnixNano"] == str(T0)
+
+
+# --- tokens ----------------------------------------------------------------------------------------
+
+
+def test_token_counts_sent_as_integral_doubles_are_read_as_integers(workspace: Workspace) -> None:
+    """1000.0 as a double (an SDK recording Python floats), {"doubleValue": 200.0} in OTLP/JSON:
+    the counts they are. A fractional or negative count is no count."""
+    model = chat(
+        "cccccccccccccccc",
+        T0 + 1,
+        T0 + 5,
+        **{
+            "gen_ai.request.model": "gpt-4o",
+            "gen_ai.usage.input_tokens": 1000.0,
+            "gen_ai.usage.output_tokens": {"doubleValue": 200.0},
+            "gen_ai.usage.cache_read.input_tokens": 2.5,
+            "gen_ai.usage.reasoning.output_tokens": -3.0,
+        },
+    )
+    assert export(workspace, span(ROOT, "agent", T0, T0 + 10), model).rejected == 0
+    responded = next(e for e in selectors.events(run_of(workspace)) if e["type"] == "harness.model.responded")
+    assert responded["payload"]["response"]["usage"] == {"inputTokens": 1000, "outputTokens": 200}
+    run = run_of(workspace)
+    assert (run.input_tokens, run.output_tokens, run.cached_input_tokens, run.reasoning_tokens) == (1000, 200, 0, 0)

@@ -705,6 +705,9 @@ def _usage(a: Mapping[str, Any], names: tuple[tuple[str, str], ...]) -> dict[str
     usage: dict[str, int] = {}
     for source, target in names:
         value = a.get(source)
+        # SDKs that record Python floats (or JavaScript numbers) send counts as doubles: 1000.0.
+        if isinstance(value, float) and value.is_integer() and 0 <= value <= _MAX_SAFE_INT:
+            value = int(value)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             usage[target] = value
     return usage
