@@ -236,3 +236,65 @@ def test_token_counts_sent_as_integral_doubles_are_read_as_integers(workspace: W
     assert responded["payload"]["response"]["usage"] == {"inputTokens": 1000, "outputTokens": 200}
     run = run_of(workspace)
     assert (run.input_tokens, run.output_tokens, run.cached_input_tokens, run.reasoning_tokens) == (1000, 200, 0, 0)
+
+
+# --- OpenInference content parts -------------------------------------------------------------------
+
+
+def _openinference_call(workspace: Workspace, trace: str, *contents: dict[str, Any]) -> dict[str, Any]:
+    """An OpenInference LLM span whose one user message holds `contents`; its `harness.model.called`."""
+    prefix = "llm.input_messages.0.message."
+    attributes: dict[str, Any] = {
+        "openinference.span.kind": "LLM",
+        "llm.provider": "openai",
+        "llm.model_name": "gpt-4o-mini",
+        f"{prefix}role": "user",
+    }
+    for n, content in enumerate(contents):
+        attributes.update({f"{prefix}contents.{n}.message_content.{k}": v for k, v in content.items()})
+    root = span(ROOT, "root", T0, T0 + 10, trace=trace)
+    call = span("cccccccccccccccc", "ChatCompletion", T0 + 1, T0 + 5, parent=ROOT, trace=trace, attributes=attributes)
+    assert export(workspace, root, call).rejected == 0
+    events = selectors.events(run_of(workspace, trace))
+    return next(e["payload"] for e in events if e["type"] == "harness.model.called")
+
+
+def test_openinference_images_are_kept_in_the_prompt_and_its_hash(workspace: Workspace) -> None:
+    """An image by URL is a GenAI `uri` part, an inline one (a base64 data: URL) a `blob` part, as
+    the GenAI conventions write media; two prompts that differ only in their image differ in hash."""
+    text = {"type": "text", "text": "What is in this picture?"}
+    cat = _openinference_call(
+        workspace, TRACE, text, {"type": "image", "image.image.url": "https://example.invalid/cat.png"}
+    )
+    dog = _openinference_call(
+        workspace, OTHER_TRACE, text, {"type": "image", "image.image.url": "data:image/png;base64,iVBORw0KGgo="}
+    )
+    assert cat["request"]["messages"] == [
+        {
+            "role": "user",
+            "parts": [
+                {"type": "text", "content": "What is in this picture?"},
+                {"type": "uri", "modality": "image", "uri": "https://example.invalid/cat.png"},
+            ],
+        }
+    ]
+    assert dog["request"]["messages"][0]["parts"][1] == {
+        "type": "blob",
+        "modality": "image",
+        "content": "iVBORw0KGgo=",
+        "mime_type": "image/png",
+    }
+    assert cat["promptHash"] != dog["promptHash"]
+
+
+def test_openinference_parts_of_other_kinds_are_kept_as_they_came(workspace: Workspace) -> None:
+    called = _openinference_call(
+        workspace,
+        TRACE,
+        {"type": "reasoning", "text": "The user wants a picture described."},
+        {"type": "tool_use", "id": "tu_1"},
+    )
+    assert called["request"]["messages"][0]["parts"] == [
+        {"type": "reasoning", "content": "The user wants a picture described."},
+        {"type": "tool_use", "id": "tu_1"},
+    ]

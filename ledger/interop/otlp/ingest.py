@@ -653,7 +653,7 @@ def _flattened_messages(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any
 
 def _as_parts(message: Mapping[str, Any]) -> dict[str, Any]:
     """An OpenInference message in the GenAI message form (role and `parts`), so both conventions
-    read the same everywhere: text parts, tool calls, and a tool's answer."""
+    read the same everywhere: text and reasoning parts, media, tool calls, and a tool's answer."""
     parts: list[dict[str, Any]] = []
     if isinstance(message.get("content"), str):
         kind = "tool_call_response" if message.get("role") == "tool" else "text"
@@ -666,8 +666,10 @@ def _as_parts(message: Mapping[str, Any]) -> dict[str, Any]:
             parts[-1]["id"] = message["tool_call_id"]
     contents = message.get("contents")
     for _, content in sorted(contents.items()) if isinstance(contents, dict) else []:
-        if content.get("type") == "text" and isinstance(content.get("text"), str):
-            parts.append({"type": "text", "content": content["text"]})
+        if content.get("type") in ("text", "reasoning") and isinstance(content.get("text"), str):
+            parts.append({"type": content["type"], "content": content["text"]})
+        elif content.get("type") != "text":
+            parts.append(_content_part(content))
     calls = message.get("tool_calls")
     for _, call in sorted(calls.items()) if isinstance(calls, dict) else []:
         part: dict[str, Any] = {"type": "tool_call"}
@@ -683,6 +685,31 @@ def _as_parts(message: Mapping[str, Any]) -> dict[str, Any]:
         out["name"] = message["name"]
     out["parts"] = parts
     return out
+
+
+# A base64 data: URL (RFC 2397): its media type, then the content.
+_DATA_URL = re.compile(r"data:([^;,]*)(?:;[^;,]*)*;base64,(.*)", re.S)
+
+
+def _content_part(content: Mapping[str, Any]) -> dict[str, Any]:
+    """A non-text OpenInference content part as the GenAI conventions write media: an image (audio,
+    video, document) by URL is a `uri` part, one inline as a base64 data: URL a `blob` part. Any
+    other part is kept with its flattened fields, so the prompt and its hash miss nothing."""
+    kind = content.get("type")
+    url = content.get(f"{kind}.{kind}.url")
+    if not isinstance(kind, str) or not isinstance(url, str):
+        return {
+            "type": kind if isinstance(kind, str) else "unknown",
+            **{k: v for k, v in content.items() if k != "type"},
+        }
+    mime = content.get(f"{kind}.{kind}.mime_type")
+    inline = _DATA_URL.fullmatch(url)
+    if inline is not None:
+        mime = inline[1] or mime
+        part: dict[str, Any] = {"type": "blob", "modality": kind, "content": inline[2]}
+    else:
+        part = {"type": "uri", "modality": kind, "uri": url}
+    return {**part, **({"mime_type": mime} if isinstance(mime, str) and mime else {})}
 
 
 _GENAI_USAGE = (
