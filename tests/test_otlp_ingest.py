@@ -4,6 +4,7 @@ shapes become. tests/test_otlp.py covers the same receiver end to end, through a
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -298,3 +299,71 @@ def test_openinference_parts_of_other_kinds_are_kept_as_they_came(workspace: Wor
         {"type": "reasoning", "content": "The user wants a picture described."},
         {"type": "tool_use", "id": "tu_1"},
     ]
+
+
+# --- concurrent exports ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_exports_of_one_trace_number_a_steps_turns_once(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two exports of one trace, each with model calls of the same step, the second arriving while
+    the first is between its mapping (turns counted from the log) and its write: every call of the
+    step still has a turn of its own."""
+    step = "aaaaaaaaaaaaaaaa"
+    assert export(workspace, chat("c000000000000001", T0 + 1, T0 + 2, parent=step)).rejected == 0
+    first_mapped, second_done = threading.Event(), threading.Event()
+    count_turns = otlp_ingest._turns
+
+    def turns_then_wait(run: Run | None, spans: list[Any]) -> dict[str, int]:
+        turns = count_turns(run, spans)
+        if threading.current_thread().name == "first":
+            first_mapped.set()
+            second_done.wait(timeout=2)  # the second export's write, had it not waited for this one
+        return turns
+
+    monkeypatch.setattr(otlp_ingest, "_turns", turns_then_wait)
+    results: dict[str, IngestResult] = {}
+    failures: list[BaseException] = []
+
+    def exporting(name: str, *spans: dict[str, Any]) -> None:
+        try:
+            if name == "second":
+                assert first_mapped.wait(timeout=10)
+            results[name] = export(workspace, *spans)
+        except BaseException as exc:  # surfaced below with the thread's own traceback
+            failures.append(exc)
+        finally:
+            if name == "second":
+                second_done.set()
+            connection.close()
+
+    threads = [
+        threading.Thread(
+            target=exporting,
+            name="first",
+            args=(
+                "first",
+                chat("c000000000000002", T0 + 3, T0 + 4, parent=step),
+                chat("c000000000000003", T0 + 5, T0 + 6, parent=step),
+            ),
+        ),
+        threading.Thread(
+            target=exporting,
+            name="second",
+            args=(
+                "second",
+                chat("c000000000000004", T0 + 7, T0 + 8, parent=step),
+                chat("c000000000000005", T0 + 9, T0 + 10, parent=step),
+            ),
+        ),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not failures, failures
+    assert all(r.rejected == 0 for r in results.values()), results
+    called = [e["payload"] for e in selectors.events(run_of(workspace)) if e["type"] == "harness.model.called"]
+    assert sorted(p["turn"] for p in called) == [1, 2, 3, 4, 5]

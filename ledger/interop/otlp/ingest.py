@@ -24,8 +24,9 @@ root span has already ended (a late exporter) is kept as `custom.otel.span` with
 the run stays finished and nothing is lost.
 
 Idempotency. A span's events have the keys `otel:<spanId>:<n>`, so a retried export (and every
-span sent twice) writes nothing new. A span already in the log is not mapped again, and a batch
-that raced another writer of the same trace is mapped again from the log's new state.
+span sent twice) writes nothing new. A span already in the log is not mapped again; a started
+run's spans are mapped under its lock, and a batch that raced another export to start the run is
+mapped again from the log's new state.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -47,8 +47,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from ...canonical import canonical_bytes
-from ...errors import IdempotencyConflict, LedgerError, RunAlreadyStarted, RunFinished, RunNotStarted
-from ...log import append
+from ...errors import (
+    IdempotencyConflict,
+    LedgerError,
+    NotFound,
+    RunAlreadyStarted,
+    RunFinished,
+    RunNotStarted,
+    SequenceConflict,
+)
+from ...log import Head, append, holding
 from ...log.prepare import MAX_BATCH
 from ...models import Event, Run, RunStatus, Step, Workspace
 
@@ -319,18 +327,30 @@ def _value(value: AnyValue) -> Any:
 
 
 def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str = "") -> int:
-    """Append the trace's new spans; returns how many were late. A batch mapped on a state that
-    another writer changed meanwhile (it started the run, ended it, or logged the same spans) is
-    refused by the append, writes nothing, and is mapped again from the new state."""
+    """Append the trace's new spans, all in one transaction; returns how many were late. The
+    mapping reads the log (spans already logged, steps, turns): for a started run it is made under
+    the run's lock, so no other export of the trace moves the log between the reading and the
+    writing. The export that starts the run expects an empty log: if another started it meanwhile
+    (or ended it, or logged the same spans), nothing is written and the batch is mapped again."""
     for attempt in range(_ATTEMPTS):
-        events, late = _events_for(workspace, run_id, spans)
         try:
-            # Past one batch the slices share a transaction: a later slice's refusal must take the
-            # earlier ones back, or the run is half written and its spans reported refused.
-            with transaction.atomic() if len(events) > MAX_BATCH else nullcontext():
+            # Past one batch the slices share the transaction: a later slice's refusal takes the
+            # earlier ones back, so a run is never half written with its spans reported refused.
+            with transaction.atomic():
+                try:
+                    head: Head | None = holding(workspace=workspace, run_id=run_id)
+                except NotFound:
+                    head = None
+                run = head.run if head is not None and head.run.last_sequence > 0 else None
+                events, late = _events_for(run, spans)
                 for start in range(0, len(events), MAX_BATCH):
-                    append(workspace=workspace, run_id=run_id, events=events[start : start + MAX_BATCH], by=by)
-        except (RunNotStarted, RunAlreadyStarted, RunFinished, IdempotencyConflict):
+                    part = events[start : start + MAX_BATCH]
+                    if head is not None and run is not None:
+                        head.append(part)
+                    else:
+                        expected = 0 if start == 0 else None
+                        append(workspace=workspace, run_id=run_id, events=part, expected_sequence=expected, by=by)
+        except (RunNotStarted, RunAlreadyStarted, RunFinished, IdempotencyConflict, SequenceConflict):
             if attempt == _ATTEMPTS - 1:
                 raise
             continue
@@ -338,11 +358,10 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[list[dict[str, Any]], int]:
-    run = Run.objects.filter(workspace=workspace, run_id=run_id).only("pk", "status", "last_sequence").first()
-    started = run is not None and run.last_sequence > 0
-    if started:
-        assert run is not None
+def _events_for(run: Run | None, spans: list[_Span]) -> tuple[list[dict[str, Any]], int]:
+    """The events of the spans not logged yet; `run`: the trace's run, locked, None when its log
+    is empty (the events then start it)."""
+    if run is not None:
         logged = set(
             Event.objects.filter(run=run, idempotency_key__in=[_key(s, 0) for s in spans]).values_list(
                 "idempotency_key", flat=True
@@ -352,7 +371,7 @@ def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[
     if not spans:
         return [], 0
     events: list[dict[str, Any]] = []
-    if not started:
+    if run is None:
         first = min(spans, key=lambda s: (s.start, s.span))
         service = first.resource.get("service.name")
         events.append(
@@ -362,11 +381,11 @@ def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[
                 "payload": {
                     "workflowVersionId": f"otel:{service if isinstance(service, str) and service else 'unknown'}",
                     **first.at(start=True),
-                    "otel": {"traceId": run_id[len(RUN_PREFIX) :], "resource": first.resource},
+                    "otel": {"traceId": first.trace, "resource": first.resource},
                 },
             }
         )
-    if started and run is not None and run.status in RunStatus.finished():
+    if run is not None and run.status in RunStatus.finished():
         for span in sorted(spans, key=lambda s: (s.start, s.span)):
             events.append(
                 {
@@ -376,8 +395,8 @@ def _events_for(workspace: Workspace, run_id: str, spans: list[_Span]) -> tuple[
                 }
             )
         return events, len(spans)
-    steps = _step_spans(run if started else None, spans)
-    turns = _turns(run if started else None, spans)
+    steps = _step_spans(run, spans)
+    turns = _turns(run, spans)
     roots = [s for s in spans if not s.parent]
     # A trace has one root; another parentless span (a broken propagation) is kept, not a second end.
     root = min(roots, key=lambda s: (s.start, s.span)) if roots else None
