@@ -71,7 +71,7 @@ def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, 
     assert added.status_code == 201, added.text
     assert added.json()["version"] == 1 and len(added.json()["members"]) == 10
     assert dave.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 403
-    assert [d["name"] for d in carol.get("/api/v1/datasets").json()] == ["golden"]
+    assert [d["name"] for d in carol.get("/api/v1/datasets").json()["datasets"]] == ["golden"]
     assert carol.get("/api/v1/datasets/golden?version=1").json()["digest"] == added.json()["digest"]
     assert _code(carol.get("/api/v1/datasets/golden?version=x")) == "invalid_parameter"
     ci = _key(workspace, ["execute", "read"])
@@ -112,7 +112,7 @@ def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, 
     junit = ci.get(f"/api/v1/evaluations/{made['id']}/junit")
     assert junit.status_code == 200 and junit.headers["content-type"].startswith("application/xml")
     assert ElementTree.fromstring(junit.content).get("failures") == "0"
-    assert [e["id"] for e in carol.get("/api/v1/evaluations").json()] == [made["id"]]
+    assert [e["id"] for e in carol.get("/api/v1/evaluations").json()["evaluations"]] == [made["id"]]
     # Another tenant: 404 on each dataset, policy and evaluation path.
     for url in (
         "/api/v1/datasets/golden",
@@ -125,7 +125,9 @@ def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, 
     assert olga.post(f"/api/v1/evaluation-policies/{policy.json()['id']}/revoke", json={}).status_code == 404
     assert olga.post("/api/v1/evaluations", json=body).status_code == 404
     assert olga.post("/api/v1/evaluation-policies", json=POLICY).status_code == 404
-    assert olga.get("/api/v1/datasets").json() == [] and olga.get("/api/v1/evaluation-policies").json() == []
+    assert olga.get("/api/v1/datasets").json() == {"datasets": [], "next": None}
+    assert olga.get("/api/v1/evaluation-policies").json() == {"policies": [], "next": None}
+    assert olga.get("/api/v1/evaluations").json() == {"evaluations": [], "next": None}
     # Every policy and evaluation action is audited.
     revoked = bob.post(f"/api/v1/evaluation-policies/{policy.json()['id']}/revoke", json={"note": "done"})
     assert revoked.status_code == 200 and revoked.json()["active"] is False
@@ -234,3 +236,46 @@ def test_bad_changes_over_http_get_the_error_envelope_and_leave_nothing(workspac
     assert Event.objects.count() == events_before
     assert not Evaluation.objects.exists() and not ReexecutionRequest.objects.exists()
     ci.close()
+
+
+def test_datasets_policies_and_evaluations_list_in_cursor_pages(workspace, approver: User, providers) -> None:
+    """Lists page as every list of the API does: `{<things>: [...], next}`, `?limit=` and `?cursor=`."""
+    from ledger.evaluation import datasets, policies
+
+    runs = triage_runs(workspace, count=2)
+    for name in ("gamma", "alpha", "delta", "beta", "epsilon"):
+        datasets.add_runs(workspace=workspace, name=name, run_ids=runs, by="carol")
+    made = [
+        policies.approve_policy(
+            workspace=workspace,
+            dataset="alpha",
+            change_kinds=["model"],
+            scorers=["exact"],
+            ceiling_per_evaluation_usd="1",
+            ceiling_per_day_usd="5",
+            ttl_hours=24,
+            by=approver,
+        ).public_id
+        for _ in range(3)
+    ]
+    ci = _key(workspace, ["read"])
+
+    def walk(path: str, things: str) -> list[str]:
+        seen: list[str] = []
+        url: str | None = f"{path}?limit=2"
+        while url:
+            body = ci.get(url).json()
+            assert set(body) == {things, "next"} and len(body[things]) <= 2, body
+            seen += [row.get("name") or row["id"] for row in body[things]]
+            url = f"{path}?limit=2&cursor={body['next']}" if body["next"] else None
+        return seen
+
+    assert walk("/api/v1/datasets", "datasets") == ["alpha", "beta", "delta", "epsilon", "gamma"]
+    assert walk("/api/v1/evaluation-policies", "policies") == list(reversed(made))
+    assert walk("/api/v1/evaluations", "evaluations") == []
+    for path in ("datasets", "evaluation-policies", "evaluations"):
+        for bad, code in (("limit=0", "invalid_parameter"), ("limit=-1", "invalid_parameter"),
+                          ("limit=abc", "invalid_parameter"), ("cursor=!!", "invalid_cursor"),
+                          ("cursor=eyJuYW1lIjoxfQ", "invalid_cursor")):  # fmt: skip
+            refused = ci.get(f"/api/v1/{path}?{bad}")
+            assert refused.status_code == 400 and _code(refused) == code, (path, bad, refused.text)

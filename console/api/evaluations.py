@@ -23,8 +23,15 @@ from ledger.models import Evaluation, Role, Workspace
 
 from .auth import access_for, principal
 from .base import WrittenText
-from .pagination import InvalidParameter
-from .schema import WORKSPACE, enum, error_responses
+from .pagination import (
+    InvalidCursor,
+    InvalidParameter,
+    decode_cursor,
+    encode_cursor,
+    keyset_cursor,
+    limit_param,
+)
+from .schema import CURSOR, LIMIT, WORKSPACE, enum, error_responses
 
 TAGS = ["evaluations"]
 NAME = OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH, description="the dataset's name")
@@ -32,6 +39,32 @@ VERSION = OpenApiParameter("version", OpenApiTypes.INT, description="a version n
 POLICY_ID = OpenApiParameter("policy_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="evp_<random>")
 EVALUATION_ID = OpenApiParameter("evaluation_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="ev_<random>")
 READ_ERRORS = error_responses(e400=["workspace_required"], e403=["insufficient_scope"], e404=["not_found"])
+LIST_ERRORS = error_responses(
+    e400=["invalid_parameter", "invalid_cursor", "workspace_required"], e403=["insufficient_scope"], e404=["not_found"]
+)
+
+
+def _page(rows: list[Any], limit: int, cursor: Any) -> tuple[list[Any], str | None]:
+    """The first `limit` of `rows` (asked for one more) and the `next` cursor: `cursor(last row)`."""
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, encode_cursor(cursor(rows[-1])) if more else None
+
+
+def _newest_first(row: Any) -> dict[str, Any]:
+    return {"t": row.created_at.isoformat(), "id": row.pk}
+
+
+def _name_cursor(request: Request) -> str | None:
+    cursor = decode_cursor(request)
+    if cursor is None:
+        return None
+    name = cursor.get("name")
+    if not isinstance(name, str) or not 0 < len(name) <= 100 or "\x00" in name:
+        raise InvalidCursor("cursor is not one this API gave out")
+    return name
+
+
 WRITE_ERRORS = error_responses(
     e400=["invalid_request", "workspace_required"], e403=["insufficient_scope", "forbidden"], e404=["not_found"]
 )
@@ -159,17 +192,25 @@ def _by(caller: Any) -> Any:
 # --- datasets ----------------------------------------------------------------------------------
 
 
+class DatasetListSerializer(serializers.Serializer):
+    datasets = DatasetSerializer(many=True)
+    next = serializers.CharField(allow_null=True, help_text="pass as ?cursor= for the next page; null on the last")
+
+
 class DatasetsView(APIView):
     @extend_schema(
         operation_id="list_datasets",
-        parameters=[WORKSPACE],
-        responses={200: DatasetSerializer(many=True), **READ_ERRORS},
-        summary="The workspace's datasets (scope read)",
+        parameters=[LIMIT, CURSOR, WORKSPACE],
+        responses={200: DatasetListSerializer, **LIST_ERRORS},
+        summary="The workspace's datasets by name (scope read)",
         tags=TAGS,
     )
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
-        return Response([datasets.dataset_json(d) for d in datasets.datasets(caller.workspace)])
+        limit = limit_param(request)
+        found = datasets.datasets(caller.workspace, limit=limit + 1, after=_name_cursor(request))
+        rows, next_cursor = _page(found, limit, lambda d: {"name": d.name})
+        return Response({"datasets": [datasets.dataset_json(d) for d in rows], "next": next_cursor})
 
 
 class DatasetView(APIView):
@@ -253,17 +294,25 @@ class DatasetExpectedView(APIView):
 # --- policies ----------------------------------------------------------------------------------
 
 
+class PolicyListSerializer(serializers.Serializer):
+    policies = PolicySerializer(many=True)
+    next = serializers.CharField(allow_null=True, help_text="pass as ?cursor= for the next page; null on the last")
+
+
 class PoliciesView(APIView):
     @extend_schema(
         operation_id="list_evaluation_policies",
-        parameters=[WORKSPACE],
-        responses={200: PolicySerializer(many=True), **READ_ERRORS},
+        parameters=[LIMIT, CURSOR, WORKSPACE],
+        responses={200: PolicyListSerializer, **LIST_ERRORS},
         summary="The workspace's evaluation policies, newest first (scope read)",
         tags=TAGS,
     )
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
-        return Response([policies.policy_json(p) for p in policies.policies(caller.workspace)])
+        limit = limit_param(request)
+        found = policies.policies(caller.workspace, limit=limit + 1, after=keyset_cursor(request))
+        rows, next_cursor = _page(found, limit, _newest_first)
+        return Response({"policies": [policies.policy_json(p) for p in rows], "next": next_cursor})
 
     @extend_schema(
         operation_id="approve_evaluation_policy",
@@ -319,18 +368,26 @@ class PolicyRevokeView(APIView):
 # --- evaluations -------------------------------------------------------------------------------
 
 
+class EvaluationListSerializer(serializers.Serializer):
+    evaluations = EvaluationSerializer(many=True)
+    next = serializers.CharField(allow_null=True, help_text="pass as ?cursor= for the next page; null on the last")
+
+
 class EvaluationsView(APIView):
     @extend_schema(
         operation_id="list_evaluations",
-        parameters=[WORKSPACE],
-        responses={200: EvaluationSerializer(many=True), **READ_ERRORS},
-        summary="The workspace's latest 50 evaluations, newest first, without their reports (scope read)",
+        parameters=[LIMIT, CURSOR, WORKSPACE],
+        responses={200: EvaluationListSerializer, **LIST_ERRORS},
+        summary="The workspace's evaluations, newest first, without their reports (scope read)",
         tags=TAGS,
     )
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
+        limit = limit_param(request)
+        found = evaluations.evaluations(caller.workspace, limit=limit + 1, after=keyset_cursor(request))
+        rows, next_cursor = _page(found, limit, _newest_first)
         return Response(
-            [evaluations.evaluation_json(e, report=False) for e in evaluations.evaluations(caller.workspace)]
+            {"evaluations": [evaluations.evaluation_json(e, report=False) for e in rows], "next": next_cursor}
         )
 
     @extend_schema(

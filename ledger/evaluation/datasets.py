@@ -39,8 +39,12 @@ def get_dataset(workspace: Workspace, name: str) -> Dataset:
     return dataset
 
 
-def datasets(workspace: Workspace) -> list[Dataset]:
-    return list(Dataset.objects.filter(workspace=workspace).order_by("name"))
+def datasets(workspace: Workspace, *, limit: int | None = None, after: str | None = None) -> list[Dataset]:
+    """By name; `limit` of them from just after the name `after` (a page's last)."""
+    qs = Dataset.objects.filter(workspace=workspace).order_by("name")
+    if after is not None:
+        qs = qs.filter(name__gt=after)
+    return list(qs if limit is None else qs[:limit])
 
 
 def latest(dataset: Dataset) -> DatasetVersion | None:

@@ -17,6 +17,7 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from xml.etree import ElementTree
@@ -30,6 +31,7 @@ from ..errors import Fenced, LedgerError, NotFound
 from ..limits import written
 from ..log import append, rules
 from ..models import Evaluation, Event, ReexecutionRequest, Run, Workspace
+from ..reads import selectors
 from ..reexecution import services as reexecution
 from ..reexecution.errors import InvalidReexecution
 from ..replay.divergence import divergence_report
@@ -698,12 +700,16 @@ def get_evaluation(workspace: Workspace, public_id: str) -> Evaluation:
     return evaluation
 
 
-def evaluations(workspace: Workspace, *, limit: int = 50) -> list[Evaluation]:
-    return list(
+def evaluations(
+    workspace: Workspace, *, limit: int = 50, after: tuple[datetime, int] | None = None
+) -> list[Evaluation]:
+    """The newest `limit`, from just after `after` (a page's last row: created_at, pk)."""
+    qs = (
         Evaluation.objects.filter(workspace=workspace)
         .select_related("dataset_version__dataset", "policy")
-        .order_by("-created_at", "-pk")[:limit]
+        .order_by("-created_at", "-pk")
     )
+    return list(selectors.older_than(qs, after)[:limit])
 
 
 def evaluation_json(evaluation: Evaluation, *, report: bool = True) -> dict[str, Any]:

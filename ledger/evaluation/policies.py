@@ -24,6 +24,7 @@ from ..canonical import digest
 from ..errors import NotFound
 from ..limits import written
 from ..models import ApiKey, EvaluationPolicy, Role, Workspace
+from ..reads import selectors
 from .access import require_member
 from .datasets import get_dataset
 from .errors import EvaluationForbidden, InvalidEvaluation
@@ -134,10 +135,13 @@ def get_policy(workspace: Workspace, public_id: str) -> EvaluationPolicy:
     return policy
 
 
-def policies(workspace: Workspace) -> list[EvaluationPolicy]:
-    return list(
-        EvaluationPolicy.objects.filter(workspace=workspace).select_related("dataset").order_by("-created_at", "-pk")
-    )
+def policies(
+    workspace: Workspace, *, limit: int | None = None, after: tuple[datetime, int] | None = None
+) -> list[EvaluationPolicy]:
+    """Newest first; `limit` of them from just after `after` (a page's last row: created_at, pk)."""
+    qs = EvaluationPolicy.objects.filter(workspace=workspace).select_related("dataset").order_by("-created_at", "-pk")
+    qs = selectors.older_than(qs, after)
+    return list(qs if limit is None else qs[:limit])
 
 
 @transaction.atomic

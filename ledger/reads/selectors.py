@@ -10,11 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
-from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
+from django.db.models import Avg, Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from ..errors import NotFound
@@ -22,6 +22,8 @@ from ..log import snapshots
 from ..log.envelopes import decode_payload, envelope, read_envelopes
 from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Workspace
 from .attention import matching as needing
+
+M = TypeVar("M", bound=Model)
 
 
 def runs(workspace: Workspace) -> QuerySet[Run]:
@@ -168,14 +170,20 @@ def filtered_runs(
     return qs.order_by("-created_at", "-pk")
 
 
+def older_than(qs: QuerySet[M], position: tuple[datetime, int] | None) -> QuerySet[M]:
+    """A newest-first list (ordered by -created_at, -pk) from just after `position`, the last row
+    of the previous page as a `{t, id}` cursor gives it."""
+    if position is None:
+        return qs
+    created_at, pk = position
+    # created_at <= the cursor's as well: the range an index on (workspace, -created_at) starts
+    # at; the OR alone is a filter only, and a deep page would read every newer row first.
+    return qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk), created_at__lte=created_at)
+
+
 def runs_page(qs: QuerySet[Run], *, limit: int, after: tuple[datetime, int] | None) -> tuple[list[Run], bool]:
     """One page of a newest-first run list, strictly after (created_at, pk); and whether more follow."""
-    if after is not None:
-        created_at, pk = after
-        # created_at <= the cursor's as well: the range the index (workspace, -created_at) starts
-        # at; the OR alone is a filter only, and a deep page would read every newer row first.
-        qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk), created_at__lte=created_at)
-    page = list(qs[: limit + 1])
+    page = list(older_than(qs, after)[: limit + 1])
     return page[:limit], len(page) > limit
 
 
