@@ -367,3 +367,34 @@ def test_concurrent_exports_of_one_trace_number_a_steps_turns_once(
     assert all(r.rejected == 0 for r in results.values()), results
     called = [e["payload"] for e in selectors.events(run_of(workspace)) if e["type"] == "harness.model.called"]
     assert sorted(p["turn"] for p in called) == [1, 2, 3, 4, 5]
+
+
+# --- the export of what came in ----------------------------------------------------------------
+
+
+def test_a_span_whose_attributes_became_an_artifact_leaves_with_them(workspace: Workspace) -> None:
+    """A prompt past the inline limit moves the closing event's `otel` block to an artifact
+    (`otelRef`); the run's OTLP export reads it back: the span keeps its attributes, name and times."""
+    from ledger.interop.otlp.export import run_as_otlp
+
+    prompt = '[{"role": "user", "parts": [{"type": "text", "content": "' + "x" * 300_000 + '"}]}]'
+    sent = chat(
+        "cccccccccccccccc",
+        T0 + 1_000_000,
+        T0 + 40_000_000,
+        **{
+            "gen_ai.input.messages": prompt,
+            "gen_ai.response.finish_reasons": {"arrayValue": {"values": [{"stringValue": "stop"}]}},
+        },
+    )
+    assert export(workspace, span(ROOT, "agent", T0, T0 + 50_000_000), sent).rejected == 0
+    run = run_of(workspace)
+    responded = next(e["payload"] for e in selectors.events(run) if e["type"] == "harness.model.responded")
+    assert "otel" not in responded and responded["otelRef"].startswith("artifact://")  # what makes the case
+    spans = run_as_otlp(run)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    exported = next(s for s in spans if s["spanId"] == "cccccccccccccccc")
+    assert exported["name"] == "chat gpt-4o"
+    assert (exported["startTimeUnixNano"], exported["endTimeUnixNano"]) == (str(T0 + 1_000_000), str(T0 + 40_000_000))
+    attributes = {a["key"]: a["value"] for a in exported["attributes"]}
+    assert attributes["gen_ai.input.messages"] == {"stringValue": prompt}
+    assert "gen_ai.response.finish_reasons" in attributes

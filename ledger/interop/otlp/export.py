@@ -27,6 +27,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from ... import audit
+from ...log import artifacts
 from ...log.envelopes import read_envelopes
 from ...models import ApiKey, Run
 from .ingest import RUN_PREFIX
@@ -70,8 +71,35 @@ class _Open:
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
+# The payload fields a span is made of; one too large to store inline is an artifact (`otelRef`).
+_SPAN_FIELDS = ("otel", "request", "response")
+
+
+def _inlined(run: Run, envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The envelopes with each span field that was moved to an artifact read back in place, so an
+    ingested span whose attributes passed the inline limit leaves with its attributes, name and
+    times. The bytes are checked against their hash as they are read (an IntegrityFailure, never a
+    span quietly without them)."""
+    wanted = {
+        env["payload"][f"{name}Ref"]
+        for env in envelopes
+        for name in _SPAN_FIELDS
+        if name not in env["payload"] and isinstance(env["payload"].get(f"{name}Ref"), str)
+    }
+    if not wanted:
+        return envelopes
+    found = {ref: a for ref, a in artifacts.resolve(run, sorted(wanted)).items() if a is not None}
+    values = {ref: json.loads(artifacts.read_bytes(a)) for ref, a in found.items()}
+    out = []
+    for env in envelopes:
+        p = env["payload"]
+        back = {n: values[p[f"{n}Ref"]] for n in _SPAN_FIELDS if n not in p and p.get(f"{n}Ref") in values}
+        out.append({**env, "payload": {**p, **back}} if back else env)
+    return out
+
+
 def run_as_otlp(run: Run) -> dict[str, Any]:
-    envelopes = read_envelopes(run)
+    envelopes = _inlined(run, read_envelopes(run))
     trace_id = trace_id_for(run)
     request = ExportTraceServiceRequest()
     if not envelopes:
