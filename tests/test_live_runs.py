@@ -83,6 +83,43 @@ def test_a_finished_run_is_pushed_again_and_ordinary_appends_are_not(member: Any
     assert failed == {"type": "run", "runId": "run_busy"} and quick == {"type": "run", "runId": "run_quick"}
 
 
+def test_a_running_runs_cost_and_attention_are_pushed_as_they_move(member: Any, workspace: Workspace) -> None:
+    """The row's tokens and cost move with each answered model call, its attention with a retry
+    scheduled and started: each is pushed, so the list follows a running run, not only its ends."""
+    session = _session_id(member)
+    append(workspace=workspace, run_id="run_spending", events=[started(), ev("StepScheduled", stepPath="s")])
+    responded = ev(
+        "harness.model.responded",
+        turn=1,
+        callId="c1",
+        model={"provider": "openai", "modelId": "gpt-4o"},
+        response={"text": "ok", "usage": {"inputTokens": 1200, "outputTokens": 300}},
+    )
+
+    async def scenario() -> list[dict[str, Any]]:
+        comm = _communicator(PATH, session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        received = []
+        for moved in (
+            responded,
+            ev("StepFailed", stepPath="s", attempt=1, error={"message": "x", "retryAt": "2030-01-01T00:00:00Z"}),
+            ev("StepAttemptStarted", stepPath="s", attempt=2),
+        ):
+            await _append(workspace, "run_spending", moved)
+            received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
+        await _append(workspace, "run_spending", ev("custom.note", text="nothing listed moves"))
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+        return received
+
+    assert async_to_sync(scenario)() == [{"type": "run", "runId": "run_spending"}] * 3
+    client = Client()
+    client.force_login(member)
+    rows = client.get("/w/acme/support/", headers={"HX-Request": "true"}).content.decode()
+    row = re.search(r'<tr class="run" data-run-id="run_spending".*?</tr>', rows, re.S)
+    assert row is not None and "1,500" in row[0]  # the tokens the push told the page to fetch
+
+
 def test_other_workspaces_runs_are_not_pushed(member: Any, workspace: Workspace) -> None:
     research = bootstrap(tenant="acme", workspace="research")
     session = _session_id(member)

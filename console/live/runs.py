@@ -1,7 +1,7 @@
 """The runs list's live feed: `ws/workspaces/<tenant>/<workspace>/runs/`.
 
-Announcements (ledger.log.announce) say only which run started, finished or began or stopped
-waiting for a person; the socket passes on `{"type": "run", "runId": …}` for a run of the
+Announcements (ledger.log.announce) say only which run's row moved (it started or finished, its
+tokens and cost grew, it began or stopped waiting for a person); the socket passes on `{"type": "run", "runId": …}` for a run of the
 workspace, and the page fetches its rows again (static/js/live.js), with its own filters and sort,
 so what a push shows is what a reload shows. Nothing of another workspace is ever sent.
 """

@@ -52,16 +52,24 @@ def workspace_group_for(workspace_pk: int) -> str:
     return f"ledger.workspace.{workspace_pk}"
 
 
-# The events that move a run in or through its workspace's runs list and Approvals page (new row,
-# final status, a tool call that starts or stops waiting for a person).
-_LIFECYCLE = frozenset(
+# The events that change a run's row in its workspace's runs list or its place on the Approvals
+# page: a new row, its final status, its tokens and cost (its own and its tree's: a sub-run's
+# call moves its parent's row too, which the list reads again whole), and its attention (a tool
+# call that starts or stops waiting for a person, one in doubt or reconciled, a step's retry
+# scheduled or started). Other appends move nothing the list shows; its duration ticks in the page.
+_LISTED = frozenset(
     {
         "RunStarted",
         "RunCompleted",
         "RunFailed",
+        "harness.model.responded",
         "harness.tool_call.approval_requested",
         "harness.tool_call.approved",
         "harness.tool_call.rejected",
+        "harness.tool_call.in_doubt",
+        "harness.tool_call.reconciled",
+        "StepFailed",
+        "StepAttemptStarted",
     }
 )
 
@@ -377,7 +385,7 @@ def announcement(
     run: Run, sequence: int, written: Sequence[Mapping[str, Any]] = (), rows: Sequence[Mapping[str, Any]] = ()
 ) -> Callable[[], None]:
     """What announces a batch to the run's group, and to the workspace's group when the batch
-    started or finished the run; to be called only once the batch has committed (a reader woken by
+    moved the run's row in the runs list (_LISTED); to be called only once the batch has committed (a reader woken by
     it must find the rows it is told about). `written` are the batch's new envelopes and `rows` the
     columns stored for them, in the same order (no query is made); `run` holds its status after the batch."""
     group, run_id = group_for(run.pk), run.run_id
@@ -386,12 +394,12 @@ def announcement(
     if events is not None and events[-1][0] == sequence:
         appended["status"] = str(run.status)
         appended["events"] = events
-    lifecycle = any(e["type"] in _LIFECYCLE for e in written)
+    listed = any(e["type"] in _LISTED for e in written)
     workspace_group = workspace_group_for(run.workspace_id)
 
     def send() -> None:
         _send(group, appended)
-        if lifecycle:
+        if listed:
             _send(workspace_group, {"type": "ledger.run_changed", "runId": run_id})
 
     return send
