@@ -107,6 +107,19 @@ def test_the_form_shows_each_modes_plan_and_the_fork_steps(people: dict[str, Use
     assert 'data-action="live"' not in simulate and "no write tool can fire" in simulate
 
 
+def test_resume_is_greyed_out_with_the_reason_on_a_finished_run(people: dict[str, User], run: Run) -> None:
+    """A finished run has nothing to resume: the form says so beside the choice, before a reason
+    is typed, instead of refusing the request after it."""
+    assert run.status == "completed"
+    html = as_(people["carol"]).get(FORM, {"mode": "resume"}).content.decode()
+    resume = re.search(r'<input[^>]*value="resume"[^>]*>', html)
+    assert resume is not None and " disabled" in resume[0] and "checked" not in resume[0]
+    assert "This run has completed: there is nothing to resume." in html
+    for mode in ("simulate", "evaluate", "fork", "rerun"):
+        offered = re.search(rf'<input[^>]*value="{mode}"[^>]*>', html)
+        assert offered is not None and "disabled" not in offered[0], mode
+
+
 def test_the_plan_lists_write_tools_that_could_fire(people: dict[str, User], workspace: Workspace) -> None:
     start_run(
         workspace=workspace,

@@ -104,6 +104,14 @@ def reexecution_rows(run: Run, approvals: list[dict[str, Any]]) -> list[dict[str
     return rows
 
 
+def _why_not(run: Run, mode: str) -> str:
+    """Why the form offers `mode` greyed out for this run ("" when it can work): a finished run
+    has nothing to resume (the request would be refused after the reason was typed)."""
+    if mode == Mode.RESUME and run.finished:
+        return f"This run has {run.status}: there is nothing to resume."
+    return ""
+
+
 def can_request(user: Any, workspace: Workspace) -> bool:
     return has_role(user, workspace, "operator")
 
@@ -223,7 +231,7 @@ def _form_page(
         "form": form,
         "plan": plan,
         "plan_problem": plan_problem,
-        "modes": [(m, MODE_HELP[m]) for m in Mode.values],
+        "modes": [(m, MODE_HELP[m], _why_not(run, m)) for m in Mode.values],
         "steps": _steps_of(run),
         "slots": [
             {
