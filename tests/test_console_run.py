@@ -367,8 +367,9 @@ def test_steps_tab_shows_steps_should_run_sessions_and_replay_readiness(
     assert 'id="replay-ready" class="verdict verdict-fail"' in html
     assert "model:score:turn2:response" in html  # the unanswered call is what is missing
     assert html.count("replay from the record") == 2 and html.count("<strong>re-invoke</strong>") == 1
-    for check in ("dense_sequence", "artifact_hashes", "manifest_drift"):
-        assert f'<span class="mono">{check}</span>' in html
+    assert "Ready to replay: <strong>no</strong>" in html and "replayReady" not in html  # words, not the field
+    for check, label in (("dense_sequence", "dense sequence"), ("artifact_hashes", "artifact hashes")):
+        assert f'<span class="check-name" data-check="{check}">{label}</span>' in html
 
 
 def _step_rows(html: str) -> list[str]:
