@@ -89,6 +89,20 @@ def field_label(value: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", str(value)).replace("_", " ").lower()
 
 
+def relative_change(value: float | None) -> str:
+    """A relative change (after / before − 1) as a person reads one: "+519 % (×6.19)", "−6.6 %",
+    "no change"; "n/a" when there is none to give (nothing before)."""
+    if value is None:
+        return "n/a"
+    percent = 100 * value
+    if round(percent, 1) == 0:
+        return "no change"
+    sign = "+" if percent > 0 else "−"
+    digits = f"{abs(percent):,.0f}" if abs(percent) >= 100 else f"{abs(percent):.1f}"
+    factor = f" (×{1 + value:,.2f})" if value >= 1 else ""
+    return f"{sign}{digits} %{factor}"
+
+
 def coverage(priced: int, unpriced: int) -> str:
     """Priced coverage: priced calls of all calls (docs/design.md §4)."""
     total = priced + unpriced

@@ -178,6 +178,17 @@ def test_evaluation_report_prints_money_tokens_and_durations_in_one_format() -> 
     assert "113776" not in html and "1234" not in html
 
 
+def test_evaluation_report_prints_relative_changes_as_percentages() -> None:
+    """after / before − 1 as a person reads it: 5.195 is "+520 % (×6.20)", never "5.195 relative"."""
+    aggregates = {"spendUsd": "0.02527", "costDelta": 5.195, "latencyDelta": -0.066}
+    html = render_to_string("console/evaluations/report.html", {"aggregates": aggregates, "runs": [], "report": {}})
+    assert "+520 % (×6.20)" in html and "−6.6 %" in html
+    assert "relative" not in html and "5.195" not in html
+    none = {"spendUsd": "0", "costDelta": None, "latencyDelta": 0.0}
+    html = render_to_string("console/evaluations/report.html", {"aggregates": none, "runs": [], "report": {}})
+    assert "n/a" in html and "no change" in html
+
+
 class _Evaluation:
     public_id = "ev_1"
     status = "pending_approval"
@@ -196,3 +207,16 @@ def test_evaluation_rows_print_spend_as_money_and_status_as_words() -> None:
     html = render_to_string("console/evaluations/rows.html", {"rows": [row], "fragment_url": "/f/", "live": False})
     assert '<td class="num">$0.50</td>' in html  # to the cent at least, as $5.00 beside it
     assert ">waiting for approval</span>" in html and ">pending_approval<" not in html
+
+
+def test_batch_comparison_counts_of_nothing_are_not_coloured_as_warnings() -> None:
+    """A run whose re-execution changed nothing shows "≠ 0" and "− 0" muted, not amber and red."""
+    report = {
+        "counts": {"identical": 7, "changed": 0, "new": 0, "missing": 2},
+        "original": {"costUsd": 0.0021},
+        "new": {"costUsd": 0.0019},
+    }
+    row = {"rx": {"original_run_id": "run_a", "status": "succeeded"}, "report": report, "kept": True}
+    html = render_to_string("console/approvals/batch_body.html", {"rows": [row], "total": 1, "first": {}})
+    assert '<span class="dv dv-identical">7</span>' in html and '<span class="dv dv-missing">2</span>' in html
+    assert '<span class="dv dv-changed dv-none">0</span>' in html and '<span class="dv dv-new dv-none">0</span>' in html

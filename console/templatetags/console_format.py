@@ -26,6 +26,11 @@ def money(value: Decimal | float | None) -> str:
 
 
 @register.filter
+def relative_change(value: float | None) -> str:
+    return fmt.relative_change(value)
+
+
+@register.filter
 def elapsed(item: Any) -> str:
     return fmt.span(item)
 
