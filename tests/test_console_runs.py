@@ -218,6 +218,20 @@ def test_filter_state_lives_in_the_url(browser: Client, runs: None) -> None:
     assert re.search(r'name="has_failures"[^>]*checked', form)
 
 
+def test_a_submitted_filter_form_leaves_a_url_of_what_was_chosen(browser: Client, runs: None) -> None:
+    """The form sends every field; the list redirects to the URL holding only what was chosen, the
+    one to bookmark or send to a colleague."""
+    sent = "?q=&status=failed&attention=&workflow=&from=&to=&model=&cost_above=&rating=&sort=&order=&subruns="
+    response = browser.get(URL + sent)
+    assert response.status_code == 302 and response["Location"] == URL + "?status=failed"
+    assert set(row_ids(browser.get(response["Location"]).content)) == set(
+        row_ids(browser.get(URL + "?status=failed").content)
+    )
+    everything_empty = browser.get(URL + "?q=&status=")
+    assert everything_empty.status_code == 302 and everything_empty["Location"] == URL
+    assert browser.get(URL + "?q=&status=failed", headers={"HX-Request": "true"}).status_code == 200  # htmx: as sent
+
+
 def test_dates_select_runs_by_the_day_they_were_created(browser: Client, runs: None) -> None:
     set_created("run_failed", datetime(2026, 3, 1, 23, 59, tzinfo=UTC))
     set_created("run_stepfail", datetime(2026, 3, 2, 0, 0, tzinfo=UTC))

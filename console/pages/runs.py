@@ -219,6 +219,10 @@ class _HtmxRequest(HttpRequest):
 @require_safe
 def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = member_access(request, tenant, workspace).workspace
+    if not request.htmx and "" in request.GET.values():
+        # The filter form sends every field, the empty ones too: the URL to keep or pass on is
+        # the one with what was chosen alone, in the list's one order.
+        return redirect(request.path + _query(request))
     return _list(request, ws)
 
 
