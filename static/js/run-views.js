@@ -74,14 +74,15 @@
     }
   });
 
-  // The forms answer a refusal with 400/409 and the re-rendered form; show it (htmx 2 does not
-  // swap error responses by default).
+  // The forms answer a refusal with 400/409/422 and the re-rendered form; show it (htmx 2 does
+  // not swap error responses by default). The event's elt is the hx-target, which holds the form:
+  // ask the element that made the request.
+  var REFUSABLE = "#feedback-form, .reconcile-form, .cancel-form, .share-form";
   document.addEventListener("htmx:beforeSwap", function (event) {
     var status = event.detail.xhr.status;
-    var source = event.detail.elt;
-    var isForm = source && source.closest && (source.closest("#feedback-form") || source.closest(".reconcile-form")
-                                                  || source.closest(".cancel-form"));
-    if (isForm && (status === 400 || status === 409)) {
+    var source = event.detail.requestConfig && event.detail.requestConfig.elt;
+    var isForm = source && source.closest && source.closest(REFUSABLE);
+    if (isForm && (status === 400 || status === 409 || status === 422)) {
       event.detail.shouldSwap = true;
       event.detail.isError = false;
     }
