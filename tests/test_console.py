@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 import pytest
 from django.test import Client
@@ -40,6 +41,37 @@ def test_anonymous_users_are_sent_to_login(client: Client, run_url: str) -> None
     for url in ("/", "/w/acme/support/", run_url):
         response = client.get(url)
         assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+
+
+HTMX_REQUESTS = [
+    ("get", "/w/acme/support/"),
+    ("get", "/w/acme/support/runs/run_page/evidence/"),
+    ("get", "/w/acme/support/runs/run_page/header/"),
+    ("get", "/w/acme/support/approvals/?fragment=list"),
+    ("post", "/w/acme/support/runs/run_page/feedback/"),
+    ("post", "/w/acme/support/runs/run_page/cancel/"),
+    ("post", "/w/acme/support/runs/run_page/share-links/"),
+    ("post", "/w/acme/support/settings/retention/"),
+]
+
+
+@pytest.mark.parametrize("method, url", HTMX_REQUESTS)
+def test_a_signed_out_htmx_request_is_sent_to_login_from_its_page(
+    client: Client, run_url: str, method: str, url: str
+) -> None:
+    """Not a 302 htmx would follow and swap the login page into the page: HX-Redirect, so the
+    whole window goes to the login, and back to the page shown (not the fragment) after it."""
+    headers = {"HX-Request": "true", "HX-Current-URL": f"http://testserver{run_url}evidence/?at=2"}
+    response = getattr(client, method)(url, headers=headers)
+    assert response.status_code == 401 and response.content == b""
+    page = quote(f"{run_url}evidence/?at=2", safe="")
+    assert response["HX-Redirect"] == f"/accounts/login/?next={page}"
+
+
+def test_a_signed_out_htmx_request_from_another_origin_page_gets_no_next(client: Client, run_url: str) -> None:
+    headers = {"HX-Request": "true", "HX-Current-URL": "https://elsewhere.example/w/acme/support/"}
+    response = client.get(f"{run_url}header/", headers=headers)
+    assert response.status_code == 401 and response["HX-Redirect"] == "/accounts/login/"
 
 
 def test_member_sees_runs_and_the_run_page(client: Client, member, run_url: str) -> None:

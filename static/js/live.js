@@ -159,8 +159,14 @@
     var src = el.getAttribute("data-live-src");
     var here = window.location.pathname + window.location.search;
     var url = src || here;
-    return fetch(url, {credentials: "same-origin", headers: {"HX-Request": "true", "Accept": "text/html"}})
-      .then(function (response) { return response.ok ? response.text() : null; })
+    var headers = {"HX-Request": "true", "HX-Current-URL": window.location.href, "Accept": "text/html"};
+    return fetch(url, {credentials: "same-origin", headers: headers})
+      .then(function (response) {
+        // Signed out meanwhile: the server names the login page, as it does to htmx.
+        var login = response.headers.get("HX-Redirect");
+        if (login) { window.location.assign(login); return null; }
+        return response.ok ? response.text() : null;
+      })
       .then(function (html) {
         if (html === null || !el.isConnected) return;
         // The open tab changed while this was asked (a click): its own request answers.

@@ -1,8 +1,13 @@
 """The run page's htmx forms when the server refuses, in headless Chromium on a Daphne with DEBUG
 off (hashed static files, the CSP): a refused form is swapped in with its message next to the
-field and what was typed kept, instead of htmx dropping the 4xx answer."""
+field and what was typed kept, instead of htmx dropping the 4xx answer; an action after the
+session ended takes the whole window to the login page and back, instead of pasting the login
+page into the run page."""
 
 from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import User
@@ -11,6 +16,7 @@ from playwright.sync_api import Page, expect
 from ledger.models import Workspace
 from tests.browser import data
 from tests.browser.conftest import log_in
+from tests.conftest import PASSWORD
 from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,3 +44,30 @@ def test_a_reconcile_with_bad_json_shows_why_and_keeps_what_was_typed(
     expect(form.locator("[role=alert]")).to_contain_text("The result must be JSON")
     expect(form.locator("textarea[name=value]")).to_have_value('{"refundId": "R-1", ')
     expect(form.locator("input[name=note]")).to_have_value("the bank statement shows the refund")
+
+
+def test_an_action_after_the_session_ended_goes_to_the_login_and_back(
+    open_context: Any, production: Daphne, workspace: Workspace, operator: User
+) -> None:
+    data.running_run(workspace, "run_signed_out")
+    context = open_context()
+    page = context.new_page()
+    log_in(page, production, operator)
+    run_path = f"{SUPPORT}/runs/run_signed_out/"
+    page.goto(f"{production.url}{run_path}")
+
+    other_tab = context.new_page()  # the same cookies: logging out here ends the first tab's session
+    other_tab.goto(f"{production.url}{SUPPORT}/")
+    other_tab.click("form.logout [type=submit]")
+    other_tab.wait_for_url(lambda url: "/accounts/login/" in url)
+
+    page.locator("#feedback-form input[name=rating][value='4']").check()
+    page.click("#feedback-form [type=submit]")
+    page.wait_for_url(lambda url: "/accounts/login/" in url)
+    assert page.url == f"{production.url}/accounts/login/?next={quote(run_path, safe='')}"
+    expect(page.locator("input[name=username]")).to_have_count(1)  # the login page, once, as a page
+
+    page.fill("input[name=username]", operator.get_username())
+    page.fill("input[name=password]", PASSWORD)
+    page.click("form:has(input[name=password]) [type=submit]")
+    page.wait_for_url(f"{production.url}{run_path}")
