@@ -82,6 +82,8 @@ if not SECRET_KEY:
     SECRET_KEY = "runledger-insecure-development-key-set-SECRET_KEY-in-production"
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", [])
+# A stale token (logged in again in another tab) is the console's styled 403, leading back to the form.
+CSRF_FAILURE_VIEW = "console.pages.errors.csrf_failure"
 
 # HTTPS switches (docs/operations.md § Production). Off by default, since `make run` serves plain
 # http://127.0.0.1; the production environment turns every one on (`bin/check-deploy` holds it to

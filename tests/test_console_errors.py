@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.http import HttpResponse
 from django.test import Client, RequestFactory
 
 from console.pages import errors
@@ -141,6 +142,45 @@ def test_the_api_keeps_its_json_envelope(client: Client) -> None:
     response = client.get("/api/v1/no-such-endpoint")
     assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
     assert re.search(r'"code":\s*"not_found"', response.content.decode())
+
+
+def _stale_form_post(member: User, append, referer: str) -> HttpResponse:
+    """A console form sent with a token that is no longer the session's (logged in again since)."""
+    append("run_form", started())
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(member)
+    page = "/w/acme/support/runs/run_form/"
+    assert client.get(page).status_code == 200  # the csrftoken cookie, as the browser holds it
+    stale = "x" * 64
+    return client.post(f"{page}feedback/", {"rating": "4", "csrfmiddlewaretoken": stale}, headers={"Referer": referer})
+
+
+def test_a_form_with_a_stale_csrf_token_gets_the_styled_403_and_a_way_back(member: User, append) -> None:
+    response = _stale_form_post(member, append, "http://testserver/w/acme/support/runs/run_form/")
+    assert response.status_code == 403
+    html = response.content.decode()
+    styled(html, 403, "The form expired")
+    assert "Reload the page and submit the form again" in html
+    assert '<a id="error-back" href="http://testserver/w/acme/support/runs/run_form/">Back to the form</a>' in html
+    assert "style=" not in html and "<style" not in html  # nothing the CSP blocks (Django's own page had both)
+
+
+def test_a_stale_csrf_token_from_another_sites_page_is_not_sent_back_there(member: User, append) -> None:
+    response = _stale_form_post(member, append, "https://elsewhere.example/phish/")
+    assert response.status_code == 403
+    html = response.content.decode()
+    styled(html, 403, "The form expired")
+    assert "elsewhere.example" not in html
+    assert '<a id="error-back" href="/w/acme/support/">' in html  # the workspace's runs, from its address
+
+
+def test_a_session_post_without_csrf_under_the_api_keeps_the_json_error(member: User, append) -> None:
+    append("run_form", started())
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(member)
+    response = client.post("/api/v1/runs/run_form/feedback", {"rating": 4}, content_type="application/json")
+    assert response.status_code == 403 and response["Content-Type"].startswith("application/json")
+    assert response.json()["error"]["code"] == "forbidden" and "CSRF" in response.json()["error"]["message"]
 
 
 def test_audit_is_newest_first_with_targets_linked_and_details_readable(

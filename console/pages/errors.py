@@ -1,6 +1,6 @@
 """The console's error pages: 400, 403, 404, 410 and 500 in the console's layout, each with a way
-back (Django's handler400/403/404/500, set in console/urls.py, and `error_page` for the views'
-own refusals).
+back (Django's handler400/403/404/500, set in console/urls.py, CSRF_FAILURE_VIEW, and `error_page`
+for the views' own refusals).
 
 A 404 never says more than "not found" (another tenant's object reads as one that does not
 exist, docs/design.md §2). Under /api/ console/api/errors.py turns these into the API's error
@@ -15,6 +15,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseServerError
 from django.template import loader
 from django.template.response import TemplateResponse
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from ledger.models import Workspace
 from ledger.reads import selectors
@@ -101,6 +102,25 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
 
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return error_page(request, 404)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF_FAILURE_VIEW: a form sent with a token that is no longer the session's (logged out and
+    in again in another tab, or the session expired) is the styled 403, not Django's bare page
+    (whose inline style the CSP blocks), and leads back to the form: the Referer when it is this
+    site's page, else the workspace's runs or home. The API's views are exempt: DRF checks the
+    session's CSRF itself and answers its JSON error."""
+    referer = request.META.get("HTTP_REFERER", "")
+    same_site = url_has_allowed_host_and_scheme(referer, {request.get_host()}, require_https=request.is_secure())
+    return error_page(
+        request,
+        403,
+        "This form expired: you logged in again, or your session ended, since the page was loaded. "
+        "Reload the page and submit the form again.",
+        title="The form expired",
+        back_url=referer if referer and same_site else "",
+        back_label="Back to the form",
+    )
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
