@@ -321,6 +321,29 @@ def test_a_simulation_needs_no_approval_and_reproduces_the_original(
     assert 'id="first-divergence"' not in html
 
 
+def _reexecutions_in_header(user: User) -> str:
+    html = as_(user).get(f"{BASE}/runs/{RUN}/").content.decode()
+    found = re.search(r'<div id="run-reexecutions">.*?</div>', html, re.S)
+    assert found, "the header lists the run's re-executions"
+    return found.group(0)
+
+
+def test_the_header_links_a_new_run_only_once_an_executor_started_it(
+    people: dict[str, User], workspace: Workspace, run: Run
+) -> None:
+    """An approved request has its new run's id reserved, but no run yet: a link to it was a 404."""
+    rx = services.request_reexecution(workspace=workspace, run_id=RUN, mode="simulate", reason="c", by=people["carol"])
+    assert rx.status == Status.APPROVED and rx.new_run_id
+    waiting = _reexecutions_in_header(people["dave"])
+    assert rx.new_run_id not in waiting and "<a" not in waiting
+    assert rx.public_id in waiting and "waiting for an executor" in waiting
+    rx = _execute(rx)
+    started = _reexecutions_in_header(people["dave"])
+    assert f'<a class="mono" href="{BASE}/runs/{rx.new_run_id}/">{rx.new_run_id}</a>' in started
+    assert "waiting for an executor" not in started
+    assert as_(people["dave"]).get(f"{BASE}/runs/{rx.new_run_id}/").status_code == 200
+
+
 def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Run) -> None:
     rx = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason="again", by=people["carol"])
     assert (

@@ -32,7 +32,7 @@ from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.limits import day_in_range
 from ledger.log import artifacts
-from ledger.models import Run, Step
+from ledger.models import ReexecutionRequest, Run, Step
 from ledger.reads import attention, failure, reexecutions, selectors, serialize
 from ledger.reads.subruns import subrun_tree
 from ledger.replay import cancellation, gateway, runlog
@@ -158,6 +158,7 @@ def _feedback_context(run: Run, form: FeedbackForm | None = None) -> dict[str, A
     }
 
 
+STARTED = (ReexecutionRequest.Status.RUNNING, ReexecutionRequest.Status.SUCCEEDED, ReexecutionRequest.Status.FAILED)
 GLANCE_KEYS = 12  # an input's or output's top-level keys shown in the header before "and N more"
 
 
@@ -228,7 +229,12 @@ def _glance_context(run: Run) -> dict[str, Any]:
             "reexecutions": [
                 {
                     "request": rx,
-                    "url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id]) if rx.new_run_id else None,
+                    # An approved request has its new run's id reserved, but the run exists only
+                    # once an executor started it (as the Approvals page links it).
+                    "url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id])
+                    if rx.new_run_id and rx.status in STARTED
+                    else None,
+                    "waiting": rx.status == ReexecutionRequest.Status.APPROVED,
                 }
                 for rx in reexecutions.of_run(ws, run.run_id)[:GLANCE_KEYS]
             ],
