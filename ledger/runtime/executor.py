@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import hashlib
+import json
 import threading
 import time
 import uuid
@@ -378,7 +379,7 @@ class _Runner:
                 replay=self.replay,
             )
             if field == "error":
-                raise StepFailure(f"tool {step.tool} failed: {value}", name="ToolCallFailed")
+                raise StepFailure(f"tool {step.tool} failed: {_error_text(value)}", name="ToolCallFailed")
             return value
         if isinstance(step, AIGenerate):
             prompt = _user_code(step.prompt, arg, outputs) if callable(step.prompt) else step.prompt
@@ -667,6 +668,14 @@ def _attempt_started(step: Step, path: str, attempt: int) -> dict[str, Any]:
         "type": "StepAttemptStarted",
         "payload": {"stepPath": path, "stepId": step.id, "attempt": attempt, "attemptId": f"attempt_{attempt}"},
     }
+
+
+def _error_text(error: Any) -> str:
+    """A tool's recorded error as people read it, `Name: message` (a record from elsewhere may hold
+    any JSON: then that JSON)."""
+    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+        return f"{error['name']}: {error['message']}" if error.get("name") else error["message"]
+    return error if isinstance(error, str) else json.dumps(error, ensure_ascii=False)
 
 
 def _user_code(fn: Any, arg: Any, outputs: Mapping[str, Any]) -> Any:
