@@ -144,7 +144,10 @@ def test_a_dataset_page_edits_an_expected_output_and_removes_runs(workspace, peo
     v2 = datasets.latest(datasets.get_dataset(workspace, "golden"))
     assert v2.number == 2 and v2.members[0]["expected"] == {"reply": "Answer for: a kinder reply"}
     assert v2.members[0]["expectedEditedBy"] == "carol"
-    assert "(set by carol)" in carol.get(f"{BASE}/datasets/golden/").content.decode()
+    edited = carol.get(f"{BASE}/datasets/golden/").content.decode()
+    assert "(set by carol)" in edited
+    # The expected output reads as JSON, as it is edited, not as a Python dict.
+    assert escape('{"reply": "Answer for: a kinder reply"}') in edited and escape("{'reply'") not in edited
     # Removing the ticked runs.
     remove = f"{BASE}/datasets/golden/remove/"
     assert dave.post(remove, {"run": runs[:1]}).status_code == 403

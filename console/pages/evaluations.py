@@ -214,6 +214,7 @@ def _dataset_page(
             {
                 **m,
                 "url": reverse("run", args=[ws.tenant.slug, ws.slug, m["runId"]]),
+                "expected_preview": json.dumps(m.get("expected"), ensure_ascii=False),
                 "expected_json": typed["expected"]
                 if own
                 else json.dumps(m.get("expected"), indent=2, ensure_ascii=False),
