@@ -1,7 +1,8 @@
 """The runs list to triage from and the error pages, in headless Chromium against a Daphne with
 DEBUG off and the collected static files (as production): sorted by cost, the most expensive tree
 comes first with its sub-runs nested under it; an error page keeps the console's layout and leads
-back; at 390 px wide no page scrolls sideways."""
+back; at 390 px wide no page scrolls sideways, and at laptop widths a wide table scrolls in its
+own box, not the page."""
 
 from __future__ import annotations
 
@@ -95,6 +96,30 @@ NARROW_PAGES = (
     "/w/acme/support/approvals/",
     "/w/acme/support/usage/",
 )
+
+
+def test_wide_tables_scroll_in_their_own_box_at_laptop_widths(
+    open_context: Any, production: Daphne, demo: None
+) -> None:
+    """At 1024-1440 px the runs list, the Steps tab and Approvals made the whole page, header and
+    all, scroll sideways; a table wider than the window scrolls inside its own box instead."""
+    context = open_context()
+    page = context.new_page()
+    log_in_to_demo(page, production)
+    wide = {}
+    for width in (1024, 1280, 1440):
+        page.set_viewport_size({"width": width, "height": 860})
+        for path in (*NARROW_PAGES, "/w/acme/research/runs/run_demo_export/steps/"):
+            response = page.goto(f"{production.url}{path}")
+            assert response is not None and response.status == (404 if "/no/" in path else 200), path
+            overflow = page.evaluate(
+                "() => document.scrollingElement.scrollWidth - document.scrollingElement.clientWidth"
+            )
+            if width == 1280 and path == "/w/acme/research/?sort=cost":
+                page.screenshot(path=str(screenshot_dir() / "runs-1280.png"))
+            if overflow > 0:
+                wide[f"{width} {path}"] = overflow
+    assert not wide, f"the page scrolls sideways by (px): {wide}"
 
 
 def test_no_sideways_scroll_at_390_px(open_context: Any, production: Daphne, demo: None) -> None:
