@@ -390,3 +390,31 @@ def test_runs_list_queries_do_not_grow_with_the_workspace(
         with django_assert_num_queries(count):
             response = browser.get(URL + query, headers={"HX-Request": "true"} if htmx else {})
         assert response.status_code == 200 and len(row_ids(response.content)) > 0
+
+
+def test_a_runs_needs_link_to_where_it_is_done_only_for_a_role_that_may_do_it(
+    workspace: Workspace, viewer: User, operator: User, approver: User
+) -> None:
+    """A viewer sent to reconcile, or an operator sent to decide on Approvals, found a page with
+    nothing to press: they read who it waits for instead."""
+    from ledger.reexecution import services
+    from ledger.runtime.executor import start_run
+    from tests.browser import data
+
+    data.running_run(workspace, "run_doubt")
+    data.in_doubt_call(workspace, "run_doubt")
+    start_run(workspace=workspace, workflow="support.triage", input={"ticket": "Where?"}, run_id="run_asked")
+    services.request_reexecution(workspace=workspace, run_id="run_asked", mode="rerun", reason="again", by=operator)
+    reconcile = 'href="/w/acme/support/runs/run_doubt/evidence/">reconcile it</a>'
+    decide = 'href="/w/acme/support/approvals/">decide on Approvals</a>'
+    for user, may_reconcile, may_decide in ((viewer, False, False), (operator, True, False), (approver, True, True)):
+        client = Client()
+        client.force_login(user)
+        listed = client.get(URL).content
+        doubt, asked = row_of(listed, "run_doubt"), row_of(listed, "run_asked")
+        header = client.get(f"{URL}runs/run_doubt/header/").content.decode()
+        for html in (doubt, header):
+            assert (reconcile in html) is may_reconcile, user
+            assert ("waiting for an operator to reconcile it" in html) is not may_reconcile, user
+        assert (decide in asked) is may_decide, user
+        assert ("waiting for an approver" in asked) is not may_decide, user

@@ -1,6 +1,7 @@
 """The workspace navigation's numbers, for base.html on every page: how many things wait for an
-approver (re-execution requests and tool calls, as the Approvals page lists them), whether the member may open the tenant's audit log, and whether they
-may request re-executions (the runs list's batch form).
+approver (re-execution requests and tool calls, as the Approvals page lists them), whether the member may open the tenant's audit log, whether they
+may request re-executions (the runs list's batch form), and whether they may decide on Approvals
+(a run's attention links there only for them).
 
 A tag rather than a value each view passes, so no page can forget the count."""
 
@@ -16,7 +17,7 @@ from ledger.reads import attention, selectors
 register = template.Library()
 
 
-NOTHING = {"pending": 0, "admin": False, "operator": False}
+NOTHING = {"pending": 0, "admin": False, "approver": False, "operator": False}
 
 
 @register.simple_tag(takes_context=True)
@@ -34,6 +35,7 @@ def workspace_nav(context: Any, user: Any, workspace: Workspace | None) -> dict[
             else {
                 "pending": attention.waiting_for_approvers(workspace),
                 "admin": membership.allows(Role.ADMIN),
+                "approver": membership.allows(Role.APPROVER),
                 "operator": membership.allows(Role.OPERATOR),
             }
         )
