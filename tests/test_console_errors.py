@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -181,6 +182,17 @@ def test_a_session_post_without_csrf_under_the_api_keeps_the_json_error(member: 
     response = client.post("/api/v1/runs/run_form/feedback", {"rating": 4}, content_type="application/json")
     assert response.status_code == 403 and response["Content-Type"].startswith("application/json")
     assert response.json()["error"]["code"] == "forbidden" and "CSRF" in response.json()["error"]["message"]
+
+
+def test_djangos_own_403_under_the_api_is_the_error_body(member: User, settings: Any) -> None:
+    """A plain Django view under /api/ failing Django's CSRF check answers the API's JSON, never the
+    console's page (tests/plain_api_urls.py: no real /api/ view is one today)."""
+    settings.ROOT_URLCONF = "tests.plain_api_urls"
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(member)
+    response = client.post("/api/v1/plain", {"x": "1"})
+    assert response.status_code == 403 and response["Content-Type"].startswith("application/json")
+    assert response.json() == {"error": {"code": "forbidden", "message": "forbidden", "details": {}}}
 
 
 def test_audit_is_newest_first_with_targets_linked_and_details_readable(

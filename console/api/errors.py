@@ -71,6 +71,8 @@ _PAGES = {
     # Django's own 400 (a SuspiciousOperation: a Host not in ALLOWED_HOSTS, a malformed header or
     # cookie), refused before any view read the request.
     400: ("invalid_request", "the request is not valid: refused before it was read (its Host, or a malformed header)"),
+    # Django's own 403 (its CSRF check on a view outside DRF, which checks a session's token itself).
+    403: ("forbidden", "forbidden"),
     404: NOT_FOUND,
     405: ("method_not_allowed", "method not allowed"),
     500: INTERNAL,
@@ -79,8 +81,8 @@ _PAGES = {
 
 class ApiErrorMiddleware:
     """Under /api/: refuse bodies over 10 MiB before anything parses them, and turn Django's
-    HTML 400/404/405/500 pages (a disallowed Host, unknown paths, unexpected exceptions) into the
-    error body."""
+    HTML 400/403/404/405/500 pages (a disallowed Host, a failed CSRF check, unknown paths,
+    unexpected exceptions) into the error body."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
