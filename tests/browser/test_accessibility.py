@@ -138,6 +138,21 @@ def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
         assert response is not None and response.status == 403
         _check(viewer, "error-403", scheme, failures)
     assert failures == {}, failures
+    # The pages only this demo holds, and a shared sub-run, do not scroll sideways at 390 px either
+    # (tests/browser/test_runs_triage.py checks the others): long ids and digests break.
+    narrow = open_context(viewport={"width": 390, "height": 844}).new_page()
+    log_in_to_demo(narrow, server)
+    sub_run = Run.objects.filter(workspace__slug="research", parent_run_id="run_demo_orchestrator").first()
+    assert sub_run is not None
+    share_root = shared["share"][0]
+    wide = {}
+    for path in (*_demo_pages().values(), share_root, f"{share_root}runs/{sub_run.run_id}/"):
+        response = narrow.goto(f"{server.url}{path}")
+        assert response is not None and response.status == 200, path
+        overflow = narrow.evaluate("() => document.scrollingElement.scrollWidth - window.innerWidth")
+        if overflow > 0:
+            wide[path] = overflow
+    assert wide == {}, f"the page scrolls sideways at 390 px by (px): {wide}"
 
 
 def _tab_to(page: Page, selector: str, limit: int = 80) -> None:
