@@ -510,7 +510,9 @@ def test_sub_runs_only_below_the_run_and_only_when_included(client: Client, oper
     without = _token(_create(client).json()["url"])
     client.logout()
     assert client.get(f"/s/{below}/runs/{RUN}/").status_code == 404  # its parent is not below it
-    assert client.get(f"/s/{below}/runs/{SUBSUB}/").status_code == 200
+    named = re.compile(rf"{RUN}(?![A-Za-z0-9_.:-])")  # the parent's id whole, not a prefix of its children's
+    assert not named.search(client.get(f"/s/{below}/").content.decode())  # nor named: its start's payload either
+    assert SUB in client.get(f"/s/{below}/runs/{SUBSUB}/").content.decode()  # a parent inside the link is
     assert client.get(f"/s/{without}/runs/{SUB}/").status_code == 404
     page = client.get(f"/s/{without}/").content.decode()
     assert SUB not in page and 'id="subruns"' not in page

@@ -107,11 +107,11 @@ def _strip_artifact_links(views: list[Any]) -> None:
                 tool.artifacts = [{**a, "url": None} for a in tool.artifacts]
 
 
-def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool) -> dict[str, Any]:
+def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool, *, at_root: bool) -> dict[str, Any]:
     last = run.last_sequence
     after = 0 if after is None else min(after, last)
     envelopes = [
-        sharing.shared_envelope(e, hide_inputs=hide_inputs)
+        sharing.shared_envelope(e, hide_inputs=hide_inputs, at_root=at_root)
         for e in selectors.events(run, after=after, limit=TIMELINE_PAGE)
     ]
     rows = [event_row(e, run.workspace) for e in envelopes]
@@ -224,7 +224,7 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
         "evidence_path": f"{page_path}evidence.json",
         "conversation_sessions": shown_sessions,
         "session_pager": _pager(len(shown_sessions), total_sessions),
-        **_timeline(run, page_path, after, hide),
+        **_timeline(run, page_path, after, hide, at_root=run.pk == opened.root.pk),
         **_steps(run),
     }
     if link.include_sub_runs:

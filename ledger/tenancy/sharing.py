@@ -335,12 +335,14 @@ def shared_payload(event_type: str, payload: Any, *, hide_inputs: bool) -> Any:
     return hidden
 
 
-def shared_envelope(envelope: dict[str, Any], *, hide_inputs: bool) -> dict[str, Any]:
-    """An event as shared views show it: a run's start never names the run it replays (a run
-    outside the link), and with `hide_inputs` neither its input nor the other inputs above."""
+def shared_envelope(envelope: dict[str, Any], *, hide_inputs: bool, at_root: bool = True) -> dict[str, Any]:
+    """An event as shared views show it: a run's start never names a run outside the link (the
+    run it replays; its parent when it is the link's run, `at_root`: the run object says the same,
+    `_anonymous_run`), and with `hide_inputs` neither its input nor the other inputs above."""
     payload = envelope["payload"]
     if envelope["type"] == "RunStarted" and isinstance(payload, dict):
-        hidden = {k: HIDDEN for k in ("replayOf", *(("input",) if hide_inputs else ())) if k in payload}
+        outside = ("replayOf", *(("parentRunId",) if at_root else ()))
+        hidden = {k: HIDDEN for k in (*outside, *(("input",) if hide_inputs else ())) if k in payload}
         if hidden:
             envelope = {**envelope, "payload": {**payload, **hidden}}
     if not hide_inputs:
