@@ -65,8 +65,22 @@ def summary(event_type: str, payload: Any) -> str:
         verb = event_type.removeprefix("Step").replace("AttemptStarted", "attempt started").lower()
         error = f": {_message(payload.get('error'))}" if event_type == "StepFailed" else ""
         return f"{where} {verb}{error}"
+    if event_type == "RunStarted":
+        workflow = payload.get("workflowVersionId")
+        text = f"run started: {workflow}" if isinstance(workflow, str) else "run started"
+        label, parent = payload.get("label"), payload.get("parentRunId")
+        text += f" · {label}" if isinstance(label, str) and label else ""
+        return text + (f" · sub-run of {parent}" if isinstance(parent, str) and parent else "")
+    if event_type == "RunCompleted":
+        return "run completed" + (" · output in an artifact" if "outputRef" in payload else "")
     if event_type == "RunFailed":
         return f"run failed: {_message(payload.get('error'))}"
+    if event_type == "OuterLoopCycleCompleted":
+        return f"outer loop cycle {payload.get('cycleNumber', '?')} completed"
+    if event_type.startswith("custom."):
+        names = sorted(str(k) for k in payload)
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        return f"custom event · {shown}" if names else "custom event"
     if event_type.startswith("harness.session."):
         role = payload.get("role")
         return f"session {event_type.rsplit('.', 1)[-1]}" + (f" ({role})" if isinstance(role, str) else "")

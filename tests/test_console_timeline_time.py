@@ -83,3 +83,20 @@ def test_an_outsider_gets_404_for_the_timeline(client: Client, workspace: Worksp
     client.force_login(outsider)
     assert client.get("/w/acme/support/runs/run_t/").status_code == 404
     assert client.get("/w/acme/support/runs/run_t/timeline/?after=0").status_code == 404
+
+
+def test_every_row_says_something_run_starts_ends_and_custom_events_too() -> None:
+    from console.timeline import summary
+
+    assert summary("RunStarted", {"workflowVersionId": "wf_1", "label": "nightly", "parentRunId": "run_p"}) == (
+        "run started: wf_1 · nightly · sub-run of run_p"
+    )
+    assert summary("RunStarted", {"workflowVersionId": "wf_1"}) == "run started: wf_1"
+    assert summary("RunCompleted", {"output": 1}) == "run completed"
+    assert summary("RunCompleted", {"outputRef": "artifact://x"}) == "run completed · output in an artifact"
+    assert summary("custom.note", {"text": "hi", "by": "me"}) == "custom event · by, text"
+    assert summary("custom.big", {f"k{n}": n for n in range(6)}) == "custom event · k0, k1, k2, k3 and 2 more"
+    assert summary("custom.empty", {}) == "custom event"
+    assert summary("OuterLoopCycleCompleted", {"outerLoopId": "ol_1", "cycleNumber": 3}) == (
+        "outer loop cycle 3 completed"
+    )
