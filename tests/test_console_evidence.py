@@ -529,3 +529,20 @@ def test_the_rating_form_comes_after_the_evidence(browser: Client, chat_run: str
     page = _page(browser, f"{BASE}conversation/")
     _in_order(page, 'id="run-tabs"', 'id="tab-panel"', 'id="conversation"', 'id="feedback"', 'id="feedback-form"')
     assert 'href="#feedback">rate this run</a>' in page.split('id="run-tabs"')[0]  # the header links to it
+
+
+def test_tool_calls_outside_any_session_and_turn_are_counted_as_such(browser: Client, workspace: Workspace) -> None:
+    """A harness that records a tool call with no session and no model call around it: its group
+    says what it holds, not "0 turns · n/a"."""
+    append(
+        workspace=workspace,
+        run_id="run_loose",
+        events=[
+            started(),
+            ev("harness.tool_call.started", callId="t1", caller="agent", toolName="lookup", args={"q": 1}),
+            ev("harness.tool_call.succeeded", callId="t1", result={"ok": True}, durationMs=3),
+        ],
+    )
+    html = _page(browser, "/w/acme/support/runs/run_loose/conversation/")
+    assert "Outside a harness session" in html and "1 tool call, no model call" in html
+    assert "0 turns" not in html
