@@ -62,7 +62,7 @@ def summary(event_type: str, payload: Any) -> str:
         text = f"tool {name}{payload.get('callId', '')} {outcome}"
         return text + (f": {_message(payload.get('error'))}" if outcome == "failed" else "")
     if event_type.startswith("Step") and where:
-        verb = event_type.removeprefix("Step").replace("AttemptStarted", "attempt started").lower()
+        verb = event_type.removeprefix("Step").removeprefix("Attempt").lower()  # "· attempt 2 started"
         error = f": {_message(payload.get('error'))}" if event_type == "StepFailed" else ""
         return f"{where} {verb}{error}"
     if event_type == "RunStarted":

@@ -70,7 +70,7 @@ def test_offsets_summaries_and_call_pairs(browser: Client, workspace: Workspace)
     page = _timeline(browser, "acme", "support", "run_t")
     assert "<th>Time from start</th>" in page
     assert len(re.findall(r'<td class="mono ev-time"><time datetime="[^"]+" title="[^"]+">\+', page)) == 5
-    assert '<span class="ev-summary">step draft · attempt 2 attempt started</span>' in page
+    assert '<span class="ev-summary">step draft · attempt 2 started</span>' in page
     assert '<span class="ev-summary">tool lookup_order c1 started</span>' in page
     assert '<span class="ev-summary">tool c1 failed: no such order</span>' in page
     assert re.search(r'<tr class="event" id="event-4" data-sequence="4" data-call="c1">', page)
