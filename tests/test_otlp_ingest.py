@@ -398,3 +398,15 @@ def test_a_span_whose_attributes_became_an_artifact_leaves_with_them(workspace: 
     attributes = {a["key"]: a["value"] for a in exported["attributes"]}
     assert attributes["gen_ai.input.messages"] == {"stringValue": prompt}
     assert "gen_ai.response.finish_reasons" in attributes
+
+
+def test_an_error_type_written_as_a_python_class_repr_is_the_class_name(workspace: Workspace) -> None:
+    """opentelemetry-instrumentation-openai-v2 writes `error.type` as "<class 'openai.RateLimitError'>"."""
+    failed = {
+        **span(ROOT, "agent", T0, T0 + 10, attributes={"error.type": "<class 'openai.RateLimitError'>"}),
+        "status": {"code": 2, "message": "Error code: 429"},
+    }
+    assert export(workspace, failed).rejected == 0
+    run = run_of(workspace)
+    assert run.status == "failed"
+    assert run.error == {"name": "openai.RateLimitError", "message": "Error code: 429"}

@@ -823,8 +823,15 @@ def _run_terminal(span: _Span) -> dict[str, Any]:
     return {"type": "RunCompleted", "payload": {**times, "otel": otel}}
 
 
+# Python's repr of an exception class, which some instrumentations write as `error.type`
+# (opentelemetry-instrumentation-openai-v2: "<class 'openai.RateLimitError'>"): the class's name.
+_CLASS_REPR = re.compile(r"<class '([^']+)'>")
+
+
 def _error(span: _Span) -> dict[str, Any]:
     kind = span.attributes.get("error.type")
+    if isinstance(kind, str) and (named := _CLASS_REPR.fullmatch(kind)) is not None:
+        kind = named[1]
     return {
         "name": kind if isinstance(kind, str) and kind else "SpanError",
         "message": span.status_message or f"span {span.name!r} ended with status ERROR",
