@@ -102,12 +102,14 @@ def test_wide_tables_scroll_in_their_own_box_at_laptop_widths(
     open_context: Any, production: Daphne, demo: None
 ) -> None:
     """At 1024-1440 px the runs list, the Steps tab and Approvals made the whole page, header and
-    all, scroll sideways; a table wider than the window scrolls inside its own box instead."""
+    all, scroll sideways; a table wider than the window scrolls inside its own box instead. The
+    stylesheets' one breakpoint is 640 px: above it the layout is fluid, so the narrowest laptop
+    width checked holds for the wider ones (each more width a page pass of its own in CI)."""
     context = open_context()
     page = context.new_page()
     log_in_to_demo(page, production)
     wide = {}
-    for width in (1024, 1280, 1440):
+    for width in (1024,):
         page.set_viewport_size({"width": width, "height": 860})
         for path in (*NARROW_PAGES, "/w/acme/research/runs/run_demo_export/steps/"):
             response = page.goto(f"{production.url}{path}")
@@ -115,8 +117,8 @@ def test_wide_tables_scroll_in_their_own_box_at_laptop_widths(
             overflow = page.evaluate(
                 "() => document.scrollingElement.scrollWidth - document.scrollingElement.clientWidth"
             )
-            if width == 1280 and path == "/w/acme/research/?sort=cost":
-                page.screenshot(path=str(screenshot_dir() / "runs-1280.png"))
+            if path == "/w/acme/research/?sort=cost":
+                page.screenshot(path=str(screenshot_dir() / f"runs-{width}.png"))
             if overflow > 0:
                 wide[f"{width} {path}"] = overflow
     assert not wide, f"the page scrolls sideways by (px): {wide}"
