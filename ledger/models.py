@@ -686,6 +686,12 @@ class ReexecutionRequest(models.Model):
         DENIED = "denied"
         EXPIRED = "expired"
 
+        @classmethod
+        def started(cls) -> tuple[str, str, str]:
+            """The statuses once an executor started the request: its new run exists (before,
+            an approved request has only reserved the new run's id)."""
+            return (cls.RUNNING, cls.SUCCEEDED, cls.FAILED)
+
     class Executor(models.TextChoices):
         BUILTIN = "builtin"  # the django-tasks queue and this deployment's runtime
         EXTERNAL = "external"  # a harness claiming through POST /api/v1/reexecutions/claim

@@ -36,6 +36,7 @@ from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from tests import readme
 from tests.conftest import ev, started
+from tests.otlp_support import json_span
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -277,20 +278,8 @@ def _json_export(*spans: dict[str, Any]) -> dict[str, Any]:
 def _json_span(
     span_id: str, name: str, start: int, end: int, parent: str = "", trace: str = TRACE, **attributes: Any
 ) -> dict[str, Any]:
-    def value(v: Any) -> dict[str, Any]:
-        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
-
-    return {
-        "traceId": trace,
-        "spanId": span_id,
-        "parentSpanId": parent,
-        "name": name,
-        "kind": 1,
-        "startTimeUnixNano": str(start),
-        "endTimeUnixNano": str(end),
-        "attributes": [{"key": k.replace("__", "."), "value": value(v)} for k, v in attributes.items()],
-        "status": {},
-    }
+    named = {k.replace("__", "."): v for k, v in attributes.items()}  # gen_ai__system: gen_ai.system
+    return json_span(span_id, name, start, end, parent, trace, named)
 
 
 T0 = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z

@@ -16,6 +16,7 @@ from ledger.interop.otlp.wire import from_otlp_json
 from ledger.log import announce
 from ledger.models import Event, Run, Workspace
 from ledger.reads import selectors
+from tests.otlp_support import json_span
 
 pytestmark = pytest.mark.django_db
 
@@ -23,18 +24,6 @@ TRACE = "5b8efff798038103d269b633813fc60c"
 OTHER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 ROOT = "eee19b7ec3c1b174"
 T0 = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z
-
-
-def _value(v: Any) -> dict[str, Any]:
-    if isinstance(v, dict):
-        return v  # an AnyValue as OTLP/JSON writes it, e.g. {"doubleValue": 200.0}
-    if isinstance(v, bool):
-        return {"boolValue": v}
-    if isinstance(v, int):
-        return {"intValue": str(v)}
-    if isinstance(v, float):
-        return {"doubleValue": v}
-    return {"stringValue": v}
 
 
 def span(
@@ -46,17 +35,7 @@ def span(
     trace: str = TRACE,
     attributes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "traceId": trace,
-        "spanId": span_id,
-        "parentSpanId": parent,
-        "name": name,
-        "kind": 1,
-        "startTimeUnixNano": str(start),
-        "endTimeUnixNano": str(end),
-        "attributes": [{"key": k, "value": _value(v)} for k, v in (attributes or {}).items()],
-        "status": {},
-    }
+    return json_span(span_id, name, start, end, parent, trace, attributes)
 
 
 def export(workspace: Workspace, *spans: dict[str, Any]) -> IngestResult:
@@ -339,25 +318,12 @@ def test_concurrent_exports_of_one_trace_number_a_steps_turns_once(
                 second_done.set()
             connection.close()
 
+    def calls(*numbers: int) -> list[dict[str, Any]]:  # call n from T0 + 2n - 1 to T0 + 2n
+        return [chat(f"c{n:015d}", T0 + 2 * n - 1, T0 + 2 * n, parent=step) for n in numbers]
+
     threads = [
-        threading.Thread(
-            target=exporting,
-            name="first",
-            args=(
-                "first",
-                chat("c000000000000002", T0 + 3, T0 + 4, parent=step),
-                chat("c000000000000003", T0 + 5, T0 + 6, parent=step),
-            ),
-        ),
-        threading.Thread(
-            target=exporting,
-            name="second",
-            args=(
-                "second",
-                chat("c000000000000004", T0 + 7, T0 + 8, parent=step),
-                chat("c000000000000005", T0 + 9, T0 + 10, parent=step),
-            ),
-        ),
+        threading.Thread(target=exporting, name=name, args=(name, *calls(n, n + 1)))
+        for name, n in (("first", 2), ("second", 4))
     ]
     for t in threads:
         t.start()

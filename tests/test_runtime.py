@@ -204,7 +204,9 @@ def test_failing_tool_step_fails_the_run_with_its_error(workspace: Workspace) ->
     )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
-    assert outcome.status == "failed" and "mailbox locked" in outcome.error["message"]
+    assert outcome.status == "failed" and outcome.error["name"] == "ToolCallFailed"
+    # The tool's error as `Name: message`, not the error dict's Python repr ({'name': ..., 'message': ...}).
+    assert outcome.error["message"] == "tool send failed: PermissionError: mailbox locked"
     types = [e["type"] for e in _events(workspace, outcome.run_id)]
     assert types[-3:] == ["harness.tool_call.failed", "StepFailed", "RunFailed"]
     assert Run.objects.get(workspace=workspace, run_id=outcome.run_id).status == "failed"

@@ -485,23 +485,6 @@ def test_a_retried_tool_step_calls_the_tool_under_a_new_call_id(workspace: Works
     _verified(workspace, outcome.run_id)
 
 
-def test_a_failed_tool_step_says_the_tools_error_as_name_and_message(workspace: Workspace) -> None:
-    def fetch(args: Any) -> Any:
-        raise PermissionError("'market data' is licensed")
-
-    wf = Workflow(
-        name="fetch_fails",
-        steps=(ToolCall("fetch", "fetch_sources", {"q": "market data"}),),
-        tools={"fetch_sources": Tool("fetch_sources", fetch, effect="read")},
-    )
-    outcome = start_run(workspace=workspace, workflow=wf, input={})
-
-    assert outcome.status == "failed" and outcome.error["name"] == "ToolCallFailed"
-    # Not the error dict's Python repr ({'name': 'PermissionError', 'message': ...}).
-    assert outcome.error["message"] == "tool fetch_sources failed: PermissionError: 'market data' is licensed"
-    _verified(workspace, outcome.run_id)
-
-
 def test_the_documented_example_runs_as_described(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     import ledger.runtime.registry as registry
 

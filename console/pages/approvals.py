@@ -78,7 +78,7 @@ def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: boo
         "can_deny": can_decide,
         "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.original_run_id]),
         "new_run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id])
-        if rx.new_run_id and rx.status in (Status.RUNNING, Status.SUCCEEDED, Status.FAILED)
+        if rx.new_run_id and rx.status in Status.started()
         else None,
         "divergence_url": divergence_url(rx),
         "approve_url": reverse("approval-approve", args=[ws.tenant.slug, ws.slug, rx.public_id]),

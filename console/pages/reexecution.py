@@ -62,11 +62,11 @@ def divergence_url(request: ReexecutionRequest | dict[str, Any]) -> str | None:
     """The divergence page of a request whose new run exists to compare, else None."""
     if isinstance(request, dict):
         ws, public_id, mode, new_run = request["workspace"], request["id"], request["mode"], request["newRunId"]
-        started = request["status"] in (Status.RUNNING, Status.SUCCEEDED, Status.FAILED)
+        started = request["status"] in Status.started()
         tenant, _, workspace = ws.partition("/")
     else:
         public_id, mode, new_run = request.public_id, request.mode, request.new_run_id
-        started = request.status in (Status.RUNNING, Status.SUCCEEDED, Status.FAILED)
+        started = request.status in Status.started()
         tenant, workspace = request.workspace.tenant.slug, request.workspace.slug
     if mode not in COMPARABLE or not new_run or not started:
         return None

@@ -158,7 +158,6 @@ def _feedback_context(run: Run, form: FeedbackForm | None = None) -> dict[str, A
     }
 
 
-STARTED = (ReexecutionRequest.Status.RUNNING, ReexecutionRequest.Status.SUCCEEDED, ReexecutionRequest.Status.FAILED)
 GLANCE_KEYS = 12  # an input's or output's top-level keys shown in the header before "and N more"
 
 
@@ -232,7 +231,7 @@ def _glance_context(run: Run) -> dict[str, Any]:
                     # An approved request has its new run's id reserved, but the run exists only
                     # once an executor started it (as the Approvals page links it).
                     "url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id])
-                    if rx.new_run_id and rx.status in STARTED
+                    if rx.new_run_id and rx.status in ReexecutionRequest.Status.started()
                     else None,
                     "waiting": rx.status == ReexecutionRequest.Status.APPROVED,
                 }
