@@ -124,17 +124,46 @@ def test_wide_tables_scroll_in_their_own_box_at_laptop_widths(
     assert not wide, f"the page scrolls sideways by (px): {wide}"
 
 
+# The tables that scroll in their own box (not the lists of cards) by class, and the words of
+# theirs that a line break cuts in two: each run of letters whose text spans two lines.
+BROKEN_WORDS = """() => {
+  const tables = [], broken = [];
+  for (const table of document.querySelectorAll("table.grid:not(.runs):not(.keys):not(.audit):not(.events)")) {
+    tables.push(table.className);
+    const walker = document.createTreeWalker(table, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const word of node.data.matchAll(/[A-Za-z]{2,}/g)) {
+        const range = document.createRange();
+        range.setStart(node, word.index);
+        range.setEnd(node, word.index + word[0].length);
+        const lines = new Set([...range.getClientRects()].map(rect => Math.round(rect.top)));
+        if (lines.size > 1) broken.push(`${word[0]} (${table.className})`);
+      }
+    }
+  }
+  return {tables, broken};
+}"""
+
+
 def test_no_sideways_scroll_at_390_px(open_context: Any, production: Daphne, demo: None) -> None:
+    """Nor does a table that scrolls in its own box break a word in the middle: a fixed layout
+    squeezed Approvals' Decided table and the usage tables until "evaluate" read "evalu/ate"."""
     context = open_context(viewport=NARROW)
     page = context.new_page()
     log_in_to_demo(page, production)
-    wide = {}
+    wide, broken, checked = {}, {}, set()
     for path in NARROW_PAGES:
         response = page.goto(f"{production.url}{path}")
         assert response is not None and response.status in (200, 404), path
         overflow = page.evaluate("() => document.scrollingElement.scrollWidth - window.innerWidth")
         if overflow > 0:
             wide[path] = overflow
+        words = page.evaluate(BROKEN_WORDS)
+        checked.update(words["tables"])
+        if words["broken"]:
+            broken[path] = words["broken"]
         if path == "/w/acme/support/":
             page.screenshot(path=str(screenshot_dir() / "runs-390.png"), full_page=True)
     assert wide == {}, wide
+    assert {"grid decided", "grid usage-rows"} <= checked, checked
+    assert broken == {}, f"words broken in the middle at 390 px: {broken}"
