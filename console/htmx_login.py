@@ -14,6 +14,7 @@ from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django_htmx.middleware import HtmxDetails
 
 
 class HtmxLoginRedirectMiddleware:
@@ -29,9 +30,14 @@ class HtmxLoginRedirectMiddleware:
             return response
         if urlsplit(response.get("Location", "")).path != settings.LOGIN_URL:
             return response
-        # 401, not htmx's usual 200: live.js's fetch of a fragment must not swap in an empty answer.
-        page = htmx.current_url_abs_path  # None when HX-Current-URL is another origin's
-        login = settings.LOGIN_URL + (f"?{urlencode({'next': page})}" if page else "")
-        refused = HttpResponse(status=401)
-        refused["HX-Redirect"] = login
-        return refused
+        return login_redirect(htmx)
+
+
+def login_redirect(htmx: HtmxDetails) -> HttpResponse:
+    """The login page for the whole window, coming back to the page the browser shows. 401, not
+    htmx's usual 200: live.js's fetch of a fragment must not swap in an empty answer."""
+    page = htmx.current_url_abs_path  # None when HX-Current-URL is another origin's
+    login = settings.LOGIN_URL + (f"?{urlencode({'next': page})}" if page else "")
+    refused = HttpResponse(status=401)
+    refused["HX-Redirect"] = login
+    return refused

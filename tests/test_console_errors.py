@@ -145,15 +145,44 @@ def test_the_api_keeps_its_json_envelope(client: Client) -> None:
     assert re.search(r'"code":\s*"not_found"', response.content.decode())
 
 
-def _stale_form_post(member: User, append, referer: str) -> HttpResponse:
+def _stale_form_post(member: User | None, append, referer: str, headers: dict[str, str] | None = None) -> HttpResponse:
     """A console form sent with a token that is no longer the session's (logged in again since)."""
     append("run_form", started())
     client = Client(enforce_csrf_checks=True)
-    client.force_login(member)
     page = "/w/acme/support/runs/run_form/"
-    assert client.get(page).status_code == 200  # the csrftoken cookie, as the browser holds it
+    if member is not None:
+        client.force_login(member)
+        assert client.get(page).status_code == 200  # the csrftoken cookie, as the browser holds it
+    else:
+        assert client.get("/accounts/login/").status_code == 200
     stale = "x" * 64
-    return client.post(f"{page}feedback/", {"rating": "4", "csrfmiddlewaretoken": stale}, headers={"Referer": referer})
+    return client.post(
+        f"{page}feedback/",
+        {"rating": "4", "csrfmiddlewaretoken": stale},
+        headers={"Referer": referer, **(headers or {})},
+    )
+
+
+HTMX = {"HX-Request": "true", "HX-Current-URL": "http://testserver/w/acme/support/runs/run_form/"}
+
+
+def test_an_htmx_form_with_a_stale_csrf_token_gets_its_message_before_the_form(member: User, append) -> None:
+    """Not the 403 page, which htmx drops: a message that names where it goes (the element that
+    sent the form, before it), so the form and what was typed stay (tests/browser/test_form_refusals.py)."""
+    response = _stale_form_post(member, append, HTMX["HX-Current-URL"], HTMX)
+    assert response.status_code == 403
+    assert response["HX-Retarget"] == "this" and response["HX-Reswap"] == "beforebegin"
+    html = response.content.decode()
+    assert '<header class="top">' not in html  # a fragment, not a page
+    assert 'class="error-box form-expired" role="alert"' in html and "this form expired" in html
+    assert f'signed in as <span class="mono">{member.get_username()}</span>' in html
+    assert '<a class="form-expired-reload" href="/w/acme/support/runs/run_form/">reload the page</a>' in html
+
+
+def test_an_htmx_form_with_a_stale_csrf_token_and_no_session_goes_to_the_login(append, workspace) -> None:
+    response = _stale_form_post(None, append, HTMX["HX-Current-URL"], HTMX)
+    assert response.status_code == 401
+    assert response["HX-Redirect"] == "/accounts/login/?next=%2Fw%2Facme%2Fsupport%2Fruns%2Frun_form%2F"
 
 
 def test_a_form_with_a_stale_csrf_token_gets_the_styled_403_and_a_way_back(member: User, append) -> None:

@@ -16,9 +16,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseServerError
 from django.template import loader
 from django.template.response import TemplateResponse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django_htmx.middleware import HtmxDetails
 
 from ledger.models import Workspace
 from ledger.reads import selectors
+
+from ..htmx_login import login_redirect
 
 TEMPLATE = "errors/error.html"
 
@@ -109,7 +112,13 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     in again in another tab, or the session expired) is the styled 403, not Django's bare page
     (whose inline style the CSP blocks), and leads back to the form: the Referer when it is this
     site's page, else the workspace's runs or home. The API's views are exempt: DRF checks the
-    session's CSRF itself and answers its JSON error."""
+    session's CSRF itself and answers its JSON error.
+
+    A form htmx sent gets the message in place instead (`_form_expired`): htmx drops a 403 page,
+    and the click seemed to do nothing."""
+    htmx = getattr(request, "htmx", None)
+    if htmx:
+        return _form_expired(request, htmx)
     referer = request.META.get("HTTP_REFERER", "")
     same_site = url_has_allowed_host_and_scheme(referer, {request.get_host()}, require_https=request.is_secure())
     return error_page(
@@ -121,6 +130,21 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
         back_url=referer if referer and same_site else "",
         back_label="Back to the form",
     )
+
+
+def _form_expired(request: HttpRequest, htmx: HtmxDetails) -> HttpResponse:
+    """The expired form's message, put just before the element that sent it (HX-Retarget `this`,
+    HX-Reswap `beforebegin`; static/js/refusals.js swaps a refusal that names its place): the form
+    and what was typed in it stay as they were, to copy before reloading. Signed out meanwhile,
+    the whole window goes to the login page, as for any htmx request (console/htmx_login.py)."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return login_redirect(htmx)
+    context = {"page": htmx.current_url_abs_path or "", "username": user.get_username()}
+    response = TemplateResponse(request, "errors/form_expired.html", context, status=403).render()
+    response["HX-Retarget"] = "this"
+    response["HX-Reswap"] = "beforebegin"
+    return response
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from ledger.models import Workspace
+from ledger.models import Feedback, Workspace
 from tests.browser import data
 from tests.browser.conftest import log_in
 from tests.conftest import PASSWORD
@@ -71,3 +71,46 @@ def test_an_action_after_the_session_ended_goes_to_the_login_and_back(
     page.fill("input[name=password]", PASSWORD)
     page.click("form:has(input[name=password]) [type=submit]")
     page.wait_for_url(f"{production.url}{run_path}")
+
+
+def test_a_form_sent_after_logging_in_again_elsewhere_says_so_in_place_and_keeps_what_was_typed(
+    open_context: Any, production: Daphne, workspace: Workspace, operator: User
+) -> None:
+    """Logging in again in another tab rotates the CSRF token: the first tab's htmx form got a
+    403 that htmx dropped, and the click did nothing. The message now stands before the form."""
+    data.running_run(workspace, "run_rotated")
+    context = open_context()
+    page = context.new_page()
+    log_in(page, production, operator)
+    run_path = f"{SUPPORT}/runs/run_rotated/"
+    page.goto(f"{production.url}{run_path}")
+
+    other_tab = context.new_page()  # the same cookies: its new login is the first tab's session too
+    other_tab.goto(f"{production.url}{SUPPORT}/")
+    other_tab.click("form.logout [type=submit]")
+    log_in(other_tab, production, operator)
+
+    form = page.locator("#feedback-form")
+    form.locator("input[name=rating][value='4']").check()
+    form.locator("input[name=comment]").fill("the refund step waited too long")
+    for _ in range(2):  # twice: one message, not two
+        with page.expect_response(lambda r: r.url.endswith("/feedback/")) as answer:
+            form.locator("[type=submit]").click()
+        assert answer.value.status == 403
+    message = page.locator("#feedback .form-expired")
+    expect(message).to_have_count(1)
+    expect(message).to_have_attribute("role", "alert")
+    expect(message).to_contain_text("this form expired")
+    expect(message).to_contain_text(f"signed in as {operator.get_username()}")
+    expect(form.locator("input[name=comment]")).to_have_value("the refund step waited too long")
+    expect(form.locator("input[name=rating][value='4']")).to_be_checked()
+    assert not Feedback.objects.filter(run__run_id="run_rotated").exists()
+
+    message.locator("a.form-expired-reload").click()  # the page again, with the session's token
+    page.wait_for_load_state()
+    assert page.url == f"{production.url}{run_path}"
+    form.locator("input[name=rating][value='4']").check()
+    form.locator("input[name=comment]").fill("the refund step waited too long")
+    form.locator("[type=submit]").click()
+    expect(page.locator("#feedback .feedback-item[data-rating='4']")).to_have_count(1)
+    expect(page.locator(".form-expired")).to_have_count(0)
