@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from ledger.demo import load_demo
+from ledger.models import ROLE_RANK, Role
 from tests.conftest import named_user
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,9 +77,8 @@ def test_every_console_page_has_the_concepts_link_in_its_footer(client: Client, 
 
 
 @pytest.mark.django_db
-def test_the_concepts_page_is_the_document_and_the_same_for_everyone(
-    client: Client, admin: User, outsider: User
-) -> None:
+def test_the_concepts_page_is_the_document_with_every_link_for_who_may_open_them_all(client: Client) -> None:
+    load_demo(history_runs=0, evaluations_too=False)
     anonymous = client.get("/concepts/")
     assert anonymous.status_code == 200
     article = _article(anonymous.content.decode())
@@ -87,10 +87,44 @@ def test_the_concepts_page_is_the_document_and_the_same_for_everyone(
     # Console links stay links; links to other documents of the checkout become their names.
     assert '<a href="/w/acme/support/runs/run_demo_in_doubt/evidence/">' in article
     assert '<span class="doc-ref">docs/design.md</span>' in article and 'href="design.md"' not in article
-    for user in (admin, outsider):
-        client.force_login(user)
-        assert _article(client.get("/concepts/").content.decode()) == article
+    assert article.count("<a href=") == len(CONSOLE_LINK.findall(CONCEPTS.read_text()))
+    client.force_login(User.objects.get(username="alice"))  # the demo's admin opens every one
+    assert _article(client.get("/concepts/").content.decode()) == article
     assert client.post("/concepts/").status_code == 405
+
+
+REEXECUTE = "/w/acme/support/runs/run_demo_triage/reexecute/"
+AUDIT = "/t/acme/audit/"
+
+
+@pytest.mark.django_db
+def test_a_member_reads_a_page_their_role_cannot_open_as_text_with_the_role_it_needs(client: Client) -> None:
+    """As the rest of the console offers actions only where they work: dave (viewer) was sent to
+    the re-execution form and the audit log, and got 403 on both."""
+    load_demo(history_runs=0, evaluations_too=False)
+    gated = {
+        REEXECUTE: ('<span class="gated">re-execution form</span> (operators and up)', "operator"),
+        AUDIT: ('<span class="gated">audit log</span> (admins only)', "admin"),
+    }
+    for username, role in (("dave", "viewer"), ("carol", "operator"), ("bob", "approver"), ("alice", "admin")):
+        client.force_login(User.objects.get(username=username))
+        article = _article(client.get("/concepts/").content.decode())
+        for path, (text, needed) in gated.items():
+            may = ROLE_RANK[Role(role)] >= ROLE_RANK[Role(needed)]
+            assert (f'<a href="{path}">' in article) is may, (username, path)
+            assert (text in article) is not may, (username, path)
+        assert '<a href="/w/acme/support/runs/run_demo_in_doubt/evidence/">' in article  # every member's
+        for path in set(re.findall(r'<a href="(/[^"]*)"', article)):
+            assert client.get(path.split("#")[0]).status_code == 200, (username, path)
+
+
+@pytest.mark.django_db
+def test_another_tenants_member_gets_the_demos_pages_as_text(client: Client) -> None:
+    load_demo(history_runs=0, evaluations_too=False)
+    client.force_login(User.objects.get(username="gina"))  # admin of globex
+    article = _article(client.get("/concepts/").content.decode())
+    assert 'href="/w/acme/' not in article and 'href="/t/acme/' not in article
+    assert '<span class="gated">runs list</span> and' in article  # no note: not hers to see at all
 
 
 @pytest.mark.django_db

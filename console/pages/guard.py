@@ -6,13 +6,17 @@ below the role an action needs gets 403.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
+from django.urls import Resolver404, resolve
 
 from ledger.errors import LedgerError, NotFound
-from ledger.models import Workspace
+from ledger.models import Membership, Role, Workspace
+from ledger.reads import selectors
 from ledger.tenancy import access
 
 
@@ -37,3 +41,50 @@ def has_role(user: Any, workspace: Workspace, role: str) -> bool:
         return access.within(user, workspace, role=role).allows(role)
     except LedgerError:
         return False
+
+
+# The pages a member below some role gets 403 on (their views' own checks), by URL name; every
+# other page of a workspace opens for any member of its tenant.
+PAGE_ROLES: dict[str, str] = {
+    "run-reexecute": Role.OPERATOR,
+    "tenant-audit": Role.ADMIN,
+    "workspace-settings": Role.ADMIN,
+}
+ROLE_NOTES: dict[str, str] = {
+    Role.OPERATOR: "operators and up",
+    Role.APPROVER: "approvers and admins",
+    Role.ADMIN: "admins only",
+}
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Which console pages a signed-in member may open, to offer links only where they work (a
+    page that links to pages of its own choosing: the concepts page). Two queries, then none per
+    link."""
+
+    memberships: dict[str, Membership]  # by tenant slug
+    workspaces: frozenset[tuple[str, str]]
+
+    @classmethod
+    def of(cls, user: Any) -> Reach:
+        return cls(
+            memberships={m.tenant.slug: m for m in selectors.memberships(user)},
+            workspaces=frozenset((w.tenant.slug, w.slug) for w in selectors.workspaces_for(user)),
+        )
+
+    def refusal(self, path: str) -> str | None:
+        """None when the page at `path` opens for the member; else why not: the role it needs
+        (`Role`), or "" when it is not theirs to see at all (another tenant's: a 404)."""
+        try:
+            match = resolve(urlsplit(path).path)
+        except Resolver404:
+            return ""
+        tenant, workspace = match.kwargs.get("tenant"), match.kwargs.get("workspace")
+        if tenant is None:
+            return None  # no tenant's page (home, the concepts)
+        membership = self.memberships.get(tenant)
+        if membership is None or (workspace is not None and (tenant, workspace) not in self.workspaces):
+            return ""
+        needed = PAGE_ROLES.get(match.url_name or "", Role.VIEWER)
+        return None if membership.allows(needed) else needed
