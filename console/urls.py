@@ -20,6 +20,7 @@ urlpatterns = [
     path("", include("console.pages.audit")),
     path("", include("console.pages.usage")),
     path("", include("console.pages.settings")),
+    path("", include("console.pages.members")),
     path("", include("console.pages.redaction")),
 ]
 

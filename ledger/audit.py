@@ -80,6 +80,20 @@ def key_owner_names(keys: list[ApiKey]) -> dict[int, str]:
     return {by_target[t].pk: names[uid] for t, uid in owners.items() if uid in names}
 
 
+def members_added(tenant: Tenant, usernames: list[str]) -> dict[str, datetime]:
+    """{username: when they were last added to the tenant} by their `member.added` entries (one
+    query); a member without one (added before the audit log) is left out."""
+    rows = AuditEntry.objects.filter(
+        tenant=tenant, action=Action.MEMBER_ADDED, target__in=[f"user:{name}" for name in usernames]
+    ).values_list("target", "at")
+    added: dict[str, datetime] = {}
+    for target, at in rows:
+        name = target.removeprefix("user:")
+        if name not in added or at > added[name]:
+            added[name] = at
+    return added
+
+
 def record(
     *,
     actor: Actor | AbstractBaseUser | ApiKey | str,

@@ -154,6 +154,9 @@ ROUTES: dict[str, Route] = {
     W + "settings/retention/": page({"POST": (None, ADMIN)}),
     W + "settings/keys/": page({"POST": (None, ADMIN)}),
     W + "settings/keys/<str:prefix>/revoke/": page({"POST": (None, ADMIN)}),
+    W + "settings/members/": page({"GET": (None, ADMIN)}),
+    W + "settings/members/role/": page({"POST": (None, ADMIN)}),
+    W + "settings/members/remove/": page({"POST": (None, ADMIN)}),
     # Every member reads the workspace's redaction rules; only admins change them.
     W + "settings/redaction/": page({"GET": (None, Role.VIEWER), "POST": (None, ADMIN)}),
     # --- share links: the token is the credential (tokens are checked by tests/test_share_links.py

@@ -65,6 +65,7 @@ GATED_PAGES = {
     "run-reexecute": "/w/acme/support/runs/run_gated/reexecute/",
     "tenant-audit": "/t/acme/audit/",
     "workspace-settings": "/w/acme/support/settings/",
+    "workspace-members": "/w/acme/support/settings/members/",
 }
 
 

@@ -49,6 +49,7 @@ PAGE_ROLES: dict[str, str] = {
     "run-reexecute": Role.OPERATOR,
     "tenant-audit": Role.ADMIN,
     "workspace-settings": Role.ADMIN,
+    "workspace-members": Role.ADMIN,
 }
 ROLE_NOTES: dict[str, str] = {
     Role.OPERATOR: "operators and up",

@@ -6,7 +6,8 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -17,7 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .. import audit, clock
-from ..errors import LedgerError, NotFound
+from ..errors import Conflict, LedgerError, NotFound
 from ..limits import written
 from ..log import statements
 from ..log.bulk import column, table
@@ -39,13 +40,27 @@ def bootstrap(*, tenant: str, workspace: str) -> Workspace:
     return ws
 
 
+class LastAdmin(Conflict):
+    """Removing or demoting the tenant's last admin: nobody could manage its members, keys or
+    settings any more (not even to undo it) but the command line's operator."""
+
+    code = "last_admin"
+
+
 @transaction.atomic
-def create_user(*, username: str, tenant: str, role: str, password: str | None, by: audit.Actor = CLI) -> Membership:
+def create_user(
+    *,
+    username: str,
+    tenant: str,
+    role: str,
+    password: str | None,
+    by: audit.Actor | AbstractBaseUser = CLI,
+) -> Membership:
     """Create or update a user and their membership (one role per tenant); audited as
-    member.added or member.changed (a role change; a password alone is not a membership change)."""
-    if role not in Role.values:
-        raise LedgerError(f"role must be one of {', '.join(Role.values)}, got {role!r}")
-    t = Tenant.objects.filter(slug=tenant).first()
+    member.added or member.changed (a role change, as `change_role`; a password alone is not a
+    membership change)."""
+    _check_role(role)
+    t = _locked_tenant(slug=tenant)
     if t is None:
         raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
     if password:
@@ -58,40 +73,104 @@ def create_user(*, username: str, tenant: str, role: str, password: str | None, 
     if password:
         user.set_password(password)
         user.save()
-    before = Membership.objects.filter(user=user, tenant=t).values_list("role", flat=True).first()
-    membership, _ = Membership.objects.update_or_create(user=user, tenant=t, defaults={"role": role})
-    if before is None:
+    membership = Membership.objects.filter(user=user, tenant=t).first()
+    if membership is None:
+        membership = Membership.objects.create(user=user, tenant=t, role=role)
         audit.record(
             actor=by, tenant=t, action=audit.Action.MEMBER_ADDED, target=f"user:{username}", details={"role": role}
         )
-    elif before != role:
-        audit.record(
-            actor=by,
-            tenant=t,
-            action=audit.Action.MEMBER_CHANGED,
-            target=f"user:{username}",
-            details={"role": role, "previousRole": before},
-        )
+    else:
+        _set_role(t, membership, role, by=by)
     return membership
 
 
 @transaction.atomic
-def remove_member(*, username: str, tenant: str, by: audit.Actor = CLI) -> None:
-    """End a user's membership of a tenant (the user account stays); audited as member.removed."""
-    membership = (
-        Membership.objects.select_related("tenant").filter(user__username=username, tenant__slug=tenant).first()
-    )
-    if membership is None:
+def change_role(*, username: str, tenant: str, role: str, by: audit.Actor | AbstractBaseUser = CLI) -> bool:
+    """Give a member another role; audited as member.changed. False when it is their role
+    already (nothing written). LastAdmin when it would leave the tenant without an admin."""
+    _check_role(role)
+    t = _locked_tenant(slug=tenant)
+    membership = Membership.objects.filter(user__username=username, tenant=t).first() if t else None
+    if t is None or membership is None:
         raise NotFound(f"{username} is not a member of {tenant}")
+    return _set_role(t, membership, role, by=by)
+
+
+@transaction.atomic
+def remove_member(*, username: str, tenant: str, by: audit.Actor | AbstractBaseUser = CLI) -> None:
+    """End a user's membership of a tenant (the user account stays); audited as member.removed.
+    LastAdmin for the tenant's last admin."""
+    t = _locked_tenant(slug=tenant)
+    membership = Membership.objects.filter(user__username=username, tenant=t).first() if t else None
+    if t is None or membership is None:
+        raise NotFound(f"{username} is not a member of {tenant}")
+    _keep_an_admin(t, membership, None)
     role = membership.role
     membership.delete()
     audit.record(
         actor=by,
-        tenant=membership.tenant,
+        tenant=t,
         action=audit.Action.MEMBER_REMOVED,
         target=f"user:{username}",
         details={"role": role},
     )
+
+
+@dataclass(frozen=True)
+class Member:
+    username: str
+    role: str
+    added_at: datetime | None
+
+
+def members(tenant: Tenant) -> list[Member]:
+    """The tenant's members by name, each with their role and when they were last added (their
+    `member.added` entry: memberships keep no date of their own; None when none was written)."""
+    rows = list(Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username", "pk"))
+    added = audit.members_added(tenant, [m.user.get_username() for m in rows])
+    return [Member(m.user.get_username(), str(m.role), added.get(m.user.get_username())) for m in rows]
+
+
+def _check_role(role: str) -> None:
+    if role not in Role.values:
+        raise LedgerError(f"role must be one of {', '.join(Role.values)}, got {role!r}", field="role")
+
+
+def _locked_tenant(*, slug: str) -> Tenant | None:
+    """The tenant, its row locked: membership changes of one tenant take turns, so two admins
+    demoting each other at once cannot leave it without one."""
+    return Tenant.objects.select_for_update().filter(slug=slug).first()
+
+
+def _keep_an_admin(tenant: Tenant, membership: Membership, role: str | None) -> None:
+    """LastAdmin when `membership` is the tenant's only admin and would stop being one (`role`
+    below admin, or None: removed)."""
+    if membership.role != Role.ADMIN or role == Role.ADMIN:
+        return
+    if not Membership.objects.filter(tenant=tenant, role=Role.ADMIN).exclude(pk=membership.pk).exists():
+        what = "removed" if role is None else f"made {role}"
+        raise LastAdmin(
+            f"{membership.user.get_username()} is the last admin of {tenant.slug} and cannot be {what}: "
+            "make another member admin first",
+            field="role",
+        )
+
+
+def _set_role(tenant: Tenant, membership: Membership, role: str, *, by: audit.Actor | AbstractBaseUser) -> bool:
+    before = str(membership.role)
+    if before == role:
+        return False
+    _keep_an_admin(tenant, membership, role)
+    membership.role = role
+    membership.save(update_fields=["role"])
+    audit.record(
+        actor=by,
+        tenant=tenant,
+        action=audit.Action.MEMBER_CHANGED,
+        target=f"user:{membership.user.get_username()}",
+        details={"role": role, "previousRole": before},
+    )
+    return True
 
 
 def _hash(key: str) -> str:

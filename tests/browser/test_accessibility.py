@@ -47,6 +47,7 @@ PAGES = {
     "loops": "/w/acme/research/loops/",
     "audit": "/t/acme/audit/",
     "redaction": "/w/acme/support/settings/redaction/",
+    "members": "/w/acme/support/settings/members/",
 }
 # The error pages, each with the status it answers (console/pages/errors.py).
 ERROR_PAGES = {

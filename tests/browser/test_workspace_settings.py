@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from ledger.models import ApiKey, AuditEntry, Workspace
+from ledger.models import ApiKey, AuditEntry, Membership, Workspace
 from ledger.tenancy.services import authenticate_key, create_key
 from tests.browser.conftest import Daphne, log_in
 
@@ -48,3 +48,40 @@ def test_an_admin_sets_retention_and_revokes_a_key_with_htmx(
     assert set(AuditEntry.objects.values_list("action", flat=True)) >= {"retention.changed", "api_key.revoked"}
     # All of it in place: the page was never reloaded.
     assert page.evaluate("window.settingsMarker") == "same page"
+
+
+def test_an_admin_changes_a_role_and_removes_a_member_in_place(
+    page: Page, production: Daphne, workspace: Workspace, admin: User, operator: User, viewer: User
+) -> None:
+    """On the production settings (DEBUG off, the CSP): the Members screen from Settings' own
+    navigation, a role changed and a member removed with htmx (after a confirmation), and the
+    last admin's refusal in place."""
+    log_in(page, production, admin)
+    page.goto(f"{production.url}/w/acme/support/settings/")
+    page.locator("a#settings-nav-members").click()
+    page.wait_for_url(f"{production.url}/w/acme/support/settings/members/")
+    page.evaluate("window.membersMarker = 'same page'")
+
+    dave = page.locator('tr.member[data-username="dave"]')
+    dave.locator("select[name=role]").select_option("approver")
+    dave.locator("button.change-role").click()
+    expect(page.locator("#members-done")).to_have_text("dave is approver now.")
+    expect(page.locator('tr.member[data-username="dave"]')).to_have_attribute("data-role", "approver")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator('tr.member[data-username="carol"] button.remove-member').click()
+    expect(page.locator('tr.member[data-username="carol"]')).to_have_count(0)
+    expect(page.locator("#members-count")).to_have_text("2")
+
+    # alice is the only admin: nothing offered on her row. Posted anyway (another tab's form
+    # from before), the refusal says why in place.
+    expect(page.locator('tr.member[data-username="alice"] .last-admin')).to_be_visible()
+    dave = page.locator('tr.member[data-username="dave"]')
+    dave.locator("input[name=username]").first.evaluate("input => input.value = 'alice'")
+    dave.locator("button.change-role").click()
+    expect(page.locator("#members-refused")).to_contain_text("alice is the last admin of acme")
+    assert page.evaluate("window.membersMarker") == "same page"
+    assert Membership.objects.get(user=admin).role == "admin"
+    assert Membership.objects.get(user=viewer).role == "approver"
+    assert not Membership.objects.filter(user=operator).exists()
+    assert AuditEntry.objects.filter(action__in=["member.changed", "member.removed"], actor="alice").count() == 2

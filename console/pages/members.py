@@ -1,0 +1,144 @@
+"""The tenant's members, for its admins, from a workspace's Settings (docs/design.md §2): each
+member with their role and when they were added; change a role, remove a member. The same
+services as the command line's (`ledger create-user` for a role, ledger/tenancy/services.py),
+so the same rules and the same audit entries (`member.changed`, `member.removed`, with the admin's
+name): the tenant's last admin can be neither removed nor given another role (`last_admin`).
+Adding a member, with a password, is the command line's.
+
+Another tenant's workspace is a 404, as is another tenant's member named in a form; a member
+below admin gets 403. The forms post with htmx and answer with the members section (a refusal:
+422 with the section and the reason); without JavaScript they post and redirect, or answer 409/400
+with the page. An admin who takes their own admin role away (another admin remains) goes to the
+workspace's runs: this page is no longer theirs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST, require_safe
+
+from ledger.errors import LedgerError, NotFound
+from ledger.models import Role, Workspace
+from ledger.reads import selectors
+from ledger.tenancy import services as tenancy
+
+from .guard import has_role, member_access
+
+WS = "w/<slug:tenant>/<slug:workspace>/"
+
+
+def _admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:
+    found = member_access(request, tenant, workspace, role=Role.ADMIN)
+    return found.workspace, found.user
+
+
+def _partial(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return htmx is not None and bool(htmx) and not htmx.history_restore_request
+
+
+def _section(ws: Workspace, user: Any, *, error: str = "", done: str = "") -> dict[str, Any]:
+    rows = tenancy.members(ws.tenant)
+    admins = sum(1 for m in rows if m.role == Role.ADMIN)
+    return {
+        "workspace": ws,
+        "members": [
+            {
+                "m": m,
+                "you": m.username == user.get_username(),
+                # Offered only where it can work: the last admin's role and membership stay.
+                "last_admin": m.role == Role.ADMIN and admins == 1,
+            }
+            for m in rows
+        ],
+        "roles": list(Role.values),
+        "role_url": reverse("workspace-member-role", args=[ws.tenant.slug, ws.slug]),
+        "remove_url": reverse("workspace-member-remove", args=[ws.tenant.slug, ws.slug]),
+        "error": error,
+        "done": done,
+    }
+
+
+@login_required
+@require_safe
+def members_page(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws, admin = _admin(request, tenant, workspace)
+    done = "Saved: the change is in the audit log." if request.GET.get("saved") == "1" else ""
+    return _page(request, ws, admin, done=done)
+
+
+def _page(request: HttpRequest, ws: Workspace, user: Any, status: int = 200, **state: str) -> HttpResponse:
+    workspaces = list(selectors.workspaces_for(request.user))
+    context = {
+        **_section(ws, user, **state),
+        "workspaces": workspaces,
+        "tenant_workspaces": [w.slug for w in workspaces if w.tenant_id == ws.tenant_id],
+    }
+    return render(request, "console/members.html", context, status=status)
+
+
+def _answer(
+    request: HttpRequest, ws: Workspace, user: Any, *, done: str = "", error: str = "", status: int = 200
+) -> HttpResponse:
+    """The members section (htmx) or the page, after a change or a refusal; the runs when the
+    admin is no longer one (home when no longer a member at all)."""
+    if not error and not has_role(user, ws, Role.ADMIN):
+        away = reverse("workspace-runs", args=[ws.tenant.slug, ws.slug]) if has_role(user, ws, Role.VIEWER) else "/"
+        if _partial(request):
+            response = HttpResponse(status=200)
+            response["HX-Redirect"] = away
+            return response
+        return redirect(away)
+    if _partial(request):
+        # A refusal is 422, not 409/400: django-htmx's debug script (DEBUG on) replaces the whole
+        # document with a 400 answer to htmx; static/js/settings.js swaps the 422 in place.
+        return render(
+            request,
+            "console/settings/members_section.html",
+            _section(ws, user, done=done, error=error),
+            status=422 if error else 200,
+        )
+    if error:
+        return _page(request, ws, user, status=status, error=error)
+    return redirect(reverse("workspace-members", args=[ws.tenant.slug, ws.slug]) + "?saved=1")
+
+
+@login_required
+@require_POST
+def change_role(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws, admin = _admin(request, tenant, workspace)
+    username, role = request.POST.get("username", "")[:200], request.POST.get("role", "")[:20]
+    try:
+        changed = tenancy.change_role(username=username, tenant=ws.tenant.slug, role=role, by=admin)
+    except NotFound:  # another tenant's member, or nobody: alike
+        raise Http404("not found") from None
+    except LedgerError as exc:
+        return _answer(request, ws, admin, error=exc.message, status=exc.status)
+    done = f"{username} is {role} now." if changed else f"{username} was {role} already: nothing changed."
+    return _answer(request, ws, admin, done=done)
+
+
+@login_required
+@require_POST
+def remove_member(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws, admin = _admin(request, tenant, workspace)
+    username = request.POST.get("username", "")[:200]
+    try:
+        tenancy.remove_member(username=username, tenant=ws.tenant.slug, by=admin)
+    except NotFound:
+        raise Http404("not found") from None
+    except LedgerError as exc:
+        return _answer(request, ws, admin, error=exc.message, status=exc.status)
+    return _answer(request, ws, admin, done=f"{username} is no longer a member of {ws.tenant.slug}.")
+
+
+urlpatterns = [
+    path(WS + "settings/members/", members_page, name="workspace-members"),
+    path(WS + "settings/members/role/", change_role, name="workspace-member-role"),
+    path(WS + "settings/members/remove/", remove_member, name="workspace-member-remove"),
+]
