@@ -21,6 +21,7 @@ urlpatterns = [
     path("", include("console.pages.usage")),
     path("", include("console.pages.settings")),
     path("", include("console.pages.members")),
+    path("", include("console.pages.prices")),
     path("", include("console.pages.redaction")),
 ]
 

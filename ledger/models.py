@@ -875,6 +875,7 @@ class AuditEntry(models.Model):
         EVALUATION_POLICY_REVOKED = "evaluation_policy.revoked"
         EVALUATION_STARTED = "evaluation.started"
         EVALUATION_FINISHED = "evaluation.finished"
+        PRICE_OVERRIDES_CHANGED = "price_overrides.changed"
 
     # No index of its own: both indexes below lead with it (migration 0023).
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)

@@ -66,6 +66,7 @@ GATED_PAGES = {
     "tenant-audit": "/t/acme/audit/",
     "workspace-settings": "/w/acme/support/settings/",
     "workspace-members": "/w/acme/support/settings/members/",
+    "workspace-prices": "/w/acme/support/settings/prices/",
 }
 
 

@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from ledger.fold.pricing import (
     LITTLE_WORKFLOW,
+    InvalidOverride,
     ModelRates,
     PriceTable,
     Usage,
     UsageTotals,
     load_default_prices,
+    override_problems,
     parse_price_table,
     price_call,
 )
@@ -330,6 +332,19 @@ def test_override_can_add_a_model_and_drop_a_cache_rate() -> None:
 def test_bad_overrides_are_refused(overrides: dict) -> None:
     with pytest.raises(ValueError):
         PRICES.with_overrides(overrides)
+
+
+def test_a_refused_override_names_every_problem_by_field() -> None:
+    """What the Settings page's form shows next to each field (console/pages/prices.py)."""
+    problems = override_problems("acme/new", {"input": "cheap", "cachedInput": -1}, PRICES.rates)
+    assert set(problems) == {"input", "cachedInput", "output"}
+    assert "must be a number" in problems["input"] and "not negative" in problems["cachedInput"]
+    assert "adds a model" in problems["output"]
+    assert override_problems("openai/gpt-4o", {"cachedInput": None}, PRICES.rates) == {}
+    assert set(override_problems("gpt-4o", {"input": 1}, PRICES.rates)) == {"key"}
+    with pytest.raises(InvalidOverride) as refused:
+        PRICES.with_overrides({"acme/new": {"input": "cheap"}})
+    assert set(refused.value.problems) == {"input", "output"} and isinstance(refused.value, ValueError)
 
 
 def test_price_table_is_immutable() -> None:

@@ -50,6 +50,7 @@ PAGE_ROLES: dict[str, str] = {
     "tenant-audit": Role.ADMIN,
     "workspace-settings": Role.ADMIN,
     "workspace-members": Role.ADMIN,
+    "workspace-prices": Role.ADMIN,
 }
 ROLE_NOTES: dict[str, str] = {
     Role.OPERATOR: "operators and up",

@@ -177,15 +177,11 @@ class PriceTable:
         merged = dict(self.rates)
         applied: dict[str, dict[str, str | None]] = {}
         for key, entry in overrides.items():
-            if not isinstance(key, str) or "/" not in key.strip("/"):
-                raise ValueError(f"price override key {key!r} is not 'provider/modelId'")
-            if not isinstance(entry, Mapping):
-                raise ValueError(f"price override {key!r} must be an object of rates")
-            unknown = set(entry) - _RATE_KEYS
-            if unknown:
-                raise ValueError(f"price override {key!r} has unknown rate(s): {sorted(unknown)}")
+            problems = override_problems(key, entry, merged)
+            if problems:
+                raise InvalidOverride(problems)
             key = key.lower()
-            base = merged.get(key) or _override_base(key, entry)
+            base = merged.get(key) or ModelRates(input=Decimal(0), output=Decimal(0))  # both given
             rates = ModelRates(
                 input=_rate(entry["input"], key) if "input" in entry else base.input,
                 output=_rate(entry["output"], key) if "output" in entry else base.output,
@@ -211,10 +207,36 @@ class PriceTable:
         )
 
 
-def _override_base(key: str, entry: Mapping[str, Any]) -> ModelRates:
-    if not {"input", "output"} <= set(entry):
-        raise ValueError(f"price override {key!r} adds a model, so needs input and output")
-    return ModelRates(input=Decimal(0), output=Decimal(0))
+class InvalidOverride(ValueError):
+    """A price override `with_overrides` refuses; `problems` says what, by field: `key`, `entry`
+    (the entry as a whole), or the rate (`input`, `cachedInput`, `output`)."""
+
+    def __init__(self, problems: Mapping[str, str]) -> None:
+        super().__init__("; ".join(problems.values()))
+        self.problems = dict(problems)
+
+
+def override_problems(key: Any, entry: Any, known: Mapping[str, ModelRates]) -> dict[str, str]:
+    """Everything wrong with one override laid over a table whose entries are `known` (lower-case
+    keys), by field; empty when `with_overrides` takes it. A known model may change some rates;
+    a new one needs `input` and `output`; `cachedInput: null` drops a cache rate."""
+    if not isinstance(key, str) or "/" not in key.strip("/"):
+        return {"key": f"price override key {key!r} is not 'provider/modelId'"}
+    if not isinstance(entry, Mapping):
+        return {"entry": f"price override {key!r} must be an object of rates"}
+    unknown = set(entry) - _RATE_KEYS
+    if unknown:
+        return {"entry": f"price override {key!r} has unknown rate(s): {sorted(unknown)}"}
+    problems: dict[str, str] = {}
+    for name in ("input", "cachedInput", "output"):
+        if name in entry and not (name == "cachedInput" and entry[name] is None):
+            try:
+                _rate(entry[name], key)
+            except ValueError as exc:
+                problems[name] = str(exc)
+        elif name != "cachedInput" and key.lower() not in known:
+            problems[name] = f"price override {key!r} adds a model, so needs input and output"
+    return problems
 
 
 @cache

@@ -17,8 +17,8 @@ from django.urls import reverse
 from playwright.sync_api import Page, expect
 
 from console.pages import errors
-from ledger.models import Evaluation, ReexecutionRequest, Run
-from ledger.tenancy import sharing
+from ledger.models import Evaluation, ReexecutionRequest, Run, Workspace
+from ledger.tenancy import price_settings, sharing
 from tests.browser.axe import blocking_violations
 from tests.browser.conftest import Daphne, log_in_to_demo, screenshot_dir
 from tests.browser.test_evidence_views import RESEARCH, SUPPORT
@@ -48,6 +48,7 @@ PAGES = {
     "audit": "/t/acme/audit/",
     "redaction": "/w/acme/support/settings/redaction/",
     "members": "/w/acme/support/settings/members/",
+    "prices": "/w/acme/support/settings/prices/",
 }
 # The error pages, each with the status it answers (console/pages/errors.py).
 ERROR_PAGES = {
@@ -99,6 +100,11 @@ def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
 ) -> None:
     failures: dict[str, Any] = {}
     pages = {**PAGES, **_demo_pages()}
+    # The prices page with an override of a shipped model and a model of the workspace's own.
+    support = Workspace.objects.get(tenant__slug="acme", slug="support")
+    alice = User.objects.get(username="alice")
+    price_settings.set_override(workspace=support, key="openai/gpt-4o", rates={"output": 8}, by=alice)
+    price_settings.set_override(workspace=support, key="acme/house", rates={"input": 1, "output": 2}, by=alice)
     shared = _share_pages()
     # The 500 page as the server renders it (no route fails on purpose), at an address of the server
     # so its stylesheet loads as on a real failure.

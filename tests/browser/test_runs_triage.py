@@ -85,6 +85,7 @@ NARROW_PAGES = (
     "/t/acme/audit/",
     "/w/acme/support/settings/redaction/",
     "/w/acme/support/settings/members/",
+    "/w/acme/support/settings/prices/",
     "/no/such/page/",
     "/w/acme/support/runs/run_demo_crashed_resumed/",
     "/w/acme/support/runs/run_demo_in_doubt/steps/",

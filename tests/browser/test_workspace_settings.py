@@ -85,3 +85,27 @@ def test_an_admin_changes_a_role_and_removes_a_member_in_place(
     assert Membership.objects.get(user=viewer).role == "approver"
     assert not Membership.objects.filter(user=operator).exists()
     assert AuditEntry.objects.filter(action__in=["member.changed", "member.removed"], actor="alice").count() == 2
+
+
+def test_an_admin_overrides_a_price_with_the_reason_next_to_the_field(
+    page: Page, production: Daphne, workspace: Workspace, admin: User
+) -> None:
+    log_in(page, production, admin)
+    page.goto(f"{production.url}/w/acme/support/settings/")
+    page.locator("a#settings-nav-prices").click()
+    page.wait_for_url(f"{production.url}/w/acme/support/settings/prices/")
+
+    form = page.locator("form#price-override-form")
+    form.locator("[name=key]").fill("acme/house-model")
+    form.locator("[name=input]").fill("0.8")
+    form.locator("[name=reason]").fill("our own model")
+    form.locator("#price-save").click()
+    expect(page.locator("#price-output-error")).to_contain_text("adds a model, so needs input and output")
+    expect(page.locator("#price-output")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#price-input")).to_have_value("0.8")
+
+    page.locator("#price-output").fill("3.2")
+    page.locator("#price-save").click()
+    expect(page.locator("#prices-changed")).to_contain_text("ledger reprice")
+    expect(page.locator('tr.price-override[data-model="acme/house-model"]')).to_contain_text("3.2")
+    assert Workspace.objects.get(pk=workspace.pk).price_overrides == {"acme/house-model": {"input": 0.8, "output": 3.2}}
