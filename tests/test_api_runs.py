@@ -327,6 +327,43 @@ def test_unpriced_run_reports_null_cost(api: httpx.Client, workspace: Workspace)
     assert usage["costUsd"] is None and usage["unpricedCalls"] == 2 and usage["pricedCalls"] == 0
 
 
+def _answer(call_id: str, usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "harness.model.responded",
+        "payload": {
+            "turn": 1,
+            "callId": call_id,
+            "stepPath": "ask",
+            "model": {"provider": "openai", "modelId": "gpt-4o-mini"},
+            "response": {"text": "ok", "usage": usage},
+        },
+    }
+
+
+def test_a_call_whose_usage_was_not_reported_is_unpriced_not_free(api: httpx.Client) -> None:
+    """A harness that recorded `{}` (its provider reported no usage) spent an unknown amount: the run,
+    its step and the usage report count the call unpriced, never as a priced $0."""
+    response = post_events(
+        api,
+        "run_no_usage",
+        started("wfver_stream"),
+        _answer("c1", {}),
+        _answer("c2", {"inputTokens": 10_000, "outputTokens": 2_000}),
+        _answer("c3", {"inputTokens": 0, "outputTokens": 0}),  # reported: zero, priced $0
+        {"type": "RunCompleted", "payload": {"output": "ok"}},
+    )
+    assert response.status_code == 200, response.text
+    usage = api.get(f"{V1}/runs/run_no_usage").json()["usage"]
+    assert (usage["pricedCalls"], usage["unpricedCalls"]) == (2, 1)
+    assert usage["costUsd"] == pytest.approx(0.0027) and usage["inputTokens"] == 10_000
+    total = api.get(f"{V1}/usage?groupBy=model").json()["total"]
+    assert (total["pricedCalls"], total["unpricedCalls"]) == (2, 1)
+
+    post_events(api, "run_only_no_usage", started("wfver_stream"), _answer("c1", {}))
+    usage = api.get(f"{V1}/runs/run_only_no_usage").json()["usage"]
+    assert (usage["costUsd"], usage["pricedCalls"], usage["unpricedCalls"]) == (None, 0, 1)
+
+
 def test_runs_list_pages_newest_first_with_a_cursor(api: httpx.Client) -> None:
     for i in range(5):
         post_events(api, f"run_p{i}", started(f"wfver_{i % 2}"))

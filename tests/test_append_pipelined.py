@@ -170,6 +170,24 @@ def test_the_batchs_run_step_and_usage_rows_are_written_once_and_exact(
     assert stored.input_tokens == 10 * CostEntry.objects.filter(run=stored).count()
 
 
+def test_answers_without_reported_usage_are_unpriced_in_every_part(ws: Workspace, parts: list[int]) -> None:
+    _cached_run(ws, "run_n")
+    items = _work(LONG, "n")
+    for i in range(0, LONG, 6):  # every other answer, in each part: its provider reported no usage
+        items[i]["payload"]["response"]["usage"] = {}
+
+    append(workspace=ws, run_id="run_n", events=items)
+
+    _pipelined(parts, [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])
+    run = Run.objects.get(workspace=ws, run_id="run_n")
+    entries = CostEntry.objects.filter(run=run)
+    unreported = entries.filter(usage_reported=False)
+    assert unreported.count() == len(range(0, LONG, 6)) and not unreported.exclude(cost_usd=None).exists()
+    assert (run.priced_calls, run.unpriced_calls) == (entries.count() - unreported.count(), unreported.count())
+    _projections_equal_the_fold(ws, "run_n")
+    assert rollup.differences(ws.pk) == []
+
+
 def test_an_invalid_item_in_a_later_part_writes_nothing(ws: Workspace, parts: list[int]) -> None:
     _cached_run(ws, "run_i")
     items = _work(LONG, "b")

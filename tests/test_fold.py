@@ -527,6 +527,79 @@ def test_a_response_without_a_usage_object_is_not_a_counted_call() -> None:
     assert state.model_calls[0].status == "responded"
 
 
+def test_a_call_whose_usage_reports_no_tokens_is_unpriced_not_free() -> None:
+    """`{}` is what OTLP ingest and the OpenAI paths record when the provider reported no usage (an
+    OpenAI stream without include_usage): the call certainly cost money, so its cost is unknown."""
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                ("harness.model.called", {"stepPath": "a", "turn": 1, "callId": "mc_1", "request": {}}),
+                responded("a", {}),
+                responded("a", {"inputTokens": 20_000, "outputTokens": 10_000}, callId="mc_2"),
+                responded("b", {"totalTokens": 40, "inputTokenDetails": {}}, callId="mc_3"),
+            ]
+        )
+    )
+    unreported, priced, alone = state.cost_entries
+    assert (unreported.cost_usd, unreported.priced_as, unreported.usage_reported) == (None, None, False)
+    assert (unreported.input_tokens, unreported.output_tokens) == (0, 0)
+    assert (priced.cost_usd, priced.priced_as, priced.usage_reported) == (Decimal("0.009"), "openai/gpt-4o-mini", True)
+    assert [(c.cost, c.usage_reported) for c in state.model_calls] == [
+        (None, False),
+        (Decimal("0.009"), True),
+        (None, False),
+    ]
+    usage = state.usage
+    assert (usage.cost_usd, usage.priced_calls, usage.unpriced_calls) == (Decimal("0.009"), 1, 2)
+    assert (state.steps["a"].usage.priced_calls, state.steps["a"].usage.unpriced_calls) == (1, 1)
+    assert (state.steps["b"].usage.cost_usd, state.steps["b"].usage.unpriced_calls) == (None, 1)
+
+
+def test_explicit_zero_tokens_are_a_reported_usage_priced_at_zero() -> None:
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                responded("a", {"inputTokens": 0, "outputTokens": 0}),
+            ]
+        )
+    )
+    [entry] = state.cost_entries
+    assert (entry.cost_usd, entry.priced_as, entry.usage_reported) == (0, "openai/gpt-4o-mini", True)
+    assert (state.usage.cost_usd, state.usage.priced_calls, state.usage.unpriced_calls) == (0, 1, 0)
+
+
+def test_usage_not_reported_outranks_a_missing_price_and_little_workflow_keeps_its_rule() -> None:
+    events = envelopes(
+        [
+            ("RunStarted", {"workflowVersionId": "w"}),
+            responded("a", {}, model={"provider": "acme.chat", "modelId": "house"}),
+            responded("a", {}, callId="mc_2"),
+        ]
+    )
+    native = fold(events)
+    assert [(e.cost_usd, e.usage_reported) for e in native.cost_entries] == [(None, False), (None, False)]
+    assert native.usage.cost_usd is None and native.usage.unpriced_calls == 2
+    # Runs imported from Little Workflow are folded by its rules: a usage object is a count, {} is 0.
+    little = fold(events, prices=load_default_prices().for_little_workflow())
+    assert [(e.cost_usd, e.usage_reported) for e in little.cost_entries] == [(None, True), (0, True)]
+    assert (little.usage.priced_calls, little.usage.unpriced_calls) == (1, 1)
+
+
+def test_a_replayed_call_without_reported_usage_counts_unpriced_in_the_replayed_totals() -> None:
+    state = fold(
+        envelopes(
+            [
+                ("RunStarted", {"workflowVersionId": "w"}),
+                responded("a", {}, origin="simulated", replayOf="evt_0123456789abcdef"),
+            ]
+        )
+    )
+    assert state.cost_entries == [] and state.usage.calls == 0
+    assert (state.replayed_usage.cost_usd, state.replayed_usage.unpriced_calls) == (None, 1)
+
+
 def test_workspace_prices_apply_and_name_their_version() -> None:
     table = load_default_prices().with_overrides({"openai/gpt-4o-mini": {"input": 1, "output": 1}})
     state = fold(

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from ledger.fold.pricing import (
     LITTLE_WORKFLOW,
+    NO_PRICE,
+    USAGE_NOT_REPORTED,
     InvalidOverride,
     ModelRates,
     PriceTable,
@@ -21,6 +23,9 @@ from ledger.fold.pricing import (
     override_problems,
     parse_price_table,
     price_call,
+    price_recorded,
+    reports_tokens,
+    unpriced_reason,
 )
 
 PRICES = load_default_prices()
@@ -203,6 +208,46 @@ def test_ai_sdk_provider_suffix_prices_as_the_bare_provider() -> None:
 def test_unknown_models_are_null_not_zero() -> None:
     assert cost("acme.chat", "nope", input_tokens=10, output_tokens=10) is None
     assert cost("openai.responses", "gpt-9-imaginary", input_tokens=10, output_tokens=10) is None
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {},  # what OTLP ingest and the OpenAI paths record when the provider reported nothing
+        {"totalTokens": 150},
+        {"inputTokens": None, "outputTokens": None},
+        {"inputTokenDetails": {}, "outputTokenDetails": {}},  # the AI SDK's usage with every count undefined
+        {"inputTokenDetails": {"cacheReadTokens": 20}, "outputTokenDetails": {"reasoningTokens": 5}},
+        {"cachedInputTokens": 20, "reasoningTokens": 5},
+        {"inputTokens": "120", "outputTokens": True},
+    ],
+)
+def test_a_usage_without_input_or_output_count_reports_no_tokens_and_has_no_price(usage: dict[str, Any]) -> None:
+    assert not reports_tokens(usage)
+    assert price_recorded(usage, "openai", "gpt-4o-mini", PRICES) is None
+    # Little Workflow's rules read any usage object as reported: its runs are priced as it prices them.
+    assert price_recorded(usage, "openai", "gpt-4o-mini", PRICES.for_little_workflow()) == 0
+
+
+@pytest.mark.parametrize(
+    ("usage", "dollars"),
+    [
+        ({"inputTokens": 0, "outputTokens": 0}, Decimal(0)),
+        ({"outputTokens": 0}, Decimal(0)),
+        ({"inputTokens": 10_000, "outputTokens": 2_000}, Decimal("0.0027")),
+        ({"inputTokens": 10_000.0}, Decimal("0.0015")),
+    ],
+)
+def test_a_usage_with_an_input_or_output_count_is_priced_even_at_zero(usage: dict[str, Any], dollars: Decimal) -> None:
+    assert reports_tokens(usage)
+    assert price_recorded(usage, "openai", "gpt-4o-mini", PRICES) == dollars
+
+
+def test_an_unpriced_call_says_why() -> None:
+    assert unpriced_reason(Decimal(0), True) is None
+    assert unpriced_reason(None, True) == NO_PRICE
+    assert unpriced_reason(None, False) == USAGE_NOT_REPORTED
+    assert price_recorded({"inputTokens": 10}, "acme.chat", "house", PRICES) is None
 
 
 def test_lookup_is_case_insensitive_and_needs_provider_and_model() -> None:

@@ -14,7 +14,17 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .pricing import EXACT, LITTLE_WORKFLOW, MONEY, PriceTable, Tokens, Usage, UsageTotals, exact_tokens
+from .pricing import (
+    EXACT,
+    LITTLE_WORKFLOW,
+    MONEY,
+    PriceTable,
+    Tokens,
+    Usage,
+    UsageTotals,
+    exact_tokens,
+    reports_tokens,
+)
 from .state import (
     ARTIFACT_REF_PREFIX,
     REPLAYED_ORIGINS,
@@ -596,6 +606,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
     raw_usage = response.get("usage") if isinstance(response, _OBJECT) else None
     usage: Usage | None = None
     cost: Decimal | None = None
+    reported = True
     if isinstance(raw_usage, _OBJECT):  # Little Workflow's rule: a call without a usage object is not counted
         get = raw_usage.get
         input_tokens, output_tokens = get("inputTokens", 0), get("outputTokens", 0)
@@ -612,13 +623,16 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             _set_cached(usage, 0)
             _set_reasoning(usage, 0)
             cached: Tokens = 0
+            # pricing.reports_tokens: here a count that is present is an int
+            reported = fold.exact or "inputTokens" in raw_usage or "outputTokens" in raw_usage
         else:
             usage = Usage.from_payload(raw_usage, exact=fold.exact)
             input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
             cached = usage.cached_input_tokens
+            reported = fold.exact or reports_tokens(raw_usage)
         if scaled is _UNKNOWN:
             scaled = fold.rates_of(provider, model_id)
-        if scaled is not None:  # price_call's sum
+        if scaled is not None and reported:  # price_call's sum (price_recorded's rule)
             rate_in, rate_cached, rate_out, exponent, priced_as = scaled
             if input_tokens.__class__ is int and output_tokens.__class__ is int and cached.__class__ is int:
                 units: Any = (input_tokens - cached) * rate_in + cached * rate_cached + output_tokens * rate_out
@@ -646,6 +660,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             None if origin is None else _str(origin),
             None if replay_of is None else _str(replay_of),
             _open_session(state, step_path) if state.sessions else None,
+            reported,
         )
         state.model_calls.append(call)
     else:
@@ -654,10 +669,10 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
         call.provider, call.model_id = provider, model_id
         call.response = response
         if usage is not None:
-            call.usage, call.cost = usage, cost
+            call.usage, call.cost, call.usage_reported = usage, cost, reported
     if usage is None:
         return
-    priced_as = None if scaled is None or scaled is _UNKNOWN else scaled[4]
+    priced_as = None if cost is None else scaled[4]
     if call.origin in REPLAYED_ORIGINS:
         # Served from the original's record: the original already counted (and paid) this call;
         # counting it here would double it in every rollup, so it gets no cost entry either.
@@ -681,6 +696,7 @@ def _model_responded(state: RunState, p: Mapping[str, Any], sequence: int, step_
             cost,
             fold.version,
             priced_as,
+            reported,
         )
     )
 

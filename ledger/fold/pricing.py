@@ -399,8 +399,48 @@ def _detail(details: Any, key: str) -> Any:
     return details.get(key)
 
 
+def reports_tokens(usage: Mapping[str, Any]) -> bool:
+    """Whether a recorded usage object reports the call's tokens, under our rules: it gives
+    `inputTokens` or `outputTokens` as a number (0 included). `{}`, what a provider that reported
+    nothing leaves (an OpenAI stream without `include_usage`), `{"totalTokens": 9}` and
+    `{"inputTokens": null}` do not: the details objects hold parts of these two, never them, so
+    such a call's dollars are unknown, not 0 (docs/operations.md § Prices)."""
+    return _is_count(usage.get("inputTokens")) or _is_count(usage.get("outputTokens"))
+
+
+def _is_count(value: Any) -> bool:
+    if value.__class__ is int:
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# Why a call has no dollars: its model has no rate in the table, or (our rules) its usage named
+# no token count. A call both is `USAGE_NOT_REPORTED`: no price added later could price it.
+NO_PRICE = "no_price"
+USAGE_NOT_REPORTED = "usage_not_reported"
+UNPRICED_WORDS = {NO_PRICE: "no price for this model", USAGE_NOT_REPORTED: "usage not reported"}
+
+
+def unpriced_reason(cost: Decimal | None, usage_reported: bool) -> str | None:
+    """Why a call's cost is NULL (`NO_PRICE` or `USAGE_NOT_REPORTED`), None for a priced call."""
+    if cost is not None:
+        return None
+    return NO_PRICE if usage_reported else USAGE_NOT_REPORTED
+
+
+def price_recorded(usage: Mapping[str, Any], provider: Any, model_id: Any, table: PriceTable) -> Decimal | None:
+    """Dollars for one call from its recorded usage object, by the table's rules: None when the
+    table has no price for the model or, under ours, when the usage reports no tokens (the fold
+    applies the same rule inline: ledger/fold/handlers.py `_model_responded`)."""
+    little = table.rules == LITTLE_WORKFLOW
+    if not little and not reports_tokens(usage):
+        return None
+    return price_call(Usage.from_payload(usage, exact=little), provider, model_id, table)
+
+
 def price_call(usage: Usage, provider: Any, model_id: Any, table: PriceTable) -> Decimal | None:
-    """Dollars for one call, or None when the table has no price for the model (never 0)."""
+    """Dollars for one call, or None when the table has no price for the model (never 0). The
+    tokens are taken as reported: `price_recorded` is what reads a recorded usage object."""
     rates = table.lookup(provider, model_id)
     if rates is None:
         return None

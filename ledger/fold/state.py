@@ -146,6 +146,9 @@ class ModelCall(_Record):
     origin: str | None = None
     replay_of: str | None = None
     session: int | None = None  # index into RunState.sessions
+    # False when the answer's usage gave no token count (pricing.reports_tokens): `cost` is then
+    # None, whatever the model's price, and its zero tokens are not a count.
+    usage_reported: bool = True
 
 
 @dataclass(eq=False, slots=True)
@@ -205,6 +208,7 @@ class CostEntry(_Record):
     cost_usd: Decimal | None
     price_table_version: str
     priced_as: str | None = None  # the price table's entry that priced the call (an alias, an undated id)
+    usage_reported: bool = True  # False: no token count recorded (ModelCall.usage_reported), cost None
 
 
 @dataclass(eq=False, slots=True)
@@ -290,10 +294,10 @@ def _builder(cls: type[_T]) -> Callable[..., _T]:
 
 
 # (turn, call_id, step_path, status, provider, model_id, usage, cost, prompt_hash, response, error,
-#  called_sequence, responded_sequence, failed_sequence, origin, replay_of, session)
+#  called_sequence, responded_sequence, failed_sequence, origin, replay_of, session, usage_reported)
 build_model_call = _builder(ModelCall)
 # (sequence, call_id, turn, step_path, provider, model_id, input_tokens, output_tokens,
-#  cached_input_tokens, reasoning_tokens, cost_usd, price_table_version, priced_as)
+#  cached_input_tokens, reasoning_tokens, cost_usd, price_table_version, priced_as, usage_reported)
 build_cost_entry = _builder(CostEntry)
 # (call_id, tool_name, args, caller, turn, step_path, status, result, error, duration_ms, reconciled,
 #  origin, replay_of, started_sequence, ended_sequence, session, approval)

@@ -180,6 +180,7 @@ def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> 
         "cost_usd": None if cost is None else cost.quantize(MONEY_PLACES),
         "price_table_version": entry.price_table_version,
         "priced_as": entry.priced_as or "",
+        "usage_reported": entry.usage_reported,
         "recorded_at": _when(recorded_at[entry.sequence]),
     }
 

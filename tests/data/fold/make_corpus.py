@@ -1,6 +1,8 @@
 """Writes tests/data/fold/corpus.json: seeded event logs over every event type (odd and wrong-typed
 fields, priced/unpriced/dotted models, replayed origins, token counts past 50 digits) and, for each,
-the state the fold gave when the file was made (session 7, before the fold's fast path).
+the state the fold gave when the file was made (session 7, before the fold's fast path; frozen
+again when a usage with no input or output count became unpriced: two calls of the seeded logs
+moved, and every model call and cost entry gained `usageReported`).
 
     .venv/bin/python tests/data/fold/make_corpus.py   # only to re-freeze after a deliberate change
 

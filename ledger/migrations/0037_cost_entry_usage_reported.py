@@ -1,0 +1,19 @@
+"""CostEntry.usage_reported: False for a call whose recorded usage gave no token count, priced
+NULL since (docs/operations.md § Prices). Rows written before are filled by 0038."""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('ledger', '0036_step_retry_index'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='costentry',
+            name='usage_reported',
+            field=models.BooleanField(default=True),
+        ),
+    ]
