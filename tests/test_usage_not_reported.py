@@ -1,0 +1,155 @@
+"""A model call whose recorded usage gives no token count (`{}`: an OpenAI stream without
+`include_usage`, traced to the OTLP endpoint) costs an unknown amount: it is unpriced, never a
+priced $0, in the cost entries and everything they feed, through `ledger verify`, `rebuild` and
+`reprice`, and in the rows a database wrote before this rule (migration 0038)."""
+
+from __future__ import annotations
+
+import importlib
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.apps import apps
+
+from ledger.fold.pricing import load_default_prices
+from ledger.log import rollup, snapshots
+from ledger.log.envelopes import log_of
+from ledger.models import CostEntry, DailyUsage, FoldSnapshot, MonthlyUsage, Run, Step, Workspace
+from tests.conftest import started
+from tests.test_projection import cli
+
+pytestmark = pytest.mark.django_db
+MINI = ("openai", "gpt-4o-mini")
+
+
+def answer(call: str, usage: dict[str, Any], *, step: str | None = "ask", model: tuple[str, str] = MINI) -> Any:
+    payload: dict[str, Any] = {
+        "turn": 1,
+        "callId": call,
+        "model": {"provider": model[0], "modelId": model[1]},
+        "response": {"text": "ok", "usage": usage},
+    }
+    if step is not None:
+        payload["stepPath"] = step
+    return {"type": "harness.model.responded", "payload": payload}
+
+
+@pytest.fixture
+def logs(append) -> None:
+    """Native runs with calls whose usage was not reported, beside priced and unpriced ones, and a
+    run imported from Little Workflow, whose rule reads `{}` as zero tokens."""
+    append(
+        "run_mixed",
+        started("wf_stream"),
+        answer("c1", {"inputTokens": 10_000, "outputTokens": 2_000}),
+        answer("c2", {}),
+        answer("c3", {"inputTokens": 0, "outputTokens": 0}),
+        answer("c4", {}, step=None),
+    )
+    append("run_all", started("wf_stream"), answer("c1", {}), answer("c2", {"totalTokens": 9}))
+    append("run_house", started("wf_stream"), answer("c1", {}, model=("acme.chat", "house")))
+    append("run_little", started("wf_stream"), answer("c1", {}))
+    little = Run.objects.get(run_id="run_little")
+    little.imported_from = "little-workflow"
+    little.save(update_fields=["imported_from"])
+    assert cli("rebuild", "run_little")[0] == 0
+
+
+def test_the_projections_count_such_calls_unpriced_and_verify_rebuild_reprice_agree(logs) -> None:
+    mixed = Run.objects.get(run_id="run_mixed")
+    assert (mixed.priced_calls, mixed.unpriced_calls, mixed.cost_usd) == (2, 2, Decimal("0.0027"))
+    entries = {c.call_id: c for c in CostEntry.objects.filter(run=mixed)}
+    assert [(entries[c].cost_usd, entries[c].usage_reported, entries[c].priced_as) for c in ("c2", "c4")] == [
+        (None, False, "")
+    ] * 2
+    assert (entries["c3"].cost_usd, entries["c3"].usage_reported) == (Decimal(0), True)
+    step = Step.objects.get(run=mixed, step_path="ask")
+    assert (step.priced_calls, step.unpriced_calls) == (2, 1)
+    assert (Run.objects.get(run_id="run_all").cost_usd, Run.objects.get(run_id="run_all").unpriced_calls) == (None, 2)
+    house = CostEntry.objects.get(run__run_id="run_house")
+    assert (house.cost_usd, house.usage_reported) == (None, False)
+    little = CostEntry.objects.get(run__run_id="run_little")
+    assert (little.cost_usd, little.usage_reported, little.price_table_version.endswith("+little")) == (0, True, True)
+
+    assert cli("verify")[0] == 0
+    assert cli("reprice") == (0, "repriced 4 run(s): 0 cost entries changed\n")
+    assert cli("rebuild")[0] == 0
+    assert cli("verify")[0] == 0
+
+
+def _write_the_old_rule(workspace: Workspace) -> None:
+    """The rows a database held before migration 0038: each call without reported usage priced by
+    its model's rate at zero tokens ($0, counted priced) where the model has one."""
+    table = load_default_prices()
+    for entry in CostEntry.objects.filter(usage_reported=False):
+        resolved = table.resolve(entry.provider, entry.model_id)
+        entry.usage_reported = True
+        if resolved is None:
+            entry.save(update_fields=["usage_reported"])
+            continue
+        entry.cost_usd, entry.priced_as = Decimal(0), resolved[0]
+        entry.save(update_fields=["usage_reported", "cost_usd", "priced_as"])
+        run = Run.objects.get(pk=entry.run_id)
+        run.priced_calls, run.unpriced_calls = run.priced_calls + 1, run.unpriced_calls - 1
+        run.cost_usd = run.cost_usd or Decimal(0)
+        run.save(update_fields=["priced_calls", "unpriced_calls", "cost_usd"])
+        if entry.step_path:
+            step = Step.objects.get(run_id=entry.run_id, step_path=entry.step_path)
+            step.priced_calls, step.unpriced_calls = step.priced_calls + 1, step.unpriced_calls - 1
+            step.cost_usd = step.cost_usd or Decimal(0)
+            step.save(update_fields=["priced_calls", "unpriced_calls", "cost_usd"])
+        cell = DailyUsage.objects.get(
+            workspace=workspace,
+            day=rollup.utc_day(entry.recorded_at),
+            provider=entry.provider,
+            model_id=entry.model_id,
+            workflow_version_id=run.workflow_version_id,
+        )
+        cell.priced_calls += 1
+        cell.save(update_fields=["priced_calls"])  # its month follows (migration 0018's triggers)
+
+
+def _rows() -> dict[str, Any]:
+    return {
+        "entries": sorted(
+            CostEntry.objects.values_list("run__run_id", "sequence", "cost_usd", "priced_as", "usage_reported")
+        ),
+        "runs": sorted(Run.objects.values_list("run_id", "cost_usd", "priced_calls", "unpriced_calls")),
+        "steps": sorted(Step.objects.values_list("run__run_id", "step_path", "cost_usd", "priced_calls")),
+        "days": sorted(DailyUsage.objects.values_list("model_id", "cost_usd", "calls", "priced_calls")),
+        "months": sorted(MonthlyUsage.objects.values_list("model_id", "cost_usd", "calls", "priced_calls")),
+    }
+
+
+def test_the_migration_reprices_the_rows_the_old_rule_wrote(logs, workspace: Workspace) -> None:
+    now = _rows()
+    mixed = Run.objects.get(run_id="run_mixed")
+    # A fold snapshot stored by a read before the upgrade, the call priced $0 in it too.
+    old_state = snapshots.decode(snapshots.encode(snapshots.state_after(mixed)))
+    stale = old_state.cost_entries[1]
+    stale.cost_usd, stale.usage_reported, stale.priced_as = Decimal(0), True, "openai/gpt-4o-mini"
+    FoldSnapshot.objects.create(
+        run=mixed,
+        sequence=mixed.last_sequence,
+        price_version=load_default_prices().version,
+        state=snapshots.encode(old_state),
+    )
+    _write_the_old_rule(workspace)
+    assert Run.objects.get(run_id="run_all").cost_usd == 0
+    code, out = cli("verify")
+    assert code == 1
+    assert "cost entry @3.cost_usd: projection has" in out and "cost entry @3.usage_reported" in out
+    assert "run.unpriced_calls: projection has 0, the log says 2" in out  # run_all
+    assert snapshots.check(mixed, log_of(mixed)) == ["snapshot at event 5 differs from the fold of events 1..5"]
+
+    migration = importlib.import_module("ledger.migrations.0038_reprice_usage_not_reported")
+    migration.reprice_usage_not_reported(apps, None)
+
+    assert _rows() == now
+    assert not FoldSnapshot.objects.filter(run=mixed).exists()
+    code, out = cli("verify")
+    assert code == 0, out
+    # Run again, it finds nothing left to do.
+    migration.reprice_usage_not_reported(apps, None)
+    assert _rows() == now
