@@ -490,8 +490,9 @@ class CostEntry(models.Model):
     # gpt-4o-2024-08-06), "" when unpriced: shown beside the model the call named.
     priced_as = models.CharField(max_length=401, blank=True, default="")
     # False: the call's usage gave no token count (ledger.fold.pricing.reports_tokens), so its
-    # cost is NULL whatever its model's price: "usage not reported", not "no price".
-    usage_reported = models.BooleanField(default=True)
+    # cost is NULL whatever its model's price: "usage not reported", not "no price". The database
+    # default keeps the previous release's inserts (which name no such column) working mid-deploy.
+    usage_reported = models.BooleanField(default=True, db_default=True)
     recorded_at = models.DateTimeField()
 
     class Meta:

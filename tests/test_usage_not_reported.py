@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.apps import apps
+from django.db import connection
 
 from ledger.fold.pricing import load_default_prices
 from ledger.log import rollup, snapshots
@@ -153,3 +154,16 @@ def test_the_migration_reprices_the_rows_the_old_rule_wrote(logs, workspace: Wor
     # Run again, it finds nothing left to do.
     migration.reprice_usage_not_reported(apps, None)
     assert _rows() == now
+
+
+def test_the_previous_release_can_still_insert_cost_entries_mid_deploy(logs) -> None:
+    """Its inserts name no usage_reported (migrations run while it serves): the database's default."""
+    run = Run.objects.get(run_id="run_mixed")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ledger_costentry (run_id, sequence, call_id, step_path, provider, model_id, input_tokens, "
+            "output_tokens, cached_input_tokens, reasoning_tokens, cost_usd, price_table_version, priced_as, "
+            "recorded_at) VALUES (%s, 99, 'old', '', 'openai', 'gpt-4o-mini', 1, 1, 0, 0, 0, 'v', '', %s)",
+            [run.pk, run.created_at],
+        )
+    assert CostEntry.objects.get(run=run, sequence=99).usage_reported is True

@@ -1,5 +1,6 @@
 """CostEntry.usage_reported: False for a call whose recorded usage gave no token count, priced
-NULL since (docs/operations.md § Prices). Rows written before are filled by 0038."""
+NULL since (docs/operations.md § Prices). Rows written before are filled by 0038. A database
+default (true), so that the previous release, still serving while migrations run, can insert."""
 
 from django.db import migrations, models
 
@@ -14,6 +15,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='costentry',
             name='usage_reported',
-            field=models.BooleanField(default=True),
+            field=models.BooleanField(db_default=True, default=True),
         ),
     ]
