@@ -14,6 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from ledger import clock
+from ledger.fold.pricing import UNPRICED_WORDS
 from ledger.models import UsageColumns
 
 SIGNIFICANT = 4  # digits shown of an amount under a dollar: per-call costs are fractions of a cent
@@ -40,6 +41,14 @@ def money(value: Decimal | float | None) -> str:
     whole, _, cents = text.partition(".")
     text = f"{whole}.{cents:0<2}"  # at least to the cent: "$0.50" beside "$5.00", never "$0.5"
     return f"${text}" if amount > 0 else f"-${text.lstrip('-')}"
+
+
+def call_cost(value: Decimal | float | None, unpriced_reason: str | None) -> str:
+    """One model call's dollars: `money`, and for an unpriced call why, "n/a (no price)" or "n/a
+    (usage not reported)" (the provider gave no token count: its cost is unknown, never $0)."""
+    if value is not None or unpriced_reason not in UNPRICED_WORDS:
+        return money(value)
+    return f"n/a ({UNPRICED_WORDS[unpriced_reason]})"
 
 
 def count(value: int | None) -> str:

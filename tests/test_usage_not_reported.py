@@ -6,22 +6,26 @@ priced $0, in the cost entries and everything they feed, through `ledger verify`
 from __future__ import annotations
 
 import importlib
+import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.apps import apps
 from django.db import connection
+from django.test import Client
 
 from ledger.fold.pricing import load_default_prices
 from ledger.log import rollup, snapshots
 from ledger.log.envelopes import log_of
 from ledger.models import CostEntry, DailyUsage, FoldSnapshot, MonthlyUsage, Run, Step, Workspace
+from ledger.tenancy.services import create_key
 from tests.conftest import started
 from tests.test_projection import cli
 
 pytestmark = pytest.mark.django_db
 MINI = ("openai", "gpt-4o-mini")
+HOUSE = ("acme.chat", "house")
 
 
 def answer(call: str, usage: dict[str, Any], *, step: str | None = "ask", model: tuple[str, str] = MINI) -> Any:
@@ -49,7 +53,7 @@ def logs(append) -> None:
         answer("c4", {}, step=None),
     )
     append("run_all", started("wf_stream"), answer("c1", {}), answer("c2", {"totalTokens": 9}))
-    append("run_house", started("wf_stream"), answer("c1", {}, model=("acme.chat", "house")))
+    append("run_house", started("wf_stream"), answer("c1", {}, model=HOUSE))
     append("run_little", started("wf_stream"), answer("c1", {}))
     little = Run.objects.get(run_id="run_little")
     little.imported_from = "little-workflow"
@@ -154,6 +158,64 @@ def test_the_migration_reprices_the_rows_the_old_rule_wrote(logs, workspace: Wor
     # Run again, it finds nothing left to do.
     migration.reprice_usage_not_reported(apps, None)
     assert _rows() == now
+
+
+def _page(client: Client, url: str, **params: Any) -> str:
+    response = client.get(url, params)
+    assert response.status_code == 200, response.content[:500]
+    return response.content.decode()
+
+
+def test_the_console_reads_such_a_call_as_unknown_and_says_why(logs, append, browser: Client) -> None:
+    append("run_priceless", started("wf_stream"), answer("c1", {"inputTokens": 5, "outputTokens": 1}, model=HOUSE))
+    base = "/w/acme/support/runs/run_mixed/"
+    header = _page(browser, base)
+    assert '$0.0027 <span class="muted">2/4 priced (50%)</span>' in header
+    evidence = _page(browser, f"{base}evidence/")
+    assert evidence.count("<td>n/a (usage not reported)</td>") == 2 and "<td>$0</td>" in evidence
+    assert "<td>n/a (no price)</td>" in _page(browser, "/w/acme/support/runs/run_priceless/evidence/")
+    # Both hold: no price added later could price it.
+    assert "<td>n/a (usage not reported)</td>" in _page(browser, "/w/acme/support/runs/run_house/evidence/")
+    conversation = _page(browser, f"{base}conversation/")
+    assert conversation.count('<span class="usage">usage not reported</span> · <span class="cost">n/a</span>') == 2
+    assert '<span class="usage">0 in / 0 out</span> · <span class="cost">$0</span>' in conversation  # c3
+    waterfall = _page(browser, f"{base}waterfall/")
+    assert waterfall.count('<span class="wf-usage">n/a · usage not reported</span>') == 2
+    assert "0 in / 0 out" in waterfall  # the explicit zeros
+    detail = _page(browser, f"{base}waterfall/detail/", kind="model", id="3", HTTP_HX_REQUEST="true")
+    assert '<span class="wf-tokens">usage not reported</span>' in detail and "cost n/a" in detail
+    costs = _page(browser, f"{base}costs/")
+    assert "<td>$0.0027</td><td>2/4 priced (50%)</td>" in costs
+    runs = _page(browser, "/w/acme/support/", sort="cost")
+    assert 'title="2 of 4 model calls priced"' in runs and 'aria-label="partly priced"' in runs
+    assert "0 of 2 model calls priced" in runs  # run_all: every call unknown, its cost n/a
+
+
+def test_the_api_evidence_export_and_report_say_why(logs, append, workspace: Workspace, client: Client) -> None:
+    append("run_priceless", started("wf_stream"), answer("c1", {"inputTokens": 5, "outputTokens": 1}, model=HOUSE))
+    _, key = create_key(workspace=workspace, scopes=["read"])
+    headers = {"Authorization": f"Bearer {key}"}
+    costs = client.get("/api/v1/runs/run_mixed/evidence", headers=headers).json()["costs"]
+    assert [(c["callId"], c["costUsd"], c["unpricedReason"], c["pricedAs"]) for c in costs] == [
+        ("c1", 0.0027, None, "openai/gpt-4o-mini"),
+        ("c2", None, "usage_not_reported", None),
+        ("c3", 0.0, None, "openai/gpt-4o-mini"),
+        ("c4", None, "usage_not_reported", None),
+    ]
+    priceless = client.get("/api/v1/runs/run_priceless/evidence", headers=headers).json()["costs"]
+    assert priceless[0]["unpricedReason"] == "no_price"
+    export = client.get("/api/v1/export/costs", {"format": "csv", "runId": "run_mixed"}, headers=headers)
+    rows = b"".join(export.streaming_content).decode().splitlines()
+    assert rows[1].endswith(",unpricedReason") and rows[3].endswith(",usage_not_reported")
+    assert rows[2].endswith("Z,")  # a priced call: no reason
+
+    code, out = cli("report", "run_mixed", "--table")
+    assert code == 0 and out.endswith(
+        "\nNote: 2 model call(s) reported no usage and are excluded from the cost above.\n"
+    )
+    assert "no registry pricing" not in out
+    code, out = cli("report", "run_mixed")
+    assert json.loads(out)["usageNotReportedCalls"] == 2
 
 
 def test_the_previous_release_can_still_insert_cost_entries_mid_deploy(logs) -> None:

@@ -16,6 +16,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
+from ledger.fold.pricing import NO_PRICE, USAGE_NOT_REPORTED
 from ledger.log.prepare import RUN_ID_RE
 from ledger.models import RunStatus
 from ledger.reads import attention
@@ -278,7 +279,14 @@ class CostSerializer(serializers.Serializer):
     outputTokens = serializers.IntegerField()
     cachedInputTokens = serializers.IntegerField()
     reasoningTokens = serializers.IntegerField()
-    costUsd = serializers.FloatField(allow_null=True, help_text="null: the model has no price")
+    costUsd = serializers.FloatField(allow_null=True, help_text="null: unpriced, for the reason unpricedReason gives")
+    unpricedReason = enum(
+        [NO_PRICE, USAGE_NOT_REPORTED],
+        allow_null=True,
+        help_text="null: priced. no_price: the price table has no rate for the model; usage_not_reported: the "
+        "recorded usage gave no inputTokens or outputTokens (e.g. an OpenAI stream without include_usage), so "
+        "the cost is unknown whatever the price; the call still counts in unpricedCalls, with 0 tokens",
+    )
     priceTableVersion = serializers.CharField()
     recordedAt = serializers.DateTimeField()
 

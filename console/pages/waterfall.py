@@ -66,12 +66,13 @@ class Bar:
     cost: Decimal | None = None  # what the step or model call cost, None: unpriced or not a call
     tokens_in: int | None = None
     tokens_out: int | None = None
+    usage_reported: bool = True  # False: a model call whose usage gave no token count (cost n/a)
     detail_url: str = ""  # the bar's detail panel (a step, model or tool call), loaded in place
     detail_id: str = ""
 
     @property
     def has_usage(self) -> bool:
-        return self.tokens_in is not None or self.cost is not None
+        return self.tokens_in is not None or self.cost is not None or not self.usage_reported
 
     @property
     def open(self) -> bool:
@@ -160,7 +161,9 @@ def _call_bar(folded: Reader, urls: dict[str, str], call: ModelCall) -> Bar | No
         detail=model,
         cost=call.cost,
     )
-    if call.usage is not None:
+    if call.usage is not None and not call.usage_reported:
+        bar.usage_reported = False  # its zero tokens are no count
+    elif call.usage is not None:
         bar.tokens_in, bar.tokens_out = int(call.usage.input_tokens), int(call.usage.output_tokens)
     return _with_detail(bar, urls, "model", str(first))
 
@@ -558,7 +561,12 @@ def bar_detail(folded: Reader, kind: str, key: str) -> dict[str, Any] | None:
             "output_ref": None,
             "error": error_line(call.error),
             "error_text": None if call.error is None else as_text(call.error),
-            "tokens": (int(call.usage.input_tokens), int(call.usage.output_tokens)) if call.usage else None,
+            "tokens": (
+                (int(call.usage.input_tokens), int(call.usage.output_tokens))
+                if call.usage and call.usage_reported
+                else None
+            ),
+            "usage_not_reported": call.usage is not None and not call.usage_reported,
             "cost": call.cost,
             "model": f"{call.provider}/{call.model_id}" if call.model_id else "",
             "took": _took(

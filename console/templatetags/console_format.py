@@ -26,6 +26,12 @@ def money(value: Decimal | float | None) -> str:
 
 
 @register.filter
+def call_cost(value: Decimal | float | None, unpriced_reason: str | None) -> str:
+    """`{{ c.costUsd|call_cost:c.unpricedReason }}`: a model call's cost, or why it has none."""
+    return fmt.call_cost(value, unpriced_reason)
+
+
+@register.filter
 def relative_change(value: float | None) -> str:
     return fmt.relative_change(value)
 

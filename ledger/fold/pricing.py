@@ -418,7 +418,7 @@ def _is_count(value: Any) -> bool:
 # no token count. A call both is `USAGE_NOT_REPORTED`: no price added later could price it.
 NO_PRICE = "no_price"
 USAGE_NOT_REPORTED = "usage_not_reported"
-UNPRICED_WORDS = {NO_PRICE: "no price for this model", USAGE_NOT_REPORTED: "usage not reported"}
+UNPRICED_WORDS = {NO_PRICE: "no price", USAGE_NOT_REPORTED: "usage not reported"}
 
 
 def unpriced_reason(cost: Decimal | None, usage_reported: bool) -> str | None:

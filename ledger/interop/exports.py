@@ -98,6 +98,7 @@ COLUMNS: dict[str, list[str]] = {
         "costUsd",
         "priceTableVersion",
         "recordedAt",
+        "unpricedReason",
     ],
     "audit": ["id", "at", "actor", "action", "tenant", "workspace", "target", "reason", "details"],
 }

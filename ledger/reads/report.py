@@ -46,6 +46,9 @@ def usage_report(state: RunState) -> dict[str, Any]:
         report["unattributed"] = _row(UNATTRIBUTED, state.status, residual)
     report["total"] = _row("TOTAL", state.status, state.usage)
     report["hasUnpricedCalls"] = state.usage.unpriced_calls > 0
+    # Of the unpriced calls, those whose usage gave no token count (never under Little Workflow's
+    # rules, so its table stays its own): their cost is unknown whatever the price table says.
+    report["usageNotReportedCalls"] = sum(1 for entry in state.cost_entries if not entry.usage_reported)
     return report
 
 
@@ -105,9 +108,14 @@ def render_report_table(report: dict[str, Any]) -> str:
     if len(body) > 1:
         out.append(rule)
     out.append(line(body[-1]))
-    unpriced = report["total"]["unpricedCalls"]
-    if report["hasUnpricedCalls"]:
-        out += ["", f"Note: {unpriced} model call(s) had no registry pricing and are excluded from the cost above."]
+    not_reported = report.get("usageNotReportedCalls", 0)
+    unpriced = report["total"]["unpricedCalls"] - not_reported
+    if unpriced > 0 or not_reported > 0:
+        out.append("")
+    if unpriced > 0:
+        out.append(f"Note: {unpriced} model call(s) had no registry pricing and are excluded from the cost above.")
+    if not_reported > 0:
+        out.append(f"Note: {not_reported} model call(s) reported no usage and are excluded from the cost above.")
     out.append("")
     return "\n".join(out)
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from ..fold.pricing import unpriced_reason
 from ..log.envelopes import format_recorded_at
 from ..models import Artifact, CostEntry, Feedback, Run, Step, ToolCall, UsageColumns
 from .attention import Attention
@@ -136,6 +137,7 @@ def cost(row: CostEntry) -> dict[str, Any]:
         "cachedInputTokens": row.cached_input_tokens,
         "reasoningTokens": row.reasoning_tokens,
         "costUsd": money(row.cost_usd),
+        "unpricedReason": unpriced_reason(row.cost_usd, row.usage_reported),
         "priceTableVersion": row.price_table_version,
         "recordedAt": when(row.recorded_at),
     }
