@@ -5,6 +5,7 @@ and verdict, zero tool invocations, audit, and other tenants' 404."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 from xml.etree import ElementTree
@@ -19,6 +20,8 @@ from ledger.log import append
 from ledger.log.envelopes import log_of
 from ledger.models import AuditEntry, Evaluation, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import services
+from ledger.runtime.model import ModelReply, ModelRequest
+from ledger.runtime.providers import register_provider, unregister_provider
 from tests.conftest import named_user
 from tests.evaluation_support import (
     Calls,
@@ -190,6 +193,28 @@ def test_the_model_graded_scorer_asks_a_registered_provider_and_prices_its_call(
     assert not bad.passed and bad.value == 0.0
     assert good.usage == {"inputTokens": 300, "outputTokens": 10} and good.cost_usd > 0
     assert [c[0] for c in providers.made] == ["grader", "grader"]
+
+
+@dataclass
+class _SilentGrader:
+    """A grader whose server reports no usage (`{}`, as the openai-compatible provider records it)."""
+
+    name: str
+    model_id: str
+
+    def generate(self, request: ModelRequest) -> ModelReply:
+        return ModelReply(text="PASS it answers", tool_calls=[], usage={})
+
+
+def test_a_grader_call_without_reported_usage_is_unpriced_not_free(workspace) -> None:
+    register_provider("silent", lambda model, current: _SilentGrader("openai", model))
+    try:
+        spec = {"name": "model_graded", "args": {"provider": "silent", "model": "gpt-4o-mini"}}
+        score = scorers.run_scorer(spec, _ctx(workspace, "a", "a", **spec["args"]))
+    finally:
+        unregister_provider("silent")
+    assert score.passed and score.usage == {} and score.cost_usd is None
+    assert score.as_json()["costUsd"] is None
 
 
 def test_fail_if_reads_a_small_language_and_refuses_anything_else() -> None:

@@ -374,7 +374,8 @@ def _score_all(evaluation: Evaluation, run_id: str, ctx_for: Any) -> dict[str, d
             evaluation.budget_exhausted = True
         else:
             score = run_scorer(spec, ctx_for(spec["args"]))
-        evaluation.grader_cost_usd += score.cost_usd
+        # An unpriced grader call (no price, or no usage reported) adds what is known of it: nothing.
+        evaluation.grader_cost_usd += score.cost_usd or 0
         out[spec["name"]] = score.as_json()
     return out
 

@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..canonical import digest
-from ..fold.pricing import Usage, price_call, prices_for
+from ..fold.pricing import price_recorded, prices_for
 from ..models import Workspace
 from ..runtime.model import ModelRequest
 from ..runtime.providers import ScriptedProvider, provider_for
@@ -48,13 +48,14 @@ class Score:
     passed: bool
     reason: str = ""
     usage: Mapping[str, Any] | None = None  # a model-graded scorer's tokens
-    cost_usd: Decimal = Decimal(0)
+    # Its dollars; None when unpriced (no price, or no token count reported), never 0 for unknown.
+    cost_usd: Decimal | None = Decimal(0)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"value": round(self.value, 6), "passed": self.passed, "reason": self.reason}
         if self.usage is not None:
             out["usage"] = dict(self.usage)
-            out["costUsd"] = str(self.cost_usd)
+            out["costUsd"] = None if self.cost_usd is None else str(self.cost_usd)
         return out
 
 
@@ -221,15 +222,13 @@ def model_graded(ctx: ScoreContext) -> Score:
     }
     reply = grader.generate(ModelRequest(step_path=f"grade:{ctx.run_id}", turn=1, body=body))
     usage = dict(reply.usage)
-    cost = price_call(Usage.from_payload(usage), grader.name, grader.model_id, prices_for(ctx.workspace))
+    cost = price_recorded(usage, grader.name, grader.model_id, prices_for(ctx.workspace))
     match = _VERDICT.match(reply.text or "")
     if match is None:
-        return Score(
-            0.0, False, f"the grader's answer has no verdict: {(reply.text or '')[:200]}", usage, cost or Decimal(0)
-        )
+        return Score(0.0, False, f"the grader's answer has no verdict: {(reply.text or '')[:200]}", usage, cost)
     word, reason = match.group(1).upper(), match.group(2).strip()[:500]
     value = 1.0 if word == "PASS" else 0.0 if word == "FAIL" else float(word)
-    return Score(value, value >= 0.5, reason or word, usage, cost or Decimal(0))
+    return Score(value, value >= 0.5, reason or word, usage, cost)
 
 
 register_scorer("exact", exact)
