@@ -3,7 +3,9 @@
 
 It answers `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) like a weather
 agent's model: asked with tools and no tool result yet, it asks for `get_weather(city=Paris)`;
-otherwise it answers in text. OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
+otherwise it answers in text. Asked to `stream`, OpenAI's answer comes as server-sent chunks, with a
+last chunk of usage only when `stream_options.include_usage` asks for it (as the service does:
+without it a stream reports no usage at all). OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
 Anthropic's the model asked. `answer` changes the final text (a
 non-deterministic model: a restarted agent gets another answer); `requests` keeps every body.
 Run it in a thread (`start()`) or as a process (`python tests/fake_providers.py PORT`).
@@ -89,6 +91,38 @@ def openai_reply(body: dict[str, Any], answer: str, say_while_asking: bool = Fal
     }
 
 
+def openai_chunks(reply: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """`reply` (a chat completion) as the chunks of its stream: the role, the text or each tool
+    call's name then its arguments, the finish reason; then, asked for, the usage alone (no choices),
+    every chunk before it carrying `usage: null`."""
+    message, finish = reply["choices"][0]["message"], reply["choices"][0]["finish_reason"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if message.get("content"):
+        deltas.append({"content": message["content"]})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": function["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
+        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]})
+    head = {key: reply[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas] + [
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+    ]
+    if include_usage:
+        chunks = [{**chunk, "usage": None} for chunk in chunks] + [{**head, "choices": [], "usage": reply["usage"]}]
+    return chunks
+
+
 def anthropic_reply(body: dict[str, Any], answer: str) -> dict[str, Any]:
     if _asked_for_tool(body.get("messages", []), body.get("tools")):
         content: list[dict[str, Any]] = [
@@ -122,6 +156,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.requests.append({"path": self.path, **body})
         if self.path.endswith("/chat/completions"):
             reply = openai_reply(body, self.server.answer, self.server.say_while_asking)
+            if body.get("stream"):
+                self._stream(openai_chunks(reply, bool((body.get("stream_options") or {}).get("include_usage"))))
+                return
         elif self.path.endswith("/messages"):
             reply = anthropic_reply(body, self.server.answer)
         else:
@@ -133,6 +170,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _stream(self, chunks: list[dict[str, Any]]) -> None:
+        data = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data.encode())))
+        self.end_headers()
+        self.wfile.write(data.encode())
 
     def log_message(self, *args: Any) -> None:
         pass

@@ -4,12 +4,14 @@
 standard environment (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _HEADERS, OTEL_SERVICE_NAME and the
 content-capture variables docs/otlp.md names).
 
-    python tests/otel_agent.py genai|openinference OPENAI_BASE_URL
+    python tests/otel_agent.py genai|openinference OPENAI_BASE_URL [stream|stream-with-usage]
 
 One request span holds an agent span holding: a chat call that asks for a tool, the tool (a span
 made by each convention's own library: util-genai's `handler.tool`, OpenInference's
-`@tracer.tool`), and a chat call that answers. Prints, as JSON, each span's name, id and times as
-the SDK recorded them, for the test to compare with what the ledger shows.
+`@tracer.tool`), and a chat call that answers. With `stream` both chat calls stream, as most
+agents' do, without `stream_options` (so the provider reports no usage); `stream-with-usage` asks
+for it (`include_usage`). Prints, as JSON, each span's name, id and times as the SDK recorded
+them, for the test to compare with what the ledger shows.
 """
 
 from __future__ import annotations
@@ -40,22 +42,45 @@ def weather(city: str) -> dict[str, Any]:
     return {"city": city, "celsius": 21}
 
 
-def converse(client: openai.OpenAI, run_tool: Any) -> str:
+def chat(client: openai.OpenAI, streaming: str | None, **request: Any) -> dict[str, Any]:
+    """One chat completion's message, as a dict; streamed (and read to its end, which ends the
+    instrumentation's span) when `streaming` says so."""
+    if streaming is None:
+        return client.chat.completions.create(**request).choices[0].message.model_dump(exclude_none=True)
+    options = {"stream_options": {"include_usage": True}} if streaming == "stream-with-usage" else {}
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in client.chat.completions.create(stream=True, **options, **request):
+        for choice in chunk.choices:
+            message["content"] += choice.delta.content or ""
+            for part in choice.delta.tool_calls or []:
+                call = calls.setdefault(part.index, {"type": "function", "function": {"name": "", "arguments": ""}})
+                call["id"] = part.id or call.get("id")
+                if part.function is not None:
+                    call["function"]["name"] += part.function.name or ""
+                    call["function"]["arguments"] += part.function.arguments or ""
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    if not message["content"]:
+        del message["content"]  # as a reply's message_dump(exclude_none=True) leaves a tool-call message
+    return message
+
+
+def converse(client: openai.OpenAI, run_tool: Any, streaming: str | None = None) -> str:
     messages: list[Any] = [
         {"role": "system", "content": "You are a terse weather agent."},
         {"role": "user", "content": "Weather in Paris?"},
     ]
-    first = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS, temperature=0.2)
-    asked = first.choices[0].message
-    messages.append(asked.model_dump(exclude_none=True))
-    for call in asked.tool_calls or []:
-        result = run_tool(call.id, json.loads(call.function.arguments))
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
-    final = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS)
-    return final.choices[0].message.content or ""
+    asked = chat(client, streaming, model="gpt-4o", messages=messages, tools=TOOLS, temperature=0.2)
+    messages.append(asked)
+    for call in asked.get("tool_calls") or []:
+        result = run_tool(call["id"], json.loads(call["function"]["arguments"]))
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)})
+    final = chat(client, streaming, model="gpt-4o", messages=messages, tools=TOOLS)
+    return str(final.get("content") or "")
 
 
-def main(convention: str, base_url: str) -> None:
+def main(convention: str, base_url: str, streaming: str | None = None) -> None:
     seen = InMemorySpanExporter()
     if convention == "openinference":
         from openinference.instrumentation import TracerProvider as OpenInferenceTracerProvider
@@ -82,7 +107,7 @@ def main(convention: str, base_url: str) -> None:
 
             @tracer.agent(name="weather")  # type: ignore[attr-defined]
             def agent(question: str) -> str:
-                return converse(client, lambda call_id, args: get_weather(**args))
+                return converse(client, lambda call_id, args: get_weather(**args), streaming)
 
             agent("Weather in Paris?")
         else:
@@ -98,7 +123,7 @@ def main(convention: str, base_url: str) -> None:
                 return result
 
             with handler.invoke_local_agent(agent_name="weather", request_model="gpt-4o"):
-                converse(client, run_tool)
+                converse(client, run_tool, streaming)
     provider.shutdown()  # flushes the batch to the ledger
     spans = [
         {
@@ -115,4 +140,4 @@ def main(convention: str, base_url: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

@@ -50,9 +50,15 @@ def documented_environment(instrumentation: str) -> dict[str, str]:
 
 
 def run_agent(
-    convention: str, server: Daphne, workspace: Workspace, openai_server: FakeProviders, env: dict[str, str]
+    convention: str,
+    server: Daphne,
+    workspace: Workspace,
+    openai_server: FakeProviders,
+    env: dict[str, str],
+    streaming: str | None = None,
 ) -> list[dict[str, Any]]:
-    """tests/otel_agent.py in its own process, exporting to the live server; the spans it recorded."""
+    """tests/otel_agent.py in its own process (its chat calls streamed as `streaming` says),
+    exporting to the live server; the spans it recorded."""
     key = create_key(workspace=workspace, scopes=["ingest"])[1]
     environment = {
         k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENINFERENCE_", "DJANGO_", "DATABASE_"))
@@ -64,7 +70,13 @@ def run_agent(
         **env,
     )
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("otel_agent.py")), convention, openai_server.url],
+        [
+            sys.executable,
+            str(Path(__file__).with_name("otel_agent.py")),
+            convention,
+            openai_server.url,
+            *([streaming] if streaming else []),
+        ],
         env=environment,
         capture_output=True,
         text=True,
@@ -214,3 +226,53 @@ def test_openinference_content_hidden_stays_absent(
     assert "args" not in tool_started and "result" not in tool_ended  # not OpenInference's "__REDACTED__"
     assert "__REDACTED__" not in _conversation(browser, run)
     assert all(c.cost_usd is not None for c in CostEntry.objects.filter(run=run))  # tokens still counted
+
+
+@pytest.mark.parametrize("convention", ["genai", "openinference"])
+def test_a_stream_without_include_usage_is_unpriced_not_free(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, browser: Client, convention: str
+) -> None:
+    """The openai SDK streaming without `stream_options={"include_usage": True}`: the service sends
+    no usage, the instrumentation's span carries no token counts, and the ledger cannot know what
+    the calls cost. They count unpriced, "usage not reported", never as priced $0."""
+    instrumentation = {
+        "genai": "opentelemetry-instrumentation-openai-v2",
+        "openinference": "openinference-instrumentation-openai",
+    }
+    spans = run_agent(
+        convention, server, workspace, openai_server, documented_environment(instrumentation[convention]), "stream"
+    )
+    assert all(r.get("stream") is True and "stream_options" not in r for r in openai_server.requests)
+    run = _run_of(workspace, spans)
+    assert run.status == "completed"
+    responded = [e["payload"] for e in selectors.events(run) if e["type"] == "harness.model.responded"]
+    assert len(responded) == 2 and all(r["response"]["usage"] == {} for r in responded)
+    costs = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    assert [(c.model_id, c.input_tokens, c.output_tokens, c.cost_usd, c.usage_reported) for c in costs] == [
+        (OPENAI_MODEL, 0, 0, None, False)
+    ] * 2
+    assert (run.cost_usd, run.priced_calls, run.unpriced_calls) == (None, 0, 2)
+    assert all(check.status == "pass" for check in verify_run(run))
+
+    key = create_key(workspace=workspace, scopes=["read"])[1]
+    evidence = httpx.get(
+        f"{server.url}/api/v1/runs/{run.run_id}/evidence", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ).json()
+    assert [c["unpricedReason"] for c in evidence["costs"]] == ["usage_not_reported"] * 2
+    assert evidence["run"]["usage"]["unpricedCalls"] == 2 and evidence["run"]["usage"]["costUsd"] is None
+    page = _conversation(browser, run)
+    assert page.count('<span class="usage">usage not reported</span>') == 2 and "21 °C and sunny in Paris." in page
+
+
+@pytest.mark.parametrize("convention", ["genai", "openinference"])
+def test_a_stream_with_include_usage_is_priced(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, convention: str
+) -> None:
+    """The same agent asking for usage on its streams: the last chunk's counts reach the ledger."""
+    spans = run_agent(convention, server, workspace, openai_server, {}, "stream-with-usage")
+    assert all(r.get("stream_options") == {"include_usage": True} for r in openai_server.requests)
+    run = _run_of(workspace, spans)
+    costs = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    assert [(c.input_tokens, c.output_tokens, c.usage_reported) for c in costs] == [(120, 30, True)] * 2
+    assert all(c.cost_usd is not None and c.cost_usd > 0 for c in costs)
+    assert (run.priced_calls, run.unpriced_calls) == (2, 0)

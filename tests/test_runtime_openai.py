@@ -230,6 +230,24 @@ def test_a_model_without_a_price_records_usage_with_no_cost(workspace: Workspace
     )
 
 
+def test_a_reply_without_usage_is_recorded_as_no_report_and_unpriced(workspace: Workspace, server: ChatServer) -> None:
+    """A server that answers without `usage` (the provider never streams, but some servers omit it):
+    `{}` is recorded, and the call costs an unknown amount, not $0, though gpt-4o-mini has a price."""
+    reply = completion(content="Hello.")
+    del reply["usage"]
+    server.reply(reply)
+
+    outcome = start_run(workspace=workspace, input={}, workflow=workflow(provider_for(server)))
+
+    responded = [e["payload"] for e in _events(workspace, outcome.run_id) if e["type"] == "harness.model.responded"]
+    assert [r["response"]["usage"] for r in responded] == [{}]
+    entry = CostEntry.objects.get(run__run_id=outcome.run_id)
+    assert (entry.model_id, entry.input_tokens, entry.cost_usd, entry.usage_reported) == ("gpt-4o-mini", 0, None, False)
+    run = Run.objects.get(workspace=workspace, run_id=outcome.run_id)
+    assert (run.cost_usd, run.priced_calls, run.unpriced_calls) == (None, 0, 1)
+    assert [c for c in verify_run(run) if c.status == "fail"] == []
+
+
 def test_a_timeout_is_a_clear_error_and_the_provider_answers_the_next_request(server: ChatServer) -> None:
     server.reply(completion(content="too late"), delay_s=1.0)
     server.reply(completion(content="Mild."))
