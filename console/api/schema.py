@@ -155,7 +155,10 @@ class UsageSerializer(serializers.Serializer):
         allow_null=True, help_text="null only when every call is unpriced; 0 means no model calls"
     )
     pricedCalls = serializers.IntegerField()
-    unpricedCalls = serializers.IntegerField()
+    unpricedCalls = serializers.IntegerField(
+        help_text="model calls without a cost: their model has no price, or their usage gave no input or output "
+        "token count (usage not reported); priced coverage is pricedCalls / (pricedCalls + unpricedCalls)"
+    )
 
 
 class RunLinksSerializer(serializers.Serializer):
