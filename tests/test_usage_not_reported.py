@@ -1,7 +1,7 @@
 """A model call whose recorded usage gives no token count (`{}`: an OpenAI stream without
 `include_usage`, traced to the OTLP endpoint) costs an unknown amount: it is unpriced, never a
 priced $0, in the cost entries and everything they feed, through `ledger verify`, `rebuild` and
-`reprice`, and in the rows a database wrote before this rule (migration 0038)."""
+`reprice`, and in the rows a database wrote before this rule (migration 0039)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_the_projections_count_such_calls_unpriced_and_verify_rebuild_reprice_ag
 
 
 def _write_the_old_rule(workspace: Workspace) -> None:
-    """The rows a database held before migration 0038: each call without reported usage priced by
+    """The rows a database held before migration 0039: each call without reported usage priced by
     its model's rate at zero tokens ($0, counted priced) where the model has one."""
     table = load_default_prices()
     for entry in CostEntry.objects.filter(usage_reported=False):
@@ -148,7 +148,7 @@ def test_the_migration_reprices_the_rows_the_old_rule_wrote(logs, workspace: Wor
     assert "run.unpriced_calls: projection has 0, the log says 2" in out  # run_all
     assert snapshots.check(mixed, log_of(mixed)) == ["snapshot at event 5 differs from the fold of events 1..5"]
 
-    migration = importlib.import_module("ledger.migrations.0038_reprice_usage_not_reported")
+    migration = importlib.import_module("ledger.migrations.0039_reprice_usage_not_reported")
     migration.reprice_usage_not_reported(apps, None)
 
     assert _rows() == now

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0036_step_retry_index'),
+        ('ledger', '0037_price_overrides_audited'),
     ]
 
     operations = [

@@ -127,7 +127,7 @@ def _recount_days(CostEntry, DailyUsage, workspace_id, days):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0037_cost_entry_usage_reported"),
+        ("ledger", "0038_cost_entry_usage_reported"),
     ]
 
     operations = [
