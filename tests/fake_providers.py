@@ -6,7 +6,8 @@ agent's model: asked with tools and no tool result yet, it asks for `get_weather
 otherwise it answers in text. Asked to `stream`, OpenAI's answer comes as server-sent chunks, with a
 last chunk of usage only when `stream_options.include_usage` asks for it (as the service does:
 without it a stream reports no usage at all). OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
-Anthropic's the model asked. `answer` changes the final text (a
+Anthropic's the model asked. Set `report_usage` to False and `usage` is left out of every answer (as some
+OpenAI-compatible servers do). `answer` changes the final text (a
 non-deterministic model: a restarted agent gets another answer); `requests` keeps every body.
 Run it in a thread (`start()`) or as a process (`python tests/fake_providers.py PORT`).
 """
@@ -33,6 +34,7 @@ class FakeProviders(ThreadingHTTPServer):
         self.answer = answer
         self.say_while_asking = say_while_asking  # a text beside the tool call, from `answer` too
         self.requests: list[dict[str, Any]] = []
+        self.report_usage = True
 
     @property
     def url(self) -> str:
@@ -164,6 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_error(404)
             return
+        if not self.server.report_usage:
+            reply = {key: value for key, value in reply.items() if key != "usage"}
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -108,6 +108,34 @@ def test_a_wrapped_anthropic_client_counts_cache_reads_inside_input(
     verify("run_wrapped_anthropic")
 
 
+def test_an_answer_without_usage_is_recorded_as_no_report_and_left_unpriced(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    """A server that answers without `usage` (some OpenAI-compatible ones do): the call is recorded
+    with usage `{}`, which the ledger leaves unpriced, never as zero tokens priced at $0."""
+    import anthropic
+    import openai
+
+    chat = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+    claude = wrap_anthropic(anthropic.Anthropic(base_url=provider.url, api_key="sk-ant-test", max_retries=0))
+    provider.report_usage = False
+    try:
+        with client.start_run("wfver_wrapped", run_id="run_wrapped_no_usage") as run, run.session(role="agent"):
+            chat.chat.completions.create(model="gpt-4o", messages=QUESTION)
+            claude.messages.create(model="claude-sonnet-4-6", max_tokens=100, messages=QUESTION[1:])
+    finally:
+        provider.report_usage = True
+    usages = [
+        e["payload"]["response"]["usage"]
+        for e in logged(workspace, "run_wrapped_no_usage")
+        if e["type"] == "harness.model.responded"
+    ]
+    assert usages == [{}, {}]
+    row = RunRow.objects.get(run_id="run_wrapped_no_usage")
+    assert (row.priced_calls, row.unpriced_calls, row.cost_usd) == (0, 2, None)
+    verify("run_wrapped_no_usage")
+
+
 def test_observe_records_steps_nested_and_repeated_and_calls_inside_carry_them(
     client: Client, provider: FakeProviders, workspace: Workspace
 ) -> None:

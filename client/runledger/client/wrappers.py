@@ -149,6 +149,16 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+def _reported(raw: dict[str, Any], *totals: str) -> dict[str, Any] | None:
+    """The answer's usage object when it gives one of its `totals`, else None: a server that
+    reports no usage (an OpenAI-compatible one, say) is recorded as `{}`, which the ledger leaves
+    unpriced, not as zero tokens, which it would price at $0."""
+    usage = raw.get("usage")
+    if isinstance(usage, dict) and any(type(usage.get(key)) is int for key in totals):
+        return usage
+    return None
+
+
 def _arguments(text: Any) -> Any:
     if isinstance(text, str):
         try:
@@ -175,15 +185,21 @@ def _read_chat(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], d
         for c in message.get("tool_calls") or []
         if isinstance(c, dict)
     ]
-    usage = raw.get("usage") or {}
+    usage = _reported(raw, "prompt_tokens", "completion_tokens")
+    if usage is None:
+        return _content(message), calls, {}
     counts = {
         "inputTokens": _count(usage.get("prompt_tokens")),
         "outputTokens": _count(usage.get("completion_tokens")),
         "cachedInputTokens": _count((usage.get("prompt_tokens_details") or {}).get("cached_tokens")),
         "reasoningTokens": _count((usage.get("completion_tokens_details") or {}).get("reasoning_tokens")),
     }
+    return _content(message), calls, counts
+
+
+def _content(message: dict[str, Any]) -> str | None:
     content = message.get("content")
-    return (content if isinstance(content, str) else None), calls, counts
+    return content if isinstance(content, str) else None
 
 
 def _read_response(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], dict[str, int]]:
@@ -197,14 +213,17 @@ def _read_response(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]
             calls.append(
                 {"id": item.get("call_id"), "name": item.get("name"), "args": _arguments(item.get("arguments"))}
             )
-    usage = raw.get("usage") or {}
+    text = "".join(texts) if texts else None
+    usage = _reported(raw, "input_tokens", "output_tokens")
+    if usage is None:
+        return text, calls, {}
     counts = {
         "inputTokens": _count(usage.get("input_tokens")),
         "outputTokens": _count(usage.get("output_tokens")),
         "cachedInputTokens": _count((usage.get("input_tokens_details") or {}).get("cached_tokens")),
         "reasoningTokens": _count((usage.get("output_tokens_details") or {}).get("reasoning_tokens")),
     }
-    return ("".join(texts) if texts else None), calls, counts
+    return text, calls, counts
 
 
 def _chat_completion(raw: dict[str, Any]) -> Any:
@@ -238,14 +257,17 @@ def _read_message(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]
         for b in blocks
         if b.get("type") == "tool_use"
     ]
-    usage = raw.get("usage") or {}
+    text = "".join(texts) if texts else None
+    usage = _reported(raw, "input_tokens", "output_tokens")
+    if usage is None:
+        return text, calls, {}
     cached = _count(usage.get("cache_read_input_tokens"))
     counts = {
         "inputTokens": _count(usage.get("input_tokens")) + cached + _count(usage.get("cache_creation_input_tokens")),
         "outputTokens": _count(usage.get("output_tokens")),
         "cachedInputTokens": cached,
     }
-    return ("".join(texts) if texts else None), calls, counts
+    return text, calls, counts
 
 
 def _anthropic_message(raw: dict[str, Any]) -> Any:
