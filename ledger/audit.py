@@ -166,7 +166,7 @@ def as_dict(entry: AuditEntry) -> dict[str, Any]:
     """docs/api.md's entry `{id, at, actor, action, tenant, workspace, target, reason}` plus details."""
     workspace = entry.workspace
     return {
-        "id": f"aud_{entry.pk}",
+        "id": entry.public_id,
         "at": entry.at.isoformat().replace("+00:00", "Z"),
         "actor": entry.actor,
         "action": entry.action,

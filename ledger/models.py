@@ -6,11 +6,12 @@ workspace; these models only hold the shape and the invariants the database can 
 
 from __future__ import annotations
 
+import re
 from typing import Any, NoReturn
 
 import orjson
 from django.conf import settings
-from django.db import models
+from django.db import NotSupportedError, models
 from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
 
@@ -47,6 +48,34 @@ class PayloadJSONField(models.JSONField):
         name, _, args, kwargs = super().deconstruct()
         kwargs.pop("decoder", None)
         return name, "django.db.models.JSONField", args, kwargs
+
+
+class PublicId(models.Expression):
+    """A row's public id made by the database as it inserts the row: `prefix` and 32 lowercase hex
+    digits of its strong randomness (PostgreSQL's gen_random_uuid(), 122 random bits; SQLite's
+    randomblob(16)). Never the row's primary key, which counts every tenant's rows (docs/security.md
+    § What ids and cursors reveal). The database, not Python, so that a process of the release
+    before, still running while a deploy migrates (deploy/README.md), inserts rows that have one."""
+
+    output_field = models.CharField(max_length=40)
+    allowed_default = True  # Django's word that an expression may be a column's DEFAULT
+    PREFIX = re.compile(r"[a-z]{1,8}_")
+
+    def __init__(self, prefix: str) -> None:
+        if not self.PREFIX.fullmatch(prefix):
+            raise ValueError(f"not an id prefix: {prefix!r}")
+        super().__init__()
+        self.prefix = prefix
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:
+        raise NotSupportedError("public ids are made by PostgreSQL or SQLite")
+
+    # The prefix is written into the SQL, not bound: a column's DEFAULT takes no parameters.
+    def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        return f"('{self.prefix}' || replace(gen_random_uuid()::text, '-', ''))", []
+
+    def as_sqlite(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        return f"('{self.prefix}' || lower(hex(randomblob(16))))", []
 
 
 class Role(models.TextChoices):
@@ -572,6 +601,9 @@ class MonthlyUsage(UsageCell):
 class Feedback(models.Model):
     """A member's (or a harness's) rating of a run; listed in the evidence bundle."""
 
+    # `feedbackId`: kept by clients and in exports, so never changed (migration 0037 gave the rows
+    # before it theirs). Unique by the constraint below, which makes no LIKE index beside it.
+    public_id = models.CharField(max_length=40, db_default=PublicId("fb_"))
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="feedback")
     rating = models.PositiveSmallIntegerField()
     category = models.CharField(max_length=100, blank=True)
@@ -583,6 +615,7 @@ class Feedback(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(rating__gte=1) & Q(rating__lte=5), name="feedback_rating_1_to_5"),
+            models.UniqueConstraint(fields=["public_id"], name="feedback_public_id_unique"),
         ]
         ordering = ["run", "created_at", "pk"]
 
@@ -881,6 +914,9 @@ class AuditEntry(models.Model):
         EVALUATION_FINISHED = "evaluation.finished"
         PRICE_OVERRIDES_CHANGED = "price_overrides.changed"
 
+    # The entry's `id` in the API and exports, never changed (migration 0037 gave the entries
+    # before it theirs). Unique by the constraint below, which makes no LIKE index beside it.
+    public_id = models.CharField(max_length=40, db_default=PublicId("aud_"))
     # No index of its own: both indexes below lead with it (migration 0023).
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
@@ -898,6 +934,7 @@ class AuditEntry(models.Model):
         constraints = [
             models.CheckConstraint(condition=~Q(actor=""), name="audit_actor_given"),
             models.CheckConstraint(condition=~Q(action=""), name="audit_action_given"),
+            models.UniqueConstraint(fields=["public_id"], name="audit_public_id_unique"),
         ]
         indexes = [
             models.Index(fields=["tenant", "at", "id"], name="audit_by_time"),

@@ -30,7 +30,7 @@ CSV_COLUMNS = ["id", "at", "actor", "action", "tenant", "workspace", "target", "
 
 
 class AuditEntrySerializer(serializers.Serializer):
-    id = serializers.CharField(help_text="aud_<n>")
+    id = serializers.CharField(help_text="aud_ and 32 random hex digits, the same forever")
     at = serializers.DateTimeField()
     actor = serializers.CharField(help_text="a username, key:<prefix> for an API key, or system:<what>")
     action = serializers.CharField(help_text="a stable string, never renamed: " + ", ".join(audit.Action.values))

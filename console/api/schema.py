@@ -327,7 +327,7 @@ class FeedbackAuthorSerializer(serializers.Serializer):
 
 
 class FeedbackSerializer(serializers.Serializer):
-    feedbackId = serializers.CharField()
+    feedbackId = serializers.CharField(help_text="fb_ and 32 random hex digits, the same forever")
     runId = serializers.CharField()
     rating = serializers.IntegerField(min_value=1, max_value=5)
     category = serializers.CharField(allow_null=True)

@@ -163,7 +163,7 @@ def feedback(row: Feedback, run_id: str) -> dict[str, Any]:
     else:
         author = None
     return {
-        "feedbackId": f"fb_{row.pk}",
+        "feedbackId": row.public_id,
         "runId": run_id,
         "rating": row.rating,
         "category": _or_none(row.category),
