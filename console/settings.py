@@ -80,6 +80,9 @@ if not SECRET_KEY:
             "DEBUG=1 for development; production: docs/operations.md § Production)"
         )
     SECRET_KEY = "runledger-insecure-development-key-set-SECRET_KEY-in-production"
+# Keys SECRET_KEY replaced, still accepted for what they signed or sealed (sessions, the list
+# cursors of console/cursors.py) until they are removed: docs/operations.md § Rotating SECRET_KEY.
+SECRET_KEY_FALLBACKS = _env_list("SECRET_KEY_FALLBACKS", [])
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", [])
 # A stale token (logged in again in another tab) is the console's styled 403, leading back to the form.

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.db.models import Model
 from django.test import Client
 
+from console import cursors
 from ledger.errors import InvalidEvent, InvalidRunId
 from ledger.limits import MAX_JSON_DEPTH
 from ledger.log import append
@@ -74,7 +76,7 @@ API_GETS = [
             "evaluation-policies",
         )
     ),
-    # cursors that are not ours
+    # cursors that are not ours: unsealed (the format before console/cursors.py), whatever they hold
     ("/api/v1/runs?cursor=" + _cursor({"t": "2026-01-01T00:00:00+00:00", "id": 1e400}), "invalid_cursor"),
     ("/api/v1/runs?cursor=" + _cursor(b'{"t": "2026-01-01T00:00:00+00:00", "id": Infinity}'), "invalid_cursor"),
     ("/api/v1/runs?cursor=" + _cursor(b'{"t": "2026-01-01T00:00:00+00:00", "id": NaN}'), "invalid_cursor"),
@@ -240,6 +242,73 @@ CONSOLE_GETS = [
     "/w/acme/support/runs/run_a/timeline/rows/?after=99999999999999999999",
     "/w/acme/support/runs/run_a/steps/?start=99999999999999999999",
 ]
+
+
+T = "2026-01-01T00:00:00+00:00"
+# Positions sealed for the list they are sent to, so that what they hold is what is refused:
+# (path, the list's cursor kind, what it is of, a position we could give out, ones we could not).
+SEALED = [
+    (
+        "/api/v1/runs",
+        "runs",
+        "workspace",
+        {"t": T, "id": 1},
+        [
+            {"t": T, "id": 1e400},
+            b'{"t": "2026-01-01T00:00:00+00:00", "id": Infinity}',
+            b'{"t": "2026-01-01T00:00:00+00:00", "id": NaN}',
+            {"t": T, "id": 10**30},
+            {"t": T, "id": True},
+            {"t": "9999-12-31T23:59:59.999999-23:59", "id": 1},
+            {"t": "0001-01-01T00:00:00+23:59", "id": 1},
+            _deep(DEEP).encode(),
+            b'{"t": ' + _deep(DEEP).encode() + b', "id": 1}',
+            [1, 2],
+        ],
+    ),
+    ("/api/v1/usage", "usage", "workspace", {"o": 0}, [{"o": 1e400}, {"o": 10**30}, _deep(DEEP).encode()]),
+    ("/api/v1/runs/run_a/tool-calls", "tool-calls", "run", {"after": 0}, [{"after": 1e400}, {"after": 10**30}]),
+    ("/api/v1/reexecutions", "reexecutions", "workspace", {"after": 0}, [{"after": 10**30}, {"after": -1}]),
+    ("/w/acme/support/", "page:runs", "workspace", {"t": T, "id": 1}, [{"t": T, "id": 1e400}, {"t": T, "id": 10**30}]),
+    (
+        "/w/acme/support/",
+        "page:runs",
+        "workspace",
+        {"t": T, "id": 1},
+        [{"t": "9999-12-31T23:59:59.999999-23:59", "id": 1}],
+    ),
+    ("/t/acme/audit/", "page:audit", "tenant", {"t": T, "id": 1}, [_deep(DEEP).encode(), {"t": T, "id": 10**30}]),
+]
+
+
+def _sealed(position: Any, kind: str, scope: Model) -> str:
+    return cursors.seal(
+        position if isinstance(position, bytes) else json.dumps(position).encode(), kind=kind, scope=scope
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("path", "kind", "of", "good", "bad"), [(*case[:4], bad) for case in SEALED for bad in case[4]]
+)
+def test_a_sealed_cursor_holding_what_we_never_give_out_is_a_400(
+    client: Client, admin, workspace, path: str, kind: str, of: str, good: Any, bad: Any
+) -> None:
+    """What a cursor holds is checked after it is opened too (a key can leak): a 400, never a 500."""
+    append(workspace=workspace, run_id="run_a", events=[started()])
+    scope = {"workspace": workspace, "tenant": workspace.tenant, "run": Run.objects.get(run_id="run_a")}[of]
+    if path.startswith("/api/"):
+        _, key = create_key(workspace=workspace, scopes=["ingest", "read", "execute"])
+        client = Client(HTTP_AUTHORIZATION=f"Bearer {key}", raise_request_exception=False)
+    else:
+        client.force_login(admin)
+        client.raise_request_exception = False
+    assert client.get(path, {"cursor": _sealed(good, kind, scope)}).status_code == 200  # the list's own kind
+    response = client.get(path, {"cursor": _sealed(bad, kind, scope)})
+    if path.startswith("/api/"):
+        _assert_api_error(response, 400, "invalid_cursor")
+    else:
+        assert response.status_code == 400, response.content[:300]
 
 
 @pytest.mark.django_db

@@ -4,7 +4,6 @@ choice kept in the URL."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -15,6 +14,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from console import cursors
+from console.pages.runs import CURSOR_KIND
 from ledger.models import Run, Workspace
 from tests.conftest import ev, started
 from tests.test_console_runs import URL, responded, row_ids, row_of
@@ -195,27 +196,33 @@ def test_keyset_pages_cover_every_run_once_in_order_without_offset(
     assert not any("OFFSET" in q["sql"].upper() for q in captured.captured_queries)
 
 
-def _cursor(position: dict[str, object]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
+def _cursor(workspace: Workspace, position: object) -> str:
+    """A cursor sealed for this list (console/cursors.py), so that what it holds is what is refused."""
+    return cursors.seal(json.dumps(position).encode(), kind=CURSOR_KIND, scope=workspace)
 
 
 @pytest.mark.parametrize(
-    "query",
+    ("query", "position"),
     [
-        "sort=cost&cursor=" + _cursor({"k": "tokens", "v": 1, "id": 1}),  # another sort's link
-        "sort=cost&cursor=" + _cursor({"k": "cost", "v": "NaN", "id": 1}),
-        "sort=cost&cursor=" + _cursor({"k": "cost", "v": 1.5, "id": 1}),
-        "sort=tokens&cursor=" + _cursor({"k": "tokens", "v": -1, "id": 1}),
-        "sort=tokens&cursor=" + _cursor({"k": "tokens", "v": 2**70, "id": 1}),
-        "sort=duration&cursor=" + _cursor({"k": "duration", "v": "1h", "id": 1}),
-        "sort=cost&cursor=" + _cursor({"k": "cost", "v": "1", "id": True}),
-        "sort=cost&cursor=" + _cursor([1, 2]),
-        "sort=bogus",
-        "order=sideways",
-        "subruns=hidden",
+        ("sort=cost", {"k": "tokens", "v": 1, "id": 1}),  # another sort's link
+        ("sort=cost", {"k": "cost", "v": "NaN", "id": 1}),
+        ("sort=cost", {"k": "cost", "v": 1.5, "id": 1}),
+        ("sort=tokens", {"k": "tokens", "v": -1, "id": 1}),
+        ("sort=tokens", {"k": "tokens", "v": 2**70, "id": 1}),
+        ("sort=duration", {"k": "duration", "v": "1h", "id": 1}),
+        ("sort=cost", {"k": "cost", "v": "1", "id": True}),
+        ("sort=cost", [1, 2]),
+        ("sort=cost&cursor=eyJrIjoiY29zdCIsInYiOiIxIiwiaWQiOjF9", None),  # unsealed, as before console/cursors.py
+        ("sort=bogus", None),
+        ("order=sideways", None),
+        ("subruns=hidden", None),
     ],
 )
-def test_forged_cursors_and_unknown_sorts_are_a_readable_400(browser: Client, trees: None, query: str) -> None:
+def test_forged_cursors_and_unknown_sorts_are_a_readable_400(
+    browser: Client, trees: None, workspace: Workspace, query: str, position: object
+) -> None:
+    if position is not None:
+        query += "&cursor=" + _cursor(workspace, position)
     response = browser.get(f"{URL}?{query}")
     assert response.status_code == 400
     html = response.content.decode()

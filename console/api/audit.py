@@ -24,7 +24,7 @@ from ledger.tenancy.access import tenant_admin
 from .auth import principal
 from .csvcells import text_cell
 from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_param
-from .schema import error_responses
+from .schema import CURSOR, error_responses
 
 CSV_COLUMNS = ["id", "at", "actor", "action", "tenant", "workspace", "target", "reason"]
 
@@ -87,7 +87,7 @@ class AuditView(APIView):
             OpenApiParameter("action", OpenApiTypes.STR, enum=audit.Action.values),
             OpenApiParameter("tenant", OpenApiTypes.STR, description="needed only by members of several tenants"),
             OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500"),
-            OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page"),
+            CURSOR,
             OpenApiParameter(
                 "format",
                 OpenApiTypes.STR,
@@ -126,13 +126,17 @@ class AuditView(APIView):
         if fmt == "csv":
             return _csv([audit.as_dict(e) for e in audit.entries(**filters).iterator()])
         limit = limit_param(request)
-        after = keyset_cursor(request)
+        after = keyset_cursor(request, kind="audit", scope=tenant)
         if after is not None:
             filters["after"] = after
         rows = list(audit.entries(**filters)[: limit + 1])
         more = len(rows) > limit
         rows = rows[:limit]
-        next_cursor = encode_cursor({"t": rows[-1].at.isoformat(), "id": rows[-1].pk}) if more else None
+        next_cursor = (
+            encode_cursor({"t": rows[-1].at.isoformat(), "id": rows[-1].pk}, kind="audit", scope=tenant)
+            if more
+            else None
+        )
         return Response({"entries": [audit.as_dict(e) for e in rows], "next": next_cursor})
 
 

@@ -44,19 +44,20 @@ LIST_ERRORS = error_responses(
 )
 
 
-def _page(rows: list[Any], limit: int, cursor: Any) -> tuple[list[Any], str | None]:
-    """The first `limit` of `rows` (asked for one more) and the `next` cursor: `cursor(last row)`."""
+def _page(rows: list[Any], limit: int, cursor: Any, *, kind: str, scope: Workspace) -> tuple[list[Any], str | None]:
+    """The first `limit` of `rows` (asked for one more) and the `next` cursor: `cursor(last row)`,
+    sealed for the list `kind` of the workspace."""
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, encode_cursor(cursor(rows[-1])) if more else None
+    return rows, encode_cursor(cursor(rows[-1]), kind=kind, scope=scope) if more else None
 
 
 def _newest_first(row: Any) -> dict[str, Any]:
     return {"t": row.created_at.isoformat(), "id": row.pk}
 
 
-def _name_cursor(request: Request) -> str | None:
-    cursor = decode_cursor(request)
+def _name_cursor(request: Request, workspace: Workspace) -> str | None:
+    cursor = decode_cursor(request, kind="datasets", scope=workspace)
     if cursor is None:
         return None
     name = cursor.get("name")
@@ -208,8 +209,8 @@ class DatasetsView(APIView):
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
         limit = limit_param(request)
-        found = datasets.datasets(caller.workspace, limit=limit + 1, after=_name_cursor(request))
-        rows, next_cursor = _page(found, limit, lambda d: {"name": d.name})
+        found = datasets.datasets(caller.workspace, limit=limit + 1, after=_name_cursor(request, caller.workspace))
+        rows, next_cursor = _page(found, limit, lambda d: {"name": d.name}, kind="datasets", scope=caller.workspace)
         return Response({"datasets": [datasets.dataset_json(d) for d in rows], "next": next_cursor})
 
 
@@ -310,8 +311,9 @@ class PoliciesView(APIView):
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
         limit = limit_param(request)
-        found = policies.policies(caller.workspace, limit=limit + 1, after=keyset_cursor(request))
-        rows, next_cursor = _page(found, limit, _newest_first)
+        after = keyset_cursor(request, kind="evaluation-policies", scope=caller.workspace)
+        found = policies.policies(caller.workspace, limit=limit + 1, after=after)
+        rows, next_cursor = _page(found, limit, _newest_first, kind="evaluation-policies", scope=caller.workspace)
         return Response({"policies": [policies.policy_json(p) for p in rows], "next": next_cursor})
 
     @extend_schema(
@@ -384,8 +386,9 @@ class EvaluationsView(APIView):
     def get(self, request: Request) -> Response:
         caller = access_for(request, "read")
         limit = limit_param(request)
-        found = evaluations.evaluations(caller.workspace, limit=limit + 1, after=keyset_cursor(request))
-        rows, next_cursor = _page(found, limit, _newest_first)
+        after = keyset_cursor(request, kind="evaluations", scope=caller.workspace)
+        found = evaluations.evaluations(caller.workspace, limit=limit + 1, after=after)
+        rows, next_cursor = _page(found, limit, _newest_first, kind="evaluations", scope=caller.workspace)
         return Response(
             {"evaluations": [evaluations.evaluation_json(e, report=False) for e in rows], "next": next_cursor}
         )

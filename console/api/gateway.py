@@ -413,7 +413,7 @@ class ListView(APIView):
         run = access_for(request, "read", run_id=run_id).run
         assert run is not None
         limit = limit_param(request)
-        after = row_cursor(request, "after")
+        after = row_cursor(request, "after", kind="tool-calls", scope=run)
         status = request.query_params.get("status") or None
         if status is not None and status not in ToolGatewayClaim.Status.values:
             raise InvalidParameter(
@@ -422,7 +422,7 @@ class ListView(APIView):
         rows = gateway.tool_call_rows(run, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]
-        next_cursor = encode_cursor({"after": rows[-1].pk}) if more else None
+        next_cursor = encode_cursor({"after": rows[-1].pk}, kind="tool-calls", scope=run) if more else None
         return Response({"toolCalls": ToolCallRowSerializer(rows, many=True).data, "next": next_cursor})
 
 

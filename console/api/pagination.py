@@ -1,17 +1,18 @@
-"""Query parameters: opaque cursors for lists (`?limit=`, default 50, max 500, and
+"""Query parameters: sealed cursors for lists (`?limit=`, default 50, max 500, and
 `?cursor=<next>`), integers and dates, each refused with a 400 that names it."""
 
 from __future__ import annotations
 
-import base64
-import json
 from datetime import date, datetime
 from typing import Any
 
+from django.db.models import Model
 from rest_framework.request import Request
 
 from ledger import limits
 from ledger.errors import LedgerError
+
+from .. import cursors
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -44,28 +45,31 @@ def limit_param(request: Request) -> int:
     return int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
 
 
-def encode_cursor(position: dict[str, Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(position, separators=(",", ":")).encode()).decode().rstrip("=")
+def encode_cursor(position: dict[str, Any], *, kind: str, scope: Model) -> str:
+    """`next` for the list `kind` of `scope` (the workspace, run or tenant it lists): the position
+    sealed (console/cursors.py), so it shows no row id and opens for this list only."""
+    return cursors.seal(position, kind=kind, scope=scope)
 
 
-def decode_cursor(request: Request) -> dict[str, Any] | None:
+def decode_cursor(request: Request, *, kind: str, scope: Model) -> dict[str, Any] | None:
+    """The position `?cursor=` holds, if it is one `encode_cursor` made for this list of this
+    scope; else 400 `invalid_cursor` (forged, changed, cut short, another list's or tenant's)."""
     raw = request.query_params.get("cursor")
     if not raw:
         return None
     try:
-        # Depth-limited: a cursor is the client's to forge (ledger.limits).
-        value = limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-    except (ValueError, TypeError):
+        value = cursors.unseal(raw, kind=kind, scope=scope)
+    except cursors.NotOurs:
         raise InvalidCursor("cursor is not one this API gave out") from None
     if not isinstance(value, dict):
         raise InvalidCursor("cursor is not one this API gave out")
     return value
 
 
-def keyset_cursor(request: Request) -> tuple[datetime, int] | None:
+def keyset_cursor(request: Request, *, kind: str, scope: Model) -> tuple[datetime, int] | None:
     """A `{t, id}` cursor as (time, row id), refused unless both are in range (no Infinity or NaN,
     no id past a bigint, no time off the calendar)."""
-    cursor = decode_cursor(request)
+    cursor = decode_cursor(request, kind=kind, scope=scope)
     if cursor is None:
         return None
     try:
@@ -74,9 +78,9 @@ def keyset_cursor(request: Request) -> tuple[datetime, int] | None:
         raise InvalidCursor("cursor is not one this API gave out") from None
 
 
-def row_cursor(request: Request, key: str) -> int:
+def row_cursor(request: Request, key: str, *, kind: str, scope: Model) -> int:
     """A cursor holding one row id or offset under `key` (0 without a cursor)."""
-    cursor = decode_cursor(request)
+    cursor = decode_cursor(request, kind=kind, scope=scope)
     if cursor is None:
         return 0
     try:

@@ -27,7 +27,7 @@ from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, with
 from .auth import access_for, principal
 from .base import WrittenText
 from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
-from .schema import RUN_ID, WORKSPACE, choice, enum, error_responses
+from .schema import CURSOR, RUN_ID, WORKSPACE, choice, enum, error_responses
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
@@ -288,7 +288,7 @@ class ReexecutionListView(APIView):
                 description="e.g. pending_approval: what approvers have to decide",
             ),
             OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500"),
-            OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page"),
+            CURSOR,
             WORKSPACE,
         ],
         responses={
@@ -308,14 +308,16 @@ class ReexecutionListView(APIView):
         if status is not None and status not in Status.values:
             raise InvalidParameter(f"status must be one of {', '.join(Status.values)}", parameter="status")
         limit = limit_param(request)
-        after = row_cursor(request, "after")
+        after = row_cursor(request, "after", kind="reexecutions", scope=caller.workspace)
         rows = reexecutions.page(caller.workspace, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]
         return Response(
             {
                 "reexecutions": [reexecutions.as_dict(r) for r in rows],
-                "next": encode_cursor({"after": rows[-1].pk}) if more else None,
+                "next": encode_cursor({"after": rows[-1].pk}, kind="reexecutions", scope=caller.workspace)
+                if more
+                else None,
             }
         )
 

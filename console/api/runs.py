@@ -18,6 +18,7 @@ from .base import ApiView, run_for
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, keyset_cursor, limit_param
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, RunListSerializer, RunSerializer, error_responses
 
+CURSOR_KIND = "runs"  # the runs list and a run's children: one kind of position
 SORT = OpenApiParameter(
     "sort",
     OpenApiTypes.STR,
@@ -56,10 +57,10 @@ def _sort(request: Request) -> runlist.Sort:
     return runlist.Sort(key=key, descending=descending, nested=False)
 
 
-def _position(request: Request, sort: runlist.Sort) -> runlist.Position | None:
+def _position(request: Request, sort: runlist.Sort, workspace: Workspace) -> runlist.Position | None:
     if sort.default:
-        return keyset_cursor(request)
-    cursor = decode_cursor(request)
+        return keyset_cursor(request, kind=CURSOR_KIND, scope=workspace)
+    cursor = decode_cursor(request, kind=CURSOR_KIND, scope=workspace)
     if cursor is None:
         return None
     try:
@@ -71,7 +72,7 @@ def _position(request: Request, sort: runlist.Sort) -> runlist.Position | None:
 def _runs_page(request: Request, workspace: Workspace, *, needs: str | None = None, **filters: Any) -> dict[str, Any]:
     limit = limit_param(request)
     sort = _sort(request)
-    position = _position(request, sort)
+    position = _position(request, sort, workspace)
     qs = selectors.filtered_runs(workspace, **filters)
     if needs is not None:
         qs = attention.matching(qs, workspace, needs)
@@ -81,7 +82,9 @@ def _runs_page(request: Request, workspace: Workspace, *, needs: str | None = No
     counts = selectors.children_counts(workspace, [r.run_id for r in page])
     shown = attention.for_runs(workspace, page)
     last = page[-1] if page else None
-    next_cursor = encode_cursor(runlist.dump_position(sort, last)) if more and last else None
+    next_cursor = (
+        encode_cursor(runlist.dump_position(sort, last), kind=CURSOR_KIND, scope=workspace) if more and last else None
+    )
     return {"runs": serialize.runs(page, counts, shown), "next": next_cursor}
 
 

@@ -433,4 +433,9 @@ WORKSPACE = OpenApiParameter(
     ),
 )
 LIMIT = OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500")
-CURSOR = OpenApiParameter("cursor", OpenApiTypes.STR, description="the `next` of the previous page")
+CURSOR = OpenApiParameter(
+    "cursor",
+    OpenApiTypes.STR,
+    description="the `next` of the previous page, as given: sealed, it shows no row id and opens only for "
+    "the list (and workspace, run or tenant) that gave it out; any other is 400 invalid_cursor",
+)

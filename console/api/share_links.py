@@ -21,7 +21,7 @@ from ledger.tenancy.access import Access, visible_workspaces, within
 from .auth import access_for, principal
 from .base import ApiView, run_for
 from .pagination import InvalidCursor, decode_cursor, encode_cursor, limit_param
-from .schema import RUN_ID, WORKSPACE, enum, error_responses
+from .schema import CURSOR, RUN_ID, WORKSPACE, enum, error_responses
 
 TAGS = ["share links"]
 STATUSES = ["active", "expired", "revoked", "used_up"]
@@ -115,7 +115,7 @@ class RunShareLinksView(ApiView):
             RUN_ID,
             WORKSPACE,
             OpenApiParameter("limit", OpenApiTypes.INT, description="1..500, default 50"),
-            OpenApiParameter("cursor", OpenApiTypes.STR),
+            CURSOR,
         ],
         responses={
             200: ShareLinkListSerializer,
@@ -131,7 +131,7 @@ class RunShareLinksView(ApiView):
     def get(self, request: Request, run_id: str) -> Response:
         caller, run = _operator_run(request, run_id)
         limit = limit_param(request)
-        cursor = decode_cursor(request)
+        cursor = decode_cursor(request, kind="share-links", scope=run)
         qs = sharing.links_of_run(caller.workspace, run.run_id).order_by("-pk")
         if cursor is not None:
             before = cursor.get("before")
@@ -144,7 +144,7 @@ class RunShareLinksView(ApiView):
         return Response(
             {
                 "shareLinks": [sharing.as_dict(link) for link in links],
-                "next": encode_cursor({"before": links[-1].pk}) if more else None,
+                "next": encode_cursor({"before": links[-1].pk}, kind="share-links", scope=run) if more else None,
             }
         )
 

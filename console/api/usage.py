@@ -135,13 +135,14 @@ class UsageView(ApiView):
                 [r.to_json() for r in rows], headers={"Content-Disposition": f'attachment; filename="{filename}"'}
             )
         limit = limit_param(request)
-        offset = row_cursor(request, "o")
+        listed = where["tenant"] if scope == "tenant" else where["workspace"]  # what a cursor opens for
+        offset = row_cursor(request, "o", kind="usage", scope=listed)
         page, total, more = usage_page(group_by=group_by, start=start, end=end, offset=offset, limit=limit, **where)
         return Response(
             {
                 "rows": [r.to_json() for r in page],
                 "total": {k: v for k, v in total.to_json().items() if k != "key"},
-                "next": encode_cursor({"o": offset + limit}) if more else None,
+                "next": encode_cursor({"o": offset + limit}, kind="usage", scope=listed) if more else None,
             }
         )
 

@@ -32,6 +32,7 @@ from .filters import DateRangePageForm, page_cursor
 PAGE_SIZE = 50
 API_AUDIT = "/api/v1/audit"  # docs/api.md "Audit": the public path, not a route name of ours
 FILTERS = ("actor", "action", "from", "to")
+CURSOR_KIND = "page:audit"
 
 
 class AuditFilterForm(DateRangePageForm):
@@ -58,8 +59,8 @@ class AuditFilterForm(DateRangePageForm):
         }
 
 
-def _cursor(entry: AuditEntry) -> str:
-    return page_cursor(entry.at, entry.pk)
+def _cursor(entry: AuditEntry, tenant: Tenant) -> str:
+    return page_cursor(entry.at, entry.pk, kind=CURSOR_KIND, scope=tenant)
 
 
 def _value(value: Any) -> str:
@@ -127,7 +128,7 @@ def _query(request: HttpRequest, **changes: str) -> str:
 @require_safe
 def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
     found = _admin_tenant(request, tenant)
-    form = AuditFilterForm(request.GET)
+    form = AuditFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=found)
     workspaces = selectors.workspaces_for(request.user)
     context: dict[str, Any] = {
         "tenant": found,
@@ -147,7 +148,7 @@ def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
     context.update(
         {
             "entries": [{"entry": e, "details": _details(e.details), "target_url": _target_url(e)} for e in rows],
-            "next_query": _query(request, cursor=_cursor(rows[-1])) if more else None,
+            "next_query": _query(request, cursor=_cursor(rows[-1], found)) if more else None,
             "first_query": _query(request) if form.cleaned_data["cursor"] else None,
             "csv_url": f"{API_AUDIT}?{csv_query}",
         }

@@ -1,24 +1,26 @@
 """What the filtered, cursor-paged lists (the runs list, the audit log) share: From/To dates and a
-keyset cursor (the position after the last row shown, opaque to the browser)."""
+keyset cursor (the position after the last row shown, sealed: console/cursors.py)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db.models import Model
 
 from ledger import limits
 
+from .. import cursors
 
-def page_cursor(at: datetime, pk: int) -> str:
-    position = json.dumps({"t": at.isoformat(), "id": pk}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+BROKEN = "This page link is broken: start again from the first page."
+
+
+def page_cursor(at: datetime, pk: int, *, kind: str, scope: Model) -> str:
+    """The `?cursor=` of the page after the row (at, pk) of the list `kind` of `scope`."""
+    return cursors.seal({"t": at.isoformat(), "id": pk}, kind=kind, scope=scope)
 
 
 def day_field(label: str) -> forms.DateField:
@@ -34,25 +36,31 @@ def day_field(label: str) -> forms.DateField:
 
 
 class DateRangePageForm(forms.Form):
-    """A filter form with inclusive From/To days and the cursor of the page to show."""
+    """A filter form with inclusive From/To days and the cursor of the page to show, one that
+    `page_cursor` made for the list `cursor_kind` of `cursor_scope`."""
 
-    cursor = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
+    cursor = forms.CharField(required=False, max_length=cursors.MAX_LENGTH, widget=forms.HiddenInput)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, cursor_kind: str, cursor_scope: Model, **kwargs: Any) -> None:
+        self.cursor_kind, self.cursor_scope = cursor_kind, cursor_scope
         super().__init__(*args, **kwargs)
         # "from" is a keyword: these two are added here rather than declared on the class.
         for name, label in (("from", "From"), ("to", "To")):
             self.fields[name] = day_field(label)
+
+    def opened_cursor(self, raw: str) -> Any:
+        """The position a cursor of this list holds; cursors.NotOurs (a ValueError) for any other."""
+        return cursors.unseal(raw, kind=self.cursor_kind, scope=self.cursor_scope)
 
     def clean_cursor(self) -> tuple[datetime, int] | None:
         raw = self.cleaned_data["cursor"]
         if not raw:
             return None
         try:
-            # Depth-limited and range-checked: the link is the browser's to forge (ledger.limits).
-            return limits.keyset_position(limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))))
-        except (ValueError, TypeError, OverflowError, binascii.Error):
-            raise ValidationError("This page link is broken: start again from the first page.") from None
+            # Range-checked as well: what a sealed cursor holds is ours, but a key can leak.
+            return limits.keyset_position(self.opened_cursor(raw))
+        except (ValueError, TypeError, OverflowError):
+            raise ValidationError(BROKEN) from None
 
     def clean(self) -> dict[str, Any]:
         super().clean()

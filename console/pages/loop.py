@@ -122,6 +122,7 @@ def _imported_loop_page(request: HttpRequest, tenant: str, workspace: str, outer
 
 
 LOOPS_PAGE = 50
+CURSOR_KIND = "page:loops"
 
 
 @login_required
@@ -129,7 +130,7 @@ LOOPS_PAGE = 50
 def loops_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """The workspace's outer loops: their record runs (workflow `outer_loop:…`), newest first."""
     ws = member_access(request, tenant, workspace).workspace
-    form = DateRangePageForm(request.GET)
+    form = DateRangePageForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws)
     context: dict[str, Any] = {"workspace": ws, "workspaces": selectors.workspaces_for(request.user), "form": form}
     if not form.is_valid():
         context["rows"] = []
@@ -147,7 +148,9 @@ def loops_list(request: HttpRequest, tenant: str, workspace: str) -> HttpRespons
                 }
                 for row in rows
             ],
-            "next_cursor": page_cursor(page[-1].created_at, page[-1].pk) if more and page else None,
+            "next_cursor": page_cursor(page[-1].created_at, page[-1].pk, kind=CURSOR_KIND, scope=ws)
+            if more and page
+            else None,
             "first_page": form.cleaned_data["cursor"] is None,
         }
     )

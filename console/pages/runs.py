@@ -5,9 +5,6 @@ tree totals are ledger/reads/runlist.py's."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from datetime import date
 from typing import Any
 from urllib.parse import urlencode
@@ -21,15 +18,16 @@ from django.urls import path
 from django.views.decorators.http import require_safe
 from django_htmx.middleware import HtmxDetails
 
-from ledger import limits
 from ledger.models import Run, RunStatus, Workspace
 from ledger.reads import attention, runlist, selectors
 
+from .. import cursors
 from ..rows import RunRow, nested_rows, run_rows
-from .filters import DateRangePageForm
+from .filters import BROKEN, DateRangePageForm
 from .guard import member_access
 
 PAGE_SIZE = 50
+CURSOR_KIND = "page:runs"
 FILTERS = ("q", "status", "attention", "workflow", "from", "to", "has_failures", "cost_above", "rating", "model")
 VIEW = ("sort", "order", "subruns")  # how the list is shown: kept in the URL with the filters
 NESTED_ROWS = 200  # sub-runs shown nested on one page, in all (a tree's own page lists the rest)
@@ -116,9 +114,9 @@ class RunFilterForm(DateRangePageForm):
         data["position"] = None
         if raw:
             try:
-                data["position"] = _position(sort, raw)
-            except (ValueError, TypeError, OverflowError, ArithmeticError, binascii.Error):
-                self.add_error("cursor", "This page link is broken: start again from the first page.")
+                data["position"] = runlist.load_position(sort, self.opened_cursor(raw))
+            except (ValueError, TypeError, OverflowError, ArithmeticError):
+                self.add_error("cursor", BROKEN)
         return data
 
     @property
@@ -152,14 +150,9 @@ class RunFilterForm(DateRangePageForm):
         }
 
 
-def _cursor(sort: runlist.Sort, run: Run) -> str:
-    position = json.dumps(runlist.dump_position(sort, run), separators=(",", ":"))
-    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
-
-
-def _position(sort: runlist.Sort, raw: str) -> runlist.Position:
-    """A cursor back from the browser (its to forge: runlist checks every part), for this sort."""
-    return runlist.load_position(sort, limits.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))))
+def _cursor(sort: runlist.Sort, run: Run, ws: Workspace) -> str:
+    """The `?cursor=` after this row; runlist checks every part of what one holds when it comes back."""
+    return cursors.seal(runlist.dump_position(sort, run), kind=CURSOR_KIND, scope=ws)
 
 
 def _query(request: HttpRequest, **changes: str) -> str:
@@ -239,7 +232,7 @@ def _list(
     request: HttpRequest, ws: Workspace, *, batch: dict[str, Any] | None = None, status: int = 200
 ) -> HttpResponse:
     htmx = bool(getattr(request, "htmx", False))
-    form = RunFilterForm(request.GET)
+    form = RunFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws)
     context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs", "batch": batch or {}}
     valid = form.is_valid()
     sort = form.view_sort
@@ -257,7 +250,7 @@ def _list(
     context.update(
         {
             "rows": rows,
-            "next_url": _query(request, cursor=_cursor(sort, page[-1])) if more and page else None,
+            "next_url": _query(request, cursor=_cursor(sort, page[-1], ws)) if more and page else None,
             "first_page": position is None,
             "first_url": _query(request, cursor=""),
             # The first page follows the log (static/js/live.js fetches it again, with the same
