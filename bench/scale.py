@@ -495,7 +495,7 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
         client=client,
         typical=Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=f"run_s{typical:07d}"),
         probe=Run.objects.select_related("workspace__tenant").get(workspace=workspace, run_id=PROBE_RUN),
-        deep_cursor=page_cursor(deep.created_at, deep.pk),
+        deep_cursor=page_cursor(deep.created_at, deep.pk, kind=runs_page.CURSOR_KIND, scope=workspace),
         end=marker.end.date() - timedelta(days=1),
         appended=[],
     )
