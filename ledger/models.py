@@ -601,7 +601,7 @@ class MonthlyUsage(UsageCell):
 class Feedback(models.Model):
     """A member's (or a harness's) rating of a run; listed in the evidence bundle."""
 
-    # `feedbackId`: kept by clients and in exports, so never changed (migration 0037 gave the rows
+    # `feedbackId`: kept by clients and in exports, so never changed (migration 0040 gave the rows
     # before it theirs). Unique by the constraint below, which makes no LIKE index beside it.
     public_id = models.CharField(max_length=40, db_default=PublicId("fb_"))
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="feedback")
@@ -914,7 +914,7 @@ class AuditEntry(models.Model):
         EVALUATION_FINISHED = "evaluation.finished"
         PRICE_OVERRIDES_CHANGED = "price_overrides.changed"
 
-    # The entry's `id` in the API and exports, never changed (migration 0037 gave the entries
+    # The entry's `id` in the API and exports, never changed (migration 0040 gave the entries
     # before it theirs). Unique by the constraint below, which makes no LIKE index beside it.
     public_id = models.CharField(max_length=40, db_default=PublicId("aud_"))
     # No index of its own: both indexes below lead with it (migration 0023).

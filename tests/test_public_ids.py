@@ -1,6 +1,6 @@
 """The ids a tenant keeps of feedback and audit entries (`fb_…`, `aud_…`) are random, stored with the
 row and never change; they are not the row's primary key, which counts every tenant's rows
-(docs/security.md § What ids and cursors reveal). Migration 0037 gave the rows before it theirs."""
+(docs/security.md § What ids and cursors reveal). Migration 0040 gave the rows before it theirs."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_the_database_gives_each_row_its_id_whoever_inserts_it(workspace: Worksp
     assert len(made) == 2 and len(set(made)) == 2 and all(FEEDBACK_ID.fullmatch(i) for i in made), made
 
 
-# --- migration 0037 ------------------------------------------------------------------------------
+# --- migration 0040 ------------------------------------------------------------------------------
 
 
 def _mine(executor: MigrationExecutor) -> tuple[str, str]:

@@ -25,7 +25,7 @@ def fill(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0036_step_retry_index"),
+        ("ledger", "0039_reprice_usage_not_reported"),
     ]
 
     operations = [
