@@ -395,6 +395,35 @@ def test_the_spend_ceiling_stops_the_batch_mid_way_and_no_call_is_made_past_it(
     assert Decimal(done.report["aggregates"]["spendUsd"]) < ceiling + one_run
 
 
+def test_a_ceiling_over_calls_of_unknown_cost_stops_the_batch_after_the_first(
+    workspace, dataset, people, providers: Calls
+) -> None:
+    """A model with no price costs an unknown amount: a ceiling cannot be kept over it, so the
+    first live call that comes back unpriced is the last one the evaluation makes, and the day's
+    ceiling of its policy is unknown too: the next evaluation waits for a person."""
+    policy = _policy(workspace, people["bob"], ceiling_per_evaluation_usd="1000", ceiling_per_day_usd="5000")
+    # Round amounts read as written (Decimal's normalize() alone writes 1E+3).
+    assert policies.policy_json(policy)["ceilingPerEvaluationUsd"] == "1000"
+    made = _start(workspace, people["carol"], model_change("counting", "house-model-1"))
+    assert evaluations.evaluation_json(made, report=False)["ceilingUsd"] == "1000"
+    done = evaluations.execute_here(made)
+    assert done.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED and done.budget_exhausted
+    assert len([c for c in providers.made if c[0] == "counting"]) == 1
+    requests = ReexecutionRequest.objects.filter(batch_id=made.batch_id)
+    refused = [
+        e["payload"]["error"]["message"]
+        for r in requests.exclude(new_run_id="")
+        for e in log_of(Run.objects.get(workspace=workspace, run_id=r.new_run_id))
+        if e["type"] == "harness.model.failed"
+    ]
+    assert refused and all(
+        "cannot keep its ceiling of 1000 USD: a model call of its runs has no known cost" in m for m in refused
+    )
+    assert budget.spend(done) == 0 and budget.unpriced_calls(done) == 1
+    waits = _start(workspace, people["carol"], model_change("counting"))
+    assert waits.status == Status.PENDING_APPROVAL and waits.policy is None
+
+
 def test_other_tenants_get_404_on_datasets_policies_and_evaluations(
     workspace, other_workspace, dataset, people, providers
 ) -> None:

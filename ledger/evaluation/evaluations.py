@@ -249,8 +249,8 @@ def start_evaluation(
     policy = policies.covering(
         workspace, dataset_id=found.pk, change_kind=checked_change["kind"], scorer_names=[s["name"] for s in specs]
     )
-    if policy is not None and budget.day_spend(policy) >= policy.ceiling_per_day_usd:
-        policy = None  # today's budget is spent: this one waits for a person like any other
+    if policy is not None and budget.day_spent(policy):
+        policy = None  # today's budget is spent (or unknown): this one waits for a person like any other
     now = clock.now()
     evaluation = Evaluation.objects.create(
         public_id=f"ev_{secrets.token_hex(8)}",
@@ -652,8 +652,8 @@ def build_report(evaluation: Evaluation, requests: Sequence[ReexecutionRequest])
         "tokensDelta": _relative(total("tokens", "before"), total("tokens", "after")),
         "liveToolCalls": sum(r.get("liveToolCalls", 0) for r in ran),
         "unansweredCalls": sum(r.get("unansweredCalls", 0) for r in ran),
-        "graderCostUsd": str(evaluation.grader_cost_usd.normalize()),
-        "spendUsd": str(budget.spend(evaluation).normalize()),
+        "graderCostUsd": budget.usd_text(evaluation.grader_cost_usd),
+        "spendUsd": budget.usd_text(budget.spend(evaluation)),
         "budgetExhausted": evaluation.budget_exhausted,
     }
     return {"runs": runs, "aggregates": aggregates}
@@ -724,7 +724,7 @@ def evaluation_json(evaluation: Evaluation, *, report: bool = True) -> dict[str,
         "scorers": evaluation.scorers,
         "failIf": evaluation.fail_if or None,
         "policyId": evaluation.policy.public_id if evaluation.policy is not None else None,
-        "ceilingUsd": str(evaluation.ceiling_usd.normalize()) if evaluation.ceiling_usd is not None else None,
+        "ceilingUsd": budget.usd_text(evaluation.ceiling_usd) if evaluation.ceiling_usd is not None else None,
         "batchId": evaluation.batch_id,
         "status": evaluation.status,
         "verdict": evaluation.verdict or None,

@@ -26,6 +26,7 @@ from ..limits import written
 from ..models import ApiKey, EvaluationPolicy, Role, Workspace
 from ..reads import selectors
 from .access import require_member
+from .budget import usd_text
 from .datasets import get_dataset
 from .errors import EvaluationForbidden, InvalidEvaluation
 from .scorers import known_scorers
@@ -51,6 +52,7 @@ def policy_digest(policy: EvaluationPolicy) -> str:
             "datasetId": policy.dataset_id,
             "changeKinds": sorted(policy.change_kinds),
             "scorers": sorted(policy.scorers),
+            # As policies were digested when approved (10 is "1E+1" here): a stored digest's text.
             "ceilingPerEvaluationUsd": str(policy.ceiling_per_evaluation_usd.normalize()),
             "ceilingPerDayUsd": str(policy.ceiling_per_day_usd.normalize()),
             "expiresAt": policy.expires_at.isoformat(),
@@ -187,8 +189,8 @@ def policy_json(policy: EvaluationPolicy) -> dict[str, Any]:
         "dataset": policy.dataset.name,
         "changeKinds": policy.change_kinds,
         "scorers": policy.scorers,
-        "ceilingPerEvaluationUsd": str(policy.ceiling_per_evaluation_usd.normalize()),
-        "ceilingPerDayUsd": str(policy.ceiling_per_day_usd.normalize()),
+        "ceilingPerEvaluationUsd": usd_text(policy.ceiling_per_evaluation_usd),
+        "ceilingPerDayUsd": usd_text(policy.ceiling_per_day_usd),
         "expiresAt": policy.expires_at.isoformat(),
         "digest": policy.digest,
         "approvedBy": policy.approved_by_name,
