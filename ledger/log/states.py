@@ -241,11 +241,23 @@ STATES = _StateCache()
 
 def state_for_append(run: Run, prices: PriceTable) -> RunState:
     """The state at the run's last sequence; the caller holds the run's row lock."""
+    state = cached_for_append(run, prices)
+    return state if state is not None else folded_for_append(run, prices)
+
+
+def cached_for_append(run: Run, prices: PriceTable) -> RunState | None:
+    """The state at the run's last sequence as this process cached it with `prices` (a new run's
+    empty one), None without one; the caller holds the run's row lock."""
     if run.last_sequence == 0:
         return RunState(run_id=run.run_id)
     cached = STATES.take(run.workspace_id, run.run_id, prices.version)
     if cached is not None and cached.run_pk == run.pk and cached.state.last_sequence == run.last_sequence:
         return cached.state
+    return None
+
+
+def folded_for_append(run: Run, prices: PriceTable) -> RunState:
+    """The state at the run's last sequence, folded from its log with `prices`."""
     state = fold(log_of(run), prices=prices)
     state.payload_bytes = run.payload_bytes  # the head's counter: the fold does not keep it
     return state

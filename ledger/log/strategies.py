@@ -34,13 +34,13 @@ from ..fold import RunState, advance
 from ..fold.pricing import LITTLE_WORKFLOW, NATIVE, PriceTable, prices_for, prices_of
 from ..limits import max_bytes_per_run, max_events_per_run
 from ..models import Event, Run, RunStatus, Workspace
-from . import announce, hooks, prepare, rules, statements, states
+from . import announce, hooks, prepare, repricing, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .envelopes import event_envelope, format_recorded_at
 from .prepare import Prepared
 from .projection import Changes, Mark, batch_changes, batch_totals, write
-from .states import STATES, Cached, restore_tool_calls, state_for_append
+from .states import STATES, Cached, cached_for_append, folded_for_append, restore_tool_calls
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,11 @@ def locked(
         # The run's log is Little Workflow's from its first event on: read by its rules for good.
         run.imported_from = LITTLE_WORKFLOW
     prices = prices_of(run)
-    state = state_for_append(run, prices)
+    state = cached_for_append(run, prices)
+    if state is None:
+        state = folded_for_append(run, prices)
+        # Entries priced by another table (an override edited since): rewritten to this fold first.
+        repricing.align(run, state, prices)
     restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
     before = Mark.of(state)
     rows, written, out = _allocate(run, state, batch, logged, now, prices, imported)
