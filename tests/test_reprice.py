@@ -1,6 +1,6 @@
 """Repricing (docs/operations.md § Prices): a run appended to across a change of its workspace's
 prices stays exactly what the fold with the new table says (ledger/log/repricing.py), and
-`ledger reprice` brings the others."""
+`ledger reprice` reprices one run, one workspace's runs or every run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from ledger import clock, log
 from ledger.fold.pricing import prices_for
@@ -76,9 +77,9 @@ def test_an_append_after_a_price_change_reprices_the_run_it_folds_again(workspac
     sums_agree(run)
     rollups_agree(workspace)
     assert cli("verify", "run_a")[0] == 0
-    # run_b still waits for a reprice (verify says so)
+    # run_b still waits for a reprice (verify says so); the workspace's reprice brings it along
     assert cli("verify", "run_b")[0] == 1
-    assert cli("reprice") == (0, "repriced 2 run(s): 1 cost entry changed\n")
+    assert cli("reprice", "--workspace", "acme/support") == (0, "repriced 2 run(s): 1 cost entry changed\n")
     assert cli("verify")[0] == 0
 
 
@@ -129,3 +130,24 @@ def test_the_daily_and_monthly_cells_of_the_days_before_follow_the_new_prices(wo
     assert cli("verify", "run_e")[0] == 0
     assert cli("reprice")[0] == 0
     assert cli("verify")[0] == 0
+
+
+@pytest.mark.django_db
+def test_reprice_takes_one_run_or_one_workspace(workspace, append) -> None:
+    other = bootstrap(tenant="globex", workspace="main")
+    append("run_a", started(), responded("s", 1))
+    log.append(workspace=other, run_id="run_x", events=[started(), responded("s", 1)])
+    override(workspace, {"input": 1, "output": 2})
+    override(other, {"input": 4, "output": 2})
+    assert cli("reprice", "run_a", "--workspace", "acme/support") == (
+        0,
+        "repriced 1 run(s): 1 cost entry changed\n",
+    )
+    assert Run.objects.get(run_id="run_a").cost_usd == Decimal(1)
+    assert Run.objects.get(run_id="run_x").cost_usd == Decimal("2.5")  # the other workspace waits
+    assert cli("reprice", "--workspace", "globex/main") == (0, "repriced 1 run(s): 1 cost entry changed\n")
+    assert Run.objects.get(run_id="run_x").cost_usd == Decimal(4)
+    assert cli("reprice") == (0, "repriced 2 run(s): 0 cost entries changed\n")
+    assert cli("verify")[0] == 0
+    with pytest.raises(CommandError, match="workspace acme/nowhere not found"):
+        cli("reprice", "--workspace", "acme/nowhere")
