@@ -395,7 +395,7 @@ SPECTACULAR_SETTINGS = {
 # Re-execution (ledger/reexecution): approved requests go onto a durable queue in the database
 # (django-tasks with its database backend), worked by `manage.py ledger worker` (make run starts
 # one beside Daphne). Tests that want a request executed inline switch to the immediate backend.
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default", "reexecutions"]}}
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default", "reexecutions", "reprices"]}}
 RUNLEDGER_APPROVAL_TTL_HOURS = _env_seconds("RUNLEDGER_APPROVAL_TTL_HOURS", 24.0, 24.0 * 365, unit="hours")
 # A worker (or external executor) holding a request renews its lease; one not renewed for this long
 # is taken as dead and the request is handed out again, resuming the same new run.

@@ -913,6 +913,8 @@ class AuditEntry(models.Model):
         EVALUATION_STARTED = "evaluation.started"
         EVALUATION_FINISHED = "evaluation.finished"
         PRICE_OVERRIDES_CHANGED = "price_overrides.changed"
+        PRICES_REPRICE_REQUESTED = "prices.reprice_requested"
+        PRICES_REPRICED = "prices.repriced"
 
     # The entry's `id` in the API and exports, never changed (migration 0040 gave the entries
     # before it theirs). Unique by the constraint below, which makes no LIKE index beside it.
@@ -1052,3 +1054,40 @@ class Evaluation(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["workspace", "-created_at"], name="evaluation_newest_first")]
+
+
+class RepriceRequest(models.Model):
+    """An admin's request to reprice one workspace's recorded costs (ledger/tenancy/repricing.py),
+    worked through by `ledger worker` run by run, in run order: `after_run_pk` is where it stands
+    (the last run done), so a task that stopped is taken up there; a run already priced with the
+    table in force is left alone, so going over a run again changes nothing. At most one open
+    (queued or running) request per workspace. Not a projection: who asked is in no log."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+
+    OPEN = (Status.QUEUED, Status.RUNNING)
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+", db_index=False)
+    requested_by = models.CharField(max_length=160)  # the audit actor's name
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    requested_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    touched_at = models.DateTimeField()  # the last progress: a request left still is queued again
+    after_run_pk = models.BigIntegerField(default=0)
+    runs = models.IntegerField(default=0)  # runs looked at
+    runs_changed = models.IntegerField(default=0)
+    entries_changed = models.IntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "-requested_at"], name="reprice_request_latest")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace"],
+                condition=models.Q(status__in=["queued", "running"]),
+                name="reprice_request_one_open",
+            )
+        ]

@@ -160,6 +160,7 @@ ROUTES: dict[str, Route] = {
     W + "settings/prices/": page({"GET": (None, ADMIN)}),
     W + "settings/prices/set/": page({"POST": (None, ADMIN)}),
     W + "settings/prices/remove/": page({"POST": (None, ADMIN)}),
+    W + "settings/prices/reprice/": page({"POST": (None, ADMIN)}),
     # Every member reads the workspace's redaction rules; only admins change them.
     W + "settings/redaction/": page({"GET": (None, Role.VIEWER), "POST": (None, ADMIN)}),
     # --- share links: the token is the credential (tokens are checked by tests/test_share_links.py

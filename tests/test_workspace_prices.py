@@ -1,8 +1,8 @@
 """The Prices screen of a workspace's Settings (admins only): the shipped price table with the
 workspace's overrides laid over it; an override set, changed and removed, checked as the fold
 checks them (PriceTable.with_overrides, under our rules and Little Workflow's) with each reason
-next to its field, audited `price_overrides.changed`; and the page says that recorded costs wait
-for `ledger reprice`."""
+next to its field, audited `price_overrides.changed`; and the reprice of the workspace's recorded
+costs, queued for the worker from the page (ledger/tenancy/repricing.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django_tasks_db.models import DBTaskResult
 
 from ledger.fold.pricing import load_default_prices
-from ledger.models import AuditEntry, Run, Workspace
+from ledger.log.projection import reprice as reprice_all
+from ledger.models import AuditEntry, RepriceRequest, Run, Workspace
+from ledger.tenancy import repricing
 from tests.browser import data
 
 pytestmark = pytest.mark.django_db
@@ -21,6 +24,7 @@ pytestmark = pytest.mark.django_db
 PAGE = "/w/acme/support/settings/prices/"
 SET = PAGE + "set/"
 REMOVE = PAGE + "remove/"
+REPRICE = PAGE + "reprice/"
 
 
 def as_user(user: Any) -> Client:
@@ -54,11 +58,16 @@ def test_the_screen_is_for_admins_and_a_404_for_another_tenant(
         assert refused.status_code == 403 and 'id="error-title">Not allowed<' in refused.content.decode()
         assert c.post(SET, override).status_code == 403
         assert c.post(REMOVE, {"key": "openai/gpt-4o"}).status_code == 403
+        refused = c.post(REPRICE)
+        assert refused.status_code == 403 and 'id="error-title">Not allowed<' in refused.content.decode()
     c = as_user(outsider)
     assert c.get(PAGE).status_code == 404
     assert c.post(SET, override).status_code == 404
     assert c.post(REMOVE, {"key": "openai/gpt-4o"}).status_code == 404
+    assert c.post(REPRICE).status_code == 404
     assert client.get(PAGE).status_code == 302
+    assert client.post(REPRICE).status_code == 302
+    assert not RepriceRequest.objects.exists()
     assert _overrides() == {} and not AuditEntry.objects.filter(action="price_overrides.changed").exists()
 
 
@@ -76,7 +85,7 @@ def test_an_override_is_saved_audited_and_the_page_says_what_reprices_the_past(a
         {"model": "openai/gpt-4o", "before": None, "after": {"output": 5}},
     )
     html = c.get(saved["Location"]).content.decode()
-    assert 'id="prices-changed"' in html and "manage.py ledger reprice" in html
+    assert 'id="prices-changed"' in html and "reprice this workspace's recorded costs</a>" in html
     row = html.split('<tr class="price" data-model="openai/gpt-4o" data-overridden="1">')[1].split("</tr>")[0]
     assert ">2.5<" in row and ">1.25<" in row and ">5<" in row and "overridden here" in row
     assert "+ws." in html.split('id="price-table-version">')[1].split("<")[0]
@@ -151,3 +160,89 @@ def test_overrides_stored_before_they_were_checked_are_shown_and_can_be_removed(
     assert c.post(REMOVE, {"key": "openai/gpt-x"}).status_code == 302
     assert _overrides() == {}
     assert 'id="prices-problem"' not in c.get(PAGE).content.decode()
+
+
+def _drain() -> None:
+    """What `ledger worker` does with the reprice tasks on the queue, in this test's transaction."""
+    while (result := DBTaskResult.objects.ready().filter(queue_name=repricing.QUEUE).first()) is not None:
+        result.claim("test-worker")
+        result.set_successful(result.task.call(*result.task_result.args, **result.task_result.kwargs))
+
+
+def _state(html: str) -> str:
+    return html.split('id="reprice-state"')[1].split("</div>")[0]
+
+
+def test_an_admin_reprices_the_workspace_from_the_page_and_the_worker_does_it(
+    admin: Any, workspace: Workspace, other_workspace: Workspace
+) -> None:
+    data.priced_run(workspace, "run_a", "openai", "gpt-4o")  # 1,200 in, 300 out: $0.006
+    data.priced_run(workspace, "run_b", "acme", "house-model")  # unpriced
+    data.priced_run(other_workspace, "run_x", "openai", "gpt-4o")
+    c = as_user(admin)
+    html = c.get(PAGE).content.decode()
+    assert "Never repriced from here" in _state(html) and 'id="reprice-button"' in html
+    assert c.post(SET, {"key": "openai/gpt-4o", "input": "1", "output": "1"}).status_code == 302
+    assert c.post(SET, {"key": "acme/house-model", "input": "1", "output": "2"}).status_code == 302
+
+    asked = c.post(REPRICE)
+    assert asked.status_code == 302 and asked["Location"] == PAGE + "?repricing=1#reprice"
+    html = c.get(asked["Location"]).content.decode()
+    assert "Reprice queued" in _state(html) and "alice" in _state(html) and 'id="reprice-button"' not in html
+    entry = AuditEntry.objects.get(action="prices.reprice_requested")
+    assert (entry.actor, entry.target) == ("alice", "acme/support")
+    # A second click while it is queued says so, and queues nothing.
+    again = c.post(REPRICE)
+    assert again.status_code == 409
+    assert "already queued or running" in again.content.decode().split('id="reprice-refused">')[1]
+    assert RepriceRequest.objects.count() == 1
+
+    _drain()
+    assert Run.objects.get(workspace=workspace, run_id="run_a").cost_usd == Decimal("0.0015")
+    assert Run.objects.get(workspace=workspace, run_id="run_b").cost_usd == Decimal("0.0018")
+    assert Run.objects.get(run_id="run_x").cost_usd == Decimal("0.006")  # another workspace's: untouched
+    html = c.get(PAGE).content.decode()
+    assert 'data-status="done"' in html and 'id="reprice-button"' in html
+    assert "2 runs, 2 with new prices, 2 cost entries changed" in _state(html)
+    done = AuditEntry.objects.get(action="prices.repriced")
+    assert (done.actor, done.target) == ("system:reprice", "acme/support")
+    assert done.details == {
+        "request": entry.details["request"],
+        "requestedBy": "alice",
+        "runs": 2,
+        "runsChanged": 2,
+        "entriesChanged": 2,
+    }
+    # Again: harmless, nothing changes.
+    assert c.post(REPRICE).status_code == 302
+    _drain()
+    assert "2 runs, 0 with new prices, 0 cost entries changed" in _state(c.get(PAGE).content.decode())
+    assert reprice_all(Run.objects.filter(workspace=workspace))[1] == 0
+
+
+def test_a_long_reprice_goes_in_bounded_tasks_and_a_lost_one_is_queued_again(
+    admin: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import timedelta
+
+    from ledger import clock
+
+    for n in range(5):
+        data.priced_run(workspace, f"run_{n}", "openai", "gpt-4o")
+    workspace.price_overrides = {"openai/gpt-4o": {"input": 1, "output": 1}}
+    workspace.save()
+    monkeypatch.setattr(repricing, "RUNS_PER_TASK", 2)
+    request = repricing.request_reprice(workspace=workspace, by=admin)
+    assert repricing.reprice_workspace.call(request.pk) == "2 run(s), more to come"
+    request.refresh_from_db()
+    assert (request.status, request.runs, request.entries_changed) == ("running", 2, 2)
+    # Its next task was lost with the worker: the sweep queues it again once it has stood still.
+    assert repricing.recover_stalled() == []
+    with clock.backdated(clock.now() + repricing.STALLED_AFTER + timedelta(seconds=1)):
+        assert repricing.recover_stalled() == ["acme/support"]
+    # The tasks on the queue (the lost one too, and the one the sweep queued) take it up where it stands.
+    _drain()
+    request.refresh_from_db()
+    assert (request.status, request.runs, request.runs_changed, request.entries_changed) == ("done", 5, 5, 5)
+    assert AuditEntry.objects.filter(action="prices.repriced").count() == 1
+    assert {r.cost_usd for r in Run.objects.filter(workspace=workspace)} == {Decimal("0.0015")}

@@ -5,9 +5,10 @@ model's rates (or price a model the table does not know), and a button to remove
 `price_overrides.changed`).
 
 A change prices the model calls recorded from then on; costs already recorded keep their prices
-until the operator runs `ledger reprice`, which recomputes every workspace's cost entries from
-their tokens: the page says so after each change, and offers no button for it (a repricing reads
-every run of the deployment, not something a request may start).
+until they are repriced: *Reprice this workspace's recorded costs* queues the reprice of this
+workspace's runs for `ledger worker` (ledger/tenancy/repricing.py: one at a time per workspace,
+audited), and the page shows where the latest stands; the operator's `ledger reprice` does the
+same from the command line.
 
 Another tenant's workspace is a 404; a member below admin gets 403. Plain forms: a change
 redirects to the page with what was saved; a refusal is the page again (400) with each reason
@@ -30,7 +31,7 @@ from ledger.errors import LedgerError
 from ledger.fold.pricing import ModelRates
 from ledger.models import Role, Workspace
 from ledger.reads import selectors
-from ledger.tenancy import price_settings
+from ledger.tenancy import price_settings, repricing
 from ledger.tenancy.price_settings import RATES, InvalidPriceOverride
 
 from .guard import member_access
@@ -83,7 +84,9 @@ def _edit_values(ws: Workspace, key: str) -> dict[str, str]:
     return {"key": key[:200]}
 
 
-def _page(request: HttpRequest, ws: Workspace, *, form: dict[str, Any], status: int = 200) -> HttpResponse:
+def _page(
+    request: HttpRequest, ws: Workspace, *, form: dict[str, Any], status: int = 200, reprice_refused: str = ""
+) -> HttpResponse:
     sheet = price_settings.sheet(ws)
     args = [ws.tenant.slug, ws.slug]
     rows = [
@@ -102,6 +105,7 @@ def _page(request: HttpRequest, ws: Workspace, *, form: dict[str, Any], status: 
         for row in sheet.rows
     ]
     saved, removed = request.GET.get("saved", "")[:200], request.GET.get("removed", "")[:200]
+    reprice = repricing.latest(ws)
     context = {
         "workspace": ws,
         "workspaces": selectors.workspaces_for(request.user),
@@ -113,6 +117,11 @@ def _page(request: HttpRequest, ws: Workspace, *, form: dict[str, Any], status: 
         "changed": (saved or removed) if status == 200 else "",
         "removed": bool(removed) and status == 200,
         "remove_url": reverse("workspace-price-remove", args=args),
+        "reprice": reprice,
+        "reprice_open": reprice is not None and reprice.status in reprice.OPEN,
+        "reprice_url": reverse("workspace-reprice", args=args),
+        "reprice_refused": reprice_refused,
+        "reprice_asked": request.GET.get("repricing") == "1" and status == 200,
     }
     return render(request, "console/prices.html", context, status=status)
 
@@ -172,8 +181,22 @@ def remove_price(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
     return redirect(reverse("workspace-prices", args=[tenant, workspace]) + f"?{query}#prices-changed")
 
 
+@login_required
+@require_POST
+def reprice(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """Queue the reprice of this workspace's recorded costs; while one is queued or running, the
+    page again (409) saying so."""
+    ws, admin = _admin(request, tenant, workspace)
+    try:
+        repricing.request_reprice(workspace=ws, by=admin)
+    except repricing.RepriceInProgress as exc:
+        return _page(request, ws, form=_form(ws), status=exc.status, reprice_refused=exc.message)
+    return redirect(reverse("workspace-prices", args=[tenant, workspace]) + "?repricing=1#reprice")
+
+
 urlpatterns = [
     path(WS + "settings/prices/", prices_page, name="workspace-prices"),
     path(WS + "settings/prices/set/", set_price, name="workspace-price-set"),
     path(WS + "settings/prices/remove/", remove_price, name="workspace-price-remove"),
+    path(WS + "settings/prices/reprice/", reprice, name="workspace-reprice"),
 ]

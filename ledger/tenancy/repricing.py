@@ -1,0 +1,167 @@
+"""Repricing one workspace's recorded costs, asked for by one of its admins on the Prices page and
+worked through by `ledger worker` (docs/operations.md § Members and prices on the Settings pages).
+
+`request_reprice` records the request (`RepriceRequest`, queued) and the audit entry
+`prices.reprice_requested`, and queues the task `reprice_workspace` on the durable queue
+(django-tasks, as re-executions are) in the same transaction. One open request per workspace:
+a second is refused while one is queued or running (409 `reprice_in_progress`).
+
+The task goes over the workspace's runs in run order, each in its own transaction under the run's
+head lock (ledger/log/repricing.py `reprice_run`: a run whose cost entries all name the table in
+force is left alone, so going over it again changes nothing), at most RUNS_PER_TASK runs a task,
+then queues the next task for the rest: a long workspace never holds a worker for long, and
+appends go on meanwhile. The request keeps where it stands (`after_run_pk`) and its counts, so a
+task lost with its worker is queued again by the worker's sweep (`recover_stalled`) and takes up
+after the last run done. The last task marks the request done and writes `prices.repriced`
+(runs, runs changed, entries changed).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django_tasks import task
+from django_tasks_db import DatabaseBackend
+
+from .. import audit, clock
+from ..errors import LedgerError
+from ..log.repricing import reprice_run
+from ..models import RepriceRequest, Run, Workspace
+
+Status = RepriceRequest.Status
+QUEUE = "reprices"
+# Runs a task goes over before it queues the next for the rest.
+RUNS_PER_TASK = 200
+# A request open this long without progress has lost its task: the sweep queues it again.
+STALLED_AFTER = timedelta(minutes=5)
+ACTOR = "system:reprice"
+
+
+class RepriceInProgress(LedgerError):
+    code = "reprice_in_progress"
+    status = 409
+
+
+def latest(workspace: Workspace) -> RepriceRequest | None:
+    """The workspace's newest request, whatever its state."""
+    return RepriceRequest.objects.filter(workspace=workspace).order_by("-requested_at", "-pk").first()
+
+
+def request_reprice(*, workspace: Workspace, by: AbstractBaseUser | audit.Actor) -> RepriceRequest:
+    """Queue the reprice of `workspace`'s recorded costs; RepriceInProgress while one is open."""
+    actor = by if isinstance(by, audit.Actor) else audit.Actor.of(by)
+    with transaction.atomic():
+        ws = Workspace.objects.select_for_update().select_related("tenant").get(pk=workspace.pk)
+        now = clock.now()
+        if RepriceRequest.objects.filter(workspace=ws, status__in=RepriceRequest.OPEN).exists():
+            raise _in_progress()
+        try:
+            with transaction.atomic():
+                request = RepriceRequest.objects.create(
+                    workspace=ws, requested_by=actor.name[:160], requested_at=now, touched_at=now
+                )
+        except IntegrityError:  # another admin's request, committed since the check
+            raise _in_progress() from None
+        audit.record(
+            actor=actor,
+            tenant=ws.tenant,
+            workspace=ws,
+            action=audit.Action.PRICES_REPRICE_REQUESTED,
+            target=f"{ws.tenant.slug}/{ws.slug}",
+            details={"request": request.pk},
+        )
+        _enqueue(request.pk)
+    return request
+
+
+def _in_progress() -> RepriceInProgress:
+    return RepriceInProgress("a reprice of this workspace's recorded costs is already queued or running")
+
+
+def _enqueue(request_pk: int) -> None:
+    """The task in the caller's transaction on the database backend (never a request without its
+    task), after commit on the others (the immediate backend of tests)."""
+    if isinstance(reprice_workspace.get_backend(), DatabaseBackend):
+        reprice_workspace.enqueue(request_pk)
+    else:
+        transaction.on_commit(lambda: reprice_workspace.enqueue(request_pk))
+
+
+@task(queue_name=QUEUE)
+def reprice_workspace(request_pk: int) -> str:
+    """Up to RUNS_PER_TASK runs of the request's workspace after where it stands; then the next
+    task, or the request done. What it did, for the task's result."""
+    request = RepriceRequest.objects.filter(pk=request_pk).first()
+    if request is None or request.status == Status.DONE:
+        return "nothing to do"
+    now = clock.now()
+    RepriceRequest.objects.filter(pk=request_pk, status=Status.QUEUED).update(
+        status=Status.RUNNING, started_at=now, touched_at=now
+    )
+    pks = list(
+        Run.objects.filter(workspace_id=request.workspace_id, pk__gt=request.after_run_pk)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:RUNS_PER_TASK]
+    )
+    for pk in pks:
+        changed = reprice_run(pk)
+        # Counted once per run even if two tasks of the request meet: only the one that moves
+        # the request past the run counts it.
+        RepriceRequest.objects.filter(pk=request_pk, after_run_pk__lt=pk).update(
+            after_run_pk=pk,
+            runs=F("runs") + 1,
+            runs_changed=F("runs_changed") + (1 if changed else 0),
+            entries_changed=F("entries_changed") + changed,
+            touched_at=clock.now(),
+        )
+    if len(pks) == RUNS_PER_TASK:
+        with transaction.atomic():
+            _enqueue(request_pk)
+        return f"{len(pks)} run(s), more to come"
+    return _finish(request_pk)
+
+
+def _finish(request_pk: int) -> str:
+    with transaction.atomic():
+        request = RepriceRequest.objects.select_for_update().select_related("workspace__tenant").get(pk=request_pk)
+        if request.status == Status.DONE:
+            return "done before"
+        request.status, request.finished_at = Status.DONE, clock.now()
+        request.save(update_fields=["status", "finished_at"])
+        ws = request.workspace
+        details: dict[str, Any] = {
+            "request": request.pk,
+            "requestedBy": request.requested_by,
+            "runs": request.runs,
+            "runsChanged": request.runs_changed,
+            "entriesChanged": request.entries_changed,
+        }
+        audit.record(
+            actor=ACTOR,
+            tenant=ws.tenant,
+            workspace=ws,
+            action=audit.Action.PRICES_REPRICED,
+            target=f"{ws.tenant.slug}/{ws.slug}",
+            details=details,
+        )
+    return f"done: {request.runs} run(s), {request.entries_changed} cost entries changed"
+
+
+def recover_stalled() -> list[str]:
+    """Queue again each open request without progress for STALLED_AFTER (its task lost with a
+    worker that died): the worker's sweep. The workspaces queued."""
+    queued = []
+    for request in RepriceRequest.objects.filter(
+        status__in=RepriceRequest.OPEN, touched_at__lt=clock.now() - STALLED_AFTER
+    ).select_related("workspace__tenant"):
+        with transaction.atomic():
+            if RepriceRequest.objects.filter(pk=request.pk, touched_at=request.touched_at).update(
+                touched_at=clock.now()
+            ):
+                _enqueue(request.pk)
+                queued.append(f"{request.workspace.tenant.slug}/{request.workspace.slug}")
+    return queued
