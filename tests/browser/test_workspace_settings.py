@@ -1,15 +1,22 @@
 """The workspace settings page in a real browser: an admin reaches it from the navigation, sets a
-retention with htmx (a refusal shows in place), and revokes an API key with htmx."""
+retention with htmx (a refusal shows in place), and revokes an API key with htmx; changes
+members and prices, and has the worker reprice the workspace's recorded costs."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from ledger.models import ApiKey, AuditEntry, Membership, Workspace
+from ledger.models import ApiKey, AuditEntry, Membership, Run, Workspace
 from ledger.tenancy.services import authenticate_key, create_key
+from tests.browser import data
 from tests.browser.conftest import Daphne, log_in
+from tests.browser.test_reexecution_flow import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,6 +113,49 @@ def test_an_admin_overrides_a_price_with_the_reason_next_to_the_field(
 
     page.locator("#price-output").fill("3.2")
     page.locator("#price-save").click()
-    expect(page.locator("#prices-changed")).to_contain_text("ledger reprice")
+    expect(page.locator("#prices-changed")).to_contain_text("reprice this workspace's recorded costs")
     expect(page.locator('tr.price-override[data-model="acme/house-model"]')).to_contain_text("3.2")
     assert Workspace.objects.get(pk=workspace.pk).price_overrides == {"acme/house-model": {"input": 0.8, "output": 3.2}}
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[list[Worker]]:
+    """Started by the test; stopped before the database is flushed (torn down first)."""
+    started: list[Worker] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+def test_an_admin_edits_a_price_and_the_worker_reprices_the_recorded_costs(
+    page: Page, production: Daphne, workspace: Workspace, admin: User, worker: list[Worker], tmp_path: Path
+) -> None:
+    """On the production settings (DEBUG off, the CSP): an override saved, *Reprice this
+    workspace's recorded costs* clicked, the real worker process (as `make run` starts it) reprices
+    the run, and the page, reloaded, says it is done and the run's cost is the new one."""
+    data.priced_run(workspace, "run_priced", "openai", "gpt-4o")  # 1,200 in, 300 out
+    assert Run.objects.get(run_id="run_priced").cost_usd == Decimal("0.006")
+    log_in(page, production, admin)
+    page.goto(f"{production.url}/w/acme/support/settings/prices/")
+    form = page.locator("form#price-override-form")
+    form.locator("[name=key]").fill("openai/gpt-4o")
+    form.locator("[name=input]").fill("1")
+    form.locator("[name=output]").fill("1")
+    form.locator("[name=reason]").fill("negotiated")
+    form.locator("#price-save").click()
+    expect(page.locator("#prices-changed")).to_be_visible()
+
+    page.locator("#reprice-button").click()
+    expect(page.locator("#reprice-state")).to_contain_text("Reprice queued")
+    expect(page.locator("#reprice-button")).to_have_count(0)
+    worker.append(Worker(tmp_path / "worker.log"))
+    for _ in range(150):  # a reload until the worker is done
+        if page.locator('#reprice-state[data-status="done"]').count():
+            break
+        page.wait_for_timeout(200)
+        page.reload()
+    expect(page.locator("#reprice-counts")).to_have_text("1 run, 1 with new prices, 1 cost entry changed")
+    assert Run.objects.get(run_id="run_priced").cost_usd == Decimal("0.0015")
+    page.goto(f"{production.url}/w/acme/support/runs/run_priced/")
+    expect(page.locator("body")).to_contain_text("$0.0015")
+    assert AuditEntry.objects.filter(action="prices.repriced", details__entriesChanged=1).exists()
