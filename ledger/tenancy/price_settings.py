@@ -4,9 +4,10 @@ one model's override, remove it), checked as the fold checks them (`PriceTable.w
 and audited (`price_overrides.changed`, the model with its override before and after).
 
 What a change does not do: reprice what is recorded. Cost entries already written keep the
-prices they were computed with until `ledger reprice` recomputes them from their tokens (every
-run of every workspace, as long as the log is: not something a page may start); `ledger verify`
-reports the entries priced by an older table meanwhile (docs/operations.md § Prices).
+prices they were computed with until their run's next append (ledger/log/repricing.py), the
+workspace's reprice (ledger/tenancy/repricing.py, from the Prices page) or `ledger reprice`
+recomputes them from their tokens; `ledger verify` reports the entries priced by an older table
+meanwhile (docs/operations.md § Prices).
 """
 
 from __future__ import annotations
