@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0037_price_overrides_audited'),
+        ('ledger', '0040_feedback_and_audit_public_ids'),
     ]
 
     operations = [
