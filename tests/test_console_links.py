@@ -54,6 +54,7 @@ def _crawl(client: Client) -> dict[str, tuple[int, str]]:
     return refused
 
 
+@pytest.mark.backend_independent  # what a page links is its template's and view's; about 20 s
 def test_every_link_a_viewer_is_offered_opens(client: Client) -> None:
     load_demo(history_runs=0)
     client.force_login(User.objects.get(username="dave"))
