@@ -181,7 +181,7 @@ def test_an_admin_reprices_the_workspace_from_the_page_and_the_worker_does_it(
     data.priced_run(other_workspace, "run_x", "openai", "gpt-4o")
     c = as_user(admin)
     html = c.get(PAGE).content.decode()
-    assert "Never repriced from here" in _state(html) and 'id="reprice-button"' in html
+    assert "No reprice asked for from this page yet" in _state(html) and 'id="reprice-button"' in html
     assert c.post(SET, {"key": "openai/gpt-4o", "input": "1", "output": "1"}).status_code == 302
     assert c.post(SET, {"key": "acme/house-model", "input": "1", "output": "2"}).status_code == 302
 

@@ -32,6 +32,8 @@ PAGES = (
     "run-evidence",
     "run-costs",
     "usage",
+    "settings-members",
+    "settings-prices",
 )
 NARROW_PAGES = ("runs", "run-header", "run-timeline", "run-waterfall")  # also taken as NAME-390-SCHEME.png
 SCHEMES = ("light", "dark")
@@ -160,6 +162,14 @@ def test_every_page_renders_light_and_dark_and_is_photographed(
     expect(page.locator('svg.usage-chart a.bar[href*="deepseek-v4-flash"]')).to_have_count(1)
     expect(page.locator("table#usage-table")).to_contain_text("gemini-2.5-flash")
     _shoot(page, "usage", backgrounds)
+
+    page.goto(f"{server.url}/w/acme/support/settings/members/")
+    expect(page.locator("main")).to_contain_text(admin.get_username())
+    _shoot(page, "settings-members", backgrounds)
+
+    page.goto(f"{server.url}/w/acme/support/settings/prices/")
+    expect(page.locator("main")).to_contain_text("gpt-4o-mini")
+    _shoot(page, "settings-prices", backgrounds)
 
     # Dark is dark and light is light on every page, not only where a stylesheet remembered it.
     assert max(backgrounds["dark"]) < 0.3 and min(backgrounds["light"]) > 0.7, backgrounds
