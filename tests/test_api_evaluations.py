@@ -11,7 +11,9 @@ from xml.etree import ElementTree
 import httpx
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 
+from ledger import log
 from ledger.log.leases import acquire_run_lease
 from ledger.models import AuditEntry, Evaluation, Event, ReexecutionRequest, Workspace
 from ledger.reexecution import executor
@@ -147,6 +149,40 @@ def _external_run(ci: httpx.Client, run_id: str, ticket: str, answer: str) -> No
     ]
     response = ci.post(f"/api/v1/runs/{run_id}/events", json={"events": events})
     assert response.status_code == 200, response.text
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def test_a_settlement_rolled_back_does_not_stop_the_evaluation_advancing(workspace, sessions) -> None:
+    """A transaction that settled a request and then rolled back (the append ended the run, and
+    something later in the same transaction failed) leaves nothing behind that keeps the next
+    commit from advancing the evaluation: the batch still finishes by itself."""
+    carol, bob = sessions("carol"), sessions("bob")
+    ci = _key(workspace, ["execute", "ingest", "read"])
+    for i in range(2):
+        _external_run(ci, f"run_ext_{i}", f"ticket {i}", f"Answer {i}")
+    assert carol.post("/api/v1/datasets/golden/runs", json={"runIds": ["run_ext_0", "run_ext_1"]}).status_code == 201
+    assert bob.post("/api/v1/evaluation-policies", json={**POLICY, "changeKinds": ["prompt"]}).status_code == 201
+    change = {"kind": "prompt", "prompts": {"answer": {"system": "Be brief."}}}
+    body = {"dataset": "golden", "change": change, "scorers": ["exact"], "failIf": "pass_rate < 0.95", "reason": "b"}
+    made = ci.post("/api/v1/evaluations", json=body).json()
+    for n in range(2):
+        claimed = ci.post("/api/v1/reexecutions/claim", json={"owner": "harness"}).json()
+        new_run, request = claimed["newRunId"], claimed["request"]
+        started = {"workflowVersionId": "wfver_harness_2", "replayOf": request["runId"], "reexecutionId": request["id"]}
+        assert ci.post(f"/api/v1/runs/{new_run}/events", json={"events": [{"type": "RunStarted", "payload": started}]})
+        ended = {"events": [{"type": "RunCompleted", "payload": {"output": {"reply": f"Answer {n}"}}}]}
+        if n == 0:  # the append's own service, in a transaction of the test's (HTTP closes it)
+            with pytest.raises(_RolledBack), transaction.atomic():
+                log.append(workspace=workspace, run_id=new_run, events=ended["events"], by="key:ci")
+                assert ReexecutionRequest.objects.get(public_id=request["id"]).status == "succeeded"
+                raise _RolledBack
+        assert ci.post(f"/api/v1/runs/{new_run}/events", json=ended).status_code == 200
+    done = ci.get(f"/api/v1/evaluations/{made['id']}").json()
+    assert done["status"] == "finished" and done["verdict"] == "passed", done
+    ci.close()
 
 
 def test_an_external_executors_batch_is_scored_and_judged_when_it_finishes(workspace, sessions) -> None:

@@ -318,7 +318,18 @@ def _advance_quietly(pk: int) -> None:
         log.warning("advancing evaluation %s failed", pk, exc_info=True)
 
 
-_SCHEDULED: set[int] = set()
+def _to_advance() -> set[int]:
+    """The evaluations whose requests changed in this thread's connection since its last advance.
+    Per connection (so per thread and transaction), not per process: a set shared by the threads
+    let one transaction skip an advance that another's, committing earlier, then made before the
+    change was committed. A rolled-back transaction drops its callbacks but not what it put here:
+    the next commit on the connection advances those too (advancing is idempotent)."""
+    connection = transaction.get_connection()
+    pending: set[int] | None = getattr(connection, "_evaluations_to_advance", None)
+    if pending is None:
+        pending = set()
+        connection._evaluations_to_advance = pending
+    return pending
 
 
 def on_request_change(request: ReexecutionRequest) -> None:
@@ -334,15 +345,18 @@ def on_request_change(request: ReexecutionRequest) -> None:
     if request.status == RxStatus.APPROVED and request.approver_name.startswith("policy:"):
         return  # approved with the evaluation's start, which is already running
     pk = _evaluation_pk(request)
-    if pk is not None and pk not in _SCHEDULED:
-        # One advance per evaluation per commit, however many of its requests changed in it.
-        _SCHEDULED.add(pk)
+    if pk is None:
+        return
+    pending = _to_advance()
+    pending.add(pk)
 
-        def run() -> None:
-            _SCHEDULED.discard(pk)
-            _advance_quietly(pk)
+    def run() -> None:
+        # One advance per evaluation per commit, however many of its requests changed in it: the
+        # first callback after the commit advances them all, the others find nothing left.
+        while pending:
+            _advance_quietly(pending.pop())
 
-        transaction.on_commit(run)
+    transaction.on_commit(run)
 
 
 def after_request(request_pk: int) -> None:
