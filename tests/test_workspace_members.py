@@ -108,6 +108,18 @@ def test_removing_a_member_audits_and_ends_their_access(admin: Any, operator: An
     assert 'data-username="carol"' not in c.get(PAGE).content.decode()
 
 
+def test_the_command_line_removes_a_member_as_the_screen_does(admin: Any, operator: Any, outsider: Any) -> None:
+    out = io.StringIO()
+    call_command("ledger", "remove-member", "carol", "--tenant", "acme", stdout=out)
+    assert out.getvalue().strip() == "carol is no longer a member of acme" and _role("carol") is None
+    entry = AuditEntry.objects.get(action="member.removed")
+    assert (entry.actor, entry.target, entry.details) == ("system:cli", "user:carol", {"role": "operator"})
+    assert as_user(operator).get("/w/acme/support/").status_code == 404
+    for name in ("carol", "olga", "nobody"):  # no longer, another tenant's, no one: alike
+        with pytest.raises(CommandError, match=f"{name} is not a member of acme"):
+            call_command("ledger", "remove-member", name, "--tenant", "acme", stdout=io.StringIO())
+
+
 def test_the_last_admin_is_neither_removed_nor_demoted_here_or_on_the_command_line(admin: Any, approver: Any) -> None:
     c = as_user(admin)
     for url, data in ((ROLE, {"username": "alice", "role": "approver"}), (REMOVE, {"username": "alice"})):
@@ -122,6 +134,8 @@ def test_the_last_admin_is_neither_removed_nor_demoted_here_or_on_the_command_li
         remove_member(username="alice", tenant="acme")
     with pytest.raises(CommandError, match="last admin"):
         call_command("ledger", "create-user", "alice", "--tenant", "acme", "--role", "viewer", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="last admin"):
+        call_command("ledger", "remove-member", "alice", "--tenant", "acme", stdout=io.StringIO())
     assert _role("alice") == "admin"
     assert not AuditEntry.objects.filter(action__in=["member.changed", "member.removed"]).exists()
 
