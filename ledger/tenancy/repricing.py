@@ -72,7 +72,7 @@ def request_reprice(*, workspace: Workspace, by: AbstractBaseUser | audit.Actor)
             workspace=ws,
             action=audit.Action.PRICES_REPRICE_REQUESTED,
             target=f"{ws.tenant.slug}/{ws.slug}",
-            details={"request": request.pk},
+            details={"requestedAt": request.requested_at.isoformat()},
         )
         _enqueue(request.pk)
     return request
@@ -134,7 +134,9 @@ def _finish(request_pk: int) -> str:
         request.save(update_fields=["status", "finished_at"])
         ws = request.workspace
         details: dict[str, Any] = {
-            "request": request.pk,
+            # The request named as its own entry names it: not by its row id, which counts every
+            # tenant's requests (docs/security.md § What ids and cursors reveal).
+            "requestedAt": request.requested_at.isoformat(),
             "requestedBy": request.requested_by,
             "runs": request.runs,
             "runsChanged": request.runs_changed,
