@@ -10,6 +10,7 @@ be a 404 for her. All of them log in with PASSWORD.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -254,6 +256,16 @@ def browser(client: Client, member: User) -> Client:
 
 # The base URL of in_process() clients (Django's test host name, allowed in every mode).
 IN_PROCESS = "http://testserver"
+
+
+def ledger_cli(*args: str) -> tuple[int, str]:
+    """`manage.py ledger ARGS` in this process: (its exit status, what it wrote to stdout)."""
+    out = io.StringIO()
+    try:
+        call_command("ledger", *args, stdout=out, stderr=io.StringIO())
+    except SystemExit as exc:
+        return int(exc.code or 0), out.getvalue()
+    return 0, out.getvalue()
 
 
 def http_client(base_url: str = IN_PROCESS, **options: Any) -> httpx.Client:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.core.management import call_command
 from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,7 +18,7 @@ from ledger.log.envelopes import log_of
 from ledger.log.projection import differences
 from ledger.log.states import STATES
 from ledger.models import CostEntry, Run, Step, ToolCall
-from tests.conftest import ev, started
+from tests.conftest import ev, ledger_cli, started
 
 
 def responded(step: str | None, turn: int, provider: str, model: str, **usage: int) -> dict[str, Any]:
@@ -33,15 +31,6 @@ def responded(step: str | None, turn: int, provider: str, model: str, **usage: i
     if step:
         payload["stepPath"] = step
     return {"type": "harness.model.responded", "payload": payload}
-
-
-def cli(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    try:
-        call_command("ledger", *args, stdout=out, stderr=io.StringIO())
-    except SystemExit as exc:
-        return int(exc.code or 0), out.getvalue()
-    return 0, out.getvalue()
 
 
 def assert_projection_is_fold(run: Run) -> None:
@@ -251,20 +240,20 @@ def test_verify_catches_a_hand_corrupted_projection_and_rebuild_mends_it(workspa
     append(
         "run_v", started(), ev("StepScheduled", stepPath="s"), ev("StepCompleted", stepPath="s", attempt=1, output=1)
     )
-    assert cli("verify", "run_v")[0] == 0
+    assert ledger_cli("verify", "run_v")[0] == 0
     Step.objects.filter(run__run_id="run_v").update(status="failed")
     Run.objects.filter(run_id="run_v").update(status="failed")
-    code, out = cli("verify", "run_v")
+    code, out = ledger_cli("verify", "run_v")
     assert code == 1 and "projections" in out and "step s.status" in out and "run.status" in out
-    assert cli("rebuild", "run_v") == (0, "rebuilt projections of 1 run(s)\n")
-    assert cli("verify", "run_v")[0] == 0
+    assert ledger_cli("rebuild", "run_v") == (0, "rebuilt projections of 1 run(s)\n")
+    assert ledger_cli("verify", "run_v")[0] == 0
 
 
 @pytest.mark.django_db
 def test_verify_catches_a_missing_projection_row(workspace, append) -> None:
     append("run_v", started(), ev("harness.tool_call.started", callId="c", caller="model", toolName="t", args={}))
     ToolCall.objects.filter(run__run_id="run_v").delete()
-    code, out = cli("verify", "run_v")
+    code, out = ledger_cli("verify", "run_v")
     assert code == 1 and "tool call c: missing" in out
 
 
@@ -277,7 +266,7 @@ def test_verify_catches_a_deleted_event(workspace, append) -> None:
             "DELETE FROM ledger_event WHERE sequence = 2 AND run_id = (SELECT id FROM ledger_run WHERE run_id = 'run_v')"
         )
         cur.execute("UPDATE ledger_run SET pruning = %s WHERE run_id = 'run_v'", [False])
-    code, out = cli("verify", "run_v")
+    code, out = ledger_cli("verify", "run_v")
     assert code == 1 and "dense_sequence" in out and "missing [2]" in out
     assert "cannot be folded" in out
 
@@ -293,19 +282,19 @@ def test_reprice_applies_a_workspace_price_override(workspace, append) -> None:
     assert Run.objects.get(run_id="run_p").cost_usd == Decimal("2.5")
     workspace.price_overrides = {"acme.chat/house": {"input": 1, "output": 2}}
     workspace.save()
-    assert cli("reprice") == (0, "repriced 1 run(s): 2 cost entries changed\n")
+    assert ledger_cli("reprice") == (0, "repriced 1 run(s): 2 cost entries changed\n")
     run = Run.objects.get(run_id="run_p")
     assert (run.cost_usd, run.priced_calls, run.unpriced_calls) == (Decimal("3.5"), 2, 0)
     versions = set(CostEntry.objects.filter(run=run).values_list("price_table_version", flat=True))
     assert len(versions) == 1 and "+ws." in versions.pop()
-    assert cli("verify", "run_p")[0] == 0
+    assert ledger_cli("verify", "run_p")[0] == 0
 
 
 @pytest.mark.django_db
 def test_rebuild_then_verify_passes_on_every_demo_run() -> None:
-    cli("demo", "--history-runs", "10")
-    assert cli("rebuild")[0] == 0
-    code, out = cli("verify")
+    ledger_cli("demo", "--history-runs", "10")
+    assert ledger_cli("rebuild")[0] == 0
+    code, out = ledger_cli("verify")
     assert code == 0 and out.endswith("ok\n")
 
 
@@ -321,11 +310,11 @@ def test_report_cli_json_and_table(workspace, append) -> None:
         responded("tiny", 1, "openai", "gpt-4o-mini", inputTokens=1, outputTokens=0),
         ev("RunCompleted"),
     )
-    code, out = cli("report", "run_r")
+    code, out = ledger_cli("report", "run_r")
     report = json.loads(out)
     assert code == 0 and report["total"]["costUsd"] == pytest.approx(0.00780015)
     assert report["hasUnpricedCalls"] is True
-    code, table = cli("report", "run_r", "--table")
+    code, table = ledger_cli("report", "run_r", "--table")
     lines = table.splitlines()
     assert lines[0] == "Run run_r (completed)"
     assert lines[2].split() == ["STEP", "IN", "CACHED", "CACHE%", "OUT", "CALLS", "COST", "(USD)"]
@@ -340,14 +329,14 @@ def test_report_cli_json_and_table(workspace, append) -> None:
 @pytest.mark.django_db
 def test_report_of_a_run_without_model_calls_is_a_true_zero(workspace, append) -> None:
     append("run_z", started(), ev("StepScheduled", stepPath="s"))
-    _, table = cli("report", "run_z", "--table")
+    _, table = ledger_cli("report", "run_z", "--table")
     assert table.splitlines()[-1].endswith("0.000000")
 
 
 @pytest.mark.django_db
 def test_report_and_replay_plan_of_an_unknown_run_exit_1(workspace) -> None:
-    assert cli("report", "run_missing")[0] == 1
-    assert cli("replay-plan", "run_missing")[0] == 1
+    assert ledger_cli("report", "run_missing")[0] == 1
+    assert ledger_cli("replay-plan", "run_missing")[0] == 1
 
 
 @pytest.mark.django_db
@@ -359,7 +348,7 @@ def test_replay_plan_cli_names_what_would_run(workspace, append) -> None:
         ev("StepScheduled", stepPath="summarize"),
         ev("harness.model.called", turn=1, stepPath="summarize", promptHash="sha256:x", request={}),
     )
-    code, out = cli("replay-plan", "run_plan")
+    code, out = ledger_cli("replay-plan", "run_plan")
     plan = json.loads(out)
     assert code == 0
     assert (plan["completedStepPaths"], plan["pendingStepPaths"]) == (["extract"], ["summarize"])

@@ -4,13 +4,11 @@ prices stays exactly what the fold with the new table says (ledger/log/repricing
 
 from __future__ import annotations
 
-import io
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from ledger import clock, log
@@ -19,7 +17,7 @@ from ledger.log import repricing
 from ledger.log.states import STATES
 from ledger.models import CostEntry, DailyUsage, MonthlyUsage, Run, Step, Workspace
 from ledger.tenancy.services import bootstrap
-from tests.conftest import ev, started
+from tests.conftest import ev, ledger_cli, started
 
 
 def responded(step: str, turn: int, provider: str = "openai", model: str = "gpt-4o", **usage: int) -> dict[str, Any]:
@@ -31,15 +29,6 @@ def responded(step: str, turn: int, provider: str = "openai", model: str = "gpt-
         model={"provider": provider, "modelId": model},
         response={"text": "ok", "usage": usage or {"inputTokens": 1_000_000, "outputTokens": 0}},
     )
-
-
-def cli(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    try:
-        call_command("ledger", *args, stdout=out, stderr=io.StringIO())
-    except SystemExit as exc:
-        return int(exc.code or 0), out.getvalue()
-    return 0, out.getvalue()
 
 
 def override(workspace: Workspace, rates: dict[str, Any] | None) -> None:
@@ -76,11 +65,11 @@ def test_an_append_after_a_price_change_reprices_the_run_it_folds_again(workspac
     assert {e.price_table_version for e in CostEntry.objects.filter(run=run)} == {prices_for(workspace).version}
     sums_agree(run)
     rollups_agree(workspace)
-    assert cli("verify", "run_a")[0] == 0
+    assert ledger_cli("verify", "run_a")[0] == 0
     # run_b still waits for a reprice (verify says so); the workspace's reprice brings it along
-    assert cli("verify", "run_b")[0] == 1
-    assert cli("reprice", "--workspace", "acme/support") == (0, "repriced 2 run(s): 1 cost entry changed\n")
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify", "run_b")[0] == 1
+    assert ledger_cli("reprice", "--workspace", "acme/support") == (0, "repriced 2 run(s): 1 cost entry changed\n")
+    assert ledger_cli("verify")[0] == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -98,16 +87,16 @@ def test_a_run_whose_state_this_process_cached_is_repriced_by_its_next_append() 
         rollups_agree(workspace)
         log.append(workspace=workspace, run_id="run_c", events=[responded("t", 2), ev("RunCompleted")])
         sums_agree(run)
-        assert cli("verify")[0] == 0
+        assert ledger_cli("verify")[0] == 0
         # and back to the shipped rates
         override(workspace, None)
         log.append(workspace=workspace, run_id="run_d", events=[started()])
-        assert cli("verify", "run_c")[0] == 1  # finished: nothing appends to it again
+        assert ledger_cli("verify", "run_c")[0] == 1  # finished: nothing appends to it again
         assert repricing.reprice_run(run.pk) == 4
         assert repricing.reprice_run(run.pk) == 0  # already at the table in force
         sums_agree(run)
         assert run.cost_usd == Decimal(10)
-        assert cli("verify")[0] == 0
+        assert ledger_cli("verify")[0] == 0
     finally:
         STATES.clear()
 
@@ -127,9 +116,9 @@ def test_the_daily_and_monthly_cells_of_the_days_before_follow_the_new_prices(wo
     assert (feb.cost_usd, feb.calls) == (Decimal("2.5"), 1)  # run_f's, unchanged until a reprice
     march = MonthlyUsage.objects.get(workspace=workspace, month=date(2026, 3, 1), model_id="gpt-4o")
     assert march.cost_usd == Decimal(1)  # run_e's call of March 1st at the new rate
-    assert cli("verify", "run_e")[0] == 0
-    assert cli("reprice")[0] == 0
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify", "run_e")[0] == 0
+    assert ledger_cli("reprice")[0] == 0
+    assert ledger_cli("verify")[0] == 0
 
 
 @pytest.mark.django_db
@@ -139,15 +128,15 @@ def test_reprice_takes_one_run_or_one_workspace(workspace, append) -> None:
     log.append(workspace=other, run_id="run_x", events=[started(), responded("s", 1)])
     override(workspace, {"input": 1, "output": 2})
     override(other, {"input": 4, "output": 2})
-    assert cli("reprice", "run_a", "--workspace", "acme/support") == (
+    assert ledger_cli("reprice", "run_a", "--workspace", "acme/support") == (
         0,
         "repriced 1 run(s): 1 cost entry changed\n",
     )
     assert Run.objects.get(run_id="run_a").cost_usd == Decimal(1)
     assert Run.objects.get(run_id="run_x").cost_usd == Decimal("2.5")  # the other workspace waits
-    assert cli("reprice", "--workspace", "globex/main") == (0, "repriced 1 run(s): 1 cost entry changed\n")
+    assert ledger_cli("reprice", "--workspace", "globex/main") == (0, "repriced 1 run(s): 1 cost entry changed\n")
     assert Run.objects.get(run_id="run_x").cost_usd == Decimal(4)
-    assert cli("reprice") == (0, "repriced 2 run(s): 0 cost entries changed\n")
-    assert cli("verify")[0] == 0
+    assert ledger_cli("reprice") == (0, "repriced 2 run(s): 0 cost entries changed\n")
+    assert ledger_cli("verify")[0] == 0
     with pytest.raises(CommandError, match="workspace acme/nowhere not found"):
-        cli("reprice", "--workspace", "acme/nowhere")
+        ledger_cli("reprice", "--workspace", "acme/nowhere")

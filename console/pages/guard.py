@@ -31,6 +31,19 @@ def member_access(
         raise PermissionDenied(exc.message) from None
 
 
+def workspace_admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:
+    """The workspace and its admin, the signed-in member (403 below admin, 404 elsewhere): the
+    door of the Settings pages."""
+    found = member_access(request, tenant, workspace, role=Role.ADMIN)
+    return found.workspace, found.user
+
+
+def wants_fragment(request: HttpRequest) -> bool:
+    """An htmx request for a part of the page (not a history restore, which wants the whole)."""
+    htmx = getattr(request, "htmx", None)
+    return htmx is not None and bool(htmx) and not htmx.history_restore_request
+
+
 def workspace_or_404(request: HttpRequest, tenant: str, workspace: str) -> Workspace:
     return member_access(request, tenant, workspace).workspace
 

@@ -27,19 +27,9 @@ from ledger.models import Role, Workspace
 from ledger.reads import selectors
 from ledger.tenancy import services as tenancy
 
-from .guard import has_role, member_access
+from .guard import has_role, wants_fragment, workspace_admin
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
-
-
-def _admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:
-    found = member_access(request, tenant, workspace, role=Role.ADMIN)
-    return found.workspace, found.user
-
-
-def _partial(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return htmx is not None and bool(htmx) and not htmx.history_restore_request
 
 
 def _section(ws: Workspace, user: Any, *, error: str = "", done: str = "") -> dict[str, Any]:
@@ -67,7 +57,7 @@ def _section(ws: Workspace, user: Any, *, error: str = "", done: str = "") -> di
 @login_required
 @require_safe
 def members_page(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     done = "Saved: the change is in the audit log." if request.GET.get("saved") == "1" else ""
     return _page(request, ws, admin, done=done)
 
@@ -89,12 +79,12 @@ def _answer(
     admin is no longer one (home when no longer a member at all)."""
     if not error and not has_role(user, ws, Role.ADMIN):
         away = reverse("workspace-runs", args=[ws.tenant.slug, ws.slug]) if has_role(user, ws, Role.VIEWER) else "/"
-        if _partial(request):
+        if wants_fragment(request):
             response = HttpResponse(status=200)
             response["HX-Redirect"] = away
             return response
         return redirect(away)
-    if _partial(request):
+    if wants_fragment(request):
         # A refusal is 422, not 409/400: django-htmx's debug script (DEBUG on) replaces the whole
         # document with a 400 answer to htmx; static/js/settings.js swaps the 422 in place.
         return render(
@@ -111,7 +101,7 @@ def _answer(
 @login_required
 @require_POST
 def change_role(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     username, role = request.POST.get("username", "")[:200], request.POST.get("role", "")[:20]
     try:
         changed = tenancy.change_role(username=username, tenant=ws.tenant.slug, role=role, by=admin)
@@ -126,7 +116,7 @@ def change_role(request: HttpRequest, tenant: str, workspace: str) -> HttpRespon
 @login_required
 @require_POST
 def remove_member(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     username = request.POST.get("username", "")[:200]
     try:
         tenancy.remove_member(username=username, tenant=ws.tenant.slug, by=admin)

@@ -29,20 +29,15 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledger.errors import LedgerError
 from ledger.fold.pricing import ModelRates
-from ledger.models import Role, Workspace
+from ledger.models import Workspace
 from ledger.reads import selectors
 from ledger.tenancy import price_settings, repricing
 from ledger.tenancy.price_settings import RATES, InvalidPriceOverride
 
-from .guard import member_access
+from .guard import workspace_admin
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
 FIELDS = ("key", *RATES, "reason")
-
-
-def _admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:
-    found = member_access(request, tenant, workspace, role=Role.ADMIN)
-    return found.workspace, found.user
 
 
 def _plain(rate: Any) -> str:
@@ -129,7 +124,7 @@ def _page(
 @login_required
 @require_safe
 def prices_page(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws, _ = _admin(request, tenant, workspace)
+    ws, _ = workspace_admin(request, tenant, workspace)
     model = request.GET.get("model", "")
     return _page(request, ws, form=_form(ws, _edit_values(ws, model) if model else None))
 
@@ -148,7 +143,7 @@ def _rates(post: Any) -> tuple[dict[str, Any], dict[str, str]]:
 @login_required
 @require_POST
 def set_price(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     typed = {name: request.POST.get(name, "")[:2000] for name in FIELDS}
     typed["no_cache_rate"] = request.POST.get("no_cache_rate", "")
     key = typed["key"].strip()
@@ -171,7 +166,7 @@ def set_price(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse
 @login_required
 @require_POST
 def remove_price(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     key = request.POST.get("key", "")[:200]
     try:
         price_settings.remove_override(workspace=ws, key=key, by=admin, reason=request.POST.get("reason", ""))
@@ -186,7 +181,7 @@ def remove_price(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
 def reprice(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """Queue the reprice of this workspace's recorded costs; while one is queued or running, the
     page again (409) saying so."""
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     try:
         repricing.request_reprice(workspace=ws, by=admin)
     except repricing.RepriceInProgress as exc:

@@ -48,7 +48,7 @@ from ..timeline import annotate
 from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversation_page
 from .errors import error_page
-from .guard import member_access
+from .guard import member_access, wants_fragment
 from .reexecution import reexecution_rows, run_origin
 from .share import panel_context
 from .waterfall import (
@@ -123,11 +123,6 @@ def _moment(raw: str | None) -> datetime | None:
 def _bad_request(request: HttpRequest, message: str) -> HttpResponse:
     """The styled 400 (console/pages/errors.py), with the way back: this page without the query."""
     return error_page(request, 400, message, back_url=request.path, back_label="This page without the parameters")
-
-
-def _wants_partial(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return htmx is not None and bool(htmx) and not htmx.history_restore_request
 
 
 def _tab_url(run: Run, tab: str) -> str:
@@ -617,7 +612,7 @@ def _respond(
         "tab_template": tab.template,
         "tabs": [{"name": t, "label": TAB_LABELS[t], "url": _tab_url(run, t)} for t in TABS],
     }
-    if _wants_partial(request):
+    if wants_fragment(request):
         return render(request, "console/run/tab_partial.html", context, status=tab.status)
     context.update(_header_full_context(member, run, cancel=cancel, feedback=feedback))
     context.update(panel_context(member, run))
@@ -748,7 +743,7 @@ def feedback(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> 
             run=run, rating=int(form.rating), category=form.category, comment=form.comment, author=request.user
         )
         form = FeedbackForm()
-    if _wants_partial(request):
+    if wants_fragment(request):
         context = {"run": run, **_feedback_context(run, form)}
         return render(request, "console/run/feedback_response.html", context, status=status)
     if status == 201:
@@ -810,7 +805,7 @@ def reconcile(request: HttpRequest, tenant: str, workspace: str, run_id: str, ca
                 raise
             form.error, status = exc.message, exc.status
         else:
-            if not _wants_partial(request):
+            if not wants_fragment(request):
                 return redirect(_tab_url(run, "evidence"))
             ws = run.workspace
             run.refresh_from_db()
@@ -841,13 +836,13 @@ def cancel(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> Ht
         error, status = exc.message, exc.status
     else:
         url = reverse("run", args=[tenant, workspace, run_id])
-        if _wants_partial(request):
+        if wants_fragment(request):
             done = HttpResponse(status=204)
             done["HX-Redirect"] = url
             return done
         return redirect(url)
     context = _cancel_context(member, run, reason=reason, error=error)
-    if _wants_partial(request):
+    if wants_fragment(request):
         return render(request, "console/run/cancel.html", {**context, "run": run}, status=status)
     tab = _timeline_page(run, None, PAGE_SIZE)
     tab.status = status

@@ -28,26 +28,15 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledger import audit, limits
 from ledger.errors import LedgerError
-from ledger.models import ApiKey, Role, Workspace
+from ledger.models import ApiKey, Workspace
 from ledger.reads import selectors
 from ledger.tenancy import retention
 from ledger.tenancy import services as tenancy
 
 from .errors import error_page
-from .guard import member_access
+from .guard import wants_fragment, workspace_admin
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
-
-
-def _admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:
-    """The workspace and its admin, the signed-in member (403 below admin, 404 elsewhere)."""
-    found = member_access(request, tenant, workspace, role=Role.ADMIN)
-    return found.workspace, found.user
-
-
-def _partial(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return htmx is not None and bool(htmx) and not htmx.history_restore_request
 
 
 def _retention_context(
@@ -124,7 +113,7 @@ def _page(
 @login_required
 @require_safe
 def workspace_settings(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    return _page(request, _admin(request, tenant, workspace)[0])
+    return _page(request, workspace_admin(request, tenant, workspace)[0])
 
 
 def _parse_days(text: str) -> int | None:
@@ -139,7 +128,7 @@ def _parse_days(text: str) -> int | None:
 @login_required
 @require_POST
 def set_retention(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     days_text = request.POST.get("days", "")[:20]
     reason = request.POST.get("reason", "").strip()
     error, saved = "", False
@@ -151,7 +140,7 @@ def set_retention(request: HttpRequest, tenant: str, workspace: str) -> HttpResp
         error = exc.message
     state: dict[str, Any] = {"saved": True} if saved else {"error": error, "days": days_text.strip(), "reason": reason}
     status = 200 if saved else 400
-    if _partial(request):
+    if wants_fragment(request):
         # A refused fragment is 422, not 400: django-htmx's debug script (DEBUG on) replaces the
         # whole document with any 400 answer to htmx; static/js/settings.js swaps the 422 in place.
         return render(
@@ -168,7 +157,7 @@ def set_retention(request: HttpRequest, tenant: str, workspace: str) -> HttpResp
 @login_required
 @require_POST
 def revoke_key(request: HttpRequest, tenant: str, workspace: str, prefix: str) -> HttpResponse:
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     key = tenancy.key_by_prefix(prefix, workspace=ws)
     if key is None:  # another workspace's key, or none at all: alike
         raise Http404("not found")
@@ -182,7 +171,7 @@ def revoke_key(request: HttpRequest, tenant: str, workspace: str, prefix: str) -
             back_url=reverse("workspace-settings", args=[tenant, workspace]) + "#api-keys",
             back_label="API keys",
         )
-    if _partial(request):
+    if wants_fragment(request):
         return render(request, "console/settings/key_row.html", {"row": _key_row(ws, key)})
     return redirect(reverse("workspace-settings", args=[tenant, workspace]) + "#api-keys")
 
@@ -192,7 +181,7 @@ def revoke_key(request: HttpRequest, tenant: str, workspace: str, prefix: str) -
 def create_key(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """A new key: the page again with its secret shown once (not a redirect: the secret is never
     stored to be shown on a later page); refused, the form as typed with the reason by the field."""
-    ws, admin = _admin(request, tenant, workspace)
+    ws, admin = workspace_admin(request, tenant, workspace)
     name = request.POST.get("name", "")[: NAME_MAX + 1].strip()
     scopes = [s for s in request.POST.getlist("scopes") if s in ApiKey.SCOPES]
     errors = {}

@@ -30,7 +30,7 @@ from ledger.demo import DEMO_PASSWORD, load_demo
 from ledger.models import Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import PASSWORD
-from tests.servers import Daphne, production_env, start_daphne
+from tests.servers import REPO_ROOT, Daphne, database_url, production_env, start_daphne
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -204,6 +204,46 @@ def open_context(browser: Browser, transactional_db: None) -> Iterator[Any]:
 @pytest.fixture
 def page(open_context: Any) -> Page:
     return open_context().new_page()
+
+
+class Worker:
+    """`manage.py ledger worker` in its own process, on the test database (what `make run` starts
+    beside Daphne); stopped with SIGTERM (its graceful stop), killed if it does not go."""
+
+    def __init__(self, log: Path) -> None:
+        environment = dict(os.environ)
+        environment["DATABASE_URL"] = database_url()
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
+        environment.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        # The same workflow with a model that takes a second per call: the run streams visibly.
+        environment["RUNLEDGER_WORKFLOW_MODULES"] = "tests.browser.slow_workflows"
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "manage.py", "ledger", "worker", "--interval", "0.2"],
+                cwd=REPO_ROOT,
+                env=environment,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[list[Worker]]:
+    """The `Worker`s a test starts when it wants the queue worked; always stopped before the
+    database is flushed (this fixture is torn down first)."""
+    started: list[Worker] = []
+    yield started
+    for process in started:
+        process.stop()
 
 
 def log_in(page: Page, server: Daphne, user: User, next_path: str = "") -> None:

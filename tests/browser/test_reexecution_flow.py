@@ -6,11 +6,7 @@ Approvals page and the divergence page, light and dark, land in var/screenshots/
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,8 +15,7 @@ from playwright.sync_api import Page, expect
 
 from ledger.models import ReexecutionRequest, Run, Workspace
 from ledger.runtime.executor import start_run
-from tests.browser.conftest import Daphne, log_in, screenshot_dir
-from tests.servers import REPO_ROOT, database_url
+from tests.browser.conftest import Daphne, Worker, log_in, screenshot_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,36 +31,6 @@ def _shoot(page: Page, name: str) -> None:
     page.emulate_media(color_scheme="light")
 
 
-class Worker:
-    """`manage.py ledger worker` in its own process, on the test database (what `make run` starts
-    beside Daphne); stopped with SIGTERM (its graceful stop), killed if it does not go."""
-
-    def __init__(self, log: Path) -> None:
-        environment = dict(os.environ)
-        environment["DATABASE_URL"] = database_url()
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
-        environment.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        # The same workflow with a model that takes a second per call: the run streams visibly.
-        environment["RUNLEDGER_WORKFLOW_MODULES"] = "tests.browser.slow_workflows"
-        self.log = log
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "ledger", "worker", "--interval", "0.2"],
-                cwd=REPO_ROOT,
-                env=environment,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-
 def _wait_for_run(workspace: Workspace, run_id: str) -> None:
     """Until the worker has written the new run's first event (it is `running` a moment before)."""
     for _ in range(600):
@@ -75,21 +40,11 @@ def _wait_for_run(workspace: Workspace, run_id: str) -> None:
     raise AssertionError(f"the worker never started run {run_id}")
 
 
-@pytest.fixture
-def start_worker(tmp_path: Path) -> Iterator[list[Worker]]:
-    """Started by the test when it wants the queue worked; always stopped before the database is
-    flushed (this fixture is torn down first)."""
-    started: list[Worker] = []
-    yield started
-    for worker in started:
-        worker.stop()
-
-
 def test_carol_asks_bob_approves_the_worker_executes_and_the_audit_log_shows_it(
     open_context: object,
     server: Daphne,
     workspace: Workspace,
-    start_worker: list[Worker],
+    worker: list[Worker],
     tmp_path: Path,
     admin: User,
     approver: User,
@@ -143,7 +98,7 @@ def test_carol_asks_bob_approves_the_worker_executes_and_the_audit_log_shows_it(
 
     # The worker process takes the approved request from the durable queue and executes it; bob's
     # page follows over its socket, without a reload.
-    start_worker.append(Worker(tmp_path / "worker.log"))
+    worker.append(Worker(tmp_path / "worker.log"))
     expect(decided).to_have_attribute("data-status", "running", timeout=60_000)
     assert bob.evaluate("window.stillTheSamePage === true")
     rx.refresh_from_db()

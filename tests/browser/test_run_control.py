@@ -17,9 +17,8 @@ from playwright.sync_api import Page, expect
 
 from ledger.models import AuditEntry, Run, ToolCall, Workspace
 from ledger.runtime.executor import start_run
-from tests.browser.conftest import log_in_to_demo
+from tests.browser.conftest import Worker, log_in_to_demo
 from tests.browser.test_production_console import RECORD_VIOLATIONS
-from tests.browser.test_reexecution_flow import Worker
 from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,15 +82,6 @@ def test_an_operator_cancels_a_running_run_from_its_page(watched: Any, productio
     expect(viewer.locator("#run-status")).to_have_attribute("data-status", "running")
     expect(viewer.locator("#cancel-run")).to_have_count(0)
     _assert_clean(viewer, viewer_problems)
-
-
-@pytest.fixture
-def worker(tmp_path: Path) -> Iterator[list[Worker]]:
-    """Started by the test; stopped before the database is flushed (torn down first)."""
-    started: list[Worker] = []
-    yield started
-    for process in started:
-        process.stop()
 
 
 def test_an_approver_approves_the_waiting_call_on_the_approvals_page_and_the_run_completes_by_itself(

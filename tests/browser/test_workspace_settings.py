@@ -4,7 +4,6 @@ members and prices, and has the worker reprice the workspace's recorded costs.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -15,8 +14,7 @@ from playwright.sync_api import Page, expect
 from ledger.models import ApiKey, AuditEntry, Membership, Run, Workspace
 from ledger.tenancy.services import authenticate_key, create_key
 from tests.browser import data
-from tests.browser.conftest import Daphne, log_in
-from tests.browser.test_reexecution_flow import Worker
+from tests.browser.conftest import Daphne, Worker, log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,15 +114,6 @@ def test_an_admin_overrides_a_price_with_the_reason_next_to_the_field(
     expect(page.locator("#prices-changed")).to_contain_text("reprice this workspace's recorded costs")
     expect(page.locator('tr.price-override[data-model="acme/house-model"]')).to_contain_text("3.2")
     assert Workspace.objects.get(pk=workspace.pk).price_overrides == {"acme/house-model": {"input": 0.8, "output": 3.2}}
-
-
-@pytest.fixture
-def worker(tmp_path: Path) -> Iterator[list[Worker]]:
-    """Started by the test; stopped before the database is flushed (torn down first)."""
-    started: list[Worker] = []
-    yield started
-    for process in started:
-        process.stop()
 
 
 def test_an_admin_edits_a_price_and_the_worker_reprices_the_recorded_costs(
