@@ -151,28 +151,44 @@ def _external_run(ci: httpx.Client, run_id: str, ticket: str, answer: str) -> No
     assert response.status_code == 200, response.text
 
 
-class _RolledBack(Exception):
-    pass
+PROMPT_CHANGE = {"kind": "prompt", "prompts": {"answer": {"system": "Be brief."}}}
 
 
-def test_a_settlement_rolled_back_does_not_stop_the_evaluation_advancing(workspace, sessions) -> None:
-    """A transaction that settled a request and then rolled back (the append ended the run, and
-    something later in the same transaction failed) leaves nothing behind that keeps the next
-    commit from advancing the evaluation: the batch still finishes by itself."""
+def _prompt_evaluation(workspace: Workspace, sessions: Any) -> tuple[httpx.Client, dict[str, Any]]:
+    """Two runs an external harness recorded, a dataset of them, a policy for prompt changes, and
+    an evaluation of PROMPT_CHANGE started under it with an `execute` key: (that key's client,
+    the evaluation)."""
     carol, bob = sessions("carol"), sessions("bob")
     ci = _key(workspace, ["execute", "ingest", "read"])
     for i in range(2):
         _external_run(ci, f"run_ext_{i}", f"ticket {i}", f"Answer {i}")
     assert carol.post("/api/v1/datasets/golden/runs", json={"runIds": ["run_ext_0", "run_ext_1"]}).status_code == 201
     assert bob.post("/api/v1/evaluation-policies", json={**POLICY, "changeKinds": ["prompt"]}).status_code == 201
-    change = {"kind": "prompt", "prompts": {"answer": {"system": "Be brief."}}}
-    body = {"dataset": "golden", "change": change, "scorers": ["exact"], "failIf": "pass_rate < 0.95", "reason": "b"}
-    made = ci.post("/api/v1/evaluations", json=body).json()
+    body = {"dataset": "golden", "change": PROMPT_CHANGE, "scorers": ["exact"], "failIf": "pass_rate < 0.95"}
+    started = ci.post("/api/v1/evaluations", json={**body, "reason": "brief"})
+    assert started.status_code == 201, started.text
+    made = started.json()
+    assert made["status"] == "running" and made["change"] == PROMPT_CHANGE
+    return ci, made
+
+
+class _RolledBack(Exception):
+    """What ends the test's transaction, rolling back what was written in it."""
+
+
+def test_a_settlement_rolled_back_does_not_stop_the_evaluation_advancing(workspace, sessions) -> None:
+    """A transaction that settled a request and then rolled back (the append ended the run, and
+    something later in the same transaction failed) leaves nothing behind that keeps the next
+    commit from advancing the evaluation: the batch still finishes by itself."""
+    ci, made = _prompt_evaluation(workspace, sessions)
     for n in range(2):
         claimed = ci.post("/api/v1/reexecutions/claim", json={"owner": "harness"}).json()
         new_run, request = claimed["newRunId"], claimed["request"]
         started = {"workflowVersionId": "wfver_harness_2", "replayOf": request["runId"], "reexecutionId": request["id"]}
-        assert ci.post(f"/api/v1/runs/{new_run}/events", json={"events": [{"type": "RunStarted", "payload": started}]})
+        opened = ci.post(
+            f"/api/v1/runs/{new_run}/events", json={"events": [{"type": "RunStarted", "payload": started}]}
+        )
+        assert opened.status_code == 200, opened.text
         ended = {"events": [{"type": "RunCompleted", "payload": {"output": {"reply": f"Answer {n}"}}}]}
         if n == 0:  # the append's own service, in a transaction of the test's (HTTP closes it)
             with pytest.raises(_RolledBack), transaction.atomic():
@@ -189,26 +205,8 @@ def test_an_external_executors_batch_is_scored_and_judged_when_it_finishes(works
     """No --wait, no worker and no later change: the append that ends the last new run settles
     its request, scores it and gives the verdict, so the page shows it by itself. The claim hands
     the harness the evaluation's prompt change to apply."""
-    carol, bob = sessions("carol"), sessions("bob")
-    ci = _key(workspace, ["execute", "ingest", "read"])
-    for i in range(2):
-        _external_run(ci, f"run_ext_{i}", f"ticket {i}", f"Answer {i}")
-    assert carol.post("/api/v1/datasets/golden/runs", json={"runIds": ["run_ext_0", "run_ext_1"]}).status_code == 201
-    assert bob.post("/api/v1/evaluation-policies", json={**POLICY, "changeKinds": ["prompt"]}).status_code == 201
-    change = {"kind": "prompt", "prompts": {"answer": {"system": "Be brief."}}}
-    started = ci.post(
-        "/api/v1/evaluations",
-        json={
-            "dataset": "golden",
-            "change": change,
-            "scorers": ["exact"],
-            "failIf": "pass_rate < 0.95",
-            "reason": "brief",
-        },
-    )
-    assert started.status_code == 201, started.text
-    made = started.json()
-    assert made["status"] == "running" and made["change"] == change
+    ci, made = _prompt_evaluation(workspace, sessions)
+    change = made["change"]
     for answer in ("Answer 0", "Short."):
         claimed = ci.post("/api/v1/reexecutions/claim", json={"owner": "harness"})
         assert claimed.status_code == 200, claimed.text
@@ -242,7 +240,7 @@ def test_an_external_executors_batch_is_scored_and_judged_when_it_finishes(works
     assert all(r["scores"]["exact"]["after"] is not None for r in done["report"]["runs"])
     scored = Event.objects.filter(type="custom.evaluation.scored", run__run_id__startswith="run_rx_")
     assert scored.count() == 2
-    page = carol.get(f"/w/acme/support/evaluations/{made['id']}/live/")
+    page = sessions("carol").get(f"/w/acme/support/evaluations/{made['id']}/live/")
     assert page.status_code == 200 and 'data-verdict="failed"' in page.text
     ci.close()
 
