@@ -31,8 +31,7 @@ from ledger.models import (
 )
 from ledger.tenancy import retention
 from ledger.tenancy.retention import InvalidRetention, set_retention
-from tests.conftest import ev, started
-from tests.test_projection import cli
+from tests.conftest import ev, ledger_cli, started
 from tests.test_rollup import responded
 
 pytestmark = pytest.mark.django_db
@@ -70,7 +69,7 @@ def last_activity(run: Run) -> datetime:
 
 
 def prune(*args: str) -> tuple[int, str]:
-    return cli("prune", *args)
+    return ledger_cli("prune", *args)
 
 
 def run_ids(workspace: Workspace) -> set[str]:
@@ -258,7 +257,7 @@ def test_prune_deletes_every_row_of_the_run_and_verify_still_passes(thirty_days:
     finished_run(ws, "run_kept", started_at=day, ended_at=days_ago(2), extra=calls)
     old_pk = Run.objects.get(run_id="run_old").pk
     Feedback.objects.create(run_id=old_pk, rating=4, author=admin)
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify")[0] == 0
     cells_before = DailyUsage.objects.filter(workspace=ws).count()
 
     code, out = prune("--batch-size", "1")
@@ -272,15 +271,15 @@ def test_prune_deletes_every_row_of_the_run_and_verify_still_passes(thirty_days:
     assert not Feedback.objects.exists()
     assert DailyUsage.objects.filter(workspace=ws).count() == cells_before
     assert sum(DailyUsage.objects.filter(workspace=ws).values_list("calls", flat=True)) == 2
-    code, verified = cli("verify")
+    code, verified = ledger_cli("verify")
     assert code == 0, verified
 
     # The kept run goes too once it is old enough: its cells go with its last cost entries.
     finished_run(ws, "run_young", started_at=days_ago(1), ended_at=days_ago(0.5))
-    cli("prune", "--older-than", "1")
+    ledger_cli("prune", "--older-than", "1")
     assert run_ids(ws) == {"run_young"}
     assert not DailyUsage.objects.filter(workspace=ws).exists()
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify")[0] == 0
 
 
 def test_triggers_still_refuse_deleting_events_outside_prune(thirty_days: Workspace) -> None:
@@ -328,7 +327,7 @@ def test_artifacts_shared_with_a_kept_run_survive_and_the_others_go(
     assert files[left[0].sha256].exists()
     gone = next(sha for sha in files if sha != left[0].sha256)
     assert not files[gone].exists()
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify")[0] == 0
 
 
 def test_prune_writes_plain_lines_when_not_on_a_terminal(thirty_days: Workspace) -> None:

@@ -17,8 +17,7 @@ from ledger import clock
 from ledger.log import rollup
 from ledger.models import CostEntry, DailyUsage, MonthlyUsage, Run, Workspace
 from ledger.tenancy.services import bootstrap
-from tests.conftest import ev, started
-from tests.test_projection import cli
+from tests.conftest import ev, ledger_cli, started
 
 pytestmark = pytest.mark.django_db
 
@@ -82,19 +81,19 @@ def test_every_append_adds_its_cost_entries_to_their_day_model_and_workflow(spen
     assert got[(DAY1, "acme.chat", "house", "wf_a")][4:] == (Decimal(0), 1, 0)  # unpriced: no dollars
     assert got[(DAY2, *mini, "wf_b")][0] == 300
     assert rollup.differences(workspace.pk) == [] and rollup.differences(workspace.pk, {DAY2}) == []
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify")[0] == 0
 
 
 def test_verify_catches_a_wrong_rollup_row_and_rebuild_mends_it(spent, workspace: Workspace) -> None:
     DailyUsage.objects.filter(workspace=workspace, day=DAY1, model_id="gpt-4o-mini").update(calls=7)
     for scope in ((), ("--workspace", "acme/support")):
-        code, out = cli("verify", *scope)
+        code, out = ledger_cli("verify", *scope)
         assert code == 1 and "FAIL acme/support usage_rollup: 2026-03-01 openai/gpt-4o-mini wf_a" in out, scope
         assert "calls=7" in out and "1 failure(s)" in out
     # One run's verify checks that run; the rollup sums the whole workspace and is checked with it.
-    assert cli("verify", "run_a") == (0, "verified 1 run(s): ok\n")
-    assert cli("rebuild", "run_a")[0] == 0
-    assert cli("verify") == (
+    assert ledger_cli("verify", "run_a") == (0, "verified 1 run(s): ok\n")
+    assert ledger_cli("rebuild", "run_a")[0] == 0
+    assert ledger_cli("verify") == (
         0,
         "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n",
     )
@@ -111,21 +110,21 @@ def test_verify_catches_a_missing_and_a_stray_rollup_row(spent, workspace: Works
         input_tokens=1,
         calls=1,
     )
-    code, out = cli("verify")
+    code, out = ledger_cli("verify")
     assert code == 1 and "2026-03-02 openai/gpt-4o-mini wf_b: the rollup has no row" in out
     assert "2026-03-01 openai/gpt-5 wf_a: the rollup has input_tokens=1" in out and "the cost entries say no row" in out
-    assert cli("rebuild")[0] == 0
-    assert cli("verify")[0] == 0
+    assert ledger_cli("rebuild")[0] == 0
+    assert ledger_cli("verify")[0] == 0
 
 
 def test_reprice_recounts_the_dollars_of_the_days(spent, workspace: Workspace) -> None:
     before = cells(workspace)[(DAY1, "acme.chat", "house", "wf_a")]
     workspace.price_overrides = {"acme.chat/house": {"input": 1_000_000, "output": 0}}
     workspace.save()
-    assert cli("reprice")[0] == 0
+    assert ledger_cli("reprice")[0] == 0
     after = cells(workspace)[(DAY1, "acme.chat", "house", "wf_a")]
     assert before[4:] == (Decimal(0), 1, 0) and after[4:] == (Decimal(5), 1, 1)  # 5 input tokens at $1/token
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify")[0] == 0
 
 
 def test_other_workspaces_keep_their_own_cells(spent, append, workspace: Workspace) -> None:
@@ -190,11 +189,11 @@ def test_every_write_of_a_daily_cell_keeps_its_month(spent, append, workspace: W
 def test_verify_catches_a_wrong_month_and_rebuild_mends_it(spent, workspace: Workspace) -> None:
     MonthlyUsage.objects.filter(workspace=workspace, model_id="house").update(calls=9)
     MonthlyUsage.objects.filter(workspace=workspace, workflow_version_id="wf_b").delete()
-    code, out = cli("verify")
+    code, out = ledger_cli("verify")
     assert code == 1 and "month 2026-03 acme.chat/house wf_a: the monthly rollup has" in out and "calls=9" in out
     assert "month 2026-03 openai/gpt-4o-mini wf_b: the monthly rollup has no row" in out
-    assert cli("rebuild")[0] == 0
-    assert cli("verify") == (
+    assert ledger_cli("rebuild")[0] == 0
+    assert ledger_cli("verify") == (
         0,
         "checked the daily and monthly usage of 1 workspace(s)\n" + REFERENCES + "verified 2 run(s): ok\n",
     )

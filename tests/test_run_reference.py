@@ -9,8 +9,7 @@ import pytest
 from django.db import connection
 
 from ledger.models import CostEntry, Event, Run, Step, ToolCall
-from tests.conftest import ev, started
-from tests.test_projection import cli
+from tests.conftest import ev, ledger_cli, started
 from tests.test_rollup import responded
 
 pytestmark = pytest.mark.django_db
@@ -42,15 +41,15 @@ def test_the_database_holds_no_foreign_key_from_these_rows_to_their_run(two_runs
 
 def test_verify_of_the_whole_database_finds_rows_whose_run_is_gone(two_runs) -> None:
     kept, gone = two_runs
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify")[0] == 0
     with connection.cursor() as cursor:  # what no code path of the product does: the run row alone
         cursor.execute("DELETE FROM ledger_run WHERE id = %s", [gone.pk])
-    code, out = cli("verify")
+    code, out = ledger_cli("verify")
     assert code == 1, out
     for model in ROWS:
         assert f"FAIL run_reference_{model._meta.model_name}: rows name runs that do not exist: pk [{gone.pk}]" in out
     # The workspace's usage (summed over its runs' cost entries) no longer matches its rollup either.
     assert "FAIL acme/support usage_rollup" in out and "5 failure(s)" in out
     # A run's or a workspace's verify cannot see a row that belongs to no run any more.
-    assert cli("verify", "run_kept")[0] == 0
-    assert "run_reference" not in cli("verify", "--workspace", "acme/support")[1]
+    assert ledger_cli("verify", "run_kept")[0] == 0
+    assert "run_reference" not in ledger_cli("verify", "--workspace", "acme/support")[1]

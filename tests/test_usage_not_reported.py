@@ -20,8 +20,7 @@ from ledger.log import rollup, snapshots
 from ledger.log.envelopes import log_of
 from ledger.models import CostEntry, DailyUsage, FoldSnapshot, MonthlyUsage, Run, Step, Workspace
 from ledger.tenancy.services import create_key
-from tests.conftest import started
-from tests.test_projection import cli
+from tests.conftest import ledger_cli, started
 
 pytestmark = pytest.mark.django_db
 MINI = ("openai", "gpt-4o-mini")
@@ -58,7 +57,7 @@ def logs(append) -> None:
     little = Run.objects.get(run_id="run_little")
     little.imported_from = "little-workflow"
     little.save(update_fields=["imported_from"])
-    assert cli("rebuild", "run_little")[0] == 0
+    assert ledger_cli("rebuild", "run_little")[0] == 0
 
 
 def test_the_projections_count_such_calls_unpriced_and_verify_rebuild_reprice_agree(logs) -> None:
@@ -77,10 +76,10 @@ def test_the_projections_count_such_calls_unpriced_and_verify_rebuild_reprice_ag
     little = CostEntry.objects.get(run__run_id="run_little")
     assert (little.cost_usd, little.usage_reported, little.price_table_version.endswith("+little")) == (0, True, True)
 
-    assert cli("verify")[0] == 0
-    assert cli("reprice") == (0, "repriced 4 run(s): 0 cost entries changed\n")
-    assert cli("rebuild")[0] == 0
-    assert cli("verify")[0] == 0
+    assert ledger_cli("verify")[0] == 0
+    assert ledger_cli("reprice") == (0, "repriced 4 run(s): 0 cost entries changed\n")
+    assert ledger_cli("rebuild")[0] == 0
+    assert ledger_cli("verify")[0] == 0
 
 
 def _write_the_old_rule(workspace: Workspace) -> None:
@@ -142,7 +141,7 @@ def test_the_migration_reprices_the_rows_the_old_rule_wrote(logs, workspace: Wor
     )
     _write_the_old_rule(workspace)
     assert Run.objects.get(run_id="run_all").cost_usd == 0
-    code, out = cli("verify")
+    code, out = ledger_cli("verify")
     assert code == 1
     assert "cost entry @3.cost_usd: projection has" in out and "cost entry @3.usage_reported" in out
     assert "run.unpriced_calls: projection has 0, the log says 2" in out  # run_all
@@ -153,7 +152,7 @@ def test_the_migration_reprices_the_rows_the_old_rule_wrote(logs, workspace: Wor
 
     assert _rows() == now
     assert not FoldSnapshot.objects.filter(run=mixed).exists()
-    code, out = cli("verify")
+    code, out = ledger_cli("verify")
     assert code == 0, out
     # Run again, it finds nothing left to do.
     migration.reprice_usage_not_reported(apps, None)
@@ -209,12 +208,12 @@ def test_the_api_evidence_export_and_report_say_why(logs, append, workspace: Wor
     assert rows[1].endswith(",unpricedReason") and rows[3].endswith(",usage_not_reported")
     assert rows[2].endswith("Z,")  # a priced call: no reason
 
-    code, out = cli("report", "run_mixed", "--table")
+    code, out = ledger_cli("report", "run_mixed", "--table")
     assert code == 0 and out.endswith(
         "\nNote: 2 model call(s) reported no usage and are excluded from the cost above.\n"
     )
     assert "no registry pricing" not in out
-    code, out = cli("report", "run_mixed")
+    code, out = ledger_cli("report", "run_mixed")
     assert json.loads(out)["usageNotReportedCalls"] == 2
 
 
