@@ -303,6 +303,14 @@ class InsertOnlyQuerySet(models.QuerySet):
         raise TypeError("the event log is insert-only; retention deletes whole runs, never single events")
 
 
+# The events the run page jumps to (ledger/replay/runlog.first_sequence): a run's failures (StepFailed,
+# RunFailed, ParallelBranchFailed, … and harness.session.failed, harness.tool_call.failed, …) and its
+# in-doubt tool calls. Each kind has a partial index (event_failures, event_in_doubt below), so
+# finding the first of them reads the few such events rather than every event of the run.
+EVENT_FAILURE = Q(type__endswith="Failed") | Q(type__endswith=".failed")
+EVENT_IN_DOUBT = Q(type="harness.tool_call.in_doubt")
+
+
 class Event(models.Model):
     # db_index=False: the unique (run, …) constraint below is the index of every run_id lookup;
     # a second index on run_id alone only cost each insert (migration 0012).
@@ -340,6 +348,15 @@ class Event(models.Model):
                 condition=Q(idempotency_key__isnull=True) | Q(request_digest__isnull=False),
                 name="event_idempotency_key_has_digest",
             ),
+        ]
+        indexes = [
+            # Without them the run page's two jumps scanned the run's whole log on every request
+            # (65 ms each at 100,000 events); an append pays for them only on the events they hold.
+            # Two, not one on either kind: SQLite uses a partial index only for a query that
+            # states its very condition. (It does not use event_failures: it matches no LIKE
+            # whose pattern is a bound parameter, so there that jump still reads the run's log.)
+            models.Index(fields=["run", "sequence"], condition=EVENT_FAILURE, name="event_failures"),
+            models.Index(fields=["run", "sequence"], condition=EVENT_IN_DOUBT, name="event_in_doubt"),
         ]
 
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:

@@ -353,6 +353,21 @@ def test_jump_to_the_first_failure_and_to_the_first_in_doubt_call(
     assert browser.get(BASE, {"first": "nonsense"}).status_code == 400
 
 
+def test_the_jumps_read_their_partial_indexes_not_the_whole_log(chat_run: str, workspace: Workspace) -> None:
+    """The timeline offers each jump only where it lands (two lookups a page): each reads its
+    partial index (ledger.models.Event.Meta) instead of every event of the run. SQLite matches no
+    LIKE whose pattern is a bound parameter, so there only the in-doubt one does."""
+    from ledger.replay import runlog
+
+    run = workspace.runs.get(run_id=chat_run)
+    indexes = {"failure": "event_failures", "in_doubt": "event_in_doubt"}
+    if connection.vendor != "postgresql":
+        del indexes["failure"]
+    for kind, index in indexes.items():
+        plan = runlog.jump_targets(run, kind).order_by("sequence").values_list("sequence")[:1].explain()  # type: ignore[arg-type]
+        assert index in plan, (kind, plan)
+
+
 def test_an_overlong_search_is_a_readable_400(browser: Client, chat_run: str) -> None:
     response = browser.get(BASE, {"q": "x" * 201})
     assert response.status_code == 400 and b"q is at most 200 characters" in response.content

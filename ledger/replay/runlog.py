@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from ..canonical import canonical_json
 from ..fold import RunState, fold
@@ -21,12 +21,9 @@ from ..fold.pricing import prices_of
 from ..fold.state import occurred_at
 from ..log import snapshots
 from ..log.envelopes import event_envelope, log_of, read_envelopes
-from ..models import Event, Run, ToolCall
+from ..models import EVENT_FAILURE, EVENT_IN_DOUBT, Event, Run, ToolCall
 from .stored_plan import replay_plan_for
 
-IN_DOUBT = "harness.tool_call.in_doubt"
-# StepFailed, RunFailed, ParallelBranchFailed, … and harness.session.failed, harness.tool_call.failed, …
-FAILURE_TYPES = Q(type__endswith="Failed") | Q(type__endswith=".failed")
 # A tool's results name its call, not the tool: its calls are looked up, as many as this.
 TOOL_CALLS_SEARCHED = 200
 
@@ -162,11 +159,15 @@ def search_events(run: Run, filters: EventFilter, *, after: int = 0, limit: int)
     return [event_envelope(e, run.run_id) for e in qs.order_by("sequence")[:limit]]
 
 
+def jump_targets(run: Run, kind: Literal["failure", "in_doubt"]) -> QuerySet[Event]:
+    """The run's failure events, or its in-doubt tool calls (partial indexes event_failures and
+    event_in_doubt: the few such events are read, not the run's whole log)."""
+    return Event.objects.filter(run=run).filter(EVENT_FAILURE if kind == "failure" else EVENT_IN_DOUBT)
+
+
 def first_sequence(run: Run, kind: Literal["failure", "in_doubt"]) -> int | None:
     """The sequence of the run's first failure event, or of its first in-doubt tool call."""
-    qs = Event.objects.filter(run=run)
-    qs = qs.filter(FAILURE_TYPES) if kind == "failure" else qs.filter(type=IN_DOUBT)
-    return qs.order_by("sequence").values_list("sequence", flat=True).first()
+    return jump_targets(run, kind).order_by("sequence").values_list("sequence", flat=True).first()
 
 
 def tool_call_starts(run: Run) -> list[tuple[str, str, str, int | None]]:
