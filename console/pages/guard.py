@@ -24,11 +24,17 @@ def member_access(
     request: HttpRequest, tenant: str, workspace: str, *, run_id: str | None = None, role: str | None = None
 ) -> access.Access:
     try:
-        return access.resolve(request.user, workspace=f"{tenant}/{workspace}", run_id=run_id, role=role)
+        found = access.resolve(request.user, workspace=f"{tenant}/{workspace}", run_id=run_id, role=role)
     except NotFound:
         raise Http404("not found") from None
     except access.RoleRequired as exc:
         raise PermissionDenied(exc.message) from None
+    if found.membership is not None and request.method in ("GET", "HEAD"):
+        # The navigation asks the same membership again (console_nav); a page that changes
+        # memberships (a POST) lets it ask afresh.
+        memberships = request.__dict__.setdefault("_memberships", {})
+        memberships[found.workspace.tenant_id] = found.membership
+    return found
 
 
 def workspace_admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:

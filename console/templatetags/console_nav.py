@@ -28,7 +28,12 @@ def workspace_nav(context: Any, user: Any, workspace: Workspace | None) -> dict[
     request = context.get("request")
     cache: dict[int, dict[str, Any]] = getattr(request, "_workspace_nav", {}) if request is not None else {}
     if workspace.pk not in cache:
-        membership = selectors.membership(user, workspace.tenant_id)
+        # The membership the page's own check resolved (console/pages/guard.py), else asked here.
+        known = getattr(request, "_memberships", {}).get(workspace.tenant_id)
+        if known is not None and known.user_id == user.pk:
+            membership = known
+        else:
+            membership = selectors.membership(user, workspace.tenant_id)
         cache[workspace.pk] = (
             NOTHING
             if membership is None

@@ -15,12 +15,13 @@ Status = ReexecutionRequest.Status
 
 
 def requests(workspace: Workspace) -> QuerySet[ReexecutionRequest]:
-    return ReexecutionRequest.objects.filter(workspace=workspace)
+    # With their workspace and tenant, which every request's API shape and links name.
+    return ReexecutionRequest.objects.filter(workspace=workspace).select_related("workspace__tenant")
 
 
 def page(workspace: Workspace, *, after_pk: int, limit: int, status: str | None = None) -> list[ReexecutionRequest]:
     """Up to `limit` of the workspace's requests after the row `after_pk`, oldest first."""
-    qs = requests(workspace).select_related("workspace__tenant").filter(pk__gt=after_pk)
+    qs = requests(workspace).filter(pk__gt=after_pk)
     if status:
         qs = qs.filter(status=status)
     return list(qs.order_by("pk")[:limit])
