@@ -684,6 +684,64 @@ def test_anonymous_posts_are_sent_to_login(client: Client, rich_run: str) -> Non
     assert not Feedback.objects.exists()
 
 
+def _calls_and_costs(workspace: Workspace, run_id: str, count: int) -> None:
+    """A run of `count` steps, each with a model call and a tool call."""
+    events = [started()]
+    for n in range(count):
+        step = f"s{n}"
+        events += [
+            ev("StepScheduled", stepPath=step),
+            *_model_events(step, 1, MINI),
+            ev("harness.tool_call.started", callId=f"t{n}", caller="model", toolName="search", args={"n": n}),
+            ev("harness.tool_call.succeeded", callId=f"t{n}", result={"hits": n}, durationMs=1.0),
+        ]
+    append(workspace=workspace, run_id=run_id, events=[*events, ev("RunCompleted")])
+
+
+def _listed(html: str) -> tuple[list[str], list[int]]:
+    calls = re.findall(r'<tr class="tool-call" data-call-id="(t\d+)">', html)
+    costs = [int(n) for n in re.findall(r'<tr><td class="num">(\d+)</td><td class="mono">openai/gpt-4o-mini', html)]
+    return calls, costs
+
+
+def test_the_evidence_tab_pages_its_tool_calls_and_costs_and_reads_as_much_for_a_long_run(
+    client: Client, member: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle lists every call and cost (20,000 of each at 100,000 events, 6 s to draw); the tab
+    shows a page of each, its pager keeping the other list's place."""
+    monkeypatch.setattr("console.pages.run.EVIDENCE_PAGE_SIZE", 3)
+    _calls_and_costs(workspace, "run_few", 2)
+    _calls_and_costs(workspace, "run_many", 8)
+    client.force_login(member)
+    few = client.get("/w/acme/support/runs/run_few/evidence/").content.decode()
+    assert _listed(few)[0] == ["t0", "t1"] and len(_listed(few)[1]) == 2 and "next →" not in few
+
+    base = "/w/acme/support/runs/run_many/evidence/"
+    html = client.get(base, **HTMX).content.decode()
+    calls, costs = _listed(html)
+    assert calls == ["t0", "t1", "t2"] and len(costs) == 3 and costs == sorted(costs)
+    assert "tool calls 1–3 of 8" in html and "model calls 1–3 of 8" in html
+    assert f'href="{base}?calls=3&amp;costs=0"' in html and f'href="{base}?costs=3&amp;calls=0"' in html
+    page = client.get(base, {"calls": "6", "costs": "3"}).content.decode()
+    later_calls, later_costs = _listed(page)
+    assert later_calls == ["t6", "t7"] and later_costs[0] > costs[-1] and len(later_costs) == 3
+    assert f'href="{base}?calls=3&amp;costs=3"' in page  # previous calls, the costs' place kept
+    assert client.get(base, {"calls": "-1"}).status_code == 400
+    few_url = "/w/acme/support/runs/run_few/evidence/"
+    client.get(few_url)  # each run's counts are remembered for its head, as the long run's are by now
+    assert _queries(client, base) == _queries(client, few_url)
+
+
+def test_an_in_doubt_call_is_listed_first_with_one_reconcile_form(client: Client, operator: Any, in_doubt: str) -> None:
+    client.force_login(operator)
+    html = client.get(f"{BASE}evidence/").content.decode()
+    doubtful = html.split('class="grid tool-calls in-doubt-calls"')[1].split("</table>")[0]
+    assert 'data-call-id="call_pay"' in doubtful and "reconcile-form" in doubtful
+    assert html.count('<form class="reconcile-form"') == 1
+    assert html.count('data-call-id="call_pay"') == 2  # in doubt, and in its place among every call
+    assert "reconcile it under <em>In doubt</em> above" in html
+
+
 # --- query counts ---------------------------------------------------------------------------------
 
 

@@ -32,11 +32,10 @@ from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.limits import day_in_range
 from ledger.log import artifacts
-from ledger.models import ReexecutionRequest, Run, Step
+from ledger.models import ReexecutionRequest, Run, Step, ToolCall
 from ledger.reads import attention, failure, reexecutions, selectors, serialize
 from ledger.reads.subruns import subrun_tree
-from ledger.replay import cancellation, gateway, runlog
-from ledger.replay.evidence import evidence_bundle
+from ledger.replay import cancellation, evidence, gateway, runlog
 from ledger.replay.feedback import record_feedback
 from ledger.replay.stored_plan import replay_plan_at
 from ledger.runtime.outer_loop import outer_loop_of, record_run_id
@@ -79,6 +78,7 @@ MAX_SEARCH = 200  # characters of one search field
 PAGE_SIZE = 200
 MAX_PAGE_SIZE = 1000
 STEPS_PAGE_SIZE = 200  # steps per page of the steps and costs tabs, by position
+EVIDENCE_PAGE_SIZE = 200  # tool calls, and cost entries, per page of the evidence tab
 MISSING_SHOWN = 50  # replayReady's missing items listed before "and N more"
 FEEDBACK_SHOWN = 50
 MAX_CATEGORY = 100
@@ -386,18 +386,22 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
     )
 
 
-def _pager(base: str, start: int, shown: int, total: int, size: int) -> dict[str, Any]:
-    """Links around a window of `size` items from position `start` (0-based) of `total`."""
+def _pager(
+    base: str, start: int, shown: int, total: int, size: int, *, param: str = "start", keep: str = ""
+) -> dict[str, Any]:
+    """Links around a window of `size` items from position `start` (0-based) of `total`, the start
+    in `?param=`; `keep` is the rest of the query the links carry (`name=value&…`)."""
     end = start + size
+    rest = f"&{keep}" if keep else ""
     return {
         "start": start,
         "first_shown": start + 1,
         "last_shown": start + shown,
         "total": total,
         "paged": total > size or start > 0,
-        "previous_url": (f"{base}?start={max(0, start - size)}" if start > 0 else None),
-        "next_url": f"{base}?start={end}" if end < total else None,
-        "first_url": base if start > 0 else None,
+        "previous_url": (f"{base}?{param}={max(0, start - size)}{rest}" if start > 0 else None),
+        "next_url": f"{base}?{param}={end}{rest}" if end < total else None,
+        "first_url": (f"{base}?{keep}" if keep else base) if start > 0 else None,
     }
 
 
@@ -513,41 +517,68 @@ class ReconcileForm:
 
 
 def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, ReconcileForm] | None = None) -> Tab:
-    bundle = evidence_bundle(run)
+    """The evidence bundle's verdicts, artifacts, approvals and feedback, with its two long lists
+    paged (`?calls=N`, `?costs=N`, EVIDENCE_PAGE_SIZE rows each) and the calls in doubt first: a
+    100,000-event run has 20,000 of each, which the bundle (evidence.json, the zip) lists whole."""
+    calls_start = _int_param(request, "calls", 0, minimum=0)
+    costs_start = _int_param(request, "costs", 0, minimum=0)
+    checked = evidence.verdicts(run)
     reconcilable_calls = gateway.in_doubt_call_ids(run)
     can_reconcile = member.allows("operator")
     ws = run.workspace
     forms = forms or {}
-    calls = []
-    for call in bundle["toolCalls"]:
-        reconcilable = call["callId"] in reconcilable_calls
-        calls.append(
-            {
-                **call,
-                "in_doubt": call["status"] == "in_doubt" or reconcilable,
-                "reconcilable": reconcilable and can_reconcile,
-                "args_json": json.dumps(call["args"], indent=2, ensure_ascii=False),
-                "outcome_json": json.dumps(
-                    call["result"] if call["error"] is None else call["error"], indent=2, ensure_ascii=False
-                ),
-                "form": forms.get(call["callId"], ReconcileForm()),
-                "reconcile_url": reverse("run-reconcile", args=[ws.tenant.slug, ws.slug, run.run_id, call["callId"]]),
-            }
-        )
+
+    def row(call: ToolCall) -> dict[str, Any]:
+        shown = serialize.tool_call(call)
+        reconcilable = shown["callId"] in reconcilable_calls
+        return {
+            **shown,
+            "in_doubt": shown["status"] == "in_doubt" or reconcilable,
+            "reconcilable": reconcilable and can_reconcile,
+            "args_json": json.dumps(shown["args"], indent=2, ensure_ascii=False),
+            "outcome_json": json.dumps(
+                shown["result"] if shown["error"] is None else shown["error"], indent=2, ensure_ascii=False
+            ),
+            "form": forms.get(shown["callId"], ReconcileForm()),
+            "reconcile_url": reverse("run-reconcile", args=[ws.tenant.slug, ws.slug, run.run_id, shown["callId"]]),
+        }
+
+    doubtful, in_doubt_count = selectors.tool_calls_in_doubt(run, reconcilable_calls, size=EVIDENCE_PAGE_SIZE)
+    calls, calls_total = selectors.tool_calls_page(run, start=calls_start, size=EVIDENCE_PAGE_SIZE)
+    costs, costs_total = selectors.costs_page(run, start=costs_start, size=EVIDENCE_PAGE_SIZE)
+    base = _tab_url(run, "evidence")
     artifacts = [
-        {**a, "url": artifact_url(ws, a["artifactId"]) if a["size"] is not None else None} for a in bundle["artifacts"]
+        {**a, "url": artifact_url(ws, a["artifactId"]) if a["size"] is not None else None} for a in checked["artifacts"]
     ]
-    costs = bundle["costs"]
     return Tab(
         "console/run/evidence.html",
         {
-            "bundle": bundle,
-            "tool_calls": calls,
+            "bundle": {**checked, "feedback": evidence.feedback(run)},
+            "in_doubt_calls": [row(c) for c in doubtful],
+            "in_doubt_count": in_doubt_count,
+            "tool_calls": [row(c) for c in calls],
+            "calls_pager": _pager(
+                base,
+                calls_start,
+                len(calls),
+                calls_total,
+                EVIDENCE_PAGE_SIZE,
+                param="calls",
+                keep=f"costs={costs_start}",
+            ),
             "artifacts": artifacts,
-            "costs": costs,
-            "in_doubt_count": sum(1 for c in calls if c["in_doubt"]),
+            "costs": [serialize.cost(c) for c in costs],
+            "costs_pager": _pager(
+                base,
+                costs_start,
+                len(costs),
+                costs_total,
+                EVIDENCE_PAGE_SIZE,
+                param="costs",
+                keep=f"calls={calls_start}",
+            ),
             "can_reconcile": can_reconcile,
-            "reexecutions": reexecution_rows(run, bundle["approvals"]),
+            "reexecutions": reexecution_rows(run, evidence.approvals(run)),
         },
     )
 

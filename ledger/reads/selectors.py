@@ -20,7 +20,7 @@ from django.utils import timezone
 from ..errors import NotFound
 from ..log import snapshots
 from ..log.envelopes import decode_payload, envelope, read_envelopes
-from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, Workspace
+from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, ToolCall, Workspace
 from .attention import matching as needing
 
 M = TypeVar("M", bound=Model)
@@ -330,6 +330,26 @@ def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:
     from 0 (the fold numbers steps by first appearance), so a page is a range."""
     steps = list(Step.objects.filter(run=run, position__gte=start, position__lt=start + size).order_by("position"))
     return steps, snapshots.at_head(run, "steps", Step.objects.filter(run=run).count)
+
+
+def tool_calls_page(run: Run, *, start: int, size: int) -> tuple[list[ToolCall], int]:
+    """Tool calls at positions start .. start+size-1 (dense from 0 in the order the calls
+    appeared, as steps), and how many the run has."""
+    calls = list(ToolCall.objects.filter(run=run, position__gte=start, position__lt=start + size).order_by("position"))
+    return calls, snapshots.at_head(run, "tool_calls", ToolCall.objects.filter(run=run).count)
+
+
+def tool_calls_in_doubt(run: Run, also: Iterable[str], *, size: int) -> tuple[list[ToolCall], int]:
+    """The first `size` calls in doubt (by the fold, or by the gateway's claims: `also`), in the
+    order they appeared, and how many there are."""
+    found = ToolCall.objects.filter(run=run).filter(Q(status="in_doubt") | Q(call_id__in=list(also)))
+    return list(found.order_by("position")[:size]), found.count()
+
+
+def costs_page(run: Run, *, start: int, size: int) -> tuple[list[CostEntry], int]:
+    """The run's cost entries `start` .. `start`+size-1 in sequence order, and how many it has."""
+    rows = list(CostEntry.objects.filter(run=run).order_by("sequence")[start : start + size])
+    return rows, snapshots.at_head(run, "cost_entries", CostEntry.objects.filter(run=run).count)
 
 
 def costs_by_model(run: Run) -> list[dict[str, Any]]:

@@ -101,10 +101,9 @@ def _rows(model: type[Step | ToolCall | CostEntry], run: Run, order: str) -> lis
     return listed
 
 
-def evidence_bundle(run: Run) -> dict[str, Any]:
-    """docs/api.md's evidence: `{run, steps, toolCalls, artifacts, costs, approvals, feedback, subRuns,
-    usage, integrity, replayReady}`. `run` must come with `workspace__tenant` selected."""
-    workspace = run.workspace
+def verdicts(run: Run) -> dict[str, Any]:
+    """The bundle's `artifacts`, `integrity` and `replayReady`: what the run's log proof (or one
+    reading of the log, which records the proof) says of it, without listing its rows."""
     inspection = proofs.inspect(run)
     if inspection.state is not None:  # from the run's log proof: the plan of the fold of the whole log
         plan: dict[str, Any] | None = plan_of_checked(inspection.state, inspection.artifact_outcomes)
@@ -113,21 +112,36 @@ def evidence_bundle(run: Run) -> dict[str, Any]:
     else:
         plan = None
     verify_checks = [{"name": c.name, "status": c.status, "detail": c.detail} for c in inspection.checks]
+    return {
+        "artifacts": _artifacts(run, inspection.artifact_outcomes),
+        "integrity": _integrity(verify_checks, plan["integrity"]["checks"] if plan else []),
+        "replayReady": plan["replayReady"] if plan else {"status": "fail", "missing": ["run:events"]},
+    }
 
+
+def feedback(run: Run) -> list[dict[str, Any]]:
+    rows = Feedback.objects.filter(run=run).select_related("author", "api_key").order_by("created_at", "pk")
+    return [serialize.feedback(f, run.run_id) for f in rows]
+
+
+def evidence_bundle(run: Run) -> dict[str, Any]:
+    """docs/api.md's evidence: `{run, steps, toolCalls, artifacts, costs, approvals, feedback, subRuns,
+    usage, integrity, replayReady}`. `run` must come with `workspace__tenant` selected."""
+    workspace = run.workspace
+    checked = verdicts(run)
     sub_runs = list(selectors.filtered_runs(workspace, parent_run_id=run.run_id).order_by("created_at", "pk"))
     counts = selectors.children_counts(workspace, [run.run_id, *(r.run_id for r in sub_runs)])
     needs = attention.for_runs(workspace, [run, *sub_runs])
-    feedback = Feedback.objects.filter(run=run).select_related("author", "api_key").order_by("created_at", "pk")
     return {
         "run": serialize.run(run, children=counts.get(run.run_id, 0), attention=needs.get(run.run_id)),
         "steps": [serialize.step(s) for s in _rows(Step, run, "position")],
         "toolCalls": [serialize.tool_call(c) for c in _rows(ToolCall, run, "position")],
-        "artifacts": _artifacts(run, inspection.artifact_outcomes),
+        "artifacts": checked["artifacts"],
         "costs": [serialize.cost(c) for c in _rows(CostEntry, run, "sequence")],
         "approvals": approvals(run),
-        "feedback": [serialize.feedback(f, run.run_id) for f in feedback],
+        "feedback": feedback(run),
         "subRuns": serialize.runs(sub_runs, counts, needs),
         "usage": serialize.usage(run),
-        "integrity": _integrity(verify_checks, plan["integrity"]["checks"] if plan else []),
-        "replayReady": plan["replayReady"] if plan else {"status": "fail", "missing": ["run:events"]},
+        "integrity": checked["integrity"],
+        "replayReady": checked["replayReady"],
     }
