@@ -361,6 +361,7 @@ def _shown_events(run: Any, view: Callable[[Any], Any], upto: int | None = None)
 def view_baselines(run: Any) -> dict[str, Callable[[], Any]]:
     """Per view, the bare SELECT of the rows it shows (see bench/README.md)."""
     from console.pages import at, conversation, share, waterfall
+    from console.pages import run as run_page
     from ledger.replay.runlog import children_of
 
     half = max(1, run.last_sequence // 2)
@@ -370,6 +371,19 @@ def view_baselines(run: Any) -> dict[str, Callable[[], Any]]:
     listed = [s.step_path for s in state["steps"]]
     step_page = f"SELECT * FROM ledger_step WHERE run_id = %s AND position >= 0 AND position < {share.STEPS_SHOWN}"
     return {
+        "timeline (the run page)": _bare(
+            "SELECT * FROM ledger_event WHERE run_id = %s ORDER BY sequence DESC LIMIT %s", [run.pk, run_page.PAGE_SIZE]
+        ),
+        "evidence tab": _both(
+            _bare(
+                "SELECT * FROM ledger_toolcall WHERE run_id = %s AND position >= 0 AND position < %s",
+                [run.pk, run_page.EVIDENCE_PAGE_SIZE],
+            ),
+            _bare(
+                "SELECT * FROM ledger_costentry WHERE run_id = %s ORDER BY sequence LIMIT %s",
+                [run.pk, run_page.EVIDENCE_PAGE_SIZE],
+            ),
+        ),
         "conversation": _in("ledger_event", "sequence", run.pk, talk),
         "waterfall": _in("ledger_event", "sequence", run.pk, bars),
         "state at event N/2": _both(
@@ -454,6 +468,8 @@ def bench_views(
         _, token = create_link(workspace=workspace, run=run, by=user, expires_in_hours=24)
         base = f"/w/{workspace.tenant.slug}/{workspace.slug}/runs/{run_id}/"
         urls[size] = {
+            "timeline (the run page)": base,
+            "evidence tab": base + "evidence/",
             "conversation": base + "conversation/",
             "waterfall": base + "waterfall/",
             "state at event N/2": base + f"state/?at={max(1, size // 2)}",
