@@ -155,6 +155,7 @@ ROUTES: dict[str, Route] = {
     W + "settings/keys/": page({"POST": (None, ADMIN)}),
     W + "settings/keys/<str:prefix>/revoke/": page({"POST": (None, ADMIN)}),
     W + "settings/members/": page({"GET": (None, ADMIN)}),
+    W + "settings/members/add/": page({"POST": (None, ADMIN)}),
     W + "settings/members/role/": page({"POST": (None, ADMIN)}),
     W + "settings/members/remove/": page({"POST": (None, ADMIN)}),
     W + "settings/prices/": page({"GET": (None, ADMIN)}),

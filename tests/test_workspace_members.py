@@ -1,14 +1,17 @@
 """The Members screen of a workspace's Settings (admins only): the tenant's members with their role
-and when they were added; a role changed and a member removed through the command line's own
-services (ledger/tenancy/services.py), audited alike; the tenant's last admin neither removed nor
-demoted, here or on the command line."""
+and when they were added; a member added (a new user with a one-time password shown once, or an
+existing user), a role changed and a member removed through the command line's own services
+(ledger/tenancy/services.py), audited alike; the tenant's last admin neither removed nor demoted,
+here or on the command line."""
 
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
@@ -20,6 +23,7 @@ pytestmark = pytest.mark.django_db
 PAGE = "/w/acme/support/settings/members/"
 ROLE = PAGE + "role/"
 REMOVE = PAGE + "remove/"
+ADD = PAGE + "add/"
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
@@ -47,7 +51,7 @@ def test_an_admin_sees_the_tenants_members_with_role_and_when_they_were_added(
     added = AuditEntry.objects.get(action="member.added", target="user:dave").at
     assert f'datetime="{added.strftime("%Y-%m-%dT%H:%M:%S")}' in html  # from the member.added entry
     assert 'id="settings-nav-members" href="/w/acme/support/settings/members/" aria-current="page"' in html
-    assert 'id="nav-settings"' in html and "ledger create-user NAME --tenant acme" in html
+    assert 'id="nav-settings"' in html and 'id="member-add-form"' in html
     # alice is the only admin: her row offers neither a role change nor a removal.
     alice = html.split('data-username="alice"')[1].split("</tr>")[0]
     assert "The only admin" in alice and "change-role" not in alice and "remove-member" not in alice
@@ -63,16 +67,22 @@ def test_the_screen_is_for_admins_and_a_404_for_another_tenant(
         assert refused.status_code == 403 and 'id="error-title">Not allowed<' in refused.content.decode()
         assert c.post(ROLE, {"username": "dave", "role": "admin"}).status_code == 403
         assert c.post(REMOVE, {"username": "alice"}).status_code == 403
+        added = c.post(ADD, {"username": "mallory", "role": "admin", "account": "new"})
+        assert added.status_code == 403 and 'id="error-title">Not allowed<' in added.content.decode()
         assert "settings/members/" not in c.get("/w/acme/support/").content.decode()
     c = as_user(outsider)
     assert c.get(PAGE).status_code == 404
+    assert c.post(ADD, {"username": "mallory", "role": "admin", "account": "new"}).status_code == 404
+    assert c.post(ADD, {"username": "olga", "role": "admin", "account": "existing"}).status_code == 404
     assert c.post(ROLE, {"username": "dave", "role": "viewer"}).status_code == 404
     assert c.post(REMOVE, {"username": "dave"}).status_code == 404
     # An admin naming another tenant's member: not found, like a name nobody has.
     assert as_user(admin).post(REMOVE, {"username": "olga"}).status_code == 404
     assert client.get(PAGE).status_code == 302  # anonymous: to the login page
-    assert (_role("dave"), _role("alice"), _role("bob")) == ("viewer", "admin", "approver")
+    assert client.post(ADD, {"username": "mallory", "role": "admin", "account": "new"}).status_code == 302
+    assert (_role("dave"), _role("alice"), _role("bob"), _role("olga")) == ("viewer", "admin", "approver", None)
     assert not AuditEntry.objects.filter(action__in=["member.changed", "member.removed"]).exists()
+    assert not User.objects.filter(username="mallory").exists()
 
 
 def test_changing_a_role_with_htmx_answers_the_section_and_audits_as_the_command_line(admin: Any, viewer: Any) -> None:
@@ -145,3 +155,126 @@ def test_the_last_admin_is_neither_removed_nor_demoted_here_or_on_the_command_li
     assert away.status_code == 200 and away["HX-Redirect"] == "/w/acme/support/"
     assert _role("alice") == "operator"
     assert c.get(PAGE).status_code == 403
+
+
+def _password(html: str) -> str:
+    found = re.search(r'<input id="new-member-password"[^>]*\bvalue="([^"]+)"', html)
+    assert found, html
+    return found.group(1)
+
+
+def _signs_in(username: str, password: str) -> bool:
+    """Through the real login form (django-axes and all), as the new member would."""
+    return Client().post("/accounts/login/", {"username": username, "password": password}).status_code == 302
+
+
+def test_a_new_user_is_made_with_a_one_time_password_shown_once(admin: Any, viewer: Any) -> None:
+    c = as_user(admin)
+    done = c.post(ADD, {"username": " erin ", "role": "operator", "account": "new"})
+    assert done.status_code == 201 and done["Cache-Control"] == "no-store"
+    html = done.content.decode()
+    password = _password(html)
+    assert re.fullmatch(r"([a-z2-9]{5}-){4}[a-z2-9]{5}", password)
+    assert "erin made and added as operator." in html and "it is not stored and will not be shown again" in html
+    assert 'data-username="erin" data-role="operator"' in html  # in the list at once
+    erin = User.objects.get(username="erin")
+    assert erin.check_password(password) and password not in erin.password  # only its hash is stored
+    entry = AuditEntry.objects.get(action="member.added", target="user:erin")
+    assert (entry.actor, entry.actor_user_id, entry.details) == ("alice", admin.pk, {"role": "operator"})
+    assert password not in str(AuditEntry.objects.values_list("details", "reason"))
+    # Shown once: the page does not show it again; erin signs in with it and reads the workspace.
+    again = c.get(PAGE).content.decode()
+    assert password not in again and 'id="new-member"' not in again
+    assert _signs_in("erin", password)
+    assert as_user(erin).get("/w/acme/support/").status_code == 200
+    # Another new user gets another password.
+    other = _password(c.post(ADD, {"username": "frank", "role": "viewer", "account": "new"}).content.decode())
+    assert other != password
+
+
+def test_an_existing_user_is_added_and_keeps_their_password(admin: Any, outsider: Any) -> None:
+    c = as_user(admin)
+    hashed = outsider.password
+    done = c.post(ADD, {"username": "olga", "role": "viewer", "account": "existing"})
+    assert done.status_code == 201
+    html = done.content.decode()
+    assert "olga added as viewer." in html and 'id="new-member-password"' not in html
+    assert "no-store" not in done.get("Cache-Control", "")
+    outsider.refresh_from_db()
+    assert outsider.password == hashed and _role("olga") == "viewer"
+    assert Membership.objects.get(user=outsider, tenant__slug="globex").role == "admin"  # her own tenant's: as was
+    entry = AuditEntry.objects.get(action="member.added", target="user:olga", tenant__slug="acme")
+    assert (entry.actor, entry.details) == ("alice", {"role": "viewer"})
+    assert as_user(outsider).get("/w/acme/support/").status_code == 200
+
+
+def test_a_refused_addition_says_why_by_the_field_and_keeps_what_was_typed(
+    admin: Any, viewer: Any, outsider: Any
+) -> None:
+    c = as_user(admin)
+    refusals = [
+        # (form, status, the field whose error it is, what it says)
+        ({"username": "", "role": "viewer", "account": "new"}, 400, "username", "Name the user to add."),
+        ({"username": "x" * 151, "role": "viewer", "account": "new"}, 400, "username", "at most 150 characters"),
+        ({"username": "erin smith", "role": "viewer", "account": "new"}, 400, "username", "Username refused"),
+        ({"username": "erin", "role": "owner", "account": "new"}, 400, "role", "Choose one of viewer"),
+        ({"username": "erin", "role": "viewer", "account": "both"}, 400, "account", "new or has an account"),
+        (
+            {"username": "dave", "role": "admin", "account": "existing"},
+            409,
+            "username",
+            "dave is a member of acme already (viewer)",
+        ),
+        (
+            {"username": "dave", "role": "admin", "account": "new"},
+            409,
+            "username",
+            "A user called dave exists already",
+        ),
+        (
+            {"username": "olga", "role": "admin", "account": "new"},
+            409,
+            "username",
+            "A user called olga exists already",
+        ),
+        ({"username": "nobody", "role": "admin", "account": "existing"}, 404, "username", "No user is called nobody"),
+    ]
+    for form, status, field, says in refusals:
+        refused = c.post(ADD, form)
+        html = refused.content.decode()
+        assert refused.status_code == status, (form, html)
+        error = re.search(rf'<span class="field-error" id="member-{field}-error">([^<]*)</span>', html)
+        assert error and says in error.group(1), (form, error and error.group(1))
+        assert f'aria-describedby="member-{field}-error"' in html
+        assert f'id="member-username" name="username" value="{form["username"][:151]}"' in html
+        if form["role"] in ("viewer", "admin"):
+            assert f'<option value="{form["role"]}" selected>' in html
+        if form["account"] in ("new", "existing"):
+            assert f'value="{form["account"]}" checked' in html
+        assert 'id="new-member"' not in html
+    assert _role("dave") == "viewer" and _role("olga") is None
+    assert not User.objects.filter(username__in=["erin", "nobody", "erin smith"]).exists()
+    assert AuditEntry.objects.filter(action="member.added", tenant__slug="acme").count() == 2  # the fixtures'
+
+
+def test_the_command_line_adds_a_member_as_the_screen_does(admin: Any, viewer: Any, outsider: Any) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("ledger", "add-member", "olga", "--tenant", "acme", "--role", "operator", stdout=out, stderr=err)
+    assert out.getvalue().strip() == "olga is operator of acme" and _role("olga") == "operator"
+    entry = AuditEntry.objects.get(action="member.added", target="user:olga", tenant__slug="acme")
+    assert (entry.actor, entry.details) == ("system:cli", {"role": "operator"})
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("ledger", "add-member", "gus", "--tenant", "acme", "--role", "viewer", "--new", stdout=out, stderr=err)
+    password = out.getvalue().strip()  # alone on its line
+    assert re.fullmatch(r"([a-z2-9]{5}-){4}[a-z2-9]{5}", password) and "shown once" in err.getvalue()
+    assert _signs_in("gus", password) and _role("gus") == "viewer"
+
+    for args, says in (
+        (("dave", "--role", "admin"), "dave is a member of acme already"),
+        (("dave", "--role", "admin", "--new"), "A user called dave exists already"),
+        (("nobody", "--role", "admin"), "No user is called nobody"),
+    ):
+        with pytest.raises(CommandError, match=re.escape(says)):
+            call_command("ledger", "add-member", *args, "--tenant", "acme", stdout=io.StringIO(), stderr=io.StringIO())
+    assert _role("dave") == "viewer" and not User.objects.filter(username="nobody").exists()

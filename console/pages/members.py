@@ -1,15 +1,23 @@
 """The tenant's members, for its admins, from a workspace's Settings (docs/design.md §2): each
-member with their role and when they were added; change a role, remove a member. The same
-services as the command line's (`ledger create-user` for a role, ledger/tenancy/services.py),
-so the same rules and the same audit entries (`member.changed`, `member.removed`, with the admin's
-name): the tenant's last admin can be neither removed nor given another role (`last_admin`).
-Adding a member, with a password, is the command line's.
+member with their role and when they were added; add a member, change a role, remove a member. The
+same services as the command line's (`ledger add-member`, `ledger create-user` for a role,
+`ledger remove-member`; ledger/tenancy/services.py), so the same rules and the same audit entries
+(`member.added`, `member.changed`, `member.removed`, with the admin's name): the tenant's last admin
+can be neither removed nor given another role (`last_admin`).
+
+Adding takes a username, a role and whether the user is new or exists already. An existing user
+keeps their own password; a new one is made with a one-time password, shown once on the answer to
+the form (as an API key's secret: never stored but as Django's hash, never shown again, the page
+not cached), for the admin to hand over. Refused, the form comes back as typed with the reason by
+the field: 400 for a name or role that is not one, 409 for a member already (`already_member`) or
+a new user by a taken name (`username_taken`), 404 for an existing user nobody is called.
 
 Another tenant's workspace is a 404, as is another tenant's member named in a form; a member
-below admin gets 403. The forms post with htmx and answer with the members section (a refusal:
-422 with the section and the reason); without JavaScript they post and redirect, or answer 409/400
-with the page. An admin who takes their own admin role away (another admin remains) goes to the
-workspace's runs: this page is no longer theirs.
+below admin gets 403. The role and removal forms post with htmx and answer with the members
+section (a refusal: 422 with the section and the reason); without JavaScript they post and
+redirect, or answer 409/400 with the page. The add form posts plainly and answers with the page
+(the password is on that answer only). An admin who takes their own admin role away (another admin
+remains) goes to the workspace's runs: this page is no longer theirs.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from ledger.tenancy import services as tenancy
 from .guard import has_role, wants_fragment, workspace_admin
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
+USERNAME_MAX = 150  # Django's username field
 
 
 def _section(ws: Workspace, user: Any, *, error: str = "", done: str = "") -> dict[str, Any]:
@@ -62,14 +71,49 @@ def members_page(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
     return _page(request, ws, admin, done=done)
 
 
-def _page(request: HttpRequest, ws: Workspace, user: Any, status: int = 200, **state: str) -> HttpResponse:
+ACCOUNTS = ("new", "existing")
+
+
+def _add_form(
+    ws: Workspace,
+    *,
+    username: str = "",
+    role: str = Role.VIEWER,
+    account: str = "new",
+    errors: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "url": reverse("workspace-member-add", args=[ws.tenant.slug, ws.slug]),
+        "username": username,
+        "role": role,
+        "account": account,
+        "errors": errors or {},
+        "username_max": USERNAME_MAX,
+    }
+
+
+def _page(
+    request: HttpRequest,
+    ws: Workspace,
+    user: Any,
+    status: int = 200,
+    *,
+    add_form: dict[str, Any] | None = None,
+    added: dict[str, Any] | None = None,
+    **state: str,
+) -> HttpResponse:
     workspaces = list(selectors.workspaces_for(request.user))
     context = {
         **_section(ws, user, **state),
         "workspaces": workspaces,
         "tenant_workspaces": [w.slug for w in workspaces if w.tenant_id == ws.tenant_id],
+        "add_form": add_form or _add_form(ws),
+        "added": added,
     }
-    return render(request, "console/members.html", context, status=status)
+    response = render(request, "console/members.html", context, status=status)
+    if added is not None and added["password"]:
+        response["Cache-Control"] = "no-store"  # the password is on this page, once
+    return response
 
 
 def _answer(
@@ -127,8 +171,43 @@ def remove_member(request: HttpRequest, tenant: str, workspace: str) -> HttpResp
     return _answer(request, ws, admin, done=f"{username} is no longer a member of {ws.tenant.slug}.")
 
 
+@login_required
+@require_POST
+def add_member(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """A new member: the page again, with a new user's password shown once (not a redirect: the
+    password is never stored to be shown on a later page); refused, the form as typed with the
+    reason by the field."""
+    ws, admin = workspace_admin(request, tenant, workspace)
+    username = request.POST.get("username", "")[: USERNAME_MAX + 1].strip()
+    role = request.POST.get("role", "")[:20]
+    account = request.POST.get("account", "")[:20]
+    errors = {}
+    if len(username) > USERNAME_MAX:
+        errors["username"] = f"A username has at most {USERNAME_MAX} characters."
+    elif not username:
+        errors["username"] = "Name the user to add."
+    if role not in Role.values:
+        errors["role"] = f"Choose one of {', '.join(Role.values)}."
+    if account not in ACCOUNTS:
+        errors["account"] = "Choose whether the user is new or has an account already."
+    form = {"username": username, "role": role, "account": account}
+    if errors:
+        return _page(request, ws, admin, status=400, add_form=_add_form(ws, **form, errors=errors))
+    try:
+        added = tenancy.add_member(
+            username=username, tenant=ws.tenant.slug, role=role, new_user=account == "new", by=admin
+        )
+    except LedgerError as exc:  # the tenant is the admin's own: any refusal is about what was typed
+        field = str(exc.details.get("field", "username"))
+        message = exc.message if exc.message.endswith(".") else exc.message + "."
+        return _page(request, ws, admin, status=exc.status, add_form=_add_form(ws, **form, errors={field: message}))
+    name = added.membership.user.get_username()
+    return _page(request, ws, admin, status=201, added={"username": name, "role": role, "password": added.password})
+
+
 urlpatterns = [
     path(WS + "settings/members/", members_page, name="workspace-members"),
+    path(WS + "settings/members/add/", add_member, name="workspace-member-add"),
     path(WS + "settings/members/role/", change_role, name="workspace-member-role"),
     path(WS + "settings/members/remove/", remove_member, name="workspace-member-remove"),
 ]

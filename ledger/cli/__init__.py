@@ -11,6 +11,7 @@ from __future__ import annotations
 MODULES = [
     "bootstrap",
     "create_user",
+    "add_member",
     "remove_member",
     "create_key",
     "demo",

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, User
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -64,23 +64,147 @@ def create_user(
     if t is None:
         raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
     if password:
-        # AUTH_PASSWORD_VALIDATORS, before anything is written: a refused password changes nothing.
-        try:
-            validate_password(password, user=get_user_model()(username=username))
-        except ValidationError as exc:
-            raise LedgerError("password refused: " + " ".join(exc.messages)) from None
+        _check_password(password, username)
     user, _ = get_user_model().objects.get_or_create(username=username)
     if password:
         user.set_password(password)
         user.save()
     membership = Membership.objects.filter(user=user, tenant=t).first()
     if membership is None:
-        membership = Membership.objects.create(user=user, tenant=t, role=role)
-        audit.record(
-            actor=by, tenant=t, action=audit.Action.MEMBER_ADDED, target=f"user:{username}", details={"role": role}
-        )
+        membership = _add_membership(t, user, role, by=by)
     else:
         _set_role(t, membership, role, by=by)
+    return membership
+
+
+class AlreadyMember(Conflict):
+    """Adding a user who is a member of the tenant already: a member has one role, changed with
+    `change_role`, never a second membership."""
+
+    code = "already_member"
+
+
+class UsernameTaken(Conflict):
+    """A new user by a name a user of the deployment already has (usernames are the deployment's,
+    not a tenant's): adding them is adding an existing user, a choice the admin makes knowingly."""
+
+    code = "username_taken"
+
+    @classmethod
+    def of(cls, username: str) -> UsernameTaken:
+        return cls(
+            f"A user called {username} exists already: add them as an existing user, or choose another name",
+            field="username",
+        )
+
+
+class UnknownUser(NotFound):
+    """An existing user to add, by a name no user has."""
+
+
+@dataclass(frozen=True)
+class Added:
+    membership: Membership
+    # A new user's one-time password: returned once, stored only as Django's hash. None: an
+    # existing user, who keeps their own.
+    password: str | None
+
+
+# The one-time password's alphabet: lower-case letters and digits without the ones a person
+# misreads when handing it over (0/o, 1/l/i): 25 characters of 31, ~124 bits.
+_PASSWORD_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
+_PASSWORD_GROUPS, _PASSWORD_GROUP = 5, 5
+
+
+def one_time_password(username: str) -> str:
+    """A strong random password, five dashed groups of five (`k7fq2-…`), that passes
+    AUTH_PASSWORD_VALIDATORS for `username` (drawn again in the unlikely case it does not)."""
+    while True:
+        password = "-".join(
+            "".join(secrets.choice(_PASSWORD_ALPHABET) for _ in range(_PASSWORD_GROUP)) for _ in range(_PASSWORD_GROUPS)
+        )
+        try:
+            validate_password(password, user=get_user_model()(username=username))
+        except ValidationError:
+            continue
+        return password
+
+
+@transaction.atomic
+def add_member(
+    *, username: str, tenant: str, role: str, new_user: bool, by: audit.Actor | AbstractBaseUser = CLI
+) -> Added:
+    """Make a user a member of the tenant with a role; audited as member.added (as `create_user`
+    adds one). `new_user`: make the user, with a one-time password (`one_time_password`) returned
+    in `Added` and nowhere else; otherwise an existing user, whose password is not touched. Refused
+    (nothing written): a role or username that is not one (`details.field`), AlreadyMember, a new
+    user by a taken name (UsernameTaken), an existing one by a name nobody has (UnknownUser)."""
+    _check_role(role)
+    model = get_user_model()
+    username = model.normalize_username(username.strip())
+    if not username:
+        raise LedgerError("Name the user to add", field="username")
+    t = _locked_tenant(slug=tenant)
+    if t is None:
+        raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
+    password = None
+    if new_user:
+        _check_username(username)
+        if model.objects.filter(username=username).exists():
+            raise UsernameTaken.of(username)
+        password = one_time_password(username)
+        user = model(username=username)
+        user.set_password(password)
+        try:
+            # Another tenant's admin may make the same name at the same moment: the unique
+            # username decides, and the loser is told the name is taken rather than failing.
+            with transaction.atomic():
+                user.save()
+        except IntegrityError:
+            raise UsernameTaken.of(username) from None
+    else:
+        found = model.objects.filter(username=username).first()
+        if found is None:
+            raise UnknownUser(
+                f"No user is called {username}: check the name, or add them as a new user", field="username"
+            )
+        user = found
+        existing = Membership.objects.filter(user=user, tenant=t).first()
+        if existing is not None:
+            raise AlreadyMember(
+                f"{username} is a member of {t.slug} already ({existing.role}): change their role instead",
+                field="username",
+            )
+    return Added(_add_membership(t, user, role, by=by), password)
+
+
+def _check_username(username: str) -> None:
+    """The user model's own rules for a username (Django's: at most 150 characters of letters,
+    digits and @ . + - _), as LedgerError by the field."""
+    field = get_user_model()._meta.get_field("username")
+    try:
+        field.clean(username, None)
+    except ValidationError as exc:
+        raise LedgerError("Username refused: " + " ".join(exc.messages), field="username") from None
+
+
+def _check_password(password: str, username: str) -> None:
+    # AUTH_PASSWORD_VALIDATORS, before anything is written: a refused password changes nothing.
+    try:
+        validate_password(password, user=get_user_model()(username=username))
+    except ValidationError as exc:
+        raise LedgerError("password refused: " + " ".join(exc.messages)) from None
+
+
+def _add_membership(tenant: Tenant, user: User, role: str, *, by: audit.Actor | AbstractBaseUser) -> Membership:
+    membership = Membership.objects.create(user=user, tenant=tenant, role=role)
+    audit.record(
+        actor=by,
+        tenant=tenant,
+        action=audit.Action.MEMBER_ADDED,
+        target=f"user:{user.get_username()}",
+        details={"role": role},
+    )
     return membership
 
 

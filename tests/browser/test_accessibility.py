@@ -2,7 +2,8 @@
 13). The pages show `ledger demo`'s runs, so each view has something in it: a conversation, a
 waterfall with a sub-run expanded, an in-doubt call with its reconcile form, a pending approval,
 the evaluations, their dataset and batch, a re-execution's request form and divergence report, a
-shared run and a revoked link's 410, and the 400, 403, 404 and 500 pages.
+shared run and a revoked link's 410, Members' add form refused and with a new user's password
+shown once, and the 400, 403, 404 and 500 pages.
 The new views are photographed into var/screenshots/ on the way. And the keyboard: every action
 on the run page is reached with Tab and shows where the focus is."""
 
@@ -89,6 +90,13 @@ def _share_pages() -> dict[str, tuple[str, int]]:
     return {"share": (f"/s/{token}/", 200), "share-410": (f"/s/{gone}/", 410)}
 
 
+def _add_member(page: Page, username: str) -> None:
+    """Settings → Members' add form, sent as typed (a new user, as viewer)."""
+    page.locator("#member-username").fill(username)
+    page.locator("button#member-add").click()
+    page.wait_for_load_state()
+
+
 def _check(page: Page, name: str, scheme: str, failures: dict[str, Any]) -> None:
     found = blocking_violations(page)
     if found:
@@ -138,6 +146,14 @@ def test_no_page_has_a_serious_or_critical_violation_light_or_dark(
             response = page.goto(f"{server.url}{path}")
             assert response is not None and response.status == status, path
             _check(page, name, scheme, failures)
+        # The Members page's add form refused by the field, then a new user's password shown once.
+        page.goto(f"{server.url}/w/acme/support/settings/members/")
+        _add_member(page, "dave")  # a user already, asked for as a new one
+        expect(page.locator("#member-username-error")).to_be_visible()
+        _check(page, "members-add-refused", scheme, failures)
+        _add_member(page, f"erin-{scheme}")
+        expect(page.locator("#new-member-password")).to_be_visible()
+        _check(page, "members-added", scheme, failures)
         # A viewer refused the audit log: the styled 403.
         viewer = open_context(color_scheme=scheme).new_page()
         log_in_to_demo(viewer, server, username="dave")

@@ -33,6 +33,8 @@ PAGES = (
     "run-costs",
     "usage",
     "settings-members",
+    "settings-members-refused",
+    "settings-members-added",
     "settings-prices",
 )
 NARROW_PAGES = ("runs", "run-header", "run-timeline", "run-waterfall")  # also taken as NAME-390-SCHEME.png
@@ -166,6 +168,17 @@ def test_every_page_renders_light_and_dark_and_is_photographed(
     page.goto(f"{server.url}/w/acme/support/settings/members/")
     expect(page.locator("main")).to_contain_text(admin.get_username())
     _shoot(page, "settings-members", backgrounds)
+
+    # Adding a member: refused by the field (what was typed kept), then a new user's password, once.
+    page.locator("#member-username").fill(admin.get_username())
+    page.locator("#member-role").select_option("operator")
+    page.locator("button#member-add").click()
+    expect(page.locator("#member-username-error")).to_contain_text("exists already")
+    _shoot(page, "settings-members-refused", backgrounds)
+    page.locator("#member-username").fill("erin")
+    page.locator("button#member-add").click()
+    expect(page.locator("#new-member-password")).to_be_visible()
+    _shoot(page, "settings-members-added", backgrounds)
 
     page.goto(f"{server.url}/w/acme/support/settings/prices/")
     expect(page.locator("main")).to_contain_text("gpt-4o-mini")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -90,6 +91,49 @@ def test_an_admin_changes_a_role_and_removes_a_member_in_place(
     assert Membership.objects.get(user=viewer).role == "approver"
     assert not Membership.objects.filter(user=operator).exists()
     assert AuditEntry.objects.filter(action__in=["member.changed", "member.removed"], actor="alice").count() == 2
+
+
+def test_an_admin_adds_a_new_user_who_signs_in_with_the_password_shown_once(
+    page: Page, open_context: Any, production: Daphne, workspace: Workspace, admin: User, outsider: User
+) -> None:
+    """On the production settings (DEBUG off, the CSP): a refusal by the field with what was typed
+    kept, a new user made with the password shown once, who signs in with it in another browser,
+    and an existing user (another tenant's admin) added keeping their own password."""
+    log_in(page, production, admin)
+    page.goto(f"{production.url}/w/acme/support/settings/members/")
+    form = page.locator("form#member-add-form")
+    form.locator("[name=username]").fill("olga")  # a user already: not a new one
+    form.locator("[name=role]").select_option("operator")
+    form.locator("button#member-add").click()
+    expect(page.locator("#member-username-error")).to_contain_text("A user called olga exists already")
+    expect(page.locator("#member-username")).to_have_value("olga")
+    expect(page.locator("#member-role")).to_have_value("operator")
+
+    page.locator("#member-username").fill("erin")
+    page.locator("button#member-add").click()
+    expect(page.locator("#new-member")).to_contain_text("erin made and added as operator.")
+    expect(page.locator("#new-member")).to_contain_text("it is not stored and will not be shown again")
+    expect(page.locator('tr.member[data-username="erin"]')).to_have_attribute("data-role", "operator")
+    password = page.locator("#new-member-password").input_value()
+    page.goto(f"{production.url}/w/acme/support/settings/members/")
+    expect(page.locator("#new-member")).to_have_count(0)  # shown once
+
+    erin = open_context().new_page()
+    erin.goto(f"{production.url}/accounts/login/")
+    erin.fill("input[name=username]", "erin")
+    erin.fill("input[name=password]", password)
+    erin.click("form:has(input[name=password]) [type=submit]")
+    erin.wait_for_url(f"{production.url}/w/acme/support/")
+
+    page.locator("#member-username").fill("olga")
+    page.locator("input[name=account][value=existing]").check()
+    page.locator("button#member-add").click()
+    expect(page.locator("#new-member")).to_contain_text("olga added as viewer. They sign in with their own password.")
+    expect(page.locator("#new-member-password")).to_have_count(0)
+    assert Membership.objects.get(user=outsider, tenant=workspace.tenant).role == "viewer"
+    assert list(
+        AuditEntry.objects.filter(action="member.added", actor="alice").order_by("pk").values_list("target", "details")
+    ) == [("user:erin", {"role": "operator"}), ("user:olga", {"role": "viewer"})]
 
 
 def test_an_admin_overrides_a_price_with_the_reason_next_to_the_field(
