@@ -118,7 +118,7 @@ ROUTES: dict[str, Route] = {
     RUN + "reexecute/": page({"GET": (None, OPERATOR), "POST": (None, OPERATOR)}),
     RUN + "reexecute/plan/": page({"GET": (None, OPERATOR)}),
     W + "reexecutions/<str:reexecution_id>/divergence/": page({"GET": (None, Role.VIEWER)}),
-    RUN + "share-links/": page({"POST": (None, OPERATOR)}),
+    RUN + "share-links/": page({"GET": (None, OPERATOR), "POST": (None, OPERATOR)}),
     RUN + "share-links/<str:link_id>/revoke/": page({"POST": (None, OPERATOR)}),
     RUN + "share-policy/": page({"POST": (None, ADMIN)}),
     RUN: page({"GET": (None, Role.VIEWER)}),

@@ -64,6 +64,7 @@ def test_every_link_a_viewer_is_offered_opens(client: Client) -> None:
 # A page of each entry of PAGE_ROLES, in the `workspace` fixture's workspace.
 GATED_PAGES = {
     "run-reexecute": "/w/acme/support/runs/run_gated/reexecute/",
+    "run-share-links": "/w/acme/support/runs/run_gated/share-links/",
     "tenant-audit": "/t/acme/audit/",
     "workspace-settings": "/w/acme/support/settings/",
     "workspace-members": "/w/acme/support/settings/members/",

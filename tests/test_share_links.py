@@ -21,7 +21,7 @@ from ledger.log import append, artifacts
 from ledger.models import AuditEntry, ShareLink, Workspace
 from ledger.tenancy import sharing
 from ledger.tenancy.services import bootstrap, create_key
-from tests.conftest import FakeClock, ev, named_user, started
+from tests.conftest import IN_PROCESS, FakeClock, ev, log_in, named_user, started
 
 pytestmark = pytest.mark.django_db
 
@@ -591,6 +591,33 @@ def test_a_viewer_sees_no_panel_and_cannot_post_to_it(
     assert client.post(f"/w/acme/support/runs/{RUN}/share-links/", {"expires_in_hours": "2"}).status_code == 403
     assert client.post(f"/w/acme/support/runs/{RUN}/share-links/{link_id}/revoke/").status_code == 403
     assert not AuditEntry.objects.filter(action="share_link.revoked").exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the login form's requests run as a server's would
+def test_a_viewer_is_offered_no_share_links_and_their_address_says_why(
+    client: Client, operator: User, viewer: User, outsider: User, shared_run: str
+) -> None:
+    """As each role would, through the login form with a real HTTP client: viewers may not list a
+    run's links (the API's 403, docs/security.md § Roles), so the run page offers them no panel and
+    no way to it, and the panel's address, pasted, is the 403 page saying why, not an empty page.
+    An operator opens the same address as a page of its own, the links listed."""
+    link_id = _create(_api(client, operator)).json()["id"]
+    panel = f"/w/acme/support/runs/{RUN}/share-links/"
+    as_viewer = log_in(IN_PROCESS, viewer)
+    page = as_viewer.get(f"/w/acme/support/runs/{RUN}/")
+    assert page.status_code == 200
+    assert 'id="share-panel"' not in page.text and "share-links/" not in page.text and link_id not in page.text
+    refused = as_viewer.get(panel)
+    assert refused.status_code == 403 and 'id="error-title">Not allowed<' in refused.text
+    assert "Share links are for operators, approvers and admins" in refused.text and link_id not in refused.text
+    assert as_viewer.get(f"/api/v1/runs/{RUN}/share-links").status_code == 403
+
+    as_operator = log_in(IN_PROCESS, operator)
+    listed = as_operator.get(panel)
+    assert listed.status_code == 200 and 'id="share-panel"' in listed.text and f'data-link="{link_id}"' in listed.text
+    assert f'href="/w/acme/support/runs/{RUN}/"' in listed.text  # the way back to the run
+    assert log_in(IN_PROCESS, outsider).get(panel).status_code == 404
+    assert ShareLink.objects.count() == 1  # reading the panel makes nothing
 
 
 def test_an_outsider_gets_404_from_the_panel(client: Client, operator: User, outsider: User, shared_run: str) -> None:

@@ -66,6 +66,7 @@ def has_role(user: Any, workspace: Workspace, role: str) -> bool:
 # other page of a workspace opens for any member of its tenant.
 PAGE_ROLES: dict[str, str] = {
     "run-reexecute": Role.OPERATOR,
+    "run-share-links": Role.OPERATOR,
     "tenant-audit": Role.ADMIN,
     "workspace-settings": Role.ADMIN,
     "workspace-members": Role.ADMIN,

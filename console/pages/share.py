@@ -1,5 +1,7 @@
 """Share links in the console: the public, read-only page a link opens (`/s/<token>/`), its
-evidence.json, and the share panel of the run page (list, create, revoke; the workspace's policy).
+evidence.json, and the share panel of the run page (list, create, revoke; the workspace's policy),
+for operators and up: a viewer is offered neither the panel nor a link to it, and the panel's own
+address (`…/share-links/`) is the 403 page for them, saying why.
 
 The public page needs no login and offers nothing to do: no forms, no live updates, no link into
 the console (every link stays under `/s/<token>/`). It reuses the run page's partials — timeline,
@@ -24,7 +26,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from ledger.errors import NotFound
 from ledger.models import Run, ShareLink
@@ -291,7 +293,7 @@ def shared_nothing(request: HttpRequest, token: str, rest: str) -> HttpResponse:
     return _refusal(request, 404, "Not found", "There is no share link at this address.")
 
 
-# --- the share panel of the run page (operators and up) ---------------------------------------
+# --- the share panel of the run page (operators and up; a viewer sees neither it nor a way to it) ---------------------------------------
 
 
 def panel_context(member: Access, run: Run, **extra: Any) -> dict[str, Any]:
@@ -324,7 +326,11 @@ def _wants_partial(request: HttpRequest) -> bool:
 def _operator_run(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> tuple[Access, Run]:
     member = member_access(request, tenant, workspace, run_id=run_id)
     if not member.allows("operator"):
-        raise PermissionDenied("share links need the operator role")
+        # A viewer is offered no panel and no link to it (docs/security.md § Roles): the address,
+        # pasted, says why rather than showing an empty panel.
+        raise PermissionDenied(
+            "Share links are for operators, approvers and admins: a viewer reads the run, and one of them can share it"
+        )
     assert member.run is not None
     return member, member.run
 
@@ -344,9 +350,17 @@ def _panel(request: HttpRequest, member: Access, run: Run, status: int = 200, **
 
 
 @login_required
-@require_POST
-def create_share_link(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+@require_http_methods(["GET", "HEAD", "POST"])
+def share_links(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """The run's share links: GET, the panel as a page of its own (the address the form's answer
+    has without JavaScript, so reloading or coming back to it shows the links); POST, a new link."""
     member, run = _operator_run(request, tenant, workspace, run_id)
+    if request.method != "POST":
+        return _panel(request, member, run)
+    return _create_share_link(request, member, run)
+
+
+def _create_share_link(request: HttpRequest, member: Access, run: Run) -> HttpResponse:
     expires = request.POST.get("expires_in_hours", "").strip()
     include_sub_runs = request.POST.get("include_sub_runs") == "on"
     raw_max = request.POST.get("max_opens", "").strip()
@@ -408,7 +422,7 @@ urlpatterns = [
     path("s/<str:token>/runs/<str:run_id>/", shared_run, name="share-run"),
     path("s/<str:token>/runs/<str:run_id>/evidence.json", shared_evidence, name="share-run-evidence"),
     path("s/<str:token>/<path:rest>", shared_nothing),
-    path(RUN + "share-links/", create_share_link, name="run-share-links"),
+    path(RUN + "share-links/", share_links, name="run-share-links"),
     path(RUN + "share-links/<str:link_id>/revoke/", revoke_share_link, name="run-share-link-revoke"),
     path(RUN + "share-policy/", share_policy, name="run-share-policy"),
 ]
