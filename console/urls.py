@@ -7,6 +7,10 @@ urlpatterns = [
     path("api/", include("console.api.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # A signed-in user's own password (a member added on Settings → Members starts with a
+    # one-time one): Django's views, which ask for the current password and keep the session.
+    path("accounts/password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path("accounts/password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
     path("", include("console.pages.concepts")),
     path("", include("console.pages.runs")),
     # Before the run page: its `<tab>/` route would take `reexecute/` for a tab name.

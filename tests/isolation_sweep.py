@@ -58,6 +58,9 @@ ROUTES: dict[str, Route] = {
     "api/docs/": Route("public"),
     "accounts/login/": Route("public"),
     "accounts/logout/": Route("public"),
+    # The signed-in user's own password, no tenant's object in them (tests/test_password_change.py).
+    "accounts/password/": Route("public"),
+    "accounts/password/done/": Route("public"),
     # docs/concepts.md as a page: the same words for everyone, no tenant's data (tests/test_concepts.py).
     "concepts/": Route("public"),
     # --- the API: a key of the workspace with the scope, or a member's session with the role

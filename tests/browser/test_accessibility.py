@@ -50,6 +50,7 @@ PAGES = {
     "redaction": "/w/acme/support/settings/redaction/",
     "members": "/w/acme/support/settings/members/",
     "prices": "/w/acme/support/settings/prices/",
+    "password-change": "/accounts/password/",
 }
 # The error pages, each with the status it answers (console/pages/errors.py).
 ERROR_PAGES = {
