@@ -1,23 +1,33 @@
 """Repricing (docs/operations.md § Prices): a run appended to across a change of its workspace's
-prices stays exactly what the fold with the new table says (ledger/log/repricing.py), and
-`ledger reprice` reprices one run, one workspace's runs or every run."""
+prices stays exactly what the fold with the new table says (ledger/log/repricing.py), whichever
+process changed them and however long the appending one has held its workspace (a runtime
+executor, a worker); and `ledger reprice` reprices one run, one workspace's runs or every run."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import CommandError
+from django.db import connection
 
 from ledger import clock, log
 from ledger.fold.pricing import prices_for
 from ledger.log import repricing
 from ledger.log.states import STATES
+from ledger.log.strategies import PIPELINE_FROM
 from ledger.models import CostEntry, DailyUsage, MonthlyUsage, Run, Step, Workspace
+from ledger.runtime.executor import start_run
+from ledger.runtime.providers import ModelRequest, ScriptedProvider
+from ledger.tenancy import price_settings
 from ledger.tenancy.services import bootstrap
-from tests.conftest import ev, ledger_cli, started
+from tests.conftest import ev, ledger_cli, named_user, started
+from tests.runtime_support import round_trips
+from tests.runtime_workflows import SCRIPT, build_drill
 
 
 def responded(step: str, turn: int, provider: str = "openai", model: str = "gpt-4o", **usage: int) -> dict[str, Any]:
@@ -34,6 +44,25 @@ def responded(step: str, turn: int, provider: str = "openai", model: str = "gpt-
 def override(workspace: Workspace, rates: dict[str, Any] | None) -> None:
     workspace.price_overrides = {"openai/gpt-4o": rates} if rates else {}
     workspace.save()
+
+
+def changed_elsewhere(workspace: Workspace, rates: dict[str, Any], by: AbstractBaseUser) -> Workspace:
+    """openai/gpt-4o's override set as the Prices page sets it, on a Workspace loaded for it, as
+    another process (the console's) would: `workspace`, what a long-lived process holds, is left
+    as it was. The workspace as loaded again after the change."""
+    price_settings.set_override(
+        workspace=Workspace.objects.get(pk=workspace.pk), key="openai/gpt-4o", rates=rates, by=by
+    )
+    fresh = Workspace.objects.get(pk=workspace.pk)
+    assert workspace.price_overrides != fresh.price_overrides
+    return fresh
+
+
+@pytest.fixture
+def no_cached_states() -> Iterator[None]:
+    STATES.clear()
+    yield
+    STATES.clear()
 
 
 def sums_agree(run: Run) -> None:
@@ -140,3 +169,66 @@ def test_reprice_takes_one_run_or_one_workspace(workspace, append) -> None:
     assert ledger_cli("verify")[0] == 0
     with pytest.raises(CommandError, match="workspace acme/nowhere not found"):
         ledger_cli("reprice", "--workspace", "acme/nowhere")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("calls", [1, PIPELINE_FROM], ids=["one_call", "a_long_batch"])
+def test_a_process_holding_its_workspace_from_before_a_price_change_appends_at_the_new_prices(
+    calls: int, no_cached_states: None
+) -> None:
+    held = bootstrap(tenant="acme", workspace="support")  # what a long-lived process loaded once
+    admin = named_user("alice", "admin")
+    log.append(workspace=held, run_id="run_a", events=[started(), responded("s", 1)])
+    log.append(workspace=held, run_id="run_a", events=[responded("s", 2)])  # its state cached here
+    fresh = changed_elsewhere(held, {"input": 1, "output": 2}, admin)
+    log.append(workspace=held, run_id="run_a", events=[responded("t", turn) for turn in range(1, calls + 1)])
+    log.append(workspace=held, run_id="run_b", events=[started(), responded("s", 1)])  # a run it starts now
+    for run_id, entries in (("run_a", calls + 2), ("run_b", 1)):
+        run = Run.objects.get(run_id=run_id)
+        assert run.cost_usd == Decimal(entries)  # every call at $1 per 1M input tokens, none at $2.5
+        assert {e.price_table_version for e in CostEntry.objects.filter(run=run)} == {prices_for(fresh).version}
+        sums_agree(run)
+    rollups_agree(fresh)
+    assert ledger_cli("verify")[0] == 0
+    # Found out once: the process's appends are one statement again, at the new prices (the
+    # second: the pipeline that missed rolled back, and on a rollback psycopg deallocates the
+    # connection's prepared statements, so the first prepares its own again).
+    log.append(workspace=held, run_id="run_a", events=[responded("u", 1)])
+    with round_trips() as sent:
+        log.append(workspace=held, run_id="run_a", events=[responded("u", 2)])
+    assert sent == ([1] if connection.vendor == "postgresql" else [])
+    assert Run.objects.get(run_id="run_a").cost_usd == Decimal(calls + 4)
+    assert ledger_cli("verify", "run_a")[0] == 0
+
+
+@pytest.mark.django_db
+def test_a_run_executing_across_a_price_change_prices_its_later_calls_with_the_new_table(
+    workspace: Workspace, no_cached_states: None
+) -> None:
+    admin = named_user("alice", "admin")
+
+    def reply(request: ModelRequest) -> dict[str, Any]:
+        step = request.step_path.split(".")[0]
+        if (step, request.turn) == ("research", 2):  # an admin changes the prices while the run executes
+            changed_elsewhere(workspace, {"input": 1, "output": 2}, admin)
+        return SCRIPT[step][request.turn - 1]
+
+    provider = ScriptedProvider(script=reply, name="openai", model_id="gpt-4o")
+    outcome = start_run(
+        workspace=workspace, workflow=build_drill(provider=provider), input={"cities": ["Oslo"], "to": "ops"}
+    )
+
+    assert outcome.status == "completed"
+    run = Run.objects.get(run_id=outcome.run_id)
+    entries = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    # (input - cached) x $1 + cached x $1.25 (gpt-4o's cache rate, not overridden) + output x $2, per 1M
+    assert [e.cost_usd for e in entries] == [
+        Decimal("0.00026"),
+        Decimal("0.000406"),
+        Decimal("0.000424"),
+        Decimal("0.000098"),
+    ]
+    assert {e.price_table_version for e in entries} == {prices_for(Workspace.objects.get(pk=workspace.pk)).version}
+    sums_agree(run)
+    rollups_agree(workspace)
+    assert ledger_cli("verify", outcome.run_id)[0] == 0

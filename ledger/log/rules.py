@@ -16,6 +16,7 @@ same thing; that is why they sit side by side here.
 | idempotent replay | `same_request` on the logged originals | `keys_not_logged`, or the unique index (`GUARDING_CONSTRAINTS`) |
 | a tool call is new | the gateway reads its row | `calls_not_known`, `CLAIM_IS_NEW` |
 | the caller still holds a tool call | `holds` | `held_condition` |
+| the prices in force | `take_stored_prices` on the overrides read with the head | `prices_in_force` |
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from ..errors import (
     SequenceConflict,
 )
 from ..fold import RunState
-from ..models import Event, Run, RunStatus, ToolCall, ToolGatewayClaim
-from .bulk import table
+from ..models import Event, Run, RunStatus, ToolCall, ToolGatewayClaim, Workspace
+from .bulk import column, json_text, table
 from .prepare import Prepared
 from .vocabulary import is_custom
 
@@ -57,6 +58,40 @@ def check_expected_sequence(expected: int | None, last_sequence: int, *, writes:
             expected=expected,
             actual=last_sequence,
         )
+
+
+# --- the prices in force -----------------------------------------------------------------------
+
+# A batch is priced with the workspace's overrides as the writer's Workspace holds them, which a
+# long-lived process (a runtime executor, a worker) loaded perhaps long before an admin changed
+# them elsewhere. They must be the stored ones: else the batch, and the state it caches, would
+# keep the old table until a reprice.
+
+
+@functools.cache
+def prices_in_force() -> str:
+    """The workspace's stored overrides equal the ones the batch was priced with (sent as JSON text,
+    `priced_with`)."""
+    return (
+        f"(SELECT {column(Workspace, 'price_overrides')} FROM {table(Workspace)}"
+        f" WHERE {column(Workspace, 'id')} = %(workspace_pk)s) = %(price_overrides)s::jsonb"
+    )
+
+
+def priced_with(workspace: Workspace) -> str:
+    """The overrides a batch of `workspace` is priced with, as `prices_in_force` compares them.
+    Read before the table is built from them (`prices_for`): should another thread give the
+    Workspace the stored ones in between, the check then misses instead of passing on a table
+    the batch was not priced with."""
+    return json_text(workspace.price_overrides)
+
+
+def take_stored_prices(workspace: Workspace, stored: Any) -> None:
+    """The overrides `workspace`'s row holds (read with the run's head, under its lock) become
+    the writer's: this batch is priced with them, and the writer's next one-statement appends
+    pass `prices_in_force` again."""
+    if stored != workspace.price_overrides:
+        workspace.price_overrides = stored
 
 
 # --- leases and fencing -----------------------------------------------------------------------

@@ -15,12 +15,14 @@ round trip and one commit, like a bare INSERT:
     SELECT id FROM head
 
 Every INSERT selects FROM head: when the condition misses (another writer moved the head, the
-run is leased to someone else, an idempotency key is already in the log), nothing is written and
-no row comes back; the caller then takes the locked path, which answers with the refusal or the
-replay. Under READ COMMITTED a concurrent writer's UPDATE waits for the row and re-checks the
-condition on the committed version, so two writers can never pass with the same guess: dense
-sequences hold without a lock held across round trips. A run's first batch inserts the head
-instead (`INSERT … ON CONFLICT DO NOTHING`): the loser of a creation race gets no row back.
+run is leased to someone else, an idempotency key is already in the log, the workspace's price
+overrides are no longer those the writer priced the batch with), nothing is written and no row
+comes back; the caller then takes the locked path, which answers with the refusal or the replay
+(and prices with the overrides it reads). Under READ COMMITTED a concurrent writer's UPDATE waits
+for the row and re-checks the condition on the committed version, so two writers can never pass
+with the same guess: dense sequences hold without a lock held across round trips. A run's first
+batch inserts the head instead (`INSERT … SELECT … WHERE <the prices in force> ON CONFLICT DO
+NOTHING`): the loser of a creation race gets no row back.
 
 A writer whose batch must commit with a change to a row of another table (the tool gateway's
 control row: a claim, a completion) attaches that change (`Attached`): its condition joins the
@@ -81,6 +83,10 @@ class Guard:
     fencing_token: str | None  # None: the run must not be leased (to anyone, now)
     now: datetime
     keys: tuple[str, ...]  # idempotency keys that the log must not hold yet
+    # The run's workspace and the price overrides the batch was priced with (rules.priced_with):
+    # still the stored ones (rules.prices_in_force).
+    workspace_pk: int
+    price_overrides: str
     # Tool calls the batch starts and takes to be new without having read their rows
     # (projection.restore_tool_calls): the projection must not hold them yet.
     new_calls: tuple[str, ...] = ()
@@ -162,6 +168,8 @@ def _update_statement(
             token=guard.fencing_token,
             keys=_json_texts(guard.keys),
             new_calls=_json_texts(guard.new_calls),
+            workspace_pk=guard.workspace_pk,
+            price_overrides=guard.price_overrides,
         )
     for change in attached:
         params.update(change.params)
@@ -185,13 +193,15 @@ def insert_head(
     recorded_at: datetime,
     changes: Changes,
     *,
+    price_overrides: str,
     db: BaseDatabaseWrapper | None = None,
 ) -> int | None:
-    """Create the run's head row (`run_row`: every column) with its first batch; its pk, or
-    None if the row already exists (nothing was written)."""
+    """Create the run's head row (`run_row`: every column) with its first batch, priced with the
+    workspace's `price_overrides` (rules.priced_with); its pk, or None if the row already exists
+    or those are no longer the stored ones (nothing was written)."""
     return _execute(
         _insert_sql(tuple(run_row), *_shape(len(events), changes)),
-        {},
+        {"workspace_pk": run_row["workspace_id"], "price_overrides": price_overrides},
         events,
         recorded_at,
         Changes(
@@ -357,6 +367,7 @@ def _update_sql(
     if guard is not None:
         token, keys, new_calls = guard
         terms.append(rules.FENCING_TOKEN if token else rules.NOT_LEASED)
+        terms.append(rules.prices_in_force())
         if keys:
             terms.append(rules.keys_not_logged())
         if new_calls:
@@ -368,10 +379,12 @@ def _update_sql(
 
 @functools.lru_cache(maxsize=16)
 def _insert_sql(run_columns: tuple[str, ...], *rows: RowShape) -> _Statement:
-    values = ", ".join(f"%(run_{n})s" for n in run_columns)
+    # A SELECT, for its WHERE: its parameters are cast to their columns' types (bulk.values_row),
+    # which INSERT … VALUES took from the columns.
     return _numbered(
         _with_head(
-            f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) VALUES ({values}) "
+            f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) "
+            f"SELECT r.* FROM {values_row(Run, run_columns, 'run')} WHERE {rules.prices_in_force()} "
             f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id",
             rows,
         )

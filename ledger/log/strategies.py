@@ -25,6 +25,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import OuterRef, Subquery
 from django.db.models.base import ModelState
 
 from .. import clock
@@ -85,8 +86,12 @@ def lock_head(*, workspace: Workspace, run_id: str, columns: tuple[str, ...] | N
     rows = Run.objects.select_for_update()
     if columns is not None:
         rows = rows.only(*columns)
-    run = rows.filter(workspace=workspace, run_id=run_id).first()
+    # The workspace's price overrides read with the head: the writer's Workspace may be older
+    # than them (rules.take_stored_prices).
+    stored = Workspace.objects.filter(pk=OuterRef("workspace_id")).values("price_overrides")
+    run = rows.annotate(stored_price_overrides=Subquery(stored)).filter(workspace=workspace, run_id=run_id).first()
     if run is not None:
+        rules.take_stored_prices(workspace, run.stored_price_overrides)
         run.workspace = workspace  # the same row; saves a query on every append and artifact read
     return run
 
@@ -121,6 +126,7 @@ def one_statement(
         return None  # the artifact must be written in the same transaction as its event
     # An imported log's later batches, on the state its first (locked) batch cached: Little
     # Workflow's rules. A client's batch to an imported run misses that cache and is locked.
+    priced_with = rules.priced_with(workspace)
     prices = prices_for(workspace, rules=LITTLE_WORKFLOW if imported else NATIVE)
     cached, new_calls = states.guess(workspace.pk, run_id, prices.version, [(p.type, p.payload) for p in batch])
     if cached is not None:
@@ -150,7 +156,9 @@ def one_statement(
     try:
         with transaction.atomic() if atomic else nullcontext():  # the terminal hooks join it
             if run.pk is None:
-                run.pk = statements.insert_head(_new_head(run, changes), rows, now, changes, db=db)
+                run.pk = statements.insert_head(
+                    _new_head(run, changes), rows, now, changes, price_overrides=priced_with, db=db
+                )
                 if run.pk is None:
                     return None
             else:
@@ -161,6 +169,8 @@ def one_statement(
                     fencing_token=None if fencing_token is None else str(fencing_token),
                     now=now,
                     keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None) if guarded else (),
+                    workspace_pk=workspace.pk,
+                    price_overrides=priced_with,
                     new_calls=new_calls if guarded else (),
                 )
                 if not statements.update_head(run.pk, before.last_sequence, rows, now, changes, guard, attached, db=db):
@@ -204,6 +214,7 @@ def pipelined(
     for item in events:  # the run's own lifecycle (a new head, settling a re-execution) goes the usual way
         if item.__class__ is not dict or item.get("type") in rules.MOVES_STATUS:
             return None
+    priced_with = rules.priced_with(workspace)
     prices = prices_for(workspace)
     cached = STATES.take(workspace.pk, run_id, prices.version)
     if cached is None:
@@ -252,7 +263,9 @@ def pipelined(
                     totals = batch_totals(workspace.pk, state, first, written + part_written, entries)
                     changes.run, changes.steps, changes.daily_usage = totals.run, totals.steps, totals.daily_usage
                 # Its own transaction: the unique indexes hold the keys and new calls (statements.Guard).
-                guard = statements.Guard(fencing_token=token, now=now, keys=())
+                guard = statements.Guard(
+                    fencing_token=token, now=now, keys=(), workspace_pk=workspace.pk, price_overrides=priced_with
+                )
                 pipe.update_head(run.pk, before.last_sequence, part_rows, now, changes, guard)
                 rows += part_rows
                 written += part_written

@@ -7,7 +7,9 @@ What a change does not do: reprice what is recorded. Cost entries already writte
 prices they were computed with until their run's next append (ledger/log/repricing.py), the
 workspace's reprice (ledger/tenancy/repricing.py, from the Prices page) or `ledger reprice`
 recomputes them from their tokens; `ledger verify` reports the entries priced by an older table
-meanwhile (docs/operations.md § Prices).
+meanwhile (docs/operations.md § Prices). What it does: price every append that starts after it
+commits, in every process, whenever that process loaded its Workspace (ledger/log/rules.py
+`prices_in_force`).
 """
 
 from __future__ import annotations
