@@ -1057,9 +1057,14 @@ class Evaluation(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices)
     verdict = models.CharField(max_length=20, choices=Verdict.choices, blank=True, default="")
     budget_exhausted = models.BooleanField(default=False)
+    # Why the ceiling stopped it, the first time it did: {code, message} (budget.Stop); null before.
+    budget_reason = models.JSONField(null=True, blank=True)
     # {newRunId: {scorer name: {value, passed, reason}}}: what was appended to each new run.
     scores = models.JSONField(default=dict, blank=True)
     grader_cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
+    # Its scorers' model calls whose cost is unknown (no price, or no usage reported): not in the
+    # dollars above, and the reason its ceilings can no longer be kept (budget.py).
+    grader_unpriced_calls = models.IntegerField(default=0)
     report = models.JSONField(null=True, blank=True)
     reason = models.TextField()
     requested_by = models.CharField(max_length=160)

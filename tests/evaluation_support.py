@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,9 +84,14 @@ def _regressing(current: ModelProvider, calls: Calls, model: str, spoil: tuple[s
     return ScriptedProvider(script=answer, name=inner.name, model_id=model)
 
 
+# What a grader's server that reports no usage leaves: no token count (docs/operations.md § Prices).
+NO_USAGE = {"inputTokens": None, "outputTokens": None}
+
+
 def registered_providers() -> Iterator[Calls]:
     """`counting` (the slot's own script, counted), `regressing` (spoils the answers of order
-    B-2's tickets: 3 of the 10 runs) and `grader` (PASS when the output holds "Answer for")."""
+    B-2's tickets: 3 of the 10 runs), `grader` (PASS when the output holds "Answer for", 300
+    input and 10 output tokens) and `silent-grader` (the same answers, with no usage reported)."""
     calls = Calls()
 
     def counting(model: str, current: ModelProvider) -> ModelProvider:
@@ -99,26 +104,30 @@ def registered_providers() -> Iterator[Calls]:
 
         return ScriptedProvider(script=answer, name=current.name, model_id=model)
 
-    def grader(model: str, current: ModelProvider) -> ModelProvider:
-        def answer(request: ModelRequest) -> Mapping[str, Any]:
-            calls.made.append(("grader", request.step_path, request.turn))
-            content = str(request.body["messages"][-1]["content"])
-            verdict = (
-                "PASS the reply answers the ticket"
-                if "Output: " in content and "Answer for" in content.split("Output: ")[1]
-                else "FAIL the reply does not answer"
-            )
-            return {"text": verdict, "usage": {"inputTokens": 300, "outputTokens": 10}}
+    def grader(name: str, usage: Mapping[str, Any]) -> Callable[[str, ModelProvider], ModelProvider]:
+        def factory(model: str, current: ModelProvider) -> ModelProvider:
+            def answer(request: ModelRequest) -> Mapping[str, Any]:
+                calls.made.append((name, request.step_path, request.turn))
+                content = str(request.body["messages"][-1]["content"])
+                verdict = (
+                    "PASS the reply answers the ticket"
+                    if "Output: " in content and "Answer for" in content.split("Output: ")[1]
+                    else "FAIL the reply does not answer"
+                )
+                return {"text": verdict, "usage": dict(usage)}
 
-        return ScriptedProvider(script=answer, name="openai", model_id=model)
+            return ScriptedProvider(script=answer, name="openai", model_id=model)
+
+        return factory
 
     register_provider("counting", counting)
     register_provider("regressing", lambda model, current: _regressing(current, calls, model, ("B-2",)))
-    register_provider("grader", grader)
+    register_provider("grader", grader("grader", {"inputTokens": 300, "outputTokens": 10}))
+    register_provider("silent-grader", grader("silent-grader", NO_USAGE))
     try:
         yield calls
     finally:
-        for name in ("counting", "regressing", "grader"):
+        for name in ("counting", "regressing", "grader", "silent-grader"):
             unregister_provider(name)
 
 

@@ -141,6 +141,52 @@ def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, 
     assert edited.json()["version"] == 2 and removed.json()["version"] == 3 and len(removed.json()["members"]) == 8
 
 
+def test_an_evaluation_stopped_by_a_judge_of_unknown_cost_says_why(workspace, sessions, providers) -> None:
+    """The judge's model has no price: the evaluation says, through the API while it runs and once
+    finished, and on its console page, that its ceiling stopped it and why."""
+    runs = triage_runs(workspace, count=3)
+    carol, bob, olga = sessions("carol"), sessions("bob"), sessions("olga")
+    assert carol.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    policy = bob.post("/api/v1/evaluation-policies", json={**POLICY, "scorers": ["exact", "model_graded"]})
+    assert policy.status_code == 201, policy.text
+    ci = _key(workspace, ["execute", "read"])
+    judge = {"name": "model_graded", "args": {"provider": "grader", "model": "house-judge-1"}}
+    body = {"dataset": "golden", "change": model_change("counting"), "scorers": ["exact", judge], "reason": "judge"}
+    started = ci.post("/api/v1/evaluations", json=body)
+    assert started.status_code == 201, started.text
+    made = started.json()
+    assert made["status"] == "running" and made["budgetExhausted"] is False and made["budgetReason"] is None
+    why = {
+        "code": "cost_unknown",
+        "message": f"evaluation {made['id']} cannot keep its ceiling of 1 USD: a grader call has no known cost "
+        "(no price for the model, or no usage reported)",
+    }
+    first, *rest = (
+        ReexecutionRequest.objects.filter(batch_id=made["batchId"]).order_by("pk").values_list("pk", flat=True)
+    )
+    executor.run_request(request_pk=first)
+    running = ci.get(f"/api/v1/evaluations/{made['id']}").json()
+    assert running["status"] == "running" and running["verdict"] is None
+    assert running["budgetExhausted"] is True and running["budgetReason"] == why
+    for pk in rest:
+        executor.run_request(request_pk=pk)
+    done = ci.get(f"/api/v1/evaluations/{made['id']}").json()
+    assert done["status"] == "finished" and done["verdict"] == "budget_exhausted"
+    assert done["budgetReason"] == why and done["report"]["aggregates"]["budgetExhausted"] is True
+    assert [c[0] for c in providers.made] == ["counting", "counting", "grader"]
+    listed = ci.get("/api/v1/evaluations").json()["evaluations"]
+    assert [(e["id"], e["budgetReason"]) for e in listed] == [(made["id"], why)]
+    for url in (f"/w/acme/support/evaluations/{made['id']}/", f"/w/acme/support/evaluations/{made['id']}/live/"):
+        page = carol.get(url)
+        assert page.status_code == 200 and 'data-verdict="budget_exhausted"' in page.text
+        assert f'id="budget-reason" data-code="cost_unknown">the spend ceiling stopped the batch: {why["message"]}' in (
+            page.text
+        )
+        assert olga.get(url).status_code == 404
+    assert olga.get(f"/api/v1/evaluations/{made['id']}").status_code == 404
+    ci.close()
+
+
 def _external_run(ci: httpx.Client, run_id: str, ticket: str, answer: str) -> None:
     """A run an external harness recorded (its RunStarted names no workflow of this deployment)."""
     events = [

@@ -424,6 +424,115 @@ def test_a_ceiling_over_calls_of_unknown_cost_stops_the_batch_after_the_first(
     assert waits.status == Status.PENDING_APPROVAL and waits.policy is None
 
 
+def _judge(provider: str, model: str) -> dict[str, Any]:
+    return {"name": "model_graded", "args": {"provider": provider, "model": model}}
+
+
+def _refusals(workspace: Workspace, made: Evaluation) -> dict[str, set[str]]:
+    """The messages of the live calls the guard refused, by the original run of each new run."""
+    requests = ReexecutionRequest.objects.filter(batch_id=made.batch_id).exclude(new_run_id="")
+    out: dict[str, set[str]] = {}
+    for r in requests:
+        for e in log_of(Run.objects.get(workspace=workspace, run_id=r.new_run_id)):
+            if e["type"] == "harness.model.failed":
+                out.setdefault(r.original_run_id, set()).add(e["payload"]["error"]["message"])
+    return out
+
+
+@pytest.mark.parametrize(
+    "judge",
+    [
+        pytest.param(("grader", "house-judge-1"), id="the judge model has no price"),
+        pytest.param(("silent-grader", "gpt-4o-mini"), id="the judge reports no usage"),
+    ],
+)
+def test_a_judge_call_of_unknown_cost_is_the_last_paid_call_of_the_evaluation(
+    workspace, runs, dataset, people, providers: Calls, judge: tuple[str, str]
+) -> None:
+    """A grader's call is paid like a run's: once one comes back unpriced, the evaluation's spend
+    is unknown, so its next paid call (the next grader call, the next run's live call) is refused
+    with the reason, which the evaluation keeps; the policy's daily ceiling is unknown for the
+    day, so an evaluation already running under it stops too and the next one waits for a person."""
+    policy = _policy(workspace, people["bob"], ceiling_per_evaluation_usd="1000", ceiling_per_day_usd="5000")
+    made = _start(workspace, people["carol"], model_change("counting"), scorers=["exact", _judge(*judge)])
+    neighbour = _start(workspace, people["carol"], model_change("counting"), scorers=["exact"])
+    assert made.status == neighbour.status == Status.RUNNING
+    done = evaluations.execute_here(made)
+    assert done.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED and done.budget_exhausted
+    unknown = "a grader call has no known cost (no price for the model, or no usage reported)"
+    why = f"evaluation {made.public_id} cannot keep its ceiling of 1000 USD: {unknown}"
+    assert done.budget_reason == {"code": "cost_unknown", "message": why}
+    assert evaluations.evaluation_json(done)["budgetReason"] == done.budget_reason
+    # One run made its live calls; the grader was asked once (the score before of that run): its
+    # score after was not asked, nor was any later run's live call or grader.
+    assert [c[0] for c in providers.made] == ["counting", "counting", judge[0]]
+    first = done.report["runs"][0]["scores"]["model_graded"]
+    assert first["before"]["costUsd"] is None and first["before"]["passed"] is True
+    assert first["after"] == {
+        "value": 0.0,
+        "passed": False,
+        "reason": f"budget_exhausted: {why}; the grader was not asked",
+    }
+    # Every later run's first live call was refused, with the reason.
+    assert _refusals(workspace, made) == {
+        r: {f"budget_exhausted: {why}; no live call is made past it"} for r in runs[1:]
+    }
+    assert budget.spend(done) == sum(
+        (r.cost_usd for r in Run.objects.filter(run_id__in=[x["newRunId"] for x in done.report["runs"]])), Decimal(0)
+    )
+    assert budget.unpriced_calls(done) == 1 and done.grader_cost_usd == 0 and done.grader_unpriced_calls == 1
+    # The day: the policy's ceiling cannot be kept either.
+    assert budget.day_spent(policy)
+    stopped = evaluations.execute_here(neighbour)
+    assert stopped.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED
+    day_why = f"policy {policy.public_id} cannot keep its ceiling of 5000 USD for today: {unknown}"
+    assert stopped.budget_reason == {"code": "day_cost_unknown", "message": day_why}
+    assert _refusals(workspace, neighbour) == {
+        r: {f"budget_exhausted: {day_why}; no live call is made past it"} for r in runs
+    }
+    assert [c[0] for c in providers.made].count("counting") == 2
+    waits = _start(workspace, people["carol"], model_change("counting"), scorers=["exact", _judge(*judge)])
+    assert waits.status == Status.PENDING_APPROVAL and waits.policy is None
+
+
+@pytest.fixture
+def judge_price(workspace: Workspace) -> None:
+    """A price for the judge `openai/judge-1`, set before any run is recorded (a run priced under
+    another table would not verify until repriced): 1000 USD per 1M tokens, input and output."""
+    workspace.price_overrides = {"openai/judge-1": {"input": 1000, "output": 1000}}
+    workspace.save(update_fields=["price_overrides"])
+
+
+def test_priced_judge_calls_count_toward_the_spend_exactly_and_reach_the_ceiling(
+    workspace, judge_price, dataset, people, providers: Calls
+) -> None:
+    """At a known price each grader call adds its exact dollars to the spend, and the spend they
+    make stops the batch at the ceiling like the runs' own."""
+    per_call = Decimal("0.31")  # (300 input + 10 output tokens) x 1000 USD / 1M
+    _policy(workspace, people["bob"], ceiling_per_evaluation_usd="1", ceiling_per_day_usd="5")
+    made = _start(workspace, people["carol"], model_change("counting"), scorers=["exact", _judge("grader", "judge-1")])
+    done = evaluations.execute_here(made)
+    # Two runs, each graded before and after: 4 x 0.31 = 1.24 with the runs' cost, past 1 USD
+    # after the fourth; the third run's first live call was refused, and its grader not asked.
+    assert [c[0] for c in providers.made] == ["counting", "counting", "grader", "grader"] * 2
+    assert done.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED
+    assert done.budget_reason == {
+        "code": "ceiling_reached",
+        "message": f"evaluation {made.public_id} spent its ceiling of 1 USD",
+    }
+    graded = [r["scores"]["model_graded"] for r in done.report["runs"][:2]]
+    assert [Decimal(s[side]["costUsd"]) for s in graded for side in ("before", "after")] == [per_call] * 4
+    assert done.grader_cost_usd == 4 * per_call and done.grader_unpriced_calls == 0
+    runs_cost = sum(
+        (r.cost_usd for r in Run.objects.filter(run_id__in=[x["newRunId"] for x in done.report["runs"]])), Decimal(0)
+    )
+    assert 0 < runs_cost < Decimal("0.01")
+    aggregates = done.report["aggregates"]
+    assert aggregates["graderCostUsd"] == "1.24"
+    assert Decimal(aggregates["spendUsd"]) == Decimal("1.24") + runs_cost == budget.spend(done)
+    assert budget.day_spend(done.policy) == Decimal("1.24") + runs_cost
+
+
 def test_other_tenants_get_404_on_datasets_policies_and_evaluations(
     workspace, other_workspace, dataset, people, providers
 ) -> None:

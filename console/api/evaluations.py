@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.evaluation import datasets, evaluations, policies
+from ledger.evaluation import budget, datasets, evaluations, policies
 from ledger.evaluation.access import require_member
 from ledger.evaluation.errors import EvaluationForbidden
 from ledger.models import Evaluation, Role, Workspace
@@ -131,6 +131,16 @@ class NoteSerializer(serializers.Serializer):
     note = WrittenText(required=False, default="")
 
 
+class BudgetReasonSerializer(serializers.Serializer):
+    code = enum(
+        list(budget.STOP_CODES),
+        help_text="ceiling_reached / cost_unknown: the evaluation's own ceiling was spent, or cannot be kept "
+        "(a model call of its runs or of its grader has no known cost); day_…: the same for its policy's daily "
+        "ceiling",
+    )
+    message = serializers.CharField(help_text="for a person: which ceiling, and why")
+
+
 class EvaluationSerializer(serializers.Serializer):
     id = serializers.CharField(help_text="ev_<random>")
     dataset = serializers.CharField()
@@ -149,6 +159,9 @@ class EvaluationSerializer(serializers.Serializer):
     status = enum(list(Evaluation.Status.values))
     verdict = enum([v for v in Evaluation.Verdict.values if v], allow_null=True)
     budgetExhausted = serializers.BooleanField()
+    budgetReason = BudgetReasonSerializer(
+        allow_null=True, help_text="why the spend ceiling stopped it (the first time it did); null until then"
+    )
     reason = serializers.CharField()
     requestedBy = serializers.CharField()
     createdAt = serializers.DateTimeField()

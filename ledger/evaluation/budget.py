@@ -2,17 +2,21 @@
 "Budget").
 
 Spend is what the evaluation's new runs cost (their live model calls, priced like any run's)
-plus its model-graded scores' calls. The guard is asked before each live model call of a request
-of the evaluation's batch: when the evaluation has spent its ceiling, or the policy's runs of the
-day have spent the daily one, the call is refused before the provider is asked (the call is
-recorded as failed with `BudgetExhausted`) and the evaluation is marked `budget_exhausted`. A
-call that starts under the ceiling completes: the ceiling can be passed by at most one call's
-cost per run executing at that moment, never by a call started after.
+plus its model-graded scores' calls. `exhausted` is asked before each of those paid calls: by the
+guard before each live model call of a request of the evaluation's batch, and by the scoring
+before each grader call (evaluations._score_all). When the evaluation has spent its ceiling, or
+the policy's evaluations of the day have spent the daily one, the call is refused before the
+provider is asked (a run's call is recorded as failed with `BudgetExhausted`, a grader's fails its
+score) and the evaluation is marked `budget_exhausted`. A call that starts under the ceiling
+completes: the ceiling can be passed by at most one call's cost per run executing (or grader
+asked) at that moment, never by a call started after.
 
-A ceiling is kept only over calls whose cost is known. Once one of the evaluation's new runs made
-a call that is unpriced (its model has no price, or the provider reported no usage), the spend is
-unknown, so the guard refuses the next live call as it does past the ceiling, and says why; the
-same for the policy's daily ceiling. A price for the model (Settings, Prices) is the way on.
+A ceiling is kept only over calls whose cost is known. Once one of the evaluation's new runs or
+one of its graders made a call that is unpriced (its model has no price, or the provider reported
+no usage), the spend is unknown, so the guard refuses the next live call (and the scorer the next
+grader call) as it does past the ceiling, and says why; the same for the policy's daily ceiling.
+A price for the model (Settings, Prices) is the way on. Why it stopped is kept on the evaluation
+(`budget_reason`, a `Stop`'s JSON), the first time it does.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models import Sum
 
@@ -41,12 +45,14 @@ def _runs_cost(workspace_id: int, batch_ids: list[str]) -> tuple[Decimal, int]:
 
 
 def spend(evaluation: Evaluation) -> Decimal:
+    """What the evaluation spent, as far as it is known (unpriced calls add nothing: `unpriced_calls`)."""
     return _runs_cost(evaluation.workspace_id, [evaluation.batch_id])[0] + evaluation.grader_cost_usd
 
 
 def unpriced_calls(evaluation: Evaluation) -> int:
-    """The evaluation's new runs' calls whose cost is unknown (no price, or no usage reported)."""
-    return _runs_cost(evaluation.workspace_id, [evaluation.batch_id])[1]
+    """The evaluation's calls whose cost is unknown (no price, or no usage reported): its new
+    runs' and its graders'."""
+    return _runs_cost(evaluation.workspace_id, [evaluation.batch_id])[1] + evaluation.grader_unpriced_calls
 
 
 def _day_start(now: datetime) -> datetime:
@@ -58,23 +64,31 @@ def day_spend(policy: EvaluationPolicy, now: datetime | None = None) -> Decimal:
     return _day(policy, now)[0]
 
 
-def _day(policy: EvaluationPolicy, now: datetime | None = None) -> tuple[Decimal, int]:
+class _Unknown(NamedTuple):
+    """Calls of unknown cost: of the new runs, and of the graders."""
+
+    runs: int
+    graders: int
+
+
+def _day(policy: EvaluationPolicy, now: datetime | None = None) -> tuple[Decimal, _Unknown]:
     """What the policy's evaluations started this UTC day spent, and their calls of unknown cost."""
     today = list(
         Evaluation.objects.filter(policy=policy, created_at__gte=_day_start(now or clock.now())).values_list(
-            "batch_id", "grader_cost_usd"
+            "batch_id", "grader_cost_usd", "grader_unpriced_calls"
         )
     )
     if not today:
-        return Decimal(0), 0
-    runs, unpriced = _runs_cost(policy.workspace_id, [b for b, _ in today])
-    return runs + sum((g for _, g in today), Decimal(0)), unpriced
+        return Decimal(0), _Unknown(0, 0)
+    runs, unpriced = _runs_cost(policy.workspace_id, [b for b, _, _ in today])
+    graders = sum((g for _, g, _ in today), Decimal(0))
+    return runs + graders, _Unknown(unpriced, sum(u for _, _, u in today))
 
 
 def day_spent(policy: EvaluationPolicy) -> bool:
     """The policy's daily ceiling is spent, or cannot be kept (a call of unknown cost today)."""
-    spent, unpriced = _day(policy)
-    return unpriced > 0 or spent >= policy.ceiling_per_day_usd
+    spent, unknown = _day(policy)
+    return any(unknown) or spent >= policy.ceiling_per_day_usd
 
 
 def usd_text(usd: Decimal) -> str:
@@ -83,29 +97,68 @@ def usd_text(usd: Decimal) -> str:
     return f"{usd.normalize():f}"
 
 
-def _unknown(unpriced: int) -> str:
-    calls = "a model call of its runs has" if unpriced == 1 else f"{unpriced} model calls of its runs have"
-    return f"{calls} no known cost (no price for the model, or no usage reported)"
+def _unknown(unknown: _Unknown) -> str:
+    parts = []
+    if unknown.runs:
+        parts.append("a model call of its runs" if unknown.runs == 1 else f"{unknown.runs} model calls of its runs")
+    if unknown.graders:
+        parts.append("a grader call" if unknown.graders == 1 else f"{unknown.graders} grader calls")
+    verb = "has" if sum(unknown) == 1 else "have"
+    return f"{' and '.join(parts)} {verb} no known cost (no price for the model, or no usage reported)"
 
 
-def exhausted(evaluation: Evaluation) -> str | None:
-    """Why no further live call may be made for this evaluation, or None."""
+# Why a ceiling stopped an evaluation (docs/api.md "Evaluations", `budgetReason.code`): its own
+# ceiling was spent or cannot be kept (a call of unknown cost), or its policy's daily one.
+STOP_CODES = ("ceiling_reached", "cost_unknown", "day_ceiling_reached", "day_cost_unknown")
+
+
+class Stop(NamedTuple):
+    """Why no further paid call may be made for an evaluation: one of STOP_CODES and a message."""
+
+    code: str
+    message: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+def exhausted(evaluation: Evaluation) -> Stop | None:
+    """Why no further paid call (a live call of its runs, or a grader's) may be made for this
+    evaluation, or None. Reads the grader's spend from `evaluation` as it is in memory: the
+    scoring that is adding to it asks between its calls."""
     if evaluation.ceiling_usd is not None:
         ceiling = usd_text(evaluation.ceiling_usd)
         runs, unpriced = _runs_cost(evaluation.workspace_id, [evaluation.batch_id])
-        if unpriced:
-            return f"evaluation {evaluation.public_id} cannot keep its ceiling of {ceiling} USD: {_unknown(unpriced)}"
+        unknown = _Unknown(unpriced, evaluation.grader_unpriced_calls)
+        if any(unknown):
+            return Stop(
+                "cost_unknown",
+                f"evaluation {evaluation.public_id} cannot keep its ceiling of {ceiling} USD: {_unknown(unknown)}",
+            )
         if runs + evaluation.grader_cost_usd >= evaluation.ceiling_usd:
-            return f"evaluation {evaluation.public_id} spent its ceiling of {ceiling} USD"
+            return Stop("ceiling_reached", f"evaluation {evaluation.public_id} spent its ceiling of {ceiling} USD")
     policy = evaluation.policy
     if policy is not None:
-        spent, unpriced = _day(policy)
+        spent, unknown = _day(policy)
         ceiling = usd_text(policy.ceiling_per_day_usd)
-        if unpriced:
-            return f"policy {policy.public_id} cannot keep its ceiling of {ceiling} USD for today: {_unknown(unpriced)}"
+        if any(unknown):
+            return Stop(
+                "day_cost_unknown",
+                f"policy {policy.public_id} cannot keep its ceiling of {ceiling} USD for today: {_unknown(unknown)}",
+            )
         if spent >= policy.ceiling_per_day_usd:
-            return f"policy {policy.public_id} spent its ceiling of {ceiling} USD for today"
+            return Stop(
+                "day_ceiling_reached", f"policy {policy.public_id} spent its ceiling of {ceiling} USD for today"
+            )
     return None
+
+
+def mark_exhausted(evaluation_pk: int, stop: Stop) -> None:
+    """Record on the evaluation's row that the ceiling stopped it, and why (the first reason
+    stays: it is what stopped it; what follows from it says the same or less)."""
+    rows = Evaluation.objects.filter(pk=evaluation_pk)
+    rows.update(budget_exhausted=True)
+    rows.filter(budget_reason__isnull=True).update(budget_reason=stop.as_json())
 
 
 def guard_for(request: Any) -> Callable[[Any], None] | None:
@@ -123,9 +176,9 @@ def guard_for(request: Any) -> Callable[[Any], None] | None:
 
     def guard(model_request: Any) -> None:
         current = Evaluation.objects.select_related("policy").get(pk=pk)
-        why = exhausted(current)
-        if why is not None:
-            Evaluation.objects.filter(pk=pk).update(budget_exhausted=True)
-            raise BudgetExhausted(f"budget_exhausted: {why}; no live call is made past it")
+        stop = exhausted(current)
+        if stop is not None:
+            mark_exhausted(pk, stop)
+            raise BudgetExhausted(f"budget_exhausted: {stop.message}; no live call is made past it")
 
     return guard

@@ -383,13 +383,22 @@ def _context(
 def _score_all(evaluation: Evaluation, run_id: str, ctx_for: Any) -> dict[str, dict[str, Any]]:
     out = {}
     for spec in evaluation.scorers:
-        if spec["name"] == "model_graded" and budget.exhausted(evaluation):
-            score = Score(0.0, False, "budget_exhausted: the grader was not asked")
+        stop = budget.exhausted(evaluation) if spec["name"] == "model_graded" else None
+        if stop is not None:
+            # The grader's call is paid like a run's: past the ceiling, or once a call's cost is
+            # unknown, it is not asked (the guard refuses the runs' next live call the same way).
+            score = Score(0.0, False, f"budget_exhausted: {stop.message}; the grader was not asked")
             evaluation.budget_exhausted = True
+            if evaluation.budget_reason is None:
+                evaluation.budget_reason = stop.as_json()
         else:
             score = run_scorer(spec, ctx_for(spec["args"]))
-        # An unpriced grader call (no price, or no usage reported) adds what is known of it: nothing.
-        evaluation.grader_cost_usd += score.cost_usd or 0
+        if score.cost_usd is None:
+            # Unpriced (no price, or no usage reported): its dollars are unknown, not 0, so the
+            # evaluation's ceilings cannot be kept from here on (budget.exhausted).
+            evaluation.grader_unpriced_calls += 1
+        else:
+            evaluation.grader_cost_usd += score.cost_usd
         out[spec["name"]] = score.as_json()
     return out
 
@@ -743,6 +752,7 @@ def evaluation_json(evaluation: Evaluation, *, report: bool = True) -> dict[str,
         "status": evaluation.status,
         "verdict": evaluation.verdict or None,
         "budgetExhausted": evaluation.budget_exhausted,
+        "budgetReason": evaluation.budget_reason,
         "reason": evaluation.reason,
         "requestedBy": evaluation.requested_by,
         "createdAt": evaluation.created_at.isoformat(),

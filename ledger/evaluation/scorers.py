@@ -12,7 +12,8 @@ scorer that only decides pass/fail scores 1.0 or 0.0. Built in:
 - `model_graded`: args `{provider, model, rubric?}`: a model of the provider registry
   (ledger/runtime/providers.py) is asked whether the output meets the expected one and answers
   `PASS`/`FAIL` or a number in [0, 1] first, then its reason. Its tokens are priced like any
-  live call and count in the evaluation's spend (and its ceiling).
+  live call and count in the evaluation's spend (and its ceiling); a call whose cost is unknown
+  (`cost_usd` None) stops the evaluation like an unpriced call of its runs (budget.py).
 """
 
 from __future__ import annotations
