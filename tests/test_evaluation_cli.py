@@ -99,6 +99,32 @@ def test_a_pricier_model_fails_on_cost_delta(golden, tmp_path, providers) -> Non
     assert code == 1 and json.loads(out)["costDelta"] > 0.10
 
 
+def test_a_judge_of_unknown_cost_stops_the_gate_with_exit_3_and_says_why(golden, tmp_path, providers, approver) -> None:
+    policy = policies.approve_policy(
+        workspace=Workspace.objects.get(slug="support"),
+        dataset="golden",
+        change_kinds=["model"],
+        scorers=["exact", "model_graded"],
+        ceiling_per_evaluation_usd="1",
+        ceiling_per_day_usd="5",
+        ttl_hours=24,
+        by=approver,
+    )
+    judge = 'model_graded:{"provider": "grader", "model": "house-judge-1"}'
+    code, out, err = _gate("model:default=counting/gpt-4o-mini", tmp_path, "--scorer", judge)
+    summary = json.loads(out)
+    assert code == 3 and summary["verdict"] == "budget_exhausted"
+    why = (
+        f"evaluation {summary['id']} cannot keep its ceiling of 1 USD: a grader call has no known cost "
+        "(no price for the model, or no usage reported)"
+    )
+    assert err.splitlines()[-1] == f"verdict: budget_exhausted: {why}"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["policyId"] == policy.public_id
+    assert report["budgetReason"] == {"code": "cost_unknown", "message": why}
+    assert [c[0] for c in providers.made] == ["counting", "counting", "grader"]
+
+
 def test_outside_a_policy_the_gate_has_no_verdict_and_refusals_exit_5(golden, tmp_path, providers) -> None:
     code, out, err = ledger(
         "evaluate", "golden", "--workspace", "acme/support", "--as", "carol",

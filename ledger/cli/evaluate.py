@@ -225,5 +225,6 @@ def handle(
         else NO_VERDICT
     )
     if code:
-        cmd.stderr.write(f"verdict: {evaluation.verdict or evaluation.status}")
+        why = (evaluation.budget_reason or {}).get("message")  # which ceiling stopped it, and why
+        cmd.stderr.write(f"verdict: {evaluation.verdict or evaluation.status}" + (f": {why}" if why else ""))
         sys.exit(code)
