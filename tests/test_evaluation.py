@@ -20,6 +20,7 @@ from ledger.log import append
 from ledger.log.envelopes import log_of
 from ledger.models import AuditEntry, Evaluation, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import services
+from ledger.reexecution.executor import run_request
 from ledger.runtime.model import ModelReply, ModelRequest
 from ledger.runtime.providers import register_provider, unregister_provider
 from tests.conftest import named_user
@@ -497,9 +498,13 @@ def test_a_judge_call_of_unknown_cost_is_the_last_paid_call_of_the_evaluation(
 
 @pytest.fixture
 def judge_price(workspace: Workspace) -> None:
-    """A price for the judge `openai/judge-1`, set before any run is recorded (a run priced under
-    another table would not verify until repriced): 1000 USD per 1M tokens, input and output."""
-    workspace.price_overrides = {"openai/judge-1": {"input": 1000, "output": 1000}}
+    """Prices for the judges, set before any run is recorded (a run priced under another table
+    would not verify until repriced), in USD per 1M tokens: `openai/judge-1` 1000 input and
+    output (0.31 USD a grader call), `openai/judge-2` 1300 input, 1000 output (0.40)."""
+    workspace.price_overrides = {
+        "openai/judge-1": {"input": 1000, "output": 1000},
+        "openai/judge-2": {"input": 1300, "output": 1000},
+    }
     workspace.save(update_fields=["price_overrides"])
 
 
@@ -531,6 +536,32 @@ def test_priced_judge_calls_count_toward_the_spend_exactly_and_reach_the_ceiling
     assert aggregates["graderCostUsd"] == "1.24"
     assert Decimal(aggregates["spendUsd"]) == Decimal("1.24") + runs_cost == budget.spend(done)
     assert budget.day_spend(done.policy) == Decimal("1.24") + runs_cost
+
+
+def test_the_policys_day_counts_the_grader_calls_of_the_scoring_in_progress(
+    workspace, judge_price, dataset, people, providers: Calls
+) -> None:
+    """Two evaluations under one policy of 1 USD a day, judged at 0.40 USD a call: once the first
+    has spent 0.80, the second's grader is asked once more (1.20 with it) and not again, though
+    that call's dollars are not yet on the second evaluation's row when its next score asks."""
+    policy = _policy(workspace, people["bob"], ceiling_per_evaluation_usd="1", ceiling_per_day_usd="1")
+    judged = ["exact", _judge("grader", "judge-2")]
+    first, second = (_start(workspace, people["carol"], model_change("counting"), scorers=judged) for _ in range(2))
+    for made in (first, second):
+        request = ReexecutionRequest.objects.filter(batch_id=made.batch_id).order_by("original_run_id").first()
+        assert request is not None
+        run_request(request_pk=request.pk)
+    # The first: its run's two live calls, its grader before and after; the second: the same, but
+    # its grader after was not asked.
+    assert [c[0] for c in providers.made] == ["counting"] * 2 + ["grader"] * 2 + ["counting"] * 2 + ["grader"]
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.grader_cost_usd == Decimal("0.8") and not first.budget_exhausted
+    assert second.grader_cost_usd == Decimal("0.4") and second.budget_exhausted
+    why = f"policy {policy.public_id} spent its ceiling of 1 USD for today"
+    assert second.budget_reason == {"code": "day_ceiling_reached", "message": why}
+    scored = next(iter(second.scores.values()))["after"]["model_graded"]
+    assert scored["reason"] == f"budget_exhausted: {why}; the grader was not asked"
 
 
 def test_other_tenants_get_404_on_datasets_policies_and_evaluations(

@@ -71,13 +71,18 @@ class _Unknown(NamedTuple):
     graders: int
 
 
-def _day(policy: EvaluationPolicy, now: datetime | None = None) -> tuple[Decimal, _Unknown]:
-    """What the policy's evaluations started this UTC day spent, and their calls of unknown cost."""
-    today = list(
-        Evaluation.objects.filter(policy=policy, created_at__gte=_day_start(now or clock.now())).values_list(
-            "batch_id", "grader_cost_usd", "grader_unpriced_calls"
-        )
-    )
+def _day(
+    policy: EvaluationPolicy, now: datetime | None = None, current: Evaluation | None = None
+) -> tuple[Decimal, _Unknown]:
+    """What the policy's evaluations started this UTC day spent, and their calls of unknown cost;
+    `current`'s grader spend as it is in memory (its scoring adds to it before saving the row)."""
+    rows = Evaluation.objects.filter(policy=policy, created_at__gte=_day_start(now or clock.now()))
+    today = [
+        (batch, current.grader_cost_usd, current.grader_unpriced_calls)
+        if current is not None and pk == current.pk
+        else (batch, cost, unpriced)
+        for pk, batch, cost, unpriced in rows.values_list("pk", "batch_id", "grader_cost_usd", "grader_unpriced_calls")
+    ]
     if not today:
         return Decimal(0), _Unknown(0, 0)
     runs, unpriced = _runs_cost(policy.workspace_id, [b for b, _, _ in today])
@@ -139,7 +144,7 @@ def exhausted(evaluation: Evaluation) -> Stop | None:
             return Stop("ceiling_reached", f"evaluation {evaluation.public_id} spent its ceiling of {ceiling} USD")
     policy = evaluation.policy
     if policy is not None:
-        spent, unknown = _day(policy)
+        spent, unknown = _day(policy, current=evaluation)
         ceiling = usd_text(policy.ceiling_per_day_usd)
         if any(unknown):
             return Stop(
