@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0041_reprice_requests'),
+        ('ledger', '0042_event_jump_indexes'),
     ]
 
     operations = [
