@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from django.conf import settings
 from django.core.management import call_command
@@ -15,7 +17,8 @@ from ledger.canonical import canonical_bytes, event_id
 from ledger.log import artifacts
 from ledger.log.artifacts import INLINE_LIMIT_BYTES
 from ledger.models import Artifact, Event
-from tests.conftest import ev, started
+from ledger.tenancy.services import create_key
+from tests.conftest import ev, http_client, ledger_cli, started
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +89,51 @@ def test_artifacts_belong_to_their_workspace(workspace, other_workspace, append)
     ref = append("run_a", ev("RunCompleted", output=BIG_OUTPUT)).events[0]["payload"]["outputRef"]
     with pytest.raises(errors.NotFound):
         artifacts.get_by_ref(other_workspace, ref)
+
+
+def _answer(run_id: str, text: str, api: httpx.Client) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run of one model call answering `text`, through the API: (the run, its evidence)."""
+    answered = ev(
+        "harness.model.responded",
+        turn=1,
+        callId="c1",
+        stepPath="s",
+        model={"provider": "openai", "modelId": "gpt-4o"},
+        response={
+            "text": text,
+            "finishReason": "stop",
+            "toolCalls": [{"callId": "t1", "toolName": "lookup", "args": {}}],
+            "usage": {"inputTokens": 1000, "outputTokens": 100_000},
+        },
+    )
+    response = api.post(f"/api/v1/runs/{run_id}/events", json={"events": [started(), answered]})
+    assert response.status_code == 200, response.text[:300]
+    return api.get(f"/api/v1/runs/{run_id}").json(), api.get(f"/api/v1/runs/{run_id}/evidence").json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_model_answer_past_the_limit_keeps_its_usage_and_costs_what_a_short_one_does(workspace) -> None:
+    """Once the whole `response` moved to an artifact, usage included: the call counted 0 tokens, $0."""
+    secret = create_key(workspace=workspace, scopes=["ingest", "read"])[1]
+    with http_client(headers={"Authorization": f"Bearer {secret}"}) as api:
+        short_run, short = _answer("run_short", "x" * 200_000, api)
+        long_run, long = _answer("run_long", "x" * 300_000, api)
+    assert long_run["usage"] == short_run["usage"]
+    assert long_run["usage"] == {
+        "inputTokens": 1000,
+        "outputTokens": 100_000,
+        "cachedInputTokens": 0,
+        "reasoningTokens": 0,
+        "costUsd": 1.0025,  # gpt-4o: 1,000 in at $2.50 and 100,000 out at $10 per million
+        "pricedCalls": 1,
+        "unpricedCalls": 0,
+    }
+    assert [(c["inputTokens"], c["outputTokens"], c["costUsd"]) for c in long["costs"]] == [(1000, 100_000, 1.0025)]
+    assert long["integrity"]["ok"]
+    # Only the text moved: what the fold reads stays in the event.
+    stored = Event.objects.get(run__run_id="run_long", sequence=2).payload
+    response = json.loads(stored)["response"]
+    assert set(response) == {"textRef", "finishReason", "toolCalls", "usage"}
+    assert json.loads(artifacts.read_bytes(artifacts.get_by_ref(workspace, response["textRef"]))) == "x" * 300_000
+    assert [ref["ref"] for ref in long["artifacts"]] == [response["textRef"]]
+    assert ledger_cli("verify", "run_long")[0] == 0

@@ -24,6 +24,7 @@ from django.test import Client
 from django.urls import reverse
 
 from ledger.interop.otlp.ingest import iso_time
+from ledger.log import artifacts
 from ledger.log.verify import verify_run
 from ledger.models import CostEntry, Run, Step, Workspace
 from ledger.reads import selectors
@@ -276,3 +277,30 @@ def test_a_stream_with_include_usage_is_priced(
     assert [(c.input_tokens, c.output_tokens, c.usage_reported) for c in costs] == [(120, 30, True)] * 2
     assert all(c.cost_usd is not None and c.cost_usd > 0 for c in costs)
     assert (run.priced_calls, run.unpriced_calls) == (2, 0)
+
+
+def test_a_long_answer_is_priced_like_a_short_one(
+    server: Daphne,
+    workspace: Workspace,
+    openai_server: FakeProviders,
+    settings: Any,
+    daphne_artifacts: Path,
+) -> None:
+    """An answer of ~2 MB: its payload passes the inline limit, so its text moves to an artifact;
+    the usage stays in the event and the call is counted and priced as any other."""
+    settings.ARTIFACTS_ROOT = daphne_artifacts  # where the server keeps them, for verify_run
+    openai_server.answer = "All work and no play makes Jack a dull boy. ñ 漢字 🙂 " * 40_000
+    spans = run_agent(
+        "genai", server, workspace, openai_server, documented_environment("opentelemetry-instrumentation-openai-v2")
+    )
+    run = _run_of(workspace, spans)
+    costs = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    assert [(c.input_tokens, c.output_tokens, c.usage_reported) for c in costs] == [(120, 30, True)] * 2
+    assert all(c.cost_usd is not None and c.cost_usd > 0 for c in costs)
+    assert (run.priced_calls, run.unpriced_calls) == (2, 0) and run.cost_usd == sum(c.cost_usd for c in costs)
+    answered = [e["payload"] for e in selectors.events(run) if e["type"] == "harness.model.responded"][-1]
+    assert answered["response"]["usage"] == {"inputTokens": 120, "outputTokens": 30}
+    assert "text" not in answered["response"] and answered["response"]["textRef"].startswith("artifact://art_")
+    assert [c for c in verify_run(run) if c.status != "pass"] == []
+    text = json.loads(artifacts.read_bytes(artifacts.get_by_ref(workspace, answered["response"]["textRef"])))
+    assert text == openai_server.answer

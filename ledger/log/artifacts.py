@@ -152,25 +152,48 @@ def get_by_ref(workspace: Workspace, ref: str) -> Artifact:
     return artifact
 
 
-def externalize(workspace: Workspace, payload: dict[str, Any], size: int) -> dict[str, Any]:
-    """Move the largest top-level fields of an oversized payload into artifacts.
+# What the fold counts a model call by stays in its payload when the payload is too large to keep
+# inline (docs/operations.md "Large payloads"): the model, and the usage inside the answer, whose
+# other members (the text, the messages, the tool calls) move out one by one instead of the whole
+# answer. By type: (top-level fields that stay, the field opened, its members that stay).
+_KEPT: dict[str, tuple[frozenset[str], str | None, frozenset[str]]] = {
+    "harness.model.responded": (frozenset({"model"}), "response", frozenset({"usage"})),
+    "ModelCallCompleted": (frozenset({"model", "usage"}), None, frozenset()),
+}
+_NOTHING_KEPT: tuple[frozenset[str], str | None, frozenset[str]] = (frozenset(), None, frozenset())
+
+
+def _movable(fields: dict[str, Any], kept: frozenset[str]) -> list[tuple[int, str]]:
+    """(canonical size, name) of the fields of `fields` that may move: not kept, not a ref, not a
+    field already moved (its `nameRef` present)."""
+    return [
+        (len(canonical_bytes(v)), k)
+        for k, v in fields.items()
+        if k not in kept and not k.endswith("Ref") and f"{k}Ref" not in fields
+    ]
+
+
+def externalize(workspace: Workspace, event_type: str, payload: dict[str, Any], size: int) -> dict[str, Any]:
+    """Move the largest fields of an oversized payload into artifacts, largest first, until it fits.
 
     Each moved field `name` is replaced by `nameRef` holding the artifact ref (for StepCompleted
-    that is Little Workflow's rule exactly: `output` moves out, `outputRef` stays).
+    that is Little Workflow's rule exactly: `output` moves out, `outputRef` stays). A model call's
+    answer is opened instead of moved: its members move (`response.textRef`), its usage stays (_KEPT).
     """
+    kept, opened, kept_inside = _KEPT.get(event_type, _NOTHING_KEPT)
     stored = dict(payload)
-    sizes = sorted(
-        (
-            (len(canonical_bytes(v)), k)
-            for k, v in payload.items()
-            if not k.endswith("Ref") and f"{k}Ref" not in payload
-        ),
-        reverse=True,
-    )
-    for _, name in sizes:
+    inner: dict[str, Any] | None = None
+    if opened is not None and isinstance(payload.get(opened), dict):
+        stored[opened] = inner = dict(payload[opened])
+        kept = kept | {opened}
+    candidates = [(n, name, False) for n, name in _movable(stored, kept)]
+    if inner is not None:
+        candidates += [(n, name, True) for n, name in _movable(inner, kept_inside)]
+    for _, name, inside in sorted(candidates, reverse=True):
         if size <= INLINE_LIMIT_BYTES:
             break
-        artifact = store_bytes(workspace, canonical_bytes(stored.pop(name)))
-        stored[f"{name}Ref"] = artifact.ref
+        holder = inner if inside and inner is not None else stored
+        artifact = store_bytes(workspace, canonical_bytes(holder.pop(name)))
+        holder[f"{name}Ref"] = artifact.ref
         size = len(canonical_bytes(stored))
     return stored

@@ -435,7 +435,7 @@ def _allocate(
         rules.check_lifecycle(state, sequence - 1, event_type, index, imported)
         payload, stored = p.payload, p.canonical
         if len(stored) > INLINE_LIMIT_BYTES:
-            payload = externalize(run.workspace, payload, len(stored))
+            payload = externalize(run.workspace, event_type, payload, len(stored))
             stored = canonical_bytes(payload)
         held = state.payload_bytes + len(stored)
         if held > byte_cap and event_type not in RUN_ENDINGS:
