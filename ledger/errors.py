@@ -34,6 +34,11 @@ class InvalidEvent(LedgerError):
     code = "invalid_event"
 
 
+class UsageTooLarge(InvalidEvent):
+    """The batch's model calls would carry a sum (tokens, dollars) past what the projections' or the
+    usage rollups' columns hold (docs/api.md "Token counts"); nothing is written."""
+
+
 class UnknownEventType(LedgerError):
     code = "unknown_event_type"
 

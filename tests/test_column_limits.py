@@ -13,7 +13,7 @@ from django.db import models
 from django.test import Client
 
 from ledger.log.envelopes import log_of
-from ledger.log.vocabulary import COLUMN_LIMITS, INT32_MAX, MODEL_COLUMN_LIMITS, VOCABULARY
+from ledger.log.vocabulary import COLUMN_LIMITS, INT32_MAX, MAX_TOKENS, MODEL_COLUMN_LIMITS, VOCABULARY
 from ledger.models import CostEntry, DailyUsage, Event, MonthlyUsage, Run, Step, ToolCall
 from ledger.tenancy.services import create_key
 from tests.conftest import ev, started
@@ -177,3 +177,107 @@ def test_no_text_field_of_the_vocabulary_makes_a_500_at_any_length(api: Client, 
         if response.status_code == 400 and field in COLUMN_LIMITS:
             assert response.json()["error"]["details"]["field"] == f"payload.{field}", (event_type, field)
     assert statuses == {200, 400}  # some stored (unprojected fields), the projected ones refused
+
+
+# --- token counts (docs/api.md "Token counts") -----------------------------------------------
+
+
+def _answered(
+    usage: dict[str, Any], model: str = "gpt-4o", call: str = "m1", provider: str = "openai"
+) -> dict[str, Any]:
+    return ev(
+        "harness.model.responded",
+        turn=1,
+        callId=call,
+        stepPath="s",
+        model={"provider": provider, "modelId": model},
+        response={"text": "hi", "usage": usage},
+    )
+
+
+@pytest.mark.parametrize(
+    ("usage", "field"),
+    [
+        ({"inputTokens": 4 * 10**17, "outputTokens": 1}, "inputTokens"),
+        ({"inputTokens": 10**18, "outputTokens": 1}, "inputTokens"),
+        ({"inputTokens": 1, "outputTokens": 1e300}, "outputTokens"),
+        ({"inputTokens": 1, "outputTokens": 1, "cachedInputTokens": MAX_TOKENS + 1}, "cachedInputTokens"),
+        (
+            {"inputTokens": 1, "outputTokenDetails": {"reasoningTokens": 9 * 10**18}},
+            "outputTokenDetails.reasoningTokens",
+        ),
+    ],
+)
+def test_a_token_count_past_the_bound_is_refused_naming_it(
+    api: Client, append, usage: dict[str, Any], field: str
+) -> None:
+    append("run_t", started())
+    _refused(_post(api, "run_t", _answered(usage)), f"payload.response.usage.{field}")
+    assert [e["type"] for e in log_of(Run.objects.get(run_id="run_t"))] == ["RunStarted"]
+    assert not CostEntry.objects.exists() and not DailyUsage.objects.exists()
+
+
+def test_the_largest_token_counts_are_counted_and_priced(api: Client) -> None:
+    most = {"inputTokens": MAX_TOKENS, "outputTokens": MAX_TOKENS}
+    response = _post(api, "run_t", started(), _answered(most, call="m1"), _answered(most, call="m2"))
+    assert response.status_code == 200, response.content[:300]
+    usage = api.get("/api/v1/runs/run_t").json()["usage"]
+    # gpt-4o: $2.50 in, $10 out per million tokens.
+    assert usage["inputTokens"] == usage["outputTokens"] == 2 * MAX_TOKENS
+    assert usage["costUsd"] == 2 * (MAX_TOKENS * 2.5 + MAX_TOKENS * 10) / 1_000_000
+    assert usage["pricedCalls"] == 2 and usage["unpricedCalls"] == 0
+
+
+def test_huge_counts_of_an_unpriced_model_leave_the_days_usage_working(api: Client) -> None:
+    """Two calls of 5e18 tokens once overflowed the day's bigint cell, and every later run of the
+    model that day failed with it."""
+    huge = {"inputTokens": 5 * 10**18, "outputTokens": 1}
+    _refused(
+        _post(api, "run_a", started(), _answered(huge, "nopriced", provider="house")),
+        "payload.response.usage.inputTokens",
+    )
+    _refused(
+        _post(api, "run_b", started(), _answered(huge, "nopriced", provider="house")),
+        "payload.response.usage.inputTokens",
+    )
+    assert not Run.objects.exists()
+    fine = _post(
+        api, "run_c", started(), _answered({"inputTokens": 10, "outputTokens": 1}, "nopriced", provider="house")
+    )
+    assert fine.status_code == 200, fine.content[:300]
+    rows = api.get("/api/v1/usage?groupBy=model").json()["rows"]
+    assert [(r["key"], r["inputTokens"], r["costUsd"], r["unpricedCalls"]) for r in rows] == [
+        ("house/nopriced", 10, None, 1)
+    ]
+
+
+def test_a_run_whose_dollars_pass_what_a_total_holds_is_refused(api: Client, workspace) -> None:
+    """Counts within the bound at a workspace's own (very high) rate: the run's cost would pass the
+    twelve digits of its money columns. Refused whole, never a 500."""
+    workspace.price_overrides = {"house/dear": {"input": 2_000_000, "output": 0}}
+    workspace.save()
+    most = {"inputTokens": MAX_TOKENS, "outputTokens": 0}
+    assert _post(api, "run_d", started(), _answered(most, "dear", provider="house")).status_code == 200
+    assert Run.objects.get(run_id="run_d").cost_usd == 200_000_000_000
+    many = [_answered(most, "dear", call=f"m{i}", provider="house") for i in range(2, 7)]
+    response = _post(api, "run_d", *many)
+    _refused(response, "payload.response.usage")
+    assert response.json()["error"]["details"]["index"] == 0
+    assert [e["type"] for e in log_of(Run.objects.get(run_id="run_d"))] == ["RunStarted", "harness.model.responded"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_days_usage_cell_past_its_columns_is_a_refusal_never_a_500(api: Client, workspace) -> None:
+    """Two runs of $600,000,000,000 each fit their own columns; their day's cell of that model adds
+    them up past twelve digits. PostgreSQL's column refuses the sum, which is the append's 400 with
+    the log untouched. (SQLite's columns take the sum as a float: the append is written there.)"""
+    workspace.price_overrides = {"house/dear": {"input": 6_000_000, "output": 0}}
+    workspace.save()
+    most = {"inputTokens": MAX_TOKENS, "outputTokens": 0}
+    assert _post(api, "run_1", started(), _answered(most, "dear", provider="house")).status_code == 200
+    second = _post(api, "run_2", started(), _answered(most, "dear", provider="house"))
+    if second.status_code != 200:
+        _refused(second, "payload.response.usage")
+        assert second.json()["error"]["details"]["index"] == 1
+        assert not Run.objects.filter(run_id="run_2").exists()
+    assert Run.objects.get(run_id="run_1").cost_usd == 600_000_000_000

@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, overload
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DataError, connections, transaction
 
-from ..errors import NotFound
+from ..errors import NotFound, UsageTooLarge
 from ..models import Run, Workspace
 from . import prepare, rules, statements, strategies
 from .statements import Attached
@@ -101,6 +101,25 @@ def append(
     could not be taken or confirmed (see the module docstring).
     """
     prepare.validate_run_id(run_id)
+    try:
+        return _append(workspace, run_id, events, expected_sequence, fencing_token, imported, attached, by)
+    except (UsageTooLarge, DataError) as exc:
+        refusal = usage_too_large(exc, events)
+        if refusal is exc:
+            raise
+        raise refusal from None
+
+
+def _append(
+    workspace: Workspace,
+    run_id: str,
+    events: object,
+    expected_sequence: int | None,
+    fencing_token: Any,
+    imported: bool,
+    attached: Sequence[Attached] | None,
+    by: str,
+) -> AppendResult | None:
     # The connection looked up once for the append: each attribute read through the `connection`
     # proxy is a context-local lookup (~1.5 µs), and an append asked for one five times.
     db = connections[DEFAULT_DB_ALIAS]
@@ -133,6 +152,35 @@ def append(
         return strategies.locked(run, batch, expected_sequence, fencing_token, imported=imported, by=by)
 
 
+# numeric_value_out_of_range: a bigint or numeric column (or sum) past its range.
+_OUT_OF_RANGE = "22003"
+
+
+def usage_too_large(exc: Exception, events: object) -> Exception:
+    """`exc` as the refusal of the batch `events`: a sum of the model calls' usage past what its
+    columns hold, found by the projection (UsageTooLarge) or by PostgreSQL in a usage rollup cell,
+    which adds up every run's calls of a day and a month (DataError 22003), named at the batch's
+    first model call. Any other error as it is. The transaction is gone: nothing was written."""
+    if isinstance(exc, DataError) and getattr(exc.__cause__, "sqlstate", None) != _OUT_OF_RANGE:
+        return exc
+    index = next(
+        (
+            i
+            for i, item in enumerate(events if isinstance(events, list) else [])
+            if isinstance(item, Mapping) and item.get("type") in ("harness.model.responded", "ModelCallCompleted")
+        ),
+        0,
+    )
+    if isinstance(exc, UsageTooLarge):
+        return UsageTooLarge(f"event {index}: {exc.message}", **{**exc.details, "index": index})
+    return UsageTooLarge(
+        f"event {index}: the workspace's usage totals of the day or the month would pass what the ledger "
+        "holds (a bigint of tokens, 12 digits of dollars)",
+        index=index,
+        field="payload.response.usage",
+    )
+
+
 def holding(*, workspace: Workspace, run_id: str, columns: tuple[str, ...] | None = HEAD_FIELDS) -> Head:
     """The run's head row locked until the caller's transaction ends (one must be open); NotFound
     when the run does not exist. `columns`: what of the row to read (None: all of it)."""
@@ -160,7 +208,13 @@ class Head:
             rules.check_fencing(self.run, fencing_token, strategies.now_ms())
             return AppendResult(events=[], last_sequence=self.run.last_sequence)
         batch = prepare.batch(self.run.workspace, events, expected_sequence)
-        return strategies.locked(self.run, batch, expected_sequence, fencing_token)
+        try:
+            return strategies.locked(self.run, batch, expected_sequence, fencing_token)
+        except (UsageTooLarge, DataError) as exc:
+            refusal = usage_too_large(exc, list(events))
+            if refusal is exc:
+                raise
+            raise refusal from None
 
     def leased(self, now: datetime) -> bool:
         """Whether an executor holds the run's lease now."""

@@ -20,6 +20,7 @@ from typing import Any
 from django.db import transaction
 
 from ..canonical import NUL_STAND_IN, NotCanonicalizable, canonical_bytes, canonical_json, nul_as_stand_in
+from ..errors import UsageTooLarge
 from ..fold import RunState, fold
 from ..fold.pricing import Tokens, UsageTotals, prices_of
 from ..models import CostEntry, Run, Step, ToolCall
@@ -29,6 +30,8 @@ from .envelopes import log_of
 from .states import STATES
 
 MONEY_PLACES = Decimal("1e-12")
+# The money columns are numeric(24, 12) (ledger/models.py): twelve digits before the point.
+MONEY_LIMIT = Decimal(10) ** 12
 # SQLite hands decimals back through a 15-digit float; compare money at a precision both keep.
 COMPARE_PLACES = Decimal("1e-9")
 
@@ -53,7 +56,17 @@ def _when(value: str | None) -> datetime | None:
 
 
 def _money(value: Decimal | None) -> Decimal | None:
-    return None if value is None else value.quantize(MONEY_PLACES)
+    if value is None:
+        return None
+    if not -MONEY_LIMIT < value < MONEY_LIMIT:
+        # Refused before any row is written, on both databases alike (PostgreSQL's column would
+        # fail the statement; SQLite's adapter the quantize).
+        raise UsageTooLarge(
+            f"the model calls would cost {value:.2E} USD, more than the {MONEY_LIMIT:,} USD a total "
+            "of the ledger holds",
+            field="payload.response.usage",
+        )
+    return value.quantize(MONEY_PLACES)
 
 
 def _whole(tokens: Tokens) -> int:
@@ -177,7 +190,11 @@ def cost_fields(state: RunState, index: int, recorded_at: Mapping[int, str]) -> 
         "output_tokens": output_tokens if output_tokens.__class__ is int else _whole(output_tokens),
         "cached_input_tokens": cached if cached.__class__ is int else _whole(cached),
         "reasoning_tokens": reasoning if reasoning.__class__ is int else _whole(reasoning),
-        "cost_usd": None if cost is None else cost.quantize(MONEY_PLACES),
+        "cost_usd": None
+        if cost is None
+        else cost.quantize(MONEY_PLACES)
+        if -MONEY_LIMIT < cost < MONEY_LIMIT
+        else _money(cost),
         "price_table_version": entry.price_table_version,
         "priced_as": entry.priced_as or "",
         "usage_reported": entry.usage_reported,

@@ -153,6 +153,20 @@ _PROJECTED_UNLISTED: dict[str, tuple[str, ...]] = {
     "WorkflowVersionRegistered": ("workflowVersionId",),
 }
 
+# The most tokens one count of one model call may say (docs/api.md "Token counts"): ten thousand
+# times the longest context of today's models, and small enough that a run at the highest events
+# limit an operator may set (10,000,000, ledger.limits) sums to 10^18, inside its bigint columns.
+MAX_TOKENS = 10**11
+# Where the usage the fold counts sits, by type (ledger/fold/handlers.py): each count in it that is
+# a JSON number is at most MAX_TOKENS. A count that is not a number counts 0, as it always has.
+_USAGE_AT: dict[str, tuple[str, ...]] = {
+    "harness.model.responded": ("response", "usage"),
+    "ModelCallCompleted": ("usage",),
+}
+_COUNTS = frozenset({"inputTokens", "outputTokens", "cachedInputTokens", "reasoningTokens"})
+_DETAIL_COUNTS = {"inputTokenDetails": "cacheReadTokens", "outputTokenDetails": "reasoningTokens"}
+_NUMBER = (int, float)
+
 MODEL_AND_TOOL_PREFIXES = ("harness.model.", "harness.tool_call.")
 ORIGINS = ("recorded", "simulated", "live")
 TERMINAL_RUN_TYPES = ("RunCompleted", "RunFailed")
@@ -296,6 +310,9 @@ def validate_fields(index: int, event_type: str, payload: Any, *, imported: bool
             value = payload.get(field)
             if value is not None:
                 _check_limit(index, field, value, limit)
+        usage_at = _USAGE_AT.get(event_type)
+        if usage_at is not None:
+            _check_tokens(index, payload, usage_at)
         if event_type.startswith(MODEL_AND_TOOL_PREFIXES):
             origin = payload.get("origin")
             if origin is not None and origin not in ORIGINS:
@@ -345,6 +362,35 @@ def _check_limit(index: int, field: str, value: Any, limit: int) -> None:
                 index=index,
                 field="payload.stepPath",
             )
+
+
+def _check_tokens(index: int, payload: Mapping[str, Any], usage_at: tuple[str, ...]) -> None:
+    """Refuse a token count of the usage at `usage_at` that is a number above MAX_TOKENS: the fold
+    would sum it into bigint columns and price it into numeric ones that cannot hold it. One pass
+    over the usage's own keys (two, most often): this runs for every model call appended."""
+    usage: Any = payload
+    for key in usage_at:
+        usage = usage.get(key) if isinstance(usage, dict) else None
+    if not isinstance(usage, dict):
+        return
+    for key, value in usage.items():
+        if value.__class__ in _NUMBER:
+            if value > MAX_TOKENS and key in _COUNTS:
+                _refuse_tokens(index, (*usage_at, key))
+        elif value.__class__ is dict and (inner := _DETAIL_COUNTS.get(key)) is not None:
+            count = value.get(inner)
+            if count.__class__ in _NUMBER and count > MAX_TOKENS:
+                _refuse_tokens(index, (*usage_at, key, inner))
+
+
+def _refuse_tokens(index: int, path: tuple[str, ...]) -> None:
+    field = ".".join(("payload", *path))
+    raise InvalidEvent(
+        f"event {index}: {field} is more than {MAX_TOKENS:,} tokens, the most one model call may count",
+        index=index,
+        field=field,
+        limit=MAX_TOKENS,
+    )
 
 
 def reject_recorded_cost(index: int, payload: Any) -> None:
