@@ -447,3 +447,25 @@ def test_a_malformed_after_is_refused_even_beside_a_last_event_id(api: Client) -
 def test_a_key_asked_for_a_role_is_told_which_in_plain_words(api: Client) -> None:
     body = _assert_api_error(api.post("/api/v1/reexecutions/rx_missing/approve"), 403)
     assert "needs an approver in a console session" in body["error"]["message"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("call_id", [["a", "b"], {"id": "a"}])
+def test_a_call_id_that_is_not_a_string_is_data_unless_the_type_says_string(api: Client, call_id: Any) -> None:
+    """Where the vocabulary does not list `callId` (custom types, a step, a model call's request)
+    it is data like any other field; once it failed the projection (an unhashable list) with a 500."""
+    for item in [
+        ev("custom.note", callId=call_id),
+        ev("StepScheduled", stepPath="t", callId=call_id),
+        ev("harness.model.called", turn=1, promptHash="h", request={}, callId=call_id),
+    ]:
+        response = api.post("/api/v1/runs/run_a/events", data=_append([item]), content_type="application/json")
+        assert response.status_code == 200, response.content[:300]
+    started_tool = ev("harness.tool_call.started", callId=call_id, caller="model", toolName="lookup", args={})
+    before = Run.objects.get(run_id="run_a").last_sequence
+    refused = api.post("/api/v1/runs/run_a/events", data=_append([started_tool]), content_type="application/json")
+    assert _assert_api_error(refused, 400, "invalid_event")["error"]["details"] == {
+        "index": 0,
+        "field": "payload.callId",
+    }
+    assert Run.objects.get(run_id="run_a").last_sequence == before

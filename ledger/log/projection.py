@@ -327,10 +327,13 @@ def _touched_tool_calls(
     position (the upsert never sets it: POSITIONED)."""
     new = list(islice(reversed(state.tool_calls), tool_call_count(state) - before.tool_calls))
     positions = {call_id: before.tool_calls + i for i, call_id in enumerate(reversed(new))}
+    # A callId that is not a string names no call (a custom event's, or one a type does not list,
+    # may be any JSON: a list is not even hashable).
     named = {
-        payload.get("callId")
+        call_id
         for e in envelopes
-        if isinstance(payload := e.get("payload"), dict) or isinstance(payload, Mapping)
+        if (isinstance(payload := e.get("payload"), dict) or isinstance(payload, Mapping))
+        and isinstance(call_id := payload.get("callId"), str)
     }
     return (
         [tool_fields(state, call_id, position) for call_id, position in positions.items()],
