@@ -343,11 +343,19 @@ def test_partial_success_names_the_refused_spans(server: Daphne, workspace: Work
 
 
 def test_a_trace_the_log_refuses_is_rejected_alone(server: Daphne, workspace: Workspace, key: str) -> None:
-    """A NUL in an attribute (no database holds it, the write path refuses it): that trace's spans are
+    """A tool name longer than its column (the write path refuses it): that trace's spans are
     counted as rejected and nothing of it is written; the other trace of the same export is."""
     other = "0af7651916cd43dd8448eb211c80319c"
     export = _chat_trace()
-    bad = _json_span("bbbbbbbbbbbbbbbb", "bad", T0, T0 + 5, trace=other, note="a\x00b")
+    bad = _json_span(
+        "bbbbbbbbbbbbbbbb",
+        "bad",
+        T0,
+        T0 + 5,
+        trace=other,
+        gen_ai__operation__name="execute_tool",
+        gen_ai__tool__name="t" * 201,
+    )
     export["resourceSpans"][0]["scopeSpans"][0]["spans"].append(bad)
     response = httpx.post(server.url + TRACES, json=export, headers={"Authorization": f"Bearer {key}"}, timeout=30)
     assert response.status_code == 200, response.text
@@ -356,6 +364,73 @@ def test_a_trace_the_log_refuses_is_rejected_alone(server: Daphne, workspace: Wo
     assert partial["errorMessage"].startswith(f"trace {other}: invalid_event: ")
     assert _run(workspace, TRACE).status == "completed"
     assert not Run.objects.filter(run_id=f"run_otel_{other}").exists()
+
+
+def _one_chat(provider: TracerProvider, name: str, **attributes: Any) -> str:
+    """A request span holding one chat span with `attributes`; the trace id."""
+    tracer = provider.get_tracer("tests.agent", "1.0")
+    with tracer.start_as_current_span("handle request") as root:
+        with tracer.start_as_current_span(
+            name,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": "gpt-4o",
+                **attributes,
+            },
+        ):
+            pass
+    return format(root.get_span_context().trace_id, "032x")
+
+
+def test_a_nul_in_a_span_is_kept_as_u_fffd_and_the_trace_recorded(
+    server: Daphne, workspace: Workspace, key: str
+) -> None:
+    """The exporter does not report a partial success: a trace refused for one NUL in a model's
+    answer would vanish without a word."""
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    provider = _provider(exporter)
+    answer = [{"role": "assistant", "parts": [{"type": "text", "content": "Z\u00fcrich \u0000? no"}]}]
+    trace = _one_chat(
+        provider,
+        "chat gpt-4o\x00",
+        **{
+            "gen_ai.output.messages": json.dumps(answer),
+            "gen_ai.usage.input_tokens": 120,
+            "gen_ai.usage.output_tokens": 30,
+            "note\x00": "a\x00b",
+        },
+    )
+    provider.shutdown()
+    run = _run(workspace, trace)
+    assert run.status == "completed"
+    responded = next(e["payload"] for e in selectors.events(run) if e["type"] == "harness.model.responded")
+    assert responded["response"]["text"] == "Z\u00fcrich \ufffd? no"
+    assert responded["otel"]["name"] == "chat gpt-4o\ufffd"
+    assert responded["otel"]["attributes"]["note\ufffd"] == "a\ufffdb"
+    assert run.priced_calls == 1 and (run.input_tokens, run.output_tokens) == (120, 30)
+    assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)
+
+
+def test_a_token_count_past_the_bound_leaves_the_call_unpriced_and_says_why(
+    server: Daphne, workspace: Workspace, key: str
+) -> None:
+    """Past 2^53 an int attribute is kept as a string; the call was once priced on its output alone."""
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    provider = _provider(exporter)
+    trace = _one_chat(
+        provider, "chat gpt-4o", **{"gen_ai.usage.input_tokens": 9 * 10**18, "gen_ai.usage.output_tokens": 30}
+    )
+    provider.shutdown()
+    run = _run(workspace, trace)
+    responded = next(e["payload"] for e in selectors.events(run) if e["type"] == "harness.model.responded")
+    assert responded["response"]["usage"] == {}
+    assert responded["response"]["usageNotCounted"].startswith(
+        "gen_ai.usage.input_tokens is '9000000000000000000', not a token count from 0 to 100,000,000,000"
+    )
+    assert (run.priced_calls, run.unpriced_calls, run.cost_usd) == (0, 1, None)
+    assert (run.input_tokens, run.output_tokens) == (0, 0)
 
 
 def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(

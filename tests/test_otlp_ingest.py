@@ -50,7 +50,9 @@ def export(workspace: Workspace, *spans: dict[str, Any]) -> IngestResult:
     return ingest(workspace=workspace, request=from_otlp_json(document), by="key:test")
 
 
-def tool(span_id: str, n: int, parent: str = ROOT, trace: str = TRACE, result: str = '{"ok": true}') -> dict[str, Any]:
+def tool(
+    span_id: str, n: int, parent: str = ROOT, trace: str = TRACE, result: str = '{"ok": true}', name: str = "lookup"
+) -> dict[str, Any]:
     return span(
         span_id,
         "execute_tool lookup",
@@ -60,7 +62,7 @@ def tool(span_id: str, n: int, parent: str = ROOT, trace: str = TRACE, result: s
         trace=trace,
         attributes={
             "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "lookup",
+            "gen_ai.tool.name": name,
             "gen_ai.tool.call.result": result,
         },
     )
@@ -88,8 +90,8 @@ def run_of(workspace: Workspace, trace: str = TRACE) -> Run:
 def test_a_trace_over_one_batch_is_written_whole_or_not_at_all(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A trace whose events fill several of the log's batches: a refusal in the last batch (a NUL
-    in the last span) writes none of them, and all the trace's spans are reported refused; the other
+    """A trace whose events fill several of the log's batches: a refusal in the last batch (a tool
+    name longer than its column in the last span) writes none of them, and all the trace's spans are reported refused; the other
     trace of the export is written. A trace that passes is announced only once all of it commits."""
     monkeypatch.setattr(otlp_ingest, "MAX_BATCH", 10)
     sent: list[tuple[str, int, bool]] = []
@@ -101,7 +103,7 @@ def test_a_trace_over_one_batch_is_written_whole_or_not_at_all(
 
     monkeypatch.setattr(announce, "_send", send)
     tools = [tool(f"{n + 1:016x}", n) for n in range(12)]  # 1 + 3 + 12 * 2 + 1 events: three batches
-    tools[-1] = tool(f"{12:016x}", 11, result="a\x00b")
+    tools[-1] = tool(f"{12:016x}", 11, name="t" * 201)
     good = [span("aaaaaaaaaaaaaaaa", "other", T0, T0 + 1, trace=OTHER_TRACE)]
     result = export(workspace, span(ROOT, "agent", T0, T0 + 1_000), *tools, *good)
 

@@ -56,8 +56,10 @@ from ...errors import (
     RunNotStarted,
     SequenceConflict,
 )
+from ...limits import NUL
 from ...log import Head, append, holding
 from ...log.prepare import MAX_BATCH
+from ...log.vocabulary import MAX_TOKENS
 from ...models import Event, Run, RunStatus, Step, Workspace
 
 RUN_PREFIX = "run_otel_"
@@ -71,6 +73,7 @@ OPENINFERENCE_KIND = "openinference.span.kind"
 OPENINFERENCE_MODEL_KINDS = frozenset({"LLM", "EMBEDDING"})
 OPENINFERENCE_HIDDEN = "__REDACTED__"  # what OpenInference records for content it was told to hide
 _MAX_SAFE_INT = 2**53 - 1  # canonical JSON (ECMAScript numbers) holds integers exactly up to here
+REPLACEMENT = "\ufffd"  # what a NUL in a span's strings becomes
 _ATTEMPTS = 3  # a batch mapped on a state another writer of the trace changed is mapped again
 
 
@@ -204,8 +207,8 @@ def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest, by: str 
         resource = _attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
             scope = {
-                "name": scope_spans.scope.name,
-                **({"version": scope_spans.scope.version} if scope_spans.scope.version else {}),
+                "name": _text(scope_spans.scope.name),
+                **({"version": _text(scope_spans.scope.version)} if scope_spans.scope.version else {}),
             }
             for index, span in enumerate(scope_spans.spans):
                 problem = _id_problem(span)
@@ -274,7 +277,7 @@ def _read(span: Span, resource: dict[str, Any], scope: dict[str, Any]) -> _Span:
     parent = span.parent_span_id.hex() if any(span.parent_span_id) else ""
     events = [
         {
-            "name": e.name,
+            "name": _text(e.name),
             "timeUnixNano": str(e.time_unix_nano),
             **({"attributes": _attributes(e.attributes)} if e.attributes else {}),
         }
@@ -285,14 +288,14 @@ def _read(span: Span, resource: dict[str, Any], scope: dict[str, Any]) -> _Span:
         trace=span.trace_id.hex(),
         span=span.span_id.hex(),
         parent=parent,
-        name=span.name,
+        name=_text(span.name),
         kind=int(span.kind),
         start=start,
         # A span that ends before it starts (clock skew) ends when it starts: every reader of the
         # run (its finishedAt, a sort by duration, the waterfall) then sees the same zero duration.
         end=max(int(span.end_time_unix_nano), start),
         status_code=int(span.status.code),
-        status_message=span.status.message,
+        status_message=_text(span.status.message),
         attributes=_attributes(span.attributes),
         events=events,
         resource=resource,
@@ -301,7 +304,14 @@ def _read(span: Span, resource: dict[str, Any], scope: dict[str, Any]) -> _Span:
 
 
 def _attributes(attributes: Iterable[KeyValue]) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in attributes}
+    return {_text(kv.key): _value(kv.value) for kv in attributes}
+
+
+def _text(value: str) -> str:
+    """A span's string with each U+0000 as U+FFFD: the log (PostgreSQL's jsonb) cannot hold a NUL,
+    and refusing the string would refuse its whole trace, which an exporter does not report
+    (docs/otlp.md "NUL characters")."""
+    return value.replace(NUL, REPLACEMENT) if NUL in value else value
 
 
 def _value(value: AnyValue) -> Any:
@@ -320,6 +330,8 @@ def _value(value: AnyValue) -> Any:
     if kind == "double_value":
         number = value.double_value
         return number if math.isfinite(number) else str(number)
+    if kind == "string_value":
+        return _text(value.string_value)
     return getattr(value, kind)
 
 
@@ -537,7 +549,7 @@ class _ModelCall:
     request: dict[str, Any]
     usage: dict[str, int]
     output: Any  # the output messages, None when the span did not capture them
-    response: dict[str, Any]  # id, finish reasons
+    response: dict[str, Any]  # id, finish reasons; `usageNotCounted`, why its counts were not taken
 
 
 def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -601,11 +613,14 @@ def _genai_call(span: _Span) -> _ModelCall:
     for source, target in (("gen_ai.response.id", "id"), ("gen_ai.response.finish_reasons", "finishReasons")):
         if source in a:
             response[target] = a[source]
+    usage, problem = _usage(a, _GENAI_USAGE)
+    if problem is not None:
+        response["usageNotCounted"] = problem
     return _ModelCall(
         provider=_named(a.get("gen_ai.provider.name") or a.get("gen_ai.system")),
         model_id=_named(a.get("gen_ai.response.model") or a.get("gen_ai.request.model")),
         request=request,
-        usage=_usage(a, _GENAI_USAGE),
+        usage=usage,
         output=_maybe_json(a["gen_ai.output.messages"]) if "gen_ai.output.messages" in a else None,
         response=response,
     )
@@ -633,12 +648,15 @@ def _openinference_call(span: _Span) -> _ModelCall:
     response: dict[str, Any] = {}
     if isinstance(a.get("llm.finish_reason"), str):
         response["finishReasons"] = [a["llm.finish_reason"]]
+    usage, problem = _usage(a, _OPENINFERENCE_USAGE)
+    if problem is not None:
+        response["usageNotCounted"] = problem
     model = a.get("llm.model_name") or a.get("llm.response.model_name") or a.get("embedding.model_name") or requested
     return _ModelCall(
         provider=_named(a.get("llm.provider") or a.get("llm.system")),
         model_id=_named(model),
         request=request,
-        usage=_usage(a, _OPENINFERENCE_USAGE),
+        usage=usage,
         output=[_as_parts(m) for m in output] if output else None,
         response=response,
     )
@@ -747,16 +765,32 @@ _OPENINFERENCE_USAGE = (
 )
 
 
-def _usage(a: Mapping[str, Any], names: tuple[tuple[str, str], ...]) -> dict[str, int]:
+_PRICED_COUNTS = ("inputTokens", "outputTokens")
+
+
+def _usage(a: Mapping[str, Any], names: tuple[tuple[str, str], ...]) -> tuple[dict[str, int], str | None]:
+    """The span's token counts as a usage object, and None. A count that is not one the ledger can
+    take (past MAX_TOKENS, past 2^53 and so kept as a string, negative, a fraction) is no count; when
+    that is the input or output count, no counts at all and the reason: the call is then unpriced,
+    never priced on its other count alone (an understated cost). Without a cached or reasoning count
+    the cost is the same or higher."""
     usage: dict[str, int] = {}
     for source, target in names:
         value = a.get(source)
+        if value is None:
+            continue
         # SDKs that record Python floats (or JavaScript numbers) send counts as doubles: 1000.0.
-        if isinstance(value, float) and value.is_integer() and 0 <= value <= _MAX_SAFE_INT:
+        if isinstance(value, float) and value.is_integer() and 0 <= value <= MAX_TOKENS:
             value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            usage[target] = value
-    return usage
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKENS:
+            if target not in _PRICED_COUNTS:
+                continue
+            return {}, (
+                f"{source} is {value!r}, not a token count from 0 to {MAX_TOKENS:,}: "
+                "the call's usage is not counted and the call is not priced"
+            )
+        usage[target] = value
+    return usage, None
 
 
 def _output_parts(output: Any) -> tuple[str | None, list[dict[str, Any]]]:
@@ -842,9 +876,22 @@ def _maybe_json(value: Any) -> Any:
     """GenAI attributes hold structured values as JSON strings (messages, tool arguments)."""
     if isinstance(value, str) and value[:1] in ("{", "["):
         try:
-            return json.loads(value)
+            parsed = json.loads(value)
         except ValueError:
             return value
+        # A NUL written as the escape \u0000 (a model's answer in gen_ai.output.messages) is one now.
+        return _nul_replaced(parsed) if "\\u0000" in value else parsed
+    return value
+
+
+def _nul_replaced(value: Any) -> Any:
+    """`value` with every string, and every object key, through _text."""
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, list):
+        return [_nul_replaced(v) for v in value]
+    if isinstance(value, dict):
+        return {_text(k): _nul_replaced(v) for k, v in value.items()}
     return value
 
 
