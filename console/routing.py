@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote_plus
 
 from channels.auth import AuthMiddleware
 from channels.routing import URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator, WebsocketDenier
 from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
 from django.urls import re_path
+
+from ledger.limits import NUL
 
 from .live import reexecutions, run, runs
 
@@ -39,7 +42,24 @@ routes: list[Any] = [*run.websocket_urlpatterns, *runs.websocket_urlpatterns, *r
 # Channels' router raises and Daphne answers 500.
 no_route: Any = re_path(r"", WebsocketDenier.as_asgi())  # type: ignore[arg-type]  # as the routes above
 
-# Channels' AuthMiddlewareStack (cookies, session, user) with the session middleware above.
+
+class RefuseNul:
+    """A handshake whose path or query holds a NUL character (`%00`) is refused (403) before any
+    consumer looks a run or a workspace up by it: PostgreSQL cannot hold U+0000 in a text
+    parameter (a 500 and a traceback), SQLite can. What console.input_limits does for HTTP."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.denier = WebsocketDenier.as_asgi()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
+        if NUL in scope.get("path", "") or NUL in unquote_plus(scope.get("query_string", b"").decode("latin-1")):
+            return await self.denier(scope, receive, send)
+        return await self.inner(scope, receive, send)
+
+
+# Channels' AuthMiddlewareStack (cookies, session, user) with the session middleware above; both
+# read the session and the user lazily, so nothing is looked up before RefuseNul has looked.
 websocket_application = AllowedHostsOriginValidator(
-    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(URLRouter([*routes, no_route]))))
+    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(RefuseNul(URLRouter([*routes, no_route])))))
 )

@@ -449,6 +449,35 @@ def test_a_key_asked_for_a_role_is_told_which_in_plain_words(api: Client) -> Non
     assert "needs an approver in a console session" in body["error"]["message"]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ws/runs/%00/",
+        "/ws/runs/run_a/?workspace=acme%00/support",
+        "/ws/runs/run_x%00/?workspace=acme/support",
+        "/ws/runs/run_a/?workspace=%00",
+        "/ws/runs/run_a/?after=1%00",
+        "/ws/workspaces/acme%00/support/runs/",
+        "/ws/workspaces/acme/support/runs/?x=%00",
+    ],
+)
+def test_a_nul_in_a_sockets_path_or_query_is_refused_like_any_refused_handshake(admin, append, path: str) -> None:
+    """PostgreSQL cannot take U+0000 in a parameter: looked up, it failed the handshake with an
+    error (a 500 and a traceback under Daphne)."""
+    append("run_a", started())
+    session = session_id(admin)
+
+    async def scenario() -> tuple[bool, Any]:
+        comm = communicator(path, session)
+        connected, code = await comm.connect(timeout=TIMEOUT_S)
+        await comm.disconnect()
+        return connected, code
+
+    # The refusal any refused handshake gets (channels' WebsocketDenier: a close, 403 under Daphne).
+    assert async_to_sync(scenario)() == (False, 1000)
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("call_id", [["a", "b"], {"id": "a"}])
 def test_a_call_id_that_is_not_a_string_is_data_unless_the_type_says_string(api: Client, call_id: Any) -> None:
