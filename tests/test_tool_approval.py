@@ -261,6 +261,19 @@ def test_the_approvals_page_shows_the_waiting_call_and_an_approver_approves_it(
     assert "No tool call waits for approval." in client.get("/w/acme/support/approvals/").content.decode()
 
 
+def test_the_approvals_page_says_the_worker_resumes_the_run_not_a_command(
+    client: Any, workspace: Workspace, approver: User
+) -> None:
+    """The worker resumes a decided run by itself (README, docs/api.md): the page must not send the
+    approver to the command line."""
+    start_run(workspace=workspace, workflow=_mailer([], {"address": "a@example.com"}), input={"subject": "s"})
+    client.force_login(approver)
+    html = client.get("/w/acme/support/approvals/").content.decode()
+    note = html.split('id="tool-calls-note">', 1)[1].split("</p>", 1)[0]
+    assert "the worker resumes the run by itself" in note
+    assert "ledger resume" not in html
+
+
 def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, workspace: Workspace, approver: User) -> None:
     start_run(
         workspace=workspace,
