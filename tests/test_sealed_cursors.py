@@ -140,6 +140,30 @@ def test_a_cursor_of_another_workspace_or_tenant_is_a_400(workspace: Workspace, 
 
 
 @pytest.mark.django_db
+def test_a_runs_list_cursor_and_a_run_s_children_cursor_open_only_for_their_own_list(workspace: Workspace) -> None:
+    """The runs list and a run's children page the same rows of one workspace, but a cursor opens
+    only for the list (and the run) that gave it out (docs/api.md, Conventions)."""
+    ours = _key_client(workspace)
+    for parent in ("run_p1", "run_p2"):
+        _runs(workspace, parent)
+        for n in range(3):
+            log.append(workspace=workspace, run_id=f"{parent}_c{n}", events=[started(parentRunId=parent)])
+    of_list = ours.get(f"{V1}/runs", {"limit": 1}).json()["next"]
+    of_p1 = ours.get(f"{V1}/runs/run_p1/children", {"limit": 1}).json()["next"]
+    assert of_list and of_p1
+    # Each opens where it was made...
+    assert ours.get(f"{V1}/runs", {"limit": 1, "cursor": of_list}).status_code == 200
+    assert [r["runId"] for r in ours.get(f"{V1}/runs/run_p1/children", {"cursor": of_p1}).json()["runs"]] == [
+        "run_p1_c1",
+        "run_p1_c0",
+    ]
+    # ...and nowhere else: not the list for a run's children, nor one run's children for another's.
+    _invalid_cursor(ours.get(f"{V1}/runs/run_p1/children", {"cursor": of_list}))
+    _invalid_cursor(ours.get(f"{V1}/runs", {"cursor": of_p1}))
+    _invalid_cursor(ours.get(f"{V1}/runs/run_p2/children", {"cursor": of_p1}))
+
+
+@pytest.mark.django_db
 def test_another_tenants_audit_cursor_is_a_400(
     workspace: Workspace, other_workspace: Workspace, admin: User, client: Client
 ) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Model
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.models import RunStatus, Workspace
+from ledger.models import Run, RunStatus, Workspace
 from ledger.reads import attention, runlist, selectors, serialize
 
 from .auth import access_for
@@ -18,7 +19,10 @@ from .base import ApiView, run_for
 from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, keyset_cursor, limit_param
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, RunListSerializer, RunSerializer, error_responses
 
-CURSOR_KIND = "runs"  # the runs list and a run's children: one kind of position
+# The runs list and a run's children hold the same kind of position, but each cursor opens only
+# for its own list: the workspace's list, or that one run's children.
+CURSOR_KIND = "runs"
+CHILDREN_KIND = "run-children"
 SORT = OpenApiParameter(
     "sort",
     OpenApiTypes.STR,
@@ -57,10 +61,10 @@ def _sort(request: Request) -> runlist.Sort:
     return runlist.Sort(key=key, descending=descending, nested=False)
 
 
-def _position(request: Request, sort: runlist.Sort, workspace: Workspace) -> runlist.Position | None:
+def _position(request: Request, sort: runlist.Sort, kind: str, scope: Model) -> runlist.Position | None:
     if sort.default:
-        return keyset_cursor(request, kind=CURSOR_KIND, scope=workspace)
-    cursor = decode_cursor(request, kind=CURSOR_KIND, scope=workspace)
+        return keyset_cursor(request, kind=kind, scope=scope)
+    cursor = decode_cursor(request, kind=kind, scope=scope)
     if cursor is None:
         return None
     try:
@@ -69,10 +73,16 @@ def _position(request: Request, sort: runlist.Sort, workspace: Workspace) -> run
         raise InvalidCursor("cursor is not one this API gave out") from None
 
 
-def _runs_page(request: Request, workspace: Workspace, *, needs: str | None = None, **filters: Any) -> dict[str, Any]:
+def _runs_page(
+    request: Request, workspace: Workspace, *, parent: Run | None = None, needs: str | None = None, **filters: Any
+) -> dict[str, Any]:
+    """A page of the workspace's runs, or of `parent`'s direct sub-runs."""
+    kind, scope = (CURSOR_KIND, workspace) if parent is None else (CHILDREN_KIND, parent)
+    if parent is not None:
+        filters["parent_run_id"] = parent.run_id
     limit = limit_param(request)
     sort = _sort(request)
-    position = _position(request, sort, workspace)
+    position = _position(request, sort, kind, scope)
     qs = selectors.filtered_runs(workspace, **filters)
     if needs is not None:
         qs = attention.matching(qs, workspace, needs)
@@ -82,9 +92,7 @@ def _runs_page(request: Request, workspace: Workspace, *, needs: str | None = No
     counts = selectors.children_counts(workspace, [r.run_id for r in page])
     shown = attention.for_runs(workspace, page)
     last = page[-1] if page else None
-    next_cursor = (
-        encode_cursor(runlist.dump_position(sort, last), kind=CURSOR_KIND, scope=workspace) if more and last else None
-    )
+    next_cursor = encode_cursor(runlist.dump_position(sort, last), kind=kind, scope=scope) if more and last else None
     return {"runs": serialize.runs(page, counts, shown), "next": next_cursor}
 
 
@@ -175,7 +183,7 @@ class RunChildrenView(ApiView):
     )
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")
-        return Response(_runs_page(request, run.workspace, parent_run_id=run.run_id))
+        return Response(_runs_page(request, run.workspace, parent=run))
 
 
 urlpatterns = [
