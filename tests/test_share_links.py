@@ -362,11 +362,43 @@ def test_one_changed_character_is_a_404(client: Client, link: str, workspace: Wo
 def test_an_expired_link_is_a_410_that_says_so(client: Client, clock: FakeClock, link: str) -> None:
     assert client.get(f"/s/{link}/").status_code == 200
     clock.advance(hours=24, seconds=1)
-    for url in (f"/s/{link}/", f"/s/{link}/evidence.json"):
-        gone = client.get(url)
-        assert gone.status_code == 410
-        assert "expired" in gone.content.decode() and "text/html" in gone["Content-Type"]
+    gone = client.get(f"/s/{link}/")
+    assert gone.status_code == 410
+    assert "expired" in gone.content.decode() and "text/html" in gone["Content-Type"]
+    gone = client.get(f"/s/{link}/evidence.json")
+    assert gone.status_code == 410 and gone.json()["error"]["details"] == {"reason": "expired"}
     assert ShareLink.objects.get().open_count == 1
+
+
+def test_the_json_refuses_with_the_error_envelope_and_the_page_with_html(
+    client: Client, operator: User, link: str, workspace: Workspace
+) -> None:
+    """evidence.json is read by programs: its 404 and 410 are the error envelope its 429 is
+    (docs/api.md), while the page a person opens keeps its HTML refusal."""
+    tampered = link[:-1] + ("A" if link[-1] != "A" else "B")
+    for url in (f"/s/{tampered}/evidence.json", f"/s/{link}/runs/run_unrelated/evidence.json"):
+        unknown = client.get(url)
+        assert unknown.status_code == 404 and unknown["Content-Type"] == "application/json", url
+        assert unknown.json() == {
+            "error": {"code": "not_found", "message": "There is no share link at this address.", "details": {}}
+        }
+        assert unknown["Cache-Control"] == "no-store"
+    assert "text/html" in client.get(f"/s/{tampered}/")["Content-Type"]
+    sharing.revoke_link(ShareLink.objects.get(), by=operator)
+    for url in (f"/s/{link}/evidence.json", f"/s/{link}/runs/{SUB}/evidence.json"):
+        gone = client.get(url)
+        assert gone.status_code == 410 and gone["Content-Type"] == "application/json", url
+        assert gone.json() == {
+            "error": {
+                "code": "share_link_gone",
+                "message": "This share link was revoked.",
+                "details": {"reason": "revoked"},
+            }
+        }
+        assert gone["X-Robots-Tag"].startswith("noindex") and gone["Cache-Control"] == "no-store"
+    page = client.get(f"/s/{link}/")
+    assert page.status_code == 410 and "text/html" in page["Content-Type"]
+    assert _opened(workspace) == []
 
 
 def test_a_revoked_link_is_a_410_at_once(client: Client, operator: User, link: str, workspace: Workspace) -> None:

@@ -28,7 +28,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from ledger.errors import NotFound
+from ledger.errors import LedgerError, NotFound
 from ledger.models import Run, ShareLink
 from ledger.reads import selectors
 from ledger.reads.subruns import subrun_tree
@@ -78,12 +78,25 @@ GONE_TITLES = {
 }
 
 
+NO_LINK = "There is no share link at this address."
+
+
+def _json_refusal(error: LedgerError) -> HttpResponse:
+    """A refusal of evidence.json: the JSON error envelope its 429 has too, not the HTML page."""
+    return _private(JsonResponse(error.error_body(), status=error.status))
+
+
 def _open(request: HttpRequest, token: str, run_id: str | None, what: str) -> sharing.Opened | HttpResponse:
+    as_json = what == "evidence.json"
     try:
         return sharing.open_link(token, what=what, sub_run_id=run_id)
     except NotFound:
-        return _refusal(request, 404, "Not found", "There is no share link at this address.")
+        if as_json:
+            return _json_refusal(NotFound(NO_LINK))
+        return _refusal(request, 404, "Not found", NO_LINK)
     except sharing.ShareLinkGone as gone:
+        if as_json:
+            return _json_refusal(gone)
         return _refusal(request, 410, GONE_TITLES.get(gone.reason, "Link gone"), gone.message)
 
 
@@ -197,7 +210,7 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
         try:
             sharing.find_link(token)
         except NotFound:
-            return _refusal(request, 404, "Not found", "There is no share link at this address.")
+            return _refusal(request, 404, "Not found", NO_LINK)
         return _refusal(request, 400, "Bad request", after)
     opened = _open(request, token, run_id, "page")
     if isinstance(opened, HttpResponse):
@@ -290,7 +303,7 @@ def _json(body: dict[str, Any]) -> HttpResponse:
 def shared_nothing(request: HttpRequest, token: str, rest: str) -> HttpResponse:
     """Any other path under a link: the same private 404 as an unknown token (Django's own 404
     page would carry none of the headers)."""
-    return _refusal(request, 404, "Not found", "There is no share link at this address.")
+    return _refusal(request, 404, "Not found", NO_LINK)
 
 
 # --- the share panel of the run page (operators and up; a viewer sees neither it nor a way to it) ---------------------------------------
