@@ -439,8 +439,43 @@ def test_other_methods_are_405_with_the_envelope(
     _error(http.post(_url(server, finished_run), headers=read_key), 405, "method_not_allowed")
 
 
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "text/event-stream",  # an EventSource, and the Python client (client/runledger/client)
+        "*/*",  # curl
+        "text/*",
+        "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",  # a browser's address bar
+        None,  # no Accept at all
+    ],
+)
+def test_an_accept_that_admits_the_stream_gets_it(
+    server: Daphne, read_key: dict[str, str], finished_run: str, accept: str | None
+) -> None:
+    with httpx.Client(timeout=TIMEOUT) as client:
+        if accept is None:
+            del client.headers["Accept"]
+        else:
+            client.headers["Accept"] = accept
+        with client.stream("GET", _url(server, finished_run), headers=read_key) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events, end = read_to_end(messages(response))
+    assert [m.sequence for m in events] == [1, 2]
+
+
+@pytest.mark.parametrize("accept", ["application/json", "application/x-ndjson", "text/event-stream;q=0", "garbage"])
+def test_an_accept_that_does_not_admit_the_stream_is_406(
+    server: Daphne, http: httpx.Client, read_key: dict[str, str], finished_run: str, accept: str
+) -> None:
+    """docs/api.md: an Accept no representation satisfies is 406 not_acceptable."""
+    response = http.get(_url(server, finished_run), headers={**read_key, "Accept": accept})
+    _error(response, 406, "not_acceptable")
+
+
 def test_the_schema_documents_the_stream(client: Client) -> None:
     schema = client.get("/api/schema/", {"format": "json"}).json()
     operation = schema["paths"]["/api/v1/runs/{runId}/stream"]["get"]
     assert "text/event-stream" in operation["responses"]["200"]["content"]
+    assert "not_acceptable" in operation["responses"]["406"]["description"]
     assert {p["name"] for p in operation["parameters"]} >= {"runId", "after", "Last-Event-ID"}

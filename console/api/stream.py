@@ -36,7 +36,7 @@ from django.http.response import HttpResponseBase
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
-from rest_framework.exceptions import APIException, NotAuthenticated
+from rest_framework.exceptions import APIException, NotAcceptable, NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
@@ -162,9 +162,20 @@ async def _event_stream(opened: _Opened, slot: Slot) -> AsyncIterator[bytes]:
         slot.release()  # also when the client went away and the response was cancelled
 
 
+def _accepts_events(request: HttpRequest) -> bool:
+    """Whether the Accept header admits `text/event-stream`: as it names it (an EventSource, the
+    Python client), or by `*/*` or `text/*` (curl, a browser's address bar); no Accept admits all."""
+    if not request.headers.get("Accept", "").strip():
+        return True
+    return request.accepts("text/event-stream")
+
+
 @csrf_exempt  # read-only and GET only, like the DRF views (which are exempt too)
 @require_GET
 async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
+    # Before the credentials, as DRF negotiates the content of the other views first.
+    if not _accepts_events(request):
+        return _error_response(NotAcceptable("the stream is text/event-stream, which the Accept header does not admit"))
     try:
         opened = await sync_to_async(_authorize)(request, run_id)
     except (LedgerError, APIException) as exc:
@@ -239,6 +250,7 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
                     e400=["invalid_run_id", "invalid_parameter (after, Last-Event-ID)"],
                     e403=["insufficient_scope"],
                     e404=["not_found (also a run of another workspace)"],
+                    e406=["not_acceptable (an Accept that admits no text/event-stream)"],
                     e429=["too_many_streams"],
                 ),
             },
