@@ -129,6 +129,36 @@ def test_sort_and_filters_are_kept_in_the_url(browser: Client, trees: None) -> N
     assert links(html, "sort-started") == "/w/acme/support/?q=run&subruns=flat"
 
 
+@pytest.mark.parametrize(
+    "api, own",
+    [
+        ("sort=-cost", "sort=cost"),
+        ("sort=cost&order=desc", "sort=cost"),
+        ("order=desc", ""),
+        ("sort=-started", ""),
+        ("sort=started&order=asc", "order=asc"),
+        ("q=run&sort=-tokens&subruns=flat", "q=run&sort=tokens&subruns=flat"),
+    ],
+)
+def test_the_api_s_spelling_of_sort_and_order_opens_the_same_view(
+    browser: Client, trees: None, api: str, own: str
+) -> None:
+    """docs/api.md's `sort=-cost` and `order=desc` are links too: they lead to the view the
+    console's own spelling shows, at its address; the console's own links stay as they were."""
+    answer = browser.get(f"{URL}?{api}")
+    assert answer.status_code == 302, answer.content[:200]
+    assert answer["Location"] == URL + (f"?{own}" if own else "")
+    assert row_ids(browser.get(answer["Location"]).content) == row_ids(browser.get(f"{URL}?{own}").content)
+    assert browser.get(f"{URL}?{own}").status_code == 200  # the console's own spelling is not moved
+    assert browser.get(f"{URL}?{api}", headers={"HX-Request": "true"}).status_code == 302
+
+
+def test_a_descending_key_with_an_ascending_order_is_a_readable_400(browser: Client, trees: None) -> None:
+    """As the API's 400: `sort=-cost&order=asc` asks for both directions."""
+    response = browser.get(f"{URL}?sort=-cost&order=asc")
+    assert response.status_code == 400 and 'role="alert"' in response.content.decode()
+
+
 def _bulk(workspace: Workspace, count: int) -> None:
     start = datetime(2025, 1, 1, tzinfo=UTC)
     Run.objects.bulk_create(

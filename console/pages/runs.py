@@ -164,6 +164,22 @@ def _query(request: HttpRequest, **changes: str) -> str:
     return "?" + urlencode(params) if params else ""
 
 
+def _own_spelling(request: HttpRequest) -> dict[str, str] | None:
+    """`sort`/`order` as the console writes them, when the URL spells them as the API does
+    (docs/api.md): `sort=-cost` or `sort=cost&order=desc` is the console's `sort=cost`, `sort=started`
+    or `-started` its default (no sort), `order=desc` its default order. None when the URL is in
+    the console's spelling already, or names no sort the console has (the form says why). A bare
+    key keeps the console's meaning, highest first, where the API's is ascending."""
+    raw, order = request.GET.get("sort", ""), request.GET.get("order", "")
+    key = raw.removeprefix("-") or "started"
+    if key not in SORT_LABELS or order not in ("", "asc", "desc") or (raw.startswith("-") and order == "asc"):
+        return None
+    own = {"sort": "" if key == "started" else key, "order": order if order == "asc" else ""}
+    if own == {"sort": raw, "order": order}:
+        return None
+    return {**own, "cursor": request.GET.get("cursor", "")}
+
+
 def _sort_columns(request: HttpRequest, sort: runlist.Sort) -> list[dict[str, str]]:
     """Per sortable column, in the table's order: the link that sorts by it (clicked again: the
     other way round) and the aria-sort state of its header."""
@@ -212,6 +228,11 @@ class _HtmxRequest(HttpRequest):
 @require_safe
 def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = member_access(request, tenant, workspace).workspace
+    own = _own_spelling(request)
+    if own is not None:
+        # A link written for the API (`sort=-cost`, `order=desc`) opens the same view, at the
+        # address the console gives it.
+        return redirect(request.path + _query(request, **own))
     if not request.htmx and "" in request.GET.values():
         # The filter form sends every field, the empty ones too: the URL to keep or pass on is
         # the one with what was chosen alone, in the list's one order.
