@@ -17,12 +17,16 @@
   is at most MAX_TEXT characters after trimming, and present where it is required: `written`,
   called by the services, so every transport refuses alike and only shows the domain's message.
   It comes back redacted by the workspace's policy, so a pasted secret is never stored.
+- **Names a tenant chooses** (an API key's, a price override's model, a redaction key name) hold
+  no control or invisible formatting character: a bidi override such as U+202E would make a name
+  read otherwise than it is written on every page that shows it (`hidden_characters`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from array import array
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -203,6 +207,30 @@ def written(
     if len(text) > limit:
         raise error(f"the {label} is at most {limit} characters", field=field, limit=limit)
     return redact_text(text, workspace)
+
+
+# Controls (C0, C1), format characters (bidi embeddings, overrides and isolates, zero widths, the
+# byte order mark, soft hyphens), line and paragraph separators, surrogates and private use.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co"})
+
+
+def hidden_characters(text: str) -> list[str]:
+    """The characters of `text` that a page shows as nothing or that reorder what follows them,
+    as code points ("U+202E"), each once, in order; empty for a name that reads as written."""
+    found = (ch for ch in text if unicodedata.category(ch) in _HIDDEN_CATEGORIES)
+    return [f"U+{ord(ch):04X}" for ch in dict.fromkeys(found)]
+
+
+def plain_name(value: str, *, field: str, label: str, error: type[LedgerError] = InvalidRequest) -> str:
+    """`value` when it holds no hidden character; else `error` naming `field` and the characters."""
+    hidden = hidden_characters(value)
+    if hidden:
+        raise error(
+            f"a {label} cannot hold control or invisible formatting characters ({', '.join(hidden[:5])})",
+            field=field,
+            characters=hidden,
+        )
+    return value
 
 
 def has_nul(value: Any) -> bool:

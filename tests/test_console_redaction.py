@@ -110,6 +110,14 @@ def test_a_bad_pattern_is_a_form_error_and_nothing_changes(
     assert not _changes().exists()
 
 
+def test_a_key_name_with_a_bidi_override_is_a_form_error(browser: Client, workspace: Workspace) -> None:
+    page = _save(browser, keys="customerEmail\nssn\u202e")
+    assert page.status_code == 400
+    assert "control or invisible formatting characters (U+202E)" in page.content.decode()
+    workspace.refresh_from_db()
+    assert workspace.redact_keys == [] and not _changes().exists()
+
+
 def test_too_many_rules_are_a_form_error(browser: Client, workspace: Workspace) -> None:
     page = _save(browser, patterns="\n".join(f"p{i}x" for i in range(51)))
     assert page.status_code == 400 and "at most 50 extra value patterns" in page.content.decode()

@@ -150,6 +150,14 @@ def test_a_refused_override_says_why_next_to_its_field_and_keeps_what_was_typed(
     assert _overrides() == {} and not AuditEntry.objects.filter(action="price_overrides.changed").exists()
 
 
+def test_a_model_name_with_a_bidi_override_is_refused_by_its_field(admin: Any) -> None:
+    answer = as_user(admin).post(SET, {"key": "acme/\u202eesuoh", "input": "1", "output": "2", "reason": "r"})
+    assert answer.status_code == 400
+    html = answer.content.decode()
+    assert "control or invisible formatting characters (U+202E)" in html.split('id="price-key-error">')[1]
+    assert _overrides() == {}
+
+
 def test_overrides_stored_before_they_were_checked_are_shown_and_can_be_removed(
     admin: Any, workspace: Workspace
 ) -> None:

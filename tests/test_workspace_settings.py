@@ -235,6 +235,34 @@ def test_a_key_without_a_scope_is_refused_keeping_what_was_typed(admin: Any) -> 
     assert ApiKey.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    "name", ["invoice\u202egpj.exe", "ci\u2066night\u2069", "zero\u200bwidth", "tab\tbed", "bell\x07"]
+)
+def test_a_key_name_with_control_or_bidi_characters_is_refused_by_its_field(
+    admin: Any, workspace: Workspace, name: str
+) -> None:
+    """A bidi override makes "invoice<U+202E>gpj.exe" read "invoiceexe.jpg" in the keys table: such
+    a name is refused where keys are made, the console's form (by its field) and the command line."""
+    response = as_user(admin).post(CREATE, {"name": name, "scopes": ["read"]})
+    assert response.status_code == 400
+    form = re.search(r'<form id="key-form".*?</form>', response.content.decode(), re.S).group(0)
+    error = re.search(r'class="field field-key-name invalid".*?id="key-name-error">([^<]*)<', form, re.S)
+    assert error and "control or invisible formatting characters (U+" in error.group(1)
+    assert ApiKey.objects.count() == 0 and not AuditEntry.objects.filter(action=audit.Action.API_KEY_CREATED).exists()
+    with pytest.raises(CommandError, match="control or invisible formatting characters"):
+        call_command("ledger", "create-key", "--workspace", "acme/support", "--scopes", "read", "--name", name)
+    assert ApiKey.objects.count() == 0
+
+
+def test_a_key_name_stored_before_the_check_shows_its_hidden_characters(
+    admin: Any, keys: dict[str, tuple[ApiKey, str]]
+) -> None:
+    ApiKey.objects.filter(pk=keys["ci"][0].pk).update(name="invoice\u202egpj.exe")
+    html = as_user(admin).get(PAGE).content.decode()
+    assert "\u202e" not in html
+    assert 'invoice<span class="hidden-char">U+202E</span>gpj.exe' in html
+
+
 def test_making_keys_is_for_admins_and_a_404_for_another_tenant(
     approver: Any, viewer: Any, outsider: Any, client: Client
 ) -> None:

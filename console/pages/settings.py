@@ -176,6 +176,11 @@ def revoke_key(request: HttpRequest, tenant: str, workspace: str, prefix: str) -
     return redirect(reverse("workspace-settings", args=[tenant, workspace]) + "#api-keys")
 
 
+def _sentence(message: str) -> str:
+    """A domain message ("a key name cannot …") as the form's other messages read."""
+    return message[:1].upper() + message[1:] + ("" if message.endswith(".") else ".")
+
+
 @login_required
 @require_POST
 def create_key(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
@@ -194,7 +199,7 @@ def create_key(request: HttpRequest, tenant: str, workspace: str) -> HttpRespons
     try:
         key, secret = tenancy.create_key(workspace=ws, scopes=scopes, name=name, by=admin)
     except LedgerError as exc:
-        errors["scopes"] = exc.message
+        errors["name" if exc.details.get("field") == "name" else "scopes"] = _sentence(exc.message)
         return _page(request, ws, status=400, key_form=_key_form(ws, name=name, scopes=scopes, errors=errors))
     return _page(request, ws, status=201, new_key={"key": key, "secret": secret})
 

@@ -12,10 +12,11 @@ from django.template.base import Node, Parser, Token
 from django.template.context import Context
 from django.template.exceptions import TemplateDoesNotExist
 from django.template.loader import get_template
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from console import format as fmt
+from ledger import limits
 
 register = template.Library()
 
@@ -44,6 +45,23 @@ def elapsed(item: Any) -> str:
 @register.filter
 def coverage(item: Any) -> str:
     return fmt.priced(item)
+
+
+@register.filter
+def shown_name(value: str | None) -> SafeString | str:
+    """A name a tenant chose, with each control or invisible formatting character (a bidi override,
+    a zero width; ledger.limits.hidden_characters) written out as its code point, so the name reads
+    as it is stored. New names cannot hold them; ones stored before they were refused can."""
+    text = "" if value is None else str(value)
+    if not limits.hidden_characters(text):
+        return text
+    parts = [
+        format_html('<span class="hidden-char">{}</span>', f"U+{ord(ch):04X}")
+        if limits.hidden_characters(ch)
+        else conditional_escape(ch)
+        for ch in text
+    ]
+    return mark_safe("".join(parts))  # every part is escaped above
 
 
 @register.filter

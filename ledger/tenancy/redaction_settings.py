@@ -9,13 +9,14 @@ from typing import Any
 from django.db import transaction
 
 from .. import audit
-from ..limits import written
+from ..limits import hidden_characters, written
 from ..log.redaction import (
     BUILTIN_VALUE_RULES,
     SECRET_KEY_NAMES,
     SECRET_WORD_ENDINGS,
     SECRET_WORD_PAIRS,
     TOKEN_NOT_SECRET_AFTER,
+    InvalidRule,
     ValueRule,
     check_rules,
     policy,
@@ -59,6 +60,13 @@ def set_extra_rules(*, workspace: Workspace, keys: Any, patterns: Any, by: Any, 
     in force again changes and audits nothing. Appends from then on use the new rules; events
     already in the log are never rewritten (the log is insert-only)."""
     keys, patterns = check_rules(keys, patterns)
+    for key in keys:
+        hidden = hidden_characters(key)
+        if hidden:
+            raise InvalidRule(
+                f"{key!r} cannot be a key name: it holds control or invisible formatting characters "
+                f"({', '.join(hidden[:5])})"
+            )
     reason = written(reason, field="reason", label="reason", required=False, workspace=workspace)
     ws = Workspace.objects.select_for_update().select_related("tenant").get(pk=workspace.pk)
     before = {"keys": list(ws.redact_keys or []), "patterns": list(ws.redact_value_patterns or [])}

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from .. import audit, clock
 from ..errors import Conflict, LedgerError, NotFound
-from ..limits import written
+from ..limits import plain_name, written
 from ..log import statements
 from ..log.bulk import column, table
 from ..models import ApiKey, Membership, Role, Tenant, Workspace
@@ -310,7 +310,7 @@ def create_key(
     unknown = set(scopes) - set(ApiKey.SCOPES)
     if not scopes or unknown:
         raise LedgerError(f"scopes must be a non-empty subset of {', '.join(ApiKey.SCOPES)}")
-    name = redact_text(name, workspace)
+    name = redact_text(plain_name(name, field="name", label="key name"), workspace)
     prefix = secrets.token_hex(6)
     key = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     api_key = ApiKey.objects.create(
