@@ -126,6 +126,7 @@ ROUTES: dict[str, Route] = {
     RUN + "share-policy/": page({"POST": (None, ADMIN)}),
     RUN: page({"GET": (None, Role.VIEWER)}),
     RUN + "timeline/rows/": page({"GET": (None, Role.VIEWER)}),
+    RUN + "timeline/caption/": page({"GET": (None, Role.VIEWER)}),
     RUN + "header/": page({"GET": (None, Role.VIEWER)}),
     RUN + "waterfall/rows/": page({"GET": (None, Role.VIEWER)}),
     RUN + "waterfall/detail/": page({"GET": (None, Role.VIEWER)}),

@@ -156,7 +156,9 @@ def test_anonymous_is_sent_to_login(client: Client, rich_run: str, tab: str) -> 
     assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
 
 
-@pytest.mark.parametrize("url", [*(f"{BASE}{t}/" for t in TABS), f"{BASE}timeline/rows/?after=0"])
+@pytest.mark.parametrize(
+    "url", [*(f"{BASE}{t}/" for t in TABS), f"{BASE}timeline/rows/?after=0", f"{BASE}timeline/caption/"]
+)
 def test_outsider_gets_404(client: Client, outsider: Any, rich_run: str, url: str) -> None:
     client.force_login(outsider)
     assert client.get(url).status_code == 404
@@ -170,6 +172,7 @@ def test_outsider_gets_404(client: Client, outsider: Any, rich_run: str, url: st
         "/w/acme/support/runs/run_nope/steps/",
         f"{BASE}nonsense/",
         "/w/acme/support/runs/run_nope/timeline/rows/",
+        "/w/acme/support/runs/run_nope/timeline/caption/",
     ],
 )
 def test_unknown_run_or_tab_is_404(client: Client, member: Any, rich_run: str, url: str) -> None:
@@ -324,6 +327,26 @@ def test_a_finished_run_says_finished_and_is_not_live(client: Client, member: An
     html = client.get("/w/acme/support/runs/run_done/").content.decode()
     assert '<span id="live-status" data-state="finished">finished</span>' in html
     assert 'data-finished="1"' in html
+
+
+def test_the_newest_caption_is_fetched_again_while_the_run_moves_and_reads_ended_after(
+    client: Client, member: Any, workspace: Workspace
+) -> None:
+    append(workspace=workspace, run_id="run_moving", events=[started()])
+    client.force_login(member)
+    caption_url = "/w/acme/support/runs/run_moving/timeline/caption/"
+    html = client.get("/w/acme/support/runs/run_moving/").content.decode()
+    assert (
+        f'<span class="muted" id="timeline-caption" data-live-src="{caption_url}">newest events, as they arrive</span>'
+        in html
+    )
+    append(workspace=workspace, run_id="run_moving", events=[ev("RunCompleted")])
+    # What the live page swaps in when the run ends: no longer live, no longer arriving.
+    caption = client.get(caption_url, **HTMX).content.decode().strip()
+    assert caption == '<span class="muted" id="timeline-caption">newest events</span>'
+    assert (
+        'id="timeline-caption">newest events</span>' in client.get("/w/acme/support/runs/run_moving/").content.decode()
+    )
 
 
 def test_rows_fragment_returns_just_the_rows_after(client: Client, member: Any, rich_run: str) -> None:

@@ -381,6 +381,7 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
             "newer_url": f"{base}?after={shown_last}&limit={limit}" if not newest else None,
             "newest_url": base if not newest else None,
             "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
+            "caption_url": reverse("run-timeline-caption", args=[ws.tenant.slug, ws.slug, run.run_id]),
             "ws_path": f"/ws/runs/{run.run_id}/",
         },
     )
@@ -730,6 +731,16 @@ def waterfall_detail(request: HttpRequest, tenant: str, workspace: str, run_id: 
 
 @login_required
 @require_safe
+def timeline_caption(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
+    """The newest page's caption alone: what the live page swaps in when the run moves, so that a
+    run that ends while its page is open stops reading "as they arrive"."""
+    _, run = _run_or_404(request, tenant, workspace, run_id)
+    caption_url = reverse("run-timeline-caption", args=[tenant, workspace, run.run_id])
+    return render(request, "console/run/timeline_caption.html", {"run": run, "caption_url": caption_url})
+
+
+@login_required
+@require_safe
 def timeline_rows(request: HttpRequest, tenant: str, workspace: str, run_id: str) -> HttpResponse:
     """Just the rows after `after` (the live view's catch-up); the last sequence in a header."""
     _, run = _run_or_404(request, tenant, workspace, run_id)
@@ -886,6 +897,7 @@ urlpatterns = [
     path(RUN, run_page, name="run"),
     path(RUN + "header/", header, name="run-header"),
     path(RUN + "timeline/rows/", timeline_rows, name="run-timeline-rows"),
+    path(RUN + "timeline/caption/", timeline_caption, name="run-timeline-caption"),
     path(RUN + "waterfall/rows/", waterfall_rows, name="run-waterfall-rows"),
     path(RUN + "waterfall/detail/", waterfall_detail, name="run-waterfall-detail"),
     path(RUN + "feedback/", feedback, name="run-feedback"),

@@ -3,6 +3,8 @@ the socket drops (every sequence exactly once and in order), and the runs list's
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
@@ -48,6 +50,31 @@ def test_events_appended_by_another_process_appear_without_a_reload(
     page.reload()
     expect(page.locator("#timeline-rows tr.event")).to_have_count(8)
     assert page.locator("#timeline-rows tr.event").all_inner_texts() == live_rows
+
+
+def test_a_run_that_ends_while_its_page_is_open_reads_as_ended(
+    page: Page,
+    server: Daphne,
+    appender: Appender,
+    workspace: Workspace,
+    viewer: User,
+) -> None:
+    """The header and the timeline's caption follow the run to its end without a reload: no
+    "as they arrive" under a run that has finished."""
+    _open_live_run(page, server, workspace, viewer, "run_ending")
+    page.evaluate("window.__notReloaded = true")
+    expect(page.locator("#timeline-caption")).to_have_text("newest events, as they arrive")
+
+    appender.append("run_ending", data.ev("RunCompleted", output={"ok": True}))
+
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "finished")
+    expect(page.locator("#run-status")).to_have_text("completed")
+    expect(page.locator("#timeline-caption")).to_have_text("newest events")
+    expect(page.locator("#timeline-caption")).not_to_have_attribute("data-live-src", re.compile(".*"))
+    assert page.evaluate("window.__notReloaded") is True
+    # As the page reads when opened after the end.
+    page.reload()
+    expect(page.locator("#timeline-caption")).to_have_text("newest events")
 
 
 def test_a_dropped_socket_catches_up_from_the_database_without_duplicates(
