@@ -95,6 +95,7 @@ NARROW_PAGES = (
     "/w/acme/research/runs/run_demo_orchestrator/conversation/",
     "/w/acme/research/runs/run_demo_orchestrator/subruns/",
     "/w/acme/research/runs/run_demo_orchestrator/costs/",
+    "/w/acme/research/runs/run_ol_demo_refine/",  # an outer loop's record: its workflow id is long
     "/w/acme/support/approvals/",
     "/w/acme/support/usage/",
 )

@@ -1,0 +1,159 @@
+"""Long values a run or a request carries, in Chromium: a 100 KB input override on the Approvals
+page, and ids, workflow versions and model names without a space in the run header and timeline,
+never push a page sideways, at 1280 px or at 390 px (docs/operations.md), light or dark; a long
+value is folded to its beginning with a way to read it all. The header's actions read at the size
+of the text around them, not the heading's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+
+from ledger import log
+from ledger.models import Workspace
+from ledger.reexecution import services
+from ledger.runtime.executor import start_run
+from tests.browser.conftest import Daphne, log_in, screenshot_dir
+from tests.conftest import ev, started
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WIDTHS = (1280, 390)
+SCHEMES = ("light", "dark")
+
+
+def _sideways(page: Page) -> int:
+    return int(page.evaluate("() => document.scrollingElement.scrollWidth - window.innerWidth"))
+
+
+def _after_first_refresh(page: Page) -> None:
+    """The live page fetches its list again once its socket opens (static/js/live.js): look at the
+    list after that swap, not at the one it replaces. Polled (the CSP refuses wait_for_function)."""
+    for _ in range(600):
+        if page.evaluate("window.runledgerLive ? window.runledgerLive.refreshes : 0") >= 1:
+            return
+        page.wait_for_timeout(25)
+    raise AssertionError("the Approvals page never fetched its list again")
+
+
+def test_a_100_kb_input_override_is_folded_and_approvals_stay_in_the_window(
+    open_context: Any, server: Daphne, workspace: Workspace, operator: User, approver: User
+) -> None:
+    start_run(workspace=workspace, workflow="support.triage", run_id="run_big_input", input={"ticket": "t"})
+    rx = services.request_reexecution(
+        workspace=workspace,
+        run_id="run_big_input",
+        mode="fork",
+        from_step="normalize",
+        input="x" * 100_000,
+        reason="try a long ticket",
+        by=operator,
+    )
+    wide = {}
+    for width in WIDTHS:
+        for scheme in SCHEMES:
+            page = open_context(viewport={"width": width, "height": 860}, color_scheme=scheme).new_page()
+            log_in(page, server, approver, "/w/acme/support/approvals/")
+            _after_first_refresh(page)
+            card = page.locator(f"#rx-{rx.public_id}")
+            override = card.locator(".input-override")
+            # Its beginning, then a way to read all of it.
+            preview = override.locator("pre.preview")
+            expect(preview).to_be_visible()
+            assert len(preview.inner_text()) <= 502  # PREVIEW_CHARS and the ellipsis
+            summary = override.locator("details summary")
+            expect(summary).to_have_text("Show all 100,002 characters")
+            if _sideways(page) > 0:
+                wide[f"{width} {scheme} folded"] = _sideways(page)
+            if width == 390 and scheme == "light":
+                card.screenshot(path=str(screenshot_dir() / "approvals-long-input-390.png"))
+            summary.click()
+            whole = override.locator("details pre.text")
+            expect(whole).to_be_visible()
+            expect(preview).to_be_hidden()
+            assert whole.evaluate("pre => pre.textContent.length") == 100_002
+            # Open, it scrolls in its own bounded box, not the page.
+            assert whole.evaluate("pre => pre.clientHeight < pre.scrollHeight && pre.clientWidth <= innerWidth")
+            if _sideways(page) > 0:
+                wide[f"{width} {scheme} open"] = _sideways(page)
+    assert wide == {}, f"the Approvals page scrolls sideways by (px): {wide}"
+
+
+def _long_run(workspace: Workspace) -> str:
+    """A failed run whose every header value is as long as the API lets it be, without a space."""
+    parent = "run_" + "p" * 80
+    run_id = "run_" + "a" * 80
+    log.append(workspace=workspace, run_id=parent, events=[started()])
+    log.append(
+        workspace=workspace,
+        run_id=run_id,
+        events=[
+            started(
+                "outer_loop:wfver_" + "w" * 180,
+                parentRunId=parent,
+                replayOf="run_" + "r" * 80,
+                label="l" * 200,
+                input={"k" * 60: "v" * 3000, "short": "s" * 300},
+            ),
+            ev("StepScheduled", stepPath="s" * 200),
+            ev("StepAttemptStarted", stepPath="s" * 200, attempt=1),
+            ev(
+                "harness.model.responded",
+                turn=1,
+                callId="c" * 200,
+                stepPath="s" * 200,
+                model={"provider": "p" * 60, "modelId": "m" * 130},
+                response={"text": "t" * 2000, "usage": {"inputTokens": 10, "outputTokens": 2}},
+            ),
+            ev("RunFailed", error={"name": "E" * 150, "message": "x" * 3000}),
+        ],
+    )
+    return run_id
+
+
+def test_long_unbroken_values_in_the_run_header_and_timeline_break_instead_of_scrolling(
+    open_context: Any, server: Daphne, workspace: Workspace, viewer: User
+) -> None:
+    run_id = _long_run(workspace)
+    wide = {}
+    for width in WIDTHS:
+        for scheme in SCHEMES:
+            page = open_context(viewport={"width": width, "height": 860}, color_scheme=scheme).new_page()
+            log_in(page, server, viewer, f"/w/acme/support/runs/{run_id}/")
+            expect(page.locator("#run-status")).to_have_text("failed")
+            expect(page.locator("#timeline-rows tr.event")).to_have_count(5)
+            if _sideways(page) > 0:
+                wide[f"{width} {scheme}"] = _sideways(page)
+            if width == 390 and scheme == "light":
+                page.locator("#run-header").screenshot(path=str(screenshot_dir() / "run-header-long-values-390.png"))
+    assert wide == {}, f"the run page scrolls sideways by (px): {wide}"
+
+
+def test_the_header_actions_read_at_the_size_of_the_text_light_and_dark(
+    open_context: Any, server: Daphne, workspace: Workspace, operator: User
+) -> None:
+    """Re-execute…, Download evidence (.zip) and Cancel run… are `.action-link`s: outlined like the
+    console's buttons and at the size of the text around them (they were the heading's size)."""
+    log.append(workspace=workspace, run_id="run_actions", events=[started()])
+    for scheme in SCHEMES:
+        page = open_context(color_scheme=scheme).new_page()
+        log_in(page, server, operator, "/w/acme/support/runs/run_actions/")
+        body = page.evaluate("getComputedStyle(document.body).fontSize")
+        for selector in ("#reexecute", "#evidence-zip", "#cancel-run summary"):
+            action = page.locator(selector)
+            expect(action).to_be_visible()
+            style = action.evaluate(
+                """el => { const s = getComputedStyle(el);
+                  return {size: s.fontSize, weight: s.fontWeight, border: s.borderTopStyle, color: s.color,
+                          background: s.backgroundColor, underline: s.textDecorationLine}; }"""
+            )
+            assert float(style["size"].removesuffix("px")) <= float(body.removesuffix("px")), (selector, style)
+            assert style["weight"] == "400" and style["border"] == "solid", (selector, style)
+            assert style["underline"] == "none" and style["color"] != style["background"], (selector, style)
+        page.locator("#run-header").screenshot(path=str(screenshot_dir() / f"run-header-actions-{scheme}.png"))
+        narrow = open_context(viewport={"width": 390, "height": 844}, color_scheme=scheme).new_page()
+        log_in(narrow, server, operator, "/w/acme/support/runs/run_actions/")
+        assert _sideways(narrow) == 0
