@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import date
 from decimal import Context, Decimal
 from pathlib import Path
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from ledger.fold.pricing import (
     LITTLE_WORKFLOW,
+    MAX_OVERRIDE_RATE,
     NO_PRICE,
     USAGE_NOT_REPORTED,
     InvalidOverride,
@@ -24,6 +26,8 @@ from ledger.fold.pricing import (
     parse_price_table,
     price_call,
     price_recorded,
+    prices_for,
+    refused_overrides,
     reports_tokens,
     unpriced_reason,
 )
@@ -483,7 +487,7 @@ def test_totals_of_many_calls_equal_the_decimal_sum(calls: list[tuple[int, int, 
     [
         {"input": 0, "output": 0},  # free
         {"input": 100, "output": 1000, "cachedInput": 0},  # whole dollars, free cache hits
-        {"input": 0.000000000001, "output": 123456789.123456789},  # the smallest and a long rate
+        {"input": 0.000000000001, "output": 123456.123456789},  # the smallest and a long rate
         {"input": 3, "output": 15, "cachedInput": 0.3},
     ],
 )
@@ -511,3 +515,25 @@ def test_lookup_answers_the_same_the_second_time_and_keeps_no_odd_keys() -> None
     assert first[0] == ModelRates(Decimal(9), Decimal(9)) and first[1] == table.rates["openai/gpt-4o"]
     assert first[2:] == [None] * 5
     assert PRICES.lookup("openai.responses", "gpt-4.1") is None  # each table answers from its own rates
+
+
+def test_overrides_stored_that_the_table_refuses_are_left_out_and_named() -> None:
+    @dataclass
+    class Stored:
+        price_overrides: Any
+
+    good = {"acme/house": {"input": 1, "output": 2}}
+    at_bound = Stored({"openai/gpt-4o": {"input": MAX_OVERRIDE_RATE}})
+    assert prices_for(at_bound).lookup("openai", "gpt-4o").input == MAX_OVERRIDE_RATE  # type: ignore[union-attr]
+    assert refused_overrides(at_bound) == {}
+    stored = Stored({"openai/gpt-4o": {"input": 1e300, "output": 1}, **good, "acme/later": {"output": 1}})
+    table = prices_for(stored)
+    assert table.version == prices_for(Stored(good)).version  # the digest of the overrides taken
+    assert table.lookup("openai", "gpt-4o") == PRICES.lookup("openai", "gpt-4o")
+    assert table.lookup("acme", "later") is None
+    assert set(refused_overrides(stored)) == {"openai/gpt-4o", "acme/later"}
+    assert "at most 1,000,000 USD per 1M tokens" in refused_overrides(stored)["openai/gpt-4o"]
+    # A model an earlier override adds may have some rates changed by a later one, as with_overrides takes them.
+    both = Stored({**good, "ACME/house": {"output": 3}})
+    assert refused_overrides(both) == {} and prices_for(both).lookup("acme", "house").output == 3  # type: ignore[union-attr]
+    assert prices_for(Stored(["x"])) is PRICES and "*" in refused_overrides(Stored(["x"]))

@@ -255,3 +255,77 @@ def test_a_long_reprice_goes_in_bounded_tasks_and_a_lost_one_is_queued_again(
     assert (request.status, request.runs, request.runs_changed, request.entries_changed) == ("done", 5, 5, 5)
     assert AuditEntry.objects.filter(action="prices.repriced").count() == 1
     assert {r.cost_usd for r in Run.objects.filter(workspace=workspace)} == {Decimal("0.0015")}
+
+
+def _api(workspace: Workspace) -> Any:
+    from ledger.tenancy.services import create_key
+    from tests.conftest import http_client
+
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
+    return http_client(headers={"Authorization": f"Bearer {key}"})
+
+
+def _gpt_4o_call(run_id: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_prices", "input": {}}},
+        {
+            "type": "harness.model.responded",
+            "payload": {
+                "callId": "c1",
+                "stepPath": "s",
+                "turn": 1,
+                "model": {"provider": "openai", "modelId": "gpt-4o"},
+                "response": {"text": "hi", "usage": {"inputTokens": 1_000_000, "outputTokens": 1_000_000}},
+            },
+        },
+    ]
+
+
+@pytest.mark.parametrize("rate", ["1e300", "1e308", "1000000.01", "5000000"])
+def test_a_rate_whose_costs_the_columns_cannot_hold_is_refused_by_its_field(admin: Any, rate: str) -> None:
+    answer = as_user(admin).post(SET, {"key": "openai/gpt-4o", "input": rate, "output": "1", "reason": "huge"})
+    assert answer.status_code == 400
+    html = answer.content.decode()
+    assert "must be at most 1,000,000 USD per 1M tokens" in html.split('id="price-input-error">')[1].split("</")[0]
+    assert _overrides() == {} and not AuditEntry.objects.filter(action="price_overrides.changed").exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the API's requests end their connections
+def test_the_highest_rate_allowed_prices_a_call_the_columns_hold(admin: Any, workspace: Workspace) -> None:
+    c = as_user(admin)
+    assert c.post(SET, {"key": "openai/gpt-4o", "input": "1000000", "output": "1000000"}).status_code == 302
+    with _api(workspace) as api:
+        answer = api.post("/api/v1/runs/run_dear/events", json={"events": _gpt_4o_call("run_dear")})
+        assert answer.status_code == 200, answer.text
+        assert Decimal(api.get("/api/v1/runs/run_dear").json()["usage"]["costUsd"]) == Decimal(2_000_000)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"openai/gpt-4o": {"input": 1e300, "output": 1e300}},  # written before the bound
+        {"openai/gpt-4o": {"input": "cheap"}, "acme/house": {"input": 1, "output": 2}},  # by hand
+        ["not", "an", "object"],
+    ],
+)
+@pytest.mark.django_db(transaction=True)
+def test_an_override_stored_out_of_bounds_is_left_out_not_a_failed_append(
+    admin: Any, workspace: Workspace, stored: Any
+) -> None:
+    from tests.conftest import ledger_cli
+
+    Workspace.objects.filter(pk=workspace.pk).update(price_overrides=stored)
+    with _api(workspace) as api:
+        answer = api.post("/api/v1/runs/run_huge/events", json={"events": _gpt_4o_call("run_huge")})
+        assert answer.status_code == 200, answer.text
+        # Priced at the shipped rates, as if gpt-4o had no override: $2.50 + $10 for 1M tokens each.
+        assert Decimal(api.get("/api/v1/runs/run_huge").json()["usage"]["costUsd"]) == Decimal("12.5")
+    html = as_user(admin).get(PAGE).content.decode()
+    problem = html.split('id="prices-problem">')[1].split("</div>")[0]
+    assert "priced without them" in problem
+    code, out = ledger_cli("verify")
+    assert code == 1 and "FAIL acme/support price_overrides:" in out and "is left out of the prices" in out
+    assert out.count("FAIL") == 1  # the run itself is what the fold says
+    if isinstance(stored, dict) and "acme/house" in stored:  # the good override beside the bad one holds
+        row = html.split('data-model="acme/house">')[1].split("</tr>")[0]
+        assert ">1<" in row and ">2<" in row

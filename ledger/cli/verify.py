@@ -1,5 +1,6 @@
 """`ledger verify [RUN]`: dense sequences, event ids recomputed, artifact hashes, projections ==
-fold, (without RUN) the daily usage == the cost entries, and (without RUN or --workspace) that
+fold, (without RUN) the daily usage == the cost entries and the workspace's price overrides
+all taken by the price table, and (without RUN or --workspace) that
 every row of the log and its projections names a run that exists; exit 1 on any failure.
 
 `ledger verify --export FILE` and `--bundle FILE` check a file that left the ledger, from the file
@@ -14,6 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger.fold.pricing import refused_overrides
 from ledger.interop import offline
 from ledger.log import rollup
 from ledger.log.verify import Check, run_references, verify_run
@@ -60,6 +62,11 @@ def handle(
         for problem in rollup.differences(space.pk):
             failures += 1
             cmd.stdout.write(f"FAIL {space} usage_rollup: {problem}")
+        # An override stored that the price table refuses is left out of its runs' prices
+        # (pricing.prices_for): the admin meant something else, so it is a failure to fix.
+        for key, why in refused_overrides(space).items():
+            failures += 1
+            cmd.stdout.write(f"FAIL {space} price_overrides: {key!r} is left out of the prices: {why}")
     if spaces:
         cmd.stdout.write(f"checked the daily and monthly usage of {len(spaces)} workspace(s)")
     if not run and not workspace:  # a row whose run is gone belongs to no workspace: only the whole database finds it

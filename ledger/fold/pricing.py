@@ -35,6 +35,10 @@ EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 _ZERO = Decimal(0)
 
 _RATE_KEYS = {"input", "cachedInput", "output"}
+# The highest rate an override may set, USD per 1M tokens ($1 a token, 40,000 times the
+# dearest rate shipped): what the cost columns (numeric(24,12), below 10^12 dollars) can hold
+# a call's, a run's and a day's sums of, with room (docs/operations.md § Prices, "Bounds").
+MAX_OVERRIDE_RATE = Decimal(1_000_000)
 # What an entry of the shipped table may say beside its rates: where they come from (docs/operations.md § Prices).
 _ENTRY_KEYS = _RATE_KEYS | {"source", "sourceDate", "unverified", "littleWorkflow"}
 _new = object.__new__
@@ -207,6 +211,9 @@ class PriceTable:
         )
 
 
+_UNPRICED = ModelRates(input=_ZERO, output=_ZERO)  # a model an override adds, as `_usable` knows it
+
+
 class InvalidOverride(ValueError):
     """A price override `with_overrides` refuses; `problems` says what, by field: `key`, `entry`
     (the entry as a whole), or the rate (`input`, `cachedInput`, `output`)."""
@@ -231,9 +238,14 @@ def override_problems(key: Any, entry: Any, known: Mapping[str, ModelRates]) -> 
     for name in ("input", "cachedInput", "output"):
         if name in entry and not (name == "cachedInput" and entry[name] is None):
             try:
-                _rate(entry[name], key)
+                rate = _rate(entry[name], key)
             except ValueError as exc:
                 problems[name] = str(exc)
+                continue
+            if rate > MAX_OVERRIDE_RATE:
+                problems[name] = (
+                    f"rate for {key!r} must be at most {MAX_OVERRIDE_RATE:,} USD per 1M tokens, got {entry[name]!r}"
+                )
         elif name != "cachedInput" and key.lower() not in known:
             problems[name] = f"price override {key!r} adds a model, so needs input and output"
     return problems
@@ -553,9 +565,43 @@ class PricedRun(Protocol):
 
 def prices_for(workspace: Priced, *, rules: str = NATIVE) -> PriceTable:
     """The price table a workspace's runs are priced with: the shipped one (as Little Workflow
-    prices, for `rules=LITTLE_WORKFLOW`), with the workspace's overrides."""
+    prices, for `rules=LITTLE_WORKFLOW`), with the workspace's overrides. An override stored
+    that `with_overrides` refuses (written before overrides were checked, or before a bound,
+    or by hand) is left out, never a failed append: the table prices that model as if it had no
+    override, and the Prices page and `ledger verify` name it (`refused_overrides`)."""
     table = load_default_prices() if rules != LITTLE_WORKFLOW else _little_workflow_prices()
-    return table.with_overrides(workspace.price_overrides) if workspace.price_overrides else table
+    overrides = workspace.price_overrides
+    if not overrides:
+        return table
+    try:
+        return table.with_overrides(overrides)
+    except (InvalidOverride, AttributeError):  # AttributeError: not an object at all
+        return table.with_overrides(_usable(overrides, table)[0])
+
+
+def refused_overrides(workspace: Priced, *, rules: str = NATIVE) -> dict[str, str]:
+    """The workspace's stored overrides that `prices_for` leaves out, each with why; empty
+    when it takes them all."""
+    table = load_default_prices() if rules != LITTLE_WORKFLOW else _little_workflow_prices()
+    return _usable(workspace.price_overrides or {}, table)[1]
+
+
+def _usable(overrides: Any, table: PriceTable) -> tuple[dict[str, Any], dict[str, str]]:
+    """The overrides `with_overrides` takes, in order, as it lays them over `table`, and the
+    refused ones by key with the reason."""
+    if not isinstance(overrides, Mapping):
+        return {}, {"*": f"the price overrides must be an object of models, got {type(overrides).__name__}"}
+    known = dict(table.rates)  # grows by the models the overrides taken so far add
+    usable: dict[str, Any] = {}
+    refused: dict[str, str] = {}
+    for key, entry in overrides.items():
+        problems = override_problems(key, entry, known)
+        if problems:
+            refused[str(key)] = "; ".join(problems.values())
+            continue
+        usable[key] = entry
+        known.setdefault(key.lower(), _UNPRICED)
+    return usable, refused
 
 
 def prices_of(run: PricedRun) -> PriceTable:

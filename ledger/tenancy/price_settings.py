@@ -32,6 +32,7 @@ from ..fold.pricing import (
     load_default_prices,
     override_problems,
     prices_for,
+    refused_overrides,
 )
 from ..limits import hidden_characters, written
 from ..models import Workspace
@@ -74,11 +75,12 @@ class PriceSheet:
 
 def sheet(workspace: Workspace) -> PriceSheet:
     shipped = load_default_prices()
-    overrides = dict(workspace.price_overrides or {})
-    try:
-        table, problem = prices_for(workspace), ""
-    except ValueError as exc:
-        table, problem = shipped, str(exc)
+    raw = workspace.price_overrides or {}
+    overrides = dict(raw) if isinstance(raw, Mapping) else {}
+    # Overrides the fold leaves out (prices_for): the rows show them without rates in force.
+    refused = refused_overrides(workspace)
+    table, problem = prices_for(workspace), "; ".join(refused.values())
+    refused_keys = {k.lower() for k in refused}
     stored = {str(k).lower(): v if isinstance(v, Mapping) else {} for k, v in overrides.items()}
     keys = list(shipped.rates) + sorted(k for k in stored if k not in shipped.rates)
     rows = [
@@ -86,7 +88,7 @@ def sheet(workspace: Workspace) -> PriceSheet:
             key=key,
             shipped=shipped.rates.get(key),
             override=stored.get(key),
-            rates=None if problem and key in stored else table.rates.get(key),
+            rates=None if key in refused_keys else table.rates.get(key),
         )
         for key in keys
     ]
@@ -134,7 +136,7 @@ def _check(key: str, entry: Mapping[str, Any], overrides: dict[str, Any]) -> Non
         if problems:
             raise InvalidPriceOverride(problems)
         try:
-            prices_for(_Priced(overrides), rules=rules)
+            table.with_overrides(overrides)
         except InvalidOverride as exc:  # another model's override, stored before overrides were checked
             raise InvalidPriceOverride({"entry": f"the workspace's other overrides are refused: {exc}"}) from None
 
