@@ -329,3 +329,32 @@ def test_an_override_stored_out_of_bounds_is_left_out_not_a_failed_append(
     if isinstance(stored, dict) and "acme/house" in stored:  # the good override beside the bad one holds
         row = html.split('data-model="acme/house">')[1].split("</tr>")[0]
         assert ">1<" in row and ">2<" in row
+
+
+@pytest.mark.parametrize(
+    "key, says",
+    [
+        (" openai / gpt ", "this one has a space"),
+        ("openai/gpt\u202e-4o", "U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+        ("openai/gpt\u200b4o", "U+200B (ZERO WIDTH SPACE)"),
+        ("openai/gpt\x074o", "U+0007"),
+        ("openai/", "is not &#x27;provider/modelId&#x27;"),
+        ("/gpt-4o", "is not &#x27;provider/modelId&#x27;"),
+    ],
+)
+def test_a_model_name_with_spaces_or_invisible_characters_is_refused_by_its_field(
+    admin: Any, key: str, says: str
+) -> None:
+    answer = as_user(admin).post(SET, {"key": key, "input": "1", "output": "1"})
+    assert answer.status_code == 400
+    assert says in answer.content.decode().split('id="price-key-error">')[1].split("</")[0]
+    assert _overrides() == {}
+
+
+def test_a_reason_over_its_limit_is_refused_by_its_field_not_cut(admin: Any) -> None:
+    answer = as_user(admin).post(SET, {"key": "openai/gpt-4o", "output": "5", "reason": "x" * 2001})
+    assert answer.status_code == 400
+    assert "at most 2000 characters" in answer.content.decode().split('id="price-reason-error">')[1].split("</")[0]
+    assert _overrides() == {} and not AuditEntry.objects.filter(action="price_overrides.changed").exists()
+    assert as_user(admin).post(SET, {"key": "openai/gpt-4o", "output": "5", "reason": "x" * 2000}).status_code == 302
+    assert len(AuditEntry.objects.get(action="price_overrides.changed").reason) == 2000

@@ -152,7 +152,9 @@ def set_price(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse
         errors["key"] = "Name the model as provider/modelId (openai/gpt-4o)."
     if not errors:
         try:
-            price_settings.set_override(workspace=ws, key=key, rates=rates, by=admin, reason=typed["reason"])
+            # The reason whole: the service refuses one over its limit (typed is cut for the page).
+            reason = request.POST.get("reason", "")
+            price_settings.set_override(workspace=ws, key=key, rates=rates, by=admin, reason=reason)
         except InvalidPriceOverride as exc:
             errors = dict(exc.details["problems"])
         except LedgerError as exc:  # the reason, refused by the domain's limit

@@ -14,6 +14,7 @@ commits, in every process, whenever that process loaded its Workspace (ledger/lo
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -109,6 +110,23 @@ def parse_rate(text: str) -> Any:
     return float(text) if value.is_finite() else text
 
 
+# Characters a model's name never holds: spaces and line breaks (Z*), controls (Cc), format
+# characters (Cf: the bidi overrides such as U+202E, zero-width joiners), and the unassigned,
+# private and surrogate ones. A key with them would look like another model's on the page and in
+# the audit log, and match no call (a harness names its models without them).
+_NOT_IN_A_NAME = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Co", "Cn"})
+
+
+def key_problem(key: str) -> str:
+    """Why `key` (trimmed, lower-cased) holds a character no model's name does; empty when it
+    holds none (its `provider/modelId` shape is the price table's to check)."""
+    for char in key:
+        if unicodedata.category(char) in _NOT_IN_A_NAME:
+            what = "a space" if char == " " else f"U+{ord(char):04X} ({unicodedata.name(char, 'unnamed')})"
+            return f"a model's name holds no spaces, control or invisible characters: this one has {what}"
+    return ""
+
+
 @dataclass
 class _Priced:
     """Overrides not saved yet, as `prices_for` reads a workspace's."""
@@ -122,6 +140,9 @@ def _check(key: str, entry: Mapping[str, Any], overrides: dict[str, Any]) -> Non
     known to ours may be new to it, and then needs input and output)."""
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidPriceOverride({"key": f"a model is at most {MAX_KEY_LENGTH} characters"})
+    problem = key_problem(key)
+    if problem:
+        raise InvalidPriceOverride({"key": problem})
     if not entry:
         raise InvalidPriceOverride({"entry": "give at least one rate to override"})
     for rules in (NATIVE, LITTLE_WORKFLOW):
