@@ -932,6 +932,7 @@ class AuditEntry(models.Model):
         PRICE_OVERRIDES_CHANGED = "price_overrides.changed"
         PRICES_REPRICE_REQUESTED = "prices.reprice_requested"
         PRICES_REPRICED = "prices.repriced"
+        PRICES_REPRICE_FAILED = "prices.reprice_failed"
 
     # The entry's `id` in the API and exports, never changed (migration 0040 gave the entries
     # before it theirs). Unique by the constraint below, which makes no LIKE index beside it.
@@ -1089,6 +1090,7 @@ class RepriceRequest(models.Model):
         QUEUED = "queued"
         RUNNING = "running"
         DONE = "done"
+        FAILED = "failed"  # a run could not be repriced: `failure` says which and why
 
     OPEN = (Status.QUEUED, Status.RUNNING)
 
@@ -1103,6 +1105,7 @@ class RepriceRequest(models.Model):
     runs = models.IntegerField(default=0)  # runs looked at
     runs_changed = models.IntegerField(default=0)
     entries_changed = models.IntegerField(default=0)
+    failure = models.TextField(blank=True)  # why it failed (status failed); empty otherwise
 
     class Meta:
         indexes = [models.Index(fields=["workspace", "-requested_at"], name="reprice_request_latest")]

@@ -358,3 +358,43 @@ def test_a_reason_over_its_limit_is_refused_by_its_field_not_cut(admin: Any) -> 
     assert _overrides() == {} and not AuditEntry.objects.filter(action="price_overrides.changed").exists()
     assert as_user(admin).post(SET, {"key": "openai/gpt-4o", "output": "5", "reason": "x" * 2000}).status_code == 302
     assert len(AuditEntry.objects.get(action="price_overrides.changed").reason) == 2000
+
+
+def test_a_reprice_that_fails_on_a_run_fails_its_request_audited_and_another_may_be_asked(
+    admin: Any, workspace: Workspace
+) -> None:
+    from datetime import timedelta
+
+    from ledger import clock
+
+    c = as_user(admin)
+    assert c.post(SET, {"key": "openai/gpt-4o", "input": "0.0001"}).status_code == 302
+    data.priced_run(workspace, "run_a", "openai", "gpt-4o")
+    # 10^16 input tokens: $10^6 at $0.0001 per 1M; at the highest rate allowed $10^16, which
+    # neither the cost columns (numeric(24,12)) nor money's quantizing hold.
+    data.append(workspace, "run_big", data.started(label="big"), *data.step("answer"))
+    data.append(workspace, "run_big", *data.model_call("answer", 1, "openai", "gpt-4o", (10**16, 0)))
+    assert Run.objects.get(run_id="run_big").cost_usd == Decimal(1_000_000)
+    assert c.post(SET, {"key": "openai/gpt-4o", "input": "1000000"}).status_code == 302
+    assert c.post(REPRICE).status_code == 302
+    _drain()
+    request = RepriceRequest.objects.get()
+    assert request.status == "failed" and request.runs == 1 and request.entries_changed == 1
+    assert request.failure.startswith("run run_big could not be repriced: ")
+    assert Run.objects.get(run_id="run_a").cost_usd == Decimal("1200.003")  # the run before it: repriced
+    failed = AuditEntry.objects.get(action="prices.reprice_failed")
+    assert (failed.actor, failed.target) == ("system:reprice", "acme/support")
+    assert failed.details["failure"] == request.failure and failed.details["runs"] == 1
+    assert not AuditEntry.objects.filter(action="prices.repriced").exists()
+    html = c.get(PAGE).content.decode()
+    assert 'data-status="failed"' in html and "run run_big could not be repriced" in _state(html)
+    assert 'id="reprice-button"' in html  # no longer open: the page offers another
+    # Not open, so the sweep leaves it, however long it stands.
+    with clock.backdated(clock.now() + repricing.STALLED_AFTER + timedelta(seconds=1)):
+        assert repricing.recover_stalled() == []
+    # The cause fixed, a new request goes through.
+    assert c.post(SET, {"key": "openai/gpt-4o", "input": "0.01"}).status_code == 302
+    assert c.post(REPRICE).status_code == 302
+    _drain()
+    assert RepriceRequest.objects.order_by("-pk").first().status == "done"  # type: ignore[union-attr]
+    assert Run.objects.get(run_id="run_big").cost_usd == Decimal(100_000_000)

@@ -13,11 +13,14 @@ then queues the next task for the rest: a long workspace never holds a worker fo
 appends go on meanwhile. The request keeps where it stands (`after_run_pk`) and its counts, so a
 task lost with its worker is queued again by the worker's sweep (`recover_stalled`) and takes up
 after the last run done. The last task marks the request done and writes `prices.repriced`
-(runs, runs changed, entries changed).
+(runs, runs changed, entries changed). A run that cannot be repriced (its costs overflow the
+columns, say) fails the request instead: `failed` with why, audited `prices.reprice_failed`,
+no longer open, so the sweep leaves it and a new one may be asked for.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -39,6 +42,10 @@ RUNS_PER_TASK = 200
 # A request open this long without progress has lost its task: the sweep queues it again.
 STALLED_AFTER = timedelta(minutes=5)
 ACTOR = "system:reprice"
+# What a failed request keeps of the error (the database's or the fold's message) for its admins.
+FAILURE_CHARS = 500
+
+logger = logging.getLogger(__name__)
 
 
 class RepriceInProgress(LedgerError):
@@ -96,7 +103,7 @@ def reprice_workspace(request_pk: int) -> str:
     """Up to RUNS_PER_TASK runs of the request's workspace after where it stands; then the next
     task, or the request done. What it did, for the task's result."""
     request = RepriceRequest.objects.filter(pk=request_pk).first()
-    if request is None or request.status == Status.DONE:
+    if request is None or request.status not in RepriceRequest.OPEN:
         return "nothing to do"
     now = clock.now()
     RepriceRequest.objects.filter(pk=request_pk, status=Status.QUEUED).update(
@@ -108,7 +115,11 @@ def reprice_workspace(request_pk: int) -> str:
         .values_list("pk", flat=True)[:RUNS_PER_TASK]
     )
     for pk in pks:
-        changed = reprice_run(pk)
+        try:
+            changed = reprice_run(pk)
+        except Exception as exc:  # noqa: BLE001 - any failure ends the request, never leaves it open
+            logger.exception("reprice request %s: run pk %s could not be repriced", request_pk, pk)
+            return _fail(request_pk, pk, exc)
         # Counted once per run even if two tasks of the request meet: only the one that moves
         # the request past the run counts it.
         RepriceRequest.objects.filter(pk=request_pk, after_run_pk__lt=pk).update(
@@ -128,8 +139,8 @@ def reprice_workspace(request_pk: int) -> str:
 def _finish(request_pk: int) -> str:
     with transaction.atomic():
         request = RepriceRequest.objects.select_for_update().select_related("workspace__tenant").get(pk=request_pk)
-        if request.status == Status.DONE:
-            return "done before"
+        if request.status not in RepriceRequest.OPEN:
+            return f"{request.status} before"
         request.status, request.finished_at = Status.DONE, clock.now()
         request.save(update_fields=["status", "finished_at"])
         ws = request.workspace
@@ -151,6 +162,37 @@ def _finish(request_pk: int) -> str:
             details=details,
         )
     return f"done: {request.runs} run(s), {request.entries_changed} cost entries changed"
+
+
+def _fail(request_pk: int, run_pk: int, exc: Exception) -> str:
+    """The request failed on one run (its transaction rolled back; the runs before it stay
+    repriced): marked failed with why, audited `prices.reprice_failed`, and no longer open, so
+    the sweep leaves it and an admin may ask again once the cause is fixed."""
+    run_id = Run.objects.filter(pk=run_pk).values_list("run_id", flat=True).first() or "?"
+    failure = f"run {run_id} could not be repriced: {type(exc).__name__}: {exc}"[:FAILURE_CHARS]
+    with transaction.atomic():
+        request = RepriceRequest.objects.select_for_update().select_related("workspace__tenant").get(pk=request_pk)
+        if request.status not in RepriceRequest.OPEN:
+            return f"{request.status} before"
+        request.status, request.finished_at, request.failure = Status.FAILED, clock.now(), failure
+        request.save(update_fields=["status", "finished_at", "failure"])
+        ws = request.workspace
+        audit.record(
+            actor=ACTOR,
+            tenant=ws.tenant,
+            workspace=ws,
+            action=audit.Action.PRICES_REPRICE_FAILED,
+            target=f"{ws.tenant.slug}/{ws.slug}",
+            details={
+                "requestedAt": request.requested_at.isoformat(),
+                "requestedBy": request.requested_by,
+                "runs": request.runs,
+                "runsChanged": request.runs_changed,
+                "entriesChanged": request.entries_changed,
+                "failure": failure,
+            },
+        )
+    return f"failed: {failure}"
 
 
 def recover_stalled() -> list[str]:
