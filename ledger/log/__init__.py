@@ -126,8 +126,11 @@ def _append(
     if attached is not None:
         if db.vendor != "postgresql":
             return None  # the statement is PostgreSQL's; elsewhere the caller's locked way does it all
+        attached_settings = rules.prepared_with(workspace)
         batch = prepare.batch(workspace, events, expected_sequence)
-        return strategies.one_statement(db, workspace, run_id, batch, expected_sequence, fencing_token, tuple(attached))
+        return strategies.one_statement(
+            db, workspace, run_id, batch, expected_sequence, fencing_token, tuple(attached), settings=attached_settings
+        )
     if (
         db.vendor == "postgresql"
         and isinstance(events, list)
@@ -140,15 +143,22 @@ def _append(
         result = strategies.pipelined(db, workspace, run_id, events, expected_sequence, fencing_token)
         if result is not None:
             return result
+    # What the batch is redacted with, read before it is: the head's lock may bring newer rules.
+    redaction = rules.redaction_of(workspace)
+    settings = rules.prepared_with(workspace) if db.vendor == "postgresql" else None
     batch = prepare.batch(workspace, events, expected_sequence, imported=imported)
     if db.vendor == "postgresql":
         result = strategies.one_statement(
-            db, workspace, run_id, batch, expected_sequence, fencing_token, imported=imported, by=by
+            db, workspace, run_id, batch, expected_sequence, fencing_token, imported=imported, by=by, settings=settings
         )
         if result is not None:
             return result
     with transaction.atomic():
         run = strategies.lock_or_create_head(workspace, run_id)
+        if rules.redaction_of(workspace) != redaction:
+            # The workspace's rules changed since this process loaded them (rules.take_stored_settings):
+            # the batch is redacted again with the stored ones before anything is written.
+            batch = prepare.batch(workspace, events, expected_sequence, imported=imported)
         return strategies.locked(run, batch, expected_sequence, fencing_token, imported=imported, by=by)
 
 

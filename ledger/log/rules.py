@@ -16,7 +16,7 @@ same thing; that is why they sit side by side here.
 | idempotent replay | `same_request` on the logged originals | `keys_not_logged`, or the unique index (`GUARDING_CONSTRAINTS`) |
 | a tool call is new | the gateway reads its row | `calls_not_known`, `CLAIM_IS_NEW` |
 | the caller still holds a tool call | `holds` | `held_condition` |
-| the prices in force | `take_stored_prices` on the overrides read with the head | `prices_in_force` |
+| the prices and redaction in force | `take_stored_settings` on the settings read with the head | `settings_in_force` |
 """
 
 from __future__ import annotations
@@ -60,38 +60,52 @@ def check_expected_sequence(expected: int | None, last_sequence: int, *, writes:
         )
 
 
-# --- the prices in force -----------------------------------------------------------------------
+# --- the settings in force ----------------------------------------------------------------------
 
-# A batch is priced with the workspace's overrides as the writer's Workspace holds them, which a
-# long-lived process (a runtime executor, a worker) loaded perhaps long before an admin changed
-# them elsewhere. They must be the stored ones: else the batch, and the state it caches, would
-# keep the old table until a reprice.
+# A batch is redacted with the workspace's redaction rules and priced with its overrides as the
+# writer's Workspace holds them, which a long-lived process (a runtime executor, a worker) loaded
+# perhaps long before an admin changed them elsewhere. They must be the stored ones: else a
+# secret pattern added mid-run would not be applied by that process, and the batch, and the
+# state it caches, would keep the old prices until a reprice.
+
+# The Workspace columns a batch is prepared with, in the order `prepared_with` sends them.
+PREPARED_WITH = ("price_overrides", "redact_keys", "redact_value_patterns")
+# Of them, those `prepare.batch` reads (the rest price the fold).
+REDACTION = ("redact_keys", "redact_value_patterns")
 
 
 @functools.cache
-def prices_in_force() -> str:
-    """The workspace's stored overrides equal the ones the batch was priced with (sent as JSON text,
-    `priced_with`)."""
+def settings_in_force() -> str:
+    """The workspace's stored price overrides and redaction rules equal the ones the batch was
+    prepared with (sent as JSON text, `prepared_with`)."""
+    columns = ", ".join(column(Workspace, name) for name in PREPARED_WITH)
     return (
-        f"(SELECT {column(Workspace, 'price_overrides')} FROM {table(Workspace)}"
-        f" WHERE {column(Workspace, 'id')} = %(workspace_pk)s) = %(price_overrides)s::jsonb"
+        f"(SELECT jsonb_build_array({columns}) FROM {table(Workspace)}"
+        f" WHERE {column(Workspace, 'id')} = %(workspace_pk)s) = %(settings)s::jsonb"
     )
 
 
-def priced_with(workspace: Workspace) -> str:
-    """The overrides a batch of `workspace` is priced with, as `prices_in_force` compares them.
-    Read before the table is built from them (`prices_for`): should another thread give the
-    Workspace the stored ones in between, the check then misses instead of passing on a table
-    the batch was not priced with."""
-    return json_text(workspace.price_overrides)
+def prepared_with(workspace: Workspace) -> str:
+    """The settings a batch of `workspace` is prepared with, as `settings_in_force` compares
+    them. Read before the batch is redacted and the table built (`prices_for`): should another
+    thread give the Workspace the stored ones in between, the check then misses instead of
+    passing on settings the batch was not prepared with."""
+    return json_text([getattr(workspace, name) for name in PREPARED_WITH])
 
 
-def take_stored_prices(workspace: Workspace, stored: Any) -> None:
-    """The overrides `workspace`'s row holds (read with the run's head, under its lock) become
-    the writer's: this batch is priced with them, and the writer's next one-statement appends
-    pass `prices_in_force` again."""
-    if stored != workspace.price_overrides:
-        workspace.price_overrides = stored
+def redaction_of(workspace: Workspace) -> tuple[Any, ...]:
+    """The redaction rules `workspace` holds: what `prepare.batch` redacts with."""
+    return tuple(getattr(workspace, name) for name in REDACTION)
+
+
+def take_stored_settings(workspace: Workspace, stored: Sequence[Any]) -> None:
+    """The settings `workspace`'s row holds (`PREPARED_WITH`, read with the run's head, under its
+    lock) become the writer's: this batch is prepared with them (the caller prepares it again if
+    `redaction_of` changed), and the writer's next one-statement appends pass
+    `settings_in_force` again."""
+    for name, value in zip(PREPARED_WITH, stored, strict=True):
+        if value != getattr(workspace, name):
+            setattr(workspace, name, value)
 
 
 # --- leases and fencing -----------------------------------------------------------------------

@@ -83,10 +83,10 @@ class Guard:
     fencing_token: str | None  # None: the run must not be leased (to anyone, now)
     now: datetime
     keys: tuple[str, ...]  # idempotency keys that the log must not hold yet
-    # The run's workspace and the price overrides the batch was priced with (rules.priced_with):
-    # still the stored ones (rules.prices_in_force).
+    # The run's workspace and the settings the batch was prepared with (rules.prepared_with: its
+    # price overrides and redaction rules): still the stored ones (rules.settings_in_force).
     workspace_pk: int
-    price_overrides: str
+    settings: str
     # Tool calls the batch starts and takes to be new without having read their rows
     # (projection.restore_tool_calls): the projection must not hold them yet.
     new_calls: tuple[str, ...] = ()
@@ -169,7 +169,7 @@ def _update_statement(
             keys=_json_texts(guard.keys),
             new_calls=_json_texts(guard.new_calls),
             workspace_pk=guard.workspace_pk,
-            price_overrides=guard.price_overrides,
+            settings=guard.settings,
         )
     for change in attached:
         params.update(change.params)
@@ -193,15 +193,15 @@ def insert_head(
     recorded_at: datetime,
     changes: Changes,
     *,
-    price_overrides: str,
+    settings: str,
     db: BaseDatabaseWrapper | None = None,
 ) -> int | None:
-    """Create the run's head row (`run_row`: every column) with its first batch, priced with the
-    workspace's `price_overrides` (rules.priced_with); its pk, or None if the row already exists
+    """Create the run's head row (`run_row`: every column) with its first batch, prepared with
+    the workspace's `settings` (rules.prepared_with); its pk, or None if the row already exists
     or those are no longer the stored ones (nothing was written)."""
     return _execute(
         _insert_sql(tuple(run_row), *_shape(len(events), changes)),
-        {"workspace_pk": run_row["workspace_id"], "price_overrides": price_overrides},
+        {"workspace_pk": run_row["workspace_id"], "settings": settings},
         events,
         recorded_at,
         Changes(
@@ -367,7 +367,7 @@ def _update_sql(
     if guard is not None:
         token, keys, new_calls = guard
         terms.append(rules.FENCING_TOKEN if token else rules.NOT_LEASED)
-        terms.append(rules.prices_in_force())
+        terms.append(rules.settings_in_force())
         if keys:
             terms.append(rules.keys_not_logged())
         if new_calls:
@@ -384,7 +384,7 @@ def _insert_sql(run_columns: tuple[str, ...], *rows: RowShape) -> _Statement:
     return _numbered(
         _with_head(
             f"INSERT INTO {table(Run)} ({', '.join(col(Run, n) for n in run_columns)}) "
-            f"SELECT r.* FROM {values_row(Run, run_columns, 'run')} WHERE {rules.prices_in_force()} "
+            f"SELECT r.* FROM {values_row(Run, run_columns, 'run')} WHERE {rules.settings_in_force()} "
             f"ON CONFLICT ({col(Run, 'workspace')}, {col(Run, 'run_id')}) DO NOTHING RETURNING id",
             rows,
         )

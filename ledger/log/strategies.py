@@ -86,12 +86,15 @@ def lock_head(*, workspace: Workspace, run_id: str, columns: tuple[str, ...] | N
     rows = Run.objects.select_for_update()
     if columns is not None:
         rows = rows.only(*columns)
-    # The workspace's price overrides read with the head: the writer's Workspace may be older
-    # than them (rules.take_stored_prices).
-    stored = Workspace.objects.filter(pk=OuterRef("workspace_id")).values("price_overrides")
-    run = rows.annotate(stored_price_overrides=Subquery(stored)).filter(workspace=workspace, run_id=run_id).first()
+    # The workspace's price overrides and redaction rules read with the head: the writer's
+    # Workspace may be older than them (rules.take_stored_settings).
+    stored = {
+        f"stored_{name}": Subquery(Workspace.objects.filter(pk=OuterRef("workspace_id")).values(name))
+        for name in rules.PREPARED_WITH
+    }
+    run = rows.annotate(**stored).filter(workspace=workspace, run_id=run_id).first()
     if run is not None:
-        rules.take_stored_prices(workspace, run.stored_price_overrides)
+        rules.take_stored_settings(workspace, [getattr(run, f"stored_{name}") for name in rules.PREPARED_WITH])
         run.workspace = workspace  # the same row; saves a query on every append and artifact read
     return run
 
@@ -118,15 +121,17 @@ def one_statement(
     attached: tuple[statements.Attached, ...] = (),
     imported: bool = False,
     by: str = "",
+    settings: str | None = None,
 ) -> AppendResult | None:
     """The append on a guess of the run's head, without its lock (PostgreSQL, `db` the default
     connection); None when there is no guess or the database did not confirm it: then nothing
-    was written."""
+    was written. `settings`: what the batch was prepared with (rules.prepared_with, read before
+    it was), by default the Workspace's now."""
     if any(len(p.canonical) > INLINE_LIMIT_BYTES for p in batch):
         return None  # the artifact must be written in the same transaction as its event
     # An imported log's later batches, on the state its first (locked) batch cached: Little
     # Workflow's rules. A client's batch to an imported run misses that cache and is locked.
-    priced_with = rules.priced_with(workspace)
+    prepared_with = rules.prepared_with(workspace) if settings is None else settings
     prices = prices_for(workspace, rules=LITTLE_WORKFLOW if imported else NATIVE)
     cached, new_calls = states.guess(workspace.pk, run_id, prices.version, [(p.type, p.payload) for p in batch])
     if cached is not None:
@@ -157,7 +162,7 @@ def one_statement(
         with transaction.atomic() if atomic else nullcontext():  # the terminal hooks join it
             if run.pk is None:
                 run.pk = statements.insert_head(
-                    _new_head(run, changes), rows, now, changes, price_overrides=priced_with, db=db
+                    _new_head(run, changes), rows, now, changes, settings=prepared_with, db=db
                 )
                 if run.pk is None:
                     return None
@@ -170,7 +175,7 @@ def one_statement(
                     now=now,
                     keys=tuple(p.idempotency_key for p in batch if p.idempotency_key is not None) if guarded else (),
                     workspace_pk=workspace.pk,
-                    price_overrides=priced_with,
+                    settings=prepared_with,
                     new_calls=new_calls if guarded else (),
                 )
                 if not statements.update_head(run.pk, before.last_sequence, rows, now, changes, guard, attached, db=db):
@@ -214,7 +219,7 @@ def pipelined(
     for item in events:  # the run's own lifecycle (a new head, settling a re-execution) goes the usual way
         if item.__class__ is not dict or item.get("type") in rules.MOVES_STATUS:
             return None
-    priced_with = rules.priced_with(workspace)
+    prepared_with = rules.prepared_with(workspace)
     prices = prices_for(workspace)
     cached = STATES.take(workspace.pk, run_id, prices.version)
     if cached is None:
@@ -264,7 +269,7 @@ def pipelined(
                     changes.run, changes.steps, changes.daily_usage = totals.run, totals.steps, totals.daily_usage
                 # Its own transaction: the unique indexes hold the keys and new calls (statements.Guard).
                 guard = statements.Guard(
-                    fencing_token=token, now=now, keys=(), workspace_pk=workspace.pk, price_overrides=priced_with
+                    fencing_token=token, now=now, keys=(), workspace_pk=workspace.pk, settings=prepared_with
                 )
                 pipe.update_head(run.pk, before.last_sequence, part_rows, now, changes, guard)
                 rows += part_rows
