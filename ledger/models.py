@@ -1106,6 +1106,9 @@ class RepriceRequest(models.Model):
     runs_changed = models.IntegerField(default=0)
     entries_changed = models.IntegerField(default=0)
     failure = models.TextField(blank=True)  # why it failed (status failed); empty otherwise
+    # Times the workspace's prices changed while it was open: each sends it over the runs again
+    # from the first (`after_run_pk` 0), and a task of an earlier pass stops.
+    restarts = models.IntegerField(default=0)
 
     class Meta:
         indexes = [models.Index(fields=["workspace", "-requested_at"], name="reprice_request_latest")]

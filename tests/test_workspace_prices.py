@@ -398,3 +398,30 @@ def test_a_reprice_that_fails_on_a_run_fails_its_request_audited_and_another_may
     _drain()
     assert RepriceRequest.objects.order_by("-pk").first().status == "done"  # type: ignore[union-attr]
     assert Run.objects.get(run_id="run_big").cost_usd == Decimal(100_000_000)
+
+
+def test_a_price_change_while_a_reprice_runs_sends_it_over_the_runs_again(
+    admin: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import ledger_cli
+
+    for n in range(4):
+        data.priced_run(workspace, f"run_{n}", "openai", "gpt-4o")
+    c = as_user(admin)
+    assert c.post(SET, {"key": "openai/gpt-4o", "input": "1", "output": "1"}).status_code == 302
+    monkeypatch.setattr(repricing, "RUNS_PER_TASK", 2)
+    assert c.post(REPRICE).status_code == 302
+    request = RepriceRequest.objects.get()
+    assert repricing.reprice_workspace.call(request.pk) == "2 run(s), more to come"  # at $1 and $1
+    # The prices change under it: the two runs it went over would keep the older table.
+    assert c.post(SET, {"key": "openai/gpt-4o", "input": "2", "output": "2"}).status_code == 302
+    request.refresh_from_db()
+    assert (request.status, request.after_run_pk, request.runs, request.restarts) == ("running", 0, 0, 1)
+    _drain()
+    request.refresh_from_db()
+    assert (request.status, request.runs, request.runs_changed, request.entries_changed) == ("done", 4, 6, 6)
+    # Every run at the table in force now: 1,200 + 300 tokens at $2 per 1M.
+    assert {r.cost_usd for r in Run.objects.filter(workspace=workspace)} == {Decimal("0.003")}
+    done = AuditEntry.objects.get(action="prices.repriced")
+    assert done.details["restarts"] == 1 and done.details["runs"] == 4
+    assert ledger_cli("verify")[0] == 0

@@ -37,6 +37,7 @@ from ..fold.pricing import (
 )
 from ..limits import hidden_characters, written
 from ..models import Workspace
+from . import repricing
 
 RATES = ("input", "cachedInput", "output")
 # A long enough model id for every provider's names; the key is stored and audited as typed.
@@ -186,6 +187,7 @@ def _save(
         return False
     ws.price_overrides = overrides
     ws.save(update_fields=["price_overrides"])
+    repricing.restart_open(ws)  # a reprice under way ends on this table, not the one it began with
     audit.record(
         actor=by,
         tenant=ws.tenant,

@@ -15,7 +15,9 @@ task lost with its worker is queued again by the worker's sweep (`recover_stalle
 after the last run done. The last task marks the request done and writes `prices.repriced`
 (runs, runs changed, entries changed). A run that cannot be repriced (its costs overflow the
 columns, say) fails the request instead: `failed` with why, audited `prices.reprice_failed`,
-no longer open, so the sweep leaves it and a new one may be asked for.
+no longer open, so the sweep leaves it and a new one may be asked for. A change of the
+workspace's prices while a request is open sends it over the runs again from the first
+(`restart_open`), so when it is done every run is at the table in force.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def reprice_workspace(request_pk: int) -> str:
     RepriceRequest.objects.filter(pk=request_pk, status=Status.QUEUED).update(
         status=Status.RUNNING, started_at=now, touched_at=now
     )
+    this_pass = request.restarts
     pks = list(
         Run.objects.filter(workspace_id=request.workspace_id, pk__gt=request.after_run_pk)
         .order_by("pk")
@@ -122,25 +125,52 @@ def reprice_workspace(request_pk: int) -> str:
             return _fail(request_pk, pk, exc)
         # Counted once per run even if two tasks of the request meet: only the one that moves
         # the request past the run counts it.
-        RepriceRequest.objects.filter(pk=request_pk, after_run_pk__lt=pk).update(
+        moved = RepriceRequest.objects.filter(pk=request_pk, after_run_pk__lt=pk, restarts=this_pass).update(
             after_run_pk=pk,
             runs=F("runs") + 1,
             runs_changed=F("runs_changed") + (1 if changed else 0),
             entries_changed=F("entries_changed") + changed,
             touched_at=clock.now(),
         )
+        if not moved and _restarted(request_pk, this_pass):
+            return _again(request_pk)
     if len(pks) == RUNS_PER_TASK:
         with transaction.atomic():
             _enqueue(request_pk)
         return f"{len(pks)} run(s), more to come"
-    return _finish(request_pk)
+    return _finish(request_pk, this_pass)
 
 
-def _finish(request_pk: int) -> str:
+def _restarted(request_pk: int, this_pass: int) -> bool:
+    """The prices changed since this task's pass began (restart_open): it is over."""
+    return RepriceRequest.objects.filter(pk=request_pk).exclude(restarts=this_pass).exists()
+
+
+def _again(request_pk: int) -> str:
+    with transaction.atomic():
+        _enqueue(request_pk)
+    return "the prices changed: going over the runs again"
+
+
+def restart_open(workspace: Workspace) -> None:
+    """The workspace's prices changed (in the caller's transaction, under the workspace's row
+    lock): its open request, if any, goes over its runs again from the first, so it ends with
+    every run at the table in force when it is done, not some at the one it began with. The task
+    of the pass under way stops at its next run (`restarts`) and queues the next; the counts of
+    changes go on adding up, the runs gone over count again."""
+    RepriceRequest.objects.filter(workspace=workspace, status__in=RepriceRequest.OPEN).update(
+        restarts=F("restarts") + 1, after_run_pk=0, runs=0, touched_at=clock.now()
+    )
+
+
+def _finish(request_pk: int, this_pass: int) -> str:
     with transaction.atomic():
         request = RepriceRequest.objects.select_for_update().select_related("workspace__tenant").get(pk=request_pk)
         if request.status not in RepriceRequest.OPEN:
             return f"{request.status} before"
+        if request.restarts != this_pass:  # the prices changed since this pass began
+            _enqueue(request_pk)
+            return "the prices changed: going over the runs again"
         request.status, request.finished_at = Status.DONE, clock.now()
         request.save(update_fields=["status", "finished_at"])
         ws = request.workspace
@@ -153,6 +183,8 @@ def _finish(request_pk: int) -> str:
             "runsChanged": request.runs_changed,
             "entriesChanged": request.entries_changed,
         }
+        if request.restarts:
+            details["restarts"] = request.restarts
         audit.record(
             actor=ACTOR,
             tenant=ws.tenant,
