@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from django.db import models
+from django.db import connection, models
 from django.test import Client
 
 from ledger.log.envelopes import log_of
@@ -252,14 +252,14 @@ def test_huge_counts_of_an_unpriced_model_leave_the_days_usage_working(api: Clie
 
 
 def test_a_run_whose_dollars_pass_what_a_total_holds_is_refused(api: Client, workspace) -> None:
-    """Counts within the bound at a workspace's own (very high) rate: the run's cost would pass the
-    twelve digits of its money columns. Refused whole, never a 500."""
-    workspace.price_overrides = {"house/dear": {"input": 2_000_000, "output": 0}}
+    """Counts within the bound at the highest rate a workspace may set ($1 a token): the run's cost
+    would pass the twelve digits of its money columns. Refused whole, never a 500."""
+    workspace.price_overrides = {"house/dear": {"input": 1_000_000, "output": 0}}
     workspace.save()
     most = {"inputTokens": MAX_TOKENS, "outputTokens": 0}
     assert _post(api, "run_d", started(), _answered(most, "dear", provider="house")).status_code == 200
-    assert Run.objects.get(run_id="run_d").cost_usd == 200_000_000_000
-    many = [_answered(most, "dear", call=f"m{i}", provider="house") for i in range(2, 7)]
+    assert Run.objects.get(run_id="run_d").cost_usd == 100_000_000_000
+    many = [_answered(most, "dear", call=f"m{i}", provider="house") for i in range(2, 12)]
     response = _post(api, "run_d", *many)
     _refused(response, "payload.response.usage")
     assert response.json()["error"]["details"]["index"] == 0
@@ -268,16 +268,19 @@ def test_a_run_whose_dollars_pass_what_a_total_holds_is_refused(api: Client, wor
 
 @pytest.mark.django_db(transaction=True)
 def test_a_days_usage_cell_past_its_columns_is_a_refusal_never_a_500(api: Client, workspace) -> None:
-    """Two runs of $600,000,000,000 each fit their own columns; their day's cell of that model adds
-    them up past twelve digits. PostgreSQL's column refuses the sum, which is the append's 400 with
-    the log untouched. (SQLite's columns take the sum as a float: the append is written there.)"""
-    workspace.price_overrides = {"house/dear": {"input": 6_000_000, "output": 0}}
+    """Two runs of $900,000,000,000 each (nine calls at the highest rate allowed) fit their own
+    columns; their day's cell of that model adds them up past twelve digits. PostgreSQL's column
+    refuses the sum, which is the append's 400 with the log untouched. (SQLite's columns take the
+    sum as a float: the append is written there.)"""
+    workspace.price_overrides = {"house/dear": {"input": 1_000_000, "output": 0}}
     workspace.save()
     most = {"inputTokens": MAX_TOKENS, "outputTokens": 0}
-    assert _post(api, "run_1", started(), _answered(most, "dear", provider="house")).status_code == 200
-    second = _post(api, "run_2", started(), _answered(most, "dear", provider="house"))
+    nine = [_answered(most, "dear", call=f"m{i}", provider="house") for i in range(9)]
+    assert _post(api, "run_1", started(), *nine).status_code == 200
+    second = _post(api, "run_2", started(), *nine)
+    assert second.status_code == (400 if connection.vendor == "postgresql" else 200)
     if second.status_code != 200:
         _refused(second, "payload.response.usage")
         assert second.json()["error"]["details"]["index"] == 1
         assert not Run.objects.filter(run_id="run_2").exists()
-    assert Run.objects.get(run_id="run_1").cost_usd == 600_000_000_000
+    assert Run.objects.get(run_id="run_1").cost_usd == 900_000_000_000

@@ -154,7 +154,7 @@ def test_a_model_name_with_a_bidi_override_is_refused_by_its_field(admin: Any) -
     answer = as_user(admin).post(SET, {"key": "acme/\u202eesuoh", "input": "1", "output": "2", "reason": "r"})
     assert answer.status_code == 400
     html = answer.content.decode()
-    assert "control or invisible formatting characters (U+202E)" in html.split('id="price-key-error">')[1]
+    assert "no spaces, control or invisible characters: this one has U+202E" in html.split('id="price-key-error">')[1]
     assert _overrides() == {}
 
 
@@ -370,11 +370,13 @@ def test_a_reprice_that_fails_on_a_run_fails_its_request_audited_and_another_may
     c = as_user(admin)
     assert c.post(SET, {"key": "openai/gpt-4o", "input": "0.0001"}).status_code == 302
     data.priced_run(workspace, "run_a", "openai", "gpt-4o")
-    # 10^16 input tokens: $10^6 at $0.0001 per 1M; at the highest rate allowed $10^16, which
-    # neither the cost columns (numeric(24,12)) nor money's quantizing hold.
+    # Eleven calls of 10^11 input tokens, the most a call may count: $10 each at $0.0001 per 1M;
+    # at the highest rate allowed $10^11 each, $1.1 * 10^12 for the run, which its cost column
+    # (numeric(24,12)) does not hold.
     data.append(workspace, "run_big", data.started(label="big"), *data.step("answer"))
-    data.append(workspace, "run_big", *data.model_call("answer", 1, "openai", "gpt-4o", (10**16, 0)))
-    assert Run.objects.get(run_id="run_big").cost_usd == Decimal(1_000_000)
+    for turn in range(1, 12):
+        data.append(workspace, "run_big", *data.model_call("answer", turn, "openai", "gpt-4o", (10**11, 0)))
+    assert Run.objects.get(run_id="run_big").cost_usd == Decimal(110)
     assert c.post(SET, {"key": "openai/gpt-4o", "input": "1000000"}).status_code == 302
     assert c.post(REPRICE).status_code == 302
     _drain()
@@ -397,7 +399,7 @@ def test_a_reprice_that_fails_on_a_run_fails_its_request_audited_and_another_may
     assert c.post(REPRICE).status_code == 302
     _drain()
     assert RepriceRequest.objects.order_by("-pk").first().status == "done"  # type: ignore[union-attr]
-    assert Run.objects.get(run_id="run_big").cost_usd == Decimal(100_000_000)
+    assert Run.objects.get(run_id="run_big").cost_usd == Decimal(11_000)
 
 
 def test_a_price_change_while_a_reprice_runs_sends_it_over_the_runs_again(

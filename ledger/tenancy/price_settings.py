@@ -35,7 +35,7 @@ from ..fold.pricing import (
     prices_for,
     refused_overrides,
 )
-from ..limits import hidden_characters, written
+from ..limits import written
 from ..models import Workspace
 from . import repricing
 
@@ -216,11 +216,6 @@ def set_override(
     fold would refuse it; False when it is the override in force already."""
     if not isinstance(key, str):
         raise InvalidPriceOverride({"key": "a model is provider/modelId"})
-    hidden = hidden_characters(key)
-    if hidden:
-        raise InvalidPriceOverride(
-            {"key": f"a model name cannot hold control or invisible formatting characters ({', '.join(hidden[:5])})"}
-        )
     entry = {name: rates[name] for name in RATES if name in rates}
     return _save(workspace, key.strip().lower(), entry, by=by, reason=reason)
 
