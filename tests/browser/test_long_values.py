@@ -19,7 +19,9 @@ from ledger.runtime.executor import start_run
 from tests.browser.conftest import Daphne, log_in, screenshot_dir
 from tests.conftest import ev, started
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Layout only: how the pages lay out what they were given is the templates' and the CSS's, the
+# same on both databases (the SQLite pass runs it; about 30 s).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 WIDTHS = (1280, 390)
 SCHEMES = ("light", "dark")
