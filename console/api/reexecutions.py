@@ -270,7 +270,7 @@ class RunReexecutionsView(APIView):
     def get(self, request: Request, run_id: str) -> Response:
         validate_run_id(run_id)
         caller = access_for(request, "read", run_id=run_id)
-        found = list(reexecutions.of_run(caller.workspace, run_id).select_related("workspace__tenant"))
+        found = list(reexecutions.of_run(caller.workspace, run_id))
         made = reexecutions.made_run(caller.workspace, run_id)
         if made is not None and all(r.pk != made.pk for r in found):
             found.insert(0, made)

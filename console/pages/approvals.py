@@ -90,7 +90,7 @@ def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: boo
 def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, Any]]:
     """One card per pending request, except a batch: one card for all of it (one decision)."""
     groups: OrderedDict[str, list[ReexecutionRequest]] = OrderedDict()
-    for rx in reexecutions.pending_approval(ws).select_related("workspace__tenant"):
+    for rx in reexecutions.pending_approval(ws):
         rx.workspace = ws
         groups.setdefault(rx.batch_id or rx.public_id, []).append(rx)
     cards = []
