@@ -50,7 +50,10 @@ def _background_luminance(page: Page) -> float:
 
 def _shoot(page: Page, name: str, backgrounds: dict[str, list[float]], element: str = "") -> None:
     """Both schemes of the page as it is, switched in place (no second login, no reload); with
-    `element`, only that part of it (the run header)."""
+    `element`, only that part of it (the run header). After a form's click the new page's
+    elements can be visible before its stylesheets have loaded (a transparent body, read as
+    black): the page is photographed loaded."""
+    page.wait_for_load_state("load")
     for scheme in SCHEMES:
         page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
         backgrounds[scheme].append(_background_luminance(page))
