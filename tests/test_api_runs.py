@@ -21,6 +21,7 @@ from ledger.demo.data import _summarize_run
 from ledger.log import append
 from ledger.log.leases import acquire_run_lease
 from ledger.models import Artifact, Run, Workspace
+from ledger.reads.subruns import subrun_tree
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import IN_PROCESS, http_client, log_in, started
 
@@ -268,6 +269,7 @@ def test_another_tenants_objects_are_404_on_every_route(
 
 RUN_FIELDS = {
     "attention",
+    "treeUsage",
     "cancelled",
     "runId",
     "workflowVersionId",
@@ -312,6 +314,7 @@ def test_run_object_is_the_documented_shape(api: httpx.Client, rich_run: str) ->
         "evidence": "/api/v1/runs/run_rich/evidence",
         "events": "/api/v1/runs/run_rich/events",
     }
+    assert set(run["treeUsage"]) == USAGE_FIELDS
     child = api.get(f"{V1}/runs/run_rich_child").json()
     assert child["parentRunId"] == "run_rich" and child["rootRunId"] == "run_rich" and child["children"] == 0
 
@@ -455,6 +458,53 @@ def test_children_lists_direct_sub_runs(api: httpx.Client, rich_run: str) -> Non
     assert body["runs"][0]["children"] == 1
     grandchild = api.get(f"{V1}/runs/run_grandchild").json()
     assert grandchild["rootRunId"] == "run_rich"
+
+
+def test_tree_usage_sums_every_run_below_any_depth(api: httpx.Client, workspace: Workspace) -> None:
+    """API.md's `treeUsage`: the run's usage and that of every run below it, on every read of a run
+    object (one run, the list, children, the evidence bundle and its sub-runs), equal to the run
+    page's *Cost with sub-runs*. An unpriced call in the tree counts as unpriced, not as $0."""
+    post_events(api, "run_t_root", started("wfver_t"), _answer("c1", {"inputTokens": 1000, "outputTokens": 100}))
+    post_events(
+        api,
+        "run_t_mid",
+        started("wfver_t", parentRunId="run_t_root"),
+        _answer("c1", {"inputTokens": 2000, "outputTokens": 200}),
+    )
+    post_events(api, "run_t_leaf", started("wfver_t", parentRunId="run_t_mid"), _answer("c1", {}))  # unpriced
+    post_events(
+        api,
+        "run_t_side",
+        started("wfver_t", parentRunId="run_t_root"),
+        _answer("c1", {"inputTokens": 4000, "outputTokens": 400}),
+    )
+    post_events(api, "run_t_alone", started("wfver_t"), _answer("c1", {"inputTokens": 8000, "outputTokens": 800}))
+    runs = {r["runId"]: r for r in api.get(f"{V1}/runs?limit=500").json()["runs"]}
+
+    def tokens(run: dict[str, Any]) -> tuple[int, int, int, int]:
+        tree = run["treeUsage"]
+        return tree["inputTokens"], tree["outputTokens"], tree["pricedCalls"], tree["unpricedCalls"]
+
+    assert tokens(runs["run_t_root"]) == (7000, 700, 3, 1)
+    assert tokens(runs["run_t_mid"]) == (2000, 200, 1, 1)
+    assert tokens(runs["run_t_leaf"]) == (0, 0, 0, 1) and runs["run_t_leaf"]["treeUsage"]["costUsd"] is None
+    for alone in ("run_t_side", "run_t_alone"):
+        assert runs[alone]["treeUsage"] == runs[alone]["usage"]
+    root = runs["run_t_root"]
+    parts = [runs[r]["usage"]["costUsd"] or 0 for r in ("run_t_root", "run_t_mid", "run_t_side")]
+    assert root["treeUsage"]["costUsd"] == pytest.approx(sum(parts)) and root["usage"]["inputTokens"] == 1000
+    assert api.get(f"{V1}/runs/run_t_root").json()["treeUsage"] == root["treeUsage"]
+    assert api.get(f"{V1}/runs/run_t_mid").json()["treeUsage"] == runs["run_t_mid"]["treeUsage"]
+    children = {r["runId"]: r for r in api.get(f"{V1}/runs/run_t_root/children").json()["runs"]}
+    assert children["run_t_mid"]["treeUsage"] == runs["run_t_mid"]["treeUsage"]
+    bundle = api.get(f"{V1}/runs/run_t_root/evidence").json()
+    assert bundle["run"]["treeUsage"] == root["treeUsage"]
+    assert {r["runId"]: r["treeUsage"] for r in bundle["subRuns"]} == {
+        "run_t_mid": runs["run_t_mid"]["treeUsage"],
+        "run_t_side": runs["run_t_side"]["treeUsage"],
+    }
+    tree = subrun_tree(Run.objects.get(workspace=workspace, run_id="run_t_root")).usage
+    assert root["treeUsage"]["costUsd"] == float(tree.cost_usd or 0) and tree.input_tokens == 7000
 
 
 def test_events_page_by_sequence(api: httpx.Client, rich_run: str) -> None:

@@ -17,6 +17,7 @@ from console.api import schema
 from ledger.log import append
 from ledger.models import Artifact, Run, Workspace
 from ledger.reads import attention, selectors, serialize
+from ledger.reads.subruns import tree_usages
 from ledger.reads.usage import usage_rows
 from ledger.replay.evidence import evidence_bundle
 from ledger.replay.feedback import record_feedback
@@ -84,9 +85,10 @@ def run(workspace: Workspace) -> Run:
 
 def test_run_and_run_list(run: Run) -> None:
     needs = attention.Attention(attention.RETRY_SCHEDULED, run.finished_at, {"stepPath": "s", "retryAt": "x"})
-    _matches(schema.RunSerializer(), serialize.run(run, children=1, attention=needs), "run")
-    _matches(schema.RunSerializer(), serialize.run(run, children=1, attention=None), "run")
-    _matches(schema.RunListSerializer(), {"runs": serialize.runs([run], {}, {}), "next": None}, "runs")
+    trees = tree_usages(run.workspace, [run], {run.run_id: 1})
+    _matches(schema.RunSerializer(), serialize.run(run, children=1, attention=needs, tree=trees[run.run_id]), "run")
+    _matches(schema.RunSerializer(), serialize.run(run, children=1, attention=None, tree=trees[run.run_id]), "run")
+    _matches(schema.RunListSerializer(), {"runs": serialize.runs([run], {}, {}, trees), "next": None}, "runs")
 
 
 def test_events(run: Run) -> None:

@@ -14,6 +14,7 @@ from ledger.log import AppendResult
 from ledger.log.verify import verify_run
 from ledger.models import Run, Step
 from ledger.reads import serialize
+from ledger.reads.subruns import own_usage
 from tests.conftest import envelopes, ev, started
 
 ITEMS: list[tuple[str, dict[str, Any]]] = [
@@ -56,6 +57,6 @@ def test_the_run_and_its_steps_read_the_same_through_the_api(append: Callable[..
     assert run.finished_at == datetime(2026, 1, 1, 9, 0, 5, tzinfo=UTC)
     step = Step.objects.get(run=run, step_path="a")
     assert (step.finished_at - step.started_at).total_seconds() == 2.499999
-    shown = serialize.run(run, children=0, attention=None)
+    shown = serialize.run(run, children=0, attention=None, tree=own_usage(run))
     assert (shown["startedAt"], shown["finishedAt"]) == ("2026-01-01T08:59:59.999Z", "2026-01-01T09:00:05.000Z")
     assert all(check.status == "pass" for check in verify_run(run))

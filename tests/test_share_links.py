@@ -548,7 +548,10 @@ def test_sub_runs_only_below_the_run_and_only_when_included(client: Client, oper
     assert client.get(f"/s/{without}/runs/{SUB}/").status_code == 404
     page = client.get(f"/s/{without}/").content.decode()
     assert SUB not in page and 'id="subruns"' not in page
-    assert client.get(f"/s/{without}/evidence.json").json()["subRuns"] == []
+    left_out = client.get(f"/s/{without}/evidence.json").json()
+    assert left_out["subRuns"] == [] and left_out["run"]["treeUsage"] is None  # what they spent is theirs
+    included = client.get(f"/s/{below}/evidence.json").json()
+    assert included["run"]["treeUsage"] is not None and included["subRuns"][0]["treeUsage"] is not None
 
 
 # --- the workspace's policy: hide model inputs and tool arguments -------------------------------

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ledger.models import Run, RunStatus, Workspace
-from ledger.reads import attention, runlist, selectors, serialize
+from ledger.reads import attention, runlist, selectors, serialize, subruns
 
 from .auth import access_for
 from .base import ApiView, run_for
@@ -91,9 +91,10 @@ def _runs_page(
         row.workspace = workspace
     counts = selectors.children_counts(workspace, [r.run_id for r in page])
     shown = attention.for_runs(workspace, page)
+    trees = subruns.tree_usages(workspace, page, counts)
     last = page[-1] if page else None
     next_cursor = encode_cursor(runlist.dump_position(sort, last), kind=kind, scope=scope) if more and last else None
-    return {"runs": serialize.runs(page, counts, shown), "next": next_cursor}
+    return {"runs": serialize.runs(page, counts, shown, trees), "next": next_cursor}
 
 
 class RunListView(ApiView):
@@ -164,7 +165,10 @@ class RunDetailView(ApiView):
     def get(self, request: Request, run_id: str) -> Response:
         _, run = run_for(request, run_id, "read")
         counts = selectors.children_counts(run.workspace, [run.run_id])
-        return Response(serialize.run(run, children=counts.get(run.run_id, 0), attention=attention.of_run(run)))
+        tree = subruns.tree_usages(run.workspace, [run], counts)[run.run_id]
+        return Response(
+            serialize.run(run, children=counts.get(run.run_id, 0), attention=attention.of_run(run), tree=tree)
+        )
 
 
 class RunChildrenView(ApiView):

@@ -204,6 +204,11 @@ class RunSerializer(serializers.Serializer):
         help_text="what a person must do for the run to move on, or null; the most urgent when there are several",
     )
     cancelled = serializers.BooleanField(help_text="ended by a cancel; the reason is error.message")
+    treeUsage = UsageSerializer(
+        allow_null=True,
+        help_text="usage summed over the run and every run below it, any depth (its own usage when it has no "
+        "sub-runs); null only in a share link's bundle that leaves the sub-runs out",
+    )
 
 
 class RunListSerializer(serializers.Serializer):

@@ -11,7 +11,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ..fold.pricing import unpriced_reason
+from ..fold.pricing import UsageTotals, unpriced_reason
 from ..log.envelopes import format_recorded_at
 from ..models import Artifact, CostEntry, Feedback, Run, Step, ToolCall, UsageColumns
 from .attention import Attention
@@ -34,7 +34,7 @@ def _or_none(value: str) -> str | None:
     return value or None
 
 
-def usage(row: UsageColumns) -> dict[str, Any]:
+def usage(row: UsageColumns | UsageTotals) -> dict[str, Any]:
     """`{inputTokens, …, costUsd (number|null), pricedCalls, unpricedCalls}` from usage columns."""
     return {
         "inputTokens": row.input_tokens,
@@ -57,9 +57,10 @@ def run_links(run: Run) -> dict[str, str]:
     }
 
 
-def run(row: Run, *, children: int, attention: Attention | None) -> dict[str, Any]:
+def run(row: Run, *, children: int, attention: Attention | None, tree: UsageTotals) -> dict[str, Any]:
     """docs/api.md's run object. `row` must come with `workspace__tenant` selected; `attention`
-    from ledger.reads.attention (for_runs, of_run)."""
+    from ledger.reads.attention (for_runs, of_run); `tree` the usage of the run and every run
+    below it (ledger.reads.subruns.tree_usages)."""
     return {
         "runId": row.run_id,
         "workflowVersionId": _or_none(row.workflow_version_id),
@@ -79,11 +80,20 @@ def run(row: Run, *, children: int, attention: Attention | None) -> dict[str, An
         "links": run_links(row),
         "attention": None if attention is None else attention.to_json(),
         "cancelled": is_cancelled(row),
+        "treeUsage": usage(tree),
     }
 
 
-def runs(rows: Iterable[Run], children: Mapping[str, int], attention: Mapping[str, Attention]) -> list[dict[str, Any]]:
-    return [run(r, children=children.get(r.run_id, 0), attention=attention.get(r.run_id)) for r in rows]
+def runs(
+    rows: Iterable[Run],
+    children: Mapping[str, int],
+    attention: Mapping[str, Attention],
+    trees: Mapping[str, UsageTotals],
+) -> list[dict[str, Any]]:
+    return [
+        run(r, children=children.get(r.run_id, 0), attention=attention.get(r.run_id), tree=trees[r.run_id])
+        for r in rows
+    ]
 
 
 def step(row: Step) -> dict[str, Any]:

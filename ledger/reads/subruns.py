@@ -3,11 +3,14 @@ aggregate's cost is NULL only when every call in it is unpriced; a true 0 means 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.db.models import Q
+
 from ..fold.pricing import UsageTotals
-from ..models import Run, RunStatus
+from ..models import Run, RunStatus, Workspace
 from . import selectors
 
 
@@ -68,3 +71,48 @@ def subrun_tree(run: Run) -> SubRunTree:
         return node
 
     return build(run)
+
+
+_USAGE = (
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "priced_calls",
+    "unpriced_calls",
+)
+
+
+def tree_usages(workspace: Workspace, runs: Sequence[Run], children: Mapping[str, int]) -> dict[str, UsageTotals]:
+    """Each run's usage summed over it and every run below it, any depth (the API's `treeUsage`;
+    the same sum as `subrun_tree(run).usage`, which the run page shows). A run without sub-runs
+    (`children`: direct sub-runs per run id, selectors.children_counts) has its own; the families of
+    the others are read in one query, the usage columns only."""
+    trees = {r.run_id: own_usage(r) for r in runs}
+    parents = [r for r in runs if children.get(r.run_id)]
+    if not parents:
+        return trees
+    ids = {r.run_id for r in parents}
+    roots = {r.root_run_id or r.run_id for r in parents} | ids
+    rows = (
+        selectors.runs(workspace)
+        .filter(Q(root_run_id__in=roots) | Q(parent_run_id__in=ids))
+        .exclude(parent_run_id="")
+        .values_list("pk", "run_id", "parent_run_id", *_USAGE)
+    )
+    below: dict[str, list[tuple[int, str, UsageTotals]]] = {}
+    for pk, run_id, parent_run_id, *columns in rows:
+        below.setdefault(parent_run_id, []).append((pk, run_id, UsageTotals(**dict(zip(_USAGE, columns)))))
+    for run in parents:
+        seen = {run.pk}
+        total = own_usage(run)
+        stack = [run.run_id]
+        while stack:
+            for pk, run_id, usage in below.get(stack.pop(), ()):
+                if pk not in seen:
+                    seen.add(pk)
+                    total = total.merge(usage)
+                    stack.append(run_id)
+        trees[run.run_id] = total
+    return trees

@@ -20,7 +20,7 @@ from ..log import artifacts as artifact_store
 from ..log import proofs
 from ..log.envelopes import formatted_in_sql
 from ..models import CostEntry, Feedback, Run, Step, ToolCall
-from ..reads import attention, reexecutions, selectors, serialize
+from ..reads import attention, reexecutions, selectors, serialize, subruns
 from .plan import replay_plan
 from .stored_plan import plan_of_checked
 
@@ -132,15 +132,18 @@ def evidence_bundle(run: Run) -> dict[str, Any]:
     sub_runs = list(selectors.filtered_runs(workspace, parent_run_id=run.run_id).order_by("created_at", "pk"))
     counts = selectors.children_counts(workspace, [run.run_id, *(r.run_id for r in sub_runs)])
     needs = attention.for_runs(workspace, [run, *sub_runs])
+    trees = subruns.tree_usages(workspace, [run, *sub_runs], counts)
     return {
-        "run": serialize.run(run, children=counts.get(run.run_id, 0), attention=needs.get(run.run_id)),
+        "run": serialize.run(
+            run, children=counts.get(run.run_id, 0), attention=needs.get(run.run_id), tree=trees[run.run_id]
+        ),
         "steps": [serialize.step(s) for s in _rows(Step, run, "position")],
         "toolCalls": [serialize.tool_call(c) for c in _rows(ToolCall, run, "position")],
         "artifacts": checked["artifacts"],
         "costs": [serialize.cost(c) for c in _rows(CostEntry, run, "sequence")],
         "approvals": approvals(run),
         "feedback": feedback(run),
-        "subRuns": serialize.runs(sub_runs, counts, needs),
+        "subRuns": serialize.runs(sub_runs, counts, needs, trees),
         "usage": serialize.usage(run),
         "integrity": checked["integrity"],
         "replayReady": checked["replayReady"],

@@ -389,6 +389,7 @@ def shared_bundle(
         ]
     else:
         shared["subRuns"] = []
+        shared["run"]["treeUsage"] = None  # the sub-runs' spending is theirs, and they are not shared
     shared["approvals"] = [_anonymous_approval(a) for a in shared["approvals"] if a["status"] not in UNDECIDED]
     shared["feedback"] = [_anonymous_feedback(f) for f in shared["feedback"]]
     if hide_inputs:
