@@ -140,6 +140,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "console.htmx_login.HtmxLoginRedirectMiddleware",
+    # A method an address does not take: the console's 405 page, not Django's empty answer.
+    "console.pages.errors.MethodNotAllowedMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]

@@ -3,13 +3,20 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+# Django's form views also take PUT (as POST, with an empty form): a form here is sent with POST.
+FORM_METHODS = ["get", "post", "head", "options"]
+
 urlpatterns = [
     path("api/", include("console.api.urls")),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", auth_views.LoginView.as_view(http_method_names=FORM_METHODS), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     # A signed-in user's own password (a member added on Settings → Members starts with a
     # one-time one): Django's views, which ask for the current password and keep the session.
-    path("accounts/password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path(
+        "accounts/password/",
+        auth_views.PasswordChangeView.as_view(http_method_names=FORM_METHODS),
+        name="password_change",
+    ),
     path("accounts/password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
     path("", include("console.pages.concepts")),
     path("", include("console.pages.runs")),

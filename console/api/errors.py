@@ -100,7 +100,10 @@ class ApiErrorMiddleware:
         response = self.get_response(request)
         content_type = response.get("Content-Type", "")
         if response.status_code in _PAGES and not content_type.startswith(("application/json", "text/event-stream")):
-            return JsonResponse(error_body(*_PAGES[response.status_code]), status=response.status_code)
+            replaced = JsonResponse(error_body(*_PAGES[response.status_code]), status=response.status_code)
+            if "Allow" in response:  # a 405 names the methods the path takes (RFC 9110 §15.5.6)
+                replaced["Allow"] = response["Allow"]
+            return replaced
         return response
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:

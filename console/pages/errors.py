@@ -1,6 +1,7 @@
-"""The console's error pages: 400, 403, 404, 410 and 500 in the console's layout, each with a way
-back (Django's handler400/403/404/500, set in console/urls.py, CSRF_FAILURE_VIEW, and `error_page`
-for the views' own refusals).
+"""The console's error pages: 400, 403, 404, 405, 410 and 500 in the console's layout, each with a
+way back (Django's handler400/403/404/500, set in console/urls.py, CSRF_FAILURE_VIEW,
+`MethodNotAllowedMiddleware` for a method an address does not take, and `error_page` for the
+views' own refusals).
 
 A 404 never says more than "not found" (another tenant's object reads as one that does not
 exist, docs/design.md §2). Under /api/ console/api/errors.py turns these into the API's error
@@ -10,6 +11,7 @@ the database is what failed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseServerError
@@ -29,6 +31,7 @@ TITLES = {
     400: "Bad request",
     403: "Not allowed",
     404: "Not found",
+    405: "Method not allowed",
     410: "Gone",
     500: "Something went wrong",
 }
@@ -119,17 +122,64 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     htmx = getattr(request, "htmx", None)
     if htmx:
         return _form_expired(request, htmx)
-    referer = request.META.get("HTTP_REFERER", "")
-    same_site = url_has_allowed_host_and_scheme(referer, {request.get_host()}, require_https=request.is_secure())
     return error_page(
         request,
         403,
         "This form expired: you logged in again, or your session ended, since the page was loaded. "
         "Reload the page and submit the form again.",
         title="The form expired",
-        back_url=referer if referer and same_site else "",
+        back_url=_same_site_page(request),
         back_label="Back to the form",
     )
+
+
+def _same_site_page(request: HttpRequest) -> str:
+    """The console page the request came from (htmx's current URL, else a Referer of this site),
+    or ""."""
+    htmx = getattr(request, "htmx", None)
+    if htmx and htmx.current_url_abs_path:
+        return str(htmx.current_url_abs_path)
+    referer = request.META.get("HTTP_REFERER", "")
+    same_site = url_has_allowed_host_and_scheme(referer, {request.get_host()}, require_https=request.is_secure())
+    return referer if referer and same_site else ""
+
+
+def method_not_allowed(request: HttpRequest, allow: str) -> HttpResponse:
+    """405 in the console's layout, its `Allow` kept: an action's address opened as a page (a
+    form's URL pasted in the address bar, a bookmark of it) says so and leads back to the page the
+    form is on; any other method names the ones the address takes."""
+    allowed = [m.strip() for m in allow.split(",") if m.strip()]
+    method = (request.method or "")[:20]
+    if method in ("GET", "HEAD"):
+        message = (
+            "This address is where a console form is sent, not a page to open. "
+            "Go back to the page the form is on and send it from there."
+        )
+    else:
+        message = f"This address does not take a {method} request; it takes {', '.join(allowed) or 'none'}."
+    back = _same_site_page(request)
+    response = error_page(request, 405, message, back_url=back, back_label="Back to the page" if back else "")
+    response["Allow"] = allow
+    return response
+
+
+class MethodNotAllowedMiddleware:
+    """Django's answer to a method a view does not take (`require_POST`, `require_safe`, a class
+    view's `http_method_not_allowed`) is an empty 405: outside /api/ (whose error body
+    console/api/errors.py writes), that answer becomes `method_not_allowed`'s page. A 405 that has
+    a body of its own (the share pages') is left as it is. After HtmxMiddleware and the
+    authentication middleware: the page reads `request.htmx` and the member's workspaces."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code != 405 or request.path.startswith("/api/"):
+            return response
+        if getattr(response, "streaming", False) or response.content:
+            return response
+        return method_not_allowed(request, response.get("Allow", ""))
 
 
 def _form_expired(request: HttpRequest, htmx: HtmxDetails) -> HttpResponse:

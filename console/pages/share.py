@@ -16,6 +16,8 @@ opens too.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,7 +28,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
-from django.views.decorators.http import require_http_methods, require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.errors import LedgerError, NotFound
 from ledger.models import Run, ShareLink
@@ -66,8 +68,54 @@ def _private(response: HttpResponse) -> HttpResponse:
     return response
 
 
-def _refusal(request: HttpRequest, status: int, title: str, message: str) -> HttpResponse:
-    return _private(render(request, "share/refused.html", {"title": title, "message": message}, status=status))
+def _refusal(request: HttpRequest, status: int, title: str, message: str, **extra: Any) -> HttpResponse:
+    context = {"title": title, "message": message, "new_link_hint": True, **extra}
+    return _private(render(request, "share/refused.html", context, status=status))
+
+
+SAFE_METHODS = ("GET", "HEAD")
+View = Callable[..., HttpResponse]
+
+
+def _read_only(*, as_json: bool) -> Callable[[View], View]:
+    """`require_safe` with the share pages' own 405: the shared layout (never the console's, which
+    a visitor without an account has nothing to do with) leading back to the page, or for
+    evidence.json the JSON error body its other refusals have; `Allow` and the private headers on
+    both. Answered before the token is looked at: it tells nothing of the link."""
+
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        def read_only(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method in SAFE_METHODS:
+                return view(request, *args, **kwargs)
+            method = (request.method or "")[:20]
+            if as_json:
+                refused: HttpResponse = JsonResponse(
+                    {
+                        "error": {
+                            "code": "method_not_allowed",
+                            "message": f"{method} is not allowed here: the evidence is read with GET",
+                            "details": {"allowed": list(SAFE_METHODS)},
+                        }
+                    },
+                    status=405,
+                )
+                refused = _private(refused)
+            else:
+                refused = _refusal(
+                    request,
+                    405,
+                    "Method not allowed",
+                    f"A shared run is read only: this address does not take a {method} request.",
+                    new_link_hint=False,
+                    back_url=request.path,
+                )
+            refused["Allow"] = ", ".join(SAFE_METHODS)
+            return refused
+
+        return read_only
+
+    return decorate
 
 
 GONE_TITLES = {
@@ -203,7 +251,7 @@ def _sessions_of(plan: dict[str, Any] | None, steps: list[Any], should_run: dict
     return [session for session in plan["sessions"] if session["stepPath"] in shown]
 
 
-@require_safe
+@_read_only(as_json=False)
 def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> HttpResponse:
     after = _after(request)
     if isinstance(after, str):
@@ -248,7 +296,7 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
     return _private(render(request, "share/run.html", context))
 
 
-@require_safe
+@_read_only(as_json=True)
 def shared_evidence(request: HttpRequest, token: str, run_id: str | None = None) -> HttpResponse:
     # The slot is taken before the link is opened: a refused request does not use up an open. An
     # unknown token holds no slots, so it is still the 404 below.
