@@ -910,6 +910,7 @@ class AuditEntry(models.Model):
         MEMBER_ADDED = "member.added"
         MEMBER_CHANGED = "member.changed"
         MEMBER_REMOVED = "member.removed"
+        MEMBER_PASSWORD_RESET = "member.password_reset"
         RETENTION_CHANGED = "retention.changed"
         LIMITS_CHANGED = "limits.changed"
         SHARE_LINK_CREATED = "share_link.created"

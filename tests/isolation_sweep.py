@@ -162,6 +162,7 @@ ROUTES: dict[str, Route] = {
     W + "settings/members/add/": page({"POST": (None, ADMIN)}),
     W + "settings/members/role/": page({"POST": (None, ADMIN)}),
     W + "settings/members/remove/": page({"POST": (None, ADMIN)}),
+    W + "settings/members/password/": page({"POST": (None, ADMIN)}),
     W + "settings/prices/": page({"GET": (None, ADMIN)}),
     W + "settings/prices/set/": page({"POST": (None, ADMIN)}),
     W + "settings/prices/remove/": page({"POST": (None, ADMIN)}),

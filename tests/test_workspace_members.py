@@ -7,7 +7,10 @@ here or on the command line."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -278,3 +281,47 @@ def test_the_command_line_adds_a_member_as_the_screen_does(admin: Any, viewer: A
         with pytest.raises(CommandError, match=re.escape(says)):
             call_command("ledger", "add-member", *args, "--tenant", "acme", stdout=io.StringIO(), stderr=io.StringIO())
     assert _role("dave") == "viewer" and not User.objects.filter(username="nobody").exists()
+
+
+def test_a_disabled_account_is_not_added_and_the_form_says_so_as_typed(admin: Any, outsider: Any) -> None:
+    """olga's account is disabled (she cannot sign in): adding her would make a member nobody
+    notices until the account is enabled again. Refused by the field, the form kept, nothing written."""
+    User.objects.filter(username="olga").update(is_active=False)
+    refused = as_user(admin).post(ADD, {"username": "olga", "role": "approver", "account": "existing"})
+    assert refused.status_code == 409
+    html = refused.content.decode()
+    error = re.search(r'<span class="field-error" id="member-username-error">([^<]*)</span>', html)
+    assert error and error.group(1) == (
+        "The account of olga is disabled, so they cannot sign in: they are not added. "
+        "The deployment&#x27;s operator can enable it again."
+    )
+    assert 'id="member-username" name="username" value="olga"' in html
+    assert '<option value="approver" selected>' in html and 'value="existing" checked' in html
+    assert _role("olga") is None and not AuditEntry.objects.filter(action="member.added", target="user:olga").exclude(
+        tenant__slug="globex"
+    )
+    # Enabled again, she is added as usual.
+    User.objects.filter(username="olga").update(is_active=True)
+    assert as_user(admin).post(ADD, {"username": "olga", "role": "approver", "account": "existing"}).status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_line_refuses_a_disabled_account_with_one_line_and_exit_1(admin: Any, outsider: Any) -> None:
+    """As an operator runs it: `manage.py ledger add-member …` in its own process."""
+    from tests.servers import REPO_ROOT, database_url
+
+    User.objects.filter(username="olga").update(is_active=False)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "ledger", "add-member", "olga", "--tenant", "acme", "--role", "viewer"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "DATABASE_URL": database_url()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: The account of olga is disabled, so they cannot sign in: they are not added. "
+        "The deployment's operator can enable it again"
+    ]
+    assert _role("olga") is None

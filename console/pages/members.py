@@ -1,9 +1,16 @@
 """The tenant's members, for its admins, from a workspace's Settings (docs/design.md §2): each
-member with their role and when they were added; add a member, change a role, remove a member. The
-same services as the command line's (`ledger add-member`, `ledger create-user` for a role,
-`ledger remove-member`; ledger/tenancy/services.py), so the same rules and the same audit entries
-(`member.added`, `member.changed`, `member.removed`, with the admin's name): the tenant's last admin
-can be neither removed nor given another role (`last_admin`).
+member with their role and when they were added; add a member, change a role, remove a member,
+reset a member's password. The same services as the command line's (`ledger add-member`, `ledger
+create-user` for a role, `ledger remove-member`, `ledger reset-password`;
+ledger/tenancy/services.py), so the same rules and the same audit entries (`member.added`,
+`member.changed`, `member.removed`, `member.password_reset`, with the admin's name): the tenant's
+last admin can be neither removed nor given another role (`last_admin`).
+
+A reset gives the member a new one-time password, shown once as a new user's is, ends their
+sessions and forgets their failed logins. Not the admin's own account (they change their own),
+not a deployment operator's, and not a member of another tenant the admin does not administer
+(`reset_not_allowed`: docs/security.md § Roles); the list offers it only where it works. A
+disabled account is neither reset nor added (`account_disabled`).
 
 Adding takes a username, a role and whether the user is new or exists already. An existing user
 keeps their own password; a new one is made with a one-time password, shown once on the answer to
@@ -41,9 +48,12 @@ WS = "w/<slug:tenant>/<slug:workspace>/"
 USERNAME_MAX = 150  # Django's username field
 
 
-def _section(ws: Workspace, user: Any, *, error: str = "", done: str = "") -> dict[str, Any]:
+def _section(
+    ws: Workspace, user: Any, *, error: str = "", done: str = "", reset: dict[str, Any] | None = None
+) -> dict[str, Any]:
     rows = tenancy.members(ws.tenant)
     admins = sum(1 for m in rows if m.role == Role.ADMIN)
+    beyond = tenancy.beyond_reset(ws.tenant, user)
     return {
         "workspace": ws,
         "members": [
@@ -52,14 +62,18 @@ def _section(ws: Workspace, user: Any, *, error: str = "", done: str = "") -> di
                 "you": m.username == user.get_username(),
                 # Offered only where it can work: the last admin's role and membership stay.
                 "last_admin": m.role == Role.ADMIN and admins == 1,
+                # A reset is offered only where it can work too (the service refuses the rest).
+                "resettable": m.active and m.username not in beyond,
             }
             for m in rows
         ],
         "roles": list(Role.values),
         "role_url": reverse("workspace-member-role", args=[ws.tenant.slug, ws.slug]),
         "remove_url": reverse("workspace-member-remove", args=[ws.tenant.slug, ws.slug]),
+        "reset_url": reverse("workspace-member-password", args=[ws.tenant.slug, ws.slug]),
         "error": error,
         "done": done,
+        "reset": reset,
     }
 
 
@@ -100,11 +114,12 @@ def _page(
     *,
     add_form: dict[str, Any] | None = None,
     added: dict[str, Any] | None = None,
+    reset: dict[str, Any] | None = None,
     **state: str,
 ) -> HttpResponse:
     workspaces = list(selectors.workspaces_for(request.user))
     context = {
-        **_section(ws, user, **state),
+        **_section(ws, user, reset=reset, **state),
         "workspaces": workspaces,
         "tenant_workspaces": [w.slug for w in workspaces if w.tenant_id == ws.tenant_id],
         "add_form": add_form or _add_form(ws),
@@ -205,9 +220,34 @@ def add_member(request: HttpRequest, tenant: str, workspace: str) -> HttpRespons
     return _page(request, ws, admin, status=201, added={"username": name, "role": role, "password": added.password})
 
 
+@login_required
+@require_POST
+def reset_password(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    """A member's new one-time password, shown once on the answer (the members section with htmx,
+    else the page; `no-store` either way, never a redirect: the password is stored nowhere to be
+    shown later). Refused (their own account, an operator's, a member of a tenant the admin does
+    not administer, a disabled account): the reason over the list, nothing changed."""
+    ws, admin = workspace_admin(request, tenant, workspace)
+    username = request.POST.get("username", "")[:200]
+    try:
+        reset = tenancy.reset_password(username=username, tenant=ws.tenant.slug, by=admin)
+    except NotFound:  # another tenant's member, or nobody: alike
+        raise Http404("not found") from None
+    except LedgerError as exc:
+        return _answer(request, ws, admin, error=exc.message, status=exc.status)
+    shown = {"username": reset.username, "password": reset.password, "sessions_ended": reset.sessions_ended}
+    if wants_fragment(request):
+        response = render(request, "console/settings/members_section.html", _section(ws, admin, reset=shown))
+    else:
+        response = _page(request, ws, admin, reset=shown)
+    response["Cache-Control"] = "no-store"  # the password is on this answer, once
+    return response
+
+
 urlpatterns = [
     path(WS + "settings/members/", members_page, name="workspace-members"),
     path(WS + "settings/members/add/", add_member, name="workspace-member-add"),
     path(WS + "settings/members/role/", change_role, name="workspace-member-role"),
     path(WS + "settings/members/remove/", remove_member, name="workspace-member-remove"),
+    path(WS + "settings/members/password/", reset_password, name="workspace-member-password"),
 ]

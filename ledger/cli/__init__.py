@@ -13,6 +13,7 @@ MODULES = [
     "create_user",
     "add_member",
     "remove_member",
+    "reset_password",
     "create_key",
     "demo",
     "events",

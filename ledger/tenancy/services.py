@@ -8,13 +8,16 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from importlib import import_module
 
-from django.contrib.auth import get_user_model
+from axes.utils import reset as forget_failed_logins
+from django.conf import settings
+from django.contrib.auth import SESSION_KEY, get_user_model
 from django.contrib.auth.models import AbstractBaseUser, User
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from .. import audit, clock
@@ -102,6 +105,23 @@ class UnknownUser(NotFound):
     """An existing user to add, by a name no user has."""
 
 
+class AccountDisabled(Conflict):
+    """A user whose account is disabled (`is_active` off: Django refuses their sign-in): neither
+    added as a member (they could not use it, and would be one without anyone noticing the day the
+    account is enabled again) nor given a new password (it would not let them in). The deployment's
+    operator enables the account first."""
+
+    code = "account_disabled"
+
+    @classmethod
+    def of(cls, username: str, *, what: str) -> AccountDisabled:
+        return cls(
+            f"The account of {username} is disabled, so they cannot sign in: {what}. "
+            "The deployment's operator can enable it again",
+            field="username",
+        )
+
+
 @dataclass(frozen=True)
 class Added:
     membership: Membership
@@ -175,7 +195,124 @@ def add_member(
                 f"{username} is a member of {t.slug} already ({existing.role}): change their role instead",
                 field="username",
             )
+        if not user.is_active:
+            raise AccountDisabled.of(username, what="they are not added")
     return Added(_add_membership(t, user, role, by=by), password)
+
+
+class ResetNotAllowed(LedgerError):
+    """A tenant admin may not set this account's password: their own (they change it themselves,
+    knowing the current one), a deployment operator's (Django staff or superuser), or one that is
+    also a member of a tenant they do not administer (a new password would hand them the account
+    there too: docs/security.md § Roles)."""
+
+    code = "reset_not_allowed"
+    status = 403
+
+
+@dataclass(frozen=True)
+class PasswordReset:
+    username: str
+    # The new one-time password: returned once, stored only as Django's hash.
+    password: str
+    # The user's sessions that were open and are now ended (deleted).
+    sessions_ended: int
+
+
+@transaction.atomic
+def reset_password(
+    *, username: str, tenant: str | None = None, by: audit.Actor | AbstractBaseUser = CLI
+) -> PasswordReset:
+    """Give a user a new one-time password (`one_time_password`, returned in `PasswordReset` and
+    nowhere else), end every session they have open, and forget their failed logins (a lockout
+    would keep the new password out); audited as member.password_reset in each tenant they are a
+    member of.
+
+    By a tenant admin (`by` a user, `tenant` theirs): the user must be a member of `tenant`
+    (else NotFound, as another tenant's member is), and `_may_reset` decides. By the command line:
+    any user of the deployment (`tenant` None), as `manage.py changepassword` can. AccountDisabled
+    for a disabled account either way."""
+    model = get_user_model()
+    t = None
+    if tenant is not None:
+        t = _locked_tenant(slug=tenant)
+        membership = (
+            Membership.objects.select_related("user").filter(user__username=username, tenant=t).first() if t else None
+        )
+        if t is None or membership is None:
+            raise NotFound(f"{username} is not a member of {tenant}")
+        user = membership.user
+    else:
+        found = model.objects.filter(username=username).first()
+        if found is None:
+            raise NotFound(f"No user is called {username}")
+        user = found
+    if not isinstance(by, audit.Actor):
+        if t is None:
+            raise ResetNotAllowed("A member resets a password within a tenant they administer")
+        _may_reset(user, by, t)
+    if not user.is_active:
+        raise AccountDisabled.of(username, what="a new password would not let them in")
+    password = one_time_password(username)
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    ended = _end_sessions(user)
+    forget_failed_logins(username=username)
+    tenants = Tenant.objects.filter(pk__in=Membership.objects.filter(user=user).values("tenant")).order_by("slug")
+    for each in tenants:
+        audit.record(
+            actor=by,
+            tenant=each,
+            action=audit.Action.MEMBER_PASSWORD_RESET,
+            target=f"user:{username}",
+            details={"sessionsEnded": ended},
+        )
+    return PasswordReset(username, password, ended)
+
+
+def _may_reset(user: AbstractBaseUser, admin: AbstractBaseUser, tenant: Tenant) -> None:
+    """ResetNotAllowed unless `admin`, an admin of `tenant`, may set `user`'s password: not their
+    own, not a deployment operator's, and only if every tenant `user` belongs to is one `admin`
+    administers. The refusal names no other tenant: that would tell this tenant's admin of it."""
+    name = user.get_username()
+    administered = set(Membership.objects.filter(user_id=admin.pk, role=Role.ADMIN).values_list("tenant_id", flat=True))
+    if tenant.pk not in administered:
+        raise ResetNotAllowed(f"Only an admin of {tenant.slug} resets its members' passwords")
+    if user.pk == admin.pk:
+        raise ResetNotAllowed(
+            "This is your own account: change your password under your name at the top right "
+            "(Change your password), with your current one",
+            field="username",
+        )
+    if getattr(user, "is_staff", False) or getattr(user, "is_superuser", False):
+        raise ResetNotAllowed(
+            f"{name} is an account of the deployment's operators: only they set its password",
+            field="username",
+        )
+    elsewhere = Membership.objects.filter(user_id=user.pk).exclude(tenant_id__in=administered)
+    if elsewhere.exists():
+        raise ResetNotAllowed(
+            f"{name} is also a member of another tenant, one you do not administer: a new password "
+            f"would give you their account there too. The deployment's operator can reset it "
+            f"(manage.py ledger reset-password {name})",
+            field="username",
+        )
+
+
+def _end_sessions(user: AbstractBaseUser) -> int:
+    """Delete the user's open sessions, returning how many. The new password ends them already
+    (Django refuses a session whose hash of the password is not the current one, and so do the
+    streams' re-checks: console/streams.py); deleting them makes it so at once and everywhere.
+    Sessions are found by decoding each unexpired one: the session table has no user column."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    if not hasattr(store, "get_model_class"):
+        return 0  # cache or cookie sessions: the password's hash alone ends them
+    model = store.get_model_class()
+    live = model.objects.filter(expire_date__gt=timezone.now()).values_list("session_key", "session_data")
+    owner = str(user.pk)
+    keys = [key for key, data in live.iterator() if str(store().decode(data).get(SESSION_KEY)) == owner]
+    model.objects.filter(session_key__in=keys).delete()
+    return len(keys)
 
 
 def _check_username(username: str) -> None:
@@ -245,6 +382,8 @@ class Member:
     username: str
     role: str
     added_at: datetime | None
+    # False: the account is disabled (Django refuses its sign-in).
+    active: bool = True
 
 
 def members(tenant: Tenant) -> list[Member]:
@@ -252,7 +391,21 @@ def members(tenant: Tenant) -> list[Member]:
     `member.added` entry: memberships keep no date of their own; None when none was written)."""
     rows = list(Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username", "pk"))
     added = audit.members_added(tenant, [m.user.get_username() for m in rows])
-    return [Member(m.user.get_username(), str(m.role), added.get(m.user.get_username())) for m in rows]
+    return [
+        Member(m.user.get_username(), str(m.role), added.get(m.user.get_username()), m.user.is_active) for m in rows
+    ]
+
+
+def beyond_reset(tenant: Tenant, admin: AbstractBaseUser) -> set[str]:
+    """The usernames of the tenant's members whose password `admin` may not reset (`_may_reset`:
+    a deployment operator's account, or a member of a tenant `admin` does not administer), for the
+    Members list to offer the reset only where it works (one query)."""
+    administered = Membership.objects.filter(user_id=admin.pk, role=Role.ADMIN).values("tenant_id")
+    elsewhere = Membership.objects.filter(user_id=OuterRef("user_id")).exclude(tenant_id__in=administered)
+    rows = Membership.objects.filter(tenant=tenant).filter(
+        Q(Exists(elsewhere)) | Q(user__is_staff=True) | Q(user__is_superuser=True)
+    )
+    return set(rows.values_list("user__username", flat=True))
 
 
 def _check_role(role: str) -> None:

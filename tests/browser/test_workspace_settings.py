@@ -136,6 +136,51 @@ def test_an_admin_adds_a_new_user_who_signs_in_with_the_password_shown_once(
     ) == [("user:erin", {"role": "operator"}), ("user:olga", {"role": "viewer"})]
 
 
+def test_an_admin_resets_a_members_password_in_place_and_their_browser_is_signed_out(
+    page: Page, open_context: Any, production: Daphne, workspace: Workspace, admin: User, viewer: User
+) -> None:
+    """On the production settings (DEBUG off, the CSP): dave is signed in in his own browser; alice
+    resets his password (after a confirmation) and the new one shows in place, once; dave's next
+    page is the login, where the new password lets him in."""
+    dave = open_context().new_page()
+    log_in(dave, production, viewer)
+    dave.goto(f"{production.url}/w/acme/support/")
+    expect(dave.locator("#nav-runs")).to_be_visible()
+
+    log_in(page, production, admin)
+    page.goto(f"{production.url}/w/acme/support/settings/members/")
+    page.evaluate("window.membersMarker = 'same page'")
+    expect(page.locator('tr.member[data-username="alice"] .member-password a')).to_have_text("Change your password")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator('tr.member[data-username="dave"] button.reset-password').click()
+    expect(page.locator("#password-reset")).to_contain_text("dave has a new password.")
+    expect(page.locator("#password-reset")).to_contain_text("1 session ended")
+    password = page.locator("#reset-password-value").input_value()
+    assert page.evaluate("window.membersMarker") == "same page"
+
+    dave.goto(f"{production.url}/w/acme/support/")
+    dave.wait_for_url(f"{production.url}/accounts/login/?next=/w/acme/support/")
+    dave.fill("input[name=username]", "dave")
+    dave.fill("input[name=password]", password)
+    dave.click("form:has(input[name=password]) [type=submit]")
+    dave.wait_for_url(f"{production.url}/w/acme/support/")
+    assert AuditEntry.objects.filter(action="member.password_reset", actor="alice", target="user:dave").count() == 1
+
+
+def test_an_action_address_opened_as_a_page_is_the_405_page_with_a_way_back(
+    page: Page, production: Daphne, workspace: Workspace, admin: User
+) -> None:
+    """A form's address typed in the address bar (DEBUG off, the CSP): the console's page saying
+    what it is, whose way back leads to the workspace."""
+    log_in(page, production, admin)
+    response = page.goto(f"{production.url}/w/acme/support/settings/members/add/")
+    assert response is not None and response.status == 405 and response.headers["allow"] == "POST"
+    expect(page.locator("h1#error-title")).to_have_text("Method not allowed")
+    expect(page.locator("#error-message")).to_contain_text("not a page to open")
+    page.locator("a#error-back").click()
+    page.wait_for_url(f"{production.url}/w/acme/support/")
+
+
 def test_an_admin_overrides_a_price_with_the_reason_next_to_the_field(
     page: Page, production: Daphne, workspace: Workspace, admin: User
 ) -> None:
