@@ -5,6 +5,9 @@ and the log it folded (what a model was sent, for which the fold keeps only the 
 run written by an external harness through the API reads like one our runtime executed. Calls
 recorded outside any session (a `tool.call` step, a sub-workflow) are grouped by step after the
 sessions. One read of the log, whatever the run's length; the page shows a window of sessions.
+A member the log moved into an artifact (a long answer's `response.textRef`, a tool's
+`resultRef`) is shown as stored there, with its verified download, and not read: the page stays
+cheap however long the answer (a replay reads it back: ledger.log.artifacts.as_recorded).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from ledger.fold import ModelCall, RunState, ToolCallState
+from ledger.log import artifacts as artifact_store
 from ledger.log.verify import artifact_refs
 from ledger.models import Workspace
 from ledger.reads.messages import plain_message
@@ -50,6 +54,20 @@ def requested(tool_calls: Any) -> str | None:
     return "\n".join(lines)
 
 
+# What a moved member is called on the page, by its name in the payload (moved_members).
+_STORED_AS = {
+    "request": "request",
+    "response": "response",
+    "response.text": "response text",
+    "response.toolCalls": "tool calls requested",
+    "response.messages": "response messages",
+    "args": "arguments",
+    "result": "result",
+    "error": "error",
+}
+STORED = "(stored as an artifact)"
+
+
 @dataclass
 class ToolView:
     call: ToolCallState
@@ -58,6 +76,7 @@ class ToolView:
     outcome: str | None  # the result or the error, pretty; None while it has none
     started_at: str | None
     artifacts: list[dict[str, str]]
+    stored: list[dict[str, str | None]] = field(default_factory=list)  # members kept as artifacts
 
     @property
     def anchor(self) -> str:
@@ -86,6 +105,7 @@ class TurnView:
     error: str | None  # a failed call's error, pretty
     artifacts: list[dict[str, str]]
     tools: list[ToolView] = field(default_factory=list)
+    stored: list[dict[str, str | None]] = field(default_factory=list)  # members kept as artifacts
 
     @property
     def waited(self) -> str | None:
@@ -136,6 +156,31 @@ def _artifacts(workspace: Workspace, payloads: list[Any]) -> list[dict[str, str]
     ]
 
 
+def _stored(workspace: Workspace, folded: Reader, *sequences: int | None) -> dict[str, dict[str, str | None]]:
+    """Per member of these events that the log moved into an artifact (`response.text`, `result`,
+    …): what it is and its download (None for an imported log's ref). Reads no artifact."""
+    stored: dict[str, dict[str, str | None]] = {}
+    for sequence in sequences:
+        env = folded.event(sequence)
+        if env is None or not isinstance(env["payload"], dict):
+            continue
+        for name, ref in artifact_store.moved_members(env["type"], env["payload"]).items():
+            artifact_id = ref.removeprefix("artifact://")
+            ours = artifact_store.parse_ref(ref) is not None
+            stored[name] = {
+                "what": _STORED_AS.get(name, name.removeprefix("response.")),
+                "id": artifact_id,
+                "url": artifact_url(workspace, artifact_id) if ours else None,
+            }
+    return stored
+
+
+def _others(links: list[dict[str, str]], stored: list[dict[str, str | None]]) -> list[dict[str, str]]:
+    """The artifact links not already shown as a stored member."""
+    shown = {s["id"] for s in stored}
+    return [a for a in links if a["id"] not in shown]
+
+
 def _message(raw: Any) -> Message:
     if not isinstance(raw, dict):
         return Message(role="?", text=pretty(raw))
@@ -169,21 +214,29 @@ def _recorded(folded: Reader, sequence: int | None, name: str) -> bool:
 
 
 def _tool_view(workspace: Workspace, folded: Reader, tool: ToolCallState) -> ToolView:
-    outcome = tool.error if tool.status == "failed" else tool.result
+    failed = tool.status == "failed"
     has_outcome = tool.status in ("succeeded", "failed") or tool.reconciled
+    args_stored = _stored(workspace, folded, tool.started_sequence).get("args")
+    outcome_stored = _stored(workspace, folded, tool.ended_sequence).get("error" if failed else "result")
+    if args_stored:
+        args = STORED
+    else:
+        args = pretty(tool.args) if _recorded(folded, tool.started_sequence, "args") else "(not recorded)"
+    outcome: str | None = None
+    if has_outcome and outcome_stored:
+        outcome = STORED
+    elif has_outcome:
+        recorded = failed or _recorded(folded, tool.ended_sequence, "result")
+        outcome = pretty(tool.error if failed else tool.result) if recorded else "(not recorded)"
+    stored = [s for s in (args_stored, outcome_stored) if s is not None]
     return ToolView(
         call=tool,
         origin=_origin(tool.origin),
-        args=pretty(tool.args) if _recorded(folded, tool.started_sequence, "args") else "(not recorded)",
-        outcome=(
-            pretty(outcome)
-            if has_outcome and (tool.status != "succeeded" or _recorded(folded, tool.ended_sequence, "result"))
-            else "(not recorded)"
-            if has_outcome
-            else None
-        ),
+        args=args,
+        outcome=outcome,
         started_at=folded.occurred_at(tool.started_sequence),
-        artifacts=_artifacts(workspace, _payloads(folded, tool.started_sequence, tool.ended_sequence)),
+        artifacts=_others(_artifacts(workspace, _payloads(folded, tool.started_sequence, tool.ended_sequence)), stored),
+        stored=stored,
     )
 
 
@@ -193,6 +246,7 @@ def _turn_view(workspace: Workspace, folded: Reader, calls: list[ModelCall], ind
     text = response.get("text")
     tool_calls = response.get("toolCalls")
     messages, incremental = _request(folded, call)
+    stored = list(_stored(workspace, folded, call.called_sequence, call.responded_sequence).values())
     return TurnView(
         call=call,
         origin=_origin(call.origin),
@@ -204,9 +258,13 @@ def _turn_view(workspace: Workspace, folded: Reader, calls: list[ModelCall], ind
         called_at=folded.occurred_at(call.called_sequence),
         answered_at=folded.occurred_at(call.responded_sequence or call.failed_sequence),
         error=pretty(call.error) if call.status == "failed" else None,
-        artifacts=_artifacts(
-            workspace, _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)
+        artifacts=_others(
+            _artifacts(
+                workspace, _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)
+            ),
+            stored,
         ),
+        stored=stored,
     )
 
 

@@ -164,10 +164,13 @@ def _strip_artifact_links(views: list[Any]) -> None:
     for session in views:
         for tool in session.loose_tools:
             tool.artifacts = [{**a, "url": None} for a in tool.artifacts]
+            tool.stored = [{**a, "url": None} for a in tool.stored]
         for turn in session.turns:
             turn.artifacts = [{**a, "url": None} for a in turn.artifacts]
+            turn.stored = [{**a, "url": None} for a in turn.stored]
             for tool in turn.tools:
                 tool.artifacts = [{**a, "url": None} for a in tool.artifacts]
+                tool.stored = [{**a, "url": None} for a in tool.stored]
 
 
 def _timeline(run: Run, page_path: str, after: int | None, hide_inputs: bool, *, at_root: bool) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from .. import audit, clock
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
 from ..errors import NotFound
 from ..models import Dataset, DatasetVersion, Run, Workspace
+from ..runtime.record import inline_or_ref
 from .access import Principal, actor
 from .errors import InvalidEvaluation
 
@@ -121,7 +122,10 @@ def add_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: Pri
     members = {m["runId"]: dict(m) for m in (previous.members if previous else [])}
     added = [r.run_id for r in runs if r.run_id not in members]
     for run in runs:
-        members.setdefault(run.run_id, {"runId": run.run_id, "lastSequence": run.last_sequence, "expected": run.output})
+        if run.run_id not in members:
+            # The expected output as recorded: read back when it was too large to keep inline.
+            expected = inline_or_ref(workspace, run.output, run.output_ref or None)
+            members[run.run_id] = {"runId": run.run_id, "lastSequence": run.last_sequence, "expected": expected}
     return _new_version(dataset, list(members.values()), who, {"added": added})
 
 

@@ -406,7 +406,7 @@ def _score_all(evaluation: Evaluation, run_id: str, ctx_for: Any) -> dict[str, d
 def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[str, Any]) -> None:
     original = Run.objects.filter(workspace=evaluation.workspace, run_id=request.original_run_id).first()
     new = Run.objects.filter(workspace=evaluation.workspace, run_id=request.new_run_id).first()
-    original_output = original.output if original is not None else None
+    original_output = _output(original) if original is not None else None
     if new is None:
         evaluation.scores[request.new_run_id] = {"before": {}, "after": {}, "missing": True}
         return
@@ -418,7 +418,7 @@ def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[
     after = _score_all(
         evaluation,
         new.run_id,
-        lambda args: _context(evaluation, new.run_id, new.output, member, original_output, args),
+        lambda args: _context(evaluation, new.run_id, _output(new), member, original_output, args),
     )
     try:
         with transaction.atomic():
@@ -430,6 +430,12 @@ def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[
         log.info("run %s is still leased; its scores wait for the next advance", new.run_id)
         return
     evaluation.scores[new.run_id] = {"before": before, "after": after}
+
+
+def _output(run: Run) -> Any:
+    """A run's output as it was recorded: read back from its artifact when it was too large to keep
+    inline (the row then holds only its ref), so a scorer never compares a long output as null."""
+    return inline_or_ref(run.workspace, run.output, run.output_ref or None)
 
 
 def _append_scored(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -197,3 +199,71 @@ def externalize(workspace: Workspace, event_type: str, payload: dict[str, Any], 
         holder[f"{name}Ref"] = artifact.ref
         size = len(canonical_bytes(stored))
     return stored
+
+
+# Fields named like a moved one that are not: ArtifactCreated declares an artifact by its ref.
+_NOT_MOVED: dict[str, frozenset[str]] = {"ArtifactCreated": frozenset({"artifactRef"})}
+
+
+def _moved_in(holder: Mapping[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, str]:
+    """name -> ref of each field `externalize` moved out of `holder` (or a writer that follows
+    Little Workflow's rule, as imported logs do): `nameRef` holding a ref, `name` absent."""
+    return {
+        key[:-3]: value
+        for key, value in holder.items()
+        if len(key) > 3
+        and key.endswith("Ref")
+        and key not in skip
+        and key[:-3] not in holder
+        and isinstance(value, str)
+        and is_ref(value)
+    }
+
+
+def moved_members(event_type: str, payload: Mapping[str, Any]) -> dict[str, str]:
+    """Where each member `externalize` moved out of `payload` went: `name` (a top-level field) or
+    `response.name` (a member of a model call's answer) -> its artifact ref. Reads no artifact:
+    what a view shows as "stored as an artifact"."""
+    moved = _moved_in(payload, _NOT_MOVED.get(event_type, frozenset()))
+    opened = _KEPT.get(event_type, _NOTHING_KEPT)[1]
+    inner = payload.get(opened) if opened is not None else None
+    if isinstance(inner, Mapping):
+        moved.update({f"{opened}.{name}": ref for name, ref in _moved_in(inner).items()})
+    return moved
+
+
+def _values(run: Run, refs: list[str]) -> dict[str, Any]:
+    """ref -> the JSON value its artifact holds, the bytes re-hashed as they are read."""
+    values = {}
+    for ref, artifact in resolve(run, refs).items():
+        if artifact is None:
+            raise IntegrityFailure(f"artifact {ref} named by run {run.run_id}'s log is not stored", ref=ref)
+        values[ref] = json.loads(read_bytes(artifact))
+    return values
+
+
+def as_recorded(run: Run, event_type: str, payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`payload` of an event of `run` as it was recorded: every member `externalize` moved out
+    (`outputRef`, `response.textRef`, an older log's whole `responseRef`) read back from its
+    artifact in place of its ref. Each artifact is re-hashed as it is read: a mismatch or a
+    missing one is an IntegrityFailure, never a value quietly left out. A payload with nothing
+    moved is returned as it is, without a read."""
+    moved = moved_members(event_type, payload)
+    if not moved:
+        return payload
+    values = _values(run, sorted(set(moved.values())))
+    return _put_back(payload, {name: values[ref] for name, ref in moved.items()})
+
+
+def _put_back(holder: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """`holder` with each `name` of `values` in place of its `nameRef` (`outer.name` inside `outer`)."""
+    here = {name: value for name, value in values.items() if "." not in name}
+    out = {k: v for k, v in holder.items() if not (k.endswith("Ref") and k[:-3] in here)} | here
+    inner: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        if "." in name:
+            outer, member = name.split(".", 1)
+            inner.setdefault(outer, {})[member] = value
+    for outer, members in inner.items():
+        out[outer] = _put_back(holder[outer], members)
+    return out

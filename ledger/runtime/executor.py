@@ -251,7 +251,7 @@ def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
     run = selectors.find_run(workspace, run_id)
     if run is None or not run.finished:
         return None
-    record = read_record(run_id, log_of(run))
+    record = read_record(run_id, log_of(run), run=run)
     return _outcome(workspace, record.state) if record.finished else None
 
 

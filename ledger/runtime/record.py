@@ -2,6 +2,8 @@
 
 The log has one reader, the fold (ledger.fold): this module only indexes its RunState for
 fast-forwarding — sessions by step path, model calls by call id, a tool call's recorded outcome.
+The fold reads no artifact, so what a replay answers with (a model's answer, a tool's outcome, a
+session's output) is read back from its event when `externalize` moved part of it out.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from ..fold import HarnessSession, ModelCall, ParallelGroup, RunState, StepState, fold
 from ..log import artifacts
-from ..models import RunStatus, Workspace
+from ..models import Run, RunStatus, Workspace
 
 ENDED = ("completed", "failed")  # a parallel branch's or group's terminal statuses
 
@@ -20,8 +22,9 @@ ENDED = ("completed", "failed")  # a parallel branch's or group's terminal statu
 class Record:
     """A run's fold state at the moment the executor took its lease."""
 
-    def __init__(self, state: RunState) -> None:
+    def __init__(self, state: RunState, *, run: Run | None = None, log: Sequence[Mapping[str, Any]] = ()) -> None:
         self.state = state
+        self._run, self._log = run, log  # the run and the envelopes `state` was folded from
         # stepPath -> the newest session of the step that is still open / ended this way
         self.open_sessions: dict[str, HarnessSession] = {}
         self.failed_sessions: dict[str, HarnessSession] = {}
@@ -65,11 +68,40 @@ class Record:
         call = self.state.tool_calls.get(call_id)
         if call is None or call.status not in ("succeeded", "failed"):
             return None
-        return ("result", call.result) if call.status == "succeeded" else ("error", call.error)
+        field = "result" if call.status == "succeeded" else "error"
+        return field, self.recorded(call.ended_sequence, field, call.result if field == "result" else call.error)
+
+    def response(self, call: ModelCall) -> Mapping[str, Any]:
+        """A model call's answer as it was recorded ({} when it has none)."""
+        response = self.recorded(call.responded_sequence, "response", call.response)
+        return response if isinstance(response, Mapping) else {}
+
+    def session_output(self, session: HarnessSession) -> Any:
+        return self.recorded(session.ended_sequence, "output", session.output)
+
+    def recorded(self, sequence: int | None, name: str, folded: Any) -> Any:
+        return recorded_field(self._run, self._log, sequence, name, folded)
 
 
-def read_record(run_id: str, events: Sequence[Mapping[str, Any]]) -> Record:
-    return Record(fold(events, run_id=run_id))
+def recorded_field(
+    run: Run | None, log: Sequence[Mapping[str, Any]], sequence: int | None, name: str, folded: Any
+) -> Any:
+    """Field `name` of event `sequence` of `run`'s `log` as it was recorded: `folded` (what the
+    fold kept of it) unless the log moved it, or part of it, into an artifact; then the event's
+    payload read back through artifacts.as_recorded (each artifact re-hashed)."""
+    env = log[sequence - 1] if sequence and 0 < sequence <= len(log) else None
+    if env is None or run is None or env["sequence"] != sequence:
+        return folded
+    moved = artifacts.moved_members(env["type"], env["payload"])
+    if not any(m == name or m.startswith(f"{name}.") for m in moved):
+        return folded
+    return artifacts.as_recorded(run, env["type"], env["payload"]).get(name)
+
+
+def read_record(run_id: str, events: Sequence[Mapping[str, Any]], *, run: Run | None = None) -> Record:
+    """The fold of `events`, the log of `run` (without it, moved values read back as the fold
+    holds them: None)."""
+    return Record(fold(events, run_id=run_id), run=run, log=events)
 
 
 def attempt_of(step: StepState) -> int:

@@ -169,7 +169,8 @@ class Recorder:
         recorder: Recorder | None = None
         heartbeat: _Heartbeat | None = None
         try:
-            record = read_record(run_id, log_of(selectors.get_run(workspace, run_id)))
+            run = selectors.get_run(workspace, run_id)
+            record = read_record(run_id, log_of(run), run=run)
             recorder = cls(
                 workspace=workspace,
                 run_id=run_id,

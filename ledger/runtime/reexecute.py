@@ -40,7 +40,7 @@ from ..canonical import digest
 from ..errors import Conflict, NotFound
 from ..fold import ModelCall, RunState, ToolCallState, fold
 from ..fold.pricing import prices_for
-from ..log import append
+from ..log import append, artifacts
 from ..log.envelopes import log_of
 from ..log.redaction import Redactor, policy
 from ..log.vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
@@ -49,7 +49,7 @@ from ..replay.divergence import rename_runs
 from .errors import InvalidReexecution, ReplayDiverged, UnknownModelProvider, UnknownStep, UnknownWorkflow
 from .executor import RunOutcome, resume_run, sub_run_id
 from .providers import ModelReply, ModelRequest, known_providers, provider_for
-from .record import inline_or_ref
+from .record import inline_or_ref, recorded_field
 from .recorder import Recorder
 from .registry import AIGenerate, Parallel, Step, SubWorkflow, Tool, ToolCall, Workflow, get_workflow
 
@@ -84,6 +84,7 @@ class _Original:
     run_id: str
     log: list[dict[str, Any]]
     state: RunState
+    run: Run | None = None
     model_calls: dict[str, ModelCall] = field(default_factory=dict)
     by_tool: dict[tuple[str, str], list[ToolCallState]] = field(default_factory=dict)
 
@@ -93,13 +94,13 @@ class _Original:
         if run is None:
             raise NotFound(f"run {run_id} not found", runId=run_id)
         log = log_of(run)
-        original = cls(run_id=run_id, log=log, state=fold(log, prices=prices_for(workspace), run_id=run_id))
+        original = cls(run_id=run_id, log=log, state=fold(log, prices=prices_for(workspace), run_id=run_id), run=run)
         for call in original.state.model_calls:
             if call.call_id is not None:
                 original.model_calls[call.call_id] = call  # a later record of one call id wins
         for tool in original.state.tool_calls.values():
             if tool.caller != "workflow" and tool.tool_name is not None and tool.status in ("succeeded", "failed"):
-                original.by_tool.setdefault((tool.tool_name, _args_digest(tool.args)), []).append(tool)
+                original.by_tool.setdefault((tool.tool_name, _args_digest(original.args(tool))), []).append(tool)
         return original
 
     @classmethod
@@ -112,6 +113,22 @@ class _Original:
     def event_id(self, sequence: int | None) -> str | None:
         env = self.event(sequence)
         return env["eventId"] if env is not None else None
+
+    def recorded(self, sequence: int | None, name: str, folded: Any) -> Any:
+        """Field `name` of event `sequence` as it was recorded (Record.recorded): what is served."""
+        return recorded_field(self.run, self.log, sequence, name, folded)
+
+    def as_recorded(self, env: Mapping[str, Any]) -> Mapping[str, Any]:
+        if self.run is None:
+            return env["payload"]
+        return artifacts.as_recorded(self.run, env["type"], env["payload"])
+
+    def args(self, call: ToolCallState) -> Any:
+        return self.recorded(call.started_sequence, "args", call.args)
+
+    def outcome(self, call: ToolCallState) -> tuple[str, Any]:
+        field_ = "result" if call.status == "succeeded" else "error"
+        return field_, self.recorded(call.ended_sequence, field_, call.result if field_ == "result" else call.error)
 
     @property
     def started(self) -> dict[str, Any]:
@@ -285,7 +302,8 @@ class Replay:
                 f"step {step_path} turn {turn}: the original's call {call_id} has no answer",
             )
         assert answer is not None
-        p = answer["payload"]
+        # As recorded: an answer too long to keep inline is served whole, read back from its artifacts.
+        p = self.original.as_recorded(answer)
         served = {"origin": "simulated"}
         called = {
             "turn": turn,
@@ -297,7 +315,7 @@ class Replay:
             "replayOf": self.original.event_id(call.called_sequence) or answer["eventId"],
         }
         if call.status == "responded":
-            response = p.get("response") if isinstance(p.get("response"), Mapping) else {}
+            response: Mapping[str, Any] = p["response"] if isinstance(p.get("response"), Mapping) else {}
             recorder.defer(
                 {"type": "harness.model.called", "payload": called},
                 {
@@ -318,8 +336,8 @@ class Replay:
                 tool_calls=list(response.get("toolCalls") or []),
                 usage=dict(response.get("usage") or {}),
             )
-        error = (
-            p.get("error")
+        error: Mapping[str, Any] = (
+            p["error"]
             if isinstance(p.get("error"), Mapping)
             else {"name": "ModelCallFailed", "message": str(p.get("error"))}
         )
@@ -343,7 +361,7 @@ class Replay:
     def _recorded_under_other_rules(self, call: ToolCallState, args: Any) -> bool:
         """Whether the recorded call's arguments, redacted by today's rules, are `args`: the
         workspace's redaction rules may have changed since the original was recorded."""
-        return _args_digest(self.redactor(call.args)) == _args_digest(args)
+        return _args_digest(self.redactor(self.original.args(call))) == _args_digest(args)
 
     def serve_tool(
         self, *, recorder: Recorder, tool: Tool, args: Any, call_id: str, step_path: str, caller: str, turn: int | None
@@ -371,7 +389,8 @@ class Replay:
                     f"step {step_path}: the original made no tool call {call_id} ({tool.name})",
                 )
             assert call is not None
-            recorded = _args_digest(call.args)
+            recorded_args = self.original.args(call)
+            recorded = _args_digest(recorded_args)
             if call.tool_name != tool.name or (
                 recorded != _args_digest(args)
                 and recorded != _args_digest(self.as_original(recorder.run_id, args))
@@ -383,7 +402,7 @@ class Replay:
                     "request_changed",
                     f"step {step_path}: tool call {call_id} asks for {tool.name} with other arguments "
                     f"than the original ({call.tool_name})",
-                    expected={"toolName": call.tool_name, "args": call.args},
+                    expected={"toolName": call.tool_name, "args": recorded_args},
                 )
             if call.status not in ("succeeded", "failed"):
                 self._diverge(
@@ -417,8 +436,9 @@ class Replay:
                     *self._tool_events(tool, args, call_id, step_path, caller, turn, "error", error, None, None, 0)
                 )
                 return "error", error
-        field_ = "result" if call.status == "succeeded" else "error"
-        value = call.result if field_ == "result" else _as_raised(call.error)
+        field_, value = self.original.outcome(call)
+        if field_ == "error":
+            value = _as_raised(value)
         recorder.defer(
             *self._tool_events(
                 tool,

@@ -77,7 +77,7 @@ def run_session(
         raise StepFailure(str(error.get("message", "session failed")), name=str(error.get("name", "StepError")))
     finished = record.completed_sessions.get(step_path)
     if finished is not None and finished.attempt == attempt:
-        return finished.output  # killed between the session's end and the step's
+        return record.session_output(finished)  # killed between the session's end and the step's
     opened = record.open_sessions.get(step_path)
     if opened is not None and opened.attempt == attempt:
         changes = manifest_drift(opened.manifest, manifest)
@@ -272,7 +272,7 @@ def _model_turn(
                 turn=turn,
             )
         if call is not None and call.status == "responded":
-            response = call.response if isinstance(call.response, Mapping) else {}
+            response = record.response(call)  # as recorded: a long text is read back from its artifact
             return ModelReply(
                 text=response.get("text"),
                 tool_calls=list(response.get("toolCalls") or []),
