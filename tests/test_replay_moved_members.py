@@ -52,12 +52,13 @@ class Script:
 
     def __init__(self) -> None:
         self.armed = False
+        self.variant = "parcel"  # "packet": another long answer of the same length
         self.conversations: list[list[dict[str, Any]]] = []
 
     def __call__(self, request: ModelRequest) -> dict[str, Any]:
         if request.turn == 1:
             return {
-                "text": LONG_TEXT,
+                "text": LONG_TEXT.replace("parcel", self.variant),
                 "toolCalls": [{"id": "t1", "name": "lookup", "args": {"q": "all"}}],
                 "usage": {"inputTokens": 1000, "outputTokens": 90_000},
             }
@@ -173,6 +174,30 @@ def test_a_reexecution_replays_the_long_answer_and_tool_result_as_recorded(
     assert _as_recorded(workspace, f"run_{mode}", "harness.tool_call.succeeded")["result"] == BIG_RESULT
     report = divergence_report(workspace=workspace, original_run_id="run_original", new_run_id=f"run_{mode}")
     assert report["firstDivergence"] is None
+
+
+def test_the_divergence_report_compares_long_answers_by_content_without_reading_them(
+    workspace: Workspace, script: Script
+) -> None:
+    start_run(workspace=workspace, workflow=WORKFLOW, input={}, run_id="run_original")
+    script.variant = "packet"
+    execute_reexecution(
+        workspace=workspace,
+        original_run_id="run_original",
+        mode="evaluate",
+        new_run_id="run_other",
+        reexecution_id="rx_other",
+    )
+
+    report = divergence_report(workspace=workspace, original_run_id="run_original", new_run_id="run_other")
+
+    (step,) = report["steps"]
+    assert (step["status"], step["changes"]) == ("changed", ["modelOutputs"])
+    turns = [(m["text"], set(m["stored"])) for m in (step["original"]["modelCalls"][0], step["new"]["modelCalls"][0])]
+    assert turns == [(None, {"text"}), (None, {"text"})]
+    assert step["original"]["modelCalls"][0]["stored"]["text"] != step["new"]["modelCalls"][0]["stored"]["text"]
+    assert "(stored as an artifact: artifact://art_" in step["diff"]["modelOutputs"]
+    assert LONG_TEXT[:100] not in step["diff"]["modelOutputs"]
 
 
 def test_an_answer_moved_whole_by_an_older_log_is_replayed_whole(workspace: Workspace) -> None:

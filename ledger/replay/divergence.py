@@ -15,10 +15,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ..canonical import canonical_json
+from ..canonical import canonical_bytes, canonical_json, sha256_hex
 from ..errors import NotFound
 from ..fold import REPLAYED_ORIGINS, RunState, StepState, fold
 from ..fold.pricing import UsageTotals, prices_for
+from ..log import artifacts
 from ..log.envelopes import log_of
 from ..models import Run, Workspace
 
@@ -49,9 +50,13 @@ def divergence_report(*, workspace: Workspace, original_run_id: str, new_run_id:
         StepSide = {"status", "output", "outputRef", "error", "attempts", "durationMs", "costUsd",
                     "replayedCostUsd", "usage", "replayedUsage",
                     "modelCalls": [{callId, turn, status, model, origin, replayOf, text, toolCalls,
-                                    error, usage, costUsd}],
+                                    error, usage, costUsd, stored}],
                     "toolCalls": [{callId, toolName, caller, args, status, result, error, origin,
-                                   replayOf, durationMs}]}
+                                   replayOf, durationMs, stored}]}
+
+    `stored` names the members the log moved into an artifact ({"text": ref}, {"result": ref}, …;
+    docs/operations.md "Large payloads"): their value above is null, and they are compared by
+    content (a ref is the sha256 of the bytes) without being read.
 
     `costUsd`/`usage` are what was spent (live calls only); `replayedCostUsd`/`replayedUsage`
     are the calls served from an original's record, priced for comparison, never spent. A
@@ -160,6 +165,7 @@ def _step_side(state: RunState, log: list[dict[str, Any]], path: str) -> dict[st
         if call.step_path != path:
             continue
         answer = log[call.responded_sequence - 1]["payload"] if call.responded_sequence else {}
+        stored = _stored(log, call.responded_sequence)
         response = answer.get("response")
         response = response if isinstance(response, Mapping) else {}
         if call.origin in REPLAYED_ORIGINS and call.usage is not None:
@@ -177,6 +183,7 @@ def _step_side(state: RunState, log: list[dict[str, Any]], path: str) -> dict[st
                 "error": call.error,
                 "usage": call.usage.to_json() if call.usage else None,
                 "costUsd": _money(call.cost),
+                "stored": {name.removeprefix("response."): ref for name, ref in stored.items()},
             }
         )
     tools = [
@@ -191,6 +198,7 @@ def _step_side(state: RunState, log: list[dict[str, Any]], path: str) -> dict[st
             "origin": call.origin or "live",
             "replayOf": call.replay_of,
             "durationMs": call.duration_ms,
+            "stored": {**_stored(log, call.started_sequence), **_stored(log, call.ended_sequence)},
         }
         for call in state.tool_calls.values()
         if call.step_path == path
@@ -211,23 +219,46 @@ def _step_side(state: RunState, log: list[dict[str, Any]], path: str) -> dict[st
     }
 
 
-def _behaviour(side: dict[str, Any]) -> dict[str, Any]:
-    """What a step did, the parts the comparison looks at."""
+def _stored(log: list[dict[str, Any]], sequence: int | None) -> dict[str, str]:
+    """The members of event `sequence` the log moved into an artifact: name -> ref (not read)."""
+    if not sequence or not 0 < sequence <= len(log):
+        return {}
+    env = log[sequence - 1]
+    return artifacts.moved_members(env["type"], env["payload"])
+
+
+def _member(m: Mapping[str, Any], name: str, by_content: bool) -> Any:
+    """A compared member as shown, or by content: a moved one's ref, an inline one's would-be ref
+    (the same sha256), so a value kept inline on one side and moved on the other is still equal."""
+    ref = m["stored"].get(name) or (m["stored"].get("response") if name in ("text", "toolCalls") else None)
+    if not by_content:
+        return f"(stored as an artifact: {ref})" if ref else m[name]
+    if ref:
+        return ref
+    return None if m[name] is None else artifacts.REF_PREFIX + "art_" + sha256_hex(canonical_bytes(m[name]))
+
+
+def _behaviour(side: dict[str, Any], *, by_content: bool = False) -> dict[str, Any]:
+    """What a step did, the parts the comparison looks at (`by_content`: moved members by ref)."""
     return {
         "status": side["status"],
         "output": {"output": side["output"], "outputRef": side["outputRef"], "error": side["error"]},
         "modelOutputs": [
-            {"text": m["text"], "toolCalls": m["toolCalls"], "status": m["status"]}
+            {
+                "text": _member(m, "text", by_content),
+                "toolCalls": _member(m, "toolCalls", by_content),
+                "status": m["status"],
+            }
             for m in side["modelCalls"]
             if m["status"] != "called"
         ],
         "toolResults": [
             {
                 "toolName": t["toolName"],
-                "args": t["args"],
+                "args": _member(t, "args", by_content),
                 "status": t["status"],
-                "result": t["result"],
-                "error": t["error"],
+                "result": _member(t, "result", by_content),
+                "error": _member(t, "error", by_content),
             }
             for t in side["toolCalls"]
         ],
@@ -246,12 +277,14 @@ def _compare(
     if before is None or after is None:
         entry.update(status="new" if before is None else "missing", changes=[])
         return entry
-    old, new = _behaviour(before), rename_runs(_behaviour(after), renames)
+    renamed = rename_runs(after, renames)
+    compared = _behaviour(before, by_content=True), _behaviour(renamed, by_content=True)
     changes = [
         name
         for name in ("status", "output", "modelOutputs", "toolResults")
-        if canonical_json(old[name]) != canonical_json(new[name])
+        if canonical_json(compared[0][name]) != canonical_json(compared[1][name])
     ]
+    old, new = _behaviour(before), _behaviour(renamed)
     for name in changes:
         if name != "status":
             entry["diff"][name] = _unified(_text(old[name], name), _text(new[name], name), path, name)
