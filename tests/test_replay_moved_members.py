@@ -25,6 +25,7 @@ from ledger.log import append, artifacts
 from ledger.log.artifacts import INLINE_LIMIT_BYTES
 from ledger.models import Run, Workspace
 from ledger.replay.divergence import divergence_report
+from ledger.replay.stored_plan import replay_plan_for
 from ledger.runtime.executor import resume_run, start_run
 from ledger.runtime.providers import ModelRequest, ScriptedProvider
 from ledger.runtime.record import read_record
@@ -119,6 +120,13 @@ def test_ledger_resume_replays_a_long_answer_and_a_long_tool_result_as_recorded(
     workspace: Workspace, script: Script
 ) -> None:
     _crashed_after_turn_one(workspace, script, "run_long")
+    plan = replay_plan_for(Run.objects.get(workspace=workspace, run_id="run_long"))
+    assert plan["replayReady"]["missing"] == ["model:agent:turn2:response"]  # only the call in flight
+    assert [(c["kind"], c["action"]) for c in plan["sessions"][0]["calls"]] == [
+        ("model", "replay"),
+        ("tool", "replay"),
+        ("model", "reinvoke"),
+    ]
 
     out = StringIO()
     call_command("ledger", "resume", "run_long", "--workspace", "acme/support", stdout=out, stderr=StringIO())
@@ -135,7 +143,11 @@ def test_a_resumed_run_refuses_an_answer_whose_artifact_changed(workspace: Works
     ref = _stored(workspace, "run_tampered", "harness.model.responded")["response"]["textRef"]
     path = Path(settings.ARTIFACTS_ROOT) / artifacts.get_by_ref(workspace, ref).storage_key
     path.write_bytes(canonical_bytes(LONG_TEXT.replace("parcel", "packet")))
-    before = Run.objects.get(workspace=workspace, run_id="run_tampered").last_sequence
+    run = Run.objects.get(workspace=workspace, run_id="run_tampered")
+    before = run.last_sequence
+    # The replay plan says so first: the answer it would replay fails its re-hash.
+    ready = replay_plan_for(run)["replayReady"]
+    assert ready["status"] == "fail" and f"artifact:{ref}" in ready["missing"]
 
     with pytest.raises(errors.IntegrityFailure):
         resume_run(workspace=workspace, run_id="run_tampered")
