@@ -90,17 +90,19 @@ def recorded_field(
     fold kept of it) unless the log moved it, or part of it, into an artifact; then the event's
     payload read back through artifacts.as_recorded (each artifact re-hashed)."""
     env = log[sequence - 1] if sequence and 0 < sequence <= len(log) else None
-    if env is None or run is None or env["sequence"] != sequence:
+    if env is None or env["sequence"] != sequence:
         return folded
     moved = artifacts.moved_members(env["type"], env["payload"])
     if not any(m == name or m.startswith(f"{name}.") for m in moved):
         return folded
+    if run is None:  # never a null in place of the recorded value
+        raise ValueError(f"event {sequence}'s {name} is an artifact; reading it back needs the run")
     return artifacts.as_recorded(run, env["type"], env["payload"]).get(name)
 
 
 def read_record(run_id: str, events: Sequence[Mapping[str, Any]], *, run: Run | None = None) -> Record:
-    """The fold of `events`, the log of `run` (without it, moved values read back as the fold
-    holds them: None)."""
+    """The fold of `events`, the log of `run` (which a replay of a value moved into an artifact
+    needs: Record.recorded)."""
     return Record(fold(events, run_id=run_id), run=run, log=events)
 
 
