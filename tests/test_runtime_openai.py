@@ -1,7 +1,8 @@
 """The openai-compatible provider, against a chat completions server on 127.0.0.1 started by the
 test (never the internet): an ai.generate step with a tool call round-trip through the runtime,
 the wire format the server receives, usage and cost on the recorded events, and one clear error
-for timeouts, unreachable servers, non-2xx answers and unreadable replies, none with the key."""
+for timeouts, unreachable servers, non-2xx answers and unreadable replies, none with the key, each
+saying whether the request left (a call that may have been paid for)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ledger.log.envelopes import log_of
 from ledger.log.verify import verify_run
 from ledger.models import CostEntry, Run, Workspace
 from ledger.runtime.executor import start_run
+from ledger.runtime.model import request_left
 from ledger.runtime.openai_compat import (
     API_KEY_ENV,
     BASE_URL_ENV,
@@ -257,6 +259,7 @@ def test_a_timeout_is_a_clear_error_and_the_provider_answers_the_next_request(se
         provider.generate(ModelRequest(step_path="ask", turn=1, body={"messages": []}))
 
     assert "within 0.2s (timeout)" in failed.value.message and server.base_url in failed.value.message
+    assert request_left(failed.value)  # the server had it: what it charged is unknown, not 0
     assert provider.generate(ModelRequest(step_path="ask", turn=1, body={"messages": []})).text == "Mild."
 
 
@@ -268,6 +271,7 @@ def test_a_server_error_names_the_status_and_the_servers_message(server: ChatSer
 
     assert "answered HTTP 500: upstream overloaded" in failed.value.message
     assert failed.value.details["httpStatus"] == 500
+    assert request_left(failed.value)
 
 
 def test_a_key_echoed_by_the_server_is_masked_in_the_error(server: ChatServer) -> None:
@@ -339,6 +343,17 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
         )
 
     assert f"could not reach {base_url}/chat/completions: ConnectError" in failed.value.message
+    assert not request_left(failed.value)  # no connection, no request: nothing to pay for
+
+
+def test_a_message_it_cannot_send_is_refused_before_the_request_leaves(server: ChatServer) -> None:
+    body = {"messages": [{"role": "robot", "content": "beep"}]}
+
+    with pytest.raises(ModelProviderError) as failed:
+        provider_for(server).generate(ModelRequest(step_path="ask", turn=1, body=body))
+
+    assert "cannot send a message with role 'robot'" in failed.value.message
+    assert not request_left(failed.value) and server.received == []
 
 
 def test_from_env_reads_the_settings_and_names_what_is_missing() -> None:

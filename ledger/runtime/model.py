@@ -27,6 +27,13 @@ class ModelReply:
         return response
 
 
+def request_left(exc: BaseException) -> bool:
+    """Whether a provider's failure may have come after its request left, so the call may be
+    paid for (its cost unknown, never 0): yes, unless the provider says it did not by setting
+    `request_left = False` on what it raises (it could not connect, or refused the request itself)."""
+    return getattr(exc, "request_left", True) is not False
+
+
 class ModelProvider(Protocol):
     name: str
     model_id: str

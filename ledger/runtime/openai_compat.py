@@ -6,6 +6,8 @@ back as a ModelReply whose usage carries the ledger's token fields. Every failur
 server is unreachable, slow, answers non-2xx or answers something unreadable, is one exception,
 ModelProviderError, with a readable message; what the runtime does with a provider that raises
 (record it, ask again, fail the step) is session.py's rule, and this message is what it records.
+Its `request_left` is False when nothing was sent (no connection was made, or the request was
+refused here): a caller that pays for calls counts only the others (model.request_left).
 
 The API key is sent in the Authorization header and nowhere else: it is not part of the request
 body that `harness.model.called` records, and it is masked out of every error message.
@@ -40,6 +42,8 @@ class ModelProviderError(LedgerError):
 
     code = "model_provider_error"
     status = 502
+    # False when nothing was sent (model.request_left): such a failure cost nothing.
+    request_left = True
 
 
 def _configured() -> dict[str, str]:
@@ -115,7 +119,11 @@ class OpenAICompatibleProvider:
         return f"{self.base_url}/chat/completions"
 
     def generate(self, request: ModelRequest) -> ModelReply:
-        payload = chat_request(self.model, request.body.get("messages") or (), request.body.get("tools") or ())
+        try:
+            payload = chat_request(self.model, request.body.get("messages") or (), request.body.get("tools") or ())
+        except ModelProviderError as exc:
+            exc.request_left = False  # refused here: nothing was sent, nothing is owed
+            raise
         data = self._post(payload)
         try:
             return parse_reply(data)
@@ -138,10 +146,14 @@ class OpenAICompatibleProvider:
     def _post(self, payload: dict[str, Any]) -> Any:
         try:
             response = self._http().post(self.endpoint, json=payload)
-        except httpx.TimeoutException:
-            raise self._error(f"no answer from {self._where()} within {self.timeout_s:g}s (timeout)") from None
+        except httpx.TimeoutException as exc:
+            raise self._error(
+                f"no answer from {self._where()} within {self.timeout_s:g}s (timeout)", left=not _unsent(exc)
+            ) from None
         except httpx.HTTPError as exc:
-            raise self._error(f"could not reach {self._where()}: {type(exc).__name__}: {exc}") from None
+            raise self._error(
+                f"could not reach {self._where()}: {type(exc).__name__}: {exc}", left=not _unsent(exc)
+            ) from None
         if not response.is_success:
             raise self._error(
                 f"{self._where()} answered HTTP {response.status_code}: {_server_message(response)}",
@@ -159,11 +171,20 @@ class OpenAICompatibleProvider:
         url = httpx.URL(self.endpoint)
         return str(url.copy_with(username=None, password=None)) if url.userinfo else str(url)
 
-    def _error(self, message: str, **details: Any) -> ModelProviderError:
+    def _error(self, message: str, *, left: bool = True, **details: Any) -> ModelProviderError:
+        """`left`: the request may have reached the server (model.request_left reads it)."""
         text = f"model provider {self.name}/{self.model}: {message}"
         if self.api_key:  # a server may echo what it was sent
             text = text.replace(self.api_key, "***")
-        return ModelProviderError(text, provider=self.name, model=self.model, **details)
+        error = ModelProviderError(text, provider=self.name, model=self.model, **details)
+        error.request_left = left
+        return error
+
+
+def _unsent(exc: httpx.HTTPError) -> bool:
+    """httpx failed before a byte of the request went out: no connection was made (refused,
+    unresolved, timed out connecting or waiting for the pool) or the URL's scheme is not HTTP."""
+    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol)
 
 
 # --- the runtime's conversation as OpenAI chat messages ------------------------------------------

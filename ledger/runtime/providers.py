@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,22 @@ def known_providers() -> list[str]:
     return sorted(_PROVIDERS)
 
 
+# What wraps every provider `provider_for` hands out in this context (None: nothing): a scorer's
+# paid calls are checked against an evaluation's budget and counted this way (ledger/evaluation/
+# scorers.py), whichever code of the scorer asks the registry for its model.
+_WRAPPER: ContextVar[Callable[[ModelProvider], ModelProvider] | None] = ContextVar("provider_wrapper", default=None)
+
+
+@contextmanager
+def wrapping(wrap: Callable[[ModelProvider], ModelProvider]) -> Iterator[None]:
+    """Inside the block (this thread or task), `provider_for` returns `wrap(provider)`."""
+    token = _WRAPPER.set(wrap)
+    try:
+        yield
+    finally:
+        _WRAPPER.reset(token)
+
+
 def provider_for(*, provider: str, model: str, current: ModelProvider) -> ModelProvider:
     from .errors import UnknownModelProvider
 
@@ -93,7 +111,9 @@ def provider_for(*, provider: str, model: str, current: ModelProvider) -> ModelP
         raise UnknownModelProvider(
             f"no model provider named {provider!r} is registered (known: {known_providers()})", provider=provider
         )
-    return factory(model, current)
+    made = factory(model, current)
+    wrap = _WRAPPER.get()
+    return made if wrap is None else wrap(made)
 
 
 def _scripted(model: str, current: ModelProvider) -> ModelProvider:
