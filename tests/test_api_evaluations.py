@@ -159,7 +159,7 @@ def test_an_evaluation_stopped_by_a_judge_of_unknown_cost_says_why(workspace, se
     why = {
         "code": "cost_unknown",
         "message": f"evaluation {made['id']} cannot keep its ceiling of 1 USD: a grader call has no known cost "
-        "(no price for the model, or no usage reported)",
+        "(no price for the model, no usage reported, or a failure after the request left)",
     }
     first, *rest = (
         ReexecutionRequest.objects.filter(batch_id=made["batchId"]).order_by("pk").values_list("pk", flat=True)

@@ -460,7 +460,10 @@ def test_a_judge_call_of_unknown_cost_is_the_last_paid_call_of_the_evaluation(
     assert made.status == neighbour.status == Status.RUNNING
     done = evaluations.execute_here(made)
     assert done.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED and done.budget_exhausted
-    unknown = "a grader call has no known cost (no price for the model, or no usage reported)"
+    unknown = (
+        "a grader call has no known cost "
+        "(no price for the model, no usage reported, or a failure after the request left)"
+    )
     why = f"evaluation {made.public_id} cannot keep its ceiling of 1000 USD: {unknown}"
     assert done.budget_reason == {"code": "cost_unknown", "message": why}
     assert evaluations.evaluation_json(done)["budgetReason"] == done.budget_reason

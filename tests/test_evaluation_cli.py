@@ -116,7 +116,7 @@ def test_a_judge_of_unknown_cost_stops_the_gate_with_exit_3_and_says_why(golden,
     assert code == 3 and summary["verdict"] == "budget_exhausted"
     why = (
         f"evaluation {summary['id']} cannot keep its ceiling of 1 USD: a grader call has no known cost "
-        "(no price for the model, or no usage reported)"
+        "(no price for the model, no usage reported, or a failure after the request left)"
     )
     assert err.splitlines()[-1] == f"verdict: budget_exhausted: {why}"
     report = json.loads((tmp_path / "report.json").read_text())

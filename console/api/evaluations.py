@@ -135,7 +135,7 @@ class BudgetReasonSerializer(serializers.Serializer):
     code = enum(
         list(budget.STOP_CODES),
         help_text="ceiling_reached / cost_unknown: the evaluation's own ceiling was spent, or cannot be kept "
-        "(a model call of its runs or of its grader has no known cost); day_…: the same for its policy's daily "
+        "(a model call of its runs or of its scorers has no known cost); day_…: the same for its policy's daily "
         "ceiling",
     )
     message = serializers.CharField(help_text="for a person: which ceiling, and why")

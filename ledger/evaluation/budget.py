@@ -2,9 +2,10 @@
 "Budget").
 
 Spend is what the evaluation's new runs cost (their live model calls, priced like any run's)
-plus its model-graded scores' calls. `exhausted` is asked before each of those paid calls: by the
-guard before each live model call of a request of the evaluation's batch, and by the scoring
-before each grader call (evaluations._score_all). When the evaluation has spent its ceiling, or
+plus its scorers' paid calls (`model_graded`'s, and a registered scorer's through the provider
+registry). `exhausted` is asked before each of those paid calls: by the guard before each live
+model call of a request of the evaluation's batch, and by the scoring before each scorer's call
+(evaluations._spending). When the evaluation has spent its ceiling, or
 the policy's evaluations of the day have spent the daily one, the call is refused before the
 provider is asked (a run's call is recorded as failed with `BudgetExhausted`, a grader's fails its
 score) and the evaluation is marked `budget_exhausted`. A call that starts under the ceiling
@@ -12,8 +13,9 @@ completes: the ceiling can be passed by at most one call's cost per run executin
 asked) at that moment, never by a call started after.
 
 A ceiling is kept only over calls whose cost is known. Once one of the evaluation's new runs or
-one of its graders made a call that is unpriced (its model has no price, or the provider reported
-no usage), the spend is unknown, so the guard refuses the next live call (and the scorer the next
+one of its scorers made a call that is unpriced (its model has no price, or the provider reported
+no usage; for a scorer's call also: the provider failed after the request left, scorers.py "Paid
+calls"), the spend is unknown, so the guard refuses the next live call (and the scorer the next
 grader call) as it does past the ceiling, and says why; the same for the policy's daily ceiling.
 A price for the model (Settings, Prices) is the way on. Why it stopped is kept on the evaluation
 (`budget_reason`, a `Stop`'s JSON), the first time it does.
@@ -45,13 +47,14 @@ def _runs_cost(workspace_id: int, batch_ids: list[str]) -> tuple[Decimal, int]:
 
 
 def spend(evaluation: Evaluation) -> Decimal:
-    """What the evaluation spent, as far as it is known (unpriced calls add nothing: `unpriced_calls`)."""
+    """What the evaluation spent, as far as it is known: a lower bound while `unpriced_calls` is
+    above 0 (those calls add nothing to it)."""
     return _runs_cost(evaluation.workspace_id, [evaluation.batch_id])[0] + evaluation.grader_cost_usd
 
 
 def unpriced_calls(evaluation: Evaluation) -> int:
-    """The evaluation's calls whose cost is unknown (no price, or no usage reported): its new
-    runs' and its graders'."""
+    """The evaluation's calls whose cost is unknown (no price, or no usage reported; a scorer's
+    call that failed after its request left): its new runs' and its scorers'."""
     return _runs_cost(evaluation.workspace_id, [evaluation.batch_id])[1] + evaluation.grader_unpriced_calls
 
 
@@ -109,7 +112,10 @@ def _unknown(unknown: _Unknown) -> str:
     if unknown.graders:
         parts.append("a grader call" if unknown.graders == 1 else f"{unknown.graders} grader calls")
     verb = "has" if sum(unknown) == 1 else "have"
-    return f"{' and '.join(parts)} {verb} no known cost (no price for the model, or no usage reported)"
+    why = "no price for the model, or no usage reported"
+    if unknown.graders:
+        why = "no price for the model, no usage reported, or a failure after the request left"
+    return f"{' and '.join(parts)} {verb} no known cost ({why})"
 
 
 # Why a ceiling stopped an evaluation (docs/api.md "Evaluations", `budgetReason.code`): its own

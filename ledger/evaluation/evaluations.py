@@ -43,7 +43,7 @@ from . import budget, failif, policies
 from .access import Principal, actor
 from .datasets import get_dataset, get_version
 from .errors import InvalidEvaluation
-from .scorers import Score, ScoreContext, check_specs, run_scorer
+from .scorers import ScoreContext, Spending, check_specs, run_scorer
 
 log = logging.getLogger(__name__)
 Status = Evaluation.Status
@@ -380,27 +380,35 @@ def _context(
     )
 
 
-def _score_all(evaluation: Evaluation, run_id: str, ctx_for: Any) -> dict[str, dict[str, Any]]:
-    out = {}
-    for spec in evaluation.scorers:
-        stop = budget.exhausted(evaluation) if spec["name"] == "model_graded" else None
-        if stop is not None:
-            # The grader's call is paid like a run's: past the ceiling, or once a call's cost is
-            # unknown, it is not asked (the guard refuses the runs' next live call the same way).
-            score = Score(0.0, False, f"budget_exhausted: {stop.message}; the grader was not asked")
-            evaluation.budget_exhausted = True
-            if evaluation.budget_reason is None:
-                evaluation.budget_reason = stop.as_json()
-        else:
-            score = run_scorer(spec, ctx_for(spec["args"]))
-        if score.cost_usd is None:
-            # Unpriced (no price, or no usage reported): its dollars are unknown, not 0, so the
-            # evaluation's ceilings cannot be kept from here on (budget.exhausted).
+def _spending(evaluation: Evaluation) -> Spending:
+    """The evaluation's budget over its scorers' paid calls (scorers.py), kept on `evaluation` in
+    memory (advance saves it): a scorer's call is paid like a run's, so past the ceiling, or once
+    a call's cost is unknown, it is not made (the guard refuses the runs' next live call the same
+    way)."""
+
+    def refusal() -> str | None:
+        stop = budget.exhausted(evaluation)
+        if stop is None:
+            return None
+        evaluation.budget_exhausted = True
+        if evaluation.budget_reason is None:
+            evaluation.budget_reason = stop.as_json()
+        return stop.message
+
+    def spent(cost: Decimal | None) -> None:
+        if cost is None:
+            # Unknown (no price, no usage reported, or failed after the request left): not 0, so
+            # the evaluation's ceilings cannot be kept from here on (budget.exhausted).
             evaluation.grader_unpriced_calls += 1
         else:
-            evaluation.grader_cost_usd += score.cost_usd
-        out[spec["name"]] = score.as_json()
-    return out
+            evaluation.grader_cost_usd += cost
+
+    return Spending(refusal=refusal, spent=spent)
+
+
+def _score_all(evaluation: Evaluation, run_id: str, ctx_for: Any) -> dict[str, dict[str, Any]]:
+    spending = _spending(evaluation)
+    return {spec["name"]: run_scorer(spec, ctx_for(spec["args"]), spending).as_json() for spec in evaluation.scorers}
 
 
 def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[str, Any]) -> None:

@@ -11,9 +11,24 @@ scorer that only decides pass/fail scores 1.0 or 0.0. Built in:
 - `regex`: args `{pattern, field?}`: the output (or one dotted field of it) as text matches.
 - `model_graded`: args `{provider, model, rubric?}`: a model of the provider registry
   (ledger/runtime/providers.py) is asked whether the output meets the expected one and answers
-  `PASS`/`FAIL` or a number in [0, 1] first, then its reason. Its tokens are priced like any
-  live call and count in the evaluation's spend (and its ceiling); a call whose cost is unknown
-  (`cost_usd` None) stops the evaluation like an unpriced call of its runs (budget.py).
+  `PASS`/`FAIL` or a number in [0, 1] first, then its reason.
+
+Paid calls. A scorer, built in or registered, pays for a model call by asking a model of the
+provider registry (`grader_model`, or `provider_for` itself). While a scorer runs every such
+model is metered (`run_scorer`): before each call leaves, the evaluation's budget is asked and a
+refused call raises `PaidCallRefused` without asking the provider (the score fails with the
+budget's reason, whatever the scorer does with the exception); after it, its tokens are priced
+like any live call and its dollars count in the evaluation's spend at once. What a call costs:
+- a reply: its price, or unknown (no price for the model, or no usage reported);
+- a failure of the provider after the request left, or may have left (an HTTP error, a timeout,
+  a reply it could not read, any exception it raises that does not say otherwise): unknown. The
+  provider may have charged for it; counting it 0 would let a ceiling be passed unseen;
+- a failure before any request left (the scorer refused its input itself, no such provider, the
+  budget refused it, or the provider says nothing was sent: model.request_left): nothing.
+A call of unknown cost counts as unpriced: it stops the evaluation under a ceiling like an
+unpriced call of its runs (budget.py). A scorer that made no call through the registry may still
+report calls it paid another way in its Score's `usage` and `cost_usd` (None: unknown); those
+count after it returns, and no budget is asked before them.
 """
 
 from __future__ import annotations
@@ -28,8 +43,8 @@ from typing import Any
 from ..canonical import digest
 from ..fold.pricing import price_recorded, prices_for
 from ..models import Workspace
-from ..runtime.model import ModelRequest
-from ..runtime.providers import ScriptedProvider, provider_for
+from ..runtime.model import ModelProvider, ModelReply, ModelRequest, request_left
+from ..runtime.providers import ScriptedProvider, provider_for, wrapping
 from .errors import InvalidEvaluation
 
 
@@ -48,8 +63,10 @@ class Score:
     value: float
     passed: bool
     reason: str = ""
-    usage: Mapping[str, Any] | None = None  # a model-graded scorer's tokens
-    # Its dollars; None when unpriced (no price, or no token count reported), never 0 for unknown.
+    # Its paid calls' tokens and dollars (the module's docstring): run_scorer puts those of its
+    # calls through the registry here; a scorer sets them only for calls it paid another way.
+    usage: Mapping[str, Any] | None = None
+    # None when unknown (no price, no token count reported, or failed after the request left), never 0.
     cost_usd: Decimal | None = Decimal(0)
 
     def as_json(self) -> dict[str, Any]:
@@ -70,6 +87,11 @@ def register_scorer(name: str, fn: Scorer, *, check_args: Callable[[Mapping[str,
     _SCORERS[name] = fn
     if check_args is not None:
         _CHECKERS[name] = check_args
+
+
+def unregister_scorer(name: str) -> None:
+    _SCORERS.pop(name, None)
+    _CHECKERS.pop(name, None)
 
 
 def known_scorers() -> list[str]:
@@ -101,14 +123,119 @@ def check_specs(value: Any) -> list[dict[str, Any]]:
     return specs
 
 
-def run_scorer(spec: Mapping[str, Any], ctx: ScoreContext) -> Score:
-    """One scorer's verdict; a scorer that raises fails with the exception as its reason."""
+# --- paid calls ---------------------------------------------------------------------------------
+
+
+class PaidCallRefused(Exception):
+    """Raised to a scorer instead of a model call its evaluation's budget refuses: the provider
+    was not asked."""
+
+
+@dataclass(frozen=True)
+class Spending:
+    """What a scorer's paid calls answer to (an evaluation's budget: evaluations._score_all).
+    `refusal()`: why the next call may not be made, or None; `spent(cost)`: one call's dollars
+    once known, None when unknown, added at once so that the next `refusal()` sees them."""
+
+    refusal: Callable[[], str | None]
+    spent: Callable[[Decimal | None], None]
+
+
+UNMETERED = Spending(refusal=lambda: None, spent=lambda cost: None)  # outside an evaluation
+
+
+@dataclass
+class _Tally:
+    """The paid calls of one scorer's verdict."""
+
+    workspace: Workspace
+    spending: Spending
+    calls: int = 0
+    unpriced: int = 0
+    cost_usd: Decimal = Decimal(0)
+    usage: dict[str, int] = field(default_factory=dict)
+    refused: str | None = None
+
+    def count(self, usage: Mapping[str, Any], cost: Decimal | None) -> None:
+        self.calls += 1
+        for key, tokens in usage.items():
+            if isinstance(tokens, int) and not isinstance(tokens, bool):
+                self.usage[key] = self.usage.get(key, 0) + tokens
+        if cost is None:
+            self.unpriced += 1
+        else:
+            self.cost_usd += cost
+        self.spending.spent(cost)
+
+
+class _Metered:
+    """A model of the registry, asked by a scorer: checked before each call, counted after."""
+
+    def __init__(self, inner: ModelProvider, tally: _Tally) -> None:
+        self.inner, self.tally = inner, tally
+        self.name, self.model_id = inner.name, inner.model_id
+
+    def generate(self, request: ModelRequest) -> ModelReply:
+        refusal = self.tally.spending.refusal()
+        if refusal is not None:
+            self.tally.refused = refusal
+            raise PaidCallRefused(refusal)
+        try:
+            reply = self.inner.generate(request)
+        except Exception as exc:
+            if request_left(exc):
+                self.tally.count({}, None)  # it may have been charged: unknown, never 0
+            raise
+        usage = dict(reply.usage)
+        try:
+            cost = price_recorded(usage, self.name, self.model_id, prices_for(self.tally.workspace))
+        except Exception:  # noqa: BLE001 - usage that cannot be priced is of unknown cost, not free
+            cost = None
+        self.tally.count(usage, cost)
+        return reply
+
+
+def grader_model(provider: str, model: str) -> ModelProvider:
+    """A model of the provider registry for a scorer to ask (a `scripted` provider answers every
+    request with FAIL); inside `run_scorer` its calls are paid calls."""
+    return provider_for(
+        provider=provider,
+        model=model,
+        current=ScriptedProvider(script=lambda r: {"text": "FAIL no grader script"}, name=provider),
+    )
+
+
+def run_scorer(spec: Mapping[str, Any], ctx: ScoreContext, spending: Spending = UNMETERED) -> Score:
+    """One scorer's verdict, its paid calls (the module's docstring) checked and counted with
+    `spending`; a scorer that raises fails with the exception as its reason."""
+    tally = _Tally(ctx.workspace, spending)
     try:
-        score = _SCORERS[spec["name"]](ctx)
+        with wrapping(lambda provider: _Metered(provider, tally)):
+            score = _SCORERS[spec["name"]](ctx)
     except Exception as exc:  # noqa: BLE001 - a broken scorer is a failed score, not a broken evaluation
-        return Score(0.0, False, f"the scorer raised {type(exc).__name__}: {exc}")
+        score = Score(0.0, False, f"the scorer raised {type(exc).__name__}: {exc}")
+    if tally.refused is not None:
+        not_made = "the grader was not asked" if not tally.calls else "its next model call was not made"
+        score = Score(0.0, False, f"budget_exhausted: {tally.refused}; {not_made}")
     value = min(1.0, max(0.0, float(score.value)))
-    return Score(value, bool(score.passed), score.reason, score.usage, score.cost_usd)
+    if tally.calls:
+        cost = None if tally.unpriced else tally.cost_usd  # the verdict's dollars: unknown if one call's are
+        return Score(value, bool(score.passed), score.reason, tally.usage, cost)
+    reported = _dollars(score.cost_usd)
+    if score.usage is not None or reported != 0:
+        spending.spent(reported)  # what it paid outside the registry, as it reports it
+    return Score(value, bool(score.passed), score.reason, score.usage, reported)
+
+
+def _dollars(value: Any) -> Decimal | None:
+    """A scorer's own `cost_usd` as dollars; what is not a number is unknown."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        dollars = value if isinstance(value, Decimal) else Decimal(str(value))
+    except ArithmeticError:
+        return None
+    return dollars if dollars.is_finite() else None
 
 
 # --- built-ins --------------------------------------------------------------------------------
@@ -207,11 +334,7 @@ _VERDICT = re.compile(r"^\s*(PASS|FAIL|[01](?:\.\d+)?)\b[\s:.,-]*(.*)$", re.IGNO
 
 
 def model_graded(ctx: ScoreContext) -> Score:
-    grader = provider_for(
-        provider=str(ctx.args["provider"]),
-        model=str(ctx.args["model"]),
-        current=ScriptedProvider(script=lambda r: {"text": "FAIL no grader script"}, name=str(ctx.args["provider"])),
-    )
+    grader = grader_model(str(ctx.args["provider"]), str(ctx.args["model"]))
     content = (
         f"Rubric: {ctx.args.get('rubric') or 'the output says what the expected output says'}\n"
         f"Expected: {_text(ctx.expected)}\nOutput: {_text(ctx.output)}"
@@ -222,14 +345,12 @@ def model_graded(ctx: ScoreContext) -> Score:
         "tools": [],
     }
     reply = grader.generate(ModelRequest(step_path=f"grade:{ctx.run_id}", turn=1, body=body))
-    usage = dict(reply.usage)
-    cost = price_recorded(usage, grader.name, grader.model_id, prices_for(ctx.workspace))
     match = _VERDICT.match(reply.text or "")
     if match is None:
-        return Score(0.0, False, f"the grader's answer has no verdict: {(reply.text or '')[:200]}", usage, cost)
+        return Score(0.0, False, f"the grader's answer has no verdict: {(reply.text or '')[:200]}")
     word, reason = match.group(1).upper(), match.group(2).strip()[:500]
     value = 1.0 if word == "PASS" else 0.0 if word == "FAIL" else float(word)
-    return Score(value, value >= 0.5, reason or word, usage, cost)
+    return Score(value, value >= 0.5, reason or word)
 
 
 register_scorer("exact", exact)
