@@ -2,10 +2,12 @@
 (docs/evaluations.md "Scorers" and "Budget"): a judge call that fails after its request left is
 of unknown cost, never free, and stops the evaluation under a ceiling; a call that never left
 costs nothing; a registered scorer's calls through the provider registry are checked before each
-one like the built-in judge's."""
+one like the built-in judge's; and the count of calls of unknown cost stands beside the spend in
+the API (and its schema), on the console's page and in `ledger evaluate`'s line."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
@@ -13,15 +15,19 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
 
 from ledger.evaluation import datasets, evaluations, policies
 from ledger.evaluation.scorers import Score, ScoreContext, register_scorer, unregister_scorer
 from ledger.fold.pricing import price_recorded, prices_for
 from ledger.log.envelopes import log_of
 from ledger.models import Evaluation, ReexecutionRequest, Run, Workspace
+from ledger.reexecution import services
 from ledger.runtime.model import ModelProvider, ModelRequest
 from ledger.runtime.openai_compat import OpenAICompatibleProvider
 from ledger.runtime.providers import ScriptedProvider, provider_for, register_provider, unregister_provider
+from ledger.tenancy.services import create_key
 from tests.conftest import named_user
 from tests.evaluation_support import Calls, model_change, registered_providers, triage_runs
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
@@ -145,6 +151,8 @@ def test_a_judge_call_that_failed_after_its_request_left_is_of_unknown_cost_not_
         r: {f"budget_exhausted: {why}; no live call is made past it"} for r in golden[1:]
     }
     assert done.grader_unpriced_calls == 1 and done.grader_cost_usd == 0
+    shown = evaluations.evaluation_json(done)
+    assert shown["unpricedCalls"] == 1 and shown["report"]["aggregates"]["unpricedCalls"] == 1
 
 
 def test_calls_that_never_left_cost_nothing_and_stop_nothing(workspace, golden, people, providers: Calls) -> None:
@@ -182,6 +190,7 @@ def test_calls_that_never_left_cost_nothing_and_stop_nothing(workspace, golden, 
     refused = scores["model_graded"]["after"]["reason"]
     assert refused.startswith("the scorer raised ModelProviderError: ") and "could not reach" in refused
     assert done.grader_unpriced_calls == 0 and done.grader_cost_usd == 0
+    assert evaluations.evaluation_json(done)["unpricedCalls"] == 0
     assert all("usage" not in s[side] for r in done.report["runs"] for s in r["scores"].values() for side in s)
 
 
@@ -245,3 +254,69 @@ def test_a_registered_scorers_calls_are_checked_before_each_one_like_the_judges(
         r: {f"budget_exhausted: {why}; no live call is made past it"} for r in golden[1:]
     }
     assert done.grader_cost_usd == PER_CALL and done.grader_unpriced_calls == 0
+    assert evaluations.evaluation_json(done)["unpricedCalls"] == 0
+
+
+# --- 3. the calls of unknown cost beside the spend ----------------------------------------------
+
+
+def test_the_calls_of_unknown_cost_stand_beside_the_spend_everywhere(workspace, golden, people, providers) -> None:
+    """Approved by a person, an evaluation has no ceiling: its runs' model and its judge have no
+    price, nothing stops it, and its spend is a lower bound. The API (one evaluation, the list,
+    the schema) and the console's page count its calls of unknown cost, the runs' and the judge's."""
+    change = model_change("counting", "house-model-1")
+    unpriced = _start(workspace, people["carol"], ["exact", _judge("grader", "house-judge-1")], change=change)
+    priced = _start(workspace, people["carol"], ["exact", _judge("grader")])
+    waiting = _start(workspace, people["carol"], ["exact"])
+    for made in (unpriced, priced):
+        first = ReexecutionRequest.objects.filter(batch_id=made.batch_id).order_by("pk").first()
+        assert first is not None
+        services.approve(workspace=workspace, reexecution_id=first.public_id, by=people["bob"], note="go")
+        assert evaluations.execute_here(made).status == Evaluation.Status.FINISHED
+    done = Evaluation.objects.get(pk=unpriced.pk)
+    assert not done.budget_exhausted
+    runs = Run.objects.filter(run_id__in=[r["newRunId"] for r in done.report["runs"]])
+    runs_unknown = sum(r.unpriced_calls for r in runs)
+    assert runs_unknown == 6 and all(r.cost_usd is None for r in runs)  # 2 calls in each of 3 runs
+    assert done.grader_unpriced_calls == 6  # before and after, 3 runs
+    aggregates = done.report["aggregates"]
+    assert aggregates["spendUsd"] == "0" and aggregates["unpricedCalls"] == 12
+
+    _, secret = create_key(workspace=workspace, scopes=["read"])
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    one = api.get(f"/api/v1/evaluations/{unpriced.public_id}").json()
+    assert one["unpricedCalls"] == 12
+    listed = api.get("/api/v1/evaluations").json()["evaluations"]
+    assert [(e["id"], e["unpricedCalls"]) for e in listed] == [
+        (waiting.public_id, 0),
+        (priced.public_id, 0),
+        (unpriced.public_id, 12),
+    ]
+    field = Client().get("/api/schema/?format=json").json()["components"]["schemas"]["Evaluation"]
+    assert field["properties"]["unpricedCalls"]["type"] == "integer" and "unpricedCalls" in field["required"]
+
+    carol = Client()
+    carol.force_login(people["carol"])
+    page = carol.get(f"/w/acme/support/evaluations/{unpriced.public_id}/").content.decode()
+    assert 'data-unpriced-calls="12"' in page and "spend $0 + 12 calls of unknown cost" in page
+    fine = carol.get(f"/w/acme/support/evaluations/{priced.public_id}/").content.decode()
+    assert 'id="spend"' in fine and "unknown cost" not in fine
+    listing = carol.get("/w/acme/support/evaluations/").content.decode()
+    assert "+12 unknown" in listing
+
+
+def test_ledger_evaluate_prints_the_calls_of_unknown_cost(workspace, golden, people, providers) -> None:
+    _policy(workspace, people["bob"], ["exact", "model_graded"], ceiling="1000")
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command(
+            "ledger",
+            *("evaluate", "golden", "--workspace", "acme/support", "--as", "carol", "--here"),
+            *("--change", "model:default=counting/gpt-4o-mini", "--scorer", "exact"),
+            *("--scorer", 'model_graded:{"provider": "failing-grader", "model": "judge-1"}'),
+            stdout=out,
+            stderr=err,
+        )
+    summary = json.loads(out.getvalue())
+    assert exited.value.code == 3 and summary["verdict"] == "budget_exhausted"
+    assert summary["unpricedCalls"] == 1 and summary["spendUsd"] is not None

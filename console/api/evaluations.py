@@ -162,6 +162,12 @@ class EvaluationSerializer(serializers.Serializer):
     budgetReason = BudgetReasonSerializer(
         allow_null=True, help_text="why the spend ceiling stopped it (the first time it did); null until then"
     )
+    unpricedCalls = serializers.IntegerField(
+        min_value=0,
+        help_text="its paid model calls of unknown cost so far, its new runs' and its scorers' (no price for the "
+        "model, no usage reported, or a scorer's call that failed after its request left): while above 0 the "
+        "spend (report.aggregates.spendUsd) is a lower bound, and a ceiling stops it at its next paid call",
+    )
     reason = serializers.CharField()
     requestedBy = serializers.CharField()
     createdAt = serializers.DateTimeField()
@@ -402,8 +408,14 @@ class EvaluationsView(APIView):
         after = keyset_cursor(request, kind="evaluations", scope=caller.workspace)
         found = evaluations.evaluations(caller.workspace, limit=limit + 1, after=after)
         rows, next_cursor = _page(found, limit, _newest_first, kind="evaluations", scope=caller.workspace)
+        unpriced = budget.unpriced_calls_of(caller.workspace.pk, rows)
         return Response(
-            {"evaluations": [evaluations.evaluation_json(e, report=False) for e in rows], "next": next_cursor}
+            {
+                "evaluations": [
+                    evaluations.evaluation_json(e, report=False, unpriced_calls=unpriced[e.pk]) for e in rows
+                ],
+                "next": next_cursor,
+            }
         )
 
     @extend_schema(

@@ -26,7 +26,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from ledger.errors import LedgerError, NotFound
-from ledger.evaluation import datasets, evaluations, policies
+from ledger.evaluation import budget, datasets, evaluations, policies
 from ledger.evaluation.errors import EvaluationForbidden
 from ledger.models import Evaluation, Workspace
 from ledger.reads import selectors
@@ -59,6 +59,7 @@ def _rows(ws: Workspace) -> list[dict[str, Any]]:
                 "pass_rate": aggregates.get("passRate"),
                 "changed": aggregates.get("changed"),
                 "spend": aggregates.get("spendUsd"),
+                "unpriced_calls": aggregates.get("unpricedCalls"),  # counted with the spend, in the report
                 "models": f"{found.change.get('kind')}: {evaluations.describe_change(found.change)}",
             }
         )
@@ -141,6 +142,11 @@ def _detail_context(request: HttpRequest, ws: Workspace, found: Evaluation) -> d
                 else "n/a",
             }
         )
+    aggregates = report.get("aggregates") or {}
+    # Beside the spend, counted when it was; a report written before the count was kept in it: now.
+    unpriced = aggregates.get("unpricedCalls")
+    if unpriced is None and aggregates:
+        unpriced = budget.unpriced_calls(found)
     after = [s["after"]["value"] for r in report.get("runs", []) for s in r.get("scores", {}).values()]
     before = [s["before"]["value"] for r in report.get("runs", []) for s in r.get("scores", {}).values() if s["before"]]
     return {
@@ -148,7 +154,8 @@ def _detail_context(request: HttpRequest, ws: Workspace, found: Evaluation) -> d
         "e": found,
         "change": evaluations.describe_change(found.change),
         "report": report,
-        "aggregates": report.get("aggregates") or {},
+        "aggregates": aggregates,
+        "unpriced_calls": unpriced,
         "runs": runs,
         "bins_after": _bins(after),
         "bins_before": _bins(before),

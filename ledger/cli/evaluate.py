@@ -213,6 +213,7 @@ def handle(
                 "changed": aggregates.get("changed"),
                 "costDelta": aggregates.get("costDelta"),
                 "spendUsd": aggregates.get("spendUsd"),
+                "unpricedCalls": document["unpricedCalls"],  # above 0: spendUsd is a lower bound
             },
             sort_keys=True,
         )

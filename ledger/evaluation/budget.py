@@ -23,12 +23,12 @@ A price for the model (Settings, Prices) is the way on. Why it stopped is kept o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, time
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from django.db.models import Sum
+from django.db.models import OuterRef, Subquery, Sum
 
 from .. import clock
 from ..models import Evaluation, EvaluationPolicy, ReexecutionRequest, Run
@@ -56,6 +56,27 @@ def unpriced_calls(evaluation: Evaluation) -> int:
     """The evaluation's calls whose cost is unknown (no price, or no usage reported; a scorer's
     call that failed after its request left): its new runs' and its scorers'."""
     return _runs_cost(evaluation.workspace_id, [evaluation.batch_id])[1] + evaluation.grader_unpriced_calls
+
+
+def unpriced_calls_of(workspace_id: int, rows: Sequence[Evaluation]) -> dict[int, int]:
+    """`unpriced_calls` of each of a workspace's evaluations (by pk), in one query for them all
+    (a page of the list)."""
+    batches = {e.batch_id for e in rows}
+    runs_unpriced = Subquery(
+        Run.objects.filter(workspace_id=OuterRef("workspace_id"), run_id=OuterRef("new_run_id")).values(
+            "unpriced_calls"
+        )[:1]
+    )
+    by_batch = dict(
+        ReexecutionRequest.objects.filter(workspace_id=workspace_id, batch_id__in=batches)
+        .exclude(new_run_id="")
+        .values("batch_id")
+        .annotate(unpriced=Sum(runs_unpriced))
+        .values_list("batch_id", "unpriced")
+        if batches
+        else ()
+    )
+    return {e.pk: (by_batch.get(e.batch_id) or 0) + e.grader_unpriced_calls for e in rows}
 
 
 def _day_start(now: datetime) -> datetime:

@@ -691,6 +691,7 @@ def build_report(evaluation: Evaluation, requests: Sequence[ReexecutionRequest])
         "unansweredCalls": sum(r.get("unansweredCalls", 0) for r in ran),
         "graderCostUsd": budget.usd_text(evaluation.grader_cost_usd),
         "spendUsd": budget.usd_text(budget.spend(evaluation)),
+        "unpricedCalls": budget.unpriced_calls(evaluation),
         "budgetExhausted": evaluation.budget_exhausted,
     }
     return {"runs": runs, "aggregates": aggregates}
@@ -750,7 +751,11 @@ def evaluations(
     return list(selectors.older_than(qs, after)[:limit])
 
 
-def evaluation_json(evaluation: Evaluation, *, report: bool = True) -> dict[str, Any]:
+def evaluation_json(
+    evaluation: Evaluation, *, report: bool = True, unpriced_calls: int | None = None
+) -> dict[str, Any]:
+    """The API's evaluation; `unpriced_calls` when the caller counted them already
+    (budget.unpriced_calls_of, for a page of them)."""
     version = evaluation.dataset_version
     out = {
         "id": evaluation.public_id,
@@ -767,6 +772,8 @@ def evaluation_json(evaluation: Evaluation, *, report: bool = True) -> dict[str,
         "verdict": evaluation.verdict or None,
         "budgetExhausted": evaluation.budget_exhausted,
         "budgetReason": evaluation.budget_reason,
+        # Calls of unknown cost so far: while above 0 the spend (the report's spendUsd) is a lower bound.
+        "unpricedCalls": budget.unpriced_calls(evaluation) if unpriced_calls is None else unpriced_calls,
         "reason": evaluation.reason,
         "requestedBy": evaluation.requested_by,
         "createdAt": evaluation.created_at.isoformat(),
