@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from ledger.evaluation import datasets, evaluations, policies
-from ledger.evaluation.scorers import Score, ScoreContext, register_scorer, unregister_scorer
+from ledger.evaluation.scorers import Score, ScoreContext, Spending, register_scorer, run_scorer, unregister_scorer
 from ledger.fold.pricing import price_recorded, prices_for
 from ledger.log.envelopes import log_of
 from ledger.models import Evaluation, ReexecutionRequest, Run, Workspace
@@ -255,6 +255,38 @@ def test_a_registered_scorers_calls_are_checked_before_each_one_like_the_judges(
     }
     assert done.grader_cost_usd == PER_CALL and done.grader_unpriced_calls == 0
     assert evaluations.evaluation_json(done)["unpricedCalls"] == 0
+
+
+def test_a_model_a_scorer_keeps_between_verdicts_answers_to_the_verdict_asking(
+    workspace, judge_price, providers
+) -> None:
+    """A scorer that keeps its judge in a global: the calls it makes in a later verdict count
+    toward that verdict's budget (here one that refuses), never toward the first one's."""
+    kept: list[ModelProvider] = []
+
+    def thrifty(ctx: ScoreContext) -> Score:
+        if not kept:
+            kept.append(provider_for(provider="grader", model="judge-1", current=ScriptedProvider(script={})))
+        content = f"Output: {json.dumps(ctx.output)}"
+        reply = kept[0].generate(
+            ModelRequest(step_path="grade", turn=1, body={"messages": [{"role": "user", "content": content}]})
+        )
+        return Score(1.0, True, reply.text or "")
+
+    first: list[Decimal | None] = []
+    second: list[Decimal | None] = []
+    register_scorer("thrifty", thrifty)
+    try:
+        ctx = ScoreContext(
+            workspace=workspace, run_id="run_x", output="Answer for you", expected=None, original_output=None
+        )
+        made = run_scorer({"name": "thrifty"}, ctx, Spending(refusal=lambda: None, spent=first.append))
+        refused = run_scorer({"name": "thrifty"}, ctx, Spending(refusal=lambda: "spent", spent=second.append))
+    finally:
+        unregister_scorer("thrifty")
+    assert made.passed and made.cost_usd == PER_CALL and first == [PER_CALL]
+    assert not refused.passed and refused.reason == "budget_exhausted: spent; the grader was not asked"
+    assert first == [PER_CALL] and second == [] and [c[0] for c in providers.made] == ["grader"]
 
 
 # --- 3. the calls of unknown cost beside the spend ----------------------------------------------

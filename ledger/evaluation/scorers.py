@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -133,7 +134,7 @@ class PaidCallRefused(Exception):
 
 @dataclass(frozen=True)
 class Spending:
-    """What a scorer's paid calls answer to (an evaluation's budget: evaluations._score_all).
+    """What a scorer's paid calls answer to (an evaluation's budget: evaluations._spending).
     `refusal()`: why the next call may not be made, or None; `spent(cost)`: one call's dollars
     once known, None when unknown, added at once so that the next `refusal()` sees them."""
 
@@ -168,30 +169,38 @@ class _Tally:
         self.spending.spent(cost)
 
 
+# The verdict being made in this context: a model a scorer kept from an earlier verdict (in a
+# global, say) counts toward the one asking now, not toward the evaluation it was made for.
+_TALLY: ContextVar[_Tally | None] = ContextVar("scorer_tally", default=None)
+
+
 class _Metered:
     """A model of the registry, asked by a scorer: checked before each call, counted after."""
 
-    def __init__(self, inner: ModelProvider, tally: _Tally) -> None:
-        self.inner, self.tally = inner, tally
+    def __init__(self, inner: ModelProvider) -> None:
+        self.inner = inner
         self.name, self.model_id = inner.name, inner.model_id
 
     def generate(self, request: ModelRequest) -> ModelReply:
-        refusal = self.tally.spending.refusal()
+        tally = _TALLY.get()
+        if tally is None:  # outside a scorer's verdict: nobody pays
+            return self.inner.generate(request)
+        refusal = tally.spending.refusal()
         if refusal is not None:
-            self.tally.refused = refusal
+            tally.refused = refusal
             raise PaidCallRefused(refusal)
         try:
             reply = self.inner.generate(request)
         except Exception as exc:
             if request_left(exc):
-                self.tally.count({}, None)  # it may have been charged: unknown, never 0
+                tally.count({}, None)  # it may have been charged: unknown, never 0
             raise
         usage = dict(reply.usage)
         try:
-            cost = price_recorded(usage, self.name, self.model_id, prices_for(self.tally.workspace))
+            cost = price_recorded(usage, self.name, self.model_id, prices_for(tally.workspace))
         except Exception:  # noqa: BLE001 - usage that cannot be priced is of unknown cost, not free
             cost = None
-        self.tally.count(usage, cost)
+        tally.count(usage, cost)
         return reply
 
 
@@ -209,11 +218,14 @@ def run_scorer(spec: Mapping[str, Any], ctx: ScoreContext, spending: Spending = 
     """One scorer's verdict, its paid calls (the module's docstring) checked and counted with
     `spending`; a scorer that raises fails with the exception as its reason."""
     tally = _Tally(ctx.workspace, spending)
+    token = _TALLY.set(tally)
     try:
-        with wrapping(lambda provider: _Metered(provider, tally)):
+        with wrapping(_Metered):
             score = _SCORERS[spec["name"]](ctx)
     except Exception as exc:  # noqa: BLE001 - a broken scorer is a failed score, not a broken evaluation
         score = Score(0.0, False, f"the scorer raised {type(exc).__name__}: {exc}")
+    finally:
+        _TALLY.reset(token)
     if tally.refused is not None:
         not_made = "the grader was not asked" if not tally.calls else "its next model call was not made"
         score = Score(0.0, False, f"budget_exhausted: {tally.refused}; {not_made}")
