@@ -1064,8 +1064,8 @@ class Evaluation(models.Model):
     # {newRunId: {scorer name: {value, passed, reason}}}: what was appended to each new run.
     scores = models.JSONField(default=dict, blank=True)
     grader_cost_usd = models.DecimalField(max_digits=24, decimal_places=12, default=0)
-    # Its scorers' model calls whose cost is unknown (no price, or no usage reported): not in the
-    # dollars above, and the reason its ceilings can no longer be kept (budget.py).
+    # Its scorers' model calls whose cost is unknown (no price, no usage reported, or failed after
+    # the request left): not in the dollars above, and why its ceilings can no longer be kept (budget.py).
     grader_unpriced_calls = models.IntegerField(default=0)
     report = models.JSONField(null=True, blank=True)
     reason = models.TextField()
