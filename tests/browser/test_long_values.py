@@ -1,8 +1,9 @@
 """Long values a run or a request carries, in Chromium: a 100 KB input override on the Approvals
 page, and ids, workflow versions and model names without a space in the run header and timeline,
 never push a page sideways, at 1280 px or at 390 px (docs/operations.md), light or dark; a long
-value is folded to its beginning with a way to read it all. The header's actions read at the size
-of the text around them, not the heading's."""
+value is folded to its beginning with a way to read it all. Nor do step paths, call ids and tool
+names without a space in the run's tabs (Steps, Costs, Conversation and the rest), as production
+serves them. The header's actions read at the size of the text around them, not the heading's."""
 
 from __future__ import annotations
 
@@ -29,6 +30,27 @@ SCHEMES = ("light", "dark")
 
 def _sideways(page: Page) -> int:
     return int(page.evaluate("() => document.scrollingElement.scrollWidth - window.innerWidth"))
+
+
+# What lies past the window's right edge outside a box that scrolls or clips it (a wide table
+# scrolls in its own box at 390 px by design: console.css): elements, and text that overflows its
+# element (a flex container's own words).
+PAST_THE_WINDOW = """() => {
+  const inBox = node => { for (let a = node.parentElement; a && a !== document.body; a = a.parentElement) {
+    if (getComputedStyle(a).overflowX !== "visible") return true; } return false; };
+  const name = e => e.tagName.toLowerCase() + (e.className ? "." + String(e.className).split(" ").join(".") : "");
+  const past = [];
+  for (const e of document.body.querySelectorAll("*")) {
+    if (e.getBoundingClientRect().right > innerWidth + 1 && !inBox(e)) past.push(name(e));
+  }
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    if ([...range.getClientRects()].some(r => r.right > innerWidth + 1) && !inBox(node)) past.push("text in " + name(node.parentElement));
+  }
+  return past.slice(0, 6);
+}"""
 
 
 def _after_first_refresh(page: Page) -> None:
@@ -159,3 +181,80 @@ def test_the_header_actions_read_at_the_size_of_the_text_light_and_dark(
         narrow = open_context(viewport={"width": 390, "height": 844}, color_scheme=scheme).new_page()
         log_in(narrow, server, operator, "/w/acme/support/runs/run_actions/")
         assert _sideways(narrow) == 0
+
+
+def _long_paths_run(workspace: Workspace) -> str:
+    """A run whose step, harness session, model and tool call carry the longest names the API
+    takes without a space: a 200-character step path, call ids and a tool name."""
+    run_id = "run_long_paths"
+    path = "s" * 200
+    log.append(
+        workspace=workspace,
+        run_id=run_id,
+        events=[
+            started(),
+            ev("StepScheduled", stepPath=path),
+            ev("StepAttemptStarted", stepPath=path, attempt=1),
+            ev(
+                "harness.session.started",
+                role="r" * 100,
+                task="t" * 300,
+                manifest={},
+                manifestHash="h" * 64,
+                stepPath=path,
+            ),
+            ev(
+                "harness.model.called",
+                turn=1,
+                stepPath=path,
+                promptHash="p" * 64,
+                request={"messages": [{"role": "user", "content": "u" * 500}]},
+            ),
+            ev(
+                "harness.model.responded",
+                turn=1,
+                callId="c" * 200,
+                stepPath=path,
+                model={"provider": "p" * 60, "modelId": "m" * 130},
+                response={"text": "t" * 2000, "usage": {"inputTokens": 10, "outputTokens": 2}},
+            ),
+            ev(
+                "harness.tool_call.started",
+                callId="k" * 200,
+                caller="x" * 50,
+                toolName="n" * 200,
+                args={"a" * 100: "b" * 300},
+                stepPath=path,
+            ),
+            ev("harness.tool_call.succeeded", callId="k" * 200, result="r" * 500, durationMs=3, stepPath=path),
+            ev("harness.session.completed", stepPath=path),
+            ev("StepCompleted", stepPath=path, attempt=1, output="o" * 500),
+        ],
+    )
+    return run_id
+
+
+TABS = ("steps", "costs", "conversation", "evidence", "state", "waterfall", "subruns")
+
+
+def test_long_step_paths_and_call_names_in_the_tabs_break_instead_of_scrolling(
+    open_context: Any, production: Daphne, workspace: Workspace, viewer: User
+) -> None:
+    """A 200-character step path (and the call ids and tool name beside it) widened the Steps,
+    Costs and Conversation tabs until the page scrolled sideways at 390 px; it breaks in its line,
+    or past a reading width in its table's cell."""
+    run_id = _long_paths_run(workspace)
+    wide = {}
+    for width in WIDTHS:
+        page = open_context(viewport={"width": width, "height": 860}).new_page()
+        log_in(page, production, viewer, f"/w/acme/support/runs/{run_id}/")
+        for tab in TABS:
+            response = page.goto(f"{production.url}/w/acme/support/runs/{run_id}/{tab}/")
+            assert response is not None and response.status == 200, tab
+            expect(page.locator(f"#run-tabs a[data-tab={tab}]")).to_have_attribute("aria-current", "page")
+            past = page.evaluate(PAST_THE_WINDOW)
+            if _sideways(page) > 0 or past:
+                wide[f"{width} {tab}"] = (_sideways(page), past)
+            if width == 390 and tab in ("steps", "conversation"):
+                page.screenshot(path=str(screenshot_dir() / f"run-{tab}-long-paths-390.png"), full_page=True)
+    assert wide == {}, f"the run's tabs scroll sideways by (px, what lies past the window): {wide}"
