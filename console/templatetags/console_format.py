@@ -48,16 +48,30 @@ def coverage(item: Any) -> str:
 
 
 @register.filter
-def shown_name(value: str | None) -> SafeString | str:
-    """A name a tenant chose, with each control or invisible formatting character (a bidi override,
+def shown_name(value: Any) -> SafeString | str:
+    """A name a tenant chose, or one a run's log carries (its label, workflow, step paths, tool and
+    model names, call ids), with each control or invisible formatting character (a bidi override,
     a zero width; ledger.limits.hidden_characters) written out as its code point, so the name reads
-    as it is stored. New names cannot hold them; ones stored before they were refused can."""
+    as it is stored. New tenant names cannot hold them; ones stored before they were refused, and
+    what a harness writes into a log, can."""
+    return _written_out(value, keep="")
+
+
+@register.filter
+def shown_text(value: Any) -> SafeString | str:
+    """A line of a run's text (a timeline summary, an error's message) as `shown_name` writes a
+    name, but for the tabs and line breaks, which the page shows as the spaces they are."""
+    return _written_out(value, keep="\t\n\r")
+
+
+def _written_out(value: Any, *, keep: str) -> SafeString | str:
     text = "" if value is None else str(value)
-    if not limits.hidden_characters(text):
+    hidden = limits.hidden_characters(text)
+    if not hidden or all(chr(int(code[2:], 16)) in keep for code in hidden):
         return text
     parts = [
         format_html('<span class="hidden-char">{}</span>', f"U+{ord(ch):04X}")
-        if limits.hidden_characters(ch)
+        if ch not in keep and limits.hidden_characters(ch)
         else conditional_escape(ch)
         for ch in text
     ]
