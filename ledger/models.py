@@ -510,6 +510,9 @@ class ToolCall(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "call_id"], name="tool_call_unique_in_run")]
+        # A page of the evidence tab's tool calls is a range of positions (selectors.tool_calls_page),
+        # as a page of steps is: without it, a late page of 20,000 calls read all of them.
+        indexes = [models.Index(fields=["run", "position"], name="tool_call_position_in_run")]
         ordering = ["run", "position"]
 
 

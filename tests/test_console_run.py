@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import timedelta
+from html import unescape
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.db import connection
@@ -17,7 +19,7 @@ from django.utils import timezone
 
 from ledger.canonical import digest
 from ledger.log import append, artifacts
-from ledger.models import Event, Feedback, ToolGatewayClaim, Workspace
+from ledger.models import CostEntry, Event, Feedback, Run, ToolGatewayClaim, Workspace
 from ledger.replay import gateway
 from tests.conftest import ev, started
 
@@ -744,15 +746,114 @@ def test_the_evidence_tab_pages_its_tool_calls_and_costs_and_reads_as_much_for_a
     calls, costs = _listed(html)
     assert calls == ["t0", "t1", "t2"] and len(costs) == 3 and costs == sorted(costs)
     assert "tool calls 1–3 of 8" in html and "model calls 1–3 of 8" in html
-    assert f'href="{base}?calls=3&amp;costs=0"' in html and f'href="{base}?costs=3&amp;calls=0"' in html
-    page = client.get(base, {"calls": "6", "costs": "3"}).content.decode()
+    assert f'href="{base}?calls=3"' in html
+    next_costs = _link(html, "model calls", "next")
+    assert next_costs.startswith(f"{base}?costs=") and next_costs.endswith("&calls=0")
+    costs_cursor = parse_qs(urlsplit(next_costs).query)["costs"][0]
+    page = client.get(base, {"calls": "6", "costs": costs_cursor}).content.decode()
     later_calls, later_costs = _listed(page)
     assert later_calls == ["t6", "t7"] and later_costs[0] > costs[-1] and len(later_costs) == 3
-    assert f'href="{base}?calls=3&amp;costs=3"' in page  # previous calls, the costs' place kept
+    assert "model calls 4–6 of 8" in page
+    assert f'href="{base}?calls=3&amp;costs={costs_cursor}"' in page  # previous calls, the costs' place kept
     assert client.get(base, {"calls": "-1"}).status_code == 400
     few_url = "/w/acme/support/runs/run_few/evidence/"
     client.get(few_url)  # each run's counts are remembered for its head, as the long run's are by now
     assert _queries(client, base) == _queries(client, few_url)
+
+
+def _link(html: str, what: str, rel: str) -> str:
+    """The href of the `rel` link (first, previous, next) of the pager of `what` on the page."""
+    pager = re.search(rf'<p class="bar step-pager">\s*<span class="muted">{what} .*?</p>', html, re.S)
+    assert pager, what
+    found = re.search(rf'<a class="{rel}" href="([^"]+)"', pager.group(0))
+    return unescape(found.group(1)) if found else ""
+
+
+def test_the_evidence_costs_pages_by_sequence_complete_and_without_overlap(
+    client: Client, member: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The costs pager reads a page after (or before) the sequence its cursor holds, never past an
+    OFFSET of every entry before it: walked forward and back its pages hold every entry once, in
+    sequence order, and a late page's query is a range of the (run, sequence) key."""
+    monkeypatch.setattr("console.pages.run.EVIDENCE_PAGE_SIZE", 3)
+    _calls_and_costs(workspace, "run_many", 8)
+    run = Run.objects.get(workspace=workspace, run_id="run_many")
+    every = list(CostEntry.objects.filter(run=run).order_by("sequence").values_list("sequence", flat=True))
+    client.force_login(member)
+    base = "/w/acme/support/runs/run_many/evidence/"
+    url, pages, shown = base, [], []
+    while url:
+        with CaptureQueriesContext(connection) as queries:
+            html = client.get(url).content.decode()
+        pages.append(_listed(html)[1])
+        shown.append(re.search(r"model calls (\d+–\d+) of 8", html).group(1))
+        costs_sql = [q["sql"] for q in queries if 'FROM "ledger_costentry"' in q["sql"] and "LIMIT" in q["sql"]]
+        assert len(costs_sql) == 1 and "OFFSET" not in costs_sql[0].upper(), costs_sql
+        if len(pages) > 1:
+            assert '"ledger_costentry"."sequence" >' in costs_sql[0]  # the key, not a count of rows
+        url = _link(html, "model calls", "next")
+    assert [s for page in pages for s in page] == every  # complete, in order, none twice
+    assert [len(p) for p in pages] == [3, 3, 2] and shown == ["1–3", "4–6", "7–8"]
+    # Back from the last page: the same pages, the previous one read before its first sequence.
+    back, url = [], _link(html, "model calls", "previous")
+    while url:
+        html = client.get(url).content.decode()
+        back.append(_listed(html)[1])
+        url = _link(html, "model calls", "previous")
+    assert back == pages[-2::-1]
+
+
+def _plan(sql: str) -> str:
+    """The database's plan of `sql` (PostgreSQL's with sequential scans off: a test's few rows are
+    cheaper to read whole, and the question is which index a long run's page goes through)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute(f"EXPLAIN {sql}")
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+        return "\n".join(str(row) for row in cursor.fetchall())
+
+
+def test_a_late_page_of_tool_calls_and_of_costs_goes_through_its_key_index(
+    client: Client, member: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both pagers read by key: the calls a range of positions on (run, position), the costs a range
+    of sequences on (run, sequence); the calls' range read every call of the run through the
+    (run, call_id) index before migration 0046."""
+    monkeypatch.setattr("console.pages.run.EVIDENCE_PAGE_SIZE", 3)
+    _calls_and_costs(workspace, "run_many", 8)
+    client.force_login(member)
+    url = "/w/acme/support/runs/run_many/evidence/"
+    for _ in range(2):
+        url = _link(client.get(url).content.decode(), "model calls", "next")
+    with CaptureQueriesContext(connection) as queries:
+        html = client.get(url.replace("calls=0", "calls=6")).content.decode()
+    assert _listed(html)[0] == ["t6", "t7"] and len(_listed(html)[1]) == 2
+    calls = [q["sql"] for q in queries if 'FROM "ledger_toolcall"' in q["sql"] and '"position" >=' in q["sql"]]
+    costs = [q["sql"] for q in queries if 'FROM "ledger_costentry"' in q["sql"] and "LIMIT" in q["sql"]]
+    assert len(calls) == 1 and len(costs) == 1
+    assert "tool_call_position_in_run" in _plan(calls[0])
+    # SQLite names a unique constraint's index sqlite_autoindex_…: the key range says which it is.
+    assert ("cost_entry_unique_in_run" if connection.vendor == "postgresql" else "sequence>?") in _plan(costs[0])
+
+
+def test_a_costs_cursor_of_another_run_or_altered_is_a_400(
+    client: Client, member: Any, outsider: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("console.pages.run.EVIDENCE_PAGE_SIZE", 3)
+    _calls_and_costs(workspace, "run_many", 8)
+    _calls_and_costs(workspace, "run_other", 8)
+    client.force_login(member)
+    html = client.get("/w/acme/support/runs/run_many/evidence/").content.decode()
+    cursor = parse_qs(urlsplit(_link(html, "model calls", "next")).query)["costs"][0]
+    other = "/w/acme/support/runs/run_other/evidence/"
+    for wrong in (cursor, cursor[:-2] + ("A" if cursor[-2] != "A" else "B") + cursor[-1], "3", "x" * 5000):
+        response = client.get(other, {"costs": wrong})
+        assert response.status_code == 400 and "This page link is broken" in response.content.decode()
+    assert client.get("/w/acme/support/runs/run_many/evidence/", {"costs": cursor}).status_code == 200
+    client.force_login(outsider)
+    assert client.get("/w/acme/support/runs/run_many/evidence/", {"costs": cursor}).status_code == 404
 
 
 def test_an_in_doubt_call_is_listed_first_with_one_reconcile_form(client: Client, operator: Any, in_doubt: str) -> None:

@@ -41,12 +41,14 @@ from ledger.replay.stored_plan import replay_plan_at
 from ledger.runtime.outer_loop import outer_loop_of, record_run_id
 from ledger.tenancy.access import Access
 
+from .. import cursors
 from ..format import coverage, tokens
 from ..rows import artifact_url, event_row, render_event_row
 from ..timeline import annotate
 from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversation_page
 from .errors import error_page
+from .filters import BROKEN
 from .guard import member_access, wants_fragment
 from .reexecution import reexecution_rows, run_origin
 from .share import panel_context
@@ -79,6 +81,7 @@ PAGE_SIZE = 200
 MAX_PAGE_SIZE = 1000
 STEPS_PAGE_SIZE = 200  # steps per page of the steps and costs tabs, by position
 EVIDENCE_PAGE_SIZE = 200  # tool calls, and cost entries, per page of the evidence tab
+COSTS_CURSOR = "evidence-costs"  # the kind of the evidence tab's sealed `?costs=` cursors (scope: the run)
 MISSING_SHOWN = 50  # replayReady's missing items listed before "and N more"
 FEEDBACK_SHOWN = 50
 MAX_CATEGORY = 100
@@ -519,10 +522,13 @@ class ReconcileForm:
 
 def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, ReconcileForm] | None = None) -> Tab:
     """The evidence bundle's verdicts, artifacts, approvals and feedback, with its two long lists
-    paged (`?calls=N`, `?costs=N`, EVIDENCE_PAGE_SIZE rows each) and the calls in doubt first: a
-    100,000-event run has 20,000 of each, which the bundle (evidence.json, the zip) lists whole."""
+    paged (`?calls=N`, `?costs=<cursor>`, EVIDENCE_PAGE_SIZE rows each) and the calls in doubt
+    first: a 100,000-event run has 20,000 of each, which the bundle (evidence.json, the zip) lists
+    whole. Both pages are read by key, never by OFFSET: the calls by their dense position, the costs
+    after (or before) a sequence, which the sealed cursor holds with the page's position."""
     calls_start = _int_param(request, "calls", 0, minimum=0)
-    costs_start = _int_param(request, "costs", 0, minimum=0)
+    costs_cursor = request.GET.get("costs", "")
+    costs_at, costs_after, costs_before = _costs_position(run, costs_cursor)
     checked = evidence.verdicts(run)
     reconcilable_calls = gateway.in_doubt_call_ids(run)
     can_reconcile = member.allows("operator")
@@ -546,7 +552,7 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
 
     doubtful, in_doubt_count = selectors.tool_calls_in_doubt(run, reconcilable_calls, size=EVIDENCE_PAGE_SIZE)
     calls, calls_total = selectors.tool_calls_page(run, start=calls_start, size=EVIDENCE_PAGE_SIZE)
-    costs, costs_total = selectors.costs_page(run, start=costs_start, size=EVIDENCE_PAGE_SIZE)
+    costs, costs_total = selectors.costs_page(run, size=EVIDENCE_PAGE_SIZE, after=costs_after, before=costs_before)
     base = _tab_url(run, "evidence")
     artifacts = [
         {**a, "url": artifact_url(ws, a["artifactId"]) if a["size"] is not None else None} for a in checked["artifacts"]
@@ -565,23 +571,60 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
                 calls_total,
                 EVIDENCE_PAGE_SIZE,
                 param="calls",
-                keep=f"costs={costs_start}",
+                keep=f"costs={costs_cursor}" if costs_cursor else "",
             ),
             "artifacts": artifacts,
             "costs": [serialize.cost(c) for c in costs],
-            "costs_pager": _pager(
-                base,
-                costs_start,
-                len(costs),
-                costs_total,
-                EVIDENCE_PAGE_SIZE,
-                param="costs",
-                keep=f"calls={calls_start}",
+            "costs_pager": _costs_pager(
+                run, base, costs_at, [c.sequence for c in costs], costs_total, keep=f"calls={calls_start}"
             ),
             "can_reconcile": can_reconcile,
             "reexecutions": reexecution_rows(run, evidence.approvals(run)),
         },
     )
+
+
+def _costs_position(run: Run, raw: str) -> tuple[int, int, int | None]:
+    """What the evidence tab's `?costs=` cursor holds: the page's position (for "201–400 of N"),
+    and the sequence its entries come after, or before (a previous page). The first page has none."""
+    if not raw:
+        return 0, 0, None
+    try:
+        position = cursors.unseal(raw, kind=COSTS_CURSOR, scope=run)
+        at, key = position["at"], position.get("after", position.get("before"))
+        for number in (at, key):  # ours, but a key can leak: range-checked as well
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= limits.MAX_ROW_ID:
+                raise ValueError("not a position")
+    except (ValueError, TypeError, KeyError):  # cursors.NotOurs is a ValueError
+        raise BadParameter(f"costs: {BROKEN}") from None
+    return (at, key, None) if "after" in position else (at, 0, key)
+
+
+def _costs_pager(run: Run, base: str, at: int, sequences: list[int], total: int, *, keep: str) -> dict[str, Any]:
+    """The pager of a page of cost entries at position `at` holding `sequences`: as `_pager`'s,
+    its links carrying sealed keys (`?costs=<cursor>`) instead of positions."""
+    rest = f"&{keep}" if keep else ""
+    first_url = f"{base}?{keep}" if keep else base
+
+    def url(**position: int) -> str:
+        return f"{base}?costs={cursors.seal(position, kind=COSTS_CURSOR, scope=run)}{rest}"
+
+    end = at + len(sequences)
+    previous_url = None
+    if at > 0:
+        previous_url = (
+            url(before=sequences[0], at=at - EVIDENCE_PAGE_SIZE) if sequences and at > EVIDENCE_PAGE_SIZE else first_url
+        )
+    return {
+        "start": at,
+        "first_shown": at + 1,
+        "last_shown": end,
+        "total": total,
+        "paged": total > EVIDENCE_PAGE_SIZE or at > 0,
+        "previous_url": previous_url,
+        "next_url": url(after=sequences[-1], at=end) if sequences and end < total else None,
+        "first_url": first_url if at > 0 else None,
+    }
 
 
 def _costs(request: HttpRequest, member: Access, run: Run) -> Tab:

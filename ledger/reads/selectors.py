@@ -334,7 +334,8 @@ def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:
 
 def tool_calls_page(run: Run, *, start: int, size: int) -> tuple[list[ToolCall], int]:
     """Tool calls at positions start .. start+size-1 (dense from 0 in the order the calls
-    appeared, as steps), and how many the run has."""
+    appeared, as steps), and how many the run has. A range of the (run, position) index, so a late
+    page reads its own rows only (as costs_page)."""
     calls = list(ToolCall.objects.filter(run=run, position__gte=start, position__lt=start + size).order_by("position"))
     return calls, snapshots.at_head(run, "tool_calls", ToolCall.objects.filter(run=run).count)
 
@@ -346,10 +347,18 @@ def tool_calls_in_doubt(run: Run, also: Iterable[str], *, size: int) -> tuple[li
     return list(found.order_by("position")[:size]), found.count()
 
 
-def costs_page(run: Run, *, start: int, size: int) -> tuple[list[CostEntry], int]:
-    """The run's cost entries `start` .. `start`+size-1 in sequence order, and how many it has."""
-    rows = list(CostEntry.objects.filter(run=run).order_by("sequence")[start : start + size])
-    return rows, snapshots.at_head(run, "cost_entries", CostEntry.objects.filter(run=run).count)
+def costs_page(run: Run, *, size: int, after: int = 0, before: int | None = None) -> tuple[list[CostEntry], int]:
+    """`size` of the run's cost entries in sequence order: the first ones after sequence `after`,
+    or, `before` given, the last ones before it; and how many the run has. By key, on the unique
+    (run, sequence) index: the last page of 20,000 entries reads its own rows, where an OFFSET read
+    every entry before them. Cost entries are not dense in sequence (tool calls and steps hold the
+    sequences between), so the key is the sequence, not a position (tool_calls_page)."""
+    entries = CostEntry.objects.filter(run=run)
+    if before is not None:
+        rows = list(entries.filter(sequence__lt=before).order_by("-sequence")[:size])[::-1]
+    else:
+        rows = list(entries.filter(sequence__gt=after).order_by("sequence")[:size])
+    return rows, snapshots.at_head(run, "cost_entries", entries.count)
 
 
 def costs_by_model(run: Run) -> list[dict[str, Any]]:
