@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from django.db import connection, models
+from django.db import models
 from django.test import Client
 
+from ledger.clock import backdated
 from ledger.log.envelopes import log_of
 from ledger.log.vocabulary import COLUMN_LIMITS, INT32_MAX, MAX_TOKENS, MODEL_COLUMN_LIMITS, VOCABULARY
 from ledger.models import CostEntry, DailyUsage, Event, MonthlyUsage, Run, Step, ToolCall
@@ -266,21 +268,57 @@ def test_a_run_whose_dollars_pass_what_a_total_holds_is_refused(api: Client, wor
     assert [e["type"] for e in log_of(Run.objects.get(run_id="run_d"))] == ["RunStarted", "harness.model.responded"]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_days_usage_cell_past_its_columns_is_a_refusal_never_a_500(api: Client, workspace) -> None:
-    """Two runs of $900,000,000,000 each (nine calls at the highest rate allowed) fit their own
-    columns; their day's cell of that model adds them up past twelve digits. PostgreSQL's column
-    refuses the sum, which is the append's 400 with the log untouched. (SQLite's columns take the
-    sum as a float: the append is written there.)"""
+def _dearest(workspace) -> list[dict[str, Any]]:
+    """Nine calls at the highest rate a workspace may set ($1 a token): $900,000,000,000, which a
+    run's own columns hold."""
     workspace.price_overrides = {"house/dear": {"input": 1_000_000, "output": 0}}
     workspace.save()
     most = {"inputTokens": MAX_TOKENS, "outputTokens": 0}
-    nine = [_answered(most, "dear", call=f"m{i}", provider="house") for i in range(9)]
+    return [_answered(most, "dear", call=f"m{i}", provider="house") for i in range(9)]
+
+
+def _usage_reads(api: Client, member_client: Client) -> None:
+    """The usage report, API and page, still reads the cells (a float past them was a 500)."""
+    rows = api.get("/api/v1/usage?groupBy=model")
+    assert rows.status_code == 200 and rows.json()["rows"][0]["costUsd"] == 900_000_000_000
+    assert member_client.get("/w/acme/support/usage/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_days_usage_cell_past_its_columns_is_a_refusal_never_a_500(api: Client, workspace, member) -> None:
+    """Two runs of $900,000,000,000 each fit their own columns; their day's cell of that model adds
+    them up past twelve digits. The column refuses the sum — PostgreSQL's by its type, SQLite's by
+    its triggers (migration 0047; it kept the sum as a float, and the usage page failed) — which is
+    the append's 400 with the log untouched, on both databases alike."""
+    nine = _dearest(workspace)
     assert _post(api, "run_1", started(), *nine).status_code == 200
     second = _post(api, "run_2", started(), *nine)
-    assert second.status_code == (400 if connection.vendor == "postgresql" else 200)
-    if second.status_code != 200:
-        _refused(second, "payload.response.usage")
-        assert second.json()["error"]["details"]["index"] == 1
-        assert not Run.objects.filter(run_id="run_2").exists()
+    _refused(second, "payload.response.usage")
+    assert second.json()["error"]["details"]["index"] == 1
+    assert "usage totals of the day or the month" in second.json()["error"]["message"]
+    assert not Run.objects.filter(run_id="run_2").exists() and not Event.objects.filter(run__run_id="run_2").exists()
     assert Run.objects.get(run_id="run_1").cost_usd == 900_000_000_000
+    assert [c.cost_usd for c in DailyUsage.objects.all()] == [900_000_000_000]
+    assert [c.cost_usd for c in MonthlyUsage.objects.all()] == [900_000_000_000]
+    browser = Client()
+    browser.force_login(member)
+    _usage_reads(api, browser)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_months_usage_cell_past_its_columns_is_a_refusal_too(api: Client, workspace, member) -> None:
+    """Two days' cells of $900,000,000,000 each hold, their month's does not: refused alike."""
+    nine = _dearest(workspace)
+    with backdated(datetime(2026, 3, 10, 12, tzinfo=UTC)):
+        assert _post(api, "run_1", started(), *nine).status_code == 200
+    with backdated(datetime(2026, 3, 11, 12, tzinfo=UTC)):
+        second = _post(api, "run_2", started(), *nine)
+    _refused(second, "payload.response.usage")
+    assert not Run.objects.filter(run_id="run_2").exists()
+    assert [(c.day.isoformat(), c.cost_usd) for c in DailyUsage.objects.all()] == [("2026-03-10", 900_000_000_000)]
+    assert [c.cost_usd for c in MonthlyUsage.objects.all()] == [900_000_000_000]
+    browser = Client()
+    browser.force_login(member)
+    rows = api.get("/api/v1/usage?groupBy=model&from=2026-03-01&to=2026-03-31")
+    assert rows.status_code == 200 and rows.json()["rows"][0]["costUsd"] == 900_000_000_000
+    assert browser.get("/w/acme/support/usage/?from=2026-03-01&to=2026-03-31").status_code == 200

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, overload
 
-from django.db import DEFAULT_DB_ALIAS, DataError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connections, transaction
 
 from ..errors import NotFound, UsageTooLarge
 from ..models import Run, Workspace
@@ -103,7 +103,7 @@ def append(
     prepare.validate_run_id(run_id)
     try:
         return _append(workspace, run_id, events, expected_sequence, fencing_token, imported, attached, by)
-    except (UsageTooLarge, DataError) as exc:
+    except (UsageTooLarge, DataError, IntegrityError) as exc:
         refusal = usage_too_large(exc, events)
         if refusal is exc:
             raise
@@ -164,14 +164,20 @@ def _append(
 
 # numeric_value_out_of_range: a bigint or numeric column (or sum) past its range.
 _OUT_OF_RANGE = "22003"
+# What SQLite's triggers abort a usage cell's write with (migration 0047): PostgreSQL's condition.
+_OUT_OF_RANGE_NAME = "numeric_value_out_of_range"
 
 
 def usage_too_large(exc: Exception, events: object) -> Exception:
     """`exc` as the refusal of the batch `events`: a sum of the model calls' usage past what its
-    columns hold, found by the projection (UsageTooLarge) or by PostgreSQL in a usage rollup cell,
-    which adds up every run's calls of a day and a month (DataError 22003), named at the batch's
-    first model call. Any other error as it is. The transaction is gone: nothing was written."""
+    columns hold, found by the projection (UsageTooLarge) or by the database in a usage rollup cell,
+    which adds up every run's calls of a day and a month (PostgreSQL's columns: DataError 22003;
+    SQLite's triggers, which keep its cells to the same range: an IntegrityError naming that
+    condition), named at the batch's first model call. Any other error as it is. The transaction
+    is gone: nothing was written."""
     if isinstance(exc, DataError) and getattr(exc.__cause__, "sqlstate", None) != _OUT_OF_RANGE:
+        return exc
+    if isinstance(exc, IntegrityError) and not str(exc).startswith(_OUT_OF_RANGE_NAME):
         return exc
     index = next(
         (
@@ -220,7 +226,7 @@ class Head:
         batch = prepare.batch(self.run.workspace, events, expected_sequence)
         try:
             return strategies.locked(self.run, batch, expected_sequence, fencing_token)
-        except (UsageTooLarge, DataError) as exc:
+        except (UsageTooLarge, DataError, IntegrityError) as exc:
             refusal = usage_too_large(exc, list(events))
             if refusal is exc:
                 raise
