@@ -192,7 +192,7 @@ def test_the_demo_runs_the_runtime_made_simulate_exactly(workspace: Workspace, c
     for run in runs:
         outcome = _reexecute(run.workspace, run.run_id, "simulate", f"{run.run_id}_sim")
         assert outcome.status == "completed", run.run_id
-        assert outcome.output == inline_or_ref(run.workspace, run.output, run.output_ref or None)
+        assert outcome.output == inline_or_ref(run, run.output, run.output_ref or None)
         report = divergence_report(workspace=run.workspace, original_run_id=run.run_id, new_run_id=f"{run.run_id}_sim")
         assert report["firstDivergence"] is None, (run.run_id, report["steps"])
     assert sum(counted_demo.values()) == made

@@ -124,7 +124,7 @@ def add_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: Pri
     for run in runs:
         if run.run_id not in members:
             # The expected output as recorded: read back when it was too large to keep inline.
-            expected = inline_or_ref(workspace, run.output, run.output_ref or None)
+            expected = inline_or_ref(run, run.output, run.output_ref or None)
             members[run.run_id] = {"runId": run.run_id, "lastSequence": run.last_sequence, "expected": expected}
     return _new_version(dataset, list(members.values()), who, {"added": added})
 

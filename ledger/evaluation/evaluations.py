@@ -167,15 +167,12 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 def _original_input(workspace: Workspace, run_id: str) -> Any:
-    first = (
-        Event.objects.filter(run__workspace=workspace, run__run_id=run_id, sequence=1)
-        .values_list("type", "payload")
-        .first()
-    )
-    if first is None or first[0] != "RunStarted":
+    run = Run.objects.filter(workspace=workspace, run_id=run_id).first()
+    first = Event.objects.filter(run=run, sequence=1).values_list("type", "payload").first() if run else None
+    if run is None or first is None or first[0] != "RunStarted":
         return None
     started = json.loads(first[1])
-    return inline_or_ref(workspace, started.get("input"), started.get("inputRef"))
+    return inline_or_ref(run, started.get("input"), started.get("inputRef"))
 
 
 def _batch_change(workspace: Workspace, change: Mapping[str, Any], run_ids: Sequence[str]) -> dict[str, Any]:
@@ -443,7 +440,7 @@ def _score(evaluation: Evaluation, request: ReexecutionRequest, member: Mapping[
 def _output(run: Run) -> Any:
     """A run's output as it was recorded: read back from its artifact when it was too large to keep
     inline (the row then holds only its ref), so a scorer never compares a long output as null."""
-    return inline_or_ref(run.workspace, run.output, run.output_ref or None)
+    return inline_or_ref(run, run.output, run.output_ref or None)
 
 
 def _append_scored(

@@ -242,6 +242,14 @@ def _values(run: Run, refs: list[str]) -> dict[str, Any]:
     return values
 
 
+def read_ref(run: Run, ref: str) -> Any:
+    """The JSON value held by the artifact `ref` names in `run`'s log (`artifact://art_<sha256>`,
+    or an imported log's ref through its ImportedArtifact row), the bytes re-hashed as they are
+    read. A ref the log names that no artifact holds, or whose bytes changed, is an
+    IntegrityFailure: the log is what is wrong, never a NotFound, never a null."""
+    return _values(run, [ref])[ref]
+
+
 def as_recorded(run: Run, event_type: str, payload: Mapping[str, Any]) -> Mapping[str, Any]:
     """`payload` of an event of `run` as it was recorded: every member `externalize` moved out
     (`outputRef`, `response.textRef`, an older log's whole `responseRef`) read back from its

@@ -38,7 +38,6 @@ from django.db import connections
 
 from ..canonical import digest
 from ..errors import LedgerError
-from ..fold import RunState
 from ..log.envelopes import format_recorded_at, log_of
 from ..models import RunStatus, Workspace
 from ..reads import selectors
@@ -134,7 +133,8 @@ def resume_run(
     """Continue a run from where its log ends: completed steps are reused, an open harness session
     fast-forwards, only calls without a terminal event run again. `replay` is a re-execution's
     policy (reexecute.py): which calls are served from an original's record instead."""
-    state = read_record(run_id, _log(workspace, run_id)).state
+    run = selectors.get_run(workspace, run_id)
+    state = read_record(run_id, log_of(run), run=run).state
     if workflow is None:
         if state.workflow is None:
             raise RuntimeIntegrityError(
@@ -143,14 +143,10 @@ def resume_run(
         workflow = state.workflow
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     if input is not _UNSET:
-        recorded = inline_or_ref(workspace, state.input, state.input_ref)
+        recorded = inline_or_ref(run, state.input, state.input_ref)
         if digest(recorded) != digest(input):
             raise RunInputMismatch("Run input mismatch: existing run was started with different input.", runId=run_id)
     return _execute(workspace=workspace, run_id=run_id, workflow=wf, take_over=take_over, parent=parent, replay=replay)
-
-
-def _log(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return log_of(selectors.get_run(workspace, run_id))
 
 
 def _refuse_in_doubt(workspace: Workspace, run_id: str) -> None:
@@ -187,9 +183,9 @@ def _execute(
     ) as recorder:
         record = recorder.record
         if record.finished:
-            return _outcome(workspace, record.state)
+            return _outcome(record)
         _check_version(run_id, record, workflow)
-        run_input = inline_or_ref(workspace, record.state.input, record.state.input_ref)
+        run_input = record.value(record.state.input, record.state.input_ref)
         try:
             return _run_to_end(workspace, recorder, workflow, run_input, replay)
         except LedgerError:
@@ -238,11 +234,12 @@ def _check_version(run_id: str, record: Record, workflow: Workflow) -> None:
         )
 
 
-def _outcome(workspace: Workspace, state: RunState) -> RunOutcome:
+def _outcome(record: Record) -> RunOutcome:
+    state = record.state
     if state.status == RunStatus.FAILED:
         return RunOutcome(run_id=state.run_id, status=RunStatus.FAILED, error=state.error)
     return RunOutcome(
-        run_id=state.run_id, status=RunStatus.COMPLETED, output=inline_or_ref(workspace, state.output, state.output_ref)
+        run_id=state.run_id, status=RunStatus.COMPLETED, output=record.value(state.output, state.output_ref)
     )
 
 
@@ -252,7 +249,7 @@ def _finished_run(workspace: Workspace, run_id: str) -> RunOutcome | None:
     if run is None or not run.finished:
         return None
     record = read_record(run_id, log_of(run), run=run)
-    return _outcome(workspace, record.state) if record.finished else None
+    return _outcome(record) if record.finished else None
 
 
 def _failure(error: Any, default: str) -> StepFailure:
@@ -301,7 +298,7 @@ class _Runner:
         """Run one step at `path` through its attempts; its output, or StepFailure once it is out of them."""
         done = self.record.step(path)
         if done is not None and done.status == "completed":
-            return inline_or_ref(self.workspace, done.output, done.output_ref)
+            return self.record.value(done.output, done.output_ref)
         if done is not None and done.status == "failed" and not retriable(done):
             # Killed between StepFailed and what follows it: the failure is recorded, not redone.
             raise _failure(done.error, f"step {path} failed")

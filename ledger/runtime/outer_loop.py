@@ -415,7 +415,7 @@ def read_loop(workspace: Workspace, outer_loop_id: str, record: Run | None = Non
         row.workspace = workspace
         output = None
         if row.status == RunStatus.COMPLETED:
-            output = inline_or_ref(workspace, row.output, row.output_ref or None)
+            output = inline_or_ref(row, row.output, row.output_ref or None)
         cycles.append(
             Cycle(
                 cycle_number=n,
@@ -430,7 +430,7 @@ def read_loop(workspace: Workspace, outer_loop_id: str, record: Run | None = Non
         )
     result = None
     if state.status == RunStatus.COMPLETED:
-        result = {"kind": "done", "finalOutput": inline_or_ref(workspace, state.output, state.output_ref)}
+        result = {"kind": "done", "finalOutput": inline_or_ref(record, state.output, state.output_ref)}
     return LoopState(
         outer_loop_id=outer_loop_id,
         record=record,
@@ -438,7 +438,7 @@ def read_loop(workspace: Workspace, outer_loop_id: str, record: Run | None = Non
         workflow_definition_hash=str(goal["workflowDefinitionHash"]),
         workflow_version_id=str(goal.get("workflowVersionId", "")),
         description=str(goal.get("description", "")),
-        input=inline_or_ref(workspace, state.input, state.input_ref),
+        input=inline_or_ref(record, state.input, state.input_ref),
         max_cycles=max_cycles,
         supervise=spec.get("supervise") if isinstance(spec.get("supervise"), str) else None,  # type: ignore[union-attr]
         cycles=tuple(cycles),

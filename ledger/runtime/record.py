@@ -8,13 +8,12 @@ session's output) is read back from its event when `externalize` moved part of i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..fold import HarnessSession, ModelCall, ParallelGroup, RunState, StepState, fold
 from ..log import artifacts
-from ..models import Run, RunStatus, Workspace
+from ..models import Run, RunStatus
 
 ENDED = ("completed", "failed")  # a parallel branch's or group's terminal statuses
 
@@ -82,6 +81,15 @@ class Record:
     def recorded(self, sequence: int | None, name: str, folded: Any) -> Any:
         return recorded_field(self._run, self._log, sequence, name, folded)
 
+    def value(self, value: Any, ref: str | None) -> Any:
+        """A run-level value of the fold (the run's input or output, a step's output) as recorded:
+        inline_or_ref against this record's run."""
+        if not ref:
+            return value
+        if self._run is None:  # never a null in place of the recorded value
+            raise ValueError(f"run {self.run_id}'s value {ref} is an artifact; reading it back needs the run")
+        return inline_or_ref(self._run, value, ref)
+
 
 def recorded_field(
     run: Run | None, log: Sequence[Mapping[str, Any]], sequence: int | None, name: str, folded: Any
@@ -115,8 +123,11 @@ def retriable(step: StepState) -> bool:
     return step.status == "failed" and isinstance(step.error, Mapping) and step.error.get("retriable") is True
 
 
-def inline_or_ref(workspace: Workspace, value: Any, ref: str | None) -> Any:
-    """A recorded value, read back from its artifact (hash re-checked) when it was moved out."""
-    if ref is None:
+def inline_or_ref(run: Run, value: Any, ref: str | None) -> Any:
+    """A value of `run`'s log as recorded (its input, a step's or the run's output): `value`, or,
+    when it was moved out (`inputRef`, `outputRef`), read back from its artifact by
+    artifacts.read_ref, the same reading as a replay's (ours or an imported log's ref, re-hashed;
+    a missing or changed artifact is an IntegrityFailure)."""
+    if not ref:
         return value
-    return json.loads(artifacts.read_bytes(artifacts.get_by_ref(workspace, ref)))
+    return artifacts.read_ref(run, ref)

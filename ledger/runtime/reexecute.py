@@ -118,6 +118,14 @@ class _Original:
         """Field `name` of event `sequence` as it was recorded (Record.recorded): what is served."""
         return recorded_field(self.run, self.log, sequence, name, folded)
 
+    def value(self, value: Any, ref: str | None) -> Any:
+        """A run-level value of the original (its input) as recorded (record.inline_or_ref)."""
+        if not ref:
+            return value
+        if self.run is None:
+            raise NotFound(f"run {self.run_id} not found", runId=self.run_id)
+        return inline_or_ref(self.run, value, ref)
+
     def as_recorded(self, env: Mapping[str, Any]) -> Mapping[str, Any]:
         if self.run is None:
             return env["payload"]
@@ -610,7 +618,7 @@ def execute_reexecution(
     }
     if input is UNSET:
         started = original.started
-        run_input = inline_or_ref(workspace, started.get("input"), started.get("inputRef"))
+        run_input = original.value(started.get("input"), started.get("inputRef"))
     else:
         run_input = input
     prefix = _copied_prefix(original, cut) if cut is not None else []
