@@ -6,7 +6,6 @@ own JSON mapping and come back in as the same run."""
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
@@ -20,10 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
@@ -36,7 +33,9 @@ from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from tests import readme
 from tests.conftest import ev, started
+from tests.otlp_support import attributes as _attributes
 from tests.otlp_support import json_span
+from tests.otlp_support import parse_otlp_json as _parse_otlp_json
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -558,36 +557,6 @@ def test_keys_credentials_and_tenants(
 
 
 # --- export ------------------------------------------------------------------------------------
-
-
-def _parse_otlp_json(document: dict[str, Any]) -> ExportTraceServiceRequest:
-    """OTLP/JSON through protobuf's own JSON mapping (strict: an unknown field fails): only the
-    hex ids become base64 first, the one place OTLP/JSON differs from the mapping."""
-
-    def ids(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {
-                k: base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId") else ids(v)
-                for k, v in value.items()
-            }
-        if isinstance(value, list):
-            return [ids(v) for v in value]
-        return value
-
-    return json_format.ParseDict(ids(document), ExportTraceServiceRequest())
-
-
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _value(kv.value) for kv in v.kvlist_value.values}
-    return getattr(v, kind)
-
-
-def _attributes(span: Any) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in span.attributes}
 
 
 def _native_run(append: Any) -> None:

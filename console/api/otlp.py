@@ -146,14 +146,18 @@ class RunOtlpView(ApiView):
             "An `ExportTraceServiceRequest` in OTLP/JSON, ready to POST to any OTLP/HTTP collector's `/v1/traces`: "
             "one trace (its id the run's own for `run_otel_*` runs, else derived from the workspace and run id, "
             "stably), a root span for the run, a span per step, per model call (`chat <model>`, kind CLIENT, "
-            "`gen_ai.*` request/response model, provider, usage tokens) and per tool call (`execute_tool <tool>`), "
-            "span ids from event ids (or the original span ids of ingested spans). Each export is written to the "
-            "audit log as `run.otlp_exported`."
+            "`gen_ai.*` request/response model, provider, usage tokens, the answer as `gen_ai.output.messages`) and per "
+            "tool call (`execute_tool <tool>`, its arguments and result), span ids from event ids (or the original "
+            "span ids of ingested spans). Values the log moved to artifacts are exported in full, each re-hashed "
+            "(500 `integrity_failure` when one is missing or changed). Each export is written to the audit log as "
+            "`run.otlp_exported`."
         ),
         parameters=[RUN_ID, WORKSPACE],
         responses={
             200: OpenApiResponse(OpenApiTypes.OBJECT, description="ExportTraceServiceRequest (OTLP/JSON)"),
-            **error_responses(e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"]),
+            **error_responses(
+                e400=["invalid_run_id"], e403=["insufficient_scope"], e404=["not_found"], e500=["integrity_failure"]
+            ),
         },
     )
     def get(self, request: Request, run_id: str) -> Response:

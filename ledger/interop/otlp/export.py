@@ -71,35 +71,22 @@ class _Open:
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
-# The payload fields a span is made of; one too large to store inline is an artifact (`otelRef`).
-_SPAN_FIELDS = ("otel", "request", "response")
-
-
-def _inlined(run: Run, envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The envelopes with each span field that was moved to an artifact read back in place, so an
-    ingested span whose attributes passed the inline limit leaves with its attributes, name and
-    times. The bytes are checked against their hash as they are read (an IntegrityFailure, never a
-    span quietly without them)."""
-    wanted = {
-        env["payload"][f"{name}Ref"]
-        for env in envelopes
-        for name in _SPAN_FIELDS
-        if name not in env["payload"] and isinstance(env["payload"].get(f"{name}Ref"), str)
-    }
-    if not wanted:
-        return envelopes
-    found = {ref: a for ref, a in artifacts.resolve(run, sorted(wanted)).items() if a is not None}
-    values = {ref: json.loads(artifacts.read_bytes(a)) for ref, a in found.items()}
+def _as_recorded(run: Run, envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The envelopes with every member the log moved to an artifact read back in place
+    (artifacts.as_recorded): an ingested span's `otel` block (`otelRef`), a tool call's `args` and
+    `result` (`argsRef`, `resultRef`), a model answer's `response.textRef`, `messages`,
+    `toolCalls`, an older log's whole `responseRef`. An exported trace is the whole record. The
+    bytes are re-hashed as they are read: one missing or changed is an IntegrityFailure, never a
+    span quietly without them."""
     out = []
     for env in envelopes:
-        p = env["payload"]
-        back = {n: values[p[f"{n}Ref"]] for n in _SPAN_FIELDS if n not in p and p.get(f"{n}Ref") in values}
-        out.append({**env, "payload": {**p, **back}} if back else env)
+        payload = artifacts.as_recorded(run, env["type"], env["payload"])
+        out.append(env if payload is env["payload"] else {**env, "payload": payload})
     return out
 
 
 def run_as_otlp(run: Run) -> dict[str, Any]:
-    envelopes = _inlined(run, read_envelopes(run))
+    envelopes = _as_recorded(run, read_envelopes(run))
     trace_id = trace_id_for(run)
     request = ExportTraceServiceRequest()
     if not envelopes:
@@ -269,6 +256,9 @@ class _Builder:
                 call.attributes.setdefault(target, usage[source])
         if isinstance(response.get("id"), str):
             call.attributes.setdefault("gen_ai.response.id", response["id"])
+        output = _output_messages(response)
+        if output:  # an ingested span's own `gen_ai.output.messages` (in its otel block) wins
+            call.attributes.setdefault("gen_ai.output.messages", _json_text(output))
 
     def _tool_started(self, p: Mapping[str, Any], env: Mapping[str, Any], at: int, otel: Mapping[str, Any]) -> None:
         name = str(p.get("toolName") or "tool")
@@ -394,6 +384,34 @@ def _error_message(error: Any) -> str:
     if isinstance(error, Mapping):
         return str(error.get("message") or error.get("name") or "")
     return "" if error is None else str(error)
+
+
+def _output_messages(response: Mapping[str, Any]) -> list[Any]:
+    """The answer as GenAI output messages: the recorded `messages` when they are a list, else one
+    assistant message of its text and tool calls (parts `text`, `tool_call`); [] without either."""
+    if isinstance(response.get("messages"), list):
+        return list(response["messages"])
+    parts: list[dict[str, Any]] = []
+    if isinstance(response.get("text"), str):
+        parts.append({"type": "text", "content": response["text"]})
+    calls = response.get("toolCalls")
+    for call in calls if isinstance(calls, list) else []:
+        if isinstance(call, Mapping):
+            part = {
+                "type": "tool_call",
+                "id": call.get("id", call.get("callId")),
+                "name": call.get("name", call.get("toolName")),
+            }
+            if "args" in call:
+                part["arguments"] = call["args"]
+            parts.append(part)
+    if not parts:
+        return []
+    message: dict[str, Any] = {"role": "assistant", "parts": parts}
+    reasons = response.get("finishReasons")
+    if isinstance(reasons, list) and reasons and isinstance(reasons[0], str):
+        message["finish_reason"] = reasons[0]
+    return [message]
 
 
 def _json_text(value: Any) -> str:
