@@ -20,6 +20,7 @@ from ledger.evaluation import datasets
 from ledger.log import append, artifacts
 from ledger.models import Artifact, ImportedArtifact, Run, Workspace
 from ledger.runtime.executor import resume_run, start_run
+from ledger.runtime.reexecute import execute_reexecution
 from ledger.runtime.registry import CodeRun, Workflow, register
 from tests.conftest import ev, started
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
@@ -136,3 +137,28 @@ def test_an_imported_logs_output_ref_is_read_back_through_its_imported_artifact(
     version = datasets.add_runs(workspace=workspace, name="imported", run_ids=["run_imported"], by=admin)
 
     assert version.members[0]["expected"] == ROWS
+
+
+def test_a_fork_reads_the_copied_step_output_back_from_the_workspaces_artifact(
+    workspace: Workspace, steps: Steps
+) -> None:
+    # A fork copies the events before its step as stored: fetch's StepCompleted keeps its
+    # outputRef, which names an artifact of the workspace, so the new run reads it like the original.
+    start_run(workspace=workspace, workflow=WORKFLOW, input={}, run_id="run_original")
+    ref = next(e["payload"]["outputRef"] for e in run_events(workspace, "run_original") if e["type"] == "StepCompleted")
+
+    outcome = execute_reexecution(
+        workspace=workspace,
+        original_run_id="run_original",
+        mode="fork",
+        from_step="count",
+        new_run_id="run_fork",
+        reexecution_id="rx_fork",
+    )
+
+    assert (outcome.status, outcome.output) == ("completed", {"count": 20_000})
+    assert steps.fetched == 1  # fetch was copied, not run again
+    copied = next(e["payload"] for e in run_events(workspace, "run_fork") if e["type"] == "StepCompleted")
+    assert copied["outputRef"] == ref and "output" not in copied
+    fork = Run.objects.get(workspace=workspace, run_id="run_fork")
+    assert artifacts.read_ref(fork, ref) == ROWS
