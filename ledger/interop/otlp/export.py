@@ -256,8 +256,8 @@ class _Builder:
                 call.attributes.setdefault(target, usage[source])
         if isinstance(response.get("id"), str):
             call.attributes.setdefault("gen_ai.response.id", response["id"])
-        output = _output_messages(response)
-        if output:  # an ingested span's own `gen_ai.output.messages` (in its otel block) wins
+        output = _output_messages(response) if not original else []  # an ingested span: its own attributes
+        if output:
             call.attributes.setdefault("gen_ai.output.messages", _json_text(output))
 
     def _tool_started(self, p: Mapping[str, Any], env: Mapping[str, Any], at: int, otel: Mapping[str, Any]) -> None:
