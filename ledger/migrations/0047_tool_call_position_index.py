@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0045_reprice_request_restarts'),
+        ('ledger', '0046_member_password_reset'),
     ]
 
     operations = [

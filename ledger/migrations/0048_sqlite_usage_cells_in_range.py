@@ -49,7 +49,7 @@ def drop_triggers(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0046_tool_call_position_index'),
+        ('ledger', '0047_tool_call_position_index'),
     ]
 
     operations = [migrations.RunPython(create_triggers, drop_triggers)]
