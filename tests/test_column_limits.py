@@ -288,7 +288,7 @@ def _usage_reads(api: Client, member_client: Client) -> None:
 def test_a_days_usage_cell_past_its_columns_is_a_refusal_never_a_500(api: Client, workspace, member) -> None:
     """Two runs of $900,000,000,000 each fit their own columns; their day's cell of that model adds
     them up past twelve digits. The column refuses the sum — PostgreSQL's by its type, SQLite's by
-    its triggers (migration 0047; it kept the sum as a float, and the usage page failed) — which is
+    its triggers (migration 0048; it kept the sum as a float, and the usage page failed) — which is
     the append's 400 with the log untouched, on both databases alike."""
     nine = _dearest(workspace)
     assert _post(api, "run_1", started(), *nine).status_code == 200

@@ -820,7 +820,7 @@ def test_a_late_page_of_tool_calls_and_of_costs_goes_through_its_key_index(
 ) -> None:
     """Both pagers read by key: the calls a range of positions on (run, position), the costs a range
     of sequences on (run, sequence); the calls' range read every call of the run through the
-    (run, call_id) index before migration 0046."""
+    (run, call_id) index before migration 0047."""
     monkeypatch.setattr("console.pages.run.EVIDENCE_PAGE_SIZE", 3)
     _calls_and_costs(workspace, "run_many", 8)
     client.force_login(member)
