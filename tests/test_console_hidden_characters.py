@@ -6,14 +6,20 @@ it is stored: each such character written out (`U+202E`), as the tenant's own na
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils.html import escape
 
 from ledger import log
-from ledger.models import Workspace
+from ledger.evaluation import datasets
+from ledger.models import ReexecutionRequest, Workspace
+from ledger.reexecution import services
+from ledger.runtime.outer_loop import start_outer_loop
 from tests.conftest import ev, started
+from tests.loop_workflows import reset_loop_registrations
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +67,14 @@ def bidi_run(workspace: Workspace) -> str:
                 model=MODEL,
                 response={"text": "ok", "usage": {"inputTokens": 10, "outputTokens": 2}},
             ),
-            ev("harness.tool_call.started", stepPath=STEP, callId=CALL, toolName=TOOL, caller="model", args={}),
+            ev(
+                "harness.tool_call.started",
+                stepPath=STEP,
+                callId=CALL,
+                toolName=TOOL,
+                caller="model",
+                args={"to": f"ann{RLO}moc.elpmaxe", "note": f"{ZWSP}"},
+            ),
             ev("harness.tool_call.succeeded", stepPath=STEP, callId=CALL, result={"ok": True}, durationMs=5),
             ev("harness.session.completed", stepPath=STEP),
             ev("StepCompleted", stepPath=STEP, attempt=1, output="done"),
@@ -130,3 +143,162 @@ def test_a_name_without_hidden_characters_is_left_as_it_is(client: Client, viewe
 def test_another_tenant_gets_404_for_such_a_run(client: Client, outsider: User, bidi_run: str) -> None:
     client.force_login(outsider)
     assert client.get(f"/w/acme/support/runs/{RUN}/").status_code == 404
+
+
+# --- payloads in <pre>: each hidden character kept (a copy is the data) but marked ---------------
+
+MARKED = re.compile(r'<span class="hidden-char" data-code="U\+([0-9A-F]{4,6})">(.)</span>', re.S)
+
+
+def _pres(html: str) -> list[str]:
+    return re.findall(r"<pre\b[^>]*>(.*?)</pre>", html, flags=re.S)
+
+
+def _all_marked(html: str) -> list[str]:
+    """The hidden characters of the page's `<pre>` blocks, each checked to sit alone in a marked span
+    naming its own code point; none may be left bare."""
+    found = []
+    for pre in _pres(html):
+        for code, ch in MARKED.findall(pre):
+            assert f"{ord(ch):04X}" == code
+            found.append(ch)
+        assert not HIDDEN.search(MARKED.sub("", pre)), pre
+    return found
+
+
+def test_payloads_in_pre_blocks_keep_each_hidden_character_inside_a_marked_span(
+    client: Client, viewer: User, bidi_run: str
+) -> None:
+    client.force_login(viewer)
+    timeline = _page(client, f"/w/acme/support/runs/{RUN}/timeline/")
+    assert RLO in _all_marked(timeline) and LRI in _all_marked(timeline)
+    assert f'<span class="hidden-char" data-code="U+202E">{RLO}</span>gpj.exe' in timeline
+    for tab in ("conversation", "evidence", "steps", "waterfall"):
+        _all_marked(_page(client, f"/w/acme/support/runs/{RUN}/{tab}/"))
+    evidence = _page(client, f"/w/acme/support/runs/{RUN}/evidence/")
+    assert ZWSP in _all_marked(evidence), "the tool's arguments"
+
+
+def test_a_payload_without_hidden_characters_is_left_as_it_is(client: Client, viewer: User, workspace: Workspace) -> None:
+    log.append(workspace=workspace, run_id="run_plain", events=[started("wfver_plain", label="a\tb <c>\n")])
+    client.force_login(viewer)
+    html = _page(client, "/w/acme/support/runs/run_plain/timeline/")
+    assert "hidden-char" not in html
+    assert any(escape('"label": "a\\tb <c>\\n"') in pre for pre in _pres(html)), "the JSON as it was, escaped"
+
+
+# --- the Approvals page, the outer loops, an evaluation's dataset, the audit log -------------------
+
+WAITING = "run_bidi_waiting"
+REASON = f"try {RLO}niaga"
+
+
+@pytest.fixture
+def waiting(workspace: Workspace, bidi_run: str, operator: User) -> ReexecutionRequest:
+    """A tool call of the log waiting for an approver, and a fork of the run asked for, both with
+    hidden characters in what a harness or a requester wrote."""
+    log.append(
+        workspace=workspace,
+        run_id=WAITING,
+        events=[
+            started(WORKFLOW, label=LABEL),
+            ev("StepScheduled", stepPath=STEP),
+            ev("StepAttemptStarted", stepPath=STEP, attempt=1),
+            ev(
+                "harness.tool_call.approval_requested",
+                stepPath=STEP,
+                callId=CALL,
+                toolName=TOOL,
+                args={"to": f"ann{RLO}moc.elpmaxe"},
+                argsDigest="sha256:x",
+            ),
+        ],
+    )
+    return services.request_reexecution(
+        workspace=workspace, run_id=RUN, mode="fork", from_step=STEP, reason=REASON, by=operator
+    )
+
+
+def test_the_approvals_page_writes_out_hidden_characters(
+    client: Client, approver: User, waiting: ReexecutionRequest
+) -> None:
+    client.force_login(approver)
+    html = _page(client, "/w/acme/support/approvals/")
+    shown = _shown(html)
+    assert not HIDDEN.search(shown), shown[HIDDEN.search(shown).start() - 200 :][:300]
+    card = re.search(rf'<article class="request pending tool-call-approval".*?data-run="{WAITING}".*?</article>', html, re.S)
+    assert card, "the waiting call has its card"
+    assert f'<strong class="mono">{_written(TOOL)}</strong> in <span class="mono">{_written(STEP)}</span>' in card.group(0)
+    assert f'<dd class="mono">{_written(CALL)}</dd>' in card.group(0)
+    assert RLO in _all_marked(card.group(0)), "the arguments, marked in place"
+    request = re.search(r'<article class="request pending" id="rx-.*?</article>', html, re.S).group(0)
+    assert f'from <span class="mono">{_written(STEP)}</span>' in request
+    assert f"Reason:</span> {_written(REASON)}" in request
+    assert f"<td class=\"mono\">{_written(STEP)}</td>" in request, "the plan's steps"
+
+
+def test_the_approvals_page_is_a_404_for_another_tenant(client: Client, outsider: User, waiting: ReexecutionRequest) -> None:
+    client.force_login(outsider)
+    assert client.get("/w/acme/support/approvals/").status_code == 404
+
+
+def test_the_audit_log_writes_out_hidden_characters_in_reasons(
+    client: Client, admin: User, waiting: ReexecutionRequest
+) -> None:
+    client.force_login(admin)
+    html = _page(client, "/t/acme/audit/")
+    assert _written(REASON) in html
+    shown = _shown(html)
+    assert not HIDDEN.search(shown), shown[HIDDEN.search(shown).start() - 200 :][:300]
+
+
+GOAL = f"a tight {RLO}hpargarap"
+
+
+@pytest.fixture
+def loop(workspace: Workspace) -> Any:
+    reset_loop_registrations()
+    return start_outer_loop(
+        workspace=workspace,
+        workflow="rt_refine",
+        input={"topic": f"tides{LRI}"},
+        goal=GOAL,
+        max_cycles=4,
+        supervise="rt_until_third",
+        outer_loop_id="ol_bidi",
+    )
+
+
+def test_the_loop_pages_write_out_hidden_characters(client: Client, viewer: User, loop: Any) -> None:
+    client.force_login(viewer)
+    page = _page(client, "/w/acme/support/loops/ol_bidi/")
+    assert f'<dd id="loop-goal">{_written(GOAL)}</dd>' in page
+    for html in (page, _page(client, "/w/acme/support/loops/")):
+        shown = _shown(html)
+        assert not HIDDEN.search(shown), shown[HIDDEN.search(shown).start() - 200 :][:300]
+
+
+def test_the_loop_page_is_a_404_for_another_tenant(client: Client, outsider: User, loop: Any) -> None:
+    client.force_login(outsider)
+    assert client.get("/w/acme/support/loops/ol_bidi/").status_code == 404
+
+
+def test_a_dataset_writes_out_hidden_characters_in_expected_outputs(
+    client: Client, viewer: User, admin: User, workspace: Workspace
+) -> None:
+    output = {"reply": f"refund {RLO}gpj.exe"}
+    log.append(
+        workspace=workspace,
+        run_id="run_done",
+        events=[started(WORKFLOW, label=LABEL), ev("RunCompleted", output=output)],
+    )
+    datasets.add_runs(workspace=workspace, name="bidi", run_ids=["run_done"], by=admin)
+    client.force_login(viewer)
+    for path in ("/w/acme/support/evaluations/", "/w/acme/support/datasets/bidi/"):
+        shown = _shown(_page(client, path))
+        assert not HIDDEN.search(shown), (path, shown[HIDDEN.search(shown).start() - 200 :][:300])
+    assert _written(escape('{"reply": "refund \u202egpj.exe"}')) in _page(
+        client, "/w/acme/support/datasets/bidi/"
+    )
+    client.force_login(admin)
+    assert client.get("/w/acme/support/datasets/bidi/").status_code == 200

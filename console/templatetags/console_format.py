@@ -64,13 +64,27 @@ def shown_text(value: Any) -> SafeString | str:
     return _written_out(value, keep="\t\n\r")
 
 
-def _written_out(value: Any, *, keep: str) -> SafeString | str:
+@register.filter
+def shown_data(value: Any) -> SafeString | str:
+    """A payload's JSON or a long text in a `<pre>`, with each hidden character marked but kept:
+    it stays in the page, so the text copied from it is the data as stored, inside a span whose
+    stylesheet rule shows its code point (`U+202E`, generated content, which is not copied) and
+    isolates it, so a bidi override or isolate cannot reorder what follows it. Tabs and line
+    breaks are the layout of the `<pre>` and stay as they are."""
+    return _written_out(value, keep="\t\n\r", in_place=True)
+
+
+def _written_out(value: Any, *, keep: str, in_place: bool = False) -> SafeString | str:
     text = "" if value is None else str(value)
     hidden = limits.hidden_characters(text)
     if not hidden or all(chr(int(code[2:], 16)) in keep for code in hidden):
         return text
     parts = [
-        format_html('<span class="hidden-char">{}</span>', f"U+{ord(ch):04X}")
+        (
+            format_html('<span class="hidden-char" data-code="{}">{}</span>', f"U+{ord(ch):04X}", ch)
+            if in_place
+            else format_html('<span class="hidden-char">{}</span>', f"U+{ord(ch):04X}")
+        )
         if ch not in keep and limits.hidden_characters(ch)
         else conditional_escape(ch)
         for ch in text
