@@ -89,12 +89,17 @@ class RunEventsView(ApiView):
             "or the session's user) as the run's starter on the server, for the four-eyes rules of tool "
             "approvals; a `requestedBy` in the payload is stored as sent and decides nothing. Past the "
             "workspace's size limits (the deployment's, or the operator's override) the answer is 413 "
-            "`run_too_large` or 429 `rate_limited`, `details.limit` the limit in force."
+            "`run_too_large` or 429 `rate_limited`, `details.limit` the limit in force. With "
+            "`Accept: application/x-ndjson` (or `?format=ndjson`) the answer is one envelope per line, the run's "
+            "last sequence in the `X-Last-Sequence` header; errors are always JSON."
         ),
         parameters=[RUN_ID, WORKSPACE],
         request=InputSerializer,
         responses={
-            200: OutputSerializer,
+            (200, "application/json"): OutputSerializer,
+            (200, "application/x-ndjson"): OpenApiResponse(
+                OpenApiTypes.STR, description="one envelope per line; the run's last sequence in X-Last-Sequence"
+            ),
             **error_responses(
                 e400=[
                     "invalid_run_id",
@@ -165,6 +170,9 @@ class RunEventsView(ApiView):
             if isinstance(request.auth, ApiKey) and isinstance(events, list):
                 refund_events(request.auth, len(events))  # a refused batch does not count
             raise
+        if request.accepted_renderer.format == NdjsonRenderer.format:
+            # One envelope per line, as the read's NDJSON; the position travels in a header.
+            return Response(result.events, headers={"X-Last-Sequence": str(result.last_sequence)})
         return Response({"events": result.events, "lastSequence": result.last_sequence})
 
     @extend_schema(
