@@ -65,3 +65,22 @@ def test_the_append_answers_ndjson_one_envelope_per_line(api: httpx.Client, how:
     refused = post(api, "run_a", started(), **how)  # errors stay the JSON envelope
     error(refused, 409, "run_already_started")
     assert Event.objects.filter(run__run_id="run_a").count() == 3
+
+
+# --- F10: the evidence zip honours Accept ---------------------------------------------------------
+
+
+def test_the_evidence_zip_answers_406_to_an_accept_without_zip(api: httpx.Client, workspace: Workspace) -> None:
+    assert post(api, "run_z", started()).status_code == 200
+    url = f"{V1}/runs/run_z/evidence.zip"
+    for accept in ("application/json", "text/html", "application/zip;q=0"):
+        refused = error(api.get(url, headers={"Accept": accept}), 406, "not_acceptable")
+        assert refused["message"]
+    with http_client() as anonymous:  # refused before the credentials are looked at
+        error(anonymous.get(url, headers={"Accept": "application/json"}), 406, "not_acceptable")
+        error(anonymous.get(url), 401, "unauthenticated")
+    for accept in ("application/zip", "application/*", "*/*", "text/html,application/xhtml+xml,*/*;q=0.8", None):
+        answer = api.get(url, headers={"Accept": accept} if accept else {})
+        assert answer.status_code == 200, (accept, answer.text)
+        assert answer.headers["content-type"] == "application/zip" and answer.content.startswith(b"PK")
+    error(api.get(f"{V1}/runs/run_nope/evidence.zip", headers={"Accept": "application/zip"}), 404, "not_found")

@@ -13,6 +13,7 @@ from django.http import FileResponse, StreamingHttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework.exceptions import NotAcceptable
 from rest_framework.request import Request
 
 from ledger.interop import bundle, exports
@@ -160,6 +161,12 @@ def _export_view(kind: str) -> type[ExportView]:
 
 class RunEvidenceZipView(ApiView):
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # The one representation is the zip: an Accept that admits no application/zip (say
+        # application/json, or application/zip;q=0) is 406, before the credentials are looked at,
+        # as on the other endpoints; no Accept admits all. Errors are the JSON body either way.
+        accept = request.headers.get("Accept", "").strip()
+        if not force and accept and not request._request.accepts("application/zip"):
+            raise NotAcceptable("the evidence bundle is application/zip, which the Accept header does not admit")
         return super().perform_content_negotiation(request, force=True)
 
     @extend_schema(
@@ -178,7 +185,10 @@ class RunEvidenceZipView(ApiView):
         responses={
             (200, "application/zip"): OpenApiResponse(OpenApiTypes.BINARY, description="the zip"),
             **error_responses(
-                e400=["invalid_run_id", "workspace_required"], e403=["insufficient_scope"], e404=["not_found"]
+                e400=["invalid_run_id", "workspace_required"],
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+                e406=["not_acceptable (an Accept that admits no application/zip)"],
             ),
         },
         tags=["export"],
