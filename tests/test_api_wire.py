@@ -28,8 +28,11 @@ def api(workspace: Workspace) -> Iterator[httpx.Client]:
         yield client
 
 
-def post(api: httpx.Client, run_id: str, *events: dict[str, Any], **kwargs: Any) -> httpx.Response:
-    return api.post(f"{V1}/runs/{run_id}/events", json={"events": list(events)}, **kwargs)
+def post(
+    api: httpx.Client, run_id: str, *events: dict[str, Any], body: dict[str, Any] | None = None, **kwargs: Any
+) -> httpx.Response:
+    """POST the batch `events` (with `body`'s other fields); `kwargs` go to httpx (headers, params)."""
+    return api.post(f"{V1}/runs/{run_id}/events", json={"events": list(events), **(body or {})}, **kwargs)
 
 
 def error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -84,3 +87,43 @@ def test_the_evidence_zip_answers_406_to_an_accept_without_zip(api: httpx.Client
         assert answer.status_code == 200, (accept, answer.text)
         assert answer.headers["content-type"] == "application/zip" and answer.content.startswith(b"PK")
     error(api.get(f"{V1}/runs/run_nope/evidence.zip", headers={"Accept": "application/zip"}), 404, "not_found")
+
+
+# --- F11: the append's control fields -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("expected", [2**63, 2**70, 10**30])
+def test_an_expected_sequence_past_64_bits_is_bad_input_not_a_conflict(api: httpx.Client, expected: int) -> None:
+    assert post(api, "run_e", started()).status_code == 200
+    body = {"events": [ev("custom.x")], "expectedSequence": expected}
+    details = error(api.post(f"{V1}/runs/run_e/events", json=body), 400, "invalid_event")["details"]
+    assert details == {"field": "expectedSequence", "limit": 2**63 - 1}
+    highest = {"events": [ev("custom.x")], "expectedSequence": 2**63 - 1}  # in range: a conflict
+    assert error(api.post(f"{V1}/runs/run_e/events", json=highest), 409, "sequence_conflict")["details"] == {
+        "expected": 2**63 - 1,
+        "actual": 1,
+    }
+    assert Event.objects.filter(run__run_id="run_e").count() == 1
+
+
+def test_a_fencing_token_on_a_run_never_leased_is_not_said_to_be_held(api: httpx.Client, workspace: Workspace) -> None:
+    from ledger.log.leases import acquire_run_lease, release_run_lease
+
+    assert post(api, "run_f", started()).status_code == 200
+    for token in (5, "abc", "0"):
+        refused = error(post(api, "run_f", ev("custom.x"), body={"fencingToken": token}), 409, "fenced")
+        assert "not leased" in refused["message"] and "another executor" not in refused["message"]
+        assert refused["details"] == {"runId": "run_f", "leased": False}
+    first = acquire_run_lease(workspace=workspace, run_id="run_f", owner="one")
+    release_run_lease(workspace=workspace, lease=first)
+    second = acquire_run_lease(workspace=workspace, run_id="run_f", owner="two")
+    stale = error(post(api, "run_f", ev("custom.x"), body={"fencingToken": first.fencing_token}), 409, "fenced")
+    assert "another executor holds it" in stale["message"] and stale["details"] == {"runId": "run_f", "leased": True}
+    held = error(post(api, "run_f", ev("custom.x")), 409, "fenced")  # no token while leased
+    assert "leased to two" in held["message"] and held["details"] == {"runId": "run_f", "leased": True}
+    release_run_lease(workspace=workspace, lease=second)  # a stale token, and nobody holds the run now
+    after = error(post(api, "run_f", ev("custom.x"), body={"fencingToken": first.fencing_token}), 409, "fenced")
+    assert "not leased now" in after["message"] and "another executor" not in after["message"]
+    assert after["details"] == {"runId": "run_f", "leased": False}
+    assert post(api, "run_f", ev("custom.x"), body={"fencingToken": second.fencing_token}).status_code == 200
+    assert Event.objects.filter(run__run_id="run_f").count() == 2

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..canonical import NotCanonicalizable, canonical_bytes, canonical_bytes_plain, request_digest_for_canonical
 from ..errors import InvalidEvent, InvalidRunId
-from ..limits import NUL, nul_path
+from ..limits import MAX_ROW_ID, NUL, nul_path
 from ..models import Workspace
 from .redaction import NotPlain, Redactor, policy
 from .vocabulary import column_text_with_nul, reject_recorded_cost, validate_fields
@@ -62,6 +62,13 @@ def check_batch(events: Any, expected_sequence: Any) -> None:
         isinstance(expected_sequence, bool) or not isinstance(expected_sequence, int) or expected_sequence < 0
     ):
         raise InvalidEvent("expectedSequence must be a non-negative integer", field="expectedSequence")
+    if expected_sequence is not None and expected_sequence > MAX_ROW_ID:
+        # Sequences are bigints: past a signed 64-bit integer is bad input, not a conflict.
+        raise InvalidEvent(
+            f"expectedSequence must be at most {MAX_ROW_ID} (a signed 64-bit integer)",
+            field="expectedSequence",
+            limit=MAX_ROW_ID,
+        )
 
 
 def stored_payload(workspace: Workspace, index: int, event: Mapping[str, Any]) -> bytes:

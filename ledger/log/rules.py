@@ -125,12 +125,29 @@ NOT_LEASED = "(lease_expires_at IS NULL OR lease_expires_at <= %(now)s)"
 def check_fencing(run: Run, fencing_token: Any, now: datetime) -> None:
     if fencing_token is None:
         if lease_live(run.lease_expires_at, now):
-            raise Fenced(f"run {run.run_id} is leased to {run.lease_owner}; send its fencingToken", runId=run.run_id)
+            raise Fenced(
+                f"run {run.run_id} is leased to {run.lease_owner}; send its fencingToken", runId=run.run_id, leased=True
+            )
         return
-    if str(fencing_token) != str(run.fencing_token) or run.fencing_token == 0:
+    if run.fencing_token == 0:
+        # Never leased: nobody holds it, and no token was ever given out for it.
         raise Fenced(
-            f"fencing token {fencing_token} is stale for run {run.run_id}; another executor holds it",
+            f"run {run.run_id} is not leased, so fencing token {fencing_token} is not its; send no fencingToken",
             runId=run.run_id,
+            leased=False,
+        )
+    if str(fencing_token) != str(run.fencing_token):
+        if lease_live(run.lease_expires_at, now):
+            raise Fenced(
+                f"fencing token {fencing_token} is stale for run {run.run_id}; another executor holds it",
+                runId=run.run_id,
+                leased=True,
+            )
+        raise Fenced(
+            f"fencing token {fencing_token} is stale for run {run.run_id}: its lease was given out again since, "
+            "and the run is not leased now",
+            runId=run.run_id,
+            leased=False,
         )
 
 
