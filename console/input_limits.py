@@ -11,10 +11,15 @@ as empty.
 
 A NUL anywhere in the path or a query parameter (or a console form field) is a 400: PostgreSQL
 cannot hold it in text, SQLite can, and both must answer alike.
+
+A body sent with `Content-Encoding` (gzip or deflate) is inflated by `decompressed`, for every
+reader of a body (the API's JSON parser, the OTLP receiver), and meets the same 10 MiB once
+inflated; another encoding is 415, never read as if it were plain.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -44,6 +49,47 @@ class PayloadTooLarge(LedgerError):
 
 class InvalidParameter(LedgerError):
     code = "invalid_parameter"
+
+
+class UnsupportedEncoding(LedgerError):
+    code = "unsupported_media_type"
+    status = 415
+
+
+ENCODINGS = ("gzip", "deflate")
+
+
+def decompressed(body: bytes, encoding: str, *, unreadable: Callable[[str], LedgerError]) -> bytes:
+    """The body without its Content-Encoding (gzip, or deflate; none or `identity`: as it is),
+    refused past the body limit once inflated (413 `payload_too_large`): a small bomb cannot fill
+    the memory. Another encoding is 415 `unsupported_media_type` (`details.field`
+    `Content-Encoding`). A stream that is not valid, cut short or followed by other bytes is
+    `unreadable(message)`, the reader's own 400: a client must not be told that what it never
+    fully sent was taken."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ENCODINGS:
+        raise UnsupportedEncoding(
+            f"Content-Encoding {encoding!r} is not supported: gzip, deflate or none", field="Content-Encoding"
+        )
+    out = b""
+    rest = body
+    while True:  # gzip allows several members one after another (RFC 1952 §2.2); deflate is one stream
+        inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+        try:
+            out += inflater.decompress(rest, MAX_BODY_BYTES + 1 - len(out))
+        except zlib.error as exc:
+            raise unreadable(f"the body is not valid {encoding}: {exc}") from None
+        if len(out) > MAX_BODY_BYTES or inflater.unconsumed_tail:
+            raise PayloadTooLarge()
+        if not inflater.eof:
+            raise unreadable(f"the body is not valid {encoding}: the stream is cut short")
+        rest = inflater.unused_data
+        if not rest:
+            return out
+        if encoding != "gzip" or not rest.startswith(b"\x1f\x8b"):
+            raise unreadable(f"the body is not valid {encoding}: {len(rest)} byte(s) follow the end of the stream")
 
 
 class BodyLimit:

@@ -5,7 +5,9 @@ the append's control fields (docs/api.md § Runs and events, § Conventions)."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,3 +129,69 @@ def test_a_fencing_token_on_a_run_never_leased_is_not_said_to_be_held(api: httpx
     assert after["details"] == {"runId": "run_f", "leased": False}
     assert post(api, "run_f", ev("custom.x"), body={"fencingToken": second.fencing_token}).status_code == 200
     assert Event.objects.filter(run__run_id="run_f").count() == 2
+
+
+# --- F4: Content-Encoding on /events --------------------------------------------------------------
+
+
+def _raw(api: httpx.Client, run_id: str, body: bytes, encoding: str | None) -> httpx.Response:
+    headers = {"Content-Type": "application/json"}
+    if encoding is not None:
+        headers["Content-Encoding"] = encoding
+    return api.post(f"{V1}/runs/{run_id}/events", content=body, headers=headers)
+
+
+@pytest.mark.parametrize(
+    "encoding, squeeze",
+    [
+        ("gzip", gzip.compress),
+        ("GZip", gzip.compress),
+        ("gzip", lambda data: gzip.compress(data[:10]) + gzip.compress(data[10:])),  # two members
+        ("deflate", zlib.compress),
+        ("identity", lambda data: data),
+    ],
+)
+def test_a_compressed_append_is_inflated_as_otlp_is(api: httpx.Client, encoding: str, squeeze: Any) -> None:
+    body = json.dumps({"events": [started(), ev("custom.packed", n=1)]}).encode()
+    answer = _raw(api, "run_c", squeeze(body), encoding)
+    assert answer.status_code == 200, answer.text
+    assert [e["type"] for e in answer.json()["events"]] == ["RunStarted", "custom.packed"]
+    assert Event.objects.filter(run__run_id="run_c").count() == 2
+
+
+def test_a_compressed_append_is_refused_as_otlp_refuses(api: httpx.Client) -> None:
+    assert post(api, "run_c", started()).status_code == 200
+    body = json.dumps({"events": [ev("custom.x")]}).encode()
+    for encoding in ("br", "compress", "gzip, br"):  # never read as if it were plain
+        assert error(_raw(api, "run_c", body, encoding), 415, "unsupported_media_type")["details"] == {
+            "field": "Content-Encoding"
+        }
+    packed = gzip.compress(body)
+    for broken in (body, packed[:-12], packed + b"trailing"):
+        assert error(_raw(api, "run_c", broken, "gzip"), 400, "invalid_json")["details"] == {
+            "field": "Content-Encoding"
+        }
+    assert error(_raw(api, "run_c", zlib.compress(body)[:-3], "deflate"), 400, "invalid_json")
+    # 11 MiB once inflated, a few kilobytes on the wire: 413, counted on the inflated body.
+    bomb = b'{"events": [{"type": "custom.x", "payload": {"pad": "' + b" " * (11 * 1024 * 1024) + b'"}}]}'
+    squeezed = gzip.compress(bomb)
+    assert len(squeezed) < 64 * 1024
+    assert error(_raw(api, "run_c", squeezed, "gzip"), 413, "payload_too_large")["details"] == {
+        "limit": 10 * 1024 * 1024
+    }
+    deep = gzip.compress(b'{"events": [{"type": "custom.x", "payload": ' + b"[" * 70 + b"]" * 70 + b"}]}")
+    assert error(_raw(api, "run_c", deep, "gzip"), 400, "invalid_event")["details"]["limit"] == 64
+    assert Event.objects.filter(run__run_id="run_c").count() == 1
+
+
+def test_other_json_bodies_are_inflated_too(api: httpx.Client) -> None:
+    """The parser inflates for every JSON body of the API, not /events alone."""
+    assert post(api, "run_c", started()).status_code == 200
+    url = f"{V1}/runs/run_c/feedback"
+    packed = gzip.compress(json.dumps({"rating": 4}).encode())
+    answer = api.post(url, content=packed, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["rating"] == 4
+    plain = json.dumps({"rating": 4}).encode()
+    refused = api.post(url, content=plain, headers={"Content-Type": "application/json", "Content-Encoding": "br"})
+    error(refused, 415, "unsupported_media_type")

@@ -93,7 +93,17 @@ class RunEventsView(ApiView):
             "`Accept: application/x-ndjson` (or `?format=ndjson`) the answer is one envelope per line, the run's "
             "last sequence in the `X-Last-Sequence` header; errors are always JSON."
         ),
-        parameters=[RUN_ID, WORKSPACE],
+        parameters=[
+            RUN_ID,
+            WORKSPACE,
+            OpenApiParameter(
+                "Content-Encoding",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                enum=["gzip", "deflate", "identity"],
+                description="a compressed body is inflated (10 MiB at most once inflated); another encoding is 415",
+            ),
+        ],
         request=InputSerializer,
         responses={
             (200, "application/json"): OutputSerializer,
@@ -119,7 +129,8 @@ class RunEventsView(ApiView):
                     "run_already_started",
                     "run_finished",
                 ],
-                e413=["payload_too_large", "run_too_large"],
+                e413=["payload_too_large (also once decompressed)", "run_too_large"],
+                e415=["unsupported_media_type (details: field: Content-Encoding)"],
                 e429=["rate_limited (Retry-After header; details: retryAfter, limit)"],
             ),
         },

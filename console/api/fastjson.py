@@ -26,6 +26,8 @@ from rest_framework.utils.encoders import JSONEncoder
 from ledger.errors import LedgerError
 from ledger.limits import MAX_JSON_DEPTH, json_depth_exceeds, nul_path
 
+from ..input_limits import decompressed
+
 # orjson decodes an integer beyond 64 bits as a float; the stdlib keeps it exact (and canonical
 # JSON then refuses it). Such an integer has at least 19 digits in a row; so does a long string
 # of digits, which merely takes the stdlib's path. The body with every ASCII digit made "0" and
@@ -50,6 +52,16 @@ class BadBody(LedgerError):
     def __init__(self, code: str, message: str, **details: Any) -> None:
         super().__init__(message, **details)
         self.code = code
+
+
+class UnreadableBody(LedgerError):
+    """A compressed body that does not inflate (not gzip or deflate, cut short, bytes after its
+    end): as malformed as bad JSON, and named by its header."""
+
+    code = "invalid_json"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="Content-Encoding")
 
 
 def _refuse(
@@ -124,12 +136,18 @@ class JsonParser(JSONParser):
     stdlib's message as before, and what only the stdlib accepts (a lone surrogate escape, 1e400)
     reaches validation as before. Other charsets are DRF's alone.
 
-    Before any of that, a body nested deeper than MAX_JSON_DEPTH is refused unparsed; after it, a
-    string holding a NUL character (`BadBody`, with the view's validation code).
+    Before any of that, a body sent with `Content-Encoding` is inflated, as the OTLP receiver
+    inflates its own (console/input_limits.py `decompressed`: gzip or deflate, 10 MiB once
+    inflated, another encoding 415); a body nested deeper than MAX_JSON_DEPTH is refused unparsed;
+    after it, a string holding a NUL character (`BadBody`, with the view's validation code).
     """
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         body = stream.read()
+        request = (parser_context or {}).get("request")
+        encoding = request.META.get("HTTP_CONTENT_ENCODING") if request is not None else None
+        if encoding:
+            body = decompressed(body, encoding, unreadable=UnreadableBody)
         utf8 = str((parser_context or {}).get("encoding", "utf-8")).lower() in _UTF8
         if utf8 and _LONG_DIGIT_RUN not in body.translate(_DIGITS_AS_ZEROS):
             # orjson first: it nests 1,024 levels at most and does not recurse in Python, so a deep

@@ -8,8 +8,6 @@ is a 4xx with our error body (docs/api.md), which OTLP exporters do not retry; t
 
 from __future__ import annotations
 
-import zlib
-
 from django.http import HttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
@@ -24,45 +22,15 @@ from ledger.interop.otlp.export import export_run
 from ledger.interop.otlp.ingest import ingest
 from ledger.interop.otlp.wire import JSON, PROTOBUF, InvalidOtlp, UnsupportedOtlp, parse
 
-from ..input_limits import MAX_BODY_BYTES, PayloadTooLarge
+from ..input_limits import decompressed
 from .auth import access_for, principal_name
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
 from .schema import RUN_ID, WORKSPACE, error_responses
 
 
-def _decompressed(body: bytes, encoding: str) -> bytes:
-    """The body without its Content-Encoding (gzip, which OTLP exporters send by default, or
-    deflate), refused past the body limit once inflated: a small bomb cannot fill the memory. A
-    stream cut short or followed by other bytes is refused too: the exporter must not be told that
-    spans it never fully sent were taken."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise UnsupportedOtlp(
-            f"Content-Encoding {encoding!r} is not supported: gzip, deflate or none", field="Content-Encoding"
-        )
-    out = b""
-    rest = body
-    while True:  # gzip allows several members one after another (RFC 1952 §2.2); deflate is one stream
-        inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-        try:
-            out += inflater.decompress(rest, MAX_BODY_BYTES + 1 - len(out))
-        except zlib.error as exc:
-            raise InvalidOtlp(f"the body is not valid {encoding}: {exc}", field="Content-Encoding") from None
-        if len(out) > MAX_BODY_BYTES or inflater.unconsumed_tail:
-            raise PayloadTooLarge()
-        if not inflater.eof:
-            raise InvalidOtlp(f"the body is not valid {encoding}: the stream is cut short", field="Content-Encoding")
-        rest = inflater.unused_data
-        if not rest:
-            return out
-        if encoding != "gzip" or not rest.startswith(b"\x1f\x8b"):
-            raise InvalidOtlp(
-                f"the body is not valid {encoding}: {len(rest)} byte(s) follow the end of the stream",
-                field="Content-Encoding",
-            )
+def _unreadable(message: str) -> InvalidOtlp:
+    return InvalidOtlp(message, field="Content-Encoding")
 
 
 class OtlpTracesView(ApiView):
@@ -126,7 +94,8 @@ class OtlpTracesView(ApiView):
         media = (request.content_type or "").split(";", 1)[0].strip().lower()
         if media not in (PROTOBUF, JSON):
             raise UnsupportedOtlp(f"Content-Type must be {PROTOBUF} or {JSON}", field="Content-Type")
-        body = _decompressed(request.body, request.META.get("HTTP_CONTENT_ENCODING", ""))
+        # gzip, which OTLP exporters send by default, or deflate (console/input_limits.py)
+        body = decompressed(request.body, request.META.get("HTTP_CONTENT_ENCODING", ""), unreadable=_unreadable)
         result = ingest(workspace=caller.workspace, request=parse(body, media), by=principal_name(request))
         answer = ExportTraceServiceResponse()
         message = result.error_message()
