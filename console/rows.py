@@ -6,15 +6,16 @@ a reload shows (templates/console/run/event_row.html, templates/console/runs/run
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from ledger.canonical import ecma_dumps
 from ledger.log.verify import artifact_refs
 from ledger.log.vocabulary import MODEL_AND_TOOL_PREFIXES, ORIGINS
 from ledger.models import Run, Workspace
@@ -59,8 +60,10 @@ def event_row(envelope: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         "step_path": step_path if isinstance(step_path, str) else "",
         "recorded_at": envelope["recordedAt"],
         "origin": event_origin(envelope["type"], payload),
-        # The stored payload is canonical JSON; json.loads kept its key order, so this is it, indented.
-        "pretty": json.dumps(payload, indent=2, ensure_ascii=False),
+        # The stored payload is canonical JSON; decoding kept its key order, so this is it, indented,
+        # its numbers written as stored (ECMAScript form: 5e-7, 100000000000000000000), as every
+        # read of the log writes them (docs/api.md § Runs and events).
+        "pretty": ecma_dumps(payload, option=orjson.OPT_INDENT_2).decode(),
         "artifacts": [
             {"id": ref.removeprefix("artifact://"), "url": artifact_url(workspace, ref.removeprefix("artifact://"))}
             for ref in refs

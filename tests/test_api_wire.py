@@ -195,3 +195,78 @@ def test_other_json_bodies_are_inflated_too(api: httpx.Client) -> None:
     plain = json.dumps({"rating": 4}).encode()
     refused = api.post(url, content=plain, headers={"Content-Type": "application/json", "Content-Encoding": "br"})
     error(refused, 415, "unsupported_media_type")
+
+
+# --- F9: one stored event, written one way by every read ------------------------------------------
+
+# Sent with its keys out of order, and numbers that Python, orjson and ECMAScript spell differently.
+NUMBERS = (
+    b'{"z": 1, "a": 5e-7, "b": 1e21, "c": -0.0, "d": 1.0, "e": 100.0, "f": 1152921504606847000, "g": 0.1,'
+    b' "h": 123456789012345680000, "i": 1e20, "j": 1e-6, "m": {"y": 2.50, "x": [1E2, -5e-324]}}'
+)
+
+
+def _numbers_batch(key: str) -> bytes:
+    return b'{"events": [{"type": "custom.n", "idempotencyKey": "%s", "payload": %s}]}' % (key.encode(), NUMBERS)
+
+
+def _sse(api: httpx.Client, url: str) -> str:
+    with api.stream("GET", url, headers={"Accept": "text/event-stream"}) as response:
+        assert response.status_code == 200
+        return "".join(response.iter_text())
+
+
+# In process, WSGI reads the finished run's stream whole (Django warns that it does): the frames
+# are the subject here; tests/test_stream.py streams through Daphne.
+@pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume asynchronous iterators")
+def test_a_stored_event_is_written_alike_by_the_append_and_every_read(
+    api: httpx.Client, workspace: Workspace, member: Any
+) -> None:
+    from asgiref.sync import async_to_sync
+
+    from tests.live_support import TIMEOUT_S, communicator, session_id
+
+    assert post(api, "run_n", started()).status_code == 200
+    json_headers = {"Content-Type": "application/json"}
+    echoed = api.post(f"{V1}/runs/run_n/events", content=_numbers_batch("n1"), headers=json_headers)
+    assert echoed.status_code == 200, echoed.text
+    stored = Event.objects.get(run__run_id="run_n", sequence=2).payload
+    # The stored text is RFC 8785: numbers in ECMAScript form, keys sorted.
+    assert stored == (
+        '{"a":5e-7,"b":1e+21,"c":0,"d":1,"e":100,"f":1152921504606847000,"g":0.1,"h":123456789012345680000,'
+        '"i":100000000000000000000,"j":0.000001,"m":{"x":[100,-5e-324],"y":2.5},"z":1}'
+    )
+    written = f'"payload":{stored}'
+    ndjson = {"Accept": "application/x-ndjson"}
+    replayed = api.post(f"{V1}/runs/run_n/events", content=_numbers_batch("n1"), headers=json_headers)
+    assert replayed.json()["events"][0]["replayed"] is True
+    assert post(api, "run_n", {"type": "RunCompleted", "payload": {}}).status_code == 200  # the stream ends
+    bodies = {
+        "append": echoed.text,
+        "append as NDJSON": api.post(
+            f"{V1}/runs/run_n/events", content=_numbers_batch("n1"), headers={**json_headers, **ndjson}
+        ).text,
+        "replay": replayed.text,
+        "events": api.get(f"{V1}/runs/run_n/events?after=1").text,
+        "events as NDJSON": api.get(f"{V1}/runs/run_n/events?after=1", headers=ndjson).text,
+        "export": api.get(f"{V1}/export/events?runId=run_n").text,
+        "stream": _sse(api, f"{V1}/runs/run_n/stream?after=1"),
+    }
+    for name, body in bodies.items():
+        assert written in body, (name, body)
+    assert json.loads(echoed.text)["events"][0]["payload"] == json.loads(stored)
+
+    session = session_id(member)
+
+    async def pushed() -> str:  # the console's live view: the row it pushes shows the stored numbers
+        comm = communicator("/ws/runs/run_n/?after=1&workspace=acme/support", session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        message = await comm.receive_json_from(timeout=TIMEOUT_S)
+        await comm.disconnect()
+        return str(message["html"])
+
+    row = async_to_sync(pushed)()
+    for number in ("5e-7", "1e+21", "123456789012345680000", "100000000000000000000", "0.000001", "-5e-324"):
+        assert number in row, (number, row)
+    for python in ("5e-07", "-0.0", "1.0", "100.0", "e+20", "1e-06", "2.5e"):
+        assert python not in row, (python, row)

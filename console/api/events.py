@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from ledger.canonical import ecma_dumps
 from ledger.errors import LedgerError, NotFound
 from ledger.log import append
+from ledger.log.envelopes import as_stored
 from ledger.log.prepare import validate_run_id
 from ledger.models import ApiKey
 from ledger.reads import selectors
@@ -181,10 +182,12 @@ class RunEventsView(ApiView):
             if isinstance(request.auth, ApiKey) and isinstance(events, list):
                 refund_events(request.auth, len(events))  # a refused batch does not count
             raise
+        # Each payload as the log stores it: the answer writes the event as every read does.
+        envelopes = [as_stored(env, text) for env, text in zip(result.events, result.stored, strict=True)]
         if request.accepted_renderer.format == NdjsonRenderer.format:
             # One envelope per line, as the read's NDJSON; the position travels in a header.
-            return Response(result.events, headers={"X-Last-Sequence": str(result.last_sequence)})
-        return Response({"events": result.events, "lastSequence": result.last_sequence})
+            return Response(envelopes, headers={"X-Last-Sequence": str(result.last_sequence)})
+        return Response({"events": envelopes, "lastSequence": result.last_sequence})
 
     @extend_schema(
         operation_id="list_events",
@@ -213,7 +216,7 @@ class RunEventsView(ApiView):
         _, run = run_for(request, run_id, "read")
         after = int_param(request, "after", 0, minimum=0)
         limit = limit_param(request)
-        events = selectors.events(run, after=after, limit=limit)
+        events = selectors.events_as_stored(run, after=after, limit=limit)
         next_after = events[-1]["sequence"] if events and events[-1]["sequence"] < run.last_sequence else None
         if request.accepted_renderer.format == NdjsonRenderer.format:
             headers = {"X-Last-Sequence": str(run.last_sequence)}

@@ -40,6 +40,7 @@ from rest_framework.exceptions import APIException, NotAcceptable, NotAuthentica
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
+from ledger.canonical import ecma_dumps
 from ledger.errors import LedgerError
 from ledger.limits import MAX_ROW_ID
 from ledger.log.prepare import validate_run_id
@@ -124,8 +125,11 @@ def _error_response(exc: Exception) -> HttpResponse:
 
 
 def _frame(envelope: dict[str, Any]) -> bytes:
-    data = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
-    return f"id: {envelope['sequence']}\nevent: ledger.event\ndata: {data}\n\n".encode()
+    # Numbers in ECMAScript form, the payload's keys in their stored order: the event's bytes as
+    # every read of the log writes them (NDJSON, exports, the append's answer). No raw line break
+    # can occur: JSON escapes CR and LF in strings.
+    data = ecma_dumps(envelope)
+    return b"id: %d\nevent: ledger.event\ndata: %s\n\n" % (envelope["sequence"], data)
 
 
 def _end_frame(status: str) -> bytes:

@@ -156,6 +156,20 @@ def read_envelopes(
         return [row_envelope(row, run_id, decode_payload(row[5])) for row in rows]
 
 
+def as_stored(envelope: dict[str, Any], text: str) -> dict[str, Any]:
+    """`envelope` with its payload as the log stores it, the canonical JSON `text` (RFC 8785:
+    numbers in ECMAScript form, keys sorted), for orjson to write as it is: a read of the log, the
+    append's answer, an export and a stream then write one event's payload byte for byte alike."""
+    return {**envelope, "payload": orjson.Fragment(text)}
+
+
+def read_stored_envelopes(run: Run, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    """`read_envelopes` for a writer of JSON: each payload its stored text (`as_stored`), never
+    decoded."""
+    run_id = run.run_id
+    return [row_envelope(row, run_id, orjson.Fragment(row[5])) for row in log_rows(run, after=after, limit=limit)]
+
+
 def log_of(run: Run, *, upto: int | None = None) -> list[dict[str, Any]]:
     """The run's envelopes, in order, straight from the log (up to sequence `upto`: a prefix;
     sequences are dense from 1, so that is the first `upto` rows)."""

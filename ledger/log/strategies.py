@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,6 +48,10 @@ from .states import STATES, Cached, cached_for_append, folded_for_append, restor
 class AppendResult:
     events: list[dict[str, Any]]  # envelopes, each with "replayed"
     last_sequence: int
+    # Each envelope's payload as the log stores it (canonical JSON text), in `events` order: what
+    # a writer of JSON sends as the payload, so that the append's answer writes it byte for byte
+    # as every read of the log does (docs/api.md, numbers in ECMAScript form, keys sorted).
+    stored: list[str] = field(default_factory=list)
 
 
 # A run at its limit of events may still end.
@@ -148,7 +152,7 @@ def one_statement(
     now = now_ms()
     before = Mark.of(state)
     try:
-        rows, written, out = _allocate(run, state, batch, {}, now, prices, imported)
+        rows, written, out, stored = _allocate(run, state, batch, {}, now, prices, imported)
     except LedgerError:
         return None  # the guess may be stale: refusals are decided under the lock, on the log
     changes = batch_changes(workspace.pk, state, written, before)
@@ -187,7 +191,7 @@ def one_statement(
         # An attached row changed under the guess (a unique key taken, a row gone), or the log
         # holds a key or a call the guess took to be new: nothing written.
         return None
-    return AppendResult(events=out, last_sequence=state.last_sequence)
+    return AppendResult(events=out, last_sequence=state.last_sequence, stored=stored)
 
 
 # A batch this long is written in parts of PIPELINE_PART events, each part's statement on its
@@ -235,6 +239,7 @@ def pipelined(
     written: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
+    stored: list[str] = []
     invalid: InvalidEvent | None = None
     first = Mark.of(state)  # where the batch starts: its step, usage and run rows are written once
     entries: list[dict[str, Any]] = []  # the batch's cost entries so far (for its usage rows)
@@ -253,7 +258,7 @@ def pipelined(
                     raise statements.PipelineMissed
                 restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in part], started_new=True)
                 before = Mark.of(state)
-                part_rows, part_written, part_out = _allocate(run, state, part, {}, now, prices)
+                part_rows, part_written, part_out, part_stored = _allocate(run, state, part, {}, now, prices)
                 changes = batch_changes(workspace.pk, state, part_written, before)
                 entries += changes.cost_entries
                 if start + PIPELINE_PART < len(events):
@@ -275,12 +280,13 @@ def pipelined(
                 rows += part_rows
                 written += part_written
                 out += part_out
+                stored += part_stored
     except (statements.PipelineMissed, LedgerError):
         if invalid is not None:
             raise invalid from None
         return None  # the guess may be stale: refusals are decided under the lock, on the log
     _after_write(run, state, prices, written, rows, in_transaction=False)  # the pipeline's has committed
-    return AppendResult(events=out, last_sequence=state.last_sequence)
+    return AppendResult(events=out, last_sequence=state.last_sequence, stored=stored)
 
 
 def _cached_head(run_pk: int, workspace: Workspace, run_id: str) -> Run:
@@ -338,7 +344,7 @@ def locked(
         repricing.align(run, state, prices)
     restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
     before = Mark.of(state)
-    rows, written, out = _allocate(run, state, batch, logged, now, prices, imported)
+    rows, written, out, stored = _allocate(run, state, batch, logged, now, prices, imported)
     if rows:
         changes = batch_changes(run.workspace_id, state, written, before)
         _record_starter(changes, before, by)
@@ -351,7 +357,7 @@ def locked(
             insert_rows(Event, [{"run_id": run.pk, "recorded_at": now, **row} for row in rows])
             write(run.pk, changes)
         _after_write(run, state, prices, written, rows, connection.in_atomic_block)
-    return AppendResult(events=out, last_sequence=state.last_sequence)
+    return AppendResult(events=out, last_sequence=state.last_sequence, stored=stored)
 
 
 def _after_write(
@@ -401,16 +407,17 @@ def _allocate(
     now: datetime,
     prices: PriceTable,
     imported: bool = False,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """Number the batch's new events after the log's end, advancing `state` with them.
 
     Returns the rows to insert (statements.EVENT_FIELDS), their envelopes, and the answer: every
-    item's envelope in batch order, each flagged `replayed`.
+    item's envelope in batch order, each flagged `replayed`, and each one's stored payload text.
     """
     rows: list[dict[str, Any]] = []
     written: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
-    in_batch: dict[str, tuple[str | None, dict[str, Any]]] = {}
+    out_stored: list[str] = []
+    in_batch: dict[str, tuple[str | None, dict[str, Any], str]] = {}
     unfolded = 0  # envelopes at the end of `written` that `state` has not seen yet
     run_id = run.run_id
     event_id = EventIds(run_id)
@@ -422,11 +429,13 @@ def _allocate(
         if key is not None:
             if key in logged:
                 out.append({**event_envelope(logged[key], run_id), "replayed": True})
+                out_stored.append(logged[key].payload)
                 continue
             if key in in_batch:
-                original_digest, original_env = in_batch[key]
+                original_digest, original_env, original_text = in_batch[key]
                 rules.same_request(index, p, original_digest, "is used twice in the batch for different events")
                 out.append({**original_env, "replayed": True})
+                out_stored.append(original_text)
                 continue
         sequence = state.last_sequence + unfolded + 1
         event_type, occurrence_id = p.type, p.occurrence_id
@@ -453,13 +462,14 @@ def _allocate(
             )
         state.payload_bytes = held
         eid = event_id(sequence, event_type, stored, occurrence_id)
+        text = stored.decode()
         rows.append(
             {
                 "sequence": sequence,
                 "event_id": eid,
                 "type": event_type,
                 "occurrence_id": occurrence_id,
-                "payload": stored.decode(),
+                "payload": text,
                 "idempotency_key": key,
                 "request_digest": p.request_digest,
             }
@@ -485,16 +495,17 @@ def _allocate(
                 "payload": payload,
             }
         if key is not None:
-            in_batch[key] = (p.request_digest, env)
+            in_batch[key] = (p.request_digest, env, text)
         written.append(env)
         out.append({**env, "replayed": False})
+        out_stored.append(text)
         unfolded += 1
         if event_type in rules.MOVES_STATUS:  # the next event's lifecycle check reads the status it set
             advance(state, written[-unfolded:], prices=prices)
             unfolded = 0
     if unfolded:  # one call for the rest: a call per event costed as much as the handlers
         advance(state, written[-unfolded:], prices=prices)
-    return rows, written, out
+    return rows, written, out, out_stored
 
 
 # The run's own lifecycle events: the only ones whose fold moves the run's status.

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from ..errors import NotFound
 from ..log import snapshots
-from ..log.envelopes import decode_payload, envelope, read_envelopes
+from ..log.envelopes import decode_payload, envelope, read_envelopes, read_stored_envelopes
 from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, ToolCall, Workspace
 from .attention import matching as needing
 
@@ -97,6 +97,12 @@ def events(
     run: Run, *, after: int = 0, limit: int | None = None, type_prefix: str | None = None
 ) -> list[dict[str, Any]]:
     return read_envelopes(run, after=after, limit=limit, type_prefix=type_prefix)
+
+
+def events_as_stored(run: Run, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    """`events` for a writer of JSON: each payload its stored canonical text, as an orjson
+    Fragment (ledger.log.envelopes.as_stored)."""
+    return read_stored_envelopes(run, after=after, limit=limit)
 
 
 def artifact_in(workspaces: Iterable[Workspace], sha256: str) -> Artifact | None:
