@@ -270,3 +270,39 @@ def test_a_stored_event_is_written_alike_by_the_append_and_every_read(
         assert number in row, (number, row)
     for python in ("5e-07", "-0.0", "1.0", "100.0", "e+20", "1e-06", "2.5e"):
         assert python not in row, (python, row)
+
+
+# --- a pure replay past the rate limit ------------------------------------------------------------
+
+
+def test_a_pure_replay_past_the_rate_limit_answers_200(workspace: Workspace, settings: Any, clock: Any) -> None:
+    """docs/api.md: 200 also when every event was a replay; the limit counts events appended."""
+    settings.LEDGER_MAX_EVENTS_PER_MINUTE_PER_KEY = 4
+    clock.moment = clock.moment.replace(second=0, microsecond=0)
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
+    with http_client(headers={"Authorization": f"Bearer {key}"}) as harness:
+        batch = [{**ev("custom.a", n=1.5), "idempotencyKey": "a"}, {**ev("custom.b"), "idempotencyKey": "b"}]
+        first = post(harness, "run_r", {**started(), "idempotencyKey": "s"}, *batch)
+        assert first.status_code == 200, first.text
+        assert post(harness, "run_r", ev("custom.c")).status_code == 200  # the minute's 4 events
+        error(post(harness, "run_r", ev("custom.d")), 429, "rate_limited")  # a new event: refused
+        again = post(harness, "run_r", *batch)  # the retry of a batch that landed
+        assert again.status_code == 200, again.text
+        assert [(e["sequence"], e["replayed"]) for e in again.json()["events"]] == [(2, True), (3, True)]
+        assert again.json()["lastSequence"] == 4
+        assert again.json()["events"] == [{**e, "replayed": True} for e in first.json()["events"][1:]]
+        as_ndjson = post(harness, "run_r", batch[0], headers={"Accept": "application/x-ndjson"})
+        assert as_ndjson.status_code == 200 and json.loads(as_ndjson.text)["replayed"] is True
+        # Anything that would write stays refused: a key not logged, an event without a key.
+        error(post(harness, "run_r", batch[0], {**ev("custom.e"), "idempotencyKey": "e"}), 429, "rate_limited")
+        error(post(harness, "run_r", batch[0], ev("custom.e")), 429, "rate_limited")
+        # A key sent with another event is the append's conflict, and a stale expectedSequence
+        # does not refuse a replay (as under the limit).
+        changed = {**ev("custom.a", n=2), "idempotencyKey": "a"}
+        error(post(harness, "run_r", changed), 409, "idempotency_conflict")
+        stale = post(harness, "run_r", *batch, body={"expectedSequence": 1})
+        assert stale.status_code == 200 and stale.json()["events"][0]["replayed"] is True
+        error(post(harness, "run_nope", *batch), 429, "rate_limited")  # no such run: nothing to replay
+        assert Event.objects.filter(run__run_id="run_r").count() == 4
+        clock.advance(60)  # the next minute: the refused event goes in
+        assert post(harness, "run_r", ev("custom.d")).json()["lastSequence"] == 5

@@ -21,7 +21,7 @@ from rest_framework.response import Response
 
 from ledger.canonical import ecma_dumps
 from ledger.errors import LedgerError, NotFound
-from ledger.log import append
+from ledger.log import AppendResult, append, replayed
 from ledger.log.envelopes import as_stored
 from ledger.log.prepare import validate_run_id
 from ledger.models import ApiKey
@@ -31,7 +31,7 @@ from .auth import access_for, principal_name
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
 from .pagination import int_param, limit_param
-from .ratelimit import charge_events, refund_events
+from .ratelimit import RateLimited, charge_events, refund_events
 from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, EventsPageSerializer, error_responses
 
 
@@ -168,7 +168,20 @@ class RunEventsView(ApiView):
             raise InvalidRequest("the body must be a JSON object {events: [...]}", field="")
         events = body.get("events")
         if isinstance(request.auth, ApiKey) and isinstance(events, list):
-            charge_events(request.auth, len(events))
+            try:
+                charge_events(request.auth, len(events))
+            except RateLimited:
+                # A retry of a batch already in the log writes nothing: it gets its 200 (docs/api.md).
+                replay = replayed(
+                    workspace=caller.workspace,
+                    run_id=run_id,
+                    events=events,
+                    expected_sequence=body.get("expectedSequence"),
+                    fencing_token=body.get("fencingToken"),
+                )
+                if replay is None:
+                    raise
+                return self._answer(request, replay)
         try:
             result = append(
                 workspace=caller.workspace,
@@ -182,6 +195,10 @@ class RunEventsView(ApiView):
             if isinstance(request.auth, ApiKey) and isinstance(events, list):
                 refund_events(request.auth, len(events))  # a refused batch does not count
             raise
+        return self._answer(request, result)
+
+    @staticmethod
+    def _answer(request: Request, result: AppendResult) -> Response:
         # Each payload as the log stores it: the answer writes the event as every read does.
         envelopes = [as_stored(env, text) for env, text in zip(result.events, result.stored, strict=True)]
         if request.accepted_renderer.format == NdjsonRenderer.format:

@@ -15,6 +15,11 @@
         other rows of the run with its events (the tool gateway's services, tool approval,
         cancellation). The head row stays locked until the caller's transaction ends.
 
+Beside them, `replayed(workspace=W, run_id=R, events=[...], expected_sequence=N?,
+fencing_token=T?)` writes nothing: it is the answer `append` would give a batch that is a pure
+replay (every item's idempotency key logged with the same event), or None; for a caller that
+must not write now (the API past a key's rate limit) but owes a retry its 200.
+
 Which strategy (ledger/log/strategies.py) writes a batch is decided here, and only here:
 
 | the append | strategy | costs | why |
@@ -43,10 +48,11 @@ from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connections, 
 from ..errors import NotFound, UsageTooLarge
 from ..models import Run, Workspace
 from . import prepare, rules, statements, strategies
+from .envelopes import event_envelope
 from .statements import Attached
 from .strategies import HEAD_FIELDS, PIPELINE_FROM, AppendResult
 
-__all__ = ["AppendResult", "Attached", "Head", "append", "holding"]
+__all__ = ["AppendResult", "Attached", "Head", "append", "holding", "replayed"]
 
 
 @overload
@@ -160,6 +166,41 @@ def _append(
             # the batch is redacted again with the stored ones before anything is written.
             batch = prepare.batch(workspace, events, expected_sequence, imported=imported)
         return strategies.locked(run, batch, expected_sequence, fencing_token, imported=imported, by=by)
+
+
+def replayed(
+    *,
+    workspace: Workspace,
+    run_id: str,
+    events: object,
+    expected_sequence: int | None = None,
+    fencing_token: Any = None,
+) -> AppendResult | None:
+    """What `append` would answer to `events` when every item is a replay: its idempotency key is
+    in the run's log with the same event (type, occurrence, payload, as redacted now), so that the
+    append would write nothing. None when any item would be written (no key, a key not logged) or
+    the run has no log. Writes nothing and takes no lock: logged events never change.
+
+    The refusals are the append's, in its order: an invalid batch, a fenced writer, a key logged
+    for another event (409 idempotency_conflict); a stale expectedSequence does not refuse a
+    replay, and neither does a finished run."""
+    prepare.validate_run_id(run_id)
+    if not isinstance(events, list) or not all(isinstance(e, Mapping) and e.get("idempotencyKey") for e in events):
+        return None
+    run = Run.objects.filter(workspace=workspace, run_id=run_id).only(*HEAD_FIELDS).first()
+    if run is None or not run.last_sequence:
+        return None
+    batch = prepare.batch(workspace, events, expected_sequence)
+    rules.check_fencing(run, fencing_token, strategies.now_ms())
+    logged = strategies.match_replays(run, batch)
+    originals = [logged.get(p.idempotency_key or "") for p in batch]
+    if any(original is None for original in originals):
+        return None
+    return AppendResult(
+        events=[{**event_envelope(e, run_id), "replayed": True} for e in originals if e is not None],
+        last_sequence=run.last_sequence,
+        stored=[e.payload for e in originals if e is not None],
+    )
 
 
 # numeric_value_out_of_range: a bigint or numeric column (or sum) past its range.

@@ -328,7 +328,7 @@ def locked(
 ) -> AppendResult:
     now = now_ms()
     rules.check_fencing(run, fencing_token, now)
-    logged = _match_replays(run, batch)
+    logged = match_replays(run, batch)
     rules.check_expected_sequence(
         expected_sequence, run.last_sequence, writes=any(p.idempotency_key not in logged for p in batch)
     )
@@ -385,7 +385,7 @@ def _after_write(
         hooks.run_ended(run, written)
 
 
-def _match_replays(run: Run, batch: list[Prepared]) -> dict[str, Event]:
+def match_replays(run: Run, batch: list[Prepared]) -> dict[str, Event]:
     """The logged originals of the batch's idempotency keys; a key sent with another event is a conflict."""
     keys = [p.idempotency_key for p in batch if p.idempotency_key is not None]
     if not keys or not run.last_sequence:
