@@ -306,3 +306,63 @@ def test_a_pure_replay_past_the_rate_limit_answers_200(workspace: Workspace, set
         assert Event.objects.filter(run__run_id="run_r").count() == 4
         clock.advance(60)  # the next minute: the refused event goes in
         assert post(harness, "run_r", ev("custom.d")).json()["lastSequence"] == 5
+
+
+# --- token counts are whole ------------------------------------------------------------------------
+
+
+def _responded(call: str, usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "harness.model.responded",
+        "payload": {
+            "turn": 1,
+            "callId": call,
+            "model": {"provider": "openai", "modelId": "gpt-4o"},
+            "response": {"usage": usage},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "event, field",
+    [
+        (_responded("c", {"inputTokens": 1.5, "outputTokens": 2}), "payload.response.usage.inputTokens"),
+        (
+            _responded("c", {"inputTokens": 1, "outputTokens": 2, "reasoningTokens": 0.25}),
+            "payload.response.usage.reasoningTokens",
+        ),
+        (
+            _responded("c", {"inputTokens": 3, "outputTokens": 2, "inputTokenDetails": {"cacheReadTokens": 0.5}}),
+            "payload.response.usage.inputTokenDetails.cacheReadTokens",
+        ),
+        (
+            {
+                "type": "ModelCallCompleted",
+                "payload": {"stepPath": "s", "usage": {"inputTokens": 1, "outputTokens": 2.5}},
+            },
+            "payload.usage.outputTokens",
+        ),
+    ],
+)
+def test_a_fractional_token_count_is_refused(api: httpx.Client, event: dict[str, Any], field: str) -> None:
+    assert post(api, "run_t", started()).status_code == 200
+    refused = error(post(api, "run_t", ev("custom.before"), event), 400, "invalid_event")
+    assert refused["details"] == {"index": 1, "field": field}
+    assert "not a whole number of tokens" in refused["message"]
+    assert Event.objects.filter(run__run_id="run_t").count() == 1
+    assert api.get(f"{V1}/runs/run_t").json()["usage"]["inputTokens"] == 0
+
+
+def test_an_integral_double_is_a_whole_count(api: httpx.Client) -> None:
+    """SDKs that count in floats send 12.0: taken, and stored as 12."""
+    assert post(api, "run_t", started()).status_code == 200
+    body = (
+        b'{"events": [{"type": "harness.model.responded", "payload": {"turn": 1, "callId": "c",'
+        b' "model": {"provider": "openai", "modelId": "gpt-4o"},'
+        b' "response": {"usage": {"inputTokens": 12.0, "outputTokens": 3e0, "cachedInputTokens": 2.0}}}}]}'
+    )
+    answer = api.post(f"{V1}/runs/run_t/events", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert '"usage":{"cachedInputTokens":2,"inputTokens":12,"outputTokens":3}' in answer.text
+    usage = api.get(f"{V1}/runs/run_t").json()["usage"]
+    assert (usage["inputTokens"], usage["outputTokens"], usage["cachedInputTokens"]) == (12, 3, 2)

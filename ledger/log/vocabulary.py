@@ -312,7 +312,7 @@ def validate_fields(index: int, event_type: str, payload: Any, *, imported: bool
                 _check_limit(index, field, value, limit)
         usage_at = _USAGE_AT.get(event_type)
         if usage_at is not None:
-            _check_tokens(index, payload, usage_at)
+            _check_tokens(index, payload, usage_at, whole=not imported)
         if event_type.startswith(MODEL_AND_TOOL_PREFIXES):
             origin = payload.get("origin")
             if origin is not None and origin not in ORIGINS:
@@ -364,10 +364,14 @@ def _check_limit(index: int, field: str, value: Any, limit: int) -> None:
             )
 
 
-def _check_tokens(index: int, payload: Mapping[str, Any], usage_at: tuple[str, ...]) -> None:
+def _check_tokens(index: int, payload: Mapping[str, Any], usage_at: tuple[str, ...], *, whole: bool) -> None:
     """Refuse a token count of the usage at `usage_at` that is a number above MAX_TOKENS: the fold
-    would sum it into bigint columns and price it into numeric ones that cannot hold it. One pass
-    over the usage's own keys (two, most often): this runs for every model call appended."""
+    would sum it into bigint columns and price it into numeric ones that cannot hold it. With
+    `whole` (our rules: every append but Little Workflow's imported logs, whose fractions its
+    rules count), also one that is a fraction (1.5): the fold counts whole tokens and would floor
+    it, so a sum would quietly differ from what was sent. An integral double (12.0, what SDKs that
+    count in floats send) is a whole count: it is stored as 12. One pass over the usage's own keys
+    (two, most often): this runs for every model call appended."""
     usage: Any = payload
     for key in usage_at:
         usage = usage.get(key) if isinstance(usage, dict) else None
@@ -375,22 +379,27 @@ def _check_tokens(index: int, payload: Mapping[str, Any], usage_at: tuple[str, .
         return
     for key, value in usage.items():
         if value.__class__ in _NUMBER:
-            if value > MAX_TOKENS and key in _COUNTS:
-                _refuse_tokens(index, (*usage_at, key))
+            if key in _COUNTS:
+                _check_count(index, (*usage_at, key), value, whole)
         elif value.__class__ is dict and (inner := _DETAIL_COUNTS.get(key)) is not None:
             count = value.get(inner)
-            if count.__class__ in _NUMBER and count > MAX_TOKENS:
-                _refuse_tokens(index, (*usage_at, key, inner))
+            if count.__class__ in _NUMBER:
+                _check_count(index, (*usage_at, key, inner), count, whole)
 
 
-def _refuse_tokens(index: int, path: tuple[str, ...]) -> None:
+def _check_count(index: int, path: tuple[str, ...], count: float, whole: bool) -> None:
     field = ".".join(("payload", *path))
-    raise InvalidEvent(
-        f"event {index}: {field} is more than {MAX_TOKENS:,} tokens, the most one model call may count",
-        index=index,
-        field=field,
-        limit=MAX_TOKENS,
-    )
+    if count > MAX_TOKENS:
+        raise InvalidEvent(
+            f"event {index}: {field} is more than {MAX_TOKENS:,} tokens, the most one model call may count",
+            index=index,
+            field=field,
+            limit=MAX_TOKENS,
+        )
+    if whole and count.__class__ is float and not count.is_integer():
+        raise InvalidEvent(
+            f"event {index}: {field} is {count!r}, not a whole number of tokens", index=index, field=field
+        )
 
 
 def reject_recorded_cost(index: int, payload: Any) -> None:
