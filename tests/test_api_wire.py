@@ -366,3 +366,36 @@ def test_an_integral_double_is_a_whole_count(api: httpx.Client) -> None:
     assert '"usage":{"cachedInputTokens":2,"inputTokens":12,"outputTokens":3}' in answer.text
     usage = api.get(f"{V1}/runs/run_t").json()["usage"]
     assert (usage["inputTokens"], usage["outputTokens"], usage["cachedInputTokens"]) == (12, 3, 2)
+
+
+# --- a sub-run written before its parent ----------------------------------------------------------
+
+
+def test_a_sub_run_before_its_parent_is_taken_and_rerooted_when_the_parent_starts(
+    api: httpx.Client, workspace: Workspace, other_workspace: Workspace
+) -> None:
+    """A client's outbox or spool may deliver a sub-run's RunStarted before its parent's, and
+    `ledger import-little` imports in id order: the named parent is taken for the root until it
+    starts, then its runs below take its root; `ledger verify` agrees all along."""
+    from ledger.log.verify import verify_run
+    from ledger.models import Run
+
+    def root(run_id: str) -> Any:
+        return api.get(f"{V1}/runs/{run_id}").json()["rootRunId"]
+
+    assert post(api, "run_grandchild", started(parentRunId="run_child")).status_code == 200
+    assert root("run_grandchild") == "run_child"  # its parent's id, the parent not being there
+    assert post(api, "run_child", started(parentRunId="run_top")).status_code == 200
+    assert root("run_child") == "run_top" and root("run_grandchild") == "run_top"
+    assert post(api, "run_top", started()).status_code == 200
+    assert (root("run_top"), root("run_child"), root("run_grandchild")) == (None, "run_top", "run_top")
+    assert [r["runId"] for r in api.get(f"{V1}/runs/run_top/children").json()["runs"]] == ["run_child"]
+    for run in Run.objects.filter(workspace=workspace):
+        assert all(check.status == "pass" for check in verify_run(run)), (run.run_id, verify_run(run))
+    # Another workspace's run named as the parent is no run of this one: nothing of it is read.
+    _, key = create_key(workspace=other_workspace, scopes=["ingest", "read"])
+    with http_client(headers={"Authorization": f"Bearer {key}"}) as theirs:
+        assert post(theirs, "run_theirs", started(parentRunId="run_top")).status_code == 200
+        assert theirs.get(f"{V1}/runs/run_theirs").json()["rootRunId"] == "run_top"
+        error(theirs.get(f"{V1}/runs/run_top"), 404, "not_found")
+    assert root("run_grandchild") == "run_top"  # untouched by the other workspace

@@ -25,9 +25,9 @@ Which strategy (ledger/log/strategies.py) writes a batch is decided here, and on
 | the append | strategy | costs | why |
 |---|---|---|---|
 | PostgreSQL, >= PIPELINE_FROM events, no transaction open, this process folded the run last, no RunStarted/RunCompleted/RunFailed | `pipelined` | one transaction, a statement per part of PIPELINE_PART | the server writes a part while the next is prepared |
-| PostgreSQL, this process folded the run last (or a new run's RunStarted), every payload inline | `one_statement` | 1 round trip, 1 commit (outside a transaction) | the head update holds only on the guessed head and the prices in force: a stale guess writes nothing |
+| PostgreSQL, this process folded the run last (or a new run's RunStarted without a parentRunId), every payload inline | `one_statement` | 1 round trip, 1 commit (outside a transaction) | the head update holds only on the guessed head and the prices in force: a stale guess writes nothing |
 | `attached` (PostgreSQL) | `one_statement` with the row changes | 1 round trip | the control row and its events commit together or not at all |
-| everything else: SQLite, no guess, a payload to externalize, a guess that missed, a refusal or replay to decide, an imported log | `locked` | the lock, a statement, the commit | refusals and replays are decided on what the rows hold, prices by the overrides read with the lock |
+| everything else: SQLite, no guess, a payload to externalize, a guess that missed, a refusal or replay to decide, an imported log, a sub-run's start (it re-roots runs below it, projection.reroot) | `locked` | the lock, a statement, the commit | refusals and replays are decided on what the rows hold, prices by the overrides read with the lock |
 | `holding(...)` | `locked`, in the caller's transaction | the lock, then a statement per `head.append` | the caller's row changes and the events share the lock |
 
 Every strategy obeys the same rules (ledger/log/rules.py: expected sequence, fencing, lifecycle,

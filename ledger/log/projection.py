@@ -98,6 +98,17 @@ def root_run_id(workspace_id: int, parent_run_id: str | None) -> str:
     return parent or parent_run_id
 
 
+def reroot(run: Run, root: str) -> None:
+    """`run` just started below `root`: the runs that started before it, naming it (or a run below
+    it) as their parent, took its id for their root (`root_run_id`: the parent's row was not there
+    to ask); they are below `root` now. A sub-run may be written before its parent: the client's
+    outbox and spool deliver runs independently, and `ledger import-little` imports runs in id
+    order. In the append's transaction; the index `run_below` finds them."""
+    Run.objects.filter(workspace_id=run.workspace_id, root_run_id=run.run_id).exclude(pk=run.pk).update(
+        root_run_id=root
+    )
+
+
 def run_fields(state: RunState) -> dict[str, Any]:
     """The Run row's projected columns, except root_run_id (which needs the parent's row)."""
     return {

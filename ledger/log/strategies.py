@@ -40,7 +40,7 @@ from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
 from .envelopes import event_envelope, format_recorded_at
 from .prepare import Prepared
-from .projection import Changes, Mark, batch_changes, batch_totals, write
+from .projection import Changes, Mark, batch_changes, batch_totals, reroot, write
 from .states import STATES, Cached, cached_for_append, folded_for_append, restore_tool_calls
 
 
@@ -141,7 +141,13 @@ def one_statement(
     if cached is not None:
         run = _cached_head(cached.run_pk, workspace, run_id)
         state = cached.state
-    elif batch[0].type == "RunStarted" and fencing_token is None and not attached and not imported:
+    elif (
+        batch[0].type == "RunStarted"
+        and fencing_token is None
+        and not attached
+        and not imported
+        and not batch[0].payload.get("parentRunId")  # a sub-run may re-root runs below it: locked
+    ):
         run, state = Run(workspace=workspace, run_id=run_id), RunState(run_id=run_id)
     else:
         return None
@@ -356,6 +362,8 @@ def locked(
         else:
             insert_rows(Event, [{"run_id": run.pk, "recorded_at": now, **row} for row in rows])
             write(run.pk, changes)
+        if root := changes.run.get("root_run_id"):
+            reroot(run, root)
         _after_write(run, state, prices, written, rows, connection.in_atomic_block)
     return AppendResult(events=out, last_sequence=state.last_sequence, stored=stored)
 
