@@ -179,7 +179,9 @@ def test_payloads_in_pre_blocks_keep_each_hidden_character_inside_a_marked_span(
     assert ZWSP in _all_marked(evidence), "the tool's arguments"
 
 
-def test_a_payload_without_hidden_characters_is_left_as_it_is(client: Client, viewer: User, workspace: Workspace) -> None:
+def test_a_payload_without_hidden_characters_is_left_as_it_is(
+    client: Client, viewer: User, workspace: Workspace
+) -> None:
     log.append(workspace=workspace, run_id="run_plain", events=[started("wfver_plain", label="a\tb <c>\n")])
     client.force_login(viewer)
     html = _page(client, "/w/acme/support/runs/run_plain/timeline/")
@@ -226,18 +228,24 @@ def test_the_approvals_page_writes_out_hidden_characters(
     html = _page(client, "/w/acme/support/approvals/")
     shown = _shown(html)
     assert not HIDDEN.search(shown), shown[HIDDEN.search(shown).start() - 200 :][:300]
-    card = re.search(rf'<article class="request pending tool-call-approval".*?data-run="{WAITING}".*?</article>', html, re.S)
+    card = re.search(
+        rf'<article class="request pending tool-call-approval".*?data-run="{WAITING}".*?</article>', html, re.S
+    )
     assert card, "the waiting call has its card"
-    assert f'<strong class="mono">{_written(TOOL)}</strong> in <span class="mono">{_written(STEP)}</span>' in card.group(0)
+    assert (
+        f'<strong class="mono">{_written(TOOL)}</strong> in <span class="mono">{_written(STEP)}</span>' in card.group(0)
+    )
     assert f'<dd class="mono">{_written(CALL)}</dd>' in card.group(0)
     assert RLO in _all_marked(card.group(0)), "the arguments, marked in place"
     request = re.search(r'<article class="request pending" id="rx-.*?</article>', html, re.S).group(0)
     assert f'from <span class="mono">{_written(STEP)}</span>' in request
     assert f"Reason:</span> {_written(REASON)}" in request
-    assert f"<td class=\"mono\">{_written(STEP)}</td>" in request, "the plan's steps"
+    assert f'<td class="mono">{_written(STEP)}</td>' in request, "the plan's steps"
 
 
-def test_the_approvals_page_is_a_404_for_another_tenant(client: Client, outsider: User, waiting: ReexecutionRequest) -> None:
+def test_the_approvals_page_is_a_404_for_another_tenant(
+    client: Client, outsider: User, waiting: ReexecutionRequest
+) -> None:
     client.force_login(outsider)
     assert client.get("/w/acme/support/approvals/").status_code == 404
 
@@ -297,8 +305,6 @@ def test_a_dataset_writes_out_hidden_characters_in_expected_outputs(
     for path in ("/w/acme/support/evaluations/", "/w/acme/support/datasets/bidi/"):
         shown = _shown(_page(client, path))
         assert not HIDDEN.search(shown), (path, shown[HIDDEN.search(shown).start() - 200 :][:300])
-    assert _written(escape('{"reply": "refund \u202egpj.exe"}')) in _page(
-        client, "/w/acme/support/datasets/bidi/"
-    )
+    assert _written(escape('{"reply": "refund \u202egpj.exe"}')) in _page(client, "/w/acme/support/datasets/bidi/")
     client.force_login(admin)
     assert client.get("/w/acme/support/datasets/bidi/").status_code == 200
