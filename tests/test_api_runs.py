@@ -461,7 +461,7 @@ def test_children_lists_direct_sub_runs(api: httpx.Client, rich_run: str) -> Non
 
 
 def test_tree_usage_sums_every_run_below_any_depth(api: httpx.Client, workspace: Workspace) -> None:
-    """API.md's `treeUsage`: the run's usage and that of every run below it, on every read of a run
+    """docs/api.md's `treeUsage`: the run's usage and that of every run below it, on every read of a run
     object (one run, the list, children, the evidence bundle and its sub-runs), equal to the run
     page's *Cost with sub-runs*. An unpriced call in the tree counts as unpriced, not as $0."""
     post_events(api, "run_t_root", started("wfver_t"), _answer("c1", {"inputTokens": 1000, "outputTokens": 100}))
