@@ -42,6 +42,24 @@ _DRF_CODES: list[tuple[type[Exception], str, int]] = [
 ]
 
 
+def first_field(detail: Any) -> str:
+    """The dotted path of the first invalid field of a DRF ValidationError's detail
+    (`modelOverrides.planner.model`, `runIds.0`); "" for the body as a whole."""
+    path: list[str] = []
+    while isinstance(detail, dict | list) and detail:
+        if isinstance(detail, dict):
+            key, detail = next(iter(detail.items()))
+            if key != "non_field_errors":
+                path.append(str(key))
+        else:
+            index = next((i for i, item in enumerate(detail) if isinstance(item, dict | list) and item), None)
+            if index is None:
+                break
+            path.append(str(index))
+            detail = detail[index]
+    return ".".join(path)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """DRF's EXCEPTION_HANDLER: every failure becomes the error body."""
     if isinstance(exc, RequestDataTooBig):
@@ -56,7 +74,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, Http404):
         return Response(error_body(*NOT_FOUND), status=404)
     if isinstance(exc, drf.ValidationError):
-        return Response(error_body("invalid_request", "the request is not valid", {"fields": exc.detail}), status=400)
+        details = {"fields": exc.detail, "field": first_field(exc.detail)}
+        return Response(error_body("invalid_request", "the request is not valid", details), status=400)
     for cls, code, status in _DRF_CODES:
         if isinstance(exc, cls):
             response = Response(error_body(code, str(getattr(exc, "detail", exc))), status=status)

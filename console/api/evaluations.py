@@ -23,6 +23,7 @@ from ledger.models import Evaluation, Role, Workspace
 
 from .auth import access_for, principal
 from .base import WrittenText
+from .inputs import Input
 from .pagination import (
     InvalidCursor,
     InvalidParameter,
@@ -92,11 +93,11 @@ class DatasetVersionSerializer(serializers.Serializer):
     members = serializers.JSONField(help_text="[{runId, lastSequence, expected, expectedEditedBy?}] in run id order")
 
 
-class RunIdsSerializer(serializers.Serializer):
+class RunIdsSerializer(Input):
     runIds = serializers.ListField(child=serializers.CharField(max_length=84), min_length=1, max_length=200)
 
 
-class ExpectedSerializer(serializers.Serializer):
+class ExpectedSerializer(Input):
     runId = serializers.CharField(max_length=84)
     expected = serializers.JSONField(allow_null=True)
 
@@ -117,7 +118,7 @@ class PolicySerializer(serializers.Serializer):
     active = serializers.BooleanField()
 
 
-class PolicyInputSerializer(serializers.Serializer):
+class PolicyInputSerializer(Input):
     dataset = serializers.CharField(max_length=100)
     changeKinds = serializers.ListField(child=serializers.CharField(max_length=40), min_length=1, max_length=10)
     scorers = serializers.ListField(child=serializers.CharField(max_length=100), min_length=1, max_length=20)
@@ -127,7 +128,7 @@ class PolicyInputSerializer(serializers.Serializer):
     note = WrittenText(required=False, default="")
 
 
-class NoteSerializer(serializers.Serializer):
+class NoteSerializer(Input):
     note = WrittenText(required=False, default="")
 
 
@@ -175,7 +176,7 @@ class EvaluationSerializer(serializers.Serializer):
     report = serializers.JSONField(allow_null=True, required=False, help_text="{runs, aggregates}; docs/evaluations.md")
 
 
-class EvaluationInputSerializer(serializers.Serializer):
+class EvaluationInputSerializer(Input):
     dataset = serializers.CharField(max_length=100)
     version = serializers.IntegerField(required=False, min_value=1)
     change = serializers.JSONField(

@@ -30,6 +30,7 @@ from ledger.reads import selectors
 from .auth import access_for, principal_name
 from .base import ApiView, run_for
 from .fastjson import JsonRenderer
+from .inputs import FencingToken, Input
 from .pagination import int_param, limit_param
 from .ratelimit import RateLimited, charge_events, refund_events
 from .schema import LIMIT, RUN_ID, WORKSPACE, AppendedEnvelopeSerializer, EventsPageSerializer, error_responses
@@ -57,7 +58,7 @@ class RunEventsView(ApiView):
     invalid_body_code = "invalid_event"  # a body too deep or with a NUL (fastjson.BadBody)
 
     @extend_schema_serializer(component_name="AppendEventsRequest")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(Input):
         @extend_schema_serializer(component_name="AppendEventItem")
         class EventInput(serializers.Serializer):
             type = serializers.CharField(help_text="a vocabulary type (docs/design.md §3) or custom.*")
@@ -69,7 +70,7 @@ class RunEventsView(ApiView):
         expectedSequence = serializers.IntegerField(
             required=False, min_value=0, help_text="the last sequence the writer saw"
         )
-        fencingToken = serializers.CharField(required=False, help_text="required while the run is leased")
+        fencingToken = FencingToken(help_text="required while the run is leased")
 
     @extend_schema_serializer(component_name="AppendEventsResponse")
     class OutputSerializer(serializers.Serializer):

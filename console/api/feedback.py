@@ -13,12 +13,13 @@ from ledger.reads import serialize
 from ledger.replay.feedback import MAX_COMMENT, record_feedback
 
 from .base import ApiView, WrittenText, run_for
+from .inputs import Input
 from .schema import RUN_ID, WORKSPACE, FeedbackSerializer, error_responses
 
 
 class RunFeedbackView(ApiView):
     @extend_schema_serializer(component_name="FeedbackRequest")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(Input):
         rating = serializers.IntegerField(min_value=1, max_value=5)
         category = serializers.CharField(required=False, allow_blank=True, max_length=100)
         comment = WrittenText(required=False, limit=MAX_COMMENT)

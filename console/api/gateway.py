@@ -22,6 +22,7 @@ from ledger.replay import gateway
 
 from .auth import access_for
 from .base import WrittenText
+from .inputs import FencingToken, Input
 from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, FullMatchField, error_responses
 
@@ -45,9 +46,7 @@ def _errors(**codes: list[str]) -> dict[int, OpenApiResponse]:
 
 
 def _fencing() -> serializers.CharField:
-    return serializers.CharField(
-        required=False, max_length=40, help_text="the run's fencing token; needed only while the run is leased"
-    )
+    return FencingToken(help_text="the run's fencing token; needed only while the run is leased")
 
 
 # How a tool call ended: one enum in the schema (ToolCallOutcomeEnum) for every field that says it.
@@ -80,7 +79,7 @@ class FinishedSerializer(serializers.Serializer):
 
 class ClaimView(APIView):
     @extend_schema_serializer(component_name="ToolCallClaim")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(Input):
         callId = FullMatchField(CALL_ID_PATTERN, help_text="no '/' or whitespace, at most 200 characters")
         toolName = serializers.CharField(max_length=200)
         args = _any_json()
@@ -169,7 +168,7 @@ class ClaimView(APIView):
 
 class OutboundView(APIView):
     @extend_schema_serializer(component_name="ToolCallOutboundMark")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(Input):
         leaseToken = serializers.CharField(max_length=64)
         fencingToken = _fencing()
 
@@ -217,7 +216,7 @@ class OutboundView(APIView):
 
 class CompleteView(APIView):
     @extend_schema_serializer(component_name="ToolCallComplete")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(Input):
         leaseToken = serializers.CharField(max_length=64)
         result = _any_json(required=False)
         error = _any_json(required=False)
@@ -269,7 +268,7 @@ class CompleteView(APIView):
 
 class ReconcileView(APIView):
     @extend_schema_serializer(component_name="ToolCallReconcile")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(Input):
         outcome = serializers.ChoiceField(choices=TOOL_CALL_OUTCOMES)
         result = _any_json(required=False)
         error = _any_json(required=False)

@@ -26,6 +26,7 @@ from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, with
 
 from .auth import access_for, principal
 from .base import WrittenText
+from .inputs import Input
 from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
 from .schema import CURSOR, RUN_ID, WORKSPACE, choice, enum, error_responses
 
@@ -117,7 +118,7 @@ class ReexecutionListSerializer(serializers.Serializer):
     next = serializers.CharField(allow_null=True)
 
 
-class RequestInputSerializer(serializers.Serializer):
+class RequestInputSerializer(Input):
     mode = choice(Mode.values)
     fromStep = serializers.CharField(required=False, max_length=500, help_text="required for fork, refused otherwise")
     input = serializers.JSONField(
@@ -129,7 +130,7 @@ class RequestInputSerializer(serializers.Serializer):
     reason = WrittenText()
 
 
-class DecisionInputSerializer(serializers.Serializer):
+class DecisionInputSerializer(Input):
     note = WrittenText(help_text="required: why")
 
 
@@ -137,7 +138,7 @@ class DecisionSerializer(serializers.Serializer):
     reexecutions = ReexecutionSerializer(many=True, help_text="the request decided (all of its batch, for a batch)")
 
 
-class ClaimInputSerializer(serializers.Serializer):
+class ClaimInputSerializer(Input):
     owner = serializers.CharField(
         required=False, max_length=200, help_text="the executor's own name, for the audit log"
     )
@@ -150,7 +151,7 @@ class ClaimedSerializer(serializers.Serializer):
     leaseExpiresAt = serializers.DateTimeField()
 
 
-class LeaseInputSerializer(serializers.Serializer):
+class LeaseInputSerializer(Input):
     leaseToken = serializers.CharField(max_length=64)
 
 
@@ -159,7 +160,7 @@ class LeaseSerializer(serializers.Serializer):
     leaseExpiresAt = serializers.DateTimeField()
 
 
-class BatchInputSerializer(serializers.Serializer):
+class BatchInputSerializer(Input):
     runIds = serializers.ListField(
         child=serializers.CharField(max_length=84), min_length=1, max_length=services.MAX_BATCH_RUNS
     )

@@ -13,12 +13,13 @@ from rest_framework.response import Response
 from ledger.replay import cancellation
 
 from .base import ApiView, WrittenText, run_for
+from .inputs import Input
 from .schema import RUN_ID, WORKSPACE, error_responses
 
 TAGS = ["run control"]
 
 
-class CancelInputSerializer(serializers.Serializer):
+class CancelInputSerializer(Input):
     reason = WrittenText(help_text="why: recorded as the error's message and in the audit log")
 
 

@@ -20,6 +20,7 @@ from ledger.tenancy.access import Access, visible_workspaces, within
 
 from .auth import access_for, principal
 from .base import ApiView, run_for
+from .inputs import Input
 from .pagination import InvalidCursor, decode_cursor, encode_cursor, limit_param
 from .schema import CURSOR, RUN_ID, WORKSPACE, enum, error_responses
 
@@ -46,7 +47,7 @@ class ShareLinkListSerializer(serializers.Serializer):
     next = serializers.CharField(allow_null=True)
 
 
-class CreateInputSerializer(serializers.Serializer):
+class CreateInputSerializer(Input):
     expiresInHours = serializers.IntegerField(min_value=1, max_value=sharing.MAX_EXPIRY_HOURS)
     includeSubRuns = serializers.BooleanField(
         required=False, default=False, help_text="sub-runs (any depth) are shown under the same link"

@@ -17,12 +17,13 @@ from ledger.reexecution import toolapprovals
 from .auth import access_for
 from .base import ApiView, WrittenText, validate_run_id
 from .gateway import CALL_ID
+from .inputs import Input
 from .schema import RUN_ID, WORKSPACE, error_responses
 
 TAGS = ["run control"]
 
 
-class ToolDecisionInputSerializer(serializers.Serializer):
+class ToolDecisionInputSerializer(Input):
     note = WrittenText(help_text="why: recorded in the run's log and in the audit log")
     argsDigest = serializers.CharField(
         max_length=80,
