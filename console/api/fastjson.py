@@ -8,6 +8,7 @@ bodies, their messages and the content types stay those of docs/api.md.
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import re
@@ -17,14 +18,16 @@ from itertools import accumulate
 from typing import Any
 
 import orjson
+from django.conf import settings
 from rest_framework.compat import INDENT_SEPARATORS, SHORT_SEPARATORS
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
+from rest_framework.utils import json as drf_json
 from rest_framework.utils.encoders import JSONEncoder
 
 from ledger.errors import LedgerError
-from ledger.limits import MAX_JSON_DEPTH, json_depth_exceeds, nul_path
+from ledger.limits import MAX_JSON_DEPTH, DuplicateKey, json_depth_exceeds, may_repeat_a_key, nul_path, unique_object
 
 from ..input_limits import decompressed
 
@@ -139,7 +142,10 @@ class JsonParser(JSONParser):
     Before any of that, a body sent with `Content-Encoding` is inflated, as the OTLP receiver
     inflates its own (console/input_limits.py `decompressed`: gzip or deflate, 10 MiB once
     inflated, another encoding 415); a body nested deeper than MAX_JSON_DEPTH is refused unparsed;
-    after it, a string holding a NUL character (`BadBody`, with the view's validation code).
+    after it, an object naming a key twice (`BadBody`, `invalid_json`, `details.key`: orjson keeps
+    the last value silently, so a body ledger.limits.may_repeat_a_key cannot clear is read again by
+    the stdlib's parser, which names the key) and a string holding a NUL character (`BadBody`, with
+    the view's validation code).
     """
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
@@ -160,6 +166,8 @@ class JsonParser(JSONParser):
             else:
                 if valid_json_too_deep(body):
                     raise self._too_deep(parser_context)
+                if may_repeat_a_key(body, value):
+                    self._stdlib(body, media_type, parser_context)  # names the repeated key, if one is
                 return _checked(value, body, parser_context)
         if json_depth_exceeds(body):
             raise self._too_deep(parser_context)
@@ -174,8 +182,22 @@ class JsonParser(JSONParser):
         )
 
     def _stdlib(self, body: bytes, media_type: str | None, parser_context: Mapping[str, Any] | None) -> Any:
+        """DRF's JSONParser.parse, refusing an object that names a key twice."""
         try:
-            return super().parse(io.BytesIO(body), media_type, parser_context)
+            text = codecs.getreader((parser_context or {}).get("encoding", settings.DEFAULT_CHARSET))(
+                io.BytesIO(body)
+            ).read()
+            return json.loads(
+                text,
+                parse_constant=drf_json.strict_constant if self.strict else None,
+                object_pairs_hook=unique_object,
+            )
+        except DuplicateKey as repeated:
+            raise BadBody(
+                "invalid_json", f"JSON parse error - {repeated}: name each key once", key=repeated.key
+            ) from None
+        except ValueError as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
         except RecursionError:  # a charset whose brackets the depth check cannot see
             raise ParseError("JSON parse error - the document is nested too deeply") from None
 

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from ...errors import LedgerError
-from ...limits import MAX_JSON_DEPTH, json_depth_exceeds
+from ...limits import MAX_JSON_DEPTH, DuplicateKey, json_depth_exceeds, unique_object
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -53,7 +53,9 @@ def parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:
                 f"the body nests arrays and objects more than {MAX_JSON_DEPTH} deep", field="", limit=MAX_JSON_DEPTH
             )
         try:
-            document = json.loads(body)
+            document = json.loads(body, object_pairs_hook=unique_object)
+        except DuplicateKey as repeated:
+            raise InvalidOtlp(f"the body is not valid JSON: {repeated}", field="", key=repeated.key) from None
         except (ValueError, RecursionError) as exc:
             raise InvalidOtlp(f"the body is not JSON: {exc}", field="") from None
         if not isinstance(document, dict):
