@@ -280,8 +280,8 @@ class Sweep:
 
     def url(self, route_text: str, route: Route, caller: Caller, values: dict[str, str]) -> str:
         url = fill(route_text, values)
-        if route.kind == "api" and (route.collection or route.names_workspace) and not caller.is_key:
-            # A session names the workspace; another tenant's member names ours.
+        if route.kind == "api" and (route.collection or route.names_workspace):
+            # Every caller names the workspace: another tenant's member or key names ours.
             url += f"?workspace={values['tenant']}/{values['workspace']}"
         return url
 

@@ -303,8 +303,9 @@ def test_a_key_exports_its_own_workspace_only_and_another_tenants_run_is_404(
     assert {r["runId"] for r in jsonl(outsider.get(f"{V1}/export/runs").text)[1]} == {"run_theirs"}
     assert jsonl(outsider.get(f"{V1}/export/costs").text)[1] == []
     error(outsider.get(f"{V1}/export/events?runId=run_a"), 404, "not_found")
-    # A key acts in its own workspace: naming another changes nothing.
-    assert {r["runId"] for r in jsonl(outsider.get(f"{V1}/export/events?workspace=acme/support").text)[1]} == {
+    # A key acts in its own workspace: naming another is 404, as for a member who cannot see it.
+    error(outsider.get(f"{V1}/export/events?workspace=acme/support"), 404, "not_found")
+    assert {r["runId"] for r in jsonl(outsider.get(f"{V1}/export/events?workspace=globex/main").text)[1]} == {
         "run_theirs"
     }
     error(key_client(workspace, "ingest").get(f"{V1}/export/events"), 403, "insufficient_scope")

@@ -433,8 +433,9 @@ WORKSPACE = OpenApiParameter(
     "workspace",
     OpenApiTypes.STR,
     description=(
-        "console sessions only: TENANT/WORKSPACE, needed when the member has several workspaces and "
-        "nothing else (the run, the request) decides; ignored for API keys"
+        "TENANT/WORKSPACE: for a console session, needed when the member has several workspaces and "
+        "nothing else (the run, the request) decides; an API key may name only its own (any other, or "
+        "one the member cannot see, is 404 not_found)"
     ),
 )
 LIMIT = OpenApiParameter("limit", OpenApiTypes.INT, description="page size, default 50, 1..500")

@@ -242,7 +242,7 @@ def openapi_hook(result: dict[str, Any], generator: Any, request: Any, public: b
                     "in": "query",
                     "required": False,
                     "schema": {"type": "string"},
-                    "description": "TENANT/WORKSPACE, for a console session that sees several.",
+                    "description": "TENANT/WORKSPACE, for a console session that sees several; an API key may name only its own (any other is 404).",
                 },
             ],
             "responses": {

@@ -9,10 +9,10 @@ contract names (docs/api.md, docs/design.md §2):
   run and a run never written answer alike;
 - a member who names no workspace gets the one the run id picks, or their only workspace; when
   two match, `WorkspaceRequired` (400 `workspace_required`);
-- an API key acts in its own workspace; without the scope the operation needs,
-  `InsufficientScope` (403); a member below the role that stands in for that scope, or for the
-  role the operation names, `RoleRequired` (403). Operations that name a role are for humans in a
-  session: a key is refused them.
+- an API key acts in its own workspace, and naming any other is `NotFound`; without the scope
+  the operation needs, `InsufficientScope` (403); a member below the role that stands in for that
+  scope, or for the role the operation names, `RoleRequired` (403). Operations that name a role
+  are for humans in a session: a key is refused them.
 """
 
 from __future__ import annotations
@@ -128,18 +128,26 @@ def resolve(
 ) -> Access:
     """The workspace (and run, when `run_id` is given) the principal acts on, and as whom."""
     if isinstance(principal, ApiKey):
+        own = _key_workspace(principal, workspace)
         if not principal.has_scope(scope):
             raise InsufficientScope(f"this API key lacks the '{scope}' scope", scope=scope)
         if role is not None:
             article = "an" if role[0] in "aeiou" else "a"
             raise RoleRequired(f"this operation needs {article} {role} in a console session; API keys cannot do it")
-        return _with_run(Access(workspace=principal.workspace, api_key=principal), run_id)
+        return _with_run(Access(workspace=own, api_key=principal), run_id)
     if not isinstance(principal, _Operator) and not principal.is_authenticated:
         raise NotFound("not found")
     ws = _visible_workspace(principal, workspace) if workspace else _deciding_workspace(principal, run_id)
     if isinstance(principal, _Operator):
         return _with_run(Access(workspace=ws), run_id)
     return _with_run(_as_member(principal, ws, scope=scope, role=role), run_id)
+
+
+def _key_workspace(key: ApiKey, workspace: str | None) -> Workspace:
+    """A key's own workspace; naming any other is NotFound, as one a member cannot see is."""
+    if workspace is not None and split_workspace_path(workspace) != (key.workspace.tenant.slug, key.workspace.slug):
+        raise NotFound(f"workspace {workspace} not found")
+    return key.workspace
 
 
 def _as_member(principal: Member, ws: Workspace, *, scope: str, role: str | None) -> Access:
