@@ -267,10 +267,13 @@ class Sweep:
         if caller.kind == "revoked":
             return {401}
         if caller.kind == "outsider":
-            # A key where only sessions are taken, or a session where only keys are: refused before
-            # any lookup, the same for every object.
+            # A key where only sessions are taken, or a session where only keys are: another
+            # tenant's object is still 404 (it is looked up first); a route without an object of
+            # its own refuses that caller, the same for everyone (403).
             refused = (caller.is_key and scope is None) or (not caller.is_key and role is None)
-            return {403, 404} if refused else {404, 400, 409, 200, 201, 204, 302}
+            if refused:
+                return {403, 404} if route.collection else {404}
+            return {404, 400, 409, 200, 201, 204, 302}
         if caller.kind == "key":
             return None if scope == caller.scope else {403}
         assert caller.kind == "member" and caller.role is not None

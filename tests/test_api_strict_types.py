@@ -17,6 +17,7 @@ from drf_spectacular.settings import spectacular_settings
 from rest_framework import serializers
 
 from console.api.inputs import Input, type_errors
+from ledger.evaluation import datasets, policies
 from ledger.models import AuditEntry, Event, ReexecutionRequest, ShareLink, ToolGatewayClaim, Workspace
 from ledger.reexecution import services
 from ledger.tenancy.services import create_key
@@ -24,10 +25,11 @@ from tests.conftest import ev, started
 
 RUN = "run_typed"
 RX = "rx_fixture"  # replaced by the request's id
+POLICY_ID = "evp_fixture"  # replaced by the policy's id
 
 
 @pytest.fixture
-def world(workspace: Workspace, append: Callable[..., Any], operator: User) -> dict[str, Any]:
+def world(workspace: Workspace, append: Callable[..., Any], operator: User, approver: User) -> dict[str, Any]:
     append(
         RUN,
         started(input={"ticket": "T-1"}),
@@ -38,7 +40,18 @@ def world(workspace: Workspace, append: Callable[..., Any], operator: User) -> d
     )
     append("run_open", started())
     asked = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason="flaky", by=operator)
-    return {"rx": asked.public_id}
+    datasets.add_runs(workspace=workspace, name="d", run_ids=[RUN], by="carol")
+    policy = policies.approve_policy(
+        workspace=workspace,
+        dataset="d",
+        change_kinds=["model"],
+        scorers=["exact"],
+        ceiling_per_evaluation_usd="1",
+        ceiling_per_day_usd="5",
+        ttl_hours=2,
+        by=approver,
+    )
+    return {"rx": asked.public_id, "policy": policy.public_id}
 
 
 class Api:
@@ -115,7 +128,7 @@ WRONG: list[tuple[str, str, dict[str, Any], str]] = [
     ("key", "datasets/d/expected", {"runId": 5, "expected": None}, "runId"),
     ("bob", "evaluation-policies", {**POLICY, "ttlHours": "2"}, "ttlHours"),
     ("bob", "evaluation-policies", {**POLICY, "ceilingPerDayUsd": 5}, "ceilingPerDayUsd"),
-    ("bob", "evaluation-policies/evp_0000000000000000/revoke", {"note": 5}, "note"),
+    ("bob", f"evaluation-policies/{POLICY_ID}/revoke", {"note": 5}, "note"),
     ("key", "evaluations", {"dataset": "d", "version": "1", "change": {}, "scorers": [], "reason": "r"}, "version"),
 ]
 
@@ -136,7 +149,9 @@ def test_a_wrong_json_type_is_refused_naming_the_field_and_nothing_is_written(
     clients: dict[str, Api], world: dict[str, Any], who: str, path: str, body: dict[str, Any], field: str
 ) -> None:
     before = _written()
-    response = clients[who].post("/api/v1/" + path.replace(RX, world["rx"]), json=body)
+    response = clients[who].post(
+        "/api/v1/" + path.replace(RX, world["rx"]).replace(POLICY_ID, world["policy"]), json=body
+    )
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert error["code"] == "invalid_request", error

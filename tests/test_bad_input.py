@@ -445,8 +445,9 @@ def test_a_malformed_after_is_refused_even_beside_a_last_event_id(api: Client) -
 
 @pytest.mark.django_db
 def test_a_key_asked_for_a_role_is_told_which_in_plain_words(api: Client) -> None:
-    body = _assert_api_error(api.post("/api/v1/reexecutions/rx_missing/approve"), 403)
-    assert "needs an approver in a console session" in body["error"]["message"]
+    # (on its own workspace's run: a request or run it cannot see is 404 before anything is asked)
+    body = _assert_api_error(api.post("/api/v1/runs/run_a/tool-calls/c1/reconcile"), 403)
+    assert "needs an operator in a console session" in body["error"]["message"]
 
 
 @pytest.mark.django_db(transaction=True)

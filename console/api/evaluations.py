@@ -375,6 +375,7 @@ class PolicyRevokeView(APIView):
     )
     def post(self, request: Request, policy_id: str) -> Response:
         caller = access_for(request, "read")
+        policies.get_policy(caller.workspace, policy_id)  # another workspace's is 404, for a key too
         by = _approver(request, caller.workspace)
         data = NoteSerializer(data=request.data)
         data.is_valid(raise_exception=True)

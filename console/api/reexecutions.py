@@ -22,7 +22,7 @@ from ledger.log.prepare import validate_run_id
 from ledger.models import ApiKey, ReexecutionRequest, Workspace
 from ledger.reads import reexecutions, selectors
 from ledger.reexecution import execution, services
-from ledger.tenancy.access import Access, RoleRequired, visible_workspaces, within
+from ledger.tenancy.access import Access, RoleRequired, lookup_workspaces, within
 
 from .auth import access_for, principal
 from .base import WrittenText
@@ -182,16 +182,14 @@ BATCH_ID = OpenApiParameter("batch_id", OpenApiTypes.STR, OpenApiParameter.PATH,
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _visible_workspaces(request: Request, scope: str) -> list[Workspace]:
-    return visible_workspaces(principal(request), workspace=request.query_params.get("workspace") or None, scope=scope)
+def _workspaces(request: Request) -> list[Workspace]:
+    return lookup_workspaces(principal(request), workspace=request.query_params.get("workspace") or None)
 
 
 def _find(request: Request, public_id: str, scope: str, role: str | None = None) -> tuple[Access, ReexecutionRequest]:
-    """The request, if the caller may see it (404 otherwise), and the caller acting on it."""
-    if isinstance(request.auth, ApiKey):
-        caller = access_for(request, scope, role=role)  # a key without the scope, or asked for a role: 403
-        return caller, reexecutions.get([caller.workspace], public_id)
-    found = reexecutions.get(_visible_workspaces(request, scope), public_id)
+    """The request, if the caller may see it (404 otherwise, whatever the operation needs), and
+    the caller acting on it (403 when it lacks the scope or role)."""
+    found = reexecutions.get(_workspaces(request), public_id)
     return within(principal(request), found.workspace, scope=scope, role=role), found
 
 
@@ -451,6 +449,7 @@ class LeaseView(APIView):
     )
     def post(self, request: Request, reexecution_id: str) -> Response:
         if not isinstance(request.auth, ApiKey):
+            _find(request, reexecution_id, "read")  # another tenant's request is 404 for a person too
             raise RoleRequired("leases are held by executors: an API key with the execute scope")
         caller, found = _find(request, reexecution_id, "execute")
         data = LeaseInputSerializer(data=request.data)
@@ -541,7 +540,7 @@ class BatchView(APIView):
         tags=TAGS,
     )
     def get(self, request: Request, batch_id: str) -> Response:
-        for workspace in _visible_workspaces(request, "read"):
+        for workspace in _workspaces(request):
             try:
                 made = reexecutions.of_batch(workspace, batch_id)
             except NotFound:

@@ -6,7 +6,8 @@ and/or a run id into an `Access` (workspace, run, role, key, membership), or rai
 contract names (docs/api.md, docs/design.md §2):
 
 - an object outside what the principal may see is `NotFound` (404), never 403: another tenant's
-  run and a run never written answer alike;
+  run and a run never written answer alike, whatever the operation's scope or role (the object
+  is looked up first: `lookup_workspaces` then `within` for objects found by their own id);
 - a member who names no workspace gets the one the run id picks, or their only workspace; when
   two match, `WorkspaceRequired` (400 `workspace_required`);
 - an API key acts in its own workspace, and naming any other is `NotFound`; without the scope
@@ -128,13 +129,14 @@ def resolve(
 ) -> Access:
     """The workspace (and run, when `run_id` is given) the principal acts on, and as whom."""
     if isinstance(principal, ApiKey):
-        own = _key_workspace(principal, workspace)
+        # The run first: another workspace's is 404 whatever the key may do, as for a member.
+        found = _with_run(Access(workspace=_key_workspace(principal, workspace), api_key=principal), run_id)
         if not principal.has_scope(scope):
             raise InsufficientScope(f"this API key lacks the '{scope}' scope", scope=scope)
         if role is not None:
             article = "an" if role[0] in "aeiou" else "a"
             raise RoleRequired(f"this operation needs {article} {role} in a console session; API keys cannot do it")
-        return _with_run(Access(workspace=own, api_key=principal), run_id)
+        return found
     if not isinstance(principal, _Operator) and not principal.is_authenticated:
         raise NotFound("not found")
     ws = _visible_workspace(principal, workspace) if workspace else _deciding_workspace(principal, run_id)
@@ -178,6 +180,22 @@ def visible_workspaces(principal: Principal, *, workspace: str | None = None, sc
         return [resolve(principal, workspace=workspace, scope=scope).workspace]
     if isinstance(principal, _Operator):
         return list(selectors.all_workspaces())
+    return list(selectors.workspaces_for(principal))
+
+
+def lookup_workspaces(principal: Principal, *, workspace: str | None = None) -> list[Workspace]:
+    """Where an object named by its id (a re-execution request, a share link) is looked up before
+    the caller's scope or role is asked, which `within` then does: so another tenant's object is
+    404 whoever asks, and only a caller who may see it hears 403. The named workspace (404 when
+    the caller cannot see it), a key's own, or every workspace of the member's tenants."""
+    if isinstance(principal, ApiKey):
+        return [_key_workspace(principal, workspace)]
+    if isinstance(principal, _Operator):
+        return [workspace_by_path(workspace)] if workspace else list(selectors.all_workspaces())
+    if not principal.is_authenticated:
+        raise NotFound("not found")
+    if workspace:
+        return [_visible_workspace(principal, workspace)]
     return list(selectors.workspaces_for(principal))
 
 
