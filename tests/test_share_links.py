@@ -401,6 +401,20 @@ def test_the_json_refuses_with_the_error_envelope_and_the_page_with_html(
     assert _opened(workspace) == []
 
 
+def test_the_json_refuses_another_method_with_the_envelope_and_opens_nothing(link: str, workspace: Workspace) -> None:
+    """A POST was Django's CSRF page (403 HTML); evidence.json answers GET, and says so as JSON,
+    whether or not the caller holds a session and a CSRF token."""
+    strict = Client(enforce_csrf_checks=True)
+    for url in (f"/s/{link}/evidence.json", f"/s/{link}/runs/{SUB}/evidence.json"):
+        for method in ("post", "put", "delete", "patch"):
+            refused = getattr(strict, method)(url)
+            assert (refused.status_code, refused["Content-Type"]) == (405, "application/json"), (method, url)
+            assert refused.json()["error"]["code"] == "method_not_allowed"
+            assert refused["Allow"] == "GET, HEAD" and refused["Cache-Control"] == "no-store"
+    assert _opened(workspace) == []
+    assert strict.get(f"/s/{link}/evidence.json").status_code == 200
+
+
 def test_a_revoked_link_is_a_410_at_once(client: Client, operator: User, link: str, workspace: Workspace) -> None:
     link_id = ShareLink.objects.get().public_id
     _api(client, operator)

@@ -28,6 +28,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.errors import LedgerError, NotFound
@@ -299,6 +300,9 @@ def shared_run(request: HttpRequest, token: str, run_id: str | None = None) -> H
     return _private(render(request, "share/run.html", context))
 
 
+# The token is the credential and nothing here changes state, so there is no session to protect:
+# without the exemption Django's CSRF check answered a POST with its HTML 403 page, not the 405.
+@csrf_exempt
 @_read_only(as_json=True)
 def shared_evidence(request: HttpRequest, token: str, run_id: str | None = None) -> HttpResponse:
     # The slot is taken before the link is opened: a refused request does not use up an open. An
