@@ -70,6 +70,12 @@ def _name_cursor(request: Request, workspace: Workspace) -> str | None:
 WRITE_ERRORS = error_responses(
     e400=["invalid_request", "workspace_required"], e403=["insufficient_scope", "forbidden"], e404=["not_found"]
 )
+# A dataset's runs are named by id: one of the wrong form is 400 invalid_run_id (details.field), not 404.
+DATASET_WRITE_ERRORS = error_responses(
+    e400=["invalid_request", "invalid_run_id", "workspace_required"],
+    e403=["insufficient_scope", "forbidden"],
+    e404=["not_found"],
+)
 
 
 # --- shapes ------------------------------------------------------------------------------------
@@ -94,11 +100,14 @@ class DatasetVersionSerializer(serializers.Serializer):
 
 
 class RunIdsSerializer(Input):
-    runIds = serializers.ListField(child=serializers.CharField(max_length=84), min_length=1, max_length=200)
+    # Run ids are taken as sent (no trimming): "run_a\n" is not run_a, but 400 invalid_run_id.
+    runIds = serializers.ListField(
+        child=serializers.CharField(max_length=84, trim_whitespace=False), min_length=1, max_length=200
+    )
 
 
 class ExpectedSerializer(Input):
-    runId = serializers.CharField(max_length=84)
+    runId = serializers.CharField(max_length=84, trim_whitespace=False)
     expected = serializers.JSONField(allow_null=True)
 
 
@@ -256,7 +265,7 @@ class DatasetRunsView(APIView):
         operation_id="add_dataset_runs",
         parameters=[NAME, WORKSPACE],
         request=RunIdsSerializer,
-        responses={201: DatasetVersionSerializer, **WRITE_ERRORS},
+        responses={201: DatasetVersionSerializer, **DATASET_WRITE_ERRORS},
         summary="Add finished runs to a dataset (made on first use): its next version",
         tags=TAGS,
     )
@@ -275,7 +284,7 @@ class DatasetRemoveView(APIView):
         operation_id="remove_dataset_runs",
         parameters=[NAME, WORKSPACE],
         request=RunIdsSerializer,
-        responses={201: DatasetVersionSerializer, **WRITE_ERRORS},
+        responses={201: DatasetVersionSerializer, **DATASET_WRITE_ERRORS},
         summary="Remove runs from a dataset: its next version",
         tags=TAGS,
     )
@@ -294,7 +303,7 @@ class DatasetExpectedView(APIView):
         operation_id="set_dataset_expected",
         parameters=[NAME, WORKSPACE],
         request=ExpectedSerializer,
-        responses={201: DatasetVersionSerializer, **WRITE_ERRORS},
+        responses={201: DatasetVersionSerializer, **DATASET_WRITE_ERRORS},
         summary="Set one member run's expected output: the dataset's next version",
         tags=TAGS,
     )

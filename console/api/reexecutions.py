@@ -162,7 +162,9 @@ class LeaseSerializer(serializers.Serializer):
 
 class BatchInputSerializer(Input):
     runIds = serializers.ListField(
-        child=serializers.CharField(max_length=84), min_length=1, max_length=services.MAX_BATCH_RUNS
+        child=serializers.CharField(max_length=84, trim_whitespace=False),
+        min_length=1,
+        max_length=services.MAX_BATCH_RUNS,
     )
     mode = choice(Mode.values, default=Mode.EVALUATE, help_text="evaluate (the only mode a batch takes)")
     modelOverrides = serializers.DictField(child=ModelTargetSerializer(), required=False)
@@ -501,7 +503,7 @@ class BatchesView(APIView):
         responses={
             201: BatchSerializer,
             **error_responses(
-                e400=["invalid_request", "workspace_required"],
+                e400=["invalid_request", "invalid_run_id", "workspace_required"],
                 e403=["insufficient_scope", "forbidden"],
                 e404=["not_found"],
             ),

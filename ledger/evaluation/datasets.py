@@ -17,7 +17,8 @@ from django.db import transaction
 
 from .. import audit, clock
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
-from ..errors import NotFound
+from ..errors import InvalidRunId, NotFound
+from ..log.prepare import RUN_ID_RE
 from ..models import Dataset, DatasetVersion, Run, Workspace
 from ..runtime.record import inline_or_ref
 from .access import Principal, actor
@@ -86,10 +87,18 @@ def _new_version(
     return version
 
 
+def _well_formed(run_ids: Iterable[str], field: str = "runIds") -> None:
+    """A run id of the wrong form names no run: 400 invalid_run_id naming it, not 404."""
+    for index, run_id in enumerate(run_ids):
+        if not RUN_ID_RE.fullmatch(run_id):
+            raise InvalidRunId(f"run id must match {RUN_ID_RE.pattern}", runId=run_id, field=f"{field}.{index}")
+
+
 def _runs(workspace: Workspace, run_ids: Iterable[Any]) -> list[Run]:
     ids = list(run_ids)
     if not ids or not all(isinstance(r, str) and r for r in ids) or len(ids) > MAX_MEMBERS:
         raise InvalidEvaluation(f"runIds must list 1 to {MAX_MEMBERS} run ids", field="runIds")
+    _well_formed(ids)
     found = {r.run_id: r for r in Run.objects.filter(workspace=workspace, run_id__in=ids)}
     missing = [r for r in ids if r not in found]
     if missing:
@@ -132,12 +141,13 @@ def add_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: Pri
 @transaction.atomic
 def remove_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: Principal | str) -> DatasetVersion:
     who = actor(by, workspace)
-    dataset = get_dataset(workspace, name)
-    Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
-    previous = get_version(dataset)
     ids = set(r for r in run_ids if isinstance(r, str))
     if not ids:
         raise InvalidEvaluation("runIds must list the runs to remove", field="runIds")
+    _well_formed(r for r in run_ids if isinstance(r, str))
+    dataset = get_dataset(workspace, name)
+    Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
+    previous = get_version(dataset)
     members = [m for m in previous.members if m["runId"] not in ids]
     return _new_version(dataset, members, who, {"removed": sorted(ids & {m["runId"] for m in previous.members})})
 
@@ -146,6 +156,8 @@ def remove_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: 
 def set_expected(*, workspace: Workspace, name: str, run_id: str, expected: Any, by: Principal | str) -> DatasetVersion:
     """A person's expected output for one member run (any JSON value): the next version."""
     who = actor(by, workspace)
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+        raise InvalidRunId(f"run id must match {RUN_ID_RE.pattern}", runId=run_id, field="runId")
     dataset = get_dataset(workspace, name)
     Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
     previous = get_version(dataset)

@@ -33,8 +33,9 @@ from django.db import transaction
 
 from .. import audit, clock
 from ..canonical import NotCanonicalizable, canonical_bytes, digest
-from ..errors import LedgerError, NotFound, RunFinished
+from ..errors import InvalidRunId, LedgerError, NotFound, RunFinished
 from ..limits import MAX_TEXT, written
+from ..log.prepare import RUN_ID_RE
 from ..models import ApiKey, Event, Membership, ReexecutionRequest, Role, Run, Workspace
 from ..reads import selectors
 from ..redaction import of_workspace
@@ -392,6 +393,9 @@ def request_batch(
         raise InvalidReexecution(f"runIds must list 1 to {MAX_BATCH_RUNS} run ids", field="runIds")
     if len(set(ids)) != len(ids):
         raise InvalidReexecution("runIds lists a run twice", field="runIds")
+    for index, run_id in enumerate(ids):
+        if not RUN_ID_RE.fullmatch(run_id):  # names no run: the client's mistake, not a missing run
+            raise InvalidRunId(f"run id must match {RUN_ID_RE.pattern}", runId=run_id, field=f"runIds.{index}")
     overrides = check_model_overrides(model_overrides)
     runs = {r.run_id: r for r in selectors.runs(workspace).filter(run_id__in=ids)}
     missing = [r for r in ids if r not in runs]
