@@ -59,21 +59,25 @@ def _secrets() -> list[bytes]:
     return [force_bytes(settings.SECRET_KEY), *(force_bytes(k) for k in settings.SECRET_KEY_FALLBACKS)]
 
 
-def _associated(kind: str, scope: Model) -> list[bytes]:
-    return [_CONTEXT, kind.encode(), f"{scope._meta.label_lower}:{scope.pk}".encode()]
+def _associated(kind: str, scope: Model, query: str) -> list[bytes]:
+    associated = [_CONTEXT, kind.encode(), f"{scope._meta.label_lower}:{scope.pk}".encode()]
+    # Only a filtered list adds its query: an unfiltered list's cursors are those made before.
+    return [*associated, query.encode("utf-8", "surrogatepass")] if query else associated
 
 
-def seal(position: dict[str, Any] | bytes, *, kind: str, scope: Model) -> str:
+def seal(position: dict[str, Any] | bytes, *, kind: str, scope: Model, query: str = "") -> str:
     """The cursor of `position` (a JSON object, or its text) for the list `kind` of `scope`: the
-    workspace it lists, the run (a run's own list), or the tenant (a tenant-wide list)."""
+    workspace it lists, the run (a run's own list), or the tenant (a tenant-wide list); and, for a
+    filtered list, `query`, its filters and order as they were asked (`status=failed`), so that a
+    cursor of one filter does not open under another."""
     if not isinstance(position, bytes):
         position = json.dumps(position, separators=(",", ":"), ensure_ascii=False).encode()
     padded = position.ljust(BLOCK * max(1, -(-len(position) // BLOCK)))
-    sealed = _cipher(_secrets()[0]).encrypt(padded, _associated(kind, scope))
+    sealed = _cipher(_secrets()[0]).encrypt(padded, _associated(kind, scope, query))
     return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
 
-def unseal(raw: str, *, kind: str, scope: Model) -> Any:
+def unseal(raw: str, *, kind: str, scope: Model, query: str = "") -> Any:
     """The position a cursor of this list holds, as JSON (depth-limited: it was ours, but a key can
     leak); NotOurs when it is not one this list gave out."""
     if len(raw) > MAX_LENGTH or not raw.isascii():
@@ -82,7 +86,7 @@ def unseal(raw: str, *, kind: str, scope: Model) -> Any:
         sealed = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
     except (binascii.Error, ValueError):
         raise NotOurs("not a cursor") from None
-    associated = _associated(kind, scope)
+    associated = _associated(kind, scope, query)
     for secret in _secrets():
         try:
             position = _cipher(secret).decrypt(sealed, associated)

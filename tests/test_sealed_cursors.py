@@ -164,6 +164,69 @@ def test_a_runs_list_cursor_and_a_run_s_children_cursor_open_only_for_their_own_
 
 
 @pytest.mark.django_db
+def test_a_cursor_opens_only_under_the_filters_and_order_that_made_it(workspace: Workspace) -> None:
+    """A `next` of `status=completed` once opened under `status=failed` too, and its page began
+    at a completed run's position in the failed runs: now it is 400 `invalid_cursor`, as another
+    list's is (docs/api.md, Conventions)."""
+    ours = _key_client(workspace)
+    for n in range(3):
+        log.append(workspace=workspace, run_id=f"run_ok{n}", events=[started(), {"type": "RunCompleted"}])
+        failed = {"type": "RunFailed", "payload": {"error": {"message": "no"}}}
+        log.append(workspace=workspace, run_id=f"run_bad{n}", events=[started(), failed])
+    made = {"status": "completed", "limit": 1}
+    cursor = ours.get(f"{V1}/runs", made).json()["next"]
+    assert [r["runId"] for r in ours.get(f"{V1}/runs", {**made, "cursor": cursor}).json()["runs"]] == ["run_ok1"]
+    # The limit may change from page to page; what is listed, and in which order, may not.
+    assert ours.get(f"{V1}/runs", {"status": "completed", "limit": 5, "cursor": cursor}).status_code == 200
+    for other in (
+        {"status": "failed"},
+        {},
+        {"status": "completed", "q": "ok"},
+        {"status": "completed", "workflow": "wfver_test"},
+        {"status": "completed", "order": "asc"},
+        {"status": "completed", "sort": "-started"},
+    ):
+        _invalid_cursor(ours.get(f"{V1}/runs", {**other, "limit": 1, "cursor": cursor}))
+    unfiltered = ours.get(f"{V1}/runs", {"limit": 1}).json()["next"]
+    _invalid_cursor(ours.get(f"{V1}/runs", {"status": "failed", "cursor": unfiltered}))
+    # The other filtered lists: tool calls and re-executions by status, usage by range and grouping.
+    _runs(workspace, "run_open")
+    for call in ("c1", "c2"):
+        claim = {"callId": call, "toolName": "t", "args": {}, "effect": "read", "owner": "w"}
+        assert ours.post(f"{V1}/runs/run_open/tool-calls", claim, content_type="application/json").status_code == 201
+    claimed = ours.get(f"{V1}/runs/run_open/tool-calls", {"status": "claimed", "limit": 1}).json()["next"]
+    assert ours.get(f"{V1}/runs/run_open/tool-calls", {"status": "claimed", "cursor": claimed}).status_code == 200
+    _invalid_cursor(ours.get(f"{V1}/runs/run_open/tool-calls", {"status": "succeeded", "cursor": claimed}))
+    _invalid_cursor(ours.get(f"{V1}/runs/run_open/tool-calls", {"cursor": claimed}))
+    for n in range(2):
+        ours.post(
+            f"{V1}/runs/run_ok{n}/reexecutions", {"mode": "simulate", "reason": "r"}, content_type="application/json"
+        )
+    requests = ours.get(f"{V1}/reexecutions", {"status": "approved", "limit": 1}).json()["next"]
+    assert requests is not None
+    _invalid_cursor(ours.get(f"{V1}/reexecutions", {"status": "denied", "cursor": requests}))
+    calls = [
+        {
+            "type": "harness.model.responded",
+            "payload": {
+                "turn": n,
+                "callId": f"m{n}",
+                "model": {"provider": "openai", "modelId": model},
+                "response": {"text": "x", "usage": {"inputTokens": 10, "outputTokens": 1}},
+            },
+        }
+        for n, model in enumerate(["gpt-4o", "gpt-4o-mini"], start=1)
+    ]
+    log.append(workspace=workspace, run_id="run_calls", events=[started(), *calls])
+    usage = {"groupBy": "model", "limit": 1}
+    models = ours.get(f"{V1}/usage", usage).json()["next"]
+    assert models is not None
+    assert ours.get(f"{V1}/usage", {**usage, "cursor": models}).status_code == 200
+    _invalid_cursor(ours.get(f"{V1}/usage", {**usage, "groupBy": "workflow", "cursor": models}))
+    _invalid_cursor(ours.get(f"{V1}/usage", {**usage, "from": "2000-01-01", "cursor": models}))
+
+
+@pytest.mark.django_db
 def test_another_tenants_audit_cursor_is_a_400(
     workspace: Workspace, other_workspace: Workspace, admin: User, client: Client
 ) -> None:

@@ -23,7 +23,7 @@ from ledger.tenancy.access import tenant_admin
 
 from .auth import principal
 from .csvcells import text_cell
-from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_param
+from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_param, list_query
 from .schema import CURSOR, error_responses
 
 CSV_COLUMNS = ["id", "at", "actor", "action", "tenant", "workspace", "target", "reason"]
@@ -126,14 +126,15 @@ class AuditView(APIView):
         if fmt == "csv":
             return _csv([audit.as_dict(e) for e in audit.entries(**filters).iterator()])
         limit = limit_param(request)
-        after = keyset_cursor(request, kind="audit", scope=tenant)
+        query = list_query(request, "from", "to", "actor", "action")
+        after = keyset_cursor(request, kind="audit", scope=tenant, query=query)
         if after is not None:
             filters["after"] = after
         rows = list(audit.entries(**filters)[: limit + 1])
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = (
-            encode_cursor({"t": rows[-1].at.isoformat(), "id": rows[-1].pk}, kind="audit", scope=tenant)
+            encode_cursor({"t": rows[-1].at.isoformat(), "id": rows[-1].pk}, kind="audit", scope=tenant, query=query)
             if more
             else None
         )

@@ -23,7 +23,7 @@ from ledger.replay import gateway
 from .auth import access_for
 from .base import WrittenText
 from .inputs import FencingToken, Input
-from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
+from .pagination import InvalidParameter, encode_cursor, limit_param, list_query, row_cursor
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, FullMatchField, error_responses
 
 CALL_ID_PATTERN = r"^[^/\s]{1,200}$"
@@ -412,7 +412,8 @@ class ListView(APIView):
         run = access_for(request, "read", run_id=run_id).run
         assert run is not None
         limit = limit_param(request)
-        after = row_cursor(request, "after", kind="tool-calls", scope=run)
+        query = list_query(request, "status")
+        after = row_cursor(request, "after", kind="tool-calls", scope=run, query=query)
         status = request.query_params.get("status") or None
         if status is not None and status not in ToolGatewayClaim.Status.values:
             raise InvalidParameter(
@@ -421,7 +422,7 @@ class ListView(APIView):
         rows = gateway.tool_call_rows(run, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]
-        next_cursor = encode_cursor({"after": rows[-1].pk}, kind="tool-calls", scope=run) if more else None
+        next_cursor = encode_cursor({"after": rows[-1].pk}, kind="tool-calls", scope=run, query=query) if more else None
         return Response({"toolCalls": ToolCallRowSerializer(rows, many=True).data, "next": next_cursor})
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import date, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import Model
 from rest_framework.request import Request
@@ -45,20 +46,28 @@ def limit_param(request: Request) -> int:
     return int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
 
 
-def encode_cursor(position: dict[str, Any], *, kind: str, scope: Model) -> str:
-    """`next` for the list `kind` of `scope` (the workspace, run or tenant it lists): the position
-    sealed (console/cursors.py), so it shows no row id and opens for this list only."""
-    return cursors.seal(position, kind=kind, scope=scope)
+def list_query(request: Request, *names: str) -> str:
+    """The filters and order a list was asked with, of the parameters `names`, in one canonical
+    form: what its cursors are sealed with, so a cursor opens only under the query that made it."""
+    return urlencode(sorted((name, value) for name in names if (value := request.query_params.get(name))))
 
 
-def decode_cursor(request: Request, *, kind: str, scope: Model) -> dict[str, Any] | None:
+def encode_cursor(position: dict[str, Any], *, kind: str, scope: Model, query: str = "") -> str:
+    """`next` for the list `kind` of `scope` (the workspace, run or tenant it lists) asked with
+    `query` (list_query): the position sealed (console/cursors.py), so it shows no row id and
+    opens for this list, so filtered, only."""
+    return cursors.seal(position, kind=kind, scope=scope, query=query)
+
+
+def decode_cursor(request: Request, *, kind: str, scope: Model, query: str = "") -> dict[str, Any] | None:
     """The position `?cursor=` holds, if it is one `encode_cursor` made for this list of this
-    scope; else 400 `invalid_cursor` (forged, changed, cut short, another list's or tenant's)."""
+    scope and query; else 400 `invalid_cursor` (forged, changed, cut short, another list's,
+    tenant's or filter's)."""
     raw = request.query_params.get("cursor")
     if not raw:
         return None
     try:
-        value = cursors.unseal(raw, kind=kind, scope=scope)
+        value = cursors.unseal(raw, kind=kind, scope=scope, query=query)
     except cursors.NotOurs:
         raise InvalidCursor("cursor is not one this API gave out") from None
     if not isinstance(value, dict):
@@ -66,10 +75,10 @@ def decode_cursor(request: Request, *, kind: str, scope: Model) -> dict[str, Any
     return value
 
 
-def keyset_cursor(request: Request, *, kind: str, scope: Model) -> tuple[datetime, int] | None:
+def keyset_cursor(request: Request, *, kind: str, scope: Model, query: str = "") -> tuple[datetime, int] | None:
     """A `{t, id}` cursor as (time, row id), refused unless both are in range (no Infinity or NaN,
     no id past a bigint, no time off the calendar)."""
-    cursor = decode_cursor(request, kind=kind, scope=scope)
+    cursor = decode_cursor(request, kind=kind, scope=scope, query=query)
     if cursor is None:
         return None
     try:
@@ -78,9 +87,9 @@ def keyset_cursor(request: Request, *, kind: str, scope: Model) -> tuple[datetim
         raise InvalidCursor("cursor is not one this API gave out") from None
 
 
-def row_cursor(request: Request, key: str, *, kind: str, scope: Model) -> int:
+def row_cursor(request: Request, key: str, *, kind: str, scope: Model, query: str = "") -> int:
     """A cursor holding one row id or offset under `key` (0 without a cursor)."""
-    cursor = decode_cursor(request, kind=kind, scope=scope)
+    cursor = decode_cursor(request, kind=kind, scope=scope, query=query)
     if cursor is None:
         return 0
     try:

@@ -27,7 +27,7 @@ from ledger.tenancy.access import Access, RoleRequired, lookup_workspaces, withi
 from .auth import access_for, principal
 from .base import WrittenText
 from .inputs import Input
-from .pagination import InvalidParameter, encode_cursor, limit_param, row_cursor
+from .pagination import InvalidParameter, encode_cursor, limit_param, list_query, row_cursor
 from .schema import CURSOR, RUN_ID, WORKSPACE, choice, enum, error_responses
 
 Mode = ReexecutionRequest.Mode
@@ -309,14 +309,15 @@ class ReexecutionListView(APIView):
         if status is not None and status not in Status.values:
             raise InvalidParameter(f"status must be one of {', '.join(Status.values)}", parameter="status")
         limit = limit_param(request)
-        after = row_cursor(request, "after", kind="reexecutions", scope=caller.workspace)
+        query = list_query(request, "status")
+        after = row_cursor(request, "after", kind="reexecutions", scope=caller.workspace, query=query)
         rows = reexecutions.page(caller.workspace, after_pk=after, limit=limit + 1, status=status)
         more = len(rows) > limit
         rows = rows[:limit]
         return Response(
             {
                 "reexecutions": [reexecutions.as_dict(r) for r in rows],
-                "next": encode_cursor({"after": rows[-1].pk}, kind="reexecutions", scope=caller.workspace)
+                "next": encode_cursor({"after": rows[-1].pk}, kind="reexecutions", scope=caller.workspace, query=query)
                 if more
                 else None,
             }

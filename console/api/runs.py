@@ -16,7 +16,15 @@ from ledger.reads import attention, runlist, selectors, serialize, subruns
 
 from .auth import access_for
 from .base import ApiView, run_for
-from .pagination import InvalidCursor, InvalidParameter, decode_cursor, encode_cursor, keyset_cursor, limit_param
+from .pagination import (
+    InvalidCursor,
+    InvalidParameter,
+    decode_cursor,
+    encode_cursor,
+    keyset_cursor,
+    limit_param,
+    list_query,
+)
 from .schema import CURSOR, LIMIT, RUN_ID, WORKSPACE, RunListSerializer, RunSerializer, error_responses
 
 # The runs list and a run's children hold the same kind of position, but each cursor opens only
@@ -61,10 +69,14 @@ def _sort(request: Request) -> runlist.Sort:
     return runlist.Sort(key=key, descending=descending, nested=False)
 
 
-def _position(request: Request, sort: runlist.Sort, kind: str, scope: Model) -> runlist.Position | None:
+# What a runs list's cursor is sealed with: a cursor of one filter or order opens under no other.
+FILTERS = ("status", "workflow", "parentRunId", "q", "attention", "sort", "order")
+
+
+def _position(request: Request, sort: runlist.Sort, kind: str, scope: Model, query: str) -> runlist.Position | None:
     if sort.default:
-        return keyset_cursor(request, kind=kind, scope=scope)
-    cursor = decode_cursor(request, kind=kind, scope=scope)
+        return keyset_cursor(request, kind=kind, scope=scope, query=query)
+    cursor = decode_cursor(request, kind=kind, scope=scope, query=query)
     if cursor is None:
         return None
     try:
@@ -82,7 +94,8 @@ def _runs_page(
         filters["parent_run_id"] = parent.run_id
     limit = limit_param(request)
     sort = _sort(request)
-    position = _position(request, sort, kind, scope)
+    query = list_query(request, *FILTERS)
+    position = _position(request, sort, kind, scope, query)
     qs = selectors.filtered_runs(workspace, **filters)
     if needs is not None:
         qs = attention.matching(qs, workspace, needs)
@@ -93,7 +106,9 @@ def _runs_page(
     shown = attention.for_runs(workspace, page)
     trees = subruns.tree_usages(workspace, page, counts)
     last = page[-1] if page else None
-    next_cursor = encode_cursor(runlist.dump_position(sort, last), kind=kind, scope=scope) if more and last else None
+    next_cursor = (
+        encode_cursor(runlist.dump_position(sort, last), kind=kind, scope=scope, query=query) if more and last else None
+    )
     return {"runs": serialize.runs(page, counts, shown, trees), "next": next_cursor}
 
 

@@ -443,5 +443,6 @@ CURSOR = OpenApiParameter(
     "cursor",
     OpenApiTypes.STR,
     description="the `next` of the previous page, as given: sealed, it shows no row id and opens only for "
-    "the list (and workspace, run or tenant) that gave it out; any other is 400 invalid_cursor",
+    "the list (and workspace, run or tenant) that gave it out, asked with the same filters and order (the "
+    "limit may change); any other is 400 invalid_cursor",
 )

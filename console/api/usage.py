@@ -23,7 +23,7 @@ from .auth import access_for, principal
 from .base import ApiView
 from .csvcells import text_cell
 from .fastjson import JsonRenderer
-from .pagination import InvalidParameter, date_param, encode_cursor, limit_param, row_cursor
+from .pagination import InvalidParameter, date_param, encode_cursor, limit_param, list_query, row_cursor
 from .schema import CURSOR, LIMIT, WORKSPACE, UsageReportSerializer, error_responses
 
 CSV_COLUMNS = [
@@ -136,13 +136,14 @@ class UsageView(ApiView):
             )
         limit = limit_param(request)
         listed = where["tenant"] if scope == "tenant" else where["workspace"]  # what a cursor opens for
-        offset = row_cursor(request, "o", kind="usage", scope=listed)
+        query = list_query(request, "from", "to", "groupBy")
+        offset = row_cursor(request, "o", kind="usage", scope=listed, query=query)
         page, total, more = usage_page(group_by=group_by, start=start, end=end, offset=offset, limit=limit, **where)
         return Response(
             {
                 "rows": [r.to_json() for r in page],
                 "total": {k: v for k, v in total.to_json().items() if k != "key"},
-                "next": encode_cursor({"o": offset + limit}, kind="usage", scope=listed) if more else None,
+                "next": encode_cursor({"o": offset + limit}, kind="usage", scope=listed, query=query) if more else None,
             }
         )
 
