@@ -374,7 +374,12 @@ SPECTACULAR_SETTINGS = {
         "the whole body and refused before parsing (400 `invalid_event` for appends, `invalid_request` "
         "elsewhere); no NUL character (U+0000) in any JSON string or key, query parameter or path (400 "
         "`invalid_event`, `invalid_request` or `invalid_parameter`); days from 1900-01-01 to 9998-12-31; "
-        "integer parameters and cursors within a signed 64-bit integer; ids match their pattern whole."
+        "integer parameters and cursors within a signed 64-bit integer; ids match their pattern whole.\n\n"
+        "An operation may also answer 406 `not_acceptable` (an `Accept` no representation satisfies, where it "
+        "says so); one that takes a body 413 `payload_too_large` and 415 `unsupported_media_type`; an unsafe "
+        "method from a "
+        "console session without the CSRF header 403 `forbidden`. A method a path does not list is 405 "
+        "`method_not_allowed`, with the error body."
     ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -391,7 +396,12 @@ SPECTACULAR_SETTINGS = {
         "ReexecutionStatusEnum": "console.api.reexecutions.STATUSES",
         "ToolCallOutcomeEnum": "console.api.gateway.TOOL_CALL_OUTCOMES",
     },
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "console.api.stream.openapi_hook"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.api.stream.openapi_hook",
+        # Last: what every operation answers (406, 413, 415, CSRF's 403) and camelCase path parameters.
+        "console.api.schema.conventions_hook",
+    ],
 }
 
 # Re-execution (ledger/reexecution): approved requests go onto a durable queue in the database

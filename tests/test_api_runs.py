@@ -789,21 +789,21 @@ def test_schema_documents_every_route_and_its_errors(api: httpx.Client) -> None:
     assert response.status_code == 200
     paths = response.json()["paths"]
     for route, method in [
-        ("/api/v1/runs/{run_id}/events", "post"),
-        ("/api/v1/runs/{run_id}/events", "get"),
+        ("/api/v1/runs/{runId}/events", "post"),
+        ("/api/v1/runs/{runId}/events", "get"),
         ("/api/v1/runs", "get"),
-        ("/api/v1/runs/{run_id}", "get"),
-        ("/api/v1/runs/{run_id}/children", "get"),
-        ("/api/v1/runs/{run_id}/evidence", "get"),
-        ("/api/v1/runs/{run_id}/replay-plan", "get"),
-        ("/api/v1/runs/{run_id}/feedback", "post"),
-        ("/api/v1/artifacts/{artifact_id}", "get"),
-        ("/api/v1/artifacts/{artifact_id}/content", "get"),
+        ("/api/v1/runs/{runId}", "get"),
+        ("/api/v1/runs/{runId}/children", "get"),
+        ("/api/v1/runs/{runId}/evidence", "get"),
+        ("/api/v1/runs/{runId}/replay-plan", "get"),
+        ("/api/v1/runs/{runId}/feedback", "post"),
+        ("/api/v1/artifacts/{artifactId}", "get"),
+        ("/api/v1/artifacts/{artifactId}/content", "get"),
         ("/api/v1/usage", "get"),
     ]:
         operation = paths[route][method]
         assert "401" in operation["responses"], route
         assert any(code.startswith("2") for code in operation["responses"]), route
-    append_errors = paths["/api/v1/runs/{run_id}/events"]["post"]["responses"]
+    append_errors = paths["/api/v1/runs/{runId}/events"]["post"]["responses"]
     assert {"400", "401", "403", "409", "413"} <= set(append_errors)
     assert "sequence_conflict" in append_errors["409"]["description"]

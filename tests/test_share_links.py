@@ -241,9 +241,9 @@ def test_a_viewer_and_an_api_key_are_refused_with_403(
 def test_the_schema_documents_the_share_link_operations(client: Client) -> None:
     schema = client.get("/api/schema/?format=json").json()
     paths = schema["paths"]
-    assert {"post", "get"} <= set(paths["/api/v1/runs/{run_id}/share-links"])
-    assert "delete" in paths["/api/v1/share-links/{link_id}"]
-    created = paths["/api/v1/runs/{run_id}/share-links"]["post"]["responses"]["201"]
+    assert {"post", "get"} <= set(paths["/api/v1/runs/{runId}/share-links"])
+    assert "delete" in paths["/api/v1/share-links/{linkId}"]
+    created = paths["/api/v1/runs/{runId}/share-links"]["post"]["responses"]["201"]
     assert "url" in str(schema["components"]["schemas"]) and created
 
 

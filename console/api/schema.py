@@ -11,10 +11,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.urls import resolve
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import serializers
+from rest_framework.views import APIView
 
 from ledger.fold.pricing import NO_PRICE, USAGE_NOT_REPORTED
 from ledger.log.prepare import RUN_ID_RE
@@ -446,3 +448,74 @@ CURSOR = OpenApiParameter(
     "the list (and workspace, run or tenant) that gave it out, asked with the same filters and order (the "
     "limit may change); any other is 400 invalid_cursor",
 )
+
+
+# --- what every operation answers, declared once (a postprocessing hook) --------------------------
+
+UNSAFE = ("post", "put", "patch", "delete")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _add_codes(responses: dict[str, Any], status: int, *codes: str) -> None:
+    """Declare `codes` under `status` of an operation's responses, in error_responses' form."""
+    key = str(status)
+    if key not in responses:
+        responses[key] = error_response_objects(**{f"e{status}": list(codes)})[key]
+        return
+    described = responses[key].setdefault("description", "")
+    if "Error codes:" not in described:
+        described = f"{described.rstrip('. ') or STATUS_TEXT.get(status, '')}. Error codes: "
+        responses[key]["description"] = described + ", ".join(f"`{code}`" for code in codes)
+        return
+    declared = set(re.findall(r"`([a-z_]+)`", described.split("Error codes:", 1)[1]))
+    missing = [f"`{code}`" for code in codes if code not in declared]
+    if missing:
+        responses[key]["description"] = described + ", " + ", ".join(missing)
+
+
+def _negotiates(path: str) -> bool:
+    """Whether the view of `path` (a schema path) leaves DRF's content negotiation as it is, so an
+    `Accept` none of its renderers satisfies is 406; views that serve bytes, CSV or a stream
+    whatever is accepted force it, and a plain Django view describes its own answers."""
+    view = getattr(resolve(re.sub(r"\{\w+\}", "x", path)).func, "cls", None)
+    return view is not None and view.perform_content_negotiation is APIView.perform_content_negotiation
+
+
+def conventions_hook(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: what every operation of /api/v1/ may answer besides its
+    own errors, declared on each, and path parameters named as docs/api.md names them ({runId}).
+
+    - 406 `not_acceptable`: an `Accept` no representation satisfies (DRF's negotiation, where the
+      view keeps it);
+    - 413 `payload_too_large` and 415 `unsupported_media_type`: an operation that takes a body
+      (over 10 MiB however framed; a `Content-Type` it does not read);
+    - 403 `forbidden` on an unsafe method: a console session without the CSRF header.
+
+    405 `method_not_allowed` belongs to no operation (it answers the methods a path does not list);
+    the schema's description says so."""
+    paths = result.get("paths", {})
+    for path in list(paths):
+        item = paths.pop(path)
+        renamed = re.sub(r"\{(\w+)\}", lambda m: "{" + _camel(m.group(1)) + "}", path)
+        paths[renamed] = item
+        for method, operation in item.items():
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "path":
+                    parameter["name"] = _camel(parameter["name"])
+            if not renamed.startswith("/api/v1/"):
+                continue
+            responses = operation.setdefault("responses", {})
+            if _negotiates(path):
+                _add_codes(responses, 406, "not_acceptable")
+            if method in UNSAFE:
+                _add_codes(responses, 403, "forbidden")
+            if "requestBody" in operation:
+                _add_codes(responses, 413, "payload_too_large")
+                _add_codes(responses, 415, "unsupported_media_type")
+    return result

@@ -1,0 +1,136 @@
+"""The OpenAPI schema declares what each operation really answers beyond its own errors
+(console/api/schema.py `conventions_hook`): 406 everywhere, 413 and 415 where a body is read,
+CSRF's 403 `forbidden` on unsafe methods; and names path parameters as docs/api.md does
+(`{runId}`). Each declaration is checked against a real answer, so the schema cannot claim what
+the code does not do, nor the code answer what the schema does not say."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from ledger.models import Workspace
+from ledger.tenancy.services import create_key
+from tests.conftest import started
+
+METHODS = ("get", "post", "put", "patch", "delete")
+
+
+@cache
+def schema() -> dict[str, Any]:
+    loaded: dict[str, Any] = Client().get("/api/schema/?format=json").json()
+    return loaded
+
+
+def _operations() -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (path, method, operation)
+        for path, item in schema()["paths"].items()
+        for method, operation in item.items()
+        if method in METHODS
+    ]
+
+
+def _codes(operation: dict[str, Any], status: int) -> set[str]:
+    description = operation["responses"].get(str(status), {}).get("description", "")
+    return set(re.findall(r"`([a-z_]+)`", description.split("Error codes:", 1)[-1])) if description else set()
+
+
+@pytest.mark.backend_independent
+def test_path_parameters_are_named_as_docs_api_md_names_them() -> None:
+    names = {
+        name
+        for path, _, operation in _operations()
+        for name in re.findall(r"\{(\w+)\}", path)
+        + [p["name"] for p in operation.get("parameters", []) if p["in"] == "path"]
+    }
+    assert names and all("_" not in name for name in names), sorted(names)
+    assert {"runId", "callId", "reexecutionId", "linkId", "artifactId"} <= names
+    for path, _, operation in _operations():
+        declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+        assert declared == set(re.findall(r"\{(\w+)\}", path)), path
+
+
+@pytest.mark.backend_independent
+def test_every_operation_declares_406_and_every_body_413_415_and_every_unsafe_method_csrf() -> None:
+    for path, method, operation in _operations():
+        where = f"{method.upper()} {path}"
+        if method != "get":
+            assert "forbidden" in _codes(operation, 403), where
+        if "requestBody" in operation:
+            assert "payload_too_large" in _codes(operation, 413), where
+            assert "unsupported_media_type" in _codes(operation, 415), where
+    feedback = schema()["paths"]["/api/v1/runs/{runId}/feedback"]["post"]
+    assert {"403", "406", "413", "415"} <= set(feedback["responses"])
+
+
+@pytest.fixture
+def api(workspace: Workspace, append: Any) -> Client:
+    append("run_a", started())
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read", "execute"])
+    return Client(HTTP_AUTHORIZATION=f"Bearer {key}", raise_request_exception=False)
+
+
+def _error(response: Any, status: int, code: str) -> None:
+    assert response.status_code == status, response.content[:300]
+    assert response.json()["error"]["code"] == code
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "method"), [(p, m) for p, m, _ in _operations()])
+def test_an_operation_answers_406_to_an_accept_it_cannot_satisfy_exactly_when_it_says_so(
+    api: Client, path: str, method: str
+) -> None:
+    """Most views negotiate (DRF); those serving bytes, CSV or a stream answer whatever is accepted."""
+    operation = schema()["paths"][path][method]
+    url = re.sub(r"\{(\w+)\}", lambda m: "run_a" if m.group(1) == "runId" else "x", path)
+    response = getattr(api, method)(url, HTTP_ACCEPT="application/x-nothing-we-write")
+    if "not_acceptable" in _codes(operation, 406):
+        _error(response, 406, "not_acceptable")
+    else:
+        assert response.status_code != 406, path
+
+
+@pytest.mark.backend_independent
+def test_most_operations_declare_406() -> None:
+    declaring = [path for path, _, operation in _operations() if "not_acceptable" in _codes(operation, 406)]
+    assert len(declaring) > 40 and "/api/v1/runs/{runId}/feedback" in declaring
+
+
+BODIES = [
+    ("runs/run_a/events", {"events": [{"type": "custom.x"}]}),
+    ("runs/run_a/feedback", {"rating": 4}),
+    ("runs/run_a/tool-calls", {"callId": "c", "toolName": "t", "args": {}, "effect": "read", "owner": "w"}),
+    ("runs/run_a/cancel", {"reason": "r"}),
+    ("reexecutions/claim", {}),
+    ("datasets/d/runs", {"runIds": ["run_a"]}),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "body"), BODIES)
+def test_a_body_as_another_media_type_is_415(api: Client, path: str, body: dict[str, Any]) -> None:
+    response = api.post(f"/api/v1/{path}", data=json.dumps(body), content_type="text/plain")
+    _error(response, 415, "unsupported_media_type")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "body"), BODIES)
+def test_a_body_over_the_limit_is_413(api: Client, path: str, body: dict[str, Any]) -> None:
+    big = json.dumps({**body, "pad": "x" * (10 * 1024 * 1024)})
+    _error(api.post(f"/api/v1/{path}", data=big, content_type="application/json"), 413, "payload_too_large")
+
+
+@pytest.mark.django_db
+def test_a_session_without_the_csrf_header_is_403_forbidden(workspace: Workspace, append: Any, admin: Any) -> None:
+    append("run_a", started())
+    browser = Client(enforce_csrf_checks=True, raise_request_exception=False)
+    browser.force_login(admin)
+    for path, body in BODIES:
+        response = browser.post(f"/api/v1/{path}", data=json.dumps(body), content_type="application/json")
+        _error(response, 403, "forbidden")
