@@ -18,7 +18,7 @@ from ledger.reads import selectors, serialize
 from ledger.tenancy.access import visible_workspaces
 
 from .auth import principal
-from .base import ApiView
+from .base import ApiView, admits, require_accepted
 from .schema import WORKSPACE, ArtifactSerializer, error_responses
 
 
@@ -56,7 +56,9 @@ class ArtifactView(ApiView):
 
 class ArtifactContentView(ApiView):
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
-        # The bytes are served as stored whatever the client accepts; only errors are rendered (JSON).
+        # The bytes are served as stored, with their content type: an Accept that admits neither it
+        # nor application/octet-stream is 406, once the artifact is found (get, below); only errors
+        # are rendered (JSON).
         return super().perform_content_negotiation(request, force=True)
 
     @extend_schema(
@@ -72,11 +74,20 @@ class ArtifactContentView(ApiView):
             (200, "application/octet-stream"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="the stored bytes, with the artifact's contentType"
             ),
-            **error_responses(e403=["insufficient_scope"], e404=["not_found"], e500=["integrity_failure"]),
+            **error_responses(
+                e403=["insufficient_scope"],
+                e404=["not_found"],
+                e406=[
+                    "not_acceptable (an Accept that admits neither the artifact's content type nor application/octet-stream)"
+                ],
+                e500=["integrity_failure"],
+            ),
         },
     )
     def get(self, request: Request, artifact_id: str) -> FileResponse:
         artifact = _artifact_for(request, artifact_id)
+        if not admits(request.headers.get("Accept", ""), "application/octet-stream"):  # bytes as bytes
+            require_accepted(request, artifact.content_type, "the artifact")
         response = FileResponse(open_verified(artifact), content_type=artifact.content_type)
         response["Content-Length"] = str(artifact.size)
         response["ETag"] = f'"{artifact.sha256}"'

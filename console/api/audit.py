@@ -22,6 +22,7 @@ from ledger.models import Tenant
 from ledger.tenancy.access import tenant_admin
 
 from .auth import principal
+from .base import require_accepted
 from .csvcells import text_cell
 from .pagination import InvalidParameter, encode_cursor, keyset_cursor, limit_param, list_query
 from .schema import CURSOR, error_responses
@@ -73,9 +74,16 @@ def _bound(request: Request, name: str, *, end: bool) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+FORMAT_MEDIA_TYPES = {"json": "application/json", "csv": "text/csv"}
+
+
 class AuditView(APIView):
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
-        # ?format=csv is this view's own switch (answered with text/csv below), not DRF's renderer override.
+        # ?format=csv is this view's own switch (answered with text/csv below), not DRF's renderer
+        # override. An Accept that admits not the format's media type is 406.
+        fmt = request.query_params.get("format") or "json"
+        if not force and fmt in FORMAT_MEDIA_TYPES:
+            require_accepted(request, FORMAT_MEDIA_TYPES[fmt], f"the audit log as {fmt}")
         return super().perform_content_negotiation(request, force=True)
 
     @extend_schema(
@@ -103,6 +111,7 @@ class AuditView(APIView):
                 e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
                 e403=["forbidden"],
                 e404=["not_found"],
+                e406=["not_acceptable (an Accept that admits not the format's media type)"],
             ),
         },
         summary="The tenant's audit log, oldest first (admin session)",

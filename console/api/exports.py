@@ -13,7 +13,6 @@ from django.http import FileResponse, StreamingHttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework.exceptions import NotAcceptable
 from rest_framework.request import Request
 
 from ledger.interop import bundle, exports
@@ -22,7 +21,7 @@ from ledger.tenancy import access
 from ledger.tenancy.access import tenant_admin
 
 from .auth import access_for, principal
-from .base import ApiView, run_for
+from .base import ApiView, require_accepted, run_for
 from .pagination import InvalidParameter
 from .schema import RUN_ID, WORKSPACE, error_responses
 
@@ -91,6 +90,11 @@ def _selection(request: Request, kind: str) -> exports.Selection:
 class ExportView(ApiView):
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # ?format=jsonl|csv is this view's own switch, not DRF's renderer override; errors are JSON.
+        # An Accept that admits not the format's media type is 406, before the credentials are
+        # looked at (a ?format= none has is 400, below).
+        fmt = request.query_params.get("format") or "jsonl"
+        if not force and fmt in MEDIA_TYPES:
+            require_accepted(request, MEDIA_TYPES[fmt], f"the {fmt} export")
         return super().perform_content_negotiation(request, force=True)
 
     kind = ""  # set by each path's subclass below
@@ -129,6 +133,7 @@ class ExportView(ApiView):
                 e400=["invalid_parameter", "invalid_run_id", "workspace_required"],
                 e403=["insufficient_scope", "forbidden"],
                 e404=["not_found"],
+                e406=["not_acceptable (an Accept that admits not the format's media type)"],
             ),
         },
         tags=["export"],
@@ -164,9 +169,8 @@ class RunEvidenceZipView(ApiView):
         # The one representation is the zip: an Accept that admits no application/zip (say
         # application/json, or application/zip;q=0) is 406, before the credentials are looked at,
         # as on the other endpoints; no Accept admits all. Errors are the JSON body either way.
-        accept = request.headers.get("Accept", "").strip()
-        if not force and accept and not request._request.accepts("application/zip"):
-            raise NotAcceptable("the evidence bundle is application/zip, which the Accept header does not admit")
+        if not force:
+            require_accepted(request, "application/zip", "the evidence bundle")
         return super().perform_content_negotiation(request, force=True)
 
     @extend_schema(

@@ -479,8 +479,9 @@ def _add_codes(responses: dict[str, Any], status: int, *codes: str) -> None:
 
 def _negotiates(path: str) -> bool:
     """Whether the view of `path` (a schema path) leaves DRF's content negotiation as it is, so an
-    `Accept` none of its renderers satisfies is 406; views that serve bytes, CSV or a stream
-    whatever is accepted force it, and a plain Django view describes its own answers."""
+    `Accept` none of its renderers satisfies is 406; views that write their one representation
+    themselves (a zip, NDJSON, CSV, bytes) force it, check Accept with base.require_accepted and
+    declare their 406; a plain Django view describes its own answers."""
     view = getattr(resolve(re.sub(r"\{\w+\}", "x", path)).func, "cls", None)
     return view is not None and view.perform_content_negotiation is APIView.perform_content_negotiation
 
