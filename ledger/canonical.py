@@ -169,6 +169,17 @@ def _ecma_numbers(value: Any) -> Any:
     return value
 
 
+def ecma_token(token: str) -> str:
+    """A JSON number token (as orjson or Python writes it: `1e20`, `1e-06`, `-0.0`, `1.0`) in the
+    ECMAScript form `_ecma_numbers` gives its value: the same double, spelt as JavaScript does."""
+    if "." in token or "e" in token or "E" in token:
+        return ecma_number(float(token))
+    number = int(token)
+    if -_INT_LIMIT <= number <= _INT_LIMIT:
+        return token
+    return token if _double_int(number) is not None else ecma_number(float(number))
+
+
 def ecma_dumps(value: Any, *, option: int = 0, default: Any = None) -> bytes:
     """Compact JSON of `value` as JavaScript's JSON.stringify writes it: keys in their order,
     non-ASCII raw, numbers in ECMAScript form (`5e-7`, `1e+21`, `100`, never Python's `5e-07`

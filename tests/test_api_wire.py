@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -399,3 +400,32 @@ def test_a_sub_run_before_its_parent_is_taken_and_rerooted_when_the_parent_start
         assert theirs.get(f"{V1}/runs/run_theirs").json()["rootRunId"] == "run_top"
         error(theirs.get(f"{V1}/runs/run_top"), 404, "not_found")
     assert root("run_grandchild") == "run_top"  # untouched by the other workspace
+
+
+# --- the evidence, the replay plan and the state write numbers in ECMAScript form -----------------
+
+# A string that holds what looks like numbers keeps them as they are.
+ECMA_OUTPUT = b'{"a": 5e-7, "b": 1e20, "c": 1e21, "d": -0.0, "e": 1.0, "f": 1e-6, "g": 2.50, "h": "q\\":1.0,[1e20"}'
+ECMA_WRITTEN = '{"a":5e-7,"b":100000000000000000000,"c":1e+21,"d":0,"e":1,"f":0.000001,"g":2.5,"h":"q\\":1.0,[1e20"}'
+
+
+def test_the_evidence_the_replay_plan_and_the_state_write_numbers_in_ecmascript_form(api: httpx.Client) -> None:
+    assert post(api, "run_e", started()).status_code == 200
+    steps = (
+        b'{"events": [{"type": "StepScheduled", "payload": {"stepPath": "s"}},'
+        b' {"type": "StepAttemptStarted", "payload": {"stepPath": "s", "attempt": 1}},'
+        b' {"type": "StepCompleted", "payload": {"stepPath": "s", "attempt": 1, "output": %s}}]}' % ECMA_OUTPUT
+    )
+    sent = api.post(f"{V1}/runs/run_e/events", content=steps, headers={"Content-Type": "application/json"})
+    assert sent.status_code == 200, sent.text
+    for read in ("evidence", "replay-plan", "state"):
+        for headers in ({}, {"Accept": "application/json; indent=4"}):
+            body = api.get(f"{V1}/runs/run_e/{read}", headers=headers)
+            assert body.status_code == 200, (read, body.text)
+            unspaced = re.sub(r"\s+", "", body.text)  # indented or not, the same tokens (no space in "h")
+            assert f'"output":{ECMA_WRITTEN}' in unspaced, (read, headers, body.text)
+            outside_h = body.text.replace('q\\":1.0,[1e20', "")
+            numbers = re.findall(r"[:\[,]\s*(-?\d[\d.]*(?:[eE][-+]?\d+)?)(?=[,\]}\s])", outside_h)
+            assert numbers and "5e-7" in numbers, (read, numbers)
+            for number in numbers:  # none as orjson or Python writes it (1e20, 1e21, 1e-06, -0.0, 1.0)
+                assert not re.search(r"\.0$|e\d|e-0|^-0$|E", number), (read, number)

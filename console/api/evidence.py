@@ -17,6 +17,7 @@ from ledger.replay.stored_plan import replay_plan_for
 
 from ..streams import StreamSlots, caller_of
 from .base import ApiView, run_for
+from .fastjson import EcmaJsonRenderer
 from .pagination import int_param
 from .ratelimit import RateLimited
 from .schema import RUN_ID, WORKSPACE, EvidenceSerializer, ReplayPlanSerializer, error_responses
@@ -31,6 +32,8 @@ def max_evidence_in_flight() -> int:
 
 
 class RunEvidenceView(ApiView):
+    renderer_classes = [EcmaJsonRenderer]  # numbers in ECMAScript form, as docs/api.md says
+
     @extend_schema(
         operation_id="get_run_evidence",
         summary="The evidence bundle (scope read): read-only, executes nothing",
@@ -68,6 +71,8 @@ class RunEvidenceView(ApiView):
 
 
 class RunReplayPlanView(ApiView):
+    renderer_classes = [EcmaJsonRenderer]  # numbers in ECMAScript form, as docs/api.md says
+
     @extend_schema(
         operation_id="get_run_replay_plan",
         summary="What a resume or re-execution would do, without doing it (scope read)",
@@ -83,6 +88,8 @@ class RunReplayPlanView(ApiView):
 
 
 class RunStateView(ApiView):
+    renderer_classes = [EcmaJsonRenderer]  # numbers in ECMAScript form, as docs/api.md says
+
     @extend_schema(
         operation_id="get_run_state",
         summary="The run's folded state, now or after event N (scope read)",
