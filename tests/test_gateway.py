@@ -412,7 +412,7 @@ def test_a_result_artifact_of_another_call_is_not_served(api: httpx.Client, run:
     ToolGatewayClaim.objects.filter(call_id="call_a").update(outcome_ref=other_ref)
     replay = _claim(api, callId="call_a", idempotencyKey="a")
     assert replay.status_code == 500 and _error_code(replay) == "integrity_failure"
-    assert "bbbb" not in replay.text
+    assert "b" * 64 not in replay.text
 
 
 # --- the log ---------------------------------------------------------------------------------
