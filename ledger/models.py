@@ -406,6 +406,9 @@ class ImportedArtifact(models.Model):
     name = models.TextField()
     encoding = models.CharField(max_length=16)
     created_at = models.DateTimeField(null=True, blank=True)  # when the other system wrote it
+    # The run the other system wrote it in, whose id its artifact id hashes: "" for the row's own
+    # run (the import's), the imported run's id for a row a fork copied with the events naming it.
+    written_in_run = models.CharField(max_length=84, blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "ref"], name="imported_artifact_unique_in_run")]

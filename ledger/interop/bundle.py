@@ -85,7 +85,11 @@ def _imported_identities(run: Run) -> dict[str, dict[str, str]]:
     its sha256, an imported one only through this."""
     identities = {}
     for row in ImportedArtifact.objects.filter(run=run).select_related("artifact").order_by("ref"):
-        identity = {"runId": run.run_id, "name": row.name, "contentType": row.artifact.content_type}
+        identity = {
+            "runId": row.written_in_run or run.run_id,
+            "name": row.name,
+            "contentType": row.artifact.content_type,
+        }
         if row.step_path:
             identity["stepPath"] = row.step_path
         identity["encoding"] = row.encoding

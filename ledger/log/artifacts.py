@@ -7,7 +7,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -144,6 +144,34 @@ def resolve(run: Run, refs: list[str]) -> dict[str, Artifact | None]:
         }
         resolved.update({ref: mapped.get(ref) for ref in foreign})
     return resolved
+
+
+def carry_imported(source: Run, target: Run, refs: Iterable[str]) -> None:
+    """Give `target` the ImportedArtifact rows that resolve `refs` in `source`'s log: a fork copies
+    the events before its step as stored, an imported log's refs (`art_<16 hex>`) and all, and only
+    a row of the run whose log names such a ref resolves it (`resolve`). Each copy keeps the run the
+    other system wrote the artifact in (its id hashes it). Idempotent: a fork resumed after its
+    executor died copies again what is missing."""
+    foreign = sorted({ref for ref in refs if parse_ref(ref) is None})
+    if not foreign:
+        return
+    rows = ImportedArtifact.objects.filter(run_id=source.pk, ref__in=foreign)
+    ImportedArtifact.objects.bulk_create(
+        [
+            ImportedArtifact(
+                run=target,
+                ref=row.ref,
+                artifact_id=row.artifact_id,
+                step_path=row.step_path,
+                name=row.name,
+                encoding=row.encoding,
+                created_at=row.created_at,
+                written_in_run=row.written_in_run or source.run_id,
+            )
+            for row in rows
+        ],
+        ignore_conflicts=True,
+    )
 
 
 def get_by_ref(workspace: Workspace, ref: str) -> Artifact:

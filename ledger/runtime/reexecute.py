@@ -17,8 +17,9 @@ calls are never made twice, a run is never started twice).
   by tool name and canonical args (the same step's call first). A tool call the record cannot
   answer is a `harness.replay.diverged` and reaches the model as a tool error.
 - `fork` from step X: the original's events before X's first event are copied into the new run
-  (`origin: recorded` on model and tool events, `replayOf` on each), so the executor reuses
-  those steps as completed; X onward runs live (optionally with another input and models).
+  (`origin: recorded` on model and tool events, `replayOf` on each), with the rows that resolve an
+  imported log's refs among them (artifacts.carry_imported), so the executor reuses those steps as
+  completed; X onward runs live (optionally with another input and models).
 - `rerun`: everything live, the same input (or `input`).
 - `resume`: the original run continues (`ledger resume`); in-doubt tool calls still block.
 
@@ -43,6 +44,7 @@ from ..fold.pricing import prices_for
 from ..log import append, artifacts
 from ..log.envelopes import log_of
 from ..log.redaction import Redactor, policy
+from ..log.verify import artifact_refs
 from ..log.vocabulary import MODEL_AND_TOOL_PREFIXES, TERMINAL_RUN_TYPES
 from ..models import Run, Workspace
 from ..replay.divergence import rename_runs
@@ -675,6 +677,10 @@ def _run(
         last = append(
             workspace=workspace, run_id=run_id, events=list(prefix[start : start + COPY_BATCH]), expected_sequence=last
         ).last_sequence
+    # The copied events of an imported run name its artifacts by the other system's refs.
+    foreign = {r for e in prefix for r in artifact_refs(e["payload"], imported=True) if not artifacts.parse_ref(r)}
+    if foreign and replay.original.run is not None:
+        artifacts.carry_imported(replay.original.run, Run.objects.get(workspace=workspace, run_id=run_id), foreign)
     return resume_run(workspace=workspace, run_id=run_id, workflow=derived, parent=parent, replay=replay)
 
 
