@@ -406,6 +406,27 @@ def test_a_tampered_result_artifact_is_not_served(api: httpx.Client, workspace: 
     assert "zzzz" not in replay.text
 
 
+@pytest.mark.parametrize("gone", ["file", "row"])
+def test_a_missing_result_artifact_is_an_integrity_failure_naming_it(
+    api: httpx.Client, workspace: Workspace, run: str, gone: str
+) -> None:
+    # Missing, like changed, is the store that is wrong, not the caller's request: never a 404.
+    ref = _complete_large(api, "call_big", "big", "m" * 9000)
+    artifact = get_by_ref(workspace, ref)
+    if gone == "file":
+        (settings.ARTIFACTS_ROOT / artifact.storage_key).unlink()
+    else:
+        artifact.delete()  # the row names it; the workspace no longer holds it
+
+    replay = _claim(api, callId="call_big", idempotencyKey="big")
+
+    assert replay.status_code == 500, replay.text
+    error = replay.json()["error"]
+    assert error["code"] == "integrity_failure" and error["details"] == {"callId": "call_big", "ref": ref}
+    assert artifact.artifact_id in error["message"] and "tool call call_big" in error["message"]
+    assert api.get(BASE).json()["toolCalls"][0]["resultRef"] == ref  # the list reads no artifact
+
+
 def test_a_result_artifact_of_another_call_is_not_served(api: httpx.Client, run: str) -> None:
     _complete_large(api, "call_a", "a", "a" * 9000)
     other_ref = _complete_large(api, "call_b", "b", "b" * 9000)

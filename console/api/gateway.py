@@ -130,7 +130,8 @@ class ClaimView(APIView):
                     "idempotency_conflict (same key or callId, other tool or args)",
                     "fenced",
                     "run_finished",
-                ]
+                ],
+                e500=["integrity_failure (the artifact holding the recorded result or error is missing or changed)"],
             ),
         },
         description="Claim before running the tool. The lease is 60 s, or timeoutS + 10 s when that is longer. A lease that expired before `outbound` may be claimed again (attempt + 1); one that expired after it makes the call in doubt (harness.tool_call.in_doubt), never retried automatically. The lease holder repeating its claim gets its live lease back. With an idempotencyKey, the key names the call even under another callId.",
@@ -238,7 +239,10 @@ class CompleteView(APIView):
                 "in the same transaction; the holder repeating the same complete gets "
                 "`idempotentReplay: true`. Results over 8 KiB are kept as artifacts.",
             ),
-            **_errors(e409=["lease_lost (stale or foreign lease; details.status: the call's status now)"]),
+            **_errors(
+                e409=["lease_lost (stale or foreign lease; details.status: the call's status now)"],
+                e500=["integrity_failure (the artifact holding the recorded result or error is missing or changed)"],
+            ),
         },
         description="Send exactly one of result or error with the live lease token; harness.tool_call.succeeded|failed {callId, result|error, durationMs, attempt} is appended in the same transaction.",
         summary="Complete a claimed tool call with its result or error",

@@ -174,6 +174,21 @@ def carry_imported(source: Run, target: Run, refs: Iterable[str]) -> None:
     )
 
 
+def read_held(workspace: Workspace, ref: str, what: str, **details: Any) -> bytes:
+    """The bytes of the artifact our `ref` names in `workspace`, re-hashed, for a ref a row keeps
+    outside the log (`what` it holds: a tool call's large outcome). Not stored, gone from storage or
+    changed is an IntegrityFailure naming the ref and `what`, as a ref the log names is
+    (`read_ref`): the store is what is wrong, never a NotFound."""
+    sha256 = parse_ref(ref)
+    artifact = Artifact.objects.filter(workspace=workspace, sha256=sha256).first() if sha256 else None
+    if artifact is None:
+        raise IntegrityFailure(f"artifact {ref}, {what}, is not stored", **details, ref=ref)
+    try:
+        return read_bytes(artifact)
+    except IntegrityFailure as exc:
+        raise IntegrityFailure(f"{exc.message}: {what}", **details, ref=ref) from None
+
+
 def get_by_ref(workspace: Workspace, ref: str) -> Artifact:
     sha256 = parse_ref(ref)
     artifact = Artifact.objects.filter(workspace=workspace, sha256=sha256).first() if sha256 else None

@@ -245,13 +245,9 @@ def _outcome(run: Run, claim: ToolGatewayClaim) -> tuple[str, Any]:
     field = "result" if claim.status == Status.SUCCEEDED else "error"
     if not claim.outcome_ref:
         return field, getattr(claim, field)
-    try:
-        artifact = artifacts.get_by_ref(run.workspace, claim.outcome_ref)
-    except NotFound:
-        raise IntegrityFailure(
-            f"the stored {field} of tool call {claim.call_id} is missing", callId=claim.call_id, ref=claim.outcome_ref
-        ) from None
-    data = artifacts.read_bytes(artifact)  # raises IntegrityFailure when the bytes changed
+    data = artifacts.read_held(
+        run.workspace, claim.outcome_ref, f"the stored {field} of tool call {claim.call_id}", callId=claim.call_id
+    )
     try:
         wrapped = json.loads(data)
     except ValueError:
