@@ -22,7 +22,7 @@ from ledger.models import AuditEntry, Evaluation, ReexecutionRequest, Run, Works
 from ledger.reexecution import services
 from ledger.reexecution.executor import run_request
 from ledger.runtime.model import ModelReply, ModelRequest
-from ledger.runtime.providers import register_provider, unregister_provider
+from ledger.runtime.providers import ScriptedProvider, register_provider, unregister_provider
 from tests.conftest import named_user
 from tests.evaluation_support import (
     Calls,
@@ -423,6 +423,51 @@ def test_a_ceiling_over_calls_of_unknown_cost_stops_the_batch_after_the_first(
     assert budget.spend(done) == 0 and budget.unpriced_calls(done) == 1
     waits = _start(workspace, people["carol"], model_change("counting"))
     assert waits.status == Status.PENDING_APPROVAL and waits.policy is None
+
+
+def test_a_runs_call_that_failed_after_its_request_left_stops_the_ceiling_like_an_unpriced_one(
+    workspace, dataset, people, providers: Calls
+) -> None:
+    """The provider hung up after reading the request: it may bill it, so the run counts the
+    failure as a call of unknown cost, and the evaluation's guard refuses the retry (and every
+    later live call) as it does after an unpriced answer; the refused retry itself costs nothing."""
+    hung_up: list[str] = []
+
+    def hangs_up(model: str, current: Any) -> Any:
+        assert isinstance(current, ScriptedProvider) and callable(current.script)
+        script = current.script
+
+        def answer(request: ModelRequest) -> Any:
+            if not hung_up:
+                hung_up.append(request.step_path)
+                raise ConnectionResetError("the provider hung up after reading the request")
+            return script(request)
+
+        return ScriptedProvider(script=answer, name=current.name, model_id=model)
+
+    register_provider("hangs-up", hangs_up)
+    try:
+        _policy(workspace, people["bob"], ceiling_per_evaluation_usd="1000", ceiling_per_day_usd="5000")
+        made = _start(workspace, people["carol"], model_change("hangs-up"))
+        done = evaluations.execute_here(made)
+    finally:
+        unregister_provider("hangs-up")
+
+    assert done.verdict == Evaluation.Verdict.BUDGET_EXHAUSTED and len(hung_up) == 1
+    why = (
+        f"evaluation {made.public_id} cannot keep its ceiling of 1000 USD: a model call of its runs has no "
+        "known cost (no price for the model, no usage reported, or a failure after the request left)"
+    )
+    assert done.budget_reason == {"code": "cost_unknown", "message": why}
+    assert budget.spend(done) == 0 and budget.unpriced_calls(done) == 1
+    first = Run.objects.get(workspace=workspace, run_id=done.report["runs"][0]["newRunId"])
+    failures = [e["payload"] for e in log_of(first) if e["type"] == "harness.model.failed"]
+    assert [(f["requestLeft"], f["error"]["name"]) for f in failures] == [
+        (True, "ConnectionResetError"),
+        (False, "BudgetExhausted"),  # the slot's two retries, refused before they left
+        (False, "BudgetExhausted"),
+    ]
+    assert (first.priced_calls, first.unpriced_calls) == (0, 1)
 
 
 def _judge(provider: str, model: str) -> dict[str, Any]:

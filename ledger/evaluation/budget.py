@@ -13,9 +13,9 @@ completes: the ceiling can be passed by at most one call's cost per run executin
 asked) at that moment, never by a call started after.
 
 A ceiling is kept only over calls whose cost is known. Once one of the evaluation's new runs or
-one of its scorers made a call that is unpriced (its model has no price, or the provider reported
-no usage; for a scorer's call also: the provider failed after the request left, scorers.py "Paid
-calls"), the spend is unknown, so the guard refuses the next live call (and the scorer the next
+one of its scorers made a call that is unpriced (its model has no price, the provider reported no
+usage, or the provider failed after the request left: scorers.py "Paid calls", a run's fold), the
+spend is unknown, so the guard refuses the next live call (and the scorer the next
 grader call) as it does past the ceiling, and says why; the same for the policy's daily ceiling.
 A price for the model (Settings, Prices) is the way on. Why it stopped is kept on the evaluation
 (`budget_reason`, a `Stop`'s JSON), the first time it does.
@@ -53,8 +53,8 @@ def spend(evaluation: Evaluation) -> Decimal:
 
 
 def unpriced_calls(evaluation: Evaluation) -> int:
-    """The evaluation's calls whose cost is unknown (no price, or no usage reported; a scorer's
-    call that failed after its request left): its new runs' and its scorers'."""
+    """The evaluation's calls whose cost is unknown (no price, no usage reported, or a failure after
+    the request left): its new runs' and its scorers'."""
     return _runs_cost(evaluation.workspace_id, [evaluation.batch_id])[1] + evaluation.grader_unpriced_calls
 
 
@@ -133,9 +133,7 @@ def _unknown(unknown: _Unknown) -> str:
     if unknown.graders:
         parts.append("a grader call" if unknown.graders == 1 else f"{unknown.graders} grader calls")
     verb = "has" if sum(unknown) == 1 else "have"
-    why = "no price for the model, or no usage reported"
-    if unknown.graders:
-        why = "no price for the model, no usage reported, or a failure after the request left"
+    why = "no price for the model, no usage reported, or a failure after the request left"
     return f"{' and '.join(parts)} {verb} no known cost ({why})"
 
 

@@ -17,3 +17,5 @@ class EvaluationForbidden(LedgerError):
 class BudgetExhausted(Exception):
     """Raised by the spend guard before a live model call: the call fails, the provider is never
     asked (not a LedgerError: it is the call's recorded error, never an API answer)."""
+
+    request_left = False  # refused before the provider was asked: nothing is owed (model.request_left)

@@ -709,11 +709,38 @@ def _model_call_completed(
     _model_responded(state, {**p, "response": {"usage": p.get("usage")}}, sequence, step_path, fold)
 
 
-def _model_failed(state: RunState, e: _Event) -> None:
-    call = _model_call_for_answer(state, e.payload, e.step_path)
+def _model_failed(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None, fold: _Fold) -> None:
+    call = _model_call_for_answer(state, p, step_path)
     call.status = "failed"
-    call.failed_sequence = e.sequence
-    call.error = e.payload.get("error")
+    call.failed_sequence = sequence
+    call.error = p.get("error")
+    if p.get("requestLeft") is not True or fold.exact or call.origin in REPLAYED_ORIGINS:
+        return
+    # The request left before the call failed: the provider may have billed it, for an amount
+    # nobody recorded. Unknown, never 0: an unpriced call with no token count (usage not reported),
+    # as an evaluation counts its grader's (docs/operations.md § Prices).
+    model = p.get("model")
+    provider = model_id = None
+    if isinstance(model, Mapping):
+        provider, model_id = _name(model.get("provider")), _name(model.get("modelId"))
+    state.cost_entries.append(
+        build_cost_entry(
+            sequence,
+            call.call_id,
+            call.turn,
+            step_path,
+            provider,
+            model_id,
+            0,
+            0,
+            0,
+            0,
+            None,
+            fold.version,
+            None,
+            False,
+        )
+    )
 
 
 def _tool_started(state: RunState, p: Mapping[str, Any], sequence: int, step_path: str | None, fold: _Fold) -> None:
@@ -900,7 +927,6 @@ HANDLERS: dict[str, _Handler] = {
     "harness.session.completed": _session_ended("completed"),
     "harness.session.failed": _session_ended("failed"),
     "harness.model.called": _model_called,
-    "harness.model.failed": _model_failed,
     "harness.tool_call.succeeded": _tool_ended("succeeded"),
     "harness.tool_call.failed": _tool_ended("failed"),
     "harness.tool_call.in_doubt": _tool_in_doubt,
@@ -917,6 +943,7 @@ _FAST: dict[str, _FastHandler] = {
     "harness.model.responded": _model_responded,
     "harness.tool_call.started": _tool_started,
     "ModelCallCompleted": _model_call_completed,
+    "harness.model.failed": _model_failed,
 }
 # Little Workflow's legacy harness type names, read as the names they became (its
 # normalizeHarnessEventType): logs it wrote before the rename keep them, and their ids hash them.

@@ -20,7 +20,7 @@ from .openai_compat import OpenAICompatibleProvider
 
 
 class ScriptExhausted(Exception):
-    pass
+    request_left = False  # the script had nothing to say: no request went anywhere (model.request_left)
 
 
 Script = Mapping[str, Sequence[Mapping[str, Any]]] | Callable[[ModelRequest], Mapping[str, Any]]

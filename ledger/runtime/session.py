@@ -19,6 +19,7 @@ from ..canonical import canonical_bytes, digest
 from ..log.envelopes import format_recorded_at
 from ..replay.plan import CapabilityDriftError, manifest_drift
 from .errors import RuntimeIntegrityError, StepFailure
+from .model import request_left
 from .providers import ModelReply, ModelRequest
 from .record import Record
 from .recorder import Recorder
@@ -339,6 +340,9 @@ def _model_turn(
                         "error": last_error,
                         "durationMs": round((time.monotonic() - began) * 1000),
                         "willRetry": will_retry,
+                        # Whether the provider may have billed it (model.request_left): the fold
+                        # counts such a failure as a call of unknown cost.
+                        "requestLeft": request_left(exc),
                         **({"retryAt": last_error["retryAt"]} if retry_at is not None else {}),
                         "model": {"provider": provider.name, "modelId": provider.model_id},
                     },
