@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from ledger import clock
+from ledger import clock, limits
 from ledger.fold.pricing import UNPRICED_WORDS
 from ledger.models import UsageColumns
 
@@ -84,6 +84,28 @@ STATUS_LABELS = {
     "in_doubt": "in doubt",
     "shouldrun": "should run",
 }
+
+
+def written_plain(value: Any) -> str:
+    """`value` as text with each hidden character (a bidi control, a zero width:
+    ledger.limits.hidden_characters) written out in brackets, `[U+202E]`: for a place that holds
+    text alone (an attribute a browser shows, an `<option>`, a `<title>`, an SVG `<title>`), where
+    the console's marked span (console_format.shown_name) cannot go. Tabs and line breaks stay (a
+    tooltip shows them as the breaks they are). Not escaped: the template or format_html that
+    places it escapes it."""
+    text = "" if value is None else str(value)
+    if not limits.hidden_characters(text):
+        return text
+    return "".join(f"[U+{ord(ch):04X}]" if ch not in "\t\n\r" and limits.hidden_characters(ch) else ch for ch in text)
+
+
+def character_references(escaped: str) -> str:
+    """HTML already escaped with each hidden character as its character reference (`&#x202E;`):
+    for a value a page hands back or a script reads (console_format.kept_value), which the
+    browser then holds exactly as stored while the page's text holds none of them bare."""
+    if not limits.hidden_characters(escaped):
+        return escaped
+    return "".join(f"&#x{ord(ch):X};" if limits.hidden_characters(ch) else ch for ch in escaped)
 
 
 def status_label(value: str) -> str:

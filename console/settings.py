@@ -111,6 +111,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.forms",  # its widget templates, which templates/django/forms/ overrides (FORM_RENDERER)
     "channels",
     "rest_framework",
     "drf_spectacular",
@@ -161,9 +162,17 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # In every template without a {% load %}: shown_name, shown_text, shown_data,
+            # shown_attr and kept_value, what a name or text a client or member wrote goes through
+            # on its way into a page (docs/security.md § Hidden characters).
+            "builtins": ["console.templatetags.console_format"],
         },
     },
 ]
+
+# Form widgets render with the engine above, so that templates/django/forms/widgets/ (an input's
+# value, an option's label: what a URL or a member typed can hold a hidden character) use its filters.
+FORM_RENDERER = "django.forms.renderers.TemplatesSetting"
 
 _SQLITE_DEFAULT = f"sqlite:///{VAR_DIR / 'runledger.sqlite3'}"
 try:

@@ -1,12 +1,18 @@
 """Run data a harness wrote with a bidi control or an invisible character in it — a label, a
 workflow, a step path, a tool or model name, a call id, an error's name — reads in the console as
 it is stored: each such character written out (`U+202E`), as the tenant's own names are
-(console_format.shown_name), never raw, where it would reverse or hide what follows it."""
+(console_format.shown_name), never raw, where it would reverse or hide what follows it. So does
+what a member wrote (a username, a note, a comment), and so do the places that can hold no markup
+(a tooltip, an option, a form's value: console_format.shown_attr and kept_value), which the crawl
+at the end checks on every page."""
 
 from __future__ import annotations
 
 import re
+from collections import deque
+from html import unescape
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pytest
 from django.contrib.auth.models import User
@@ -15,10 +21,13 @@ from django.utils.html import escape
 
 from ledger import log
 from ledger.evaluation import datasets
-from ledger.models import ReexecutionRequest, Workspace
+from ledger.models import ApiKey, ReexecutionRequest, Run, Tenant, Workspace
 from ledger.reexecution import services
+from ledger.replay.feedback import record_feedback
 from ledger.runtime.outer_loop import start_outer_loop
-from tests.conftest import ev, started
+from ledger.tenancy.services import create_key
+from ledger.tenancy.sharing import create_link
+from tests.conftest import ev, named_user, started
 from tests.loop_workflows import reset_loop_registrations
 
 pytestmark = pytest.mark.django_db
@@ -308,3 +317,160 @@ def test_a_dataset_writes_out_hidden_characters_in_expected_outputs(
     assert _written(escape('{"reply": "refund \u202egpj.exe"}')) in _page(client, "/w/acme/support/datasets/bidi/")
     client.force_login(admin)
     assert client.get("/w/acme/support/datasets/bidi/").status_code == 200
+
+
+# --- every page: no hidden character reaches the HTML bare, attributes included -------------------
+
+BARE = re.compile("[\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+HREF = re.compile(r'<a\b[^>]*?\bhref="([^"#]*)|\bhx-get="([^"#]*)')
+NOT_PAGES = ("/static/", "/api/", "//")
+MALLORY = f"mallory{RLO}nimda"
+
+
+def _bare(html: str) -> list[str]:
+    """Each hidden character of `html` left bare (outside the marked span that `shown_data` keeps
+    one in, `<pre>` payloads), with what surrounds it, for the message."""
+    rest = MARKED.sub("", html)
+    return [rest[max(0, m.start() - 120) : m.end() + 40] for m in BARE.finditer(rest)]
+
+
+@pytest.fixture
+def hostile(workspace: Workspace, waiting: ReexecutionRequest, loop: Any, admin: User, operator: User) -> str:
+    """What a client's harness and a hostile member can write, each with a bidi control or an
+    invisible character: run data (waiting, loop, bidi_run), a member's username (and so the
+    audit log's actor, a requester), the workspace's and tenant's names, a key's name, a dataset, a
+    rating's category and comment, an approver's note, a failed step's message and a step's
+    output. Returns the token of a share link to the run."""
+    log.append(
+        workspace=workspace,
+        run_id="run_bidi_step_failed",
+        events=[
+            started(WORKFLOW, label=LABEL),
+            ev("StepScheduled", stepPath=STEP),
+            ev("StepAttemptStarted", stepPath=STEP, attempt=1),
+            ev("StepCompleted", stepPath=STEP, attempt=1, output=f"paid {RLO}ot {ZWSP}ann"),
+            ev("StepScheduled", stepPath=f"{STEP}2"),
+            ev("StepAttemptStarted", stepPath=f"{STEP}2", attempt=1),
+            ev("StepFailed", stepPath=f"{STEP}2", attempt=1, error={"name": f"Bad{LRI}", "message": f"boom {RLO}x"}),
+            ev("RunFailed", error={"name": f"Bad{LRI}", "message": f"boom {RLO}x"}),
+        ],
+    )
+    mallory = named_user("mallory", "operator")
+    # A username stored before the user model's rules were checked (or by a custom user model).
+    type(mallory).objects.filter(pk=mallory.pk).update(username=MALLORY)
+    mallory.refresh_from_db()
+    services.request_reexecution(workspace=workspace, run_id=RUN, mode="simulate", reason=f"again {RLO}won", by=mallory)
+    record_feedback(
+        run=Run.objects.get(workspace=workspace, run_id=RUN),
+        rating=2,
+        category=f"cat{RLO}",
+        comment=f"bad {RLO}kcab",
+        author=mallory,
+    )
+    key, _ = create_key(workspace=workspace, scopes=["read"], name="ci key", by=admin)
+    ApiKey.objects.filter(pk=key.pk).update(name=f"ci {RLO}yek")
+    datasets.add_runs(workspace=workspace, name="bidi", run_ids=[RUN], by=admin)
+    services.deny(workspace=workspace, reexecution_id=waiting.public_id, by=admin, note=f"no {RLO}eton")
+    Workspace.objects.filter(pk=workspace.pk).update(name=f"Support {RLO}ksed")
+    Tenant.objects.filter(pk=workspace.tenant_id).update(name=f"Acme {LRI}corp")
+    _, token = create_link(
+        workspace=workspace, run=Run.objects.get(workspace=workspace, run_id=RUN), by=admin, expires_in_hours=1
+    )
+    return token
+
+
+def _crawl_pages(client: Client, start: list[str]) -> dict[str, str]:
+    """{page: its HTML} for every console page reached from `start`, following each link once per
+    path and set of query parameters."""
+    queue = deque(start)
+    seen = {(urlsplit(p).path, ()) for p in start}
+    pages = {}
+    while queue:
+        link = queue.popleft()
+        response = client.get(link, follow=True)
+        if not response.get("Content-Type", "").startswith("text/html"):
+            continue
+        html = response.content.decode()
+        pages[link] = html
+        for link_href, hx_get in HREF.findall(html):
+            href = (link_href or hx_get).replace("&amp;", "&")
+            if not href.startswith("/") or href.startswith(NOT_PAGES) or "/logout" in href:
+                continue
+            parts = urlsplit(href)
+            query = parse_qsl(parts.query)
+            # A link that carries a hidden character (a drill-down by a model's name) is followed
+            # as well as the others of its kind: the page echoes it in its filters.
+            kind = (parts.path, tuple(sorted({key for key, _ in query})), any(BARE.search(v) for _, v in query))
+            if kind not in seen:
+                seen.add(kind)
+                queue.append(href)
+    return pages
+
+
+def test_no_page_holds_a_hidden_character_bare(client: Client, admin: User, hostile: str) -> None:
+    client.force_login(admin)
+    start = [
+        f"/s/{hostile}/",
+        "/",
+        "/t/acme/audit/",
+        "/w/acme/support/settings/",
+        "/w/acme/support/settings/members/",
+        "/w/acme/support/settings/prices/",
+        "/w/acme/support/approvals/",
+        "/w/acme/support/loops/",
+        "/w/acme/support/evaluations/",
+        "/w/acme/support/datasets/bidi/",
+        f"/w/acme/support/runs/{RUN}/reexecute/",
+        f"/w/acme/support/runs/{RUN}/share-links/",
+        "/w/acme/support/runs/run_bidi_step_failed/steps/",
+        "/w/acme/support/runs/run_bidi_step_failed/waterfall/",
+    ]
+    pages = _crawl_pages(client, start)
+    assert len(pages) > 40
+    assert any(BARE.search(unquote(page)) for page in pages), "a drill-down by a hostile model's name"
+    bare = {page: found for page, html in pages.items() if (found := _bare(html))}
+    assert bare == {}
+
+
+def _attribute(html: str, pattern: str) -> str:
+    found = re.search(pattern, html)
+    assert found, pattern
+    return found.group(1)
+
+
+def test_shown_attributes_and_options_write_hidden_characters_out(client: Client, admin: User, hostile: str) -> None:
+    """Where a page can hold no markup but shows the text (a tooltip, an `<option>`, a confirmation,
+    the page's title), each hidden character is written out in brackets."""
+    client.force_login(admin)
+    runs = _page(client, "/w/acme/support/")
+    assert 'title="Refund[U+202E]Error: no [U+202E]money\nat line 2"' in runs
+    reexecute = _page(client, f"/w/acme/support/runs/{RUN}/reexecute/")
+    assert '<option value="charge&#x202E;dnuf">charge[U+202E]dnuf</option>' in reexecute
+    members = _page(client, "/w/acme/support/settings/members/")
+    assert 'hx-confirm="Remove mallory[U+202E]nimda from acme?' in members
+    assert f'<td class="member-name">{_written(MALLORY)}</td>' in members
+    waterfall = _page(client, "/w/acme/support/runs/run_bidi_step_failed/waterfall/")
+    assert f'title="step {STEP.replace(RLO, "[U+202E]")}2: ' in waterfall
+    detail = _attribute(waterfall, r'hx-get="([^"]*)"[^>]*\n?[^>]*title="step charge\[U\+202E\]dnuf2')
+    assert f'<p class="wf-error">{_written(f"Bad{LRI}: boom {RLO}x")}</p>' in _page(client, unescape(detail))
+    steps = _page(client, "/w/acme/support/runs/run_bidi_step_failed/steps/")
+    assert f'<span class="mono">{_written(f"paid {RLO}ot {ZWSP}ann")}</span>' in steps
+    assert f'<span class="failure">{_written(f"Bad{LRI}: boom {RLO}x")}</span>' in steps
+
+
+def test_values_a_page_hands_back_are_kept_exact(client: Client, admin: User, hostile: str) -> None:
+    """A form's value and a `data-` attribute hold each hidden character as a character reference:
+    none is bare in the page, and what the browser posts back is the value as stored (the member's
+    role changes, by the username the page holds)."""
+    client.force_login(admin)
+    members = _page(client, "/w/acme/support/settings/members/")
+    assert 'data-username="mallory&#x202E;nimda"' in members
+    username = _attribute(members, r'<input type="hidden" name="username" value="(mallory[^"]*)">')
+    assert unescape(username) == MALLORY
+    client.post("/w/acme/support/settings/members/role/", {"username": unescape(username), "role": "viewer"})
+    members = _page(client, "/w/acme/support/settings/members/")
+    assert f'data-username="{username}" data-role="viewer"' in members
+    # What a URL carries comes back in the filter's field the same way (Django's widgets, overridden).
+    runs = _page(client, "/w/acme/support/?model=open%E2%80%AEai%2Fgpt-4o-mini")
+    assert 'name="model" value="open&#x202E;ai/gpt-4o-mini"' in runs
+    assert not _bare(runs)

@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
+from django.utils.html import conditional_escape
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_safe
 
@@ -34,7 +35,8 @@ from ledger.reads.usage import (
     usage_rows,
 )
 
-from ..format import money
+from ..format import money, written_plain
+from ..templatetags.console_format import kept_value, shown_name
 from .filters import day_field
 from .guard import member_access
 from .runs import runs_url
@@ -112,11 +114,13 @@ class TableRow:
     def html(self) -> SafeString:
         """The row's markup in the table (console/usage/table.html), written here: a year by day is
         hundreds of rows, and the template engine's cost per row was most of the page's."""
-        key, u = html.escape(self.key), self.usage
+        # The key (a model or an API key's name: what a harness or a member wrote) as the console
+        # shows any such name: its hidden characters written out, kept exact in data-key.
+        key, u = conditional_escape(shown_name(self.key)), self.usage
         head = f'<a class="drill" href="{html.escape(self.href)}">{key}</a>' if self.href else key
         tokens = "".join(f'<td class="num">{n}</td>' for n in self.tokens)
         return mark_safe(
-            f'\n  <tr data-key="{key}">\n    <th scope="row" class="mono">{head}</th>\n    {tokens}\n'
+            f'\n  <tr data-key="{conditional_escape(kept_value(self.key))}">\n    <th scope="row" class="mono">{head}</th>\n    {tokens}\n'
             f'    <td class="num cost{" na" if u.cost_usd is None else ""}">{html.escape(money(u.cost_usd))}</td>\n'
             f'    <td class="num">{u.priced_calls:,}</td><td class="num">{u.unpriced_calls:,}</td>'
             f'<td class="num">{self.coverage}</td>\n  </tr>\n  '
@@ -220,10 +224,10 @@ def _two_places(value: float) -> str:
 
 def _bar(seg: Segment) -> str:
     # html.escape is what Django's escape (the templates' autoescape) calls, without its lazy wrapper.
-    title, series = html.escape(seg.title), seg.series
+    title, series = html.escape(written_plain(seg.title)), seg.series
     return (
         f'<a class="bar{" unpriced" if seg.unpriced else ""}" href="{html.escape(seg.href)}" '
-        f'data-model="{html.escape(series.model)}" aria-label="{title}"><rect x="{_two_places(seg.x)}" '
+        f'data-model="{conditional_escape(kept_value(series.model))}" aria-label="{title}"><rect x="{_two_places(seg.x)}" '
         f'y="{_two_places(seg.y)}" width="{_two_places(seg.width)}" height="{_two_places(seg.height)}" '
         f'fill="url(#{html.escape(series.pattern_id)})"/><title>{title}</title></a>'
     )

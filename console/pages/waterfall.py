@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from django.urls import reverse
 
@@ -29,6 +29,9 @@ from ledger.replay.plan import first_sequence
 from ledger.replay.runlog import FoldedRun, SnapshotRun
 
 from ..format import duration
+
+# What a URL's #fragment keeps as it is (RFC 3986 pchar, / and ?); the rest of a call id, percent-encoded.
+FRAGMENT_SAFE = "!$&'()*+,;=:@/?~"
 
 _LAST_SEGMENT = re.compile(r"(\[[^\]]*\]|\.[^.\[]*)\Z")
 MAX_ROWS = 1000  # bars drawn of a page, in display order; a longer page says how many it left out
@@ -180,7 +183,9 @@ def _tool_bar(folded: Reader, urls: dict[str, str], tool: ToolCallState, subruns
         tool.status,
         start,
         end,
-        f"{urls['conversation']}#call-{tool.call_id}",
+        # Percent-encoded: a call id is what a harness wrote (a browser decodes a fragment to find
+        # the tool call's id, console_format.kept_value on the Conversation tab).
+        f"{urls['conversation']}#call-{quote(tool.call_id, safe=FRAGMENT_SAFE)}",
         first,
         detail=tool.caller or "",
     )

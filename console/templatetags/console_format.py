@@ -74,6 +74,28 @@ def shown_data(value: Any) -> SafeString | str:
     return _written_out(value, keep="\t\n\r", in_place=True)
 
 
+@register.filter
+def shown_attr(value: Any) -> str:
+    """A name or a line of text where a page can hold no markup but shows the text: an attribute
+    a browser shows (`title=`, `aria-label=`, `placeholder=`, `hx-confirm=`), an `<option>`'s
+    label, the page's `<title>`. Each hidden character is written out in brackets (`[U+202E]`)
+    as plain text, which the template's own escaping then escapes as any text."""
+    return fmt.written_plain(value)
+
+
+@register.filter
+def kept_value(value: Any) -> SafeString | str:
+    """A value the page hands back or a script reads, exactly as stored: a form field's `value=`,
+    an `id` a link's `#fragment` names, a `data-` attribute. Escaped, and each hidden character
+    written as its character reference (`&#x202E;`), so the page's text holds none of them bare
+    (an editor, a view-source or a copy of the HTML shows the reference) while the value the
+    browser reads, and posts back, is the stored one."""
+    text = "" if value is None else str(value)
+    if not limits.hidden_characters(text):
+        return text
+    return mark_safe(fmt.character_references(str(conditional_escape(text))))  # escaped, then ASCII references
+
+
 def _written_out(value: Any, *, keep: str, in_place: bool = False) -> SafeString | str:
     text = "" if value is None else str(value)
     hidden = limits.hidden_characters(text)
