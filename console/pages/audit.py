@@ -27,7 +27,7 @@ from ledger import audit
 from ledger.models import AuditEntry, Role, Tenant
 from ledger.reads import selectors
 
-from .filters import DateRangePageForm, page_cursor
+from .filters import NOT_THESE_FILTERS, DateRangePageForm, page_cursor, page_query
 
 PAGE_SIZE = 50
 API_AUDIT = "/api/v1/audit"  # docs/api.md "Audit": the public path, not a route name of ours
@@ -36,6 +36,7 @@ CURSOR_KIND = "page:audit"
 
 
 class AuditFilterForm(DateRangePageForm):
+    broken = NOT_THESE_FILTERS
     actor = forms.CharField(
         required=False, max_length=160, widget=forms.TextInput(attrs={"placeholder": "bob, key:0a1b…, system:expiry"})
     )
@@ -59,8 +60,8 @@ class AuditFilterForm(DateRangePageForm):
         }
 
 
-def _cursor(entry: AuditEntry, tenant: Tenant) -> str:
-    return page_cursor(entry.at, entry.pk, kind=CURSOR_KIND, scope=tenant)
+def _cursor(entry: AuditEntry, tenant: Tenant, query: str) -> str:
+    return page_cursor(entry.at, entry.pk, kind=CURSOR_KIND, scope=tenant, query=query)
 
 
 def _value(value: Any) -> str:
@@ -128,7 +129,8 @@ def _query(request: HttpRequest, **changes: str) -> str:
 @require_safe
 def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
     found = _admin_tenant(request, tenant)
-    form = AuditFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=found)
+    query = page_query(request.GET, FILTERS)
+    form = AuditFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=found, cursor_query=query)
     workspaces = selectors.workspaces_for(request.user)
     context: dict[str, Any] = {
         "tenant": found,
@@ -136,6 +138,7 @@ def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
         "workspaces": workspaces,
         "workspace": workspaces.filter(tenant=found).first(),
         "page_url": reverse("tenant-audit", args=[tenant]),
+        "first_query": _query(request),
     }
     if not form.is_valid():
         return render(request, "console/audit.html", context, status=400)
@@ -148,7 +151,7 @@ def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
     context.update(
         {
             "entries": [{"entry": e, "details": _details(e.details), "target_url": _target_url(e)} for e in rows],
-            "next_query": _query(request, cursor=_cursor(rows[-1], found)) if more else None,
+            "next_query": _query(request, cursor=_cursor(rows[-1], found, query)) if more else None,
             "first_query": _query(request) if form.cleaned_data["cursor"] else None,
             "csv_url": f"{API_AUDIT}?{csv_query}",
         }

@@ -23,7 +23,7 @@ from ledger.reads import attention, runlist, selectors
 
 from .. import cursors
 from ..rows import RunRow, nested_rows, run_rows
-from .filters import BROKEN, DateRangePageForm
+from .filters import NOT_THESE_FILTERS, DateRangePageForm, page_query
 from .guard import member_access
 
 PAGE_SIZE = 50
@@ -116,7 +116,7 @@ class RunFilterForm(DateRangePageForm):
             try:
                 data["position"] = runlist.load_position(sort, self.opened_cursor(raw))
             except (ValueError, TypeError, OverflowError, ArithmeticError):
-                self.add_error("cursor", BROKEN)
+                self.add_error("cursor", NOT_THESE_FILTERS)
         return data
 
     @property
@@ -150,9 +150,10 @@ class RunFilterForm(DateRangePageForm):
         }
 
 
-def _cursor(sort: runlist.Sort, run: Run, ws: Workspace) -> str:
-    """The `?cursor=` after this row; runlist checks every part of what one holds when it comes back."""
-    return cursors.seal(runlist.dump_position(sort, run), kind=CURSOR_KIND, scope=ws)
+def _cursor(sort: runlist.Sort, run: Run, ws: Workspace, query: str) -> str:
+    """The `?cursor=` after this row, sealed with the list's filters and order (`query`, page_query):
+    runlist checks every part of what one holds when it comes back."""
+    return cursors.seal(runlist.dump_position(sort, run), kind=CURSOR_KIND, scope=ws, query=query)
 
 
 def _query(request: HttpRequest, **changes: str) -> str:
@@ -253,8 +254,15 @@ def _list(
     request: HttpRequest, ws: Workspace, *, batch: dict[str, Any] | None = None, status: int = 200
 ) -> HttpResponse:
     htmx = bool(getattr(request, "htmx", False))
-    form = RunFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws)
-    context: dict[str, Any] = {"workspace": ws, "form": form, "section": "runs", "batch": batch or {}}
+    query = page_query(request.GET, FILTERS + VIEW)
+    form = RunFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws, cursor_query=query)
+    context: dict[str, Any] = {
+        "workspace": ws,
+        "form": form,
+        "section": "runs",
+        "batch": batch or {},
+        "first_url": _query(request, cursor=""),
+    }
     valid = form.is_valid()
     sort = form.view_sort
     context.update({"sort": sort, "sort_columns": _sort_columns(request, sort), "sort_label": SORT_LABELS[sort.key]})
@@ -271,9 +279,8 @@ def _list(
     context.update(
         {
             "rows": rows,
-            "next_url": _query(request, cursor=_cursor(sort, page[-1], ws)) if more and page else None,
+            "next_url": _query(request, cursor=_cursor(sort, page[-1], ws, query)) if more and page else None,
             "first_page": position is None,
-            "first_url": _query(request, cursor=""),
             # The first page follows the log (static/js/live.js fetches it again, with the same
             # filters and sort); an older page stays as it is.
             "live": position is None and batch is None,
