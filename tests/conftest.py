@@ -24,6 +24,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
+from hypothesis import settings as hypothesis_settings
 
 from ledger import log
 from ledger.canonical import event_id
@@ -33,6 +34,14 @@ from ledger.tenancy.services import bootstrap, create_user
 from tests.servers import Daphne, start_daphne
 
 PASSWORD = "pw-runledger-test"
+
+# Hypothesis fails a test when one example takes over its deadline (200 ms by default) and the same
+# example's replay does not ("Unreliable test timings"): on a loaded machine, a process descheduled
+# for a fifth of a second fails a property that holds. What a property test proves is its
+# assertions, never its speed: no deadline for any of them, unless a test sets one. Loaded here,
+# before any test module is imported, so a test's own @settings(...) inherits it.
+hypothesis_settings.register_profile("runledger", deadline=None)
+hypothesis_settings.load_profile("runledger")
 
 
 TESTS = Path(__file__).resolve().parent
