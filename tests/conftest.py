@@ -263,6 +263,16 @@ def browser(client: Client, member: User) -> Client:
     return client
 
 
+# A page's CSRF token, wherever base.html and {% csrf_token %} write it: 64 random letters and digits.
+_CSRF_TOKEN = re.compile(r'(name="csrfmiddlewaretoken" value="|"X-CSRFToken": ")[A-Za-z0-9]{64}"')
+
+
+def without_csrf_tokens(html: str) -> str:
+    """`html` with its CSRF tokens' values left out, for a check that a short word is absent from
+    a whole page: a token holds any four given letters by chance (in about one page of 250,000)."""
+    return _CSRF_TOKEN.sub(r'\1"', html)
+
+
 # The base URL of in_process() clients (Django's test host name, allowed in every mode).
 IN_PROCESS = "http://testserver"
 
