@@ -30,7 +30,8 @@ def test_stale_token_is_fenced_after_a_take_over_and_the_log_stays_dense(workspa
     append("run_a", ev("StepScheduled", stepPath="new"), fencing_token=fresh.fencing_token)
     with pytest.raises(errors.Fenced):
         append("run_a", ev("StepScheduled", stepPath="zombie"), fencing_token=zombie.fencing_token)
-    assert list(Event.objects.filter(run__run_id="run_a").values_list("sequence", flat=True)) == [1, 2]
+    stored = Event.objects.filter(run__run_id="run_a").order_by("sequence")  # no ORDER BY: any order on PostgreSQL
+    assert list(stored.values_list("sequence", flat=True)) == [1, 2]
 
 
 def test_stale_token_is_fenced_even_after_the_lease_expired(workspace, append) -> None:
