@@ -284,16 +284,18 @@ def test_keepalive_comments_while_nothing_happens(
     server: Daphne, http: httpx.Client, workspace: Workspace, read_key: dict[str, str]
 ) -> None:
     append(workspace=workspace, run_id="run_quiet", events=[started()])
+    # Before the request: the server's keepalive clock starts when it writes `: connected`, after
+    # the request reached it (a `began` taken once the headers are read came 0.02 to 0.05 s after
+    # that, and later by as long as a loaded machine left this process waiting).
+    began = time.monotonic()
     with http.stream("GET", _url(server, "run_quiet"), headers=read_key) as response:
-        began = time.monotonic()
         keepalives = 0
         for message in messages(response):
             if message.comment == "keepalive":
                 keepalives += 1
                 if keepalives == 2:
                     break
-    # The server's keepalive clock starts when it writes `: connected`, a moment before `began`.
-    assert KEEPALIVE_S * 2 - 0.25 <= time.monotonic() - began < KEEPALIVE_S * 2 + 5
+    assert KEEPALIVE_S * 2 <= time.monotonic() - began < KEEPALIVE_S * 2 + 5
 
 
 def test_stream_joins_the_group_before_reading_and_leaves_it_when_closed(workspace: Workspace) -> None:
