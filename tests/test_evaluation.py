@@ -346,6 +346,17 @@ def test_an_evaluation_outside_every_policy_waits_for_an_approver(workspace, dat
     assert _actions(revoked.public_id) == ["evaluation_policy.approved", "evaluation_policy.revoked"]
 
 
+def test_of_two_policies_approved_in_one_instant_the_later_covers(workspace, dataset, people, providers) -> None:
+    """The newest active policy covers an evaluation, and its ceilings are the ones kept: of two
+    approved in one instant (this module's clock stands still; elsewhere, two approvals within a
+    microsecond), the one approved last, not whichever the database returns first."""
+    first = _policy(workspace, people["bob"], ceiling_per_evaluation_usd="1")
+    later = _policy(workspace, people["bob"], ceiling_per_evaluation_usd="2")
+    assert first.created_at == later.created_at
+    made = _start(workspace, people["carol"], model_change("counting"))
+    assert made.status == Status.RUNNING and made.policy == later
+
+
 def test_a_denied_evaluation_ends_denied(workspace, dataset, people, providers) -> None:
     made = _start(workspace, people["carol"], model_change("counting"))
     first = ReexecutionRequest.objects.filter(batch_id=made.batch_id).order_by("pk").first()

@@ -176,7 +176,11 @@ def covering(
 ) -> EvaluationPolicy | None:
     """The newest active policy that covers this evaluation, or None (it waits for an approver)."""
     now = clock.now()
-    for policy in EvaluationPolicy.objects.filter(workspace=workspace, dataset_id=dataset_id).order_by("-created_at"):
+    # Newest first, and of two approved in one instant the later (by pk): never the database's pick.
+    newest_first = EvaluationPolicy.objects.filter(workspace=workspace, dataset_id=dataset_id).order_by(
+        "-created_at", "-pk"
+    )
+    for policy in newest_first:
         if is_active(policy, now) and change_kind in policy.change_kinds and set(scorer_names) <= set(policy.scorers):
             return policy
     return None
