@@ -140,6 +140,10 @@ def test_a_model_slot_retries_failed_calls_with_backoff_recorded_on_each_failure
 
 # --- timeouts -------------------------------------------------------------------------------------
 
+# The retried call must answer within the same timeout, on a thread of its own: a second, not 0.2 s,
+# which a loaded 2-core machine can spend before that thread is even scheduled.
+TIMEOUT_S = 1.0
+
 
 def _waiting_tool(name: str, effect: str, released: threading.Event, calls: list[Any]) -> Tool:
     def wait(args: Any) -> dict[str, Any]:
@@ -148,7 +152,7 @@ def _waiting_tool(name: str, effect: str, released: threading.Event, calls: list
             released.wait(120)  # the first call outlives any timeout: nothing sets this before the end
         return {"ok": len(calls)}
 
-    return Tool(name, wait, effect=effect, timeout_s=0.2)
+    return Tool(name, wait, effect=effect, timeout_s=TIMEOUT_S)
 
 
 def test_a_read_tool_that_outlives_its_timeout_fails_and_the_step_retries_it(
@@ -167,7 +171,7 @@ def test_a_read_tool_that_outlives_its_timeout_fails_and_the_step_retries_it(
     events = _events(workspace, outcome.run_id)
     failed = next(e["payload"] for e in events if e["type"] == "harness.tool_call.failed")
     assert failed["callId"] == "look:call" and failed["error"]["name"] == "ToolTimeout"
-    assert "timeout of 0.2 s" in failed["error"]["message"]
+    assert f"timeout of {TIMEOUT_S:g} s" in failed["error"]["message"]
     step_failed = next(e["payload"] for e in events if e["type"] == "StepFailed")
     assert step_failed["error"]["retriable"] is True and step_failed["attempt"] == 1
     assert len(calls) == 2
@@ -226,7 +230,7 @@ def test_a_model_call_that_outlives_its_slot_timeout_fails_and_is_made_again(
         name="model_timeout",
         steps=(AIGenerate("ask", "hello"),),
         models={"default": ScriptedProvider(script=script)},
-        model_policies={"default": ModelPolicy(timeout_s=0.2, retries=1)},
+        model_policies={"default": ModelPolicy(timeout_s=TIMEOUT_S, retries=1)},
     )
     outcome = start_run(workspace=workspace, workflow=wf, input={})
 
