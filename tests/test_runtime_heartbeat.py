@@ -2,7 +2,7 @@
 thread of the executor renews the lease, so a second executor cannot take the run over from a
 live one; once the lease is lost anyway (taken over), the executor writes nothing more (`fenced`).
 
-The lease is two seconds here (RUNLEDGER_RUN_LEASE_SECONDS) and the steps really are silent for
+The lease is four seconds here (RUNLEDGER_RUN_LEASE_SECONDS) and the steps really are silent for
 three half-lives of it: a renewal only by writes would have let it lapse."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.runtime_support import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-LEASE_S = 2.0
+LEASE_S = 4.0
 HALF = LEASE_S / 2
 
 
