@@ -17,6 +17,7 @@ in `runtime_batch`; the conditions of its attached changes are the rule book's
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import secrets
@@ -723,40 +724,63 @@ def _held_completion(
 # value once per use, so that no parameter's type is deduced from two contexts.
 
 
-def _attached_claim(row: Mapping[str, Any]) -> Attached:
+def _attached_claim(row: Mapping[str, Any], db: Any = None) -> Attached:
     """Insert the first claim `row` (`_new_claim`) if neither its call id nor its idempotency key
     has a row in the run. A row that appears after the condition's snapshot fails the INSERT on
     the unique constraints, and with it the whole statement."""
-    columns, values = _columns(row)
-    params = {f"claim_{i}": v for i, v in enumerate(values)}
+    columns, values = _columns(row, db)
+    names, sql = _claim_shape(columns)
+    params = dict(zip(names, values))
     params.update(claim_call=row["call_id"], claim_key=row["idempotency_key"])
-    return Attached(
-        name="claim",
-        condition=rules.CLAIM_IS_NEW,
-        params=params,
-        sql=(
-            f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
-            f"SELECT head.id, {', '.join(f'%(claim_{i})s' for i in range(len(columns)))} FROM head RETURNING 1"
-        ),
+    return Attached(name="claim", condition=rules.CLAIM_IS_NEW, params=params, sql=sql)
+
+
+@functools.lru_cache(maxsize=16)
+def _claim_shape(columns: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """The parameter names and the statement of `_attached_claim` for a row of `columns`: the
+    same text for every claim of that shape, built once (with its parameters' names) instead of
+    per call."""
+    names = tuple(f"claim_{i}" for i in range(len(columns)))
+    return names, (
+        f"INSERT INTO {_CLAIMS} (run_id, {', '.join(columns)}) "
+        f"SELECT head.id, {', '.join(f'%({name})s' for name in names)} FROM head RETURNING 1"
     )
 
 
-def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any]) -> Attached:
+def _attached_completion(now: datetime, held: Claimed, changes: Mapping[str, Any], db: Any = None) -> Attached:
     """Set `changes` (`_held_completion`) on the row of the call `held`, if its claimer still holds
-    it under a live lease."""
-    columns, values = _columns(changes)
-    where, keys = _columns(rules.held_row(held.call_id, held.lease_token, held.outbound_at))
-    _, (live_after,) = _columns({"lease_expires_at": now})
-    params = {f"done_{i}": v for i, v in enumerate(values)}
-    params.update({f"done_where_{i}": v for i, v in enumerate(keys)})
-    params.update({f"done_cond_{i}": v for i, v in enumerate(keys)})
+    it under a live lease. `db`: the default connection, if the caller has it at hand."""
+    columns, values = _columns(changes, db)
+    where, keys = _columns(rules.held_row(held.call_id, held.lease_token, held.outbound_at), db)
+    _, (live_after,) = _columns({"lease_expires_at": now}, db)
+    shape = _completion_shape(columns, where)
+    params = dict(zip(shape.sets, values))
+    params.update(zip(shape.where, keys))
+    params.update(zip(shape.cond, keys))
     params.update(done_live_after=live_after, done_cond_live_after=live_after)
+    return Attached(name="done", params=params, condition=shape.condition, sql=shape.sql)
+
+
+@dataclass(frozen=True)
+class _CompletionShape:
+    sets: tuple[str, ...]  # the parameters' names: the columns set
+    where: tuple[str, ...]  # the held row's values, in the UPDATE's WHERE
+    cond: tuple[str, ...]  # the same values, in the head's condition (each value once per use)
+    condition: str
+    sql: str
+
+
+@functools.lru_cache(maxsize=16)
+def _completion_shape(columns: tuple[str, ...], where: tuple[str, ...]) -> _CompletionShape:
+    """`_attached_completion`'s condition and statement for `columns` set on a row held as
+    `where` says, built once per shape (with its parameters' names) instead of per call."""
     held_then = rules.held_condition(where, alias="c", values="done_cond", live_after="done_cond_live_after")
     held_now = rules.held_condition(where, alias="c", values="done_where", live_after="done_live_after")
     sets = ", ".join(f"{c} = %(done_{i})s" for i, c in enumerate(columns))
-    return Attached(
-        name="done",
-        params=params,
+    return _CompletionShape(
+        sets=tuple(f"done_{i}" for i in range(len(columns))),
+        where=tuple(f"done_where_{i}" for i in range(len(where))),
+        cond=tuple(f"done_cond_{i}" for i in range(len(where))),
         condition=f"EXISTS (SELECT 1 FROM {_CLAIMS} c WHERE c.run_id = %(run_pk)s AND {held_then})",
         sql=f"UPDATE {_CLAIMS} c SET {sets} FROM head WHERE c.run_id = head.id AND {held_now} RETURNING 1",
     )
@@ -766,41 +790,41 @@ _CLAIMS, _RUNS = ToolGatewayClaim._meta.db_table, Run._meta.db_table
 _CLAIM_FIELDS = {f.name: f for f in ToolGatewayClaim._meta.concrete_fields}
 
 
-def _columns(values: Mapping[str, Any]) -> tuple[tuple[str, ...], list[Any]]:
+def _columns(values: Mapping[str, Any], db: Any = None) -> tuple[tuple[str, ...], list[Any]]:
     """The columns of ToolGatewayClaim's fields `values` names, and the values as this backend
-    stores them (JSON, datetimes)."""
+    stores them (JSON, datetimes). `db`: the default connection, if the caller has it at hand."""
     # The connection itself, looked up once: every attribute of the `connection` proxy is a
     # context-local lookup, and the fields' conversions ask it for `ops` once per value (a claim's
     # row went from ~190 µs to ~60 µs; four of these per model call with its tool call).
-    db = connections[DEFAULT_DB_ALIAS]
+    if db is None:
+        db = connections[DEFAULT_DB_ALIAS]
     key = (db.vendor, tuple(values))
     columns = _QUOTED.get(key)
     if columns is None:
         columns = _QUOTED[key] = tuple(db.ops.quote_name(str(_CLAIM_FIELDS[name].column)) for name in values)
     # What Django's conversion would hand back unchanged goes as it is (most of a row: its text
-    # columns, NULLs, and on PostgreSQL aware datetimes); the rest (JSON, integers) through it.
-    passes = _PASSTHROUGH_PG if db.vendor == "postgresql" else _PASSTHROUGH
+    # columns, a status among them, NULLs, and on PostgreSQL aware datetimes); the rest (JSON,
+    # integers) through it.
+    times = _TIMES_PASS if db.vendor == "postgresql" else frozenset()
     return columns, [
         v
-        if v is None or type(v) in passes.get(name, ()) and (type(v) is str or v.tzinfo is not None)
+        if v is None
+        or (name in _TEXTS and isinstance(v, str))
+        or (name in times and type(v) is datetime and v.tzinfo is not None)
         else _CLAIM_FIELDS[name].get_db_prep_save(v, db)
         for name, v in values.items()
     ]
 
 
 _QUOTED: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
-# Per field, the value types whose get_db_prep_save is the value itself. None is also NULL as it
-# is for every field (JSONField's None too: SQL NULL). CharField/TextField.to_python keeps a str;
-# a DateTimeField keeps an aware datetime and PostgreSQL's adapt_datetimefield_value returns it.
-_PASSTHROUGH: dict[str, tuple[type, ...]] = {
-    f.name: (str,)
-    for f in ToolGatewayClaim._meta.concrete_fields
-    if isinstance(f, (models.CharField, models.TextField))
-}
-_PASSTHROUGH_PG: dict[str, tuple[type, ...]] = {
-    **_PASSTHROUGH,
-    **{f.name: (datetime,) for f in ToolGatewayClaim._meta.concrete_fields if isinstance(f, models.DateTimeField)},
-}
+# The fields whose get_db_prep_save is the value itself for these values. None is also NULL as it
+# is for every field (JSONField's None too: SQL NULL). CharField/TextField.to_python keeps any str,
+# a str-valued choice (Status) too; a DateTimeField keeps an aware datetime and PostgreSQL's
+# adapt_datetimefield_value returns it.
+_TEXTS = frozenset(
+    f.name for f in ToolGatewayClaim._meta.concrete_fields if isinstance(f, (models.CharField, models.TextField))
+)
+_TIMES_PASS = frozenset(f.name for f in ToolGatewayClaim._meta.concrete_fields if isinstance(f, models.DateTimeField))
 
 
 @dataclass(frozen=True)
@@ -892,6 +916,7 @@ def _in_one_statement(
     conditions at once. None, with nothing written, when it is not the common case or the
     database did not confirm it; the locked way then sorts it out on what the rows hold."""
     now = clock.now()
+    db = connections[DEFAULT_DB_ALIAS]
     batch: list[Mapping[str, Any]] = []
     attached: list[Attached] = []
     completed: Finished | None = None
@@ -905,14 +930,14 @@ def _in_one_statement(
         if columns is None:
             return None  # its artifact is written in the locked way's transaction
         changes, completed = _held_completion(now, held, outcome, value, columns)
-        attached.append(_attached_completion(now, held, changes))
+        attached.append(_attached_completion(now, held, changes, db))
         batch.append(_finished_event(completed, outcome, value, step_path))
     batch.extend(events)
     if claim is not None:
         args, args_digest = _prepare_args(workspace, claim["tool_name"], claim["args"])
         identity = {k: claim[k] for k in ("call_id", "tool_name", "effect", "owner", "idempotency_key", "timeout_s")}
         row, claimed = _new_claim(now, {**identity, "args": args, "args_digest": args_digest}, outbound=True)
-        attached.append(_attached_claim(row))
+        attached.append(_attached_claim(row, db))
         batch.append(
             _started(
                 claimed.call_id,
