@@ -216,8 +216,10 @@ class _StateCache:
 
     def put(self, workspace_pk: int, run_id: str, entry: Cached) -> None:
         key = (workspace_pk, run_id)
-        entry = entry._replace(state=compact(entry.state))
-        records = weight(entry.state)
+        state = compact(entry.state)
+        if state is not entry.state:  # (NamedTuple._replace cost more than the rest of a put)
+            entry = Cached(entry.run_pk, entry.version, state)
+        records = weight(state)
         limit = self.budget // RECORD_BYTES
         with self._lock:
             self.held -= self._weights.pop(key, 0)
