@@ -223,6 +223,46 @@ def test_the_poster_writes_on_the_unanswered_connection_what_group_send_writes(p
     assert _nothing_to_read(direct.sock)
 
 
+class _CountedSends:
+    """A socket that counts the writes made on it (the poster's system calls)."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock, self.sends = sock, 0
+
+    def send(self, data: bytes) -> int:
+        self.sends += 1
+        return int(self.sock.send(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+@pytest.mark.redis_only
+def test_a_batch_announced_to_its_run_and_its_workspace_goes_out_in_one_write(private_redis: PrivateRedis) -> None:
+    layer = _pubsub_layer(private_redis.url)
+    publisher = announce._publisher_for(layer)
+    for _ in range(200):  # the publisher thread opens it
+        if publisher.direct is not None:
+            break
+        time.sleep(0.05)
+    direct = publisher.direct
+    assert direct is not None
+    counted = direct.sock = _CountedSends(direct.sock)
+    changed = {"type": "ledger.run_changed", "runId": "run_a"}
+
+    async def heard() -> list[dict[str, Any]]:
+        channel = await layer.new_channel()
+        for group in (group_for(1), workspace_group_for(1)):
+            await layer.group_add(group, channel)
+            await _subscribed(private_redis, layer.group_channel(group))
+        publisher.post_all(((group_for(1), _appended("run_a", 1)), (workspace_group_for(1), changed)))
+        return [await asyncio.wait_for(layer.receive(channel), 10) for _ in range(2)]
+
+    assert async_to_sync(heard)() == [_appended("run_a", 1), changed]
+    assert counted.sends == 1
+    assert publisher.direct is direct and not publisher.busy and not publisher.waiting
+
+
 async def _subscribed(server: PrivateRedis, channel: str) -> None:
     """Until Redis has the subscription: the layer's SUBSCRIBE is not waited for, and a PUBLISH
     written at once on another connection may reach Redis first."""

@@ -281,15 +281,25 @@ class _Publisher(_Waiting):
         threading.Thread(target=self._run, name="ledger-publish", daemon=True).start()
 
     def post(self, group: str, message: Message) -> None:
+        self.post_all(((group, message),))
+
+    def post_all(self, messages: Sequence[tuple[str, Message]]) -> None:
+        """Post `messages` (group, message) in order: on `direct` as one write (a batch that moves
+        the runs list announces to its run and its workspace with one system call, not two)."""
         if self.direct is not None:
-            command = self.layer.publish_command(group, message)
+            command = b"".join(self.layer.publish_command(group, message) for group, message in messages)
             with self.lock:  # one writer at a time on `direct`; and nothing older still waiting
                 direct = self.direct
                 if direct is not None and not self.busy:
                     if direct.send(command):
                         return
+                    # Cut short: the commands the kernel took whole may have run and go again
+                    # from the thread (a second announcement of a sequence only wakes a reader).
                     self.direct = None
-        if self.file(self.layer, group, message):
+        wake = False
+        for group, message in messages:
+            wake = self.file(self.layer, group, message) or wake
+        if wake:
             self.wake.put(None)
 
     def _run(self) -> None:
@@ -338,7 +348,13 @@ def _sender_on(loop: asyncio.AbstractEventLoop) -> _Sender:
 
 
 def _send(group: str, message: Message) -> None:
-    """Hand `message` to the sender of the loop its readers are on; never waits for the layer.
+    """`_send_all` of one message."""
+    _send_all(((group, message),))
+
+
+def _send_all(messages: Sequence[tuple[str, Message]]) -> None:
+    """Hand each (group, message) to the sender of the loop its readers are on, in order; never
+    waits for the layer.
 
     The Redis pub/sub layer is published to from its publisher thread; any other network layer is
     reached from the background loop. The in-memory layer's queues belong to
@@ -348,19 +364,24 @@ def _send(group: str, message: Message) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    try:
-        if isinstance(layer, RedisPubSubLayer) and layer.publishes_directly:
-            _publisher_for(layer).post(group, message)
-        elif not isinstance(layer, InMemoryChannelLayer):
-            _sender_on(_background_loop()).post(layer, group, message)
-        elif (outer := getattr(SyncToAsync.threadlocal, "main_event_loop", None)) is not None:
-            _sender_on(outer).post(layer, group, message)
-        elif layer.groups.get(group):
-            # A group nobody joined gets nothing: no event loop is started to send it nothing
-            # (async_to_sync runs one on a new thread: ~40 % of a runtime model call without Redis).
-            async_to_sync(layer.group_send)(group, message)
-    except Exception:  # an announcement lost is caught up by readers; the append has committed
-        log.warning("announcement %s to %s was lost", message, group, exc_info=True)
+    if isinstance(layer, RedisPubSubLayer) and layer.publishes_directly:
+        try:
+            _publisher_for(layer).post_all(messages)
+        except Exception:  # an announcement lost is caught up by readers; the append has committed
+            log.warning("announcements %s were lost", messages, exc_info=True)
+        return
+    for group, message in messages:
+        try:
+            if not isinstance(layer, InMemoryChannelLayer):
+                _sender_on(_background_loop()).post(layer, group, message)
+            elif (outer := getattr(SyncToAsync.threadlocal, "main_event_loop", None)) is not None:
+                _sender_on(outer).post(layer, group, message)
+            elif layer.groups.get(group):
+                # A group nobody joined gets nothing: no event loop is started to send it nothing
+                # (async_to_sync runs one on a new thread: ~40 % of a runtime model call without Redis).
+                async_to_sync(layer.group_send)(group, message)
+        except Exception:  # an announcement lost is caught up by readers; the append has committed
+            log.warning("announcement %s to %s was lost", message, group, exc_info=True)
 
 
 def announced_events(written: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> list[list[Any]] | None:
@@ -398,9 +419,10 @@ def announcement(
     workspace_group = workspace_group_for(run.workspace_id)
 
     def send() -> None:
-        _send(group, appended)
         if listed:
-            _send(workspace_group, {"type": "ledger.run_changed", "runId": run_id})
+            _send_all(((group, appended), (workspace_group, {"type": "ledger.run_changed", "runId": run_id})))
+        else:
+            _send(group, appended)
 
     return send
 
