@@ -442,22 +442,70 @@ class LangGraph:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-def measure(makers: dict[str, Callable[[int], Callable[[], Any]]], calls: int, repeat: int) -> dict[str, list[float]]:
+class CpuMeter:
+    """CPU time around a run: this process's (every thread: a peer's background writer too) and
+    the server's, summed over the backends connected to the configuration's database (read from
+    /proc, so only for a server on this machine; None otherwise). CPU is what a loaded machine
+    inflates least: a run's wall time waits for cores the other processes hold, its CPU does not."""
+
+    def __init__(self, admin_url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(admin_url, autocommit=True)
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def server(self, database: str) -> float | None:
+        pids = self.conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,)).fetchall()
+        total = 0
+        for (pid,) in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue  # a backend that ended since: its CPU is not counted
+            except OSError:
+                return None
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / self.tick
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# A run's CPU: (this process's seconds, the server's seconds or None).
+Cpu = tuple[float, float | None]
+
+
+def measure(
+    makers: dict[str, Callable[[int], Callable[[], Any]]],
+    calls: int,
+    repeat: int,
+    meter: CpuMeter | None = None,
+    databases: dict[str, str] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, list[Cpu]]]:
     """Median-ready seconds per configuration: a short warm-up loop each (imports, connections,
     plan caches), then `repeat` rounds that run every configuration once, interleaved, so that a
-    change in the machine's load hits all of them alike."""
+    change in the machine's load hits all of them alike. With a `meter`, each run's CPU too
+    (`databases`: each configuration's database, by its label's first part)."""
     warm = min(calls, 10)
     for label, make in makers.items():
         assert make(warm)() == expected_answer(warm), label
     runners = {label: make(calls) for label, make in makers.items()}
     seconds: dict[str, list[float]] = {label: [] for label in runners}
+    cpu: dict[str, list[Cpu]] = {label: [] for label in runners}
     for _ in range(repeat):
         for label, run in runners.items():
+            database = (databases or {}).get(label.split(",")[0])
+            server = meter.server(database) if meter and database else None
+            process = time.process_time()
             start = time.perf_counter()
             output = run()
             seconds[label].append(time.perf_counter() - start)
+            process = time.process_time() - process
+            after = meter.server(database) if meter and database and server is not None else None
+            cpu[label].append((process, None if after is None or server is None else after - server))
             assert output == expected_answer(calls), (label, output)
-    return seconds
+    return seconds, cpu
 
 
 def expected_answer(calls: int) -> str:
@@ -516,6 +564,44 @@ def print_table(seconds: dict[str, list[float]], calls: int) -> None:
                     target=f"≥ {target:g}×",
                     met=ratio >= target,
                 )
+
+
+def print_cpu(cpu: dict[str, list[Cpu]], calls: int) -> None:
+    """The CPU a model call took, median of the runs: this process's and the server's, and ours
+    against each peer's sum."""
+    model_calls = calls + 1
+
+    def ms(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return 1000 * statistics.median(known) / model_calls if known and len(known) == len(values) else None
+
+    rows = {label: (ms([c[0] for c in runs]), ms([c[1] for c in runs])) for label, runs in cpu.items() if runs}
+    if not rows:
+        return
+    print("\nCPU per model call, ms (median of the runs; the server's from /proc: its backends on the database)")
+    print(f"{'system':<20} {'this process':>12} {'server':>8} {'both':>8}  {'ours is':>8}")
+    both = {label: p + s if p is not None and s is not None else None for label, (p, s) in rows.items()}
+    ours = both.get("ours")
+    for label, (process, server) in rows.items():
+        total = both[label]
+        ratio = f"{total / ours:7.2f}x" if ours and total and label != "ours" else ""
+        print(
+            f"{label:<20} {process or 0:12.3f} "
+            + (f"{server:8.3f} {total:8.3f}" if server is not None and total is not None else f"{'-':>8} {'-':>8}")
+            + f"  {ratio:>8}"
+        )
+    for peer in ("LangGraph", "DBOS"):
+        theirs = both.get(peer)
+        if ours and theirs:
+            record(
+                f"runtime: CPU per model call (this process + its server backends), {peer} / ours",
+                value=ours,
+                unit="ms",
+                baseline=theirs,
+                ratio=theirs / ours,
+                target="(for the floor analysis)",
+                met=None,
+            )
 
 
 def profile_ours(run: Callable[[], Any], calls: int, top: int = 30) -> None:
@@ -697,23 +783,24 @@ def main(argv: list[str]) -> int:
         if graph:
             for label in ("LangGraph", "LangGraph, async", "LangGraph, tool node"):
                 makers[label] = lambda n, label=label: graph.runner(label, n)
-        seconds = measure(makers, args.calls, args.repeat)
+        databases = {
+            "ours": ours_url.rpartition("/")[2],
+            Floor.label: ours_url.rpartition("/")[2],
+            "DBOS": dbos_url.rpartition("/")[2],
+            "LangGraph": lg_url.rpartition("/")[2],
+        }
+        meter = CpuMeter(ours_url.rpartition("/")[0] + "/postgres")
+        try:
+            seconds, cpu = measure(makers, args.calls, args.repeat, meter, databases)
+        finally:
+            meter.close()
         for system in (ours, dbos, graph):
             if system is not None:
                 print(f"  recorded: {type(system).__name__}: {system.check(args.calls)}")
         print_table(seconds, args.calls)
+        print_cpu(cpu, args.calls)
         if args.census:
-            census(
-                makers,
-                {
-                    "ours": ours_url.rpartition("/")[2],
-                    Floor.label: ours_url.rpartition("/")[2],
-                    "DBOS": dbos_url.rpartition("/")[2],
-                    "LangGraph": lg_url.rpartition("/")[2],
-                },
-                ours_url.rpartition("/")[0] + "/postgres",
-                args.calls,
-            )
+            census(makers, databases, ours_url.rpartition("/")[0] + "/postgres", args.calls)
         if args.round_trips and ours:
             round_trips(ours.runner(args.calls), args.calls)
         if args.profile and ours:
