@@ -62,22 +62,25 @@ def check_expected_sequence(expected: int | None, last_sequence: int, *, writes:
 
 # --- the settings in force ----------------------------------------------------------------------
 
-# A batch is redacted with the workspace's redaction rules and priced with its overrides as the
-# writer's Workspace holds them, which a long-lived process (a runtime executor, a worker) loaded
-# perhaps long before an admin changed them elsewhere. They must be the stored ones: else a
-# secret pattern added mid-run would not be applied by that process, and the batch, and the
-# state it caches, would keep the old prices until a reprice.
+# A batch is redacted with the workspace's redaction rules, priced with its overrides and held
+# to its size limits as the writer's Workspace holds them, which a long-lived process (a runtime
+# executor, a worker) loaded perhaps long before an admin or the operator changed them elsewhere.
+# They must be the stored ones: else a secret pattern added mid-run would not be applied by that
+# process, the batch, and the state it caches, would keep the old prices until a reprice, and a
+# run would grow past a limit lowered since (or be refused under one raised since).
 
-# The Workspace columns a batch is prepared with, in the order `prepared_with` sends them.
-PREPARED_WITH = ("price_overrides", "redact_keys", "redact_value_patterns")
+# The Workspace columns a batch is prepared with and checked against, in the order
+# `prepared_with` sends them: last, the size limits `strategies._allocate` holds a run to (the
+# per-key rate is the API's, read with the key on every request).
+PREPARED_WITH = ("price_overrides", "redact_keys", "redact_value_patterns", "max_events_per_run", "max_bytes_per_run")
 # Of them, those `prepare.batch` reads (the rest price the fold).
 REDACTION = ("redact_keys", "redact_value_patterns")
 
 
 @functools.cache
 def settings_in_force() -> str:
-    """The workspace's stored price overrides and redaction rules equal the ones the batch was
-    prepared with (sent as JSON text, `prepared_with`)."""
+    """The workspace's stored price overrides, redaction rules and size limits equal the ones the
+    batch was prepared with (sent as JSON text, `prepared_with`)."""
     columns = ", ".join(column(Workspace, name) for name in PREPARED_WITH)
     return (
         f"(SELECT jsonb_build_array({columns}) FROM {table(Workspace)}"

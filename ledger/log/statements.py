@@ -84,7 +84,7 @@ class Guard:
     now: datetime
     keys: tuple[str, ...]  # idempotency keys that the log must not hold yet
     # The run's workspace and the settings the batch was prepared with (rules.prepared_with: its
-    # price overrides and redaction rules): still the stored ones (rules.settings_in_force).
+    # price overrides, redaction rules and size limits): still the stored ones (rules.settings_in_force).
     workspace_pk: int
     settings: str
     # Tool calls the batch starts and takes to be new without having read their rows

@@ -3,8 +3,9 @@
 The cache is only ever a guess: the locked strategy confirms it under the run's head lock
 (`state_for_append`), the one-statement strategies in the condition of their head update
 (ledger/log/rules.py HEAD_GUESS), so a state from before another process appended is never used.
-Its price table is a guess too, the writer's Workspace's: the same two places hold it to the
-workspace's stored overrides (rules.take_stored_settings, rules.settings_in_force).
+Its price table is a guess too, the writer's Workspace's, as are the size limits the append holds
+the run to: the same two places hold them to the workspace's stored ones
+(rules.take_stored_settings, rules.settings_in_force).
 """
 
 from __future__ import annotations

@@ -90,17 +90,23 @@ def lock_head(*, workspace: Workspace, run_id: str, columns: tuple[str, ...] | N
     rows = Run.objects.select_for_update()
     if columns is not None:
         rows = rows.only(*columns)
-    # The workspace's price overrides and redaction rules read with the head: the writer's
-    # Workspace may be older than them (rules.take_stored_settings).
-    stored = {
-        f"stored_{name}": Subquery(Workspace.objects.filter(pk=OuterRef("workspace_id")).values(name))
-        for name in rules.PREPARED_WITH
-    }
-    run = rows.annotate(**stored).filter(workspace=workspace, run_id=run_id).first()
+    # The workspace's price overrides, redaction rules and size limits read with the head: the
+    # writer's Workspace may be older than them (rules.take_stored_settings).
+    run = rows.annotate(**_stored_settings()).filter(workspace=workspace, run_id=run_id).first()
     if run is not None:
         rules.take_stored_settings(workspace, [getattr(run, f"stored_{name}") for name in rules.PREPARED_WITH])
         run.workspace = workspace  # the same row; saves a query on every append and artifact read
     return run
+
+
+@functools.cache
+def _stored_settings() -> dict[str, Subquery]:
+    """`lock_head`'s annotations, built once (a query resolves a copy): made on every call, the
+    five subqueries cost the ORM more than the rest of the statement."""
+    return {
+        f"stored_{name}": Subquery(Workspace.objects.filter(pk=OuterRef("workspace_id")).values(name))
+        for name in rules.PREPARED_WITH
+    }
 
 
 def lock_or_create_head(workspace: Workspace, run_id: str) -> Run:
@@ -430,7 +436,9 @@ def _allocate(
     run_id = run.run_id
     event_id = EventIds(run_id)
     recorded_at = format_recorded_at(now)
-    cap = max_events_per_run(run.workspace)  # the workspace row the caller holds: no query
+    # The limits as stored: the caller's row took them with the head (rules.take_stored_settings),
+    # or the one statement holds them to it (rules.settings_in_force).
+    cap = max_events_per_run(run.workspace)
     byte_cap = max_bytes_per_run(run.workspace)
     for index, p in enumerate(batch):
         key = p.idempotency_key
