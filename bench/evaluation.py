@@ -23,6 +23,7 @@ at the end; the workspace stays with its audit entries (the audit log is insert-
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -71,8 +72,12 @@ def main(argv: list[str]) -> int:
 
     slug = f"eval-{time.strftime('%Y%m%d%H%M%S')}"
     workspace = bootstrap(tenant="bench", workspace=slug)
-    operator = create_user(username=f"bench-op-{slug}", tenant="bench", role="operator", password=None).user
-    approver = create_user(username=f"bench-ap-{slug}", tenant="bench", role="approver", password=None).user
+    operator = create_user(
+        username=f"bench-op-{slug}", tenant="bench", role="operator", password=secrets.token_urlsafe(12)
+    ).membership.user
+    approver = create_user(
+        username=f"bench-ap-{slug}", tenant="bench", role="approver", password=secrets.token_urlsafe(12)
+    ).membership.user
     try:
         run_ids = []
         for i in range(args.runs):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import secrets
 import statistics
 import sys
 import time
@@ -478,7 +479,7 @@ def probes_for(dataset: Dataset, marker: Marker) -> Probes:
     workspace = Workspace.objects.select_related("tenant").get(tenant__slug=TENANT, slug=WORKSPACES[0])
     username = "scale-viewer"
     if not Membership.objects.filter(user__username=username, tenant=workspace.tenant).exists():
-        create_user(username=username, tenant=TENANT, role="viewer", password=None)
+        create_user(username=username, tenant=TENANT, role="viewer", password=secrets.token_urlsafe(12))
     client = Client()
     client.force_login(User.objects.get(username=username))
     typical = max(

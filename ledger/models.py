@@ -917,6 +917,8 @@ class AuditEntry(models.Model):
         MEMBER_CHANGED = "member.changed"
         MEMBER_REMOVED = "member.removed"
         MEMBER_PASSWORD_RESET = "member.password_reset"
+        MEMBER_ACCOUNT_DISABLED = "member.account_disabled"
+        MEMBER_ACCOUNT_ENABLED = "member.account_enabled"
         RETENTION_CHANGED = "retention.changed"
         LIMITS_CHANGED = "limits.changed"
         SHARE_LINK_CREATED = "share_link.created"

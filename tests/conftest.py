@@ -222,7 +222,7 @@ def other_workspace(db: None) -> Workspace:
 
 
 def named_user(username: str, role: str, tenant: str = "acme") -> User:
-    return create_user(username=username, tenant=tenant, role=role, password=PASSWORD).user
+    return create_user(username=username, tenant=tenant, role=role, password=PASSWORD).membership.user
 
 
 @pytest.fixture

@@ -75,8 +75,8 @@ def test_keys_and_members_are_audited_once_per_change(workspace: Workspace) -> N
     key, _ = create_key(workspace=workspace, scopes=["read"], name="ci")
     revoke_key(key)
     revoke_key(ApiKey.objects.get(pk=key.pk))  # already revoked: nothing changes, nothing is written
-    create_user(username="erin", tenant="acme", role="viewer", password=None)
-    create_user(username="erin", tenant="acme", role="viewer", password="pw-erin-1234")  # same role
+    create_user(username="erin", tenant="acme", role="viewer", password="pw-erin-1234")
+    create_user(username="erin", tenant="acme", role="viewer", password="pw-erin-5678")  # same role
     create_user(username="erin", tenant="acme", role="operator", password=None)
     remove_member(username="erin", tenant="acme")
     assert _actions() == [

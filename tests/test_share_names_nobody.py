@@ -45,7 +45,7 @@ def tenant_world(transactional_db: None) -> Iterator[dict[str, Any]]:
     Tenant.objects.filter(pk=ws.tenant_id).update(name="Zq Tenant Inc")
     Workspace.objects.filter(pk=ws.pk).update(name="Zq Space Name")
     people = {
-        name: create_user(username=name, tenant="zqtenant", role=role, password=PASSWORD).user
+        name: create_user(username=name, tenant="zqtenant", role=role, password=PASSWORD).membership.user
         for name, role in (("zqalice", "admin"), ("zqbob", "approver"), ("zqcarol", "operator"))
     }
     key, _ = create_key(workspace=ws, scopes=["ingest", "execute", "read"], name="zqkeyname")

@@ -293,7 +293,7 @@ def test_a_disabled_account_is_not_added_and_the_form_says_so_as_typed(admin: An
     error = re.search(r'<span class="field-error" id="member-username-error">([^<]*)</span>', html)
     assert error and error.group(1) == (
         "The account of olga is disabled, so they cannot sign in: they are not added. "
-        "The deployment&#x27;s operator can enable it again."
+        "The deployment&#x27;s operator can enable it again (manage.py ledger enable-user olga)."
     )
     assert 'id="member-username" name="username" value="olga"' in html
     assert '<option value="approver" selected>' in html and 'value="existing" checked' in html
@@ -322,6 +322,6 @@ def test_the_command_line_refuses_a_disabled_account_with_one_line_and_exit_1(ad
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
         "CommandError: The account of olga is disabled, so they cannot sign in: they are not added. "
-        "The deployment's operator can enable it again"
+        "The deployment's operator can enable it again (manage.py ledger enable-user olga)"
     ]
     assert _role("olga") is None

@@ -14,6 +14,8 @@ MODULES = [
     "add_member",
     "remove_member",
     "reset_password",
+    "disable_user",
+    "enable_user",
     "create_key",
     "demo",
     "events",

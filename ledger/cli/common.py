@@ -50,6 +50,15 @@ def runs_for(run_id: str | None, workspace: str | None) -> Iterable[Run]:
     return selectors.all_runs(access.workspace_by_path(workspace) if workspace else None)
 
 
+def audited_in(tenants: Iterable[str]) -> str:
+    """Where an account change was audited: each tenant the user is a member of (the audit log is
+    a tenant's), said when there is none."""
+    names = list(tenants)
+    if not names:
+        return "they are a member of no tenant, so no tenant's audit log records it"
+    return "audited in " + ", ".join(names)
+
+
 def json_arg(text: str, flag: str = "--input") -> Any:
     try:
         return json.loads(text)

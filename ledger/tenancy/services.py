@@ -50,6 +50,25 @@ class LastAdmin(Conflict):
     code = "last_admin"
 
 
+@dataclass(frozen=True)
+class UserSet:
+    """What `create_user` did, for the command line to say exactly that."""
+
+    membership: Membership
+    new_user: bool
+    # The role before: None when the membership is new (`new_member`), else the role it had (the
+    # same as now when nothing changed).
+    previous_role: str | None
+    password_set: bool
+    # False: the user has no password they could sign in with (none was ever set, or an unusable
+    # one, as `createsuperuser --noinput` makes); `ledger reset-password` gives them one.
+    has_password: bool
+
+    @property
+    def new_member(self) -> bool:
+        return self.previous_role is None
+
+
 @transaction.atomic
 def create_user(
     *,
@@ -58,26 +77,62 @@ def create_user(
     role: str,
     password: str | None,
     by: audit.Actor | AbstractBaseUser = CLI,
-) -> Membership:
+) -> UserSet:
     """Create or update a user and their membership (one role per tenant); audited as
     member.added or member.changed (a role change, as `change_role`; a password alone is not a
-    membership change)."""
+    membership change). Refused, nothing written: a role or username that is not one, a tenant
+    that does not exist, a new user without a password (they could never sign in: `add_member`
+    makes one with a one-time password), and a disabled account (AccountDisabled, as `add_member`
+    refuses it: enabled first with `enable_user`)."""
     _check_role(role)
-    t = _locked_tenant(slug=tenant)
-    if t is None:
-        raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
+    t = _existing_tenant(tenant)
+    model = get_user_model()
+    user = model.objects.filter(username=username).first()
+    if user is None:
+        _check_username(username)
+        if not password:
+            raise LedgerError(
+                f"{username} is a new user and would have no password to sign in with: give one with "
+                f"--password, or add them with ledger add-member {username} --tenant {tenant} --role {role} --new "
+                "for a one-time password. Nothing was written",
+                field="password",
+            )
+    elif not user.is_active:
+        raise AccountDisabled(
+            f"The account of {username} is disabled, so they cannot sign in: nothing changed. "
+            f"Enable it first with ledger enable-user {username}",
+            field="username",
+        )
     if password:
         _check_password(password, username)
-    user, _ = get_user_model().objects.get_or_create(username=username)
+    new_user = user is None
+    if user is None:
+        user = model(username=username)
     if password:
         user.set_password(password)
-        user.save()
+    if new_user:
+        try:
+            # A tenant's admin may make the same name at the same moment (`add_member`): the
+            # unique username decides.
+            with transaction.atomic():
+                user.save()
+        except IntegrityError:
+            raise UsernameTaken.of(username) from None
+    elif password:
+        user.save(update_fields=["password"])
     membership = Membership.objects.filter(user=user, tenant=t).first()
+    previous = None if membership is None else str(membership.role)
     if membership is None:
         membership = _add_membership(t, user, role, by=by)
     else:
         _set_role(t, membership, role, by=by)
-    return membership
+    return UserSet(membership, new_user, previous, bool(password), _has_password(user))
+
+
+def _has_password(user: AbstractBaseUser) -> bool:
+    # Django counts an empty hash as usable, yet no password matches it: what a user made without
+    # one (`User.objects.create(username=…)`, this command before it required one) holds.
+    return bool(user.password) and user.has_usable_password()
 
 
 class AlreadyMember(Conflict):
@@ -117,7 +172,7 @@ class AccountDisabled(Conflict):
     def of(cls, username: str, *, what: str) -> AccountDisabled:
         return cls(
             f"The account of {username} is disabled, so they cannot sign in: {what}. "
-            "The deployment's operator can enable it again",
+            f"The deployment's operator can enable it again (manage.py ledger enable-user {username})",
             field="username",
         )
 
@@ -164,9 +219,7 @@ def add_member(
     username = model.normalize_username(username.strip())
     if not username:
         raise LedgerError("Name the user to add", field="username")
-    t = _locked_tenant(slug=tenant)
-    if t is None:
-        raise NotFound(f"tenant {tenant} not found (create it with ledger bootstrap)")
+    t = _existing_tenant(tenant)
     password = None
     if new_user:
         _check_username(username)
@@ -270,6 +323,100 @@ def reset_password(
     return PasswordReset(username, password, ended)
 
 
+@dataclass(frozen=True)
+class AccountChange:
+    """What `disable_user` or `enable_user` did."""
+
+    username: str
+    # False: the account was so already; nothing was written.
+    changed: bool
+    # The tenants the user is a member of, by slug: the change is audited in each.
+    tenants: tuple[str, ...]
+    # Disabling: the user's sessions that were open and are now ended (deleted).
+    sessions_ended: int = 0
+    # Disabling: the tenants of which no admin with an enabled account is left, so nobody but the
+    # operator can manage their members, keys or settings until one is.
+    without_admin: tuple[str, ...] = ()
+    # Enabling: False when the user has no password to sign in with (`ledger reset-password`).
+    has_password: bool = True
+
+
+@transaction.atomic
+def disable_user(*, username: str, reason: str = "", by: audit.Actor | AbstractBaseUser = CLI) -> AccountChange:
+    """Disable a user's account (Django's `is_active` off: every sign-in refused, with any
+    password) and end every session they have open; audited as member.account_disabled, with the
+    reason, in each tenant they are a member of. The deployment's operator's alone (the command
+    line): an account belongs to the deployment, not to a tenant. Their memberships, roles and
+    password stay, so `enable_user` gives the account back as it was. NotFound for a name nobody
+    has; an account disabled already changes nothing (`changed` False)."""
+    user = _user_for_update(username)
+    reason = written(reason, field="reason", label="reason", required=False)
+    tenants = _tenants_of(user)
+    if not user.is_active:
+        return AccountChange(username, False, tuple(t.slug for t in tenants))
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+    ended = _end_sessions(user)
+    for each in tenants:
+        audit.record(
+            actor=by,
+            tenant=each,
+            action=audit.Action.MEMBER_ACCOUNT_DISABLED,
+            target=f"user:{username}",
+            reason=reason,
+            details={"sessionsEnded": ended},
+        )
+    administered = Membership.objects.filter(user=user, role=Role.ADMIN).values("tenant_id")
+    still_run = Membership.objects.filter(role=Role.ADMIN, user__is_active=True).values("tenant_id")
+    without = Tenant.objects.filter(pk__in=administered).exclude(pk__in=still_run).order_by("slug")
+    return AccountChange(
+        username, True, tuple(t.slug for t in tenants), ended, tuple(without.values_list("slug", flat=True))
+    )
+
+
+@transaction.atomic
+def enable_user(*, username: str, reason: str = "", by: audit.Actor | AbstractBaseUser = CLI) -> AccountChange:
+    """Enable a disabled account again: the user signs in with the password they had, as the
+    member of the tenants they were in, with the roles they had; audited as
+    member.account_enabled, with the reason, in each of those tenants. Their failed logins are
+    forgotten (a lockout from before would keep them out). NotFound for a name nobody has; an
+    enabled account changes nothing (`changed` False)."""
+    user = _user_for_update(username)
+    reason = written(reason, field="reason", label="reason", required=False)
+    tenants = _tenants_of(user)
+    has_password = _has_password(user)
+    if user.is_active:
+        return AccountChange(username, False, tuple(t.slug for t in tenants), has_password=has_password)
+    user.is_active = True
+    user.save(update_fields=["is_active"])
+    forget_failed_logins(username=username)
+    for each in tenants:
+        audit.record(
+            actor=by,
+            tenant=each,
+            action=audit.Action.MEMBER_ACCOUNT_ENABLED,
+            target=f"user:{username}",
+            reason=reason,
+        )
+    return AccountChange(username, True, tuple(t.slug for t in tenants), has_password=has_password)
+
+
+def _user_for_update(username: str) -> User:
+    """The user by name, their row locked (two operators' changes take turns); NotFound."""
+    if not username.strip():
+        raise LedgerError("Name the user", field="username")
+    found = get_user_model().objects.select_for_update().filter(username=username).first()
+    if found is None:
+        raise NotFound(f"No user is called {username}", field="username")
+    return found
+
+
+def _tenants_of(user: AbstractBaseUser) -> list[Tenant]:
+    return list(
+        Tenant.objects.filter(pk__in=Membership.objects.filter(user_id=user.pk).values("tenant")).order_by("slug")
+    )
+
+
 def _may_reset(user: AbstractBaseUser, admin: AbstractBaseUser, tenant: Tenant) -> None:
     """ResetNotAllowed unless `admin`, an admin of `tenant`, may set `user`'s password: not their
     own, not a deployment operator's, and only if every tenant `user` belongs to is one `admin`
@@ -350,9 +497,9 @@ def change_role(*, username: str, tenant: str, role: str, by: audit.Actor | Abst
     """Give a member another role; audited as member.changed. False when it is their role
     already (nothing written). LastAdmin when it would leave the tenant without an admin."""
     _check_role(role)
-    t = _locked_tenant(slug=tenant)
-    membership = Membership.objects.filter(user__username=username, tenant=t).first() if t else None
-    if t is None or membership is None:
+    t = _existing_tenant(tenant)
+    membership = Membership.objects.filter(user__username=username, tenant=t).first()
+    if membership is None:
         raise NotFound(f"{username} is not a member of {tenant}")
     return _set_role(t, membership, role, by=by)
 
@@ -361,9 +508,9 @@ def change_role(*, username: str, tenant: str, role: str, by: audit.Actor | Abst
 def remove_member(*, username: str, tenant: str, by: audit.Actor | AbstractBaseUser = CLI) -> None:
     """End a user's membership of a tenant (the user account stays); audited as member.removed.
     LastAdmin for the tenant's last admin."""
-    t = _locked_tenant(slug=tenant)
-    membership = Membership.objects.filter(user__username=username, tenant=t).first() if t else None
-    if t is None or membership is None:
+    t = _existing_tenant(tenant)
+    membership = Membership.objects.filter(user__username=username, tenant=t).first()
+    if membership is None:
         raise NotFound(f"{username} is not a member of {tenant}")
     _keep_an_admin(t, membership, None)
     role = membership.role
@@ -417,6 +564,15 @@ def _locked_tenant(*, slug: str) -> Tenant | None:
     """The tenant, its row locked: membership changes of one tenant take turns, so two admins
     demoting each other at once cannot leave it without one."""
     return Tenant.objects.select_for_update().filter(slug=slug).first()
+
+
+def _existing_tenant(slug: str) -> Tenant:
+    """`_locked_tenant`, or NotFound naming the tenant (the command line's operator may mistype
+    it; a console's admin names only their own)."""
+    t = _locked_tenant(slug=slug)
+    if t is None:
+        raise NotFound(f"tenant {slug} not found (create it with ledger bootstrap)")
+    return t
 
 
 def _keep_an_admin(tenant: Tenant, membership: Membership, role: str | None) -> None:
