@@ -9,6 +9,7 @@ and one that does not exist are the same 404.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -30,7 +31,7 @@ from ledger.runtime.outer_loop import (
 )
 
 from ..rows import run_rows
-from .filters import DateRangePageForm, page_cursor
+from .filters import NOT_THESE_FILTERS, DateRangePageForm, page_cursor, page_query
 from .guard import member_access, workspace_or_404
 
 PREVIEW = 240  # characters of a cycle's output or a final output shown in the table
@@ -123,20 +124,46 @@ def _imported_loop_page(request: HttpRequest, tenant: str, workspace: str, outer
 
 LOOPS_PAGE = 50
 CURSOR_KIND = "page:loops"
+FILTERS = ("from", "to")
+
+
+class LoopFilterForm(DateRangePageForm):
+    """From/To, UTC days, inclusive: loops started on those days (their record run's creation, the
+    list's order), as the runs list's dates select runs."""
+
+    broken = NOT_THESE_FILTERS
+
+
+def _loops_query(request: HttpRequest, **changes: str) -> str:
+    """This list's URL with these changes: its filters, then the page, so a view is one link."""
+    given = {k: v for k, v in request.GET.items() if k in FILTERS}
+    given.update(changes)
+    params = [(k, given[k]) for k in (*FILTERS, "cursor") if given.get(k)]
+    return "?" + urlencode(params) if params else ""
 
 
 @login_required
 @require_safe
 def loops_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    """The workspace's outer loops: their record runs (workflow `outer_loop:…`), newest first."""
+    """The workspace's outer loops: their record runs (workflow `outer_loop:…`), newest first,
+    of the days From/To asked; a page link is sealed with those days (filters.page_query)."""
     ws = member_access(request, tenant, workspace).workspace
-    form = DateRangePageForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws)
-    context: dict[str, Any] = {"workspace": ws, "workspaces": selectors.workspaces_for(request.user), "form": form}
+    query = page_query(request.GET, FILTERS)
+    form = LoopFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws, cursor_query=query)
+    context: dict[str, Any] = {
+        "workspace": ws,
+        "workspaces": selectors.workspaces_for(request.user),
+        "form": form,
+        "first_url": _loops_query(request),
+        "filtered": bool(query),
+    }
     if not form.is_valid():
         context["rows"] = []
         return render(request, "console/loops.html", context, status=400)
-    qs = selectors.filtered_runs(ws).filter(workflow_version_id__startswith=RECORD_VERSION_PREFIX)
-    page, more = selectors.runs_page(qs, limit=LOOPS_PAGE, after=form.cleaned_data["cursor"])
+    days = form.cleaned_data
+    qs = selectors.search_runs(ws, start=days["from"], end=days["to"])
+    qs = qs.filter(workflow_version_id__startswith=RECORD_VERSION_PREFIX)
+    page, more = selectors.runs_page(qs, limit=LOOPS_PAGE, after=days["cursor"])
     rows = run_rows(ws, page)
     context.update(
         {
@@ -148,10 +175,12 @@ def loops_list(request: HttpRequest, tenant: str, workspace: str) -> HttpRespons
                 }
                 for row in rows
             ],
-            "next_cursor": page_cursor(page[-1].created_at, page[-1].pk, kind=CURSOR_KIND, scope=ws)
+            "next_url": _loops_query(
+                request, cursor=page_cursor(page[-1].created_at, page[-1].pk, kind=CURSOR_KIND, scope=ws, query=query)
+            )
             if more and page
             else None,
-            "first_page": form.cleaned_data["cursor"] is None,
+            "first_page": days["cursor"] is None,
         }
     )
     return render(request, "console/loops.html", context)
