@@ -9,12 +9,16 @@ without it a stream reports no usage at all). OpenAI's reply names a dated model
 Anthropic's the model asked. Set `report_usage` to False and `usage` is left out of every answer (as some
 OpenAI-compatible servers do). `answer` changes the final text (a
 non-deterministic model: a restarted agent gets another answer); `requests` keeps every body.
+Set `fail` to `"http-500"` and every call is answered HTTP 500 with an error body, to `"hang-up"`
+and the connection is closed once the request is read, with no answer (a provider that went away);
+`fail_times` fails only that many requests (then answers as usual; None: every one).
 Run it in a thread (`start()`) or as a process (`python tests/fake_providers.py PORT`).
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +39,8 @@ class FakeProviders(ThreadingHTTPServer):
         self.say_while_asking = say_while_asking  # a text beside the tool call, from `answer` too
         self.requests: list[dict[str, Any]] = []
         self.report_usage = True
+        self.fail: str | None = None  # "http-500" or "hang-up": see the module's docstring
+        self.fail_times: int | None = None
 
     @property
     def url(self) -> str:
@@ -156,6 +162,23 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append({"path": self.path, **body})
+        fail = self.server.fail
+        if fail is not None and self.server.fail_times is not None:
+            if self.server.fail_times <= 0:
+                fail = None
+            self.server.fail_times -= 1
+        if fail == "hang-up":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fail == "http-500":
+            error = json.dumps({"error": {"message": "the model is overloaded", "type": "server_error"}}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
         if self.path.endswith("/chat/completions"):
             reply = openai_reply(body, self.server.answer, self.server.say_while_asking)
             if body.get("stream"):

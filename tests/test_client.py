@@ -6,10 +6,12 @@ test_client_retry.py, the asyncio flavour in test_client_async.py."""
 from __future__ import annotations
 
 import io
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from django.core.management import call_command
 
@@ -370,3 +372,54 @@ def test_a_failing_model_call_and_session_are_recorded_failed(client: Client, wo
         "harness.session.failed",
     ]
     assert logged(workspace, "run_session_fails")[-1]["payload"]["error"]["name"] == "TimeoutError"
+    # A timeout comes after the request left: the provider may bill it, a call of unknown cost.
+    assert logged(workspace, "run_session_fails")[-2]["payload"]["requestLeft"] is True
+    usage = client.get_run("run_session_fails")["usage"]
+    assert (usage["pricedCalls"], usage["unpricedCalls"], usage["inputTokens"]) == (0, 1, 0)
+    verify("run_session_fails")
+
+
+def test_a_failed_model_call_says_whether_its_request_left(client: Client, workspace: Workspace) -> None:
+    """`requestLeft` of harness.model.failed: as the block says (`call.request_left`), else from
+    what it raised: httpx failing to connect sent nothing, one losing the connection may have; an
+    exception that says nothing counts as one that may have left. Only those count as unpriced."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection to it is refused
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}/v1/chat/completions"
+        with client.start_run("wfver_agent", run_id="run_request_left") as run, run.session(role="agent") as session:
+            with pytest.raises(httpx.ConnectError), session.model_call({"n": 1}, provider="openai", model_id="gpt-4o"):
+                httpx.post(nowhere, json={"model": "gpt-4o"})
+            with (
+                pytest.raises(RuntimeError),
+                session.model_call({"n": 2}, provider="openai", model_id="gpt-4o") as call,
+            ):
+                call.request_left = False  # a guard of the harness's own refused it
+                raise RuntimeError("over the harness's budget")
+            with pytest.raises(httpx.RemoteProtocolError):
+                with session.model_call({"n": 3}, provider="openai", model_id="gpt-4o"):
+                    try:
+                        raise ConnectionResetError("the provider hung up")
+                    except ConnectionResetError as exc:
+                        raise httpx.RemoteProtocolError("Server disconnected without sending a response.") from exc
+            with pytest.raises(ValueError), session.model_call({"n": 4}, provider="openai", model_id="gpt-4o"):
+                raise ValueError("the answer could not be read")
+            with pytest.raises(TimeoutError), session.model_call({"n": 5}, provider="openai", model_id="gpt-4o"):
+                try:
+                    raise ConnectionRefusedError("the fallback endpoint is down")
+                except ConnectionRefusedError:
+                    raise TimeoutError("then the main endpoint timed out")  # noqa: B904  (raised while handling it)
+    failures = [
+        (e["payload"]["error"]["name"], e["payload"]["requestLeft"])
+        for e in logged(workspace, "run_request_left")
+        if e["type"] == "harness.model.failed"
+    ]
+    assert failures == [
+        ("ConnectError", False),
+        ("RuntimeError", False),
+        ("RemoteProtocolError", True),
+        ("ValueError", True),
+        ("TimeoutError", True),  # the refused connection before it is not this call's failure
+    ]
+    row = RunRow.objects.get(run_id="run_request_left")
+    assert (row.priced_calls, row.unpriced_calls, row.cost_usd) == (0, 3, None)
+    verify("run_request_left")

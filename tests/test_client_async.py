@@ -231,3 +231,33 @@ def test_async_server_killed_and_restarted_mid_batch(
     assert [e["sequence"] for e in events] == list(range(1, 43))
     assert [e["payload"].get("stepPath") for e in events[1:-1]] == [f"s{n}" for n in range(40)]
     call_command("ledger", "verify", "run_async_killed", "--workspace", "acme/support", stdout=io.StringIO())
+
+
+def test_async_a_failed_model_call_says_whether_its_request_left(
+    server: Daphne, key: str, workspace: Workspace
+) -> None:
+    """As the blocking client's: from what the block raised (a timeout: it may have left, the call
+    is of unknown cost), or as the block says (`call.request_left`)."""
+
+    async def main() -> None:
+        async with AsyncClient(server.url, key, retry=FAST) as client:
+            run = await client.start_run("wfver_async", run_id="run_async_request_left")
+            async with run.session(role="agent") as session:
+                with pytest.raises(TimeoutError):
+                    async with session.model_call({"n": 1}, provider="openai", model_id="gpt-4o"):
+                        raise TimeoutError("no answer in 30 s")
+                with pytest.raises(RuntimeError):
+                    async with session.model_call({"n": 2}, provider="openai", model_id="gpt-4o") as call:
+                        call.request_left = False
+                        raise RuntimeError("refused by the harness before sending")
+            await run.complete()
+
+    asyncio.run(main())
+    failures = [
+        (e["payload"]["error"]["name"], e["payload"]["requestLeft"])
+        for e in logged(workspace, "run_async_request_left")
+        if e["type"] == "harness.model.failed"
+    ]
+    assert failures == [("TimeoutError", True), ("RuntimeError", False)]
+    row = RunRow.objects.get(run_id="run_async_request_left")
+    assert (row.priced_calls, row.unpriced_calls) == (0, 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,6 +135,75 @@ def test_an_answer_without_usage_is_recorded_as_no_report_and_left_unpriced(
     row = RunRow.objects.get(run_id="run_wrapped_no_usage")
     assert (row.priced_calls, row.unpriced_calls, row.cost_usd) == (0, 2, None)
     verify("run_wrapped_no_usage")
+
+
+def test_a_failed_sdk_call_says_whether_its_request_left_and_the_run_counts_those_that_may_be_billed(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    """A provider that answered an HTTP error, or hung up after reading the request, may bill the
+    call: `requestLeft: true`, and the server counts it as a call of unknown cost (unpriced, never
+    $0). A connection refused on the SDK's only try, and arguments the SDK refused, sent nothing:
+    `requestLeft: false`, nothing counted. After the SDK's own retries an earlier try may have left,
+    so a refused connection then counts too."""
+    import anthropic
+    import openai
+
+    def openai_at(url: str, retries: int = 0) -> Any:
+        return wrap_openai(openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=retries))
+
+    claude = wrap_anthropic(anthropic.Anthropic(base_url=provider.url, api_key="sk-ant-test", max_retries=0))
+    raised: list[str] = []
+
+    def attempt(fail: str | None, call: Any) -> None:
+        provider.fail = fail
+        try:
+            call()
+        except Exception as exc:
+            raised.append(type(exc).__name__)
+        finally:
+            provider.fail = None
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection to it is refused
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        chat, refused, refused_twice = openai_at(provider.url), openai_at(nowhere), openai_at(nowhere, retries=1)
+        with client.start_run("wfver_wrapped", run_id="run_wrapped_failures") as run, run.session(role="agent"):
+            attempt("http-500", lambda: chat.chat.completions.create(model="gpt-4o", messages=QUESTION))
+            attempt("hang-up", lambda: chat.chat.completions.create(model="gpt-4o", messages=QUESTION))
+            attempt(
+                "http-500",
+                lambda: claude.messages.create(model="claude-sonnet-4-6", max_tokens=100, messages=QUESTION[1:]),
+            )
+            attempt(None, lambda: refused.chat.completions.create(model="gpt-4o", messages=QUESTION))
+            attempt(None, lambda: refused_twice.chat.completions.create(model="gpt-4o", messages=QUESTION))
+            attempt(None, lambda: chat.chat.completions.create(model="gpt-4o"))  # no messages: refused by the SDK
+            chat.chat.completions.create(model="gpt-4o", messages=QUESTION)
+    assert raised == [
+        "InternalServerError",
+        "APIConnectionError",
+        "InternalServerError",
+        "APIConnectionError",
+        "APIConnectionError",
+        "TypeError",
+    ]
+    failures = [
+        (e["payload"]["model"]["provider"], e["payload"]["error"]["name"], e["payload"]["requestLeft"])
+        for e in logged(workspace, "run_wrapped_failures")
+        if e["type"] == "harness.model.failed"
+    ]
+    assert failures == [
+        ("openai", "InternalServerError", True),  # HTTP 500: answered, may be billed
+        ("openai", "APIConnectionError", True),  # hung up after reading the request
+        ("anthropic", "InternalServerError", True),
+        ("openai", "APIConnectionError", False),  # refused on the only try: nothing sent
+        ("openai", "APIConnectionError", True),  # refused after a retry: the first try may have left
+        ("openai", "TypeError", False),  # the SDK refused its arguments: nothing sent
+    ]
+    row = RunRow.objects.get(run_id="run_wrapped_failures")
+    assert (row.priced_calls, row.unpriced_calls, row.input_tokens) == (1, 4, 120)
+    assert row.cost_usd is not None and row.cost_usd > 0  # the answered call, priced; the rest unknown
+    assert client.get_run("run_wrapped_failures")["usage"]["unpricedCalls"] == 4
+    verify("run_wrapped_failures")
 
 
 def test_observe_records_steps_nested_and_repeated_and_calls_inside_carry_them(

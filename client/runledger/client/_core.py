@@ -139,6 +139,61 @@ def error_payload(exc: BaseException) -> dict[str, str]:
     return {"name": type(exc).__name__, "message": str(exc)}
 
 
+# A model call's failure and whether its request left (`requestLeft` of harness.model.failed): the
+# server counts one that may have left as a call of unknown cost, which the provider may have
+# billed (the server's docs/operations.md § Prices). The HTTP libraries name the failures before a
+# request goes out alike: httpx, httpx2 (the openai SDK's) and httpcore beneath them.
+_TRANSPORTS = frozenset({"httpx", "httpx2", "httpcore"})
+_NOT_CONNECTED = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol"})
+_RETRY_COUNT = "x-stainless-retry-count"  # the openai and anthropic SDKs' try number, on each request
+
+
+def request_left(exc: BaseException) -> bool:
+    """Whether a model call that raised `exc` may have sent its request, so the provider may bill
+    it (its cost unknown, never 0). Read from `exc` and the exceptions it was raised from: one that
+    says so with a bool `request_left` attribute (the server's runtime providers' convention); else
+    the first failure of a connection or an HTTP library, which did not send only when none was made
+    (refused, unresolved, timed out connecting) on an SDK's first try (a try before it may have
+    left: x-stainless-retry-count); else yes, as a failure nobody explains may come after."""
+    chain = _chain(exc)
+    for error in chain:
+        said = getattr(error, "request_left", None)
+        if isinstance(said, bool):
+            return said
+    for error in chain:  # the outermost failure of the connection decides
+        if isinstance(error, ConnectionRefusedError | socket.gaierror):
+            return _retried(chain)
+        if isinstance(error, ConnectionError | TimeoutError):  # reset, aborted, a broken pipe, timed out
+            return True
+        if type(error).__module__.partition(".")[0] in _TRANSPORTS:
+            return type(error).__name__ not in _NOT_CONNECTED or _retried(chain)
+    return True
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and what it was raised from (its cause, else the exception it was raised while
+    handling, as a traceback prints them), outermost first."""
+    chain: list[BaseException] = []
+    error: BaseException | None = exc
+    while error is not None and len(chain) < 32 and all(error is not seen for seen in chain):
+        chain.append(error)
+        error = error.__cause__ if error.__cause__ is not None or error.__suppress_context__ else error.__context__
+    return chain
+
+
+def _retried(chain: list[BaseException]) -> bool:
+    """An SDK's request that failed was not its first try (an earlier one may have left)."""
+    for error in chain:
+        try:
+            headers = getattr(getattr(error, "request", None), "headers", None)
+        except RuntimeError:  # httpx's `.request` of an error raised without one
+            continue
+        count = headers.get(_RETRY_COUNT) if headers is not None else None
+        if isinstance(count, str):
+            return count.strip() != "0"
+    return False
+
+
 # --- server-sent events -------------------------------------------------------------------------
 
 

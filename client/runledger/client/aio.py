@@ -510,6 +510,7 @@ class AsyncModelCall:
         self.session, self.turn, self.request, self.provider, self.model_id = session, turn, request, provider, model_id
         self.call_id = f"{session.step_path or session.role}:turn{turn}"
         self.response: dict[str, Any] | None = None
+        self.request_left: bool | None = None  # as sync.ModelCall's: when the block knows
 
     def respond(
         self,
@@ -562,6 +563,7 @@ class AsyncModelCall:
             "turn": self.turn,
             "callId": self.call_id,
             "error": _core.error_payload(exc),
+            "requestLeft": _core.request_left(exc) if self.request_left is None else self.request_left,
             "model": {"provider": self.provider, "modelId": self.model_id},
         }
         if self.session.step_path is not None:

@@ -597,7 +597,9 @@ class Session:
     def model_call(self, request: Mapping[str, Any], *, provider: str, model_id: str) -> ModelCall:
         """The next turn's model call, a context manager: harness.model.called on entry,
         `call.respond(...)` in the block records harness.model.responded, an exception
-        harness.model.failed. When the run was restarted and the log holds this call's answer
+        harness.model.failed (with `requestLeft`, whether the provider may have billed it: set
+        `call.request_left` in the block when you know, else it is read from the exception,
+        `_core.request_left`). When the run was restarted and the log holds this call's answer
         for the same request, `call.replayed` is True and `call.response` is that answer: the
         block must not call the model again (a non-deterministic model would answer otherwise)."""
         self.turn += 1
@@ -629,6 +631,9 @@ class ModelCall:
         self.request, self.provider, self.model_id = request, provider, model_id
         self.response: dict[str, Any] | None = None
         self.replayed = False
+        # Whether the request left, when the block knows it better than what it raises says
+        # (`_core.request_left`): False before it raises for a call it never made, True after.
+        self.request_left: bool | None = None
         self._recorded: dict[str, Any] | None = None
 
     def respond(
@@ -699,8 +704,18 @@ class ModelCall:
         )
 
     def _failed(self, exc: BaseException) -> None:
+        """harness.model.failed, with `requestLeft`: whether the provider may have billed the call
+        (`request_left`, else read from `exc`; never for a call answered from the log)."""
         model = {"provider": self.provider, "modelId": self.model_id}
-        self.run.emit("harness.model.failed", self._payload(error=_core.error_payload(exc), model=model))
+        left = False if self.replayed else self.request_left
+        self.run.emit(
+            "harness.model.failed",
+            self._payload(
+                error=_core.error_payload(exc),
+                requestLeft=_core.request_left(exc) if left is None else left,
+                model=model,
+            ),
+        )
 
 
 # --- steps --------------------------------------------------------------------------------------

@@ -13,9 +13,12 @@ A wrapped client is the SDK's own client with `chat.completions.create` and `res
 session (else of the current run, in its current step): the request as sent (messages with their
 roles, tools, parameters), the answer's text and tool calls, the model that answered (a dated
 version such as `gpt-4o-2024-08-06`) and its usage in the ledger's terms. Outside any run, or with
-`stream=True`, a call goes through unrecorded. After a restart (see `Client.start_run`) a call
-the log already answered returns the recorded answer, rebuilt as the SDK's own response type,
-without calling the provider. The SDKs are imported only when a recorded answer is rebuilt: this
+`stream=True`, a call goes through unrecorded. A call the SDK raises on is recorded failed, with
+`requestLeft` (whether the provider may bill it, which the server then counts as a call of unknown
+cost): false for arguments the SDK refused (a TypeError) and for a connection never made on its
+first try; true for an HTTP error, a timeout, a connection lost, or after the SDK's own retries.
+After a restart (see `Client.start_run`) a call the log already answered returns the recorded
+answer, rebuilt as the SDK's own response type, without calling the provider. The SDKs are imported only when a recorded answer is rebuilt: this
 module needs neither to be installed.
 """
 
@@ -88,7 +91,11 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
             with model_call as call:
                 if call.replayed:
                     return _replayed(kind, call)
-                answer = await method(*args, **kwargs)
+                try:
+                    answer = await method(*args, **kwargs)
+                except TypeError:
+                    call.request_left = False  # the SDK refused its arguments: no request was built
+                    raise
                 _respond(kind, call, answer)
             return answer
 
@@ -102,7 +109,11 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
         with model_call as recorded:
             if recorded.replayed:
                 return _replayed(kind, recorded)
-            answer = method(*args, **kwargs)
+            try:
+                answer = method(*args, **kwargs)
+            except TypeError:
+                recorded.request_left = False  # the SDK refused its arguments: no request was built
+                raise
             _respond(kind, recorded, answer)
         return answer
 
