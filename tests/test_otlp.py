@@ -669,6 +669,55 @@ def test_a_run_exports_as_otlp_json_and_comes_back_in(
     assert copy.last_sequence == before
 
 
+def test_a_failed_calls_request_left_survives_the_export_and_its_ingest(
+    server: Daphne, workspace: Workspace, other_workspace: Workspace, key: str, append: Any
+) -> None:
+    """A model call refused before it left (`requestLeft: false`) and one that failed after
+    (`true`): the export says which on each error span (`runledger.request_left`), so the copy
+    another workspace ingests counts the same unknown-cost call, not two; an error span that does
+    not say is one that may have left (docs/otlp.md)."""
+    model = {"provider": "openai", "modelId": "gpt-4o-mini"}
+    calls = []
+    for n, left in ((1, False), (2, True)):
+        called = ev("harness.model.called", turn=n, promptHash="sha256:p", request={}, stepPath="ask", callId=f"m{n}")
+        error = {"name": "ProviderError", "message": "no answer"}
+        failed = ev("harness.model.failed", turn=n, callId=f"m{n}", stepPath="ask", model=model, error=error)
+        failed["payload"]["requestLeft"] = left
+        calls += [called, failed]
+    append(
+        "run_fails",
+        started("wfver_support"),
+        ev("StepScheduled", stepPath="ask", stepId="ask"),
+        ev("StepAttemptStarted", stepPath="ask", attempt=1),
+        *calls,
+        ev("StepFailed", stepPath="ask", attempt=1, error={"name": "ProviderError", "message": "no answer"}),
+        ev("RunFailed", error={"name": "ProviderError", "message": "no answer"}),
+    )
+    original = Run.objects.get(workspace=workspace, run_id="run_fails")
+    assert (original.priced_calls, original.unpriced_calls) == (0, 1)
+    document = httpx.get(
+        f"{server.url}/api/v1/runs/run_fails/otlp", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ).json()
+    spans = _parse_otlp_json(document).resource_spans[0].scope_spans[0].spans
+    said = sorted(
+        (_attributes(s)["runledger.turn"], _attributes(s).get("runledger.request_left"))
+        for s in spans
+        if "runledger.turn" in _attributes(s)
+    )
+    assert said == [(1, False), (2, True)]
+
+    theirs = _key(other_workspace, ["ingest", "read"])
+    back = httpx.post(server.url + TRACES, json=document, headers={"Authorization": f"Bearer {theirs}"}, timeout=30)
+    assert back.status_code == 200 and back.json() == {}
+    copy = _run(other_workspace, spans[0].trace_id.hex())
+    failed = [e["payload"] for e in selectors.events(copy) if e["type"] == "harness.model.failed"]
+    assert sorted((f["otel"]["attributes"]["runledger.turn"], f["requestLeft"]) for f in failed) == [
+        (1, False),
+        (2, True),
+    ]
+    assert (copy.status, copy.priced_calls, copy.unpriced_calls) == ("failed", 0, 1)
+
+
 def test_an_ingested_trace_exports_with_its_own_ids(server: Daphne, workspace: Workspace, key: str) -> None:
     memory = InMemorySpanExporter()
     trace = _agent_trace(_provider(memory))

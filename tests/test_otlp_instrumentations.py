@@ -265,6 +265,50 @@ def test_a_stream_without_include_usage_is_unpriced_not_free(
     assert page.count('<span class="usage">usage not reported</span>') == 2 and "21 °C and sunny in Paris." in page
 
 
+@pytest.mark.parametrize(
+    ("convention", "failure", "error"),
+    [
+        ("genai", "http-500", "openai.InternalServerError"),
+        ("genai", "hang-up", "openai.APIConnectionError"),
+        ("openinference", "http-500", "SpanError"),
+        ("openinference", "hang-up", "SpanError"),
+    ],
+)
+def test_a_model_call_that_failed_after_its_request_left_is_unpriced_not_free(
+    server: Daphne,
+    workspace: Workspace,
+    openai_server: FakeProviders,
+    browser: Client,
+    convention: str,
+    failure: str,
+    error: str,
+) -> None:
+    """The provider answered the agent's first call with an HTTP 500, or read it and hung up; the
+    instrumentation ends that call's span with an error, and the agent asks again. The provider
+    may bill the failed call: it is `requestLeft: true`, a call of unknown cost ("usage not
+    reported", never $0) beside the two answered ones, which are priced (docs/otlp.md)."""
+    openai_server.fail, openai_server.fail_times = failure, 1
+    spans = run_agent(convention, server, workspace, openai_server, {}, "ask-again")
+    assert len(openai_server.requests) == 3  # the failed call reached the provider
+    run = _run_of(workspace, spans)
+    assert run.status == "completed"
+    failed = [e["payload"] for e in selectors.events(run) if e["type"] == "harness.model.failed"]
+    assert [(f["error"]["name"], f["requestLeft"], f["model"]["provider"]) for f in failed] == [(error, True, "openai")]
+    costs = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    assert [(c.input_tokens, c.cost_usd is None, c.usage_reported) for c in costs] == [
+        (0, True, False),
+        (120, False, True),
+        (120, False, True),
+    ]
+    assert (run.priced_calls, run.unpriced_calls) == (2, 1) and run.cost_usd == costs[1].cost_usd + costs[2].cost_usd
+    assert all(check.status == "pass" for check in verify_run(run))
+    key = create_key(workspace=workspace, scopes=["read"])[1]
+    usage = httpx.get(
+        f"{server.url}/api/v1/runs/{run.run_id}", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ).json()["usage"]
+    assert (usage["pricedCalls"], usage["unpricedCalls"]) == (2, 1)
+
+
 @pytest.mark.parametrize("convention", ["genai", "openinference"])
 def test_a_stream_with_include_usage_is_priced(
     server: Daphne, workspace: Workspace, openai_server: FakeProviders, convention: str

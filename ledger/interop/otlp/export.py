@@ -30,7 +30,7 @@ from ... import audit
 from ...log import artifacts
 from ...log.envelopes import read_envelopes
 from ...models import ApiKey, Run
-from .ingest import RUN_PREFIX
+from .ingest import REQUEST_LEFT, RUN_PREFIX
 from .wire import to_otlp_json
 
 SCOPE_NAME = "runledger"
@@ -243,6 +243,8 @@ class _Builder:
         if kind == "harness.model.failed":
             call.span.status.code = Status.STATUS_CODE_ERROR
             call.span.status.message = _error_message(p.get("error"))
+            if isinstance(p.get("requestLeft"), bool):  # so the span ingests as the call it was
+                call.attributes.setdefault(REQUEST_LEFT, p["requestLeft"])
             return
         response = _mapping(p.get("response"))
         usage = _mapping(response.get("usage"))

@@ -5,7 +5,8 @@ OpenTelemetry GenAI semantic conventions map onto the vocabulary:
 
 - a model span (`gen_ai.operation.name` chat, text_completion, generate_content, embeddings, or a
   span naming a `gen_ai.request.model` / `gen_ai.response.model`) is `harness.model.called` at its
-  start and `harness.model.responded` (or `harness.model.failed`, status ERROR) at its end;
+  start and `harness.model.responded` (or `harness.model.failed`, status ERROR, with
+  `requestLeft`: _request_left) at its end;
 - a tool span (`execute_tool`, or one naming `gen_ai.tool.name`) is `harness.tool_call.started`
   and `.succeeded` / `.failed`, its callId `gen_ai.tool.call.id` (else the span id);
 - the parent of a model or tool span, and every `invoke_agent` / `create_agent` span, is a step
@@ -72,6 +73,9 @@ TOOL_OPERATION = "execute_tool"
 OPENINFERENCE_KIND = "openinference.span.kind"
 OPENINFERENCE_MODEL_KINDS = frozenset({"LLM", "EMBEDDING"})
 OPENINFERENCE_HIDDEN = "__REDACTED__"  # what OpenInference records for content it was told to hide
+# A failed model span's own word on whether its request left (a bool): our export writes it, and a
+# harness that knows may set it; without it an error span counts as sent (_request_left).
+REQUEST_LEFT = "runledger.request_left"
 _MAX_SAFE_INT = 2**53 - 1  # canonical JSON (ECMAScript numbers) holds integers exactly up to here
 REPLACEMENT = "\ufffd"  # what a NUL in a span's strings becomes
 _ATTEMPTS = 3  # a batch mapped on a state another writer of the trace changed is mapped again
@@ -573,8 +577,9 @@ def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list
     }
     model = {"provider": call.provider, "modelId": call.model_id}
     if span.failed:
+        failed = {**closing, "model": model, "error": _error(span), "requestLeft": _request_left(span)}
         return [{"type": "harness.model.called", "payload": called}], [
-            {"type": "harness.model.failed", "payload": {**closing, "model": model, "error": _error(span)}}
+            {"type": "harness.model.failed", "payload": failed}
         ]
     response: dict[str, Any] = {"usage": call.usage}
     text, tool_calls = _output_parts(call.output)
@@ -588,6 +593,18 @@ def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list
     return [{"type": "harness.model.called", "payload": called}], [
         {"type": "harness.model.responded", "payload": {**closing, "model": model, "response": response}}
     ]
+
+
+def _request_left(span: _Span) -> bool:
+    """Whether a model span that ended in error may have sent its request, so the provider may bill
+    it (the fold then counts a call of unknown cost, never $0: docs/operations.md § Prices). A
+    model span wraps the SDK call that sends the request, and neither convention records whether
+    it went out: an HTTP error, a timeout, a connection lost mid-answer and one refused before it
+    all end the span with an error (OpenAI's SDK names the last two alike, APIConnectionError;
+    some runtimes' HTTP clients raise a TypeError for a lost connection). So yes, unless the span
+    says otherwise with `runledger.request_left` (docs/otlp.md)."""
+    said = span.attributes.get(REQUEST_LEFT)
+    return said if isinstance(said, bool) else True
 
 
 def _named(value: Any) -> str:
