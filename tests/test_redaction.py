@@ -245,6 +245,8 @@ REDACTED_VALUES = [
     ("openai_anthropic_key", "ref my_sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c", f"ref my_{REDACTED}"),
     ("openai_anthropic_key", "key sk-\u200bproj-4f9a8b7c6d5e4f3a2b1c0d9e8f", f"key {REDACTED}"),
     ("openai_anthropic_key", "q=sk%2Dproj%2D4f9a8b7c6d5e4f3a2b1c0d9e8f&x=1", f"q={REDACTED}&x=1"),
+    # A bare % beside a %XX (prose before an encoded key): the text is still decoded.
+    ("openai_anthropic_key", "a 4% fee; q=sk%2dproj%2D4f9a8b7c6d5e4f3a2b1c0d9e8f", f"a 4% fee; q={REDACTED}"),
     ("aws_access_key_id", "wfver_AKIAIOSFODNN7EXAMPLE", f"wfver_{REDACTED}"),
     ("aws_access_key_id", "id=AKIA\ufeffIOSFODNN7EXAMPLE", f"id={REDACTED}"),
 ]
@@ -275,6 +277,7 @@ KEPT_VALUES = [
     ("secret_assignment", "a = b; key == value"),
     # Normalising changes nothing that holds no secret: %XX and zero-width characters stay.
     ("openai_anthropic_key", "q=hello%20world&sk%2Dshort"),
+    ("openai_anthropic_key", "100% of the sk-proj% budget, 4%% off, %zz and %4"),  # no %XX to decode
     ("openai_anthropic_key", "zero\u200bwidth joiner task-\u200d0123456789abcdefghijkl"),
 ]
 
