@@ -245,20 +245,33 @@ class Mark:
         return cls(state.last_sequence, len(state.cost_entries), tool_call_count(state), run_fields(state))
 
 
-def batch_changes(workspace_id: int, state: RunState, envelopes: Sequence[Mapping[str, Any]], before: Mark) -> Changes:
+def batch_changes(
+    workspace_id: int, state: RunState, envelopes: Sequence[Mapping[str, Any]], before: Mark, *, whole: bool = True
+) -> Changes:
     """The rows that the batch `envelopes` touched; `state` has already been advanced by it.
 
     Only changed Run columns are set, only touched steps and tool calls upserted, only new cost
     entries inserted (they are only ever added: one per answered model call, at its sequence).
+
+    Not `whole`: a part of a long batch before its last (ledger/log/strategies.py `pipelined`),
+    whose run columns, steps and usage cells the last part writes for the whole batch
+    (`batch_totals`): only its tool calls and cost entries, and the head's `last_sequence`.
     """
     new_entries = range(before.cost_entries, len(state.cost_entries))
-    cost_paths = {path for i in new_entries if (path := state.cost_entries[i].step_path)}
     recorded_at = {e["sequence"]: e["recordedAt"] for e in envelopes}
+    cost_entries = [cost_fields(state, i, recorded_at) for i in new_entries]
+    new_calls, touched_calls = _touched_tool_calls(state, envelopes, before)
+    if not whole:
+        return Changes(
+            run={"last_sequence": state.last_sequence},
+            tool_calls=touched_calls,
+            cost_entries=cost_entries,
+            new_tool_calls=new_calls,
+        )
+    cost_paths = {path for i in new_entries if (path := state.cost_entries[i].step_path)}
     run = run_changes(state, before)
     if any(e["type"] == "RunStarted" for e in envelopes):
         run["root_run_id"] = root_run_id(workspace_id, state.parent_run_id)
-    cost_entries = [cost_fields(state, i, recorded_at) for i in new_entries]
-    new_calls, touched_calls = _touched_tool_calls(state, envelopes, before)
     return Changes(
         run=run,
         steps=touched_steps(state, before, envelopes, cost_paths),

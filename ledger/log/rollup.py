@@ -58,12 +58,18 @@ def _sums(entries: Iterable[Mapping[str, Any]], workflow_version_id: str) -> dic
         if day is None:
             day = days[moment] = utc_day(moment)
         cell = (day, entry["provider"], entry["model_id"], workflow_version_id)
-        sums = cells.setdefault(cell, [0, 0, 0, 0, Decimal(0), 0, 0])
-        for i, name in enumerate(TOKENS):
-            sums[i] += entry[name]
+        sums = cells.get(cell)
+        if sums is None:
+            sums = cells[cell] = [0, 0, 0, 0, Decimal(0), 0, 0]
+        # SUMS' order, written out: a loop over TOKENS cost as much as the rest of an entry.
+        sums[0] += entry["input_tokens"]
+        sums[1] += entry["output_tokens"]
+        sums[2] += entry["cached_input_tokens"]
+        sums[3] += entry["reasoning_tokens"]
         sums[5] += 1
-        if entry["cost_usd"] is not None:
-            sums[4] += entry["cost_usd"]
+        cost = entry["cost_usd"]
+        if cost is not None:
+            sums[4] += cost
             sums[6] += 1
     return cells
 

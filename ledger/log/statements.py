@@ -37,8 +37,13 @@ one row as scalar parameters, ledger/log/bulk.py), so each shape is prepared onc
 
 A long batch (ledger/log/strategies.py `pipelined`) goes as several such statements, one per part,
 in one transaction and in psycopg's pipeline mode (`pipeline`): each is sent without waiting for
-its answer, so the server executes a part while the caller validates and folds the next, and the
-answers are read, and the transaction committed or rolled back, once the last part is sent.
+its answer, so the server executes a part while the caller validates and folds the next. BEGIN
+goes out with the first part and COMMIT behind the last, and the answers are read once, at the
+end: a part whose head moved fails its statement (and so the transaction, COMMIT included)
+instead of answering no row.
+
+A batch's cost entries are recorded when its events are: they take the statement's one
+`recorded_at` parameter, as the events do, instead of a timestamp in every row (`_shape`).
 """
 
 from __future__ import annotations
@@ -128,6 +133,8 @@ class AttachedMissed(Exception):
 # The SQLSTATE the final SELECT raises with (invalid_text_representation) when an attached change missed.
 _MISSED = "22P02"
 _MISSED_TEXT = "runledger: attached row change missed "
+# What a part of a long batch fails with (the same SQLSTATE) when its head moved (`pipeline`).
+_HEAD_MOVED_TEXT = "runledger: the head moved "
 
 
 def update_head(
@@ -146,7 +153,7 @@ def update_head(
     caller holds the row lock, so it cannot miss. Raises AttachedMissed (nothing written) when
     the head held but an attached change did not. `db`: the default connection, if the caller
     has it at hand (else it is looked up)."""
-    statement, params = _update_statement(run_pk, before, len(events), changes, guard, attached)
+    statement, params = _update_statement(run_pk, before, len(events), recorded_at, changes, guard, attached)
     try:
         return _execute(statement, params, events, recorded_at, changes, db) is not None
     except DataError as exc:
@@ -157,7 +164,14 @@ def update_head(
 
 
 def _update_statement(
-    run_pk: int, before: int, events: int, changes: Changes, guard: Guard | None, attached: Sequence[Attached]
+    run_pk: int,
+    before: int,
+    events: int,
+    recorded_at: datetime,
+    changes: Changes,
+    guard: Guard | None,
+    attached: Sequence[Attached],
+    must_hold: bool = False,
 ) -> tuple[_Statement, dict[str, Any]]:
     params: dict[str, Any] = {"run_pk": run_pk, "before": before}
     if guard is not None:
@@ -175,7 +189,11 @@ def _update_statement(
         params.update(change.params)
     guard_shape = None if guard is None else (guard.fencing_token is not None, bool(guard.keys), bool(guard.new_calls))
     statement = _update_sql(
-        tuple(changes.run), guard_shape, tuple((a.name, a.condition, a.sql) for a in attached), *_shape(events, changes)
+        tuple(changes.run),
+        guard_shape,
+        tuple((a.name, a.condition, a.sql) for a in attached),
+        must_hold,
+        *_shape(events, changes, recorded_at),
     )
     return statement, params
 
@@ -200,7 +218,7 @@ def insert_head(
     the workspace's `settings` (rules.prepared_with); its pk, or None if the row already exists
     or those are no longer the stored ones (nothing was written)."""
     return _execute(
-        _insert_sql(tuple(run_row), *_shape(len(events), changes)),
+        _insert_sql(tuple(run_row), *_shape(len(events), changes, recorded_at)),
         {"workspace_pk": run_row["workspace_id"], "settings": settings},
         events,
         recorded_at,
@@ -229,14 +247,19 @@ _ROW_TABLES = ("steps", "tool_calls", "cost_entries", "daily_usage", "new_tool_c
 _ROW_MODELS = tuple(zip(_ROW_TABLES, (Step, ToolCall, CostEntry, DailyUsage, ToolCall)))
 
 
-def _shape(events: int, changes: Changes) -> tuple[RowShape, ...]:
-    return (
-        (EVENT_FIELDS, events == 1),
-        *(
-            (tuple(rows[0]), len(rows) == 1) if rows else None
-            for rows in (getattr(changes, name) for name in _ROW_TABLES)
-        ),
-    )
+def _shape(events: int, changes: Changes, recorded_at: datetime) -> tuple[RowShape, ...]:
+    shapes = [
+        (tuple(rows[0]), len(rows) == 1) if rows else None for rows in (getattr(changes, name) for name in _ROW_TABLES)
+    ]
+    costs = changes.cost_entries
+    if costs and all(row.get("recorded_at") == recorded_at for row in costs):
+        # The batch's cost entries are recorded when its events are (always, for an append's):
+        # the one `recorded_at` parameter, as for the events, instead of a timestamp in every
+        # row's JSON for the server to parse (the key stays in the JSON: the recordset's column
+        # list, which no longer names it, is what is read).
+        names = tuple(name for name in costs[0] if name != "recorded_at")
+        shapes[_ROW_TABLES.index("cost_entries")] = (names, len(costs) == 1)
+    return ((EVENT_FIELDS, events == 1), *shapes)
 
 
 @dataclass(frozen=True)
@@ -360,6 +383,7 @@ def _update_sql(
     run_columns: tuple[str, ...],
     guard: tuple[bool, bool, bool] | None,
     attached: tuple[tuple[str, str, str], ...],
+    must_hold: bool,
     *rows: RowShape,
 ) -> _Statement:
     sets = ", ".join(f"{col(Run, n)} = %(run_{n})s" for n in run_columns)
@@ -374,7 +398,9 @@ def _update_sql(
             terms.append(rules.calls_not_known())
     where = " AND ".join(terms)
     where += "".join(f" AND ({condition})" for _, condition, _ in attached)
-    return _numbered(_with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached))
+    return _numbered(
+        _with_head(f"UPDATE {table(Run)} SET {sets} WHERE {where} RETURNING id", rows, attached, must_hold)
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -391,7 +417,9 @@ def _insert_sql(run_columns: tuple[str, ...], *rows: RowShape) -> _Statement:
     )
 
 
-def _with_head(head: str, rows: tuple[RowShape, ...], attached: tuple[tuple[str, str, str], ...] = ()) -> str:
+def _with_head(
+    head: str, rows: tuple[RowShape, ...], attached: tuple[tuple[str, str, str], ...] = (), must_hold: bool = False
+) -> str:
     events, steps, calls, costs, usage, new_calls = rows
     assert events is not None
     parts = [
@@ -408,10 +436,21 @@ def _with_head(head: str, rows: tuple[RowShape, ...], attached: tuple[tuple[str,
     if calls:
         parts.append(f"tool_calls AS ({_insert_from_head(ToolCall, calls, 'tool_calls', key=('run_id', 'call_id'))})")
     if costs:
-        parts.append(f"cost_entries AS ({_insert_from_head(CostEntry, costs, 'cost_entries')})")
+        # Without recorded_at in its rows, the entries take the statement's (`_shape`).
+        at = None if "recorded_at" in costs[0] else ("recorded_at", "%(recorded_at)s::timestamptz")
+        parts.append(f"cost_entries AS ({_insert_from_head(CostEntry, costs, 'cost_entries', extra=at)})")
     if usage:
         upsert = rollup.upsert_sql("head, " + _rows_from(DailyUsage, usage, "daily_usage"), one_row=usage[1])
         parts.append(f"daily_usage AS ({upsert})")
+    if must_hold:
+        # A part of a long batch (`pipeline`): a head that moved fails the statement, and with it
+        # the batch's transaction, instead of answering no row. The cast of the text (a subquery,
+        # so never folded at planning) is reached only when the head returned none.
+        assert not attached
+        return (
+            "WITH " + ", ".join(parts) + f" SELECT coalesce((SELECT id FROM head), "
+            f"('{_HEAD_MOVED_TEXT}' || (SELECT count(*) FROM head))::bigint)"
+        )
     if not attached:
         return "WITH " + ", ".join(parts) + " SELECT id FROM head"
     # Every attached change must have written its row when the head did; the ELSE branch (a
@@ -462,13 +501,15 @@ class PipelineMissed(Exception):
 class Pipeline:
     """Head updates of one run sent back to back in one transaction without waiting for their
     answers (psycopg's pipeline mode): the server executes a part of a batch while the caller
-    prepares the next. Each is `update_head`'s statement with its part's guard; after the first,
-    the run row is this transaction's, so a later part misses only on its own guard (a key or a
-    call that an earlier part of the batch wrote)."""
+    prepares the next. Each is `update_head`'s statement with its part's guard, in the form that
+    fails when its head moved (`_with_head`'s `must_hold`): a part that misses aborts the
+    transaction, so the COMMIT sent behind the last part cannot keep any of it. After the first
+    part, the run row is this transaction's, so a later part misses only on its own guard (a key
+    or a call that an earlier part of the batch wrote)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
-        self._sent: list[psycopg.RawCursor[Any]] = []
+        self._raw = psycopg.RawCursor(conn)
 
     def update_head(
         self,
@@ -479,32 +520,67 @@ class Pipeline:
         changes: Changes,
         guard: Guard,
     ) -> None:
-        statement, params = _update_statement(run_pk, before, len(events), changes, guard, ())
-        raw = psycopg.RawCursor(self._conn)  # a cursor per statement: each keeps its own answer
-        raw.execute(statement.text, _values(statement, params, events, recorded_at, changes), prepare=True)
-        self._sent.append(raw)
+        statement, params = _update_statement(
+            run_pk, before, len(events), recorded_at, changes, guard, (), must_hold=True
+        )
+        self._raw.execute(statement.text, _values(statement, params, events, recorded_at, changes), prepare=True)
 
-    def confirmed(self) -> bool:
-        """Whether every statement sent found its head (after the pipeline's sync)."""
-        return all(raw.fetchone() is not None for raw in self._sent)
+    def send(self, command: bytes) -> None:
+        self._raw.execute(command)
+
+
+_OPEN = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 
 
 @contextmanager
 def pipeline(db: BaseDatabaseWrapper | None = None) -> Iterator[Pipeline]:
     """A transaction for `Pipeline.update_head`s: it commits when the body returns and every
     statement wrote; otherwise it rolls back and raises PipelineMissed. An exception of the body
-    rolls it back too. Outside a transaction only (Django's autocommit): it is its own."""
+    rolls it back too. Outside a transaction only (Django's autocommit): it is its own.
+
+    One wait for the server in all: BEGIN goes out with the first part and COMMIT behind the last,
+    and the answers are read once, at the pipeline's end (psycopg's `transaction()` would wait for
+    its BEGIN, then for the parts, then for the COMMIT). A part that missed has failed the
+    transaction by then (the server skips what follows it, the COMMIT too); a body that raised
+    sent no COMMIT. Either way the transaction is still open after the pipeline's end and is
+    rolled back there."""
     db = _ready(db)
     conn = db.connection
     _allow_preparing(conn)
+    mode = conn.pipeline()
     try:
-        with db.wrap_database_errors, conn.pipeline() as pipe, conn.transaction():
-            sent = Pipeline(conn)
-            yield sent
-            pipe.sync()
-            if not sent.confirmed():
-                raise PipelineMissed
+        with db.wrap_database_errors:
+            try:
+                mode.__enter__()
+                failed: BaseException | None = None
+                try:
+                    sent = Pipeline(conn)
+                    sent.send(b"BEGIN")
+                    yield sent
+                    sent.send(b"COMMIT")
+                except BaseException as exc:  # re-raised below, once the pipeline has ended
+                    failed = exc
+                try:
+                    # Ended as if the body had returned: psycopg would log the answers of a failed
+                    # pipeline as a warning beside an exception of the body (a missed part raises
+                    # as soon as its answer is read, often while the next part is sent).
+                    mode.__exit__(None, None, None)
+                except psycopg.Error:
+                    if failed is None:
+                        raise
+                if failed is not None:
+                    raise failed
+            finally:
+                if conn.pgconn.transaction_status in _OPEN:
+                    # Not `conn.rollback()`, which also forgets every statement prepared on the
+                    # connection; a part's statement that a failed pipeline skipped is marked
+                    # unprepared by psycopg itself.
+                    psycopg.RawCursor(conn).execute(b"ROLLBACK")
     except IntegrityError as exc:  # a part's key or new call the unique indexes refused (Guard)
         if held_by_constraint(exc):
+            raise PipelineMissed from exc
+        raise
+    except DataError as exc:  # a part whose head moved (`_with_head`'s `must_hold`)
+        if getattr(exc.__cause__, "sqlstate", None) == _MISSED and _HEAD_MOVED_TEXT in str(exc.__cause__):
             raise PipelineMissed from exc
         raise

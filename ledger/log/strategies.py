@@ -34,7 +34,7 @@ from ..errors import InvalidEvent, LedgerError, RunTooLarge
 from ..fold import RunState, advance
 from ..fold.pricing import LITTLE_WORKFLOW, NATIVE, PriceTable, prices_for, prices_of
 from ..limits import max_bytes_per_run, max_events_per_run
-from ..models import Event, Run, RunStatus, Workspace
+from ..models import Event, Run, Workspace
 from . import announce, hooks, prepare, repricing, rules, statements, states
 from .artifacts import INLINE_LIMIT_BYTES, externalize
 from .bulk import insert_rows
@@ -169,7 +169,7 @@ def one_statement(
         return None  # the guess may be stale: refusals are decided under the lock, on the log
     changes = batch_changes(workspace.pk, state, written, before)
     _record_starter(changes, before, by)
-    finishing = state.status in RunStatus.finished()
+    finishing = state.status in rules.FINISHED
     in_caller_transaction = db.in_atomic_block
     # An attached change may fail the statement (a race on its rows): inside a caller's
     # transaction a savepoint keeps that failure from ending the caller's transaction.
@@ -271,17 +271,15 @@ def pipelined(
                 restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in part], started_new=True)
                 before = Mark.of(state)
                 part_rows, part_written, part_out, part_stored = _allocate(run, state, part, {}, now, prices)
-                changes = batch_changes(workspace.pk, state, part_written, before)
+                # Not the last part: its events, tool calls and cost entries, and the head's
+                # sequence. The rows that each part would rewrite (the run's projected columns,
+                # the steps, the usage cells) are written once, by the last part, as they stand
+                # after the whole batch: the same rows when the transaction commits, and four
+                # fewer upserts of each (and of the month's trigger) per 500 events.
+                last = start + PIPELINE_PART >= len(events)
+                changes = batch_changes(workspace.pk, state, part_written, before, whole=last and not start)
                 entries += changes.cost_entries
-                if start + PIPELINE_PART < len(events):
-                    # Not the last part: its events, tool calls and cost entries, and the head's
-                    # sequence. The rows that each part would rewrite (the run's projected columns,
-                    # the steps, the usage cells) are written once, by the last part, as they stand
-                    # after the whole batch: the same rows when the transaction commits, and four
-                    # fewer upserts of each (and of the month's trigger) per 500 events.
-                    changes.run = {"last_sequence": state.last_sequence}
-                    changes.steps, changes.daily_usage = [], []
-                elif start:  # the last of several parts: what the whole batch changed
+                if last and start:  # the last of several parts: what the whole batch changed
                     totals = batch_totals(workspace.pk, state, first, written + part_written, entries)
                     changes.run, changes.steps, changes.daily_usage = totals.run, totals.steps, totals.daily_usage
                 # Its own transaction: the unique indexes hold the keys and new calls (statements.Guard).
@@ -395,7 +393,7 @@ def _after_write(
         # without its two lookups of the connection (a fifth of this function's time).
         remember()
         send()
-    if state.status in RunStatus.finished():
+    if state.status in rules.FINISHED:
         hooks.run_ended(run, written)
 
 
