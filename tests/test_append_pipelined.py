@@ -255,6 +255,13 @@ def test_a_stale_guess_rolls_every_part_back_and_the_locked_path_appends(
     assert result.last_sequence == 3 + LONG
     assert _sequences("run_s") == list(range(1, 4 + LONG))
     _projections_equal_the_fold(ws, "run_s")
+    # The same connection takes the next long batch in parts again: the statements the failed
+    # pipeline prepared or skipped are not taken for prepared when they are not.
+    sent = len(parts)
+    again = append(workspace=ws, run_id="run_s", events=_work(LONG, "c2"))
+    _pipelined(parts[sent:], [PIPELINE_PART, PIPELINE_PART, LONG - 2 * PIPELINE_PART])
+    assert again.last_sequence == 3 + 2 * LONG
+    _projections_equal_the_fold(ws, "run_s")
 
 
 def test_a_fenced_run_refuses_a_long_batch_without_its_token(ws: Workspace) -> None:
