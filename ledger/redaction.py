@@ -424,6 +424,7 @@ class Redactor:
                 pass
         self._secret: dict[str, bool] = {}
         self._plain_keys: dict[str, bool] = {}  # exact-str BMP keys seen by `plain`: is_secret
+        self._changed_names: dict[str, bool] = {}  # `changes_name`'s verdicts
 
     def is_secret(self, key: str) -> bool:
         verdict = self._secret.get(key)
@@ -431,6 +432,16 @@ class Redactor:
             if len(self._secret) >= _VERDICTS_KEPT:
                 self._secret.clear()
             verdict = self._secret[key] = normalize_key(key) in self.extra_keys or is_builtin_secret_key(key)
+        return verdict
+
+    def changes_name(self, name: str) -> bool:
+        """Whether `scrub` would change `name`, a string that recurs (an event's type: a batch
+        names a few types hundreds of times), remembered per name."""
+        verdict = self._changed_names.get(name)
+        if verdict is None:
+            if len(self._changed_names) >= _VERDICTS_KEPT:
+                self._changed_names.clear()
+            verdict = self._changed_names[name] = self.scrub(name) != name
         return verdict
 
     def scrub(self, text: str) -> str:

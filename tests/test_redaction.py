@@ -477,11 +477,22 @@ def test_a_secret_in_the_type_or_idempotency_key_is_refused(append, field: str, 
 
     append("run_env", started())
     event = {**ev("custom.note", text="x"), field: value}
-    with pytest.raises(InvalidEvent) as refused:
-        append("run_env", event)
-    assert refused.value.details == {"index": 0, "field": field}
+    for _ in range(2):  # and again: the type's verdict is remembered, not forgotten
+        with pytest.raises(InvalidEvent) as refused:
+            append("run_env", event)
+        assert refused.value.details == {"index": 0, "field": field}
     assert Event.objects.filter(run__run_id="run_env").count() == 1
     assert append("run_env", {**ev("custom.note", text="x"), "idempotencyKey": "step-1-ordinary"}).events
+
+
+def test_a_type_is_judged_by_its_redactor_every_time_it_comes() -> None:
+    """The verdict on a type is remembered per rule set: a batch names a few types many times."""
+    builtins, own = Redactor(), Redactor((), [r"custom\.ord_\d+"])
+    for _ in range(2):  # the second answer is the remembered one
+        assert builtins.changes_name("custom.AKIAIOSFODNN7EXAMPLE")
+        assert not builtins.changes_name("custom.ord_12")
+        assert own.changes_name("custom.ord_12")
+        assert not own.changes_name("harness.model.responded")
 
 
 @pytest.mark.django_db(transaction=True)
