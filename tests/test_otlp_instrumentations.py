@@ -270,8 +270,8 @@ def test_a_stream_without_include_usage_is_unpriced_not_free(
     [
         ("genai", "http-500", "openai.InternalServerError"),
         ("genai", "hang-up", "openai.APIConnectionError"),
-        ("openinference", "http-500", "SpanError"),
-        ("openinference", "hang-up", "SpanError"),
+        ("openinference", "http-500", "openai.InternalServerError"),
+        ("openinference", "hang-up", "openai.APIConnectionError"),
     ],
 )
 def test_a_model_call_that_failed_after_its_request_left_is_unpriced_not_free(

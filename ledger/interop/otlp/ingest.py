@@ -880,12 +880,22 @@ _CLASS_REPR = re.compile(r"<class '([^']+)'>")
 
 
 def _error(span: _Span) -> dict[str, Any]:
+    """The span's error: `error.type` (GenAI), else its last `exception` event's `exception.type`
+    (OpenInference and every `span.record_exception`: "openai.InternalServerError"); the status
+    message, else that event's `exception.message`."""
+    raised: dict[str, Any] = next(
+        (e.get("attributes", {}) for e in reversed(span.events) if e["name"] == "exception"), {}
+    )
     kind = span.attributes.get("error.type")
+    if not (isinstance(kind, str) and kind):
+        kind = raised.get("exception.type")
     if isinstance(kind, str) and (named := _CLASS_REPR.fullmatch(kind)) is not None:
         kind = named[1]
+    said = raised.get("exception.message")
     return {
         "name": kind if isinstance(kind, str) and kind else "SpanError",
-        "message": span.status_message or f"span {span.name!r} ended with status ERROR",
+        "message": span.status_message
+        or (said if isinstance(said, str) and said else f"span {span.name!r} ended with status ERROR"),
     }
 
 
