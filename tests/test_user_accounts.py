@@ -110,8 +110,15 @@ def test_an_enabled_account_is_added_and_reset_as_any_other(admin: Any, viewer: 
     assert ledger("reset-password", "dave")[0].strip()
 
 
-def test_disabling_the_last_enabled_admin_says_the_tenant_has_none(admin: Any, viewer: Any) -> None:
-    out, err = ledger("disable-user", "alice")
+def test_disabling_the_last_enabled_admin_is_refused_without_force(admin: Any, viewer: Any) -> None:
+    """Refused, nothing changed: the tenant would have no admin who can sign in (docs/operations.md
+    § Members). With --force it is done, and stderr names the tenant left so."""
+    with pytest.raises(CommandError, match="alice is the last admin with an enabled account of acme") as refused:
+        ledger("disable-user", "alice")
+    assert "ledger disable-user alice --force" in str(refused.value)
+    assert User.objects.get(username="alice").is_active and signs_in("alice")
+    assert not AuditEntry.objects.filter(action="member.account_disabled").exists()
+    out, err = ledger("disable-user", "alice", "--force")
     assert out.startswith("the account of alice is disabled")
     assert err == (
         "acme has no admin with an enabled account now: nobody but you can manage its members, keys or settings "

@@ -160,6 +160,46 @@ def test_the_last_admin_is_neither_removed_nor_demoted_here_or_on_the_command_li
     assert c.get(PAGE).status_code == 403
 
 
+def test_an_admin_whose_account_is_disabled_does_not_count(admin: Any, approver: Any) -> None:
+    """bob is an admin too, but his account is disabled (`ledger disable-user`): he cannot sign in,
+    so alice is the last admin who can, and is kept as the last admin is, in the console, the
+    services and the commands (docs/operations.md § Members). bob himself is kept too once no
+    admin of acme has an enabled account."""
+    change_role(username="bob", tenant="acme", role="admin")
+    call_command("ledger", "disable-user", "bob", stdout=io.StringIO())
+    c = as_user(admin)
+    html = c.get(PAGE).content.decode()
+    alice = html.split('data-username="alice"')[1].split("</tr>")[0]
+    assert "The only admin with an enabled account" in alice and "change-role" not in alice
+    bob = html.split('data-username="bob"')[1].split("</tr>")[0]
+    assert "change-role" in bob and "remove-member" in bob
+    for url, data in ((ROLE, {"username": "alice", "role": "approver"}), (REMOVE, {"username": "alice"})):
+        refused = c.post(url, data, **HTMX)
+        assert refused.status_code == 422
+        assert "alice is the last admin of acme with an enabled account" in refused.content.decode()
+    with pytest.raises(LastAdmin):
+        change_role(username="alice", tenant="acme", role="viewer")
+    with pytest.raises(LastAdmin):
+        remove_member(username="alice", tenant="acme")
+    with pytest.raises(CommandError, match="last admin of acme with an enabled account"):
+        call_command("ledger", "create-user", "alice", "--tenant", "acme", "--role", "viewer", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="last admin of acme with an enabled account"):
+        call_command("ledger", "remove-member", "alice", "--tenant", "acme", stdout=io.StringIO())
+    assert (_role("alice"), _role("bob")) == ("admin", "admin")
+    assert not AuditEntry.objects.filter(action__in=["member.changed", "member.removed"], target="user:alice")
+
+    # alice disabled too (forced): neither admin can sign in, and neither stops being one.
+    call_command("ledger", "disable-user", "alice", "--force", stdout=io.StringIO(), stderr=io.StringIO())
+    with pytest.raises(LastAdmin, match="bob's account is disabled and acme has no admin with an enabled account"):
+        remove_member(username="bob", tenant="acme")
+    assert _role("bob") == "admin"
+
+    # bob enabled again: alice, disabled, may now be demoted.
+    call_command("ledger", "enable-user", "bob", stdout=io.StringIO(), stderr=io.StringIO())
+    assert change_role(username="alice", tenant="acme", role="viewer")
+    assert _role("alice") == "viewer"
+
+
 def _password(html: str) -> str:
     found = re.search(r'<input id="new-member-password"[^>]*\bvalue="([^"]+)"', html)
     assert found, html

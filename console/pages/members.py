@@ -4,7 +4,8 @@ reset a member's password. The same services as the command line's (`ledger add-
 create-user` for a role, `ledger remove-member`, `ledger reset-password`;
 ledger/tenancy/services.py), so the same rules and the same audit entries (`member.added`,
 `member.changed`, `member.removed`, `member.password_reset`, with the admin's name): the tenant's
-last admin can be neither removed nor given another role (`last_admin`).
+last admin can be neither removed nor given another role (`last_admin`); an admin whose account is
+disabled does not count.
 
 A reset gives the member a new one-time password, shown once as a new user's is, ends their
 sessions and forgets their failed logins. Not the admin's own account (they change their own),
@@ -52,7 +53,8 @@ def _section(
     ws: Workspace, user: Any, *, error: str = "", done: str = "", reset: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     rows = tenancy.members(ws.tenant)
-    admins = sum(1 for m in rows if m.role == Role.ADMIN)
+    # Admins who can sign in: a disabled account's admin does not count (`_keep_an_admin`).
+    enabled_admins = sum(1 for m in rows if m.role == Role.ADMIN and m.active)
     beyond = tenancy.beyond_reset(ws.tenant, user)
     return {
         "workspace": ws,
@@ -61,12 +63,14 @@ def _section(
                 "m": m,
                 "you": m.username == user.get_username(),
                 # Offered only where it can work: the last admin's role and membership stay.
-                "last_admin": m.role == Role.ADMIN and admins == 1,
+                "last_admin": m.role == Role.ADMIN and enabled_admins - m.active == 0,
                 # A reset is offered only where it can work too (the service refuses the rest).
                 "resettable": m.active and m.username not in beyond,
             }
             for m in rows
         ],
+        # Admins whose account is disabled: the last one who can sign in is then said so.
+        "admins_disabled": sum(1 for m in rows if m.role == Role.ADMIN and not m.active),
         "roles": list(Role.values),
         "role_url": reverse("workspace-member-role", args=[ws.tenant.slug, ws.slug]),
         "remove_url": reverse("workspace-member-remove", args=[ws.tenant.slug, ws.slug]),

@@ -5,7 +5,9 @@ password), every session they have open ends, and nobody can make them a member 
 new password (409 `account_disabled`) until `ledger enable-user NAME`. Their memberships, roles and
 password stay. Audited `member.account_disabled` (actor `system:cli`, the reason) in each tenant
 they are a member of. A name nobody has (404 `not_found`) is refused with exit status 1; an account
-disabled already changes nothing (exit 0, said on stdout)."""
+disabled already changes nothing (exit 0, said on stdout). The last admin with an enabled account of
+a tenant is refused too (409 `last_admin`, exit 1, nothing changed): with `--force` the account is
+disabled and each tenant left without one is named on stderr."""
 
 from __future__ import annotations
 
@@ -24,10 +26,13 @@ HELP = "disable a user's account (sign-in refused, sessions ended); ledger enabl
 def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("name")
     parser.add_argument("--reason", default="", help="recorded in the audit entries")
+    parser.add_argument(
+        "--force", action="store_true", help="disable even the last admin with an enabled account of a tenant"
+    )
 
 
-def handle(cmd: BaseCommand, *, name: str, reason: str = "", **_: Any) -> None:
-    done = tenancy.disable_user(username=name, reason=reason)
+def handle(cmd: BaseCommand, *, name: str, reason: str = "", force: bool = False, **_: Any) -> None:
+    done = tenancy.disable_user(username=name, reason=reason, force=force)
     if not done.changed:
         cmd.stdout.write(f"the account of {name} is disabled already: nothing changed")
         return

@@ -342,18 +342,37 @@ class AccountChange:
 
 
 @transaction.atomic
-def disable_user(*, username: str, reason: str = "", by: audit.Actor | AbstractBaseUser = CLI) -> AccountChange:
+def disable_user(
+    *, username: str, reason: str = "", force: bool = False, by: audit.Actor | AbstractBaseUser = CLI
+) -> AccountChange:
     """Disable a user's account (Django's `is_active` off: every sign-in refused, with any
     password) and end every session they have open; audited as member.account_disabled, with the
     reason, in each tenant they are a member of. The deployment's operator's alone (the command
     line): an account belongs to the deployment, not to a tenant. Their memberships, roles and
     password stay, so `enable_user` gives the account back as it was. NotFound for a name nobody
-    has; an account disabled already changes nothing (`changed` False)."""
+    has; an account disabled already changes nothing (`changed` False). LastAdmin, with nothing
+    changed, when they are the last admin with an enabled account of a tenant, unless `force`
+    (the tenants then left so are `without_admin`)."""
     user = _user_for_update(username)
     reason = written(reason, field="reason", label="reason", required=False)
     tenants = _tenants_of(user)
     if not user.is_active:
         return AccountChange(username, False, tuple(t.slug for t in tenants))
+    administered = Membership.objects.filter(user=user, role=Role.ADMIN).values("tenant_id")
+    still_run = Membership.objects.filter(role=Role.ADMIN, user__is_active=True).exclude(user=user)
+    without = list(
+        Tenant.objects.filter(pk__in=administered)
+        .exclude(pk__in=still_run.values("tenant_id"))
+        .order_by("slug")
+        .values_list("slug", flat=True)
+    )
+    if without and not force:
+        raise LastAdmin(
+            f"{username} is the last admin with an enabled account of {', '.join(without)}: disabled, nobody "
+            "but the deployment's operator could manage its members, keys or settings; make another member "
+            f"admin first, or disable it anyway: ledger disable-user {username} --force",
+            field="username",
+        )
     user.is_active = False
     user.save(update_fields=["is_active"])
     ended = _end_sessions(user)
@@ -366,12 +385,7 @@ def disable_user(*, username: str, reason: str = "", by: audit.Actor | AbstractB
             reason=reason,
             details={"sessionsEnded": ended},
         )
-    administered = Membership.objects.filter(user=user, role=Role.ADMIN).values("tenant_id")
-    still_run = Membership.objects.filter(role=Role.ADMIN, user__is_active=True).values("tenant_id")
-    without = Tenant.objects.filter(pk__in=administered).exclude(pk__in=still_run).order_by("slug")
-    return AccountChange(
-        username, True, tuple(t.slug for t in tenants), ended, tuple(without.values_list("slug", flat=True))
-    )
+    return AccountChange(username, True, tuple(t.slug for t in tenants), ended, tuple(without))
 
 
 @transaction.atomic
@@ -576,17 +590,21 @@ def _existing_tenant(slug: str) -> Tenant:
 
 
 def _keep_an_admin(tenant: Tenant, membership: Membership, role: str | None) -> None:
-    """LastAdmin when `membership` is the tenant's only admin and would stop being one (`role`
-    below admin, or None: removed)."""
+    """LastAdmin when `membership` is an admin and would stop being one (`role` below admin, or
+    None: removed) while no other admin of the tenant has an enabled account: an admin whose
+    account is disabled cannot sign in, so does not count (`ledger disable-user`)."""
     if membership.role != Role.ADMIN or role == Role.ADMIN:
         return
-    if not Membership.objects.filter(tenant=tenant, role=Role.ADMIN).exclude(pk=membership.pk).exists():
-        what = "removed" if role is None else f"made {role}"
-        raise LastAdmin(
-            f"{membership.user.get_username()} is the last admin of {tenant.slug} and cannot be {what}: "
-            "make another member admin first",
-            field="role",
-        )
+    others = Membership.objects.filter(tenant=tenant, role=Role.ADMIN, user__is_active=True)
+    if not others.exclude(pk=membership.pk).exists():
+        name, what = membership.user.get_username(), "removed" if role is None else f"made {role}"
+        if not membership.user.is_active:
+            why = f"{name}'s account is disabled and {tenant.slug} has no admin with an enabled account"
+        elif Membership.objects.filter(tenant=tenant, role=Role.ADMIN).exclude(pk=membership.pk).exists():
+            why = f"{name} is the last admin of {tenant.slug} with an enabled account"
+        else:
+            why = f"{name} is the last admin of {tenant.slug}"
+        raise LastAdmin(f"{why} and cannot be {what}: make another member admin first", field="role")
 
 
 def _set_role(tenant: Tenant, membership: Membership, role: str, *, by: audit.Actor | AbstractBaseUser) -> bool:
