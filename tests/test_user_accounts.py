@@ -8,6 +8,7 @@ one): one line on stderr, a non-zero exit, no traceback."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -168,10 +169,20 @@ def test_create_user_says_what_it_did(workspace: Any, other_workspace: Any) -> N
     assert ledger("create-user", "erin", "--tenant", "globex", "--role", "operator")[0] == (
         "erin was operator of globex already: nothing changed\n"
     )
+    assert not entries("member.password_reset")  # a new user's password is in their member.added
+    signed_in = Client()
+    assert signed_in.post(LOGIN, {"username": "erin", "password": "pw-erin-1234x"}).status_code == 302
     assert ledger("create-user", "erin", "--tenant", "globex", "--role", "operator", "--password", "pw-erin-5678y")[
         0
-    ] == ("erin was operator of globex already; their password is the one given\n")
-    assert signs_in("erin", "pw-erin-5678y")
+    ] == ("erin was operator of globex already; their password is the one given (1 session(s) ended)\n")
+    assert signs_in("erin", "pw-erin-5678y") and not signs_in("erin", "pw-erin-1234x")
+    assert signed_in.get(RUNS).status_code == 302  # to the sign-in page
+    # Audited as `ledger reset-password` is, in each of erin's tenants, without the password.
+    assert entries("member.password_reset") == [
+        ("acme", "system:cli", "user:erin", "", {"sessionsEnded": 1, "oneTime": False}),
+        ("globex", "system:cli", "user:erin", "", {"sessionsEnded": 1, "oneTime": False}),
+    ]
+    assert not [e for e in AuditEntry.objects.all() if "pw-erin" in json.dumps(e.details) + e.reason]
     assert [e[:3] for e in entries("member.added")] == [
         ("acme", "system:cli", "user:erin"),
         ("globex", "system:cli", "user:erin"),

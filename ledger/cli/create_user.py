@@ -2,7 +2,8 @@
 
 The service is ledger/tenancy/services.py `create_user`, and stdout says what it did: a new user,
 a new membership of an existing user, a role changed (audited `member.added`, `member.changed`),
-nothing changed, the password set. Refused with the reason on stderr and exit status 1, nothing
+nothing changed, the password set (an existing user's: audited `member.password_reset` in each of
+their tenants, as `ledger reset-password`, their sessions ended). Refused with the reason on stderr and exit status 1, nothing
 written: a tenant that does not exist, a name that is not a username, a new user without
 `--password` (they could never sign in: `ledger add-member NAME --new` makes one with a one-time
 password), a disabled account (409 `account_disabled`: `ledger enable-user NAME` first), a weak
@@ -41,7 +42,7 @@ def handle(cmd: BaseCommand, *, name: str, tenant: str, role: str, password: str
     else:
         said = f"{name} was {role} of {tenant} already"
     if done.password_set and not done.new_user:
-        said += "; their password is the one given"
+        said += f"; their password is the one given ({done.sessions_ended} session(s) ended)"
     elif not done.new_user and not done.new_member and done.previous_role == role:
         said += ": nothing changed"
     cmd.stdout.write(said)

@@ -63,6 +63,8 @@ class UserSet:
     # False: the user has no password they could sign in with (none was ever set, or an unusable
     # one, as `createsuperuser --noinput` makes); `ledger reset-password` gives them one.
     has_password: bool
+    # An existing user's password set: their sessions that were open and are now ended (deleted).
+    sessions_ended: int = 0
 
     @property
     def new_member(self) -> bool:
@@ -83,7 +85,10 @@ def create_user(
     membership change). Refused, nothing written: a role or username that is not one, a tenant
     that does not exist, a new user without a password (they could never sign in: `add_member`
     makes one with a one-time password), and a disabled account (AccountDisabled, as `add_member`
-    refuses it: enabled first with `enable_user`)."""
+    refuses it: enabled first with `enable_user`). An existing user's password set is a reset by
+    the operator, done and audited as `reset_password`'s (member.password_reset in each tenant
+    they are a member of, without the password): their sessions end, their failed logins are
+    forgotten."""
     _check_role(role)
     t = _existing_tenant(tenant)
     model = get_user_model()
@@ -126,7 +131,19 @@ def create_user(
         membership = _add_membership(t, user, role, by=by)
     else:
         _set_role(t, membership, role, by=by)
-    return UserSet(membership, new_user, previous, bool(password), _has_password(user))
+    ended = 0
+    if password and not new_user:
+        ended = _end_sessions(user)
+        forget_failed_logins(username=username)
+        for each in _tenants_of(user):
+            audit.record(
+                actor=by,
+                tenant=each,
+                action=audit.Action.MEMBER_PASSWORD_RESET,
+                target=f"user:{username}",
+                details={"sessionsEnded": ended, "oneTime": False},
+            )
+    return UserSet(membership, new_user, previous, bool(password), _has_password(user), ended)
 
 
 def _has_password(user: AbstractBaseUser) -> bool:
