@@ -149,6 +149,19 @@ def test_the_loops_list_links_each_loop_and_the_nav_leads_to_it(client: Client, 
     assert "cycle" not in "".join(re.findall(r'data-loop-id="([^"]+)"', html))
 
 
+def test_the_loops_filter_form_leaves_a_url_of_what_was_chosen(client: Client, viewer: Any, loop: Any) -> None:
+    """The From/To form sends both fields, empty ones too: the list redirects to the URL holding
+    only what was chosen, as the runs list does (one to bookmark or send on)."""
+    client.force_login(viewer)
+    both_empty = client.get(LIST + "?from=&to=")
+    assert both_empty.status_code == 302 and both_empty["Location"] == LIST
+    assert re.findall(r'data-loop-id="([^"]+)"', client.get(both_empty["Location"]).content.decode()) == ["ol_page"]
+    one_day = client.get(LIST + "?to=&from=2026-03-01")
+    assert one_day.status_code == 302 and one_day["Location"] == LIST + "?from=2026-03-01"
+    assert client.get(LIST + "?from=&to=", headers={"HX-Request": "true"}).status_code == 200  # htmx: as sent
+    assert client.get(LIST + "?from=2026-03-01").status_code == 200  # what was chosen alone: no redirect
+
+
 def test_the_loops_list_is_a_404_for_another_tenant_and_a_400_for_a_broken_link(
     client: Client, outsider: Any, member: Any, loop: Any
 ) -> None:

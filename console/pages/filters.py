@@ -5,7 +5,7 @@ under others, a page link would show a page of another list as if it were this o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -14,6 +14,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db.models import Model
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 
 from ledger import limits
 
@@ -32,6 +34,24 @@ def page_query(params: Mapping[str, str], names: Iterable[str]) -> str:
     (empty ones left out, as the lists' own links leave them): what its cursors are sealed with, as
     the API's are (console/api/pagination.list_query)."""
     return urlencode(sorted((name, value) for name in names if (value := params.get(name))))
+
+
+def list_query(params: Mapping[str, str], names: Sequence[str], **changes: str) -> str:
+    """A list's URL query, of the parameters `names`, with these changes: `names` in their order,
+    then the page (`cursor`), the empty ones left out, so the same view is always the same link."""
+    given = {k: v for k, v in params.items() if k in names}
+    given.update(changes)
+    pairs = [(k, given[k]) for k in (*names, "cursor") if given.get(k)]
+    return "?" + urlencode(pairs) if pairs else ""
+
+
+def clean_address(request: HttpRequest, names: Sequence[str]) -> HttpResponse | None:
+    """The filter form sends every field, the empty ones too (`?from=&to=`): the URL to keep or
+    pass on is the one with what was chosen alone, in the list's one order (`list_query`). A
+    redirect there when a page (not an htmx swap) was asked with an empty parameter; else None."""
+    if getattr(request, "htmx", False) or "" not in request.GET.values():
+        return None
+    return redirect(request.path + list_query(request.GET, names))
 
 
 def page_cursor(at: datetime, pk: int, *, kind: str, scope: Model, query: str = "") -> str:

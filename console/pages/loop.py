@@ -9,7 +9,6 @@ and one that does not exist are the same 404.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -31,7 +30,7 @@ from ledger.runtime.outer_loop import (
 )
 
 from ..rows import run_rows
-from .filters import NOT_THESE_FILTERS, DateRangePageForm, page_cursor, page_query
+from .filters import NOT_THESE_FILTERS, DateRangePageForm, clean_address, list_query, page_cursor, page_query
 from .guard import member_access, workspace_or_404
 
 PREVIEW = 240  # characters of a cycle's output or a final output shown in the table
@@ -136,10 +135,7 @@ class LoopFilterForm(DateRangePageForm):
 
 def _loops_query(request: HttpRequest, **changes: str) -> str:
     """This list's URL with these changes: its filters, then the page, so a view is one link."""
-    given = {k: v for k, v in request.GET.items() if k in FILTERS}
-    given.update(changes)
-    params = [(k, given[k]) for k in (*FILTERS, "cursor") if given.get(k)]
-    return "?" + urlencode(params) if params else ""
+    return list_query(request.GET, FILTERS, **changes)
 
 
 @login_required
@@ -148,6 +144,8 @@ def loops_list(request: HttpRequest, tenant: str, workspace: str) -> HttpRespons
     """The workspace's outer loops: their record runs (workflow `outer_loop:…`), newest first,
     of the days From/To asked; a page link is sealed with those days (filters.page_query)."""
     ws = member_access(request, tenant, workspace).workspace
+    if (clean := clean_address(request, FILTERS)) is not None:
+        return clean
     query = page_query(request.GET, FILTERS)
     form = LoopFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws, cursor_query=query)
     context: dict[str, Any] = {

@@ -23,7 +23,7 @@ from ledger.reads import attention, runlist, selectors
 
 from .. import cursors
 from ..rows import RunRow, nested_rows, run_rows
-from .filters import NOT_THESE_FILTERS, DateRangePageForm, page_query
+from .filters import NOT_THESE_FILTERS, DateRangePageForm, clean_address, list_query, page_query
 from .guard import member_access
 
 PAGE_SIZE = 50
@@ -159,10 +159,7 @@ def _cursor(sort: runlist.Sort, run: Run, ws: Workspace, query: str) -> str:
 def _query(request: HttpRequest, **changes: str) -> str:
     """This list's URL with these changes, its parameters in one order (filters, view, page), so
     the same view is always the same link."""
-    given = {k: v for k, v in request.GET.items() if k in FILTERS + VIEW}
-    given.update(changes)
-    params = [(k, given[k]) for k in (*FILTERS, *VIEW, "cursor") if given.get(k)]
-    return "?" + urlencode(params) if params else ""
+    return list_query(request.GET, FILTERS + VIEW, **changes)
 
 
 def _own_spelling(request: HttpRequest) -> dict[str, str] | None:
@@ -234,11 +231,7 @@ def runs_list(request: _HtmxRequest, tenant: str, workspace: str) -> HttpRespons
         # A link written for the API (`sort=-cost`, `order=desc`) opens the same view, at the
         # address the console gives it.
         return redirect(request.path + _query(request, **own))
-    if not request.htmx and "" in request.GET.values():
-        # The filter form sends every field, the empty ones too: the URL to keep or pass on is
-        # the one with what was chosen alone, in the list's one order.
-        return redirect(request.path + _query(request))
-    return _list(request, ws)
+    return clean_address(request, FILTERS + VIEW) or _list(request, ws)
 
 
 def refused_batch(
