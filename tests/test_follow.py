@@ -32,7 +32,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _append_heard(workspace: Workspace, run_id: str, *events: dict[str, Any]) -> list[dict[str, Any]]:
     """Append (one transaction) and return the run messages its commit announced."""
     sent: list[tuple[str, dict[str, Any]]] = []
-    with patch.object(announce, "_send", side_effect=lambda group, message: sent.append((group, message))):
+    # Every announcement goes through _send_all (_send is one message of it).
+    with patch.object(announce, "_send_all", side_effect=sent.extend):
         log.append(workspace=workspace, run_id=run_id, events=list(events))
     return [message for _, message in sent if message["type"] == "ledger.appended"]
 
@@ -222,7 +223,7 @@ def test_an_announced_batch_does_not_answer_a_follower_woken_by_a_later_sequence
     run = Run.objects.select_related("workspace__tenant").get(run_id="run_order")
 
     def append_unannounced() -> dict[str, Any]:
-        with patch.object(announce, "_send"):  # announced by hand below
+        with patch.object(announce, "_send_all"):  # announced by hand below
             log.append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="b")])
             log.append(workspace=workspace, run_id="run_order", events=[ev("StepScheduled", stepPath="c")])
         third = Event.objects.get(run=run, sequence=3)

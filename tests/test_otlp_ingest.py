@@ -5,6 +5,7 @@ shapes become. tests/test_otlp.py covers the same receiver end to end, through a
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -101,7 +102,11 @@ def test_a_trace_over_one_batch_is_written_whole_or_not_at_all(
             logged = Event.objects.filter(run__run_id=message["runId"]).count()
             sent.append((message["runId"], logged, connection.in_atomic_block))
 
-    monkeypatch.setattr(announce, "_send", send)
+    def send_all(messages: Sequence[tuple[str, dict[str, Any]]]) -> None:  # every announcement's way out
+        for group, message in messages:
+            send(group, message)
+
+    monkeypatch.setattr(announce, "_send_all", send_all)
     tools = [tool(f"{n + 1:016x}", n) for n in range(12)]  # 1 + 3 + 12 * 2 + 1 events: three batches
     tools[-1] = tool(f"{12:016x}", 11, name="t" * 201)
     good = [span("aaaaaaaaaaaaaaaa", "other", T0, T0 + 1, trace=OTHER_TRACE)]
