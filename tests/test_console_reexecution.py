@@ -15,7 +15,9 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from ledger.log.verify import verify_run
 from ledger.models import AuditEntry, ReexecutionRequest, Run, Workspace
@@ -571,3 +573,59 @@ def test_the_approvals_socket_tells_members_and_refuses_outsiders(people: dict[s
     assert message["type"] == "reexecution" and message["status"] == "pending_approval" and message["pending"] == 1
     assert not olga_connected and not anonymous_connected
     assert get_channel_layer() is not None
+
+
+def _header_reads(user: User, path: str) -> tuple[str, list[str]]:
+    """The run page's HTML and its queries of re-execution requests by run (the navigation's
+    badge counts the workspace's pending ones apart)."""
+    with CaptureQueriesContext(connection) as queries:
+        response = as_(user).get(path)
+    assert response.status_code == 200
+    sql = [q["sql"] for q in queries if 'FROM "ledger_reexecutionrequest"' in q["sql"] and "_run_id" in q["sql"]]
+    return response.content.decode(), sql
+
+
+def test_the_header_reads_the_requests_around_a_run_once(
+    people: dict[str, User], workspace: Workspace, run: Run
+) -> None:
+    """The re-executions listed in the header, the request that made the run and the one waiting
+    for an approver (its attention) come from one query; they were three."""
+    made = _execute(
+        services.request_reexecution(workspace=workspace, run_id=RUN, mode="simulate", reason="c", by=people["carol"])
+    )
+    pending = services.request_reexecution(
+        workspace=workspace, run_id=RUN, mode="rerun", reason="r", by=people["carol"]
+    )
+    html, sql = _header_reads(people["dave"], f"{BASE}/runs/{RUN}/")
+    assert len(sql) == 1, sql
+    listed = re.search(r'<div id="run-reexecutions">.*?</div>', html, re.S)
+    assert listed and made.public_id in listed.group(0) and pending.public_id in listed.group(0)
+    assert 'data-attention="reexecution_pending"' in html and "rerun asked by carol" in html
+    html, sql = _header_reads(people["dave"], f"{BASE}/runs/{made.new_run_id}/")
+    assert len(sql) == 1, sql
+    assert f'id="original-run" href="{BASE}/runs/{RUN}/">{RUN}</a>' in html and made.public_id in html
+
+
+def test_a_run_with_more_requests_than_the_header_lists_still_shows_its_pending_one(
+    people: dict[str, User], workspace: Workspace, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one query reads the first GLANCE_KEYS + 2 requests; a run with more asks again for
+    what those leave open: here the pending request, the newest."""
+    monkeypatch.setattr("console.pages.run.GLANCE_KEYS", 1)
+    done = [
+        _execute(
+            services.request_reexecution(
+                workspace=workspace, run_id=RUN, mode="simulate", reason=f"c{n}", by=people["carol"]
+            )
+        )
+        for n in range(3)
+    ]
+    pending = services.request_reexecution(
+        workspace=workspace, run_id=RUN, mode="rerun", reason="r", by=people["carol"]
+    )
+    html, sql = _header_reads(people["dave"], f"{BASE}/runs/{RUN}/")
+    listed = re.search(r'<div id="run-reexecutions">.*?</div>', html, re.S)
+    assert listed and done[0].public_id in listed.group(0)
+    assert all(rx.public_id not in listed.group(0) for rx in [*done[1:], pending])
+    assert 'data-attention="reexecution_pending"' in html and "rerun asked by carol" in html
+    assert len(sql) == 3, sql  # the first rows, then the request that made the run and the pending one

@@ -21,6 +21,7 @@ from ledger.canonical import digest
 from ledger.log import append, artifacts
 from ledger.models import CostEntry, Event, Feedback, Run, ToolGatewayClaim, Workspace
 from ledger.replay import gateway
+from ledger.replay.feedback import record_feedback
 from tests.conftest import ev, started
 
 pytestmark = pytest.mark.django_db
@@ -685,6 +686,24 @@ def test_feedback_over_htmx_re_renders_the_feedback_section(client: Client, memb
     assert '<dd id="feedback-summary" hx-swap-oob="true">3.5/5 from 2 ratings</dd>' in html
 
 
+def test_the_header_counts_and_averages_every_rating_but_lists_the_newest_in_one_query(
+    client: Client, member: Any, rich_run: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count and the average ride on the newest rows (window aggregates, computed before the
+    LIMIT): all three ratings counted, two listed; one query of the ratings (two before)."""
+    monkeypatch.setattr("console.pages.run.FEEDBACK_SHOWN", 2)
+    run = Run.objects.get(run_id=RUN)
+    for rating, comment in ((1, "first"), (4, "second"), (5, "third")):
+        record_feedback(run=run, rating=rating, comment=comment, author=member)
+    client.force_login(member)
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(BASE).content.decode()
+    assert "3.3/5 from 3 ratings" in page
+    listed = page.split('id="feedback-form"')[1]
+    assert re.findall(r'class="feedback-item" data-rating="(\d)"', listed) == ["5", "4"]  # the newest two
+    assert len([q for q in queries if 'FROM "ledger_feedback"' in q["sql"]]) == 1
+
+
 @pytest.mark.parametrize("rating", ["", "0", "6", "x", "4.5"])
 def test_a_bad_rating_is_400_with_a_message_and_nothing_stored(
     client: Client, member: Any, rich_run: str, rating: str
@@ -917,6 +936,45 @@ def test_the_timeline_of_10000_events_takes_as_many_queries_as_100(
     assert _sequences(response.content) == list(range(9801, 10001))
     with django_assert_num_queries(_queries(client, "/w/acme/support/runs/run_small/timeline/rows/?after=0")):
         client.get("/w/acme/support/runs/run_huge/timeline/rows/?after=5000")
+
+
+# Each run view's queries for a finished run, as its admin sees it, as last counted (issue 33: a
+# short run's view costs mostly this floor). The session and its user, the workspace and the
+# membership, the run; the view's own reads; the header's (the RunStarted's outer loop and the
+# timeline's jumps are remembered per head of the run, so a later request does not ask them), the
+# share panel's links; the navigation's workspaces and badge.
+# Fewer is better: lower the figure with the change that saves a query; never raise it silently.
+VIEW_QUERIES = {
+    "": 13,  # the timeline
+    "conversation/": 12,
+    "waterfall/": 15,
+    "state/?at=2": 14,
+    "evidence/": 23,
+    "steps/": 14,
+    "costs/": 13,
+}
+
+
+@pytest.mark.parametrize("view", list(VIEW_QUERIES))
+def test_each_run_view_of_a_finished_run_asks_no_more_queries_than_counted(
+    client: Client, member: Any, workspace: Workspace, view: str
+) -> None:
+    append(
+        workspace=workspace,
+        run_id="run_done",
+        events=[
+            started(),
+            ev("StepScheduled", stepPath="draft"),
+            ev("StepCompleted", stepPath="draft", attempt=1, output={"ok": True}),
+            ev("RunCompleted", output={"ok": True}),
+        ],
+    )
+    client.force_login(member)
+    url = f"/w/acme/support/runs/run_done/{view}"
+    assert client.get(url).status_code == 200  # what a later request does not ask again is read
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    assert len(queries) == VIEW_QUERIES[view], "\n".join(q["sql"][:100] for q in queries)
 
 
 @pytest.mark.parametrize("tab", ["steps", "costs"])

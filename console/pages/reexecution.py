@@ -73,9 +73,9 @@ def divergence_url(request: ReexecutionRequest | dict[str, Any]) -> str | None:
     return reverse("reexecution-divergence", args=[tenant, workspace, public_id])
 
 
-def run_origin(run: Run) -> dict[str, Any] | None:
-    """For the run page's header: the request that made this run, its original and approver."""
-    made = reexecutions.made_run(run.workspace, run.run_id)
+def run_origin(run: Run, made: ReexecutionRequest | None) -> dict[str, Any] | None:
+    """For the run page's header: the request that made this run (reexecutions.made_run, as the
+    header read it), its original and approver."""
     if made is None:
         return None
     ws = run.workspace

@@ -31,7 +31,7 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.limits import day_in_range
-from ledger.log import artifacts
+from ledger.log import artifacts, snapshots
 from ledger.models import ReexecutionRequest, Run, Step, ToolCall
 from ledger.reads import attention, failure, reexecutions, selectors, serialize
 from ledger.reads.subruns import subrun_tree
@@ -205,9 +205,10 @@ def _output_url(run: Run) -> str | None:
     return artifact_url(run.workspace, stored.artifact_id) if stored is not None else None
 
 
-def _glance_context(run: Run) -> dict[str, Any]:
+def _glance_context(run: Run, asked: list[ReexecutionRequest]) -> dict[str, Any]:
     """The run at a glance: input, output or error, tokens, cost of the run and of its tree,
-    models, re-executions of it and the evidence zip (docs/operations.md "The run page")."""
+    models, re-executions of it (`asked`: the first GLANCE_KEYS) and the evidence zip
+    (docs/operations.md "The run page")."""
     ws = run.workspace
     tree = subrun_tree(run)
     models = [f"{m['provider']}/{m['model_id']}" for m in selectors.costs_by_model(run)]
@@ -233,7 +234,7 @@ def _glance_context(run: Run) -> dict[str, Any]:
                     else None,
                     "waiting": rx.status == ReexecutionRequest.Status.APPROVED,
                 }
-                for rx in reexecutions.of_run(ws, run.run_id)[:GLANCE_KEYS]
+                for rx in asked
             ],
             "evidence_zip_url": f"{zip_url}?workspace={quote(ws.tenant.slug)}/{quote(ws.slug)}",
         }
@@ -245,9 +246,12 @@ def _header_context(run: Run) -> dict[str, Any]:
     parent_url = None
     if run.parent_run_id:
         parent_url = reverse("run", args=[ws.tenant.slug, ws.slug, run.parent_run_id])
-    loop = outer_loop_of(run)
+    # The RunStarted that names the loop is the log's first event: its answer holds at every head.
+    loop = snapshots.at_head(run, "outer_loop", lambda: outer_loop_of(run))
+    # The requests to re-execute the run, the one that made it and its pending one: one query.
+    around = reexecutions.around_run(ws, run.run_id, limit=GLANCE_KEYS)
     return {
-        **_glance_context(run),
+        **_glance_context(run, around.listed),
         "header_url": reverse("run-header", args=[ws.tenant.slug, ws.slug, run.run_id]),
         "parent_url": parent_url,
         "outer_loop": {
@@ -259,8 +263,8 @@ def _header_context(run: Run) -> dict[str, Any]:
         if loop
         else None,
         "ws_param": f"{ws.tenant.slug}/{ws.slug}",
-        "origin": run_origin(run),
-        "attention": attention.of_run(run),
+        "origin": run_origin(run, around.made),
+        "attention": attention.of_run(run, pending=[around.pending] if around.pending else []),
         "failure": failure.of_run(run),
         # A failed run has its RunFailed at least: the jump always lands, and it follows the run live.
         "first_failure_url": _tab_url(run, "timeline") + "?first=failure" if run.status == "failed" else None,
@@ -309,11 +313,16 @@ def _jump(run: Run, kind: str, limit: int) -> HttpResponse:
 
 
 def _jumps(run: Run) -> dict[str, bool]:
-    """Which of the timeline's jumps can work: offered only where the run has what they jump to."""
-    return {
-        "failure": runlog.first_sequence(run, "failure") is not None,
-        "in_doubt": runlog.first_sequence(run, "in_doubt") is not None,
-    }
+    """Which of the timeline's jumps can work: offered only where the run has what they jump to.
+    The log only grows, so the answer holds for the run's head (read once per head, not per page)."""
+    return snapshots.at_head(
+        run,
+        "jumps",
+        lambda: {
+            "failure": runlog.first_sequence(run, "failure") is not None,
+            "in_doubt": runlog.first_sequence(run, "in_doubt") is not None,
+        },
+    )
 
 
 def _search_context(request: HttpRequest, run: Run) -> dict[str, Any]:

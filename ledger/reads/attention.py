@@ -127,9 +127,12 @@ def _retry_detail(step: Step) -> dict[str, Any]:
     }
 
 
-def for_runs(workspace: Workspace, runs: Iterable[Run]) -> dict[str, Attention]:
+def for_runs(
+    workspace: Workspace, runs: Iterable[Run], *, pending: Iterable[ReexecutionRequest] | None = None
+) -> dict[str, Attention]:
     """The attention of each run that has one, by run id: three queries for a whole page (one
-    when every run of it has finished)."""
+    when every run of it has finished; none then when the caller has read the runs' pending
+    re-execution requests, oldest first, as `pending`)."""
     rows = list(runs)
     if not rows:
         return {}
@@ -145,14 +148,16 @@ def for_runs(workspace: Workspace, runs: Iterable[Run]) -> dict[str, Attention]:
         keep(by_pk[call.run_id], Attention(kind, call.since, _call_detail(call)))  # type: ignore[attr-defined]
     for step in _retries(open_pks) if open_pks else []:
         keep(by_pk[step.run_id], Attention(RETRY_SCHEDULED, step.finished_at, _retry_detail(step)))
-    for rx in _pending_requests(workspace, list(by_pk.values())):
+    for rx in _pending_requests(workspace, list(by_pk.values())) if pending is None else pending:
         detail = {"reexecutionId": rx.public_id, "mode": rx.mode, "requestedBy": rx.requested_by}
         keep(rx.original_run_id, Attention(REEXECUTION_PENDING, rx.created_at, detail))
     return {run_id: next(kinds[k] for k in KINDS if k in kinds) for run_id, kinds in found.items()}
 
 
-def of_run(run: Run) -> Attention | None:
-    return for_runs(run.workspace, [run]).get(run.run_id)
+def of_run(run: Run, *, pending: list[ReexecutionRequest] | None = None) -> Attention | None:
+    """The run's attention; `pending`: its re-execution requests waiting for an approver, oldest
+    first, when the caller has read them (reexecutions.around_run), else read here."""
+    return for_runs(run.workspace, [run], pending=pending).get(run.run_id)
 
 
 def matching(qs: QuerySet[Run], workspace: Workspace, kind: str) -> QuerySet[Run]:

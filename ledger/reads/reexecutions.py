@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from .. import audit
 from ..errors import NotFound
@@ -46,13 +47,56 @@ def of_run(workspace: Workspace, run_id: str) -> QuerySet[ReexecutionRequest]:
 
 def made_run(workspace: Workspace, run_id: str) -> ReexecutionRequest | None:
     """The request whose execution wrote `run_id` (resume requests continue their original)."""
-    return (
-        requests(workspace)
-        .filter(new_run_id=run_id)
-        .exclude(mode=ReexecutionRequest.Mode.RESUME)
-        .order_by("pk")
-        .first()
-    )
+    return requests(workspace).filter(_made(run_id)).order_by("pk").first()
+
+
+def _made(run_id: str) -> Q:
+    return Q(new_run_id=run_id) & ~Q(mode=ReexecutionRequest.Mode.RESUME)
+
+
+def _around(workspace: Workspace, run_id: str) -> QuerySet[ReexecutionRequest]:
+    """The requests of `of_run` and `made_run` together, oldest first."""
+    return requests(workspace).filter(Q(original_run_id=run_id) | _made(run_id)).order_by("created_at", "pk")
+
+
+def _made_among(rows: list[ReexecutionRequest], run_id: str) -> ReexecutionRequest | None:
+    """`made_run` of rows that hold every request it could find."""
+    made = [rx for rx in rows if rx.new_run_id == run_id and rx.mode != ReexecutionRequest.Mode.RESUME]
+    return min(made, key=lambda rx: rx.pk, default=None)
+
+
+def all_around_run(workspace: Workspace, run_id: str) -> tuple[list[ReexecutionRequest], ReexecutionRequest | None]:
+    """`list(of_run(...))` and `made_run(...)` in one query."""
+    rows = list(_around(workspace, run_id))
+    return [rx for rx in rows if rx.original_run_id == run_id], _made_among(rows, run_id)
+
+
+@dataclass(frozen=True)
+class AroundRun:
+    """What the run page's header shows of the requests around a run: the first `limit` requests
+    to re-execute it (`of_run`), the request that made it (`made_run`) and the oldest of them
+    waiting for an approver (the run's attention)."""
+
+    listed: list[ReexecutionRequest]
+    made: ReexecutionRequest | None
+    pending: ReexecutionRequest | None
+
+
+def around_run(workspace: Workspace, run_id: str, *, limit: int) -> AroundRun:
+    """`of_run(...)[:limit]`, `made_run` and the oldest pending request of `run_id` in one query
+    when the run has at most `limit + 1` requests around it (the common case: they are all read);
+    a run with more asks `of_run`, `made_run` and the pending one apart for what those rows leave open."""
+    read = limit + 2
+    rows = list(_around(workspace, run_id)[:read])
+    asked = [rx for rx in rows if rx.original_run_id == run_id]
+    pending = next((rx for rx in asked if rx.status == Status.PENDING_APPROVAL), None)
+    if len(rows) < read:  # every request around the run
+        return AroundRun(asked[:limit], _made_among(rows, run_id), pending)
+    # The first rows in creation order: what they hold is the start of each answer, but not all of it.
+    listed = asked[:limit] if len(asked) >= limit else list(of_run(workspace, run_id)[:limit])
+    if pending is None:
+        pending = of_run(workspace, run_id).filter(status=Status.PENDING_APPROVAL).first()
+    return AroundRun(listed, made_run(workspace, run_id), pending)
 
 
 def pending_approval(workspace: Workspace) -> QuerySet[ReexecutionRequest]:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
-from django.db.models import Avg, Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Sum
+from django.db.models import Avg, Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Sum, Window
 from django.utils import timezone
 
 from ..errors import NotFound
@@ -323,12 +323,22 @@ class FeedbackSummary:
 
 def feedback_summary(run: Run, *, latest: int) -> FeedbackSummary:
     """How many ratings, their average, and the newest `latest` of them (with their authors)."""
-    summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
+    # One query: the count and the average over all of the run's ratings ride on each of the
+    # newest rows as window aggregates (computed before the LIMIT); no rating, no row, none of either.
     rows = list(
-        Feedback.objects.filter(run=run).select_related("author", "api_key").order_by("-created_at", "-pk")[:latest]
+        Feedback.objects.filter(run=run)
+        .select_related("author", "api_key")
+        .annotate(ratings_total=Window(Count("pk")), ratings_average=Window(Avg("rating")))
+        .order_by("-created_at", "-pk")[:latest]
     )
-    average = summary["average"]
-    return FeedbackSummary(summary["count"], None if average is None else float(average), rows)
+    if not rows:
+        if latest > 0:
+            return FeedbackSummary(0, None, [])
+        summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
+        count, average = summary["count"], summary["average"]
+        return FeedbackSummary(count, None if average is None else float(average), [])
+    count, average = rows[0].ratings_total, rows[0].ratings_average  # type: ignore[attr-defined]
+    return FeedbackSummary(count, None if average is None else float(average), rows)
 
 
 def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:

@@ -66,8 +66,7 @@ def _integrity(verify_checks: list[dict[str, str]], plan_checks: list[dict[str, 
 def approvals(run: Run) -> list[dict[str, Any]]:
     """The run's re-execution requests (asked of it, or the one that made it), oldest first, each
     with its decision: who asked and why, who approved or denied with which note, the new run."""
-    asked = list(reexecutions.of_run(run.workspace, run.run_id))
-    made = reexecutions.made_run(run.workspace, run.run_id)
+    asked, made = reexecutions.all_around_run(run.workspace, run.run_id)
     if made is not None and all(r.pk != made.pk for r in asked):
         asked.insert(0, made)
     return [
