@@ -259,9 +259,16 @@ def written(
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co"})
 
 
+# Of ASCII, only the C0 controls and DEL are in those categories: an ASCII text (most names and
+# payloads) is searched by one regular expression instead of a category lookup per character.
+_ASCII_HIDDEN = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def hidden_characters(text: str) -> list[str]:
     """The characters of `text` that a page shows as nothing or that reorder what follows them,
     as code points ("U+202E"), each once, in order; empty for a name that reads as written."""
+    if text.isascii():
+        return [f"U+{ord(ch):04X}" for ch in dict.fromkeys(_ASCII_HIDDEN.findall(text))]
     found = (ch for ch in text if unicodedata.category(ch) in _HIDDEN_CATEGORIES)
     return [f"U+{ord(ch):04X}" for ch in dict.fromkeys(found)]
 

@@ -9,6 +9,7 @@ at the end checks on every page."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import deque
 from html import unescape
 from typing import Any
@@ -19,7 +20,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils.html import escape
 
-from ledger import log
+from ledger import limits, log
 from ledger.evaluation import datasets
 from ledger.models import ApiKey, ReexecutionRequest, Run, Tenant, Workspace
 from ledger.reexecution import services
@@ -474,3 +475,15 @@ def test_values_a_page_hands_back_are_kept_exact(client: Client, admin: User, ho
     runs = _page(client, "/w/acme/support/?model=open%E2%80%AEai%2Fgpt-4o-mini")
     assert 'name="model" value="open&#x202E;ai/gpt-4o-mini"' in runs
     assert not _bare(runs)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "plain ascii", "tab\tline\nreturn\r", "".join(map(chr, range(128))) * 2, "mixed \u202e\x07\n\u200b\x7f"],
+)
+def test_hidden_characters_of_ascii_text_are_those_of_the_category_lookup(text: str) -> None:
+    """ASCII text is searched by one regular expression (the timeline asks it of every payload);
+    the answer is the Unicode categories' answer, in order, each character once."""
+    categories = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co"}
+    found = dict.fromkeys(ch for ch in text if unicodedata.category(ch) in categories)
+    assert limits.hidden_characters(text) == [f"U+{ord(ch):04X}" for ch in found]
