@@ -61,6 +61,7 @@ from .waterfall import (
     error_line,
     one_line,
     parse_time,
+    render_bars,
     waterfall,
 )
 
@@ -442,7 +443,8 @@ def _waterfall(request: HttpRequest, member: Access, run: Run) -> Tab:
         else {"rows": [], "axis": None, "ticks": [], "total": 0, "shown": 0}
     )
     pager = _pager(_tab_url(run, "waterfall"), start, view["shown"], view["total"], ROOTS_PER_PAGE)
-    return Tab("console/run/waterfall.html", {**view, "run_id": run.run_id, "pager": pager})
+    bars = render_bars(view["rows"], view["axis"])
+    return Tab("console/run/waterfall.html", {**view, "bars": bars, "run_id": run.run_id, "pager": pager})
 
 
 def _state(request: HttpRequest, member: Access, run: Run) -> Tab:
@@ -763,7 +765,7 @@ def waterfall_rows(request: HttpRequest, tenant: str, workspace: str, run_id: st
     )
     for row in view["rows"]:
         row.depth += depth
-    return render(request, "console/run/waterfall_rows.html", {**view, "axis": Axis(start, end)})
+    return HttpResponse(render_bars(view["rows"], Axis(start, end)))
 
 
 @login_required
