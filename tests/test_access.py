@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 
 from ledger.errors import LedgerError, NotFound
-from ledger.models import Workspace
+from ledger.models import Membership, Workspace
 from ledger.tenancy import access
 from ledger.tenancy.services import bootstrap, create_key
 from tests.conftest import started
@@ -81,3 +81,23 @@ def test_tenant_usage_needs_an_admin_member(workspace: Workspace, member: Any, v
     key, _ = create_key(workspace=workspace, scopes=["read"])
     with pytest.raises(access.RoleRequired):
         access.tenant_admin(key)
+
+
+def test_a_named_workspace_and_the_members_role_are_one_query(
+    runs: None, member: Any, viewer: Any, outsider: Any, workspace: Workspace, django_assert_num_queries: Any
+) -> None:
+    """The workspace and the membership of its tenant come together (every page and API call of a
+    member names its workspace): the same Access as read apart, and the same 404s."""
+    with django_assert_num_queries(1):
+        found = access.resolve(viewer, workspace="acme/support")
+    assert (found.workspace, found.role, found.user) == (workspace, "viewer", viewer)
+    assert found.membership == Membership.objects.get(user=viewer, tenant=workspace.tenant)
+    assert found.membership.tenant == workspace.tenant and found.membership.allows("viewer")
+    assert not found.membership.allows("operator")
+    with django_assert_num_queries(2):  # and the run
+        assert access.resolve(member, workspace="acme/support", run_id="run_a").run.run_id == "run_a"
+    for who, path in ((outsider, "acme/support"), (member, "globex/main"), (member, "acme/nope"), (member, "acme")):
+        with pytest.raises(NotFound):
+            access.resolve(who, workspace=path)
+    with pytest.raises(access.RoleRequired):
+        access.resolve(viewer, workspace="acme/support", role="operator")

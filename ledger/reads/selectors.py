@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
-from django.db.models import Avg, Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Sum, Window
+from django.db.models import Avg, Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Subquery, Sum, Window
 from django.utils import timezone
 
 from ..errors import NotFound
@@ -153,6 +153,24 @@ def workspaces_for(user: User | AnonymousUser) -> QuerySet[Workspace]:
         .select_related("tenant")
         .order_by("tenant__slug", "slug")
     )
+
+
+def member_workspace(user: User, tenant_slug: str, workspace_slug: str) -> tuple[Workspace, Membership] | None:
+    """The workspace `TENANT/WORKSPACE` with the user's membership of its tenant, in one query (the
+    membership's columns as subqueries on the (user, tenant) key); None when there is no such
+    workspace or the user is no member of its tenant: what `workspaces_for(user)` would not hold."""
+    mine = Membership.objects.filter(user=user, tenant=OuterRef("tenant_id"))
+    ws = (
+        Workspace.objects.filter(tenant__slug=tenant_slug, slug=workspace_slug)
+        .select_related("tenant")
+        .annotate(membership_pk=Subquery(mine.values("pk")[:1]), membership_role=Subquery(mine.values("role")[:1]))
+        .first()
+    )
+    if ws is None or ws.membership_pk is None:  # type: ignore[attr-defined]
+        return None
+    membership = Membership(pk=ws.membership_pk, user=user, tenant=ws.tenant, role=ws.membership_role)  # type: ignore[attr-defined]
+    membership._state.adding, membership._state.db = False, ws._state.db  # as read from the database
+    return ws, membership
 
 
 def filtered_runs(

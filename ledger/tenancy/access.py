@@ -139,6 +139,13 @@ def resolve(
         return found
     if not isinstance(principal, _Operator) and not principal.is_authenticated:
         raise NotFound("not found")
+    if workspace and not isinstance(principal, _Operator):
+        parts = split_workspace_path(workspace)
+        found = selectors.member_workspace(principal, *parts) if parts else None  # type: ignore[arg-type]
+        if found is None:
+            raise NotFound(f"workspace {workspace} not found")
+        ws, membership = found
+        return _with_run(_as_member(principal, ws, scope=scope, role=role, membership=membership), run_id)
     ws = _visible_workspace(principal, workspace) if workspace else _deciding_workspace(principal, run_id)
     if isinstance(principal, _Operator):
         return _with_run(Access(workspace=ws), run_id)
@@ -152,9 +159,13 @@ def _key_workspace(key: ApiKey, workspace: str | None) -> Workspace:
     return key.workspace
 
 
-def _as_member(principal: Member, ws: Workspace, *, scope: str, role: str | None) -> Access:
-    """The member's access to a workspace of a tenant they belong to; NotFound when they do not."""
-    membership = selectors.membership(principal, ws.tenant_id) if principal.is_authenticated else None
+def _as_member(
+    principal: Member, ws: Workspace, *, scope: str, role: str | None, membership: Membership | None = None
+) -> Access:
+    """The member's access to a workspace of a tenant they belong to; NotFound when they do not.
+    `membership`: theirs of the workspace's tenant, when the caller read it with the workspace."""
+    if membership is None:
+        membership = selectors.membership(principal, ws.tenant_id) if principal.is_authenticated else None
     if membership is None:
         raise NotFound("not found")
     needed = role or SCOPE_ROLES[scope]
