@@ -26,7 +26,7 @@ from ledger.reads.attention import Attention
 from ledger.reads.failure import Failure
 
 from .format import elapsed
-from .templatetags.console_format import escaped, shown_data, shown_name, shown_text, timestamp
+from .templatetags.console_format import call_cost, count, escaped, shown_data, shown_name, shown_text, timestamp
 
 RUN_ROW_TEMPLATE = "console/runs/run_row.html"
 
@@ -124,6 +124,26 @@ def render_event_row(row: dict[str, Any], *, shared: bool = False) -> SafeString
         else:
             out.append(f'<span class="artifact mono" title="{escaped(a["id"])}">{short}</span> ')
     out.append("\n  </td>\n</tr>\n")
+    return mark_safe("".join(out))  # every value in it is escaped above
+
+
+def render_cost_rows(costs: list[dict[str, Any]]) -> SafeString:
+    """The evidence tab's cost entries (serialize.cost's shape), a row each, as its template
+    wrote them (200 a page; ~0.4 ms a row in Django's engine)."""
+    out = []
+    for c in costs:
+        model = f"{escaped(shown_name(c['provider']))}/{escaped(shown_name(c['modelId']))}"
+        tokens = "".join(
+            f'<td class="num">{escaped(count(c[name]))}</td>'
+            for name in ("inputTokens", "outputTokens", "cachedInputTokens", "reasoningTokens")
+        )
+        out.append(
+            f'\n      <tr><td class="num">{escaped(c["sequence"])}</td><td class="mono">{model}</td>'
+            f'<td class="mono">{escaped(shown_name(c["stepPath"] or ""))}</td>\n        '
+            f"{tokens}\n        "
+            f"<td>{escaped(call_cost(c['costUsd'], c['unpricedReason']))}</td>"
+            f'<td class="mono muted">{escaped(c["priceTableVersion"])}</td></tr>\n    '
+        )
     return mark_safe("".join(out))  # every value in it is escaped above
 
 

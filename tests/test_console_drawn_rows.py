@@ -1,9 +1,10 @@
 """A timeline row (console/rows.py `render_event_row`), a waterfall bar (console/pages/waterfall.py
-`render_bars`) and a folded text (`{% long_text %}`) are written in Python, not by the template
-engine (a page draws 200 rows or up to 1,000 bars; the engine took ~0.3 ms a row). Each must be what its template wrote, byte for byte:
-the templates they replaced are kept here and both are compared, on every event and bar of the
-demo's runs (gaps, call pairs, origins, artifacts, offsets, sub-runs, usage) and on rows made to
-hold what must be escaped or written out."""
+`render_bars`), a folded text (`{% long_text %}`) and the evidence tab's cost rows
+(`render_cost_rows`) are written in Python, not by the template engine (a page draws 200 rows or
+up to 1,000 bars; the engine took ~0.3 ms a row). Each must be what its template wrote, byte for
+byte: the templates they replaced are kept here and both are compared, on every event, bar and
+cost entry of the demo's runs (gaps, call pairs, origins, artifacts, offsets, sub-runs, usage) and
+on rows made to hold what must be escaped or written out."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from console.rows import event_row, render_event_row
 from console.timeline import annotate
 from ledger import log
 from ledger.demo import load_demo
-from ledger.models import Run, Workspace
-from ledger.reads import selectors
+from ledger.models import CostEntry, Run, Workspace
+from ledger.reads import selectors, serialize
 from ledger.replay import runlog
 from tests.conftest import started
 
@@ -212,3 +213,33 @@ def test_a_long_text_is_what_its_template_wrote(text: str) -> None:
     reference = engines["django"].from_string(LONG_TEXT_TEMPLATE)
     context = {"text": text, "preview": preview(text), "size": len(text)}
     assert page.render({"text": text}) == f"[{reference.render(context)}]"
+
+
+# The evidence tab's cost rows as templates/console/run/evidence.html wrote them.
+COSTS_TEMPLATE = """{% load console_format %}<tbody>{% for c in costs %}
+      <tr><td class="num">{{ c.sequence }}</td><td class="mono">{{ c.provider|shown_name }}/{{ c.modelId|shown_name }}</td><td class="mono">{{ c.stepPath|default:""|shown_name }}</td>
+        <td class="num">{{ c.inputTokens|count }}</td><td class="num">{{ c.outputTokens|count }}</td><td class="num">{{ c.cachedInputTokens|count }}</td><td class="num">{{ c.reasoningTokens|count }}</td>
+        <td>{{ c.costUsd|call_cost:c.unpricedReason }}</td><td class="mono muted">{{ c.priceTableVersion }}</td></tr>
+    {% endfor %}</tbody>"""
+
+
+def test_every_cost_row_of_the_demo_runs_is_the_templates_row() -> None:
+    load_demo(history_runs=1, evaluations_too=False)
+    costs = [serialize.cost(c) for c in CostEntry.objects.order_by("pk")]
+    made = {
+        **costs[0],
+        "provider": None,
+        "modelId": "m<1>\u202e",
+        "stepPath": None,
+        "inputTokens": None,
+        "costUsd": None,
+        "unpricedReason": "usage_not_reported",
+        "priceTableVersion": None,
+    }
+    priced = {**costs[0], "stepPath": 'a/"b"&c', "costUsd": "0.000123", "unpricedReason": None}
+    costs += [made, priced]
+    assert {c["unpricedReason"] is None for c in costs} == {True, False}
+    page = engines["django"].from_string("{% load console_format %}<tbody>{% cost_rows costs %}</tbody>")
+    reference = engines["django"].from_string(COSTS_TEMPLATE)
+    assert page.render({"costs": costs}) == reference.render({"costs": costs})
+    assert page.render({"costs": []}) == reference.render({"costs": []})

@@ -142,6 +142,14 @@ def event_rows(rows: list[dict[str, Any]], shared: Any = False) -> SafeString:
 
 
 @register.simple_tag
+def cost_rows(costs: list[dict[str, Any]]) -> SafeString:
+    """`{% cost_rows costs %}`: the evidence tab's cost entries (console/rows.py `render_cost_rows`)."""
+    from console.rows import render_cost_rows  # which draws with this module's filters
+
+    return render_cost_rows(costs)
+
+
+@register.simple_tag
 def long_text(text: str) -> SafeString:
     """Text in a <pre>; a long one folded to its beginning with a "show all". Written out here
     (it was an inclusion tag: a template rendered in a context of its own per text, and the
