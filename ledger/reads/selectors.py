@@ -155,10 +155,14 @@ def workspaces_for(user: User | AnonymousUser) -> QuerySet[Workspace]:
     )
 
 
-def member_workspace(user: User, tenant_slug: str, workspace_slug: str) -> tuple[Workspace, Membership] | None:
+def member_workspace(
+    user: User | AnonymousUser, tenant_slug: str, workspace_slug: str
+) -> tuple[Workspace, Membership] | None:
     """The workspace `TENANT/WORKSPACE` with the user's membership of its tenant, in one query (the
     membership's columns as subqueries on the (user, tenant) key); None when there is no such
     workspace or the user is no member of its tenant: what `workspaces_for(user)` would not hold."""
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return None
     mine = Membership.objects.filter(user=user, tenant=OuterRef("tenant_id"))
     ws = (
         Workspace.objects.filter(tenant__slug=tenant_slug, slug=workspace_slug)
@@ -166,9 +170,9 @@ def member_workspace(user: User, tenant_slug: str, workspace_slug: str) -> tuple
         .annotate(membership_pk=Subquery(mine.values("pk")[:1]), membership_role=Subquery(mine.values("role")[:1]))
         .first()
     )
-    if ws is None or ws.membership_pk is None:  # type: ignore[attr-defined]
+    if ws is None or ws.membership_pk is None:
         return None
-    membership = Membership(pk=ws.membership_pk, user=user, tenant=ws.tenant, role=ws.membership_role)  # type: ignore[attr-defined]
+    membership = Membership(pk=ws.membership_pk, user=user, tenant=ws.tenant, role=ws.membership_role)
     membership._state.adding, membership._state.db = False, ws._state.db  # as read from the database
     return ws, membership
 
@@ -355,8 +359,8 @@ def feedback_summary(run: Run, *, latest: int) -> FeedbackSummary:
         summary = Feedback.objects.filter(run=run).aggregate(count=Count("pk"), average=Avg("rating"))
         count, average = summary["count"], summary["average"]
         return FeedbackSummary(count, None if average is None else float(average), [])
-    count, average = rows[0].ratings_total, rows[0].ratings_average  # type: ignore[attr-defined]
-    return FeedbackSummary(count, None if average is None else float(average), rows)
+    count, average = rows[0].ratings_total, rows[0].ratings_average
+    return FeedbackSummary(count, None if average is None else float(average), list[Feedback](rows))
 
 
 def steps_page(run: Run, *, start: int, size: int) -> tuple[list[Step], int]:

@@ -141,11 +141,10 @@ def resolve(
         raise NotFound("not found")
     if workspace and not isinstance(principal, _Operator):
         parts = split_workspace_path(workspace)
-        found = selectors.member_workspace(principal, *parts) if parts else None  # type: ignore[arg-type]
-        if found is None:
+        named = selectors.member_workspace(principal, *parts) if parts else None
+        if named is None:
             raise NotFound(f"workspace {workspace} not found")
-        ws, membership = found
-        return _with_run(_as_member(principal, ws, scope=scope, role=role, membership=membership), run_id)
+        return _with_run(_as_member(principal, named[0], scope=scope, role=role, membership=named[1]), run_id)
     ws = _visible_workspace(principal, workspace) if workspace else _deciding_workspace(principal, run_id)
     if isinstance(principal, _Operator):
         return _with_run(Access(workspace=ws), run_id)
