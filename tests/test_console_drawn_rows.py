@@ -1,10 +1,11 @@
 """A timeline row (console/rows.py `render_event_row`), a waterfall bar (console/pages/waterfall.py
-`render_bars`), a folded text (`{% long_text %}`) and the evidence tab's cost rows
-(`render_cost_rows`) are written in Python, not by the template engine (a page draws 200 rows or
-up to 1,000 bars; the engine took ~0.3 ms a row). Each must be what its template wrote, byte for
-byte: the templates they replaced are kept here and both are compared, on every event, bar and
-cost entry of the demo's runs (gaps, call pairs, origins, artifacts, offsets, sub-runs, usage) and
-on rows made to hold what must be escaped or written out."""
+`render_bars`), a folded text (`{% long_text %}`), the evidence tab's cost rows
+(`render_cost_rows`) and the state tab's steps (console/pages/at.py `render_steps`) are written in
+Python, not by the template engine (a page draws 200 rows or up to 1,000 bars; the engine took
+~0.3 ms a row). Each must be what its template wrote, byte for byte: the templates they replaced
+are kept here and both are compared, on every event, bar, cost entry and state (after each event)
+of the demo's runs (gaps, call pairs, origins, artifacts, offsets, sub-runs, usage) and on rows
+made to hold what must be escaped or written out."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import pytest
 from django.template import engines
 
 from console.format import preview
+from console.pages.at import render_steps, state_after
 from console.pages.waterfall import Axis, Bar, render_bars, waterfall
 from console.rows import event_row, render_event_row
 from console.timeline import annotate
 from ledger import log
 from ledger.demo import load_demo
+from ledger.fold.state import StepState
 from ledger.models import CostEntry, Run, Workspace
 from ledger.reads import selectors, serialize
 from ledger.replay import runlog
@@ -243,3 +246,23 @@ def test_every_cost_row_of_the_demo_runs_is_the_templates_row() -> None:
     reference = engines["django"].from_string(COSTS_TEMPLATE)
     assert page.render({"costs": costs}) == reference.render({"costs": costs})
     assert page.render({"costs": []}) == reference.render({"costs": []})
+
+
+# The state tab's steps as templates/console/run/state.html wrote them.
+STATE_STEPS_TEMPLATE = """{% load console_format %}{% for s in steps %}<tr data-step="{{ s.step_path }}"><td class="mono">{{ s.step_path|shown_name }}</td>
+      <td><span class="status status-{{ s.status }}">{{ s.status }}</span></td><td class="num">{{ s.attempts|length }}</td>
+      <td>{{ s.usage.cost_usd|money }}</td></tr>{% endfor %}"""
+
+
+def test_the_state_tabs_steps_at_every_event_of_the_demo_runs_are_the_templates_rows() -> None:
+    load_demo(history_runs=1, evaluations_too=False)
+    reference = engines["django"].from_string(STATE_STEPS_TEMPLATE)
+    statuses: set[str] = set()
+    for run in Run.objects.select_related("workspace__tenant").exclude(last_sequence=0):
+        for at in range(1, run.last_sequence + 1):
+            shown = state_after(run, at)
+            assert shown["steps_rows"] == reference.render({"steps": shown["steps"]})
+            statuses.update(s.status for s in shown["steps"])
+    assert {"running", "completed", "failed"} <= statuses
+    weird = StepState(step_path='a/"<b>"&\u202e', status="failed<x>")
+    assert render_steps([weird]) == reference.render({"steps": [weird]})

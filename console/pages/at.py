@@ -14,10 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from django.utils.safestring import SafeString, mark_safe
+
 from ledger.fold import RunState
+from ledger.fold.state import StepState
 from ledger.models import Run
 from ledger.replay.runlog import SnapshotRun, snapshot, tool_call_starts
 from ledger.replay.stored_plan import replay_plan_at
+
+from ..templatetags.console_format import escaped, money, shown_name
 
 OPEN_TOOL_STATUSES = ("started", "in_doubt")
 SHOWN = 200  # steps, tool calls and plan sessions listed: the ones nearest event N
@@ -93,6 +98,7 @@ def state_after(run: Run, at: int) -> dict[str, Any]:
     return {
         "at": at,
         "event": event,
+        "steps_rows": render_steps(steps),
         "event_step": payload.get("stepPath") if isinstance(payload.get("stepPath"), str) else "",
         "state": state,
         "steps": steps,
@@ -104,3 +110,18 @@ def state_after(run: Run, at: int) -> dict[str, Any]:
         ],
         "plan": plan,
     }
+
+
+def render_steps(steps: list[StepState]) -> SafeString:
+    """The state tab's steps (up to SHOWN), a row each, as its template wrote them (Django's
+    engine took ~0.2 ms a row: a lookup, a filter and escaping per value)."""
+    rows = []
+    for s in steps:
+        path, status = escaped(s.step_path), escaped(s.status)
+        rows.append(
+            f'<tr data-step="{path}"><td class="mono">{escaped(shown_name(s.step_path))}</td>\n'
+            f'      <td><span class="status status-{status}">{status}</span></td>'
+            f'<td class="num">{len(s.attempts)}</td>\n'
+            f"      <td>{escaped(money(s.usage.cost_usd))}</td></tr>"
+        )
+    return mark_safe("".join(rows))  # every value in it is escaped above
