@@ -25,8 +25,18 @@ from ledger.reads import attention, failure, runlist, selectors
 from ledger.reads.attention import Attention
 from ledger.reads.failure import Failure
 
-from .format import elapsed
-from .templatetags.console_format import call_cost, count, escaped, shown_data, shown_name, shown_text, timestamp
+from .format import elapsed, priced, span
+from .templatetags.console_format import (
+    call_cost,
+    count,
+    escaped,
+    long_text,
+    money,
+    shown_data,
+    shown_name,
+    shown_text,
+    timestamp,
+)
 
 RUN_ROW_TEMPLATE = "console/runs/run_row.html"
 
@@ -143,6 +153,63 @@ def render_cost_rows(costs: list[dict[str, Any]]) -> SafeString:
             f"{tokens}\n        "
             f"<td>{escaped(call_cost(c['costUsd'], c['unpricedReason']))}</td>"
             f'<td class="mono muted">{escaped(c["priceTableVersion"])}</td></tr>\n    '
+        )
+    return mark_safe("".join(out))  # every value in it is escaped above
+
+
+def render_step_rows(steps: list[dict[str, Any]]) -> SafeString:
+    """The steps tab's (and a share link's) steps, a row each, as templates/console/run/steps.html
+    wrote them (200 a page; ~0.4 ms a row in Django's engine). `steps`: the views' row dicts."""
+    out = []
+    for s in steps:
+        step, shown = s["step"], s["tokens"]
+        path, status = escaped(s["path"]), escaped(s["status"])
+        visit = "" if s["visit"] is None else escaped(s["visit"])
+        line = s.get("output_line")
+        if line:
+            if line == s.get("output_text"):
+                output = f'<span class="mono">{escaped(line)}</span>'
+            else:
+                text = long_text(s["output_text"])
+                output = f'<details><summary class="mono">{escaped(line)}</summary>{text}</details>'
+        elif step.output_ref:
+            output = f'<span class="mono muted">{escaped(step.output_ref)}</span>'
+        else:
+            output = '<span class="muted">—</span>'
+        error = f'<span class="failure">{escaped(s["error_line"])}</span>' if s.get("error_line") else ""
+        should = "<strong>yes</strong> (would run)" if s["should_run"] else "no (reused)"
+        out.append(
+            f'\n      <tr class="step" data-step="{path}">\n'
+            f'        <td class="mono">{escaped(shown_name(s["path"]))}</td>\n'
+            f'        <td><span class="status status-{status}">{status}</span></td>\n'
+            f'        <td class="num">{escaped(count(s["attempts"]))}</td>\n'
+            f'        <td class="num">{visit}</td>\n'
+            f"        <td>{escaped(span(step))}</td>\n"
+            f'        <td class="num">{escaped(count(shown["input"]))}</td>'
+            f'<td class="num">{escaped(count(shown["output"]))}</td>\n'
+            f'        <td class="num">{escaped(count(shown["cached"]))}</td>'
+            f'<td class="num">{escaped(count(shown["reasoning"]))}</td>\n'
+            f'        <td>{escaped(money(step.cost_usd))} <span class="muted">{escaped(priced(step))}</span></td>\n'
+            f'        <td class="step-output">{output}</td>\n'
+            f'        <td class="step-error">{error}</td>\n'
+            f'        <td class="should-run">{should}</td>\n'
+            "      </tr>\n    "
+        )
+    return mark_safe("".join(out))  # every value in it is escaped above
+
+
+def render_step_cost_rows(steps: list[dict[str, Any]]) -> SafeString:
+    """The costs tab's (and a share link's) per-step rows, as templates/console/run/costs.html
+    wrote them."""
+    out = []
+    for s in steps:
+        shown, step = s["tokens"], s["step"]
+        out.append(
+            f'\n      <tr><td class="mono">{escaped(shown_name(s["path"]))}</td>'
+            f'<td class="num">{escaped(count(shown["input"]))}</td><td class="num">{escaped(count(shown["output"]))}</td>\n'
+            f'        <td class="num">{escaped(count(shown["cached"]))}</td>'
+            f'<td class="num">{escaped(count(shown["reasoning"]))}</td><td>{escaped(money(step.cost_usd))}</td>'
+            f"<td>{escaped(priced(step))}</td></tr>\n    "
         )
     return mark_safe("".join(out))  # every value in it is escaped above
 

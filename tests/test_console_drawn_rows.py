@@ -1,11 +1,12 @@
 """A timeline row (console/rows.py `render_event_row`), a waterfall bar (console/pages/waterfall.py
 `render_bars`), a folded text (`{% long_text %}`), the evidence tab's cost rows
-(`render_cost_rows`) and the state tab's steps (console/pages/at.py `render_steps`) are written in
-Python, not by the template engine (a page draws 200 rows or up to 1,000 bars; the engine took
-~0.3 ms a row). Each must be what its template wrote, byte for byte: the templates they replaced
-are kept here and both are compared, on every event, bar, cost entry and state (after each event)
-of the demo's runs (gaps, call pairs, origins, artifacts, offsets, sub-runs, usage) and on rows
-made to hold what must be escaped or written out."""
+(`render_cost_rows`), the state tab's steps (console/pages/at.py `render_steps`) and the steps and
+per-step costs tables (`render_step_rows`, `render_step_cost_rows`) are written in Python, not by
+the template engine (a page draws 200 rows or up to 1,000 bars; the engine took ~0.3 ms a row).
+Each must be what its template wrote, byte for byte: the templates they replaced are kept here and
+both are compared, on every event, bar, cost entry, step and state (after each event) of the
+demo's runs (gaps, call pairs, origins, artifacts, offsets, sub-runs, usage) and on rows made to
+hold what must be escaped or written out."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ import pytest
 from django.template import engines
 
 from console.format import preview
+from console.pages import share
 from console.pages.at import render_steps, state_after
 from console.pages.waterfall import Axis, Bar, render_bars, waterfall
 from console.rows import event_row, render_event_row
 from console.timeline import annotate
-from ledger import log
+from ledger import clock, log
 from ledger.demo import load_demo
 from ledger.fold.state import StepState
-from ledger.models import CostEntry, Run, Workspace
+from ledger.models import CostEntry, Run, Step, Workspace
 from ledger.reads import selectors, serialize
 from ledger.replay import runlog
 from tests.conftest import started
@@ -266,3 +268,55 @@ def test_the_state_tabs_steps_at_every_event_of_the_demo_runs_are_the_templates_
     assert {"running", "completed", "failed"} <= statuses
     weird = StepState(step_path='a/"<b>"&\u202e', status="failed<x>")
     assert render_steps([weird]) == reference.render({"steps": [weird]})
+
+
+# The steps tables' rows as templates/console/run/steps.html and costs.html wrote them.
+STEPS_TEMPLATE = """{% load console_format %}    {% for s in steps %}
+      <tr class="step" data-step="{{ s.path }}">
+        <td class="mono">{{ s.path|shown_name }}</td>
+        <td><span class="status status-{{ s.status }}">{{ s.status }}</span></td>
+        <td class="num">{{ s.attempts|count }}</td>
+        <td class="num">{{ s.visit|default_if_none:"" }}</td>
+        <td>{{ s.step|elapsed }}</td>
+        <td class="num">{{ s.tokens.input|count }}</td><td class="num">{{ s.tokens.output|count }}</td>
+        <td class="num">{{ s.tokens.cached|count }}</td><td class="num">{{ s.tokens.reasoning|count }}</td>
+        <td>{{ s.step.cost_usd|money }} <span class="muted">{{ s.step|coverage }}</span></td>
+        <td class="step-output">{% if s.output_line %}{% if s.output_line == s.output_text %}<span class="mono">{{ s.output_line }}</span>{% else %}<details><summary class="mono">{{ s.output_line }}</summary>{% long_text s.output_text %}</details>{% endif %}{% elif s.step.output_ref %}<span class="mono muted">{{ s.step.output_ref }}</span>{% else %}<span class="muted">—</span>{% endif %}</td>
+        <td class="step-error">{% if s.error_line %}<span class="failure">{{ s.error_line }}</span>{% endif %}</td>
+        <td class="should-run">{% if s.should_run %}<strong>yes</strong> (would run){% else %}no (reused){% endif %}</td>
+      </tr>
+    {% endfor %}
+"""
+STEP_COSTS_TEMPLATE = """{% load console_format %}<tbody>{% for s in steps %}
+      <tr><td class="mono">{{ s.path|shown_name }}</td><td class="num">{{ s.tokens.input|count }}</td><td class="num">{{ s.tokens.output|count }}</td>
+        <td class="num">{{ s.tokens.cached|count }}</td><td class="num">{{ s.tokens.reasoning|count }}</td><td>{{ s.step.cost_usd|money }}</td><td>{{ s.step|coverage }}</td></tr>
+    {% endfor %}</tbody>"""
+
+
+def test_the_steps_and_per_step_costs_of_the_demo_runs_are_the_templates_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    load_demo(history_runs=1, evaluations_too=False)
+    now = clock.now()  # a running step's time so far reads the clock: the same for both renderings
+    monkeypatch.setattr("ledger.clock.now", lambda: now)
+    rows: list[dict[str, Any]] = []
+    for run in Run.objects.select_related("workspace__tenant").exclude(last_sequence=0):
+        rows += share._steps(run)["steps"]  # a share link's rows (no output or error line)
+    step = Step.objects.filter(output_ref="").exclude(cost_usd=None).first()
+    assert step is not None
+    long = "line <1>\n" * 400
+    rows += [  # the steps tab's rows (console/pages/run.py), with an output and an error line
+        {**rows[0], "step": step, "output_line": "ok", "output_text": "ok", "error_line": "", "visit": 2},
+        {**rows[0], "step": step, "output_line": "line <1> …", "output_text": long, "error_line": 'E: "<x>"'},
+        {**rows[0], "path": 'a/"<b>"\u202e', "status": "failed", "should_run": False, "visit": None},
+    ]
+    assert {r["should_run"] for r in rows} == {True, False}
+    for template, tag in ((STEPS_TEMPLATE, "step_rows"), (STEP_COSTS_TEMPLATE, "step_cost_rows")):
+        mine = engines["django"].from_string(f"{{% load console_format %}}{{% {tag} steps %}}")
+        reference = engines["django"].from_string(template)
+        for shown in (rows, []):
+            expected = reference.render({"steps": shown})
+            if tag == "step_rows":  # the loop's own indentation and line end, around the tag
+                assert f"    {mine.render({'steps': shown})}\n" == expected
+            else:
+                assert f"<tbody>{mine.render({'steps': shown})}</tbody>" == expected
