@@ -30,6 +30,7 @@ from .templatetags.console_format import (
     call_cost,
     count,
     escaped,
+    kept_value,
     long_text,
     money,
     shown_data,
@@ -99,7 +100,7 @@ def render_event_row(row: dict[str, Any], *, shared: bool = False) -> SafeString
         )
     marks = ""
     if row.get("call"):
-        marks = f' data-call="{escaped(row["call"])}"' + (' data-pair="end"' if row.get("pair_end") else "")
+        marks = f' data-call="{escaped(kept_value(row["call"]))}"' + (' data-pair="end"' if row.get("pair_end") else "")
     out.append(f'<tr class="event" id="event-{sequence}" data-sequence="{sequence}"{marks}>\n')
     out.append(
         f'  <td class="num"><a href="#event-{sequence}" title="{escaped(row["event_id"])}">{sequence}</a></td>\n'
@@ -163,20 +164,20 @@ def render_step_rows(steps: list[dict[str, Any]]) -> SafeString:
     out = []
     for s in steps:
         step, shown = s["step"], s["tokens"]
-        path, status = escaped(s["path"]), escaped(s["status"])
+        path, status = escaped(kept_value(s["path"])), escaped(s["status"])
         visit = "" if s["visit"] is None else escaped(s["visit"])
         line = s.get("output_line")
         if line:
             if line == s.get("output_text"):
-                output = f'<span class="mono">{escaped(line)}</span>'
+                output = f'<span class="mono">{escaped(shown_text(line))}</span>'
             else:
                 text = long_text(s["output_text"])
-                output = f'<details><summary class="mono">{escaped(line)}</summary>{text}</details>'
+                output = f'<details><summary class="mono">{escaped(shown_text(line))}</summary>{text}</details>'
         elif step.output_ref:
-            output = f'<span class="mono muted">{escaped(step.output_ref)}</span>'
+            output = f'<span class="mono muted">{escaped(shown_name(step.output_ref))}</span>'
         else:
             output = '<span class="muted">—</span>'
-        error = f'<span class="failure">{escaped(s["error_line"])}</span>' if s.get("error_line") else ""
+        error = f'<span class="failure">{escaped(shown_text(s["error_line"]))}</span>' if s.get("error_line") else ""
         should = "<strong>yes</strong> (would run)" if s["should_run"] else "no (reused)"
         out.append(
             f'\n      <tr class="step" data-step="{path}">\n'

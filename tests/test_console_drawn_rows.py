@@ -35,7 +35,7 @@ pytestmark = pytest.mark.django_db
 
 # templates/console/run/event_row.html as it was, the reference the Python row must equal.
 TEMPLATE = """{% load console_format %}{% if row.gap %}<tr class="gap" data-before="{{ row.sequence }}"><td colspan="6"><span class="gap-mark" aria-hidden="true">⋯</span> {{ row.gap }}</td></tr>
-{% endif %}<tr class="event" id="event-{{ row.sequence }}" data-sequence="{{ row.sequence }}"{% if row.call %} data-call="{{ row.call }}"{% if row.pair_end %} data-pair="end"{% endif %}{% endif %}>
+{% endif %}<tr class="event" id="event-{{ row.sequence }}" data-sequence="{{ row.sequence }}"{% if row.call %} data-call="{{ row.call|kept_value }}"{% if row.pair_end %} data-pair="end"{% endif %}{% endif %}>
   <td class="num"><a href="#event-{{ row.sequence }}" title="{{ row.event_id }}">{{ row.sequence }}</a></td>
   <td class="mono ev-type">{{ row.type|shown_name }}</td>
   <td class="mono ev-step">{{ row.step_path|shown_name }}</td>
@@ -82,7 +82,7 @@ def test_every_row_of_the_demo_runs_is_the_templates_row() -> None:
     "changes",
     [
         {},
-        {"gap": "3m 2s without events — <b>&</b>", "call": 'c"1<', "pair_end": True},
+        {"gap": "3m 2s without events — <b>&</b>", "call": 'c"1<\u202e', "pair_end": True},
         {"call": "c2", "pair_end": False, "origin": "recorded"},
         {"summary": "line\tone\nline two \u202e<script>", "step_path": "step\u200b<a>", "type": "x.\u2066y"},
         {"pretty": '{\n  "a": "<\u202e>&\'"\n}'},
@@ -126,9 +126,9 @@ BARS_TEMPLATE = """{% load console_format %}{% for bar in rows %}<div class="wf-
     {% if bar.detail %}<span class="muted mono">{{ bar.detail|shown_name }}</span>{% endif %}
     <span class="muted took">{{ bar.took }}</span>{% if bar.has_usage %} <span class="wf-usage">{% if bar.cost is not None %}{{ bar.cost|money }}{% endif %}{% if bar.tokens_in is not None %} · {{ bar.tokens_in|count }} in / {{ bar.tokens_out|count }} out{% elif not bar.usage_reported %}n/a · usage not reported{% endif %}</span>{% endif %}{% if bar.status %} <span class="status status-{{ bar.status|slugify }}">{{ bar.status|words }}</span>{% endif %}{% if bar.critical %} <span class="visually-hidden">on the critical path</span>{% endif %}</span>
   <span class="wf-track">{% if bar.detail_url %}<button type="button" class="wf-bar wf-expand" aria-expanded="false" aria-controls="{{ bar.detail_id }}"
-      aria-label="Details of {{ bar.kind }} {{ bar.label }}" hx-get="{{ bar.detail_url }}" hx-target="#{{ bar.detail_id }}" hx-trigger="click once"
-      data-left="{{ bar.left|stringformat:'.3f' }}" data-width="{{ bar.width|stringformat:'.3f' }}" title="{{ bar.kind }} {{ bar.label }}: {{ bar.took }}{% if bar.cost is not None %} · {{ bar.cost|money }}{% endif %}{% if bar.tokens_in is not None %} · {{ bar.tokens_in|count }} in / {{ bar.tokens_out|count }} out tokens{% elif not bar.usage_reported %} · n/a, usage not reported{% endif %}"></button>{% else %}<a class="wf-bar" href="{{ bar.href }}" tabindex="-1" aria-hidden="true" data-left="{{ bar.left|stringformat:'.3f' }}" data-width="{{ bar.width|stringformat:'.3f' }}" title="{{ bar.kind }} {{ bar.label }}: {{ bar.took }}"></a>{% endif %}</span>
-</div>{% if bar.detail_url %}<div class="wf-children wf-detail" id="{{ bar.detail_id }}" role="listitem" aria-label="Details of {{ bar.kind }} {{ bar.label }}"></div>{% endif %}{% if bar.subrun %}<div class="wf-children" id="wf-sub-{{ bar.subrun.run_id }}" role="presentation"></div>{% endif %}
+      aria-label="Details of {{ bar.kind }} {{ bar.label|shown_attr }}" hx-get="{{ bar.detail_url }}" hx-target="#{{ bar.detail_id }}" hx-trigger="click once"
+      data-left="{{ bar.left|stringformat:'.3f' }}" data-width="{{ bar.width|stringformat:'.3f' }}" title="{{ bar.kind }} {{ bar.label|shown_attr }}: {{ bar.took }}{% if bar.cost is not None %} · {{ bar.cost|money }}{% endif %}{% if bar.tokens_in is not None %} · {{ bar.tokens_in|count }} in / {{ bar.tokens_out|count }} out tokens{% elif not bar.usage_reported %} · n/a, usage not reported{% endif %}"></button>{% else %}<a class="wf-bar" href="{{ bar.href }}" tabindex="-1" aria-hidden="true" data-left="{{ bar.left|stringformat:'.3f' }}" data-width="{{ bar.width|stringformat:'.3f' }}" title="{{ bar.kind }} {{ bar.label|shown_attr }}: {{ bar.took }}"></a>{% endif %}</span>
+</div>{% if bar.detail_url %}<div class="wf-children wf-detail" id="{{ bar.detail_id }}" role="listitem" aria-label="Details of {{ bar.kind }} {{ bar.label|shown_attr }}"></div>{% endif %}{% if bar.subrun %}<div class="wf-children" id="wf-sub-{{ bar.subrun.run_id }}" role="presentation"></div>{% endif %}
 {% endfor %}
 """
 
@@ -251,7 +251,7 @@ def test_every_cost_row_of_the_demo_runs_is_the_templates_row() -> None:
 
 
 # The state tab's steps as templates/console/run/state.html wrote them.
-STATE_STEPS_TEMPLATE = """{% load console_format %}{% for s in steps %}<tr data-step="{{ s.step_path }}"><td class="mono">{{ s.step_path|shown_name }}</td>
+STATE_STEPS_TEMPLATE = """{% load console_format %}{% for s in steps %}<tr data-step="{{ s.step_path|kept_value }}"><td class="mono">{{ s.step_path|shown_name }}</td>
       <td><span class="status status-{{ s.status }}">{{ s.status }}</span></td><td class="num">{{ s.attempts|length }}</td>
       <td>{{ s.usage.cost_usd|money }}</td></tr>{% endfor %}"""
 
@@ -272,7 +272,7 @@ def test_the_state_tabs_steps_at_every_event_of_the_demo_runs_are_the_templates_
 
 # The steps tables' rows as templates/console/run/steps.html and costs.html wrote them.
 STEPS_TEMPLATE = """{% load console_format %}    {% for s in steps %}
-      <tr class="step" data-step="{{ s.path }}">
+      <tr class="step" data-step="{{ s.path|kept_value }}">
         <td class="mono">{{ s.path|shown_name }}</td>
         <td><span class="status status-{{ s.status }}">{{ s.status }}</span></td>
         <td class="num">{{ s.attempts|count }}</td>
@@ -281,8 +281,8 @@ STEPS_TEMPLATE = """{% load console_format %}    {% for s in steps %}
         <td class="num">{{ s.tokens.input|count }}</td><td class="num">{{ s.tokens.output|count }}</td>
         <td class="num">{{ s.tokens.cached|count }}</td><td class="num">{{ s.tokens.reasoning|count }}</td>
         <td>{{ s.step.cost_usd|money }} <span class="muted">{{ s.step|coverage }}</span></td>
-        <td class="step-output">{% if s.output_line %}{% if s.output_line == s.output_text %}<span class="mono">{{ s.output_line }}</span>{% else %}<details><summary class="mono">{{ s.output_line }}</summary>{% long_text s.output_text %}</details>{% endif %}{% elif s.step.output_ref %}<span class="mono muted">{{ s.step.output_ref }}</span>{% else %}<span class="muted">—</span>{% endif %}</td>
-        <td class="step-error">{% if s.error_line %}<span class="failure">{{ s.error_line }}</span>{% endif %}</td>
+        <td class="step-output">{% if s.output_line %}{% if s.output_line == s.output_text %}<span class="mono">{{ s.output_line|shown_text }}</span>{% else %}<details><summary class="mono">{{ s.output_line|shown_text }}</summary>{% long_text s.output_text %}</details>{% endif %}{% elif s.step.output_ref %}<span class="mono muted">{{ s.step.output_ref|shown_name }}</span>{% else %}<span class="muted">—</span>{% endif %}</td>
+        <td class="step-error">{% if s.error_line %}<span class="failure">{{ s.error_line|shown_text }}</span>{% endif %}</td>
         <td class="should-run">{% if s.should_run %}<strong>yes</strong> (would run){% else %}no (reused){% endif %}</td>
       </tr>
     {% endfor %}
@@ -306,8 +306,8 @@ def test_the_steps_and_per_step_costs_of_the_demo_runs_are_the_templates_rows(
     assert step is not None
     long = "line <1>\n" * 400
     rows += [  # the steps tab's rows (console/pages/run.py), with an output and an error line
-        {**rows[0], "step": step, "output_line": "ok", "output_text": "ok", "error_line": "", "visit": 2},
-        {**rows[0], "step": step, "output_line": "line <1> …", "output_text": long, "error_line": 'E: "<x>"'},
+        {**rows[0], "step": step, "output_line": "ok\u202e", "output_text": "ok\u202e", "error_line": "", "visit": 2},
+        {**rows[0], "step": step, "output_line": "line <1> …", "output_text": long, "error_line": 'E: "<x>"\u200b'},
         {**rows[0], "path": 'a/"<b>"\u202e', "status": "failed", "should_run": False, "visit": None},
     ]
     assert {r["should_run"] for r in rows} == {True, False}

@@ -22,7 +22,7 @@ from ledger.models import Run
 from ledger.replay.runlog import SnapshotRun, snapshot, tool_call_starts
 from ledger.replay.stored_plan import replay_plan_at
 
-from ..templatetags.console_format import escaped, money, shown_name
+from ..templatetags.console_format import escaped, kept_value, money, shown_name
 
 OPEN_TOOL_STATUSES = ("started", "in_doubt")
 SHOWN = 200  # steps, tool calls and plan sessions listed: the ones nearest event N
@@ -117,7 +117,7 @@ def render_steps(steps: list[StepState]) -> SafeString:
     engine took ~0.2 ms a row: a lookup, a filter and escaping per value)."""
     rows = []
     for s in steps:
-        path, status = escaped(s.step_path), escaped(s.status)
+        path, status = escaped(kept_value(s.step_path)), escaped(s.status)
         rows.append(
             f'<tr data-step="{path}"><td class="mono">{escaped(shown_name(s.step_path))}</td>\n'
             f'      <td><span class="status status-{status}">{status}</span></td>'

@@ -31,7 +31,7 @@ from ledger.replay.plan import first_sequence
 from ledger.replay.runlog import FoldedRun, SnapshotRun
 
 from ..format import duration
-from ..templatetags.console_format import count, escaped, money, shown_name, words
+from ..templatetags.console_format import count, escaped, money, shown_attr, shown_name, words
 
 # What a URL's #fragment keeps as it is (RFC 3986 pchar, / and ?); the rest of a call id, percent-encoded.
 FRAGMENT_SAFE = "!$&'()*+,;=:@/?~"
@@ -625,7 +625,7 @@ def render_bars(rows: list[Bar], axis: Axis | None) -> SafeString:
     for bar in rows:
         status = slugify(bar.status)
         kind = escaped(bar.kind)
-        label = escaped(bar.label)
+        label = escaped(shown_attr(bar.label))  # in attributes only: `{{ bar.label|shown_attr }}`
         took = escaped(bar.took)
         cost = escaped(money(bar.cost)) if bar.cost is not None else ""
         tokens = f"{escaped(count(bar.tokens_in))} in / {escaped(count(bar.tokens_out))} out"
