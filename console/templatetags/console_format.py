@@ -134,38 +134,6 @@ def timestamp(value: datetime | str | None, precision: str = "") -> SafeString |
 
 
 @register.simple_tag
-def event_rows(rows: list[dict[str, Any]], shared: Any = False) -> SafeString:
-    """`{% event_rows rows shared %}`: the timeline's rows (console/rows.py `render_event_row`)."""
-    from console.rows import render_event_row  # which draws with this module's filters
-
-    return mark_safe("".join(render_event_row(row, shared=bool(shared)) for row in rows))  # escaped there
-
-
-@register.simple_tag
-def cost_rows(costs: list[dict[str, Any]]) -> SafeString:
-    """`{% cost_rows costs %}`: the evidence tab's cost entries (console/rows.py `render_cost_rows`)."""
-    from console.rows import render_cost_rows  # which draws with this module's filters
-
-    return render_cost_rows(costs)
-
-
-@register.simple_tag
-def step_rows(steps: list[dict[str, Any]]) -> SafeString:
-    """`{% step_rows steps %}`: the steps table's rows (console/rows.py `render_step_rows`)."""
-    from console.rows import render_step_rows  # which draws with this module's filters
-
-    return render_step_rows(steps)
-
-
-@register.simple_tag
-def step_cost_rows(steps: list[dict[str, Any]]) -> SafeString:
-    """`{% step_cost_rows steps %}`: the per-step costs' rows (console/rows.py `render_step_cost_rows`)."""
-    from console.rows import render_step_cost_rows  # which draws with this module's filters
-
-    return render_step_cost_rows(steps)
-
-
-@register.simple_tag
 def long_text(text: str) -> SafeString:
     """Text in a <pre>; a long one folded to its beginning with a "show all". Written out here
     (it was an inclusion tag: a template rendered in a context of its own per text, and the
