@@ -76,13 +76,14 @@ def test_keys_and_members_are_audited_once_per_change(workspace: Workspace) -> N
     revoke_key(key)
     revoke_key(ApiKey.objects.get(pk=key.pk))  # already revoked: nothing changes, nothing is written
     create_user(username="erin", tenant="acme", role="viewer", password="pw-erin-1234")
-    create_user(username="erin", tenant="acme", role="viewer", password="pw-erin-5678")  # same role
+    create_user(username="erin", tenant="acme", role="viewer", password="pw-erin-5678")  # same role, a new password
     create_user(username="erin", tenant="acme", role="operator", password=None)
     remove_member(username="erin", tenant="acme")
     assert _actions() == [
         ("api_key.created", "system:cli", f"key:{key.prefix}"),
         ("api_key.revoked", "system:cli", f"key:{key.prefix}"),
         ("member.added", "system:cli", "user:erin"),
+        ("member.password_reset", "system:cli", "user:erin"),  # the operator set a password: audited
         ("member.changed", "system:cli", "user:erin"),
         ("member.removed", "system:cli", "user:erin"),
     ]
