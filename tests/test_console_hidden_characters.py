@@ -408,6 +408,7 @@ def _crawl_pages(client: Client, start: list[str]) -> dict[str, str]:
     return pages
 
 
+@pytest.mark.backend_independent  # what a page writes is its template's and view's; about 9 s
 def test_no_page_holds_a_hidden_character_bare(client: Client, admin: User, hostile: str) -> None:
     client.force_login(admin)
     start = [

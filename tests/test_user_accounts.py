@@ -284,6 +284,7 @@ def test_account_commands_refuse_with_a_clear_message(viewer: Any, args: list[st
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.backend_independent  # refused before any write: the command's output and exit; about 11 s
 def test_the_refusals_are_one_line_and_a_nonzero_exit_in_a_shell(viewer: Any) -> None:
     """As an operator meets them: `manage.py ledger …` in its own process."""
     for args, status, says in [

@@ -23,7 +23,8 @@ from tests.test_console_hidden_characters import (  # noqa: F401 (fixtures)
     waiting,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# What the browser shows is the page's: the SQLite pass proves it for both (backend_independent).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 HIDDEN = re.compile("[\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
 
