@@ -179,8 +179,7 @@ def read_held(workspace: Workspace, ref: str, what: str, **details: Any) -> byte
     outside the log (`what` it holds: a tool call's large outcome). Not stored, gone from storage or
     changed is an IntegrityFailure naming the ref and `what`, as a ref the log names is
     (`read_ref`): the store is what is wrong, never a NotFound."""
-    sha256 = parse_ref(ref)
-    artifact = Artifact.objects.filter(workspace=workspace, sha256=sha256).first() if sha256 else None
+    artifact = _stored(workspace, ref)
     if artifact is None:
         raise IntegrityFailure(f"artifact {ref}, {what}, is not stored", **details, ref=ref)
     try:
@@ -190,11 +189,16 @@ def read_held(workspace: Workspace, ref: str, what: str, **details: Any) -> byte
 
 
 def get_by_ref(workspace: Workspace, ref: str) -> Artifact:
-    sha256 = parse_ref(ref)
-    artifact = Artifact.objects.filter(workspace=workspace, sha256=sha256).first() if sha256 else None
+    artifact = _stored(workspace, ref)
     if artifact is None:
         raise NotFound(f"artifact {ref} not found", ref=ref)
     return artifact
+
+
+def _stored(workspace: Workspace, ref: str) -> Artifact | None:
+    """The artifact our `ref` names in `workspace`, or None (not ours, or not stored)."""
+    sha256 = parse_ref(ref)
+    return Artifact.objects.filter(workspace=workspace, sha256=sha256).first() if sha256 else None
 
 
 # What the fold counts a model call by stays in its payload when the payload is too large to keep

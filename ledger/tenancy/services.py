@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import import_module
+from typing import Any
 
 from axes.utils import reset as forget_failed_logins
 from django.conf import settings
@@ -135,14 +136,13 @@ def create_user(
     if password and not new_user:
         ended = _end_sessions(user)
         forget_failed_logins(username=username)
-        for each in _tenants_of(user):
-            audit.record(
-                actor=by,
-                tenant=each,
-                action=audit.Action.MEMBER_PASSWORD_RESET,
-                target=f"user:{username}",
-                details={"sessionsEnded": ended, "oneTime": False},
-            )
+        _audit_account(
+            _tenants_of(user),
+            by,
+            audit.Action.MEMBER_PASSWORD_RESET,
+            username,
+            {"sessionsEnded": ended, "oneTime": False},
+        )
     return UserSet(membership, new_user, previous, bool(password), _has_password(user), ended)
 
 
@@ -329,14 +329,7 @@ def reset_password(
     ended = _end_sessions(user)
     forget_failed_logins(username=username)
     tenants = Tenant.objects.filter(pk__in=Membership.objects.filter(user=user).values("tenant")).order_by("slug")
-    for each in tenants:
-        audit.record(
-            actor=by,
-            tenant=each,
-            action=audit.Action.MEMBER_PASSWORD_RESET,
-            target=f"user:{username}",
-            details={"sessionsEnded": ended},
-        )
+    _audit_account(tenants, by, audit.Action.MEMBER_PASSWORD_RESET, username, {"sessionsEnded": ended})
     return PasswordReset(username, password, ended)
 
 
@@ -393,15 +386,7 @@ def disable_user(
     user.is_active = False
     user.save(update_fields=["is_active"])
     ended = _end_sessions(user)
-    for each in tenants:
-        audit.record(
-            actor=by,
-            tenant=each,
-            action=audit.Action.MEMBER_ACCOUNT_DISABLED,
-            target=f"user:{username}",
-            reason=reason,
-            details={"sessionsEnded": ended},
-        )
+    _audit_account(tenants, by, audit.Action.MEMBER_ACCOUNT_DISABLED, username, {"sessionsEnded": ended}, reason)
     return AccountChange(username, True, tuple(t.slug for t in tenants), ended, tuple(without))
 
 
@@ -421,15 +406,21 @@ def enable_user(*, username: str, reason: str = "", by: audit.Actor | AbstractBa
     user.is_active = True
     user.save(update_fields=["is_active"])
     forget_failed_logins(username=username)
-    for each in tenants:
-        audit.record(
-            actor=by,
-            tenant=each,
-            action=audit.Action.MEMBER_ACCOUNT_ENABLED,
-            target=f"user:{username}",
-            reason=reason,
-        )
+    _audit_account(tenants, by, audit.Action.MEMBER_ACCOUNT_ENABLED, username, None, reason)
     return AccountChange(username, True, tuple(t.slug for t in tenants), has_password=has_password)
+
+
+def _audit_account(
+    tenants: Iterable[Tenant],
+    by: audit.Actor | AbstractBaseUser,
+    action: str,
+    username: str,
+    details: dict[str, Any] | None,
+    reason: str = "",
+) -> None:
+    """A change to a user's account (password, enabled), audited in each tenant they are in."""
+    for each in tenants:
+        audit.record(actor=by, tenant=each, action=action, target=f"user:{username}", reason=reason, details=details)
 
 
 def _user_for_update(username: str) -> User:
