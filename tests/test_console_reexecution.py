@@ -19,6 +19,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from console import cursors
+from console.pages.approvals import PENDING_CURSOR
 from ledger.log.verify import verify_run
 from ledger.models import AuditEntry, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import executor, services
@@ -629,3 +631,65 @@ def test_a_run_with_more_requests_than_the_header_lists_still_shows_its_pending_
     assert all(rx.public_id not in listed.group(0) for rx in [*done[1:], pending])
     assert 'data-attention="reexecution_pending"' in html and "rerun asked by carol" in html
     assert len(sql) == 3, sql  # the first rows, then the request that made the run and the pending one
+
+
+def test_pending_decisions_are_paged_oldest_first_and_a_decision_keeps_its_page(
+    people: dict[str, User], workspace: Workspace, other_workspace: Workspace, run: Run
+) -> None:
+    """Each single request's card computes its plan: 23 waiting decisions are a page of 20 and a
+    page of 3; the count and the navigation's badge say 23 on both, and a decision made on the
+    second page comes back to it."""
+    waiting = [_fork(workspace, people["carol"]) for _ in range(22)]
+    start_run(workspace=workspace, workflow="support.triage", run_id="run_triage_2", input=TICKET)
+    batch_id, _ = services.request_batch(
+        workspace=workspace, run_ids=[RUN, "run_triage_2"], reason="both", by=people["carol"]
+    )
+    bob = as_(people["bob"])
+
+    first = bob.get(f"{BASE}/approvals/").content.decode()
+    cards = re.findall(r'<article class="request pending" id="rx-([^"]+)"', first)
+    assert cards == [rx.public_id for rx in waiting[:20]]
+    assert re.search(r'id="pending-count">23<', first) and re.search(r'id="pending-badge"[^>]*>23<', first)
+    assert 'id="pending-first"' not in first
+    next_url = re.search(r'href="([^"]+)" id="pending-next" rel="next">Next page \(3 more waiting\)', first)
+    assert next_url is not None
+
+    second_url = next_url.group(1).replace("&amp;", "&")
+    second = bob.get(second_url).content.decode()
+    cards = re.findall(r'<article class="request pending" id="rx-([^"]+)"', second)
+    batch_first = ReexecutionRequest.objects.filter(batch_id=batch_id).order_by("pk").first()
+    assert batch_first is not None
+    assert cards == [waiting[20].public_id, waiting[21].public_id, batch_first.public_id]
+    assert "a batch of 2 runs" in second and re.search(r'id="pending-count">23<', second)
+    assert 'id="pending-first"' in second and 'id="pending-next"' not in second
+    assert f'data-live-src="{second_url}&amp;fragment=list"' in second  # live updates keep this page
+
+    # Decided on the second page, without htmx: back to the second page; the count follows.
+    action = f"{BASE}/approvals/{waiting[20].public_id}/approve/?{second_url.split('?', 1)[1]}"
+    assert f'action="{action.replace("&", "&amp;")}"' in second
+    response = bob.post(action, {"note": "fine"})
+    assert response.status_code == 302 and response["Location"] == second_url
+    assert ReexecutionRequest.objects.get(pk=waiting[20].pk).status != Status.PENDING_APPROVAL
+    again = bob.get(second_url).content.decode()
+    assert re.findall(r'<article class="request pending" id="rx-([^"]+)"', again) == [
+        waiting[21].public_id,
+        batch_first.public_id,
+    ]
+    assert re.search(r'id="pending-count">22<', again)
+    # A refused decision on that page shows that page again, saying why.
+    refused = bob.post(
+        f"{BASE}/approvals/{waiting[21].public_id}/approve/?{second_url.split('?', 1)[1]}", {"note": " "}
+    )
+    assert refused.status_code == 400 and 'id="pending-first"' in refused.content.decode()
+
+    # A cursor of another workspace's list, or none at all: a 400 with no cards and the first page's link.
+    foreign = cursors.seal(
+        {"t": waiting[0].created_at.isoformat(), "id": waiting[0].pk}, kind=PENDING_CURSOR, scope=other_workspace
+    )
+    for bad in (foreign, "not-a-cursor"):
+        response = bob.get(f"{BASE}/approvals/", {"after": bad})
+        html = response.content.decode()
+        assert response.status_code == 400 and 'id="broken-page"' in html and 'id="pending-first"' in html
+        assert '<article class="request pending" id="rx-' not in html
+    # An outsider with this list's page link: 404.
+    assert as_(people["olga"]).get(second_url).status_code == 404

@@ -6,6 +6,10 @@ denying go through ledger.reexecution.services, which refuses a requester approv
 request (`self_approval_forbidden`); the page does not offer them the button either. A batch (one
 evaluate request per run selected on the runs list) is decided once, on any of its requests.
 
+Pending decisions are paged, oldest first, PENDING_SHOWN to a page (each single request's card
+computes its plan): `?after=` is a sealed cursor (console/cursors.py) after the last decision
+shown; the page's count and the navigation's badge count all of them.
+
 The list is also an htmx fragment (`?fragment=list`, with the navigation's count as an
 out-of-band swap): static/js/live.js fetches it again when the workspace's socket
 (console/live/reexecutions.py) says a request or a waiting tool call changed. So is a batch's
@@ -16,8 +20,10 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -26,7 +32,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import audit
+from ledger import audit, limits
 from ledger.errors import LedgerError, NotFound
 from ledger.evaluation import evaluations
 from ledger.models import ReexecutionRequest, Workspace
@@ -36,6 +42,7 @@ from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
 from ledger.replay import toolapproval
 from ledger.runtime.reexecute import mode_plan
 
+from .. import cursors
 from ..format import money
 from .guard import has_role, workspace_or_404
 from .reexecution import divergence_url, member, report_for
@@ -44,6 +51,9 @@ from .runs import refused_batch
 Status = ReexecutionRequest.Status
 FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DENIED, Status.EXPIRED})  # a batch of these is static
 DECIDED_SHOWN = 50
+PENDING_SHOWN = 20  # decisions (a batch is one) on a page of the pending list
+PENDING_CURSOR = "approvals-pending"  # the kind of its sealed `?after=` cursors (scope: the workspace)
+BROKEN_PAGE = "This page link is broken: start again from the first page of what waits."
 MAX_BATCH = services.MAX_BATCH_RUNS
 
 
@@ -87,14 +97,45 @@ def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: boo
     }
 
 
-def _pending_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, Any]]:
-    """One card per pending request, except a batch: one card for all of it (one decision)."""
-    groups: OrderedDict[str, list[ReexecutionRequest]] = OrderedDict()
-    for rx in reexecutions.pending_approval(ws):
+def _pending_page(
+    ws: Workspace, after: tuple[datetime, int] | None
+) -> tuple[list[list[ReexecutionRequest]], int, str, int]:
+    """The pending decisions of this page: each a list of requests (a batch's, or one), oldest
+    first, the first PENDING_SHOWN after the position `after` (a decision's first request's time
+    and id); with how many decisions wait in all, the next page's cursor ("" on the last) and how
+    many decisions wait after this page."""
+    keys: OrderedDict[str, tuple[datetime, int, list[int]]] = OrderedDict()
+    for pk, batch_id, public_id, created_at in reexecutions.pending_approval(ws).values_list(
+        "pk", "batch_id", "public_id", "created_at"
+    ):
+        keys.setdefault(batch_id or public_id, (created_at, pk, []))[2].append(pk)
+    decisions = list(keys.values())
+    if after is not None:
+        decisions = [d for d in decisions if (d[0], d[1]) > after]
+    shown, rest = decisions[:PENDING_SHOWN], decisions[PENDING_SHOWN:]
+    rows = {
+        rx.pk: rx
+        for rx in reexecutions.requests(ws)
+        .filter(pk__in=[pk for d in shown for pk in d[2]])
+        .order_by("created_at", "pk")
+    }
+    for rx in rows.values():
         rx.workspace = ws
-        groups.setdefault(rx.batch_id or rx.public_id, []).append(rx)
+    cursor = ""
+    if rest:
+        last = shown[-1]
+        cursor = cursors.seal({"t": last[0].isoformat(), "id": last[1]}, kind=PENDING_CURSOR, scope=ws)
+    return [[rows[pk] for pk in d[2] if pk in rows] for d in shown], len(keys), cursor, len(rest)
+
+
+def _pending_cards(
+    ws: Workspace, user: Any, can_decide: bool, decisions: list[list[ReexecutionRequest]]
+) -> list[dict[str, Any]]:
+    """One card per pending request, except a batch: one card for all of it (one decision)."""
     cards = []
-    for members in groups.values():
+    for members in decisions:
+        if not members:  # decided between the two reads
+            continue
         card = _card(members[0], user, can_decide=can_decide, with_plan=len(members) == 1)
         card["batch"] = (
             [
@@ -140,8 +181,24 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
     return cards
 
 
+def _after(request: HttpRequest, ws: Workspace) -> tuple[tuple[datetime, int] | None, bool]:
+    """The position of the page of pending decisions asked (`?after=`), None for the first page;
+    and whether the link was broken (not a cursor this workspace's list gave out)."""
+    raw = request.GET.get("after", "")
+    if not raw:
+        return None, False
+    try:
+        return limits.keyset_position(cursors.unseal(raw, kind=PENDING_CURSOR, scope=ws)), False
+    except (ValueError, TypeError, OverflowError):
+        return None, True
+
+
 def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | None = None) -> dict[str, Any]:
     can_decide = has_role(request.user, ws, "approver")
+    after, broken = _after(request, ws)
+    decisions, pending_total, next_after, more = _pending_page(ws, after)
+    if broken:  # no cards: read as the page linked, they would be another page's (docs/operations.md § Page links)
+        decisions, next_after, more = [], "", 0
     decided = [
         r
         for r in reexecutions.requests(ws)
@@ -151,25 +208,35 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
     ]
     for rx in decided:
         rx.workspace = ws
-    pending = _pending_cards(ws, request.user, can_decide)
+    pending = _pending_cards(ws, request.user, can_decide, decisions)
     tool_calls = _tool_cards(ws, request.user, can_decide)
+    here = reverse("approvals", args=[ws.tenant.slug, ws.slug])
+    page = "?" + urlencode({"after": request.GET["after"]}) if after is not None else ""
     return {
         "workspace": ws,
         "can_decide": can_decide,
         "pending": pending,
         "tool_calls": tool_calls,
-        "waiting": len(pending) + len(tool_calls),  # the navigation's count: one per decision listed
+        "pending_total": pending_total,
+        "more_waiting": more,
+        "waiting": pending_total + len(tool_calls),  # the navigation's count: one per decision waiting
+        "page_query": page,  # kept by the decision forms, so a refusal shows this page again
+        "next_url": here + "?" + urlencode({"after": next_after}) if next_after else "",
+        "first_url": here if after is not None or broken else "",
+        "broken_page": BROKEN_PAGE if broken else "",
         "tool_decide_url": reverse("approval-tool-call", args=[ws.tenant.slug, ws.slug]),
         "decided": [_card(rx, request.user, can_decide=False, with_plan=False) for rx in decided],
         # A refused decision: which request, why, and the note as typed (kept in its card's form).
         "refused": refused or {},
-        "list_url": reverse("approvals", args=[ws.tenant.slug, ws.slug]) + "?fragment=list",
+        "list_url": here + (page + "&" if page else "?") + "fragment=list",
         "socket": f"/ws/workspaces/{ws.tenant.slug}/{ws.slug}/reexecutions/",
     }
 
 
 def _page(request: HttpRequest, ws: Workspace, *, status: int = 200, **extra: Any) -> HttpResponse:
     context = _context(request, ws, **extra)
+    if context["broken_page"] and status == 200:
+        status = 400  # a page link that is not ours: said, with the first page and a link to it
     if getattr(request, "htmx", False) or request.GET.get("fragment") == "list":
         return render(request, "console/approvals/list.html", {**context, "fragment": True}, status=status)
     context["workspaces"] = selectors.workspaces_for(request.user)
@@ -208,7 +275,14 @@ def _decide(request: HttpRequest, tenant: str, workspace: str, reexecution_id: s
         return _page(request, ws, status=exc.status, refused=_refused(reexecution_id, exc.message, note))
     if getattr(request, "htmx", False):
         return _page(request, ws)
-    return redirect("approvals", tenant=tenant, workspace=workspace)
+    return _back(request, ws)
+
+
+def _back(request: HttpRequest, ws: Workspace) -> HttpResponse:
+    """After a decision: the page of pending decisions it was made on (its cursor checked again)."""
+    after, _ = _after(request, ws)
+    here = reverse("approvals", args=[ws.tenant.slug, ws.slug])
+    return redirect(here + "?" + urlencode({"after": request.GET["after"]}) if after is not None else here)
 
 
 @login_required
@@ -259,7 +333,7 @@ def tool_call_decide(request: HttpRequest, tenant: str, workspace: str) -> HttpR
         return _page(request, ws, status=exc.status, refused=_refused(key, exc.message, note))
     if getattr(request, "htmx", False):
         return _page(request, ws)
-    return redirect("approvals", tenant=tenant, workspace=workspace)
+    return _back(request, ws)
 
 
 # --- evaluate batches --------------------------------------------------------------------------
