@@ -152,6 +152,7 @@ def test_every_route_refuses_everyone_it_must(server: Daphne) -> None:
     assert len(routes) >= 60 and sweep.requests > 1000
 
 
+@pytest.mark.backend_independent  # the sweep's own machinery: its reports, not the product's checks
 def test_the_sweep_fails_on_a_route_without_a_check(leaky_server: Daphne) -> None:
     """tests/leaky_urls.py adds a page that lists a workspace's runs to anyone who asks: undeclared,
     the sweep names it; declared as a viewer's page, the sweep reports another tenant reading it."""
@@ -170,6 +171,7 @@ def test_the_sweep_fails_on_a_route_without_a_check(leaky_server: Daphne) -> Non
     assert any("another tenant's admin (session): 200" in v for v in declared), declared
 
 
+@pytest.mark.backend_independent  # the sweep's own machinery: its reports, not the product's checks
 def test_the_sweep_fails_on_a_socket_without_a_check(server: Daphne) -> None:
     sweep = _sweep(server.url, evaluations=False)
     assert sweep.run([], ["ws/some/new/route/"]) == [

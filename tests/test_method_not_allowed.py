@@ -83,6 +83,7 @@ def api_405(response: HttpResponse, method: str) -> None:
     assert json.loads(response.content)["error"]["code"] == "method_not_allowed"
 
 
+@pytest.mark.backend_independent  # a method is refused before any read; about 17 s, the SQLite pass runs it
 def test_every_route_answers_a_method_it_does_not_take_with_its_405(admin: User) -> None:
     """As the tenant's admin (no role is missing), on every route: the styled page, the share
     layout or the API's error body, each with `Allow`; OPTIONS may instead be answered (Django's
