@@ -5,6 +5,7 @@ tool never runs), bound to the arguments' digest; other arguments need a new app
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -341,3 +342,50 @@ def test_cancelling_a_run_that_waits_for_approval_ends_the_waiting_call(workspac
     assert toolapproval.waiting_calls(workspace) == []
     assert resume_run(workspace=workspace, run_id="run_wait_cancel", workflow=wf).status == "failed"
     assert sent == []
+
+
+def test_waiting_calls_are_paged_oldest_first_and_a_decision_keeps_its_page(
+    client: Any, workspace: Workspace, approver: User, outsider: User
+) -> None:
+    """22 runs each waiting on a call: a page of 20 and a page of 2, the count and the
+    navigation's badge at 22 on both; a decision on the second page comes back to it."""
+    wf = _mailer([], {"address": "ann@example.com"})
+    for n in range(22):
+        start_run(
+            workspace=workspace, workflow=wf, input={"subject": f"s{n}"}, run_id=f"run_q{n:02}", requested_by="carol"
+        )
+    client.force_login(approver)
+    first = client.get("/w/acme/support/approvals/").content.decode()
+    runs = re.findall(
+        r'<article class="request pending tool-call-approval" id="tool-call-\d+" data-run="([^"]+)"', first
+    )
+    assert runs == [f"run_q{n:02}" for n in range(20)]
+    assert re.search(r'id="tool-calls-count">22<', first) and re.search(r'id="pending-badge"[^>]*>22<', first)
+    found = re.search(r'href="([^"]+)" id="calls-next" rel="next">Next page \(2 more waiting\)', first)
+    assert found is not None and 'id="calls-first"' not in first
+    second_url = found.group(1).replace("&amp;", "&")
+    second = client.get(second_url).content.decode()
+    runs = re.findall(
+        r'<article class="request pending tool-call-approval" id="tool-call-\d+" data-run="([^"]+)"', second
+    )
+    assert runs == ["run_q20", "run_q21"] and 'id="calls-first"' in second and 'id="calls-next"' not in second
+
+    call = _waiting(workspace, "run_q20")
+    form = {"run": "run_q20", "call": call.call_id, "digest": toolapproval.pending_digest(call), "note": "ok"}
+    query = second_url.split("?", 1)[1]
+    response = client.post(f"/w/acme/support/approvals/tool-calls/?{query}", {**form, "decision": "approve"})
+    assert response.status_code == 302 and response["Location"] == second_url
+    again = client.get(second_url).content.decode()
+    assert re.findall(r'data-run="(run_q\d+)" data-call', again) == ["run_q21"]
+    assert re.search(r'id="tool-calls-count">21<', again)
+
+    # A made-up cursor: a 400 with no cards and the first page's link; a cursor of the other queue
+    # (the pending re-executions') is refused as well.
+    response = client.get("/w/acme/support/approvals/", {"calls_after": "nonsense"})
+    html = response.content.decode()
+    assert response.status_code == 400 and 'id="calls-broken-page"' in html and 'id="calls-first"' in html
+    assert "tool-call-approval" not in html
+    response = client.get("/w/acme/support/approvals/", {"after": query.removeprefix("calls_after=")})
+    assert response.status_code == 400 and 'id="broken-page"' in response.content.decode()
+    client.force_login(outsider)
+    assert client.get(second_url).status_code == 404

@@ -35,7 +35,7 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger import audit, limits
 from ledger.errors import LedgerError, NotFound
 from ledger.evaluation import evaluations
-from ledger.models import ReexecutionRequest, Workspace
+from ledger.models import ReexecutionRequest, ToolCall, Workspace
 from ledger.reads import reexecutions, selectors
 from ledger.reexecution import services, toolapprovals
 from ledger.reexecution.errors import Forbidden, SelfApprovalForbidden
@@ -53,6 +53,8 @@ FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DENIED, Status.EXPIRE
 DECIDED_SHOWN = 50
 PENDING_SHOWN = 20  # decisions (a batch is one) on a page of the pending list
 PENDING_CURSOR = "approvals-pending"  # the kind of its sealed `?after=` cursors (scope: the workspace)
+CALLS_SHOWN = 20  # tool calls on a page of those waiting
+CALLS_CURSOR = "approvals-tool-calls"  # the kind of its sealed `?calls_after=` cursors (scope: the workspace)
 BROKEN_PAGE = "This page link is broken: start again from the first page of what waits."
 MAX_BATCH = services.MAX_BATCH_RUNS
 
@@ -97,35 +99,54 @@ def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: boo
     }
 
 
-def _pending_page(
-    ws: Workspace, after: tuple[datetime, int] | None
-) -> tuple[list[list[ReexecutionRequest]], int, str, int]:
+Position = tuple[datetime, int, int]  # a queue's order: the time, a row id, a place within it
+
+
+def _seal(position: Position, kind: str, ws: Workspace) -> str:
+    return cursors.seal({"t": position[0].isoformat(), "id": position[1], "p": position[2]}, kind=kind, scope=ws)
+
+
+def _unseal(raw: str, kind: str, ws: Workspace) -> Position:
+    """The position a page link of this list of this workspace holds; ValueError for any other."""
+    opened = cursors.unseal(raw, kind=kind, scope=ws)
+    at, row = limits.keyset_position(opened)
+    place = opened.get("p")
+    if isinstance(place, bool) or not isinstance(place, int) or not 0 <= place <= limits.MAX_ROW_ID:
+        raise ValueError("not a place")
+    return at, row, place
+
+
+def _page_of(
+    keyed: list[tuple[Position, Any]], after: Position | None, size: int, kind: str, ws: Workspace
+) -> tuple[list[Any], str, int]:
+    """Of a queue in its order (each item with its position), the page after `after`: its items,
+    the next page's cursor ("" on the last) and how many wait after it."""
+    if after is not None:
+        keyed = [k for k in keyed if k[0] > after]
+    shown, rest = keyed[:size], keyed[size:]
+    return [item for _, item in shown], _seal(shown[-1][0], kind, ws) if rest else "", len(rest)
+
+
+def _pending_page(ws: Workspace, after: Position | None) -> tuple[list[list[ReexecutionRequest]], int, str, int]:
     """The pending decisions of this page: each a list of requests (a batch's, or one), oldest
     first, the first PENDING_SHOWN after the position `after` (a decision's first request's time
     and id); with how many decisions wait in all, the next page's cursor ("" on the last) and how
     many decisions wait after this page."""
-    keys: OrderedDict[str, tuple[datetime, int, list[int]]] = OrderedDict()
+    keys: OrderedDict[str, tuple[Position, list[int]]] = OrderedDict()
     for pk, batch_id, public_id, created_at in reexecutions.pending_approval(ws).values_list(
         "pk", "batch_id", "public_id", "created_at"
     ):
-        keys.setdefault(batch_id or public_id, (created_at, pk, []))[2].append(pk)
-    decisions = list(keys.values())
-    if after is not None:
-        decisions = [d for d in decisions if (d[0], d[1]) > after]
-    shown, rest = decisions[:PENDING_SHOWN], decisions[PENDING_SHOWN:]
+        keys.setdefault(batch_id or public_id, ((created_at, pk, 0), []))[1].append(pk)
+    shown, cursor, more = _page_of(list(keys.values()), after, PENDING_SHOWN, PENDING_CURSOR, ws)
     rows = {
         rx.pk: rx
         for rx in reexecutions.requests(ws)
-        .filter(pk__in=[pk for d in shown for pk in d[2]])
+        .filter(pk__in=[pk for pks in shown for pk in pks])
         .order_by("created_at", "pk")
     }
     for rx in rows.values():
         rx.workspace = ws
-    cursor = ""
-    if rest:
-        last = shown[-1]
-        cursor = cursors.seal({"t": last[0].isoformat(), "id": last[1]}, kind=PENDING_CURSOR, scope=ws)
-    return [[rows[pk] for pk in d[2] if pk in rows] for d in shown], len(keys), cursor, len(rest)
+    return [[rows[pk] for pk in pks if pk in rows] for pks in shown], len(keys), cursor, more
 
 
 def _pending_cards(
@@ -155,11 +176,21 @@ def _pending_cards(
     return cards
 
 
-def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, Any]]:
+def _calls_page(ws: Workspace, after: Position | None) -> tuple[list[ToolCall], int, str, int]:
+    """The tool calls waiting for an approver on this page, oldest first (their run's start, then
+    their place in it): the first CALLS_SHOWN after the position `after`; with how many wait in
+    all, the next page's cursor and how many wait after this page."""
+    calls = toolapproval.waiting_calls(ws)
+    keyed = [((call.run.created_at, call.run.pk, call.position), call) for call in calls]
+    shown, cursor, more = _page_of(keyed, after, CALLS_SHOWN, CALLS_CURSOR, ws)
+    return shown, len(calls), cursor, more
+
+
+def _tool_cards(ws: Workspace, user: Any, can_decide: bool, calls: list[ToolCall]) -> list[dict[str, Any]]:
     """One card per tool call waiting for an approver (ledger/replay/toolapproval.py): the exact
     arguments and the digest the decision binds to."""
     cards = []
-    for call in toolapproval.waiting_calls(ws):
+    for call in calls:
         requester = toolapproval.requester_of(call.run)
         own = toolapproval.is_requester(requester, ws, user)
         unowned = toolapproval.started_by_unowned_key(requester, ws)
@@ -181,24 +212,43 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool) -> list[dict[str, An
     return cards
 
 
-def _after(request: HttpRequest, ws: Workspace) -> tuple[tuple[datetime, int] | None, bool]:
-    """The position of the page of pending decisions asked (`?after=`), None for the first page;
-    and whether the link was broken (not a cursor this workspace's list gave out)."""
-    raw = request.GET.get("after", "")
+def _after(request: HttpRequest, name: str, kind: str, ws: Workspace) -> tuple[Position | None, bool]:
+    """The position of the page of a queue asked (`?after=`, `?calls_after=`), None for the first
+    page; and whether the link was broken (not a cursor this workspace's queue gave out)."""
+    raw = request.GET.get(name, "")
     if not raw:
         return None, False
     try:
-        return limits.keyset_position(cursors.unseal(raw, kind=PENDING_CURSOR, scope=ws)), False
+        return _unseal(raw, kind, ws), False
     except (ValueError, TypeError, OverflowError):
         return None, True
 
 
+def _kept(request: HttpRequest, ws: Workspace, **changes: str) -> str:
+    """The query of this page's place in both queues (its cursors that open), with these changes:
+    what a decision form, the live list and the other queue's page links keep."""
+    kept = {
+        name: request.GET[name]
+        for name, kind in (("after", PENDING_CURSOR), ("calls_after", CALLS_CURSOR))
+        if _after(request, name, kind, ws)[0] is not None
+    }
+    kept.update(changes)
+    pairs = [(name, kept[name]) for name in ("after", "calls_after") if kept.get(name)]
+    return "?" + urlencode(pairs) if pairs else ""
+
+
 def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | None = None) -> dict[str, Any]:
     can_decide = has_role(request.user, ws, "approver")
-    after, broken = _after(request, ws)
+    after, broken = _after(request, "after", PENDING_CURSOR, ws)
     decisions, pending_total, next_after, more = _pending_page(ws, after)
-    if broken:  # no cards: read as the page linked, they would be another page's (docs/operations.md § Page links)
+    calls_after, calls_broken = _after(request, "calls_after", CALLS_CURSOR, ws)
+    calls, calls_total, next_calls, more_calls = _calls_page(ws, calls_after)
+    # A broken link shows no cards: read as the page linked, they would be another page's
+    # (docs/operations.md § Page links).
+    if broken:
         decisions, next_after, more = [], "", 0
+    if calls_broken:
+        calls, next_calls, more_calls = [], "", 0
     decided = [
         r
         for r in reexecutions.requests(ws)
@@ -208,22 +258,25 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
     ]
     for rx in decided:
         rx.workspace = ws
-    pending = _pending_cards(ws, request.user, can_decide, decisions)
-    tool_calls = _tool_cards(ws, request.user, can_decide)
     here = reverse("approvals", args=[ws.tenant.slug, ws.slug])
-    page = "?" + urlencode({"after": request.GET["after"]}) if after is not None else ""
+    page = _kept(request, ws)
     return {
         "workspace": ws,
         "can_decide": can_decide,
-        "pending": pending,
-        "tool_calls": tool_calls,
+        "pending": _pending_cards(ws, request.user, can_decide, decisions),
+        "tool_calls": _tool_cards(ws, request.user, can_decide, calls),
         "pending_total": pending_total,
+        "calls_total": calls_total,
+        "waiting": pending_total + calls_total,  # the navigation's count: one per decision waiting
+        "page_query": page,  # kept by the decision forms, so a decision comes back to this page
+        "next_url": here + _kept(request, ws, after=next_after) if next_after else "",
+        "first_url": here + _kept(request, ws, after="") if after is not None or broken else "",
         "more_waiting": more,
-        "waiting": pending_total + len(tool_calls),  # the navigation's count: one per decision waiting
-        "page_query": page,  # kept by the decision forms, so a refusal shows this page again
-        "next_url": here + "?" + urlencode({"after": next_after}) if next_after else "",
-        "first_url": here if after is not None or broken else "",
         "broken_page": BROKEN_PAGE if broken else "",
+        "calls_next_url": here + _kept(request, ws, calls_after=next_calls) if next_calls else "",
+        "calls_first_url": here + _kept(request, ws, calls_after="") if calls_after is not None or calls_broken else "",
+        "calls_more_waiting": more_calls,
+        "calls_broken_page": BROKEN_PAGE if calls_broken else "",
         "tool_decide_url": reverse("approval-tool-call", args=[ws.tenant.slug, ws.slug]),
         "decided": [_card(rx, request.user, can_decide=False, with_plan=False) for rx in decided],
         # A refused decision: which request, why, and the note as typed (kept in its card's form).
@@ -235,7 +288,7 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
 
 def _page(request: HttpRequest, ws: Workspace, *, status: int = 200, **extra: Any) -> HttpResponse:
     context = _context(request, ws, **extra)
-    if context["broken_page"] and status == 200:
+    if (context["broken_page"] or context["calls_broken_page"]) and status == 200:
         status = 400  # a page link that is not ours: said, with the first page and a link to it
     if getattr(request, "htmx", False) or request.GET.get("fragment") == "list":
         return render(request, "console/approvals/list.html", {**context, "fragment": True}, status=status)
@@ -279,10 +332,8 @@ def _decide(request: HttpRequest, tenant: str, workspace: str, reexecution_id: s
 
 
 def _back(request: HttpRequest, ws: Workspace) -> HttpResponse:
-    """After a decision: the page of pending decisions it was made on (its cursor checked again)."""
-    after, _ = _after(request, ws)
-    here = reverse("approvals", args=[ws.tenant.slug, ws.slug])
-    return redirect(here + "?" + urlencode({"after": request.GET["after"]}) if after is not None else here)
+    """After a decision: the page it was made on (its cursors checked again)."""
+    return redirect(reverse("approvals", args=[ws.tenant.slug, ws.slug]) + _kept(request, ws))
 
 
 @login_required
