@@ -4,6 +4,7 @@ links), the polled fragments, and other tenants' 404."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +12,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils.html import escape
 
-from ledger.evaluation import evaluations
+from console.pages import evaluations as page
+from ledger.evaluation import datasets, evaluations
 from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, Workspace
 from tests.conftest import named_user
 from tests.evaluation_support import Calls, model_change, registered_providers, triage_runs
@@ -117,8 +119,6 @@ def test_a_dataset_from_the_runs_list_a_policy_and_an_evaluation_report(workspac
 def test_a_dataset_page_edits_an_expected_output_and_removes_runs(workspace, people) -> None:
     """Each change on the page is the next frozen version, audited; operators and above only (a
     viewer 403, another tenant 404); a refused form keeps what was typed in it."""
-    from ledger.evaluation import datasets
-
     runs = triage_runs(workspace, count=3)
     datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
     carol, dave, olga = (as_(people[n]) for n in ("carol", "dave", "olga"))
@@ -167,8 +167,6 @@ def test_a_dataset_page_edits_an_expected_output_and_removes_runs(workspace, peo
 def test_the_approver_sees_the_change_a_waiting_evaluation_makes(workspace, people) -> None:
     """Outside every policy an evaluation waits on the Approvals page; the card shows what the
     approval binds to: the prompt override, or each run's own input, or the other workflow."""
-    from ledger.evaluation import datasets
-
     runs = triage_runs(workspace, count=2)
     datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
 
@@ -189,3 +187,49 @@ def test_the_approver_sees_the_change_a_waiting_evaluation_makes(workspace, peop
     assert 'data-workflow="support.triage-premium"' in page
     detail = as_(people["carol"]).get(f"{BASE}/evaluations/{prompt.public_id}/").content.decode()
     assert 'id="evaluation-change"' in detail and "draft: system" in detail
+
+
+def test_older_evaluations_are_a_page_away_and_a_broken_link_says_so(workspace, people, monkeypatch) -> None:
+    """The list shows the newest EVALUATIONS_PAGE (2 here, of 3): *Older evaluations* opens the
+    rest, whose polled fragment stays on that page; a cursor of another workspace or none at all is
+    a 400 with no rows and a link to the newest; another tenant gets 404 with the link."""
+    monkeypatch.setattr(page, "EVALUATIONS_PAGE", 2)
+    runs = triage_runs(workspace, count=1)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+    made = [
+        evaluations.start_evaluation(
+            workspace=workspace,
+            dataset="golden",
+            change=model_change(f"m{n}"),
+            scorers=["exact"],
+            fail_if="",
+            reason="try it",
+            by=people["carol"],
+        )  # fmt: skip
+        for n in range(3)
+    ]
+    carol = as_(people["carol"])
+    first = carol.get(f"{BASE}/evaluations/").content.decode()
+    assert re.findall(r'data-evaluation="([^"]+)"', first) == [made[2].public_id, made[1].public_id]
+    older = re.search(r'href="([^"]+)" id="evaluations-older"', first)
+    assert older is not None and 'id="evaluations-newest"' not in first
+    older_url = older.group(1).replace("&amp;", "&")
+    second = carol.get(older_url).content.decode()
+    assert re.findall(r'data-evaluation="([^"]+)"', second) == [made[0].public_id]
+    assert 'id="evaluations-newest"' in second and 'id="evaluations-older"' not in second
+    cursor = older_url.split("cursor=", 1)[1]
+    assert f'hx-get="{BASE}/evaluations/rows/?cursor={cursor}"' in second  # the poll keeps the page
+    rows = carol.get(f"{BASE}/evaluations/rows/?cursor={cursor}").content.decode()
+    assert re.findall(r'data-evaluation="([^"]+)"', rows) == [made[0].public_id]
+
+    for bad in (
+        "nonsense",
+        page.page_cursor(
+            made[1].created_at, made[1].pk, kind=page.CURSOR_KIND, scope=Workspace.objects.get(tenant__slug="globex")
+        ),
+    ):
+        response = carol.get(f"{BASE}/evaluations/", {"cursor": bad})
+        html = response.content.decode()
+        assert response.status_code == 400 and 'id="broken-page"' in html and 'id="evaluations-newest"' in html
+        assert "data-evaluation=" not in html and "hx-trigger" not in html
+    assert as_(people["olga"]).get(older_url).status_code == 404

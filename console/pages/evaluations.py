@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -25,13 +26,16 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
+from ledger import limits
 from ledger.errors import LedgerError, NotFound
 from ledger.evaluation import budget, datasets, evaluations, policies
 from ledger.evaluation.errors import EvaluationForbidden
 from ledger.models import Evaluation, Workspace
 from ledger.reads import selectors
 
+from .. import cursors
 from ..format import money
+from .filters import BROKEN, page_cursor
 from .guard import has_role, workspace_or_404
 from .reexecution import member
 
@@ -48,9 +52,13 @@ def _refused(request: HttpRequest, ws: Workspace, message: str) -> HttpResponse:
     )
 
 
-def _rows(ws: Workspace) -> list[dict[str, Any]]:
+EVALUATIONS_PAGE = 50
+CURSOR_KIND = "evaluations"  # the kind of the list's sealed `?cursor=` (scope: the workspace)
+
+
+def _rows(ws: Workspace, found_list: list[Evaluation]) -> list[dict[str, Any]]:
     rows = []
-    for found in evaluations.evaluations(ws):
+    for found in found_list:
         aggregates = (found.report or {}).get("aggregates") or {}
         rows.append(
             {
@@ -67,12 +75,32 @@ def _rows(ws: Workspace) -> list[dict[str, Any]]:
 
 
 def _list_context(request: HttpRequest, ws: Workspace) -> dict[str, Any]:
-    rows = _rows(ws)
+    """The newest EVALUATIONS_PAGE evaluations, or those older than the sealed `?cursor=` (the last
+    row of the page before): a broken cursor is the page with no rows, an alert and the first
+    page's link, a 400 (docs/operations.md § Page links)."""
+    raw, after, broken = request.GET.get("cursor", ""), None, False
+    if raw:
+        try:
+            after = limits.keyset_position(cursors.unseal(raw, kind=CURSOR_KIND, scope=ws))
+        except (ValueError, TypeError, OverflowError):
+            broken = True
+    found = [] if broken else evaluations.evaluations(ws, limit=EVALUATIONS_PAGE + 1, after=after)
+    shown = found[:EVALUATIONS_PAGE]
+    rows = _rows(ws, shown)
+    here = reverse("evaluations", args=[ws.tenant.slug, ws.slug])
+    page = "?" + urlencode({"cursor": raw}) if after is not None else ""
+    older = ""
+    if len(found) > EVALUATIONS_PAGE:
+        last = shown[-1]
+        older = here + "?" + urlencode({"cursor": page_cursor(last.created_at, last.pk, kind=CURSOR_KIND, scope=ws)})
     return {
         "workspace": ws,
         "rows": rows,
         "live": any(r["e"].status in UNFINISHED for r in rows),
-        "fragment_url": reverse("evaluations-rows", args=[ws.tenant.slug, ws.slug]),
+        "fragment_url": reverse("evaluations-rows", args=[ws.tenant.slug, ws.slug]) + page,
+        "older_url": older,
+        "newest_url": here if after is not None or broken else "",
+        "broken_page": BROKEN if broken else "",
     }
 
 
@@ -81,6 +109,7 @@ def _list_context(request: HttpRequest, ws: Workspace) -> dict[str, Any]:
 def evaluation_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     ws = workspace_or_404(request, tenant, workspace)
     context = _list_context(request, ws)
+    status = 400 if context["broken_page"] else 200
     context.update(
         {
             "datasets": [
@@ -94,7 +123,7 @@ def evaluation_list(request: HttpRequest, tenant: str, workspace: str) -> HttpRe
             "here": "evaluations",
         }
     )
-    return render(request, "console/evaluations/list.html", context)
+    return render(request, "console/evaluations/list.html", context, status=status)
 
 
 @login_required
@@ -102,7 +131,8 @@ def evaluation_list(request: HttpRequest, tenant: str, workspace: str) -> HttpRe
 def evaluation_rows(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
     """The evaluations table alone: what the list page polls while one is unfinished."""
     ws = workspace_or_404(request, tenant, workspace)
-    return render(request, "console/evaluations/rows.html", _list_context(request, ws))
+    context = _list_context(request, ws)
+    return render(request, "console/evaluations/rows.html", context, status=400 if context["broken_page"] else 200)
 
 
 def _bins(values: list[float]) -> list[dict[str, Any]]:
