@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
 
-from ledger.models import Event
+from ledger.models import Event, ToolGatewayClaim
 from tests.conftest import started
 
 pytestmark = pytest.mark.django_db
@@ -97,3 +98,41 @@ def test_the_tables_every_append_writes_check_only_what_the_log_and_gateway_need
             cur.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'ledger_event'")
             (schema,) = cur.fetchone()
             assert 'CONSTRAINT "event_sequence_positive" CHECK ("sequence" >= 1)' in schema
+
+
+# Each of the gateway's checks that PostgreSQL stores in a compact form (migration 0051), and a
+# change of a claimed row that breaks it.
+GATEWAY_BREACHES = {
+    "gateway_status_known": {"status": "lost", "finished_at": "now"},
+    "gateway_effect_known": {"effect": "delete"},
+    "gateway_finished_has_time": {"status": "succeeded"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATEWAY_BREACHES))
+def test_the_database_refuses_a_gateway_row_that_breaks_each_check(event, name) -> None:
+    now = timezone.now()
+    claim = ToolGatewayClaim.objects.create(
+        run_id=event.run_id,
+        call_id="call_1",
+        tool_name="search",
+        args_digest="sha256:" + "0" * 64,
+        effect="read",
+        owner="worker",
+        lease_token="token",
+        lease_expires_at=now,
+        claimed_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        breach = {field: now if value == "now" else value for field, value in GATEWAY_BREACHES[name].items()}
+        ToolGatewayClaim.objects.filter(pk=claim.pk).update(**breach)
+    assert name in str(refused.value)
+    ToolGatewayClaim.objects.filter(pk=claim.pk).update(status="succeeded", finished_at=now)  # the same, kept
+    assert ToolGatewayClaim.objects.get(pk=claim.pk).status == "succeeded"
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s", [name])
+            (definition,) = cur.fetchone()
+        assert "ARRAY[" not in definition and "character varying" not in definition
