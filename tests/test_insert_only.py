@@ -6,7 +6,8 @@ import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
-from ledger.models import Event, ToolGatewayClaim
+from ledger.log.statements import held_by_constraint
+from ledger.models import Event, ToolCall, ToolGatewayClaim
 from tests.conftest import started
 
 pytestmark = pytest.mark.django_db
@@ -136,3 +137,13 @@ def test_the_database_refuses_a_gateway_row_that_breaks_each_check(event, name) 
             cur.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s", [name])
             (definition,) = cur.fetchone()
         assert "ARRAY[" not in definition and "character varying" not in definition
+
+
+def test_a_second_row_for_a_tool_call_is_refused_under_the_name_the_append_guards_on(event) -> None:
+    """The append's optimistic way reads the unique constraint's name to fall back to the locked
+    way: a second row for a call is refused under that name (on PostgreSQL, where it is read)."""
+    ToolCall.objects.create(run_id=event.run_id, call_id="call_1", position=0, status="started")
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        ToolCall.objects.create(run_id=event.run_id, call_id="call_1", position=1, status="started")
+    assert held_by_constraint(refused.value) == (connection.vendor == "postgresql")
+    assert list(ToolCall.objects.filter(run_id=event.run_id).values_list("position", flat=True)) == [0]

@@ -4,7 +4,7 @@ PostgreSQL reads every CHECK of a table again on each statement that writes it (
 parsed, planned and compiled), and an append writes the gateway's row twice a model call: its
 claim and its completion. Django states `status IN (...)` as `status = ANY (ARRAY['a'::varchar,
 ...]::text[])`, a tree of one cast per value; the same condition over a constant array,
-`status::text = ANY ('{a,...}'::text[])`, is a third of its size (bench/README.md § Floors,
+`status::text = ANY ('{a,...}'::text[])`, is a half to two thirds of its size (bench/README.md § Floors,
 Session 28). The three such checks are replaced by their compact forms under the same names;
 the models' constraints are unchanged (the condition is the same), so no state changes.
 
