@@ -6,8 +6,17 @@ inherits it; the tests of production mode start theirs with DEBUG=0 or DEBUG uns
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("DEBUG", "1")
+# No collected manifest, whatever var/ holds: `make serve` collects the static files into
+# var/staticfiles, and that manifest would give a developer's test run hashed file names where the
+# tests of `make run` (no collectstatic) expect plain ones. The tests of production mode collect
+# into a folder of their own and name it (tests/servers.py production_env).
+os.environ.setdefault(
+    "RUNLEDGER_STATIC_ROOT",
+    str(Path(os.environ.get("RUNLEDGER_VAR_DIR", Path(__file__).resolve().parent.parent / "var")) / "test-no-static"),
+)
 
 from console.settings import *  # noqa: E402,F403
 from console.settings import CHANNEL_LAYERS  # noqa: E402

@@ -52,3 +52,14 @@ def test_collector_threshold_comes_from_the_environment_and_a_bad_one_is_refused
     refused = _setup_and_print("pass", RUNLEDGER_GC_THRESHOLD="lots")
     assert refused.returncode != 0
     assert "RUNLEDGER_GC_THRESHOLD must be a whole number" in refused.stderr
+
+
+def test_the_tests_read_no_static_manifest_that_make_serve_collected() -> None:
+    """`make serve` collects into var/staticfiles; a test run on the same checkout reads no manifest
+    from there (its pages would name hashed files the tests of `make run` do not expect)."""
+    from django.conf import settings
+    from django.templatetags.static import static
+
+    assert Path(settings.STATIC_ROOT) != Path(settings.BASE_DIR) / "var" / "staticfiles"
+    assert not (Path(settings.STATIC_ROOT) / "staticfiles.json").exists()
+    assert static("js/live.js") == "/static/js/live.js"
