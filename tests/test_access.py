@@ -101,3 +101,38 @@ def test_a_named_workspace_and_the_members_role_are_one_query(
             access.resolve(who, workspace=path)
     with pytest.raises(access.RoleRequired):
         access.resolve(viewer, workspace="acme/support", role="operator")
+
+
+def test_a_members_workspaces_with_their_memberships_are_one_query_and_resolve_alike(
+    runs: None, member: Any, viewer: Any, outsider: Any, workspace: Workspace, django_assert_num_queries: Any
+) -> None:
+    """What the console's pages read once (the switcher's list, with the memberships) gives the
+    same Access as `resolve`, and the same 404s and 403s: a workspace of another tenant, even one
+    named like one of theirs, is none of theirs."""
+    from ledger.reads import selectors
+
+    bootstrap(tenant="globex", workspace="support")  # acme/support's slug, in the outsider's tenant
+    with django_assert_num_queries(1):
+        mine = selectors.member_workspaces(viewer)
+    assert [ws for ws, _ in mine] == list(selectors.workspaces_for(viewer))
+    named = next((ws, m) for ws, m in mine if (ws.tenant.slug, ws.slug) == ("acme", "support"))
+    found = access.member_in(viewer, named, run_id="run_a")
+    same = access.resolve(viewer, workspace="acme/support", run_id="run_a")
+    assert (found.workspace, found.run, found.role, found.membership) == (
+        same.workspace,
+        same.run,
+        same.role,
+        same.membership,
+    )
+    theirs = selectors.member_workspaces(outsider)
+    assert {(ws.tenant.slug, ws.slug) for ws, _ in theirs} == {("globex", "main"), ("globex", "support")}
+    with pytest.raises(NotFound):  # another tenant's run in a workspace of theirs
+        access.member_in(outsider, next(f for f in theirs if f[0].slug == "support"), run_id="run_a")
+    with pytest.raises(NotFound):  # acme/support's pair, handed to someone else
+        access.member_in(outsider, named)
+    for who in (outsider, AnonymousUser()):
+        with pytest.raises(NotFound):
+            access.member_in(who, None)
+    with pytest.raises(access.RoleRequired):
+        access.member_in(viewer, named, role="operator")
+    assert selectors.member_workspaces(AnonymousUser()) == []

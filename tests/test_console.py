@@ -90,6 +90,19 @@ def test_outsider_gets_404_for_another_tenants_pages(client: Client, outsider, r
     assert client.get("/w/globex/main/").status_code == 200
 
 
+def test_outsider_gets_404_where_their_own_workspace_has_the_same_slug(client: Client, outsider, run_url: str) -> None:
+    """A page finds its workspace among the member's own (read with their memberships, once):
+    globex/support being theirs opens acme/support to no one of globex."""
+    from ledger.tenancy.services import bootstrap
+
+    bootstrap(tenant="globex", workspace="support")
+    client.force_login(outsider)
+    for url in ("/w/acme/support/", run_url, f"{run_url}conversation/", f"{run_url}header/", "/w/acme/support/usage/"):
+        assert client.get(url).status_code == 404, url
+        assert client.head(url).status_code == 404, url
+    assert client.get("/w/globex/support/").status_code == 200
+
+
 def test_member_gets_404_for_an_unknown_run(client: Client, member, run_url: str) -> None:
     client.force_login(member)
     assert client.get("/w/acme/support/runs/run_nope/").status_code == 404

@@ -44,7 +44,7 @@ from ledger.runtime.reexecute import mode_plan
 
 from .. import cursors
 from ..format import money
-from .guard import has_role, workspace_or_404
+from .guard import has_role, switcher, workspace_or_404
 from .reexecution import divergence_url, member, report_for
 from .runs import refused_batch
 
@@ -292,7 +292,7 @@ def _page(request: HttpRequest, ws: Workspace, *, status: int = 200, **extra: An
         status = 400  # a page link that is not ours: said, with the first page and a link to it
     if getattr(request, "htmx", False) or request.GET.get("fragment") == "list":
         return render(request, "console/approvals/list.html", {**context, "fragment": True}, status=status)
-    context["workspaces"] = selectors.workspaces_for(request.user)
+    context["workspaces"] = switcher(request)
     return render(request, "console/approvals.html", context, status=status)
 
 
@@ -507,7 +507,7 @@ def batch(request: HttpRequest, tenant: str, workspace: str, batch_id: str) -> H
             "evaluation_url": reverse("evaluation", args=[tenant, workspace, evaluation.public_id])
             if evaluation
             else None,
-            "workspaces": selectors.workspaces_for(request.user),
+            "workspaces": switcher(request),
         },
     )
 

@@ -21,9 +21,7 @@ from django.views.decorators.http import require_safe
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from ledger.reads import selectors
-
-from .guard import ROLE_NOTES, Reach
+from .guard import ROLE_NOTES, Reach, switcher
 
 CONCEPTS = settings.BASE_DIR / "docs" / "concepts.md"
 _PAGE_LINK = re.compile(r"^/(?!/)")
@@ -69,7 +67,7 @@ def concepts_page(request: HttpRequest) -> HttpResponse:
     member, the workspace switcher every page has)."""
     if not request.user.is_authenticated:
         return render(request, "console/concepts.html", {"body": _rendered(None), "workspaces": []})
-    context = {"body": _rendered(Reach.of(request.user)), "workspaces": selectors.workspaces_for(request.user)}
+    context = {"body": _rendered(Reach.of(request.user)), "workspaces": switcher(request)}
     return render(request, "console/concepts.html", context)
 
 

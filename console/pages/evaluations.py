@@ -31,12 +31,11 @@ from ledger.errors import LedgerError, NotFound
 from ledger.evaluation import budget, datasets, evaluations, policies
 from ledger.evaluation.errors import EvaluationForbidden
 from ledger.models import Evaluation, Workspace
-from ledger.reads import selectors
 
 from .. import cursors
 from ..format import money
 from .filters import BROKEN, page_cursor
-from .guard import has_role, workspace_or_404
+from .guard import has_role, switcher, workspace_or_404
 from .reexecution import member
 
 UNFINISHED = (Evaluation.Status.PENDING_APPROVAL, Evaluation.Status.RUNNING)
@@ -47,7 +46,7 @@ def _refused(request: HttpRequest, ws: Workspace, message: str) -> HttpResponse:
     return render(
         request,
         "console/evaluations/refused.html",
-        {"workspace": ws, "message": message, "workspaces": selectors.workspaces_for(request.user)},
+        {"workspace": ws, "message": message, "workspaces": switcher(request)},
         status=400,
     )
 
@@ -119,7 +118,7 @@ def evaluation_list(request: HttpRequest, tenant: str, workspace: str) -> HttpRe
             "policies": [policies.policy_json(p) for p in policies.policies(ws)],
             "can_approve": has_role(request.user, ws, "approver"),
             "change_kinds": policies.CHANGE_KINDS,
-            "workspaces": selectors.workspaces_for(request.user),
+            "workspaces": switcher(request),
             "here": "evaluations",
         }
     )
@@ -213,7 +212,7 @@ def _evaluation_or_404(
 def evaluation_detail(request: HttpRequest, tenant: str, workspace: str, evaluation_id: str) -> HttpResponse:
     ws, found = _evaluation_or_404(request, tenant, workspace, evaluation_id)
     context = _detail_context(request, ws, found)
-    context.update({"workspaces": selectors.workspaces_for(request.user), "here": "evaluations"})
+    context.update({"workspaces": switcher(request), "here": "evaluations"})
     return render(request, "console/evaluations/detail.html", context)
 
 
@@ -269,7 +268,7 @@ def _dataset_page(
             "versions": list(range(found.versions.count(), 0, -1)),
             "editable": editable,
             "error": error,
-            "workspaces": selectors.workspaces_for(request.user),
+            "workspaces": switcher(request),
             "here": "evaluations",
         },
         status=status,

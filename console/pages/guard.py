@@ -6,6 +6,7 @@ below the role an action needs gets 403.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,7 +25,14 @@ def member_access(
     request: HttpRequest, tenant: str, workspace: str, *, run_id: str | None = None, role: str | None = None
 ) -> access.Access:
     try:
-        found = access.resolve(request.user, workspace=f"{tenant}/{workspace}", run_id=run_id, role=role)
+        if request.method in ("GET", "HEAD") and request.user.is_authenticated:
+            # The member's workspaces with their memberships, one query: the named one is among
+            # them (or it is none of theirs: 404), and the page's switcher lists them.
+            mine = _member_workspaces(request)
+            named = next(((ws, m) for ws, m in mine if ws.slug == workspace and ws.tenant.slug == tenant), None)
+            found = access.member_in(request.user, named, run_id=run_id, role=role)
+        else:
+            found = access.resolve(request.user, workspace=f"{tenant}/{workspace}", run_id=run_id, role=role)
     except NotFound:
         raise Http404("not found") from None
     except access.RoleRequired as exc:
@@ -35,6 +43,22 @@ def member_access(
         memberships = request.__dict__.setdefault("_memberships", {})
         memberships[found.workspace.tenant_id] = found.membership
     return found
+
+
+def _member_workspaces(request: HttpRequest) -> list[tuple[Workspace, Membership]]:
+    mine = request.__dict__.get("_member_workspaces")
+    if mine is None:
+        mine = request.__dict__["_member_workspaces"] = selectors.member_workspaces(request.user)
+    return mine
+
+
+def switcher(request: HttpRequest) -> Iterable[Workspace]:
+    """The workspaces of the page's switcher (base.html): those the page's own check read with the
+    memberships (a GET), else asked here."""
+    mine = request.__dict__.get("_member_workspaces")
+    if mine is not None:
+        return [ws for ws, _ in mine]
+    return selectors.workspaces_for(request.user)
 
 
 def workspace_admin(request: HttpRequest, tenant: str, workspace: str) -> tuple[Workspace, Any]:

@@ -31,7 +31,7 @@ from ledger.runtime.outer_loop import (
 
 from ..rows import run_rows
 from .filters import NOT_THESE_FILTERS, DateRangePageForm, clean_address, list_query, page_cursor, page_query
-from .guard import member_access, workspace_or_404
+from .guard import member_access, switcher, workspace_or_404
 
 PREVIEW = 240  # characters of a cycle's output or a final output shown in the table
 
@@ -77,7 +77,7 @@ def loop_page(request: HttpRequest, tenant: str, workspace: str, outer_loop_id: 
         "outer_loop_id": outer_loop_id,
         "record": record,
         "record_url": reverse("run", args=[tenant, workspace, record.run_id]),
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
     }
     try:
         loop = read_loop(record.workspace, outer_loop_id, record)
@@ -111,7 +111,7 @@ def _imported_loop_page(request: HttpRequest, tenant: str, workspace: str, outer
         "outer_loop_id": outer_loop_id,
         "record": None,
         "imported": True,
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
         "loop": loop,
         "usage": loop.usage,
         "rows": [_cycle_row(tenant, workspace, c) for c in loop.cycles],
@@ -150,7 +150,7 @@ def loops_list(request: HttpRequest, tenant: str, workspace: str) -> HttpRespons
     form = LoopFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=ws, cursor_query=query)
     context: dict[str, Any] = {
         "workspace": ws,
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
         "form": form,
         "first_url": _loops_query(request),
         "filtered": bool(query),

@@ -40,10 +40,9 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledger.errors import LedgerError, NotFound
 from ledger.models import Role, Workspace
-from ledger.reads import selectors
 from ledger.tenancy import services as tenancy
 
-from .guard import has_role, wants_fragment, workspace_admin
+from .guard import has_role, switcher, wants_fragment, workspace_admin
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
 USERNAME_MAX = 150  # Django's username field
@@ -121,7 +120,7 @@ def _page(
     reset: dict[str, Any] | None = None,
     **state: str,
 ) -> HttpResponse:
-    workspaces = list(selectors.workspaces_for(request.user))
+    workspaces = list(switcher(request))
     context = {
         **_section(ws, user, reset=reset, **state),
         "workspaces": workspaces,

@@ -30,11 +30,10 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger.errors import LedgerError
 from ledger.fold.pricing import ModelRates
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy import price_settings, repricing
 from ledger.tenancy.price_settings import RATES, InvalidPriceOverride
 
-from .guard import workspace_admin
+from .guard import switcher, workspace_admin
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
 FIELDS = ("key", *RATES, "reason")
@@ -103,7 +102,7 @@ def _page(
     reprice = repricing.latest(ws)
     context = {
         "workspace": ws,
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
         "sheet": sheet,
         "rows": rows,
         "overridden": [row for row in rows if row["override"] is not None],

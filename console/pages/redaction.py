@@ -26,10 +26,9 @@ from ledger.log.redaction import (
     InvalidRule,
 )
 from ledger.models import Role, Workspace
-from ledger.reads import selectors
 from ledger.tenancy.redaction_settings import policy_of, set_extra_rules
 
-from .guard import member_access
+from .guard import member_access, switcher
 
 
 def _lines(text: str) -> list[str]:
@@ -98,7 +97,7 @@ def redaction_settings(request: HttpRequest, tenant: str, workspace: str) -> Htt
         form = ExtraRulesForm(initial=_initial(ws))
     context: dict[str, Any] = {
         "workspace": ws,
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
         "policy": policy_of(ws),
         "form": form if is_admin else None,
         "saved": request.GET.get("saved") == "1" and status == 200,

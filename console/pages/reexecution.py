@@ -35,7 +35,7 @@ from ledger.runtime.reexecute import mode_plan
 from ledger.runtime.registry import get_workflow
 
 from ..format import duration, money
-from .guard import has_role, workspace_or_404
+from .guard import has_role, switcher, workspace_or_404
 
 Mode = ReexecutionRequest.Mode
 Status = ReexecutionRequest.Status
@@ -251,7 +251,7 @@ def _form_page(
     }
     if getattr(request, "htmx", None) and request.method == "GET" and request.path == context["plan_url"]:
         return render(request, "console/reexecution/plan.html", context, status=status)
-    context["workspaces"] = selectors.workspaces_for(request.user)
+    context["workspaces"] = switcher(request)
     return render(request, "console/reexecution/request.html", context, status=status)
 
 
@@ -439,7 +439,7 @@ def divergence(request: HttpRequest, tenant: str, workspace: str, reexecution_id
         "workspace": found.workspace,
         "rx": found,
         "report": report,
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
     }
     if report is not None:
         context.update(divergence_context(found, report))

@@ -49,7 +49,7 @@ from .at import state_after
 from .conversation import SESSIONS_PER_PAGE, conversation_page
 from .errors import error_page
 from .filters import BROKEN
-from .guard import member_access, wants_fragment
+from .guard import member_access, switcher, wants_fragment
 from .reexecution import reexecution_rows, run_origin
 from .share import panel_context
 from .waterfall import (
@@ -702,7 +702,7 @@ def _respond(
         return render(request, "console/run/tab_partial.html", context, status=tab.status)
     context.update(_header_full_context(member, run, cancel=cancel, feedback=feedback))
     context.update(panel_context(member, run))
-    context["workspaces"] = selectors.workspaces_for(request.user)
+    context["workspaces"] = switcher(request)
     return render(request, "console/run.html", context, status=tab.status)
 
 

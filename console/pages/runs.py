@@ -24,7 +24,7 @@ from ledger.reads import attention, runlist, selectors
 from .. import cursors
 from ..rows import RunRow, nested_rows, run_rows
 from .filters import NOT_THESE_FILTERS, DateRangePageForm, clean_address, list_query, page_query
-from .guard import member_access
+from .guard import member_access, switcher
 
 PAGE_SIZE = 50
 CURSOR_KIND = "page:runs"
@@ -261,7 +261,7 @@ def _list(
     context.update({"sort": sort, "sort_columns": _sort_columns(request, sort), "sort_label": SORT_LABELS[sort.key]})
     if not valid:
         template = "console/runs/invalid.html" if htmx else "console/runs.html"
-        context["workspaces"] = selectors.workspaces_for(request.user)
+        context["workspaces"] = switcher(request)
         return render(request, template, context, status=400)
     qs = selectors.search_runs(ws, **form.selector_filters())
     position = form.cleaned_data["position"]
@@ -281,7 +281,7 @@ def _list(
     )
     if htmx:
         return render(request, "console/runs/rows.html", context, status=status)
-    context["workspaces"] = selectors.workspaces_for(request.user)
+    context["workspaces"] = switcher(request)
     return render(request, "console/runs.html", context, status=status)
 
 

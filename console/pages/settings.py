@@ -29,12 +29,11 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger import audit, limits
 from ledger.errors import LedgerError
 from ledger.models import ApiKey, Workspace
-from ledger.reads import selectors
 from ledger.tenancy import retention
 from ledger.tenancy import services as tenancy
 
 from .errors import error_page
-from .guard import wants_fragment, workspace_admin
+from .guard import switcher, wants_fragment, workspace_admin
 
 WS = "w/<slug:tenant>/<slug:workspace>/"
 
@@ -97,7 +96,7 @@ def _page(
 ) -> HttpResponse:
     context = {
         "workspace": ws,
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
         "keys": _key_rows(ws),
         "key_form": key_form or _key_form(ws),
         "new_key": new_key,

@@ -38,7 +38,7 @@ from ledger.reads.usage import (
 from ..format import money, written_plain
 from ..templatetags.console_format import kept_value, shown_name
 from .filters import day_field
-from .guard import member_access
+from .guard import member_access, switcher
 from .runs import runs_url
 
 DEFAULT_DAYS = 30
@@ -381,7 +381,7 @@ def usage_report(request: HttpRequest, tenant: str, workspace: str) -> HttpRespo
     is_admin = member.allows("admin")
     context: dict[str, Any] = {
         "workspace": ws,
-        "workspaces": selectors.workspaces_for(request.user),
+        "workspaces": switcher(request),
         "form": form,
         "is_admin": is_admin,
         "from_value": request.GET.get("from", ""),

@@ -177,6 +177,23 @@ def member_workspace(
     return ws, membership
 
 
+def member_workspaces(user: User | AnonymousUser) -> list[tuple[Workspace, Membership]]:
+    """Every workspace of the user's tenants (`workspaces_for(user)`, in its order), each with the
+    user's membership of its tenant, in one query: the console's pages show the first list in
+    their workspace switcher and find the named workspace and its membership in it."""
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return []
+    mine = Membership.objects.filter(user=user, tenant=OuterRef("tenant_id"))
+    found = []
+    for ws in workspaces_for(user).annotate(
+        membership_pk=Subquery(mine.values("pk")[:1]), membership_role=Subquery(mine.values("role")[:1])
+    ):
+        membership = Membership(pk=ws.membership_pk, user=user, tenant=ws.tenant, role=ws.membership_role)
+        membership._state.adding, membership._state.db = False, ws._state.db  # as read from the database
+        found.append((ws, membership))
+    return found
+
+
 def filtered_runs(
     workspace: Workspace,
     *,

@@ -151,6 +151,21 @@ def resolve(
     return _with_run(_as_member(principal, ws, scope=scope, role=role), run_id)
 
 
+def member_in(
+    principal: Member, found: tuple[Workspace, Membership] | None, *, run_id: str | None = None, role: str | None = None
+) -> Access:
+    """`resolve(principal, workspace=…, run_id=…, role=…)` for a member, given the named workspace
+    and their membership of its tenant as the caller read them (`selectors.member_workspaces`, which
+    the console's pages read once for their workspace switcher too); None: no such workspace of
+    theirs. The same NotFound and RoleRequired as `resolve`."""
+    if found is None or not principal.is_authenticated:
+        raise NotFound("not found")
+    ws, membership = found
+    if membership.user_id != principal.pk or membership.tenant_id != ws.tenant_id:
+        raise NotFound("not found")
+    return _with_run(_as_member(principal, ws, scope="read", role=role, membership=membership), run_id)
+
+
 def _key_workspace(key: ApiKey, workspace: str | None) -> Workspace:
     """A key's own workspace; naming any other is NotFound, as one a member cannot see is."""
     if workspace is not None and split_workspace_path(workspace) != (key.workspace.tenant.slug, key.workspace.slug):
