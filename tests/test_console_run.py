@@ -1010,3 +1010,14 @@ def test_tabs_take_as_many_queries_for_a_large_run_as_for_a_small_one(
     small = _queries(client, f"/w/acme/support/runs/run_few/{tab}/")
     with django_assert_num_queries(small):
         client.get(f"/w/acme/support/runs/run_many/{tab}/")
+
+
+@pytest.mark.parametrize("run_id", ["run_done", "run.with-dots_and:colons", "run é%20<x>"])
+def test_the_tab_bars_links_are_each_tabs_own_address(workspace: Workspace, run_id: str) -> None:
+    """The tab bar's links are built from the run's address (not reversed per tab): each is the
+    address `run-tab` gives, whatever the run id holds."""
+    from console.pages.run import TABS, _tab_url, _tabs
+    from ledger.models import Run
+
+    run = Run(workspace=workspace, run_id=run_id)
+    assert [t["url"] for t in _tabs(run)] == [_tab_url(run, t) for t in TABS]

@@ -134,6 +134,14 @@ def _tab_url(run: Run, tab: str) -> str:
     return reverse("run-tab", args=[ws.tenant.slug, ws.slug, run.run_id, tab])
 
 
+def _tabs(run: Run) -> list[dict[str, str]]:
+    """The tab bar's links: the run's address and the tab's name (a slug, as `run-tab` takes it),
+    `_tab_url`'s answer without a reverse per tab."""
+    ws = run.workspace
+    base = reverse("run", args=[ws.tenant.slug, ws.slug, run.run_id])
+    return [{"name": t, "label": TAB_LABELS[t], "url": f"{base}{t}/"} for t in TABS]
+
+
 # --- header ----------------------------------------------------------------------------------
 
 
@@ -696,7 +704,7 @@ def _respond(
         "workspace": run.workspace,
         "tab": name,
         "tab_template": tab.template,
-        "tabs": [{"name": t, "label": TAB_LABELS[t], "url": _tab_url(run, t)} for t in TABS],
+        "tabs": _tabs(run),
     }
     if wants_fragment(request):
         return render(request, "console/run/tab_partial.html", context, status=tab.status)

@@ -217,7 +217,9 @@ def open_link(token: str, *, what: str, sub_run_id: str | None = None) -> Opened
             target=f"share_link:{link.public_id}",
             details={"runId": shown.run_id, "what": what},
         )
-    link.refresh_from_db(fields=["open_count", "last_opened_at"])
+    # As this open left them (others opening at the same moment may have counted theirs too):
+    # not read back, no caller shows them.
+    link.open_count, link.last_opened_at = link.open_count + 1, now
     return Opened(link=link, root=root, run=shown)
 
 
