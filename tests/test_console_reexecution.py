@@ -579,11 +579,18 @@ def test_the_approvals_socket_tells_members_and_refuses_outsiders(people: dict[s
 
 def _header_reads(user: User, path: str) -> tuple[str, list[str]]:
     """The run page's HTML and its queries of re-execution requests by run (the navigation's
-    badge counts the workspace's pending ones apart)."""
+    badge counts the workspace's pending ones apart, and the header's one question whether any
+    names the run, selectors.neighbourhood, is not one of them)."""
     with CaptureQueriesContext(connection) as queries:
         response = as_(user).get(path)
     assert response.status_code == 200
-    sql = [q["sql"] for q in queries if 'FROM "ledger_reexecutionrequest"' in q["sql"] and "_run_id" in q["sql"]]
+    sql = [
+        q["sql"]
+        for q in queries
+        if 'FROM "ledger_reexecutionrequest"' in q["sql"]
+        and "_run_id" in q["sql"]
+        and not q["sql"].startswith("SELECT EXISTS(")
+    ]
     return response.content.decode(), sql
 
 
@@ -591,7 +598,10 @@ def test_the_header_reads_the_requests_around_a_run_once(
     people: dict[str, User], workspace: Workspace, run: Run
 ) -> None:
     """The re-executions listed in the header, the request that made the run and the one waiting
-    for an approver (its attention) come from one query; they were three."""
+    for an approver (its attention) come from one query; they were three. A run no request names
+    reads none."""
+    html, sql = _header_reads(people["dave"], f"{BASE}/runs/{RUN}/")
+    assert sql == [] and '<div id="run-reexecutions">' not in html  # none names the run: none read
     made = _execute(
         services.request_reexecution(workspace=workspace, run_id=RUN, mode="simulate", reason="c", by=people["carol"])
     )

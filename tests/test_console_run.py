@@ -701,7 +701,8 @@ def test_the_header_counts_and_averages_every_rating_but_lists_the_newest_in_one
     assert "3.3/5 from 3 ratings" in page
     listed = page.split('id="feedback-form"')[1]
     assert re.findall(r'class="feedback-item" data-rating="(\d)"', listed) == ["5", "4"]  # the newest two
-    assert len([q for q in queries if 'FROM "ledger_feedback"' in q["sql"]]) == 1
+    # (besides the header's one question whether the run has any: selectors.neighbourhood)
+    assert len([q for q in queries if 'FROM "ledger_feedback"' in q["sql"] and "EXISTS(" not in q["sql"]]) == 1
 
 
 @pytest.mark.parametrize("rating", ["", "0", "6", "x", "4.5"])
@@ -942,17 +943,18 @@ def test_the_timeline_of_10000_events_takes_as_many_queries_as_100(
 # short run's view costs mostly this floor). The session and its user, the member's workspaces with
 # their memberships (one query: the named workspace is among them, and the navigation lists them),
 # the run; the view's own reads; the header's (the RunStarted's outer loop and the timeline's jumps
-# are remembered per head of the run, so a later request does not ask them), the share panel's
-# links; the navigation's badge (one query while no run of the workspace is going).
+# are remembered per head of the run, so a later request does not ask them; whether the run has
+# sub-runs, re-execution requests or ratings is one query, and this run has none to list), the
+# share panel's links; the navigation's badge (one query while no run of the workspace is going).
 # Fewer is better: lower the figure with the change that saves a query; never raise it silently.
 VIEW_QUERIES = {
-    "": 10,  # the timeline
-    "conversation/": 9,
-    "waterfall/": 12,
-    "state/?at=2": 11,
-    "evidence/": 20,
-    "steps/": 11,
-    "costs/": 10,
+    "": 8,  # the timeline
+    "conversation/": 7,
+    "waterfall/": 10,
+    "state/?at=2": 9,
+    "evidence/": 18,
+    "steps/": 9,
+    "costs/": 8,
 }
 
 
@@ -1003,6 +1005,8 @@ def test_tabs_take_as_many_queries_for_a_large_run_as_for_a_small_one(
 ) -> None:
     _rich_run(workspace, "run_few", extra_steps=2)
     _rich_run(workspace, "run_many", extra_steps=120)
+    # A sub-run of the small one too: the header reads a tree only for a run that has one.
+    append(workspace=workspace, run_id="run_few_kid", events=[started(parentRunId="run_few")])
     for n in range(5):  # sub-runs for the tree
         append(workspace=workspace, run_id=f"run_kid{n}", events=[started(parentRunId="run_many")])
         append(workspace=workspace, run_id=f"run_grandkid{n}", events=[started(parentRunId=f"run_kid{n}")])
@@ -1021,3 +1025,27 @@ def test_the_tab_bars_links_are_each_tabs_own_address(workspace: Workspace, run_
 
     run = Run(workspace=workspace, run_id=run_id)
     assert [t["url"] for t in _tabs(run)] == [_tab_url(run, t) for t in TABS]
+
+
+def test_the_header_asks_for_a_list_only_where_the_run_has_one(
+    client: Client, member: Any, workspace: Workspace
+) -> None:
+    """One query says whether the run has sub-runs, re-execution requests naming it and ratings
+    (selectors.neighbourhood); each turns on with its own row, and the header then lists it."""
+    from ledger.reads import selectors
+
+    append(workspace=workspace, run_id="run_lone", events=[started(), ev("RunCompleted", output={"ok": True})])
+    run = Run.objects.select_related("workspace__tenant").get(run_id="run_lone")
+    assert selectors.neighbourhood(run) == selectors.NOTHING_AROUND
+    append(workspace=workspace, run_id="run_kid", events=[started(parentRunId="run_lone")])
+    assert selectors.neighbourhood(run) == selectors.Neighbourhood(sub_runs=True, requests=False, ratings=False)
+    record_feedback(run=run, rating=4, category="", comment="", author=member)
+    assert selectors.neighbourhood(run) == selectors.Neighbourhood(sub_runs=True, requests=False, ratings=True)
+    client.force_login(member)
+    html = client.get("/w/acme/support/runs/run_lone/").content.decode()
+    assert "this run and 1 sub-run, so far" in html  # the tree, read because it has one
+    assert "4.0/5 from 1" in html  # the ratings, read because it has one
+    lone = client.get("/w/acme/support/runs/run_kid/").content.decode()
+    assert 'id="run-tree-cost"' not in lone and "none yet" in lone
+    other = Run.objects.select_related("workspace__tenant").get(run_id="run_kid")
+    assert selectors.neighbourhood(other) == selectors.NOTHING_AROUND  # its parent's rows are not its own

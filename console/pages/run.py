@@ -85,6 +85,7 @@ EVIDENCE_PAGE_SIZE = 200  # tool calls, and cost entries, per page of the eviden
 COSTS_CURSOR = "evidence-costs"  # the kind of the evidence tab's sealed `?costs=` cursors (scope: the run)
 MISSING_SHOWN = 50  # replayReady's missing items listed before "and N more"
 FEEDBACK_SHOWN = 50
+NO_RATINGS = selectors.FeedbackSummary(0, None, [])  # what feedback_summary answers for a run no one rated
 MAX_CATEGORY = 100
 MAX_COMMENT = 10_000
 
@@ -153,8 +154,9 @@ class FeedbackForm:
     error: str = ""
 
 
-def _feedback_context(run: Run, form: FeedbackForm | None = None) -> dict[str, Any]:
-    summary = selectors.feedback_summary(run, latest=FEEDBACK_SHOWN)
+def _feedback_context(run: Run, form: FeedbackForm | None = None, *, rated: bool = True) -> dict[str, Any]:
+    """`rated`: False when the run is known to have no rating (selectors.neighbourhood)."""
+    summary = selectors.feedback_summary(run, latest=FEEDBACK_SHOWN) if rated else NO_RATINGS
     return {
         "feedback_count": summary.count,
         "feedback_average": None if summary.average is None else f"{summary.average:.1f}",
@@ -214,12 +216,12 @@ def _output_url(run: Run) -> str | None:
     return artifact_url(run.workspace, stored.artifact_id) if stored is not None else None
 
 
-def _glance_context(run: Run, asked: list[ReexecutionRequest]) -> dict[str, Any]:
+def _glance_context(run: Run, asked: list[ReexecutionRequest], *, sub_runs: bool = True) -> dict[str, Any]:
     """The run at a glance: input, output or error, tokens, cost of the run and of its tree,
     models, re-executions of it (`asked`: the first GLANCE_KEYS) and the evidence zip
-    (docs/operations.md "The run page")."""
+    (docs/operations.md "The run page"). `sub_runs`: False when the run is known to have none."""
     ws = run.workspace
-    tree = subrun_tree(run)
+    tree = subrun_tree(run) if sub_runs else subrun_tree(run, family=[run])
     models = [f"{m['provider']}/{m['model_id']}" for m in selectors.costs_by_model(run)]
     zip_url = reverse("api-run-evidence-zip", args=[run.run_id])
     return {
@@ -250,7 +252,7 @@ def _glance_context(run: Run, asked: list[ReexecutionRequest]) -> dict[str, Any]
     }
 
 
-def _header_context(run: Run) -> dict[str, Any]:
+def _header_context(run: Run, near: selectors.Neighbourhood) -> dict[str, Any]:
     ws = run.workspace
     parent_url = None
     if run.parent_run_id:
@@ -258,9 +260,9 @@ def _header_context(run: Run) -> dict[str, Any]:
     # The RunStarted that names the loop is the log's first event: its answer holds at every head.
     loop = snapshots.at_head(run, "outer_loop", lambda: outer_loop_of(run))
     # The requests to re-execute the run, the one that made it and its pending one: one query.
-    around = reexecutions.around_run(ws, run.run_id, limit=GLANCE_KEYS)
+    around = reexecutions.around_run(ws, run.run_id, limit=GLANCE_KEYS) if near.requests else reexecutions.NONE_AROUND
     return {
-        **_glance_context(run, around.listed),
+        **_glance_context(run, around.listed, sub_runs=near.sub_runs),
         "header_url": reverse("run-header", args=[ws.tenant.slug, ws.slug, run.run_id]),
         "parent_url": parent_url,
         "outer_loop": {
@@ -719,11 +721,14 @@ def _header_full_context(
 ) -> dict[str, Any]:
     """The header's context. The member's role is the one resolved for the request (`member`), asked
     once per page rather than once per action offered."""
+    # Whether the run has sub-runs, requests naming it and ratings, in one query: most runs have
+    # none, and the header then lists none of them without asking for the lists.
+    near = selectors.neighbourhood(run)
     return {
-        **_header_context(run),
+        **_header_context(run, near),
         "can_reexecute": member.allows("operator"),
         **(cancel or _cancel_context(member, run)),
-        **_feedback_context(run, feedback),
+        **_feedback_context(run, feedback, rated=near.ratings),
     }
 
 

@@ -82,6 +82,9 @@ class AroundRun:
     pending: ReexecutionRequest | None
 
 
+NONE_AROUND = AroundRun([], None, None)  # what around_run answers for a run no request names
+
+
 def around_run(workspace: Workspace, run_id: str, *, limit: int) -> AroundRun:
     """`of_run(...)[:limit]`, `made_run` and the oldest pending request of `run_id` in one query
     when the run has at most `limit + 1` requests around it (the common case: they are all read);

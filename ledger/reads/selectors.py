@@ -20,7 +20,20 @@ from django.utils import timezone
 from ..errors import NotFound
 from ..log import snapshots
 from ..log.envelopes import decode_payload, envelope, read_envelopes, read_stored_envelopes
-from ..models import ApiKey, Artifact, CostEntry, Event, Feedback, Membership, Run, RunStatus, Step, ToolCall, Workspace
+from ..models import (
+    ApiKey,
+    Artifact,
+    CostEntry,
+    Event,
+    Feedback,
+    Membership,
+    ReexecutionRequest,
+    Run,
+    RunStatus,
+    Step,
+    ToolCall,
+    Workspace,
+)
 from .attention import matching as needing
 
 M = TypeVar("M", bound=Model)
@@ -358,6 +371,37 @@ class FeedbackSummary:
     count: int
     average: float | None
     latest: list[Feedback]
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """Whether anything around a run holds rows for its page's header to list: a run below it, a
+    re-execution request naming it (to re-execute it, or as the run one made), a rating."""
+
+    sub_runs: bool
+    requests: bool
+    ratings: bool
+
+
+NOTHING_AROUND = Neighbourhood(sub_runs=False, requests=False, ratings=False)
+
+
+def neighbourhood(run: Run) -> Neighbourhood:
+    """`Neighbourhood` of `run` in one query: most runs have none of the three, and their header
+    then reads none of the three lists (run_family, reexecutions.around_run, feedback_summary)."""
+    below = runs(run.workspace).filter(parent_run_id=run.run_id).exclude(pk=run.pk)
+    named = ReexecutionRequest.objects.filter(workspace=run.workspace).filter(
+        Q(original_run_id=run.run_id) | Q(new_run_id=run.run_id)
+    )
+    found = (
+        Run.objects.filter(pk=run.pk)
+        .annotate(sub_runs=Exists(below), requests=Exists(named), ratings=Exists(Feedback.objects.filter(run=run)))
+        .values_list("sub_runs", "requests", "ratings")
+        .first()
+    )
+    if found is None:  # deleted meanwhile (retention): nothing around it to list
+        return NOTHING_AROUND
+    return Neighbourhood(*(bool(flag) for flag in found))
 
 
 def feedback_summary(run: Run, *, latest: int) -> FeedbackSummary:

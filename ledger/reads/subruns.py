@@ -47,10 +47,11 @@ def own_usage(run: Run) -> UsageTotals:
     )
 
 
-def subrun_tree(run: Run) -> SubRunTree:
-    """The run and every run below it, any depth (one query), each node rolled up."""
+def subrun_tree(run: Run, *, family: Sequence[Run] | None = None) -> SubRunTree:
+    """The run and every run below it, any depth (one query), each node rolled up. `family`: what
+    `selectors.run_family(run)` would read, when the caller knows it (`[run]`: none below it)."""
     children: dict[str, list[Run]] = {}
-    for r in selectors.run_family(run):
+    for r in selectors.run_family(run) if family is None else family:
         if r.parent_run_id and r.pk != run.pk:
             children.setdefault(r.parent_run_id, []).append(r)
     seen: set[int] = set()
