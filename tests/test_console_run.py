@@ -952,7 +952,7 @@ VIEW_QUERIES = {
     "conversation/": 7,
     "waterfall/": 10,
     "state/?at=2": 9,
-    "evidence/": 18,
+    "evidence/": 16,
     "steps/": 9,
     "costs/": 8,
 }
@@ -1039,7 +1039,7 @@ def test_the_header_asks_for_a_list_only_where_the_run_has_one(
     assert selectors.neighbourhood(run) == selectors.NOTHING_AROUND
     append(workspace=workspace, run_id="run_kid", events=[started(parentRunId="run_lone")])
     assert selectors.neighbourhood(run) == selectors.Neighbourhood(sub_runs=True, requests=False, ratings=False)
-    record_feedback(run=run, rating=4, category="", comment="", author=member)
+    record_feedback(run=run, rating=4, category="", comment="useful <1>", author=member)
     assert selectors.neighbourhood(run) == selectors.Neighbourhood(sub_runs=True, requests=False, ratings=True)
     client.force_login(member)
     html = client.get("/w/acme/support/runs/run_lone/").content.decode()
@@ -1047,5 +1047,10 @@ def test_the_header_asks_for_a_list_only_where_the_run_has_one(
     assert "4.0/5 from 1" in html  # the ratings, read because it has one
     lone = client.get("/w/acme/support/runs/run_kid/").content.decode()
     assert 'id="run-tree-cost"' not in lone and "none yet" in lone
+    feedback = "<h2>Feedback</h2>\n  {}\n"  # the evidence tab's ratings, listed where it has some
+    rated = client.get("/w/acme/support/runs/run_lone/evidence/").content.decode()
+    assert "<td>useful &lt;1&gt;</td>" in rated.split(feedback.format("")[:-1])[1]
+    unrated = client.get("/w/acme/support/runs/run_kid/evidence/").content.decode()
+    assert feedback.format('<p class="muted">none</p>') in unrated
     other = Run.objects.select_related("workspace__tenant").get(run_id="run_kid")
     assert selectors.neighbourhood(other) == selectors.NOTHING_AROUND  # its parent's rows are not its own

@@ -551,6 +551,7 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
     costs_cursor = request.GET.get("costs", "")
     costs_at, costs_after, costs_before = _costs_position(run, costs_cursor)
     checked = evidence.verdicts(run)
+    near = _neighbourhood(run)  # no rating or request: their lists are not asked for
     reconcilable_calls = gateway.in_doubt_call_ids(run)
     can_reconcile = member.allows("operator")
     ws = run.workspace
@@ -581,7 +582,7 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
     return Tab(
         "console/run/evidence.html",
         {
-            "bundle": {**checked, "feedback": evidence.feedback(run)},
+            "bundle": {**checked, "feedback": evidence.feedback(run) if near.ratings else []},
             "in_doubt_calls": [row(c) for c in doubtful],
             "in_doubt_count": in_doubt_count,
             "tool_calls": [row(c) for c in calls],
@@ -600,7 +601,7 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
                 run, base, costs_at, [c.sequence for c in costs], costs_total, keep=f"calls={calls_start}"
             ),
             "can_reconcile": can_reconcile,
-            "reexecutions": reexecution_rows(run, evidence.approvals(run)),
+            "reexecutions": reexecution_rows(run, evidence.approvals(run) if near.requests else []),
         },
     )
 
@@ -716,14 +717,22 @@ def _respond(
     return render(request, "console/run.html", context, status=tab.status)
 
 
+def _neighbourhood(run: Run) -> selectors.Neighbourhood:
+    """Whether the run has sub-runs, requests naming it and ratings, in one query asked once per
+    request (kept on the request's own run): most runs have none, and the header and the evidence
+    tab then list none of them without asking for the lists."""
+    near = run.__dict__.get("_neighbourhood")
+    if near is None:
+        near = run.__dict__["_neighbourhood"] = selectors.neighbourhood(run)
+    return near
+
+
 def _header_full_context(
     member: Access, run: Run, *, cancel: dict[str, Any] | None = None, feedback: FeedbackForm | None = None
 ) -> dict[str, Any]:
     """The header's context. The member's role is the one resolved for the request (`member`), asked
     once per page rather than once per action offered."""
-    # Whether the run has sub-runs, requests naming it and ratings, in one query: most runs have
-    # none, and the header then lists none of them without asking for the lists.
-    near = selectors.neighbourhood(run)
+    near = _neighbourhood(run)
     return {
         **_header_context(run, near),
         "can_reexecute": member.allows("operator"),
