@@ -28,7 +28,6 @@ from ledger.models import AuditEntry, Role, Tenant
 from ledger.reads import selectors
 
 from .filters import NOT_THESE_FILTERS, DateRangePageForm, page_cursor, page_query
-from .guard import switcher
 
 PAGE_SIZE = 50
 API_AUDIT = "/api/v1/audit"  # docs/api.md "Audit": the public path, not a route name of ours
@@ -132,7 +131,7 @@ def audit_log(request: HttpRequest, tenant: str) -> HttpResponse:
     found = _admin_tenant(request, tenant)
     query = page_query(request.GET, FILTERS)
     form = AuditFilterForm(request.GET, cursor_kind=CURSOR_KIND, cursor_scope=found, cursor_query=query)
-    workspaces = switcher(request)
+    workspaces = selectors.workspaces_for(request.user)
     context: dict[str, Any] = {
         "tenant": found,
         "form": form,

@@ -197,7 +197,7 @@ def member_workspaces(user: User | AnonymousUser) -> list[tuple[Workspace, Membe
     if isinstance(user, AnonymousUser) or not user.is_authenticated:
         return []
     mine = Membership.objects.filter(user=user, tenant=OuterRef("tenant_id"))
-    found = []
+    found: list[tuple[Workspace, Membership]] = []
     for ws in workspaces_for(user).annotate(
         membership_pk=Subquery(mine.values("pk")[:1]), membership_role=Subquery(mine.values("role")[:1])
     ):
