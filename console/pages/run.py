@@ -447,8 +447,9 @@ def _conversation(request: HttpRequest, member: Access, run: Run) -> Tab:
 def _waterfall(request: HttpRequest, member: Access, run: Run) -> Tab:
     """A page of the waterfall: ROOTS_PER_PAGE top-level bars (`?start=N`) with what they hold."""
     start = _int_param(request, "start", 0, minimum=0)
+    children = runlog.children_of(run) if _neighbourhood(run).sub_runs else []
     view = (
-        waterfall(run, runlog.snapshot(run), runlog.children_of(run), start=start)
+        waterfall(run, runlog.snapshot(run), children, start=start)
         if run.last_sequence
         else {"rows": [], "axis": None, "ticks": [], "total": 0, "shown": 0}
     )

@@ -375,8 +375,9 @@ class FeedbackSummary:
 
 @dataclass(frozen=True)
 class Neighbourhood:
-    """Whether anything around a run holds rows for its page's header to list: a run below it, a
-    re-execution request naming it (to re-execute it, or as the run one made), a rating."""
+    """Whether anything around a run holds rows for its page to list: a run naming it as parent
+    (`runlog.children_of`'s rows), a re-execution request naming it (to re-execute it, or as the
+    run one made), a rating."""
 
     sub_runs: bool
     requests: bool
@@ -389,7 +390,7 @@ NOTHING_AROUND = Neighbourhood(sub_runs=False, requests=False, ratings=False)
 def neighbourhood(run: Run) -> Neighbourhood:
     """`Neighbourhood` of `run` in one query: most runs have none of the three, and their header
     then reads none of the three lists (run_family, reexecutions.around_run, feedback_summary)."""
-    below = runs(run.workspace).filter(parent_run_id=run.run_id).exclude(pk=run.pk)
+    below = runs(run.workspace).filter(parent_run_id=run.run_id)  # itself too, were it to name itself
     named = ReexecutionRequest.objects.filter(workspace=run.workspace).filter(
         Q(original_run_id=run.run_id) | Q(new_run_id=run.run_id)
     )
