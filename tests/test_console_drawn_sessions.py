@@ -149,6 +149,15 @@ def test_every_session_of_the_demo_runs_conversations_is_the_templates() -> None
     assert render_sessions([]) == _reference(SESSIONS, sessions=[])
 
 
+def _change(call: Any, fields: dict[str, Any], changes: dict[str, Any]) -> None:
+    """Each change on the call where it names one of its fields, else on the view's."""
+    for name, value in changes.items():
+        if hasattr(call, name) and name not in fields:
+            setattr(call, name, value)
+        else:
+            fields[name] = value
+
+
 def _tool(**changes: Any) -> ToolView:
     call = ToolCallState(
         call_id="call<1>&\u202e",
@@ -166,11 +175,7 @@ def _tool(**changes: Any) -> ToolView:
         "started_at": "2026-12-05T10:00:01.250000+00:00",
         "artifacts": [],
     }
-    for name, value in changes.items():
-        if hasattr(call, name) and name not in fields:
-            setattr(call, name, value)
-        else:
-            fields[name] = value
+    _change(call, fields, changes)
     return ToolView(**fields)
 
 
@@ -199,11 +204,7 @@ def _turn(**changes: Any) -> TurnView:
         "error": None,
         "artifacts": [],
     }
-    for name, value in changes.items():
-        if hasattr(call, name) and name not in fields:
-            setattr(call, name, value)
-        else:
-            fields[name] = value
+    _change(call, fields, changes)
     return TurnView(**fields)
 
 

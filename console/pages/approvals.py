@@ -224,16 +224,20 @@ def _after(request: HttpRequest, name: str, kind: str, ws: Workspace) -> tuple[P
         return None, True
 
 
-def _kept(request: HttpRequest, ws: Workspace, **changes: str) -> str:
-    """The query of this page's place in both queues (its cursors that open), with these changes:
-    what a decision form, the live list and the other queue's page links keep."""
-    kept = {
+def _kept(request: HttpRequest, ws: Workspace) -> dict[str, str]:
+    """This page's place in both queues: its cursors that open, by parameter name."""
+    return {
         name: request.GET[name]
         for name, kind in (("after", PENDING_CURSOR), ("calls_after", CALLS_CURSOR))
         if _after(request, name, kind, ws)[0] is not None
     }
-    kept.update(changes)
-    pairs = [(name, kept[name]) for name in ("after", "calls_after") if kept.get(name)]
+
+
+def _query(kept: dict[str, str], **changes: str) -> str:
+    """The query of a place in both queues (`_kept`) with these changes: what a decision form, the
+    live list and the other queue's page links keep."""
+    place = {**kept, **changes}
+    pairs = [(name, place[name]) for name in ("after", "calls_after") if place.get(name)]
     return "?" + urlencode(pairs) if pairs else ""
 
 
@@ -259,7 +263,8 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
     for rx in decided:
         rx.workspace = ws
     here = reverse("approvals", args=[ws.tenant.slug, ws.slug])
-    page = _kept(request, ws)
+    kept = {name: request.GET[name] for name, at in (("after", after), ("calls_after", calls_after)) if at is not None}
+    page = _query(kept)
     return {
         "workspace": ws,
         "can_decide": can_decide,
@@ -269,12 +274,12 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
         "calls_total": calls_total,
         "waiting": pending_total + calls_total,  # the navigation's count: one per decision waiting
         "page_query": page,  # kept by the decision forms, so a decision comes back to this page
-        "next_url": here + _kept(request, ws, after=next_after) if next_after else "",
-        "first_url": here + _kept(request, ws, after="") if after is not None or broken else "",
+        "next_url": here + _query(kept, after=next_after) if next_after else "",
+        "first_url": here + _query(kept, after="") if after is not None or broken else "",
         "more_waiting": more,
         "broken_page": BROKEN_PAGE if broken else "",
-        "calls_next_url": here + _kept(request, ws, calls_after=next_calls) if next_calls else "",
-        "calls_first_url": here + _kept(request, ws, calls_after="") if calls_after is not None or calls_broken else "",
+        "calls_next_url": here + _query(kept, calls_after=next_calls) if next_calls else "",
+        "calls_first_url": here + _query(kept, calls_after="") if calls_after is not None or calls_broken else "",
         "calls_more_waiting": more_calls,
         "calls_broken_page": BROKEN_PAGE if calls_broken else "",
         "tool_decide_url": reverse("approval-tool-call", args=[ws.tenant.slug, ws.slug]),
@@ -333,7 +338,7 @@ def _decide(request: HttpRequest, tenant: str, workspace: str, reexecution_id: s
 
 def _back(request: HttpRequest, ws: Workspace) -> HttpResponse:
     """After a decision: the page it was made on (its cursors checked again)."""
-    return redirect(reverse("approvals", args=[ws.tenant.slug, ws.slug]) + _kept(request, ws))
+    return redirect(reverse("approvals", args=[ws.tenant.slug, ws.slug]) + _query(_kept(request, ws)))
 
 
 @login_required
