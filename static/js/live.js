@@ -23,7 +23,11 @@
  * A dropped socket reconnects with backoff and refreshes everything once it is back (a
  * workspace's feed, which has no ?after= catch-up, also refreshes once when it first opens).
  *
- * window.runledgerLive = {socket, lastSequence, refreshes, disconnect(ms)} for tests and the curious.
+ * A fragment fetched again and found the same as shown is not swapped: a click, a selection or an
+ * open detail in it survives a refresh that changed nothing.
+ *
+ * window.runledgerLive = {socket, lastSequence, refreshes, unchanged, disconnect(ms)} for tests
+ * and the curious.
  */
 (function () {
   "use strict";
@@ -41,6 +45,8 @@
   var wanted = false;
   var held = [];          // fragments not refreshed because someone was typing in them
   var refreshes = 0;
+  var unchanged = 0;      // fragments fetched again and found as shown: left alone
+  var shown = {};         // id → a fragment's markup as loaded or as last swapped in
 
   function setState(state, text) {
     var el = document.getElementById("live-status");
@@ -180,7 +186,12 @@
           ticked.push([box.name, box.value]);
         });
         var style = el.getAttribute("data-live-swap") || "outerHTML";
+        // Nothing changed: the DOM stays as it is, so a click, a selection or an open panel in
+        // it is not lost to a swap that would put back the same thing.
+        var fresh = markup(html);
+        if (el.id && shown[el.id] === fresh) { unchanged++; return; }
         window.htmx.swap(el, html, {swapStyle: style, swapDelay: 0, settleDelay: 0});
+        if (el.id) shown[el.id] = fresh;
         open.forEach(function (id) {
           var d = document.getElementById(id);
           if (d) d.open = true;
@@ -193,6 +204,27 @@
         if (window.runledgerPlace) window.runledgerPlace(document);
       });
   }
+
+  // A fragment as the parser writes it back, without the whitespace around it: what the server
+  // sent, comparable with what the page was loaded with (recorded before any script touches it)
+  // and with the last swap.
+  function markup(html) {
+    var template = document.createElement("template");
+    template.innerHTML = html;
+    return template.innerHTML.trim();
+  }
+
+  function record() {
+    document.querySelectorAll("[data-live-src][id]").forEach(function (el) {
+      var inner = el.getAttribute("data-live-swap") === "innerHTML";
+      shown[el.id] = (inner ? el.innerHTML : el.outerHTML).trim();
+    });
+  }
+
+  // Anything else that swaps (a tab, a form, the history) makes the records unsafe to trust.
+  ["htmx:beforeSwap", "htmx:historyRestore"].forEach(function (name) {
+    document.addEventListener(name, function () { shown = {}; });
+  });
 
   document.addEventListener("focusout", function () {
     if (!held.length) return;
@@ -271,6 +303,7 @@
       return timeline ? lastOn(timeline) : received;
     },
     get refreshes() { return refreshes; },
+    get unchanged() { return unchanged; },
     disconnect: function (ms) {
       var s = socket;
       socket = null;  // its close event is ours, not a drop to retry at once
@@ -283,6 +316,7 @@
     root = document.querySelector("[data-live-socket]");
     if (!root || !("WebSocket" in window)) return;
     received = parseInt(root.dataset.liveAfter, 10) || 0;
+    record();
     connect();
   }
 

@@ -278,5 +278,17 @@ def log_in_to_demo(page: Page, server: Daphne, username: str = "alice") -> None:
     page.wait_for_url(lambda url: "/accounts/login/" not in url)
 
 
+def live_reaches(page: Page, counter: str, value: int) -> None:
+    """Wait until the page's live mechanism (window.runledgerLive, static/js/live.js) counts at least
+    `value` of `counter`: "refreshes" done, fragments found "unchanged". Polled, as the CSP
+    refuses wait_for_function."""
+    probe = f"window.runledgerLive ? window.runledgerLive.{counter} : 0"
+    for _ in range(600):
+        if page.evaluate(probe) >= value:
+            return
+        page.wait_for_timeout(25)
+    raise AssertionError(f"runledgerLive.{counter} stayed at {page.evaluate(probe)}, below {value}")
+
+
 def sequences(page: Page) -> list[int]:
     return page.locator("#timeline-rows tr.event").evaluate_all("rows => rows.map(row => Number(row.dataset.sequence))")

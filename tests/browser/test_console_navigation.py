@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from ledger.models import Workspace
 from tests.browser import data
-from tests.browser.conftest import Daphne, log_in
+from tests.browser.conftest import Daphne, live_reaches, log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,6 +46,8 @@ def test_a_bar_of_the_usage_chart_drills_down_to_its_runs_and_on_to_a_run(
     # The filter lives in the URL: its form shows it too.
     expect(page.locator("form#run-filters [name=model]")).to_have_value("openai/gpt-4o-mini")
 
+    # The list is live: click once it has fetched itself again on its socket's opening.
+    live_reaches(page, "refreshes", 1)
     rows.first.locator('a[href*="/runs/run_mini/"]').first.click()
     page.wait_for_url(re.compile(r"/w/acme/support/runs/run_mini/"))
     expect(page.locator('#timeline-rows tr.event[data-sequence="1"]')).to_be_visible()

@@ -1,7 +1,7 @@
 """One live mechanism (static/js/live.js), in headless Chromium against a Daphne with DEBUG off,
 the production static files and the CSP: a run page opened while a harness appends through the
 API follows the run to its end without a reload (header, waterfall, steps), a filtered runs list
-keeps its filter while rows move, the Approvals page follows a decision made elsewhere, and a
+keeps its filter while rows move and leaves them alone when nothing changed, the Approvals page follows a decision made elsewhere, and a
 finished run's page opens no socket. Every page is checked for CSP violations and console errors."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect
 from ledger.models import Workspace
 from ledger.tenancy.services import create_key
 from tests.browser import data
-from tests.browser.conftest import Appender, log_in_to_demo
+from tests.browser.conftest import Appender, live_reaches, log_in_to_demo
 from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,6 +153,35 @@ def test_a_filtered_runs_list_keeps_its_filter_while_rows_move(
     expect(row).to_have_count(0)  # completed: no longer a running run
     expect(page.locator('#runs-rows tr.run[data-run-id="run_late"]')).to_be_visible()
     assert page.evaluate("window.__notReloaded") is True
+
+
+def test_a_refresh_that_changes_nothing_leaves_the_rows_alone(
+    watch: Any, production: Daphne, harness: Appender
+) -> None:
+    """A click landing while the list is fetched again must not be lost to a swap that puts back
+    the same rows: identical fragments are not swapped, changed ones are."""
+    harness.append("run_quiet", data.started(label="moves, but not in this view"))
+    page = watch()
+    log_in_to_demo(page, production, "dave")
+    page.goto(f"{production.url}{SUPPORT}/?status=failed")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    live_reaches(page, "refreshes", 1)
+    # The refresh on the socket's opening fetched what the page was loaded with.
+    assert page.evaluate("window.runledgerLive.unchanged") >= 1
+    rows = page.locator("#runs-rows tr.run")
+    shown = rows.count()
+    assert shown >= 1
+    rows.first.evaluate("row => { row.dataset.probe = 'the same node' }")
+
+    before = page.evaluate("window.runledgerLive.unchanged")
+    harness.append("run_quiet", *data.step("extract"))  # a running run: not listed here
+    live_reaches(page, "unchanged", before + 1)
+    expect(rows.first).to_have_attribute("data-probe", "the same node")
+
+    harness.append("run_quiet", data.ev("RunFailed", error={"message": "now it is"}))
+    expect(page.locator('#runs-rows tr.run[data-run-id="run_quiet"]')).to_be_visible()
+    expect(rows).to_have_count(shown + 1)
+    expect(page.locator("#runs-rows tr.run[data-probe]")).to_have_count(0)  # swapped this time
 
 
 def test_the_approvals_page_follows_a_decision_made_elsewhere(watch: Any, production: Daphne, demo: None) -> None:

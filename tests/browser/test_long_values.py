@@ -17,7 +17,7 @@ from ledger import log
 from ledger.models import Workspace
 from ledger.reexecution import services
 from ledger.runtime.executor import start_run
-from tests.browser.conftest import Daphne, log_in, screenshot_dir
+from tests.browser.conftest import Daphne, live_reaches, log_in, screenshot_dir
 from tests.conftest import ev, started
 
 # Layout only: how the pages lay out what they were given is the templates' and the CSS's, the
@@ -53,16 +53,6 @@ PAST_THE_WINDOW = """() => {
 }"""
 
 
-def _after_first_refresh(page: Page) -> None:
-    """The live page fetches its list again once its socket opens (static/js/live.js): look at the
-    list after that swap, not at the one it replaces. Polled (the CSP refuses wait_for_function)."""
-    for _ in range(600):
-        if page.evaluate("window.runledgerLive ? window.runledgerLive.refreshes : 0") >= 1:
-            return
-        page.wait_for_timeout(25)
-    raise AssertionError("the Approvals page never fetched its list again")
-
-
 def test_a_100_kb_input_override_is_folded_and_approvals_stay_in_the_window(
     open_context: Any, server: Daphne, workspace: Workspace, operator: User, approver: User
 ) -> None:
@@ -81,7 +71,7 @@ def test_a_100_kb_input_override_is_folded_and_approvals_stay_in_the_window(
         for scheme in SCHEMES:
             page = open_context(viewport={"width": width, "height": 860}, color_scheme=scheme).new_page()
             log_in(page, server, approver, "/w/acme/support/approvals/")
-            _after_first_refresh(page)
+            live_reaches(page, "refreshes", 1)  # look at the list after its swap on the socket's opening
             card = page.locator(f"#rx-{rx.public_id}")
             override = card.locator(".input-override")
             # Its beginning, then a way to read all of it.
