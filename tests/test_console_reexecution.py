@@ -20,7 +20,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from console import cursors
-from console.pages.approvals import PENDING_CURSOR
+from console.pages.approvals import DECIDED_CURSOR, PENDING_CURSOR
 from ledger.log.verify import verify_run
 from ledger.models import AuditEntry, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import executor, services
@@ -703,3 +703,57 @@ def test_pending_decisions_are_paged_oldest_first_and_a_decision_keeps_its_page(
         assert '<article class="request pending" id="rx-' not in html
     # An outsider with this list's page link: 404.
     assert as_(people["olga"]).get(second_url).status_code == 404
+
+
+def test_decided_requests_are_paged_newest_first_and_keep_the_queues_place(
+    people: dict[str, User], workspace: Workspace, other_workspace: Workspace, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Decided table showed the newest DECIDED_SHOWN and nothing older; now *Older decisions*
+    leads on (here 2 to a page: 5 denied are pages of 2, 2 and 1), keeping the pending queue's
+    place, and a broken link is a 400 with no rows and the newest page's link."""
+    monkeypatch.setattr("console.pages.approvals.DECIDED_SHOWN", 2)
+    monkeypatch.setattr("console.pages.approvals.PENDING_SHOWN", 1)
+    denied = []
+    for _ in range(5):
+        rx = _fork(workspace, people["carol"])
+        services.deny(workspace=workspace, reexecution_id=rx.public_id, by=people["bob"], note="no")
+        denied.append(rx)
+    waiting = [_fork(workspace, people["carol"]) for _ in range(2)]
+    newest_first = [rx.public_id for rx in reversed(denied)]
+    dave = as_(people["dave"])
+
+    def rows(html: str) -> list[str]:
+        return re.findall(r'<tr data-reexecution="([^"]+)" data-status="denied">', html)
+
+    # On the pending queue's second page: the decided pages keep it, and it keeps theirs.
+    first = dave.get(f"{BASE}/approvals/").content.decode()
+    pending_next = re.search(r'href="([^"]+)" id="pending-next"', first)
+    assert pending_next is not None
+    url = pending_next.group(1).replace("&amp;", "&")
+    pages = []
+    while True:
+        html = dave.get(url).content.decode()
+        pages.append(rows(html))
+        assert re.findall(r'<article class="request pending" id="rx-([^"]+)"', html) == [waiting[1].public_id]
+        found = re.search(r'href="([^"]+)" id="decided-next" rel="next">Older decisions', html)
+        if found is None:
+            break
+        url = found.group(1).replace("&amp;", "&")
+        assert "after=" in url.split("decided_after=")[0]  # the pending queue's place, kept
+    assert pages == [newest_first[:2], newest_first[2:4], newest_first[4:]]
+    assert 'id="decided-first"' in html and "Older decisions" not in html
+    assert 'id="decided-first"' not in first
+
+    # Another workspace's cursor, or none at all: 400, no rows, the newest page's link.
+    foreign = cursors.seal(
+        {"t": denied[0].created_at.isoformat(), "id": denied[0].pk, "p": 0},
+        kind=DECIDED_CURSOR,
+        scope=other_workspace,
+    )
+    for bad in (foreign, "not-a-cursor"):
+        response = dave.get(f"{BASE}/approvals/", {"decided_after": bad})
+        html = response.content.decode()
+        assert response.status_code == 400 and 'id="decided-broken-page"' in html and 'id="decided-first"' in html
+        assert rows(html) == [] and "Nothing decided yet" not in html
+    # An outsider with a page link of this table: 404.
+    assert as_(people["olga"]).get(url).status_code == 404

@@ -50,12 +50,15 @@ from .runs import refused_batch
 
 Status = ReexecutionRequest.Status
 FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DENIED, Status.EXPIRED})  # a batch of these is static
-DECIDED_SHOWN = 50
+DECIDED_SHOWN = 50  # decided requests on a page of that table, the newest change first
+DECIDED_CURSOR = "approvals-decided"  # the kind of its sealed `?decided_after=` cursors (scope: the workspace)
 PENDING_SHOWN = 20  # decisions (a batch is one) on a page of the pending list
 PENDING_CURSOR = "approvals-pending"  # the kind of its sealed `?after=` cursors (scope: the workspace)
 CALLS_SHOWN = 20  # tool calls on a page of those waiting
 CALLS_CURSOR = "approvals-tool-calls"  # the kind of its sealed `?calls_after=` cursors (scope: the workspace)
 BROKEN_PAGE = "This page link is broken: start again from the first page of what waits."
+BROKEN_DECIDED = "This page link is broken: start again from the newest decisions."
+QUEUES = (("after", PENDING_CURSOR), ("calls_after", CALLS_CURSOR), ("decided_after", DECIDED_CURSOR))
 MAX_BATCH = services.MAX_BATCH_RUNS
 
 
@@ -212,9 +215,23 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool, calls: list[ToolCall
     return cards
 
 
+def _decided_page(ws: Workspace, after: Position | None) -> tuple[list[ReexecutionRequest], str]:
+    """The decided requests of this page, the newest change first: DECIDED_SHOWN older than the
+    position `after` (a request's last change and id); with the next page's cursor ("" on the
+    last). A request that changes again (approved, then executed) moves up to the first page."""
+    decided = reexecutions.decided(ws, before=after[:2] if after else None, limit=DECIDED_SHOWN + 1)
+    for rx in decided:
+        rx.workspace = ws
+    if len(decided) <= DECIDED_SHOWN:
+        return decided, ""
+    decided = decided[:DECIDED_SHOWN]
+    return decided, _seal((decided[-1].updated_at, decided[-1].pk, 0), DECIDED_CURSOR, ws)
+
+
 def _after(request: HttpRequest, name: str, kind: str, ws: Workspace) -> tuple[Position | None, bool]:
-    """The position of the page of a queue asked (`?after=`, `?calls_after=`), None for the first
-    page; and whether the link was broken (not a cursor this workspace's queue gave out)."""
+    """The position of the page of a list asked (`?after=`, `?calls_after=`, `?decided_after=`),
+    None for the first page; and whether the link was broken (not a cursor this workspace's list
+    gave out)."""
     raw = request.GET.get(name, "")
     if not raw:
         return None, False
@@ -225,19 +242,15 @@ def _after(request: HttpRequest, name: str, kind: str, ws: Workspace) -> tuple[P
 
 
 def _kept(request: HttpRequest, ws: Workspace) -> dict[str, str]:
-    """This page's place in both queues: its cursors that open, by parameter name."""
-    return {
-        name: request.GET[name]
-        for name, kind in (("after", PENDING_CURSOR), ("calls_after", CALLS_CURSOR))
-        if _after(request, name, kind, ws)[0] is not None
-    }
+    """This page's place in its three lists: its cursors that open, by parameter name."""
+    return {name: request.GET[name] for name, kind in QUEUES if _after(request, name, kind, ws)[0] is not None}
 
 
 def _query(kept: dict[str, str], **changes: str) -> str:
-    """The query of a place in both queues (`_kept`) with these changes: what a decision form, the
-    live list and the other queue's page links keep."""
+    """The query of a place in the three lists (`_kept`) with these changes: what a decision form,
+    the live list and the other lists' page links keep."""
     place = {**kept, **changes}
-    pairs = [(name, place[name]) for name in ("after", "calls_after") if place.get(name)]
+    pairs = [(name, place[name]) for name, _ in QUEUES if place.get(name)]
     return "?" + urlencode(pairs) if pairs else ""
 
 
@@ -253,17 +266,11 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
         decisions, next_after, more = [], "", 0
     if calls_broken:
         calls, next_calls, more_calls = [], "", 0
-    decided = [
-        r
-        for r in reexecutions.requests(ws)
-        .exclude(status=Status.PENDING_APPROVAL)
-        .select_related("workspace__tenant")
-        .order_by("-updated_at", "-pk")[:DECIDED_SHOWN]
-    ]
-    for rx in decided:
-        rx.workspace = ws
+    decided_after, decided_broken = _after(request, "decided_after", DECIDED_CURSOR, ws)
+    decided, next_decided = ([], "") if decided_broken else _decided_page(ws, decided_after)
     here = reverse("approvals", args=[ws.tenant.slug, ws.slug])
-    kept = {name: request.GET[name] for name, at in (("after", after), ("calls_after", calls_after)) if at is not None}
+    positions = {"after": after, "calls_after": calls_after, "decided_after": decided_after}
+    kept = {name: request.GET[name] for name, at in positions.items() if at is not None}
     page = _query(kept)
     return {
         "workspace": ws,
@@ -284,6 +291,11 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
         "calls_broken_page": BROKEN_PAGE if calls_broken else "",
         "tool_decide_url": reverse("approval-tool-call", args=[ws.tenant.slug, ws.slug]),
         "decided": [_card(rx, request.user, can_decide=False, with_plan=False) for rx in decided],
+        "decided_next_url": here + _query(kept, decided_after=next_decided) if next_decided else "",
+        "decided_first_url": here + _query(kept, decided_after="")
+        if decided_after is not None or decided_broken
+        else "",
+        "decided_broken_page": BROKEN_DECIDED if decided_broken else "",
         # A refused decision: which request, why, and the note as typed (kept in its card's form).
         "refused": refused or {},
         "list_url": here + (page + "&" if page else "?") + "fragment=list",
@@ -293,7 +305,7 @@ def _context(request: HttpRequest, ws: Workspace, *, refused: dict[str, str] | N
 
 def _page(request: HttpRequest, ws: Workspace, *, status: int = 200, **extra: Any) -> HttpResponse:
     context = _context(request, ws, **extra)
-    if (context["broken_page"] or context["calls_broken_page"]) and status == 200:
+    if (context["broken_page"] or context["calls_broken_page"] or context["decided_broken_page"]) and status == 200:
         status = 400  # a page link that is not ours: said, with the first page and a link to it
     if getattr(request, "htmx", False) or request.GET.get("fragment") == "list":
         return render(request, "console/approvals/list.html", {**context, "fragment": True}, status=status)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet
@@ -18,6 +19,15 @@ Status = ReexecutionRequest.Status
 def requests(workspace: Workspace) -> QuerySet[ReexecutionRequest]:
     # With their workspace and tenant, which every request's API shape and links name.
     return ReexecutionRequest.objects.filter(workspace=workspace).select_related("workspace__tenant")
+
+
+def decided(workspace: Workspace, *, before: tuple[datetime, int] | None, limit: int) -> list[ReexecutionRequest]:
+    """Up to `limit` of the workspace's requests no longer waiting for a decision, the newest change
+    first, older than `before` (a request's last change and row id) when given."""
+    qs = requests(workspace).exclude(status=Status.PENDING_APPROVAL)
+    if before is not None:
+        qs = qs.filter(Q(updated_at__lt=before[0]) | Q(updated_at=before[0], pk__lt=before[1]))
+    return list(qs.order_by("-updated_at", "-pk")[:limit])
 
 
 def page(workspace: Workspace, *, after_pk: int, limit: int, status: str | None = None) -> list[ReexecutionRequest]:
