@@ -158,9 +158,12 @@ def test_admins_see_the_limits_in_force_read_only_members_and_outsiders_do_not(
     html = page.content.decode()
     assert 'id="limits"' in html
     assert "42 events" in html and "set by the operator for this workspace" in html
-    assert "1000000 bytes" in html  # the default, shown as such
+    # The default, shown as such, in the console's formats (docs/operations.md "Words and numbers"):
+    # bytes in binary units with the exact count on hover, counts thousands-separated.
+    assert '<span title="1,000,000 bytes">976.6 KiB</span>' in html
     assert "manage.py ledger limits" in html
     section = html[html.index('id="limits"') : html.index("</section>", html.index('id="limits"'))]
+    assert "1,000 events" in section and "1000000 bytes" not in section
     assert "<form" not in section and "<input" not in section  # nothing to change here
     for user in (approver, viewer):
         refused = _client(user).get(PAGE)
