@@ -245,6 +245,25 @@ def test_audit_is_newest_first_with_targets_linked_and_details_readable(
     assert '"scopes"' not in html  # no raw JSON
 
 
+def test_audit_details_read_as_words_with_moments_and_dollars_as_everywhere(
+    browser: Client, workspace: Workspace
+) -> None:
+    from ledger import audit
+
+    audit.record(
+        actor="carol",
+        tenant=workspace.tenant,
+        workspace=workspace,
+        action="share_link.created",
+        target="share_link:shl_1",
+        details={"expiresAt": "2027-01-04T23:46:38.451657+00:00", "includeSubRuns": True, "spendUsd": "0.0038199"},
+    )
+    html = browser.get("/t/acme/audit/").content.decode()
+    assert "<dt>expires at</dt><dd>2027-01-04 23:46:38 UTC</dd>" in html
+    assert "<dt>include sub runs</dt><dd>yes</dd>" in html
+    assert "<dt>spend usd</dt><dd>$0.00382</dd>" in html
+
+
 def test_one_format_for_counts_and_byte_sizes() -> None:
     from console import format as fmt
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, time, timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlencode
 
@@ -27,6 +28,7 @@ from ledger import audit
 from ledger.models import AuditEntry, Role, Tenant
 from ledger.reads import selectors
 
+from ..format import field_label, money, utc
 from .filters import NOT_THESE_FILTERS, DateRangePageForm, page_cursor, page_query
 
 PAGE_SIZE = 50
@@ -64,7 +66,18 @@ def _cursor(entry: AuditEntry, tenant: Tenant, query: str) -> str:
     return page_cursor(entry.at, entry.pk, kind=CURSOR_KIND, scope=tenant, query=query)
 
 
-def _value(value: Any) -> str:
+# A moment as the services write one into details (`datetime.isoformat()`: an offset, or Z).
+MOMENT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def _value(value: Any, key: str = "") -> str:
+    if key.endswith("Usd") and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        try:
+            return money(Decimal(str(value)))
+        except InvalidOperation:
+            return str(value)
+    if isinstance(value, str) and MOMENT.match(value):
+        return utc(value.replace("Z", "+00:00"))
     if isinstance(value, list):
         return ", ".join(_value(v) for v in value) or "none"
     if isinstance(value, dict):
@@ -77,13 +90,15 @@ def _value(value: Any) -> str:
 
 
 def _details(details: Any) -> list[tuple[str, str]]:
-    """An entry's details as (label, value) lines: `scopes` → "ingest, read", nested objects as
-    "key value; …", the JSON only where nothing else would do (the CSV keeps it exact)."""
+    """An entry's details as (label, value) lines in the console's words and formats: `newRunId`
+    reads "new run id", `scopes` "ingest, read", a moment and a `…Usd` amount as every page writes
+    them, nested objects as "key value; …", the JSON only where nothing else would do (the CSV
+    keeps it exact)."""
     if not details:
         return []
     if not isinstance(details, dict):
         return [("", json.dumps(details, ensure_ascii=False))]
-    return [(str(key).replace("_", " "), _value(value)) for key, value in sorted(details.items())]
+    return [(field_label(str(key)), _value(value, str(key))) for key, value in sorted(details.items())]
 
 
 RUN_ID = re.compile(r"^run_[A-Za-z0-9_.:-]{1,80}$")
