@@ -3,7 +3,8 @@ page, and ids, workflow versions and model names without a space in the run head
 never push a page sideways, at 1280 px or at 390 px (docs/operations.md), light or dark; a long
 value is folded to its beginning with a way to read it all. Nor do step paths, call ids and tool
 names without a space in the run's tabs (Steps, Costs, Conversation and the rest), as production
-serves them. The header's actions read at the size of the text around them, not the heading's."""
+serves them. The header's actions read at the size of the text around them, not the heading's.
+The audit log's detail labels stay whole beside long values."""
 
 from __future__ import annotations
 
@@ -248,3 +249,44 @@ def test_long_step_paths_and_call_names_in_the_tabs_break_instead_of_scrolling(
             if width == 390 and tab in ("steps", "conversation"):
                 page.screenshot(path=str(screenshot_dir() / f"run-{tab}-long-paths-390.png"), full_page=True)
     assert wide == {}, f"the run's tabs scroll sideways by (px, what lies past the window): {wide}"
+
+
+# A label of the Audit page's details that reads on more than one line (its words' boxes at more
+# than one height).
+BROKEN_LABELS = """() => [...document.querySelectorAll("table.audit .details-list dt")].filter(dt => {
+  const range = document.createRange();
+  range.selectNodeContents(dt);
+  return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1;
+}).map(dt => dt.textContent)"""
+
+
+def test_audit_detail_labels_stay_whole_beside_long_values(
+    open_context: Any, production: Daphne, workspace: Workspace, admin: User
+) -> None:
+    """The Details column of the audit log is the narrow one beside long reasons and targets: its
+    labels broke in the middle ("newR" over "unId") as the values beside them took the width; a
+    label keeps its line and a long value goes under it."""
+    from django.db import transaction
+
+    from ledger import audit
+
+    for n in range(3):
+        with transaction.atomic():
+            audit.record(
+                actor="worker:vm:2507:8d171711",
+                tenant=workspace.tenant,
+                workspace=workspace,
+                action="evidence_bundle.downloaded",
+                target=f"run_with_a_rather_long_identifier_{n}",
+                reason="What would the customer have been told had the order been the one asked about? " * 2,
+                details={"runId": f"run_with_a_rather_long_identifier_{n}", "sha256": "0123456789abcdef" * 4},
+            )
+    broken = {}
+    for width in WIDTHS:
+        page = open_context(viewport={"width": width, "height": 860}).new_page()
+        log_in(page, production, admin, "/t/acme/audit/")
+        expect(page.locator("table.audit .details-list dt").first).to_be_visible()
+        labels = page.evaluate(BROKEN_LABELS)
+        if labels or _sideways(page) > 0:
+            broken[width] = (labels, _sideways(page))
+    assert broken == {}, f"labels broken over lines, and sideways scroll, per width: {broken}"
