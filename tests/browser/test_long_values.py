@@ -290,3 +290,29 @@ def test_audit_detail_labels_stay_whole_beside_long_values(
         if labels or _sideways(page) > 0:
             broken[width] = (labels, _sideways(page))
     assert broken == {}, f"labels broken over lines, and sideways scroll, per width: {broken}"
+
+
+def test_the_reexecute_form_and_its_plan_stay_in_the_window(
+    open_context: Any, production: Daphne, workspace: Workspace, operator: User
+) -> None:
+    """The form is a grid whose one column took the plan table's whole width, so at 390 px the
+    page scrolled sideways (the demo's run_demo_escalation by 46 px); the table scrolls in its
+    own box instead."""
+    run_id = "run_loop"
+    events = [started()]
+    for path in ("draft.visit[0]", "review.visit[0]", "draft.visit[1]", "review.visit[1]", "send_the_reply"):
+        events += [
+            ev("StepScheduled", stepPath=path),
+            ev("StepAttemptStarted", stepPath=path, attempt=1),
+            ev("StepCompleted", stepPath=path, attempt=1, output={"ok": True}),
+        ]
+    log.append(workspace=workspace, run_id=run_id, events=[*events, ev("RunCompleted", output="sent")])
+    wide = {}
+    for width in WIDTHS:
+        page = open_context(viewport={"width": width, "height": 860}).new_page()
+        log_in(page, production, operator, f"/w/acme/support/runs/{run_id}/reexecute/")
+        expect(page.locator("#plan table")).to_be_visible()
+        past = page.evaluate(PAST_THE_WINDOW)
+        if _sideways(page) > 0 or past:
+            wide[width] = (_sideways(page), past)
+    assert wide == {}, f"the re-execute form scrolls sideways by (px, what lies past the window): {wide}"
