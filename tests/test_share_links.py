@@ -623,6 +623,15 @@ def test_the_panel_creates_shows_the_url_once_lists_and_revokes(
     assert stored.public_id in again and _token(url.group(1)) not in again  # shown once
     bad = client.post(f"/w/acme/support/runs/{RUN}/share-links/", {"expires_in_hours": "721"}, **htmx)
     assert bad.status_code == 400 and 'id="share-error"' in bad.content.decode()
+    # Its numbers as the console writes counts: the limit of opens thousands-separated.
+    assert "Max opens (optional, 1–10,000)" in run_page
+    too_many = client.post(
+        f"/w/acme/support/runs/{RUN}/share-links/", {"expires_in_hours": "2", "max_opens": "10001"}, **htmx
+    )
+    assert (
+        too_many.status_code == 400
+        and "Max opens must be a whole number from 1 to 10,000." in too_many.content.decode()
+    )
     revoked = client.post(f"/w/acme/support/runs/{RUN}/share-links/{stored.public_id}/revoke/", **htmx)
     assert revoked.status_code == 200 and "revoked" in revoked.content.decode()
     stored.refresh_from_db()

@@ -406,7 +406,7 @@ def _operator_run(request: HttpRequest, tenant: str, workspace: str, run_id: str
 def _whole(raw: str, name: str, low: int, high: int) -> tuple[int | None, str]:
     raw = raw.strip()
     if not raw.isascii() or not raw.isdigit() or not low <= int(raw[:12]) <= high:
-        return None, f"{name} must be a whole number from {low} to {high}."
+        return None, f"{name} must be a whole number from {low:,} to {high:,}."
     return int(raw), ""
 
 
