@@ -316,3 +316,34 @@ def test_the_reexecute_form_and_its_plan_stay_in_the_window(
         if _sideways(page) > 0 or past:
             wide[width] = (_sideways(page), past)
     assert wide == {}, f"the re-execute form scrolls sideways by (px, what lies past the window): {wide}"
+
+
+def test_the_usage_reports_days_read_on_one_line_at_390_px(
+    open_context: Any, production: Daphne, workspace: Workspace, viewer: User
+) -> None:
+    """At 390 px the usage tables scroll in their own box, and the day column was squeezed to its
+    narrowest: each date broke at its hyphens ("2026-11-" over "07")."""
+    log.append(
+        workspace=workspace,
+        run_id="run_priced",
+        events=[
+            started(),
+            ev(
+                "harness.model.responded",
+                turn=1,
+                callId="c1",
+                model={"provider": "openai", "modelId": "gpt-4o-mini"},
+                response={"text": "ok", "usage": {"inputTokens": 1_234_567, "outputTokens": 89_012}},
+            ),
+        ],
+    )
+    page = open_context(viewport={"width": 390, "height": 860}).new_page()
+    log_in(page, production, viewer, "/w/acme/support/usage/")
+    days = page.locator("#usage-days tbody th")
+    expect(days.first).to_be_visible()
+    lines = days.evaluate_all(
+        """ths => ths.map(th => { const range = document.createRange(); range.selectNodeContents(th);
+             return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; })"""
+    )
+    assert lines and set(lines) == {1}, f"lines per day: {lines}"
+    assert _sideways(page) == 0
