@@ -558,8 +558,11 @@ def test_an_outsider_reconciling_gets_404(client: Client, outsider: Any, in_doub
     assert response.status_code == 404
 
 
-def test_an_operator_reconciles_through_the_gateway(client: Client, operator: Any, in_doubt: str) -> None:
+def test_an_operator_reconciles_through_the_gateway(
+    client: Client, operator: Any, in_doubt: str, workspace: Workspace
+) -> None:
     client.force_login(operator)
+    assert 'id="resume-after-reconcile"' not in client.get(f"{BASE}evidence/").content.decode()
     response = client.post(
         f"{BASE}tool-calls/call_pay/reconcile/",
         {"outcome": "succeeded", "value": '{"paid": true}', "note": "bank says paid"},
@@ -571,6 +574,11 @@ def test_an_operator_reconciles_through_the_gateway(client: Client, operator: An
     assert last.type == "harness.tool_call.reconciled"
     html = client.get(f"{BASE}evidence/").content.decode()
     assert "reconcile-form" not in html and "reconciled</span>" in html
+    # No dead end: the page says what continues the run, until something does.
+    notice = re.search(r'<div class="notice" role="status" id="resume-after-reconcile">(.*?)</div>', html, re.S)
+    assert notice and f"<code>ledger resume {RUN} --workspace acme/support</code>" in notice.group(1)
+    append(workspace=workspace, run_id=RUN, events=[ev("custom.note", text="went on")])
+    assert 'id="resume-after-reconcile"' not in client.get(f"{BASE}evidence/").content.decode()
 
 
 def test_reconcile_over_htmx_answers_with_the_evidence_tab(client: Client, operator: Any, in_doubt: str) -> None:

@@ -602,6 +602,8 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
                 run, base, costs_at, [c.sequence for c in costs], costs_total, keep=f"calls={calls_start}"
             ),
             "can_reconcile": can_reconcile,
+            # Reconciled, and nothing went on since: say what continues the run (no dead end).
+            "resume_after_reconcile": not in_doubt_count and selectors.waits_for_resume_after_reconcile(run),
             "reexecutions": reexecution_rows(run, evidence.approvals(run) if near.requests else []),
         },
     )

@@ -440,6 +440,15 @@ def tool_calls_page(run: Run, *, start: int, size: int) -> tuple[list[ToolCall],
     return calls, snapshots.at_head(run, "tool_calls", ToolCall.objects.filter(run=run).count)
 
 
+def waits_for_resume_after_reconcile(run: Run) -> bool:
+    """Whether nothing has continued this unfinished run since an operator reconciled a call of
+    it: its last event is the reconcile. Only a resume goes on from there (docs/operations.md)."""
+    if run.finished:
+        return False
+    last = Event.objects.filter(run=run, sequence=run.last_sequence).values_list("type", flat=True).first()
+    return last == "harness.tool_call.reconciled"
+
+
 def tool_calls_in_doubt(run: Run, also: Iterable[str], *, size: int) -> tuple[list[ToolCall], int]:
     """The first `size` calls in doubt (by the fold, or by the gateway's claims: `also`), in the
     order they appeared, and how many there are."""
