@@ -489,9 +489,9 @@ def test_subrun_tree_at_any_depth_rolls_up_and_marks_failed_branches(
     assert "branch-failed" in nodes["run_leaf"] and "branch-failed" not in nodes["run_ok"]
     assert html.count("✗ failed below") == 2  # root and mid: failed below, not themselves
     # gpt-4o-mini at $0.15 per 1M input tokens: root + ok + leaf priced, mid unpriced.
-    assert 'cost $0.45 <span class="muted">(3/4 priced (75%))' in html
+    assert 'cost $0.45 <span class="muted">3/4 priced (75%)</span>' in html
     mid = html.split('data-run-id="run_mid"')[1]
-    assert 'cost $0.15 <span class="muted">(1/2 priced (50%))' in mid
+    assert 'cost $0.15 <span class="muted">1/2 priced (50%)</span>' in mid
     # A sub-run's own page shows the tree below it.
     assert "1 below this run" in client.get("/w/acme/support/runs/run_mid/subruns/").content.decode()
 
