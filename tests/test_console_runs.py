@@ -276,6 +276,8 @@ def test_invalid_filters_are_a_readable_400(browser: Client, runs: None) -> None
         # A way back that keeps the filters refused would lead to this 400 again.
         newest = re.search(r'<a href="([^"]+)" id="first-page">', html)
         assert newest is None or browser.get(unescape(newest.group(1))).status_code == 200, query
+        # So would the column headers' sort links: under such filters they are not links.
+        assert 'class="sort-link"' not in html and '<th scope="col"' in html, query
         partial = browser.get(f"{URL}?{query}", headers={"HX-Request": "true"})
         assert partial.status_code == 400 and message in partial.content.decode(), query
 
