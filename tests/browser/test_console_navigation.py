@@ -73,3 +73,24 @@ def test_only_an_operator_is_offered_the_reconcile_form(
     expect(page.get_by_text(re.compile(r"in[ _-]doubt", re.IGNORECASE)).first).to_be_visible()
     expect(page.locator("form.reconcile-form")).to_have_count(1 if sees_form else 0)
     expect(page.locator("form#feedback-form")).to_be_visible()
+
+
+def test_the_reconcile_form_is_in_view_at_390_px_without_scrolling_the_table(
+    page: Page, server: Daphne, workspace: Workspace, operator: User
+) -> None:
+    """It sat in the last column of the calls table, which scrolls in its own box at 390 px: an
+    operator saw a tall empty row and had to scroll the table right to find it."""
+    data.running_run(workspace, "run_doubt")
+    data.in_doubt_call(workspace, "run_doubt")
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, server, operator)
+    page.goto(f"{server.url}/w/acme/support/runs/run_doubt/evidence/")
+    form = page.locator("form.reconcile-form")
+    expect(form).to_have_count(1)
+    # Down the page to it, as a person scrolls: the table's own box is not scrolled sideways.
+    form.evaluate("f => window.scrollTo(0, f.getBoundingClientRect().top + window.scrollY - 100)")
+    assert form.evaluate("f => f.closest('.table-wrap') ? f.closest('.table-wrap').scrollLeft : 0") == 0
+    box = form.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    expect(form.locator("button[type=submit]")).to_be_in_viewport()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nor does the page scroll sideways
