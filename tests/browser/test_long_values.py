@@ -292,21 +292,26 @@ def test_audit_detail_labels_stay_whole_beside_long_values(
     assert broken == {}, f"labels broken over lines, and sideways scroll, per width: {broken}"
 
 
+@pytest.mark.parametrize("steps", ["a loop's visits", "200-character paths"])
 def test_the_reexecute_form_and_its_plan_stay_in_the_window(
-    open_context: Any, production: Daphne, workspace: Workspace, operator: User
+    open_context: Any, production: Daphne, workspace: Workspace, operator: User, steps: str
 ) -> None:
     """The form is a grid whose one column took the plan table's whole width, so at 390 px the
     page scrolled sideways (the demo's run_demo_escalation by 46 px); the table scrolls in its
-    own box instead."""
-    run_id = "run_loop"
-    events = [started()]
-    for path in ("draft.visit[0]", "review.visit[0]", "draft.visit[1]", "review.visit[1]", "send_the_reply"):
-        events += [
-            ev("StepScheduled", stepPath=path),
-            ev("StepAttemptStarted", stepPath=path, attempt=1),
-            ev("StepCompleted", stepPath=path, attempt=1, output={"ok": True}),
-        ]
-    log.append(workspace=workspace, run_id=run_id, events=[*events, ev("RunCompleted", output="sent")])
+    own box instead. A 200-character step path widened the step picker and the plan's table past
+    the window at 1280 px as well (by 593 px): both break it or keep it in their box."""
+    if steps == "200-character paths":
+        run_id = _long_paths_run(workspace)
+    else:
+        run_id = "run_loop"
+        events = [started()]
+        for path in ("draft.visit[0]", "review.visit[0]", "draft.visit[1]", "review.visit[1]", "send_the_reply"):
+            events += [
+                ev("StepScheduled", stepPath=path),
+                ev("StepAttemptStarted", stepPath=path, attempt=1),
+                ev("StepCompleted", stepPath=path, attempt=1, output={"ok": True}),
+            ]
+        log.append(workspace=workspace, run_id=run_id, events=[*events, ev("RunCompleted", output="sent")])
     wide = {}
     for width in WIDTHS:
         page = open_context(viewport={"width": width, "height": 860}).new_page()
