@@ -325,10 +325,18 @@ def test_search_by_type_step_and_text(browser: Client, chat_run: str) -> None:
     assert _found(browser, step="draft", q="rate limited") == ["harness.model.failed"]
 
 
-def test_a_search_page_is_not_live_and_keeps_its_terms(browser: Client, chat_run: str) -> None:
+def test_a_search_page_is_not_live_and_keeps_its_terms(browser: Client, chat_run: str, workspace: Workspace) -> None:
     html = _page(browser, BASE, tool="lookup_order")
     assert 'data-live="0"' in html and 'value="lookup_order"' in html and 'id="search-clear"' in html
-    assert "2 matching events" in html
+
+    def summary(html: str) -> str:
+        found = re.search(r'<span class="muted" id="search-summary">(.*?)</span>', html)
+        assert found is not None
+        return found.group(1)
+
+    assert summary(html) == "2 matching events (not live)"  # the run goes on; its results do not
+    append(workspace=workspace, run_id=RUN, events=[ev("RunCompleted")])
+    assert summary(_page(browser, BASE, tool="lookup_order")) == "2 matching events"  # nothing to follow
 
 
 def test_search_pages_by_sequence(browser: Client, chat_run: str) -> None:
