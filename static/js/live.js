@@ -178,6 +178,10 @@
         // The open tab changed while this was asked (a click): its own request answers.
         if (!src && window.location.pathname + window.location.search !== here) return;
         if (editing(el)) { held.push(el); return; }
+        // Nothing changed: the DOM stays as it is, so a click, a selection or an open panel in
+        // it is not lost to a swap that would put back the same thing.
+        var fresh = markup(html);
+        if (el.id && shown[el.id] === fresh) { unchanged++; return; }
         var open = [];
         el.querySelectorAll("details[open][id]").forEach(function (d) { open.push(d.id); });
         // Ticked boxes (the runs picked for a batch or a dataset) stay ticked across the swap.
@@ -186,10 +190,6 @@
           ticked.push([box.name, box.value]);
         });
         var style = el.getAttribute("data-live-swap") || "outerHTML";
-        // Nothing changed: the DOM stays as it is, so a click, a selection or an open panel in
-        // it is not lost to a swap that would put back the same thing.
-        var fresh = markup(html);
-        if (el.id && shown[el.id] === fresh) { unchanged++; return; }
         window.htmx.swap(el, html, {swapStyle: style, swapDelay: 0, settleDelay: 0});
         if (el.id) shown[el.id] = fresh;
         open.forEach(function (id) {

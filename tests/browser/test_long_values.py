@@ -18,6 +18,7 @@ from ledger import log
 from ledger.models import Workspace
 from ledger.reexecution import services
 from ledger.runtime.executor import start_run
+from tests.browser import data
 from tests.browser.conftest import Daphne, live_reaches, log_in, screenshot_dir
 from tests.conftest import ev, started
 
@@ -328,19 +329,9 @@ def test_the_usage_reports_days_read_on_one_line_at_390_px(
 ) -> None:
     """At 390 px the usage tables scroll in their own box, and the day column was squeezed to its
     narrowest: each date broke at its hyphens ("2026-11-" over "07")."""
-    log.append(
-        workspace=workspace,
-        run_id="run_priced",
-        events=[
-            started(),
-            ev(
-                "harness.model.responded",
-                turn=1,
-                callId="c1",
-                model={"provider": "openai", "modelId": "gpt-4o-mini"},
-                response={"text": "ok", "usage": {"inputTokens": 1_234_567, "outputTokens": 89_012}},
-            ),
-        ],
+    # Large counts widen the number columns, which squeezed the day column.
+    data.append(
+        workspace, "run_priced", started(), *data.model_call("answer", 1, "openai", "gpt-4o-mini", (1_234_567, 89_012))
     )
     page = open_context(viewport={"width": 390, "height": 860}).new_page()
     log_in(page, production, viewer, "/w/acme/support/usage/")
