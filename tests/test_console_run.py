@@ -319,6 +319,12 @@ def test_timeline_pages_by_sequence_and_only_the_newest_page_is_live(
     past_the_end = client.get(base, {"after": 99999}).content.decode()
     assert _sequences(past_the_end.encode()) == [] and 'data-last-sequence="450"' in past_the_end
 
+    # Older than a page that starts before the first page's end: the events before it, no repeats.
+    near_the_start = client.get(base, {"after": 50}).content.decode()
+    assert _sequences(near_the_start.encode()) == list(range(51, 251))
+    assert f'href="{base}?after=0&amp;limit=50"' in near_the_start
+    assert _sequences(client.get(base, {"after": 0, "limit": 50}).content) == list(range(1, 51))
+
     middle = client.get(base, {"after": 200, "limit": 100}).content.decode()
     assert _sequences(middle.encode()) == list(range(201, 301))
     assert f'href="{base}?after=100&amp;limit=100"' in middle and f'href="{base}?after=300&amp;limit=100"' in middle

@@ -80,6 +80,9 @@ SEARCH_FIELDS = ("type", "step", "tool", "q")
 MAX_SEARCH = 200  # characters of one search field
 PAGE_SIZE = 200
 MAX_PAGE_SIZE = 1000
+# The events a live timeline keeps while its page stays open on a run that goes on: the oldest
+# rows go past it (static/js/live.js), so a page left open on a long run stays as light as a reload.
+LIVE_TIMELINE_KEEP = 1000
 STEPS_PAGE_SIZE = 200  # steps per page of the steps and costs tabs, by position
 EVIDENCE_PAGE_SIZE = 200  # tool calls, and cost entries, per page of the evidence tab
 COSTS_CURSOR = "evidence-costs"  # the kind of the evidence tab's sealed `?costs=` cursors (scope: the run)
@@ -400,12 +403,14 @@ def _timeline_page(run: Run, after: int | None, limit: int) -> Tab:
             "limit": limit,
             "newest": newest,
             "last_on_page": shown_last,
-            "older_url": f"{base}?after={max(0, after - limit)}&limit={limit}" if after > 0 else None,
+            # The page just before this one's first event, never one that repeats this one's rows.
+            "older_url": f"{base}?after={max(0, after - limit)}&limit={min(limit, after)}" if after > 0 else None,
             "newer_url": f"{base}?after={shown_last}&limit={limit}" if not newest else None,
             "newest_url": base if not newest else None,
             "rows_url": reverse("run-timeline-rows", args=[ws.tenant.slug, ws.slug, run.run_id]),
             "caption_url": reverse("run-timeline-caption", args=[ws.tenant.slug, ws.slug, run.run_id]),
             "ws_path": f"/ws/runs/{run.run_id}/",
+            "live_keep": LIVE_TIMELINE_KEEP,
         },
     )
 

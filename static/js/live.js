@@ -14,7 +14,8 @@
  *                                 follows by appending) or while someone types in one of its fields.
  *   #timeline[data-live="1"]      the newest page of a run's timeline: each {type: "event",
  *                                 sequence, html} row is appended in order, a gap is filled from
- *                                 data-rows-url, a duplicate ignored.
+ *                                 data-rows-url, a duplicate ignored; past data-live-keep events
+ *                                 the oldest rows go and "← older" leads to them.
  *   #live-status                  connecting… / live / reconnecting… / finished.
  *
  * Socket messages: "event" (a run's row), "end" (the run finished: one last refresh, the socket
@@ -247,6 +248,41 @@
   function addRow(timeline, row, sequence) {
     timeline.querySelector("#timeline-rows").appendChild(row);
     timeline.dataset.lastSequence = String(sequence);
+    trim(timeline);
+  }
+
+  /* A page left open on a long run keeps its newest data-live-keep events (gaps marked before
+     them included), not every event since it opened: the oldest rows go, and "← older" then leads
+     to the page just before the first one kept, as a reload's pager would. */
+  function trim(timeline) {
+    var body = timeline.querySelector("#timeline-rows");
+    var keep = parseInt(timeline.dataset.liveKeep, 10);
+    if (!keep) return;
+    var events = body.querySelectorAll("tr.event").length;
+    if (events <= keep) return;
+    while (events > keep && body.firstElementChild) {
+      if (body.firstElementChild.classList.contains("event")) events--;
+      body.removeChild(body.firstElementChild);
+    }
+    var first = body.querySelector("tr.event");
+    if (first) olderThan(timeline, parseInt(first.dataset.sequence, 10));
+  }
+
+  function olderThan(timeline, first) {
+    var size = Math.min(parseInt(timeline.dataset.pageSize, 10) || 1, first - 1);
+    var url = timeline.dataset.tabUrl + "?after=" + (first - 1 - size) + "&limit=" + size;
+    var pager = timeline.querySelector(".pager");
+    var link = pager.querySelector("a.older");
+    if (link && link.getAttribute("href") === url) return;
+    var fresh = document.createElement("a");
+    fresh.className = "older";
+    fresh.textContent = "← older";
+    fresh.setAttribute("href", url);
+    fresh.setAttribute("hx-get", url);
+    fresh.setAttribute("hx-target", "#tab-panel");
+    fresh.setAttribute("hx-push-url", "true");
+    if (link) pager.replaceChild(fresh, link); else pager.insertBefore(fresh, pager.firstChild);
+    if (window.htmx) window.htmx.process(fresh);
   }
 
   function append(sequence, html) {

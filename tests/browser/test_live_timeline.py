@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
+from console.pages.run import LIVE_TIMELINE_KEEP
 from ledger.models import Workspace
 from tests.browser import data
 from tests.browser.conftest import Appender, Daphne, log_in, sequences
@@ -170,3 +171,37 @@ def test_the_runs_list_shows_a_new_run_on_top_and_a_finished_one_in_place_withou
     expect(older).to_contain_text("completed")
     expect(rows).to_have_count(2)
     assert page.evaluate("window.__notReloaded") is True
+
+
+def test_a_page_left_open_on_a_long_run_keeps_its_newest_rows_and_leads_to_the_older(
+    page: Page,
+    server: Daphne,
+    appender: Appender,
+    workspace: Workspace,
+    viewer: User,
+) -> None:
+    """The live timeline keeps its newest data-live-keep events (the server renders
+    LIVE_TIMELINE_KEEP; five here, set on the open page, so that a handful of events shows it): the
+    oldest rows go as new ones arrive, and "← older" leads to the events just before the first kept."""
+    _open_live_run(page, server, workspace, viewer, "run_long")
+    timeline = page.locator("#timeline")
+    assert timeline.get_attribute("data-live-keep") == str(LIVE_TIMELINE_KEEP)
+    expect(page.locator(".pager a.older")).to_have_count(0)
+    page.evaluate("document.getElementById('timeline').dataset.liveKeep = '5'")
+
+    appender.append("run_long", *(data.ev("custom.note", text=f"note {n}") for n in range(4, 12)))
+    expect(page.locator('#timeline-rows tr.event[data-sequence="11"]')).to_be_visible()
+    assert sequences(page) == list(range(7, 12))
+    older = page.locator(".pager a.older")
+    assert older.get_attribute("href") == "/w/acme/support/runs/run_long/timeline/?after=0&limit=6"
+
+    appender.append("run_long", data.ev("custom.note", text="note 12"))
+    expect(page.locator('#timeline-rows tr.event[data-sequence="12"]')).to_be_visible()
+    assert sequences(page) == list(range(8, 13))
+    assert older.get_attribute("href") == "/w/acme/support/runs/run_long/timeline/?after=0&limit=7"
+
+    older.click()
+    expect(page).to_have_url(f"{server.url}/w/acme/support/runs/run_long/timeline/?after=0&limit=7")
+    expect(page.locator("#timeline-rows tr.event")).to_have_count(7)
+    assert sequences(page) == list(range(1, 8))
+    assert page.locator("#timeline").get_attribute("data-live") == "0"
