@@ -164,7 +164,7 @@ TEMPLATES = [
             ],
             # In every template without a {% load %}: shown_name, shown_text, shown_data,
             # shown_attr and kept_value, what a name or text a client or member wrote goes through
-            # on its way into a page (docs/security.md § Hidden characters); and console_rows, the
+            # on its way into a page (docs/security.md § Limits, "names in a run's log"); and console_rows, the
             # tags of the long tables whose rows console/rows.py draws in Python.
             "builtins": ["console.templatetags.console_format", "console.templatetags.console_rows"],
         },
