@@ -71,6 +71,13 @@ def _gate(change: str, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
     )  # fmt: skip
 
 
+def test_dataset_versions_count_their_runs_in_words(golden: str, workspace: Workspace) -> None:
+    """`ledger dataset remove` down to one run says "(1 run)", not "(1 runs)"."""
+    runs = triage_runs(workspace)
+    code, out, _ = ledger("dataset", "remove", "golden", *runs[1:], "--workspace", "acme/support", "--as", "carol")
+    assert code == 0 and out.startswith("golden version 2 sha256:") and out.rstrip().endswith("(1 run)")
+
+
 def test_the_gate_passes_a_change_that_keeps_every_outcome(golden, tmp_path, providers, tool_counter) -> None:
     lookups = tool_counter.lookups
     code, out, err = _gate("model:default=counting/gpt-4o-mini", tmp_path)
