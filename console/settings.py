@@ -164,7 +164,7 @@ TEMPLATES = [
             ],
             # In every template without a {% load %}: shown_name, shown_text, shown_data,
             # shown_attr and kept_value, what a name or text a client or member wrote goes through
-            # on its way into a page (docs/security.md § Hidden characters); and console_rows, the
+            # on its way into a page (docs/security.md § Limits, "names in a run's log"); and console_rows, the
             # tags of the long tables whose rows console/rows.py draws in Python.
             "builtins": ["console.templatetags.console_format", "console.templatetags.console_rows"],
         },
@@ -203,7 +203,7 @@ elif _engine == "django.db.backends.postgresql":
     # the append's statements again on it) was the largest part of serving a batch append over HTTP
     # (bench/README.md). Checked before its first use in each request (CONN_HEALTH_CHECKS), so a
     # restarted PostgreSQL costs a reconnect, not an error. RUNLEDGER_CONN_MAX_AGE=0: one per request.
-    DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("RUNLEDGER_CONN_MAX_AGE", "60"))
+    DATABASES["default"]["CONN_MAX_AGE"] = _env_int("RUNLEDGER_CONN_MAX_AGE", 60, minimum=0)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     # Server-side parameter binding: psycopg sends parameters apart from the SQL instead of
     # quoting them into it in Python, which dominated batched appends (bench/ingest.py --profile).
@@ -454,6 +454,11 @@ RUNLEDGER_OPENAI_TIMEOUT_S = os.environ.get("RUNLEDGER_OPENAI_TIMEOUT_S")
 # Content-addressed artifact storage (payloads over the inline limit). Filesystem by default.
 ARTIFACTS_ROOT = Path(os.environ.get("RUNLEDGER_ARTIFACTS_ROOT", VAR_DIR / "artifacts"))
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "WARNING").strip().upper()
+if LOG_LEVEL not in _LOG_LEVELS:
+    raise ImproperlyConfigured(f"LOG_LEVEL must be one of {', '.join(_LOG_LEVELS)}, got {os.environ['LOG_LEVEL']!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -461,5 +466,5 @@ LOGGING = {
     "filters": {"refused_one_line": {"()": "console.logfilters.RefusedRequestsOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django.request": {"filters": ["refused_one_line"]}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }

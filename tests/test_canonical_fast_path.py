@@ -64,7 +64,7 @@ _json = st.recursive(
 
 def _js_doubles(value: Any) -> Any:
     """An integer beyond ±(2**53 - 1) as the double it denotes when its digits are that double's
-    shortest ECMAScript form (docs/design.md § Canonical JSON); any other stays, and rfc8785 refuses it."""
+    shortest ECMAScript form (docs/design.md § 3, The event log: canonical JSON); any other stays, and rfc8785 refuses it."""
     if type(value) is int and abs(value) > 2**53 - 1:
         try:
             double = float(value)

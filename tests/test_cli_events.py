@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 
 from tests.conftest import ev, started
+from tests.servers import REPO_ROOT, database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -90,3 +94,24 @@ def test_demo_is_idempotent_and_verifies() -> None:
     assert created >= 14 and f"0 run(s) created, {created} already present" in second
     code, out, _ = run("verify")
     assert code == 0 and f"verified {created} run(s): ok" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reader_that_stops_early_gets_no_traceback(append) -> None:
+    """`ledger events RUN | head -1`: once head has its line and leaves, the command stops quietly.
+    It used to end in a BrokenPipeError traceback on stderr."""
+    append("run_long", started(), *(ev("StepScheduled", stepPath=f"step_{n}_" + "x" * 200) for n in range(600)))
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "ledger", "events", "run_long"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "DEBUG": "1", "DATABASE_URL": database_url()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    first = json.loads(process.stdout.readline())
+    process.stdout.close()  # the reader leaves with 600 lines (about 170 kB) still to come
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 1
+    assert first["sequence"] == 1
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

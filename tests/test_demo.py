@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Context, Decimal
+from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import transaction
 from django.test import Client, override_settings
 from django.utils import timezone
@@ -280,3 +286,21 @@ def test_the_demo_evaluations_pass_a_model_swap_and_fail_a_regression(demo: dict
     assert EvaluationPolicy.objects.filter(workspace=support).count() == 1
     load_demo(history_runs=HISTORY)
     assert Evaluation.objects.filter(workspace=support).count() == 2
+
+
+def test_the_readmes_evaluation_command_keeps_every_outcome_and_fails_on_cost(demo: dict[str, Workspace]) -> None:
+    """README § Gate a change: the command as written (with `--here`, no worker here) answers what
+    the README says it does on the demo: every outcome kept, the gate failed by `cost_delta`."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    command = re.search(r"^manage\.py ledger evaluate (triage-golden .*?)\n```", readme, re.S | re.M)
+    assert command is not None
+    words = [w for w in shlex.split(command.group(1).replace("\\\n", " ")) if w != "--wait"]
+    words = words[: words.index("--junit")]  # no file left behind
+    out = StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("ledger", "evaluate", *words, "--here", stdout=out, stderr=StringIO())
+    answer = json.loads(out.getvalue().splitlines()[-1])
+    assert exited.value.code == 1
+    assert (answer["passRate"], answer["changed"], answer["verdict"]) == (1.0, 0, "failed")
+    assert round(answer["costDelta"], 1) == 15.7
+    assert '"costDelta"` about 15.7' in readme

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from xml.etree import ElementTree
@@ -15,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from ledger.evaluation import policies
+from ledger.evaluation.scorers import unregister_scorer
 from ledger.models import Evaluation, Workspace
 from tests.evaluation_support import Calls, CountingOrders, count_tool_edge, registered_providers, triage_runs
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
@@ -69,6 +71,13 @@ def _gate(change: str, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
         "--change", change, "--scorer", "exact", "--fail-if", "pass_rate < 0.95 or cost_delta > 0.10",
         "--here", "--junit", str(tmp_path / "junit.xml"), "--json", str(tmp_path / "report.json"), *extra,
     )  # fmt: skip
+
+
+def test_dataset_versions_count_their_runs_in_words(golden: str, workspace: Workspace) -> None:
+    """`ledger dataset remove` down to one run says "(1 run)", not "(1 runs)"."""
+    runs = triage_runs(workspace)
+    code, out, _ = ledger("dataset", "remove", "golden", *runs[1:], "--workspace", "acme/support", "--as", "carol")
+    assert code == 0 and out.startswith("golden version 2 sha256:") and out.rstrip().endswith("(1 run)")
 
 
 def test_the_gate_passes_a_change_that_keeps_every_outcome(golden, tmp_path, providers, tool_counter) -> None:
@@ -143,6 +152,31 @@ def test_outside_a_policy_the_gate_has_no_verdict_and_refusals_exit_5(golden, tm
     )  # fmt: skip
     assert code == 5
     assert Evaluation.objects.count() == 1
+
+
+def test_a_scorer_registered_in_a_workflow_module_is_found(
+    golden, tmp_path, providers, settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/evaluations.md: register your own scorer in a workflow module (RUNLEDGER_WORKFLOW_MODULES).
+    `ledger evaluate` looked the name up before anything imported those modules: exit 5, "no scorer
+    named 'polite'". Now it is found (the evaluation, outside the policy's scorers, waits: exit 4)."""
+    (tmp_path / "docsaudit_scorers.py").write_text(
+        "from ledger.evaluation.scorers import Score, register_scorer\n"
+        "register_scorer('docsaudit_polite', lambda ctx: Score(1.0, True, 'fine'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "docsaudit_scorers", raising=False)
+    settings.RUNLEDGER_WORKFLOW_MODULES = [*settings.RUNLEDGER_WORKFLOW_MODULES, "docsaudit_scorers"]
+    try:
+        code, out, err = ledger(
+            "evaluate", "golden", "--workspace", "acme/support", "--as", "carol",
+            "--change", "model:default=counting/gpt-4o-mini", "--scorer", "docsaudit_polite",
+            "--wait", "--timeout", "0",
+        )  # fmt: skip
+    finally:
+        unregister_scorer("docsaudit_polite")
+    assert "no scorer named" not in err
+    assert code == 4 and json.loads(out)["status"] == "pending_approval"
 
 
 TERSE_SYSTEM = "system:draft=You answer support tickets. Answer in one short sentence."

@@ -117,6 +117,29 @@ def test_after_appends_the_proof_is_extended_by_the_new_events_only(
     assert extended["integrity"]["ok"] and len(extended["costs"]) == len(full["costs"]) == 5
 
 
+def test_a_proof_is_extended_over_a_run_without_cost_entries(workspace: Workspace) -> None:
+    """README's first run: RunStarted alone, its evidence fetched (the proof made), then the run
+    cancelled. Extending the proof read the run's cost entries by an empty list of sequences,
+    which the ORM refuses to compile: the evidence (JSON, zip, `ledger export-evidence`) was a 500."""
+    append(
+        workspace=workspace,
+        run_id="run_first",
+        events=[{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_hello", "input": {"name": "Ada"}}}],
+    )
+    evidence_bundle(_run(workspace, "run_first"))
+    assert LogProof.objects.get(run__run_id="run_first").sequence == 1
+    append(
+        workspace=workspace,
+        run_id="run_first",
+        events=[{"type": "RunFailed", "payload": {"error": {"name": "Cancelled", "message": "docs audit"}}}],
+    )
+
+    extended = evidence_bundle(_run(workspace, "run_first"))
+
+    assert extended["integrity"]["ok"] and extended["costs"] == []
+    assert LogProof.objects.get(run__run_id="run_first").sequence == 2
+
+
 def test_a_forged_event_after_the_proof_is_reported(workspace: Workspace) -> None:
     run = _run_with(workspace, "run_proof", 2)
     evidence_bundle(run)

@@ -68,6 +68,22 @@ def test_check_deploy_is_clean_under_the_documented_production_environment() -> 
     assert "drf_spectacular" not in done.stdout + done.stderr
 
 
+def test_check_deploy_run_as_a_command_goes_on_in_the_virtualenv(tmp_path: Path) -> None:
+    """`bin/check-deploy` typed as documented runs under its shebang's python3, outside the
+    virtualenv: it used to die on `import django` with a traceback; it goes on in `.venv`."""
+    base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    done = subprocess.run(
+        [str(base_python), str(CHECK_DEPLOY)],
+        cwd=tmp_path,  # from anywhere: it runs manage.py in the repository
+        env={k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"}},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues" in done.stdout
+
+
 def test_check_deploy_fails_without_the_https_switches() -> None:
     """The check that CI runs can fail: SECRET_KEY and DEBUG=0 alone leave four warnings."""
     env = _settings_env(DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50))

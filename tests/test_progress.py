@@ -11,7 +11,8 @@ from io import StringIO
 
 from django.core.management import call_command
 
-from ledger.models import Workspace
+from ledger.models import Run, Workspace
+from ledger.runtime.progress import cost_text
 from tests.runtime_support import every_run_verifies  # noqa: F401  (an autouse fixture)
 
 REFUND_INPUT = json.dumps({"ticket": "refund please", "orderId": "A-1"})
@@ -97,6 +98,30 @@ def test_resume_counts_the_steps_its_log_already_completed(workspace: Workspace)
     call_command("ledger", "resume", "run_again", stdout=StringIO(), stderr=err)
 
     assert err.getvalue().splitlines()[0].startswith("run_again: 3/3 steps done · done · $0.0")
+
+
+def test_resume_starts_from_the_cost_its_log_already_recorded(workspace: Workspace) -> None:
+    call_command(
+        "ledger",
+        "run",
+        "support.refund",
+        "--input",
+        REFUND_INPUT,
+        "--workspace",
+        "acme/support",
+        "--run-id",
+        "run_priced",
+        stdout=StringIO(),
+        stderr=StringIO(),
+    )
+    run = Run.objects.get(workspace=workspace, run_id="run_priced")
+    assert run.cost_usd and run.cost_usd > 0
+    err = StringIO()
+
+    call_command("ledger", "resume", "run_priced", stdout=StringIO(), stderr=err)
+
+    # The cost so far is the run's, not $0 until the resume writes a model answer of its own.
+    assert err.getvalue().splitlines()[0] == f"run_priced: 3/3 steps done · done · {cost_text(run.cost_usd, 0)}"
 
 
 def _read_all(fd: int) -> str:

@@ -8,6 +8,7 @@ import re
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,6 +82,43 @@ def test_make_serve_collects_static_files_and_serves_with_debug_off(tmp_path: Pa
             r"listening on http://127\.0\.0\.1:\d+: (\d+) Daphne process.*, worker \(pid", log.read_text()
         )
         assert started and int(started.group(1)) == len(os.sched_getaffinity(0)), log.read_text()[-3000:]
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bin_serve_run_as_a_command_goes_on_in_the_virtualenv(tmp_path: Path) -> None:
+    """`bin/serve --processes N [--workers W] HOST PORT` typed as docs/operations.md shows runs under
+    its shebang's python3, outside the virtualenv: it used to look for Daphne beside that Python and
+    die with a traceback; it goes on in `.venv` and serves."""
+    base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(base_python), "bin/serve", "--processes", "1", "--workers", "0", "127.0.0.1", str(port)],
+            cwd=REPO_ROOT,
+            env=_env(DEBUG="1", DATABASE_URL=database_url(), RUNLEDGER_PROCESSES=None),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        page = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        assert page is not None and page.status_code == 200, log.read_text()[-3000:]
+        assert "Traceback" not in log.read_text()
     finally:
         os.killpg(process.pid, signal.SIGINT)
         try:

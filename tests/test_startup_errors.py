@@ -46,6 +46,25 @@ def test_a_bad_value_names_the_setting_and_where_settings_are_documented() -> No
     assert "## Settings" in (REPO_ROOT / "docs" / "operations.md").read_text()
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("RUNLEDGER_CONN_MAX_AGE", "abc", "RUNLEDGER_CONN_MAX_AGE must be a whole number, got 'abc'"),
+        ("RUNLEDGER_CONN_MAX_AGE", "-5", "RUNLEDGER_CONN_MAX_AGE must be 0 or more, got '-5'"),
+        ("LOG_LEVEL", "LOUD", "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'LOUD'"),
+    ],
+)
+def test_every_documented_variable_with_a_bad_value_is_one_line(name: str, value: str, expected: str) -> None:
+    """These two were read raw: a traceback and exit status 1 instead of the documented line."""
+    done = _run(
+        [sys.executable, "manage.py", "ledger", "--help"],
+        DEBUG="1",
+        DATABASE_URL="postgres://nobody@127.0.0.1:1/none",  # parsed, never connected to
+        **{name: value},
+    )
+    assert _one_line(done) == f"Runledger settings: {expected} (every setting: docs/operations.md § Settings)"
+
+
 def test_a_database_url_of_another_kind_is_named_without_its_password() -> None:
     line = _one_line(
         _run(

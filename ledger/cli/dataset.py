@@ -43,4 +43,6 @@ def handle(cmd: BaseCommand, *, dataset_action: str, name: str, workspace: str, 
         raise CommandError(f"no user {options['as_user']}")
     change = datasets.add_runs if dataset_action == "add" else datasets.remove_runs
     version = change(workspace=ws, name=name, run_ids=options["runs"], by=user)
-    cmd.stdout.write(f"{name} version {version.number} {version.digest} ({len(version.members)} runs)")
+    cmd.stdout.write(
+        f"{name} version {version.number} {version.digest} ({len(version.members)} run{'' if len(version.members) == 1 else 's'})"
+    )

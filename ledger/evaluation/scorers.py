@@ -46,6 +46,7 @@ from ..fold.pricing import price_recorded, prices_for
 from ..models import Workspace
 from ..runtime.model import ModelProvider, ModelReply, ModelRequest, request_left
 from ..runtime.providers import ScriptedProvider, provider_for, wrapping
+from ..runtime.registry import load_modules
 from .errors import InvalidEvaluation
 
 
@@ -95,8 +96,16 @@ def unregister_scorer(name: str) -> None:
     _CHECKERS.pop(name, None)
 
 
+def _registered() -> dict[str, Scorer]:
+    """The scorers, after importing the workflow modules (RUNLEDGER_WORKFLOW_MODULES), where
+    docs/evaluations.md says to register your own: as a workflow's name, a scorer's is looked up
+    in a process that may not have imported them yet (the API's, the worker's, a CLI's)."""
+    load_modules()
+    return _SCORERS
+
+
 def known_scorers() -> list[str]:
-    return sorted(_SCORERS)
+    return sorted(_registered())
 
 
 def check_specs(value: Any) -> list[dict[str, Any]]:
@@ -111,7 +120,7 @@ def check_specs(value: Any) -> list[dict[str, Any]]:
         args = spec.get("args") or {}
         if not isinstance(args, Mapping):
             raise InvalidEvaluation(f"scorer {spec['name']}: args must be an object", field="scorers")
-        if spec["name"] not in _SCORERS:
+        if spec["name"] not in _registered():
             raise InvalidEvaluation(
                 f"no scorer named {spec['name']!r} is registered (known: {known_scorers()})", field="scorers"
             )
@@ -221,7 +230,7 @@ def run_scorer(spec: Mapping[str, Any], ctx: ScoreContext, spending: Spending = 
     token = _TALLY.set(tally)
     try:
         with wrapping(_Metered):
-            score = _SCORERS[spec["name"]](ctx)
+            score = _registered()[spec["name"]](ctx)
     except Exception as exc:  # noqa: BLE001 - a broken scorer is a failed score, not a broken evaluation
         score = Score(0.0, False, f"the scorer raised {type(exc).__name__}: {exc}")
     finally:

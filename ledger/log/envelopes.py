@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import CharField, F, Func
 from django.utils import timezone as django_timezone
@@ -127,7 +128,10 @@ def log_rows(
     server_formats = connection.vendor == "postgresql"
     recorded_at = formatted_in_sql("recorded_at") if server_formats else F("recorded_at")
     columns = qs.values_list("sequence", "event_id", "type", "occurrence_id", recorded_at, "payload")
-    sql, params = columns.query.get_compiler(using=qs.db).as_sql()
+    try:
+        sql, params = columns.query.get_compiler(using=qs.db).as_sql()
+    except EmptyResultSet:  # the ORM knows no row can match (`sequences` empty): it compiles no SQL
+        return []
     with paused_gc(), connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows: list[Any] = cursor.fetchall()

@@ -144,13 +144,14 @@ def notify(run_id: str, events: Sequence[Mapping[str, Any]]) -> None:
 def reporter_for(
     stream: Stream, *, workspace: Workspace, run_id: str, workflow: Any, tty: bool | None = None
 ) -> Reporter:
-    """A reporter of `run_id` executing `workflow`, counting the steps its log already completed."""
+    """A reporter of `run_id` executing `workflow`, counting the steps its log already completed
+    and starting from the cost it already recorded (a resume's first line is the cost so far)."""
     completed = list(
         Step.objects.filter(run__workspace=workspace, run__run_id=run_id, status="completed").values_list(
             "step_path", flat=True
         )
     )
-    return Reporter(
+    reporter = Reporter(
         stream,
         workspace=workspace,
         run_id=run_id,
@@ -158,3 +159,7 @@ def reporter_for(
         completed=completed,
         tty=tty,
     )
+    usage = Run.objects.filter(workspace=workspace, run_id=run_id).values_list("cost_usd", "unpriced_calls").first()
+    if usage is not None:
+        reporter.cost, reporter.unpriced = usage
+    return reporter

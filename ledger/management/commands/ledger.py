@@ -3,6 +3,8 @@ of ledger/cli (this command only dispatches)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from argparse import ArgumentParser
 from importlib import import_module
 from types import ModuleType
@@ -32,3 +34,8 @@ class Command(BaseCommand):
             _subcommands()[action].handle(self, **options)
         except LedgerError as exc:
             raise CommandError(exc.message) from exc
+        except BrokenPipeError:
+            # Whoever read stdout stopped (`ledger events RUN | head`): stop as a Unix tool does, with
+            # no traceback, and nothing more written to the closed pipe at exit (Python's own advice).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
