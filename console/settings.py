@@ -450,6 +450,8 @@ RUNLEDGER_OPENAI_API_KEY = os.environ.get("RUNLEDGER_OPENAI_API_KEY")
 RUNLEDGER_OPENAI_MODEL = os.environ.get("RUNLEDGER_OPENAI_MODEL")
 RUNLEDGER_OPENAI_PROVIDER = os.environ.get("RUNLEDGER_OPENAI_PROVIDER")
 RUNLEDGER_OPENAI_TIMEOUT_S = os.environ.get("RUNLEDGER_OPENAI_TIMEOUT_S")
+if RUNLEDGER_OPENAI_TIMEOUT_S is not None:  # kept as written; refused here, at start, if it is no number
+    _env_seconds("RUNLEDGER_OPENAI_TIMEOUT_S", 60.0, 3600.0)  # ledger/runtime/openai_compat.py's bounds
 
 # Content-addressed artifact storage (payloads over the inline limit). Filesystem by default.
 ARTIFACTS_ROOT = Path(os.environ.get("RUNLEDGER_ARTIFACTS_ROOT", VAR_DIR / "artifacts"))

@@ -52,10 +52,13 @@ def test_a_bad_value_names_the_setting_and_where_settings_are_documented() -> No
         ("RUNLEDGER_CONN_MAX_AGE", "abc", "RUNLEDGER_CONN_MAX_AGE must be a whole number, got 'abc'"),
         ("RUNLEDGER_CONN_MAX_AGE", "-5", "RUNLEDGER_CONN_MAX_AGE must be 0 or more, got '-5'"),
         ("LOG_LEVEL", "LOUD", "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'LOUD'"),
+        ("RUNLEDGER_OPENAI_TIMEOUT_S", "abc", "RUNLEDGER_OPENAI_TIMEOUT_S must be a number of seconds, got 'abc'"),
+        ("RUNLEDGER_OPENAI_TIMEOUT_S", "0", "RUNLEDGER_OPENAI_TIMEOUT_S must be above 0 and at most 3600.0, got '0'"),
     ],
 )
 def test_every_documented_variable_with_a_bad_value_is_one_line(name: str, value: str, expected: str) -> None:
-    """These two were read raw: a traceback and exit status 1 instead of the documented line."""
+    """These were read raw: a traceback and exit status 1 instead of the documented line (or, for
+    the provider's timeout, a refusal only when a run first asked the provider)."""
     done = _run(
         [sys.executable, "manage.py", "ledger", "--help"],
         DEBUG="1",
