@@ -20,6 +20,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.test import Client
 
+from console.live import runs as runs_feed
 from ledger.log import append
 from ledger.log.announce import workspace_group_for
 from ledger.models import Workspace
@@ -137,6 +138,44 @@ def test_other_workspaces_runs_are_not_pushed(member: Any, workspace: Workspace)
         await comm.disconnect()
 
     async_to_sync(scenario)()
+
+
+def test_a_run_is_looked_up_once_a_socket_however_often_it_moves(
+    member: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy run is announced at every model call, to every open list: a socket checks that the
+    run is its workspace's the first time only (a run never moves to another). An id it does not
+    hold is checked each time, so a run made under it later is pushed."""
+    looked_up: list[str] = []
+    holds = runs_feed._holds
+    monkeypatch.setattr(runs_feed, "_holds", lambda ws, run_id: looked_up.append(run_id) or holds(ws, run_id))
+    session = _session_id(member)
+    append(workspace=workspace, run_id="run_busy", events=[started()])
+
+    def responded(turn: int) -> dict[str, Any]:
+        usage = {"inputTokens": 10, "outputTokens": 5}
+        model = {"provider": "openai", "modelId": "gpt-4o"}
+        return ev("harness.model.responded", turn=turn, callId=f"c{turn}", model=model, response={"usage": usage})
+
+    async def scenario() -> list[dict[str, Any]]:
+        comm = _communicator(PATH, session)
+        assert (await comm.connect(timeout=TIMEOUT_S))[0]
+        received = []
+        for turn in (1, 2, 3):
+            await _append(workspace, "run_busy", responded(turn))
+            received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
+        await get_channel_layer().group_send(
+            workspace_group_for(workspace.pk), {"type": "ledger.run_changed", "runId": "run_later"}
+        )
+        assert await comm.receive_nothing(timeout=0.3)
+        await _append(workspace, "run_later", started())
+        received.append(await comm.receive_json_from(timeout=TIMEOUT_S))
+        await comm.disconnect()
+        return received
+
+    pushed = async_to_sync(scenario)()
+    assert pushed == [{"type": "run", "runId": "run_busy"}] * 3 + [{"type": "run", "runId": "run_later"}]
+    assert looked_up == ["run_busy", "run_later", "run_later"]
 
 
 def test_a_batch_that_starts_or_finishes_a_run_is_announced_to_its_workspace(workspace: Workspace) -> None:

@@ -68,9 +68,10 @@ class ReexecutionsConsumer(WorkspaceFeed):
                 await self.send_json({"type": "reexecution", "id": None, "status": None, "pending": counts["listed"]})
 
     async def ledger_run_changed(self, message: dict[str, Any]) -> None:
-        """A run of the workspace started, ended, or a tool call of it began or stopped waiting."""
-        assert self.workspace is not None
-        self.counts = await database_sync_to_async(_counts)(self.workspace)
+        """A run of the workspace started, ended, or a tool call of it began or stopped waiting (or
+        its cost grew, which a batch page shows). The counts are not read again here: a busy
+        workspace announces every model call to every open page, and the poll reads them anyway
+        (a change of them already shown costs the page one more refresh, at most one a poll)."""
         await self.send_json({"type": "run", "runId": message["runId"]})
 
     async def ledger_reexecution_changed(self, message: dict[str, Any]) -> None:

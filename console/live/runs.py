@@ -24,14 +24,29 @@ def _holds(workspace: Workspace, run_id: str) -> bool:
     return selectors.find_run(workspace, run_id) is not None
 
 
+# How many of the workspace's run ids one socket remembers having found in it.
+KNOWN_RUNS = 10_000
+
+
 class RunsListConsumer(WorkspaceFeed):
     group_of = staticmethod(announce.workspace_group_for)
+    known: set[str]
+
+    async def joined(self) -> None:
+        self.known = set()
 
     async def ledger_run_changed(self, message: dict[str, Any]) -> None:
         assert self.workspace is not None
-        # Only the workspace's own runs are announced to its group; checked all the same.
-        if await database_sync_to_async(_holds)(self.workspace, message["runId"]):
-            await self.send_json({"type": "run", "runId": message["runId"]})
+        run_id = message["runId"]
+        # Only the workspace's own runs are announced to its group; checked all the same, once a
+        # run per socket: a run never moves to another workspace, and a busy one is announced at
+        # every model call, to every open list.
+        if run_id not in self.known:
+            if not await database_sync_to_async(_holds)(self.workspace, run_id):
+                return
+            if len(self.known) < KNOWN_RUNS:
+                self.known.add(run_id)
+        await self.send_json({"type": "run", "runId": run_id})
 
 
 websocket_urlpatterns = [

@@ -20,7 +20,8 @@
  *
  * Socket messages: "event" (a run's row), "end" (the run finished: one last refresh, the socket
  * closes, no reconnect); any other message means "something of this page changed". Refreshes are
- * coalesced: while one is in flight, further messages ask for one more after it, never more.
+ * coalesced (messages within 250 ms on a run's feed, 1 s on a workspace's, make one): while one is
+ * in flight, further messages ask for one more after it, never more.
  * A dropped socket reconnects with backoff and refreshes everything once it is back (a
  * workspace's feed, which has no ?after= catch-up, also refreshes once when it first opens).
  *
@@ -33,7 +34,11 @@
 (function () {
   "use strict";
 
-  var COALESCE_MS = 250;  // how long a burst of messages may gather into one refresh
+  // How long a burst of messages may gather into one refresh: a run's page follows its run closely;
+  // a workspace's list (runs, approvals, a batch) hears of every model call of every run in it, and
+  // each of its refreshes renders the whole list, so it refreshes at most about once a second.
+  var COALESCE_MS = 250;
+  var COALESCE_LIST_MS = 1000;
   var root = null;        // the [data-live-socket] element
   var socket = null;
   var attempt = 0;
@@ -132,7 +137,8 @@
     wanted = true;
     if (refreshing) return;  // one more refresh follows the one in flight
     clearTimeout(refreshTimer);
-    refreshTimer = setTimeout(refreshAll, now ? 0 : COALESCE_MS);
+    var gather = root.dataset.liveAfter === undefined ? COALESCE_LIST_MS : COALESCE_MS;
+    refreshTimer = setTimeout(refreshAll, now ? 0 : gather);
   }
 
   function editing(el) {
