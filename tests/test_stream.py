@@ -466,7 +466,17 @@ def test_an_accept_that_admits_the_stream_gets_it(
     assert [m.sequence for m in events] == [1, 2]
 
 
-@pytest.mark.parametrize("accept", ["application/json", "application/x-ndjson", "text/event-stream;q=0", "garbage"])
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/json",
+        "application/x-ndjson",
+        "text/event-stream;q=0",
+        "*/*, text/event-stream;q=0",
+        "text/*;q=0",
+        "garbage",
+    ],
+)
 def test_an_accept_that_does_not_admit_the_stream_is_406(
     server: Daphne, http: httpx.Client, read_key: dict[str, str], finished_run: str, accept: str
 ) -> None:

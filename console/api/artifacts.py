@@ -18,7 +18,8 @@ from ledger.reads import selectors, serialize
 from ledger.tenancy.access import visible_workspaces
 
 from .auth import principal
-from .base import ApiView, admits, require_accepted
+from .base import ApiView, require_accepted
+from .negotiation import admits
 from .schema import WORKSPACE, ArtifactSerializer, error_responses
 
 

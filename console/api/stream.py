@@ -50,6 +50,7 @@ from ledger.replay.follow import Follower
 from ..streams import Grant, Slot, grant_for, max_per_caller, still_allowed, take_slot
 from .auth import access_for, principal
 from .errors import exception_handler
+from .negotiation import admits
 from .pagination import InvalidParameter, int_param
 from .permissions import Authenticated
 from .schema import error_response_objects
@@ -168,10 +169,10 @@ async def _event_stream(opened: _Opened, slot: Slot) -> AsyncIterator[bytes]:
 
 def _accepts_events(request: HttpRequest) -> bool:
     """Whether the Accept header admits `text/event-stream`: as it names it (an EventSource, the
-    Python client), or by `*/*` or `text/*` (curl, a browser's address bar); no Accept admits all."""
-    if not request.headers.get("Accept", "").strip():
-        return True
-    return request.accepts("text/event-stream")
+    Python client), or by `*/*` or `text/*` (curl, a browser's address bar); no Accept admits all.
+    A range with `q=0` refuses it, the most specific range deciding (`*/*, text/event-stream;q=0`
+    is 406), as on every other endpoint (console/api/negotiation.py)."""
+    return admits(request.headers.get("Accept", ""), "text/event-stream")
 
 
 @csrf_exempt  # read-only and GET only, like the DRF views (which are exempt too)
