@@ -139,3 +139,41 @@ def test_a_session_without_the_csrf_header_is_403_forbidden(workspace: Workspace
     for path, body in BODIES:
         response = browser.post(f"/api/v1/{path}", data=json.dumps(body), content_type="application/json")
         _error(response, 403, "forbidden")
+
+
+ART = f"art_{hashlib.sha256(b'{}').hexdigest()}"  # the api fixture's artifact, stored as application/json
+SERVED = [
+    ("/api/v1/runs", ""),
+    ("/api/v1/runs/{runId}", ""),
+    ("/api/v1/runs/{runId}/events", ""),
+    ("/api/v1/runs/{runId}/events", "?format=ndjson"),
+    ("/api/v1/runs/{runId}/evidence", ""),
+    ("/api/v1/runs/{runId}/evidence.zip", ""),
+    ("/api/v1/runs/{runId}/state", ""),
+    ("/api/v1/runs/{runId}/otlp", ""),
+    ("/api/v1/artifacts/{artifactId}", ""),
+    ("/api/v1/artifacts/{artifactId}/content", ""),
+    ("/api/v1/usage", "?format=csv"),
+    ("/api/v1/export/events", ""),
+    ("/api/v1/export/runs", "?format=csv"),
+]
+
+
+def _declares(declared: list[str], content_type: str) -> bool:
+    bare = content_type.split(";", 1)[0].strip()
+    return any(
+        media == "*/*" or media == bare or (media.endswith("/*") and bare.startswith(media[:-1])) for media in declared
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "query"), SERVED)
+def test_a_200_comes_with_a_media_type_the_schema_declares_for_it(api: Client, path: str, query: str) -> None:
+    """A client generated from the schema reads a 200 by its declared media type: an artifact's
+    bytes carry the artifact's own content type (here application/json), which the schema must
+    admit, not only application/octet-stream."""
+    url = path.replace("{runId}", "run_a").replace("{artifactId}", ART) + query
+    response = api.get(url)
+    assert response.status_code == 200, (url, response.content[:300])
+    declared = list(schema()["paths"][path]["get"]["responses"]["200"].get("content", {}))
+    assert _declares(declared, response["Content-Type"]), (url, response["Content-Type"], declared)
