@@ -183,3 +183,38 @@ def test_a_200_comes_with_a_media_type_the_schema_declares_for_it(
     assert response.status_code == 200, (url, response.content[:300])
     declared = list(schema()["paths"][path]["get"]["responses"]["200"].get("content", {}))
     assert _declares(declared, response["Content-Type"]), (url, response["Content-Type"], declared)
+
+
+MALFORMED = (b"{not json", b'{"reason": "a", "reason": "b"}')  # not JSON; a key named twice
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path",
+    [
+        *(path for path, _ in BODIES),
+        "runs/run_a/reexecutions",
+        "reexecutions/batches",
+        "datasets/d/runs/remove",
+        "datasets/d/expected",
+        "evaluations",
+    ],
+)
+def test_a_malformed_json_body_is_400_invalid_json_where_the_schema_says_so(api: Client, path: str) -> None:
+    """Every operation that reads a JSON body answers a body that does not parse (or names a key
+    twice) with 400 `invalid_json`; a client branching on the declared codes must find it there."""
+    template = next(
+        p
+        for p, m, _ in _operations()
+        if m == "post" and re.fullmatch(re.sub(r"\{\w+\}", "[^/]+", p), f"/api/v1/{path}")
+    )
+    assert "invalid_json" in _codes(schema()["paths"][template]["post"], 400), template
+    for body in MALFORMED:
+        _error(api.post(f"/api/v1/{path}", data=body, content_type="application/json"), 400, "invalid_json")
+
+
+@pytest.mark.backend_independent
+def test_every_operation_with_a_json_body_declares_invalid_json() -> None:
+    for path, method, operation in _operations():
+        if "requestBody" in operation and path != "/api/v1/otlp/v1/traces":
+            assert "invalid_json" in _codes(operation, 400), f"{method.upper()} {path}"

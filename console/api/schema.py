@@ -493,7 +493,8 @@ def conventions_hook(result: dict[str, Any], generator: Any, request: Any, publi
     - 406 `not_acceptable`: an `Accept` no representation satisfies (DRF's negotiation, where the
       view keeps it);
     - 413 `payload_too_large` and 415 `unsupported_media_type`: an operation that takes a body
-      (over 10 MiB however framed; a `Content-Type` it does not read);
+      (over 10 MiB however framed; a `Content-Type` it does not read), and 400 `invalid_json` for
+      a JSON body that does not parse or names a key twice (the OTLP ingest's is `invalid_otlp`);
     - 403 `forbidden` on an unsafe method: a console session without the CSRF header.
 
     405 `method_not_allowed` belongs to no operation (it answers the methods a path does not list);
@@ -519,4 +520,10 @@ def conventions_hook(result: dict[str, Any], generator: Any, request: Any, publi
             if "requestBody" in operation:
                 _add_codes(responses, 413, "payload_too_large")
                 _add_codes(responses, 415, "unsupported_media_type")
+                if not _reads_otlp(responses):  # OTLP's parser answers its own invalid_otlp
+                    _add_codes(responses, 400, "invalid_json")
     return result
+
+
+def _reads_otlp(responses: dict[str, Any]) -> bool:
+    return "`invalid_otlp`" in responses.get("400", {}).get("description", "")
