@@ -35,7 +35,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import APIException, NotAcceptable, NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
@@ -175,16 +175,34 @@ def _accepts_events(request: HttpRequest) -> bool:
     return admits(request.headers.get("Accept", ""), "text/event-stream")
 
 
-@csrf_exempt  # read-only and GET only, like the DRF views (which are exempt too)
-@require_GET
+ALLOWED = ["GET", "HEAD", "OPTIONS"]
+
+
+def _headers(response: HttpResponseBase) -> HttpResponseBase:
+    response["Cache-Control"] = "no-cache"
+    # Proxies such as nginx would otherwise hold events back until a buffer fills.
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@csrf_exempt  # read-only, like the DRF views (which are exempt too)
+@require_http_methods(ALLOWED)
 async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
     # Before the credentials, as DRF negotiates the content of the other views first.
-    if not _accepts_events(request):
+    if request.method != "OPTIONS" and not _accepts_events(request):
         return _error_response(NotAcceptable("the stream is text/event-stream, which the Accept header does not admit"))
     try:
         opened = await sync_to_async(_authorize)(request, run_id)
     except (LedgerError, APIException) as exc:
         return _error_response(exc)
+    # HEAD and OPTIONS answer as every other GET path of the API does (the same checks, then the
+    # headers without a body; the methods in Allow), and hold no stream slot.
+    if request.method == "HEAD":
+        return _headers(HttpResponse(content_type="text/event-stream"))
+    if request.method == "OPTIONS":
+        answer = JsonResponse({"name": "Run Stream", "renders": ["text/event-stream"], "parses": []})
+        answer["Allow"] = ", ".join(ALLOWED)
+        return answer
     slot = take_slot(opened.caller)
     if slot is None:
         return _error_response(
@@ -194,11 +212,7 @@ async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
         )
     # The slot goes back when the stream ends (the generator's finally), or, should the response
     # never be iterated (the client left first), when the generator holding it is collected.
-    response = StreamingHttpResponse(_event_stream(opened, slot), content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    # Proxies such as nginx would otherwise hold events back until a buffer fills.
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return _headers(StreamingHttpResponse(_event_stream(opened, slot), content_type="text/event-stream"))
 
 
 urlpatterns = [path("runs/<str:run_id>/stream", run_stream, name="run-stream")]
