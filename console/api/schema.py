@@ -401,6 +401,14 @@ class PlanStepSerializer(serializers.Serializer):
     artifactRefs = serializers.ListField(child=serializers.CharField())
 
 
+class PlanWaitingCallSerializer(serializers.Serializer):
+    callId = serializers.CharField()
+    toolName = serializers.CharField()
+    stepPath = serializers.CharField(allow_null=True)
+    args = serializers.JSONField(allow_null=True, help_text="the exact arguments an approver reviews")
+    argsDigest = serializers.CharField(allow_null=True, help_text="what an approval binds to")
+
+
 class ReplayPlanSerializer(serializers.Serializer):
     runId = serializers.CharField()
     steps = PlanStepSerializer(many=True)
@@ -409,6 +417,11 @@ class ReplayPlanSerializer(serializers.Serializer):
     sessions = PlanSessionSerializer(many=True)
     integrity = IntegritySerializer()
     replayReady = ReplayReadySerializer()
+    waitingApproval = PlanWaitingCallSerializer(
+        many=True,
+        required=False,
+        help_text="present only while tool calls wait for an approver: a resume stops at them until one decides",
+    )
 
 
 class UsageRowSerializer(UsageSerializer):
