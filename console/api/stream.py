@@ -89,15 +89,21 @@ class _Opened:
     grant: Grant
 
 
-def _authorize(django_request: HttpRequest, run_id: str) -> _Opened:
-    """The run and the sequence to start after, for a caller authenticated exactly as the DRF
-    views are (same authenticators, same permission, same scope rule): 401, 400, 403, 404; and
-    what the stream re-checks while it lives."""
+def _authenticate(django_request: HttpRequest) -> Request:
+    """The caller, authenticated exactly as the DRF views are (same authenticators, same
+    permission): 401 without credentials or with a key that is unknown or revoked."""
     # api_settings imports the dotted paths it is given; the stubs type the setting as those strings.
     authenticators = [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]  # type: ignore[operator]
     request = Request(django_request, authenticators=authenticators)
     if not Authenticated().has_permission(request, None):
         raise NotAuthenticated("authentication credentials were not provided")
+    return request
+
+
+def _authorize(django_request: HttpRequest, run_id: str) -> _Opened:
+    """The run and the sequence to start after, for a caller authenticated as the DRF views are
+    (same scope rule too): 401, 400, 403, 404; and what the stream re-checks while it lives."""
+    request = _authenticate(django_request)
     validate_run_id(run_id)
     after = _start_after(request)
     found = access_for(request, "read", run_id=run_id)
@@ -189,20 +195,25 @@ def _headers(response: HttpResponseBase) -> HttpResponseBase:
 @require_http_methods(ALLOWED)
 async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
     # Before the credentials, as DRF negotiates the content of the other views first.
-    if request.method != "OPTIONS" and not _accepts_events(request):
+    if request.method == "OPTIONS":
+        # As DRF's views answer it: the caller authenticated, the methods in Allow, nothing looked up.
+        try:
+            await sync_to_async(_authenticate)(request)
+        except APIException as exc:
+            return _error_response(exc)
+        answer = JsonResponse({"name": "Run Stream", "renders": ["text/event-stream"], "parses": []})
+        answer["Allow"] = ", ".join(ALLOWED)
+        return answer
+    if not _accepts_events(request):
         return _error_response(NotAcceptable("the stream is text/event-stream, which the Accept header does not admit"))
     try:
         opened = await sync_to_async(_authorize)(request, run_id)
     except (LedgerError, APIException) as exc:
         return _error_response(exc)
-    # HEAD and OPTIONS answer as every other GET path of the API does (the same checks, then the
-    # headers without a body; the methods in Allow), and hold no stream slot.
+    # HEAD answers as on every other GET path of the API: GET's checks, then its headers without a
+    # body, holding no stream slot.
     if request.method == "HEAD":
         return _headers(HttpResponse(content_type="text/event-stream"))
-    if request.method == "OPTIONS":
-        answer = JsonResponse({"name": "Run Stream", "renders": ["text/event-stream"], "parses": []})
-        answer["Allow"] = ", ".join(ALLOWED)
-        return answer
     slot = take_slot(opened.caller)
     if slot is None:
         return _error_response(
