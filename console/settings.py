@@ -386,7 +386,7 @@ SPECTACULAR_SETTINGS = {
         "`invalid_event`, `invalid_request` or `invalid_parameter`); days from 1900-01-01 to 9998-12-31; "
         "integer parameters and cursors within a signed 64-bit integer; ids match their pattern whole.\n\n"
         "An operation may also answer 406 `not_acceptable` (an `Accept` no representation satisfies, where it "
-        "says so); one that takes a body 413 `payload_too_large` and 415 `unsupported_media_type`; an unsafe "
+        "says so; a range weighted `q=0` refuses what it names, the most specific range deciding); one that takes a body 413 `payload_too_large` and 415 `unsupported_media_type`; an unsafe "
         "method from a "
         "console session without the CSRF header 403 `forbidden`. A method a path does not list is 405 "
         "`method_not_allowed`, with the error body."

@@ -95,3 +95,62 @@ def test_an_artifacts_content_answers_406_to_an_accept_without_its_type(
     for accept in ("application/json", None):
         answer = _get(outsider, url, accept)
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.django_db
+def test_a_json_view_answers_406_to_an_accept_that_weighs_json_0(api: Client) -> None:
+    """RFC 9110 § 12.4.2: `q=0` means "not acceptable". DRF's own negotiation ignores the weight and
+    answered JSON to `application/json;q=0`; the views that write their representation themselves
+    already refused it (above). The most specific range decides, as there."""
+    for url in ("/api/v1/runs", "/api/v1/runs/run_a", "/api/v1/runs/run_a/evidence"):
+        for accept in ("application/json;q=0", "*/*, application/json;q=0", "application/*;q=0", "*/*;q=0"):
+            _refused(_get(api, url, accept))
+    for accept in (
+        "application/json;q=0",
+        "application/*;q=0",
+        "*/*;q=0",
+        "*/*, application/json;q=0, application/x-ndjson;q=0",
+    ):
+        _refused(_get(api, "/api/v1/runs/run_a/events", accept))
+    for accept in (*PASSING, "application/json", "application/json;q=0.5", "*/*;q=0.1, text/html"):
+        answer = _get(api, "/api/v1/runs/run_a", accept)
+        assert answer.status_code == 200 and answer.json()["runId"] == "run_a", accept
+
+
+@pytest.mark.django_db
+def test_the_weights_choose_between_json_and_ndjson(api: Client) -> None:
+    """A view with two representations serves the one the Accept header weighs most; a weight of 0
+    rules one out even when a wildcard would admit it."""
+    for accept, media_type in (
+        ("application/json;q=0, application/x-ndjson", "application/x-ndjson"),
+        ("*/*, application/json;q=0", "application/x-ndjson"),
+        ("application/json;q=0.1, application/x-ndjson", "application/x-ndjson"),
+        ("application/json, application/x-ndjson;q=0.5", "application/json"),
+        ("application/x-ndjson;q=0, */*", "application/json"),
+    ):
+        answer = _get(api, "/api/v1/runs/run_a/events", accept)
+        assert answer.status_code == 200 and answer["Content-Type"].startswith(media_type), (
+            accept,
+            answer["Content-Type"],
+        )
+    for accept, media_type in (("*/*, application/json;q=0", "text/csv"), ("text/csv;q=0, */*", "application/json")):
+        answer = _get(api, "/api/v1/usage", accept)
+        assert answer.status_code == 200 and answer["Content-Type"].startswith(media_type), (
+            accept,
+            answer["Content-Type"],
+        )
+
+
+@pytest.mark.django_db
+def test_an_append_refused_for_its_accept_writes_nothing(workspace: Workspace) -> None:
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {key}", raise_request_exception=False)
+    body = '{"events": [{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_a"}}]}'
+    for accept in ("application/json;q=0, application/x-ndjson;q=0", "*/*;q=0"):
+        answer = api.post("/api/v1/runs/run_q/events", body, content_type="application/json", HTTP_ACCEPT=accept)
+        _refused(answer)
+    assert api.get("/api/v1/runs/run_q").status_code == 404  # nothing was written
+    answer = api.post(
+        "/api/v1/runs/run_q/events", body, content_type="application/json", HTTP_ACCEPT="application/json"
+    )
+    assert answer.status_code == 200 and answer.json()["lastSequence"] == 1

@@ -107,6 +107,22 @@ def test_replay_plan(run: Run) -> None:
     _matches(schema.ReplayPlanSerializer(), replay_plan_for(run), "replayPlan")
 
 
+def test_replay_plan_of_a_run_waiting_for_a_tool_approval(workspace: Workspace) -> None:
+    """The plan gains `waitingApproval` while a call waits for an approver: the schema names it."""
+    call = {"callId": "mail:call", "toolName": "send_email", "args": {"to": "ann"}, "argsDigest": "sha256:ab"}
+    append(
+        workspace=workspace,
+        run_id="run_waits",
+        events=[
+            {"type": "RunStarted", "payload": {"workflowVersionId": "wfver_w"}},
+            {"type": "harness.tool_call.approval_requested", "payload": {**call, "stepPath": "send"}},
+        ],
+    )
+    plan = replay_plan_for(Run.objects.get(workspace=workspace, run_id="run_waits"))
+    assert plan["waitingApproval"] == [{**call, "stepPath": "send"}]
+    _matches(schema.ReplayPlanSerializer(), plan, "replayPlan")
+
+
 def test_artifact_and_feedback(run: Run) -> None:
     _matches(schema.ArtifactSerializer(), serialize.artifact(Artifact.objects.get(workspace=run.workspace)), "artifact")
     _matches(schema.FeedbackSerializer(), serialize.feedback(run.feedback.get(), run.run_id), "feedback")

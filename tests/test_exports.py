@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
 from ledger import clock
 from ledger.demo.data import _summarize_run
@@ -434,3 +435,28 @@ def test_an_export_streams_through_daphne_across_chunks(workspace, daphne, tmp_p
     _, rows, end = jsonl(body.decode())
     assert [r["sequence"] for r in rows] == list(range(1, 1201)) and end == {"end": {"rows": 1200}}
     assert verify_export(saved(tmp_path, body))[0] == 0
+
+
+@pytest.mark.django_db
+def test_a_head_of_an_export_the_evidence_zip_or_the_otlp_export_is_not_audited(workspace: Workspace) -> None:
+    """HEAD is safe (RFC 9110): it answers GET's checks and headers, downloads nothing, and so
+    writes no `export.downloaded`, `evidence_bundle.downloaded` or `run.otlp_exported` entry, which
+    would say a download happened."""
+    append(workspace=workspace, run_id="run_head", events=[started(), ev("RunCompleted", output=1)])
+    _, key = create_key(workspace=workspace, scopes=["read"])
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {key}", raise_request_exception=False)
+    urls = {
+        "/api/v1/export/events?runId=run_head": "application/x-ndjson",
+        "/api/v1/export/runs?format=csv": "text/csv",
+        "/api/v1/runs/run_head/evidence.zip": "application/zip",
+        "/api/v1/runs/run_head/otlp": "application/json",
+    }
+    audited = AuditEntry.objects.count()
+    for url, media_type in urls.items():
+        head = api.head(url)
+        assert head.status_code == 200 and head["Content-Type"].startswith(media_type), (url, head.content[:200])
+    assert AuditEntry.objects.count() == audited
+    assert api.head("/api/v1/runs/run_elsewhere/evidence.zip").status_code == 404  # the same checks as GET
+    for url in urls:
+        assert api.get(url).status_code == 200
+    assert AuditEntry.objects.count() == audited + len(urls)

@@ -139,3 +139,82 @@ def test_a_session_without_the_csrf_header_is_403_forbidden(workspace: Workspace
     for path, body in BODIES:
         response = browser.post(f"/api/v1/{path}", data=json.dumps(body), content_type="application/json")
         _error(response, 403, "forbidden")
+
+
+ART = f"art_{hashlib.sha256(b'{}').hexdigest()}"  # the api fixture's artifact, stored as application/json
+SERVED = [
+    ("/api/v1/runs", ""),
+    ("/api/v1/runs/{runId}", ""),
+    ("/api/v1/runs/{runId}/events", ""),
+    ("/api/v1/runs/{runId}/events", "?format=ndjson"),
+    ("/api/v1/runs/{runId}/evidence", ""),
+    ("/api/v1/runs/{runId}/evidence.zip", ""),
+    ("/api/v1/runs/{runId}/state", ""),
+    ("/api/v1/runs/{runId}/otlp", ""),
+    ("/api/v1/artifacts/{artifactId}", ""),
+    ("/api/v1/artifacts/{artifactId}/content", ""),
+    ("/api/v1/usage", "?format=csv"),
+    ("/api/v1/export/events", ""),
+    ("/api/v1/export/runs", "?format=csv"),
+    ("/api/v1/audit", ""),
+    ("/api/v1/audit", "?format=csv"),
+]
+
+
+def _declares(declared: list[str], content_type: str) -> bool:
+    bare = content_type.split(";", 1)[0].strip()
+    return any(
+        media == "*/*" or media == bare or (media.endswith("/*") and bare.startswith(media[:-1])) for media in declared
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "query"), SERVED)
+def test_a_200_comes_with_a_media_type_the_schema_declares_for_it(
+    api: Client, admin: Any, path: str, query: str
+) -> None:
+    """A client generated from the schema reads a 200 by its declared media type: an artifact's
+    bytes carry the artifact's own content type (here application/json), which the schema must
+    admit, not only application/octet-stream; the audit log's `?format=csv` is text/csv."""
+    admin_session = Client(raise_request_exception=False)
+    admin_session.force_login(admin)
+    url = path.replace("{runId}", "run_a").replace("{artifactId}", ART) + query
+    response = (admin_session if path == "/api/v1/audit" else api).get(url)
+    assert response.status_code == 200, (url, response.content[:300])
+    declared = list(schema()["paths"][path]["get"]["responses"]["200"].get("content", {}))
+    assert _declares(declared, response["Content-Type"]), (url, response["Content-Type"], declared)
+
+
+MALFORMED = (b"{not json", b'{"reason": "a", "reason": "b"}')  # not JSON; a key named twice
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path",
+    [
+        *(path for path, _ in BODIES),
+        "runs/run_a/reexecutions",
+        "reexecutions/batches",
+        "datasets/d/runs/remove",
+        "datasets/d/expected",
+        "evaluations",
+    ],
+)
+def test_a_malformed_json_body_is_400_invalid_json_where_the_schema_says_so(api: Client, path: str) -> None:
+    """Every operation that reads a JSON body answers a body that does not parse (or names a key
+    twice) with 400 `invalid_json`; a client branching on the declared codes must find it there."""
+    template = next(
+        p
+        for p, m, _ in _operations()
+        if m == "post" and re.fullmatch(re.sub(r"\{\w+\}", "[^/]+", p), f"/api/v1/{path}")
+    )
+    assert "invalid_json" in _codes(schema()["paths"][template]["post"], 400), template
+    for body in MALFORMED:
+        _error(api.post(f"/api/v1/{path}", data=body, content_type="application/json"), 400, "invalid_json")
+
+
+@pytest.mark.backend_independent
+def test_every_operation_with_a_json_body_declares_invalid_json() -> None:
+    for path, method, operation in _operations():
+        if "requestBody" in operation and path != "/api/v1/otlp/v1/traces":
+            assert "invalid_json" in _codes(operation, 400), f"{method.upper()} {path}"

@@ -439,6 +439,31 @@ def test_other_methods_are_405_with_the_envelope(
     server: Daphne, http: httpx.Client, read_key: dict[str, str], finished_run: str
 ) -> None:
     _error(http.post(_url(server, finished_run), headers=read_key), 405, "method_not_allowed")
+    answer = http.delete(_url(server, finished_run), headers=read_key)
+    _error(answer, 405, "method_not_allowed")
+    assert answer.headers["allow"] == "GET, HEAD, OPTIONS"
+
+
+def test_head_and_options_answer_as_on_every_other_get_path(
+    server: Daphne, http: httpx.Client, read_key: dict[str, str], finished_run: str, other_workspace: Workspace
+) -> None:
+    """HEAD is GET's checks and headers without a body (no stream held open), OPTIONS the methods
+    in Allow once the caller is authenticated (nothing looked up), as DRF answers them on the other
+    paths; both were 405 here."""
+    head = http.head(_url(server, finished_run), headers=read_key)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"].startswith("text/event-stream")
+    assert head.headers["cache-control"] == "no-cache"
+    options = http.options(_url(server, finished_run), headers=read_key)
+    assert options.status_code == 200 and options.headers["allow"] == "GET, HEAD, OPTIONS"
+    assert options.json()["renders"] == ["text/event-stream"]
+    # The same refusals as GET: no credentials, another tenant's key, an unknown run, an Accept.
+    assert http.head(_url(server, finished_run)).status_code == 401
+    _error(http.options(_url(server, finished_run)), 401, "unauthenticated")
+    _, outsider_key = create_key(workspace=other_workspace, scopes=["read"])
+    assert http.head(_url(server, finished_run), headers={"Authorization": f"Bearer {outsider_key}"}).status_code == 404
+    assert http.head(_url(server, "run_nowhere"), headers=read_key).status_code == 404
+    assert http.head(_url(server, finished_run), headers={**read_key, "Accept": "application/json"}).status_code == 406
 
 
 @pytest.mark.parametrize(
@@ -466,7 +491,17 @@ def test_an_accept_that_admits_the_stream_gets_it(
     assert [m.sequence for m in events] == [1, 2]
 
 
-@pytest.mark.parametrize("accept", ["application/json", "application/x-ndjson", "text/event-stream;q=0", "garbage"])
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/json",
+        "application/x-ndjson",
+        "text/event-stream;q=0",
+        "*/*, text/event-stream;q=0",
+        "text/*;q=0",
+        "garbage",
+    ],
+)
 def test_an_accept_that_does_not_admit_the_stream_is_406(
     server: Daphne, http: httpx.Client, read_key: dict[str, str], finished_run: str, accept: str
 ) -> None:

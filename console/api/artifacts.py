@@ -18,7 +18,8 @@ from ledger.reads import selectors, serialize
 from ledger.tenancy.access import visible_workspaces
 
 from .auth import principal
-from .base import ApiView, admits, require_accepted
+from .base import ApiView, require_accepted
+from .negotiation import admits
 from .schema import WORKSPACE, ArtifactSerializer, error_responses
 
 
@@ -71,8 +72,11 @@ class ArtifactContentView(ApiView):
         ),
         parameters=[ARTIFACT_ID, WORKSPACE],
         responses={
-            (200, "application/octet-stream"): OpenApiResponse(
-                OpenApiTypes.BINARY, description="the stored bytes, with the artifact's contentType"
+            # Any media type: the bytes are served with the artifact's own contentType (JSON, text,
+            # an image, application/octet-stream), which a client generated from the schema must admit.
+            (200, "*/*"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="the stored bytes, with the artifact's contentType as their Content-Type",
             ),
             **error_responses(
                 e403=["insufficient_scope"],

@@ -106,7 +106,8 @@ class AuditView(APIView):
             ),
         ],
         responses={
-            200: OpenApiResponse(AuditPageSerializer, description="JSON page; text/csv with format=csv"),
+            (200, "application/json"): OpenApiResponse(AuditPageSerializer, description="a page of entries"),
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="with format=csv: every matching entry"),
             **error_responses(
                 e400=["invalid_parameter", "invalid_cursor", "workspace_required"],
                 e403=["forbidden"],

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.validators import MaxLengthValidator
-from django.http.request import MediaType
 from rest_framework import serializers
 from rest_framework.exceptions import NotAcceptable
 from rest_framework.renderers import JSONRenderer
@@ -21,6 +20,7 @@ from ledger.tenancy.access import Access
 
 from .auth import access_for
 from .fastjson import JsonRenderer
+from .negotiation import admits
 
 
 class WrittenText(serializers.CharField):
@@ -74,19 +74,6 @@ def require_accepted(request: Request, media_type: str, what: str) -> None:
     bare = media_type.split(";", 1)[0].strip() or "application/octet-stream"
     if not admits(request.headers.get("Accept", ""), bare):
         raise NotAcceptable(f"{what} is {bare}, which the Accept header does not admit")
-
-
-def admits(accept: str, media_type: str) -> bool:
-    """Whether an Accept header admits `media_type` (RFC 9110 § 12.5.1): the most specific range
-    that matches it decides, so `*/*, text/csv;q=0` refuses CSV (Django's `accepts` drops the q=0
-    range and lets `*/*` admit it); an empty header admits all."""
-    ranges = [MediaType(token) for token in accept.split(",") if token.strip()]
-    if not ranges:
-        return True
-    matching = [r for r in ranges if r.match(media_type)]
-    if not matching:
-        return False
-    return max(matching, key=lambda r: r.specificity).quality > 0
 
 
 def run_for(request: Request, run_id: str, scope: str) -> tuple[Access, Run]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.http import FileResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -138,12 +138,15 @@ class ExportView(ApiView):
         },
         tags=["export"],
     )
-    def get(self, request: Request) -> StreamingHttpResponse:
+    def get(self, request: Request) -> StreamingHttpResponse | HttpResponse:
         kind = self.kind
         fmt = request.query_params.get("format") or "jsonl"
         if fmt not in exports.FORMATS:
             raise InvalidParameter(f"format must be one of {', '.join(exports.FORMATS)}", parameter="format")
         selection = _selection(request, kind)
+        # HEAD answers GET's checks and headers: nothing is exported, so nothing is audited.
+        if request.method == "HEAD":
+            return _head(MEDIA_TYPES[fmt], exports.filename(selection, fmt))
         exports.record_export(selection=selection, fmt=fmt, by=principal(request))
         response = streamed(request, exports.render(selection, fmt), MEDIA_TYPES[fmt])
         response["Content-Disposition"] = f'attachment; filename="{exports.filename(selection, fmt)}"'
@@ -157,6 +160,12 @@ SUMMARIES = {
     "costs": "The workspace's cost entries as a JSONL or CSV file, streamed (scope read)",
     "audit": "The tenant's audit log as a JSONL or CSV file, streamed (admin session)",
 }
+
+
+def _head(media_type: str, filename: str) -> HttpResponse:
+    response = HttpResponse(content_type=media_type)
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 def _export_view(kind: str) -> type[ExportView]:
@@ -201,7 +210,8 @@ class RunEvidenceZipView(ApiView):
         _, run = run_for(request, run_id, "read")
         spooled = bundle.bundle_file(run)
         sha256 = bundle.file_sha256(spooled)
-        bundle.record_bundle(run=run, by=principal(request), sha256=sha256)
+        if request.method != "HEAD":  # a HEAD downloads nothing: its ETag, and no audit entry
+            bundle.record_bundle(run=run, by=principal(request), sha256=sha256)
         response = FileResponse(
             spooled, content_type="application/zip", as_attachment=True, filename=bundle.bundle_name(run)
         )

@@ -18,7 +18,7 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ledger.interop.otlp.export import export_run
+from ledger.interop.otlp.export import export_run, run_as_otlp
 from ledger.interop.otlp.ingest import ingest
 from ledger.interop.otlp.wire import JSON, PROTOBUF, InvalidOtlp, UnsupportedOtlp, parse
 
@@ -131,6 +131,8 @@ class RunOtlpView(ApiView):
     )
     def get(self, request: Request, run_id: str) -> Response:
         caller, run = run_for(request, run_id, "read")
+        if request.method == "HEAD":  # nothing exported, nothing audited; the same checks and headers
+            return Response(run_as_otlp(run))
         return Response(export_run(run=run, by=caller.api_key or caller.user))
 
 

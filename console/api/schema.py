@@ -401,6 +401,14 @@ class PlanStepSerializer(serializers.Serializer):
     artifactRefs = serializers.ListField(child=serializers.CharField())
 
 
+class PlanWaitingCallSerializer(serializers.Serializer):
+    callId = serializers.CharField()
+    toolName = serializers.CharField()
+    stepPath = serializers.CharField(allow_null=True)
+    args = serializers.JSONField(allow_null=True, help_text="the exact arguments an approver reviews")
+    argsDigest = serializers.CharField(allow_null=True, help_text="what an approval binds to")
+
+
 class ReplayPlanSerializer(serializers.Serializer):
     runId = serializers.CharField()
     steps = PlanStepSerializer(many=True)
@@ -409,6 +417,11 @@ class ReplayPlanSerializer(serializers.Serializer):
     sessions = PlanSessionSerializer(many=True)
     integrity = IntegritySerializer()
     replayReady = ReplayReadySerializer()
+    waitingApproval = PlanWaitingCallSerializer(
+        many=True,
+        required=False,
+        help_text="present only while tool calls wait for an approver: a resume stops at them until one decides",
+    )
 
 
 class UsageRowSerializer(UsageSerializer):
@@ -493,7 +506,8 @@ def conventions_hook(result: dict[str, Any], generator: Any, request: Any, publi
     - 406 `not_acceptable`: an `Accept` no representation satisfies (DRF's negotiation, where the
       view keeps it);
     - 413 `payload_too_large` and 415 `unsupported_media_type`: an operation that takes a body
-      (over 10 MiB however framed; a `Content-Type` it does not read);
+      (over 10 MiB however framed; a `Content-Type` it does not read), and 400 `invalid_json` for
+      a JSON body that does not parse or names a key twice (the OTLP ingest's is `invalid_otlp`);
     - 403 `forbidden` on an unsafe method: a console session without the CSRF header.
 
     405 `method_not_allowed` belongs to no operation (it answers the methods a path does not list);
@@ -519,4 +533,10 @@ def conventions_hook(result: dict[str, Any], generator: Any, request: Any, publi
             if "requestBody" in operation:
                 _add_codes(responses, 413, "payload_too_large")
                 _add_codes(responses, 415, "unsupported_media_type")
+                if not _reads_otlp(responses):  # OTLP's parser answers its own invalid_otlp
+                    _add_codes(responses, 400, "invalid_json")
     return result
+
+
+def _reads_otlp(responses: dict[str, Any]) -> bool:
+    return "`invalid_otlp`" in responses.get("400", {}).get("description", "")

@@ -35,7 +35,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import APIException, NotAcceptable, NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
@@ -50,6 +50,7 @@ from ledger.replay.follow import Follower
 from ..streams import Grant, Slot, grant_for, max_per_caller, still_allowed, take_slot
 from .auth import access_for, principal
 from .errors import exception_handler
+from .negotiation import admits
 from .pagination import InvalidParameter, int_param
 from .permissions import Authenticated
 from .schema import error_response_objects
@@ -88,15 +89,21 @@ class _Opened:
     grant: Grant
 
 
-def _authorize(django_request: HttpRequest, run_id: str) -> _Opened:
-    """The run and the sequence to start after, for a caller authenticated exactly as the DRF
-    views are (same authenticators, same permission, same scope rule): 401, 400, 403, 404; and
-    what the stream re-checks while it lives."""
+def _authenticate(django_request: HttpRequest) -> Request:
+    """The caller, authenticated exactly as the DRF views are (same authenticators, same
+    permission): 401 without credentials or with a key that is unknown or revoked."""
     # api_settings imports the dotted paths it is given; the stubs type the setting as those strings.
     authenticators = [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]  # type: ignore[operator]
     request = Request(django_request, authenticators=authenticators)
     if not Authenticated().has_permission(request, None):
         raise NotAuthenticated("authentication credentials were not provided")
+    return request
+
+
+def _authorize(django_request: HttpRequest, run_id: str) -> _Opened:
+    """The run and the sequence to start after, for a caller authenticated as the DRF views are
+    (same scope rule too): 401, 400, 403, 404; and what the stream re-checks while it lives."""
+    request = _authenticate(django_request)
     validate_run_id(run_id)
     after = _start_after(request)
     found = access_for(request, "read", run_id=run_id)
@@ -168,22 +175,45 @@ async def _event_stream(opened: _Opened, slot: Slot) -> AsyncIterator[bytes]:
 
 def _accepts_events(request: HttpRequest) -> bool:
     """Whether the Accept header admits `text/event-stream`: as it names it (an EventSource, the
-    Python client), or by `*/*` or `text/*` (curl, a browser's address bar); no Accept admits all."""
-    if not request.headers.get("Accept", "").strip():
-        return True
-    return request.accepts("text/event-stream")
+    Python client), or by `*/*` or `text/*` (curl, a browser's address bar); no Accept admits all.
+    A range with `q=0` refuses it, the most specific range deciding (`*/*, text/event-stream;q=0`
+    is 406), as on every other endpoint (console/api/negotiation.py)."""
+    return admits(request.headers.get("Accept", ""), "text/event-stream")
 
 
-@csrf_exempt  # read-only and GET only, like the DRF views (which are exempt too)
-@require_GET
+ALLOWED = ["GET", "HEAD", "OPTIONS"]
+
+
+def _headers(response: HttpResponseBase) -> HttpResponseBase:
+    response["Cache-Control"] = "no-cache"
+    # Proxies such as nginx would otherwise hold events back until a buffer fills.
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@csrf_exempt  # read-only, like the DRF views (which are exempt too)
+@require_http_methods(ALLOWED)
 async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
     # Before the credentials, as DRF negotiates the content of the other views first.
+    if request.method == "OPTIONS":
+        # As DRF's views answer it: the caller authenticated, the methods in Allow, nothing looked up.
+        try:
+            await sync_to_async(_authenticate)(request)
+        except APIException as exc:
+            return _error_response(exc)
+        answer = JsonResponse({"name": "Run Stream", "renders": ["text/event-stream"], "parses": []})
+        answer["Allow"] = ", ".join(ALLOWED)
+        return answer
     if not _accepts_events(request):
         return _error_response(NotAcceptable("the stream is text/event-stream, which the Accept header does not admit"))
     try:
         opened = await sync_to_async(_authorize)(request, run_id)
     except (LedgerError, APIException) as exc:
         return _error_response(exc)
+    # HEAD answers as on every other GET path of the API: GET's checks, then its headers without a
+    # body, holding no stream slot.
+    if request.method == "HEAD":
+        return _headers(HttpResponse(content_type="text/event-stream"))
     slot = take_slot(opened.caller)
     if slot is None:
         return _error_response(
@@ -193,11 +223,7 @@ async def run_stream(request: HttpRequest, run_id: str) -> HttpResponseBase:
         )
     # The slot goes back when the stream ends (the generator's finally), or, should the response
     # never be iterated (the client left first), when the generator holding it is collected.
-    response = StreamingHttpResponse(_event_stream(opened, slot), content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    # Proxies such as nginx would otherwise hold events back until a buffer fills.
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return _headers(StreamingHttpResponse(_event_stream(opened, slot), content_type="text/event-stream"))
 
 
 urlpatterns = [path("runs/<str:run_id>/stream", run_stream, name="run-stream")]
