@@ -6,7 +6,7 @@ agent's model: asked with tools and no tool result yet, it asks for `get_weather
 otherwise it answers in text. Asked to `stream`, OpenAI's answer comes as server-sent chunks, with a
 last chunk of usage only when `stream_options.include_usage` asks for it (as the service does:
 without it a stream reports no usage at all). OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
-Anthropic's the model asked. Set `report_usage` to False and `usage` is left out of every answer (as some
+Anthropic's the model asked. Asked for `n` choices, it gives that many (the later ones' text marked `(candidate i)`). Set `report_usage` to False and `usage` is left out of every answer (as some
 OpenAI-compatible servers do). `answer` changes the final text (a
 non-deterministic model: a restarted agent gets another answer); `requests` keeps every body.
 Set `fail` to `"http-500"` and every call is answered HTTP 500 with an error body, to `"hang-up"`
@@ -89,7 +89,17 @@ def openai_reply(body: dict[str, Any], answer: str, say_while_asking: bool = Fal
         "object": "chat.completion",
         "created": 1_700_000_000,
         "model": OPENAI_MODEL,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        # `n` choices: the second and later answer in other words (a best-of-n agent's candidates).
+        "choices": [
+            {
+                "index": i,
+                "message": {**message, "content": f"{answer} (candidate {i + 1})"}
+                if i and finish == "stop"
+                else message,
+                "finish_reason": finish,
+            }
+            for i in range(body.get("n") or 1)
+        ],
         "usage": {
             "prompt_tokens": 120,
             "completion_tokens": 30,

@@ -4,14 +4,15 @@
 standard environment (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _HEADERS, OTEL_SERVICE_NAME and the
 content-capture variables docs/otlp.md names).
 
-    python tests/otel_agent.py genai|openinference OPENAI_BASE_URL [stream|stream-with-usage|ask-again]
+    python tests/otel_agent.py genai|openinference OPENAI_BASE_URL [stream|stream-with-usage|ask-again|two-choices]
 
 One request span holds an agent span holding: a chat call that asks for a tool, the tool (a span
 made by each convention's own library: util-genai's `handler.tool`, OpenInference's
 `@tracer.tool`), and a chat call that answers. With `stream` both chat calls stream, as most
 agents' do, without `stream_options` (so the provider reports no usage); `stream-with-usage` asks
 for it (`include_usage`). With `ask-again` a first chat call that fails (the provider answered an
-error, or hung up) is caught and asked again once, as an agent with a fallback does. Prints, as JSON, each span's name, id and times as the SDK recorded
+error, or hung up) is caught and asked again once, as an agent with a fallback does. With `two-choices` the answering call asks for two
+(`n=2`), as a best-of-n agent does. Prints, as JSON, each span's name, id and times as the SDK recorded
 them, for the test to compare with what the ledger shows.
 """
 
@@ -72,7 +73,8 @@ def converse(client: openai.OpenAI, run_tool: Any, streaming: str | None = None)
         {"role": "system", "content": "You are a terse weather agent."},
         {"role": "user", "content": "Weather in Paris?"},
     ]
-    ask_again, streaming = streaming == "ask-again", None if streaming == "ask-again" else streaming
+    ask_again, two_choices = streaming == "ask-again", streaming == "two-choices"
+    streaming = None if ask_again or two_choices else streaming
     try:
         asked = chat(client, streaming, model="gpt-4o", messages=messages, tools=TOOLS, temperature=0.2)
     except openai.APIError:
@@ -83,7 +85,7 @@ def converse(client: openai.OpenAI, run_tool: Any, streaming: str | None = None)
     for call in asked.get("tool_calls") or []:
         result = run_tool(call["id"], json.loads(call["function"]["arguments"]))
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)})
-    final = chat(client, streaming, model="gpt-4o", messages=messages, tools=TOOLS)
+    final = chat(client, streaming, model="gpt-4o", messages=messages, tools=TOOLS, **({"n": 2} if two_choices else {}))
     return str(final.get("content") or "")
 
 

@@ -109,6 +109,58 @@ def test_a_wrapped_anthropic_client_counts_cache_reads_inside_input(
     verify("run_wrapped_anthropic")
 
 
+def test_wrapped_asyncio_clients_record_the_awaited_answer_and_failure(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    """`AsyncOpenAI` and `AsyncAnthropic`, whose `create` is a plain function returning a coroutine
+    (the SDKs' argument-checking decorator): the call is recorded when awaited, with the answer's
+    model, tool calls and usage (priced), and a failure met while awaiting is a failed call."""
+    import anthropic
+    import openai
+
+    chat = wrap_openai(openai.AsyncOpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+    claude = wrap_anthropic(anthropic.AsyncAnthropic(base_url=provider.url, api_key="sk-ant-test", max_retries=0))
+
+    async def agent() -> list[str]:
+        await chat.chat.completions.create(model="gpt-4o", messages=QUESTION, tools=TOOLS)
+        await claude.messages.create(
+            model="claude-sonnet-4-6",
+            max_tokens=100,
+            messages=QUESTION[1:],
+            tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
+        )
+        provider.fail = "http-500"
+        try:
+            await chat.chat.completions.create(model="gpt-4o", messages=QUESTION)
+        except openai.InternalServerError as exc:
+            return [type(exc).__name__]
+        finally:
+            provider.fail = None
+        return []
+
+    with client.start_run("wfver_wrapped", run_id="run_wrapped_async") as run, run.session(role="agent"):
+        assert asyncio.run(agent()) == ["InternalServerError"]
+    events = logged(workspace, "run_wrapped_async")
+    responded = [e["payload"] for e in events if e["type"] == "harness.model.responded"]
+    assert [(r["model"], r["response"]["usage"], r["response"]["toolCalls"][0]["name"]) for r in responded] == [
+        (
+            {"provider": "openai", "modelId": OPENAI_MODEL},
+            {"inputTokens": 120, "outputTokens": 30, "cachedInputTokens": 20, "reasoningTokens": 0},
+            "get_weather",
+        ),
+        (
+            {"provider": "anthropic", "modelId": "claude-sonnet-4-6"},
+            {"inputTokens": 120, "outputTokens": 30, "cachedInputTokens": 20},
+            "get_weather",
+        ),
+    ]
+    failed = [e["payload"] for e in events if e["type"] == "harness.model.failed"]
+    assert [(f["error"]["name"], f["requestLeft"]) for f in failed] == [("InternalServerError", True)]
+    row = RunRow.objects.get(run_id="run_wrapped_async")
+    assert (row.input_tokens, row.priced_calls, row.unpriced_calls) == (240, 2, 1)
+    verify("run_wrapped_async")
+
+
 def test_an_answer_without_usage_is_recorded_as_no_report_and_left_unpriced(
     client: Client, provider: FakeProviders, workspace: Workspace
 ) -> None:

@@ -348,3 +348,28 @@ def test_a_long_answer_is_priced_like_a_short_one(
     assert [c for c in verify_run(run) if c.status != "pass"] == []
     text = json.loads(artifacts.read_bytes(artifacts.get_by_ref(workspace, answered["response"]["textRef"])))
     assert text == openai_server.answer
+
+
+@pytest.mark.parametrize("convention", ["genai", "openinference"])
+def test_an_answer_of_two_choices_reads_as_its_first_not_both_run_together(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, browser: Client, convention: str
+) -> None:
+    """A best-of-n agent asks for two choices (`n=2`): both instrumentations record one output
+    message per choice. The call's text and tool calls are the first choice's, as the client's
+    wrappers read them; both choices stay in `response.messages`, never glued into one text."""
+    instrumentation = {
+        "genai": "opentelemetry-instrumentation-openai-v2",
+        "openinference": "openinference-instrumentation-openai",
+    }[convention]
+    spans = run_agent(
+        convention, server, workspace, openai_server, documented_environment(instrumentation), "two-choices"
+    )
+    assert openai_server.requests[-1]["n"] == 2
+    run = _run_of(workspace, spans)
+    answered = [e["payload"]["response"] for e in selectors.events(run) if e["type"] == "harness.model.responded"][-1]
+    assert answered["text"] == openai_server.answer and "toolCalls" not in answered
+    texts = [part["content"] for message in answered["messages"] for part in message["parts"]]
+    assert texts == [openai_server.answer, f"{openai_server.answer} (candidate 2)"]
+    page = _conversation(browser, run)
+    assert f"{openai_server.answer}{openai_server.answer}" not in page and openai_server.answer in page
+    assert all(check.status == "pass" for check in verify_run(run))

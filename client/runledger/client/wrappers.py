@@ -81,7 +81,9 @@ class _Wrapped:
 
 
 def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
-    if inspect.iscoroutinefunction(method):
+    # AsyncOpenAI's and AsyncAnthropic's `create` is the SDKs' argument-checking decorator, a plain
+    # function returning the coroutine: what it wraps says whether the answer must be awaited.
+    if inspect.iscoroutinefunction(method) or inspect.iscoroutinefunction(inspect.unwrap(method)):
 
         @functools.wraps(method)
         async def call_async(*args: Any, **kwargs: Any) -> Any:

@@ -554,6 +554,7 @@ class _ModelCall:
     usage: dict[str, int]
     output: Any  # the output messages, None when the span did not capture them
     response: dict[str, Any]  # id, finish reasons; `usageNotCounted`, why its counts were not taken
+    choices: int = 1  # the choices asked for (`n`): past one, each output message is one of them
 
 
 def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -582,7 +583,10 @@ def _model_events(span: _Span, located: dict[str, Any], turn: int) -> tuple[list
             {"type": "harness.model.failed", "payload": failed}
         ]
     response: dict[str, Any] = {"usage": call.usage}
-    text, tool_calls = _output_parts(call.output)
+    # Several choices (n > 1) are candidates for one answer: the call's text and tool calls are the
+    # first's, as the client's wrappers read them; all of them stay in `messages`.
+    first = call.output[:1] if call.choices > 1 and isinstance(call.output, list) else call.output
+    text, tool_calls = _output_parts(first)
     if text is not None:
         response["text"] = text
     if tool_calls:
@@ -640,6 +644,7 @@ def _genai_call(span: _Span) -> _ModelCall:
         usage=usage,
         output=_maybe_json(a["gen_ai.output.messages"]) if "gen_ai.output.messages" in a else None,
         response=response,
+        choices=_choices(a.get("gen_ai.request.choice.count")),
     )
 
 
@@ -676,7 +681,13 @@ def _openinference_call(span: _Span) -> _ModelCall:
         usage=usage,
         output=[_as_parts(m) for m in output] if output else None,
         response=response,
+        choices=_choices(parameters.get("n") if isinstance(parameters, dict) else None),
     )
+
+
+def _choices(value: Any) -> int:
+    """The number of choices a call asked for (OpenAI's `n`), 1 when it says none."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
 
 
 _FLAT = re.compile(r"(\d+)\.message\.(.+)")
