@@ -10,6 +10,7 @@ hold what must be escaped or written out."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -192,11 +193,12 @@ def test_a_bar_with_what_must_be_escaped_or_written_out_is_the_templates_bar(
     assert render_bars([bar, bar], axis) == _bars_reference([bar, bar], axis)
 
 
-# templates/console/long_text.html as it was (the context its inclusion tag gave it).
+# templates/console/long_text.html as it was (the context its inclusion tag gave it), each <pre>
+# since given dir="auto".
 LONG_TEXT_TEMPLATE = (
-    '{% load console_format %}{% if preview is None %}<pre class="text">{{ text|shown_data }}</pre>'
-    '{% else %}<div class="fold"><pre class="text preview">{{ preview|shown_data }}…</pre><details><summary>'
-    'Show all {{ size|count }} characters</summary><pre class="text">{{ text|shown_data }}</pre></details></div>'
+    '{% load console_format %}{% if preview is None %}<pre class="text" dir="auto">{{ text|shown_data }}</pre>'
+    '{% else %}<div class="fold"><pre class="text preview" dir="auto">{{ preview|shown_data }}…</pre><details><summary>'
+    'Show all {{ size|count }} characters</summary><pre class="text" dir="auto">{{ text|shown_data }}</pre></details></div>'
     "{% endif %}\n"
 )
 
@@ -218,6 +220,16 @@ def test_a_long_text_is_what_its_template_wrote(text: str) -> None:
     reference = engines["django"].from_string(LONG_TEXT_TEMPLATE)
     context = {"text": text, "preview": preview(text), "size": len(text)}
     assert page.render({"text": text}) == f"[{reference.render(context)}]"
+
+
+@pytest.mark.parametrize("text", ["مرحبا، أين طلبي؟", "שלום! " * 400])
+def test_a_right_to_left_text_reads_in_its_own_direction(text: str) -> None:
+    """A message in Arabic or Hebrew in a left-to-right page: each <pre> it is shown in (the preview
+    of a long one, and its whole) takes its direction from the text."""
+    html = engines["django"].from_string("{% load console_format %}{% long_text text %}").render({"text": text})
+    pres = re.findall(r"<pre [^>]*>", html)
+    assert pres and all('dir="auto"' in pre for pre in pres)
+    assert len(pres) == (1 if preview(text) is None else 2)
 
 
 # The evidence tab's cost rows as templates/console/run/evidence.html wrote them.

@@ -82,7 +82,7 @@ def test_the_header_fragment_shows_the_run_at_a_glance(workspace: Workspace, ope
     assert f'data-live-src="{BASE}/runs/run_parent/header/"' in html
     # The input as fields, each readable; a long value folded with a way to see it all.
     inp = html[html.index('id="run-input"') : html.index('id="run-output"')]
-    assert re.search(r'<dt class="mono">ticket</dt><dd><pre class="text">Where is my order\?</pre>', inp)
+    assert re.search(r'<dt class="mono">ticket</dt><dd><pre class="text" dir="auto">Where is my order\?</pre>', inp)
     assert "A-17" in inp and "Show all 2,000 characters" in inp
     assert "▶ payload" not in inp and "{&quot;" not in inp
     # Still running: no output yet, and an operator is offered Cancel.

@@ -137,14 +137,15 @@ def timestamp(value: datetime | str | None, precision: str = "") -> SafeString |
 def long_text(text: str) -> SafeString:
     """Text in a <pre>; a long one folded to its beginning with a "show all". Written out here
     (it was an inclusion tag: a template rendered in a context of its own per text, and the
-    conversation draws several a turn)."""
+    conversation draws several a turn). `dir="auto"`: a text in Arabic or Hebrew reads right to
+    left, its punctuation where its writer put it, inside a left-to-right page."""
     preview = fmt.preview(text)
     if preview is None:
-        return mark_safe(f'<pre class="text">{escaped(shown_data(text))}</pre>\n')  # escaped
+        return mark_safe(f'<pre class="text" dir="auto">{escaped(shown_data(text))}</pre>\n')  # escaped
     return mark_safe(  # every value in it escaped
-        f'<div class="fold"><pre class="text preview">{escaped(shown_data(preview))}…</pre><details><summary>'
-        f'Show all {escaped(fmt.count(len(text)))} characters</summary><pre class="text">{escaped(shown_data(text))}'
-        "</pre></details></div>\n"
+        f'<div class="fold"><pre class="text preview" dir="auto">{escaped(shown_data(preview))}…</pre><details>'
+        f'<summary>Show all {escaped(fmt.count(len(text)))} characters</summary><pre class="text" dir="auto">'
+        f"{escaped(shown_data(text))}</pre></details></div>\n"
     )
 
 
