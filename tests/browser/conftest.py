@@ -210,13 +210,15 @@ class Worker:
     """`manage.py ledger worker` in its own process, on the test database (what `make run` starts
     beside Daphne); stopped with SIGTERM (its graceful stop), killed if it does not go."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, model_gate: Path | None = None) -> None:
         environment = dict(os.environ)
         environment["DATABASE_URL"] = database_url()
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
         environment.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         # The same workflow with a model that takes a second per call: the run streams visibly.
         environment["RUNLEDGER_WORKFLOW_MODULES"] = "tests.browser.slow_workflows"
+        if model_gate is not None:  # its model calls wait for this file (tests/browser/slow_workflows.py)
+            environment["RUNLEDGER_TEST_MODEL_GATE"] = str(model_gate)
         self.log = log
         with log.open("wb") as out:
             self.process = subprocess.Popen(

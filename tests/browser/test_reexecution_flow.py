@@ -98,7 +98,10 @@ def test_carol_asks_bob_approves_the_worker_executes_and_the_audit_log_shows_it(
 
     # The worker process takes the approved request from the durable queue and executes it; bob's
     # page follows over its socket, without a reload.
-    worker.append(Worker(tmp_path / "worker.log"))
+    # Its model calls wait until bob's page of the new run has loaded: what streams in after that
+    # is what the page must show without a reload, however slow the machine.
+    gate = tmp_path / "model-gate"
+    worker.append(Worker(tmp_path / "worker.log", model_gate=gate))
     expect(decided).to_have_attribute("data-status", "running", timeout=60_000)
     assert bob.evaluate("window.stillTheSamePage === true")
     rx.refresh_from_db()
@@ -110,6 +113,7 @@ def test_carol_asks_bob_approves_the_worker_executes_and_the_audit_log_shows_it(
     expect(bob.locator("#run-origin")).to_contain_text("approved by bob")
     shown_at_load = bob.locator("#timeline-rows tr.event").count()
     bob.evaluate("window.stillTheSamePage = true")
+    gate.touch()
     expect(bob.locator("#run-status")).to_have_attribute("data-status", "completed", timeout=60_000)
     expect(bob.locator("#timeline-rows tr.event").last).to_contain_text("RunCompleted")
     assert bob.locator("#timeline-rows tr.event").count() > shown_at_load
