@@ -8,6 +8,7 @@ import json
 import os
 import select
 from io import StringIO
+from typing import Any
 
 from django.core.management import call_command
 
@@ -18,9 +19,8 @@ from tests.runtime_support import every_run_verifies  # noqa: F401  (an autouse 
 REFUND_INPUT = json.dumps({"ticket": "refund please", "orderId": "A-1"})
 
 
-def test_plain_lines_when_not_a_terminal(workspace: Workspace) -> None:
-    out, err = StringIO(), StringIO()
-
+def _run_refund(run_id: str, *, stdout: Any = None, stderr: Any = None) -> None:
+    """`ledger run support.refund` in acme/support as `run_id`; its output where the test reads it."""
     call_command(
         "ledger",
         "run",
@@ -30,10 +30,16 @@ def test_plain_lines_when_not_a_terminal(workspace: Workspace) -> None:
         "--workspace",
         "acme/support",
         "--run-id",
-        "run_progress",
-        stdout=out,
-        stderr=err,
+        run_id,
+        stdout=StringIO() if stdout is None else stdout,
+        stderr=StringIO() if stderr is None else stderr,
     )
+
+
+def test_plain_lines_when_not_a_terminal(workspace: Workspace) -> None:
+    out, err = StringIO(), StringIO()
+
+    _run_refund("run_progress", stdout=out, stderr=err)
 
     lines = err.getvalue().splitlines()
     assert "\r" not in err.getvalue()
@@ -53,19 +59,7 @@ def test_one_line_rewritten_in_place_on_a_terminal(workspace: Workspace) -> None
     master, slave = os.openpty()
     terminal = open(slave, "w", encoding="utf-8")  # noqa: SIM115 - closed below
     try:
-        call_command(
-            "ledger",
-            "run",
-            "support.refund",
-            "--input",
-            REFUND_INPUT,
-            "--workspace",
-            "acme/support",
-            "--run-id",
-            "run_tty",
-            stdout=StringIO(),
-            stderr=terminal,
-        )
+        _run_refund("run_tty", stderr=terminal)
         terminal.flush()
         shown = _read_all(master)
     finally:
@@ -80,19 +74,7 @@ def test_one_line_rewritten_in_place_on_a_terminal(workspace: Workspace) -> None
 
 
 def test_resume_counts_the_steps_its_log_already_completed(workspace: Workspace) -> None:
-    call_command(
-        "ledger",
-        "run",
-        "support.refund",
-        "--input",
-        REFUND_INPUT,
-        "--workspace",
-        "acme/support",
-        "--run-id",
-        "run_again",
-        stdout=StringIO(),
-        stderr=StringIO(),
-    )
+    _run_refund("run_again")
     err = StringIO()
 
     call_command("ledger", "resume", "run_again", stdout=StringIO(), stderr=err)
@@ -101,19 +83,7 @@ def test_resume_counts_the_steps_its_log_already_completed(workspace: Workspace)
 
 
 def test_resume_starts_from_the_cost_its_log_already_recorded(workspace: Workspace) -> None:
-    call_command(
-        "ledger",
-        "run",
-        "support.refund",
-        "--input",
-        REFUND_INPUT,
-        "--workspace",
-        "acme/support",
-        "--run-id",
-        "run_priced",
-        stdout=StringIO(),
-        stderr=StringIO(),
-    )
+    _run_refund("run_priced")
     run = Run.objects.get(workspace=workspace, run_id="run_priced")
     assert run.cost_usd and run.cost_usd > 0
     err = StringIO()
