@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -142,3 +143,26 @@ def collect_static(static_root: Path) -> Path:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return static_root
+
+
+def first_answer(process: subprocess.Popen[bytes], url: str, seconds: float) -> httpx.Response | None:
+    """GET `url` until a server still starting (migrate, collectstatic, a demo) answers it; None if
+    `process` exits or `seconds` pass first."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            time.sleep(0.3)
+    return None
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C to the process group a server was started in (`start_new_session=True`), as a person
+    stops `make run`; SIGKILL if it has not stopped within 30 s."""
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)

@@ -9,19 +9,16 @@ import errno
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.readme import block, on_port
-from tests.servers import REPO_ROOT, database_url, free_port
+from tests.servers import REPO_ROOT, database_url, first_answer, free_port, stop_group
 
 pytestmark = pytest.mark.backend_independent
 
@@ -75,14 +72,8 @@ def test_make_run_on_another_port_serves_the_readme_examples_as_written(tmp_path
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            page = None
-            deadline = time.monotonic() + 300  # migrate and the demo's 300 runs first, on a loaded machine
-            while time.monotonic() < deadline and process.poll() is None:
-                try:
-                    page = httpx.get(f"{url}/accounts/login/", timeout=2)
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.5)
+            # Up to 300 s: it migrates and lays out the demo's 300 runs first, on a loaded machine.
+            page = first_answer(process, f"{url}/accounts/login/", 300)
             printed = log.read_text()
             assert page is not None and page.status_code == 200, printed[-3000:]
             assert f"Runledger console: {url}/ and the re-execution worker" in printed
@@ -101,9 +92,4 @@ def test_make_run_on_another_port_serves_the_readme_examples_as_written(tmp_path
             run = [json.loads(line) for line in done.stdout.splitlines() if line.strip()][1]
             assert run["runId"] == "run_first" and run["status"] == "running"
         finally:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+            stop_group(process)

@@ -6,16 +6,14 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.servers import REPO_ROOT, database_url, free_port
+from tests.servers import REPO_ROOT, database_url, first_answer, free_port, stop_group
 
 # The test already runs inside the virtualenv: never let make rebuild it.
 MAKE = ["make", "--no-print-directory", "-o", ".venv/.installed"]
@@ -63,14 +61,8 @@ def test_make_serve_collects_static_files_and_serves_with_debug_off(tmp_path: Pa
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        page = None
-        deadline = time.monotonic() + 300  # migrate and collectstatic first, on a loaded machine
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                page = httpx.get(f"{url}/accounts/login/", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.5)
+        # Up to 300 s: it migrates and collects the static files first, on a loaded machine.
+        page = first_answer(process, f"{url}/accounts/login/", 300)
         assert page is not None and page.status_code == 200, log.read_text()[-3000:]
         assert (static_root / "staticfiles.json").exists()
         assert re.search(r'href="/static/css/console\.[0-9a-f]{12}\.css"', page.text)
@@ -83,12 +75,7 @@ def test_make_serve_collects_static_files_and_serves_with_debug_off(tmp_path: Pa
         )
         assert started and int(started.group(1)) == len(os.sched_getaffinity(0)), log.read_text()[-3000:]
     finally:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_group(process)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -109,20 +96,8 @@ def test_bin_serve_run_as_a_command_goes_on_in_the_virtualenv(tmp_path: Path) ->
             start_new_session=True,
         )
     try:
-        page = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                page = httpx.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.3)
+        page = first_answer(process, f"http://127.0.0.1:{port}/accounts/login/", 120)
         assert page is not None and page.status_code == 200, log.read_text()[-3000:]
         assert "Traceback" not in log.read_text()
     finally:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_group(process)
