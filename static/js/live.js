@@ -263,7 +263,7 @@
   function trim(timeline) {
     var body = timeline.querySelector("#timeline-rows");
     var keep = parseInt(timeline.dataset.liveKeep, 10);
-    if (!keep) return;
+    if (!keep || body.children.length <= keep) return;  // at most as many events as rows: nothing to count
     var events = body.querySelectorAll("tr.event").length;
     if (events <= keep) return;
     while (events > keep && body.firstElementChild) {
