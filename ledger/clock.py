@@ -19,12 +19,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 
 _OFFSET: ContextVar[timedelta] = ContextVar("ledger_clock_offset", default=timedelta(0))
 _RECORDED_AT: ContextVar[datetime | None] = ContextVar("ledger_clock_recorded_at", default=None)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """A moment as the API writes every one: ISO 8601 in UTC with `Z` (`2026-12-06T05:01:05.742910Z`),
+    as DRF's own DateTimeField writes it; None stays None."""
+    if moment is None:
+        return None
+    text = moment.astimezone(UTC).isoformat() if moment.tzinfo is not None else moment.isoformat()
+    return text.removesuffix("+00:00") + "Z" if text.endswith("+00:00") else text
 
 
 def now() -> datetime:

@@ -199,6 +199,53 @@ def test_demo_runs_are_visible_through_the_api_and_only_to_their_workspace(demo:
     assert client.get("/api/v1/runs/run_demo_export").status_code == 404
 
 
+# A moment anywhere in an answer: a date, a time, then an offset or Z.
+MOMENT = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+def _moments(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _moments(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _moments(item, f"{where}[{i}]")
+    elif isinstance(value, str) and MOMENT.match(value):
+        yield where, value
+
+
+def test_every_moment_the_api_answers_is_utc_with_a_z(demo: dict[str, Workspace]) -> None:
+    """One format for every resource's moments (DRF's: `…Z`), so a client may compare them as it
+    reads them; evaluations, datasets and policies wrote `+00:00` before."""
+    _, key = create_key(workspace=demo["acme/support"], scopes=["read"])
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    evaluation = client.get("/api/v1/evaluations?limit=1").json()["evaluations"][0]["id"]
+    reexecution = client.get("/api/v1/reexecutions?limit=1").json()["reexecutions"][0]["id"]
+    paths = [
+        "/api/v1/runs?limit=5",
+        "/api/v1/runs/run_demo_in_doubt",
+        "/api/v1/runs/run_demo_in_doubt/tool-calls",
+        "/api/v1/runs/run_demo_triage/reexecutions",
+        f"/api/v1/reexecutions/{reexecution}",
+        "/api/v1/evaluations?limit=5",
+        f"/api/v1/evaluations/{evaluation}",
+        "/api/v1/datasets",
+        "/api/v1/evaluation-policies",
+    ]
+    seen = []
+    for path in paths:
+        answer = client.get(path)
+        assert answer.status_code == 200, (path, answer.content[:200])
+        seen += [(path + where, value) for where, value in _moments(answer.json())]
+    offsets = [(where, value) for where, value in seen if not value.endswith("Z")]
+    assert not offsets
+    assert {where.split("?")[0].split(".")[0] for where, _ in seen} >= {
+        "/api/v1/datasets",
+        "/api/v1/evaluation-policies",
+        f"/api/v1/evaluations/{evaluation}",
+    }
+
+
 def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspace]) -> None:
     from ledger.demo import reexecution as demo_reexecution
     from ledger.models import AuditEntry, ReexecutionRequest

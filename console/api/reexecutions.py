@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ledger import clock
 from ledger.errors import Conflict, NotFound
 from ledger.log.prepare import validate_run_id
 from ledger.models import ApiKey, ReexecutionRequest, Workspace
@@ -428,7 +429,7 @@ class ClaimView(APIView):
                 "newRunId": claimed.new_run_id,
                 "leaseToken": claimed.lease_token,
                 # a taken lease always has its expiry
-                "leaseExpiresAt": claimed.lease_expires_at.isoformat().replace("+00:00", "Z"),  # type: ignore[union-attr]
+                "leaseExpiresAt": clock.iso(claimed.lease_expires_at),
             }
         )
 
@@ -462,7 +463,7 @@ class LeaseView(APIView):
         )
         expires = renewed.lease_expires_at
         assert expires is not None  # a taken lease always has its expiry
-        return Response({"id": renewed.public_id, "leaseExpiresAt": expires.isoformat().replace("+00:00", "Z")})
+        return Response({"id": renewed.public_id, "leaseExpiresAt": clock.iso(expires)})
 
 
 class DivergenceView(APIView):

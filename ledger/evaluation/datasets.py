@@ -180,7 +180,7 @@ def version_json(version: DatasetVersion) -> dict[str, Any]:
         "version": version.number,
         "digest": version.digest,
         "createdBy": version.created_by,
-        "createdAt": version.created_at.isoformat(),
+        "createdAt": clock.iso(version.created_at),
         "members": version.members,
     }
 
@@ -190,7 +190,7 @@ def dataset_json(dataset: Dataset) -> dict[str, Any]:
     return {
         "name": dataset.name,
         "createdBy": dataset.created_by,
-        "createdAt": dataset.created_at.isoformat(),
+        "createdAt": clock.iso(dataset.created_at),
         "latestVersion": version.number if version else None,
         "size": len(version.members) if version else 0,
         "digest": version.digest if version else None,

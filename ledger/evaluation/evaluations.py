@@ -773,8 +773,8 @@ def evaluation_json(
         "unpricedCalls": budget.unpriced_calls(evaluation) if unpriced_calls is None else unpriced_calls,
         "reason": evaluation.reason,
         "requestedBy": evaluation.requested_by,
-        "createdAt": evaluation.created_at.isoformat(),
-        "finishedAt": evaluation.finished_at.isoformat() if evaluation.finished_at else None,
+        "createdAt": clock.iso(evaluation.created_at),
+        "finishedAt": clock.iso(evaluation.finished_at),
     }
     if report:
         out["report"] = evaluation.report

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
-from .. import audit
+from .. import audit, clock
 from ..errors import NotFound
 from ..models import ReexecutionRequest, Workspace
 
@@ -132,10 +132,6 @@ def counts(workspace: Workspace) -> dict[str, int]:
     return out
 
 
-def _iso(value: Any) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value is not None else None
-
-
 def as_dict(request: ReexecutionRequest) -> dict[str, Any]:
     """The request as the API shows it (camelCase); the plan is added by the caller that wants it."""
     ws = request.workspace
@@ -155,16 +151,16 @@ def as_dict(request: ReexecutionRequest) -> dict[str, Any]:
         "planDigest": request.plan_digest,
         "approver": request.approver_name or None,
         "note": request.note or None,
-        "decidedAt": _iso(request.decided_at),
-        "expiresAt": _iso(request.expires_at),
+        "decidedAt": clock.iso(request.decided_at),
+        "expiresAt": clock.iso(request.expires_at),
         "newRunId": request.new_run_id or None,
         "executor": request.executor or None,
         "batchId": request.batch_id or None,
         "attempts": request.attempts,
         "error": request.error,
-        "createdAt": _iso(request.created_at),
-        "startedAt": _iso(request.started_at),
-        "finishedAt": _iso(request.finished_at),
+        "createdAt": clock.iso(request.created_at),
+        "startedAt": clock.iso(request.started_at),
+        "finishedAt": clock.iso(request.finished_at),
     }
     if request.has_input:
         out["input"] = request.input

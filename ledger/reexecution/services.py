@@ -479,7 +479,7 @@ def _refuse_undecidable(
         return ApprovalExpired(
             f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
             reexecutionId=first.public_id,
-            expiresAt=first.expires_at.isoformat(),
+            expiresAt=clock.iso(first.expires_at),
         )
     decided = [r for r in requests if r.status != Status.PENDING_APPROVAL]
     if decided:
@@ -512,7 +512,7 @@ def _refuse_undecidable(
         return ApprovalExpired(
             f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
             reexecutionId=first.public_id,
-            expiresAt=first.expires_at.isoformat(),
+            expiresAt=clock.iso(first.expires_at),
         )
     return None
 

@@ -284,20 +284,16 @@ def get_link(workspaces: list[Workspace], public_id: str) -> ShareLink:
 
 def as_dict(link: ShareLink) -> dict[str, Any]:
     """A link as the API lists it: never its token (which is not stored)."""
-
-    def iso(value: Any) -> str | None:
-        return None if value is None else value.isoformat().replace("+00:00", "Z")
-
     return {
         "id": link.public_id,
         "runId": link.run_id,
         "creator": link.created_by,
-        "createdAt": iso(link.created_at),
-        "expiresAt": iso(link.expires_at),
+        "createdAt": clock.iso(link.created_at),
+        "expiresAt": clock.iso(link.expires_at),
         "maxOpens": link.max_opens,
         "openCount": link.open_count,
-        "lastOpenedAt": iso(link.last_opened_at),
-        "revokedAt": iso(link.revoked_at),
+        "lastOpenedAt": clock.iso(link.last_opened_at),
+        "revokedAt": clock.iso(link.revoked_at),
         "includeSubRuns": link.include_sub_runs,
         "status": status_of(link),
     }
