@@ -32,6 +32,7 @@ from .templatetags.console_format import (
 
 RECONCILED = '<span class="tag">reconciled by an operator</span>'
 RETRIED = '<span class="tag retried-tag">retried below</span>'
+LATE = '<span class="tag late-tag" title="reported after the run ended; counted in its cost">late call</span>'
 ROLE = '· role <span class="mono">{}</span>'
 
 
@@ -166,7 +167,7 @@ def _turn(t: Any) -> str:
         f'          <span class="mono model">{model}</span>\n'
         f'          <span class="origin origin-{_value(t.origin)}">{_value(t.origin)}</span>\n'
         f"          {state}\n"
-        f"          {RETRIED if t.retried else ''}\n"
+        f"          {RETRIED if t.retried else ''}{LATE if t.late else ''}\n"
         f'          <span class="turn-facts muted">{escaped(timestamp(t.called_at))}{answered}\n'
         f"          {_usage(call)}</span>\n"
         "        </h3>\n        "

@@ -106,6 +106,7 @@ class TurnView:
     artifacts: list[dict[str, str]]
     tools: list[ToolView] = field(default_factory=list)
     stored: list[dict[str, str | None]] = field(default_factory=list)  # members kept as artifacts
+    late: bool = False  # reported after the run ended (docs/otlp.md): counted in its cost all the same
 
     @property
     def waited(self) -> str | None:
@@ -247,6 +248,7 @@ def _turn_view(workspace: Workspace, folded: Reader, calls: list[ModelCall], ind
     tool_calls = response.get("toolCalls")
     messages, incremental = _request(folded, call)
     stored = list(_stored(workspace, folded, call.called_sequence, call.responded_sequence).values())
+    events = _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)
     return TurnView(
         call=call,
         origin=_origin(call.origin),
@@ -258,13 +260,9 @@ def _turn_view(workspace: Workspace, folded: Reader, calls: list[ModelCall], ind
         called_at=folded.occurred_at(call.called_sequence),
         answered_at=folded.occurred_at(call.responded_sequence or call.failed_sequence),
         error=pretty(call.error) if call.status == "failed" else None,
-        artifacts=_others(
-            _artifacts(
-                workspace, _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)
-            ),
-            stored,
-        ),
+        artifacts=_others(_artifacts(workspace, events), stored),
         stored=stored,
+        late=any(isinstance(payload, dict) and payload.get("late") is True for payload in events),
     )
 
 
