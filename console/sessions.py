@@ -184,7 +184,16 @@ def _turn(t: Any) -> str:
     if status == "failed":
         out.append(f'<div class="failure" role="note"><strong>The model call failed</strong>{long_text(t.error)}</div>')
     out.append("\n        ")
-    if t.response_text or t.response_tool_calls:
+    if t.choices:
+        n = len(t.choices)
+        for i, m in enumerate(t.choices, 1):
+            text = long_text(m.text) if m.text else ""
+            calls = f'<p class="label">tool calls requested</p>{long_text(m.tool_calls)}' if m.tool_calls else ""
+            out.append(
+                f'<div class="msg role-assistant response choice"><span class="role">response · choice {i}/{n}</span>\n'
+                f"          {text}\n          {calls}\n        </div>"
+            )
+    elif t.response_text or t.response_tool_calls:
         text = long_text(t.response_text) if t.response_text else ""
         calls = (
             f'<p class="label">tool calls requested</p>{long_text(t.response_tool_calls)}'

@@ -62,7 +62,10 @@ SESSIONS = """{% load console_format %}{% for s in sessions %}
           {% endfor %}
         </div>{% endif %}
         {% if t.call.status == "failed" %}<div class="failure" role="note"><strong>The model call failed</strong>{% long_text t.error %}</div>{% endif %}
-        {% if t.response_text or t.response_tool_calls %}<div class="msg role-assistant response"><span class="role">response</span>
+        {% if t.choices %}{% for m in t.choices %}<div class="msg role-assistant response choice"><span class="role">response · choice {{ forloop.counter }}/{{ t.choices|length }}</span>
+          {% if m.text %}{% long_text m.text %}{% endif %}
+          {% if m.tool_calls %}<p class="label">tool calls requested</p>{% long_text m.tool_calls %}{% endif %}
+        </div>{% endfor %}{% elif t.response_text or t.response_tool_calls %}<div class="msg role-assistant response"><span class="role">response</span>
           {% if t.response_text %}{% long_text t.response_text %}{% endif %}
           {% if t.response_tool_calls %}<p class="label">tool calls requested</p>{% long_text t.response_tool_calls %}{% endif %}
         </div>{% endif %}
@@ -126,7 +129,7 @@ def _branches(views: list[SessionView]) -> set[str]:
         for t in s.turns:
             seen |= {
                 name
-                for name in ("retried", "late", "incremental", "messages", "stored", "artifacts", "tools")
+                for name in ("retried", "late", "choices", "incremental", "messages", "stored", "artifacts", "tools")
                 if getattr(t, name)
             }
             seen |= {f"turn {t.call.status}"} | ({"waited"} if t.waited else set())
@@ -245,6 +248,13 @@ LINKS = [
         {"tools": [_tool(), _tool(status="failed", outcome="boom", reconciled=True, caller=None)]},
         {"turn": "7<", "origin": "simulated", "provider": None},
         {"late": True},
+        {
+            "choices": [
+                Message(role="assistant", text="first <b>"),
+                Message(role="assistant", text="", tool_calls='lookup({"a": "<1>"})  #c1'),
+                Message(role="assistant", text="third\u202e", tool_calls="x()"),
+            ]
+        },
     ],
 )
 def test_a_turn_made_to_need_escaping_or_every_branch_is_the_templates(turn: dict[str, Any]) -> None:

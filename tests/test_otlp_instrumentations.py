@@ -356,7 +356,8 @@ def test_an_answer_of_two_choices_reads_as_its_first_not_both_run_together(
 ) -> None:
     """A best-of-n agent asks for two choices (`n=2`): both instrumentations record one output
     message per choice. The call's text and tool calls are the first choice's, as the client's
-    wrappers read them; both choices stay in `response.messages`, never glued into one text."""
+    wrappers read them; both choices stay in `response.messages`, never glued into one text, and the
+    conversation tab shows each, labelled "choice 1/2", "choice 2/2"."""
     instrumentation = {
         "genai": "opentelemetry-instrumentation-openai-v2",
         "openinference": "openinference-instrumentation-openai",
@@ -372,6 +373,9 @@ def test_an_answer_of_two_choices_reads_as_its_first_not_both_run_together(
     assert texts == [openai_server.answer, f"{openai_server.answer} (candidate 2)"]
     page = _conversation(browser, run)
     assert f"{openai_server.answer}{openai_server.answer}" not in page and openai_server.answer in page
+    # The conversation shows each choice apart, labelled.
+    second = page.split("response · choice 2/2</span>", 1)[1]
+    assert "response · choice 1/2</span>" in page and f"{openai_server.answer} (candidate 2)" in second
     assert all(check.status == "pass" for check in verify_run(run))
 
 
