@@ -32,6 +32,7 @@ from .templatetags.console_format import (
 
 RECONCILED = '<span class="tag">reconciled by an operator</span>'
 RETRIED = '<span class="tag retried-tag">retried below</span>'
+LATE = '<span class="tag late-tag" title="reported after the run ended; counted in its cost">late call</span>'
 ROLE = '· role <span class="mono">{}</span>'
 
 
@@ -166,7 +167,7 @@ def _turn(t: Any) -> str:
         f'          <span class="mono model">{model}</span>\n'
         f'          <span class="origin origin-{_value(t.origin)}">{_value(t.origin)}</span>\n'
         f"          {state}\n"
-        f"          {RETRIED if t.retried else ''}\n"
+        f"          {RETRIED if t.retried else ''}{LATE if t.late else ''}\n"
         f'          <span class="turn-facts muted">{escaped(timestamp(t.called_at))}{answered}\n'
         f"          {_usage(call)}</span>\n"
         "        </h3>\n        "
@@ -183,7 +184,16 @@ def _turn(t: Any) -> str:
     if status == "failed":
         out.append(f'<div class="failure" role="note"><strong>The model call failed</strong>{long_text(t.error)}</div>')
     out.append("\n        ")
-    if t.response_text or t.response_tool_calls:
+    if t.choices:
+        n = len(t.choices)
+        for i, m in enumerate(t.choices, 1):
+            text = long_text(m.text) if m.text else ""
+            calls = f'<p class="label">tool calls requested</p>{long_text(m.tool_calls)}' if m.tool_calls else ""
+            out.append(
+                f'<div class="msg role-assistant response choice"><span class="role">response · choice {i}/{n}</span>\n'
+                f"          {text}\n          {calls}\n        </div>"
+            )
+    elif t.response_text or t.response_tool_calls:
         text = long_text(t.response_text) if t.response_text else ""
         calls = (
             f'<p class="label">tool calls requested</p>{long_text(t.response_tool_calls)}'

@@ -33,9 +33,16 @@ def _tokens(value: Any) -> str:
 
 
 def summary(event_type: str, payload: Any) -> str:
-    """One line of what an event says: model and tokens, tool and outcome, step and attempt."""
+    """One line of what an event says: model and tokens, tool and outcome, step and attempt; a
+    model call reported after its run ended (docs/otlp.md) says so."""
     if not isinstance(payload, dict):
         return ""
+    if event_type.startswith("harness.model.") and payload.get("late") is True:
+        return f"late call, after the run ended · {_summary(event_type, payload)}"
+    return _summary(event_type, payload)
+
+
+def _summary(event_type: str, payload: dict[str, Any]) -> str:
     step = payload.get("stepPath")
     attempt = payload.get("attempt")
     where = f"step {step}" if isinstance(step, str) else ""

@@ -4,7 +4,7 @@
 standard environment (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _HEADERS, OTEL_SERVICE_NAME and the
 content-capture variables docs/otlp.md names).
 
-    python tests/otel_agent.py genai|openinference OPENAI_BASE_URL [stream|stream-with-usage|ask-again|two-choices]
+    python tests/otel_agent.py genai|openinference OPENAI_BASE_URL [stream|stream-with-usage|ask-again|two-choices|late]
 
 One request span holds an agent span holding: a chat call that asks for a tool, the tool (a span
 made by each convention's own library: util-genai's `handler.tool`, OpenInference's
@@ -12,7 +12,9 @@ made by each convention's own library: util-genai's `handler.tool`, OpenInferenc
 agents' do, without `stream_options` (so the provider reports no usage); `stream-with-usage` asks
 for it (`include_usage`). With `ask-again` a first chat call that fails (the provider answered an
 error, or hung up) is caught and asked again once, as an agent with a fallback does. With `two-choices` the answering call asks for two
-(`n=2`), as a best-of-n agent does. Prints, as JSON, each span's name, id and times as the SDK recorded
+(`n=2`), as a best-of-n agent does. With `late` the request span is another service's, exported
+alone as it ends, while the agent's spans (the model calls among them) wait in a BatchSpanProcessor
+flushed only after it: they reach the ledger after the run's root span. Prints, as JSON, each span's name, id and times as the SDK recorded
 them, for the test to compare with what the ledger shows.
 """
 
@@ -102,12 +104,21 @@ def main(convention: str, base_url: str, streaming: str | None = None) -> None:
 
         provider = TracerProvider(resource=Resource.create())
         OpenAIInstrumentor().instrument(tracer_provider=provider)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # endpoint and headers: the environment
+    late = streaming == "late"
+    streaming = None if late else streaming
+    # `late`: the batch is flushed only by the shutdown below, after the request span was sent.
+    batch = BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=3_600_000) if late else None
+    provider.add_span_processor(batch or BatchSpanProcessor(OTLPSpanExporter()))  # endpoint, headers: the environment
     provider.add_span_processor(SimpleSpanProcessor(seen))
+    front = provider
+    if late:
+        front = TracerProvider(resource=Resource.create())
+        front.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+        front.add_span_processor(SimpleSpanProcessor(seen))
     tracer = provider.get_tracer("weather-agent", "1.0")
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
 
-    with tracer.start_as_current_span("handle request"):
+    with front.get_tracer("weather-front", "1.0").start_as_current_span("handle request"):
         if convention == "openinference":
 
             @tracer.tool(name="get_weather")  # type: ignore[attr-defined]
@@ -133,6 +144,8 @@ def main(convention: str, base_url: str, streaming: str | None = None) -> None:
 
             with handler.invoke_local_agent(agent_name="weather", request_model="gpt-4o"):
                 converse(client, run_tool, streaming)
+    if front is not provider:
+        front.shutdown()
     provider.shutdown()  # flushes the batch to the ledger
     spans = [
         {

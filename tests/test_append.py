@@ -14,6 +14,7 @@ from ledger import errors
 from ledger.canonical import canonical_json, event_id
 from ledger.log import append
 from ledger.log.announce import group_for
+from ledger.log.verify import verify_run
 from ledger.models import Event, Run
 from tests.conftest import ev, started
 
@@ -141,6 +142,29 @@ def test_nothing_but_custom_events_after_the_run_finished(append) -> None:
         append("run_a", ev("StepScheduled", stepPath="late"))
     assert append("run_a", ev("custom.note", text="post-mortem")).last_sequence == 3
     assert Run.objects.get(run_id="run_a").status == "completed"
+
+
+def test_a_model_call_marked_late_is_taken_after_the_run_finished_and_counted(append) -> None:
+    """A model call reported after its run ended (docs/otlp.md "Late spans") is logged and counted;
+    the run keeps its status and end. Unmarked, or marked other than `true`, it is refused."""
+    append("run_a", started(), ev("RunCompleted", occurredAt="2026-12-05T10:00:00Z"))
+    answer = {
+        "turn": 1,
+        "callId": "c1",
+        "model": {"provider": "openai", "modelId": "gpt-4o"},
+        "response": {"usage": {"inputTokens": 1000, "outputTokens": 100}},
+    }
+    for late in ({}, {"late": "yes"}, {"late": False}):
+        with pytest.raises(errors.RunFinished):
+            append("run_a", ev("harness.model.responded", **answer, **late))
+    with pytest.raises(errors.RunFinished):
+        append("run_a", ev("StepScheduled", stepPath="s", late=True))
+    called = ev("harness.model.called", turn=1, callId="c1", promptHash="sha256:x", request={}, late=True)
+    assert append("run_a", called, ev("harness.model.responded", **answer, late=True)).last_sequence == 4
+    run = Run.objects.get(run_id="run_a")
+    assert (run.status, run.finished_at.isoformat()) == ("completed", "2026-12-05T10:00:00+00:00")
+    assert (run.input_tokens, run.output_tokens, run.priced_calls) == (1000, 100, 1)
+    assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)
 
 
 @pytest.mark.parametrize("run_id", ["run_", "run/../x", "task_1", "run_" + "a" * 81, "run_ok!", 5])

@@ -46,7 +46,7 @@ SESSIONS = """{% load console_format %}{% for s in sessions %}
           <span class="mono model">{% if t.call.model_id %}{{ t.call.provider|shown_name }}/{{ t.call.model_id|shown_name }}{% else %}model{% endif %}</span>
           <span class="origin origin-{{ t.origin }}">{{ t.origin }}</span>
           {% if t.call.status == "failed" %}<span class="status status-failed">failed</span>{% elif t.call.status == "called" %}<span class="status status-running">no response recorded</span>{% endif %}
-          {% if t.retried %}<span class="tag retried-tag">retried below</span>{% endif %}
+          {% if t.retried %}<span class="tag retried-tag">retried below</span>{% endif %}{% if t.late %}<span class="tag late-tag" title="reported after the run ended; counted in its cost">late call</span>{% endif %}
           <span class="turn-facts muted">{{ t.called_at|timestamp }}{% if t.waited %}, answered {{ t.answered_at|timestamp }} ({{ t.waited }} later){% endif %}
           {% if t.call.usage and not t.call.usage_reported %}· <span class="usage">usage not reported</span> · <span class="cost">{{ t.call.cost|money }}</span>{% elif t.call.usage %}· <span class="usage">{{ t.call.usage.input_tokens|count }} in{% if t.call.usage.cached_input_tokens %} ({{ t.call.usage.cached_input_tokens|count }} cached){% endif %} / {{ t.call.usage.output_tokens|count }} out{% if t.call.usage.reasoning_tokens %} ({{ t.call.usage.reasoning_tokens|count }} reasoning){% endif %}</span> · <span class="cost">{{ t.call.cost|money }}</span>{% endif %}</span>
         </h3>
@@ -62,7 +62,10 @@ SESSIONS = """{% load console_format %}{% for s in sessions %}
           {% endfor %}
         </div>{% endif %}
         {% if t.call.status == "failed" %}<div class="failure" role="note"><strong>The model call failed</strong>{% long_text t.error %}</div>{% endif %}
-        {% if t.response_text or t.response_tool_calls %}<div class="msg role-assistant response"><span class="role">response</span>
+        {% if t.choices %}{% for m in t.choices %}<div class="msg role-assistant response choice"><span class="role">response · choice {{ forloop.counter }}/{{ t.choices|length }}</span>
+          {% if m.text %}{% long_text m.text %}{% endif %}
+          {% if m.tool_calls %}<p class="label">tool calls requested</p>{% long_text m.tool_calls %}{% endif %}
+        </div>{% endfor %}{% elif t.response_text or t.response_tool_calls %}<div class="msg role-assistant response"><span class="role">response</span>
           {% if t.response_text %}{% long_text t.response_text %}{% endif %}
           {% if t.response_tool_calls %}<p class="label">tool calls requested</p>{% long_text t.response_tool_calls %}{% endif %}
         </div>{% endif %}
@@ -126,7 +129,7 @@ def _branches(views: list[SessionView]) -> set[str]:
         for t in s.turns:
             seen |= {
                 name
-                for name in ("retried", "incremental", "messages", "stored", "artifacts", "tools")
+                for name in ("retried", "late", "choices", "incremental", "messages", "stored", "artifacts", "tools")
                 if getattr(t, name)
             }
             seen |= {f"turn {t.call.status}"} | ({"waited"} if t.waited else set())
@@ -244,6 +247,14 @@ LINKS = [
         },
         {"tools": [_tool(), _tool(status="failed", outcome="boom", reconciled=True, caller=None)]},
         {"turn": "7<", "origin": "simulated", "provider": None},
+        {"late": True},
+        {
+            "choices": [
+                Message(role="assistant", text="first <b>"),
+                Message(role="assistant", text="", tool_calls='lookup({"a": "<1>"})  #c1'),
+                Message(role="assistant", text="third\u202e", tool_calls="x()"),
+            ]
+        },
     ],
 )
 def test_a_turn_made_to_need_escaping_or_every_branch_is_the_templates(turn: dict[str, Any]) -> None:

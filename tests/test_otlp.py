@@ -14,11 +14,13 @@ import subprocess
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from django.db.models import Sum
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -28,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ledger.log.verify import verify_run
-from ledger.models import AuditEntry, Event, Run, Workspace
+from ledger.models import AuditEntry, CostEntry, DailyUsage, Event, Run, Step, Workspace
 from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from tests import readme
@@ -432,35 +434,101 @@ def test_a_token_count_past_the_bound_leaves_the_call_unpriced_and_says_why(
     assert (run.input_tokens, run.output_tokens) == (0, 0)
 
 
-def test_a_span_after_the_root_ended_is_kept_as_a_late_custom_event(
-    server: Daphne, workspace: Workspace, key: str
-) -> None:
-    auth = {"Authorization": f"Bearer {key}"}
-    assert httpx.post(server.url + TRACES, json=_chat_trace(), headers=auth, timeout=30).status_code == 200
-    late = _json_export(
+def _late_spans() -> dict[str, Any]:
+    """Three spans of TRACE that end after its root: a priced chat call under the root's step, a
+    chat call that failed (its request left: unknown cost), and a tool call."""
+    failed = _json_span(
+        "aaaaaaaaaaaaaaab",
+        "chat gpt-4o",
+        T0 + 2_000_000_000,
+        T0 + 3_000_000_000,
+        parent=ROOT,
+        gen_ai__operation__name="chat",
+        gen_ai__provider__name="openai",
+        gen_ai__request__model="gpt-4o",
+        error__type="openai.InternalServerError",
+    )
+    failed["status"] = {"code": 2, "message": "upstream 500"}
+    return _json_export(
         _json_span(
             "aaaaaaaaaaaaaaaa",
-            "chat late",
-            T0 + 2,
-            T0 + 3,
+            "chat gpt-4o",
+            T0 + 1_500_000_000,
+            T0 + 2_500_000_000,
             parent=ROOT,
             gen_ai__operation__name="chat",
-            gen_ai__usage__input_tokens=5,
-        )
+            gen_ai__provider__name="openai",
+            gen_ai__request__model="gpt-4o",
+            gen_ai__usage__input_tokens=1000,
+            gen_ai__usage__output_tokens=100,
+        ),
+        failed,
+        _json_span(
+            "aaaaaaaaaaaaaaac",
+            "execute_tool lookup",
+            T0 + 2_000_000_000,
+            T0 + 2_100_000_000,
+            parent=ROOT,
+            gen_ai__operation__name="execute_tool",
+            gen_ai__tool__name="lookup",
+        ),
     )
-    response = httpx.post(server.url + TRACES, json=late, headers=auth, timeout=30)
+
+
+def test_a_model_call_after_the_root_ended_counts_in_the_run_as_a_late_call(
+    server: Daphne, workspace: Workspace, other_workspace: Workspace, key: str
+) -> None:
+    """A span of the trace that arrives after its root span: a model call counts (its tokens and
+    cost, a failed one as a call of unknown cost) in the run, its step and the usage rollups, marked
+    late; the run stays completed at its root's end; a tool call is kept as a late span. Sent again,
+    nothing is counted twice; sent with another tenant's key, this run is untouched."""
+    auth = {"Authorization": f"Bearer {key}"}
+    assert httpx.post(server.url + TRACES, json=_chat_trace(), headers=auth, timeout=30).status_code == 200
+    before = _run(workspace, TRACE)
+    response = httpx.post(server.url + TRACES, json=_late_spans(), headers=auth, timeout=30)
     assert response.status_code == 200
     # Nothing refused (a zero rejectedSpans is omitted, as protobuf's JSON omits defaults): a warning only.
     assert response.json() == {
         "partialSuccess": {
-            "errorMessage": "1 span(s) arrived after their trace's root span ended and were kept as custom.otel.span"
+            "errorMessage": "3 span(s) arrived after their trace's root span ended: 2 model call(s) counted in the "
+            "run as late calls, 1 kept as custom.otel.span"
         }
     }
     run = _run(workspace, TRACE)
-    last = selectors.events(run)[-1]
-    assert last["type"] == "custom.otel.span" and last["payload"]["late"] is True
-    assert run.input_tokens == 50  # a late span's tokens are kept in its event, not counted
-    assert all(check.status == "pass" for check in verify_run(run))
+    assert (run.status, run.finished_at, run.started_at) == ("completed", before.finished_at, before.started_at)
+    late = selectors.events(run)[before.last_sequence :]
+    assert [e["type"] for e in late] == [
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.model.called",
+        "harness.model.failed",
+        "custom.otel.span",
+    ]
+    assert all(e["payload"]["late"] is True for e in late)
+    assert {e["payload"].get("stepPath") for e in late} == {f"span-{ROOT}", None}
+    assert [e["payload"]["turn"] for e in late if e["type"] == "harness.model.called"] == [2, 3]
+    # gpt-4o: 1,000 in at $2.50 and 100 out at $10 per million tokens.
+    assert (run.input_tokens, run.output_tokens) == (1050, 107)
+    # The trace's own call (claude-sonnet-4, which the price table does not price) was unpriced.
+    assert (before.priced_calls, before.unpriced_calls, run.priced_calls, run.unpriced_calls) == (0, 1, 1, 2)
+    late_cost = CostEntry.objects.get(run=run, call_id="aaaaaaaaaaaaaaaa").cost_usd
+    assert late_cost == Decimal("0.0035") and run.cost_usd == late_cost
+    failed = CostEntry.objects.get(run=run, call_id="aaaaaaaaaaaaaaab")
+    assert (failed.cost_usd, failed.usage_reported) == (None, False)
+    step = Step.objects.get(run=run, step_path=f"span-{ROOT}")
+    assert (step.status, step.input_tokens, step.priced_calls, step.unpriced_calls) == ("completed", 1050, 1, 2)
+    day = DailyUsage.objects.filter(workspace=workspace).aggregate(calls=Sum("calls"), tokens=Sum("input_tokens"))
+    assert day == {"calls": 3, "tokens": 1050}
+    assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)
+
+    again = httpx.post(server.url + TRACES, json=_late_spans(), headers=auth, timeout=30)
+    assert again.status_code == 200 and again.json() == {}
+    assert _run(workspace, TRACE).last_sequence == run.last_sequence
+
+    outsider = {"Authorization": f"Bearer {_key(other_workspace, ['ingest'])}"}
+    assert httpx.post(server.url + TRACES, json=_late_spans(), headers=outsider, timeout=30).status_code == 200
+    assert _run(workspace, TRACE).last_sequence == run.last_sequence
+    assert Run.objects.get(workspace=other_workspace, run_id=f"run_otel_{TRACE}").input_tokens == 1000
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from ledger.interop.otlp.ingest import iso_time
 from ledger.log import artifacts
 from ledger.log.verify import verify_run
 from ledger.models import CostEntry, Run, Step, Workspace
-from ledger.reads import selectors
+from ledger.reads import selectors, usage
 from ledger.tenancy.services import create_key
 from tests.fake_providers import OPENAI_MODEL, FakeProviders
 from tests.servers import REPO_ROOT, Daphne
@@ -356,7 +356,8 @@ def test_an_answer_of_two_choices_reads_as_its_first_not_both_run_together(
 ) -> None:
     """A best-of-n agent asks for two choices (`n=2`): both instrumentations record one output
     message per choice. The call's text and tool calls are the first choice's, as the client's
-    wrappers read them; both choices stay in `response.messages`, never glued into one text."""
+    wrappers read them; both choices stay in `response.messages`, never glued into one text, and the
+    conversation tab shows each, labelled "choice 1/2", "choice 2/2"."""
     instrumentation = {
         "genai": "opentelemetry-instrumentation-openai-v2",
         "openinference": "openinference-instrumentation-openai",
@@ -372,4 +373,61 @@ def test_an_answer_of_two_choices_reads_as_its_first_not_both_run_together(
     assert texts == [openai_server.answer, f"{openai_server.answer} (candidate 2)"]
     page = _conversation(browser, run)
     assert f"{openai_server.answer}{openai_server.answer}" not in page and openai_server.answer in page
+    # The conversation shows each choice apart, labelled.
+    second = page.split("response · choice 2/2</span>", 1)[1]
+    assert "response · choice 1/2</span>" in page and f"{openai_server.answer} (candidate 2)" in second
     assert all(check.status == "pass" for check in verify_run(run))
+
+
+@pytest.mark.parametrize("convention", ["genai", "openinference"])
+def test_model_calls_exported_after_the_root_span_count_in_the_run_cost(
+    server: Daphne, workspace: Workspace, openai_server: FakeProviders, browser: Client, convention: str
+) -> None:
+    """The request span is another service's, sent as it ends; the agent's spans wait in a
+    BatchSpanProcessor flushed after it, so its two model calls reach the ledger after the run ended.
+    They were made and billed: they count in the run's cost, tokens and the usage rollups (the
+    workspace report and the tenant's), the run stays completed at the root span's end, and the
+    conversation shows them as late calls. The late tool and agent spans are kept as spans."""
+    instrumentation = {
+        "genai": "opentelemetry-instrumentation-openai-v2",
+        "openinference": "openinference-instrumentation-openai",
+    }[convention]
+    spans = run_agent(convention, server, workspace, openai_server, documented_environment(instrumentation), "late")
+    run = _run_of(workspace, spans)
+    events = selectors.events(run)
+    ended = next(i for i, e in enumerate(events) if e["type"] == "RunCompleted")
+    after = events[ended + 1 :]
+    assert [e["type"] for e in after if e["type"].startswith("harness.")] == [
+        "harness.model.called",
+        "harness.model.responded",
+    ] * 2
+    assert all(e["payload"]["late"] is True for e in after)
+
+    root = _span(spans, "handle request")
+    assert run.status == "completed" and run.finished_at == _at(root["end"])
+    costs = list(CostEntry.objects.filter(run=run).order_by("sequence"))
+    assert [(c.provider, c.model_id, c.input_tokens, c.output_tokens) for c in costs] == [
+        ("openai", OPENAI_MODEL, 120, 30)
+    ] * 2
+    assert all(c.cost_usd is not None and c.cost_usd > 0 for c in costs)
+    assert (run.priced_calls, run.unpriced_calls) == (2, 0)
+    assert (run.input_tokens, run.output_tokens) == (240, 60) and run.cost_usd == sum(c.cost_usd for c in costs)
+
+    day = run.finished_at.date()
+    for scope in ({"workspace": workspace}, {"tenant": workspace.tenant}):
+        total = usage.report(start=day, end=date.today(), **scope).total  # type: ignore[arg-type]
+        assert (total.priced_calls, total.unpriced_calls, total.cost_usd) == (2, 0, run.cost_usd)
+
+    key = create_key(workspace=workspace, scopes=["read"])[1]
+    answer = httpx.get(
+        f"{server.url}/api/v1/runs/{run.run_id}", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ).json()
+    assert answer["status"] == "completed"
+    assert (answer["usage"]["pricedCalls"], answer["usage"]["inputTokens"]) == (2, 240)
+
+    page = _conversation(browser, run)
+    assert "Weather in Paris?" in page and page.count("late call") == 2
+    ws = run.workspace
+    timeline = browser.get(reverse("run", args=[ws.tenant.slug, ws.slug, run.run_id])).content.decode()
+    assert timeline.count("late call, after the run ended · turn") == 4  # each call asked, then answered
+    assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)

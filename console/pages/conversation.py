@@ -106,6 +106,10 @@ class TurnView:
     artifacts: list[dict[str, str]]
     tools: list[ToolView] = field(default_factory=list)
     stored: list[dict[str, str | None]] = field(default_factory=list)  # members kept as artifacts
+    late: bool = False  # reported after the run ended (docs/otlp.md): counted in its cost all the same
+    # A call that asked for several choices (OpenAI's `n`): each answer message, in order; empty
+    # otherwise (the response is `response_text` and `response_tool_calls`, the first choice's).
+    choices: list[Message] = field(default_factory=list)
 
     @property
     def waited(self) -> str | None:
@@ -207,6 +211,24 @@ def _request(folded: Reader, call: ModelCall) -> tuple[list[Message], bool]:
     return listed, isinstance(request.get("messagesFrom"), int) and request["messagesFrom"] > 0
 
 
+def _choices(folded: Reader, call: ModelCall, response: dict[str, Any]) -> list[Message]:
+    """Every choice of a call that asked for several (`n` > 1: GenAI's `choice.count`, OpenAI's
+    `n`, in the recorded request or its parameters), one answer message each, as recorded in
+    `response.messages` (the call's text is the first's: docs/otlp.md "Several choices")."""
+    messages = response.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return []
+    payloads = _payloads(folded, call.called_sequence)
+    request = payloads[0].get("request") if payloads and isinstance(payloads[0], dict) else None
+    request = request if isinstance(request, dict) else {}
+    parameters = request.get("parameters")
+    parameters = parameters if isinstance(parameters, dict) else {}
+    asked = [parameters.get("choice.count"), parameters.get("n"), request.get("n")]
+    if not any(isinstance(n, int) and not isinstance(n, bool) and n > 1 for n in asked):
+        return []
+    return [_message(m) for m in messages]
+
+
 def _recorded(folded: Reader, sequence: int | None, name: str) -> bool:
     """Whether the event holds `name`: a tracer that captured no content records none."""
     payloads = _payloads(folded, sequence)
@@ -247,6 +269,7 @@ def _turn_view(workspace: Workspace, folded: Reader, calls: list[ModelCall], ind
     tool_calls = response.get("toolCalls")
     messages, incremental = _request(folded, call)
     stored = list(_stored(workspace, folded, call.called_sequence, call.responded_sequence).values())
+    events = _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)
     return TurnView(
         call=call,
         origin=_origin(call.origin),
@@ -258,13 +281,10 @@ def _turn_view(workspace: Workspace, folded: Reader, calls: list[ModelCall], ind
         called_at=folded.occurred_at(call.called_sequence),
         answered_at=folded.occurred_at(call.responded_sequence or call.failed_sequence),
         error=pretty(call.error) if call.status == "failed" else None,
-        artifacts=_others(
-            _artifacts(
-                workspace, _payloads(folded, call.called_sequence, call.responded_sequence, call.failed_sequence)
-            ),
-            stored,
-        ),
+        artifacts=_others(_artifacts(workspace, events), stored),
         stored=stored,
+        late=any(isinstance(payload, dict) and payload.get("late") is True for payload in events),
+        choices=_choices(folded, call, response),
     )
 
 

@@ -460,7 +460,7 @@ def _allocate(
                 limit=cap,
                 which="events",
             )
-        rules.check_lifecycle(state, sequence - 1, event_type, index, imported)
+        rules.check_lifecycle(state, sequence - 1, event_type, index, imported, p.payload.get("late") is True)
         payload, stored = p.payload, p.canonical
         if len(stored) > INLINE_LIMIT_BYTES:
             payload = externalize(run.workspace, event_type, payload, len(stored))

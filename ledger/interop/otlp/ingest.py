@@ -21,8 +21,9 @@ trace may span several exports. The first export that names a trace starts its r
 follow its span tree depth first: a span's start events, then its children's (in order of start),
 then its end events; the run's end last. Across exports the log
 keeps arrival order; every event carries its span's `otel` timestamps. A span of a trace whose
-root span has already ended (a late exporter) is kept as `custom.otel.span` with `late: true`:
-the run stays finished and nothing is lost.
+root span has already ended (a late exporter) cannot change the finished run: a model call is
+logged as usual but marked `late: true`, so the log takes it after the end and the fold counts its
+cost; any other such span is kept as `custom.otel.span` with `late: true`.
 
 Idempotency. A span's events have the keys `otel:<spanId>:<n>`, so a retried export (and every
 span sent twice) writes nothing new. A span already in the log is not mapped again; a started
@@ -84,11 +85,13 @@ _ATTEMPTS = 3  # a batch mapped on a state another writer of the trace changed i
 @dataclass
 class IngestResult:
     """What an export did: spans written or already logged (`accepted`), spans refused with the
-    reasons (`rejected`, `messages`), spans kept as `custom.otel.span` after their run ended."""
+    reasons (`rejected`, `messages`), spans that came after their run ended (`late`: its model
+    calls, `late_calls`, counted in the run, the others kept as `custom.otel.span`)."""
 
     accepted: int = 0
     rejected: int = 0
     late: int = 0
+    late_calls: int = 0
     messages: list[str] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
 
@@ -97,8 +100,19 @@ class IngestResult:
         if len(self.messages) > 5:
             notes.append(f"and {len(self.messages) - 5} more")
         if self.late:
+            kept = self.late - self.late_calls
             notes.append(
-                f"{self.late} span(s) arrived after their trace's root span ended and were kept as custom.otel.span"
+                f"{self.late} span(s) arrived after their trace's root span ended: "
+                + ", ".join(
+                    [
+                        *(
+                            [f"{self.late_calls} model call(s) counted in the run as late calls"]
+                            if self.late_calls
+                            else []
+                        ),
+                        *([f"{kept} kept as custom.otel.span"] if kept else []),
+                    ]
+                )
             )
         return "; ".join(notes)
 
@@ -239,13 +253,14 @@ def ingest(*, workspace: Workspace, request: ExportTraceServiceRequest, by: str 
             continue
         run_id = run_id_for(trace_hex)
         try:
-            late = _ingest_trace(workspace, run_id, list(spans.values()), by)
+            late, late_calls = _ingest_trace(workspace, run_id, list(spans.values()), by)
         except LedgerError as exc:
             result.rejected += len(spans)
             result.messages.append(f"trace {trace_hex}: {exc.code}: {exc.message}")
             continue
         result.accepted += len(spans)
         result.late += late
+        result.late_calls += late_calls
         result.run_ids.append(run_id)
     return result
 
@@ -342,8 +357,9 @@ def _value(value: AnyValue) -> Any:
 # --- one trace ----------------------------------------------------------------------------
 
 
-def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str = "") -> int:
-    """Append the trace's new spans, all in one transaction; returns how many were late. The
+def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str = "") -> tuple[int, int]:
+    """Append the trace's new spans, all in one transaction; returns how many were late, and how
+    many of those were model calls. The
     mapping reads the log (spans already logged, steps, turns): for a started run it is made under
     the run's lock, so no other export of the trace moves the log between the reading and the
     writing. The export that starts the run expects an empty log: if another started it meanwhile
@@ -358,7 +374,7 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str
                 except NotFound:
                     head = None
                 run = head.run if head is not None and head.run.last_sequence > 0 else None
-                events, late = _events_for(run, spans)
+                events, late, late_calls = _events_for(run, spans)
                 for start in range(0, len(events), MAX_BATCH):
                     part = events[start : start + MAX_BATCH]
                     if head is not None and run is not None:
@@ -370,13 +386,14 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str
             if attempt == _ATTEMPTS - 1:
                 raise
             continue
-        return late
+        return late, late_calls
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _events_for(run: Run | None, spans: list[_Span]) -> tuple[list[dict[str, Any]], int]:
-    """The events of the spans not logged yet; `run`: the trace's run, locked, None when its log
-    is empty (the events then start it)."""
+def _events_for(run: Run | None, spans: list[_Span]) -> tuple[list[dict[str, Any]], int, int]:
+    """The events of the spans not logged yet, how many of those spans came after the run ended and
+    how many of them are model calls; `run`: the trace's run, locked, None when its log is empty
+    (the events then start it)."""
     if run is not None:
         logged = set(
             Event.objects.filter(run=run, idempotency_key__in=[_key(s, 0) for s in spans]).values_list(
@@ -385,7 +402,7 @@ def _events_for(run: Run | None, spans: list[_Span]) -> tuple[list[dict[str, Any
         )
         spans = [s for s in spans if _key(s, 0) not in logged]
     if not spans:
-        return [], 0
+        return [], 0, 0
     events: list[dict[str, Any]] = []
     if run is None:
         first = min(spans, key=lambda s: (s.start, s.span))
@@ -402,15 +419,7 @@ def _events_for(run: Run | None, spans: list[_Span]) -> tuple[list[dict[str, Any
             }
         )
     if run is not None and run.status in RunStatus.finished():
-        for span in sorted(spans, key=lambda s: (s.start, s.span)):
-            events.append(
-                {
-                    "type": "custom.otel.span",
-                    "idempotencyKey": _key(span, 0),
-                    "payload": {"otel": span.whole(), "late": True, **span.at(start=True)},
-                }
-            )
-        return events, len(spans)
+        return _late_events(run, spans), len(spans), sum(1 for s in spans if s.is_model)
     steps = _step_spans(run, spans)
     turns = _turns(run, spans)
     roots = [s for s in spans if not s.parent]
@@ -431,7 +440,40 @@ def _events_for(run: Run | None, spans: list[_Span]) -> tuple[list[dict[str, Any
         events += mapped[span.span][0 if opening else 1]
     if terminal is not None:
         events.append(terminal)  # the run's end comes after everything the export says about it
-    return events, 0
+    return events, 0, 0
+
+
+def _late_events(run: Run, spans: list[_Span]) -> list[dict[str, Any]]:
+    """The events of spans that arrived after their run ended, in order of start. A model call was
+    made and may have been billed: its events are the usual ones marked `late: true`, which the log
+    takes after the run's end and the fold counts (cost, tokens, the usage rollups); the run's
+    status and end stay as its root span said. A call under a step the run has keeps its step path
+    (the step's usage counts it too). Any other span is kept as `custom.otel.span` with `late: true`:
+    a step or a tool call after the end would change a finished run's record."""
+    parents = {step_path_for(s.parent): s.parent for s in spans if s.is_model and s.parent}
+    steps = {
+        parents[path]
+        for path in Step.objects.filter(run=run, step_path__in=list(parents)).values_list("step_path", flat=True)
+    }
+    turns = _turns(run, spans, steps)
+    events: list[dict[str, Any]] = []
+    for span in sorted(spans, key=lambda s: (s.start, s.span)):
+        if not span.is_model:
+            events.append(
+                {
+                    "type": "custom.otel.span",
+                    "idempotencyKey": _key(span, 0),
+                    "payload": {"otel": span.whole(), "late": True, **span.at(start=True)},
+                }
+            )
+            continue
+        located = {"stepPath": step_path_for(span.parent)} if span.parent in steps else {}
+        begin, end = _model_events(span, located, turns[span.span])
+        for n, event in enumerate(begin + end):
+            event["idempotencyKey"] = _key(span, n)
+            event["payload"]["late"] = True
+            events.append(event)
+    return events
 
 
 def _walk(spans: list[_Span]) -> Iterable[tuple[_Span, bool]]:
@@ -479,14 +521,15 @@ def _step_spans(run: Run | None, spans: list[_Span]) -> set[str]:
     return steps
 
 
-def _turns(run: Run | None, spans: list[_Span]) -> dict[str, int]:
+def _turns(run: Run | None, spans: list[_Span], steps: set[str] | None = None) -> dict[str, int]:
     """Each model span's turn: its rank by start time among the model spans of its step, after
-    those an earlier export logged for that step."""
+    those an earlier export logged for that step. `steps`: the parents that are the calls' steps
+    (late calls: the steps the run has), None for every parent."""
     models = sorted((s for s in spans if s.is_model), key=lambda s: (s.start, s.span))
     counts: dict[str, int] = {}
     turns: dict[str, int] = {}
     for span in models:
-        path = step_path_for(span.parent) if span.parent else ""
+        path = step_path_for(span.parent) if span.parent and (steps is None or span.parent in steps) else ""
         if path not in counts:
             counts[path] = 0
             if run is not None:
