@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
+from django.db import transaction
 
-from ledger import errors
+from ledger import errors, log
 from ledger.canonical import canonical_json, event_id
 from ledger.log import append
 from ledger.log.announce import group_for
@@ -144,9 +145,10 @@ def test_nothing_but_custom_events_after_the_run_finished(append) -> None:
     assert Run.objects.get(run_id="run_a").status == "completed"
 
 
-def test_a_model_call_marked_late_is_taken_after_the_run_finished_and_counted(append) -> None:
-    """A model call reported after its run ended (docs/otlp.md "Late spans") is logged and counted;
-    the run keeps its status and end. Unmarked, or marked other than `true`, it is refused."""
+def test_a_model_call_marked_late_is_taken_after_the_run_finished_and_counted(append, workspace) -> None:
+    """A model call the OTLP receiver reports after its run ended (docs/otlp.md "Late spans") is
+    logged and counted; the run keeps its status and end. Unmarked, marked other than `true`, or
+    written by any other writer (`POST …/events`: API.md's run_finished), it is refused."""
     append("run_a", started(), ev("RunCompleted", occurredAt="2026-12-05T10:00:00Z"))
     answer = {
         "turn": 1,
@@ -154,13 +156,20 @@ def test_a_model_call_marked_late_is_taken_after_the_run_finished_and_counted(ap
         "model": {"provider": "openai", "modelId": "gpt-4o"},
         "response": {"usage": {"inputTokens": 1000, "outputTokens": 100}},
     }
+    called = ev("harness.model.called", turn=1, callId="c1", promptHash="sha256:x", request={}, late=True)
+
+    def receiver(*events: dict[str, Any]) -> int:
+        with transaction.atomic():
+            return log.holding(workspace=workspace, run_id="run_a").append(events, late_calls=True).last_sequence
+
     for late in ({}, {"late": "yes"}, {"late": False}):
         with pytest.raises(errors.RunFinished):
-            append("run_a", ev("harness.model.responded", **answer, **late))
+            receiver(ev("harness.model.responded", **answer, **late))
     with pytest.raises(errors.RunFinished):
-        append("run_a", ev("StepScheduled", stepPath="s", late=True))
-    called = ev("harness.model.called", turn=1, callId="c1", promptHash="sha256:x", request={}, late=True)
-    assert append("run_a", called, ev("harness.model.responded", **answer, late=True)).last_sequence == 4
+        receiver(ev("StepScheduled", stepPath="s", late=True))
+    with pytest.raises(errors.RunFinished):
+        append("run_a", called, ev("harness.model.responded", **answer, late=True))
+    assert receiver(called, ev("harness.model.responded", **answer, late=True)) == 4
     run = Run.objects.get(run_id="run_a")
     assert (run.status, run.finished_at.isoformat()) == ("completed", "2026-12-05T10:00:00+00:00")
     assert (run.input_tokens, run.output_tokens, run.priced_calls) == (1000, 100, 1)

@@ -256,17 +256,24 @@ class Head:
         self.run = run
 
     def append(
-        self, events: Sequence[Mapping[str, Any]], *, expected_sequence: int | None = None, fencing_token: Any = None
+        self,
+        events: Sequence[Mapping[str, Any]],
+        *,
+        expected_sequence: int | None = None,
+        fencing_token: Any = None,
+        late_calls: bool = False,
     ) -> AppendResult:
         """Append under the lock, in the caller's transaction. No savepoint: a refusal raised here
         must end the caller's transaction. An empty batch writes nothing and only answers to the
-        fence, for a caller whose row changes need no event."""
+        fence, for a caller whose row changes need no event. `late_calls`: the OTLP receiver's
+        model calls reported after the run ended (`late: true`, rules.LATE_CALL_TYPES) are taken;
+        for every other writer they are `run_finished`, as API.md says."""
         if not events:
             rules.check_fencing(self.run, fencing_token, strategies.now_ms())
             return AppendResult(events=[], last_sequence=self.run.last_sequence)
         batch = prepare.batch(self.run.workspace, events, expected_sequence)
         try:
-            return strategies.locked(self.run, batch, expected_sequence, fencing_token)
+            return strategies.locked(self.run, batch, expected_sequence, fencing_token, late_calls=late_calls)
         except (UsageTooLarge, DataError, IntegrityError) as exc:
             refusal = usage_too_large(exc, list(events))
             if refusal is exc:

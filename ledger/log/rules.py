@@ -180,8 +180,10 @@ IMPORTED_BEFORE_START = frozenset(
 )
 IMPORTED_AFTER_END = frozenset({"OuterLoopCycleCompleted"})
 # A model call reported after its run ended (an OpenTelemetry span exported after its trace's root,
-# docs/otlp.md): it was made, and may have been billed, so it is logged where the fold counts it,
-# marked `late: true`; it moves no status, so the run stays finished as it ended.
+# docs/otlp.md): it was made, and may have been billed, so the OTLP receiver logs it where the fold
+# counts it, marked `late: true`; it moves no status, so the run stays finished as it ended. Only
+# that writer may (`Head.append(late_calls=True)`): for `POST …/events` it is run_finished, as
+# API.md says of every event but custom.* after the end.
 LATE_CALL_TYPES = frozenset({"harness.model.called", "harness.model.responded", "harness.model.failed"})
 # RunStatus.finished() as plain strings: the enum's members cost 0.6-1.8 µs a call here, and
 # the lifecycle check asks for every event of a batch.
@@ -193,7 +195,7 @@ def check_lifecycle(
 ) -> None:
     """The run's lifecycle rules for an event after `last_sequence`, read from the fold's status
     (`state` may lag behind `last_sequence` by events that do not move the status). `late`: the
-    payload says `late: true` (LATE_CALL_TYPES)."""
+    writer may log late calls and the payload says `late: true` (LATE_CALL_TYPES)."""
     run_id = state.run_id
     if imported and state.status == "pending" and event_type in IMPORTED_BEFORE_START:
         return
@@ -209,7 +211,7 @@ def check_lifecycle(
         raise RunAlreadyStarted(f"run {run_id} has already started", index=index, runId=run_id)
     if state.status in FINISHED and not is_custom(event_type) and not (late and event_type in LATE_CALL_TYPES):
         raise RunFinished(
-            f"run {run_id} is {state.status}; only custom.* events and late model calls (late: true) may follow",
+            f"run {run_id} is {state.status}; only custom.* events may follow",
             index=index,
             runId=run_id,
         )

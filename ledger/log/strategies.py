@@ -335,6 +335,7 @@ def locked(
     fencing_token: Any,
     imported: bool = False,
     by: str = "",
+    late_calls: bool = False,
 ) -> AppendResult:
     now = now_ms()
     rules.check_fencing(run, fencing_token, now)
@@ -354,7 +355,7 @@ def locked(
         repricing.align(run, state, prices)
     restore_tool_calls(run.pk, state, [(p.type, p.payload) for p in batch])
     before = Mark.of(state)
-    rows, written, out, stored = _allocate(run, state, batch, logged, now, prices, imported)
+    rows, written, out, stored = _allocate(run, state, batch, logged, now, prices, imported, late_calls)
     if rows:
         changes = batch_changes(run.workspace_id, state, written, before)
         _record_starter(changes, before, by)
@@ -419,6 +420,7 @@ def _allocate(
     now: datetime,
     prices: PriceTable,
     imported: bool = False,
+    late_calls: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """Number the batch's new events after the log's end, advancing `state` with them.
 
@@ -460,7 +462,9 @@ def _allocate(
                 limit=cap,
                 which="events",
             )
-        rules.check_lifecycle(state, sequence - 1, event_type, index, imported, p.payload.get("late") is True)
+        rules.check_lifecycle(
+            state, sequence - 1, event_type, index, imported, late_calls and p.payload.get("late") is True
+        )
         payload, stored = p.payload, p.canonical
         if len(stored) > INLINE_LIMIT_BYTES:
             payload = externalize(run.workspace, event_type, payload, len(stored))

@@ -378,7 +378,7 @@ def _ingest_trace(workspace: Workspace, run_id: str, spans: list[_Span], by: str
                 for start in range(0, len(events), MAX_BATCH):
                     part = events[start : start + MAX_BATCH]
                     if head is not None and run is not None:
-                        head.append(part)
+                        head.append(part, late_calls=True)
                     else:
                         expected = 0 if start == 0 else None
                         append(workspace=workspace, run_id=run_id, events=part, expected_sequence=expected, by=by)
