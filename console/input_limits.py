@@ -10,7 +10,9 @@ chunked body within the limit gets the Content-Length it lacked, without which D
 as empty.
 
 A NUL anywhere in the path or a query parameter (or a console form field) is a 400: PostgreSQL
-cannot hold it in text, SQLite can, and both must answer alike.
+cannot hold it in text, SQLite can, and both must answer alike. So is a query parameter the API is
+given twice (`?status=running&status=failed`): every API parameter takes one value, and reading
+the last one would answer a question the client did not ask.
 
 A body sent with `Content-Encoding` (gzip or deflate) is inflated by `decompressed`, for every
 reader of a body (the API's JSON parser, the OTLP receiver), and meets the same 10 MiB once
@@ -150,10 +152,14 @@ def _nul_parameter(items: Any) -> str | None:
     return None
 
 
+def _repeated_parameter(items: Any) -> str | None:
+    return next((name for name, values in items if len(values) > 1), None)
+
+
 class InputLimitsMiddleware:
     """Early in MIDDLEWARE: refuses a body over 10 MiB (declared, or counted by BodyLimit) with 413, and a NUL in
     the path, a query parameter or a console form with 400 `invalid_parameter` (the error body
-    under /api/, plain text elsewhere)."""
+    under /api/, plain text elsewhere), as is a query parameter given twice under /api/."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -178,6 +184,11 @@ class InputLimitsMiddleware:
             return _refuse(
                 request,
                 InvalidParameter(f"query parameter {name} may not contain the NUL character (U+0000)", parameter=name),
+            )
+        if request.path.startswith("/api/") and (name := _repeated_parameter(request.GET.lists())) is not None:
+            return _refuse(
+                request,
+                InvalidParameter(f"query parameter {name} is given more than once; give it once", parameter=name),
             )
         # Console forms only: the API reads JSON bodies (checked by its parser), and reading
         # request.POST here would consume a body DRF still has to read.

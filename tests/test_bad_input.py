@@ -328,6 +328,18 @@ def test_over_a_thousand_query_parameters_is_an_api_error(api: Client) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path", ["/api/v1/runs?status=running&status=failed", "/api/v1/runs?limit=5&sort=cost&limit=500"]
+)
+def test_a_query_parameter_given_twice_is_an_api_error(api: Client, path: str) -> None:
+    """Every API parameter takes one value: the last of two would answer another question."""
+    body = _assert_api_error(api.get(path), 400, "invalid_parameter")
+    name = "status" if "status" in path else "limit"
+    assert body["error"]["details"] == {"parameter": name} and "more than once" in body["error"]["message"]
+    assert api.get(path.split("&")[0]).status_code == 200
+
+
+@pytest.mark.django_db
 def test_over_a_thousand_query_parameters_is_the_consoles_styled_400(console: Client) -> None:
     page = console.get(f"/w/acme/support/?{OVER_A_THOUSAND}")
     assert page.status_code == 400 and b'data-status="400"' in page.content
