@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from django.db.models import Sum
+from django.test import Client as DjangoClient
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -412,6 +413,33 @@ def test_a_nul_in_a_span_is_kept_as_u_fffd_and_the_trace_recorded(
     assert responded["otel"]["attributes"]["note\ufffd"] == "a\ufffdb"
     assert run.priced_calls == 1 and (run.input_tokens, run.output_tokens) == (120, 30)
     assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)
+
+
+def test_a_long_answer_is_moved_to_artifacts_and_the_conversation_names_each_in_words(
+    server: Daphne, workspace: Workspace, key: str, admin: Any
+) -> None:
+    """A span too large for the log keeps its members as artifacts (docs/operations.md "Large
+    payloads"); the conversation links each one and says what it is, the span included."""
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    provider = _provider(exporter)
+    long = "".join(f"Finding {n}: the parcel left depot {n % 7}.\n" for n in range(9000))
+    answer = [{"role": "assistant", "parts": [{"type": "text", "content": long}], "finish_reason": "stop"}]
+    trace = _one_chat(
+        provider,
+        "chat gpt-4o",
+        **{
+            "gen_ai.output.messages": json.dumps(answer),
+            "gen_ai.usage.input_tokens": 1,
+            "gen_ai.usage.output_tokens": 2,
+        },
+    )
+    provider.shutdown()
+    client = DjangoClient()
+    client.force_login(admin)
+    page = client.get(f"/w/acme/support/runs/run_otel_{trace}/conversation/").content.decode()
+    for what in ("The span as exported (OpenTelemetry)", "Response text", "Response messages"):
+        assert f"{what} stored as an artifact, not loaded here: <a " in page, what
+    assert "Otel stored" not in page
 
 
 def test_a_token_count_past_the_bound_leaves_the_call_unpriced_and_says_why(

@@ -64,6 +64,7 @@ _STORED_AS = {
     "args": "arguments",
     "result": "result",
     "error": "error",
+    "otel": "the span as exported (OpenTelemetry)",
 }
 STORED = "(stored as an artifact)"
 
