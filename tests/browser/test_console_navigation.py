@@ -75,6 +75,26 @@ def test_only_an_operator_is_offered_the_reconcile_form(
     expect(page.locator("form#feedback-form")).to_be_visible()
 
 
+def test_the_usage_chart_keeps_readable_text_at_390_px_and_scrolls_in_its_figure(
+    page: Page, server: Daphne, workspace: Workspace, viewer: User
+) -> None:
+    """Scaled to the width of a phone, the chart's axis and legend text came out at 4 px; it keeps
+    its drawn size there and scrolls sideways inside its own figure, which a keyboard can reach."""
+    data.priced_run(workspace, "run_mini", "openai", "gpt-4o-mini")
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, server, viewer)
+    page.goto(f"{server.url}/w/acme/support/usage/")
+    chart = page.locator("svg.usage-chart")
+    expect(chart.locator(".legend-model")).to_contain_text("gpt-4o-mini")
+    drawn = chart.evaluate("svg => svg.viewBox.baseVal.width")
+    box = chart.bounding_box()
+    assert box is not None and box["width"] == drawn, (box, drawn)  # one drawn unit, one CSS pixel
+    figure = page.locator("figure.usage-figure")
+    assert figure.evaluate("f => f.scrollWidth > f.clientWidth && getComputedStyle(f).overflowX === 'auto'")
+    assert figure.get_attribute("tabindex") == "0"
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # the page does not scroll sideways
+
+
 def test_the_reconcile_form_is_in_view_at_390_px_without_scrolling_the_table(
     page: Page, server: Daphne, workspace: Workspace, operator: User
 ) -> None:
