@@ -95,6 +95,22 @@ def test_the_usage_chart_keeps_readable_text_at_390_px_and_scrolls_in_its_figure
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # the page does not scroll sideways
 
 
+def test_a_links_underline_sits_below_the_underscores_of_an_id(
+    page: Page, server: Daphne, workspace: Workspace, viewer: User
+) -> None:
+    """At its default offset the underline ran through an id's underscores: the Approvals card's
+    link to run_demo_triage read "run demo triage"."""
+    data.running_run(workspace, "run_doubt")
+    log_in(page, server, viewer)
+    page.goto(f"{server.url}/w/acme/support/runs/run_doubt/")
+    link = page.locator("main a", has_text="acme/support").first
+    expect(link).to_be_visible()
+    offset, size = link.evaluate(
+        "a => [getComputedStyle(a).textUnderlineOffset, parseFloat(getComputedStyle(a).fontSize)]"
+    )
+    assert offset.endswith("px") and float(offset[:-2]) >= 0.2 * size, (offset, size)
+
+
 def test_the_reconcile_form_is_in_view_at_390_px_without_scrolling_the_table(
     page: Page, server: Daphne, workspace: Workspace, operator: User
 ) -> None:
