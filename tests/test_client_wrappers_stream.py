@@ -406,3 +406,50 @@ def test_a_restarted_run_streams_its_recorded_answers_again_without_asking_the_p
     row = RunRow.objects.get(run_id="run_stream_replay")
     assert (row.status, row.priced_calls, row.unpriced_calls) == ("completed", 6, 0)
     verify("run_stream_replay")
+
+
+def test_openai_stream_helpers_are_recorded_and_replayed_through_the_wrapped_create(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    """OpenAI's `chat.completions.stream(...)` and `responses.stream(...)` helpers call their
+    resource's `create(stream=True)`: on a wrapped client they call the recorded one, so their
+    calls are recorded (the request without the arguments the helper did not get), and after a
+    restart their events come from the record, the helper's own accumulation working on it."""
+    llm, async_llm = wrap_openai(openai_sdk(provider)), wrap_openai(openai_sdk(provider, True))
+
+    async def respond() -> tuple[str, int | None]:
+        async with async_llm.responses.stream(model="gpt-4o", input=ASKED) as events:
+            async for _event in events:
+                pass
+            final = await events.get_final_response()
+        return final.output_text, final.usage.input_tokens if final.usage else None
+
+    def calls() -> list[Any]:
+        with llm.chat.completions.stream(model="gpt-4o", messages=QUESTION, tools=TOOLS, **WITH_USAGE) as chunks:
+            arguments = "".join(e.arguments_delta for e in chunks if e.type == "tool_calls.function.arguments.delta")
+            completion = chunks.get_final_completion()
+        called = completion.choices[0].message.tool_calls[0].function
+        return [arguments, called.arguments, completion.usage.prompt_tokens, asyncio.run(respond())]
+
+    def crashed() -> list[Any]:
+        run = client.start_run("wfver_stream", run_id="run_stream_helpers")
+        with run.session(role="agent"):
+            seen = calls()
+        run.flush()  # and the process dies: the run never ends
+        return seen
+
+    first = contextvars.copy_context().run(crashed)
+    asked = len(provider.requests)
+    with client.start_run("wfver_stream", run_id="run_stream_helpers") as run, run.session(role="agent"):
+        assert run.restarted
+        again = calls()
+    assert len(provider.requests) == asked  # every answer from the log
+    assert again == first == ['{"city": "Paris"}', '{"city": "Paris"}', 120, (provider.answer, 120)]
+    assert answers(workspace, "run_stream_helpers") == [  # once: the restart's are replays
+        ("openai", OPENAI_MODEL, None, [WEATHER_CALL], CHAT_USAGE),
+        ("openai.responses", OPENAI_MODEL, provider.answer, [], RESPONSES_USAGE),
+    ]
+    request = logged(workspace, "run_stream_helpers", "harness.model.called")[0]["request"]
+    assert request["stream"] is True and "frequency_penalty" not in request  # nothing the helper was not given
+    assert "<Omit>" not in str(request) and "<NotGiven>" not in str(request)
+    verify("run_stream_helpers")

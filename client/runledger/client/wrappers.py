@@ -37,9 +37,14 @@ its last event (Anthropic's `message_stop`, the Responses API's `response.comple
 choice's finish reason and the usage chunk asked for) is recorded answered. After a restart a
 streamed call the log answered is streamed again from the record, as the SDK's own chunk and
 event types (`ChatCompletionChunk`, the Responses API's events, Anthropic's
-`RawMessageStreamEvent`s): the text in one delta, each tool call whole, the usage last. Not
-recorded: the SDKs' `stream()` helpers (`messages.stream`, `chat.completions.stream`,
-`responses.stream`), which build their own request; use `create(stream=True)`.
+`RawMessageStreamEvent`s): the text in one delta, each tool call whole, the usage last.
+
+OpenAI's `chat.completions.stream(...)` and `responses.stream(...)` helpers call their resource's
+`create(stream=True)`: run on the wrapped resource, they call the recorded one, so they are
+recorded and replayed alike (closed early, they close the HTTP response under the wrapped stream,
+so such a call is recorded when the stream is dropped or the run ends). Anthropic's
+`messages.stream(...)` posts its request itself, never through `create`: it is not recorded; use
+`create(stream=True)`.
 
 The SDKs are imported only when a recorded answer is rebuilt: this module needs neither to be
 installed.
@@ -52,6 +57,7 @@ import inspect
 import json
 import logging
 import threading
+import types
 import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -103,6 +109,12 @@ class _Wrapped:
         kind = self._kinds.get(path)
         if kind is not None and callable(value):
             return _recorded(value, kind)
+        if name == "stream" and (*self._path, "create") in self._kinds and path in _HELPERS:
+            # OpenAI's stream() helpers call their resource's `create(stream=True)`: run on this
+            # wrapped resource, they call the recorded one.
+            helper = getattr(type(self._target), name, None)
+            if inspect.isfunction(helper):
+                return types.MethodType(helper, self)
         if any(p[: len(path)] == path for p in self._kinds):
             return _Wrapped(value, path, self._kinds)
         return value
@@ -163,8 +175,14 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
     return call
 
 
+# OpenAI's stream() helpers (`chat.completions.stream`, `responses.stream`), which call `create`.
+_HELPERS = frozenset({("chat", "completions", "stream"), ("responses", "stream")})
+# The SDKs' markers of an argument not given (the stream() helpers pass every one): left out.
+_NOT_GIVEN = frozenset({"Omit", "NotGiven"})
+
+
 def _model_call(kind: _Kind, kwargs: dict[str, Any]) -> ModelCall | None:
-    request = _jsonable(kwargs)
+    request = _jsonable({key: value for key, value in kwargs.items() if type(value).__name__ not in _NOT_GIVEN})
     model = str(kwargs.get("model") or "unknown")
     session = current_session()
     if session is not None:
@@ -385,11 +403,23 @@ class _AsyncStream(_Stream):
         await self._stream.close()
 
 
+class _NoResponse:
+    """A replayed stream's `response`: no HTTP request was made. OpenAI's stream() helpers close
+    their stream's response; closing this one does nothing."""
+
+    def close(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
 class _Replayed:
     """A recorded answer streamed again (after a restart), as the SDK's own chunk or event types."""
 
     def __init__(self, events: list[Any]) -> None:
         self._events = iter(events)
+        self.response = _NoResponse()
 
     def __iter__(self) -> _Replayed:
         return self
