@@ -246,7 +246,7 @@ class _Opening:
 
     def __init__(self, kind: _Kind, call: ModelCall, *, asynchronous: bool) -> None:
         self.kind, self.call, self.asynchronous = kind, call, asynchronous
-        self.replay: _Replayed | None = None
+        self.replay: _Replayed | _AsyncReplayed | None = None
         self.stream: Any = None
         self.result: Any = None
 
@@ -337,7 +337,7 @@ class _Stream:
         finalizer.atexit = False  # type: ignore[misc]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_stream") or name in ("_recording", "_iterator"):
+        if name in ("_stream", "_recording", "_iterator"):  # not set yet
             raise AttributeError(name)
         return getattr(self._stream, name)
 
@@ -372,8 +372,22 @@ class _Stream:
         self._stream.close()
 
 
-class _AsyncStream(_Stream):
+class _AsyncStream:
     """`_Stream` for the asyncio clients: `async for`, `async with`, `await close()`."""
+
+    def __init__(self, stream: Any, recording: _Recording) -> None:
+        self._stream, self._recording = stream, recording
+        self._iterator: Any = None
+        finalizer = weakref.finalize(self, recording.abandon, "the stream was dropped before its end")
+        finalizer.atexit = False  # type: ignore[misc]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_stream", "_recording", "_iterator"):  # not set yet
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+    def __repr__(self) -> str:
+        return f"recorded({self._stream!r})"
 
     def __aiter__(self) -> _AsyncStream:
         return self
@@ -398,7 +412,7 @@ class _AsyncStream(_Stream):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:  # type: ignore[override]
+    async def close(self) -> None:
         self._recording.abandon("the stream was closed before its end")
         await self._stream.close()
 
@@ -437,7 +451,13 @@ class _Replayed:
         self._events = iter(())
 
 
-class _AsyncReplayed(_Replayed):
+class _AsyncReplayed:
+    """`_Replayed` for the asyncio clients."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self._events = iter(events)
+        self.response = _NoResponse()
+
     def __aiter__(self) -> _AsyncReplayed:
         return self
 
@@ -451,9 +471,9 @@ class _AsyncReplayed(_Replayed):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._events = iter(())
+        await self.close()
 
-    async def close(self) -> None:  # type: ignore[override]
+    async def close(self) -> None:
         self._events = iter(())
 
 
