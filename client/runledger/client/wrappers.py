@@ -728,15 +728,17 @@ def _response_stream(raw: dict[str, Any]) -> list[Any]:
 
 
 def _chat_completion(raw: dict[str, Any]) -> Any:
+    from openai._models import construct_type
     from openai.types.chat import ChatCompletion
 
-    return ChatCompletion.model_validate(raw)
+    return construct_type(type_=ChatCompletion, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
 def _openai_response(raw: dict[str, Any]) -> Any:
+    from openai._models import construct_type
     from openai.types.responses import Response
 
-    return Response.model_validate(raw)
+    return construct_type(type_=Response, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
 _OPENAI: dict[tuple[str, ...], _Kind] = {
@@ -856,9 +858,10 @@ def _message_stream(raw: dict[str, Any]) -> list[Any]:
 
 
 def _anthropic_message(raw: dict[str, Any]) -> Any:
+    from anthropic._models import construct_type
     from anthropic.types import Message
 
-    return Message.model_validate(raw)
+    return construct_type(type_=Message, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
 _ANTHROPIC: dict[tuple[str, ...], _Kind] = {
