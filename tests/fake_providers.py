@@ -1,16 +1,22 @@
 """A local stand-in for the OpenAI and Anthropic HTTP APIs (the edge of the world), so the real
 `openai` and `anthropic` SDKs, and the instrumentations that wrap them, run unchanged in tests.
 
-It answers `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) like a weather
-agent's model: asked with tools and no tool result yet, it asks for `get_weather(city=Paris)`;
-otherwise it answers in text. Asked to `stream`, OpenAI's answer comes as server-sent chunks, with a
-last chunk of usage only when `stream_options.include_usage` asks for it (as the service does:
-without it a stream reports no usage at all). OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
+It answers `POST /v1/chat/completions` and `POST /v1/responses` (OpenAI) and `POST /v1/messages`
+(Anthropic) like a weather agent's model: asked with tools and no tool result yet, it asks for
+`get_weather(city=Paris)`; otherwise it answers in text. Asked to `stream`, the answer comes as
+server-sent events in each API's wire format, text and tool-call arguments in several pieces: chat
+chunks ending in `data: [DONE]`, with a last chunk of usage only when
+`stream_options.include_usage` asks for it (as the service does: without it a stream reports no
+usage at all); the Responses API's named events (`response.created` ... `response.completed`);
+Anthropic's (`message_start`, content blocks with `text_delta` / `input_json_delta`,
+`message_delta` with the output tokens, `message_stop`, a `ping` among them). OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
 Anthropic's the model asked. Asked for `n` choices, it gives that many (the later ones' text marked `(candidate i)`). Set `report_usage` to False and `usage` is left out of every answer (as some
 OpenAI-compatible servers do). `answer` changes the final text (a
 non-deterministic model: a restarted agent gets another answer); `requests` keeps every body.
 Set `fail` to `"http-500"` and every call is answered HTTP 500 with an error body, to `"hang-up"`
-and the connection is closed once the request is read, with no answer (a provider that went away);
+and the connection is closed once the request is read, with no answer (a provider that went away),
+to `"cut-stream"` and a stream's connection is closed after its first half of events (the rest
+announced by its Content-Length, never sent: a connection lost mid-stream);
 `fail_times` fails only that many requests (then answers as usual; None: every one).
 Run it in a thread (`start()`) or as a process (`python tests/fake_providers.py PORT`).
 """
@@ -60,7 +66,7 @@ def _asked_for_tool(messages: list[dict[str, Any]], tools: Any) -> bool:
     if not tools:
         return False
     for message in messages:
-        if message.get("role") == "tool":
+        if message.get("role") == "tool" or message.get("type") == "function_call_output":
             return False
         content = message.get("content")
         if isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content):
@@ -115,8 +121,7 @@ def openai_chunks(reply: dict[str, Any], include_usage: bool) -> list[dict[str, 
     every chunk before it carrying `usage: null`."""
     message, finish = reply["choices"][0]["message"], reply["choices"][0]["finish_reason"]
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    if message.get("content"):
-        deltas.append({"content": message["content"]})
+    deltas += [{"content": piece} for piece in pieces(message.get("content") or "")]
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call["function"]
         deltas.append(
@@ -131,7 +136,10 @@ def openai_chunks(reply: dict[str, Any], include_usage: bool) -> list[dict[str, 
                 ]
             }
         )
-        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]})
+        deltas += [
+            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+            for piece in pieces(function["arguments"])
+        ]
     head = {key: reply[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
     chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas] + [
         {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
@@ -139,6 +147,86 @@ def openai_chunks(reply: dict[str, Any], include_usage: bool) -> list[dict[str, 
     if include_usage:
         chunks = [{**chunk, "usage": None} for chunk in chunks] + [{**head, "choices": [], "usage": reply["usage"]}]
     return chunks
+
+
+def pieces(text: str, count: int = 3) -> list[str]:
+    """`text` cut in up to `count` pieces, as a stream sends it."""
+    size = -(-len(text) // count) or 1
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def responses_reply(body: dict[str, Any], answer: str) -> dict[str, Any]:
+    """A Responses API answer: a function call when asked with tools and no tool output yet, else
+    a message of `answer`."""
+    given = body.get("input")
+    if _asked_for_tool(given if isinstance(given, list) else [], body.get("tools")):
+        output: list[dict[str, Any]] = [
+            {
+                "type": "function_call",
+                "id": "fc_1",
+                "call_id": "call_1",
+                "name": "get_weather",
+                "arguments": '{"city": "Paris"}',
+                "status": "completed",
+            }
+        ]
+    else:
+        text = {"type": "output_text", "text": answer, "annotations": []}
+        output = [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [text]}]
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "model": OPENAI_MODEL,
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": 120,
+            "output_tokens": 30,
+            "total_tokens": 150,
+            "input_tokens_details": {"cached_tokens": 20},
+            "output_tokens_details": {"reasoning_tokens": 5},
+        },
+    }
+
+
+def responses_events(reply: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """`reply` as the Responses API streams it: created, each output item added, its text or
+    arguments in pieces and done, the item done, completed (the whole response)."""
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def event(type_: str, **fields: Any) -> None:
+        events.append((type_, {"type": type_, "sequence_number": len(events), **fields}))
+
+    event("response.created", response={**reply, "status": "in_progress", "output": [], "usage": None})
+    for index, item in enumerate(reply["output"]):
+        at = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "message":
+            event(
+                "response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []}
+            )
+            text = item["content"][0]["text"]
+            part = {"type": "output_text", "text": "", "annotations": []}
+            event("response.content_part.added", **at, content_index=0, part=part)
+            for piece in pieces(text):
+                event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
+            event("response.output_text.done", **at, content_index=0, text=text, logprobs=[])
+            event("response.content_part.done", **at, content_index=0, part={**part, "text": text})
+        else:
+            event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            )
+            for piece in pieces(item["arguments"]):
+                event("response.function_call_arguments.delta", **at, delta=piece)
+            event("response.function_call_arguments.done", **at, arguments=item["arguments"])
+        event("response.output_item.done", output_index=index, item=item)
+    event("response.completed", response=reply)
+    return events
 
 
 def anthropic_reply(body: dict[str, Any], answer: str) -> dict[str, Any]:
@@ -166,6 +254,35 @@ def anthropic_reply(body: dict[str, Any], answer: str) -> dict[str, Any]:
     }
 
 
+def anthropic_events(reply: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """`reply` as Anthropic streams it: message_start (no content, the input tokens and one output
+    token), a ping, each content block started empty with its text or its input's JSON in pieces,
+    message_delta (stop reason, the output tokens), message_stop."""
+    usage = reply.get("usage")
+    start = {**reply, "content": [], "stop_reason": None, "stop_sequence": None}
+    if usage is not None:
+        start["usage"] = {**usage, "output_tokens": 1}
+    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+    events.append(("ping", {"type": "ping"}))
+    for index, block in enumerate(reply["content"]):
+        if block["type"] == "text":
+            empty, deltas = {**block, "text": ""}, [{"type": "text_delta", "text": p} for p in pieces(block["text"])]
+        else:
+            arguments = json.dumps(block["input"])
+            empty = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces(arguments)]
+        events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}))
+        events += [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d}) for d in deltas]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta: dict[str, Any] = {
+        "type": "message_delta",
+        "delta": {"stop_reason": reply["stop_reason"], "stop_sequence": None},
+    }
+    delta["usage"] = {"output_tokens": usage["output_tokens"]} if usage is not None else {"output_tokens": None}
+    events += [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
+    return events
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: FakeProviders
 
@@ -189,17 +306,32 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(error)
             return
+        report_usage = self.server.report_usage
         if self.path.endswith("/chat/completions"):
             reply = openai_reply(body, self.server.answer, self.server.say_while_asking)
             if body.get("stream"):
-                self._stream(openai_chunks(reply, bool((body.get("stream_options") or {}).get("include_usage"))))
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                chunks = openai_chunks(reply, include_usage and report_usage)
+                self._stream([(None, chunk) for chunk in chunks], done=True, cut=fail == "cut-stream")
+                return
+        elif self.path.endswith("/responses"):
+            reply = responses_reply(body, self.server.answer)
+            if not report_usage:
+                reply["usage"] = None
+            if body.get("stream"):
+                self._stream(responses_events(reply), cut=fail == "cut-stream")
                 return
         elif self.path.endswith("/messages"):
             reply = anthropic_reply(body, self.server.answer)
+            if body.get("stream"):
+                if not report_usage:
+                    reply.pop("usage")
+                self._stream(anthropic_events(reply), cut=fail == "cut-stream")
+                return
         else:
             self.send_error(404)
             return
-        if not self.server.report_usage:
+        if not report_usage:
             reply = {key: value for key, value in reply.items() if key != "usage"}
         data = json.dumps(reply).encode()
         self.send_response(200)
@@ -208,13 +340,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _stream(self, chunks: list[dict[str, Any]]) -> None:
-        data = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    def _stream(self, events: list[tuple[str | None, dict[str, Any]]], done: bool = False, cut: bool = False) -> None:
+        """Server-sent events, named when the API names them (`event:` lines), then `data: [DONE]`
+        when `done` (OpenAI's chat completions); `cut`: the first half sent, then the connection
+        closed, its Content-Length saying more was to come."""
+        frames = [(f"event: {name}\n" if name else "") + f"data: {json.dumps(data)}\n\n" for name, data in events]
+        if done:
+            frames.append("data: [DONE]\n\n")
+        data = "".join(frames).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(data.encode())))
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data.encode())
+        if cut:
+            self.wfile.write("".join(frames[: len(frames) // 2]).encode())
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data)
 
     def log_message(self, *args: Any) -> None:
         pass

@@ -335,3 +335,49 @@ def test_a_run_started_inside_another_is_its_sub_run_in_threads_and_tasks(
         "run_child_x",
         "run_child_y",
     ]
+
+
+def test_a_restarted_run_rebuilds_recorded_answers_a_strict_validation_would_refuse(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    """After a restart a call the log answered is rebuilt as the SDK's own type, as the SDK reads
+    an answer off the wire (without validating): a Responses API answer whose usage lacks a field
+    this SDK declares required (`input_tokens_details.cache_write_tokens`, which the fake provider,
+    like servers that predate it, leaves out) replays instead of raising."""
+    import contextvars
+
+    import anthropic
+    import openai
+
+    llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+    claude = wrap_anthropic(anthropic.Anthropic(base_url=provider.url, api_key="sk-ant-test", max_retries=0))
+
+    def calls() -> list[Any]:
+        answered = llm.responses.create(model="gpt-4o", input="Weather in Paris?")
+        chat = llm.chat.completions.create(model="gpt-4o", messages=QUESTION)
+        message = claude.messages.create(model="claude-sonnet-4-6", max_tokens=100, messages=QUESTION[1:])
+        assert isinstance(answered, openai.types.responses.Response)
+        assert isinstance(chat, openai.types.chat.ChatCompletion) and isinstance(message, anthropic.types.Message)
+        return [answered.output_text, answered.usage.input_tokens, chat.choices[0].message.content, message.content]
+
+    def crashed() -> list[Any]:
+        run = client.start_run("wfver_wrapped", run_id="run_wrapped_replay")
+        with run.session(role="agent"):
+            said = calls()
+        run.flush()  # and the process dies: the run never ends
+        return said
+
+    first = contextvars.copy_context().run(crashed)
+    asked, answer = len(provider.requests), provider.answer
+    provider.answer = "Snowing in Paris."  # asked again, the model would say otherwise
+    try:
+        with client.start_run("wfver_wrapped", run_id="run_wrapped_replay") as run, run.session(role="agent"):
+            assert run.restarted
+            again = calls()
+    finally:
+        provider.answer = answer
+    assert len(provider.requests) == asked  # every answer from the log
+    assert again == first and first[:3] == [answer, 120, answer]
+    assert logged(workspace, "run_wrapped_replay")[-1]["type"] == "RunCompleted"
+    assert not [e for e in logged(workspace, "run_wrapped_replay") if e["type"] == "harness.model.failed"]
+    verify("run_wrapped_replay")

@@ -364,6 +364,9 @@ class Run:
         self._recorded: dict[str, tuple[dict[str, Any], dict[str, Any]]] | None = None
         self._turns: dict[str | None, int] = {}  # model calls outside a session, by step path
         self._visits: dict[str, int] = {}  # @observe'd steps, by path
+        # What must be recorded before the run ends: a streamed model call (`wrappers`) not read
+        # to its end yet, which ends failed (its stream was never finished) rather than after.
+        self.unfinished: dict[object, Callable[[], None]] = {}
         self._entered = 0
         self._tokens: list[contextvars.Token[Run | None]] = []
         self._keying = threading.RLock()  # threads emitting into one run: keys in the order of the queue
@@ -412,6 +415,7 @@ class Run:
 
     def complete(self, output: Any = None) -> Appended:
         """RunCompleted, then wait for the run's events to be delivered (never raising)."""
+        self._end_unfinished()
         self.emit("RunCompleted", {} if output is None else {"output": output})
         self.finished = True
         return self.flush()
@@ -419,9 +423,14 @@ class Run:
     def fail(self, error: Any) -> Appended:
         if isinstance(error, BaseException):
             error = _core.error_payload(error)
+        self._end_unfinished()
         self.emit("RunFailed", {"error": error})
         self.finished = True
         return self.flush()
+
+    def _end_unfinished(self) -> None:
+        for end in list(self.unfinished.values()):
+            end()
 
     def close(self) -> None:
         """Send what is buffered; the run stays open (see the context manager to end it)."""

@@ -12,14 +12,42 @@ A wrapped client is the SDK's own client with `chat.completions.create` and `res
 (OpenAI) or `messages.create` (Anthropic), sync or async, recorded as model calls of the current
 session (else of the current run, in its current step): the request as sent (messages with their
 roles, tools, parameters), the answer's text and tool calls, the model that answered (a dated
-version such as `gpt-4o-2024-08-06`) and its usage in the ledger's terms. Outside any run, or with
-`stream=True`, a call goes through unrecorded. A call the SDK raises on is recorded failed, with
+version such as `gpt-4o-2024-08-06`) and its usage in the ledger's terms. Outside any run a call
+goes through unrecorded. A call the SDK raises on is recorded failed, with
 `requestLeft` (whether the provider may bill it, which the server then counts as a call of unknown
 cost): false for arguments the SDK refused (a TypeError) and for a connection never made on its
 first try; true for an HTTP error, a timeout, a connection lost, or after the SDK's own retries.
 After a restart (see `Client.start_run`) a call the log already answered returns the recorded
-answer, rebuilt as the SDK's own response type, without calling the provider. The SDKs are imported only when a recorded answer is rebuilt: this
-module needs neither to be installed.
+answer, rebuilt as the SDK's own response type, without calling the provider.
+
+With `stream=True` the user gets the SDK's stream, wrapped: iterated (`for` / `async for`), as a
+context manager, `close()`d, its other attributes the SDK stream's; each chunk or event is passed
+on untouched as it comes. The call is recorded as called when `create` returns and as answered
+when the stream is read to its end, with the answer its chunks add up to, in the shape of the
+non-streamed answer (so `response.raw` replays): text, tool calls (OpenAI's arguments joined by
+index, Anthropic's `input_json_delta` pieces), the model, the usage. An OpenAI chat stream reports
+usage only when asked with `stream_options={"include_usage": True}`, which is never added for you
+(it adds a chunk the user would see, and some OpenAI-compatible servers refuse it): set it to have
+streamed chat calls priced; without it the call is recorded with usage `{}`, unpriced. A stream
+that raises mid-way is recorded failed with that error; one closed (`close()`, the end of its
+`with` block), dropped, or still unread when the run ends, before its last event came, is
+recorded failed with `StreamClosedEarly`: both with `requestLeft` true, as the provider answered
+and may bill what it generated, so the server counts a call of unknown cost. A stream closed after
+its last event (Anthropic's `message_stop`, the Responses API's `response.completed`, every chat
+choice's finish reason and the usage chunk asked for) is recorded answered. After a restart a
+streamed call the log answered is streamed again from the record, as the SDK's own chunk and
+event types (`ChatCompletionChunk`, the Responses API's events, Anthropic's
+`RawMessageStreamEvent`s): the text in one delta, each tool call whole, the usage last.
+
+OpenAI's `chat.completions.stream(...)` and `responses.stream(...)` helpers call their resource's
+`create(stream=True)`: run on the wrapped resource, they call the recorded one, so they are
+recorded and replayed alike (closed early, they close the HTTP response under the wrapped stream,
+so such a call is recorded when the stream is dropped or the run ends). Anthropic's
+`messages.stream(...)` posts its request itself, never through `create`: it is not recorded; use
+`create(stream=True)`.
+
+The SDKs are imported only when a recorded answer is rebuilt: this module needs neither to be
+installed.
 """
 
 from __future__ import annotations
@@ -28,8 +56,12 @@ import functools
 import inspect
 import json
 import logging
+import threading
+import types
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
 
 from .sync import ModelCall, _jsonable, current_run, current_session
 
@@ -48,15 +80,20 @@ def wrap_anthropic(client: T) -> T:
 
 
 class _Kind:
-    """How one SDK method's calls are recorded: its provider name, and how its answer reads."""
+    """How one SDK method's calls are recorded: its provider name, how its answer reads, how it is
+    rebuilt for a replay, and for a stream how its chunks add up to that answer and how a recorded
+    answer is streamed again."""
 
     def __init__(
         self,
         provider: str,
         read: Callable[[dict[str, Any]], tuple[str | None, list[dict[str, Any]], dict[str, int]]],
         rebuild: Callable[[dict[str, Any]], Any],
+        accumulate: Callable[[dict[str, Any]], _Accumulator],
+        replay_stream: Callable[[dict[str, Any]], list[Any]],
     ) -> None:
         self.provider, self.read, self.rebuild = provider, read, rebuild
+        self.accumulate, self.replay_stream = accumulate, replay_stream
 
 
 class _Wrapped:
@@ -72,6 +109,12 @@ class _Wrapped:
         kind = self._kinds.get(path)
         if kind is not None and callable(value):
             return _recorded(value, kind)
+        if name == "stream" and (*self._path, "create") in self._kinds and path in _HELPERS:
+            # OpenAI's stream() helpers call their resource's `create(stream=True)`: run on this
+            # wrapped resource, they call the recorded one.
+            helper = getattr(type(self._target), name, None)
+            if inspect.isfunction(helper):
+                return types.MethodType(helper, self)
         if any(p[: len(path)] == path for p in self._kinds):
             return _Wrapped(value, path, self._kinds)
         return value
@@ -90,6 +133,11 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
             model_call = _model_call(kind, kwargs)
             if model_call is None:
                 return await method(*args, **kwargs)
+            if kwargs.get("stream"):
+                with _Opening(kind, model_call, asynchronous=True) as opening:
+                    if opening.replay is None:
+                        opening.stream = await method(*args, **kwargs)
+                return opening.result
             with model_call as call:
                 if call.replayed:
                     return _replayed(kind, call)
@@ -108,6 +156,11 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
         model_call = _model_call(kind, kwargs)
         if model_call is None:
             return method(*args, **kwargs)
+        if kwargs.get("stream"):
+            with _Opening(kind, model_call, asynchronous=False) as opening:
+                if opening.replay is None:
+                    opening.stream = method(*args, **kwargs)
+            return opening.result
         with model_call as recorded:
             if recorded.replayed:
                 return _replayed(kind, recorded)
@@ -122,11 +175,14 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
     return call
 
 
+# OpenAI's stream() helpers (`chat.completions.stream`, `responses.stream`), which call `create`.
+_HELPERS = frozenset({("chat", "completions", "stream"), ("responses", "stream")})
+# The SDKs' markers of an argument not given (the stream() helpers pass every one): left out.
+_NOT_GIVEN = frozenset({"Omit", "NotGiven"})
+
+
 def _model_call(kind: _Kind, kwargs: dict[str, Any]) -> ModelCall | None:
-    if kwargs.get("stream"):
-        log.debug("a streamed %s call is not recorded", kind.provider)
-        return None
-    request = _jsonable(kwargs)
+    request = _jsonable({key: value for key, value in kwargs.items() if type(value).__name__ not in _NOT_GIVEN})
     model = str(kwargs.get("model") or "unknown")
     session = current_session()
     if session is not None:
@@ -152,10 +208,279 @@ def _respond(kind: _Kind, call: ModelCall, answer: Any) -> None:
 
 
 def _replayed(kind: _Kind, call: ModelCall) -> Any:
+    return kind.rebuild(_recorded_raw(call))
+
+
+def _recorded_raw(call: ModelCall) -> dict[str, Any]:
     raw = (call.response or {}).get("raw")
     if not isinstance(raw, dict):
         raise RuntimeError(f"model call {call.call_id} was recorded without the SDK's answer; it cannot be replayed")
-    return kind.rebuild(raw)
+    return raw
+
+
+# --- streams ---------------------------------------------------------------------------------
+
+
+class StreamClosedEarly(Exception):
+    """What a streamed call not read to its end is recorded failed with (never raised): its stream
+    was closed, dropped, or left open when the run ended, so its answer and usage are unknown."""
+
+
+class _Accumulator(Protocol):
+    """A stream's chunks (as JSON) in, the answer they add up to out, in the shape the non-streamed
+    call answers (so that `_Kind.read` reads it); `complete` once the stream's last chunk came."""
+
+    @property
+    def complete(self) -> bool: ...
+
+    def add(self, chunk: dict[str, Any]) -> None: ...
+
+    def answer(self) -> dict[str, Any]: ...
+
+
+class _Opening:
+    """`create(stream=True)` inside: the call is recorded as called on entry; the SDK's stream,
+    set in the block, comes out wrapped (`result`) and the call stays open until the stream ends.
+    A call the log answered (`replay`) gets its recorded answer streamed again; one the SDK raised
+    on is recorded failed at once, as a non-streamed call is."""
+
+    def __init__(self, kind: _Kind, call: ModelCall, *, asynchronous: bool) -> None:
+        self.kind, self.call, self.asynchronous = kind, call, asynchronous
+        self.replay: _Replayed | _AsyncReplayed | None = None
+        self.stream: Any = None
+        self.result: Any = None
+
+    def __enter__(self) -> _Opening:
+        self.call.__enter__()
+        if self.call.replayed:
+            try:
+                raw = _recorded_raw(self.call)
+                events = self.kind.replay_stream(raw)
+            except BaseException as exc:
+                self.call.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            self.call.__exit__(None, None, None)
+            self.replay = self.result = (_AsyncReplayed if self.asynchronous else _Replayed)(events)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.replay is not None:
+            return
+        if exc is not None:
+            if isinstance(exc, TypeError):
+                self.call.request_left = False  # the SDK refused its arguments: no request was built
+            self.call.__exit__(exc_type, exc, tb)
+            return
+        # The provider answered: whatever happens to the stream now, it may bill the call.
+        self.call.request_left = True
+        recording = _Recording(self.kind, self.call)
+        self.result = (_AsyncStream if self.asynchronous else _Stream)(self.stream, recording)
+
+
+class _Recording:
+    """A streamed call's record, open from `create` to its stream's end, which ends it once: read
+    to its end, responded with what the chunks added up to; raised on, failed with that error;
+    closed, dropped or still open when the run ends, responded when its last chunk had come, else
+    failed with `StreamClosedEarly` (the provider may bill it: a call of unknown cost)."""
+
+    def __init__(self, kind: _Kind, call: ModelCall) -> None:
+        self.kind, self.call = kind, call
+        self.accumulator = kind.accumulate(call.request)
+        self.broken = False  # a chunk the accumulator could not read: the answer is not recorded
+        self._open = True
+        self._lock = threading.Lock()
+        call.run.unfinished[self] = functools.partial(
+            self.abandon, "the run ended before the stream was read to its end"
+        )
+
+    def add(self, chunk: Any) -> None:
+        if self.broken:
+            return
+        try:
+            self.accumulator.add(_jsonable(chunk))
+        except Exception:  # noqa: BLE001 - a chunk we misread must never break the user's stream
+            log.exception(
+                "model call %s: a streamed chunk could not be read; its answer is not recorded", self.call.call_id
+            )
+            self.broken = True
+
+    def end(self, exc: BaseException | None = None) -> None:
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
+        self.call.run.unfinished.pop(self, None)
+        if exc is None and self.broken:
+            exc = RuntimeError("a streamed chunk could not be read")
+        if exc is None:
+            try:
+                _respond(self.kind, self.call, self.accumulator.answer())
+            except Exception as error:  # noqa: BLE001 - recorded failed rather than lost
+                exc = error
+        self.call.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
+
+    def abandon(self, why: str) -> None:
+        self.end(None if self.accumulator.complete else StreamClosedEarly(why))
+
+
+class _Stream:
+    """The SDK's stream, its chunks passed on as they come and recorded (`_Recording`): iterate it,
+    use it as a context manager, `close()` it; its other attributes are the SDK stream's."""
+
+    def __init__(self, stream: Any, recording: _Recording) -> None:
+        self._stream, self._recording = stream, recording
+        self._iterator: Any = None
+        # Dropped unread: recorded then. Not at interpreter exit, when the outbox is gone.
+        finalizer = weakref.finalize(self, recording.abandon, "the stream was dropped before its end")
+        finalizer.atexit = False  # type: ignore[misc]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_stream", "_recording", "_iterator"):  # not set yet
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+    def __repr__(self) -> str:
+        return f"recorded({self._stream!r})"
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self._stream)
+        try:
+            chunk = next(self._iterator)
+        except StopIteration:
+            self._recording.end()
+            raise
+        except BaseException as exc:
+            self._recording.end(exc)
+            raise
+        self._recording.add(chunk)
+        return chunk
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._recording.abandon("the stream was closed before its end")
+        self._stream.close()
+
+
+class _AsyncStream:
+    """`_Stream` for the asyncio clients: `async for`, `async with`, `await close()`."""
+
+    def __init__(self, stream: Any, recording: _Recording) -> None:
+        self._stream, self._recording = stream, recording
+        self._iterator: Any = None
+        finalizer = weakref.finalize(self, recording.abandon, "the stream was dropped before its end")
+        finalizer.atexit = False  # type: ignore[misc]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_stream", "_recording", "_iterator"):  # not set yet
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+    def __repr__(self) -> str:
+        return f"recorded({self._stream!r})"
+
+    def __aiter__(self) -> _AsyncStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._stream.__aiter__()
+        try:
+            chunk = await self._iterator.__anext__()
+        except StopAsyncIteration:
+            self._recording.end()
+            raise
+        except BaseException as exc:
+            self._recording.end(exc)
+            raise
+        self._recording.add(chunk)
+        return chunk
+
+    async def __aenter__(self) -> _AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._recording.abandon("the stream was closed before its end")
+        await self._stream.close()
+
+
+class _NoResponse:
+    """A replayed stream's `response`: no HTTP request was made. OpenAI's stream() helpers close
+    their stream's response; closing this one does nothing."""
+
+    def close(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _Replayed:
+    """A recorded answer streamed again (after a restart), as the SDK's own chunk or event types."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self._events = iter(events)
+        self.response = _NoResponse()
+
+    def __iter__(self) -> _Replayed:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._events)
+
+    def __enter__(self) -> _Replayed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._events = iter(())
+
+
+class _AsyncReplayed:
+    """`_Replayed` for the asyncio clients."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self._events = iter(events)
+        self.response = _NoResponse()
+
+    def __aiter__(self) -> _AsyncReplayed:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return next(self._events)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _AsyncReplayed:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._events = iter(())
+
+
+def _typed(construct_type: Callable[..., Any], type_: Any, events: list[dict[str, Any]]) -> list[Any]:
+    """`events` as the SDK types what it reads off the wire: its own `construct_type`, which does
+    not validate (a field the recorded answer lacks stays unset, as in a live stream)."""
+    return [construct_type(type_=type_, value=event) for event in events]
 
 
 def _count(value: Any) -> int:
@@ -239,21 +564,188 @@ def _read_response(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]
     return text, calls, counts
 
 
+class _ChatChunks:
+    """Chat completion chunks: each choice's text and refusal pieces joined, its tool calls'
+    arguments joined by their index, its finish reason; the usage of the last chunk, sent only
+    when `stream_options.include_usage` asked for it (never added here: it changes the chunks)."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, Any] | None = None
+
+    @property
+    def complete(self) -> bool:
+        finished = bool(self.choices) and all(c["finish_reason"] for c in self.choices.values())
+        return finished and (self.usage is not None or not self.include_usage)
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for key in ("id", "created", "model", "system_fingerprint", "service_tier"):
+            if chunk.get(key) is not None:
+                self.head[key] = chunk[key]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            index = choice.get("index") or 0
+            into = self.choices.setdefault(
+                index, {"role": "assistant", "content": [], "refusal": [], "calls": {}, "finish_reason": None}
+            )
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("role"), str):
+                into["role"] = delta["role"]
+            for key in ("content", "refusal"):
+                if isinstance(delta.get(key), str):
+                    into[key].append(delta[key])
+            for piece in delta.get("tool_calls") or []:
+                call = into["calls"].setdefault(
+                    piece.get("index") or 0, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                for key in ("id", "type"):
+                    if piece.get(key):
+                        call[key] = piece[key]
+                function = piece.get("function") or {}
+                for key in ("name", "arguments"):
+                    if isinstance(function.get(key), str):
+                        call["function"][key] += function[key]
+            if choice.get("finish_reason"):
+                into["finish_reason"] = choice["finish_reason"]
+
+    def answer(self) -> dict[str, Any]:
+        choices = []
+        for index in sorted(self.choices):
+            into = self.choices[index]
+            message: dict[str, Any] = {
+                "role": into["role"],
+                "content": "".join(into["content"]) or None,
+                "refusal": "".join(into["refusal"]) or None,
+            }
+            if into["calls"]:
+                message["tool_calls"] = [into["calls"][i] for i in sorted(into["calls"])]
+            choices.append(
+                {"index": index, "message": message, "finish_reason": into["finish_reason"], "logprobs": None}
+            )
+        raw = {"id": "", "created": 0, "model": "", **self.head, "object": "chat.completion", "choices": choices}
+        if self.usage is not None:
+            raw["usage"] = self.usage
+        return raw
+
+
+def _chat_stream(raw: dict[str, Any]) -> list[Any]:
+    """A recorded chat completion as the chunks of its stream: per choice its role and text, each
+    tool call whole (its index, id, name and arguments in one piece), its finish reason; then the
+    usage alone, when it was recorded."""
+    from openai._models import construct_type
+    from openai.types.chat import ChatCompletionChunk
+
+    head = {"id": raw.get("id") or "", "created": raw.get("created") or 0, "model": raw.get("model") or ""}
+    head |= {key: raw[key] for key in ("system_fingerprint", "service_tier") if raw.get(key) is not None}
+    head["object"] = "chat.completion.chunk"
+
+    def chunk(index: int, delta: dict[str, Any], finish: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+
+    chunks = []
+    for choice in raw.get("choices") or []:
+        index, message = choice.get("index") or 0, choice.get("message") or {}
+        delta = {"role": message.get("role") or "assistant", "content": message.get("content")}
+        if message.get("refusal") is not None:
+            delta["refusal"] = message["refusal"]
+        chunks.append(chunk(index, delta))
+        for i, call in enumerate(message.get("tool_calls") or []):
+            chunks.append(chunk(index, {"tool_calls": [{"index": i, **call}]}))
+        chunks.append(chunk(index, {}, choice.get("finish_reason")))
+    if isinstance(raw.get("usage"), dict):
+        chunks.append({**head, "choices": [], "usage": raw["usage"]})
+    return _typed(construct_type, ChatCompletionChunk, chunks)
+
+
+class _ResponseEvents:
+    """Responses API stream events: the response as its last event (`response.completed`, or
+    `.incomplete` / `.failed`) gives it whole; before that, the one `response.created` gave and
+    the output items done so far."""
+
+    _LAST = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.complete = False
+        self.response: dict[str, Any] = {}
+        self.items: dict[int, Any] = {}
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if isinstance(event.get("response"), dict) and isinstance(kind, str) and kind.startswith("response."):
+            self.response = event["response"]
+        if kind == "response.output_item.done":
+            index = event.get("output_index")
+            self.items[index if isinstance(index, int) else len(self.items)] = event.get("item")
+        self.complete = self.complete or kind in self._LAST
+
+    def answer(self) -> dict[str, Any]:
+        if self.complete or not self.items:
+            return self.response
+        return {**self.response, "output": [self.items[i] for i in sorted(self.items)]}
+
+
+def _response_stream(raw: dict[str, Any]) -> list[Any]:
+    """A recorded Responses API answer as its stream's events: created, each output item added,
+    its text or arguments in one delta and done, the item done, then completed."""
+    from openai._models import construct_type
+    from openai.types.responses import ResponseStreamEvent
+
+    events: list[dict[str, Any]] = []
+
+    def event(type_: str, **fields: Any) -> None:
+        events.append({"type": type_, "sequence_number": len(events), **fields})
+
+    event("response.created", response={**raw, "status": "in_progress", "output": [], "usage": None})
+    for index, item in enumerate(raw.get("output") or []):
+        item_id = item.get("id") or f"item_{index}"
+        where = {"item_id": item_id, "output_index": index}
+        if item.get("type") == "message":
+            event(
+                "response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []}
+            )
+            for part_index, part in enumerate(item.get("content") or []):
+                at = {**where, "content_index": part_index}
+                text = part.get("text") if part.get("type") == "output_text" else None
+                event("response.content_part.added", **at, part={**part, "text": ""} if text is not None else part)
+                if text is not None:
+                    event("response.output_text.delta", **at, delta=text, logprobs=[])
+                    event("response.output_text.done", **at, text=text, logprobs=[])
+                event("response.content_part.done", **at, part=part)
+        elif item.get("type") == "function_call":
+            arguments = item.get("arguments") or ""
+            event("response.output_item.added", output_index=index, item={**item, "arguments": ""})
+            event("response.function_call_arguments.delta", **where, delta=arguments)
+            event("response.function_call_arguments.done", **where, arguments=arguments)
+        else:
+            event("response.output_item.added", output_index=index, item=item)
+        event("response.output_item.done", output_index=index, item=item)
+    status = raw.get("status")
+    event(f"response.{status}" if status in ("incomplete", "failed") else "response.completed", response=raw)
+    return _typed(construct_type, ResponseStreamEvent, events)
+
+
 def _chat_completion(raw: dict[str, Any]) -> Any:
+    from openai._models import construct_type
     from openai.types.chat import ChatCompletion
 
-    return ChatCompletion.model_validate(raw)
+    return construct_type(type_=ChatCompletion, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
 def _openai_response(raw: dict[str, Any]) -> Any:
+    from openai._models import construct_type
     from openai.types.responses import Response
 
-    return Response.model_validate(raw)
+    return construct_type(type_=Response, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
 _OPENAI: dict[tuple[str, ...], _Kind] = {
-    ("chat", "completions", "create"): _Kind("openai", _read_chat, _chat_completion),
-    ("responses", "create"): _Kind("openai.responses", _read_response, _openai_response),
+    ("chat", "completions", "create"): _Kind("openai", _read_chat, _chat_completion, _ChatChunks, _chat_stream),
+    ("responses", "create"): _Kind(
+        "openai.responses", _read_response, _openai_response, _ResponseEvents, _response_stream
+    ),
 }
 
 
@@ -283,12 +775,95 @@ def _read_message(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]
     return text, calls, counts
 
 
+class _MessageEvents:
+    """Anthropic message stream events: the message of `message_start`, each content block of
+    `content_block_start` with its deltas joined (a tool_use's `input_json_delta` pieces parsed
+    once the block stops), the stop reason and usage of `message_delta` over the start's usage."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.complete = False
+        self.message: dict[str, Any] = {"content": []}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.json: dict[int, list[str]] = {}
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind, index = event.get("type"), event.get("index") or 0
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            self.message = {**event["message"], "usage": dict(event["message"].get("usage") or {})}
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            self.blocks[index] = dict(event["content_block"])
+        elif kind == "content_block_delta":
+            self._delta(self.blocks.setdefault(index, {}), index, event.get("delta") or {})
+        elif kind == "content_block_stop" and index in self.json:
+            self.blocks.get(index, {})["input"] = _arguments("".join(self.json.pop(index)) or "{}")
+        elif kind == "message_delta":
+            self.message.update({k: v for k, v in (event.get("delta") or {}).items() if k != "container" or v})
+            usage = self.message.setdefault("usage", {})
+            usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            self.complete = True
+
+    def _delta(self, block: dict[str, Any], index: int, delta: dict[str, Any]) -> None:
+        kind = delta.get("type")
+        if kind == "input_json_delta":
+            self.json.setdefault(index, []).append(delta.get("partial_json") or "")
+        elif kind == "citations_delta":
+            block.setdefault("citations", []).append(delta.get("citation"))
+        else:  # text_delta, thinking_delta, signature_delta: a string added to the block's own key
+            key = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}.get(str(kind))
+            if key is not None and isinstance(delta.get(key), str):
+                block[key] = (block.get(key) or "") + delta[key]
+
+    def answer(self) -> dict[str, Any]:
+        blocks = {**self.blocks}
+        for index, pieces in self.json.items():  # a tool_use block the stream never stopped
+            blocks.get(index, {})["input"] = _arguments("".join(pieces) or "{}")
+        return {**self.message, "content": [blocks[i] for i in sorted(blocks)]}
+
+
+def _message_stream(raw: dict[str, Any]) -> list[Any]:
+    """A recorded message as its stream's events: message_start (no content yet), each content
+    block started empty, its text, thinking or tool input in one delta, stopped; message_delta
+    with the stop reason and the usage; message_stop."""
+    from anthropic._models import construct_type
+    from anthropic.types import RawMessageStreamEvent
+
+    usage = raw.get("usage") or {}
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": {**raw, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage},
+        }
+    ]
+    for index, block in enumerate(raw.get("content") or []):
+        kind, start, delta = block.get("type"), dict(block), None
+        if kind == "text":
+            start["text"], delta = "", {"type": "text_delta", "text": block.get("text") or ""}
+        elif kind == "thinking":
+            start["thinking"], start["signature"] = "", ""
+            delta = {"type": "thinking_delta", "thinking": block.get("thinking") or ""}
+        elif kind in ("tool_use", "server_tool_use"):
+            start["input"] = {}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}
+        events.append({"type": "content_block_start", "index": index, "content_block": start})
+        if delta is not None:
+            events.append({"type": "content_block_delta", "index": index, "delta": delta})
+        if kind == "thinking" and block.get("signature"):
+            signature = {"type": "signature_delta", "signature": block["signature"]}
+            events.append({"type": "content_block_delta", "index": index, "delta": signature})
+        events.append({"type": "content_block_stop", "index": index})
+    stop = {"stop_reason": raw.get("stop_reason"), "stop_sequence": raw.get("stop_sequence")}
+    events += [{"type": "message_delta", "delta": stop, "usage": usage}, {"type": "message_stop"}]
+    return _typed(construct_type, RawMessageStreamEvent, events)
+
+
 def _anthropic_message(raw: dict[str, Any]) -> Any:
+    from anthropic._models import construct_type
     from anthropic.types import Message
 
-    return Message.model_validate(raw)
+    return construct_type(type_=Message, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
 _ANTHROPIC: dict[tuple[str, ...], _Kind] = {
-    ("messages", "create"): _Kind("anthropic", _read_message, _anthropic_message)
+    ("messages", "create"): _Kind("anthropic", _read_message, _anthropic_message, _MessageEvents, _message_stream)
 }
