@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.test import Client as DjangoClient
 
 from ledger.models import Run as RunRow
 from ledger.models import Workspace
@@ -80,6 +81,33 @@ def test_a_wrapped_openai_client_records_messages_tool_calls_model_and_usage(
     assert (row.input_tokens, row.output_tokens, row.priced_calls, row.unpriced_calls) == (120, 30, 1, 0)
     assert row.cost_usd is not None and row.cost_usd > 0  # the dated model priced as gpt-4o
     verify("run_wrapped_openai")
+
+
+def test_every_choice_of_a_wrapped_call_asked_for_several_is_recorded_and_shown(
+    client: Client, provider: FakeProviders, workspace: Workspace, admin: Any
+) -> None:
+    """`n=2`: the call's text is the first choice's, as before; each choice is a message of the
+    response too, and the conversation shows both, labelled (as it does for OTLP's spans)."""
+    import openai
+
+    llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+    question = [{"role": "user", "content": "Say hello."}]
+    with client.start_run("wfver_wrapped", run_id="run_wrapped_choices") as run, run.session(role="agent"):
+        answer = llm.chat.completions.create(model="gpt-4o", messages=question, n=2)
+    texts = [c.message.content for c in answer.choices]
+    assert len(texts) == 2 and texts[0] != texts[1]
+
+    responded = next(
+        e["payload"] for e in logged(workspace, "run_wrapped_choices") if e["type"] == "harness.model.responded"
+    )
+    assert responded["response"]["text"] == texts[0]
+    assert responded["response"]["messages"] == [{"role": "assistant", "content": text} for text in texts]
+    verify("run_wrapped_choices")
+    console = DjangoClient()
+    console.force_login(admin)
+    page = console.get("/w/acme/support/runs/run_wrapped_choices/conversation/").content.decode()
+    assert "response · choice 1/2" in page and "response · choice 2/2" in page
+    assert all(text in page for text in texts)
 
 
 def test_a_wrapped_anthropic_client_counts_cache_reads_inside_input(

@@ -198,12 +198,18 @@ def _respond(kind: _Kind, call: ModelCall, answer: Any) -> None:
         return
     text, tool_calls, usage = kind.read(raw)
     model = raw.get("model")
+    choices = raw.get("choices")
+    # Several choices (OpenAI's `n`): the text and tool calls are the first's, every one a message.
+    several = (
+        {"messages": [_chat_message(c) for c in choices]} if isinstance(choices, list) and len(choices) > 1 else {}
+    )
     call.respond(
         text,
         tool_calls=tool_calls or None,
         usage=usage,
         model_id=model if isinstance(model, str) and model else None,
         raw=raw,
+        **several,
     )
 
 
@@ -514,15 +520,7 @@ def _read_chat(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], d
     ones and completion_tokens the reasoning ones, as the ledger's counts do."""
     choices = raw.get("choices") or [{}]
     message = choices[0].get("message") or {}
-    calls = [
-        {
-            "id": c.get("id"),
-            "name": (c.get("function") or {}).get("name"),
-            "args": _arguments((c.get("function") or {}).get("arguments")),
-        }
-        for c in message.get("tool_calls") or []
-        if isinstance(c, dict)
-    ]
+    calls = _chat_calls(message)
     usage = _reported(raw, "prompt_tokens", "completion_tokens")
     if usage is None:
         return _content(message), calls, {}
@@ -533,6 +531,26 @@ def _read_chat(raw: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], d
         "reasoningTokens": _count((usage.get("completion_tokens_details") or {}).get("reasoning_tokens")),
     }
     return _content(message), calls, counts
+
+
+def _chat_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.get("id"),
+            "name": (c.get("function") or {}).get("name"),
+            "args": _arguments((c.get("function") or {}).get("arguments")),
+        }
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict)
+    ]
+
+
+def _chat_message(choice: Any) -> dict[str, Any]:
+    """One choice of a chat completion as the ledger writes a message: role, text, tool calls."""
+    message = (choice.get("message") if isinstance(choice, dict) else None) or {}
+    calls = _chat_calls(message)
+    out: dict[str, Any] = {"role": message.get("role") or "assistant", "content": _content(message)}
+    return {**out, "toolCalls": calls} if calls else out
 
 
 def _content(message: dict[str, Any]) -> str | None:
