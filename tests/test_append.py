@@ -148,7 +148,7 @@ def test_nothing_but_custom_events_after_the_run_finished(append) -> None:
 def test_a_model_call_marked_late_is_taken_after_the_run_finished_and_counted(append, workspace) -> None:
     """A model call the OTLP receiver reports after its run ended (docs/otlp.md "Late spans") is
     logged and counted; the run keeps its status and end. Unmarked, marked other than `true`, or
-    written by any other writer (`POST …/events`: API.md's run_finished), it is refused."""
+    written by any other writer (`POST …/events`: docs/api.md's run_finished), it is refused."""
     append("run_a", started(), ev("RunCompleted", occurredAt="2026-12-05T10:00:00Z"))
     answer = {
         "turn": 1,

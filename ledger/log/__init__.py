@@ -267,7 +267,7 @@ class Head:
         must end the caller's transaction. An empty batch writes nothing and only answers to the
         fence, for a caller whose row changes need no event. `late_calls`: the OTLP receiver's
         model calls reported after the run ended (`late: true`, rules.LATE_CALL_TYPES) are taken;
-        for every other writer they are `run_finished`, as API.md says."""
+        for every other writer they are `run_finished`, as docs/api.md says."""
         if not events:
             rules.check_fencing(self.run, fencing_token, strategies.now_ms())
             return AppendResult(events=[], last_sequence=self.run.last_sequence)

@@ -183,7 +183,7 @@ IMPORTED_AFTER_END = frozenset({"OuterLoopCycleCompleted"})
 # docs/otlp.md): it was made, and may have been billed, so the OTLP receiver logs it where the fold
 # counts it, marked `late: true`; it moves no status, so the run stays finished as it ended. Only
 # that writer may (`Head.append(late_calls=True)`): for `POST …/events` it is run_finished, as
-# API.md says of every event but custom.* after the end.
+# docs/api.md says of every event but custom.* after the end.
 LATE_CALL_TYPES = frozenset({"harness.model.called", "harness.model.responded", "harness.model.failed"})
 # RunStatus.finished() as plain strings: the enum's members cost 0.6-1.8 µs a call here, and
 # the lifecycle check asks for every event of a batch.
