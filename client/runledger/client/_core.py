@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 USER_AGENT = f"runledger-client/{__version__}"
 API = "/api/v1"
 MAX_BATCH = 5000  # the server's limit per append (API: invalid_event beyond it)
+RUN_ENDINGS = frozenset({"RunCompleted", "RunFailed"})  # what a run at its size limit still takes
 
 Envelope = dict[str, Any]
 
@@ -97,6 +98,42 @@ def event_item(
     if occurrence_id is not None:
         item["occurrenceId"] = occurrence_id
     return item
+
+
+def refused_parts(
+    batch: list[dict[str, Any]], code: str, details: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """After the server refused `batch` (all or nothing) with the error `code` and `details`: the
+    events to send again first, the ones refused, and those to send again after them; None when
+    the refusal is the whole batch's (the key, the run, a fencing token, one event alone). The
+    server names the event it refused (`details.index`): the others do not go down with it. A
+    body over the server's size limit is halved until it fits or one event is left; a batch over
+    the key's events per minute (`rate_limited`, `details.limit`) goes in parts of that size."""
+    size, index, limit = len(batch), details.get("index"), details.get("limit")
+    if size <= 1:
+        return None
+    if code == "rate_limited":
+        return (batch[:limit], [], batch[limit:]) if isinstance(limit, int) and 0 < limit < size else None
+    if code == "payload_too_large":
+        return batch[: size // 2], [], batch[size // 2 :]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < size or code == "run_not_started":
+        return None
+    if code == "run_too_large":  # the run is full: only its ending is still taken
+        rest = batch[index:]
+        return (
+            batch[:index],
+            [e for e in rest if e["type"] not in RUN_ENDINGS],
+            [e for e in rest if e["type"] in RUN_ENDINGS],
+        )
+    return batch[:index], [batch[index]], batch[index + 1 :]
+
+
+def over_the_rate(code: str, details: Mapping[str, Any], body: Any) -> bool:
+    """A 429 for an append of more events than the key may append in a minute (`details.limit`):
+    no wait lets it through, so it is not retried (it goes in parts: `refused_parts`)."""
+    limit = details.get("limit")
+    events = body.get("events") if isinstance(body, Mapping) else None
+    return code == "rate_limited" and isinstance(limit, int) and isinstance(events, list) and len(events) > limit
 
 
 def check_item(item: Any) -> dict[str, Any]:

@@ -86,7 +86,7 @@ class AsyncClient:
                 if response.status_code < 400:
                     return response
                 error = error_from(response.status_code, response.content, response.headers.get("Retry-After"))
-                if not error.retryable:
+                if not error.retryable or _core.over_the_rate(error.code, error.details, body):
                     raise error
                 failure, retry_after = error, error.retry_after
             wait = policy.delay(attempt, retry_after, time.monotonic() - started)
@@ -264,13 +264,35 @@ class AsyncRun:
             self._timer.cancel()  # it waits for the lock we hold, or sleeps: nothing of it is under way
         self._timer = None
         sent = Appended(last_sequence=self.last_sequence or 0)
+        refusal: ApiError | None = None
         while self._buffer:
             batch = self._buffer[: self.batch_size]
             expected = self.last_sequence if self.check_sequence else None
-            done = await self.client.append(self.run_id, batch, expected, fencing_token=self.fencing_token)
+            try:
+                done = await self.client.append(self.run_id, batch, expected, fencing_token=self.fencing_token)
+            except ApiError as exc:
+                # What the server may take later (a 5xx, a 429) stays for the next flush; what it
+                # refused leaves the buffer, and only that: the rest of the batch goes on without it.
+                split = (
+                    None
+                    if exc.retryable and exc.code != "rate_limited"
+                    else _core.refused_parts(batch, exc.code, exc.details)
+                )
+                if split is None:
+                    if not exc.retryable:
+                        del self._buffer[: len(batch)]
+                    raise
+                before, refused, after = split
+                self._buffer[: len(batch)] = before + after
+                if refused:
+                    log.error("%d event(s) of %s refused: %r", len(refused), self.run_id, exc)
+                    refusal = refusal or exc
+                continue
             del self._buffer[: len(batch)]
             self.last_sequence = done.last_sequence
             sent.extend_with(done)
+        if refusal is not None:
+            raise refusal  # the rest was sent: the writer hears of what was not
         return sent
 
     async def _sync_sequence(self) -> None:

@@ -10,7 +10,10 @@ its idempotency key, so a resend is a replay, never a second copy) for as long a
 (`RetryPolicy.deadline_s`: ten minutes by default). What cannot be delivered (the policy gave up,
 the server refused it with a 4xx, the buffer was full, the process exited first) is reported: a log
 line on `runledger.client`, the client's `on_undelivered` callback, and, with `spool_dir`, a file
-that `Client.deliver_spooled()` sends later.
+that `Client.deliver_spooled()` sends later. A refusal takes down only what it refuses: the event
+the server names (`details.index`: an unknown type, a payload it refuses, past the run's size limit)
+is reported alone and the rest of its batch sent again without it; a body over the server's 10 MiB
+is sent in halves, a batch over the key's events per minute in parts the limit lets through.
 """
 
 from __future__ import annotations
@@ -194,23 +197,46 @@ class Outbox:
     def _loop(self) -> None:
         while (next_batch := self._next()) is not None:
             waiting, batch = next_batch
-            try:
-                sent = self._send(waiting.run, batch)
-            except BaseException as exc:  # noqa: BLE001 - whatever happens, the agent is told by report, not by a raise
-                sent = None
-                self.report(waiting.run.run_id, batch, exc)
-                if isinstance(exc, TransportError):
-                    self._give_up_on_everything(exc)
+            sent = self._deliver(waiting.run, batch)
             with self._cond:
                 waiting.sending = 0
                 self.buffered -= len(batch)
-                if sent is not None and waiting.collected is not None:
+                if waiting.collected is not None:
                     waiting.collected.extend_with(sent)
                 if not waiting.items:
                     waiting.flush = False
                 else:
                     waiting.since = time.monotonic()
                 self._cond.notify_all()
+
+    def _deliver(self, run: Run, batch: list[dict[str, Any]]) -> Appended:
+        """Send the batch; what the server refuses is reported, and only that: the events of the
+        batch it did not refuse are sent again without it (`_core.refused_parts`). What was sent."""
+        sent = Appended(last_sequence=run.last_sequence or 0)
+        parts = [batch]
+        while parts:
+            part = parts.pop(0)
+            try:
+                sent.extend_with(self._send(run, part))
+            except ApiError as exc:
+                split = (
+                    None
+                    if exc.retryable and exc.code != "rate_limited"
+                    else _core.refused_parts(part, exc.code, exc.details)
+                )
+                if split is None:
+                    self.report(run.run_id, part, exc)
+                    continue
+                before, refused, after = split
+                if refused:
+                    self.report(run.run_id, refused, exc)
+                parts[:0] = [p for p in (before, after) if p]
+            except BaseException as exc:  # noqa: BLE001 - whatever happens, the agent is told by report, not by a raise
+                self.report(run.run_id, [event for p in (part, *parts) for event in p], exc)
+                if isinstance(exc, TransportError):
+                    self._give_up_on_everything(exc)
+                break
+        return sent
 
     def _give_up_on_everything(self, error: TransportError) -> None:
         """The policy gave up on the server: what waits behind the batch would wait as long again."""
@@ -248,7 +274,7 @@ class Outbox:
                     run.last_sequence = done.last_sequence
                     return done
                 error = error_from(response.status_code, response.content, response.headers.get("Retry-After"))
-                if not error.retryable:
+                if not error.retryable or _core.over_the_rate(error.code, error.details, body):
                     raise error
                 failure, retry_after = error, error.retry_after
             wait = policy.delay(attempt, retry_after, time.monotonic() - started)

@@ -171,7 +171,7 @@ class Client:
                 if response.status_code < 400:
                     return response
                 error = error_from(response.status_code, response.content, response.headers.get("Retry-After"))
-                if not error.retryable:
+                if not error.retryable or _core.over_the_rate(error.code, error.details, body):
                     raise error
                 failure, retry_after = error, error.retry_after
             wait = policy.delay(attempt, retry_after, time.monotonic() - started)

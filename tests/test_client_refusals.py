@@ -1,0 +1,146 @@
+"""runledger.client when the server refuses part of what a harness records, against a live Daphne:
+an event it refuses (400), a body over its 10 MiB, a run at its size limit, a batch over the key's
+events per minute. What it refuses is reported (or, in asyncio,
+raised), that event alone: the others of its batch, and the run's ending, are stored."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from ledger.models import Run as RunRow
+from ledger.models import Workspace
+from ledger.reads import selectors
+from ledger.tenancy.services import create_key
+from runledger.client import (
+    AsyncClient,
+    Client,
+    InvalidEvent,
+    PayloadTooLarge,
+    RetryPolicy,
+    Undelivered,
+    UnknownEventType,
+)
+from tests.client_support import FaultyProxy
+from tests.servers import Daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = RetryPolicy(backoff_s=0.05, max_backoff_s=0.5, deadline_s=180)
+OVER_10_MIB = "x" * (11 * 1024 * 1024)
+
+
+@pytest.fixture
+def key(workspace: Workspace) -> str:
+    return create_key(workspace=workspace, scopes=["ingest", "read"])[1]
+
+
+@pytest.fixture
+def proxy(server: Daphne) -> Iterator[FaultyProxy]:
+    p = FaultyProxy(int(server.url.rsplit(":", 1)[1]))
+    yield p
+    p.close()
+
+
+def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
+    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
+
+
+def limits(*options: str) -> None:
+    call_command("ledger", "limits", "acme/support", *options, stdout=io.StringIO())
+
+
+def verify(run_id: str) -> None:
+    call_command("ledger", "verify", run_id, "--workspace", "acme/support", stdout=io.StringIO())
+
+
+def test_an_event_the_server_refuses_is_reported_alone_and_the_rest_of_its_batch_is_stored(
+    server: Daphne, key: str, workspace: Workspace
+) -> None:
+    undelivered: list[Undelivered] = []
+    with Client(server.url, key, retry=FAST, on_undelivered=undelivered.append) as client:
+        with client.start_run("wfver_refused", run_id="run_refused", batch_size=50, flush_interval=0) as run:
+            run.emit("custom.tick", {"n": 0})
+            run.emit("NoSuchType", {"n": "unknown"})
+            run.emit("custom.tick", {"n": 1})
+            run.emit("StepCompleted", {"attempt": 1})  # no stepPath
+            run.emit("custom.tick", {"n": 2})
+            run.emit("custom.big", {"text": OVER_10_MIB})  # alone over the 10 MiB of a body
+            run.emit("custom.tick", {"n": 3})
+            run.output = {"done": True}
+
+    events = logged(workspace, "run_refused")
+    assert [e["type"] for e in events] == ["RunStarted"] + ["custom.tick"] * 4 + ["RunCompleted"]
+    assert [e["payload"]["n"] for e in events[1:-1]] == [0, 1, 2, 3]
+    assert events[-1]["payload"] == {"output": {"done": True}}
+    assert [(type(u.error), [e["type"] for e in u.events]) for u in undelivered] == [
+        (UnknownEventType, ["NoSuchType"]),
+        (InvalidEvent, ["StepCompleted"]),
+        (PayloadTooLarge, ["custom.big"]),
+    ]
+    assert RunRow.objects.get(run_id="run_refused").status == "completed"
+    verify("run_refused")
+
+
+def test_a_run_at_its_size_limit_still_gets_its_ending(server: Daphne, key: str, workspace: Workspace) -> None:
+    limits("--events-per-run", "5")
+    undelivered: list[Undelivered] = []
+    with Client(server.url, key, retry=FAST, on_undelivered=undelivered.append) as client:
+        with client.start_run("wfver_full", run_id="run_full", batch_size=100, flush_interval=0) as run:
+            for n in range(8):
+                run.emit("custom.tick", {"n": n})
+
+    events = logged(workspace, "run_full")
+    assert [e["type"] for e in events] == ["RunStarted"] + ["custom.tick"] * 4 + ["RunCompleted"]
+    assert [[e["payload"]["n"] for e in u.events] for u in undelivered] == [[4, 5, 6, 7]]
+    assert undelivered[0].error.code == "run_too_large"  # type: ignore[attr-defined]
+    verify("run_full")
+
+
+def test_a_batch_over_the_keys_events_per_minute_is_sent_in_parts(
+    server: Daphne, key: str, workspace: Workspace
+) -> None:
+    """No wait lets three events through a limit of two a minute: the batch goes in parts, the
+    second in the next minute (this test may wait up to a minute)."""
+    limits("--events-per-minute-per-key", "2")
+    undelivered: list[Undelivered] = []
+    starter = create_key(workspace=workspace, scopes=["ingest"])[1]  # the start counts against its own key
+    with Client(server.url, starter, retry=FAST) as client:
+        client.start_run("wfver_rate", run_id="run_rate")
+    with Client(server.url, key, retry=RetryPolicy(deadline_s=150), on_undelivered=undelivered.append) as client:
+        run = client.run("run_rate", batch_size=10, flush_interval=0)
+        for n in range(3):
+            run.emit("custom.tick", {"n": n})
+        run.flush()
+
+    assert undelivered == []
+    assert [e["payload"].get("n") for e in logged(workspace, "run_rate")] == [None, 0, 1, 2]
+
+
+def test_an_async_run_goes_on_after_an_event_the_server_refused(server: Daphne, key: str, workspace: Workspace) -> None:
+    raised: list[BaseException] = []
+
+    async def main() -> None:
+        async with AsyncClient(server.url, key, retry=FAST) as client:
+            run = await client.start_run("wfver_async_refused", run_id="run_async_refused", batch_size=10)
+            await run.emit("custom.tick", {"n": 0})
+            await run.emit("NoSuchType", {"n": "unknown"})
+            await run.emit("custom.tick", {"n": 1})
+            try:
+                await run.flush()
+            except UnknownEventType as exc:
+                raised.append(exc)
+            await run.emit("custom.tick", {"n": 2})
+            await run.complete({"done": True})  # the refused event no longer stands in the way
+
+    asyncio.run(main())
+
+    assert len(raised) == 1 and "NoSuchType" in str(raised[0])
+    events = logged(workspace, "run_async_refused")
+    assert [e["type"] for e in events] == ["RunStarted"] + ["custom.tick"] * 3 + ["RunCompleted"]
+    assert [e["payload"]["n"] for e in events[1:-1]] == [0, 1, 2]
