@@ -1,6 +1,6 @@
 """runledger.client when the server refuses part of what a harness records, against a live Daphne:
 an event it refuses (400), a body over its 10 MiB, a run at its size limit, a batch over the key's
-events per minute. What it refuses is reported (or, in asyncio,
+events per minute, and a start answered 429 or 503. What it refuses is reported (or, in asyncio,
 raised), that event alone: the others of its batch, and the run's ending, are stored."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from runledger.client import (
     Undelivered,
     UnknownEventType,
 )
-from tests.client_support import FaultyProxy
+from tests.client_support import Fault, FaultyProxy
 from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,6 +120,23 @@ def test_a_batch_over_the_keys_events_per_minute_is_sent_in_parts(
 
     assert undelivered == []
     assert [e["payload"].get("n") for e in logged(workspace, "run_rate")] == [None, 0, 1, 2]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_start_the_server_cannot_take_yet_waits_in_the_outbox(
+    proxy: FaultyProxy, key: str, workspace: Workspace, status: int
+) -> None:
+    """Recording never raises into the agent: a start answered 429 or 503 with a Retry-After
+    past `start_timeout` is sent later, like any event."""
+    proxy.add(Fault("POST", status=status, retry_after="2"))
+    undelivered: list[Undelivered] = []
+    with Client(proxy.url, key, retry=FAST, on_undelivered=undelivered.append) as client:
+        with client.start_run("wfver_busy", run_id="run_busy_start", start_timeout=1) as run:
+            assert not run.restarted
+            run.emit("custom.tick", {"n": 0})
+
+    assert undelivered == []
+    assert [e["type"] for e in logged(workspace, "run_busy_start")] == ["RunStarted", "custom.tick", "RunCompleted"]
 
 
 def test_an_async_run_goes_on_after_an_event_the_server_refused(server: Daphne, key: str, workspace: Workspace) -> None:

@@ -34,7 +34,7 @@ import httpx
 
 from . import _core
 from ._core import Appended, Envelope, KeyMaker, RetryPolicy
-from .errors import ApiError, ToolCallFailed, TransportError, error_from
+from .errors import ApiError, RateLimited, ServerError, ToolCallFailed, TransportError, error_from
 from .outbox import Outbox, Undelivered, spooled
 
 log = logging.getLogger("runledger.client")
@@ -258,7 +258,8 @@ class Client:
         that is already started with the same payload is a replay: the harness was restarted, and
         its model calls are answered from the log (`ModelCall.replayed`) as the gateway answers
         its tool calls. The start waits up to `start_timeout` seconds for the server to say which;
-        past that the RunStarted goes to the outbox like any event and the run is taken as new.
+        past that (no answer, or a 5xx or 429 for that long) the RunStarted goes to the outbox like
+        any event and the run is taken as new.
         """
         run = Run(
             self,
@@ -283,8 +284,8 @@ class Client:
         )
         try:
             done = self.append(run.run_id, [item], fencing_token=fencing_token, retry=policy)
-        except TransportError as exc:
-            log.warning("could not reach the server to start %s (%r); its events wait in the outbox", run.run_id, exc)
+        except (TransportError, ServerError, RateLimited) as exc:  # it may take them later: never the agent's failure
+            log.warning("the server did not start %s yet (%r); its events wait in the outbox", run.run_id, exc)
             self.outbox.put(run, item)
         else:
             run.last_sequence = done.last_sequence
