@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,3 +163,29 @@ def test_an_async_run_goes_on_after_an_event_the_server_refused(server: Daphne, 
     events = logged(workspace, "run_async_refused")
     assert [e["type"] for e in events] == ["RunStarted"] + ["custom.tick"] * 3 + ["RunCompleted"]
     assert [e["payload"]["n"] for e in events[1:-1]] == [0, 1, 2]
+
+
+def test_a_spooled_batch_the_server_refuses_does_not_hold_back_the_others(
+    proxy: FaultyProxy, key: str, workspace: Workspace, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    with Client(proxy.url, key, retry=FAST, spool_dir=spool) as client:
+        with client.start_run("wfver_spool", run_id="run_spool_refused", flush_interval=0) as run:
+            run.emit("NoSuchType", {"n": "unknown"})  # refused: kept on disk, the oldest file
+    proxy.stop()
+    with Client(proxy.url, key, retry=RetryPolicy(deadline_s=0.5), spool_dir=spool) as client:
+        with client.start_run("wfver_spool", run_id="run_spool_later", start_timeout=0.2) as run:
+            run.emit("custom.tick", {"n": 0})
+    assert len(list(spool.glob("*.json"))) == 2
+    proxy.start()
+
+    undelivered: list[Undelivered] = []
+    with Client(proxy.url, key, retry=FAST, spool_dir=spool, on_undelivered=undelivered.append) as client:
+        assert client.deliver_spooled() == 3
+        assert client.deliver_spooled() == 0  # the refused event is never sent again
+    assert [e["type"] for e in logged(workspace, "run_spool_later")] == ["RunStarted", "custom.tick", "RunCompleted"]
+    assert [e["type"] for e in logged(workspace, "run_spool_refused")] == ["RunStarted", "RunCompleted"]
+    assert [(type(u.error), [e["type"] for e in u.events]) for u in undelivered] == [(UnknownEventType, ["NoSuchType"])]
+    (kept,) = spool.iterdir()
+    assert undelivered[0].spooled == kept and kept.name.endswith(".json.refused")
+    assert json.loads(kept.read_bytes())["events"] == undelivered[0].events

@@ -297,16 +297,20 @@ class Outbox:
 
     def report(self, run_id: str, events: list[dict[str, Any]], error: BaseException) -> None:
         spooled = spool(self.spool_dir, run_id, events, error) if self.spool_dir is not None else None
+        self.tell(Undelivered(run_id, events, error, spooled))
+
+    def tell(self, undelivered: Undelivered) -> None:
+        """The log line and the `on_undelivered` callback of events not delivered."""
         log.error(
             "runledger: %d event(s) of %s not delivered: %r%s",
-            len(events),
-            run_id,
-            error,
-            f"; kept in {spooled}" if spooled is not None else "",
+            len(undelivered.events),
+            undelivered.run_id,
+            undelivered.error,
+            f"; kept in {undelivered.spooled}" if undelivered.spooled is not None else "",
         )
         if self.on_undelivered is not None:
             try:
-                self.on_undelivered(Undelivered(run_id, events, error, spooled))
+                self.on_undelivered(undelivered)
             except Exception:  # noqa: BLE001 - the agent's callback must not stop delivery of the rest
                 log.exception("on_undelivered raised")
 

@@ -130,14 +130,39 @@ class Client:
 
     def deliver_spooled(self) -> int:
         """Send the batches `spool_dir` kept (oldest first, each a replay if it had arrived after
-        all); each file is removed once the server took it. Returns how many events were sent."""
+        all); each file is removed once the server took it. Returns how many events were sent.
+        Events the server refuses (a 4xx: it never will take them) do not stop the rest: they are
+        reported as not delivered (the log line, `on_undelivered`) and kept in `<file>.refused`,
+        never sent again, and the rest of their batch is sent. A server that cannot take them yet
+        (no answer, a 5xx, a 429 past the retry policy) raises, the files left for a later call."""
         if self.spool_dir is None or not self.spool_dir.exists():
             return 0
         sent = 0
         for path, run_id, events in spooled(self.spool_dir):
-            self.append(run_id, events)
+            refused: list[dict[str, Any]] = []
+            error: ApiError | None = None
+            parts = [events]
+            while parts:
+                part = parts.pop(0)
+                try:
+                    self.append(run_id, part)
+                except ApiError as exc:
+                    if exc.retryable and exc.code != "rate_limited":
+                        raise
+                    split = _core.refused_parts(part, exc.code, exc.details)
+                    if split is None and exc.retryable:
+                        raise
+                    before, bad, after = split or ([], part, [])
+                    refused.extend(bad)
+                    error = error or exc
+                    parts[:0] = [p for p in (before, after) if p]
+                else:
+                    sent += len(part)
+            if refused and error is not None:
+                kept = path.with_name(path.name + ".refused")
+                kept.write_bytes(_core.encode({"runId": run_id, "events": refused, "error": repr(error)}))
+                self.outbox.tell(Undelivered(run_id, refused, error, kept))
             path.unlink()
-            sent += len(events)
         return sent
 
     # --- requests --------------------------------------------------------------------------------
