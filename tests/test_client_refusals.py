@@ -189,3 +189,32 @@ def test_a_spooled_batch_the_server_refuses_does_not_hold_back_the_others(
     (kept,) = spool.iterdir()
     assert undelivered[0].spooled == kept and kept.name.endswith(".json.refused")
     assert json.loads(kept.read_bytes())["events"] == undelivered[0].events
+
+
+def test_an_async_runs_ending_is_sent_after_its_background_flush_was_refused(
+    server: Daphne, key: str, workspace: Workspace
+) -> None:
+    """The time flush's refusal is raised at the writer's next call, after what waits was sent:
+    the run's ending is not held back by it."""
+    raised: list[BaseException] = []
+
+    async def main() -> None:
+        async with AsyncClient(server.url, key, retry=FAST) as client:
+            try:
+                async with await client.start_run(
+                    "wfver_async_timer", run_id="run_async_timer", flush_interval=0.05
+                ) as run:
+                    await run.emit("custom.tick", {"n": 0})
+                    await run.emit("NoSuchType", {"n": "unknown"})
+                    while run.last_sequence != 2:  # the time flush sent the tick, the server refused the other
+                        await asyncio.sleep(0.05)
+                    run.output = {"done": True}
+            except UnknownEventType as exc:
+                raised.append(exc)
+
+    asyncio.run(main())
+
+    assert len(raised) == 1
+    events = logged(workspace, "run_async_timer")
+    assert [e["type"] for e in events] == ["RunStarted", "custom.tick", "RunCompleted"]
+    assert events[-1]["payload"] == {"output": {"done": True}}

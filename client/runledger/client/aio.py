@@ -231,12 +231,13 @@ class AsyncRun:
     ) -> None:
         item = _core.event_item(type_, payload, idempotency_key=idempotency_key, occurrence_id=occurrence_id)
         async with self._lock:
-            self._raise_background_error()
-            self._buffer.append(self.keys.keyed(item))
+            self._buffer.append(self.keys.keyed(item))  # kept, whatever a background flush raised
             if len(self._buffer) >= self.batch_size:
                 await self._send_buffer()
-            elif self._timer is None and self.flush_interval > 0:
+                return
+            if self._timer is None and self.flush_interval > 0:
                 self._timer = asyncio.create_task(self._flush_later())
+            self._raise_background_error()
 
     async def flush(self) -> Appended:
         async with self._lock:
@@ -259,7 +260,8 @@ class AsyncRun:
             raise error
 
     async def _send_buffer(self) -> Appended:
-        self._raise_background_error()
+        """Send the buffer; then raise what the server refused, or what a background flush raised
+        (after sending: an error of the past never holds back what waits, the run's ending included)."""
         if self._timer is not None and self._timer is not asyncio.current_task():
             self._timer.cancel()  # it waits for the lock we hold, or sleeps: nothing of it is under way
         self._timer = None
@@ -292,7 +294,9 @@ class AsyncRun:
             self.last_sequence = done.last_sequence
             sent.extend_with(done)
         if refusal is not None:
+            self._background_error = None
             raise refusal  # the rest was sent: the writer hears of what was not
+        self._raise_background_error()
         return sent
 
     async def _sync_sequence(self) -> None:
