@@ -218,3 +218,12 @@ def test_an_async_runs_ending_is_sent_after_its_background_flush_was_refused(
     events = logged(workspace, "run_async_timer")
     assert [e["type"] for e in events] == ["RunStarted", "custom.tick", "RunCompleted"]
     assert events[-1]["payload"] == {"output": {"done": True}}
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost", "ftp://127.0.0.1:8000", "http://"])
+def test_a_base_url_without_http_is_refused_when_the_client_is_made(url: str) -> None:
+    """Not at the first request, where an httpx error (no RunledgerError) came out of start_run."""
+    with pytest.raises(ValueError, match="base_url must be http://"):
+        Client(url, "rl_key")
+    with pytest.raises(ValueError, match="base_url must be http://"):
+        AsyncClient(url, "rl_key")

@@ -56,6 +56,15 @@ def encode(body: Any) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
+def base_url(url: str) -> str:
+    """The server's address as the clients take it, refused at once (ValueError) unless http(s)
+    with a host: a bare `host:port` would fail only at the first request, inside the outbox."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not rest.strip("/"):
+        raise ValueError(f"base_url must be http://HOST[:PORT] or https://..., not {url!r}")
+    return url.rstrip("/")
+
+
 def run_path(run_id: str, *rest: str) -> str:
     return "/".join([f"{API}/runs/{run_id}", *rest])
 

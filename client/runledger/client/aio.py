@@ -49,7 +49,7 @@ class AsyncClient:
         self.owner = _core.new_owner()
         self._params = {"workspace": workspace} if workspace else {}
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=_core.base_url(base_url),
             timeout=timeout,
             transport=transport,
             headers={"Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"},

@@ -95,7 +95,7 @@ class Client:
         self.exit_timeout = exit_timeout
         self._params = {"workspace": workspace} if workspace else {}
         self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
+            base_url=_core.base_url(base_url),
             timeout=timeout,
             transport=transport,
             headers={"Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"},
