@@ -90,6 +90,15 @@ class Outbox:
         self._thread: threading.Thread | None = None
         self._closed = False
 
+    def after_fork(self) -> None:
+        """In a forked child: what waited is the parent's to send (its thread goes on there); this
+        process starts empty, with a lock no thread of the parent may hold and its own thread."""
+        self._cond = threading.Condition()
+        self._runs = {}
+        self.buffered = 0
+        self._abandon = threading.Event()
+        self._thread = None
+
     # --- the writers' side ---------------------------------------------------------------------------
 
     def put(self, run: Run, item: dict[str, Any]) -> None:

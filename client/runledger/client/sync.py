@@ -22,6 +22,7 @@ import inspect
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 import weakref
@@ -94,12 +95,14 @@ class Client:
         self.owner = _core.new_owner()
         self.exit_timeout = exit_timeout
         self._params = {"workspace": workspace} if workspace else {}
-        self._http = httpx.Client(
+        self._connect = functools.partial(
+            httpx.Client,
             base_url=_core.base_url(base_url),
             timeout=timeout,
             transport=transport,
             headers={"Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"},
         )
+        self._http = self._connect()
         self.spool_dir = Path(spool_dir) if spool_dir is not None else None
         self.outbox = Outbox(self, max_buffered=max_buffered, on_undelivered=on_undelivered, spool_dir=self.spool_dir)
         self._closed = False
@@ -107,6 +110,15 @@ class Client:
         reference = weakref.ref(self)
         self._at_exit = lambda: _close_at_exit(reference)
         atexit.register(self._at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=lambda: _start_over_after_fork(reference))
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's sending thread and connections are not this process's
+        (the thread is gone, the sockets are shared): start with an empty outbox and a new pool."""
+        self.owner = _core.new_owner()
+        self._http = self._connect()
+        self.outbox.after_fork()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every emitted event has been sent or reported; False if `timeout` passed first."""
@@ -343,6 +355,12 @@ class Client:
         run.restarted = True
         run._sync_sequence()
         return run
+
+
+def _start_over_after_fork(reference: weakref.ref[Client]) -> None:
+    client = reference()
+    if client is not None and not client._closed:
+        client._after_fork()
 
 
 def _close_at_exit(reference: weakref.ref[Client]) -> None:
