@@ -8,9 +8,11 @@ import json
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 __version__ = "0.1.0"
@@ -143,6 +145,24 @@ def over_the_rate(code: str, details: Mapping[str, Any], body: Any) -> bool:
     limit = details.get("limit")
     events = body.get("events") if isinstance(body, Mapping) else None
     return code == "rate_limited" and isinstance(limit, int) and isinstance(events, list) and len(events) > limit
+
+
+def lease_wait(details: Mapping[str, Any], elapsed: float, policy: RetryPolicy) -> float | None:
+    """Seconds until the lease of a `tool_call_in_progress` ends (`details.leaseExpiresAt`), when
+    the retry policy lets the claim wait that long; else None. The lease is a crashed harness's
+    (a restart from the top claims its calls again) or a live one's: either way, claimed again
+    once it ends, the call is answered as the gateway decides (its result, in doubt, or run)."""
+    expires = details.get("leaseExpiresAt")
+    try:
+        until = datetime.fromisoformat(expires).timestamp() if isinstance(expires, str) else None
+    except ValueError:
+        until = None
+    if until is None:
+        return None
+    wait = max(0.0, until - time.time()) + 0.5  # past the server's expiry, whatever the clocks say
+    if elapsed + wait > policy.deadline_s:
+        return None
+    return wait
 
 
 def check_item(item: Any) -> dict[str, Any]:

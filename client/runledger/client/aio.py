@@ -18,7 +18,7 @@ import httpx
 
 from . import _core
 from ._core import Appended, Envelope, KeyMaker, RetryPolicy
-from .errors import ApiError, ToolCallFailed, TransportError, error_from
+from .errors import ApiError, ToolCallFailed, ToolCallInProgress, TransportError, error_from
 
 log = logging.getLogger("runledger.client")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -432,7 +432,17 @@ class AsyncToolCall:
         ):
             if value is not None:
                 body[field] = value
-        answer = await self._post("", body)
+        started = time.monotonic()
+        while True:
+            try:
+                answer = await self._post("", body)
+                break
+            except ToolCallInProgress as exc:  # e.g. held by the harness that crashed before this restart
+                wait = _core.lease_wait(exc.details, time.monotonic() - started, self.run.client.retry)
+                if wait is None:
+                    raise
+                log.warning("tool call %s is leased to another owner: claiming it again in %.1fs", self.call_id, wait)
+                await asyncio.sleep(wait)
         self.call_id, self.attempt = answer.get("callId", self.call_id), answer.get("attempt")
         if answer.get("status") == "claimed":
             self.lease_token = answer["leaseToken"]
