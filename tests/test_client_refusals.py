@@ -9,6 +9,7 @@ import asyncio
 import io
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +228,41 @@ def test_a_base_url_without_http_is_refused_when_the_client_is_made(url: str) ->
         Client(url, "rl_key")
     with pytest.raises(ValueError, match="base_url must be http://"):
         AsyncClient(url, "rl_key")
+
+
+def test_an_event_json_cannot_hold_is_reported_alone(server: Daphne, key: str, workspace: Workspace) -> None:
+    undelivered: list[Undelivered] = []
+    with Client(server.url, key, retry=FAST, on_undelivered=undelivered.append) as client:
+        with client.start_run("wfver_json", run_id="run_not_json", flush_interval=0) as run:
+            run.emit("custom.tick", {"n": 0})
+            run.emit("custom.when", {"at": datetime(2026, 1, 1, tzinfo=UTC)})
+            run.emit("custom.ratio", {"x": float("nan")})
+            run.emit("custom.tick", {"n": 1})
+
+    assert [e["type"] for e in logged(workspace, "run_not_json")] == ["RunStarted"] + ["custom.tick"] * 2 + [
+        "RunCompleted"
+    ]
+    assert [(type(u.error), [e["type"] for e in u.events]) for u in undelivered] == [
+        (TypeError, ["custom.when"]),
+        (ValueError, ["custom.ratio"]),
+    ]
+
+
+def test_an_async_event_json_cannot_hold_leaves_the_buffer(server: Daphne, key: str, workspace: Workspace) -> None:
+    raised: list[BaseException] = []
+
+    async def main() -> None:
+        async with AsyncClient(server.url, key, retry=FAST) as client:
+            run = await client.start_run("wfver_json", run_id="run_async_not_json", batch_size=10)
+            await run.emit("custom.tick", {"n": 0})
+            await run.emit("custom.when", {"at": datetime(2026, 1, 1, tzinfo=UTC)})
+            try:
+                await run.flush()
+            except TypeError as exc:
+                raised.append(exc)
+            await run.complete()
+
+    asyncio.run(main())
+
+    assert len(raised) == 1 and "custom.when" in str(raised[0])
+    assert [e["type"] for e in logged(workspace, "run_async_not_json")] == ["RunStarted", "custom.tick", "RunCompleted"]

@@ -67,6 +67,17 @@ def base_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def unencodable(items: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Exception]]:
+    """The events JSON cannot hold (a datetime, a set, NaN in a payload), each with its error."""
+    found: list[tuple[dict[str, Any], Exception]] = []
+    for item in items:
+        try:
+            encode(item)
+        except (TypeError, ValueError) as exc:
+            found.append((item, exc))
+    return found
+
+
 def run_path(run_id: str, *rest: str) -> str:
     return "/".join([f"{API}/runs/{run_id}", *rest])
 

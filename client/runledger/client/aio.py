@@ -267,11 +267,21 @@ class AsyncRun:
         self._timer = None
         sent = Appended(last_sequence=self.last_sequence or 0)
         refusal: ApiError | None = None
+        unsendable: TypeError | None = None
         while self._buffer:
             batch = self._buffer[: self.batch_size]
             expected = self.last_sequence if self.check_sequence else None
             try:
                 done = await self.client.append(self.run_id, batch, expected, fencing_token=self.fencing_token)
+            except (TypeError, ValueError):
+                bad = _core.unencodable(batch)
+                if not bad:
+                    raise
+                # What JSON cannot hold leaves the buffer (raised, once the rest is sent).
+                self._buffer[: len(batch)] = [item for item in batch if all(item is not b for b, _ in bad)]
+                log.error("%d event(s) of %s cannot be sent as JSON: %r", len(bad), self.run_id, bad[0][1])
+                unsendable = unsendable or TypeError(f"event {bad[0][0]['type']!r} of {self.run_id}: {bad[0][1]}")
+                continue
             except ApiError as exc:
                 # What the server may take later (a 5xx, a 429) stays for the next flush; what it
                 # refused leaves the buffer, and only that: the rest of the batch goes on without it.
@@ -293,9 +303,10 @@ class AsyncRun:
             del self._buffer[: len(batch)]
             self.last_sequence = done.last_sequence
             sent.extend_with(done)
-        if refusal is not None:
+        error: Exception | None = refusal or unsendable
+        if error is not None:
             self._background_error = None
-            raise refusal  # the rest was sent: the writer hears of what was not
+            raise error  # the rest was sent: the writer hears of what was not
         self._raise_background_error()
         return sent
 

@@ -240,6 +240,16 @@ class Outbox:
                 if refused:
                     self.report(run.run_id, refused, exc)
                 parts[:0] = [p for p in (before, after) if p]
+            except (TypeError, ValueError) as exc:
+                # An event JSON cannot hold (a datetime, NaN) is reported alone, the rest sent.
+                bad = _core.unencodable(part)
+                if not bad:
+                    self.report(run.run_id, part, exc)
+                    continue
+                for item, error in bad:
+                    self.report(run.run_id, [item], error)
+                rest = [item for item in part if all(item is not b for b, _ in bad)]
+                parts[:0] = [rest] if rest else []
             except BaseException as exc:  # noqa: BLE001 - whatever happens, the agent is told by report, not by a raise
                 self.report(run.run_id, [event for p in (part, *parts) for event in p], exc)
                 if isinstance(exc, TransportError):
