@@ -189,3 +189,28 @@ def test_a_harness_restarted_from_the_top_continues_its_run(server: Daphne, key:
     assert RunRow.objects.get(run_id="run_restart").status == "completed"
     assert "IdempotencyConflict" not in restarted.stderr and "not delivered" not in restarted.stderr
     verify("run_restart")
+
+
+def test_a_tool_call_the_crashed_harness_held_is_claimed_again_once_its_lease_ends(
+    server: Daphne, key: str, workspace: Workspace
+) -> None:
+    """The harness died holding a tool call's lease, before the call's request left: restarted at
+    once, it waits for the lease to end (60 s at least) and runs the call, attempt 2, instead of
+    failing the run on tool_call_in_progress."""
+    with Client(server.url, key) as crashed:
+        run = crashed.start_run("wfver_lease", run_id="run_lease")
+        held = run.tool_call("lookup", {"q": "x"}, effect="read")
+        held.claim()  # and the process died: no outbound, no completion
+    assert held.lease_token is not None
+
+    with Client(server.url, key) as restarted:
+        with restarted.start_run("wfver_lease", run_id="run_lease") as run:
+            assert run.restarted
+            with run.tool_call("lookup", {"q": "x"}, effect="read") as call:
+                assert not call.replayed
+                call.result = {"found": True}
+    assert call.status == "succeeded" and call.attempt == 2
+
+    events = logged(workspace, "run_lease")
+    assert [e["type"] for e in events][-2:] == ["harness.tool_call.succeeded", "RunCompleted"]
+    verify("run_lease")

@@ -8,15 +8,18 @@ import json
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 __version__ = "0.1.0"
 USER_AGENT = f"runledger-client/{__version__}"
 API = "/api/v1"
 MAX_BATCH = 5000  # the server's limit per append (API: invalid_event beyond it)
+RUN_ENDINGS = frozenset({"RunCompleted", "RunFailed"})  # what a run at its size limit still takes
 
 Envelope = dict[str, Any]
 
@@ -53,6 +56,26 @@ NO_RETRY = RetryPolicy(attempts=1)
 
 def encode(body: Any) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def base_url(url: str) -> str:
+    """The server's address as the clients take it, refused at once (ValueError) unless http(s)
+    with a host: a bare `host:port` would fail only at the first request, inside the outbox."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not rest.strip("/"):
+        raise ValueError(f"base_url must be http://HOST[:PORT] or https://..., not {url!r}")
+    return url.rstrip("/")
+
+
+def unencodable(items: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Exception]]:
+    """The events JSON cannot hold (a datetime, a set, NaN in a payload), each with its error."""
+    found: list[tuple[dict[str, Any], Exception]] = []
+    for item in items:
+        try:
+            encode(item)
+        except (TypeError, ValueError) as exc:
+            found.append((item, exc))
+    return found
 
 
 def run_path(run_id: str, *rest: str) -> str:
@@ -97,6 +120,60 @@ def event_item(
     if occurrence_id is not None:
         item["occurrenceId"] = occurrence_id
     return item
+
+
+def refused_parts(
+    batch: list[dict[str, Any]], code: str, details: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """After the server refused `batch` (all or nothing) with the error `code` and `details`: the
+    events to send again first, the ones refused, and those to send again after them; None when
+    the refusal is the whole batch's (the key, the run, a fencing token, one event alone). The
+    server names the event it refused (`details.index`): the others do not go down with it. A
+    body over the server's size limit is halved until it fits or one event is left; a batch over
+    the key's events per minute (`rate_limited`, `details.limit`) goes in parts of that size."""
+    size, index, limit = len(batch), details.get("index"), details.get("limit")
+    if size <= 1:
+        return None
+    if code == "rate_limited":
+        return (batch[:limit], [], batch[limit:]) if isinstance(limit, int) and 0 < limit < size else None
+    if code == "payload_too_large":
+        return batch[: size // 2], [], batch[size // 2 :]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < size or code == "run_not_started":
+        return None
+    if code == "run_too_large":  # the run is full: only its ending is still taken
+        rest = batch[index:]
+        return (
+            batch[:index],
+            [e for e in rest if e["type"] not in RUN_ENDINGS],
+            [e for e in rest if e["type"] in RUN_ENDINGS],
+        )
+    return batch[:index], [batch[index]], batch[index + 1 :]
+
+
+def over_the_rate(code: str, details: Mapping[str, Any], body: Any) -> bool:
+    """A 429 for an append of more events than the key may append in a minute (`details.limit`):
+    no wait lets it through, so it is not retried (it goes in parts: `refused_parts`)."""
+    limit = details.get("limit")
+    events = body.get("events") if isinstance(body, Mapping) else None
+    return code == "rate_limited" and isinstance(limit, int) and isinstance(events, list) and len(events) > limit
+
+
+def lease_wait(details: Mapping[str, Any], elapsed: float, policy: RetryPolicy) -> float | None:
+    """Seconds until the lease of a `tool_call_in_progress` ends (`details.leaseExpiresAt`), when
+    the retry policy lets the claim wait that long; else None. The lease is a crashed harness's
+    (a restart from the top claims its calls again) or a live one's: either way, claimed again
+    once it ends, the call is answered as the gateway decides (its result, in doubt, or run)."""
+    expires = details.get("leaseExpiresAt")
+    try:
+        until = datetime.fromisoformat(expires).timestamp() if isinstance(expires, str) else None
+    except ValueError:
+        until = None
+    if until is None:
+        return None
+    wait = max(0.0, until - time.time()) + 0.5  # past the server's expiry, whatever the clocks say
+    if elapsed + wait > policy.deadline_s:
+        return None
+    return wait
 
 
 def check_item(item: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import httpx
 
 from . import _core
 from ._core import Appended, Envelope, KeyMaker, RetryPolicy
-from .errors import ApiError, ToolCallFailed, TransportError, error_from
+from .errors import ApiError, ToolCallFailed, ToolCallInProgress, TransportError, error_from
 
 log = logging.getLogger("runledger.client")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -49,7 +49,7 @@ class AsyncClient:
         self.owner = _core.new_owner()
         self._params = {"workspace": workspace} if workspace else {}
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=_core.base_url(base_url),
             timeout=timeout,
             transport=transport,
             headers={"Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"},
@@ -86,7 +86,7 @@ class AsyncClient:
                 if response.status_code < 400:
                     return response
                 error = error_from(response.status_code, response.content, response.headers.get("Retry-After"))
-                if not error.retryable:
+                if not error.retryable or _core.over_the_rate(error.code, error.details, body):
                     raise error
                 failure, retry_after = error, error.retry_after
             wait = policy.delay(attempt, retry_after, time.monotonic() - started)
@@ -231,12 +231,13 @@ class AsyncRun:
     ) -> None:
         item = _core.event_item(type_, payload, idempotency_key=idempotency_key, occurrence_id=occurrence_id)
         async with self._lock:
-            self._raise_background_error()
-            self._buffer.append(self.keys.keyed(item))
+            self._buffer.append(self.keys.keyed(item))  # kept, whatever a background flush raised
             if len(self._buffer) >= self.batch_size:
                 await self._send_buffer()
-            elif self._timer is None and self.flush_interval > 0:
+                return
+            if self._timer is None and self.flush_interval > 0:
                 self._timer = asyncio.create_task(self._flush_later())
+            self._raise_background_error()
 
     async def flush(self) -> Appended:
         async with self._lock:
@@ -259,18 +260,54 @@ class AsyncRun:
             raise error
 
     async def _send_buffer(self) -> Appended:
-        self._raise_background_error()
+        """Send the buffer; then raise what the server refused, or what a background flush raised
+        (after sending: an error of the past never holds back what waits, the run's ending included)."""
         if self._timer is not None and self._timer is not asyncio.current_task():
             self._timer.cancel()  # it waits for the lock we hold, or sleeps: nothing of it is under way
         self._timer = None
         sent = Appended(last_sequence=self.last_sequence or 0)
+        refusal: ApiError | None = None
+        unsendable: TypeError | None = None
         while self._buffer:
             batch = self._buffer[: self.batch_size]
             expected = self.last_sequence if self.check_sequence else None
-            done = await self.client.append(self.run_id, batch, expected, fencing_token=self.fencing_token)
+            try:
+                done = await self.client.append(self.run_id, batch, expected, fencing_token=self.fencing_token)
+            except (TypeError, ValueError):
+                bad = _core.unencodable(batch)
+                if not bad:
+                    raise
+                # What JSON cannot hold leaves the buffer (raised, once the rest is sent).
+                self._buffer[: len(batch)] = [item for item in batch if all(item is not b for b, _ in bad)]
+                log.error("%d event(s) of %s cannot be sent as JSON: %r", len(bad), self.run_id, bad[0][1])
+                unsendable = unsendable or TypeError(f"event {bad[0][0]['type']!r} of {self.run_id}: {bad[0][1]}")
+                continue
+            except ApiError as exc:
+                # What the server may take later (a 5xx, a 429) stays for the next flush; what it
+                # refused leaves the buffer, and only that: the rest of the batch goes on without it.
+                split = (
+                    None
+                    if exc.retryable and exc.code != "rate_limited"
+                    else _core.refused_parts(batch, exc.code, exc.details)
+                )
+                if split is None:
+                    if not exc.retryable:
+                        del self._buffer[: len(batch)]
+                    raise
+                before, refused, after = split
+                self._buffer[: len(batch)] = before + after
+                if refused:
+                    log.error("%d event(s) of %s refused: %r", len(refused), self.run_id, exc)
+                    refusal = refusal or exc
+                continue
             del self._buffer[: len(batch)]
             self.last_sequence = done.last_sequence
             sent.extend_with(done)
+        error: Exception | None = refusal or unsendable
+        if error is not None:
+            self._background_error = None
+            raise error  # the rest was sent: the writer hears of what was not
+        self._raise_background_error()
         return sent
 
     async def _sync_sequence(self) -> None:
@@ -406,7 +443,17 @@ class AsyncToolCall:
         ):
             if value is not None:
                 body[field] = value
-        answer = await self._post("", body)
+        started = time.monotonic()
+        while True:
+            try:
+                answer = await self._post("", body)
+                break
+            except ToolCallInProgress as exc:  # e.g. held by the harness that crashed before this restart
+                wait = _core.lease_wait(exc.details, time.monotonic() - started, self.run.client.retry)
+                if wait is None:
+                    raise
+                log.warning("tool call %s is leased to another owner: claiming it again in %.1fs", self.call_id, wait)
+                await asyncio.sleep(wait)
         self.call_id, self.attempt = answer.get("callId", self.call_id), answer.get("attempt")
         if answer.get("status") == "claimed":
             self.lease_token = answer["leaseToken"]

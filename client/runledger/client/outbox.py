@@ -10,7 +10,10 @@ its idempotency key, so a resend is a replay, never a second copy) for as long a
 (`RetryPolicy.deadline_s`: ten minutes by default). What cannot be delivered (the policy gave up,
 the server refused it with a 4xx, the buffer was full, the process exited first) is reported: a log
 line on `runledger.client`, the client's `on_undelivered` callback, and, with `spool_dir`, a file
-that `Client.deliver_spooled()` sends later.
+that `Client.deliver_spooled()` sends later. A refusal takes down only what it refuses: the event
+the server names (`details.index`: an unknown type, a payload it refuses, past the run's size limit)
+is reported alone and the rest of its batch sent again without it; a body over the server's 10 MiB
+is sent in halves, a batch over the key's events per minute in parts the limit lets through.
 """
 
 from __future__ import annotations
@@ -86,6 +89,15 @@ class Outbox:
         self._abandon = threading.Event()  # closing: stop retrying, report what is left
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    def after_fork(self) -> None:
+        """In a forked child: what waited is the parent's to send (its thread goes on there); this
+        process starts empty, with a lock no thread of the parent may hold and its own thread."""
+        self._cond = threading.Condition()
+        self._runs = {}
+        self.buffered = 0
+        self._abandon = threading.Event()
+        self._thread = None
 
     # --- the writers' side ---------------------------------------------------------------------------
 
@@ -194,23 +206,56 @@ class Outbox:
     def _loop(self) -> None:
         while (next_batch := self._next()) is not None:
             waiting, batch = next_batch
-            try:
-                sent = self._send(waiting.run, batch)
-            except BaseException as exc:  # noqa: BLE001 - whatever happens, the agent is told by report, not by a raise
-                sent = None
-                self.report(waiting.run.run_id, batch, exc)
-                if isinstance(exc, TransportError):
-                    self._give_up_on_everything(exc)
+            sent = self._deliver(waiting.run, batch)
             with self._cond:
                 waiting.sending = 0
                 self.buffered -= len(batch)
-                if sent is not None and waiting.collected is not None:
+                if waiting.collected is not None:
                     waiting.collected.extend_with(sent)
                 if not waiting.items:
                     waiting.flush = False
                 else:
                     waiting.since = time.monotonic()
                 self._cond.notify_all()
+
+    def _deliver(self, run: Run, batch: list[dict[str, Any]]) -> Appended:
+        """Send the batch; what the server refuses is reported, and only that: the events of the
+        batch it did not refuse are sent again without it (`_core.refused_parts`). What was sent."""
+        sent = Appended(last_sequence=run.last_sequence or 0)
+        parts = [batch]
+        while parts:
+            part = parts.pop(0)
+            try:
+                sent.extend_with(self._send(run, part))
+            except ApiError as exc:
+                split = (
+                    None
+                    if exc.retryable and exc.code != "rate_limited"
+                    else _core.refused_parts(part, exc.code, exc.details)
+                )
+                if split is None:
+                    self.report(run.run_id, part, exc)
+                    continue
+                before, refused, after = split
+                if refused:
+                    self.report(run.run_id, refused, exc)
+                parts[:0] = [p for p in (before, after) if p]
+            except (TypeError, ValueError) as exc:
+                # An event JSON cannot hold (a datetime, NaN) is reported alone, the rest sent.
+                bad = _core.unencodable(part)
+                if not bad:
+                    self.report(run.run_id, part, exc)
+                    continue
+                for item, error in bad:
+                    self.report(run.run_id, [item], error)
+                rest = [item for item in part if all(item is not b for b, _ in bad)]
+                parts[:0] = [rest] if rest else []
+            except BaseException as exc:  # noqa: BLE001 - whatever happens, the agent is told by report, not by a raise
+                self.report(run.run_id, [event for p in (part, *parts) for event in p], exc)
+                if isinstance(exc, TransportError):
+                    self._give_up_on_everything(exc)
+                break
+        return sent
 
     def _give_up_on_everything(self, error: TransportError) -> None:
         """The policy gave up on the server: what waits behind the batch would wait as long again."""
@@ -248,7 +293,7 @@ class Outbox:
                     run.last_sequence = done.last_sequence
                     return done
                 error = error_from(response.status_code, response.content, response.headers.get("Retry-After"))
-                if not error.retryable:
+                if not error.retryable or _core.over_the_rate(error.code, error.details, body):
                     raise error
                 failure, retry_after = error, error.retry_after
             wait = policy.delay(attempt, retry_after, time.monotonic() - started)
@@ -271,16 +316,20 @@ class Outbox:
 
     def report(self, run_id: str, events: list[dict[str, Any]], error: BaseException) -> None:
         spooled = spool(self.spool_dir, run_id, events, error) if self.spool_dir is not None else None
+        self.tell(Undelivered(run_id, events, error, spooled))
+
+    def tell(self, undelivered: Undelivered) -> None:
+        """The log line and the `on_undelivered` callback of events not delivered."""
         log.error(
             "runledger: %d event(s) of %s not delivered: %r%s",
-            len(events),
-            run_id,
-            error,
-            f"; kept in {spooled}" if spooled is not None else "",
+            len(undelivered.events),
+            undelivered.run_id,
+            undelivered.error,
+            f"; kept in {undelivered.spooled}" if undelivered.spooled is not None else "",
         )
         if self.on_undelivered is not None:
             try:
-                self.on_undelivered(Undelivered(run_id, events, error, spooled))
+                self.on_undelivered(undelivered)
             except Exception:  # noqa: BLE001 - the agent's callback must not stop delivery of the rest
                 log.exception("on_undelivered raised")
 

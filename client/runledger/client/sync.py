@@ -22,6 +22,7 @@ import inspect
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 import weakref
@@ -34,7 +35,7 @@ import httpx
 
 from . import _core
 from ._core import Appended, Envelope, KeyMaker, RetryPolicy
-from .errors import ApiError, ToolCallFailed, TransportError, error_from
+from .errors import ApiError, RateLimited, ServerError, ToolCallFailed, ToolCallInProgress, TransportError, error_from
 from .outbox import Outbox, Undelivered, spooled
 
 log = logging.getLogger("runledger.client")
@@ -94,12 +95,14 @@ class Client:
         self.owner = _core.new_owner()
         self.exit_timeout = exit_timeout
         self._params = {"workspace": workspace} if workspace else {}
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
+        self._connect = functools.partial(
+            httpx.Client,
+            base_url=_core.base_url(base_url),
             timeout=timeout,
             transport=transport,
             headers={"Authorization": f"Bearer {key}", "User-Agent": _core.USER_AGENT, "Accept": "application/json"},
         )
+        self._http = self._connect()
         self.spool_dir = Path(spool_dir) if spool_dir is not None else None
         self.outbox = Outbox(self, max_buffered=max_buffered, on_undelivered=on_undelivered, spool_dir=self.spool_dir)
         self._closed = False
@@ -107,6 +110,15 @@ class Client:
         reference = weakref.ref(self)
         self._at_exit = lambda: _close_at_exit(reference)
         atexit.register(self._at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=lambda: _start_over_after_fork(reference))
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's sending thread and connections are not this process's
+        (the thread is gone, the sockets are shared): start with an empty outbox and a new pool."""
+        self.owner = _core.new_owner()
+        self._http = self._connect()
+        self.outbox.after_fork()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every emitted event has been sent or reported; False if `timeout` passed first."""
@@ -130,14 +142,39 @@ class Client:
 
     def deliver_spooled(self) -> int:
         """Send the batches `spool_dir` kept (oldest first, each a replay if it had arrived after
-        all); each file is removed once the server took it. Returns how many events were sent."""
+        all); each file is removed once the server took it. Returns how many events were sent.
+        Events the server refuses (a 4xx: it never will take them) do not stop the rest: they are
+        reported as not delivered (the log line, `on_undelivered`) and kept in `<file>.refused`,
+        never sent again, and the rest of their batch is sent. A server that cannot take them yet
+        (no answer, a 5xx, a 429 past the retry policy) raises, the files left for a later call."""
         if self.spool_dir is None or not self.spool_dir.exists():
             return 0
         sent = 0
         for path, run_id, events in spooled(self.spool_dir):
-            self.append(run_id, events)
+            refused: list[dict[str, Any]] = []
+            error: ApiError | None = None
+            parts = [events]
+            while parts:
+                part = parts.pop(0)
+                try:
+                    self.append(run_id, part)
+                except ApiError as exc:
+                    if exc.retryable and exc.code != "rate_limited":
+                        raise
+                    split = _core.refused_parts(part, exc.code, exc.details)
+                    if split is None and exc.retryable:
+                        raise
+                    before, bad, after = split or ([], part, [])
+                    refused.extend(bad)
+                    error = error or exc
+                    parts[:0] = [p for p in (before, after) if p]
+                else:
+                    sent += len(part)
+            if refused and error is not None:
+                kept = path.with_name(path.name + ".refused")
+                kept.write_bytes(_core.encode({"runId": run_id, "events": refused, "error": repr(error)}))
+                self.outbox.tell(Undelivered(run_id, refused, error, kept))
             path.unlink()
-            sent += len(events)
         return sent
 
     # --- requests --------------------------------------------------------------------------------
@@ -171,7 +208,7 @@ class Client:
                 if response.status_code < 400:
                     return response
                 error = error_from(response.status_code, response.content, response.headers.get("Retry-After"))
-                if not error.retryable:
+                if not error.retryable or _core.over_the_rate(error.code, error.details, body):
                     raise error
                 failure, retry_after = error, error.retry_after
             wait = policy.delay(attempt, retry_after, time.monotonic() - started)
@@ -258,7 +295,8 @@ class Client:
         that is already started with the same payload is a replay: the harness was restarted, and
         its model calls are answered from the log (`ModelCall.replayed`) as the gateway answers
         its tool calls. The start waits up to `start_timeout` seconds for the server to say which;
-        past that the RunStarted goes to the outbox like any event and the run is taken as new.
+        past that (no answer, or a 5xx or 429 for that long) the RunStarted goes to the outbox like
+        any event and the run is taken as new.
         """
         run = Run(
             self,
@@ -283,8 +321,8 @@ class Client:
         )
         try:
             done = self.append(run.run_id, [item], fencing_token=fencing_token, retry=policy)
-        except TransportError as exc:
-            log.warning("could not reach the server to start %s (%r); its events wait in the outbox", run.run_id, exc)
+        except (TransportError, ServerError, RateLimited) as exc:  # it may take them later: never the agent's failure
+            log.warning("the server did not start %s yet (%r); its events wait in the outbox", run.run_id, exc)
             self.outbox.put(run, item)
         else:
             run.last_sequence = done.last_sequence
@@ -317,6 +355,12 @@ class Client:
         run.restarted = True
         run._sync_sequence()
         return run
+
+
+def _start_over_after_fork(reference: weakref.ref[Client]) -> None:
+    client = reference()
+    if client is not None and not client._closed:
+        client._after_fork()
 
 
 def _close_at_exit(reference: weakref.ref[Client]) -> None:
@@ -887,7 +931,17 @@ class ToolCall:
         ):
             if value is not None:
                 body[field] = value
-        answer = self._post("", body)
+        started = time.monotonic()
+        while True:
+            try:
+                answer = self._post("", body)
+                break
+            except ToolCallInProgress as exc:  # e.g. held by the harness that crashed before this restart
+                wait = _core.lease_wait(exc.details, time.monotonic() - started, self.run.client.retry)
+                if wait is None:
+                    raise
+                log.warning("tool call %s is leased to another owner: claiming it again in %.1fs", self.call_id, wait)
+                time.sleep(wait)
         self.call_id, self.attempt = answer.get("callId", self.call_id), answer.get("attempt")
         if answer.get("status") == "claimed":
             self.lease_token = answer["leaseToken"]
