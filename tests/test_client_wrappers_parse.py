@@ -101,7 +101,8 @@ def test_structured_output_calls_record_the_schema_sent_and_replay_as_the_parsed
     """`chat.completions.parse` (a `response_format`, then strict pydantic tools) and
     `responses.parse` (a `text_format`) post their requests themselves, never through `create`:
     each is recorded, its pydantic model as the JSON schema the SDK sent; after a restart each
-    comes back as `ParsedChatCompletion` / `ParsedResponse`, parsed into the user's model."""
+    comes back as `ParsedChatCompletion` / `ParsedResponse`, parsed into the user's model. The
+    same through `client.beta.chat`, whose `stream` helper sends its model through `create`."""
     import openai
     from openai.types.chat import ParsedChatCompletion
     from openai.types.responses import ParsedResponse
@@ -116,11 +117,23 @@ def test_structured_output_calls_record_the_schema_sent_and_replay_as_the_parsed
         assert isinstance(chat, ParsedChatCompletion) and isinstance(asked, ParsedChatCompletion)
         assert isinstance(answered, ParsedResponse)
         arguments = asked.choices[0].message.tool_calls[0].function.parsed_arguments  # type: ignore[index]
-        return [chat.choices[0].message.parsed, arguments, answered.output_parsed]
+        # `client.beta.chat` is the same resource: its `parse`, and its `stream` helper given a model.
+        beta = llm.beta.chat.completions.parse(model="gpt-4o", messages=QUESTION, response_format=Weather)
+        with llm.beta.chat.completions.stream(
+            model="gpt-4o", messages=QUESTION, response_format=Weather, stream_options={"include_usage": True}
+        ) as chunks:
+            streamed = chunks.get_final_completion()
+        return [
+            chat.choices[0].message.parsed,
+            arguments,
+            answered.output_parsed,
+            beta.choices[0].message.parsed,
+            streamed.choices[0].message.parsed,
+        ]
 
     sent = len(provider.requests)
     first, again = twice(client, provider, "run_wrapped_parse", calls)
-    assert first == [Weather(city=provider.answer, celsius=21), GetWeather(city="Paris"), first[0]]
+    assert first == [Weather(city=provider.answer, celsius=21), GetWeather(city="Paris"), *[first[0]] * 3]
     assert again == first and all(type(a) is type(b) for a, b in zip(again, first, strict=True))
 
     bodies = provider.requests[sent:]
@@ -129,11 +142,14 @@ def test_structured_output_calls_record_the_schema_sent_and_replay_as_the_parsed
     assert called[0]["response_format"]["json_schema"]["schema"]["required"] == ["city", "celsius"]
     assert called[1]["tools"] == bodies[1]["tools"] and called[1]["tools"][0]["function"]["strict"] is True
     assert called[2]["text"] == bodies[2]["text"] and "text_format" not in called[2]
+    assert called[3]["response_format"] == called[4]["response_format"] == called[0]["response_format"]
     responded = logged(workspace, "run_wrapped_parse", "harness.model.responded")
-    assert [(r["model"]["provider"], r["model"]["modelId"], r["response"]["usage"]) for r in responded[:3]] == [
+    assert [(r["model"]["provider"], r["model"]["modelId"], r["response"]["usage"]) for r in responded] == [
         ("openai", OPENAI_MODEL, CHAT_USAGE),
         ("openai", OPENAI_MODEL, CHAT_USAGE),
         ("openai.responses", OPENAI_MODEL, RESPONSES_USAGE),
+        ("openai", OPENAI_MODEL, CHAT_USAGE),
+        ("openai", OPENAI_MODEL, CHAT_USAGE),
     ]
     assert json.loads(responded[0]["response"]["text"]) == {"city": provider.answer, "celsius": 21}
     raw = [r["response"]["raw"] for r in responded[:3]]  # as the provider sent it, what was parsed left out
@@ -142,7 +158,7 @@ def test_structured_output_calls_record_the_schema_sent_and_replay_as_the_parsed
     assert "parsed" not in raw[2]["output"][0]["content"][0]
     assert responded[1]["response"]["toolCalls"] == [{"id": "call_1", "name": "get_weather", "args": {"city": "Paris"}}]
     row = RunRow.objects.get(run_id="run_wrapped_parse")
-    assert (row.status, row.priced_calls, row.unpriced_calls, row.input_tokens) == ("completed", 3, 0, 360)
+    assert (row.status, row.priced_calls, row.unpriced_calls, row.input_tokens) == ("completed", 5, 0, 600)
     assert not logged(workspace, "run_wrapped_parse", "harness.model.failed")
     verify("run_wrapped_parse")
 

@@ -205,7 +205,9 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
 
 
 # OpenAI's stream() helpers (`chat.completions.stream`, `responses.stream`), which call `create`.
-_HELPERS = frozenset({("chat", "completions", "stream"), ("responses", "stream")})
+_HELPERS = frozenset(
+    {("chat", "completions", "stream"), ("beta", "chat", "completions", "stream"), ("responses", "stream")}
+)
 # The SDKs' markers of an argument not given (the stream() helpers pass every one): left out.
 _NOT_GIVEN = frozenset({"Omit", "NotGiven"})
 
@@ -934,6 +936,8 @@ _OPENAI: dict[tuple[str, ...], _Kind] = {
     ("responses", "with_raw_response", "create"): _RESPONSES.raw_response("legacy"),
     ("responses", "with_raw_response", "parse"): _RESPONSES_PARSE.raw_response("legacy"),
 }
+# `client.beta.chat` is the same chat resource, where `parse` lived before it left the beta.
+_OPENAI |= {("beta", *path): kind for path, kind in _OPENAI.items() if path[0] == "chat"}
 
 
 # --- Anthropic -------------------------------------------------------------------------------
