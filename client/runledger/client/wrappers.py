@@ -20,6 +20,23 @@ first try; true for an HTTP error, a timeout, a connection lost, or after the SD
 After a restart (see `Client.start_run`) a call the log already answered returns the recorded
 answer, rebuilt as the SDK's own response type, without calling the provider.
 
+OpenAI's structured outputs, `chat.completions.parse(..., response_format=Model)` and
+`responses.parse(..., text_format=Model)`, post their requests themselves, never through
+`create`: they are recorded alike, the request as the SDK sends it (the model as its JSON schema,
+by the SDK's own `type_to_response_format_param` / `type_to_text_format_param`; chat-shaped
+pydantic tools in the Responses API's shape), the answer as the provider sent it (`raw` without
+what the SDK parsed). Replayed, the rebuilt answer is parsed again by the SDK's own
+`parse_chat_completion` / `parse_response` with the call's arguments: a `ParsedChatCompletion` or
+`ParsedResponse` whose `.parsed` is the user's model. `client.beta.chat` (where `parse` lived
+before) is the same resource, recorded the same.
+
+`with_raw_response.create(...)` (and OpenAI's `with_raw_response.parse(...)`) are recorded as the
+call their raw response answers, read through its own `parse()`, which the SDK caches: the user
+still parses it and reads its `headers` and `http_response`. Replayed, no HTTP request was made,
+so the user gets an object whose `parse()` (awaited on Anthropic's asyncio client, as there) gives
+the rebuilt answer, with empty `headers` and `http_response` None. Not recorded: a raw response
+with `stream=True` and `with_streaming_response`, whose bodies are the user's to read.
+
 With `stream=True` the user gets the SDK's stream, wrapped: iterated (`for` / `async for`), as a
 context manager, `close()`d, its other attributes the SDK stream's; each chunk or event is passed
 on untouched as it comes. The call is recorded as called when `create` returns and as answered
