@@ -282,3 +282,41 @@ def test_asyncio_raw_response_calls_are_recorded_and_replayed(
     ]
     assert RunRow.objects.get(run_id="run_wrapped_raw_async").priced_calls == 2
     verify("run_wrapped_raw_async")
+
+
+def test_a_streamed_raw_response_records_the_stream_its_parse_gives(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    """`with_raw_response.create(..., stream=True)`: the raw response's `parse()` gives the SDK's
+    stream, recorded as `create(stream=True)`'s is when read to its end; after a restart its
+    `parse()` gives the recorded answer streamed again, without asking the provider."""
+    import anthropic
+    import openai
+
+    llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+    claude = wrap_anthropic(anthropic.AsyncAnthropic(base_url=provider.url, api_key="sk-ant-test", max_retries=0))
+
+    async def claude_says() -> str:
+        raw = await claude.messages.with_raw_response.create(
+            model="claude-sonnet-4-6", max_tokens=100, messages=QUESTION[1:], stream=True
+        )
+        return "".join([e.delta.text async for e in await raw.parse() if e.type == "content_block_delta"])
+
+    def calls() -> list[Any]:
+        raw = llm.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=QUESTION, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(raw.parse())
+        assert all(isinstance(chunk, openai.types.chat.ChatCompletionChunk) for chunk in chunks)
+        return ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices), asyncio.run(claude_says())]
+
+    first, again = twice(client, provider, "run_wrapped_raw_stream", calls)
+    assert first == again == [provider.answer] * 2
+    responded = logged(workspace, "run_wrapped_raw_stream", "harness.model.responded")
+    assert [(r["model"]["provider"], r["response"]["text"], r["response"]["usage"]) for r in responded] == [
+        ("openai", provider.answer, CHAT_USAGE),
+        ("anthropic", provider.answer, CLAUDE_USAGE),
+    ]
+    assert RunRow.objects.get(run_id="run_wrapped_raw_stream").priced_calls == 2
+    assert not logged(workspace, "run_wrapped_raw_stream", "harness.model.failed")
+    verify("run_wrapped_raw_stream")

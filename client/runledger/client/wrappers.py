@@ -34,8 +34,10 @@ before) is the same resource, recorded the same.
 call their raw response answers, read through its own `parse()`, which the SDK caches: the user
 still parses it and reads its `headers` and `http_response`. Replayed, no HTTP request was made,
 so the user gets an object whose `parse()` (awaited on Anthropic's asyncio client, as there) gives
-the rebuilt answer, with empty `headers` and `http_response` None. Not recorded: a raw response
-with `stream=True` and `with_streaming_response`, whose bodies are the user's to read.
+the rebuilt answer, with empty `headers` and `http_response` None. With `stream=True` the raw
+response's `parse()` gives the stream, wrapped and recorded as `create(stream=True)`'s (replayed:
+streamed again from the record). Not recorded: `with_streaming_response`, whose body is the
+user's to read.
 
 With `stream=True` the user gets the SDK's stream, wrapped: iterated (`for` / `async for`), as a
 context manager, `close()`d, its other attributes the SDK stream's; each chunk or event is passed
@@ -124,14 +126,13 @@ class _Kind:
         self.request, self.unparse, self.reparse, self.raw = request, unparse, reparse, raw
 
     def raw_response(self, raw: str) -> _Kind:
-        """The same method under `with_raw_response`. Its streams are not recorded: their raw
-        response's `parse()` gives the SDK's stream, which would have to be replaced inside it."""
+        """The same method under `with_raw_response`."""
         return _Kind(
             self.provider,
             self.read,
             self.rebuild,
-            None,
-            None,
+            self.accumulate,
+            self.replay_stream,
             request=self.request,
             unparse=self.unparse,
             reparse=self.reparse,
@@ -352,6 +353,9 @@ class _Opening:
                 raise
             self.call.__exit__(None, None, None)
             self.replay = self.result = (_AsyncReplayed if self.asynchronous else _Replayed)(events)
+            if self.kind.raw is not None:
+                awaited = self.asynchronous and self.kind.raw == "api"
+                self.result = (_AsyncReplayedResponse if awaited else _ReplayedResponse)(self.replay)
         return self
 
     def __exit__(
@@ -367,7 +371,45 @@ class _Opening:
         # The provider answered: whatever happens to the stream now, it may bill the call.
         self.call.request_left = True
         recording = _Recording(self.kind, self.call)
-        self.result = (_AsyncStream if self.asynchronous else _Stream)(self.stream, recording)
+        wrapped = _AsyncStream if self.asynchronous else _Stream
+        if self.kind.raw is None:
+            self.result = wrapped(self.stream, recording)
+        else:  # a raw response, whose `parse()` gives the stream
+            awaited = self.asynchronous and self.kind.raw == "api"
+            streamed = _AsyncStreamedResponse if awaited else _StreamedResponse
+            self.result = streamed(self.stream, functools.partial(wrapped, recording=recording))
+
+
+class _StreamedResponse:
+    """A `with_raw_response` call's raw response with `stream=True`: the SDK's, its `parse()`
+    giving the SDK's stream wrapped and recorded as `create(stream=True)`'s is; its other
+    attributes the SDK's. Read without `parse()`, the call is recorded when the run ends."""
+
+    def __init__(self, response: Any, wrap: Callable[[Any], Any]) -> None:
+        self._response, self._wrap = response, wrap
+        self._stream: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_response", "_wrap", "_stream"):  # not set yet
+            raise AttributeError(name)
+        return getattr(self._response, name)
+
+    def __repr__(self) -> str:
+        return f"recorded({self._response!r})"
+
+    def parse(self) -> Any:
+        if self._stream is None:
+            self._stream = self._wrap(self._response.parse())
+        return self._stream
+
+
+class _AsyncStreamedResponse(_StreamedResponse):
+    """`_StreamedResponse` for Anthropic's asyncio client, whose raw response's `parse()` is awaited."""
+
+    async def parse(self) -> Any:
+        if self._stream is None:
+            self._stream = self._wrap(await self._response.parse())
+        return self._stream
 
 
 class _Recording:
