@@ -11,7 +11,9 @@ usage at all); the Responses API's named events (`response.created` ... `respons
 Anthropic's (`message_start`, content blocks with `text_delta` / `input_json_delta`,
 `message_delta` with the output tokens, `message_stop`, a `ping` among them). OpenAI's reply names a dated model (`gpt-4o-2024-08-06`), as the real service does;
 Anthropic's the model asked. Asked for `n` choices, it gives that many (the later ones' text marked `(candidate i)`). Set `report_usage` to False and `usage` is left out of every answer (as some
-OpenAI-compatible servers do). `answer` changes the final text (a
+OpenAI-compatible servers do). Asked for structured output (chat's `response_format` or the
+Responses API's `text.format` of type `json_schema`, as the SDKs' `parse` helpers send), the text
+is JSON matching the schema, its strings `answer`. `answer` changes the final text (a
 non-deterministic model: a restarted agent gets another answer); `requests` keeps every body.
 Set `fail` to `"http-500"` and every call is answered HTTP 500 with an error body, to `"hang-up"`
 and the connection is closed once the request is read, with no answer (a provider that went away),
@@ -74,7 +76,32 @@ def _asked_for_tool(messages: list[dict[str, Any]], tools: Any) -> bool:
     return True
 
 
+def _structured(schema: dict[str, Any], answer: str) -> Any:
+    """A value matching a JSON schema, as the SDKs' `parse` helpers send it: strings are `answer`,
+    numbers 21, booleans true, arrays of one item; a `$ref` or `anyOf` takes its first choice."""
+    definitions = schema.get("$defs") or {}
+
+    def value(node: dict[str, Any]) -> Any:
+        if "$ref" in node:
+            return value(definitions[node["$ref"].rsplit("/", 1)[-1]])
+        if "anyOf" in node:
+            return value(node["anyOf"][0])
+        kind = node.get("type")
+        if "enum" in node:
+            return node["enum"][0]
+        if kind == "object":
+            return {key: value(field) for key, field in (node.get("properties") or {}).items()}
+        if kind == "array":
+            return [value(node.get("items") or {})]
+        return {"integer": 21, "number": 21, "boolean": True, "null": None}.get(str(kind), answer)
+
+    return value(schema)
+
+
 def openai_reply(body: dict[str, Any], answer: str, say_while_asking: bool = False) -> dict[str, Any]:
+    response_format = body.get("response_format") or {}
+    if response_format.get("type") == "json_schema":  # structured outputs: the answer as that JSON
+        answer = json.dumps(_structured(response_format["json_schema"]["schema"], answer))
     if _asked_for_tool(body.get("messages", []), body.get("tools")):
         message: dict[str, Any] = {
             "role": "assistant",
@@ -159,6 +186,9 @@ def responses_reply(body: dict[str, Any], answer: str) -> dict[str, Any]:
     """A Responses API answer: a function call when asked with tools and no tool output yet, else
     a message of `answer`."""
     given = body.get("input")
+    text_format = (body.get("text") or {}).get("format") or {}
+    if text_format.get("type") == "json_schema":  # structured outputs: the answer as that JSON
+        answer = json.dumps(_structured(text_format["schema"], answer))
     if _asked_for_tool(given if isinstance(given, list) else [], body.get("tools")):
         output: list[dict[str, Any]] = [
             {

@@ -20,6 +20,25 @@ first try; true for an HTTP error, a timeout, a connection lost, or after the SD
 After a restart (see `Client.start_run`) a call the log already answered returns the recorded
 answer, rebuilt as the SDK's own response type, without calling the provider.
 
+OpenAI's structured outputs, `chat.completions.parse(..., response_format=Model)` and
+`responses.parse(..., text_format=Model)`, post their requests themselves, never through
+`create`: they are recorded alike, the request as the SDK sends it (the model as its JSON schema,
+by the SDK's own `type_to_response_format_param` / `type_to_text_format_param`; chat-shaped
+pydantic tools in the Responses API's shape), the answer as the provider sent it (`raw` without
+what the SDK parsed). Replayed, the rebuilt answer is parsed again by the SDK's own
+`parse_chat_completion` / `parse_response` with the call's arguments: a `ParsedChatCompletion` or
+`ParsedResponse` whose `.parsed` is the user's model. `client.beta.chat` (where `parse` lived
+before) is the same resource, recorded the same.
+
+`with_raw_response.create(...)` (and OpenAI's `with_raw_response.parse(...)`) are recorded as the
+call their raw response answers, read through its own `parse()`, which the SDK caches: the user
+still parses it and reads its `headers` and `http_response`. Replayed, no HTTP request was made,
+so the user gets an object whose `parse()` (awaited on Anthropic's asyncio client, as there) gives
+the rebuilt answer, with empty `headers` and `http_response` None. With `stream=True` the raw
+response's `parse()` gives the stream, wrapped and recorded as `create(stream=True)`'s (replayed:
+streamed again from the record). Not recorded: `with_streaming_response`, whose body is the
+user's to read.
+
 With `stream=True` the user gets the SDK's stream, wrapped: iterated (`for` / `async for`), as a
 context manager, `close()`d, its other attributes the SDK stream's; each chunk or event is passed
 on untouched as it comes. The call is recorded as called when `create` returns and as answered
@@ -82,18 +101,43 @@ def wrap_anthropic(client: T) -> T:
 class _Kind:
     """How one SDK method's calls are recorded: its provider name, how its answer reads, how it is
     rebuilt for a replay, and for a stream how its chunks add up to that answer and how a recorded
-    answer is streamed again."""
+    answer is streamed again (None: its streams pass through unrecorded). A `parse` method's
+    arguments become the request the SDK sends (`request`), its answer is recorded as the provider
+    sent it, without what the SDK parsed (`unparse`), and rebuilt it is parsed again with the
+    call's own arguments (`reparse`); a `with_raw_response` method's answer is the SDK's
+    raw response (`raw`: "legacy", OpenAI's, whose `parse()` is never awaited, or "api",
+    Anthropic's, awaited on its asyncio client)."""
 
     def __init__(
         self,
         provider: str,
         read: Callable[[dict[str, Any]], tuple[str | None, list[dict[str, Any]], dict[str, int]]],
         rebuild: Callable[[dict[str, Any]], Any],
-        accumulate: Callable[[dict[str, Any]], _Accumulator],
-        replay_stream: Callable[[dict[str, Any]], list[Any]],
+        accumulate: Callable[[dict[str, Any]], _Accumulator] | None,
+        replay_stream: Callable[[dict[str, Any]], list[Any]] | None,
+        *,
+        request: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        unparse: Callable[[Any], dict[str, Any]] | None = None,
+        reparse: Callable[[Any, dict[str, Any]], Any] | None = None,
+        raw: str | None = None,
     ) -> None:
         self.provider, self.read, self.rebuild = provider, read, rebuild
         self.accumulate, self.replay_stream = accumulate, replay_stream
+        self.request, self.unparse, self.reparse, self.raw = request, unparse, reparse, raw
+
+    def raw_response(self, raw: str) -> _Kind:
+        """The same method under `with_raw_response`."""
+        return _Kind(
+            self.provider,
+            self.read,
+            self.rebuild,
+            self.accumulate,
+            self.replay_stream,
+            request=self.request,
+            unparse=self.unparse,
+            reparse=self.reparse,
+            raw=raw,
+        )
 
 
 class _Wrapped:
@@ -130,59 +174,70 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
 
         @functools.wraps(method)
         async def call_async(*args: Any, **kwargs: Any) -> Any:
-            model_call = _model_call(kind, kwargs)
+            streamed = bool(kwargs.get("stream"))
+            model_call = None if streamed and kind.accumulate is None else _model_call(kind, kwargs)
             if model_call is None:
                 return await method(*args, **kwargs)
-            if kwargs.get("stream"):
+            if streamed:
                 with _Opening(kind, model_call, asynchronous=True) as opening:
                     if opening.replay is None:
                         opening.stream = await method(*args, **kwargs)
                 return opening.result
             with model_call as call:
                 if call.replayed:
-                    return _replayed(kind, call)
+                    return _replayed(kind, call, kwargs, asynchronous=True)
                 try:
                     answer = await method(*args, **kwargs)
                 except TypeError:
                     call.request_left = False  # the SDK refused its arguments: no request was built
                     raise
-                _respond(kind, call, answer)
+                read = answer.parse() if kind.raw else answer  # cached in the raw response for the user
+                _respond(kind, call, await read if inspect.isawaitable(read) else read)
             return answer
 
         return call_async
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
-        model_call = _model_call(kind, kwargs)
+        streamed = bool(kwargs.get("stream"))
+        model_call = None if streamed and kind.accumulate is None else _model_call(kind, kwargs)
         if model_call is None:
             return method(*args, **kwargs)
-        if kwargs.get("stream"):
+        if streamed:
             with _Opening(kind, model_call, asynchronous=False) as opening:
                 if opening.replay is None:
                     opening.stream = method(*args, **kwargs)
             return opening.result
         with model_call as recorded:
             if recorded.replayed:
-                return _replayed(kind, recorded)
+                return _replayed(kind, recorded, kwargs, asynchronous=False)
             try:
                 answer = method(*args, **kwargs)
             except TypeError:
                 recorded.request_left = False  # the SDK refused its arguments: no request was built
                 raise
-            _respond(kind, recorded, answer)
+            _respond(kind, recorded, answer.parse() if kind.raw else answer)  # cached for the user
         return answer
 
     return call
 
 
 # OpenAI's stream() helpers (`chat.completions.stream`, `responses.stream`), which call `create`.
-_HELPERS = frozenset({("chat", "completions", "stream"), ("responses", "stream")})
+_HELPERS = frozenset(
+    {("chat", "completions", "stream"), ("beta", "chat", "completions", "stream"), ("responses", "stream")}
+)
 # The SDKs' markers of an argument not given (the stream() helpers pass every one): left out.
 _NOT_GIVEN = frozenset({"Omit", "NotGiven"})
 
 
 def _model_call(kind: _Kind, kwargs: dict[str, Any]) -> ModelCall | None:
-    request = _jsonable({key: value for key, value in kwargs.items() if type(value).__name__ not in _NOT_GIVEN})
+    given = {key: value for key, value in kwargs.items() if type(value).__name__ not in _NOT_GIVEN}
+    if kind.request is not None:
+        try:
+            given = kind.request(given)
+        except Exception:  # noqa: BLE001 - arguments the SDK refuses too: recorded as given, failed by it
+            pass
+    request = _jsonable(given)
     model = str(kwargs.get("model") or "unknown")
     session = current_session()
     if session is not None:
@@ -192,7 +247,7 @@ def _model_call(kind: _Kind, kwargs: dict[str, Any]) -> ModelCall | None:
 
 
 def _respond(kind: _Kind, call: ModelCall, answer: Any) -> None:
-    raw = _jsonable(answer)
+    raw = _jsonable(answer if kind.unparse is None else kind.unparse(answer))
     if not isinstance(raw, dict):
         call.respond(None, usage={})
         return
@@ -213,8 +268,38 @@ def _respond(kind: _Kind, call: ModelCall, answer: Any) -> None:
     )
 
 
-def _replayed(kind: _Kind, call: ModelCall) -> Any:
-    return kind.rebuild(_recorded_raw(call))
+def _replayed(kind: _Kind, call: ModelCall, kwargs: dict[str, Any], *, asynchronous: bool) -> Any:
+    answer = kind.rebuild(_recorded_raw(call))
+    if kind.reparse is not None:
+        answer = kind.reparse(answer, kwargs)
+    if kind.raw is None:
+        return answer
+    return (_AsyncReplayedResponse if asynchronous and kind.raw == "api" else _ReplayedResponse)(answer)
+
+
+class _ReplayedResponse:
+    """A `with_raw_response` call's answer replayed after a restart: no HTTP request was made, so
+    there is no HTTP response (`http_response` is None) and no header (`headers` is empty);
+    `parse()` gives the recorded answer, rebuilt as the SDK's own type."""
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+        self.headers: Mapping[str, str] = types.MappingProxyType({})
+        self.http_response = None
+        self.request_id = None
+
+    def parse(self) -> Any:
+        return self._answer
+
+    def __repr__(self) -> str:
+        return f"<replayed response: {type(self._answer).__name__}>"
+
+
+class _AsyncReplayedResponse(_ReplayedResponse):
+    """`_ReplayedResponse` for Anthropic's asyncio client, whose raw response's `parse()` is awaited."""
+
+    async def parse(self) -> Any:
+        return self._answer
 
 
 def _recorded_raw(call: ModelCall) -> dict[str, Any]:
@@ -261,12 +346,16 @@ class _Opening:
         if self.call.replayed:
             try:
                 raw = _recorded_raw(self.call)
+                assert self.kind.replay_stream is not None  # only a kind that streams is opened
                 events = self.kind.replay_stream(raw)
             except BaseException as exc:
                 self.call.__exit__(type(exc), exc, exc.__traceback__)
                 raise
             self.call.__exit__(None, None, None)
             self.replay = self.result = (_AsyncReplayed if self.asynchronous else _Replayed)(events)
+            if self.kind.raw is not None:
+                awaited = self.asynchronous and self.kind.raw == "api"
+                self.result = (_AsyncReplayedResponse if awaited else _ReplayedResponse)(self.replay)
         return self
 
     def __exit__(
@@ -282,7 +371,45 @@ class _Opening:
         # The provider answered: whatever happens to the stream now, it may bill the call.
         self.call.request_left = True
         recording = _Recording(self.kind, self.call)
-        self.result = (_AsyncStream if self.asynchronous else _Stream)(self.stream, recording)
+        wrapped = _AsyncStream if self.asynchronous else _Stream
+        if self.kind.raw is None:
+            self.result = wrapped(self.stream, recording)
+        else:  # a raw response, whose `parse()` gives the stream
+            awaited = self.asynchronous and self.kind.raw == "api"
+            streamed = _AsyncStreamedResponse if awaited else _StreamedResponse
+            self.result = streamed(self.stream, functools.partial(wrapped, recording=recording))
+
+
+class _StreamedResponse:
+    """A `with_raw_response` call's raw response with `stream=True`: the SDK's, its `parse()`
+    giving the SDK's stream wrapped and recorded as `create(stream=True)`'s is; its other
+    attributes the SDK's. Read without `parse()`, the call is recorded when the run ends."""
+
+    def __init__(self, response: Any, wrap: Callable[[Any], Any]) -> None:
+        self._response, self._wrap = response, wrap
+        self._stream: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_response", "_wrap", "_stream"):  # not set yet
+            raise AttributeError(name)
+        return getattr(self._response, name)
+
+    def __repr__(self) -> str:
+        return f"recorded({self._response!r})"
+
+    def parse(self) -> Any:
+        if self._stream is None:
+            self._stream = self._wrap(self._response.parse())
+        return self._stream
+
+
+class _AsyncStreamedResponse(_StreamedResponse):
+    """`_StreamedResponse` for Anthropic's asyncio client, whose raw response's `parse()` is awaited."""
+
+    async def parse(self) -> Any:
+        if self._stream is None:
+            self._stream = self._wrap(await self._response.parse())
+        return self._stream
 
 
 class _Recording:
@@ -293,6 +420,7 @@ class _Recording:
 
     def __init__(self, kind: _Kind, call: ModelCall) -> None:
         self.kind, self.call = kind, call
+        assert kind.accumulate is not None  # only a kind that streams is recorded streaming
         self.accumulator = kind.accumulate(call.request)
         self.broken = False  # a chunk the accumulator could not read: the answer is not recorded
         self._open = True
@@ -759,12 +887,116 @@ def _openai_response(raw: dict[str, Any]) -> Any:
     return construct_type(type_=Response, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
+def _chat_parse_request(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`chat.completions.parse(...)`'s arguments as the SDK sends them: `response_format` (a
+    pydantic model or dataclass) as its JSON schema. Tools made by `openai.pydantic_function_tool`
+    are already their schema."""
+    from openai.lib._parsing import type_to_response_format_param
+
+    if "response_format" not in kwargs:
+        return kwargs
+    return {**kwargs, "response_format": type_to_response_format_param(kwargs["response_format"])}
+
+
+def _unparsed(answer: Any) -> dict[str, Any]:
+    """A `ParsedChatCompletion` or `ParsedResponse` as the provider sent it: without the values the
+    SDK parsed (`parsed`, `parsed_arguments`), which a replay parses again from the text. Dumped
+    without pydantic's warnings: the parsed fields' declared type is the SDK's placeholder."""
+    raw: dict[str, Any] = answer.model_dump(mode="json", warnings=False)
+    for choice in raw.get("choices") or []:  # a chat completion
+        message = choice.get("message") or {}
+        message.pop("parsed", None)
+        for call in message.get("tool_calls") or []:
+            (call.get("function") or {}).pop("parsed_arguments", None)
+    for item in raw.get("output") or []:  # a Responses API answer
+        item.pop("parsed_arguments", None)
+        for part in item.get("content") or [] if item.get("type") == "message" else []:
+            part.pop("parsed", None)
+    return raw
+
+
+def _parsed_chat(answer: Any, kwargs: dict[str, Any]) -> Any:
+    """A rebuilt chat completion parsed as `chat.completions.parse(...)` parses it, by the SDK's
+    own function, with the call's `response_format` and tools (the user passes them again)."""
+    from openai._types import omit
+    from openai.lib._parsing import parse_chat_completion, validate_input_tools
+
+    tools = validate_input_tools(kwargs.get("tools", omit))
+    return parse_chat_completion(
+        response_format=kwargs.get("response_format", omit), input_tools=tools, chat_completion=answer
+    )
+
+
+def _response_parse_request(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`responses.parse(...)`'s arguments as the SDK sends them: `text_format` as the JSON schema
+    of `text.format`, `parse_as` (how to read the answer) left out, chat-shaped pydantic tools in
+    the Responses API's shape."""
+    from openai._types import omit
+    from openai.lib._parsing._responses import type_to_text_format_param
+    from openai.lib._response_resources import _make_tools
+
+    request = {key: value for key, value in kwargs.items() if key not in ("text_format", "parse_as")}
+    if "text_format" in kwargs:
+        if "format" in (kwargs.get("text") or {}):
+            raise TypeError("Cannot mix and match text.format with text_format")  # as the SDK says
+        request["text"] = {**(kwargs.get("text") or {}), "format": type_to_text_format_param(kwargs["text_format"])}
+    if "tools" in kwargs:
+        request["tools"] = _make_tools(kwargs.get("tools", omit))
+    return request
+
+
+def _parsed_response(answer: Any, kwargs: dict[str, Any]) -> Any:
+    """A rebuilt Responses API answer parsed as `responses.parse(...)` parses it, by the SDK's own
+    functions, with the call's `text_format` (or `parse_as`) and tools."""
+    from openai._types import omit
+    from openai.lib._parsing._responses import parse_response
+    from openai.lib._response_resources import _make_tools, _output_text_parser
+
+    request = _response_parse_request(kwargs)
+    extra = kwargs.get("extra_body")
+    text_format = _output_text_parser(
+        input=extra.get("input", kwargs.get("input", omit)) if isinstance(extra, dict) else kwargs.get("input", omit),
+        text=request.get("text", omit),
+        text_format=kwargs.get("text_format", omit),
+        parse_as=kwargs.get("parse_as", omit),
+    )
+    return parse_response(text_format=text_format, input_tools=_make_tools(kwargs.get("tools", omit)), response=answer)
+
+
+_CHAT = _Kind("openai", _read_chat, _chat_completion, _ChatChunks, _chat_stream)
+_CHAT_PARSE = _Kind(
+    "openai",
+    _read_chat,
+    _chat_completion,
+    None,
+    None,
+    request=_chat_parse_request,
+    unparse=_unparsed,
+    reparse=_parsed_chat,
+)
+_RESPONSES = _Kind("openai.responses", _read_response, _openai_response, _ResponseEvents, _response_stream)
+_RESPONSES_PARSE = _Kind(
+    "openai.responses",
+    _read_response,
+    _openai_response,
+    None,
+    None,
+    request=_response_parse_request,
+    unparse=_unparsed,
+    reparse=_parsed_response,
+)
 _OPENAI: dict[tuple[str, ...], _Kind] = {
-    ("chat", "completions", "create"): _Kind("openai", _read_chat, _chat_completion, _ChatChunks, _chat_stream),
-    ("responses", "create"): _Kind(
-        "openai.responses", _read_response, _openai_response, _ResponseEvents, _response_stream
-    ),
+    ("chat", "completions", "create"): _CHAT,
+    ("chat", "completions", "parse"): _CHAT_PARSE,
+    ("chat", "completions", "with_raw_response", "create"): _CHAT.raw_response("legacy"),
+    ("chat", "completions", "with_raw_response", "parse"): _CHAT_PARSE.raw_response("legacy"),
+    ("responses", "create"): _RESPONSES,
+    ("responses", "parse"): _RESPONSES_PARSE,
+    ("responses", "with_raw_response", "create"): _RESPONSES.raw_response("legacy"),
+    ("responses", "with_raw_response", "parse"): _RESPONSES_PARSE.raw_response("legacy"),
 }
+# `client.beta.chat` is the same chat resource, where `parse` lived before it left the beta.
+_OPENAI |= {("beta", *path): kind for path, kind in _OPENAI.items() if path[0] == "chat"}
 
 
 # --- Anthropic -------------------------------------------------------------------------------
@@ -882,6 +1114,8 @@ def _anthropic_message(raw: dict[str, Any]) -> Any:
     return construct_type(type_=Message, value=raw)  # as the SDK reads it off the wire: see `_typed`
 
 
+_MESSAGES = _Kind("anthropic", _read_message, _anthropic_message, _MessageEvents, _message_stream)
 _ANTHROPIC: dict[tuple[str, ...], _Kind] = {
-    ("messages", "create"): _Kind("anthropic", _read_message, _anthropic_message, _MessageEvents, _message_stream)
+    ("messages", "create"): _MESSAGES,
+    ("messages", "with_raw_response", "create"): _MESSAGES.raw_response("api"),
 }
