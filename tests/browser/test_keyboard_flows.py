@@ -59,6 +59,24 @@ def focus_is_visible(page: Page) -> bool:
     )
 
 
+def test_the_skip_link_puts_the_focus_on_the_main_content(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    page.goto(f"{production.url}/accounts/login/")
+    page.keyboard.type("alice")  # the username field has the focus already
+    page.keyboard.press("Tab")
+    page.keyboard.type("runledger-demo")
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{production.url}{SUPPORT}/")
+
+    page.keyboard.press("Tab")
+    assert focused(page, "class") == "skip" and focus_is_visible(page)
+    page.keyboard.press("Enter")
+    assert focused(page) == "main"  # the focus itself, not only the scroll position
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.getElementById('main').contains(document.activeElement)")
+    assert focused(page) == "id_q"  # the first filter, past every link of the navigation
+
+
 def test_a_live_refresh_of_the_runs_list_keeps_the_focus_on_its_link(
     keyboard: Any, production: Daphne, harness: Appender
 ) -> None:
@@ -113,3 +131,19 @@ def test_a_run_status_changing_live_is_announced_alone(keyboard: Any, production
     harness.append("run_spoken", data.ev("RunCompleted", output={"ok": True}))
     expect(page.locator("#run-status")).to_have_text("completed")
     expect(region).to_have_text("Run status: completed")  # the change, not the whole header again
+
+
+def test_a_tab_keeps_the_focus_and_is_marked_current(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production)
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_crashed_resumed/")
+    expect(page.locator("#run-tabs a[aria-current=page]")).to_have_text("Timeline")
+    page.locator("#run-tabs a").first.focus()
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{production.url}{SUPPORT}/runs/run_demo_crashed_resumed/conversation/")
+    expect(page.locator("#tab-conversation")).to_have_attribute("aria-current", "page")
+    expect(page.locator("#tab-conversation")).to_be_focused()
+    assert focus_is_visible(page)
+    page.keyboard.press("Tab")
+    expect(page.locator("#tab-waterfall")).to_be_focused()  # on along the tabs, not from the top
