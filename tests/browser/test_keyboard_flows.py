@@ -147,3 +147,28 @@ def test_a_tab_keeps_the_focus_and_is_marked_current(keyboard: Any, production: 
     assert focus_is_visible(page)
     page.keyboard.press("Tab")
     expect(page.locator("#tab-waterfall")).to_be_focused()  # on along the tabs, not from the top
+
+
+def test_escape_folds_a_waterfall_panel_back_to_its_bar(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production)
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_crashed_resumed/waterfall/")
+    bar = page.locator('.wf-row[data-kind="model"] button.wf-bar').first
+    panel = page.locator(f"#{bar.get_attribute('aria-controls')}")
+    bar.focus()
+    page.keyboard.press("Enter")
+    expect(bar).to_have_attribute("aria-expanded", "true")
+    expect(panel).to_contain_text("tokens")
+    page.keyboard.press("Escape")
+    expect(bar).to_have_attribute("aria-expanded", "false")
+    expect(panel).to_be_hidden()
+    expect(bar).to_be_focused()
+
+    page.keyboard.press("Space")
+    expect(bar).to_have_attribute("aria-expanded", "true")
+    # From inside the panel too (a focusable put there, as a long value's controls would be).
+    panel.evaluate("p => { const b = document.createElement('button'); b.id = 'inside'; p.appendChild(b); }")
+    page.locator("#inside").focus()
+    page.keyboard.press("Escape")
+    expect(bar).to_have_attribute("aria-expanded", "false")
+    expect(bar).to_be_focused()
