@@ -149,6 +149,21 @@ def test_a_tab_keeps_the_focus_and_is_marked_current(keyboard: Any, production: 
     expect(page.locator("#tab-waterfall")).to_be_focused()  # on along the tabs, not from the top
 
 
+def test_older_events_keep_the_focus_on_the_pager(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production)
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_crashed_resumed/timeline/?after=10&limit=5")
+    older = page.locator("#timeline-older")
+    older.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{production.url}{SUPPORT}/runs/run_demo_crashed_resumed/timeline/?after=5&limit=5")
+    expect(page.locator("#timeline-rows tr.event").first).to_have_attribute("data-sequence", "6")
+    expect(older).to_be_focused()  # Enter again goes on paging back
+    page.keyboard.press("Enter")
+    expect(page.locator("#timeline-rows tr.event").first).to_have_attribute("data-sequence", "1")
+    expect(page.locator("#tab-panel")).to_be_focused()  # no older page: the panel, not the top
+
+
 def test_escape_folds_a_waterfall_panel_back_to_its_bar(keyboard: Any, production: Daphne, demo: None) -> None:
     page = keyboard()
     log_in_to_demo(page, production)
@@ -172,3 +187,131 @@ def test_escape_folds_a_waterfall_panel_back_to_its_bar(keyboard: Any, productio
     page.keyboard.press("Escape")
     expect(bar).to_have_attribute("aria-expanded", "false")
     expect(bar).to_be_focused()
+
+
+def test_a_refused_reexecution_focuses_the_field_that_says_why(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production, "carol")
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_triage/")
+    page.locator("#reexecute").focus()
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{production.url}{SUPPORT}/runs/run_demo_triage/reexecute/")
+    page.locator("input[name=mode][value=simulate]").focus()
+    page.keyboard.press("ArrowDown")  # evaluate
+    page.keyboard.press("ArrowDown")  # resume is not offered for this run: skipped
+    expect(page.locator("input[name=mode][value=fork]")).to_be_checked()
+    page.locator("textarea[name=reason]").focus()
+    page.keyboard.type("try the other branch")
+    page.locator("#submit-request").focus()
+    page.keyboard.press("Enter")  # a fork without its step
+
+    step = page.locator("#from-step")
+    expect(step).to_be_focused()
+    expect(step).to_have_attribute("aria-invalid", "true")
+    message = page.locator(f"#{step.get_attribute('aria-describedby')}")
+    expect(message).to_have_text("Choose the step the fork runs live from.")
+    expect(message).to_have_attribute("role", "alert")
+
+
+def test_a_refused_cancel_focuses_its_reason(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production, "carol")
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_in_progress/")
+    page.locator("#cancel-run summary").focus()
+    page.keyboard.press("Enter")
+    reason = page.locator("#cancel-run input[name=reason]")
+    page.keyboard.press("Tab")
+    expect(reason).to_be_focused()
+    page.keyboard.type("   ")  # past the browser's "required", refused by the server
+    page.keyboard.press("Enter")
+
+    expect(page.locator("#cancel-error")).to_be_visible()
+    expect(reason).to_be_focused()
+    expect(reason).to_have_attribute("aria-invalid", "true")
+    expect(reason).to_have_attribute("aria-describedby", "cancel-error")
+    expect(page.locator("#run-status")).to_have_text("running")
+
+
+def test_a_refused_approval_focuses_the_note_that_says_why(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production, "bob")
+    page.goto(f"{production.url}{SUPPORT}/approvals/")
+    note = page.locator("article.request.pending:not(.tool-call-approval) input[name=note]")
+    note.focus()
+    page.keyboard.type("  ")
+    page.keyboard.press("Tab")
+    assert focused(page, "class") == "approve"
+    page.keyboard.press("Enter")
+
+    expect(page.locator("#decision-refused")).to_contain_text("the note is required")
+    refused = page.locator("input[name=note][aria-invalid=true]")
+    expect(refused).to_have_count(1)
+    expect(refused).to_be_focused()
+    expect(refused).to_have_attribute("aria-describedby", "decision-refused")
+    # The socket's first refresh must not take the refusal away while it is being read.
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    live_reaches(page, "refreshes", 1)
+    expect(page.locator("#decision-refused")).to_be_visible()
+    expect(refused).to_be_focused()
+
+    # With a note, from the keyboard: approved.
+    page.keyboard.type("checked the plan")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    expect(page.locator("#decided-first, table.decided")).not_to_have_count(0)
+    expect(page.locator("table.decided")).to_contain_text("checked the plan")
+
+
+def test_a_new_share_link_is_focused_and_selected_for_copying(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production)
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_triage/")
+    page.locator("#share-create input[name=expires_in_hours]").focus()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("2")
+    page.keyboard.press("Enter")
+
+    url = page.locator("#share-new-url")
+    expect(url).to_be_focused()
+    value = url.input_value()
+    assert value.startswith(f"{production.url}/s/")
+    assert url.evaluate("el => [el.selectionStart, el.selectionEnd]") == [0, len(value)]
+
+
+def test_a_new_api_key_secret_takes_the_focus_and_a_revoke_keeps_it_nearby(
+    keyboard: Any, production: Daphne, demo: None
+) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production)
+    page.goto(f"{production.url}{SUPPORT}/settings/")
+    page.locator("#key-name").focus()
+    page.keyboard.type("keyboard-made")
+    page.locator("#key-create").focus()
+    page.keyboard.press("Enter")
+
+    secret = page.locator("#new-key-secret")
+    expect(secret).to_be_focused()
+    value = secret.input_value()
+    assert value and secret.evaluate("el => [el.selectionStart, el.selectionEnd]") == [0, len(value)]
+
+    row = page.locator("tr.api-key", has_text="keyboard-made")
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button.revoke").focus()
+    page.keyboard.press("Enter")
+    expect(row).to_contain_text("revoked")
+    expect(row).to_be_focused()  # the row that changed, not the top of the page
+
+
+def test_a_rating_lands_the_focus_on_the_rating_section(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production, "dave")
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_triage/")
+    page.locator("#feedback-form input[name=rating]").first.focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#feedback-form input[value='3']")).to_be_checked()
+    page.locator("#feedback-form button[type=submit]").focus()
+    page.keyboard.press("Enter")
+
+    expect(page.locator("#feedback-title")).to_contain_text("3.0/5 from 1")
+    expect(page.locator("#feedback")).to_be_focused()
