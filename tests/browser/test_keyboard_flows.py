@@ -315,3 +315,33 @@ def test_a_rating_lands_the_focus_on_the_rating_section(keyboard: Any, productio
 
     expect(page.locator("#feedback-title")).to_contain_text("3.0/5 from 1")
     expect(page.locator("#feedback")).to_be_focused()
+
+
+def test_settings_refusals_and_one_time_passwords_take_the_focus(keyboard: Any, production: Daphne, demo: None) -> None:
+    page = keyboard()
+    log_in_to_demo(page, production)
+    page.goto(f"{production.url}{SUPPORT}/settings/")
+    for box in page.locator("#key-form input[name=scopes]:checked").all():
+        box.uncheck()
+    page.locator("#key-create").focus()
+    page.keyboard.press("Enter")
+    first_scope = page.locator("#key-form input[name=scopes]").first
+    expect(first_scope).to_be_focused()
+    expect(first_scope).to_have_attribute("aria-invalid", "true")
+    expect(page.locator(f"#{first_scope.get_attribute('aria-describedby')}")).to_contain_text("at least one scope")
+
+    page.goto(f"{production.url}{SUPPORT}/settings/redaction/")
+    page.locator("#redaction-form [name=patterns]").fill("([unclosed")
+    page.locator("#redaction-form button[type=submit]").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#redaction-refused")).to_be_focused()
+    assert focus_is_visible(page)
+
+    page.goto(f"{production.url}{SUPPORT}/settings/members/")
+    page.locator("#member-username").focus()
+    page.keyboard.type("erin")
+    page.keyboard.press("Enter")
+    password = page.locator("#new-member-password")
+    expect(password).to_be_focused()
+    value = password.input_value()
+    assert value and password.evaluate("el => [el.selectionStart, el.selectionEnd]") == [0, len(value)]
