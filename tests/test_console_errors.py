@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 
 def styled(html: str, status: int, title: str) -> None:
     assert '<link rel="stylesheet" href="/static/css/console.css">' in html or "css/console" in html
-    assert '<header class="top">' in html and '<main id="main">' in html and 'class="site-footer"' in html
+    assert '<header class="top">' in html and '<main id="main"' in html and 'class="site-footer"' in html
     assert f'data-status="{status}"' in html and f'<h1 id="error-title">{title}</h1>' in html
     assert '<a id="error-home" href="/">Home</a>' in html
 

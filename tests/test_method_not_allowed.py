@@ -69,7 +69,7 @@ def console_405(response: HttpResponse, allowed: set[str], method: str) -> str:
         assert html == ""
         return html
     assert response["Content-Type"].startswith("text/html")
-    assert '<header class="top">' in html and '<main id="main">' in html and 'class="site-footer"' in html
+    assert '<header class="top">' in html and '<main id="main"' in html and 'class="site-footer"' in html
     assert 'data-status="405"' in html and '<h1 id="error-title">Method not allowed</h1>' in html
     assert '<a id="error-home" href="/">Home</a>' in html
     return html

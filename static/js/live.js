@@ -17,6 +17,9 @@
  *                                 data-rows-url, a duplicate ignored; past data-live-keep events
  *                                 the oldest rows go and "← older" leads to them.
  *   #live-status                  connecting… / live / reconnecting… / finished.
+ *   [data-announce="Label"][id]   inside a fragment: when a refresh changes its text, "Label: text"
+ *                                 goes to #live-announce (a polite live region), so a screen reader
+ *                                 hears the change without the fragment being read out again.
  *
  * Socket messages: "event" (a run's row), "end" (the run finished: one last refresh, the socket
  * closes, no reconnect); any other message means "something of this page changed". Refreshes are
@@ -26,7 +29,8 @@
  * workspace's feed, which has no ?after= catch-up, also refreshes once when it first opens).
  *
  * A fragment fetched again and found the same as shown is not swapped: a click, a selection or an
- * open detail in it survives a refresh that changed nothing.
+ * open detail in it survives a refresh that changed nothing. One that is swapped keeps the
+ * keyboard focus on the same link or button in its new markup.
  *
  * window.runledgerLive = {socket, lastSequence, refreshes, unchanged, disconnect(ms)} for tests
  * and the curious.
@@ -197,8 +201,15 @@
           ticked.push([box.name, box.value]);
         });
         var style = el.getAttribute("data-live-swap") || "outerHTML";
+        var focused = focusedIn(el);
+        var said = announced(el);
         window.htmx.swap(el, html, {swapStyle: style, swapDelay: 0, settleDelay: 0});
         if (el.id) shown[el.id] = fresh;
+        var now = style === "innerHTML" ? el : (el.id && document.getElementById(el.id));
+        if (now) {
+          if (focused) refocus(now, focused);
+          announce(now, said);
+        }
         open.forEach(function (id) {
           var d = document.getElementById(id);
           if (d) d.open = true;
@@ -210,6 +221,54 @@
         });
         if (window.runledgerPlace) window.runledgerPlace(document);
       });
+  }
+
+  // Focus inside a fragment survives its swap: a keyboard user on a run's link, an Approve button
+  // or a tab stays there, rather than being thrown back to the top of the page. htmx keeps an
+  // element with an id by itself; the others are found again by what they point at.
+  var SAME = ["href", "name", "value", "formaction", "aria-controls", "aria-label", "data-tab"];
+
+  function focusedIn(el) {
+    var active = document.activeElement;
+    if (!active || active === document.body || active === el || !el.contains(active)) return null;
+    var like = Array.prototype.filter.call(el.querySelectorAll(active.tagName), function (other) {
+      return sameAs(other, active);
+    });
+    return {element: active, index: like.indexOf(active)};
+  }
+
+  function sameAs(a, b) {
+    return SAME.every(function (name) { return a.getAttribute(name) === b.getAttribute(name); });
+  }
+
+  function refocus(root, focused) {
+    var active = document.activeElement;
+    if (focused.element.isConnected || (active && active !== document.body)) return;
+    var like = Array.prototype.filter.call(root.querySelectorAll(focused.element.tagName), function (other) {
+      return sameAs(other, focused.element);
+    });
+    var again = like[Math.min(Math.max(focused.index, 0), like.length - 1)];
+    if (again) again.focus({preventScroll: true});
+  }
+
+  /* [data-announce="Run status"]: when a swap changes its text, "Run status: completed" is said in
+     the page's #live-announce (a polite live region present from the start), and nothing else
+     of the swapped fragment is read out again. */
+  function announced(el) {
+    var said = {};
+    el.querySelectorAll("[data-announce][id]").forEach(function (node) { said[node.id] = node.textContent.trim(); });
+    return said;
+  }
+
+  function announce(root, said) {
+    var region = document.getElementById("live-announce");
+    if (!region) return;
+    var lines = [];
+    root.querySelectorAll("[data-announce][id]").forEach(function (node) {
+      var text = node.textContent.trim();
+      if (said[node.id] !== undefined && said[node.id] !== text) lines.push(node.dataset.announce + ": " + text);
+    });
+    if (lines.length) region.textContent = lines.join(". ");
   }
 
   // A fragment as the parser writes it back, without the whitespace around it: what the server
@@ -282,12 +341,15 @@
     if (link && link.getAttribute("href") === url) return;
     var fresh = document.createElement("a");
     fresh.className = "older";
+    fresh.id = "timeline-older";
     fresh.textContent = "← older";
     fresh.setAttribute("href", url);
     fresh.setAttribute("hx-get", url);
     fresh.setAttribute("hx-target", "#tab-panel");
     fresh.setAttribute("hx-push-url", "true");
+    var focused = link && document.activeElement === link;
     if (link) pager.replaceChild(fresh, link); else pager.insertBefore(fresh, pager.firstChild);
+    if (focused) fresh.focus({preventScroll: true});
     if (window.htmx) window.htmx.process(fresh);
   }
 

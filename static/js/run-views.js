@@ -49,6 +49,20 @@
     var button = document.querySelector('.wf-expand[aria-controls="' + target.id + '"]');
     if (button) { button.dataset.loaded = "1"; button.setAttribute("aria-expanded", "true"); }
   });
+  // Escape on an open bar, or anywhere in its detail panel, folds the panel and puts the focus
+  // back on the bar (a disclosure's usual keys: Enter / Space open it, Escape leaves it).
+  document.addEventListener("keydown", function (event) {
+    if (event.key !== "Escape" || !event.target.closest) return;
+    var button = event.target.closest(".wf-bar.wf-expand");
+    if (!button) {
+      var panel = event.target.closest(".wf-detail");
+      button = panel && document.querySelector('.wf-bar.wf-expand[aria-controls="' + panel.id + '"]');
+    }
+    if (!button || button.getAttribute("aria-expanded") !== "true") return;
+    event.preventDefault();
+    button.focus();
+    button.click();
+  });
   // Copy buttons on payloads.
   function fallbackCopy(pre, done) {
     var range = document.createRange();
