@@ -459,9 +459,9 @@ class _Recording:
         self.end(None if self.accumulator.complete else StreamClosedEarly(why))
 
 
-class _Stream:
-    """The SDK's stream, its chunks passed on as they come and recorded (`_Recording`): iterate it,
-    use it as a context manager, `close()` it; its other attributes are the SDK stream's."""
+class _Wrapping:
+    """What `_Stream` and `_AsyncStream` share: the SDK's stream and its record, the stream's other
+    attributes passed through, and the record ended when the wrapper is dropped unread."""
 
     def __init__(self, stream: Any, recording: _Recording) -> None:
         self._stream, self._recording = stream, recording
@@ -477,6 +477,11 @@ class _Stream:
 
     def __repr__(self) -> str:
         return f"recorded({self._stream!r})"
+
+
+class _Stream(_Wrapping):
+    """The SDK's stream, its chunks passed on as they come and recorded (`_Recording`): iterate it,
+    use it as a context manager, `close()` it; its other attributes are the SDK stream's."""
 
     def __iter__(self) -> _Stream:
         return self
@@ -506,22 +511,8 @@ class _Stream:
         self._stream.close()
 
 
-class _AsyncStream:
+class _AsyncStream(_Wrapping):
     """`_Stream` for the asyncio clients: `async for`, `async with`, `await close()`."""
-
-    def __init__(self, stream: Any, recording: _Recording) -> None:
-        self._stream, self._recording = stream, recording
-        self._iterator: Any = None
-        finalizer = weakref.finalize(self, recording.abandon, "the stream was dropped before its end")
-        finalizer.atexit = False  # type: ignore[misc]
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("_stream", "_recording", "_iterator"):  # not set yet
-            raise AttributeError(name)
-        return getattr(self._stream, name)
-
-    def __repr__(self) -> str:
-        return f"recorded({self._stream!r})"
 
     def __aiter__(self) -> _AsyncStream:
         return self
