@@ -2,7 +2,7 @@
 that misbehaves the way networks and load balancers do, on request: answers 503 or 429 with
 Retry-After itself, loses a response after the server committed it, kills the server at a chosen
 moment, cuts open streams, or goes away for a while (`stop()` ... `start()`). Every request it sees
-is recorded."""
+is recorded. And `logged`: a run's events as the server stored them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.models import Run, Workspace
+from ledger.reads import selectors
+
+
+def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
+    """The run's events as the server stored them."""
+    return selectors.events(Run.objects.get(workspace=workspace, run_id=run_id))
 
 
 @dataclass

@@ -19,7 +19,6 @@ from ledger.log import append
 from ledger.log.leases import acquire_run_lease
 from ledger.models import Run as RunRow
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import (
     Client,
@@ -33,7 +32,7 @@ from runledger.client import (
     UnknownEventType,
     current_session,
 )
-from tests.client_support import FaultyProxy
+from tests.client_support import FaultyProxy, logged
 from tests.conftest import ev, started
 from tests.servers import Daphne, start_daphne
 
@@ -58,10 +57,6 @@ def key(workspace: Workspace) -> str:
 def client(server: Daphne, key: str) -> Iterator[Client]:
     with Client(server.url, key, retry=FAST) as c:
         yield c
-
-
-def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
 def verify(run_id: str) -> None:

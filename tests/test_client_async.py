@@ -16,7 +16,6 @@ from django.core.management import call_command
 
 from ledger.models import Run as RunRow
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import (
     AsyncClient,
@@ -28,7 +27,7 @@ from runledger.client import (
     UnknownEventType,
     current_async_session,
 )
-from tests.client_support import Fault, FaultyProxy
+from tests.client_support import Fault, FaultyProxy, logged
 from tests.conftest import ev, started
 from tests.servers import Daphne, start_daphne
 
@@ -55,10 +54,6 @@ def proxy(server: Daphne) -> Iterator[FaultyProxy]:
     p = FaultyProxy(int(server.url.rsplit(":", 1)[1]))
     yield p
     p.close()
-
-
-def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
 def test_async_append_run_batches_and_ending(server: Daphne, key: str, workspace: Workspace) -> None:

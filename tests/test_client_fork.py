@@ -8,16 +8,14 @@ from __future__ import annotations
 import io
 import multiprocessing
 import sys
-from typing import Any
 
 import pytest
 from django.core.management import call_command
 
-from ledger.models import Run as RunRow
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import Client, RetryPolicy, Undelivered
+from tests.client_support import logged
 from tests.servers import Daphne
 
 pytestmark = [
@@ -29,10 +27,6 @@ pytestmark = [
 @pytest.fixture
 def key(workspace: Workspace) -> str:
     return create_key(workspace=workspace, scopes=["ingest", "read"])[1]
-
-
-def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
 def test_a_forked_child_writes_with_the_client_it_inherited(server: Daphne, key: str, workspace: Workspace) -> None:

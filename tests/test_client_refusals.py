@@ -11,14 +11,12 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.core.management import call_command
 
 from ledger.models import Run as RunRow
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import (
     AsyncClient,
@@ -29,7 +27,7 @@ from runledger.client import (
     Undelivered,
     UnknownEventType,
 )
-from tests.client_support import Fault, FaultyProxy
+from tests.client_support import Fault, FaultyProxy, logged
 from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,10 +46,6 @@ def proxy(server: Daphne) -> Iterator[FaultyProxy]:
     p = FaultyProxy(int(server.url.rsplit(":", 1)[1]))
     yield p
     p.close()
-
-
-def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
 def limits(*options: str) -> None:

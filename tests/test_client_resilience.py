@@ -23,10 +23,9 @@ from django.core.management import call_command
 
 from ledger.models import Run as RunRow
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import Client, RetryPolicy, Undelivered, current_run, observe
-from tests.client_support import FaultyProxy
+from tests.client_support import FaultyProxy, logged
 from tests.fake_providers import FakeProviders
 from tests.servers import REPO_ROOT, Daphne
 
@@ -45,10 +44,6 @@ def proxy(server: Daphne) -> Iterator[FaultyProxy]:
     p = FaultyProxy(int(server.url.rsplit(":", 1)[1]))
     yield p
     p.close()
-
-
-def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
 def verify(run_id: str) -> None:

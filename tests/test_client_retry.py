@@ -9,18 +9,16 @@ import io
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.core.management import call_command
 
 from ledger.models import Run as RunRow
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import Client, RetryPolicy, ServerError, Unauthenticated, UnknownEventType
 from runledger.client.errors import retry_after_seconds
-from tests.client_support import Fault, FaultyProxy
+from tests.client_support import Fault, FaultyProxy, logged
 from tests.conftest import ev, started
 from tests.servers import Daphne, start_daphne
 
@@ -40,10 +38,6 @@ def proxy(server: Daphne) -> Iterator[FaultyProxy]:
     p = FaultyProxy(int(server.url.rsplit(":", 1)[1]))
     yield p
     p.close()
-
-
-def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
 def test_503_and_429_are_retried_after_the_time_retry_after_names(

@@ -18,9 +18,9 @@ from django.test import Client as DjangoClient
 
 from ledger.models import Run as RunRow
 from ledger.models import Workspace
-from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from runledger.client import Client, current_run, current_step, observe, wrap_anthropic, wrap_openai
+from tests.client_support import logged
 from tests.fake_providers import OPENAI_MODEL, FakeProviders
 from tests.servers import Daphne
 
@@ -44,10 +44,6 @@ def provider() -> Iterator[FakeProviders]:
 def client(server: Daphne, workspace: Workspace) -> Iterator[Client]:
     with Client(server.url, create_key(workspace=workspace, scopes=["ingest", "read"])[1]) as c:
         yield c
-
-
-def logged(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
-    return selectors.events(RunRow.objects.get(workspace=workspace, run_id=run_id))
 
 
 def verify(run_id: str) -> None:
