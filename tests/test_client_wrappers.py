@@ -79,6 +79,28 @@ def test_a_wrapped_openai_client_records_messages_tool_calls_model_and_usage(
     verify("run_wrapped_openai")
 
 
+def test_messages_and_tools_given_as_generators_are_sent_and_recorded_whole(
+    client: Client, provider: FakeProviders, workspace: Workspace
+) -> None:
+    """The SDKs take any iterable of messages and tools; a generator can be read once: the provider
+    still gets every message and tool, and the record holds them, not the generator's type."""
+    import openai
+
+    llm = wrap_openai(openai.OpenAI(base_url=f"{provider.url}/v1", api_key="sk-test", max_retries=0))
+    sent = len(provider.requests)
+    with client.start_run("wfver_wrapped", run_id="run_wrapped_generators") as run, run.session(role="agent"):
+        llm.chat.completions.create(
+            model="gpt-4o", messages=(m for m in QUESTION), tools=map(dict, TOOLS), temperature=0.2
+        )
+    received = provider.requests[sent]
+    assert received["messages"] == QUESTION and received["tools"] == TOOLS
+    called = next(
+        e["payload"] for e in logged(workspace, "run_wrapped_generators") if e["type"] == "harness.model.called"
+    )
+    assert called["request"]["messages"] == QUESTION and called["request"]["tools"] == TOOLS
+    verify("run_wrapped_generators")
+
+
 def test_every_choice_of_a_wrapped_call_asked_for_several_is_recorded_and_shown(
     client: Client, provider: FakeProviders, workspace: Workspace, admin: Any
 ) -> None:

@@ -78,7 +78,7 @@ import logging
 import threading
 import types
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -174,6 +174,7 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
 
         @functools.wraps(method)
         async def call_async(*args: Any, **kwargs: Any) -> Any:
+            kwargs = _settled(kwargs)
             streamed = bool(kwargs.get("stream"))
             model_call = None if streamed and kind.accumulate is None else _model_call(kind, kwargs)
             if model_call is None:
@@ -199,6 +200,7 @@ def _recorded(method: Callable[..., Any], kind: _Kind) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
+        kwargs = _settled(kwargs)
         streamed = bool(kwargs.get("stream"))
         model_call = None if streamed and kind.accumulate is None else _model_call(kind, kwargs)
         if model_call is None:
@@ -228,6 +230,15 @@ _HELPERS = frozenset(
 )
 # The SDKs' markers of an argument not given (the stream() helpers pass every one): left out.
 _NOT_GIVEN = frozenset({"Omit", "NotGiven"})
+
+
+def _settled(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments with each one-shot iterator (a generator or `map(...)` of messages or tools,
+    which the SDKs take as any iterable) read into a list: recorded as what was sent, and sent whole
+    (the record must not name it by its type, nor read it and leave the SDK an empty one)."""
+    if not any(isinstance(value, Iterator) for value in kwargs.values()):
+        return kwargs
+    return {key: list(value) if isinstance(value, Iterator) else value for key, value in kwargs.items()}
 
 
 def _model_call(kind: _Kind, kwargs: dict[str, Any]) -> ModelCall | None:
