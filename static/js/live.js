@@ -151,6 +151,13 @@
       /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName) && active.type !== "checkbox" && !!active.value;
   }
 
+  // A request of the user's inside the fragment is on its way (htmx marks its element
+  // .htmx-request): swapping the fragment now would take away the element its answer goes to.
+  // Asked again after it (done() -> changed()).
+  function busy(el) {
+    return el.classList.contains("htmx-request") || !!el.querySelector(".htmx-request");
+  }
+
   function refreshAll() {
     refreshTimer = null;
     if (!wanted) return;
@@ -160,6 +167,7 @@
     var targets = Array.prototype.slice.call(document.querySelectorAll("[data-live-src]"));
     var work = targets.map(function (el) {
       if (el.querySelector("[data-live-skip]") || el.hasAttribute("data-live-skip")) return null;
+      if (busy(el)) { wanted = true; return null; }
       if (editing(el)) { held.push(el); return null; }
       return refresh(el);
     });
@@ -188,6 +196,10 @@
         if (html === null || !el.isConnected) return;
         // The open tab changed while this was asked (a click): its own request answers.
         if (!src && window.location.pathname + window.location.search !== here) return;
+        // An older page was brought in while this was asked (the runs list's "Next page"): the
+        // first page must not be swapped back over it.
+        if (el.querySelector("[data-live-skip]") || el.hasAttribute("data-live-skip")) return;
+        if (busy(el)) { wanted = true; return; }
         if (editing(el)) { held.push(el); return; }
         // Nothing changed: the DOM stays as it is, so a click, a selection or an open panel in
         // it is not lost to a swap that would put back the same thing.

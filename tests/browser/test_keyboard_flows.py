@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from console.pages.runs import PAGE_SIZE
+from ledger.models import Workspace
 from tests.browser import data
 from tests.browser.conftest import Appender, live_reaches, log_in_to_demo
 from tests.browser.test_live_console import RECORD_VIOLATIONS, harness
@@ -162,6 +164,27 @@ def test_older_events_keep_the_focus_on_the_pager(keyboard: Any, production: Dap
     page.keyboard.press("Enter")
     expect(page.locator("#timeline-rows tr.event").first).to_have_attribute("data-sequence", "1")
     expect(page.locator("#tab-panel")).to_be_focused()  # no older page: the panel, not the top
+
+
+def test_the_runs_lists_next_page_puts_the_focus_on_its_first_new_run(
+    keyboard: Any, production: Daphne, demo: None
+) -> None:
+    workspace = Workspace.objects.get(tenant__slug="acme", slug="support")
+    for n in range(PAGE_SIZE):
+        data.append(workspace, f"run_paged_{n:02}", data.started(label=f"paged {n}"))
+    page = keyboard()
+    log_in_to_demo(page, production, "dave")
+    shown = page.locator("#runs-rows tr.run").count()
+    more = page.locator("#next-page")
+    more.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#runs-rows tr.paged")).to_have_count(1)
+    new_first = page.locator("#runs-rows tr.paged + tr.run .run-id a")
+    expect(new_first).to_be_focused()  # where the list went on, not its end nor the page's top
+    assert page.locator("#runs-rows tr.run").count() > shown and focus_is_visible(page)
+    href = new_first.get_attribute("href")
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{production.url}{href}")
 
 
 def test_escape_folds_a_waterfall_panel_back_to_its_bar(keyboard: Any, production: Daphne, demo: None) -> None:
