@@ -236,6 +236,25 @@ def test_a_refused_reexecution_focuses_the_field_that_says_why(keyboard: Any, pr
     expect(message).to_have_attribute("role", "alert")
 
 
+def test_a_changed_reexecution_plan_is_said_in_one_sentence(keyboard: Any, production: Daphne, demo: None) -> None:
+    """The plan's table is not a live region (a screen reader would read every step again at each
+    change of mode); one polite sentence says what the new plan does."""
+    page = keyboard()
+    log_in_to_demo(page, production, "carol")
+    page.goto(f"{production.url}{SUPPORT}/runs/run_demo_triage/reexecute/")
+    page.wait_for_load_state()  # htmx binds the form's change trigger once the page has loaded
+    said = page.locator("#plan-said")
+    expect(said).to_have_attribute("aria-live", "polite")
+    assert page.locator("#plan").get_attribute("aria-live") is None
+    page.locator("input[name=mode][value=simulate]").focus()
+    page.keyboard.press("ArrowDown")  # evaluate
+    expect(page.locator("#plan h2")).to_contain_text("evaluate")
+    expect(said).to_have_text(
+        "Plan for evaluate: model calls live, tool calls from the record; no write tool can fire."
+    )
+    expect(page.locator("input[name=mode][value=evaluate]")).to_be_focused()  # the swap left it there
+
+
 def test_a_refused_cancel_focuses_its_reason(keyboard: Any, production: Daphne, demo: None) -> None:
     page = keyboard()
     log_in_to_demo(page, production, "carol")
