@@ -383,3 +383,31 @@ def test_a_manifest_hash_that_is_not_the_manifests_digest_fails() -> None:
 def test_a_plan_needs_events() -> None:
     with pytest.raises(ValueError):
         replay_plan([])
+
+
+def test_a_page_of_steps_gets_the_plans_sessions_of_those_steps_in_the_plans_order() -> None:
+    """What the steps tab and a share link's page list under a page of a long run's steps, found
+    through the plan's index instead of a walk of all its sessions at each request."""
+    from ledger.replay.stored_plan import plan_index, sessions_of_steps
+
+    sessions = [
+        {"stepPath": "a", "n": 1},
+        {"stepPath": "outside", "n": 2},  # a harness session of no step of the plan
+        {"stepPath": "b", "n": 3},
+        {"stepPath": "a", "n": 4},
+    ]
+    plan = {
+        "steps": [{"stepPath": "a", "shouldRun": False}, {"stepPath": "b", "shouldRun": True}],
+        "sessions": sessions,
+    }
+
+    def listed(paths: list[str], *, stepless: bool) -> list[int]:
+        return [s["n"] for s in sessions_of_steps(plan, paths, stepless=stepless)]
+
+    assert listed(["a"], stepless=True) == [1, 2, 4]
+    assert listed(["a"], stepless=False) == [1, 4]
+    assert listed(["b", "a", "a"], stepless=False) == [1, 3, 4]
+    assert listed([], stepless=True) == [2]
+    assert listed(["outside"], stepless=True) == [2]  # once, though both ways name it
+    assert plan_index(plan).should_run == {"a": False, "b": True}
+    assert plan_index(plan) is plan_index(plan)  # made once per plan

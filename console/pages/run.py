@@ -37,7 +37,7 @@ from ledger.reads import attention, failure, reexecutions, selectors, serialize
 from ledger.reads.subruns import subrun_tree
 from ledger.replay import cancellation, evidence, gateway, runlog
 from ledger.replay.feedback import record_feedback
-from ledger.replay.stored_plan import replay_plan_at
+from ledger.replay.stored_plan import plan_index, replay_plan_at, sessions_of_steps
 from ledger.runtime.outer_loop import outer_loop_of, record_run_id
 from ledger.tenancy.access import Access
 
@@ -485,7 +485,7 @@ def _state(request: HttpRequest, member: Access, run: Run) -> Tab:
 def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
     steps, pager = _step_page(request, run, "steps")
     plan = replay_plan_at(run, runlog.snapshot(run).state) if run.last_sequence else None
-    should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
+    should_run = plan_index(plan).should_run if plan else {}
     rows = [
         {
             "step": s,
@@ -507,9 +507,8 @@ def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
     if plan:
         missing = plan["replayReady"]["missing"]
         in_doubt = gateway.calls_in_doubt(run, plan)
-        on_page = {s.step_path for s in steps}
-        if pager["start"] == 0:  # sessions of no step go with the first page
-            on_page |= {session["stepPath"] for session in plan["sessions"]} - set(should_run)
+        # Sessions of no step go with the first page.
+        on_page = sessions_of_steps(plan, (s.step_path for s in steps), stepless=pager["start"] == 0)
         sessions = [
             {
                 **session,
@@ -518,8 +517,7 @@ def _steps(request: HttpRequest, member: Access, run: Run) -> Tab:
                     for call in session["calls"]
                 ],
             }
-            for session in plan["sessions"]
-            if session["stepPath"] in on_page
+            for session in on_page
         ]
     return Tab(
         "console/run/steps.html",

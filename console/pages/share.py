@@ -37,7 +37,7 @@ from ledger.reads import selectors
 from ledger.reads.subruns import subrun_tree
 from ledger.replay import evidence
 from ledger.replay.runlog import snapshot
-from ledger.replay.stored_plan import replay_plan_at
+from ledger.replay.stored_plan import plan_index, replay_plan_at, sessions_of_steps
 from ledger.tenancy import sharing
 from ledger.tenancy.access import Access
 
@@ -217,7 +217,7 @@ def _pager(shown: int, total: int) -> dict[str, Any]:
 def _steps(run: Run) -> dict[str, Any]:
     steps, total = selectors.steps_page(run, start=0, size=STEPS_SHOWN)
     plan = replay_plan_at(run, snapshot(run).state) if run.last_sequence else None
-    should_run = {s["stepPath"]: s["shouldRun"] for s in plan["steps"]} if plan else {}
+    should_run = plan_index(plan).should_run if plan else {}
     rows = [
         {
             "step": s,
@@ -235,7 +235,8 @@ def _steps(run: Run) -> dict[str, Any]:
     return {
         "steps": rows,
         "plan": plan,
-        "plan_sessions": _sessions_of(plan, steps, should_run),
+        # The plan's sessions of the steps shown, and of no step (the page shows the first window).
+        "plan_sessions": sessions_of_steps(plan, (s.step_path for s in steps), stepless=True) if plan else [],
         "step_pager": _pager(len(steps), total),
         "missing": missing[:50],
         "missing_more": max(0, len(missing) - 50),
@@ -244,15 +245,6 @@ def _steps(run: Run) -> dict[str, Any]:
         ],
         "total_tokens": tokens(run),
     }
-
-
-def _sessions_of(plan: dict[str, Any] | None, steps: list[Any], should_run: dict[str, Any]) -> list[Any]:
-    """The plan's sessions of the steps shown (and of no step), as the run page's steps tab lists
-    them: a long run's plan has a session per step, and the page shows STEPS_SHOWN steps."""
-    if not plan:
-        return []
-    shown = {s.step_path for s in steps} | ({session["stepPath"] for session in plan["sessions"]} - set(should_run))
-    return [session for session in plan["sessions"] if session["stepPath"] in shown]
 
 
 @_read_only(as_json=False)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from ..fold import ARTIFACT_REF_PREFIX, RunState
 from ..fold.pricing import prices_of
@@ -75,3 +75,49 @@ def _refs(run: Run, upto: int) -> set[str]:
 # The plans of recently read states, by the state's identity, the state held so its id is not reused.
 _PLANS: OrderedDict[int, tuple[RunState, set[str], dict[str, str], dict[str, Any]]] = OrderedDict()
 _PLANS_LOCK = threading.Lock()
+
+
+class PlanIndex(NamedTuple):
+    """Lookups into one plan for a page of its steps: a page of a long run shows a few hundred of
+    its tens of thousands of steps, and must not walk the whole plan on every request."""
+
+    should_run: dict[str, bool]  # by step path
+    sessions: dict[str, list[tuple[int, dict[str, Any]]]]  # by step path, with their place in the plan
+    stepless: list[tuple[int, dict[str, Any]]]  # sessions of no step of the plan
+
+
+def plan_index(plan: Mapping[str, Any]) -> PlanIndex:
+    """The plan's index, made once per plan (plans are remembered and never changed: `_PLANS`)."""
+    with _PLANS_LOCK:
+        hit = _INDEXES.get(id(plan))
+        if hit is not None and hit[0] is plan:
+            _INDEXES.move_to_end(id(plan))
+            return hit[1]
+    should_run = {step["stepPath"]: step["shouldRun"] for step in plan["steps"]}
+    sessions: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    stepless: list[tuple[int, dict[str, Any]]] = []
+    for place, session in enumerate(plan["sessions"]):
+        path = session["stepPath"]
+        sessions.setdefault(path, []).append((place, session))
+        if path not in should_run:
+            stepless.append((place, session))
+    index = PlanIndex(should_run, sessions, stepless)
+    with _PLANS_LOCK:
+        _INDEXES[id(plan)] = (plan, index)
+        while len(_INDEXES) > 16:
+            _INDEXES.popitem(last=False)
+    return index
+
+
+def sessions_of_steps(plan: Mapping[str, Any], paths: Iterable[str], *, stepless: bool) -> list[dict[str, Any]]:
+    """The plan's sessions of the steps `paths` (and, with `stepless`, those of no step of the
+    plan), in the plan's order: what a page of the steps lists under them."""
+    index = plan_index(plan)
+    found = {place: session for path in set(paths) for place, session in index.sessions.get(path, ())}
+    if stepless:
+        found.update(index.stepless)
+    return [found[place] for place in sorted(found)]
+
+
+# The indexes of recently shown plans, by the plan's identity, the plan held so its id is not reused.
+_INDEXES: OrderedDict[int, tuple[Mapping[str, Any], PlanIndex]] = OrderedDict()
