@@ -109,6 +109,12 @@ def test_the_form_shows_each_modes_plan_and_the_fork_steps(people: dict[str, Use
         assert re.search(r'data-step="confirm" data-action="live"', html)
     simulate = carol.get(f"{FORM}plan/", {"mode": "simulate"}, HTTP_HX_REQUEST="true").content.decode()
     assert 'data-action="live"' not in simulate and "no write tool can fire" in simulate
+    # What a screen reader is told of the changed plan: one sentence, into the form's live region.
+    assert '<p id="plan-said" class="visually-hidden" role="status" aria-live="polite"></p>' in page
+    said = re.search(r'<span hx-swap-oob="innerHTML:#plan-said">([^<]*)</span>', fragment.content.decode())
+    assert said is not None and said[1] == (
+        "Plan for fork from draft: model calls live, tool calls live; no write tool can fire."
+    )
 
 
 def test_resume_is_greyed_out_with_the_reason_on_a_finished_run(people: dict[str, User], run: Run) -> None:
@@ -214,6 +220,9 @@ def test_approvals_page_shows_pending_with_plan_digest_requester_and_reason(
     assert "carol" in card and "try order D-4" in card and rx.digest[:20] in card
     assert 'data-step="normalize" data-action="live"' in card and 'id="live-write-tools"' in card
     assert f'action="{BASE}/approvals/{rx.public_id}/approve/"' in card
+    # The card's plan is the form's without its live region's sentence: no #plan-said here.
+    refreshed = as_(people["bob"]).get(f"{BASE}/approvals/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-step="normalize" data-action="live"' in refreshed and "plan-said" not in html + refreshed
     # The count in the navigation, on every workspace page.
     runs_page = as_(people["dave"]).get(f"{BASE}/").content.decode()
     assert re.search(r'id="pending-badge"[^>]*>1<', runs_page)

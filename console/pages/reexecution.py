@@ -250,7 +250,7 @@ def _form_page(
         "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, run.run_id]),
     }
     if getattr(request, "htmx", None) and request.method == "GET" and request.path == context["plan_url"]:
-        return render(request, "console/reexecution/plan.html", {**context, "fragment": True}, status=status)
+        return render(request, "console/reexecution/plan.html", {**context, "plan_said": True}, status=status)
     context["workspaces"] = switcher(request)
     return render(request, "console/reexecution/request.html", context, status=status)
 
