@@ -30,8 +30,8 @@ SUPPORT = "/w/acme/support"
 
 @pytest.fixture
 def keyboard(open_context: Any) -> Iterator[Any]:
-    """New pages (each its own context, so its own user) that must end without a CSP violation or
-    a script error; refused forms answer 4xx here on purpose, so those are not problems."""
+    """New pages (each its own context, so its own user) that must end without a CSP violation, a
+    script error or an htmx error; refused forms answer 4xx here on purpose, so those are not problems."""
     pages: list[tuple[Page, list[str]]] = []
 
     def _new() -> Page:
@@ -39,6 +39,10 @@ def keyboard(open_context: Any) -> Iterator[Any]:
         page.add_init_script(RECORD_VIOLATIONS)
         problems: list[str] = []
         page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        # htmx says what it could not do on the console (an out-of-band part with no target: htmx:oobErrorNoTarget).
+        page.on(
+            "console", lambda m: problems.append(m.text) if m.type == "error" and m.text.startswith("htmx:") else None
+        )
         pages.append((page, problems))
         return page
 
