@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from ledger.demo.data import _summarize_run
 from ledger.log import append
@@ -134,6 +134,14 @@ def test_the_command_line_writes_the_same_bytes(workspace, api, rich_run, tmp_pa
     call_command("ledger", "export-evidence", rich_run, "--output", str(target), stdout=io.StringIO(), stderr=err)
     assert target.read_bytes() == api.get(f"{V1}/runs/{rich_run}/evidence.zip").content
     assert hashlib.sha256(target.read_bytes()).hexdigest() in err.getvalue()
+
+
+def test_the_command_line_refuses_a_path_it_cannot_write_and_records_no_download(workspace, rich_run, tmp_path) -> None:
+    before = AuditEntry.objects.count()
+    for path in (tmp_path / "missing" / "run.zip", tmp_path):  # no such folder; a folder
+        with pytest.raises(CommandError, match=f"cannot write {path}"):
+            call_command("ledger", "export-evidence", rich_run, "--output", str(path), stdout=io.StringIO())
+    assert AuditEntry.objects.count() == before
 
 
 def test_verify_bundle_catches_tampering(workspace, api, rich_run, tmp_path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 
 from ledger import clock
@@ -406,6 +406,17 @@ def test_ledger_export_writes_the_same_rows_and_is_audited(workspace, other_work
         call_command("ledger", "export", "audit", stdout=io.StringIO())
     with pytest.raises(Exception, match="--from"):
         call_command("ledger", "export", "runs", "--from", "soon", stdout=io.StringIO())
+
+
+def test_the_command_line_refuses_a_path_it_cannot_write_and_records_no_export(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    seed(workspace)
+    before = AuditEntry.objects.count()
+    for path in (tmp_path / "missing" / "events.jsonl", tmp_path):  # no such folder; a folder
+        with pytest.raises(CommandError, match=f"cannot write {path}"):
+            call_command("ledger", "export", "events", "-o", str(path), stdout=io.StringIO())
+    assert AuditEntry.objects.count() == before  # no "export.downloaded" of an export never made
 
 
 # --- through Daphne (ASGI) ---------------------------------------------------------------------------

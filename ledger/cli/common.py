@@ -6,7 +6,7 @@ import json
 import sys
 from argparse import ArgumentParser
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -91,3 +91,12 @@ def exit_unless_completed(outcome: RunOutcome) -> None:
         sys.exit(4)
     if outcome.status != RunStatus.COMPLETED:
         sys.exit(1)
+
+
+def writable(path: str) -> BinaryIO:
+    """`path` opened for writing, or the command's clear error: opened before anything is
+    recorded, so a path that cannot be written leaves no audit entry of an export never made."""
+    try:
+        return open(path, "wb")  # noqa: SIM115 - the caller's `with` closes it
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from exc

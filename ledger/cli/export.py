@@ -18,6 +18,8 @@ from ledger.interop import exports
 from ledger.models import Tenant
 from ledger.tenancy import access
 
+from .common import writable
+
 NAME = "export"
 HELP = "stream runs, events, cost entries or the audit log as JSONL or CSV (audited)"
 CLI_ACTOR = audit.Actor(name="system:cli")
@@ -73,8 +75,8 @@ def handle(
         selection = replace(selection, tenant=the_tenant)
     elif tenant:
         raise CommandError("--tenant applies to the audit log only; use --workspace T/W")
-    exports.record_export(selection=selection, fmt=fmt, by=CLI_ACTOR)
-    with open(output, "wb") if output else nullcontext(sys.stdout.buffer) as out:
+    with writable(output) if output else nullcontext(sys.stdout.buffer) as out:
+        exports.record_export(selection=selection, fmt=fmt, by=CLI_ACTOR)
         for piece in exports.render(selection, fmt):
             out.write(piece)
         out.flush()

@@ -7,13 +7,14 @@ from __future__ import annotations
 import shutil
 import sys
 from argparse import ArgumentParser
+from contextlib import nullcontext
 from typing import Any
 
 from django.core.management.base import BaseCommand
 
 from ledger.interop import bundle
 
-from .common import add_run_arguments, existing_run
+from .common import add_run_arguments, existing_run, writable
 from .export import CLI_ACTOR
 
 NAME = "export-evidence"
@@ -27,14 +28,14 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 def handle(cmd: BaseCommand, *, run: str, workspace: str | None, output: str | None, **_: Any) -> None:
     the_run = existing_run(cmd, run, workspace)
-    with bundle.bundle_file(the_run) as spooled:
+    target = output or bundle.bundle_name(the_run)
+    with (
+        nullcontext(sys.stdout.buffer) if target == "-" else writable(target) as out,
+        bundle.bundle_file(the_run) as spooled,
+    ):
         sha256 = bundle.file_sha256(spooled)
         bundle.record_bundle(run=the_run, by=CLI_ACTOR, sha256=sha256)
-        target = output or bundle.bundle_name(the_run)
-        if target == "-":
-            shutil.copyfileobj(spooled, sys.stdout.buffer)
-            sys.stdout.buffer.flush()
-        else:
-            with open(target, "wb") as out:
-                shutil.copyfileobj(spooled, out)
-            cmd.stderr.write(f"wrote {target} sha256 {sha256}")
+        shutil.copyfileobj(spooled, out)
+        out.flush()
+    if target != "-":
+        cmd.stderr.write(f"wrote {target} sha256 {sha256}")
