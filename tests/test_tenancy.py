@@ -27,6 +27,17 @@ def test_bootstrap_is_idempotent() -> None:
     assert sorted(Workspace.objects.values_list("slug", flat=True)) == ["research", "support"]
 
 
+@pytest.mark.parametrize(
+    ("tenant", "workspace"), [("Bad Slug", "support"), ("acme", "a/b"), ("acme", "x" * 65), ("", "support")]
+)
+def test_bootstrap_refuses_a_name_no_address_can_hold(tenant: str, workspace: str) -> None:
+    """A tenant or workspace is named in the console's and the API's addresses: one they cannot
+    hold would be made and never reached (or, past the column, end in a database error)."""
+    with pytest.raises(CommandError, match="must be 1 to 64 letters, digits, '-' or '_'"):
+        run("bootstrap", "--tenant", tenant, "--workspace", workspace)
+    assert not Tenant.objects.exists() and not Workspace.objects.exists()
+
+
 def test_create_user_creates_then_updates_the_role() -> None:
     run("bootstrap", "--tenant", "acme", "--workspace", "support")
     run("create-user", "carol", "--tenant", "acme", "--role", "operator", "--password", "pw-carol-1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from .. import audit, clock
-from ..errors import Conflict, LedgerError, NotFound
+from ..errors import Conflict, InvalidRequest, LedgerError, NotFound
 from ..limits import plain_name, written
 from ..log import statements
 from ..log.bulk import column, table
@@ -34,11 +35,21 @@ KEY_PREFIX = "rl_"
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 # Tenancy changes made at the command line (`manage.py ledger create-user`, `create-key`, the demo).
 CLI = audit.Actor(name="system:cli")
+SLUG_MAX = 64  # the tenant's and the workspace's slug columns
+_SLUG = re.compile(r"[-a-zA-Z0-9_]+")
 
 
 @transaction.atomic
 def bootstrap(*, tenant: str, workspace: str) -> Workspace:
     """Create the tenant and workspace if absent (idempotent)."""
+    for field, slug in (("tenant", tenant), ("workspace", workspace)):
+        # What the console's and the API's addresses take (`<slug:…>`, `tenant/workspace`).
+        if not (_SLUG.fullmatch(slug) and len(slug) <= SLUG_MAX):
+            raise InvalidRequest(
+                f"the {field} must be 1 to {SLUG_MAX} letters, digits, '-' or '_' (it is part of "
+                f"the workspace's addresses), got {slug[:80]!r}",
+                field=field,
+            )
     t, _ = Tenant.objects.get_or_create(slug=tenant, defaults={"name": tenant})
     ws, _ = Workspace.objects.get_or_create(tenant=t, slug=workspace, defaults={"name": workspace})
     return ws
