@@ -17,6 +17,7 @@ from ledger.replay.gateway import ToolCallInDoubt
 from ledger.replay.plan import CapabilityDriftError
 from ledger.runtime.errors import WAITING_APPROVAL
 from ledger.runtime.executor import RunOutcome
+from ledger.runtime.registry import load_modules
 from ledger.tenancy import access
 
 
@@ -61,9 +62,24 @@ def audited_in(tenants: Iterable[str]) -> str:
 
 def json_arg(text: str, flag: str = "--input") -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except ValueError as exc:
         raise CommandError(f"{flag} is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise CommandError(f"{flag} is nested too deeply to read") from exc
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load_workflow_modules(names: Iterable[str]) -> None:
+    """The modules that register workflows (the setting's and `--module`'s), or a clear error
+    naming the one that cannot be imported."""
+    try:
+        load_modules(names)
+    except ImportError as exc:
+        raise CommandError(f"cannot import {exc.name or 'a workflow module'}: {exc}") from exc
 
 
 def report_outcome(cmd: BaseCommand, execute: Callable[[], RunOutcome]) -> RunOutcome:
@@ -97,6 +113,6 @@ def writable(path: str) -> BinaryIO:
     """`path` opened for writing, or the command's clear error: opened before anything is
     recorded, so a path that cannot be written leaves no audit entry of an export never made."""
     try:
-        return open(path, "wb")  # noqa: SIM115 - the caller's `with` closes it
+        return open(path, "wb")  # the caller's `with` closes it
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from exc

@@ -19,20 +19,22 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger.models import RunStatus
+from ledger.errors import NotFound
+from ledger.models import Run, RunStatus
 from ledger.runtime.outer_loop import (
     LoopState,
     check_outer_loop_id,
+    checked_start,
     new_outer_loop_id,
     read_loop,
     record_run_id,
     resume_outer_loop,
     start_outer_loop,
 )
-from ledger.runtime.registry import get_workflow, load_modules
+from ledger.runtime.registry import get_workflow
 from ledger.tenancy import access
 
-from .common import existing_run, json_arg
+from .common import find_run, json_arg, load_workflow_modules
 
 NAME = "loop"
 HELP = "outer loops: start, resume or show a goal-driven loop of runs"
@@ -85,9 +87,10 @@ def _start(
     **_: Any,
 ) -> None:
     loop_input = json_arg(input)
-    load_modules(module)
+    load_workflow_modules(module)
     get_workflow(workflow)  # an unknown name is refused before a loop id is handed out
     ws = access.workspace_by_path(workspace)
+    checked_start(max_cycles, supervise)  # and what start_outer_loop would refuse
     loop_id = check_outer_loop_id(loop_id or new_outer_loop_id())
     cmd.stdout.write(loop_id)
     cmd.stdout.flush()
@@ -116,16 +119,28 @@ def _resume(
     module: list[str],
     **_: Any,
 ) -> None:
-    load_modules(module)
-    record = existing_run(cmd, record_run_id(check_outer_loop_id(loop)), workspace)
+    load_workflow_modules(module)
+    record = _record(cmd, loop, workspace)
     _report(
         cmd, resume_outer_loop(workspace=record.workspace, outer_loop_id=loop, supervise=supervise, take_over=take_over)
     )
 
 
 def _show(cmd: BaseCommand, *, loop: str, workspace: str | None, **_: Any) -> None:
-    record = existing_run(cmd, record_run_id(check_outer_loop_id(loop)), workspace)
+    record = _record(cmd, loop, workspace)
     cmd.stdout.write(json.dumps(read_loop(record.workspace, loop, record).to_json(), indent=2))
+
+
+def _record(cmd: BaseCommand, loop: str, workspace: str | None) -> Run:
+    """The loop's record run, or "outer loop … not found" on stderr and exit 1 (the record's own
+    run id is the loop's business, not the caller's)."""
+    if workspace:
+        access.workspace_by_path(workspace)  # an unknown workspace is said as such
+    try:
+        return find_run(record_run_id(check_outer_loop_id(loop)), workspace)
+    except NotFound:
+        cmd.stderr.write(f"outer loop {loop} not found" + (f" in {workspace}" if workspace else ""))
+        sys.exit(1)
 
 
 def _report(cmd: BaseCommand, state: LoopState) -> None:

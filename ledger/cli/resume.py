@@ -12,9 +12,16 @@ from ledger.reads import selectors
 from ledger.runtime import progress
 from ledger.runtime.errors import UnknownWorkflow
 from ledger.runtime.executor import RunOutcome, resume_run
-from ledger.runtime.registry import get_workflow, load_modules
+from ledger.runtime.registry import get_workflow
 
-from .common import add_run_arguments, existing_run, exit_unless_completed, json_arg, report_outcome
+from .common import (
+    add_run_arguments,
+    existing_run,
+    exit_unless_completed,
+    json_arg,
+    load_workflow_modules,
+    report_outcome,
+)
 
 NAME = "resume"
 HELP = "continue a run from where its log ends"
@@ -37,7 +44,7 @@ def handle(
     module: list[str],
     **_: Any,
 ) -> None:
-    load_modules(module)
+    load_workflow_modules(module)
     the_run = existing_run(cmd, run, workspace)
     kwargs: dict[str, Any] = {"input": json_arg(input)} if input is not None else {}
     reporter = None

@@ -8,12 +8,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from ledger.log.prepare import validate_run_id
 from ledger.runtime import progress
 from ledger.runtime.executor import RunOutcome, new_run_id, start_run
-from ledger.runtime.registry import get_workflow, load_modules
+from ledger.runtime.registry import get_workflow
 from ledger.tenancy import access
 
-from .common import exit_unless_completed, json_arg, report_outcome
+from .common import exit_unless_completed, json_arg, load_workflow_modules, report_outcome
 
 NAME = "run"
 HELP = "run a registered workflow; prints the run id alone on its line"
@@ -40,10 +41,10 @@ def handle(
     **_: Any,
 ) -> None:
     run_input = json_arg(input)  # before anything is printed or created
-    load_modules(module)
+    load_workflow_modules(module)
     get_workflow(workflow)  # an unknown name is refused before a run id is handed out
     ws = access.workspace_by_path(workspace)
-    run_id = run_id or new_run_id()
+    run_id = validate_run_id(run_id) if run_id is not None else new_run_id()
     cmd.stdout.write(run_id)
     cmd.stdout.flush()  # the id is known to the caller even if the executor dies
     reporter = progress.reporter_for(cmd.stderr, workspace=ws, run_id=run_id, workflow=get_workflow(workflow))

@@ -480,11 +480,7 @@ def start_outer_loop(
     """Start a loop and drive it to its end; an existing `outer_loop_id` is resumed instead, after
     checking that the caller asks for the loop it was started as."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
-    if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or not 1 <= max_cycles <= MAX_CYCLES:
-        raise InvalidOuterLoop(
-            f"maxCycles must be a whole number from 1 to {MAX_CYCLES}, got {max_cycles!r}", maxCycles=str(max_cycles)
-        )
-    adapter = _adapter(supervise, max_cycles)
+    adapter = checked_start(max_cycles, supervise)
     outer_loop_id = check_outer_loop_id(outer_loop_id or new_outer_loop_id())
     canonical_json(input)  # a value with no JSON form is refused before anything is written
     record = find_loop_record(workspace, outer_loop_id)
@@ -514,6 +510,16 @@ def start_outer_loop(
         }
     )
     return _drive(workspace, outer_loop_id, wf, adapter, take_over)
+
+
+def checked_start(max_cycles: int, supervise: str | Supervisor | None) -> Supervisor | None:
+    """The supervisor of a loop of `max_cycles`, or what `start_outer_loop` refuses before it
+    writes anything (the command line asks before it prints the loop's id)."""
+    if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or not 1 <= max_cycles <= MAX_CYCLES:
+        raise InvalidOuterLoop(
+            f"maxCycles must be a whole number from 1 to {MAX_CYCLES}, got {max_cycles!r}", maxCycles=str(max_cycles)
+        )
+    return _adapter(supervise, max_cycles)
 
 
 def resume_outer_loop(
