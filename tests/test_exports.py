@@ -419,6 +419,27 @@ def test_the_command_line_refuses_a_path_it_cannot_write_and_records_no_export(
     assert AuditEntry.objects.count() == before  # no "export.downloaded" of an export never made
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["runs", "--from", "2026-01-01", "--to", "2025-01-01"], "--from must be before --to"),
+        (["events", "--run", "bad id!"], "run id must match"),
+        (["events", "--run", "run_nowhere"], "run run_nowhere not found"),
+        (["costs", "--run", "run_a", "--workspace", "globex/main"], "run run_a not found"),
+    ],
+)
+def test_the_command_line_refuses_what_the_api_refuses(
+    workspace: Workspace, other_workspace: Workspace, args: list[str], message: str
+) -> None:
+    """The same questions the API answers 400 or 404 to: not an empty export, audited."""
+    seed(workspace)
+    before = AuditEntry.objects.count()
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=message):
+        call_command("ledger", "export", *args, stdout=out)
+    assert out.getvalue() == "" and AuditEntry.objects.count() == before
+
+
 # --- through Daphne (ASGI) ---------------------------------------------------------------------------
 
 

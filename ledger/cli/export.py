@@ -15,10 +15,11 @@ from django.core.management.base import BaseCommand, CommandError
 from ledger import audit
 from ledger.errors import NotFound
 from ledger.interop import exports
+from ledger.log.prepare import validate_run_id
 from ledger.models import Tenant
 from ledger.tenancy import access
 
-from .common import writable
+from .common import find_run, writable
 
 NAME = "export"
 HELP = "stream runs, events, cost entries or the audit log as JSONL or CSV (audited)"
@@ -55,6 +56,10 @@ def handle(
         bounds = exports.parse_bound(start, "--from", end=False), exports.parse_bound(end, "--to", end=True)
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
+    if bounds[0] is not None and bounds[1] is not None and bounds[0] >= bounds[1]:
+        raise CommandError("--from must be before --to")  # as the API's 400: an empty export is no answer
+    if run_id and kind != "audit":
+        find_run(validate_run_id(run_id), workspace)  # a run that is not there is said, not exported empty
     filters = {
         k: v
         for k, v in {"workspace": workspace, "tenant": tenant, "from": start, "to": end, "runId": run_id}.items()
