@@ -58,7 +58,7 @@ from ...errors import (
     RunNotStarted,
     SequenceConflict,
 )
-from ...limits import NUL
+from ...limits import NUL, json_depth_exceeds, unique_object
 from ...log import Head, append, holding
 from ...log.prepare import MAX_BATCH
 from ...log.vocabulary import MAX_TOKENS
@@ -733,9 +733,11 @@ def _choices(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
 
 
-_FLAT = re.compile(r"(\d+)\.message\.(.+)")
-_FLAT_TOOL_CALL = re.compile(r"tool_calls\.(\d+)\.tool_call\.(.+)")
-_FLAT_CONTENT = re.compile(r"contents\.(\d+)\.message_content\.(.+)")
+# An index past nine digits is no message's (and int() refuses one past 4,300 digits).
+_FLAT = re.compile(r"([0-9]{1,9})\.message\.(.+)")
+_FLAT_TOOL_CALL = re.compile(r"tool_calls\.([0-9]{1,9})\.tool_call\.(.+)")
+_FLAT_CONTENT = re.compile(r"contents\.([0-9]{1,9})\.message_content\.(.+)")
+_FLATTENED_LISTS = ("tool_calls", "contents")  # gathered from their flattened keys, never taken whole
 
 
 def _flattened_messages(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
@@ -754,7 +756,7 @@ def _flattened_messages(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any
             message.setdefault("tool_calls", {}).setdefault(int(call[1]), {})[call[2]] = value
         elif (part := _FLAT_CONTENT.fullmatch(field_)) is not None:
             message.setdefault("contents", {}).setdefault(int(part[1]), {})[part[2]] = value
-        else:
+        elif field_ not in _FLATTENED_LISTS:  # a whole `tool_calls` value would not be the dict read below
             message[field_] = value
     return [messages[i] for i in sorted(messages)]
 
@@ -869,7 +871,8 @@ def _output_parts(output: Any) -> tuple[str | None, list[dict[str, Any]]]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for message in output if isinstance(output, list) else []:
-        for part in message.get("parts", []) if isinstance(message, dict) else []:
+        parts = message.get("parts") if isinstance(message, dict) else None
+        for part in parts if isinstance(parts, list) else []:
             if not isinstance(part, dict):
                 continue
             if part.get("type") == "text" and isinstance(part.get("content"), str):
@@ -954,15 +957,23 @@ def _error(span: _Span) -> dict[str, Any]:
 
 
 def _maybe_json(value: Any) -> Any:
-    """GenAI attributes hold structured values as JSON strings (messages, tool arguments)."""
-    if isinstance(value, str) and value[:1] in ("{", "["):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return value
-        # A NUL written as the escape \u0000 (a model's answer in gen_ai.output.messages) is one now.
-        return _nul_replaced(parsed) if "\\u0000" in value else parsed
-    return value
+    """GenAI attributes hold structured values as JSON strings (messages, tool arguments). A text
+    the log could not hold as JSON (NaN, an integer past a double, a lone surrogate, nesting past
+    MAX_JSON_DEPTH, a key named twice) stays the string it came as: refusing it would refuse the
+    span's whole trace, which exporters do not report (docs/otlp.md "JSON in attributes")."""
+    if not (isinstance(value, str) and value[:1] in ("{", "[")) or json_depth_exceeds(value):
+        return value
+    try:
+        parsed = json.loads(value, object_pairs_hook=unique_object, parse_constant=_no_constant)
+        canonical_bytes(parsed)
+    except (ValueError, RecursionError):  # DuplicateKey and NotCanonicalizable are ValueErrors
+        return value
+    # A NUL written as the escape \u0000 (a model's answer in gen_ai.output.messages) is one now.
+    return _nul_replaced(parsed) if "\\u0000" in value else parsed
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _nul_replaced(value: Any) -> Any:
