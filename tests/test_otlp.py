@@ -734,6 +734,42 @@ def test_keys_credentials_and_tenants(
     assert ours.pk != theirs.pk and ours.last_sequence == theirs.last_sequence == 7
 
 
+def test_an_operators_session_sends_protobuf_and_gzip_like_a_key(operator: Any, outsider: Any) -> None:
+    """The session's CSRF check reads the body's form fields, through a parser for its Content-Type:
+    with the API's JSON parser only, protobuf was 415 and gzipped OTLP/JSON 400, for bytes a key's
+    export has taken."""
+    protobuf = _parse_otlp_json(_chat_trace()).SerializeToString()
+    gzipped = gzip.compress(json.dumps(_chat_trace("5b8efff798038103d269b633813fc60d")).encode())
+    session = DjangoClient(enforce_csrf_checks=True)
+    session.force_login(operator)
+    assert session.get("/w/acme/support/").status_code == 200  # the csrftoken cookie, as a browser holds it
+    csrf = {"X-CSRFToken": session.cookies["csrftoken"].value}
+    answer = session.post(TRACES, protobuf, content_type="application/x-protobuf", headers=csrf)
+    assert (answer.status_code, answer["Content-Type"]) == (200, "application/x-protobuf"), answer.content
+    answer = session.post(
+        TRACES, gzipped, content_type="application/json", headers={**csrf, "Content-Encoding": "gzip"}
+    )
+    assert (answer.status_code, answer.json()) == (200, {}), answer.content
+    assert (
+        Run.objects.filter(run_id__startswith="run_otel_5b8efff798038103d269b633813fc60", status="completed").count()
+        == 2
+    )
+    refused = session.post(TRACES, protobuf, content_type="application/x-protobuf")  # no token
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    # A member of another tenant naming our workspace: not found, as every workspace it is not in.
+    theirs = DjangoClient(enforce_csrf_checks=True)
+    theirs.force_login(outsider)
+    assert theirs.get("/w/globex/main/").status_code == 200
+    other = {"X-CSRFToken": theirs.cookies["csrftoken"].value}
+    before = Event.objects.count()
+    for workspace in ("acme/support", "acme/nothing"):
+        named = theirs.post(
+            f"{TRACES}?workspace={workspace}", protobuf, content_type="application/x-protobuf", headers=other
+        )
+        assert named.status_code == 404 and named.json()["error"]["code"] == "not_found", named.content
+    assert Event.objects.count() == before
+
+
 # --- export ------------------------------------------------------------------------------------
 
 
