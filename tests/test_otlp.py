@@ -334,6 +334,25 @@ def test_otlp_json_with_gzip_is_accepted(server: Daphne, workspace: Workspace, k
     assert started_payload["otel"]["traceId"] == TRACE
 
 
+def test_unknown_fields_are_ignored_whatever_keys_they_hold(server: Daphne, workspace: Workspace, key: str) -> None:
+    """As the specification asks receivers; an unknown field holding a key named `spanId` (a vendor's,
+    a later OTLP's) was read as an id and refused the whole export. The ids themselves are still
+    checked, and the refusal names where, once."""
+    body = _chat_trace()
+    body["vendorExtension"] = {"spanId": "not hex", "traceId": 7}
+    span = body["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["vendorDetail"] = {"parentSpanId": "zz"}
+    span["links"] = [{"traceId": TRACE, "spanId": ROOT, "vendor": {"spanId": "?"}}]
+    auth = {"Authorization": f"Bearer {key}"}
+    response = httpx.post(server.url + TRACES, json=body, headers=auth, timeout=30)
+    assert (response.status_code, response.json()) == (200, {}), response.text
+    assert _run(workspace, TRACE).status == "completed"
+    span["links"][0]["spanId"] = "not hex"
+    refused = httpx.post(server.url + TRACES, json=body, headers=auth, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_otlp"
+    assert refused.json()["error"]["details"]["field"] == "resourceSpans[0].scopeSpans[0].spans[0].links[0].spanId"
+
+
 def test_partial_success_names_the_refused_spans(server: Daphne, workspace: Workspace, key: str) -> None:
     export = _chat_trace()
     export["resourceSpans"][0]["scopeSpans"][0]["spans"].append(_json_span("0000000000000000", "broken", T0, T0 + 1))
