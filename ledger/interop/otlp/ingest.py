@@ -44,6 +44,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Case, CharField, Count, F, Value, When
+from django.db.models.functions import Right, StrIndex, Substr
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -526,22 +528,40 @@ def _turns(run: Run | None, spans: list[_Span], steps: set[str] | None = None) -
     those an earlier export logged for that step. `steps`: the parents that are the calls' steps
     (late calls: the steps the run has), None for every parent."""
     models = sorted((s for s in spans if s.is_model), key=lambda s: (s.start, s.span))
+    logged = _logged_calls(run) if run is not None and models else {}
     counts: dict[str, int] = {}
     turns: dict[str, int] = {}
     for span in models:
         path = step_path_for(span.parent) if span.parent and (steps is None or span.parent in steps) else ""
-        if path not in counts:
-            counts[path] = 0
-            if run is not None:
-                logged = Event.objects.filter(run=run, type="harness.model.called", idempotency_key__startswith="otel:")
-                counts[path] = (
-                    logged.filter(payload__contains=f'"stepPath":"{path}"')
-                    if path
-                    else logged.exclude(payload__contains='"stepPath":')
-                ).count()
-        counts[path] += 1
+        counts[path] = counts.get(path, logged.get(path, 0)) + 1
         turns[span.span] = counts[path]
     return turns
+
+
+_STEP_PATH_AT = '"stepPath":"'
+_STEP_PATH_LENGTH = len(STEP_PREFIX) + 16  # span-<spanId hex>
+# A call's canonical payload ends `"stepPath":"span-<hex>","turn":<n>}` (its keys sorted, `turn`
+# the last): its own step path is in these last characters, and the JSON of its request, which
+# comes before, cannot reach into them.
+_PAYLOAD_END = len(_STEP_PATH_AT) + _STEP_PATH_LENGTH + len('","turn":}') + 16
+
+
+def _logged_calls(run: Run) -> dict[str, int]:
+    """How many model calls earlier exports logged per step path ("" for none), in one query: a
+    count per step was one scan of the run's log for each parent in the export, so an export of
+    many agents' calls took minutes, holding the run's lock."""
+    end = Right("payload", _PAYLOAD_END)
+    at = StrIndex(end, Value(_STEP_PATH_AT))
+    path = Substr(end, F("at") + len(_STEP_PATH_AT), _STEP_PATH_LENGTH)
+    rows = (
+        Event.objects.filter(run=run, type="harness.model.called", idempotency_key__startswith="otel:")
+        .annotate(at=at)
+        .annotate(path=Case(When(at=0, then=Value("")), default=path, output_field=CharField()))
+        .order_by()
+        .values_list("path")
+        .annotate(n=Count("pk"))
+    )
+    return dict(rows)
 
 
 def _span_events(
