@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -36,8 +37,8 @@ from ledger.reads import selectors
 from ledger.tenancy.services import create_key
 from tests import readme
 from tests.conftest import ev, started
+from tests.otlp_support import any_value, json_span
 from tests.otlp_support import attributes as _attributes
-from tests.otlp_support import json_span
 from tests.otlp_support import parse_otlp_json as _parse_otlp_json
 from tests.servers import REPO_ROOT, Daphne, database_url, start_daphne
 
@@ -333,6 +334,25 @@ def test_otlp_json_with_gzip_is_accepted(server: Daphne, workspace: Workspace, k
     assert started_payload["otel"]["traceId"] == TRACE
 
 
+def test_unknown_fields_are_ignored_whatever_keys_they_hold(server: Daphne, workspace: Workspace, key: str) -> None:
+    """As the specification asks receivers; an unknown field holding a key named `spanId` (a vendor's,
+    a later OTLP's) was read as an id and refused the whole export. The ids themselves are still
+    checked, and the refusal names where, once."""
+    body = _chat_trace()
+    body["vendorExtension"] = {"spanId": "not hex", "traceId": 7}
+    span = body["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["vendorDetail"] = {"parentSpanId": "zz"}
+    span["links"] = [{"traceId": TRACE, "spanId": ROOT, "vendor": {"spanId": "?"}}]
+    auth = {"Authorization": f"Bearer {key}"}
+    response = httpx.post(server.url + TRACES, json=body, headers=auth, timeout=30)
+    assert (response.status_code, response.json()) == (200, {}), response.text
+    assert _run(workspace, TRACE).status == "completed"
+    span["links"][0]["spanId"] = "not hex"
+    refused = httpx.post(server.url + TRACES, json=body, headers=auth, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_otlp"
+    assert refused.json()["error"]["details"]["field"] == "resourceSpans[0].scopeSpans[0].spans[0].links[0].spanId"
+
+
 def test_partial_success_names_the_refused_spans(server: Daphne, workspace: Workspace, key: str) -> None:
     export = _chat_trace()
     export["resourceSpans"][0]["scopeSpans"][0]["spans"].append(_json_span("0000000000000000", "broken", T0, T0 + 1))
@@ -413,6 +433,87 @@ def test_a_nul_in_a_span_is_kept_as_u_fffd_and_the_trace_recorded(
     assert responded["otel"]["attributes"]["note\ufffd"] == "a\ufffdb"
     assert run.priced_calls == 1 and (run.input_tokens, run.output_tokens) == (120, 30)
     assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)
+
+
+# JSON texts in attributes that parse, but not into what the log holds (Python's json.dumps writes
+# NaN and Infinity by default; a tool result may hold an integer past a double), or that nest past the
+# API's depth limit, or name a key twice (the parsed document would lose the first value).
+UNHOLDABLE_JSON = {
+    "nan": json.dumps([{"role": "tool", "parts": [{"type": "tool_call_response", "response": {"score": math.nan}}]}]),
+    "infinity": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "x"}], "limit": math.inf}]),
+    "integer past a double": '[{"role": "user", "parts": [], "id": 123456789012345678901234567890}]',
+    "lone surrogate": '[{"role": "user", "parts": [{"type": "text", "content": "\\ud800"}]}]',
+    "deep": "[" * 5000 + "]" * 5000,
+    "key twice": '[{"role": "user", "role": "system", "parts": []}]',
+}
+
+
+@pytest.mark.parametrize("text", UNHOLDABLE_JSON.values(), ids=UNHOLDABLE_JSON.keys())
+def test_json_text_the_log_cannot_hold_stays_text_and_the_call_counts(
+    server: Daphne, workspace: Workspace, key: str, text: str
+) -> None:
+    """Such a prompt was a 500 (its promptHash), such an answer refused the whole trace: the exporter
+    retried or dropped it, and a call that was made and billed never reached the run."""
+    memory = InMemorySpanExporter()
+    trace = _one_chat(
+        _provider(memory),
+        "chat gpt-4o",
+        **{
+            "gen_ai.input.messages": text,
+            "gen_ai.output.messages": text,
+            "gen_ai.usage.input_tokens": 120,
+            "gen_ai.usage.output_tokens": 30,
+        },
+    )
+    exporter = OTLPSpanExporter(endpoint=server.url + TRACES, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert exporter.export(memory.get_finished_spans()) == SpanExportResult.SUCCESS
+    run = _run(workspace, trace)
+    events = {e["type"]: e["payload"] for e in selectors.events(run)}
+    assert events["harness.model.called"]["request"]["messages"] == text
+    assert events["harness.model.responded"]["response"]["messages"] == text
+    assert run.status == "completed" and run.priced_calls == 1 and (run.input_tokens, run.output_tokens) == (120, 30)
+    assert all(check.status == "pass" for check in verify_run(run)), verify_run(run)
+
+
+def _kvlist(**values: Any) -> dict[str, Any]:
+    return {"kvlistValue": {"values": [{"key": k, "value": any_value(v)} for k, v in values.items()]}}
+
+
+# Attributes of a shape neither convention writes, where the mapping reads messages.
+ODD_SHAPES = {
+    "openinference index past int()": {"llm.input_messages." + "9" * 5000 + ".message.role": "user"},
+    "openinference tool_calls whole, then flattened": {
+        "llm.output_messages.0.message.tool_calls": "x",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.id": "call_1",
+    },
+    "openinference contents as a kvlist of numbers": {"llm.input_messages.0.message.contents": _kvlist(a=5)},
+    "openinference tool_calls as a kvlist of numbers": {"llm.output_messages.0.message.tool_calls": _kvlist(a=5)},
+    "genai parts a number": {"gen_ai.output.messages": '[{"role": "assistant", "parts": 5}]'},
+    "genai parts null": {"gen_ai.output.messages": '[{"role": "assistant", "parts": null}]'},
+}
+
+
+@pytest.mark.parametrize("odd", ODD_SHAPES.values(), ids=ODD_SHAPES.keys())
+def test_messages_of_an_odd_shape_are_kept_in_the_attributes_never_a_500(
+    server: Daphne, workspace: Workspace, key: str, odd: dict[str, Any]
+) -> None:
+    convention = (
+        {"openinference.span.kind": "LLM", "llm.provider": "openai", "llm.model_name": "gpt-4o"}
+        | {"llm.token_count.prompt": 120, "llm.token_count.completion": 30}
+        if any(k.startswith("llm.") for k in odd)
+        else {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o"}
+        | {"gen_ai.usage.input_tokens": 120, "gen_ai.usage.output_tokens": 30}
+    )
+    body = _json_export(
+        json_span(ROOT, "handle request", T0, T0 + 900_000_000, "", TRACE),
+        json_span(CHAT, "chat gpt-4o", T0 + 1, T0 + 800_000_000, ROOT, TRACE, {**convention, **odd}),
+    )
+    response = httpx.post(server.url + TRACES, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert (response.status_code, response.json()) == (200, {}), response.text
+    run = _run(workspace, TRACE)
+    responded = next(e["payload"] for e in selectors.events(run) if e["type"] == "harness.model.responded")
+    assert set(odd) <= set(responded["otel"]["attributes"])
+    assert run.status == "completed" and run.priced_calls == 1 and (run.input_tokens, run.output_tokens) == (120, 30)
 
 
 def test_a_long_answer_is_moved_to_artifacts_and_the_conversation_names_each_in_words(
@@ -650,6 +751,42 @@ def test_keys_credentials_and_tenants(
     assert post({"Authorization": f"Bearer {outsider}"}).status_code == 200
     ours, theirs = _run(workspace, TRACE), _run(other_workspace, TRACE)
     assert ours.pk != theirs.pk and ours.last_sequence == theirs.last_sequence == 7
+
+
+def test_an_operators_session_sends_protobuf_and_gzip_like_a_key(operator: Any, outsider: Any) -> None:
+    """The session's CSRF check reads the body's form fields, through a parser for its Content-Type:
+    with the API's JSON parser only, protobuf was 415 and gzipped OTLP/JSON 400, for bytes a key's
+    export has taken."""
+    protobuf = _parse_otlp_json(_chat_trace()).SerializeToString()
+    gzipped = gzip.compress(json.dumps(_chat_trace("5b8efff798038103d269b633813fc60d")).encode())
+    session = DjangoClient(enforce_csrf_checks=True)
+    session.force_login(operator)
+    assert session.get("/w/acme/support/").status_code == 200  # the csrftoken cookie, as a browser holds it
+    csrf = {"X-CSRFToken": session.cookies["csrftoken"].value}
+    answer = session.post(TRACES, protobuf, content_type="application/x-protobuf", headers=csrf)
+    assert (answer.status_code, answer["Content-Type"]) == (200, "application/x-protobuf"), answer.content
+    answer = session.post(
+        TRACES, gzipped, content_type="application/json", headers={**csrf, "Content-Encoding": "gzip"}
+    )
+    assert (answer.status_code, answer.json()) == (200, {}), answer.content
+    assert (
+        Run.objects.filter(run_id__startswith="run_otel_5b8efff798038103d269b633813fc60", status="completed").count()
+        == 2
+    )
+    refused = session.post(TRACES, protobuf, content_type="application/x-protobuf")  # no token
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    # A member of another tenant naming our workspace: not found, as every workspace it is not in.
+    theirs = DjangoClient(enforce_csrf_checks=True)
+    theirs.force_login(outsider)
+    assert theirs.get("/w/globex/main/").status_code == 200
+    other = {"X-CSRFToken": theirs.cookies["csrftoken"].value}
+    before = Event.objects.count()
+    for workspace in ("acme/support", "acme/nothing"):
+        named = theirs.post(
+            f"{TRACES}?workspace={workspace}", protobuf, content_type="application/x-protobuf", headers=other
+        )
+        assert named.status_code == 404 and named.json()["error"]["code"] == "not_found", named.content
+    assert Event.objects.count() == before
 
 
 # --- export ------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ledger.interop.otlp import ingest as otlp_ingest
 from ledger.interop.otlp.ingest import IngestResult, ingest
@@ -285,6 +286,29 @@ def test_openinference_parts_of_other_kinds_are_kept_as_they_came(workspace: Wor
         {"type": "reasoning", "content": "The user wants a picture described."},
         {"type": "tool_use", "id": "tu_1"},
     ]
+
+
+def test_turns_are_read_in_one_query_however_many_steps_an_export_names(workspace: Workspace) -> None:
+    """An export holds model calls of many agents (a batch processor's 512 spans): the turns each
+    step's calls already have were one scan of the run's log per step, minutes for one export of a
+    long run, under the run's lock. Now one reading, and the turns go on from it."""
+    step = "aaaaaaaaaaaaaaaa"
+    assert export(workspace, chat("c000000000000001", T0 + 1, T0 + 2, parent=step)).rejected == 0
+    statements = []
+    for n, parents in enumerate((2, 12)):
+        calls = [chat(f"d{n}{p:014d}", T0 + 3 + p, T0 + 4 + p, parent=f"e{n}{p:014d}") for p in range(parents)]
+        calls.append(chat(f"f{n}{0:014d}", T0 + 100, T0 + 101, parent=step))
+        with CaptureQueriesContext(connection) as queries:
+            assert export(workspace, *calls).rejected == 0
+        statements.append(len(queries))
+    assert statements[0] == statements[1], statements
+    turns = {
+        (e["payload"].get("stepPath"), e["payload"]["callId"]): e["payload"]["turn"]
+        for e in selectors.events(run_of(workspace))
+        if e["type"] == "harness.model.called"
+    }
+    assert [t for (path, _), t in sorted(turns.items()) if path == f"span-{step}"] == [1, 2, 3]
+    assert {t for (path, _), t in turns.items() if path != f"span-{step}"} == {1}
 
 
 # --- concurrent exports ----------------------------------------------------------------------------

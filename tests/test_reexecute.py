@@ -28,6 +28,7 @@ from ledger.runtime.providers import ModelRequest, ScriptedProvider, register_pr
 from ledger.runtime.record import inline_or_ref
 from ledger.runtime.reexecute import ReexecutionConflict, execute_reexecution, mode_plan
 from ledger.runtime.registry import AIGenerate, CodeRun, Tool, ToolCall, get_workflow, register
+from tests.conftest import ev
 from tests.runtime_support import (  # noqa: F401  (every_run_verifies is an autouse fixture)
     Crash,
     every_run_verifies,
@@ -715,6 +716,49 @@ def test_the_plan_lists_what_each_mode_reuses_runs_live_and_every_live_write_too
     assert canonical_json(mode_plan(workspace=workspace, run_id=original, mode="simulate")) == canonical_json(
         plans["simulate"]
     )
+
+
+def test_calls_outside_any_step_are_served_as_the_mode_serves_every_call(workspace: Workspace) -> None:
+    """A harness's calls with no stepPath (and an OpenTelemetry model call logged after its run
+    ended under no step, docs/otlp.md "Late spans") were planned live whatever the mode: a simulation
+    listed a live model call and a live write tool, for an external executor to make."""
+    append(
+        workspace=workspace,
+        run_id="run_loose",
+        events=[
+            {"type": "RunStarted", "payload": {"workflowVersionId": "x"}},
+            ev("harness.model.called", turn=1, callId="m1", promptHash="sha256:p", request={}),
+            ev(
+                "harness.model.responded",
+                turn=1,
+                callId="m1",
+                model={"provider": "openai", "modelId": "gpt-4o"},
+                response={"text": "pay", "usage": {"inputTokens": 10, "outputTokens": 2}},
+            ),
+            ev(
+                "harness.tool_call.started",
+                callId="t1",
+                caller="model",
+                toolName="wire",
+                args={"usd": 5},
+                effect="write",
+            ),
+            ev("harness.tool_call.succeeded", callId="t1", result={"ok": True}, durationMs=3),
+            ev("RunCompleted"),
+        ],
+    )
+    plans = {mode: mode_plan(workspace=workspace, run_id="run_loose", mode=mode) for mode in ("simulate", "evaluate")}
+    assert plans["simulate"]["liveWriteTools"] == plans["evaluate"]["liveWriteTools"] == []
+    assert [(c["kind"], c["source"]) for s in plans["simulate"]["sessions"] for c in s["calls"]] == [
+        ("model", "record"),
+        ("tool", "record"),
+    ]
+    assert [(c["kind"], c["source"]) for s in plans["evaluate"]["sessions"] for c in s["calls"]] == [
+        ("model", "live"),
+        ("tool", "record"),
+    ]
+    rerun = mode_plan(workspace=workspace, run_id="run_loose", mode="rerun")
+    assert [(t["toolName"], t["args"]) for t in rerun["liveWriteTools"]] == [("wire", {"usd": 5})]
 
 
 def test_a_simulation_replays_recorded_model_failures_and_their_retries(workspace: Workspace) -> None:

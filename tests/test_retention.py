@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
 from ledger import audit, clock
+from ledger.interop.otlp.ingest import ingest
 from ledger.log import append
 from ledger.models import (
     Artifact,
@@ -32,6 +33,7 @@ from ledger.models import (
 from ledger.tenancy import retention
 from ledger.tenancy.retention import InvalidRetention, set_retention
 from tests.conftest import ev, ledger_cli, started
+from tests.otlp_support import json_span, parse_otlp_json
 from tests.test_rollup import responded
 
 pytestmark = pytest.mark.django_db
@@ -153,6 +155,38 @@ def test_the_boundary_is_strict_a_run_exactly_at_the_cutoff_stays(
     monkeypatch.setattr("ledger.clock.now", lambda: edge + timedelta(microseconds=1000))
     assert prune()[0] == 0
     assert run_ids(thirty_days) == set()
+
+
+def _trace_ending(trace: str, end: datetime) -> Any:
+    """An OTLP export of one root span (tests/otlp_support.py) ending at `end`, as its host's clock said."""
+    nanos = int(end.timestamp()) * 1_000_000_000
+    return parse_otlp_json(
+        {
+            "resourceSpans": [
+                {"scopeSpans": [{"spans": [json_span("eee19b7ec3c1b174", "request", nanos - 1, nanos, "", trace)]}]}
+            ]
+        }
+    )
+
+
+def test_a_run_whose_writer_dated_its_end_in_the_future_is_pruned_by_its_last_activity(
+    thirty_days: Workspace,
+) -> None:
+    """An OpenTelemetry root span from a host whose clock is ahead ends its run in the future: the
+    run's finishedAt is the span's, and a run was pruned only once that end was past retention, so
+    a clock years ahead (or an end of 2554, the most OTLP's nanoseconds hold) kept it forever."""
+    ws = thirty_days
+    ahead, far, lately = "a" * 32, "b" * 32, "c" * 32
+    with at(days_ago(40)):
+        ingest(workspace=ws, request=_trace_ending(ahead, NOW + timedelta(days=365)))
+        ingest(workspace=ws, request=_trace_ending(far, datetime(2554, 7, 21, tzinfo=UTC)))
+    with at(days_ago(5)):
+        ingest(workspace=ws, request=_trace_ending(lately, NOW + timedelta(days=365)))
+    assert Run.objects.get(workspace=ws, run_id=f"run_otel_{far}").finished_at.year == 2554
+    code, out = prune()
+    assert code == 0, out
+    assert run_ids(ws) == {f"run_otel_{lately}"}
+    assert "pruned in all: runs=2, events=" in out
 
 
 def test_a_run_with_an_open_reexecution_request_is_kept(thirty_days: Workspace) -> None:

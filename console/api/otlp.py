@@ -8,12 +8,15 @@ is a 4xx with our error body (docs/api.md), which OTLP exporters do not retry; t
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import HttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -33,8 +36,21 @@ def _unreadable(message: str) -> InvalidOtlp:
     return InvalidOtlp(message, field="Content-Encoding")
 
 
+class _Unparsed(BaseParser):
+    """The body is left to the view (`post` reads it, decompressed, as protobuf or OTLP/JSON). A
+    console session's CSRF check reads the form fields (DRF's `request.POST`), which needs a parser
+    for the Content-Type: with the API's JSON parser only, a protobuf body was 415 and a gzipped or
+    NUL-holding JSON one 400, where a key's export of the same bytes is taken."""
+
+    media_type = "*/*"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> dict[str, Any]:
+        return {}
+
+
 class OtlpTracesView(ApiView):
     renderer_classes = [JsonRenderer]
+    parser_classes = [_Unparsed]
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
         return JsonRenderer(), JsonRenderer.media_type

@@ -76,7 +76,7 @@ def handle(
             if workspace:
                 cmd.stdout.write(f"{space}: no retention set (runs are kept forever); nothing to prune")
             continue
-        progress = retention.Progress(total=retention.candidates(space, retention.cutoff(days, now)).count())
+        progress = retention.Progress(total=retention.candidates(space, retention.cutoff(days, now), now).count())
         if tty:
             progress.listener = functools.partial(_bar, sys.stderr, label=str(space))
         for tree in retention.prune_workspace(

@@ -942,7 +942,9 @@ def mode_plan(
     actions = {path: step_action(path) for path in state.steps}
 
     def source(kind: str, path: str | None, answered: bool, status: str | None = None) -> str:
-        action = actions.get(path or "", "live")
+        # A call outside any step (a harness's own, an OpenTelemetry call after its run ended) is
+        # served as the mode serves every call: a simulation makes none live.
+        action = actions.get(path or "", mode if mode in ("simulate", "evaluate") else "live")
         if action == "simulate" or (action == "evaluate" and kind == "tool"):
             return "record"
         if action == "reuse":

@@ -144,10 +144,14 @@ def cutoff(days: int, now: datetime) -> datetime:
     return now - timedelta(days=days)
 
 
-def candidates(workspace: Workspace, before: datetime) -> Any:
-    """Finished runs that ended before the cutoff: a run's last event is never before its end, so
-    only these can be past retention (the rest of the rules are checked per tree)."""
-    return Run.objects.filter(workspace=workspace, status__in=RunStatus.finished(), finished_at__lt=before)
+def candidates(workspace: Workspace, before: datetime, now: datetime) -> Any:
+    """Finished runs that ended before the cutoff (a run's last event is recorded after its end, so
+    only these can be past retention; the rest of the rules are checked per tree), and those whose
+    end is still to come: an end a writer dated in the future (`occurredAt`: an OpenTelemetry span
+    from a host whose clock is ahead) says nothing of when the run was last active."""
+    return Run.objects.filter(
+        Q(finished_at__lt=before) | Q(finished_at__gt=now), workspace=workspace, status__in=RunStatus.finished()
+    )
 
 
 def _tree(workspace: Workspace, root: str) -> list[Run]:
@@ -345,7 +349,7 @@ def prune_workspace(
     after_pk = 0
     while True:
         page = list(
-            candidates(workspace, before)
+            candidates(workspace, before, now)
             .filter(pk__gt=after_pk)
             .order_by("pk")
             .values_list("pk", "run_id", "root_run_id")[:batch_size]

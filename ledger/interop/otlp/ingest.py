@@ -44,6 +44,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Case, CharField, Count, F, Value, When
+from django.db.models.functions import Right, StrIndex, Substr
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -58,7 +60,7 @@ from ...errors import (
     RunNotStarted,
     SequenceConflict,
 )
-from ...limits import NUL
+from ...limits import NUL, json_depth_exceeds, unique_object
 from ...log import Head, append, holding
 from ...log.prepare import MAX_BATCH
 from ...log.vocabulary import MAX_TOKENS
@@ -526,22 +528,40 @@ def _turns(run: Run | None, spans: list[_Span], steps: set[str] | None = None) -
     those an earlier export logged for that step. `steps`: the parents that are the calls' steps
     (late calls: the steps the run has), None for every parent."""
     models = sorted((s for s in spans if s.is_model), key=lambda s: (s.start, s.span))
+    logged = _logged_calls(run) if run is not None and models else {}
     counts: dict[str, int] = {}
     turns: dict[str, int] = {}
     for span in models:
         path = step_path_for(span.parent) if span.parent and (steps is None or span.parent in steps) else ""
-        if path not in counts:
-            counts[path] = 0
-            if run is not None:
-                logged = Event.objects.filter(run=run, type="harness.model.called", idempotency_key__startswith="otel:")
-                counts[path] = (
-                    logged.filter(payload__contains=f'"stepPath":"{path}"')
-                    if path
-                    else logged.exclude(payload__contains='"stepPath":')
-                ).count()
-        counts[path] += 1
+        counts[path] = counts.get(path, logged.get(path, 0)) + 1
         turns[span.span] = counts[path]
     return turns
+
+
+_STEP_PATH_AT = '"stepPath":"'
+_STEP_PATH_LENGTH = len(STEP_PREFIX) + 16  # span-<spanId hex>
+# A call's canonical payload ends `"stepPath":"span-<hex>","turn":<n>}` (its keys sorted, `turn`
+# the last): its own step path is in these last characters, and the JSON of its request, which
+# comes before, cannot reach into them.
+_PAYLOAD_END = len(_STEP_PATH_AT) + _STEP_PATH_LENGTH + len('","turn":}') + 16
+
+
+def _logged_calls(run: Run) -> dict[str, int]:
+    """How many model calls earlier exports logged per step path ("" for none), in one query: a
+    count per step was one scan of the run's log for each parent in the export, so an export of
+    many agents' calls took minutes, holding the run's lock."""
+    end = Right("payload", _PAYLOAD_END)
+    at = StrIndex(end, Value(_STEP_PATH_AT))
+    path = Substr(end, F("at") + len(_STEP_PATH_AT), _STEP_PATH_LENGTH)
+    rows = (
+        Event.objects.filter(run=run, type="harness.model.called", idempotency_key__startswith="otel:")
+        .annotate(at=at)
+        .annotate(path=Case(When(at=0, then=Value("")), default=path, output_field=CharField()))
+        .order_by()
+        .values_list("path")
+        .annotate(n=Count("pk"))
+    )
+    return dict(rows)
 
 
 def _span_events(
@@ -733,9 +753,11 @@ def _choices(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
 
 
-_FLAT = re.compile(r"(\d+)\.message\.(.+)")
-_FLAT_TOOL_CALL = re.compile(r"tool_calls\.(\d+)\.tool_call\.(.+)")
-_FLAT_CONTENT = re.compile(r"contents\.(\d+)\.message_content\.(.+)")
+# An index past nine digits is no message's (and int() refuses one past 4,300 digits).
+_FLAT = re.compile(r"([0-9]{1,9})\.message\.(.+)")
+_FLAT_TOOL_CALL = re.compile(r"tool_calls\.([0-9]{1,9})\.tool_call\.(.+)")
+_FLAT_CONTENT = re.compile(r"contents\.([0-9]{1,9})\.message_content\.(.+)")
+_FLATTENED_LISTS = ("tool_calls", "contents")  # gathered from their flattened keys, never taken whole
 
 
 def _flattened_messages(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
@@ -754,7 +776,7 @@ def _flattened_messages(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any
             message.setdefault("tool_calls", {}).setdefault(int(call[1]), {})[call[2]] = value
         elif (part := _FLAT_CONTENT.fullmatch(field_)) is not None:
             message.setdefault("contents", {}).setdefault(int(part[1]), {})[part[2]] = value
-        else:
+        elif field_ not in _FLATTENED_LISTS:  # a whole `tool_calls` value would not be the dict read below
             message[field_] = value
     return [messages[i] for i in sorted(messages)]
 
@@ -869,7 +891,8 @@ def _output_parts(output: Any) -> tuple[str | None, list[dict[str, Any]]]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for message in output if isinstance(output, list) else []:
-        for part in message.get("parts", []) if isinstance(message, dict) else []:
+        parts = message.get("parts") if isinstance(message, dict) else None
+        for part in parts if isinstance(parts, list) else []:
             if not isinstance(part, dict):
                 continue
             if part.get("type") == "text" and isinstance(part.get("content"), str):
@@ -954,15 +977,23 @@ def _error(span: _Span) -> dict[str, Any]:
 
 
 def _maybe_json(value: Any) -> Any:
-    """GenAI attributes hold structured values as JSON strings (messages, tool arguments)."""
-    if isinstance(value, str) and value[:1] in ("{", "["):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return value
-        # A NUL written as the escape \u0000 (a model's answer in gen_ai.output.messages) is one now.
-        return _nul_replaced(parsed) if "\\u0000" in value else parsed
-    return value
+    """GenAI attributes hold structured values as JSON strings (messages, tool arguments). A text
+    the log could not hold as JSON (NaN, an integer past a double, a lone surrogate, nesting past
+    MAX_JSON_DEPTH, a key named twice) stays the string it came as: refusing it would refuse the
+    span's whole trace, which exporters do not report (docs/otlp.md "JSON in attributes")."""
+    if not (isinstance(value, str) and value[:1] in ("{", "[")) or json_depth_exceeds(value):
+        return value
+    try:
+        parsed = json.loads(value, object_pairs_hook=unique_object, parse_constant=_no_constant)
+        canonical_bytes(parsed)
+    except (ValueError, RecursionError):  # DuplicateKey and NotCanonicalizable are ValueErrors
+        return value
+    # A NUL written as the escape \u0000 (a model's answer in gen_ai.output.messages) is one now.
+    return _nul_replaced(parsed) if "\\u0000" in value else parsed
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _nul_replaced(value: Any) -> Any:

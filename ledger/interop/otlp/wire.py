@@ -24,7 +24,6 @@ from ...limits import MAX_JSON_DEPTH, DuplicateKey, json_depth_exceeds, unique_o
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 CONTENT_TYPES = (PROTOBUF, JSON)
-_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
 
 
 class InvalidOtlp(LedgerError):
@@ -68,7 +67,7 @@ def from_otlp_json(document: dict[str, Any]) -> ExportTraceServiceRequest:
     """Parse an OTLP/JSON document; unknown fields are ignored, as the specification asks receivers."""
     request = ExportTraceServiceRequest()
     try:
-        json_format.ParseDict(_map_ids(document, _hex_to_b64, "resourceSpans"), request, ignore_unknown_fields=True)
+        json_format.ParseDict(_map_ids(document, _hex_to_b64), request, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
         raise InvalidOtlp(f"not an OTLP/JSON ExportTraceServiceRequest: {exc}", field="") from None
     except RecursionError:
@@ -79,24 +78,50 @@ def from_otlp_json(document: dict[str, Any]) -> ExportTraceServiceRequest:
 def to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
     """The request as OTLP/JSON: camelCase, hex ids, enums as integers, int64 as strings."""
     document = json_format.MessageToDict(request, use_integers_for_enums=True)
-    return _map_ids(document, _b64_to_hex, "resourceSpans")
+    return _map_ids(document, _b64_to_hex)
 
 
-def _map_ids(value: Any, convert: Callable[[str, str], str], where: str) -> Any:
-    """`value` with every trace/span id string converted (ids sit in spans and their links only,
-    but walking the whole document keeps this independent of the schema's nesting)."""
-    if isinstance(value, dict):
-        return {
-            k: (
-                convert(v, f"{where}.{k}")
-                if k in _ID_FIELDS and isinstance(v, str)
-                else _map_ids(v, convert, f"{where}.{k}")
-            )
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_map_ids(v, convert, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
+def _map_ids(document: Any, convert: Callable[[str, str], str]) -> Any:
+    """`document` with the trace and span ids of its spans and their links converted, under either
+    of the names protobuf's JSON mapping reads. Only there: an unknown field is ignored, as the
+    specification asks receivers, even when a key inside it is named `spanId`. What is not of the
+    schema's shape is left as it is, for the parser to refuse."""
+
+    def spans(span: dict[str, Any], at: str) -> dict[str, Any]:
+        span = _ids(span, at, _SPAN_IDS, convert)
+        return _below(span, at, ("links",), lambda link, where: _ids(link, where, _LINK_IDS, convert))
+
+    def scopes(scope: dict[str, Any], at: str) -> dict[str, Any]:
+        return _below(scope, at, ("spans",), spans)
+
+    def resources(resource: dict[str, Any], at: str) -> dict[str, Any]:
+        return _below(resource, at, ("scopeSpans", "scope_spans"), scopes)
+
+    if not isinstance(document, dict):
+        return document
+    return _below(document, "", ("resourceSpans", "resource_spans"), resources)
+
+
+_SPAN_IDS = ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id")
+_LINK_IDS = ("traceId", "trace_id", "spanId", "span_id")
+
+
+def _below(
+    item: dict[str, Any], at: str, names: tuple[str, ...], each: Callable[[dict[str, Any], str], dict[str, Any]]
+) -> dict[str, Any]:
+    """`item` with `each` applied to every object of its list field (by any of `names`)."""
+    out = dict(item)
+    for name in names:
+        if isinstance(out.get(name), list):
+            where = f"{at}.{name}" if at else name
+            out[name] = [
+                each(child, f"{where}[{n}]") if isinstance(child, dict) else child for n, child in enumerate(out[name])
+            ]
+    return out
+
+
+def _ids(item: dict[str, Any], at: str, names: tuple[str, ...], convert: Callable[[str, str], str]) -> dict[str, Any]:
+    return {k: convert(v, f"{at}.{k}") if k in names and isinstance(v, str) else v for k, v in item.items()}
 
 
 def _hex_to_b64(value: str, where: str) -> str:
