@@ -137,3 +137,31 @@ def test_a_model_answer_past_the_limit_keeps_its_usage_and_costs_what_a_short_on
     assert json.loads(artifacts.read_bytes(artifacts.get_by_ref(workspace, response["textRef"]))) == "x" * 300_000
     assert [ref["ref"] for ref in long["artifacts"]] == [response["textRef"]]
     assert ledger_cli("verify", "run_long")[0] == 0
+
+
+def test_a_growing_runs_plan_reads_only_the_new_events_for_their_artifacts(workspace, append) -> None:
+    """The replay plan re-hashes every artifact the log refers to; a live run's page asks for it at
+    each new state, and each time reads only the events after the last it looked at."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from ledger.models import Run
+    from ledger.replay.runlog import snapshot
+    from ledger.replay.stored_plan import replay_plan_at
+
+    def plan_checks(run: Run) -> tuple[str, list[str]]:
+        with CaptureQueriesContext(connection) as seen:
+            plan = replay_plan_at(run, snapshot(run).state)
+        scans = [q["sql"] for q in seen.captured_queries if "artifact://" in q["sql"] and "ledger_event" in q["sql"]]
+        check = next(c for c in plan["integrity"]["checks"] if c["name"] == "artifact_hashes")
+        return check["detail"], scans
+
+    append("run_a", started())
+    append("run_a", ev("StepCompleted", stepPath="extract", attempt=1, output=BIG_OUTPUT))
+    run = Run.objects.get(run_id="run_a")
+    detail, scans = plan_checks(run)
+    assert detail == "1 artifact(s) ok" and len(scans) == 1 and '"sequence" > 0' in scans[0]
+    append("run_a", ev("StepCompleted", stepPath="load", attempt=1, output={"rows": ["y" * 1000] * 300}))
+    run.refresh_from_db()
+    detail, scans = plan_checks(run)
+    assert detail == "2 artifact(s) ok" and len(scans) == 1 and '"sequence" > 2' in scans[0]

@@ -66,15 +66,32 @@ def plan_of_checked(state: RunState, checks: Mapping[str, str]) -> dict[str, Any
 
 
 def _refs(run: Run, upto: int) -> set[str]:
-    texts = Event.objects.filter(run=run, sequence__lte=upto, payload__contains=ARTIFACT_REF_PREFIX).values_list(
-        "payload", flat=True
-    )
-    return {ref for text in texts for ref in artifact_refs(decode_payload(text))}
+    """The artifact refs of the run's events up to `upto`. The log is append-only: the refs found
+    up to an earlier sequence are kept per run, and a later state (a live run's page, refreshed as
+    it grows) reads only the events after it, not a scan of the whole log each time."""
+    key = (run.pk, run.run_id)
+    with _PLANS_LOCK:
+        known = _REFS.get(key)
+    start, found = known if known is not None and known[0] <= upto else (0, frozenset[str]())
+    if start < upto:
+        texts = Event.objects.filter(
+            run=run, sequence__gt=start, sequence__lte=upto, payload__contains=ARTIFACT_REF_PREFIX
+        ).values_list("payload", flat=True)
+        found = found | {ref for text in texts for ref in artifact_refs(decode_payload(text))}
+        with _PLANS_LOCK:
+            if key not in _REFS or _REFS[key][0] < upto:
+                _REFS[key] = (upto, found)
+            _REFS.move_to_end(key)
+            while len(_REFS) > 64:
+                _REFS.popitem(last=False)
+    return set(found)
 
 
 # The plans of recently read states, by the state's identity, the state held so its id is not reused.
 _PLANS: OrderedDict[int, tuple[RunState, set[str], dict[str, str], dict[str, Any]]] = OrderedDict()
 _PLANS_LOCK = threading.Lock()
+# The artifact refs of a run's log up to a sequence, by (run pk, run id): `_refs`.
+_REFS: OrderedDict[tuple[int, str], tuple[int, frozenset[str]]] = OrderedDict()
 
 
 class PlanIndex(NamedTuple):
