@@ -315,7 +315,7 @@ def test_htmx_next_page_replaces_the_link_row_with_rows_and_a_new_link(browser: 
     first = browser.get(URL).content.decode()
     assert re.search(
         r'<tr class="more"><td colspan="10"><a id="next-page" href="[^"]+" hx-get="[^"]+" '
-        r'hx-target="closest tr" hx-swap="outerHTML">',
+        r'hx-target="closest tr" hx-swap="outerHTML" data-more>',
         first,
     )
     link = re.search(r'hx-get="([^"]+)"', first).group(1).replace("&amp;", "&")
