@@ -158,6 +158,9 @@ def _detail_context(request: HttpRequest, ws: Workspace, found: Evaluation) -> d
     for row in report.get("runs", []):
         runs.append(
             {
+                # A run that did not run has no tokens nor duration: dashes, not a failed page.
+                "tokens": {"before": None, "after": None},
+                "durationMs": {"before": None, "after": None},
                 **row,
                 "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, row["runId"]]),
                 "divergence_url": reverse("reexecution-divergence", args=[ws.tenant.slug, ws.slug, row["requestId"]])
