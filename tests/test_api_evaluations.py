@@ -318,6 +318,23 @@ def test_bad_changes_over_http_get_the_error_envelope_and_leave_nothing(workspac
     ci.close()
 
 
+def test_a_fail_if_nested_too_deep_or_with_no_number_is_refused_not_a_500(workspace, sessions) -> None:
+    """`failIf` within its 500 characters: parentheses 499 deep were a RecursionError (500), and
+    `nan` or `inf` read as numbers, making a gate that can never fail; each is a 400 now."""
+    runs = triage_runs(workspace, count=1)
+    assert sessions("carol").post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    ci = _key(workspace, ["execute", "read"])
+    body = {"dataset": "golden", "change": model_change("scripted"), "scorers": ["exact"], "reason": "try"}
+    for condition in ("(" * 499, "not " * 120 + "(" * 20, "pass_rate < nan", "pass_rate < inf", "changed > Infinity"):
+        refused = ci.post("/api/v1/evaluations", json={**body, "failIf": condition})
+        assert refused.status_code == 400 and _code(refused) == "invalid_request", (condition, refused.text)
+        assert refused.json()["error"]["details"]["field"] == "failIf"
+    nested = "(" * 30 + "pass_rate < 0.95" + ")" * 30
+    assert ci.post("/api/v1/evaluations", json={**body, "failIf": nested}).status_code == 201
+    assert Evaluation.objects.count() == 1
+    ci.close()
+
+
 def test_datasets_policies_and_evaluations_list_in_cursor_pages(workspace, approver: User, providers) -> None:
     """Lists page as every list of the API does: `{<things>: [...], next}`, `?limit=` and `?cursor=`."""
     from ledger.evaluation import datasets, policies
