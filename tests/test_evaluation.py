@@ -20,9 +20,11 @@ from ledger.log import append
 from ledger.log.envelopes import log_of
 from ledger.models import AuditEntry, Evaluation, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import services
+from ledger.reexecution.errors import SelfApprovalForbidden
 from ledger.reexecution.executor import run_request
 from ledger.runtime.model import ModelReply, ModelRequest
 from ledger.runtime.providers import ScriptedProvider, register_provider, unregister_provider
+from ledger.tenancy.services import create_key
 from tests.conftest import named_user
 from tests.evaluation_support import (
     Calls,
@@ -355,6 +357,27 @@ def test_of_two_policies_approved_in_one_instant_the_later_covers(workspace, dat
     assert first.created_at == later.created_at
     made = _start(workspace, people["carol"], model_change("counting"))
     assert made.status == Status.RUNNING and made.policy == later
+
+
+def test_a_policy_never_covers_its_own_approvers_evaluations(workspace, dataset, people, providers) -> None:
+    """Four eyes: an evaluate re-execution is approved by a member other than its requester, so
+    bob's policy does not start bob's own evaluation, in a session or with a key he owns; it waits
+    for another approver (who may approve it), and bob's own approval is refused. carol's starts."""
+    _policy(workspace, people["bob"])
+    own = _start(workspace, people["bob"], model_change("counting"))
+    assert own.status == Status.PENDING_APPROVAL and own.policy is None and own.ceiling_usd is None
+    first = ReexecutionRequest.objects.filter(batch_id=own.batch_id).order_by("pk").first()
+    assert first is not None
+    with pytest.raises(SelfApprovalForbidden):
+        services.approve(workspace=workspace, reexecution_id=first.public_id, by=people["bob"], note="mine")
+    services.approve(workspace=workspace, reexecution_id=first.public_id, by=people["alice"], note="go")
+    key, _ = create_key(workspace=workspace, scopes=["read", "execute"], by=people["bob"])
+    with_his_key = _start(workspace, key, model_change("counting"))
+    assert with_his_key.status == Status.PENDING_APPROVAL and with_his_key.policy is None
+    started = AuditEntry.objects.get(action="evaluation.started", target=with_his_key.public_id)
+    assert started.details["waitsForApproval"] is True
+    assert _start(workspace, people["carol"], model_change("counting")).status == Status.RUNNING
+    assert providers.made == []
 
 
 def test_a_denied_evaluation_ends_denied(workspace, dataset, people, providers) -> None:

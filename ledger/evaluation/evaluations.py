@@ -244,7 +244,11 @@ def start_evaluation(
     if checked_change["kind"] == "workflow":  # pinned to the version the batch was made for
         checked_change["version"] = requests[0].workflow_version
     policy = policies.covering(
-        workspace, dataset_id=found.pk, change_kind=checked_change["kind"], scorer_names=[s["name"] for s in specs]
+        workspace,
+        dataset_id=found.pk,
+        change_kind=checked_change["kind"],
+        scorer_names=[s["name"] for s in specs],
+        requested_by=policies.requester_id(by),
     )
     if policy is not None and budget.day_spent(policy):
         policy = None  # today's budget is spent (or unknown): this one waits for a person like any other
