@@ -264,7 +264,6 @@ def test_the_report_of_an_evaluation_whose_runs_did_not_run_is_shown(workspace, 
         assert "hx-trigger" not in html
 
 
-
 def test_verdicts_read_as_words_not_api_values(workspace, people) -> None:
     """`budget_exhausted` is the API's value; the list and the page say "budget exhausted"."""
     runs = triage_runs(workspace, count=1)
