@@ -261,6 +261,7 @@ def test_the_report_of_an_evaluation_whose_runs_did_not_run_is_shown(workspace, 
         html = response.content.decode()
         assert response.status_code == 200, url
         assert html.count('data-outcome="not_run"') == 2 and 'data-verdict="incomplete"' in html
+        assert '<dd id="mean-score">—</dd>' in html  # no score to average: a dash, not a bare "Δ"
         assert "hx-trigger" not in html
 
 
