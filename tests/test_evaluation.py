@@ -149,6 +149,20 @@ def test_datasets_refuse_viewers_outsiders_unfinished_and_bad_names(workspace, o
     assert not AuditEntry.objects.filter(action="dataset.changed").exists()
 
 
+def test_removing_a_run_the_dataset_does_not_hold_is_refused_not_a_new_version(workspace, runs, people) -> None:
+    """A removal naming a run that is not a member (another workspace's, one removed already by a
+    page sent twice) made an identical next version and audited a change that was none; it is
+    refused like setting the expected output of a non-member, and nothing is written."""
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs[:2], by=people["carol"])
+    for strangers in ([runs[5]], [runs[0], runs[5]], ["run_elsewhere"]):
+        with pytest.raises(NotFound, match="is not in dataset golden"):
+            datasets.remove_runs(workspace=workspace, name="golden", run_ids=strangers, by=people["carol"])
+    assert datasets.latest(datasets.get_dataset(workspace, "golden")).number == 1
+    assert _actions("dataset:golden") == ["dataset.changed"]
+    v2 = datasets.remove_runs(workspace=workspace, name="golden", run_ids=[runs[0]], by=people["carol"])
+    assert v2.number == 2 and [m["runId"] for m in v2.members] == [runs[1]]
+
+
 # --- scorers ----------------------------------------------------------------------------------
 
 
