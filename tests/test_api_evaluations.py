@@ -15,7 +15,7 @@ from django.db import transaction
 
 from ledger import log
 from ledger.log.leases import acquire_run_lease
-from ledger.models import AuditEntry, Evaluation, Event, ReexecutionRequest, Workspace
+from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, Event, ReexecutionRequest, Workspace
 from ledger.reexecution import executor
 from ledger.tenancy.services import create_key
 from tests.conftest import IN_PROCESS, http_client, log_in, named_user
@@ -333,6 +333,23 @@ def test_a_fail_if_nested_too_deep_or_with_no_number_is_refused_not_a_500(worksp
     assert ci.post("/api/v1/evaluations", json={**body, "failIf": nested}).status_code == 201
     assert Evaluation.objects.count() == 1
     ci.close()
+
+
+def test_a_ceiling_past_12_decimal_places_is_refused_not_a_dead_policy(workspace, sessions) -> None:
+    """Ceilings are kept to 12 decimal places: one with more was stored rounded (0.0000000000001
+    as 0), so the policy's terms no longer hashed to its digest and it was born inactive (shown as
+    expired, covering nothing) while the answer said `active: true`. It is a 400 now."""
+    runs = triage_runs(workspace, count=1)
+    bob = sessions("bob")
+    assert bob.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    for field in ("ceilingPerEvaluationUsd", "ceilingPerDayUsd"):
+        refused = bob.post("/api/v1/evaluation-policies", json={**POLICY, field: "0.0000000000001"})
+        assert refused.status_code == 400 and refused.json()["error"]["details"]["field"] == field, refused.text
+    assert not EvaluationPolicy.objects.exists()
+    made = bob.post("/api/v1/evaluation-policies", json={**POLICY, "ceilingPerEvaluationUsd": "0.123456789012"})
+    assert made.status_code == 201 and made.json()["active"] is True
+    listed = bob.get("/api/v1/evaluation-policies").json()["policies"]
+    assert [(p["ceilingPerEvaluationUsd"], p["active"]) for p in listed] == [("0.123456789012", True)]
 
 
 def test_datasets_policies_and_evaluations_list_in_cursor_pages(workspace, approver: User, providers) -> None:

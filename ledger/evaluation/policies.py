@@ -32,6 +32,7 @@ from .errors import EvaluationForbidden, InvalidEvaluation
 from .scorers import known_scorers
 
 CHANGE_KINDS = ("model", "prompt", "input", "workflow")
+CEILING_PLACES = Decimal("1E-12")  # EvaluationPolicy's ceilings: DecimalField(decimal_places=12)
 MAX_TTL_DAYS = 90
 Action = audit.Action
 
@@ -43,6 +44,10 @@ def _money(value: Any, field: str) -> Decimal:
         raise InvalidEvaluation(f"{field} is an amount in USD", field=field) from None
     if isinstance(value, bool) or not amount.is_finite() or amount <= 0 or amount > Decimal(1_000_000):
         raise InvalidEvaluation(f"{field} is an amount in USD above 0 and at most 1000000", field=field)
+    # The column keeps 12 places: a finer amount would be stored rounded (even to 0), its terms
+    # would no longer hash to the digest approved, and the policy would cover nothing.
+    if amount != amount.quantize(CEILING_PLACES):
+        raise InvalidEvaluation(f"{field} is an amount in USD with at most 12 decimal places", field=field)
     return amount
 
 
