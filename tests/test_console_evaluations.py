@@ -282,3 +282,23 @@ def test_verdicts_read_as_words_not_api_values(workspace, people) -> None:
         shown = re.sub(r"<[^>]*>", " ", html)
         assert 'data-verdict="budget_exhausted"' in html and "budget exhausted" in shown, url
         assert "budget_exhausted" not in shown, url
+
+
+def test_a_policy_whose_terms_were_altered_is_not_called_expired(workspace, people) -> None:
+    """A policy whose stored terms no longer hash to its digest covers nothing; the list said
+    "expired" of it though it had not expired. It says its terms were altered."""
+    from ledger.evaluation import policies
+
+    runs = triage_runs(workspace, count=1)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+    terms = {
+        "workspace": workspace, "dataset": "golden", "change_kinds": ["model"], "scorers": ["exact"],
+        "ceiling_per_evaluation_usd": "1", "ceiling_per_day_usd": "5", "ttl_hours": 24, "by": people["bob"],
+    }  # fmt: skip
+    altered, kept = policies.approve_policy(**terms), policies.approve_policy(**terms)
+    EvaluationPolicy.objects.filter(pk=altered.pk).update(ceiling_per_day_usd=500)
+    html = as_(people["bob"]).get(f"{BASE}/evaluations/").content.decode()
+    row = re.search(rf'<tr data-policy="{altered.public_id}">.*?</tr>', html, re.DOTALL)
+    assert row is not None and "terms altered" in row.group(0) and "expired" not in row.group(0)
+    row = re.search(rf'<tr data-policy="{kept.public_id}">.*?</tr>', html, re.DOTALL)
+    assert row is not None and "active" in row.group(0)

@@ -26,11 +26,11 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import limits
+from ledger import clock, limits
 from ledger.errors import LedgerError, NotFound
 from ledger.evaluation import budget, datasets, evaluations, policies
 from ledger.evaluation.errors import EvaluationForbidden
-from ledger.models import Evaluation, Workspace
+from ledger.models import Evaluation, EvaluationPolicy, Workspace
 
 from .. import cursors
 from ..format import money
@@ -116,6 +116,16 @@ POLICY_FIELDS = {
 }
 
 
+def _policy_state(policy: EvaluationPolicy) -> str:
+    """Why a policy covers nothing, in the list: revoked, expired, or its stored terms no longer
+    hash to the digest it was approved with (changed behind the service's back)."""
+    if policies.is_active(policy, clock.now()):
+        return "active"
+    if policy.revoked_at is not None:
+        return "revoked"
+    return "expired" if policy.expires_at <= clock.now() else "altered"
+
+
 def _list_page(
     request: HttpRequest, ws: Workspace, *, policy_form: dict[str, Any] | None = None, status: int = 200
 ) -> HttpResponse:
@@ -126,7 +136,7 @@ def _list_page(
                 {**datasets.dataset_json(d), "url": reverse("dataset", args=[ws.tenant.slug, ws.slug, d.name])}
                 for d in datasets.datasets(ws)
             ],
-            "policies": [policies.policy_json(p) for p in policies.policies(ws)],
+            "policies": [{**policies.policy_json(p), "state": _policy_state(p)} for p in policies.policies(ws)],
             "can_approve": has_role(request.user, ws, "approver"),
             "change_kinds": policies.CHANGE_KINDS,
             "policy_form": policy_form or POLICY_FORM,
