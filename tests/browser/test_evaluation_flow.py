@@ -166,3 +166,38 @@ def test_an_open_evaluation_page_reaches_incomplete_when_its_runs_could_not_run(
     expect(page.locator("#evaluation-verdict [data-verdict]")).to_have_text("incomplete")
     expect(page.locator('#evaluation-runs tr[data-outcome="not_run"]')).to_have_count(2)
     expect(page.locator("#evaluation-report [data-live]")).to_have_attribute("data-live", "false")
+
+
+def test_at_390_px_an_evaluations_verdict_and_a_policys_revoke_are_in_view(
+    page: Page, production: Daphne, workspace: Workspace, approver: User, operator: User
+) -> None:
+    """At 390 px the evaluations and the policies were tables scrolling in their own boxes: the
+    status, the verdict and the policy's Revoke sat past the right edge, to be found by scrolling
+    each table sideways. They are cards now, like the runs list, each value labelled."""
+    start_run(
+        workspace=workspace, workflow="support.triage", run_id="run_narrow", input={"ticket": "Late.", "orderId": "B-2"}
+    )
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=["run_narrow"], by=operator)
+    policies.approve_policy(
+        workspace=workspace, dataset="golden", change_kinds=["model"], scorers=["exact"],
+        ceiling_per_evaluation_usd="1", ceiling_per_day_usd="5", ttl_hours=24, by=approver,
+    )  # fmt: skip
+    made = evaluations.start_evaluation(
+        workspace=workspace, dataset="golden", scorers=["exact"], fail_if="", reason="try it",
+        change={"kind": "model", "modelOverrides": {"default": {"provider": "unregistered", "model": "m"}}},
+        by=operator,
+    )  # fmt: skip
+    evaluations.execute_here(made)
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, production, approver, "/w/acme/support/evaluations/")
+    for target in (
+        page.locator("#evaluations [data-verdict]"),
+        page.locator("#evaluations .status"),
+        page.locator("#policies form button", has_text="Revoke"),
+    ):
+        expect(target).to_have_count(1)
+        target.scroll_into_view_if_needed()
+        box = target.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    expect(page.locator('#evaluations td[data-label="Verdict"]')).to_contain_text("incomplete")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
