@@ -352,6 +352,26 @@ def test_a_ceiling_past_12_decimal_places_is_refused_not_a_dead_policy(workspace
     assert [(p["ceilingPerEvaluationUsd"], p["active"]) for p in listed] == [("0.123456789012", True)]
 
 
+def test_scorer_args_of_any_size_are_refused_past_their_limit(workspace, sessions) -> None:
+    """A regex scorer's pattern of 200 000 characters was taken (201) and echoed whole in every
+    run's reason, before and after: kept on the evaluation, in each scored event and in the
+    report page's titles. Args are at most 10 000 characters of JSON."""
+    runs = triage_runs(workspace, count=1)
+    assert sessions("carol").post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    ci = _key(workspace, ["execute", "read"])
+    body = {"dataset": "golden", "change": model_change("scripted"), "reason": "try"}
+    for scorer in (
+        {"name": "regex", "args": {"pattern": "a" * 200_000}},
+        {"name": "model_graded", "args": {"provider": "scripted", "model": "m", "rubric": "x" * 10_001}},
+        {"name": "json_fields", "args": {"fields": [f"f{n}" for n in range(5000)]}},
+    ):
+        refused = ci.post("/api/v1/evaluations", json={**body, "scorers": [scorer]})
+        assert refused.status_code == 400 and _code(refused) == "invalid_request", refused.text
+        assert refused.json()["error"]["details"]["field"] == "scorers"
+    assert not Evaluation.objects.exists()
+    ci.close()
+
+
 def test_datasets_policies_and_evaluations_list_in_cursor_pages(workspace, approver: User, providers) -> None:
     """Lists page as every list of the API does: `{<things>: [...], next}`, `?limit=` and `?cursor=`."""
     from ledger.evaluation import datasets, policies

@@ -194,6 +194,8 @@ def test_the_exact_json_fields_and_regex_scorers(workspace) -> None:
     assert scorers.regex(_ctx(workspace, {"reply": "Answer for: X"}, None, pattern=r"^Answer", field="reply")).passed
     missed = scorers.regex(_ctx(workspace, {"reply": "No"}, None, pattern=r"^Answer", field="reply"))
     assert not missed.passed and missed.value == 0.0
+    long = scorers.regex(_ctx(workspace, {"reply": "No"}, None, pattern="(Answer|Reply)" + "x?" * 1500, field="reply"))
+    assert not long.passed and len(long.reason) < 160  # the pattern's beginning, not all of it per run
     for bad in ([{"name": "regex", "args": {"pattern": "("}}], [{"name": "json_fields"}], ["nope"], []):
         with pytest.raises(InvalidEvaluation):
             scorers.check_specs(bad)
