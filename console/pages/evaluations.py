@@ -400,7 +400,7 @@ def policy_approve(request: HttpRequest, tenant: str, workspace: str) -> HttpRes
     ws = workspace_or_404(request, tenant, workspace)
     if not has_role(request.user, ws, "approver"):
         raise PermissionDenied("approving an evaluation policy needs the approver role")
-    typed = {name: request.POST.get(name, "") for name in POLICY_FORM if name != "change_kinds"}
+    typed: dict[str, Any] = {name: request.POST.get(name, "") for name in POLICY_FORM if name != "change_kinds"}
     typed["change_kinds"] = request.POST.getlist("change_kinds")
 
     def refused(message: str, field: str) -> HttpResponse:
