@@ -255,6 +255,8 @@ def test_the_report_of_an_evaluation_whose_runs_did_not_run_is_shown(workspace, 
     finished = evaluations.execute_here(Evaluation.objects.get(pk=made.pk))
     assert finished.verdict == Evaluation.Verdict.INCOMPLETE
     assert {r["outcome"] for r in finished.report["runs"]} == {"not_run"}
+    # No original was scored: "before" is unknown, not 0 % (the originals pass their scorers).
+    assert finished.report["aggregates"]["passRateBefore"] is None
     carol = as_(people["carol"])
     for url in (f"{BASE}/evaluations/{made.public_id}/", f"{BASE}/evaluations/{made.public_id}/live/"):
         response = carol.get(url)
@@ -262,6 +264,7 @@ def test_the_report_of_an_evaluation_whose_runs_did_not_run_is_shown(workspace, 
         assert response.status_code == 200, url
         assert html.count('data-outcome="not_run"') == 2 and 'data-verdict="incomplete"' in html
         assert '<dd id="mean-score">—</dd>' in html  # no score to average: a dash, not a bare "Δ"
+        assert "(before —)" in html
         assert "hx-trigger" not in html
 
 

@@ -665,7 +665,9 @@ def build_report(evaluation: Evaluation, requests: Sequence[ReexecutionRequest])
 
     cost_before, cost_after = total("costUsd", "before"), total("costUsd", "after")
     pass_rate = round(sum(1 for r in runs if r["passed"]) / n, 6) if n else None
-    pass_before = round(sum(1 for r in runs if r.get("passedBefore")) / n, 6) if n else None
+    # The originals of the runs that did not run were never scored: they are not counted as failing
+    # before (an incomplete evaluation of passing originals read "before 0 %").
+    pass_before = round(sum(1 for r in ran if r.get("passedBefore")) / len(ran), 6) if ran else None
     mean_after, mean_before = _mean(after_scores), _mean(before_scores)
     aggregates = {
         "runs": n,

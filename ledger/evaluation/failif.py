@@ -23,7 +23,7 @@ from .errors import InvalidEvaluation
 
 METRICS = {
     "pass_rate": "share of runs whose every score passed (0..1)",
-    "pass_rate_before": "the same for the original runs",
+    "pass_rate_before": "the same for the originals of the runs that ran",
     "pass_rate_delta": "pass_rate - pass_rate_before",
     "mean_score": "mean of every score of the new runs (0..1)",
     "mean_score_delta": "mean score of the new runs minus the originals'",
