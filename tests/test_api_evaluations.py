@@ -15,7 +15,7 @@ from django.db import transaction
 
 from ledger import log
 from ledger.log.leases import acquire_run_lease
-from ledger.models import AuditEntry, Evaluation, Event, ReexecutionRequest, Workspace
+from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, Event, ReexecutionRequest, Workspace
 from ledger.reexecution import executor
 from ledger.tenancy.services import create_key
 from tests.conftest import IN_PROCESS, http_client, log_in, named_user
@@ -315,6 +315,60 @@ def test_bad_changes_over_http_get_the_error_envelope_and_leave_nothing(workspac
         assert refused.json()["error"]["details"]["field"] == "change"
     assert Event.objects.count() == events_before
     assert not Evaluation.objects.exists() and not ReexecutionRequest.objects.exists()
+    ci.close()
+
+
+def test_a_fail_if_nested_too_deep_or_with_no_number_is_refused_not_a_500(workspace, sessions) -> None:
+    """`failIf` within its 500 characters: parentheses 499 deep were a RecursionError (500), and
+    `nan` or `inf` read as numbers, making a gate that can never fail; each is a 400 now."""
+    runs = triage_runs(workspace, count=1)
+    assert sessions("carol").post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    ci = _key(workspace, ["execute", "read"])
+    body = {"dataset": "golden", "change": model_change("scripted"), "scorers": ["exact"], "reason": "try"}
+    for condition in ("(" * 499, "not " * 120 + "(" * 20, "pass_rate < nan", "pass_rate < inf", "changed > Infinity"):
+        refused = ci.post("/api/v1/evaluations", json={**body, "failIf": condition})
+        assert refused.status_code == 400 and _code(refused) == "invalid_request", (condition, refused.text)
+        assert refused.json()["error"]["details"]["field"] == "failIf"
+    nested = "(" * 30 + "pass_rate < 0.95" + ")" * 30
+    assert ci.post("/api/v1/evaluations", json={**body, "failIf": nested}).status_code == 201
+    assert Evaluation.objects.count() == 1
+    ci.close()
+
+
+def test_a_ceiling_past_12_decimal_places_is_refused_not_a_dead_policy(workspace, sessions) -> None:
+    """Ceilings are kept to 12 decimal places: one with more was stored rounded (0.0000000000001
+    as 0), so the policy's terms no longer hashed to its digest and it was born inactive (shown as
+    expired, covering nothing) while the answer said `active: true`. It is a 400 now."""
+    runs = triage_runs(workspace, count=1)
+    bob = sessions("bob")
+    assert bob.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    for field in ("ceilingPerEvaluationUsd", "ceilingPerDayUsd"):
+        refused = bob.post("/api/v1/evaluation-policies", json={**POLICY, field: "0.0000000000001"})
+        assert refused.status_code == 400 and refused.json()["error"]["details"]["field"] == field, refused.text
+    assert not EvaluationPolicy.objects.exists()
+    made = bob.post("/api/v1/evaluation-policies", json={**POLICY, "ceilingPerEvaluationUsd": "0.123456789012"})
+    assert made.status_code == 201 and made.json()["active"] is True
+    listed = bob.get("/api/v1/evaluation-policies").json()["policies"]
+    assert [(p["ceilingPerEvaluationUsd"], p["active"]) for p in listed] == [("0.123456789012", True)]
+
+
+def test_scorer_args_of_any_size_are_refused_past_their_limit(workspace, sessions) -> None:
+    """A regex scorer's pattern of 200 000 characters was taken (201) and echoed whole in every
+    run's reason, before and after: kept on the evaluation, in each scored event and in the
+    report page's titles. Args are at most 10 000 characters of JSON."""
+    runs = triage_runs(workspace, count=1)
+    assert sessions("carol").post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 201
+    ci = _key(workspace, ["execute", "read"])
+    body = {"dataset": "golden", "change": model_change("scripted"), "reason": "try"}
+    for scorer in (
+        {"name": "regex", "args": {"pattern": "a" * 200_000}},
+        {"name": "model_graded", "args": {"provider": "scripted", "model": "m", "rubric": "x" * 10_001}},
+        {"name": "json_fields", "args": {"fields": [f"f{n}" for n in range(5000)]}},
+    ):
+        refused = ci.post("/api/v1/evaluations", json={**body, "scorers": [scorer]})
+        assert refused.status_code == 400 and _code(refused) == "invalid_request", refused.text
+        assert refused.json()["error"]["details"]["field"] == "scorers"
+    assert not Evaluation.objects.exists()
     ci.close()
 
 

@@ -14,7 +14,7 @@ from django.utils.html import escape
 
 from console.pages import evaluations as page
 from ledger.evaluation import datasets, evaluations
-from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, Workspace
+from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, ReexecutionRequest, Workspace
 from tests.conftest import named_user
 from tests.evaluation_support import Calls, model_change, registered_providers, triage_runs
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
@@ -233,3 +233,75 @@ def test_older_evaluations_are_a_page_away_and_a_broken_link_says_so(workspace, 
         assert response.status_code == 400 and 'id="broken-page"' in html and 'id="evaluations-newest"' in html
         assert "data-evaluation=" not in html and "hx-trigger" not in html
     assert as_(people["olga"]).get(older_url).status_code == 404
+
+
+def test_the_report_of_an_evaluation_whose_runs_did_not_run_is_shown(workspace, people) -> None:
+    """A run that never started (its model's provider is not registered here) is `not_run` in the
+    report, with no tokens nor duration: the page and its polled fragment still render, with a
+    dash in those cells, so an open page reaches the verdict `incomplete` instead of staying on
+    `running` behind a failing poll."""
+    runs = triage_runs(workspace, count=2)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+    made = evaluations.start_evaluation(
+        workspace=workspace, dataset="golden", change=model_change("unregistered"), scorers=["exact"],
+        fail_if="", reason="a provider this deployment lacks", by=people["carol"],
+    )  # fmt: skip
+    waiting = as_(people["carol"]).get(f"{BASE}/evaluations/{made.public_id}/").content.decode()
+    assert "waits for an approver" in waiting and "approved by a person" not in waiting
+    bob = as_(people["bob"])
+    request = ReexecutionRequest.objects.filter(batch_id=made.batch_id).first()
+    assert request is not None
+    assert bob.post(f"{BASE}/approvals/{request.public_id}/approve/", {"note": "go"}).status_code == 302
+    finished = evaluations.execute_here(Evaluation.objects.get(pk=made.pk))
+    assert finished.verdict == Evaluation.Verdict.INCOMPLETE
+    assert {r["outcome"] for r in finished.report["runs"]} == {"not_run"}
+    # No original was scored: "before" is unknown, not 0 % (the originals pass their scorers).
+    assert finished.report["aggregates"]["passRateBefore"] is None
+    carol = as_(people["carol"])
+    for url in (f"{BASE}/evaluations/{made.public_id}/", f"{BASE}/evaluations/{made.public_id}/live/"):
+        response = carol.get(url)
+        html = response.content.decode()
+        assert response.status_code == 200, url
+        assert html.count('data-outcome="not_run"') == 2 and 'data-verdict="incomplete"' in html
+        assert '<dd id="mean-score">—</dd>' in html  # no score to average: a dash, not a bare "Δ"
+        assert "(before —)" in html
+        assert "hx-trigger" not in html
+
+
+def test_verdicts_read_as_words_not_api_values(workspace, people) -> None:
+    """`budget_exhausted` is the API's value; the list and the page say "budget exhausted"."""
+    runs = triage_runs(workspace, count=1)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+    made = evaluations.start_evaluation(
+        workspace=workspace, dataset="golden", change=model_change("unregistered"), scorers=["exact"],
+        fail_if="", reason="try it", by=people["carol"],
+    )  # fmt: skip
+    Evaluation.objects.filter(pk=made.pk).update(
+        status=Evaluation.Status.FINISHED, verdict=Evaluation.Verdict.BUDGET_EXHAUSTED, budget_exhausted=True
+    )
+    carol = as_(people["carol"])
+    for url in (f"{BASE}/evaluations/", f"{BASE}/evaluations/{made.public_id}/"):
+        html = carol.get(url).content.decode()
+        shown = re.sub(r"<[^>]*>", " ", html)
+        assert 'data-verdict="budget_exhausted"' in html and "budget exhausted" in shown, url
+        assert "budget_exhausted" not in shown, url
+
+
+def test_a_policy_whose_terms_were_altered_is_not_called_expired(workspace, people) -> None:
+    """A policy whose stored terms no longer hash to its digest covers nothing; the list said
+    "expired" of it though it had not expired. It says its terms were altered."""
+    from ledger.evaluation import policies
+
+    runs = triage_runs(workspace, count=1)
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
+    terms = {
+        "workspace": workspace, "dataset": "golden", "change_kinds": ["model"], "scorers": ["exact"],
+        "ceiling_per_evaluation_usd": "1", "ceiling_per_day_usd": "5", "ttl_hours": 24, "by": people["bob"],
+    }  # fmt: skip
+    altered, kept = policies.approve_policy(**terms), policies.approve_policy(**terms)
+    EvaluationPolicy.objects.filter(pk=altered.pk).update(ceiling_per_day_usd=500)
+    html = as_(people["bob"]).get(f"{BASE}/evaluations/").content.decode()
+    row = re.search(rf'<tr data-policy="{altered.public_id}">.*?</tr>', html, re.DOTALL)
+    assert row is not None and "terms altered" in row.group(0) and "expired" not in row.group(0)
+    row = re.search(rf'<tr data-policy="{kept.public_id}">.*?</tr>', html, re.DOTALL)
+    assert row is not None and "active" in row.group(0)

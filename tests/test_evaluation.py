@@ -20,9 +20,11 @@ from ledger.log import append
 from ledger.log.envelopes import log_of
 from ledger.models import AuditEntry, Evaluation, ReexecutionRequest, Run, Workspace
 from ledger.reexecution import services
+from ledger.reexecution.errors import SelfApprovalForbidden
 from ledger.reexecution.executor import run_request
 from ledger.runtime.model import ModelReply, ModelRequest
 from ledger.runtime.providers import ScriptedProvider, register_provider, unregister_provider
+from ledger.tenancy.services import create_key
 from tests.conftest import named_user
 from tests.evaluation_support import (
     Calls,
@@ -147,6 +149,20 @@ def test_datasets_refuse_viewers_outsiders_unfinished_and_bad_names(workspace, o
     assert not AuditEntry.objects.filter(action="dataset.changed").exists()
 
 
+def test_removing_a_run_the_dataset_does_not_hold_is_refused_not_a_new_version(workspace, runs, people) -> None:
+    """A removal naming a run that is not a member (another workspace's, one removed already by a
+    page sent twice) made an identical next version and audited a change that was none; it is
+    refused like setting the expected output of a non-member, and nothing is written."""
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=runs[:2], by=people["carol"])
+    for strangers in ([runs[5]], [runs[0], runs[5]], ["run_elsewhere"]):
+        with pytest.raises(NotFound, match="is not in dataset golden"):
+            datasets.remove_runs(workspace=workspace, name="golden", run_ids=strangers, by=people["carol"])
+    assert datasets.latest(datasets.get_dataset(workspace, "golden")).number == 1
+    assert _actions("dataset:golden") == ["dataset.changed"]
+    v2 = datasets.remove_runs(workspace=workspace, name="golden", run_ids=[runs[0]], by=people["carol"])
+    assert v2.number == 2 and [m["runId"] for m in v2.members] == [runs[1]]
+
+
 # --- scorers ----------------------------------------------------------------------------------
 
 
@@ -178,6 +194,8 @@ def test_the_exact_json_fields_and_regex_scorers(workspace) -> None:
     assert scorers.regex(_ctx(workspace, {"reply": "Answer for: X"}, None, pattern=r"^Answer", field="reply")).passed
     missed = scorers.regex(_ctx(workspace, {"reply": "No"}, None, pattern=r"^Answer", field="reply"))
     assert not missed.passed and missed.value == 0.0
+    long = scorers.regex(_ctx(workspace, {"reply": "No"}, None, pattern="(Answer|Reply)" + "x?" * 1500, field="reply"))
+    assert not long.passed and len(long.reason) < 160  # the pattern's beginning, not all of it per run
     for bad in ([{"name": "regex", "args": {"pattern": "("}}], [{"name": "json_fields"}], ["nope"], []):
         with pytest.raises(InvalidEvaluation):
             scorers.check_specs(bad)
@@ -355,6 +373,27 @@ def test_of_two_policies_approved_in_one_instant_the_later_covers(workspace, dat
     assert first.created_at == later.created_at
     made = _start(workspace, people["carol"], model_change("counting"))
     assert made.status == Status.RUNNING and made.policy == later
+
+
+def test_a_policy_never_covers_its_own_approvers_evaluations(workspace, dataset, people, providers) -> None:
+    """Four eyes: an evaluate re-execution is approved by a member other than its requester, so
+    bob's policy does not start bob's own evaluation, in a session or with a key he owns; it waits
+    for another approver (who may approve it), and bob's own approval is refused. carol's starts."""
+    _policy(workspace, people["bob"])
+    own = _start(workspace, people["bob"], model_change("counting"))
+    assert own.status == Status.PENDING_APPROVAL and own.policy is None and own.ceiling_usd is None
+    first = ReexecutionRequest.objects.filter(batch_id=own.batch_id).order_by("pk").first()
+    assert first is not None
+    with pytest.raises(SelfApprovalForbidden):
+        services.approve(workspace=workspace, reexecution_id=first.public_id, by=people["bob"], note="mine")
+    services.approve(workspace=workspace, reexecution_id=first.public_id, by=people["alice"], note="go")
+    key, _ = create_key(workspace=workspace, scopes=["read", "execute"], by=people["bob"])
+    with_his_key = _start(workspace, key, model_change("counting"))
+    assert with_his_key.status == Status.PENDING_APPROVAL and with_his_key.policy is None
+    started = AuditEntry.objects.get(action="evaluation.started", target=with_his_key.public_id)
+    assert started.details["waitsForApproval"] is True
+    assert _start(workspace, people["carol"], model_change("counting")).status == Status.RUNNING
+    assert providers.made == []
 
 
 def test_a_denied_evaluation_ends_denied(workspace, dataset, people, providers) -> None:

@@ -6,18 +6,25 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
 from ledger.evaluation import policies
 from ledger.evaluation.scorers import unregister_scorer
-from ledger.models import Evaluation, Workspace
+from ledger.models import Evaluation, ReexecutionRequest, Workspace
+from ledger.reexecution.executor import run_request
+from ledger.runtime.model import ModelProvider, ModelRequest
+from ledger.runtime.providers import ScriptedProvider, register_provider, unregister_provider
 from tests.evaluation_support import Calls, CountingOrders, count_tool_edge, registered_providers, triage_runs
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
 
@@ -251,3 +258,59 @@ def test_input_and_workflow_changes_from_the_command_line(golden, workspace, app
         )
         assert code == 5, (bad, err)
     assert Evaluation.objects.count() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_here_waits_for_the_requests_a_worker_of_the_deployment_took(golden, tmp_path) -> None:
+    """`--here` beside a running worker (`bin/serve`): the worker takes some of the batch the
+    moment the policy approves it, and `--here` skips those. It printed `running` and exited 4
+    ("verdict: running") while the worker was still at them; it now waits for them, as --wait
+    does, and answers the verdict."""
+    held: list[threading.Thread] = []
+
+    def worker_elsewhere(request_pk: int) -> None:
+        try:
+            run_request(request_pk=request_pk, owner="worker-elsewhere")
+        finally:
+            connection.close()
+
+    def takes_the_last_request(model: str, current: ModelProvider) -> ModelProvider:
+        assert isinstance(current, ScriptedProvider) and callable(current.script)
+        script = current.script
+
+        def answer(request: ModelRequest) -> Mapping[str, Any]:
+            if threading.current_thread() is not threading.main_thread():
+                # The worker's run is the slower: it answers once --here is done with the others.
+                batch = ReexecutionRequest.objects.filter(batch_id=Evaluation.objects.get().batch_id)
+                for _ in range(3000):
+                    if batch.filter(status=ReexecutionRequest.Status.SUCCEEDED).count() == 9:
+                        break
+                    time.sleep(0.01)
+                time.sleep(1)
+            elif not held:  # the first call of --here: the worker has just taken the batch's last request
+                evaluation = Evaluation.objects.get()
+                last = ReexecutionRequest.objects.filter(batch_id=evaluation.batch_id).order_by("pk").last()
+                assert last is not None and last.status == ReexecutionRequest.Status.APPROVED
+                held.append(threading.Thread(target=worker_elsewhere, args=(last.pk,)))
+                held[0].start()
+                for _ in range(300):  # until the worker holds it (its start commits at once)
+                    last.refresh_from_db()
+                    if last.status != ReexecutionRequest.Status.APPROVED:
+                        break
+                    time.sleep(0.01)
+                assert last.lease_owner == "worker-elsewhere"
+            return script(request)
+
+        return ScriptedProvider(script=answer, name=current.name, model_id=model)
+
+    register_provider("beside-a-worker", takes_the_last_request)
+    try:
+        code, out, err = _gate("model:default=beside-a-worker/gpt-4o-mini", tmp_path, "--timeout", "60")
+    finally:
+        unregister_provider("beside-a-worker")
+        for thread in held:
+            thread.join(timeout=60)
+    summary = json.loads(out)
+    assert summary["status"] == "finished" and summary["verdict"] == "passed", err
+    assert code == 0 and (tmp_path / "junit.xml").exists()
+    assert ReexecutionRequest.objects.filter(lease_owner="worker-elsewhere").count() == 1

@@ -26,29 +26,21 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import limits
+from ledger import clock, limits
 from ledger.errors import LedgerError, NotFound
 from ledger.evaluation import budget, datasets, evaluations, policies
 from ledger.evaluation.errors import EvaluationForbidden
-from ledger.models import Evaluation, Workspace
+from ledger.models import Evaluation, EvaluationPolicy, Workspace
 
 from .. import cursors
 from ..format import money
 from .filters import BROKEN, page_cursor
 from .guard import has_role, switcher, workspace_or_404
 from .reexecution import member
+from .runs import refused_dataset
 
 UNFINISHED = (Evaluation.Status.PENDING_APPROVAL, Evaluation.Status.RUNNING)
 BINS = 10
-
-
-def _refused(request: HttpRequest, ws: Workspace, message: str) -> HttpResponse:
-    return render(
-        request,
-        "console/evaluations/refused.html",
-        {"workspace": ws, "message": message, "workspaces": switcher(request)},
-        status=400,
-    )
 
 
 EVALUATIONS_PAGE = 50
@@ -103,26 +95,63 @@ def _list_context(request: HttpRequest, ws: Workspace) -> dict[str, Any]:
     }
 
 
-@login_required
-@require_safe
-def evaluation_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
-    ws = workspace_or_404(request, tenant, workspace)
+# The policy form as it first shows; a refused one comes back as it was typed.
+POLICY_FORM = {
+    "dataset": "",
+    "change_kinds": ["model"],
+    "scorers": "exact, json_fields, regex, model_graded",
+    "ceiling_per_evaluation": "1.00",
+    "ceiling_per_day": "10.00",
+    "ttl_hours": "168",
+    "note": "",
+}
+# The service's field names, as the form's labels say them (a refusal's message is read on the page).
+POLICY_FIELDS = {
+    "changeKinds": ("change_kinds", "the kinds of change"),
+    "scorers": ("scorers", "the scorers"),
+    "ceilingPerEvaluationUsd": ("ceiling_per_evaluation", "the ceiling per evaluation"),
+    "ceilingPerDayUsd": ("ceiling_per_day", "the ceiling per day"),
+    "ttlHours": ("ttl_hours", "the expiry in hours"),
+    "note": ("note", "the note"),
+}
+
+
+def _policy_state(policy: EvaluationPolicy) -> str:
+    """Why a policy covers nothing, in the list: revoked, expired, or its stored terms no longer
+    hash to the digest it was approved with (changed behind the service's back)."""
+    if policies.is_active(policy, clock.now()):
+        return "active"
+    if policy.revoked_at is not None:
+        return "revoked"
+    return "expired" if policy.expires_at <= clock.now() else "altered"
+
+
+def _list_page(
+    request: HttpRequest, ws: Workspace, *, policy_form: dict[str, Any] | None = None, status: int = 200
+) -> HttpResponse:
     context = _list_context(request, ws)
-    status = 400 if context["broken_page"] else 200
     context.update(
         {
             "datasets": [
-                {**datasets.dataset_json(d), "url": reverse("dataset", args=[tenant, workspace, d.name])}
+                {**datasets.dataset_json(d), "url": reverse("dataset", args=[ws.tenant.slug, ws.slug, d.name])}
                 for d in datasets.datasets(ws)
             ],
-            "policies": [policies.policy_json(p) for p in policies.policies(ws)],
+            "policies": [{**policies.policy_json(p), "state": _policy_state(p)} for p in policies.policies(ws)],
             "can_approve": has_role(request.user, ws, "approver"),
             "change_kinds": policies.CHANGE_KINDS,
+            "policy_form": policy_form or POLICY_FORM,
             "workspaces": switcher(request),
             "here": "evaluations",
         }
     )
-    return render(request, "console/evaluations/list.html", context, status=status)
+    return render(request, "console/evaluations/list.html", context, status=400 if context["broken_page"] else status)
+
+
+@login_required
+@require_safe
+def evaluation_list(request: HttpRequest, tenant: str, workspace: str) -> HttpResponse:
+    ws = workspace_or_404(request, tenant, workspace)
+    return _list_page(request, ws)
 
 
 @login_required
@@ -158,6 +187,9 @@ def _detail_context(request: HttpRequest, ws: Workspace, found: Evaluation) -> d
     for row in report.get("runs", []):
         runs.append(
             {
+                # A run that did not run has no tokens nor duration: dashes, not a failed page.
+                "tokens": {"before": None, "after": None},
+                "durationMs": {"before": None, "after": None},
                 **row,
                 "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, row["runId"]]),
                 "divergence_url": reverse("reexecution-divergence", args=[ws.tenant.slug, ws.slug, row["requestId"]])
@@ -348,7 +380,9 @@ def dataset_add(request: HttpRequest, tenant: str, workspace: str) -> HttpRespon
     run_ids = list(dict.fromkeys(r for r in request.POST.getlist("run") if r))
     name = request.POST.get("dataset", "").strip()
     if not run_ids:
-        return _refused(request, ws, "Select the runs to add (the boxes in the runs list).")
+        return refused_dataset(
+            request, ws, error="tick the runs to add (the boxes in the list below)", name=name, run_ids=run_ids
+        )
     try:
         datasets.add_runs(workspace=ws, name=name, run_ids=run_ids, by=member(request))
     except EvaluationForbidden as exc:
@@ -356,7 +390,7 @@ def dataset_add(request: HttpRequest, tenant: str, workspace: str) -> HttpRespon
     except LedgerError as exc:
         if exc.status >= 500:
             raise
-        return _refused(request, ws, exc.message)
+        return refused_dataset(request, ws, error=exc.message, name=name, run_ids=run_ids)
     return redirect("dataset", tenant=tenant, workspace=workspace, name=name)
 
 
@@ -366,28 +400,41 @@ def policy_approve(request: HttpRequest, tenant: str, workspace: str) -> HttpRes
     ws = workspace_or_404(request, tenant, workspace)
     if not has_role(request.user, ws, "approver"):
         raise PermissionDenied("approving an evaluation policy needs the approver role")
+    typed: dict[str, Any] = {name: request.POST.get(name, "") for name in POLICY_FORM if name != "change_kinds"}
+    typed["change_kinds"] = request.POST.getlist("change_kinds")
+
+    def refused(message: str, field: str) -> HttpResponse:
+        # The Evaluations page again with the form open as it was typed, the reason beside it.
+        return _list_page(request, ws, policy_form={**typed, "error": message, "invalid": field}, status=400)
+
     try:
-        ttl = float(request.POST.get("ttl_hours", ""))
+        ttl = float(typed["ttl_hours"])
     except ValueError:
-        return _refused(request, ws, "Give the policy's lifetime in hours.")
+        return refused("give the policy's expiry in hours (a number, e.g. 168)", "ttl_hours")
     try:
         policies.approve_policy(
             workspace=ws,
-            dataset=request.POST.get("dataset", ""),
-            change_kinds=request.POST.getlist("change_kinds"),
-            scorers=[s.strip() for s in request.POST.get("scorers", "").split(",") if s.strip()],
-            ceiling_per_evaluation_usd=request.POST.get("ceiling_per_evaluation", ""),
-            ceiling_per_day_usd=request.POST.get("ceiling_per_day", ""),
+            dataset=typed["dataset"],
+            change_kinds=typed["change_kinds"],
+            scorers=[s.strip() for s in typed["scorers"].split(",") if s.strip()],
+            ceiling_per_evaluation_usd=typed["ceiling_per_evaluation"],
+            ceiling_per_day_usd=typed["ceiling_per_day"],
             ttl_hours=ttl,
-            note=request.POST.get("note", ""),
+            note=typed["note"],
             by=member(request),
         )
     except EvaluationForbidden as exc:
         raise PermissionDenied(exc.message) from None
+    except NotFound as exc:
+        return refused(exc.message, "dataset")
     except LedgerError as exc:
         if exc.status >= 500:
             raise
-        return _refused(request, ws, exc.message)
+        field = POLICY_FIELDS.get(str(exc.details.get("field", "")), ("", ""))[0]
+        message = exc.message
+        for name, (_, words) in POLICY_FIELDS.items():
+            message = message.replace(name, words)
+        return refused(message, field)
     return redirect("evaluations", tenant=tenant, workspace=workspace)
 
 

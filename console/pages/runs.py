@@ -243,6 +243,13 @@ def refused_batch(
     return _list(request, ws, batch=batch, status=400)
 
 
+def refused_dataset(request: HttpRequest, ws: Workspace, *, error: str, name: str, run_ids: list[str]) -> HttpResponse:
+    """Adding the selection to a dataset refused (console/pages/evaluations.py): the newest runs
+    again with the dataset form open, its name and the ticked runs kept, and why (400)."""
+    batch = {"picked": set(run_ids), "dataset": {"open": True, "error": error, "name": name}}
+    return _list(request, ws, batch=batch, status=400)
+
+
 def _list(
     request: HttpRequest, ws: Workspace, *, batch: dict[str, Any] | None = None, status: int = 200
 ) -> HttpResponse:

@@ -5,7 +5,7 @@ Starts an evaluation of the change (`--change`: a model mapping, a prompt, an in
 registered workflow; CHANGE_FORMS) against the dataset's latest version (or --version) as the
 member --as; inside an evaluation policy it starts at once, otherwise it waits for an approver.
 With --wait it waits for the verdict (the deployment's worker executes the batch); with --here
-this process executes it. --junit and --json write the report for CI.
+this process executes it (and waits, as --wait, for the requests a running worker took first). --junit and --json write the report for CI.
 
 Exit status: 0 passed; 1 the gate failed (--fail-if crossed); 3 budget_exhausted; 4 no verdict
 (denied, expired, incomplete, or still waiting when --timeout ran out, or started without
@@ -186,12 +186,12 @@ def handle(
     if made.status == Evaluation.Status.PENDING_APPROVAL:
         cmd.stderr.write("outside every evaluation policy: it waits for an approver on the Approvals page")
     evaluation = made
-    if here:
-        evaluation = evaluations.execute_here(made)
-    elif wait:
+    if wait or here:
         deadline = time.monotonic() + timeout
         while True:
-            evaluation = evaluations.advance(made.pk) or made
+            # --here executes what is approved in this process; a request a worker of the
+            # deployment took first is its to finish, so --here waits for it like --wait does.
+            evaluation = evaluations.execute_here(made) if here else evaluations.advance(made.pk) or made
             if evaluation.status not in (Evaluation.Status.PENDING_APPROVAL, Evaluation.Status.RUNNING):
                 break
             if time.monotonic() >= deadline:

@@ -148,8 +148,11 @@ def remove_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: 
     dataset = get_dataset(workspace, name)
     Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
     previous = get_version(dataset)
+    strangers = sorted(ids - {m["runId"] for m in previous.members})
+    if strangers:  # removing it would change nothing: no version, no audit entry, as set_expected
+        raise NotFound(f"run {strangers[0]} is not in dataset {name}", runId=strangers[0])
     members = [m for m in previous.members if m["runId"] not in ids]
-    return _new_version(dataset, members, who, {"removed": sorted(ids & {m["runId"] for m in previous.members})})
+    return _new_version(dataset, members, who, {"removed": sorted(ids)})
 
 
 @transaction.atomic

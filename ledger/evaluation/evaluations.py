@@ -244,7 +244,11 @@ def start_evaluation(
     if checked_change["kind"] == "workflow":  # pinned to the version the batch was made for
         checked_change["version"] = requests[0].workflow_version
     policy = policies.covering(
-        workspace, dataset_id=found.pk, change_kind=checked_change["kind"], scorer_names=[s["name"] for s in specs]
+        workspace,
+        dataset_id=found.pk,
+        change_kind=checked_change["kind"],
+        scorer_names=[s["name"] for s in specs],
+        requested_by=policies.requester_id(by),
     )
     if policy is not None and budget.day_spent(policy):
         policy = None  # today's budget is spent (or unknown): this one waits for a person like any other
@@ -661,7 +665,9 @@ def build_report(evaluation: Evaluation, requests: Sequence[ReexecutionRequest])
 
     cost_before, cost_after = total("costUsd", "before"), total("costUsd", "after")
     pass_rate = round(sum(1 for r in runs if r["passed"]) / n, 6) if n else None
-    pass_before = round(sum(1 for r in runs if r.get("passedBefore")) / n, 6) if n else None
+    # The originals of the runs that did not run were never scored: they are not counted as failing
+    # before (an incomplete evaluation of passing originals read "before 0 %").
+    pass_before = round(sum(1 for r in ran if r.get("passedBefore")) / len(ran), 6) if ran else None
     mean_after, mean_before = _mean(after_scores), _mean(before_scores)
     aggregates = {
         "runs": n,

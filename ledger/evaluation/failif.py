@@ -23,7 +23,7 @@ from .errors import InvalidEvaluation
 
 METRICS = {
     "pass_rate": "share of runs whose every score passed (0..1)",
-    "pass_rate_before": "the same for the original runs",
+    "pass_rate_before": "the same for the originals of the runs that ran",
     "pass_rate_delta": "pass_rate - pass_rate_before",
     "mean_score": "mean of every score of the new runs (0..1)",
     "mean_score_delta": "mean score of the new runs minus the originals'",
@@ -42,8 +42,12 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
 }
-TOKEN = re.compile(r"\s*(?:(<=|>=|==|!=|<|>|\(|\))|([A-Za-z_][A-Za-z_0-9]*)|(-?\d+(?:\.\d+)?))")
+NUMBER = r"-?\d+(?:\.\d+)?"
+TOKEN = re.compile(rf"\s*(?:(<=|>=|==|!=|<|>|\(|\))|([A-Za-z_][A-Za-z_0-9]*)|({NUMBER}))")
 MAX_LENGTH = 500
+# Parentheses and `not`s nested deeper than this are refused: the parser recurses per level, and
+# 500 characters of "(" went past Python's recursion limit (a 500, not a 400).
+MAX_DEPTH = 32
 
 Node = tuple[Any, ...]
 
@@ -66,37 +70,39 @@ def parse(text: str) -> Node:
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_LENGTH:
         raise InvalidEvaluation(f"failIf is a condition of 1 to {MAX_LENGTH} characters", field="failIf")
     tokens = _tokens(text)
-    node, rest = _expr(tokens)
+    node, rest = _expr(tokens, 0)
     if rest:
         raise InvalidEvaluation(f"failIf: unexpected {rest[0]!r}", field="failIf")
     return node
 
 
-def _expr(tokens: list[str]) -> tuple[Node, list[str]]:
-    node, tokens = _term(tokens)
+def _expr(tokens: list[str], depth: int) -> tuple[Node, list[str]]:
+    node, tokens = _term(tokens, depth)
     while tokens and tokens[0].lower() == "or":
-        right, tokens = _term(tokens[1:])
+        right, tokens = _term(tokens[1:], depth)
         node = ("or", node, right)
     return node, tokens
 
 
-def _term(tokens: list[str]) -> tuple[Node, list[str]]:
-    node, tokens = _factor(tokens)
+def _term(tokens: list[str], depth: int) -> tuple[Node, list[str]]:
+    node, tokens = _factor(tokens, depth)
     while tokens and tokens[0].lower() == "and":
-        right, tokens = _factor(tokens[1:])
+        right, tokens = _factor(tokens[1:], depth)
         node = ("and", node, right)
     return node, tokens
 
 
-def _factor(tokens: list[str]) -> tuple[Node, list[str]]:
+def _factor(tokens: list[str], depth: int) -> tuple[Node, list[str]]:
     if not tokens:
         raise InvalidEvaluation("failIf ends too early", field="failIf")
     head = tokens[0]
+    if head.lower() in ("not", "(") and depth >= MAX_DEPTH:
+        raise InvalidEvaluation(f"failIf nests parentheses and nots at most {MAX_DEPTH} deep", field="failIf")
     if head.lower() == "not":
-        node, rest = _factor(tokens[1:])
+        node, rest = _factor(tokens[1:], depth + 1)
         return ("not", node), rest
     if head == "(":
-        node, rest = _expr(tokens[1:])
+        node, rest = _expr(tokens[1:], depth + 1)
         if not rest or rest[0] != ")":
             raise InvalidEvaluation("failIf: a '(' is not closed", field="failIf")
         return node, rest[1:]
@@ -104,10 +110,11 @@ def _factor(tokens: list[str]) -> tuple[Node, list[str]]:
         raise InvalidEvaluation(f"failIf: unknown metric {head!r} (known: {', '.join(METRICS)})", field="failIf")
     if len(tokens) < 3 or tokens[1] not in OPS:
         raise InvalidEvaluation(f"failIf: {head} needs a comparison like {head} < 0.95", field="failIf")
-    try:
-        number = float(tokens[2])
-    except ValueError:
-        raise InvalidEvaluation(f"failIf: {tokens[2]!r} is not a number", field="failIf") from None
+    # A number as written (0.95, -1, 3): not nan nor inf, which float() also reads and which would
+    # make a comparison that can never hold (a gate that never fails).
+    if re.fullmatch(NUMBER, tokens[2]) is None:
+        raise InvalidEvaluation(f"failIf: {tokens[2]!r} is not a number", field="failIf")
+    number = float(tokens[2])
     return ("cmp", head, tokens[1], number), tokens[3:]
 
 

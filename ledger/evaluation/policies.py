@@ -32,6 +32,7 @@ from .errors import EvaluationForbidden, InvalidEvaluation
 from .scorers import known_scorers
 
 CHANGE_KINDS = ("model", "prompt", "input", "workflow")
+CEILING_PLACES = Decimal("1E-12")  # EvaluationPolicy's ceilings: DecimalField(decimal_places=12)
 MAX_TTL_DAYS = 90
 Action = audit.Action
 
@@ -43,6 +44,10 @@ def _money(value: Any, field: str) -> Decimal:
         raise InvalidEvaluation(f"{field} is an amount in USD", field=field) from None
     if isinstance(value, bool) or not amount.is_finite() or amount <= 0 or amount > Decimal(1_000_000):
         raise InvalidEvaluation(f"{field} is an amount in USD above 0 and at most 1000000", field=field)
+    # The column keeps 12 places: a finer amount would be stored rounded (even to 0), its terms
+    # would no longer hash to the digest approved, and the policy would cover nothing.
+    if amount != amount.quantize(CEILING_PLACES):
+        raise InvalidEvaluation(f"{field} is an amount in USD with at most 12 decimal places", field=field)
     return amount
 
 
@@ -171,16 +176,29 @@ def is_active(policy: EvaluationPolicy, now: datetime) -> bool:
     return policy.revoked_at is None and policy.expires_at > now and policy.digest == policy_digest(policy)
 
 
+def requester_id(by: User | ApiKey) -> int | None:
+    """The member behind a request: the user, or the owner of the key (None for an unowned key)."""
+    return by.pk if isinstance(by, User) else audit.key_owner_id(by)
+
+
 def covering(
-    workspace: Workspace, *, dataset_id: int, change_kind: str, scorer_names: Sequence[str]
+    workspace: Workspace,
+    *,
+    dataset_id: int,
+    change_kind: str,
+    scorer_names: Sequence[str],
+    requested_by: int | None = None,
 ) -> EvaluationPolicy | None:
-    """The newest active policy that covers this evaluation, or None (it waits for an approver)."""
+    """The newest active policy that covers this evaluation, or None (it waits for an approver).
+    Never one its requester (`requested_by`, a user's id) approved: four eyes, like any approval."""
     now = clock.now()
     # Newest first, and of two approved in one instant the later (by pk): never the database's pick.
     newest_first = EvaluationPolicy.objects.filter(workspace=workspace, dataset_id=dataset_id).order_by(
         "-created_at", "-pk"
     )
     for policy in newest_first:
+        if requested_by is not None and policy.approved_by_id == requested_by:
+            continue
         if is_active(policy, now) and change_kind in policy.change_kinds and set(scorer_names) <= set(policy.scorers):
             return policy
     return None

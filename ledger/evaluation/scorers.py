@@ -108,6 +108,9 @@ def known_scorers() -> list[str]:
     return sorted(_registered())
 
 
+MAX_ARGS_CHARS = 10_000
+
+
 def check_specs(value: Any) -> list[dict[str, Any]]:
     """[{name, args}] from a list of names or {name, args?} objects; refuses unknown scorers."""
     if not isinstance(value, list) or not value or len(value) > 10:
@@ -120,6 +123,11 @@ def check_specs(value: Any) -> list[dict[str, Any]]:
         args = spec.get("args") or {}
         if not isinstance(args, Mapping):
             raise InvalidEvaluation(f"scorer {spec['name']}: args must be an object", field="scorers")
+        # Args are kept on the evaluation and echoed in its scores' reasons, once per run and side.
+        if len(json.dumps(args, ensure_ascii=False, default=str)) > MAX_ARGS_CHARS:
+            raise InvalidEvaluation(
+                f"scorer {spec['name']}: args are at most {MAX_ARGS_CHARS} characters of JSON", field="scorers"
+            )
         if spec["name"] not in _registered():
             raise InvalidEvaluation(
                 f"no scorer named {spec['name']!r} is registered (known: {known_scorers()})", field="scorers"
@@ -336,9 +344,11 @@ def regex(ctx: ScoreContext) -> Score:
     value = _field(ctx.output, str(ctx.args.get("field", "")))
     if value is _MISSING:
         return Score(0.0, False, f"the output has no field {ctx.args.get('field')}")
-    if re.search(str(ctx.args["pattern"]), _text(value)):
-        return Score(1.0, True, f"matches /{ctx.args['pattern']}/")
-    return Score(0.0, False, f"does not match /{ctx.args['pattern']}/")
+    pattern = str(ctx.args["pattern"])
+    shown = pattern if len(pattern) <= 120 else pattern[:119] + "…"
+    if re.search(pattern, _text(value)):
+        return Score(1.0, True, f"matches /{shown}/")
+    return Score(0.0, False, f"does not match /{shown}/")
 
 
 def _check_model_graded(args: Mapping[str, Any]) -> None:

@@ -16,6 +16,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
+from ledger.evaluation import datasets, evaluations, policies
 from ledger.models import Dataset, Evaluation, EvaluationPolicy, Workspace
 from ledger.runtime.executor import start_run
 from tests.browser.conftest import Daphne, log_in, screenshot_dir
@@ -131,3 +132,72 @@ def test_a_dataset_from_the_runs_list_a_policy_and_a_gate_run_from_the_command_l
     for name in ("evaluations", "evaluation-report"):
         for scheme in SCHEMES:
             assert (screenshot_dir() / f"{name}-{scheme}.png").stat().st_size > 10_000
+
+
+def test_an_open_evaluation_page_reaches_incomplete_when_its_runs_could_not_run(
+    page: Page, production: Daphne, workspace: Workspace, approver: User, operator: User
+) -> None:
+    """The page of a running evaluation polls its report; when its runs could not run (a provider
+    this deployment does not register) the report's rows have no tokens nor duration, and the
+    poll answered 500: the page stayed on "running" for good. It now shows the verdict."""
+    run_ids = []
+    for number, (ticket, order) in enumerate(TICKETS[:2]):
+        run_ids.append(f"run_unrunnable_{number}")
+        start_run(
+            workspace=workspace,
+            workflow="support.triage",
+            run_id=run_ids[-1],
+            input={"ticket": ticket, "orderId": order},
+        )
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=run_ids, by=operator)
+    policies.approve_policy(
+        workspace=workspace, dataset="golden", change_kinds=["model"], scorers=["exact"],
+        ceiling_per_evaluation_usd="1", ceiling_per_day_usd="5", ttl_hours=24, by=approver,
+    )  # fmt: skip
+    made = evaluations.start_evaluation(
+        workspace=workspace, dataset="golden", scorers=["exact"], fail_if="pass_rate < 0.95", reason="try it",
+        change={"kind": "model", "modelOverrides": {"default": {"provider": "unregistered", "model": "m"}}},
+        by=operator,
+    )  # fmt: skip
+    log_in(page, production, operator, f"/w/acme/support/evaluations/{made.public_id}/")
+    expect(page.locator("#evaluation-verdict .status")).to_have_text("running")
+    evaluations.execute_here(made)
+    expect(page.locator("#evaluation-verdict [data-verdict]")).to_have_attribute("data-verdict", "incomplete")
+    expect(page.locator("#evaluation-verdict [data-verdict]")).to_have_text("incomplete")
+    expect(page.locator('#evaluation-runs tr[data-outcome="not_run"]')).to_have_count(2)
+    expect(page.locator("#evaluation-report [data-live]")).to_have_attribute("data-live", "false")
+
+
+def test_at_390_px_an_evaluations_verdict_and_a_policys_revoke_are_in_view(
+    page: Page, production: Daphne, workspace: Workspace, approver: User, operator: User
+) -> None:
+    """At 390 px the evaluations and the policies were tables scrolling in their own boxes: the
+    status, the verdict and the policy's Revoke sat past the right edge, to be found by scrolling
+    each table sideways. They are cards now, like the runs list, each value labelled."""
+    start_run(
+        workspace=workspace, workflow="support.triage", run_id="run_narrow", input={"ticket": "Late.", "orderId": "B-2"}
+    )
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=["run_narrow"], by=operator)
+    policies.approve_policy(
+        workspace=workspace, dataset="golden", change_kinds=["model"], scorers=["exact"],
+        ceiling_per_evaluation_usd="1", ceiling_per_day_usd="5", ttl_hours=24, by=approver,
+    )  # fmt: skip
+    made = evaluations.start_evaluation(
+        workspace=workspace, dataset="golden", scorers=["exact"], fail_if="", reason="try it",
+        change={"kind": "model", "modelOverrides": {"default": {"provider": "unregistered", "model": "m"}}},
+        by=operator,
+    )  # fmt: skip
+    evaluations.execute_here(made)
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, production, approver, "/w/acme/support/evaluations/")
+    for target in (
+        page.locator("#evaluations [data-verdict]"),
+        page.locator("#evaluations .status"),
+        page.locator("#policies form button", has_text="Revoke"),
+    ):
+        expect(target).to_have_count(1)
+        target.scroll_into_view_if_needed()
+        box = target.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    expect(page.locator('#evaluations td[data-label="Verdict"]')).to_contain_text("incomplete")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390

@@ -13,7 +13,9 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from ledger.models import Feedback, Workspace
+from ledger.evaluation import datasets
+from ledger.models import Dataset, EvaluationPolicy, Feedback, Workspace
+from ledger.runtime.executor import start_run
 from tests.browser import data
 from tests.browser.conftest import log_in
 from tests.conftest import PASSWORD
@@ -114,3 +116,79 @@ def test_a_form_sent_after_logging_in_again_elsewhere_says_so_in_place_and_keeps
     form.locator("[type=submit]").click()
     expect(page.locator("#feedback .feedback-item[data-rating='4']")).to_have_count(1)
     expect(page.locator(".form-expired")).to_have_count(0)
+
+
+def _triage_runs(workspace: Workspace, count: int) -> list[str]:
+    run_ids = [f"run_refused_{n}" for n in range(count)]
+    for run_id in run_ids:
+        start_run(
+            workspace=workspace, workflow="support.triage", run_id=run_id, input={"ticket": "Late.", "orderId": "B-2"}
+        )
+    return run_ids
+
+
+def test_a_refused_evaluation_policy_says_why_and_keeps_what_was_typed(
+    page: Page, production: Daphne, workspace: Workspace, approver: User, operator: User
+) -> None:
+    """The approver's policy form on the Evaluations page: a ceiling that is no amount came back as
+    a bare "Not done" page, and everything typed (kinds, scorers, ceilings, note) was lost."""
+    datasets.add_runs(workspace=workspace, name="golden", run_ids=_triage_runs(workspace, 1), by=operator)
+    log_in(page, production, approver, f"{SUPPORT}/evaluations/")
+    form = page.locator("#policy-form")
+    form.locator("summary").click()
+    form.locator("input[name=change_kinds][value=prompt]").check()
+    form.locator("input[name=scorers]").fill("exact, regex")
+    form.locator("input[name=ceiling_per_evaluation]").fill("a dollar")
+    form.locator("input[name=ceiling_per_day]").fill("7.50")
+    form.locator("input[name=ttl_hours]").fill("48")
+    form.locator("input[name=note]").fill("CI may try prompts on golden")
+    with page.expect_response(lambda r: r.url.endswith("/evaluations/policies/")) as answer:
+        form.locator("#policy-submit").click()
+    assert answer.value.status == 400
+
+    form = page.locator("#policy-form")
+    expect(form.locator("#policy-error")).to_contain_text("the ceiling per evaluation is an amount in USD")
+    expect(form.locator("#policy-error")).not_to_contain_text("ceilingPerEvaluationUsd")
+    expect(form.locator("input[name=ceiling_per_evaluation]")).to_have_attribute("aria-invalid", "true")
+    expect(form.locator("input[name=ceiling_per_evaluation]")).to_have_value("a dollar")
+    expect(form.locator("input[name=change_kinds][value=model]")).to_be_checked()
+    expect(form.locator("input[name=change_kinds][value=prompt]")).to_be_checked()
+    expect(form.locator("input[name=change_kinds][value=input]")).not_to_be_checked()
+    expect(form.locator("input[name=scorers]")).to_have_value("exact, regex")
+    expect(form.locator("input[name=ceiling_per_day]")).to_have_value("7.50")
+    expect(form.locator("input[name=ttl_hours]")).to_have_value("48")
+    expect(form.locator("input[name=note]")).to_have_value("CI may try prompts on golden")
+    assert not EvaluationPolicy.objects.exists()
+
+    form.locator("input[name=ceiling_per_evaluation]").fill("1.50")
+    form.locator("#policy-submit").click()
+    expect(page.locator("#policies tbody tr")).to_have_count(1)
+    policy = EvaluationPolicy.objects.get()
+    assert policy.change_kinds == ["model", "prompt"] and policy.note == "CI may try prompts on golden"
+
+
+def test_runs_refused_by_a_dataset_stay_ticked_with_the_name_and_the_reason(
+    page: Page, production: Daphne, workspace: Workspace, operator: User
+) -> None:
+    """*Add the selected runs to a dataset…* with a name the dataset rules refuse: the runs list
+    again, the ticks and the name kept and the reason beside the field, not a "Not done" page."""
+    run_ids = _triage_runs(workspace, 3)
+    log_in(page, production, operator, f"{SUPPORT}/")
+    for run_id in run_ids[:2]:
+        page.check(f'input.pick[value="{run_id}"]')
+    page.click("#dataset-add summary")
+    page.fill("#dataset-add input[name=dataset]", "Golden Set")
+    with page.expect_response(lambda r: r.url.endswith("/datasets/add/")) as answer:
+        page.click("#dataset-submit")
+    assert answer.value.status == 400
+
+    expect(page.locator("#dataset-error")).to_contain_text("a dataset name is 1-100 characters")
+    expect(page.locator("#dataset-add input[name=dataset]")).to_have_value("Golden Set")
+    for run_id in run_ids[:2]:
+        expect(page.locator(f'input.pick[value="{run_id}"]')).to_be_checked()
+    expect(page.locator(f'input.pick[value="{run_ids[2]}"]')).not_to_be_checked()
+    assert not Dataset.objects.exists()
+
+    page.fill("#dataset-add input[name=dataset]", "golden-set")
+    page.click("#dataset-submit")
+    expect(page.locator("#dataset-runs tbody tr")).to_have_count(2)
