@@ -201,6 +201,17 @@ def test_the_exact_json_fields_and_regex_scorers(workspace) -> None:
             scorers.check_specs(bad)
 
 
+def test_a_regex_scorer_runs_on_re2_and_refuses_what_would_backtrack(workspace) -> None:
+    """A member's pattern is scored in time linear in the output (RE2): a pattern only a
+    backtracking engine runs (a backreference, a lookaround) is refused when the evaluation is made."""
+    for pattern in (r"(a)\1", r"Answer(?= for)", r"(?<!No)Answer"):
+        with pytest.raises(InvalidEvaluation, match="does not compile as RE2"):
+            scorers.check_specs([{"name": "regex", "args": {"pattern": pattern}}])
+    output = {"reply": "a" * 100_000 + "!"}  # what `(a+)+$` takes exponential time over with backtracking
+    assert not scorers.regex(_ctx(workspace, output, None, pattern=r"(a+)+$", field="reply")).passed
+    assert scorers.regex(_ctx(workspace, output, None, pattern=r"(a+)+!$", field="reply")).passed
+
+
 def test_the_model_graded_scorer_asks_a_registered_provider_and_prices_its_call(workspace, providers: Calls) -> None:
     spec = {"name": "model_graded", "args": {"provider": "grader", "model": "gpt-4o-mini"}}
     args = spec["args"]

@@ -8,7 +8,7 @@ scorer that only decides pass/fail scores 1.0 or 0.0. Built in:
 - `exact`: the output equals the expected output (canonical JSON equality).
 - `json_fields`: args `{fields: [dotted paths], tolerance?: number}`: each field equal, numbers
   within `tolerance` (absolute); the score is the share of fields that match.
-- `regex`: args `{pattern, field?}`: the output (or one dotted field of it) as text matches.
+- `regex`: args `{pattern, field?}`: the output (or one dotted field of it) as text matches (RE2).
 - `model_graded`: args `{provider, model, rubric?}`: a model of the provider registry
   (ledger/runtime/providers.py) is asked whether the output meets the expected one and answers
   `PASS`/`FAIL` or a number in [0, 1] first, then its reason.
@@ -33,6 +33,7 @@ count after it returns, and no budget is asked before them.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -41,9 +42,12 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import re2
+
 from ..canonical import digest
 from ..fold.pricing import price_recorded, prices_for
 from ..models import Workspace
+from ..redaction import compile_linear
 from ..runtime.model import ModelProvider, ModelReply, ModelRequest, request_left
 from ..runtime.providers import ScriptedProvider, provider_for, wrapping
 from ..runtime.registry import load_modules
@@ -331,9 +335,18 @@ def _check_regex(args: Mapping[str, Any]) -> None:
     if not isinstance(pattern, str) or not pattern:
         raise InvalidEvaluation("regex needs args.pattern", field="scorers")
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise InvalidEvaluation(f"regex args.pattern does not compile: {exc}", field="scorers") from None
+        _linear(pattern)
+    except re2.error as exc:
+        raise InvalidEvaluation(
+            f"regex args.pattern does not compile as RE2 (no lookaround or backreferences): {exc}", field="scorers"
+        ) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _linear(pattern: str) -> Any:
+    """A member's pattern runs on RE2, in time linear in the text (a worker scoring a run's output
+    never hangs on a pattern that backtracks, e.g. `(a+)+$`)."""
+    return compile_linear(pattern)
 
 
 def _text(value: Any) -> str:
@@ -346,7 +359,11 @@ def regex(ctx: ScoreContext) -> Score:
         return Score(0.0, False, f"the output has no field {ctx.args.get('field')}")
     pattern = str(ctx.args["pattern"])
     shown = pattern if len(pattern) <= 120 else pattern[:119] + "…"
-    if re.search(pattern, _text(value)):
+    try:
+        found = _linear(pattern).search(_text(value))
+    except re2.error:  # checked when the evaluation was made; a pattern stored before RE2 was not
+        return Score(0.0, False, f"/{shown}/ is not a pattern RE2 runs")
+    if found:
         return Score(1.0, True, f"matches /{shown}/")
     return Score(0.0, False, f"does not match /{shown}/")
 
