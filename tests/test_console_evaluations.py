@@ -124,6 +124,15 @@ def test_a_dataset_page_edits_an_expected_output_and_removes_runs(workspace, peo
     carol, dave, olga = (as_(people[n]) for n in ("carol", "dave", "olga"))
     page = carol.get(f"{BASE}/datasets/golden/").content.decode()
     assert f'data-expected-form="{runs[0]}"' in page and 'id="dataset-remove-submit"' in page
+    # A version that is no number is said, not answered with the latest; one the dataset lacks is 404.
+    for bad in ("latest", "-1", "１"):
+        refused_version = carol.get(f"{BASE}/datasets/golden/", {"version": bad})
+        assert (
+            refused_version.status_code == 400
+            and "version must be a version number" in refused_version.content.decode()
+        )
+    assert carol.get(f"{BASE}/datasets/golden/", {"version": "7"}).status_code == 404
+    assert carol.get(f"{BASE}/datasets/golden/", {"version": "1"}).status_code == 200
     viewer_page = dave.get(f"{BASE}/datasets/golden/").content.decode()
     assert "data-expected-form" not in viewer_page and 'id="dataset-remove' not in viewer_page
     url = f"{BASE}/datasets/golden/expected/"

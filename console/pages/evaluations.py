@@ -34,6 +34,7 @@ from ledger.models import Evaluation, EvaluationPolicy, Workspace
 
 from .. import cursors
 from ..format import money
+from .errors import error_page
 from .filters import BROKEN, page_cursor
 from .guard import has_role, switcher, workspace_or_404
 from .reexecution import member
@@ -312,7 +313,10 @@ def _dataset_page(
 def dataset_detail(request: HttpRequest, tenant: str, workspace: str, name: str) -> HttpResponse:
     ws = workspace_or_404(request, tenant, workspace)
     raw = request.GET.get("version", "")
-    return _dataset_page(request, ws, name, number=int(raw) if raw.isdigit() else None)
+    if raw and not (raw.isascii() and raw.isdigit()):
+        message = f"version must be a version number of the dataset, got {raw[:40]!r}"
+        return error_page(request, 400, message, back_url=request.path, back_label="The dataset's latest version")
+    return _dataset_page(request, ws, name, number=int(raw) if raw else None)
 
 
 def _dataset_change(request: HttpRequest, ws: Workspace, name: str) -> None:
