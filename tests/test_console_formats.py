@@ -205,7 +205,7 @@ class _Evaluation:
 def test_evaluation_rows_print_spend_as_money_and_status_as_words() -> None:
     row = {"e": _Evaluation(), "url": "/e/", "models": "a→b", "pass_rate": None, "changed": None, "spend": "0.5"}
     html = render_to_string("console/evaluations/rows.html", {"rows": [row], "fragment_url": "/f/", "live": False})
-    assert '<td class="num">$0.50</td>' in html  # to the cent at least, as $5.00 beside it
+    assert '<td class="num" data-label="Spend">$0.50</td>' in html  # to the cent at least, as $5.00 beside it
     assert ">waiting for approval</span>" in html and ">pending_approval<" not in html
 
 

@@ -69,7 +69,8 @@ def _refs(run: Run, upto: int) -> set[str]:
     """The artifact refs of the run's events up to `upto`. The log is append-only: the refs found
     up to an earlier sequence are kept per run, and a later state (a live run's page, refreshed as
     it grows) reads only the events after it, not a scan of the whole log each time."""
-    key = (run.pk, run.run_id)
+    # With the pk and its creation: a run deleted and another made in its row is another run.
+    key = (run.pk, run.run_id, run.created_at.isoformat() if run.created_at else "")
     with _PLANS_LOCK:
         known = _REFS.get(key)
     start, found = known if known is not None and known[0] <= upto else (0, frozenset[str]())
@@ -90,8 +91,8 @@ def _refs(run: Run, upto: int) -> set[str]:
 # The plans of recently read states, by the state's identity, the state held so its id is not reused.
 _PLANS: OrderedDict[int, tuple[RunState, set[str], dict[str, str], dict[str, Any]]] = OrderedDict()
 _PLANS_LOCK = threading.Lock()
-# The artifact refs of a run's log up to a sequence, by (run pk, run id): `_refs`.
-_REFS: OrderedDict[tuple[int, str], tuple[int, frozenset[str]]] = OrderedDict()
+# The artifact refs of a run's log up to a sequence, by (run pk, run id, creation): `_refs`.
+_REFS: OrderedDict[tuple[int, str, str], tuple[int, frozenset[str]]] = OrderedDict()
 
 
 class PlanIndex(NamedTuple):
