@@ -7,9 +7,20 @@ from __future__ import annotations
 from io import StringIO
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
-from ledger.models import AuditEntry, Event, Run, Workspace
+from ledger.models import (
+    ApiKey,
+    AuditEntry,
+    DatasetVersion,
+    Evaluation,
+    Event,
+    Membership,
+    ReexecutionRequest,
+    Run,
+    Workspace,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +93,104 @@ def test_an_unknown_loop_is_said_by_its_own_id(workspace: Workspace, action: str
         )
     assert exited.value.code == 1 and err.getvalue().strip() == "outer loop ol_nowhere not found in acme/support"
     assert "workspace acme/nowhere not found" in refused("loop", action, "ol_nowhere", "--workspace", "acme/nowhere")
+
+
+# --- the audit of every action (each case refused before anything is printed or written) ----------
+
+
+def written() -> dict[str, int]:
+    """How many of each thing a command could make: a refused one makes none."""
+    models = (Run, Event, AuditEntry, ApiKey, Membership, Evaluation, ReexecutionRequest, DatasetVersion, User)
+    return {model.__name__: model.objects.count() for model in models}
+
+
+def refused_nothing_written(*args: str) -> CommandError:
+    before = written()
+    out = StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("ledger", *args, stdout=out, stderr=StringIO())
+    assert out.getvalue() == "" and written() == before
+    return raised.value
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["events", "run_\udcff"], "RUN is not valid UTF-8 text"),
+        (["state", "run_demo", "--workspace", "acme/\udcff"], "--workspace is not valid UTF-8 text"),
+        (["disable-user", "d\udcffve"], "NAME is not valid UTF-8 text"),
+        (
+            ["create-user", "zed", "--tenant", "acme", "--role", "viewer", "--password", "pass\udcffword-long"],
+            "--password is not valid UTF-8 text",
+        ),  # fmt: skip
+        (["keys", "revoke", "\udcff"], "PREFIX is not valid UTF-8 text"),
+        (
+            ["limits", "acme/support", "--events-per-run", "5", "--reason", "r\udcff"],
+            "--reason is not valid UTF-8 text",
+        ),
+        (
+            ["create-key", "--workspace", "acme/support", "--scopes", "read", "--owner", "o\udcff"],
+            "--owner is not valid UTF-8 text",
+        ),  # fmt: skip
+        ([*RUN, "--input", "{}", "--requested-by", "c\udcffrol"], "--requested-by is not valid UTF-8 text"),
+        (
+            ["dataset", "add", "golden", "run_a", "--workspace", "acme/support", "--as", "c\udcff"],
+            "--as is not valid UTF-8 text",
+        ),  # fmt: skip
+    ],
+)
+def test_text_that_is_not_utf8_is_refused_by_its_argument(
+    workspace: Workspace, operator: User, args: list[str], message: str
+) -> None:
+    """Bytes that are not UTF-8 on the command line (Python hands them over as lone surrogates)
+    can be neither stored nor looked up: before, the database driver's UnicodeEncodeError."""
+    assert str(refused_nothing_written(*args)) == message
+
+
+DEEP = '{"a": ' + "[" * 64 + "]" * 64 + "}"  # 65 levels: one past what the API takes
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('{"a": 1, "a": 2}', 'the key "a" appears twice in one object: name each key once'),
+        ('{"a": 1e999}', "--input has no canonical JSON form: inf is not representable"),
+        ('{"a": "\\ud800"}', "--input has no canonical JSON form"),
+        ('{"a": "\\u0000"}', "--input: strings may not contain the NUL character (U+0000)"),
+        (DEEP, "JSON may nest arrays and objects at most 64 levels deep"),
+    ],
+)
+def test_a_json_flag_is_refused_as_the_api_refuses_it(workspace: Workspace, value: str, message: str) -> None:
+    """What an API body may not hold (docs/security.md "Input limits") is refused before a run or
+    loop id is printed; before, the run id was printed and the write refused it (or a repeated key
+    was taken, its last value winning)."""
+    assert message in str(refused_nothing_written(*RUN, "--input", value))
+    assert message in str(refused_nothing_written(*LOOP[:3], "--input", value, *LOOP[5:], "--max-cycles", "1"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--change", 'input:{"a": 1, "a": 2}', "--scorer", "exact"], 'the key "a" appears twice in one object'),
+        (
+            ["--change", "model:default=scripted/gpt-4o", "--scorer", 'regex:{"pattern": "a", "pattern": "b"}'],
+            'the key "pattern" appears twice in one object',
+        ),  # fmt: skip
+        (
+            ["--change", "model:default=scripted/gpt-4o", "--scorer", "exact", "--timeout", "nan"],
+            "--timeout must be a number of seconds from 0 to 604800",
+        ),  # fmt: skip
+        (["--change", "model:default=scripted/gpt-4o", "--scorer", "exact", "--json", "."], "cannot write .: "),
+        (
+            ["--change", "model:default=scripted/gpt-4o", "--scorer", "exact", "--junit", "/nonexistent/e.xml"],
+            "cannot write /nonexistent/e.xml: No such file or directory",
+        ),  # fmt: skip
+    ],
+)
+def test_an_evaluation_it_cannot_report_is_not_started(
+    workspace: Workspace, operator: User, extra: list[str], message: str
+) -> None:
+    """Refused with exit 5 before the evaluation starts: before, a report file that could not be
+    written failed with a traceback after its runs were queued, and --timeout nan never ended."""
+    error = refused_nothing_written("evaluate", "golden", "--workspace", "acme/support", "--as", "carol", *extra)
+    assert message in str(error) and error.returncode == 5
