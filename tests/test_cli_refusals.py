@@ -194,3 +194,23 @@ def test_an_evaluation_it_cannot_report_is_not_started(
     written failed with a traceback after its runs were queued, and --timeout nan never ended."""
     error = refused_nothing_written("evaluate", "golden", "--workspace", "acme/support", "--as", "carol", *extra)
     assert message in str(error) and error.returncode == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([*RUN, "--input", "{}", "--requested-by", "nobody"], "--requested-by: no user nobody"),
+        (
+            ["create-key", "--workspace", "acme/support", "--scopes", "read", "--name", "k" * 201],
+            "a key name has at most 200 characters",
+        ),  # fmt: skip
+        (["demo", "--history-runs", str(10**12)], "--history-runs must be from 0 to 10,000, got 1000000000000"),
+        (["worker", "--batch", "--interval", "nan"], "--interval must be a number of seconds from 0 to 3600, got nan"),
+        (["worker", "--interval", "-1"], "--interval must be a number of seconds from 0 to 3600, got -1"),
+        (["verify", "--bundle", "."], ".: a directory, not a file"),
+    ],
+)
+def test_an_out_of_range_or_unknown_value_is_refused(workspace: Workspace, args: list[str], message: str) -> None:
+    """A requester nobody is (they could approve their own tool call), a key name its column cannot
+    hold, a demo that would fill the database, a worker that fails at its first empty queue."""
+    assert str(refused_nothing_written(*args)) == message
