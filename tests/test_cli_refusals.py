@@ -5,6 +5,7 @@ run, loop or audit entry made for a command that did not start."""
 from __future__ import annotations
 
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -214,3 +215,27 @@ def test_an_out_of_range_or_unknown_value_is_refused(workspace: Workspace, args:
     """A requester nobody is (they could approve their own tool call), a key name its column cannot
     hold, a demo that would fill the database, a worker that fails at its first empty queue."""
     assert str(refused_nothing_written(*args)) == message
+
+
+@pytest.mark.parametrize(
+    ("layout", "problem"),
+    [
+        ({"events/x.jsonl/": None}, "events/x.jsonl:1: unreadable (Is a directory)"),
+        ({"events/x.jsonl": "[" * 100_000 + "]" * 100_000}, "events/x.jsonl:1: not a JSON envelope (JSON is nested"),
+    ],
+)
+def test_import_little_names_a_file_it_cannot_read(
+    workspace: Workspace, tmp_path: Path, layout: dict[str, str | None], problem: str
+) -> None:
+    """The problem by file and line on stderr, exit 1, nothing imported; before, a traceback."""
+    for name, text in layout.items():
+        if text is None:
+            (tmp_path / name).mkdir(parents=True)
+        else:
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(text)
+    before, out, err = written(), StringIO(), StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("ledger", "import-little", str(tmp_path), "--workspace", "acme/support", stdout=out, stderr=err)
+    assert exited.value.code == 1 and out.getvalue() == "" and written() == before
+    assert err.getvalue().splitlines()[0].startswith(problem)
