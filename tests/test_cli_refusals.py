@@ -4,6 +4,9 @@ run, loop or audit entry made for a command that did not start."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from io import StringIO
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
+from ledger.log import append
 from ledger.models import (
     ApiKey,
     AuditEntry,
@@ -22,6 +26,7 @@ from ledger.models import (
     Run,
     Workspace,
 )
+from tests.servers import REPO_ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -239,3 +244,40 @@ def test_import_little_names_a_file_it_cannot_read(
         call_command("ledger", "import-little", str(tmp_path), "--workspace", "acme/support", stdout=out, stderr=err)
     assert exited.value.code == 1 and out.getvalue() == "" and written() == before
     assert err.getvalue().splitlines()[0].startswith(problem)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["export", "audit", "--tenant", "acme", "--output", "/dev/full"],
+        ["export-evidence", "run_full", "--workspace", "acme/support", "--output", "/dev/full"],
+    ],
+)
+def test_an_export_the_disk_cannot_hold_is_a_clear_error(workspace: Workspace, args: list[str]) -> None:
+    """A full disk while the file is written: one line, not an OSError's traceback. The export was
+    recorded when it began (as the API records one), and the message says the file is incomplete."""
+    append(
+        workspace=workspace,
+        run_id="run_full",
+        events=[{"type": "RunStarted", "payload": {"workflowVersionId": "wfver_x", "input": {}}}],
+    )
+    assert refused(*args) == "cannot write /dev/full: No space left on device; what was written is incomplete"
+
+
+def test_an_answer_the_disk_cannot_hold_is_one_line(tmp_path: Path) -> None:
+    """`ledger verify --export FILE > /dev/full` (any subcommand whose stdout fails): the error on
+    one line and exit 1; before, a traceback from Django's output wrapper."""
+    export = tmp_path / "events.jsonl"
+    export.write_text("not an export\n")
+    environment = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY"}}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "manage.py", "ledger", "verify", "--export", str(export)],
+            cwd=REPO_ROOT,
+            env={**environment, "DEBUG": "1", "DJANGO_SETTINGS_MODULE": "console.settings"},
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert (done.returncode, done.stderr) == (1, "CommandError: No space left on device\n")

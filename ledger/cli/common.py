@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 from argparse import ArgumentParser
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from django.core.management.base import BaseCommand, CommandError
@@ -129,6 +130,19 @@ def exit_unless_completed(outcome: RunOutcome) -> None:
         sys.exit(4)
     if outcome.status != RunStatus.COMPLETED:
         sys.exit(1)
+
+
+@contextmanager
+def failed_write(path: str) -> Iterator[None]:
+    """A file that fails while it is written (a full disk, a quota, an I/O error) as the command's
+    clear error rather than a traceback; the export was recorded when it began, as the API's is.
+    A reader that went away (BrokenPipeError) stays the dispatcher's to handle."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}; what was written is incomplete") from exc
 
 
 def writable(path: str) -> BinaryIO:

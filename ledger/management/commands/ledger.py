@@ -77,3 +77,10 @@ class Command(BaseCommand):
             # no traceback, and nothing more written to the closed pipe at exit (Python's own advice).
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
+        except OSError as exc:
+            # What the answer is written to failed (`> file` on a full disk, a quota, an I/O error),
+            # or a file the command reads did: one line, no traceback. What is left in stdout's
+            # buffer cannot be written either, so it goes nowhere rather than failing again at exit.
+            if getattr(self.stdout, "_out", None) is sys.stdout:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise CommandError(f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror or str(exc)) from exc
