@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from argparse import ArgumentParser
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger.canonical import NotCanonicalizable, canonical_bytes
 from ledger.errors import LedgerError
+from ledger.limits import MAX_JSON_DEPTH, DuplicateKey, json_depth_exceeds, nul_path, unique_object
 from ledger.models import Run, RunStatus
 from ledger.reads import selectors
 from ledger.replay.gateway import ToolCallInDoubt
@@ -60,13 +63,33 @@ def audited_in(tenants: Iterable[str]) -> str:
     return "audited in " + ", ".join(names)
 
 
-def json_arg(text: str, flag: str = "--input") -> Any:
+def json_arg(text: str, flag: str = "--input", *, returncode: int = 1) -> Any:
+    """`text` parsed as the API parses a JSON body (docs/security.md "Input limits"), or the
+    command's error naming `flag`: NaN and Infinity, an object naming a key twice, nesting deeper
+    than MAX_JSON_DEPTH, a NUL character, and a value with no canonical JSON form (a number past a
+    double's range, a lone surrogate) are refused here, before anything is printed or written."""
+    if json_depth_exceeds(text):
+        raise CommandError(
+            f"{flag} is nested too deeply to read: JSON may nest arrays and objects at most {MAX_JSON_DEPTH} levels deep",
+            returncode=returncode,
+        )
     try:
-        return json.loads(text, parse_constant=_not_json)
+        value = json.loads(text, parse_constant=_not_json, object_pairs_hook=unique_object)
+    except DuplicateKey as exc:
+        raise CommandError(
+            f"{flag} is not JSON the API takes: {exc}: name each key once", returncode=returncode
+        ) from exc
     except ValueError as exc:
-        raise CommandError(f"{flag} is not JSON: {exc}") from exc
+        raise CommandError(f"{flag} is not JSON: {exc}", returncode=returncode) from exc
     except RecursionError as exc:
-        raise CommandError(f"{flag} is nested too deeply to read") from exc
+        raise CommandError(f"{flag} is nested too deeply to read", returncode=returncode) from exc
+    if nul_path(value) is not None:
+        raise CommandError(f"{flag}: strings may not contain the NUL character (U+0000)", returncode=returncode)
+    try:
+        canonical_bytes(value)
+    except NotCanonicalizable as exc:
+        raise CommandError(f"{flag} has no canonical JSON form: {exc}", returncode=returncode) from exc
+    return value
 
 
 def _not_json(name: str) -> Any:
@@ -107,6 +130,19 @@ def exit_unless_completed(outcome: RunOutcome) -> None:
         sys.exit(4)
     if outcome.status != RunStatus.COMPLETED:
         sys.exit(1)
+
+
+@contextmanager
+def failed_write(path: str) -> Iterator[None]:
+    """A file that fails while it is written (a full disk, a quota, an I/O error) as the command's
+    clear error rather than a traceback; the export was recorded when it began, as the API's is.
+    A reader that went away (BrokenPipeError) stays the dispatcher's to handle."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}; what was written is incomplete") from exc
 
 
 def writable(path: str) -> BinaryIO:

@@ -30,6 +30,8 @@ from ledger.models import Evaluation
 from ledger.reads import selectors
 from ledger.tenancy import access
 
+from .common import json_arg
+
 NAME = "evaluate"
 HELP = "evaluate a change against a dataset of recorded runs and gate on the verdict (exit 0 passed, 1 failed)"
 CHANGE = re.compile(r"^model:([^=\s]+)=([^/\s]+)/(\S+)$")
@@ -47,6 +49,7 @@ EXIT = {
     Evaluation.Verdict.INCOMPLETE: 4,
 }
 REFUSED = 5
+MAX_TIMEOUT = 7 * 24 * 3600.0
 NO_VERDICT = 4
 
 
@@ -74,10 +77,7 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 
 def _json(value: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise CommandError(f"--change {value!r}: not JSON: {exc}", returncode=REFUSED) from exc
+    return json_arg(text, f"--change {value!r}", returncode=REFUSED)
 
 
 def _change(values: list[str]) -> dict[str, Any]:
@@ -140,11 +140,23 @@ def _scorers(values: list[str]) -> list[dict[str, Any]]:
     specs = []
     for value in values:
         name, _, args = value.partition(":")
-        try:
-            specs.append({"name": name, "args": json.loads(args) if args else {}})
-        except ValueError as exc:
-            raise CommandError(f"--scorer {value!r}: its args are not JSON: {exc}", returncode=REFUSED) from exc
+        specs.append({"name": name, "args": json_arg(args, f"--scorer {value!r}", returncode=REFUSED) if args else {}})
     return specs
+
+
+def _can_write(path: Path | None) -> None:
+    """Refused now, not after the evaluation started (its runs, audit entries and spend made),
+    when `path` cannot be written; a file that was not there is not left behind."""
+    if path is None:
+        return
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}", returncode=REFUSED) from exc
+    if not existed:
+        path.unlink()
 
 
 def handle(
@@ -165,6 +177,10 @@ def handle(
     json_out: Path | None,
     **_: Any,
 ) -> None:
+    if not 0 <= timeout <= MAX_TIMEOUT:  # NaN too: compared with it, the deadline never comes
+        raise CommandError(f"--timeout must be a number of seconds from 0 to {MAX_TIMEOUT:g}", returncode=REFUSED)
+    _can_write(json_out)
+    _can_write(junit)
     user = selectors.user_named(as_user)
     if user is None:
         raise CommandError(f"no user {as_user}", returncode=REFUSED)

@@ -19,7 +19,7 @@ from ledger.log.prepare import validate_run_id
 from ledger.models import Tenant
 from ledger.tenancy import access
 
-from .common import find_run, writable
+from .common import failed_write, find_run, writable
 
 NAME = "export"
 HELP = "stream runs, events, cost entries or the audit log as JSONL or CSV (audited)"
@@ -80,7 +80,7 @@ def handle(
         selection = replace(selection, tenant=the_tenant)
     elif tenant:
         raise CommandError("--tenant applies to the audit log only; use --workspace T/W")
-    with writable(output) if output else nullcontext(sys.stdout.buffer) as out:
+    with failed_write(output or "stdout"), writable(output) if output else nullcontext(sys.stdout.buffer) as out:
         exports.record_export(selection=selection, fmt=fmt, by=CLI_ACTOR)
         for piece in exports.render(selection, fmt):
             out.write(piece)

@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand
 
 from ledger.interop import bundle
 
-from .common import add_run_arguments, existing_run, writable
+from .common import add_run_arguments, existing_run, failed_write, writable
 from .export import CLI_ACTOR
 
 NAME = "export-evidence"
@@ -30,6 +30,7 @@ def handle(cmd: BaseCommand, *, run: str, workspace: str | None, output: str | N
     the_run = existing_run(cmd, run, workspace)
     target = output or bundle.bundle_name(the_run)
     with (
+        failed_write("stdout" if target == "-" else target),
         nullcontext(sys.stdout.buffer) if target == "-" else writable(target) as out,
         bundle.bundle_file(the_run) as spooled,
     ):

@@ -6,9 +6,10 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from ledger.log.prepare import validate_run_id
+from ledger.reads import selectors
 from ledger.runtime import progress
 from ledger.runtime.executor import RunOutcome, new_run_id, start_run
 from ledger.runtime.registry import get_workflow
@@ -41,6 +42,10 @@ def handle(
     **_: Any,
 ) -> None:
     run_input = json_arg(input)  # before anything is printed or created
+    if requested_by is not None and selectors.user_named(requested_by) is None:
+        # The requester may not approve the run's tool calls: a name nobody has would let the
+        # person who asked approve their own call.
+        raise CommandError(f"--requested-by: no user {requested_by}")
     load_workflow_modules(module)
     get_workflow(workflow)  # an unknown name is refused before a run id is handed out
     ws = access.workspace_by_path(workspace)

@@ -83,6 +83,8 @@ def handle(
 def _verify_file(cmd: BaseCommand, export_file: str | None, bundle_file: str | None) -> None:
     name = export_file or bundle_file or ""
     path = Path(name)
+    if path.is_dir():
+        raise CommandError(f"{name}: a directory, not a file")
     if not path.is_file():
         raise CommandError(f"{name}: no such file")
     checks: list[Check] = offline.verify_export(path) if export_file else offline.verify_bundle(path)

@@ -36,6 +36,7 @@ from django.db import transaction
 from .. import clock
 from ..canonical import NotCanonicalizable, canonical_bytes, digest, event_id
 from ..errors import LedgerError
+from ..limits import TooDeep, loads
 from ..log import append, artifacts
 from ..log.prepare import MAX_BATCH, RUN_ID_RE, stored_payload
 from ..log.rules import lifecycle_refusal
@@ -178,8 +179,8 @@ def _read_store(db: Path, logs: dict[str, list[LoggedEvent]], problems: list[str
     for run_id, sequence, eid, type_, occurrence_id, recorded_at, text in rows:
         where = f"{name} (run {run_id}, sequence {sequence})"
         try:
-            payload = json.loads(text) if isinstance(text, str) else None
-        except ValueError as exc:
+            payload = loads(text) if isinstance(text, str) else None
+        except ValueError as exc:  # TooDeep too
             problems.append(f"{where}: payload is not JSON ({exc})")
             continue
         env: dict[str, Any] = {"eventId": eid, "runId": run_id, "sequence": sequence, "type": type_}
@@ -196,13 +197,18 @@ def _read_jsonl(root: Path, path: Path, logs: dict[str, list[LoggedEvent]], prob
     name = _rel(root, path)
     run_of_file: str | None = None
     events: list[LoggedEvent] = []
-    with path.open("rb") as handle:
+    try:
+        handle = path.open("rb")
+    except OSError as exc:  # a directory named *.jsonl, a file that cannot be read
+        problems.append(f"{name}:1: unreadable ({exc.strerror or exc})")
+        return
+    with handle:
         for number, raw in enumerate(handle, start=1):
             where = f"{name}:{number}"
             if not raw.strip():
                 continue
             try:
-                env = json.loads(raw)
+                env = loads(raw)  # nested deeper than the API takes: refused as it refuses it
             except ValueError as exc:
                 problems.append(f"{where}: not a JSON envelope ({exc})")
                 return
@@ -264,9 +270,11 @@ def _recorded_at(text: str) -> datetime | None:
 
 def _json_file(root: Path, path: Path, problems: list[str]) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         problems.append(f"{_rel(root, path)}:{exc.lineno}: not JSON ({exc.msg})")
+    except TooDeep as exc:
+        problems.append(f"{_rel(root, path)}:1: not JSON the ledger takes ({exc})")
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(f"{_rel(root, path)}:1: unreadable ({exc})")
     return None

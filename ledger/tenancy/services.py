@@ -656,6 +656,9 @@ def create_key(
     unknown = set(scopes) - set(ApiKey.SCOPES)
     if not scopes or unknown:
         raise LedgerError(f"scopes must be a non-empty subset of {', '.join(ApiKey.SCOPES)}")
+    most = ApiKey._meta.get_field("name").max_length or 200
+    if len(name) > most:  # PostgreSQL's column refuses it (a traceback), SQLite's would keep it all
+        raise InvalidRequest(f"a key name has at most {most} characters", field="name", limit=most)
     name = redact_text(plain_name(name, field="name", label="key name"), workspace)
     prefix = secrets.token_hex(6)
     key = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
