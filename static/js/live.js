@@ -155,8 +155,19 @@
   // .htmx-request): swapping the fragment now would take away the element its answer goes to.
   // Asked again after it (done() -> changed()).
   function busy(el) {
-    return el.classList.contains("htmx-request") || !!el.querySelector(".htmx-request");
+    return leaving || el.classList.contains("htmx-request") || !!el.querySelector(".htmx-request");
   }
+
+  // A form sent the plain way (no htmx: Approve, Cancel run…) navigates away with its answer;
+  // Chromium drops the submission if its form leaves the document first, so nothing is swapped
+  // meanwhile. htmx's own forms prevent the default, and are its requests (above). A page still
+  // here after a while got a download or an error instead: it follows the log again.
+  var leaving = false;
+  document.addEventListener("submit", function (event) {
+    if (event.defaultPrevented) return;
+    leaving = true;
+    setTimeout(function () { leaving = false; }, 5000);
+  });
 
   function refreshAll() {
     refreshTimer = null;
