@@ -28,9 +28,10 @@
  * A dropped socket reconnects with backoff and refreshes everything once it is back (a
  * workspace's feed, which has no ?after= catch-up, also refreshes once when it first opens).
  *
- * A fragment fetched again and found the same as shown is not swapped: a click, a selection or an
- * open detail in it survives a refresh that changed nothing. One that is swapped keeps the
- * keyboard focus on the same link or button in its new markup.
+ * A fragment fetched again and found the same as shown (its forms' CSRF tokens aside) is not
+ * swapped: a click, a selection or an open detail in it survives a refresh that changed nothing.
+ * One that is swapped keeps the keyboard focus on the same link or button in its new markup, the
+ * boxes ticked and what was typed in its fields and not yet sent.
  *
  * window.runledgerLive = {socket, lastSequence, refreshes, unchanged, disconnect(ms)} for tests
  * and the curious.
@@ -224,12 +225,14 @@
           ticked.push([box.name, box.value]);
         });
         var style = el.getAttribute("data-live-swap") || "outerHTML";
+        var kept = typedIn(el);
         var focused = focusedIn(el);
         var said = announced(el);
         window.htmx.swap(el, html, {swapStyle: style, swapDelay: 0, settleDelay: 0});
         if (el.id) shown[el.id] = fresh;
         var now = style === "innerHTML" ? el : (el.id && document.getElementById(el.id));
         if (now) {
+          retype(now, kept);
           if (focused) refocus(now, focused);
           announce(now, said);
         }
@@ -244,6 +247,43 @@
         });
         if (window.runledgerPlace) window.runledgerPlace(document);
       });
+  }
+
+  /* What someone typed in a fragment and has not sent (a note, then Tab to Approve) survives its
+     swap: the same field of the same form in the new markup gets it back. A field is the same when
+     its form sends to the same address with the same hidden values (which run, which call) under
+     the same name; a field outside a form, when it has the same name under the same id. */
+  function fieldKey(field) {
+    var form = field.form;
+    if (!form) {
+      var holder = field.parentElement && field.parentElement.closest("[id]");
+      return "#" + (holder ? holder.id : "") + " " + field.name;
+    }
+    var hidden = Array.prototype.filter.call(form.querySelectorAll("input[type=hidden][name]"), function (h) {
+      return h.name !== "csrfmiddlewaretoken";
+    }).map(function (h) { return h.name + "=" + h.value; });
+    return (form.getAttribute("action") || "") + " " + hidden.join("&") + " " + field.name;
+  }
+
+  function typedFields(el) {
+    return Array.prototype.filter.call(el.querySelectorAll("input[name], textarea[name]"), function (field) {
+      return !/^(hidden|checkbox|radio|submit|button|file|password)$/.test(field.type) &&
+        field.value !== field.defaultValue;
+    });
+  }
+
+  function typedIn(el) {
+    return typedFields(el).map(function (field) { return [fieldKey(field), field.value]; });
+  }
+
+  function retype(root, kept) {
+    if (!kept.length) return;
+    var fields = root.querySelectorAll("input[name], textarea[name]");
+    kept.forEach(function (pair) {
+      for (var i = 0; i < fields.length; i++) {
+        if (fieldKey(fields[i]) === pair[0]) { fields[i].value = pair[1]; return; }
+      }
+    });
   }
 
   // Focus inside a fragment survives its swap: a keyboard user on a run's link, an Approve button
@@ -297,16 +337,21 @@
   // A fragment as the parser writes it back, without the whitespace around it: what the server
   // sent, comparable with what the page was loaded with (recorded before any script touches it)
   // and with the last swap.
+  // A form's CSRF token is masked afresh on every rendering: it is left out of the comparison, or a
+  // fragment with a form would be swapped on every refresh. The token shown stays valid.
   function markup(html) {
     var template = document.createElement("template");
     template.innerHTML = html;
+    template.content.querySelectorAll("input[name=csrfmiddlewaretoken]").forEach(function (token) {
+      token.removeAttribute("value");
+    });
     return template.innerHTML.trim();
   }
 
   function record() {
     document.querySelectorAll("[data-live-src][id]").forEach(function (el) {
       var inner = el.getAttribute("data-live-swap") === "innerHTML";
-      shown[el.id] = (inner ? el.innerHTML : el.outerHTML).trim();
+      shown[el.id] = markup(inner ? el.innerHTML : el.outerHTML);
     });
   }
 

@@ -19,6 +19,7 @@ from ledger.models import Workspace
 from tests.browser import data
 from tests.browser.conftest import Appender, live_reaches, log_in_to_demo
 from tests.browser.test_live_console import RECORD_VIOLATIONS, harness
+from tests.conftest import ev
 from tests.servers import Daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -115,6 +116,42 @@ def test_a_live_refresh_of_the_approvals_keeps_the_focus_on_approve(
     harness.append("run_elsewhere", data.started(label="moves the workspace's feed"))
     live_reaches(page, "refreshes", before + 1)
     assert page.evaluate("document.activeElement.matches('.tool-call-approval button.approve')")
+
+
+def test_a_note_typed_before_a_live_refresh_is_still_there_to_send(
+    keyboard: Any, production: Daphne, harness: Appender
+) -> None:
+    """A note typed, then Tab to Approve: a refresh that swaps the list meanwhile must not empty the
+    note (its field is required: Enter would then send nothing at all)."""
+    page = keyboard()
+    log_in_to_demo(page, production, "bob")
+    page.goto(f"{production.url}{SUPPORT}/approvals/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    waiting = page.locator("#tool-calls-count").inner_text()
+    note = page.locator("article.request.pending:not(.tool-call-approval) input[name=note]")
+    note.focus()
+    page.keyboard.type("checked the plan")
+    page.keyboard.press("Tab")
+    assert focused(page, "class") == "approve"
+
+    harness.append(
+        "run_waits_for_a_person",
+        data.started(label="a call to approve"),
+        *data.step("refund"),
+        ev(
+            "harness.tool_call.approval_requested",
+            callId="call_waits",
+            toolName="issue_refund",
+            args={"order": 7},
+            argsDigest=f"sha256:{7:064x}",
+            stepPath="refund",
+        ),
+    )
+    expect(page.locator("#tool-calls-count")).to_have_text(str(int(waiting) + 1))
+    expect(note).to_have_value("checked the plan")
+    assert focused(page, "class") == "approve"
+    page.keyboard.press("Enter")
+    expect(page.locator("table.decided")).to_contain_text("checked the plan")
 
 
 def test_a_run_status_changing_live_is_announced_alone(keyboard: Any, production: Daphne, harness: Appender) -> None:
