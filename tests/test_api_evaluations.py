@@ -73,6 +73,9 @@ def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, 
     assert added.status_code == 201, added.text
     assert added.json()["version"] == 1 and len(added.json()["members"]) == 10
     assert dave.post("/api/v1/datasets/golden/runs", json={"runIds": runs}).status_code == 403
+    # The same runs again change nothing: 200 and the version they are in, no version 2.
+    held = carol.post("/api/v1/datasets/golden/runs", json={"runIds": runs[:2]})
+    assert held.status_code == 200 and held.json() == added.json(), held.text
     assert [d["name"] for d in carol.get("/api/v1/datasets").json()["datasets"]] == ["golden"]
     assert carol.get("/api/v1/datasets/golden?version=1").json()["digest"] == added.json()["digest"]
     assert _code(carol.get("/api/v1/datasets/golden?version=x")) == "invalid_parameter"

@@ -54,6 +54,12 @@ def test_a_dataset_from_the_runs_list_a_policy_and_an_evaluation_report(workspac
     assert added.status_code == 302 and added["Location"] == f"{BASE}/datasets/golden/"
     page = carol.get(f"{BASE}/datasets/golden/").content.decode()
     assert page.count('<tr data-run="') == 10 and 'id="dataset-digest"' in page
+    assert 'id="dataset-held"' not in page
+    # Ticking runs it already holds again: the page says so, and no version 2 is made.
+    again = carol.post(f"{BASE}/datasets/add/", {"dataset": "golden", "run": runs[:3]})
+    assert again.status_code == 302 and again["Location"] == f"{BASE}/datasets/golden/?held=3"
+    page = carol.get(again["Location"]).content.decode()
+    assert "Every run ticked (3) was already in this dataset" in page and "</small> v1</h1>" in page
     policy_form = {
         "dataset": "golden",
         "change_kinds": ["model"],

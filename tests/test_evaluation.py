@@ -103,7 +103,7 @@ def _actions(target: str) -> list[str]:
 
 
 def test_a_dataset_version_is_frozen_by_its_runs_last_sequences_and_digest(workspace, runs, people) -> None:
-    v1 = datasets.add_runs(workspace=workspace, name="golden", run_ids=runs[:3], by=people["carol"])
+    v1 = datasets.add_runs(workspace=workspace, name="golden", run_ids=runs[:3], by=people["carol"]).version
     assert v1.number == 1 and [m["runId"] for m in v1.members] == runs[:3]
     first = Run.objects.get(workspace=workspace, run_id=runs[0])
     assert v1.members[0]["lastSequence"] == first.last_sequence and v1.members[0]["expected"] == first.output
@@ -118,7 +118,7 @@ def test_a_dataset_version_is_frozen_by_its_runs_last_sequences_and_digest(works
     assert (v1.members, v1.digest) == before
     assert datasets.version_digest("golden", v1.members) == v1.digest
     # Every change is the next version; the earlier one stays as it was.
-    v2 = datasets.add_runs(workspace=workspace, name="golden", run_ids=[runs[3]], by=people["carol"])
+    v2 = datasets.add_runs(workspace=workspace, name="golden", run_ids=[runs[3]], by=people["carol"]).version
     v3 = datasets.remove_runs(workspace=workspace, name="golden", run_ids=[runs[1]], by=people["carol"])
     v4 = datasets.set_expected(
         workspace=workspace, name="golden", run_id=runs[0], expected={"reply": "edited"}, by=people["carol"]
@@ -127,6 +127,11 @@ def test_a_dataset_version_is_frozen_by_its_runs_last_sequences_and_digest(works
     assert len(v2.members) == 4 and runs[1] not in [m["runId"] for m in v3.members]
     assert v4.members[0]["expected"] == {"reply": "edited"} and v4.members[0]["expectedEditedBy"] == "carol"
     assert datasets.get_version(datasets.get_dataset(workspace, "golden"), 1).digest == before[1]
+    assert _actions("dataset:golden") == ["dataset.changed"] * 4
+    # Adding only runs it already holds is no change: no version, no audit entry.
+    again = datasets.add_runs(workspace=workspace, name="golden", run_ids=[runs[0], runs[3]], by=people["carol"])
+    assert not again.made and again.version.number == 4 and again.version.digest == v4.digest
+    assert datasets.get_dataset(workspace, "golden").versions.count() == 4
     assert _actions("dataset:golden") == ["dataset.changed"] * 4
 
 

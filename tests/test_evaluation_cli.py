@@ -59,6 +59,8 @@ def golden(workspace: Workspace, operator: User, approver: User) -> str:
     runs = triage_runs(workspace)
     code, out, _ = ledger("dataset", "add", "golden", *runs, "--workspace", "acme/support", "--as", "carol")
     assert code == 0 and out.startswith("golden version 1 sha256:") and "(10 runs)" in out
+    code, out, _ = ledger("dataset", "add", "golden", runs[0], "--workspace", "acme/support", "--as", "carol")
+    assert code == 0 and out.startswith("golden version 1 sha256:") and "already in it: no new version" in out
     policies.approve_policy(
         workspace=workspace,
         dataset="golden",

@@ -134,7 +134,7 @@ def test_an_imported_logs_output_ref_is_read_back_through_its_imported_artifact(
         run=run, ref=foreign, artifact=artifacts.store_bytes(workspace, data), name="output", encoding="json"
     )
 
-    version = datasets.add_runs(workspace=workspace, name="imported", run_ids=["run_imported"], by=admin)
+    version = datasets.add_runs(workspace=workspace, name="imported", run_ids=["run_imported"], by=admin).version
 
     assert version.members[0]["expected"] == ROWS
 

@@ -269,6 +269,6 @@ def test_a_dataset_expects_a_long_output_as_recorded_not_null(workspace: Workspa
     append(workspace=workspace, run_id="run_done", events=[started(), ev("RunCompleted", output=BIG_RESULT)])
     assert Run.objects.get(workspace=workspace, run_id="run_done").output_ref  # what makes the case
 
-    version = datasets.add_runs(workspace=workspace, name="long", run_ids=["run_done"], by=admin)
+    version = datasets.add_runs(workspace=workspace, name="long", run_ids=["run_done"], by=admin).version
 
     assert version.members[0]["expected"] == BIG_RESULT

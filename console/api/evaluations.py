@@ -265,7 +265,13 @@ class DatasetRunsView(APIView):
         operation_id="add_dataset_runs",
         parameters=[NAME, WORKSPACE],
         request=RunIdsSerializer,
-        responses={201: DatasetVersionSerializer, **DATASET_WRITE_ERRORS},
+        responses={
+            201: DatasetVersionSerializer,
+            200: OpenApiResponse(
+                DatasetVersionSerializer, description="every run named was already in it: the latest version"
+            ),
+            **DATASET_WRITE_ERRORS,
+        },
         summary="Add finished runs to a dataset (made on first use): its next version",
         tags=TAGS,
     )
@@ -273,10 +279,10 @@ class DatasetRunsView(APIView):
         caller = access_for(request, "execute")
         data = RunIdsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        version = datasets.add_runs(
+        added = datasets.add_runs(
             workspace=caller.workspace, name=name, run_ids=data.validated_data["runIds"], by=_by(caller)
         )
-        return Response(datasets.version_json(version), status=201)
+        return Response(datasets.version_json(added.version), status=201 if added.made else 200)
 
 
 class DatasetRemoveView(APIView):

@@ -265,9 +265,11 @@ def _dataset_page(
     status: int = 200,
     error: str = "",
     typed: dict[str, Any] | None = None,
+    held: int = 0,
 ) -> HttpResponse:
     """The dataset's version (the latest unless `number`); with an error, the form that was
-    refused keeps what was typed in it (`typed`: {run, expected} or {removed: [...]})."""
+    refused keeps what was typed in it (`typed`: {run, expected} or {removed: [...]}); `held`, the
+    number of runs an add named that the dataset already held."""
     try:
         found = datasets.get_dataset(ws, name)
         version = datasets.get_version(found, number)
@@ -301,6 +303,7 @@ def _dataset_page(
             "versions": list(range(found.versions.count(), 0, -1)),
             "editable": editable,
             "error": error,
+            "held": held,
             "workspaces": switcher(request),
             "here": "evaluations",
         },
@@ -316,7 +319,10 @@ def dataset_detail(request: HttpRequest, tenant: str, workspace: str, name: str)
     if raw and not (raw.isascii() and raw.isdigit()):
         message = f"version must be a version number of the dataset, got {raw[:40]!r}"
         return error_page(request, 400, message, back_url=request.path, back_label="The dataset's latest version")
-    return _dataset_page(request, ws, name, number=int(raw) if raw else None)
+    held = request.GET.get("held", "")
+    # ?held=N: the runs list's "add" named only runs the dataset already held (no version was made)
+    held_count = int(held) if held.isascii() and held.isdigit() and not raw else 0
+    return _dataset_page(request, ws, name, number=int(raw) if raw else None, held=held_count)
 
 
 def _dataset_change(request: HttpRequest, ws: Workspace, name: str) -> None:
@@ -388,14 +394,15 @@ def dataset_add(request: HttpRequest, tenant: str, workspace: str) -> HttpRespon
             request, ws, error="tick the runs to add (the boxes in the list below)", name=name, run_ids=run_ids
         )
     try:
-        datasets.add_runs(workspace=ws, name=name, run_ids=run_ids, by=member(request))
+        added = datasets.add_runs(workspace=ws, name=name, run_ids=run_ids, by=member(request))
     except EvaluationForbidden as exc:
         raise PermissionDenied(exc.message) from None
     except LedgerError as exc:
         if exc.status >= 500:
             raise
         return refused_dataset(request, ws, error=exc.message, name=name, run_ids=run_ids)
-    return redirect("dataset", tenant=tenant, workspace=workspace, name=name)
+    page = reverse("dataset", args=[tenant, workspace, name])
+    return redirect(page if added.made else f"{page}?held={len(run_ids)}")
 
 
 @login_required

@@ -41,8 +41,12 @@ def handle(cmd: BaseCommand, *, dataset_action: str, name: str, workspace: str, 
     user = selectors.user_named(options["as_user"])
     if user is None:
         raise CommandError(f"no user {options['as_user']}")
-    change = datasets.add_runs if dataset_action == "add" else datasets.remove_runs
-    version = change(workspace=ws, name=name, run_ids=options["runs"], by=user)
-    cmd.stdout.write(
-        f"{name} version {version.number} {version.digest} ({len(version.members)} run{'' if len(version.members) == 1 else 's'})"
-    )
+    if dataset_action == "add":
+        added = datasets.add_runs(workspace=ws, name=name, run_ids=options["runs"], by=user)
+        version, unchanged = added.version, not added.made
+    else:
+        version = datasets.remove_runs(workspace=ws, name=name, run_ids=options["runs"], by=user)
+        unchanged = False
+    runs = f"{len(version.members)} run{'' if len(version.members) == 1 else 's'}"
+    held = "; every run named was already in it: no new version" if unchanged else ""
+    cmd.stdout.write(f"{name} version {version.number} {version.digest} ({runs}){held}")

@@ -2,7 +2,8 @@
 
 A version is the list of its member runs, each with the last sequence it had when added and its
 expected output (the original's output unless a person set another), in run id order, and the
-digest of that list. Every change (add, remove, set an expected output) makes the next version;
+digest of that list. Every change (add, remove, set an expected output) makes the next version
+(adding only runs it already holds is no change);
 a version is never changed, so a later append to a member run leaves every version as it was and
 an evaluation of version N is an evaluation of exactly what version N names.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -111,10 +113,17 @@ def _runs(workspace: Workspace, run_ids: Iterable[Any]) -> list[Run]:
     return [found[r] for r in dict.fromkeys(ids)]
 
 
+@dataclass(frozen=True)
+class Added:
+    version: DatasetVersion
+    made: bool  # False: every run named was already in the latest version, which is returned
+
+
 @transaction.atomic
-def add_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: Principal | str) -> DatasetVersion:
+def add_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: Principal | str) -> Added:
     """Add finished runs (creating the dataset on first use): the next version. A run already in
-    it keeps its expected output."""
+    it keeps its expected output; when every run named is already in it nothing changed, so no
+    version is made and nothing is audited: the latest version is the answer."""
     who = actor(by, workspace)
     if not isinstance(name, str) or not NAME.match(name):
         raise InvalidEvaluation(
@@ -130,12 +139,15 @@ def add_runs(*, workspace: Workspace, name: str, run_ids: Sequence[Any], by: Pri
     previous = latest(dataset)
     members = {m["runId"]: dict(m) for m in (previous.members if previous else [])}
     added = [r.run_id for r in runs if r.run_id not in members]
+    if previous is not None and not added:
+        previous.dataset = dataset
+        return Added(previous, made=False)
     for run in runs:
         if run.run_id not in members:
             # The expected output as recorded: read back when it was too large to keep inline.
             expected = inline_or_ref(run, run.output, run.output_ref or None)
             members[run.run_id] = {"runId": run.run_id, "lastSequence": run.last_sequence, "expected": expected}
-    return _new_version(dataset, list(members.values()), who, {"added": added})
+    return Added(_new_version(dataset, list(members.values()), who, {"added": added}), made=True)
 
 
 @transaction.atomic
