@@ -87,12 +87,22 @@ class Deployment:
 
 
 def environment_file() -> dict[str, str]:
-    values = {}
-    for line in (DEPLOY / "runledger.env").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, value = line.partition("=")
-            values[name] = value
-    return values
+    """deploy/runledger.env's variables as a shell reads the file, the way deploy/README.md's
+    steps do (`set -a; . /etc/runledger/runledger.env; set +a`): every line an assignment, nothing
+    said on stderr (an unquoted value with a space would run its second word as a command). systemd
+    reads quoted values the same way."""
+    path = DEPLOY / "runledger.env"
+    names = re.findall(r"^(\w+)=", path.read_text(), re.M)
+    read = subprocess.run(
+        ["sh", "-c", 'set -a; . "$1"; set +a; env -0', "sh", str(path)],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        check=True,
+    )
+    assert read.stderr == b"", read.stderr.decode()
+    shell = dict(entry.partition("=")[::2] for entry in read.stdout.decode().split("\0") if entry)
+    assert set(names) <= set(shell), set(names) - set(shell)
+    return {name: shell[name] for name in names}
 
 
 def unit_command(unit: str, env: dict[str, str], host_port: tuple[str, int] | None = None) -> list[str]:
