@@ -117,14 +117,17 @@ def unit_command(unit: str, env: dict[str, str], host_port: tuple[str, int] | No
     return shlex.split(command)
 
 
-def site(ports: list[int], tls: int, plain: int, certificate: Path, key: Path, cache: Path) -> str:
+def site(ports: list[int], tls: int, plain: int, certificate: Path, key: Path, var_cache: Path) -> str:
     """deploy/nginx/runledger.conf with its CHANGE lines rewritten, and nothing else."""
     text = (DEPLOY / "nginx" / "runledger.conf").read_text()
     for old, new in [
         ("server web1.example.com:8000 ", f"server 127.0.0.1:{ports[0]} "),
         ("server web2.example.com:8000 ", f"server 127.0.0.1:{ports[1]} "),
-        ("proxy_cache_path /var/cache/nginx/runledger ", f"proxy_cache_path {cache} "),
+        # Only the root moves: a /var/cache of the test's own, as bare as Debian's (nginx makes the
+        # cache's folder, not its parents).
+        ("proxy_cache_path /var/cache/", f"proxy_cache_path {var_cache}/"),
         ("listen 80;", f"listen 127.0.0.1:{plain};"),
+        ("return 301 https://$host$request_uri;", f"return 301 https://$host:{tls}$request_uri;"),
         ("listen 443 ssl http2;", f"listen 127.0.0.1:{tls} ssl http2;"),
         ("server_name runledger.example.com;", "server_name 127.0.0.1;"),
         ("/etc/ssl/runledger/fullchain.pem", str(certificate)),
@@ -229,7 +232,8 @@ def deployment(
                 )
             )
         site_file, config = folder / "runledger.conf", folder / "nginx.conf"
-        site_file.write_text(site(ports, tls, plain, certificate, key, folder / "cache"))
+        (folder / "var-cache").mkdir()
+        site_file.write_text(site(ports, tls, plain, certificate, key, folder / "var-cache"))
         config.write_text(main_config(folder, site_file))
         checked = subprocess.run([NGINX, "-t", "-c", str(config), "-p", str(folder)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
@@ -368,8 +372,8 @@ def _start_runs(deployment: Deployment, key: str, runs: list[str]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_tls_the_forwarded_scheme_and_the_static_files_cache(deployment: Deployment) -> None:
-    redirect = httpx.get(f"{deployment.plain_url}/accounts/login/", timeout=30)
-    assert redirect.status_code == 301 and redirect.headers["location"].startswith("https://127.0.0.1")
+    redirect = httpx.get(f"{deployment.plain_url}/accounts/login/?next=/", timeout=30)
+    assert redirect.status_code == 301 and redirect.headers["location"] == f"{deployment.url}/accounts/login/?next=/"
     with deployment.client() as http:
         page = http.get("/accounts/login/")
         # X-Forwarded-Proto reached Django: no redirect to HTTPS (SECURE_SSL_REDIRECT is on), HSTS
@@ -477,6 +481,19 @@ def test_logins_live_views_appends_and_a_reexecution_through_nginx(
     assert state["status"] == "succeeded", (state, deployment.tail())
     new, original = Run.objects.get(run_id=state["newRunId"]), Run.objects.get(run_id=drill)
     assert new.status == "completed" and new.output == original.output
+
+    # A share link made through the proxy names the address the client used, its port included
+    # (nginx passes the Host as asked), and opens there with no login; so do the API docs page and
+    # the run's evidence zip.
+    link = bob.post(f"/api/v1/runs/{drill}/share-links", json={"expiresInHours": 1, "includeSubRuns": False})
+    assert link.status_code == 201, link.text
+    assert link.json()["url"].startswith(f"{deployment.url}/s/"), link.json()
+    with deployment.client() as anonymous:
+        assert anonymous.get(link.json()["url"]).status_code == 200
+        assert anonymous.get("/api/docs/").status_code == 200
+    with deployment.client(headers={"Authorization": f"Bearer {key}"}) as http:
+        bundle = http.get(f"/api/v1/runs/{drill}/evidence.zip")
+    assert bundle.status_code == 200 and bundle.content[:2] == b"PK", bundle.text[:300]
     bob.close()
 
 
