@@ -74,13 +74,27 @@ class Deployment:
     url: str  # https through nginx
     plain_url: str  # its port 80
     certificate: Path
-    groups: list[Group]
+    env: dict[str, str]  # every process's: the environment file, filled in
+    groups: list[Group] = field(default_factory=list)
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)  # the worker, nginx
     logs: list[Path] = field(default_factory=list)
 
     def client(self, **options: Any) -> httpx.Client:
         trust = ssl.create_default_context(cafile=str(self.certificate))
         return httpx.Client(base_url=self.url, verify=trust, timeout=60, **options)
+
+    def start_group(self, port: int, log: Path) -> Group:
+        """A web host's runledger-web.service started (again, for a restart: its log goes on)."""
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                unit_command("runledger-web.service", self.env, ("127.0.0.1", port)),
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return Group(process, port, log)
 
     def tail(self) -> str:
         return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}" for log in self.logs)
@@ -194,7 +208,7 @@ def deployment(
         "CSRF_TRUSTED_ORIGINS": f"https://127.0.0.1:{tls}",
         "DATABASE_URL": database_url(),
         "REDIS_URL": os.environ["REDIS_URL"],
-        "RUNLEDGER_STATIC_ROOT": str(collected_static),
+        "RUNLEDGER_STATIC_ROOT": str(folder / "static"),  # a copy: a test adds a release's file
         "RUNLEDGER_ARTIFACTS_ROOT": str(folder / "artifacts"),
         "RUNLEDGER_PROCESSES": "2",
         # The test's own: this checkout's code, its workflows for the worker, its Redis prefix.
@@ -203,21 +217,13 @@ def deployment(
         "DJANGO_SETTINGS_MODULE": "tests.settings",
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    deployment = Deployment(f"https://127.0.0.1:{tls}", f"http://127.0.0.1:{plain}", certificate, [])
+    shutil.copytree(collected_static, folder / "static")
+    deployment = Deployment(f"https://127.0.0.1:{tls}", f"http://127.0.0.1:{plain}", certificate, env)
     try:
         for n, port in enumerate(ports, 1):
             log = folder / f"web{n}.log"
             deployment.logs.append(log)
-            with log.open("wb") as out:
-                process = subprocess.Popen(
-                    unit_command("runledger-web.service", env, ("127.0.0.1", port)),
-                    cwd=REPO_ROOT,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            deployment.groups.append(Group(process, port, log))
+            deployment.groups.append(deployment.start_group(port, log))
         log = folder / "worker.log"
         deployment.logs.append(log)
         with log.open("wb") as out:
@@ -528,6 +534,49 @@ def test_a_daphne_killed_mid_traffic_loses_nothing_and_is_started_again(
     restarted = re.search(r"daphne \d started again \(pid (\d+), restart 1\)", log)
     assert f"(pid {victims[0]}) killed by SIGKILL" in log and restarted, log[-3000:]
     assert int(restarted.group(1)) in group.daphnes() and len(group.daphnes()) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolling_restart_of_one_web_host_loses_nothing_and_serves_the_new_static_files(
+    deployment: Deployment, workspace: Workspace
+) -> None:
+    """deploy/README.md's order of a deploy on one web host while clients append: the new release's
+    static files collected (a new hashed name in STATIC_ROOT), then `systemctl restart runledger-web`
+    (SIGTERM to bin/serve, started again). The old group's processes are gone, the requests it was
+    serving are sent again and nothing is lost, and while only the restarted host knows the new
+    file (WhiteNoise lists STATIC_ROOT when it starts), nginx answers it on every request: the
+    other host's 404 is tried on the next."""
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
+    runs = [f"run_roll_{n}" for n in range(4)]
+    _start_runs(deployment, key, runs)
+    release = "/static/css/release.0123456789ab.css"
+    (Path(deployment.env["RUNLEDGER_STATIC_ROOT"]) / release.removeprefix("/static/")).write_text("/* next */\n")
+    group = deployment.groups[0]
+    with Writers(deployment, key, runs, at_least=15) as writers:
+        deadline = time.monotonic() + DEADLINE_S
+        while writers.total() < 20 and not writers.errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        old = group.daphnes()
+        group.process.send_signal(signal.SIGTERM)
+        assert group.process.wait(timeout=DEADLINE_S) == 0, group.log.read_text()[-3000:]
+        assert not [pid for pid in old if Path(f"/proc/{pid}").exists()], old
+        deployment.groups[0] = group = deployment.start_group(group.port, group.log)
+        direct = {"Host": "127.0.0.1", "X-Forwarded-Proto": "https"}
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{group.port}/accounts/login/", headers=direct).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        mark = writers.total()
+        while writers.total() < mark + 20 and not writers.errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not writers.errors, writers.errors
+    history_holds(workspace, writers)
+    assert len(group.daphnes()) == 2
+    with deployment.client() as http:  # each try a new key of nginx's cache, so each reaches a host
+        answers = [http.get(f"{release}?try={n}").status_code for n in range(4)]
+    assert answers == [200] * 4, answers
 
 
 def test_the_environment_file_is_operations_production_environment() -> None:
