@@ -2,13 +2,16 @@
 one at a time behind a proxy with no sticky sessions: while two hosts of neighbouring steps serve
 side by side, a browser's session and an API list's cursor work on both, whichever host each
 request reaches. The one-step swap (new key and old fallback at once) does not: a session that a
-restarted host has re-signed is logged out by a host not yet restarted."""
+restarted host has re-signed is logged out by a host not yet restarted. And the console's live
+pages, whose WebSockets reconnect the moment a restart drops them, keep their session when its
+signature is a fallback key's."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.test import Client
 
@@ -16,6 +19,7 @@ from ledger import log
 from ledger.models import Workspace
 from ledger.tenancy.services import create_key
 from tests.conftest import started
+from tests.live_support import TIMEOUT_S, communicator, session_id
 
 OLD, NEW = "the-key-before-" + "x" * 40, "the-key-after-" + "y" * 40
 BEFORE = (OLD, ())
@@ -66,3 +70,35 @@ def test_the_one_step_swap_logs_out_a_session_that_meets_a_host_not_yet_restarte
     _on(settings, BEFORE)
     gone = client.get("/w/acme/support/")
     assert gone.status_code == 302 and gone.headers["Location"].startswith("/accounts/login/")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("host", [STEP_1, STEP_2])
+def test_a_live_page_reconnecting_after_a_restart_keeps_its_session(
+    host: Host, settings: Any, workspace: Workspace, admin: User
+) -> None:
+    """The restart drops every WebSocket and an open run page reconnects at once, before any page
+    request has re-signed its session with the new key: the handshake takes a session signed with
+    a fallback key as its user's, the stream stays open past its credentials re-check, and the
+    session is neither deleted nor re-keyed (a socket cannot hand the browser a new cookie)."""
+    log.append(workspace=workspace, run_id="run_live", events=[started()])
+    _on(settings, (NEW, ()) if host == STEP_1 else BEFORE)  # signed with the key that is a fallback
+    session = session_id(admin)
+    _on(settings, host)
+    settings.LEDGER_STREAM_KEEPALIVE_SECONDS = 0.2
+
+    async def scenario() -> tuple[bool, list[Any], bool]:
+        comm = communicator("/ws/runs/run_live/?after=0&workspace=acme/support", session)
+        connected, _ = await comm.connect(timeout=TIMEOUT_S)
+        if not connected:
+            return False, [], False
+        first = await comm.receive_json_from(timeout=TIMEOUT_S)
+        open_after_recheck = await comm.receive_nothing(timeout=1.0)
+        await comm.disconnect()
+        return True, [first["sequence"]], open_after_recheck
+
+    connected, sequences, open_after_recheck = async_to_sync(scenario)()
+    assert connected and sequences == [1] and open_after_recheck
+    browser = Client()
+    browser.cookies["sessionid"] = session
+    assert browser.get("/w/acme/support/").status_code == 200
