@@ -6,6 +6,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from channels.auth import AuthMiddleware
+from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator, WebsocketDenier
 from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
@@ -14,6 +15,7 @@ from django.urls import re_path
 from ledger.limits import NUL
 
 from .live import reexecutions, run, runs
+from .streams import socket_user
 
 
 class SocketSessionMiddleware(SessionMiddleware):
@@ -32,6 +34,14 @@ class SocketSessionMiddleware(SessionMiddleware):
         await wrapper.resolve_session()
         inner: Any = self.inner  # an ASGI 3 application (the stubs also allow Channels' old ASGI 2 form)
         return await inner(wrapper.scope, receive, send)  # SessionMiddleware hands on wrapper.send
+
+
+class SocketAuthMiddleware(AuthMiddleware):
+    """Channels' AuthMiddleware with the user read as console/streams.py's `socket_user` reads it:
+    a session signed with a key of SECRET_KEY_FALLBACKS is its user's, and nothing is written."""
+
+    async def resolve_scope(self, scope: Any) -> None:
+        scope["user"]._wrapped = await database_sync_to_async(socket_user)(scope["session"])
 
 
 # Any: the stubs want a URL pattern type of their own, which Django's path() (what Channels
@@ -61,5 +71,5 @@ class RefuseNul:
 # Channels' AuthMiddlewareStack (cookies, session, user) with the session middleware above; both
 # read the session and the user lazily, so nothing is looked up before RefuseNul has looked.
 websocket_application = AllowedHostsOriginValidator(
-    CookieMiddleware(SocketSessionMiddleware(AuthMiddleware(RefuseNul(URLRouter([*routes, no_route])))))
+    CookieMiddleware(SocketSessionMiddleware(SocketAuthMiddleware(RefuseNul(URLRouter([*routes, no_route])))))
 )

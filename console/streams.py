@@ -29,7 +29,8 @@ from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model, load_backend
+from django.contrib.auth.models import AnonymousUser
 from django.contrib.sessions.backends.base import SessionBase
 from django.utils.crypto import constant_time_compare
 
@@ -144,6 +145,35 @@ def grant_for(principal: Any, session: SessionBase | None, *, workspace: str | N
     )
 
 
+def signed_for(user: Any, stored_hash: str) -> bool:
+    """Whether a session's auth hash is the user's under SECRET_KEY or a key of SECRET_KEY_FALLBACKS
+    (docs/operations.md § Rotating SECRET_KEY). Django's page requests accept both, re-signing
+    with SECRET_KEY under a new session key; a socket cannot hand the browser that new cookie, so
+    it accepts both and writes nothing."""
+    if not stored_hash:
+        return False
+    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
+    return any(constant_time_compare(stored_hash, known) for known in hashes)
+
+
+def socket_user(session: SessionBase) -> Any:
+    """A WebSocket's user from its session, read only (Channels' `get_user` knows no fallback key
+    and deletes such a session: every live page reconnecting after the restart that rotated the
+    key logged its user out); a session that does not verify is refused, and left for the next page
+    request to end."""
+    try:
+        user_id = get_user_model()._meta.pk.to_python(session[SESSION_KEY])
+        backend_path = session[BACKEND_SESSION_KEY]
+    except KeyError:
+        return AnonymousUser()
+    if backend_path not in settings.AUTHENTICATION_BACKENDS:
+        return AnonymousUser()
+    user = load_backend(backend_path).get_user(user_id)
+    if user is None or not signed_for(user, session.get(HASH_SESSION_KEY, "")):
+        return AnonymousUser()
+    return user
+
+
 def _session_user(grant: Grant) -> Any:
     """The grant's user if its session still exists, is theirs, and their password is unchanged."""
     if grant.session_key is None or grant.user_id is None:
@@ -157,8 +187,7 @@ def _session_user(grant: Grant) -> Any:
     user = selectors.active_user(user_id)
     if user is None:
         return None
-    stored_hash = data.get(HASH_SESSION_KEY, "")
-    if not constant_time_compare(stored_hash, user.get_session_auth_hash()):
+    if not signed_for(user, data.get(HASH_SESSION_KEY, "")):
         return None
     return user
 

@@ -74,7 +74,8 @@ class Deployment:
     url: str  # https through nginx
     plain_url: str  # its port 80
     certificate: Path
-    groups: list[Group]
+    env: dict[str, str]  # every process's: the environment file, filled in
+    groups: list[Group] = field(default_factory=list)
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)  # the worker, nginx
     logs: list[Path] = field(default_factory=list)
 
@@ -82,17 +83,40 @@ class Deployment:
         trust = ssl.create_default_context(cafile=str(self.certificate))
         return httpx.Client(base_url=self.url, verify=trust, timeout=60, **options)
 
+    def start_group(self, port: int, log: Path) -> Group:
+        """A web host's runledger-web.service started (again, for a restart: its log goes on)."""
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                unit_command("runledger-web.service", self.env, ("127.0.0.1", port)),
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return Group(process, port, log)
+
     def tail(self) -> str:
         return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}" for log in self.logs)
 
 
 def environment_file() -> dict[str, str]:
-    values = {}
-    for line in (DEPLOY / "runledger.env").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, value = line.partition("=")
-            values[name] = value
-    return values
+    """deploy/runledger.env's variables as a shell reads the file, the way deploy/README.md's
+    steps do (`set -a; . /etc/runledger/runledger.env; set +a`): every line an assignment, nothing
+    said on stderr (an unquoted value with a space would run its second word as a command). systemd
+    reads quoted values the same way."""
+    path = DEPLOY / "runledger.env"
+    names = re.findall(r"^(\w+)=", path.read_text(), re.M)
+    read = subprocess.run(
+        ["sh", "-c", 'set -a; . "$1"; set +a; env -0', "sh", str(path)],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        check=True,
+    )
+    assert read.stderr == b"", read.stderr.decode()
+    shell = dict(entry.partition("=")[::2] for entry in read.stdout.decode().split("\0") if entry)
+    assert set(names) <= set(shell), set(names) - set(shell)
+    return {name: shell[name] for name in names}
 
 
 def unit_command(unit: str, env: dict[str, str], host_port: tuple[str, int] | None = None) -> list[str]:
@@ -107,14 +131,17 @@ def unit_command(unit: str, env: dict[str, str], host_port: tuple[str, int] | No
     return shlex.split(command)
 
 
-def site(ports: list[int], tls: int, plain: int, certificate: Path, key: Path, cache: Path) -> str:
+def site(ports: list[int], tls: int, plain: int, certificate: Path, key: Path, var_cache: Path) -> str:
     """deploy/nginx/runledger.conf with its CHANGE lines rewritten, and nothing else."""
     text = (DEPLOY / "nginx" / "runledger.conf").read_text()
     for old, new in [
         ("server web1.example.com:8000 ", f"server 127.0.0.1:{ports[0]} "),
         ("server web2.example.com:8000 ", f"server 127.0.0.1:{ports[1]} "),
-        ("proxy_cache_path /var/cache/nginx/runledger ", f"proxy_cache_path {cache} "),
+        # Only the root moves: a /var/cache of the test's own, as bare as Debian's (nginx makes the
+        # cache's folder, not its parents).
+        ("proxy_cache_path /var/cache/", f"proxy_cache_path {var_cache}/"),
         ("listen 80;", f"listen 127.0.0.1:{plain};"),
+        ("return 301 https://$host$request_uri;", f"return 301 https://$host:{tls}$request_uri;"),
         ("listen 443 ssl http2;", f"listen 127.0.0.1:{tls} ssl http2;"),
         ("server_name runledger.example.com;", "server_name 127.0.0.1;"),
         ("/etc/ssl/runledger/fullchain.pem", str(certificate)),
@@ -181,7 +208,7 @@ def deployment(
         "CSRF_TRUSTED_ORIGINS": f"https://127.0.0.1:{tls}",
         "DATABASE_URL": database_url(),
         "REDIS_URL": os.environ["REDIS_URL"],
-        "RUNLEDGER_STATIC_ROOT": str(collected_static),
+        "RUNLEDGER_STATIC_ROOT": str(folder / "static"),  # a copy: a test adds a release's file
         "RUNLEDGER_ARTIFACTS_ROOT": str(folder / "artifacts"),
         "RUNLEDGER_PROCESSES": "2",
         # The test's own: this checkout's code, its workflows for the worker, its Redis prefix.
@@ -190,21 +217,13 @@ def deployment(
         "DJANGO_SETTINGS_MODULE": "tests.settings",
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    deployment = Deployment(f"https://127.0.0.1:{tls}", f"http://127.0.0.1:{plain}", certificate, [])
+    shutil.copytree(collected_static, folder / "static")
+    deployment = Deployment(f"https://127.0.0.1:{tls}", f"http://127.0.0.1:{plain}", certificate, env)
     try:
         for n, port in enumerate(ports, 1):
             log = folder / f"web{n}.log"
             deployment.logs.append(log)
-            with log.open("wb") as out:
-                process = subprocess.Popen(
-                    unit_command("runledger-web.service", env, ("127.0.0.1", port)),
-                    cwd=REPO_ROOT,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            deployment.groups.append(Group(process, port, log))
+            deployment.groups.append(deployment.start_group(port, log))
         log = folder / "worker.log"
         deployment.logs.append(log)
         with log.open("wb") as out:
@@ -219,7 +238,8 @@ def deployment(
                 )
             )
         site_file, config = folder / "runledger.conf", folder / "nginx.conf"
-        site_file.write_text(site(ports, tls, plain, certificate, key, folder / "cache"))
+        (folder / "var-cache").mkdir()
+        site_file.write_text(site(ports, tls, plain, certificate, key, folder / "var-cache"))
         config.write_text(main_config(folder, site_file))
         checked = subprocess.run([NGINX, "-t", "-c", str(config), "-p", str(folder)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
@@ -358,8 +378,8 @@ def _start_runs(deployment: Deployment, key: str, runs: list[str]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_tls_the_forwarded_scheme_and_the_static_files_cache(deployment: Deployment) -> None:
-    redirect = httpx.get(f"{deployment.plain_url}/accounts/login/", timeout=30)
-    assert redirect.status_code == 301 and redirect.headers["location"].startswith("https://127.0.0.1")
+    redirect = httpx.get(f"{deployment.plain_url}/accounts/login/?next=/", timeout=30)
+    assert redirect.status_code == 301 and redirect.headers["location"] == f"{deployment.url}/accounts/login/?next=/"
     with deployment.client() as http:
         page = http.get("/accounts/login/")
         # X-Forwarded-Proto reached Django: no redirect to HTTPS (SECURE_SSL_REDIRECT is on), HSTS
@@ -467,6 +487,19 @@ def test_logins_live_views_appends_and_a_reexecution_through_nginx(
     assert state["status"] == "succeeded", (state, deployment.tail())
     new, original = Run.objects.get(run_id=state["newRunId"]), Run.objects.get(run_id=drill)
     assert new.status == "completed" and new.output == original.output
+
+    # A share link made through the proxy names the address the client used, its port included
+    # (nginx passes the Host as asked), and opens there with no login; so do the API docs page and
+    # the run's evidence zip.
+    link = bob.post(f"/api/v1/runs/{drill}/share-links", json={"expiresInHours": 1, "includeSubRuns": False})
+    assert link.status_code == 201, link.text
+    assert link.json()["url"].startswith(f"{deployment.url}/s/"), link.json()
+    with deployment.client() as anonymous:
+        assert anonymous.get(link.json()["url"]).status_code == 200
+        assert anonymous.get("/api/docs/").status_code == 200
+    with deployment.client(headers={"Authorization": f"Bearer {key}"}) as http:
+        bundle = http.get(f"/api/v1/runs/{drill}/evidence.zip")
+    assert bundle.status_code == 200 and bundle.content[:2] == b"PK", bundle.text[:300]
     bob.close()
 
 
@@ -501,6 +534,49 @@ def test_a_daphne_killed_mid_traffic_loses_nothing_and_is_started_again(
     restarted = re.search(r"daphne \d started again \(pid (\d+), restart 1\)", log)
     assert f"(pid {victims[0]}) killed by SIGKILL" in log and restarted, log[-3000:]
     assert int(restarted.group(1)) in group.daphnes() and len(group.daphnes()) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolling_restart_of_one_web_host_loses_nothing_and_serves_the_new_static_files(
+    deployment: Deployment, workspace: Workspace
+) -> None:
+    """deploy/README.md's order of a deploy on one web host while clients append: the new release's
+    static files collected (a new hashed name in STATIC_ROOT), then `systemctl restart runledger-web`
+    (SIGTERM to bin/serve, started again). The old group's processes are gone, the requests it was
+    serving are sent again and nothing is lost, and while only the restarted host knows the new
+    file (WhiteNoise lists STATIC_ROOT when it starts), nginx answers it on every request: the
+    other host's 404 is tried on the next."""
+    _, key = create_key(workspace=workspace, scopes=["ingest", "read"])
+    runs = [f"run_roll_{n}" for n in range(4)]
+    _start_runs(deployment, key, runs)
+    release = "/static/css/release.0123456789ab.css"
+    (Path(deployment.env["RUNLEDGER_STATIC_ROOT"]) / release.removeprefix("/static/")).write_text("/* next */\n")
+    group = deployment.groups[0]
+    with Writers(deployment, key, runs, at_least=15) as writers:
+        deadline = time.monotonic() + DEADLINE_S
+        while writers.total() < 20 and not writers.errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        old = group.daphnes()
+        group.process.send_signal(signal.SIGTERM)
+        assert group.process.wait(timeout=DEADLINE_S) == 0, group.log.read_text()[-3000:]
+        assert not [pid for pid in old if Path(f"/proc/{pid}").exists()], old
+        deployment.groups[0] = group = deployment.start_group(group.port, group.log)
+        direct = {"Host": "127.0.0.1", "X-Forwarded-Proto": "https"}
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{group.port}/accounts/login/", headers=direct).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        mark = writers.total()
+        while writers.total() < mark + 20 and not writers.errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not writers.errors, writers.errors
+    history_holds(workspace, writers)
+    assert len(group.daphnes()) == 2
+    with deployment.client() as http:  # each try a new key of nginx's cache, so each reaches a host
+        answers = [http.get(f"{release}?try={n}").status_code for n in range(4)]
+    assert answers == [200] * 4, answers
 
 
 def test_the_environment_file_is_operations_production_environment() -> None:

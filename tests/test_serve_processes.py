@@ -355,6 +355,21 @@ def test_auto_is_one_process_per_core_and_sigterm_stops_them_all(tmp_path: Path,
     assert server.text().rstrip().endswith("serve: stopped")
 
 
+def test_sigterm_while_the_processes_start_stops_them_quietly(tmp_path: Path, django_db_setup: None) -> None:
+    """A stop that comes while Daphne and the worker still import Django (`systemctl restart` twice
+    in a row) ends them as it ends running ones, with no traceback in the log."""
+    server = start_serve(tmp_path, "--processes", "2")
+    try:
+        server.wait_for(r"serve: listening on .*worker \(pid \d+\)")
+        children = list(server.children())
+    finally:
+        status = stop(server)
+    assert status == 0 and len(children) == 3, server.text()[-3000:]
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    assert "Traceback" not in server.text() and server.text().rstrip().endswith("serve: stopped"), server.text()[-3000:]
+
+
 def test_a_wrong_setting_stops_everything_with_status_2(tmp_path: Path, django_db_setup: None) -> None:
     # DEBUG off without a SECRET_KEY: every process would fail the same way again; no restart loop.
     server = start_serve(tmp_path, "--processes", "2", env=_env(DEBUG="0", SECRET_KEY=None))
