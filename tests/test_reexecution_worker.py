@@ -246,6 +246,47 @@ def test_a_worker_killed_mid_execution_leaves_the_request_recoverable_and_it_is_
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_after_a_write_call_left_fails_the_request_in_doubt_and_never_sends_it_twice(
+    workspace, people, tmp_path, monkeypatch
+) -> None:
+    from django.utils import timezone
+
+    from ledger.models import Run, ToolGatewayClaim
+    from ledger.runtime.testing import KILL_BEFORE_ENV, KILL_RUN_ENV
+    from tests.runtime_support import invocation_counts
+    from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
+
+    monkeypatch.setattr("ledger.clock.now", timezone.now)  # the subprocesses read the real clock
+    monkeypatch.delenv(INVOCATIONS_ENV, raising=False)
+    reset_registrations()
+    original = start_run(workspace=workspace, workflow="rt_mailer", input={"to": "ops"}, run_id="run_mail")
+    assert original.status == "completed"
+    made = services.request_reexecution(
+        workspace=workspace, run_id="run_mail", mode="rerun", reason="send it again?", by=people["carol"]
+    )
+    [approved] = services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
+    new_run_id, invocations, log = approved.new_run_id, tmp_path / "invocations.jsonl", tmp_path / "worker.log"
+
+    # Killed after the mail left and before its outcome was committed (the new run's sequence 8).
+    killed = _worker({KILL_BEFORE_ENV: "8", KILL_RUN_ENV: new_run_id, INVOCATIONS_ENV: str(invocations)}, log)
+    assert killed.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    sent = {'tool send {"to":"ops"}': 1}
+    assert invocation_counts(invocations) == sent
+
+    # The sweep hands it to the next worker at once, well inside the dead claim's 60-s lease.
+    assert worker.recover_stalled() == [made.public_id]
+    finished = _worker({INVOCATIONS_ENV: str(invocations)}, log)
+    assert finished.returncode == 0, log.read_text()[-3000:]
+
+    approved.refresh_from_db()
+    assert approved.status == Status.FAILED and approved.error["code"] == "tool_call_in_doubt", approved.error
+    assert invocation_counts(invocations) == sent  # the mail left once
+    assert ToolGatewayClaim.objects.get(run__run_id=new_run_id).status == "in_doubt"
+    assert Run.objects.get(run_id=new_run_id).status == "running"  # waiting for an operator to reconcile
+    reset_registrations()
+
+
 @pytest.mark.django_db
 def test_a_simulation_needs_no_approval_and_is_executed_at_once(
     workspace, drill, people, settings, django_capture_on_commit_callbacks
