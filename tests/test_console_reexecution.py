@@ -247,6 +247,26 @@ def test_the_requester_has_no_approve_button_and_a_post_is_refused(
     assert not AuditEntry.objects.filter(action="reexecution.approved").exists()
 
 
+def test_the_requester_has_no_deny_button_either_and_a_deny_is_refused(
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
+) -> None:
+    promoted = named_user("carol", "approver")
+    rx = _fork(workspace, promoted)
+    carol = as_(promoted)
+    card = carol.get(f"{BASE}/approvals/").content.decode().split(f'id="rx-{rx.public_id}"', 1)[1].split("</article>")[0]
+    assert "another approver decides it" in card and 'class="deny"' not in card and "<form" not in card
+    response = carol.post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "never mind"})
+    assert response.status_code == 403 and "never by its requester" in response.content.decode()
+    rx.refresh_from_db()
+    assert rx.status == Status.PENDING_APPROVAL
+    assert not AuditEntry.objects.filter(action="reexecution.denied").exists()
+    # Another approver still has both buttons.
+    card = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode().split(f'id="rx-{rx.public_id}"', 1)[1]
+    assert 'class="approve"' in card.split("</article>")[0] and 'class="deny"' in card.split("</article>")[0]
+
+
 def test_viewers_and_operators_cannot_decide(people: dict[str, User], workspace: Workspace, run: Run) -> None:
     rx = _fork(workspace, people["bob"])
     for name in ("dave", "carol"):

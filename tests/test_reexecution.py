@@ -127,6 +127,17 @@ def test_self_approval_is_refused_and_another_approver_approves(workspace, run, 
 
 
 @pytest.mark.django_db
+def test_the_requester_cannot_deny_their_own_request_either_and_another_approver_can(workspace, run, people) -> None:
+    bob_asks = _fork(workspace, people["bob"])
+    with pytest.raises(SelfApprovalForbidden, match="denied by another member"):
+        services.deny(workspace=workspace, reexecution_id=bob_asks.public_id, by=people["bob"], note="never mind")
+    bob_asks.refresh_from_db()
+    assert bob_asks.status == Status.PENDING_APPROVAL and _actions(bob_asks.public_id) == ["reexecution.requested"]
+    [denied] = services.deny(workspace=workspace, reexecution_id=bob_asks.public_id, by=people["alice"], note="no")
+    assert denied.status == Status.DENIED and denied.approver_name == "alice"
+
+
+@pytest.mark.django_db
 def test_an_operator_cannot_approve_and_an_approver_of_another_tenant_finds_nothing(workspace, run, people) -> None:
     made = _fork(workspace, people["carol"])
     with pytest.raises(Forbidden):

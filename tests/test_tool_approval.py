@@ -302,6 +302,36 @@ def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, worksp
     assert _waiting(workspace, "run_mine").status == "waiting_approval"
 
 
+def test_the_requester_gets_no_reject_button_either_and_a_rejection_is_refused(
+    client: Any, workspace: Workspace, approver: User
+) -> None:
+    start_run(
+        workspace=workspace,
+        workflow=_mailer([], {"address": "a@x"}),
+        input={"subject": "s"},
+        run_id="run_mine",
+        requested_by="bob",
+    )
+    call = _waiting(workspace, "run_mine")
+    client.force_login(approver)
+
+    html = client.get("/w/acme/support/approvals/").content.decode()
+    card = html.split('data-run="run_mine"', 1)[1].split("</article>", 1)[0]
+    assert "another approver decides its calls" in card and 'value="reject"' not in card and "<form" not in card
+    refused = client.post(
+        "/w/acme/support/approvals/tool-calls/",
+        {
+            "run": "run_mine",
+            "call": call.call_id,
+            "digest": toolapproval.pending_digest(call),
+            "note": "not mine to send",
+            "decision": "reject",
+        },
+    )
+    assert refused.status_code == 403 and "another approver must decide" in refused.content.decode()
+    assert _waiting(workspace, "run_mine").status == "waiting_approval"
+
+
 def test_another_tenant_cannot_see_or_decide_the_call(client: Any, workspace: Workspace, outsider: User) -> None:
     start_run(
         workspace=workspace,

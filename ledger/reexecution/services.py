@@ -488,14 +488,16 @@ def _refuse_undecidable(
             reexecutionId=decided[0].public_id,
             status=decided[0].status,
         )
-    if approving and any(
+    # Four eyes both ways (docs/design.md §2: approvers decide other people's requests, never their
+    # own): a request is not withdrawn by denying it oneself; another approver denies it, or it expires.
+    if any(
         r.requested_by_user_id == by.pk
         or (r.requested_by_key is not None and audit.key_owner_id(r.requested_by_key) == by.pk)
         for r in requests
     ):
         return SelfApprovalForbidden(
-            "a re-execution is approved by another member, never by its requester (nor by the owner of the key "
-            "that requested it)",
+            f"a re-execution is {'approved' if approving else 'denied'} by another member, never by its requester "
+            "(nor by the owner of the key that requested it)",
             reexecutionId=first.public_id,
         )
     if approving and any(audit.requested_by_unowned_key(r) for r in requests):
