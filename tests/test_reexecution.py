@@ -379,6 +379,40 @@ def test_over_http_request_approve_deny_and_every_refusal(workspace, append, ses
 
 
 @pytest.mark.django_db(transaction=True)
+def test_over_http_a_model_override_this_deployment_cannot_honour_is_refused_when_asked(workspace, sessions) -> None:
+    """The run's workflow (the demo's triage) is registered here, so the built-in worker would
+    execute it: a slot it lacks or a provider nobody registered is refused at once, single or in a
+    batch, as the console's form refuses it, not queued to fail after an approval."""
+    from ledger.runtime.executor import start_run
+
+    start_run(workspace=workspace, workflow="triage", input={"ticket": "Where is my order?"}, run_id="run_triage")
+    carol = sessions("carol")
+    before = AuditEntry.objects.count()
+    for overrides, field in (
+        ({"nosuch": {"provider": "scripted", "model": "gpt-4o"}}, "modelOverrides.nosuch"),
+        ({"default": {"provider": "nope", "model": "gpt-4o"}}, "modelOverrides.default.provider"),
+    ):
+        single = carol.post(
+            "/api/v1/runs/run_triage/reexecutions",
+            json={"mode": "evaluate", "reason": "other model", "modelOverrides": overrides},
+        )
+        batch = carol.post(
+            "/api/v1/reexecutions/batches",
+            json={"runIds": ["run_triage"], "mode": "evaluate", "reason": "other model", "modelOverrides": overrides},
+        )
+        for refused in (single, batch):
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "invalid_request"
+            assert refused.json()["error"]["details"]["field"] == field
+    assert not ReexecutionRequest.objects.exists() and AuditEntry.objects.count() == before
+    made = carol.post(
+        "/api/v1/runs/run_triage/reexecutions",
+        json={"mode": "evaluate", "reason": "other model", "modelOverrides": {"default": {"provider": "scripted", "model": "gpt-4o"}}},
+    )
+    assert made.status_code == 201, made.text
+
+
+@pytest.mark.django_db(transaction=True)
 def test_over_http_a_key_requests_claims_and_renews_but_never_approves(workspace, append, sessions) -> None:
     _finished_run(append)
     bob, alice = sessions("bob"), sessions("alice")

@@ -325,16 +325,24 @@ def test_a_request_the_runtime_refuses_fails_with_its_reason(
             "QUEUES": ["default", "reexecutions"],
         }
     }
-    made = services.request_reexecution(
-        workspace=workspace,
-        run_id=drill,
-        mode="evaluate",
-        reason="other model",
-        by=people["carol"],
-        model_overrides={"no-such-slot": {"provider": "scripted", "model": "x"}},
-    )
+    from ledger.runtime.providers import register_provider, unregister_provider
+
+    # A provider registered when the request was made and gone by the time it executes (the
+    # deployment changed in between): the runtime refuses the override.
+    register_provider("retired", lambda model, current: current)
+    try:
+        made = services.request_reexecution(
+            workspace=workspace,
+            run_id=drill,
+            mode="evaluate",
+            reason="other model",
+            by=people["carol"],
+            model_overrides={"default": {"provider": "retired", "model": "x"}},
+        )
+    finally:
+        unregister_provider("retired")
     with django_capture_on_commit_callbacks(execute=True):
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="try")
     made.refresh_from_db()
-    assert made.status == Status.FAILED and made.error["message"]
+    assert made.status == Status.FAILED and made.error["code"] == "unknown_model_provider", made.error
     assert AuditEntry.objects.get(target=made.public_id, action="reexecution.finished").details["status"] == "failed"
