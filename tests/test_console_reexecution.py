@@ -392,6 +392,34 @@ def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Ru
     assert again.status_code == 409 and "not pending" in again.content.decode()
 
 
+def test_the_divergence_page_of_a_denied_request_says_denied_and_promises_no_comparison(
+    people: dict[str, User], workspace: Workspace, run: Run
+) -> None:
+    rx = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason="again", by=people["carol"])
+    services.deny(workspace=workspace, reexecution_id=rx.public_id, by=people["alice"], note="costs too much")
+    html = as_(people["dave"]).get(f"{BASE}/reexecutions/{rx.public_id}/divergence/").content.decode()
+    assert "denied by alice" in html and "approved by" not in html
+    no_report = html.split('id="no-report"', 1)[1].split("</p>", 1)[0]
+    assert "the request was denied" in no_report and "appears once" not in no_report
+
+
+def test_the_divergence_page_of_a_resume_points_at_the_run_it_continued(
+    people: dict[str, User], workspace: Workspace, append: Any
+) -> None:
+    """A resume has no second run: the page says so instead of waiting for one that never comes."""
+    from tests.conftest import started
+
+    append("run_open", started())
+    rx = services.request_reexecution(
+        workspace=workspace, run_id="run_open", mode="resume", reason="go on", by=people["carol"]
+    )
+    services.approve(workspace=workspace, reexecution_id=rx.public_id, by=people["bob"], note="ok")
+    html = as_(people["dave"]).get(f"{BASE}/reexecutions/{rx.public_id}/divergence/").content.decode()
+    no_report = html.split('id="no-report"', 1)[1].split("</p>", 1)[0]
+    assert "continues the run" in no_report and f'href="{BASE}/runs/run_open/"' in no_report
+    assert "does not exist yet" not in no_report
+
+
 def test_plan_changed_since_the_request_is_refused_at_approval(
     people: dict[str, User],
     workspace: Workspace,
