@@ -137,6 +137,43 @@ def test_the_requester_cannot_deny_their_own_request_either_and_another_approver
     assert denied.status == Status.DENIED and denied.approver_name == "alice"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_two_approvers_at_the_same_moment_one_wins_and_the_other_is_told_it_was_decided(
+    workspace, append, people
+) -> None:
+    import threading
+
+    from django.db import connection
+
+    from ledger.reexecution.errors import NotPending
+
+    _finished_run(append)
+    made = _fork(workspace, people["carol"])
+    barrier, outcomes = threading.Barrier(2), {}
+
+    def decide(name: str, approve: bool) -> None:
+        try:
+            barrier.wait()
+            decide_ = services.approve if approve else services.deny
+            outcomes[name] = decide_(workspace=workspace, reexecution_id=made.public_id, by=people[name], note=name)
+        except BaseException as exc:  # kept for the assertions below
+            outcomes[name] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(n, n == "bob")) for n in ("alice", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    lost = [o for o in outcomes.values() if isinstance(o, BaseException)]
+    won = [o for o in outcomes.values() if not isinstance(o, BaseException)]
+    assert len(won) == 1 and len(lost) == 1 and isinstance(lost[0], NotPending), outcomes
+    made.refresh_from_db()
+    assert made.status in (Status.APPROVED, Status.DENIED) and made.approver_name == won[0][0].approver_name
+    assert _actions(made.public_id) == ["reexecution.requested", f"reexecution.{made.status}"]
+
+
 @pytest.mark.django_db
 def test_an_operator_cannot_approve_and_an_approver_of_another_tenant_finds_nothing(workspace, run, people) -> None:
     made = _fork(workspace, people["carol"])
