@@ -156,6 +156,19 @@ def test_bad_json_input_is_the_form_again_with_an_error_and_nothing_is_made(peop
     assert not AuditEntry.objects.filter(action__startswith="reexecution.").exists()
 
 
+def test_an_input_that_names_a_key_twice_is_refused_as_the_api_refuses_it(people: dict[str, User], run: Run) -> None:
+    """Which of the two values would have been asked and approved? Parsers differ; the API's body
+    is refused (invalid_json), and so is the form's input."""
+    response = as_(people["carol"]).post(
+        FORM,
+        {"mode": "fork", "from_step": "draft", "input": '{"orderId": "A-1", "orderId": "D-4"}', "reason": "other"},
+    )
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="input-error"' in html and "appears twice" in html
+    assert not ReexecutionRequest.objects.exists()
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
