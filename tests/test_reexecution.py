@@ -201,10 +201,13 @@ def test_an_api_key_can_request_but_never_approve(workspace, run, people) -> Non
 def test_an_expired_request_is_refused_written_down_as_expired_and_audited(workspace, run, people, clock) -> None:
     made = _fork(workspace, people["carol"])
     clock.advance(hours=24, seconds=1)
-    with pytest.raises(ApprovalExpired):
+    with pytest.raises(ApprovalExpired) as refused:
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="late")
     made.refresh_from_db()
     assert made.status == Status.EXPIRED
+    # The moment as every answer writes one (docs/api.md § Conventions), in the message too.
+    assert refused.value.message.endswith(f"expired at {refused.value.details['expiresAt']}")
+    assert refused.value.details["expiresAt"].endswith("Z")
     assert _actions(made.public_id) == ["reexecution.requested", "reexecution.expired"]
     with pytest.raises(ApprovalExpired):  # and it stays refused
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="late")

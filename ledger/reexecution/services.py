@@ -509,7 +509,7 @@ def _refuse_undecidable(
     first = requests[0]
     if any(r.status == Status.EXPIRED for r in requests):
         return ApprovalExpired(
-            f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+            f"re-execution {first.public_id} expired at {clock.iso(first.expires_at)}",
             reexecutionId=first.public_id,
             expiresAt=clock.iso(first.expires_at),
         )
@@ -544,7 +544,7 @@ def _refuse_undecidable(
         for r in requests:
             expire(r, now, by)
         return ApprovalExpired(
-            f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+            f"re-execution {first.public_id} expired at {clock.iso(first.expires_at)}",
             reexecutionId=first.public_id,
             expiresAt=clock.iso(first.expires_at),
         )
