@@ -268,7 +268,9 @@ def test_the_requester_has_no_deny_button_either_and_a_deny_is_refused(
     promoted = named_user("carol", "approver")
     rx = _fork(workspace, promoted)
     carol = as_(promoted)
-    card = carol.get(f"{BASE}/approvals/").content.decode().split(f'id="rx-{rx.public_id}"', 1)[1].split("</article>")[0]
+    card = (
+        carol.get(f"{BASE}/approvals/").content.decode().split(f'id="rx-{rx.public_id}"', 1)[1].split("</article>")[0]
+    )
     assert "another approver decides it" in card and 'class="deny"' not in card and "<form" not in card
     response = carol.post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "never mind"})
     assert response.status_code == 403 and "never by its requester" in response.content.decode()

@@ -447,7 +447,11 @@ def test_over_http_a_model_override_this_deployment_cannot_honour_is_refused_whe
     assert not ReexecutionRequest.objects.exists() and AuditEntry.objects.count() == before
     made = carol.post(
         "/api/v1/runs/run_triage/reexecutions",
-        json={"mode": "evaluate", "reason": "other model", "modelOverrides": {"default": {"provider": "scripted", "model": "gpt-4o"}}},
+        json={
+            "mode": "evaluate",
+            "reason": "other model",
+            "modelOverrides": {"default": {"provider": "scripted", "model": "gpt-4o"}},
+        },
     )
     assert made.status_code == 201, made.text
 
