@@ -316,6 +316,72 @@ def test_a_simulation_needs_no_approval_and_is_executed_at_once(
 
 
 @pytest.mark.django_db
+def test_a_rerun_whose_run_waits_for_a_tool_approval_stays_running_and_finishes_after_the_decision(
+    workspace, people, approver, admin, settings, django_capture_on_commit_callbacks
+) -> None:
+    from ledger.models import Run, ToolCall
+    from ledger.reexecution import toolapprovals
+    from ledger.replay import toolapproval
+    from ledger.runtime.executor import resume_run
+    from tests.runtime_support import run_events
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
+            "QUEUES": ["default", "reexecutions"],
+        }
+    }
+    original = start_run(
+        workspace=workspace,
+        workflow="support.goodwill",
+        input={"orderId": "B-2", "amount": 25},
+        run_id="run_credit",
+        requested_by="carol",
+    )
+    call = ToolCall.objects.get(run__run_id="run_credit", status="waiting_approval")
+    toolapproval.decide(
+        workspace=workspace,
+        run_id="run_credit",
+        call_id=call.call_id,
+        approve=True,
+        seen_digest=toolapproval.pending_digest(call),
+        note="ok",
+        by=approver,
+    )
+    assert original.status == "waiting_approval"
+    assert resume_run(workspace=workspace, run_id="run_credit").status == "completed"
+    made = services.request_reexecution(
+        workspace=workspace, run_id="run_credit", mode="rerun", reason="credit again", by=people["carol"]
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
+    made.refresh_from_db()
+    # Its run stopped for the credit's approver: the request has not failed, it waits with its run.
+    assert made.status == Status.RUNNING and made.error is None, made.error
+    assert Run.objects.get(run_id=made.new_run_id).status == "running"
+    assert made.public_id not in worker.recover_stalled()  # nobody should be running it now
+
+    waiting = ToolCall.objects.get(run__run_id=made.new_run_id, status="waiting_approval")
+    with django_capture_on_commit_callbacks(execute=True):
+        toolapprovals.decide(
+            workspace=workspace,
+            run_id=made.new_run_id,
+            call_id=waiting.call_id,
+            approve=True,
+            seen_digest=toolapproval.pending_digest(waiting),
+            note="ok again",
+            by=admin,
+        )
+    made.refresh_from_db()
+    assert made.status == Status.SUCCEEDED, (made.status, made.error)
+    new = Run.objects.get(run_id=made.new_run_id)
+    assert new.status == "completed" and new.output == {"credited": "gc-B-2"}
+    # Executed again under the re-execution's rules: the call it made is marked live.
+    done = [e for e in run_events(workspace, made.new_run_id) if e["type"] == "harness.tool_call.succeeded"]
+    assert [e["payload"].get("origin") for e in done] == ["live"]
+
+
+@pytest.mark.django_db
 def test_a_request_the_runtime_refuses_fails_with_its_reason(
     workspace, drill, people, settings, django_capture_on_commit_callbacks
 ) -> None:
