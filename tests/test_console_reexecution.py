@@ -212,6 +212,21 @@ def test_a_fork_request_goes_through_the_service_and_is_listed_on_the_evidence_t
     assert "what if it had been delivered" in html
 
 
+def test_the_requester_lands_on_a_notice_saying_what_becomes_of_the_request(people: dict[str, User], run: Run) -> None:
+    carol = as_(people["carol"])
+    asked = carol.post(FORM, {"mode": "fork", "from_step": "draft", "reason": "what if"})
+    notice = carol.get(asked["Location"]).content.decode().split('id="just-requested"', 1)[1].split("</p>", 1)[0]
+    rx = ReexecutionRequest.objects.get()
+    assert f'data-reexecution="{rx.public_id}"' in notice and "pending approval" in notice
+    assert "waits for an approver other than you" in notice and f'href="{BASE}/approvals/"' in notice
+    # A simulation needs no approver: queued for the worker (none runs in this test).
+    simulated = carol.post(FORM, {"mode": "simulate", "reason": "does it reproduce"})
+    notice = carol.get(simulated["Location"]).content.decode().split('id="just-requested"', 1)[1].split("</p>", 1)[0]
+    assert "approved" in notice and "the worker executes it" in notice
+    # Without the parameter, or naming another run's request, there is no notice.
+    assert 'id="just-requested"' not in carol.get(f"{BASE}/runs/{RUN}/evidence/?requested=rx_nope").content.decode()
+
+
 def test_a_resume_of_a_finished_run_is_refused_on_the_form(people: dict[str, User], run: Run) -> None:
     response = as_(people["carol"]).post(FORM, {"mode": "resume", "reason": "again"})
     assert response.status_code in (400, 409)
