@@ -39,11 +39,10 @@ def call_tool(
     and runs. A write call that an earlier execution claimed (the claim stamps it outbound) and
     never finished is in doubt, whether or not its lease still runs: that executor stopped after
     the tool may have acted. A call in doubt raises ToolCallInDoubt: it is never retried
-    automatically. The tool's declared
-    `timeout_s` is enforced (timeouts.py): a read tool that outlives it fails (`ToolTimeout`, which
-    the step's retries may retry), a write tool's call becomes in doubt. A re-execution's
-    `replay` policy may answer the call from its original's record instead (reexecute.py); then
-    the gateway is not involved and nothing runs.
+    automatically. The tool's declared `timeout_s` is enforced (timeouts.py): a read tool that
+    outlives it fails (`ToolTimeout`, which the step's retries may retry), a write tool's call
+    becomes in doubt. A re-execution's `replay` policy may answer the call from its original's
+    record instead (reexecute.py); then the gateway is not involved and nothing runs.
     """
     recorded = record.tool_outcome(call_id)
     if recorded is not None:
