@@ -457,6 +457,28 @@ def test_over_http_a_model_override_this_deployment_cannot_honour_is_refused_whe
 
 
 @pytest.mark.django_db(transaction=True)
+def test_over_http_an_evaluations_prompt_or_workflow_change_is_refused_not_dropped(workspace, append, sessions) -> None:
+    """Sent to a request or a batch, `promptOverrides` (or `workflow`, `inputs`) was dropped in
+    silence: the runs were evaluated without the change that was the point of asking."""
+    _finished_run(append)
+    carol = sessions("carol")
+    change = {"promptOverrides": {"answer": {"system": "Be brief."}}}
+    single = carol.post(
+        f"/api/v1/runs/{RUN}/reexecutions", json={"mode": "evaluate", "reason": "shorter answers", **change}
+    )
+    batch = carol.post(
+        "/api/v1/reexecutions/batches",
+        json={"runIds": [RUN], "mode": "evaluate", "reason": "shorter answers", "workflow": "triage"},
+    )
+    for refused, field in ((single, "promptOverrides"), (batch, "workflow")):
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_request" and error["details"]["field"] == field
+        assert "POST /api/v1/evaluations" in error["details"]["fields"][field][0]
+    assert not ReexecutionRequest.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_over_http_a_key_requests_claims_and_renews_but_never_approves(workspace, append, sessions) -> None:
     _finished_run(append)
     bob, alice = sessions("bob"), sessions("alice")
