@@ -203,10 +203,11 @@ def may_repeat_a_key(body: bytes, value: Any) -> bool:
 
 
 def loads(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
-    """json.loads, refusing (TooDeep) a document nested deeper than `limit` before parsing it."""
+    """json.loads, refusing (TooDeep) a document nested deeper than `limit` before parsing it, and
+    (DuplicateKey) an object that names a key twice."""
     if json_depth_exceeds(text, limit):
         raise TooDeep(limit)
-    return json.loads(text)
+    return json.loads(text, object_pairs_hook=unique_object)
 
 
 def nul_path(value: Any) -> list[str | int] | None:

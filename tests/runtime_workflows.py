@@ -35,7 +35,7 @@ def _log_path() -> Path | None:
     return Path(value) if value else None
 
 
-def _tool(name: str, answer: Any) -> Tool:
+def _tool(name: str, answer: Any, effect: str = "read") -> Tool:
     def run(args: Any) -> Any:
         path = _log_path()
         if path is not None:
@@ -43,7 +43,7 @@ def _tool(name: str, answer: Any) -> Tool:
         return answer(args)
 
     run.__qualname__ = f"tool_{name}"
-    return Tool(name, run, description=f"the {name} tool", parameters={"type": "object"})
+    return Tool(name, run, description=f"the {name} tool", parameters={"type": "object"}, effect=effect)
 
 
 def weather(args: Any) -> dict[str, Any]:
@@ -185,6 +185,7 @@ def reset_registrations() -> None:
     register(build_maze())
     register(build_fanout())
     register(build_retry())
+    register(build_mailer())
 
 
 # --- a loop and a fan-out ---------------------------------------------------------------------
@@ -273,6 +274,21 @@ def build_retry() -> Workflow:
             CodeRun("done", lambda i, o: o["fetch"]),
         ),
         tools={"fetch": _tool("fetch", flaky_fetch)},
+    )
+
+
+# --- a write tool -----------------------------------------------------------------------------------
+
+
+def build_mailer() -> Workflow:
+    """A code step, then one call of a write tool (a mail that must not leave twice)."""
+    return Workflow(
+        name="rt_mailer",
+        steps=(
+            CodeRun("prepare", lambda i, o: {"to": i["to"]}),
+            ToolCall("send", "send", lambda i, o: {"to": o["prepare"]["to"]}),
+        ),
+        tools={"send": _tool("send", lambda a: {"id": f"mail-{a['to']}"}, effect="write")},
     )
 
 

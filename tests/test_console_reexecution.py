@@ -156,6 +156,19 @@ def test_bad_json_input_is_the_form_again_with_an_error_and_nothing_is_made(peop
     assert not AuditEntry.objects.filter(action__startswith="reexecution.").exists()
 
 
+def test_an_input_that_names_a_key_twice_is_refused_as_the_api_refuses_it(people: dict[str, User], run: Run) -> None:
+    """Which of the two values would have been asked and approved? Parsers differ; the API's body
+    is refused (invalid_json), and so is the form's input."""
+    response = as_(people["carol"]).post(
+        FORM,
+        {"mode": "fork", "from_step": "draft", "input": '{"orderId": "A-1", "orderId": "D-4"}', "reason": "other"},
+    )
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="input-error"' in html and "appears twice" in html
+    assert not ReexecutionRequest.objects.exists()
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -197,6 +210,21 @@ def test_a_fork_request_goes_through_the_service_and_is_listed_on_the_evidence_t
     html = as_(people["dave"]).get(f"{BASE}/runs/{RUN}/evidence/").content.decode()
     assert f'data-reexecution="{rx.public_id}" data-status="pending_approval"' in html
     assert "what if it had been delivered" in html
+
+
+def test_the_requester_lands_on_a_notice_saying_what_becomes_of_the_request(people: dict[str, User], run: Run) -> None:
+    carol = as_(people["carol"])
+    asked = carol.post(FORM, {"mode": "fork", "from_step": "draft", "reason": "what if"})
+    notice = carol.get(asked["Location"]).content.decode().split('id="just-requested"', 1)[1].split("</p>", 1)[0]
+    rx = ReexecutionRequest.objects.get()
+    assert f'data-reexecution="{rx.public_id}"' in notice and "pending approval" in notice
+    assert "waits for an approver other than you" in notice and f'href="{BASE}/approvals/"' in notice
+    # A simulation needs no approver: queued for the worker (none runs in this test).
+    simulated = carol.post(FORM, {"mode": "simulate", "reason": "does it reproduce"})
+    notice = carol.get(simulated["Location"]).content.decode().split('id="just-requested"', 1)[1].split("</p>", 1)[0]
+    assert "approved" in notice and "the worker executes it" in notice
+    # Without the parameter, or naming another run's request, there is no notice.
+    assert 'id="just-requested"' not in carol.get(f"{BASE}/runs/{RUN}/evidence/?requested=rx_nope").content.decode()
 
 
 def test_a_resume_of_a_finished_run_is_refused_on_the_form(people: dict[str, User], run: Run) -> None:
@@ -245,6 +273,28 @@ def test_the_requester_has_no_approve_button_and_a_post_is_refused(
     rx.refresh_from_db()
     assert rx.status == Status.PENDING_APPROVAL
     assert not AuditEntry.objects.filter(action="reexecution.approved").exists()
+
+
+def test_the_requester_has_no_deny_button_either_and_a_deny_is_refused(
+    people: dict[str, User],
+    workspace: Workspace,
+    run: Run,
+) -> None:
+    promoted = named_user("carol", "approver")
+    rx = _fork(workspace, promoted)
+    carol = as_(promoted)
+    card = (
+        carol.get(f"{BASE}/approvals/").content.decode().split(f'id="rx-{rx.public_id}"', 1)[1].split("</article>")[0]
+    )
+    assert "another approver decides it" in card and 'class="deny"' not in card and "<form" not in card
+    response = carol.post(f"{BASE}/approvals/{rx.public_id}/deny/", {"note": "never mind"})
+    assert response.status_code == 403 and "never by its requester" in response.content.decode()
+    rx.refresh_from_db()
+    assert rx.status == Status.PENDING_APPROVAL
+    assert not AuditEntry.objects.filter(action="reexecution.denied").exists()
+    # Another approver still has both buttons.
+    card = as_(people["bob"]).get(f"{BASE}/approvals/").content.decode().split(f'id="rx-{rx.public_id}"', 1)[1]
+    assert 'class="approve"' in card.split("</article>")[0] and 'class="deny"' in card.split("</article>")[0]
 
 
 def test_viewers_and_operators_cannot_decide(people: dict[str, User], workspace: Workspace, run: Run) -> None:
@@ -370,6 +420,34 @@ def test_deny_with_a_note(people: dict[str, User], workspace: Workspace, run: Ru
     # Deciding again is refused with the reason, not a 500.
     again = as_(people["bob"]).post(f"{BASE}/approvals/{rx.public_id}/approve/", {"note": "ok now"})
     assert again.status_code == 409 and "not pending" in again.content.decode()
+
+
+def test_the_divergence_page_of_a_denied_request_says_denied_and_promises_no_comparison(
+    people: dict[str, User], workspace: Workspace, run: Run
+) -> None:
+    rx = services.request_reexecution(workspace=workspace, run_id=RUN, mode="rerun", reason="again", by=people["carol"])
+    services.deny(workspace=workspace, reexecution_id=rx.public_id, by=people["alice"], note="costs too much")
+    html = as_(people["dave"]).get(f"{BASE}/reexecutions/{rx.public_id}/divergence/").content.decode()
+    assert "denied by alice" in html and "approved by" not in html
+    no_report = html.split('id="no-report"', 1)[1].split("</p>", 1)[0]
+    assert "the request was denied" in no_report and "appears once" not in no_report
+
+
+def test_the_divergence_page_of_a_resume_points_at_the_run_it_continued(
+    people: dict[str, User], workspace: Workspace, append: Any
+) -> None:
+    """A resume has no second run: the page says so instead of waiting for one that never comes."""
+    from tests.conftest import started
+
+    append("run_open", started())
+    rx = services.request_reexecution(
+        workspace=workspace, run_id="run_open", mode="resume", reason="go on", by=people["carol"]
+    )
+    services.approve(workspace=workspace, reexecution_id=rx.public_id, by=people["bob"], note="ok")
+    html = as_(people["dave"]).get(f"{BASE}/reexecutions/{rx.public_id}/divergence/").content.decode()
+    no_report = html.split('id="no-report"', 1)[1].split("</p>", 1)[0]
+    assert "continues the run" in no_report and f'href="{BASE}/runs/run_open/"' in no_report
+    assert "does not exist yet" not in no_report
 
 
 def test_plan_changed_since_the_request_is_refused_at_approval(

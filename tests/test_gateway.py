@@ -213,6 +213,9 @@ def test_a_live_lease_of_another_owner_is_in_progress(api: httpx.Client, run: st
     lease = _claimed(api)
     response = _claim(api, owner="worker-2")
     assert response.status_code == 409 and _error_code(response) == "tool_call_in_progress"
+    # Its expiry written as every moment of an answer is (docs/api.md § Conventions): UTC with Z.
+    until = response.json()["error"]["details"]["leaseExpiresAt"]
+    assert until == lease["leaseExpiresAt"] and until.endswith("Z"), until
     # The holder repeating its claim gets the same lease back; nothing new is written.
     again = _claim(api)
     assert again.status_code == 201 and again.json()["leaseToken"] == lease["leaseToken"]

@@ -46,6 +46,14 @@ def test_a_keys_owner_cannot_approve_what_the_key_requested(workspace, run, appr
     assert approved.status == ReexecutionRequest.Status.APPROVED
 
 
+def test_a_keys_owner_cannot_deny_what_the_key_requested_either(workspace, run, approver, admin) -> None:
+    key = _key("--owner", approver.get_username())
+    asked = services.request_reexecution(workspace=workspace, run_id=run, mode="rerun", reason="nightly", by=key)
+    with pytest.raises(SelfApprovalForbidden, match="owner of the key"):
+        services.deny(workspace=workspace, reexecution_id=asked.public_id, by=approver, note="mine after all")
+    assert ReexecutionRequest.objects.get(pk=asked.pk).status == ReexecutionRequest.Status.PENDING_APPROVAL
+
+
 def test_a_key_without_an_owner_is_nobodys_and_an_unknown_owner_is_refused(
     workspace, other_workspace, run, approver
 ) -> None:

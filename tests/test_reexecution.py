@@ -127,6 +127,54 @@ def test_self_approval_is_refused_and_another_approver_approves(workspace, run, 
 
 
 @pytest.mark.django_db
+def test_the_requester_cannot_deny_their_own_request_either_and_another_approver_can(workspace, run, people) -> None:
+    bob_asks = _fork(workspace, people["bob"])
+    with pytest.raises(SelfApprovalForbidden, match="denied by another member"):
+        services.deny(workspace=workspace, reexecution_id=bob_asks.public_id, by=people["bob"], note="never mind")
+    bob_asks.refresh_from_db()
+    assert bob_asks.status == Status.PENDING_APPROVAL and _actions(bob_asks.public_id) == ["reexecution.requested"]
+    [denied] = services.deny(workspace=workspace, reexecution_id=bob_asks.public_id, by=people["alice"], note="no")
+    assert denied.status == Status.DENIED and denied.approver_name == "alice"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_approvers_at_the_same_moment_one_wins_and_the_other_is_told_it_was_decided(
+    workspace, append, people
+) -> None:
+    import threading
+
+    from django.db import connection
+
+    from ledger.reexecution.errors import NotPending
+
+    _finished_run(append)
+    made = _fork(workspace, people["carol"])
+    barrier, outcomes = threading.Barrier(2), {}
+
+    def decide(name: str, approve: bool) -> None:
+        try:
+            barrier.wait()
+            decide_ = services.approve if approve else services.deny
+            outcomes[name] = decide_(workspace=workspace, reexecution_id=made.public_id, by=people[name], note=name)
+        except BaseException as exc:  # kept for the assertions below
+            outcomes[name] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(n, n == "bob")) for n in ("alice", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    lost = [o for o in outcomes.values() if isinstance(o, BaseException)]
+    won = [o for o in outcomes.values() if not isinstance(o, BaseException)]
+    assert len(won) == 1 and len(lost) == 1 and isinstance(lost[0], NotPending), outcomes
+    made.refresh_from_db()
+    assert made.status in (Status.APPROVED, Status.DENIED) and made.approver_name == won[0][0].approver_name
+    assert _actions(made.public_id) == ["reexecution.requested", f"reexecution.{made.status}"]
+
+
+@pytest.mark.django_db
 def test_an_operator_cannot_approve_and_an_approver_of_another_tenant_finds_nothing(workspace, run, people) -> None:
     made = _fork(workspace, people["carol"])
     with pytest.raises(Forbidden):
@@ -153,10 +201,13 @@ def test_an_api_key_can_request_but_never_approve(workspace, run, people) -> Non
 def test_an_expired_request_is_refused_written_down_as_expired_and_audited(workspace, run, people, clock) -> None:
     made = _fork(workspace, people["carol"])
     clock.advance(hours=24, seconds=1)
-    with pytest.raises(ApprovalExpired):
+    with pytest.raises(ApprovalExpired) as refused:
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="late")
     made.refresh_from_db()
     assert made.status == Status.EXPIRED
+    # The moment as every answer writes one (docs/api.md § Conventions), in the message too.
+    assert refused.value.message.endswith(f"expired at {refused.value.details['expiresAt']}")
+    assert refused.value.details["expiresAt"].endswith("Z")
     assert _actions(made.public_id) == ["reexecution.requested", "reexecution.expired"]
     with pytest.raises(ApprovalExpired):  # and it stays refused
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="late")
@@ -365,6 +416,66 @@ def test_over_http_request_approve_deny_and_every_refusal(workspace, append, ses
         == "self_approval_forbidden"
     )
     assert carol.get("/api/v1/reexecutions?status=pending_approval").json()["reexecutions"][0]["id"] == bob_asks["id"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_over_http_a_model_override_this_deployment_cannot_honour_is_refused_when_asked(workspace, sessions) -> None:
+    """The run's workflow (the demo's triage) is registered here, so the built-in worker would
+    execute it: a slot it lacks or a provider nobody registered is refused at once, single or in a
+    batch, as the console's form refuses it, not queued to fail after an approval."""
+    from ledger.runtime.executor import start_run
+
+    start_run(workspace=workspace, workflow="triage", input={"ticket": "Where is my order?"}, run_id="run_triage")
+    carol = sessions("carol")
+    before = AuditEntry.objects.count()
+    for overrides, field in (
+        ({"nosuch": {"provider": "scripted", "model": "gpt-4o"}}, "modelOverrides.nosuch"),
+        ({"default": {"provider": "nope", "model": "gpt-4o"}}, "modelOverrides.default.provider"),
+    ):
+        single = carol.post(
+            "/api/v1/runs/run_triage/reexecutions",
+            json={"mode": "evaluate", "reason": "other model", "modelOverrides": overrides},
+        )
+        batch = carol.post(
+            "/api/v1/reexecutions/batches",
+            json={"runIds": ["run_triage"], "mode": "evaluate", "reason": "other model", "modelOverrides": overrides},
+        )
+        for refused in (single, batch):
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "invalid_request"
+            assert refused.json()["error"]["details"]["field"] == field
+    assert not ReexecutionRequest.objects.exists() and AuditEntry.objects.count() == before
+    made = carol.post(
+        "/api/v1/runs/run_triage/reexecutions",
+        json={
+            "mode": "evaluate",
+            "reason": "other model",
+            "modelOverrides": {"default": {"provider": "scripted", "model": "gpt-4o"}},
+        },
+    )
+    assert made.status_code == 201, made.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_over_http_an_evaluations_prompt_or_workflow_change_is_refused_not_dropped(workspace, append, sessions) -> None:
+    """Sent to a request or a batch, `promptOverrides` (or `workflow`, `inputs`) was dropped in
+    silence: the runs were evaluated without the change that was the point of asking."""
+    _finished_run(append)
+    carol = sessions("carol")
+    change = {"promptOverrides": {"answer": {"system": "Be brief."}}}
+    single = carol.post(
+        f"/api/v1/runs/{RUN}/reexecutions", json={"mode": "evaluate", "reason": "shorter answers", **change}
+    )
+    batch = carol.post(
+        "/api/v1/reexecutions/batches",
+        json={"runIds": [RUN], "mode": "evaluate", "reason": "shorter answers", "workflow": "triage"},
+    )
+    for refused, field in ((single, "promptOverrides"), (batch, "workflow")):
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_request" and error["details"]["field"] == field
+        assert "POST /api/v1/evaluations" in error["details"]["fields"][field][0]
+    assert not ReexecutionRequest.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -246,6 +246,47 @@ def test_a_worker_killed_mid_execution_leaves_the_request_recoverable_and_it_is_
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_after_a_write_call_left_fails_the_request_in_doubt_and_never_sends_it_twice(
+    workspace, people, tmp_path, monkeypatch
+) -> None:
+    from django.utils import timezone
+
+    from ledger.models import Run, ToolGatewayClaim
+    from ledger.runtime.testing import KILL_BEFORE_ENV, KILL_RUN_ENV
+    from tests.runtime_support import invocation_counts
+    from tests.runtime_workflows import INVOCATIONS_ENV, reset_registrations
+
+    monkeypatch.setattr("ledger.clock.now", timezone.now)  # the subprocesses read the real clock
+    monkeypatch.delenv(INVOCATIONS_ENV, raising=False)
+    reset_registrations()
+    original = start_run(workspace=workspace, workflow="rt_mailer", input={"to": "ops"}, run_id="run_mail")
+    assert original.status == "completed"
+    made = services.request_reexecution(
+        workspace=workspace, run_id="run_mail", mode="rerun", reason="send it again?", by=people["carol"]
+    )
+    [approved] = services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
+    new_run_id, invocations, log = approved.new_run_id, tmp_path / "invocations.jsonl", tmp_path / "worker.log"
+
+    # Killed after the mail left and before its outcome was committed (the new run's sequence 8).
+    killed = _worker({KILL_BEFORE_ENV: "8", KILL_RUN_ENV: new_run_id, INVOCATIONS_ENV: str(invocations)}, log)
+    assert killed.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    sent = {'tool send {"to":"ops"}': 1}
+    assert invocation_counts(invocations) == sent
+
+    # The sweep hands it to the next worker at once, well inside the dead claim's 60-s lease.
+    assert worker.recover_stalled() == [made.public_id]
+    finished = _worker({INVOCATIONS_ENV: str(invocations)}, log)
+    assert finished.returncode == 0, log.read_text()[-3000:]
+
+    approved.refresh_from_db()
+    assert approved.status == Status.FAILED and approved.error["code"] == "tool_call_in_doubt", approved.error
+    assert invocation_counts(invocations) == sent  # the mail left once
+    assert ToolGatewayClaim.objects.get(run__run_id=new_run_id).status == "in_doubt"
+    assert Run.objects.get(run_id=new_run_id).status == "running"  # waiting for an operator to reconcile
+    reset_registrations()
+
+
 @pytest.mark.django_db
 def test_a_simulation_needs_no_approval_and_is_executed_at_once(
     workspace, drill, people, settings, django_capture_on_commit_callbacks
@@ -275,6 +316,72 @@ def test_a_simulation_needs_no_approval_and_is_executed_at_once(
 
 
 @pytest.mark.django_db
+def test_a_rerun_whose_run_waits_for_a_tool_approval_stays_running_and_finishes_after_the_decision(
+    workspace, people, approver, admin, settings, django_capture_on_commit_callbacks
+) -> None:
+    from ledger.models import Run, ToolCall
+    from ledger.reexecution import toolapprovals
+    from ledger.replay import toolapproval
+    from ledger.runtime.executor import resume_run
+    from tests.runtime_support import run_events
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
+            "QUEUES": ["default", "reexecutions"],
+        }
+    }
+    original = start_run(
+        workspace=workspace,
+        workflow="support.goodwill",
+        input={"orderId": "B-2", "amount": 25},
+        run_id="run_credit",
+        requested_by="carol",
+    )
+    call = ToolCall.objects.get(run__run_id="run_credit", status="waiting_approval")
+    toolapproval.decide(
+        workspace=workspace,
+        run_id="run_credit",
+        call_id=call.call_id,
+        approve=True,
+        seen_digest=toolapproval.pending_digest(call),
+        note="ok",
+        by=approver,
+    )
+    assert original.status == "waiting_approval"
+    assert resume_run(workspace=workspace, run_id="run_credit").status == "completed"
+    made = services.request_reexecution(
+        workspace=workspace, run_id="run_credit", mode="rerun", reason="credit again", by=people["carol"]
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="ok")
+    made.refresh_from_db()
+    # Its run stopped for the credit's approver: the request has not failed, it waits with its run.
+    assert made.status == Status.RUNNING and made.error is None, made.error
+    assert Run.objects.get(run_id=made.new_run_id).status == "running"
+    assert made.public_id not in worker.recover_stalled()  # nobody should be running it now
+
+    waiting = ToolCall.objects.get(run__run_id=made.new_run_id, status="waiting_approval")
+    with django_capture_on_commit_callbacks(execute=True):
+        toolapprovals.decide(
+            workspace=workspace,
+            run_id=made.new_run_id,
+            call_id=waiting.call_id,
+            approve=True,
+            seen_digest=toolapproval.pending_digest(waiting),
+            note="ok again",
+            by=admin,
+        )
+    made.refresh_from_db()
+    assert made.status == Status.SUCCEEDED, (made.status, made.error)
+    new = Run.objects.get(run_id=made.new_run_id)
+    assert new.status == "completed" and new.output == {"credited": "gc-B-2"}
+    # Executed again under the re-execution's rules: the call it made is marked live.
+    done = [e for e in run_events(workspace, made.new_run_id) if e["type"] == "harness.tool_call.succeeded"]
+    assert [e["payload"].get("origin") for e in done] == ["live"]
+
+
+@pytest.mark.django_db
 def test_a_request_the_runtime_refuses_fails_with_its_reason(
     workspace, drill, people, settings, django_capture_on_commit_callbacks
 ) -> None:
@@ -284,16 +391,24 @@ def test_a_request_the_runtime_refuses_fails_with_its_reason(
             "QUEUES": ["default", "reexecutions"],
         }
     }
-    made = services.request_reexecution(
-        workspace=workspace,
-        run_id=drill,
-        mode="evaluate",
-        reason="other model",
-        by=people["carol"],
-        model_overrides={"no-such-slot": {"provider": "scripted", "model": "x"}},
-    )
+    from ledger.runtime.providers import register_provider, unregister_provider
+
+    # A provider registered when the request was made and gone by the time it executes (the
+    # deployment changed in between): the runtime refuses the override.
+    register_provider("retired", lambda model, current: current)
+    try:
+        made = services.request_reexecution(
+            workspace=workspace,
+            run_id=drill,
+            mode="evaluate",
+            reason="other model",
+            by=people["carol"],
+            model_overrides={"default": {"provider": "retired", "model": "x"}},
+        )
+    finally:
+        unregister_provider("retired")
     with django_capture_on_commit_callbacks(execute=True):
         services.approve(workspace=workspace, reexecution_id=made.public_id, by=people["bob"], note="try")
     made.refresh_from_db()
-    assert made.status == Status.FAILED and made.error["message"]
+    assert made.status == Status.FAILED and made.error["code"] == "unknown_model_provider", made.error
     assert AuditEntry.objects.get(target=made.public_id, action="reexecution.finished").details["status"] == "failed"

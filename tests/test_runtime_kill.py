@@ -30,7 +30,8 @@ from django.db import connections
 from django.utils.dateparse import parse_datetime
 
 from ledger.models import Workspace
-from ledger.runtime.executor import start_run, sub_run_id
+from ledger.replay.gateway import ToolCallInDoubt, reconcile_tool_call
+from ledger.runtime.executor import resume_run, start_run, sub_run_id
 from ledger.runtime.testing import COMMITS_ENV, KILL_AFTER_ENV, KILL_BEFORE_ENV, KILL_RUN_ENV, commit_ends
 from tests.conftest import FakeClock
 from tests.runtime_support import (
@@ -273,6 +274,50 @@ def test_pipeline_killed_inside_its_sub_run_resumes_the_sub_run_where_it_stopped
 
         repeated = {"model look turn 1"} if point == "answer" else set()
         assert calls == Counter({call: 2 if call in repeated else 1 for call in baseline["calls"]}), point
+
+
+MAILER_INPUT = {"to": "ops"}
+MAILER_SENT = 8  # rt_mailer's harness.tool_call.succeeded: the mail has left, its record is not committed
+
+
+def test_a_write_call_in_flight_at_a_kill_is_in_doubt_and_never_sent_again_even_within_its_lease(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume on the same host comes at once (the dead process frees the run, and the worker's
+    sweep re-queues such a request within seconds), long before the dead executor's 60-s claim
+    lease ends: a write call it had sent is in doubt, not sent a second time."""
+    run_id, calls = "run_kill_mailer", tmp_path / "mailer.jsonl"
+    status = _run_in_child(workspace, "rt_mailer", run_id, MAILER_INPUT, calls, **{KILL_BEFORE_ENV: str(MAILER_SENT)})
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    sent = Counter({'tool send {"to":"ops"}': 1})
+    assert _calls(calls) == sent
+    assert [e["type"] for e in _events(workspace, run_id)][-1] == "harness.tool_call.started"
+    monkeypatch.setenv(INVOCATIONS_ENV, str(calls))
+    reset_registrations()
+
+    with pytest.raises(ToolCallInDoubt, match="may have acted"):
+        resume_run(workspace=workspace, run_id=run_id)
+
+    assert _calls(calls) == sent  # not sent again
+    last = _events(workspace, run_id)[-1]
+    assert (last["type"], last["payload"]["callId"], last["payload"]["reason"]) == (
+        "harness.tool_call.in_doubt",
+        "send:call",
+        "interrupted",
+    )
+    # An operator who checked the outbox settles it; the run goes on with that outcome.
+    reconcile_tool_call(
+        workspace=workspace,
+        run_id=run_id,
+        call_id="send:call",
+        outcome="succeeded",
+        value={"id": "mail-ops"},
+        note="the mail is in the outbox",
+        by="carol",
+    )
+    resumed = resume_run(workspace=workspace, run_id=run_id)
+    assert (resumed.status, resumed.output) == ("completed", {"id": "mail-ops"})
+    assert _calls(calls) == sent
 
 
 MAZE_INPUT = {"cities": ["Oslo", "Lisbon"]}

@@ -5,11 +5,13 @@ tool never runs), bound to the arguments' digest; other arguments need a new app
 
 from __future__ import annotations
 
+import io
 import re
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 
 from ledger.log.envelopes import log_of
 from ledger.models import AuditEntry, Run, ToolCall, Workspace
@@ -300,6 +302,60 @@ def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, worksp
     )
     assert refused.status_code == 403 and "another approver must decide" in refused.content.decode()
     assert _waiting(workspace, "run_mine").status == "waiting_approval"
+
+
+def test_the_requester_gets_no_reject_button_either_and_a_rejection_is_refused(
+    client: Any, workspace: Workspace, approver: User
+) -> None:
+    start_run(
+        workspace=workspace,
+        workflow=_mailer([], {"address": "a@x"}),
+        input={"subject": "s"},
+        run_id="run_mine",
+        requested_by="bob",
+    )
+    call = _waiting(workspace, "run_mine")
+    client.force_login(approver)
+
+    html = client.get("/w/acme/support/approvals/").content.decode()
+    card = html.split('data-run="run_mine"', 1)[1].split("</article>", 1)[0]
+    assert "another approver decides its calls" in card and 'value="reject"' not in card and "<form" not in card
+    refused = client.post(
+        "/w/acme/support/approvals/tool-calls/",
+        {
+            "run": "run_mine",
+            "call": call.call_id,
+            "digest": toolapproval.pending_digest(call),
+            "note": "not mine to send",
+            "decision": "reject",
+        },
+    )
+    assert refused.status_code == 403 and "another approver must decide" in refused.content.decode()
+    assert _waiting(workspace, "run_mine").status == "waiting_approval"
+
+
+def test_ledger_run_says_the_worker_resumes_after_the_decision_and_exits_4(
+    workspace: Workspace, operator: User
+) -> None:
+    """A person told to run `ledger resume` by hand would race the worker that the decision already
+    queued (docs/operations.md § Cancellation, tool approval, progress)."""
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command(
+            "ledger",
+            "run",
+            "support.goodwill",
+            "--workspace",
+            "acme/support",
+            "--input",
+            '{"orderId": "B-2", "amount": 5}',
+            "--requested-by",
+            "carol",
+            stdout=io.StringIO(),
+            stderr=err,
+        )
+    assert exited.value.code == 4
+    assert "waits for an approver" in err.getvalue() and "the worker (ledger worker) resumes the run" in err.getvalue()
 
 
 def test_another_tenant_cannot_see_or_decide_the_call(client: Any, workspace: Workspace, outsider: User) -> None:

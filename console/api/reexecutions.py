@@ -7,6 +7,7 @@ ledger/reexecution, shape the answer. Another tenant's request or run is 404, ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.urls import path
@@ -119,7 +120,24 @@ class ReexecutionListSerializer(serializers.Serializer):
     next = serializers.CharField(allow_null=True)
 
 
+# What an evaluation changes besides the models (docs/evaluations.md "Changes"): asked of a request
+# or a batch, it would be dropped in silence and the runs evaluated without it.
+EVALUATION_CHANGES = ("promptOverrides", "workflow", "inputs")
+
+
+def _no_evaluation_changes(data: Any) -> None:
+    named = [name for name in EVALUATION_CHANGES if isinstance(data, Mapping) and name in data]
+    if named:
+        raise serializers.ValidationError(
+            {name: ["a change only an evaluation makes: POST /api/v1/evaluations"] for name in named}
+        )
+
+
 class RequestInputSerializer(Input):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        _no_evaluation_changes(self.initial_data)
+        return attrs
+
     mode = choice(Mode.values)
     fromStep = serializers.CharField(required=False, max_length=500, help_text="required for fork, refused otherwise")
     input = serializers.JSONField(
@@ -162,6 +180,10 @@ class LeaseSerializer(serializers.Serializer):
 
 
 class BatchInputSerializer(Input):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        _no_evaluation_changes(self.initial_data)
+        return attrs
+
     runIds = serializers.ListField(
         child=serializers.CharField(max_length=84, trim_whitespace=False),
         min_length=1,

@@ -90,7 +90,7 @@ def _card(rx: ReexecutionRequest, user: Any, *, can_decide: bool, with_plan: boo
         "input_json": json.dumps(rx.input, ensure_ascii=False) if rx.has_input else "",
         "unowned_key": unowned,
         "can_approve": can_decide and not own and (not unowned or has_role(user, ws, "admin")),
-        "can_deny": can_decide,
+        "can_deny": can_decide and not own,  # the service refuses the requester either decision
         "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.original_run_id]),
         "new_run_url": reverse("run", args=[ws.tenant.slug, ws.slug, rx.new_run_id])
         if rx.new_run_id and rx.status in Status.started()
@@ -208,7 +208,7 @@ def _tool_cards(ws: Workspace, user: Any, can_decide: bool, calls: list[ToolCall
                 "run_url": reverse("run", args=[ws.tenant.slug, ws.slug, call.run.run_id]),
                 "unowned_key": unowned,
                 "can_approve": can_decide and not own and (not unowned or has_role(user, ws, "admin")),
-                "can_reject": can_decide,
+                "can_reject": can_decide and not own,  # the service refuses the requester either decision
                 "key": f"{call.run.run_id}/{call.call_id}",
             }
         )

@@ -439,6 +439,7 @@ def divergence(request: HttpRequest, tenant: str, workspace: str, reexecution_id
         "workspace": found.workspace,
         "rx": found,
         "report": report,
+        "run_url": reverse("run", args=[found.workspace.tenant.slug, found.workspace.slug, found.original_run_id]),
         "workspaces": switcher(request),
     }
     if report is not None:

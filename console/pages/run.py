@@ -556,6 +556,7 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
     costs_at, costs_after, costs_before = _costs_position(run, costs_cursor)
     checked = evidence.verdicts(run)
     near = _neighbourhood(run)  # no rating or request: their lists are not asked for
+    rows = reexecution_rows(run, evidence.approvals(run) if near.requests else [])
     reconcilable_calls = gateway.in_doubt_call_ids(run)
     can_reconcile = member.allows("operator")
     ws = run.workspace
@@ -607,7 +608,10 @@ def _evidence(request: HttpRequest, member: Access, run: Run, forms: dict[str, R
             "can_reconcile": can_reconcile,
             # Reconciled, and nothing went on since: say what continues the run (no dead end).
             "resume_after_reconcile": not in_doubt_count and selectors.waits_for_resume_after_reconcile(run),
-            "reexecutions": reexecution_rows(run, evidence.approvals(run) if near.requests else []),
+            "reexecutions": rows,
+            # Back from the re-execution form (`?requested=`): what became of the request just made.
+            "just_requested": next((r for r in rows if r["id"] == request.GET.get("requested")), None),
+            "approvals_url": reverse("approvals", args=[ws.tenant.slug, ws.slug]),
         },
     )
 

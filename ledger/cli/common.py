@@ -119,7 +119,8 @@ def report_outcome(cmd: BaseCommand, execute: Callable[[], RunOutcome]) -> RunOu
         cmd.stderr.write(
             f"tool call {outcome.error.get('callId')} ({outcome.error.get('toolName')}) in step "
             f"{outcome.error.get('stepPath')} waits for an approver (not the run's requester) on the workspace's "
-            f"Approvals page; after the decision: ledger resume {outcome.run_id}"
+            f"Approvals page; after the decision the worker (ledger worker) resumes the run by itself "
+            f"(with no worker running: ledger resume {outcome.run_id})"
         )
     return outcome
 

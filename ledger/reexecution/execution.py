@@ -236,6 +236,44 @@ def finish(*, request_pk: int, lease_token: str, succeeded: bool, error: Any = N
     return request
 
 
+@transaction.atomic
+def park(*, request_pk: int, lease_token: str) -> ReexecutionRequest | None:
+    """The built-in worker lets go of a request whose run stopped to wait for a tool call's
+    approver: it stays `running` (its run has not ended) with no holder and no lease, which the
+    sweep leaves alone; the decision's task executes it again (`waiting_request`), and the run's
+    terminal event settles it as ever. None when another worker holds it now or it was settled."""
+    request = (
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(pk=request_pk)
+        .first()
+    )
+    if request is None or request.status != Status.RUNNING or request.lease_token != lease_token:
+        return None
+    request.lease_owner, request.lease_token, request.lease_expires_at = "", "", None
+    request.updated_at = clock.now()
+    request.save(update_fields=["lease_owner", "lease_token", "lease_expires_at", "updated_at"])
+    announce_change(request)
+    return request
+
+
+def is_parked(request: ReexecutionRequest) -> bool:
+    """Running with nobody holding it: its run waits for a tool call's approver (`park`)."""
+    return request.status == Status.RUNNING and request.lease_expires_at is None and not request.lease_owner
+
+
+def waiting_request(workspace_pk: int, run_id: str) -> ReexecutionRequest | None:
+    """The built-in request parked on `run_id` (its new run, or the run a resume continues)."""
+    request = (
+        ReexecutionRequest.objects.filter(
+            workspace_id=workspace_pk, new_run_id=run_id, status=Status.RUNNING, executor=Executor.BUILTIN
+        )
+        .order_by("pk")
+        .first()
+    )
+    return request if request is not None and is_parked(request) else None
+
+
 def settle_on_terminal(*, run: Run, written: Sequence[Mapping[str, Any]]) -> None:
     """Called by the append path, in its transaction, for a batch that ended `run`: a running
     request whose new run this is follows the run's outcome. This is how a request executed by

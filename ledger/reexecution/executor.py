@@ -12,6 +12,7 @@ from django.db import connections
 
 from ..errors import LedgerError
 from ..log.leases import new_owner, owner_is_dead
+from ..runtime.errors import WAITING_APPROVAL
 from . import execution
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,11 @@ def run_request(*, request_pk: int, owner: str | None = None) -> str:
     finally:
         heartbeat.stopped.set()
         heartbeat.join()
+    if outcome.status == WAITING_APPROVAL:
+        # The run stopped for a tool call's approver, not ended: the request stays running, held
+        # by nobody, and the decision's task (resume_approved) executes it again under its rules.
+        execution.park(request_pk=request.pk, lease_token=request.lease_token)
+        return outcome.status
     # Normally the new run's terminal event already settled the request in its append
     # transaction (execution.settle_on_terminal); this covers a run that had ended before.
     execution.finish(
@@ -140,6 +146,11 @@ def resume_approved(*, workspace_pk: int, run_id: str) -> str:
     from ..models import Workspace
     from ..runtime.executor import resume_run
 
+    parked = execution.waiting_request(workspace_pk, run_id)
+    if parked is not None:
+        # A re-execution's run: executed again through its request, so it goes on under the rules
+        # its RunStarted recorded (model overrides, origins) and settles the request.
+        return run_request(request_pk=parked.pk)
     workspace = Workspace.objects.select_related("tenant").get(pk=workspace_pk)
     try:
         outcome = resume_run(workspace=workspace, run_id=run_id)

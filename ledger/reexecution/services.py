@@ -41,6 +41,7 @@ from ..reads import selectors
 from ..redaction import of_workspace
 from ..replay.stored_plan import replay_plan_for
 from ..runtime.errors import UnknownWorkflow
+from ..runtime.providers import known_providers
 from ..runtime.reexecute import check_prompt_overrides, registered_workflow
 from ..runtime.registry import get_workflow
 from ..transactions import atomic_then_refuse
@@ -172,6 +173,35 @@ def check_model_overrides(value: Any) -> dict[str, dict[str, str]]:
             )
         out[slot] = {"provider": target["provider"], "model": target["model"]}
     return out
+
+
+def check_models_here(
+    workspace: Workspace, run_id: str, overrides: Mapping[str, Mapping[str, str]], workflow: str = ""
+) -> None:
+    """Refuse, when asked, a model override the built-in executor could never honour: a slot the
+    registered workflow does not have, a provider this deployment does not know. Else approval would
+    queue a request that can only fail. A workflow not registered here is an external executor's,
+    whose slots and providers are its own: nothing is checked."""
+    if not overrides:
+        return
+    name = workflow or workflow_of_run(workspace, run_id)
+    if not isinstance(name, str):
+        return
+    try:
+        target = get_workflow(name)
+    except UnknownWorkflow:
+        return
+    for slot, to in overrides.items():
+        if slot not in target.models:
+            raise InvalidReexecution(
+                f"workflow {name} has no model slot {slot!r} (slots: {', '.join(sorted(target.models)) or 'none'})",
+                field=f"modelOverrides.{slot}",
+            )
+        if to["provider"] not in known_providers():
+            raise InvalidReexecution(
+                f"no model provider named {to['provider']!r} is registered here (known: {', '.join(known_providers())})",
+                field=f"modelOverrides.{slot}.provider",
+            )
 
 
 def _check_request(
@@ -352,6 +382,7 @@ def request_reexecution(
     run.workspace = workspace
     overrides = check_model_overrides(model_overrides)
     _check_request(run, mode=mode, from_step=from_step, input=input, model_overrides=overrides, reason=reason)
+    check_models_here(workspace, run_id, overrides)
     return _create(
         workspace=workspace,
         run=run,
@@ -425,6 +456,7 @@ def request_batch(
         run.workspace = workspace
         run_input = inputs.get(run_id, NOT_GIVEN)
         _check_request(run, mode=mode, from_step=None, input=run_input, model_overrides=overrides, reason=reason)
+        check_models_here(workspace, run_id, overrides, workflow)
         if prompts:
             name = workflow or workflow_of_run(workspace, run_id)
             try:
@@ -477,7 +509,7 @@ def _refuse_undecidable(
     first = requests[0]
     if any(r.status == Status.EXPIRED for r in requests):
         return ApprovalExpired(
-            f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+            f"re-execution {first.public_id} expired at {clock.iso(first.expires_at)}",
             reexecutionId=first.public_id,
             expiresAt=clock.iso(first.expires_at),
         )
@@ -488,14 +520,16 @@ def _refuse_undecidable(
             reexecutionId=decided[0].public_id,
             status=decided[0].status,
         )
-    if approving and any(
+    # Four eyes both ways (docs/design.md §2: approvers decide other people's requests, never their
+    # own): a request is not withdrawn by denying it oneself; another approver denies it, or it expires.
+    if any(
         r.requested_by_user_id == by.pk
         or (r.requested_by_key is not None and audit.key_owner_id(r.requested_by_key) == by.pk)
         for r in requests
     ):
         return SelfApprovalForbidden(
-            "a re-execution is approved by another member, never by its requester (nor by the owner of the key "
-            "that requested it)",
+            f"a re-execution is {'approved' if approving else 'denied'} by another member, never by its requester "
+            "(nor by the owner of the key that requested it)",
             reexecutionId=first.public_id,
         )
     if approving and any(audit.requested_by_unowned_key(r) for r in requests):
@@ -510,7 +544,7 @@ def _refuse_undecidable(
         for r in requests:
             expire(r, now, by)
         return ApprovalExpired(
-            f"re-execution {first.public_id} expired at {first.expires_at.isoformat()}",
+            f"re-execution {first.public_id} expired at {clock.iso(first.expires_at)}",
             reexecutionId=first.public_id,
             expiresAt=clock.iso(first.expires_at),
         )

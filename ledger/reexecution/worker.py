@@ -44,7 +44,9 @@ def recover_stalled() -> list[str]:
     )
     queued = []
     for request in candidates:
-        if request.status == Status.RUNNING:
+        if execution.is_parked(request):
+            stalled = False  # its run waits for a tool call's approver; the decision queues it again
+        elif request.status == Status.RUNNING:
             stalled = not lease_live(request.lease_expires_at, now) or owner_is_dead(request.lease_owner)
         else:
             stalled = request.decided_at is not None and request.decided_at <= now - ttl

@@ -422,9 +422,9 @@ def _claim(
                 claim.call_id, claim.lease_token, claim.lease_expires_at, claim.attempt, outbound_at=claim.outbound_at
             )
         return ToolCallInProgress(
-            f"tool call {claim.call_id} is leased to another owner until {claim.lease_expires_at.isoformat()}",
+            f"tool call {claim.call_id} is leased to another owner until {clock.iso(claim.lease_expires_at)}",
             callId=claim.call_id,
-            leaseExpiresAt=claim.lease_expires_at.isoformat(),
+            leaseExpiresAt=clock.iso(claim.lease_expires_at),
         )
     if _settle_expiry(run, claim, now, emit):
         return _in_doubt_error(claim)

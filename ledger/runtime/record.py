@@ -62,6 +62,12 @@ class Record:
         call = self.state.tool_calls.get(call_id)
         return call is not None and call.started_sequence is not None
 
+    def tool_claimed_unfinished(self, call_id: str) -> bool:
+        """Claimed at the gateway (`harness.tool_call.started`) by an earlier execution, with no
+        outcome since: that execution stopped while the call was out."""
+        call = self.state.tool_calls.get(call_id)
+        return call is not None and call.status == "started"
+
     def tool_outcome(self, call_id: str) -> tuple[str, Any] | None:
         """("result", value) or ("error", value) of a call that ended (or was reconciled)."""
         call = self.state.tool_calls.get(call_id)

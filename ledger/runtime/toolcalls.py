@@ -33,14 +33,16 @@ def call_tool(
 ) -> tuple[str, Any]:
     """("result", value) or ("error", {name, message}).
 
-    A call with a terminal event in the log is answered from it and nothing runs. A call that was
-    claimed but never finished is claimed again under the same owner (the run's, since the run
-    lease already makes this executor the only writer), which hands back the live claim, and runs.
-    A call in doubt raises ToolCallInDoubt: it is never retried automatically. The tool's declared
-    `timeout_s` is enforced (timeouts.py): a read tool that outlives it fails (`ToolTimeout`, which
-    the step's retries may retry), a write tool's call becomes in doubt. A re-execution's
-    `replay` policy may answer the call from its original's record instead (reexecute.py); then
-    the gateway is not involved and nothing runs.
+    A call with a terminal event in the log is answered from it and nothing runs. A read call
+    that was claimed but never finished is claimed again under the same owner (the run's, since
+    the run lease already makes this executor the only writer), which hands back the live claim,
+    and runs. A write call that an earlier execution claimed (the claim stamps it outbound) and
+    never finished is in doubt, whether or not its lease still runs: that executor stopped after
+    the tool may have acted. A call in doubt raises ToolCallInDoubt: it is never retried
+    automatically. The tool's declared `timeout_s` is enforced (timeouts.py): a read tool that
+    outlives it fails (`ToolTimeout`, which the step's retries may retry), a write tool's call
+    becomes in doubt. A re-execution's `replay` policy may answer the call from its original's
+    record instead (reexecute.py); then the gateway is not involved and nothing runs.
     """
     recorded = record.tool_outcome(call_id)
     if recorded is not None:
@@ -62,6 +64,7 @@ def call_tool(
             caller=caller,
             turn=turn,
         )
+    interrupted = tool.effect == "write" and record.tool_claimed_unfinished(call_id)
     # One commit claims the call, marks it outbound and holds what was deferred before it.
     claimed = recorder.claim_outbound(
         call_id=call_id,
@@ -77,6 +80,17 @@ def call_tool(
     )
     if isinstance(claimed, gateway.Finished):
         return ("result", claimed.result) if claimed.status == "succeeded" else ("error", claimed.error)
+    if interrupted:
+        # A resume within the dead executor's claim lease (the worker's sweep re-queues at once when
+        # the process is gone) would otherwise run again a write that may have acted.
+        recorder.declare_in_doubt(claimed=claimed, reason="interrupted")
+        raise gateway.ToolCallInDoubt(
+            f"tool call {call_id} ({tool.name}, effect write) is in doubt: the execution that made it stopped "
+            "after the request left and before its outcome was recorded, so it may have acted; an operator must "
+            "reconcile it before the run continues",
+            callId=call_id,
+            toolName=tool.name,
+        )
     try:
         outcome: tuple[str, Any] = ("result", call_with_timeout(tool.fn, args, tool.timeout_s, f"tool {tool.name}"))
     except CallTimedOut as late:
