@@ -390,6 +390,11 @@ def test_outer_loop_manifests_must_agree_with_the_logs(workspace: Workspace, tmp
     assert "outerLoopId 'ol_other' must start with ol_ and name the file" in problems_of(bad)
     manifest.write_text('{"outerLoopId": "ol_sample",\n  "cycles": [,]}', encoding="utf-8")
     assert "outer-loops/ol_sample.json:2: not JSON" in problems_of(bad)
+    # A key named twice: refused as the API refuses it, not read as its last value.
+    manifest.write_text('{"outerLoopId": "ol_sample", "outerLoopId": "ol_other"}', encoding="utf-8")
+    assert 'outer-loops/ol_sample.json:1: not JSON the ledger takes (the key "outerLoopId" appears twice' in (
+        problems_of(bad)
+    )
 
 
 def test_a_payload_the_workspace_would_redact_is_refused(workspace: Workspace) -> None:

@@ -36,7 +36,7 @@ from django.db import transaction
 from .. import clock
 from ..canonical import NotCanonicalizable, canonical_bytes, digest, event_id
 from ..errors import LedgerError
-from ..limits import TooDeep, loads
+from ..limits import DuplicateKey, TooDeep, loads
 from ..log import append, artifacts
 from ..log.prepare import MAX_BATCH, RUN_ID_RE, stored_payload
 from ..log.rules import lifecycle_refusal
@@ -273,7 +273,7 @@ def _json_file(root: Path, path: Path, problems: list[str]) -> Any:
         return loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         problems.append(f"{_rel(root, path)}:{exc.lineno}: not JSON ({exc.msg})")
-    except TooDeep as exc:
+    except (TooDeep, DuplicateKey) as exc:
         problems.append(f"{_rel(root, path)}:1: not JSON the ledger takes ({exc})")
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(f"{_rel(root, path)}:1: unreadable ({exc})")
