@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,3 +134,15 @@ def registered_providers() -> Iterator[Calls]:
 
 def model_change(provider: str, model: str = "gpt-4o-mini") -> dict[str, Any]:
     return {"kind": "model", "modelOverrides": {"default": {"provider": provider, "model": model}}}
+
+
+@contextmanager
+def a_provider_retired_before_its_runs() -> Iterator[dict[str, Any]]:
+    """A model change whose provider is registered while the evaluation is asked for (a provider
+    this deployment does not know is refused then) and gone once the block ends: the evaluation's
+    runs, executed after it, cannot run."""
+    register_provider("retired", lambda model, current: current)
+    try:
+        yield model_change("retired", "m")
+    finally:
+        unregister_provider("retired")

@@ -96,7 +96,8 @@ def test_the_gate_over_http_with_an_execute_key(workspace, sessions, providers, 
     assert _code(_key(workspace, ["read"]).post("/api/v1/evaluations", json=body)) == "insufficient_scope"
     events_before = Event.objects.count()
     for bad in ({**body, "failIf": "pass_rate <<"}, {**body, "scorers": ["nope"]}, {**body, "change": {"kind": "x"}},
-                {**body, "reason": ""}, {**body, "dataset": ["x"]}):  # fmt: skip
+                {**body, "reason": ""}, {**body, "dataset": ["x"]},
+                {**body, "change": model_change("unregistered")}):  # fmt: skip
         refused = ci.post("/api/v1/evaluations", json=bad)
         assert refused.status_code == 400 and _code(refused) == "invalid_request", refused.text
     assert Event.objects.count() == events_before and not Evaluation.objects.exists()

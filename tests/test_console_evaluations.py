@@ -16,7 +16,13 @@ from console.pages import evaluations as page
 from ledger.evaluation import datasets, evaluations
 from ledger.models import AuditEntry, Evaluation, EvaluationPolicy, ReexecutionRequest, Workspace
 from tests.conftest import named_user
-from tests.evaluation_support import Calls, model_change, registered_providers, triage_runs
+from tests.evaluation_support import (
+    Calls,
+    a_provider_retired_before_its_runs,
+    model_change,
+    registered_providers,
+    triage_runs,
+)
 from tests.runtime_support import every_run_verifies  # noqa: F401  (autouse: ledger verify passes on every run)
 
 pytestmark = [pytest.mark.usefixtures("clock"), pytest.mark.django_db]
@@ -215,7 +221,7 @@ def test_older_evaluations_are_a_page_away_and_a_broken_link_says_so(workspace, 
         evaluations.start_evaluation(
             workspace=workspace,
             dataset="golden",
-            change=model_change(f"m{n}"),
+            change=model_change("scripted", f"m{n}"),
             scorers=["exact"],
             fail_if="",
             reason="try it",
@@ -251,16 +257,17 @@ def test_older_evaluations_are_a_page_away_and_a_broken_link_says_so(workspace, 
 
 
 def test_the_report_of_an_evaluation_whose_runs_did_not_run_is_shown(workspace, people) -> None:
-    """A run that never started (its model's provider is not registered here) is `not_run` in the
-    report, with no tokens nor duration: the page and its polled fragment still render, with a
-    dash in those cells, so an open page reaches the verdict `incomplete` instead of staying on
-    `running` behind a failing poll."""
+    """A run that never started (its model's provider was retired after the evaluation was asked
+    for) is `not_run` in the report, with no tokens nor duration: the page and its polled fragment
+    still render, with a dash in those cells, so an open page reaches the verdict `incomplete`
+    instead of staying on `running` behind a failing poll."""
     runs = triage_runs(workspace, count=2)
     datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
-    made = evaluations.start_evaluation(
-        workspace=workspace, dataset="golden", change=model_change("unregistered"), scorers=["exact"],
-        fail_if="", reason="a provider this deployment lacks", by=people["carol"],
-    )  # fmt: skip
+    with a_provider_retired_before_its_runs() as change:
+        made = evaluations.start_evaluation(
+            workspace=workspace, dataset="golden", change=change, scorers=["exact"],
+            fail_if="", reason="a provider this deployment retires", by=people["carol"],
+        )  # fmt: skip
     waiting = as_(people["carol"]).get(f"{BASE}/evaluations/{made.public_id}/").content.decode()
     assert "waits for an approver" in waiting and "approved by a person" not in waiting
     bob = as_(people["bob"])
@@ -288,7 +295,7 @@ def test_verdicts_read_as_words_not_api_values(workspace, people) -> None:
     runs = triage_runs(workspace, count=1)
     datasets.add_runs(workspace=workspace, name="golden", run_ids=runs, by=people["carol"])
     made = evaluations.start_evaluation(
-        workspace=workspace, dataset="golden", change=model_change("unregistered"), scorers=["exact"],
+        workspace=workspace, dataset="golden", change=model_change("scripted"), scorers=["exact"],
         fail_if="", reason="try it", by=people["carol"],
     )  # fmt: skip
     Evaluation.objects.filter(pk=made.pk).update(

@@ -20,6 +20,7 @@ from ledger.evaluation import datasets, evaluations, policies
 from ledger.models import Dataset, Evaluation, EvaluationPolicy, Workspace
 from ledger.runtime.executor import start_run
 from tests.browser.conftest import Daphne, log_in, screenshot_dir
+from tests.evaluation_support import a_provider_retired_before_its_runs
 from tests.servers import REPO_ROOT, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,7 +139,7 @@ def test_an_open_evaluation_page_reaches_incomplete_when_its_runs_could_not_run(
     page: Page, production: Daphne, workspace: Workspace, approver: User, operator: User
 ) -> None:
     """The page of a running evaluation polls its report; when its runs could not run (a provider
-    this deployment does not register) the report's rows have no tokens nor duration, and the
+    retired after the evaluation was asked for) the report's rows have no tokens nor duration, and the
     poll answered 500: the page stayed on "running" for good. It now shows the verdict."""
     run_ids = []
     for number, (ticket, order) in enumerate(TICKETS[:2]):
@@ -154,11 +155,11 @@ def test_an_open_evaluation_page_reaches_incomplete_when_its_runs_could_not_run(
         workspace=workspace, dataset="golden", change_kinds=["model"], scorers=["exact"],
         ceiling_per_evaluation_usd="1", ceiling_per_day_usd="5", ttl_hours=24, by=approver,
     )  # fmt: skip
-    made = evaluations.start_evaluation(
-        workspace=workspace, dataset="golden", scorers=["exact"], fail_if="pass_rate < 0.95", reason="try it",
-        change={"kind": "model", "modelOverrides": {"default": {"provider": "unregistered", "model": "m"}}},
-        by=operator,
-    )  # fmt: skip
+    with a_provider_retired_before_its_runs() as change:
+        made = evaluations.start_evaluation(
+            workspace=workspace, dataset="golden", scorers=["exact"], fail_if="pass_rate < 0.95", reason="try it",
+            change=change, by=operator,
+        )  # fmt: skip
     log_in(page, production, operator, f"/w/acme/support/evaluations/{made.public_id}/")
     expect(page.locator("#evaluation-verdict .status")).to_have_text("running")
     evaluations.execute_here(made)
@@ -182,11 +183,11 @@ def test_at_390_px_an_evaluations_verdict_and_a_policys_revoke_are_in_view(
         workspace=workspace, dataset="golden", change_kinds=["model"], scorers=["exact"],
         ceiling_per_evaluation_usd="1", ceiling_per_day_usd="5", ttl_hours=24, by=approver,
     )  # fmt: skip
-    made = evaluations.start_evaluation(
-        workspace=workspace, dataset="golden", scorers=["exact"], fail_if="", reason="try it",
-        change={"kind": "model", "modelOverrides": {"default": {"provider": "unregistered", "model": "m"}}},
-        by=operator,
-    )  # fmt: skip
+    with a_provider_retired_before_its_runs() as change:
+        made = evaluations.start_evaluation(
+            workspace=workspace, dataset="golden", scorers=["exact"], fail_if="", reason="try it",
+            change=change, by=operator,
+        )  # fmt: skip
     evaluations.execute_here(made)
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, production, approver, "/w/acme/support/evaluations/")
