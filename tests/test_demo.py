@@ -19,7 +19,7 @@ from django.db import transaction
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from ledger.demo import load_demo
+from ledger.demo import DEMO_PASSWORD, load_demo
 from ledger.fold.pricing import prices_for
 from ledger.log.envelopes import log_of
 from ledger.log.projection import COMPARE_PLACES
@@ -279,6 +279,20 @@ def test_the_demo_lays_out_a_re_execution_in_every_state(demo: dict[str, Workspa
     load_demo(history_runs=HISTORY)
     # Each evaluation's batch shares one reason (tests/test_demo.py::test_the_demo_evaluations).
     assert ReexecutionRequest.objects.filter(workspace=support, batch_id="").count() == len(by_reason) - 2
+
+
+def test_loading_the_demo_again_resets_only_a_password_someone_changed(demo: dict[str, Workspace]) -> None:
+    """`make run` loads the demo on every start: setting the same password again was a reset each
+    time, audited, which ended the demo people's sessions (logged out of their browsers)."""
+    resets = AuditEntry.objects.filter(action="member.password_reset").order_by("pk")
+    before = resets.count()
+    alice = User.objects.get(username="alice")
+    alice.set_password("changed-by-alice-1")
+    alice.save()
+    load_demo(history_runs=HISTORY, evaluations_too=False)
+    assert list(resets.all()[before:].values_list("target", flat=True)) == ["user:alice"]
+    for name in ("alice", "bob", "carol", "dave", "gina"):
+        assert User.objects.get(username=name).check_password(DEMO_PASSWORD), name
 
 
 def test_every_demo_dollar_equals_the_decimal_definition(demo: dict[str, Workspace]) -> None:

@@ -132,14 +132,21 @@ DEMO_RUNS: list[tuple[str, str, str, list[dict[str, Any]]]] = [
 ]
 
 
+def _demo_password(username: str) -> str | None:
+    """The demo password for a person who lacks it (new, or who changed it), else None: setting it
+    again would be a password reset, audited, that ends their sessions — every `make run` would
+    log the demo's people out of their browsers."""
+    user = User.objects.filter(username=username).first()
+    return None if user is not None and user.check_password(DEMO_PASSWORD) else DEMO_PASSWORD
+
+
 def load_demo(*, history_runs: int = HISTORY_RUNS, evaluations_too: bool = True) -> str:
     """`ledger demo`'s tenants, people and runs (`history_runs` more in the runs list); with
     `evaluations_too` False, without the dataset, policy and two evaluations (three quarters of
     the work: twenty re-executions), for the tests of views that do not show them."""
     workspaces = {f"{t}/{w}": bootstrap(tenant=t, workspace=w) for t, w in WORKSPACES}
-    for username, role in USERS:
-        create_user(username=username, tenant="acme", role=role, password=DEMO_PASSWORD)
-    create_user(username="gina", tenant="globex", role="admin", password=DEMO_PASSWORD)
+    for username, tenant, role in [*((u, "acme", r) for u, r in USERS), ("gina", "globex", "admin")]:
+        create_user(username=username, tenant=tenant, role=role, password=_demo_password(username))
     existing = set(Run.objects.filter(workspace__in=workspaces.values()).values_list("workspace_id", "run_id"))
     before = len(existing)
 
