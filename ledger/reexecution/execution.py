@@ -76,6 +76,23 @@ def lock_request(workspace: Workspace, public_id: str) -> ReexecutionRequest:
     return request
 
 
+def _locked(request_pk: int) -> ReexecutionRequest | None:
+    return (
+        ReexecutionRequest.objects.select_for_update(of=("self",))
+        .select_related("workspace__tenant")
+        .filter(pk=request_pk)
+        .first()
+    )
+
+
+def _held(request_pk: int, lease_token: str) -> ReexecutionRequest | None:
+    """The request, locked, while the worker with `lease_token` still runs it; else None."""
+    request = _locked(request_pk)
+    if request is None or request.status != Status.RUNNING or request.lease_token != lease_token:
+        return None
+    return request
+
+
 def _lease_is_live(request: ReexecutionRequest, now: datetime) -> bool:
     return lease_live(request.lease_expires_at, now)
 
@@ -99,12 +116,7 @@ def start(
 ) -> ReexecutionRequest | None:
     """The built-in worker takes an approved request (or a running one whose worker is gone);
     None when there is nothing to do: decided otherwise, finished, or held by a live worker."""
-    request = (
-        ReexecutionRequest.objects.select_for_update(of=("self",))
-        .select_related("workspace__tenant")
-        .filter(pk=request_pk)
-        .first()
-    )
+    request = _locked(request_pk)
     if request is None or request.executor != Executor.BUILTIN:
         return None
     now = clock.now()
@@ -218,13 +230,8 @@ def _finish(request: ReexecutionRequest, *, succeeded: bool, error: Any, actor: 
 def finish(*, request_pk: int, lease_token: str, succeeded: bool, error: Any = None) -> ReexecutionRequest | None:
     """The built-in worker's end of a request: a no-op when the new run's terminal event already
     settled it (see `settle_on_terminal`) or another worker holds it now."""
-    request = (
-        ReexecutionRequest.objects.select_for_update(of=("self",))
-        .select_related("workspace__tenant")
-        .filter(pk=request_pk)
-        .first()
-    )
-    if request is None or request.status != Status.RUNNING or request.lease_token != lease_token:
+    request = _held(request_pk, lease_token)
+    if request is None:
         return None
     _finish(
         request,
@@ -242,13 +249,8 @@ def park(*, request_pk: int, lease_token: str) -> ReexecutionRequest | None:
     approver: it stays `running` (its run has not ended) with no holder and no lease, which the
     sweep leaves alone; the decision's task executes it again (`waiting_request`), and the run's
     terminal event settles it as ever. None when another worker holds it now or it was settled."""
-    request = (
-        ReexecutionRequest.objects.select_for_update(of=("self",))
-        .select_related("workspace__tenant")
-        .filter(pk=request_pk)
-        .first()
-    )
-    if request is None or request.status != Status.RUNNING or request.lease_token != lease_token:
+    request = _held(request_pk, lease_token)
+    if request is None:
         return None
     request.lease_owner, request.lease_token, request.lease_expires_at = "", "", None
     request.updated_at = clock.now()
