@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -287,19 +288,23 @@ def test_a_worker_killed_after_a_write_call_left_fails_the_request_in_doubt_and_
     reset_registrations()
 
 
-@pytest.mark.django_db
-def test_a_simulation_needs_no_approval_and_is_executed_at_once(
-    workspace, drill, people, settings, django_capture_on_commit_callbacks
-) -> None:
-    from ledger.models import Run
-
-    # The immediate backend runs the task when the request's transaction commits.
+@pytest.fixture
+def immediate_tasks(settings: Any) -> None:
+    """The immediate backend runs a task when the transaction that queued it commits."""
     settings.TASKS = {
         "default": {
             "BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
             "QUEUES": ["default", "reexecutions"],
         }
     }
+
+
+@pytest.mark.django_db
+def test_a_simulation_needs_no_approval_and_is_executed_at_once(
+    workspace, drill, people, immediate_tasks, django_capture_on_commit_callbacks
+) -> None:
+    from ledger.models import Run
+
     with django_capture_on_commit_callbacks(execute=True):
         made = services.request_reexecution(
             workspace=workspace, run_id=drill, mode="simulate", reason="reproduce", by=people["carol"]
@@ -317,7 +322,7 @@ def test_a_simulation_needs_no_approval_and_is_executed_at_once(
 
 @pytest.mark.django_db
 def test_a_rerun_whose_run_waits_for_a_tool_approval_stays_running_and_finishes_after_the_decision(
-    workspace, people, approver, admin, settings, django_capture_on_commit_callbacks
+    workspace, people, approver, admin, immediate_tasks, django_capture_on_commit_callbacks
 ) -> None:
     from ledger.models import Run, ToolCall
     from ledger.reexecution import toolapprovals
@@ -325,12 +330,6 @@ def test_a_rerun_whose_run_waits_for_a_tool_approval_stays_running_and_finishes_
     from ledger.runtime.executor import resume_run
     from tests.runtime_support import run_events
 
-    settings.TASKS = {
-        "default": {
-            "BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
-            "QUEUES": ["default", "reexecutions"],
-        }
-    }
     original = start_run(
         workspace=workspace,
         workflow="support.goodwill",
@@ -383,14 +382,8 @@ def test_a_rerun_whose_run_waits_for_a_tool_approval_stays_running_and_finishes_
 
 @pytest.mark.django_db
 def test_a_request_the_runtime_refuses_fails_with_its_reason(
-    workspace, drill, people, settings, django_capture_on_commit_callbacks
+    workspace, drill, people, immediate_tasks, django_capture_on_commit_callbacks
 ) -> None:
-    settings.TASKS = {
-        "default": {
-            "BACKEND": "django_tasks.backends.immediate.ImmediateBackend",
-            "QUEUES": ["default", "reexecutions"],
-        }
-    }
     from ledger.runtime.providers import register_provider, unregister_provider
 
     # A provider registered when the request was made and gone by the time it executes (the

@@ -277,7 +277,8 @@ def test_the_approvals_page_says_the_worker_resumes_the_run_not_a_command(
     assert "ledger resume" not in html
 
 
-def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, workspace: Workspace, approver: User) -> None:
+def _bobs_own_waiting_call(client: Any, workspace: Workspace, approver: User) -> Any:
+    """A call waiting in a run bob (the approver) started himself, with bob signed in."""
     start_run(
         workspace=workspace,
         workflow=_mailer([], {"address": "a@x"}),
@@ -285,21 +286,21 @@ def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, worksp
         run_id="run_mine",
         requested_by="bob",
     )
-    call = _waiting(workspace, "run_mine")
     client.force_login(approver)
+    return _waiting(workspace, "run_mine")
+
+
+def _decide_own(client: Any, call: Any, note: str, decision: str) -> Any:
+    form = {"run": "run_mine", "call": call.call_id, "digest": toolapproval.pending_digest(call), "note": note}
+    return client.post("/w/acme/support/approvals/tool-calls/", {**form, "decision": decision})
+
+
+def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, workspace: Workspace, approver: User) -> None:
+    call = _bobs_own_waiting_call(client, workspace, approver)
 
     html = client.get("/w/acme/support/approvals/").content.decode()
     assert "another approver decides its calls" in html and 'value="approve"' not in html
-    refused = client.post(
-        "/w/acme/support/approvals/tool-calls/",
-        {
-            "run": "run_mine",
-            "call": call.call_id,
-            "digest": toolapproval.pending_digest(call),
-            "note": "me",
-            "decision": "approve",
-        },
-    )
+    refused = _decide_own(client, call, "me", "approve")
     assert refused.status_code == 403 and "another approver must decide" in refused.content.decode()
     assert _waiting(workspace, "run_mine").status == "waiting_approval"
 
@@ -307,29 +308,12 @@ def test_the_requester_gets_no_approve_button_and_is_refused(client: Any, worksp
 def test_the_requester_gets_no_reject_button_either_and_a_rejection_is_refused(
     client: Any, workspace: Workspace, approver: User
 ) -> None:
-    start_run(
-        workspace=workspace,
-        workflow=_mailer([], {"address": "a@x"}),
-        input={"subject": "s"},
-        run_id="run_mine",
-        requested_by="bob",
-    )
-    call = _waiting(workspace, "run_mine")
-    client.force_login(approver)
+    call = _bobs_own_waiting_call(client, workspace, approver)
 
     html = client.get("/w/acme/support/approvals/").content.decode()
     card = html.split('data-run="run_mine"', 1)[1].split("</article>", 1)[0]
     assert "another approver decides its calls" in card and 'value="reject"' not in card and "<form" not in card
-    refused = client.post(
-        "/w/acme/support/approvals/tool-calls/",
-        {
-            "run": "run_mine",
-            "call": call.call_id,
-            "digest": toolapproval.pending_digest(call),
-            "note": "not mine to send",
-            "decision": "reject",
-        },
-    )
+    refused = _decide_own(client, call, "not mine to send", "reject")
     assert refused.status_code == 403 and "another approver must decide" in refused.content.decode()
     assert _waiting(workspace, "run_mine").status == "waiting_approval"
 
